@@ -1,0 +1,1 @@
+"""tensorplug: ggml-backend for Python."""

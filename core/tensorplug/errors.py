@@ -1,0 +1,76 @@
+"""One exception hierarchy, rooted in :class:`TensorplugError`.
+
+Each class also derives from the built-in exception a Python user would expect to
+catch (``ValueError`` for a bad shape, ``IndexError`` for out-of-bounds access,
+``MemoryError`` for a failed allocation), so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AllocationError",
+    "ApiVersionError",
+    "BackendNotFoundError",
+    "BufferFreedError",
+    "ComputeAbortedError",
+    "LayoutMismatchError",
+    "NotAllocatedError",
+    "OutOfBoundsError",
+    "PluginError",
+    "ShapeError",
+    "TensorplugError",
+    "TypeMismatchError",
+    "UnsupportedError",
+]
+
+
+class TensorplugError(Exception):
+    """Base of every error tensorplug raises on purpose."""
+
+
+class ShapeError(TensorplugError, ValueError):
+    """An operand's shape, strides or rank does not fit the operation."""
+
+
+class TypeMismatchError(TensorplugError, TypeError):
+    """An operand's element type is not accepted by the operation."""
+
+
+class LayoutMismatchError(TensorplugError, ValueError):
+    """Two tensors that must have the same layout (for a copy) do not."""
+
+
+class OutOfBoundsError(TensorplugError, IndexError):
+    """A read or write would go past the end of a tensor or buffer."""
+
+
+class NotAllocatedError(TensorplugError, RuntimeError):
+    """A tensor's data was accessed before it was given memory in a buffer."""
+
+
+class BufferFreedError(TensorplugError, RuntimeError):
+    """A buffer was used after :meth:`Buffer.free`."""
+
+
+class AllocationError(TensorplugError, MemoryError):
+    """Memory could not be allocated; nothing already stored is affected."""
+
+
+class UnsupportedError(TensorplugError, NotImplementedError):
+    """A backend, device or buffer does not implement an optional capability."""
+
+
+class ComputeAbortedError(TensorplugError, RuntimeError):
+    """A graph computation was cancelled by an abort or eval callback."""
+
+
+class PluginError(TensorplugError, RuntimeError):
+    """A backend plugin could not be discovered, loaded or initialised."""
+
+
+class ApiVersionError(PluginError):
+    """A plugin was built against an incompatible tensorplug API version."""
+
+
+class BackendNotFoundError(TensorplugError, LookupError):
+    """No registered backend or device matches the requested name or type."""

@@ -1,0 +1,134 @@
+"""Element types and their storage geometry, exactly as ggml and GGUF lay them out.
+
+The enum values are ggml's own type ids (``enum ggml_type``), so a GGUF file's type
+field maps onto :class:`Type` without a translation table. Block-quantized types pack
+``block_size`` consecutive elements of a row into ``type_size`` bytes; a row of a
+quantized tensor therefore always holds a whole number of blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from .errors import TypeMismatchError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["Type", "TypeTraits", "row_size", "type_traits"]
+
+
+class Type(enum.IntEnum):
+    """A tensor element type; the value is ggml's ``ggml_type`` id."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    BF16 = 30
+
+    @property
+    def traits(self) -> TypeTraits:
+        return _TRAITS[self]
+
+    @property
+    def block_size(self) -> int:
+        return _TRAITS[self].block_size
+
+    @property
+    def type_size(self) -> int:
+        return _TRAITS[self].type_size
+
+    @property
+    def is_quantized(self) -> bool:
+        return _TRAITS[self].block_size > 1
+
+    @property
+    def is_float(self) -> bool:
+        return self in (Type.F32, Type.F16, Type.BF16)
+
+    @property
+    def is_integer(self) -> bool:
+        return self in (Type.I8, Type.I16, Type.I32, Type.I64)
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        """The numpy dtype of one element; BF16 is stored as raw ``uint16``."""
+        return _TRAITS[self].numpy_dtype
+
+    @classmethod
+    def parse(cls, value: Type | str | int) -> Type:
+        """Accept a :class:`Type`, its name in any case (``"q8_0"``) or its ggml id."""
+        if isinstance(value, Type):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                pass
+        elif isinstance(value, int):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        known = ", ".join(t.name for t in cls)
+        raise TypeMismatchError(f"unknown tensor type {value!r}; known types are {known}")
+
+
+@dataclass(frozen=True)
+class TypeTraits:
+    """Storage geometry of a type: ``block_size`` elements take ``type_size`` bytes."""
+
+    name: str
+    block_size: int
+    type_size: int
+    _dtype_name: str
+
+    @cached_property
+    def numpy_dtype(self) -> np.dtype:
+        import numpy as np
+
+        return np.dtype(self._dtype_name)
+
+
+_TRAITS: dict[Type, TypeTraits] = {
+    Type.F32: TypeTraits("f32", 1, 4, "float32"),
+    Type.F16: TypeTraits("f16", 1, 2, "float16"),
+    Type.BF16: TypeTraits("bf16", 1, 2, "uint16"),
+    Type.I8: TypeTraits("i8", 1, 1, "int8"),
+    Type.I16: TypeTraits("i16", 1, 2, "int16"),
+    Type.I32: TypeTraits("i32", 1, 4, "int32"),
+    Type.I64: TypeTraits("i64", 1, 8, "int64"),
+    # block layouts (ggml-common.h): d is an f16 scale, m an f16 minimum,
+    # qs the packed quants, qh the fifth bits of the 5-bit types.
+    Type.Q4_0: TypeTraits("q4_0", 32, 2 + 16, "uint8"),
+    Type.Q4_1: TypeTraits("q4_1", 32, 2 + 2 + 16, "uint8"),
+    Type.Q5_0: TypeTraits("q5_0", 32, 2 + 4 + 16, "uint8"),
+    Type.Q5_1: TypeTraits("q5_1", 32, 2 + 2 + 4 + 16, "uint8"),
+    Type.Q8_0: TypeTraits("q8_0", 32, 2 + 32, "uint8"),
+}
+
+
+def type_traits(t: Type) -> TypeTraits:
+    return _TRAITS[t]
+
+
+def row_size(t: Type, n: int) -> int:
+    """Bytes taken by ``n`` consecutive elements of type ``t`` (``ggml_row_size``)."""
+    bs = _TRAITS[t].block_size
+    if n % bs:
+        raise TypeMismatchError(
+            f"a row of {n} elements cannot be stored as {t.name}: quantized rows must hold "
+            f"a whole number of {bs}-element blocks (pad the row to a multiple of {bs})"
+        )
+    return n // bs * _TRAITS[t].type_size
