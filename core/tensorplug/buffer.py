@@ -1,0 +1,294 @@
+"""Buffer types and buffers: where tensor memory comes from (ggml's buft / buffer).
+
+Both are template-method base classes. The public method checks its arguments and
+adds error context, then calls the underscore hook a plugin implements. Required
+hooks are abstract, so a plugin class that forgets one cannot be instantiated: the
+mistake shows when the plugin registers, not at its first use. Optional hooks have
+the defaults ggml documents.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .errors import (
+    AllocationError,
+    BufferFreedError,
+    OutOfBoundsError,
+    UnsupportedError,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .device import Device
+    from .tensor import Tensor
+
+__all__ = ["Buffer", "BufferType", "BufferUsage", "MultiBuffer", "UNBOUNDED"]
+
+#: ``get_max_size``'s default: no limit on one buffer.
+UNBOUNDED = sys.maxsize
+
+
+class BufferUsage(enum.Enum):
+    ANY = "any"
+    WEIGHTS = "weights"
+    COMPUTE = "compute"
+
+
+class BufferType(ABC):
+    """A kind of memory (device VRAM, pinned host memory...) that buffers are cut from."""
+
+    def __init__(self, device: Device | None = None) -> None:
+        self.device = device
+
+    # -- required ---------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def name(self) -> str: ...
+
+    @property
+    @abstractmethod
+    def alignment(self) -> int:
+        """Byte alignment every tensor placed in this memory must start at."""
+
+    @abstractmethod
+    def _alloc_buffer(self, size: int) -> Buffer:
+        """Allocate ``size`` bytes; raise :class:`AllocationError` when out of memory."""
+
+    # -- optional, with ggml's defaults -------------------------------------------------
+
+    @property
+    def max_size(self) -> int:
+        """Largest single buffer this type can allocate (default: unbounded)."""
+        return UNBOUNDED
+
+    def alloc_size(self, tensor: Tensor) -> int:
+        """Bytes a tensor needs here, padding included (default: its ``nbytes``)."""
+        return tensor.nbytes
+
+    @property
+    def is_host(self) -> bool:
+        """True when buffers live in host memory with ggml's standard tensor layout."""
+        return False
+
+    # -- public -------------------------------------------------------------------------
+
+    def alloc_buffer(self, size: int) -> Buffer:
+        """A new buffer of at least ``size`` bytes (``ggml_backend_buft_alloc_buffer``)."""
+        if size < 0:
+            raise AllocationError(f"{self.name}: cannot allocate a negative size ({size} bytes)")
+        if size > self.max_size:
+            raise AllocationError(
+                f"{self.name}: {size} bytes requested but one buffer of this type holds at most "
+                f"{self.max_size} bytes; split the tensors over several buffers (the graph "
+                "allocator does this for you) or use smaller tensors"
+            )
+        try:
+            return self._alloc_buffer(size)
+        except AllocationError:
+            raise
+        except MemoryError as e:
+            raise AllocationError(f"{self.name}: could not allocate {size} bytes: {e}") from e
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+class Buffer(ABC):
+    """A block of memory of one :class:`BufferType`; tensors live at byte offsets in it."""
+
+    def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.ANY) -> None:
+        self.buft = buft
+        self.size = size
+        self._usage = usage
+        self._freed = False
+
+    # -- required hooks -----------------------------------------------------------------
+
+    @abstractmethod
+    def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int) -> None:
+        """Write ``data`` at byte ``offset`` of ``tensor``'s memory (already bounds-checked)."""
+
+    @abstractmethod
+    def _get_tensor(self, tensor: Tensor, out: memoryview, offset: int) -> None:
+        """Read ``len(out)`` bytes from byte ``offset`` of ``tensor`` into ``out``."""
+
+    @abstractmethod
+    def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        """Fill ``size`` bytes from byte ``offset`` of ``tensor`` with ``value``."""
+
+    @abstractmethod
+    def _clear(self, value: int) -> None:
+        """Fill the whole buffer with the byte ``value``."""
+
+    # -- optional hooks -----------------------------------------------------------------
+
+    @property
+    def base(self) -> int:
+        """Address of the first byte where that means something (host memory), else 0."""
+        return 0
+
+    def _init_tensor(self, tensor: Tensor) -> None:
+        """Attach per-tensor state (``tensor.extra``) when a tensor is placed here."""
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """Copy ``src`` (any buffer) into ``dst`` (this buffer); False when not supported."""
+        return False
+
+    def _reset(self) -> None:
+        """Drop per-tensor state created by :meth:`_init_tensor`."""
+
+    def _free(self) -> None:
+        """Release the memory."""
+
+    def host_array(self) -> np.ndarray:
+        """The buffer's bytes as a numpy ``uint8`` array; only host buffers have one."""
+        raise UnsupportedError(
+            f"buffer {self.name!r} is not in host memory; copy tensors out with tensor_get()"
+        )
+
+    # -- public -------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.buft.name
+
+    @property
+    def is_host(self) -> bool:
+        return self.buft.is_host
+
+    @property
+    def alignment(self) -> int:
+        return self.buft.alignment
+
+    @property
+    def max_size(self) -> int:
+        return self.buft.max_size
+
+    @property
+    def usage(self) -> BufferUsage:
+        return self._usage
+
+    @usage.setter
+    def usage(self, usage: BufferUsage) -> None:
+        self._usage = BufferUsage(usage)
+
+    @property
+    def is_freed(self) -> bool:
+        return self._freed
+
+    def alloc_size(self, tensor: Tensor) -> int:
+        return self.buft.alloc_size(tensor)
+
+    def _check_live(self) -> None:
+        if self._freed:
+            raise BufferFreedError(
+                f"buffer {self.name!r} ({self.size} bytes) was freed; allocate a new one"
+            )
+
+    def _check_range(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
+        self._check_live()
+        if tensor.buffer is not self:
+            raise OutOfBoundsError(
+                f"{what}: tensor {tensor.describe()} is not allocated in buffer {self.name!r}"
+            )
+        if offset < 0 or size < 0 or offset + size > tensor.nbytes:
+            raise OutOfBoundsError(
+                f"{what}: bytes [{offset}, {offset + size}) are outside tensor "
+                f"{tensor.describe()}, which spans {tensor.nbytes} bytes"
+            )
+
+    def set_tensor(self, tensor: Tensor, data: memoryview, offset: int = 0) -> None:
+        self._check_range(tensor, offset, len(data), "set_tensor")
+        self._set_tensor(tensor, data, offset)
+
+    def get_tensor(self, tensor: Tensor, out: memoryview, offset: int = 0) -> None:
+        self._check_range(tensor, offset, len(out), "get_tensor")
+        self._get_tensor(tensor, out, offset)
+
+    def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int = -1) -> None:
+        if size < 0:
+            size = tensor.nbytes - offset
+        if not 0 <= value <= 255:
+            raise ValueError(f"memset_tensor: value must be a byte (0..255), got {value}")
+        self._check_range(tensor, offset, size, "memset_tensor")
+        self._memset_tensor(tensor, value, offset, size)
+
+    def init_tensor(self, tensor: Tensor) -> None:
+        self._check_live()
+        self._init_tensor(tensor)
+
+    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        self._check_live()
+        return self._cpy_tensor(src, dst)
+
+    def clear(self, value: int = 0) -> None:
+        self._check_live()
+        if not 0 <= value <= 255:
+            raise ValueError(f"clear: value must be a byte (0..255), got {value}")
+        self._clear(value)
+
+    def reset(self) -> None:
+        self._check_live()
+        self._reset()
+
+    def free(self) -> None:
+        """Release the memory; every later use of this buffer raises. Idempotent."""
+        if not self._freed:
+            self._freed = True
+            self._free()
+
+    def __repr__(self) -> str:
+        state = ", freed" if self._freed else ""
+        return f"<{type(self).__name__} {self.name!r} {self.size} bytes{state}>"
+
+
+class MultiBuffer(Buffer):
+    """Several buffers of one type allocated together (``ggml_backend_multi_buffer``).
+
+    Tensors live in the member buffers, never in the multi-buffer itself, so tensor
+    access hooks refuse; clearing, usage and freeing apply to every member.
+    """
+
+    def __init__(self, buffers: Sequence[Buffer]) -> None:
+        if not buffers:
+            raise ValueError("MultiBuffer needs at least one buffer")
+        buft = buffers[0].buft
+        if any(b.buft is not buft for b in buffers):
+            raise ValueError("MultiBuffer: every member must have the same buffer type")
+        super().__init__(buft, sum(b.size for b in buffers), buffers[0].usage)
+        self.buffers: tuple[Buffer, ...] = tuple(buffers)
+
+    def _refuse(self) -> None:
+        raise UnsupportedError(
+            "a MultiBuffer holds no tensors itself; access the tensor through its own buffer"
+        )
+
+    def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int) -> None:
+        self._refuse()
+
+    def _get_tensor(self, tensor: Tensor, out: memoryview, offset: int) -> None:
+        self._refuse()
+
+    def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        self._refuse()
+
+    def _clear(self, value: int) -> None:
+        for b in self.buffers:
+            b.clear(value)
+
+    def _free(self) -> None:
+        for b in self.buffers:
+            b.free()
+
+    @Buffer.usage.setter  # type: ignore[attr-defined,untyped-decorator]
+    def usage(self, usage: BufferUsage) -> None:
+        self._usage = BufferUsage(usage)
+        for b in self.buffers:
+            b.usage = usage

@@ -1,0 +1,106 @@
+"""Compute graphs: the nodes to run, in an order where every source comes first.
+
+Built like ``ggml_build_forward_expand``: a depth-first walk from each output visits
+sources before the tensor itself. Tensors without an op (and not marked as trainable
+parameters) are *leafs* — weights, inputs, constants — and everything else is a
+*node*. A view's base tensor is visited too, so whoever places memory sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from .opcodes import Op
+from .tensor import Tensor, TensorFlag
+
+__all__ = ["Graph"]
+
+
+class Graph:
+    """Nodes in topological order plus leafs; no size limit."""
+
+    __slots__ = ("_seen", "leafs", "nodes")
+
+    def __init__(self, outputs: Tensor | Iterable[Tensor] = ()) -> None:
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self._seen: set[int] = set()
+        if isinstance(outputs, Tensor):
+            outputs = (outputs,)
+        for t in outputs:
+            self.expand(t)
+
+    def expand(self, tensor: Tensor) -> Graph:
+        """Add ``tensor`` and everything it depends on (``ggml_build_forward_expand``)."""
+        seen, nodes, leafs = self._seen, self.nodes, self.leafs
+        # iterative DFS: deep graphs (thousands of layers) must not hit the recursion limit
+        stack: list[tuple[Tensor, int]] = [(tensor, 0)]
+        while stack:
+            t, i = stack.pop()
+            if i == 0 and id(t) in seen:
+                continue
+            deps = t.src if t.view_src is None else (*t.src, t.view_src)
+            if i < len(deps):
+                stack.append((t, i + 1))
+                child = deps[i]
+                if id(child) not in seen:
+                    stack.append((child, 0))
+                continue
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            if t.op is Op.NONE and not t.flags & TensorFlag.PARAM:
+                leafs.append(t)
+            else:
+                nodes.append(t)
+        return self
+
+    @classmethod
+    def _from_parts(cls, nodes: Sequence[Tensor], leafs: Sequence[Tensor]) -> Graph:
+        g = cls()
+        g.nodes = list(nodes)
+        g.leafs = list(leafs)
+        g._seen = {id(t) for t in g.nodes} | {id(t) for t in g.leafs}
+        return g
+
+    def view(self, start: int, stop: int) -> Graph:
+        """Nodes ``start:stop`` as a graph of their own (``ggml_graph_view``); no leafs."""
+        if not 0 <= start <= stop <= len(self.nodes):
+            raise IndexError(
+                f"graph view [{start}, {stop}) is outside the graph's {len(self.nodes)} nodes"
+            )
+        return Graph._from_parts(self.nodes[start:stop], ())
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.nodes)
+
+    def __contains__(self, tensor: object) -> bool:
+        return id(tensor) in self._seen
+
+    def node(self, i: int) -> Tensor:
+        return self.nodes[i]
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        """Nodes flagged as outputs, or else the last node."""
+        marked = [t for t in self.nodes if t.flags & TensorFlag.OUTPUT]
+        return marked or self.nodes[-1:]
+
+    def describe(self) -> str:
+        """A readable listing, one node per line, as ``ggml_graph_print``."""
+        lines = [f"graph: {len(self.nodes)} nodes, {len(self.leafs)} leafs"]
+        for i, t in enumerate(self.nodes):
+            srcs = ", ".join(s.name or f"<{s.op.value}>" for s in t.src)
+            lines.append(
+                f"  {i:4d} {t.op.value:<15} {t.type.name:<5} {list(t.shape)!s:<22} "
+                f"{t.name or '-'} <- {srcs}"
+            )
+        for t in self.leafs:
+            lines.append(f"  leaf {t.type.name:<5} {list(t.shape)!s:<22} {t.name or '-'}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Graph {len(self.nodes)} nodes, {len(self.leafs)} leafs>"

@@ -1,0 +1,145 @@
+"""The host buffer type: plain process memory as numpy arrays, always available.
+
+Every CPU-side backend uses it (ggml's ``ggml_backend_cpu_buffer_type``), and buffers
+can also wrap memory someone else owns — a numpy array, a memoryview, an ``mmap`` of a
+model file — without copying, keeping that owner alive for as long as the buffer is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .buffer import Buffer, BufferType, BufferUsage
+from .errors import AllocationError, TypeMismatchError, UnsupportedError
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+__all__ = ["HOST_ALIGNMENT", "HostBuffer", "HostBufferType", "host_buffer_type", "tensor_array"]
+
+#: Alignment of host tensors: a cache line, enough for every SIMD width numpy uses.
+HOST_ALIGNMENT = 64
+
+
+class HostBufferType(BufferType):
+    @property
+    def name(self) -> str:
+        return "CPU"
+
+    @property
+    def alignment(self) -> int:
+        return HOST_ALIGNMENT
+
+    @property
+    def is_host(self) -> bool:
+        return True
+
+    def _alloc_buffer(self, size: int) -> HostBuffer:
+        try:
+            raw = np.empty(size + HOST_ALIGNMENT, dtype=np.uint8)
+        except MemoryError as e:
+            raise AllocationError(f"CPU: could not allocate {size} bytes of host memory") from e
+        skip = -raw.ctypes.data % HOST_ALIGNMENT
+        return HostBuffer(self, raw[skip : skip + size])
+
+    def buffer_from_host_memory(self, obj: Any, usage: BufferUsage = BufferUsage.ANY) -> HostBuffer:
+        """Wrap an object exposing the buffer protocol without copying it.
+
+        The object (numpy array, memoryview, ``mmap``, ``bytearray``) must be C-contiguous;
+        read-only memory (``bytes``, a read-only mmap) gives a buffer that refuses writes.
+        """
+        try:
+            data = np.frombuffer(obj, dtype=np.uint8)
+        except (TypeError, ValueError) as e:
+            raise TypeMismatchError(
+                f"cannot wrap {type(obj).__name__} as host memory: it must support the buffer "
+                f"protocol and be C-contiguous ({e})"
+            ) from e
+        buf = HostBuffer(self, data, owner=obj)
+        buf.usage = usage
+        return buf
+
+
+class HostBuffer(Buffer):
+    """Host memory held as a 1-d ``uint8`` numpy array (``self.data``)."""
+
+    def __init__(self, buft: BufferType, data: np.ndarray, owner: Any = None) -> None:
+        super().__init__(buft, int(data.nbytes))
+        self.data = data
+        self.owner = owner
+
+    @property
+    def base(self) -> int:
+        return int(self.data.ctypes.data)
+
+    def host_array(self) -> np.ndarray:
+        self._check_live()
+        return self.data
+
+    def _writable(self) -> np.ndarray:
+        if not self.data.flags.writeable:
+            raise UnsupportedError(
+                f"buffer {self.name!r} wraps read-only memory ({type(self.owner).__name__}); "
+                "wrap a writable object (bytearray, writable mmap, numpy array) to write to it"
+            )
+        return self.data
+
+    def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int) -> None:
+        start = tensor.offset + offset
+        src = np.frombuffer(data, dtype=np.uint8)
+        self._writable()[start : start + src.size] = src
+
+    def _get_tensor(self, tensor: Tensor, out: memoryview, offset: int) -> None:
+        start = tensor.offset + offset
+        dst = np.frombuffer(out, dtype=np.uint8)
+        dst[...] = self.data[start : start + dst.size]
+
+    def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        start = tensor.offset + offset
+        self._writable()[start : start + size] = value
+
+    def _clear(self, value: int) -> None:
+        self._writable()[...] = value
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        if src.buffer is None or not src.buffer.is_host:
+            return False
+        srcmem = src.buffer.host_array()[src.offset : src.offset + src.nbytes]
+        self._writable()[dst.offset : dst.offset + dst.nbytes] = srcmem
+        return True
+
+    def _free(self) -> None:
+        self.data = np.empty(0, dtype=np.uint8)
+        self.owner = None
+
+
+_HOST_BUFFER_TYPE = HostBufferType()
+
+
+def host_buffer_type() -> HostBufferType:
+    """The process-wide host buffer type (``ggml_backend_cpu_buffer_type``)."""
+    return _HOST_BUFFER_TYPE
+
+
+def tensor_array(tensor: Tensor) -> np.ndarray:
+    """A numpy view (no copy) of a tensor that lives in host memory.
+
+    Float and integer tensors get their own dtype, shape and strides (BF16 shows as
+    ``uint16``). A quantized tensor shows as raw blocks: shape ``(*shape[:-1], n_blocks,
+    type_size)`` of ``uint8``, which is what quantized kernels consume.
+    """
+    buf = tensor.require_allocated()
+    mem = buf.host_array()
+    t = tensor.type
+    if t.is_quantized:
+        nblocks = tensor.shape[-1] // t.block_size
+        shape = (*tensor.shape[:-1], nblocks, t.type_size)
+        strides = (*tensor.strides, 1)
+        dtype = np.dtype(np.uint8)
+    else:
+        shape, strides, dtype = tensor.shape, tensor.strides, t.numpy_dtype
+    if tensor.nbytes == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.ndarray(shape, dtype=dtype, buffer=mem, offset=tensor.offset, strides=strides)

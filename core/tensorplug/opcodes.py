@@ -1,0 +1,82 @@
+"""The op vocabulary shared by the core, every backend and the conformance kit.
+
+Names and meanings follow ggml's ``enum ggml_op``; the exact semantics of each op live
+in the docstring of its builder in :mod:`tensorplug.ops`, which is the contract every
+backend implements.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["GluOp", "Op", "RopeMode", "SortOrder", "UnaryOp", "VIEW_OPS"]
+
+
+class Op(enum.Enum):
+    NONE = "none"
+    DUP = "dup"
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    SCALE = "scale"
+    UNARY = "unary"
+    GLU = "glu"
+    NORM = "norm"
+    RMS_NORM = "rms_norm"
+    MUL_MAT = "mul_mat"
+    SOFT_MAX = "soft_max"
+    ROPE = "rope"
+    FLASH_ATTN_EXT = "flash_attn_ext"
+    CPY = "cpy"
+    CONT = "cont"
+    SET_ROWS = "set_rows"
+    GET_ROWS = "get_rows"
+    CONCAT = "concat"
+    SUM_ROWS = "sum_rows"
+    ARGMAX = "argmax"
+    ARGSORT = "argsort"
+    VIEW = "view"
+    RESHAPE = "reshape"
+    PERMUTE = "permute"
+    TRANSPOSE = "transpose"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Ops whose result only re-describes the memory of their source: no kernel runs.
+VIEW_OPS: frozenset[Op] = frozenset({Op.NONE, Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})
+
+
+class UnaryOp(enum.Enum):
+    ABS = "abs"
+    NEG = "neg"
+    RELU = "relu"
+    GELU = "gelu"
+    SILU = "silu"
+    EXP = "exp"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class GluOp(enum.Enum):
+    SWIGLU = "swiglu"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RopeMode(enum.IntEnum):
+    """ggml's rope modes: NORMAL rotates adjacent pairs, NEOX rotates halves."""
+
+    NORMAL = 0
+    NEOX = 2
+
+
+class SortOrder(enum.Enum):
+    ASC = "asc"
+    DESC = "desc"

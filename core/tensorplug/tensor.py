@@ -1,0 +1,281 @@
+"""The tensor: a typed, strided description of memory plus the op that produces it.
+
+Shapes are outermost-first like numpy (``shape[-1]`` is ggml's ``ne[0]``) and strides
+are in bytes. For a block-quantized type the last axis counts elements while its stride
+is the size of one block, exactly as ggml's ``nb[0]``; rows therefore hold whole blocks.
+
+Building a tensor never allocates: it gets memory later, when an allocator (or
+:func:`tensorplug.tensor_alloc`) places it in a :class:`~tensorplug.Buffer` at a byte
+offset. A view shares the memory of its *base* tensor: ``view_src`` always names the
+base (views of views are flattened, like ggml) and ``view_offs`` is the byte offset
+into it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import NotAllocatedError, ShapeError
+from .opcodes import Op
+from .types import Type, row_size
+
+if TYPE_CHECKING:
+    from .buffer import Buffer
+
+__all__ = ["MAX_DIMS", "Tensor", "TensorFlag", "contiguous_strides", "new_tensor"]
+
+MAX_DIMS = 4
+
+
+class TensorFlag(enum.IntFlag):
+    NONE = 0
+    INPUT = 1
+    OUTPUT = 2
+    PARAM = 4
+
+
+def contiguous_strides(t: Type, shape: Sequence[int]) -> tuple[int, ...]:
+    """Byte strides of a C-ordered tensor of type ``t`` (``ggml_new_tensor``'s nb)."""
+    strides = [0] * len(shape)
+    if not shape:
+        return ()
+    strides[-1] = t.type_size
+    if len(shape) > 1:
+        strides[-2] = row_size(t, shape[-1])
+        for i in range(len(shape) - 3, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+    return tuple(strides)
+
+
+def _check_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except TypeError:
+        raise ShapeError(f"{what}: shape must be a sequence of ints, got {shape!r}") from None
+    if not 1 <= len(dims) <= MAX_DIMS:
+        raise ShapeError(
+            f"{what}: tensors have 1 to {MAX_DIMS} dimensions, got shape {dims} "
+            f"(reshape to at most {MAX_DIMS} axes)"
+        )
+    if any(d < 0 for d in dims):
+        raise ShapeError(f"{what}: negative dimension in shape {dims}")
+    return dims
+
+
+class Tensor:
+    """A node of a compute graph: type, layout, producing op and (later) its memory."""
+
+    __slots__ = (
+        "__weakref__",
+        "buffer",
+        "extra",
+        "flags",
+        "name",
+        "offset",
+        "op",
+        "op_params",
+        "shape",
+        "src",
+        "strides",
+        "type",
+        "view_offs",
+        "view_src",
+    )
+
+    def __init__(
+        self,
+        type: Type | str,
+        shape: Sequence[int],
+        *,
+        strides: Sequence[int] | None = None,
+        op: Op = Op.NONE,
+        op_params: dict[str, Any] | None = None,
+        src: Sequence[Tensor] = (),
+        name: str = "",
+        view_src: Tensor | None = None,
+        view_offs: int = 0,
+    ) -> None:
+        self.type: Type = Type.parse(type)
+        self.shape: tuple[int, ...] = _check_shape(shape, name or "tensor")
+        if self.type.is_quantized and self.shape[-1] % self.type.block_size:
+            bs = self.type.block_size
+            raise ShapeError(
+                f"{name or 'tensor'}: the last dimension of a {self.type.name} tensor must be a "
+                f"multiple of its block size {bs}, got shape {self.shape}"
+            )
+        if strides is None:
+            self.strides: tuple[int, ...] = contiguous_strides(self.type, self.shape)
+        else:
+            self.strides = tuple(int(s) for s in strides)
+            if len(self.strides) != len(self.shape):
+                raise ShapeError(
+                    f"{name or 'tensor'}: {len(self.strides)} strides given for a "
+                    f"{len(self.shape)}-d shape {self.shape}"
+                )
+            if any(s < 0 for s in self.strides):
+                raise ShapeError(f"{name or 'tensor'}: negative strides {self.strides}")
+        self.op: Op = op
+        self.op_params: dict[str, Any] = op_params if op_params is not None else {}
+        self.src: tuple[Tensor, ...] = tuple(src)
+        self.flags: TensorFlag = TensorFlag.NONE
+        self.name: str = name
+        if view_src is not None and view_src.view_src is not None:
+            view_offs += view_src.view_offs
+            view_src = view_src.view_src
+        self.view_src: Tensor | None = view_src
+        self.view_offs: int = view_offs
+        self.buffer: Buffer | None = None
+        self.offset: int = 0
+        self.extra: Any = None
+
+    # -- geometry ---------------------------------------------------------------------
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nelements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nrows(self) -> int:
+        return math.prod(self.shape[:-1])
+
+    @property
+    def row_bytes(self) -> int:
+        return row_size(self.type, self.shape[-1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes spanned from the first to the last element (``ggml_nbytes``)."""
+        if any(d == 0 for d in self.shape):
+            return 0
+        bs = self.type.block_size
+        if bs == 1:
+            n = self.type.type_size
+            for d, s in zip(self.shape, self.strides, strict=True):
+                n += (d - 1) * s
+            return n
+        n = self.shape[-1] * self.strides[-1] // bs
+        for d, s in zip(self.shape[:-1], self.strides[:-1], strict=True):
+            n += (d - 1) * s
+        return n
+
+    def ne(self) -> tuple[int, int, int, int]:
+        """ggml's ``ne``: innermost-first extents padded to four dimensions."""
+        padded = (1,) * (MAX_DIMS - self.ndim) + self.shape
+        return (padded[3], padded[2], padded[1], padded[0])
+
+    def nb(self) -> tuple[int, int, int, int]:
+        """ggml's ``nb``: innermost-first byte strides padded to four dimensions."""
+        outer = self.strides[0] * self.shape[0] if self.strides else 0
+        padded = (outer,) * (MAX_DIMS - self.ndim) + self.strides
+        return (padded[3], padded[2], padded[1], padded[0])
+
+    @property
+    def is_contiguous(self) -> bool:
+        """True when the elements are C-ordered with no gaps (dims of size 1 are ignored)."""
+        expected = contiguous_strides(self.type, self.shape)
+        return all(
+            d == 1 or s == e for d, s, e in zip(self.shape, self.strides, expected, strict=True)
+        )
+
+    @property
+    def rows_contiguous(self) -> bool:
+        """True when each row is dense (``nb[0]`` is one element or block)."""
+        return self.shape[-1] == 1 or self.strides[-1] == self.type.type_size
+
+    def same_shape(self, other: Tensor) -> bool:
+        return self.shape == other.shape
+
+    # -- identity and memory ------------------------------------------------------------
+
+    @property
+    def is_view(self) -> bool:
+        return self.view_src is not None
+
+    @property
+    def base(self) -> Tensor:
+        """The tensor that owns the memory: ``view_src`` for a view, else itself."""
+        return self.view_src if self.view_src is not None else self
+
+    @property
+    def is_allocated(self) -> bool:
+        return self.buffer is not None
+
+    def require_allocated(self) -> Buffer:
+        if self.buffer is None:
+            raise NotAllocatedError(
+                f"tensor {self.describe()} has no memory yet: allocate it with a "
+                "GraphAllocator, alloc_tensors() or tensor_alloc() before reading or writing it"
+            )
+        if self.buffer.is_freed:
+            from .errors import BufferFreedError
+
+            raise BufferFreedError(
+                f"tensor {self.describe()} lives in buffer {self.buffer.name!r}, which was freed"
+            )
+        return self.buffer
+
+    # -- flags --------------------------------------------------------------------------
+
+    def set_input(self) -> Tensor:
+        self.flags |= TensorFlag.INPUT
+        return self
+
+    def set_output(self) -> Tensor:
+        self.flags |= TensorFlag.OUTPUT
+        return self
+
+    def set_param(self) -> Tensor:
+        self.flags |= TensorFlag.PARAM
+        return self
+
+    def set_name(self, name: str) -> Tensor:
+        self.name = name
+        return self
+
+    # -- conveniences -------------------------------------------------------------------
+
+    def __add__(self, other: Tensor) -> Tensor:
+        from .ops import add
+
+        return add(self, other)
+
+    def __sub__(self, other: Tensor) -> Tensor:
+        from .ops import sub
+
+        return sub(self, other)
+
+    def __mul__(self, other: Tensor) -> Tensor:
+        from .ops import mul
+
+        return mul(self, other)
+
+    def __truediv__(self, other: Tensor) -> Tensor:
+        from .ops import div
+
+        return div(self, other)
+
+    def describe(self) -> str:
+        label = f"'{self.name}'" if self.name else f"<{self.op.value}>"
+        return f"{label} ({self.type.name}{list(self.shape)})"
+
+    def __repr__(self) -> str:
+        where = ""
+        if self.buffer is not None:
+            where = f", buffer={self.buffer.name!r}@{self.offset}"
+        view = ", view" if self.view_src is not None else ""
+        return (
+            f"Tensor({self.name!r}, {self.type.name}, shape={self.shape}, "
+            f"op={self.op.value}{view}{where})"
+        )
+
+
+def new_tensor(type: Type | str, shape: Sequence[int], name: str = "") -> Tensor:
+    """A fresh leaf tensor (``ggml_new_tensor``): contiguous, no op, no memory yet."""
+    return Tensor(type, shape, name=name)

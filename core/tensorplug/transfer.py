@@ -1,0 +1,238 @@
+"""Placing tensors in buffers and moving their bytes (ggml's ``ggml_backend_tensor_*``).
+
+Raw-byte functions (:func:`tensor_set`, :func:`tensor_get`, :func:`tensor_memset`)
+follow ggml exactly: they address ``size`` bytes from a byte ``offset`` inside the
+tensor's span. :func:`set_array` and :func:`get_array` are the numpy-level
+conveniences most users want; they understand shapes, dtypes and strides.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import (
+    AllocationError,
+    LayoutMismatchError,
+    NotAllocatedError,
+    ShapeError,
+    TypeMismatchError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer as BytesLike
+
+    from .backend import Backend
+    from .buffer import Buffer
+    from .tensor import Tensor
+
+__all__ = [
+    "get_array",
+    "same_layout",
+    "set_array",
+    "tensor_alloc",
+    "tensor_copy",
+    "tensor_copy_async",
+    "tensor_get",
+    "tensor_get_async",
+    "tensor_memset",
+    "tensor_set",
+    "tensor_set_async",
+    "view_init",
+]
+
+
+def _bytes_view(data: BytesLike | np.ndarray) -> memoryview:
+    mv = memoryview(data)  # type: ignore[arg-type]
+    if not mv.c_contiguous:
+        raise LayoutMismatchError(
+            "tensor data must be C-contiguous bytes; pass np.ascontiguousarray(data)"
+        )
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int) -> None:
+    """Place ``tensor`` at byte ``offset`` of ``buffer`` (``ggml_backend_tensor_alloc``)."""
+    if tensor.buffer is not None:
+        raise AllocationError(
+            f"tensor {tensor.describe()} is already allocated in buffer {tensor.buffer.name!r}"
+        )
+    if tensor.view_src is not None:
+        raise AllocationError(
+            f"tensor {tensor.describe()} is a view; allocate its base and call view_init()"
+        )
+    buffer._check_live()
+    align = buffer.alignment
+    if offset < 0 or offset % align:
+        raise AllocationError(
+            f"offset {offset} for tensor {tensor.describe()} must be a non-negative multiple of "
+            f"the buffer's alignment {align}"
+        )
+    need = buffer.alloc_size(tensor)
+    if offset + need > buffer.size:
+        raise AllocationError(
+            f"tensor {tensor.describe()} needs {need} bytes at offset {offset}, past the end of "
+            f"buffer {buffer.name!r} ({buffer.size} bytes)"
+        )
+    tensor.buffer = buffer
+    tensor.offset = offset
+    buffer.init_tensor(tensor)
+
+
+def view_init(tensor: Tensor) -> None:
+    """Give a view the memory of its base (``ggml_backend_view_init``)."""
+    base = tensor.view_src
+    if base is None:
+        raise ShapeError(f"view_init: tensor {tensor.describe()} is not a view")
+    if base.buffer is None:
+        raise NotAllocatedError(
+            f"view_init: the base {base.describe()} of view {tensor.describe()} is not allocated"
+        )
+    tensor.buffer = base.buffer
+    tensor.offset = base.offset + tensor.view_offs
+    base.buffer.init_tensor(tensor)
+
+
+def tensor_set(tensor: Tensor, data: BytesLike | np.ndarray, offset: int = 0) -> None:
+    """Write raw bytes into a tensor's span starting at byte ``offset``."""
+    tensor.require_allocated().set_tensor(tensor, _bytes_view(data), offset)
+
+
+def tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None) -> bytes:
+    """Read ``size`` raw bytes (default: to the end of the tensor) from byte ``offset``."""
+    buf = tensor.require_allocated()
+    n = tensor.nbytes - offset if size is None else size
+    out = bytearray(max(n, 0))
+    buf.get_tensor(tensor, memoryview(out), offset)
+    return bytes(out)
+
+
+def tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
+    buf = tensor.require_allocated()
+    buf.memset_tensor(tensor, value, offset, tensor.nbytes - offset if size is None else size)
+
+
+def tensor_set_async(
+    backend: Backend, tensor: Tensor, data: BytesLike | np.ndarray, offset: int = 0
+) -> None:
+    """Queue a write on ``backend``'s stream; ``data`` must stay alive until it syncs."""
+    backend.set_tensor_async(tensor, _bytes_view(data), offset)
+
+
+def tensor_get_async(backend: Backend, tensor: Tensor, out: np.ndarray, offset: int = 0) -> None:
+    """Queue a read into ``out``; its contents are valid after ``backend.synchronize()``."""
+    backend.get_tensor_async(tensor, _bytes_view(out), offset)
+
+
+def same_layout(a: Tensor, b: Tensor) -> bool:
+    return a.type == b.type and a.shape == b.shape and a.strides == b.strides
+
+
+def tensor_copy(src: Tensor, dst: Tensor) -> None:
+    """Copy ``src`` into ``dst``, wherever each lives (``ggml_backend_tensor_copy``).
+
+    Host-to-any and any-to-host go direct; otherwise the destination buffer's own
+    device-to-device copy is tried, then a round trip through host memory.
+    """
+    if not same_layout(src, dst):
+        raise LayoutMismatchError(
+            f"tensor_copy: {src.describe()} strides {src.strides} and {dst.describe()} strides "
+            f"{dst.strides} must have the same type, shape and strides"
+        )
+    if src is dst:
+        return
+    sbuf, dbuf = src.require_allocated(), dst.require_allocated()
+    n = src.nbytes
+    if sbuf.is_host:
+        mem = sbuf.host_array()[src.offset : src.offset + n]
+        dbuf.set_tensor(dst, memoryview(mem), 0)
+    elif dbuf.is_host:
+        mem = dbuf.host_array()[dst.offset : dst.offset + n]
+        sbuf.get_tensor(src, memoryview(mem), 0)
+    elif not dbuf.cpy_tensor(src, dst):
+        tmp = bytearray(n)
+        sbuf.get_tensor(src, memoryview(tmp), 0)
+        dbuf.set_tensor(dst, memoryview(tmp), 0)
+
+
+def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, dst: Tensor) -> None:
+    """Copy between backends without blocking when the destination backend can."""
+    if not same_layout(src, dst):
+        raise LayoutMismatchError(
+            f"tensor_copy_async: {src.describe()} and {dst.describe()} differ in layout"
+        )
+    if src is dst:
+        return
+    if backend_dst._cpy_tensor_async(backend_src, src, dst):
+        return
+    # ggml's fallback: finish what both streams have queued, then copy synchronously
+    backend_src.synchronize()
+    backend_dst.synchronize()
+    tensor_copy(src, dst)
+
+
+def _array_geometry(tensor: Tensor) -> tuple[tuple[int, ...], np.dtype]:
+    t = tensor.type
+    if t.is_quantized:
+        return (*tensor.shape[:-1], tensor.row_bytes), np.dtype(np.uint8)
+    return tensor.shape, t.numpy_dtype
+
+
+def set_array(tensor: Tensor, values: np.ndarray) -> None:
+    """Write a numpy array holding all of the tensor's values, honouring its strides.
+
+    The array must have the tensor's shape and dtype (BF16: ``uint16``; a quantized
+    tensor takes its raw rows, ``uint8`` of shape ``(*shape[:-1], row_bytes)``) —
+    convert with :mod:`tensorplug.quants` first. Nothing is written when it does not fit.
+    """
+    shape, dtype = _array_geometry(tensor)
+    values = np.asarray(values)
+    if values.shape != shape:
+        raise ShapeError(
+            f"set_array: array shape {values.shape} does not match {tensor.describe()}"
+        )
+    if values.dtype != dtype:
+        raise TypeMismatchError(
+            f"set_array: array dtype {values.dtype} does not match {tensor.describe()} "
+            f"(expected {dtype}; use values.astype(...) or tensorplug.quants.quantize)"
+        )
+    buf = tensor.require_allocated()
+    if tensor.is_contiguous:
+        buf.set_tensor(tensor, _bytes_view(np.ascontiguousarray(values)), 0)
+        return
+    if buf.is_host:
+        from .host import tensor_array
+
+        view = tensor_array(tensor)
+        view[...] = values.reshape(view.shape) if tensor.type.is_quantized else values
+        return
+    # a strided tensor on a device: read its span, scatter the values, write it back
+    span = np.frombuffer(bytearray(tensor_get(tensor)), dtype=np.uint8)
+    _strided(tensor, span)[...] = values.reshape(_strided(tensor, span).shape)
+    buf.set_tensor(tensor, memoryview(span), 0)
+
+
+def _strided(tensor: Tensor, span: np.ndarray) -> np.ndarray:
+    """The tensor's elements inside a host copy of its byte span."""
+    t = tensor.type
+    if t.is_quantized:
+        shape = (*tensor.shape[:-1], tensor.shape[-1] // t.block_size, t.type_size)
+        return np.ndarray(shape, np.uint8, buffer=span, strides=(*tensor.strides, 1))
+    return np.ndarray(tensor.shape, t.numpy_dtype, buffer=span, strides=tensor.strides)
+
+
+def get_array(tensor: Tensor) -> np.ndarray:
+    """A new C-contiguous numpy array with the tensor's values (raw rows if quantized)."""
+    shape, dtype = _array_geometry(tensor)
+    buf = tensor.require_allocated()
+    if buf.is_host:
+        from .host import tensor_array
+
+        return np.ascontiguousarray(tensor_array(tensor)).reshape(shape)
+    if tensor.is_contiguous:
+        out = np.empty(shape, dtype=dtype)
+        buf.get_tensor(tensor, memoryview(out).cast("B"), 0)
+        return out
+    span = np.frombuffer(bytearray(tensor_get(tensor)), dtype=np.uint8)
+    return np.ascontiguousarray(_strided(tensor, span)).reshape(shape)
