@@ -1,0 +1,184 @@
+"""Buffers, tensor placement and data movement, including every bad-input case."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+
+import tensorplug as tp
+from tensorplug import Type, ops
+
+
+def _placed(t: Type, shape: tuple[int, ...], buf: tp.Buffer, offset: int = 0) -> tp.Tensor:
+    x = tp.new_tensor(t, shape, "x")
+    tp.tensor_alloc(buf, x, offset)
+    return x
+
+
+@pytest.fixture
+def host() -> tp.Buffer:
+    return tp.host_buffer_type().alloc_buffer(4096)
+
+
+def test_host_buffer_type_properties_and_alignment(host: tp.Buffer) -> None:
+    buft = tp.host_buffer_type()
+    assert buft.name == "CPU" and buft.is_host and buft.alignment == tp.HOST_ALIGNMENT
+    assert buft.max_size == tp.UNBOUNDED
+    assert host.size == 4096 and host.base % tp.HOST_ALIGNMENT == 0
+    assert host.usage is tp.BufferUsage.ANY
+    host.usage = tp.BufferUsage.WEIGHTS
+    assert host.usage is tp.BufferUsage.WEIGHTS
+
+
+def test_set_get_round_trip_with_offsets(host: tp.Buffer) -> None:
+    x = _placed(Type.F32, (4, 8), host, 128)
+    vals = np.arange(32, dtype=np.float32).reshape(4, 8)
+    tp.set_array(x, vals)
+    np.testing.assert_array_equal(tp.get_array(x), vals)
+    tp.tensor_set(x, np.array([-1, -2], dtype=np.float32), offset=8)
+    assert np.frombuffer(tp.tensor_get(x, 0, 16), dtype=np.float32).tolist() == [0, 1, -1, -2]
+    tp.tensor_memset(x, 0, offset=16, size=16)
+    assert tp.get_array(x)[0, 4:].tolist() == [0, 0, 0, 0]
+    assert tp.get_array(x)[1, 0] == 8
+    # the bytes really are at the placed offset of the buffer
+    assert host.host_array()[128:132].view(np.float32)[0] == 0.0
+    assert host.host_array()[136:140].view(np.float32)[0] == -1.0
+
+
+def test_out_of_bounds_access_is_refused_and_stores_nothing(host: tp.Buffer) -> None:
+    x = _placed(Type.F32, (4,), host)
+    tp.set_array(x, np.ones(4, dtype=np.float32))
+    with pytest.raises(tp.OutOfBoundsError, match=r"bytes \[12, 20\) are outside tensor 'x'"):
+        tp.tensor_set(x, np.zeros(2, dtype=np.float32), offset=12)
+    with pytest.raises(tp.OutOfBoundsError):
+        tp.tensor_get(x, 0, 17)
+    with pytest.raises(tp.OutOfBoundsError):
+        tp.tensor_memset(x, 1, offset=-4, size=4)
+    np.testing.assert_array_equal(tp.get_array(x), np.ones(4, dtype=np.float32))
+
+
+def test_set_array_checks_shape_and_dtype(host: tp.Buffer) -> None:
+    x = _placed(Type.F16, (2, 3), host)
+    with pytest.raises(tp.ShapeError, match=r"array shape \(3, 2\)"):
+        tp.set_array(x, np.zeros((3, 2), dtype=np.float16))
+    with pytest.raises(tp.TypeMismatchError, match="expected float16"):
+        tp.set_array(x, np.zeros((2, 3), dtype=np.float32))
+
+
+def test_strided_views_read_and_write_through_strides(host: tp.Buffer) -> None:
+    x = _placed(Type.F32, (3, 4), host)
+    vals = np.arange(12, dtype=np.float32).reshape(3, 4)
+    tp.set_array(x, vals)
+    t = ops.transpose(x)
+    tp.view_init(t)
+    assert t.buffer is host and t.offset == x.offset
+    np.testing.assert_array_equal(tp.get_array(t), vals.T)
+    tp.set_array(t, vals.T * 2)
+    np.testing.assert_array_equal(tp.get_array(x), vals * 2)
+    col = ops.view(x, (3,), strides=(16,), offset=4)
+    tp.view_init(col)
+    np.testing.assert_array_equal(tp.get_array(col), vals[:, 1] * 2)
+
+
+def test_quantized_tensors_move_as_raw_rows(host: tp.Buffer) -> None:
+    q = _placed(Type.Q8_0, (2, 64), host)
+    raw = np.random.default_rng(0).integers(0, 255, (2, 68), dtype=np.uint8)
+    tp.set_array(q, raw)
+    np.testing.assert_array_equal(tp.get_array(q), raw)
+    assert tp.tensor_array(q).shape == (2, 2, 34)
+
+
+def test_tensor_alloc_errors(host: tp.Buffer) -> None:
+    x = tp.new_tensor(Type.F32, (16,), "x")
+    with pytest.raises(tp.AllocationError, match="multiple of the buffer's alignment 64"):
+        tp.tensor_alloc(host, x, 4)
+    with pytest.raises(tp.AllocationError, match="past the end of buffer"):
+        tp.tensor_alloc(host, x, 4096)
+    tp.tensor_alloc(host, x, 0)
+    with pytest.raises(tp.AllocationError, match="already allocated"):
+        tp.tensor_alloc(host, x, 64)
+    v = ops.view(x, (4,))
+    with pytest.raises(tp.AllocationError, match="is a view"):
+        tp.tensor_alloc(host, v, 64)
+    with pytest.raises(tp.NotAllocatedError, match="base"):
+        tp.view_init(ops.view(tp.new_tensor(Type.F32, (4,)), (2,)))
+
+
+def test_freed_buffer_refuses_use(host: tp.Buffer) -> None:
+    x = _placed(Type.F32, (4,), host)
+    host.free()
+    host.free()  # idempotent
+    assert host.is_freed
+    with pytest.raises(tp.BufferFreedError, match="was freed"):
+        tp.tensor_set(x, np.zeros(4, dtype=np.float32))
+    with pytest.raises(tp.BufferFreedError):
+        host.clear(0)
+    with pytest.raises(tp.BufferFreedError):
+        tp.tensor_alloc(host, tp.new_tensor(Type.F32, (4,)), 0)
+
+
+def test_allocation_limits() -> None:
+    with pytest.raises(tp.AllocationError, match="negative size"):
+        tp.host_buffer_type().alloc_buffer(-1)
+
+    class Small(tp.HostBufferType):
+        @property
+        def max_size(self) -> int:
+            return 1024
+
+    with pytest.raises(tp.AllocationError, match="holds at most 1024 bytes"):
+        Small().alloc_buffer(2048)
+    assert Small().alloc_buffer(1024).size == 1024
+
+
+def test_tensor_copy_between_buffers_and_layout_check(host: tp.Buffer) -> None:
+    other = tp.host_buffer_type().alloc_buffer(256)
+    a = _placed(Type.F32, (2, 3), host)
+    b = _placed(Type.F32, (2, 3), other)
+    tp.set_array(a, np.arange(6, dtype=np.float32).reshape(2, 3))
+    tp.tensor_copy(a, b)
+    np.testing.assert_array_equal(tp.get_array(b), tp.get_array(a))
+    c = _placed(Type.F32, (3, 2), other, 64)
+    with pytest.raises(tp.LayoutMismatchError, match="same type, shape and strides"):
+        tp.tensor_copy(a, c)
+
+
+def test_buffer_from_numpy_and_mmap_is_zero_copy(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    arr = np.zeros(64, dtype=np.uint8)
+    buf = tp.host_buffer_type().buffer_from_host_memory(arr, tp.BufferUsage.WEIGHTS)
+    x = tp.new_tensor(Type.F32, (4,))
+    tp.tensor_alloc(buf, x, 0)
+    tp.set_array(x, np.array([1, 2, 3, 4], dtype=np.float32))
+    assert arr[:16].view(np.float32).tolist() == [1, 2, 3, 4]  # wrote through, no copy
+    assert buf.usage is tp.BufferUsage.WEIGHTS
+
+    path = tmp_path / "w.bin"
+    path.write_bytes(np.arange(16, dtype=np.float32).tobytes())
+    with path.open("rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    ro = tp.host_buffer_type().buffer_from_host_memory(mm)
+    y = tp.new_tensor(Type.F32, (16,))
+    tp.tensor_alloc(ro, y, 0)
+    del mm  # the buffer keeps the mapping alive
+    np.testing.assert_array_equal(tp.get_array(y), np.arange(16, dtype=np.float32))
+    with pytest.raises(tp.UnsupportedError, match="read-only memory"):
+        tp.set_array(y, np.zeros(16, dtype=np.float32))
+    with pytest.raises(tp.TypeMismatchError, match="buffer protocol"):
+        tp.host_buffer_type().buffer_from_host_memory(object())
+
+
+def test_multi_buffer_groups_members() -> None:
+    buft = tp.host_buffer_type()
+    parts = [buft.alloc_buffer(128), buft.alloc_buffer(64)]
+    multi = tp.MultiBuffer(parts)
+    assert multi.size == 192
+    multi.usage = tp.BufferUsage.COMPUTE
+    assert all(p.usage is tp.BufferUsage.COMPUTE for p in parts)
+    multi.clear(7)
+    assert all(int(p.host_array()[0]) == 7 for p in parts)
+    multi.free()
+    assert all(p.is_freed for p in parts)
+    with pytest.raises(ValueError, match="at least one"):
+        tp.MultiBuffer([])
