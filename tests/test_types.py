@@ -27,7 +27,7 @@ def test_row_size_and_quantized_flags() -> None:
 
 
 def test_row_size_refuses_partial_blocks() -> None:
-    with pytest.raises(tp.TypeMismatchError, match="multiple of 32"):
+    with pytest.raises(tp.ShapeError, match="multiple of 32"):
         tp.row_size(Type.Q4_0, 33)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from .errors import TypeMismatchError
+from .errors import ShapeError, TypeMismatchError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -127,7 +127,7 @@ def row_size(t: Type, n: int) -> int:
     """Bytes taken by ``n`` consecutive elements of type ``t`` (``ggml_row_size``)."""
     bs = _TRAITS[t].block_size
     if n % bs:
-        raise TypeMismatchError(
+        raise ShapeError(
             f"a row of {n} elements cannot be stored as {t.name}: quantized rows must hold "
             f"a whole number of {bs}-element blocks (pad the row to a multiple of {bs})"
         )
