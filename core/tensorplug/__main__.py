@@ -1,0 +1,5 @@
+"""``python -m tensorplug``: the same as the ``tensorplug`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,323 @@
+"""The ``tensorplug`` command line (also ``python -m tensorplug``).
+
+Each subcommand is a :class:`Command`: a name, a help line, a function
+``run(args) -> int`` and optionally ``add_arguments(parser)``. To add one, write the
+function and append a line to :data:`COMMANDS`; a subcommand that lives in its own
+module (``tensorplug/demo.py`` with ``main(args)`` and optionally
+``add_arguments(parser)``) needs only ``Command.module("demo", "demo", "help")``, and that
+module is imported only when its subcommand runs.
+
+Output is rich tables on a terminal and plain aligned text otherwise (or with ``--plain``),
+so that the output can be piped, grepped and pasted into bug reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import settings
+from .version import API_VERSION, __version__
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .discovery import PluginRecord
+
+__all__ = ["COMMANDS", "Command", "Output", "main", "smoke_test"]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    lazy_arguments: bool = False  # add_arguments imports a module: call it only when chosen
+
+    @classmethod
+    def module(cls, name: str, module: str, help: str) -> Command:
+        """A subcommand implemented by ``tensorplug.<module>.main(args)``."""
+
+        def load() -> Any:
+            return importlib.import_module(f"{__package__}.{module}")
+
+        def run(args: argparse.Namespace) -> int:
+            if importlib.util.find_spec(f"{__package__}.{module}") is None:
+                print(f"tensorplug {name}: not available in this build", file=sys.stderr)
+                return 2
+            return int(load().main(args))
+
+        def add_arguments(parser: argparse.ArgumentParser) -> None:
+            if importlib.util.find_spec(f"{__package__}.{module}") is None:
+                return
+            if (add := getattr(load(), "add_arguments", None)) is not None:
+                add(parser)
+
+        return cls(name, help, run, add_arguments, lazy_arguments=True)
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+class Output:
+    """Headings, tables and text, through rich on a terminal or as plain text."""
+
+    def __init__(self, plain: bool) -> None:
+        self.plain = plain
+        if not plain:
+            from rich.console import Console
+
+            self.console = Console(highlight=False)
+
+    def heading(self, text: str) -> None:
+        if self.plain:
+            print(f"\n{text}\n{'-' * len(text)}")
+        else:
+            self.console.rule(f"[bold]{text}", align="left")
+
+    def text(self, text: str, style: str = "") -> None:
+        if self.plain:
+            print(text)
+        else:
+            self.console.print(text, style=style or None, markup=False, soft_wrap=True)
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        if self.plain:
+            widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+            for row in (headers, *rows):
+                cells = (str(c).ljust(w) for c, w in zip(row, widths, strict=True))
+                print("  ".join(cells).rstrip())
+            return
+        from rich.table import Table
+
+        table = Table(header_style="bold")
+        for i, header in enumerate(headers):  # only the last column wraps: it holds prose
+            last = i == len(headers) - 1
+            table.add_column(header, no_wrap=not last, overflow="fold" if last else "ellipsis")
+        for row in rows:
+            table.add_row(*(_styled(str(c)) for c in row))
+        self.console.print(table)
+
+
+_STYLES = {"loaded": "green", "ok": "green", "failed": "bold red", "FAILED": "bold red"}
+
+
+def _styled(cell: str) -> Any:
+    from rich.text import Text
+
+    word = cell.split(" ", 1)[0]
+    return Text(cell, style=_STYLES.get(word, ""))
+
+
+def _size(n: float) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    while n >= 1024 and i < len(units) - 1:
+        n, i = n / 1024, i + 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
+
+
+# -- devices --------------------------------------------------------------------------------
+
+
+def _caps(dev: Device) -> str:
+    caps = dev.caps
+    names = [
+        ("async", caps.asynchronous),
+        ("host_buffer", caps.host_buffer),
+        ("from_host_ptr", caps.buffer_from_host_ptr),
+        ("events", caps.events),
+    ]
+    return ",".join(n for n, on in names if on) or "-"
+
+
+def _device_rows(devs: Sequence[Device]) -> list[list[str]]:
+    from . import registry
+
+    rows = []
+    for dev in devs:
+        try:
+            free, total = dev.memory()
+            memory = f"{_size(free)} / {_size(total)}"
+        except Exception as e:
+            memory = f"error: {e}"
+        same = [d.name for d in registry.device_aliases(dev)]
+        note = f"same device as {', '.join(same)}" if same else ""
+        backend = dev.reg.name if dev.reg else "?"
+        row = [backend, dev.name, dev.type.value, dev.description, memory, _caps(dev), note]
+        rows.append(row)
+    return rows
+
+
+_DEVICE_HEADERS = ["backend", "device", "type", "description", "memory free/total", "caps", "note"]
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    """Every registered device, one row each."""
+    out = Output(args.plain)
+    devs = _loaded_devices()
+    if devs:
+        out.table(_DEVICE_HEADERS, _device_rows(devs))
+    else:
+        out.text("no devices: install a backend plugin (e.g. pip install tensorplug-cpu)")
+    return _report_loading_error()
+
+
+def _loaded_devices() -> list[Device]:
+    """The registered devices, found through the records so that a failed requested
+    backend (which makes ``registry.devices()`` raise) does not hide the others."""
+    from . import registry
+
+    return [d for r in registry.plugin_records() if r.reg is not None for d in r.reg.devices()]
+
+
+def _report_loading_error() -> int:
+    from . import registry
+
+    err = registry.loading_error()
+    if err is None:
+        return 0
+    print(f"tensorplug: error: {err}", file=sys.stderr)
+    return 1
+
+
+# -- doctor ---------------------------------------------------------------------------------
+
+
+def smoke_test(dev: Device) -> tuple[bool, str]:
+    """Start a backend on ``dev``, write a tensor into a new buffer and read it back."""
+    import numpy as np
+
+    from .tensor import new_tensor
+    from .transfer import tensor_alloc, tensor_get, tensor_set
+
+    t0 = time.perf_counter()
+    try:
+        backend = dev.init_backend()
+        try:
+            tensor = new_tensor("f32", (256,), name="doctor")
+            buf = dev.buffer_type().alloc_buffer(dev.buffer_type().alloc_size(tensor))
+            try:
+                tensor_alloc(buf, tensor, 0)
+                data = np.arange(256, dtype=np.float32) * 0.5 - 3
+                tensor_set(tensor, data)
+                backend.synchronize()
+                back = np.frombuffer(tensor_get(tensor), dtype=np.float32)
+            finally:
+                buf.free()
+        finally:
+            backend.free()
+    except Exception as e:
+        return False, f"FAILED {type(e).__name__}: {e}"
+    if not np.array_equal(back, data):
+        return False, "FAILED: the bytes read back differ from those written"
+    return True, f"ok ({(time.perf_counter() - t0) * 1e3:.1f} ms)"
+
+
+def _plugin_row(rec: PluginRecord) -> list[str]:
+    api = "{}.{}".format(*rec.api_version) if rec.api_version else "?"
+    if rec.source.value == "entry point":
+        where = f"{rec.distribution or '?'} {rec.version or ''}".strip()
+    else:
+        where = f"{rec.source.value}: {rec.spec}"
+    status = rec.status.value + (f" ({rec.stage})" if rec.stage else "")
+    score = "-" if rec.score is None else str(rec.score)
+    why = "; ".join(x for x in (rec.reason, rec.detail) if x)
+    if rec.failed and rec.exception is not None:  # the Failures section has the rest
+        why = f"{type(rec.exception).__name__}: {rec.exception}"
+        why = why if len(why) <= 72 else why[:69] + "..."
+    return [rec.label, where, api, score, status, f"{rec.import_ms:.1f}", why]
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Everything about plugin discovery, for humans and bug reports."""
+    from . import registry
+
+    if not args.verbose:  # the failures are shown below; the registry's warning would repeat them
+        logging.getLogger("tensorplug.registry").setLevel(logging.ERROR)
+    out = Output(args.plain)
+    out.text(
+        f"tensorplug {__version__}, plugin API {API_VERSION[0]}.{API_VERSION[1]}, Python "
+        f"{platform.python_version()} ({sys.executable}), {platform.platform()}"
+    )
+    out.heading("Settings")
+    rows = [[s.env, s.raw() or "(unset)", s.help] for s in settings.SETTINGS]
+    out.table(["variable", "value", "meaning"], rows)
+
+    records = registry.plugin_records()
+    out.heading(f"Plugins ({len(records)} found)")
+    headers = ["backend", "from", "API", "score", "status", "import ms", "reason"]
+    out.table(headers, [_plugin_row(r) for r in records])
+
+    failed = [r for r in records if r.failed]
+    if failed:
+        out.heading(f"Failures ({len(failed)})")
+        for rec in failed:
+            out.text(rec.error_message(), style="bold red")
+            out.text("    " + rec.traceback.rstrip().replace("\n", "\n    "), style="dim")
+
+    devs = _loaded_devices()
+    out.heading(f"Devices ({len(devs)})")
+    if devs:
+        rows = _device_rows(devs)
+        for row, dev in zip(rows, devs, strict=True):
+            row.insert(-1, smoke_test(dev)[1])
+        out.table([*_DEVICE_HEADERS[:-1], "smoke test", "note"], rows)
+    else:
+        out.text("no devices: install a backend plugin (e.g. pip install tensorplug-cpu)")
+    return _report_loading_error()
+
+
+# -- the command line -------------------------------------------------------------------------
+
+COMMANDS: list[Command] = [
+    Command("devices", "list every device of every loaded backend", cmd_devices),
+    Command(
+        "doctor", "diagnose plugin discovery: versions, scores, failures, smoke tests", cmd_doctor
+    ),
+    Command.module("demo", "demo", "run a small end-to-end demonstration"),
+    Command.module("check", "testing.check_cli", "check a backend op by op (conformance)"),
+    Command.module("bench", "testing.bench_cli", "time ops on a backend next to numpy"),
+]
+
+
+def _common(parser: argparse.ArgumentParser, default: Any) -> None:
+    """Options accepted both before and after the subcommand; the subcommand's copies
+    default to SUPPRESS so that they do not overwrite a value given before it."""
+    plain_help = "plain text output (the default when stdout is not a terminal)"
+    verbose_help = "log every discovery step (debug logging of tensorplug.registry)"
+    parser.add_argument("--plain", action="store_true", default=default, help=plain_help)
+    parser.add_argument("-v", "--verbose", action="store_true", default=default, help=verbose_help)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tensorplug", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"tensorplug {__version__}")
+    _common(parser, False)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cmd in COMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        _common(p, argparse.SUPPRESS)
+        if cmd.add_arguments is not None and (not cmd.lazy_arguments or cmd.name == chosen):
+            cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    args.plain = args.plain or not sys.stdout.isatty()
+    if args.verbose:
+        logging.basicConfig(format="%(name)s: %(message)s")
+        logging.getLogger("tensorplug").setLevel(logging.DEBUG)
+    return int(args._run(args))

@@ -1,0 +1,178 @@
+"""Every environment setting tensorplug reads, declared once with its type, default and help.
+
+Settings are read when they are used (the registry reads them when it first loads
+plugins), never when ``tensorplug`` is imported, so an application may set them after
+``import tensorplug``. ``tensorplug doctor`` prints them with their help text.
+
+How the registry settings combine, strongest first:
+
+1. Code beats the environment: :func:`tensorplug.registry.load` and
+   :func:`~tensorplug.registry.register` load what they are given regardless of the
+   lists below.
+2. ``TENSORPLUG_DISABLE`` removes backends (by backend or entry-point name) even when
+   ``TENSORPLUG_BACKENDS`` lists them; a disabled plugin is not even imported when its
+   entry-point name is listed.
+3. ``TENSORPLUG_BACKENDS`` keeps only the listed backends, registers them in that
+   order and makes the first one the default of ``init_best()``. A listed backend that
+   is missing, cannot run here or fails to load is an error.
+4. ``TENSORPLUG_BACKEND_PATH`` adds plugin files and folders; they compete with
+   installed entry points on score (a tie goes to the path).
+5. ``TENSORPLUG_STRICT_PLUGINS=1`` turns every plugin failure into an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from .errors import TensorplugError
+
+__all__ = [
+    "BACKENDS",
+    "BACKEND_PATH",
+    "DISABLE",
+    "SETTINGS",
+    "STRICT_PLUGINS",
+    "Selection",
+    "Setting",
+    "SettingError",
+]
+
+T = TypeVar("T")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class SettingError(TensorplugError, ValueError):
+    """An environment variable has a value tensorplug cannot use."""
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One setting: an environment variable, how to parse it, its default and meaning."""
+
+    env: str
+    default: T
+    parse: Callable[[str], T]
+    help: str
+    example: str = ""
+
+    def raw(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The variable's text, or None when it is unset or blank."""
+        value = (os.environ if environ is None else environ).get(self.env)
+        return value if value is not None and value.strip() else None
+
+    def get(self, environ: Mapping[str, str] | None = None) -> T:
+        """The current value, read now; a malformed value raises :class:`SettingError`."""
+        value = self.raw(environ)
+        if value is None:
+            return self.default
+        try:
+            return self.parse(value)
+        except ValueError as e:
+            hint = f" (for example {self.env}={self.example})" if self.example else ""
+            raise SettingError(f"{self.env}={value!r}: {e}. {self.help}{hint}") from None
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """Comma-separated names, stripped, duplicates dropped, order kept."""
+    names: dict[str, str] = {}
+    for part in value.split(","):
+        name = part.strip()
+        if name and name.casefold() not in names:
+            names[name.casefold()] = name
+    return tuple(names.values())
+
+
+def _paths(value: str) -> tuple[Path, ...]:
+    return tuple(Path(p).expanduser() for p in value.split(os.pathsep) if p.strip())
+
+
+def _flag(value: str) -> bool:
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(f"expected one of {sorted(_TRUE | _FALSE)}")
+
+
+BACKENDS: Setting[tuple[str, ...]] = Setting(
+    "TENSORPLUG_BACKENDS",
+    (),
+    _names,
+    "Comma-separated backend names to load, in order; the first is init_best()'s default. "
+    "Unset: every installed backend that can run here.",
+    example="CUDA,CPU",
+)
+
+DISABLE: Setting[tuple[str, ...]] = Setting(
+    "TENSORPLUG_DISABLE",
+    (),
+    _names,
+    "Comma-separated backend (or entry-point) names never to load, even if listed in "
+    "TENSORPLUG_BACKENDS.",
+    example="OpenCL",
+)
+
+BACKEND_PATH: Setting[tuple[Path, ...]] = Setting(
+    "TENSORPLUG_BACKEND_PATH",
+    (),
+    _paths,
+    f"Extra plugin files (.py) or folders of plugin modules, separated by {os.pathsep!r}; "
+    "each module defines a module-level `registration`.",
+    example=f"~/my_backend.py{os.pathsep}/opt/tensorplug-plugins",
+)
+
+STRICT_PLUGINS: Setting[bool] = Setting(
+    "TENSORPLUG_STRICT_PLUGINS",
+    False,
+    _flag,
+    "1 to make any plugin that fails to import, score or initialise an error instead of a "
+    "logged warning.",
+    example="1",
+)
+
+#: Every setting, in the order ``tensorplug doctor`` shows them.
+SETTINGS: tuple[Setting[Any], ...] = (BACKENDS, DISABLE, BACKEND_PATH, STRICT_PLUGINS)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The environment's say in which backends load, read once per load."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    paths: tuple[Path, ...] = ()
+    strict: bool = False
+
+    @classmethod
+    def from_env(cls) -> Selection:
+        return cls(
+            allow=BACKENDS.get(),
+            deny=DISABLE.get(),
+            paths=BACKEND_PATH.get(),
+            strict=STRICT_PLUGINS.get(),
+        )
+
+    def denied(self, name: str) -> str | None:
+        if name.casefold() in {d.casefold() for d in self.deny}:
+            return f"disabled by {DISABLE.env}={','.join(self.deny)}"
+        return None
+
+    def excluded(self, name: str) -> str | None:
+        if why := self.denied(name):
+            return why
+        if self.allow and name.casefold() not in {a.casefold() for a in self.allow}:
+            return f"not listed in {BACKENDS.env}={','.join(self.allow)}"
+        return None
+
+    def rank(self, name: str) -> tuple[int, str]:
+        """Load order: the allow-list's order, then alphabetical."""
+        folded = [a.casefold() for a in self.allow]
+        key = name.casefold()
+        return (folded.index(key) if key in folded else len(folded), key)

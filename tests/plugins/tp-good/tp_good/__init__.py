@@ -1,0 +1,1 @@
+"""TEST backend for the registry tests; the entry point names ``tp_good.registration``."""

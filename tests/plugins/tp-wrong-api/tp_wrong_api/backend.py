@@ -1,0 +1,1 @@
+raise AssertionError("tp_wrong_api.backend must never be imported")

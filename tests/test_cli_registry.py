@@ -1,0 +1,104 @@
+"""``tensorplug devices`` and ``tensorplug doctor`` against the installed test plugins."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pty
+import subprocess
+
+from plugin_dists import PluginEnv
+
+from tensorplug import cli
+
+
+def tp(env: PluginEnv, *args: str, **environ: str) -> subprocess.CompletedProcess[str]:
+    return env.run(["-m", "tensorplug", *args], environ)
+
+
+def test_devices_plain_table(plugin_env: PluginEnv) -> None:
+    proc = tp(plugin_env, "devices")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == [
+        "backend", "device", "type", "description", "memory", "free/total", "caps", "note",
+    ]  # fmt: skip
+    rows = {line.split()[1]: line for line in lines[1:]}
+    assert list(rows) == ["REENTRANT0", "TEST0", "TEST1", "VARIANT0"]
+    assert rows["TEST1"].split()[:3] == ["TEST", "TEST1", "igpu"]
+    assert "1.0 GiB / 2.0 GiB" in rows["TEST1"]
+    assert rows["TEST1"].endswith("same device as VARIANT0")
+    assert "failed and were skipped" in proc.stderr  # the one warning, on stderr
+
+
+def test_doctor_reports_every_plugin(plugin_env: PluginEnv) -> None:
+    proc = tp(plugin_env, "doctor", "--plain")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "plugin API 1.0" in out.splitlines()[0]
+    assert "TENSORPLUG_BACKENDS        (unset)" in out
+    plugins = out.split("Plugins (10 found)")[1].split("Failures")[0]
+    rows = plugins.splitlines()
+    row = next(line for line in rows if line.startswith("VARIANT ") and "basic" in line)
+    assert row.split()[1:7] == ["tp-variant-basic", "0.1.0", "1.0", "5", "not", "selected"]
+    row = next(line for line in rows if line.startswith("FOOGPU"))
+    assert "unsupported" in row and "no FooGPU driver found (tp-unsupported)" in row
+    row = next(line for line in rows if line.startswith("WRONGAPI"))
+    assert "2.0" in row and "failed (api)" in row
+    failures = out.split("Failures (5)")[1].split("Devices (4)")[0]
+    assert "plugin 'BROKENINIT' from tp-broken-init 0.1.0" in failures
+    assert 'tp_broken_init/__init__.py", line 8, in _init' in failures  # the traceback
+    assert "did you mean 'tensorplug_extra_buffer_types'?" in failures
+    devices = out.split("Devices (4)")[1]
+    assert devices.count(" ok (") == 4  # smoke test: allocate, write, read back
+    assert "failed and were skipped" not in proc.stderr  # doctor shows failures itself
+
+
+def test_doctor_fails_only_for_a_requested_backend(plugin_env: PluginEnv) -> None:
+    proc = tp(plugin_env, "doctor", TENSORPLUG_BACKENDS="TEST,BROKENINIT")
+    assert proc.returncode == 1
+    assert "tensorplug: error: TENSORPLUG_BACKENDS asks for 'BROKENINIT'" in proc.stderr
+    assert "Devices (2)" in proc.stdout  # the other backends are still shown
+    assert tp(plugin_env, "devices", TENSORPLUG_BACKENDS="TEST,BROKENINIT").returncode == 1
+
+
+def test_rich_tables_on_a_terminal(plugin_env: PluginEnv) -> None:
+    main, sub = pty.openpty()
+    proc = subprocess.Popen(
+        plugin_env.command("-m", "tensorplug", "devices"),
+        stdout=sub,
+        stderr=subprocess.DEVNULL,
+        env=plugin_env.env({"COLUMNS": "160", "TERM": "xterm"}),
+    )
+    os.close(sub)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=60) == 0
+    os.close(main)
+    screen = b"".join(chunks).decode()
+    assert "┃" in screen or "│" in screen  # rich's box drawing
+    assert "VARIANT0" in screen
+
+
+def test_verbose_logs_each_discovery_step(plugin_env: PluginEnv) -> None:
+    proc = tp(plugin_env, "-v", "devices", "--plain")
+    assert proc.returncode == 0
+    assert "read 10 entry points of group 'tensorplug.backends'" in proc.stderr
+    assert "registered device TEST1 (igpu) of backend TEST" in proc.stderr
+
+
+def test_module_subcommand_is_lazy_and_reports_missing(capsys) -> None:
+    cmd = cli.Command.module("ghost", "no_such_module", "a command that is not built")
+    parser = argparse.ArgumentParser()
+    cmd.add_arguments(parser)  # type: ignore[misc]  (nothing to add, no import error)
+    assert cmd.run(argparse.Namespace()) == 2
+    assert "tensorplug ghost: not available" in capsys.readouterr().err
+    names = {c.name for c in cli.COMMANDS}
+    assert {"devices", "doctor", "demo"} <= names
