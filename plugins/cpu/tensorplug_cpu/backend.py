@@ -1,0 +1,244 @@
+"""The CPU backend: graph plans that bind kernels to memory once, and ggml's extensions.
+
+A :class:`CpuGraphPlan` holds one prepared step per node that does work (views and
+reshapes need none). Computing the plan is a loop of calls. ``graph_compute`` keeps
+the plan of the last graph it saw and reuses it while the graph's nodes, sources and
+their placement in buffers are the same objects at the same offsets; anything else
+builds a new plan. Plans bind op parameters when they are built: after changing a
+node's ``op_params`` in place, call ``graph_plan_update`` (or compute a new graph).
+
+Extensions (``get_proc`` names, as in ggml): ``set_n_threads``,
+``set_abort_callback`` and ``get_features``, also under their ``ggml_backend_`` names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tensorplug.backend import Backend, GraphPlan, Status
+from tensorplug.errors import (
+    BufferFreedError,
+    ComputeAbortedError,
+    TensorplugError,
+    UnsupportedError,
+)
+
+from .kernels import BuildContext, Step, build_step, supports
+from .kernels.jit import JitKernels, jit_status, load_jit
+from .system import ThreadControl, features
+
+if TYPE_CHECKING:
+    from tensorplug.buffer import Buffer
+    from tensorplug.graph import Graph
+    from tensorplug.tensor import Tensor
+
+    from .device import CpuDevice
+
+__all__ = ["EXTENSIONS", "CpuBackend", "CpuGraphPlan", "AbortCallback"]
+
+#: Called between nodes; a true result cancels the computation.
+AbortCallback = Callable[[], bool]
+
+
+def graph_key(nodes: Sequence[Tensor]) -> tuple[Any, ...]:
+    """What a plan depends on: every node and source, and where each one lives.
+
+    Tensors are held (not their ids), so none can be collected and its id reused while
+    a cached plan refers to it; comparing is by identity, element by element.
+    """
+    key: list[Any] = []
+    add = key.append
+    for n in nodes:
+        add(n)
+        add(n.buffer)
+        add(n.offset)
+        for s in n.src:
+            add(s.buffer)
+            add(s.offset)
+    return tuple(key)
+
+
+class CpuGraphPlan(GraphPlan):
+    """A graph with each node's kernel bound to numpy views of its operands."""
+
+    def __init__(self, backend: CpuBackend, graph: Graph) -> None:
+        super().__init__(backend, graph)
+        self.steps: list[Step] = []
+        self.nodes: list[Tensor] = []
+        self.buffers: tuple[Buffer, ...] = ()
+        self.key: tuple[Any, ...] = ()
+        self.freed = False
+        self.bind(graph, backend.jit)
+
+    def bind(self, graph: Graph, jit: JitKernels | None) -> None:
+        """(Re)build every step for ``graph``; views and scratch are made here, once."""
+        ctx = BuildContext()
+        steps: list[Step] = []
+        nodes: list[Tensor] = []
+        buffers: dict[int, Buffer] = {}
+        for node in graph.nodes:
+            for t in (node, *node.src):
+                buf = t.require_allocated()
+                if not buf.is_host:
+                    raise UnsupportedError(
+                        f"CPU cannot compute {node.describe()}: {t.describe()} lives in "
+                        f"buffer {buf.name!r}, which is not host memory; copy it to a CPU "
+                        "buffer first (the scheduler does this for you)"
+                    )
+                buffers[id(buf)] = buf
+            if not supports(node):
+                types = ", ".join(f"{s.type.name}{list(s.shape)}" for s in node.src)
+                raise UnsupportedError(
+                    f"CPU has no kernel for {node.op.value} {node.describe()} with sources "
+                    f"({types}); check backend.supports_op(node) before computing"
+                )
+            if node.nelements == 0:
+                continue
+            step = build_step(node, ctx, jit)
+            if step is not None:
+                steps.append(step)
+                nodes.append(node)
+        self.graph = graph
+        self.steps, self.nodes = steps, nodes
+        self.buffers = tuple(buffers.values())
+        self.key = graph_key(graph.nodes)
+        self.freed = False
+
+    def free(self) -> None:
+        self.steps, self.nodes, self.buffers = [], [], ()
+        self.freed = True
+
+
+class CpuBackend(Backend):
+    """A CPU stream: synchronous, computes graphs with numpy/BLAS (and numba if present)."""
+
+    def __init__(
+        self, device: CpuDevice, *, n_threads: int | None = None, use_jit: bool = True
+    ) -> None:
+        super().__init__(device)
+        self.jit: JitKernels | None = load_jit() if use_jit else None
+        self.n_threads: int | None = None
+        self.abort_callback: AbortCallback | None = None
+        self._cached: CpuGraphPlan | None = None
+        if n_threads is not None:
+            self.set_n_threads(n_threads)
+
+    # -- extensions -----------------------------------------------------------------------
+
+    def set_n_threads(self, n_threads: int) -> None:
+        """Threads for BLAS and the JIT kernels while this backend computes."""
+        if not isinstance(n_threads, int) or isinstance(n_threads, bool) or n_threads < 1:
+            raise ValueError(f"set_n_threads: n_threads must be an int >= 1, got {n_threads!r}")
+        self.n_threads = n_threads
+        ThreadControl.apply(n_threads, self.jit)
+
+    def set_abort_callback(self, callback: AbortCallback | None) -> None:
+        """Call ``callback()`` before each node; a true result aborts the compute."""
+        if callback is not None and not callable(callback):
+            raise TypeError(f"set_abort_callback: expected a callable or None, got {callback!r}")
+        self.abort_callback = callback
+
+    # -- graphs ----------------------------------------------------------------------------
+
+    def graph_plan_create(self, graph: Graph) -> CpuGraphPlan:
+        return CpuGraphPlan(self, graph)
+
+    def graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
+        self._own(plan).bind(graph, self.jit)
+
+    def graph_plan_compute(self, plan: GraphPlan) -> Status:
+        return self._run(self._own(plan))
+
+    def graph_plan_free(self, plan: GraphPlan) -> None:
+        own = self._own(plan)
+        if own is self._cached:
+            self._cached = None
+        own.free()
+
+    def _graph_compute(self, graph: Graph) -> Status:
+        plan = self._cached
+        if plan is None or plan.key != graph_key(graph.nodes):
+            self._cached = None  # a failed build must not leave a stale plan behind
+            plan = CpuGraphPlan(self, graph)
+            self._cached = plan
+        return self._run(plan)
+
+    def _own(self, plan: GraphPlan) -> CpuGraphPlan:
+        if not isinstance(plan, CpuGraphPlan) or plan.backend is not self:
+            raise TypeError(
+                f"{plan!r} was not created by this CPU backend; use "
+                "backend.graph_plan_create(graph) on the backend that computes it"
+            )
+        return plan
+
+    def _run(self, plan: CpuGraphPlan) -> Status:
+        if plan.freed:
+            raise UnsupportedError("this graph plan was freed; create a new one")
+        for buf in plan.buffers:
+            if buf.is_freed:
+                raise BufferFreedError(
+                    f"buffer {buf.name!r} used by the graph was freed; re-allocate the "
+                    "graph's tensors and create a new plan"
+                )
+        ThreadControl.apply(self.n_threads, self.jit)
+        abort, steps = self.abort_callback, plan.steps
+        i = 0
+        # ggml's kernels produce inf/NaN silently; numpy's warnings would only be noise
+        with np.errstate(all="ignore"):
+            try:
+                if abort is None:
+                    for i, step in enumerate(steps):  # noqa: B007  (i is read on error)
+                        step()
+                else:
+                    for i, step in enumerate(steps):
+                        if abort():
+                            raise self._aborted(plan, i)
+                        step()
+            except Exception as e:
+                # our own errors already name the node; add it to anything else (3.11+)
+                if not isinstance(e, TensorplugError) and hasattr(e, "add_note"):
+                    e.add_note(f"while the CPU computed node {i} {plan.nodes[i].describe()}")
+                raise
+        return Status.SUCCESS
+
+    @staticmethod
+    def _aborted(plan: CpuGraphPlan, i: int) -> ComputeAbortedError:
+        node = plan.nodes[i]
+        return ComputeAbortedError(
+            f"CPU graph compute aborted by the abort callback before node {i} of "
+            f"{len(plan.nodes)} ({node.op.value} {node.describe()}); the nodes before it "
+            "were computed and every buffer is intact, so the graph can be computed again"
+        )
+
+
+# -- get_proc functions -----------------------------------------------------------------------
+
+
+def _backend(backend: Any, what: str) -> CpuBackend:
+    if not isinstance(backend, CpuBackend):
+        raise TypeError(f"{what}: expected a CPU backend, got {type(backend).__name__}")
+    return backend
+
+
+def set_n_threads(backend: Backend, n_threads: int) -> None:
+    """``ggml_backend_set_n_threads``: BLAS/JIT threads used by ``backend``."""
+    _backend(backend, "set_n_threads").set_n_threads(n_threads)
+
+
+def set_abort_callback(backend: Backend, callback: AbortCallback | None) -> None:
+    """``ggml_backend_set_abort_callback``: checked between nodes; True aborts."""
+    _backend(backend, "set_abort_callback").set_abort_callback(callback)
+
+
+def get_features(reg: Any = None) -> dict[str, str]:
+    """``ggml_backend_get_features``: BLAS vendor, numpy's SIMD flags, JIT status."""
+    return features(jit_status())
+
+
+EXTENSIONS: dict[str, Callable[..., Any]] = {}
+for _fn in (set_n_threads, set_abort_callback, get_features):
+    EXTENSIONS[_fn.__name__] = _fn
+    EXTENSIONS["ggml_backend_" + _fn.__name__] = _fn

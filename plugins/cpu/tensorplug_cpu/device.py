@@ -1,0 +1,127 @@
+"""The CPU device and its registration (``ggml_backend_cpu_device`` / ``_reg``).
+
+One device, "CPU", computing on the core's host buffer type. It can wrap memory that
+someone else owns (a numpy array, an ``mmap`` of a model file) as a buffer without
+copying, which is how weights are used straight from a mapped GGUF file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tensorplug.device import Device, DeviceCaps, DeviceType, Reg
+from tensorplug.host import host_buffer_type
+
+from . import system
+from .backend import EXTENSIONS, CpuBackend, get_features
+from .kernels import supports
+
+if TYPE_CHECKING:
+    from tensorplug.buffer import Buffer, BufferType
+    from tensorplug.tensor import Tensor
+
+__all__ = ["CpuDevice", "CpuReg", "create_reg", "parse_params"]
+
+
+def parse_params(params: str | None) -> dict[str, Any]:
+    """``init_backend`` parameters: ``"n_threads=4,jit=0"`` → keyword arguments.
+
+    ``n_threads``: BLAS/JIT threads for this backend; ``jit``: 0 to use only the numpy
+    kernels (no numba).
+    """
+    out: dict[str, Any] = {}
+    for item in (params or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        try:
+            if not sep:
+                raise ValueError
+            if key == "n_threads":
+                out["n_threads"] = int(value)
+            elif key == "jit":
+                if value.lower() not in ("0", "1", "true", "false", "on", "off"):
+                    raise ValueError
+                out["use_jit"] = value.lower() in ("1", "true", "on")
+            else:
+                raise KeyError
+        except (ValueError, KeyError):
+            raise ValueError(
+                f"CPU backend parameter {item!r} is not understood; use a comma-separated "
+                "list of n_threads=<int> and jit=<0|1>, e.g. 'n_threads=4,jit=0'"
+            ) from None
+    return out
+
+
+class CpuDevice(Device):
+    """The host CPU."""
+
+    @property
+    def name(self) -> str:
+        return "CPU"
+
+    @property
+    def description(self) -> str:
+        return system.cpu_name()
+
+    @property
+    def type(self) -> DeviceType:
+        return DeviceType.CPU
+
+    def memory(self) -> tuple[int, int]:
+        return system.memory()
+
+    @property
+    def caps(self) -> DeviceCaps:
+        return DeviceCaps(
+            asynchronous=False, host_buffer=False, buffer_from_host_ptr=True, events=False
+        )
+
+    def _init_backend(self, params: str | None) -> CpuBackend:
+        return CpuBackend(self, **parse_params(params))
+
+    def buffer_type(self) -> BufferType:
+        return host_buffer_type()
+
+    def supports_op(self, op: Tensor) -> bool:
+        return supports(op)
+
+    def supports_buft(self, buft: BufferType) -> bool:
+        return buft.is_host
+
+    def buffer_from_host_ptr(self, obj: Any, max_tensor_size: int = 0) -> Buffer:
+        """Wrap ``obj`` (numpy array, mmap, bytearray, memoryview) as a buffer, no copy.
+
+        The buffer keeps ``obj`` alive; read-only memory gives a buffer that refuses
+        writes. ``max_tensor_size`` is accepted for ggml compatibility: host memory has
+        no per-tensor limit.
+        """
+        return host_buffer_type().buffer_from_host_memory(obj)
+
+
+class CpuReg(Reg):
+    """The CPU backend registration: one device plus ggml's CPU extension functions."""
+
+    def __init__(self) -> None:
+        self._devices = (CpuDevice(self),)
+
+    @property
+    def name(self) -> str:
+        return "CPU"
+
+    def devices(self) -> Sequence[Device]:
+        return self._devices
+
+    def get_proc(self, name: str) -> Callable[..., Any] | None:
+        return EXTENSIONS.get(name)
+
+    def features(self) -> dict[str, str]:
+        return get_features(self)
+
+
+def create_reg() -> CpuReg:
+    """Entry for :class:`tensorplug.registration.Registration`'s ``init``."""
+    return CpuReg()

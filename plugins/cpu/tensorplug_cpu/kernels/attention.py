@@ -1,0 +1,261 @@
+"""soft_max (with mask and ALiBi), rope (with YaRN) and flash_attn_ext, as ggml computes them.
+
+The per-token work is vectorised over whole tensors, but the float32 arithmetic is
+ggml's: the rope angle of pair ``i`` is built by repeated multiplication by
+``theta_scale`` exactly like ``ggml_rope_cache_init``, the YaRN ramp uses
+``ggml_rope_yarn_corr_dims``, softmax sums accumulate in float64 like
+``ggml_vec_soft_max_f32``, and fully masked attention rows give zeros like ggml's
+``S == 0`` guard.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tensorplug.opcodes import RopeMode
+
+from .common import F32, BuildContext, Step, padded4, sequence
+
+if TYPE_CHECKING:
+    from tensorplug.tensor import Tensor
+
+__all__ = ["alibi_slopes", "build_flash_attn_ext", "build_rope", "build_soft_max", "rope_corr_dims"]
+
+#: Largest attention score block computed at once, in float32 elements (32 MiB).
+SCORE_ELEMS = 1 << 23
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """ALiBi slope per head (float32), ggml's ``m0``/``m1`` powers; ones without a bias."""
+    if max_bias <= 0:
+        return np.ones(n_head, F32)
+    n_head_log2 = 1 << math.floor(math.log2(n_head))
+    m0 = F32.type(2.0) ** F32.type(-max_bias / n_head_log2)
+    m1 = F32.type(2.0) ** F32.type(-(max_bias / 2.0) / n_head_log2)
+    h = np.arange(n_head)
+    return np.where(
+        h < n_head_log2,
+        m0 ** (h + 1).astype(F32),
+        m1 ** (2 * (h - n_head_log2) + 1).astype(F32),
+    ).astype(F32)
+
+
+def _masked_logits(
+    ctx: BuildContext,
+    mask_t: Tensor | None,
+    rows: int,
+    shape4: tuple[int, ...],
+    max_bias: float,
+) -> tuple[np.ndarray | None, Step | None]:
+    """The term ``slope·mask`` to add to 4-d logits of ``shape4`` (and its step)."""
+    if mask_t is None:
+        return None, None
+    m4 = padded4(ctx.view(mask_t))[:, :, :rows, :]
+    if max_bias <= 0:
+        return m4, None  # numpy widens an F16 mask exactly while adding
+    slopes = alibi_slopes(shape4[1], max_bias).reshape(1, -1, 1, 1)
+    term = ctx.scratch(np.broadcast_shapes(m4.shape, slopes.shape))
+
+    def scaled() -> None:
+        np.multiply(m4, slopes, out=term)
+
+    return term, scaled
+
+
+def build_soft_max(node: Tensor, ctx: BuildContext) -> Step:
+    """``softmax(a·scale + slope·mask)`` per row, as ``ggml_compute_forward_soft_max_f32``."""
+    a_t = node.src[0]
+    a4, out4 = padded4(ctx.view(a_t)), padded4(ctx.view(node))
+    scale = F32.type(node.op_params["scale"])
+    max_bias = node.op_params.get("max_bias", 0.0)
+    mask_t = node.src[1] if len(node.src) > 1 else None
+    term, prep = _masked_logits(ctx, mask_t, a4.shape[2], a4.shape, max_bias)
+    w = ctx.scratch(a4.shape)
+    rows = (*a4.shape[:-1], 1)
+    peak, acc, inv = ctx.scratch(rows), ctx.scratch(rows, np.float64), ctx.scratch(rows)
+
+    def run() -> None:
+        np.multiply(a4, scale, out=w)
+        if term is not None:
+            np.add(w, term, out=w)
+        np.max(w, axis=-1, keepdims=True, out=peak)
+        np.subtract(w, peak, out=w)
+        np.exp(w, out=w)
+        np.sum(w, axis=-1, keepdims=True, dtype=np.float64, out=acc)
+        np.divide(1.0, acc, out=acc)
+        np.copyto(inv, acc, casting="same_kind")
+        np.multiply(w, inv, out=out4)
+
+    return sequence(prep, run)
+
+
+# -- rope ---------------------------------------------------------------------------------
+
+
+def rope_corr_dims(
+    n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float
+) -> tuple[float, float]:
+    """``ggml_rope_yarn_corr_dims``: the first and last dims that YaRN's ramp blends.
+
+    Computed in float32 like ggml's ``logf``-based formula; ``n_ctx_orig = 0`` gives
+    ``(0, -inf)`` exactly as the C code does.
+    """
+    f = F32.type
+
+    def corr_dim(n_rot: float) -> np.float32:
+        with np.errstate(divide="ignore"):
+            ratio = f(n_ctx_orig) / (f(n_rot) * f(2) * f(math.pi))
+            return f(n_dims) * np.log(ratio) / (f(2) * np.log(f(freq_base)))
+
+    start = np.floor(corr_dim(beta_fast))
+    end = np.ceil(corr_dim(beta_slow))
+    return float(max(f(0), start)), float(min(f(n_dims - 1), end))
+
+
+def build_rope(node: Tensor, ctx: BuildContext) -> Step:
+    """Rotary embedding over ``(…, n_tokens, n_head, head_dim)``, ggml's ``rope_f32``."""
+    a_t, pos_t = node.src[0], node.src[1]
+    p = node.op_params
+    n_dims = p["n_dims"]
+    half = n_dims // 2
+    x, load = ctx.f32_in(a_t)
+    out, store = ctx.f32_out(node)
+    pos = ctx.view(pos_t)
+    ff = ctx.view(node.src[2]) if len(node.src) > 2 else None
+    n_tok = a_t.shape[-3]
+
+    f = F32.type
+    theta_scale = f(p["freq_base"]) ** f(-2.0 / n_dims)
+    freq_scale, ext_factor = f(p["freq_scale"]), f(p["ext_factor"])
+    mscale = f(p["attn_factor"])
+    ramp_mix = keep = None
+    if ext_factor != 0:
+        low, high = rope_corr_dims(
+            n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"]
+        )
+        y = (np.arange(half, dtype=F32) - f(low)) / max(f(0.001), f(high) - f(low))
+        ramp_mix = ((f(1) - np.minimum(f(1), np.maximum(f(0), y))) * ext_factor).astype(F32)
+        keep = (f(1) - ramp_mix).astype(F32)
+        mscale = mscale * (f(1) + f(0.1) * np.log(f(1) / freq_scale))
+
+    # theta[t, i] = pos[t]·theta_scale^i, accumulated by repeated float32 multiplication
+    factors = np.full((n_tok, half), theta_scale, F32)
+    theta, extrap = ctx.scratch((n_tok, half)), ctx.scratch((n_tok, half))
+    cos, sin = ctx.scratch((n_tok, 1, half)), ctx.scratch((n_tok, 1, half))
+    if RopeMode(p["mode"]) == RopeMode.NEOX:
+        x0, x1, o0, o1 = x[..., :half], x[..., half:n_dims], out[..., :half], out[..., half:n_dims]
+    else:
+        x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+        o0, o1 = out[..., 0:n_dims:2], out[..., 1:n_dims:2]
+    shape = x0.shape
+    t0, t1, t2 = ctx.scratch(shape), ctx.scratch(shape), ctx.scratch(shape)
+    rest = (x[..., n_dims:], out[..., n_dims:]) if n_dims < a_t.shape[-1] else None
+
+    def run() -> None:
+        factors[:, 0] = pos
+        np.multiply.accumulate(factors, axis=1, out=theta)
+        if ff is not None:
+            np.divide(theta, ff, out=theta)
+        if ramp_mix is not None:
+            # theta_interp·(1 - ramp) + theta_extrap·ramp
+            np.multiply(theta, ramp_mix, out=extrap)
+            np.multiply(theta, freq_scale, out=theta)
+            np.multiply(theta, keep, out=theta)
+            np.add(theta, extrap, out=theta)
+        else:
+            np.multiply(theta, freq_scale, out=theta)
+        c, s = cos[:, 0, :], sin[:, 0, :]
+        np.cos(theta, out=c)
+        np.sin(theta, out=s)
+        c *= mscale
+        s *= mscale
+        # (x0·cos - x1·sin, x0·sin + x1·cos); staged so that out may alias x
+        np.multiply(x0, cos, out=t0)
+        np.multiply(x1, sin, out=t2)
+        np.subtract(t0, t2, out=t0)
+        np.multiply(x0, sin, out=t1)
+        np.multiply(x1, cos, out=t2)
+        np.add(t1, t2, out=t1)
+        np.copyto(o0, t0)
+        np.copyto(o1, t1)
+        if rest is not None:
+            np.copyto(rest[1], rest[0])
+
+    return sequence(load, run, store)
+
+
+# -- flash attention ---------------------------------------------------------------------------
+
+
+def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
+    """``softmax(q·kᵀ·scale (softcapped) + slope·mask)·v``; result ``(B, n_q, H, D_v)``.
+
+    Query heads are grouped onto their KV head by splitting the head axis (a view), so
+    every product is one batched BLAS call. Query rows are processed in chunks so the
+    score block stays under :data:`SCORE_ELEMS`.
+    """
+    q_t, k_t, v_t = node.src[:3]
+    mask_t = node.src[3] if len(node.src) > 3 else None
+    p = node.op_params
+    scale, softcap = F32.type(p["scale"]), F32.type(p.get("logit_softcap", 0.0))
+    max_bias = p.get("max_bias", 0.0)
+    if softcap != 0:
+        scale = scale / softcap
+    q4 = padded4(ctx.view(q_t))
+    k32, load_k = ctx.f32_in(k_t)
+    v32, load_v = ctx.f32_in(v_t)
+    k4, v4 = padded4(k32), padded4(v32)
+    B, H, n_q, _ = q4.shape
+    h_kv, n_kv, d_v = k4.shape[1], k4.shape[2], v4.shape[3]
+    g = H // h_kv
+    kT5 = k4.swapaxes(-1, -2)[:, :, None]  # (B, H_kv, 1, D, n_kv)
+    v5 = v4[:, :, None]  # (B, H_kv, 1, n_kv, D_v)
+    # (B, n_q, H, D_v) seen as (B, H_kv, g, n_q, D_v): a transpose and an axis split
+    out5 = padded4(ctx.view(node)).transpose(0, 2, 1, 3).reshape(B, h_kv, g, n_q, d_v)
+    term, prep = _masked_logits(ctx, mask_t, n_q, (B, H, n_q, n_kv), max_bias)
+
+    step = max(1, min(n_q, SCORE_ELEMS // max(1, B * H * n_kv)))
+    s_full = ctx.scratch((B, h_kv, g, step, n_kv))
+    o_full = ctx.scratch((B, h_kv, g, step, d_v))
+    row_full = ctx.scratch((B, h_kv, g, step, 1))
+    chunks = []
+    for r0 in range(0, n_q, step):
+        r1 = min(n_q, r0 + step)
+        n = r1 - r0
+        s5 = s_full[:, :, :, :n]
+        mterm = None
+        if term is not None:
+            t4 = term[:, :, r0:r1]
+            # (Bm, Hm, n, n_kv) → 5-d matching s5: split the head axis when it is full
+            mterm = (
+                t4.reshape(t4.shape[0], h_kv, g, n, n_kv) if t4.shape[1] == H else t4[:, :, None]
+            )
+        q5 = q4[:, :, r0:r1].reshape(B, h_kv, g, n, q4.shape[3])
+        chunks.append(
+            (q5, s5, mterm, row_full[:, :, :, :n], o_full[:, :, :, :n], out5[:, :, :, r0:r1])
+        )
+
+    def run() -> None:
+        for q5, s5, mterm, row, o5, dst in chunks:
+            np.matmul(q5, kT5, out=s5)
+            s5 *= scale
+            if softcap != 0:
+                np.tanh(s5, out=s5)
+                s5 *= softcap
+            if mterm is not None:
+                s5 += mterm
+            np.max(s5, axis=-1, keepdims=True, out=row)
+            # a row masked everywhere has max -inf: ggml skips every entry and outputs 0
+            np.copyto(row, 0, where=np.isneginf(row))
+            s5 -= row
+            np.exp(s5, out=s5)
+            np.sum(s5, axis=-1, keepdims=True, out=row)
+            np.divide(1, row, out=row, where=row != 0)
+            np.matmul(s5, v5, out=o5)
+            o5 *= row
+            np.copyto(dst, o5)
+
+    return sequence(load_k, load_v, prep, run)

@@ -1,0 +1,167 @@
+"""What every kernel builder shares: numpy views of tensors, float32 staging, composition.
+
+A kernel *builder* runs once, when a graph plan is made: it takes the node, gets numpy
+views of the node and its sources from :class:`BuildContext`, allocates any scratch it
+needs, and returns a zero-argument :data:`Step` that does the work. Replaying the plan
+only calls steps, so shape logic and allocation happen once per plan, not per compute.
+
+Precision follows ggml: F16 and BF16 values are widened to float32, computed on in
+float32, and rounded once into the destination type. :meth:`BuildContext.f32_in` and
+:meth:`BuildContext.f32_out` arrange that, and cost nothing for F32 tensors, which are
+used in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tensorplug.host import tensor_array
+from tensorplug.quants import bf16_to_f32, f32_to_bf16
+from tensorplug.types import Type
+
+if TYPE_CHECKING:
+    from tensorplug.tensor import Tensor
+
+__all__ = [
+    "BuildContext",
+    "F32",
+    "Step",
+    "from_f32",
+    "padded4",
+    "reshape_view",
+    "sequence",
+    "to_f32",
+]
+
+#: A prepared unit of work: call it to run (part of) one node.
+Step = Callable[[], object]
+
+F32 = np.dtype(np.float32)
+
+
+def sequence(*steps: Step | None) -> Step:
+    """One step running ``steps`` in order (``None`` entries are skipped)."""
+    todo = tuple(s for s in steps if s is not None)
+    if len(todo) == 1:
+        return todo[0]
+
+    def run() -> None:
+        for s in todo:
+            s()
+
+    return run
+
+
+def reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``a`` reshaped without copying, or ``None`` when only a copy could do it.
+
+    Plans keep views into buffers; a reshape that silently copied would freeze the
+    values seen when the plan was built, so callers must know which one they got.
+    """
+    r = a.reshape(shape)
+    # a copy is fresh memory, so it cannot even lie within a's bounds
+    if r.size and not np.may_share_memory(r, a):
+        return None
+    return r
+
+
+def padded4(a: np.ndarray, core: int = 0) -> np.ndarray:
+    """``a`` with leading unit axes so that it has 4 (+ ``core``) dimensions (a view)."""
+    want = 4 + core
+    return a.reshape((1,) * (want - a.ndim) + a.shape) if a.ndim < want else a
+
+
+def _store_bf16(dst: np.ndarray, src: np.ndarray) -> None:
+    np.copyto(dst, f32_to_bf16(src))
+
+
+class BuildContext:
+    """Numpy views of a plan's tensors (made once each) and float32 staging buffers."""
+
+    def __init__(self) -> None:
+        # keyed by id(); the tensor is kept with its view so the id stays unique
+        self._views: dict[int, tuple[Tensor, np.ndarray]] = {}
+        # scratch memory shared by the plan's nodes: slot k of every node reuses one
+        # byte array, since nodes run one after the other and no scratch outlives its
+        # node's step. Distinct slots keep one node's temporaries apart.
+        self._pool: list[np.ndarray] = []
+        self._slot = 0
+
+    def begin_node(self) -> None:
+        """Start handing out scratch for a new node (earlier nodes' scratch is reusable)."""
+        self._slot = 0
+
+    def scratch(self, shape: tuple[int, ...], dtype: np.dtype | type = F32) -> np.ndarray:
+        """An uninitialised array for temporaries of the current node's step."""
+        dt = np.dtype(dtype)
+        need = max(1, int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+        if self._slot == len(self._pool):
+            self._pool.append(np.empty(0, np.uint8))
+        if self._pool[self._slot].size < need + 64:  # room to align the start, too
+            # a bigger array for this slot from now on; earlier views keep the old one
+            self._pool[self._slot] = np.empty(need + 64, np.uint8)
+        raw = self._pool[self._slot]
+        self._slot += 1
+        skip = -raw.ctypes.data % 64  # cache-line aligned, like host tensors
+        return raw[skip : skip + need].view(dt)[: int(np.prod(shape))].reshape(shape)
+
+    def view(self, t: Tensor) -> np.ndarray:
+        """The tensor's memory as numpy: its dtype and strides, or raw blocks if quantized."""
+        hit = self._views.get(id(t))
+        if hit is None:
+            hit = (t, tensor_array(t))
+            self._views[id(t)] = hit
+        return hit[1]
+
+    def f32_in(self, t: Tensor) -> tuple[np.ndarray, Step | None]:
+        """A float32 array that holds ``t``'s values once the returned step has run.
+
+        F32 tensors are their own view (no step). F16 and BF16 get a scratch array and a
+        step that widens the values into it, exactly (both embed in float32).
+        """
+        v = self.view(t)
+        if t.type == Type.F32:
+            return v, None
+        buf = self.scratch(t.shape)
+        if t.type == Type.F16:
+            return buf, partial(np.copyto, buf, v)
+        if t.type == Type.BF16:
+            # bf16 is the top half of an f32: shift the bits into place, no allocation
+            return buf, partial(np.left_shift, v, 16, out=buf.view(np.uint32), dtype=np.uint32)
+        raise AssertionError(f"f32_in: {t.describe()} is not a float tensor")
+
+    def f32_out(self, t: Tensor) -> tuple[np.ndarray, Step | None]:
+        """A float32 array to compute ``t`` into, and the step that stores it into ``t``.
+
+        F32 results are computed straight into the tensor. F16 results are rounded to
+        nearest even by numpy's cast, BF16 ones by ggml's rounding rule.
+        """
+        v = self.view(t)
+        if t.type == Type.F32:
+            return v, None
+        buf = self.scratch(t.shape)
+        if t.type == Type.F16:
+            return buf, partial(np.copyto, v, buf, casting="same_kind")
+        if t.type == Type.BF16:
+            return buf, partial(_store_bf16, v, buf)
+        raise AssertionError(f"f32_out: {t.describe()} is not a float tensor")
+
+
+def to_f32(values: np.ndarray, t: Type) -> np.ndarray:
+    """Float32 values of an array stored as float type ``t`` (allocates unless F32)."""
+    if t == Type.F32:
+        return values
+    if t == Type.BF16:
+        return bf16_to_f32(values)
+    return values.astype(F32)
+
+
+def from_f32(values: np.ndarray, t: Type) -> np.ndarray:
+    """Float32 ``values`` converted to the storage dtype of float type ``t``."""
+    if t == Type.BF16:
+        return f32_to_bf16(values)
+    return values.astype(t.numpy_dtype, copy=False)

@@ -1,0 +1,151 @@
+"""Copies with type conversion, and row gathers/scatters (cpy, dup, cont, get/set_rows).
+
+Copies map element ``k`` of the source (C order) to element ``k`` of the destination,
+so shapes may differ. Quantized data moves as whole blocks: a quantized source is
+decoded with :func:`tensorplug.quants.dequantize_blocks`, a quantized destination is
+encoded row by row with :func:`tensorplug.quants.quantize`, byte-identical to GGUF.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tensorplug.errors import OutOfBoundsError
+from tensorplug.quants import dequantize_blocks, quantize
+from tensorplug.types import Type
+
+from .common import BuildContext, Step, from_f32, reshape_view, to_f32
+
+if TYPE_CHECKING:
+    from tensorplug.tensor import Tensor
+
+__all__ = ["build_cpy", "build_dup", "build_get_rows", "build_set_rows"]
+
+
+def _blocks_flat(a: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Raw blocks ``(…, nblocks, type_size)`` as ``(n_blocks_total, type_size)``.
+
+    Returns the array and whether it is a view (writes through) or a copy.
+    """
+    shape = (-1, a.shape[-1])
+    v = reshape_view(a, shape)
+    return (v, True) if v is not None else (a.reshape(shape), False)
+
+
+def _copy_step(src: np.ndarray, src_type: Type, dst: np.ndarray, dst_type: Type) -> Step:
+    """Copy/convert ``src`` into ``dst`` element by element in C order."""
+    if src_type == dst_type and src_type.is_quantized:
+        dst_flat, dst_is_view = _blocks_flat(dst)
+        if dst_is_view:
+            return lambda: np.copyto(dst_flat, _blocks_flat(src)[0])
+        return lambda: np.copyto(dst, _blocks_flat(src)[0].reshape(dst.shape))
+
+    if src_type == dst_type or (src_type, dst_type) in ((Type.F32, Type.F16), (Type.F16, Type.F32)):
+        # same storage, or a cast numpy performs exactly as ggml (exact widening,
+        # round-to-nearest-even narrowing)
+        view = reshape_view(src, dst.shape)
+        if view is not None:
+            return partial(np.copyto, dst, view, casting="unsafe")
+        return lambda: np.copyto(dst, src.reshape(dst.shape), casting="unsafe")
+
+    def run() -> None:
+        if src_type.is_quantized:
+            values = dequantize_blocks(src, src_type)
+        else:
+            values = to_f32(src, src_type)
+        if dst_type.is_quantized:
+            rows = values.reshape((*dst.shape[:-2], -1))
+            np.copyto(dst, quantize(rows, dst_type).reshape(dst.shape))
+        else:
+            np.copyto(dst, from_f32(values.reshape(dst.shape), dst_type))
+
+    return run
+
+
+def build_cpy(node: Tensor, ctx: BuildContext) -> Step:
+    """cpy(a, b): the node is a view of ``b``; write ``a``'s converted values through it."""
+    a = node.src[0]
+    return _copy_step(ctx.view(a), a.type, ctx.view(node), node.type)
+
+
+def build_dup(node: Tensor, ctx: BuildContext) -> Step:
+    """dup / cont: a same-type contiguous copy, possibly with a new shape (cont)."""
+    a = node.src[0]
+    return _copy_step(ctx.view(a), a.type, ctx.view(node), node.type)
+
+
+def _index_error(node: Tensor, e: Exception) -> OutOfBoundsError:
+    return OutOfBoundsError(
+        f"{node.op.value} {node.describe()}: a row index is outside the table "
+        f"{node.src[0].describe()} ({e}); indices must lie in [0, n_rows)"
+    )
+
+
+def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
+    """Gather rows of ``a`` per outer batch; quantized rows are decoded after the gather."""
+    a_t, rows_t = node.src
+    a, rows, out = ctx.view(a_t), ctx.view(rows_t), ctx.view(node)
+    # negative indices seen as uint32 become huge, so numpy's bounds check rejects them
+    # instead of wrapping around as Python indexing would
+    rows_u = rows.view(np.uint32)
+    batches = [
+        (a[i], rows_u[i], out[i]) for i in itertools.product(*(range(d) for d in a_t.shape[:-2]))
+    ]
+    t = a_t.type
+
+    def gather(table: np.ndarray, idx: np.ndarray, dst: np.ndarray) -> None:
+        if t in (Type.F32, Type.I32):
+            np.take(table, idx, axis=0, out=dst)
+        elif t.is_quantized:
+            np.copyto(dst, dequantize_blocks(np.take(table, idx, axis=0), t))
+        else:
+            np.copyto(dst, to_f32(np.take(table, idx, axis=0), t))
+
+    def run() -> None:
+        try:
+            for table, idx, dst in batches:
+                gather(table, idx, dst)
+        except IndexError as e:
+            raise _index_error(node, e) from e
+
+    return run
+
+
+def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
+    """Scatter rows of ``b`` into ``a`` (the node is a view of ``a``), converting them."""
+    _, b_t, rows_t = node.src
+    dst, b, rows = ctx.view(node), ctx.view(b_t), ctx.view(rows_t)
+    t = node.type
+    signed64 = rows_t.type == Type.I64
+    if not signed64:
+        rows = rows.view(np.uint32)  # negatives become out of range, see build_get_rows
+    # rows (…, k) broadcasts over b's outer axes (each 1 or equal)
+    outer = b.shape[:-2]
+    rows = rows.reshape((1,) * (len(outer) + 1 - rows.ndim) + rows.shape)
+    batches = []
+    for i in itertools.product(*(range(d) for d in outer)):
+        r = tuple(0 if dr == 1 else ii for ii, dr in zip(i, rows.shape[:-1], strict=True))
+        batches.append((dst[i], b[i], rows[r]))
+
+    def scatter(table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> None:
+        if signed64 and idx.size and idx.min() < 0:
+            raise IndexError(f"negative row index {int(idx.min())}")
+        if t in (Type.F32, Type.F16):
+            table[idx] = values
+        elif t == Type.BF16:
+            table[idx] = from_f32(values, t)
+        else:
+            table[idx] = quantize(values, t).reshape(values.shape[0], *table.shape[1:])
+
+    def run() -> None:
+        try:
+            for table, values, idx in batches:
+                scatter(table, values, idx)
+        except IndexError as e:
+            raise _index_error(node, e) from e
+
+    return run

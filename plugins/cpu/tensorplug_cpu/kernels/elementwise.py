@@ -1,0 +1,259 @@
+"""Elementwise arithmetic, activations, row normalisations and row reductions.
+
+Each builder returns a :data:`~.common.Step` writing into the node's own memory with
+numpy's ``out=``; every temporary is allocated here, once per plan. Formulas and the
+order of float32 operations follow ggml's CPU kernels (``ggml-cpu/ops.cpp``,
+``vec.h``), with ggml's double-precision accumulators where it has them (norms, sums).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tensorplug.opcodes import Op, SortOrder, UnaryOp
+from tensorplug.types import Type
+
+from .common import F32, BuildContext, Step, sequence
+
+if TYPE_CHECKING:
+    from tensorplug.tensor import Tensor
+
+__all__ = [
+    "UNARY_FNS",
+    "build_argmax",
+    "build_argsort",
+    "build_binary",
+    "build_concat",
+    "build_glu",
+    "build_norm",
+    "build_rms_norm",
+    "build_scale",
+    "build_sum_rows",
+    "build_unary",
+]
+
+_UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
+_NUMPY_NATIVE = (Type.F32, Type.F16)
+_SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
+_GELU_COEF_A = np.float32(0.044715)
+
+
+def build_binary(node: Tensor, ctx: BuildContext) -> Step:
+    """add / sub / mul / div with numpy broadcasting (the op contract's broadcasting).
+
+    For F32 and F16 operands numpy's own loops already widen to float32, compute and
+    round once, which is ggml's rule, so the ufunc runs straight on the tensors' memory.
+    BF16 is not a numpy type and goes through float32 staging.
+    """
+    ufunc = _UFUNCS[node.op]
+    a, b = node.src
+    if all(t.type in _NUMPY_NATIVE for t in (a, b, node)):
+        return partial(ufunc, ctx.view(a), ctx.view(b), out=ctx.view(node))
+    av, load_a = ctx.f32_in(a)
+    bv, load_b = ctx.f32_in(b)
+    out, store = ctx.f32_out(node)
+    return sequence(load_a, load_b, partial(ufunc, av, bv, out=out), store)
+
+
+def build_scale(node: Tensor, ctx: BuildContext) -> Step:
+    """``x·s + bias`` (``ggml_scale_bias``)."""
+    x, load = ctx.f32_in(node.src[0])
+    out, store = ctx.f32_out(node)
+    s, bias = F32.type(node.op_params["scale"]), F32.type(node.op_params.get("bias", 0.0))
+    mul = partial(np.multiply, x, s, out=out)
+    add = partial(np.add, out, bias, out=out) if bias else None
+    return sequence(load, mul, add, store)
+
+
+def _silu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    """``x / (1 + e^-x)`` as ggml writes it; ``out`` may alias ``x``."""
+    np.negative(x, out=tmp)
+    np.exp(tmp, out=tmp)
+    tmp += 1
+    np.divide(x, tmp, out=out)
+
+
+def _sigmoid_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    np.negative(x, out=tmp)
+    np.exp(tmp, out=tmp)
+    tmp += 1
+    np.divide(1, tmp, out=out)
+
+
+def _gelu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    """``0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))``, ggml's ``ggml_gelu_f32``."""
+    np.multiply(x, x, out=tmp)
+    tmp *= _GELU_COEF_A
+    tmp += 1
+    tmp *= x
+    tmp *= _SQRT_2_OVER_PI
+    np.tanh(tmp, out=tmp)
+    tmp += 1
+    tmp *= 0.5
+    np.multiply(tmp, x, out=out)
+
+
+def _relu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    # fmax ignores NaN, giving 0 for NaN like ggml's ``x > 0 ? x : 0``
+    np.fmax(x, 0, out=out)
+
+
+UnaryFn = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def _direct(fn: np.ufunc) -> UnaryFn:
+    def run(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+        fn(x, out=out)
+
+    return run
+
+
+#: Unary functions on float32 arrays: ``fn(x, tmp, out)`` with a scratch ``tmp``.
+UNARY_FNS: dict[UnaryOp, UnaryFn] = {
+    UnaryOp.ABS: _direct(np.abs),
+    UnaryOp.NEG: _direct(np.negative),
+    UnaryOp.RELU: _relu_into,
+    UnaryOp.GELU: _gelu_into,
+    UnaryOp.SILU: _silu_into,
+    UnaryOp.EXP: _direct(np.exp),
+    UnaryOp.TANH: _direct(np.tanh),
+    UnaryOp.SIGMOID: _sigmoid_into,
+}
+_NEEDS_TMP = {UnaryOp.GELU, UnaryOp.SILU, UnaryOp.SIGMOID}
+
+
+def build_unary(node: Tensor, ctx: BuildContext) -> Step:
+    fn = UnaryOp(node.op_params["fn"])
+    x, load = ctx.f32_in(node.src[0])
+    out, store = ctx.f32_out(node)
+    tmp = ctx.scratch(node.shape) if fn in _NEEDS_TMP else out
+    return sequence(load, partial(UNARY_FNS[fn], x, tmp, out), store)
+
+
+def build_glu(node: Tensor, ctx: BuildContext) -> Step:
+    """swiglu: ``silu(x)·g``; without ``b`` the halves of ``a``'s rows are ``x`` and ``g``."""
+    a, load_a = ctx.f32_in(node.src[0])
+    load_b = None
+    if len(node.src) == 2:
+        x = a
+        g, load_b = ctx.f32_in(node.src[1])
+    else:
+        n = node.shape[-1]
+        x, g = a[..., :n], a[..., n:]
+        if node.op_params.get("swapped"):
+            x, g = g, x
+    out, store = ctx.f32_out(node)
+    tmp = ctx.scratch(node.shape)
+
+    def run() -> None:
+        _silu_into(x, tmp, tmp)
+        np.multiply(tmp, g, out=out)
+
+    return sequence(load_a, load_b, run, store)
+
+
+def _row_stats(ctx: BuildContext, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A float64 accumulator and a float32 value per row."""
+    rows = (*shape[:-1], 1)
+    return ctx.scratch(rows, np.float64), ctx.scratch(rows)
+
+
+def build_norm(node: Tensor, ctx: BuildContext) -> Step:
+    """``(x - mean) / sqrt(var + eps)``: sums in float64, the rest in float32, as ggml."""
+    x, load = ctx.f32_in(node.src[0])
+    out, store = ctx.f32_out(node)
+    n, eps = node.shape[-1], F32.type(node.op_params["eps"])
+    acc, stat = _row_stats(ctx, node.shape)
+    centred = ctx.scratch(node.shape)
+
+    def run() -> None:
+        np.sum(x, axis=-1, keepdims=True, dtype=np.float64, out=acc)
+        np.divide(acc, n, out=acc)
+        np.copyto(stat, acc, casting="same_kind")  # mean, rounded to float32
+        np.subtract(x, stat, out=centred)
+        np.multiply(centred, centred, out=out)
+        np.sum(out, axis=-1, keepdims=True, dtype=np.float64, out=acc)
+        np.divide(acc, n, out=acc)
+        np.copyto(stat, acc, casting="same_kind")  # variance
+        np.add(stat, eps, out=stat)
+        np.sqrt(stat, out=stat)
+        np.divide(1, stat, out=stat)
+        np.multiply(centred, stat, out=out)
+
+    return sequence(load, run, store)
+
+
+def build_rms_norm(node: Tensor, ctx: BuildContext) -> Step:
+    """``x / sqrt(mean(x²) + eps)``: the sum of squares in float64, as ggml."""
+    x, load = ctx.f32_in(node.src[0])
+    out, store = ctx.f32_out(node)
+    n, eps = node.shape[-1], F32.type(node.op_params["eps"])
+    acc, stat = _row_stats(ctx, node.shape)
+    sq = ctx.scratch(node.shape)
+
+    def run() -> None:
+        np.multiply(x, x, out=sq)
+        np.sum(sq, axis=-1, keepdims=True, dtype=np.float64, out=acc)
+        np.divide(acc, n, out=acc)
+        np.copyto(stat, acc, casting="same_kind")
+        np.add(stat, eps, out=stat)
+        np.sqrt(stat, out=stat)
+        np.divide(1, stat, out=stat)
+        np.multiply(x, stat, out=out)
+
+    return sequence(load, run, store)
+
+
+def build_sum_rows(node: Tensor, ctx: BuildContext) -> Step:
+    x, load = ctx.f32_in(node.src[0])
+    out, store = ctx.f32_out(node)
+    acc = ctx.scratch(node.shape, np.float64)
+
+    def run() -> None:
+        np.sum(x, axis=-1, keepdims=True, dtype=np.float64, out=acc)
+        np.copyto(out, acc, casting="same_kind")
+
+    return sequence(load, run, store)
+
+
+def build_argmax(node: Tensor, ctx: BuildContext) -> Step:
+    """First index of each row's maximum; NaNs never win (ggml compares with ``>``)."""
+    x = ctx.view(node.src[0])
+    if x.ndim == 1:
+        x = x[None]
+    out = ctx.view(node)
+    idx = ctx.scratch(x.shape[:-1], np.intp)
+
+    def run() -> None:
+        if np.isnan(x).any():
+            np.argmax(np.where(np.isnan(x), -np.inf, x), axis=-1, out=idx)
+        else:
+            np.argmax(x, axis=-1, out=idx)
+        np.copyto(out, idx.reshape(out.shape), casting="same_kind")
+
+    return run
+
+
+def build_argsort(node: Tensor, ctx: BuildContext) -> Step:
+    """Stable per-row argsort; descending keeps equal values in their original order."""
+    x = ctx.view(node.src[0])
+    out = ctx.view(node)
+    desc = SortOrder(node.op_params["order"]) == SortOrder.DESC
+
+    def run() -> None:
+        # negating keeps stability for descending order (ties stay in index order)
+        idx = np.argsort(np.negative(x) if desc else x, axis=-1, kind="stable")
+        np.copyto(out, idx, casting="same_kind")
+
+    return run
+
+
+def build_concat(node: Tensor, ctx: BuildContext) -> Step:
+    """Byte-exact join along an axis; works on the stored values of any non-quantized type."""
+    a, b = (ctx.view(s) for s in node.src)
+    return partial(np.concatenate, (a, b), axis=node.op_params["axis"], out=ctx.view(node))

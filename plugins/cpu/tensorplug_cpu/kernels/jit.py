@@ -1,0 +1,93 @@
+"""Optional numba kernels for quantized weights: fused dequantize-and-dot, and decoding.
+
+numpy cannot multiply quantized blocks by a vector without first writing the decoded
+float32 matrix to memory, which makes matrix × vector (one token of a language model)
+several times slower than reading the weights once. These kernels read each block,
+decode it in registers and accumulate the dot product directly, with the output rows
+split into chunks across threads. They are used only when numba imports; everything has a numpy
+fallback, and ``TENSORPLUG_CPU_JIT=0`` turns them off.
+
+Decoding matches :mod:`tensorplug.quants` bit for bit (same float32 operations in the
+same order, no fast-math), so the batched path gives the same weights either way; the
+dot products use float32 with reassociation allowed, like ggml's SIMD reductions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tensorplug.types import Type
+
+__all__ = ["JitKernels", "jit_status", "load_jit"]
+
+_log = logging.getLogger("tensorplug_cpu")
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+# f16 bits -> float32, exact: one table lookup per 32-element block is cheaper than
+# decoding the half-float by hand inside the kernels
+_F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+_F16_TO_F32 = _F16_TABLE.astype(np.float32)
+
+
+class JitKernels:
+    """The compiled kernels; each call compiles its type's kernel the first time."""
+
+    def __init__(self, numba: Any) -> None:
+        from . import _numba_quant as k
+
+        self.numba = numba
+        self.version: str = numba.__version__
+        self._kernels: dict[Type, tuple[Callable[..., None], Callable[..., None]]] = {
+            t: (getattr(k, f"matvec_{t.name.lower()}"), getattr(k, f"dequantize_{t.name.lower()}"))
+            for t in (Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1)
+        }
+
+    def supports(self, t: Type) -> bool:
+        return t in self._kernels
+
+    def matvec(self, t: Type, blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        """``out[t, o] = Σᵢ x[t, i]·W[o, i]`` for raw blocks ``(n_out, nblocks, type_size)``."""
+        self._kernels[t][0](blocks, x, out, _F16_TO_F32)
+
+    def dequantize(self, t: Type, blocks: np.ndarray, out: np.ndarray) -> None:
+        """Decode ``(rows, nblocks, type_size)`` blocks into float32 ``out (rows, n)``."""
+        self._kernels[t][1](blocks, out, _F16_TO_F32)
+
+    def set_num_threads(self, n: int) -> None:
+        self.numba.set_num_threads(max(1, min(n, self.numba.config.NUMBA_NUM_THREADS)))
+
+
+def load_jit() -> JitKernels | None:
+    """The numba kernels, or None when numba is missing, broken or disabled; cached."""
+    with _lock:
+        if "kernels" not in _state:
+            _state["kernels"], _state["status"] = _try_load()
+        return _state["kernels"]  # type: ignore[no-any-return]
+
+
+def jit_status() -> str:
+    """One line for ``get_features``: the numba version in use, or why there is none."""
+    load_jit()
+    return str(_state["status"])
+
+
+def _try_load() -> tuple[JitKernels | None, str]:
+    if os.environ.get("TENSORPLUG_CPU_JIT", "1").strip().lower() in ("0", "false", "off", "no"):
+        return None, "disabled by TENSORPLUG_CPU_JIT"
+    try:
+        import numba
+
+        from . import _numba_quant  # noqa: F401  (compiles nothing yet; checks numba works)
+    except ImportError:
+        return None, "numba not installed (pip install tensorplug-cpu[numba])"
+    except Exception as e:  # a numba build that does not match this numpy, etc.
+        _log.warning("numba failed to import, using numpy kernels: %s", e)
+        return None, f"numba failed to import: {type(e).__name__}: {e}"
+    return JitKernels(numba), f"numba {numba.__version__}"

@@ -1,0 +1,168 @@
+"""mul_mat: ``out[…, t, o] = Σᵢ b[…, t, i]·a[…, o, i]`` with ggml's batch broadcasting.
+
+Everything ends in BLAS through ``numpy.matmul`` on float32:
+
+* F32 weights are multiplied in place (``b @ aᵀ``; numpy hands the transposed view to
+  BLAS without copying).
+* F16, BF16 and quantized weights are decoded to float32 first. Weights up to
+  :data:`TILE_ELEMS` elements are decoded whole, larger ones in tiles of rows, each
+  into scratch memory shared by the plan (nothing is cached across computes, so
+  weights that change between computes are always read fresh).
+* Quantized weights times a few vectors (``n_tokens <= MATVEC_MAX_TOKENS``) use the
+  fused numba kernels when available: decoding the matrix just to read it once would
+  cost more than the product.
+
+Batch broadcasting: ``b``'s batch extents are multiples of ``a``'s and batch ``j`` of
+``b`` uses batch ``j // ratio`` of ``a``. Splitting each of ``b``'s batch axes into
+``(a_extent, ratio)`` (always a view) turns that into numpy broadcasting.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tensorplug.quants import dequantize_blocks
+from tensorplug.types import Type
+
+from .common import BuildContext, Step, padded4, sequence
+
+if TYPE_CHECKING:
+    from tensorplug.tensor import Tensor
+
+    from .jit import JitKernels
+
+__all__ = ["MATVEC_MAX_TOKENS", "TILE_ELEMS", "build_mul_mat"]
+
+#: Largest decoded weight tile, in float32 elements (16 MiB).
+TILE_ELEMS = 1 << 22
+#: Up to this many activation rows, quantized weights use the fused matvec kernels.
+MATVEC_MAX_TOKENS = 8
+
+
+def _split_batches(x: np.ndarray, a_batch: tuple[int, int]) -> np.ndarray:
+    """``(B0, B1, r, c)`` → ``(A0, B0/A0, A1, B1/A1, r, c)``; splitting axes never copies."""
+    (b0, b1, r, c), (a0, a1) = x.shape, a_batch
+    return x.reshape(a0, b0 // a0, a1, b1 // a1, r, c)
+
+
+Decoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def _decoder(t: Type, jit: JitKernels | None) -> Decoder:
+    """``decode(src, scratch)``: float32 weights of ``src``, in ``scratch`` or a new array.
+
+    ``src`` is ``(…, rows, n)`` (raw blocks ``(…, rows, nblocks, type_size)`` if
+    quantized) and ``scratch`` float32 ``(…, rows, n)``.
+    """
+    if t == Type.F16:
+
+        def decode_f16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
+            np.copyto(out, src)
+            return out
+
+        return decode_f16
+    if t == Type.BF16:
+
+        def decode_bf16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
+            np.left_shift(src, 16, out=out.view(np.uint32), dtype=np.uint32)
+            return out
+
+        return decode_bf16
+    if jit is not None and jit.supports(t):
+
+        def decode_jit(src: np.ndarray, out: np.ndarray) -> np.ndarray:
+            for idx in np.ndindex(src.shape[:-3]):  # one parallel call per matrix
+                jit.dequantize(t, src[idx], out[idx])
+            return out
+
+        return decode_jit
+    # numpy's decoder allocates its result: use it as is rather than copy it again
+    return lambda src, out: dequantize_blocks(src, t)
+
+
+def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
+    a_t, b_t = node.src
+    quant = a_t.type.is_quantized
+    b32, load_b = ctx.f32_in(b_t)
+    b4, out4 = padded4(b32), padded4(ctx.view(node))
+    a4 = padded4(ctx.view(a_t), core=1 if quant else 0)
+    a_batch = (a4.shape[0], a4.shape[1])
+    n_out, n_in = a_t.shape[-2], a_t.shape[-1]
+    n_tok = b4.shape[2]
+
+    if a_t.type == Type.F32:
+        if a_batch == b4.shape[:2] == (1, 1):
+            # the common 2-d case: one BLAS call bound once, no broadcasting machinery
+            return sequence(load_b, partial(np.matmul, b4[0, 0], a4[0, 0].T, out=out4[0, 0]))
+        return sequence(load_b, partial(_gemm(b4, out4, a_batch), a4))
+
+    if quant and jit is not None and jit.supports(a_t.type) and n_tok <= MATVEC_MAX_TOKENS:
+        return sequence(load_b, _fused_matvec(ctx, a_t.type, a4, b4, out4, jit))
+
+    decode = _decoder(a_t.type, jit)
+    n_weights = a4.shape[0] * a4.shape[1] * n_out * n_in
+    if n_weights <= TILE_ELEMS:
+        # small enough to decode whole, then one batched product
+        w32 = ctx.scratch((*a_batch, n_out, n_in))
+        gemm = _gemm(b4, out4, a_batch)
+        return sequence(load_b, lambda: gemm(decode(a4, w32)))
+
+    rows = max(1, min(n_out, TILE_ELEMS // n_in))
+    tile = ctx.scratch((rows, n_in))
+    b6, out6 = _split_batches(b4, a_batch), _split_batches(out4, a_batch)
+    work = []
+    for i0, i1 in itertools.product(range(a_batch[0]), range(a_batch[1])):
+        for o0 in range(0, n_out, rows):
+            o1 = min(n_out, o0 + rows)
+            w = tile[: o1 - o0]
+            work.append((a4[i0, i1, o0:o1], w, b6[i0, :, i1], out6[i0, :, i1, :, :, o0:o1]))
+
+    def tiled() -> None:
+        for src, w, bb, oo in work:
+            np.matmul(bb, decode(src, w).swapaxes(-1, -2), out=oo)
+
+    return sequence(load_b, tiled)
+
+
+def _gemm(
+    b4: np.ndarray, out4: np.ndarray, a_batch: tuple[int, int]
+) -> Callable[[np.ndarray], object]:
+    """``gemm(w)``: ``out = b @ wᵀ`` for float32 weights ``w`` with a's batch shape."""
+    if a_batch == b4.shape[:2]:
+        if a_batch == (1, 1):
+            b2, o2 = b4[0, 0], out4[0, 0]
+            return lambda w: np.matmul(b2, w[0, 0].T, out=o2)
+        return lambda w: np.matmul(b4, w.swapaxes(-1, -2), out=out4)
+    b6, o6 = _split_batches(b4, a_batch), _split_batches(out4, a_batch)
+    return lambda w: np.matmul(b6, w.swapaxes(-1, -2)[:, None, :, None], out=o6)
+
+
+def _fused_matvec(
+    ctx: BuildContext,
+    t: Type,
+    a4: np.ndarray,
+    b4: np.ndarray,
+    out4: np.ndarray,
+    jit: JitKernels,
+) -> Step:
+    """Quantized weights × a few rows: the fused numba kernel, per batch of ``b``."""
+    r0, r1 = b4.shape[0] // a4.shape[0], b4.shape[1] // a4.shape[1]
+    work = []
+    for j0, j1 in itertools.product(range(b4.shape[0]), range(b4.shape[1])):
+        x = b4[j0, j1]
+        staged = ctx.scratch(x.shape) if x.strides[-1] != 4 else None
+        work.append((a4[j0 // r0, j1 // r1], x, staged, out4[j0, j1]))
+
+    def run() -> None:
+        for blocks, x, staged, out in work:
+            if staged is not None:  # the kernel wants unit-stride rows of x
+                np.copyto(staged, x)
+                x = staged
+            jit.matvec(t, blocks, x, out)
+
+    return run

@@ -1,0 +1,127 @@
+"""What this machine offers the CPU backend: its name, memory, SIMD and BLAS, and threads.
+
+Thread counts are process-wide in BLAS libraries, while ggml sets them per backend. Each
+backend therefore remembers the count it wants and :class:`ThreadControl` re-applies it
+(through threadpoolctl, and numba when present) only when a different backend last
+changed it, so that alternating backends get their own counts at no cost otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tensorplug.errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from .kernels.jit import JitKernels
+
+__all__ = ["ThreadControl", "blas_info", "cpu_name", "features", "memory", "simd_features"]
+
+_SIMD_SHOWN = (
+    "SSE3", "SSSE3", "SSE41", "SSE42", "AVX", "F16C", "FMA3", "AVX2",
+    "AVX512F", "AVX512BW", "AVX512_SPR", "ASIMD", "ASIMDHP", "SVE",
+)  # fmt: skip
+
+
+def cpu_name() -> str:
+    """The processor's model name, as the OS reports it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def memory() -> tuple[int, int]:
+    """``(available, total)`` bytes of system memory (0, 0 when it cannot be known)."""
+    try:
+        info: dict[str, int] = {}
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info[key] = int(value.split()[0]) * 1024
+        return info.get("MemAvailable", info.get("MemFree", 0)), info.get("MemTotal", 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * page
+        free = os.sysconf("SC_AVPHYS_PAGES") * page if "SC_AVPHYS_PAGES" in os.sysconf_names else 0
+        return free, total
+    except (ValueError, OSError, AttributeError):
+        return 0, 0
+
+
+def simd_features() -> dict[str, bool]:
+    """The CPU features numpy detected at run time (what its loops really dispatch on)."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as found
+    except ImportError:  # numpy < 2
+        from numpy.core._multiarray_umath import __cpu_features__ as found  # type: ignore
+    return dict(found)
+
+
+def blas_info() -> list[dict[str, Any]]:
+    """threadpoolctl's description of the BLAS libraries numpy loaded."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    return [i for i in threadpool_info() if i.get("user_api") == "blas"]
+
+
+def features(jit_status: str) -> dict[str, str]:
+    """``get_features``: ggml-style name → value pairs worth showing about this CPU."""
+    out = {"CPU": cpu_name(), "numpy": np.__version__}
+    blas = blas_info()
+    if blas:
+        b = blas[0]
+        out["BLAS"] = f"{b.get('internal_api', '?')} {b.get('version') or ''}".strip()
+        if b.get("architecture"):
+            out["BLAS_ARCH"] = str(b["architecture"])
+        out["BLAS_THREADS"] = str(b.get("num_threads", "?"))
+    else:
+        out["BLAS"] = "unknown (threadpoolctl not installed or no BLAS found)"
+    simd = simd_features()
+    out["SIMD"] = " ".join(f for f in _SIMD_SHOWN if simd.get(f)) or "baseline"
+    for name in _SIMD_SHOWN:
+        if simd.get(name):
+            out[name] = "1"
+    out["JIT"] = jit_status
+    return out
+
+
+class ThreadControl:
+    """Applies a backend's thread count to BLAS (and numba) when it is not already set."""
+
+    _lock = threading.Lock()
+    _applied: int | None = None
+    _controller: Any = None
+
+    @classmethod
+    def apply(cls, n_threads: int | None, jit: JitKernels | None) -> None:
+        if n_threads is None or n_threads == cls._applied:
+            return
+        with cls._lock:
+            if cls._controller is None:
+                try:
+                    from threadpoolctl import ThreadpoolController
+                except ImportError as e:
+                    raise UnsupportedError(
+                        "set_n_threads needs threadpoolctl to control numpy's BLAS threads: "
+                        "pip install threadpoolctl"
+                    ) from e
+                cls._controller = ThreadpoolController()
+            # not used as a context manager: the limit stays until changed again
+            cls._controller.limit(limits=n_threads, user_api="blas")
+            if jit is not None:
+                jit.set_num_threads(n_threads)
+            cls._applied = n_threads

@@ -1,0 +1,269 @@
+"""CPU soft_max, rope and flash_attn_ext against float64 formulas from the op contracts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_cpu_helpers import compute, nmse
+
+import tensorplug as tp
+from tensorplug import ops
+from tensorplug.block import BlockConfig, build_block, reference_block
+from tensorplug.quants import dequantize, quantize
+
+RNG = np.random.default_rng(2024)
+
+
+def _f32(shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """ALiBi slopes as the soft_max docstring defines them."""
+    if max_bias <= 0:
+        return np.ones(n_head)
+    m = 2 ** math.floor(math.log2(n_head))
+    h = np.arange(n_head)
+    return np.where(
+        h < m,
+        (2 ** (-max_bias / m)) ** (h + 1),
+        (2 ** (-max_bias / (2 * m))) ** (2 * (h - m) + 1),
+    )
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+# -- soft_max ----------------------------------------------------------------------------
+
+
+def test_soft_max_plain_and_scaled() -> None:
+    a = tp.new_tensor("f32", (2, 3, 17), "a")
+    av = _f32(a.shape, 4)
+    outs = [ops.soft_max(a), ops.soft_max(a, scale=0.3)]
+    compute(outs, {a: av})
+    assert nmse(tp.get_array(outs[0]), _softmax(av.astype(np.float64))) < 1e-12
+    assert nmse(tp.get_array(outs[1]), _softmax(0.3 * av.astype(np.float64))) < 1e-12
+
+
+@pytest.mark.parametrize("mask_type", [tp.Type.F32, tp.Type.F16])
+@pytest.mark.parametrize("max_bias", [0.0, 8.0])
+@pytest.mark.parametrize("mask_shape", [(6, 10), (1, 5, 8, 10), (2, 1, 6, 10)])
+def test_soft_max_mask_alibi(
+    mask_type: tp.Type, max_bias: float, mask_shape: tuple[int, ...]
+) -> None:
+    a = tp.new_tensor("f32", (2, 5, 6, 10), "a")  # 5 heads: ALiBi's m0 and m1 both used
+    mask = tp.new_tensor(mask_type, mask_shape, "mask")  # may have more rows than a
+    av = _f32(a.shape, 2)
+    mv = _f32(mask_shape).astype(mask_type.numpy_dtype)
+    mv[..., 1, 3:] = -np.inf  # causal-looking holes
+    out = ops.soft_max(a, mask, scale=0.5, max_bias=max_bias)
+    compute(out, {a: av, mask: mv})
+    m64 = mv.astype(np.float64)
+    m64 = m64.reshape((1,) * (4 - m64.ndim) + m64.shape)[:, :, :6]
+    slope = _slopes(5, max_bias).reshape(1, 5, 1, 1)
+    expected = _softmax(0.5 * av.astype(np.float64) + slope * m64)
+    assert nmse(tp.get_array(out), expected) < 1e-6
+
+
+# -- rope ---------------------------------------------------------------------------------
+
+
+def _corr_dims(n_dims: int, n_ctx: int, base: float, fast: float, slow: float) -> tuple:
+    def dim(n_rot: float) -> float:
+        return n_dims * math.log(n_ctx / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+    return max(0.0, math.floor(dim(fast))), min(n_dims - 1.0, math.ceil(dim(slow)))
+
+
+def _rope_ref(x: np.ndarray, pos: np.ndarray, n_dims: int, neox: bool, **p: float) -> np.ndarray:
+    """x (…, T, H, D) float64; the rope docstring's formulas."""
+    half = n_dims // 2
+    i = np.arange(half)
+    theta = pos[:, None] * p["freq_base"] ** (-2 * i / n_dims) / p.get("ff", np.ones(half))
+    fs, ext = p["freq_scale"], p["ext_factor"]
+    mscale = p["attn_factor"]
+    if ext != 0:
+        low, high = _corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], 32.0, 1.0)
+        ramp = 1 - np.clip((i - low) / max(0.001, high - low), 0, 1)
+        mix = ramp * ext
+        theta = fs * theta * (1 - mix) + theta * mix
+        mscale *= 1 + 0.1 * math.log(1 / fs)
+    else:
+        theta = fs * theta
+    cos, sin = np.cos(theta)[:, None] * mscale, np.sin(theta)[:, None] * mscale
+    out = x.copy()
+    if neox:
+        x0, x1 = x[..., :half], x[..., half:n_dims]
+        out[..., :half], out[..., half:n_dims] = x0 * cos - x1 * sin, x0 * sin + x1 * cos
+    else:
+        x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+        out[..., 0:n_dims:2], out[..., 1:n_dims:2] = x0 * cos - x1 * sin, x0 * sin + x1 * cos
+    return out
+
+
+@pytest.mark.parametrize("mode", [tp.RopeMode.NORMAL, tp.RopeMode.NEOX])
+@pytest.mark.parametrize("n_dims", [16, 12])
+@pytest.mark.parametrize("yarn", [False, True])
+@pytest.mark.parametrize("t", [tp.Type.F32, tp.Type.F16])
+def test_rope(mode: tp.RopeMode, n_dims: int, yarn: bool, t: tp.Type) -> None:
+    a = tp.new_tensor(t, (2, 7, 3, 16), "a")  # (batch, tokens, heads, head_dim)
+    pos = tp.new_tensor(tp.Type.I32, (7,), "pos")
+    ff = tp.new_tensor("f32", (n_dims // 2,), "ff")
+    params = {
+        "freq_base": 10000.0,
+        "freq_scale": 0.25 if yarn else 1.0,
+        "ext_factor": 1.0 if yarn else 0.0,
+        "attn_factor": 0.9,
+        "n_ctx_orig": 512,
+    }
+    out = ops.rope(a, pos, n_dims, mode, freq_factors=ff, **params)  # type: ignore[arg-type]
+    av = _f32(a.shape).astype(t.numpy_dtype)
+    pv = np.array([0, 1, 5, 17, 100, 3, 250], np.int32)
+    ffv = (1 + RNG.random(n_dims // 2)).astype(np.float32)
+    compute(out, {a: av, pos: pv, ff: ffv})
+    expected = _rope_ref(
+        av.astype(np.float64), pv.astype(np.float64), n_dims, mode == tp.RopeMode.NEOX,
+        ff=ffv.astype(np.float64), **params,
+    )  # fmt: skip
+    got = tp.get_array(out).astype(np.float64)
+    assert nmse(got, expected) < (1e-9 if t == tp.Type.F32 else 1e-6)
+    np.testing.assert_array_equal(got[..., n_dims:], av[..., n_dims:])  # passed through
+
+
+def test_rope_on_a_permuted_view() -> None:
+    base = tp.new_tensor("f32", (4, 5, 8), "base")  # (heads, tokens, dim) in memory
+    a = ops.permute(base, (1, 0, 2))  # (tokens, heads, dim), strided
+    pos = tp.new_tensor(tp.Type.I32, (5,), "pos")
+    out = ops.rope(a, pos, 8, tp.RopeMode.NEOX)
+    bv = _f32(base.shape)
+    pv = np.arange(5, dtype=np.int32) * 3
+    compute(out, {base: bv, pos: pv})
+    expected = _rope_ref(
+        bv.astype(np.float64).transpose(1, 0, 2), pv.astype(np.float64), 8, True,
+        freq_base=10000.0, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0,
+    )  # fmt: skip
+    assert nmse(tp.get_array(out), expected) < 1e-10
+
+
+# -- flash attention --------------------------------------------------------------------------
+
+
+def _attn_ref(q, k, v, mask, scale, max_bias=0.0, softcap=0.0):  # type: ignore[no-untyped-def]
+    """q (B,H,n_q,D), k/v (B,Hkv,n_kv,·), mask broadcastable to (B,H,n_q,n_kv)."""
+    B, H, n_q, _ = q.shape
+    g = H // k.shape[1]
+    out = np.zeros((B, n_q, H, v.shape[-1]))
+    slopes = _slopes(H, max_bias)
+    for b in range(B):
+        for h in range(H):
+            s = q[b, h] @ k[b, h // g].T * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            if mask is not None:
+                m = np.broadcast_to(mask, (B, H, *mask.shape[-2:]))[b, h, :n_q]
+                s = s + slopes[h] * m
+            for r in range(n_q):
+                if np.isneginf(s[r]).all():
+                    continue  # a fully masked row gives zeros, as in ggml
+                out[b, r, h] = _softmax(s[r]) @ v[b, h // g]
+    return out
+
+
+@pytest.mark.parametrize("kv_type", [tp.Type.F32, tp.Type.F16, tp.Type.BF16])
+@pytest.mark.parametrize("variant", ["plain", "softcap", "alibi"])
+def test_flash_attn_ext_gqa_with_mask(kv_type: tp.Type, variant: str) -> None:
+    B, H, Hkv, n_q, n_kv, D, Dv = 2, 4, 2, 5, 9, 16, 8
+    q = tp.new_tensor("f32", (B, H, n_q, D), "q")
+    k = tp.new_tensor(kv_type, (B, Hkv, n_kv, D), "k")
+    v = tp.new_tensor(kv_type, (B, Hkv, n_kv, Dv), "v")
+    mask = tp.new_tensor(tp.Type.F16, (1, 1, 8, n_kv), "mask")
+    qv = _f32(q.shape)
+    from tensorplug.quants import bf16_to_f32, f32_to_bf16
+
+    def store(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if kv_type == tp.Type.BF16:
+            s = f32_to_bf16(x)
+            return s, bf16_to_f32(s).astype(np.float64)
+        s = x.astype(kv_type.numpy_dtype)
+        return s, s.astype(np.float64)
+
+    kv_, k64 = store(_f32(k.shape))
+    vv, v64 = store(_f32(v.shape))
+    mv = np.zeros(mask.shape, np.float16)
+    mv[..., 2, 6:] = -np.inf
+    mv[..., 4, :] = -np.inf  # query row 4 sees nothing: zeros
+    softcap = 20.0 if variant == "softcap" else 0.0
+    max_bias = 4.0 if variant == "alibi" else 0.0
+    out = ops.flash_attn_ext(q, k, v, mask, scale=D**-0.5, max_bias=max_bias,
+                             logit_softcap=softcap)  # fmt: skip
+    compute(out, {q: qv, k: kv_, v: vv, mask: mv})
+    assert out.shape == (B, n_q, H, Dv)
+    expected = _attn_ref(qv.astype(np.float64), k64, v64, mv.astype(np.float64), D**-0.5,
+                         max_bias, softcap)  # fmt: skip
+    got = tp.get_array(out)
+    assert nmse(got, expected) < 5e-4
+    assert nmse(got, expected) < 1e-10  # float32 all the way: far better than required
+    np.testing.assert_array_equal(got[:, 4], 0)
+
+
+def test_flash_attn_ext_3d_without_mask() -> None:
+    q = tp.new_tensor("f32", (2, 3, 8), "q")
+    k = tp.new_tensor("f32", (1, 6, 8), "k")
+    v = tp.new_tensor("f32", (1, 6, 8), "v")
+    qv, kv_, vv = _f32(q.shape), _f32(k.shape), _f32(v.shape)
+    out = ops.flash_attn_ext(q, k, v, scale=0.3)
+    compute(out, {q: qv, k: kv_, v: vv})
+    expected = _attn_ref(qv[None].astype(np.float64), kv_[None].astype(np.float64),
+                         vv[None].astype(np.float64), None, 0.3)[0]  # fmt: skip
+    assert out.shape == (3, 2, 8)
+    assert nmse(tp.get_array(out), expected) < 1e-10
+
+
+def test_flash_attn_ext_long_queries_are_chunked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorplug_cpu.kernels import attention
+
+    monkeypatch.setattr(attention, "SCORE_ELEMS", 2 * 2 * 11)  # 2 query rows per chunk
+    q = tp.new_tensor("f32", (1, 2, 7, 4), "q")
+    k = tp.new_tensor("f32", (1, 1, 11, 4), "k")
+    v = tp.new_tensor("f32", (1, 1, 11, 4), "v")
+    mask = tp.new_tensor("f32", (7, 11), "mask")
+    qv, kv_, vv = _f32(q.shape), _f32(k.shape), _f32(v.shape)
+    mv = np.triu(np.full((7, 11), -np.inf, np.float32), 5)
+    out = ops.flash_attn_ext(q, k, v, mask, scale=0.5)
+    compute(out, {q: qv, k: kv_, v: vv, mask: mv})
+    expected = _attn_ref(qv.astype(np.float64), kv_.astype(np.float64), vv.astype(np.float64),
+                         mv.astype(np.float64), 0.5)  # fmt: skip
+    assert nmse(tp.get_array(out), expected) < 1e-10
+
+
+# -- a whole transformer block --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight_type", [tp.Type.F32, tp.Type.Q8_0])
+def test_llama_block_matches_float64_twin(weight_type: tp.Type) -> None:
+    """rms_norm, rope, set_rows into an F16 KV cache, GQA flash attention, SwiGLU."""
+    cfg = BlockConfig(weight_type=weight_type)
+    blk = build_block(cfg)
+    weights, dequantized = {}, {}
+    for name, t in blk.weights.items():
+        w = _f32(t.shape, 0.1 if t.ndim == 2 else 1.0) + (1.0 if t.ndim == 1 else 0.0)
+        weights[t] = quantize(w, t.type) if t.type.is_quantized else w
+        dequantized[name] = dequantize(weights[t], t.type) if t.type.is_quantized else w
+    x = _f32((cfg.n_tokens, cfg.n_embd))
+    pos = np.arange(cfg.n_past, cfg.n_kv, dtype=np.int32)
+    kv_idx = pos.astype(np.int64)
+    mask = np.zeros((cfg.n_tokens, cfg.n_kv), np.float16)
+    mask[np.arange(cfg.n_tokens)[:, None] < np.arange(cfg.n_kv)[None] - cfg.n_past] = -np.inf
+    caches = {t: _f32(t.shape).astype(np.float16) for t in blk.caches.values()}
+    inputs = {**weights, **caches, blk.inputs["x"]: x, blk.inputs["pos"]: pos,
+              blk.inputs["kv_idx"]: kv_idx, blk.inputs["mask"]: mask}  # fmt: skip
+    compute(blk.out, inputs)
+    expected = reference_block(cfg, dequantized, x, caches[blk.caches["k_cache"]],
+                               caches[blk.caches["v_cache"]], pos, kv_idx,
+                               mask.astype(np.float64))  # fmt: skip
+    assert nmse(tp.get_array(blk.out), expected) < 5e-4

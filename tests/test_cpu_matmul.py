@@ -1,0 +1,156 @@
+"""CPU mul_mat: float and quantized weights, batch broadcasting, strided operands.
+
+Quantized references decode the weights with ``gguf.quants`` (llama.cpp's own Python
+port), then multiply in float64.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from test_cpu_helpers import backend_for, compute, nmse
+
+import tensorplug as tp
+from tensorplug import ops
+from tensorplug.quants import bf16_to_f32, f32_to_bf16
+from tensorplug_cpu.kernels import matmul
+
+RNG = np.random.default_rng(99)
+QUANTS = [tp.Type.Q8_0, tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1]
+MUL_MAT_NMSE = 5e-4  # DESIGN.md's threshold
+
+
+def _f32(shape: tuple[int, ...]) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _quantized(t: tp.Type, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(raw rows to store, float64 values gguf decodes them to)."""
+    qt = gguf.GGMLQuantizationType[t.name]
+    raw = gguf.quants.quantize(_f32(shape), qt)
+    return raw, gguf.quants.dequantize(raw, qt).astype(np.float64)
+
+
+def _ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml's mul_mat: out[..., t, o] = Σ b[..., t, i]·a[..., o, i]; a repeated onto b."""
+    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)
+    b4 = b.reshape((1,) * (4 - b.ndim) + b.shape)
+    out = np.empty((*b4.shape[:2], b4.shape[2], a4.shape[2]))
+    r0, r1 = b4.shape[0] // a4.shape[0], b4.shape[1] // a4.shape[1]
+    for j0 in range(b4.shape[0]):
+        for j1 in range(b4.shape[1]):
+            out[j0, j1] = b4[j0, j1] @ a4[j0 // r0, j1 // r1].T
+    return out.reshape((*b.shape[:-1], a.shape[-2]))
+
+
+def test_f32_2d_is_blas_exact() -> None:
+    a, b = tp.new_tensor("f32", (48, 64), "w"), tp.new_tensor("f32", (7, 64), "x")
+    av, bv = _f32(a.shape), _f32(b.shape)
+    out = ops.mul_mat(a, b)
+    compute(out, {a: av, b: bv})
+    assert out.shape == (7, 48) and out.type == tp.Type.F32
+    assert nmse(tp.get_array(out), bv.astype(np.float64) @ av.T.astype(np.float64)) < 1e-12
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"),
+    [
+        ((2, 1, 5, 32), (2, 3, 4, 32)),  # b's heads share a's single head
+        ((1, 2, 5, 32), (3, 4, 1, 32)),  # both batch axes broadcast, one token
+        ((2, 2, 5, 32), (2, 6, 4, 32)),  # grouped-query: heads j use a head j // 3
+        ((5, 32), (2, 3, 4, 32)),
+    ],
+)
+@pytest.mark.parametrize("ta", [tp.Type.F32, tp.Type.F16, tp.Type.Q8_0])
+def test_batch_broadcasting(
+    a_shape: tuple[int, ...], b_shape: tuple[int, ...], ta: tp.Type
+) -> None:
+    a, b = tp.new_tensor(ta, a_shape, "a"), tp.new_tensor("f32", b_shape, "b")
+    if ta == tp.Type.Q8_0:
+        av, a64 = _quantized(ta, a_shape)
+    else:
+        av = _f32(a_shape).astype(ta.numpy_dtype)
+        a64 = av.astype(np.float64)
+    bv = _f32(b_shape)
+    out = ops.mul_mat(a, b)
+    compute(out, {a: av, b: bv})
+    assert nmse(tp.get_array(out), _ref(a64, bv.astype(np.float64))) < 1e-10
+
+
+@pytest.mark.parametrize("ta", [tp.Type.F32, tp.Type.F16, tp.Type.BF16])
+def test_transposed_weights_and_permuted_activations(ta: tp.Type) -> None:
+    """a = vᵀ (columns strided, as in attention without flash), b a permuted view."""
+    v = tp.new_tensor(ta, (40, 24), "v")  # a = transpose(v): (24, 40), non-dense rows
+    xb = tp.new_tensor("f32", (3, 40, 2), "xb")
+    b = ops.permute(xb, (2, 0, 1))  # (2, 3, 40)
+    out = ops.mul_mat(ops.transpose(v), b)
+    vv = _f32(v.shape)
+    if ta == tp.Type.BF16:
+        stored, v64 = f32_to_bf16(vv), bf16_to_f32(f32_to_bf16(vv)).astype(np.float64)
+    else:
+        stored = vv.astype(ta.numpy_dtype)
+        v64 = stored.astype(np.float64)
+    xv = _f32(xb.shape)
+    compute(out, {v: stored, xb: xv})
+    expected = _ref(v64.T, xv.astype(np.float64).transpose(2, 0, 1))
+    assert out.shape == (2, 3, 24)
+    assert nmse(tp.get_array(out), expected) < 1e-10
+
+
+@pytest.mark.parametrize("tb", [tp.Type.F16, tp.Type.BF16])
+def test_half_precision_activations(tb: tp.Type) -> None:
+    a, b = tp.new_tensor("f32", (16, 32), "a"), tp.new_tensor(tb, (3, 32), "b")
+    av, bv = _f32(a.shape), _f32(b.shape)
+    stored = f32_to_bf16(bv) if tb == tp.Type.BF16 else bv.astype(np.float16)
+    b64 = bf16_to_f32(stored) if tb == tp.Type.BF16 else stored.astype(np.float32)
+    out = ops.mul_mat(a, b)
+    compute(out, {a: av, b: stored})
+    assert nmse(tp.get_array(out), b64.astype(np.float64) @ av.T) < 1e-12
+
+
+@pytest.mark.parametrize("t", QUANTS)
+@pytest.mark.parametrize("n_tokens", [1, 5, 33])
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "numpy"])
+def test_quantized_weights(t: tp.Type, n_tokens: int, jit: bool) -> None:
+    a, b = tp.new_tensor(t, (96, 256), "w"), tp.new_tensor("f32", (n_tokens, 256), "x")
+    raw, a64 = _quantized(t, a.shape)
+    bv = _f32(b.shape)
+    out = ops.mul_mat(a, b)
+    compute(out, {a: raw, b: bv}, backend_for(jit=jit))
+    err = nmse(tp.get_array(out), bv.astype(np.float64) @ a64.T)
+    # the weights are decoded exactly; only float32 accumulation remains
+    assert err < 1e-10 < MUL_MAT_NMSE
+
+
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.F16])
+@pytest.mark.parametrize("n_tokens", [2, 20])
+def test_tiled_decoding_of_large_weights(
+    t: tp.Type, n_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Weights above TILE_ELEMS are decoded in row tiles; shrink it to exercise that."""
+    monkeypatch.setattr(matmul, "TILE_ELEMS", 64 * 10)  # 10 rows of 64 per tile
+    a = tp.new_tensor(t, (2, 37, 64), "w")
+    b = tp.new_tensor("f32", (4, n_tokens, 64), "x")
+    if t.is_quantized:
+        raw, a64 = _quantized(t, a.shape)
+    else:
+        raw = _f32(a.shape).astype(np.float16)
+        a64 = raw.astype(np.float64)
+    bv = _f32(b.shape)
+    out = ops.mul_mat(a, b)
+    compute(out, {a: raw.reshape(*a.shape[:-1], -1) if t.is_quantized else raw, b: bv},
+            backend_for(jit=False))  # fmt: skip
+    assert nmse(tp.get_array(out), _ref(a64, bv.astype(np.float64))) < 1e-10
+
+
+def test_quantized_rows_of_a_weight_view() -> None:
+    """A row slice of a quantized matrix (a view with an offset) multiplies correctly."""
+    w = tp.new_tensor(tp.Type.Q8_0, (20, 64), "w")
+    rows = ops.view(w, (8, 64), offset=5 * w.row_bytes)  # rows 5..12
+    x = tp.new_tensor("f32", (1, 64), "x")
+    out = ops.mul_mat(rows, x)
+    raw, w64 = _quantized(tp.Type.Q8_0, w.shape)
+    xv = _f32(x.shape)
+    compute(out, {w: raw, x: xv})
+    assert nmse(tp.get_array(out), xv.astype(np.float64) @ w64[5:13].T) < 1e-10
