@@ -1,0 +1,76 @@
+"""``tensorplug bench``: time ops on a backend, each next to a numpy baseline from the same run.
+
+Timings are for comparing within one run (backend vs numpy on this machine, now); the
+exit status is 0 unless the backend could not be found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import TensorplugError
+from .bench import bench_cases, run_bench
+from .check_cli import split_names
+from .report import render_bench
+from .runner import resolve_backend
+
+__all__ = ["add_arguments", "main"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend", default="CPU", metavar="NAME", help="device or backend to time (default: CPU)"
+    )
+    parser.add_argument(
+        "--op",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only cases of this op or function (mul_mat, silu, replay...); repeatable",
+    )
+    parser.add_argument(
+        "--type", action="append", default=[], metavar="T", help="only cases with this type"
+    )
+    parser.add_argument(
+        "--time",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="work target: compute each case for at least this long (default: 0.5)",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
+    parser.add_argument("--list", action="store_true", help="list the matching cases and exit")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cases = bench_cases(split_names(args.op), split_names(args.type))
+    except TensorplugError as e:
+        print(f"tensorplug bench: {e}", file=sys.stderr)
+        return 2
+    if not cases:
+        print("tensorplug bench: no case matches the --op/--type filters", file=sys.stderr)
+        return 2
+    if args.list:
+        print("\n".join(c.name for c in cases))
+        return 0
+    try:
+        backend = resolve_backend(args.backend)
+    except TensorplugError as e:
+        print(f"tensorplug bench: {e}", file=sys.stderr)
+        return 2
+    plain = getattr(args, "plain", True)
+    try:
+        if args.json or plain:
+            results = run_bench(cases, backend, args.time)
+        else:
+            from rich.progress import Progress
+
+            with Progress(transient=True) as bar:
+                task = bar.add_task(f"timing {backend.name}", total=len(cases))
+                results = run_bench(cases, backend, args.time, lambda _: bar.advance(task))
+    finally:
+        backend.free()
+    render_bench(results, backend.name, args.json, plain)
+    return 0

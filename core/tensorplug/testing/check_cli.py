@@ -1,0 +1,125 @@
+"""``tensorplug check``: run the conformance catalogue on a backend and print the verdicts.
+
+Exit status 0 when no case failed, 1 when one did, 2 for a usage error (an unknown
+backend, op or type). Unsupported cases are listed but never fail the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..backend import Backend
+from ..errors import TensorplugError
+from .cases import Case
+from .families import catalogue
+from .report import render_check
+from .runner import CaseResult, CheckReport, default_reference, resolve_backend, run_cases
+
+__all__ = ["add_arguments", "main", "split_names"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        default="CPU",
+        metavar="NAME",
+        help="device or backend to check, by registry name (default: CPU)",
+    )
+    parser.add_argument(
+        "--reference",
+        default=None,
+        metavar="NAME",
+        help="what to compare against: a backend name, or 'reference' for the float64 "
+        "formulas (default: CPU; the CPU backend itself is compared with 'reference')",
+    )
+    parser.add_argument(
+        "--op",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only cases of this op or unary function (mul_mat, silu...); repeatable, or "
+        "comma-separated",
+    )
+    parser.add_argument(
+        "--type",
+        action="append",
+        default=[],
+        metavar="T",
+        help="only cases involving this type (f16, q4_0...); repeatable, or comma-separated",
+    )
+    parser.add_argument(
+        "--output",
+        choices=("table", "csv", "json"),
+        default="table",
+        help="table (default), csv or json on stdout",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the quick subset (what the pytest plugin runs by default)",
+    )
+    parser.add_argument(
+        "--problems", action="store_true", help="list only failed and unsupported cases"
+    )
+    parser.add_argument("--list", action="store_true", help="list the matching cases and exit")
+
+
+def split_names(values: list[str]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _known_ops() -> set[str]:
+    from ..opcodes import GluOp, Op, UnaryOp
+
+    return {o.value for o in (*Op, *UnaryOp, *GluOp) if o is not Op.NONE}
+
+
+def main(args: argparse.Namespace) -> int:
+    ops, types = split_names(args.op), split_names(args.type)
+    unknown = sorted(set(o.lower() for o in ops) - _known_ops())
+    if unknown:
+        known = ", ".join(sorted(_known_ops()))
+        print(f"tensorplug check: unknown op {', '.join(unknown)}; known: {known}", file=sys.stderr)
+        return 2
+    try:
+        cases = catalogue(full=not args.quick, ops=ops, types=types)
+    except TensorplugError as e:
+        print(f"tensorplug check: {e}", file=sys.stderr)
+        return 2
+    if not cases:
+        print("tensorplug check: no case matches the --op/--type filters", file=sys.stderr)
+        return 2
+    if args.list:
+        print("\n".join(c.name for c in cases))
+        return 0
+    try:
+        backend = resolve_backend(args.backend)
+        reference = resolve_backend(args.reference or default_reference(backend))
+    except TensorplugError as e:
+        print(f"tensorplug check: {e}", file=sys.stderr)
+        return 2
+    plain = getattr(args, "plain", True)
+    try:
+        report = _run(cases, backend, reference, show_progress=not plain and args.output == "table")
+    finally:
+        backend.free()
+        reference.free()
+    render_check(report, args.output, plain, problems_only=args.problems)
+    return 0 if report.ok else 1
+
+
+def _run(
+    cases: list[Case], backend: Backend, reference: Backend, show_progress: bool
+) -> CheckReport:
+    if not show_progress:
+        return run_cases(cases, backend, reference)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"checking {backend.name} against {reference.name}", total=len(cases))
+
+        def advance(_: CaseResult) -> None:
+            bar.advance(task)
+
+        return run_cases(cases, backend, reference, advance)

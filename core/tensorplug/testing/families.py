@@ -1,0 +1,382 @@
+"""The conformance catalogue: every op × type × shape family, as ggml's test-backend-ops.
+
+Families cover contiguous and non-contiguous operands (permuted, transposed, strided
+views), broadcasting, odd sizes that are not multiples of any block or tile size,
+in-place writes into views of larger tensors (``cpy``, ``set_rows``), and the quantized
+``mul_mat`` matrix: every weight type × token batches of 1, 7, 32 and 129.
+
+:func:`catalogue` returns the quick subset by default — representative cases that run in
+a few seconds on two cores — and everything with ``full=True``. The attention-shaped
+ops (matrix products, softmax, rope, flash attention) live in :mod:`.families_nn`, copies,
+views, gathers and scatters in :mod:`.families_copy`.
+Each builder is a plain function of :class:`~.cases.Inputs` and its parameters, bound
+with :func:`functools.partial`, so a case's graph is rebuilt fresh for every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+
+from .. import ops
+from ..opcodes import Op, SortOrder, UnaryOp
+from ..tensor import Tensor
+from ..types import Type
+from .cases import Case, InitFn, Inputs, case_name, distinct, indices, uniform
+
+__all__ = ["FLOAT_TYPES", "QUANT_TYPES", "all_cases", "catalogue", "make"]
+
+FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
+QUANT_TYPES = (Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1)
+
+Build = Callable[[Inputs], Tensor | Sequence[Tensor]]
+Shape = tuple[int, ...]
+
+
+def make(
+    op: Op,
+    build: Build,
+    quick: bool,
+    label: str | None = None,
+    *,
+    tags: Iterable[str] = (),
+    max_nmse: float | None = None,
+    **params: object,
+) -> Case:
+    """A case named ``LABEL(k=v,...)``; the label defaults to the op's name."""
+    name = case_name(label or op.value.upper(), **params)
+    return Case(name, op, build, frozenset(tags), max_nmse, quick)
+
+
+# -- operand shapes ------------------------------------------------------------------------------
+
+
+def leaf(ins: Inputs, t: Type, shape: Shape, init: InitFn | None = None) -> Tensor:
+    return ins.new(t, shape, init)
+
+
+def transposed(ins: Inputs, t: Type, shape: Shape, init: InitFn | None = None) -> Tensor:
+    """A tensor of ``shape`` whose last two axes are stored swapped: a strided view."""
+    base = ins.new(t, (*shape[:-2], shape[-1], shape[-2]), init)
+    return ops.transpose(base)
+
+
+def permuted(ins: Inputs, t: Type, shape: Shape, init: InitFn | None = None) -> Tensor:
+    """A tensor of ``shape`` stored with its first axis innermost (no dense rows)."""
+    base = ins.new(t, (*shape[1:], shape[0]), init)
+    return ops.permute(base, (base.ndim - 1, *range(base.ndim - 1)))
+
+
+def strided(ins: Inputs, t: Type, shape: Shape, init: InitFn | None = None, pad: int = 7) -> Tensor:
+    """A tensor of ``shape`` whose rows sit ``pad`` elements apart: dense rows, gaps between."""
+    pad = -(-pad // t.block_size) * t.block_size
+    base = ins.new(t, (*shape[:-1], shape[-1] + pad), init)
+    return ops.view(base, shape, base.strides, 0)
+
+
+Layout = Callable[..., Tensor]
+_LAYOUTS: dict[str, Layout] = {"transposed": transposed, "permuted": permuted, "strided": strided}
+
+
+# -- elementwise ---------------------------------------------------------------------------------
+
+_BINARY = {Op.ADD: ops.add, Op.SUB: ops.sub, Op.MUL: ops.mul, Op.DIV: ops.div}
+_BROADCASTS: list[tuple[Shape, Shape]] = [
+    ((2, 3, 5, 10), (2, 3, 5, 10)),
+    ((2, 3, 5, 10), (1, 3, 1, 10)),
+    ((2, 3, 5, 10), (10,)),
+    ((7, 33), (7, 1)),
+    ((4, 3, 17), (1, 1, 17)),
+    ((1,), (1,)),
+]
+
+
+def _binary_build(
+    fn: Callable[[Tensor, Tensor], Tensor],
+    a: Layout,
+    ta: Type,
+    shape: Shape,
+    b: Layout,
+    tb: Type,
+    bshape: Shape,
+    b_init: InitFn | None,
+    ins: Inputs,
+) -> Tensor:
+    return fn(a(ins, ta, shape), b(ins, tb, bshape, b_init))
+
+
+def _binary() -> Iterator[Case]:
+    for op, fn in _BINARY.items():
+        # a divisor bounded away from 0 keeps quotients (and their rounding) tame
+        b_init = uniform(0.5, 2.0) if op is Op.DIV else None
+        for t in FLOAT_TYPES:
+            for i, (shape, bshape) in enumerate(_BROADCASTS):
+                build = partial(_binary_build, fn, leaf, t, shape, leaf, t, bshape, b_init)
+                yield make(op, build, t == Type.F32 or i < 2, type=t, shape=shape, b=bshape)
+            build = partial(_binary_build, fn, transposed, t, (5, 33), strided, t, (5, 33), b_init)
+            yield make(op, build, t == Type.F32, type=t, shape=[5, 33], a="transposed", b="strided")
+        build = partial(
+            _binary_build, fn, leaf, Type.F32, (3, 5, 16), leaf, Type.F16, (5, 16), b_init
+        )
+        yield make(op, build, False, type_a=Type.F32, type_b=Type.F16, shape=[3, 5, 16])
+
+
+def _scale_build(a: Layout, t: Type, shape: Shape, s: float, bias: float, ins: Inputs) -> Tensor:
+    return ops.scale(a(ins, t, shape), s, bias)
+
+
+def _scale() -> Iterator[Case]:
+    for t in FLOAT_TYPES:
+        for s, bias in ((0.25, 0.0), (-1.5, 0.5)):
+            yield make(
+                Op.SCALE,
+                partial(_scale_build, leaf, t, (3, 5, 33), s, bias),
+                t == Type.F32 or bias == 0.0,
+                type=t,
+                shape=[3, 5, 33],
+                s=s,
+                bias=bias,
+            )
+        yield make(
+            Op.SCALE,
+            partial(_scale_build, transposed, t, (6, 17), 2.0, -1.0),
+            t == Type.F32,
+            type=t,
+            shape=[6, 17],
+            a="transposed",
+            s=2.0,
+            bias=-1.0,
+        )
+
+
+def _unary_build(fn: UnaryOp, a: Layout, t: Type, shape: Shape, ins: Inputs) -> Tensor:
+    # wide enough to reach the tails of tanh, sigmoid and gelu
+    return ops.unary(a(ins, t, shape, uniform(-4.0, 4.0)), fn)
+
+
+def _unary() -> Iterator[Case]:
+    for fn in UnaryOp:
+        label, tags = fn.value.upper(), {fn.value}
+        for t in FLOAT_TYPES:
+            yield make(
+                Op.UNARY,
+                partial(_unary_build, fn, leaf, t, (2, 5, 33)),
+                True,
+                label,
+                tags=tags,
+                type=t,
+                shape=[2, 5, 33],
+            )
+            yield make(
+                Op.UNARY,
+                partial(_unary_build, fn, permuted, t, (7, 2, 5)),
+                t == Type.F32,
+                label,
+                tags=tags,
+                type=t,
+                shape=[7, 2, 5],
+                a="permuted",
+            )
+
+
+def _swiglu_build(
+    t: Type, shape: Shape, split: bool, swapped: bool, a: Layout, b: Layout, ins: Inputs
+) -> Tensor:
+    if split:
+        return ops.swiglu(a(ins, t, (*shape[:-1], 2 * shape[-1])), swapped=swapped)
+    return ops.swiglu(a(ins, t, shape), b(ins, t, shape), swapped=swapped)
+
+
+def _glu() -> Iterator[Case]:
+    tags = {"swiglu"}
+    for t in FLOAT_TYPES:
+        for swapped in (False, True):
+            build = partial(_swiglu_build, t, (3, 4, 33), True, swapped, leaf, leaf)
+            yield make(
+                Op.GLU,
+                build,
+                t == Type.F32 or not swapped,
+                "SWIGLU",
+                tags=tags,
+                type=t,
+                shape=[3, 4, 33],
+                split=True,
+                swapped=swapped,
+            )
+        yield make(
+            Op.GLU,
+            partial(_swiglu_build, t, (5, 33), False, False, leaf, leaf),
+            True,
+            "SWIGLU",
+            tags=tags,
+            type=t,
+            shape=[5, 33],
+            split=False,
+        )
+        build = partial(_swiglu_build, t, (4, 17), False, False, strided, transposed)
+        yield make(
+            Op.GLU,
+            build,
+            t == Type.F32,
+            "SWIGLU",
+            tags=tags,
+            type=t,
+            shape=[4, 17],
+            split=False,
+            a="strided",
+            b="transposed",
+        )
+
+
+def _norm_build(
+    fn: Callable[[Tensor, float], Tensor],
+    a: Layout,
+    t: Type,
+    shape: Shape,
+    eps: float,
+    ins: Inputs,
+) -> Tensor:
+    return fn(a(ins, t, shape), eps)
+
+
+def _norms() -> Iterator[Case]:
+    for op, fn in ((Op.NORM, ops.norm), (Op.RMS_NORM, ops.rms_norm)):
+        for t in FLOAT_TYPES:
+            for shape, eps in (((4, 64), 1e-5), ((3, 2, 33), 1e-6), ((1, 1), 1e-5)):
+                yield make(
+                    op,
+                    partial(_norm_build, fn, leaf, t, shape, eps),
+                    t == Type.F32 or shape == (4, 64),
+                    type=t,
+                    shape=shape,
+                    eps=eps,
+                )
+            for layout, quick in (("strided", t == Type.F32), ("transposed", False)):
+                yield make(
+                    op,
+                    partial(_norm_build, fn, _LAYOUTS[layout], t, (6, 40), 1e-5),
+                    quick,
+                    type=t,
+                    shape=[6, 40],
+                    a=layout,
+                    eps=1e-5,
+                )
+
+
+# -- reductions ----------------------------------------------------------------------------------
+
+
+def _sum_rows_build(a: Layout, t: Type, shape: Shape, ins: Inputs) -> Tensor:
+    return ops.sum_rows(a(ins, t, shape))
+
+
+def _argmax_build(a: Layout, shape: Shape, init: InitFn, ins: Inputs) -> Tensor:
+    return ops.argmax(a(ins, Type.F32, shape, init))
+
+
+def _argsort_build(a: Layout, shape: Shape, init: InitFn, order: SortOrder, ins: Inputs) -> Tensor:
+    return ops.argsort(a(ins, Type.F32, shape, init), order)
+
+
+def _reductions() -> Iterator[Case]:
+    for t in FLOAT_TYPES:
+        for shape in ((3, 33), (2, 3, 4, 1), (1,), (2, 300)):
+            yield make(
+                Op.SUM_ROWS,
+                partial(_sum_rows_build, leaf, t, shape),
+                t == Type.F32 or shape == (3, 33),
+                type=t,
+                shape=shape,
+            )
+        yield make(
+            Op.SUM_ROWS,
+            partial(_sum_rows_build, transposed, t, (4, 9)),
+            t == Type.F32,
+            type=t,
+            shape=[4, 9],
+            a="transposed",
+        )
+    for shape in ((5, 33), (17,), (3, 1000)):
+        yield make(
+            Op.ARGMAX,
+            partial(_argmax_build, leaf, shape, distinct()),
+            True,
+            type=Type.F32,
+            shape=shape,
+        )
+    yield make(
+        Op.ARGMAX,
+        partial(_argmax_build, transposed, (4, 21), uniform()),
+        True,
+        type=Type.F32,
+        shape=[4, 21],
+        a="transposed",
+    )
+    # small integers: many tied maxima, the first one must win
+    yield make(
+        Op.ARGMAX,
+        partial(_argmax_build, leaf, (6, 40), indices(3)),
+        True,
+        type=Type.F32,
+        shape=[6, 40],
+        values="ties",
+    )
+    for order in SortOrder:
+        for shape in ((3, 16), (2, 33), (4, 1), (2, 300)):
+            yield make(
+                Op.ARGSORT,
+                partial(_argsort_build, leaf, shape, distinct(), order),
+                shape != (2, 300),
+                type=Type.F32,
+                shape=shape,
+                order=order,
+            )
+        # ties: the contract says stable, so equal values keep their order
+        yield make(
+            Op.ARGSORT,
+            partial(_argsort_build, leaf, (5, 24), indices(4), order),
+            True,
+            type=Type.F32,
+            shape=[5, 24],
+            order=order,
+            values="ties",
+        )
+        yield make(
+            Op.ARGSORT,
+            partial(_argsort_build, transposed, (3, 20), uniform(), order),
+            False,
+            type=Type.F32,
+            shape=[3, 20],
+            order=order,
+            a="transposed",
+        )
+
+
+FAMILIES: list[Callable[[], Iterator[Case]]] = [
+    _binary,
+    _scale,
+    _unary,
+    _glu,
+    _norms,
+    _reductions,
+]
+
+
+def all_cases() -> list[Case]:
+    """Every case, quick and full, in catalogue order."""
+    from .families_copy import FAMILIES as COPY_FAMILIES
+    from .families_nn import FAMILIES as NN_FAMILIES
+
+    return [c for family in (*FAMILIES, *COPY_FAMILIES, *NN_FAMILIES) for c in family()]
+
+
+def catalogue(
+    full: bool = False, ops: Iterable[str] = (), types: Iterable[Type | str] = ()
+) -> list[Case]:
+    """The cases to run: the quick subset (or all with ``full``), filtered by op and type.
+
+    ``ops`` holds op names (``mul_mat``) or unary/glu function names (``silu``), any
+    case; ``types`` holds type names (``q4_0``); empty filters match everything.
+    """
+    ops, types = list(ops), list(types)
+    return [c for c in all_cases() if (full or c.quick) and c.matches(ops, types)]

@@ -1,0 +1,299 @@
+"""Independent numpy formulas for every op: the oracle the CPU backend is judged by.
+
+Each function restates the contract in the docstring of its builder in
+:mod:`tensorplug.ops` (and ggml's semantics where the docstring points to them) as
+plain numpy, written separately from any backend's kernels so that a shared mistake
+is unlikely. Arguments are *logical* arrays (numpy order, already decoded from their
+storage type); results are logical arrays too. Encoding to a storage type, memory,
+strides and views are the caller's business (:mod:`tensorplug.testing.refbackend`).
+
+The formulas are dtype-preserving: fed float64 they compute in float64 (how the
+conformance check uses them), fed float32 they compute in float32 — which makes the
+same code the numpy baseline of ``tensorplug bench``. Python scalars are "weak" in
+numpy >= 2, so constants never widen the computation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = [
+    "add", "argmax", "argsort", "concat", "div", "flash_attn_ext", "get_rows", "glu",
+    "mul", "mul_mat", "norm", "rms_norm", "rope", "rope_yarn_corr_dims", "scale",
+    "set_rows", "soft_max", "sub", "sum_rows", "UNARY",
+]  # fmt: skip
+
+
+def _pad4(x: np.ndarray) -> np.ndarray:
+    """``x`` with leading axes of 1 added up to four dimensions (a view)."""
+    return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+# -- elementwise --------------------------------------------------------------------------
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a + b
+
+
+def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a - b
+
+
+def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a * b
+
+
+def div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a / b
+
+
+def scale(a: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:
+    return a * s + bias
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    # ggml's tanh approximation, not the erf form
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+#: Elementwise functions by :class:`~tensorplug.UnaryOp` value.
+UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "abs": np.abs,
+    "neg": np.negative,
+    "relu": lambda x: np.maximum(x, 0),
+    "gelu": _gelu,
+    "silu": lambda x: x * _sigmoid(x),
+    "exp": np.exp,
+    "tanh": np.tanh,
+    "sigmoid": _sigmoid,
+}
+
+
+def glu(a: np.ndarray, b: np.ndarray | None = None, swapped: bool = False) -> np.ndarray:
+    """SwiGLU: ``silu(x)·g`` with ``(x, g) = (a, b)``, or the halves of ``a``'s last axis
+    (exchanged when ``swapped``; as in ggml, ``swapped`` means nothing when ``b`` is given)."""
+    if b is None:
+        n = a.shape[-1] // 2
+        x, g = a[..., :n], a[..., n:]
+        if swapped:
+            x, g = g, x
+    else:
+        x, g = a, b
+    return x * _sigmoid(x) * g
+
+
+# -- normalisation -------------------------------------------------------------------------
+
+
+def norm(a: np.ndarray, eps: float) -> np.ndarray:
+    mean = a.mean(axis=-1, keepdims=True)
+    centred = a - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)
+    return centred / np.sqrt(var + eps)
+
+
+def rms_norm(a: np.ndarray, eps: float) -> np.ndarray:
+    return a / np.sqrt((a * a).mean(axis=-1, keepdims=True) + eps)
+
+
+# -- matrix products and attention -----------------------------------------------------------
+
+
+def mul_mat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``out[..., t, o] = Σᵢ b[..., t, i]·a[..., o, i]``; a's batches repeat onto b's."""
+    ndim = max(a.ndim, b.ndim, 2)
+    a4, b4 = _pad4(a), _pad4(b)
+    for axis in (0, 1):
+        reps = b4.shape[axis] // a4.shape[axis]
+        # np.repeat gives [A0, A0, A1, A1]: batch j of b uses batch j // reps of a
+        a4 = np.repeat(a4, reps, axis=axis)
+    out = np.matmul(b4, np.swapaxes(a4, -1, -2))
+    return out.reshape(out.shape[4 - ndim :])
+
+
+def alibi_slopes(n_head: int, max_bias: float, dtype: np.dtype) -> np.ndarray:
+    """Per-head ALiBi slope as ggml computes it; all ones when ``max_bias`` is 0."""
+    if max_bias <= 0:
+        return np.ones(n_head, dtype=dtype)
+    m = 2 ** math.floor(math.log2(n_head))
+    m0 = 2 ** (-max_bias / m)
+    m1 = 2 ** (-max_bias / 2 / m)
+    h = np.arange(n_head)
+    slopes = np.where(h < m, m0 ** (h + 1), m1 ** (2 * (h - m) + 1))
+    return slopes.astype(dtype)
+
+
+def _softmax_last(x: np.ndarray) -> np.ndarray:
+    """Row softmax where ``-inf`` logits get weight 0 (rows must keep one finite entry)."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _mask_rows(mask: np.ndarray, rows: int) -> np.ndarray:
+    """The 4-d mask cut to the first ``rows`` rows (row r of the logits uses mask row r)."""
+    return _pad4(mask)[:, :, :rows, :]
+
+
+def soft_max(
+    a: np.ndarray, mask: np.ndarray | None = None, scale: float = 1.0, max_bias: float = 0.0
+) -> np.ndarray:
+    """Row softmax of ``a·scale + slope·mask`` (``ggml_soft_max_ext``)."""
+    a4 = _pad4(a)
+    x = a4 * scale
+    if mask is not None:
+        slopes = alibi_slopes(a4.shape[1], max_bias, a.dtype).reshape(1, -1, 1, 1)
+        m = _mask_rows(mask, a4.shape[2])
+        # slope·mask with slope 1 keeps -inf; slope·(-inf) stays -inf for slope > 0
+        x = x + (slopes * m if max_bias > 0 else m)
+    return _softmax_last(x).reshape(a.shape)
+
+
+def flash_attn_ext(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    mask: np.ndarray | None = None,
+    scale: float = 1.0,
+    max_bias: float = 0.0,
+    logit_softcap: float = 0.0,
+) -> np.ndarray:
+    """``softmax(q·kᵀ·scale [softcapped] + slope·mask)·v``, output ``(B, n_q, H, D_v)``."""
+    q4, k4, v4 = _pad4(q), _pad4(k), _pad4(v)
+    group = q4.shape[1] // k4.shape[1]
+    k4 = np.repeat(k4, group, axis=1)  # query head h uses kv head h // group
+    v4 = np.repeat(v4, group, axis=1)
+    s = np.matmul(q4, np.swapaxes(k4, -1, -2)) * scale
+    if logit_softcap > 0:
+        s = logit_softcap * np.tanh(s / logit_softcap)
+    if mask is not None:
+        slopes = alibi_slopes(q4.shape[1], max_bias, q.dtype).reshape(1, -1, 1, 1)
+        m = _mask_rows(mask, q4.shape[2])
+        s = s + (slopes * m if max_bias > 0 else m)
+    out = np.matmul(_softmax_last(s), v4)  # (B, H, n_q, D_v)
+    out = np.swapaxes(out, 1, 2)  # (B, n_q, H, D_v): heads and tokens swapped, as ggml
+    return out.reshape(out.shape[4 - q.ndim :])
+
+
+# -- rope ------------------------------------------------------------------------------------
+
+
+def rope_yarn_corr_dims(
+    n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float
+) -> tuple[float, float]:
+    """ggml's ``ggml_rope_yarn_corr_dims``: the pair indices where the YaRN ramp runs."""
+
+    def corr_dim(n_rot: float) -> float:
+        if n_ctx_orig <= 0:
+            return -math.inf  # log(0): the ramp degenerates, as it does in ggml
+        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))
+
+    start = math.floor(corr_dim(beta_fast)) if n_ctx_orig > 0 else -math.inf
+    end = math.ceil(corr_dim(beta_slow)) if n_ctx_orig > 0 else -math.inf
+    return max(0.0, start), min(float(n_dims - 1), end)
+
+
+def rope(
+    x: np.ndarray,
+    pos: np.ndarray,
+    n_dims: int,
+    mode: int = 0,
+    *,
+    freq_base: float = 10000.0,
+    freq_scale: float = 1.0,
+    ext_factor: float = 0.0,
+    attn_factor: float = 1.0,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    n_ctx_orig: int = 0,
+    freq_factors: np.ndarray | None = None,
+) -> np.ndarray:
+    """Rotary embedding with YaRN scaling; ``x`` is ``(…, n_tokens, n_head, head_dim)``.
+
+    ``mode`` 0 (NORMAL) rotates pairs ``(x[2i], x[2i+1])``; 2 (NEOX) rotates
+    ``(x[i], x[i + n_dims/2])``. Dimensions past ``n_dims`` are copied.
+    """
+    dt = x.dtype
+    half = n_dims // 2
+    i = np.arange(half)
+    exponent = (-2 * i / n_dims).astype(dt)
+    theta_extrap = pos.astype(dt)[:, None] * np.power(dt.type(freq_base), exponent)
+    if freq_factors is not None:
+        theta_extrap = theta_extrap / freq_factors.astype(dt)
+    theta = freq_scale * theta_extrap
+    mscale = attn_factor
+    if ext_factor != 0:
+        low, high = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+        y = (i - low) / max(0.001, high - low)
+        ramp = 1 - np.minimum(1, np.maximum(0, y))
+        mix = (ramp * ext_factor).astype(dt)
+        theta = theta * (1 - mix) + theta_extrap * mix
+        mscale = attn_factor * (1 + 0.1 * math.log(1 / freq_scale))
+    cos = (np.cos(theta) * mscale).astype(dt)[:, None, :]  # (n_tokens, 1, half)
+    sin = (np.sin(theta) * mscale).astype(dt)[:, None, :]
+    out = x.copy()
+    if mode == 2:
+        x0, x1 = x[..., :half], x[..., half:n_dims]
+        out[..., :half] = x0 * cos - x1 * sin
+        out[..., half:n_dims] = x0 * sin + x1 * cos
+    else:
+        x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+        out[..., 0:n_dims:2] = x0 * cos - x1 * sin
+        out[..., 1:n_dims:2] = x0 * sin + x1 * cos
+    return out
+
+
+# -- gathers, scatters, joins --------------------------------------------------------------------
+
+
+def get_rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``out[…, j, :] = a[…, rows[…, j], :]``."""
+    if a.ndim == 2:
+        return a[rows.astype(np.intp)]  # the same, as numpy users write it
+    return np.take_along_axis(a, rows.astype(np.intp)[..., None], axis=-2)
+
+
+def set_rows(
+    a: np.ndarray, b: np.ndarray, rows: np.ndarray, *, in_place: bool = False
+) -> np.ndarray:
+    """``a`` with ``a[…, rows[…, j], :] = b[…, j, :]`` (rows broadcast onto b's).
+
+    A copy of ``a`` is written unless ``in_place`` (b is cast to a's dtype either way).
+    """
+    out = a if in_place else a.copy()
+    if a.ndim == 2 and rows.ndim == 1:
+        out[rows.astype(np.intp)] = b  # the same, as numpy users write it
+        return out
+    idx = np.broadcast_to(
+        rows.reshape((1,) * (b.ndim - 1 - rows.ndim) + rows.shape), b.shape[:-1]
+    ).astype(np.intp)
+    np.put_along_axis(out, np.broadcast_to(idx[..., None], b.shape), b, axis=-2)
+    return out
+
+
+def concat(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
+    return np.concatenate([a, b], axis=axis)
+
+
+# -- reductions --------------------------------------------------------------------------------
+
+
+def sum_rows(a: np.ndarray) -> np.ndarray:
+    return a.sum(axis=-1, keepdims=True)
+
+
+def argmax(a: np.ndarray) -> np.ndarray:
+    """First index of the row maximum; a 1-d input gives shape ``(1,)``."""
+    return np.argmax(a, axis=-1).reshape(a.shape[:-1] or (1,))
+
+
+def argsort(a: np.ndarray, descending: bool = False) -> np.ndarray:
+    """Stable per-row sort order (descending keeps ties in their original order)."""
+    return np.argsort(-a if descending else a, axis=-1, kind="stable")

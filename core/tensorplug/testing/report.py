@@ -1,0 +1,127 @@
+"""Rendering check and bench results: a rich table on a terminal, plain text, CSV or JSON.
+
+CSV and JSON come from the standard library and carry every field, for CI logs and
+dashboards; the tables are for people.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from typing import IO, Any
+
+from .bench import BenchResult
+from .runner import CheckReport, Outcome
+
+__all__ = ["render_bench", "render_check"]
+
+_OUTCOME_STYLE = {Outcome.PASS: "green", Outcome.FAIL: "bold red", Outcome.UNSUPPORTED: "yellow"}
+
+
+def _fmt_error(error: float | None) -> str:
+    return "-" if error is None else f"{error:.2e}"
+
+
+def _table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    plain: bool,
+    out: IO[str],
+    styles: Sequence[str] = (),
+) -> None:
+    """Aligned columns as plain text, or a rich table whose last column wraps."""
+    if plain:
+        widths = [max(len(c) for c in col) for col in zip(headers, *rows, strict=False)]
+        for row in (headers, *rows):
+            cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+            out.write("  ".join(cells).rstrip() + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(header_style="bold")
+    for i, h in enumerate(headers):
+        last = i == len(headers) - 1
+        table.add_column(h, no_wrap=not last, overflow="fold" if last else "ellipsis")
+    for i, row in enumerate(rows):
+        table.add_row(*row, style=styles[i] if i < len(styles) else None)
+    Console(file=out, highlight=False).print(table)
+
+
+def render_check(
+    report: CheckReport,
+    output: str = "table",
+    plain: bool = True,
+    out: IO[str] | None = None,
+    problems_only: bool = False,
+) -> None:
+    """Write ``report`` as ``table`` (one row per case, then the summary), ``csv`` or ``json``."""
+    out = out or sys.stdout
+    results = [r for r in report.results if not (problems_only and r.passed)]
+    if output == "json":
+        data = report.to_dict()
+        data["cases"] = [r.to_dict() for r in results]
+        json.dump(data, out, indent=2)
+        out.write("\n")
+        return
+    if output == "csv":
+        fields = ["case", "op", "outcome", "error", "message", "seconds"]
+        writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for r in results:
+            writer.writerow(r.to_dict())
+        return
+    if output != "table":
+        raise ValueError(f"unknown output format {output!r}; use table, csv or json")
+    rows = [[r.outcome.value, r.case, _fmt_error(r.error), r.message] for r in results]
+    styles = [_OUTCOME_STYLE[r.outcome] for r in results]
+    if rows:
+        _table(["result", "case", "NMSE", "detail"], rows, plain, out, styles)
+    out.write(report.summary() + "\n")
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render_bench(
+    results: Sequence[BenchResult],
+    backend: str,
+    as_json: bool = False,
+    plain: bool = True,
+    out: IO[str] | None = None,
+) -> None:
+    """Write bench results: µs/run, the rate (GFLOP/s or GB/s), numpy's time and speedup."""
+    out = out or sys.stdout
+    if as_json:
+        data: dict[str, Any] = {"backend": backend, "results": [r.to_dict() for r in results]}
+        json.dump(data, out, indent=2)
+        out.write("\n")
+        return
+    rows = []
+    for r in results:
+        if r.us is None:
+            rows.append([r.case, "-", "-", "-", "-", "-", "-", r.message])
+            continue
+        rate = f"{r.gflops:.2f} GFLOP/s" if r.gflops is not None else f"{r.gbps:.2f} GB/s"
+        per_node = _num(r.us_per_node, ".2f") if r.nodes > 1 else "-"
+        rows.append(
+            [
+                r.case,
+                str(r.runs),
+                _num(r.us, ".1f"),
+                per_node,
+                rate,
+                _num(r.numpy_us, ".1f"),
+                _num(r.speedup, ".2f") + "x" if r.speedup is not None else "-",
+                r.message,
+            ]
+        )
+    headers = ["case", "runs", "µs/run", "µs/node", "rate", "numpy µs", "speedup", "note"]
+    _table(headers, rows, plain, out)
+    out.write(
+        f"{backend}: {len(results)} cases; speedup = numpy's µs / {backend}'s µs "
+        "(above 1: faster than numpy)\n"
+    )

@@ -1,0 +1,302 @@
+"""The conformance kit's front ends: the pytest plugin, ``tensorplug check`` and ``bench``.
+
+None of these need a plugin: the reference backend stands in for the backend under test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tensorplug import Graph, Op, Status, Tensor, Type, ops
+from tensorplug.testing import (
+    bench_case,
+    bench_cases,
+    catalogue,
+    compare_graph_backend,
+    reference_backend,
+    tensor_values,
+)
+from tensorplug.testing.bench import graph_bytes, graph_flops, numpy_baseline
+from tensorplug.testing.families import all_cases, make
+from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice
+from tensorplug.testing.report import render_bench
+
+pytest_plugins = ["pytester"]
+
+# the plugin is registered through its pytest11 entry point once tensorplug is installed;
+# naming it explicitly (after blocking the entry point) makes these tests independent of that
+PLUGIN_ARGS = ("-p", "no:tensorplug", "-p", "tensorplug.testing.pytest_plugin")
+
+# -- the pytest plugin -----------------------------------------------------------------------------
+
+
+def test_plugin_import_is_inert() -> None:
+    code = (
+        "import sys, tensorplug.testing.pytest_plugin\n"
+        "heavy = ['tensorplug.testing.families', 'tensorplug.testing.runner', 'gguf',\n"
+        "         'tensorplug_cpu']\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_plugin_parametrizes_and_checks(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        from tensorplug import Op, Status
+        from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice
+
+        class NoSub(ReferenceBackend):
+            def supports_op(self, op):
+                return op.op != Op.SUB
+
+        class WrongMul(ReferenceBackend):
+            def _graph_compute(self, graph):
+                status = super()._graph_compute(graph)
+                from tensorplug.host import tensor_array
+                for node in graph.nodes:
+                    if node.op == Op.MUL:
+                        tensor_array(node)[...] += 1
+                return status
+
+        def test_named(tensorplug_case, tensorplug_check):
+            tensorplug_check(tensorplug_case, backend="reference", reference="reference")
+
+        def test_instance(tensorplug_case, tensorplug_check):
+            tensorplug_check(tensorplug_case, NoSub(ReferenceDevice()), "reference")
+
+        def test_broken(tensorplug_case, tensorplug_check):
+            tensorplug_check(tensorplug_case, WrongMul(ReferenceDevice()), "reference")
+        """
+    )
+    result = pytester.runpytest(
+        *PLUGIN_ARGS,
+        "--tensorplug-op",
+        "add,sub",
+        "--tensorplug-op",
+        "mul",
+        "--tensorplug-type",
+        "f16",
+        "-q",
+        "-rs",
+    )
+    n = 3 * 2  # quick cases with f16 per op: same shape and broadcast rows
+    # named: all pass; instance: SUB skipped; broken: MUL fails
+    result.assert_outcomes(passed=n + 4 + 4, skipped=2, failed=2)
+    result.stdout.fnmatch_lines(["*MUL(type=f16*NMSE*", "*unsupported*does not support SUB*"])
+
+
+def test_plugin_default_backend_option(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_conformance(tensorplug_case, tensorplug_check):
+            assert tensorplug_check(tensorplug_case).passed
+        """
+    )
+    args = ("--tensorplug-op", "argsort", "--tensorplug-reference", "reference")
+    result = pytester.runpytest(*PLUGIN_ARGS, *args, "--tensorplug-backend", "reference")
+    quick = sum(c.op == Op.ARGSORT and c.quick for c in all_cases())
+    result.assert_outcomes(passed=quick)
+    result = pytester.runpytest(*PLUGIN_ARGS, *args, "--tensorplug-full")
+    result.stdout.fnmatch_lines(["*no backend to check*--tensorplug-backend*"])
+
+
+def test_plugin_leaves_other_tests_alone(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_plain():\n    assert True\n")
+    pytester.runpytest(*PLUGIN_ARGS).assert_outcomes(passed=1)
+
+
+# -- tensorplug check -------------------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tensorplug", *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_check_cli_json_and_exit_status() -> None:
+    run = _cli(
+        "check",
+        "--backend",
+        "reference",
+        "--reference",
+        "reference",
+        "--op",
+        "concat",
+        "--type",
+        "i32",
+        "--output",
+        "json",
+    )
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["ok"] and data["summary"]["total"] == data["summary"]["pass"] == 5
+    assert {c["op"] for c in data["cases"]} == {"concat"}
+
+
+def test_check_cli_exits_1_on_a_failure(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorplug.cli import main
+    from tensorplug.host import tensor_array
+    from tensorplug.testing import check_cli
+
+    class Off(ReferenceBackend):
+        def _graph_compute(self, graph: Graph) -> Status:
+            status = super()._graph_compute(graph)
+            tensor_array(graph.nodes[-1])[...] *= 2
+            return status
+
+    monkeypatch.setattr(
+        check_cli,
+        "resolve_backend",
+        lambda name: Off(ReferenceDevice()) if name == "broken" else reference_backend(),
+    )
+    code = main(
+        [
+            "check",
+            "--backend",
+            "broken",
+            "--reference",
+            "reference",
+            "--op",
+            "scale",
+            "--quick",
+            "--output",
+            "table",
+            "--problems",
+        ]
+    )
+    out = capsys.readouterr().out
+    n = len(catalogue(ops=["scale"]))
+    assert code == 1
+    assert out.splitlines()[-1].endswith(f"0/{n} passed, {n} failed, 0 unsupported — FAILED")
+    assert out.count("fail ") == n and "NMSE" in out
+
+
+def test_check_cli_usage_errors() -> None:
+    run = _cli("check", "--op", "nonsense")
+    assert run.returncode == 2 and "unknown op nonsense" in run.stderr
+    run = _cli("check", "--type", "q9_9", "--list")
+    assert run.returncode == 2 and "unknown tensor type" in run.stderr
+    run = _cli("check", "--op", "argmax", "--list")
+    assert run.returncode == 0 and run.stdout.splitlines()[0].startswith("ARGMAX(")
+
+
+# -- bench ------------------------------------------------------------------------------------
+
+
+def test_work_counts() -> None:
+    mm = ops.mul_mat(_t((2, 16, 64)), _t((2, 5, 64)))
+    assert graph_flops(_graph(mm)) == 2 * 2 * 16 * 5 * 64
+    fa = ops.flash_attn_ext(_t((1, 4, 7, 32)), _t((1, 2, 9, 32)), _t((1, 2, 9, 16)))
+    assert graph_flops(_graph(fa)) == 2 * 4 * 7 * 9 * (32 + 16)
+    add = ops.add(_t((8, 4)), _t((4,)))
+    assert graph_bytes(_graph(add)) == (32 + 32 + 4) * 4
+    gather = ops.get_rows(_t((100, 8)), _t((3,), Type.I32))  # 3 rows of 32 bytes read, 3 written
+    assert graph_bytes(_graph(gather)) == 3 * 32 + 12 + 3 * 32
+
+
+def _t(shape: tuple[int, ...], t: Type = Type.F32) -> Tensor:
+    return Tensor(t, shape)
+
+
+def _graph(t: Tensor) -> Graph:
+    return Graph(t)
+
+
+def _reference_result(graph: Graph, inputs: dict[Tensor, np.ndarray]) -> np.ndarray:
+    """The float64 reference values of the graph's last computed node."""
+    backend = reference_backend()
+    results: list[np.ndarray] = []
+
+    def keep(i: int, t1: Tensor, t2: Tensor) -> bool:
+        results.append(tensor_values(t1))
+        return True
+
+    compare_graph_backend(backend, backend, graph, keep, inputs=inputs)
+    return results[-1]
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "PERMUTE(type=f32",
+        "TRANSPOSE(type=f32",
+        "RESHAPE(type=f32",
+        "VIEW(type=f32",
+        "SET_ROWS(type=f32,idx=i32",
+        "MUL_MAT(type_a=q4_0,type_b=f32,a=[33,64],b=[7,64])",
+        "FLASH_ATTN_EXT(shape=[1,4,7,32]",
+    ],
+)
+def test_numpy_baseline_matches_the_reference(prefix: str) -> None:
+    # the float32 baseline must compute the same thing, views included
+    case = next(c for c in all_cases() if c.name.startswith(prefix))
+    graph, inputs = case.instantiate()
+    result = numpy_baseline(graph, inputs)()
+    assert isinstance(result, np.ndarray) and result.dtype == np.float32
+    expected = _reference_result(graph, inputs)
+    np.testing.assert_allclose(result, expected.reshape(result.shape), rtol=2e-4, atol=2e-5)
+
+
+def test_bench_case_reports_rates_and_the_numpy_ratio() -> None:
+    mm = make(
+        Op.MUL_MAT,
+        lambda ins: ops.mul_mat(ins.new(Type.Q8_0, (16, 64)), ins.new(Type.F32, (5, 64))),
+        True,
+        small=True,
+    )
+    r = bench_case(mm, reference_backend(), min_time=0.001)
+    assert r.flops == 2 * 16 * 5 * 64 and r.runs >= 1 and r.us > 0 and r.numpy_us > 0
+    assert r.gflops == pytest.approx(r.flops / r.us / 1e3) and r.gbps is None
+    assert r.speedup == pytest.approx(r.numpy_us / r.us)
+    replay = next(c for c in bench_cases(["replay"]))
+    rr = bench_case(replay, reference_backend(), min_time=0.001, baseline=False)
+    assert rr.nodes == 1000 and rr.us_per_node == pytest.approx(rr.us / 1000)
+    assert rr.gbps is not None and rr.speedup is None
+
+
+def test_bench_catalogue_has_the_cpu_target_sizes() -> None:
+    names = {c.name for c in bench_cases(["mul_mat"])}
+    assert "MUL_MAT(type_a=f32,m=2048,n=2048,k=2048)" in names
+    for t in ("q8_0", "q4_0"):
+        for n in (512, 1):
+            assert f"MUL_MAT(type_a={t},m=2048,n={n},k=2048)" in names
+
+
+def test_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
+    case = make(
+        Op.ADD,
+        lambda ins: ops.add(ins.new(Type.F32, (8, 8)), ins.new(Type.F32, (8,))),
+        True,
+        tiny=True,
+    )
+    unsupported = make(Op.ARGSORT, lambda ins: ops.argsort(ins.new(Type.F32, (4, 4))), True)
+
+    class NoSort(ReferenceBackend):
+        def supports_op(self, op: Tensor) -> bool:
+            return op.op != Op.ARGSORT
+
+    backend = NoSort(ReferenceDevice())
+    results = [bench_case(c, backend, min_time=0.001) for c in (case, unsupported)]
+    render_bench(results, "reference", as_json=True)
+    data = json.loads(capsys.readouterr().out)
+    assert data["results"][0]["gbps"] > 0 and data["results"][0]["speedup"] > 0
+    assert data["results"][1]["us"] is None and "unsupported" in data["results"][1]["message"]
+    render_bench(results, "reference", plain=True)
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_bench_cli_lists_cases() -> None:
+    run = _cli("bench", "--op", "replay", "--list")
+    assert (
+        run.returncode == 0 and run.stdout.strip() == "GRAPH_REPLAY(nodes=1000,kind=add,shape=[4])"
+    )
