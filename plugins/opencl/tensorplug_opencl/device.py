@@ -1,0 +1,269 @@
+"""One tensorplug device per OpenCL device.
+
+Each device has its own context (so its buffers and its program belong to it alone),
+a transfer queue for synchronous buffer operations, and the kernel program built on
+first use. Everything the driver says about the device is read once, into
+:class:`DeviceInfo`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tensorplug.backend import Event
+from tensorplug.device import Device, DeviceCaps, DeviceType
+from tensorplug.tensor import Tensor
+
+from .buffer import OpenCLBufferType
+from .encode import supports
+from .errors import translate
+from .launch import Limits
+
+if TYPE_CHECKING:
+    from tensorplug.buffer import BufferType
+
+    from .backend import OpenCLBackend
+    from .program import KernelProgram
+    from .reg import OpenCLReg
+
+__all__ = ["DeviceInfo", "OpenCLDevice", "build_options", "read_device_info"]
+
+#: Work-group size of the row kernels (reductions): a power of two, capped per device.
+DEFAULT_WG = 64
+
+#: ggml's rule for GPU backends: ops over at least this many rows pay for the transfer.
+OFFLOAD_MIN_BATCH = 32
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the driver reports about a device, read once at discovery."""
+
+    name: str
+    platform: str
+    vendor: str
+    version: str
+    driver_version: str
+    type: DeviceType
+    memory_total: int
+    max_alloc: int
+    alignment: int
+    local_mem: int
+    max_work_group: int
+    device_id: str | None
+    correctly_rounded_div: bool
+    denormals: bool
+    free_memory_query: bool
+
+    @property
+    def wg(self) -> int:
+        wg = DEFAULT_WG
+        while wg > self.max_work_group:
+            wg //= 2
+        return max(wg, 1)
+
+
+def _device_type(dev: Any) -> DeviceType:
+    import pyopencl as cl
+
+    kind = dev.type
+    if kind & cl.device_type.GPU:
+        # an integrated GPU shares host memory: the driver says so
+        return DeviceType.IGPU if _info(dev, "host_unified_memory", False) else DeviceType.GPU
+    if kind & cl.device_type.CPU:
+        return DeviceType.CPU
+    return DeviceType.ACCEL
+
+
+def _info(dev: Any, attr: str, default: Any) -> Any:
+    try:
+        return getattr(dev, attr)
+    except Exception:
+        return default
+
+
+def _pci_bus_id(dev: Any) -> str | None:
+    """PCI address ``dddd:bb:dd.f`` from whichever vendor extension the driver has."""
+    ext = _info(dev, "extensions", "")
+    if "cl_khr_pci_bus_info" in ext:
+        info = _info(dev, "pci_bus_info_khr", None)
+        if info is not None:
+            d, b, s, f = (
+                getattr(info, k, 0) for k in ("pci_domain", "pci_bus", "pci_device", "pci_function")
+            )
+            return f"{d:04x}:{b:02x}:{s:02x}.{f:x}"
+    if "cl_nv_device_attribute_query" in ext:
+        bus, slot = _info(dev, "pci_bus_id_nv", None), _info(dev, "pci_slot_id_nv", None)
+        if bus is not None and slot is not None:
+            domain = _info(dev, "pci_domain_id_nv", 0)
+            return f"{domain:04x}:{bus:02x}:{slot >> 3:02x}.{slot & 7:x}"
+    if "cl_amd_device_attribute_query" in ext:
+        topo = _info(dev, "topology_amd", None)
+        if topo is not None and hasattr(topo, "bus"):
+            return f"0000:{topo.bus:02x}:{topo.device:02x}.{topo.function:x}"
+    uuid = _info(dev, "uuid_khr", None) if "cl_khr_device_uuid" in ext else None
+    if uuid:
+        h = bytes(uuid).hex()
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return None
+
+
+def read_device_info(dev: Any) -> DeviceInfo:
+    import pyopencl as cl
+
+    fp_config = _info(dev, "single_fp_config", 0)
+    return DeviceInfo(
+        name=dev.name.strip(),
+        platform=dev.platform.name.strip(),
+        vendor=dev.vendor.strip(),
+        version=dev.version.strip(),
+        driver_version=dev.driver_version.strip(),
+        type=_device_type(dev),
+        memory_total=int(dev.global_mem_size),
+        max_alloc=int(dev.max_mem_alloc_size),
+        alignment=max(int(dev.mem_base_addr_align) // 8, 16),
+        local_mem=int(dev.local_mem_size),
+        max_work_group=int(dev.max_work_group_size),
+        device_id=_pci_bus_id(dev),
+        correctly_rounded_div=bool(fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT),
+        denormals=bool(fp_config & cl.device_fp_config.DENORM),
+        free_memory_query="cl_amd_device_attribute_query" in _info(dev, "extensions", ""),
+    )
+
+
+def build_options(info: DeviceInfo) -> list[str]:
+    """Compiler options: the work-group size, IEEE division where the device has it
+    (quantization must divide exactly as the reference does), and whether single
+    precision keeps denormals (a faster f16 conversion relies on it)."""
+    opts = [f"-DWG={info.wg}"]
+    if info.denormals:
+        opts.append("-DTP_DENORMS")
+    if info.correctly_rounded_div:
+        opts.append("-cl-fp32-correctly-rounded-divide-sqrt")
+    return opts
+
+
+class OpenCLDevice(Device):
+    """An OpenCL device seen as ``OpenCL<index>``."""
+
+    reg: OpenCLReg
+
+    def __init__(self, reg: OpenCLReg, index: int, cl_device: Any) -> None:
+        import pyopencl as cl
+
+        super().__init__(reg)
+        self.index = index
+        self.cl_device = cl_device
+        self.info = read_device_info(cl_device)
+        self.context = cl.Context([cl_device])
+        self.transfer_queue = cl.CommandQueue(self.context, cl_device)
+        self.limits = Limits(
+            wg=self.info.wg,
+            local_mem=self.info.local_mem,
+            context=self.context,
+            gpu=self.info.type is not DeviceType.CPU
+            and self.info.max_work_group >= 256
+            and self.info.local_mem >= 32 * 1024,
+        )
+        self._buft = OpenCLBufferType(self)
+        self._program: KernelProgram | None = None
+        self._lock = threading.Lock()
+        self._allocated = 0
+
+    # -- identity ------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return f"OpenCL{self.index}"
+
+    @property
+    def description(self) -> str:
+        return f"{self.info.name} ({self.info.platform})"
+
+    @property
+    def type(self) -> DeviceType:
+        return self.info.type
+
+    @property
+    def device_id(self) -> str | None:
+        return self.info.device_id
+
+    @property
+    def caps(self) -> DeviceCaps:
+        return DeviceCaps(asynchronous=True, events=True)
+
+    def memory(self) -> tuple[int, int]:
+        """``(free, total)``: the driver's free memory where it reports it (AMD), else the
+        total less what this plugin has allocated on the device."""
+        total = self.info.memory_total
+        if self.info.free_memory_query:
+            import pyopencl as cl
+
+            try:
+                free_kib = self.cl_device.get_info(cl.device_info.GLOBAL_FREE_MEMORY_AMD)
+                return int(free_kib[0]) * 1024, total
+            except Exception:  # an older driver or pyopencl: fall back to our own count
+                pass
+        with self._lock:
+            return max(total - self._allocated, 0), total
+
+    def track_allocation(self, nbytes: int) -> None:
+        with self._lock:
+            self._allocated += nbytes
+
+    # -- program -------------------------------------------------------------------------
+
+    @property
+    def program(self) -> KernelProgram:
+        """The kernel program, built on first use (once per context)."""
+        if self._program is None:
+            from .program import KernelProgram
+
+            with self._lock:
+                if self._program is None:
+                    self._program = KernelProgram(
+                        self.context, self.cl_device, build_options(self.info)
+                    )
+        return self._program
+
+    # -- backends, buffers, ops ------------------------------------------------------------
+
+    def _init_backend(self, params: str | None) -> OpenCLBackend:
+        from .backend import OpenCLBackend
+
+        return OpenCLBackend(self)
+
+    def buffer_type(self) -> OpenCLBufferType:
+        return self._buft
+
+    def supports_op(self, op: Tensor) -> bool:
+        return supports(op, self.limits)
+
+    def supports_buft(self, buft: BufferType) -> bool:
+        return isinstance(buft, OpenCLBufferType) and buft.device.context == self.context
+
+    def offload_op(self, op: Tensor) -> bool:
+        """Worth moving a large batch to a discrete or integrated GPU; never to a device
+        that is the host CPU itself."""
+        if self.type not in (DeviceType.GPU, DeviceType.IGPU):
+            return False
+        return op.ne()[1] >= OFFLOAD_MIN_BATCH
+
+    # -- events ----------------------------------------------------------------------------
+
+    def event_new(self) -> Event:
+        return Event(self, None)
+
+    def event_synchronize(self, event: Event) -> None:
+        import pyopencl as cl
+
+        if event.context is not None:
+            try:
+                event.context.wait()
+            except cl.Error as e:
+                raise translate(e, f"{self.name}: waiting for an event") from e
+
+    def event_free(self, event: Event) -> None:
+        event.context = None

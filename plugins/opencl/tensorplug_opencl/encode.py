@@ -1,0 +1,379 @@
+"""From graph nodes to kernel launches, and which nodes this backend can run.
+
+Each op has an encoder (node -> launches) and, where types or layouts matter, a check
+used by ``supports_op``; a node is supported exactly when its check passes, so
+``supports_op`` and the encoders cannot drift apart. Semantics are those of the
+builders in :mod:`tensorplug.ops`; the kernels live in ``kernels/*.cl``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tensorplug.errors import UnsupportedError
+from tensorplug.opcodes import VIEW_OPS, GluOp, Op, RopeMode, SortOrder, UnaryOp
+from tensorplug.tensor import Tensor
+from tensorplug.types import Type
+
+from .encode_math import alibi, encode_flash_attn, encode_mul_mat, flash_attn_fits, mul_mat_ok
+from .launch import Launch, Limits, dummy_args, nrows, row_launch, tensor_args
+
+__all__ = ["encode", "supports"]
+
+FLOAT = frozenset({Type.F32, Type.F16, Type.BF16})
+QUANT = frozenset(t for t in Type if t.is_quantized)
+INTEGER = frozenset({Type.I8, Type.I16, Type.I32, Type.I64})
+
+_BINARY = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
+_UNARY = {
+    UnaryOp.ABS: 0,
+    UnaryOp.NEG: 1,
+    UnaryOp.RELU: 2,
+    UnaryOp.GELU: 3,
+    UnaryOp.SILU: 4,
+    UnaryOp.EXP: 5,
+    UnaryOp.TANH: 6,
+    UnaryOp.SIGMOID: 7,
+}
+_UN_SCALE = 8
+
+Encoder = Callable[[Tensor, Limits], list[Launch]]
+Check = Callable[[Tensor, Limits], bool]
+
+
+def _i32(v: int) -> np.int32:
+    return np.int32(v)
+
+
+def _f32(v: float) -> np.float32:
+    return np.float32(v)
+
+
+def _dense_blocks(t: Tensor) -> bool:
+    """Quantized tensors are addressed block by block: their rows must be dense."""
+    return not t.type.is_quantized or t.rows_contiguous
+
+
+# -- elementwise ---------------------------------------------------------------------------
+
+
+def _binary(node: Tensor, lim: Limits) -> list[Launch]:
+    a, b = node.src
+    args = (
+        _i32(_BINARY[node.op]),
+        *tensor_args(a, lim),
+        *tensor_args(b, lim),
+        *tensor_args(node, lim),
+    )
+    return row_launch("k_binary", nrows(node), lim, *args)
+
+
+def _unary(node: Tensor, lim: Limits) -> list[Launch]:
+    if node.op is Op.SCALE:
+        fn, p0, p1 = _UN_SCALE, node.op_params["scale"], node.op_params["bias"]
+    else:
+        fn, p0, p1 = _UNARY[UnaryOp(node.op_params["fn"])], 0.0, 0.0
+    (a,) = node.src
+    args = (_i32(fn), _f32(p0), _f32(p1), *tensor_args(a, lim), *tensor_args(node, lim))
+    return row_launch("k_unary", nrows(node), lim, *args)
+
+
+def _glu(node: Tensor, lim: Limits) -> list[Launch]:
+    a = node.src[0]
+    if len(node.src) == 2:
+        x, g = tensor_args(a, lim), tensor_args(node.src[1], lim)
+    else:  # split halves of a's rows: two views of a with the result's extents
+        n = node.ne()[0]
+        ne = (n, *a.ne()[1:])
+        half = n * a.nb()[0]
+        first, second = (half, 0) if node.op_params.get("swapped") else (0, half)
+        x = tensor_args(a, lim, ne=ne, offset=first)
+        g = tensor_args(a, lim, ne=ne, offset=second)
+    return row_launch("k_swiglu", nrows(node), lim, *x, *g, *tensor_args(node, lim))
+
+
+def _glu_ok(node: Tensor, lim: Limits) -> bool:
+    return GluOp(node.op_params["fn"]) is GluOp.SWIGLU and all(s.type in FLOAT for s in node.src)
+
+
+def _floats(node: Tensor, lim: Limits) -> bool:
+    return node.type in FLOAT and all(s.type in FLOAT for s in node.src)
+
+
+# -- copies and conversions -----------------------------------------------------------------
+
+
+def _copy_kind(src: Type, dst: Type) -> str | None:
+    if src == dst:
+        return "raw"
+    if dst in FLOAT and (src in FLOAT or src in QUANT):
+        return "convert"
+    if src in FLOAT and dst in QUANT:
+        return "quantize"
+    return None
+
+
+def _copy_ok(node: Tensor, lim: Limits) -> bool:
+    src = node.src[0]
+    return (
+        _copy_kind(src.type, node.type) is not None and _dense_blocks(src) and _dense_blocks(node)
+    )
+
+
+def _units(t: Tensor) -> tuple[int, int, int, int]:
+    """``ne`` counting storage units: blocks along the rows of a quantized tensor."""
+    ne = t.ne()
+    return (ne[0] // t.type.block_size, ne[1], ne[2], ne[3])
+
+
+def _copy(node: Tensor, lim: Limits) -> list[Launch]:
+    src = node.src[0]
+    kind = _copy_kind(src.type, node.type)
+    reshape = _i32(src.shape != node.shape)
+    rows = nrows(node)
+    if kind == "raw":
+        ts = _i32(node.type.type_size)
+        s = tensor_args(src, lim, ne=_units(src))
+        d = tensor_args(node, lim, ne=_units(node))
+        return row_launch("k_cpy_raw", rows, lim, reshape, ts, *s, *d)
+    kernel = "k_cpy" if kind == "convert" else "k_cpy_quantize"
+    return row_launch(kernel, rows, lim, reshape, *tensor_args(src, lim), *tensor_args(node, lim))
+
+
+def _get_rows_ok(node: Tensor, lim: Limits) -> bool:
+    a, rows = node.src
+    return (
+        rows.type == Type.I32
+        and _dense_blocks(a)
+        and (a.type in FLOAT | QUANT | INTEGER)
+        and node.type == (Type.I32 if a.type == Type.I32 else Type.F32)
+    )
+
+
+def _get_rows(node: Tensor, lim: Limits) -> list[Launch]:
+    a, rows = node.src
+    args = (*tensor_args(a, lim), *tensor_args(rows, lim), *tensor_args(node, lim))
+    return row_launch("k_get_rows", nrows(node), lim, *args)
+
+
+def _set_rows_ok(node: Tensor, lim: Limits) -> bool:
+    _, b, rows = node.src
+    return (
+        b.type == Type.F32
+        and rows.type in (Type.I32, Type.I64)
+        and (node.type in FLOAT or node.type in QUANT)
+        and _dense_blocks(node)
+    )
+
+
+def _set_rows(node: Tensor, lim: Limits) -> list[Launch]:
+    _, b, rows = node.src
+    args = (*tensor_args(b, lim), *tensor_args(rows, lim), *tensor_args(node, lim))
+    return row_launch("k_set_rows", nrows(b), lim, *args)
+
+
+def _concat_ok(node: Tensor, lim: Limits) -> bool:
+    return node.type not in QUANT and all(s.type == node.type for s in node.src)
+
+
+def _concat(node: Tensor, lim: Limits) -> list[Launch]:
+    a, b = node.src
+    axis = node.ndim - 1 - int(node.op_params["axis"])
+    args = (
+        _i32(axis),
+        _i32(node.type.type_size),
+        *tensor_args(a, lim),
+        *tensor_args(b, lim),
+        *tensor_args(node, lim),
+    )
+    return row_launch("k_concat", nrows(node), lim, *args)
+
+
+# -- rows: normalisation, softmax, reductions, sorting, rope --------------------------------
+
+
+def _norm(node: Tensor, lim: Limits) -> list[Launch]:
+    (a,) = node.src
+    args = (
+        _i32(node.op is Op.RMS_NORM),
+        _f32(node.op_params["eps"]),
+        *tensor_args(a, lim),
+        *tensor_args(node, lim),
+    )
+    return row_launch("k_norm", nrows(node), lim, *args)
+
+
+def _soft_max_ok(node: Tensor, lim: Limits) -> bool:
+    return node.src[0].type == Type.F32 and all(
+        m.type in (Type.F32, Type.F16) for m in node.src[1:]
+    )
+
+
+def _soft_max(node: Tensor, lim: Limits) -> list[Launch]:
+    a = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    p = node.op_params
+    m0, m1, nhl2 = alibi(p["max_bias"], a.ne()[2])
+    m = tensor_args(mask, lim) if mask is not None else dummy_args(node, lim)
+    args = (
+        _f32(p["scale"]),
+        _f32(p["max_bias"]),
+        m0,
+        m1,
+        nhl2,
+        _i32(mask is not None),
+        *tensor_args(a, lim),
+        *m,
+        *tensor_args(node, lim),
+    )
+    return row_launch("k_soft_max", nrows(node), lim, *args)
+
+
+def _sum_rows(node: Tensor, lim: Limits) -> list[Launch]:
+    (a,) = node.src
+    return row_launch("k_sum_rows", nrows(a), lim, *tensor_args(a, lim), *tensor_args(node, lim))
+
+
+def _f32_rows_ok(node: Tensor, lim: Limits) -> bool:
+    return node.src[0].type == Type.F32
+
+
+def _argmax(node: Tensor, lim: Limits) -> list[Launch]:
+    (a,) = node.src
+    return row_launch("k_argmax", nrows(a), lim, *tensor_args(a, lim), *tensor_args(node, lim))
+
+
+def _argsort(node: Tensor, lim: Limits) -> list[Launch]:
+    import pyopencl as cl
+
+    (a,) = node.src
+    n = a.ne()[0]
+    npad = 1 << max(n - 1, 0).bit_length()
+    desc = _i32(SortOrder(node.op_params["order"]) is SortOrder.DESC)
+    aa, dd, rows = tensor_args(a, lim), tensor_args(node, lim), nrows(a)
+    if 4 * n + 4 * lim.wg <= lim.local_mem // 2:
+        local = cl.LocalMemory(4 * max(n, 1))
+        return row_launch("k_argsort_local", rows, lim, desc, _i32(npad), *aa, *dd, local)
+    # long rows: the same network, one launch per stage, sorting the indices in place
+    launches = row_launch("k_argsort_init", rows, lim, *dd)
+    k = 2
+    while k <= npad:
+        j = k // 2
+        while j > 0:
+            args = (desc, _i32(npad), _i32(k), _i32(j), *aa, *dd)
+            launches += row_launch("k_argsort_step", rows, lim, *args)
+            j //= 2
+        k *= 2
+    return launches
+
+
+def _rope_ok(node: Tensor, lim: Limits) -> bool:
+    a, pos = node.src[:2]
+    return (
+        a.type in (Type.F32, Type.F16)
+        and pos.type == Type.I32
+        and all(f.type == Type.F32 for f in node.src[2:])
+        and int(node.op_params["mode"]) in (RopeMode.NORMAL, RopeMode.NEOX)
+    )
+
+
+def yarn_corr_dims(
+    n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float
+) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims, in float32 as ggml computes it."""
+    f32 = np.float32
+
+    def corr_dim(n_rot: float) -> np.float32:
+        if n_ctx_orig <= 0:
+            return f32(-np.inf)
+        with np.errstate(all="ignore"):
+            ratio = f32(n_ctx_orig) / (f32(n_rot) * f32(2) * f32(np.pi))
+            return f32(n_dims) * np.log(ratio) / (f32(2) * np.log(f32(freq_base)))
+
+    start = np.floor(corr_dim(beta_fast))
+    end = np.ceil(corr_dim(beta_slow))
+    return float(max(f32(0), start)), float(min(f32(n_dims - 1), end))
+
+
+def _rope(node: Tensor, lim: Limits) -> list[Launch]:
+    a, pos = node.src[:2]
+    ff = node.src[2] if len(node.src) > 2 else None
+    p = node.op_params
+    n_dims = int(p["n_dims"])
+    theta_scale = np.float32(p["freq_base"]) ** np.float32(-2.0 / n_dims)
+    corr0, corr1 = yarn_corr_dims(
+        n_dims, int(p["n_ctx_orig"]), p["freq_base"], p["beta_fast"], p["beta_slow"]
+    )
+    args = (
+        _i32(n_dims),
+        _i32(int(p["mode"]) == RopeMode.NEOX),
+        theta_scale,
+        _f32(p["freq_scale"]),
+        _f32(p["ext_factor"]),
+        _f32(p["attn_factor"]),
+        _f32(corr0),
+        _f32(corr1),
+        _i32(ff is not None),
+        *tensor_args(a, lim),
+        *tensor_args(pos, lim),
+        *(tensor_args(ff, lim) if ff is not None else dummy_args(node, lim)),
+        *tensor_args(node, lim),
+    )
+    return row_launch("k_rope", nrows(node), lim, *args)
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+_ENCODERS: dict[Op, tuple[Encoder, Check | None]] = {
+    Op.ADD: (_binary, _floats),
+    Op.SUB: (_binary, _floats),
+    Op.MUL: (_binary, _floats),
+    Op.DIV: (_binary, _floats),
+    Op.SCALE: (_unary, _floats),
+    Op.UNARY: (_unary, lambda n, lim: _floats(n, lim) and UnaryOp(n.op_params["fn"]) in _UNARY),
+    Op.GLU: (_glu, _glu_ok),
+    Op.NORM: (_norm, _floats),
+    Op.RMS_NORM: (_norm, _floats),
+    Op.MUL_MAT: (encode_mul_mat, mul_mat_ok),
+    Op.SOFT_MAX: (_soft_max, _soft_max_ok),
+    Op.ROPE: (_rope, _rope_ok),
+    Op.FLASH_ATTN_EXT: (encode_flash_attn, flash_attn_fits),
+    Op.CPY: (_copy, _copy_ok),
+    Op.DUP: (_copy, _copy_ok),
+    Op.CONT: (_copy, _copy_ok),
+    Op.GET_ROWS: (_get_rows, _get_rows_ok),
+    Op.SET_ROWS: (_set_rows, _set_rows_ok),
+    Op.CONCAT: (_concat, _concat_ok),
+    Op.SUM_ROWS: (_sum_rows, _floats),
+    Op.ARGMAX: (_argmax, _f32_rows_ok),
+    Op.ARGSORT: (_argsort, _f32_rows_ok),
+}
+
+
+def supports(node: Tensor, lim: Limits) -> bool:
+    """True when :func:`encode` can run ``node`` here (types, layouts, device limits)."""
+    if node.op in VIEW_OPS:
+        return True
+    entry = _ENCODERS.get(node.op)
+    if entry is None:
+        return False
+    check = entry[1]
+    try:
+        return check is None or bool(check(node, lim))
+    except (KeyError, ValueError, TypeError):  # malformed op_params: not something we run
+        return False
+
+
+def encode(node: Tensor, lim: Limits) -> list[Launch]:
+    """The launches computing ``node``; none for views and empty tensors."""
+    if node.op in VIEW_OPS or node.nelements == 0:
+        return []
+    if not supports(node, lim):
+        raise UnsupportedError(
+            f"OpenCL: {node.op.value} node {node.describe()} with sources "
+            f"{', '.join(s.describe() for s in node.src)} is not supported on this device; "
+            "check backend.supports_op() first or let the scheduler place it elsewhere"
+        )
+    return _ENCODERS[node.op][0](node, lim)
