@@ -7,7 +7,10 @@ installed as plugins. Importing this package loads no plugin: discovery happens 
 
 from __future__ import annotations
 
-from . import ops
+from typing import TYPE_CHECKING, Any
+
+from . import ops, quants
+from .alloc import GraphAllocator, alloc_ctx_tensors, alloc_tensors
 from .backend import Backend, Event, GraphPlan, Status
 from .buffer import UNBOUNDED, Buffer, BufferType, BufferUsage, MultiBuffer
 from .device import Device, DeviceCaps, DeviceProps, DeviceType, Reg
@@ -27,6 +30,7 @@ from .errors import (
     UnsupportedError,
 )
 from .graph import Graph
+from .graph_copy import GraphCopy, graph_copy
 from .host import HOST_ALIGNMENT, HostBuffer, HostBufferType, host_buffer_type, tensor_array
 from .opcodes import GluOp, Op, RopeMode, SortOrder, UnaryOp
 from .registration import Registration
@@ -56,6 +60,7 @@ from .registry import (
     regs,
     unload,
 )
+from .sched import EvalCallback, Scheduler
 from .tensor import MAX_DIMS, Tensor, TensorFlag, new_tensor
 from .transfer import (
     get_array,
@@ -73,6 +78,19 @@ from .transfer import (
 )
 from .types import Type, row_size
 from .version import API_VERSION, __version__
+
+if TYPE_CHECKING:
+    from .testing import compare_graph_backend
+
+
+def __getattr__(name: str) -> Any:
+    # the conformance kit imports gguf; load it only when someone asks for it
+    if name == "compare_graph_backend":
+        from .testing import compare_graph_backend
+
+        return compare_graph_backend
+    raise AttributeError(f"module 'tensorplug' has no attribute {name!r}")
+
 
 __all__ = [
     "API_VERSION",
@@ -92,9 +110,12 @@ __all__ = [
     "DeviceCaps",
     "DeviceProps",
     "DeviceType",
+    "EvalCallback",
     "Event",
     "GluOp",
     "Graph",
+    "GraphAllocator",
+    "GraphCopy",
     "GraphPlan",
     "HostBuffer",
     "HostBufferType",
@@ -107,6 +128,7 @@ __all__ = [
     "Reg",
     "Registration",
     "RopeMode",
+    "Scheduler",
     "ShapeError",
     "SortOrder",
     "Status",
@@ -118,6 +140,9 @@ __all__ = [
     "UnaryOp",
     "UnsupportedError",
     "__version__",
+    "alloc_ctx_tensors",
+    "alloc_tensors",
+    "compare_graph_backend",
     "dev_by_name",
     "dev_by_type",
     "dev_count",
@@ -129,6 +154,7 @@ __all__ = [
     "extra_buffer_types",
     "get_array",
     "get_proc",
+    "graph_copy",
     "host_buffer_type",
     "init_best",
     "init_by_name",
@@ -140,6 +166,7 @@ __all__ = [
     "new_tensor",
     "ops",
     "plugin_records",
+    "quants",
     "reg_by_name",
     "reg_count",
     "reg_get",

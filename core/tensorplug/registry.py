@@ -587,9 +587,8 @@ def init_best() -> Backend:
         reg = _find_reg(name)
         if reg is not None and reg.devices():
             return _best_of(list(reg.devices())).init_backend()
-    for wanted in BEST_TYPES:
-        if (dev := dev_by_type(wanted)) is not None:
-            return dev.init_backend()
+    if _state.devices and (best := _best_of(list(_state.devices))).type in BEST_TYPES:
+        return best.init_backend()
     summary = "; ".join(f"{r.label}: {r.status.value}" for r in _state.records) or "none found"
     raise BackendNotFoundError(
         f"no GPU, integrated GPU or CPU device is registered (plugins: {summary}). Fix: install a "
@@ -598,7 +597,15 @@ def init_best() -> Backend:
 
 
 def _best_of(devs: list[Device]) -> Device:
-    return min(devs, key=lambda d: BEST_TYPES.index(d.type) if d.type in BEST_TYPES else 9)
+    """GPU, then iGPU, then CPU; among devices of one type, one computing in host memory
+    first: an OpenCL driver running on the CPU (PoCL) only adds copies over the CPU backend.
+    Registration order breaks ties."""
+
+    def rank(d: Device) -> tuple[int, bool]:
+        kind = BEST_TYPES.index(d.type) if d.type in BEST_TYPES else len(BEST_TYPES)
+        return kind, not d.buffer_type().is_host
+
+    return min(devs, key=rank)
 
 
 # -- hooks --------------------------------------------------------------------------------

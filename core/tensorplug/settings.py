@@ -34,6 +34,8 @@ __all__ = [
     "BACKENDS",
     "BACKEND_PATH",
     "DISABLE",
+    "SCHED_COPIES",
+    "SCHED_DEBUG",
     "SETTINGS",
     "STRICT_PLUGINS",
     "Selection",
@@ -137,8 +139,43 @@ STRICT_PLUGINS: Setting[bool] = Setting(
     example="1",
 )
 
+def _non_negative(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise ValueError("must be 0 or more")
+    return n
+
+
+def _copies(value: str) -> int:
+    n = int(value)
+    if n < 2:
+        raise ValueError("pipeline parallelism needs at least 2 copies")
+    return n
+
+
+SCHED_DEBUG: Setting[int] = Setting(
+    "TENSORPLUG_SCHED_DEBUG",
+    0,
+    _non_negative,
+    "1 to print every graph's split assignment (splits, their inputs, node -> backend) "
+    "to stderr when a Scheduler splits it, like GGML_SCHED_DEBUG.",
+    example="1",
+)
+
+SCHED_COPIES: Setting[int] = Setting(
+    "TENSORPLUG_SCHED_COPIES",
+    4,
+    _copies,
+    "How many copies of each split input a Scheduler(parallel=True) keeps, so that that "
+    "many consecutive graph computes can overlap (ggml's GGML_SCHED_MAX_COPIES).",
+    example="2",
+)
+
+
 #: Every setting, in the order ``tensorplug doctor`` shows them.
-SETTINGS: tuple[Setting[Any], ...] = (BACKENDS, DISABLE, BACKEND_PATH, STRICT_PLUGINS)
+SETTINGS: tuple[Setting[Any], ...] = (
+    BACKENDS, DISABLE, BACKEND_PATH, STRICT_PLUGINS, SCHED_DEBUG, SCHED_COPIES
+)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,446 @@
+"""The scheduler over the CPU backend and TESTACCEL (tests/plugins_sched/tp-testaccel).
+
+TESTACCEL keeps tensors in private memory, defers its work until synchronized, supports
+events and async copies between its devices, and cannot run soft_max, rope or
+quantized mul_mat: so splits, copies, fallbacks and weight placement all happen, and
+every result is compared with the CPU backend alone and with numpy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensorplug as tp
+from tensorplug import Type, ops, quants
+from tensorplug.alloc import alloc_tensors
+from tensorplug.errors import AllocationError, UnsupportedError
+from tensorplug.registry import init_by_name
+from tensorplug.sched import Scheduler
+from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice
+
+sys.path.insert(0, str(Path(__file__).parent / "plugins_sched"))
+import schedkit
+
+WEIGHTS = tp.BufferUsage.WEIGHTS
+
+
+@pytest.fixture(scope="module")
+def cpu() -> tp.Backend:
+    return init_by_name("CPU")
+
+
+@pytest.fixture
+def reg() -> schedkit.TestAccelReg:
+    return schedkit.TestAccelReg(n_devices=2)
+
+
+@pytest.fixture
+def acc(reg: schedkit.TestAccelReg) -> tp.Backend:
+    return reg.devices()[0].init_backend("min_batch=4")
+
+
+def load_weights(model: schedkit.Llama, values: dict[str, np.ndarray], place) -> list[tp.Buffer]:
+    """Put each weight in the buffer type ``place(name)`` returns (WEIGHTS usage)."""
+    groups: dict[tp.BufferType, list[tp.Tensor]] = {}
+    for name, t in model.weights.items():
+        groups.setdefault(place(name), []).append(t)
+    bufs = [alloc_tensors(ts, bt, usage=WEIGHTS) for bt, ts in groups.items()]
+    for name, t in model.weights.items():
+        if t.type.is_quantized:
+            tp.set_array(t, quants.quantize(values[name], t.type))
+        else:
+            tp.set_array(t, values[name])
+    return [b for b in bufs if b is not None]
+
+
+def cpu_only_logits(cpu: tp.Backend, wtype: Type = Type.F32, **cfg: int) -> np.ndarray:
+    """The reference run: the same model on the CPU backend alone."""
+    m = schedkit.build_llama(wtype=wtype, **cfg)
+    load_weights(m, m.weight_values(), lambda _: cpu.buffer_type())
+    sched = Scheduler([cpu])
+    sched.alloc_graph(m.graph)
+    m.set_inputs(m.input_values())
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    assert sched.n_splits == 1 and sched.n_split_inputs == 0
+    return tp.get_array(m.logits)
+
+
+def where(sched: Scheduler, model: schedkit.Llama) -> dict[str, list[str]]:
+    """op name -> backend names of the graph's non-view nodes, in order."""
+    out: dict[str, list[str]] = {}
+    for n in model.graph.nodes:
+        if n.view_src is None or n.op in (tp.Op.CPY, tp.Op.SET_ROWS):
+            be = sched.get_tensor_backend(n)
+            out.setdefault(n.op.value, []).append(be.name if be else "-")
+    return out
+
+
+CFG = {"n_layer": 2, "n_tokens": 8, "n_embd": 32, "n_head": 4, "n_head_kv": 2, "n_ff": 64}
+
+
+def test_weights_on_the_accelerator_pull_ops_there_and_results_match(
+    cpu: tp.Backend, acc: tp.Backend
+) -> None:
+    m = schedkit.build_llama(**CFG)
+    wv, iv = m.weight_values(), m.input_values()
+    load_weights(m, wv, lambda _: acc.buffer_type())
+    sched = Scheduler([acc, cpu])
+    sched.reserve(m.graph)
+    assert sched.buffer_size(acc) > 0 and sched.buffer_size(cpu) > 0
+    sched.alloc_graph(m.graph)
+    m.set_inputs(iv)
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    placed = where(sched, m)
+    assert set(placed["rope"]) == {cpu.name} and set(placed["soft_max"]) == {cpu.name}
+    assert set(placed["mul_mat"]) == {acc.name} and set(placed["rms_norm"]) == {acc.name}
+    # every node runs on a backend that supports it
+    for n in m.graph.nodes:
+        assert sched.get_tensor_backend(n).supports_op(n), n.describe()
+    # a split per backend change: embd..k | rope k | ... ; all inputs are copied once
+    splits = sched.splits
+    assert len(splits) == sched.n_splits >= 1 + 2 * 3 * CFG["n_layer"]
+    assert all(a.backend_id != b.backend_id for a, b in itertools.pairwise(splits))
+    assert sched.n_split_inputs == sum(len(s.inputs) for s in splits) > 0
+    logits = tp.get_array(m.logits)
+    np.testing.assert_allclose(logits, cpu_only_logits(cpu, **CFG), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits, schedkit.llama_reference(m, wv, iv), rtol=1e-4, atol=1e-4)
+    # the inputs and weights are intact: computing again gives the same logits
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    np.testing.assert_array_equal(tp.get_array(m.logits), logits)
+
+
+def test_a_capable_accelerator_runs_everything_and_only_inputs_are_copied(
+    cpu: tp.Backend,
+) -> None:
+    acc = schedkit.TestAccelReg(n_devices=1, partial=False).devices()[0].init_backend()
+    m = schedkit.build_llama(**CFG)
+    wv, iv = m.weight_values(), m.input_values()
+    load_weights(m, wv, lambda _: acc.buffer_type())
+    sched = Scheduler([acc, cpu])
+    sched.alloc_graph(m.graph)
+    m.set_inputs(iv)
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    assert sched.n_splits == 1 and sched.splits[0].backend_id == 0
+    assert {t.name for t in sched.splits[0].inputs} == {"tokens", "pos", "mask"}
+    assert sched.buffer_size(cpu) == 64 + 64 + 256  # only the inputs: tokens, pos, mask
+    np.testing.assert_allclose(
+        tp.get_array(m.logits), schedkit.llama_reference(m, wv, iv), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_compute_buffers_in_chunks_under_max_size(cpu: tp.Backend) -> None:
+    reg = schedkit.TestAccelReg(n_devices=1, max_size=16384)
+    acc = reg.devices()[0].init_backend()
+    cfg = {**CFG, "n_tokens": 32}
+    m = schedkit.build_llama(**cfg)
+    load_weights(m, m.weight_values(), lambda _: acc.buffer_type())  # 16 KiB buffers
+    sched = Scheduler([acc, cpu])
+    sched.alloc_graph(m.graph)
+    chunks = sched.plan.chunk_sizes[0]
+    assert len(chunks) > 1 and max(chunks) <= 16384 and sched.buffer_size(acc) == sum(chunks)
+    m.set_inputs(m.input_values())
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    np.testing.assert_allclose(
+        tp.get_array(m.logits), cpu_only_logits(cpu, **cfg), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_host_weights_stay_on_the_cpu_unless_the_accelerator_offloads(
+    cpu: tp.Backend, reg: schedkit.TestAccelReg
+) -> None:
+    m = schedkit.build_llama(**CFG)  # 8 tokens
+    load_weights(m, m.weight_values(), lambda _: cpu.buffer_type())
+    weights = set(m.weights.values())
+    expected = cpu_only_logits(cpu, **CFG)
+    for min_batch, offload, where_mm in ((32, True, cpu.name), (4, True, "TestAccel0"),
+                                         (4, False, cpu.name)):  # fmt: skip
+        acc = reg.devices()[0].init_backend(f"min_batch={min_batch}")
+        sched = Scheduler([acc, cpu], op_offload=offload)
+        weight_mm = [n for n in m.graph.nodes if n.op is tp.Op.MUL_MAT and n.src[0] in weights]
+        sched.alloc_graph(m.graph)
+        m.set_inputs(m.input_values())
+        assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+        assert len(weight_mm) == 7 * CFG["n_layer"] + 1
+        assert {sched.get_tensor_backend(n).name for n in weight_mm} == {where_mm}
+        np.testing.assert_allclose(tp.get_array(m.logits), expected, rtol=1e-4, atol=1e-4)
+        sched.reset()
+
+
+def test_quantized_weights_on_the_accelerator_are_copied_to_the_cpu(
+    cpu: tp.Backend, acc: tp.Backend
+) -> None:
+    cfg = {**CFG, "n_layer": 1}
+    m = schedkit.build_llama(wtype=Type.Q8_0, **cfg)
+    load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
+    sched = Scheduler([acc, cpu])
+    sched.alloc_graph(m.graph)
+    m.set_inputs(m.input_values())
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    weights = set(m.weights.values())
+    for n in m.graph.nodes:
+        if n.op is tp.Op.MUL_MAT and n.src[0].type is Type.Q8_0:
+            assert sched.get_tensor_backend(n) is cpu  # TESTACCEL has no quantized mul_mat
+    copied = [t for s in sched.splits for t in s.inputs if t in weights]
+    assert len(copied) == 7 * cfg["n_layer"] + 1  # every matrix weight goes to the CPU
+    # a copied weight opens a split of its own, so the copies' memory can be reused
+    assert all(sum(t in weights for t in s.inputs) <= 1 for s in sched.splits)
+    expected = cpu_only_logits(cpu, wtype=Type.Q8_0, **cfg)
+    np.testing.assert_allclose(tp.get_array(m.logits), expected, rtol=1e-4, atol=1e-4)
+
+
+class NoSoftMaxDevice(ReferenceDevice):
+    def supports_op(self, op: tp.Tensor) -> bool:
+        return op.op is not tp.Op.SOFT_MAX and super().supports_op(op)
+
+
+def test_an_op_no_backend_runs_raises_naming_op_and_backends(acc: tp.Backend) -> None:
+    m = schedkit.build_llama(**CFG)
+    load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
+    sched = Scheduler([acc, ReferenceBackend(NoSoftMaxDevice())])
+    original = [n.src for n in m.graph.nodes]
+    with pytest.raises(UnsupportedError, match=r"soft_max.*TestAccel0.*reference"):
+        sched.alloc_graph(m.graph)
+    assert [n.src for n in m.graph.nodes] == original  # nothing left rewritten
+    assert sched.n_splits == 0
+
+
+def test_a_weight_in_a_buffer_no_backend_can_use_raises(
+    cpu: tp.Backend, reg: schedkit.TestAccelReg
+) -> None:
+    acc0, acc1 = (d.init_backend() for d in reg.devices())
+    m = schedkit.build_llama(**CFG)
+    load_weights(m, m.weight_values(), lambda _: acc1.buffer_type())
+    with pytest.raises(UnsupportedError, match="TestAccel1_VRAM"):
+        Scheduler([acc0, cpu]).alloc_graph(m.graph)
+
+
+def test_construction_is_validated(cpu: tp.Backend, acc: tp.Backend) -> None:
+    with pytest.raises(ValueError, match="last backend must be a CPU"):
+        Scheduler([cpu, acc])
+    with pytest.raises(ValueError, match="cannot use buffer type"):
+        Scheduler([acc, cpu], buffer_types=[cpu.buffer_type(), cpu.buffer_type()])
+    with pytest.raises(ValueError, match="twice"):
+        Scheduler([cpu, cpu])
+    sched = Scheduler([acc, cpu], parallel=True, n_copies=3)
+    assert sched.n_copies == 3 and sched.n_backends == 2 and sched.backend(1) is cpu
+    with pytest.raises(ValueError, match="parallel=True"):
+        Scheduler([acc, cpu], n_copies=3)
+
+
+def test_pinned_nodes_run_where_asked_and_bad_pins_are_refused(
+    cpu: tp.Backend, acc: tp.Backend
+) -> None:
+    m = schedkit.build_llama(**CFG)
+    load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
+    gate = next(n for n in m.graph.nodes if n.op is tp.Op.GLU)
+    sched = Scheduler([acc, cpu])
+    sched.set_tensor_backend(gate, cpu)
+    assert sched.get_tensor_backend(gate) is cpu
+    sched.alloc_graph(m.graph)
+    m.set_inputs(m.input_values())
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    assert sched.get_tensor_backend(gate) is cpu
+    np.testing.assert_allclose(
+        tp.get_array(m.logits), cpu_only_logits(cpu, **CFG), rtol=1e-4, atol=1e-4
+    )
+    sched.reset()
+    assert sched.get_tensor_backend(gate) is None  # reset forgets pins
+    soft_max = next(n for n in m.graph.nodes if n.op is tp.Op.SOFT_MAX)
+    sched.set_tensor_backend(soft_max, acc)
+    with pytest.raises(UnsupportedError, match="does not support"):
+        sched.alloc_graph(m.graph)
+
+
+def test_split_inputs_are_rewritten_then_restored(cpu: tp.Backend, acc: tp.Backend) -> None:
+    m = schedkit.build_llama(**CFG)
+    load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
+    original = {id(n): n.src for n in m.graph.nodes}
+    sched = Scheduler([acc, cpu])
+    sched.alloc_graph(m.graph)
+    rope = next(n for n in m.graph.nodes if n.op is tp.Op.ROPE)
+    assert rope.src[0] is not original[id(rope)][0]  # reads the CPU copy of its input
+    assert rope.src[0].buffer.buft is cpu.buffer_type() and rope.src[0].name.startswith(
+        f"{cpu.name}#"
+    )
+    sched.reset()
+    assert all(n.src is original[id(n)] for n in m.graph.nodes)
+    assert m.logits.buffer is None  # its memory was handed back
+
+
+def test_more_inputs_in_one_split_than_ggml_allows(cpu: tp.Backend, acc: tp.Backend) -> None:
+    x = tp.new_tensor(Type.F32, (4, 16), "x").set_input()
+    parts = [ops.soft_max(ops.scale(x, 0.1 * (i + 1))).set_name(f"p{i}") for i in range(14)]
+    total = parts[0]
+    adds = []
+    for p in parts[1:]:
+        total = total + p
+        adds.append(total)
+    g = tp.Graph(parts)  # every soft_max first (on the CPU), then the sums
+    g.expand(total.set_output())
+    sched = Scheduler([acc, cpu])
+    for a in adds:
+        sched.set_tensor_backend(a, acc)
+    sched.alloc_graph(g)
+    xv = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    tp.set_array(x, xv)
+    assert sched.graph_compute(g) is tp.Status.SUCCESS
+    # the sums form one TESTACCEL split reading all 14 soft_max results (ggml: at most 10)
+    assert max(len(s.inputs) for s in sched.splits) == 14
+    logits = [xv * 0.1 * (i + 1) for i in range(14)]
+    expected = sum(np.exp(e) / np.exp(e).sum(-1, keepdims=True) for e in logits)
+    np.testing.assert_allclose(tp.get_array(total), expected, rtol=1e-5)
+
+
+def test_eval_callback_batches_unobserved_nodes_and_can_cancel_everything(
+    cpu: tp.Backend, acc: tp.Backend
+) -> None:
+    m = schedkit.build_llama(**CFG)
+    load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
+    expected = cpu_only_logits(cpu, **CFG)
+    sched = Scheduler([acc, cpu])
+    seen: list[tuple[str, float]] = []
+
+    def watch(t: tp.Tensor, ask: bool) -> bool:
+        if ask:
+            return t.name.startswith("l_out.")
+        seen.append((t.name, float(np.abs(tp.get_array(t)).sum())))
+        return True
+
+    sched.set_eval_callback(watch)
+    sched.alloc_graph(m.graph)
+    m.set_inputs(m.input_values())
+    acc.log.clear()
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    assert [name for name, _ in seen] == ["l_out.0", "l_out.1"]
+    assert all(v > 0 for _, v in seen)
+    np.testing.assert_allclose(tp.get_array(m.logits), expected, rtol=1e-4, atol=1e-4)
+    # one compute call per TESTACCEL split, plus one more where an observed node splits it
+    acc_splits = sum(s.backend_id == 0 for s in sched.splits)
+    assert sum(e.startswith("compute") for e in acc.log) == acc_splits + 2
+
+    asked: list[str] = []
+
+    def cancel(t: tp.Tensor, ask: bool) -> bool:
+        if ask:
+            asked.append(t.name)
+            return t.name == "l_out.0"
+        return False  # seen l_out.0: stop everything
+
+    sched.set_eval_callback(cancel)
+    acc.log.clear()
+    assert sched.graph_compute(m.graph) is tp.Status.ABORTED
+    # nothing after l_out.0 was computed or even asked about, on either backend
+    order = [n.name for n in m.graph.nodes]
+    assert asked[-1] == "l_out.0" and len(asked) == order.index("l_out.0") + 1
+    started = sum(s.backend_id == 0 and s.start <= order.index("l_out.0") for s in sched.splits)
+    assert sum(e.startswith("compute") for e in acc.log) == started
+
+
+def test_pipeline_parallel_copies_alternate_and_overlap_with_events(
+    cpu: tp.Backend, acc: tp.Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TENSORPLUG_SCHED_COPIES", "3")
+    sched = Scheduler([acc, cpu], parallel=True)
+    assert sched.n_copies == 3
+    models = [schedkit.build_llama(**CFG) for _ in range(4)]
+    expected = cpu_only_logits(cpu, **CFG)
+    slots: list[tuple[str, int]] = []
+    for m in models:
+        load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
+    sched.reserve(models[0].graph)
+    for m in models:
+        sched.reset()
+        sched.alloc_graph(m.graph)
+        m.set_inputs(m.input_values())
+        rope = next(n for n in m.graph.nodes if n.op is tp.Op.ROPE)
+        slots.append((rope.src[0].name, rope.src[0].offset))
+        assert sched.graph_compute_async(m.graph) is tp.Status.SUCCESS
+        # the last split is TESTACCEL's: its work is still queued when we go on
+        assert acc.queue
+    sched.synchronize()
+    # consecutive graphs read their inputs from different copy slots, cycling every 3
+    assert [name[-1] for name, _ in slots] == ["0", "1", "2", "0"]
+    assert len({off for _, off in slots[:3]}) == 3
+    np.testing.assert_allclose(tp.get_array(models[-1].logits), expected, rtol=1e-4, atol=1e-4)
+    assert "record" in acc.log  # splits with inputs mark their copy slot with an event
+
+
+def test_async_copies_between_two_accelerators(cpu: tp.Backend, reg: schedkit.TestAccelReg) -> None:
+    acc0, acc1 = (d.init_backend() for d in reg.devices())
+    m = schedkit.build_llama(**CFG)
+    load_weights(
+        m, m.weight_values(),
+        lambda n: (acc1 if n.endswith(".1") or n.startswith("output") else acc0).buffer_type(),
+    )  # fmt: skip
+    sched = Scheduler([acc0, acc1, cpu])
+    sched.alloc_graph(m.graph)
+    m.set_inputs(m.input_values())
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    names = {b.name for b in (sched.get_tensor_backend(n) for n in m.graph.nodes) if b}
+    assert names == {"TestAccel0", "TestAccel1", cpu.name}
+    assert "copy" in acc0.log and "wait" in acc1.log  # queued on the source stream
+    np.testing.assert_allclose(
+        tp.get_array(m.logits), cpu_only_logits(cpu, **CFG), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_allocation_failure_is_an_exception_and_recoverable(cpu: tp.Backend) -> None:
+    reg = schedkit.TestAccelReg(n_devices=1)
+    dev = reg.devices()[0]
+    acc = dev.init_backend("min_batch=16")  # host weights: mul_mats offloaded from 16 tokens
+    small = schedkit.build_llama(**{**CFG, "n_tokens": 16})
+    big = schedkit.build_llama(**{**CFG, "n_tokens": 64})
+    for m in (small, big):
+        load_weights(m, m.weight_values(), lambda _: cpu.buffer_type())
+    probe = Scheduler([acc, cpu])
+    probe.reserve(small.graph)
+    need = probe.buffer_size(acc)
+    probe.free()
+    dev.capacity = dev.used + need + 1024  # room for the small graph only
+    sched = Scheduler([acc, cpu])
+    with pytest.raises(AllocationError, match="TestAccel0_VRAM"):
+        sched.reserve(big.graph)
+    sched.alloc_graph(small.graph)
+    small.set_inputs(small.input_values())
+    assert sched.graph_compute(small.graph) is tp.Status.SUCCESS
+    assert sched.buffer_size(acc) == need
+    np.testing.assert_allclose(
+        tp.get_array(small.logits), cpu_only_logits(cpu, **{**CFG, "n_tokens": 16}),
+        rtol=1e-4, atol=1e-4,
+    )  # fmt: skip
+
+
+def test_debug_prints_the_assignment(
+    cpu: tp.Backend, acc: tp.Backend, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    m = schedkit.build_llama(**{**CFG, "n_layer": 1})
+    load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
+    sched = Scheduler([acc, cpu])
+    monkeypatch.setenv("TENSORPLUG_SCHED_DEBUG", "1")
+    sched.alloc_graph(m.graph)
+    err = capsys.readouterr().err
+    assert err.strip() == sched.describe()
+    assert "## SPLIT #0: TestAccel0" in err and f"## SPLIT #1: {cpu.name} # 1 inputs: [" in err
+    assert "(      rope):" in err and f"[{cpu.name}]" in err and "[TestAccel0]" in err
+    monkeypatch.setenv("TENSORPLUG_SCHED_DEBUG", "0")
+    sched.alloc_graph(m.graph)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_test_plugin_loads_through_the_registry() -> None:
+    from tensorplug import registry
+
+    reg = registry.load(schedkit.PLUGIN_ROOT)  # a folder holding the package
+    try:
+        assert reg.name == "TESTACCEL" and [d.name for d in reg.devices()] == [
+            "TestAccel0", "TestAccel1",
+        ]  # fmt: skip
+        assert registry.dev_by_name("TestAccel1") is reg.devices()[1]
+    finally:
+        registry.unload(reg)
+    assert registry.dev_by_name("TestAccel1") is None

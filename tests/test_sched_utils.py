@@ -1,0 +1,74 @@
+"""graph_copy: an allocated graph and its data, copied onto another backend."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensorplug as tp
+from tensorplug import Type, ops
+from tensorplug.alloc import GraphAllocator, alloc_tensors
+from tensorplug.errors import NotAllocatedError
+from tensorplug.graph_copy import graph_copy
+from tensorplug.registry import init_by_name
+
+sys.path.insert(0, str(Path(__file__).parent / "plugins_sched"))
+import schedkit
+
+
+def _mlp() -> tuple[tp.Graph, dict[str, tp.Tensor]]:
+    x = tp.new_tensor(Type.F32, (6, 32), "x").set_input()
+    w1 = tp.new_tensor(Type.F32, (64, 32), "w1")
+    w2 = tp.new_tensor(Type.F32, (32, 64), "w2")
+    h = ops.silu(ops.mul_mat(w1, x)).set_name("h")
+    ht = ops.transpose(h).set_name("ht")  # a view: its copy must point into the copy
+    y = ops.mul_mat(w2, ops.cont(ops.transpose(ht))).set_name("y")
+    out = ops.rms_norm(y + x, 1e-5).set_name("out").set_output()
+    return tp.Graph(out), {"x": x, "w1": w1, "w2": w2, "h": h, "ht": ht, "out": out}
+
+
+def test_graph_copy_moves_structure_and_data_and_computes_the_same() -> None:
+    cpu = init_by_name("CPU")
+    graph, t = _mlp()
+    rng = np.random.default_rng(5)
+    alloc_tensors([t["w1"], t["w2"]], cpu.buffer_type())
+    GraphAllocator(cpu.buffer_type()).alloc_graph(graph)
+    for name in ("x", "w1", "w2"):
+        tp.set_array(t[name], rng.standard_normal(t[name].shape).astype(np.float32))
+    assert cpu.graph_compute(graph) is tp.Status.SUCCESS
+    expected = tp.get_array(t["out"])
+
+    dev = schedkit.TestAccelReg(n_devices=1).devices()[0]
+    acc = dev.init_backend()
+    with graph_copy(acc, graph) as copy:
+        assert copy.buffer is not None and not copy.buffer.is_host
+        assert [n.op for n in copy.graph.nodes] == [n.op for n in graph.nodes]
+        assert [n.name for n in copy.graph.nodes] == [n.name for n in graph.nodes]
+        for orig in [*graph.leafs, *graph.nodes]:
+            c = copy[orig]
+            assert (c.type, c.shape, c.strides, c.flags) == (
+                orig.type, orig.shape, orig.strides, orig.flags,
+            )  # fmt: skip
+            assert c is not orig and c.buffer is not None
+            np.testing.assert_array_equal(tp.get_array(c), tp.get_array(orig))
+        ht = copy[t["ht"]]
+        assert ht.view_src is copy[t["h"]] and ht.buffer is copy[t["h"]].buffer
+        for orig in graph.nodes:
+            assert all(a is copy[b] for a, b in zip(copy[orig].src, orig.src, strict=True))
+        # the copy runs on the other backend and gives the same result
+        tp.tensor_memset(copy[t["out"]], 0)
+        assert acc.graph_compute(copy.graph) is tp.Status.SUCCESS
+        np.testing.assert_allclose(tp.get_array(copy[t["out"]]), expected, rtol=1e-5, atol=1e-6)
+        used = dev.used
+    assert copy.buffer.is_freed and dev.used < used
+
+
+def test_graph_copy_of_an_unallocated_graph_raises_and_leaks_nothing() -> None:
+    graph, _ = _mlp()
+    dev = schedkit.TestAccelReg(n_devices=1).devices()[0]
+    with pytest.raises(NotAllocatedError, match="allocate"):
+        graph_copy(dev.init_backend(), graph)
+    assert dev.used == 0
