@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tensorplug import Graph, Op, Status, Type, ops
+from tensorplug.graph_copy import clone_graph
 from tensorplug.host import host_buffer_type, tensor_array
 from tensorplug.opcodes import VIEW_OPS, GluOp, UnaryOp
 from tensorplug.tensor import Tensor
@@ -35,7 +36,7 @@ from tensorplug.testing import (
 )
 from tensorplug.testing.families import FLOAT_TYPES, QUANT_TYPES
 from tensorplug.testing.families_nn import MUL_MAT_BATCHES
-from tensorplug.testing.placement import footprint, graph_copy
+from tensorplug.testing.placement import footprint
 from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice, reference_backend
 from tensorplug.testing.report import render_check
 from tensorplug.transfer import set_array, tensor_alloc
@@ -158,7 +159,7 @@ def test_graph_copy_keeps_structure_and_views() -> None:
     x = Tensor(Type.F32, (3, 4), name="x")
     out = ops.cont(ops.transpose(x))
     graph = Graph(out)
-    copy, copies = graph_copy(graph)
+    copy, copies = clone_graph(graph)
     assert [n.op for n in copy.nodes] == [n.op for n in graph.nodes]
     t = copies[id(graph.nodes[0])]
     assert t.view_src is copies[id(x)] and t.strides == graph.nodes[0].strides

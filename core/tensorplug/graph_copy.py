@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .backend import Backend
     from .buffer import Buffer
 
-__all__ = ["GraphCopy", "graph_copy"]
+__all__ = ["GraphCopy", "clone_graph", "graph_copy"]
 
 
 class GraphCopy:
@@ -63,14 +63,18 @@ class GraphCopy:
         self.free()
 
 
-def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
-    """Copy ``graph`` and the current data of all its tensors onto ``backend``.
+def clone_graph(graph: Graph) -> tuple[Graph, dict[int, Tensor]]:
+    """A structural copy of ``graph`` with fresh, unallocated tensors.
 
-    Every tensor of the graph must be allocated (compute it, or at least allocate it,
-    first). Raises :class:`~tensorplug.NotAllocatedError` naming the first that is not,
-    and :class:`~tensorplug.AllocationError` when the backend has no room; in both
-    cases nothing stays allocated.
+    Types, layouts, ops, parameters, names, flags and view relations are kept, memory
+    is not. Returns the new graph and a map from ``id(original)`` to its copy; sources
+    outside the graph (as in a :meth:`Graph.view`) are copied too.
     """
+    clone, copies, _ = _clone(graph)
+    return clone, copies
+
+
+def _clone(graph: Graph) -> tuple[Graph, dict[int, Tensor], list[tuple[Tensor, Tensor]]]:
     copies: dict[int, Tensor] = {}
     order: list[tuple[Tensor, Tensor]] = []  # (original, copy), sources before users
 
@@ -87,11 +91,6 @@ def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
                 stack.extend(deps)
                 continue
             stack.pop()
-            if cur.buffer is None:
-                raise NotAllocatedError(
-                    f"graph_copy: {cur.describe()} has no memory; allocate (or compute) the "
-                    "graph before copying it"
-                )
             new = Tensor(
                 cur.type, cur.shape, strides=cur.strides, op=cur.op,
                 op_params=dict(cur.op_params), src=[copies[id(s)] for s in cur.src],
@@ -104,9 +103,26 @@ def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
             order.append((cur, new))
         return copies[id(t)]
 
-    for t in graph.leafs:
-        dup(t)
+    leafs = [dup(t) for t in graph.leafs]
     nodes = [dup(t) for t in graph.nodes]
+    return Graph._from_parts(nodes, leafs), copies, order
+
+
+def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
+    """Copy ``graph`` and the current data of all its tensors onto ``backend``.
+
+    Every tensor of the graph must be allocated (compute it, or at least allocate it,
+    first). Raises :class:`~tensorplug.NotAllocatedError` naming the first that is not,
+    and :class:`~tensorplug.AllocationError` when the backend has no room; in both
+    cases nothing stays allocated.
+    """
+    clone, copies, order = _clone(graph)
+    for orig, _ in order:
+        if orig.buffer is None:
+            raise NotAllocatedError(
+                f"graph_copy: {orig.describe()} has no memory; allocate (or compute) the "
+                "graph before copying it"
+            )
     buffer = alloc_tensors([c for _, c in order], backend.buffer_type())
     try:  # alloc_tensors already pointed the views at their copied bases
         for orig, new in order:
@@ -116,4 +132,4 @@ def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
         if buffer is not None:
             buffer.free()
         raise
-    return GraphCopy(Graph._from_parts(nodes, [copies[id(t)] for t in graph.leafs]), buffer, copies)
+    return GraphCopy(clone, buffer, copies)

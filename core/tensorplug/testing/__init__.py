@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         tensor_values,
     )
     from .families import all_cases, catalogue
-    from .placement import Placement, graph_copy
+    from .placement import Placement
     from .refbackend import ReferenceBackend, reference_backend
     from .runner import CaseResult, CheckReport, Outcome, check_backend, run_case, run_cases
 
@@ -56,7 +56,7 @@ _EXPORTS: dict[str, str] = {
     "OutOfBoundsWriteError": "compare", "compare_arrays": "compare",
     "compare_graph_backend": "compare", "max_nmse_for": "compare", "nmse": "compare",
     "tensor_values": "compare",
-    "Placement": "placement", "graph_copy": "placement",
+    "Placement": "placement",
     "ReferenceBackend": "refbackend", "reference_backend": "refbackend",
     "CaseResult": "runner", "CheckReport": "runner", "Outcome": "runner",
     "check_backend": "runner", "run_case": "runner", "run_cases": "runner",
@@ -81,7 +81,6 @@ __all__ = [
     "check_backend",
     "compare_arrays",
     "compare_graph_backend",
-    "graph_copy",
     "max_nmse_for",
     "nmse",
     "reference_backend",

@@ -22,11 +22,12 @@ import numpy as np
 from ..backend import Backend, Status
 from ..errors import NotAllocatedError, OutOfBoundsError, TensorplugError, UnsupportedError
 from ..graph import Graph
+from ..graph_copy import clone_graph
 from ..opcodes import VIEW_OPS, Op
 from ..tensor import Tensor
 from ..transfer import get_array, set_array, tensor_get
 from ..types import Type
-from .placement import GAP, Placement, footprint, graph_copy
+from .placement import GAP, Placement, footprint
 
 __all__ = [
     "DEFAULT_NMSE",
@@ -180,7 +181,7 @@ class _Side:
 
     def __init__(self, backend: Backend, graph: Graph, gap: int) -> None:
         self.backend = backend
-        self.graph, self.copies = graph_copy(graph)
+        self.graph, self.copies = clone_graph(graph)
         everything = [*self.graph.leafs, *self.graph.nodes]
         owners = [t for t in everything if t.view_src is None]
         self.placement = Placement(backend.buffer_type(), owners, gap)

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..buffer import Buffer, BufferType
-from ..graph import Graph
 from ..tensor import Tensor
 from ..transfer import tensor_alloc, tensor_get, tensor_set, view_init
 from ..types import Type
 
-__all__ = ["GAP", "POISON", "Placement", "footprint", "graph_copy"]
+__all__ = ["GAP", "POISON", "Placement", "footprint"]
 
 #: Minimum sentinel bytes before and after every tensor.
 GAP = 64
@@ -39,37 +38,6 @@ _PATTERN = ((np.arange(4096, dtype=np.uint32) * 2654435761) >> 13).astype(np.uin
 def _pattern(start: int, stop: int) -> np.ndarray:
     idx = np.arange(start, stop) % _PATTERN.size
     return _PATTERN[idx]
-
-
-def graph_copy(graph: Graph) -> tuple[Graph, dict[int, Tensor]]:
-    """A structural copy of ``graph`` with fresh, unallocated tensors.
-
-    Returns the new graph and a map from ``id(original)`` to its copy. Types, shapes,
-    strides, ops, parameters, names, flags and view relations are kept, nothing else
-    (``ggml_backend_graph_copy`` without the data, which the caller moves itself).
-    """
-    copies: dict[int, Tensor] = {}
-
-    def copy(t: Tensor) -> Tensor:
-        base = copies[id(t.view_src)] if t.view_src is not None else None
-        new = Tensor(
-            t.type,
-            t.shape,
-            strides=t.strides,
-            op=t.op,
-            op_params=dict(t.op_params),
-            src=[copies[id(s)] for s in t.src],
-            name=t.name,
-            view_src=base,
-            view_offs=t.view_offs,
-        )
-        new.flags = t.flags
-        copies[id(t)] = new
-        return new
-
-    leafs = [copy(t) for t in graph.leafs]
-    nodes = [copy(t) for t in graph.nodes]
-    return Graph._from_parts(nodes, leafs), copies
 
 
 def footprint(view: Tensor) -> np.ndarray:
