@@ -37,6 +37,8 @@ def test_unary_glu_scale_norms() -> None:
     assert s.op_params == {"scale": 0.5, "bias": 1.0}
     assert ops.swiglu(a).shape == (5, 4)
     assert ops.swiglu(a, a).shape == (5, 8)
+    with pytest.raises(tp.ShapeError, match="swapped applies to the split form only"):
+        ops.swiglu(a, a, swapped=True)
     with pytest.raises(tp.ShapeError, match="swiglu: a .* even last dimension"):
         ops.swiglu(T((2, 3)))
     with pytest.raises(tp.ShapeError, match="swiglu: b .* must have the shape"):

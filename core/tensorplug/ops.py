@@ -182,6 +182,10 @@ def swiglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tens
     _check_type("swiglu", "a", a, FLOAT_TYPES)
     params = {"fn": GluOp.SWIGLU, "swapped": bool(swapped)}
     if b is not None:
+        if swapped:
+            raise _fail(
+                "swiglu", "swapped applies to the split form only; with b, swap the operands"
+            )
         _check_type("swiglu", "b", b, {a.type})
         if b.shape != a.shape:
             raise _fail("swiglu", f"b {b.describe()} must have the shape of a {a.describe()}")
