@@ -229,7 +229,8 @@ def get_array(tensor: Tensor) -> np.ndarray:
     if buf.is_host:
         from .host import tensor_array
 
-        return np.ascontiguousarray(tensor_array(tensor)).reshape(shape)
+        # always a copy: a view would change under the caller when the memory is reused
+        return np.array(tensor_array(tensor), order="C").reshape(shape)
     if tensor.is_contiguous:
         out = np.empty(shape, dtype=dtype)
         buf.get_tensor(tensor, memoryview(out).cast("B"), 0)
