@@ -17,6 +17,7 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import platform
 import sys
 import time
@@ -284,6 +285,7 @@ COMMANDS: list[Command] = [
         "doctor", "diagnose plugin discovery: versions, scores, failures, smoke tests", cmd_doctor
     ),
     Command.module("demo", "demo", "run a small end-to-end demonstration"),
+    Command.module("run", "llama.cli", "run a llama GGUF model"),
     Command.module("check", "testing.check_cli", "check a backend op by op (conformance)"),
     Command.module("bench", "testing.bench_cli", "time ops on a backend next to numpy"),
 ]
@@ -320,4 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose:
         logging.basicConfig(format="%(name)s: %(message)s")
         logging.getLogger("tensorplug").setLevel(logging.DEBUG)
-    return int(args._run(args))
+    try:
+        return int(args._run(args))
+    except BrokenPipeError:
+        # the reader went away (`tensorplug check | head`): stop quietly, as Unix tools do;
+        # stdout goes to devnull so the interpreter's final flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -1,0 +1,418 @@
+"""``tensorplug run [MODEL.gguf]``: prompt in, text out, with devices, splits and speed.
+
+As with llama.cpp, what the run is about goes to stderr — the model, where each part
+lives, how the scheduler split the graphs, memory, timings — and the text to stdout,
+so ``tensorplug run m.gguf -p "..." > out.txt`` keeps just the text.
+
+Without a model the command writes a tiny random-weight llama with the ``gguf``
+package's writer into a temporary folder and runs it over every loaded device
+(:func:`demo_model`), which needs no download and shows the whole stack at work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import unicodedata
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+import numpy as np
+
+from ..types import Type
+
+if TYPE_CHECKING:
+    from .placement import Placement
+    from .runner import Generation, Llama
+
+__all__ = ["add_arguments", "demo_model", "main", "run_model"]
+
+
+def _token_list(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ids like 1,2,3, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("--tokens needs at least one id")
+    return ids
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL.gguf",
+        help="a llama GGUF file (F32/F16/Q8_0/Q4_0 weights); without one a tiny random-weight "
+        "model is written to a temporary folder and run over every device",
+    )
+    p.add_argument("-p", "--prompt", default="Once upon a time", help="text to continue")
+    p.add_argument(
+        "--tokens",
+        type=_token_list,
+        metavar="ID,ID,...",
+        help="token ids to use instead of a prompt (BOS is not added)",
+    )
+    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (32)")
+    p.add_argument(
+        "--device",
+        metavar="NAME",
+        help="put every layer on this device (with --n-gpu-layers: the offload "
+        "device); see `tensorplug devices`",
+    )
+    p.add_argument(
+        "-ngl",
+        "--n-gpu-layers",
+        type=int,
+        metavar="N",
+        help="put the last N blocks on the best GPU (or --device) and the rest on the CPU; "
+        "N > blocks puts the output layer there too; default: all of them",
+    )
+    p.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=0,
+        help="context length (default: the model's, at most 512)",
+    )
+    p.add_argument("-b", "--batch-size", type=int, default=32, help="prompt chunk (32)")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k sampling (40; 0 is off)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (0.95; 1 is off)")
+    p.add_argument("--seed", type=int, default=0, help="sampling (and tiny model) seed")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating after EOS")
+    p.add_argument(
+        "--cache-type", choices=["f16", "f32"], default="f16", help="KV cache element type (f16)"
+    )
+    p.add_argument(
+        "--no-mmap",
+        action="store_true",
+        help="copy CPU weights into memory instead of using the mapped file",
+    )
+    p.add_argument(
+        "--logits-out",
+        metavar="FILE.npy",
+        help="save the logits of every prompt position, (n_prompt, n_vocab)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=["f32", "f16", "q8_0", "q4_0"],
+        default="q8_0",
+        help="weight type of the tiny model written when no MODEL is given",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..errors import BackendNotFoundError
+    from ..gguf import GGUFError
+    from .runner import ContextFullError
+
+    try:
+        if args.model is None:
+            names = [args.device] if args.device else None
+            return demo_model(None, args.weights, devices=names, args=args)
+        return run_model(args)
+    except (GGUFError, ContextFullError, BackendNotFoundError, OSError) as e:
+        print(f"tensorplug run: error: {e}", file=sys.stderr)
+        return 1
+
+
+# -- running a model ----------------------------------------------------------------------------
+
+
+def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
+    from .placement import Placement, best_accelerator, device_named
+
+    device = device_named(args.device) if args.device else None
+    if args.n_gpu_layers is None and device is not None:
+        return Placement.on(device, n_layer)
+    wants_gpu = args.n_gpu_layers is None or args.n_gpu_layers > 0
+    if wants_gpu and device is None and best_accelerator() is None:
+        print(
+            "note: no GPU or accelerator device: every block runs on the CPU (name another "
+            "device with --device, e.g. OpenCL0; see `tensorplug devices`)",
+            file=sys.stderr,
+        )
+    n = n_layer + 1 if args.n_gpu_layers is None else args.n_gpu_layers
+    return Placement.offload(n_layer, n, gpu=device)
+
+
+def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = None) -> Llama:
+    """The model of ``args``; ``place(n_layer)`` (default: from the options) places it."""
+    from ..gguf import GGUFFile
+    from .model import LlamaConfig
+    from .runner import Llama
+
+    f = GGUFFile(args.model)
+    n_layer = LlamaConfig.from_gguf(f).n_layer
+    return Llama(
+        f,
+        placement=place(n_layer) if place is not None else _placement(args, n_layer),
+        n_ctx=args.ctx_size or None,
+        n_batch=args.batch_size,
+        cache_type=Type.parse(args.cache_type),
+        use_mmap=not args.no_mmap,
+    )
+
+
+def run_model(
+    args: argparse.Namespace, log: TextIO | None = None, text: TextIO | None = None
+) -> int:
+    """Load ``args.model``, evaluate the prompt, generate and report; an exit code."""
+    log, text = log or sys.stderr, text or sys.stdout
+    model = _load(args)
+    try:
+        session = _session(model, args, log, text, keep_logits=bool(args.logits_out))
+        if session is None:
+            return 1
+        gen = session[1]
+        if args.logits_out:
+            assert gen.prompt_logits is not None
+            np.save(args.logits_out, gen.prompt_logits)
+            print(f"saved prompt logits {gen.prompt_logits.shape} to {args.logits_out}", file=log)
+        _report(model, log)
+    finally:
+        model.close()
+    return 0
+
+
+def _session(
+    model: Llama, args: argparse.Namespace, log: TextIO, text: TextIO, keep_logits: bool
+) -> tuple[list[int], Generation] | None:
+    """Describe the model, encode the prompt, stream the generated text; the prompt's
+    ids and the generation, or None when there is no way to encode the prompt."""
+    from .sampling import Sampler, SamplerParams
+    from .tokenizer import StreamDecoder
+
+    _describe(model, log)
+    vocab = model.vocab
+    if args.tokens is not None:
+        prompt = list(args.tokens)
+    elif vocab is None:
+        print(f"tensorplug run: {model.vocab_error}", file=log)
+        return None
+    else:
+        prompt = vocab.encode(args.prompt)
+    if len(prompt) + args.n_predict > model.n_ctx:
+        print(
+            f"note: prompt ({len(prompt)}) + n_predict ({args.n_predict}) exceed the context "
+            f"({model.n_ctx}); generation stops when it is full",
+            file=log,
+        )
+    print(f"prompt: {len(prompt)} tokens {_ids(prompt)}", file=log)
+    dec = StreamDecoder(vocab) if vocab is not None else None
+    text.write(_printable(vocab.decode(prompt)) if vocab is not None else f"{_ids(prompt)} ->")
+    text.flush()
+    tty = log.isatty()
+
+    def on_token(tok: int) -> None:
+        text.write(_printable(dec.feed(tok)) if dec is not None else f" {tok}")
+        text.flush()
+
+    def on_progress(done: int, total: int) -> None:
+        if tty and total > model.n_batch:
+            log.write(f"\rprompt: {done}/{total} tokens" + ("\n" if done == total else ""))
+            log.flush()
+
+    sampler = Sampler(SamplerParams(args.temp, args.top_k, args.top_p, args.seed))
+    gen = model.generate(
+        prompt,
+        args.n_predict,
+        sampler,
+        on_token=on_token,
+        stop_at_eos=not args.ignore_eos,
+        prompt_logits=keep_logits,
+        on_progress=on_progress,
+    )
+    text.write((_printable(dec.flush()) if dec is not None else "") + "\n")
+    text.flush()
+    if gen.stopped_at_eos:
+        print("(end of text)", file=log)
+    return prompt, gen
+
+
+def _demo_args(n_predict: int, seed: int) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--n-predict", str(n_predict), "--seed", str(seed)])
+
+
+def _printable(s: str) -> str:
+    """Control characters other than newline and tab escaped: a model's byte tokens can
+    spell terminal escape sequences."""
+    return "".join(
+        f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in s
+    )
+
+
+def _plural(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def _ids(ids: Sequence[int]) -> str:
+    shown = ",".join(str(t) for t in ids[:16])
+    return f"[{shown}{',...' if len(ids) > 16 else ''}]"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _describe(model: Llama, log: TextIO) -> None:
+    f, cfg = model.file, model.config
+    n_params = sum(int(np.prod(t.shape)) for t in f.tensors.values())
+    types: dict[str, int] = {}
+    for t in f.tensors.values():
+        types[t.type_name] = types.get(t.type_name, 0) + 1
+    mix = ", ".join(f"{n} {name}" for name, n in sorted(types.items(), key=lambda kv: -kv[1]))
+    print(
+        f"model: {f.path} ({_size(f.path.stat().st_size)}, {n_params / 1e6:.1f}M parameters; "
+        f"tensors: {mix})",
+        file=log,
+    )
+    print(
+        f"llama: {cfg.n_layer} blocks, n_embd {cfg.n_embd}, {cfg.n_head} heads "
+        f"({cfg.n_head_kv} KV heads), n_ff {cfg.n_ff}, vocab {cfg.n_vocab}, rope base "
+        f"{cfg.rope_base:g}, trained context {cfg.n_ctx_train}",
+        file=log,
+    )
+    print(
+        f"context: {model.n_ctx} tokens, prompt batches of {model.n_batch}, KV cache "
+        f"{model.cache.type.name}",
+        file=log,
+    )
+    print("devices (scheduler order):", file=log)
+    for be in model.backends:
+        d = be.device
+        free, total = d.memory()
+        print(
+            f"  {d.name:<10} {d.type.value:<5} {d.description} "
+            f"({_size(free)} free of {_size(total)})",
+            file=log,
+        )
+    print(f"placement: {model.placement.describe()}", file=log)
+    for dev, mem in model.memory.items():
+        how = "mapped from the file" if mem.mapped else "uploaded"
+        print(
+            f"  {dev.name:<10} weights {_size(mem.weights)} ({how}), KV cache "
+            f"{_size(mem.kv_cache)}",
+            file=log,
+        )
+
+
+def _report(model: Llama, log: TextIO) -> None:
+    for kind, s in model.split_summaries.items():
+        print(
+            f"{kind} graph: {s.n_nodes} nodes, {_plural(s.n_splits, 'split')}, "
+            f"{_plural(s.n_copies, 'copy', 'copies')} "
+            f"({_size(s.copied_bytes)}) between backends per step",
+            file=log,
+        )
+        for i, (name, n, inputs) in enumerate(s.splits):
+            shown = ", ".join(inputs) if inputs else "-"
+            print(f"  split {i}: {name:<10} {n:4d} nodes  copies in: {shown}", file=log)
+    bufs = ", ".join(f"{name} {_size(n)}" for name, n in model.compute_buffers())
+    t = model.timings
+    print(
+        f"compute buffers: {bufs}; step graphs built: {t.graphs_built}, load {t.load_s:.2f} s",
+        file=log,
+    )
+    if t.prompt_tokens:
+        py = t.prompt_s - t.prompt_compute_s
+        print(
+            f"prompt:     {t.prompt_tokens:5d} tokens in {t.prompt_s * 1e3:8.1f} ms = "
+            f"{t.prompt_tps:8.1f} tokens/s (compute {t.prompt_compute_s * 1e3:.1f} ms, "
+            f"Python {py * 1e3:.1f} ms)",
+            file=log,
+        )
+    if t.gen_tokens:
+        n = t.gen_tokens
+        py = (t.gen_s - t.gen_compute_s) / n
+        sample = t.sample_s / max(t.samples, 1)
+        print(
+            f"generation: {n:5d} tokens in {t.gen_s * 1e3:8.1f} ms = {t.gen_tps:8.1f} "
+            f"tokens/s (per token: compute {t.gen_compute_s / n * 1e3:.2f} ms, Python "
+            f"{py * 1e3:.2f} ms, sampling {sample * 1e3:.2f} ms)",
+            file=log,
+        )
+
+
+# -- the demo -----------------------------------------------------------------------------------
+
+
+def demo_model(
+    path: str | Path | None = None,
+    weight_type: Type | str = Type.Q8_0,
+    *,
+    devices: Sequence[str] | None = None,
+    n_predict: int = 16,
+    prompt: str = "Once upon a time",
+    seed: int = 0,
+    args: argparse.Namespace | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Run a llama model over several devices and check it against a CPU-only run.
+
+    Without ``path`` a tiny random-weight model of ``weight_type`` is written first
+    (into a temporary folder). Its blocks are spread over ``devices`` (names; default
+    every loaded device) through the scheduler, the prompt is evaluated and
+    ``n_predict`` tokens generated greedily, and the devices, placement, splits,
+    copies, memory and tokens/s are printed to ``out`` (stdout). The prompt's logits
+    are then recomputed with everything on the CPU: the exit code is 0 when they
+    agree (max difference at most 1e-4 of the largest logit), 1 otherwise. ``args``
+    (``tensorplug run``'s options) replaces ``n_predict``, ``prompt`` and ``seed``.
+    """
+    from .. import registry
+    from .placement import Placement, by_priority, device_named, host_cpu
+    from .runner import Llama
+    from .tiny import write_tiny_llama
+
+    out = out or sys.stdout
+    devs = by_priority([device_named(n) for n in devices] if devices else registry.devices())
+    ns = argparse.Namespace(**vars(args)) if args is not None else _demo_args(n_predict, seed)
+    if args is None:
+        ns.prompt = prompt
+    with tempfile.TemporaryDirectory(prefix="tensorplug-") as tmp:
+        if path is None:
+            wtype = Type.parse(weight_type)
+            path = Path(tmp) / f"tiny-llama-{wtype.name.lower()}.gguf"
+            write_tiny_llama(path, wtype, ns.seed, n_layer=max(4, len(devs)))
+            print(f"wrote a tiny random-weight llama ({wtype.name}) with the gguf writer", file=out)
+        ns.model = str(path)
+        model = _load(ns, lambda n_layer: Placement.spread(devs, n_layer))
+        try:
+            session = _session(model, ns, out, out, keep_logits=True)
+            if session is None:
+                return 1
+            _report(model, out)
+            prompt_ids, gen = session
+            assert gen.prompt_logits is not None
+            got = gen.prompt_logits
+        finally:
+            model.close()
+        cpu_only = Llama(
+            model.file,
+            placement=Placement.on(host_cpu(), model.config.n_layer),
+            n_ctx=model.n_ctx,
+            n_batch=model.n_batch,
+            cache_type=model.cache.type,
+        )
+        try:
+            want = cpu_only.eval(prompt_ids, all_logits=True)
+        finally:
+            cpu_only.close()
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    ok = err <= 1e-4
+    verdict = "agree with" if ok else "DIFFER from"
+    print(
+        f"check: the prompt logits {verdict} a CPU-only run (max difference {err:.1e} "
+        "of the largest logit)",
+        file=out,
+    )
+    return 0 if ok else 1

@@ -1,0 +1,340 @@
+"""The llama architecture as GGUF describes it: hyper-parameters, weights, KV cache, graphs.
+
+Everything here is description — tensors and graphs, no memory and no compute — so the
+runner decides where each part lives and the scheduler runs it. The graph is
+llama.cpp's ``build_llama`` in tensorplug ops:
+
+    x = token_embd[tokens]
+    for each block:
+        h = rms_norm(x) * attn_norm
+        q, k = rope(h @ Wqᵀ), rope(h @ Wkᵀ)         (NORMAL rope: adjacent pairs, which
+        v = h @ Wvᵀ                                   is right for llama.cpp's converter)
+        k, v are written into the KV cache at their positions (set_rows)
+        x += attention(q, cache[:n_kv]) @ Woᵀ         (grouped-query flash attention)
+        h = rms_norm(x) * ffn_norm
+        x += (silu(h @ Wgateᵀ) * (h @ Wupᵀ)) @ Wdownᵀ
+    logits = (rms_norm(x[out_ids]) * output_norm) @ Woutᵀ
+
+A step graph has a fixed shape — ``n_tokens`` new tokens attending to the first
+``n_kv`` cache rows through a mask — so it is built once and replayed with new inputs
+(token ids, positions, cache rows, mask) for every step of that shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .. import ops
+from ..gguf import GGUFError, GGUFFile
+from ..graph import Graph
+from ..opcodes import RopeMode
+from ..tensor import Tensor, new_tensor
+from ..types import Type
+
+__all__ = ["KVCache", "LayerWeights", "LlamaConfig", "LlamaWeights", "StepGraph", "build_step"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Hyper-parameters from the ``llama.*`` metadata keys."""
+
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    head_dim: int
+    n_rot: int
+    eps: float
+    rope_base: float = 10000.0
+    rope_scale: float = 1.0  # ggml's freq_scale: 1 / linear scaling factor
+
+    @property
+    def n_embd_q(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def n_embd_kv(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> LlamaConfig:
+        """Read and check the hyper-parameters; a missing or inconsistent key is a
+        :class:`~tensorplug.gguf.GGUFError` naming it."""
+        arch = f.architecture
+        if arch != "llama":
+            raise GGUFError(
+                f"{f.path}: general.architecture is {arch!r}; this runner implements 'llama' "
+                "(Llama 1-3, Mistral, TinyLlama and other models converted as llama)"
+            )
+        n_embd = f.value("llama.embedding_length", int)
+        n_head = _per_layer_constant(f, "llama.attention.head_count")
+        n_head_kv = _per_layer_constant(f, "llama.attention.head_count_kv", n_head)
+        head_dim = f.value("llama.attention.key_length", int, n_embd // max(n_head, 1))
+        v_dim = f.value("llama.attention.value_length", int, head_dim)
+        if v_dim != head_dim:
+            raise GGUFError(
+                f"{f.path}: llama.attention.value_length ({v_dim}) differs from key_length "
+                f"({head_dim}); this runner needs them equal"
+            )
+        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+            raise GGUFError(
+                f"{f.path}: llama.attention.head_count ({n_head}) must be a positive multiple "
+                f"of llama.attention.head_count_kv ({n_head_kv})"
+            )
+        n_rot = f.value("llama.rope.dimension_count", int, head_dim)
+        if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
+            raise GGUFError(
+                f"{f.path}: llama.rope.dimension_count ({n_rot}) must be even and at most the "
+                f"head size {head_dim}"
+            )
+        scaling = f.value("llama.rope.scaling.type", str, "none")
+        if scaling not in ("none", "linear"):
+            raise GGUFError(
+                f"{f.path}: llama.rope.scaling.type {scaling!r} is not supported (none, linear)"
+            )
+        factor = f.value("llama.rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0
+        tokens = f.get("tokenizer.ggml.tokens")
+        n_vocab = f.value(
+            "llama.vocab_size",
+            int,
+            len(tokens) if tokens is not None else f.tensor_info("token_embd.weight").shape[0],
+        )
+        return cls(
+            n_vocab=n_vocab,
+            n_ctx_train=f.value("llama.context_length", int),
+            n_embd=n_embd,
+            n_layer=f.value("llama.block_count", int),
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            n_ff=_per_layer_constant(f, "llama.feed_forward_length"),
+            head_dim=head_dim,
+            n_rot=n_rot,
+            eps=f.value("llama.attention.layer_norm_rms_epsilon", float),
+            rope_base=f.value("llama.rope.freq_base", float, 10000.0),
+            rope_scale=1.0 / factor if factor else 1.0,
+        )
+
+
+def _per_layer_constant(f: GGUFFile, key: str, default: int | None = None) -> int:
+    """A key that newer files may store per layer; this runner needs one value."""
+    value = f.get(key, default)
+    if value is None:
+        return int(f.value(key, int))  # raises: missing
+    if isinstance(value, list):
+        if not value or any(v != value[0] for v in value):
+            raise GGUFError(f"{f.path}: {key} varies per layer ({value[:8]}...); not supported")
+        value = value[0]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise GGUFError(f"{f.path}: metadata key {key!r} should be int, got {value!r}")
+    return value
+
+
+# -- weights ---------------------------------------------------------------------------------
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: Tensor
+    wq: Tensor
+    wk: Tensor
+    wv: Tensor
+    wo: Tensor
+    ffn_norm: Tensor
+    w_gate: Tensor
+    w_up: Tensor
+    w_down: Tensor
+    rope_freqs: Tensor | None = None
+
+
+@dataclass
+class LlamaWeights:
+    """The model's tensors, unallocated until the runner places them.
+
+    ``by_name`` maps each tensor to its GGUF name (a tied output reads
+    ``token_embd.weight``), which is how the runner finds its bytes.
+    """
+
+    tok_embd: Tensor
+    layers: list[LayerWeights]
+    output_norm: Tensor
+    output: Tensor
+    by_name: dict[Tensor, str]
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile, cfg: LlamaConfig, share_output: bool = True) -> LlamaWeights:
+        """Tensors with the shapes ``cfg`` implies, checked against the file.
+
+        Without ``output.weight`` the output layer is tied to the token embeddings:
+        the same tensor when ``share_output``, else a second tensor over the same bytes
+        (so that input and output layers can live on different devices).
+        """
+        by_name: dict[Tensor, str] = {}
+        d, q, kv, ff = cfg.n_embd, cfg.n_embd_q, cfg.n_embd_kv, cfg.n_ff
+        from_meta = (
+            f"from llama.embedding_length={d}, head_count={cfg.n_head}, "
+            f"head_count_kv={cfg.n_head_kv}, feed_forward_length={ff}, vocab {cfg.n_vocab}"
+        )
+
+        def get(name: str, shape: tuple[int, ...], label: str | None = None) -> Tensor:
+            t = f.new_tensor(name, shape, from_meta)
+            t.name = label or name
+            by_name[t] = name
+            return t
+
+        has_freqs = "rope_freqs.weight" in f.tensors
+        layers = []
+        for i in range(cfg.n_layer):
+            p = f"blk.{i}."
+            layers.append(
+                LayerWeights(
+                    attn_norm=get(p + "attn_norm.weight", (d,)),
+                    wq=get(p + "attn_q.weight", (q, d)),
+                    wk=get(p + "attn_k.weight", (kv, d)),
+                    wv=get(p + "attn_v.weight", (kv, d)),
+                    wo=get(p + "attn_output.weight", (d, q)),
+                    ffn_norm=get(p + "ffn_norm.weight", (d,)),
+                    w_gate=get(p + "ffn_gate.weight", (ff, d)),
+                    w_up=get(p + "ffn_up.weight", (ff, d)),
+                    w_down=get(p + "ffn_down.weight", (d, ff)),
+                    rope_freqs=(
+                        get("rope_freqs.weight", (cfg.n_rot // 2,), f"{p}rope_freqs")
+                        if has_freqs
+                        else None
+                    ),
+                )
+            )
+        tok_embd = get("token_embd.weight", (cfg.n_vocab, d))
+        if "output.weight" in f.tensors:
+            output = get("output.weight", (cfg.n_vocab, d))
+        elif share_output:
+            output = tok_embd
+        else:
+            output = get("token_embd.weight", (cfg.n_vocab, d), "output.weight (tied)")
+        for t in (tok_embd, output, *[w for layer in layers for w in _matrices(layer)]):
+            _check_weight_type(f, by_name[t], t)
+        return cls(tok_embd, layers, get("output_norm.weight", (d,)), output, by_name)
+
+    def layer_tensors(self, i: int) -> list[Tensor]:
+        layer = self.layers[i]
+        norms = [layer.attn_norm, layer.ffn_norm]
+        extra = [layer.rope_freqs] if layer.rope_freqs is not None else []
+        return [*norms, *_matrices(layer), *extra]
+
+
+def _matrices(layer: LayerWeights) -> list[Tensor]:
+    return [layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up, layer.w_down]
+
+
+def _check_weight_type(f: GGUFFile, name: str, t: Tensor) -> None:
+    if t.type.is_integer:
+        raise GGUFError(
+            f"{f.path}: weight {name!r} is {t.type.name}; expected a float or quantized type"
+        )
+
+
+# -- KV cache ---------------------------------------------------------------------------------
+
+
+@dataclass
+class KVCache:
+    """Per block, K and V rows ``(n_ctx, n_embd_kv)``; row ``p`` holds position ``p``."""
+
+    n_ctx: int
+    type: Type
+    k: list[Tensor]
+    v: list[Tensor]
+
+    @classmethod
+    def describe(cls, cfg: LlamaConfig, n_ctx: int, type: Type = Type.F16) -> KVCache:
+        if type not in (Type.F32, Type.F16):
+            raise ValueError(f"KV cache type must be F32 or F16, got {type.name}")
+        shape = (n_ctx, cfg.n_embd_kv)
+        k = [new_tensor(type, shape, f"cache_k_l{i}") for i in range(cfg.n_layer)]
+        v = [new_tensor(type, shape, f"cache_v_l{i}") for i in range(cfg.n_layer)]
+        return cls(n_ctx, type, k, v)
+
+    def layer_tensors(self, i: int) -> list[Tensor]:
+        return [self.k[i], self.v[i]]
+
+
+# -- step graphs --------------------------------------------------------------------------------
+
+
+@dataclass
+class StepGraph:
+    """One step's graph and the inputs to set before each compute.
+
+    ``tokens`` I32 ``(n_tokens,)``, ``pos`` I32 ``(n_tokens,)``, ``kv_idx`` I64
+    ``(n_tokens,)`` (the cache rows written), ``mask`` F16 ``(n_tokens, n_kv)`` (0 where
+    a token may attend, -inf elsewhere), ``out_ids`` I32 ``(n_outputs,)`` (which tokens
+    get logits; None when all do). ``logits`` is F32 ``(n_outputs, n_vocab)``.
+    """
+
+    graph: Graph
+    n_tokens: int
+    n_kv: int
+    n_outputs: int
+    tokens: Tensor
+    pos: Tensor
+    kv_idx: Tensor
+    mask: Tensor
+    out_ids: Tensor | None
+    logits: Tensor
+
+
+def _rope(cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights) -> Tensor:
+    """NORMAL rope: llama.cpp's converter permutes Q/K rows so adjacent pairs rotate."""
+    return ops.rope(
+        x, pos, cfg.n_rot, RopeMode.NORMAL, freq_base=cfg.rope_base,
+        freq_scale=cfg.rope_scale, n_ctx_orig=cfg.n_ctx_train, freq_factors=layer.rope_freqs,
+    )  # fmt: skip
+
+
+def build_step(
+    cfg: LlamaConfig, w: LlamaWeights, cache: KVCache, n_tokens: int, n_kv: int, n_outputs: int
+) -> StepGraph:
+    """The forward pass of ``n_tokens`` tokens over cache rows ``[0, n_kv)``."""
+    if not 0 < n_outputs <= n_tokens:
+        raise ValueError(f"n_outputs must be in 1..n_tokens={n_tokens}, got {n_outputs}")
+    if not n_tokens <= n_kv <= cache.n_ctx:
+        raise ValueError(f"need n_tokens ({n_tokens}) <= n_kv ({n_kv}) <= n_ctx ({cache.n_ctx})")
+    T, hd = n_tokens, cfg.head_dim
+    tokens = new_tensor(Type.I32, (T,), "inp_tokens").set_input()
+    pos = new_tensor(Type.I32, (T,), "inp_pos").set_input()
+    kv_idx = new_tensor(Type.I64, (T,), "inp_kv_idx").set_input()
+    mask = new_tensor(Type.F16, (T, n_kv), "kq_mask").set_input()
+    kq_scale = 1.0 / math.sqrt(hd)
+
+    x = ops.get_rows(w.tok_embd, tokens).set_name("inp_embd")
+    for i, L in enumerate(w.layers):
+        h = ops.mul(ops.rms_norm(x, cfg.eps), L.attn_norm).set_name(f"attn_norm-{i}")
+        q = _rope(cfg, ops.reshape(ops.mul_mat(L.wq, h), (T, cfg.n_head, hd)), pos, L)
+        k = _rope(cfg, ops.reshape(ops.mul_mat(L.wk, h), (T, cfg.n_head_kv, hd)), pos, L)
+        v = ops.mul_mat(L.wv, h).set_name(f"Vcur-{i}")
+        k_all = ops.set_rows(
+            cache.k[i], ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx
+        )
+        v_all = ops.set_rows(cache.v[i], v, kv_idx)
+        kv_shape = (n_kv, cfg.n_head_kv, hd)
+        K = ops.permute(ops.view(k_all.set_name(f"k_store-{i}"), kv_shape), (1, 0, 2))
+        V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
+        Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
+        attn = ops.flash_attn_ext(Q, K, V, mask, scale=kq_scale).set_name(f"attn-{i}")
+        attn = ops.mul_mat(L.wo, ops.reshape(attn, (T, cfg.n_embd_q))).set_name(f"attn_out-{i}")
+        x = ops.add(x, attn).set_name(f"ffn_inp-{i}")
+        h = ops.mul(ops.rms_norm(x, cfg.eps), L.ffn_norm).set_name(f"ffn_norm-{i}")
+        g = ops.swiglu(ops.mul_mat(L.w_gate, h), ops.mul_mat(L.w_up, h)).set_name(f"ffn_glu-{i}")
+        ffn = ops.mul_mat(L.w_down, g).set_name(f"ffn_out-{i}")
+        x = ops.add(x, ffn).set_name(f"l_out-{i}")
+
+    out_ids = None
+    if n_outputs < n_tokens:
+        out_ids = new_tensor(Type.I32, (n_outputs,), "inp_out_ids").set_input()
+        x = ops.get_rows(x, out_ids).set_name("out_rows")
+    x = ops.mul(ops.rms_norm(x, cfg.eps), w.output_norm).set_name("result_norm")
+    logits = ops.mul_mat(w.output, x).set_name("result_output").set_output()
+    return StepGraph(Graph(logits), T, n_kv, n_outputs, tokens, pos, kv_idx, mask, out_ids, logits)

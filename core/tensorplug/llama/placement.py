@@ -1,0 +1,92 @@
+"""Which device holds each part of a model, and the scheduler's backend order.
+
+A :class:`Placement` names a device for the input layer (token embeddings), for each
+block and for the output layer; a block's KV cache lives with the block. The
+scheduler then runs every op where its weights are and copies activations between
+devices at the boundaries, as llama.cpp does with ``--n-gpu-layers``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .. import registry
+from ..device import Device, DeviceType
+from ..errors import BackendNotFoundError
+from ..priority import by_priority, host_cpu, is_host_cpu
+
+__all__ = ["Placement", "best_accelerator", "by_priority", "host_cpu", "is_host_cpu"]
+
+def best_accelerator() -> Device | None:
+    """The best registered GPU, integrated GPU or accelerator, or None.
+
+    A CPU-type device with its own buffers (OpenCL on PoCL) runs on the same cores as
+    the CPU backend, so it is never chosen by default — as ``init_best`` never chooses
+    it — only when named."""
+    accel = (DeviceType.GPU, DeviceType.IGPU, DeviceType.ACCEL)
+    return next((d for d in by_priority(registry.devices()) if d.type in accel), None)
+
+
+def device_named(name: str) -> Device:
+    dev = registry.dev_by_name(name)
+    if dev is None:
+        names = ", ".join(d.name for d in registry.devices()) or "none"
+        raise BackendNotFoundError(
+            f"no device named {name!r}; registered devices: {names} (`tensorplug devices`)"
+        )
+    return dev
+
+
+@dataclass(frozen=True)
+class Placement:
+    input: Device
+    layers: tuple[Device, ...]
+    output: Device
+
+    @classmethod
+    def on(cls, device: Device, n_layer: int) -> Placement:
+        """Everything on ``device``."""
+        return cls(device, (device,) * n_layer, device)
+
+    @classmethod
+    def offload(
+        cls, n_layer: int, n_gpu_layers: int, gpu: Device | None = None, cpu: Device | None = None
+    ) -> Placement:
+        """llama.cpp's ``--n-gpu-layers N``: the last ``N`` blocks on ``gpu`` (default
+        :func:`best_accelerator`), the output layer too when ``N > n_layer``, the rest and
+        the token embeddings on the CPU. Without a GPU everything stays on the CPU."""
+        cpu = cpu or host_cpu()
+        gpu = gpu or best_accelerator() or cpu
+        n = max(0, min(n_gpu_layers, n_layer + 1))
+        first_gpu = n_layer - min(n, n_layer)
+        layers = tuple(gpu if i >= first_gpu else cpu for i in range(n_layer))
+        return cls(cpu, layers, gpu if n > n_layer else cpu)
+
+    @classmethod
+    def spread(cls, devices: Sequence[Device], n_layer: int) -> Placement:
+        """Blocks in equal consecutive shares over ``devices``: the host CPU's share first,
+        the best device's last, with the output layer; embeddings on the host CPU (or
+        the last device of the list when it has no host CPU)."""
+        order = list(reversed(by_priority(devices)))
+        if not order:
+            raise ValueError("Placement.spread needs at least one device")
+        k = len(order)
+        layers = tuple(order[min(i * k // max(n_layer, 1), k - 1)] for i in range(n_layer))
+        first = order[0] if is_host_cpu(order[0]) else order[-1]
+        return cls(first, layers, order[-1])
+
+    def devices(self) -> list[Device]:
+        """The distinct devices used, best first."""
+        return by_priority([self.input, *self.layers, self.output])
+
+    def describe(self) -> str:
+        parts = [f"token_embd: {self.input.name}"]
+        start = 0
+        for i in range(1, len(self.layers) + 1):
+            if i == len(self.layers) or self.layers[i] is not self.layers[start]:
+                span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+                parts.append(f"blocks {span}: {self.layers[start].name}")
+                start = i
+        parts.append(f"output: {self.output.name}")
+        return ", ".join(parts)

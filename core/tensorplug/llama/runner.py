@@ -1,0 +1,387 @@
+"""Running a llama GGUF model: weights on devices, a KV cache, and replayed step graphs.
+
+:class:`Llama` loads a model the way llama.cpp does: weights the host CPU computes on
+are the file's own memory map (no copy), weights of other devices are uploaded into
+their buffers, each block's KV cache is allocated (and zeroed) on the block's device.
+One :class:`~tensorplug.Scheduler` over those devices, with the host CPU backend last,
+runs every step.
+
+A step is a graph of fixed shape — ``n_tokens`` new tokens attending to ``n_kv`` cache
+rows, ``n_kv`` the used context rounded up to ``kv_pad`` — kept in a small cache of
+built graphs. The scheduler's buffers are reserved once, for the largest step, and a
+graph that is already allocated is computed again with new inputs, so decoding token
+after token costs one set of input writes, one compute and one read of the logits.
+
+Timings follow llama.cpp's split: batches of several tokens are "prompt" time, single
+tokens "generation" time; each is divided into the scheduler's ``graph_compute`` (the
+kernels and the copies between devices) and everything else (Python: building and
+allocating graphs, writing inputs, reading logits).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..alloc import alloc_tensors
+from ..backend import Backend, Status
+from ..buffer import Buffer, BufferUsage
+from ..errors import ComputeAbortedError
+from ..gguf import GGUFError, GGUFFile
+from ..sched import Scheduler
+from ..tensor import Tensor
+from ..transfer import get_array, set_array
+from ..types import Type
+from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
+from .placement import Placement, by_priority, host_cpu
+from .sampling import Sampler
+from .tokenizer import Vocab
+
+if TYPE_CHECKING:
+    from os import PathLike
+
+    from ..device import Device
+
+__all__ = ["ContextFullError", "Generation", "Llama", "SplitSummary", "Timings"]
+
+#: Built step graphs kept for replay (prompt chunk sizes x context lengths x outputs).
+GRAPH_CACHE = 8
+
+
+class ContextFullError(ValueError):
+    """More tokens than the context (``n_ctx``) holds."""
+
+
+@dataclass
+class Timings:
+    """Where the time went, in seconds (llama.cpp's prompt / eval split)."""
+
+    load_s: float = 0.0
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    prompt_compute_s: float = 0.0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+    gen_compute_s: float = 0.0
+    samples: int = 0
+    sample_s: float = 0.0
+    graphs_built: int = 0
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s else float("nan")
+
+    @property
+    def gen_tps(self) -> float:
+        return self.gen_tokens / self.gen_s if self.gen_s else float("nan")
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    prompt_logits: np.ndarray | None = None  # (n_prompt, n_vocab) when asked for
+    stopped_at_eos: bool = False
+
+
+@dataclass(frozen=True)
+class SplitSummary:
+    """How the scheduler cut a step graph: per split its backend, node count and the
+    tensors copied in from other backends before it runs."""
+
+    n_nodes: int
+    splits: tuple[tuple[str, int, tuple[str, ...]], ...]
+    copied_bytes: int
+
+    @property
+    def n_splits(self) -> int:
+        return len(self.splits)
+
+    @property
+    def n_copies(self) -> int:
+        return sum(len(inputs) for _, _, inputs in self.splits)
+
+
+@dataclass
+class _DeviceMemory:
+    weights: int = 0
+    kv_cache: int = 0
+    mapped: bool = False
+    buffers: list[Buffer] = field(default_factory=list)
+
+
+class Llama:
+    """A llama model ready to evaluate tokens.
+
+    ``placement`` says where blocks live (default: every block and the output layer on
+    the best GPU, token embeddings on the CPU — llama.cpp's ``-ngl 999`` — or
+    everything on the CPU when there is no GPU).
+    ``n_ctx`` defaults to the training context capped at 512; ``n_batch`` is the prompt
+    chunk; ``use_mmap=False`` copies CPU weights into their own buffer instead of
+    computing from the file's mapping. ``warmup`` evaluates a few tokens once, so
+    that kernel builds and first-use costs are not counted as prompt time.
+    """
+
+    def __init__(
+        self,
+        model: str | PathLike[str] | GGUFFile,
+        *,
+        placement: Placement | None = None,
+        n_ctx: int | None = None,
+        n_batch: int = 32,
+        cache_type: Type | str = Type.F16,
+        kv_pad: int = 256,
+        use_mmap: bool = True,
+        warmup: bool = True,
+    ) -> None:
+        start = time.perf_counter()
+        self.file = model if isinstance(model, GGUFFile) else GGUFFile(model)
+        self.config = cfg = LlamaConfig.from_gguf(self.file)
+        try:
+            self.vocab: Vocab | None = Vocab.from_gguf(self.file)
+            self.vocab_error = ""
+        except GGUFError as e:
+            self.vocab, self.vocab_error = None, str(e)
+        self.n_ctx = n_ctx or min(cfg.n_ctx_train, 512)
+        if n_batch < 1 or kv_pad < 1 or self.n_ctx < 1:
+            raise ValueError(f"need n_ctx, n_batch, kv_pad >= 1 (got {n_ctx}, {n_batch}, {kv_pad})")
+        self.n_batch = min(n_batch, self.n_ctx)
+        self.kv_pad = kv_pad
+        self.placement = placement or Placement.offload(cfg.n_layer, cfg.n_layer + 1)
+        if len(self.placement.layers) != cfg.n_layer:
+            raise ValueError(
+                f"the placement has {len(self.placement.layers)} blocks; the model has "
+                f"{cfg.n_layer}"
+            )
+        p = self.placement
+        self.weights = LlamaWeights.from_gguf(self.file, cfg, share_output=p.output is p.input)
+        self.cache = KVCache.describe(cfg, self.n_ctx, Type.parse(cache_type))
+        self.memory: dict[Device, _DeviceMemory] = {}
+        self._load(use_mmap)
+        devices = by_priority([*p.devices(), host_cpu()])
+        self.backends: list[Backend] = [d.init_backend() for d in devices]
+        self.sched = Scheduler(self.backends)
+        self._graphs: OrderedDict[tuple[int, int, int], StepGraph] = OrderedDict()
+        self._current: StepGraph | None = None
+        self.n_past = 0
+        self.timings = Timings()
+        #: the last prompt and generation graphs' splits, as the scheduler made them
+        self.split_summaries: dict[str, SplitSummary] = {}
+        worst = self._graph(self.n_batch, self.n_ctx, self.n_batch)
+        self.sched.reserve(worst.graph)
+        if warmup:
+            self._warm_up()
+        self.timings.load_s = time.perf_counter() - start
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def _load(self, use_mmap: bool) -> None:
+        """Weights to their devices (mapped or uploaded), KV caches allocated and zeroed."""
+        w, p = self.weights, self.placement
+        weights: dict[Device, dict[int, Tensor]] = {}  # a shared tensor is loaded once
+        caches: dict[Device, list[Tensor]] = {}
+        for dev, tensors in [
+            (p.input, [w.tok_embd]),
+            *((dev, w.layer_tensors(i)) for i, dev in enumerate(p.layers)),
+            (p.output, [w.output_norm, w.output]),
+        ]:
+            group = weights.setdefault(dev, {})
+            for t in tensors:
+                group.setdefault(id(t), t)
+        for i, dev in enumerate(p.layers):
+            caches.setdefault(dev, []).extend(self.cache.layer_tensors(i))
+        for dev, group in weights.items():
+            mem = self.memory.setdefault(dev, _DeviceMemory())
+            pairs = [(w.by_name[t], t) for t in group.values()]
+            if use_mmap and dev.caps.buffer_from_host_ptr:
+                mem.buffers += self.file.map_tensors(pairs, dev)
+                mem.mapped = True
+            elif (buf := self.file.upload_tensors(pairs, dev.buffer_type())) is not None:
+                mem.buffers.append(buf)
+            mem.weights += sum(t.nbytes for t in group.values())
+        for dev, kv in caches.items():
+            buf = alloc_tensors(kv, dev.buffer_type(), BufferUsage.ANY)
+            if buf is not None:
+                buf.clear(0)  # masked rows are multiplied by 0: they must not hold NaNs
+                mem = self.memory.setdefault(dev, _DeviceMemory())
+                mem.buffers.append(buf)
+                mem.kv_cache += buf.size
+
+    def _warm_up(self) -> None:
+        """Run a prompt-shaped and a token-shaped step once and forget them: the first
+        computes build kernels, plans and caches, which is loading, not prompt time."""
+        self.eval([0, 0][: self.n_ctx])
+        if self.n_past < self.n_ctx:
+            self.eval([0])
+        self.reset()
+        self.timings = Timings(graphs_built=self.timings.graphs_built)
+        self.split_summaries.clear()
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the context: the next tokens start at position 0."""
+        self.n_past = 0
+
+    def eval(self, tokens: Sequence[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+        """Process ``tokens`` after the ``n_past`` already in the cache.
+
+        Returns the logits of the last token ``(n_vocab,)``, or with ``all_logits`` of
+        every token ``(len(tokens), n_vocab)``. Long inputs run in chunks of
+        ``n_batch``.
+        """
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("eval needs at least one token")
+        bad = ids[(ids < 0) | (ids >= self.config.n_vocab)]
+        if bad.size:
+            raise ValueError(
+                f"token id {int(bad[0])} is outside the vocabulary (0..{self.config.n_vocab - 1})"
+            )
+        if self.n_past + ids.size > self.n_ctx:
+            raise ContextFullError(
+                f"{self.n_past} tokens in the context + {ids.size} new ones exceed n_ctx = "
+                f"{self.n_ctx}; use a larger context (--ctx-size) or fewer tokens"
+            )
+        ids = ids.astype(np.int32)
+        outs = []
+        for s in range(0, ids.size, self.n_batch):
+            chunk = ids[s : s + self.n_batch]
+            outs.append(self._step(chunk, chunk.size if all_logits else 1))
+        return np.concatenate(outs) if all_logits else outs[-1][-1]
+
+    def _graph(self, n_tokens: int, n_kv: int, n_outputs: int) -> StepGraph:
+        key = (n_tokens, n_kv, n_outputs)
+        sg = self._graphs.get(key)
+        if sg is None:
+            sg = build_step(self.config, self.weights, self.cache, n_tokens, n_kv, n_outputs)
+            self._graphs[key] = sg
+            self.timings.graphs_built += 1
+            if len(self._graphs) > GRAPH_CACHE:
+                old = next(k for k, g in self._graphs.items() if g is not self._current)
+                del self._graphs[old]
+        else:
+            self._graphs.move_to_end(key)
+        return sg
+
+    def _step(self, chunk: np.ndarray, n_outputs: int) -> np.ndarray:
+        start = time.perf_counter()
+        T = chunk.size
+        n_kv = min(self.n_ctx, -(-(self.n_past + T) // self.kv_pad) * self.kv_pad)
+        sg = self._graph(T, n_kv, n_outputs)
+        if self._current is not sg:
+            self.sched.alloc_graph(sg.graph)
+            self._current = sg
+            self.split_summaries["prompt" if T > 1 else "generation"] = self._summarize(sg)
+        pos = np.arange(self.n_past, self.n_past + T, dtype=np.int32)
+        set_array(sg.tokens, chunk)
+        set_array(sg.pos, pos)
+        set_array(sg.kv_idx, pos.astype(np.int64))
+        set_array(sg.mask, _causal_mask(pos, n_kv))
+        if sg.out_ids is not None:
+            set_array(sg.out_ids, np.arange(T - n_outputs, T, dtype=np.int32))
+        t_compute = time.perf_counter()
+        status = self.sched.graph_compute(sg.graph)
+        compute = time.perf_counter() - t_compute
+        if status is not Status.SUCCESS:
+            raise ComputeAbortedError(f"the step graph did not compute: {status.name}")
+        logits = get_array(sg.logits)
+        self.n_past += T
+        total = time.perf_counter() - start
+        t = self.timings
+        if T > 1:  # llama.cpp's rule: batches are prompt time, single tokens generation
+            t.prompt_tokens += T
+            t.prompt_s += total
+            t.prompt_compute_s += compute
+        else:
+            t.gen_tokens += 1
+            t.gen_s += total
+            t.gen_compute_s += compute
+        return logits
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        n_predict: int,
+        sampler: Sampler | None = None,
+        *,
+        on_token: Callable[[int], None] | None = None,
+        stop_at_eos: bool = True,
+        prompt_logits: bool = False,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> Generation:
+        """Evaluate ``prompt`` then sample up to ``n_predict`` tokens one at a time.
+
+        The last sampled token is not evaluated (nothing would read its logits).
+        ``on_progress(done, total)`` follows the prompt chunk by chunk.
+        """
+        sampler = sampler or Sampler()
+        n = len(prompt)
+        if n == 0:
+            raise ValueError("generate needs a prompt of at least one token (e.g. BOS)")
+        kept = []
+        for s in range(0, n, self.n_batch):
+            kept.append(self.eval(prompt[s : s + self.n_batch], all_logits=prompt_logits))
+            if on_progress is not None:
+                on_progress(min(s + self.n_batch, n), n)
+        logits = kept[-1][-1] if prompt_logits else kept[-1]
+        out = Generation([], np.concatenate(kept) if prompt_logits else None)
+        eos = self.vocab.eos if self.vocab is not None else None
+        while len(out.tokens) < n_predict:
+            t0 = time.perf_counter()
+            tok = sampler(logits)
+            self.timings.sample_s += time.perf_counter() - t0
+            self.timings.samples += 1
+            out.tokens.append(tok)
+            if on_token is not None:
+                on_token(tok)
+            if stop_at_eos and tok == eos:
+                out.stopped_at_eos = True
+                break
+            if len(out.tokens) == n_predict or self.n_past >= self.n_ctx:
+                break
+            logits = self.eval([tok])
+        return out
+
+    # -- reporting ------------------------------------------------------------------------------
+
+    def _summarize(self, sg: StepGraph) -> SplitSummary:
+        splits = tuple(
+            (
+                self.backends[sp.backend_id].name,
+                sp.end - sp.start,
+                tuple(t.name or t.op.value for t in sp.inputs),
+            )
+            for sp in self.sched.splits
+        )
+        copied = sum(t.nbytes for sp in self.sched.splits for t in sp.inputs)
+        return SplitSummary(len(sg.graph.nodes), splits, copied)
+
+    def compute_buffers(self) -> list[tuple[str, int]]:
+        return [(be.name, self.sched.buffer_size(be)) for be in self.backends]
+
+    def __enter__(self) -> Llama:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the scheduler, the buffers and the backends."""
+        self.sched.free()
+        for mem in self.memory.values():
+            for buf in mem.buffers:
+                buf.free()
+        for be in self.backends:
+            be.free()
+        self.memory = {}
+
+
+def _causal_mask(pos: np.ndarray, n_kv: int) -> np.ndarray:
+    """0 where cache row ``j`` holds a position ``<=`` the token's, -inf elsewhere."""
+    allowed = np.arange(n_kv)[None, :] <= pos[:, None]
+    return np.where(allowed, np.float16(0), np.float16(-np.inf))

@@ -1,0 +1,185 @@
+"""Random-weight llama models written as real GGUF files, for demos, tests and benchmarks.
+
+:func:`write_tiny_llama` writes what llama.cpp's converter would write for a llama
+model — the ``llama.*`` hyper-parameters, a SentencePiece vocabulary and the weight
+tensors under their GGUF names — with the ``gguf`` package's writer, so everything
+downstream (reader, loader, tokenizer, graphs) runs exactly as for a downloaded model.
+The weights are seeded random numbers: the text is gibberish, the arithmetic is real.
+
+The master weights depend only on ``seed`` and the dimensions, never on the storage
+type, so an F32 and a Q4_0 file written with the same seed hold the same model up to
+quantization error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+from pathlib import Path
+
+import numpy as np
+
+from ..quants import quantize
+from ..types import Type
+from .tokenizer import SPACE, TokenType
+
+__all__ = ["TINY_DIMS", "tiny_vocab", "write_tiny_llama"]
+
+#: The default tiny model: small enough for tests, shaped like a real llama (GQA, SwiGLU).
+TINY_DIMS: dict[str, int] = {
+    "n_vocab": 320,
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_head_kv": 2,
+    "n_ff": 128,
+    "n_ctx": 256,
+}
+
+_WORDS = """
+the of and to in is that it for was on are as with be at by this had not but from or have an
+they which one you were all we her she there would their will when who him been has more if
+no out so said what up its about into than them can only other new some time could these two
+may first then do any like my now over such our man me even most made after also did many
+before must through back years where much your way well down should because each just those
+people how too little state good very make world still own see men work long get here between
+both life being under never day same another know while last might us great old year off come
+since against go came right used take three hello tensor plug graph device
+""".split()  # noqa: SIM905 (a paragraph reads better than 150 quoted words)
+
+
+def tiny_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """A llama-style vocabulary of exactly ``n_vocab`` entries (at least 259).
+
+    Ids 0-2 are ``<unk>``, ``<s>``, ``</s>``; 3-258 the byte tokens ``<0x00>`` ..
+    ``<0xFF>``; then ``▁`` and the lowercase letters, common words with and without a
+    leading ``▁`` and their prefixes (so that SentencePiece merges can reach them), the
+    other printable ASCII characters, then synthetic letter pairs and triples: a small
+    vocabulary spells capitals and punctuation with byte tokens. Scores fall with the
+    id, as merge priority does.
+    """
+    if n_vocab < 259:
+        raise ValueError(
+            f"a llama vocabulary with byte fallback needs >= 259 tokens, not {n_vocab}"
+        )
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
+    seen = set(tokens)
+
+    def candidates() -> itertools.chain[str]:
+        letters = [SPACE, *string.ascii_lowercase]
+        others = [c for c in string.printable if c.isprintable() and c not in (*letters, " ")]
+        words = [w for word in _WORDS for w in (SPACE + word, word)]
+        prefixes = [w[:k] for w in words for k in range(2, len(w) + 1)]
+        pairs = ("".join(p) for p in itertools.product(string.ascii_lowercase, repeat=2))
+        triples = ("".join(p) for p in itertools.product(string.ascii_lowercase, repeat=3))
+        spaced = (SPACE + "".join(p) for p in itertools.product(string.ascii_lowercase, repeat=3))
+        return itertools.chain(letters, prefixes, others, pairs, triples, spaced)
+
+    for text in candidates():
+        if len(tokens) == n_vocab:
+            break
+        if text not in seen:
+            seen.add(text)
+            tokens.append(text)
+            types.append(TokenType.NORMAL)
+    if len(tokens) < n_vocab:
+        raise ValueError(f"tiny_vocab can make at most {len(tokens)} tokens, not {n_vocab}")
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(n_vocab - 259)]
+    return tokens, scores, types
+
+
+def write_tiny_llama(
+    path: str | Path,
+    weight_type: Type | str = Type.F32,
+    seed: int = 0,
+    *,
+    tied: bool = False,
+    rope_freqs: bool = False,
+    rope_base: float = 10000.0,
+    eps: float = 1e-5,
+    **dims: int,
+) -> Path:
+    """Write a random-weight llama GGUF file and return its path.
+
+    ``dims`` override :data:`TINY_DIMS` (``n_vocab``, ``n_embd``, ``n_layer``,
+    ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``). Matrices are stored as
+    ``weight_type`` (F32, F16, Q8_0, Q4_0...; rows must be multiples of 32 for the
+    quantized ones), norms as F32. ``tied`` leaves out ``output.weight`` so the
+    output layer reuses the token embeddings; ``rope_freqs`` adds Llama 3.1's
+    ``rope_freqs.weight`` (per-pair frequency divisors, here 1 to 8).
+    """
+    from gguf import GGMLQuantizationType, GGUFWriter  # deferred: slow to import
+
+    unknown = set(dims) - set(TINY_DIMS)
+    if unknown:
+        raise TypeError(f"unknown dimension(s) {sorted(unknown)}; known: {sorted(TINY_DIMS)}")
+    d = {**TINY_DIMS, **dims}
+    wtype = Type.parse(weight_type)
+    n_embd, n_head, n_head_kv, n_ff = d["n_embd"], d["n_head"], d["n_head_kv"], d["n_ff"]
+    head_dim = n_embd // n_head
+    n_kv = head_dim * n_head_kv
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name(f"tiny-llama-{wtype.name.lower()}-seed{seed}")
+    writer.add_context_length(d["n_ctx"])
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(d["n_layer"])
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(rope_base)
+    writer.add_layer_norm_rms_eps(eps)
+    writer.add_vocab_size(d["n_vocab"])
+    writer.add_file_type({Type.F32: 0, Type.F16: 1, Type.Q4_0: 2, Type.Q8_0: 7}.get(wtype, 0))
+    tokens, scores, types = tiny_vocab(d["n_vocab"])
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(True)
+
+    def matrix(name: str, n_out: int, n_in: int, scale: float = 1.0) -> None:
+        values = rng.standard_normal((n_out, n_in), dtype=np.float32) * float(scale / n_in**0.5)
+        if wtype == Type.F32:
+            writer.add_tensor(name, values)
+        elif wtype == Type.F16:
+            writer.add_tensor(name, values.astype(np.float16))
+        else:
+            raw = quantize(values, wtype)
+            writer.add_tensor(name, raw, raw_dtype=GGMLQuantizationType(wtype.value))
+
+    def norm(name: str) -> None:
+        writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32))
+
+    # token embeddings of unit rms, so that activations start at a llama-like scale
+    matrix("token_embd.weight", d["n_vocab"], n_embd, scale=np.sqrt(n_embd))
+    for i in range(d["n_layer"]):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight")
+        matrix(p + "attn_q.weight", n_embd, n_embd)
+        matrix(p + "attn_k.weight", n_kv, n_embd)
+        matrix(p + "attn_v.weight", n_kv, n_embd)
+        matrix(p + "attn_output.weight", n_embd, n_embd)
+        norm(p + "ffn_norm.weight")
+        matrix(p + "ffn_gate.weight", n_ff, n_embd)
+        matrix(p + "ffn_up.weight", n_ff, n_embd)
+        matrix(p + "ffn_down.weight", n_embd, n_ff)
+    norm("output_norm.weight")
+    if not tied:
+        matrix("output.weight", d["n_vocab"], n_embd)
+    if rope_freqs:
+        writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, head_dim // 2, dtype=np.float32))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

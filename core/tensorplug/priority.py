@@ -1,0 +1,52 @@
+"""The order in which applications hand devices to the scheduler.
+
+Best first — GPUs, integrated GPUs, accelerators, CPU-type devices with their own
+memory — and the host CPU backend last, because the scheduler runs inputs and
+fallback ops on its last backend. A physical device reached through two backends
+(the same ``device_id``) is used once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from . import registry
+from .device import Device, DeviceType
+from .errors import BackendNotFoundError
+
+__all__ = ["by_priority", "host_cpu", "is_host_cpu"]
+
+#: Device types in order of preference; the host CPU backend comes last.
+_PRIORITY = {DeviceType.GPU: 0, DeviceType.IGPU: 1, DeviceType.ACCEL: 2, DeviceType.CPU: 3}
+
+
+def is_host_cpu(dev: Device) -> bool:
+    """The CPU backend proper: a CPU computing in host memory (not, say, OpenCL on PoCL,
+    which is a CPU-type device with its own device buffers)."""
+    return dev.type is DeviceType.CPU and dev.buffer_type().is_host
+
+
+def host_cpu() -> Device:
+    dev = next((d for d in registry.devices() if is_host_cpu(d)), None)
+    if dev is None:
+        raise BackendNotFoundError(
+            "no CPU device is registered; the scheduler needs one for inputs and fallback ops. "
+            "Fix: pip install tensorplug-cpu (or pip install -e plugins/cpu)"
+        )
+    return dev
+
+
+def by_priority(devs: Iterable[Device]) -> list[Device]:
+    """GPUs, integrated GPUs, accelerators, CPU-type devices with device memory, then the
+    host CPU; a physical device seen through two backends (same ``device_id``) once."""
+    seen: set[str] = set()
+    out: list[Device] = []
+    for d in sorted(devs, key=lambda d: (_PRIORITY[d.type], is_host_cpu(d))):
+        if any(d is o for o in out) or (d.device_id is not None and d.device_id in seen):
+            continue
+        out.append(d)
+        if d.device_id is not None:
+            seen.add(d.device_id)
+    return out
+
+

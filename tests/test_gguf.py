@@ -1,0 +1,309 @@
+"""tensorplug.gguf: metadata, tensors, zero-copy mapping, uploads and clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+
+from tensorplug import registry
+from tensorplug.buffer import BufferUsage
+from tensorplug.errors import UnsupportedError
+from tensorplug.gguf import GGUFError, GGUFFile
+from tensorplug.llama.model import LlamaConfig, LlamaWeights
+from tensorplug.llama.placement import Placement, host_cpu
+from tensorplug.llama.runner import Llama
+from tensorplug.llama.tiny import write_tiny_llama
+from tensorplug.transfer import get_array, tensor_set
+from tensorplug.types import Type
+
+
+def _finish(w: GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("gguf") / "tiny-q4_0.gguf", "q4_0", 1)
+
+
+def test_import_tensorplug_does_not_import_gguf() -> None:
+    code = "import sys, tensorplug, tensorplug.gguf, tensorplug.llama; print('gguf' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_metadata_and_tensor_descriptions(tiny: Path) -> None:
+    f = GGUFFile(tiny)
+    reader = GGUFReader(tiny)
+    assert f.architecture == "llama" and f.version == 3
+    assert f.value("llama.embedding_length", int) == 64
+    assert f.value("llama.attention.layer_norm_rms_epsilon", float) == pytest.approx(1e-5)
+    assert f.value("llama.rope.freq_base", float) == 10000.0
+    assert f.get("tokenizer.ggml.tokens")[:3] == ["<unk>", "<s>", "</s>"]
+    assert f.get("no.such.key", 7) == 7
+    keys = f.keys()
+    assert "general.architecture" in keys and "GGUF.version" not in keys
+    assert len(f.tensors) == len(reader.tensors) == 2 * 9 + 3
+    for t in reader.tensors:
+        info = f.tensors[t.name]
+        assert info.shape == tuple(reversed(t.shape.tolist()))  # numpy order
+        assert info.offset == t.data_offset and info.nbytes == t.n_bytes
+        assert np.array_equal(f.tensor_bytes(t.name), t.data.reshape(-1).view(np.uint8))
+    q = f.tensors["blk.0.attn_q.weight"]
+    assert (q.type, q.shape, q.nbytes) == (Type.Q4_0, (64, 64), 64 * 2 * 18)
+    assert f.tensors["blk.0.attn_norm.weight"].type == Type.F32
+
+
+def _odd_arrays(path: Path) -> Path:
+    w = GGUFWriter(str(path), "llama")
+    w.add_array("a.strings", ["x", "", "ü€", "tab\tnewline\n"])
+    w.add_array("a.floats", [1.5, -2.25])
+    w.add_array("a.bools", [True, False, True])
+    w.add_array("a.nested", [[1, 2], [3]])
+    w.add_tensor("t", np.arange(8, dtype=np.float32))
+    _finish(w)
+    return path
+
+
+@pytest.mark.parametrize("which", ["tiny", "odd arrays"])
+def test_metadata_equals_the_stock_readers(tiny: Path, tmp_path: Path, which: str) -> None:
+    """GGUFFile parses metadata arrays in bulk; every value must be what gguf's own
+    reader gives (this catches a gguf release that changes the reader's internals)."""
+    path = tiny if which == "tiny" else _odd_arrays(tmp_path / "odd.gguf")
+    f, stock = GGUFFile(path), GGUFReader(path)
+    assert list(f._reader.fields) == list(stock.fields)
+    for key, field in stock.fields.items():
+        assert f._reader.fields[key].contents() == field.contents(), key
+        assert f._reader.fields[key].types == field.types, key
+    assert [t.data_offset for t in f._reader.tensors] == [t.data_offset for t in stock.tensors]
+
+
+def test_mapped_weights_are_the_file_itself(tiny: Path) -> None:
+    f = GGUFFile(tiny)
+    cpu = host_cpu()
+    names = ["token_embd.weight", "blk.0.attn_norm.weight", "blk.1.ffn_down.weight"]
+    tensors = {n: f.new_tensor(n) for n in names}
+    buffers = f.map_tensors(tensors, cpu)
+    for name, t in tensors.items():
+        assert t.buffer is not None and t.buffer.usage is BufferUsage.WEIGHTS
+        mem = t.buffer.host_array()[t.offset : t.offset + t.nbytes]
+        assert np.shares_memory(mem, f.data)  # no copy: the mapping itself
+        assert np.array_equal(get_array(t).reshape(-1).view(np.uint8), f.tensor_bytes(name))
+    assert 1 <= len(buffers) <= len(names)
+    with pytest.raises(UnsupportedError, match="read-only"):
+        tensor_set(tensors["blk.0.attn_norm.weight"], np.zeros(64, np.float32))
+
+
+def test_mapping_splits_runs_at_misaligned_offsets(tmp_path: Path) -> None:
+    """GGUF aligns tensors to 32 bytes; host buffers want 64: a tensor whose offset breaks
+    the run's alignment starts a new buffer, and every tensor still reads correctly."""
+    path = tmp_path / "odd.gguf"
+    w = GGUFWriter(str(path), "llama")
+    arrays = {f"t{i}": np.arange(8 * (i + 1), dtype=np.float32) + i for i in range(5)}
+    for name, a in arrays.items():  # 32, 64, 96, 128, 160 bytes
+        w.add_tensor(name, a)
+    _finish(w)
+    f = GGUFFile(path)
+    tensors = {n: f.new_tensor(n) for n in arrays}
+    buffers = f.map_tensors(list(tensors.items()), host_cpu())
+    assert len(buffers) > 1
+    for name, a in arrays.items():
+        assert np.array_equal(get_array(tensors[name]), a)
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+def test_upload_to_a_device_buffer_type(tiny: Path, device: str) -> None:
+    dev = registry.dev_by_name(device)
+    if dev is None:
+        pytest.skip(f"no {device} device")
+    f = GGUFFile(tiny)
+    names = ["blk.0.attn_q.weight", "blk.0.ffn_norm.weight", "output.weight"]
+    tensors = [(n, f.new_tensor(n)) for n in names]
+    buf = f.upload_tensors(tensors, dev.buffer_type())
+    assert buf is not None and buf.usage is BufferUsage.WEIGHTS and buf.buft is dev.buffer_type()
+    for name, t in tensors:
+        assert not np.shares_memory(get_array(t), f.data)
+        assert np.array_equal(get_array(t).reshape(-1).view(np.uint8), f.tensor_bytes(name))
+
+
+def test_loading_refuses_a_tensor_of_the_wrong_layout(tiny: Path) -> None:
+    f = GGUFFile(tiny)
+    from tensorplug.tensor import new_tensor
+
+    wrong = new_tensor(Type.Q8_0, (64, 64), "q")
+    with pytest.raises(GGUFError, match="cannot hold the file's 'blk.0.attn_q.weight'"):
+        f.map_tensors({"blk.0.attn_q.weight": wrong}, host_cpu())
+
+
+# -- bad files ----------------------------------------------------------------------------------
+
+
+def _rewrite(
+    src: Path,
+    dst: Path,
+    drop: Iterable[str] = (),
+    change: dict[str, tuple[Any, GGUFValueType]] | None = None,
+    tensors: Callable[[str, np.ndarray, GGMLQuantizationType], tuple[np.ndarray, Any]]
+    | None = None,
+    skip_tensors: Iterable[str] = (),
+) -> Path:
+    """Copy a GGUF file through the gguf reader and writer, dropping or changing keys,
+    leaving out tensors, and (with ``tensors``) replacing tensor data and type."""
+    r = GGUFReader(src)
+    w = GGUFWriter(str(dst), "llama")
+    change = change or {}
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
+            continue
+        if key in change:
+            continue
+        main, sub = (
+            field.types[0],
+            field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None,
+        )
+        w.add_key_value(key, field.contents(), main, sub)
+    for key, (value, vtype) in change.items():
+        w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        if t.name in skip_tensors:
+            continue
+        data, raw = t.data, t.tensor_type
+        if tensors is not None:
+            data, raw = tensors(t.name, data, raw)
+        quantized = raw not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+        w.add_tensor(t.name, np.ascontiguousarray(data), raw_dtype=raw if quantized else None)
+    _finish(w)
+    return dst
+
+
+def _open_llama(path: Path) -> Llama:
+    return Llama(path, placement=Placement.on(host_cpu(), 2))
+
+
+def test_rewrite_helper_keeps_a_good_file_good(tiny: Path, tmp_path: Path) -> None:
+    copy = _rewrite(tiny, tmp_path / "copy.gguf")
+    a, b = GGUFFile(tiny), GGUFFile(copy)
+    assert a.keys() == b.keys()
+    assert all(np.array_equal(a.tensor_bytes(n), b.tensor_bytes(n)) for n in a.tensors)
+
+
+def test_truncated_tensor_data_names_the_tensor(tiny: Path, tmp_path: Path) -> None:
+    data = tiny.read_bytes()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[: len(data) - 100])
+    with pytest.raises(GGUFError, match=r"is truncated: the data of tensor 'output.weight'"):
+        GGUFFile(bad)
+
+
+@pytest.mark.parametrize(
+    ("keep", "where"),
+    [(2, "the magic number"), (30, "metadata key #0"), (2000, "metadata key 'tokenizer.ggml")],
+)
+def test_truncated_header_says_where(tiny: Path, tmp_path: Path, keep: int, where: str) -> None:
+    bad = tmp_path / "head.gguf"
+    bad.write_bytes(tiny.read_bytes()[:keep])
+    with pytest.raises(GGUFError, match="truncated") as e:
+        GGUFFile(bad)
+    assert where in str(e.value)
+
+
+def test_not_a_gguf_file(tmp_path: Path) -> None:
+    (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04 this is a zip")
+    with pytest.raises(GGUFError, match=r"not a GGUF file: it starts with b'PK"):
+        GGUFFile(tmp_path / "x.gguf")
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(GGUFError, match="is empty"):
+        GGUFFile(tmp_path / "empty.gguf")
+
+
+def test_unknown_tensor_type_id_names_the_tensor(tiny: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "type99.gguf"
+    bad.write_bytes(tiny.read_bytes())
+    r = GGUFReader(bad, "r+")
+    victim = r.tensors[3]
+    victim.field.parts[4][0] = 99  # the tensor info's type field, written through the mapping
+    r.data.flush()
+    del r
+    with pytest.raises(GGUFError, match=rf"tensor '{victim.name}' has unknown type id 99"):
+        GGUFFile(bad)
+
+
+def test_unsupported_tensor_type_names_tensor_and_type(tiny: Path, tmp_path: Path) -> None:
+    """IQ4_NL is a real ggml type (the gguf reader knows it) that tensorplug cannot compute."""
+
+    def to_iq4_nl(name: str, data: np.ndarray, raw: GGMLQuantizationType) -> tuple[np.ndarray, Any]:
+        if name != "output.weight":
+            return data, raw
+        return np.zeros((320, 36), np.uint8), GGMLQuantizationType.IQ4_NL  # 2 blocks of 18 B
+
+    bad = _rewrite(tiny, tmp_path / "iq4.gguf", tensors=to_iq4_nl)
+    f = GGUFFile(bad)  # the file itself is fine
+    assert f.tensors["output.weight"].type_name == "IQ4_NL"
+    with pytest.raises(GGUFError, match=r"tensor 'output.weight' is stored as IQ4_NL"):
+        LlamaWeights.from_gguf(f, LlamaConfig.from_gguf(f))
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["llama.embedding_length", "llama.block_count", "llama.attention.head_count",
+     "llama.attention.layer_norm_rms_epsilon", "llama.context_length"],
+)  # fmt: skip
+def test_missing_required_metadata_names_the_key(tiny: Path, tmp_path: Path, key: str) -> None:
+    bad = _rewrite(tiny, tmp_path / "nokey.gguf", drop=[key])
+    with pytest.raises(GGUFError, match=rf"required metadata key '{key}' is missing"):
+        _open_llama(bad)
+
+
+def test_optional_metadata_has_llama_defaults(tiny: Path, tmp_path: Path) -> None:
+    path = _rewrite(
+        tiny, tmp_path / "defaults.gguf",
+        drop=["llama.attention.head_count_kv", "llama.rope.dimension_count",
+              "llama.rope.freq_base", "llama.vocab_size"],
+        tensors=lambda n, d, r: (d, r) if "attn_k" not in n and "attn_v" not in n
+        else (np.concatenate([d, d]), r),  # MHA: as many KV heads as heads
+    )  # fmt: skip
+    cfg = LlamaConfig.from_gguf(GGUFFile(path))
+    assert (cfg.n_head_kv, cfg.n_rot, cfg.rope_base, cfg.n_vocab) == (4, 16, 10000.0, 320)
+
+
+def test_wrong_value_type_and_architecture(tiny: Path, tmp_path: Path) -> None:
+    bad = _rewrite(
+        tiny, tmp_path / "str.gguf", change={"llama.block_count": ("two", GGUFValueType.STRING)}
+    )
+    with pytest.raises(GGUFError, match=r"'llama.block_count' should be int, but holds str 'two'"):
+        _open_llama(bad)
+    other = _rewrite(
+        tiny,
+        tmp_path / "arch.gguf",
+        change={"general.architecture": ("gpt2", GGUFValueType.STRING)},
+    )
+    with pytest.raises(GGUFError, match="general.architecture is 'gpt2'"):
+        _open_llama(other)
+
+
+def test_tensor_shape_that_contradicts_metadata(tiny: Path, tmp_path: Path) -> None:
+    def narrow(name: str, data: np.ndarray, raw: GGMLQuantizationType) -> tuple[np.ndarray, Any]:
+        return (data[:32], raw) if name == "blk.1.ffn_up.weight" else (data, raw)
+
+    bad = _rewrite(tiny, tmp_path / "shape.gguf", tensors=narrow)
+    with pytest.raises(
+        GGUFError, match=r"tensor 'blk.1.ffn_up.weight' \(Q4_0\[32, 64\]\) has shape \(32, 64\), "
+        r"but the model needs \(128, 64\) \(from llama.embedding_length=64.*feed_forward_length"
+    ):  # fmt: skip
+        _open_llama(bad)
+
+
+def test_missing_tensor_is_named(tiny: Path, tmp_path: Path) -> None:
+    bad = _rewrite(tiny, tmp_path / "missing.gguf", skip_tensors=["blk.1.attn_v.weight"])
+    with pytest.raises(GGUFError, match="tensor 'blk.1.attn_v.weight' is missing"):
+        _open_llama(bad)

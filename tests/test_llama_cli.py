@@ -1,0 +1,82 @@
+"""``tensorplug run``: the command line end to end, in process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import test_llama_reference as ref
+
+from tensorplug import registry
+from tensorplug.cli import main
+from tensorplug.llama.tiny import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("run") / "tiny-f16.gguf", "f16", 5)
+
+
+def test_tokens_in_logits_out(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "logits.npy"
+    ids = [1, 300, 301, 302, 310]
+    argv = ["run", str(model), "--device", "CPU", "--tokens", ",".join(map(str, ids))]
+    assert main([*argv, "-n", "4", "--cache-type", "f32", "--logits-out", str(out)]) == 0
+    logits = np.load(out)
+    assert logits.shape == (5, 320)
+    assert ref.rel_err(logits, ref.logits(ref.load(model), ids)) <= 1e-5
+    err = capsys.readouterr().err
+    assert "placement: token_embd: CPU, blocks 0-1: CPU, output: CPU" in err
+    assert "saved prompt logits (5, 320)" in err
+    assert "generation:     3 tokens" in err and "tokens/s" in err
+
+
+def test_prompt_text_streams_to_stdout(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(model), "-p", "hello the world", "-n", "6", "--device", "CPU"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("hello the world")
+    assert "model:" not in captured.out  # the report goes to stderr
+    assert "prompt: 13 tokens [1,259," in captured.err
+
+
+def test_sampling_is_reproducible(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", str(model), "--device", "CPU", "-n", "12", "--temp", "1.5", "--top-k", "0"]
+    texts = []
+    for seed in ("1", "1", "2"):
+        assert main([*argv, "--seed", seed, "--ignore-eos"]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] != texts[2]
+
+
+def test_offload_splits_the_graph(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if registry.dev_by_name("OpenCL0") is None:
+        pytest.skip("no OpenCL device (pip install -e plugins/opencl pocl-binary-distribution)")
+    assert main(["run", str(model), "-ngl", "1", "-n", "3", "--device", "OpenCL0"]) == 0
+    err = capsys.readouterr().err
+    assert "placement: token_embd: CPU, blocks 0: CPU, blocks 1: OpenCL0, output: CPU" in err
+    assert "generation graph: 60 nodes, 3 splits" in err
+    assert "weights" in err and "(uploaded)" in err and "(mapped from the file)" in err
+
+
+def test_without_a_model_runs_the_tiny_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "-n", "4", "--weights", "q4_0"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote a tiny random-weight llama (Q4_0) with the gguf writer" in out
+    for dev in registry.devices():
+        assert f"  {dev.name} " in out
+    assert "split 0:" in out and "tokens/s" in out and "compute buffers:" in out
+    assert "check: the prompt logits agree with a CPU-only run" in out
+
+
+def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00")
+    assert main(["run", str(bad)]) == 1
+    assert "tensorplug run: error:" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "missing.gguf")]) == 1
+    assert "No such file" in capsys.readouterr().err
+    assert main(["run", "--device", "NoSuchDevice", "-n", "1"]) == 1
+    assert "no device named 'NoSuchDevice'" in capsys.readouterr().err

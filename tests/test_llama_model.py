@@ -1,0 +1,220 @@
+"""The llama runner's logits against an independent float64 numpy llama.
+
+Tolerances (error = largest |runner - reference| over the largest |reference logit|):
+
+* Exact-weight comparisons: the reference dequantizes the very bytes in the file with
+  ``gguf.quants``, and every tensorplug backend dequantizes F16/Q8_0/Q4_0 exactly (a
+  block scale times a small integer is exact in float32), so the weights are identical
+  and only float32 rounding in the runner remains: 1e-5 for every weight type (measured:
+  2e-7 to 1e-6). With the default F16 KV cache the reference rounds K and V to float16
+  as the cache does; a value that float32 and float64 round to neighbouring halves
+  costs one f16 ulp on that element, hence 2e-5 (measured up to 5e-6).
+* Quantization error (each type against the float32 master weights it was made from):
+  the logits' relative RMS error must stay within 4x the weights' own relative RMS
+  quantization error, which the test measures from the files (F16 ~2e-4, Q8_0 ~5e-3,
+  Q4_0 ~9e-2). Errors of the ~17 matrices of a 2-block model add up to about 2.5x
+  (measured 2.3-2.5x for all three types); a wrong dequantization would be O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import test_llama_reference as ref
+
+from tensorplug import registry
+from tensorplug.device import Device
+from tensorplug.llama.placement import Placement, host_cpu
+from tensorplug.llama.runner import ContextFullError, Llama
+from tensorplug.llama.tiny import write_tiny_llama
+
+TYPES = ["f32", "f16", "q8_0", "q4_0"]
+#: 20 ids: BOS, then a mix of merged and single-character tokens of the tiny vocabulary.
+TOKENS = [1, 259, 288, 300, 270, 265, 280, 290, 300, 310, 270, 275, 285, 295, 305, 315, 260, 262]
+SEED = 3
+
+
+def _device(name: str) -> Device:
+    dev = registry.dev_by_name(name)
+    if dev is None:
+        pytest.skip(f"no {name} device (install and configure its plugin: `tensorplug devices`)")
+    return dev
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("llama")
+    files = {t: write_tiny_llama(folder / f"tiny-{t}.gguf", t, SEED) for t in TYPES}
+    files["tied"] = write_tiny_llama(folder / "tiny-tied.gguf", "q8_0", SEED, tied=True)
+    files["freqs"] = write_tiny_llama(folder / "tiny-freqs.gguf", "f16", SEED, rope_freqs=True)
+    return files
+
+
+@pytest.fixture
+def run() -> Iterator[list[Llama]]:
+    opened: list[Llama] = []
+    yield opened
+    for m in opened:
+        m.close()
+
+
+def _llama(opened: list[Llama], path: Path, placement: Placement, **kw: object) -> Llama:
+    m = Llama(path, placement=placement, **kw)  # type: ignore[arg-type]
+    opened.append(m)
+    return m
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+@pytest.mark.parametrize("wtype", TYPES)
+def test_logits_match_reference(
+    models: dict[str, Path], run: list[Llama], wtype: str, device: str
+) -> None:
+    dev = _device(device)
+    m = _llama(run, models[wtype], Placement.on(dev, 2), cache_type="f32")
+    got = m.eval(TOKENS, all_logits=True)
+    want = ref.logits(ref.load(models[wtype]), TOKENS)
+    assert got.shape == (len(TOKENS), 320)
+    assert ref.rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+@pytest.mark.parametrize("wtype", ["f32", "q4_0"])
+def test_f16_cache_matches_reference_rounding_kv(
+    models: dict[str, Path], run: list[Llama], wtype: str, device: str
+) -> None:
+    m = _llama(run, models[wtype], Placement.on(_device(device), 2))  # default: F16 cache
+    got = m.eval(TOKENS, all_logits=True)
+    model = ref.load(models[wtype])
+    assert ref.rel_err(got, ref.logits(model, TOKENS, kv_dtype=np.float16)) <= 2e-5
+    # and the cache's rounding is visible: without it the reference is further away
+    assert ref.rel_err(got, ref.logits(model, TOKENS)) > 2e-5
+
+
+@pytest.mark.parametrize("wtype", ["f16", "q8_0", "q4_0"])
+def test_quantization_error_stays_near_the_weights_error(
+    models: dict[str, Path], run: list[Llama], wtype: str
+) -> None:
+    master, stored = ref.load(models["f32"]), ref.load(models[wtype])
+    weight_err = np.mean(
+        [
+            np.linalg.norm(stored.w[k] - w) / np.linalg.norm(w)
+            for k, w in master.w.items()
+            if w.ndim == 2
+        ]
+    )
+    expected = {"f16": (1e-4, 3e-4), "q8_0": (3e-3, 8e-3), "q4_0": (6e-2, 1.2e-1)}[wtype]
+    assert expected[0] < weight_err < expected[1]
+    m = _llama(run, models[wtype], Placement.on(host_cpu(), 2), cache_type="f32")
+    got = m.eval(TOKENS, all_logits=True)
+    want = ref.logits(master, TOKENS)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 4 * weight_err
+
+
+def test_tied_output_uses_the_token_embeddings(models: dict[str, Path], run: list[Llama]) -> None:
+    m = _llama(run, models["tied"], Placement.on(host_cpu(), 2), cache_type="f32")
+    assert "output.weight" not in m.file.tensors
+    assert m.weights.output is m.weights.tok_embd
+    got = m.eval(TOKENS, all_logits=True)
+    assert ref.rel_err(got, ref.logits(ref.load(models["tied"]), TOKENS)) <= 1e-5
+
+
+def test_tied_output_on_another_device_gets_its_own_copy(
+    models: dict[str, Path], run: list[Llama]
+) -> None:
+    gpu = _device("OpenCL0")
+    m = _llama(run, models["tied"], Placement.offload(2, 3, gpu=gpu), cache_type="f32")
+    assert m.weights.output is not m.weights.tok_embd
+    assert m.weights.output.buffer is not None and not m.weights.output.buffer.is_host
+    got = m.eval(TOKENS, all_logits=True)
+    assert ref.rel_err(got, ref.logits(ref.load(models["tied"]), TOKENS)) <= 1e-5
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+def test_rope_frequency_factors(models: dict[str, Path], run: list[Llama], device: str) -> None:
+    """Llama 3.1's rope_freqs.weight divides each pair's angle; every block reads it."""
+    m = _llama(run, models["freqs"], Placement.on(_device(device), 2), cache_type="f32")
+    assert all(layer.rope_freqs is not None for layer in m.weights.layers)
+    got = m.eval(TOKENS, all_logits=True)
+    model = ref.load(models["freqs"])
+    assert ref.rel_err(got, ref.logits(model, TOKENS)) <= 1e-5
+    del model.w["rope_freqs.weight"]  # the factors matter: without them the logits differ
+    assert ref.rel_err(got, ref.logits(model, TOKENS)) > 1e-3
+
+
+def _placements() -> list[tuple[str, Placement]]:
+    cpu = host_cpu()
+    out = [("cpu", Placement.on(cpu, 2))]
+    gpu = registry.dev_by_name("OpenCL0")
+    if gpu is not None:
+        out += [
+            ("opencl", Placement.on(gpu, 2)),
+            ("ngl=1", Placement.offload(2, 1, gpu=gpu)),  # block 1 on OpenCL, output on CPU
+            ("ngl=2", Placement.offload(2, 2, gpu=gpu)),  # both blocks on OpenCL
+        ]
+    return out
+
+
+@pytest.mark.parametrize("cache", ["f32", "f16"])
+@pytest.mark.parametrize(
+    ("label", "placement"), _placements(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_incremental_decoding_matches_whole_sequence(
+    models: dict[str, Path], run: list[Llama], label: str, placement: Placement, cache: str
+) -> None:
+    """One token at a time through the KV cache (and odd-sized chunks, with a small
+    kv_pad so that the step graphs change shape on the way) gives the logits of the
+    whole sequence at once."""
+    m = _llama(run, models["q8_0"], placement, cache_type=cache, kv_pad=8, n_batch=5)
+    whole = m.eval(TOKENS, all_logits=True)
+    m.reset()
+    one_by_one = np.stack([m.eval([t]) for t in TOKENS])
+    m.reset()
+    chunks = np.concatenate(
+        [m.eval(TOKENS[:3], all_logits=True), m.eval(TOKENS[3:10], all_logits=True)]
+        + [m.eval([t])[None] for t in TOKENS[10:]]
+    )
+    tol = 1e-5 if cache == "f32" else 2e-5
+    assert ref.rel_err(one_by_one, whole) <= tol
+    assert ref.rel_err(chunks, whole) <= tol
+    assert m.timings.graphs_built >= 4  # chunk sizes and context lengths changed shape
+    if label.startswith("ngl"):
+        assert m.split_summaries["generation"].n_splits >= 2
+
+
+def test_offloaded_blocks_split_the_graph_and_match(
+    models: dict[str, Path], run: list[Llama]
+) -> None:
+    gpu = _device("OpenCL0")
+    m = _llama(run, models["f32"], Placement.offload(2, 1, gpu=gpu), cache_type="f32")
+    got = m.eval(TOKENS, all_logits=True)
+    assert ref.rel_err(got, ref.logits(ref.load(models["f32"]), TOKENS)) <= 1e-5
+    summary = m.split_summaries["prompt"]
+    assert [name for name, _, _ in summary.splits] == ["CPU", "OpenCL0", "CPU"]
+    assert "kq_mask" in summary.splits[1][2]  # graph inputs are copied to the device
+    assert m.memory[gpu].weights > 0 and not m.memory[gpu].mapped
+    assert m.memory[host_cpu()].mapped
+
+
+def test_greedy_generation_follows_the_reference(models: dict[str, Path], run: list[Llama]) -> None:
+    m = _llama(run, models["f32"], Placement.on(host_cpu(), 2), cache_type="f32")
+    gen = m.generate(TOKENS[:6], 8, stop_at_eos=False)
+    model = ref.load(models["f32"])
+    seq = TOKENS[:6] + gen.tokens
+    want = ref.logits(model, seq).argmax(axis=1)
+    assert gen.tokens == [int(t) for t in want[5:-1]]
+    assert m.timings.gen_tokens == 7 and m.timings.prompt_tokens == 6
+    assert m.n_past == len(seq) - 1  # the last sampled token is not evaluated
+
+
+def test_context_full_and_bad_ids_are_refused(models: dict[str, Path], run: list[Llama]) -> None:
+    m = _llama(run, models["q4_0"], Placement.on(host_cpu(), 2), n_ctx=16)
+    with pytest.raises(ContextFullError, match="n_ctx = 16"):
+        m.eval(list(range(3, 20)))
+    with pytest.raises(ValueError, match="token id 320 is outside the vocabulary"):
+        m.eval([1, 320])
+    m.eval(list(range(3, 19)))
+    with pytest.raises(ContextFullError, match="16 tokens in the context"):
+        m.eval([5])

@@ -1,0 +1,149 @@
+"""An independent float64 numpy llama, for checking the runner (tensorplug.llama).
+
+It shares no code with the runner: the file is read with the ``gguf`` package's own
+reader and dequantized with ``gguf.quants``, and the forward pass is written from the
+llama architecture (RMSNorm, NORMAL rope on adjacent pairs, grouped-query causal
+attention, SwiGLU) in plain float64 numpy over the whole sequence at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+
+@dataclass
+class RefModel:
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_rot: int
+    eps: float
+    base: float
+    w: dict[str, np.ndarray]  # float64, numpy order (GGUF dims reversed)
+
+
+def load(path: str | Path) -> RefModel:
+    r = GGUFReader(path)
+    meta = {name: f.contents() for name, f in r.fields.items()}
+    w = {}
+    for t in r.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        w[t.name] = dequantize(t.data, t.tensor_type).astype(np.float64).reshape(shape)
+    n_embd, n_head = meta["llama.embedding_length"], meta["llama.attention.head_count"]
+    return RefModel(
+        n_layer=meta["llama.block_count"],
+        n_head=n_head,
+        n_head_kv=meta.get("llama.attention.head_count_kv", n_head),
+        n_rot=meta.get("llama.rope.dimension_count", n_embd // n_head),
+        eps=meta["llama.attention.layer_norm_rms_epsilon"],
+        base=meta.get("llama.rope.freq_base", 10000.0),
+        w=w,
+    )
+
+
+def _rms(x: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+
+
+def _rope(x: np.ndarray, n_rot: int, base: float, factors: np.ndarray | None = None) -> np.ndarray:
+    """x (T, H, D): rotate pairs (2i, 2i+1), i < n_rot/2, of token t by
+    t·base^(-2i/n_rot) / factors[i] (Llama 3.1's rope_freqs; 1 without)."""
+    t = np.arange(x.shape[0], dtype=np.float64)[:, None, None]
+    angle = t * base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    if factors is not None:
+        angle = angle / factors
+    c, s = np.cos(angle), np.sin(angle)
+    out = x.copy()
+    a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+    out[..., 0:n_rot:2] = a * c - b * s
+    out[..., 1:n_rot:2] = a * s + b * c
+    return out
+
+
+def logits(m: RefModel, tokens: list[int], kv_dtype: type | None = None) -> np.ndarray:
+    """Logits of every position, (len(tokens), n_vocab). ``kv_dtype`` rounds K and V to
+    the cache's element type, as storing them in an F16 cache does."""
+    w = m.w
+    T = len(tokens)
+    x = w["token_embd.weight"][tokens]
+    hd = x.shape[1] // m.n_head
+    group = m.n_head // m.n_head_kv
+    causal = np.triu(np.full((T, T), -np.inf), k=1)
+    ff = w.get("rope_freqs.weight")
+    for i in range(m.n_layer):
+        p = f"blk.{i}."
+        h = _rms(x, m.eps) * w[p + "attn_norm.weight"]
+        q = _rope((h @ w[p + "attn_q.weight"].T).reshape(T, m.n_head, hd), m.n_rot, m.base, ff)
+        k = _rope((h @ w[p + "attn_k.weight"].T).reshape(T, m.n_head_kv, hd), m.n_rot, m.base, ff)
+        v = (h @ w[p + "attn_v.weight"].T).reshape(T, m.n_head_kv, hd)
+        if kv_dtype is not None:
+            k = k.astype(kv_dtype).astype(np.float64)
+            v = v.astype(kv_dtype).astype(np.float64)
+        out = np.empty((T, m.n_head, hd))
+        for head in range(m.n_head):
+            kv = head // group
+            s = q[:, head] @ k[:, kv].T / np.sqrt(hd) + causal
+            e = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, head] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv]
+        x = x + out.reshape(T, -1) @ w[p + "attn_output.weight"].T
+        h = _rms(x, m.eps) * w[p + "ffn_norm.weight"]
+        gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
+    x = _rms(x, m.eps) * w["output_norm.weight"]
+    return x @ w.get("output.weight", w["token_embd.weight"]).T
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest absolute difference relative to the largest logit."""
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+# -- the reference's own checks: closed-form facts, so that a broken reference cannot hide a
+# -- broken runner
+
+
+def test_rope_rotates_pairs_by_position_angle() -> None:
+    x = np.zeros((3, 1, 4))
+    x[:, 0, 0] = 1.0  # pair 0 = (1, 0), pair 1 = (0, 0)
+    x[:, 0, 3] = 2.0  # pair 1 = (0, 2)
+    out = _rope(x, n_rot=4, base=100.0)
+    for t in range(3):
+        a0, a1 = t * 1.0, t * 100.0 ** (-2 / 4)
+        np.testing.assert_allclose(out[t, 0, :2], [np.cos(a0), np.sin(a0)], atol=1e-15)
+        np.testing.assert_allclose(out[t, 0, 2:], [-2 * np.sin(a1), 2 * np.cos(a1)], atol=1e-15)
+
+
+def test_rope_leaves_dimensions_past_n_rot() -> None:
+    x = np.random.default_rng(0).standard_normal((5, 2, 8))
+    out = _rope(x, n_rot=4, base=10000.0)
+    np.testing.assert_array_equal(out[..., 4:], x[..., 4:])
+    np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1))
+
+
+def test_single_token_attention_passes_v_through() -> None:
+    """With one token, attention returns V itself: the logits equal a hand-built MLP path."""
+    rng = np.random.default_rng(1)
+    d, f, v = 8, 16, 5
+    w = {"token_embd.weight": rng.standard_normal((v, d)), "output_norm.weight": np.ones(d)}
+    p = "blk.0."
+    w |= {p + n: rng.standard_normal(s) for n, s in [
+        ("attn_q.weight", (d, d)), ("attn_k.weight", (4, d)), ("attn_v.weight", (4, d)),
+        ("attn_output.weight", (d, d)), ("ffn_gate.weight", (f, d)), ("ffn_up.weight", (f, d)),
+        ("ffn_down.weight", (d, f)),
+    ]}  # fmt: skip
+    w |= {p + "attn_norm.weight": np.ones(d), p + "ffn_norm.weight": np.ones(d)}
+    m = RefModel(1, 2, 1, 4, 1e-6, 10000.0, w)
+    x = w["token_embd.weight"][3]
+    h = x / np.sqrt(np.mean(x * x) + 1e-6)
+    vv = w[p + "attn_v.weight"] @ h  # one KV head shared by both query heads
+    x1 = x + w[p + "attn_output.weight"] @ np.concatenate([vv, vv])
+    h2 = x1 / np.sqrt(np.mean(x1 * x1) + 1e-6)
+    g, u = w[p + "ffn_gate.weight"] @ h2, w[p + "ffn_up.weight"] @ h2
+    x2 = x1 + w[p + "ffn_down.weight"] @ (g / (1 + np.exp(-g)) * u)
+    want = w["token_embd.weight"] @ (x2 / np.sqrt(np.mean(x2 * x2) + 1e-6))
+    np.testing.assert_allclose(logits(m, [3])[0], want, rtol=1e-12)
