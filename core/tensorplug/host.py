@@ -17,7 +17,14 @@ from .errors import AllocationError, TypeMismatchError, UnsupportedError
 if TYPE_CHECKING:
     from .tensor import Tensor
 
-__all__ = ["HOST_ALIGNMENT", "HostBuffer", "HostBufferType", "host_buffer_type", "tensor_array"]
+__all__ = [
+    "HOST_ALIGNMENT",
+    "HostBuffer",
+    "HostBufferType",
+    "host_buffer_type",
+    "strided_array",
+    "tensor_array",
+]
 
 #: Alignment of host tensors: a cache line, enough for every SIMD width numpy uses.
 HOST_ALIGNMENT = 64
@@ -124,14 +131,17 @@ def host_buffer_type() -> HostBufferType:
 
 
 def tensor_array(tensor: Tensor) -> np.ndarray:
-    """A numpy view (no copy) of a tensor that lives in host memory.
+    """A numpy view (no copy) of a tensor that lives in host memory (see :func:`strided_array`)."""
+    return strided_array(tensor, tensor.require_allocated().host_array(), tensor.offset)
+
+
+def strided_array(tensor: Tensor, mem: np.ndarray, offset: int = 0) -> np.ndarray:
+    """The tensor's elements in the host bytes ``mem``, its first byte at ``offset``; no copy.
 
     Float and integer tensors get their own dtype, shape and strides (BF16 shows as
     ``uint16``). A quantized tensor shows as raw blocks: shape ``(*shape[:-1], n_blocks,
     type_size)`` of ``uint8``, which is what quantized kernels consume.
     """
-    buf = tensor.require_allocated()
-    mem = buf.host_array()
     t = tensor.type
     if t.is_quantized:
         nblocks = tensor.shape[-1] // t.block_size
@@ -142,4 +152,4 @@ def tensor_array(tensor: Tensor) -> np.ndarray:
         shape, strides, dtype = tensor.shape, tensor.strides, t.numpy_dtype
     if tensor.nbytes == 0:
         return np.zeros(shape, dtype=dtype)
-    return np.ndarray(shape, dtype=dtype, buffer=mem, offset=tensor.offset, strides=strides)
+    return np.ndarray(shape, dtype=dtype, buffer=mem, offset=offset, strides=strides)

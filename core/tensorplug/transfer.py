@@ -19,6 +19,7 @@ from .errors import (
     ShapeError,
     TypeMismatchError,
 )
+from .host import strided_array, tensor_array
 
 if TYPE_CHECKING:
     from collections.abc import Buffer as BytesLike
@@ -202,24 +203,14 @@ def set_array(tensor: Tensor, values: np.ndarray) -> None:
         buf.set_tensor(tensor, _bytes_view(np.ascontiguousarray(values)), 0)
         return
     if buf.is_host:
-        from .host import tensor_array
-
         view = tensor_array(tensor)
-        view[...] = values.reshape(view.shape) if tensor.type.is_quantized else values
+        view[...] = values.reshape(view.shape)
         return
     # a strided tensor on a device: read its span, scatter the values, write it back
     span = np.frombuffer(bytearray(tensor_get(tensor)), dtype=np.uint8)
-    _strided(tensor, span)[...] = values.reshape(_strided(tensor, span).shape)
+    view = strided_array(tensor, span)
+    view[...] = values.reshape(view.shape)
     buf.set_tensor(tensor, memoryview(span), 0)
-
-
-def _strided(tensor: Tensor, span: np.ndarray) -> np.ndarray:
-    """The tensor's elements inside a host copy of its byte span."""
-    t = tensor.type
-    if t.is_quantized:
-        shape = (*tensor.shape[:-1], tensor.shape[-1] // t.block_size, t.type_size)
-        return np.ndarray(shape, np.uint8, buffer=span, strides=(*tensor.strides, 1))
-    return np.ndarray(tensor.shape, t.numpy_dtype, buffer=span, strides=tensor.strides)
 
 
 def get_array(tensor: Tensor) -> np.ndarray:
@@ -227,8 +218,6 @@ def get_array(tensor: Tensor) -> np.ndarray:
     shape, dtype = _array_geometry(tensor)
     buf = tensor.require_allocated()
     if buf.is_host:
-        from .host import tensor_array
-
         # always a copy: a view would change under the caller when the memory is reused
         return np.array(tensor_array(tensor), order="C").reshape(shape)
     if tensor.is_contiguous:
@@ -236,4 +225,4 @@ def get_array(tensor: Tensor) -> np.ndarray:
         buf.get_tensor(tensor, memoryview(out).cast("B"), 0)
         return out
     span = np.frombuffer(bytearray(tensor_get(tensor)), dtype=np.uint8)
-    return np.ascontiguousarray(_strided(tensor, span)).reshape(shape)
+    return np.ascontiguousarray(strided_array(tensor, span)).reshape(shape)
