@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .errors import ShapeError, TypeMismatchError
-from .types import Type
+from .types import Type, row_size
 
 __all__ = [
     "SUPPORTED_TYPES",
@@ -81,16 +81,6 @@ def _check_type(t: Type | str | int) -> Type:
             f"(integer tensors need no conversion: view their bytes with numpy directly)"
         )
     return t
-
-
-def _check_row_length(n: int, t: Type) -> None:
-    bs = t.block_size
-    if n % bs:
-        raise ShapeError(
-            f"a row of {n} elements cannot be stored as {t.name}: its rows must hold a whole "
-            f"number of {bs}-element blocks (pad or reshape the last axis to a multiple "
-            f"of {bs}, or keep the tensor in F16/F32)"
-        )
 
 
 def _as_bytes(data: np.ndarray, what: str) -> np.ndarray:
@@ -616,7 +606,7 @@ def quantize(values: np.ndarray, t: Type) -> np.ndarray:
     t = _check_type(t)
     values = _as_float_values(values)
     n = values.shape[-1]
-    _check_row_length(n, t)
+    row_size(t, n)  # raises when a row is not a whole number of blocks
     if t in _FLOAT_TYPES:
         # out-of-range values become inf, as in ggml; numpy's overflow warning is noise
         with np.errstate(over="ignore"):

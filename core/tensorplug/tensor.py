@@ -189,9 +189,6 @@ class Tensor:
         """True when each row is dense (``nb[0]`` is one element or block)."""
         return self.shape[-1] == 1 or self.strides[-1] == self.type.type_size
 
-    def same_shape(self, other: Tensor) -> bool:
-        return self.shape == other.shape
-
     # -- identity and memory ------------------------------------------------------------
 
     @property

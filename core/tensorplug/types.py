@@ -18,7 +18,7 @@ from .errors import ShapeError, TypeMismatchError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Type", "TypeTraits", "row_size", "type_traits"]
+__all__ = ["Type", "TypeTraits", "row_size"]
 
 
 class Type(enum.IntEnum):
@@ -36,10 +36,6 @@ class Type(enum.IntEnum):
     I32 = 26
     I64 = 27
     BF16 = 30
-
-    @property
-    def traits(self) -> TypeTraits:
-        return _TRAITS[self]
 
     @property
     def block_size(self) -> int:
@@ -119,16 +115,13 @@ _TRAITS: dict[Type, TypeTraits] = {
 }
 
 
-def type_traits(t: Type) -> TypeTraits:
-    return _TRAITS[t]
-
-
 def row_size(t: Type, n: int) -> int:
     """Bytes taken by ``n`` consecutive elements of type ``t`` (``ggml_row_size``)."""
     bs = _TRAITS[t].block_size
     if n % bs:
         raise ShapeError(
             f"a row of {n} elements cannot be stored as {t.name}: quantized rows must hold "
-            f"a whole number of {bs}-element blocks (pad the row to a multiple of {bs})"
+            f"a whole number of {bs}-element blocks (pad or reshape the last axis to a multiple "
+            f"of {bs}, or keep the tensor in F16/F32)"
         )
     return n // bs * _TRAITS[t].type_size
