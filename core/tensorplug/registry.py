@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import discovery, settings
 from .device import Device, DeviceType, Reg
@@ -77,6 +77,11 @@ _log = logging.getLogger("tensorplug.registry")
 #: ``init_best``'s order of preference (ggml: GPU, then integrated GPU, then CPU).
 BEST_TYPES = (DeviceType.GPU, DeviceType.IGPU, DeviceType.CPU)
 
+#: What :func:`load` and :func:`load_all_from_path` apply: the caller chose, not the environment.
+_NO_SELECTION = settings.Selection()
+
+_Named = TypeVar("_Named", Reg, Device)
+
 
 class _State:
     """Everything the registry holds; one instance, guarded by ``lock``."""
@@ -90,7 +95,6 @@ class _State:
         self.busy = False  # a load, unload or register is running (in the lock's owner)
         self.regs: list[Reg] = []
         self.devices: list[Device] = []
-        self.reg_devices: dict[int, list[Device]] = {}
         self.hook_names: dict[int, list[str]] = {}
         self.records: list[PluginRecord] = []
         self.entry_points: list[metadata.EntryPoint] | None = None
@@ -157,20 +161,14 @@ def _load_all_locked() -> None:
     )
 
 
-def _process(
-    candidates: Sequence[Candidate],
-    selection: settings.Selection | None,
-) -> list[Reg]:
+def _process(candidates: Sequence[Candidate], selection: settings.Selection) -> list[Reg]:
     """Prepare every candidate, then initialise the best variant of each backend."""
     loaded: list[Reg] = []
     for rec, ep in candidates:
         _state.records.append(rec)
-        if selection is None:
-            discovery.prepare(rec, ep)
-        else:
-            discovery.prepare(rec, ep, denied=selection.denied, excluded=selection.excluded)
+        discovery.prepare(rec, ep, denied=selection.denied, excluded=selection.excluded)
     groups = discovery.group_variants(rec for rec, _ in candidates)
-    for key in sorted(groups, key=(selection or settings.Selection()).rank):
+    for key in sorted(groups, key=selection.rank):
         winner: PluginRecord | None = None
         existing = _find_reg(key)
         for rec in groups[key]:
@@ -244,7 +242,6 @@ def _register(reg: Reg, rec: PluginRecord) -> None:
     hook_names = hooks.register_reg(_pm(), reg)
     _state.regs.append(reg)
     _state.devices.extend(devs)
-    _state.reg_devices[id(reg)] = devs
     _state.hook_names[id(reg)] = hook_names
     rec.reg, rec.status, rec.backend = reg, PluginStatus.LOADED, rec.backend or name
     for dev in devs:
@@ -267,8 +264,23 @@ def _pm() -> pluggy.PluginManager:
 
 
 def _find_reg(name: str) -> Reg | None:
+    return _named(_state.regs, name)
+
+
+def _named(items: Sequence[_Named], name: str) -> _Named | None:
     key = name.casefold()
-    return next((r for r in _state.regs if r.name.casefold() == key), None)
+    return next((x for x in items if x.name.casefold() == key), None)
+
+
+def _at(items: Sequence[_Named], index: int, what: str) -> _Named:
+    if not 0 <= index < len(items):
+        raise IndexError(f"{len(items)} {what} are registered; {index} is out of range")
+    return items[index]
+
+
+def _devices_of(reg: Reg) -> list[Device]:
+    """``reg``'s devices as registered (validated when the Reg was)."""
+    return [d for d in _state.devices if d.reg is reg]
 
 
 def _requested_error(selection: settings.Selection) -> tuple[str, BaseException | None] | None:
@@ -356,7 +368,7 @@ def load(spec: str | os.PathLike[str]) -> Reg:
     """
     with _mutating():
         candidates = _candidates_for(spec)
-        loaded = _process(candidates, None)
+        loaded = _process(candidates, _NO_SELECTION)
     if loaded:
         return loaded[0]
     found = discovery.explain([rec for rec, _ in candidates], f"load({os.fspath(spec)!r}):")
@@ -392,7 +404,7 @@ def load_all_from_path(path: str | os.PathLike[str]) -> list[Reg]:
         raise PluginError(f"load_all_from_path({str(path)!r}): not a folder")
     with _mutating():
         candidates = [(r, None) for r in discovery.records_from_path(folder)]
-        loaded = _process(candidates, None)
+        loaded = _process(candidates, _NO_SELECTION)
         _warn_failures()
     failed = [rec for rec, _ in candidates if rec.failed]
     if failed and settings.STRICT_PLUGINS.get():
@@ -422,9 +434,9 @@ def unload(reg: Reg | str) -> None:
     _ensure_loaded(raise_errors=False)
     with _mutating():
         target = _resolve_reg(reg)
-        devs = _state.reg_devices.pop(id(target), [])
+        devs = _devices_of(target)
         _state.regs.remove(target)
-        _state.devices = [d for d in _state.devices if all(d is not x for x in devs)]
+        _state.devices = [d for d in _state.devices if d.reg is not target]
         if _state.pm is not None:
             from .hooks import unregister_reg
 
@@ -459,9 +471,7 @@ def reg_count() -> int:
 
 def reg_get(index: int) -> Reg:
     _ensure_loaded()
-    if not 0 <= index < len(_state.regs):
-        raise IndexError(f"{len(_state.regs)} backends are registered; {index} is out of range")
-    return _state.regs[index]
+    return _at(_state.regs, index, "backends")
 
 
 def reg_by_name(name: str) -> Reg | None:
@@ -482,16 +492,13 @@ def dev_count() -> int:
 
 def dev_get(index: int) -> Device:
     _ensure_loaded()
-    if not 0 <= index < len(_state.devices):
-        raise IndexError(f"{len(_state.devices)} devices are registered; {index} is out of range")
-    return _state.devices[index]
+    return _at(_state.devices, index, "devices")
 
 
 def dev_by_name(name: str) -> Device | None:
     """The device called ``name`` (case-insensitive), or None."""
     _ensure_loaded()
-    key = name.casefold()
-    return next((d for d in _state.devices if d.name.casefold() == key), None)
+    return _named(_state.devices, name)
 
 
 def dev_by_type(type: DeviceType | str) -> Device | None:
@@ -554,9 +561,9 @@ def init_by_name(name: str, params: str | None = None) -> Backend:
     _ensure_loaded()
     dev = dev_by_name(name)
     if dev is None and (reg := _find_reg(name)) is not None:
-        if not reg.devices():
+        if not (devs := _devices_of(reg)):
             raise BackendNotFoundError(f"init_by_name({name!r}): backend {name!r} has no devices")
-        dev = reg.devices()[0]
+        dev = devs[0]
     if dev is not None:
         return dev.init_backend(params)
     recs = [r for r in _state.records if r.matches(name)]
@@ -585,9 +592,9 @@ def init_best() -> Backend:
     _ensure_loaded()
     for name in _state.selection.allow:
         reg = _find_reg(name)
-        if reg is not None and reg.devices():
-            return _best_of(list(reg.devices())).init_backend()
-    if _state.devices and (best := _best_of(list(_state.devices))).type in BEST_TYPES:
+        if reg is not None and (devs := _devices_of(reg)):
+            return _best_of(devs).init_backend()
+    if _state.devices and (best := _best_of(_state.devices)).type in BEST_TYPES:
         return best.init_backend()
     summary = "; ".join(f"{r.label}: {r.status.value}" for r in _state.records) or "none found"
     raise BackendNotFoundError(
@@ -596,14 +603,15 @@ def init_best() -> Backend:
     )
 
 
-def _best_of(devs: list[Device]) -> Device:
-    """GPU, then iGPU, then CPU; among devices of one type, one computing in host memory
-    first: an OpenCL driver running on the CPU (PoCL) only adds copies over the CPU backend.
-    Registration order breaks ties."""
+def _best_of(devs: Sequence[Device]) -> Device:
+    """GPU, then iGPU, then CPU; among CPU devices the host CPU backend first: an OpenCL
+    driver running on the CPU (PoCL) only adds copies over it. Registration order breaks
+    ties."""
+    from .priority import is_host_cpu  # priority imports this module
 
     def rank(d: Device) -> tuple[int, bool]:
         kind = BEST_TYPES.index(d.type) if d.type in BEST_TYPES else len(BEST_TYPES)
-        return kind, not d.buffer_type().is_host
+        return kind, not is_host_cpu(d)
 
     return min(devs, key=rank)
 
