@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import settings
+from .discovery import Source
 from .version import API_VERSION, __version__
 
 if TYPE_CHECKING:
@@ -225,7 +226,7 @@ def smoke_test(dev: Device) -> tuple[bool, str]:
 
 def _plugin_row(rec: PluginRecord) -> list[str]:
     api = "{}.{}".format(*rec.api_version) if rec.api_version else "?"
-    if rec.source.value == "entry point":
+    if rec.source is Source.ENTRY_POINT:
         where = f"{rec.distribution or '?'} {rec.version or ''}".strip()
     else:
         where = f"{rec.source.value}: {rec.spec}"

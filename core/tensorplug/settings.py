@@ -139,6 +139,7 @@ STRICT_PLUGINS: Setting[bool] = Setting(
     example="1",
 )
 
+
 def _non_negative(value: str) -> int:
     n = int(value)
     if n < 0:
@@ -174,7 +175,12 @@ SCHED_COPIES: Setting[int] = Setting(
 
 #: Every setting, in the order ``tensorplug doctor`` shows them.
 SETTINGS: tuple[Setting[Any], ...] = (
-    BACKENDS, DISABLE, BACKEND_PATH, STRICT_PLUGINS, SCHED_DEBUG, SCHED_COPIES
+    BACKENDS,
+    DISABLE,
+    BACKEND_PATH,
+    STRICT_PLUGINS,
+    SCHED_DEBUG,
+    SCHED_COPIES,
 )
 
 
