@@ -23,30 +23,15 @@ from .common import BuildContext, Step, from_f32, reshape_view, to_f32
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-__all__ = ["build_cpy", "build_dup", "build_get_rows", "build_set_rows"]
-
-
-def _blocks_flat(a: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Raw blocks ``(…, nblocks, type_size)`` as ``(n_blocks_total, type_size)``.
-
-    Returns the array and whether it is a view (writes through) or a copy.
-    """
-    shape = (-1, a.shape[-1])
-    v = reshape_view(a, shape)
-    return (v, True) if v is not None else (a.reshape(shape), False)
+__all__ = ["build_copy", "build_get_rows", "build_set_rows"]
 
 
 def _copy_step(src: np.ndarray, src_type: Type, dst: np.ndarray, dst_type: Type) -> Step:
     """Copy/convert ``src`` into ``dst`` element by element in C order."""
-    if src_type == dst_type and src_type.is_quantized:
-        dst_flat, dst_is_view = _blocks_flat(dst)
-        if dst_is_view:
-            return lambda: np.copyto(dst_flat, _blocks_flat(src)[0])
-        return lambda: np.copyto(dst, _blocks_flat(src)[0].reshape(dst.shape))
-
     if src_type == dst_type or (src_type, dst_type) in ((Type.F32, Type.F16), (Type.F16, Type.F32)):
-        # same storage, or a cast numpy performs exactly as ggml (exact widening,
-        # round-to-nearest-even narrowing)
+        # same storage (quantized data as raw blocks, which reshape like any bytes), or a
+        # cast numpy performs exactly as ggml (exact widening, round-to-nearest-even
+        # narrowing)
         view = reshape_view(src, dst.shape)
         if view is not None:
             return partial(np.copyto, dst, view, casting="unsafe")
@@ -66,14 +51,12 @@ def _copy_step(src: np.ndarray, src_type: Type, dst: np.ndarray, dst_type: Type)
     return run
 
 
-def build_cpy(node: Tensor, ctx: BuildContext) -> Step:
-    """cpy(a, b): the node is a view of ``b``; write ``a``'s converted values through it."""
-    a = node.src[0]
-    return _copy_step(ctx.view(a), a.type, ctx.view(node), node.type)
+def build_copy(node: Tensor, ctx: BuildContext) -> Step:
+    """cpy / dup / cont: write ``src[0]``'s values, converted, into the node.
 
-
-def build_dup(node: Tensor, ctx: BuildContext) -> Step:
-    """dup / cont: a same-type contiguous copy, possibly with a new shape (cont)."""
+    For cpy(a, b) the node is a view of ``b``; dup and cont are same-type contiguous
+    copies, cont possibly with a new shape.
+    """
     a = node.src[0]
     return _copy_step(ctx.view(a), a.type, ctx.view(node), node.type)
 
