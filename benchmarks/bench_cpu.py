@@ -42,18 +42,8 @@ def timeit(fn: Callable[[], object], repeat: int, warmup: int = 1) -> tuple[floa
     return min(times), statistics.median(times)
 
 
-def allocate(graph: tp.Graph) -> tp.Buffer:
-    tensors = [t for t in [*graph.leafs, *graph.nodes] if t.view_src is None]
-    sizes = [(t.nbytes + 63) // 64 * 64 for t in tensors]
-    buf = tp.host_buffer_type().alloc_buffer(sum(sizes))
-    offset = 0
-    for t, size in zip(tensors, sizes, strict=True):
-        tp.tensor_alloc(buf, t, offset)
-        offset += size
-    for t in graph.nodes:
-        if t.view_src is not None:
-            tp.view_init(t)
-    return buf
+def allocate(graph: tp.Graph) -> tp.Buffer | None:
+    return tp.alloc_tensors([*graph.leafs, *graph.nodes], tp.host_buffer_type())
 
 
 def mul_mat_plan(

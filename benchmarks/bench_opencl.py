@@ -53,14 +53,8 @@ def bench_backend(backend: tp.Backend, wt: Type, n_out: int, n_tok: int, k: int,
     rng = np.random.default_rng(0)
     a, b = tp.new_tensor(wt, (n_out, k)), tp.new_tensor(Type.F32, (n_tok, k))
     d = ops.mul_mat(a, b)
-    buft = backend.buffer_type()
-    tensors = (a, b, d)
-    sizes = [-(-t.nbytes // buft.alignment) * buft.alignment for t in tensors]
-    buf = buft.alloc_buffer(sum(sizes))
-    off = 0
-    for t, size in zip(tensors, sizes, strict=True):
-        tp.tensor_alloc(buf, t, off)
-        off += size
+    buf = tp.alloc_tensors((a, b, d), backend.buffer_type())
+    assert buf is not None
     w = rng.standard_normal((n_out, k)).astype(np.float32)
     raw = quantize(w, wt) if wt != Type.F32 else w
     if wt == Type.F16:

@@ -1,9 +1,9 @@
 """Shared helpers for the CPU backend tests (no tests here).
 
-``place`` puts every tensor of a graph into one host buffer (views get their base's
-memory), standing in for the graph allocator; ``nmse`` is the conformance error
-measure of DESIGN.md. References in the tests are float64 numpy written from the op
-contracts, never calls into the backend's kernels.
+``place`` puts every tensor of a graph into one host buffer with ``alloc_tensors``
+(views get their base's memory), standing in for the graph allocator; ``nmse`` is the
+conformance error measure of DESIGN.md. References in the tests are float64 numpy
+written from the op contracts, never calls into the backend's kernels.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Iterable
 import numpy as np
 
 import tensorplug as tp
-from tensorplug.host import HOST_ALIGNMENT
 
 __all__ = ["backend_for", "compute", "nmse", "place"]
 
@@ -25,23 +24,12 @@ def backend_for(jit: bool = True) -> tp.Backend:
     return create_reg().device(0).init_backend(None if jit else "jit=0")
 
 
-def _align(n: int) -> int:
-    return (n + HOST_ALIGNMENT - 1) // HOST_ALIGNMENT * HOST_ALIGNMENT
-
-
 def place(graph: tp.Graph, extra: Iterable[tp.Tensor] = ()) -> tp.Buffer:
     """Allocate every tensor of ``graph`` (and ``extra``) in one new host buffer."""
-    tensors = [*graph.leafs, *graph.nodes, *extra]
-    bases = [t for t in dict.fromkeys(tensors) if t.view_src is None and t.buffer is None]
-    buf = tp.host_buffer_type().alloc_buffer(sum(_align(max(t.nbytes, 1)) for t in bases))
+    tensors = dict.fromkeys([*graph.leafs, *graph.nodes, *extra])  # once each, in order
+    buf = tp.alloc_tensors(tensors, tp.host_buffer_type())
+    assert buf is not None, "every tensor of the graph already has memory"
     buf.clear(0xAB)  # garbage, so that a kernel that skips work is caught
-    offset = 0
-    for t in bases:
-        tp.tensor_alloc(buf, t, offset)
-        offset += _align(max(t.nbytes, 1))
-    for t in tensors:
-        if t.view_src is not None and t.buffer is None:
-            tp.view_init(t)
     return buf
 
 

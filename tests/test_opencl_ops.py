@@ -45,21 +45,9 @@ def run(
     """Place every tensor of the graph in one device buffer, upload, compute, download."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     graph = Graph(outs)
-    everything = [*graph.leafs, *graph.nodes]
-    bases = [t for t in everything if t.view_src is None]
-    buft = backend.buffer_type()
-    align = buft.alignment
-    offsets, size = [], 0
-    for t in bases:
-        offsets.append(size)
-        size += -(-max(buft.alloc_size(t), 1) // align) * align
-    buf = buft.alloc_buffer(size)
+    buf = tp.alloc_tensors([*graph.leafs, *graph.nodes], backend.buffer_type())
+    assert buf is not None
     buf.clear(0xA5)  # garbage where nothing was written: catches missed elements
-    for t, off in zip(bases, offsets, strict=True):
-        tp.tensor_alloc(buf, t, off)
-    for t in everything:
-        if t.view_src is not None:
-            tp.view_init(t)
     for t, values in inputs.items():
         tp.set_array(t, values)
     assert backend.graph_compute(graph) is tp.Status.SUCCESS
