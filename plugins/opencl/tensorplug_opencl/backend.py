@@ -50,8 +50,7 @@ class OpenCLGraphPlan(GraphPlan):
         bound = []
         for node in graph.nodes:
             for launch in encode(node, backend.device.limits):
-                kernel = backend.device.program.kernel(launch.kernel)
-                kernel.set_scalar_arg_dtypes(arg_dtypes(launch.args))
+                kernel = backend.new_kernel(launch)
                 backend.set_args(kernel, launch, node)
                 bound.append((kernel, launch, node))
         self.graph, self.bound = graph, bound
@@ -102,14 +101,18 @@ class OpenCLBackend(Backend):
                 kernel=launch.kernel,
             ) from e
 
+    def new_kernel(self, launch: Launch) -> Any:
+        """A new kernel object for the launch's kernel, its argument types declared."""
+        kernel = self.device.program.kernel(launch.kernel)
+        kernel.set_scalar_arg_dtypes(arg_dtypes(launch.args))
+        return kernel
+
     def _kernel(self, launch: Launch) -> Any:
         """This backend's kernel object for the launch's kernel (one per name: every
         launch of a kernel has the same argument types)."""
         kernel = self._kernels.get(launch.kernel)
         if kernel is None:
-            kernel = self.device.program.kernel(launch.kernel)
-            kernel.set_scalar_arg_dtypes(arg_dtypes(launch.args))
-            self._kernels[launch.kernel] = kernel
+            kernel = self._kernels[launch.kernel] = self.new_kernel(launch)
         return kernel
 
     def _graph_compute(self, graph: Graph) -> Status:

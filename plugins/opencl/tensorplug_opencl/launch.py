@@ -12,6 +12,7 @@ an operand broadcast along it with no modulo in the kernel.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,9 +96,21 @@ def cl_buffer(t: Tensor, limits: Limits) -> Any:
     return buf.cl_buffer
 
 
-def _check_extents(ne: Sequence[int], t: Tensor) -> None:
-    if any(n > _INT32_MAX for n in ne):
-        raise ShapeError(f"OpenCL: extents of {t.describe()} exceed the kernels' 32-bit range")
+@functools.lru_cache(maxsize=4096)
+def _geometry(ne: tuple[int, ...], nb: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``ne`` and ``nb`` as kernel arguments (strides of extent-1 axes zeroed), or None
+    when an extent passes the kernels' 32-bit range. Cached: graphs repeat a few shapes,
+    and building the arrays was most of the cost of encoding a node. The arrays are
+    shared, hence read-only."""
+    if max(ne) > _INT32_MAX:
+        return None
+    ne_arr = np.array(ne, np.int32)
+    nb_arr = np.array([0 if n == 1 else s for n, s in zip(ne, nb, strict=True)], np.uint64)
+    ne_arr.flags.writeable = nb_arr.flags.writeable = False
+    return ne_arr, nb_arr
+
+
+_TYPE_IDS = {t: np.int32(t.value) for t in Type}
 
 
 def tensor_args(
@@ -109,15 +122,14 @@ def tensor_args(
     type: Type | None = None,
 ) -> tuple[Any, ...]:
     """The five ``TENSOR(x)`` arguments for ``t`` (optionally re-described)."""
-    ne = tuple(t.ne() if ne is None else ne)
-    _check_extents(ne, t)
-    nb = tuple(0 if n == 1 else s for n, s in zip(ne, t.nb(), strict=True))
+    geometry = _geometry(t.ne() if ne is None else tuple(ne), t.nb())
+    if geometry is None:
+        raise ShapeError(f"OpenCL: extents of {t.describe()} exceed the kernels' 32-bit range")
     return (
         cl_buffer(t, limits),
         np.uint64(t.offset + offset),
-        np.int32((t.type if type is None else type).value),
-        np.array(ne, np.int32),
-        np.array(nb, np.uint64),
+        _TYPE_IDS[t.type if type is None else type],
+        *geometry,
     )
 
 
