@@ -31,7 +31,6 @@ from .alloc_plan import (
     Layout,
     Placement,
     Use,
-    build_plan,
     decide,
     place_compact,
     place_online,
@@ -158,9 +157,9 @@ class GraphAllocator:
         plan = None
         if reserved is not None and blocks.fits_in(reserved[0]):
             # the same lifetimes as the reserved graph, no block larger: replay its offsets
-            plan = build_plan(blocks, reserved[1])
+            plan = AllocPlan(blocks, reserved[1])
         if plan is None or not self._fits(plan):
-            plan = build_plan(blocks, place_online(blocks, self.buffer_types))
+            plan = AllocPlan(blocks, place_online(blocks, self.buffer_types))
             if not self._fits(plan):
                 plan = self._reserve_blocks(blocks, before_realloc)
         self._place(plan)
@@ -185,18 +184,14 @@ class GraphAllocator:
     ) -> AllocPlan:
         """Place compactly, make the buffers big enough, and remember it for replays."""
         layout = place_compact(blocks, self.buffer_types)
-        plan = build_plan(blocks, layout)
+        plan = AllocPlan(blocks, layout)
         self._reserved = None  # until the buffers for it exist
         self._ensure_buffers(plan, before_realloc)
         self._reserved = (blocks.lifetimes(), layout)
         return plan
 
     def _fits(self, plan: AllocPlan) -> bool:
-        for b, need in enumerate(plan.chunk_sizes):
-            have = self._buffers[b]
-            if len(have) < len(need) or any(h.size < n for h, n in zip(have, need, strict=False)):
-                return False
-        return True
+        return all(_big_enough(self._buffers[b], need) for b, need in enumerate(plan.chunk_sizes))
 
     def _buffer_ids(self, what: str, seq: Sequence[object], ids: Sequence[int] | None) -> list[int]:
         """Buffer ids mapped to the id owning their buffer type; all 0 when not given."""
@@ -225,9 +220,7 @@ class GraphAllocator:
             if self._owner[b] != b:
                 continue
             have = self._buffers[b]
-            if len(have) >= len(need) and all(
-                h.size >= n for h, n in zip(have, need, strict=False)
-            ):
+            if _big_enough(have, need):
                 continue
             if before_realloc is not None:
                 before_realloc()
@@ -290,6 +283,11 @@ class GraphAllocator:
                 if _has_init_hook(buf):
                     buf.init_tensor(t)
                 placed.append(t)
+
+
+def _big_enough(have: Sequence[Buffer], need: Sequence[int]) -> bool:
+    """Whether buffers ``have`` hold chunks of ``need`` bytes, one chunk per buffer."""
+    return len(have) >= len(need) and all(h.size >= n for h, n in zip(have, need, strict=False))
 
 
 def _has_init_hook(buf: Buffer) -> bool:

@@ -53,11 +53,9 @@ __all__ = [
     "Layout",
     "Placement",
     "Use",
-    "build_plan",
     "decide",
     "place_compact",
     "place_online",
-    "plan_memory",
 ]
 
 #: Ops whose kernels may write their result over a source (``ggml_op_can_inplace``).
@@ -556,24 +554,6 @@ def _greedy_by_size(first: Any, last: Any, size: Any) -> tuple[list[int], int]:
         if off + s > total:
             total = off + s
     return offs, total
-
-
-def build_plan(blocks: Blocks, layout: Layout) -> AllocPlan:
-    return AllocPlan(blocks, layout)
-
-
-def plan_memory(
-    nodes: Sequence[Tensor | Use],
-    leafs: Sequence[Tensor],
-    node_buffer_ids: Sequence[int],
-    leaf_buffer_ids: Sequence[int],
-    buffer_types: Sequence[BufferType],
-    compact: bool = False,
-) -> AllocPlan:
-    """Decide and place in one go (online best fit, or ``compact`` placement)."""
-    blocks = decide(nodes, leafs, node_buffer_ids, leaf_buffer_ids, buffer_types)
-    place = place_compact if compact else place_online
-    return build_plan(blocks, place(blocks, buffer_types))
 
 
 def _nbytes(t: Tensor) -> int:

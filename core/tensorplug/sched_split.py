@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .alloc_plan import Use
+from .alloc_plan import Use, _same_layout
 from .buffer import BufferType, BufferUsage
 from .errors import UnsupportedError
 from .opcodes import Op
@@ -500,7 +500,3 @@ def _alloc_lists(res: SplitResult, ctx: SplitContext) -> None:
                 a_lids.extend([sp.backend_id] * len(made))
     a_leafs.extend(g.leafs)
     a_lids.extend([ids[t] for t in g.leafs])
-
-
-def _same_layout(a: Tensor, b: Tensor) -> bool:
-    return a.type is b.type and a.shape == b.shape and a.strides == b.strides
