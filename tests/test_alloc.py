@@ -380,3 +380,11 @@ def test_allocation_in_chunks_and_device_memory_computes_correctly() -> None:
     r = hv * hv + xv
     r = r / np.sqrt((r * r).mean(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(tp.get_array(y), r @ wv.T, rtol=1e-4, atol=1e-4)
+
+
+def test_alloc_tensors_places_a_tensor_listed_twice_once() -> None:
+    a = tp.new_tensor(tp.Type.F32, (16,), "a")
+    b = tp.new_tensor(tp.Type.F32, (16,), "b")
+    buf = tp.alloc_tensors([a, b, a], tp.host_buffer_type())
+    assert buf is not None and buf.size == 128
+    assert (a.buffer, a.offset, b.offset) == (buf, 0, 64)

@@ -26,8 +26,7 @@ def backend_for(jit: bool = True) -> tp.Backend:
 
 def place(graph: tp.Graph, extra: Iterable[tp.Tensor] = ()) -> tp.Buffer:
     """Allocate every tensor of ``graph`` (and ``extra``) in one new host buffer."""
-    tensors = dict.fromkeys([*graph.leafs, *graph.nodes, *extra])  # once each, in order
-    buf = tp.alloc_tensors(tensors, tp.host_buffer_type())
+    buf = tp.alloc_tensors([*graph.leafs, *graph.nodes, *extra], tp.host_buffer_type())
     assert buf is not None, "every tensor of the graph already has memory"
     buf.clear(0xAB)  # garbage, so that a kernel that skips work is caught
     return buf

@@ -311,7 +311,7 @@ def alloc_tensors(
     was already allocated. On failure nothing is placed and the buffers made so far
     are freed.
     """
-    todo = list(tensors)
+    todo = list(dict.fromkeys(tensors))  # a tensor listed twice is placed once
     align, limit = buffer_type.alignment, buffer_type.max_size
     groups: list[tuple[int, list[tuple[Tensor, int]]]] = []  # (size, [(tensor, offset)])
     cur: list[tuple[Tensor, int]] = []
