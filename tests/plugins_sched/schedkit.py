@@ -14,6 +14,7 @@ import numpy as np
 
 import tensorplug as tp
 from tensorplug import Type, ops
+from tensorplug.testing.reference import rope
 
 PLUGIN_ROOT = Path(__file__).resolve().parent / "tp-testaccel"
 PLUGIN_PACKAGE = PLUGIN_ROOT / "tensorplug_testaccel"
@@ -122,18 +123,6 @@ def build_llama(
     return Llama(tp.Graph(logits), weights, tokens, pos, mask, logits, config)
 
 
-def _rope_normal(x: np.ndarray, pos: np.ndarray, n_dims: int) -> np.ndarray:
-    """ggml's NORMAL rope (adjacent pairs), base 10000, no scaling."""
-    out = x.astype(np.float64).copy()
-    i = np.arange(n_dims // 2)
-    theta = pos[:, None] * 10000.0 ** (-2.0 * i / n_dims)  # (tokens, n_dims/2)
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-    x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
-    out[..., 0:n_dims:2] = x0 * cos - x1 * sin
-    out[..., 1:n_dims:2] = x0 * sin + x1 * cos
-    return out
-
-
 def llama_reference(
     model: Llama, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
 ) -> np.ndarray:
@@ -153,8 +142,8 @@ def llama_reference(
     x = w["tok_embd"][inputs["tokens"]]
     for il in range(n_layer):
         cur = rms(x) * w[f"attn_norm.{il}"]
-        q = _rope_normal((cur @ w[f"wq.{il}"].T).reshape(t, h, d), inputs["pos"], d)
-        k = _rope_normal((cur @ w[f"wk.{il}"].T).reshape(t, hk, d), inputs["pos"], d)
+        q = rope((cur @ w[f"wq.{il}"].T).reshape(t, h, d), inputs["pos"], d)  # NORMAL
+        k = rope((cur @ w[f"wk.{il}"].T).reshape(t, hk, d), inputs["pos"], d)
         v = (cur @ w[f"wv.{il}"].T).reshape(t, hk, d)
         k = np.repeat(k, h // hk, axis=1)
         v = np.repeat(v, h // hk, axis=1)
