@@ -7,11 +7,10 @@ exit status is 0 unless the backend could not be found.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..errors import TensorplugError
 from .bench import bench_cases, run_bench
-from .check_cli import split_names
+from .check_cli import select_cases, split_names, usage_error
 from .report import render_bench
 from .runner import resolve_backend
 
@@ -44,22 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        cases = bench_cases(split_names(args.op), split_names(args.type))
-    except TensorplugError as e:
-        print(f"tensorplug bench: {e}", file=sys.stderr)
-        return 2
-    if not cases:
-        print("tensorplug bench: no case matches the --op/--type filters", file=sys.stderr)
-        return 2
-    if args.list:
-        print("\n".join(c.name for c in cases))
-        return 0
+    ops, types = split_names(args.op), split_names(args.type)
+    cases = select_cases("bench", lambda: bench_cases(ops, types), args.list)
+    if isinstance(cases, int):
+        return cases
     try:
         backend = resolve_backend(args.backend)
     except TensorplugError as e:
-        print(f"tensorplug bench: {e}", file=sys.stderr)
-        return 2
+        return usage_error("bench", e)
     plain = getattr(args, "plain", True)
     try:
         if args.json or plain:

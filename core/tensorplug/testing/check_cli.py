@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from ..backend import Backend
 from ..errors import TensorplugError
@@ -16,7 +17,7 @@ from .families import catalogue
 from .report import render_check
 from .runner import CaseResult, CheckReport, default_reference, resolve_backend, run_cases
 
-__all__ = ["add_arguments", "main", "split_names"]
+__all__ = ["add_arguments", "main", "select_cases", "split_names", "usage_error"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +70,27 @@ def split_names(values: list[str]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
+def usage_error(command: str, message: object) -> int:
+    """Print ``message`` as ``tensorplug COMMAND``'s usage error; the exit status, 2."""
+    print(f"tensorplug {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def select_cases(command: str, find: Callable[[], list[Case]], list_only: bool) -> list[Case] | int:
+    """The cases ``find`` selects by the --op/--type filters, or the exit status when that
+    is all there is to do: 2 after a usage error, 0 after printing them for ``--list``."""
+    try:
+        cases = find()
+    except TensorplugError as e:
+        return usage_error(command, e)
+    if not cases:
+        return usage_error(command, "no case matches the --op/--type filters")
+    if list_only:
+        print("\n".join(c.name for c in cases))
+        return 0
+    return cases
+
+
 def _known_ops() -> set[str]:
     from ..opcodes import GluOp, Op, UnaryOp
 
@@ -80,25 +102,19 @@ def main(args: argparse.Namespace) -> int:
     unknown = sorted(set(o.lower() for o in ops) - _known_ops())
     if unknown:
         known = ", ".join(sorted(_known_ops()))
-        print(f"tensorplug check: unknown op {', '.join(unknown)}; known: {known}", file=sys.stderr)
-        return 2
-    try:
-        cases = catalogue(full=not args.quick, ops=ops, types=types)
-    except TensorplugError as e:
-        print(f"tensorplug check: {e}", file=sys.stderr)
-        return 2
-    if not cases:
-        print("tensorplug check: no case matches the --op/--type filters", file=sys.stderr)
-        return 2
-    if args.list:
-        print("\n".join(c.name for c in cases))
-        return 0
+        return usage_error("check", f"unknown op {', '.join(unknown)}; known: {known}")
+    cases = select_cases("check", lambda: catalogue(not args.quick, ops, types), args.list)
+    if isinstance(cases, int):
+        return cases
     try:
         backend = resolve_backend(args.backend)
+    except TensorplugError as e:
+        return usage_error("check", e)
+    try:
         reference = resolve_backend(args.reference or default_reference(backend))
     except TensorplugError as e:
-        print(f"tensorplug check: {e}", file=sys.stderr)
-        return 2
+        backend.free()
+        return usage_error("check", e)
     plain = getattr(args, "plain", True)
     try:
         report = _run(cases, backend, reference, show_progress=not plain and args.output == "table")
