@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from ..alloc import alloc_tensors
 from ..backend import Backend
 from ..graph import Graph
 from ..opcodes import VIEW_OPS, Op, RopeMode
@@ -35,7 +36,6 @@ from ..transfer import set_array
 from ..types import Type
 from .cases import Case, Inputs, causal_mask, encode_values, indices, positions, random_mask
 from .families import make
-from .placement import Placement
 from .refbackend import compute_values
 
 __all__ = [
@@ -218,10 +218,8 @@ def bench_case(
     refused = next((n for n in computing if not backend.supports_op(n)), None)
     if refused is not None:
         return replace(work, message=f"unsupported: {refused.op.value} {refused.describe()}")
-    everything = [*graph.leafs, *graph.nodes]
-    placement = Placement(backend.buffer_type(), [t for t in everything if t.view_src is None], 0)
+    buffer = alloc_tensors([*graph.leafs, *graph.nodes], backend.buffer_type())
     try:
-        Placement.init_views(everything)
         for leaf, values in inputs.items():
             set_array(leaf, values)
         runs, seconds = _time(lambda: backend.graph_compute(graph), min_time)
@@ -231,7 +229,8 @@ def bench_case(
             numpy_us = n_seconds / n_runs * 1e6
         return replace(work, runs=runs, us=seconds / runs * 1e6, numpy_us=numpy_us)
     finally:
-        placement.free()
+        if buffer is not None:
+            buffer.free()
 
 
 def run_bench(

@@ -71,7 +71,7 @@ class Placement:
     """Tensors placed in one fresh buffer of ``buft``, each fenced by sentinel gaps.
 
     ``owners`` are tensors that own memory (not views); views are given memory with
-    :meth:`init_views`. With ``gap=0`` this is plain back-to-back placement (benchmarks).
+    :meth:`init_views`. With ``gap=0`` this is plain back-to-back placement (no sentinels).
     """
 
     def __init__(self, buft: BufferType, owners: Sequence[Tensor], gap: int = GAP) -> None:
