@@ -325,19 +325,13 @@ def _reader_class() -> type:
 
 
 def _info(t: Any) -> TensorInfo:
-    from gguf import GGML_QUANT_SIZES
-
-    ttype = t.tensor_type
-    block, size = GGML_QUANT_SIZES[ttype]
-    dims = [int(d) for d in t.shape]
-    n_elems = int(np.prod(dims)) if dims else 1
     return TensorInfo(
         name=t.name,
-        type_id=int(ttype),
-        type_name=ttype.name,
-        shape=tuple(reversed(dims)),
+        type_id=int(t.tensor_type),
+        type_name=t.tensor_type.name,
+        shape=tuple(int(d) for d in reversed(t.shape)),
         offset=int(t.data_offset),
-        nbytes=n_elems // block * size,
+        nbytes=int(t.n_bytes),
     )
 
 
