@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .device import Device
     from .discovery import PluginRecord
 
-__all__ = ["COMMANDS", "Command", "Output", "main", "smoke_test"]
+__all__ = ["COMMANDS", "Command", "Output", "format_bytes", "main", "smoke_test"]
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def _styled(cell: str) -> Any:
     return Text(cell, style=_STYLES.get(word, ""))
 
 
-def _size(n: float) -> str:
+def format_bytes(n: float) -> str:
     units = ("B", "KiB", "MiB", "GiB", "TiB")
     i = 0
     while n >= 1024 and i < len(units) - 1:
@@ -148,7 +148,7 @@ def _device_rows(devs: Sequence[Device]) -> list[list[str]]:
     for dev in devs:
         try:
             free, total = dev.memory()
-            memory = f"{_size(free)} / {_size(total)}"
+            memory = f"{format_bytes(free)} / {format_bytes(total)}"
         except Exception as e:
             memory = f"error: {e}"
         same = [d.name for d in registry.device_aliases(dev)]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
+from ..cli import format_bytes
 from ..types import Type
 
 if TYPE_CHECKING:
@@ -256,14 +257,6 @@ def _ids(ids: Sequence[int]) -> str:
     return f"[{shown}{',...' if len(ids) > 16 else ''}]"
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
 def _describe(model: Llama, log: TextIO) -> None:
     f, cfg = model.file, model.config
     n_params = sum(int(np.prod(t.shape)) for t in f.tensors.values())
@@ -272,8 +265,8 @@ def _describe(model: Llama, log: TextIO) -> None:
         types[t.type_name] = types.get(t.type_name, 0) + 1
     mix = ", ".join(f"{n} {name}" for name, n in sorted(types.items(), key=lambda kv: -kv[1]))
     print(
-        f"model: {f.path} ({_size(f.path.stat().st_size)}, {n_params / 1e6:.1f}M parameters; "
-        f"tensors: {mix})",
+        f"model: {f.path} ({format_bytes(f.path.stat().st_size)}, "
+        f"{n_params / 1e6:.1f}M parameters; tensors: {mix})",
         file=log,
     )
     print(
@@ -293,15 +286,15 @@ def _describe(model: Llama, log: TextIO) -> None:
         free, total = d.memory()
         print(
             f"  {d.name:<10} {d.type.value:<5} {d.description} "
-            f"({_size(free)} free of {_size(total)})",
+            f"({format_bytes(free)} free of {format_bytes(total)})",
             file=log,
         )
     print(f"placement: {model.placement.describe()}", file=log)
     for dev, mem in model.memory.items():
         how = "mapped from the file" if mem.mapped else "uploaded"
         print(
-            f"  {dev.name:<10} weights {_size(mem.weights)} ({how}), KV cache "
-            f"{_size(mem.kv_cache)}",
+            f"  {dev.name:<10} weights {format_bytes(mem.weights)} ({how}), KV cache "
+            f"{format_bytes(mem.kv_cache)}",
             file=log,
         )
 
@@ -311,13 +304,13 @@ def _report(model: Llama, log: TextIO) -> None:
         print(
             f"{kind} graph: {s.n_nodes} nodes, {_plural(s.n_splits, 'split')}, "
             f"{_plural(s.n_copies, 'copy', 'copies')} "
-            f"({_size(s.copied_bytes)}) between backends per step",
+            f"({format_bytes(s.copied_bytes)}) between backends per step",
             file=log,
         )
         for i, (name, n, inputs) in enumerate(s.splits):
             shown = ", ".join(inputs) if inputs else "-"
             print(f"  split {i}: {name:<10} {n:4d} nodes  copies in: {shown}", file=log)
-    bufs = ", ".join(f"{name} {_size(n)}" for name, n in model.compute_buffers())
+    bufs = ", ".join(f"{name} {format_bytes(n)}" for name, n in model.compute_buffers())
     t = model.timings
     print(
         f"compute buffers: {bufs}; step graphs built: {t.graphs_built}, load {t.load_s:.2f} s",

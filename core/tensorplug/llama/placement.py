@@ -18,6 +18,7 @@ from ..priority import by_priority, host_cpu, is_host_cpu
 
 __all__ = ["Placement", "best_accelerator", "by_priority", "host_cpu", "is_host_cpu"]
 
+
 def best_accelerator() -> Device | None:
     """The best registered GPU, integrated GPU or accelerator, or None.
 
