@@ -285,7 +285,7 @@ def test_rope_modes_partial_dims_and_strided_input(backend, mode: RopeMode, t: T
 
 
 def test_rope_yarn_and_freq_factors(backend) -> None:
-    from tensorplug_opencl.encode import yarn_corr_dims
+    from tensorplug.opmath import rope_yarn_corr_dims
 
     rng = np.random.default_rng(8)
     a, pos, ff = T(Type.F32, 6, 4, 32), T(Type.I32, 6), T(Type.F32, 16)
@@ -305,7 +305,7 @@ def test_rope_yarn_and_freq_factors(backend) -> None:
         ops.rope(a, pos, 32, RopeMode.NEOX, freq_factors=ff, **kw),
         {a: va, pos: vp, ff: vf},
     )
-    corr = yarn_corr_dims(32, 512, 5000.0, 32.0, 1.0)
+    corr = rope_yarn_corr_dims(32, 512, 5000.0, 32.0, 1.0)
     # the ggml formula, evaluated independently of the kernel
     lo = 32 * math.log(512 / (32 * 2 * math.pi)) / (2 * math.log(5000))
     hi = 32 * math.log(512 / (1 * 2 * math.pi)) / (2 * math.log(5000))

@@ -14,10 +14,11 @@ import numpy as np
 
 from tensorplug.errors import UnsupportedError
 from tensorplug.opcodes import VIEW_OPS, GluOp, Op, RopeMode, SortOrder, UnaryOp
+from tensorplug.opmath import alibi_params, rope_yarn_corr_dims
 from tensorplug.tensor import Tensor
 from tensorplug.types import Type
 
-from .encode_math import alibi, encode_flash_attn, encode_mul_mat, flash_attn_fits, mul_mat_ok
+from .encode_math import encode_flash_attn, encode_mul_mat, flash_attn_fits, mul_mat_ok
 from .launch import Launch, Limits, dummy_args, nrows, row_launch, tensor_args
 
 __all__ = ["encode", "supports"]
@@ -215,14 +216,14 @@ def _soft_max(node: Tensor, lim: Limits) -> list[Launch]:
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
     p = node.op_params
-    m0, m1, nhl2 = alibi(p["max_bias"], a.ne()[2])
+    m0, m1, nhl2 = alibi_params(a.ne()[2], p["max_bias"])
     m = tensor_args(mask, lim) if mask is not None else dummy_args(node, lim)
     args = (
         _f32(p["scale"]),
         _f32(p["max_bias"]),
         m0,
         m1,
-        nhl2,
+        np.int32(nhl2),
         _i32(mask is not None),
         *tensor_args(a, lim),
         *m,
@@ -279,31 +280,13 @@ def _rope_ok(node: Tensor, lim: Limits) -> bool:
     )
 
 
-def yarn_corr_dims(
-    n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float
-) -> tuple[float, float]:
-    """ggml_rope_yarn_corr_dims, in float32 as ggml computes it."""
-    f32 = np.float32
-
-    def corr_dim(n_rot: float) -> np.float32:
-        if n_ctx_orig <= 0:
-            return f32(-np.inf)
-        with np.errstate(all="ignore"):
-            ratio = f32(n_ctx_orig) / (f32(n_rot) * f32(2) * f32(np.pi))
-            return f32(n_dims) * np.log(ratio) / (f32(2) * np.log(f32(freq_base)))
-
-    start = np.floor(corr_dim(beta_fast))
-    end = np.ceil(corr_dim(beta_slow))
-    return float(max(f32(0), start)), float(min(f32(n_dims - 1), end))
-
-
 def _rope(node: Tensor, lim: Limits) -> list[Launch]:
     a, pos = node.src[:2]
     ff = node.src[2] if len(node.src) > 2 else None
     p = node.op_params
     n_dims = int(p["n_dims"])
     theta_scale = np.float32(p["freq_base"]) ** np.float32(-2.0 / n_dims)
-    corr0, corr1 = yarn_corr_dims(
+    corr0, corr1 = rope_yarn_corr_dims(
         n_dims, int(p["n_ctx_orig"]), p["freq_base"], p["beta_fast"], p["beta_slow"]
     )
     args = (

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from tensorplug.opmath import alibi_params
 from tensorplug.tensor import Tensor
 from tensorplug.types import Type
 
@@ -19,7 +18,6 @@ from .program import (
 )
 
 __all__ = [
-    "alibi",
     "encode_flash_attn",
     "encode_mul_mat",
     "flash_attn_fits",
@@ -90,14 +88,6 @@ def encode_mul_mat(node: Tensor, lim: Limits) -> list[Launch]:
     return [Launch(mm_kernel_name(a.type, tm), gsize, (g0, g1, 1), args)]
 
 
-def alibi(max_bias: float, n_head: int) -> tuple[np.float32, np.float32, np.int32]:
-    """ggml's ALiBi constants: ``m0``, ``m1`` and ``n_head_log2``."""
-    n_head_log2 = 2 ** math.floor(math.log2(max(n_head, 1)))
-    m0 = np.float32(2.0) ** np.float32(-max_bias / n_head_log2)
-    m1 = np.float32(2.0) ** np.float32(-max_bias / 2.0 / n_head_log2)
-    return m0, m1, np.int32(n_head_log2)
-
-
 def _fa_local_bytes(node: Tensor, lim: Limits) -> int:
     q, _, v = node.src[:3]
     return 4 * (q.ne()[0] + v.ne()[0] + 2 * lim.wg)
@@ -116,13 +106,13 @@ def encode_flash_attn(node: Tensor, lim: Limits) -> list[Launch]:
     q, k, v = node.src[:3]
     mask = node.src[3] if len(node.src) > 3 else None
     p = node.op_params
-    m0, m1, nhl2 = alibi(p["max_bias"], q.ne()[2])
+    m0, m1, nhl2 = alibi_params(q.ne()[2], p["max_bias"])
     args = (
         np.float32(p["scale"]),
         np.float32(p["max_bias"]),
         m0,
         m1,
-        nhl2,
+        np.int32(nhl2),
         np.float32(p["logit_softcap"]),
         np.int32(mask is not None),
         *tensor_args(q, lim),

@@ -10,37 +10,22 @@ ggml's: the rope angle of pair ``i`` is built by repeated multiplication by
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tensorplug.opcodes import RopeMode
+from tensorplug.opmath import alibi_slopes, rope_yarn_corr_dims
 
 from .common import F32, BuildContext, Step, padded4, sequence
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-__all__ = ["alibi_slopes", "build_flash_attn_ext", "build_rope", "build_soft_max", "rope_corr_dims"]
+__all__ = ["build_flash_attn_ext", "build_rope", "build_soft_max"]
 
 #: Largest attention score block computed at once, in float32 elements (32 MiB).
 SCORE_ELEMS = 1 << 23
-
-
-def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
-    """ALiBi slope per head (float32), ggml's ``m0``/``m1`` powers; ones without a bias."""
-    if max_bias <= 0:
-        return np.ones(n_head, F32)
-    n_head_log2 = 1 << math.floor(math.log2(n_head))
-    m0 = F32.type(2.0) ** F32.type(-max_bias / n_head_log2)
-    m1 = F32.type(2.0) ** F32.type(-(max_bias / 2.0) / n_head_log2)
-    h = np.arange(n_head)
-    return np.where(
-        h < n_head_log2,
-        m0 ** (h + 1).astype(F32),
-        m1 ** (2 * (h - n_head_log2) + 1).astype(F32),
-    ).astype(F32)
 
 
 def _masked_logits(
@@ -95,26 +80,6 @@ def build_soft_max(node: Tensor, ctx: BuildContext) -> Step:
 # -- rope ---------------------------------------------------------------------------------
 
 
-def rope_corr_dims(
-    n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float
-) -> tuple[float, float]:
-    """``ggml_rope_yarn_corr_dims``: the first and last dims that YaRN's ramp blends.
-
-    Computed in float32 like ggml's ``logf``-based formula; ``n_ctx_orig = 0`` gives
-    ``(0, -inf)`` exactly as the C code does.
-    """
-    f = F32.type
-
-    def corr_dim(n_rot: float) -> np.float32:
-        with np.errstate(divide="ignore"):
-            ratio = f(n_ctx_orig) / (f(n_rot) * f(2) * f(math.pi))
-            return f(n_dims) * np.log(ratio) / (f(2) * np.log(f(freq_base)))
-
-    start = np.floor(corr_dim(beta_fast))
-    end = np.ceil(corr_dim(beta_slow))
-    return float(max(f(0), start)), float(min(f(n_dims - 1), end))
-
-
 def build_rope(node: Tensor, ctx: BuildContext) -> Step:
     """Rotary embedding over ``(…, n_tokens, n_head, head_dim)``, ggml's ``rope_f32``."""
     a_t, pos_t = node.src[0], node.src[1]
@@ -133,7 +98,7 @@ def build_rope(node: Tensor, ctx: BuildContext) -> Step:
     mscale = f(p["attn_factor"])
     ramp_mix = keep = None
     if ext_factor != 0:
-        low, high = rope_corr_dims(
+        low, high = rope_yarn_corr_dims(
             n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"]
         )
         y = (np.arange(half, dtype=F32) - f(low)) / max(f(0.001), f(high) - f(low))
