@@ -370,7 +370,9 @@ def connect(address: str) -> None:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
 
 
-def start_devices(requests: Sequence[DeviceRequest], timeout: float) -> list[tuple[Any, dict[str, Any]]]:
+def start_devices(
+    requests: Sequence[DeviceRequest], timeout: float
+) -> list[tuple[Any, dict[str, Any]]]:
     """One actor per requested device, each answering ``hello`` within ``timeout``."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -380,7 +382,8 @@ def start_devices(requests: Sequence[DeviceRequest], timeout: float) -> list[tup
     remote_cls = ray.remote(DeviceServer)
     actors: list[Any] = []
     for req in requests:
-        resources = {"num_gpus": 1, "num_cpus": 0} if req.backend.upper() == "CUDA" else {"num_cpus": 1}
+        gpu = req.backend.upper() == "CUDA"
+        resources = {"num_gpus": 1, "num_cpus": 0} if gpu else {"num_cpus": 1}
         actors += [remote_cls.options(**resources).remote(req.backend, i) for i in range(req.count)]
     try:
         hellos = ray.get([a.hello.remote() for a in actors], timeout=timeout)
@@ -403,6 +406,8 @@ def start_devices(requests: Sequence[DeviceRequest], timeout: float) -> list[tup
 def create_reg() -> RayReg:
     address = ADDRESS.get()
     if not address:
-        raise PluginError(f"set {ADDRESS.env} to a Ray address (or '{LOCAL}') to use remote devices")
+        raise PluginError(
+            f"set {ADDRESS.env} to a Ray address (or '{LOCAL}') to use remote devices"
+        )
     connect(address)
     return RayReg(start_devices(DEVICES.get(), START_TIMEOUT.get()), address)

@@ -31,7 +31,8 @@ class DeviceServer:
         os.environ.pop("TENSORPLUG_RAY_ADDRESS", None)
         import tensorplug as tp
 
-        devices = [d for d in tp.devices() if d.reg is not None and d.reg.name.casefold() == backend.casefold()]
+        wanted = backend.casefold()
+        devices = [d for d in tp.devices() if d.reg is not None and d.reg.name.casefold() == wanted]
         if not devices:
             found = ", ".join(d.name for d in tp.devices()) or "none"
             raise tp.BackendNotFoundError(
@@ -48,6 +49,7 @@ class DeviceServer:
 
     def hello(self) -> dict[str, Any]:
         import ray
+
         import tensorplug
 
         props = self.device.props()

@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tensorplug import ops, opcodes
+from tensorplug import opcodes, ops
 from tensorplug.errors import TensorplugError, UnsupportedError
 from tensorplug.opcodes import GluOp, Op
 from tensorplug.tensor import MAX_DIMS, Tensor, TensorFlag
@@ -87,11 +87,19 @@ BUILDERS: dict[Op, Builder] = {
     Op.MUL_MAT: lambda s, p, sh, st: ops.mul_mat(s[0], s[1]),
     Op.SOFT_MAX: lambda s, p, sh, st: ops.soft_max(s[0], _opt(s, 1), p["scale"], p["max_bias"]),
     Op.ROPE: lambda s, p, sh, st: ops.rope(
-        s[0], s[1], p["n_dims"], p["mode"], freq_base=p["freq_base"],
-        freq_scale=p["freq_scale"], ext_factor=p["ext_factor"], attn_factor=p["attn_factor"],
-        beta_fast=p["beta_fast"], beta_slow=p["beta_slow"], n_ctx_orig=p["n_ctx_orig"],
+        s[0],
+        s[1],
+        p["n_dims"],
+        p["mode"],
+        freq_base=p["freq_base"],
+        freq_scale=p["freq_scale"],
+        ext_factor=p["ext_factor"],
+        attn_factor=p["attn_factor"],
+        beta_fast=p["beta_fast"],
+        beta_slow=p["beta_slow"],
+        n_ctx_orig=p["n_ctx_orig"],
         freq_factors=_opt(s, 2),
-    ),  # fmt: skip
+    ),
     Op.FLASH_ATTN_EXT: lambda s, p, sh, st: ops.flash_attn_ext(
         s[0], s[1], s[2], _opt(s, 3), p["scale"], p["max_bias"], p["logit_softcap"]
     ),
@@ -154,6 +162,7 @@ def op_key(node: Tensor) -> tuple[Any, ...]:
     Extents are left out on purpose — a decode step's attention changes its length every
     token, and asking the remote side again each time would cost a round trip per node.
     """
+
     def layout(t: Tensor) -> tuple[Any, ...]:
         return (t.type, t.ndim, t.is_contiguous, t.rows_contiguous)
 
@@ -244,6 +253,10 @@ def _ints(value: Any, where: str, n_min: int, n_max: int) -> tuple[int, ...]:
     return tuple(_int(v, where) for v in value)
 
 
+#: Scalar param kinds and the exact Python type each must arrive as.
+_SCALARS: dict[str, type] = {"b": bool, "i": int, "f": float, "s": str}
+
+
 def _decode_params(raw: Any, where: str) -> Params:
     if type(raw) is not list or len(raw) > 64:
         raise _fail(where, "params must be a list of at most 64 [key, kind, value...] items")
@@ -257,13 +270,9 @@ def _decode_params(raw: Any, where: str) -> Params:
                 params[key] = _ENUMS[rest[0]](rest[1])
             except ValueError:
                 raise _fail(where, f"param {key!r}: {rest[1]!r} is no {rest[0]}") from None
-        elif kind == "b" and len(rest) == 1 and type(rest[0]) is bool:
-            params[key] = rest[0]
-        elif kind == "i" and len(rest) == 1 and type(rest[0]) is int:
-            params[key] = rest[0]
-        elif kind == "f" and len(rest) == 1 and type(rest[0]) is float:
-            params[key] = rest[0]
-        elif kind == "s" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= MAX_NAME:
+        elif kind in _SCALARS and len(rest) == 1 and type(rest[0]) is _SCALARS[kind]:
+            if kind == "s" and len(rest[0]) > MAX_NAME:
+                raise _fail(where, f"param {key!r}: string longer than {MAX_NAME} characters")
             params[key] = rest[0]
         elif kind == "ti" and len(rest) == 1:
             params[key] = _ints(rest[0], f"{where}, param {key!r}", 0, MAX_DIMS)
@@ -272,7 +281,10 @@ def _decode_params(raw: Any, where: str) -> Params:
     return params
 
 
-def _geometry(entry: Mapping[str, Any], where: str) -> tuple[Type, tuple[int, ...], tuple[int, ...]]:
+Geometry = tuple[Type, tuple[int, ...], tuple[int, ...]]
+
+
+def _geometry(entry: Mapping[str, Any], where: str) -> Geometry:
     try:
         t = Type.parse(entry["type"])
     except (KeyError, ValueError, TypeError) as e:
@@ -320,7 +332,9 @@ class _Placer:
 
 def _decode(desc: Any, buffers: Mapping[int, Buffer] | None) -> tuple[list[Tensor], list[Tensor]]:
     if type(desc) is not dict or desc.get("v") != VERSION:
-        raise _fail("header", f"expected a dict with v={VERSION} (client and actor versions differ?)")
+        raise _fail(
+            "header", f"expected a dict with v={VERSION} (do client and actor versions differ?)"
+        )
     entries = desc.get("tensors")
     if type(entries) is not list or len(entries) > MAX_TENSORS:
         raise _fail("header", f"'tensors' must be a list of at most {MAX_TENSORS} entries")
@@ -355,7 +369,7 @@ def _rebuild(
     entry: Mapping[str, Any],
     earlier: Sequence[Tensor],
     index: int,
-    expected: tuple[Type, tuple[int, ...], tuple[int, ...]],
+    expected: Geometry,
 ) -> Tensor:
     where = f"node {index}"
     try:
