@@ -59,9 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (32)")
     p.add_argument(
         "--device",
-        metavar="NAME",
+        metavar="NAME[,NAME...]",
         help="put every layer on this device (with --n-gpu-layers: the offload "
-        "device); see `tensorplug devices`",
+        "device), or spread the blocks over several (e.g. Ray0,Ray1); see `tensorplug devices`",
     )
     p.add_argument(
         "-ngl",
@@ -106,16 +106,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import BackendNotFoundError
+    from ..errors import TensorplugError
     from ..gguf import GGUFError
     from .runner import ContextFullError
 
     try:
         if args.model is None:
-            names = [args.device] if args.device else None
+            names = _device_names(args) or None
             return demo_model(None, args.weights, devices=names, args=args)
         return run_model(args)
-    except (GGUFError, ContextFullError, BackendNotFoundError, OSError) as e:
+    except (GGUFError, ContextFullError, TensorplugError, OSError) as e:
         print(f"tensorplug run: error: {e}", file=sys.stderr)
         return 1
 
@@ -123,10 +123,23 @@ def main(args: argparse.Namespace) -> int:
 # -- running a model ----------------------------------------------------------------------------
 
 
+def _device_names(args: argparse.Namespace) -> list[str]:
+    return [n.strip() for n in (args.device or "").split(",") if n.strip()]
+
+
 def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
+    from ..errors import TensorplugError
     from .placement import Placement, best_accelerator, device_named
 
-    device = device_named(args.device) if args.device else None
+    names = _device_names(args)
+    if len(names) > 1:
+        if args.n_gpu_layers is not None:
+            raise TensorplugError(
+                f"--device {args.device} names {len(names)} devices: their blocks are spread "
+                "over all of them, so --n-gpu-layers does not apply; drop one of the two"
+            )
+        return Placement.spread([device_named(n) for n in names], n_layer)
+    device = device_named(names[0]) if names else None
     if args.n_gpu_layers is None and device is not None:
         return Placement.on(device, n_layer)
     wants_gpu = args.n_gpu_layers is None or args.n_gpu_layers > 0

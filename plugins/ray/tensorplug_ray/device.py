@@ -25,7 +25,7 @@ from tensorplug.device import Device, DeviceCaps, DeviceType, Reg
 from tensorplug.errors import OutOfBoundsError, PluginError, TensorplugError
 
 from . import wire
-from .server import GRAPH_CACHE
+from .server import BATCHABLE, GRAPH_CACHE
 from .settings import ADDRESS, DEVICES, LOCAL, START_TIMEOUT, DeviceRequest
 
 if TYPE_CHECKING:
@@ -40,6 +40,9 @@ __all__ = ["RayBackend", "RayBuffer", "RayBufferType", "RayDevice", "RayReg", "R
 PUT_THRESHOLD = 1 << 20
 #: Queued calls after which finished ones are reaped (their failures surface early).
 _REAP_AT = 256
+#: Small calls are held back and sent together, up to this many or this many bytes.
+_BATCH_CALLS = 64
+_BATCH_BYTES = 1 << 20
 
 
 class RemoteDeviceError(TensorplugError, RuntimeError):
@@ -59,6 +62,8 @@ class RayDevice(Device):
         self.actor = actor
         self.hello = hello
         self._pending: list[Any] = []
+        self._batch: list[list[Any]] = []
+        self._batch_bytes = 0
         self._lost: str | None = None
         self._supports: dict[tuple[Any, ...], bool] = {}
         self._graphs: OrderedDict[str, None] = OrderedDict()  # mirrors the actor's LRU
@@ -133,28 +138,60 @@ class RayDevice(Device):
 
     # -- calls --------------------------------------------------------------------------
 
-    def call(self, method: str, *args: Any) -> Any:
-        """Queue ``method`` on the actor; failures surface at the next :meth:`sync`."""
+    def call(self, method: str, *args: Any) -> None:
+        """Queue ``method`` on the actor; failures surface at the next :meth:`sync`.
+
+        Small calls wait in a batch that goes out as one actor call with the next graph
+        compute, read or synchronize: a decode step's input writes and its compute then
+        cost one round trip, not one each.
+        """
         self._check_alive()
+        if method not in BATCHABLE or any(isinstance(a, ray_object_ref()) for a in args):
+            self.submit(method, *args)
+            return
+        self._batch.append([method, list(args)])
+        self._batch_bytes += sum(len(a) for a in args if isinstance(a, bytes))
+        if method == "compute" or len(self._batch) >= _BATCH_CALLS \
+                or self._batch_bytes >= _BATCH_BYTES:  # fmt: skip
+            self.flush()
+
+    def submit(self, method: str, *args: Any) -> Any:
+        """Send ``method`` now (after the batch) and return its ObjectRef, unawaited."""
+        self._check_alive()
+        self.flush()
         ref = getattr(self.actor, method).remote(*args)
         self._pending.append(ref)
         if len(self._pending) >= _REAP_AT:
             self._reap()
         return ref
 
+    def flush(self) -> None:
+        if self._batch:
+            batch, self._batch, self._batch_bytes = self._batch, [], 0
+            self._pending.append(self.actor.run.remote(batch))
+
     def ask(self, method: str, *args: Any) -> Any:
         """Run ``method`` on the actor and return its result, after everything queued."""
         self._check_alive()
+        self.flush()
         ref = getattr(self.actor, method).remote(*args)
         pending, self._pending = self._pending, []
         return self._get([*pending, ref], method)[-1]
 
     def sync(self) -> None:
+        """Wait for every call sent so far.
+
+        Calls still in the batch stay there: this process already holds their data (a
+        write's bytes are copied when it is queued), and the actor runs them, in order,
+        before anything sent later — so waiting for them would only add a round trip to
+        each of the Scheduler's input writes. Their failures surface at the next sync.
+        """
         pending, self._pending = self._pending, []
         if pending:
             self._get(pending, "synchronize")
 
     def pending(self) -> list[Any]:
+        self.flush()
         return list(self._pending)
 
     def _reap(self) -> None:
@@ -181,6 +218,7 @@ class RayDevice(Device):
                 "working; create the model's backends again on the devices that remain"
             )
             self._pending.clear()
+            self._batch.clear()
             raise RemoteDeviceLostError(self._lost) from None
         except RayTaskError as e:
             self._graphs.clear()  # the actor may not have cached what failed
@@ -214,6 +252,12 @@ class RayDevice(Device):
                 "there first (the Scheduler does this for split inputs)"
             )
         return buf.handle
+
+
+def ray_object_ref() -> type:
+    import ray
+
+    return ray.ObjectRef  # type: ignore[no-any-return]
 
 
 class RayBufferType(BufferType):
@@ -287,7 +331,7 @@ def copy_between(src: Tensor, dst: Tensor) -> bool:
         dbuf.remote.call("copy", sbuf.handle, src.offset, dbuf.handle, dst.offset, n)
         return True
     # the ObjectRef goes to the destination actor, which fetches the bytes itself
-    ref = sbuf.remote.call("read", sbuf.handle, src.offset, n)
+    ref = sbuf.remote.submit("read", sbuf.handle, src.offset, n)
     dbuf.remote.call("write", dbuf.handle, dst.offset, ref)
     return True
 
@@ -320,7 +364,7 @@ class RayBackend(Backend):
         if not isinstance(buf, RayBuffer):
             buf.get_tensor(tensor, out, offset)
             return
-        ref = self.remote.call("read", buf.handle, tensor.offset + offset, len(out))
+        ref = self.remote.submit("read", buf.handle, tensor.offset + offset, len(out))
         self._reads.append((ref, out))
 
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:

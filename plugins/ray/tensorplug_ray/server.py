@@ -14,7 +14,10 @@ import socket
 from collections import OrderedDict
 from typing import Any
 
-__all__ = ["GRAPH_CACHE", "DeviceServer"]
+__all__ = ["BATCHABLE", "GRAPH_CACHE", "DeviceServer"]
+
+#: Calls a client may queue and send together through :meth:`DeviceServer.run`.
+BATCHABLE = frozenset({"write", "memset", "clear", "free", "copy", "compute"})
 
 #: Descriptions kept per actor; the client mirrors this exact LRU to know what to resend.
 GRAPH_CACHE = 32
@@ -166,6 +169,19 @@ class DeviceServer:
         self.graphs.move_to_end(key)
         status = self.backend.graph_compute(Graph._from_parts(nodes, ()))
         return str(status.value)
+
+    def run(self, calls: Any) -> None:
+        """Several queued calls in one round trip, in order (the client batches a step's
+        small writes with its graph compute)."""
+        if type(calls) is not list:
+            raise TypeError("run takes a list of [method, args] pairs")
+        for item in calls:
+            if type(item) is not list or len(item) != 2 or item[0] not in BATCHABLE \
+                    or type(item[1]) is not list:  # fmt: skip
+                raise ValueError(
+                    f"run: {item!r} is not a [method, args] pair of {sorted(BATCHABLE)}"
+                )
+            getattr(self, item[0])(*item[1])
 
     def forget_graphs(self) -> None:
         self.graphs.clear()
