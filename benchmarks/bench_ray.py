@@ -95,10 +95,10 @@ def main() -> int:
     args = p.parse_args()
 
     import ray
-    from tensorplug_ray.device import RayReg, start_devices
-    from tensorplug_ray.settings import DeviceRequest
 
     from tensorplug.llama.tiny import write_tiny_llama
+    from tensorplug_ray.device import RayReg, start_devices
+    from tensorplug_ray.settings import DeviceRequest
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     reg = RayReg(start_devices([DeviceRequest("CPU", 2)], 120), "local")
