@@ -27,7 +27,7 @@ from ..opcodes import VIEW_OPS, Op
 from ..rebuild import rebuild
 from ..tensor import Tensor, contiguous_strides
 from ..transfer import tensor_copy_async
-from .split import SplitState, np_axis, slice_shape
+from .split import SplitState, member_offset, np_axis, slice_shape
 
 if TYPE_CHECKING:
     from .device import MetaDevice
@@ -143,7 +143,8 @@ class MetaBackend(Backend):
             strides = node.strides if not out.is_split else contiguous_strides(node.type, shape)
             params = dict(node.op_params)
             if node.op is Op.VIEW and out.is_split:
-                params["offset"] = _member_view_offset(node, meta.state_of(node.src[0]), i)
+                src = node.src[0]
+                params["offset"] = member_offset(src, meta.state_of(src), i, params["offset"])
             p = rebuild(node.op, src_i, params, shape, strides)
             if p.shape != shape:
                 raise UnsupportedError(
@@ -213,18 +214,3 @@ def _cut(full: Tensor, src: Tensor, state: SplitState, member: int) -> Tensor:
     base = view.base
     view.buffer, view.offset = base.buffer, base.offset + view.view_offs
     return view
-
-
-def _member_view_offset(view: Tensor, src_state: SplitState, member: int) -> int:
-    """A contiguous view's byte offset mapped onto member ``member``'s part of its source
-    (the view starts at a whole number of the source's split blocks)."""
-    src = view.src[0]
-    k = int(src_state.axis)
-    inner = 1
-    for a in range(k):
-        inner *= src.shape[np_axis(a, src.ndim)]
-    block_full = inner * src_state.total
-    block_member = inner * src_state.extent(member)
-    ts, bs = view.type.type_size, view.type.block_size
-    elems = view.op_params.get("offset", 0) * bs // ts
-    return (elems // block_full) * block_member * ts // bs

@@ -23,7 +23,15 @@ from ..device import Device, DeviceCaps, DeviceType
 from ..errors import UnsupportedError
 from ..tensor import Tensor
 from .rules import MetaUnsupported, Plan, plan
-from .split import SplitAxis, SplitState, check_state, host_assemble, host_slice, slice_shape
+from .split import (
+    SplitAxis,
+    SplitState,
+    check_state,
+    host_assemble,
+    host_slice,
+    member_offset,
+    slice_shape,
+)
 
 if TYPE_CHECKING:
     from .backend import MetaBackend
@@ -176,9 +184,14 @@ class MetaBufferType(BufferType):
         return min(d.buffer_type().max_size for d in self.meta.members)
 
     def alloc_size(self, tensor: Tensor) -> int:
+        try:
+            parts = [self.meta.part(tensor, i) for i in range(len(self.meta.members))]
+        except UnsupportedError:
+            # memory may be planned before anyone asks supports_op; such a node will be
+            # refused then, so any room that fits the whole tensor will do
+            return max(d.buffer_type().alloc_size(tensor) for d in self.meta.members)
         return max(
-            d.buffer_type().alloc_size(self.meta.part(tensor, i))
-            for i, d in enumerate(self.meta.members)
+            d.buffer_type().alloc_size(p) for d, p in zip(self.meta.members, parts, strict=True)
         )
 
     def _alloc_buffer(self, size: int) -> MetaBuffer:
@@ -208,13 +221,18 @@ class MetaBuffer(Buffer):
         if hit is not None:
             return hit
         state = self.meta.state_of(tensor)
+        base = tensor.view_src
         out = []
         for i, buf in enumerate(self.members):
+            offset = tensor.offset
             if state.is_split:
                 t = self.meta.part(tensor, i)
+                if base is not None:  # a split view: its start within the base's part
+                    base_state = self.meta.state_of(base)
+                    offset = base.offset + member_offset(base, base_state, i, tensor.view_offs)
             else:  # a mirrored tensor keeps its layout (a view keeps its strides)
                 t = Tensor(tensor.type, tensor.shape, strides=tensor.strides, name=tensor.name)
-            t.buffer, t.offset = buf, tensor.offset
+            t.buffer, t.offset = buf, offset
             buf.init_tensor(t)
             out.append(t)
         self._parts[tensor] = out

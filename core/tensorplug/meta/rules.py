@@ -203,6 +203,8 @@ def plan(node: Tensor, states: Sequence[SplitState]) -> Plan:
         _rows_whole(node, states, "soft_max")
         if len(node.src) > 1 and int(s0.axis) == 1:
             raise _no(node, "soft_max with a mask and rows split over members")
+        if node.op_params.get("max_bias", 0.0) > 0 and int(s0.axis) == 2:
+            raise _no(node, "ALiBi slopes depend on the global head index; heads are split")
         return _elementwise(node, states)
     if op is Op.MUL_MAT:
         return _mul_mat(node, states[0], states[1])
@@ -210,16 +212,18 @@ def plan(node: Tensor, states: Sequence[SplitState]) -> Plan:
         if states[1].is_split:
             raise _no(node, "the row indices must be mirrored")
         if s0.is_split and int(s0.axis) != 0:
-            raise _no(node, "only a table split along axis 0 (its columns) can be gathered")
+            raise _no(node, "only a table split along axis 0 (its columns) can be gathered from")
         return Plan(s0, none)
     if op is Op.SET_ROWS:
-        if states[2].is_split or (s0.is_split and int(s0.axis) == 1):
-            raise _no(node, "set_rows needs mirrored indices and rows that are not split")
+        if states[2].is_split or (s0.is_split and int(s0.axis) != 0):
+            raise _no(node, "set_rows needs mirrored indices and a destination split along axis 0")
         return Plan(s0, (None, _fit(node, node.src[1], states[1], s0), None))
     if op is Op.ROPE:
         if any(s.is_split for s in states[1:]):
             raise _no(node, "positions and frequency factors must be mirrored")
         _rows_whole(node, states, "rope")
+        if int(s0.axis) == 2:
+            raise _no(node, "tokens are split: their positions would have to be split too")
         return Plan(s0, none)
     if op is Op.FLASH_ATTN_EXT:
         return _flash_attn(node, states)
@@ -244,6 +248,8 @@ def _flash_attn(node: Tensor, states: Sequence[SplitState]) -> Plan:
         raise _no(node, "q, k and v must all be split along their heads (axis 2)")
     if {int(q.axis), int(k.axis), int(v.axis)} != {2} or k != v:
         raise _no(node, f"q {q.describe()}, k {k.describe()}, v {v.describe()}: split by heads")
+    if node.op_params.get("max_bias", 0.0) > 0:
+        raise _no(node, "ALiBi slopes depend on the global head index; heads are split")
     H, Hkv = _ne(node.src[0], 2), _ne(node.src[1], 2)
     group = H // Hkv
     if any(q.extent(m) != group * k.extent(m) for m in range(q.n_members)):

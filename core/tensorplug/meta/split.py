@@ -163,6 +163,19 @@ def slice_shape(tensor: Tensor, state: SplitState, member: int) -> tuple[int, ..
     return tuple(shape)
 
 
+def member_offset(base: Tensor, state: SplitState, member: int, byte_offset: int) -> int:
+    """Where a contiguous view starting ``byte_offset`` bytes into ``base`` starts in member
+    ``member``'s part of ``base``. Valid when the view begins on a whole split block (the
+    inner axes and the split axis in full), which the split rules require of such views."""
+    k = int(state.axis)
+    inner = 1
+    for a in range(k):
+        inner *= base.shape[np_axis(a, base.ndim)]
+    ts, bs = base.type.type_size, base.type.block_size
+    elems = byte_offset * bs // ts
+    return (elems // (inner * state.total)) * inner * state.extent(member) * ts // bs
+
+
 def _byte_view(t: Type, shape: Sequence[int], data: np.ndarray) -> np.ndarray:
     """Raw bytes as ``(*shape[:-1], row_bytes)``: the last axis in bytes, blocks kept whole."""
     row = shape[-1] // t.block_size * t.type_size
