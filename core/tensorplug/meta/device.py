@@ -213,13 +213,15 @@ class MetaBuffer(Buffer):
         super().__init__(buft, size)
         self.meta = buft.meta
         self.members: tuple[Buffer, ...] = tuple(members)
-        self._parts: weakref.WeakKeyDictionary[Tensor, list[Tensor]] = weakref.WeakKeyDictionary()
+        self._parts: weakref.WeakKeyDictionary[Tensor, tuple[int, list[Tensor]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def parts(self, tensor: Tensor) -> list[Tensor]:
         """Each member's placed part of ``tensor`` (which lives in this buffer)."""
         hit = self._parts.get(tensor)
-        if hit is not None:
-            return hit
+        if hit is not None and hit[0] == tensor.offset:
+            return hit[1]  # (an allocator may move a tensor between graphs)
         state = self.meta.state_of(tensor)
         base = tensor.view_src
         out = []
@@ -235,7 +237,7 @@ class MetaBuffer(Buffer):
             t.buffer, t.offset = buf, offset
             buf.init_tensor(t)
             out.append(t)
-        self._parts[tensor] = out
+        self._parts[tensor] = (tensor.offset, out)
         return out
 
     def _whole(self, tensor: Tensor, offset: int, size: int, what: str) -> SplitState:
