@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,20 +31,36 @@ pytest_plugins = ["pytester"]
 
 # the plugin is registered through its pytest11 entry point once tensorplug is installed;
 # naming it explicitly (after blocking the entry point) makes these tests independent of that
-PLUGIN_ARGS = ("-p", "no:tensorplug", "-p", "tensorplug.testing.pytest_plugin")
+PLUGIN_ARGS = ("-p", "no:tensorplug", "-p", "tensorplug_pytest")
 
 # -- the pytest plugin -----------------------------------------------------------------------------
 
 
 def test_plugin_import_is_inert() -> None:
     code = (
-        "import sys, tensorplug.testing.pytest_plugin\n"
-        "heavy = ['tensorplug.testing.families', 'tensorplug.testing.runner', 'gguf',\n"
-        "         'tensorplug_cpu']\n"
-        "print([m for m in heavy if m in sys.modules])\n"
+        "import sys, tensorplug_pytest\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tensorplug')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "['tensorplug_pytest']"
+
+
+def test_an_unrelated_pytest_session_imports_no_tensorplug_code(tmp_path: Path) -> None:
+    """pytest loads the plugin in every project's test run: it must cost them nothing."""
+    (tmp_path / "test_other.py").write_text("def test_other():\n    assert 1 + 1 == 2\n")
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        "def pytest_sessionfinish(session):\n"
+        "    names = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('tensorplug', 'tensorplug_pytest', 'numpy', 'gguf'))\n"
+        "    open('modules.txt', 'w').write(','.join(names))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_other.py"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "modules.txt").read_text() == "tensorplug_pytest"
 
 
 def test_plugin_parametrizes_and_checks(pytester: pytest.Pytester) -> None:
