@@ -360,8 +360,8 @@ def _cut(res: SplitResult, ctx: SplitContext, supported: Callable[[Tensor, int],
                 for c in range(n_copies)
             ]
             if n_copies > 1:
-                for c in made:
-                    c.flags = _COPY_FLAGS  # placed up front and never reused
+                for copy in made:
+                    copy.flags = _COPY_FLAGS  # placed up front and never reused
         used.append((made, s.name, s.op, b))
         for t in made:
             ids[t] = b
