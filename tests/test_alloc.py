@@ -388,3 +388,47 @@ def test_alloc_tensors_places_a_tensor_listed_twice_once() -> None:
     buf = tp.alloc_tensors([a, b, a], tp.host_buffer_type())
     assert buf is not None and buf.size == 128
     assert (a.buffer, a.offset, b.offset) == (buf, 0, 64)
+
+
+def test_in_place_refuses_a_parent_the_node_reads_twice() -> None:
+    """add(x, transpose(x)) reads x's block through two sources: writing the sum over x
+    would change what the transposed operand still has to read."""
+    x = ops.scale(_f32((64, 64), "leaf"), 1.0).set_name("x")  # computed: an in-place candidate
+    y = ops.add(x, ops.transpose(x)).set_name("y").set_output()
+    g = tp.Graph(y)
+    plan = GraphAllocator(SmallHost()).reserve(g)
+    px, py = plan.placement(x), plan.placement(y)
+    assert py.offset >= px.offset + px.size or py.offset + py.size <= px.offset
+    check_plan(g, plan, 16)
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+def test_a_base_read_twice_through_an_in_place_node_computes_right(device: str) -> None:
+    dev = tp.dev_by_name(device)
+    if dev is None:
+        pytest.skip(f"no {device} device (pip install pocl-binary-distribution for OpenCL)")
+    backend = dev.init_backend()
+    leaf = _f32((64, 64), "leaf")
+    x = ops.scale(leaf, 2.0).set_name("x")
+    y = ops.add(x, ops.transpose(x)).set_name("y").set_output()
+    g = tp.Graph(y)
+    ga = GraphAllocator(backend.buffer_type())
+    ga.alloc_graph(g)
+    values = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
+    tp.set_array(leaf, values)
+    backend.graph_compute(g)
+    np.testing.assert_allclose(tp.get_array(y), 2 * values + 2 * values.T, rtol=1e-6, atol=1e-6)
+
+
+def test_dyn_alloc_free_between_two_holes_merges_all_three() -> None:
+    a = _DynAlloc(SmallHost(alignment=16))
+    blocks = Blocks()
+    assert [a.alloc(32, blocks, 0)[1] for _ in range(4)] == [0, 32, 64, 96]
+    a.free(0, 0, 32)
+    a.free(0, 64, 32)  # holes [0, 32) and [64, 96), the block [32, 64) between them
+    a.free(0, 32, 32)
+    ch = a.chunks[0]
+    assert ch.offs[0] == 0 and ch.sizes[0] == 96
+    assert len(ch.offs) == 2  # that hole and the open tail after the last block
+    assert a.alloc(96, blocks, 0) == (0, 0, 96)  # one block, no growth
+    assert a.chunk_sizes() == [128]

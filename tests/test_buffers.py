@@ -184,3 +184,13 @@ def test_multi_buffer_groups_members() -> None:
     assert all(p.is_freed for p in parts)
     with pytest.raises(ValueError, match="at least one"):
         tp.MultiBuffer([])
+
+
+def test_tensor_alloc_refuses_a_tensor_that_runs_past_the_buffer_end() -> None:
+    buf = tp.host_buffer_type().alloc_buffer(256)
+    big = tp.new_tensor(Type.F32, (32,), "big")  # 128 bytes
+    with pytest.raises(tp.AllocationError, match=r"needs 128 bytes at offset 192, past the end"):
+        tp.tensor_alloc(buf, big, 192)  # starts inside the buffer, ends 64 bytes past it
+    assert big.buffer is None
+    tp.tensor_alloc(buf, big, 128)  # ends exactly at the end: fits
+    assert big.offset == 128

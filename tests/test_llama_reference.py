@@ -24,7 +24,9 @@ class RefModel:
     n_rot: int
     eps: float
     base: float
-    w: dict[str, np.ndarray]  # float64, numpy order (GGUF dims reversed)
+    w: dict[str, np.ndarray]
+    #: linear rope scaling: positions are multiplied by 1/factor (llama.rope.scaling.*)
+    freq_scale: float = 1.0  # float64, numpy order (GGUF dims reversed)
 
 
 def load(path: str | Path) -> RefModel:
@@ -43,17 +45,29 @@ def load(path: str | Path) -> RefModel:
         eps=meta["llama.attention.layer_norm_rms_epsilon"],
         base=meta.get("llama.rope.freq_base", 10000.0),
         w=w,
+        freq_scale=_linear_scale(meta),
     )
+
+
+def _linear_scale(meta: dict[str, object]) -> float:
+    kind = meta.get("llama.rope.scaling.type", "none")
+    if kind == "none":
+        return 1.0
+    assert kind == "linear", f"the reference implements linear rope scaling only, not {kind}"
+    return 1.0 / float(meta["llama.rope.scaling.factor"])  # type: ignore[arg-type]
 
 
 def _rms(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
 
 
-def _rope(x: np.ndarray, n_rot: int, base: float, factors: np.ndarray | None = None) -> np.ndarray:
+def _rope(
+    x: np.ndarray, n_rot: int, base: float, factors: np.ndarray | None = None, scale: float = 1.0
+) -> np.ndarray:
     """x (T, H, D): rotate pairs (2i, 2i+1), i < n_rot/2, of token t by
-    t·base^(-2i/n_rot) / factors[i] (Llama 3.1's rope_freqs; 1 without)."""
-    t = np.arange(x.shape[0], dtype=np.float64)[:, None, None]
+    scale·t·base^(-2i/n_rot) / factors[i] (Llama 3.1's rope_freqs; 1 without; ``scale``
+    is linear rope scaling's 1/factor)."""
+    t = scale * np.arange(x.shape[0], dtype=np.float64)[:, None, None]
     angle = t * base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     if factors is not None:
         angle = angle / factors
@@ -78,8 +92,10 @@ def logits(m: RefModel, tokens: list[int], kv_dtype: type | None = None) -> np.n
     for i in range(m.n_layer):
         p = f"blk.{i}."
         h = _rms(x, m.eps) * w[p + "attn_norm.weight"]
-        q = _rope((h @ w[p + "attn_q.weight"].T).reshape(T, m.n_head, hd), m.n_rot, m.base, ff)
-        k = _rope((h @ w[p + "attn_k.weight"].T).reshape(T, m.n_head_kv, hd), m.n_rot, m.base, ff)
+        q = (h @ w[p + "attn_q.weight"].T).reshape(T, m.n_head, hd)
+        k = (h @ w[p + "attn_k.weight"].T).reshape(T, m.n_head_kv, hd)
+        q = _rope(q, m.n_rot, m.base, ff, m.freq_scale)
+        k = _rope(k, m.n_rot, m.base, ff, m.freq_scale)
         v = (h @ w[p + "attn_v.weight"].T).reshape(T, m.n_head_kv, hd)
         if kv_dtype is not None:
             k = k.astype(kv_dtype).astype(np.float64)
