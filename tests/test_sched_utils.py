@@ -105,3 +105,18 @@ def test_spread_skips_nodes_the_backend_cannot_run() -> None:
     # as ggml's set_if_supported: the GPU cannot run node 2, which is left for pass 3,
     # and the spread goes on past it to node 3
     assert _spread([0, -1, -1, -1], frozenset({(0, 2)})) == [0, 0, -1, 0]
+
+
+def test_follow_places_views_with_their_base_and_sources_with_their_consumer() -> None:
+    from tensorplug.sched_split import follow
+
+    base = tp.new_tensor("f32", (4, 8), "base")
+    loose = tp.new_tensor("f32", (4, 8), "loose")  # a source nobody placed
+    view = tp.ops.transpose(base)
+    node = tp.ops.add(loose, tp.ops.transpose(view))
+    ids, pending = {base: 0, node: 1}, []
+    assert follow(view, ids, pending) == 0 and ids[view] == 0  # the view follows its base
+    assert follow(node, ids, pending) == 1
+    assert ids[loose] == 1  # an unplaced source follows the node reading it
+    orphan = tp.ops.reshape(tp.new_tensor("f32", (32,), "nobody"), (4, 8))
+    assert follow(orphan, {}, pending) == -1 and pending == [orphan]

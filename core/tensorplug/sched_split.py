@@ -364,73 +364,24 @@ def _cut(res: SplitResult, ctx: SplitContext, supported: Callable[[Tensor, int],
     rewrites = res.rewrites
     splits = res.splits
 
-    names = ctx.names
-
-    def make_copies(s: Tensor, b: int) -> list[Tensor]:
-        i = len(used)
-        entry = pool[i] if i < len(pool) else None
-        if entry is not None and _same_layout(entry[0][0], s):
-            made = entry[0]
-            if entry[1] != s.name or entry[2] is not s.op or entry[3] != b:
-                name = f"{names[b]}#{s.name or s.op.value}#"
-                for c, t in enumerate(made):
-                    t.name = f"{name}{c}"
-        else:
-            name = f"{names[b]}#{s.name or s.op.value}#"
-            made = [
-                Tensor(s.type, s.shape, strides=s.strides, name=f"{name}{c}")
-                for c in range(n_copies)
-            ]
-            if n_copies > 1:
-                for copy in made:
-                    copy.flags = _COPY_FLAGS  # placed up front and never reused
-        used.append((made, s.name, s.op, b))
-        for t in made:
-            ids[t] = b
-        return made
+    make_copies = _CopyMaker(ctx, pool, used, ids)
 
     last = len(backends) - 1
     pending: list[Tensor] = []
     split: Split | None = None
     cur = -1
     for i, node in enumerate(nodes):
-        # pass 4: sources and views without a backend follow their base or their consumer
-        b = ids.get(node, -1)
-        if b < 0:
-            vs = node.view_src
-            b = ids.get(vs, -1) if vs is not None else -1
-            if b >= 0:
-                ids[node] = b
-            else:
-                pending.append(node)  # a view of a base no one placed yet
-        src = node.src
-        for s in src:
-            if s in ids:
-                continue
-            svs = s.view_src
-            if svs is not None:
-                sb = ids.get(svs, -1)
-                if sb < 0 and b >= 0:
-                    sb = ids[svs] = b
-                if sb >= 0:
-                    ids[s] = sb
-            elif b >= 0:
-                ids[s] = b
+        b = follow(node, ids, pending)  # pass 4
         if node.op in VIEW_LIKE:
             continue
+        src = node.src
         # pass 5: a new split when the backend changes, or when a weight must be copied
         # into a split that already has inputs (so the copies' memory can be reused)
-        new_split = split is None or b != cur
-        if not new_split and split.inputs:  # type: ignore[union-attr]
-            for s in src:
-                sbuf = s.buffer
-                if (
-                    sbuf is not None and sbuf.usage is _WEIGHTS
-                    and ids[s] != cur and not supported(s, cur)
-                ):  # fmt: skip
-                    new_split = True
-                    break
-        if new_split:
+        if (
+            split is None
+            or b != cur
+            or (split.inputs and _copies_a_weight(src, ids, cur, supported))
+        ):
             if split is None:
                 split = Split(graph, b, 0)  # leading views belong to the first split
             else:
@@ -470,6 +421,85 @@ def _cut(res: SplitResult, ctx: SplitContext, supported: Callable[[Tensor, int],
         else:
             return
     split.end = len(nodes)
+
+
+def follow(node: Tensor, ids: dict[Tensor, int], pending: list[Tensor]) -> int:
+    """Pass 4 for one node: a node or view without a backend follows its base, and its
+    unplaced sources follow it (a source view, through its base); returns the node's
+    backend, -1 when not known yet (then it waits in ``pending``)."""
+    b = ids.get(node, -1)
+    if b < 0:
+        vs = node.view_src
+        b = ids.get(vs, -1) if vs is not None else -1
+        if b >= 0:
+            ids[node] = b
+        else:
+            pending.append(node)  # a view of a base no one placed yet
+    for s in node.src:
+        if s in ids:
+            continue
+        svs = s.view_src
+        if svs is not None:
+            sb = ids.get(svs, -1)
+            if sb < 0 and b >= 0:
+                sb = ids[svs] = b
+            if sb >= 0:
+                ids[s] = sb
+        elif b >= 0:
+            ids[s] = b
+    return b
+
+
+def _copies_a_weight(
+    src: Sequence[Tensor],
+    ids: dict[Tensor, int],
+    cur: int,
+    supported: Callable[[Tensor, int], bool],
+) -> bool:
+    """Whether running here would copy in a weight that lives on another backend."""
+    for s in src:
+        sbuf = s.buffer
+        if sbuf is not None and sbuf.usage is _WEIGHTS and ids[s] != cur and not supported(s, cur):
+            return True
+    return False
+
+
+class _CopyMaker:
+    """The tensors that hold a split input's copies on a backend, one per pipeline copy;
+    reused from the previous split of the same graph when they fit, as ggml keeps its
+    graph copies between computes."""
+
+    def __init__(
+        self,
+        ctx: SplitContext,
+        pool: list[tuple[list[Tensor], str, Op, int]],
+        used: list[tuple[list[Tensor], str, Op, int]],
+        ids: dict[Tensor, int],
+    ) -> None:
+        self.names, self.n_copies = ctx.names, ctx.n_copies
+        self.pool, self.used, self.ids = pool, used, ids
+
+    def __call__(self, s: Tensor, b: int) -> list[Tensor]:
+        i = len(self.used)
+        entry = self.pool[i] if i < len(self.pool) else None
+        name = f"{self.names[b]}#{s.name or s.op.value}#"
+        if entry is not None and _same_layout(entry[0][0], s):
+            made = entry[0]
+            if entry[1] != s.name or entry[2] is not s.op or entry[3] != b:
+                for c, t in enumerate(made):
+                    t.name = f"{name}{c}"
+        else:
+            made = [
+                Tensor(s.type, s.shape, strides=s.strides, name=f"{name}{c}")
+                for c in range(self.n_copies)
+            ]
+            if self.n_copies > 1:
+                for copy in made:
+                    copy.flags = _COPY_FLAGS  # placed up front and never reused
+        self.used.append((made, s.name, s.op, b))
+        for t in made:
+            self.ids[t] = b
+        return made
 
 
 def _graph_input_copies(res: SplitResult, ctx: SplitContext, s: Tensor) -> None:
