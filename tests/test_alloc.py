@@ -261,6 +261,35 @@ def test_dyn_alloc_best_fit_merges_neighbours() -> None:
     assert a.chunk_sizes() == [208]
 
 
+def test_dyn_alloc_freeing_a_block_between_two_holes_merges_all_three() -> None:
+    a = _DynAlloc(SmallHost(alignment=16))
+    blocks = Blocks()
+    offs = [a.alloc(n, blocks, 0)[1] for n in (32, 48, 64, 16)]
+    assert offs == [0, 32, 80, 144]
+    a.free(0, 0, 32)
+    a.free(0, 80, 64)
+    ch = a.chunks[0]
+    assert ch.offs[:2] == [0, 80] and ch.sizes[:2] == [32, 64]
+    a.free(0, 32, 48)  # between the two holes: one hole [0, 144) remains, not two
+    assert ch.offs[:-1] == [0] and ch.sizes[:-1] == [144]
+    # the merged hole takes a block larger than either neighbour, without growing the chunk
+    assert a.alloc(144, blocks, 0) == (0, 0, 144)
+    assert a.chunk_sizes() == [160]
+
+
+def test_in_place_never_overwrites_a_base_that_the_same_node_reads_twice() -> None:
+    x = _f32((16, 16), "x").set_input()
+    a = ops.silu(x).set_name("a")
+    y = ops.add(a, ops.transpose(a)).set_name("y").set_output()  # reads a twice, a's last use
+    single = ops.neg(ops.exp(x).set_name("e")).set_name("single").set_output()  # read once
+    g = tp.Graph([y, single])
+    plan = GraphAllocator(SmallHost()).reserve(g)
+    assert plan.placement(y).offset != plan.placement(a).offset
+    e = g.nodes[[n.name for n in g.nodes].index("e")]
+    assert plan.placement(single).offset == plan.placement(e).offset  # the rule still reuses
+    check_plan(g, plan, 16)
+
+
 def test_max_size_splits_the_plan_into_chunks_and_buffers() -> None:
     buft = SmallHost(alignment=16, max_size=1024)
     x = _f32((4, 64), "x")  # 1 KiB each: every tensor fills a chunk

@@ -98,6 +98,13 @@ def test_tensor_alloc_errors(host: tp.Buffer) -> None:
         tp.tensor_alloc(host, x, 4)
     with pytest.raises(tp.AllocationError, match="past the end of buffer"):
         tp.tensor_alloc(host, x, 4096)
+    # partly past the end: starts inside (4032 < 4096) but its 64 bytes end at 4096 + 64
+    big = tp.new_tensor(Type.F32, (32,), "big")
+    with pytest.raises(tp.AllocationError, match="needs 128 bytes at offset 4032, past the end"):
+        tp.tensor_alloc(host, big, 4032)
+    assert big.buffer is None  # nothing half-placed
+    tp.tensor_alloc(host, big, 4096 - 128)  # ending exactly at the end is fine
+    assert (big.buffer, big.offset) == (host, 3968)
     tp.tensor_alloc(host, x, 0)
     with pytest.raises(tp.AllocationError, match="already allocated"):
         tp.tensor_alloc(host, x, 64)
