@@ -32,6 +32,7 @@ from .errors import (
 from .graph import Graph
 from .graph_copy import GraphCopy, graph_copy
 from .host import HOST_ALIGNMENT, HostBuffer, HostBufferType, host_buffer_type, tensor_array
+from .meta import SplitAxis, SplitState, meta_device
 from .opcodes import GluOp, Op, RopeMode, SortOrder, UnaryOp
 from .registration import Registration
 from .registry import (
@@ -129,6 +130,8 @@ __all__ = [
     "Registration",
     "RopeMode",
     "Scheduler",
+    "SplitAxis",
+    "SplitState",
     "ShapeError",
     "SortOrder",
     "Status",
@@ -161,6 +164,7 @@ __all__ = [
     "init_by_type",
     "load",
     "load_all",
+    "meta_device",
     "load_all_from_path",
     "loading_error",
     "new_tensor",

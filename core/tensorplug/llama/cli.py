@@ -25,6 +25,7 @@ from ..cli import format_bytes
 from ..types import Type
 
 if TYPE_CHECKING:
+    from ..gguf import GGUFFile
     from .placement import Placement
     from .runner import Generation, Llama
 
@@ -59,9 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (32)")
     p.add_argument(
         "--device",
-        metavar="NAME",
+        metavar="NAME[,NAME...]",
         help="put every layer on this device (with --n-gpu-layers: the offload "
-        "device); see `tensorplug devices`",
+        "device), or spread the blocks over several (e.g. Ray0,Ray1); see `tensorplug devices`",
     )
     p.add_argument(
         "-ngl",
@@ -77,6 +78,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="context length (default: the model's, at most 512)",
+    )
+    p.add_argument(
+        "-sm",
+        "--split-mode",
+        choices=["layer", "row"],
+        default="layer",
+        help="with several --device names: 'layer' spreads whole blocks over them (default), "
+        "'row' splits every block's weights over all of them (tensor parallelism)",
+    )
+    p.add_argument(
+        "-ts",
+        "--tensor-split",
+        type=_proportions,
+        metavar="N,N,...",
+        help="with --split-mode row: each device's share, e.g. 3,1 (default: even)",
     )
     p.add_argument("-b", "--batch-size", type=int, default=32, help="prompt chunk (32)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
@@ -106,16 +122,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import BackendNotFoundError
+    from ..errors import TensorplugError
     from ..gguf import GGUFError
     from .runner import ContextFullError
 
     try:
         if args.model is None:
-            names = [args.device] if args.device else None
+            names = _device_names(args) or None
             return demo_model(None, args.weights, devices=names, args=args)
         return run_model(args)
-    except (GGUFError, ContextFullError, BackendNotFoundError, OSError) as e:
+    except (GGUFError, ContextFullError, TensorplugError, OSError) as e:
         print(f"tensorplug run: error: {e}", file=sys.stderr)
         return 1
 
@@ -123,10 +139,33 @@ def main(args: argparse.Namespace) -> int:
 # -- running a model ----------------------------------------------------------------------------
 
 
+def _proportions(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers like 3,1") from None
+    if any(v < 0 for v in values) or sum(values) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: shares must be >= 0 with a positive sum")
+    return values
+
+
+def _device_names(args: argparse.Namespace) -> list[str]:
+    return [n.strip() for n in (args.device or "").split(",") if n.strip()]
+
+
 def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
+    from ..errors import TensorplugError
     from .placement import Placement, best_accelerator, device_named
 
-    device = device_named(args.device) if args.device else None
+    names = _device_names(args)
+    if len(names) > 1:
+        if args.n_gpu_layers is not None:
+            raise TensorplugError(
+                f"--device {args.device} names {len(names)} devices: their blocks are spread "
+                "over all of them, so --n-gpu-layers does not apply; drop one of the two"
+            )
+        return Placement.spread([device_named(n) for n in names], n_layer)
+    device = device_named(names[0]) if names else None
     if args.n_gpu_layers is None and device is not None:
         return Placement.on(device, n_layer)
     wants_gpu = args.n_gpu_layers is None or args.n_gpu_layers > 0
@@ -140,6 +179,24 @@ def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
     return Placement.offload(n_layer, n, gpu=device)
 
 
+def _row_placement(args: argparse.Namespace, f: GGUFFile, n_layer: int) -> Placement:
+    """Every block on one meta device made of the named devices (``--split-mode row``)."""
+    from ..errors import TensorplugError
+    from .placement import Placement, device_named
+    from .row_split import row_split_device
+
+    names = _device_names(args)
+    if len(names) < 2:
+        raise TensorplugError(
+            "--split-mode row splits the weights over several devices: name at least two with "
+            "--device, e.g. --device CPU,OpenCL0"
+        )
+    if args.n_gpu_layers is not None:
+        raise TensorplugError("--split-mode row puts every block on all devices; drop -ngl")
+    meta = row_split_device(f, [device_named(n) for n in names], args.tensor_split)
+    return Placement.on(meta, n_layer)
+
+
 def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = None) -> Llama:
     """The model of ``args``; ``place(n_layer)`` (default: from the options) places it."""
     from ..gguf import GGUFFile
@@ -148,9 +205,13 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
 
     f = GGUFFile(args.model)
     n_layer = LlamaConfig.from_gguf(f).n_layer
+    if getattr(args, "split_mode", "layer") == "row":
+        placement = _row_placement(args, f, n_layer)
+    else:
+        placement = place(n_layer) if place is not None else _placement(args, n_layer)
     return Llama(
         f,
-        placement=place(n_layer) if place is not None else _placement(args, n_layer),
+        placement=placement,
         n_ctx=args.ctx_size or None,
         n_batch=args.batch_size,
         cache_type=Type.parse(args.cache_type),

@@ -1,0 +1,109 @@
+"""Tensor parallelism on PoCL: one OpenCL device against a meta device of two, same cores.
+
+    python benchmarks/bench_meta.py [--model tiny|100M] [--prompt 32] [--gen 16] [--runs 2]
+
+Each configuration runs in its own process, since PoCL reads its settings once:
+
+* ``1 member``: ``POCL_DEVICES=pthread`` with ``POCL_MAX_PTHREAD_COUNT=2`` — one OpenCL
+  device on both cores, every block on it;
+* ``2 members``: ``POCL_DEVICES="pthread pthread"`` with one thread each — the same two
+  cores as two devices, every block split by rows over both (``--split-mode row``).
+
+It prints prompt and generation tokens/s of each, and for the meta device the share of
+compute time spent in all-reduces (partial sums added across the members after the
+attention output and FFN down projections). On one machine both members share its
+memory and cores, so this measures the meta device's overhead, not a speed-up that
+separate GPUs would give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_llama import CHUNK, MODELS
+
+
+def _inner(path: str, mode: str, n_prompt: int, n_gen: int, runs: int) -> dict[str, float]:
+    import numpy as np
+
+    import tensorplug as tp
+    from tensorplug.gguf import GGUFFile
+    from tensorplug.llama.placement import Placement
+    from tensorplug.llama.row_split import row_split_device
+    from tensorplug.llama.runner import Llama
+    from tensorplug.meta import MetaBackend
+
+    f = GGUFFile(path)
+    n_layer = f.value("llama.block_count", int)
+    if mode == "meta":
+        dev: tp.Device = row_split_device(f, [tp.dev_by_name("OpenCL0"), tp.dev_by_name("OpenCL1")])
+    else:
+        dev = tp.dev_by_name("OpenCL0")  # type: ignore[assignment]
+    m = Llama(f, placement=Placement.on(dev, n_layer), n_ctx=n_prompt + n_gen, n_batch=CHUNK)
+    prompt = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 300, n_prompt - 1)]
+    best: dict[str, float] = {"prompt": 0.0, "gen": 0.0, "all_reduce": 0.0, "compute": 0.0}
+    meta = next((b for b in m.backends if isinstance(b, MetaBackend)), None)
+    try:
+        for _ in range(runs):
+            m.reset()
+            m.timings = type(m.timings)(load_s=m.timings.load_s)
+            if meta is not None:
+                meta.all_reduce_s = 0.0
+            m.generate(prompt, n_gen, stop_at_eos=False)
+            t = m.timings
+            if t.gen_tps > best["gen"]:
+                best.update(gen=t.gen_tps, compute=t.prompt_compute_s + t.gen_compute_s,
+                            all_reduce=meta.all_reduce_s if meta is not None else 0.0)  # fmt: skip
+            best["prompt"] = max(best["prompt"], t.prompt_tps)
+    finally:
+        m.close()
+    return best
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--gen", type=int, default=16)
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--inner", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.inner:
+        print(json.dumps(_inner(args.inner[0], args.inner[1], args.prompt, args.gen, args.runs)))
+        return 0
+
+    from tensorplug.llama.tiny import write_tiny_llama
+
+    dims = dict(MODELS[args.model])
+    if args.model == "tiny":  # enough KV heads for two members
+        dims.update(n_embd=128, n_head=8, n_head_kv=4, n_ff=256)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_llama(Path(tmp) / "m.gguf", "q8_0", 0, **dims)
+        print(f"llama {args.model} Q8_0 (F16 cache), prompt {args.prompt}, generate {args.gen}; "
+              "2 cores in both configurations")  # fmt: skip
+        print(f"{'configuration':<34} {'prompt tok/s':>13} {'gen tok/s':>10} {'all-reduce':>11}")
+        for label, mode, devices, threads in (
+            ("1 member: OpenCL0 (2 threads)", "single", "pthread", "2"),
+            ("2 members: OpenCL0+1 (1 thread each)", "meta", "pthread pthread", "1"),
+        ):
+            env = dict(os.environ, POCL_DEVICES=devices, POCL_MAX_PTHREAD_COUNT=threads)
+            cmd = [sys.executable, __file__, "--inner", str(path), mode, "--prompt",
+                   str(args.prompt), "--gen", str(args.gen), "--runs", str(args.runs)]  # fmt: skip
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+            r = json.loads(done.stdout.strip().splitlines()[-1])
+            share = f"{r['all_reduce'] / r['compute']:.0%}" if r["all_reduce"] else "-"
+            print(f"{label:<34} {r['prompt']:>13.1f} {r['gen']:>10.1f} {share:>11}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

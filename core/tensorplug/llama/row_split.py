@@ -1,0 +1,85 @@
+"""llama.cpp's ``--split-mode row``: every block's weights split over several devices.
+
+Megatron-style tensor parallelism through the meta device: Q, K, V, gate and up are
+split by rows (each member computes some heads and some of the FFN width), the
+attention output and down projections by their reduction axis (each member's partial
+sum is all-reduced), and the KV cache by heads, so attention never leaves a member.
+Each member gets whole KV heads with their query heads; ``--tensor-split 3,1`` sets the
+proportions (default: even). Norms, embeddings and a tied output stay mirrored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from ..device import Device
+from ..errors import TensorplugError
+from ..gguf import GGUFFile
+from ..meta import MetaDevice, SplitState, even_sizes, meta_device
+from ..tensor import Tensor
+from .model import LlamaConfig
+
+__all__ = ["row_split_device"]
+
+_BLOCK = re.compile(
+    r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$"
+)
+_CACHE = re.compile(r"^cache_[kv]_l\d+$")
+
+
+def row_split_device(
+    f: GGUFFile, devices: Sequence[Device], proportions: Sequence[float] | None = None
+) -> MetaDevice:
+    """A meta device over ``devices`` laying out ``f``'s llama weights and KV cache."""
+    cfg = LlamaConfig.from_gguf(f)
+    n = len(devices)
+    weights = list(proportions) if proportions else [1.0] * n
+    if len(weights) != n:
+        raise TensorplugError(
+            f"--tensor-split gives {len(weights)} proportions for {n} devices; give one per device"
+        )
+    if cfg.n_head_kv < n:
+        raise TensorplugError(
+            f"the model has {cfg.n_head_kv} KV heads, fewer than the {n} devices of the row "
+            "split: every device needs at least one head; use fewer devices or --split-mode layer"
+        )
+    kv_heads = even_sizes(cfg.n_head_kv, weights)
+    if min(kv_heads) == 0:
+        raise TensorplugError(
+            f"--tensor-split {','.join(f'{w:g}' for w in weights)} leaves a device without a KV "
+            f"head ({list(kv_heads)} of {cfg.n_head_kv}); make the proportions more even"
+        )
+    hd, group = cfg.head_dim, cfg.n_head // cfg.n_head_kv
+    q_rows = tuple(h * group * hd for h in kv_heads)
+    kv_rows = tuple(h * hd for h in kv_heads)
+    block = _ffn_block(f)
+    ffn = even_sizes(cfg.n_ff, weights, block)
+    states = {
+        "attn_q": SplitState.split(1, q_rows),
+        "attn_k": SplitState.split(1, kv_rows),
+        "attn_v": SplitState.split(1, kv_rows),
+        "attn_output": SplitState.split(0, q_rows),
+        "ffn_gate": SplitState.split(1, ffn),
+        "ffn_up": SplitState.split(1, ffn),
+        "ffn_down": SplitState.split(0, ffn),
+    }
+    cache = SplitState.split(0, kv_rows)
+
+    def split_state(t: Tensor) -> SplitState | None:
+        if _CACHE.match(t.name):
+            return cache
+        m = _BLOCK.match(t.name)
+        return states[m.group(1)] if m else None
+
+    return meta_device(devices, split_state)
+
+
+def _ffn_block(f: GGUFFile) -> int:
+    """The granularity of an FFN split: every FFN matrix's quantization block."""
+    sizes = {1}
+    for name, info in f.tensors.items():
+        if re.match(r"^blk\.\d+\.ffn_(gate|up|down)\.weight$", name):
+            sizes.add(info.type.block_size)
+    return math.lcm(*sizes)
