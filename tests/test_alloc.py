@@ -322,7 +322,7 @@ def test_alloc_graph_reuses_reserved_buffers_grows_and_unplaces_the_old_graph() 
     ga.alloc_graph(bigger.graph)
     assert len(buft.allocated) == 2 and reserved.is_freed
     assert ga.buffer_size(0) == ga.last_plan.sizes[0] > buft.allocated[0]
-    with pytest.raises(NotAllocatedError):
+    with pytest.raises(NotAllocatedError, match="tensor 'logits' .* has no memory yet"):
         tp.get_array(small.logits)  # its memory now belongs to the new graph
     ga.alloc_graph(bigger.graph)  # the same graph again: placed afresh, no realloc
     assert len(buft.allocated) == 2 and bigger.logits.buffer is ga.buffer()
@@ -365,7 +365,7 @@ def test_alloc_tensors_failure_leaves_nothing_placed() -> None:
             return super()._alloc_buffer(size)
 
     ts = [_f32((64,), "a"), _f32((64,), "b")]
-    with pytest.raises(AllocationError):
+    with pytest.raises(AllocationError, match="out of memory"):
         alloc_tensors(ts, Failing(max_size=256))
     assert all(t.buffer is None for t in ts)
 
