@@ -1,10 +1,10 @@
 """pytest plugin: run tensorplug's conformance catalogue on your backend, from your tests.
 
 Installed with tensorplug (entry point ``pytest11``), so there is nothing to configure.
-pytest loads it in *every* session of every project where tensorplug is installed, so it
-is a top-level module of its own and inert until a test asks for one of its fixtures:
-importing it imports nothing of tensorplug (not even the package, whose ``__init__``
-pulls in numpy), and no plugin is discovered or loaded.
+pytest loads it in *every* session of *any* project where tensorplug is installed, so
+it is inert until a test asks for one of its fixtures: it is a top-level module (not
+inside the ``tensorplug`` package, whose ``__init__`` imports numpy and the core), and
+importing it imports nothing from tensorplug; no plugin is discovered or loaded.
 
 A backend author adds one test to their plugin's suite::
 

@@ -18,7 +18,6 @@ Tolerances (error = largest |runner - reference| over the largest |reference log
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +50,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     files = {t: write_tiny_llama(folder / f"tiny-{t}.gguf", t, SEED) for t in TYPES}
     files["tied"] = write_tiny_llama(folder / "tiny-tied.gguf", "q8_0", SEED, tied=True)
     files["freqs"] = write_tiny_llama(folder / "tiny-freqs.gguf", "f16", SEED, rope_freqs=True)
+    for kind in ("linear", "yarn"):
+        files[kind] = write_tiny_llama(
+            folder / f"tiny-{kind}.gguf", "f32", SEED, rope_scaling=(kind, 4.0)
+        )
     return files
 
 
@@ -143,6 +146,25 @@ def test_rope_frequency_factors(models: dict[str, Path], run: list[Llama], devic
     assert ref.rel_err(got, ref.logits(model, TOKENS)) <= 1e-5
     del model.w["rope_freqs.weight"]  # the factors matter: without them the logits differ
     assert ref.rel_err(got, ref.logits(model, TOKENS)) > 1e-3
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+@pytest.mark.parametrize("kind", ["linear", "yarn"])
+def test_rope_scaling_for_longer_contexts(
+    models: dict[str, Path], run: list[Llama], device: str, kind: str
+) -> None:
+    """``llama.rope.scaling.*``: linear divides every frequency by the factor, YaRN
+    interpolates only the slow pairs and scales attention; the reference implements both."""
+    m = _llama(run, models[kind], Placement.on(_device(device), 2), cache_type="f32")
+    assert m.config.rope_scale == 0.25
+    got = m.eval(TOKENS, all_logits=True)
+    model = ref.load(models[kind])
+    assert (model.scaling, model.factor, model.n_ctx_orig) == (kind, 4.0, m.config.n_ctx_train // 4)
+    assert ref.rel_err(got, ref.logits(model, TOKENS)) <= 1e-5
+    for other in ("none", "linear", "yarn"):  # the scaling matters: each other one differs
+        if other != kind:
+            model.scaling = other
+            assert ref.rel_err(got, ref.logits(model, TOKENS)) > 1e-3, other
 
 
 def _placements() -> list[tuple[str, Placement]]:
@@ -248,26 +270,3 @@ def test_partial_offload_pins_every_node_and_copy(
     assert where["result_norm"].name == "CPU" and where["inp_embd"].name == "CPU"
     last_norm = next(t for t in step.graph.nodes if t.op.value == "rms_norm" and not t.name)
     assert m.sched.get_tensor_backend(last_norm).name == "OpenCL0"  # type: ignore[union-attr]
-
-
-def test_linear_rope_scaling_follows_the_reference(tmp_path: Path, run: list[Llama]) -> None:
-    """llama.rope.scaling.type=linear, factor 4: positions advance at a quarter speed."""
-    path = write_tiny_llama(tmp_path / "scaled.gguf", "f32", SEED, rope_scaling=("linear", 4.0))
-    m = _llama(run, path, Placement.on(host_cpu(), 2), cache_type="f32")
-    assert m.config.rope_scale == 0.25
-    got = m.eval(TOKENS, all_logits=True)
-    model = ref.load(path)
-    assert model.freq_scale == 0.25
-    assert ref.rel_err(got, ref.logits(model, TOKENS)) <= 1e-5
-    unscaled = ref.logits(dataclasses.replace(model, freq_scale=1.0), TOKENS)
-    assert ref.rel_err(got, unscaled) > 1e-3  # the scaling is visible in the logits
-
-
-def test_rope_scaling_types_beyond_linear_are_refused(tmp_path: Path) -> None:
-    from tensorplug.gguf import GGUFError
-
-    path = write_tiny_llama(tmp_path / "yarn.gguf", "f32", SEED, rope_scaling=("yarn", 4.0))
-    with pytest.raises(
-        GGUFError, match=r"rope.scaling.type 'yarn' is not supported \(none, linear\)"
-    ):
-        Llama(path, placement=Placement.on(host_cpu(), 2))

@@ -252,17 +252,6 @@ def _norms() -> Iterator[Case]:
                     shape=shape,
                     eps=eps,
                 )
-            # values near 1e-3: mean(x²) ~ 3e-7, so eps = 1e-5 dominates the denominator and
-            # a kernel that drops or misplaces eps is off by ~6x, not by a rounding error
-            yield make(
-                op,
-                partial(_norm_build, fn, leaf, t, (4, 64), 1e-5, init=uniform(-1e-3, 1e-3)),
-                True,
-                type=t,
-                shape=[4, 64],
-                eps=1e-5,
-                values="small",
-            )
             for layout, quick in (("strided", t == Type.F32), ("transposed", False)):
                 yield make(
                     op,
@@ -273,6 +262,18 @@ def _norms() -> Iterator[Case]:
                     a=layout,
                     eps=1e-5,
                 )
+            # rows with a mean square near eps: a kernel that drops or misplaces eps fails
+            # here (unit-variance data makes eps invisible)
+            small = uniform(-0.01, 0.01)
+            yield make(
+                op,
+                partial(_norm_build, fn, leaf, t, (4, 48), 3e-5, init=small),
+                t == Type.F32,
+                type=t,
+                shape=[4, 48],
+                eps=3e-5,
+                data="small",
+            )
 
 
 # -- reductions ----------------------------------------------------------------------------------
