@@ -261,6 +261,35 @@ def test_dyn_alloc_best_fit_merges_neighbours() -> None:
     assert a.chunk_sizes() == [208]
 
 
+def test_dyn_alloc_freeing_a_block_between_two_holes_merges_all_three() -> None:
+    a = _DynAlloc(SmallHost(alignment=16))
+    blocks = Blocks()
+    offs = [a.alloc(n, blocks, 0)[1] for n in (32, 48, 64, 16)]
+    assert offs == [0, 32, 80, 144]
+    a.free(0, 0, 32)
+    a.free(0, 80, 64)
+    ch = a.chunks[0]
+    assert ch.offs[:2] == [0, 80] and ch.sizes[:2] == [32, 64]
+    a.free(0, 32, 48)  # between the two holes: one hole [0, 144) remains, not two
+    assert ch.offs[:-1] == [0] and ch.sizes[:-1] == [144]
+    # the merged hole takes a block larger than either neighbour, without growing the chunk
+    assert a.alloc(144, blocks, 0) == (0, 0, 144)
+    assert a.chunk_sizes() == [160]
+
+
+def test_in_place_never_overwrites_a_base_that_the_same_node_reads_twice() -> None:
+    x = _f32((16, 16), "x").set_input()
+    a = ops.silu(x).set_name("a")
+    y = ops.add(a, ops.transpose(a)).set_name("y").set_output()  # reads a twice, a's last use
+    single = ops.neg(ops.exp(x).set_name("e")).set_name("single").set_output()  # read once
+    g = tp.Graph([y, single])
+    plan = GraphAllocator(SmallHost()).reserve(g)
+    assert plan.placement(y).offset != plan.placement(a).offset
+    e = g.nodes[[n.name for n in g.nodes].index("e")]
+    assert plan.placement(single).offset == plan.placement(e).offset  # the rule still reuses
+    check_plan(g, plan, 16)
+
+
 def test_max_size_splits_the_plan_into_chunks_and_buffers() -> None:
     buft = SmallHost(alignment=16, max_size=1024)
     x = _f32((4, 64), "x")  # 1 KiB each: every tensor fills a chunk
@@ -293,7 +322,7 @@ def test_alloc_graph_reuses_reserved_buffers_grows_and_unplaces_the_old_graph() 
     ga.alloc_graph(bigger.graph)
     assert len(buft.allocated) == 2 and reserved.is_freed
     assert ga.buffer_size(0) == ga.last_plan.sizes[0] > buft.allocated[0]
-    with pytest.raises(NotAllocatedError):
+    with pytest.raises(NotAllocatedError, match="tensor 'logits' .* has no memory yet"):
         tp.get_array(small.logits)  # its memory now belongs to the new graph
     ga.alloc_graph(bigger.graph)  # the same graph again: placed afresh, no realloc
     assert len(buft.allocated) == 2 and bigger.logits.buffer is ga.buffer()
@@ -336,7 +365,7 @@ def test_alloc_tensors_failure_leaves_nothing_placed() -> None:
             return super()._alloc_buffer(size)
 
     ts = [_f32((64,), "a"), _f32((64,), "b")]
-    with pytest.raises(AllocationError):
+    with pytest.raises(AllocationError, match="out of memory"):
         alloc_tensors(ts, Failing(max_size=256))
     assert all(t.buffer is None for t in ts)
 

@@ -54,9 +54,9 @@ def test_out_of_bounds_access_is_refused_and_stores_nothing(host: tp.Buffer) -> 
     tp.set_array(x, np.ones(4, dtype=np.float32))
     with pytest.raises(tp.OutOfBoundsError, match=r"bytes \[12, 20\) are outside tensor 'x'"):
         tp.tensor_set(x, np.zeros(2, dtype=np.float32), offset=12)
-    with pytest.raises(tp.OutOfBoundsError):
+    with pytest.raises(tp.OutOfBoundsError, match=r"get_tensor: bytes \[0, 17\) are outside"):
         tp.tensor_get(x, 0, 17)
-    with pytest.raises(tp.OutOfBoundsError):
+    with pytest.raises(tp.OutOfBoundsError, match=r"memset_tensor: bytes \[-4, 0\) are outside"):
         tp.tensor_memset(x, 1, offset=-4, size=4)
     np.testing.assert_array_equal(tp.get_array(x), np.ones(4, dtype=np.float32))
 
@@ -98,6 +98,13 @@ def test_tensor_alloc_errors(host: tp.Buffer) -> None:
         tp.tensor_alloc(host, x, 4)
     with pytest.raises(tp.AllocationError, match="past the end of buffer"):
         tp.tensor_alloc(host, x, 4096)
+    # partly past the end: starts inside (4032 < 4096) but its 64 bytes end at 4096 + 64
+    big = tp.new_tensor(Type.F32, (32,), "big")
+    with pytest.raises(tp.AllocationError, match="needs 128 bytes at offset 4032, past the end"):
+        tp.tensor_alloc(host, big, 4032)
+    assert big.buffer is None  # nothing half-placed
+    tp.tensor_alloc(host, big, 4096 - 128)  # ending exactly at the end is fine
+    assert (big.buffer, big.offset) == (host, 3968)
     tp.tensor_alloc(host, x, 0)
     with pytest.raises(tp.AllocationError, match="already allocated"):
         tp.tensor_alloc(host, x, 64)
@@ -115,9 +122,9 @@ def test_freed_buffer_refuses_use(host: tp.Buffer) -> None:
     assert host.is_freed
     with pytest.raises(tp.BufferFreedError, match="was freed"):
         tp.tensor_set(x, np.zeros(4, dtype=np.float32))
-    with pytest.raises(tp.BufferFreedError):
+    with pytest.raises(tp.BufferFreedError, match=r"buffer 'CPU' \(4096 bytes\) was freed"):
         host.clear(0)
-    with pytest.raises(tp.BufferFreedError):
+    with pytest.raises(tp.BufferFreedError, match=r"buffer 'CPU' \(4096 bytes\) was freed"):
         tp.tensor_alloc(host, tp.new_tensor(Type.F32, (4,)), 0)
 
 

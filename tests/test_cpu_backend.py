@@ -202,7 +202,7 @@ def test_freed_buffer_is_detected_before_computing() -> None:
     buf = place(g)
     plan = be.graph_plan_create(g)
     buf.free()
-    with pytest.raises(BufferFreedError):
+    with pytest.raises(BufferFreedError, match="buffer 'CPU' used by the graph was freed"):
         be.graph_plan_compute(plan)
 
 

@@ -50,6 +50,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     files = {t: write_tiny_llama(folder / f"tiny-{t}.gguf", t, SEED) for t in TYPES}
     files["tied"] = write_tiny_llama(folder / "tiny-tied.gguf", "q8_0", SEED, tied=True)
     files["freqs"] = write_tiny_llama(folder / "tiny-freqs.gguf", "f16", SEED, rope_freqs=True)
+    for kind in ("linear", "yarn"):
+        files[kind] = write_tiny_llama(
+            folder / f"tiny-{kind}.gguf", "f32", SEED, rope_scaling=(kind, 4.0)
+        )
     return files
 
 
@@ -142,6 +146,25 @@ def test_rope_frequency_factors(models: dict[str, Path], run: list[Llama], devic
     assert ref.rel_err(got, ref.logits(model, TOKENS)) <= 1e-5
     del model.w["rope_freqs.weight"]  # the factors matter: without them the logits differ
     assert ref.rel_err(got, ref.logits(model, TOKENS)) > 1e-3
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+@pytest.mark.parametrize("kind", ["linear", "yarn"])
+def test_rope_scaling_for_longer_contexts(
+    models: dict[str, Path], run: list[Llama], device: str, kind: str
+) -> None:
+    """``llama.rope.scaling.*``: linear divides every frequency by the factor, YaRN
+    interpolates only the slow pairs and scales attention; the reference implements both."""
+    m = _llama(run, models[kind], Placement.on(_device(device), 2), cache_type="f32")
+    assert m.config.rope_scale == 0.25
+    got = m.eval(TOKENS, all_logits=True)
+    model = ref.load(models[kind])
+    assert (model.scaling, model.factor, model.n_ctx_orig) == (kind, 4.0, m.config.n_ctx_train // 4)
+    assert ref.rel_err(got, ref.logits(model, TOKENS)) <= 1e-5
+    for other in ("none", "linear", "yarn"):  # the scaling matters: each other one differs
+        if other != kind:
+            model.scaling = other
+            assert ref.rel_err(got, ref.logits(model, TOKENS)) > 1e-3, other
 
 
 def _placements() -> list[tuple[str, Placement]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
@@ -25,6 +26,9 @@ class RefModel:
     eps: float
     base: float
     w: dict[str, np.ndarray]  # float64, numpy order (GGUF dims reversed)
+    scaling: str = "none"  # llama.rope.scaling.type: none, linear or yarn
+    factor: float = 1.0  # llama.rope.scaling.factor: how much longer the context is
+    n_ctx_orig: int = 0  # the context length the model was trained at (YaRN's ramp)
 
 
 def load(path: str | Path) -> RefModel:
@@ -43,6 +47,11 @@ def load(path: str | Path) -> RefModel:
         eps=meta["llama.attention.layer_norm_rms_epsilon"],
         base=meta.get("llama.rope.freq_base", 10000.0),
         w=w,
+        scaling=meta.get("llama.rope.scaling.type", "none"),
+        factor=meta.get("llama.rope.scaling.factor", 1.0),
+        n_ctx_orig=meta.get(
+            "llama.rope.scaling.original_context_length", meta["llama.context_length"]
+        ),
     )
 
 
@@ -50,14 +59,46 @@ def _rms(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
 
 
-def _rope(x: np.ndarray, n_rot: int, base: float, factors: np.ndarray | None = None) -> np.ndarray:
+def _scaled_freqs(
+    freqs: np.ndarray, n_rot: int, base: float, scaling: str, factor: float, n_ctx_orig: int
+) -> tuple[np.ndarray, float]:
+    """Per-pair frequencies after context-extension scaling, and the attention scale.
+
+    linear (position interpolation): every frequency divided by ``factor``. YaRN
+    (Peng et al. 2023, "NTK-by-parts" + temperature): pairs that turn fewer than
+    ``beta_slow`` = 1 times over the original context are interpolated, pairs turning
+    more than ``beta_fast`` = 32 times are kept, a linear ramp in between; cos and sin
+    are scaled by ``1 + 0.1·ln(factor)``.
+    """
+    if scaling == "linear":
+        return freqs / factor, 1.0
+    if scaling != "yarn":
+        return freqs, 1.0
+
+    def pair_turning(turns: float) -> float:  # the pair index doing `turns` rotations
+        return n_rot * np.log(n_ctx_orig / (turns * 2 * np.pi)) / (2 * np.log(base))
+
+    low = max(np.floor(pair_turning(32.0)), 0.0)
+    high = min(np.ceil(pair_turning(1.0)), n_rot - 1.0)
+    i = np.arange(len(freqs), dtype=np.float64)
+    keep = 1.0 - np.clip((i - low) / max(high - low, 0.001), 0.0, 1.0)
+    return freqs / factor * (1.0 - keep) + freqs * keep, 1.0 + 0.1 * np.log(factor)
+
+
+def _rope(
+    x: np.ndarray, n_rot: int, base: float, factors: np.ndarray | None = None,
+    scaling: str = "none", factor: float = 1.0, n_ctx_orig: int = 0,
+) -> np.ndarray:  # fmt: skip
     """x (T, H, D): rotate pairs (2i, 2i+1), i < n_rot/2, of token t by
-    t·base^(-2i/n_rot) / factors[i] (Llama 3.1's rope_freqs; 1 without)."""
+    t·base^(-2i/n_rot) / factors[i] (Llama 3.1's rope_freqs; 1 without), the
+    frequencies scaled for a longer context as ``scaling`` says."""
     t = np.arange(x.shape[0], dtype=np.float64)[:, None, None]
-    angle = t * base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    freqs = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     if factors is not None:
-        angle = angle / factors
-    c, s = np.cos(angle), np.sin(angle)
+        freqs = freqs / factors
+    freqs, mscale = _scaled_freqs(freqs, n_rot, base, scaling, factor, n_ctx_orig)
+    angle = t * freqs
+    c, s = mscale * np.cos(angle), mscale * np.sin(angle)
     out = x.copy()
     a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
     out[..., 0:n_rot:2] = a * c - b * s
@@ -78,8 +119,11 @@ def logits(m: RefModel, tokens: list[int], kv_dtype: type | None = None) -> np.n
     for i in range(m.n_layer):
         p = f"blk.{i}."
         h = _rms(x, m.eps) * w[p + "attn_norm.weight"]
-        q = _rope((h @ w[p + "attn_q.weight"].T).reshape(T, m.n_head, hd), m.n_rot, m.base, ff)
-        k = _rope((h @ w[p + "attn_k.weight"].T).reshape(T, m.n_head_kv, hd), m.n_rot, m.base, ff)
+        rope = {"scaling": m.scaling, "factor": m.factor, "n_ctx_orig": m.n_ctx_orig}
+        q = (h @ w[p + "attn_q.weight"].T).reshape(T, m.n_head, hd)
+        k = (h @ w[p + "attn_k.weight"].T).reshape(T, m.n_head_kv, hd)
+        q = _rope(q, m.n_rot, m.base, ff, **rope)
+        k = _rope(k, m.n_rot, m.base, ff, **rope)
         v = (h @ w[p + "attn_v.weight"].T).reshape(T, m.n_head_kv, hd)
         if kv_dtype is not None:
             k = k.astype(kv_dtype).astype(np.float64)
@@ -147,3 +191,20 @@ def test_single_token_attention_passes_v_through() -> None:
     x2 = x1 + w[p + "ffn_down.weight"] @ (g / (1 + np.exp(-g)) * u)
     want = w["token_embd.weight"] @ (x2 / np.sqrt(np.mean(x2 * x2) + 1e-6))
     np.testing.assert_allclose(logits(m, [3])[0], want, rtol=1e-12)
+
+
+def test_yarn_keeps_fast_pairs_interpolates_slow_ones_and_ramps_between() -> None:
+    # n_rot 64, base 10000, original context 4096: pair i turns 4096·base^(-2i/64)/(2π) times
+    freqs = 10000.0 ** (-np.arange(0, 64, 2, dtype=np.float64) / 64)
+    scaled, mscale = _scaled_freqs(freqs, 64, 10000.0, "yarn", 4.0, 4096)
+    turns = 4096 * freqs / (2 * np.pi)
+    fast, slow = turns > 32, turns < 1
+    assert fast.any() and slow.any()
+    np.testing.assert_allclose(scaled[fast], freqs[fast])  # extrapolated: unchanged
+    np.testing.assert_allclose(scaled[slow], freqs[slow] / 4)  # interpolated
+    assert mscale == pytest.approx(1 + 0.1 * np.log(4))
+    ratio = scaled / freqs  # from 1 down to 1/4, never outside
+    assert np.all(np.diff(ratio) <= 1e-12) and ratio.min() == pytest.approx(0.25)
+    linear, one = _scaled_freqs(freqs, 64, 10000.0, "linear", 4.0, 64)
+    np.testing.assert_allclose(linear, freqs / 4)
+    assert one == 1.0

@@ -129,6 +129,25 @@ def test_binary_on_permuted_and_strided_views(backend) -> None:
     assert nmse(out2, va[1:4, :, 1:6] * 2.0 + 1.0) < 1e-13
 
 
+def test_graph_allocator_reuse_never_overwrites_a_base_read_twice(backend) -> None:
+    """``add(a, transpose(a))`` with the graph allocator's block reuse, on the device.
+
+    Writing the sum over ``a`` while its transpose is still being read corrupts the
+    result on OpenCL (CPU numpy hides it by copying overlapping operands).
+    """
+    rng = np.random.default_rng(19)
+    x = T(Type.F32, 64, 64).set_input()
+    a = ops.silu(x)
+    y = ops.add(a, ops.transpose(a)).set_output()
+    graph = Graph(y)
+    tp.GraphAllocator(backend.buffer_type()).alloc_graph(graph)
+    xv = rnd(rng, x.shape)
+    tp.set_array(x, xv)
+    assert backend.graph_compute(graph) is tp.Status.SUCCESS
+    av = xv.astype(np.float64) / (1 + np.exp(-xv.astype(np.float64)))
+    assert nmse(tp.get_array(y), av + av.T) < 1e-12
+
+
 def test_more_rows_than_work_groups(backend) -> None:
     from tensorplug_opencl.launch import MAX_ROW_GROUPS
 

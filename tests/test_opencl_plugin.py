@@ -247,7 +247,7 @@ def test_buffer_set_get_memset_clear(device: Any) -> None:
     assert tp.get_array(a).reshape(-1)[:5].tolist() == [0, 1, -1, -2, 4]
     assert tp.tensor_get(b, 8, 9) == bytes([7, 7, 255, 255, 255, 255, 255, 7, 7])
     buf.free()
-    with pytest.raises(tp.BufferFreedError):
+    with pytest.raises(tp.BufferFreedError, match="lives in buffer 'OpenCL0', which was freed"):
         tp.tensor_get(b)
 
 

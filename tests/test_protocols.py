@@ -152,7 +152,7 @@ def test_async_access_falls_back_to_sync_with_bounds_checks() -> None:
     tp.tensor_get_async(backend, x, out)
     backend.synchronize()
     assert out.tolist() == [1, 2, 3, 4]
-    with pytest.raises(tp.OutOfBoundsError):
+    with pytest.raises(tp.OutOfBoundsError, match=r"set_tensor_async: bytes \[0, 20\) are outside"):
         tp.tensor_set_async(backend, x, np.zeros(5, dtype=np.float32))
 
 

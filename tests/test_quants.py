@@ -399,7 +399,7 @@ def test_dequantize_rejects_non_bytes() -> None:
 def test_dequantize_blocks_rejects_wrong_block_shape() -> None:
     with pytest.raises(ShapeError, match=r"\(\.\.\., nblocks, 18\)"):
         dequantize_blocks(np.zeros((4, 34), np.uint8), Type.Q4_0)
-    with pytest.raises(ShapeError):
+    with pytest.raises(ShapeError, match=r"got \(18,\); reshape the row bytes"):
         dequantize_blocks(np.zeros(18, np.uint8), Type.Q4_0)
 
 

@@ -37,5 +37,5 @@ def test_parse_accepts_names_ids_and_reports_unknown() -> None:
     assert Type.parse(Type.F16) is Type.F16
     with pytest.raises(tp.TypeMismatchError, match="unknown tensor type 'q3_k'.*Q8_0"):
         Type.parse("q3_k")
-    with pytest.raises(tp.TypeMismatchError):
+    with pytest.raises(tp.TypeMismatchError, match="unknown tensor type 99; known types are F32"):
         Type.parse(99)

@@ -50,7 +50,9 @@ class LlamaConfig:
     n_rot: int
     eps: float
     rope_base: float = 10000.0
-    rope_scale: float = 1.0  # ggml's freq_scale: 1 / linear scaling factor
+    rope_scale: float = 1.0  # ggml's freq_scale: 1 / the scaling factor
+    rope_ext_factor: float = 0.0  # 1 for YaRN: mix extrapolated and interpolated pairs
+    rope_n_ctx_orig: int = 0  # YaRN's original training context (0: n_ctx_train)
 
     @property
     def n_embd_q(self) -> int:
@@ -92,11 +94,13 @@ class LlamaConfig:
                 f"head size {head_dim}"
             )
         scaling = f.value("llama.rope.scaling.type", str, "none")
-        if scaling not in ("none", "linear"):
+        if scaling not in ("none", "linear", "yarn"):
             raise GGUFError(
-                f"{f.path}: llama.rope.scaling.type {scaling!r} is not supported (none, linear)"
+                f"{f.path}: llama.rope.scaling.type {scaling!r} is not supported "
+                "(none, linear, yarn)"
             )
-        factor = f.value("llama.rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0
+        factor = f.value("llama.rope.scaling.factor", float, 1.0) if scaling != "none" else 1.0
+        n_ctx_train = f.value("llama.context_length", int)
         tokens = f.get("tokenizer.ggml.tokens")
         n_vocab = f.value(
             "llama.vocab_size",
@@ -105,7 +109,7 @@ class LlamaConfig:
         )
         return cls(
             n_vocab=n_vocab,
-            n_ctx_train=f.value("llama.context_length", int),
+            n_ctx_train=n_ctx_train,
             n_embd=n_embd,
             n_layer=f.value("llama.block_count", int),
             n_head=n_head,
@@ -116,6 +120,10 @@ class LlamaConfig:
             eps=f.value("llama.attention.layer_norm_rms_epsilon", float),
             rope_base=f.value("llama.rope.freq_base", float, 10000.0),
             rope_scale=1.0 / factor if factor else 1.0,
+            rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
+            rope_n_ctx_orig=f.value(
+                "llama.rope.scaling.original_context_length", int, n_ctx_train
+            ),
         )
 
 
@@ -290,7 +298,8 @@ def _rope(cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights) -> Tens
     """NORMAL rope: llama.cpp's converter permutes Q/K rows so adjacent pairs rotate."""
     return ops.rope(
         x, pos, cfg.n_rot, RopeMode.NORMAL, freq_base=cfg.rope_base,
-        freq_scale=cfg.rope_scale, n_ctx_orig=cfg.n_ctx_train, freq_factors=layer.rope_freqs,
+        freq_scale=cfg.rope_scale, ext_factor=cfg.rope_ext_factor,
+        n_ctx_orig=cfg.rope_n_ctx_orig or cfg.n_ctx_train, freq_factors=layer.rope_freqs,
     )  # fmt: skip
 
 

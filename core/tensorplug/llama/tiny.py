@@ -97,6 +97,7 @@ def write_tiny_llama(
     tied: bool = False,
     rope_freqs: bool = False,
     rope_base: float = 10000.0,
+    rope_scaling: tuple[str, float] | None = None,
     eps: float = 1e-5,
     **dims: int,
 ) -> Path:
@@ -107,7 +108,9 @@ def write_tiny_llama(
     ``weight_type`` (F32, F16, Q8_0, Q4_0...; rows must be multiples of 32 for the
     quantized ones), norms as F32. ``tied`` leaves out ``output.weight`` so the
     output layer reuses the token embeddings; ``rope_freqs`` adds Llama 3.1's
-    ``rope_freqs.weight`` (per-pair frequency divisors, here 1 to 8).
+    ``rope_freqs.weight`` (per-pair frequency divisors, here 1 to 8); ``rope_scaling``
+    = ``(type, factor)`` writes ``llama.rope.scaling.*`` (``linear`` or ``yarn``, the
+    original context being ``n_ctx / factor``).
     """
     from gguf import GGMLQuantizationType, GGUFWriter  # deferred: slow to import
 
@@ -133,6 +136,13 @@ def write_tiny_llama(
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(rope_base)
     writer.add_layer_norm_rms_eps(eps)
+    if rope_scaling is not None:
+        from gguf import RopeScalingType
+
+        kind, factor = rope_scaling
+        writer.add_rope_scaling_type(RopeScalingType(kind))
+        writer.add_rope_scaling_factor(factor)
+        writer.add_rope_scaling_orig_ctx_len(int(d["n_ctx"] / factor))
     writer.add_vocab_size(d["n_vocab"])
     writer.add_file_type({Type.F32: 0, Type.F16: 1, Type.Q4_0: 2, Type.Q8_0: 7}.get(wtype, 0))
     tokens, scores, types = tiny_vocab(d["n_vocab"])

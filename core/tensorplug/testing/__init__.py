@@ -11,7 +11,7 @@ the project's own backends pass:
   against the CPU backend, or for the CPU backend against independent float64 numpy
   formulas (:mod:`~tensorplug.testing.reference`) and ``gguf``'s quantizers;
 * a pytest plugin (fixtures ``tensorplug_case`` and ``tensorplug_check``, see
-  :mod:`~tensorplug.testing.pytest_plugin`);
+  :mod:`tensorplug_pytest`, loaded through pytest's ``pytest11`` entry point);
 * :func:`run_bench` / ``tensorplug bench`` — µs/run, GFLOP/s or GB/s, next to a numpy
   baseline measured in the same run.
 

@@ -1,8 +1,10 @@
 """pytest plugin: run tensorplug's conformance catalogue on your backend, from your tests.
 
 Installed with tensorplug (entry point ``pytest11``), so there is nothing to configure.
-It is inert until a test asks for one of its fixtures: importing it imports nothing
-from tensorplug, and no plugin is discovered or loaded.
+pytest loads it in *every* session of *any* project where tensorplug is installed, so
+it is inert until a test asks for one of its fixtures: it is a top-level module (not
+inside the ``tensorplug`` package, whose ``__init__`` imports numpy and the core), and
+importing it imports nothing from tensorplug; no plugin is discovered or loaded.
 
 A backend author adds one test to their plugin's suite::
 
@@ -37,9 +39,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from ..backend import Backend
-    from .cases import Case
-    from .runner import CaseResult
+    from tensorplug.backend import Backend
+    from tensorplug.testing.cases import Case
+    from tensorplug.testing.runner import CaseResult
 
 __all__ = ["pytest_addoption", "pytest_generate_tests", "tensorplug_check"]
 
@@ -88,7 +90,7 @@ def _names(values: list[str]) -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "tensorplug_case" not in metafunc.fixturenames:
         return
-    from .families import catalogue
+    from tensorplug.testing.families import catalogue
 
     opt = metafunc.config.getoption
     cases = catalogue(
@@ -114,7 +116,7 @@ def tensorplug_check(
 ) -> Callable[..., CaseResult]:
     """``check(case, backend=None, reference=None)``: run one case; skip if unsupported,
     fail on a mismatch, return the :class:`~tensorplug.testing.CaseResult` on success."""
-    from .runner import Outcome, default_reference, resolve_backend, run_case
+    from tensorplug.testing.runner import Outcome, default_reference, resolve_backend, run_case
 
     config = request.config
 
