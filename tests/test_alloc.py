@@ -417,3 +417,18 @@ def test_alloc_tensors_places_a_tensor_listed_twice_once() -> None:
     buf = tp.alloc_tensors([a, b, a], tp.host_buffer_type())
     assert buf is not None and buf.size == 128
     assert (a.buffer, a.offset, b.offset) == (buf, 0, 64)
+
+
+def test_in_place_parent_is_the_one_source_read_once() -> None:
+    """The in-place rule alone: which parent a node may compute into."""
+    from tensorplug.alloc_plan import in_place_parent
+
+    x = ops.scale(_f32((8, 8), "leaf"), 1.0).set_name("x")
+    other = ops.scale(_f32((8, 8), "leaf2"), 1.0).set_name("other")
+    mem, last, bbuf = {x: 0, other: 1}, {x: 5, other: 5}, [0, 0]
+    assert in_place_parent(ops.add(x, other), 0, 5, mem, last, bbuf) is x
+    assert in_place_parent(ops.add(x, ops.transpose(x)), 0, 5, mem, last, bbuf) is None
+    assert in_place_parent(ops.add(other, x), 0, 5, mem, last, bbuf) is other
+    assert in_place_parent(ops.add(x, other), 1, 5, mem, last, bbuf) is None  # other buffer
+    assert in_place_parent(ops.add(x, other), 0, 4, mem, last, bbuf) is None  # read later
+    assert in_place_parent(ops.add(x, other), 0, 5, {}, last, bbuf) is None  # no live block

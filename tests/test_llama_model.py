@@ -241,3 +241,32 @@ def test_context_full_and_bad_ids_are_refused(models: dict[str, Path], run: list
     m.eval(list(range(3, 19)))
     with pytest.raises(ContextFullError, match="16 tokens in the context"):
         m.eval([5])
+
+
+def test_partial_offload_pins_every_node_and_copy(
+    models: dict[str, Path], run: list[Llama]
+) -> None:
+    """-ngl 2 on the 2-block model: both blocks on OpenCL0, embeddings and output on the
+    CPU. The CPU takes nothing it does not have to (ggml spreads the other backends'
+    assignments first): even the output's rms_norm stays on OpenCL0, so a step copies
+    the four graph inputs in and that norm out, and nothing else."""
+    gpu = _device("OpenCL0")
+    m = _llama(run, models["f32"], Placement.offload(2, 2, gpu=gpu), cache_type="f32")
+    m.eval(TOKENS[:4])
+    m.eval([300])  # a generation step: its graph is the one left in the scheduler
+    summary = m.split_summaries["generation"]
+    assert [(name, inputs) for name, _, inputs in summary.splits] == [
+        ("CPU", ()),
+        ("OpenCL0", ("inp_embd", "inp_pos", "inp_kv_idx", "kq_mask")),
+        ("CPU", ("rms_norm",)),
+    ]
+    assert summary.n_copies == 5
+    step = m._current
+    assert step is not None
+    where = {t.name: m.sched.get_tensor_backend(t) for t in step.graph.nodes if t.name}
+    for i in range(2):
+        for name in (f"attn_norm-{i}", f"ffn_norm-{i}", f"ffn_inp-{i}", f"l_out-{i}"):
+            assert where[name] is not None and where[name].name == "OpenCL0", name
+    assert where["result_norm"].name == "CPU" and where["inp_embd"].name == "CPU"
+    last_norm = next(t for t in step.graph.nodes if t.op.value == "rms_norm" and not t.name)
+    assert m.sched.get_tensor_backend(last_norm).name == "OpenCL0"  # type: ignore[union-attr]

@@ -72,3 +72,51 @@ def test_graph_copy_of_an_unallocated_graph_raises_and_leaks_nothing() -> None:
     with pytest.raises(NotAllocatedError, match="allocate"):
         graph_copy(dev.init_backend(), graph)
     assert dev.used == 0
+
+
+# -- pass 2 of the split, alone ---------------------------------------------------------------
+
+
+def _spread(chosen: list[int], unsupported: frozenset[tuple[int, int]] = frozenset()) -> list[int]:
+    from tensorplug.sched_split import spread
+
+    work = [tp.new_tensor("f32", (1,), f"n{i}") for i in range(len(chosen))]
+    index = {id(t): i for i, t in enumerate(work)}
+    out = list(chosen)
+    spread(work, out, 1, lambda b, t: (b, index[id(t)]) not in unsupported)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("chosen", "expected"),
+    [
+        # GPU (0) spreads both ways; the CPU (1) only takes what the GPU cannot reach
+        ([-1, 0, -1, -1], [0, 0, 0, 0]),
+        ([-1, 1, -1, 0], [1, 1, 0, 0]),  # node 2 goes to the GPU, not to the CPU before it
+        ([1, -1, -1, -1], [1, 1, 1, 1]),
+        ([-1, -1, -1, -1], [-1, -1, -1, -1]),  # nothing assigned: left for pass 3
+    ],
+)
+def test_spread_lets_the_cpu_take_only_what_is_left(chosen: list[int], expected: list[int]) -> None:
+    assert _spread(chosen) == expected
+
+
+def test_spread_skips_nodes_the_backend_cannot_run() -> None:
+    # as ggml's set_if_supported: the GPU cannot run node 2, which is left for pass 3,
+    # and the spread goes on past it to node 3
+    assert _spread([0, -1, -1, -1], frozenset({(0, 2)})) == [0, 0, -1, 0]
+
+
+def test_follow_places_views_with_their_base_and_sources_with_their_consumer() -> None:
+    from tensorplug.sched_split import follow
+
+    base = tp.new_tensor("f32", (4, 8), "base")
+    loose = tp.new_tensor("f32", (4, 8), "loose")  # a source nobody placed
+    view = tp.ops.transpose(base)
+    node = tp.ops.add(loose, tp.ops.transpose(view))
+    ids, pending = {base: 0, node: 1}, []
+    assert follow(view, ids, pending) == 0 and ids[view] == 0  # the view follows its base
+    assert follow(node, ids, pending) == 1
+    assert ids[loose] == 1  # an unplaced source follows the node reading it
+    orphan = tp.ops.reshape(tp.new_tensor("f32", (32,), "nobody"), (4, 8))
+    assert follow(orphan, {}, pending) == -1 and pending == [orphan]

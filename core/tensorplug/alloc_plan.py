@@ -340,7 +340,6 @@ def decide(
     keep: set[Tensor] = set()  # never released nor overwritten: leafs, inputs, outputs
     done: set[Tensor | Use] = set()  # placed ahead of their turn: leafs and inputs
     last: dict[Tensor, int] = {}  # position of the last node reading a tensor or its base
-    int_and = int.__and__
     no_flags = _NO_FLAGS
 
     add_tensor, add_owner, add_event = tensors.append, owner.append, events.append
@@ -349,18 +348,9 @@ def decide(
     def allocate(t: Tensor, b: int, i: int) -> None:
         """Give ``t`` (run at position ``i``) a block: its parent's, or a new one."""
         if t.op in INPLACE_OPS:
-            src = t.src
-            for p in src:
-                vs = p.view_src
-                k = p if vs is None else vs
-                blk = mem.get(k)
-                if blk is None or last[k] != i or bbuf[blk] != b:
-                    continue
-                if (vs is not None and p.view_offs) or not _same_layout(t, p):
-                    continue
-                if _reads(src, k) != 1:
-                    continue
-                del mem[k]  # the node takes over its parent's block
+            k = in_place_parent(t, b, i, mem, last, bbuf)
+            if k is not None:
+                blk = mem.pop(k)  # the node takes over its parent's block
                 add_tensor(t)
                 add_owner(blk)
                 if t not in keep:
@@ -391,27 +381,8 @@ def decide(
             allocate(leaf, b, -1)
 
     # what is read last where, what must be kept; inputs are placed right away
-    for i, (node, b) in enumerate(zip(nodes, node_buffer_ids, strict=True)):
-        fl = node.flags
-        vs = node.view_src
-        if fl is not no_flags and int_and(fl, _INPUT | _OUTPUT):
-            keep.add(node)  # type: ignore[arg-type]
-            if vs is not None:
-                keep.add(vs)  # an output view keeps its base for the caller
-            if int_and(fl, _INPUT) and node not in done:
-                done.add(node)
-                if node.buffer is None and vs is None:
-                    allocate(node, b, -1)  # type: ignore[arg-type]
-        if vs is not None:
-            views.append(node)  # type: ignore[arg-type]
-        for s in node.src:
-            last[s] = i
-            vs = s.view_src
-            if vs is not None:
-                last[vs] = i
-    for v in views:
-        if v not in last and v.op is not _NONE:
-            keep.add(v.view_src)  # type: ignore[arg-type]
+    for inp, b in liveness(nodes, node_buffer_ids, last, keep, views, done):
+        allocate(inp, b, -1)
 
     # every node in order: itself, then release what it was the last reader of
     for i, (node, b) in enumerate(zip(nodes, node_buffer_ids, strict=True)):
@@ -431,6 +402,66 @@ def decide(
                     blast[blk] = i
                     add_event(~blk)
     return blocks
+
+
+def liveness(
+    nodes: Sequence[Tensor | Use],
+    node_buffer_ids: Sequence[int],
+    last: dict[Tensor, int],
+    keep: set[Tensor],
+    views: list[Tensor],
+    done: set[Tensor | Use],
+) -> list[tuple[Tensor, int]]:
+    """The analysis pass of :func:`decide`: fills ``last`` (the position of the last node
+    reading a tensor or its base), ``keep`` (inputs, outputs and the bases of output
+    views, never released nor overwritten) and ``views``; returns the inputs that need a
+    block before any node runs, with their buffer ids (marked ``done``)."""
+    inputs: list[tuple[Tensor, int]] = []
+    int_and, no_flags = int.__and__, _NO_FLAGS
+    for i, (node, b) in enumerate(zip(nodes, node_buffer_ids, strict=True)):
+        fl = node.flags
+        vs = node.view_src
+        if fl is not no_flags and int_and(fl, _INPUT | _OUTPUT):
+            keep.add(node)  # type: ignore[arg-type]
+            if vs is not None:
+                keep.add(vs)  # an output view keeps its base for the caller
+            if int_and(fl, _INPUT) and node not in done:
+                done.add(node)
+                if node.buffer is None and vs is None:
+                    inputs.append((node, b))  # type: ignore[arg-type]
+        if vs is not None:
+            views.append(node)  # type: ignore[arg-type]
+        for s in node.src:
+            last[s] = i
+            vs = s.view_src
+            if vs is not None:
+                last[vs] = i
+    for v in views:
+        if v not in last and v.op is not _NONE:
+            keep.add(v.view_src)  # type: ignore[arg-type]
+    return inputs
+
+
+def in_place_parent(
+    t: Tensor, b: int, i: int, mem: dict[Tensor, int], last: dict[Tensor, int], bbuf: list[int]
+) -> Tensor | None:
+    """The source whose block node ``t`` (at position ``i``, buffer ``b``) may compute
+    into, as ggml's in-place reuse: a live block of the same buffer, which ``t`` is the
+    last to read, with the same layout, reached from offset 0, and read through only
+    one of ``t``'s sources (``add(x, transpose(x))`` must not overwrite ``x``)."""
+    src = t.src
+    for p in src:
+        vs = p.view_src
+        k = p if vs is None else vs
+        blk = mem.get(k)
+        if blk is None or last[k] != i or bbuf[blk] != b:
+            continue
+        if (vs is not None and p.view_offs) or not _same_layout(t, p):
+            continue
+        if _reads(src, k) != 1:
+            continue
+        return k
+    return None
 
 
 def _reads(src: tuple[Tensor, ...], base: Tensor) -> int:

@@ -148,161 +148,183 @@ class SplitResult:
 
 
 def split_graph(graph: Graph, ctx: SplitContext, cur_copy: int) -> SplitResult:
-    """Assign every tensor of ``graph`` to a backend and cut it into splits."""
-    backends, bufts = ctx.backends, ctx.bufts
-    n_back = len(backends)
-    last = n_back - 1
-    nodes, leafs = graph.nodes, graph.leafs
+    """Assign every tensor of ``graph`` to a backend and cut it into splits.
+
+    The passes of ``ggml_backend_sched_split_graph``, each a function of its own:
+    1. :meth:`_Assigner.pin` — tensors whose memory already decides (weights, inputs,
+       pre-allocated tensors) and the user's choices;
+    2. :func:`spread` — those assignments spread to their unassigned neighbours;
+    3. :meth:`_Assigner.settle` — upgrades to higher-priority backends sharing a buffer
+       type, and a home for whatever is left;
+    4-5. :func:`_cut` and :func:`_alloc_lists` — splits, their inputs and copies.
+    """
     res = SplitResult(graph, cur_copy)
-    ids = res.ids
-    ids.update(ctx.user)
-    sup: list[dict[Tensor, bool]] = [{} for _ in range(n_back)]
-    buft_ok = ctx.buft_ok
+    assign = _Assigner(ctx, res)
+    assign.pin(graph)
+    work = [t for t in graph.nodes if t.op not in VIEW_LIKE]
+    chosen = [res.ids.get(t, -1) for t in work]
+    spread(work, chosen, len(ctx.backends) - 1, assign.supports)
+    assign.settle(work, chosen)
+    _cut(res, ctx, assign.buffer_supported)
+    _alloc_lists(res, ctx)
+    return res
 
-    def supports(b: int, t: Tensor) -> bool:
-        r = sup[b].get(t)
+
+def spread(
+    work: Sequence[Tensor], chosen: list[int], cpu: int, supports: Callable[[int, Tensor], bool]
+) -> None:
+    """Pass 2: extend each assignment in ``chosen`` (-1: none yet) to its unassigned
+    neighbours in ``work`` that the backend supports — down, then up, first without
+    letting backend ``cpu`` (the last, the host) spread, then with it, as ggml does, so
+    the host CPU only takes what no other backend reaches."""
+    n = len(work)
+    down, up = range(n), range(n - 1, -1, -1)
+    for order, skip_cpu in ((down, True), (up, True), (down, False), (up, False)):
+        cur = -1
+        for k in order:
+            b = chosen[k]
+            if b >= 0:
+                cur = -1 if (skip_cpu and b == cpu) else b
+            elif cur >= 0 and supports(cur, work[k]):
+                chosen[k] = cur
+
+
+class _Assigner:
+    """What passes 1 and 3 consult: cached support answers and where memory lives."""
+
+    def __init__(self, ctx: SplitContext, res: SplitResult) -> None:
+        self.ctx, self.res = ctx, res
+        self.backends, self.bufts = ctx.backends, ctx.bufts
+        self.n_back = len(ctx.backends)
+        self.last = self.n_back - 1
+        self.ids = res.ids
+        self.ids.update(ctx.user)
+        self.sup: list[dict[Tensor, bool]] = [{} for _ in range(self.n_back)]
+
+    def supports(self, b: int, t: Tensor) -> bool:
+        r = self.sup[b].get(t)
         if r is None:
-            r = sup[b][t] = bool(backends[b].supports_op(t))
+            r = self.sup[b][t] = bool(self.backends[b].supports_op(t))
         return r
 
-    def uses(b: int, buft: BufferType) -> bool:
-        r = buft_ok[b].get(buft)
+    def uses(self, b: int, buft: BufferType) -> bool:
+        ok = self.ctx.buft_ok[b]
+        r = ok.get(buft)
         if r is None:
-            r = buft_ok[b][buft] = bool(backends[b].supports_buft(buft))
+            r = ok[buft] = bool(self.backends[b].supports_buft(buft))
         return r
 
-    def from_buffer(buft: BufferType, op: Tensor) -> int:
+    def from_buffer(self, buft: BufferType, op: Tensor) -> int:
         if op.op is Op.NONE:  # nothing runs: every backend "supports" a leaf, as in ggml
-            return next((b for b in range(n_back) if uses(b, buft)), -1)
-        for b in range(n_back):
-            if uses(b, buft) and supports(b, op):
+            return next((b for b in range(self.n_back) if self.uses(b, buft)), -1)
+        for b in range(self.n_back):
+            if self.uses(b, buft) and self.supports(b, op):
                 return b
         return -1
 
-    def buffer_supported(t: Tensor, b: int) -> bool:
+    def buffer_supported(self, t: Tensor, b: int) -> bool:
         vs = t.view_src
         buf = t.buffer if vs is None else vs.buffer
         if buf is not None:
-            return uses(b, buf.buft)
-        tb = ids.get(t, -1)
+            return self.uses(b, buf.buft)
+        tb = self.ids.get(t, -1)
         if tb < 0 and vs is not None:
-            tb = ids.get(vs, -1)
-        return tb >= 0 and uses(b, bufts[tb])
+            tb = self.ids.get(vs, -1)
+        return tb >= 0 and self.uses(b, self.bufts[tb])
 
-    def from_cur(t: Tensor) -> int:
+    def from_cur(self, t: Tensor) -> int:
+        """The backend ``t``'s own memory, its being an input, or its weights decide."""
         buf = t.buffer
         vs = t.view_src
         if buf is None and vs is not None:
             buf = vs.buffer
         if buf is not None:
-            b = from_buffer(buf.buft, t)
+            b = self.from_buffer(buf.buft, t)
             if b < 0:
                 raise UnsupportedError(
                     f"tensor {t.describe()} ({t.op.value}) already lives in a "
-                    f"{buf.buft.name} buffer, but none of the backends {ctx.names} can both "
-                    "use that buffer type and run the op there; add a backend that can, or "
-                    "place the tensor elsewhere"
+                    f"{buf.buft.name} buffer, but none of the backends {self.ctx.names} can "
+                    "both use that buffer type and run the op there; add a backend that can, "
+                    "or place the tensor elsewhere"
                 )
             return b
         fl = t.flags
         if fl is not _NO_FLAGS and fl & _INPUT:
-            return last
+            return self.last
         for s in t.src:
             sbuf = s.buffer
             if sbuf is None or sbuf.usage is not _WEIGHTS:
                 continue
             if t.op is Op.ROPE and len(t.src) > 2 and s is t.src[2]:
                 continue  # rope's frequency factors are too small to decide by
-            b = from_buffer(sbuf.buft, t)
-            if ctx.op_offload and b == last and sbuf.is_host:
-                for c in range(last):
-                    if supports(c, t) and backends[c].offload_op(t):
+            b = self.from_buffer(sbuf.buft, t)
+            if self.ctx.op_offload and b == self.last and sbuf.is_host:
+                for c in range(self.last):
+                    if self.supports(c, t) and self.backends[c].offload_op(t):
                         return c
             return b
         return -1
 
-    # pass 1: pre-allocated tensors, inputs and weight users (user choices are kept)
-    leaf_home: dict[BufferType, int] = {}  # where leafs of a buffer type live
-    for t in leafs:
-        if t not in ids:
-            buf = t.buffer
-            if buf is None and t.view_src is not None:
-                buf = t.view_src.buffer
-            if buf is not None:
-                b = leaf_home.get(buf.buft)
-                if b is None:
-                    b = leaf_home[buf.buft] = from_cur(t)
-                ids[t] = b
-            elif t.flags is not _NO_FLAGS and t.flags & _INPUT:
-                ids[t] = last
-    for t in nodes:
-        if t in ids:
-            continue
-        if t.buffer is None and t.flags is _NO_FLAGS:
+    def pin(self, graph: Graph) -> None:
+        """Pass 1: pre-allocated tensors, inputs and weight users (user choices are kept)."""
+        ids = self.ids
+        leaf_home: dict[BufferType, int] = {}  # where leafs of a buffer type live
+        for t in graph.leafs:
+            if t not in ids:
+                buf = t.buffer
+                if buf is None and t.view_src is not None:
+                    buf = t.view_src.buffer
+                if buf is not None:
+                    b = leaf_home.get(buf.buft)
+                    if b is None:
+                        b = leaf_home[buf.buft] = self.from_cur(t)
+                    ids[t] = b
+                elif t.flags is not _NO_FLAGS and t.flags & _INPUT:
+                    ids[t] = self.last
+        for t in graph.nodes:
+            if t in ids:
+                continue
             vs = t.view_src
-            if vs is None or vs.buffer is None:
-                # the common case, settled quickly: no source with memory of its own
-                for s in t.src:
-                    if s.buffer is not None:
-                        break
-                else:
-                    continue
-        b = from_cur(t)
-        if b >= 0:
-            ids[t] = b
-    for t, b in ctx.user.items():
-        if t.op not in VIEW_LIKE and t.op is not Op.NONE and not supports(b, t):
-            raise UnsupportedError(
-                f"{t.describe()} ({t.op.value}) was assigned to backend {backends[b].name!r}, "
-                "which does not support it; assign it to a backend that does"
-            )
-
-    # pass 2: spread assignments over the non-view nodes
-    work = [t for t in nodes if t.op not in VIEW_LIKE]
-    bk = [ids.get(t, -1) for t in work]
-    n_work = len(work)
-    down, up = range(n_work), range(n_work - 1, -1, -1)
-    for order, skip_cpu in ((down, True), (up, True), (down, False), (up, False)):
-        cur = -1
-        for k in order:
-            b = bk[k]
+            if (
+                t.buffer is None
+                and t.flags is _NO_FLAGS
+                and (vs is None or vs.buffer is None)
+                and all(s.buffer is None for s in t.src)
+            ):
+                continue  # the common case: no memory of its own or of its sources decides
+            b = self.from_cur(t)
             if b >= 0:
-                cur = -1 if (skip_cpu and b == last) else b
-            elif cur >= 0:
-                t = work[k]
-                known = sup[cur].get(t)  # supports(), inlined: this loop is the hot one
-                if known is None:
-                    known = sup[cur][t] = bool(backends[cur].supports_op(t))
-                if known:
-                    bk[k] = cur
-
-    # pass 3: upgrade to higher-priority backends sharing the buffer type; place leftovers
-    for k in range(n_work):
-        b = bk[k]
-        t = work[k]
-        if b < 0:
-            b = _most_inputs(t, n_back, ids, supports, buffer_supported)
-            if b < 0:
+                ids[t] = b
+        for t, b in self.ctx.user.items():
+            if t.op not in VIEW_LIKE and t.op is not Op.NONE and not self.supports(b, t):
                 raise UnsupportedError(
-                    f"no backend can run {t.describe()}: op {t.op.value} with sources "
-                    f"{[s.describe() for s in t.src]} is not supported by any of "
-                    f"{[be.name for be in backends]}; add a backend that supports it"
+                    f"{t.describe()} ({t.op.value}) was assigned to backend "
+                    f"{self.backends[b].name!r}, which does not support it; assign it to a "
+                    "backend that does"
                 )
-        elif b:
-            for c in range(b):
-                if (
-                    bufts[c] is bufts[b]
-                    and supports(c, t)
-                    and all(buffer_supported(s, c) for s in t.src)
-                ):
-                    b = c
-                    break
-        ids[t] = b
 
-    # passes 4 and 5 share one walk over the nodes (see _cut)
-    _cut(res, ctx, buffer_supported)
-    _alloc_lists(res, ctx)
-    return res
+    def settle(self, work: Sequence[Tensor], chosen: Sequence[int]) -> None:
+        """Pass 3: upgrade to higher-priority backends sharing the buffer type; place
+        what no assignment reached on the backend holding most of its inputs."""
+        for t, b in zip(work, chosen, strict=True):
+            if b < 0:
+                b = _most_inputs(t, self.n_back, self.ids, self.supports, self.buffer_supported)
+                if b < 0:
+                    raise UnsupportedError(
+                        f"no backend can run {t.describe()}: op {t.op.value} with sources "
+                        f"{[s.describe() for s in t.src]} is not supported by any of "
+                        f"{[be.name for be in self.backends]}; add a backend that supports it"
+                    )
+            elif b:
+                for c in range(b):
+                    if (
+                        self.bufts[c] is self.bufts[b]
+                        and self.supports(c, t)
+                        and all(self.buffer_supported(s, c) for s in t.src)
+                    ):
+                        b = c
+                        break
+            self.ids[t] = b
 
 
 def _most_inputs(
@@ -342,73 +364,24 @@ def _cut(res: SplitResult, ctx: SplitContext, supported: Callable[[Tensor, int],
     rewrites = res.rewrites
     splits = res.splits
 
-    names = ctx.names
-
-    def make_copies(s: Tensor, b: int) -> list[Tensor]:
-        i = len(used)
-        entry = pool[i] if i < len(pool) else None
-        if entry is not None and _same_layout(entry[0][0], s):
-            made = entry[0]
-            if entry[1] != s.name or entry[2] is not s.op or entry[3] != b:
-                name = f"{names[b]}#{s.name or s.op.value}#"
-                for c, t in enumerate(made):
-                    t.name = f"{name}{c}"
-        else:
-            name = f"{names[b]}#{s.name or s.op.value}#"
-            made = [
-                Tensor(s.type, s.shape, strides=s.strides, name=f"{name}{c}")
-                for c in range(n_copies)
-            ]
-            if n_copies > 1:
-                for c in made:
-                    c.flags = _COPY_FLAGS  # placed up front and never reused
-        used.append((made, s.name, s.op, b))
-        for t in made:
-            ids[t] = b
-        return made
+    make_copies = _CopyMaker(ctx, pool, used, ids)
 
     last = len(backends) - 1
     pending: list[Tensor] = []
     split: Split | None = None
     cur = -1
     for i, node in enumerate(nodes):
-        # pass 4: sources and views without a backend follow their base or their consumer
-        b = ids.get(node, -1)
-        if b < 0:
-            vs = node.view_src
-            b = ids.get(vs, -1) if vs is not None else -1
-            if b >= 0:
-                ids[node] = b
-            else:
-                pending.append(node)  # a view of a base no one placed yet
-        src = node.src
-        for s in src:
-            if s in ids:
-                continue
-            svs = s.view_src
-            if svs is not None:
-                sb = ids.get(svs, -1)
-                if sb < 0 and b >= 0:
-                    sb = ids[svs] = b
-                if sb >= 0:
-                    ids[s] = sb
-            elif b >= 0:
-                ids[s] = b
+        b = follow(node, ids, pending)  # pass 4
         if node.op in VIEW_LIKE:
             continue
+        src = node.src
         # pass 5: a new split when the backend changes, or when a weight must be copied
         # into a split that already has inputs (so the copies' memory can be reused)
-        new_split = split is None or b != cur
-        if not new_split and split.inputs:  # type: ignore[union-attr]
-            for s in src:
-                sbuf = s.buffer
-                if (
-                    sbuf is not None and sbuf.usage is _WEIGHTS
-                    and ids[s] != cur and not supported(s, cur)
-                ):  # fmt: skip
-                    new_split = True
-                    break
-        if new_split:
+        if (
+            split is None
+            or b != cur
+            or (split.inputs and _copies_a_weight(src, ids, cur, supported))
+        ):
             if split is None:
                 split = Split(graph, b, 0)  # leading views belong to the first split
             else:
@@ -448,6 +421,85 @@ def _cut(res: SplitResult, ctx: SplitContext, supported: Callable[[Tensor, int],
         else:
             return
     split.end = len(nodes)
+
+
+def follow(node: Tensor, ids: dict[Tensor, int], pending: list[Tensor]) -> int:
+    """Pass 4 for one node: a node or view without a backend follows its base, and its
+    unplaced sources follow it (a source view, through its base); returns the node's
+    backend, -1 when not known yet (then it waits in ``pending``)."""
+    b = ids.get(node, -1)
+    if b < 0:
+        vs = node.view_src
+        b = ids.get(vs, -1) if vs is not None else -1
+        if b >= 0:
+            ids[node] = b
+        else:
+            pending.append(node)  # a view of a base no one placed yet
+    for s in node.src:
+        if s in ids:
+            continue
+        svs = s.view_src
+        if svs is not None:
+            sb = ids.get(svs, -1)
+            if sb < 0 and b >= 0:
+                sb = ids[svs] = b
+            if sb >= 0:
+                ids[s] = sb
+        elif b >= 0:
+            ids[s] = b
+    return b
+
+
+def _copies_a_weight(
+    src: Sequence[Tensor],
+    ids: dict[Tensor, int],
+    cur: int,
+    supported: Callable[[Tensor, int], bool],
+) -> bool:
+    """Whether running here would copy in a weight that lives on another backend."""
+    for s in src:
+        sbuf = s.buffer
+        if sbuf is not None and sbuf.usage is _WEIGHTS and ids[s] != cur and not supported(s, cur):
+            return True
+    return False
+
+
+class _CopyMaker:
+    """The tensors that hold a split input's copies on a backend, one per pipeline copy;
+    reused from the previous split of the same graph when they fit, as ggml keeps its
+    graph copies between computes."""
+
+    def __init__(
+        self,
+        ctx: SplitContext,
+        pool: list[tuple[list[Tensor], str, Op, int]],
+        used: list[tuple[list[Tensor], str, Op, int]],
+        ids: dict[Tensor, int],
+    ) -> None:
+        self.names, self.n_copies = ctx.names, ctx.n_copies
+        self.pool, self.used, self.ids = pool, used, ids
+
+    def __call__(self, s: Tensor, b: int) -> list[Tensor]:
+        i = len(self.used)
+        entry = self.pool[i] if i < len(self.pool) else None
+        name = f"{self.names[b]}#{s.name or s.op.value}#"
+        if entry is not None and _same_layout(entry[0][0], s):
+            made = entry[0]
+            if entry[1] != s.name or entry[2] is not s.op or entry[3] != b:
+                for c, t in enumerate(made):
+                    t.name = f"{name}{c}"
+        else:
+            made = [
+                Tensor(s.type, s.shape, strides=s.strides, name=f"{name}{c}")
+                for c in range(self.n_copies)
+            ]
+            if self.n_copies > 1:
+                for copy in made:
+                    copy.flags = _COPY_FLAGS  # placed up front and never reused
+        self.used.append((made, s.name, s.op, b))
+        for t in made:
+            self.ids[t] = b
+        return made
 
 
 def _graph_input_copies(res: SplitResult, ctx: SplitContext, s: Tensor) -> None:

@@ -8,7 +8,7 @@ conveniences most users want; they understand shapes, dtypes and strides.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
@@ -21,9 +21,10 @@ from .errors import (
 )
 from .host import strided_array, tensor_array
 
-if TYPE_CHECKING:
-    from collections.abc import Buffer as BytesLike
+#: What raw tensor bytes may be given as (``collections.abc.Buffer`` needs Python 3.12).
+BytesLike = Union[bytes, bytearray, memoryview]  # noqa: UP007 (runtime alias)
 
+if TYPE_CHECKING:
     from .backend import Backend
     from .buffer import Buffer
     from .tensor import Tensor
@@ -147,10 +148,10 @@ def tensor_copy(src: Tensor, dst: Tensor) -> None:
     n = src.nbytes
     if sbuf.is_host:
         mem = sbuf.host_array()[src.offset : src.offset + n]
-        dbuf.set_tensor(dst, memoryview(mem), 0)
+        dbuf.set_tensor(dst, mem.data, 0)
     elif dbuf.is_host:
         mem = dbuf.host_array()[dst.offset : dst.offset + n]
-        sbuf.get_tensor(src, memoryview(mem), 0)
+        sbuf.get_tensor(src, mem.data, 0)
     elif not dbuf.cpy_tensor(src, dst):
         tmp = bytearray(n)
         sbuf.get_tensor(src, memoryview(tmp), 0)
@@ -210,7 +211,7 @@ def set_array(tensor: Tensor, values: np.ndarray) -> None:
     span = np.frombuffer(bytearray(tensor_get(tensor)), dtype=np.uint8)
     view = strided_array(tensor, span)
     view[...] = values.reshape(view.shape)
-    buf.set_tensor(tensor, memoryview(span), 0)
+    buf.set_tensor(tensor, span.data, 0)
 
 
 def get_array(tensor: Tensor) -> np.ndarray:
@@ -222,7 +223,7 @@ def get_array(tensor: Tensor) -> np.ndarray:
         return np.array(tensor_array(tensor), order="C").reshape(shape)
     if tensor.is_contiguous:
         out = np.empty(shape, dtype=dtype)
-        buf.get_tensor(tensor, memoryview(out).cast("B"), 0)
+        buf.get_tensor(tensor, out.data.cast("B"), 0)
         return out
     span = np.frombuffer(bytearray(tensor_get(tensor)), dtype=np.uint8)
     return np.ascontiguousarray(strided_array(tensor, span)).reshape(shape)

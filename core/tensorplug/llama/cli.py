@@ -448,6 +448,9 @@ def demo_model(
             prompt_ids, gen = session
             assert gen.prompt_logits is not None
             got = gen.prompt_logits
+            if getattr(ns, "logits_out", None):
+                np.save(ns.logits_out, got)
+                print(f"saved prompt logits {got.shape} to {ns.logits_out}", file=out)
         finally:
             model.close()
         cpu_only = Llama(

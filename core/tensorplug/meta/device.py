@@ -259,7 +259,7 @@ class MetaBuffer(Buffer):
             return
         full = np.frombuffer(data, np.uint8)
         for i, p in enumerate(parts):
-            p.buffer.set_tensor(p, memoryview(host_slice(tensor, state, i, full)), 0)  # type: ignore[union-attr]
+            p.buffer.set_tensor(p, host_slice(tensor, state, i, full).data, 0)  # type: ignore[union-attr]
 
     def _get_tensor(self, tensor: Tensor, out: memoryview, offset: int) -> None:
         state = self.meta.state_of(tensor)
@@ -272,10 +272,10 @@ class MetaBuffer(Buffer):
         pieces = []
         for p in parts:
             mem = np.empty(p.nbytes, np.uint8)
-            p.buffer.get_tensor(p, memoryview(mem), 0)  # type: ignore[union-attr]
+            p.buffer.get_tensor(p, mem.data, 0)  # type: ignore[union-attr]
             pieces.append(mem)
         whole = host_assemble(tensor, state, pieces)
-        out[:] = memoryview(whole[offset : offset + len(out)])
+        out[:] = whole[offset : offset + len(out)].data
 
     def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
         state = self._whole(tensor, offset, size, "memset_tensor")

@@ -53,7 +53,9 @@ def status_name(err: Any) -> str:
         return "unknown"
     import pyopencl as cl
 
-    return str(cl.status_code.to_string(code, "<unknown status %d>"))
+    # at run time a class with a static to_string; pyopencl's stubs call it an IntEnum
+    to_string: Any = getattr(cl.status_code, "to_string")  # noqa: B009
+    return str(to_string(code, "<unknown status %d>"))
 
 
 def translate(err: Exception, what: str, *, kernel: str | None = None) -> TensorplugError:

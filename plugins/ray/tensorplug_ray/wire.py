@@ -215,7 +215,7 @@ def _decode_params(raw: Any, where: str) -> Params:
             except ValueError:
                 raise _fail(where, f"param {key!r}: {rest[1]!r} is no {rest[0]}") from None
         elif kind in _SCALARS and len(rest) == 1 and type(rest[0]) is _SCALARS[kind]:
-            if kind == "s" and len(rest[0]) > MAX_NAME:
+            if isinstance(rest[0], str) and len(rest[0]) > MAX_NAME:
                 raise _fail(where, f"param {key!r}: string longer than {MAX_NAME} characters")
             params[key] = rest[0]
         elif kind == "ti" and len(rest) == 1:

@@ -124,7 +124,7 @@ def build_rope(node: Tensor, ctx: BuildContext) -> Step:
         np.multiply.accumulate(factors, axis=1, out=theta)
         if ff is not None:
             np.divide(theta, ff, out=theta)
-        if ramp_mix is not None:
+        if ramp_mix is not None and keep is not None:
             # theta_interp·(1 - ramp) + theta_extrap·ramp
             np.multiply(theta, ramp_mix, out=extrap)
             np.multiply(theta, freq_scale, out=theta)

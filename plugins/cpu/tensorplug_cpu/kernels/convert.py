@@ -111,7 +111,8 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
     rows = rows.reshape((1,) * (len(outer) + 1 - rows.ndim) + rows.shape)
     batches = []
     for i in itertools.product(*(range(d) for d in outer)):
-        r = tuple(0 if dr == 1 else ii for ii, dr in zip(i, rows.shape[:-1], strict=True))
+        extents: tuple[int, ...] = rows.shape[:-1]
+        r = tuple(0 if d == 1 else ii for ii, d in zip(i, extents, strict=True))
         batches.append((dst[i], b[i], rows[r]))
 
     def scatter(table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> None:

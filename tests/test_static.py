@@ -1,0 +1,29 @@
+"""Static checks that belong to the suite: the code type-checks at our Python floor (3.10)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_mypy_is_clean_at_the_python_floor() -> None:
+    pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[test]')")
+    # [tool.mypy] in pyproject.toml names the files and python_version = "3.10"
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_ci_refuses_to_run_without_opencl() -> None:
+    from conftest import missing_in_ci
+
+    assert missing_in_ci({"CI": "true"}, (10, "2 devices")) == ""
+    assert missing_in_ci({}, (0, "no OpenCL platform found")) == ""
+    why = missing_in_ci({"CI": "true"}, (0, "no OpenCL platform found"))
+    assert "no OpenCL platform found" in why and "pocl-binary-distribution" in why
