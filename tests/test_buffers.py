@@ -191,3 +191,18 @@ def test_multi_buffer_groups_members() -> None:
     assert all(p.is_freed for p in parts)
     with pytest.raises(ValueError, match="at least one"):
         tp.MultiBuffer([])
+
+
+def test_byte_access_defaults_offsets_and_sizes(host: tp.Buffer) -> None:
+    """Defaults and partial spans of tensor_set/get/memset (mutation-run survivors)."""
+    x = _placed(Type.I8, (8,), host, 64)
+    tp.tensor_memset(_placed(Type.I8, (64,), host, 0), 0x55)  # bytes just before x
+    tp.tensor_set(x, bytes(range(1, 9)))  # the default offset is the tensor's first byte
+    assert tp.tensor_get(x) == bytes(range(1, 9))
+    assert tp.tensor_get(x, 5) == bytes([6, 7, 8])  # from an offset to the end
+    assert tp.tensor_get(x, 2, 3) == bytes([3, 4, 5])
+    assert tp.tensor_get(x, 8) == b"" and tp.tensor_get(x, 3, 0) == b""
+    tp.tensor_memset(x, 0, offset=6)  # from an offset to the end
+    assert tp.tensor_get(x) == bytes([1, 2, 3, 4, 5, 6, 0, 0])
+    tp.tensor_memset(x, 9)  # the whole tensor by default
+    assert tp.tensor_get(x) == bytes([9] * 8)

@@ -204,3 +204,17 @@ def test_reg_device_indexing() -> None:
     assert reg.api_version == tp.API_VERSION and reg.get_proc("x") is None
     with pytest.raises(IndexError, match="has 1 devices; index 3"):
         reg.device(3)
+
+
+def test_async_access_at_an_offset_and_by_default_from_the_start() -> None:
+    backend = MiniDevice().init_backend()
+    buf = MiniDevice().buffer_type().alloc_buffer(64)
+    x = tp.new_tensor(Type.F32, (4,))
+    tp.tensor_alloc(buf, x, 32)
+    tp.tensor_set_async(backend, x, np.array([1, 2, 3, 4], dtype=np.float32))
+    tp.tensor_set_async(backend, x, np.array([-3], dtype=np.float32), 8)  # element 2 only
+    tail, whole = np.zeros(2, dtype=np.float32), np.zeros(4, dtype=np.float32)
+    tp.tensor_get_async(backend, x, tail, 8)
+    tp.tensor_get_async(backend, x, whole)
+    backend.synchronize()
+    assert tail.tolist() == [-3, 4] and whole.tolist() == [1, 2, -3, 4]
