@@ -73,6 +73,7 @@ class LlamaConfig:
                 "(Llama 1-3, Mistral, TinyLlama and other models converted as llama)"
             )
         n_embd = f.value("llama.embedding_length", int)
+        _check_counts(f, n_embd)
         n_head = _per_layer_constant(f, "llama.attention.head_count")
         n_head_kv = _per_layer_constant(f, "llama.attention.head_count_kv", n_head)
         head_dim = f.value("llama.attention.key_length", int, n_embd // max(n_head, 1))
@@ -125,6 +126,22 @@ class LlamaConfig:
                 "llama.rope.scaling.original_context_length", int, n_ctx_train
             ),
         )
+
+
+def _check_counts(f: GGUFFile, n_embd: int) -> None:
+    """Sizes that everything else is built from, checked before anything is: a block
+    count of 2^31 would otherwise allocate a 2^31-entry placement before any error."""
+    n_layer = f.value("llama.block_count", int)
+    blocks = {name.split(".")[1] for name in f.tensors if name.startswith("blk.")}
+    if not 1 <= n_layer <= len(blocks):
+        raise GGUFError(
+            f"{f.path}: llama.block_count = {n_layer}, but the file holds tensors for "
+            f"{len(blocks)} blocks (blk.0 ...); the file is damaged or mislabelled"
+        )
+    for key, value in (("llama.embedding_length", n_embd),
+                       ("llama.context_length", f.value("llama.context_length", int))):  # fmt: skip
+        if value < 1:
+            raise GGUFError(f"{f.path}: {key} = {value}; it must be at least 1")
 
 
 def _per_layer_constant(f: GGUFFile, key: str, default: int | None = None) -> int:
