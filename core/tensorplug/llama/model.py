@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from .. import ops
+from ..errors import RunError
 from ..gguf import GGUFError, GGUFFile
 from ..graph import Graph
 from ..opcodes import RopeMode
@@ -122,9 +123,7 @@ class LlamaConfig:
             rope_base=f.value("llama.rope.freq_base", float, 10000.0),
             rope_scale=1.0 / factor if factor else 1.0,
             rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
-            rope_n_ctx_orig=f.value(
-                "llama.rope.scaling.original_context_length", int, n_ctx_train
-            ),
+            rope_n_ctx_orig=f.value("llama.rope.scaling.original_context_length", int, n_ctx_train),
         )
 
 
@@ -276,7 +275,7 @@ class KVCache:
     @classmethod
     def describe(cls, cfg: LlamaConfig, n_ctx: int, type: Type = Type.F16) -> KVCache:
         if type not in (Type.F32, Type.F16):
-            raise ValueError(f"KV cache type must be F32 or F16, got {type.name}")
+            raise RunError(f"KV cache type must be F32 or F16, got {type.name}")
         shape = (n_ctx, cfg.n_embd_kv)
         k = [new_tensor(type, shape, f"cache_k_l{i}") for i in range(cfg.n_layer)]
         v = [new_tensor(type, shape, f"cache_v_l{i}") for i in range(cfg.n_layer)]
@@ -325,9 +324,9 @@ def build_step(
 ) -> StepGraph:
     """The forward pass of ``n_tokens`` tokens over cache rows ``[0, n_kv)``."""
     if not 0 < n_outputs <= n_tokens:
-        raise ValueError(f"n_outputs must be in 1..n_tokens={n_tokens}, got {n_outputs}")
+        raise RunError(f"n_outputs must be in 1..n_tokens={n_tokens}, got {n_outputs}")
     if not n_tokens <= n_kv <= cache.n_ctx:
-        raise ValueError(f"need n_tokens ({n_tokens}) <= n_kv ({n_kv}) <= n_ctx ({cache.n_ctx})")
+        raise RunError(f"need n_tokens ({n_tokens}) <= n_kv ({n_kv}) <= n_ctx ({cache.n_ctx})")
     T, hd = n_tokens, cfg.head_dim
     tokens = new_tensor(Type.I32, (T,), "inp_tokens").set_input()
     pos = new_tensor(Type.I32, (T,), "inp_pos").set_input()
