@@ -35,6 +35,7 @@ import gc
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ import numpy as np
 from tensorplug import registry
 from tensorplug.gguf import GGUFFile
 from tensorplug.llama.placement import Placement
-from tensorplug.llama.runner import Llama
+from tensorplug.llama.runner import Llama, Timings
 from tensorplug.llama.tiny import write_tiny_llama
 from tensorplug.quants import dequantize
 
@@ -66,21 +67,41 @@ class Result:
     load_s: float
 
 
+def model_options(p: argparse.ArgumentParser, prompt: int = 32, runs: int = 2) -> None:
+    """The options every llama benchmark takes: which model, how long, how many runs."""
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    p.add_argument("--prompt", type=int, default=prompt, help=f"prompt tokens ({prompt})")
+    p.add_argument("--gen", type=int, default=16, help="generated tokens (16)")
+    p.add_argument("--runs", type=int, default=runs, help=f"runs; the best counts ({runs})")
+
+
+def timed_runs(
+    m: Llama, n_prompt: int, n_gen: int, runs: int, before: Callable[[], None] | None = None
+) -> list[Timings]:
+    """``runs`` fresh prompt + greedy generations of ``m``, each one's timings; ``before``
+    runs first each time (to reset a counter of one's own)."""
+    prompt = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 300, n_prompt - 1)]
+    out = []
+    for _ in range(runs):
+        m.reset()
+        m.timings = type(m.timings)(load_s=m.timings.load_s)
+        gc.collect()
+        if before is not None:
+            before()
+        m.generate(prompt, n_gen, stop_at_eos=False)
+        out.append(m.timings)
+    return out
+
+
 def run_model(path: Path, device: str, n_prompt: int, n_gen: int, runs: int) -> Result:
     dev = registry.dev_by_name(device)
     assert dev is not None
     f = GGUFFile(path)
     n_layer = f.value("llama.block_count", int)
     m = Llama(f, placement=Placement.on(dev, n_layer), n_ctx=n_prompt + n_gen, n_batch=CHUNK)
-    prompt = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 300, n_prompt - 1)]
     results = []
     try:
-        for _ in range(runs):
-            m.reset()
-            m.timings = type(m.timings)(load_s=m.timings.load_s)
-            gc.collect()
-            m.generate(prompt, n_gen, stop_at_eos=False)
-            t = m.timings
+        for t in timed_runs(m, n_prompt, n_gen, runs):
             n = t.gen_tokens
             python = (t.gen_s - t.gen_compute_s + t.sample_s) / n
             results.append(

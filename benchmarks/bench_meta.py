@@ -27,11 +27,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_llama import CHUNK, MODELS
+from bench_llama import CHUNK, MODELS, model_options, timed_runs
 
 
 def _inner(path: str, mode: str, n_prompt: int, n_gen: int, runs: int) -> dict[str, float]:
-    import numpy as np
 
     import tensorplug as tp
     from tensorplug.gguf import GGUFFile
@@ -47,17 +46,16 @@ def _inner(path: str, mode: str, n_prompt: int, n_gen: int, runs: int) -> dict[s
     else:
         dev = tp.dev_by_name("OpenCL0")  # type: ignore[assignment]
     m = Llama(f, placement=Placement.on(dev, n_layer), n_ctx=n_prompt + n_gen, n_batch=CHUNK)
-    prompt = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 300, n_prompt - 1)]
-    best: dict[str, float] = {"prompt": 0.0, "gen": 0.0, "all_reduce": 0.0, "compute": 0.0}
     meta = next((b for b in m.backends if isinstance(b, MetaBackend)), None)
+
+    def reset() -> None:
+        if meta is not None:
+            meta.all_reduce_s = 0.0
+
+    best: dict[str, float] = {"prompt": 0.0, "gen": 0.0, "all_reduce": 0.0, "compute": 0.0}
     try:
-        for _ in range(runs):
-            m.reset()
-            m.timings = type(m.timings)(load_s=m.timings.load_s)
-            if meta is not None:
-                meta.all_reduce_s = 0.0
-            m.generate(prompt, n_gen, stop_at_eos=False)
-            t = m.timings
+        for _ in range(runs):  # one at a time: the all-reduce time belongs to its run
+            (t,) = timed_runs(m, n_prompt, n_gen, 1, reset)
             if t.gen_tps > best["gen"]:
                 best.update(gen=t.gen_tps, compute=t.prompt_compute_s + t.gen_compute_s,
                             all_reduce=meta.all_reduce_s if meta is not None else 0.0)  # fmt: skip
@@ -71,10 +69,7 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", choices=sorted(MODELS), default="tiny")
-    p.add_argument("--prompt", type=int, default=32)
-    p.add_argument("--gen", type=int, default=16)
-    p.add_argument("--runs", type=int, default=2)
+    model_options(p)
     p.add_argument("--inner", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:

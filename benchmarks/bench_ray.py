@@ -31,7 +31,7 @@ import tensorplug as tp
 from tensorplug import ops
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_llama import CHUNK, MODELS
+from bench_llama import CHUNK, MODELS, model_options, timed_runs
 
 
 def per_call(fn: Callable[[], object], n: int) -> float:
@@ -70,27 +70,18 @@ def tokens_per_s(
     placement = (Placement.on(devices[0], n_layer) if len(devices) == 1
                  else Placement.spread(devices, n_layer))  # fmt: skip
     m = Llama(f, placement=placement, n_ctx=n_prompt + n_gen, n_batch=CHUNK, cache_type="f32")
-    prompt = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 300, n_prompt - 1)]
-    best = (0.0, 0.0)
     try:
-        for _ in range(runs):
-            m.reset()
-            m.timings = type(m.timings)(load_s=m.timings.load_s)
-            m.generate(prompt, n_gen, stop_at_eos=False)
-            best = (max(best[0], m.timings.prompt_tps), max(best[1], m.timings.gen_tps))
+        runs_ = timed_runs(m, n_prompt, n_gen, runs)
     finally:
         m.close()
-    return best
+    return max(t.prompt_tps for t in runs_), max(t.gen_tps for t in runs_)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", choices=sorted(MODELS), default="tiny")
-    p.add_argument("--prompt", type=int, default=32)
-    p.add_argument("--gen", type=int, default=16)
-    p.add_argument("--runs", type=int, default=2)
+    model_options(p)
     p.add_argument("--calls", type=int, default=200)
     args = p.parse_args()
 
