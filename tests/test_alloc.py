@@ -290,6 +290,91 @@ def test_in_place_never_overwrites_a_base_that_the_same_node_reads_twice() -> No
     check_plan(g, plan, 16)
 
 
+def test_dyn_alloc_picks_the_chunk_tail_that_grows_least() -> None:
+    """With several chunks and no hole big enough, a tensor goes to a chunk's tail: one
+    where it fits below the chunk's size (the tightest such), else the one growing least."""
+    a = _DynAlloc(SmallHost(alignment=16, max_size=256))
+    blocks = Blocks()
+    assert [a.alloc(n, blocks, 0) for n in (96, 96)] == [(0, 0, 96), (0, 96, 96)]
+    assert a.alloc(160, blocks, 0) == (1, 0, 160)  # chunk 0's tail (64) is too small
+    a.free(0, 96, 96)  # chunk 0: tail [96, 256), size 192; chunk 1: tail [160, 256), size 160
+    assert a.alloc(64, blocks, 0) == (0, 96, 64)  # fits below chunk 0's size; chunk 1 grows
+    assert a.alloc(48, blocks, 0) == (0, 160, 48)  # both grow: chunk 0 by 16, chunk 1 by 48
+    assert a.chunk_sizes() == [208, 160]
+    a.free(1, 0, 160)  # chunk 1: tail [0, 256), 160 below its size
+    a.free(0, 160, 48)  # chunk 0: tail [160, 256), 48 below its size
+    assert a.alloc(32, blocks, 0) == (0, 160, 32)  # both fit without growing: the tighter
+    assert a.alloc(96, blocks, 0) == (1, 0, 96)  # chunk 0's tail (96 - 32 = 64) is too small
+    assert a.chunk_sizes() == [208, 160]
+    assert a.alloc(256, blocks, 0) == (2, 0, 256)  # no tail holds it: a new chunk
+
+
+def test_dyn_alloc_tail_ties_and_exact_fits() -> None:
+    a = _DynAlloc(SmallHost(alignment=16, max_size=128))
+    blocks = Blocks()
+    for chunk in range(3):  # three chunks, each 96 bytes used, a 32-byte tail
+        assert a.alloc(96, blocks, 0) == (chunk, 0, 96)
+    a.free(0, 32, 64)  # chunk 0: tail [32, 128): 64 bytes below its size
+    a.free(1, 64, 32)  # chunk 1: tail [64, 128): 32 bytes below its size
+    a.free(2, 48, 48)  # chunk 2: tail [48, 128): 48 below its size
+    assert a.alloc(32, blocks, 0) == (1, 64, 32)  # an exact fit beats looser later ones
+    assert a.alloc(48, blocks, 0) == (2, 48, 48)  # the tightest, though not the first
+    assert a.chunk_sizes() == [96, 96, 96]
+    assert a.alloc(64, blocks, 0) == (0, 32, 64)  # ends exactly at the chunk's size
+    assert a.alloc(32, blocks, 0) == (0, 96, 32)  # tails of exactly 32; all grow: the first
+    assert a.chunk_sizes() == [128, 96, 96]
+
+
+def test_an_allocation_within_the_reserved_plan_replays_its_offsets() -> None:
+    """alloc_graph after reserve() reuses the reserved (compact) offsets when the new graph
+    has the same block lifetimes and no larger block, and plans afresh otherwise."""
+    def llama(n_layer: int, n_tokens: int) -> tp.Graph:
+        return schedkit.build_llama(
+            n_layer=n_layer, n_tokens=n_tokens, n_embd=32, n_head=4, n_ff=64
+        ).graph
+
+    def offsets(g: tp.Graph, plan: AllocPlan) -> list[int | None]:
+        return [None if (p := plan.placement(t)) is None else p.offset for t in g.nodes]
+
+    def afresh(g: tp.Graph) -> list[int | None]:  # a new allocator: nothing to replay
+        return offsets(g, GraphAllocator(SmallHost(alignment=16)).alloc_graph(g))
+
+    big = llama(2, 16)
+    ga = GraphAllocator(SmallHost(alignment=16))
+    compact = offsets(big, ga.reserve(big))
+    assert offsets(big, ga.alloc_graph(big)) == compact
+    small = llama(2, 8)  # same lifetimes, smaller blocks: the reserved offsets replayed
+    assert offsets(small, ga.alloc_graph(small)) == compact
+    assert afresh(llama(2, 8)) != compact  # and that differs from planning afresh
+    other = llama(1, 8)  # other lifetimes: nothing replayed, a valid plan of its own
+    fresh = ga.alloc_graph(other)
+    assert offsets(other, fresh) != compact[: len(other.nodes)]
+    check_plan(other, fresh, 16)
+
+
+def test_a_graph_with_other_lifetimes_is_not_given_the_reserved_offsets() -> None:
+    """Same number and sizes of blocks, in one buffer, but other lifetimes: replaying the
+    reserved offsets would overlap tensors that are live together."""
+
+    def graph(chain: bool) -> tp.Graph:
+        x, w = _f32((8, 32), "x"), _f32((32, 32), "w")
+        a = ops.mul_mat(w, x).set_name("a")
+        b = ops.mul_mat(w, a).set_name("b")
+        c = ops.mul_mat(w, b if chain else a).set_name("c").set_output()
+        return tp.Graph([c] if chain else [b.set_output(), c])
+
+    ga = GraphAllocator(SmallHost(alignment=16))
+    reserved = ga.reserve(graph(chain=True))  # a and c share: a is dead when c runs
+    p = {t.name: reserved.placement(t) for t in reserved.blocks.tensors}
+    assert p["a"] == p["c"] == (0, 0, p["a"].offset, 1024)  # buffer 0, chunk 0, 1 KiB
+    other = graph(chain=False)  # the same steps, but c reads a
+    plan = ga.alloc_graph(other)
+    assert [t.name for t in other.nodes] == ["a", "b", "c"]
+    assert plan.blocks.first == reserved.blocks.first
+    assert plan.blocks.size == reserved.blocks.size
+    check_plan(other, plan, 16)
+
+
 def test_max_size_splits_the_plan_into_chunks_and_buffers() -> None:
     buft = SmallHost(alignment=16, max_size=1024)
     x = _f32((4, 64), "x")  # 1 KiB each: every tensor fills a chunk

@@ -113,6 +113,8 @@ def test_tensor_alloc_errors(host: tp.Buffer) -> None:
         tp.tensor_alloc(host, v, 64)
     with pytest.raises(tp.NotAllocatedError, match="base"):
         tp.view_init(ops.view(tp.new_tensor(Type.F32, (4,)), (2,)))
+    with pytest.raises(tp.ShapeError, match=r"view_init: tensor 'x' .* is not a view"):
+        tp.view_init(x)
 
 
 def test_freed_buffer_refuses_use(host: tp.Buffer) -> None:

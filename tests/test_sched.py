@@ -428,6 +428,26 @@ def test_async_copies_between_two_accelerators(cpu: tp.Backend, reg: schedkit.Te
     )
 
 
+def test_tensor_copy_async_queues_on_the_source_stream_and_checks_layouts(
+    reg: schedkit.TestAccelReg,
+) -> None:
+    acc0, acc1 = (d.init_backend() for d in reg.devices())
+    src, dst = tp.new_tensor(Type.F32, (6,), "src"), tp.new_tensor(Type.F32, (6,), "dst")
+    alloc_tensors([src], acc0.buffer_type())
+    alloc_tensors([dst], acc1.buffer_type())
+    vals = np.arange(6, dtype=np.float32) - 2.5
+    tp.tensor_set_async(acc0, src, vals)
+    tp.tensor_copy_async(acc0, acc1, src, dst)
+    # the device-to-device path: queued after the write on the source stream, the
+    # destination waits for it; nothing has run yet (no synchronous fallback)
+    assert acc0.log == [] and len(acc0.queue) == 3 and len(acc1.queue) == 1
+    acc1.synchronize()
+    assert acc0.log == ["set", "copy", "record"] and acc1.log == ["wait"]
+    np.testing.assert_array_equal(tp.get_array(dst), vals)
+    with pytest.raises(tp.LayoutMismatchError, match="tensor_copy_async: .* differ in layout"):
+        tp.tensor_copy_async(acc0, acc1, src, tp.ops.reshape(dst, (2, 3)))
+
+
 def test_allocation_failure_is_an_exception_and_recoverable(cpu: tp.Backend) -> None:
     reg = schedkit.TestAccelReg(n_devices=1)
     dev = reg.devices()[0]
