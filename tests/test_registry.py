@@ -194,7 +194,7 @@ result = {"igpu": igpu, "none": after, "devices": [d.name for d in r.devices()]}
     assert out["igpu"] == "TEST1"
     assert out["devices"] == ["REENTRANT0"]  # an ACCEL device is never init_best's choice
     assert out["none"]["type"] == "BackendNotFoundError"
-    assert "pip install tensorplug-cpu" in out["none"]["msg"]
+    assert "pip install -e plugins/cpu" in out["none"]["msg"]
 
 
 def test_best_variant_failing_falls_back_to_the_next(plugin_env: PluginEnv) -> None:

@@ -169,9 +169,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     devs = _loaded_devices()
     if devs:
         out.table(_DEVICE_HEADERS, _device_rows(devs))
-    else:
-        out.text("no devices: install a backend plugin (e.g. pip install tensorplug-cpu)")
-    return _report_loading_error()
+    return _report_loading_error() or _no_devices(devs)
 
 
 def _loaded_devices() -> list[Device]:
@@ -180,6 +178,20 @@ def _loaded_devices() -> list[Device]:
     from . import registry
 
     return [d for r in registry.plugin_records() if r.reg is not None for d in r.reg.devices()]
+
+
+def _no_devices(devs: Sequence[Device]) -> int:
+    """Exit status 1 with advice when nothing is registered (as when a selection names
+    nothing that loaded): a script checking `tensorplug devices` must see the failure."""
+    if devs:
+        return 0
+    print(
+        "tensorplug: error: no devices. Install a backend plugin (from a tensorplug checkout: "
+        "pip install -e plugins/cpu), check TENSORPLUG_DISABLE / TENSORPLUG_BACKENDS, and "
+        "run `tensorplug doctor` to see why installed plugins did not load",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _report_loading_error() -> int:
@@ -274,9 +286,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         for row, dev in zip(rows, devs, strict=True):
             row.insert(-1, smoke_test(dev)[1])
         out.table([*_DEVICE_HEADERS[:-1], "smoke test", "note"], rows)
-    else:
-        out.text("no devices: install a backend plugin (e.g. pip install tensorplug-cpu)")
-    return _report_loading_error()
+    return _report_loading_error() or _no_devices(devs)
 
 
 # -- the command line -------------------------------------------------------------------------

@@ -373,7 +373,8 @@ def explain_missing(records: Sequence[PluginRecord], name: str, prefix: str) -> 
     known = sorted({r.label for r in records})
     return (
         f"{prefix} no installed plugin provides a backend called {name!r} (plugins found: "
-        f"{', '.join(known) or 'none'}). Fix: install its plugin (e.g. pip install "
-        f"tensorplug-{name.lower()}), or correct the name; `tensorplug doctor` lists them all.",
+        f"{', '.join(known) or 'none'}). Fix: correct the name, or install the plugin that "
+        "provides it (tensorplug's own are in the repository's plugins/ folder, e.g. "
+        "pip install -e plugins/opencl); `tensorplug doctor` lists what is installed.",
         None,
     )

@@ -29,9 +29,16 @@ def is_host_cpu(dev: Device) -> bool:
 def host_cpu() -> Device:
     dev = next((d for d in registry.devices() if is_host_cpu(d)), None)
     if dev is None:
+        cpu = [r for r in registry.plugin_records() if r.matches("CPU")]
+        if cpu and cpu[0].detail:  # installed, but left out or failed: say which
+            why = f"the CPU plugin is installed but {cpu[0].status.value}: {cpu[0].detail}"
+            fix = "add CPU to TENSORPLUG_BACKENDS (e.g. TENSORPLUG_BACKENDS=OpenCL,CPU)"
+        else:
+            why = "no CPU backend plugin is installed"
+            fix = "from a tensorplug checkout, pip install -e plugins/cpu"
         raise BackendNotFoundError(
-            "no CPU device is registered; the scheduler needs one for inputs and fallback ops. "
-            "Fix: pip install tensorplug-cpu (or pip install -e plugins/cpu)"
+            f"no CPU device is registered ({why}); the scheduler needs one for inputs and "
+            f"the ops other devices cannot run. Fix: {fix}"
         )
     return dev
 

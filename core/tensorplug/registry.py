@@ -624,7 +624,8 @@ def init_best() -> Backend:
     summary = "; ".join(f"{r.label}: {r.status.value}" for r in _state.records) or "none found"
     raise BackendNotFoundError(
         f"no GPU, integrated GPU or CPU device is registered (plugins: {summary}). Fix: install a "
-        "backend plugin, e.g. pip install tensorplug-cpu; `tensorplug doctor` explains failures."
+        "backend plugin (from a tensorplug checkout: pip install -e plugins/cpu); `tensorplug "
+        "doctor` explains failures."
     )
 
 

@@ -46,3 +46,20 @@ def test_copying_from_a_freed_buffer_raises(device: str) -> None:
     sbuf.free()
     with pytest.raises(tp.BufferFreedError, match="'src'.*was freed"):
         tp.tensor_copy_async(be, be, src, dst)
+
+
+@pytest.mark.parametrize("index_type", ["i32", "i64"])
+def test_cpu_set_rows_with_a_bad_index_writes_nothing(index_type: str) -> None:
+    be = _backend("CPU")
+    cache = tp.new_tensor("f32", (4, 8), "cache")
+    rows = tp.new_tensor("f32", (3, 8), "rows")
+    idx = tp.new_tensor(index_type, (3,), "idx")
+    out = ops.set_rows(cache, rows, idx)
+    tp.alloc_tensors([cache, rows, idx], be.buffer_type())
+    tp.view_init(out)  # set_rows writes into the cache: its result is a view of it
+    tp.set_array(cache, np.zeros((4, 8), np.float32))
+    tp.set_array(rows, np.ones((3, 8), np.float32))
+    tp.set_array(idx, np.array([0, 1, -1], dtype=np.int32 if index_type == "i32" else np.int64))
+    with pytest.raises(tp.OutOfBoundsError, match="index -1 with 4 rows"):
+        be.graph_compute(tp.Graph(out))
+    np.testing.assert_array_equal(tp.get_array(cache), np.zeros((4, 8), np.float32))

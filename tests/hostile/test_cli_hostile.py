@@ -54,3 +54,40 @@ def test_a_damaged_model_file_is_one_line(tmp_path: Path) -> None:
     done = _cli("run", str(path), "-n", "1")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "llama.block_count = 0" in done.stderr
+
+
+def test_selecting_only_opencl_names_the_missing_cpu_and_the_fix() -> None:
+    done = _cli("demo", "--runs", "1", TENSORPLUG_BACKENDS="OpenCL")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "the CPU plugin is installed but disabled" in done.stderr
+    assert "TENSORPLUG_BACKENDS=OpenCL,CPU" in done.stderr
+
+
+def test_no_devices_is_a_failure_with_advice_not_an_empty_table() -> None:
+    for command in ("devices", "doctor"):
+        done = _cli(command, TENSORPLUG_DISABLE="CPU,OpenCL,Ray")
+        assert done.returncode == 1, command
+        assert "no devices" in done.stderr and "pip install -e plugins/cpu" in done.stderr
+
+
+def test_install_hints_name_what_exists() -> None:
+    import tensorplug as tp
+
+    with pytest.raises(tp.BackendNotFoundError) as e:
+        tp.init_by_name("NOPE0")
+    assert "tensorplug-nope" not in str(e.value) and "plugins/" in str(e.value)
+
+
+def test_opencl_refuses_more_memory_than_the_device_has() -> None:
+    import tensorplug as tp
+
+    dev = tp.dev_by_name("OpenCL0")
+    if dev is None:
+        pytest.skip("no OpenCL device (pip install pocl-binary-distribution)")
+    free, total = dev.memory()
+    piece = dev.buffer_type().max_size // 2
+    tensors = [tp.new_tensor("i8", (piece,), f"t{i}") for i in range(total // piece + 2)]
+    with pytest.raises(tp.AllocationError, match=r"bytes requested but only \d+ of the device"):
+        tp.alloc_tensors(tensors, dev.buffer_type())
+    assert all(t.buffer is None for t in tensors)
+    assert dev.memory()[0] == free  # what was allocated before the refusal was given back

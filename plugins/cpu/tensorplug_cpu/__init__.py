@@ -42,7 +42,7 @@ def _score() -> tuple[int, str]:
         score += 8
         notes.append("numba JIT for quantized kernels")
     else:
-        notes.append("no numba (pip install tensorplug-cpu[numba] for faster quantized matvec)")
+        notes.append("no numba (pip install -e 'plugins/cpu[numba]' for faster quantized matvec)")
     return score, "; ".join(notes)
 
 

@@ -50,6 +50,13 @@ class OpenCLBufferType(BufferType):
         import pyopencl as cl
 
         dev = self.device
+        free, total = dev.memory()
+        if size > free:  # drivers like PoCL allocate lazily and would say yes to anything
+            raise AllocationError(
+                f"{self.name}: {size} bytes requested but only {free} of the device's {total} "
+                "bytes are free; free other buffers, use smaller tensors or place part of the "
+                "model on another device"
+            )
         try:
             # OpenCL refuses empty buffers; a zero-size tensorplug buffer still gets one
             mem = cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, max(size, self.alignment))

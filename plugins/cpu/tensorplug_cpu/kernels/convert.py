@@ -116,8 +116,6 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
         batches.append((dst[i], b[i], rows[r]))
 
     def scatter(table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> None:
-        if signed64 and idx.size and idx.min() < 0:
-            raise IndexError(f"negative row index {int(idx.min())}")
         if t in (Type.F32, Type.F16):
             table[idx] = values
         elif t == Type.BF16:
@@ -126,10 +124,17 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
             table[idx] = quantize(values, t).reshape(values.shape[0], *table.shape[1:])
 
     def run() -> None:
-        try:
-            for table, values, idx in batches:
-                scatter(table, values, idx)
-        except IndexError as e:
-            raise _index_error(node, e) from e
+        # every index checked before any row is written: a bad one must not leave the
+        # table (a KV cache) half updated
+        for table, _, idx in batches:
+            if idx.size:
+                signed = idx.astype(np.int64) if signed64 else idx.view(np.int32)
+                bad = signed[(signed < 0) | (signed >= table.shape[0])]
+                if bad.size:
+                    raise _index_error(
+                        node, IndexError(f"index {int(bad[0])} with {table.shape[0]} rows")
+                    )
+        for table, values, idx in batches:
+            scatter(table, values, idx)
 
     return run

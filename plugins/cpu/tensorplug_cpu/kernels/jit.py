@@ -86,7 +86,7 @@ def _try_load() -> tuple[JitKernels | None, str]:
 
         from . import _numba_quant  # noqa: F401  (compiles nothing yet; checks numba works)
     except ImportError:
-        return None, "numba not installed (pip install tensorplug-cpu[numba])"
+        return None, "numba not installed (pip install -e 'plugins/cpu[numba]')"
     except Exception as e:  # a numba build that does not match this numpy, etc.
         _log.warning("numba failed to import, using numpy kernels: %s", e)
         return None, f"numba failed to import: {type(e).__name__}: {e}"
