@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import settings
 from .discovery import Source
+from .errors import TensorplugError
 from .version import API_VERSION, __version__
 
 if TYPE_CHECKING:
@@ -325,6 +326,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("tensorplug").setLevel(logging.DEBUG)
     try:
         return int(args._run(args))
+    except TensorplugError as e:
+        # a user's mistake (a bad file, an unknown device, a bad setting): the message
+        # says what and how to fix it; a traceback would only bury it. Bugs of ours are
+        # other exception types and still show theirs.
+        print(f"tensorplug {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # the reader went away (`tensorplug check | head`): stop quietly, as Unix tools do;
         # stdout goes to devnull so the interpreter's final flush does not fail again

@@ -22,6 +22,7 @@ from .block import BlockConfig, BlockGraph, build_block, reference_block
 from .buffer import BufferUsage
 from .graph import Graph
 from .host import host_buffer_type
+from .llama.placement import device_named
 from .priority import by_priority, host_cpu
 from .quants import dequantize, quantize
 from .sched import Scheduler
@@ -29,6 +30,7 @@ from .transfer import get_array, set_array
 from .types import Type
 
 __all__ = ["add_arguments", "main"]
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=8, help="new tokens in the batch (default 8)")
@@ -46,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _backends(names: list[str] | None) -> list[Backend]:
-    devs = [registry.dev_by_name(n) for n in names] if names else list(registry.devices())
+    devs = [device_named(n) for n in names] if names else list(registry.devices())
     return [d.init_backend() for d in by_priority([*devs, host_cpu()])]
 
 

@@ -321,7 +321,7 @@ def prepare(
             return
     try:
         record.score, record.reason = registration.evaluate_score()
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # as at import: a sys.exit() must not end the app
         record.fail("score", e)
         return
     record.status = PluginStatus.SCORED if record.score > 0 else PluginStatus.UNSUPPORTED

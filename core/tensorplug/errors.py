@@ -17,6 +17,9 @@ __all__ = [
     "NotAllocatedError",
     "OutOfBoundsError",
     "PluginError",
+    "GraphError",
+    "OpParamError",
+    "RunError",
     "ShapeError",
     "TensorplugError",
     "TypeMismatchError",
@@ -74,3 +77,16 @@ class ApiVersionError(PluginError):
 
 class BackendNotFoundError(TensorplugError, LookupError):
     """No registered backend or device matches the requested name or type."""
+
+
+class GraphError(TensorplugError, ValueError):
+    """A graph cannot be built as given (a cycle, a source that is not a tensor)."""
+
+
+class OpParamError(TensorplugError, ValueError):
+    """An op's parameter is out of its range (a negative epsilon, a fractional axis)."""
+
+
+class RunError(TensorplugError, ValueError):
+    """A model run was asked for something impossible: a context of -5 tokens, a token
+    id outside the vocabulary, a prompt longer than the context."""

@@ -99,6 +99,9 @@ class GGUFFile:
 
     def __init__(self, path: str | PathLike[str]) -> None:
         self.path = Path(path)
+        if self.path.exists() and not self.path.is_file():
+            # a FIFO or device would block open() forever; a folder fails obscurely
+            raise GGUFError(f"{self.path} is not a regular file; give the path of a .gguf file")
         try:
             reader = _reader_class()(self.path, "r")
         except OSError:
@@ -120,6 +123,27 @@ class GGUFFile:
                     f"{self.path}: tensor {info.describe()} has {len(info.shape)} dimensions; "
                     "ggml tensors have at most 4"
                 )
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        """Every tensor's data aligned and apart from the others' (a damaged or hostile
+        file could alias two weights, and one write would change both)."""
+        rel = self.data_offset
+        previous: TensorInfo | None = None
+        for info in sorted(self.tensors.values(), key=lambda i: i.offset):
+            if (info.offset - rel) % self.alignment:
+                raise GGUFError(
+                    f"{self.path}: tensor {info.describe()} starts at data offset "
+                    f"{info.offset - rel}, not a multiple of general.alignment = "
+                    f"{self.alignment}; the file is damaged"
+                )
+            if previous is not None and previous.offset + previous.nbytes > info.offset:
+                raise GGUFError(
+                    f"{self.path}: tensors {previous.describe()} and {info.describe()} overlap "
+                    f"in the file (bytes {info.offset}..{previous.offset + previous.nbytes}); "
+                    "the file is damaged"
+                )
+            previous = info
 
     # -- metadata -----------------------------------------------------------------------
 
@@ -350,6 +374,8 @@ def _examples(tensors: Mapping[str, Any]) -> str:
 # GGUF scalar value types: id -> struct format (8 is a string, 9 an array)
 _SCALARS = dict(zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIif?Qqd", strict=True))
 _STRING, _ARRAY = 8, 9
+#: Arrays of arrays deeper than this are refused (the walker would recurse without end).
+_MAX_NESTING = 16
 
 
 class _Walker:
@@ -379,7 +405,12 @@ class _Walker:
         except UnicodeDecodeError:
             raise GGUFError(f"{self.path}: {what} is not valid UTF-8 ({raw[:40]!r})") from None
 
-    def value(self, vtype: int, what: str) -> Any:
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
+        if depth > _MAX_NESTING:
+            raise GGUFError(
+                f"{self.path}: {what} nests arrays more than {_MAX_NESTING} deep; GGUF metadata "
+                "never does, the file is damaged"
+            )
         if vtype in _SCALARS:
             return self.scalar(_SCALARS[vtype], what)
         if vtype == _STRING:
@@ -393,7 +424,7 @@ class _Walker:
                 self.take(count * struct.calcsize(_SCALARS[itype]), f"the {count} items of {what}")
                 return None
             for i in range(count):
-                self.value(itype, f"item {i} of {what}")
+                self.value(itype, f"item {i} of {what}", depth + 1)
             return None
         raise GGUFError(f"{self.path}: {what} has unknown value type {vtype}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
+from .errors import GraphError
 from .opcodes import Op
 from .tensor import Tensor, TensorFlag
 
@@ -32,20 +33,33 @@ class Graph:
 
     def expand(self, tensor: Tensor) -> Graph:
         """Add ``tensor`` and everything it depends on (``ggml_build_forward_expand``)."""
+        if not isinstance(tensor, Tensor):
+            raise GraphError(
+                f"a graph is built from Tensors, got {type(tensor).__name__} {tensor!r}"
+            )
         seen, nodes, leafs = self._seen, self.nodes, self.leafs
+        open_: set[int] = set()  # on the current path: meeting one again is a cycle
         # iterative DFS: deep graphs (thousands of layers) must not hit the recursion limit
         stack: list[tuple[Tensor, int]] = [(tensor, 0)]
         while stack:
             t, i = stack.pop()
-            if i == 0 and id(t) in seen:
-                continue
+            if i == 0:
+                if id(t) in seen:
+                    continue
+                open_.add(id(t))
             deps = t.src if t.view_src is None else (*t.src, t.view_src)
             if i < len(deps):
                 stack.append((t, i + 1))
                 child = deps[i]
+                if id(child) in open_:
+                    raise GraphError(
+                        f"{t.describe()} depends on itself through {child.describe()}: a "
+                        "source was changed after the graph was built; build the ops again"
+                    )
                 if id(child) not in seen:
                     stack.append((child, 0))
                 continue
+            open_.discard(id(t))
             if id(t) in seen:
                 continue
             seen.add(id(t))

@@ -16,10 +16,12 @@ Conventions (all numpy order, ``shape[-1]`` is ggml's ``ne[0]``):
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ShapeError, TypeMismatchError
+from .errors import OpParamError, ShapeError, TypeMismatchError
 from .opcodes import GluOp, Op, RopeMode, SortOrder, UnaryOp
 from .tensor import MAX_DIMS, Tensor
 from .types import Type
@@ -38,10 +40,27 @@ INDEX_TYPES = frozenset({Type.I32, Type.I64})
 # -- validation helpers ------------------------------------------------------------------
 
 
+def _tensor(op: str, what: str, t: object) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeMismatchError(
+            f"{op}: {what} must be a Tensor, got {type(t).__name__} {t!r}; scalars go through "
+            "ops.scale, or become tensors with new_tensor + set_array"
+        )
+    return t
+
+
 def _check_type(op: str, what: str, t: Tensor, allowed: frozenset[Type] | set[Type]) -> None:
+    _tensor(op, what, t)
     if t.type not in allowed:
         names = ", ".join(sorted(a.name for a in allowed))
         raise TypeMismatchError(f"{op}: {what} {t.describe()} must be one of {names}")
+
+
+def _eps(op: str, eps: float) -> float:
+    value = float(eps)
+    if not value >= 0 or math.isinf(value):  # NaN fails too
+        raise OpParamError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
+    return value
 
 
 def _fail(op: str, message: str) -> ShapeError:
@@ -77,6 +96,14 @@ def _view_like(
     a: Tensor, shape: Sequence[int], strides: Sequence[int], offset: int, op: Op,
     params: dict[str, Any] | None = None,
 ) -> Tensor:  # fmt: skip
+    _tensor(op.value, "a", a)
+    if offset % a.type.type_size:  # an element (or quant block) never starts mid-way
+        unit = "block" if a.type.block_size > 1 else "element"
+        raise _fail(
+            op.value,
+            f"byte offset {offset} does not start a {a.type.name} {unit} "
+            f"({a.type.type_size} bytes each)",
+        )
     out = Tensor(
         a.type, shape, strides=strides, op=op, src=(a,), op_params=params or {},
         view_src=a, view_offs=offset,
@@ -201,13 +228,13 @@ def swiglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tens
 def norm(a: Tensor, eps: float) -> Tensor:
     """Per row: ``(x - mean(x)) / sqrt(var(x) + eps)`` (population variance)."""
     _check_type("norm", "a", a, FLOAT_TYPES)
-    return _new(a.type, a.shape, Op.NORM, (a,), {"eps": float(eps)})
+    return _new(a.type, a.shape, Op.NORM, (a,), {"eps": _eps("norm", eps)})
 
 
 def rms_norm(a: Tensor, eps: float) -> Tensor:
     """Per row: ``x / sqrt(mean(x²) + eps)``, as llama's RMSNorm before its weight."""
     _check_type("rms_norm", "a", a, FLOAT_TYPES)
-    return _new(a.type, a.shape, Op.RMS_NORM, (a,), {"eps": float(eps)})
+    return _new(a.type, a.shape, Op.RMS_NORM, (a,), {"eps": _eps("rms_norm", eps)})
 
 
 # -- matrix products and attention -----------------------------------------------------------
@@ -323,9 +350,7 @@ def rope(
     if freq_factors is not None:
         _check_type("rope", "freq_factors", freq_factors, {Type.F32})
         if freq_factors.shape != (n_dims // 2,):
-            raise _fail(
-                "rope", f"freq_factors {freq_factors.describe()} must be ({n_dims // 2},)"
-            )
+            raise _fail("rope", f"freq_factors {freq_factors.describe()} must be ({n_dims // 2},)")
         src = (a, pos, freq_factors)
     params = {
         "n_dims": int(n_dims), "mode": mode, "freq_base": float(freq_base),
@@ -373,9 +398,7 @@ def flash_attn_ext(
             "(q/k share head dim; k/v share batch, heads and n_kv)",
         )
     if pq[-3] % pk[-3]:
-        raise _fail(
-            "flash_attn_ext", f"q heads {pq[-3]} must be a multiple of k/v heads {pk[-3]}"
-        )
+        raise _fail("flash_attn_ext", f"q heads {pq[-3]} must be a multiple of k/v heads {pk[-3]}")
     src: tuple[Tensor, ...] = (q, k, v)
     if mask is not None:
         _check_type("flash_attn_ext", "mask", mask, {Type.F32, Type.F16})
@@ -476,8 +499,10 @@ def set_rows(a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
             "set_rows", f"b {b.describe()} must be (*{list(a.shape[:-2])}, k, {a.shape[-1]})"
         )
     pr, pb = _padded(rows.shape, b.ndim - 1), _padded(b.shape[:-1], b.ndim - 1)
-    if rows.ndim > b.ndim - 1 or pr[-1] != pb[-1] or any(
-        dr not in (1, db) for dr, db in zip(pr[:-1], pb[:-1], strict=True)
+    if (
+        rows.ndim > b.ndim - 1
+        or pr[-1] != pb[-1]
+        or any(dr not in (1, db) for dr, db in zip(pr[:-1], pb[:-1], strict=True))
     ):
         raise _fail(
             "set_rows", f"rows {rows.describe()} must be (…, {b.shape[-2]}) to index b's rows"
@@ -567,7 +592,13 @@ def permute(a: Tensor, axes: Sequence[int]) -> Tensor:
     This is numpy's convention, not ggml's (whose ``ggml_permute`` says where each
     axis goes). A quantized tensor must keep its last axis last.
     """
-    axes = tuple(int(x) % a.ndim if -a.ndim <= x < a.ndim else -1 for x in axes)
+    try:
+        given = [operator.index(x) for x in axes if not isinstance(x, bool)]
+    except TypeError:
+        given = []
+    if len(given) != len(tuple(axes)):
+        raise OpParamError(f"permute: axes must be whole numbers, got {tuple(axes)!r}")
+    axes = tuple(x % a.ndim if -a.ndim <= x < a.ndim else -1 for x in given)
     if sorted(axes) != list(range(a.ndim)):
         raise _fail("permute", f"axes {axes} are not a permutation of range({a.ndim})")
     if a.type.is_quantized and axes[-1] != a.ndim - 1:

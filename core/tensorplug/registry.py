@@ -146,19 +146,44 @@ def _load_all_locked() -> None:
     selection = settings.Selection.from_env()  # a bad variable raises before anything changes
     _log.debug("loading plugins with %s", selection)
     with _mutating():
+        before = (list(_state.regs), list(_state.devices), dict(_state.hook_names),
+                  list(_state.records))  # fmt: skip
         try:
             _state.selection = selection
             _process(_all_candidates(selection), selection)
             _state.error = _requested_error(selection)
             _warn_failures()
-        finally:
-            _state.loaded = True
+        except BaseException:
+            # interrupted (Ctrl-C in a plugin's score or init, a bug of ours): forget the
+            # half load, so that the registry is not left "loaded" with half its backends
+            # and the next call loads again
+            _forget_load(*before)
+            raise
+        _state.loaded = True
     _log.debug(
         "registry ready: %d backends, %d devices (%s)",
         len(_state.regs),
         len(_state.devices),
         ", ".join(d.name for d in _state.devices) or "none",
     )
+
+
+def _forget_load(
+    regs: list[Reg],
+    devices: list[Device],
+    hook_names: dict[int, list[str]],
+    records: list[PluginRecord],
+) -> None:
+    if _state.pm is not None:
+        from .hooks import unregister_reg
+
+        for key, names in _state.hook_names.items():
+            if key not in hook_names:
+                unregister_reg(_state.pm, names)
+    _state.regs, _state.devices, _state.hook_names, _state.records = (
+        regs, devices, hook_names, records,
+    )  # fmt: skip
+    _state.loaded = False
 
 
 def _process(candidates: Sequence[Candidate], selection: settings.Selection) -> list[Reg]:

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 from .alloc import GraphAllocator
 from .backend import Backend, Event, Status
 from .device import DeviceType
-from .errors import UnsupportedError
+from .errors import TypeMismatchError, UnsupportedError
 from .sched_split import VIEW_LIKE, SplitContext, split_graph
-from .settings import SCHED_COPIES, SCHED_DEBUG
+from .settings import MAX_COPIES, SCHED_COPIES, SCHED_DEBUG
 from .tensor import Tensor, TensorFlag
 from .transfer import tensor_copy
 
@@ -79,6 +79,12 @@ class Scheduler:
         op_offload: bool = True,
     ) -> None:
         backends = tuple(backends)
+        for be in backends:
+            if not isinstance(be, Backend):
+                raise TypeMismatchError(
+                    f"Scheduler: {be!r} ({type(be).__name__}) is not a Backend; pass "
+                    "backends, e.g. tensorplug.init_by_name('CPU')"
+                )
         if not backends:
             raise ValueError("Scheduler needs at least one backend (the last one a CPU)")
         if len({id(b) for b in backends}) != len(backends):
@@ -111,8 +117,11 @@ class Scheduler:
         self.backends: tuple[Backend, ...] = backends
         self.buffer_types: tuple[BufferType, ...] = bufts
         copies = (SCHED_COPIES.get() if n_copies is None else n_copies) if parallel else 1
-        if parallel and copies < 2:
-            raise ValueError(f"pipeline parallelism needs n_copies >= 2, got {n_copies}")
+        if parallel and not 2 <= copies <= MAX_COPIES:
+            raise ValueError(
+                f"pipeline parallelism needs 2 <= n_copies <= {MAX_COPIES}, got {copies} "
+                "(each copy holds every split input and an event per backend)"
+            )
         self._n_copies = copies
         self._ctx = SplitContext(backends, bufts, copies)
         self._ctx.op_offload = op_offload

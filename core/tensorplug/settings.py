@@ -32,6 +32,7 @@ from .errors import TensorplugError
 
 __all__ = [
     "BACKENDS",
+    "MAX_COPIES",
     "BACKEND_PATH",
     "DISABLE",
     "SCHED_COPIES",
@@ -81,12 +82,14 @@ class Setting(Generic[T]):
 
 
 def _names(value: str) -> tuple[str, ...]:
-    """Comma-separated names, stripped, duplicates dropped, order kept."""
+    """Comma-separated names, stripped, duplicates dropped, order kept; at least one."""
     names: dict[str, str] = {}
     for part in value.split(","):
         name = part.strip()
         if name and name.casefold() not in names:
             names[name.casefold()] = name
+    if not names:
+        raise ValueError("it names no backend (unset it to mean every backend)")
     return tuple(names.values())
 
 
@@ -147,10 +150,15 @@ def _non_negative(value: str) -> int:
     return n
 
 
+#: Pipeline depth limit: each copy holds every split input and an event per backend
+#: (ggml caps it at 4; beyond a few copies nothing more overlaps).
+MAX_COPIES = 8
+
+
 def _copies(value: str) -> int:
     n = int(value)
-    if n < 2:
-        raise ValueError("pipeline parallelism needs at least 2 copies")
+    if not 2 <= n <= MAX_COPIES:
+        raise ValueError(f"pipeline parallelism needs 2 to {MAX_COPIES} copies")
     return n
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -50,11 +51,23 @@ def contiguous_strides(t: Type, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(strides)
 
 
+def _whole(value: object) -> int:
+    """``value`` as an int if it is a whole number (an int or numpy integer, not a bool, a
+    float or a string); raises TypeError otherwise."""
+    if isinstance(value, bool):
+        raise TypeError("a bool is not a size")
+    return operator.index(value)  # type: ignore[arg-type]
+
+
 def _check_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
     try:
-        dims = tuple(int(d) for d in shape)
+        if isinstance(shape, (str, bytes)):
+            raise TypeError
+        dims = tuple(_whole(d) for d in shape)
     except TypeError:
-        raise ShapeError(f"{what}: shape must be a sequence of ints, got {shape!r}") from None
+        raise ShapeError(
+            f"{what}: shape must be a sequence of whole numbers, got {shape!r}"
+        ) from None
     if not 1 <= len(dims) <= MAX_DIMS:
         raise ShapeError(
             f"{what}: tensors have 1 to {MAX_DIMS} dimensions, got shape {dims} "
@@ -120,6 +133,14 @@ class Tensor:
         self.op: Op = op
         self.op_params: dict[str, Any] = op_params if op_params is not None else {}
         self.src: tuple[Tensor, ...] = tuple(src)
+        for s in self.src:
+            if not isinstance(s, Tensor):
+                from .errors import TypeMismatchError
+
+                raise TypeMismatchError(
+                    f"{name or op.value}: a source is {type(s).__name__} {s!r}, not a Tensor; "
+                    "make constants tensors first (e.g. new_tensor + set_array)"
+                )
         self.flags: TensorFlag = TensorFlag.NONE
         self.name: str = name
         if view_src is not None and view_src.view_src is not None:

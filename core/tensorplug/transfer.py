@@ -16,6 +16,7 @@ from .errors import (
     AllocationError,
     LayoutMismatchError,
     NotAllocatedError,
+    OutOfBoundsError,
     ShapeError,
     TypeMismatchError,
 )
@@ -105,7 +106,12 @@ def tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None) -> byte
     """Read ``size`` raw bytes (default: to the end of the tensor) from byte ``offset``."""
     buf = tensor.require_allocated()
     n = tensor.nbytes - offset if size is None else size
-    out = bytearray(max(n, 0))
+    if n < 0:
+        raise OutOfBoundsError(
+            f"tensor_get: size {n} is negative (offset {offset}, tensor {tensor.describe()} "
+            f"spans {tensor.nbytes} bytes)"
+        )
+    out = bytearray(n)
     buf.get_tensor(tensor, memoryview(out), offset)
     return bytes(out)
 
@@ -166,6 +172,8 @@ def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, d
         )
     if src is dst:
         return
+    src.require_allocated()  # a freed buffer must not reach a backend's copy
+    dst.require_allocated()
     if backend_dst._cpy_tensor_async(backend_src, src, dst):
         return
     # ggml's fallback: finish what both streams have queued, then copy synchronously
@@ -200,6 +208,8 @@ def set_array(tensor: Tensor, values: np.ndarray) -> None:
             f"(expected {dtype}; use values.astype(...) or tensorplug.quants.quantize)"
         )
     buf = tensor.require_allocated()
+    if values.size == 0:  # nothing to write (and a memoryview of it cannot be cast)
+        return
     if tensor.is_contiguous:
         buf.set_tensor(tensor, _bytes_view(np.ascontiguousarray(values)), 0)
         return

@@ -72,7 +72,7 @@ class Type(enum.IntEnum):
                 return cls[value.upper()]
             except KeyError:
                 pass
-        elif isinstance(value, int):
+        elif isinstance(value, int) and not isinstance(value, bool):
             try:
                 return cls(value)
             except ValueError:

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from .. import ops
+from ..errors import RunError
 from ..gguf import GGUFError, GGUFFile
 from ..graph import Graph
 from ..opcodes import RopeMode
@@ -73,6 +74,7 @@ class LlamaConfig:
                 "(Llama 1-3, Mistral, TinyLlama and other models converted as llama)"
             )
         n_embd = f.value("llama.embedding_length", int)
+        _check_counts(f, n_embd)
         n_head = _per_layer_constant(f, "llama.attention.head_count")
         n_head_kv = _per_layer_constant(f, "llama.attention.head_count_kv", n_head)
         head_dim = f.value("llama.attention.key_length", int, n_embd // max(n_head, 1))
@@ -121,10 +123,24 @@ class LlamaConfig:
             rope_base=f.value("llama.rope.freq_base", float, 10000.0),
             rope_scale=1.0 / factor if factor else 1.0,
             rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
-            rope_n_ctx_orig=f.value(
-                "llama.rope.scaling.original_context_length", int, n_ctx_train
-            ),
+            rope_n_ctx_orig=f.value("llama.rope.scaling.original_context_length", int, n_ctx_train),
         )
+
+
+def _check_counts(f: GGUFFile, n_embd: int) -> None:
+    """Sizes that everything else is built from, checked before anything is: a block
+    count of 2^31 would otherwise allocate a 2^31-entry placement before any error."""
+    n_layer = f.value("llama.block_count", int)
+    blocks = {name.split(".")[1] for name in f.tensors if name.startswith("blk.")}
+    if not 1 <= n_layer <= len(blocks):
+        raise GGUFError(
+            f"{f.path}: llama.block_count = {n_layer}, but the file holds tensors for "
+            f"{len(blocks)} blocks (blk.0 ...); the file is damaged or mislabelled"
+        )
+    for key, value in (("llama.embedding_length", n_embd),
+                       ("llama.context_length", f.value("llama.context_length", int))):  # fmt: skip
+        if value < 1:
+            raise GGUFError(f"{f.path}: {key} = {value}; it must be at least 1")
 
 
 def _per_layer_constant(f: GGUFFile, key: str, default: int | None = None) -> int:
@@ -259,7 +275,7 @@ class KVCache:
     @classmethod
     def describe(cls, cfg: LlamaConfig, n_ctx: int, type: Type = Type.F16) -> KVCache:
         if type not in (Type.F32, Type.F16):
-            raise ValueError(f"KV cache type must be F32 or F16, got {type.name}")
+            raise RunError(f"KV cache type must be F32 or F16, got {type.name}")
         shape = (n_ctx, cfg.n_embd_kv)
         k = [new_tensor(type, shape, f"cache_k_l{i}") for i in range(cfg.n_layer)]
         v = [new_tensor(type, shape, f"cache_v_l{i}") for i in range(cfg.n_layer)]
@@ -308,9 +324,9 @@ def build_step(
 ) -> StepGraph:
     """The forward pass of ``n_tokens`` tokens over cache rows ``[0, n_kv)``."""
     if not 0 < n_outputs <= n_tokens:
-        raise ValueError(f"n_outputs must be in 1..n_tokens={n_tokens}, got {n_outputs}")
+        raise RunError(f"n_outputs must be in 1..n_tokens={n_tokens}, got {n_outputs}")
     if not n_tokens <= n_kv <= cache.n_ctx:
-        raise ValueError(f"need n_tokens ({n_tokens}) <= n_kv ({n_kv}) <= n_ctx ({cache.n_ctx})")
+        raise RunError(f"need n_tokens ({n_tokens}) <= n_kv ({n_kv}) <= n_ctx ({cache.n_ctx})")
     T, hd = n_tokens, cfg.head_dim
     tokens = new_tensor(Type.I32, (T,), "inp_tokens").set_input()
     pos = new_tensor(Type.I32, (T,), "inp_pos").set_input()

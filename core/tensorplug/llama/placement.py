@@ -71,7 +71,11 @@ class Placement:
         the last device of the list when it has no host CPU)."""
         order = list(reversed(by_priority(devices)))
         if not order:
-            raise ValueError("Placement.spread needs at least one device")
+            raise BackendNotFoundError(
+                "no device to place the model on: no backend plugin is loaded (see "
+                "`tensorplug doctor`; install one, e.g. pip install -e plugins/cpu, or check "
+                "TENSORPLUG_DISABLE and TENSORPLUG_BACKENDS)"
+            )
         k = len(order)
         layers = tuple(order[min(i * k // max(n_layer, 1), k - 1)] for i in range(n_layer))
         first = order[0] if is_host_cpu(order[0]) else order[-1]

@@ -31,7 +31,7 @@ import numpy as np
 from ..alloc import alloc_tensors
 from ..backend import Backend, Status
 from ..buffer import Buffer, BufferUsage
-from ..errors import ComputeAbortedError
+from ..errors import ComputeAbortedError, RunError
 from ..gguf import GGUFError, GGUFFile
 from ..sched import Scheduler
 from ..tensor import Tensor
@@ -53,7 +53,7 @@ __all__ = ["ContextFullError", "Generation", "Llama", "SplitSummary", "Timings"]
 GRAPH_CACHE = 8
 
 
-class ContextFullError(ValueError):
+class ContextFullError(RunError):
     """More tokens than the context (``n_ctx``) holds."""
 
 
@@ -148,12 +148,12 @@ class Llama:
             self.vocab, self.vocab_error = None, str(e)
         self.n_ctx = n_ctx or min(cfg.n_ctx_train, 512)
         if n_batch < 1 or kv_pad < 1 or self.n_ctx < 1:
-            raise ValueError(f"need n_ctx, n_batch, kv_pad >= 1 (got {n_ctx}, {n_batch}, {kv_pad})")
+            raise RunError(f"need n_ctx, n_batch, kv_pad >= 1 (got {n_ctx}, {n_batch}, {kv_pad})")
         self.n_batch = min(n_batch, self.n_ctx)
         self.kv_pad = kv_pad
         self.placement = placement or Placement.offload(cfg.n_layer, cfg.n_layer + 1)
         if len(self.placement.layers) != cfg.n_layer:
-            raise ValueError(
+            raise RunError(
                 f"the placement has {len(self.placement.layers)} blocks; the model has "
                 f"{cfg.n_layer}"
             )
@@ -236,10 +236,10 @@ class Llama:
         """
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
-            raise ValueError("eval needs at least one token")
+            raise RunError("eval needs at least one token")
         bad = ids[(ids < 0) | (ids >= self.config.n_vocab)]
         if bad.size:
-            raise ValueError(
+            raise RunError(
                 f"token id {int(bad[0])} is outside the vocabulary (0..{self.config.n_vocab - 1})"
             )
         if self.n_past + ids.size > self.n_ctx:
@@ -322,7 +322,7 @@ class Llama:
         sampler = sampler or Sampler()
         n = len(prompt)
         if n == 0:
-            raise ValueError("generate needs a prompt of at least one token (e.g. BOS)")
+            raise RunError("generate needs a prompt of at least one token (e.g. BOS)")
         kept = []
         for s in range(0, n, self.n_batch):
             kept.append(self.eval(prompt[s : s + self.n_batch], all_logits=prompt_logits))

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import RunError
+
 __all__ = ["Sampler", "SamplerParams"]
 
 
@@ -30,9 +32,7 @@ class Sampler:
     def __init__(self, params: SamplerParams | None = None) -> None:
         self.params = params or SamplerParams()
         if self.params.top_p <= 0.0:
-            raise ValueError(
-                f"top_p must be positive (1 keeps every token), got {self.params.top_p}"
-            )
+            raise RunError(f"top_p must be positive (1 keeps every token), got {self.params.top_p}")
         self.rng = np.random.default_rng(self.params.seed)
 
     @property

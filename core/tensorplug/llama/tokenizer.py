@@ -18,6 +18,7 @@ import codecs
 import heapq
 from dataclasses import dataclass, field
 
+from ..errors import RunError
 from ..gguf import GGUFError, GGUFFile
 
 __all__ = ["StreamDecoder", "TokenType", "Vocab"]
@@ -54,7 +55,7 @@ class Vocab:
     def __post_init__(self) -> None:
         n = len(self.tokens)
         if len(self.scores) != n or len(self.types) != n:
-            raise ValueError(
+            raise RunError(
                 f"vocabulary: {n} tokens but {len(self.scores)} scores and {len(self.types)} types"
             )
         self._ids = {text: i for i, text in enumerate(self.tokens)}  # the last duplicate wins
@@ -155,7 +156,7 @@ class Vocab:
             if tid is None:
                 tid = self.unk
             if tid is None:
-                raise ValueError(
+                raise RunError(
                     f"cannot encode {piece!r}: the vocabulary has neither a byte token "
                     f"<0x{b:02X}> nor an unknown token"
                 )
@@ -167,7 +168,7 @@ class Vocab:
     def piece(self, tid: int) -> bytes:
         """The bytes token ``tid`` stands for in output text."""
         if not 0 <= tid < len(self.tokens):
-            raise ValueError(f"token id {tid} is outside the vocabulary (0..{len(self) - 1})")
+            raise RunError(f"token id {tid} is outside the vocabulary (0..{len(self) - 1})")
         kind, text = self.types[tid], self.tokens[tid]
         if kind == TokenType.BYTE:
             return bytes([int(text[3:5], 16)])

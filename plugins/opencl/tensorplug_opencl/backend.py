@@ -27,6 +27,8 @@ from .errors import translate
 from .launch import Launch, arg_dtypes, cl_buffer
 
 if TYPE_CHECKING:
+    from tensorplug.buffer import Buffer
+
     from .device import OpenCLDevice
 
 __all__ = ["OpenCLBackend", "OpenCLGraphPlan"]
@@ -43,6 +45,7 @@ class OpenCLGraphPlan(GraphPlan):
     def __init__(self, backend: OpenCLBackend, graph: Graph) -> None:
         super().__init__(backend, graph)
         self.bound: list[tuple[Any, Launch, Tensor]] = []
+        self.buffers: list[Buffer] = []
         self.bind(graph)
 
     def bind(self, graph: Graph) -> None:
@@ -54,6 +57,23 @@ class OpenCLGraphPlan(GraphPlan):
                 backend.set_args(kernel, launch, node)
                 bound.append((kernel, launch, node))
         self.graph, self.bound = graph, bound
+        # the buffers the bound arguments point into: a kernel given a freed cl.Buffer
+        # crashes the process, so computing checks them first
+        self.buffers = list({id(b): b for b in _buffers_of(graph)}.values())
+
+    def check_live(self) -> None:
+        for buf in self.buffers:
+            buf._check_live()
+
+
+def _buffers_of(graph: Graph) -> list[Buffer]:
+    out = []
+    for node in graph.nodes:
+        for t in (node, *node.src):
+            buf = t.buffer if t.view_src is None else t.view_src.buffer
+            if buf is not None:
+                out.append(buf)
+    return out
 
 
 class OpenCLBackend(Backend):
@@ -117,6 +137,8 @@ class OpenCLBackend(Backend):
 
     def _graph_compute(self, graph: Graph) -> Status:
         limits = self.device.limits
+        for buf in _buffers_of(graph):
+            buf._check_live()
         for node in graph.nodes:
             for launch in encode(node, limits):
                 kernel = self._kernel(launch)
@@ -133,7 +155,9 @@ class OpenCLBackend(Backend):
         self._own_plan(plan).bind(graph)
 
     def graph_plan_compute(self, plan: GraphPlan) -> Status:
-        for kernel, launch, node in self._own_plan(plan).bound:
+        own = self._own_plan(plan)
+        own.check_live()  # raises BufferFreedError instead of handing a freed buffer to a kernel
+        for kernel, launch, node in own.bound:
             self._enqueue(kernel, launch, node)
         return Status.SUCCESS
 

@@ -1,0 +1,94 @@
+"""Bad arguments to the tensor/graph API: each refused when given, naming what was wrong,
+through the TensorplugError hierarchy — never an AttributeError from inside, never
+accepted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import tensorplug as tp
+from tensorplug import ops
+
+
+def _x() -> tp.Tensor:
+    return tp.new_tensor("f32", (4, 4), "x")
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "match"),
+    [
+        (lambda: ops.add(_x(), 3.0), tp.TypeMismatchError, "b must be a Tensor, got float 3.0"),
+        (lambda: ops.mul_mat(None, _x()), tp.TypeMismatchError, "must be a Tensor, got NoneType"),
+        (lambda: tp.Graph([1, 2]), tp.GraphError, "built from Tensors, got int 1"),
+        (lambda: tp.Scheduler([None]), tp.TypeMismatchError, "None .NoneType. is not a Backend"),
+        (lambda: ops.rms_norm(_x(), -1.0), tp.OpParamError, "eps must be a finite number >= 0"),
+        (lambda: ops.norm(_x(), float("nan")), tp.OpParamError, "eps must be a finite number"),
+        (lambda: tp.new_tensor("f32", (2.5, 3)), tp.ShapeError, "sequence of whole numbers"),
+        (lambda: tp.new_tensor("f32", "abc"), tp.ShapeError, "got 'abc'"),
+        (lambda: tp.new_tensor("f32", (True, 3)), tp.ShapeError, "whole numbers"),
+        (
+            lambda: ops.permute(tp.new_tensor("f32", (2, 3, 4)), (0.5, 1, 2)),
+            tp.OpParamError,
+            "axes must be whole numbers",
+        ),
+        (lambda: tp.new_tensor(True, (2,)), tp.TypeMismatchError, "unknown tensor type True"),
+        (lambda: ops.view(_x(), (2,), offset=2), tp.ShapeError, "offset 2 does not start"),
+        (
+            lambda: ops.view(tp.new_tensor("q8_0", (2, 32)), (32,), offset=17),
+            tp.ShapeError,
+            "does not start a Q8_0 block",
+        ),
+    ],
+)
+def test_bad_arguments_are_refused_when_the_graph_is_built(
+    build: Callable[[], object], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_a_cycle_made_after_building_is_an_error_not_a_hang() -> None:
+    a = tp.new_tensor("f32", (2,), "a")
+    b = ops.neg(a).set_name("b")
+    c = ops.neg(b).set_name("c")
+    b.src = (c,)  # b now depends on c, which depends on b
+    with pytest.raises(tp.GraphError, match="depends on itself"):
+        tp.Graph(c)
+
+
+def test_zero_element_tensors_move_nothing_without_error() -> None:
+    z = tp.new_tensor("f32", (0, 4), "z")
+    tp.alloc_tensors([z], tp.host_buffer_type())
+    tp.set_array(z, np.zeros((0, 4), np.float32))
+    assert tp.get_array(z).shape == (0, 4)
+    assert tp.tensor_get(z) == b""
+
+
+def test_negative_sizes_are_out_of_bounds() -> None:
+    x = _x()
+    tp.alloc_tensors([x], tp.host_buffer_type())
+    with pytest.raises(tp.OutOfBoundsError, match="size -5 is negative"):
+        tp.tensor_get(x, 0, -5)
+
+
+def test_pipeline_copies_are_capped() -> None:
+    cpu = tp.init_by_name("CPU")
+    with pytest.raises(ValueError, match="needs 2 <= n_copies <= 8, got 100000000"):
+        tp.Scheduler([cpu], parallel=True, n_copies=10**8)
+    code = "import tensorplug as tp; tp.Scheduler([tp.init_by_name('CPU')], parallel=True)"
+    env = dict(os.environ, TENSORPLUG_SCHED_COPIES="99999999")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 1 and "2 to 8 copies" in done.stderr
+
+
+def test_a_backend_list_naming_nothing_is_refused() -> None:
+    env = dict(os.environ, TENSORPLUG_BACKENDS=",,")
+    done = subprocess.run([sys.executable, "-c", "import tensorplug as tp; tp.devices()"],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert done.returncode == 1 and "TENSORPLUG_BACKENDS=',,': it names no backend" in done.stderr

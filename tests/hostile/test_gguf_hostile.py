@@ -1,0 +1,97 @@
+"""Damaged and hostile GGUF files: each is refused with a GGUFError that says what is wrong,
+quickly, without a crash, a hang or a huge allocation."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensorplug.gguf import GGUFError, GGUFFile
+from tensorplug.llama.tiny import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return write_tiny_llama(tmp_path_factory.mktemp("g") / "t.gguf", "f32", 0).read_bytes()
+
+
+def _kv_value_at(data: bytes, key: str) -> int:
+    """Byte position of a metadata key's value (after its type)."""
+    raw = key.encode()
+    i = data.index(struct.pack("<Q", len(raw)) + raw)
+    return i + 8 + len(raw) + 4
+
+
+def _tensor_offset_at(data: bytes, name: str) -> int:
+    raw = name.encode()
+    i = data.rindex(struct.pack("<Q", len(raw)) + raw) + 8 + len(raw)
+    n_dims = struct.unpack_from("<I", data, i)[0]
+    return i + 4 + 8 * n_dims + 4
+
+
+def _patched(tmp_path: Path, data: bytes, at: int, fmt: str, value: int) -> Path:
+    buf = bytearray(data)
+    struct.pack_into(fmt, buf, at, value)
+    path = tmp_path / "patched.gguf"
+    path.write_bytes(bytes(buf))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("llama.block_count", 2**31, r"block_count = 2147483648, but the file holds tensors for 2"),
+        ("llama.block_count", 0, r"block_count = 0"),
+        ("llama.context_length", 0, r"llama.context_length = 0; it must be at least 1"),
+    ],
+)
+def test_impossible_sizes_are_refused_before_anything_is_built(
+    tiny: bytes, tmp_path: Path, key: str, value: int, match: str
+) -> None:
+    from tensorplug.llama.model import LlamaConfig
+
+    path = _patched(tmp_path, tiny, _kv_value_at(tiny, key), "<I", value)
+    with pytest.raises(GGUFError, match=match):
+        LlamaConfig.from_gguf(GGUFFile(path))
+
+
+def test_overlapping_tensors_are_refused(tiny: bytes, tmp_path: Path) -> None:
+    first = struct.unpack_from("<Q", tiny, _tensor_offset_at(tiny, "blk.0.attn_q.weight"))[0]
+    path = _patched(tmp_path, tiny, _tensor_offset_at(tiny, "blk.0.attn_k.weight"), "<Q", first)
+    with pytest.raises(GGUFError, match="overlap in the file"):
+        GGUFFile(path)
+
+
+def test_misaligned_tensor_data_is_refused(tiny: bytes, tmp_path: Path) -> None:
+    at = _tensor_offset_at(tiny, "blk.0.attn_q.weight")
+    offset = struct.unpack_from("<Q", tiny, at)[0]
+    path = _patched(tmp_path, tiny, at, "<Q", offset + 4)
+    with pytest.raises(GGUFError, match="not a multiple of general.alignment"):
+        GGUFFile(path)
+
+
+def test_arrays_nested_1200_deep_are_refused_without_recursion_error(tmp_path: Path) -> None:
+    key = b"evil"
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    head += struct.pack("<I", 9)  # the value is an array...
+    head += struct.pack("<IQ", 9, 1) * 1200  # ...of one array, 1200 times over
+    head += struct.pack("<IQ", 0, 0)  # the innermost: no uint8 at all
+    path = tmp_path / "nested.gguf"
+    path.write_bytes(head)
+    with pytest.raises(GGUFError, match="nests arrays more than 16 deep"):
+        GGUFFile(path)
+
+
+def test_a_fifo_is_refused_instead_of_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    code = f"from tensorplug.gguf import GGUFFile\nGGUFFile({str(fifo)!r})"
+    # in a subprocess with a time limit: the bug this guards against is a hang
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "is not a regular file" in done.stderr and "GGUFError" in done.stderr
