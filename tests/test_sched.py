@@ -409,6 +409,30 @@ def test_pipeline_parallel_copies_alternate_and_overlap_with_events(
     assert "record" in acc.log  # splits with inputs mark their copy slot with an event
 
 
+def test_pipeline_copies_reserve_a_slot_per_copy_for_graph_inputs_too(cpu: tp.Backend) -> None:
+    """Each extra copy adds, in the CPU's compute buffer, one slot for every split input
+    copied to the CPU and one for every graph input (tokens, pos, mask), as in ggml."""
+    align = cpu.buffer_type().alignment
+
+    def aligned(t: tp.Tensor) -> int:
+        return -(-t.nbytes // align) * align
+
+    sizes, per_copy = [], set()
+    for n_copies in (2, 3, 4):
+        acc = schedkit.TestAccelReg(n_devices=1).devices()[0].init_backend("min_batch=4")
+        m = schedkit.build_llama(**CFG)
+        load_weights(m, m.weight_values(), lambda _, acc=acc: acc.buffer_type())
+        sched = Scheduler([acc, cpu], parallel=True, n_copies=n_copies)
+        sched.alloc_graph(m.graph)
+        sizes.append(sched.buffer_size(cpu))
+        on_cpu = [sp for sp in sched.splits if sched.backends[sp.backend_id] is cpu]
+        to_cpu = [i for sp in on_cpu for i in sp.inputs]
+        inputs = [t for t in m.graph.leafs if t.flags & tp.TensorFlag.INPUT]
+        assert {t.name for t in inputs} == {"tokens", "pos", "mask"}
+        per_copy.add(sum(map(aligned, to_cpu)) + sum(map(aligned, inputs)))
+    assert len(per_copy) == 1 and per_copy.pop() == sizes[1] - sizes[0] == sizes[2] - sizes[1]
+
+
 def test_async_copies_between_two_accelerators(cpu: tp.Backend, reg: schedkit.TestAccelReg) -> None:
     acc0, acc1 = (d.init_backend() for d in reg.devices())
     m = schedkit.build_llama(**CFG)
