@@ -129,7 +129,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.model is None:
             names = _device_names(args) or None
-            return demo_model(None, args.weights, devices=names, args=args)
+            # as with a model file: the text on stdout, everything else on stderr
+            return demo_model(None, args.weights, devices=names, args=args, log=sys.stderr)
         return run_model(args)
     except (GGUFError, ContextFullError, TensorplugError, OSError) as e:
         print(f"tensorplug run: error: {e}", file=sys.stderr)
@@ -391,7 +392,8 @@ def _report(model: Llama, log: TextIO) -> None:
         sample = t.sample_s / max(t.samples, 1)
         print(
             f"generation: {n:5d} tokens in {t.gen_s * 1e3:8.1f} ms = {t.gen_tps:8.1f} "
-            f"tokens/s (per token: compute {t.gen_compute_s / n * 1e3:.2f} ms, Python "
+            f"tokens/s, counted as llama.cpp does: the first new token comes with the prompt "
+            f"(per token: compute {t.gen_compute_s / n * 1e3:.2f} ms, Python "
             f"{py * 1e3:.2f} ms, sampling {sample * 1e3:.2f} ms)",
             file=log,
         )
@@ -410,6 +412,7 @@ def demo_model(
     seed: int = 0,
     args: argparse.Namespace | None = None,
     out: TextIO | None = None,
+    log: TextIO | None = None,
 ) -> int:
     """Run a llama model over several devices and check it against a CPU-only run.
 
@@ -417,7 +420,8 @@ def demo_model(
     (into a temporary folder). Its blocks are spread over ``devices`` (names; default
     every loaded device) through the scheduler, the prompt is evaluated and
     ``n_predict`` tokens generated greedily, and the devices, placement, splits,
-    copies, memory and tokens/s are printed to ``out`` (stdout). The prompt's logits
+    copies, memory and tokens/s are printed to ``log`` (default: ``out``, stdout), the
+    generated text to ``out``. The prompt's logits
     are then recomputed with everything on the CPU: the exit code is 0 when they
     agree (max difference at most 1e-4 of the largest logit), 1 otherwise. ``args``
     (``tensorplug run``'s options) replaces ``n_predict``, ``prompt`` and ``seed``.
@@ -428,6 +432,7 @@ def demo_model(
     from .tiny import write_tiny_llama
 
     out = out or sys.stdout
+    log = log or out  # everything but the generated text (``run`` sends it to stderr)
     devs = by_priority([device_named(n) for n in devices] if devices else registry.devices())
     ns = argparse.Namespace(**vars(args)) if args is not None else _demo_args(n_predict, seed)
     if args is None:
@@ -437,20 +442,24 @@ def demo_model(
             wtype = Type.parse(weight_type)
             path = Path(tmp) / f"tiny-llama-{wtype.name.lower()}.gguf"
             write_tiny_llama(path, wtype, ns.seed, n_layer=max(4, len(devs)))
-            print(f"wrote a tiny random-weight llama ({wtype.name}) with the gguf writer", file=out)
+            print(
+                f"wrote a tiny random-weight llama ({wtype.name}) with the gguf writer; its "
+                "weights are random, so the text it generates is gibberish by design",
+                file=log,
+            )
         ns.model = str(path)
         model = _load(ns, lambda n_layer: Placement.spread(devs, n_layer))
         try:
-            session = _session(model, ns, out, out, keep_logits=True)
+            session = _session(model, ns, log, out, keep_logits=True)
             if session is None:
                 return 1
-            _report(model, out)
+            _report(model, log)
             prompt_ids, gen = session
             assert gen.prompt_logits is not None
             got = gen.prompt_logits
             if getattr(ns, "logits_out", None):
                 np.save(ns.logits_out, got)
-                print(f"saved prompt logits {got.shape} to {ns.logits_out}", file=out)
+                print(f"saved prompt logits {got.shape} to {ns.logits_out}", file=log)
         finally:
             model.close()
         cpu_only = Llama(
@@ -470,6 +479,6 @@ def demo_model(
     print(
         f"check: the prompt logits {verdict} a CPU-only run (max difference {err:.1e} "
         "of the largest logit)",
-        file=out,
+        file=log,
     )
     return 0 if ok else 1
