@@ -91,3 +91,15 @@ def test_opencl_refuses_more_memory_than_the_device_has() -> None:
         tp.alloc_tensors(tensors, dev.buffer_type())
     assert all(t.buffer is None for t in tensors)
     assert dev.memory()[0] == free  # what was allocated before the refusal was given back
+
+
+def test_a_reader_that_goes_away_is_not_an_error() -> None:
+    """`tensorplug run | head`: no 'Broken pipe' message, no traceback."""
+    cli = subprocess.Popen([sys.executable, "-m", "tensorplug", "run", "-n", "200"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert cli.stdout is not None and cli.stderr is not None
+    cli.stdout.read(1)
+    cli.stdout.close()  # what head does after its bytes
+    err = cli.stderr.read().decode()
+    cli.wait(timeout=300)
+    assert "Broken pipe" not in err and "Traceback" not in err

@@ -132,6 +132,8 @@ def main(args: argparse.Namespace) -> int:
             # as with a model file: the text on stdout, everything else on stderr
             return demo_model(None, args.weights, devices=names, args=args, log=sys.stderr)
         return run_model(args)
+    except BrokenPipeError:
+        raise  # the reader went away (`run | head`): the CLI stops quietly
     except (GGUFError, ContextFullError, TensorplugError, OSError) as e:
         print(f"tensorplug run: error: {e}", file=sys.stderr)
         return 1
