@@ -78,6 +78,31 @@ def _check_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
     return dims
 
 
+class OpParams(dict):  # type: ignore[type-arg]
+    """An op's parameters, fixed when the op is built.
+
+    Backends compile a node once (the CPU backend's plans, GPU kernels' bound arguments,
+    a remote description) and reuse it while the graph is unchanged, so a parameter
+    changed in place later would be silently ignored. It is refused instead: build the
+    op again with the new value.
+    """
+
+    def _fixed(self, *args: Any, **kwargs: Any) -> None:
+        from .errors import OpParamError
+
+        raise OpParamError(
+            "op params are fixed when the op is built (backends compile them into plans); "
+            "build the op again with the new value"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Any]]]:
+        return (OpParams, (dict(self),))  # copies and pickles rebuild it whole
+
+    __setitem__ = __delitem__ = _fixed
+    clear = pop = popitem = setdefault = update = _fixed  # type: ignore[assignment]
+    __ior__ = _fixed  # type: ignore[assignment]
+
+
 class Tensor:
     """A node of a compute graph: type, layout, producing op and (later) its memory."""
 
@@ -131,7 +156,7 @@ class Tensor:
             if any(s < 0 for s in self.strides):
                 raise ShapeError(f"{name or 'tensor'}: negative strides {self.strides}")
         self.op: Op = op
-        self.op_params: dict[str, Any] = op_params if op_params is not None else {}
+        self.op_params: dict[str, Any] = OpParams(op_params or {})
         self.src: tuple[Tensor, ...] = tuple(src)
         for s in self.src:
             if not isinstance(s, Tensor):

@@ -92,3 +92,19 @@ def test_a_backend_list_naming_nothing_is_refused() -> None:
     done = subprocess.run([sys.executable, "-c", "import tensorplug as tp; tp.devices()"],
                           capture_output=True, text=True, env=env)  # fmt: skip
     assert done.returncode == 1 and "TENSORPLUG_BACKENDS=',,': it names no backend" in done.stderr
+
+
+def test_op_params_cannot_change_behind_a_compiled_plan() -> None:
+    """Backends compile a node's params once; changing them in place would be ignored."""
+    cpu = tp.init_by_name("CPU")
+    x = tp.new_tensor("f32", (2, 4), "x")
+    y = ops.scale(x, 2.0)
+    tp.alloc_tensors([x, y], cpu.buffer_type())
+    tp.set_array(x, np.ones((2, 4), np.float32))
+    cpu.graph_compute(tp.Graph(y))
+    with pytest.raises(tp.OpParamError, match="build the op again"):
+        y.op_params["scale"] = 3.0
+    with pytest.raises(tp.OpParamError, match="fixed when the op is built"):
+        y.op_params.update(scale=3.0)
+    cpu.graph_compute(tp.Graph(y))
+    np.testing.assert_array_equal(tp.get_array(y), np.full((2, 4), 2.0, np.float32))
