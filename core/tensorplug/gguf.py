@@ -25,6 +25,7 @@ bytes are missing — instead of the reader's bare numpy error.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from collections.abc import Iterable, Mapping
@@ -312,6 +313,14 @@ def _reader_class() -> type:
     from gguf import GGUFReader, GGUFValueType
 
     class BulkArrayReader(GGUFReader):
+        def _get_str(self, offset: int) -> Any:
+            # the stock reader slices past the end without noticing: a length of 2^64-1 in
+            # the last key gave whatever bytes were left instead of an error
+            slen, data = super()._get_str(offset)
+            if slen.size != 1 or data.size != int(slen[0]):
+                raise ValueError("truncated string")
+            return slen, data
+
         def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
             if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
                 return super()._get_field_parts(orig_offs, raw_type)
@@ -482,7 +491,8 @@ def _walk(w: _Walker, quant_sizes: Mapping[Any, tuple[int, int]], qtype: Any) ->
                 f"{w.path}: tensor {name!r} has rows of {dims[0]} elements, not a whole number "
                 f"of {qtype(type_id).name} blocks of {block}"
             )
-        infos.append((name, type_id, int(np.prod(dims or [1])) // block * tsize, offset))
+        # Python ints: numpy's product wraps around for dims like 2^40 x 2^40
+        infos.append((name, type_id, math.prod(dims or [1]) // block * tsize, offset))
     if alignment <= 0 or alignment & (alignment - 1):
         raise GGUFError(f"{w.path}: general.alignment = {alignment} is not a power of two")
     start = -(-w.pos // alignment) * alignment

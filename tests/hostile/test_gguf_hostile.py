@@ -95,3 +95,29 @@ def test_a_fifo_is_refused_instead_of_blocking(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "is not a regular file" in done.stderr and "GGUFError" in done.stderr
+
+
+def _kv_string(key: str, length: int, payload: bytes) -> bytes:
+    raw = key.encode()
+    return struct.pack("<Q", len(raw)) + raw + struct.pack("<IQ", 8, length) + payload
+
+
+def test_a_string_longer_than_the_file_is_refused_not_clipped(tmp_path: Path) -> None:
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 2)
+    head += _kv_string("general.architecture", 5, b"llama")
+    head += _kv_string("general.name", 2**64 - 1, b"short")  # the last key: nothing after it
+    path = tmp_path / "long-string.gguf"
+    path.write_bytes(head)
+    with pytest.raises(GGUFError, match="is truncated: metadata key 'general.name' needs bytes"):
+        GGUFFile(path)
+
+
+def test_dims_whose_product_overflows_name_the_tensor(tmp_path: Path) -> None:
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + _kv_string("general.architecture", 5, b"llama")
+    head += struct.pack("<Q", 1) + b"w" + struct.pack("<I", 2) + struct.pack("<QQ", 2**40, 2**40)
+    head += struct.pack("<IQ", 0, 0)
+    head += b"\0" * (-len(head) % 32) + b"\0" * 64
+    path = tmp_path / "huge.gguf"
+    path.write_bytes(head)
+    with pytest.raises(GGUFError, match="the data of tensor 'w' needs bytes"):
+        GGUFFile(path)
