@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from .alloc import GraphAllocator
 from .backend import Backend, Event, Status
 from .device import DeviceType
-from .errors import TypeMismatchError, UnsupportedError
+from .errors import GraphError, TypeMismatchError, UnsupportedError
 from .sched_split import VIEW_LIKE, SplitContext, split_graph
 from .settings import MAX_COPIES, SCHED_COPIES, SCHED_DEBUG
 from .tensor import Tensor, TensorFlag
@@ -131,6 +131,7 @@ class Scheduler:
             self._events = [[_new_event(be) for _ in range(copies)] for be in backends]
         self._split: SplitResult | None = None
         self._allocated: Graph | None = None
+        self._allocated_size = (0, 0)
         self._next_copy = 0
         self.eval_callback: EvalCallback | None = None
 
@@ -242,6 +243,7 @@ class Scheduler:
             self._split = None
             raise
         self._allocated = graph
+        self._allocated_size = (len(graph.nodes), len(graph.leafs))
 
     def graph_compute(self, graph: Graph) -> Status:
         """Compute ``graph`` (allocating it first if needed) and wait for it."""
@@ -253,6 +255,13 @@ class Scheduler:
         """Start computing ``graph``; results are ready after :meth:`synchronize`."""
         if self._allocated is not graph:
             self.alloc_graph(graph)
+        elif (len(graph.nodes), len(graph.leafs)) != self._allocated_size:
+            n, m = self._allocated_size
+            raise GraphError(
+                f"the graph changed after alloc_graph ({n} nodes and {m} leafs then, "
+                f"{len(graph.nodes)} and {len(graph.leafs)} now): call alloc_graph(graph) "
+                "again, then set its inputs, before computing it"
+            )
         return self._compute_splits()
 
     def synchronize(self) -> None:

@@ -108,3 +108,18 @@ def test_op_params_cannot_change_behind_a_compiled_plan() -> None:
         y.op_params.update(scale=3.0)
     cpu.graph_compute(tp.Graph(y))
     np.testing.assert_array_equal(tp.get_array(y), np.full((2, 4), 2.0, np.float32))
+
+
+def test_a_node_added_after_alloc_graph_asks_for_alloc_graph_again() -> None:
+    cpu = tp.init_by_name("CPU")
+    sched = tp.Scheduler([cpu])
+    x = tp.new_tensor("f32", (4,), "x").set_input()
+    g = tp.Graph(ops.neg(x))
+    sched.alloc_graph(g)
+    g.expand(ops.exp(g.nodes[-1]))  # one more node, after the graph got its memory
+    with pytest.raises(tp.GraphError, match=r"changed after alloc_graph .* call alloc_graph"):
+        sched.graph_compute(g)
+    sched.alloc_graph(g)
+    tp.set_array(x, np.zeros(4, np.float32))
+    assert sched.graph_compute(g) is tp.Status.SUCCESS
+    np.testing.assert_array_equal(tp.get_array(g.nodes[-1]), np.ones(4, np.float32))
