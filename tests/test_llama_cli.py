@@ -53,7 +53,10 @@ def test_sampling_is_reproducible(model: Path, capsys: pytest.CaptureFixture[str
 
 def test_offload_splits_the_graph(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if registry.dev_by_name("OpenCL0") is None:
-        pytest.skip("no OpenCL device (pip install -e plugins/opencl pocl-binary-distribution)")
+        pytest.skip(
+            "no OpenCL device "
+            "(pip install -e plugins/kernels -e plugins/opencl pocl-binary-distribution)"
+        )
     assert main(["run", str(model), "-ngl", "1", "-n", "3", "--device", "OpenCL0"]) == 0
     err = capsys.readouterr().err
     assert "placement: token_embd: CPU, blocks 0: CPU, blocks 1: OpenCL0, output: CPU" in err

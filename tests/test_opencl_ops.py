@@ -21,7 +21,8 @@ from tensorplug.quants import bf16_to_f32, f32_to_bf16
 cl = pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
 gq = pytest.importorskip("gguf.quants", reason="gguf provides the quantization references")
 
-from tensorplug_opencl import encode_math, score  # noqa: E402
+from tensorplug_kernels import encode_math  # noqa: E402
+from tensorplug_opencl import score  # noqa: E402
 
 if score()[0] == 0:
     pytest.skip(f"no OpenCL device: {score()[1]}", allow_module_level=True)
@@ -149,7 +150,7 @@ def test_graph_allocator_reuse_never_overwrites_a_base_read_twice(backend) -> No
 
 
 def test_more_rows_than_work_groups(backend) -> None:
-    from tensorplug_opencl.launch import MAX_ROW_GROUPS
+    from tensorplug_kernels.launch import MAX_ROW_GROUPS
 
     rng = np.random.default_rng(22)
     a, b = T(Type.F32, MAX_ROW_GROUPS + 808, 3), T(Type.F32, 3)  # kernels loop over rows

@@ -418,17 +418,21 @@ def test_tensors_outside_device_memory_are_refused(device: Any, backend: Any) ->
 
 
 def test_build_failure_names_the_kernel_and_carries_the_log(device: Any) -> None:
+    from tensorplug_kernels.source import Source, body_sources
     from tensorplug_opencl.errors import KernelBuildError
-    from tensorplug_opencl.program import KernelProgram, Source, package_sources
+    from tensorplug_opencl.program import KernelProgram
 
     broken = Source(
-        "broken.cl", "kernel void k_broken(global float *x) {\n    x[0] = no_such_value;\n}\n"
+        "src/broken.tpk",
+        "typedef struct {\n    tp_tensor x;\n} k_broken_args;\n"
+        "TP_KERNEL k_broken(TP_ARGS(k_broken_args), TP_BUFFER(x, 1) TP_IDS) {\n"
+        "    TP_UNPACK(x);\n    *(TP_GLOBAL float *)x_p = no_such_value;\n}\n",
     )
-    sources = [*package_sources()[:1], broken]
+    sources = (*body_sources()[:1], broken)
     with pytest.raises(KernelBuildError) as info:
         KernelProgram(device.context, device.cl_device, ["-DWG=64"], sources)
     err = info.value
-    assert err.kernel == "k_broken (broken.cl:2)"
+    assert err.kernel == "k_broken (src/broken.tpk:6)"
     assert "k_broken" in str(err) and "no_such_value" in err.log
     assert isinstance(err, tp.PluginError)
 
@@ -440,9 +444,9 @@ def test_the_portable_build_computes_the_same(device: Any, backend: Any, weights
     import pyopencl as cl
 
     from tensorplug.quants import quantize
+    from tensorplug_kernels import encode
     from tensorplug_opencl.device import build_options
-    from tensorplug_opencl.encode import encode
-    from tensorplug_opencl.launch import arg_dtypes
+    from tensorplug_opencl.launch import cl_args
     from tensorplug_opencl.program import KernelProgram
 
     options = [*build_options(device.info), "-DTP_PORTABLE"]
@@ -459,8 +463,7 @@ def test_the_portable_build_computes_the_same(device: Any, backend: Any, weights
     tp.tensor_memset(d, 0)
     for launch in encode(d, device.limits):
         kernel = portable.kernel(launch.kernel)
-        kernel.set_scalar_arg_dtypes(arg_dtypes(launch.args))
-        kernel.set_args(*launch.args)
+        kernel.set_args(*cl_args(launch, device.context, {}))
         cl.enqueue_nd_range_kernel(backend.queue, kernel, launch.global_size, launch.local_size)
     backend.synchronize()
     assert want.any() and (tp.get_array(d) == want).all()
@@ -493,9 +496,9 @@ def test_driver_errors_become_tensorplug_errors() -> None:
 def test_a_failed_launch_names_kernel_and_node(
     device: Any, backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tensorplug_kernels import Launch
     from tensorplug_opencl import backend as backend_mod
     from tensorplug_opencl.errors import KernelLaunchError
-    from tensorplug_opencl.launch import Launch
 
     a = tp.new_tensor(Type.F32, (8,))
     y = ops.neg(a).set_name("negated")

@@ -5,6 +5,11 @@ backends, graph computation (every kernel of every node), event markers. Only
 :meth:`OpenCLBackend.synchronize` and the blocking base-class ``graph_compute`` wait.
 Host memory handed to an asynchronous transfer must stay alive until then.
 
+Kernels that index by data (get_rows, set_rows) report an out-of-range index in the
+backend's error word, a small buffer read at :meth:`OpenCLBackend.synchronize`, which
+then raises :class:`~tensorplug.OutOfBoundsError`; set_rows checks every index before it
+writes, so a scatter with a bad index leaves the destination as it was.
+
 pyopencl returns a transfer's event as a "nanny" that owns a reference to the host
 memory and, when it is garbage-collected, waits for the transfer to finish. Dropping
 it at once would make every asynchronous transfer synchronous (and, behind an
@@ -17,14 +22,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tensorplug.backend import Backend, Event, GraphPlan, Status
-from tensorplug.errors import UnsupportedError
+from tensorplug.errors import OutOfBoundsError, UnsupportedError
 from tensorplug.graph import Graph
 from tensorplug.tensor import Tensor
+from tensorplug_kernels import Launch, encode
 
 from .buffer import OpenCLBuffer
-from .encode import encode
 from .errors import translate
-from .launch import Launch, arg_dtypes, cl_buffer
+from .launch import cl_args, cl_buffer
 
 if TYPE_CHECKING:
     from tensorplug.buffer import Buffer
@@ -46,17 +51,18 @@ class OpenCLGraphPlan(GraphPlan):
         super().__init__(backend, graph)
         self.bound: list[tuple[Any, Launch, Tensor]] = []
         self.buffers: list[Buffer] = []
+        self.watches_errors = False
         self.bind(graph)
 
     def bind(self, graph: Graph) -> None:
         backend: OpenCLBackend = self.backend  # type: ignore[assignment]
-        bound = []
+        bound, watches = [], False
         for node in graph.nodes:
             for launch in encode(node, backend.device.limits):
-                kernel = backend.new_kernel(launch)
-                backend.set_args(kernel, launch, node)
+                kernel = backend.device.program.kernel(launch.kernel)
+                watches |= backend.set_args(kernel, launch, node)
                 bound.append((kernel, launch, node))
-        self.graph, self.bound = graph, bound
+        self.graph, self.bound, self.watches_errors = graph, bound, watches
         # the buffers the bound arguments point into: a kernel given a freed cl.Buffer
         # crashes the process, so computing checks them first
         self.buffers = list({id(b): b for b in _buffers_of(graph)}.values())
@@ -86,6 +92,9 @@ class OpenCLBackend(Backend):
         self.queue = cl.CommandQueue(device.context, device.cl_device)
         self._kernels: dict[str, Any] = {}
         self._in_flight: list[Any] = []  # transfer events, kept so they do not block
+        self._err = cl.Buffer(device.context, cl.mem_flags.READ_WRITE, 8)
+        cl.enqueue_fill_buffer(self.queue, self._err, b"\0", 0, 8)
+        self._err_watched = False  # a kernel that may report into the error word ran
 
     def _keep(self, event: Any) -> None:
         """Hold a transfer's event until it completes (see the module docstring)."""
@@ -98,12 +107,16 @@ class OpenCLBackend(Backend):
 
     # -- kernels ---------------------------------------------------------------------------
 
-    def set_args(self, kernel: Any, launch: Launch, node: Tensor) -> None:
+    def set_args(self, kernel: Any, launch: Launch, node: Tensor) -> bool:
+        """Bind the launch's arguments; True when the kernel may report into the error
+        word (which synchronize must then read)."""
         import pyopencl as cl
 
         try:
-            kernel.set_args(*launch.args)
-        except (cl.Error, TypeError, ValueError) as e:
+            args = cl_args(launch, self.device.context, {"err": self._err})
+            kernel.set_args(*args)
+            return any(a is self._err for a in args[1:])
+        except (cl.Error, TypeError, ValueError, KeyError) as e:
             raise translate(
                 e, f"{self.name}: {launch.kernel} for {node.describe()}", kernel=launch.kernel
             ) from e
@@ -121,18 +134,12 @@ class OpenCLBackend(Backend):
                 kernel=launch.kernel,
             ) from e
 
-    def new_kernel(self, launch: Launch) -> Any:
-        """A new kernel object for the launch's kernel, its argument types declared."""
-        kernel = self.device.program.kernel(launch.kernel)
-        kernel.set_scalar_arg_dtypes(arg_dtypes(launch.args))
-        return kernel
-
     def _kernel(self, launch: Launch) -> Any:
-        """This backend's kernel object for the launch's kernel (one per name: every
-        launch of a kernel has the same argument types)."""
+        """This backend's kernel object for the launch's kernel (one per name, its
+        arguments set again for every launch)."""
         kernel = self._kernels.get(launch.kernel)
         if kernel is None:
-            kernel = self._kernels[launch.kernel] = self.new_kernel(launch)
+            kernel = self._kernels[launch.kernel] = self.device.program.kernel(launch.kernel)
         return kernel
 
     def _graph_compute(self, graph: Graph) -> Status:
@@ -142,7 +149,7 @@ class OpenCLBackend(Backend):
         for node in graph.nodes:
             for launch in encode(node, limits):
                 kernel = self._kernel(launch)
-                self.set_args(kernel, launch, node)
+                self._err_watched |= self.set_args(kernel, launch, node)
                 self._enqueue(kernel, launch, node)
         return Status.SUCCESS
 
@@ -159,6 +166,8 @@ class OpenCLBackend(Backend):
         own.check_live()  # raises BufferFreedError instead of handing a freed buffer to a kernel
         for kernel, launch, node in own.bound:
             self._enqueue(kernel, launch, node)
+        if own.watches_errors:
+            self._err_watched = True
         return Status.SUCCESS
 
     def graph_plan_free(self, plan: GraphPlan) -> None:
@@ -179,13 +188,33 @@ class OpenCLBackend(Backend):
         except cl.Error as e:
             raise translate(e, f"{self.name}: waiting for queued work") from e
         self._in_flight.clear()
+        if self._err_watched:
+            self._err_watched = False
+            self._raise_reported_error()
+
+    def _raise_reported_error(self) -> None:
+        """Raise what a kernel reported in the error word since it was last read (and
+        clear it for the next graph)."""
+        import numpy as np
+        import pyopencl as cl
+
+        word = np.zeros(2, np.int32)
+        cl.enqueue_copy(self.queue, word, self._err, is_blocking=True)
+        if word[0] == 0:
+            return
+        cl.enqueue_fill_buffer(self.queue, self._err, b"\0", 0, 8).wait()
+        raise OutOfBoundsError(
+            f"{self.name}: a get_rows or set_rows index was out of range (index "
+            f"{int(word[1])}); indices must lie in [0, rows of the table). Nothing was "
+            "written by set_rows; get_rows results of this graph are not valid"
+        )
 
     def _set_tensor_async(self, tensor: Tensor, data: memoryview, offset: int) -> None:
         if not len(data):
             return
         import pyopencl as cl
 
-        mem = cl_buffer(tensor, self.device.limits)
+        mem = cl_buffer(tensor, self.device.context)
         try:
             self._keep(
                 cl.enqueue_copy(
@@ -200,7 +229,7 @@ class OpenCLBackend(Backend):
             return
         import pyopencl as cl
 
-        mem = cl_buffer(tensor, self.device.limits)
+        mem = cl_buffer(tensor, self.device.context)
         try:
             self._keep(
                 cl.enqueue_copy(

@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 from tensorplug.backend import Event
 from tensorplug.device import Device, DeviceCaps, DeviceType
 from tensorplug.tensor import Tensor
+from tensorplug_kernels import Limits, supports
 
 from .buffer import OpenCLBufferType
-from .encode import supports
 from .errors import translate
-from .launch import Limits
 
 if TYPE_CHECKING:
     from tensorplug.buffer import BufferType
@@ -162,7 +161,6 @@ class OpenCLDevice(Device):
         self.limits = Limits(
             wg=self.info.wg,
             local_mem=self.info.local_mem,
-            context=self.context,
             gpu=self.info.type is not DeviceType.CPU
             and self.info.max_work_group >= 256
             and self.info.local_mem >= 32 * 1024,

@@ -1,11 +1,10 @@
-"""The kernel program: OpenCL C sources shipped in the package, built once per context.
+"""The kernel program: the shared kernel library rendered as OpenCL C, built once per
+context.
 
-All kernels live in one program so a device pays for one compiler run. The sources
-are concatenated in a fixed order, each preceded by a ``#line`` directive so that
-compiler messages point at the real file and line. The mul_mat kernels are templates
-instantiated by :func:`package_sources`: ``mm_tile.cl`` (register tiles, for CPUs)
-once per weight type and tile height, ``mm_local.cl`` (local-memory tiles and a
-matrix-vector kernel, for GPUs) once per weight type.
+All kernels live in one program so a device pays for one compiler run. The text comes
+from :func:`tensorplug_kernels.render` (the OpenCL prelude, then the portable bodies),
+each fragment behind a ``#line`` directive so compiler messages point at the real file
+and line.
 
 Caching: the built program is kept by the device for the life of the process. On
 disk, :meth:`pyopencl.Program.build` keeps compiled binaries keyed by the source,
@@ -17,131 +16,23 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from tensorplug.types import Type
+from tensorplug_kernels import Source, render
+from tensorplug_kernels.source import body_sources
 
 from .errors import KernelBuildError, KernelLaunchError
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
-__all__ = [
-    "KERNEL_FILES",
-    "MM_TILES",
-    "MM_TILE_TYPES",
-    "KernelProgram",
-    "Source",
-    "mm_kernel_name",
-    "mm_local_kernel_name",
-    "mv_kernel_name",
-    "package_sources",
-]
+__all__ = ["KernelProgram"]
 
-#: Kernel sources in build order; ``common.cl`` must come first.
-KERNEL_FILES = (
-    "common.cl",
-    "quant.cl",
-    "elementwise.cl",
-    "rows.cl",
-    "matmul.cl",
-    "attention.cl",
-)
-
-#: Weight types with a register-tiled mul_mat kernel.
-MM_TILE_TYPES = (
-    Type.F32,
-    Type.F16,
-    Type.BF16,
-    Type.Q8_0,
-    Type.Q4_0,
-    Type.Q4_1,
-    Type.Q5_0,
-    Type.Q5_1,
-)
-
-#: Tile shapes of the tiled mul_mat: rows of b (tokens) -> rows of a (outputs) per
-#: work-item. The 1-row variant serves matrix-vector products (one token).
-MM_TILES = {4: 2, 1: 4}
+_LOCATION = re.compile(r"([\w./<>-]+\.(?:tpk|h)(?:\[\w+\])?):(\d+)")
+_KERNEL_DEF = re.compile(r"^\s*TP_KERNEL\s+(?:TP_REQD_GROUP\([^)]*\)\s*)?(\w+)\s*\(", re.MULTILINE)
 
 
-@dataclass(frozen=True)
-class Source:
-    """A fragment of the program: a name for compiler messages, its text and, for a
-    template instance, the macro parameters (which name its kernels)."""
-
-    name: str
-    text: str
-    macros: tuple[tuple[str, str], ...] = ()
-
-    def with_line_directive(self) -> str:
-        return f'#line 1 "{self.name}"\n{self.text}\n'
-
-
-def mm_kernel_name(weight: Type, tm: int) -> str:
-    """The register-tiled kernel for ``weight`` with ``tm`` rows of b per work-item."""
-    return f"k_mm_{weight.name.lower()}_{tm}"
-
-
-def mm_local_kernel_name(weight: Type) -> str:
-    """The local-memory tiled kernel (GPUs) for ``weight``."""
-    return f"k_mm_local_{weight.name.lower()}"
-
-
-def mv_kernel_name(weight: Type) -> str:
-    """The matrix-vector kernel (GPUs: one work-group per output value) for ``weight``."""
-    return f"k_mv_{weight.name.lower()}"
-
-
-def _read(name: str) -> str:
-    kernels = resources.files(__package__).joinpath("kernels")
-    return kernels.joinpath(name).read_text(encoding="utf-8")
-
-
-def package_sources() -> list[Source]:
-    """Every kernel source of the package, templates instantiated, in build order."""
-    sources = [Source(name, _read(name)) for name in KERNEL_FILES]
-    template = _read("mm_tile.cl")
-    local_template = _read("mm_local.cl")
-    for weight in MM_TILE_TYPES:
-        macros = {
-            "MM_NAME_LOCAL": mm_local_kernel_name(weight),
-            "MM_NAME_VEC": mv_kernel_name(weight),
-            "MM_T": weight.name.lower(),
-        }
-        sources += _instance(f"mm_local.cl[{weight.name.lower()}]", local_template, macros)
-        for tm, tn in MM_TILES.items():
-            name = mm_kernel_name(weight, tm)
-            macros = {
-                "MM_NAME": name,
-                "MM_T": weight.name.lower(),
-                "MM_TM": str(tm),
-                "MM_TN": str(tn),
-            }
-            sources += _instance(f"mm_tile.cl[{name}]", template, macros)
-    return sources
-
-
-def _instance(name: str, template: str, macros: dict[str, str]) -> list[Source]:
-    """A template's text between the #defines of its parameters and their #undefs."""
-    head = "".join(f"#define {k} {v}\n" for k, v in macros.items())
-    tail = "".join(f"#undef {k}\n" for k in macros)
-    return [
-        Source(f"<{name} parameters>", head),
-        Source(name, template, tuple(macros.items())),
-        Source(f"<{name} end>", tail),
-    ]
-
-
-_LOCATION = re.compile(r"([\w.<>-]+\.cl(?:\[\w+\])?):(\d+)")
-_KERNEL_DEF = re.compile(
-    r"^\s*kernel\s+(?:__attribute__\(\(.*?\)\)\s*)?void\s+(\w+)\s*\(", re.MULTILINE
-)
-
-
-def _failing_kernel(log: str, sources: list[Source]) -> str | None:
+def _failing_kernel(log: str, sources: tuple[Source, ...]) -> str | None:
     """The kernel (or file:line) the first compiler error points into."""
     m = next(
         (m for line in log.splitlines() if "error" in line and (m := _LOCATION.search(line))),
@@ -171,13 +62,13 @@ class KernelProgram:
         context: cl.Context,
         device: cl.Device,
         options: list[str],
-        sources: list[Source] | None = None,
+        sources: tuple[Source, ...] | None = None,
     ) -> None:
         import pyopencl as cl
 
-        self.sources = package_sources() if sources is None else sources
+        self.sources = body_sources() if sources is None else sources
         self.options = options
-        text = "".join(s.with_line_directive() for s in self.sources)
+        text = render("opencl", self.sources).text
         try:
             self._program = cl.Program(context, text).build(options=options, devices=[device])
         except cl.Error as e:
@@ -206,7 +97,8 @@ class KernelProgram:
         if name not in self._names:
             raise KernelLaunchError(
                 f"OpenCL: the program has no kernel {name!r} (it has {len(self._names)} "
-                "kernels); the installed tensorplug-opencl is inconsistent, reinstall it",
+                "kernels); the installed tensorplug-opencl and tensorplug-kernels do not "
+                "match, reinstall them",
                 kernel=name,
             )
         with self._lock:

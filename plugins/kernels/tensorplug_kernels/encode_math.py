@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from tensorplug.opmath import alibi_params
 from tensorplug.tensor import Tensor
 from tensorplug.types import Type
 
-from .launch import Launch, Limits, dummy_args, round_up, row_launch, tensor_args
-from .program import (
-    MM_TILE_TYPES,
-    MM_TILES,
-    mm_kernel_name,
-    mm_local_kernel_name,
-    mv_kernel_name,
-)
+from .launch import Launch, Limits, dummy_arg, round_up, row_launch, tensor_arg
+from .source import MM_TILE_TYPES, MM_TILES, mm_kernel_name, mm_local_kernel_name, mv_kernel_name
 
 __all__ = [
     "encode_flash_attn",
@@ -65,19 +57,13 @@ def encode_mul_mat(node: Tensor, lim: Limits) -> list[Launch]:
     a, b = node.src
     ane, dne = a.ne(), node.ne()
     r2, r3 = dne[2] // ane[2], dne[3] // ane[3]
-    args = (
-        np.int32(r2),
-        np.int32(r3),
-        *tensor_args(a, lim),
-        *tensor_args(b, lim),
-        *tensor_args(node, lim),
-    )
+    args = {"a": tensor_arg(a), "b": tensor_arg(b), "d": tensor_arg(node), "r2": r2, "r3": r3}
     n_out, n_tok, batches = dne[0], dne[1], dne[2] * dne[3]
     variant = mm_variant(node, lim)
     if variant == "generic":
-        return row_launch("k_mul_mat", n_tok * batches, lim, *args)
+        return row_launch("k_mul_mat", n_tok * batches, lim, **args)
     if variant == "vector":
-        return row_launch(mv_kernel_name(a.type), n_out * n_tok * batches, lim, *args)
+        return row_launch(mv_kernel_name(a.type), n_out * n_tok * batches, lim, **args)
     if variant == "local":
         gsize = (round_up(n_out, 64) // 4, round_up(n_tok, 64) // 4, batches)
         return [Launch(mm_local_kernel_name(a.type), gsize, (16, 16, 1), args)]
@@ -88,40 +74,33 @@ def encode_mul_mat(node: Tensor, lim: Limits) -> list[Launch]:
     return [Launch(mm_kernel_name(a.type, tm), gsize, (g0, g1, 1), args)]
 
 
-def _fa_local_bytes(node: Tensor, lim: Limits) -> int:
-    q, _, v = node.src[:3]
-    return 4 * (q.ne()[0] + v.ne()[0] + 2 * lim.wg)
+#: Largest head size flash attention holds in local memory (FA_MAX_D of attention.tpk).
+FA_MAX_D = 512
+
+
+def _fa_local_bytes(lim: Limits) -> int:
+    return 4 * (2 * FA_MAX_D + 2 * lim.wg)
 
 
 def flash_attn_fits(node: Tensor, lim: Limits) -> bool:
     q, k, v = node.src[:3]
     mask_ok = all(m.type in (Type.F32, Type.F16) for m in node.src[3:])
     types_ok = q.type == Type.F32 and k.type in _FLOAT and v.type == k.type
-    return mask_ok and types_ok and _fa_local_bytes(node, lim) <= lim.local_mem
+    sizes_ok = q.ne()[0] <= FA_MAX_D and v.ne()[0] <= FA_MAX_D
+    return mask_ok and types_ok and sizes_ok and _fa_local_bytes(lim) <= lim.local_mem
 
 
 def encode_flash_attn(node: Tensor, lim: Limits) -> list[Launch]:
-    import pyopencl as cl
-
     q, k, v = node.src[:3]
     mask = node.src[3] if len(node.src) > 3 else None
     p = node.op_params
     m0, m1, nhl2 = alibi_params(q.ne()[2], p["max_bias"])
-    args = (
-        np.float32(p["scale"]),
-        np.float32(p["max_bias"]),
-        m0,
-        m1,
-        np.int32(nhl2),
-        np.float32(p["logit_softcap"]),
-        np.int32(mask is not None),
-        *tensor_args(q, lim),
-        *tensor_args(k, lim),
-        *tensor_args(v, lim),
-        *(tensor_args(mask, lim) if mask is not None else dummy_args(node, lim)),
-        *tensor_args(node, lim),
-        cl.LocalMemory(4 * q.ne()[0]),
-        cl.LocalMemory(4 * v.ne()[0]),
-    )
     qne = q.ne()
-    return row_launch("k_flash_attn", qne[1] * qne[2] * qne[3], lim, *args)
+    return row_launch(
+        "k_flash_attn", qne[1] * qne[2] * qne[3], lim,
+        q=tensor_arg(q), k=tensor_arg(k), v=tensor_arg(v),
+        m=tensor_arg(mask) if mask is not None else dummy_arg(node),
+        d=tensor_arg(node),
+        scale=float(p["scale"]), max_bias=float(p["max_bias"]), m0=float(m0), m1=float(m1),
+        n_head_log2=int(nhl2), softcap=float(p["logit_softcap"]), has_mask=int(mask is not None),
+    )  # fmt: skip

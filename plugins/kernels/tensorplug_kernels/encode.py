@@ -1,9 +1,10 @@
 """From graph nodes to kernel launches, and which nodes this backend can run.
 
 Each op has an encoder (node -> launches) and, where types or layouts matter, a check
-used by ``supports_op``; a node is supported exactly when its check passes, so
-``supports_op`` and the encoders cannot drift apart. Semantics are those of the
-builders in :mod:`tensorplug.ops`; the kernels live in ``kernels/*.cl``.
+a backend's ``supports_op`` answers from; a node is supported exactly when its check
+passes, so ``supports_op`` and the encoders cannot drift apart. Semantics are those of
+the builders in :mod:`tensorplug.ops`; the kernels live in ``src/*.tpk``. Nothing here
+depends on the dialect or the runtime.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tensorplug.tensor import Tensor
 from tensorplug.types import Type
 
 from .encode_math import encode_flash_attn, encode_mul_mat, flash_attn_fits, mul_mat_ok
-from .launch import Launch, Limits, dummy_args, nrows, row_launch, tensor_args
+from .launch import Launch, Limits, dummy_arg, nrows, row_launch, tensor_arg
 
 __all__ = ["encode", "supports"]
 
@@ -44,14 +45,6 @@ Encoder = Callable[[Tensor, Limits], list[Launch]]
 Check = Callable[[Tensor, Limits], bool]
 
 
-def _i32(v: int) -> np.int32:
-    return np.int32(v)
-
-
-def _f32(v: float) -> np.float32:
-    return np.float32(v)
-
-
 def _dense_blocks(t: Tensor) -> bool:
     """Quantized tensors are addressed block by block: their rows must be dense."""
     return not t.type.is_quantized or t.rows_contiguous
@@ -62,13 +55,10 @@ def _dense_blocks(t: Tensor) -> bool:
 
 def _binary(node: Tensor, lim: Limits) -> list[Launch]:
     a, b = node.src
-    args = (
-        _i32(_BINARY[node.op]),
-        *tensor_args(a, lim),
-        *tensor_args(b, lim),
-        *tensor_args(node, lim),
-    )
-    return row_launch("k_binary", nrows(node), lim, *args)
+    return row_launch(
+        "k_binary", nrows(node), lim,
+        a=tensor_arg(a), b=tensor_arg(b), d=tensor_arg(node), op=_BINARY[node.op],
+    )  # fmt: skip
 
 
 def _unary(node: Tensor, lim: Limits) -> list[Launch]:
@@ -77,22 +67,23 @@ def _unary(node: Tensor, lim: Limits) -> list[Launch]:
     else:
         fn, p0, p1 = _UNARY[UnaryOp(node.op_params["fn"])], 0.0, 0.0
     (a,) = node.src
-    args = (_i32(fn), _f32(p0), _f32(p1), *tensor_args(a, lim), *tensor_args(node, lim))
-    return row_launch("k_unary", nrows(node), lim, *args)
+    return row_launch(
+        "k_unary", nrows(node), lim, a=tensor_arg(a), d=tensor_arg(node), fn=fn, p0=p0, p1=p1
+    )
 
 
 def _glu(node: Tensor, lim: Limits) -> list[Launch]:
     a = node.src[0]
     if len(node.src) == 2:
-        x, g = tensor_args(a, lim), tensor_args(node.src[1], lim)
+        x, g = tensor_arg(a), tensor_arg(node.src[1])
     else:  # split halves of a's rows: two views of a with the result's extents
         n = node.ne()[0]
         ne = (n, *a.ne()[1:])
         half = n * a.nb()[0]
         first, second = (half, 0) if node.op_params.get("swapped") else (0, half)
-        x = tensor_args(a, lim, ne=ne, offset=first)
-        g = tensor_args(a, lim, ne=ne, offset=second)
-    return row_launch("k_swiglu", nrows(node), lim, *x, *g, *tensor_args(node, lim))
+        x = tensor_arg(a, ne=ne, offset=first)
+        g = tensor_arg(a, ne=ne, offset=second)
+    return row_launch("k_swiglu", nrows(node), lim, x=x, g=g, d=tensor_arg(node))
 
 
 def _glu_ok(node: Tensor, lim: Limits) -> bool:
@@ -132,15 +123,13 @@ def _units(t: Tensor) -> tuple[int, int, int, int]:
 def _copy(node: Tensor, lim: Limits) -> list[Launch]:
     src = node.src[0]
     kind = _copy_kind(src.type, node.type)
-    reshape = _i32(src.shape != node.shape)
+    reshape = int(src.shape != node.shape)
     rows = nrows(node)
     if kind == "raw":
-        ts = _i32(node.type.type_size)
-        s = tensor_args(src, lim, ne=_units(src))
-        d = tensor_args(node, lim, ne=_units(node))
-        return row_launch("k_cpy_raw", rows, lim, reshape, ts, *s, *d)
+        s, d = tensor_arg(src, ne=_units(src)), tensor_arg(node, ne=_units(node))
+        return row_launch("k_cpy_raw", rows, lim, s=s, d=d, reshape=reshape, ts=node.type.type_size)
     kernel = "k_cpy" if kind == "convert" else "k_cpy_quantize"
-    return row_launch(kernel, rows, lim, reshape, *tensor_args(src, lim), *tensor_args(node, lim))
+    return row_launch(kernel, rows, lim, s=tensor_arg(src), d=tensor_arg(node), reshape=reshape)
 
 
 def _get_rows_ok(node: Tensor, lim: Limits) -> bool:
@@ -155,8 +144,9 @@ def _get_rows_ok(node: Tensor, lim: Limits) -> bool:
 
 def _get_rows(node: Tensor, lim: Limits) -> list[Launch]:
     a, rows = node.src
-    args = (*tensor_args(a, lim), *tensor_args(rows, lim), *tensor_args(node, lim))
-    return row_launch("k_get_rows", nrows(node), lim, *args)
+    return row_launch(
+        "k_get_rows", nrows(node), lim, a=tensor_arg(a), r=tensor_arg(rows), d=tensor_arg(node)
+    )
 
 
 def _set_rows_ok(node: Tensor, lim: Limits) -> bool:
@@ -170,9 +160,12 @@ def _set_rows_ok(node: Tensor, lim: Limits) -> bool:
 
 
 def _set_rows(node: Tensor, lim: Limits) -> list[Launch]:
+    """A check of every index, then the scatter, which writes nothing when the check
+    found a bad index (the error word is read at synchronize)."""
     _, b, rows = node.src
-    args = (*tensor_args(b, lim), *tensor_args(rows, lim), *tensor_args(node, lim))
-    return row_launch("k_set_rows", nrows(b), lim, *args)
+    args = {"b": tensor_arg(b), "r": tensor_arg(rows), "d": tensor_arg(node)}
+    n = nrows(b)
+    return row_launch("k_set_rows_check", n, lim, **args) + row_launch("k_set_rows", n, lim, **args)
 
 
 def _concat_ok(node: Tensor, lim: Limits) -> bool:
@@ -181,15 +174,11 @@ def _concat_ok(node: Tensor, lim: Limits) -> bool:
 
 def _concat(node: Tensor, lim: Limits) -> list[Launch]:
     a, b = node.src
-    axis = node.ndim - 1 - int(node.op_params["axis"])
-    args = (
-        _i32(axis),
-        _i32(node.type.type_size),
-        *tensor_args(a, lim),
-        *tensor_args(b, lim),
-        *tensor_args(node, lim),
-    )
-    return row_launch("k_concat", nrows(node), lim, *args)
+    return row_launch(
+        "k_concat", nrows(node), lim,
+        a=tensor_arg(a), b=tensor_arg(b), d=tensor_arg(node),
+        axis=node.ndim - 1 - int(node.op_params["axis"]), ts=node.type.type_size,
+    )  # fmt: skip
 
 
 # -- rows: normalisation, softmax, reductions, sorting, rope --------------------------------
@@ -197,13 +186,11 @@ def _concat(node: Tensor, lim: Limits) -> list[Launch]:
 
 def _norm(node: Tensor, lim: Limits) -> list[Launch]:
     (a,) = node.src
-    args = (
-        _i32(node.op is Op.RMS_NORM),
-        _f32(node.op_params["eps"]),
-        *tensor_args(a, lim),
-        *tensor_args(node, lim),
-    )
-    return row_launch("k_norm", nrows(node), lim, *args)
+    return row_launch(
+        "k_norm", nrows(node), lim,
+        a=tensor_arg(a), d=tensor_arg(node),
+        rms=int(node.op is Op.RMS_NORM), eps=float(node.op_params["eps"]),
+    )  # fmt: skip
 
 
 def _soft_max_ok(node: Tensor, lim: Limits) -> bool:
@@ -217,24 +204,19 @@ def _soft_max(node: Tensor, lim: Limits) -> list[Launch]:
     mask = node.src[1] if len(node.src) > 1 else None
     p = node.op_params
     m0, m1, nhl2 = alibi_params(a.ne()[2], p["max_bias"])
-    m = tensor_args(mask, lim) if mask is not None else dummy_args(node, lim)
-    args = (
-        _f32(p["scale"]),
-        _f32(p["max_bias"]),
-        m0,
-        m1,
-        np.int32(nhl2),
-        _i32(mask is not None),
-        *tensor_args(a, lim),
-        *m,
-        *tensor_args(node, lim),
-    )
-    return row_launch("k_soft_max", nrows(node), lim, *args)
+    return row_launch(
+        "k_soft_max", nrows(node), lim,
+        a=tensor_arg(a),
+        m=tensor_arg(mask) if mask is not None else dummy_arg(node),
+        d=tensor_arg(node),
+        scale=float(p["scale"]), max_bias=float(p["max_bias"]), m0=float(m0), m1=float(m1),
+        n_head_log2=int(nhl2), has_mask=int(mask is not None),
+    )  # fmt: skip
 
 
 def _sum_rows(node: Tensor, lim: Limits) -> list[Launch]:
     (a,) = node.src
-    return row_launch("k_sum_rows", nrows(a), lim, *tensor_args(a, lim), *tensor_args(node, lim))
+    return row_launch("k_sum_rows", nrows(a), lim, a=tensor_arg(a), d=tensor_arg(node))
 
 
 def _f32_rows_ok(node: Tensor, lim: Limits) -> bool:
@@ -243,28 +225,29 @@ def _f32_rows_ok(node: Tensor, lim: Limits) -> bool:
 
 def _argmax(node: Tensor, lim: Limits) -> list[Launch]:
     (a,) = node.src
-    return row_launch("k_argmax", nrows(a), lim, *tensor_args(a, lim), *tensor_args(node, lim))
+    return row_launch("k_argmax", nrows(a), lim, a=tensor_arg(a), d=tensor_arg(node))
+
+
+#: Longest row ``k_argsort_local`` sorts in local memory (ARGSORT_LOCAL_MAX of rows.tpk).
+ARGSORT_LOCAL_MAX = 4096
 
 
 def _argsort(node: Tensor, lim: Limits) -> list[Launch]:
-    import pyopencl as cl
-
     (a,) = node.src
     n = a.ne()[0]
     npad = 1 << max(n - 1, 0).bit_length()
-    desc = _i32(SortOrder(node.op_params["order"]) is SortOrder.DESC)
-    aa, dd, rows = tensor_args(a, lim), tensor_args(node, lim), nrows(a)
-    if 4 * n + 4 * lim.wg <= lim.local_mem // 2:
-        local = cl.LocalMemory(4 * max(n, 1))
-        return row_launch("k_argsort_local", rows, lim, desc, _i32(npad), *aa, *dd, local)
+    args = {"a": tensor_arg(a), "d": tensor_arg(node), "npad": npad, "k": 0, "j": 0,
+            "desc": int(SortOrder(node.op_params["order"]) is SortOrder.DESC)}  # fmt: skip
+    rows = nrows(a)
+    if npad <= ARGSORT_LOCAL_MAX and lim.local_mem >= 4 * ARGSORT_LOCAL_MAX:
+        return row_launch("k_argsort_local", rows, lim, **args)
     # long rows: the same network, one launch per stage, sorting the indices in place
-    launches = row_launch("k_argsort_init", rows, lim, *dd)
+    launches = row_launch("k_argsort_init", rows, lim, **args)
     k = 2
     while k <= npad:
         j = k // 2
         while j > 0:
-            args = (desc, _i32(npad), _i32(k), _i32(j), *aa, *dd)
-            launches += row_launch("k_argsort_step", rows, lim, *args)
+            launches += row_launch("k_argsort_step", rows, lim, **{**args, "k": k, "j": j})
             j //= 2
         k *= 2
     return launches
@@ -289,22 +272,16 @@ def _rope(node: Tensor, lim: Limits) -> list[Launch]:
     corr0, corr1 = rope_yarn_corr_dims(
         n_dims, int(p["n_ctx_orig"]), p["freq_base"], p["beta_fast"], p["beta_slow"]
     )
-    args = (
-        _i32(n_dims),
-        _i32(int(p["mode"]) == RopeMode.NEOX),
-        theta_scale,
-        _f32(p["freq_scale"]),
-        _f32(p["ext_factor"]),
-        _f32(p["attn_factor"]),
-        _f32(corr0),
-        _f32(corr1),
-        _i32(ff is not None),
-        *tensor_args(a, lim),
-        *tensor_args(pos, lim),
-        *(tensor_args(ff, lim) if ff is not None else dummy_args(node, lim)),
-        *tensor_args(node, lim),
-    )
-    return row_launch("k_rope", nrows(node), lim, *args)
+    return row_launch(
+        "k_rope", nrows(node), lim,
+        a=tensor_arg(a), pos=tensor_arg(pos),
+        ff=tensor_arg(ff) if ff is not None else dummy_arg(node),
+        d=tensor_arg(node),
+        n_dims=n_dims, neox=int(int(p["mode"]) == RopeMode.NEOX),
+        theta_scale=float(theta_scale), freq_scale=float(p["freq_scale"]),
+        ext_factor=float(p["ext_factor"]), attn_factor=float(p["attn_factor"]),
+        corr0=float(corr0), corr1=float(corr1), has_ff=int(ff is not None),
+    )  # fmt: skip
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -355,8 +332,9 @@ def encode(node: Tensor, lim: Limits) -> list[Launch]:
         return []
     if not supports(node, lim):
         raise UnsupportedError(
-            f"OpenCL: {node.op.value} node {node.describe()} with sources "
-            f"{', '.join(s.describe() for s in node.src)} is not supported on this device; "
+            f"{node.op.value} node {node.describe()} with sources "
+            f"{', '.join(s.describe() for s in node.src)} is not supported by the GPU "
+            "kernels on this device; "
             "check backend.supports_op() first or let the scheduler place it elsewhere"
         )
     return _ENCODERS[node.op][0](node, lim)

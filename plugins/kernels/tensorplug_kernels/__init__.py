@@ -1,0 +1,37 @@
+"""One GPU kernel library for every tensorplug GPU backend (OpenCL, CUDA, Metal).
+
+A library, not a backend: it registers nothing. It holds
+
+* the kernels, one text per op in a small portable dialect (``src/*.tpk``), and one
+  prelude per dialect mapping the dialect's words (``dialects/``) — see
+  :mod:`.source`;
+* the kernels' calling convention, parsed from those declarations — :mod:`.abi`;
+* the node → launches encoder: which kernel, what grid, which arguments — :mod:`.encode`;
+* the gates that check every kernel in every dialect without a GPU —
+  ``python -m tensorplug_kernels check``.
+
+A GPU plugin supplies only its runtime: compiling and caching the rendered program,
+buffers, a queue or stream, events, binding a launch's arguments and launching.
+"""
+
+from __future__ import annotations
+
+from .abi import KernelABI, TensorArg, kernel_abis
+from .encode import encode, supports
+from .launch import Launch, Limits
+from .source import DIALECTS, Dialect, Rendered, Source, render
+
+__all__ = [
+    "DIALECTS",
+    "Dialect",
+    "KernelABI",
+    "Launch",
+    "Limits",
+    "Rendered",
+    "Source",
+    "TensorArg",
+    "encode",
+    "kernel_abis",
+    "render",
+    "supports",
+]
