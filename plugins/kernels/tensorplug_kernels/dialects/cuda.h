@@ -7,6 +7,7 @@
 #define TP_KERNEL extern "C" __global__ void
 #define TP_REQD_GROUP(x, y, z) __launch_bounds__((x) * (y) * (z))
 #define TP_FN static __device__ __forceinline__
+#define TP_MAYBE_UNUSED __attribute__((unused))
 #define TP_GLOBAL
 #define TP_LOCAL
 #define TP_SHARED __shared__

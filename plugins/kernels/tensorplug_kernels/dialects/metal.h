@@ -11,6 +11,7 @@ using namespace metal;
 #define TP_KERNEL kernel void
 #define TP_REQD_GROUP(x, y, z)
 #define TP_FN static inline
+#define TP_MAYBE_UNUSED __attribute__((unused))
 #define TP_GLOBAL device
 #define TP_LOCAL threadgroup
 #define TP_SHARED threadgroup

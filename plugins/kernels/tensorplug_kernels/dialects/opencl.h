@@ -7,6 +7,7 @@
 #define TP_KERNEL kernel void
 #define TP_REQD_GROUP(x, y, z) __attribute__((reqd_work_group_size(x, y, z)))
 #define TP_FN inline
+#define TP_MAYBE_UNUSED __attribute__((unused))
 #define TP_GLOBAL global
 #define TP_LOCAL local
 #define TP_SHARED local
