@@ -96,7 +96,8 @@ def check_opencl(sources: tuple[Source, ...] | None = None) -> list[Result]:
     if not devices:
         return [Result("opencl", k, "skip", "no OpenCL device") for k in _kernels(sources)]
     text = render("opencl", sources).text
-    failures, built = [], []
+    failures: list[tuple[str, str, list[Diagnostic]]] = []
+    built: list[str] = []
     for dev in devices:
         ctx = cl.Context([dev])
         for extra in ([], ["-DTP_PORTABLE"]):
@@ -173,11 +174,12 @@ def check_cuda(
                   'pip install -e "plugins/kernels[check]"')  # fmt: skip
         return [Result("cuda", k, "skip", reason) for k in _kernels(sources)]
     text = render("cuda", sources).text
-    builds = [(arch, []) for arch in archs] + [(archs[-1], ["-DTP_PORTABLE"])]
+    builds: list[tuple[str, list[str]]] = [(arch, []) for arch in archs]
+    builds.append((archs[-1], ["-DTP_PORTABLE"]))
     workers = max(1, min(len(builds), os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:  # NVRTC releases the GIL
         logs = list(pool.map(lambda b: _nvrtc(text, b[0], b[1]), builds))
-    failures = []
+    failures: list[tuple[str, str, list[Diagnostic]]] = []
     usage: dict[str, list[str]] = {}
     for (arch, extra), (ok, log) in zip(builds, logs, strict=True):
         name = f"{arch}{' portable' if extra else ''}"
@@ -214,7 +216,7 @@ def check_msl(sources: tuple[Source, ...] | None = None) -> list[Result]:
         return [Result("msl", k, "skip", reason) for k in _kernels(sources)]
     shim = resources.files(__package__).joinpath("mslshim")
     text = render("msl", sources).text
-    failures = []
+    failures: list[tuple[str, str, list[Diagnostic]]] = []
     with tempfile.TemporaryDirectory() as tmp, resources.as_file(shim) as shim_dir:
         path = os.path.join(tmp, "tensorplug_kernels.metal")
         with open(path, "w", encoding="utf-8") as f:
