@@ -256,7 +256,7 @@ TP_KERNEL k_primitives(TP_ARGS(k_primitives_args), TP_BUFFER(x, 1), TP_BUFFER(d,
         df[0] = s;
         df[1] = m;
         df[2] = (float)tp_dot4_i8(xi[0], xi[1], 7);
-        tp_store_local_f32x8(lanes, tp_h2f_x8(tp_load_u16x8(x_p + 8)));
+        tp_store_local_f32x8(lanes, tp_load_f16x8(x_p + 8));
         for (int i = 0; i < 8; i++) {
             df[3 + i] = tp_h2f(((const TP_GLOBAL ushort *)(x_p + 8))[i]);
             df[11 + i] = lanes[i];

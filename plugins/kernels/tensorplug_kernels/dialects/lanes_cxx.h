@@ -40,8 +40,5 @@ TP_FN float tp_f32x8_sum(tp_f32x8 a) {
     return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
 }
 TP_FN tp_f32x8 tp_f32x8_load_private(const TP_PRIVATE float *a) TP_LANES_F(a[i])
-TP_FN void tp_u32x8_store_private(tp_u32x8 a, TP_PRIVATE uint *out) {
-    for (int i = 0; i < 8; i++) out[i] = a.v[i];
-}
 #undef TP_LANES_F
 #undef TP_LANES_U

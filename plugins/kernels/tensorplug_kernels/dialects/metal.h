@@ -41,10 +41,23 @@ typedef ulong tp_u64;
 TP_FN float tp_as_float(uint u) { return as_type<float>(u); }
 TP_FN uint tp_as_uint(float f) { return as_type<uint>(f); }
 
+// Arithmetic that must round after every operation (quantizers): contraction off
+// inside these functions only. Not yet verified on a Mac.
+TP_FN float tp_mul_rn(float a, float b) {
 #pragma METAL fp contract(off)
-#define TP_MUL(a, b) ((a) * (b))
-#define TP_ADD(a, b) ((a) + (b))
-#define TP_SUB(a, b) ((a) - (b))
+    return a * b;
+}
+TP_FN float tp_add_rn(float a, float b) {
+#pragma METAL fp contract(off)
+    return a + b;
+}
+TP_FN float tp_sub_rn(float a, float b) {
+#pragma METAL fp contract(off)
+    return a - b;
+}
+#define TP_MUL(a, b) tp_mul_rn((a), (b))
+#define TP_ADD(a, b) tp_add_rn((a), (b))
+#define TP_SUB(a, b) tp_sub_rn((a), (b))
 #define TP_DIV(a, b) ((a) / (b))
 
 #include "lanes_cxx.h"

@@ -32,11 +32,23 @@ TP_FN float tp_as_float(uint u) { return as_float(u); }
 TP_FN uint tp_as_uint(float f) { return as_uint(f); }
 
 // Arithmetic that must round after every operation (never fused into an fma), for
-// code that reproduces a reference bit for bit (quantizers).
+// code that reproduces a reference bit for bit (quantizers). Functions, with the
+// pragma inside: contraction stays on everywhere else (a*b+c in the matmuls).
+TP_FN float tp_mul_rn(float a, float b) {
 #pragma OPENCL FP_CONTRACT OFF
-#define TP_MUL(a, b) ((a) * (b))
-#define TP_ADD(a, b) ((a) + (b))
-#define TP_SUB(a, b) ((a) - (b))
+    return a * b;
+}
+TP_FN float tp_add_rn(float a, float b) {
+#pragma OPENCL FP_CONTRACT OFF
+    return a + b;
+}
+TP_FN float tp_sub_rn(float a, float b) {
+#pragma OPENCL FP_CONTRACT OFF
+    return a - b;
+}
+#define TP_MUL(a, b) tp_mul_rn((a), (b))
+#define TP_ADD(a, b) tp_add_rn((a), (b))
+#define TP_SUB(a, b) tp_sub_rn((a), (b))
 #define TP_DIV(a, b) ((a) / (b))
 
 // ---- eight-wide float and integer lanes --------------------------------------------
@@ -81,23 +93,23 @@ TP_FN float tp_f32x8_sum(tp_f32x8 v) {
     return (h.x + h.y) + (h.z + h.w);
 }
 TP_FN tp_f32x8 tp_f32x8_load_private(const float *a) { return vload8(0, a); }
-TP_FN void tp_u32x8_store_private(tp_u32x8 v, uint *a) { vstore8(v, 0, a); }
 
-// f16 -> f32, eight at a time, with vector selects. With denormals kept (the device
-// says so), scaling the shifted bits by 2^112 rebiases normal and subnormal halves
-// alike in one multiply; only inf/NaN need fixing up.
+// Eight f16 values loaded as f32, with vector selects. With denormals kept (the
+// device says so), scaling the shifted bits by 2^112 rebiases normal and subnormal
+// halves alike in one multiply; only inf/NaN need fixing up.
 #if defined(TP_DENORMS) && !defined(TP_PORTABLE)
-#define TP_HAS_H2F_X8 1
-TP_FN tp_f32x8 tp_h2f_x8(tp_u32x8 h) {
-    const int8 hs = as_int8(h << 16) >> 16;  // sign-extended
+#define TP_HAS_LOAD_F16X8 1
+TP_FN tp_f32x8 tp_load_f16x8(const global uchar *p) {
+    const int8 hs = TP_CVT(as_short8(TP_LD_US8(p)), int8);  // sign-extended
     const uint8 em = as_uint8(hs << 13) & 0x0fffe000u;
     float8 f = as_float8(em) * 0x1p112f;
     f = em >= 0x0f800000u ? as_float8(em | 0x7f800000u) : f;
     return as_float8(as_uint8(f) | (as_uint8(hs) & 0x80000000u));
 }
 #elif !defined(TP_PORTABLE)
-#define TP_HAS_H2F_X8 1
-TP_FN tp_f32x8 tp_h2f_x8(tp_u32x8 h) {
+#define TP_HAS_LOAD_F16X8 1
+TP_FN tp_f32x8 tp_load_f16x8(const global uchar *p) {
+    const uint8 h = TP_CVT(TP_LD_US8(p), uint8);
     const uint8 e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     const uint8 sub = as_uint8(TP_CVT(m, float8) * 0x1p-24f);
     const uint8 normal = ((e + 112u) << 23) | (m << 13);

@@ -18,12 +18,11 @@ TP_FN float tp_h2f(uint h) {
 }
 #endif
 
-#ifndef TP_HAS_H2F_X8
-TP_FN tp_f32x8 tp_h2f_x8(tp_u32x8 h) {
-    uint u[8];
+#ifndef TP_HAS_LOAD_F16X8
+// Eight f16 values (aligned to 2 bytes) as f32 lanes.
+TP_FN tp_f32x8 tp_load_f16x8(const TP_GLOBAL uchar *p) {
     float f[8];
-    tp_u32x8_store_private(h, u);
-    for (int i = 0; i < 8; i++) f[i] = tp_h2f(u[i]);
+    for (int i = 0; i < 8; i++) f[i] = tp_h2f(((const TP_GLOBAL ushort *)p)[i]);
     return tp_f32x8_load_private(f);
 }
 #endif
