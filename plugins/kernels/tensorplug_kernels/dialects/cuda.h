@@ -1,7 +1,7 @@
 // The tensorplug kernel dialect as CUDA C++ (NVRTC through cupy).
 //
 // Kernel bodies (src/*.tpk) are written only in the words this prelude defines, and
-// the OpenCL and Metal preludes define the same words; see dialect.md beside this file.
+// the OpenCL and Metal preludes define the same words; see the package README.
 #define TP_DIALECT_CUDA 1
 
 #define TP_KERNEL extern "C" __global__ void

@@ -1,7 +1,7 @@
 // The tensorplug kernel dialect as Metal Shading Language.
 //
 // Kernel bodies (src/*.tpk) are written only in the words this prelude defines, and
-// the OpenCL and CUDA preludes define the same words; see dialect.md beside this file.
+// the OpenCL and CUDA preludes define the same words; see the package README.
 // Build with fast math off (MTLCompileOptions.mathMode = safe): the kernels reproduce
 // references that round like IEEE single precision.
 #include <metal_stdlib>

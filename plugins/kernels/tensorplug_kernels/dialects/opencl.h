@@ -1,7 +1,7 @@
 // The tensorplug kernel dialect as OpenCL C (pyopencl; checked numerically on PoCL).
 //
 // Kernel bodies (src/*.tpk) are written only in the words this prelude defines, and
-// the CUDA and Metal preludes define the same words; see dialect.md beside this file.
+// the CUDA and Metal preludes define the same words; see the package README.
 #define TP_DIALECT_OPENCL 1
 
 #define TP_KERNEL kernel void
