@@ -26,7 +26,7 @@ def test_devices_plain_table(plugin_env: PluginEnv) -> None:
     rows = {line.split()[1]: line for line in lines[1:]}
     assert list(rows) == ["REENTRANT0", "TEST0", "TEST1", "VARIANT0"]
     assert rows["TEST1"].split()[:3] == ["TEST", "TEST1", "igpu"]
-    assert "1.0 GiB / 2.0 GiB" in rows["TEST1"]
+    assert "1.0 / 2.0 GiB" in rows["TEST1"]
     assert rows["TEST1"].endswith("same device as VARIANT0")
     assert "failed and were skipped" in proc.stderr  # the one warning, on stderr
 

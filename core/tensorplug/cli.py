@@ -34,7 +34,15 @@ if TYPE_CHECKING:
     from .device import Device
     from .discovery import PluginRecord
 
-__all__ = ["COMMANDS", "Command", "Output", "format_bytes", "main", "smoke_test"]
+__all__ = [
+    "COMMANDS",
+    "Command",
+    "Output",
+    "format_bytes",
+    "format_bytes_of",
+    "main",
+    "smoke_test",
+]
 
 
 @dataclass(frozen=True)
@@ -120,12 +128,27 @@ def _styled(cell: str) -> Any:
     return Text(cell, style=_STYLES.get(word, ""))
 
 
-def format_bytes(n: float) -> str:
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def _unit_of(n: float) -> int:
     i = 0
-    while n >= 1024 and i < len(units) - 1:
+    while n >= 1024 and i < len(_UNITS) - 1:
         n, i = n / 1024, i + 1
-    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"
+    return i
+
+
+def format_bytes(n: float, unit: int | None = None) -> str:
+    """``n`` bytes in binary units: its own (``1.5 GiB``), or ``unit`` (an index into
+    B, KiB, MiB, GiB, TiB) so that figures read side by side share one unit."""
+    i = _unit_of(n) if unit is None else unit
+    return f"{n:.0f} B" if i == 0 else f"{n / 1024**i:.1f} {_UNITS[i]}"
+
+
+def format_bytes_of(part: float, whole: float) -> str:
+    """``part / whole`` in the whole's unit: ``0.5 / 5.6 GiB``, never ``512.0 MiB / 5.6 GiB``."""
+    i = _unit_of(whole)
+    return f"{format_bytes(part, i).rsplit(' ', 1)[0]} / {format_bytes(whole, i)}"
 
 
 # -- devices --------------------------------------------------------------------------------
@@ -149,7 +172,7 @@ def _device_rows(devs: Sequence[Device]) -> list[list[str]]:
     for dev in devs:
         try:
             free, total = dev.memory()
-            memory = f"{format_bytes(free)} / {format_bytes(total)}"
+            memory = format_bytes_of(free, total)
         except Exception as e:
             memory = f"error: {e}"
         same = [d.name for d in registry.device_aliases(dev)]

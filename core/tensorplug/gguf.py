@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import mmap
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -274,14 +274,21 @@ class GGUFFile:
                 tensor_alloc(buf, t, info.offset - start)
         return buffers
 
-    def upload_tensors(self, tensors: TensorSet, buffer_type: BufferType) -> Buffer | None:
+    def upload_tensors(
+        self,
+        tensors: TensorSet,
+        buffer_type: BufferType,
+        on_tensor: Callable[[str], None] | None = None,
+    ) -> Buffer | None:
         """Allocate ``tensors`` (as for :meth:`map_tensors`) in ``buffer_type`` with
         ``WEIGHTS`` usage and copy the file's bytes into them; returns the buffer (None
-        when there are no tensors)."""
+        when there are no tensors). ``on_tensor(name)`` follows each copy (progress)."""
         pairs = self._pairs(tensors)
         buf = alloc_tensors([t for _, t in pairs], buffer_type, BufferUsage.WEIGHTS)
         for name, t in pairs:
             tensor_set(t, self.tensor_bytes(name))
+            if on_tensor is not None:
+                on_tensor(name)
         return buf
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
-from ..cli import format_bytes
+from ..cli import format_bytes, format_bytes_of
 from ..types import Type
 
 if TYPE_CHECKING:
@@ -212,14 +212,20 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
         placement = _row_placement(args, f, n_layer)
     else:
         placement = place(n_layer) if place is not None else _placement(args, n_layer)
-    return Llama(
-        f,
-        placement=placement,
-        n_ctx=args.ctx_size or None,
-        n_batch=args.batch_size,
-        cache_type=Type.parse(args.cache_type),
-        use_mmap=not args.no_mmap,
-    )
+    from ..progress import Progress
+
+    with Progress(f"loading {f.path.name}", total=0) as progress:
+        return Llama(
+            f,
+            placement=placement,
+            n_ctx=args.ctx_size or None,
+            n_batch=args.batch_size,
+            cache_type=Type.parse(args.cache_type),
+            use_mmap=not args.no_mmap,
+            on_progress=lambda stage, done, total: progress.update(
+                done, total, f"loading {f.path.name}: {stage}"
+            ),
+        )
 
 
 def run_model(
@@ -350,7 +356,7 @@ def _describe(model: Llama, log: TextIO) -> None:
         free, total = d.memory()
         print(
             f"  {d.name:<10} {d.type.value:<5} {d.description} "
-            f"({format_bytes(free)} free of {format_bytes(total)})",
+            f"({format_bytes_of(free, total)} free)",
             file=log,
         )
     print(f"placement: {model.placement.describe()}", file=log)

@@ -137,8 +137,10 @@ class Llama:
         kv_pad: int = 256,
         use_mmap: bool = True,
         warmup: bool = True,
+        on_progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         start = time.perf_counter()
+        self._progress = on_progress or (lambda stage, done, total: None)
         self.file = model if isinstance(model, GGUFFile) else GGUFFile(model)
         self.config = cfg = LlamaConfig.from_gguf(self.file)
         try:
@@ -174,6 +176,7 @@ class Llama:
         worst = self._graph(self.n_batch, self.n_ctx, self.n_batch)
         self.sched.reserve(worst.graph)
         if warmup:
+            self._progress("warming up", 0, 2)
             self._warm_up()
         self.timings.load_s = time.perf_counter() - start
 
@@ -194,13 +197,22 @@ class Llama:
                 group.setdefault(id(t), t)
         for i, dev in enumerate(p.layers):
             caches.setdefault(dev, []).extend(self.cache.layer_tensors(i))
+        n_tensors, done = sum(len(g) for g in weights.values()), 0
         for dev, group in weights.items():
             mem = self.memory.setdefault(dev, _DeviceMemory())
             pairs = [(w.by_name[t], t) for t in group.values()]
+
+            def uploaded(name: str) -> None:
+                nonlocal done
+                done += 1
+                self._progress("loading weights", done, n_tensors)
+
             if use_mmap and dev.caps.buffer_from_host_ptr:
                 mem.buffers += self.file.map_tensors(pairs, dev)
                 mem.mapped = True
-            elif (buf := self.file.upload_tensors(pairs, dev.buffer_type())) is not None:
+                done += len(pairs)
+                self._progress("loading weights", done, n_tensors)
+            elif (buf := self.file.upload_tensors(pairs, dev.buffer_type(), uploaded)) is not None:
                 mem.buffers.append(buf)
             mem.weights += sum(t.nbytes for t in group.values())
         for dev, kv in caches.items():
@@ -215,8 +227,10 @@ class Llama:
         """Run a prompt-shaped and a token-shaped step once and forget them: the first
         computes build kernels, plans and caches, which is loading, not prompt time."""
         self.eval([0, 0][: self.n_ctx])
+        self._progress("warming up", 1, 2)
         if self.n_past < self.n_ctx:
             self.eval([0])
+        self._progress("warming up", 2, 2)
         self.reset()
         self.timings = Timings(graphs_built=self.timings.graphs_built)
         self.split_summaries.clear()

@@ -52,15 +52,11 @@ def main(args: argparse.Namespace) -> int:
     except TensorplugError as e:
         return usage_error("bench", e)
     plain = getattr(args, "plain", True)
-    try:
-        if args.json or plain:
-            results = run_bench(cases, backend, args.time)
-        else:
-            from rich.progress import Progress
+    from ..progress import Progress
 
-            with Progress(transient=True) as bar:
-                task = bar.add_task(f"timing {backend.name}", total=len(cases))
-                results = run_bench(cases, backend, args.time, lambda _: bar.advance(task))
+    try:
+        with Progress(f"timing {backend.name}", total=len(cases), unit="cases") as progress:
+            results = run_bench(cases, backend, args.time, lambda _: progress.advance())
     finally:
         backend.free()
     render_bench(results, backend.name, args.json, plain)

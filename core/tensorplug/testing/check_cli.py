@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--problems", action="store_true", help="list only failed and unsupported cases"
     )
+    parser.add_argument(
+        "--cases",
+        action="store_true",
+        help="a table row for every case (default: one row per op, then the problems)",
+    )
     parser.add_argument("--list", action="store_true", help="list the matching cases and exit")
 
 
@@ -117,25 +122,21 @@ def main(args: argparse.Namespace) -> int:
         return usage_error("check", e)
     plain = getattr(args, "plain", True)
     try:
-        report = _run(cases, backend, reference, show_progress=not plain and args.output == "table")
+        report = _run(cases, backend, reference)
     finally:
         backend.free()
         reference.free()
-    render_check(report, args.output, plain, problems_only=args.problems)
+    render_check(report, args.output, plain, problems_only=args.problems, every_case=args.cases)
     return 0 if report.ok else 1
 
 
-def _run(
-    cases: list[Case], backend: Backend, reference: Backend, show_progress: bool
-) -> CheckReport:
-    if not show_progress:
-        return run_cases(cases, backend, reference)
-    from rich.progress import Progress
+def _run(cases: list[Case], backend: Backend, reference: Backend) -> CheckReport:
+    from ..progress import Progress
 
-    with Progress(transient=True) as bar:
-        task = bar.add_task(f"checking {backend.name} against {reference.name}", total=len(cases))
+    label = f"checking {backend.name} against {reference.name}"
+    with Progress(label, total=len(cases), unit="cases") as progress:
 
         def advance(_: CaseResult) -> None:
-            bar.advance(task)
+            progress.advance()
 
         return run_cases(cases, backend, reference, advance)

@@ -56,8 +56,13 @@ def render_check(
     plain: bool = True,
     out: IO[str] | None = None,
     problems_only: bool = False,
+    every_case: bool = False,
 ) -> None:
-    """Write ``report`` as ``table`` (one row per case, then the summary), ``csv`` or ``json``."""
+    """Write ``report`` as ``table``, ``csv`` or ``json`` (every case in both).
+
+    The table is for people: one row per op, then a row for each case that failed or is
+    unsupported, then the summary (``every_case``: a row for every case instead; case
+    names run to 200 characters, which is why they are not the default)."""
     out = out or sys.stdout
     results = [r for r in report.results if not (problems_only and r.passed)]
     if output == "json":
@@ -75,11 +80,32 @@ def render_check(
         return
     if output != "table":
         raise ValueError(f"unknown output format {output!r}; use table, csv or json")
+    if not every_case and not problems_only:
+        _op_table(report, plain, out)
+        results = [r for r in results if not r.passed]
     rows = [[r.outcome.value, r.case, _fmt_error(r.error), r.message] for r in results]
     styles = [_OUTCOME_STYLE[r.outcome] for r in results]
     if rows:
         _table(["result", "case", "NMSE", "detail"], rows, plain, out, styles)
     out.write(report.summary() + "\n")
+
+
+def _op_table(report: CheckReport, plain: bool, out: IO[str]) -> None:
+    """One row per op: how many cases passed, failed, are unsupported; the worst error."""
+    by_op: dict[str, list[Any]] = {}
+    for r in report.results:
+        by_op.setdefault(r.op, []).append(r)
+    rows, styles = [], []
+    for op, rs in by_op.items():
+        counts = {o: sum(r.outcome is o for r in rs) for o in Outcome}
+        errors = [r.error for r in rs if r.error is not None and r.passed]
+        worst_error = _fmt_error(max(errors, default=None))
+        rows.append([op, str(len(rs)), str(counts[Outcome.PASS]), str(counts[Outcome.FAIL]),
+                     str(counts[Outcome.UNSUPPORTED]), worst_error])  # fmt: skip
+        worst = Outcome.FAIL if counts[Outcome.FAIL] else (
+            Outcome.UNSUPPORTED if counts[Outcome.UNSUPPORTED] else Outcome.PASS)  # fmt: skip
+        styles.append(_OUTCOME_STYLE[worst])
+    _table(["op", "cases", "pass", "fail", "unsupported", "worst NMSE"], rows, plain, out, styles)
 
 
 def _num(value: float | None, fmt: str) -> str:
