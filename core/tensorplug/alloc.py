@@ -36,7 +36,7 @@ from .alloc_plan import (
     place_online,
 )
 from .buffer import Buffer, BufferType, BufferUsage, MultiBuffer
-from .errors import AllocationError
+from .errors import AllocationError, InvalidArgumentError
 from .tensor import Tensor
 from .transfer import tensor_alloc, view_init
 
@@ -65,7 +65,7 @@ class GraphAllocator:
     def __init__(self, buffer_types: BufferType | Sequence[BufferType]) -> None:
         bufts = [buffer_types] if isinstance(buffer_types, BufferType) else list(buffer_types)
         if not bufts:
-            raise ValueError("GraphAllocator needs at least one buffer type")
+            raise InvalidArgumentError("GraphAllocator needs at least one buffer type")
         self.buffer_types: tuple[BufferType, ...] = tuple(bufts)
         # buffer id -> index of the first id with the same type (which owns the memory)
         self._owner: list[int] = [next(j for j, b in enumerate(bufts) if b is t) for t in bufts]
@@ -198,12 +198,12 @@ class GraphAllocator:
         if ids is None:
             return [0] * len(seq)
         if len(ids) != len(seq):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{len(ids)} {what} buffer ids given for {len(seq)} {what}s; pass one per {what}"
             )
         owner = self._owner
         if ids and (min(ids) < 0 or max(ids) >= len(owner)):
-            raise ValueError(f"{what} buffer ids must be in range({len(owner)}), got {list(ids)}")
+            raise InvalidArgumentError(f"{what} buffer ids must be in range({len(owner)}), got {list(ids)}")
         return [owner[b] for b in ids]
 
     # -- buffers and placement ---------------------------------------------------------------

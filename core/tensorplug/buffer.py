@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from .errors import (
     AllocationError,
     BufferFreedError,
+    InvalidArgumentError,
     OutOfBoundsError,
     UnsupportedError,
 )
@@ -216,7 +217,7 @@ class Buffer(ABC):
         if size < 0:
             size = tensor.nbytes - offset
         if not 0 <= value <= 255:
-            raise ValueError(f"memset_tensor: value must be a byte (0..255), got {value}")
+            raise InvalidArgumentError(f"memset_tensor: value must be a byte (0..255), got {value}")
         self._check_range(tensor, offset, size, "memset_tensor")
         self._memset_tensor(tensor, value, offset, size)
 
@@ -231,7 +232,7 @@ class Buffer(ABC):
     def clear(self, value: int = 0) -> None:
         self._check_live()
         if not 0 <= value <= 255:
-            raise ValueError(f"clear: value must be a byte (0..255), got {value}")
+            raise InvalidArgumentError(f"clear: value must be a byte (0..255), got {value}")
         self._clear(value)
 
     def reset(self) -> None:
@@ -258,10 +259,10 @@ class MultiBuffer(Buffer):
 
     def __init__(self, buffers: Sequence[Buffer]) -> None:
         if not buffers:
-            raise ValueError("MultiBuffer needs at least one buffer")
+            raise InvalidArgumentError("MultiBuffer needs at least one buffer")
         buft = buffers[0].buft
         if any(b.buft is not buft for b in buffers):
-            raise ValueError("MultiBuffer: every member must have the same buffer type")
+            raise InvalidArgumentError("MultiBuffer: every member must have the same buffer type")
         super().__init__(buft, sum(b.size for b in buffers), buffers[0].usage)
         self.buffers: tuple[Buffer, ...] = tuple(buffers)
 

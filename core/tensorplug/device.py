@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import UnsupportedError
+from .errors import OutOfBoundsError, UnsupportedError
 from .version import API_VERSION
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ class Reg(ABC):
     def device(self, index: int) -> Device:
         devs = self.devices()
         if not 0 <= index < len(devs):
-            raise IndexError(f"{self.name} has {len(devs)} devices; index {index} is out of range")
+            raise OutOfBoundsError(f"{self.name} has {len(devs)} devices; index {index} is out of range")
         return devs[index]
 
     def __repr__(self) -> str:

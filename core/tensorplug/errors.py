@@ -15,6 +15,7 @@ __all__ = [
     "ComputeAbortedError",
     "LayoutMismatchError",
     "NotAllocatedError",
+    "InvalidArgumentError",
     "OutOfBoundsError",
     "PluginError",
     "GraphError",
@@ -85,6 +86,12 @@ class GraphError(TensorplugError, ValueError):
 
 class OpParamError(TensorplugError, ValueError):
     """An op's parameter is out of its range (a negative epsilon, a fractional axis)."""
+
+
+class InvalidArgumentError(TensorplugError, ValueError):
+    """An API call was given a value it cannot take (an empty backend list, a byte
+    value of 300, a negative thread count); the message names the argument and the
+    range it must lie in."""
 
 
 class RunError(TensorplugError, ValueError):

@@ -167,7 +167,17 @@ class GGUFFile:
     def get(self, key: str, default: Any = None) -> Any:
         """The value of metadata ``key`` (str, int, float, bool or list), or ``default``."""
         field = self._reader.fields.get(key)
-        return default if field is None else field.contents()
+        return default if field is None else self._contents(key, field)
+
+    def _contents(self, key: str, field: Any) -> Any:
+        try:
+            return field.contents()
+        except UnicodeDecodeError as e:
+            raise GGUFError(
+                f"{self.path}: metadata key {key!r} holds a string that is not valid UTF-8 "
+                f"({e.reason} at byte {e.start}); GGUF strings are UTF-8, so the file is "
+                "damaged or was not written by a GGUF writer"
+            ) from None
 
     def value(self, key: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
         """The value of ``key``, checked to be of ``kind``; a missing key without a
@@ -180,7 +190,7 @@ class GGUFFile:
                 f"{self.path}: required metadata key {key!r} is missing (the file has "
                 f"{len(self.keys())} keys; `python -m gguf.scripts.gguf_dump` lists them)"
             )
-        value = field.contents()
+        value = self._contents(key, field)
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from .errors import GraphError
+from .errors import GraphError, OutOfBoundsError
 from .opcodes import Op
 from .tensor import Tensor, TensorFlag
 
@@ -80,7 +80,7 @@ class Graph:
     def view(self, start: int, stop: int) -> Graph:
         """Nodes ``start:stop`` as a graph of their own (``ggml_graph_view``); no leafs."""
         if not 0 <= start <= stop <= len(self.nodes):
-            raise IndexError(
+            raise OutOfBoundsError(
                 f"graph view [{start}, {stop}) is outside the graph's {len(self.nodes)} nodes"
             )
         return Graph._from_parts(self.nodes[start:stop], ())

@@ -63,6 +63,15 @@ def _eps(op: str, eps: float) -> float:
     return value
 
 
+def _member(op: str, param: str, enum: Any, value: Any) -> Any:
+    """``value`` as a member of ``enum``, or an OpParamError listing the choices."""
+    try:
+        return enum(value)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in enum)
+        raise OpParamError(f"{op}: {param} {value!r} is not one of {choices}") from None
+
+
 def _fail(op: str, message: str) -> ShapeError:
     return ShapeError(f"{op}: {message}")
 
@@ -161,7 +170,7 @@ def unary(a: Tensor, fn: UnaryOp | str) -> Tensor:
     ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``; silu ``x·σ(x)``; exp ``eˣ``;
     tanh; sigmoid ``σ(x) = 1/(1 + e⁻ˣ)``.
     """
-    fn = UnaryOp(fn)
+    fn = _member("unary", "fn", UnaryOp, fn)
     _check_type(f"unary({fn.value})", "a", a, FLOAT_TYPES)
     return _new(a.type, a.shape, Op.UNARY, (a,), {"fn": fn})
 
@@ -335,7 +344,7 @@ def rope(
     """
     _check_type("rope", "a", a, {Type.F32, Type.F16})
     _check_type("rope", "pos", pos, {Type.I32})
-    mode = RopeMode(mode)
+    mode = _member("rope", "mode", RopeMode, mode)
     if a.ndim < 3:
         raise _fail("rope", f"a {a.describe()} must be (…, n_tokens, n_head, head_dim)")
     if pos.ndim != 1 or pos.shape[0] != a.shape[-3]:
@@ -550,7 +559,13 @@ def argmax(a: Tensor) -> Tensor:
 def argsort(a: Tensor, order: SortOrder | str = SortOrder.ASC) -> Tensor:
     """Per row, the indices that sort it (stable); I32 with ``a``'s shape."""
     _check_type("argsort", "a", a, {Type.F32})
-    return _new(Type.I32, a.shape, Op.ARGSORT, (a,), {"order": SortOrder(order)})
+    return _new(
+        Type.I32,
+        a.shape,
+        Op.ARGSORT,
+        (a,),
+        {"order": _member("argsort", "order", SortOrder, order)},
+    )
 
 
 # -- views ----------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import discovery, settings
 from .device import Device, DeviceType, Reg
 from .discovery import PluginRecord, PluginStatus, Source
-from .errors import BackendNotFoundError, PluginError
+from .errors import BackendNotFoundError, InvalidArgumentError, OutOfBoundsError, PluginError
 from .registration import check_api_version
 
 if TYPE_CHECKING:
@@ -299,7 +299,7 @@ def _named(items: Sequence[_Named], name: str) -> _Named | None:
 
 def _at(items: Sequence[_Named], index: int, what: str) -> _Named:
     if not 0 <= index < len(items):
-        raise IndexError(f"{len(items)} {what} are registered; {index} is out of range")
+        raise OutOfBoundsError(f"{len(items)} {what} are registered; {index} is out of range")
     return items[index]
 
 
@@ -476,7 +476,7 @@ def reset() -> None:
     """Forget every backend, record and cached entry point, as in a fresh process (tests)."""
     with _state.lock:
         if _state.busy:
-            raise RuntimeError("reset() cannot be called while plugins are loading")
+            raise PluginError("reset() cannot be called while plugins are loading")
         if _state.pm is not None:
             from .hooks import unregister_reg
 
@@ -540,7 +540,7 @@ def _device_type(type: DeviceType | str) -> DeviceType:
         return DeviceType(str(type).lower())
     except ValueError:
         kinds = ", ".join(t.value for t in DeviceType)
-        raise ValueError(f"unknown device type {type!r}; expected one of {kinds}") from None
+        raise InvalidArgumentError(f"unknown device type {type!r}; expected one of {kinds}") from None
 
 
 def devices() -> tuple[Device, ...]:

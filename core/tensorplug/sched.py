@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from .alloc import GraphAllocator
 from .backend import Backend, Event, Status
 from .device import DeviceType
-from .errors import GraphError, TypeMismatchError, UnsupportedError
+from .errors import GraphError, InvalidArgumentError, TypeMismatchError, UnsupportedError
 from .sched_split import VIEW_LIKE, SplitContext, split_graph
 from .settings import MAX_COPIES, SCHED_COPIES, SCHED_DEBUG
 from .tensor import Tensor, TensorFlag
@@ -86,11 +86,11 @@ class Scheduler:
                     "backends, e.g. tensorplug.init_by_name('CPU')"
                 )
         if not backends:
-            raise ValueError("Scheduler needs at least one backend (the last one a CPU)")
+            raise InvalidArgumentError("Scheduler needs at least one backend (the last one a CPU)")
         if len({id(b) for b in backends}) != len(backends):
-            raise ValueError(f"Scheduler: a backend is listed twice in {list(backends)}")
+            raise InvalidArgumentError(f"Scheduler: a backend is listed twice in {list(backends)}")
         if backends[-1].device.type is not DeviceType.CPU:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"Scheduler: the last backend must be a CPU device (inputs and fallback ops "
                 f"run there), got {backends[-1].name!r} ({backends[-1].device.type.value}); "
                 "append a CPU backend, e.g. tensorplug.registry.init_by_name('CPU')"
@@ -101,24 +101,24 @@ class Scheduler:
             else tuple(buffer_types)
         )
         if len(bufts) != len(backends):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"Scheduler: {len(bufts)} buffer types given for {len(backends)} backends"
             )
         for be, bt in zip(backends, bufts, strict=True):
             if not be.supports_buft(bt):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"Scheduler: backend {be.name!r} cannot use buffer type {bt.name!r}; "
                     "give each backend a buffer type it supports (or None for its default)"
                 )
         if n_copies is not None and not parallel:
-            raise ValueError("n_copies is the pipeline depth: pass parallel=True with it")
+            raise InvalidArgumentError("n_copies is the pipeline depth: pass parallel=True with it")
         if graph_size is not None and graph_size < 0:
-            raise ValueError(f"graph_size must be positive, got {graph_size}")
+            raise InvalidArgumentError(f"graph_size must be positive, got {graph_size}")
         self.backends: tuple[Backend, ...] = backends
         self.buffer_types: tuple[BufferType, ...] = bufts
         copies = (SCHED_COPIES.get() if n_copies is None else n_copies) if parallel else 1
         if parallel and not 2 <= copies <= MAX_COPIES:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"pipeline parallelism needs 2 <= n_copies <= {MAX_COPIES}, got {copies} "
                 "(each copy holds every split input and an event per backend)"
             )
@@ -296,7 +296,7 @@ class Scheduler:
         for i, be in enumerate(self.backends):
             if be is backend:
                 return i
-        raise ValueError(
+        raise InvalidArgumentError(
             f"backend {backend.name!r} is not one of this scheduler's backends "
             f"{[b.name for b in self.backends]}"
         )

@@ -51,6 +51,10 @@ def contiguous_strides(t: Type, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(strides)
 
 
+#: Bytes a tensor may span: byte offsets and sizes are signed 64-bit everywhere else.
+MAX_TENSOR_BYTES = 2**63 - 1
+
+
 def _whole(value: object) -> int:
     """``value`` as an int if it is a whole number (an int or numpy integer, not a bool, a
     float or a string); raises TypeError otherwise."""
@@ -155,6 +159,12 @@ class Tensor:
                 )
             if any(s < 0 for s in self.strides):
                 raise ShapeError(f"{name or 'tensor'}: negative strides {self.strides}")
+        if self.nbytes > MAX_TENSOR_BYTES:
+            raise ShapeError(
+                f"{name or 'tensor'}: shape {self.shape} of {self.type.name} spans "
+                f"{self.nbytes} bytes, more than any memory can hold (2^63 - 1); "
+                "check the shape"
+            )
         self.op: Op = op
         self.op_params: dict[str, Any] = OpParams(op_params or {})
         self.src: tuple[Tensor, ...] = tuple(src)

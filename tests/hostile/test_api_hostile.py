@@ -123,3 +123,43 @@ def test_a_node_added_after_alloc_graph_asks_for_alloc_graph_again() -> None:
     tp.set_array(x, np.zeros(4, np.float32))
     assert sched.graph_compute(g) is tp.Status.SUCCESS
     np.testing.assert_array_equal(tp.get_array(g.nodes[-1]), np.ones(4, np.float32))
+
+
+def test_a_shape_spanning_more_than_2_63_bytes_is_refused() -> None:
+    with pytest.raises(tp.ShapeError, match=r"spans \d+ bytes, more than any memory"):
+        tp.new_tensor("f32", (2**40, 2**40))
+    assert tp.new_tensor("i8", (2**31, 2**31)).nbytes == 2**62  # large, but addressable
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda a, p: ops.rope(a, p, 8, mode=99), r"rope: mode 99 is not one of"),
+        (lambda a, p: ops.argsort(a, "sideways"), r"argsort: order 'sideways' is not one of 'asc'"),
+        (lambda a, p: ops.unary(a, "gelu_fast"), r"unary: fn 'gelu_fast' is not one of"),
+    ],
+)
+def test_unknown_op_modes_are_op_param_errors_listing_the_choices(build, match) -> None:  # type: ignore[no-untyped-def]
+    a = tp.new_tensor("f32", (2, 4, 8))
+    pos = tp.new_tensor("i32", (4,))
+    with pytest.raises(tp.OpParamError, match=match):
+        build(a, pos)
+
+
+def test_api_argument_errors_are_tensorplug_errors() -> None:
+    cpu = tp.dev_by_name("CPU").init_backend()
+    with pytest.raises(tp.InvalidArgumentError, match="at least one backend"):
+        tp.Scheduler([])
+    with pytest.raises(tp.InvalidArgumentError, match="listed twice"):
+        tp.Scheduler([cpu, cpu])
+    with pytest.raises(tp.InvalidArgumentError, match="n_threads must be an int >= 1"):
+        cpu.set_n_threads(-2)
+    with pytest.raises(tp.TypeMismatchError, match="expected a callable or None"):
+        cpu.set_abort_callback(3)  # type: ignore[arg-type]
+    buf = tp.host_buffer_type().alloc_buffer(64)
+    with pytest.raises(tp.InvalidArgumentError, match="must be a byte"):
+        buf.clear(300)
+    with pytest.raises(tp.InvalidArgumentError, match="unknown device type"):
+        tp.dev_by_type("quantum")
+    with pytest.raises(tp.OutOfBoundsError, match="out of range"):
+        tp.dev_get(999)

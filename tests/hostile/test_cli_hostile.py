@@ -103,3 +103,10 @@ def test_a_reader_that_goes_away_is_not_an_error() -> None:
     err = cli.stderr.read().decode()
     cli.wait(timeout=300)
     assert "Broken pipe" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("seconds", ["-1", "0", "nan", "inf", "soon"])
+def test_bench_refuses_a_time_that_is_not_a_positive_number(seconds: str) -> None:
+    r = _cli("bench", "--op", "add", "--time", seconds)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "argument --time" in r.stderr and "seconds" in r.stderr

@@ -121,3 +121,33 @@ def test_dims_whose_product_overflows_name_the_tensor(tmp_path: Path) -> None:
     path.write_bytes(head)
     with pytest.raises(GGUFError, match="the data of tensor 'w' needs bytes"):
         GGUFFile(path)
+
+
+def test_a_string_that_is_not_utf8_is_refused_naming_its_key(tmp_path: Path) -> None:
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 2)
+    head += _kv_string("general.architecture", 5, b"llama")
+    head += _kv_string("general.name", 4, b"ab\xc3(")  # a broken two-byte sequence
+    path = tmp_path / "latin.gguf"
+    path.write_bytes(head)
+    f = GGUFFile(path)
+    assert f.architecture == "llama"
+    with pytest.raises(GGUFError, match=r"'general.name' holds a string that is not valid UTF-8"):
+        f.get("general.name")
+    r = subprocess.run(
+        [sys.executable, "-m", "tensorplug", "run", str(write_tiny_llama(tmp_path / "t.gguf"))],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+
+def test_damaged_vocabulary_strings_are_a_one_line_cli_error(tiny: bytes, tmp_path: Path) -> None:
+    data = bytearray(tiny)
+    data[1919] ^= 0xFF  # inside a token of the vocabulary: no longer UTF-8
+    path = tmp_path / "bad-vocab.gguf"
+    path.write_bytes(bytes(data))
+    r = subprocess.run(
+        [sys.executable, "-m", "tensorplug", "run", str(path), "-n", "2", "--tokens", "1,2"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "'tokenizer.ggml.tokens' holds a string that is not valid UTF-8" in r.stderr

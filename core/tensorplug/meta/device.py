@@ -20,7 +20,7 @@ import numpy as np
 
 from ..buffer import Buffer, BufferType
 from ..device import Device, DeviceCaps, DeviceType
-from ..errors import UnsupportedError
+from ..errors import InvalidArgumentError, UnsupportedError
 from ..tensor import Tensor
 from .rules import MetaUnsupported, Plan, plan
 from .split import (
@@ -51,9 +51,9 @@ class MetaDevice(Device):
     def __init__(self, members: Sequence[Device], split_state: SplitStateFn | None = None) -> None:
         super().__init__(None)
         if len(members) < 2:
-            raise ValueError("a meta device needs at least two member devices")
+            raise InvalidArgumentError("a meta device needs at least two member devices")
         if len({id(d) for d in members}) != len(members):
-            raise ValueError("each member device may appear only once in a meta device")
+            raise InvalidArgumentError("each member device may appear only once in a meta device")
         self.members: tuple[Device, ...] = tuple(members)
         self.split_state = split_state
         self._buft = MetaBufferType(self)
@@ -96,7 +96,7 @@ class MetaDevice(Device):
         from .backend import MetaBackend
 
         if params:
-            raise ValueError(f"{self.name} takes no backend parameters, got {params!r}")
+            raise InvalidArgumentError(f"{self.name} takes no backend parameters, got {params!r}")
         return MetaBackend(self)
 
     def buffer_type(self) -> MetaBufferType:

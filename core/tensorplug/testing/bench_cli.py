@@ -17,6 +17,16 @@ from .runner import resolve_backend
 __all__ = ["add_arguments", "main"]
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", default="CPU", metavar="NAME", help="device or backend to time (default: CPU)"
@@ -33,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--time",
-        type=float,
+        type=_seconds,
         default=0.5,
         metavar="SECONDS",
         help="work target: compute each case for at least this long (default: 0.5)",

@@ -22,7 +22,9 @@ from tensorplug.backend import Backend, GraphPlan, Status
 from tensorplug.errors import (
     BufferFreedError,
     ComputeAbortedError,
+    InvalidArgumentError,
     TensorplugError,
+    TypeMismatchError,
     UnsupportedError,
 )
 
@@ -131,14 +133,14 @@ class CpuBackend(Backend):
     def set_n_threads(self, n_threads: int) -> None:
         """Threads for BLAS and the JIT kernels while this backend computes."""
         if not isinstance(n_threads, int) or isinstance(n_threads, bool) or n_threads < 1:
-            raise ValueError(f"set_n_threads: n_threads must be an int >= 1, got {n_threads!r}")
+            raise InvalidArgumentError(f"set_n_threads: n_threads must be an int >= 1, got {n_threads!r}")
         self.n_threads = n_threads
         ThreadControl.apply(n_threads, self.jit)
 
     def set_abort_callback(self, callback: AbortCallback | None) -> None:
         """Call ``callback()`` before each node; a true result aborts the compute."""
         if callback is not None and not callable(callback):
-            raise TypeError(f"set_abort_callback: expected a callable or None, got {callback!r}")
+            raise TypeMismatchError(f"set_abort_callback: expected a callable or None, got {callback!r}")
         self.abort_callback = callback
 
     # -- graphs ----------------------------------------------------------------------------
@@ -168,7 +170,7 @@ class CpuBackend(Backend):
 
     def _own(self, plan: GraphPlan) -> CpuGraphPlan:
         if not isinstance(plan, CpuGraphPlan) or plan.backend is not self:
-            raise TypeError(
+            raise TypeMismatchError(
                 f"{plan!r} was not created by this CPU backend; use "
                 "backend.graph_plan_create(graph) on the backend that computes it"
             )
@@ -219,7 +221,7 @@ class CpuBackend(Backend):
 
 def _backend(backend: Any, what: str) -> CpuBackend:
     if not isinstance(backend, CpuBackend):
-        raise TypeError(f"{what}: expected a CPU backend, got {type(backend).__name__}")
+        raise TypeMismatchError(f"{what}: expected a CPU backend, got {type(backend).__name__}")
     return backend
 
 

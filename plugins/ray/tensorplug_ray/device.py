@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 from tensorplug.backend import Backend, Event, Status
 from tensorplug.buffer import Buffer, BufferType
 from tensorplug.device import Device, DeviceCaps, DeviceType, Reg
-from tensorplug.errors import OutOfBoundsError, PluginError, TensorplugError
+from tensorplug.errors import (
+    InvalidArgumentError,
+    OutOfBoundsError,
+    PluginError,
+    TensorplugError,
+)
 
 from . import wire
 from .server import BATCHABLE, GRAPH_CACHE
@@ -106,7 +111,7 @@ class RayDevice(Device):
 
     def _init_backend(self, params: str | None) -> RayBackend:
         if params:
-            raise ValueError(f"{self.name} takes no backend parameters, got {params!r}")
+            raise InvalidArgumentError(f"{self.name} takes no backend parameters, got {params!r}")
         return RayBackend(self)
 
     def buffer_type(self) -> RayBufferType:
