@@ -203,7 +203,9 @@ class GraphAllocator:
             )
         owner = self._owner
         if ids and (min(ids) < 0 or max(ids) >= len(owner)):
-            raise InvalidArgumentError(f"{what} buffer ids must be in range({len(owner)}), got {list(ids)}")
+            raise InvalidArgumentError(
+                f"{what} buffer ids must be in range({len(owner)}), got {list(ids)}"
+            )
         return [owner[b] for b in ids]
 
     # -- buffers and placement ---------------------------------------------------------------

@@ -175,7 +175,9 @@ class Reg(ABC):
     def device(self, index: int) -> Device:
         devs = self.devices()
         if not 0 <= index < len(devs):
-            raise OutOfBoundsError(f"{self.name} has {len(devs)} devices; index {index} is out of range")
+            raise OutOfBoundsError(
+                f"{self.name} has {len(devs)} devices; index {index} is out of range"
+            )
         return devs[index]
 
     def __repr__(self) -> str:

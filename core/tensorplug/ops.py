@@ -170,7 +170,7 @@ def unary(a: Tensor, fn: UnaryOp | str) -> Tensor:
     ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``; silu ``x·σ(x)``; exp ``eˣ``;
     tanh; sigmoid ``σ(x) = 1/(1 + e⁻ˣ)``.
     """
-    fn = _member("unary", "fn", UnaryOp, fn)
+    fn = UnaryOp(_member("unary", "fn", UnaryOp, fn))
     _check_type(f"unary({fn.value})", "a", a, FLOAT_TYPES)
     return _new(a.type, a.shape, Op.UNARY, (a,), {"fn": fn})
 

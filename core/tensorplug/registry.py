@@ -540,7 +540,9 @@ def _device_type(type: DeviceType | str) -> DeviceType:
         return DeviceType(str(type).lower())
     except ValueError:
         kinds = ", ".join(t.value for t in DeviceType)
-        raise InvalidArgumentError(f"unknown device type {type!r}; expected one of {kinds}") from None
+        raise InvalidArgumentError(
+            f"unknown device type {type!r}; expected one of {kinds}"
+        ) from None
 
 
 def devices() -> tuple[Device, ...]:

@@ -67,7 +67,9 @@ class SplitState:
         """Split along ggml ``axis`` with one extent per member, or one tuple of extents per
         member for each segment (``[[q0, q1], [k0, k1], [v0, v1]]``)."""
         if not 0 <= axis <= 3:
-            raise InvalidArgumentError(f"split axis must be 0..3 (ggml numbering, 0 = innermost), got {axis}")
+            raise InvalidArgumentError(
+                f"split axis must be 0..3 (ggml numbering, 0 = innermost), got {axis}"
+            )
         if sizes and isinstance(sizes[0], (list, tuple)):
             segs = [tuple(int(n) for n in seg) for seg in sizes]  # type: ignore[union-attr]
         else:
@@ -144,7 +146,9 @@ def even_sizes(n: int, weights: Sequence[float], granularity: int = 1) -> tuple[
         raise ShapeError(f"cannot split {n} into parts that are multiples of {granularity}")
     total = float(sum(weights))
     if total <= 0 or any(w < 0 for w in weights):
-        raise InvalidArgumentError(f"split proportions must be >= 0 with a positive sum, got {list(weights)}")
+        raise InvalidArgumentError(
+            f"split proportions must be >= 0 with a positive sum, got {list(weights)}"
+        )
     units, acc, bounds = n // granularity, 0.0, [0]
     for w in weights:
         acc += w

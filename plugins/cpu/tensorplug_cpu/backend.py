@@ -133,14 +133,18 @@ class CpuBackend(Backend):
     def set_n_threads(self, n_threads: int) -> None:
         """Threads for BLAS and the JIT kernels while this backend computes."""
         if not isinstance(n_threads, int) or isinstance(n_threads, bool) or n_threads < 1:
-            raise InvalidArgumentError(f"set_n_threads: n_threads must be an int >= 1, got {n_threads!r}")
+            raise InvalidArgumentError(
+                f"set_n_threads: n_threads must be an int >= 1, got {n_threads!r}"
+            )
         self.n_threads = n_threads
         ThreadControl.apply(n_threads, self.jit)
 
     def set_abort_callback(self, callback: AbortCallback | None) -> None:
         """Call ``callback()`` before each node; a true result aborts the compute."""
         if callback is not None and not callable(callback):
-            raise TypeMismatchError(f"set_abort_callback: expected a callable or None, got {callback!r}")
+            raise TypeMismatchError(
+                f"set_abort_callback: expected a callable or None, got {callback!r}"
+            )
         self.abort_callback = callback
 
     # -- graphs ----------------------------------------------------------------------------
