@@ -116,6 +116,7 @@ def tensorplug_check(
 ) -> Callable[..., CaseResult]:
     """``check(case, backend=None, reference=None)``: run one case; skip if unsupported,
     fail on a mismatch, return the :class:`~tensorplug.testing.CaseResult` on success."""
+    from tensorplug.errors import BackendUnavailableError
     from tensorplug.testing.runner import Outcome, default_reference, resolve_backend, run_case
 
     config = request.config
@@ -125,7 +126,10 @@ def tensorplug_check(
             return name
         key = name.casefold()
         if key not in _tensorplug_backends:
-            _tensorplug_backends[key] = resolve_backend(name)
+            try:
+                _tensorplug_backends[key] = resolve_backend(name)
+            except BackendUnavailableError as e:  # installed, but cannot run on this machine
+                pytest.skip(str(e))
         return _tensorplug_backends[key]
 
     def check(
@@ -143,10 +147,11 @@ def tensorplug_check(
         chosen: str | Backend | None = reference or config.getoption("tensorplug_reference")
         ref = get(chosen or default_reference(test))
         result = run_case(case, test, ref)
-        if result.outcome is Outcome.UNSUPPORTED:
-            pytest.skip(f"unsupported: {result.message}")
+        if result.outcome is Outcome.UNSUPPORTED:  # the case id keeps skips apart in -rs
+            pytest.skip(f"{case.name}: unsupported: {result.message}")
         if result.outcome is Outcome.FAIL:
-            pytest.fail(f"{case.name}: {result.message}", pytrace=False)
+            where = f"\n\n{result.traceback}" if result.traceback else ""
+            pytest.fail(f"{case.name}: {result.message}{where}", pytrace=False)
         return result
 
     return check

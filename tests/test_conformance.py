@@ -373,3 +373,22 @@ def test_reports_render_in_every_format(capsys: pytest.CaptureFixture[str]) -> N
         == "reference vs reference: 0/2 passed, 2 failed, 0 unsupported — FAILED"
     )
     assert "fail    ADD(type=f32" in out
+
+
+def test_a_crashing_backend_is_reported_with_where_it_crashed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    class Crashes(ReferenceBackend):
+        def _graph_compute(self, graph: Graph) -> Status:
+            return {}["boom"]  # type: ignore[no-any-return]
+
+    report = run_cases([_case("NEG(")], Crashes(ReferenceDevice()), reference_backend())
+    (r,) = report.results
+    assert r.outcome is Outcome.FAIL and r.message == "KeyError: 'boom'"
+    assert "in _graph_compute" in r.where and r.where.startswith(__file__)
+    assert 'return {}["boom"]' in r.traceback
+    render_check(report, "json")
+    data = json.loads(capsys.readouterr().out)
+    assert "KeyError: 'boom'" in data["cases"][0]["traceback"]
+    render_check(report, "table", plain=True)
+    assert f"KeyError: 'boom' (at {r.where})" in capsys.readouterr().out

@@ -104,6 +104,52 @@ def test_plugin_parametrizes_and_checks(pytester: pytest.Pytester) -> None:
     # named: all pass; instance: SUB skipped; broken: MUL fails
     result.assert_outcomes(passed=n + 4 + 4, skipped=2, failed=2)
     result.stdout.fnmatch_lines(["*MUL(type=f16*NMSE*", "*unsupported*does not support SUB*"])
+    # each skip names its case, so pytest's -rs summary does not merge them into one line
+    result.stdout.fnmatch_lines(["*SUB(type=f16*unsupported*"])
+
+
+def test_plugin_shows_where_a_crashing_backend_failed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice
+
+        class Crashes(ReferenceBackend):
+            def _graph_compute(self, graph):
+                return lookup_table()["boom"]
+
+        def lookup_table():
+            return {}
+
+        def test_crash(tensorplug_case, tensorplug_check):
+            tensorplug_check(tensorplug_case, Crashes(ReferenceDevice()), "reference")
+        """
+    )
+    result = pytester.runpytest(*PLUGIN_ARGS, "--tensorplug-op", "neg", "-q")
+    result.stdout.fnmatch_lines(["*KeyError: 'boom'*", "*Traceback*", "*in _graph_compute*"])
+
+
+def test_plugin_skips_a_backend_that_cannot_run_here(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        import tensorplug
+        from tensorplug.testing import runner
+
+        def unavailable(name):
+            raise tensorplug.BackendUnavailableError("backend 'JAX' cannot run here: no jax")
+
+        @pytest.fixture(autouse=True)
+        def no_jax(monkeypatch):  # before tensorplug_check binds resolve_backend
+            monkeypatch.setattr(runner, "resolve_backend", unavailable)
+
+        def test_case(tensorplug_case, tensorplug_check):
+            tensorplug_check(tensorplug_case, backend="JAX0")
+        """
+    )
+    result = pytester.runpytest(*PLUGIN_ARGS, "--tensorplug-op", "neg", "-q", "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped", 0) >= 1 and "failed" not in outcomes
+    result.stdout.fnmatch_lines(["*cannot run here: no jax*"])
 
 
 def test_plugin_default_backend_option(pytester: pytest.Pytester) -> None:
@@ -191,6 +237,7 @@ def test_check_cli_exits_1_on_a_failure(
     out = capsys.readouterr().out
     n = len(catalogue(ops=["scale"]))
     assert code == 1
+    assert "Traceback" not in out  # a wrong value is not an exception
     assert out.splitlines()[-1].endswith(f"0/{n} passed, {n} failed, 0 unsupported — FAILED")
     assert out.count("fail ") == n and "NMSE" in out
 

@@ -176,7 +176,7 @@ result = {
     assert out["by_name_reg"] == "TEST0"
     assert out["dups"] == {"test-gpu-0": ["TEST1", "VARIANT0"]}
     assert out["aliases"] == ["TEST1"]
-    assert out["index"]["type"] == "IndexError" and "4 devices" in out["index"]["msg"]
+    assert out["index"]["type"] == "OutOfBoundsError" and "4 devices" in out["index"]["msg"]
     assert "unknown device type 'tpu'" in out["bad_type"]["msg"]
 
 
@@ -223,6 +223,7 @@ result = {
     "import": raised(r.init_by_name, "broken_import"),
     "api": raised(r.init_by_name, "WRONGAPI"),
     "unsupported": raised(r.init_by_name, "FOOGPU"),
+    "unsupported_device": raised(r.init_by_name, "FOOGPU0"),
     "missing": raised(r.init_by_name, "nothing"),
     "others_fine": r.init_by_name("TEST0").device.name,
 }
@@ -235,8 +236,11 @@ result = {
     )
     assert out["import"]["cause"] == "ModuleNotFoundError"
     assert out["api"]["cause"] == "ApiVersionError"
-    assert out["unsupported"]["type"] == "BackendNotFoundError"
+    assert out["unsupported"]["type"] == "BackendUnavailableError"  # a BackendNotFoundError
     assert "cannot run here: no FooGPU driver found (tp-unsupported)" in out["unsupported"]["msg"]
+    # a device name of a plugin that scored 0 gets the score's reason, not "pip install"
+    assert "cannot run here: no FooGPU driver found" in out["unsupported_device"]["msg"]
+    assert "pip install" not in out["unsupported_device"]["msg"]
     assert out["missing"]["type"] == "BackendNotFoundError"
     assert "Registered devices: REENTRANT0, TEST0, TEST1, VARIANT0" in out["missing"]["msg"]
     assert out["others_fine"] == "TEST0"
@@ -320,7 +324,7 @@ result = {
     assert out["regs"] == ["REENTRANT", "TEST"]
     assert out["broken_import"] == ["disabled", None]  # denied by entry-point name: not imported
     assert out["brokeninit"] == "disabled" and out["fast_imported"] is False
-    assert out["init_disabled"]["type"] == "BackendNotFoundError"
+    assert out["init_disabled"]["type"] == "BackendUnavailableError"
     assert "disabled by TENSORPLUG_DISABLE" in out["init_disabled"]["msg"]
 
 

@@ -159,9 +159,11 @@ class PluginRecord:
         return self.status is PluginStatus.FAILED
 
     def matches(self, name: str) -> bool:
-        """True when the user's ``name`` means this plugin (backend or entry-point name)."""
+        """True when the user's ``name`` means this plugin: its backend or entry-point
+        name, or one of its device names (``JAX0`` for backend ``JAX``)."""
         key = name.casefold()
-        return key in {n.casefold() for n in (self.backend, self.entry_point) if n}
+        names = {n.casefold() for n in (self.backend, self.entry_point) if n}
+        return key in names or key.rstrip("0123456789") in names
 
     def fail(self, stage: str, exc: BaseException) -> None:
         self.status = PluginStatus.FAILED

@@ -11,6 +11,7 @@ __all__ = [
     "AllocationError",
     "ApiVersionError",
     "BackendNotFoundError",
+    "BackendUnavailableError",
     "BufferFreedError",
     "ComputeAbortedError",
     "LayoutMismatchError",
@@ -78,6 +79,12 @@ class ApiVersionError(PluginError):
 
 class BackendNotFoundError(TensorplugError, LookupError):
     """No registered backend or device matches the requested name or type."""
+
+
+class BackendUnavailableError(BackendNotFoundError):
+    """The backend's plugin is installed but cannot run here (it scored 0: no driver,
+    no device) or was left out by TENSORPLUG_BACKENDS / TENSORPLUG_DISABLE; the message
+    gives the plugin's own reason. Test suites skip on it rather than fail."""
 
 
 class GraphError(TensorplugError, ValueError):

@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from . import discovery, settings
 from .device import Device, DeviceType, Reg
 from .discovery import PluginRecord, PluginStatus, Source
-from .errors import BackendNotFoundError, InvalidArgumentError, OutOfBoundsError, PluginError
+from .errors import (
+    BackendNotFoundError,
+    BackendUnavailableError,
+    InvalidArgumentError,
+    OutOfBoundsError,
+    PluginError,
+)
 from .registration import check_api_version
 
 if TYPE_CHECKING:
@@ -597,8 +603,9 @@ def init_by_name(name: str, params: str | None = None) -> Backend:
     message, cause = discovery.explain_missing(_state.records, name, f"init_by_name({name!r}):")
     if any(r.failed for r in recs):
         raise PluginError(message) from cause
-    if not recs:
-        message += f" Registered devices: {', '.join(d.name for d in _state.devices) or 'none'}."
+    if recs:
+        raise BackendUnavailableError(message)
+    message += f" Registered devices: {', '.join(d.name for d in _state.devices) or 'none'}."
     raise BackendNotFoundError(message)
 
 

@@ -72,8 +72,8 @@ def render_check(
         out.write("\n")
         return
     if output == "csv":
-        fields = ["case", "op", "outcome", "error", "message", "seconds"]
-        writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+        fields = ["case", "op", "outcome", "error", "message", "seconds"]  # JSON has tracebacks
+        writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
         for r in results:
             writer.writerow(r.to_dict())
@@ -83,7 +83,15 @@ def render_check(
     if not every_case and not problems_only:
         _op_table(report, plain, out)
         results = [r for r in results if not r.passed]
-    rows = [[r.outcome.value, r.case, _fmt_error(r.error), r.message] for r in results]
+    rows = [
+        [
+            r.outcome.value,
+            r.case,
+            _fmt_error(r.error),
+            r.message + (f" (at {r.where})" if r.where else ""),
+        ]
+        for r in results
+    ]
     styles = [_OUTCOME_STYLE[r.outcome] for r in results]
     if rows:
         _table(["result", "case", "NMSE", "detail"], rows, plain, out, styles)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +63,9 @@ class CaseResult:
     error: float | None = None
     message: str = ""
     seconds: float = 0.0
+    #: for a case that raised: the exception's traceback (and its cause's), so that a
+    #: backend author sees where their code failed, not just ``KeyError: 'boom'``
+    traceback: str = ""
 
     @property
     def passed(self) -> bool:
@@ -77,7 +82,19 @@ class CaseResult:
             "error": error,
             "message": self.message,
             "seconds": round(self.seconds, 6),
+            "traceback": self.traceback or None,
         }
+
+    @property
+    def where(self) -> str:
+        """The innermost frame of the traceback (``file:line in function``), or ""."""
+        frames = [
+            ln.strip() for ln in self.traceback.splitlines() if ln.strip().startswith("File ")
+        ]
+        if not frames:
+            return ""
+        m = re.match(r'File "(.+)", line (\d+), in (.+)', frames[-1])
+        return f"{m.group(1)}:{m.group(2)} in {m.group(3)}" if m else frames[-1]
 
 
 @dataclass
@@ -139,9 +156,15 @@ def run_case(case: Case, backend: Backend, reference: Backend) -> CaseResult:
             return False  # later nodes read this one: their errors would only echo it
         return True
 
-    def result(outcome: Outcome, message: str = "", error: float | None = None) -> CaseResult:
+    def result(
+        outcome: Outcome,
+        message: str = "",
+        error: float | None = None,
+        exc: BaseException | None = None,
+    ) -> CaseResult:
         elapsed = time.perf_counter() - start
-        return CaseResult(case.name, case.op.value, outcome, error, message, elapsed)
+        tb = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        return CaseResult(case.name, case.op.value, outcome, error, message, elapsed, tb)
 
     try:
         compare_graph_backend(reference, backend, graph, judge, inputs=inputs)
@@ -149,9 +172,9 @@ def run_case(case: Case, backend: Backend, reference: Backend) -> CaseResult:
         side = " (the reference)" if e.backend is reference and reference is not backend else ""
         return result(Outcome.UNSUPPORTED, f"{e}{side}")
     except (OutOfBoundsWriteError, ComputeFailedError) as e:
-        return result(Outcome.FAIL, str(e))
+        return result(Outcome.FAIL, str(e), exc=e)
     except Exception as e:  # a crashing kernel is this case's failure, not the run's
-        return result(Outcome.FAIL, f"{type(e).__name__}: {e}")
+        return result(Outcome.FAIL, f"{type(e).__name__}: {e}", exc=e)
     if failure:
         return result(Outcome.FAIL, failure, worst)
     return result(Outcome.PASS, "", worst)
