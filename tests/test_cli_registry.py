@@ -50,7 +50,7 @@ def test_doctor_reports_every_plugin(plugin_env: PluginEnv) -> None:
     assert 'tp_broken_init/__init__.py", line 8, in _init' in failures  # the traceback
     assert "did you mean 'tensorplug_extra_buffer_types'?" in failures
     devices = out.split("Devices (4)")[1]
-    assert devices.count(" ok (") == 4  # smoke test: allocate, write, read back
+    assert devices.count(" ok: ") == 4  # smoke test: allocate, write, compute, read back
     assert "failed and were skipped" not in proc.stderr  # doctor shows failures itself
 
 
@@ -102,3 +102,34 @@ def test_module_subcommand_is_lazy_and_reports_missing(capsys) -> None:
     assert "tensorplug ghost: not available" in capsys.readouterr().err
     names = {c.name for c in cli.COMMANDS}
     assert {"devices", "doctor", "demo"} <= names
+
+
+def test_doctor_smoke_test_computes_and_catches_a_broken_backend() -> None:
+    from tensorplug import Graph, Status
+    from tensorplug.cli import smoke_test
+    from tensorplug.host import tensor_array
+    from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice
+
+    class Raises(ReferenceBackend):
+        def _graph_compute(self, graph: Graph) -> Status:
+            raise RuntimeError("not implemented yet")
+
+    class Wrong(ReferenceBackend):
+        def _graph_compute(self, graph: Graph) -> Status:
+            status = super()._graph_compute(graph)
+            tensor_array(graph.nodes[-1])[...] += 1
+            return status
+
+    def device(backend: type[ReferenceBackend]) -> ReferenceDevice:
+        class Dev(ReferenceDevice):
+            def _init_backend(self, params: str | None) -> ReferenceBackend:
+                return backend(self)
+
+        return Dev()
+
+    ok, text = smoke_test(ReferenceDevice())
+    assert ok and text.startswith("ok: computed (a+b)*a and mul_mat (")
+    ok, text = smoke_test(device(Raises))
+    assert not ok and text == "FAILED RuntimeError: not implemented yet"
+    ok, text = smoke_test(device(Wrong))
+    assert not ok and text.startswith("FAILED: mul_mat is wrong (off by up to 1")
