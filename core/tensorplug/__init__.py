@@ -14,6 +14,7 @@ from .alloc import GraphAllocator, alloc_ctx_tensors, alloc_tensors
 from .backend import Backend, Event, GraphPlan, Status
 from .buffer import UNBOUNDED, Buffer, BufferType, BufferUsage, MultiBuffer
 from .device import Device, DeviceCaps, DeviceProps, DeviceType, Reg
+from .dlpack import DLPackError, from_dlpack
 from .errors import (
     AllocationError,
     ApiVersionError,
@@ -108,6 +109,7 @@ __all__ = [
     "Backend",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "DLPackError",
     "Buffer",
     "BufferFreedError",
     "BufferType",
@@ -165,6 +167,7 @@ __all__ = [
     "discover",
     "duplicate_device_ids",
     "extra_buffer_types",
+    "from_dlpack",
     "get_array",
     "get_proc",
     "graph_copy",

@@ -280,6 +280,26 @@ class Tensor:
         self.flags |= TensorFlag.INPUT
         return self
 
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """Share this tensor's host memory with another library without copying
+        (``np.from_dlpack(t)``, ``torch.from_dlpack(t)``); see :mod:`tensorplug.dlpack`
+        for what is refused and what to do instead."""
+        from .dlpack import export
+
+        return export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from .dlpack import device
+
+        return device(self)
+
     def set_output(self) -> Tensor:
         self.flags |= TensorFlag.OUTPUT
         return self
