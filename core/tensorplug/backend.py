@@ -58,7 +58,24 @@ class Event:
 
 
 class Backend(ABC):
-    """One stream of work on a device."""
+    """One stream of work on a device (``ggml_backend``).
+
+    For plugin authors — the hooks a subclass implements (``help()`` lists the
+    underscore ones here because applications never call them directly):
+
+    * required: ``_graph_compute(graph)`` — compute every node of ``graph`` in order
+      (or queue the work and return; then also implement ``synchronize``).
+    * optional, with their defaults: ``synchronize()`` (nothing: compute is synchronous),
+      ``free()`` (nothing), ``_set_tensor_async`` / ``_get_tensor_async`` (the buffer's
+      synchronous copy), ``_cpy_tensor_async`` (False: the scheduler copies through the
+      host), ``graph_plan_create/update/compute/free`` (UnsupportedError: graph plans
+      are optional; callers fall back to ``graph_compute``), ``event_record/wait``
+      (UnsupportedError: declare ``DeviceCaps(events=True)`` when you have them).
+
+    Applications call the public methods: ``graph_compute`` (compute and wait),
+    ``graph_compute_async``, ``set/get_tensor_async``, ``synchronize``, ``free``.
+    See docs/writing-a-backend.md.
+    """
 
     def __init__(self, device: Device) -> None:
         self.device = device
@@ -92,36 +109,49 @@ class Backend(ABC):
         return False
 
     def graph_plan_create(self, graph: Graph) -> GraphPlan:
+        """Prepare ``graph`` for repeated computation (bind kernels and arguments once).
+        Optional: backends without plans raise UnsupportedError and callers use
+        ``graph_compute``. The plan stays valid until the graph's memory changes
+        (re-allocation: call ``graph_plan_update``)."""
         raise UnsupportedError(f"backend {self.name!r} does not support graph plans")
 
     def graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
+        """Rebind ``plan`` to ``graph`` (same structure, tensors possibly moved)."""
         raise UnsupportedError(f"backend {self.name!r} does not support graph plans")
 
     def graph_plan_compute(self, plan: GraphPlan) -> Status:
+        """Compute a prepared plan (may return before it finishes, like ``_graph_compute``)."""
         raise UnsupportedError(f"backend {self.name!r} does not support graph plans")
 
     def graph_plan_free(self, plan: GraphPlan) -> None:
         """Release a plan's resources."""
 
     def event_record(self, event: Event) -> None:
+        """Mark the point in this stream that ``event`` stands for."""
         raise UnsupportedError(f"backend {self.name!r} does not support events")
 
     def event_wait(self, event: Event) -> None:
+        """Make work queued after this call wait until ``event`` has happened."""
         raise UnsupportedError(f"backend {self.name!r} does not support events")
 
     # -- public -------------------------------------------------------------------------
 
     def set_tensor_async(self, tensor: Tensor, data: memoryview, offset: int = 0) -> None:
+        """Queue a write of ``data`` into ``tensor`` at byte ``offset``; ``data`` must stay
+        alive and unchanged until ``synchronize``."""
         buf = tensor.require_allocated()
         buf._check_range(tensor, offset, len(data), "set_tensor_async")
         self._set_tensor_async(tensor, data, offset)
 
     def get_tensor_async(self, tensor: Tensor, out: memoryview, offset: int = 0) -> None:
+        """Queue a read of ``tensor`` from byte ``offset`` into ``out``, complete after
+        ``synchronize``."""
         buf = tensor.require_allocated()
         buf._check_range(tensor, offset, len(out), "get_tensor_async")
         self._get_tensor_async(tensor, out, offset)
 
     def graph_compute_async(self, graph: Graph) -> Status:
+        """Start computing ``graph``; results are ready after ``synchronize``."""
         return self._graph_compute(graph)
 
     def graph_compute(self, graph: Graph) -> Status:

@@ -42,7 +42,16 @@ class BufferUsage(enum.Enum):
 
 
 class BufferType(ABC):
-    """A kind of memory (device VRAM, pinned host memory...) that buffers are cut from."""
+    """A kind of memory (device VRAM, pinned host memory...) that buffers are cut from.
+
+    For plugin authors — required: ``name`` (name it after the device: ``"OpenCL0"``),
+    ``alignment``, ``_alloc_buffer(size)`` (a new :class:`Buffer`; applications call
+    ``alloc_buffer``, which checks the size). Optional: ``max_size`` (unbounded),
+    ``alloc_size(tensor)`` (``tensor.nbytes``; more when kernels read past the end),
+    ``is_host`` (False; True lets the CPU backend read the memory directly). A device
+    computing in host memory need not write one: use
+    ``tensorplug.host.HostBufferType(device, name=...)``.
+    """
 
     def __init__(self, device: Device | None = None) -> None:
         self.device = device
@@ -51,7 +60,8 @@ class BufferType(ABC):
 
     @property
     @abstractmethod
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """Short name shown in listings and errors, usually the device's."""
 
     @property
     @abstractmethod
@@ -102,7 +112,15 @@ class BufferType(ABC):
 
 
 class Buffer(ABC):
-    """A block of memory of one :class:`BufferType`; tensors live at byte offsets in it."""
+    """A block of memory of one :class:`BufferType`; tensors live at byte offsets in it.
+
+    For plugin authors — required hooks: ``_set_tensor``, ``_get_tensor``,
+    ``_memset_tensor``, ``_clear`` (the public ``set_tensor``/``get_tensor``/... check
+    bounds and liveness first, so hooks get valid ranges). Optional: ``base``,
+    ``_init_tensor`` / ``_reset`` (per-tensor state), ``_cpy_tensor`` (a fast path for
+    copies into this buffer; False falls back through the host), ``_free``,
+    ``host_array`` (host memory only).
+    """
 
     def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.ANY) -> None:
         self.buft = buft
@@ -206,14 +224,18 @@ class Buffer(ABC):
             )
 
     def set_tensor(self, tensor: Tensor, data: memoryview, offset: int = 0) -> None:
+        """Write ``data`` into ``tensor`` (in this buffer) from byte ``offset``."""
         self._check_range(tensor, offset, len(data), "set_tensor")
         self._set_tensor(tensor, data, offset)
 
     def get_tensor(self, tensor: Tensor, out: memoryview, offset: int = 0) -> None:
+        """Read ``len(out)`` bytes of ``tensor`` from byte ``offset`` into ``out``."""
         self._check_range(tensor, offset, len(out), "get_tensor")
         self._get_tensor(tensor, out, offset)
 
     def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int = -1) -> None:
+        """Fill ``size`` bytes of ``tensor`` from ``offset`` (default: to its end) with
+        the byte ``value``."""
         if size < 0:
             size = tensor.nbytes - offset
         if not 0 <= value <= 255:
@@ -222,20 +244,25 @@ class Buffer(ABC):
         self._memset_tensor(tensor, value, offset, size)
 
     def init_tensor(self, tensor: Tensor) -> None:
+        """Called when ``tensor`` is placed in this buffer (``tensor_alloc``, view_init)."""
         self._check_live()
         self._init_tensor(tensor)
 
     def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """Copy ``src`` into ``dst`` (in this buffer) by the buffer's fast path; False
+        when it has none for ``src``'s memory (the caller copies through the host)."""
         self._check_live()
         return self._cpy_tensor(src, dst)
 
     def clear(self, value: int = 0) -> None:
+        """Fill the whole buffer with the byte ``value``."""
         self._check_live()
         if not 0 <= value <= 255:
             raise InvalidArgumentError(f"clear: value must be a byte (0..255), got {value}")
         self._clear(value)
 
     def reset(self) -> None:
+        """Forget per-tensor state (before the buffer's tensors are placed anew)."""
         self._check_live()
         self._reset()
 

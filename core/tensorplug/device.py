@@ -25,7 +25,20 @@ __all__ = ["Device", "DeviceCaps", "DeviceProps", "DeviceType", "Reg"]
 
 
 class DeviceType(enum.Enum):
-    """What kind of hardware a device is; ``init_best`` prefers GPU, then IGPU, then CPU."""
+    """What kind of hardware a device is, which decides when it is used by default.
+
+    * ``CPU``: the host CPU backend (one per process, computing in host memory), or a
+      CPU-type device with its own buffers (OpenCL on PoCL). Never an offload target.
+    * ``GPU`` / ``IGPU``: discrete / integrated GPUs, the only devices ``init_best``
+      and the runner's default placement (``-ngl``) pick, GPU before IGPU.
+    * ``ACCEL``: helps the CPU from the host or beside it (BLAS, AMX, JAX on the CPU):
+      placed only when named (``--device``), as in llama.cpp. Declare this for a
+      backend that runs on the host cores; declaring GPU would take work from the CPU
+      backend by default.
+
+    ``tensorplug.priority.by_priority`` orders devices for the scheduler: GPU, IGPU,
+    ACCEL, CPU-type devices with their own memory, then the host CPU last.
+    """
 
     CPU = "cpu"
     GPU = "gpu"
@@ -53,7 +66,18 @@ class DeviceProps:
 
 
 class Device(ABC):
-    """One device. Required members are abstract; optional ones default as in ggml."""
+    """One device (``ggml_backend_dev``). Required members are abstract; optional ones
+    default as in ggml.
+
+    For plugin authors — required: ``name``, ``description``, ``type`` (see
+    :class:`DeviceType`: it decides when the device is used by default), ``memory()``,
+    ``_init_backend(params)`` (a new :class:`~tensorplug.Backend`; ``init_backend`` is
+    the public wrapper), ``buffer_type()``, ``supports_op(op)``, ``supports_buft(buft)``.
+    Optional, with defaults: ``device_id`` (None; a PCI bus id or UUID lets the registry
+    spot the same GPU seen by two plugins), ``caps`` (derived), ``host_buffer_type()``
+    (None), ``buffer_from_host_ptr`` (UnsupportedError), ``offload_op`` (False),
+    ``event_new/free/synchronize`` (UnsupportedError). See docs/writing-a-backend.md.
+    """
 
     def __init__(self, reg: Reg | None = None) -> None:
         self.reg = reg
@@ -72,14 +96,18 @@ class Device(ABC):
 
     @property
     @abstractmethod
-    def type(self) -> DeviceType: ...
+    def type(self) -> DeviceType:
+        """What kind of device this is; see :class:`DeviceType` for how it is placed."""
 
     @abstractmethod
     def memory(self) -> tuple[int, int]:
         """``(free, total)`` bytes of device memory."""
 
     @abstractmethod
-    def _init_backend(self, params: str | None) -> Backend: ...
+    def _init_backend(self, params: str | None) -> Backend:
+        """A new backend (stream) on this device; ``params`` is the user's optional
+        string (``init_by_name("X0", "threads=4")``), None when not given. Applications
+        call :meth:`init_backend`."""
 
     @abstractmethod
     def buffer_type(self) -> BufferType:
@@ -102,9 +130,12 @@ class Device(ABC):
 
     @property
     def caps(self) -> DeviceCaps:
+        """What the device can do beyond the basics (async, host buffers, events...)."""
         return DeviceCaps(host_buffer=self.host_buffer_type() is not None)
 
     def props(self) -> DeviceProps:
+        """Everything ``ggml_backend_dev_get_props`` reports, in one snapshot (memory is
+        read now)."""
         free, total = self.memory()
         return DeviceProps(
             name=self.name,
@@ -129,6 +160,7 @@ class Device(ABC):
         return False
 
     def event_new(self) -> Event:
+        """A new event for this device's backends (optional: declare caps.events)."""
         raise UnsupportedError(f"device {self.name!r} does not support events")
 
     def event_free(self, event: Event) -> None:

@@ -18,14 +18,22 @@ __all__ = ["Graph"]
 
 
 class Graph:
-    """Nodes in topological order plus leafs; no size limit."""
+    """Nodes in topological order plus leafs; no size limit.
 
-    __slots__ = ("_seen", "leafs", "nodes")
+    For a backend: :meth:`needed_outside` says which nodes something outside this graph
+    reads (ggml marks them with the OUTPUT flag), so a backend that compiles the graph
+    may keep every other intermediate value in registers or device-local scratch.
+    """
+
+    __slots__ = ("_keep", "_last_reader", "_parent", "_seen", "leafs", "nodes")
 
     def __init__(self, outputs: Tensor | Iterable[Tensor] = ()) -> None:
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
         self._seen: set[int] = set()
+        self._keep: set[int] = set()
+        self._parent: tuple[Graph, int] | None = None  # (graph, stop) for a view
+        self._last_reader: dict[int, int] | None = None
         if isinstance(outputs, Tensor):
             outputs = (outputs,)
         for t in outputs:
@@ -83,7 +91,53 @@ class Graph:
             raise OutOfBoundsError(
                 f"graph view [{start}, {stop}) is outside the graph's {len(self.nodes)} nodes"
             )
-        return Graph._from_parts(self.nodes[start:stop], ())
+        view = Graph._from_parts(self.nodes[start:stop], ())
+        view._parent = (self, stop)
+        return view
+
+    # -- what must be written to memory --------------------------------------------------
+
+    def keep(self, *tensors: Tensor) -> Graph:
+        """Mark ``tensors`` as read from outside this graph (the scheduler does this for
+        nodes an eval callback asks to see)."""
+        self._keep.update(id(t) for t in tensors)
+        return self
+
+    def _readers(self) -> dict[int, int]:
+        """Tensor id -> index of the last node reading it (through a view, too)."""
+        if self._last_reader is None:
+            last: dict[int, int] = {}
+            for i, n in enumerate(self.nodes):
+                for s in (*n.src, n.view_src):
+                    if s is not None:
+                        last[id(s)] = i
+                        if s.view_src is not None:
+                            last[id(s.view_src)] = i
+            self._last_reader = last
+        return self._last_reader
+
+    def needed_outside(self, node: Tensor) -> bool:
+        """True when ``node``'s value must be in memory after this graph is computed:
+        it is flagged OUTPUT or kept, no node of the graph reads it (it is what the
+        graph was built for), it writes into memory the graph does not own (a view of a
+        leaf, such as set_rows into a KV cache), or — for a view made by
+        :meth:`view`, as the scheduler's splits are — a later node of the whole graph
+        reads it (the scheduler copies it to another backend, or computes on it in a
+        later split). Every other node is an intermediate that only this graph reads."""
+        if node.flags & TensorFlag.OUTPUT or id(node) in self._keep:
+            return True
+        owner = node.view_src
+        if owner is not None and id(owner) not in self._seen:
+            return True
+        if self._parent is not None:
+            parent, stop = self._parent
+            return parent.needed_outside(node) or parent._readers().get(id(node), -1) >= stop
+        return id(node) not in self._readers()
+
+    @property
+    def needed_nodes(self) -> list[Tensor]:
+        """The nodes :meth:`needed_outside` is true for, in graph order."""
+        return [n for n in self.nodes if self.needed_outside(n)]
 
     def __len__(self) -> int:
         return len(self.nodes)

@@ -15,6 +15,7 @@ from .buffer import Buffer, BufferType, BufferUsage
 from .errors import AllocationError, TypeMismatchError, UnsupportedError
 
 if TYPE_CHECKING:
+    from .device import Device
     from .tensor import Tensor
 
 __all__ = [
@@ -31,9 +32,20 @@ HOST_ALIGNMENT = 64
 
 
 class HostBufferType(BufferType):
+    """Plain host memory (numpy), which every backend that computes on the host can
+    use as is: ``host_buffer_type()`` is the process-wide one, named ``CPU``. A plugin
+    whose device computes in host memory (a JAX-on-CPU or BLAS backend) should make its
+    own, named after its device — ``HostBufferType(device, name="JAX0")`` — so that
+    ``tensorplug devices``, error messages and the scheduler's placement say whose
+    memory a tensor is in; the memory and the CPU backend's direct access are the same."""
+
+    def __init__(self, device: Device | None = None, name: str = "CPU") -> None:
+        super().__init__(device)
+        self._name = name
+
     @property
     def name(self) -> str:
-        return "CPU"
+        return self._name
 
     @property
     def alignment(self) -> int:
@@ -47,7 +59,9 @@ class HostBufferType(BufferType):
         try:
             raw = np.empty(size + HOST_ALIGNMENT, dtype=np.uint8)
         except MemoryError as e:
-            raise AllocationError(f"CPU: could not allocate {size} bytes of host memory") from e
+            raise AllocationError(
+                f"{self.name}: could not allocate {size} bytes of host memory"
+            ) from e
         skip = -raw.ctypes.data % HOST_ALIGNMENT
         return HostBuffer(self, raw[skip : skip + size])
 

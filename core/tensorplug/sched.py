@@ -416,7 +416,10 @@ def _compute_observed(backend: Backend, graph: Graph, callback: EvalCallback) ->
         while not need and j1 < n - 1:
             j1 += 1
             need = callback(nodes[j1], True)
-        status = backend.graph_compute_async(graph.view(j0, j1 + 1))
+        run = graph.view(j0, j1 + 1)
+        if need:
+            run.keep(nodes[j1])  # the callback reads it
+        status = backend.graph_compute_async(run)
         if status is not Status.SUCCESS:
             return status
         backend.synchronize()

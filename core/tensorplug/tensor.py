@@ -108,7 +108,26 @@ class OpParams(dict):  # type: ignore[type-arg]
 
 
 class Tensor:
-    """A node of a compute graph: type, layout, producing op and (later) its memory."""
+    """A node of a compute graph: type, layout, producing op and (later) its memory.
+
+    What a backend reads, and how to read it:
+
+    * ``shape`` is numpy order (outermost first); ``ne()`` is ggml's order (innermost
+      first), padded to 4. ``strides`` (and ``nb()``) are in **bytes**, like ggml's
+      ``nb``; for a quantized type the innermost stride steps one block, not one element.
+    * ``op`` and ``op_params`` (read-only after building; the keys per op are listed in
+      docs/ops.md). ``src``: the operands in order; an optional operand (rope's
+      frequency factors, a soft_max or flash_attn_ext mask) is in ``src`` only when it
+      was given, so check ``len(node.src)``.
+    * ``view_src``: for a view, always the tensor that owns the memory (never another
+      view), and ``view_offs`` the cumulative byte offset into it. ``buffer``/``offset``:
+      where the tensor's first byte is (a view's are set by ``view_init``).
+    * ``flags``: ``INPUT``, ``OUTPUT`` (``set_output()``: its value is read after the
+      graph, so it must be written to memory), ``PARAM``.
+    * In host memory, ``tensorplug.host.tensor_array(t)`` is a numpy view with the
+      tensor's shape and strides; BF16 shows as ``uint16`` (numpy has no bfloat16) and a
+      quantized type as raw ``uint8`` blocks.
+    """
 
     __slots__ = (
         "__weakref__",

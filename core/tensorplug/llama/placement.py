@@ -20,13 +20,14 @@ __all__ = ["Placement", "best_accelerator", "by_priority", "host_cpu", "is_host_
 
 
 def best_accelerator() -> Device | None:
-    """The best registered GPU, integrated GPU or accelerator, or None.
+    """The best registered GPU or integrated GPU, or None.
 
-    A CPU-type device with its own buffers (OpenCL on PoCL) runs on the same cores as
-    the CPU backend, so it is never chosen by default — as ``init_best`` never chooses
-    it — only when named."""
-    accel = (DeviceType.GPU, DeviceType.IGPU, DeviceType.ACCEL)
-    return next((d for d in by_priority(registry.devices()) if d.type in accel), None)
+    As in llama.cpp, only GPUs are offload targets. An ACCEL device (a backend that
+    helps the CPU from the host: BLAS, JAX on the CPU) and a CPU-type device with its
+    own buffers (OpenCL on PoCL) run on the same cores as the CPU backend, so they are
+    never chosen by default — as ``init_best`` never chooses them — only when named."""
+    gpus = (DeviceType.GPU, DeviceType.IGPU)
+    return next((d for d in by_priority(registry.devices()) if d.type in gpus), None)
 
 
 def device_named(name: str) -> Device:
