@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backend import Backend
+from ..contract import problems
 from ..tensor import Tensor
 from ..types import Type
 from .cases import Case
@@ -166,6 +167,9 @@ def run_case(case: Case, backend: Backend, reference: Backend) -> CaseResult:
         tb = "".join(traceback.format_exception(exc)) if exc is not None else ""
         return CaseResult(case.name, case.op.value, outcome, error, message, elapsed, tb)
 
+    for node in graph.nodes:  # a case whose builder drifted from the contract is wrong
+        if broken := problems(node):
+            return result(Outcome.FAIL, f"op contract: {'; '.join(broken)}")
     try:
         compare_graph_backend(reference, backend, graph, judge, inputs=inputs)
     except NodeUnsupportedError as e:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tensorplug.contract import conforms
 from tensorplug.errors import UnsupportedError
 from tensorplug.opcodes import VIEW_OPS, GluOp, Op, RopeMode, SortOrder, UnaryOp
 from tensorplug.opmath import alibi_params, rope_yarn_corr_dims
@@ -317,7 +318,7 @@ def supports(node: Tensor, lim: Limits) -> bool:
     if node.op in VIEW_OPS:
         return True
     entry = _ENCODERS.get(node.op)
-    if entry is None:
+    if entry is None or not conforms(node):  # operands and op_params as the contract says
         return False
     check = entry[1]
     try:

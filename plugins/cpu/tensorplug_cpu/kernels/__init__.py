@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tensorplug.contract import conforms
 from tensorplug.opcodes import VIEW_OPS, GluOp, Op, RopeMode, SortOrder, UnaryOp
 from tensorplug.quants import SUPPORTED_TYPES
 from tensorplug.types import Type
@@ -201,9 +202,9 @@ def supports(node: Tensor) -> bool:
     if node.op in VIEW_OPS:
         return True
     check = _SUPPORT.get(node.op)
-    if check is None:
+    if check is None or not conforms(node):  # a hand-made node missing sources/params
         return False
     try:
         return check(node)
-    except (IndexError, KeyError, ValueError):  # a hand-made node missing sources/params
+    except (IndexError, KeyError, ValueError):
         return False
