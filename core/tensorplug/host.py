@@ -7,6 +7,7 @@ model file — without copying, keeping that owner alive for as long as the buff
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HOST_ALIGNMENT",
+    "host_memory",
     "HostBuffer",
     "HostBufferType",
     "host_buffer_type",
@@ -167,3 +169,24 @@ def strided_array(tensor: Tensor, mem: np.ndarray, offset: int = 0) -> np.ndarra
     if tensor.nbytes == 0:
         return np.zeros(shape, dtype=dtype)
     return np.ndarray(shape, dtype=dtype, buffer=mem, offset=offset, strides=strides)
+
+
+def host_memory() -> tuple[int, int]:
+    """``(available, total)`` bytes of the machine's memory (0, 0 when it cannot be
+    known): what a device computing in host memory reports from ``Device.memory()``."""
+    try:
+        info: dict[str, int] = {}
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info[key] = int(value.split()[0]) * 1024
+        return info.get("MemAvailable", info.get("MemFree", 0)), info.get("MemTotal", 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * page
+        free = os.sysconf("SC_AVPHYS_PAGES") * page if "SC_AVPHYS_PAGES" in os.sysconf_names else 0
+        return free, total
+    except (ValueError, OSError, AttributeError):
+        return 0, 0

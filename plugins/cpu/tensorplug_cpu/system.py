@@ -8,7 +8,6 @@ changed it, so that alternating backends get their own counts at no cost otherwi
 
 from __future__ import annotations
 
-import os
 import platform
 import threading
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tensorplug.errors import UnsupportedError
+from tensorplug.host import host_memory
 
 if TYPE_CHECKING:
     from .kernels.jit import JitKernels
@@ -42,22 +42,7 @@ def cpu_name() -> str:
 
 def memory() -> tuple[int, int]:
     """``(available, total)`` bytes of system memory (0, 0 when it cannot be known)."""
-    try:
-        info: dict[str, int] = {}
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                info[key] = int(value.split()[0]) * 1024
-        return info.get("MemAvailable", info.get("MemFree", 0)), info.get("MemTotal", 0)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        total = os.sysconf("SC_PHYS_PAGES") * page
-        free = os.sysconf("SC_AVPHYS_PAGES") * page if "SC_AVPHYS_PAGES" in os.sysconf_names else 0
-        return free, total
-    except (ValueError, OSError, AttributeError):
-        return 0, 0
+    return host_memory()
 
 
 def simd_features() -> dict[str, bool]:
