@@ -228,7 +228,8 @@ CONTRACT: dict[Op, OpSpec] = {
             "argmax",
             (Operand("a", "F32"),),
             (),
-            "I32 (...,): index of each row's largest value, the first on ties",
+            "I32 (...,): index of each row's largest value; the last on ties, and a NaN "
+            "restarts the search (ggml's CPU loop)",
         ),
         _spec(
             Op.ARGSORT,

@@ -167,7 +167,8 @@ def unary(a: Tensor, fn: UnaryOp | str) -> Tensor:
     """Apply an elementwise function; same type and shape as ``a``.
 
     abs ``|x|``; neg ``-x``; relu ``max(x, 0)``; gelu with ggml's tanh approximation
-    ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``; silu ``x·σ(x)``; exp ``eˣ``;
+    ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``, 0 for x <= -10 and x for x >= 10 as
+    ggml clamps it (so gelu(-inf) = 0, gelu(inf) = inf); silu ``x·σ(x)``; exp ``eˣ``;
     tanh; sigmoid ``σ(x) = 1/(1 + e⁻ˣ)``.
     """
     fn = UnaryOp(_member("unary", "fn", UnaryOp, fn))
@@ -548,9 +549,12 @@ def sum_rows(a: Tensor) -> Tensor:
 
 
 def argmax(a: Tensor) -> Tensor:
-    """Index of the largest value of each row (first on ties): I32 ``a.shape[:-1]``.
+    """Index of the largest value of each row: I32 ``a.shape[:-1]``.
 
-    A 1-d input gives shape ``(1,)``.
+    As ggml's CPU backend (``ggml_vec_argmax_f32``): the **last** index on ties, and a NaN
+    restarts the search at the next element (a trailing NaN is ignored; an all-NaN row
+    gives 0). Every tensorplug backend and the conformance kit agree on this. A 1-d
+    input gives shape ``(1,)``.
     """
     _check_type("argmax", "a", a, {Type.F32})
     return _new(Type.I32, a.shape[:-1] or (1,), Op.ARGMAX, (a,))

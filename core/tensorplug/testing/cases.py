@@ -72,6 +72,26 @@ def indices(high: int, *, unique: bool = False) -> InitFn:
     return init
 
 
+#: The values where elementwise functions go wrong: infinities, NaN, overflow and the
+#: edges of clamped ranges (gelu clamps at ±10, exp overflows past 88.7).
+SPECIAL_VALUES = (
+    -np.inf, np.inf, np.nan, -1e30, 1e30, -100.0, 100.0, -88.8, 88.8, -10.0, 10.0,
+    -9.99, 9.99, -1e-30, 1e-30, -0.0, 0.0, 1.0, -1.0,
+)  # fmt: skip
+
+
+def special(with_nan: bool = True) -> InitFn:
+    """:data:`SPECIAL_VALUES` (NaN left out when ``with_nan`` is False) repeated to fill
+    the tensor, in a random order along each row."""
+
+    def init(rng: np.random.Generator, t: Tensor) -> np.ndarray:
+        vals = np.array([v for v in SPECIAL_VALUES if with_nan or not np.isnan(v)])
+        flat = np.resize(vals, int(np.prod(t.shape)))
+        return rng.permutation(flat).reshape(t.shape)
+
+    return init
+
+
 def positions(high: int) -> InitFn:
     """Token positions for ``rope``: random in ``[0, high)``, so no kernel can assume 0..n."""
     return indices(high)

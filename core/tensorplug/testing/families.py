@@ -22,7 +22,7 @@ from .. import ops
 from ..opcodes import Op, SortOrder, UnaryOp
 from ..tensor import Tensor
 from ..types import Type
-from .cases import Case, InitFn, Inputs, case_name, distinct, indices, uniform
+from .cases import Case, InitFn, Inputs, case_name, distinct, indices, special, uniform
 
 __all__ = ["FLOAT_TYPES", "QUANT_TYPES", "all_cases", "catalogue", "make"]
 
@@ -154,9 +154,23 @@ def _unary_build(fn: UnaryOp, a: Layout, t: Type, shape: Shape, ins: Inputs) -> 
     return ops.unary(a(ins, t, shape, uniform(-4.0, 4.0)), fn)
 
 
+def _unary_special_build(fn: UnaryOp, t: Type, ins: Inputs) -> Tensor:
+    return ops.unary(leaf(ins, t, (3, 19), special()), fn)
+
+
 def _unary() -> Iterator[Case]:
     for fn in UnaryOp:
         label, tags = fn.value.upper(), {fn.value}
+        # ±inf, NaN, huge and clamp-edge inputs: each result as ggml gives it
+        yield make(
+            Op.UNARY,
+            partial(_unary_special_build, fn, Type.F32),
+            True,
+            label,
+            tags={*tags, "special_values"},
+            type=Type.F32,
+            values="special",
+        )
         for t in FLOAT_TYPES:
             yield make(
                 Op.UNARY,
@@ -325,7 +339,16 @@ def _reductions() -> Iterator[Case]:
         shape=[4, 21],
         a="transposed",
     )
-    # small integers: many tied maxima, the first one must win
+    # infinities and NaNs: a NaN restarts ggml's search; an all-NaN row gives 0
+    yield make(
+        Op.ARGMAX,
+        partial(_argmax_build, leaf, (9, 7), special()),
+        True,
+        type=Type.F32,
+        shape=[9, 7],
+        values="special",
+    )
+    # small integers: many tied maxima, the last one wins (ggml's CPU loop)
     yield make(
         Op.ARGMAX,
         partial(_argmax_build, leaf, (6, 40), indices(3)),

@@ -48,6 +48,12 @@ __all__ = [
 REFERENCE_NAME = "reference"
 
 
+def _quietly(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+    """``fn(x)`` without numpy's warnings: special-value cases overflow on purpose."""
+    with np.errstate(all="ignore"):
+        return fn(x)
+
+
 def _gguf_type(t: Type) -> GGMLQuantizationType:
     from gguf import GGMLQuantizationType
 
@@ -79,7 +85,8 @@ def gguf_encode(values: np.ndarray, t: Type) -> np.ndarray:
     if t.is_integer:
         return np.asarray(values).astype(t.numpy_dtype)
     if t == Type.F32:
-        return values.astype(np.float32)
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, as float32 code gives
+            return values.astype(np.float32)
     if t == Type.F16:
         return values.astype(np.float16)
     from gguf import quants
@@ -133,7 +140,7 @@ _BINARY = {Op.ADD: ref.add, Op.SUB: ref.sub, Op.MUL: ref.mul, Op.DIV: ref.div}
 _FORMULAS: dict[Op, Formula] = {
     **{op: _binary(f) for op, f in _BINARY.items()},
     Op.SCALE: lambda n, v: ref.scale(v[0], n.op_params["scale"], n.op_params["bias"]),
-    Op.UNARY: lambda n, v: ref.UNARY[n.op_params["fn"].value](v[0]),
+    Op.UNARY: lambda n, v: _quietly(ref.UNARY[n.op_params["fn"].value], v[0]),
     Op.GLU: lambda n, v: ref.glu(v[0], _opt(v, 1), n.op_params["swapped"]),
     Op.NORM: lambda n, v: ref.norm(v[0], n.op_params["eps"]),
     Op.RMS_NORM: lambda n, v: ref.rms_norm(v[0], n.op_params["eps"]),

@@ -60,15 +60,18 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    # ggml's tanh approximation, not the erf form
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    # ggml's tanh approximation (not the erf form), with ggml's clamps: 0 at and below
+    # -10 (the limit; the formula gives NaN at -inf), x at and above 10
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return np.where(x <= -10, 0.0, np.where(x >= 10, x, y))
 
 
 #: Elementwise functions by :class:`~tensorplug.UnaryOp` value.
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "abs": np.abs,
     "neg": np.negative,
-    "relu": lambda x: np.maximum(x, 0),
+    "relu": lambda x: np.where(x > 0, x, 0.0),  # ggml: x > 0 ? x : 0, so NaN gives 0
     "gelu": _gelu,
     "silu": lambda x: x * _sigmoid(x),
     "exp": np.exp,
@@ -289,9 +292,24 @@ def sum_rows(a: np.ndarray) -> np.ndarray:
     return a.sum(axis=-1, keepdims=True)
 
 
+def argmax_row(row: np.ndarray) -> int:
+    """ggml's CPU argmax, element by element: the running maximum ``MAX(m, x)`` (``>``),
+    and the index moves whenever ``x`` equals it — so the last maximum wins on ties, and
+    a NaN restarts the search at the next element (a trailing NaN changes nothing)."""
+    m, idx = -math.inf, 0
+    for i, x in enumerate(row.tolist()):
+        m = m if m > x else x
+        if m == x:
+            idx = i
+    return idx
+
+
 def argmax(a: np.ndarray) -> np.ndarray:
-    """First index of the row maximum; a 1-d input gives shape ``(1,)``."""
-    return np.argmax(a, axis=-1).reshape(a.shape[:-1] or (1,))
+    """Index of each row's maximum as ggml's CPU backend gives it (:func:`argmax_row`);
+    a 1-d input gives shape ``(1,)``."""
+    rows = a.reshape(-1, a.shape[-1])
+    out = np.array([argmax_row(r) for r in rows], dtype=np.int64)
+    return out.reshape(a.shape[:-1] or (1,))
 
 
 def argsort(a: np.ndarray, descending: bool = False) -> np.ndarray:

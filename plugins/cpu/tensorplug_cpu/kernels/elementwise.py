@@ -86,16 +86,23 @@ def _sigmoid_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
 
 
 def _gelu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """``0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))``, ggml's ``ggml_gelu_f32``."""
-    np.multiply(x, x, out=tmp)
-    tmp *= _GELU_COEF_A
-    tmp += 1
-    tmp *= x
-    tmp *= _SQRT_2_OVER_PI
-    np.tanh(tmp, out=tmp)
-    tmp += 1
-    tmp *= 0.5
-    np.multiply(tmp, x, out=out)
+    """``0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))``, ggml's ``ggml_gelu_f32``, with
+    ggml's clamps: 0 for x <= -10 (the formula's -inf·0 would be NaN), x for x >= 10."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.multiply(x, x, out=tmp)
+        tmp *= _GELU_COEF_A
+        tmp += 1
+        tmp *= x
+        tmp *= _SQRT_2_OVER_PI
+        np.tanh(tmp, out=tmp)
+        tmp += 1
+        tmp *= 0.5
+        clamp = x <= -10
+        big = x >= 10
+        np.multiply(tmp, x, out=out)
+    if clamp.any() or big.any():
+        out[clamp] = 0
+        out[big] = x[big]
 
 
 def _relu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
@@ -222,21 +229,38 @@ def build_sum_rows(node: Tensor, ctx: BuildContext) -> Step:
 
 
 def build_argmax(node: Tensor, ctx: BuildContext) -> Step:
-    """First index of each row's maximum; NaNs never win (ggml compares with ``>``)."""
+    """Index of each row's maximum as ggml's CPU loop gives it: the last one on ties, and
+    a NaN restarts the search (see :func:`tensorplug.testing.reference.argmax_row`)."""
     x = ctx.view(node.src[0])
     if x.ndim == 1:
         x = x[None]
     out = ctx.view(node)
     idx = ctx.scratch(x.shape[:-1], np.intp)
+    n = x.shape[-1]
 
     def run() -> None:
+        np.argmax(x[..., ::-1], axis=-1, out=idx)  # the first from the end: the last
+        np.subtract(n - 1, idx, out=idx)
         if np.isnan(x).any():
-            np.argmax(np.where(np.isnan(x), -np.inf, x), axis=-1, out=idx)
-        else:
-            np.argmax(x, axis=-1, out=idx)
+            rows, flat = x.reshape(-1, n), idx.reshape(-1)
+            for r in np.flatnonzero(np.isnan(rows).any(axis=-1)):
+                flat[r] = _argmax_after_nan(rows[r])
         np.copyto(out, idx.reshape(out.shape), casting="same_kind")
 
     return run
+
+
+def _argmax_after_nan(row: np.ndarray) -> int:
+    """ggml's loop on a row with NaNs: the last maximum of the stretch after the last
+    NaN that some number follows (0 when every value is NaN)."""
+    finite = np.flatnonzero(~np.isnan(row))
+    if finite.size == 0:
+        return 0
+    end = int(finite[-1]) + 1
+    nans = np.flatnonzero(np.isnan(row[:end]))
+    start = int(nans[-1]) + 1 if nans.size else 0
+    seg = row[start:end]
+    return start + len(seg) - 1 - int(np.argmax(seg[::-1]))
 
 
 def build_argsort(node: Tensor, ctx: BuildContext) -> Step:

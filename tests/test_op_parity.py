@@ -1,0 +1,79 @@
+"""Where tensorplug follows ggml op by op (issue: op parity with the real ggml): argmax's
+tie and NaN rule and gelu's clamps, on every backend, against ggml's own formulas."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import tensorplug as tp
+from tensorplug import ops
+from tensorplug.testing.reference import argmax_row
+
+NAN, INF = math.nan, math.inf
+
+#: rows and the index ggml's ggml_vec_argmax_f32 loop returns for them
+ARGMAX_ROWS = [
+    ([1.0, 3.0, 3.0, 2.0], 2),  # ties: the last maximum
+    ([NAN, 1.0, 0.5], 1),
+    ([5.0, NAN, 1.0, 0.5], 2),  # a NaN restarts the search
+    ([5.0, 1.0, NAN], 0),  # a trailing NaN changes nothing
+    ([NAN, NAN, NAN], 0),
+    ([-INF, -INF, -INF], 2),
+    ([INF, 1.0, INF], 2),
+]
+
+
+def _ggml_loop(row: list[float]) -> int:
+    """ggml_vec_argmax_f32, transcribed: MAX is (a > b ? a : b)."""
+    m, idx = -INF, 0
+    for i, x in enumerate(row):
+        m = m if m > x else x
+        if m == x:
+            idx = i
+    return idx
+
+
+@pytest.mark.parametrize(("row", "want"), ARGMAX_ROWS)
+def test_the_reference_argmax_is_ggmls_loop(row: list[float], want: int) -> None:
+    assert _ggml_loop(row) == want
+    assert argmax_row(np.array(row, np.float32)) == want
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+def test_every_backend_returns_ggmls_argmax(device: str) -> None:
+    dev = tp.dev_by_name(device)
+    if dev is None:
+        pytest.skip(f"no {device} device")
+    be = dev.init_backend()
+    width = max(len(r) for r, _ in ARGMAX_ROWS)
+    for row, want in ARGMAX_ROWS:
+        x = tp.new_tensor("f32", (1, len(row)), "x")
+        y = ops.argmax(x)
+        tp.alloc_tensors([x, y], be.buffer_type())
+        tp.set_array(x, np.array([row], np.float32))
+        be.graph_compute(tp.Graph(y))
+        assert int(tp.get_array(y)[0]) == want, (device, row)
+    assert width <= 4
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+def test_gelu_clamps_as_ggml_does(device: str) -> None:
+    dev = tp.dev_by_name(device)
+    if dev is None:
+        pytest.skip(f"no {device} device")
+    be = dev.init_backend()
+    xs = np.array([-INF, -1e30, -10.0, -9.99, 0.0, 9.99, 10.0, 1e30, INF], np.float32)
+    x = tp.new_tensor("f32", (xs.size,), "x")
+    y = ops.gelu(x)
+    tp.alloc_tensors([x, y], be.buffer_type())
+    tp.set_array(x, xs)
+    be.graph_compute(tp.Graph(y))
+    got = tp.get_array(y)
+    assert got[0] == 0 and got[1] == 0 and got[2] == 0  # ggml: 0 at and below -10
+    assert got[-1] == INF and got[-2] == 1e30 and got[-3] == 10  # x at and above 10
+    x64 = xs[3:6].astype(np.float64)
+    want = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))
+    np.testing.assert_allclose(got[3:6], want, rtol=1e-6, atol=1e-6)  # float32 tanh near -1
