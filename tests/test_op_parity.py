@@ -77,3 +77,64 @@ def test_gelu_clamps_as_ggml_does(device: str) -> None:
     x64 = xs[3:6].astype(np.float64)
     want = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))
     np.testing.assert_allclose(got[3:6], want, rtol=1e-6, atol=1e-6)  # float32 tanh near -1
+
+
+def _erf_gelu(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(x.astype(float))
+
+
+#: each gated unit's activation, written out independently of the library
+GLU_FORMULAS = {
+    "swiglu": lambda x: x / (1 + np.exp(-x)),
+    "reglu": lambda x: np.where(x > 0, x, 0.0),
+    "geglu": lambda x: 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x**3))),
+    "geglu_erf": _erf_gelu,
+    "geglu_quick": lambda x: x / (1 + np.exp(-1.702 * x)),
+}
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+@pytest.mark.parametrize("fn", sorted(GLU_FORMULAS))
+def test_every_gated_unit_matches_its_formula(device: str, fn: str) -> None:
+    dev = tp.dev_by_name(device)
+    if dev is None:
+        pytest.skip(f"no {device} device")
+    be = dev.init_backend()
+    rng = np.random.default_rng(7)
+    va = rng.uniform(-5, 5, (3, 16)).astype(np.float32)
+    vb = rng.uniform(-2, 2, (3, 16)).astype(np.float32)
+    a, b = tp.new_tensor("f32", (3, 16), "a"), tp.new_tensor("f32", (3, 16), "b")
+    joined = ops.glu(a, b, fn)
+    split = getattr(ops, fn)(a)  # halves of a's rows: x then g
+    swapped = ops.glu(a, fn=fn, swapped=True)
+    tp.alloc_tensors([a, b, joined, split, swapped], be.buffer_type())
+    tp.set_array(a, va)
+    tp.set_array(b, vb)
+    be.graph_compute(tp.Graph([joined, split, swapped]))
+    act = GLU_FORMULAS[fn]
+    np.testing.assert_allclose(tp.get_array(joined), act(va) * vb, rtol=2e-5, atol=1e-6)
+    x, g = va[:, :8], va[:, 8:]
+    np.testing.assert_allclose(tp.get_array(split), act(x) * g, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(tp.get_array(swapped), act(g) * x, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+def test_gelu_quick_and_gelu_erf_match_their_formulas(device: str) -> None:
+    dev = tp.dev_by_name(device)
+    if dev is None:
+        pytest.skip(f"no {device} device")
+    be = dev.init_backend()
+    xs = np.linspace(-9, 9, 181).astype(np.float32)
+    x = tp.new_tensor("f32", xs.shape, "x")
+    quick, erf = ops.gelu_quick(x), ops.gelu_erf(x)
+    tp.alloc_tensors([x, quick, erf], be.buffer_type())
+    tp.set_array(x, xs)
+    be.graph_compute(tp.Graph([quick, erf]))
+    x64 = xs.astype(np.float64)
+    np.testing.assert_allclose(tp.get_array(quick), x64 / (1 + np.exp(-1.702 * x64)), atol=2e-6)
+    np.testing.assert_allclose(tp.get_array(erf), _erf_gelu(xs), rtol=1e-6, atol=2e-6)
+
+
+def test_an_unknown_gated_unit_is_refused() -> None:
+    with pytest.raises(tp.OpParamError, match="glu: fn 'swish' is not one of 'swiglu'"):
+        ops.glu(tp.new_tensor("f32", (2, 8)), fn="swish")

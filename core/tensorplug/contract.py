@@ -89,7 +89,7 @@ CONTRACT: dict[Op, OpSpec] = {
         ),
         _spec(
             Op.UNARY,
-            "unary, abs, neg, relu, gelu, silu, exp, tanh, sigmoid",
+            "unary, abs, neg, relu, gelu, silu, exp, tanh, sigmoid, gelu_quick, gelu_erf",
             (_A,),
             (Param("fn", UnaryOp, "the elementwise function (see tensorplug.ops.unary)"),),
             "fn(a): a's type and shape",
@@ -104,7 +104,11 @@ CONTRACT: dict[Op, OpSpec] = {
                 Operand("b", "the gate, a's shape (split form when absent)", optional=True),
             ),
             (
-                Param("fn", GluOp, "the gated unit (swiglu: silu(x) * g)"),
+                Param(
+                    "fn",
+                    GluOp,
+                    "the activation of the gated unit act(x) * g (see tensorplug.ops.glu)",
+                ),
                 Param("swapped", bool, "the gate comes first (split form) / b is the value"),
             ),
             "fn(x) * g: a's type; rows half as long in the split form",

@@ -58,13 +58,21 @@ class UnaryOp(enum.Enum):
     EXP = "exp"
     TANH = "tanh"
     SIGMOID = "sigmoid"
+    GELU_QUICK = "gelu_quick"
+    GELU_ERF = "gelu_erf"
 
     def __str__(self) -> str:
         return self.value
 
 
 class GluOp(enum.Enum):
-    SWIGLU = "swiglu"
+    """The gated units ``fn(x) * g``: which activation ``fn`` is (ggml's glu ops)."""
+
+    SWIGLU = "swiglu"  # silu
+    REGLU = "reglu"  # relu
+    GEGLU = "geglu"  # gelu (tanh approximation)
+    GEGLU_ERF = "geglu_erf"  # gelu (erf)
+    GEGLU_QUICK = "geglu_quick"  # gelu_quick
 
     def __str__(self) -> str:
         return self.value

@@ -27,10 +27,12 @@ from .tensor import MAX_DIMS, Tensor
 from .types import Type
 
 __all__ = [
-    "abs", "add", "argmax", "argsort", "concat", "cont", "cpy", "div", "dup", "exp",
-    "flash_attn_ext", "gelu", "get_rows", "mul", "mul_mat", "neg", "norm", "permute",
-    "relu", "reshape", "rms_norm", "rope", "scale", "set_rows", "sigmoid", "silu",
-    "soft_max", "sub", "sum_rows", "swiglu", "tanh", "transpose", "unary", "view",
+    "abs", "add", "argmax", "argsort", "concat", "cont", "cpy", "div",
+    "dup", "exp", "flash_attn_ext", "geglu", "geglu_erf", "geglu_quick", "gelu", "gelu_erf",
+    "gelu_quick", "get_rows", "glu", "mul", "mul_mat", "neg", "norm", "permute",
+    "reglu", "relu", "reshape", "rms_norm", "rope", "scale", "set_rows", "sigmoid",
+    "silu", "soft_max", "sub", "sum_rows", "swiglu", "tanh", "transpose", "unary",
+    "view",
 ]  # fmt: skip
 
 FLOAT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16})
@@ -168,7 +170,8 @@ def unary(a: Tensor, fn: UnaryOp | str) -> Tensor:
 
     abs ``|x|``; neg ``-x``; relu ``max(x, 0)``; gelu with ggml's tanh approximation
     ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``, 0 for x <= -10 and x for x >= 10 as
-    ggml clamps it (so gelu(-inf) = 0, gelu(inf) = inf); silu ``x·σ(x)``; exp ``eˣ``;
+    ggml clamps it (so gelu(-inf) = 0, gelu(inf) = inf); gelu_quick ``x·σ(1.702·x)``;
+    gelu_erf ``0.5·x·(1 + erf(x/√2))``; silu ``x·σ(x)``; exp ``eˣ``;
     tanh; sigmoid ``σ(x) = 1/(1 + e⁻ˣ)``.
     """
     fn = UnaryOp(_member("unary", "fn", UnaryOp, fn))
@@ -196,6 +199,16 @@ def silu(a: Tensor) -> Tensor:
     return unary(a, UnaryOp.SILU)
 
 
+def gelu_quick(a: Tensor) -> Tensor:
+    """``x·σ(1.702·x)`` (``ggml_gelu_quick``)."""
+    return unary(a, UnaryOp.GELU_QUICK)
+
+
+def gelu_erf(a: Tensor) -> Tensor:
+    """``0.5·x·(1 + erf(x/√2))``, the exact GELU (``ggml_gelu_erf``)."""
+    return unary(a, UnaryOp.GELU_ERF)
+
+
 def exp(a: Tensor) -> Tensor:
     return unary(a, UnaryOp.EXP)
 
@@ -208,28 +221,57 @@ def sigmoid(a: Tensor) -> Tensor:
     return unary(a, UnaryOp.SIGMOID)
 
 
-def swiglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
-    """SwiGLU, the gated MLP activation (``ggml_swiglu`` / ``ggml_swiglu_split``).
+def glu(
+    a: Tensor, b: Tensor | None = None, fn: GluOp | str = GluOp.SWIGLU, *, swapped: bool = False
+) -> Tensor:
+    """A gated unit ``act(x) * g`` (``ggml_glu`` / ``ggml_glu_split``); ``fn`` picks the
+    activation: swiglu (silu), reglu (relu), geglu (gelu, tanh form, clamped as ggml),
+    geglu_erf (gelu, erf form), geglu_quick (gelu_quick).
 
-    With ``b``: ``silu(a) * b``; both have the same shape, the result too.
+    With ``b``: ``act(a) * b``; both have the same shape, the result too.
     Without ``b``: ``a``'s last axis (even length ``2n``) is split in halves
-    ``x = a[..., :n]`` and ``g = a[..., n:]`` and the result is ``silu(x) * g`` with
+    ``x = a[..., :n]`` and ``g = a[..., n:]`` and the result is ``act(x) * g`` with
     last axis ``n`` (``swapped`` exchanges the roles of the halves). Same type as ``a``.
     """
-    _check_type("swiglu", "a", a, FLOAT_TYPES)
-    params = {"fn": GluOp.SWIGLU, "swapped": bool(swapped)}
+    fn = GluOp(_member("glu", "fn", GluOp, fn))
+    name = fn.value
+    _check_type(name, "a", a, FLOAT_TYPES)
+    params = {"fn": fn, "swapped": bool(swapped)}
     if b is not None:
         if swapped:
-            raise _fail(
-                "swiglu", "swapped applies to the split form only; with b, swap the operands"
-            )
-        _check_type("swiglu", "b", b, {a.type})
+            raise _fail(name, "swapped applies to the split form only; with b, swap the operands")
+        _check_type(name, "b", b, {a.type})
         if b.shape != a.shape:
-            raise _fail("swiglu", f"b {b.describe()} must have the shape of a {a.describe()}")
+            raise _fail(name, f"b {b.describe()} must have the shape of a {a.describe()}")
         return _new(a.type, a.shape, Op.GLU, (a, b), params)
     if a.shape[-1] % 2:
-        raise _fail("swiglu", f"a {a.describe()} needs an even last dimension to split in halves")
+        raise _fail(name, f"a {a.describe()} needs an even last dimension to split in halves")
     return _new(a.type, (*a.shape[:-1], a.shape[-1] // 2), Op.GLU, (a,), params)
+
+
+def swiglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """SwiGLU, ``silu(x) * g``, the gated MLP of llama (``ggml_swiglu``); see :func:`glu`."""
+    return glu(a, b, GluOp.SWIGLU, swapped=swapped)
+
+
+def reglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """``relu(x) * g`` (``ggml_reglu``); see :func:`glu`."""
+    return glu(a, b, GluOp.REGLU, swapped=swapped)
+
+
+def geglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """``gelu(x) * g``, gelu's tanh form as ggml clamps it (``ggml_geglu``); see :func:`glu`."""
+    return glu(a, b, GluOp.GEGLU, swapped=swapped)
+
+
+def geglu_erf(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """``gelu_erf(x) * g`` (``ggml_geglu_erf``); see :func:`glu`."""
+    return glu(a, b, GluOp.GEGLU_ERF, swapped=swapped)
+
+
+def geglu_quick(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """``gelu_quick(x) * g`` (``ggml_geglu_quick``); see :func:`glu`."""
+    return glu(a, b, GluOp.GEGLU_QUICK, swapped=swapped)
 
 
 # -- normalisation -------------------------------------------------------------------------

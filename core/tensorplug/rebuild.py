@@ -29,9 +29,7 @@ def _opt(src: Sequence[Tensor], i: int) -> Tensor | None:
 
 
 def _glu(src: Sequence[Tensor], p: Params) -> Tensor:
-    if p["fn"] is not GluOp.SWIGLU:
-        raise UnsupportedError(f"glu {p['fn']} has no rebuild rule yet")
-    return ops.swiglu(src[0], _opt(src, 1), swapped=p["swapped"])
+    return ops.glu(src[0], _opt(src, 1), GluOp(p["fn"]), swapped=p["swapped"])
 
 
 #: Each builder gets the new sources, the params and the node's shape and

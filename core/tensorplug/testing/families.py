@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 
 from .. import ops
-from ..opcodes import Op, SortOrder, UnaryOp
+from ..opcodes import GluOp, Op, SortOrder, UnaryOp
 from ..tensor import Tensor
 from ..types import Type
 from .cases import Case, InitFn, Inputs, case_name, distinct, indices, special, uniform
@@ -193,53 +193,57 @@ def _unary() -> Iterator[Case]:
             )
 
 
-def _swiglu_build(
-    t: Type, shape: Shape, split: bool, swapped: bool, a: Layout, b: Layout, ins: Inputs
-) -> Tensor:
+def _glu_build(
+    fn: GluOp, t: Type, shape: Shape, split: bool, swapped: bool, a: Layout, b: Layout,
+    ins: Inputs,
+) -> Tensor:  # fmt: skip
+    init = uniform(-4.0, 4.0)
     if split:
-        return ops.swiglu(a(ins, t, (*shape[:-1], 2 * shape[-1])), swapped=swapped)
-    return ops.swiglu(a(ins, t, shape), b(ins, t, shape), swapped=swapped)
+        return ops.glu(a(ins, t, (*shape[:-1], 2 * shape[-1]), init), fn=fn, swapped=swapped)
+    return ops.glu(a(ins, t, shape, init), b(ins, t, shape), fn, swapped=swapped)
 
 
 def _glu() -> Iterator[Case]:
-    tags = {"swiglu"}
-    for t in FLOAT_TYPES:
-        for swapped in (False, True):
-            build = partial(_swiglu_build, t, (3, 4, 33), True, swapped, leaf, leaf)
+    for fn in GluOp:
+        label, tags = fn.value.upper(), {fn.value}
+        main = fn is GluOp.SWIGLU  # llama's: every layout; the others a quick subset
+        for t in FLOAT_TYPES:
+            for swapped in (False, True):
+                build = partial(_glu_build, fn, t, (3, 4, 33), True, swapped, leaf, leaf)
+                yield make(
+                    Op.GLU,
+                    build,
+                    t == Type.F32 or (main and not swapped),
+                    label,
+                    tags=tags,
+                    type=t,
+                    shape=[3, 4, 33],
+                    split=True,
+                    swapped=swapped,
+                )
+            yield make(
+                Op.GLU,
+                partial(_glu_build, fn, t, (5, 33), False, False, leaf, leaf),
+                main or t == Type.F32,
+                label,
+                tags=tags,
+                type=t,
+                shape=[5, 33],
+                split=False,
+            )
+            build = partial(_glu_build, fn, t, (4, 17), False, False, strided, transposed)
             yield make(
                 Op.GLU,
                 build,
-                t == Type.F32 or not swapped,
-                "SWIGLU",
+                main and t == Type.F32,
+                label,
                 tags=tags,
                 type=t,
-                shape=[3, 4, 33],
-                split=True,
-                swapped=swapped,
+                shape=[4, 17],
+                split=False,
+                a="strided",
+                b="transposed",
             )
-        yield make(
-            Op.GLU,
-            partial(_swiglu_build, t, (5, 33), False, False, leaf, leaf),
-            True,
-            "SWIGLU",
-            tags=tags,
-            type=t,
-            shape=[5, 33],
-            split=False,
-        )
-        build = partial(_swiglu_build, t, (4, 17), False, False, strided, transposed)
-        yield make(
-            Op.GLU,
-            build,
-            t == Type.F32,
-            "SWIGLU",
-            tags=tags,
-            type=t,
-            shape=[4, 17],
-            split=False,
-            a="strided",
-            b="transposed",
-        )
 
 
 def _norm_build(

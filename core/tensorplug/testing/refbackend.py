@@ -141,7 +141,9 @@ _FORMULAS: dict[Op, Formula] = {
     **{op: _binary(f) for op, f in _BINARY.items()},
     Op.SCALE: lambda n, v: ref.scale(v[0], n.op_params["scale"], n.op_params["bias"]),
     Op.UNARY: lambda n, v: _quietly(ref.UNARY[n.op_params["fn"].value], v[0]),
-    Op.GLU: lambda n, v: ref.glu(v[0], _opt(v, 1), n.op_params["swapped"]),
+    Op.GLU: lambda n, v: _quietly(
+        lambda a: ref.glu(a, _opt(v, 1), n.op_params["swapped"], n.op_params["fn"].value), v[0]
+    ),
     Op.NORM: lambda n, v: ref.norm(v[0], n.op_params["eps"]),
     Op.RMS_NORM: lambda n, v: ref.rms_norm(v[0], n.op_params["eps"]),
     Op.MUL_MAT: lambda n, v: ref.mul_mat(v[0], v[1]),

@@ -67,6 +67,16 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return np.where(x <= -10, 0.0, np.where(x >= 10, x, y))
 
 
+def _gelu_quick(x: np.ndarray) -> np.ndarray:
+    return x * _sigmoid(1.702 * x)
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    # 1 + erf(z) = erfc(-z): exact in the far negative tail, where 1 + erf cancels
+    erfc = np.vectorize(math.erfc, otypes=[np.float64])
+    return 0.5 * x * erfc(-x / math.sqrt(2))
+
+
 #: Elementwise functions by :class:`~tensorplug.UnaryOp` value.
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "abs": np.abs,
@@ -77,12 +87,27 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp,
     "tanh": np.tanh,
     "sigmoid": _sigmoid,
+    "gelu_quick": _gelu_quick,
+    "gelu_erf": _gelu_erf,
 }
 
 
-def glu(a: np.ndarray, b: np.ndarray | None = None, swapped: bool = False) -> np.ndarray:
-    """SwiGLU: ``silu(x)·g`` with ``(x, g) = (a, b)``, or the halves of ``a``'s last axis
-    (exchanged when ``swapped``; as in ggml, ``swapped`` means nothing when ``b`` is given)."""
+#: The activation of each gated unit by :class:`~tensorplug.GluOp` value.
+GLU_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "swiglu": lambda x: x * _sigmoid(x),
+    "reglu": lambda x: np.where(x > 0, x, 0.0),
+    "geglu": _gelu,
+    "geglu_erf": _gelu_erf,
+    "geglu_quick": _gelu_quick,
+}
+
+
+def glu(
+    a: np.ndarray, b: np.ndarray | None = None, swapped: bool = False, fn: str = "swiglu"
+) -> np.ndarray:
+    """``act(x)·g`` with ``(x, g) = (a, b)``, or the halves of ``a``'s last axis
+    (exchanged when ``swapped``; as in ggml, ``swapped`` means nothing when ``b`` is
+    given). geglu is 0 wherever x <= -10, whatever g is, as ggml's loop sets it."""
     if b is None:
         n = a.shape[-1] // 2
         x, g = a[..., :n], a[..., n:]
@@ -90,7 +115,8 @@ def glu(a: np.ndarray, b: np.ndarray | None = None, swapped: bool = False) -> np
             x, g = g, x
     else:
         x, g = a, b
-    return x * _sigmoid(x) * g
+    y = GLU_ACTIVATIONS[fn](x) * g
+    return np.where(x <= -10, 0.0, y) if fn == "geglu" else y
 
 
 # -- normalisation -------------------------------------------------------------------------

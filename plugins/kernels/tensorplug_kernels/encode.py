@@ -39,7 +39,10 @@ _UNARY = {
     UnaryOp.EXP: 5,
     UnaryOp.TANH: 6,
     UnaryOp.SIGMOID: 7,
+    UnaryOp.GELU_QUICK: 9,
+    UnaryOp.GELU_ERF: 10,
 }
+_GLU = {GluOp.SWIGLU: 0, GluOp.REGLU: 1, GluOp.GEGLU: 2, GluOp.GEGLU_ERF: 3, GluOp.GEGLU_QUICK: 4}
 _UN_SCALE = 8
 
 Encoder = Callable[[Tensor, Limits], list[Launch]]
@@ -84,11 +87,12 @@ def _glu(node: Tensor, lim: Limits) -> list[Launch]:
         first, second = (half, 0) if node.op_params.get("swapped") else (0, half)
         x = tensor_arg(a, ne=ne, offset=first)
         g = tensor_arg(a, ne=ne, offset=second)
-    return row_launch("k_swiglu", nrows(node), lim, x=x, g=g, d=tensor_arg(node))
+    fn = _GLU[GluOp(node.op_params["fn"])]
+    return row_launch("k_glu", nrows(node), lim, x=x, g=g, d=tensor_arg(node), fn=fn)
 
 
 def _glu_ok(node: Tensor, lim: Limits) -> bool:
-    return GluOp(node.op_params["fn"]) is GluOp.SWIGLU and all(s.type in FLOAT for s in node.src)
+    return GluOp(node.op_params["fn"]) in _GLU and all(s.type in FLOAT for s in node.src)
 
 
 def _floats(node: Tensor, lim: Limits) -> bool:

@@ -102,7 +102,11 @@ def _unary(node: Tensor) -> bool:
 
 def _glu(node: Tensor) -> bool:
     a = node.src[0]
-    if node.op_params.get("fn") != GluOp.SWIGLU or a.type not in FLOAT or node.type != a.type:
+    if (
+        not isinstance(node.op_params.get("fn"), GluOp)
+        or a.type not in FLOAT
+        or node.type != a.type
+    ):
         return False
     if len(node.src) == 2:
         return node.src[1].type == a.type and node.src[1].shape == a.shape == node.shape

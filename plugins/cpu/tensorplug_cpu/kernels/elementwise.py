@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tensorplug.opcodes import Op, SortOrder, UnaryOp
+from tensorplug.opcodes import GluOp, Op, SortOrder, UnaryOp
 from tensorplug.types import Type
 
 from .common import F32, BuildContext, Step, sequence
@@ -105,6 +105,44 @@ def _gelu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
         out[big] = x[big]
 
 
+def _gelu_quick_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    """``x·σ(1.702·x)`` = ``x / (1 + exp(-1.702·x))``, ggml's ``ggml_gelu_quick_f32``."""
+    with np.errstate(over="ignore"):
+        np.multiply(x, np.float32(-1.702), out=tmp)
+        np.exp(tmp, out=tmp)
+    tmp += 1
+    np.divide(x, tmp, out=out)
+
+
+#: Coefficients of Numerical Recipes' erfc (fractional error below 1.2e-7 everywhere).
+_ERFC_C = tuple(np.float32(c) for c in (
+    -1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+    0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277,
+))  # fmt: skip
+
+
+def one_plus_erf(x: np.ndarray) -> np.ndarray:
+    """``1 + erf(x)`` in float32 without cancellation: ``erfc(-x)`` for x < 0 and
+    ``2 - erfc(x)`` for x >= 0, erfc from a rational fit (numpy has no erf). The GPU
+    kernels compute the same expression (``tp_one_plus_erf``)."""
+    z = np.abs(x).astype(np.float32)
+    t = np.float32(1) / (np.float32(1) + np.float32(0.5) * z)
+    poly = _ERFC_C[-1]
+    for c in reversed(_ERFC_C[1:-1]):
+        poly = c + t * poly
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        erfc = t * np.exp(-z * z + _ERFC_C[0] + t * poly)
+    return np.where(x < 0, erfc, np.float32(2) - erfc).astype(np.float32)
+
+
+def _gelu_erf_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    """``0.5·x·(1 + erf(x/√2))``, ggml's ``ggml_gelu_erf``."""
+    tmp[...] = one_plus_erf(x * np.float32(1 / math.sqrt(2)))
+    tmp *= 0.5
+    with np.errstate(invalid="ignore"):
+        np.multiply(tmp, x, out=out)
+
+
 def _relu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
     # fmax ignores NaN, giving 0 for NaN like ggml's ``x > 0 ? x : 0``
     np.fmax(x, 0, out=out)
@@ -130,8 +168,19 @@ UNARY_FNS: dict[UnaryOp, UnaryFn] = {
     UnaryOp.EXP: _direct(np.exp),
     UnaryOp.TANH: _direct(np.tanh),
     UnaryOp.SIGMOID: _sigmoid_into,
+    UnaryOp.GELU_QUICK: _gelu_quick_into,
+    UnaryOp.GELU_ERF: _gelu_erf_into,
 }
-_NEEDS_TMP = {UnaryOp.GELU, UnaryOp.SILU, UnaryOp.SIGMOID}
+_NEEDS_TMP = {UnaryOp.GELU, UnaryOp.SILU, UnaryOp.SIGMOID, UnaryOp.GELU_QUICK, UnaryOp.GELU_ERF}
+
+#: The activation of each gated unit (:class:`~tensorplug.GluOp`).
+_GLU_ACTIVATIONS: dict[GluOp, UnaryFn] = {
+    GluOp.SWIGLU: _silu_into,
+    GluOp.REGLU: _relu_into,
+    GluOp.GEGLU: _gelu_into,
+    GluOp.GEGLU_ERF: _gelu_erf_into,
+    GluOp.GEGLU_QUICK: _gelu_quick_into,
+}
 
 
 def build_unary(node: Tensor, ctx: BuildContext) -> Step:
@@ -143,7 +192,10 @@ def build_unary(node: Tensor, ctx: BuildContext) -> Step:
 
 
 def build_glu(node: Tensor, ctx: BuildContext) -> Step:
-    """swiglu: ``silu(x)·g``; without ``b`` the halves of ``a``'s rows are ``x`` and ``g``."""
+    """``act(x)·g``; without ``b`` the halves of ``a``'s rows are ``x`` and ``g``. geglu
+    is 0 wherever x <= -10, whatever g is, as ggml's loop sets it."""
+    fn = GluOp(node.op_params["fn"])
+    act = _GLU_ACTIVATIONS[fn]
     a, load_a = ctx.f32_in(node.src[0])
     load_b = None
     if len(node.src) == 2:
@@ -158,8 +210,11 @@ def build_glu(node: Tensor, ctx: BuildContext) -> Step:
     tmp = ctx.scratch(node.shape)
 
     def run() -> None:
-        _silu_into(x, tmp, tmp)
-        np.multiply(tmp, g, out=out)
+        act(x, tmp, tmp)
+        with np.errstate(invalid="ignore"):
+            np.multiply(tmp, g, out=out)
+        if fn is GluOp.GEGLU:
+            out[x <= -10] = 0
 
     return sequence(load_a, load_b, run, store)
 
