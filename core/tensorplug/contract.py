@@ -64,7 +64,9 @@ def _spec(
 
 
 _A = Operand("a", "the input")
-_ELEMENTWISE_B = Operand("b", "the second operand; each of its axes is 1 (broadcast) or a's extent")
+_ELEMENTWISE_B = Operand(
+    "b", "the second operand, repeated onto a: each extent divides a's (1 broadcasts)"
+)
 _EPS = Param("eps", float, "added to the variance before the square root; > 0")
 _SCALE = Param("scale", float, "multiplies the scores before the softmax")
 _MAX_BIAS = Param("max_bias", float, "ALiBi maximum bias; 0 disables ALiBi (then the slope is 1)")

@@ -83,13 +83,16 @@ def _padded(shape: Sequence[int], ndim: int = MAX_DIMS) -> tuple[int, ...]:
 
 
 def _check_broadcast(op: str, a: Tensor, b: Tensor) -> None:
+    """ggml's ``ggml_can_repeat``: every extent of ``b`` divides ``a``'s, so ``b`` is
+    repeated (tiled) to ``a``'s shape — 1 broadcasts, equal matches."""
     if b.ndim > a.ndim or any(
-        db not in (1, da) for da, db in zip(_padded(a.shape), _padded(b.shape), strict=True)
+        db != da and (db == 0 or da % db)
+        for da, db in zip(_padded(a.shape), _padded(b.shape), strict=True)
     ):
         raise _fail(
             op,
-            f"b {b.describe()} does not broadcast onto a {a.describe()}: each dimension of b "
-            "(aligned from the right) must be 1 or equal to a's",
+            f"b {b.describe()} does not repeat onto a {a.describe()}: each dimension of b "
+            "(aligned from the right) must divide a's (1 broadcasts; a divisor is tiled)",
         )
 
 
@@ -140,22 +143,22 @@ def _binary(op: Op, a: Tensor, b: Tensor) -> Tensor:
 
 
 def add(a: Tensor, b: Tensor) -> Tensor:
-    """``a + b`` with ``b`` broadcast onto ``a``; the result has ``a``'s type and shape."""
+    """``a + b``, ``b`` repeated onto ``a`` (its extents divide a's); a's type and shape."""
     return _binary(Op.ADD, a, b)
 
 
 def sub(a: Tensor, b: Tensor) -> Tensor:
-    """``a - b`` with ``b`` broadcast onto ``a``; the result has ``a``'s type and shape."""
+    """``a - b``, ``b`` repeated onto ``a`` (its extents divide a's); a's type and shape."""
     return _binary(Op.SUB, a, b)
 
 
 def mul(a: Tensor, b: Tensor) -> Tensor:
-    """``a * b`` with ``b`` broadcast onto ``a``; the result has ``a``'s type and shape."""
+    """``a * b``, ``b`` repeated onto ``a`` (its extents divide a's); a's type and shape."""
     return _binary(Op.MUL, a, b)
 
 
 def div(a: Tensor, b: Tensor) -> Tensor:
-    """``a / b`` with ``b`` broadcast onto ``a``; the result has ``a``'s type and shape."""
+    """``a / b``, ``b`` repeated onto ``a`` (its extents divide a's); a's type and shape."""
     return _binary(Op.DIV, a, b)
 
 

@@ -115,6 +115,11 @@ def _binary() -> Iterator[Case]:
                 yield make(op, build, t == Type.F32 or i < 2, type=t, shape=shape, b=bshape)
             build = partial(_binary_build, fn, transposed, t, (5, 33), strided, t, (5, 33), b_init)
             yield make(op, build, t == Type.F32, type=t, shape=[5, 33], a="transposed", b="strided")
+        # b repeated onto a (ggml's can_repeat): extents that divide a's, not only 1s
+        for shape, bshape in (((4, 6), (2, 6)), ((6, 4, 9), (3, 2, 9)), ((2, 3, 8), (3, 4))):
+            build = partial(_binary_build, fn, leaf, Type.F32, shape, leaf, Type.F32, bshape,
+                            b_init)  # fmt: skip
+            yield make(op, build, True, type=Type.F32, shape=shape, b=bshape, b_is="tiled")
         build = partial(
             _binary_build, fn, leaf, Type.F32, (3, 5, 16), leaf, Type.F16, (5, 16), b_init
         )

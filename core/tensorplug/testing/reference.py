@@ -35,20 +35,26 @@ def _pad4(x: np.ndarray) -> np.ndarray:
 # -- elementwise --------------------------------------------------------------------------
 
 
+def repeat_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``b`` tiled to ``shape`` (ggml's repeat: every extent of b divides shape's)."""
+    b = b.reshape((1,) * (len(shape) - b.ndim) + b.shape)
+    return np.tile(b, tuple(n // m if m else 1 for n, m in zip(shape, b.shape, strict=True)))
+
+
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a + b
+    return a + repeat_to(b, a.shape)
 
 
 def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a - b
+    return a - repeat_to(b, a.shape)
 
 
 def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a * b
+    return a * repeat_to(b, a.shape)
 
 
 def div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a / b
+    return a / repeat_to(b, a.shape)
 
 
 def scale(a: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:
@@ -74,7 +80,7 @@ def _gelu_quick(x: np.ndarray) -> np.ndarray:
 def _gelu_erf(x: np.ndarray) -> np.ndarray:
     # 1 + erf(z) = erfc(-z): exact in the far negative tail, where 1 + erf cancels
     erfc = np.vectorize(math.erfc, otypes=[np.float64])
-    return 0.5 * x * erfc(-x / math.sqrt(2))
+    return (0.5 * x * erfc(-x / math.sqrt(2))).astype(x.dtype)
 
 
 #: Elementwise functions by :class:`~tensorplug.UnaryOp` value.

@@ -76,9 +76,11 @@ def _types(t: Tensor, allowed: frozenset[Type]) -> bool:
 
 
 def _broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """``b`` repeats onto ``a`` (ggml's can_repeat: each extent of b divides a's)."""
     if len(b) > len(a):
         return False
-    return all(db in (1, da) for da, db in zip(a[len(a) - len(b) :], b, strict=True))
+    pairs = zip(a[len(a) - len(b) :], b, strict=True)
+    return all(db == da or (db > 0 and da % db == 0) for da, db in pairs)
 
 
 def _float_same(node: Tensor) -> bool:

@@ -52,12 +52,33 @@ def build_binary(node: Tensor, ctx: BuildContext) -> Step:
     """
     ufunc = _UFUNCS[node.op]
     a, b = node.src
+    pa = (1,) * (len(a.shape) - len(b.shape)) + tuple(b.shape)
+    if any(1 < db < da for da, db in zip(a.shape, pa, strict=True)):
+        return _build_tiled_binary(node, ctx, ufunc)
     if all(t.type in _NUMPY_NATIVE for t in (a, b, node)):
         return partial(ufunc, ctx.view(a), ctx.view(b), out=ctx.view(node))
     av, load_a = ctx.f32_in(a)
     bv, load_b = ctx.f32_in(b)
     out, store = ctx.f32_out(node)
     return sequence(load_a, load_b, partial(ufunc, av, bv, out=out), store)
+
+
+def _build_tiled_binary(node: Tensor, ctx: BuildContext, ufunc: np.ufunc) -> Step:
+    """``b`` repeated onto ``a`` (an extent of b divides a's, ggml's can_repeat): the
+    tiles are copied into scratch first; numpy broadcasting only stretches 1s."""
+    a, b = node.src
+    av, load_a = ctx.f32_in(a)
+    bv, load_b = ctx.f32_in(b)
+    out, store = ctx.f32_out(node)
+    tiled = ctx.scratch(node.shape)
+    pb = (1,) * (len(node.shape) - len(b.shape)) + tuple(b.shape)
+    reps = tuple(n // m for n, m in zip(node.shape, pb, strict=True))
+
+    def run() -> None:
+        tiled[...] = np.tile(bv.reshape(pb), reps)
+        ufunc(av, tiled, out=out)
+
+    return sequence(load_a, load_b, run, store)
 
 
 def build_scale(node: Tensor, ctx: BuildContext) -> Step:
