@@ -38,7 +38,8 @@ def _pad4(x: np.ndarray) -> np.ndarray:
 def repeat_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``b`` tiled to ``shape`` (ggml's repeat: every extent of b divides shape's)."""
     b = b.reshape((1,) * (len(shape) - b.ndim) + b.shape)
-    return np.tile(b, tuple(n // m if m else 1 for n, m in zip(shape, b.shape, strict=True)))
+    reps = [n // m if m else 1 for n, m in zip(shape, b.shape, strict=True)]
+    return np.tile(b, reps)
 
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
