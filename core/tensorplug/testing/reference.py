@@ -37,9 +37,9 @@ def _pad4(x: np.ndarray) -> np.ndarray:
 
 def repeat_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``b`` tiled to ``shape`` (ggml's repeat: every extent of b divides shape's)."""
-    b = b.reshape((1,) * (len(shape) - b.ndim) + b.shape)
-    reps = [n // m if m else 1 for n, m in zip(shape, b.shape, strict=True)]
-    return np.tile(b, reps)
+    padded: tuple[int, ...] = (1,) * (len(shape) - b.ndim) + tuple(b.shape)
+    reps = [n // m if m else 1 for n, m in zip(shape, padded, strict=True)]
+    return np.tile(b.reshape(padded), reps)
 
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
