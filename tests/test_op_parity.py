@@ -138,3 +138,39 @@ def test_gelu_quick_and_gelu_erf_match_their_formulas(device: str) -> None:
 def test_an_unknown_gated_unit_is_refused() -> None:
     with pytest.raises(tp.OpParamError, match="glu: fn 'swish' is not one of 'swiglu'"):
         ops.glu(tp.new_tensor("f32", (2, 8)), fn="swish")
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+def test_mul_mat_id_routes_each_token_through_its_experts(device: str) -> None:
+    dev = tp.dev_by_name(device)
+    if dev is None:
+        pytest.skip(f"no {device} device")
+    be = dev.init_backend()
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 6, 32)).astype(np.float32)  # 4 experts, 6 outputs, K 32
+    x = rng.standard_normal((3, 1, 32)).astype(np.float32)  # 3 tokens, one shared row
+    sel = np.array([[0, 2], [3, 3], [1, 0]], np.int32)
+    tw, tx, ti = (tp.new_tensor(t, s, n) for t, s, n in
+                  (("f32", w.shape, "w"), ("f32", x.shape, "x"), ("i32", sel.shape, "ids")))  # fmt: skip
+    y = ops.mul_mat_id(tw, tx, ti)
+    assert y.shape == (3, 2, 6) and y.type is tp.Type.F32
+    tp.alloc_tensors([tw, tx, ti, y], be.buffer_type())
+    tp.set_array(tw, w)
+    tp.set_array(tx, x)
+    tp.set_array(ti, sel)
+    be.graph_compute(tp.Graph(y))
+    want = np.stack([np.stack([w[sel[t, e]] @ x[t, 0] for e in range(2)]) for t in range(3)])
+    np.testing.assert_allclose(tp.get_array(y), want, rtol=1e-5, atol=1e-5)
+    tp.set_array(ti, np.array([[0, 4], [1, 1], [0, 0]], np.int32))  # expert 4 does not exist
+    with pytest.raises(tp.OutOfBoundsError, match=r"4\b"):
+        be.graph_compute(tp.Graph(y))
+
+
+def test_mul_mat_id_refuses_mismatched_shapes() -> None:
+    w, ids = tp.new_tensor("f32", (4, 6, 32)), tp.new_tensor("i32", (3, 2))
+    with pytest.raises(tp.ShapeError, match="must share K"):
+        ops.mul_mat_id(w, tp.new_tensor("f32", (3, 1, 16)), ids)
+    with pytest.raises(tp.ShapeError, match=r"must be \(3, 1 or 2, K\)"):
+        ops.mul_mat_id(w, tp.new_tensor("f32", (3, 3, 32)), ids)
+    with pytest.raises(tp.TypeMismatchError):
+        ops.mul_mat_id(w, tp.new_tensor("f32", (3, 1, 32)), tp.new_tensor("f32", (3, 2)))

@@ -128,6 +128,17 @@ CONTRACT: dict[Op, OpSpec] = {
             "b · aᵀ: F32 (..., n_tok, n_out)",
         ),
         _spec(
+            Op.MUL_MAT_ID,
+            "mul_mat_id",
+            (
+                Operand("as_", "the experts' weights (n_expert, n_out, K), any float or quantized"),
+                Operand("b", "float (n_tokens, 1 or n_used, K)"),
+                Operand("ids", "I32 (n_tokens, n_used): each token's experts, in [0, n_expert)"),
+            ),
+            (),
+            "F32 (n_tokens, n_used, n_out): out[t, e] = as_[ids[t, e]] · b[t, e % n_b]",
+        ),
+        _spec(
             Op.SOFT_MAX,
             "soft_max",
             (

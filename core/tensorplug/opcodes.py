@@ -25,6 +25,7 @@ class Op(enum.Enum):
     NORM = "norm"
     RMS_NORM = "rms_norm"
     MUL_MAT = "mul_mat"
+    MUL_MAT_ID = "mul_mat_id"
     SOFT_MAX = "soft_max"
     ROPE = "rope"
     FLASH_ATTN_EXT = "flash_attn_ext"

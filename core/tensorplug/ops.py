@@ -29,10 +29,10 @@ from .types import Type
 __all__ = [
     "abs", "add", "argmax", "argsort", "concat", "cont", "cpy", "div",
     "dup", "exp", "flash_attn_ext", "geglu", "geglu_erf", "geglu_quick", "gelu", "gelu_erf",
-    "gelu_quick", "get_rows", "glu", "mul", "mul_mat", "neg", "norm", "permute",
-    "reglu", "relu", "reshape", "rms_norm", "rope", "scale", "set_rows", "sigmoid",
-    "silu", "soft_max", "sub", "sum_rows", "swiglu", "tanh", "transpose", "unary",
-    "view",
+    "gelu_quick", "get_rows", "glu", "mul", "mul_mat", "mul_mat_id", "neg", "norm",
+    "permute", "reglu", "relu", "reshape", "rms_norm", "rope", "scale", "set_rows",
+    "sigmoid", "silu", "soft_max", "sub", "sum_rows", "swiglu", "tanh", "transpose",
+    "unary", "view",
 ]  # fmt: skip
 
 FLOAT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16})
@@ -324,6 +324,38 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
                 f"batch dimensions of b {b.describe()} must be multiples of a's {a.describe()}",
             )
     return _new(Type.F32, (*pb[:-2], pb[-2], pa[-2])[-ndim:], Op.MUL_MAT, (a, b))
+
+
+def mul_mat_id(as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """Mixture of experts: each token's rows through the experts it selected
+    (``ggml_mul_mat_id``).
+
+    ``as_`` stacks the experts' weights, ``(n_expert, n_out, K)``, any float or quantized
+    type; ``b`` is ``(n_tokens, n_b, K)`` float with ``n_b`` 1 (every selected expert
+    reads the token's one row) or ``n_used``; ``ids`` is I32 ``(n_tokens, n_used)``,
+    each in ``[0, n_expert)``. ``out[t, e, :] = as_[ids[t, e]] · b[t, e % n_b, :]``:
+    F32 ``(n_tokens, n_used, n_out)``.
+    """
+    _check_type("mul_mat_id", "as_", as_, FLOAT_TYPES | {t for t in Type if t.is_quantized})
+    _check_type("mul_mat_id", "b", b, FLOAT_TYPES)
+    _check_type("mul_mat_id", "ids", ids, {Type.I32})
+    if as_.ndim != 3 or b.ndim != 3 or ids.ndim != 2:
+        raise _fail(
+            "mul_mat_id",
+            f"as_ {as_.describe()} must be (n_expert, n_out, K), b {b.describe()} "
+            f"(n_tokens, n_b, K) and ids {ids.describe()} (n_tokens, n_used)",
+        )
+    n_tokens, n_used = ids.shape
+    if b.shape[-1] != as_.shape[-1]:
+        raise _fail("mul_mat_id", f"b {b.describe()} and as_ {as_.describe()} must share K")
+    if b.shape[0] != n_tokens or b.shape[1] not in (1, n_used):
+        raise _fail(
+            "mul_mat_id",
+            f"b {b.describe()} must be ({n_tokens}, 1 or {n_used}, K) for ids {ids.describe()}",
+        )
+    if as_.type.is_quantized and not as_.rows_contiguous:
+        raise _fail("mul_mat_id", f"quantized as_ {as_.describe()} must have dense rows")
+    return _new(Type.F32, (n_tokens, n_used, as_.shape[1]), Op.MUL_MAT_ID, (as_, b, ids))
 
 
 def soft_max(

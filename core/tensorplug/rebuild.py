@@ -45,6 +45,7 @@ BUILDERS: dict[Op, Builder] = {
     Op.NORM: lambda s, p, sh, st: ops.norm(s[0], p["eps"]),
     Op.RMS_NORM: lambda s, p, sh, st: ops.rms_norm(s[0], p["eps"]),
     Op.MUL_MAT: lambda s, p, sh, st: ops.mul_mat(s[0], s[1]),
+    Op.MUL_MAT_ID: lambda s, p, sh, st: ops.mul_mat_id(s[0], s[1], s[2]),
     Op.SOFT_MAX: lambda s, p, sh, st: ops.soft_max(s[0], _opt(s, 1), p["scale"], p["max_bias"]),
     Op.ROPE: lambda s, p, sh, st: ops.rope(
         s[0],

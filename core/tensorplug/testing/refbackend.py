@@ -147,6 +147,7 @@ _FORMULAS: dict[Op, Formula] = {
     Op.NORM: lambda n, v: ref.norm(v[0], n.op_params["eps"]),
     Op.RMS_NORM: lambda n, v: ref.rms_norm(v[0], n.op_params["eps"]),
     Op.MUL_MAT: lambda n, v: ref.mul_mat(v[0], v[1]),
+    Op.MUL_MAT_ID: lambda n, v: ref.mul_mat_id(v[0], v[1], v[2]),
     Op.SOFT_MAX: lambda n, v: ref.soft_max(
         v[0], _opt(v, 1), n.op_params["scale"], n.op_params["max_bias"]
     ),

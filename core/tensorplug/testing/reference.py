@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 __all__ = [
-    "add", "argmax", "argsort", "concat", "div", "flash_attn_ext", "get_rows", "glu",
+    "add", "argmax", "argsort", "concat", "div", "flash_attn_ext", "get_rows", "glu", "mul_mat_id",
     "mul", "mul_mat", "norm", "rms_norm", "rope", "rope_yarn_corr_dims", "scale",
     "set_rows", "soft_max", "sub", "sum_rows", "UNARY",
 ]  # fmt: skip
@@ -153,6 +153,16 @@ def mul_mat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a4 = np.repeat(a4, reps, axis=axis)
     out = np.matmul(b4, np.swapaxes(a4, -1, -2))
     return out.reshape(out.shape[4 - ndim :])
+
+
+def mul_mat_id(as_: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``out[t, e, :] = as_[ids[t, e]] @ b[t, e % n_b, :]`` (``ggml_mul_mat_id``)."""
+    n_tokens, n_used = ids.shape
+    out = np.zeros((n_tokens, n_used, as_.shape[1]), dtype=np.result_type(as_, b))
+    for t in range(n_tokens):
+        for e in range(n_used):
+            out[t, e] = as_[ids[t, e]] @ b[t, e % b.shape[1]]
+    return out
 
 
 def alibi_slopes(n_head: int, max_bias: float, dtype: np.dtype) -> np.ndarray:

@@ -289,6 +289,20 @@ def _rope(node: Tensor, lim: Limits) -> list[Launch]:
     )  # fmt: skip
 
 
+def _mul_mat_id_ok(node: Tensor, lim: Limits) -> bool:
+    as_, b, ids = node.src
+    known = as_.type in FLOAT or (as_.type in QUANT and as_.rows_contiguous)
+    return known and b.type in FLOAT and ids.type == Type.I32
+
+
+def _mul_mat_id(node: Tensor, lim: Limits) -> list[Launch]:
+    as_, b, ids = node.src
+    return row_launch(
+        "k_mul_mat_id", nrows(node), lim,
+        w=tensor_arg(as_), b=tensor_arg(b), ids=tensor_arg(ids), d=tensor_arg(node),
+    )  # fmt: skip
+
+
 # -- the table ---------------------------------------------------------------------------------
 
 _ENCODERS: dict[Op, tuple[Encoder, Check | None]] = {
@@ -302,6 +316,7 @@ _ENCODERS: dict[Op, tuple[Encoder, Check | None]] = {
     Op.NORM: (_norm, _floats),
     Op.RMS_NORM: (_norm, _floats),
     Op.MUL_MAT: (encode_mul_mat, mul_mat_ok),
+    Op.MUL_MAT_ID: (_mul_mat_id, _mul_mat_id_ok),
     Op.SOFT_MAX: (_soft_max, _soft_max_ok),
     Op.ROPE: (_rope, _rope_ok),
     Op.FLASH_ATTN_EXT: (encode_flash_attn, flash_attn_fits),

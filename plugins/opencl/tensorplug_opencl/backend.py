@@ -204,9 +204,10 @@ class OpenCLBackend(Backend):
             return
         cl.enqueue_fill_buffer(self.queue, self._err, b"\0", 0, 8).wait()
         raise OutOfBoundsError(
-            f"{self.name}: a get_rows or set_rows index was out of range (index "
-            f"{int(word[1])}); indices must lie in [0, rows of the table). Nothing was "
-            "written by set_rows; get_rows results of this graph are not valid"
+            f"{self.name}: an index was out of range (index {int(word[1])}) in get_rows, "
+            "set_rows or mul_mat_id's expert ids; indices must lie in [0, rows of the "
+            "table) / [0, n_expert). Nothing was written by set_rows; get_rows and "
+            "mul_mat_id results of this graph are not valid"
         )
 
     def _set_tensor_async(self, tensor: Tensor, data: memoryview, offset: int) -> None:

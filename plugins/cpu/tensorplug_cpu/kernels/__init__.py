@@ -55,6 +55,7 @@ KERNELS: dict[Op, _Builder] = {
     Op.SOFT_MAX: attention.build_soft_max,
     Op.ROPE: attention.build_rope,
     Op.FLASH_ATTN_EXT: attention.build_flash_attn_ext,
+    Op.MUL_MAT_ID: matmul.build_mul_mat_id,
 }
 
 
@@ -113,6 +114,12 @@ def _glu(node: Tensor) -> bool:
     if len(node.src) == 2:
         return node.src[1].type == a.type and node.src[1].shape == a.shape == node.shape
     return a.shape[-1] == 2 * node.shape[-1]
+
+
+def _mul_mat_id(node: Tensor) -> bool:
+    as_, b, ids = node.src
+    ok = node.type == Type.F32 and b.type in FLOAT and ids.type == Type.I32
+    return ok and (as_.type in FLOAT or (as_.type in QUANT and as_.rows_contiguous))
 
 
 def _mul_mat(node: Tensor) -> bool:
@@ -199,7 +206,7 @@ _SUPPORT: dict[Op, Callable[[Tensor], bool]] = {
     Op.CPY: _cpy, Op.DUP: _dup, Op.CONT: _dup,
     Op.GET_ROWS: _get_rows, Op.SET_ROWS: _set_rows,
     Op.MUL_MAT: _mul_mat, Op.SOFT_MAX: _soft_max, Op.ROPE: _rope,
-    Op.FLASH_ATTN_EXT: _flash_attn,
+    Op.FLASH_ATTN_EXT: _flash_attn, Op.MUL_MAT_ID: _mul_mat_id,
 }  # fmt: skip
 
 

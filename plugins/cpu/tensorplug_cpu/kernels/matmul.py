@@ -166,3 +166,39 @@ def _fused_matvec(
             jit.matvec(t, blocks, x, out)
 
     return run
+
+
+def _expert_f32(w: np.ndarray, t: Type) -> np.ndarray:
+    """One expert's weights ``(n_out, K)`` as float32 (decoded when quantized)."""
+    if t.is_quantized:
+        return dequantize_blocks(w, t)
+    if t == Type.BF16:
+        return (w.astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(w, dtype=np.float32)
+
+
+def build_mul_mat_id(node: Tensor, ctx: BuildContext) -> Step:
+    """Mixture of experts (``ggml_mul_mat_id``): the (token, slot) pairs are grouped by
+    the expert they selected, and each used expert's weights are decoded once and
+    multiplied with all its rows in one BLAS call."""
+    from tensorplug.errors import OutOfBoundsError
+
+    as_t, b_t, ids_t = node.src
+    b32, load_b = ctx.f32_in(b_t)
+    raw, ids, out = ctx.view(as_t), ctx.view(ids_t), ctx.view(node)
+    n_expert, n_b = as_t.shape[0], b_t.shape[1]
+
+    def run() -> None:
+        bad = (ids < 0) | (ids >= n_expert)
+        if bad.any():
+            t, e = (int(i[0]) for i in np.nonzero(bad))
+            raise OutOfBoundsError(
+                f"mul_mat_id {node.describe()}: ids[{t}, {e}] = {int(ids[t, e])} is not an "
+                f"expert of as_ (0..{n_expert - 1}); nothing was computed"
+            )
+        for ex in np.unique(ids):
+            tok, slot = np.nonzero(ids == ex)
+            w = _expert_f32(raw[ex], as_t.type)
+            out[tok, slot] = b32[tok, slot % n_b] @ w.T
+
+    return sequence(load_b, run)
