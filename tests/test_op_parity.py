@@ -150,8 +150,9 @@ def test_mul_mat_id_routes_each_token_through_its_experts(device: str) -> None:
     w = rng.standard_normal((4, 6, 32)).astype(np.float32)  # 4 experts, 6 outputs, K 32
     x = rng.standard_normal((3, 1, 32)).astype(np.float32)  # 3 tokens, one shared row
     sel = np.array([[0, 2], [3, 3], [1, 0]], np.int32)
-    tw, tx, ti = (tp.new_tensor(t, s, n) for t, s, n in
-                  (("f32", w.shape, "w"), ("f32", x.shape, "x"), ("i32", sel.shape, "ids")))  # fmt: skip
+    tw = tp.new_tensor("f32", w.shape, "w")
+    tx = tp.new_tensor("f32", x.shape, "x")
+    ti = tp.new_tensor("i32", sel.shape, "ids")
     y = ops.mul_mat_id(tw, tx, ti)
     assert y.shape == (3, 2, 6) and y.type is tp.Type.F32
     tp.alloc_tensors([tw, tx, ti, y], be.buffer_type())
