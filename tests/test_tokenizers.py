@@ -311,6 +311,9 @@ def test_cli_jsonl_matches_the_fixtures(
         (["{spm}", "--jsonl"], '"ok"\nnot json\n', "stdin line 2 is not JSON"),
         (["{spm}", "--jsonl"], '["a"]\n', "stdin line 1 holds a JSON list, not a string"),
         (["{spm}", "text", "--jsonl"], "", "--jsonl reads its texts from stdin"),
+        # undecodable argv bytes arrive as lone surrogates; JSON can spell one outright
+        (["{spm}", "a\udcffb"], "", "TEXT is not UTF-8 (byte 0xff at offset 1)"),
+        (["{spm}", "--jsonl"], '"a\\ud800"\n', "'\\ud800' at index 1: a lone surrogate"),
     ],
 )
 def test_cli_mistakes_are_one_line(

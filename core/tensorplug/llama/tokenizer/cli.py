@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
     add_bos = False if args.no_bos else None
     if args.jsonl:
         return _jsonl(vocab, sys.stdin, sys.stdout, add_bos, args.parse_special)
-    text = sys.stdin.read() if args.text is None else args.text
+    text = _stdin_text() if args.text is None else _argv_text(args.text)
     ids = vocab.encode(text, add_bos=add_bos, parse_special=args.parse_special)
     if args.ids:
         print(ids)
@@ -66,6 +66,28 @@ def main(args: argparse.Namespace) -> int:
         piece = vocab.piece(tid, special=True).decode("utf-8", errors="backslashreplace")
         print(f"{tid:6d} -> '{piece}'" if piece.isprintable() else f"{tid:6d} -> {piece!r}")
     return 0
+
+
+def _utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RunError(
+            f"{what} is not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+            "tokenizers read UTF-8 text"
+        ) from None
+
+
+def _argv_text(text: str) -> str:
+    """TEXT as given: undecodable bytes in argv arrive as lone surrogates, so re-check."""
+    import os
+
+    return _utf8(os.fsencode(text), "TEXT")
+
+
+def _stdin_text() -> str:
+    buffer = getattr(sys.stdin, "buffer", None)
+    return sys.stdin.read() if buffer is None else _utf8(buffer.read(), "stdin")
 
 
 def _jsonl(

@@ -95,6 +95,7 @@ class Vocab:
     _algo: _Algorithm = field(init=False, repr=False)
     _specials: list[tuple[str, int]] = field(init=False, repr=False)
     _user_defined: list[tuple[str, int]] = field(init=False, repr=False)
+    _eog: frozenset[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -109,9 +110,10 @@ class Vocab:
         self._ids = {text: i for i, text in enumerate(self.tokens)}  # the last duplicate wins
         self._algo = self._algorithm()
         special = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
-        ids = [i for i, t in enumerate(self.types) if t in special]
-        ids += [i for i in self._ids.values() if self.tokens[i] in EOG_TEXTS]
-        self._specials = by_length(self.tokens, sorted(set(ids)))
+        eog = {i for i in self._ids.values() if self.tokens[i] in EOG_TEXTS}
+        self._eog = frozenset(eog | ({self.eos} if self.eos is not None else set()))
+        ids = eog | {i for i, t in enumerate(self.types) if t in special}
+        self._specials = by_length(self.tokens, sorted(ids))
         self._user_defined = [
             (text, i) for text, i in self._specials if self.types[i] == TokenType.USER_DEFINED
         ]
@@ -206,8 +208,7 @@ class Vocab:
     @property
     def eog(self) -> frozenset[int]:
         """Ids that end generation: EOS and the end-of-turn tokens llama.cpp knows."""
-        ids = {i for i in self._ids.values() if self.tokens[i] in EOG_TEXTS}
-        return frozenset(ids | ({self.eos} if self.eos is not None else set()))
+        return self._eog
 
     # -- encoding --------------------------------------------------------------------------
 
@@ -222,6 +223,13 @@ class Vocab:
         their ids — for chat templates, not for text a user typed. User-defined tokens
         are always recognised.
         """
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, e.g. from undecodable bytes
+            raise RunError(
+                f"cannot tokenize text with {text[e.start]!r} at index {e.start}: a lone "
+                "surrogate is not a character (was the text decoded from invalid UTF-8?)"
+            ) from None
         out: list[int] = []
         wanted = self.add_bos if add_bos is None else add_bos
         if wanted and self.bos is not None:
