@@ -5,9 +5,10 @@ pair: the pair with the best key, and of equal keys the leftmost. SPM's key is t
 merged token's score (higher first), BPE's the merge rule's rank (lower first); this
 module takes the key as a function so one implementation serves both.
 
-llama.cpp merges one pair at a time, not "every occurrence of the best pair" as the
-reference Python BPE does; after ``a a`` merges, a new pair ``aa a`` may outrank the
-next ``a a``. Ids match llama.cpp only if we do the same, so we do.
+The order is llama.cpp's: a priority queue of pairs, stale entries skipped when
+popped, one merge at a time. A pair a merge creates competes at once with the rest,
+so ids match llama.cpp even for merge lists no trainer would write; and a long word
+costs O(n log n), not the O(n²) of rescanning every pair after each merge.
 """
 
 from __future__ import annotations
