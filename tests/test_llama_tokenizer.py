@@ -141,13 +141,18 @@ def test_from_gguf(tmp_path: Path) -> None:
 def test_other_tokenizer_models_are_refused(tmp_path: Path) -> None:
     from gguf import GGUFWriter
 
-    path = tmp_path / "bpe.gguf"
-    w = GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(["a", "b"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(GGUFError, match="tokenizer.ggml.model is 'gpt2'.*--tokens"):
-        Vocab.from_gguf(GGUFFile(path))
+    def write(model: str) -> Path:
+        path = tmp_path / f"{model}.gguf"
+        w = GGUFWriter(str(path), "llama")
+        w.add_tokenizer_model(model)
+        w.add_token_list(["a", "b"])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    with pytest.raises(GGUFError, match="tokenizer.ggml.model is 't5'.*--tokens"):
+        Vocab.from_gguf(GGUFFile(write("t5")))
+    with pytest.raises(GGUFError, match="gpt2 .BPE. tokenizer needs tokenizer.ggml.merges"):
+        Vocab.from_gguf(GGUFFile(write("gpt2")))

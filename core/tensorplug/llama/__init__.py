@@ -12,10 +12,10 @@
 
 Modules: :mod:`.model` (hyper-parameters, weights, KV cache, step graphs),
 :mod:`.runner` (loading, placement on devices, evaluation, generation, timings),
-:mod:`.tokenizer` (SentencePiece), :mod:`.sampling`, :mod:`.placement`, :mod:`.tiny`
-(random-weight GGUF models for demos and tests) and :mod:`.cli` (``tensorplug run``,
-:func:`~.cli.demo_model`). Nothing here imports the ``gguf`` package until a file is
-read or written.
+:mod:`.tokenizer` (SentencePiece, BPE, WordPiece; ``tensorplug tokenize``),
+:mod:`.sampling`, :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models for demos
+and tests) and :mod:`.cli` (``tensorplug run``, :func:`~.cli.demo_model`). Nothing here
+imports the ``gguf`` package until a file is read or written.
 """
 
 from __future__ import annotations
