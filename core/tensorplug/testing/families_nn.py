@@ -81,10 +81,10 @@ def _mul_mat() -> Iterator[Case]:
 
 def _mmid_build(
     ta: Type, n_expert: int, n_out: int, k: int, n_tokens: int, n_used: int, n_b: int,
-    ins: Inputs,
+    ins: Inputs, b_layout: Layout = leaf,
 ) -> Tensor:  # fmt: skip
     experts = ins.new(ta, (n_expert, n_out, k))
-    b = ins.new(Type.F32, (n_tokens, n_b, k))
+    b = b_layout(ins, Type.F32, (n_tokens, n_b, k))
     ids = ins.new(Type.I32, (n_tokens, n_used), indices(n_expert, unique=True))
     return ops.mul_mat_id(experts, b, ids)
 
@@ -100,6 +100,9 @@ def _mul_mat_id() -> Iterator[Case]:
                        tokens=n_tokens, n_b=n_b)  # fmt: skip
     build = partial(_mmid_build, Type.F32, 4, 33, 40, 5, 4, 4)  # every expert, odd sizes
     yield make(Op.MUL_MAT_ID, build, True, type_a=Type.F32, experts=4, used=4, tokens=5, n_b=4)
+    build = partial(_mmid_build, Type.Q8_0, 4, 16, 64, 6, 2, 2, b_layout=strided)
+    yield make(Op.MUL_MAT_ID, build, True, type_a=Type.Q8_0, experts=4, used=2, tokens=6,
+               n_b=2, b_layout="strided")  # fmt: skip
 
 
 # -- soft_max ------------------------------------------------------------------------------------
