@@ -94,6 +94,17 @@ def _floats(node: Tensor, lim: Limits) -> bool:
     return node.type in FLOAT and all(s.type in FLOAT for s in node.src)
 
 
+def _numpy_broadcast(big: Tensor, small: Tensor, axes: range = range(4)) -> bool:
+    """Each of ``small``'s extents (on ``axes``) is 1 or ``big``'s: the kernels broadcast
+    by zeroed strides, so ggml's tiling (an extent dividing, ``i % n``) is not theirs."""
+    nb, ns = big.ne(), small.ne()
+    return all(ns[i] in (1, nb[i]) for i in axes)
+
+
+def _binary_ok(node: Tensor, lim: Limits) -> bool:
+    return _floats(node, lim) and _numpy_broadcast(node.src[0], node.src[1])
+
+
 # -- copies and conversions -----------------------------------------------------------------
 
 
@@ -195,7 +206,8 @@ def _norm(node: Tensor, lim: Limits) -> list[Launch]:
 
 def _soft_max_ok(node: Tensor, lim: Limits) -> bool:
     return node.src[0].type == Type.F32 and all(
-        m.type in (Type.F32, Type.F16) for m in node.src[1:]
+        m.type in (Type.F32, Type.F16) and _numpy_broadcast(node.src[0], m, range(2, 4))
+        for m in node.src[1:]
     )
 
 
@@ -287,10 +299,10 @@ def _rope(node: Tensor, lim: Limits) -> list[Launch]:
 # -- the table ---------------------------------------------------------------------------------
 
 _ENCODERS: dict[Op, tuple[Encoder, Check | None]] = {
-    Op.ADD: (_binary, _floats),
-    Op.SUB: (_binary, _floats),
-    Op.MUL: (_binary, _floats),
-    Op.DIV: (_binary, _floats),
+    Op.ADD: (_binary, _binary_ok),
+    Op.SUB: (_binary, _binary_ok),
+    Op.MUL: (_binary, _binary_ok),
+    Op.DIV: (_binary, _binary_ok),
     Op.SCALE: (_unary, _floats),
     Op.UNARY: (_unary, lambda n, lim: _floats(n, lim) and UnaryOp(n.op_params["fn"]) in _UNARY),
     Op.GLU: (_glu, _glu_ok),
