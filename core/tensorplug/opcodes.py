@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["GluOp", "Op", "RopeMode", "SortOrder", "UnaryOp", "VIEW_OPS"]
+__all__ = ["GLU_ACTIVATION", "GluOp", "Op", "RopeMode", "SortOrder", "UnaryOp", "VIEW_OPS"]
 
 
 class Op(enum.Enum):
@@ -36,6 +36,11 @@ class Op(enum.Enum):
     SUM_ROWS = "sum_rows"
     ARGMAX = "argmax"
     ARGSORT = "argsort"
+    TOP_K = "top_k"
+    REPEAT = "repeat"
+    CLAMP = "clamp"
+    PAD = "pad"
+    MUL_MAT_ID = "mul_mat_id"
     VIEW = "view"
     RESHAPE = "reshape"
     PERMUTE = "permute"
@@ -58,6 +63,8 @@ class UnaryOp(enum.Enum):
     EXP = "exp"
     TANH = "tanh"
     SIGMOID = "sigmoid"
+    GELU_QUICK = "gelu_quick"
+    GELU_ERF = "gelu_erf"
 
     def __str__(self) -> str:
         return self.value
@@ -65,9 +72,23 @@ class UnaryOp(enum.Enum):
 
 class GluOp(enum.Enum):
     SWIGLU = "swiglu"
+    GEGLU = "geglu"
+    GEGLU_ERF = "geglu_erf"
+    GEGLU_QUICK = "geglu_quick"
+    REGLU = "reglu"
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The activation each gated linear unit applies to its gated half: ``act(x) · g``.
+GLU_ACTIVATION: dict[GluOp, UnaryOp] = {
+    GluOp.SWIGLU: UnaryOp.SILU,
+    GluOp.GEGLU: UnaryOp.GELU,
+    GluOp.GEGLU_ERF: UnaryOp.GELU_ERF,
+    GluOp.GEGLU_QUICK: UnaryOp.GELU_QUICK,
+    GluOp.REGLU: UnaryOp.RELU,
+}
 
 
 class RopeMode(enum.IntEnum):

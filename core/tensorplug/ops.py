@@ -8,8 +8,11 @@ semantics every backend implements and the conformance kit checks.
 
 Conventions (all numpy order, ``shape[-1]`` is ggml's ``ne[0]``):
 
-* Broadcasting: ``b`` broadcasts onto ``a`` when, aligned from the right, each of
-  ``b``'s dimensions is 1 or equal to ``a``'s. The result always has ``a``'s shape.
+* Broadcasting is ggml's ``can_repeat``: ``b`` tiles onto ``a`` when, aligned from the
+  right, each of ``b``'s dimensions divides ``a``'s; element ``i`` of ``a`` meets
+  element ``i % b.shape`` of ``b`` (axis by axis). numpy's rule (a dimension of 1) is
+  the special case; ``a (6, 4) + b (2, 4)`` repeats ``b`` three times. The result always
+  has ``a``'s shape.
 * "Float types" are F32, F16 and BF16. Results are F32 unless stated otherwise.
 * Ops producing a new tensor give it contiguous strides.
 """
@@ -27,10 +30,12 @@ from .tensor import MAX_DIMS, Tensor
 from .types import Type
 
 __all__ = [
-    "abs", "add", "argmax", "argsort", "concat", "cont", "cpy", "div", "dup", "exp",
-    "flash_attn_ext", "gelu", "get_rows", "mul", "mul_mat", "neg", "norm", "permute",
-    "relu", "reshape", "rms_norm", "rope", "scale", "set_rows", "sigmoid", "silu",
-    "soft_max", "sub", "sum_rows", "swiglu", "tanh", "transpose", "unary", "view",
+    "abs", "add", "argmax", "argsort", "argsort_top_k", "clamp", "concat", "cont", "cpy",
+    "div", "dup", "exp", "flash_attn_ext", "geglu", "geglu_erf", "geglu_quick", "gelu",
+    "gelu_erf", "gelu_quick", "get_rows", "glu", "layer_norm", "mul", "mul_mat",
+    "mul_mat_id", "neg", "norm", "pad", "permute", "reglu", "relu", "repeat", "reshape",
+    "rms_norm", "rope", "scale", "set_rows", "sigmoid", "silu", "soft_max", "sub",
+    "sum_rows", "swiglu", "tanh", "top_k", "transpose", "unary", "view",
 ]  # fmt: skip
 
 FLOAT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16})
@@ -80,14 +85,24 @@ def _padded(shape: Sequence[int], ndim: int = MAX_DIMS) -> tuple[int, ...]:
     return (1,) * (ndim - len(shape)) + tuple(shape)
 
 
+def can_repeat(small: Sequence[int], big: Sequence[int]) -> bool:
+    """ggml's ``ggml_can_repeat``: ``small`` tiles onto ``big`` — aligned from the right,
+    each dimension of ``small`` divides ``big``'s (an empty ``small`` only onto an empty
+    ``big``)."""
+    if len(small) > len(big):
+        return False
+    ps, pb = _padded(small, len(big)), tuple(big)
+    if 0 in ps:
+        return 0 in pb
+    return all(db % ds == 0 for ds, db in zip(ps, pb, strict=True))
+
+
 def _check_broadcast(op: str, a: Tensor, b: Tensor) -> None:
-    if b.ndim > a.ndim or any(
-        db not in (1, da) for da, db in zip(_padded(a.shape), _padded(b.shape), strict=True)
-    ):
+    if not can_repeat(b.shape, a.shape):
         raise _fail(
             op,
             f"b {b.describe()} does not broadcast onto a {a.describe()}: each dimension of b "
-            "(aligned from the right) must be 1 or equal to a's",
+            "(aligned from the right) must divide a's (1 broadcasts, a divisor tiles)",
         )
 
 
@@ -167,8 +182,16 @@ def unary(a: Tensor, fn: UnaryOp | str) -> Tensor:
     """Apply an elementwise function; same type and shape as ``a``.
 
     abs ``|x|``; neg ``-x``; relu ``max(x, 0)``; gelu with ggml's tanh approximation
-    ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``; silu ``x·σ(x)``; exp ``eˣ``;
-    tanh; sigmoid ``σ(x) = 1/(1 + e⁻ˣ)``.
+    ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``, which like ggml's CPU is exactly 0
+    for ``x <= -10`` and exactly ``x`` for ``x >= 10``; gelu_erf the exact
+    ``0.5·x·(1 + erf(x/√2))``; gelu_quick ``x·σ(1.702·x)``; silu ``x·σ(x)``; exp
+    ``eˣ``; tanh; sigmoid ``σ(x) = 1/(1 + e⁻ˣ)``.
+
+    Special values: ±inf gives the function's limit (so every GELU and silu map -inf
+    to 0, where the bare formulas would compute ``-inf·0 = NaN``; ggml's CPU agrees
+    for gelu and gives NaN for silu(-inf)); huge finite values follow the formula
+    without overflowing into NaN. NaN gives NaN, except relu, which maps NaN to 0 as
+    ggml's ``x > 0 ? x : 0`` does.
     """
     fn = UnaryOp(_member("unary", "fn", UnaryOp, fn))
     _check_type(f"unary({fn.value})", "a", a, FLOAT_TYPES)
@@ -207,28 +230,80 @@ def sigmoid(a: Tensor) -> Tensor:
     return unary(a, UnaryOp.SIGMOID)
 
 
-def swiglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
-    """SwiGLU, the gated MLP activation (``ggml_swiglu`` / ``ggml_swiglu_split``).
+def gelu_quick(a: Tensor) -> Tensor:
+    return unary(a, UnaryOp.GELU_QUICK)
 
-    With ``b``: ``silu(a) * b``; both have the same shape, the result too.
-    Without ``b``: ``a``'s last axis (even length ``2n``) is split in halves
-    ``x = a[..., :n]`` and ``g = a[..., n:]`` and the result is ``silu(x) * g`` with
-    last axis ``n`` (``swapped`` exchanges the roles of the halves). Same type as ``a``.
+
+def gelu_erf(a: Tensor) -> Tensor:
+    return unary(a, UnaryOp.GELU_ERF)
+
+
+def clamp(a: Tensor, min: float, max: float) -> Tensor:
+    """``max(min(x, hi), lo)`` elementwise, written as ggml's ``MAX(MIN(x, hi), lo)``.
+
+    The bounds may be infinite, not NaN. Following ggml's comparisons a NaN input gives
+    ``hi``, and ``lo > hi`` gives ``lo`` everywhere. Same type and shape as ``a``
+    (ggml's ``ggml_clamp`` returns a view of ``a``; the allocator's in-place reuse gives
+    the same memory saving here without aliasing surprises).
     """
-    _check_type("swiglu", "a", a, FLOAT_TYPES)
-    params = {"fn": GluOp.SWIGLU, "swapped": bool(swapped)}
+    _check_type("clamp", "a", a, FLOAT_TYPES)
+    lo, hi = float(min), float(max)
+    if math.isnan(lo) or math.isnan(hi):
+        raise OpParamError(f"clamp: bounds must not be NaN, got min={min!r}, max={max!r}")
+    return _new(a.type, a.shape, Op.CLAMP, (a,), {"min": lo, "max": hi})
+
+
+def glu(
+    a: Tensor, b: Tensor | None = None, fn: GluOp | str = GluOp.SWIGLU, *, swapped: bool = False
+) -> Tensor:
+    """A gated linear unit ``act(x) · g`` (``ggml_glu`` / ``ggml_glu_split``).
+
+    ``act`` is fixed by ``fn``: swiglu silu, geglu gelu, geglu_erf gelu_erf, geglu_quick
+    gelu_quick, reglu relu (each exactly as :func:`unary` defines it).
+    With ``b``: ``x = a`` and ``g = b``; both have the same shape, the result too.
+    Without ``b``: ``a``'s last axis (even length ``2n``) is split in halves
+    ``x = a[..., :n]`` and ``g = a[..., n:]`` and the result has last axis ``n``
+    (``swapped`` exchanges the roles of the halves). Same type as ``a``.
+    """
+    fn = GluOp(_member("glu", "fn", GluOp, fn))
+    name = fn.value
+    _check_type(name, "a", a, FLOAT_TYPES)
+    params = {"fn": fn, "swapped": bool(swapped)}
     if b is not None:
         if swapped:
-            raise _fail(
-                "swiglu", "swapped applies to the split form only; with b, swap the operands"
-            )
-        _check_type("swiglu", "b", b, {a.type})
+            raise _fail(name, "swapped applies to the split form only; with b, swap the operands")
+        _check_type(name, "b", b, {a.type})
         if b.shape != a.shape:
-            raise _fail("swiglu", f"b {b.describe()} must have the shape of a {a.describe()}")
+            raise _fail(name, f"b {b.describe()} must have the shape of a {a.describe()}")
         return _new(a.type, a.shape, Op.GLU, (a, b), params)
     if a.shape[-1] % 2:
-        raise _fail("swiglu", f"a {a.describe()} needs an even last dimension to split in halves")
+        raise _fail(name, f"a {a.describe()} needs an even last dimension to split in halves")
     return _new(a.type, (*a.shape[:-1], a.shape[-1] // 2), Op.GLU, (a,), params)
+
+
+def swiglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """SwiGLU ``silu(x)·g``, the gated MLP activation of llama; see :func:`glu`."""
+    return glu(a, b, GluOp.SWIGLU, swapped=swapped)
+
+
+def geglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """GeGLU ``gelu(x)·g`` (tanh approximation); see :func:`glu`."""
+    return glu(a, b, GluOp.GEGLU, swapped=swapped)
+
+
+def geglu_erf(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """GeGLU with the exact erf GELU, ``gelu_erf(x)·g``; see :func:`glu`."""
+    return glu(a, b, GluOp.GEGLU_ERF, swapped=swapped)
+
+
+def geglu_quick(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """GeGLU with the sigmoid GELU, ``gelu_quick(x)·g``; see :func:`glu`."""
+    return glu(a, b, GluOp.GEGLU_QUICK, swapped=swapped)
+
+
+def reglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:
+    """ReGLU ``relu(x)·g``; see :func:`glu`."""
+    return glu(a, b, GluOp.REGLU, swapped=swapped)
 
 
 # -- normalisation -------------------------------------------------------------------------
@@ -238,6 +313,21 @@ def norm(a: Tensor, eps: float) -> Tensor:
     """Per row: ``(x - mean(x)) / sqrt(var(x) + eps)`` (population variance)."""
     _check_type("norm", "a", a, FLOAT_TYPES)
     return _new(a.type, a.shape, Op.NORM, (a,), {"eps": _eps("norm", eps)})
+
+
+def layer_norm(a: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """LayerNorm: ``norm(a, eps)·weight + bias``, either factor optional.
+
+    ggml has no fused op for this (llama.cpp composes ``ggml_norm``, ``ggml_mul`` and
+    ``ggml_add``); this helper does the same, so each backend sees only ops it already
+    has, and ``weight``/``bias`` broadcast (or tile) as :func:`mul` and :func:`add` say.
+    """
+    out = norm(a, eps)
+    if weight is not None:
+        out = mul(out, weight)
+    if bias is not None:
+        out = add(out, bias)
+    return out
 
 
 def rms_norm(a: Tensor, eps: float) -> Tensor:
@@ -280,14 +370,56 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     return _new(Type.F32, (*pb[:-2], pb[-2], pa[-2])[-ndim:], Op.MUL_MAT, (a, b))
 
 
+def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """Mixture-of-experts product: each token's rows meet the experts it chose
+    (``ggml_mul_mat_id``). The result is F32.
+
+    ``a`` stacks the experts' weights, ``(n_expert, n_out, n_in)`` (ggml ``[n_in, n_out,
+    n_expert]``), any float or quantized type with dense rows; ``b`` is the activations
+    ``(n_tokens, n_b, n_in)`` in a float type, where ``n_b`` divides ``n_used`` (1: one
+    row per token shared by all its experts, or ``n_used``: a row per slot); ``ids`` is
+    I32 ``(n_tokens, n_used)``, expert indices in ``[0, n_expert)``. Result ``(n_tokens,
+    n_used, n_out)`` with ``out[t, e, :] = a[ids[t, e]] · b[t, e % n_b, :]``. An index
+    outside ``[0, n_expert)`` is an :class:`~tensorplug.OutOfBoundsError` when computed.
+    """
+    _check_type("mul_mat_id", "a", a, FLOAT_TYPES | {t for t in Type if t.is_quantized})
+    _check_type("mul_mat_id", "b", b, FLOAT_TYPES)
+    _check_type("mul_mat_id", "ids", ids, {Type.I32})
+    if a.ndim != 3 or b.ndim != 3 or ids.ndim != 2:
+        raise _fail(
+            "mul_mat_id",
+            f"expected a (n_expert, n_out, n_in), b (n_tokens, n_b, n_in) and ids (n_tokens, "
+            f"n_used); got a {a.describe()}, b {b.describe()}, ids {ids.describe()}",
+        )
+    if a.shape[-1] != b.shape[-1]:
+        raise _fail(
+            "mul_mat_id", f"a {a.describe()} and b {b.describe()} must share their last (n_in) axis"
+        )
+    if ids.shape[0] != b.shape[0]:
+        raise _fail(
+            "mul_mat_id", f"ids {ids.describe()} needs one row per token of b {b.describe()}"
+        )
+    if ids.shape[1] % b.shape[1]:
+        raise _fail(
+            "mul_mat_id",
+            f"b's rows per token ({b.shape[1]}) must divide the experts used per token "
+            f"({ids.shape[1]})",
+        )
+    if not a.rows_contiguous:
+        raise _fail("mul_mat_id", f"a {a.describe()} must have dense rows")
+    return _new(Type.F32, (b.shape[0], ids.shape[1], a.shape[1]), Op.MUL_MAT_ID, (a, b, ids))
+
+
 def soft_max(
     a: Tensor, mask: Tensor | None = None, scale: float = 1.0, max_bias: float = 0.0
 ) -> Tensor:
     """Row-wise softmax of ``a·scale + slope·mask`` (``ggml_soft_max_ext``).
 
     ``a`` is F32 ``(…, rows, n)``. ``mask`` (F32 or F16) has last axis ``n``, at least
-    ``rows`` rows (row ``r`` of ``a`` uses mask row ``r``), and outer axes of 1 or equal
-    to ``a``'s. ``slope`` is 1 unless ``max_bias > 0`` (ALiBi): then for head ``h``
+    ``rows`` rows (row ``r`` of ``a`` uses mask row ``r``), and outer axes that divide
+    ``a``'s: head ``h`` of ``a`` uses mask head ``h % n_mask_heads`` (ggml's ``i02 %
+    ne12``; 2 mask heads serve 4 heads as 0, 1, 0, 1), the same for the batch axis.
+    ``slope`` is 1 unless ``max_bias > 0`` (ALiBi): then for head ``h``
     (``a``'s third-from-last axis, ``n_head`` heads), with ``m = 2^⌊log2 n_head⌋``,
     ``slope = 2^(-max_bias/m)^(h+1)`` for ``h < m`` else
     ``2^(-max_bias/(2m))^(2(h-m)+1)``. ``-inf`` mask entries give weight 0.
@@ -306,10 +438,9 @@ def soft_max(
             f"for a {a.describe()}",
         )
     if mask.ndim > max(a.ndim, 2) or any(
-        dm not in (1, da)
-        for da, dm in zip(_padded(a.shape)[:-2], _padded(mask.shape)[:-2], strict=True)
+        da % dm for da, dm in zip(_padded(a.shape)[:-2], _padded(mask.shape)[:-2], strict=True)
     ):
-        raise _fail("soft_max", f"mask {mask.describe()} outer axes must be 1 or match a's")
+        raise _fail("soft_max", f"mask {mask.describe()} outer axes must divide a's {a.describe()}")
     return _new(Type.F32, a.shape, Op.SOFT_MAX, (a, mask), params)
 
 
@@ -548,16 +679,26 @@ def sum_rows(a: Tensor) -> Tensor:
 
 
 def argmax(a: Tensor) -> Tensor:
-    """Index of the largest value of each row (first on ties): I32 ``a.shape[:-1]``.
+    """Index of the largest value of each row: I32 ``a.shape[:-1]``.
 
-    A 1-d input gives shape ``(1,)``.
+    On ties the *last* index of the maximum wins, as ggml's CPU kernel
+    (``ggml_vec_argmax_f32``: ``max = MAX(max, x[i]); if (max == x[i]) idx = i;``)
+    returns it. NaN counts as -inf (so a row of only NaN and -inf gives its last index);
+    ggml's CPU result on a row holding NaN depends on where the NaN sits (a NaN resets
+    its running maximum), which no model can rely on. A 1-d input gives shape ``(1,)``.
     """
     _check_type("argmax", "a", a, {Type.F32})
     return _new(Type.I32, a.shape[:-1] or (1,), Op.ARGMAX, (a,))
 
 
 def argsort(a: Tensor, order: SortOrder | str = SortOrder.ASC) -> Tensor:
-    """Per row, the indices that sort it (stable); I32 with ``a``'s shape."""
+    """Per row, the indices that sort it; I32 with ``a``'s shape.
+
+    The sort is stable in both orders: equal values keep their index order (the lower
+    index first, in DESC order too). ggml leaves ties unspecified (its CPU uses
+    ``std::sort``), so this is a stricter promise: results are reproducible and every
+    backend must agree bit for bit, ties included.
+    """
     _check_type("argsort", "a", a, {Type.F32})
     return _new(
         Type.I32,
@@ -566,6 +707,73 @@ def argsort(a: Tensor, order: SortOrder | str = SortOrder.ASC) -> Tensor:
         (a,),
         {"order": _member("argsort", "order", SortOrder, order)},
     )
+
+
+def top_k(a: Tensor, k: int) -> Tensor:
+    """Per row, the indices of the ``k`` largest values: I32 ``(*a.shape[:-1], k)``
+    (``ggml_top_k``).
+
+    Ordered by value, largest first; equal values by index, lower first — exactly
+    ``argsort(a, DESC)[..., :k]``. ggml's ``GGML_OP_TOP_K`` promises "no particular
+    order" (its CPU even swaps the first two); this contract is stricter, so a result
+    that is right here is right for ggml's users, and backends can be compared exactly.
+    ``1 <= k <= a.shape[-1]``.
+    """
+    _check_type("top_k", "a", a, {Type.F32})
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= a.shape[-1]:
+        raise OpParamError(f"top_k: k must be an int in [1, {a.shape[-1]}], got {k!r}")
+    return _new(Type.I32, (*a.shape[:-1], k), Op.TOP_K, (a,), {"k": k})
+
+
+def argsort_top_k(a: Tensor, k: int) -> Tensor:
+    """``argsort(a, DESC)`` cut to its first ``k`` columns: a view, no new op
+    (``ggml_argsort_top_k``). Same values as :func:`top_k`, at the cost of a full sort."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= a.shape[-1]:
+        raise OpParamError(f"argsort_top_k: k must be an int in [1, {a.shape[-1]}], got {k!r}")
+    s = argsort(a, SortOrder.DESC)
+    return view(s, (*s.shape[:-1], k), s.strides, 0)
+
+
+# -- shape-changing copies ------------------------------------------------------------------------
+
+
+def repeat(a: Tensor, shape: Sequence[int] | Tensor) -> Tensor:
+    """``a`` tiled to ``shape`` (``ggml_repeat``; ``shape`` may be a tensor to copy it from).
+
+    Aligned from the right, each of ``a``'s dimensions must divide the target's;
+    ``out[i] = a[i % a.shape]`` axis by axis. Any non-quantized type; same type as ``a``.
+    """
+    _tensor("repeat", "a", a)
+    target = tuple(shape.shape) if isinstance(shape, Tensor) else tuple(int(d) for d in shape)
+    if a.type.is_quantized:
+        raise TypeMismatchError(f"repeat: quantized tensors are not supported ({a.describe()})")
+    if not 1 <= len(target) <= MAX_DIMS or not can_repeat(a.shape, target):
+        raise _fail(
+            "repeat",
+            f"a {a.describe()} does not tile onto shape {target}: each dimension of a "
+            "(aligned from the right) must divide the target's",
+        )
+    return _new(a.type, target, Op.REPEAT, (a,))
+
+
+def pad(a: Tensor, after: Sequence[int]) -> Tensor:
+    """``a`` followed by zeros: ``after[i]`` zeros appended along axis ``i`` (``ggml_pad``).
+
+    ``after`` has one non-negative count per axis, numpy order (ggml's ``p0`` is
+    ``after[-1]``). Result ``a.shape[i] + after[i]``; ``a``'s values at the start, 0
+    everywhere else. Float types; same type as ``a``.
+    """
+    _check_type("pad", "a", a, FLOAT_TYPES)
+    widths = tuple(after)
+    if len(widths) != a.ndim or any(
+        isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in widths
+    ):
+        raise OpParamError(
+            f"pad: after must hold {a.ndim} ints >= 0 (one per axis of {a.describe()}), "
+            f"got {after!r}"
+        )
+    shape = tuple(d + w for d, w in zip(a.shape, widths, strict=True))
+    return _new(a.type, shape, Op.PAD, (a,), {"after": widths})
 
 
 # -- views ----------------------------------------------------------------------------------------

@@ -29,9 +29,7 @@ def _opt(src: Sequence[Tensor], i: int) -> Tensor | None:
 
 
 def _glu(src: Sequence[Tensor], p: Params) -> Tensor:
-    if p["fn"] is not GluOp.SWIGLU:
-        raise UnsupportedError(f"glu {p['fn']} has no rebuild rule yet")
-    return ops.swiglu(src[0], _opt(src, 1), swapped=p["swapped"])
+    return ops.glu(src[0], _opt(src, 1), GluOp(p["fn"]), swapped=p["swapped"])
 
 
 #: Each builder gets the new sources, the params and the node's shape and
@@ -47,6 +45,7 @@ BUILDERS: dict[Op, Builder] = {
     Op.NORM: lambda s, p, sh, st: ops.norm(s[0], p["eps"]),
     Op.RMS_NORM: lambda s, p, sh, st: ops.rms_norm(s[0], p["eps"]),
     Op.MUL_MAT: lambda s, p, sh, st: ops.mul_mat(s[0], s[1]),
+    Op.MUL_MAT_ID: lambda s, p, sh, st: ops.mul_mat_id(s[0], s[1], s[2]),
     Op.SOFT_MAX: lambda s, p, sh, st: ops.soft_max(s[0], _opt(s, 1), p["scale"], p["max_bias"]),
     Op.ROPE: lambda s, p, sh, st: ops.rope(
         s[0],
@@ -74,6 +73,10 @@ BUILDERS: dict[Op, Builder] = {
     Op.SUM_ROWS: lambda s, p, sh, st: ops.sum_rows(s[0]),
     Op.ARGMAX: lambda s, p, sh, st: ops.argmax(s[0]),
     Op.ARGSORT: lambda s, p, sh, st: ops.argsort(s[0], p["order"]),
+    Op.TOP_K: lambda s, p, sh, st: ops.top_k(s[0], p["k"]),
+    Op.REPEAT: lambda s, p, sh, st: ops.repeat(s[0], sh),
+    Op.CLAMP: lambda s, p, sh, st: ops.clamp(s[0], p["min"], p["max"]),
+    Op.PAD: lambda s, p, sh, st: ops.pad(s[0], p["after"]),
     Op.VIEW: lambda s, p, sh, st: ops.view(s[0], sh, st, p["offset"]),
     Op.RESHAPE: lambda s, p, sh, st: ops.reshape(s[0], sh),
     Op.PERMUTE: lambda s, p, sh, st: ops.permute(s[0], p["axes"]),

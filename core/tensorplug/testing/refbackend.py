@@ -134,10 +134,11 @@ _FORMULAS: dict[Op, Formula] = {
     **{op: _binary(f) for op, f in _BINARY.items()},
     Op.SCALE: lambda n, v: ref.scale(v[0], n.op_params["scale"], n.op_params["bias"]),
     Op.UNARY: lambda n, v: ref.UNARY[n.op_params["fn"].value](v[0]),
-    Op.GLU: lambda n, v: ref.glu(v[0], _opt(v, 1), n.op_params["swapped"]),
+    Op.GLU: lambda n, v: ref.glu(v[0], _opt(v, 1), n.op_params["swapped"], n.op_params["fn"].value),
     Op.NORM: lambda n, v: ref.norm(v[0], n.op_params["eps"]),
     Op.RMS_NORM: lambda n, v: ref.rms_norm(v[0], n.op_params["eps"]),
     Op.MUL_MAT: lambda n, v: ref.mul_mat(v[0], v[1]),
+    Op.MUL_MAT_ID: lambda n, v: ref.mul_mat_id(v[0], v[1], v[2]),
     Op.SOFT_MAX: lambda n, v: ref.soft_max(
         v[0], _opt(v, 1), n.op_params["scale"], n.op_params["max_bias"]
     ),
@@ -153,6 +154,10 @@ _FORMULAS: dict[Op, Formula] = {
     Op.SUM_ROWS: lambda n, v: ref.sum_rows(v[0]),
     Op.ARGMAX: lambda n, v: ref.argmax(v[0]),
     Op.ARGSORT: lambda n, v: ref.argsort(v[0], n.op_params["order"] == SortOrder.DESC),
+    Op.TOP_K: lambda n, v: ref.top_k(v[0], n.op_params["k"]),
+    Op.CLAMP: lambda n, v: ref.clamp(v[0], n.op_params["min"], n.op_params["max"]),
+    Op.REPEAT: lambda n, v: ref.repeat(v[0], n.shape),
+    Op.PAD: lambda n, v: ref.pad(v[0], n.op_params["after"]),
 }
 
 
@@ -200,7 +205,7 @@ def evaluate(node: Tensor) -> np.ndarray:
     )
 
 
-_RAW_COPIES = frozenset({Op.CPY, Op.DUP, Op.CONT, Op.CONCAT})
+_RAW_COPIES = frozenset({Op.CPY, Op.DUP, Op.CONT, Op.CONCAT, Op.REPEAT, Op.PAD})
 
 
 class ReferenceBackend(Backend):

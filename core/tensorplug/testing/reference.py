@@ -21,9 +21,10 @@ from collections.abc import Callable
 import numpy as np
 
 __all__ = [
-    "add", "argmax", "argsort", "concat", "div", "flash_attn_ext", "get_rows", "glu",
-    "mul", "mul_mat", "norm", "rms_norm", "rope", "rope_yarn_corr_dims", "scale",
-    "set_rows", "soft_max", "sub", "sum_rows", "UNARY",
+    "add", "argmax", "argsort", "clamp", "concat", "div", "flash_attn_ext", "get_rows",
+    "glu", "mul", "mul_mat", "mul_mat_id", "norm", "pad", "repeat", "rms_norm", "rope",
+    "rope_yarn_corr_dims", "scale", "set_rows", "soft_max", "sub", "sum_rows", "tile_to",
+    "top_k", "UNARY",
 ]  # fmt: skip
 
 
@@ -35,20 +36,42 @@ def _pad4(x: np.ndarray) -> np.ndarray:
 # -- elementwise --------------------------------------------------------------------------
 
 
+def tile_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``b`` repeated (``np.tile``) until it has ``shape``: ggml's can_repeat broadcast."""
+    bp = b.reshape((1,) * (len(shape) - b.ndim) + b.shape)
+    extents: tuple[int, ...] = bp.shape
+    reps = tuple(s // d for s, d in zip(shape, extents, strict=True))
+    return np.tile(bp, reps)
+
+
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a + b
+    return a + tile_to(b, a.shape)
 
 
 def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a - b
+    return a - tile_to(b, a.shape)
 
 
 def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a * b
+    return a * tile_to(b, a.shape)
 
 
 def div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a / b
+    return a / tile_to(b, a.shape)
+
+
+def clamp(a: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """ggml's ``MAX(MIN(x, hi), lo)`` with C's comparisons: ``x < hi`` is false for NaN."""
+    m = np.where(a < hi, a, hi)
+    return np.where(m > lo, m, lo).astype(a.dtype)
+
+
+def repeat(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return tile_to(a, shape)
+
+
+def pad(a: np.ndarray, after: tuple[int, ...]) -> np.ndarray:
+    return np.pad(a, [(0, w) for w in after])
 
 
 def scale(a: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:
@@ -56,29 +79,58 @@ def scale(a: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-x))
+    with np.errstate(over="ignore"):  # e^-x overflowing to inf is how σ reaches 0
+        return 1 / (1 + np.exp(-x))
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    # ggml's tanh approximation, not the erf form
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+def _limits(
+    f: Callable[[np.ndarray], np.ndarray], at_neg_inf: float
+) -> Callable[[np.ndarray], np.ndarray]:
+    """``f`` with its limit at -inf stated, where the formula would give ``-inf·0``."""
+
+    def g(x: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.where(x == -np.inf, x.dtype.type(at_neg_inf), f(x))
+
+    return g
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    # ggml's tanh approximation, not the erf form; ggml's CPU clamps: 0 below -10, x above 10
+    with np.errstate(all="ignore"):
+        f = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return np.where(x <= -10, x.dtype.type(0), np.where(x >= 10, x, f))
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    # 1 + erf(x/√2) written as erfc(-x/√2): no cancellation in the negative tail
+    erfc = np.vectorize(math.erfc, otypes=[x.dtype])
+    return 0.5 * x * erfc(-x / math.sqrt(2)) if x.size else x.copy()
 
 
 #: Elementwise functions by :class:`~tensorplug.UnaryOp` value.
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "abs": np.abs,
     "neg": np.negative,
-    "relu": lambda x: np.maximum(x, 0),
-    "gelu": _gelu,
-    "silu": lambda x: x * _sigmoid(x),
+    "relu": lambda x: np.where(x > 0, x, x.dtype.type(0)),  # C's x > 0: NaN gives 0
+    "gelu": _gelu_tanh,
+    "silu": _limits(lambda x: x * _sigmoid(x), 0.0),
     "exp": np.exp,
     "tanh": np.tanh,
     "sigmoid": _sigmoid,
+    "gelu_quick": _limits(lambda x: x * _sigmoid(1.702 * x), 0.0),
+    "gelu_erf": _limits(_gelu_erf, 0.0),
 }
 
+#: The activation of each gated linear unit, by :class:`~tensorplug.GluOp` value.
+GLU_ACT = {"swiglu": "silu", "geglu": "gelu", "geglu_erf": "gelu_erf",
+           "geglu_quick": "gelu_quick", "reglu": "relu"}  # fmt: skip
 
-def glu(a: np.ndarray, b: np.ndarray | None = None, swapped: bool = False) -> np.ndarray:
-    """SwiGLU: ``silu(x)·g`` with ``(x, g) = (a, b)``, or the halves of ``a``'s last axis
+
+def glu(
+    a: np.ndarray, b: np.ndarray | None = None, swapped: bool = False, fn: str = "swiglu"
+) -> np.ndarray:
+    """``act(x)·g`` with ``(x, g) = (a, b)``, or the halves of ``a``'s last axis
     (exchanged when ``swapped``; as in ggml, ``swapped`` means nothing when ``b`` is given)."""
     if b is None:
         n = a.shape[-1] // 2
@@ -87,7 +139,7 @@ def glu(a: np.ndarray, b: np.ndarray | None = None, swapped: bool = False) -> np
             x, g = g, x
     else:
         x, g = a, b
-    return x * _sigmoid(x) * g
+    return UNARY[GLU_ACT[fn]](x) * g
 
 
 # -- normalisation -------------------------------------------------------------------------
@@ -145,12 +197,15 @@ def _mask_rows(mask: np.ndarray, rows: int) -> np.ndarray:
 def soft_max(
     a: np.ndarray, mask: np.ndarray | None = None, scale: float = 1.0, max_bias: float = 0.0
 ) -> np.ndarray:
-    """Row softmax of ``a·scale + slope·mask`` (``ggml_soft_max_ext``)."""
+    """Row softmax of ``a·scale + slope·mask`` (``ggml_soft_max_ext``); a mask with fewer
+    heads or batches than ``a`` is tiled (head ``h`` uses mask head ``h % n``)."""
     a4 = _pad4(a)
     x = a4 * scale
     if mask is not None:
         slopes = alibi_slopes(a4.shape[1], max_bias, a.dtype).reshape(1, -1, 1, 1)
         m = _mask_rows(mask, a4.shape[2])
+        pairs = zip(a4.shape[:2], m.shape[:2], strict=True)
+        m = tile_to(m, (*(da if dm != 1 else 1 for da, dm in pairs), *m.shape[2:]))
         # slope·mask with slope 1 keeps -inf; slope·(-inf) stays -inf for slope > 0
         x = x + (slopes * m if max_bias > 0 else m)
     return _softmax_last(x).reshape(a.shape)
@@ -290,8 +345,28 @@ def sum_rows(a: np.ndarray) -> np.ndarray:
 
 
 def argmax(a: np.ndarray) -> np.ndarray:
-    """First index of the row maximum; a 1-d input gives shape ``(1,)``."""
-    return np.argmax(a, axis=-1).reshape(a.shape[:-1] or (1,))
+    """Last index of the row maximum (ggml's CPU), NaN counting as -inf; a 1-d input
+    gives shape ``(1,)``."""
+    x = np.where(np.isnan(a), -np.inf, a)
+    best = x.max(axis=-1, keepdims=True)
+    cols = np.arange(a.shape[-1])
+    last = np.where(x == best, cols, -1).max(axis=-1)
+    return last.reshape(a.shape[:-1] or (1,))
+
+
+def top_k(a: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest per row, largest first, ties by lower index."""
+    cols = np.broadcast_to(np.arange(a.shape[-1]), a.shape)
+    order = np.lexsort((cols, -a), axis=-1)  # by value descending, then by index
+    return order[..., :k]
+
+
+def mul_mat_id(a: np.ndarray, b: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``out[t, e, :] = a[ids[t, e]] · b[t, e % n_b, :]`` for experts ``a (E, n_out, n_in)``."""
+    n_used, n_b = ids.shape[1], b.shape[1]
+    w = a[ids.astype(np.intp)]  # (T, U, n_out, n_in): each slot's expert
+    x = b[:, np.arange(n_used) % n_b]  # (T, U, n_in)
+    return np.einsum("tuoi,tui->tuo", w, x)
 
 
 def argsort(a: np.ndarray, descending: bool = False) -> np.ndarray:

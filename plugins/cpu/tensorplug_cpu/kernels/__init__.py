@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tensorplug.opcodes import VIEW_OPS, GluOp, Op, RopeMode, SortOrder, UnaryOp
+from tensorplug.opcodes import GLU_ACTIVATION, VIEW_OPS, GluOp, Op, RopeMode, SortOrder, UnaryOp
 from tensorplug.quants import SUPPORTED_TYPES
 from tensorplug.types import Type
 
@@ -31,7 +31,8 @@ INDEX = frozenset({Type.I32, Type.I64})
 
 _Builder = Callable[["Tensor", BuildContext], Step]
 
-#: op → kernel builder (mul_mat is handled separately: it also takes the JIT kernels)
+#: op → kernel builder (mul_mat and mul_mat_id are handled separately: they also take
+#: the JIT kernels)
 KERNELS: dict[Op, _Builder] = {
     Op.ADD: elementwise.build_binary,
     Op.SUB: elementwise.build_binary,
@@ -45,6 +46,10 @@ KERNELS: dict[Op, _Builder] = {
     Op.SUM_ROWS: elementwise.build_sum_rows,
     Op.ARGMAX: elementwise.build_argmax,
     Op.ARGSORT: elementwise.build_argsort,
+    Op.TOP_K: elementwise.build_top_k,
+    Op.CLAMP: elementwise.build_clamp,
+    Op.REPEAT: convert.build_repeat,
+    Op.PAD: convert.build_pad,
     Op.CONCAT: elementwise.build_concat,
     Op.CPY: convert.build_copy,
     Op.DUP: convert.build_copy,
@@ -64,6 +69,8 @@ def build_step(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step 
     ctx.begin_node()
     if node.op == Op.MUL_MAT:
         return matmul.build_mul_mat(node, ctx, jit)
+    if node.op == Op.MUL_MAT_ID:
+        return matmul.build_mul_mat_id(node, ctx, jit)
     return KERNELS[node.op](node, ctx)
 
 
@@ -75,9 +82,10 @@ def _types(t: Tensor, allowed: frozenset[Type]) -> bool:
 
 
 def _broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """``b`` tiles onto ``a`` (ggml's can_repeat; a dimension of 1 is the numpy case)."""
     if len(b) > len(a):
         return False
-    return all(db in (1, da) for da, db in zip(a[len(a) - len(b) :], b, strict=True))
+    return all(db and da % db == 0 for da, db in zip(a[len(a) - len(b) :], b, strict=True))
 
 
 def _float_same(node: Tensor) -> bool:
@@ -100,8 +108,9 @@ def _unary(node: Tensor) -> bool:
 
 
 def _glu(node: Tensor) -> bool:
-    a = node.src[0]
-    if node.op_params.get("fn") != GluOp.SWIGLU or a.type not in FLOAT or node.type != a.type:
+    a, fn = node.src[0], node.op_params.get("fn")
+    act = GLU_ACTIVATION.get(fn) if isinstance(fn, GluOp) else None
+    if act not in elementwise.UNARY_FNS or a.type not in FLOAT or node.type != a.type:
         return False
     if len(node.src) == 2:
         return node.src[1].type == a.type and node.src[1].shape == a.shape == node.shape
@@ -115,6 +124,12 @@ def _mul_mat(node: Tensor) -> bool:
     if a.type in QUANT:
         return a.rows_contiguous  # blocks are read whole, row by row
     return a.type in FLOAT
+
+
+def _mul_mat_id(node: Tensor) -> bool:
+    a, b, ids = node.src
+    ok = node.type == Type.F32 and b.type in FLOAT and ids.type == Type.I32
+    return ok and a.rows_contiguous and (a.type in FLOAT or a.type in QUANT)
 
 
 def _soft_max(node: Tensor) -> bool:
@@ -193,6 +208,11 @@ _SUPPORT: dict[Op, Callable[[Tensor], bool]] = {
     Op.GET_ROWS: _get_rows, Op.SET_ROWS: _set_rows,
     Op.MUL_MAT: _mul_mat, Op.SOFT_MAX: _soft_max, Op.ROPE: _rope,
     Op.FLASH_ATTN_EXT: _flash_attn,
+    Op.MUL_MAT_ID: _mul_mat_id,
+    Op.TOP_K: lambda n: n.src[0].type == Type.F32 and n.type == Type.I32,
+    Op.CLAMP: _float_same,
+    Op.REPEAT: lambda n: n.type == n.src[0].type and n.type not in QUANT,
+    Op.PAD: lambda n: n.type == n.src[0].type and n.type in FLOAT,
 }  # fmt: skip
 
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tensorplug.opcodes import Op, SortOrder, UnaryOp
+from tensorplug.opcodes import GLU_ACTIVATION, GluOp, Op, SortOrder, UnaryOp
 from tensorplug.types import Type
 
-from .common import F32, BuildContext, Step, sequence
+from .common import F32, BuildContext, Step, reshape_view, sequence
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -28,19 +28,56 @@ __all__ = [
     "build_argmax",
     "build_argsort",
     "build_binary",
+    "build_clamp",
     "build_concat",
     "build_glu",
     "build_norm",
     "build_rms_norm",
     "build_scale",
     "build_sum_rows",
+    "build_top_k",
     "build_unary",
+    "tiled_operands",
 ]
 
 _UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 _NUMPY_NATIVE = (Type.F32, Type.F16)
 _SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
 _GELU_COEF_A = np.float32(0.044715)
+_GELU_QUICK_COEF = np.float32(-1.702)
+_SQRT_2_INV = np.float32(math.sqrt(0.5))
+#: The most negative float32: -inf clamped to it keeps every activation's formula finite
+#: (``x·σ(x)`` at -inf is ``-inf·0 = NaN``, at the lowest float it is ``-0``).
+_LOWEST = np.float32(np.finfo(np.float32).min)
+
+
+def tiled_operands(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Views that turn ggml's tiling broadcast into numpy broadcasting.
+
+    Wherever ``b``'s extent ``B`` divides ``a``'s ``A`` without being 1 or ``A``, that
+    axis of ``a`` and ``out`` becomes ``(A/B, B)`` and ``b``'s becomes ``(1, B)``:
+    element ``i`` then meets ``b[i % B]``. Splitting an axis never copies.
+    """
+    bp = b.reshape((1,) * (a.ndim - b.ndim) + b.shape)
+    pairs: list[tuple[int, int]] = list(zip(a.shape, bp.shape, strict=True))
+    if all(db in (1, da) for da, db in pairs):
+        return a, bp, out
+    ashape: list[int] = []
+    bshape: list[int] = []
+    for da, db in pairs:
+        if db in (1, da):
+            ashape.append(da)
+            bshape.append(db)
+        else:
+            ashape += [da // db, db]
+            bshape += [1, db]
+    av, bv, ov = (
+        reshape_view(x, tuple(sh)) for x, sh in ((a, ashape), (bp, bshape), (out, ashape))
+    )
+    assert av is not None and bv is not None and ov is not None  # splits are always views
+    return av, bv, ov
 
 
 def build_binary(node: Tensor, ctx: BuildContext) -> Step:
@@ -53,11 +90,11 @@ def build_binary(node: Tensor, ctx: BuildContext) -> Step:
     ufunc = _UFUNCS[node.op]
     a, b = node.src
     if all(t.type in _NUMPY_NATIVE for t in (a, b, node)):
-        return partial(ufunc, ctx.view(a), ctx.view(b), out=ctx.view(node))
+        return partial(ufunc, *tiled_operands(ctx.view(a), ctx.view(b), ctx.view(node)))
     av, load_a = ctx.f32_in(a)
     bv, load_b = ctx.f32_in(b)
     out, store = ctx.f32_out(node)
-    return sequence(load_a, load_b, partial(ufunc, av, bv, out=out), store)
+    return sequence(load_a, load_b, partial(ufunc, *tiled_operands(av, bv, out)), store)
 
 
 def build_scale(node: Tensor, ctx: BuildContext) -> Step:
@@ -71,11 +108,13 @@ def build_scale(node: Tensor, ctx: BuildContext) -> Step:
 
 
 def _silu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """``x / (1 + e^-x)`` as ggml writes it; ``out`` may alias ``x``."""
-    np.negative(x, out=tmp)
-    np.exp(tmp, out=tmp)
-    tmp += 1
-    np.divide(x, tmp, out=out)
+    """``x / (1 + e^-x)`` as ggml writes it, with -inf giving the limit 0; ``out`` may
+    alias ``x`` (not ``tmp``)."""
+    np.maximum(x, _LOWEST, out=tmp)  # NaN stays NaN
+    np.negative(tmp, out=out)
+    np.exp(out, out=out)
+    out += 1
+    np.divide(tmp, out, out=out)
 
 
 def _sigmoid_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
@@ -86,16 +125,69 @@ def _sigmoid_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
 
 
 def _gelu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """``0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))``, ggml's ``ggml_gelu_f32``."""
-    np.multiply(x, x, out=tmp)
+    """``0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))``, ggml's ``ggml_gelu_f32``, and
+    exactly 0 for ``x <= -10`` as ggml's CPU path (``x >= 10`` gives ``x`` by itself:
+    the tanh is exactly 1 there in float32)."""
+    np.maximum(x, _LOWEST, out=tmp)
+    np.copyto(out, tmp)  # out may alias x: keep the (clamped) input in out, work in tmp
+    np.multiply(out, out, out=tmp)
     tmp *= _GELU_COEF_A
     tmp += 1
-    tmp *= x
+    tmp *= out
     tmp *= _SQRT_2_OVER_PI
     np.tanh(tmp, out=tmp)
     tmp += 1
     tmp *= 0.5
-    np.multiply(tmp, x, out=out)
+    # the factor is 0 where x <= -10, which makes -inf·0 impossible: x was clamped
+    np.copyto(tmp, 0, where=out <= -10)
+    np.multiply(tmp, out, out=out)
+
+
+def _gelu_quick_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    """``x·(1/(1 + e^(-1.702·x)))``, ggml's ``ggml_gelu_quick_f32``; -inf gives 0."""
+    np.maximum(x, _LOWEST, out=tmp)
+    np.multiply(tmp, _GELU_QUICK_COEF, out=out)
+    np.exp(out, out=out)
+    out += 1
+    np.divide(1, out, out=out)
+    np.multiply(tmp, out, out=out)
+
+
+# erfc(z) ≈ t·e^(-z² + P(t)), t = 1/(1 + z/2), z >= 0 (Numerical Recipes' erfcc, a
+# Chebyshev fit): relative error under 1.2e-7 for every z, so the far negative tail of
+# gelu_erf stays accurate. numpy has no erf, and 1 + erf(x) = erfc(-x) for x < 0 needs no
+# cancelling subtraction.
+_ERFC_P = tuple(np.float32(c) for c in (
+    0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
+    0.09678418, 0.37409196, 1.00002368, -1.26551223,
+))  # fmt: skip
+
+
+def _gelu_erf_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
+    """``0.5·x·(1 + erf(x/√2))`` (ggml's ``ggml_vec_gelu_erf_f32``); -inf gives 0.
+
+    ``tmp`` holds three planes of ``out``'s shape (see :data:`_TMP_PLANES`)."""
+    xc, z, acc = tmp.reshape(3, *out.shape)
+    np.maximum(x, _LOWEST, out=xc)
+    np.multiply(xc, _SQRT_2_INV, out=z)
+    np.abs(z, out=z)
+    np.multiply(z, 0.5, out=out)
+    out += 1
+    np.divide(1, out, out=out)  # t
+    np.multiply(out, _ERFC_P[0], out=acc)
+    for c in _ERFC_P[1:-1]:  # Horner in t
+        acc += c
+        acc *= out
+    acc += _ERFC_P[-1]
+    np.multiply(z, z, out=z)
+    acc -= z
+    np.exp(acc, out=acc)
+    acc *= out  # erfc(|x|/√2)
+    # 1 + erf(x/√2) is erfc(|x|/√2) for x < 0 and 2 - erfc(|x|/√2) otherwise
+    np.subtract(2, acc, out=z)
+    np.copyto(z, acc, where=xc < 0)
+    np.multiply(xc, 0.5, out=out)
+    out *= z
 
 
 def _relu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
@@ -123,20 +215,48 @@ UNARY_FNS: dict[UnaryOp, UnaryFn] = {
     UnaryOp.EXP: _direct(np.exp),
     UnaryOp.TANH: _direct(np.tanh),
     UnaryOp.SIGMOID: _sigmoid_into,
+    UnaryOp.GELU_QUICK: _gelu_quick_into,
+    UnaryOp.GELU_ERF: _gelu_erf_into,
 }
-_NEEDS_TMP = {UnaryOp.GELU, UnaryOp.SILU, UnaryOp.SIGMOID}
+#: Planes of scratch (each of the result's shape) a function needs as ``tmp``.
+_TMP_PLANES = {
+    UnaryOp.GELU: 1, UnaryOp.SILU: 1, UnaryOp.SIGMOID: 1, UnaryOp.GELU_QUICK: 1,
+    UnaryOp.GELU_ERF: 3,
+}  # fmt: skip
+
+
+def _unary_tmp(ctx: BuildContext, fn: UnaryOp, shape: tuple[int, ...]) -> np.ndarray | None:
+    planes = _TMP_PLANES.get(fn, 0)
+    return ctx.scratch((planes, *shape)).reshape((planes, *shape)) if planes else None
 
 
 def build_unary(node: Tensor, ctx: BuildContext) -> Step:
     fn = UnaryOp(node.op_params["fn"])
     x, load = ctx.f32_in(node.src[0])
     out, store = ctx.f32_out(node)
-    tmp = ctx.scratch(node.shape) if fn in _NEEDS_TMP else out
-    return sequence(load, partial(UNARY_FNS[fn], x, tmp, out), store)
+    tmp = _unary_tmp(ctx, fn, node.shape)
+    if tmp is not None and tmp.shape[0] == 1:
+        tmp = tmp[0]
+    return sequence(load, partial(UNARY_FNS[fn], x, out if tmp is None else tmp, out), store)
+
+
+def build_clamp(node: Tensor, ctx: BuildContext) -> Step:
+    """ggml's ``MAX(MIN(x, hi), lo)``: fmin/fmax pick the bound over a NaN, as those
+    C comparisons do (NaN gives ``hi``)."""
+    x, load = ctx.f32_in(node.src[0])
+    out, store = ctx.f32_out(node)
+    lo, hi = F32.type(node.op_params["min"]), F32.type(node.op_params["max"])
+
+    def run() -> None:
+        np.fmin(x, hi, out=out)
+        np.fmax(out, lo, out=out)
+
+    return sequence(load, run, store)
 
 
 def build_glu(node: Tensor, ctx: BuildContext) -> Step:
-    """swiglu: ``silu(x)·g``; without ``b`` the halves of ``a``'s rows are ``x`` and ``g``."""
+    """``act(x)·g`` (act by :data:`GLU_ACTIVATION`); without ``b`` the halves of ``a``'s
+    rows are ``x`` and ``g``."""
     a, load_a = ctx.f32_in(node.src[0])
     load_b = None
     if len(node.src) == 2:
@@ -148,11 +268,14 @@ def build_glu(node: Tensor, ctx: BuildContext) -> Step:
         if node.op_params.get("swapped"):
             x, g = g, x
     out, store = ctx.f32_out(node)
-    tmp = ctx.scratch(node.shape)
+    fn = UNARY_FNS[GLU_ACTIVATION[GluOp(node.op_params["fn"])]]
+    act = ctx.scratch(node.shape)
+    tmp = _unary_tmp(ctx, GLU_ACTIVATION[GluOp(node.op_params["fn"])], node.shape)
+    work = act if tmp is None else (tmp[0] if tmp.shape[0] == 1 else tmp)
 
     def run() -> None:
-        _silu_into(x, tmp, tmp)
-        np.multiply(tmp, g, out=out)
+        fn(x, work, act)
+        np.multiply(act, g, out=out)
 
     return sequence(load_a, load_b, run, store)
 
@@ -222,18 +345,25 @@ def build_sum_rows(node: Tensor, ctx: BuildContext) -> Step:
 
 
 def build_argmax(node: Tensor, ctx: BuildContext) -> Step:
-    """First index of each row's maximum; NaNs never win (ggml compares with ``>``)."""
+    """Last index of each row's maximum, as ``ggml_vec_argmax_f32``; NaN counts as -inf.
+
+    numpy's argmax returns the first maximum, so it runs on the rows reversed (a view)
+    and the index is mirrored back.
+    """
     x = ctx.view(node.src[0])
     if x.ndim == 1:
         x = x[None]
+    rev = x[..., ::-1]
+    last = x.shape[-1] - 1
     out = ctx.view(node)
     idx = ctx.scratch(x.shape[:-1], np.intp)
 
     def run() -> None:
         if np.isnan(x).any():
-            np.argmax(np.where(np.isnan(x), -np.inf, x), axis=-1, out=idx)
+            np.argmax(np.where(np.isnan(rev), -np.inf, rev), axis=-1, out=idx)
         else:
-            np.argmax(x, axis=-1, out=idx)
+            np.argmax(rev, axis=-1, out=idx)
+        np.subtract(last, idx, out=idx)
         np.copyto(out, idx.reshape(out.shape), casting="same_kind")
 
     return run
@@ -249,6 +379,20 @@ def build_argsort(node: Tensor, ctx: BuildContext) -> Step:
         # negating keeps stability for descending order (ties stay in index order)
         idx = np.argsort(np.negative(x) if desc else x, axis=-1, kind="stable")
         np.copyto(out, idx, casting="same_kind")
+
+    return run
+
+
+def build_top_k(node: Tensor, ctx: BuildContext) -> Step:
+    """The ``k`` largest per row, largest first, ties by lower index: a stable sort of
+    the negated row, cut (a partial sort could not keep the tie order at the cut)."""
+    x = ctx.view(node.src[0])
+    out = ctx.view(node)
+    k = node.shape[-1]
+
+    def run() -> None:
+        idx = np.argsort(np.negative(x), axis=-1, kind="stable")
+        np.copyto(out, idx[..., :k], casting="same_kind")
 
     return run
 

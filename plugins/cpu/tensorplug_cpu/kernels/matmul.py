@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tensorplug.errors import OutOfBoundsError
 from tensorplug.quants import dequantize_blocks
 from tensorplug.types import Type
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
     from .jit import JitKernels
 
-__all__ = ["MATVEC_MAX_TOKENS", "TILE_ELEMS", "build_mul_mat"]
+__all__ = ["MATVEC_MAX_TOKENS", "TILE_ELEMS", "build_mul_mat", "build_mul_mat_id"]
 
 #: Largest decoded weight tile, in float32 elements (16 MiB).
 TILE_ELEMS = 1 << 22
@@ -166,3 +167,45 @@ def _fused_matvec(
             jit.matvec(t, blocks, x, out)
 
     return run
+
+
+def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
+    """``out[t, e] = a[ids[t, e]] · b[t, e % n_b]``, grouped by expert as ggml's CPU does.
+
+    The ids are read at compute time: the (token, slot) pairs are sorted by expert, and
+    each expert that was chosen is decoded once (into one expert-sized scratch) and
+    multiplied with all its rows in one BLAS call. Experts nobody chose cost nothing.
+    """
+    a_t, b_t, ids_t = node.src
+    n_expert, n_out, n_in = a_t.shape
+    a = ctx.view(a_t)
+    b32, load_b = ctx.f32_in(b_t)
+    ids = ctx.view(ids_t)
+    out = ctx.view(node)
+    n_used, n_b = ids_t.shape[1], b_t.shape[1]
+    decode = None if a_t.type == Type.F32 else _decoder(a_t.type, jit)
+    w32 = ctx.scratch((1, n_out, n_in)) if decode is not None else None
+
+    def weights(e: int) -> np.ndarray:
+        if decode is None or w32 is None:
+            return a[e]
+        return decode(a[e : e + 1], w32)[0]
+
+    def run() -> None:
+        flat = ids.astype(np.int64).ravel()
+        if flat.size and (flat.min() < 0 or flat.max() >= n_expert):
+            bad = flat[(flat < 0) | (flat >= n_expert)][0]
+            raise OutOfBoundsError(
+                f"mul_mat_id {node.describe()}: expert id {bad} is outside [0, {n_expert}) "
+                f"of {a_t.describe()}"
+            )
+        order = np.argsort(flat, kind="stable")
+        experts, starts = np.unique(flat[order], return_index=True)
+        ends = [*starts[1:], flat.size]
+        for e, s0, s1 in zip(experts, starts, ends, strict=True):
+            pairs = order[s0:s1]
+            tok, slot = pairs // n_used, pairs % n_used
+            rows = b32[tok, slot % n_b]  # gathered: (n_rows, n_in)
+            out[tok, slot] = rows @ weights(int(e)).T
+
+    return sequence(load_b, run)
