@@ -169,9 +169,9 @@ def test_mul_mat_id_routes_each_token_through_its_experts(device: str) -> None:
 
 def test_mul_mat_id_refuses_mismatched_shapes() -> None:
     w, ids = tp.new_tensor("f32", (4, 6, 32)), tp.new_tensor("i32", (3, 2))
-    with pytest.raises(tp.ShapeError, match="must share K"):
+    with pytest.raises(tp.ShapeError, match="must share their last"):
         ops.mul_mat_id(w, tp.new_tensor("f32", (3, 1, 16)), ids)
-    with pytest.raises(tp.ShapeError, match=r"must be \(3, 1 or 2, K\)"):
+    with pytest.raises(tp.ShapeError, match="must divide the experts used per token"):
         ops.mul_mat_id(w, tp.new_tensor("f32", (3, 3, 32)), ids)
     with pytest.raises(tp.TypeMismatchError):
         ops.mul_mat_id(w, tp.new_tensor("f32", (3, 1, 32)), tp.new_tensor("f32", (3, 2)))

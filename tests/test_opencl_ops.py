@@ -182,7 +182,9 @@ def test_unary_functions_and_scale(backend, t: Type) -> None:
     rng = np.random.default_rng(3)
     a = T(t, 3, 7, 33)
     va = (rnd(rng, a.shape) * 3).astype(t.numpy_dtype)
-    fns = [u.value for u in tp.UnaryOp]
+    # the functions the kernels have; newer ones (gelu_erf, gelu_quick) run on the CPU
+    fns = [u.value for u in tp.UnaryOp if backend.device.supports_op(ops.unary(a, u))]
+    assert {"abs", "neg", "relu", "gelu", "silu", "exp", "tanh", "sigmoid"} <= set(fns)
     outs = run(backend, [ops.unary(a, f) for f in fns] + [ops.scale(a, -1.5, 0.25)], {a: va})
     x = va.astype(np.float64)
     for f, out in zip(fns, outs, strict=False):

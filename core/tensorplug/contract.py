@@ -131,12 +131,12 @@ CONTRACT: dict[Op, OpSpec] = {
             Op.MUL_MAT_ID,
             "mul_mat_id",
             (
-                Operand("as_", "the experts' weights (n_expert, n_out, K), any float or quantized"),
-                Operand("b", "float (n_tokens, 1 or n_used, K)"),
+                Operand("a", "the experts' weights (n_expert, n_out, K), any float or quantized"),
+                Operand("b", "float (n_tokens, n_b, K), n_b dividing n_used"),
                 Operand("ids", "I32 (n_tokens, n_used): each token's experts, in [0, n_expert)"),
             ),
             (),
-            "F32 (n_tokens, n_used, n_out): out[t, e] = as_[ids[t, e]] · b[t, e % n_b]",
+            "F32 (n_tokens, n_used, n_out): out[t, e] = a[ids[t, e]] · b[t, e % n_b]",
         ),
         _spec(
             Op.SOFT_MAX,
@@ -254,6 +254,37 @@ CONTRACT: dict[Op, OpSpec] = {
             (Operand("a", "F32"),),
             (Param("order", SortOrder, "ascending or descending"),),
             "I32 a's shape: indices that sort each row; stable (ties keep their order)",
+        ),
+        _spec(
+            Op.TOP_K,
+            "top_k (argsort_top_k is argsort plus a view)",
+            (Operand("a", "F32"),),
+            (Param("k", int, "how many indices per row, 1 <= k <= the row length"),),
+            "I32 (..., k): indices of each row's k largest, largest first, ties by index",
+        ),
+        _spec(
+            Op.REPEAT,
+            "repeat",
+            (Operand("a", "any non-quantized type; each extent divides the result's"),),
+            (),
+            "a tiled to the result's shape (ggml_repeat): a's type",
+        ),
+        _spec(
+            Op.CLAMP,
+            "clamp",
+            (_A,),
+            (
+                Param("min", float, "the lower bound (not NaN)"),
+                Param("max", float, "the upper bound (not NaN)"),
+            ),
+            "MAX(MIN(x, max), min) as ggml writes it (NaN gives max): a's type and shape",
+        ),
+        _spec(
+            Op.PAD,
+            "pad",
+            (Operand("a", "a float type"),),
+            (Param("after", tuple, "zeros appended at the end of each axis, numpy order"),),
+            "a followed by zeros along each axis: a's type",
         ),
         _spec(
             Op.VIEW,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["GluOp", "Op", "RopeMode", "SortOrder", "UnaryOp", "VIEW_OPS"]
+__all__ = ["GLU_ACTIVATION", "GluOp", "Op", "RopeMode", "SortOrder", "UnaryOp", "VIEW_OPS"]
 
 
 class Op(enum.Enum):
@@ -37,6 +37,10 @@ class Op(enum.Enum):
     SUM_ROWS = "sum_rows"
     ARGMAX = "argmax"
     ARGSORT = "argsort"
+    TOP_K = "top_k"
+    REPEAT = "repeat"
+    CLAMP = "clamp"
+    PAD = "pad"
     VIEW = "view"
     RESHAPE = "reshape"
     PERMUTE = "permute"
@@ -77,6 +81,16 @@ class GluOp(enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The activation each gated linear unit applies to its gated half: ``act(x) · g``.
+GLU_ACTIVATION: dict[GluOp, UnaryOp] = {
+    GluOp.SWIGLU: UnaryOp.SILU,
+    GluOp.GEGLU: UnaryOp.GELU,
+    GluOp.GEGLU_ERF: UnaryOp.GELU_ERF,
+    GluOp.GEGLU_QUICK: UnaryOp.GELU_QUICK,
+    GluOp.REGLU: UnaryOp.RELU,
+}
 
 
 class RopeMode(enum.IntEnum):

@@ -8,8 +8,11 @@ semantics every backend implements and the conformance kit checks.
 
 Conventions (all numpy order, ``shape[-1]`` is ggml's ``ne[0]``):
 
-* Broadcasting: ``b`` broadcasts onto ``a`` when, aligned from the right, each of
-  ``b``'s dimensions is 1 or equal to ``a``'s. The result always has ``a``'s shape.
+* Broadcasting is ggml's ``can_repeat``: ``b`` tiles onto ``a`` when, aligned from the
+  right, each of ``b``'s dimensions divides ``a``'s; element ``i`` of ``a`` meets
+  element ``i % b.shape`` of ``b`` (axis by axis). numpy's rule (a dimension of 1) is
+  the special case; ``a (6, 4) + b (2, 4)`` repeats ``b`` three times. The result always
+  has ``a``'s shape.
 * "Float types" are F32, F16 and BF16. Results are F32 unless stated otherwise.
 * Ops producing a new tensor give it contiguous strides.
 """
@@ -27,12 +30,12 @@ from .tensor import MAX_DIMS, Tensor
 from .types import Type
 
 __all__ = [
-    "abs", "add", "argmax", "argsort", "concat", "cont", "cpy", "div",
-    "dup", "exp", "flash_attn_ext", "geglu", "geglu_erf", "geglu_quick", "gelu", "gelu_erf",
-    "gelu_quick", "get_rows", "glu", "mul", "mul_mat", "mul_mat_id", "neg", "norm",
-    "permute", "reglu", "relu", "reshape", "rms_norm", "rope", "scale", "set_rows",
-    "sigmoid", "silu", "soft_max", "sub", "sum_rows", "swiglu", "tanh", "transpose",
-    "unary", "view",
+    "abs", "add", "argmax", "argsort", "argsort_top_k", "clamp", "concat", "cont", "cpy",
+    "div", "dup", "exp", "flash_attn_ext", "geglu", "geglu_erf", "geglu_quick", "gelu",
+    "gelu_erf", "gelu_quick", "get_rows", "glu", "layer_norm", "mul", "mul_mat",
+    "mul_mat_id", "neg", "norm", "pad", "permute", "reglu", "relu", "repeat", "reshape",
+    "rms_norm", "rope", "scale", "set_rows", "sigmoid", "silu", "soft_max", "sub",
+    "sum_rows", "swiglu", "tanh", "top_k", "transpose", "unary", "view",
 ]  # fmt: skip
 
 FLOAT_TYPES = frozenset({Type.F32, Type.F16, Type.BF16})
@@ -80,6 +83,18 @@ def _fail(op: str, message: str) -> ShapeError:
 
 def _padded(shape: Sequence[int], ndim: int = MAX_DIMS) -> tuple[int, ...]:
     return (1,) * (ndim - len(shape)) + tuple(shape)
+
+
+def can_repeat(small: Sequence[int], big: Sequence[int]) -> bool:
+    """ggml's ``ggml_can_repeat``: ``small`` tiles onto ``big`` — aligned from the right,
+    each dimension of ``small`` divides ``big``'s (an empty ``small`` only onto an empty
+    ``big``)."""
+    if len(small) > len(big):
+        return False
+    ps, pb = _padded(small, len(big)), tuple(big)
+    if 0 in ps:
+        return 0 in pb
+    return all(db % ds == 0 for ds, db in zip(ps, pb, strict=True))
 
 
 def _check_broadcast(op: str, a: Tensor, b: Tensor) -> None:
@@ -224,6 +239,21 @@ def sigmoid(a: Tensor) -> Tensor:
     return unary(a, UnaryOp.SIGMOID)
 
 
+def clamp(a: Tensor, min: float, max: float) -> Tensor:
+    """``max(min(x, hi), lo)`` elementwise, written as ggml's ``MAX(MIN(x, hi), lo)``.
+
+    The bounds may be infinite, not NaN. Following ggml's comparisons a NaN input gives
+    ``hi``, and ``lo > hi`` gives ``lo`` everywhere. Same type and shape as ``a``
+    (ggml's ``ggml_clamp`` returns a view of ``a``; the allocator's in-place reuse gives
+    the same memory saving here without aliasing surprises).
+    """
+    _check_type("clamp", "a", a, FLOAT_TYPES)
+    lo, hi = float(min), float(max)
+    if math.isnan(lo) or math.isnan(hi):
+        raise OpParamError(f"clamp: bounds must not be NaN, got min={min!r}, max={max!r}")
+    return _new(a.type, a.shape, Op.CLAMP, (a,), {"min": lo, "max": hi})
+
+
 def glu(
     a: Tensor, b: Tensor | None = None, fn: GluOp | str = GluOp.SWIGLU, *, swapped: bool = False
 ) -> Tensor:
@@ -286,6 +316,21 @@ def norm(a: Tensor, eps: float) -> Tensor:
     return _new(a.type, a.shape, Op.NORM, (a,), {"eps": _eps("norm", eps)})
 
 
+def layer_norm(a: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """LayerNorm: ``norm(a, eps)·weight + bias``, either factor optional.
+
+    ggml has no fused op for this (llama.cpp composes ``ggml_norm``, ``ggml_mul`` and
+    ``ggml_add``); this helper does the same, so each backend sees only ops it already
+    has, and ``weight``/``bias`` broadcast (or tile) as :func:`mul` and :func:`add` say.
+    """
+    out = norm(a, eps)
+    if weight is not None:
+        out = mul(out, weight)
+    if bias is not None:
+        out = add(out, bias)
+    return out
+
+
 def rms_norm(a: Tensor, eps: float) -> Tensor:
     """Per row: ``x / sqrt(mean(x²) + eps)``, as llama's RMSNorm before its weight."""
     _check_type("rms_norm", "a", a, FLOAT_TYPES)
@@ -326,36 +371,44 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     return _new(Type.F32, (*pb[:-2], pb[-2], pa[-2])[-ndim:], Op.MUL_MAT, (a, b))
 
 
-def mul_mat_id(as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
-    """Mixture of experts: each token's rows through the experts it selected
-    (``ggml_mul_mat_id``).
+def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """Mixture-of-experts product: each token's rows meet the experts it chose
+    (``ggml_mul_mat_id``). The result is F32.
 
-    ``as_`` stacks the experts' weights, ``(n_expert, n_out, K)``, any float or quantized
-    type; ``b`` is ``(n_tokens, n_b, K)`` float with ``n_b`` 1 (every selected expert
-    reads the token's one row) or ``n_used``; ``ids`` is I32 ``(n_tokens, n_used)``,
-    each in ``[0, n_expert)``. ``out[t, e, :] = as_[ids[t, e]] · b[t, e % n_b, :]``:
-    F32 ``(n_tokens, n_used, n_out)``.
+    ``a`` stacks the experts' weights, ``(n_expert, n_out, n_in)`` (ggml ``[n_in, n_out,
+    n_expert]``), any float or quantized type with dense rows; ``b`` is the activations
+    ``(n_tokens, n_b, n_in)`` in a float type, where ``n_b`` divides ``n_used`` (1: one
+    row per token shared by all its experts, or ``n_used``: a row per slot); ``ids`` is
+    I32 ``(n_tokens, n_used)``, expert indices in ``[0, n_expert)``. Result ``(n_tokens,
+    n_used, n_out)`` with ``out[t, e, :] = a[ids[t, e]] · b[t, e % n_b, :]``. An index
+    outside ``[0, n_expert)`` is an :class:`~tensorplug.OutOfBoundsError` when computed.
     """
-    _check_type("mul_mat_id", "as_", as_, FLOAT_TYPES | {t for t in Type if t.is_quantized})
+    _check_type("mul_mat_id", "a", a, FLOAT_TYPES | {t for t in Type if t.is_quantized})
     _check_type("mul_mat_id", "b", b, FLOAT_TYPES)
     _check_type("mul_mat_id", "ids", ids, {Type.I32})
-    if as_.ndim != 3 or b.ndim != 3 or ids.ndim != 2:
+    if a.ndim != 3 or b.ndim != 3 or ids.ndim != 2:
         raise _fail(
             "mul_mat_id",
-            f"as_ {as_.describe()} must be (n_expert, n_out, K), b {b.describe()} "
-            f"(n_tokens, n_b, K) and ids {ids.describe()} (n_tokens, n_used)",
+            f"expected a (n_expert, n_out, n_in), b (n_tokens, n_b, n_in) and ids (n_tokens, "
+            f"n_used); got a {a.describe()}, b {b.describe()}, ids {ids.describe()}",
         )
-    n_tokens, n_used = ids.shape
-    if b.shape[-1] != as_.shape[-1]:
-        raise _fail("mul_mat_id", f"b {b.describe()} and as_ {as_.describe()} must share K")
-    if b.shape[0] != n_tokens or b.shape[1] not in (1, n_used):
+    if a.shape[-1] != b.shape[-1]:
+        raise _fail(
+            "mul_mat_id", f"a {a.describe()} and b {b.describe()} must share their last (n_in) axis"
+        )
+    if ids.shape[0] != b.shape[0]:
+        raise _fail(
+            "mul_mat_id", f"ids {ids.describe()} needs one row per token of b {b.describe()}"
+        )
+    if ids.shape[1] % b.shape[1]:
         raise _fail(
             "mul_mat_id",
-            f"b {b.describe()} must be ({n_tokens}, 1 or {n_used}, K) for ids {ids.describe()}",
+            f"b's rows per token ({b.shape[1]}) must divide the experts used per token "
+            f"({ids.shape[1]})",
         )
-    if as_.type.is_quantized and not as_.rows_contiguous:
-        raise _fail("mul_mat_id", f"quantized as_ {as_.describe()} must have dense rows")
-    return _new(Type.F32, (n_tokens, n_used, as_.shape[1]), Op.MUL_MAT_ID, (as_, b, ids))
+    if not a.rows_contiguous:
+        raise _fail("mul_mat_id", f"a {a.describe()} must have dense rows")
+    return _new(Type.F32, (b.shape[0], ids.shape[1], a.shape[1]), Op.MUL_MAT_ID, (a, b, ids))
 
 
 def soft_max(
@@ -364,8 +417,10 @@ def soft_max(
     """Row-wise softmax of ``a·scale + slope·mask`` (``ggml_soft_max_ext``).
 
     ``a`` is F32 ``(…, rows, n)``. ``mask`` (F32 or F16) has last axis ``n``, at least
-    ``rows`` rows (row ``r`` of ``a`` uses mask row ``r``), and outer axes of 1 or equal
-    to ``a``'s. ``slope`` is 1 unless ``max_bias > 0`` (ALiBi): then for head ``h``
+    ``rows`` rows (row ``r`` of ``a`` uses mask row ``r``), and outer axes that divide
+    ``a``'s: head ``h`` of ``a`` uses mask head ``h % n_mask_heads`` (ggml's ``i02 %
+    ne12``; 2 mask heads serve 4 heads as 0, 1, 0, 1), the same for the batch axis.
+    ``slope`` is 1 unless ``max_bias > 0`` (ALiBi): then for head ``h``
     (``a``'s third-from-last axis, ``n_head`` heads), with ``m = 2^⌊log2 n_head⌋``,
     ``slope = 2^(-max_bias/m)^(h+1)`` for ``h < m`` else
     ``2^(-max_bias/(2m))^(2(h-m)+1)``. ``-inf`` mask entries give weight 0.
@@ -384,10 +439,9 @@ def soft_max(
             f"for a {a.describe()}",
         )
     if mask.ndim > max(a.ndim, 2) or any(
-        dm not in (1, da)
-        for da, dm in zip(_padded(a.shape)[:-2], _padded(mask.shape)[:-2], strict=True)
+        da % dm for da, dm in zip(_padded(a.shape)[:-2], _padded(mask.shape)[:-2], strict=True)
     ):
-        raise _fail("soft_max", f"mask {mask.describe()} outer axes must be 1 or match a's")
+        raise _fail("soft_max", f"mask {mask.describe()} outer axes must divide a's {a.describe()}")
     return _new(Type.F32, a.shape, Op.SOFT_MAX, (a, mask), params)
 
 
@@ -638,7 +692,13 @@ def argmax(a: Tensor) -> Tensor:
 
 
 def argsort(a: Tensor, order: SortOrder | str = SortOrder.ASC) -> Tensor:
-    """Per row, the indices that sort it (stable); I32 with ``a``'s shape."""
+    """Per row, the indices that sort it; I32 with ``a``'s shape.
+
+    The sort is stable in both orders: equal values keep their index order (the lower
+    index first, in DESC order too). ggml leaves ties unspecified (its CPU uses
+    ``std::sort``), so this is a stricter promise: results are reproducible and every
+    backend must agree bit for bit, ties included.
+    """
     _check_type("argsort", "a", a, {Type.F32})
     return _new(
         Type.I32,
@@ -647,6 +707,73 @@ def argsort(a: Tensor, order: SortOrder | str = SortOrder.ASC) -> Tensor:
         (a,),
         {"order": _member("argsort", "order", SortOrder, order)},
     )
+
+
+def top_k(a: Tensor, k: int) -> Tensor:
+    """Per row, the indices of the ``k`` largest values: I32 ``(*a.shape[:-1], k)``
+    (``ggml_top_k``).
+
+    Ordered by value, largest first; equal values by index, lower first — exactly
+    ``argsort(a, DESC)[..., :k]``. ggml's ``GGML_OP_TOP_K`` promises "no particular
+    order" (its CPU even swaps the first two); this contract is stricter, so a result
+    that is right here is right for ggml's users, and backends can be compared exactly.
+    ``1 <= k <= a.shape[-1]``.
+    """
+    _check_type("top_k", "a", a, {Type.F32})
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= a.shape[-1]:
+        raise OpParamError(f"top_k: k must be an int in [1, {a.shape[-1]}], got {k!r}")
+    return _new(Type.I32, (*a.shape[:-1], k), Op.TOP_K, (a,), {"k": k})
+
+
+def argsort_top_k(a: Tensor, k: int) -> Tensor:
+    """``argsort(a, DESC)`` cut to its first ``k`` columns: a view, no new op
+    (``ggml_argsort_top_k``). Same values as :func:`top_k`, at the cost of a full sort."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= a.shape[-1]:
+        raise OpParamError(f"argsort_top_k: k must be an int in [1, {a.shape[-1]}], got {k!r}")
+    s = argsort(a, SortOrder.DESC)
+    return view(s, (*s.shape[:-1], k), s.strides, 0)
+
+
+# -- shape-changing copies ------------------------------------------------------------------------
+
+
+def repeat(a: Tensor, shape: Sequence[int] | Tensor) -> Tensor:
+    """``a`` tiled to ``shape`` (``ggml_repeat``; ``shape`` may be a tensor to copy it from).
+
+    Aligned from the right, each of ``a``'s dimensions must divide the target's;
+    ``out[i] = a[i % a.shape]`` axis by axis. Any non-quantized type; same type as ``a``.
+    """
+    _tensor("repeat", "a", a)
+    target = tuple(shape.shape) if isinstance(shape, Tensor) else tuple(int(d) for d in shape)
+    if a.type.is_quantized:
+        raise TypeMismatchError(f"repeat: quantized tensors are not supported ({a.describe()})")
+    if not 1 <= len(target) <= MAX_DIMS or not can_repeat(a.shape, target):
+        raise _fail(
+            "repeat",
+            f"a {a.describe()} does not tile onto shape {target}: each dimension of a "
+            "(aligned from the right) must divide the target's",
+        )
+    return _new(a.type, target, Op.REPEAT, (a,))
+
+
+def pad(a: Tensor, after: Sequence[int]) -> Tensor:
+    """``a`` followed by zeros: ``after[i]`` zeros appended along axis ``i`` (``ggml_pad``).
+
+    ``after`` has one non-negative count per axis, numpy order (ggml's ``p0`` is
+    ``after[-1]``). Result ``a.shape[i] + after[i]``; ``a``'s values at the start, 0
+    everywhere else. Float types; same type as ``a``.
+    """
+    _check_type("pad", "a", a, FLOAT_TYPES)
+    widths = tuple(after)
+    if len(widths) != a.ndim or any(
+        isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in widths
+    ):
+        raise OpParamError(
+            f"pad: after must hold {a.ndim} ints >= 0 (one per axis of {a.describe()}), "
+            f"got {after!r}"
+        )
+    shape = tuple(d + w for d, w in zip(a.shape, widths, strict=True))
+    return _new(a.type, shape, Op.PAD, (a,), {"after": widths})
 
 
 # -- views ----------------------------------------------------------------------------------------

@@ -44,7 +44,9 @@ __all__ = [
 
 #: DESIGN.md's default threshold, and the per-op exceptions it names.
 DEFAULT_NMSE = 1e-7
-OP_NMSE: dict[Op, float] = {Op.MUL_MAT: 5e-4, Op.FLASH_ATTN_EXT: 5e-4, Op.SOFT_MAX: 1e-6}
+OP_NMSE: dict[Op, float] = {
+    Op.MUL_MAT: 5e-4, Op.MUL_MAT_ID: 5e-4, Op.FLASH_ATTN_EXT: 5e-4, Op.SOFT_MAX: 1e-6,
+}  # fmt: skip
 #: Floors for results stored in 16-bit floats. Two correct implementations may round a
 #: result one unit in the last place apart (computing in f32 then rounding, rounding a
 #: float64 value directly, or computing in half precision). One ulp relative to the
@@ -52,7 +54,9 @@ OP_NMSE: dict[Op, float] = {Op.MUL_MAT: 5e-4, Op.FLASH_ATTN_EXT: 5e-4, Op.SOFT_M
 #: *every* element has NMSE at most 9.5e-7 (F16) and 6.1e-5 (BF16); the floors sit just
 #: above, while a wrong formula still scores 1e-3 and worse.
 TYPE_FLOOR: dict[Type, float] = {Type.F16: 1e-6, Type.BF16: 1e-4}
-_COPY_OPS = frozenset({Op.CPY, Op.DUP, Op.CONT, Op.GET_ROWS, Op.SET_ROWS, Op.CONCAT})
+_COPY_OPS = frozenset(
+    {Op.CPY, Op.DUP, Op.CONT, Op.GET_ROWS, Op.SET_ROWS, Op.CONCAT, Op.REPEAT, Op.PAD}
+)
 _WIDENING = frozenset({(Type.F16, Type.F32), (Type.BF16, Type.F32)})
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 
+import numpy as np
+
 from .. import ops
 from ..opcodes import GluOp, Op, SortOrder, UnaryOp
 from ..tensor import Tensor
@@ -88,6 +90,9 @@ _BROADCASTS: list[tuple[Shape, Shape]] = [
     ((7, 33), (7, 1)),
     ((4, 3, 17), (1, 1, 17)),
     ((1,), (1,)),
+    # ggml's can_repeat: b tiles onto a (ggml a[4,6] + b[2,6] is numpy (6, 4) + (6, 2))
+    ((6, 4), (6, 2)),
+    ((2, 3, 4, 6), (1, 3, 2, 3)),
 ]
 
 
@@ -112,7 +117,8 @@ def _binary() -> Iterator[Case]:
         for t in FLOAT_TYPES:
             for i, (shape, bshape) in enumerate(_BROADCASTS):
                 build = partial(_binary_build, fn, leaf, t, shape, leaf, t, bshape, b_init)
-                yield make(op, build, t == Type.F32 or i < 2, type=t, shape=shape, b=bshape)
+                quick = t == Type.F32 or i < 2
+                yield make(op, build, quick, type=t, shape=shape, b=bshape)
             build = partial(_binary_build, fn, transposed, t, (5, 33), strided, t, (5, 33), b_init)
             yield make(op, build, t == Type.F32, type=t, shape=[5, 33], a="transposed", b="strided")
         # b repeated onto a (ggml's can_repeat): extents that divide a's, not only 1s
@@ -154,9 +160,18 @@ def _scale() -> Iterator[Case]:
         )
 
 
-def _unary_build(fn: UnaryOp, a: Layout, t: Type, shape: Shape, ins: Inputs) -> Tensor:
+def _unary_build(
+    fn: UnaryOp, a: Layout, t: Type, shape: Shape, ins: Inputs, init: InitFn | None = None
+) -> Tensor:
     # wide enough to reach the tails of tanh, sigmoid and gelu
-    return ops.unary(a(ins, t, shape, uniform(-4.0, 4.0)), fn)
+    return ops.unary(a(ins, t, shape, init or uniform(-4.0, 4.0)), fn)
+
+
+def _huge(rng: np.random.Generator, t: Tensor) -> np.ndarray:
+    """Magnitudes from 1 to 1e30 of both signs: tails, ggml's gelu clamps at ±10, and
+    values whose squares overflow float32 (the formulas must still give no NaN)."""
+    mag = 10.0 ** rng.uniform(0, 30, size=t.shape)
+    return np.asarray(mag * rng.choice([-1.0, 1.0], size=t.shape))
 
 
 def _unary_special_build(fn: UnaryOp, t: Type, ins: Inputs) -> Tensor:
@@ -195,6 +210,17 @@ def _unary() -> Iterator[Case]:
                 type=t,
                 shape=[7, 2, 5],
                 a="permuted",
+            )
+        if fn is not UnaryOp.EXP:  # e^1e30 is inf, which no error measure can score
+            yield make(
+                Op.UNARY,
+                partial(_unary_build, fn, leaf, Type.F32, (4, 33), init=_huge),
+                True,
+                label,
+                tags=tags,
+                type=Type.F32,
+                shape=[4, 33],
+                values="huge",
             )
 
 
@@ -397,6 +423,69 @@ def _reductions() -> Iterator[Case]:
         )
 
 
+def _top_k_build(a: Layout, shape: Shape, k: int, init: InitFn, ins: Inputs) -> Tensor:
+    return ops.top_k(a(ins, Type.F32, shape, init), k)
+
+
+def _top_k() -> Iterator[Case]:
+    for shape, k in (((3, 16), 4), ((2, 33), 1), ((2, 300), 300), ((5, 100), 7)):
+        yield make(
+            Op.TOP_K,
+            partial(_top_k_build, leaf, shape, k, distinct()),
+            shape != (2, 300),
+            type=Type.F32,
+            shape=shape,
+            k=k,
+        )
+    # ties: largest first, equal values by lower index
+    yield make(
+        Op.TOP_K,
+        partial(_top_k_build, leaf, (5, 24), 6, indices(4)),
+        True,
+        type=Type.F32,
+        shape=[5, 24],
+        k=6,
+        values="ties",
+    )
+    yield make(
+        Op.TOP_K,
+        partial(_top_k_build, transposed, (4, 21), 3, uniform()),
+        True,
+        type=Type.F32,
+        shape=[4, 21],
+        k=3,
+        a="transposed",
+    )
+
+
+def _clamp_build(a: Layout, t: Type, shape: Shape, lo: float, hi: float, ins: Inputs) -> Tensor:
+    return ops.clamp(a(ins, t, shape, uniform(-3, 3)), lo, hi)
+
+
+def _clamp() -> Iterator[Case]:
+    for t in FLOAT_TYPES:
+        for lo, hi in ((-1.0, 0.5), (0.0, float("inf"))):
+            yield make(
+                Op.CLAMP,
+                partial(_clamp_build, leaf, t, (3, 5, 33), lo, hi),
+                t == Type.F32 or hi == 0.5,
+                type=t,
+                shape=[3, 5, 33],
+                min=lo,
+                max=hi,
+            )
+        yield make(
+            Op.CLAMP,
+            partial(_clamp_build, permuted, t, (7, 2, 5), -0.5, 0.5),
+            t == Type.F32,
+            type=t,
+            shape=[7, 2, 5],
+            a="permuted",
+            min=-0.5,
+            max=0.5,
+        )
+
+
 FAMILIES: list[Callable[[], Iterator[Case]]] = [
     _binary,
     _scale,
@@ -404,15 +493,19 @@ FAMILIES: list[Callable[[], Iterator[Case]]] = [
     _glu,
     _norms,
     _reductions,
+    _top_k,
+    _clamp,
 ]
 
 
 def all_cases() -> list[Case]:
     """Every case, quick and full, in catalogue order."""
     from .families_copy import FAMILIES as COPY_FAMILIES
+    from .families_moe import FAMILIES as MOE_FAMILIES
     from .families_nn import FAMILIES as NN_FAMILIES
 
-    return [c for family in (*FAMILIES, *COPY_FAMILIES, *NN_FAMILIES) for c in family()]
+    families = (*FAMILIES, *COPY_FAMILIES, *NN_FAMILIES, *MOE_FAMILIES)
+    return [c for family in families for c in family()]
 
 
 def catalogue(

@@ -136,6 +136,9 @@ def _soft_max() -> Iterator[Case]:
         (False, leaf, (2, 1025), (Type.F32, (2, 1025)), 1.0, 0.0),
         (True, transposed, (9, 17), None, 1.0, 0.0),
         (False, strided, (4, 5, 33), (Type.F16, (5, 33)), 1.0, 0.0),
+        # fewer mask heads than heads: tiled, head h uses mask head h % 2 (ggml's i02 % ne12)
+        (True, leaf, shape, (Type.F32, (1, 2, 7, 33)), 1.0, 0.0),
+        (False, leaf, (2, 6, 3, 33), (Type.F16, (1, 3, 3, 33)), 1.0, 8.0),
     ]
     for quick, layout, s, mask, scale, max_bias in variants:
         extra: dict[str, Any] = {}

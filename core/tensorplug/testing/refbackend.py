@@ -163,6 +163,10 @@ _FORMULAS: dict[Op, Formula] = {
     Op.SUM_ROWS: lambda n, v: ref.sum_rows(v[0]),
     Op.ARGMAX: lambda n, v: ref.argmax(v[0]),
     Op.ARGSORT: lambda n, v: ref.argsort(v[0], n.op_params["order"] == SortOrder.DESC),
+    Op.TOP_K: lambda n, v: ref.top_k(v[0], n.op_params["k"]),
+    Op.CLAMP: lambda n, v: ref.clamp(v[0], n.op_params["min"], n.op_params["max"]),
+    Op.REPEAT: lambda n, v: ref.repeat(v[0], n.shape),
+    Op.PAD: lambda n, v: ref.pad(v[0], n.op_params["after"]),
 }
 
 
@@ -210,7 +214,7 @@ def evaluate(node: Tensor) -> np.ndarray:
     )
 
 
-_RAW_COPIES = frozenset({Op.CPY, Op.DUP, Op.CONT, Op.CONCAT})
+_RAW_COPIES = frozenset({Op.CPY, Op.DUP, Op.CONT, Op.CONCAT, Op.REPEAT, Op.PAD})
 
 
 class ReferenceBackend(Backend):

@@ -21,9 +21,10 @@ from collections.abc import Callable
 import numpy as np
 
 __all__ = [
-    "add", "argmax", "argsort", "concat", "div", "flash_attn_ext", "get_rows", "glu", "mul_mat_id",
-    "mul", "mul_mat", "norm", "rms_norm", "rope", "rope_yarn_corr_dims", "scale",
-    "set_rows", "soft_max", "sub", "sum_rows", "UNARY",
+    "add", "argmax", "argsort", "clamp", "concat", "div", "flash_attn_ext", "get_rows",
+    "glu", "mul", "mul_mat", "mul_mat_id", "norm", "pad", "repeat", "rms_norm", "rope",
+    "rope_yarn_corr_dims", "scale", "set_rows", "soft_max", "sub", "sum_rows", "tile_to",
+    "top_k", "UNARY",
 ]  # fmt: skip
 
 
@@ -35,27 +36,42 @@ def _pad4(x: np.ndarray) -> np.ndarray:
 # -- elementwise --------------------------------------------------------------------------
 
 
-def repeat_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """``b`` tiled to ``shape`` (ggml's repeat: every extent of b divides shape's)."""
-    padded: tuple[int, ...] = (1,) * (len(shape) - b.ndim) + tuple(b.shape)
-    reps = [n // m if m else 1 for n, m in zip(shape, padded, strict=True)]
-    return np.tile(b.reshape(padded), reps)
+def tile_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``b`` repeated (``np.tile``) until it has ``shape``: ggml's can_repeat broadcast."""
+    bp = b.reshape((1,) * (len(shape) - b.ndim) + b.shape)
+    extents: tuple[int, ...] = bp.shape
+    reps = tuple(s // d for s, d in zip(shape, extents, strict=True))
+    return np.tile(bp, reps)
 
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a + repeat_to(b, a.shape)
+    return a + tile_to(b, a.shape)
 
 
 def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a - repeat_to(b, a.shape)
+    return a - tile_to(b, a.shape)
 
 
 def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a * repeat_to(b, a.shape)
+    return a * tile_to(b, a.shape)
 
 
 def div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a / repeat_to(b, a.shape)
+    return a / tile_to(b, a.shape)
+
+
+def clamp(a: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """ggml's ``MAX(MIN(x, hi), lo)`` with C's comparisons: ``x < hi`` is false for NaN."""
+    m = np.where(a < hi, a, hi)
+    return np.where(m > lo, m, lo).astype(a.dtype)
+
+
+def repeat(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return tile_to(a, shape)
+
+
+def pad(a: np.ndarray, after: tuple[int, ...]) -> np.ndarray:
+    return np.pad(a, [(0, w) for w in after])
 
 
 def scale(a: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:
@@ -63,7 +79,8 @@ def scale(a: np.ndarray, s: float, bias: float = 0.0) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-x))
+    with np.errstate(over="ignore"):  # e^-x overflowing to inf is how σ reaches 0
+        return 1 / (1 + np.exp(-x))
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -97,7 +114,6 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "gelu_quick": _gelu_quick,
     "gelu_erf": _gelu_erf,
 }
-
 
 #: The activation of each gated unit by :class:`~tensorplug.GluOp` value.
 GLU_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -191,12 +207,15 @@ def _mask_rows(mask: np.ndarray, rows: int) -> np.ndarray:
 def soft_max(
     a: np.ndarray, mask: np.ndarray | None = None, scale: float = 1.0, max_bias: float = 0.0
 ) -> np.ndarray:
-    """Row softmax of ``a·scale + slope·mask`` (``ggml_soft_max_ext``)."""
+    """Row softmax of ``a·scale + slope·mask`` (``ggml_soft_max_ext``); a mask with fewer
+    heads or batches than ``a`` is tiled (head ``h`` uses mask head ``h % n``)."""
     a4 = _pad4(a)
     x = a4 * scale
     if mask is not None:
         slopes = alibi_slopes(a4.shape[1], max_bias, a.dtype).reshape(1, -1, 1, 1)
         m = _mask_rows(mask, a4.shape[2])
+        pairs = zip(a4.shape[:2], m.shape[:2], strict=True)
+        m = tile_to(m, (*(da if dm != 1 else 1 for da, dm in pairs), *m.shape[2:]))
         # slope·mask with slope 1 keeps -inf; slope·(-inf) stays -inf for slope > 0
         x = x + (slopes * m if max_bias > 0 else m)
     return _softmax_last(x).reshape(a.shape)
@@ -353,6 +372,21 @@ def argmax(a: np.ndarray) -> np.ndarray:
     rows = a.reshape(-1, a.shape[-1])
     out = np.array([argmax_row(r) for r in rows], dtype=np.int64)
     return out.reshape(a.shape[:-1] or (1,))
+    """Last index of the row maximum (ggml's CPU), NaN counting as -inf; a 1-d input
+    gives shape ``(1,)``."""
+    x = np.where(np.isnan(a), -np.inf, a)
+    best = x.max(axis=-1, keepdims=True)
+    cols = np.arange(a.shape[-1])
+    last = np.where(x == best, cols, -1).max(axis=-1)
+    return last.reshape(a.shape[:-1] or (1,))
+
+
+def top_k(a: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest per row, largest first, ties by lower index."""
+    cols = np.broadcast_to(np.arange(a.shape[-1]), a.shape)
+    order = np.lexsort((cols, -a), axis=-1)  # by value descending, then by index
+    return order[..., :k]
+
 
 
 def argsort(a: np.ndarray, descending: bool = False) -> np.ndarray:

@@ -99,6 +99,14 @@ def _floats(node: Tensor, lim: Limits) -> bool:
     return node.type in FLOAT and all(s.type in FLOAT for s in node.src)
 
 
+def _numpy_broadcast(big: Tensor, small: Tensor, axes: range = range(4)) -> bool:
+    """Each of ``small``'s extents (on ``axes``) is 1 or ``big``'s: the soft_max kernel
+    broadcasts its mask by zeroed strides, so a mask tiled over heads (``h % n``) is not
+    its yet (k_binary does tile b)."""
+    nb, ns = big.ne(), small.ne()
+    return all(ns[i] in (1, nb[i]) for i in axes)
+
+
 # -- copies and conversions -----------------------------------------------------------------
 
 
@@ -200,7 +208,8 @@ def _norm(node: Tensor, lim: Limits) -> list[Launch]:
 
 def _soft_max_ok(node: Tensor, lim: Limits) -> bool:
     return node.src[0].type == Type.F32 and all(
-        m.type in (Type.F32, Type.F16) for m in node.src[1:]
+        m.type in (Type.F32, Type.F16) and _numpy_broadcast(node.src[0], m, range(2, 4))
+        for m in node.src[1:]
     )
 
 

@@ -32,7 +32,8 @@ INDEX = frozenset({Type.I32, Type.I64})
 
 _Builder = Callable[["Tensor", BuildContext], Step]
 
-#: op → kernel builder (mul_mat is handled separately: it also takes the JIT kernels)
+#: op → kernel builder (mul_mat and mul_mat_id are handled separately: they also take
+#: the JIT kernels)
 KERNELS: dict[Op, _Builder] = {
     Op.ADD: elementwise.build_binary,
     Op.SUB: elementwise.build_binary,
@@ -46,6 +47,10 @@ KERNELS: dict[Op, _Builder] = {
     Op.SUM_ROWS: elementwise.build_sum_rows,
     Op.ARGMAX: elementwise.build_argmax,
     Op.ARGSORT: elementwise.build_argsort,
+    Op.TOP_K: elementwise.build_top_k,
+    Op.CLAMP: elementwise.build_clamp,
+    Op.REPEAT: convert.build_repeat,
+    Op.PAD: convert.build_pad,
     Op.CONCAT: elementwise.build_concat,
     Op.CPY: convert.build_copy,
     Op.DUP: convert.build_copy,
@@ -66,6 +71,8 @@ def build_step(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step 
     ctx.begin_node()
     if node.op == Op.MUL_MAT:
         return matmul.build_mul_mat(node, ctx, jit)
+    if node.op == Op.MUL_MAT_ID:
+        return matmul.build_mul_mat_id(node, ctx, jit)
     return KERNELS[node.op](node, ctx)
 
 
@@ -116,12 +123,6 @@ def _glu(node: Tensor) -> bool:
     return a.shape[-1] == 2 * node.shape[-1]
 
 
-def _mul_mat_id(node: Tensor) -> bool:
-    as_, b, ids = node.src
-    ok = node.type == Type.F32 and b.type in FLOAT and ids.type == Type.I32
-    return ok and (as_.type in FLOAT or (as_.type in QUANT and as_.rows_contiguous))
-
-
 def _mul_mat(node: Tensor) -> bool:
     a, b = node.src
     if node.type != Type.F32 or b.type not in FLOAT or a.shape[-1] != b.shape[-1]:
@@ -129,6 +130,12 @@ def _mul_mat(node: Tensor) -> bool:
     if a.type in QUANT:
         return a.rows_contiguous  # blocks are read whole, row by row
     return a.type in FLOAT
+
+
+def _mul_mat_id(node: Tensor) -> bool:
+    a, b, ids = node.src
+    ok = node.type == Type.F32 and b.type in FLOAT and ids.type == Type.I32
+    return ok and a.rows_contiguous and (a.type in FLOAT or a.type in QUANT)
 
 
 def _soft_max(node: Tensor) -> bool:
@@ -206,7 +213,12 @@ _SUPPORT: dict[Op, Callable[[Tensor], bool]] = {
     Op.CPY: _cpy, Op.DUP: _dup, Op.CONT: _dup,
     Op.GET_ROWS: _get_rows, Op.SET_ROWS: _set_rows,
     Op.MUL_MAT: _mul_mat, Op.SOFT_MAX: _soft_max, Op.ROPE: _rope,
-    Op.FLASH_ATTN_EXT: _flash_attn, Op.MUL_MAT_ID: _mul_mat_id,
+    Op.FLASH_ATTN_EXT: _flash_attn,
+    Op.MUL_MAT_ID: _mul_mat_id,
+    Op.TOP_K: lambda n: n.src[0].type == Type.F32 and n.type == Type.I32,
+    Op.CLAMP: _float_same,
+    Op.REPEAT: lambda n: n.type == n.src[0].type and n.type not in QUANT,
+    Op.PAD: lambda n: n.type == n.src[0].type and n.type in FLOAT,
 }  # fmt: skip
 
 

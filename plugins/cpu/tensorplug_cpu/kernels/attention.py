@@ -18,6 +18,7 @@ from tensorplug.opcodes import RopeMode
 from tensorplug.opmath import alibi_slopes, rope_yarn_corr_dims
 
 from .common import F32, BuildContext, Step, padded4, sequence
+from .elementwise import tiled_operands
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -39,13 +40,26 @@ def _masked_logits(
     if mask_t is None:
         return None, None
     m4 = padded4(ctx.view(mask_t))[:, :, :rows, :]
-    if max_bias <= 0:
+    tiles = any(dm not in (1, da) for da, dm in zip(shape4[:2], m4.shape[:2], strict=True))
+    if max_bias <= 0 and not tiles:
         return m4, None  # numpy widens an F16 mask exactly while adding
     slopes = alibi_slopes(shape4[1], max_bias).reshape(1, -1, 1, 1)
-    term = ctx.scratch(np.broadcast_shapes(m4.shape, slopes.shape))
+    # a mask with fewer heads (or batches) than a is tiled: head h uses mask head h % n
+    outer = tuple(da if dm != 1 else 1 for da, dm in zip(shape4[:2], m4.shape[:2], strict=True))
+    term = ctx.scratch(np.broadcast_shapes((*outer, *m4.shape[2:]), slopes.shape))
+    full = ctx.scratch((*outer, *m4.shape[2:])) if tiles else None
+    if full is not None:
+        dst, src, _ = tiled_operands(full, m4, full)
 
     def scaled() -> None:
-        np.multiply(m4, slopes, out=term)
+        m = m4
+        if full is not None:
+            np.copyto(dst, src)
+            m = full
+        if max_bias > 0:
+            np.multiply(m, slopes, out=term)
+        else:
+            np.copyto(term, m)
 
     return term, scaled
 

@@ -23,7 +23,7 @@ from .common import BuildContext, Step, from_f32, reshape_view, to_f32
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-__all__ = ["build_copy", "build_get_rows", "build_set_rows"]
+__all__ = ["build_copy", "build_get_rows", "build_pad", "build_repeat", "build_set_rows"]
 
 
 def _copy_step(src: np.ndarray, src_type: Type, dst: np.ndarray, dst_type: Type) -> Step:
@@ -136,5 +136,37 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
                     )
         for table, values, idx in batches:
             scatter(table, values, idx)
+
+    return run
+
+
+def build_repeat(node: Tensor, ctx: BuildContext) -> Step:
+    """Tile ``a`` onto the node: every axis of the node split into ``(reps, a's extent)``
+    (a view) receives ``a`` broadcast over ``reps``; stored values move unchanged."""
+    a_t = node.src[0]
+    a, out = ctx.view(a_t), ctx.view(node)
+    ap = a.reshape((1,) * (out.ndim - a.ndim) + a.shape)
+    split_out: list[int] = []
+    split_a: list[int] = []
+    pairs: list[tuple[int, int]] = list(zip(out.shape, ap.shape, strict=True))
+    for do, da in pairs:
+        split_out += [do // da, da]
+        split_a += [1, da]
+    o = reshape_view(out, tuple(split_out))
+    src = reshape_view(ap, tuple(split_a))
+    assert o is not None and src is not None  # splitting axes never copies
+    return partial(np.copyto, o, src)
+
+
+def build_pad(node: Tensor, ctx: BuildContext) -> Step:
+    """Zero the node, then copy ``a`` into its leading corner (converted like a copy)."""
+    a_t = node.src[0]
+    out = ctx.view(node)
+    corner = out[tuple(slice(0, d) for d in a_t.shape)]
+    copy = _copy_step(ctx.view(a_t), a_t.type, corner, node.type)
+
+    def run() -> None:
+        out.fill(0)  # zero bits are +0.0 in every float type, BF16 included
+        copy()
 
     return run

@@ -18,7 +18,7 @@ import numpy as np
 from tensorplug.opcodes import GluOp, Op, SortOrder, UnaryOp
 from tensorplug.types import Type
 
-from .common import F32, BuildContext, Step, sequence
+from .common import F32, BuildContext, Step, reshape_view, sequence
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -28,19 +28,52 @@ __all__ = [
     "build_argmax",
     "build_argsort",
     "build_binary",
+    "build_clamp",
     "build_concat",
     "build_glu",
     "build_norm",
     "build_rms_norm",
     "build_scale",
     "build_sum_rows",
+    "build_top_k",
     "build_unary",
+    "tiled_operands",
 ]
 
 _UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 _NUMPY_NATIVE = (Type.F32, Type.F16)
 _SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
 _GELU_COEF_A = np.float32(0.044715)
+
+
+
+def tiled_operands(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Views that turn ggml's tiling broadcast into numpy broadcasting.
+
+    Wherever ``b``'s extent ``B`` divides ``a``'s ``A`` without being 1 or ``A``, that
+    axis of ``a`` and ``out`` becomes ``(A/B, B)`` and ``b``'s becomes ``(1, B)``:
+    element ``i`` then meets ``b[i % B]``. Splitting an axis never copies.
+    """
+    bp = b.reshape((1,) * (a.ndim - b.ndim) + b.shape)
+    pairs: list[tuple[int, int]] = list(zip(a.shape, bp.shape, strict=True))
+    if all(db in (1, da) for da, db in pairs):
+        return a, bp, out
+    ashape: list[int] = []
+    bshape: list[int] = []
+    for da, db in pairs:
+        if db in (1, da):
+            ashape.append(da)
+            bshape.append(db)
+        else:
+            ashape += [da // db, db]
+            bshape += [1, db]
+    av, bv, ov = (
+        reshape_view(x, tuple(sh)) for x, sh in ((a, ashape), (bp, bshape), (out, ashape))
+    )
+    assert av is not None and bv is not None and ov is not None  # splits are always views
+    return av, bv, ov
 
 
 def build_binary(node: Tensor, ctx: BuildContext) -> Step:
@@ -52,33 +85,12 @@ def build_binary(node: Tensor, ctx: BuildContext) -> Step:
     """
     ufunc = _UFUNCS[node.op]
     a, b = node.src
-    pa = (1,) * (len(a.shape) - len(b.shape)) + tuple(b.shape)
-    if any(1 < db < da for da, db in zip(a.shape, pa, strict=True)):
-        return _build_tiled_binary(node, ctx, ufunc)
     if all(t.type in _NUMPY_NATIVE for t in (a, b, node)):
-        return partial(ufunc, ctx.view(a), ctx.view(b), out=ctx.view(node))
+        return partial(ufunc, *tiled_operands(ctx.view(a), ctx.view(b), ctx.view(node)))
     av, load_a = ctx.f32_in(a)
     bv, load_b = ctx.f32_in(b)
     out, store = ctx.f32_out(node)
-    return sequence(load_a, load_b, partial(ufunc, av, bv, out=out), store)
-
-
-def _build_tiled_binary(node: Tensor, ctx: BuildContext, ufunc: np.ufunc) -> Step:
-    """``b`` repeated onto ``a`` (an extent of b divides a's, ggml's can_repeat): the
-    tiles are copied into scratch first; numpy broadcasting only stretches 1s."""
-    a, b = node.src
-    av, load_a = ctx.f32_in(a)
-    bv, load_b = ctx.f32_in(b)
-    out, store = ctx.f32_out(node)
-    tiled = ctx.scratch(node.shape)
-    pb = (1,) * (len(node.shape) - len(b.shape)) + tuple(b.shape)
-    reps = tuple(n // m for n, m in zip(node.shape, pb, strict=True))
-
-    def run() -> None:
-        tiled[...] = np.tile(bv.reshape(pb), reps)
-        ufunc(av, tiled, out=out)
-
-    return sequence(load_a, load_b, run, store)
+    return sequence(load_a, load_b, partial(ufunc, *tiled_operands(av, bv, out)), store)
 
 
 def build_scale(node: Tensor, ctx: BuildContext) -> Step:
@@ -92,11 +104,14 @@ def build_scale(node: Tensor, ctx: BuildContext) -> Step:
 
 
 def _silu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """``x / (1 + e^-x)`` as ggml writes it; ``out`` may alias ``x``."""
+    """``x / (1 + e^-x)`` as ggml writes it (so silu(-inf) is NaN, as in ggml); ``out``
+    may alias ``x`` or ``tmp``."""
     np.negative(x, out=tmp)
-    np.exp(tmp, out=tmp)
+    with np.errstate(over="ignore"):
+        np.exp(tmp, out=tmp)
     tmp += 1
-    np.divide(x, tmp, out=out)
+    with np.errstate(invalid="ignore"):
+        np.divide(x, tmp, out=out)
 
 
 def _sigmoid_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
@@ -210,6 +225,20 @@ def build_unary(node: Tensor, ctx: BuildContext) -> Step:
     out, store = ctx.f32_out(node)
     tmp = ctx.scratch(node.shape) if fn in _NEEDS_TMP else out
     return sequence(load, partial(UNARY_FNS[fn], x, tmp, out), store)
+
+
+def build_clamp(node: Tensor, ctx: BuildContext) -> Step:
+    """ggml's ``MAX(MIN(x, hi), lo)``: fmin/fmax pick the bound over a NaN, as those
+    C comparisons do (NaN gives ``hi``)."""
+    x, load = ctx.f32_in(node.src[0])
+    out, store = ctx.f32_out(node)
+    lo, hi = F32.type(node.op_params["min"]), F32.type(node.op_params["max"])
+
+    def run() -> None:
+        np.fmin(x, hi, out=out)
+        np.fmax(out, lo, out=out)
+
+    return sequence(load, run, store)
 
 
 def build_glu(node: Tensor, ctx: BuildContext) -> Step:
@@ -349,6 +378,20 @@ def build_argsort(node: Tensor, ctx: BuildContext) -> Step:
         # negating keeps stability for descending order (ties stay in index order)
         idx = np.argsort(np.negative(x) if desc else x, axis=-1, kind="stable")
         np.copyto(out, idx, casting="same_kind")
+
+    return run
+
+
+def build_top_k(node: Tensor, ctx: BuildContext) -> Step:
+    """The ``k`` largest per row, largest first, ties by lower index: a stable sort of
+    the negated row, cut (a partial sort could not keep the tie order at the cut)."""
+    x = ctx.view(node.src[0])
+    out = ctx.view(node)
+    k = node.shape[-1]
+
+    def run() -> None:
+        idx = np.argsort(np.negative(x), axis=-1, kind="stable")
+        np.copyto(out, idx[..., :k], casting="same_kind")
 
     return run
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tensorplug.errors import OutOfBoundsError
 from tensorplug.quants import dequantize_blocks
 from tensorplug.types import Type
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
     from .jit import JitKernels
 
-__all__ = ["MATVEC_MAX_TOKENS", "TILE_ELEMS", "build_mul_mat"]
+__all__ = ["MATVEC_MAX_TOKENS", "TILE_ELEMS", "build_mul_mat", "build_mul_mat_id"]
 
 #: Largest decoded weight tile, in float32 elements (16 MiB).
 TILE_ELEMS = 1 << 22
@@ -177,12 +178,11 @@ def _expert_f32(w: np.ndarray, t: Type) -> np.ndarray:
     return np.asarray(w, dtype=np.float32)
 
 
-def build_mul_mat_id(node: Tensor, ctx: BuildContext) -> Step:
+def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
     """Mixture of experts (``ggml_mul_mat_id``): the (token, slot) pairs are grouped by
     the expert they selected, and each used expert's weights are decoded once and
-    multiplied with all its rows in one BLAS call."""
-    from tensorplug.errors import OutOfBoundsError
-
+    multiplied with all its rows in one BLAS call (``jit`` is taken for the dispatcher's
+    sake; decoding one expert is not worth a fused kernel)."""
     as_t, b_t, ids_t = node.src
     b32, load_b = ctx.f32_in(b_t)
     raw, ids, out = ctx.view(as_t), ctx.view(ids_t), ctx.view(node)
@@ -194,7 +194,7 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext) -> Step:
             t, e = (int(i[0]) for i in np.nonzero(bad))
             raise OutOfBoundsError(
                 f"mul_mat_id {node.describe()}: ids[{t}, {e}] = {int(ids[t, e])} is not an "
-                f"expert of as_ (0..{n_expert - 1}); nothing was computed"
+                f"expert of a (0..{n_expert - 1}); nothing was computed"
             )
         for ex in np.unique(ids):
             tok, slot = np.nonzero(ids == ex)
