@@ -26,6 +26,13 @@ ARGMAX_ROWS = [
 ]
 
 
+def _backend(device: str) -> tp.Backend:
+    dev = tp.dev_by_name(device)
+    if dev is None:
+        pytest.skip(f"no {device} device (pip install pocl-binary-distribution for OpenCL)")
+    return dev.init_backend()
+
+
 def _ggml_loop(row: list[float]) -> int:
     """ggml_vec_argmax_f32, transcribed: MAX is (a > b ? a : b)."""
     m, idx = -INF, 0
@@ -44,10 +51,7 @@ def test_the_reference_argmax_is_ggmls_loop(row: list[float], want: int) -> None
 
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
 def test_every_backend_returns_ggmls_argmax(device: str) -> None:
-    dev = tp.dev_by_name(device)
-    if dev is None:
-        pytest.skip(f"no {device} device")
-    be = dev.init_backend()
+    be = _backend(device)
     width = max(len(r) for r, _ in ARGMAX_ROWS)
     for row, want in ARGMAX_ROWS:
         x = tp.new_tensor("f32", (1, len(row)), "x")
@@ -61,10 +65,7 @@ def test_every_backend_returns_ggmls_argmax(device: str) -> None:
 
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
 def test_gelu_clamps_as_ggml_does(device: str) -> None:
-    dev = tp.dev_by_name(device)
-    if dev is None:
-        pytest.skip(f"no {device} device")
-    be = dev.init_backend()
+    be = _backend(device)
     xs = np.array([-INF, -1e30, -10.0, -9.99, 0.0, 9.99, 10.0, 1e30, INF], np.float32)
     x = tp.new_tensor("f32", (xs.size,), "x")
     y = ops.gelu(x)
@@ -96,10 +97,7 @@ GLU_FORMULAS = {
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
 @pytest.mark.parametrize("fn", sorted(GLU_FORMULAS))
 def test_every_gated_unit_matches_its_formula(device: str, fn: str) -> None:
-    dev = tp.dev_by_name(device)
-    if dev is None:
-        pytest.skip(f"no {device} device")
-    be = dev.init_backend()
+    be = _backend(device)
     rng = np.random.default_rng(7)
     va = rng.uniform(-5, 5, (3, 16)).astype(np.float32)
     vb = rng.uniform(-2, 2, (3, 16)).astype(np.float32)
@@ -120,10 +118,7 @@ def test_every_gated_unit_matches_its_formula(device: str, fn: str) -> None:
 
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
 def test_gelu_quick_and_gelu_erf_match_their_formulas(device: str) -> None:
-    dev = tp.dev_by_name(device)
-    if dev is None:
-        pytest.skip(f"no {device} device")
-    be = dev.init_backend()
+    be = _backend(device)
     xs = np.linspace(-9, 9, 181).astype(np.float32)
     x = tp.new_tensor("f32", xs.shape, "x")
     quick, erf = ops.gelu_quick(x), ops.gelu_erf(x)
@@ -142,10 +137,7 @@ def test_an_unknown_gated_unit_is_refused() -> None:
 
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
 def test_mul_mat_id_routes_each_token_through_its_experts(device: str) -> None:
-    dev = tp.dev_by_name(device)
-    if dev is None:
-        pytest.skip(f"no {device} device")
-    be = dev.init_backend()
+    be = _backend(device)
     rng = np.random.default_rng(3)
     w = rng.standard_normal((4, 6, 32)).astype(np.float32)  # 4 experts, 6 outputs, K 32
     x = rng.standard_normal((3, 1, 32)).astype(np.float32)  # 3 tokens, one shared row
