@@ -29,6 +29,7 @@ class RefModel:
     scaling: str = "none"  # llama.rope.scaling.type: none, linear or yarn
     factor: float = 1.0  # llama.rope.scaling.factor: how much longer the context is
     n_ctx_orig: int = 0  # the context length the model was trained at (YaRN's ramp)
+    n_expert_used: int = 0  # llama.expert_used_count: experts per token (Mixtral)
 
 
 def load(path: str | Path) -> RefModel:
@@ -52,6 +53,7 @@ def load(path: str | Path) -> RefModel:
         n_ctx_orig=meta.get(
             "llama.rope.scaling.original_context_length", meta["llama.context_length"]
         ),
+        n_expert_used=meta.get("llama.expert_used_count", 0),
     )
 
 
@@ -136,10 +138,32 @@ def logits(m: RefModel, tokens: list[int], kv_dtype: type | None = None) -> np.n
             out[:, head] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv]
         x = x + out.reshape(T, -1) @ w[p + "attn_output.weight"].T
         h = _rms(x, m.eps) * w[p + "ffn_norm.weight"]
+        if p + "ffn_gate_inp.weight" in w:
+            x = x + _moe(m, p, h)
+            continue
         gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
         x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
     x = _rms(x, m.eps) * w["output_norm.weight"]
     return x @ w.get("output.weight", w["token_embd.weight"]).T
+
+
+def _moe(m: RefModel, p: str, h: np.ndarray) -> np.ndarray:
+    """Mixtral's FFN, token by token: softmax over the router's logits, the k most
+    probable experts, their probabilities renormalised, the weighted sum of their SwiGLU
+    outputs."""
+    w = m.w
+    logits = h @ w[p + "ffn_gate_inp.weight"].T
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = np.argsort(-probs[t], kind="stable")[: m.n_expert_used]
+        weights = probs[t, chosen] / probs[t, chosen].sum()
+        for e, we in zip(chosen, weights, strict=True):
+            gate = w[p + "ffn_gate_exps.weight"][e] @ h[t]
+            up = w[p + "ffn_up_exps.weight"][e] @ h[t]
+            out[t] += we * (w[p + "ffn_down_exps.weight"][e] @ (gate / (1 + np.exp(-gate)) * up))
+    return out
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:

@@ -54,6 +54,8 @@ class LlamaConfig:
     rope_scale: float = 1.0  # ggml's freq_scale: 1 / the scaling factor
     rope_ext_factor: float = 0.0  # 1 for YaRN: mix extrapolated and interpolated pairs
     rope_n_ctx_orig: int = 0  # YaRN's original training context (0: n_ctx_train)
+    n_expert: int = 0  # mixture of experts (Mixtral): experts per layer, 0 for a dense FFN
+    n_expert_used: int = 0  # experts each token goes through
 
     @property
     def n_embd_q(self) -> int:
@@ -102,6 +104,13 @@ class LlamaConfig:
                 "(none, linear, yarn)"
             )
         factor = f.value("llama.rope.scaling.factor", float, 1.0) if scaling != "none" else 1.0
+        n_expert = f.value("llama.expert_count", int, 0)
+        n_expert_used = f.value("llama.expert_used_count", int, 0)
+        if n_expert < 0 or (n_expert and not 1 <= n_expert_used <= n_expert):
+            raise GGUFError(
+                f"{f.path}: llama.expert_used_count ({n_expert_used}) must be between 1 and "
+                f"llama.expert_count ({n_expert})"
+            )
         n_ctx_train = f.value("llama.context_length", int)
         tokens = f.get("tokenizer.ggml.tokens")
         n_vocab = f.value(
@@ -124,6 +133,8 @@ class LlamaConfig:
             rope_scale=1.0 / factor if factor else 1.0,
             rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
             rope_n_ctx_orig=f.value("llama.rope.scaling.original_context_length", int, n_ctx_train),
+            n_expert=n_expert,
+            n_expert_used=n_expert_used if n_expert else 0,
         )
 
 
@@ -168,10 +179,11 @@ class LayerWeights:
     wv: Tensor
     wo: Tensor
     ffn_norm: Tensor
-    w_gate: Tensor
+    w_gate: Tensor  # (n_ff, n_embd); with experts (n_expert, n_ff, n_embd)
     w_up: Tensor
     w_down: Tensor
     rope_freqs: Tensor | None = None
+    ffn_gate_inp: Tensor | None = None  # the router, (n_expert, n_embd), for a MoE layer
 
 
 @dataclass
@@ -210,9 +222,24 @@ class LlamaWeights:
             return t
 
         has_freqs = "rope_freqs.weight" in f.tensors
+        E = cfg.n_expert
         layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
+            ffn = (
+                {
+                    "w_gate": get(p + "ffn_gate_exps.weight", (E, ff, d)),
+                    "w_up": get(p + "ffn_up_exps.weight", (E, ff, d)),
+                    "w_down": get(p + "ffn_down_exps.weight", (E, d, ff)),
+                    "ffn_gate_inp": get(p + "ffn_gate_inp.weight", (E, d)),
+                }
+                if E
+                else {
+                    "w_gate": get(p + "ffn_gate.weight", (ff, d)),
+                    "w_up": get(p + "ffn_up.weight", (ff, d)),
+                    "w_down": get(p + "ffn_down.weight", (d, ff)),
+                }
+            )
             layers.append(
                 LayerWeights(
                     attn_norm=get(p + "attn_norm.weight", (d,)),
@@ -221,9 +248,7 @@ class LlamaWeights:
                     wv=get(p + "attn_v.weight", (kv, d)),
                     wo=get(p + "attn_output.weight", (d, q)),
                     ffn_norm=get(p + "ffn_norm.weight", (d,)),
-                    w_gate=get(p + "ffn_gate.weight", (ff, d)),
-                    w_up=get(p + "ffn_up.weight", (ff, d)),
-                    w_down=get(p + "ffn_down.weight", (d, ff)),
+                    **ffn,
                     rope_freqs=(
                         get("rope_freqs.weight", (cfg.n_rot // 2,), f"{p}rope_freqs")
                         if has_freqs
@@ -245,7 +270,7 @@ class LlamaWeights:
     def layer_tensors(self, i: int) -> list[Tensor]:
         layer = self.layers[i]
         norms = [layer.attn_norm, layer.ffn_norm]
-        extra = [layer.rope_freqs] if layer.rope_freqs is not None else []
+        extra = [t for t in (layer.rope_freqs, layer.ffn_gate_inp) if t is not None]
         return [*norms, *_matrices(layer), *extra]
 
 
@@ -319,6 +344,28 @@ def _rope(cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights) -> Tens
     )  # fmt: skip
 
 
+def _moe_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, T: int, i: int) -> Tensor:
+    """Mixtral's mixture of experts, as llama.cpp's ``build_moe_ffn`` for llama: softmax
+    over the router's logits, the ``n_expert_used`` most probable experts (ggml's top-k:
+    argsort then a view), their probabilities renormalised to sum to 1, each chosen
+    expert's SwiGLU FFN (``mul_mat_id``), and the weighted sum of their outputs."""
+    assert L.ffn_gate_inp is not None
+    E, k = cfg.n_expert, cfg.n_expert_used
+    probs = ops.soft_max(ops.mul_mat(L.ffn_gate_inp, h)).set_name(f"ffn_moe_probs-{i}")
+    chosen = ops.argsort_top_k(probs, k).set_name(f"ffn_moe_topk-{i}")  # (T, k)
+    weights = ops.get_rows(ops.reshape(probs, (T, E, 1)), chosen)  # (T, k, 1)
+    total = ops.sum_rows(ops.reshape(weights, (T, k)))  # (T, 1)
+    weights = ops.div(weights, ops.reshape(total, (T, 1, 1))).set_name(f"ffn_moe_w-{i}")
+    rows = ops.reshape(h, (T, 1, cfg.n_embd))  # every chosen expert reads the token's row
+    gate = ops.mul_mat_id(L.w_gate, rows, chosen)  # (T, k, n_ff)
+    up = ops.mul_mat_id(L.w_up, rows, chosen)
+    experts = ops.mul_mat_id(L.w_down, ops.swiglu(gate, up), chosen)  # (T, k, n_embd)
+    experts = ops.mul(experts, weights).set_name(f"ffn_moe_weighted-{i}")
+    # sum over the k experts: rows of (T, n_embd, k)
+    summed = ops.sum_rows(ops.cont(ops.permute(experts, (0, 2, 1))))
+    return ops.reshape(summed, (T, cfg.n_embd)).set_name(f"ffn_out-{i}")
+
+
 def build_step(
     cfg: LlamaConfig, w: LlamaWeights, cache: KVCache, n_tokens: int, n_kv: int, n_outputs: int
 ) -> StepGraph:
@@ -352,8 +399,11 @@ def build_step(
         attn = ops.mul_mat(L.wo, ops.reshape(attn, (T, cfg.n_embd_q))).set_name(f"attn_out-{i}")
         x = ops.add(x, attn).set_name(f"ffn_inp-{i}")
         h = ops.mul(ops.rms_norm(x, cfg.eps), L.ffn_norm).set_name(f"ffn_norm-{i}")
-        g = ops.swiglu(ops.mul_mat(L.w_gate, h), ops.mul_mat(L.w_up, h)).set_name(f"ffn_glu-{i}")
-        ffn = ops.mul_mat(L.w_down, g).set_name(f"ffn_out-{i}")
+        if L.ffn_gate_inp is not None:
+            ffn = _moe_ffn(cfg, L, h, T, i)
+        else:
+            g = ops.swiglu(ops.mul_mat(L.w_gate, h), ops.mul_mat(L.w_up, h))
+            ffn = ops.mul_mat(L.w_down, g.set_name(f"ffn_glu-{i}")).set_name(f"ffn_out-{i}")
         x = ops.add(x, ffn).set_name(f"l_out-{i}")
 
     out_ids = None

@@ -34,6 +34,11 @@ def row_split_device(
 ) -> MetaDevice:
     """A meta device over ``devices`` laying out ``f``'s llama weights and KV cache."""
     cfg = LlamaConfig.from_gguf(f)
+    if cfg.n_expert:
+        raise TensorplugError(
+            f"the model is a mixture of {cfg.n_expert} experts, which the row split does not "
+            "lay out yet; use --split-mode layer"
+        )
     n = len(devices)
     weights = list(proportions) if proportions else [1.0] * n
     if len(weights) != n:

@@ -34,6 +34,8 @@ TINY_DIMS: dict[str, int] = {
     "n_head_kv": 2,
     "n_ff": 128,
     "n_ctx": 256,
+    "n_expert": 0,  # > 0: a Mixtral-style mixture of experts in every layer
+    "n_expert_used": 0,
 }
 
 _WORDS = """
@@ -104,7 +106,8 @@ def write_tiny_llama(
     """Write a random-weight llama GGUF file and return its path.
 
     ``dims`` override :data:`TINY_DIMS` (``n_vocab``, ``n_embd``, ``n_layer``,
-    ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``). Matrices are stored as
+    ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``, and ``n_expert``/``n_expert_used`` for
+    a Mixtral-style mixture of experts in every layer). Matrices are stored as
     ``weight_type`` (F32, F16, Q8_0, Q4_0...; rows must be multiples of 32 for the
     quantized ones), norms as F32. ``tied`` leaves out ``output.weight`` so the
     output layer reuses the token embeddings; ``rope_freqs`` adds Llama 3.1's
@@ -144,6 +147,10 @@ def write_tiny_llama(
         writer.add_rope_scaling_factor(factor)
         writer.add_rope_scaling_orig_ctx_len(int(d["n_ctx"] / factor))
     writer.add_vocab_size(d["n_vocab"])
+    n_expert = d["n_expert"]
+    if n_expert:
+        writer.add_expert_count(n_expert)
+        writer.add_expert_used_count(d["n_expert_used"] or min(2, n_expert))
     writer.add_file_type({Type.F32: 0, Type.F16: 1, Type.Q4_0: 2, Type.Q8_0: 7}.get(wtype, 0))
     tokens, scores, types = tiny_vocab(d["n_vocab"])
     writer.add_tokenizer_model("llama")
@@ -156,8 +163,9 @@ def write_tiny_llama(
     writer.add_add_bos_token(True)
     writer.add_add_space_prefix(True)
 
-    def matrix(name: str, n_out: int, n_in: int, scale: float = 1.0) -> None:
-        values = rng.standard_normal((n_out, n_in), dtype=np.float32) * float(scale / n_in**0.5)
+    def matrix(name: str, n_out: int, n_in: int, scale: float = 1.0, n_stack: int = 0) -> None:
+        shape = (n_stack, n_out, n_in) if n_stack else (n_out, n_in)
+        values = rng.standard_normal(shape, dtype=np.float32) * float(scale / n_in**0.5)
         if wtype == Type.F32:
             writer.add_tensor(name, values)
         elif wtype == Type.F16:
@@ -179,9 +187,16 @@ def write_tiny_llama(
         matrix(p + "attn_v.weight", n_kv, n_embd)
         matrix(p + "attn_output.weight", n_embd, n_embd)
         norm(p + "ffn_norm.weight")
-        matrix(p + "ffn_gate.weight", n_ff, n_embd)
-        matrix(p + "ffn_up.weight", n_ff, n_embd)
-        matrix(p + "ffn_down.weight", n_embd, n_ff)
+        if n_expert:  # the router (F32, as converters keep it) and the stacked experts
+            router = rng.standard_normal((n_expert, n_embd), dtype=np.float32)
+            writer.add_tensor(p + "ffn_gate_inp.weight", router / np.float32(n_embd**0.5))
+            matrix(p + "ffn_gate_exps.weight", n_ff, n_embd, n_stack=n_expert)
+            matrix(p + "ffn_up_exps.weight", n_ff, n_embd, n_stack=n_expert)
+            matrix(p + "ffn_down_exps.weight", n_embd, n_ff, n_stack=n_expert)
+        else:
+            matrix(p + "ffn_gate.weight", n_ff, n_embd)
+            matrix(p + "ffn_up.weight", n_ff, n_embd)
+            matrix(p + "ffn_down.weight", n_embd, n_ff)
     norm("output_norm.weight")
     if not tied:
         matrix("output.weight", d["n_vocab"], n_embd)
