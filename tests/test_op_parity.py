@@ -167,3 +167,30 @@ def test_mul_mat_id_refuses_mismatched_shapes() -> None:
         ops.mul_mat_id(w, tp.new_tensor("f32", (3, 3, 32)), ids)
     with pytest.raises(tp.TypeMismatchError):
         ops.mul_mat_id(w, tp.new_tensor("f32", (3, 1, 32)), tp.new_tensor("f32", (3, 2)))
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+def test_top_k_ranks_numbers_then_nans_ties_by_index(device: str) -> None:
+    be = _backend(device)
+    row = np.array([[2.0, NAN, 5.0, -INF, 5.0, 2.0, NAN, 7.0]], np.float32)
+    x = tp.new_tensor("f32", row.shape, "x")
+    y = ops.top_k(x, 8)
+    tp.alloc_tensors([x, y], be.buffer_type())
+    tp.set_array(x, row)
+    be.graph_compute(tp.Graph(y))
+    assert tp.get_array(y).tolist() == [[7, 2, 4, 0, 5, 3, 1, 6]]
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+def test_clamp_repeat_and_pad_match_numpy(device: str) -> None:
+    be = _backend(device)
+    v = np.array([[-INF, -3.0, NAN, 0.5], [1.0, 2.5, INF, -0.0]], np.float32)
+    a = tp.new_tensor("f32", v.shape, "a")
+    c, r, p = ops.clamp(a, -1.0, 2.0), ops.repeat(a, (2, 4, 8)), ops.pad(a, (1, 2))
+    tp.alloc_tensors([a, c, r, p], be.buffer_type())
+    tp.set_array(a, v)
+    be.graph_compute(tp.Graph([c, r, p]))
+    # ggml's MAX(MIN(x, hi), lo): a NaN gives hi
+    np.testing.assert_array_equal(tp.get_array(c), [[-1, -1, 2, 0.5], [1, 2, 2, -0.0]])
+    np.testing.assert_array_equal(tp.get_array(r), np.tile(v, (2, 2, 2)))
+    np.testing.assert_array_equal(tp.get_array(p), np.pad(v, ((0, 1), (0, 2))))

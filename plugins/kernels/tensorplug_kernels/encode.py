@@ -44,6 +44,7 @@ _UNARY = {
 }
 _GLU = {GluOp.SWIGLU: 0, GluOp.REGLU: 1, GluOp.GEGLU: 2, GluOp.GEGLU_ERF: 3, GluOp.GEGLU_QUICK: 4}
 _UN_SCALE = 8
+_UN_CLAMP = 11
 
 Encoder = Callable[[Tensor, Limits], list[Launch]]
 Check = Callable[[Tensor, Limits], bool]
@@ -68,6 +69,8 @@ def _binary(node: Tensor, lim: Limits) -> list[Launch]:
 def _unary(node: Tensor, lim: Limits) -> list[Launch]:
     if node.op is Op.SCALE:
         fn, p0, p1 = _UN_SCALE, node.op_params["scale"], node.op_params["bias"]
+    elif node.op is Op.CLAMP:
+        fn, p0, p1 = _UN_CLAMP, node.op_params["min"], node.op_params["max"]
     else:
         fn, p0, p1 = _UNARY[UnaryOp(node.op_params["fn"])], 0.0, 0.0
     (a,) = node.src
@@ -97,14 +100,6 @@ def _glu_ok(node: Tensor, lim: Limits) -> bool:
 
 def _floats(node: Tensor, lim: Limits) -> bool:
     return node.type in FLOAT and all(s.type in FLOAT for s in node.src)
-
-
-def _numpy_broadcast(big: Tensor, small: Tensor, axes: range = range(4)) -> bool:
-    """Each of ``small``'s extents (on ``axes``) is 1 or ``big``'s: the soft_max kernel
-    broadcasts its mask by zeroed strides, so a mask tiled over heads (``h % n``) is not
-    its yet (k_binary does tile b)."""
-    nb, ns = big.ne(), small.ne()
-    return all(ns[i] in (1, nb[i]) for i in axes)
 
 
 # -- copies and conversions -----------------------------------------------------------------
@@ -208,8 +203,35 @@ def _norm(node: Tensor, lim: Limits) -> list[Launch]:
 
 def _soft_max_ok(node: Tensor, lim: Limits) -> bool:
     return node.src[0].type == Type.F32 and all(
-        m.type in (Type.F32, Type.F16) and _numpy_broadcast(node.src[0], m, range(2, 4))
-        for m in node.src[1:]
+        m.type in (Type.F32, Type.F16) for m in node.src[1:]
+    )
+
+
+def _top_k(node: Tensor, lim: Limits) -> list[Launch]:
+    (a,) = node.src
+    k = int(node.op_params["k"])
+    return row_launch("k_top_k", nrows(a), lim, a=tensor_arg(a), d=tensor_arg(node), k=k)
+
+
+def _repeat_ok(node: Tensor, lim: Limits) -> bool:
+    return node.type == node.src[0].type and node.type not in QUANT
+
+
+def _repeat(node: Tensor, lim: Limits) -> list[Launch]:
+    (a,) = node.src
+    return row_launch(
+        "k_repeat", nrows(node), lim, a=tensor_arg(a), d=tensor_arg(node), ts=a.type.type_size
+    )
+
+
+def _pad_ok(node: Tensor, lim: Limits) -> bool:
+    return node.type == node.src[0].type and node.type in FLOAT
+
+
+def _pad(node: Tensor, lim: Limits) -> list[Launch]:
+    (a,) = node.src
+    return row_launch(
+        "k_pad", nrows(node), lim, a=tensor_arg(a), d=tensor_arg(node), ts=a.type.type_size
     )
 
 
@@ -320,6 +342,10 @@ _ENCODERS: dict[Op, tuple[Encoder, Check | None]] = {
     Op.MUL: (_binary, _floats),
     Op.DIV: (_binary, _floats),
     Op.SCALE: (_unary, _floats),
+    Op.CLAMP: (_unary, _floats),
+    Op.REPEAT: (_repeat, _repeat_ok),
+    Op.PAD: (_pad, _pad_ok),
+    Op.TOP_K: (_top_k, _f32_rows_ok),
     Op.UNARY: (_unary, lambda n, lim: _floats(n, lim) and UnaryOp(n.op_params["fn"]) in _UNARY),
     Op.GLU: (_glu, _glu_ok),
     Op.NORM: (_norm, _floats),
