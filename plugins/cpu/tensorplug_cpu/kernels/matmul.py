@@ -169,24 +169,18 @@ def _fused_matvec(
     return run
 
 
-def _expert_f32(w: np.ndarray, t: Type) -> np.ndarray:
-    """One expert's weights ``(n_out, K)`` as float32 (decoded when quantized)."""
-    if t.is_quantized:
-        return dequantize_blocks(w, t)
-    if t == Type.BF16:
-        return (w.astype(np.uint32) << 16).view(np.float32)
-    return np.asarray(w, dtype=np.float32)
-
-
 def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
     """Mixture of experts (``ggml_mul_mat_id``): the (token, slot) pairs are grouped by
     the expert they selected, and each used expert's weights are decoded once and
-    multiplied with all its rows in one BLAS call (``jit`` is taken for the dispatcher's
-    sake; decoding one expert is not worth a fused kernel)."""
+    multiplied with all its rows in one BLAS call; decoding is mul_mat's (numba where
+    it has the type), into one expert-sized scratch."""
     as_t, b_t, ids_t = node.src
     b32, load_b = ctx.f32_in(b_t)
     raw, ids, out = ctx.view(as_t), ctx.view(ids_t), ctx.view(node)
-    n_expert, n_b = as_t.shape[0], b_t.shape[1]
+    n_expert, n_out, n_in = as_t.shape
+    n_b = b_t.shape[1]
+    decode = None if as_t.type == Type.F32 else _decoder(as_t.type, jit)
+    w32 = ctx.scratch((1, n_out, n_in)) if decode is not None else None
 
     def run() -> None:
         bad = (ids < 0) | (ids >= n_expert)
@@ -198,7 +192,7 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = N
             )
         for ex in np.unique(ids):
             tok, slot = np.nonzero(ids == ex)
-            w = _expert_f32(raw[ex], as_t.type)
+            w = raw[ex] if decode is None or w32 is None else decode(raw[ex : ex + 1], w32)[0]
             out[tok, slot] = b32[tok, slot % n_b] @ w.T
 
     return sequence(load_b, run)
