@@ -368,11 +368,16 @@ _ENCODERS: dict[Op, tuple[Encoder, Check | None]] = {
 
 
 def supports(node: Tensor, lim: Limits) -> bool:
-    """True when :func:`encode` can run ``node`` here (types, layouts, device limits)."""
-    if node.op in VIEW_OPS:
-        return True
+    """True when :func:`encode` can run ``node`` here: its operands and op_params are as
+    the op contract says, and types, layouts and device limits suit the kernels."""
+    return node.op in VIEW_OPS or (conforms(node) and _kernels_take(node, lim))
+
+
+def _kernels_take(node: Tensor, lim: Limits) -> bool:
+    """The per-op check alone. :func:`encode` runs it on every compute; the contract
+    check (several µs a node) is ``supports_op``'s, asked once when a graph is placed."""
     entry = _ENCODERS.get(node.op)
-    if entry is None or not conforms(node):  # operands and op_params as the contract says
+    if entry is None:
         return False
     check = entry[1]
     try:
@@ -385,7 +390,7 @@ def encode(node: Tensor, lim: Limits) -> list[Launch]:
     """The launches computing ``node``; none for views and empty tensors."""
     if node.op in VIEW_OPS or node.nelements == 0:
         return []
-    if not supports(node, lim):
+    if not _kernels_take(node, lim):
         raise UnsupportedError(
             f"{node.op.value} node {node.describe()} with sources "
             f"{', '.join(s.describe() for s in node.src)} is not supported by the GPU "
