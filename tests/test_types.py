@@ -35,7 +35,7 @@ def test_parse_accepts_names_ids_and_reports_unknown() -> None:
     assert Type.parse("q8_0") is Type.Q8_0
     assert Type.parse(30) is Type.BF16
     assert Type.parse(Type.F16) is Type.F16
-    with pytest.raises(tp.TypeMismatchError, match="unknown tensor type 'q3_k'.*Q8_0"):
-        Type.parse("q3_k")
+    with pytest.raises(tp.TypeMismatchError, match="unknown tensor type 'iq2_xxs'.*Q8_0.*Q6_K"):
+        Type.parse("iq2_xxs")
     with pytest.raises(tp.TypeMismatchError, match="unknown tensor type 99; known types are F32"):
         Type.parse(99)

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .errors import ShapeError, TypeMismatchError
+from .kquants import K_DEQUANTIZE, K_QUANTIZE, K_TYPES
 from .types import Type, row_size
 
 __all__ = [
@@ -62,7 +63,7 @@ _U32 = np.dtype("<u4")
 _CHUNK_BLOCKS = 8192
 
 _FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
-_QUANT_TYPES = (Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1)
+_QUANT_TYPES = (Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, *K_TYPES)
 SUPPORTED_TYPES: tuple[Type, ...] = _FLOAT_TYPES + _QUANT_TYPES
 """Every type :func:`quantize` and :func:`dequantize` can encode and decode."""
 
@@ -529,6 +530,7 @@ _QUANTIZE: dict[Type, _Kernel] = {
     Type.Q4_1: _quant_q4_1,
     Type.Q5_0: _quant_q5_0,
     Type.Q5_1: _quant_q5_1,
+    **K_QUANTIZE,
 }
 
 _DEQUANTIZE: dict[Type, _Kernel] = {
@@ -537,6 +539,7 @@ _DEQUANTIZE: dict[Type, _Kernel] = {
     Type.Q4_1: _dequant_q4_1,
     Type.Q5_0: _dequant_q5_0,
     Type.Q5_1: _dequant_q5_1,
+    **K_DEQUANTIZE,
 }
 
 
@@ -598,8 +601,9 @@ def quantize(values: np.ndarray, t: Type) -> np.ndarray:
 
     ``values`` has shape ``(..., n)``; each last-axis row is encoded on its own and the
     result is a new uint8 array of shape ``(..., row_size(t, n))``, byte-identical to
-    ``gguf.quants.quantize`` and llama.cpp, ready to be written into a buffer or a GGUF
-    file. Quantized types need ``n`` to be a multiple of their block size (32).
+    ``gguf.quants.quantize`` and llama.cpp (K-quants: ggml's reference quantizers), ready
+    to be written into a buffer or a GGUF file. Quantized types need ``n`` to be a
+    multiple of their block size (32; 256 for the K-quants).
     F32/F16/BF16 are accepted too and return their bytes, so that callers have one entry
     point for every float or quantized type a tensor can be stored in.
     """
@@ -626,7 +630,7 @@ def quantize(values: np.ndarray, t: Type) -> np.ndarray:
 
 
 def dequantize_blocks(blocks: np.ndarray, t: Type, *, out: np.ndarray | None = None) -> np.ndarray:
-    """Decode blocks of shape ``(..., nblocks, type_size)`` to float32 ``(..., nblocks*32)``.
+    """Decode blocks ``(..., nblocks, type_size)`` to float32 ``(..., nblocks * block_size)``.
 
     Meant for the CPU backend, which hands over strided numpy views of a tensor's
     storage (selected rows, a range of blocks): the input is read in place and never

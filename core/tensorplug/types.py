@@ -31,6 +31,11 @@ class Type(enum.IntEnum):
     Q5_0 = 6
     Q5_1 = 7
     Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
     I8 = 24
     I16 = 25
     I32 = 26
@@ -112,6 +117,13 @@ _TRAITS: dict[Type, TypeTraits] = {
     Type.Q5_0: TypeTraits("q5_0", 32, 2 + 4 + 16, "uint8"),
     Type.Q5_1: TypeTraits("q5_1", 32, 2 + 2 + 4 + 16, "uint8"),
     Type.Q8_0: TypeTraits("q8_0", 32, 2 + 32, "uint8"),
+    # K-quants: 256-element super-blocks of 16- or 32-element sub-blocks whose scales
+    # (and mins) are themselves quantized against d (dmin); see tensorplug.kquants
+    Type.Q2_K: TypeTraits("q2_k", 256, 16 + 64 + 2 + 2, "uint8"),
+    Type.Q3_K: TypeTraits("q3_k", 256, 32 + 64 + 12 + 2, "uint8"),
+    Type.Q4_K: TypeTraits("q4_k", 256, 2 + 2 + 12 + 128, "uint8"),
+    Type.Q5_K: TypeTraits("q5_k", 256, 2 + 2 + 12 + 32 + 128, "uint8"),
+    Type.Q6_K: TypeTraits("q6_k", 256, 128 + 64 + 16 + 2, "uint8"),
 }
 
 

@@ -501,10 +501,11 @@ FAMILIES: list[Callable[[], Iterator[Case]]] = [
 def all_cases() -> list[Case]:
     """Every case, quick and full, in catalogue order."""
     from .families_copy import FAMILIES as COPY_FAMILIES
+    from .families_kquants import FAMILIES as KQUANT_FAMILIES
     from .families_moe import FAMILIES as MOE_FAMILIES
     from .families_nn import FAMILIES as NN_FAMILIES
 
-    families = (*FAMILIES, *COPY_FAMILIES, *NN_FAMILIES, *MOE_FAMILIES)
+    families = (*FAMILIES, *COPY_FAMILIES, *NN_FAMILIES, *MOE_FAMILIES, *KQUANT_FAMILIES)
     return [c for family in families for c in family()]
 
 

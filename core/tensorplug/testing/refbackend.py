@@ -24,6 +24,7 @@ from ..backend import Backend, Status
 from ..buffer import BufferType
 from ..device import Device, DeviceType
 from ..host import host_buffer_type
+from ..kquants import K_TYPES
 from ..opcodes import VIEW_OPS, Op, SortOrder
 from ..transfer import get_array, set_array
 from ..types import Type
@@ -89,9 +90,16 @@ def gguf_encode(values: np.ndarray, t: Type) -> np.ndarray:
             return values.astype(np.float32)
     if t == Type.F16:
         return values.astype(np.float16)
+    rows = np.ascontiguousarray(values, dtype=np.float32)
+    if t in K_TYPES:
+        # gguf has no K-quant encoder; tensorplug's is checked byte for byte against
+        # bytes ggml's reference quantizer wrote (tests/test_kquants.py)
+        from ..quants import quantize
+
+        return quantize(rows, t)
     from gguf import quants
 
-    out = quants.quantize(np.ascontiguousarray(values, dtype=np.float32), _gguf_type(t))
+    out = quants.quantize(rows, _gguf_type(t))
     return out.view(np.uint16) if t == Type.BF16 else out
 
 
