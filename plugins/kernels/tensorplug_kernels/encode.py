@@ -22,11 +22,11 @@ from tensorplug.types import Type
 
 from .encode_math import encode_flash_attn, encode_mul_mat, flash_attn_fits, mul_mat_ok
 from .launch import Launch, Limits, dummy_arg, nrows, row_launch, tensor_arg
+from .source import QUANT, QUANTIZE
 
 __all__ = ["encode", "supports"]
 
 FLOAT = frozenset({Type.F32, Type.F16, Type.BF16})
-QUANT = frozenset(t for t in Type if t.is_quantized)
 INTEGER = frozenset({Type.I8, Type.I16, Type.I32, Type.I64})
 
 _BINARY = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}
@@ -110,7 +110,7 @@ def _copy_kind(src: Type, dst: Type) -> str | None:
         return "raw"
     if dst in FLOAT and (src in FLOAT or src in QUANT):
         return "convert"
-    if src in FLOAT and dst in QUANT:
+    if src in FLOAT and dst in QUANTIZE:
         return "quantize"
     return None
 
@@ -162,7 +162,7 @@ def _set_rows_ok(node: Tensor, lim: Limits) -> bool:
     return (
         b.type == Type.F32
         and rows.type in (Type.I32, Type.I64)
-        and (node.type in FLOAT or node.type in QUANT)
+        and (node.type in FLOAT or node.type in QUANTIZE)
         and _dense_blocks(node)
     )
 

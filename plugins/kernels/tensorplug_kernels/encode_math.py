@@ -7,7 +7,14 @@ from tensorplug.tensor import Tensor
 from tensorplug.types import Type
 
 from .launch import Launch, Limits, dummy_arg, round_up, row_launch, tensor_arg
-from .source import MM_TILE_TYPES, MM_TILES, mm_kernel_name, mm_local_kernel_name, mv_kernel_name
+from .source import (
+    MM_TILE_TYPES,
+    MM_TILES,
+    QUANT,
+    mm_kernel_name,
+    mm_local_kernel_name,
+    mv_kernel_name,
+)
 
 __all__ = [
     "encode_flash_attn",
@@ -27,7 +34,7 @@ _GROUP_VECTOR, _GROUP_TILES = (64, 1), (16, 4)
 
 def mul_mat_ok(node: Tensor, lim: Limits) -> bool:
     a, b = node.src
-    known = a.type in _FLOAT or a.type.is_quantized
+    known = a.type in _FLOAT or a.type in QUANT
     return known and b.type in _FLOAT and (not a.type.is_quantized or a.rows_contiguous)
 
 

@@ -52,6 +52,15 @@ BODY_FILES = (
     "attention.tpk",
 )
 
+#: Block types the kernels decode (every read path goes through load_elem).
+QUANT = frozenset(
+    {Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0}
+    | {Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K}
+)
+#: Block types the kernels also encode (cpy and set_rows into them): ggml's GPU
+#: backends do not quantize into K-quants either; such nodes run on the CPU.
+QUANTIZE = frozenset({Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0})
+
 #: Weight types with tiled mul_mat kernels.
 MM_TILE_TYPES = (
     Type.F32,
