@@ -14,6 +14,7 @@ dot products use float32 with reassociation allowed, like ggml's SIMD reductions
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tensorplug.kquants import K_TYPES
 from tensorplug.types import Type
 
 __all__ = ["JitKernels", "jit_status", "load_jit"]
@@ -40,6 +42,7 @@ class JitKernels:
     """The compiled kernels; each call compiles its type's kernel the first time."""
 
     def __init__(self, numba: Any) -> None:
+        from . import _numba_kquant as kq
         from . import _numba_quant as k
 
         self.numba = numba
@@ -48,6 +51,11 @@ class JitKernels:
             t: (getattr(k, f"matvec_{t.name.lower()}"), getattr(k, f"dequantize_{t.name.lower()}"))
             for t in (Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1)
         }
+        for t in K_TYPES:  # one pair of drivers for every K-quant, told the type by id
+            self._kernels[t] = (
+                functools.partial(kq.matvec_k, kind=int(t)),
+                functools.partial(kq.dequantize_k, kind=int(t)),
+            )
 
     def supports(self, t: Type) -> bool:
         return t in self._kernels

@@ -1,0 +1,129 @@
+"""numba kernels for the K-quants (Q2_K … Q6_K); imported by :mod:`.jit` with numba.
+
+One decoder per type turns a 256-element super-block into float32 values with the
+float steps of :mod:`tensorplug.kquants` (so the batched path's weights are
+bit-identical to numpy's); the two drivers — matrix × a few vectors, and decoding a
+matrix — take the type's ggml id (``kind``) and branch once per block, which costs
+nothing next to the 256 values a block holds. Arguments are those of
+:mod:`._numba_quant`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from ._numba_quant import _DOT, _f16, _i8
+
+_CHUNKS = 64
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+
+
+@njit(inline="always")
+def _q2_k(blk: Any, table: Any, vals: Any) -> None:
+    d, dmin = _f16(blk, 80, table), _f16(blk, 82, table)
+    for s in range(16):
+        sc = np.int32(blk[s])
+        dl, ml = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
+        hb, pair, l0 = s >> 3, (s >> 1) & 3, (s & 1) * 16
+        for i in range(16):
+            q = (np.int32(blk[16 + 32 * hb + l0 + i]) >> (2 * pair)) & 3
+            vals[16 * s + i] = dl * np.float32(q) - ml
+
+
+@njit(inline="always")
+def _q3_k(blk: Any, table: Any, vals: Any) -> None:
+    d = _f16(blk, 108, table)
+    for s in range(16):
+        lo = np.int32(blk[96 + s] & 15) if s < 8 else np.int32(blk[96 + s - 8] >> 4)
+        hi = (np.int32(blk[104 + (s & 3)]) >> (2 * (s >> 2))) & 3
+        dl = d * np.float32((lo | (hi << 4)) - 32)
+        hb, pair, l0 = s >> 3, (s >> 1) & 3, (s & 1) * 16
+        for i in range(16):
+            low = (np.int32(blk[32 + 32 * hb + l0 + i]) >> (2 * pair)) & 3
+            high = (np.int32(blk[l0 + i]) >> (4 * hb + pair)) & 1
+            vals[16 * s + i] = dl * np.float32(low - 4 + 4 * high)
+
+
+@njit(inline="always")
+def _scale_min_k4(blk: Any, s: int) -> tuple[Any, Any]:
+    q = 4  # the scales start at byte 4 of Q4_K and Q5_K
+    if s < 4:
+        return np.int32(blk[q + s] & 63), np.int32(blk[q + s + 4] & 63)
+    sc = np.int32(blk[q + s + 4] & 15) | ((np.int32(blk[q + s - 4]) >> 6) << 4)
+    mn = (np.int32(blk[q + s + 4]) >> 4) | ((np.int32(blk[q + s]) >> 6) << 4)
+    return sc, mn
+
+
+@njit(inline="always")
+def _q45_k(blk: Any, table: Any, vals: Any, five: bool) -> None:
+    d, dmin = _f16(blk, 0, table), _f16(blk, 2, table)
+    base = 48 if five else 16
+    for s in range(8):
+        sc, mn = _scale_min_k4(blk, s)
+        d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
+        shift = 4 * (s & 1)
+        for i in range(32):
+            q = (np.int32(blk[base + 32 * (s >> 1) + i]) >> shift) & 15
+            if five:
+                q |= ((np.int32(blk[16 + i]) >> s) & 1) << 4
+            vals[32 * s + i] = d1 * np.float32(q) - m1
+
+
+@njit(inline="always")
+def _q6_k(blk: Any, table: Any, vals: Any) -> None:
+    d = _f16(blk, 208, table)
+    for s in range(16):
+        dl = d * np.float32(_i8(blk[192 + s]))
+        hb, pair, l0 = s >> 3, (s >> 1) & 3, (s & 1) * 16
+        for i in range(16):
+            nib = (np.int32(blk[64 * hb + 32 * (pair & 1) + l0 + i]) >> (4 * (pair >> 1))) & 15
+            high = (np.int32(blk[128 + 32 * hb + l0 + i]) >> (2 * pair)) & 3
+            vals[16 * s + i] = dl * np.float32((nib | (high << 4)) - 32)
+
+
+@njit(inline="always")
+def _decode(kind: int, blk: Any, table: Any, vals: Any) -> None:
+    if kind == Q2_K:
+        _q2_k(blk, table, vals)
+    elif kind == Q3_K:
+        _q3_k(blk, table, vals)
+    elif kind == Q4_K:
+        _q45_k(blk, table, vals, False)
+    elif kind == Q5_K:
+        _q45_k(blk, table, vals, True)
+    else:
+        _q6_k(blk, table, vals)
+
+
+@njit(parallel=True, fastmath=_DOT, cache=True)
+def matvec_k(blocks: Any, x: Any, out: Any, table: Any, kind: int) -> None:
+    """``out[t, o] = Σᵢ x[t, i]·W[o, i]``: each block is decoded once for every token,
+    into 32 partial sums per token (vectorised as in :mod:`._numba_quant`)."""
+    n, n_tok = blocks.shape[0], x.shape[0]
+    per = (n + _CHUNKS - 1) // _CHUNKS
+    scratch = np.empty((_CHUNKS, n_tok, 32), np.float32)
+    values = np.empty((_CHUNKS, 256), np.float32)
+    for c in prange(_CHUNKS):
+        acc, vals = scratch[c], values[c]
+        for o in range(c * per, min(n, (c + 1) * per)):
+            acc[:] = 0
+            for b in range(blocks.shape[1]):
+                _decode(kind, blocks[o, b], table, vals)
+                for t in range(n_tok):
+                    xr = x[t]
+                    for s in range(8):
+                        for i in range(32):
+                            acc[t, i] += vals[32 * s + i] * xr[b * 256 + 32 * s + i]
+            for t in range(n_tok):
+                out[t, o] = acc[t].sum()
+
+
+@njit(cache=True)
+def dequantize_k(blocks: Any, out: Any, table: Any, kind: int) -> None:
+    """Serial, like :mod:`._numba_quant`'s decoders (they feed a BLAS product)."""
+    for r in range(blocks.shape[0]):
+        for b in range(blocks.shape[1]):
+            _decode(kind, blocks[r, b], table, out[r, b * 256 : (b + 1) * 256])
