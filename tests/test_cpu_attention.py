@@ -242,6 +242,29 @@ def test_flash_attn_ext_long_queries_are_chunked(monkeypatch: pytest.MonkeyPatch
     assert nmse(tp.get_array(out), expected) < 1e-10
 
 
+@pytest.mark.parametrize("kv_type", [tp.Type.F32, tp.Type.F16])
+def test_flash_attn_ext_reads_only_the_cache_rows_a_query_can_see(kv_type: tp.Type) -> None:
+    """A runner pads the cache view and masks the padding: those rows hold garbage
+    (here NaN) that must not reach the result, as ggml skips -inf columns."""
+    n_q, n_kv, used, D = 3, 32, 11, 8
+    q = tp.new_tensor("f32", (1, 2, n_q, D), "q")
+    k = tp.new_tensor(kv_type, (1, 1, n_kv, D), "k")
+    v = tp.new_tensor(kv_type, (1, 1, n_kv, D), "v")
+    mask = tp.new_tensor(tp.Type.F16, (n_q, n_kv), "mask")
+    qv, kv_, vv = _f32(q.shape), _f32(k.shape), _f32(v.shape)
+    kv_[:, :, used:], vv[:, :, used:] = np.nan, np.nan
+    mv = np.zeros((n_q, n_kv), np.float16)
+    mv[:, used:] = -np.inf
+    mv[0, used - 3 :] = -np.inf  # a causal row sees fewer
+    out = ops.flash_attn_ext(q, k, v, mask, scale=0.4)
+    compute(out, {q: qv, k: kv_.astype(kv_type.numpy_dtype), v: vv.astype(kv_type.numpy_dtype),
+                  mask: mv})  # fmt: skip
+    k64 = kv_.astype(kv_type.numpy_dtype)[:, :, :used].astype(np.float64)
+    v64 = vv.astype(kv_type.numpy_dtype)[:, :, :used].astype(np.float64)
+    expected = _attn_ref(qv.astype(np.float64), k64, v64, mv[:, :used].astype(np.float64), 0.4)
+    assert nmse(tp.get_array(out), expected) < 1e-10
+
+
 # -- a whole transformer block --------------------------------------------------------------------
 
 

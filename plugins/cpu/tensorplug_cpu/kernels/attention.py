@@ -10,12 +10,14 @@ ggml's: the rope angle of pair ``i`` is built by repeated multiplication by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tensorplug.opcodes import RopeMode
 from tensorplug.opmath import alibi_slopes, rope_yarn_corr_dims
+from tensorplug.types import Type
 
 from .common import F32, BuildContext, Step, padded4, sequence
 from .elementwise import tiled_operands
@@ -175,6 +177,11 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
     Query heads are grouped onto their KV head by splitting the head axis (a view), so
     every product is one batched BLAS call. Query rows are processed in chunks so the
     score block stays under :data:`SCORE_ELEMS`.
+
+    Only the cache rows in use are read: a runner pads ``n_kv`` (to reuse graphs) and
+    masks the padding with -inf, and columns that are -inf for every query contribute
+    exactly nothing, so each run finds the last column any query can see and computes
+    (and widens F16/BF16 K and V) up to it — as ggml's kernel skips -inf entries.
     """
     q_t, k_t, v_t = node.src[:3]
     mask_t = node.src[3] if len(node.src) > 3 else None
@@ -184,9 +191,8 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
     if softcap != 0:
         scale = scale / softcap
     q4 = padded4(ctx.view(q_t))
-    k32, load_k = ctx.f32_in(k_t)
-    v32, load_v = ctx.f32_in(v_t)
-    k4, v4 = padded4(k32), padded4(v32)
+    k4, widen_k = _widened(ctx, k_t)
+    v4, widen_v = _widened(ctx, v_t)
     B, H, n_q, _ = q4.shape
     h_kv, n_kv, d_v = k4.shape[1], k4.shape[2], v4.shape[3]
     g = H // h_kv
@@ -195,6 +201,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
     # (B, n_q, H, D_v) seen as (B, H_kv, g, n_q, D_v): a transpose and an axis split
     out5 = padded4(ctx.view(node)).transpose(0, 2, 1, 3).reshape(B, h_kv, g, n_q, d_v)
     term, prep = _masked_logits(ctx, mask_t, n_q, (B, H, n_q, n_kv), max_bias)
+    mask4 = padded4(ctx.view(mask_t))[:, :, :n_q, :n_kv] if mask_t is not None else None
 
     step = max(1, min(n_q, SCORE_ELEMS // max(1, B * H * n_kv)))
     s_full = ctx.scratch((B, h_kv, g, step, n_kv))
@@ -218,8 +225,16 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
         )
 
     def run() -> None:
-        for q5, s5, mterm, row, o5, dst in chunks:
-            np.matmul(q5, kT5, out=s5)
+        used = n_kv if mask4 is None else _visible_columns(mask4)
+        if widen_k is not None:
+            widen_k(used)
+        if widen_v is not None:
+            widen_v(used)
+        kT, v = kT5[..., :used], v5[:, :, :, :used]
+        for q5, s_all, m_all, row, o5, dst in chunks:
+            s5 = s_all[..., :used]
+            mterm = None if m_all is None else m_all[..., :used]
+            np.matmul(q5, kT, out=s5)
             s5 *= scale
             if softcap != 0:
                 np.tanh(s5, out=s5)
@@ -233,8 +248,33 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
             np.exp(s5, out=s5)
             np.sum(s5, axis=-1, keepdims=True, out=row)
             np.divide(1, row, out=row, where=row != 0)
-            np.matmul(s5, v5, out=o5)
+            np.matmul(s5, v, out=o5)
             o5 *= row
             np.copyto(dst, o5)
 
-    return sequence(load_k, load_v, prep, run)
+    return sequence(prep, run)
+
+
+def _visible_columns(mask4: np.ndarray) -> int:
+    """1 + the last mask column that is not -inf for some query (at least 1: a row
+    masked everywhere still needs a column to come out as zeros)."""
+    seen = ~np.isneginf(mask4).all(axis=(0, 1, 2))
+    last = seen.size - int(np.argmax(seen[::-1])) if seen.any() else 1
+    return max(1, last)
+
+
+def _widened(ctx: BuildContext, t: Tensor) -> tuple[np.ndarray, Callable[[int], None] | None]:
+    """K or V as float32 ``(B, H, n_kv, D)`` and, for F16/BF16, a function widening the
+    first ``used`` rows into it (the rest of the scratch is never read)."""
+    raw = padded4(ctx.view(t))
+    if t.type == Type.F32:
+        return raw, None
+    buf = padded4(ctx.scratch(t.shape))
+    if t.type == Type.F16:
+        return buf, lambda used: np.copyto(buf[:, :, :used], raw[:, :, :used])
+    if t.type == Type.BF16:
+        bits = buf.view(np.uint32)
+        return buf, lambda used: np.left_shift(
+            raw[:, :, :used], 16, out=bits[:, :, :used], dtype=np.uint32
+        )
+    raise AssertionError(f"flash_attn_ext: {t.describe()} is not a float tensor")
