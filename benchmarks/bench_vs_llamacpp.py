@@ -1,0 +1,247 @@
+"""tensorplug's CPU backend against llama.cpp on the same models, same machine, same run.
+
+    python benchmarks/bench_vs_llamacpp.py [--models 100M:q4_0,100M:q8_0,100M:q4_k]
+        [--threads 1,2] [--prompt 128] [--gen 32] [--batch 128] [--rounds 3] [--load N]
+        [--llama-python PATH]
+
+Models are written once into ``--cache`` by the tiny-model writer (random weights, a
+llama graph): ``100M`` (8 blocks, n_embd 768, 12 heads / 4 KV heads, n_ff 2048, vocab
+32000) and ``660M`` (TinyLlama's widths, 12 blocks: n_embd 2048, 32 / 4 heads, n_ff
+5632). Each entry is ``size:type``.
+
+Every measurement is a fresh process — tensorplug's runner, or llama.cpp through
+llama-cpp-python (an interpreter that has it: this one, ``--llama-python``, or
+``~/peers/bin/python``; without one the script says how to build it, CPU-only, 5–15
+minutes) — run interleaved (tensorplug, llama.cpp, tensorplug, …) ``--rounds`` times,
+so a slow minute of the machine hurts both. A process loads the model, evaluates a
+warm-up, then a ``--prompt``-token prompt in batches of ``--batch`` (llama.cpp's
+``n_batch``; tensorplug's ``n_batch``) and ``--gen`` single-token steps, both with an
+F16 KV cache, with ``--threads`` threads (tensorplug: numba and BLAS thread counts;
+llama.cpp: ``n_threads``). The table gives tokens/s as median (min–max) and the ratio of
+the medians, tensorplug / llama.cpp: above 1.00 tensorplug is faster.
+
+``--load N`` starts N busy processes (a Python loop each) for the whole run, to see
+how each engine copes with a machine that is doing something else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SIZES: dict[str, dict[str, int]] = {
+    "100M": {"n_vocab": 32000, "n_embd": 768, "n_layer": 8, "n_head": 12, "n_head_kv": 4,
+             "n_ff": 2048, "n_ctx": 512},
+    "660M": {"n_vocab": 32000, "n_embd": 2048, "n_layer": 12, "n_head": 32, "n_head_kv": 4,
+             "n_ff": 5632, "n_ctx": 512},
+}  # fmt: skip
+BUILD_HINT = (
+    "llama.cpp is measured through llama-cpp-python, which is not installed for any "
+    "interpreter found. Build it once, CPU-only (5-15 minutes), in a venv of its own:\n"
+    "  python3 -m venv ~/peers && ~/peers/bin/pip install numpy gguf\n"
+    '  CMAKE_ARGS="-DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_BLAS=OFF" '
+    "~/peers/bin/pip install llama-cpp-python==0.3.36\n"
+    "then run this script again (it finds ~/peers/bin/python), or pass --llama-python."
+)
+
+
+@dataclass(frozen=True)
+class Spec:
+    size: str
+    type: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.size}:{self.type}"
+
+
+def parse_models(text: str) -> list[Spec]:
+    specs = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        size, _, wtype = item.partition(":")
+        if size not in SIZES or not wtype:
+            raise SystemExit(
+                f"bad model {item!r}: write SIZE:TYPE with SIZE one of {sorted(SIZES)} and "
+                "TYPE a weight type (f32, f16, q8_0, q4_0, q4_k...)"
+            )
+        specs.append(Spec(size, wtype.lower()))
+    if not specs:
+        raise SystemExit("--models is empty")
+    return specs
+
+
+def parse_counts(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise SystemExit(f"{what} must be a comma-separated list of integers >= 1, got {text!r}")
+    return values
+
+
+def model_path(spec: Spec, cache: Path) -> Path:
+    """The model's file, written on first use (the writer is tensorplug's)."""
+    from tensorplug.llama.tiny import write_tiny_llama  # deferred: a worker may lack it
+
+    path = cache / f"bench-{spec.size}-{spec.type}.gguf"
+    if not path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        print(f"writing {path.name} ...", file=sys.stderr, flush=True)
+        partial = path.with_suffix(".partial")
+        write_tiny_llama(partial, spec.type, seed=1, **SIZES[spec.size])
+        partial.rename(path)
+    return path
+
+
+# -- workers: one measurement per process ---------------------------------------------------
+
+
+def _tokens(n: int, n_vocab: int) -> list[int]:
+    return [(7919 * i + 13) % (n_vocab - 3) + 3 for i in range(n)]  # fixed, no special ids
+
+
+def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch: int) -> dict:
+    from tensorplug import registry
+    from tensorplug.gguf import GGUFFile
+    from tensorplug.llama.placement import Placement
+    from tensorplug.llama.runner import Llama
+
+    file = GGUFFile(path)
+    n_layer = int(file.value(f"{file.architecture}.block_count", int))
+    placement = Placement.on(registry.dev_by_name("CPU"), n_layer)  # type: ignore[arg-type]
+    m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch)
+    for b in m.backends:
+        setter = getattr(b, "set_n_threads", None)
+        if setter is not None:
+            setter(threads)
+    prompt = _tokens(n_prompt, m.config.n_vocab)
+    m.reset()
+    t0 = time.perf_counter()
+    logits = m.eval(prompt)
+    t1 = time.perf_counter()
+    tok = int(logits[-1].argmax())
+    for _ in range(n_gen):
+        tok = int(m.eval([tok])[-1].argmax())
+    t2 = time.perf_counter()
+    m.close()
+    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1)}
+
+
+def worker_llamacpp(path: str, threads: int, n_prompt: int, n_gen: int, batch: int) -> dict:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(path, n_ctx=n_prompt + n_gen + 8, n_threads=threads,
+                          n_threads_batch=threads, n_batch=batch, n_ubatch=batch,
+                          verbose=False)  # fmt: skip
+    n_vocab = llm.n_vocab()
+    llm.eval(_tokens(8, n_vocab))  # warm-up, as tensorplug's runner does at load
+    llm.reset()
+    prompt = _tokens(n_prompt, n_vocab)
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    t1 = time.perf_counter()
+    for i in range(n_gen):
+        llm.eval([prompt[i % n_prompt]])
+    t2 = time.perf_counter()
+    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1)}
+
+
+def _run_worker(args: argparse.Namespace) -> None:
+    fn = worker_tensorplug if args.worker == "tensorplug" else worker_llamacpp
+    print(json.dumps(fn(args.model, args.threads[0], args.prompt, args.gen, args.batch)))
+
+
+# -- the driver -----------------------------------------------------------------------------
+
+
+def find_llama_python(given: str | None) -> str | None:
+    candidates = [given] if given else [sys.executable, str(Path.home() / "peers/bin/python")]
+    for exe in candidates:
+        if exe and Path(exe).exists():
+            probe = subprocess.run([exe, "-c", "import llama_cpp"], capture_output=True)
+            if probe.returncode == 0:
+                return exe
+    return None
+
+
+def measure(exe: str, engine: str, path: Path, threads: int, a: argparse.Namespace) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
+           "MKL_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads)}  # fmt: skip
+    cmd = [exe, __file__, "--worker", engine, "--model", str(path), "--threads", str(threads),
+           "--prompt", str(a.prompt), "--gen", str(a.gen), "--batch", str(a.batch)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{engine} failed on {path.name}:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _stats(values: list[float]) -> str:
+    return f"{statistics.median(values):8.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="100M:q4_0,100M:q8_0,100M:q4_k")
+    p.add_argument("--threads", default="1,2", help="thread counts to run (1,2)")
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (128)")
+    p.add_argument("--gen", type=int, default=32, help="generated tokens (32)")
+    p.add_argument("--batch", type=int, default=128, help="prompt batch, both engines (128)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    p.add_argument("--load", type=int, default=0, help="busy processes during the run (0)")
+    p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
+    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tensorplug-bench")
+    p.add_argument("--worker", choices=["tensorplug", "llamacpp"], help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.threads = parse_counts(a.threads, "--threads")
+    for name in ("prompt", "gen", "batch", "rounds"):
+        if getattr(a, name) < 1:
+            raise SystemExit(f"--{name} must be >= 1")
+    if a.load < 0:
+        raise SystemExit("--load must be >= 0")
+    if a.worker:
+        _run_worker(a)
+        return 0
+    specs = parse_models(a.models)
+    llama_python = find_llama_python(a.llama_python)
+    if llama_python is None:
+        print(BUILD_HINT, file=sys.stderr)
+        return 2
+    paths = {s: model_path(s, a.cache) for s in specs}
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.load)]
+    try:
+        print(f"{os.cpu_count()} cores, {a.load} busy processes; prompt {a.prompt} tokens in "
+              f"batches of {a.batch}, {a.gen} generated; {a.rounds} interleaved rounds; "
+              "tokens/s median (min-max)")  # fmt: skip
+        print(f"{'model':12} {'thr':>3} | {'prompt tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
+              f" | {'gen tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}")  # fmt: skip
+        for spec in specs:
+            for threads in a.threads:
+                ours: list[dict] = []
+                theirs: list[dict] = []
+                for _ in range(a.rounds):
+                    ours.append(measure(sys.executable, "tensorplug", paths[spec], threads, a))
+                    theirs.append(measure(llama_python, "llamacpp", paths[spec], threads, a))
+                row = [f"{spec.name:12} {threads:>3}"]
+                for key in ("prompt", "gen"):
+                    mine = [r[key] for r in ours]
+                    ref = [r[key] for r in theirs]
+                    ratio = statistics.median(mine) / statistics.median(ref)
+                    row.append(f"{_stats(mine):>24} {_stats(ref):>24} {ratio:6.2f}")
+                print(" | ".join(row), flush=True)
+    finally:
+        for proc in busy:
+            proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
