@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N,N,...",
         help="with --split-mode row: each device's share, e.g. 3,1 (default: even)",
     )
-    p.add_argument("-b", "--batch-size", type=int, default=32, help="prompt chunk (32)")
+    p.add_argument("-b", "--batch-size", type=int, default=256, help="prompt chunk (256)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=40, help="top-k sampling (40; 0 is off)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (0.95; 1 is off)")

@@ -132,7 +132,7 @@ class Llama:
         *,
         placement: Placement | None = None,
         n_ctx: int | None = None,
-        n_batch: int = 32,
+        n_batch: int = 256,
         cache_type: Type | str = Type.F16,
         kv_pad: int = 256,
         use_mmap: bool = True,
