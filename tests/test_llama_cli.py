@@ -97,3 +97,17 @@ def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "No such file" in capsys.readouterr().err
     assert main(["run", "--device", "NoSuchDevice", "-n", "1"]) == 1
     assert "no device named 'NoSuchDevice'" in capsys.readouterr().err
+
+
+def test_threads_go_to_backends_with_the_extension(
+    model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorplug_cpu.backend import CpuBackend
+
+    seen: list[int] = []
+    monkeypatch.setattr(CpuBackend, "set_n_threads", lambda self, n: seen.append(n))
+    assert main(["run", str(model), "--device", "CPU", "-n", "2", "-t", "3"]) == 0
+    assert seen == [3]
+    with pytest.raises(SystemExit):
+        main(["run", str(model), "-t", "0"])
+    assert "'0' is not a thread count" in capsys.readouterr().err

@@ -95,6 +95,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --split-mode row: each device's share, e.g. 3,1 (default: even)",
     )
     p.add_argument("-b", "--batch-size", type=int, default=256, help="prompt chunk (256)")
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=_thread_count,
+        metavar="N",
+        help="threads of the CPU backend's kernels and BLAS (default: its own choice, one "
+        "per core); fewer keeps a busy machine responsive",
+    )
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=40, help="top-k sampling (40; 0 is off)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (0.95; 1 is off)")
@@ -150,6 +158,29 @@ def _proportions(text: str) -> list[float]:
     if any(v < 0 for v in values) or sum(values) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: shares must be >= 0 with a positive sum")
     return values
+
+
+def _thread_count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a thread count (an integer >= 1)")
+    return n
+
+
+def _apply_threads(model: Llama, n_threads: int | None) -> None:
+    """``-t``: every backend that has ggml's ``set_n_threads`` extension gets it."""
+    if n_threads is None:
+        return
+    from .. import registry
+
+    for backend in model.backends:
+        reg = backend.device.reg
+        setter = registry.get_proc(reg, "set_n_threads") if reg is not None else None
+        if setter is not None:
+            setter(backend, n_threads)
 
 
 def _device_names(args: argparse.Namespace) -> list[str]:
@@ -215,7 +246,7 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
     from ..progress import Progress
 
     with Progress(f"loading {f.path.name}", total=0) as progress:
-        return Llama(
+        model = Llama(
             f,
             placement=placement,
             n_ctx=args.ctx_size or None,
@@ -226,6 +257,8 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
                 done, total, f"loading {f.path.name}: {stage}"
             ),
         )
+    _apply_threads(model, getattr(args, "threads", None))
+    return model
 
 
 def run_model(

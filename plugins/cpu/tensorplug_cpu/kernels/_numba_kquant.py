@@ -1,10 +1,11 @@
 """numba kernels for the K-quants (Q2_K … Q6_K); imported by :mod:`.jit` with numba.
 
-One decoder per type turns a 256-element super-block into float32 values with the
-float steps of :mod:`tensorplug.kquants` (so the batched path's weights are
-bit-identical to numpy's); the two drivers — matrix × a few vectors, and decoding a
-matrix — take the type's ggml id (``kind``) and branch once per block, which costs
-nothing next to the 256 values a block holds. Arguments are those of
+Per type, a decoder turns a 256-element super-block into float32 values with the float
+steps of :mod:`tensorplug.kquants` (so the batched path's weights are bit-identical to
+numpy's), and a fused dot product accumulates the same values times the activations
+without storing them. The two drivers — matrix × a few vectors, and decoding a matrix —
+take the type's ggml id (``kind``) and branch once per block, which costs nothing next
+to the 256 values a block holds. Arguments are those of
 :mod:`._numba_quant`.
 """
 
@@ -34,12 +35,18 @@ def _q2_k(blk: Any, table: Any, vals: Any) -> None:
 
 
 @njit(inline="always")
+def _q3_scale(blk: Any, s: int) -> Any:
+    """Sub-block ``s``'s signed 6-bit scale (4 low bits, then 2 high bits of byte 104+)."""
+    lo = np.int32(blk[96 + s] & 15) if s < 8 else np.int32(blk[96 + s - 8] >> 4)
+    hi = (np.int32(blk[104 + (s & 3)]) >> (2 * (s >> 2))) & 3
+    return (lo | (hi << 4)) - 32
+
+
+@njit(inline="always")
 def _q3_k(blk: Any, table: Any, vals: Any) -> None:
     d = _f16(blk, 108, table)
     for s in range(16):
-        lo = np.int32(blk[96 + s] & 15) if s < 8 else np.int32(blk[96 + s - 8] >> 4)
-        hi = (np.int32(blk[104 + (s & 3)]) >> (2 * (s >> 2))) & 3
-        dl = d * np.float32((lo | (hi << 4)) - 32)
+        dl = d * np.float32(_q3_scale(blk, s))
         hb, pair, l0 = s >> 3, (s >> 1) & 3, (s & 1) * 16
         for i in range(16):
             low = (np.int32(blk[32 + 32 * hb + l0 + i]) >> (2 * pair)) & 3
@@ -98,27 +105,108 @@ def _decode(kind: int, blk: Any, table: Any, vals: Any) -> None:
         _q6_k(blk, table, vals)
 
 
+# -- fused dot products: decode a sub-block straight into 32 partial sums ----------------
+#
+# As in _numba_quant: each (row, token) keeps 32 float32 partial sums that LLVM holds in
+# vector registers; every sub-block's values are decoded and multiplied in one
+# vectorisable loop of 16 or 32, with no intermediate array.
+
+
+@njit(inline="always")
+def _dot_q2_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
+    d, dmin = _f16(blk, 80, table), _f16(blk, 82, table)
+    for r in range(8):  # runs of 32: two 16-element sub-blocks
+        hb, shift = r >> 2, 2 * (r & 3)
+        s0, s1 = np.int32(blk[2 * r]), np.int32(blk[2 * r + 1])
+        d0, m0 = d * np.float32(s0 & 15), dmin * np.float32(s0 >> 4)
+        d1, m1 = d * np.float32(s1 & 15), dmin * np.float32(s1 >> 4)
+        for i in range(32):
+            q = np.float32((np.int32(blk[16 + 32 * hb + i]) >> shift) & 3)
+            v = d0 * q - m0 if i < 16 else d1 * q - m1
+            acc[i] += v * x[32 * r + i]
+
+
+@njit(inline="always")
+def _dot_q3_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
+    d = _f16(blk, 108, table)
+    for r in range(8):  # runs of 32: two 16-element sub-blocks
+        shift = 2 * (r & 3)
+        d0 = d * np.float32(_q3_scale(blk, 2 * r))
+        d1 = d * np.float32(_q3_scale(blk, 2 * r + 1))
+        for i in range(32):
+            low = (np.int32(blk[32 + 32 * (r >> 2) + i]) >> shift) & 3
+            high = (np.int32(blk[i]) >> r) & 1
+            dl = d0 if i < 16 else d1
+            acc[i] += dl * np.float32(low - 4 + 4 * high) * x[32 * r + i]
+
+
+@njit(inline="always")
+def _dot_q4_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
+    d, dmin = _f16(blk, 0, table), _f16(blk, 2, table)
+    for s in range(8):
+        sc, mn = _scale_min_k4(blk, s)
+        d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
+        base, shift = 16 + 32 * (s >> 1), 4 * (s & 1)
+        for i in range(32):
+            q = (np.int32(blk[base + i]) >> shift) & 15
+            acc[i] += (d1 * np.float32(q) - m1) * x[32 * s + i]
+
+
+@njit(inline="always")
+def _dot_q5_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
+    d, dmin = _f16(blk, 0, table), _f16(blk, 2, table)
+    for s in range(8):
+        sc, mn = _scale_min_k4(blk, s)
+        d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
+        base, shift = 48 + 32 * (s >> 1), 4 * (s & 1)
+        for i in range(32):
+            q = ((np.int32(blk[base + i]) >> shift) & 15) | (
+                ((np.int32(blk[16 + i]) >> s) & 1) << 4
+            )
+            acc[i] += (d1 * np.float32(q) - m1) * x[32 * s + i]
+
+
+@njit(inline="always")
+def _dot_q6_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
+    # runs of 32 (two 16-element sub-blocks, two scales): one vectorisable loop each
+    d = _f16(blk, 208, table)
+    for r in range(8):
+        hb, pair = r >> 2, r & 3
+        d0 = d * np.float32(_i8(blk[192 + 2 * r]))
+        d1 = d * np.float32(_i8(blk[193 + 2 * r]))
+        ql, qh = 64 * hb + 32 * (pair & 1), 128 + 32 * hb
+        nshift, hshift = 4 * (pair >> 1), 2 * pair
+        for i in range(32):
+            nib = (np.int32(blk[ql + i]) >> nshift) & 15
+            high = (np.int32(blk[qh + i]) >> hshift) & 3
+            dl = d0 if i < 16 else d1
+            acc[i] += dl * np.float32((nib | (high << 4)) - 32) * x[32 * r + i]
+
+
 @njit(parallel=True, fastmath=_DOT, cache=True)
 def matvec_k(blocks: Any, x: Any, out: Any, table: Any, kind: int) -> None:
-    """``out[t, o] = Σᵢ x[t, i]·W[o, i]``: each block is decoded once for every token,
-    into 32 partial sums per token (vectorised as in :mod:`._numba_quant`)."""
-    n, n_tok = blocks.shape[0], x.shape[0]
+    """``out[t, o] = Σᵢ x[t, i]·W[o, i]``, output rows split in chunks across threads."""
+    n = blocks.shape[0]
     per = (n + _CHUNKS - 1) // _CHUNKS
-    scratch = np.empty((_CHUNKS, n_tok, 32), np.float32)
-    values = np.empty((_CHUNKS, 256), np.float32)
+    scratch = np.empty((_CHUNKS, 32), np.float32)
     for c in prange(_CHUNKS):
-        acc, vals = scratch[c], values[c]
+        acc = scratch[c]
         for o in range(c * per, min(n, (c + 1) * per)):
-            acc[:] = 0
-            for b in range(blocks.shape[1]):
-                _decode(kind, blocks[o, b], table, vals)
-                for t in range(n_tok):
-                    xr = x[t]
-                    for s in range(8):
-                        for i in range(32):
-                            acc[t, i] += vals[32 * s + i] * xr[b * 256 + 32 * s + i]
-            for t in range(n_tok):
-                out[t, o] = acc[t].sum()
+            for t in range(x.shape[0]):
+                acc[:] = 0
+                for b in range(blocks.shape[1]):
+                    blk, xb = blocks[o, b], x[t, b * 256 : (b + 1) * 256]
+                    if kind == Q4_K:
+                        _dot_q4_k(blk, table, xb, acc)
+                    elif kind == Q6_K:
+                        _dot_q6_k(blk, table, xb, acc)
+                    elif kind == Q5_K:
+                        _dot_q5_k(blk, table, xb, acc)
+                    elif kind == Q3_K:
+                        _dot_q3_k(blk, table, xb, acc)
+                    else:
+                        _dot_q2_k(blk, table, xb, acc)
+                out[t, o] = acc.sum()
 
 
 @njit(cache=True)
