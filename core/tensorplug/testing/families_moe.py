@@ -108,6 +108,13 @@ def _mul_mat_id() -> Iterator[Case]:
                 used=nu,
                 b_rows=nb,
             )
+    # every expert chosen by every token, odd sizes (n_in 40 allows float weights only)
+    yield make(Op.MUL_MAT_ID, partial(_mmid_build, Type.F32, Type.F32, 4, 33, 40, 5, 4, 4, leaf),
+               True, type_a=Type.F32, type_b=Type.F32, n_expert=4, a=[33, 40], tokens=5,
+               used=4, b_rows=4)  # fmt: skip
+    build = partial(_mmid_build, Type.Q8_0, Type.F32, 4, 16, 64, 6, 2, 2, strided)
+    yield make(Op.MUL_MAT_ID, build, True, type_a=Type.Q8_0, type_b=Type.F32, n_expert=4,
+               a=[16, 64], tokens=6, used=2, b_rows=2, b="strided")  # fmt: skip
     for tb in (Type.F16, Type.F32):
         yield make(
             Op.MUL_MAT_ID,

@@ -17,7 +17,7 @@ from .. import ops
 from ..opcodes import Op, RopeMode
 from ..tensor import Tensor
 from ..types import Type
-from .cases import Case, InitFn, Inputs, causal_mask, indices, positions, random_mask, uniform
+from .cases import Case, InitFn, Inputs, causal_mask, positions, random_mask, uniform
 from .families import FLOAT_TYPES, QUANT_TYPES, Layout, Shape, leaf, make, strided, transposed
 
 __all__ = ["FAMILIES", "MUL_MAT_BATCHES"]
@@ -74,35 +74,6 @@ def _mul_mat() -> Iterator[Case]:
     yield _mm(False, leaf, f32, (16, 40), transposed, f32, (7, 40), b_layout="transposed")
     for t in (Type.F16, Type.BF16):
         yield _mm(t == Type.F16, leaf, t, (33, 64), leaf, t, (7, 64))
-
-
-# -- mul_mat_id (mixture of experts) -------------------------------------------------------------
-
-
-def _mmid_build(
-    ta: Type, n_expert: int, n_out: int, k: int, n_tokens: int, n_used: int, n_b: int,
-    ins: Inputs, b_layout: Layout = leaf,
-) -> Tensor:  # fmt: skip
-    experts = ins.new(ta, (n_expert, n_out, k))
-    b = b_layout(ins, Type.F32, (n_tokens, n_b, k))
-    ids = ins.new(Type.I32, (n_tokens, n_used), indices(n_expert, unique=True))
-    return ops.mul_mat_id(experts, b, ids)
-
-
-def _mul_mat_id() -> Iterator[Case]:
-    # as llama.cpp's MoE FFN uses it: the token row shared by its experts (n_b = 1, up and
-    # gate), or one row per selected expert (n_b = n_used, down)
-    for t in (Type.F32, Type.F16, Type.Q8_0, Type.Q4_0, Type.Q4_1):
-        for n_tokens, n_b in ((1, 1), (7, 1), (7, 2)):
-            quick = t in (Type.F32, Type.Q4_0) or n_tokens == 7
-            build = partial(_mmid_build, t, 8, 16, 64, n_tokens, 2, n_b)
-            yield make(Op.MUL_MAT_ID, build, quick, type_a=t, experts=8, used=2,
-                       tokens=n_tokens, n_b=n_b)  # fmt: skip
-    build = partial(_mmid_build, Type.F32, 4, 33, 40, 5, 4, 4)  # every expert, odd sizes
-    yield make(Op.MUL_MAT_ID, build, True, type_a=Type.F32, experts=4, used=4, tokens=5, n_b=4)
-    build = partial(_mmid_build, Type.Q8_0, 4, 16, 64, 6, 2, 2, b_layout=strided)
-    yield make(Op.MUL_MAT_ID, build, True, type_a=Type.Q8_0, experts=4, used=2, tokens=6,
-               n_b=2, b_layout="strided")  # fmt: skip
 
 
 # -- soft_max ------------------------------------------------------------------------------------
@@ -313,5 +284,5 @@ def _flash_attn() -> Iterator[Case]:
 
 
 FAMILIES: list[Callable[[], Iterator[Case]]] = [
-    _mul_mat, _mul_mat_id, _soft_max, _rope, _flash_attn,
+    _mul_mat, _soft_max, _rope, _flash_attn,
 ]  # fmt: skip
