@@ -167,3 +167,36 @@ def test_quantized_rows_of_a_weight_view() -> None:
     xv = _f32(x.shape)
     compute(out, {w: raw, x: xv})
     assert nmse(tp.get_array(out), xv.astype(np.float64) @ w64[5:13].T) < 1e-10
+
+
+def test_a_slow_first_kernel_call_says_it_is_compiling(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """numba compiles on first use (seconds): a first call still running after
+    COMPILE_NOTICE_S logs one line, later calls and fast first calls log nothing."""
+    import time
+
+    from tensorplug_cpu.kernels import jit as jit_module
+
+    kernels = jit_module.load_jit()
+    if kernels is None:
+        pytest.skip(f"numba kernels unavailable: {jit_module.jit_status()}")
+    calls: list[int] = []
+
+    def slow_kernel(*args: object) -> None:
+        calls.append(len(args))
+        time.sleep(0.2 if len(calls) == 1 else 0.0)
+
+    monkeypatch.setattr(jit_module, "COMPILE_NOTICE_S", 0.05)
+    monkeypatch.setitem(kernels._kernels, tp.Type.Q4_K, (slow_kernel, slow_kernel))
+    monkeypatch.setattr(kernels, "_called", set())
+    with caplog.at_level("WARNING", logger="tensorplug_cpu"):
+        blocks, x, out = np.zeros((1, 1, 144), np.uint8), np.zeros((1, 256)), np.zeros((1, 1))
+        for _ in range(3):
+            kernels.matvec(tp.Type.Q4_K, blocks, x, out)
+    notices = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert notices == [
+        "numba is compiling the matrix-vector kernel for Q4_K (once: it is cached on disk "
+        "for later runs)"
+    ]
+    assert len(calls) == 3

@@ -258,9 +258,8 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
 def _visible_columns(mask4: np.ndarray) -> int:
     """1 + the last mask column that is not -inf for some query (at least 1: a row
     masked everywhere still needs a column to come out as zeros)."""
-    seen = ~np.isneginf(mask4).all(axis=(0, 1, 2))
-    last = seen.size - int(np.argmax(seen[::-1])) if seen.any() else 1
-    return max(1, last)
+    seen = np.asarray(~np.isneginf(mask4).all(axis=(0, 1, 2)))
+    return seen.size - int(np.argmax(seen[::-1])) if seen.any() else 1
 
 
 def _widened(ctx: BuildContext, t: Tensor) -> tuple[np.ndarray, Callable[[int], None] | None]:

@@ -29,6 +29,9 @@ from tensorplug.types import Type
 __all__ = ["JitKernels", "jit_status", "load_jit"]
 
 _log = logging.getLogger("tensorplug_cpu")
+
+#: A first kernel call still running after this many seconds is compiling: say so.
+COMPILE_NOTICE_S = 0.5
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
@@ -57,16 +60,37 @@ class JitKernels:
                 functools.partial(kq.dequantize_k, kind=int(t)),
             )
 
+        self._called: set[tuple[Type, int]] = set()
+
     def supports(self, t: Type) -> bool:
         return t in self._kernels
 
     def matvec(self, t: Type, blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         """``out[t, o] = Σᵢ x[t, i]·W[o, i]`` for raw blocks ``(n_out, nblocks, type_size)``."""
-        self._kernels[t][0](blocks, x, out, _F16_TO_F32)
+        self._call(t, 0, blocks, x, out, _F16_TO_F32)
 
     def dequantize(self, t: Type, blocks: np.ndarray, out: np.ndarray) -> None:
         """Decode ``(rows, nblocks, type_size)`` blocks into float32 ``out (rows, n)``."""
-        self._kernels[t][1](blocks, out, _F16_TO_F32)
+        self._call(t, 1, blocks, out, _F16_TO_F32)
+
+    def _call(self, t: Type, which: int, *args: Any) -> None:
+        kernel = self._kernels[t][which]
+        if (t, which) in self._called:
+            kernel(*args)
+            return
+        # The first call compiles (seconds) unless numba's disk cache has the kernel
+        # (milliseconds); say so if it takes long, so a first run does not look hung.
+        what = f"{'matrix-vector' if which == 0 else 'decoding'} kernel for {t.name}"
+        notice = threading.Timer(COMPILE_NOTICE_S, _log.warning, (
+            "numba is compiling the %s (once: it is cached on disk for later runs)", what
+        ))  # fmt: skip
+        notice.daemon = True
+        notice.start()
+        try:
+            kernel(*args)
+        finally:
+            notice.cancel()
+        self._called.add((t, which))
 
     def set_num_threads(self, n: int) -> None:
         self.numba.set_num_threads(max(1, min(n, self.numba.config.NUMBA_NUM_THREADS)))
