@@ -14,7 +14,7 @@ import numpy as np
 
 import tensorplug as tp
 
-__all__ = ["backend_for", "compute", "nmse", "place"]
+__all__ = ["backend_for", "compute", "int8_path", "nmse", "place", "q8_activations"]
 
 
 def backend_for(jit: bool = True) -> tp.Backend:
@@ -53,3 +53,30 @@ def nmse(actual: np.ndarray, expected: np.ndarray) -> float:
     assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
     assert not np.isnan(a).any(), "result has NaN"
     return float(((a - b) ** 2).sum() / max((b**2).sum(), 1e-300))
+
+
+def q8_activations(b: np.ndarray) -> np.ndarray:
+    """``b`` (float32 rows) as ggml's x86 CPU path rounds it before an integer dot product
+    with Q4_0/Q8_0 weights: 32-value blocks, ``d = f16(amax/127)``, codes
+    ``rint(x·(127/amax))`` in float32; returned as the float64 values ``d·code``."""
+    x = np.ascontiguousarray(b, np.float32)
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    codes = np.rint(blocks * inv)
+    d = (amax / np.float32(127)).astype(np.float16).astype(np.float64)
+    return (codes.astype(np.float64) * d).reshape(x.shape)
+
+
+def int8_path(t: tp.Type, n_tokens: int, jit: bool = True) -> bool:
+    """Whether the CPU backend computes this product with Q8_0 activations."""
+    from tensorplug_cpu.kernels.jit import load_jit
+    from tensorplug_cpu.kernels.matmul import MATVEC_MAX_TOKENS
+
+    return (
+        jit
+        and load_jit() is not None
+        and t in (tp.Type.Q4_0, tp.Type.Q8_0)
+        and n_tokens <= MATVEC_MAX_TOKENS
+    )

@@ -84,8 +84,12 @@ def test_without_a_model_runs_the_tiny_demo(
     model = write_tiny_llama(
         tmp_path / "same.gguf", "q4_0", 0, n_layer=max(4, len(registry.devices()))
     )
-    want = ref.logits(ref.load(model), tokens)
-    assert ref.rel_err(np.load(saved), want) <= 1e-4
+    want, got = ref.logits(ref.load(model), tokens), np.load(saved)
+    # the CPU rounds activations to Q8_0 for these few tokens, as ggml does: judged as
+    # ggml judges mul_mat (NMSE), with the same top token everywhere
+    assert float(np.sum((got - want) ** 2) / np.sum(want**2)) <= 5e-4
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert "check: the prompt logits agree with a CPU-only run (NMSE" in err
 
 
 def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -218,6 +218,15 @@ def tiny_gqa(tmp_path_factory: pytest.TempPathFactory) -> Path:
 TOKENS = [1, 259, 288, 300, 270, 265, 280, 290]
 
 
+def _assert_agree(got: np.ndarray, want: np.ndarray) -> None:
+    """Logits of the same model on other devices. The CPU multiplies quantized weights
+    by Q8_0-rounded activations for a few tokens (as ggml does), OpenCL in float32, so
+    they are judged as ggml judges mul_mat across backends: NMSE within 5e-4 (a wrong
+    split gives ~1), and the same top token at every position."""
+    assert float(np.sum((got - want) ** 2) / np.sum(want**2)) <= 5e-4
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
 def _logits(path: Path, placement: object) -> tuple[np.ndarray, np.ndarray]:
     from tensorplug.llama.runner import Llama
 
@@ -240,7 +249,7 @@ def test_row_split_llama_matches_one_device(tiny_gqa: Path, shares: list[float] 
     assert q_rows is not None and q_rows.sizes == ((96, 32),) if shares else ((64, 64),)
     got = _logits(tiny_gqa, Placement.on(meta, 2))
     for g, w in zip(got, want, strict=True):
-        assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max()
+        _assert_agree(g, w)
 
 
 def test_row_split_is_refused_clearly_when_it_cannot_work(tiny_gqa: Path) -> None:
@@ -272,8 +281,7 @@ def test_run_split_mode_row_from_the_command_line(tiny_gqa: Path, tmp_path: Path
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Meta(CPU,OpenCL0)" in done.stderr
     want = _logits(tiny_gqa, Placement.on(host_cpu(), 2))[0]
-    got = np.load(out)
-    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    _assert_agree(np.load(out), want)
     for args, message in [
         (["--device", "CPU", "--split-mode", "row"], "name at least two"),
         (["--device", "CPU,OpenCL0", "--split-mode", "row", "-ts", "1,1,1"], "3 proportions"),

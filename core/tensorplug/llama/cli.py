@@ -160,6 +160,10 @@ def _proportions(text: str) -> list[float]:
     return values
 
 
+#: The run demo's tolerance between devices: ggml's own for mul_mat (test-backend-ops).
+DEMO_MAX_NMSE = 5e-4
+
+
 def _thread_count(text: str) -> int:
     try:
         n = int(text)
@@ -514,12 +518,19 @@ def demo_model(
             want = cpu_only.eval(prompt_ids, all_logits=True)
         finally:
             cpu_only.close()
+    # Backends may round differently (the CPU multiplies Q4_0/Q8_0 weights with Q8_0
+    # activations for a few tokens, as ggml does; GPU kernels use float32), so agreement
+    # is judged as ggml's test-backend-ops judges mul_mat: NMSE within 5e-4 — and the
+    # most likely token equal at every position.
     err = float(np.abs(got - want).max() / np.abs(want).max())
-    ok = err <= 1e-4
+    nmse = float(np.sum((got - want) ** 2) / np.sum(want**2))
+    differ = int((got.argmax(-1) != want.argmax(-1)).sum())
+    ok = nmse <= DEMO_MAX_NMSE and differ == 0
     verdict = "agree with" if ok else "DIFFER from"
+    tops = f"top token differs at {differ} positions" if differ else "same top tokens"
     print(
-        f"check: the prompt logits {verdict} a CPU-only run (max difference {err:.1e} "
-        "of the largest logit)",
+        f"check: the prompt logits {verdict} a CPU-only run (NMSE {nmse:.1e}, max difference "
+        f"{err:.1e} of the largest logit; {tops})",
         file=log,
     )
     return 0 if ok else 1

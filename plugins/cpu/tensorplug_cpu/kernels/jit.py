@@ -60,27 +60,44 @@ class JitKernels:
                 functools.partial(kq.dequantize_k, kind=int(t)),
             )
 
-        self._called: set[tuple[Type, int]] = set()
+        from . import _numba_int8 as i8
+
+        # ggml's way for these types: activations quantized to Q8_0, integer dot products
+        self._int8: dict[Type, Callable[..., None]] = {
+            Type.Q4_0: i8.matvec_q4_0,
+            Type.Q8_0: i8.matvec_q8_0,
+        }
+        self._quantize_q8_0 = i8.quantize_q8_0
+        self._called: set[str] = set()
 
     def supports(self, t: Type) -> bool:
         return t in self._kernels
 
     def matvec(self, t: Type, blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         """``out[t, o] = Σᵢ x[t, i]·W[o, i]`` for raw blocks ``(n_out, nblocks, type_size)``."""
-        self._call(t, 0, blocks, x, out, _F16_TO_F32)
+        rows = _block_rows(blocks) if t in self._int8 else None
+        if rows is None:
+            self._call(f"matrix-vector kernel for {t.name}", self._kernels[t][0],
+                       blocks, x, out, _F16_TO_F32)  # fmt: skip
+            return
+        n_tok, n = x.shape
+        xq = np.empty((n_tok, n), np.int8)
+        xd = np.empty((n_tok, n // 32), np.float32)
+        xs = np.empty((n_tok, n // 32), np.int32)
+        self._call("Q8_0 activation quantizer", self._quantize_q8_0, x, xq, xd, xs, _F16_TO_F32)
+        self._call(f"integer matrix-vector kernel for {t.name}", self._int8[t],
+                   rows, xq, xd, xs, out, _F16_TO_F32)  # fmt: skip
 
     def dequantize(self, t: Type, blocks: np.ndarray, out: np.ndarray) -> None:
         """Decode ``(rows, nblocks, type_size)`` blocks into float32 ``out (rows, n)``."""
-        self._call(t, 1, blocks, out, _F16_TO_F32)
+        self._call(f"decoding kernel for {t.name}", self._kernels[t][1], blocks, out, _F16_TO_F32)
 
-    def _call(self, t: Type, which: int, *args: Any) -> None:
-        kernel = self._kernels[t][which]
-        if (t, which) in self._called:
+    def _call(self, what: str, kernel: Callable[..., None], *args: Any) -> None:
+        if what in self._called:
             kernel(*args)
             return
         # The first call compiles (seconds) unless numba's disk cache has the kernel
         # (milliseconds); say so if it takes long, so a first run does not look hung.
-        what = f"{'matrix-vector' if which == 0 else 'decoding'} kernel for {t.name}"
         notice = threading.Timer(COMPILE_NOTICE_S, _log.warning, (
             "numba is compiling the %s (once: it is cached on disk for later runs)", what
         ))  # fmt: skip
@@ -90,10 +107,21 @@ class JitKernels:
             kernel(*args)
         finally:
             notice.cancel()
-        self._called.add((t, which))
+        self._called.add(what)
 
     def set_num_threads(self, n: int) -> None:
         self.numba.set_num_threads(max(1, min(n, self.numba.config.NUMBA_NUM_THREADS)))
+
+
+def _block_rows(blocks: np.ndarray) -> np.ndarray | None:
+    """``(n_out, nblocks, type_size)`` blocks as ``(n_out, nblocks·type_size)`` byte rows
+    without copying, or None when a row's blocks are not contiguous."""
+    n_out, nblocks, size = blocks.shape
+    if blocks.strides[2] != 1 or blocks.strides[1] != size:
+        return None
+    return np.lib.stride_tricks.as_strided(
+        blocks, (n_out, nblocks * size), (blocks.strides[0], 1), writeable=False
+    )
 
 
 def load_jit() -> JitKernels | None:
