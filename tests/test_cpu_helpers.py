@@ -57,7 +57,7 @@ def nmse(actual: np.ndarray, expected: np.ndarray) -> float:
 
 def q8_activations(b: np.ndarray) -> np.ndarray:
     """``b`` (float32 rows) as ggml's x86 CPU path rounds it before an integer dot product
-    with Q4_0/Q8_0 weights: 32-value blocks, ``d = f16(amax/127)``, codes
+    with 32-block weights (Q4_0 ... Q8_0): 32-value blocks, ``d = f16(amax/127)``, codes
     ``rint(x·(127/amax))`` in float32; returned as the float64 values ``d·code``."""
     x = np.ascontiguousarray(b, np.float32)
     blocks = x.reshape(*x.shape[:-1], -1, 32)
@@ -77,6 +77,6 @@ def int8_path(t: tp.Type, n_tokens: int, jit: bool = True) -> bool:
     return (
         jit
         and load_jit() is not None
-        and t in (tp.Type.Q4_0, tp.Type.Q8_0)
+        and t in (tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8_0)
         and n_tokens <= MATVEC_MAX_TOKENS
     )

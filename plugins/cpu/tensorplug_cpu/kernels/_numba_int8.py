@@ -1,4 +1,4 @@
-"""Integer dot products for Q4_0 and Q8_0 weights, as ggml computes them.
+"""Integer dot products for the 32-block weight types, as ggml computes them.
 
 ggml multiplies a quantized matrix by a vector by quantizing the vector too — 32-value
 blocks of int8 with an f16 scale (Q8_0, "the vec_dot type") — and summing products of
@@ -99,6 +99,30 @@ def _dot_q4(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
 
 
 @intrinsic
+def _dot_q5(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
+    """Σ_j (nibble_j | bit_j << 4) · x_j over one Q5 block whose ``qh`` (a little-endian
+    u32 of fifth bits) starts at ``w[wo]`` and whose 16 nibble bytes follow it."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        # byte j // 8 of qh holds bit j: spread each byte over 8 lanes, test one bit each
+        four = _load(builder, context, sig.args[0], args[0], args[1], 4)
+        order = ir.Constant(_vec(_I32, 32), [j // 8 for j in range(32)])
+        spread = builder.shuffle_vector(four, four, order)
+        mask = ir.Constant(_vec(_I8, 32), [1 << (j % 8) for j in range(32)])
+        set_ = builder.icmp_unsigned("!=", builder.and_(spread, mask), _splat(_I8, 32, 0))
+        high = builder.shl(builder.zext(set_, _vec(_I8, 32)), _splat(_I8, 32, 4))
+        qs_at = builder.add(args[1], ir.Constant(args[1].type, 4))
+        q = _load(builder, context, sig.args[0], args[0], qs_at, 16)
+        lo = builder.and_(q, _splat(_I8, 16, 15))
+        hi = builder.lshr(q, _splat(_I8, 16, 4))
+        nibbles = builder.shuffle_vector(lo, hi, ir.Constant(_vec(_I32, 32), list(range(32))))
+        codes = builder.or_(nibbles, high)
+        return _dot_i8(builder, codes, _load(builder, context, sig.args[2], args[2], args[3], 32))
+
+    return types.int32(w, wo, x, xo), codegen
+
+
+@intrinsic
 def _dot_q8(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
     """Σ_j w_j · x_j over 32 int8 pairs: |w| · (x with w's sign), as ggml's AVX2 code."""
 
@@ -183,4 +207,57 @@ def matvec_q8_0(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> N
                 for b in range(nb):
                     isum: int = _dot_q8(row, 34 * b + 2, xr, 32 * b)  # type: ignore[call-arg]
                     s += _f16(row, 34 * b, table) * xd[t, b] * np.float32(isum)
+                out[t, o] = s
+
+
+@njit(parallel=True, fastmath=_DOT, cache=True)
+def matvec_q4_1(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
+    """``Σ_b d_x·(d_w·Σ_j nibble·x + m_w·Σx)`` over rows ``(n_out, nb·20)``."""
+    n, nb = rows.shape[0], xd.shape[1]
+    per = (n + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        for o in range(c * per, min(n, (c + 1) * per)):
+            row = rows[o]
+            for t in range(xq.shape[0]):
+                xr = xq[t]
+                s = np.float32(0)
+                for b in range(nb):
+                    isum: int = _dot_q4(row, 20 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
+                    dm = _f16(row, 20 * b, table) * np.float32(isum)
+                    s += xd[t, b] * (dm + _f16(row, 20 * b + 2, table) * np.float32(xs[t, b]))
+                out[t, o] = s
+
+
+@njit(parallel=True, fastmath=_DOT, cache=True)
+def matvec_q5_0(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
+    """``Σ_b d_w·d_x·(Σ_j q5·x − 16·Σx)`` over rows ``(n_out, nb·22)``."""
+    n, nb = rows.shape[0], xd.shape[1]
+    per = (n + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        for o in range(c * per, min(n, (c + 1) * per)):
+            row = rows[o]
+            for t in range(xq.shape[0]):
+                xr = xq[t]
+                s = np.float32(0)
+                for b in range(nb):
+                    isum = _dot_q5(row, 22 * b + 2, xr, 32 * b) - 16 * xs[t, b]  # type: ignore[call-arg]
+                    s += _f16(row, 22 * b, table) * xd[t, b] * np.float32(isum)
+                out[t, o] = s
+
+
+@njit(parallel=True, fastmath=_DOT, cache=True)
+def matvec_q5_1(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
+    """``Σ_b d_x·(d_w·Σ_j q5·x + m_w·Σx)`` over rows ``(n_out, nb·24)``."""
+    n, nb = rows.shape[0], xd.shape[1]
+    per = (n + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        for o in range(c * per, min(n, (c + 1) * per)):
+            row = rows[o]
+            for t in range(xq.shape[0]):
+                xr = xq[t]
+                s = np.float32(0)
+                for b in range(nb):
+                    isum: int = _dot_q5(row, 24 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
+                    dm = _f16(row, 24 * b, table) * np.float32(isum)
+                    s += xd[t, b] * (dm + _f16(row, 24 * b + 2, table) * np.float32(xs[t, b]))
                 out[t, o] = s

@@ -65,6 +65,9 @@ class JitKernels:
         # ggml's way for these types: activations quantized to Q8_0, integer dot products
         self._int8: dict[Type, Callable[..., None]] = {
             Type.Q4_0: i8.matvec_q4_0,
+            Type.Q4_1: i8.matvec_q4_1,
+            Type.Q5_0: i8.matvec_q5_0,
+            Type.Q5_1: i8.matvec_q5_1,
             Type.Q8_0: i8.matvec_q8_0,
         }
         self._quantize_q8_0 = i8.quantize_q8_0
