@@ -156,15 +156,16 @@ def _fused_matvec(
     work = []
     for j0, j1 in itertools.product(range(b4.shape[0]), range(b4.shape[1])):
         x = b4[j0, j1]
-        staged = ctx.scratch(x.shape) if x.strides[-1] != 4 else None
-        work.append((a4[j0 // r0, j1 // r1], x, staged, out4[j0, j1]))
+        staged = ctx.scratch(x.shape) if x.strides[-1] != 4 else None  # unit-stride rows
+        product = jit.bind_matvec(t, a4[j0 // r0, j1 // r1], x if staged is None else staged,
+                                  out4[j0, j1])  # fmt: skip
+        work.append((x, staged, product))
 
     def run() -> None:
-        for blocks, x, staged, out in work:
-            if staged is not None:  # the kernel wants unit-stride rows of x
+        for x, staged, product in work:
+            if staged is not None:
                 np.copyto(staged, x)
-                x = staged
-            jit.matvec(t, blocks, x, out)
+            product()
 
     return run
 
