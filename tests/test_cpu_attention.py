@@ -7,7 +7,7 @@ import math
 import gguf
 import numpy as np
 import pytest
-from test_cpu_helpers import compute, nmse
+from test_cpu_helpers import backend_for, compute, nmse
 
 import tensorplug as tp
 from tensorplug import ops
@@ -242,8 +242,11 @@ def test_flash_attn_ext_long_queries_are_chunked(monkeypatch: pytest.MonkeyPatch
     assert nmse(tp.get_array(out), expected) < 1e-10
 
 
+@pytest.mark.parametrize("jit", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("kv_type", [tp.Type.F32, tp.Type.F16])
-def test_flash_attn_ext_reads_only_the_cache_rows_a_query_can_see(kv_type: tp.Type) -> None:
+def test_flash_attn_ext_reads_only_the_cache_rows_a_query_can_see(
+    kv_type: tp.Type, jit: bool
+) -> None:
     """A runner pads the cache view and masks the padding: those rows hold garbage
     (here NaN) that must not reach the result, as ggml skips -inf columns."""
     n_q, n_kv, used, D = 3, 32, 11, 8
@@ -258,7 +261,7 @@ def test_flash_attn_ext_reads_only_the_cache_rows_a_query_can_see(kv_type: tp.Ty
     mv[0, used - 3 :] = -np.inf  # a causal row sees fewer
     out = ops.flash_attn_ext(q, k, v, mask, scale=0.4)
     compute(out, {q: qv, k: kv_.astype(kv_type.numpy_dtype), v: vv.astype(kv_type.numpy_dtype),
-                  mask: mv})  # fmt: skip
+                  mask: mv}, backend_for(jit=jit))  # fmt: skip
     k64 = kv_.astype(kv_type.numpy_dtype)[:, :, :used].astype(np.float64)
     v64 = vv.astype(kv_type.numpy_dtype)[:, :, :used].astype(np.float64)
     expected = _attn_ref(qv.astype(np.float64), k64, v64, mv[:, :used].astype(np.float64), 0.4)

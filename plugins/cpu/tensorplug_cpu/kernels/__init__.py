@@ -73,6 +73,8 @@ def build_step(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step 
         return matmul.build_mul_mat(node, ctx, jit)
     if node.op == Op.MUL_MAT_ID:
         return matmul.build_mul_mat_id(node, ctx, jit)
+    if node.op == Op.FLASH_ATTN_EXT:
+        return attention.build_flash_attn_ext(node, ctx, jit)
     return KERNELS[node.op](node, ctx)
 
 

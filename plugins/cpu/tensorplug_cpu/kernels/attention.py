@@ -25,6 +25,8 @@ from .elementwise import tiled_operands
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
+    from .jit import JitKernels
+
 __all__ = ["build_flash_attn_ext", "build_rope", "build_soft_max"]
 
 #: Largest attention score block computed at once, in float32 elements (32 MiB).
@@ -171,7 +173,11 @@ def build_rope(node: Tensor, ctx: BuildContext) -> Step:
 # -- flash attention ---------------------------------------------------------------------------
 
 
-def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
+#: Up to this many query rows, flash attention runs in the numba kernel when there is one.
+FEW_QUERIES = 8
+
+
+def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
     """``softmax(q·kᵀ·scale (softcapped) + slope·mask)·v``; result ``(B, n_q, H, D_v)``.
 
     Query heads are grouped onto their KV head by splitting the head axis (a view), so
@@ -202,6 +208,25 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
     out5 = padded4(ctx.view(node)).transpose(0, 2, 1, 3).reshape(B, h_kv, g, n_q, d_v)
     term, prep = _masked_logits(ctx, mask_t, n_q, (B, H, n_q, n_kv), max_bias)
     mask4 = padded4(ctx.view(mask_t))[:, :, :n_q, :n_kv] if mask_t is not None else None
+    if jit is not None and n_q <= FEW_QUERIES and k_t.type == v_t.type != Type.BF16:
+        # F16 caches are read in place as raw halves: no widening step at all
+        k_in = padded4(ctx.view(k_t)).view(np.uint16) if k_t.type == Type.F16 else k4
+        v_in = padded4(ctx.view(v_t)).view(np.uint16) if v_t.type == Type.F16 else v4
+        out4 = padded4(ctx.view(node))
+        no_mask = np.zeros((0, 0, 0, 0), np.float32)
+
+        raw_mask = None
+        if mask4 is not None:
+            raw_mask = mask4.view(np.uint16) if mask_t.type == Type.F16 else mask4  # type: ignore[union-attr]
+
+        def run_few() -> None:
+            used = n_kv if raw_mask is None else jit.visible_columns(raw_mask)
+            bias = no_mask if term is None else term[..., :used]
+            if bias.dtype == np.float16:
+                bias = bias.view(np.uint16)  # read in place through the f16 table
+            jit.attend(q4, k_in, v_in, bias, used, float(scale), float(softcap), out4)
+
+        return sequence(prep, run_few)
 
     step = max(1, min(n_q, SCORE_ELEMS // max(1, B * H * n_kv)))
     s_full = ctx.scratch((B, h_kv, g, step, n_kv))

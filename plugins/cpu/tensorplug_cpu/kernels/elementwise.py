@@ -46,7 +46,6 @@ _SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
 _GELU_COEF_A = np.float32(0.044715)
 
 
-
 def tiled_operands(
     a: np.ndarray, b: np.ndarray, out: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -72,6 +72,9 @@ class JitKernels:
             Type.Q8_0: i8.matvec_q8_0,
         }
         self._quantize_q8_0 = i8.quantize_q8_0
+        from ._numba_attention import attend, visible_columns
+
+        self._attend, self._visible_columns = attend, visible_columns
         self._called: set[str] = set()
 
     def supports(self, t: Type) -> bool:
@@ -105,6 +108,14 @@ class JitKernels:
             product()
 
         return run
+
+    def attend(self, *args: Any) -> None:
+        """Flash attention for a few query rows (:func:`._numba_attention.attend`)."""
+        self._call("flash attention kernel", self._attend, *args, _F16_TO_F32)
+
+    def visible_columns(self, mask: np.ndarray) -> int:
+        """:func:`._numba_attention.visible_columns` (raw f16 or float32 masks)."""
+        return int(self._visible_columns(mask, _F16_TO_F32))
 
     def dequantize(self, t: Type, blocks: np.ndarray, out: np.ndarray) -> None:
         """Decode ``(rows, nblocks, type_size)`` blocks into float32 ``out (rows, n)``."""
