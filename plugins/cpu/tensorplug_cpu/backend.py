@@ -77,7 +77,7 @@ class CpuGraphPlan(GraphPlan):
 
     def bind(self, graph: Graph, jit: JitKernels | None) -> None:
         """(Re)build every step for ``graph``; views and scratch are made here, once."""
-        ctx = BuildContext()
+        ctx = BuildContext(jit)
         steps: list[Step] = []
         nodes: list[Tensor] = []
         buffers: dict[int, Buffer] = {}

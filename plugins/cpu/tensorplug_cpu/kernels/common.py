@@ -26,6 +26,8 @@ from tensorplug.types import Type
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
+    from .jit import JitKernels
+
 __all__ = [
     "BuildContext",
     "F32",
@@ -82,7 +84,9 @@ def _store_bf16(dst: np.ndarray, src: np.ndarray) -> None:
 class BuildContext:
     """Numpy views of a plan's tensors (made once each) and float32 staging buffers."""
 
-    def __init__(self) -> None:
+    def __init__(self, jit: JitKernels | None = None) -> None:
+        #: the numba kernels, for builders that have a compiled variant (None: numpy only)
+        self.jit = jit
         # keyed by id(); the tensor is kept with its view so the id stays unique
         self._views: dict[int, tuple[Tensor, np.ndarray]] = {}
         # scratch memory shared by the plan's nodes: slot k of every node reuses one

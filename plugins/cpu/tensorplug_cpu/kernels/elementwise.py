@@ -304,6 +304,10 @@ def build_rms_norm(node: Tensor, ctx: BuildContext) -> Step:
     x, load = ctx.f32_in(node.src[0])
     out, store = ctx.f32_out(node)
     n, eps = node.shape[-1], F32.type(node.op_params["eps"])
+    jit = ctx.jit
+    x2, out2 = reshape_view(x, (-1, n)), reshape_view(out, (-1, n))
+    if jit is not None and x2 is not None and out2 is not None:
+        return sequence(load, partial(jit.rms_norm_rows, x2, out2, float(eps)), store)
     acc, stat = _row_stats(ctx, node.shape)
     sq = ctx.scratch(node.shape)
 

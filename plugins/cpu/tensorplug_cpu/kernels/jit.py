@@ -73,6 +73,9 @@ class JitKernels:
         }
         self._quantize_q8_0 = i8.quantize_q8_0
         from ._numba_attention import attend, visible_columns
+        from ._numba_rows import rms_norm_rows
+
+        self._rms_norm_rows = rms_norm_rows
 
         self._attend, self._visible_columns = attend, visible_columns
         self._called: set[str] = set()
@@ -112,6 +115,10 @@ class JitKernels:
     def attend(self, *args: Any) -> None:
         """Flash attention for a few query rows (:func:`._numba_attention.attend`)."""
         self._call("flash attention kernel", self._attend, *args, _F16_TO_F32)
+
+    def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
+        """:func:`._numba_rows.rms_norm_rows` on 2-d float32 rows."""
+        self._call("rms_norm kernel", self._rms_norm_rows, x, out, eps)
 
     def visible_columns(self, mask: np.ndarray) -> int:
         """:func:`._numba_attention.visible_columns` (raw f16 or float32 masks)."""
