@@ -69,6 +69,11 @@ def q8_activations(b: np.ndarray) -> np.ndarray:
     return (codes.astype(np.float64) * d).reshape(x.shape)
 
 
+#: Weight types whose few-token products use Q8_0 activations when numba is there.
+INT8_TYPES = (tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8_0,
+              tp.Type.Q4_K, tp.Type.Q6_K)  # fmt: skip
+
+
 def int8_path(t: tp.Type, n_tokens: int, jit: bool = True) -> bool:
     """Whether the CPU backend computes this product with Q8_0 activations."""
     from tensorplug_cpu.kernels.jit import load_jit
@@ -77,6 +82,6 @@ def int8_path(t: tp.Type, n_tokens: int, jit: bool = True) -> bool:
     return (
         jit
         and load_jit() is not None
-        and t in (tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8_0)
+        and t in INT8_TYPES
         and n_tokens <= MATVEC_MAX_TOKENS
     )

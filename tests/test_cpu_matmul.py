@@ -192,15 +192,15 @@ def test_a_slow_first_kernel_call_says_it_is_compiling(
         time.sleep(0.2 if len(calls) == 1 else 0.0)
 
     monkeypatch.setattr(jit_module, "COMPILE_NOTICE_S", 0.05)
-    monkeypatch.setitem(kernels._kernels, tp.Type.Q4_K, (slow_kernel, slow_kernel))
+    monkeypatch.setitem(kernels._kernels, tp.Type.Q2_K, (slow_kernel, slow_kernel))
     monkeypatch.setattr(kernels, "_called", set())
     with caplog.at_level("WARNING", logger="tensorplug_cpu"):
-        blocks, x, out = np.zeros((1, 1, 144), np.uint8), np.zeros((1, 256)), np.zeros((1, 1))
+        blocks, x, out = np.zeros((1, 1, 84), np.uint8), np.zeros((1, 256)), np.zeros((1, 1))
         for _ in range(3):
-            kernels.matvec(tp.Type.Q4_K, blocks, x, out)
+            kernels.matvec(tp.Type.Q2_K, blocks, x, out)
     notices = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
     assert notices == [
-        "numba is compiling the matrix-vector kernel for Q4_K (once: it is cached on disk "
+        "numba is compiling the matrix-vector kernel for Q2_K (once: it is cached on disk "
         "for later runs)"
     ]
     assert len(calls) == 3

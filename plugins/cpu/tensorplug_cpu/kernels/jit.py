@@ -62,6 +62,7 @@ class JitKernels:
             )
 
         from . import _numba_int8 as i8
+        from . import _numba_kint8 as ki8
 
         # ggml's way for these types: activations quantized to Q8_0, integer dot products
         self._int8: dict[Type, Callable[..., None]] = {
@@ -70,6 +71,8 @@ class JitKernels:
             Type.Q5_0: i8.matvec_q5_0,
             Type.Q5_1: i8.matvec_q5_1,
             Type.Q8_0: i8.matvec_q8_0,
+            Type.Q4_K: ki8.matvec_q4_k,
+            Type.Q6_K: ki8.matvec_q6_k,
         }
         self._quantize_q8_0 = i8.quantize_q8_0
         from ._numba_attention import attend, visible_columns

@@ -1,0 +1,147 @@
+"""Integer dot products for Q4_K and Q6_K weights (the types of a ``Q4_K_M`` file).
+
+As for the 32-block types (:mod:`._numba_int8`), the activations are quantized to
+32-value int8 blocks and each block's products are integer multiply-adds. A K-quant's
+sub-blocks line up with those blocks (Q4_K: 32 values per scale and min; Q6_K: 16 per
+scale, two to a block), so one Q8_0 activation block serves one Q4_K sub-block or two
+Q6_K ones. ggml uses 256-value Q8_K activations here; the 32-value blocks round finer,
+so results sit a little closer to the exact product than llama.cpp's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from ._numba_int8 import _CHUNKS, _I8, _I16, _I32, HAS_AVX2, _dot_i8, _fn, _load, _splat, _vec
+from ._numba_quant import _DOT, _f16, _i8
+
+
+def _runtime_splat(builder: ir.IRBuilder, value: Any, n: int) -> Any:
+    """An ``<n x i8>`` vector of a runtime integer (a shift amount)."""
+    vec = ir.Constant(_vec(_I8, n), None)
+    one = builder.insert_element(vec, builder.trunc(value, _I8), _I32(0))
+    return builder.shuffle_vector(one, one, ir.Constant(_vec(_I32, n), [0] * n))
+
+
+@intrinsic
+def _dot_nibbles(typingctx: Any, w: Any, wo: Any, shift: Any, x: Any, xo: Any) -> Any:
+    """Σ_j ((w[wo+j] >> shift) & 15) · x[xo+j] over 32 bytes (Q4_K: low nibbles are one
+    sub-block, high nibbles the next)."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        q = _load(builder, context, sig.args[0], args[0], args[1], 32)
+        nib = builder.and_(builder.lshr(q, _runtime_splat(builder, args[2], 32)),
+                           _splat(_I8, 32, 15))  # fmt: skip
+        return _dot_i8(builder, nib, _load(builder, context, sig.args[3], args[3], args[4], 32))
+
+    return types.int32(w, wo, shift, x, xo), codegen
+
+
+@intrinsic
+def _dot_q6(
+    typingctx: Any, w: Any, ql: Any, nshift: Any, qh: Any, hshift: Any, x: Any, xo: Any
+) -> Any:
+    """The two 16-value halves of Σ_j (q6_j − 32) · x_j over a run of 32 Q6_K values:
+    low 4 bits from ``w[ql+j] >> nshift``, high 2 from ``w[qh+j] >> hshift``."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        low = builder.and_(
+            builder.lshr(_load(builder, context, sig.args[0], args[0], args[1], 32),
+                         _runtime_splat(builder, args[2], 32)), _splat(_I8, 32, 15))  # fmt: skip
+        high = builder.and_(
+            builder.lshr(_load(builder, context, sig.args[0], args[0], args[3], 32),
+                         _runtime_splat(builder, args[4], 32)), _splat(_I8, 32, 3))  # fmt: skip
+        u = builder.or_(low, builder.shl(high, _splat(_I8, 32, 4)))
+        xv = _load(builder, context, sig.args[5], args[5], args[6], 32)
+        if HAS_AVX2:
+            v32, v16, v8 = _vec(_I8, 32), _vec(_I16, 16), _vec(_I32, 8)
+            madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
+            pairs = builder.sub(builder.call(madd, [u, xv]),
+                                builder.call(madd, [_splat(_I8, 32, 32), xv]))  # fmt: skip
+            wd = _fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16)
+            quads = builder.call(wd, [pairs, _splat(_I16, 16, 1)])
+            halves, width = quads, 4  # lanes 0-3 sum values 0-15, lanes 4-7 values 16-31
+        else:
+            signed = builder.sub(builder.zext(u, _vec(_I16, 32)), _splat(_I16, 32, 32))
+            wide = builder.mul(signed, builder.sext(xv, _vec(_I16, 32)))
+            halves, width = builder.sext(wide, _vec(_I32, 32)), 16
+        reduce = _fn(builder, f"llvm.vector.reduce.add.v{width}i32", _I32, _vec(_I32, width))
+        sums = []
+        for h in range(2):
+            part = builder.shuffle_vector(
+                halves,
+                halves,
+                ir.Constant(_vec(_I32, width), list(range(h * width, (h + 1) * width))),
+            )
+            sums.append(builder.call(reduce, [part]))
+        return context.make_tuple(builder, sig.return_type, sums)
+
+    return types.UniTuple(types.int32, 2)(w, ql, nshift, qh, hshift, x, xo), codegen
+
+
+@njit(inline="always")
+def _scale_min(row: Any, at: int, s: int) -> tuple[Any, Any]:
+    """Sub-block ``s``'s 6-bit scale and min (``get_scale_min_k4``; scales at ``at``)."""
+    if s < 4:
+        return np.int32(row[at + s] & 63), np.int32(row[at + s + 4] & 63)
+    sc = np.int32(row[at + s + 4] & 15) | ((np.int32(row[at + s - 4]) >> 6) << 4)
+    mn = (np.int32(row[at + s + 4]) >> 4) | ((np.int32(row[at + s]) >> 6) << 4)
+    return sc, mn
+
+
+@njit(parallel=True, fastmath=_DOT, cache=True)
+def matvec_q4_k(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
+    """``Σ_b Σ_s d_x·(d·sc_s·Σ q·x − dmin·m_s·Σx)`` over rows ``(n_out, nb·144)``."""
+    n, nb = rows.shape[0], xd.shape[1] // 8
+    per = (n + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        for o in range(c * per, min(n, (c + 1) * per)):
+            row = rows[o]
+            for t in range(xq.shape[0]):
+                xr = xq[t]
+                total = np.float32(0)
+                for b in range(nb):
+                    at = 144 * b
+                    d, dmin = _f16(row, at, table), _f16(row, at + 2, table)
+                    for s in range(8):
+                        sc, mn = _scale_min(row, at + 4, s)
+                        qs = at + 16 + 32 * (s >> 1)
+                        isum: int = _dot_nibbles(row, qs, 4 * (s & 1), xr, 256 * b + 32 * s)  # type: ignore[call-arg]
+                        k = 8 * b + s
+                        part = d * np.float32(sc * isum) - dmin * np.float32(mn * xs[t, k])
+                        total += xd[t, k] * part
+                out[t, o] = total
+
+
+@njit(parallel=True, fastmath=_DOT, cache=True)
+def matvec_q6_k(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
+    """``Σ_b d·Σ_r d_x·(sc_2r·Σ_lo + sc_2r+1·Σ_hi)`` over rows ``(n_out, nb·210)``."""
+    n, nb = rows.shape[0], xd.shape[1] // 8
+    per = (n + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        for o in range(c * per, min(n, (c + 1) * per)):
+            row = rows[o]
+            for t in range(xq.shape[0]):
+                xr = xq[t]
+                total = np.float32(0)
+                for b in range(nb):
+                    at = 210 * b
+                    d = _f16(row, at + 208, table)
+                    block = np.float32(0)
+                    for r in range(8):
+                        hb, pair = r >> 2, r & 3
+                        ql = at + 64 * hb + 32 * (pair & 1)
+                        qh = at + 128 + 32 * hb
+                        halves: tuple[int, int] = _dot_q6(
+                            row, ql, 4 * (pair >> 1), qh, 2 * pair, xr, 256 * b + 32 * r
+                        )  # type: ignore[call-arg]
+                        lo, hi = halves[0], halves[1]
+                        sc0, sc1 = _i8(row[at + 192 + 2 * r]), _i8(row[at + 193 + 2 * r])
+                        block += xd[t, 8 * b + r] * np.float32(sc0 * lo + sc1 * hi)
+                    total += d * block
+                out[t, o] = total
