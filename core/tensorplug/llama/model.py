@@ -29,16 +29,16 @@ from .. import ops
 from ..errors import RunError
 from ..gguf import GGUFError, GGUFFile
 from ..graph import Graph
-from ..opcodes import RopeMode
 from ..tensor import Tensor, new_tensor
 from ..types import Type
+from .arch import ARCHITECTURES, Architecture, architecture
 
 __all__ = ["KVCache", "LayerWeights", "LlamaConfig", "LlamaWeights", "StepGraph", "build_step"]
 
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """Hyper-parameters from the ``llama.*`` metadata keys."""
+    """Hyper-parameters from the ``{arch}.*`` metadata keys (``llama.*``, ``gemma3.*``)."""
 
     n_vocab: int
     n_ctx_train: int
@@ -56,6 +56,13 @@ class LlamaConfig:
     rope_n_ctx_orig: int = 0  # YaRN's original training context (0: n_ctx_train)
     n_expert: int = 0  # mixture of experts (Mixtral): experts per layer, 0 for a dense FFN
     n_expert_used: int = 0  # experts each token goes through
+    arch: Architecture = ARCHITECTURES["llama"]
+    n_swa: int = 0  # sliding window (positions a token sees, itself included); 0: none
+
+    def is_swa(self, layer: int) -> bool:
+        """Whether ``layer`` attends through the sliding window (ggml's swa pattern)."""
+        period = self.arch.swa_period
+        return bool(self.n_swa and period and (layer + 1) % period)
 
     @property
     def n_embd_q(self) -> int:
@@ -69,52 +76,47 @@ class LlamaConfig:
     def from_gguf(cls, f: GGUFFile) -> LlamaConfig:
         """Read and check the hyper-parameters; a missing or inconsistent key is a
         :class:`~tensorplug.gguf.GGUFError` naming it."""
-        arch = f.architecture
-        if arch != "llama":
-            raise GGUFError(
-                f"{f.path}: general.architecture is {arch!r}; this runner implements 'llama' "
-                "(Llama 1-3, Mistral, TinyLlama and other models converted as llama)"
-            )
-        n_embd = f.value("llama.embedding_length", int)
-        _check_counts(f, n_embd)
-        n_head = _per_layer_constant(f, "llama.attention.head_count")
-        n_head_kv = _per_layer_constant(f, "llama.attention.head_count_kv", n_head)
-        head_dim = f.value("llama.attention.key_length", int, n_embd // max(n_head, 1))
-        v_dim = f.value("llama.attention.value_length", int, head_dim)
+        arch = architecture(f.architecture, str(f.path))
+        a = arch.name  # the metadata keys' prefix
+        n_embd = f.value(f"{a}.embedding_length", int)
+        _check_counts(f, n_embd, a)
+        n_head = _per_layer_constant(f, f"{a}.attention.head_count")
+        n_head_kv = _per_layer_constant(f, f"{a}.attention.head_count_kv", n_head)
+        head_dim = f.value(f"{a}.attention.key_length", int, n_embd // max(n_head, 1))
+        v_dim = f.value(f"{a}.attention.value_length", int, head_dim)
         if v_dim != head_dim:
             raise GGUFError(
-                f"{f.path}: llama.attention.value_length ({v_dim}) differs from key_length "
+                f"{f.path}: {a}.attention.value_length ({v_dim}) differs from key_length "
                 f"({head_dim}); this runner needs them equal"
             )
         if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise GGUFError(
-                f"{f.path}: llama.attention.head_count ({n_head}) must be a positive multiple "
-                f"of llama.attention.head_count_kv ({n_head_kv})"
+                f"{f.path}: {a}.attention.head_count ({n_head}) must be a positive multiple "
+                f"of {a}.attention.head_count_kv ({n_head_kv})"
             )
-        n_rot = f.value("llama.rope.dimension_count", int, head_dim)
+        n_rot = f.value(f"{a}.rope.dimension_count", int, head_dim)
         if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
             raise GGUFError(
-                f"{f.path}: llama.rope.dimension_count ({n_rot}) must be even and at most the "
+                f"{f.path}: {a}.rope.dimension_count ({n_rot}) must be even and at most the "
                 f"head size {head_dim}"
             )
-        scaling = f.value("llama.rope.scaling.type", str, "none")
+        scaling = f.value(f"{a}.rope.scaling.type", str, "none")
         if scaling not in ("none", "linear", "yarn"):
             raise GGUFError(
-                f"{f.path}: llama.rope.scaling.type {scaling!r} is not supported "
-                "(none, linear, yarn)"
+                f"{f.path}: {a}.rope.scaling.type {scaling!r} is not supported (none, linear, yarn)"
             )
-        factor = f.value("llama.rope.scaling.factor", float, 1.0) if scaling != "none" else 1.0
-        n_expert = f.value("llama.expert_count", int, 0)
-        n_expert_used = f.value("llama.expert_used_count", int, 0)
+        factor = f.value(f"{a}.rope.scaling.factor", float, 1.0) if scaling != "none" else 1.0
+        n_expert = f.value(f"{a}.expert_count", int, 0)
+        n_expert_used = f.value(f"{a}.expert_used_count", int, 0)
         if n_expert < 0 or (n_expert and not 1 <= n_expert_used <= n_expert):
             raise GGUFError(
-                f"{f.path}: llama.expert_used_count ({n_expert_used}) must be between 1 and "
-                f"llama.expert_count ({n_expert})"
+                f"{f.path}: {a}.expert_used_count ({n_expert_used}) must be between 1 and "
+                f"{a}.expert_count ({n_expert})"
             )
-        n_ctx_train = f.value("llama.context_length", int)
+        n_ctx_train = f.value(f"{a}.context_length", int)
         tokens = f.get("tokenizer.ggml.tokens")
         n_vocab = f.value(
-            "llama.vocab_size",
+            f"{a}.vocab_size",
             int,
             len(tokens) if tokens is not None else f.tensor_info("token_embd.weight").shape[0],
         )
@@ -122,34 +124,36 @@ class LlamaConfig:
             n_vocab=n_vocab,
             n_ctx_train=n_ctx_train,
             n_embd=n_embd,
-            n_layer=f.value("llama.block_count", int),
+            n_layer=f.value(f"{a}.block_count", int),
             n_head=n_head,
             n_head_kv=n_head_kv,
-            n_ff=_per_layer_constant(f, "llama.feed_forward_length"),
+            n_ff=_per_layer_constant(f, f"{a}.feed_forward_length"),
             head_dim=head_dim,
             n_rot=n_rot,
-            eps=f.value("llama.attention.layer_norm_rms_epsilon", float),
-            rope_base=f.value("llama.rope.freq_base", float, 10000.0),
+            eps=f.value(f"{a}.attention.layer_norm_rms_epsilon", float),
+            rope_base=f.value(f"{a}.rope.freq_base", float, 10000.0),
             rope_scale=1.0 / factor if factor else 1.0,
             rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
-            rope_n_ctx_orig=f.value("llama.rope.scaling.original_context_length", int, n_ctx_train),
+            rope_n_ctx_orig=f.value(f"{a}.rope.scaling.original_context_length", int, n_ctx_train),
             n_expert=n_expert,
             n_expert_used=n_expert_used if n_expert else 0,
+            arch=arch,
+            n_swa=f.value(f"{a}.attention.sliding_window", int, 0) if arch.swa_period else 0,
         )
 
 
-def _check_counts(f: GGUFFile, n_embd: int) -> None:
+def _check_counts(f: GGUFFile, n_embd: int, a: str) -> None:
     """Sizes that everything else is built from, checked before anything is: a block
     count of 2^31 would otherwise allocate a 2^31-entry placement before any error."""
-    n_layer = f.value("llama.block_count", int)
+    n_layer = f.value(f"{a}.block_count", int)
     blocks = {name.split(".")[1] for name in f.tensors if name.startswith("blk.")}
     if not 1 <= n_layer <= len(blocks):
         raise GGUFError(
-            f"{f.path}: llama.block_count = {n_layer}, but the file holds tensors for "
+            f"{f.path}: {a}.block_count = {n_layer}, but the file holds tensors for "
             f"{len(blocks)} blocks (blk.0 ...); the file is damaged or mislabelled"
         )
-    for key, value in (("llama.embedding_length", n_embd),
-                       ("llama.context_length", f.value("llama.context_length", int))):  # fmt: skip
+    for key, value in ((f"{a}.embedding_length", n_embd),
+                       (f"{a}.context_length", f.value(f"{a}.context_length", int))):  # fmt: skip
         if value < 1:
             raise GGUFError(f"{f.path}: {key} = {value}; it must be at least 1")
 
@@ -184,6 +188,14 @@ class LayerWeights:
     w_down: Tensor
     rope_freqs: Tensor | None = None
     ffn_gate_inp: Tensor | None = None  # the router, (n_expert, n_embd), for a MoE layer
+    q_norm: Tensor | None = None  # per-head RMS norm weights (head_dim,): Gemma 3
+    k_norm: Tensor | None = None
+    post_attn_norm: Tensor | None = None  # sandwich norms (n_embd,): Gemma 3
+    post_ffn_norm: Tensor | None = None
+
+    def norms(self) -> list[Tensor]:
+        extra = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm)
+        return [self.attn_norm, self.ffn_norm, *(t for t in extra if t is not None)]
 
 
 @dataclass
@@ -211,7 +223,7 @@ class LlamaWeights:
         by_name: dict[Tensor, str] = {}
         d, q, kv, ff = cfg.n_embd, cfg.n_embd_q, cfg.n_embd_kv, cfg.n_ff
         from_meta = (
-            f"from llama.embedding_length={d}, head_count={cfg.n_head}, "
+            f"from {cfg.arch.name}.embedding_length={d}, head_count={cfg.n_head}, "
             f"head_count_kv={cfg.n_head_kv}, feed_forward_length={ff}, vocab {cfg.n_vocab}"
         )
 
@@ -240,8 +252,17 @@ class LlamaWeights:
                     "w_down": get(p + "ffn_down.weight", (d, ff)),
                 }
             )
+            arch = cfg.arch
+            norms = {}
+            if arch.qk_norm:
+                norms["q_norm"] = get(p + "attn_q_norm.weight", (cfg.head_dim,))
+                norms["k_norm"] = get(p + "attn_k_norm.weight", (cfg.head_dim,))
+            if arch.post_norms:
+                norms["post_attn_norm"] = get(p + "post_attention_norm.weight", (d,))
+                norms["post_ffn_norm"] = get(p + "post_ffw_norm.weight", (d,))
             layers.append(
                 LayerWeights(
+                    **norms,
                     attn_norm=get(p + "attn_norm.weight", (d,)),
                     wq=get(p + "attn_q.weight", (q, d)),
                     wk=get(p + "attn_k.weight", (kv, d)),
@@ -269,9 +290,8 @@ class LlamaWeights:
 
     def layer_tensors(self, i: int) -> list[Tensor]:
         layer = self.layers[i]
-        norms = [layer.attn_norm, layer.ffn_norm]
         extra = [t for t in (layer.rope_freqs, layer.ffn_gate_inp) if t is not None]
-        return [*norms, *_matrices(layer), *extra]
+        return [*layer.norms(), *_matrices(layer), *extra]
 
 
 def _matrices(layer: LayerWeights) -> list[Tensor]:
@@ -333,15 +353,27 @@ class StepGraph:
     mask: Tensor
     out_ids: Tensor | None
     logits: Tensor
+    #: the sliding-window layers' mask (as ``mask``, and -inf ``n_swa`` or more
+    #: positions back); None when no layer has a window
+    mask_swa: Tensor | None = None
 
 
-def _rope(cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights) -> Tensor:
-    """NORMAL rope: llama.cpp's converter permutes Q/K rows so adjacent pairs rotate."""
+def _rope(cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights, swa: bool) -> Tensor:
+    """The architecture's rope (llama: NORMAL, as llama.cpp's converter permutes Q/K rows
+    so adjacent pairs rotate); sliding-window layers use their own base, unscaled."""
+    if swa:
+        return ops.rope(x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=cfg.arch.swa_rope_base)
     return ops.rope(
-        x, pos, cfg.n_rot, RopeMode.NORMAL, freq_base=cfg.rope_base,
+        x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=cfg.rope_base,
         freq_scale=cfg.rope_scale, ext_factor=cfg.rope_ext_factor,
         n_ctx_orig=cfg.rope_n_ctx_orig or cfg.n_ctx_train, freq_factors=layer.rope_freqs,
     )  # fmt: skip
+
+
+def _normed(cfg: LlamaConfig, x: Tensor, weight: Tensor | None) -> Tensor:
+    """``rms_norm(x) · weight`` (per head when ``x`` is (T, heads, head_dim)); ``x``
+    itself without a weight."""
+    return x if weight is None else ops.mul(ops.rms_norm(x, cfg.eps), weight)
 
 
 def _moe_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, T: int, i: int) -> Tensor:
@@ -379,13 +411,21 @@ def build_step(
     pos = new_tensor(Type.I32, (T,), "inp_pos").set_input()
     kv_idx = new_tensor(Type.I64, (T,), "inp_kv_idx").set_input()
     mask = new_tensor(Type.F16, (T, n_kv), "kq_mask").set_input()
+    mask_swa = None
+    if any(cfg.is_swa(i) for i in range(cfg.n_layer)):
+        mask_swa = new_tensor(Type.F16, (T, n_kv), "kq_mask_swa").set_input()
     kq_scale = 1.0 / math.sqrt(hd)
+    arch = cfg.arch
 
     x = ops.get_rows(w.tok_embd, tokens).set_name("inp_embd")
+    if arch.embd_scale:
+        x = ops.scale(x, math.sqrt(cfg.n_embd)).set_name("inp_scaled")
     for i, L in enumerate(w.layers):
+        swa = cfg.is_swa(i)
         h = ops.mul(ops.rms_norm(x, cfg.eps), L.attn_norm).set_name(f"attn_norm-{i}")
-        q = _rope(cfg, ops.reshape(ops.mul_mat(L.wq, h), (T, cfg.n_head, hd)), pos, L)
-        k = _rope(cfg, ops.reshape(ops.mul_mat(L.wk, h), (T, cfg.n_head_kv, hd)), pos, L)
+        q = _normed(cfg, ops.reshape(ops.mul_mat(L.wq, h), (T, cfg.n_head, hd)), L.q_norm)
+        k = _normed(cfg, ops.reshape(ops.mul_mat(L.wk, h), (T, cfg.n_head_kv, hd)), L.k_norm)
+        q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
         v = ops.mul_mat(L.wv, h).set_name(f"Vcur-{i}")
         k_all = ops.set_rows(
             cache.k[i], ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx
@@ -395,16 +435,18 @@ def build_step(
         K = ops.permute(ops.view(k_all.set_name(f"k_store-{i}"), kv_shape), (1, 0, 2))
         V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
         Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
-        attn = ops.flash_attn_ext(Q, K, V, mask, scale=kq_scale).set_name(f"attn-{i}")
+        layer_mask = mask_swa if swa and mask_swa is not None else mask
+        attn = ops.flash_attn_ext(Q, K, V, layer_mask, scale=kq_scale).set_name(f"attn-{i}")
         attn = ops.mul_mat(L.wo, ops.reshape(attn, (T, cfg.n_embd_q))).set_name(f"attn_out-{i}")
-        x = ops.add(x, attn).set_name(f"ffn_inp-{i}")
+        x = ops.add(x, _normed(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
         h = ops.mul(ops.rms_norm(x, cfg.eps), L.ffn_norm).set_name(f"ffn_norm-{i}")
         if L.ffn_gate_inp is not None:
             ffn = _moe_ffn(cfg, L, h, T, i)
         else:
-            g = ops.swiglu(ops.mul_mat(L.w_gate, h), ops.mul_mat(L.w_up, h))
+            glu = ops.geglu if arch.ffn == "geglu" else ops.swiglu
+            g = glu(ops.mul_mat(L.w_gate, h), ops.mul_mat(L.w_up, h))
             ffn = ops.mul_mat(L.w_down, g.set_name(f"ffn_glu-{i}")).set_name(f"ffn_out-{i}")
-        x = ops.add(x, ffn).set_name(f"l_out-{i}")
+        x = ops.add(x, _normed(cfg, ffn, L.post_ffn_norm)).set_name(f"l_out-{i}")
 
     out_ids = None
     if n_outputs < n_tokens:
@@ -412,4 +454,6 @@ def build_step(
         x = ops.get_rows(x, out_ids).set_name("out_rows")
     x = ops.mul(ops.rms_norm(x, cfg.eps), w.output_norm).set_name("result_norm")
     logits = ops.mul_mat(w.output, x).set_name("result_output").set_output()
-    return StepGraph(Graph(logits), T, n_kv, n_outputs, tokens, pos, kv_idx, mask, out_ids, logits)
+    return StepGraph(
+        Graph(logits), T, n_kv, n_outputs, tokens, pos, kv_idx, mask, out_ids, logits, mask_swa
+    )

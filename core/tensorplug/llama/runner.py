@@ -296,6 +296,8 @@ class Llama:
         set_array(sg.pos, pos)
         set_array(sg.kv_idx, pos.astype(np.int64))
         set_array(sg.mask, _causal_mask(pos, n_kv))
+        if sg.mask_swa is not None:
+            set_array(sg.mask_swa, _causal_mask(pos, n_kv, self.config.n_swa))
         if sg.out_ids is not None:
             set_array(sg.out_ids, np.arange(T - n_outputs, T, dtype=np.int32))
         t_compute = time.perf_counter()
@@ -395,7 +397,10 @@ class Llama:
         self.memory = {}
 
 
-def _causal_mask(pos: np.ndarray, n_kv: int) -> np.ndarray:
-    """0 where cache row ``j`` holds a position ``<=`` the token's, -inf elsewhere."""
-    allowed = np.arange(n_kv)[None, :] <= pos[:, None]
+def _causal_mask(pos: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
+    """0 where cache row ``j`` holds a position ``<=`` the token's (and, with a sliding
+    ``window``, fewer than ``window`` positions back: llama.cpp's standard SWA), -inf
+    elsewhere."""
+    back = pos[:, None] - np.arange(n_kv)[None, :]
+    allowed = (back >= 0) & ((back < window) if window else True)
     return np.where(allowed, np.float16(0), np.float16(-np.inf))

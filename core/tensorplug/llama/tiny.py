@@ -101,6 +101,8 @@ def write_tiny_llama(
     rope_base: float = 10000.0,
     rope_scaling: tuple[str, float] | None = None,
     eps: float = 1e-5,
+    arch: str = "llama",
+    sliding_window: int = 4,
     **dims: int,
 ) -> Path:
     """Write a random-weight llama GGUF file and return its path.
@@ -113,7 +115,9 @@ def write_tiny_llama(
     output layer reuses the token embeddings; ``rope_freqs`` adds Llama 3.1's
     ``rope_freqs.weight`` (per-pair frequency divisors, here 1 to 8); ``rope_scaling``
     = ``(type, factor)`` writes ``llama.rope.scaling.*`` (``linear`` or ``yarn``, the
-    original context being ``n_ctx / factor``).
+    original context being ``n_ctx / factor``). ``arch="gemma3"`` writes Gemma 3's
+    block instead (per-head Q/K norms, post-attention and post-FFN norms, NEOX rope, a
+    ``sliding_window`` on 5 of every 6 blocks; the output is always tied).
     """
     from gguf import GGMLQuantizationType, GGUFWriter  # deferred: slow to import
 
@@ -128,7 +132,11 @@ def write_tiny_llama(
     rng = np.random.default_rng(seed)
     path = Path(path)
 
-    writer = GGUFWriter(str(path), "llama")
+    if arch not in ("llama", "gemma3"):
+        raise ValueError(f"the tiny writer knows 'llama' and 'gemma3', not {arch!r}")
+    gemma = arch == "gemma3"
+    tied = tied or gemma
+    writer = GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-llama-{wtype.name.lower()}-seed{seed}")
     writer.add_context_length(d["n_ctx"])
     writer.add_embedding_length(n_embd)
@@ -174,8 +182,11 @@ def write_tiny_llama(
             raw = quantize(values, wtype)
             writer.add_tensor(name, raw, raw_dtype=GGMLQuantizationType(wtype.value))
 
-    def norm(name: str) -> None:
-        writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32))
+    def norm(name: str, n: int = n_embd) -> None:
+        writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    if gemma:
+        writer.add_sliding_window(sliding_window)
 
     # token embeddings of unit rms, so that activations start at a llama-like scale
     matrix("token_embd.weight", d["n_vocab"], n_embd, scale=np.sqrt(n_embd))
@@ -187,6 +198,11 @@ def write_tiny_llama(
         matrix(p + "attn_v.weight", n_kv, n_embd)
         matrix(p + "attn_output.weight", n_embd, n_embd)
         norm(p + "ffn_norm.weight")
+        if gemma:
+            norm(p + "attn_q_norm.weight", head_dim)
+            norm(p + "attn_k_norm.weight", head_dim)
+            norm(p + "post_attention_norm.weight")
+            norm(p + "post_ffw_norm.weight")
         if n_expert:  # the router (F32, as converters keep it) and the stacked experts
             router = rng.standard_normal((n_expert, n_embd), dtype=np.float32)
             writer.add_tensor(p + "ffn_gate_inp.weight", router / np.float32(n_embd**0.5))

@@ -1,0 +1,142 @@
+"""A real GGUF model on tensorplug and on llama.cpp, same prompts: do they agree?
+
+    python benchmarks/compare_llamacpp.py MODEL.gguf [--prompt TEXT ...] [--gen 32]
+        [--llama-python PATH]
+
+For each prompt, both engines tokenize it (BOS as the file says), evaluate it with an F32
+KV cache and logits at every position, and continue greedily for ``--gen`` tokens.
+Printed per prompt: whether the tokenizations are equal, whether the top token agrees at
+every prompt position, the largest logit difference (absolute, and relative to the
+largest logit), and how far the greedy continuations agree. Where they part, the line
+shows llama.cpp's gap between its two best logits at that step: ggml rounds activations
+to 8 bits before quantized dot products (tensorplug's CPU does too, with other block
+sizes for K-quants), so a gap smaller than the engines' logit difference is a near-tie
+that either could break either way.
+
+llama.cpp runs in its own interpreter (llama-cpp-python: this one, ``--llama-python``,
+or ``~/peers/bin/python``; see ``bench_vs_llamacpp.py`` for building it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "Water boils at a temperature of",
+]
+
+_LLAMA_WORKER = r"""
+import json, sys
+import numpy as np
+import llama_cpp
+model, prompts, n_gen, out = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+llm = llama_cpp.Llama(model, n_ctx=512, n_threads=2, logits_all=True, type_k=0, type_v=0,
+                      verbose=False)
+result = []
+arrays = {}
+for i, text in enumerate(prompts):
+    ids = llm.tokenize(text.encode(), add_bos=True, special=False)
+    llm.reset()
+    llm.eval(ids)
+    arrays[f"prompt{i}"] = np.array(llm.scores[: llm.n_tokens], np.float32)
+    gen, gaps = [], []
+    for _ in range(n_gen):
+        last = np.array(llm.scores[llm.n_tokens - 1], np.float32)
+        top2 = np.sort(last)[-2:]
+        gaps.append(float(top2[1] - top2[0]))
+        tok = int(last.argmax())
+        gen.append(tok)
+        llm.eval([tok])
+    result.append({"ids": ids, "gen": gen, "gaps": gaps})
+np.savez(out, **arrays)
+print(json.dumps(result))
+"""
+
+
+def llama_cpp_run(exe: str, model: Path, prompts: list[str], n_gen: int, tmp: Path) -> tuple:
+    out = tmp / "llamacpp.npz"
+    done = subprocess.run([exe, "-c", _LLAMA_WORKER, str(model), json.dumps(prompts),
+                           str(n_gen), str(out)], capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"llama.cpp failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1]), np.load(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", type=Path)
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable; default: four)")
+    p.add_argument("--gen", type=int, default=32, help="greedy tokens to compare (32)")
+    p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
+    a = p.parse_args(argv)
+    if a.gen < 1:
+        raise SystemExit("--gen must be >= 1")
+    from bench_vs_llamacpp import BUILD_HINT, find_llama_python
+
+    exe = find_llama_python(a.llama_python)
+    if exe is None:
+        print(BUILD_HINT, file=sys.stderr)
+        return 2
+    prompts = a.prompt or PROMPTS
+
+    from tensorplug import registry
+    from tensorplug.llama.placement import Placement
+    from tensorplug.llama.runner import Llama
+
+    with tempfile.TemporaryDirectory() as tmp:
+        theirs, their_logits = llama_cpp_run(exe, a.model, prompts, a.gen, Path(tmp))
+    m = Llama(a.model, placement=None, n_ctx=512, cache_type="f32")
+    cpu = registry.dev_by_name("CPU")
+    if cpu is not None:
+        m.close()
+        m = Llama(a.model, placement=Placement.on(cpu, m.config.n_layer), n_ctx=512,
+                  cache_type="f32")  # fmt: skip
+    assert m.vocab is not None, m.vocab_error
+    worst = 0.0
+    for i, text in enumerate(prompts):
+        ids = m.vocab.encode(text)  # BOS (and EOS) as the file asks, like llama.cpp's add_special
+        ref = their_logits[f"prompt{i}"]
+        m.reset()
+        got = m.eval(ids, all_logits=True)
+        same_ids = ids == theirs[i]["ids"]
+        diff = float(np.abs(got - ref).max()) if got.shape == ref.shape else float("nan")
+        rel = diff / float(np.abs(ref).max())
+        worst = max(worst, diff)
+        n_pos = len(ids)
+        flips = int((got.argmax(-1) != ref.argmax(-1)).sum()) if got.shape == ref.shape else n_pos
+        gen, tok = [], int(got[-1].argmax())
+        for _ in range(a.gen):
+            gen.append(tok)
+            tok = int(np.atleast_2d(m.eval([tok]))[-1].argmax())
+        want = theirs[i]["gen"]
+        agree = next((j for j, (x, y) in enumerate(zip(gen, want, strict=True)) if x != y), None)
+        where = (
+            f"equal for all {a.gen}"
+            if agree is None
+            else f"equal for {agree}, then differ (llama.cpp's top-2 gap there "
+            f"{theirs[i]['gaps'][agree]:.3f})"
+        )
+        tops = "agrees at every position" if not flips else f"differs at {flips} of {n_pos}"
+        print(f"{text!r}: tokens {'equal' if same_ids else 'DIFFER'} ({n_pos}); top token "
+              f"{tops}; largest logit difference "
+              f"{diff:.3g} ({rel:.1e} of the largest); greedy {where}")  # fmt: skip
+        print(f"    tensorplug: {m.vocab.decode(gen)!r}")
+        print(f"    llama.cpp:  {m.vocab.decode(want)!r}")
+    print(f"largest logit difference over all prompts: {worst:.3g}")
+    m.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    sys.exit(main())

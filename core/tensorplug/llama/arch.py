@@ -1,0 +1,71 @@
+"""The architectures the runner builds, as a table over one block builder.
+
+A decoder-only transformer of the llama family differs from its relatives in a few
+switches, each a fact of llama.cpp's graph for that architecture (``src/models/``):
+how rope pairs dimensions, which gated FFN it uses, whether Q and K are RMS-normed per
+head, whether attention and FFN outputs are normed again before the residual
+("sandwich" norms), whether embeddings are scaled, and which layers attend through a
+sliding window with their own rope base. ``model.build_step`` reads these switches;
+adding an architecture means adding a row here once its graph is only these switches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..opcodes import RopeMode
+
+__all__ = ["ARCHITECTURES", "Architecture", "architecture"]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    #: rope on adjacent pairs (llama.cpp's converter permutes llama's Q/K for it) or on
+    #: the two halves of each head (NEOX: Gemma, Qwen)
+    rope_mode: RopeMode = RopeMode.NORMAL
+    #: gated FFN: silu(gate)·up (SwiGLU) or gelu_tanh(gate)·up (GeGLU)
+    ffn: str = "swiglu"
+    #: per-head RMS norm of Q and K before rope (attn_q_norm / attn_k_norm)
+    qk_norm: bool = False
+    #: RMS norms of the attention and FFN outputs before the residual add
+    post_norms: bool = False
+    #: token embeddings multiplied by sqrt(n_embd)
+    embd_scale: bool = False
+    #: every ``swa_period``-th layer attends globally, the others through the window
+    #: ``{arch}.attention.sliding_window`` (0: no sliding window)
+    swa_period: int = 0
+    #: rope base of the sliding-window layers (not in Gemma 3's files: its config's
+    #: rope_local_base_freq, fixed in llama.cpp)
+    swa_rope_base: float = 10000.0
+    models: str = ""
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture("llama", models="Llama 1-3, Mistral, TinyLlama, SmolLM2, Mixtral"),
+    "gemma3": Architecture(
+        "gemma3",
+        rope_mode=RopeMode.NEOX,
+        ffn="geglu",
+        qk_norm=True,
+        post_norms=True,
+        embd_scale=True,
+        swa_period=6,
+        models="Gemma 3 (text)",
+    ),
+}
+
+
+def architecture(name: str, where: str) -> Architecture:
+    """The row for ``general.architecture`` = ``name``, or an error naming the ones
+    there are (``where``: the file, for the message)."""
+    arch = ARCHITECTURES.get(name)
+    if arch is None:
+        known = "; ".join(f"'{a.name}' ({a.models})" for a in ARCHITECTURES.values())
+        from ..gguf import GGUFError
+
+        raise GGUFError(
+            f"{where}: general.architecture is {name!r}, which this runner does not implement; "
+            f"it runs {known}"
+        )
+    return arch
