@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._numba_quant import _DOT, _f16
+from ._numba_quant import _f16
 
 _CHUNKS = 64
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -176,88 +176,57 @@ def quantize_q8_0(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
             xd[t, b] = table[_f32_to_f16_bits(amax / np.float32(127))]
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
-def matvec_q4_0(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
-    """``out[t, o] = Σ_b d_w·d_x·(Σ_j nibble·x − 8·Σx)`` over rows ``(n_out, nb·18)``."""
-    n, nb = rows.shape[0], xd.shape[1]
-    per = (n + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
-        for o in range(c * per, min(n, (c + 1) * per)):
-            row = rows[o]
-            for t in range(xq.shape[0]):
-                xr = xq[t]
-                s = np.float32(0)
-                for b in range(nb):
-                    isum = _dot_q4(row, 18 * b + 2, xr, 32 * b) - 8 * xs[t, b]  # type: ignore[call-arg]
-                    s += _f16(row, 18 * b, table) * xd[t, b] * np.float32(isum)
-                out[t, o] = s
+# -- one row of weights times one row of quantized activations, per type --------------------
+# (the driver, for every type, is :func:`._numba_kint8.matvec_int8`)
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
-def matvec_q8_0(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
-    """``out[t, o] = Σ_b d_w·d_x·Σ_j w·x`` over rows ``(n_out, nb·34)``."""
-    n, nb = rows.shape[0], xd.shape[1]
-    per = (n + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
-        for o in range(c * per, min(n, (c + 1) * per)):
-            row = rows[o]
-            for t in range(xq.shape[0]):
-                xr = xq[t]
-                s = np.float32(0)
-                for b in range(nb):
-                    isum: int = _dot_q8(row, 34 * b + 2, xr, 32 * b)  # type: ignore[call-arg]
-                    s += _f16(row, 34 * b, table) * xd[t, b] * np.float32(isum)
-                out[t, o] = s
+@njit(inline="always")
+def row_q4_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d_w·d_x·(Σ_j nibble·x − 8·Σx)`` over a row of 18-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size):
+        isum: int = _dot_q4(row, 18 * b + 2, xr, 32 * b) - 8 * xs[b]  # type: ignore[call-arg]
+        total += _f16(row, 18 * b, table) * xd[b] * np.float32(isum)
+    return total
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
-def matvec_q4_1(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
-    """``Σ_b d_x·(d_w·Σ_j nibble·x + m_w·Σx)`` over rows ``(n_out, nb·20)``."""
-    n, nb = rows.shape[0], xd.shape[1]
-    per = (n + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
-        for o in range(c * per, min(n, (c + 1) * per)):
-            row = rows[o]
-            for t in range(xq.shape[0]):
-                xr = xq[t]
-                s = np.float32(0)
-                for b in range(nb):
-                    isum: int = _dot_q4(row, 20 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
-                    dm = _f16(row, 20 * b, table) * np.float32(isum)
-                    s += xd[t, b] * (dm + _f16(row, 20 * b + 2, table) * np.float32(xs[t, b]))
-                out[t, o] = s
+@njit(inline="always")
+def row_q4_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d_x·(d_w·Σ_j nibble·x + m_w·Σx)`` over a row of 20-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size):
+        isum: int = _dot_q4(row, 20 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
+        dm = _f16(row, 20 * b, table) * np.float32(isum)
+        total += xd[b] * (dm + _f16(row, 20 * b + 2, table) * np.float32(xs[b]))
+    return total
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
-def matvec_q5_0(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
-    """``Σ_b d_w·d_x·(Σ_j q5·x − 16·Σx)`` over rows ``(n_out, nb·22)``."""
-    n, nb = rows.shape[0], xd.shape[1]
-    per = (n + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
-        for o in range(c * per, min(n, (c + 1) * per)):
-            row = rows[o]
-            for t in range(xq.shape[0]):
-                xr = xq[t]
-                s = np.float32(0)
-                for b in range(nb):
-                    isum = _dot_q5(row, 22 * b + 2, xr, 32 * b) - 16 * xs[t, b]  # type: ignore[call-arg]
-                    s += _f16(row, 22 * b, table) * xd[t, b] * np.float32(isum)
-                out[t, o] = s
+@njit(inline="always")
+def row_q5_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d_w·d_x·(Σ_j q5·x − 16·Σx)`` over a row of 22-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size):
+        isum: int = _dot_q5(row, 22 * b + 2, xr, 32 * b) - 16 * xs[b]  # type: ignore[call-arg]
+        total += _f16(row, 22 * b, table) * xd[b] * np.float32(isum)
+    return total
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
-def matvec_q5_1(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
-    """``Σ_b d_x·(d_w·Σ_j q5·x + m_w·Σx)`` over rows ``(n_out, nb·24)``."""
-    n, nb = rows.shape[0], xd.shape[1]
-    per = (n + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
-        for o in range(c * per, min(n, (c + 1) * per)):
-            row = rows[o]
-            for t in range(xq.shape[0]):
-                xr = xq[t]
-                s = np.float32(0)
-                for b in range(nb):
-                    isum: int = _dot_q5(row, 24 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
-                    dm = _f16(row, 24 * b, table) * np.float32(isum)
-                    s += xd[t, b] * (dm + _f16(row, 24 * b + 2, table) * np.float32(xs[t, b]))
-                out[t, o] = s
+@njit(inline="always")
+def row_q5_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d_x·(d_w·Σ_j q5·x + m_w·Σx)`` over a row of 24-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size):
+        isum: int = _dot_q5(row, 24 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
+        dm = _f16(row, 24 * b, table) * np.float32(isum)
+        total += xd[b] * (dm + _f16(row, 24 * b + 2, table) * np.float32(xs[b]))
+    return total
+
+
+@njit(inline="always")
+def row_q8_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d_w·d_x·Σ_j w·x`` over a row of 34-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size):
+        isum: int = _dot_q8(row, 34 * b + 2, xr, 32 * b)  # type: ignore[call-arg]
+        total += _f16(row, 34 * b, table) * xd[b] * np.float32(isum)
+    return total

@@ -1,4 +1,5 @@
-"""Integer dot products for Q4_K and Q6_K weights (the types of a ``Q4_K_M`` file).
+"""Integer dot products for Q4_K and Q6_K weights (the types of a ``Q4_K_M`` file), and
+the one driver of every integer matrix × vector kernel.
 
 As for the 32-block types (:mod:`._numba_int8`), the activations are quantized to
 32-value int8 blocks and each block's products are integer multiply-adds. A K-quant's
@@ -17,8 +18,27 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ._numba_int8 import _CHUNKS, _I8, _I16, _I32, HAS_AVX2, _dot_i8, _fn, _load, _splat, _vec
+from ._numba_int8 import (
+    _CHUNKS,
+    _I8,
+    _I16,
+    _I32,
+    HAS_AVX2,
+    _dot_i8,
+    _fn,
+    _load,
+    _splat,
+    _vec,
+    row_q4_0,
+    row_q4_1,
+    row_q5_0,
+    row_q5_1,
+    row_q8_0,
+)
 from ._numba_quant import _DOT, _f16, _i8
+
+# ggml type ids (tensorplug.types.Type values), which the driver branches on
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14
 
 
 def _runtime_splat(builder: ir.IRBuilder, value: Any, n: int) -> Any:
@@ -94,54 +114,63 @@ def _scale_min(row: Any, at: int, s: int) -> tuple[Any, Any]:
     return sc, mn
 
 
+@njit(inline="always")
+def _row_q4_k(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b Σ_s d_x·(d·sc_s·Σ q·x − dmin·m_s·Σx)`` over a row of 144-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size // 8):
+        at = 144 * b
+        d, dmin = _f16(row, at, table), _f16(row, at + 2, table)
+        for s in range(8):
+            sc, mn = _scale_min(row, at + 4, s)
+            qs, k = at + 16 + 32 * (s >> 1), 8 * b + s
+            isum: int = _dot_nibbles(row, qs, 4 * (s & 1), xr, 32 * k)  # type: ignore[call-arg]
+            total += xd[k] * (d * np.float32(sc * isum) - dmin * np.float32(mn * xs[k]))
+    return total
+
+
+@njit(inline="always")
+def _row_q6_k(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d·Σ_r d_x·(sc_2r·Σ_lo + sc_2r+1·Σ_hi)`` over a row of 210-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size // 8):
+        at = 210 * b
+        block = np.float32(0)
+        for r in range(8):
+            hb, pair = r >> 2, r & 3
+            ql, qh = at + 64 * hb + 32 * (pair & 1), at + 128 + 32 * hb
+            halves: tuple[int, int] = _dot_q6(
+                row, ql, 4 * (pair >> 1), qh, 2 * pair, xr, 256 * b + 32 * r
+            )  # type: ignore[call-arg]
+            sc0, sc1 = _i8(row[at + 192 + 2 * r]), _i8(row[at + 193 + 2 * r])
+            block += xd[8 * b + r] * np.float32(sc0 * halves[0] + sc1 * halves[1])
+        total += _f16(row, at + 208, table) * block
+    return total
+
+
 @njit(parallel=True, fastmath=_DOT, cache=True)
-def matvec_q4_k(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
-    """``Σ_b Σ_s d_x·(d·sc_s·Σ q·x − dmin·m_s·Σx)`` over rows ``(n_out, nb·144)``."""
-    n, nb = rows.shape[0], xd.shape[1] // 8
+def matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int) -> None:
+    """``out[t, o] = W[o]·x[t]`` for weights of ggml type ``kind`` as byte rows
+    ``(n_out, row_bytes)`` and activations quantized by :func:`quantize_q8_0`; output rows
+    split in chunks across threads, one branch on the type per row."""
+    n = rows.shape[0]
     per = (n + _CHUNKS - 1) // _CHUNKS
     for c in prange(_CHUNKS):
         for o in range(c * per, min(n, (c + 1) * per)):
             row = rows[o]
             for t in range(xq.shape[0]):
-                xr = xq[t]
-                total = np.float32(0)
-                for b in range(nb):
-                    at = 144 * b
-                    d, dmin = _f16(row, at, table), _f16(row, at + 2, table)
-                    for s in range(8):
-                        sc, mn = _scale_min(row, at + 4, s)
-                        qs = at + 16 + 32 * (s >> 1)
-                        isum: int = _dot_nibbles(row, qs, 4 * (s & 1), xr, 256 * b + 32 * s)  # type: ignore[call-arg]
-                        k = 8 * b + s
-                        part = d * np.float32(sc * isum) - dmin * np.float32(mn * xs[t, k])
-                        total += xd[t, k] * part
-                out[t, o] = total
-
-
-@njit(parallel=True, fastmath=_DOT, cache=True)
-def matvec_q6_k(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any) -> None:
-    """``Σ_b d·Σ_r d_x·(sc_2r·Σ_lo + sc_2r+1·Σ_hi)`` over rows ``(n_out, nb·210)``."""
-    n, nb = rows.shape[0], xd.shape[1] // 8
-    per = (n + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
-        for o in range(c * per, min(n, (c + 1) * per)):
-            row = rows[o]
-            for t in range(xq.shape[0]):
-                xr = xq[t]
-                total = np.float32(0)
-                for b in range(nb):
-                    at = 210 * b
-                    d = _f16(row, at + 208, table)
-                    block = np.float32(0)
-                    for r in range(8):
-                        hb, pair = r >> 2, r & 3
-                        ql = at + 64 * hb + 32 * (pair & 1)
-                        qh = at + 128 + 32 * hb
-                        halves: tuple[int, int] = _dot_q6(
-                            row, ql, 4 * (pair >> 1), qh, 2 * pair, xr, 256 * b + 32 * r
-                        )  # type: ignore[call-arg]
-                        lo, hi = halves[0], halves[1]
-                        sc0, sc1 = _i8(row[at + 192 + 2 * r]), _i8(row[at + 193 + 2 * r])
-                        block += xd[t, 8 * b + r] * np.float32(sc0 * lo + sc1 * hi)
-                    total += d * block
-                out[t, o] = total
+                xr, xdt, xst = xq[t], xd[t], xs[t]
+                if kind == Q4_0:
+                    out[t, o] = row_q4_0(row, xr, xdt, xst, table)
+                elif kind == Q8_0:
+                    out[t, o] = row_q8_0(row, xr, xdt, xst, table)
+                elif kind == Q4_K:
+                    out[t, o] = _row_q4_k(row, xr, xdt, xst, table)
+                elif kind == Q6_K:
+                    out[t, o] = _row_q6_k(row, xr, xdt, xst, table)
+                elif kind == Q5_0:
+                    out[t, o] = row_q5_0(row, xr, xdt, xst, table)
+                elif kind == Q4_1:
+                    out[t, o] = row_q4_1(row, xr, xdt, xst, table)
+                else:
+                    out[t, o] = row_q5_1(row, xr, xdt, xst, table)

@@ -66,13 +66,8 @@ class JitKernels:
 
         # ggml's way for these types: activations quantized to Q8_0, integer dot products
         self._int8: dict[Type, Callable[..., None]] = {
-            Type.Q4_0: i8.matvec_q4_0,
-            Type.Q4_1: i8.matvec_q4_1,
-            Type.Q5_0: i8.matvec_q5_0,
-            Type.Q5_1: i8.matvec_q5_1,
-            Type.Q8_0: i8.matvec_q8_0,
-            Type.Q4_K: ki8.matvec_q4_k,
-            Type.Q6_K: ki8.matvec_q6_k,
+            t: functools.partial(ki8.matvec_int8, kind=int(t))
+            for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
         }
         self._quantize_q8_0 = i8.quantize_q8_0
         from ._numba_attention import attend, visible_columns
