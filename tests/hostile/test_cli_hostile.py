@@ -29,7 +29,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         (["demo"], {"TENSORPLUG_DISABLE": "CPU"}, "no CPU device is registered"),
         (["run", "-n", "1"], {"TENSORPLUG_BACKENDS": ",,"}, "it names no backend"),
         (
-            ["run", "-n", "1"],
+            ["run", "--tiny", "-n", "1"],
             {"TENSORPLUG_DISABLE": "CPU,OpenCL,Ray"},
             "no backend plugin is loaded",
         ),
