@@ -354,8 +354,10 @@ class StepGraph:
     out_ids: Tensor | None
     logits: Tensor
     #: the sliding-window layers' mask (as ``mask``, and -inf ``n_swa`` or more
-    #: positions back); None when no layer has a window
+    #: positions back) when some layers have a window and some do not; None otherwise
     mask_swa: Tensor | None = None
+    #: the window ``mask`` itself applies (every layer has one); 0: plain causal
+    mask_window: int = 0
 
 
 def _rope(cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights, swa: bool) -> Tensor:
@@ -410,9 +412,12 @@ def build_step(
     tokens = new_tensor(Type.I32, (T,), "inp_tokens").set_input()
     pos = new_tensor(Type.I32, (T,), "inp_pos").set_input()
     kv_idx = new_tensor(Type.I64, (T,), "inp_kv_idx").set_input()
-    mask = new_tensor(Type.F16, (T, n_kv), "kq_mask").set_input()
+    # one mask input per kind of layer present (an input no node reads gets no memory)
+    swa_layers = sum(cfg.is_swa(i) for i in range(cfg.n_layer))
+    mask_window = cfg.n_swa if swa_layers == cfg.n_layer else 0
+    mask = new_tensor(Type.F16, (T, n_kv), "kq_mask_swa" if mask_window else "kq_mask").set_input()
     mask_swa = None
-    if any(cfg.is_swa(i) for i in range(cfg.n_layer)):
+    if 0 < swa_layers < cfg.n_layer:
         mask_swa = new_tensor(Type.F16, (T, n_kv), "kq_mask_swa").set_input()
     kq_scale = 1.0 / math.sqrt(hd)
     arch = cfg.arch
@@ -455,5 +460,6 @@ def build_step(
     x = ops.mul(ops.rms_norm(x, cfg.eps), w.output_norm).set_name("result_norm")
     logits = ops.mul_mat(w.output, x).set_name("result_output").set_output()
     return StepGraph(
-        Graph(logits), T, n_kv, n_outputs, tokens, pos, kv_idx, mask, out_ids, logits, mask_swa
-    )
+        Graph(logits), T, n_kv, n_outputs, tokens, pos, kv_idx, mask, out_ids, logits, mask_swa,
+        mask_window,
+    )  # fmt: skip

@@ -295,7 +295,7 @@ class Llama:
         set_array(sg.tokens, chunk)
         set_array(sg.pos, pos)
         set_array(sg.kv_idx, pos.astype(np.int64))
-        set_array(sg.mask, _causal_mask(pos, n_kv))
+        set_array(sg.mask, _causal_mask(pos, n_kv, sg.mask_window))
         if sg.mask_swa is not None:
             set_array(sg.mask_swa, _causal_mask(pos, n_kv, self.config.n_swa))
         if sg.out_ids is not None:
@@ -346,7 +346,8 @@ class Llama:
                 on_progress(min(s + self.n_batch, n), n)
         logits = kept[-1][-1] if prompt_logits else kept[-1]
         out = Generation([], np.concatenate(kept) if prompt_logits else None)
-        eos = self.vocab.eos if self.vocab is not None else None
+        # EOS and the end-of-turn tokens (<end_of_turn>, <|im_end|>...), as llama.cpp's eog
+        eog = self.vocab.eog if self.vocab is not None else frozenset()
         while len(out.tokens) < n_predict:
             t0 = time.perf_counter()
             tok = sampler(logits)
@@ -355,7 +356,7 @@ class Llama:
             out.tokens.append(tok)
             if on_token is not None:
                 on_token(tok)
-            if stop_at_eos and tok == eos:
+            if stop_at_eos and tok in eog:
                 out.stopped_at_eos = True
                 break
             if len(out.tokens) == n_predict or self.n_past >= self.n_ctx:

