@@ -1,0 +1,152 @@
+"""Graph plans: a graph's launches bound once, replayed as a captured CUDA graph.
+
+Making a plan encodes every node and binds every launch (kernel, grid, packed
+arguments struct, buffer pointers) once. Computing it the first time launches them
+one by one (a warm-up, as ggml's: kernels load, and a plan computed once gains nothing
+from capture). From the second compute on, the launches are captured on the stream
+(``Stream.begin_capture``/``end_capture``) into a CUDA graph, and every compute after
+that is one ``Graph.launch``: the Python and driver cost of hundreds of launches
+becomes one call. That is what decode steps, the same small graph every token, need.
+
+Capture needs stable addresses and values that come from memory, not from arguments:
+a plan refers to the tensors' memory as it was when it was bound (re-allocating means
+``graph_plan_update``, which rebinds and drops the captured graph), and positions or
+cache rows are read from tensors by the kernels. A plan is launched eagerly, never
+captured, when it holds a cuBLAS node (cupy refuses cuBLAS during a capture), when
+``TENSORPLUG_CUDA_GRAPHS=0``, on GPUs older than Volta (as in ggml), and, with the
+reason logged, when a capture fails: the work is then launched eagerly at once, so a
+compute never fails because of capture.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from tensorplug.backend import GraphPlan, Status
+from tensorplug.graph import Graph
+from tensorplug.tensor import Tensor
+from tensorplug_kernels import encode
+
+from .buffer import cuda_errors
+from .errors import KernelLaunchError
+from .launch import BoundLaunch, bind
+from .settings import GRAPHS
+
+if TYPE_CHECKING:
+    from tensorplug.buffer import Buffer
+
+    from .backend import CUDABackend
+
+__all__ = ["CUDAGraphPlan", "buffers_of"]
+
+log = logging.getLogger(__name__)
+
+#: Computes launched eagerly before a plan is captured.
+WARM_UP = 1
+
+
+def buffers_of(graph: Graph) -> list[Buffer]:
+    """Every buffer the graph's nodes and their sources live in, once each."""
+    found: dict[int, Buffer] = {}
+    for node in graph.nodes:
+        for t in (node, *node.src):
+            buf = t.buffer if t.view_src is None else t.view_src.buffer
+            if buf is not None:
+                found.setdefault(id(buf), buf)
+    return list(found.values())
+
+
+class CUDAGraphPlan(GraphPlan):
+    """A graph bound for repeated computes on one backend."""
+
+    backend: CUDABackend
+
+    def __init__(self, backend: CUDABackend, graph: Graph) -> None:
+        super().__init__(backend, graph)
+        self.steps: list[BoundLaunch | Tensor] = []
+        self.buffers: list[Buffer] = []
+        self.cuda_graph: Any = None
+        self.computes = 0
+        self.replays = 0
+        self.not_captured = ""  # why this plan is launched eagerly, "" while it may be captured
+        self.watches_errors = False
+        self.bind(graph)
+
+    def bind(self, graph: Graph) -> None:
+        """Bind ``graph``'s launches (again, after its memory moved)."""
+        backend = self.backend
+        dev = backend.device
+        steps: list[BoundLaunch | Tensor] = []
+        with dev.context():
+            for node in graph.nodes:
+                if backend.matmul.takes(node):
+                    steps.append(node)  # computed by cuBLAS at each compute
+                    continue
+                steps += [bind(ln, dev, backend.err_arg, node) for ln in encode(node, dev.limits)]
+        self.graph, self.steps = graph, steps
+        self.watches_errors = any(isinstance(s, BoundLaunch) and s.watches_errors for s in steps)
+        self.buffers = buffers_of(graph)
+        self.cuda_graph, self.computes = None, 0
+        self.not_captured = self._capture_refused()
+
+    def _capture_refused(self) -> str:
+        if not GRAPHS.get():
+            return "TENSORPLUG_CUDA_GRAPHS=0"
+        if self.backend.device.info.major < 7:
+            return "CUDA graphs are used from Volta (compute capability 7.0) on"
+        if any(isinstance(s, Tensor) for s in self.steps):
+            return "the plan has cuBLAS nodes, which cupy cannot capture"
+        return ""
+
+    # -- computing ---------------------------------------------------------------------------
+
+    def _run_steps(self) -> None:
+        backend = self.backend
+        for step in self.steps:
+            if isinstance(step, Tensor):
+                backend.compute_node(step)
+            else:
+                backend.issue(step)
+
+    def _capture(self) -> Any:
+        stream = self.backend.stream
+        stream.begin_capture()
+        try:
+            self._run_steps()
+        except BaseException:
+            try:
+                stream.end_capture()  # leave capture mode; the partial graph is dropped
+            except Exception as e:  # an invalidated capture reports itself here too
+                log.debug("ending a failed capture: %s", e)
+            raise
+        return stream.end_capture()
+
+    def compute(self) -> Status:
+        """Queue the plan's work on the backend's stream."""
+        for buf in self.buffers:
+            buf._check_live()  # never hand a freed buffer to a kernel
+        backend = self.backend
+        capture_errors: tuple[type[BaseException], ...] = (
+            KernelLaunchError, NotImplementedError, *cuda_errors(backend.cp)
+        )
+        with backend.device.context():
+            if self.cuda_graph is None and not self.not_captured and self.computes >= WARM_UP:
+                try:
+                    self.cuda_graph = self._capture()
+                except capture_errors as e:
+                    self.not_captured = f"capture failed ({type(e).__name__}: {e})"
+                    log.info("%s: graph plan launched without a CUDA graph: %s",
+                             backend.name, self.not_captured)  # fmt: skip
+            if self.cuda_graph is not None:
+                self.cuda_graph.launch(backend.stream)
+                self.replays += 1
+            else:
+                self._run_steps()
+        self.computes += 1
+        if self.watches_errors:
+            backend.note_error_word()
+        return Status.SUCCESS
+
+    def release(self) -> None:
+        self.steps, self.cuda_graph = [], None

@@ -1,0 +1,73 @@
+"""The CUDA registration: one device per GPU the driver lists, in its order.
+
+cupy is handed in rather than imported everywhere: the plugin's every CUDA call goes
+through the ``cp`` object its devices hold, which is the ``cupy`` module in use and,
+in the tests, a fake of it (``tests/fake_cupy.py``) whose kernel launches run the same
+kernels on PoCL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from tensorplug.device import Reg
+
+from .buffer import CUDAHostBufferType
+from .device import CUDADevice
+
+__all__ = ["CUDAReg", "create_reg"]
+
+
+class CUDAReg(Reg):
+    """Devices ``CUDA0``, ``CUDA1``, … and the pinned host buffer type they share."""
+
+    def __init__(self, cp: Any) -> None:
+        self.cp = cp
+        self.host_buffer_type = CUDAHostBufferType(cp)
+        count = cp.cuda.runtime.getDeviceCount()
+        self._devices = [CUDADevice(self, i, cp) for i in range(count)]
+
+    @property
+    def name(self) -> str:
+        return "CUDA"
+
+    def devices(self) -> Sequence[CUDADevice]:
+        return tuple(self._devices)
+
+    def features(self) -> dict[str, str]:
+        runtime = self.cp.cuda.runtime
+
+        def version(v: int) -> str:
+            return f"{v // 1000}.{v % 1000 // 10}"
+
+        nvrtc = ".".join(str(v) for v in self.cp.cuda.nvrtc.getVersion())
+        feats = {
+            "cupy": str(self.cp.__version__),
+            "CUDA runtime": version(runtime.runtimeGetVersion()),
+            "CUDA driver": version(runtime.driverGetVersion()),
+            "NVRTC": nvrtc,
+        }
+        for dev in self._devices:
+            info = dev.info
+            feats[dev.name] = (
+                f"{info.name}, {info.arch}, {info.memory_total / 2**30:.1f} GiB, "
+                f"{info.bandwidth / 1e9:.0f} GB/s, PCI {info.device_id}"
+            )
+        return feats
+
+
+_REG: CUDAReg | None = None
+_LOCK = threading.Lock()
+
+
+def create_reg() -> CUDAReg:
+    """The process-wide registration over the real cupy (programs are compiled once)."""
+    global _REG
+    with _LOCK:
+        if _REG is None:
+            import cupy
+
+            _REG = CUDAReg(cupy)
+        return _REG

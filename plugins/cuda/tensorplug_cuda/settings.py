@@ -1,0 +1,25 @@
+"""The CUDA plugin's environment settings, declared once with their help text."""
+
+from __future__ import annotations
+
+from tensorplug.settings import Setting, _flag
+
+__all__ = ["CUBLAS", "GRAPHS"]
+
+GRAPHS: Setting[bool] = Setting(
+    "TENSORPLUG_CUDA_GRAPHS",
+    True,
+    _flag,
+    "0 to never replay graph plans as captured CUDA graphs (every compute then launches "
+    "each kernel); plans with cuBLAS nodes are never captured either way.",
+    example="0",
+)
+
+CUBLAS: Setting[bool] = Setting(
+    "TENSORPLUG_CUDA_CUBLAS",
+    True,
+    _flag,
+    "0 to compute every mul_mat with the shared kernels instead of cuBLAS (through "
+    "cupy.matmul) for batches of many tokens.",
+    example="0",
+)
