@@ -312,6 +312,11 @@ def _fake_module(state: _State) -> SimpleNamespace:
         def __exit__(self, *exc: object) -> None:
             state.device_stack().pop()
 
+        def synchronize(self) -> None:
+            for stream in list(state.streams.values()):
+                if stream.device_id == self.id:
+                    stream.flush()
+
         @property
         def compute_capability(self) -> str:
             g = state.gpus[self.id]
@@ -517,7 +522,13 @@ def _fake_module(state: _State) -> SimpleNamespace:
         get_current_stream=current_stream,
     )
     return SimpleNamespace(
-        __version__="0.0.0-fake", cuda=cuda, RawModule=RawModule, ndarray=ndarray, matmul=matmul
+        __version__="0.0.0-fake",
+        cuda=cuda,
+        RawModule=RawModule,
+        ndarray=ndarray,
+        matmul=matmul,
+        asarray=np.array,  # "device" arrays of the references are host numpy arrays here
+        asnumpy=np.asarray,
     )
 
 

