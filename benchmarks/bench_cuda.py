@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from bench_opencl import best_time  # fastest of repeated runs within a time budget
 
 #: The goals the CUDA issue sets, printed next to the measurements.
 MATMUL_RATIO_GOAL = 0.9
@@ -71,18 +71,6 @@ def gpu_unavailable() -> str:
         return f"tensorplug-cuda is not installed ({e}): pip install -e 'plugins/cuda[cuda12]'"
     value, reason = tensorplug_cuda.score()
     return "" if value > 0 else reason
-
-
-def best_time(fn: Callable[[], None], budget: float) -> float:
-    """Fastest of repeated runs (after one warm-up) within about ``budget`` seconds."""
-    fn()
-    best, spent, runs = float("inf"), 0.0, 0
-    while spent < budget or runs < 3:
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
-        best, spent, runs = min(best, dt), spent + dt, runs + 1
-    return best
 
 
 class Bench:

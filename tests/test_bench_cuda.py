@@ -25,6 +25,7 @@ def bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bench_cuda", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(SCRIPT.parent))  # as when run: it imports its sibling bench_opencl
     sys.modules["bench_cuda"] = module
     spec.loader.exec_module(module)
     return module

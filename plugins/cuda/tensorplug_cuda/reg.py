@@ -42,7 +42,10 @@ class CUDAReg(Reg):
         def version(v: int) -> str:
             return f"{v // 1000}.{v % 1000 // 10}"
 
-        nvrtc = ".".join(str(v) for v in self.cp.cuda.nvrtc.getVersion())
+        try:
+            nvrtc = ".".join(str(v) for v in self.cp.cuda.nvrtc.getVersion())
+        except Exception as e:  # the library is found at first use: say so, do not fail
+            nvrtc = f"not found ({e}); pip install nvidia-cuda-nvrtc-cu12 (or -cu13)"
         feats = {
             "cupy": str(self.cp.__version__),
             "CUDA runtime": version(runtime.runtimeGetVersion()),
