@@ -9,10 +9,14 @@ parameters) are *leafs* — weights, inputs, constants — and everything else i
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from .errors import GraphError, OutOfBoundsError
 from .opcodes import Op
 from .tensor import Tensor, TensorFlag
+
+if TYPE_CHECKING:
+    from .buffer import Buffer
 
 __all__ = ["Graph"]
 
@@ -135,6 +139,18 @@ class Graph:
         return id(node) not in self._readers()
 
     @property
+    def buffers(self) -> list[Buffer]:
+        """Every buffer the nodes and their sources live in, once each, in first-use
+        order. A runtime that binds memory ahead of time checks these are still live
+        before it hands them to kernels."""
+        found: dict[int, Buffer] = {}
+        for node in self.nodes:
+            for t in (node, *node.src):
+                buf = t.buffer if t.view_src is None else t.view_src.buffer
+                if buf is not None:
+                    found.setdefault(id(buf), buf)
+        return list(found.values())
+
     def needed_nodes(self) -> list[Tensor]:
         """The nodes :meth:`needed_outside` is true for, in graph order."""
         return [n for n in self.nodes if self.needed_outside(n)]

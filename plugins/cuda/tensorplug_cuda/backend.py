@@ -28,7 +28,7 @@ from .buffer import D2D, D2H, H2D, CUDABuffer, cuda_errors, host_address, overla
 from .errors import translate
 from .launch import BoundLaunch, bind
 from .matmul import CublasMatmul
-from .plan import CUDAGraphPlan, buffers_of
+from .plan import CUDAGraphPlan
 
 if TYPE_CHECKING:
     from .device import CUDADevice
@@ -83,7 +83,7 @@ class CUDABackend(Backend):
             self.launch(launch, node)
 
     def _graph_compute(self, graph: Graph) -> Status:
-        for buf in buffers_of(graph):
+        for buf in graph.buffers():
             buf._check_live()
         with self.device.context():
             for node in graph.nodes:

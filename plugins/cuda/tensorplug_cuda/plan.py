@@ -38,23 +38,12 @@ if TYPE_CHECKING:
 
     from .backend import CUDABackend
 
-__all__ = ["CUDAGraphPlan", "buffers_of"]
+__all__ = ["CUDAGraphPlan"]
 
 log = logging.getLogger(__name__)
 
 #: Computes launched eagerly before a plan is captured.
 WARM_UP = 1
-
-
-def buffers_of(graph: Graph) -> list[Buffer]:
-    """Every buffer the graph's nodes and their sources live in, once each."""
-    found: dict[int, Buffer] = {}
-    for node in graph.nodes:
-        for t in (node, *node.src):
-            buf = t.buffer if t.view_src is None else t.view_src.buffer
-            if buf is not None:
-                found.setdefault(id(buf), buf)
-    return list(found.values())
 
 
 class CUDAGraphPlan(GraphPlan):
@@ -86,7 +75,7 @@ class CUDAGraphPlan(GraphPlan):
                 steps += [bind(ln, dev, backend.err_arg, node) for ln in encode(node, dev.limits)]
         self.graph, self.steps = graph, steps
         self.watches_errors = any(isinstance(s, BoundLaunch) and s.watches_errors for s in steps)
-        self.buffers = buffers_of(graph)
+        self.buffers = graph.buffers()
         self.cuda_graph, self.computes = None, 0
         self.not_captured = self._capture_refused()
 

@@ -65,21 +65,11 @@ class OpenCLGraphPlan(GraphPlan):
         self.graph, self.bound, self.watches_errors = graph, bound, watches
         # the buffers the bound arguments point into: a kernel given a freed cl.Buffer
         # crashes the process, so computing checks them first
-        self.buffers = list({id(b): b for b in _buffers_of(graph)}.values())
+        self.buffers = graph.buffers()
 
     def check_live(self) -> None:
         for buf in self.buffers:
             buf._check_live()
-
-
-def _buffers_of(graph: Graph) -> list[Buffer]:
-    out = []
-    for node in graph.nodes:
-        for t in (node, *node.src):
-            buf = t.buffer if t.view_src is None else t.view_src.buffer
-            if buf is not None:
-                out.append(buf)
-    return out
 
 
 class OpenCLBackend(Backend):
@@ -144,7 +134,7 @@ class OpenCLBackend(Backend):
 
     def _graph_compute(self, graph: Graph) -> Status:
         limits = self.device.limits
-        for buf in _buffers_of(graph):
+        for buf in graph.buffers():
             buf._check_live()
         for node in graph.nodes:
             for launch in encode(node, limits):
