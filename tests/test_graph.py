@@ -66,3 +66,20 @@ def test_graph_view_slices_nodes() -> None:
     assert "graph: 4 nodes" in v.describe()
     with pytest.raises(IndexError, match="outside the graph's 10 nodes"):
         g.view(5, 11)
+
+
+def test_buffers_lists_each_buffer_a_graph_touches_once_in_first_use_order() -> None:
+    import tensorplug as tp
+    from tensorplug import ops
+
+    a, b = tp.new_tensor("f32", (4,), "a"), tp.new_tensor("f32", (4,), "b")
+    s = ops.add(a, b)
+    v = ops.view(s, (2,), offset=0)  # a view: its memory is its base's
+    out = ops.scale(v, 2.0)
+    graph = tp.Graph(out)
+    assert graph.buffers() == []  # nothing allocated yet
+    cpu = tp.registry.init_by_name("CPU").buffer_type()
+    first = tp.alloc_tensors([a], cpu)
+    second = tp.alloc_tensors([b, s, out], cpu)
+    # the first node, s = a + b, lives in the second buffer and reads the first
+    assert graph.buffers() == [second, first]

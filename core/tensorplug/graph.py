@@ -138,7 +138,6 @@ class Graph:
             return parent.needed_outside(node) or parent._readers().get(id(node), -1) >= stop
         return id(node) not in self._readers()
 
-    @property
     def buffers(self) -> list[Buffer]:
         """Every buffer the nodes and their sources live in, once each, in first-use
         order. A runtime that binds memory ahead of time checks these are still live
@@ -151,6 +150,7 @@ class Graph:
                     found.setdefault(id(buf), buf)
         return list(found.values())
 
+    @property
     def needed_nodes(self) -> list[Tensor]:
         """The nodes :meth:`needed_outside` is true for, in graph order."""
         return [n for n in self.nodes if self.needed_outside(n)]

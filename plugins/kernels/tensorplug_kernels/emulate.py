@@ -93,16 +93,24 @@ class PoclEmulator:
                 raise TypeError(f"{kernel}: buffer {i} must be a writable 1-D uint8 array")
         with self._lock:
             mf = cl.mem_flags
-            mems = [
-                cl.Buffer(self.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=b)
-                if b.size
-                else cl.Buffer(self.context, mf.READ_WRITE, 16)
-                for b in buffers
-            ]
+            # one device buffer per allocation: parameters bound to the same memory (a
+            # node and its source in one compute buffer) must see each other's writes
+            unique: dict[tuple[int, int], tuple[np.ndarray, Any]] = {}
+            mems = []
+            for b in buffers:
+                key = (int(b.ctypes.data), b.size)
+                if key not in unique:
+                    mem = (
+                        cl.Buffer(self.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=b)
+                        if b.size
+                        else cl.Buffer(self.context, mf.READ_WRITE, 16)
+                    )
+                    unique[key] = (b, mem)
+                mems.append(unique[key][1])
             k = cl.Kernel(self.program, kernel)
             k.set_args(np.frombuffer(args, np.uint8), *mems)
             cl.enqueue_nd_range_kernel(self.queue, k, global_size, local_size)
-            for b, m in zip(buffers, mems, strict=True):
+            for b, m in unique.values():
                 if b.size:
                     cl.enqueue_copy(self.queue, b, m)
             self.queue.finish()
