@@ -51,7 +51,7 @@ def test_devices_report_the_gpu(reg: Any) -> None:
 
 def test_the_quick_catalogue_agrees_with_the_cpu_backend(backend: Any) -> None:
     report = run_cases(catalogue(), backend, tp.registry.init_by_name("CPU"))
-    failed = [(r.case, r.detail) for r in report.results if r.outcome.name == "FAIL"]
+    failed = [(r.case, r.message) for r in report.results if r.outcome.name == "FAIL"]
     assert failed == []
 
 

@@ -100,7 +100,7 @@ def test_launches_run_on_the_emulator_agree_with_the_cpu_backend(
     cpu = tp.registry.init_by_name("CPU")
     before = emulator.launches
     report = run_cases(catalogue(False, ops), backend, cpu)
-    failed = [(r.case.name, r.detail) for r in report.results if r.outcome.name == "FAIL"]
+    failed = [(r.case, r.message) for r in report.results if r.outcome.name == "FAIL"]
     passed = sum(r.outcome.name == "PASS" for r in report.results)
     assert not failed
     assert passed >= 10 and emulator.launches >= before + passed  # the kernels really ran
