@@ -79,3 +79,34 @@ def test_a_graph_plan_replays_its_bound_dispatches(backend: Any, fake: FakeMetal
         want = s / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + 1e-6)
         np.testing.assert_allclose(tp.get_array(y), want, rtol=1e-5, atol=1e-6)
     backend.graph_plan_free(plan)
+
+
+def test_the_tiny_model_runs_on_the_fake_metal_device_like_on_the_cpu(
+    fake: FakeMetal, tmp_path: Any
+) -> None:
+    """The whole model path: weights mapped from the GGUF file into no-copy views, the
+    KV cache in shared buffers, the scheduler splitting between Metal and the CPU."""
+    from tensorplug.llama.cli import DEMO_MAX_NMSE
+    from tensorplug.llama.placement import Placement
+    from tensorplug.llama.runner import Llama
+    from tensorplug.llama.tiny import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", "q8_0", 3)
+    tokens = [1, 5, 9, 2, 7, 4]
+    dev = MetalReg(fake, fake.state.objc).devices()[0]
+    cpu = tp.registry.dev_by_name("CPU")
+    logits = {}
+    for name, where in (("Metal", dev), ("CPU", cpu)):
+        with Llama(path, placement=Placement.on(where, 2), n_ctx=32, warmup=False) as m:
+            if where is dev:
+                assert all(mem.mapped for d, mem in m.memory.items() if d is dev)
+            logits[name] = m.eval(tokens, all_logits=True)
+    want, got = logits["CPU"], logits["Metal"]
+    nmse = float(((got - want) ** 2).sum() / (want**2).sum())
+    # the CPU backend multiplies Q8_0 weights by 8-bit activations, the kernels in float:
+    # the agreement every cross-device run is held to
+    assert nmse < DEMO_MAX_NMSE
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert any(
+        d.kernel.startswith("k_mm") or d.kernel.startswith("k_mv") for d in fake.state.dispatches
+    )
