@@ -2,11 +2,12 @@
 
 A decoder-only transformer of the llama family differs from its relatives in a few
 switches, each a fact of llama.cpp's graph for that architecture (``src/models/``):
-how rope pairs dimensions, which gated FFN it uses, whether Q and K are RMS-normed per
-head, whether attention and FFN outputs are normed again before the residual
-("sandwich" norms), whether embeddings are scaled, and which layers attend through a
-sliding window with their own rope base. ``model.build_step`` reads these switches;
-adding an architecture means adding a row here once its graph is only these switches.
+how rope pairs dimensions, which gated FFN it uses, whether the Q/K/V projections have
+biases, whether Q and K are RMS-normed per head, whether attention and FFN outputs
+are normed again before the residual ("sandwich" norms), whether embeddings are
+scaled, and which layers attend through a sliding window with their own rope base.
+``model.build_step`` reads these switches; adding an architecture means adding a row
+here once its graph is only these switches.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Architecture:
     rope_mode: RopeMode = RopeMode.NORMAL
     #: gated FFN: silu(gate)·up (SwiGLU) or gelu_tanh(gate)·up (GeGLU)
     ffn: str = "swiglu"
+    #: biases added to the Q, K and V projections (attn_q.bias ...: Qwen 2)
+    qkv_bias: bool = False
     #: per-head RMS norm of Q and K before rope (attn_q_norm / attn_k_norm)
     qk_norm: bool = False
     #: RMS norms of the attention and FFN outputs before the residual add
@@ -43,6 +46,10 @@ class Architecture:
 
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture("llama", models="Llama 1-3, Mistral, TinyLlama, SmolLM2, Mixtral"),
+    "qwen2": Architecture(
+        "qwen2", rope_mode=RopeMode.NEOX, qkv_bias=True, models="Qwen 2, Qwen 2.5 (dense)"
+    ),
+    "qwen3": Architecture("qwen3", rope_mode=RopeMode.NEOX, qk_norm=True, models="Qwen 3 (dense)"),
     "gemma3": Architecture(
         "gemma3",
         rope_mode=RopeMode.NEOX,

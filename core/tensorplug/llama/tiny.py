@@ -117,7 +117,10 @@ def write_tiny_llama(
     = ``(type, factor)`` writes ``llama.rope.scaling.*`` (``linear`` or ``yarn``, the
     original context being ``n_ctx / factor``). ``arch="gemma3"`` writes Gemma 3's
     block instead (per-head Q/K norms, post-attention and post-FFN norms, NEOX rope, a
-    ``sliding_window`` on 5 of every 6 blocks; the output is always tied).
+    ``sliding_window`` on 5 of every 6 blocks; the output is always tied);
+    ``"qwen2"`` adds biases to the Q/K/V projections, ``"qwen3"`` per-head Q/K norms
+    (both with NEOX rope). The vocabulary is the tiny SentencePiece one for every
+    architecture.
     """
     from gguf import GGMLQuantizationType, GGUFWriter  # deferred: slow to import
 
@@ -132,8 +135,10 @@ def write_tiny_llama(
     rng = np.random.default_rng(seed)
     path = Path(path)
 
-    if arch not in ("llama", "gemma3"):
-        raise ValueError(f"the tiny writer knows 'llama' and 'gemma3', not {arch!r}")
+    if arch not in ("llama", "gemma3", "qwen2", "qwen3"):
+        raise ValueError(
+            f"the tiny writer knows 'llama', 'gemma3', 'qwen2' and 'qwen3', not {arch!r}"
+        )
     gemma = arch == "gemma3"
     tied = tied or gemma
     writer = GGUFWriter(str(path), arch)
@@ -198,11 +203,15 @@ def write_tiny_llama(
         matrix(p + "attn_v.weight", n_kv, n_embd)
         matrix(p + "attn_output.weight", n_embd, n_embd)
         norm(p + "ffn_norm.weight")
-        if gemma:
+        if gemma or arch == "qwen3":
             norm(p + "attn_q_norm.weight", head_dim)
             norm(p + "attn_k_norm.weight", head_dim)
+        if gemma:
             norm(p + "post_attention_norm.weight")
             norm(p + "post_ffw_norm.weight")
+        if arch == "qwen2":  # biases of the three projections, F32 as converters keep them
+            for name, n in (("attn_q", n_embd), ("attn_k", n_kv), ("attn_v", n_kv)):
+                writer.add_tensor(f"{p}{name}.bias", 0.5 * rng.standard_normal(n, np.float32))
         if n_expert:  # the router (F32, as converters keep it) and the stacked experts
             router = rng.standard_normal((n_expert, n_embd), dtype=np.float32)
             writer.add_tensor(p + "ffn_gate_inp.weight", router / np.float32(n_embd**0.5))
