@@ -34,9 +34,9 @@ def _inner(path: str, mode: str, n_prompt: int, n_gen: int, runs: int) -> dict[s
 
     import tensorplug as tp
     from tensorplug.gguf import GGUFFile
-    from tensorplug.llama.placement import Placement
-    from tensorplug.llama.row_split import row_split_device
-    from tensorplug.llama.runner import Llama
+    from tensorplug.models.placement import Placement
+    from tensorplug.models.row_split import row_split_device
+    from tensorplug.models.runner import Llama
     from tensorplug.meta import MetaBackend
 
     f = GGUFFile(path)
@@ -76,7 +76,7 @@ def main() -> int:
         print(json.dumps(_inner(args.inner[0], args.inner[1], args.prompt, args.gen, args.runs)))
         return 0
 
-    from tensorplug.llama.tiny import write_tiny_llama
+    from tensorplug.models.tiny import write_tiny_llama
 
     dims = dict(MODELS[args.model])
     if args.model == "tiny":  # enough KV heads for two members

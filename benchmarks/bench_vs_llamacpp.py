@@ -89,7 +89,7 @@ def parse_counts(text: str, what: str) -> list[int]:
 
 def model_path(spec: Spec, cache: Path) -> Path:
     """The model's file, written on first use (the writer is tensorplug's)."""
-    from tensorplug.llama.tiny import write_tiny_llama  # deferred: a worker may lack it
+    from tensorplug.models.tiny import write_tiny_llama  # deferred: a worker may lack it
 
     path = cache / f"bench-{spec.size}-{spec.type}.gguf"
     if not path.exists():
@@ -111,8 +111,8 @@ def _tokens(n: int, n_vocab: int) -> list[int]:
 def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch: int) -> dict:
     from tensorplug import registry
     from tensorplug.gguf import GGUFFile
-    from tensorplug.llama.placement import Placement
-    from tensorplug.llama.runner import Llama
+    from tensorplug.models.placement import Placement
+    from tensorplug.models.runner import Llama
 
     file = GGUFFile(path)
     n_layer = int(file.value(f"{file.architecture}.block_count", int))

@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = a.prompt or PROMPTS
 
     from tensorplug import registry
-    from tensorplug.llama.placement import Placement
-    from tensorplug.llama.runner import Llama
+    from tensorplug.models.placement import Placement
+    from tensorplug.models.runner import Llama
 
     with tempfile.TemporaryDirectory() as tmp:
         theirs, their_logits = llama_cpp_run(exe, a.model, prompts, a.gen, Path(tmp))

@@ -11,7 +11,7 @@ from test_cpu_helpers import backend_for, compute, nmse
 
 import tensorplug as tp
 from tensorplug import ops
-from tensorplug.block import BlockConfig, build_block, reference_block
+from tensorplug.models.block import BlockConfig, build_block, reference_block
 from tensorplug.quants import quantize
 
 RNG = np.random.default_rng(2024)

@@ -16,10 +16,10 @@ from tensorplug import registry
 from tensorplug.buffer import BufferUsage
 from tensorplug.errors import UnsupportedError
 from tensorplug.gguf import GGUFError, GGUFFile
-from tensorplug.llama.model import LlamaConfig, LlamaWeights
-from tensorplug.llama.placement import Placement, host_cpu
-from tensorplug.llama.runner import Llama
-from tensorplug.llama.tiny import write_tiny_llama
+from tensorplug.models.model import LlamaConfig, LlamaWeights
+from tensorplug.models.placement import Placement, host_cpu
+from tensorplug.models.runner import Llama
+from tensorplug.models.tiny import write_tiny_llama
 from tensorplug.transfer import get_array, tensor_set
 from tensorplug.types import Type
 
@@ -37,7 +37,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_import_tensorplug_does_not_import_gguf() -> None:
-    code = "import sys, tensorplug, tensorplug.gguf, tensorplug.llama; print('gguf' in sys.modules)"
+    code = "import sys, tensorplug, tensorplug.gguf, tensorplug.models; print('gguf' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

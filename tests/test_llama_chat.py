@@ -10,10 +10,10 @@ import pytest
 
 from tensorplug.cli import main
 from tensorplug.errors import RunError
-from tensorplug.llama.chat import GEMMA_TEMPLATE, _ids, chat, render
-from tensorplug.llama.placement import Placement, host_cpu
-from tensorplug.llama.runner import Llama
-from tensorplug.llama.tiny import write_tiny_llama
+from tensorplug.models.chat import GEMMA_TEMPLATE, _ids, chat, render
+from tensorplug.models.placement import Placement, host_cpu
+from tensorplug.models.runner import Llama
+from tensorplug.models.tiny import write_tiny_llama
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "

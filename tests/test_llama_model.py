@@ -27,9 +27,9 @@ import test_llama_reference as ref
 
 from tensorplug import registry
 from tensorplug.device import Device
-from tensorplug.llama.placement import Placement, host_cpu
-from tensorplug.llama.runner import ContextFullError, Llama
-from tensorplug.llama.tiny import write_tiny_llama
+from tensorplug.models.placement import Placement, host_cpu
+from tensorplug.models.runner import ContextFullError, Llama
+from tensorplug.models.tiny import write_tiny_llama
 
 TYPES = ["f32", "f16", "q8_0", "q4_0"]
 #: 20 ids: BOS, then a mix of merged and single-character tokens of the tiny vocabulary.

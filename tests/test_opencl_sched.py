@@ -1,6 +1,6 @@
 """The scheduler over OpenCL + CPU: a llama-style block split across both, against numpy.
 
-Uses the demo's block (tensorplug.block) and its float64 reference. Skips when pyopencl,
+Uses the demo's block (tensorplug.models.block) and its float64 reference. Skips when pyopencl,
 an OpenCL device or the CPU backend is missing.
 """
 
@@ -16,7 +16,7 @@ import pytest
 import tensorplug as tp
 from tensorplug import Graph, Op, Type
 from tensorplug.alloc import alloc_tensors
-from tensorplug.block import BlockConfig, build_block, reference_block
+from tensorplug.models.block import BlockConfig, build_block, reference_block
 from tensorplug.quants import quantize
 from tensorplug.sched import Scheduler
 

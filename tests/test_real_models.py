@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tensorplug.llama.cli import installed_model
-from tensorplug.llama.placement import Placement, host_cpu
-from tensorplug.llama.runner import Llama
+from tensorplug.models.cli import installed_model
+from tensorplug.models.placement import Placement, host_cpu
+from tensorplug.models.runner import Llama
 
 LLAMA_CPP = {
     "The capital of France is": (

@@ -14,11 +14,11 @@ import pytest
 from tensorplug.cli import main
 from tensorplug.errors import RunError
 from tensorplug.gguf import GGUFError, GGUFFile
-from tensorplug.llama.tokenizer import SPACE, StreamDecoder, TokenType, Vocab
-from tensorplug.llama.tokenizer.bpe import BYTE_TO_CHAR, byte_decode, byte_encode
-from tensorplug.llama.tokenizer.pretokenize import PRE_TOKENIZERS, pre_tokenizer
-from tensorplug.llama.tokenizer.special import partition
-from tensorplug.llama.tokenizer.wpm import bert_words
+from tensorplug.models.tokenizer import SPACE, StreamDecoder, TokenType, Vocab
+from tensorplug.models.tokenizer.bpe import BYTE_TO_CHAR, byte_decode, byte_encode
+from tensorplug.models.tokenizer.pretokenize import PRE_TOKENIZERS, pre_tokenizer
+from tensorplug.models.tokenizer.special import partition
+from tensorplug.models.tokenizer.wpm import bert_words
 
 DATA = Path(__file__).parent / "data" / "vocab"
 VOCABS = ("llama-spm", "llama-bpe", "gpt-2", "qwen2")

@@ -18,11 +18,11 @@ import numpy as np
 from . import registry
 from .alloc import alloc_tensors
 from .backend import Backend, Status
-from .block import BlockConfig, BlockGraph, build_block, reference_block
+from .models.block import BlockConfig, BlockGraph, build_block, reference_block
 from .buffer import BufferUsage
 from .graph import Graph
 from .host import host_buffer_type
-from .llama.placement import device_named
+from .models.placement import device_named
 from .priority import by_priority, host_cpu
 from .quants import dequantize, quantize
 from .sched import Scheduler
@@ -91,7 +91,7 @@ def _human(n: int) -> str:
 def main(args: argparse.Namespace) -> int:
     block_status = run_block(args)
     print()
-    from .llama.cli import demo_model
+    from .models.cli import demo_model
 
     model_status = demo_model(None, args.weights, devices=args.device, seed=args.seed)
     return block_status or model_status

@@ -1,9 +1,11 @@
-"""A llama-style transformer block with a KV cache, and its float64 numpy twin.
+"""One llama decoder block on its own, with a KV cache, and its float64 numpy twin.
 
 The demo and the scheduler tests use it as a realistic graph: rms_norm, rope, grouped
 query attention reading a KV cache written with set_rows, a SwiGLU MLP and residuals.
-The numpy version is written from the op contracts, not from any backend's kernels,
-so agreement between the two is evidence rather than a tautology.
+The graph is the runner's own block (:func:`~tensorplug.models.model.decoder_block`),
+so what the demo checks is what every model runs. The numpy version is written from
+the op contracts, not from any backend's kernels, so agreement between the two is
+evidence rather than a tautology.
 """
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ops
-from .opcodes import RopeMode
-from .tensor import Tensor, new_tensor
-from .types import Type
+from ..tensor import Tensor, new_tensor
+from ..types import Type
+from .model import LayerWeights, LlamaConfig, decoder_block
 
 __all__ = ["BlockConfig", "BlockGraph", "build_block", "reference_block"]
 
@@ -46,6 +47,15 @@ class BlockConfig:
     def n_kv(self) -> int:
         return self.n_past + self.n_tokens
 
+    def llama_config(self) -> LlamaConfig:
+        """The block as one layer of a llama model (the runner's hyper-parameters)."""
+        return LlamaConfig(
+            n_vocab=0, n_ctx_train=self.n_ctx, n_embd=self.n_embd, n_layer=1,
+            n_head=self.n_head, n_head_kv=self.n_head_kv, n_ff=self.n_ff,
+            head_dim=self.head_dim, n_rot=self.head_dim, eps=self.eps,
+            rope_base=self.rope_base,
+        )  # fmt: skip
+
 
 @dataclass
 class BlockGraph:
@@ -59,13 +69,14 @@ class BlockGraph:
 
 
 def build_block(cfg: BlockConfig) -> BlockGraph:
-    """Build one decoder block over ``n_tokens`` new tokens after ``n_past`` cached ones."""
-    d, hd, T = cfg.n_embd, cfg.head_dim, cfg.n_tokens
+    """One decoder block over ``n_tokens`` new tokens after ``n_past`` cached ones, built
+    by the runner's own :func:`~tensorplug.models.model.decoder_block`."""
+    d, kv, T = cfg.n_embd, cfg.n_embd_kv, cfg.n_tokens
     w = {
         "attn_norm": new_tensor(Type.F32, (d,), "attn_norm"),
         "wq": new_tensor(cfg.weight_type, (d, d), "wq"),
-        "wk": new_tensor(cfg.weight_type, (cfg.n_embd_kv, d), "wk"),
-        "wv": new_tensor(cfg.weight_type, (cfg.n_embd_kv, d), "wv"),
+        "wk": new_tensor(cfg.weight_type, (kv, d), "wk"),
+        "wv": new_tensor(cfg.weight_type, (kv, d), "wv"),
         "wo": new_tensor(cfg.weight_type, (d, d), "wo"),
         "ffn_norm": new_tensor(Type.F32, (d,), "ffn_norm"),
         "w_gate": new_tensor(cfg.weight_type, (cfg.n_ff, d), "w_gate"),
@@ -73,8 +84,8 @@ def build_block(cfg: BlockConfig) -> BlockGraph:
         "w_down": new_tensor(cfg.weight_type, (d, cfg.n_ff), "w_down"),
     }
     caches = {
-        "k_cache": new_tensor(cfg.cache_type, (cfg.n_ctx, cfg.n_embd_kv), "k_cache"),
-        "v_cache": new_tensor(cfg.cache_type, (cfg.n_ctx, cfg.n_embd_kv), "v_cache"),
+        "k_cache": new_tensor(cfg.cache_type, (cfg.n_ctx, kv), "k_cache"),
+        "v_cache": new_tensor(cfg.cache_type, (cfg.n_ctx, kv), "v_cache"),
     }
     inputs = {
         "x": new_tensor(Type.F32, (T, d), "x").set_input(),
@@ -82,29 +93,11 @@ def build_block(cfg: BlockConfig) -> BlockGraph:
         "kv_idx": new_tensor(Type.I64, (T,), "kv_idx").set_input(),
         "mask": new_tensor(Type.F16, (T, cfg.n_kv), "kq_mask").set_input(),
     }
-    x, pos = inputs["x"], inputs["pos"]
-
-    h = ops.mul(ops.rms_norm(x, cfg.eps), w["attn_norm"]).set_name("attn_in")
-    q = ops.reshape(ops.mul_mat(w["wq"], h), (T, cfg.n_head, hd))
-    q = ops.rope(q, pos, hd, RopeMode.NORMAL, freq_base=cfg.rope_base).set_name("q_rope")
-    k = ops.reshape(ops.mul_mat(w["wk"], h), (T, cfg.n_head_kv, hd))
-    k = ops.rope(k, pos, hd, RopeMode.NORMAL, freq_base=cfg.rope_base).set_name("k_rope")
-    v = ops.mul_mat(w["wv"], h).set_name("v")
-
-    k_store = ops.set_rows(caches["k_cache"], ops.reshape(k, (T, cfg.n_embd_kv)), inputs["kv_idx"])
-    v_store = ops.set_rows(caches["v_cache"], v, inputs["kv_idx"])
-    kv_shape = (cfg.n_kv, cfg.n_head_kv, hd)
-    k_all = ops.permute(ops.view(k_store.set_name("k_store"), kv_shape), (1, 0, 2))
-    v_all = ops.permute(ops.view(v_store.set_name("v_store"), kv_shape), (1, 0, 2))
-    q_heads = ops.permute(q, (1, 0, 2))
-    attn = ops.flash_attn_ext(q_heads, k_all, v_all, inputs["mask"], scale=hd**-0.5)
-    attn = ops.reshape(attn.set_name("attn"), (T, d))
-    x1 = ops.add(x, ops.mul_mat(w["wo"], attn)).set_name("attn_out")
-
-    h2 = ops.mul(ops.rms_norm(x1, cfg.eps), w["ffn_norm"]).set_name("ffn_in")
-    gated = ops.swiglu(ops.mul_mat(w["w_gate"], h2), ops.mul_mat(w["w_up"], h2))
-    out = ops.add(x1, ops.mul_mat(w["w_down"], gated)).set_name("block_out").set_output()
-    return BlockGraph(cfg, out, inputs, w, caches)
+    out = decoder_block(
+        cfg.llama_config(), LayerWeights(**w), inputs["x"], inputs["pos"], inputs["kv_idx"],
+        inputs["mask"], caches["k_cache"], caches["v_cache"], cfg.n_kv,
+    )  # fmt: skip
+    return BlockGraph(cfg, out.set_name("block_out").set_output(), inputs, w, caches)
 
 
 def _rms_norm(x: np.ndarray, eps: float) -> np.ndarray:

@@ -1,8 +1,10 @@
-"""A llama runner on tensorplug: GGUF models, a KV cache, the scheduler, sampling.
+"""Running real GGUF language models on tensorplug: the llama family (Llama, Mistral,
+SmolLM2, Mixtral), Qwen 2/3 and Gemma 3 over one block builder, their tokenizers, a KV
+cache, the scheduler, sampling and chat.
 
 ::
 
-    from tensorplug.llama import Llama, Placement, Sampler, SamplerParams
+    from tensorplug.models import Llama, Placement, Sampler, SamplerParams
 
     model = Llama("model.gguf", n_ctx=2048)  # every block on the best device by default
     # or: Llama("model.gguf", placement=Placement.offload(n_layer=32, n_gpu_layers=20))
@@ -10,11 +12,13 @@
     gen = model.generate(ids, 32, Sampler(SamplerParams(temperature=0.8, seed=1)))
     print(model.vocab.decode(ids + gen.tokens), model.timings.gen_tps)
 
-Modules: :mod:`.model` (hyper-parameters, weights, KV cache, step graphs),
+Modules: :mod:`.arch` (the architectures, as switches of one block builder),
+:mod:`.model` (hyper-parameters, weights, KV cache, step graphs),
 :mod:`.runner` (loading, placement on devices, evaluation, generation, timings),
 :mod:`.tokenizer` (SentencePiece, BPE, WordPiece; ``tensorplug tokenize``),
 :mod:`.sampling`, :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models for demos
-and tests) and :mod:`.cli` (``tensorplug run``, :func:`~.cli.demo_model`). Nothing here
+and tests), :mod:`.chat` (``tensorplug chat``) and :mod:`.cli` (``tensorplug run``,
+:func:`~.cli.demo_model`). Nothing here
 imports the ``gguf`` package until a file is read or written.
 """
 

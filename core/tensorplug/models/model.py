@@ -33,7 +33,15 @@ from ..tensor import Tensor, new_tensor
 from ..types import Type
 from .arch import ARCHITECTURES, Architecture, architecture
 
-__all__ = ["KVCache", "LayerWeights", "LlamaConfig", "LlamaWeights", "StepGraph", "build_step"]
+__all__ = [
+    "KVCache",
+    "LayerWeights",
+    "LlamaConfig",
+    "LlamaWeights",
+    "StepGraph",
+    "build_step",
+    "decoder_block",
+]
 
 
 @dataclass(frozen=True)
@@ -414,6 +422,52 @@ def _moe_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, T: int, i: int) -> Te
     return ops.reshape(summed, (T, cfg.n_embd)).set_name(f"ffn_out-{i}")
 
 
+def decoder_block(
+    cfg: LlamaConfig,
+    L: LayerWeights,
+    x: Tensor,
+    pos: Tensor,
+    kv_idx: Tensor,
+    mask: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    n_kv: int,
+    i: int = 0,
+) -> Tensor:
+    """One decoder block of ``cfg.arch`` over the tokens ``x`` (T, n_embd): attention
+    through the KV cache (this step's K and V written at rows ``kv_idx``, rows
+    ``[0, n_kv)`` read under ``mask``), then the FFN, each around a residual. The
+    architecture's switches (biases, Q/K norms, rope, sandwich norms, GLU, experts)
+    decide the details; every model, and the demo's single block, is built here."""
+    T, hd = x.shape[0], cfg.head_dim
+    swa = cfg.is_swa(i)
+    arch = cfg.arch
+    h = ops.mul(ops.rms_norm(x, cfg.eps), L.attn_norm).set_name(f"attn_norm-{i}")
+    q = _biased(ops.mul_mat(L.wq, h), L.bq)
+    k = _biased(ops.mul_mat(L.wk, h), L.bk)
+    q = _normed(cfg, ops.reshape(q, (T, cfg.n_head, hd)), L.q_norm)
+    k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
+    q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
+    v = _biased(ops.mul_mat(L.wv, h), L.bv).set_name(f"Vcur-{i}")
+    k_all = ops.set_rows(k_cache, ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx)
+    v_all = ops.set_rows(v_cache, v, kv_idx)
+    kv_shape = (n_kv, cfg.n_head_kv, hd)
+    K = ops.permute(ops.view(k_all.set_name(f"k_store-{i}"), kv_shape), (1, 0, 2))
+    V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
+    Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
+    attn = ops.flash_attn_ext(Q, K, V, mask, scale=1.0 / math.sqrt(hd)).set_name(f"attn-{i}")
+    attn = ops.mul_mat(L.wo, ops.reshape(attn, (T, cfg.n_embd_q))).set_name(f"attn_out-{i}")
+    x = ops.add(x, _normed(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
+    h = ops.mul(ops.rms_norm(x, cfg.eps), L.ffn_norm).set_name(f"ffn_norm-{i}")
+    if L.ffn_gate_inp is not None:
+        ffn = _moe_ffn(cfg, L, h, T, i)
+    else:
+        glu = ops.geglu if arch.ffn == "geglu" else ops.swiglu
+        g = glu(ops.mul_mat(L.w_gate, h), ops.mul_mat(L.w_up, h))
+        ffn = ops.mul_mat(L.w_down, g.set_name(f"ffn_glu-{i}")).set_name(f"ffn_out-{i}")
+    return ops.add(x, _normed(cfg, ffn, L.post_ffn_norm)).set_name(f"l_out-{i}")
+
+
 def build_step(
     cfg: LlamaConfig, w: LlamaWeights, cache: KVCache, n_tokens: int, n_kv: int, n_outputs: int
 ) -> StepGraph:
@@ -422,7 +476,7 @@ def build_step(
         raise RunError(f"n_outputs must be in 1..n_tokens={n_tokens}, got {n_outputs}")
     if not n_tokens <= n_kv <= cache.n_ctx:
         raise RunError(f"need n_tokens ({n_tokens}) <= n_kv ({n_kv}) <= n_ctx ({cache.n_ctx})")
-    T, hd = n_tokens, cfg.head_dim
+    T = n_tokens
     tokens = new_tensor(Type.I32, (T,), "inp_tokens").set_input()
     pos = new_tensor(Type.I32, (T,), "inp_pos").set_input()
     kv_idx = new_tensor(Type.I64, (T,), "inp_kv_idx").set_input()
@@ -433,7 +487,6 @@ def build_step(
     mask_swa = None
     if 0 < swa_layers < cfg.n_layer:
         mask_swa = new_tensor(Type.F16, (T, n_kv), "kq_mask_swa").set_input()
-    kq_scale = 1.0 / math.sqrt(hd)
     arch = cfg.arch
 
     x = ops.get_rows(w.tok_embd, tokens).set_name("inp_embd")
@@ -441,33 +494,8 @@ def build_step(
         x = ops.scale(x, math.sqrt(cfg.n_embd)).set_name("inp_scaled")
     for i, L in enumerate(w.layers):
         swa = cfg.is_swa(i)
-        h = ops.mul(ops.rms_norm(x, cfg.eps), L.attn_norm).set_name(f"attn_norm-{i}")
-        q = _biased(ops.mul_mat(L.wq, h), L.bq)
-        k = _biased(ops.mul_mat(L.wk, h), L.bk)
-        q = _normed(cfg, ops.reshape(q, (T, cfg.n_head, hd)), L.q_norm)
-        k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
-        q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
-        v = _biased(ops.mul_mat(L.wv, h), L.bv).set_name(f"Vcur-{i}")
-        k_all = ops.set_rows(
-            cache.k[i], ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx
-        )
-        v_all = ops.set_rows(cache.v[i], v, kv_idx)
-        kv_shape = (n_kv, cfg.n_head_kv, hd)
-        K = ops.permute(ops.view(k_all.set_name(f"k_store-{i}"), kv_shape), (1, 0, 2))
-        V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
-        Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
         layer_mask = mask_swa if swa and mask_swa is not None else mask
-        attn = ops.flash_attn_ext(Q, K, V, layer_mask, scale=kq_scale).set_name(f"attn-{i}")
-        attn = ops.mul_mat(L.wo, ops.reshape(attn, (T, cfg.n_embd_q))).set_name(f"attn_out-{i}")
-        x = ops.add(x, _normed(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
-        h = ops.mul(ops.rms_norm(x, cfg.eps), L.ffn_norm).set_name(f"ffn_norm-{i}")
-        if L.ffn_gate_inp is not None:
-            ffn = _moe_ffn(cfg, L, h, T, i)
-        else:
-            glu = ops.geglu if arch.ffn == "geglu" else ops.swiglu
-            g = glu(ops.mul_mat(L.w_gate, h), ops.mul_mat(L.w_up, h))
-            ffn = ops.mul_mat(L.w_down, g.set_name(f"ffn_glu-{i}")).set_name(f"ffn_out-{i}")
-        x = ops.add(x, _normed(cfg, ffn, L.post_ffn_norm)).set_name(f"l_out-{i}")
+        x = decoder_block(cfg, L, x, pos, kv_idx, layer_mask, cache.k[i], cache.v[i], n_kv, i)
 
     out_ids = None
     if n_outputs < n_tokens:
