@@ -172,6 +172,15 @@ def test_the_registration_reaches_pyobjc_before_any_metal_object_exists(
     assert error_out == {"type_modifier": b"o"}  # the NSError ** output stays an output
 
 
+def test_every_bridge_is_told_even_after_an_earlier_one_is_gone(emulator: PoclEmulator) -> None:
+    """Registration is remembered per bridge object, never by an id a new one may reuse."""
+    for _ in range(3):
+        _, fake = make_reg(emulator)
+        assert set(fake.state.registered) == set(ownership.NEW_SELECTORS)
+        del fake
+        gc.collect()
+
+
 def test_freed_buffers_give_their_memory_back(reg_fake: tuple[MetalReg, FakeMetal]) -> None:
     reg, fake = reg_fake
     dev, mtl = reg.devices()[0], fake.devices[0]
