@@ -172,6 +172,30 @@ def test_the_registration_reaches_pyobjc_before_any_metal_object_exists(
     assert error_out == {"type_modifier": b"o"}  # the NSError ** output stays an output
 
 
+class _Recorder:
+    def __init__(self) -> None:
+        self.told = 0
+
+    def registerMetaDataForSelector(self, *args: Any) -> None:
+        self.told += 1
+
+
+def test_every_bridge_is_told_even_when_it_reuses_a_gone_ones_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Registration is remembered per bridge object, never by ``id()``, which a new
+    object gets again once the old one is gone. Every object here has the same id, the
+    worst case of that reuse."""
+    monkeypatch.setattr(ownership, "id", lambda obj: 1, raising=False)
+    first = _Recorder()
+    ownership.register_ownership(first)
+    second = _Recorder()
+    ownership.register_ownership(second)
+    assert first.told == second.told == len(ownership.NEW_SELECTORS)
+    ownership.register_ownership(second)
+    assert second.told == len(ownership.NEW_SELECTORS)  # once per bridge
+
+
 def test_freed_buffers_give_their_memory_back(reg_fake: tuple[MetalReg, FakeMetal]) -> None:
     reg, fake = reg_fake
     dev, mtl = reg.devices()[0], fake.devices[0]

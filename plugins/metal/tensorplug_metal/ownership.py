@@ -23,6 +23,7 @@ drained. The backend therefore encodes each command buffer inside
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 __all__ = ["NEW_SELECTORS", "register_ownership"]
@@ -52,7 +53,8 @@ NEW_SELECTORS: dict[bytes, dict[str, Any]] = {
     },
 }
 
-_DONE: set[int] = set()
+#: the bridge modules already told (weakly held: an id could be reused by another)
+_DONE: weakref.WeakSet[Any] = weakref.WeakSet()
 _LOCK = threading.Lock()
 
 
@@ -61,8 +63,8 @@ def register_ownership(objc: Any) -> None:
     before the first Metal object is created. Registered on ``NSObject`` so that the
     concrete classes behind Metal's protocols (``AGXG13GDevice``…) inherit it."""
     with _LOCK:
-        if id(objc) in _DONE:
+        if objc in _DONE:
             return
         for selector, metadata in NEW_SELECTORS.items():
             objc.registerMetaDataForSelector(b"NSObject", selector, metadata)
-        _DONE.add(id(objc))
+        _DONE.add(objc)
