@@ -34,10 +34,10 @@ def _inner(path: str, mode: str, n_prompt: int, n_gen: int, runs: int) -> dict[s
 
     import tensorplug as tp
     from tensorplug.gguf import GGUFFile
+    from tensorplug.meta import MetaBackend
     from tensorplug.models.placement import Placement
     from tensorplug.models.row_split import row_split_device
     from tensorplug.models.runner import Llama
-    from tensorplug.meta import MetaBackend
 
     f = GGUFFile(path)
     n_layer = f.value("llama.block_count", int)

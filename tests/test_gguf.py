@@ -37,7 +37,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_import_tensorplug_does_not_import_gguf() -> None:
-    code = "import sys, tensorplug, tensorplug.gguf, tensorplug.models; print('gguf' in sys.modules)"
+    code = (
+        "import sys, tensorplug, tensorplug.gguf, tensorplug.models; "
+        "print('gguf' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -362,7 +362,9 @@ COMMANDS: list[Command] = [
     Command.module("demo", "demo", "run a small end-to-end demonstration"),
     Command.module("run", "models.cli", "run a GGUF model (llama, Qwen 2/3, Gemma 3)"),
     Command.module("chat", "models.chat", "chat with a GGUF model through its chat template"),
-    Command.module("tokenize", "models.tokenizer.cli", "show the tokens of a text (llama-tokenize)"),
+    Command.module(
+        "tokenize", "models.tokenizer.cli", "show the tokens of a text (llama-tokenize)"
+    ),
     Command.module("check", "testing.check_cli", "check a backend op by op (conformance)"),
     Command.module("bench", "testing.bench_cli", "time ops on a backend next to numpy"),
 ]

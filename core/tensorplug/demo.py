@@ -18,10 +18,10 @@ import numpy as np
 from . import registry
 from .alloc import alloc_tensors
 from .backend import Backend, Status
-from .models.block import BlockConfig, BlockGraph, build_block, reference_block
 from .buffer import BufferUsage
 from .graph import Graph
 from .host import host_buffer_type
+from .models.block import BlockConfig, BlockGraph, build_block, reference_block
 from .models.placement import device_named
 from .priority import by_priority, host_cpu
 from .quants import dequantize, quantize
