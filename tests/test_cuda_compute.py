@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fake_cupy import CUDADriverError, FakeCupy, FakeGPU
+from mmvq_reference import Product, q8_1_values
 
 import tensorplug as tp
 from tensorplug import Type, ops
@@ -25,6 +26,7 @@ from tensorplug.testing import catalogue, run_cases
 from tensorplug_cuda import matmul as cuda_matmul
 from tensorplug_cuda.reg import CUDAReg
 from tensorplug_kernels.emulate import PoclEmulator, pocl_emulator
+from tensorplug_kernels.source import MMVQ_TYPES
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +193,8 @@ class Decode:
         backend.graph_plan_compute(plan)
         backend.synchronize()
         w = dequantize(quantize(self.weights, Type.Q4_0), Type.Q4_0)
-        h = x @ w.T
+        # up to 8 tokens: 8-bit integer products on Q8_1 activations (test_cuda_compute.py)
+        h = (q8_1_values(x) if x.shape[0] <= 8 else x) @ w.T
         h = h / (1 + np.exp(-h))
         ref = h / np.sqrt((h * h).mean(axis=-1, keepdims=True) + 1e-6)
         np.testing.assert_allclose(tp.get_array(self.y), ref, rtol=1e-4, atol=1e-4)
@@ -286,3 +289,58 @@ def test_a_plan_with_index_kernels_reports_bad_indices(backend: Any) -> None:
         else:
             with pytest.raises(tp.OutOfBoundsError, match="index 7"):
                 backend.synchronize()
+
+
+# -- few tokens, quantized weights: 8-bit integer products (ggml's mmvq) ---------------------------
+# The activations are quantized to Q8_1 blocks in the backend's scratch buffer, then
+# k_mvq_* multiplies them with the weights' codes (here tp_dot4_i8's portable fallback,
+# not __dp4a); held to the numpy formula of the same computation (mmvq_reference.py).
+
+
+def _cases() -> Iterator[tuple[Type, int]]:
+    for t in MMVQ_TYPES:
+        for tokens in (1, 3, 8):
+            yield t, tokens
+
+
+@pytest.mark.parametrize(("wtype", "tokens"), list(_cases()), ids=lambda v: str(v))
+def test_few_tokens_use_the_integer_kernels(
+    backend: Any, fake: FakeCupy, wtype: Type, tokens: int
+) -> None:
+    p = Product(backend, wtype, tokens)
+    x = p.new_input()
+    backend.graph_compute(p.graph)
+    p.check(x)
+    kernels = [ln.kernel for ln in fake.state.launches]
+    assert kernels == ["k_quantize_q8_1", f"k_mvq_{wtype.name.lower()}"]
+    assert fake.state.calls["matmul"] == 0
+
+
+def test_nine_tokens_do_not(backend: Any, fake: FakeCupy) -> None:
+    p = Product(backend, Type.Q4_K, 9)
+    p.new_input()
+    backend.graph_compute(p.graph)
+    assert not any("mvq" in ln.kernel or "q8_1" in ln.kernel for ln in fake.state.launches)
+
+
+def test_a_captured_plan_keeps_its_scratch_when_the_backend_needs_more(
+    backend: Any, fake: FakeCupy
+) -> None:
+    small = Product(backend, Type.Q6_K, 1, k=256)
+    plan = backend.graph_plan_create(small.graph)
+    for _ in range(3):  # warm-up, capture, replay
+        x = small.new_input()
+        backend.graph_plan_compute(plan)
+        backend.synchronize()
+        small.check(x)
+    assert plan.cuda_graph is not None and plan.replays == 2
+    big = Product(backend, Type.Q4_0, 8, k=1024)  # 32 times the scratch: the backend grows
+    x_big = big.new_input()
+    backend.graph_compute(big.graph)
+    backend.synchronize()
+    big.check(x_big)
+    x = small.new_input()  # the captured graph still reads and writes its own scratch
+    backend.graph_plan_compute(plan)
+    backend.synchronize()
+    small.check(x)
+    assert plan.replays == 3

@@ -17,11 +17,11 @@ from tensorplug.host import HostBuffer, HostBufferType, host_memory
 from tensorplug.tensor import Tensor
 from tensorplug.testing import catalogue, run_cases
 from tensorplug_kernels import Limits, encode, supports
-from tensorplug_kernels.emulate import PoclEmulator, pocl_emulator
+from tensorplug_kernels.emulate import HostRuntimeBuffers, PoclEmulator, pocl_emulator
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 
-LIMITS = Limits(wg=64, local_mem=32 * 1024, gpu=True)
+LIMITS = Limits(wg=64, local_mem=32 * 1024, gpu=True, scratch=True)
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,11 @@ class _EmulatedBackend(tp.Backend):
     def __init__(self, device: tp.Device, emulator: PoclEmulator) -> None:
         super().__init__(device)
         self.emulator = emulator
-        self.err = np.zeros(8, np.uint8)
+        self.runtime = HostRuntimeBuffers()
 
     def _memory(self, what: object) -> np.ndarray:
-        if what == "err":
-            return self.err
+        if isinstance(what, str):
+            return self.runtime(what)
         assert isinstance(what, Tensor)
         base = what.view_src if what.view_src is not None else what
         assert isinstance(base.buffer, HostBuffer)
@@ -48,7 +48,9 @@ class _EmulatedBackend(tp.Backend):
 
     def _graph_compute(self, graph: Graph) -> tp.Status:
         for node in graph.nodes:
-            for launch in encode(node, LIMITS):
+            launches = encode(node, LIMITS)
+            self.runtime.reserve(launches)
+            for launch in launches:
                 self.emulator.run(launch, self._memory)
         return tp.Status.SUCCESS
 

@@ -115,7 +115,7 @@ def test_packing_names_a_missing_or_unknown_argument() -> None:
     [
         ("TP_BUFFER(d, 1), TP_BUFFER(a, 2)", r"takes buffers \['d', 'a'\].*tensors \['a', 'd'\]"),
         ("TP_BUFFER(a, 1), TP_BUFFER(d, 3)", r"numbers its buffers \['1', '3'\]"),
-        ("TP_BUFFER(a, 1), TP_BUFFER(d, 2), TP_BUFFER(log, 3)", r"then only \['err'\]"),
+        ("TP_BUFFER(a, 1), TP_BUFFER(d, 2), TP_BUFFER(log, 3)", r"then only \['err', 'scratch'\]"),
     ],
 )
 def test_a_kernel_whose_buffers_do_not_match_its_struct_is_refused(

@@ -10,6 +10,12 @@ Kernels that index by data (get_rows, set_rows, mul_mat_id) report an out-of-ran
 index in the backend's error word, 8 bytes of device memory read at
 :meth:`CUDABackend.synchronize`, which then raises :class:`~tensorplug.OutOfBoundsError`
 (set_rows checks every index before writing, so a bad index writes nothing).
+
+Launches that ask for scratch memory (``Launch.scratch``: the 8-bit integer mat-vec
+products keep their quantized activations there) get the backend's scratch buffer,
+which grows to what a node, or a whole graph plan at bind time, needs. A plan keeps the
+buffer it was bound to (its bound launches hold the pointer), so growing later for
+other work never moves memory a captured CUDA graph refers to.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from tensorplug.backend import Backend, Event, GraphPlan, Status
 from tensorplug.errors import OutOfBoundsError, UnsupportedError
 from tensorplug.graph import Graph
 from tensorplug.tensor import Tensor
-from tensorplug_kernels import Launch, encode
+from tensorplug_kernels import Launch, encode, scratch_bytes
 
 from .buffer import D2D, D2H, H2D, CUDABuffer, cuda_errors, host_address, overlapping
 from .errors import translate
@@ -48,8 +54,10 @@ class CUDABackend(Backend):
             self._err = cp.cuda.Memory(8)
             cp.cuda.runtime.memsetAsync(self._err.ptr, 0, 8, self.stream.ptr)
         self.err_arg = cp.cuda.MemoryPointer(self._err, 0)
+        self._scratch: Any = None  # MemoryPointer to the scratch buffer, once asked for
+        self._scratch_size = 0
         self._err_watched = False  # a kernel that may report into the error word ran
-        self._host_refs: list[Any] = []  # host memory of queued transfers
+        self._host_refs: list[Any] = []  # host memory of queued transfers, retired scratch
         self.matmul = CublasMatmul(self)
 
     # -- kernels -----------------------------------------------------------------------------
@@ -72,15 +80,37 @@ class CUDABackend(Backend):
         """Kernels that may report into the error word were queued (read it at sync)."""
         self._err_watched = True
 
+    def runtime_buffers(self, scratch: int) -> dict[str, Any]:
+        """The backend's own buffers for launches needing ``scratch`` bytes of scratch
+        together (the device must be current): the error word, and the scratch buffer,
+        grown first if it is smaller. A buffer grown out of stays alive until the next
+        synchronize, for the work already queued on it."""
+        runtime = {"err": self.err_arg}
+        if scratch <= 0:
+            return runtime
+        if scratch > self._scratch_size:
+            size = max(scratch, 2 * self._scratch_size)
+            try:
+                mem = self.cp.cuda.Memory(size)
+            except cuda_errors(self.cp) as e:
+                what = f"{self.name}: allocating {size} bytes of scratch memory"
+                raise translate(self.cp, e, what) from e
+            self._host_refs.append(self._scratch)
+            self._scratch, self._scratch_size = self.cp.cuda.MemoryPointer(mem, 0), size
+        runtime["scratch"] = self._scratch
+        return runtime
+
     def launch(self, launch: Launch, node: Tensor) -> None:
-        self.issue(bind(launch, self.device, self.err_arg, node))
+        self.issue(bind(launch, self.device, self.runtime_buffers(launch.scratch), node))
 
     def compute_node(self, node: Tensor) -> None:
         """Queue ``node``'s work: cuBLAS where it takes the node, else the kernels."""
         if self.matmul.takes(node) and self.matmul.run(node):
             return
-        for launch in encode(node, self.device.limits):
-            self.launch(launch, node)
+        launches = encode(node, self.device.limits)
+        runtime = self.runtime_buffers(scratch_bytes(launches))
+        for launch in launches:
+            self.issue(bind(launch, self.device, runtime, node))
 
     def _graph_compute(self, graph: Graph) -> Status:
         for buf in graph.buffers():

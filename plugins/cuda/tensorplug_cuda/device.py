@@ -110,7 +110,9 @@ class CUDADevice(Device):
         self.cp = cp
         self.index = index
         self.info = read_device_info(cp, index)
-        self.limits = Limits(wg=self.info.wg, local_mem=self.info.shared_mem_per_block, gpu=True)
+        self.limits = Limits(
+            wg=self.info.wg, local_mem=self.info.shared_mem_per_block, gpu=True, scratch=True
+        )
         self._buft = CUDABufferType(self)
         self._program: KernelProgram | None = None
         self._lock = threading.Lock()

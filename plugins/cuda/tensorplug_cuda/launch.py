@@ -11,11 +11,13 @@ its data, which the driver copies as the parameter's bytes (cupy PR for issue #4
 in every release since v10.0.0). A one-element array of the kernel's struct dtype —
 the exact C layout, parsed from the kernel source by :mod:`tensorplug_kernels.abi` —
 is therefore the struct itself. Buffers are the allocations' base pointers (as
-``MemoryPointer``); tensor byte offsets live in the struct.
+``MemoryPointer``); tensor byte offsets live in the struct. The backend's own buffers
+(the error word, the scratch memory some launches ask for) are passed by name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,13 +92,24 @@ def _sizes(launch: Launch) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     return grid, (b[0], b[1], b[2])
 
 
-def bind(launch: Launch, device: CUDADevice, err: Any, node: Tensor) -> BoundLaunch:
-    """``launch`` ready to issue on ``device``; ``err`` is the backend's error word."""
+def bind(
+    launch: Launch, device: CUDADevice, runtime: Mapping[str, Any], node: Tensor
+) -> BoundLaunch:
+    """``launch`` ready to issue on ``device``; ``runtime`` holds the backend's own
+    buffers by name (``err``, and ``scratch`` sized for the launch)."""
     abi = kernel_abis()[launch.kernel]
     data, buffers = abi.pack(launch.args)
     struct = np.frombuffer(data, dtype=abi.dtype)  # one element: cupy passes it by value
+    for b in buffers:
+        if isinstance(b, str) and b not in runtime:
+            raise KernelLaunchError(
+                f"{launch.kernel} takes the runtime buffer {b!r}, which was not provided "
+                f"for {node.describe()}",
+                kernel=launch.kernel,
+            )
     pointers = tuple(
-        kernel_pointer(b.tensor, device) if isinstance(b, TensorArg) else err for b in buffers
+        kernel_pointer(b.tensor, device) if isinstance(b, TensorArg) else runtime[b]
+        for b in buffers
     )
     grid, block = _sizes(launch)
     return BoundLaunch(
@@ -106,5 +119,5 @@ def bind(launch: Launch, device: CUDADevice, err: Any, node: Tensor) -> BoundLau
         block,
         (struct, *pointers),
         node,
-        watches_errors=any(not isinstance(b, TensorArg) for b in buffers),
+        watches_errors="err" in buffers,
     )

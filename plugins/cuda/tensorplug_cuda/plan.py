@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from tensorplug.backend import GraphPlan, Status
 from tensorplug.graph import Graph
 from tensorplug.tensor import Tensor
-from tensorplug_kernels import encode
+from tensorplug_kernels import encode, scratch_bytes
 
 from .buffer import cuda_errors
 from .errors import KernelLaunchError
@@ -67,12 +67,20 @@ class CUDAGraphPlan(GraphPlan):
         backend = self.backend
         dev = backend.device
         steps: list[BoundLaunch | Tensor] = []
+        # None: computed by cuBLAS at each compute
+        encoded = [
+            (node, None if backend.matmul.takes(node) else encode(node, dev.limits))
+            for node in graph.nodes
+        ]
         with dev.context():
-            for node in graph.nodes:
-                if backend.matmul.takes(node):
-                    steps.append(node)  # computed by cuBLAS at each compute
-                    continue
-                steps += [bind(ln, dev, backend.err_arg, node) for ln in encode(node, dev.limits)]
+            # scratch sized once for the whole plan: its address must not move once bound
+            need = scratch_bytes(ln for _, launches in encoded for ln in launches or ())
+            runtime = backend.runtime_buffers(need)
+            for node, launches in encoded:
+                if launches is None:
+                    steps.append(node)
+                else:
+                    steps += [bind(ln, dev, runtime, node) for ln in launches]
         self.graph, self.steps = graph, steps
         self.watches_errors = any(isinstance(s, BoundLaunch) and s.watches_errors for s in steps)
         self.buffers = graph.buffers()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .abi import KernelABI, TensorArg, kernel_abis
 from .encode import encode, supports
-from .launch import Launch, Limits
+from .launch import Launch, Limits, scratch_bytes
 from .source import DIALECTS, Dialect, Rendered, Source, render
 
 __all__ = [
@@ -33,5 +33,6 @@ __all__ = [
     "encode",
     "kernel_abis",
     "render",
+    "scratch_bytes",
     "supports",
 ]

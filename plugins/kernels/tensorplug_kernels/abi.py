@@ -6,7 +6,8 @@ Every kernel is declared as::
     TP_KERNEL k_unary(TP_ARGS(k_unary_args), TP_BUFFER(a, 1), TP_BUFFER(d, 2) TP_IDS)
 
 one arguments struct, then one buffer per ``tp_tensor`` field in field order, then
-optional extra buffers (``err``: the error word). This module parses those
+optional extra buffers the runtime supplies (``err``: the error word; ``scratch``: the
+runtime's scratch memory). This module parses those
 declarations into a :class:`KernelABI` per kernel — the struct's exact C layout as a
 numpy dtype, and the buffer list — so the host packs what the kernel reads from the
 one declaration, and a kernel whose buffers do not match its struct is refused when
@@ -29,8 +30,10 @@ from .source import Source, body_sources
 __all__ = ["EXTRA_BUFFERS", "TENSOR_DTYPE", "KernelABI", "TensorArg", "kernel_abis"]
 
 #: Buffers a kernel may take beyond its tensors, supplied by the runtime: ``err`` is
-#: the two-int error word kernels that index by data report bad indices in.
-EXTRA_BUFFERS = frozenset({"err"})
+#: the two-int error word kernels that index by data report bad indices in; ``scratch``
+#: is device memory for what one node's launches hand each other (at least
+#: ``Launch.scratch`` bytes; see :class:`~tensorplug_kernels.launch.Launch`).
+EXTRA_BUFFERS = frozenset({"err", "scratch"})
 
 #: The ``tp_tensor`` struct of ``common.tpk``.
 TENSOR_DTYPE = np.dtype(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,10 +25,10 @@ import numpy as np
 from tensorplug.errors import BackendUnavailableError
 
 from .abi import TensorArg, kernel_abis
-from .launch import Launch
+from .launch import Launch, scratch_bytes
 from .source import render
 
-__all__ = ["PoclEmulator", "pocl_emulator"]
+__all__ = ["HostRuntimeBuffers", "PoclEmulator", "pocl_emulator"]
 
 _POCL_PLATFORM = "Portable Computing Language"
 
@@ -119,10 +119,40 @@ class PoclEmulator:
     def run(self, launch: Launch, memory: Callable[[Any], np.ndarray]) -> None:
         """Run an encoder's :class:`~tensorplug_kernels.Launch`; ``memory`` gives the
         allocation behind a tensor (for a :class:`TensorArg`) or a runtime buffer's name
-        (such as ``"err"``)."""
+        (``"err"``, ``"scratch"``: see :class:`HostRuntimeBuffers`)."""
         data, buffers = kernel_abis()[launch.kernel].pack(launch.args)
         arrays = [memory(b.tensor if isinstance(b, TensorArg) else b) for b in buffers]
+        for b, a in zip(buffers, arrays, strict=True):
+            if b == "scratch" and a.size < launch.scratch:
+                raise ValueError(
+                    f"{launch.kernel}: the scratch buffer holds {a.size} bytes, the launch "
+                    f"needs {launch.scratch}; size it with scratch_bytes() before running"
+                )
         self.launch(launch.kernel, bytes(data), arrays, launch.global_size, launch.local_size)
+
+
+class HostRuntimeBuffers:
+    """The runtime buffers of a backend emulated in host memory: the error word and a
+    scratch buffer that grows to what the launches ask for (never shrinks, so bound
+    addresses stay valid until it must grow)."""
+
+    def __init__(self) -> None:
+        self.err = np.zeros(8, np.uint8)
+        self.scratch = np.zeros(0, np.uint8)
+
+    def reserve(self, launches: Iterable[Launch]) -> None:
+        """Grow the scratch buffer to what ``launches`` need together."""
+        need = scratch_bytes(launches)
+        if need > self.scratch.size:
+            self.scratch = np.zeros(need, np.uint8)
+
+    def __call__(self, name: str) -> np.ndarray:
+        """The buffer called ``name`` (a kernel's extra buffer parameter)."""
+        if name == "err":
+            return self.err
+        if name == "scratch":
+            return self.scratch
+        raise KeyError(f"no runtime buffer called {name!r}")
 
 
 @functools.cache

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tensorplug.opmath import alibi_params
 from tensorplug.tensor import Tensor
 from tensorplug.types import Type
@@ -10,9 +12,11 @@ from .launch import Launch, Limits, dummy_arg, round_up, row_launch, tensor_arg
 from .source import (
     MM_TILE_TYPES,
     MM_TILES,
+    MMVQ_TYPES,
     QUANT,
     mm_kernel_name,
     mm_local_kernel_name,
+    mmvq_kernel_name,
     mv_kernel_name,
 )
 
@@ -21,11 +25,18 @@ __all__ = [
     "encode_mul_mat",
     "flash_attn_fits",
     "mm_variant",
+    "mmvq_scratch_bytes",
     "mul_mat_ok",
     "tileable",
 ]
 
 _FLOAT = frozenset({Type.F32, Type.F16, Type.BF16})
+
+#: Most tokens the 8-bit integer matrix-vector kernels take (MMVQ_MAX_TOKENS, q8_1.tpk).
+MMVQ_MAX_TOKENS = 8
+#: Bytes of one Q8_1 activation block (Q8_1_BYTES, q8_1.tpk): f32 d, f32 d*sum, 32 int8.
+Q8_1_BYTES = 40
+_MMVQ = frozenset(MMVQ_TYPES)
 
 #: Work-group shape of the tiled kernels, (outputs, tokens) work-items: for one token
 #: (matrix-vector) every work-item takes other rows of a, else a 16 x 4 block of tiles.
@@ -49,10 +60,32 @@ def tileable(node: Tensor) -> bool:
     )
 
 
+def _mmvq_ok(node: Tensor, lim: Limits) -> bool:
+    a, b = node.src
+    return (
+        lim.gpu
+        and lim.scratch
+        and a.type in _MMVQ
+        and a.rows_contiguous
+        and b.type in _FLOAT
+        and node.ne()[1] <= MMVQ_MAX_TOKENS
+    )
+
+
+def mmvq_scratch_bytes(b: Tensor) -> int:
+    """Scratch for ``b`` quantized to Q8_1 blocks: every row, K / 32 blocks each."""
+    ne = b.ne()
+    return ne[1] * ne[2] * ne[3] * (ne[0] // 32) * Q8_1_BYTES
+
+
 def mm_variant(node: Tensor, lim: Limits) -> str:
     """Which kernel computes this mul_mat: ``tiled`` (register tiles, for CPUs),
-    ``local`` (local-memory tiles, for GPUs), ``vector`` (one token on a GPU) or
-    ``generic`` (any types and strides)."""
+    ``local`` (local-memory tiles, for GPUs), ``vector`` (one token on a GPU),
+    ``mmvq`` (quantized weights and at most 8 tokens on a GPU: 8-bit integer dot
+    products on activations quantized to Q8_1, as ggml's mmvq) or ``generic`` (any
+    types and strides)."""
+    if _mmvq_ok(node, lim):
+        return "mmvq"
     if not tileable(node):
         return "generic"
     if lim.gpu:
@@ -69,6 +102,12 @@ def encode_mul_mat(node: Tensor, lim: Limits) -> list[Launch]:
     variant = mm_variant(node, lim)
     if variant == "generic":
         return row_launch("k_mul_mat", n_tok * batches, lim, **args)
+    if variant == "mmvq":  # quantize b into scratch, then the integer mat-vec reads it
+        launches = [
+            *row_launch("k_quantize_q8_1", n_tok * batches, lim, b=args["b"]),
+            *row_launch(mmvq_kernel_name(a.type), n_out * batches, lim, **args),
+        ]
+        return [replace(ln, scratch=mmvq_scratch_bytes(b)) for ln in launches]
     if variant == "vector":
         return row_launch(mv_kernel_name(a.type), n_out * n_tok * batches, lim, **args)
     if variant == "local":

@@ -10,7 +10,7 @@ into launches; they know nothing of the runtime.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,16 @@ from tensorplug.types import Type
 
 from .abi import TensorArg
 
-__all__ = ["Launch", "Limits", "dummy_arg", "nrows", "round_up", "row_launch", "tensor_arg"]
+__all__ = [
+    "Launch",
+    "Limits",
+    "dummy_arg",
+    "nrows",
+    "round_up",
+    "row_launch",
+    "scratch_bytes",
+    "tensor_arg",
+]
 
 #: Upper bound on row work-groups per launch; kernels stride over any further rows.
 MAX_ROW_GROUPS = 8192
@@ -36,20 +45,38 @@ class Limits:
     a multiple of 32 for CUDA and Metal); ``local_mem``: bytes of local (shared,
     threadgroup) memory per work-group; ``gpu``: use the kernels written for GPUs
     (local-memory tiles, a work-group per matrix-vector output) rather than the ones for
-    CPUs (long per-work-item dot products that rely on caches).
+    CPUs (long per-work-item dot products that rely on caches); ``scratch``: the runtime
+    supplies the ``scratch`` buffer launches may ask for (:attr:`Launch.scratch`), so
+    encoders may use kernels that take it (the 8-bit integer matrix-vector products). A
+    runtime that does not sets it False and never sees such a launch.
     """
 
     wg: int
     local_mem: int
     gpu: bool = False
+    scratch: bool = False
 
 
 @dataclass(frozen=True)
 class Launch:
+    """One kernel launch. ``scratch``: bytes of the runtime's scratch buffer the kernel
+    uses (its ``scratch`` buffer parameter must be bound to at least that much device
+    memory). Scratch carries data from one launch of a node to the next on the same
+    queue and means nothing afterwards, so one buffer per backend (or per graph plan)
+    serves every node; see :func:`scratch_bytes`."""
+
     kernel: str
     global_size: tuple[int, ...]
     local_size: tuple[int, ...]
     args: Mapping[str, Any]
+    scratch: int = 0
+
+
+def scratch_bytes(launches: Iterable[Launch]) -> int:
+    """The scratch buffer ``launches`` need together: what a runtime sizes its buffer to
+    before binding them (graph plans and captured CUDA graphs need addresses that do not
+    move afterwards)."""
+    return max((ln.scratch for ln in launches), default=0)
 
 
 @functools.lru_cache(maxsize=4096)

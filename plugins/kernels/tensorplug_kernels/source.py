@@ -8,7 +8,8 @@ passes on PoCL is, apart from the prelude, the kernel CUDA and Metal compile.
 
 The mul_mat kernels are templates instantiated here: ``mm_tile.tpk`` (register tiles,
 for CPUs) once per weight type and tile height, ``mm_local.tpk`` (local-memory tiles and
-a matrix-vector kernel, for GPUs) once per weight type.
+a matrix-vector kernel, for GPUs) once per weight type, ``mmvq.tpk`` (8-bit integer
+matrix-vector products on Q8_1 activations, for GPUs) once per quantized weight type.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ __all__ = [
     "DIALECTS",
     "MM_TILES",
     "MM_TILE_TYPES",
+    "MMVQ_TYPES",
     "Dialect",
     "Rendered",
     "Source",
     "body_sources",
     "mm_kernel_name",
     "mm_local_kernel_name",
+    "mmvq_kernel_name",
     "mv_kernel_name",
     "prelude",
     "render",
@@ -49,6 +52,7 @@ BODY_FILES = (
     "elementwise.tpk",
     "rows.tpk",
     "matmul.tpk",
+    "q8_1.tpk",
     "attention.tpk",
 )
 
@@ -71,6 +75,20 @@ MM_TILE_TYPES = (
     Type.Q4_1,
     Type.Q5_0,
     Type.Q5_1,
+)
+
+#: Weight types with 8-bit integer matrix-vector kernels (mmvq.tpk, on Q8_1 activations).
+MMVQ_TYPES = (
+    Type.Q8_0,
+    Type.Q4_0,
+    Type.Q4_1,
+    Type.Q5_0,
+    Type.Q5_1,
+    Type.Q2_K,
+    Type.Q3_K,
+    Type.Q4_K,
+    Type.Q5_K,
+    Type.Q6_K,
 )
 
 #: Tile shapes of the register-tiled mul_mat: rows of b (tokens) -> rows of a (outputs)
@@ -120,6 +138,11 @@ def mv_kernel_name(weight: Type) -> str:
     return f"k_mv_{weight.name.lower()}"
 
 
+def mmvq_kernel_name(weight: Type) -> str:
+    """The 8-bit integer matrix-vector kernel (GPUs, a few tokens) for ``weight``."""
+    return f"k_mvq_{weight.name.lower()}"
+
+
 def _read(folder: str, name: str) -> str:
     return resources.files(__package__).joinpath(folder).joinpath(name).read_text(encoding="utf-8")
 
@@ -161,6 +184,10 @@ def body_sources() -> tuple[Source, ...]:
             name = mm_kernel_name(weight, tm)
             macros = {"MM_NAME": name, "MM_T": suffix, "MM_TM": str(tm), "MM_TN": str(tn)}
             sources += _instance(f"src/mm_tile.tpk[{name}]", template, macros)
+    mmvq_template = _read("src", "mmvq.tpk")
+    for weight in MMVQ_TYPES:
+        macros = {"MV_NAME": mmvq_kernel_name(weight), "MV_T": weight.name.lower()}
+        sources += _instance(f"src/mmvq.tpk[{weight.name.lower()}]", mmvq_template, macros)
     return tuple(sources)
 
 

@@ -10,6 +10,10 @@ backend's error word, a small buffer read at :meth:`OpenCLBackend.synchronize`, 
 then raises :class:`~tensorplug.OutOfBoundsError`; set_rows checks every index before it
 writes, so a scatter with a bad index leaves the destination as it was.
 
+Launches that ask for scratch memory (``Launch.scratch``) get the backend's scratch
+buffer, grown to what a node, or a whole graph plan when it is bound, needs; a plan
+keeps the buffer it was bound to, so later growth never pulls memory from under it.
+
 pyopencl returns a transfer's event as a "nanny" that owns a reference to the host
 memory and, when it is garbage-collected, waits for the transfer to finish. Dropping
 it at once would make every asynchronous transfer synchronous (and, behind an
@@ -25,7 +29,7 @@ from tensorplug.backend import Backend, Event, GraphPlan, Status
 from tensorplug.errors import OutOfBoundsError, UnsupportedError
 from tensorplug.graph import Graph
 from tensorplug.tensor import Tensor
-from tensorplug_kernels import Launch, encode
+from tensorplug_kernels import Launch, encode, scratch_bytes
 
 from .buffer import OpenCLBuffer
 from .errors import translate
@@ -51,18 +55,22 @@ class OpenCLGraphPlan(GraphPlan):
         super().__init__(backend, graph)
         self.bound: list[tuple[Any, Launch, Tensor]] = []
         self.buffers: list[Buffer] = []
+        self.runtime: dict[str, Any] = {}  # the backend's buffers the plan is bound to
         self.watches_errors = False
         self.bind(graph)
 
     def bind(self, graph: Graph) -> None:
         backend: OpenCLBackend = self.backend  # type: ignore[assignment]
+        encoded = [(node, encode(node, backend.device.limits)) for node in graph.nodes]
+        runtime = backend.runtime_buffers(scratch_bytes(ln for _, ls in encoded for ln in ls))
         bound, watches = [], False
-        for node in graph.nodes:
-            for launch in encode(node, backend.device.limits):
+        for node, launches in encoded:
+            for launch in launches:
                 kernel = backend.device.program.kernel(launch.kernel)
-                watches |= backend.set_args(kernel, launch, node)
+                watches |= backend.set_args(kernel, launch, node, runtime)
                 bound.append((kernel, launch, node))
         self.graph, self.bound, self.watches_errors = graph, bound, watches
+        self.runtime = runtime
         # the buffers the bound arguments point into: a kernel given a freed cl.Buffer
         # crashes the process, so computing checks them first
         self.buffers = graph.buffers()
@@ -84,6 +92,7 @@ class OpenCLBackend(Backend):
         self._in_flight: list[Any] = []  # transfer events, kept so they do not block
         self._err = cl.Buffer(device.context, cl.mem_flags.READ_WRITE, 8)
         cl.enqueue_fill_buffer(self.queue, self._err, b"\0", 0, 8)
+        self._scratch: Any = None  # the scratch buffer, once a launch asks for one
         self._err_watched = False  # a kernel that may report into the error word ran
 
     def _keep(self, event: Any) -> None:
@@ -97,13 +106,32 @@ class OpenCLBackend(Backend):
 
     # -- kernels ---------------------------------------------------------------------------
 
-    def set_args(self, kernel: Any, launch: Launch, node: Tensor) -> bool:
-        """Bind the launch's arguments; True when the kernel may report into the error
-        word (which synchronize must then read)."""
+    def runtime_buffers(self, scratch: int) -> dict[str, Any]:
+        """The backend's own buffers for launches needing ``scratch`` bytes of scratch
+        together: the error word and the scratch buffer, grown first if it is smaller
+        (OpenCL frees a replaced buffer only once the work queued on it is done)."""
+        import pyopencl as cl
+
+        runtime = {"err": self._err}
+        if scratch <= 0:
+            return runtime
+        if self._scratch is None or self._scratch.size < scratch:
+            size = max(scratch, 2 * (0 if self._scratch is None else self._scratch.size))
+            try:
+                self._scratch = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
+            except cl.Error as e:
+                raise translate(e, f"{self.name}: allocating {size} bytes of scratch memory") from e
+        runtime["scratch"] = self._scratch
+        return runtime
+
+    def set_args(self, kernel: Any, launch: Launch, node: Tensor, runtime: dict[str, Any]) -> bool:
+        """Bind the launch's arguments (``runtime``: the backend's own buffers, from
+        :meth:`runtime_buffers`); True when the kernel may report into the error word
+        (which synchronize must then read)."""
         import pyopencl as cl
 
         try:
-            args = cl_args(launch, self.device.context, {"err": self._err})
+            args = cl_args(launch, self.device.context, runtime)
             kernel.set_args(*args)
             return any(a is self._err for a in args[1:])
         except (cl.Error, TypeError, ValueError, KeyError) as e:
@@ -137,9 +165,11 @@ class OpenCLBackend(Backend):
         for buf in graph.buffers():
             buf._check_live()
         for node in graph.nodes:
-            for launch in encode(node, limits):
+            launches = encode(node, limits)
+            runtime = self.runtime_buffers(scratch_bytes(launches))
+            for launch in launches:
                 kernel = self._kernel(launch)
-                self._err_watched |= self.set_args(kernel, launch, node)
+                self._err_watched |= self.set_args(kernel, launch, node, runtime)
                 self._enqueue(kernel, launch, node)
         return Status.SUCCESS
 

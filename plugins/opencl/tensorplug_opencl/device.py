@@ -164,6 +164,7 @@ class OpenCLDevice(Device):
             gpu=self.info.type is not DeviceType.CPU
             and self.info.max_work_group >= 256
             and self.info.local_mem >= 32 * 1024,
+            scratch=True,
         )
         self._buft = OpenCLBufferType(self)
         self._program: KernelProgram | None = None

@@ -2,8 +2,8 @@
 
 The encoder (:mod:`tensorplug_kernels.encode`) says which kernel runs with which
 arguments; here they become what ``clSetKernelArg`` takes: the arguments struct as raw
-bytes, then one ``cl.Buffer`` per buffer parameter (a tensor's buffer, or the
-backend's error word).
+bytes, then one ``cl.Buffer`` per buffer parameter (a tensor's buffer, or one of the
+backend's own: the error word, the scratch buffer).
 """
 
 from __future__ import annotations
@@ -38,8 +38,14 @@ def cl_buffer(t: Tensor, context: Any) -> Any:
 
 def cl_args(launch: Launch, context: Any, extra: dict[str, Any]) -> tuple[Any, ...]:
     """The kernel arguments of ``launch``: the packed struct, then its buffers (``extra``
-    supplies the runtime's own buffers by name, such as ``err``)."""
+    supplies the runtime's own buffers by name: ``err``, ``scratch``)."""
     data, buffers = kernel_abis()[launch.kernel].pack(launch.args)
+    missing = [b for b in buffers if isinstance(b, str) and b not in extra]
+    if missing:
+        raise UnsupportedError(
+            f"OpenCL: {launch.kernel} takes the runtime buffer(s) {missing}, which were not "
+            "provided"
+        )
     return (
         data,
         *(cl_buffer(b.tensor, context) if isinstance(b, TensorArg) else extra[b] for b in buffers),
