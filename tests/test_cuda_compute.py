@@ -26,7 +26,7 @@ from tensorplug.testing import catalogue, run_cases
 from tensorplug_cuda import matmul as cuda_matmul
 from tensorplug_cuda.reg import CUDAReg
 from tensorplug_kernels.emulate import PoclEmulator, pocl_emulator
-from tensorplug_kernels.source import MMVQ_TYPES
+from tensorplug_kernels.source import MMVQ_TYPES, mmvq_kernel_name
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,9 @@ def test_every_catalogue_case_agrees_with_the_cpu_backend(backend: Any, fake: Fa
     # the kernels really ran (cuBLAS computed the rest)
     assert len(fake.state.launches) >= passed - fake.state.calls["matmul"]
     assert fake.state.calls["matmul"] >= 20  # and prompt-sized mul_mats went to cuBLAS
+    launched = {ln.kernel for ln in fake.state.launches}
+    # few-token quantized products took the 8-bit integer kernels, for every type
+    assert {mmvq_kernel_name(t) for t in MMVQ_TYPES} | {"k_quantize_q8_1"} <= launched
 
 
 # -- mul_mat through cuBLAS ----------------------------------------------------------------------
