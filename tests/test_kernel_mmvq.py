@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from mmvq_reference import error_bound, q8_1_reference
+from mmvq_reference import error_bound, q8_1_reference, q8_1_values
 
 import tensorplug as tp
 from tensorplug import Type, ops
@@ -142,3 +142,28 @@ def test_a_scratch_buffer_too_small_is_refused(emulator: PoclEmulator) -> None:
     launch = encode(y, GPU)[0]
     with pytest.raises(ValueError, match="scratch buffer holds 0 bytes"):
         emulator.run(launch, lambda w: runtime(w) if isinstance(w, str) else _host(w))
+
+
+@pytest.mark.parametrize(
+    ("wtype", "btype", "n_out", "k", "tokens"),
+    [
+        (Type.Q5_K, Type.F16, 5, 256, 2),  # f16 activations, read through load_scalar
+        (Type.Q8_0, Type.F32, 8195, 32, 2),  # more rows than MAX_ROW_GROUPS: groups loop
+    ],
+)
+def test_mmvq_takes_f16_activations_and_more_rows_than_groups(
+    emulator: PoclEmulator, wtype: Type, btype: Type, n_out: int, k: int, tokens: int
+) -> None:
+    rng = np.random.default_rng(5)
+    stored = quantize(rng.standard_normal((n_out, k)).astype(np.float32), wtype)
+    x = rng.standard_normal((tokens, k)).astype(btype.numpy_dtype)
+    a, b = tp.new_tensor(wtype, (n_out, k)), tp.new_tensor(btype, (tokens, k))
+    y = ops.mul_mat(a, b)
+    cpu = tp.registry.init_by_name("CPU")
+    assert tp.alloc_tensors([a, b, y], cpu.buffer_type()) is not None
+    tp.set_array(a, stored)
+    tp.set_array(b, x)
+    assert _run(emulator, y, HostRuntimeBuffers())[1] == f"k_mvq_{wtype.name.lower()}"
+    wa = dequantize(stored, wtype).reshape(n_out, k).astype(np.float64)
+    xb = q8_1_values(x.astype(np.float32))
+    assert np.all(np.abs(tp.get_array(y) - xb @ wa.T) <= error_bound(xb, wa))
