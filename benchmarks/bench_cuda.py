@@ -3,8 +3,9 @@
 1. **Prompt mul_mat, F32 and F16 weights**: tensorplug (a graph of one mul_mat, which
    the plugin sends to cuBLAS through ``cupy.matmul``) against ``cupy.matmul(x, w.T)``
    on the same values. The goal is a ratio of at least 0.9 (cupy's time / ours).
-2. **Decode mat×vec, Q4_0 and Q8_0 weights** (one token, the shared library's
-   matrix-vector kernel, replayed from a graph plan): weight bytes read per second,
+2. **Decode mat×vec, Q4_0 and Q8_0 weights** (one token: the shared library's 8-bit
+   integer matrix-vector kernel on Q8_1 activations, after the activations' quantizer,
+   replayed from a graph plan): weight bytes read per second,
    next to the GPU's memory bandwidth (from the driver: memory clock × 2 × bus width)
    and to ``cupy.matmul`` streaming the same matrix as F16.
 3. **Graph replay**: µs per node of a decode-like chain of small ops, replayed as a

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from mmvq_reference import Product
 
 import tensorplug as tp
 import tensorplug_cuda
@@ -21,6 +22,7 @@ from tensorplug import Type, ops
 from tensorplug.quants import quantize
 from tensorplug.testing import catalogue, run_cases
 from tensorplug_cuda.errors import OutOfMemoryError
+from tensorplug_kernels.source import MMVQ_TYPES
 
 _SCORE = tensorplug_cuda.score()
 pytestmark = pytest.mark.skipif(_SCORE[0] == 0, reason=f"no usable NVIDIA GPU: {_SCORE[1]}")
@@ -96,6 +98,17 @@ def test_cublas_and_the_kernels_agree(backend: Any, monkeypatch: pytest.MonkeyPa
     backend.graph_compute(tp.Graph(y))
     kernels = tp.get_array(y)
     assert ((with_cublas - kernels) ** 2).sum() / (kernels**2).sum() < 1e-10
+
+
+@pytest.mark.parametrize("wtype", MMVQ_TYPES, ids=lambda t: t.name)
+def test_the_integer_mat_vec_kernels_match_their_formula(backend: Any, wtype: Type) -> None:
+    """__dp4a, the warp reductions and NVRTC's code for the mmvq kernels, held to the
+    numpy formula of the same computation (tests/mmvq_reference.py)."""
+    for tokens in (1, 3, 8):
+        p = Product(backend, wtype, tokens, k=1024)
+        x = p.new_input()
+        backend.graph_compute(p.graph)
+        p.check(x)
 
 
 def test_out_of_device_memory_is_recoverable(reg: Any, backend: Any) -> None:
