@@ -17,6 +17,7 @@ from mmvq_reference import Product
 
 import tensorplug as tp
 from tensorplug import Type
+from tensorplug.testing import catalogue, run_cases
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
 
@@ -66,3 +67,12 @@ def test_a_plan_keeps_its_scratch_when_the_backend_grows(backend: tp.Backend) ->
     backend.synchronize()
     small.check(x)
     backend.graph_plan_free(plan)
+
+
+def test_the_kits_mul_mat_cases_pass_with_gpu_kernels(backend: tp.Backend) -> None:
+    """The conformance kit's mul_mat family (every weight type, 1 and 7 tokens among
+    them) through the OpenCL runtime choosing the GPU kernels, mmvq included."""
+    report = run_cases(catalogue(True, ["mul_mat"]), backend, tp.registry.init_by_name("CPU"))
+    failed = [(r.case, r.message) for r in report.results if r.outcome.name == "FAIL"]
+    assert failed == []
+    assert sum(r.outcome.name == "PASS" for r in report.results) >= 100
