@@ -35,6 +35,14 @@ from ._numba_int8 import (
     row_q5_1,
     row_q8_0,
 )
+from ._numba_introw import (
+    rows4_dot_q4_0,
+    rows4_dot_q4_1,
+    rows4_dot_q4_k,
+    rows4_dot_q5_0,
+    rows4_dot_q5_1,
+    rows4_dot_q8_0,
+)
 from ._numba_quant import _DOT, _f16, _i8
 
 # ggml type ids (tensorplug.types.Type values), which the driver branches on
@@ -148,29 +156,55 @@ def _row_q6_k(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
     return total
 
 
+@njit(inline="always")
+def _rows4(rows: Any, o: int, xr: Any, xd: Any, xs: Any, table: Any, kind: int) -> Any:
+    """Rows ``o..o+3`` times one activation row (:mod:`._numba_introw`)."""
+    nb = xd.size
+    if kind == Q4_0:
+        return rows4_dot_q4_0(rows, o, xr, xd, xs, table, nb)
+    if kind == Q8_0:
+        return rows4_dot_q8_0(rows, o, xr, xd, xs, table, nb)
+    if kind == Q5_0:
+        return rows4_dot_q5_0(rows, o, xr, xd, xs, table, nb)
+    if kind == Q4_1:
+        return rows4_dot_q4_1(rows, o, xr, xd, xs, table, nb)
+    if kind == Q4_K:
+        return rows4_dot_q4_k(rows, o, xr, xd, xs, table, nb)
+    return rows4_dot_q5_1(rows, o, xr, xd, xs, table, nb)
+
+
 @njit(parallel=True, fastmath=_DOT, cache=True)
 def matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int) -> None:
     """``out[t, o] = W[o]·x[t]`` for weights of ggml type ``kind`` as byte rows
     ``(n_out, row_bytes)`` and activations quantized by :func:`quantize_q8_0`; output rows
-    split in chunks across threads, one branch on the type per row."""
+    split in chunks (of whole groups of four) across threads. Every type but Q6_K takes
+    four rows at a time, sharing each activation block between them; Q6_K and the rows
+    left over go one at a time."""
     n = rows.shape[0]
-    per = (n + _CHUNKS - 1) // _CHUNKS
+    per = ((n + _CHUNKS - 1) // _CHUNKS + 3) // 4 * 4
+    grouped = kind != Q6_K
     for c in prange(_CHUNKS):
-        for o in range(c * per, min(n, (c + 1) * per)):
-            row = rows[o]
+        o, end = c * per, min(n, (c + 1) * per)
+        while grouped and o + 4 <= end:
+            for t in range(xq.shape[0]):
+                four = _rows4(rows, o, xq[t], xd[t], xs[t], table, kind)
+                out[t, o], out[t, o + 1], out[t, o + 2], out[t, o + 3] = four
+            o += 4
+        for left in range(o, end):
+            row = rows[left]
             for t in range(xq.shape[0]):
                 xr, xdt, xst = xq[t], xd[t], xs[t]
                 if kind == Q4_0:
-                    out[t, o] = row_q4_0(row, xr, xdt, xst, table)
+                    out[t, left] = row_q4_0(row, xr, xdt, xst, table)
                 elif kind == Q8_0:
-                    out[t, o] = row_q8_0(row, xr, xdt, xst, table)
+                    out[t, left] = row_q8_0(row, xr, xdt, xst, table)
                 elif kind == Q4_K:
-                    out[t, o] = _row_q4_k(row, xr, xdt, xst, table)
+                    out[t, left] = _row_q4_k(row, xr, xdt, xst, table)
                 elif kind == Q6_K:
-                    out[t, o] = _row_q6_k(row, xr, xdt, xst, table)
+                    out[t, left] = _row_q6_k(row, xr, xdt, xst, table)
                 elif kind == Q5_0:
-                    out[t, o] = row_q5_0(row, xr, xdt, xst, table)
+                    out[t, left] = row_q5_0(row, xr, xdt, xst, table)
                 elif kind == Q4_1:
-                    out[t, o] = row_q4_1(row, xr, xdt, xst, table)
+                    out[t, left] = row_q4_1(row, xr, xdt, xst, table)
                 else:
-                    out[t, o] = row_q5_1(row, xr, xdt, xst, table)
+                    out[t, left] = row_q5_1(row, xr, xdt, xst, table)

@@ -1,0 +1,97 @@
+"""The integer mat×vec kernels row by row: groups of four rows, the rows left over, and
+the portable (non-AVX2, non-F16C) form of the same LLVM IR.
+
+Each product is held to the float64 product of the weights as ``gguf.quants`` decodes
+them and the activations as ggml's Q8_0 rounds them, so only float32 accumulation is
+left between them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import gguf
+import numpy as np
+import pytest
+from test_cpu_helpers import q8_activations
+
+import tensorplug as tp
+from tensorplug.quants import quantize
+
+pytest.importorskip("numba", reason="the integer kernels are numba's (pip install numba)")
+
+RNG = np.random.default_rng(2024)
+TYPES = [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8_0, tp.Type.Q4_K,
+         tp.Type.Q6_K]  # fmt: skip
+
+
+def _weights(t: tp.Type, n_out: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    raw = np.ascontiguousarray(quantize(RNG.standard_normal((n_out, n)).astype(np.float32), t))
+    decoded = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t)))
+    return raw, decoded.astype(np.float64)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_out", [3, 101, 260])  # no group, groups and leftovers, many chunks
+def test_products_match_the_decoded_weights(t: tp.Type, n_out: int) -> None:
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    if jit is None:
+        pytest.skip("numba kernels unavailable")
+    raw, w64 = _weights(t, n_out, 512)
+    x = RNG.standard_normal((3, 512)).astype(np.float32)
+    out = np.full((3, n_out), np.nan, np.float32)
+    jit.matvec(t, raw.reshape(n_out, -1, t.type_size), x, out)
+    expected = q8_activations(x) @ w64.T
+    assert np.abs(out - expected).max() <= 2e-6 * np.abs(expected).max()
+
+
+_PORTABLE = """
+import gguf, numpy as np
+from numba import njit
+from tensorplug.quants import quantize
+from tensorplug.types import Type
+from tensorplug_cpu.kernels import _numba_int8 as i8, _numba_introw as rows
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+
+rows.HAS_AVX2 = rows.HAS_F16C = False  # before anything is compiled in this process
+rng = np.random.default_rng(7)
+x = rng.standard_normal((1, 512)).astype(np.float32)
+xq, xd, xs = np.empty((1, 512), np.int8), np.empty((1, 16), np.float32), np.empty((1, 16), np.int32)
+i8.quantize_q8_0(x, xq, xd, xs, table)
+x64 = xq[0].astype(np.float64) * np.repeat(xd[0].astype(np.float64), 32)
+for name in {names!r}:
+    t = Type[name.upper()]
+    raw = np.ascontiguousarray(quantize(rng.standard_normal((8, 512)).astype(np.float32), t))
+    w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).astype(np.float64)
+    kernel = getattr(rows, "rows4_dot_" + name)
+
+    @njit(cache=False)
+    def run(raw, xq, xd, xs, out):
+        for o in range(0, 8, 4):
+            four = kernel(raw, o, xq, xd, xs, table, xd.size)
+            for i in range(4):
+                out[o + i] = four[i]
+
+    out = np.empty(8, np.float32)
+    run(raw, xq[0], xd[0], xs[0], out)
+    expected = w @ x64
+    err = np.abs(out - expected).max() / np.abs(expected).max()
+    assert err < 2e-6, (name, err)
+    print(name, "ok")
+"""
+
+
+def test_the_portable_ir_computes_the_same_products() -> None:
+    """Hosts without AVX2 or F16C get widening vector IR and table-decoded scales; this
+    machine compiles that form in a fresh process (the choice is made when a kernel is
+    first compiled) and checks it against the decoded weights."""
+    names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k"]
+    code = textwrap.dedent(_PORTABLE).format(names=names)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [w for n in names for w in (n, "ok")]
