@@ -89,7 +89,7 @@ def test_the_portable_ir_computes_the_same_products() -> None:
     """Hosts without AVX2 or F16C get widening vector IR and table-decoded scales; this
     machine compiles that form in a fresh process (the choice is made when a kernel is
     first compiled) and checks it against the decoded weights."""
-    names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k"]
+    names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"]
     code = textwrap.dedent(_PORTABLE).format(names=names)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)  # fmt: skip

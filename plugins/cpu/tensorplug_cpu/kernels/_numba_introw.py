@@ -23,6 +23,7 @@ the host's SIMD (measured only on this AVX2 machine).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +154,53 @@ def _splat_vf(builder: ir.IRBuilder, v: Any, n: int, lane: int = 0) -> Any:
     return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [lane] * n))
 
 
-def _rows_dot(lay: Layout, r: int) -> Any:
+#: rows each kernel takes at a time
+ROWS = 4
+
+
+@dataclass
+class _Block:
+    """What a kernel body sees at one block of its row group."""
+
+    builder: ir.IRBuilder
+    rows: list[Any]  # i8* of each row's first byte
+    x: Any  # i8* of the activation row's codes
+    xd: Any  # float* of its block scales
+    xs: Any  # i32* of its blocks' sums of codes
+    table: Any  # float* of the f16 → f32 table
+    b: Any  # i64 index of this block
+    stride: Any  # i64 bytes from one row to the next
+
+    def prefetch(self, at: Any, nbytes: int) -> None:
+        """Ask for bytes ``at..at+nbytes`` of each row :data:`PREFETCH` groups ahead."""
+        builder = self.builder
+        hint = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), ir.IntType(8).as_pointer(),
+                   _I32, _I32, _I32)  # fmt: skip
+        ahead = builder.mul(_I64(ROWS * PREFETCH), self.stride)
+        for row in self.rows:
+            for off in range(0, nbytes, 64):
+                where = builder.gep(row, [builder.add(ahead, builder.add(at, _I64(off)))])
+                builder.call(hint, [where, _I32(0), _I32(3), _I32(1)])
+
+    def x_block(self, k: Any) -> Any:
+        """Activation block ``k``'s 32 codes as ``<32 x i8>``."""
+        return _load_vec(self.builder, self.x, self.builder.mul(k, _I64(32)), _vec(_I8, 32))
+
+
+#: a kernel body: (block, the accumulators, ROWS·per_row of them) -> their new values
+Body = Callable[[_Block, list[Any]], list[Any]]
+#: its ending: (builder, the accumulators' final values) -> one float per row
+Finish = Callable[[ir.IRBuilder, list[Any]], list[Any]]
+
+
+def _rows_kernel(
+    body: Body, finish: Finish, accumulators: list[ir.Constant], values_per_block: int
+) -> Any:
+    """An intrinsic ``(rows, o, xq, xd, xs, table, n_act_blocks) -> ROWS floats``: rows
+    ``o..o+ROWS-1`` of ``rows`` times one activation row, as one loop over the weight
+    blocks that ``body`` emits the inside of."""
+    per_block = values_per_block // 32  # activation blocks per weight block
+
     @intrinsic
     def rows_dot(typingctx: Any, rows: Any, o: Any, xr: Any, xd: Any, xs: Any, table: Any,
                  nb: Any) -> Any:  # fmt: skip
@@ -161,14 +208,11 @@ def _rows_dot(lay: Layout, r: int) -> Any:
             arr = context.make_array(sig.args[0])(context, builder, args[0])
             stride = builder.extract_value(arr.strides, 0)
             base = builder.gep(arr.data, [builder.mul(args[1], stride)])
-            row_ps = [builder.gep(base, [builder.mul(_I64(i), stride)]) for i in range(r)]
+            row_ps = [builder.gep(base, [builder.mul(_I64(i), stride)]) for i in range(ROWS)]
             xr_p, xd_p, xs_p, table_p = (
                 _data(context, builder, sig.args[i], args[i]) for i in (2, 3, 4, 5)
             )
-            n = args[6]
-            fmuladd = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
-            vr = ir.VectorType(_F32, r)
-            zero = ir.Constant(_V8F, [0.0] * 8)
+            n = builder.sdiv(args[6], _I64(per_block))
             entry = builder.block
             loop = builder.append_basic_block("rows_dot.loop")
             done = builder.append_basic_block("rows_dot.done")
@@ -176,77 +220,87 @@ def _rows_dot(lay: Layout, r: int) -> Any:
 
             builder.position_at_end(loop)
             b = builder.phi(_I64)
-            acc = [builder.phi(_V8F) for _ in range(r)]
-            accm = builder.phi(vr)
-            at = builder.mul(b, _I64(lay.block))
-            x = _load_vec(builder, xr_p, builder.mul(b, _I64(32)), _vec(_I8, 32))
-            dx = builder.load(builder.gep(xd_p, [b]))
-            dxv = _splat_vf(builder, builder.insert_element(ir.Constant(vr, None), dx, _I32(0)), r)
-            scales = builder.fmul(_f16x(builder, row_ps, at, table_p), dxv)
-            xsum = builder.load(builder.gep(xs_p, [b]))
-            corr = None
-            if lay.offset and HAS_AVX2:
-                back = builder.mul(xsum, _I32(-lay.offset))
-                corr = builder.insert_element(ir.Constant(_vec(_I32, 8), [0] * 8), back, _I32(0))
-            new = []
-            if PREFETCH:
-                pf = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), ir.IntType(8).as_pointer(),
-                         _I32, _I32, _I32)  # fmt: skip
-                ahead = builder.mul(_I64(r * PREFETCH), stride)
-            for i in range(r):
-                if PREFETCH:
-                    builder.call(pf, [builder.gep(row_ps[i], [builder.add(ahead, at)]),
-                                      _I32(0), _I32(3), _I32(1)])  # fmt: skip
-                codes, signed = _codes(builder, lay, row_ps[i], at)
-                isums = _partial_sums(builder, codes, signed, x)
-                if corr is not None:
-                    isums = builder.add(isums, corr)
-                sums = builder.sitofp(isums, _V8F)
-                new.append(builder.call(fmuladd, [_splat_vf(builder, scales, 8, i), sums, acc[i]]))
-            new_m = accm
-            if lay.m >= 0:
-                mins = _f16x(builder, row_ps, builder.add(at, _I64(lay.m)), table_p)
-                f = builder.fmul(dx, builder.sitofp(xsum, _F32))
-                fv = _splat_vf(builder, builder.insert_element(ir.Constant(vr, None), f, _I32(0)),
-                               r)  # fmt: skip
-                new_m = builder.call(_fn(builder, f"llvm.fmuladd.v{r}f32", vr, vr, vr, vr),
-                                     [mins, fv, accm])  # fmt: skip
+            accs = [builder.phi(z.type) for z in accumulators]
+            new = body(_Block(builder, row_ps, xr_p, xd_p, xs_p, table_p, b, stride), accs)
             nxt = builder.add(b, _I64(1))
             builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
             body_end = builder.block
             b.add_incoming(_I64(0), entry)
             b.add_incoming(nxt, body_end)
-            for phi, val in zip(acc, new, strict=True):
+            for phi, zero, val in zip(accs, accumulators, new, strict=True):
                 phi.add_incoming(zero, entry)
                 phi.add_incoming(val, body_end)
-            zr = ir.Constant(vr, [0.0] * r)
-            accm.add_incoming(zr, entry)
-            accm.add_incoming(new_m, body_end)
 
             builder.position_at_end(done)
-            fins = []
-            for val in new:
-                phi = builder.phi(_V8F)
+            finals = [builder.phi(z.type) for z in accumulators]
+            for phi, zero, val in zip(finals, accumulators, new, strict=True):
                 phi.add_incoming(zero, entry)
                 phi.add_incoming(val, body_end)
-                fins.append(phi)
-            finm = builder.phi(vr)
-            finm.add_incoming(zr, entry)
-            finm.add_incoming(new_m, body_end)
-            outs = [_hsum(builder, phi) for phi in fins]
-            res = [builder.fadd(outs[i], builder.extract_element(finm, _I32(i))) for i in range(r)]
-            return context.make_tuple(builder, sig.return_type, res)
+            return context.make_tuple(builder, sig.return_type, finish(builder, finals))
 
-        return types.UniTuple(types.float32, r)(rows, o, xr, xd, xs, table, nb), codegen
+        return types.UniTuple(types.float32, ROWS)(rows, o, xr, xd, xs, table, nb), codegen
 
     return rows_dot
 
 
-rows4_dot_q4_0 = _rows_dot(LAYOUTS["q4_0"], 4)
-rows4_dot_q8_0 = _rows_dot(LAYOUTS["q8_0"], 4)
-rows4_dot_q4_1 = _rows_dot(LAYOUTS["q4_1"], 4)
-rows4_dot_q5_0 = _rows_dot(LAYOUTS["q5_0"], 4)
-rows4_dot_q5_1 = _rows_dot(LAYOUTS["q5_1"], 4)
+_ZERO8 = ir.Constant(_V8F, [0.0] * 8)
+
+
+def _fmuladd8(builder: ir.IRBuilder, a: Any, b: Any, c: Any) -> Any:
+    return builder.call(_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F), [a, b, c])
+
+
+def _splat_scalar(builder: ir.IRBuilder, v: Any, n: int) -> Any:
+    return _splat_vf(builder, builder.insert_element(ir.Constant(ir.VectorType(v.type, n), None),
+                                                     v, _I32(0)), n)  # fmt: skip
+
+
+def _block32_kernel(lay: Layout) -> Any:
+    """A 32-value block type: per row, ``d_w·d_x·Σ(q − offset)·x`` into a vector, and for
+    Q4_1/Q5_1 ``m_w·d_x·Σx`` of the four rows into one more."""
+    vr = ir.VectorType(_F32, ROWS)
+
+    def body(blk: _Block, accs: list[Any]) -> list[Any]:
+        builder, b = blk.builder, blk.b
+        at = builder.mul(b, _I64(lay.block))
+        blk.prefetch(at, lay.block)
+        x = blk.x_block(b)
+        dx = _splat_scalar(builder, builder.load(builder.gep(blk.xd, [b])), ROWS)
+        scales = builder.fmul(_f16x(builder, blk.rows, at, blk.table), dx)
+        xsum = builder.load(builder.gep(blk.xs, [b]))
+        corr = None
+        if lay.offset and HAS_AVX2:
+            back = builder.mul(xsum, _I32(-lay.offset))
+            corr = builder.insert_element(ir.Constant(_vec(_I32, 8), [0] * 8), back, _I32(0))
+        new = []
+        for i, row in enumerate(blk.rows):
+            codes, signed = _codes(builder, lay, row, at)
+            isums = _partial_sums(builder, codes, signed, x)
+            if corr is not None:
+                isums = builder.add(isums, corr)
+            sums = builder.sitofp(isums, _V8F)
+            new.append(_fmuladd8(builder, _splat_vf(builder, scales, 8, i), sums, accs[i]))
+        mins = accs[ROWS]
+        if lay.m >= 0:
+            m_w = _f16x(builder, blk.rows, builder.add(at, _I64(lay.m)), blk.table)
+            dx_sum = builder.fmul(dx, _splat_scalar(builder, builder.sitofp(xsum, _F32), ROWS))
+            fma = _fn(builder, f"llvm.fmuladd.v{ROWS}f32", vr, vr, vr, vr)
+            mins = builder.call(fma, [m_w, dx_sum, mins])
+        return [*new, mins]
+
+    def finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
+        return [builder.fadd(_hsum(builder, finals[i]),
+                             builder.extract_element(finals[ROWS], _I32(i)))
+                for i in range(ROWS)]  # fmt: skip
+
+    return _rows_kernel(body, finish, [_ZERO8] * ROWS + [ir.Constant(vr, [0.0] * ROWS)], 32)
+
+
+rows4_dot_q4_0 = _block32_kernel(LAYOUTS["q4_0"])
+rows4_dot_q8_0 = _block32_kernel(LAYOUTS["q8_0"])
+rows4_dot_q4_1 = _block32_kernel(LAYOUTS["q4_1"])
+rows4_dot_q5_0 = _block32_kernel(LAYOUTS["q5_0"])
+rows4_dot_q5_1 = _block32_kernel(LAYOUTS["q5_1"])
 
 
 def _q4_k_scales_mins(builder: ir.IRBuilder, row: Any, at: Any) -> tuple[Any, Any]:
@@ -272,90 +326,99 @@ def _q4_k_scales_mins(builder: ir.IRBuilder, row: Any, at: Any) -> tuple[Any, An
     return tuple(builder.uitofp(v, _V8F) for v in (sc, mn))  # type: ignore[return-value]
 
 
-def _rows_dot_q4_k(r: int) -> Any:
-    """``r`` Q4_K rows at a time: per 256-value block and row, eight sub-blocks of 32
-    nibbles against eight Q8_0 activation blocks (each with its own scale, so each
-    sub-block's sums are scaled in float), and ``dmin·Σ_s m_s·d_x·Σx`` beside them."""
-
-    @intrinsic
-    def rows_dot(typingctx: Any, rows: Any, o: Any, xr: Any, xd: Any, xs: Any, table: Any,
-                 nb: Any) -> Any:  # fmt: skip
-        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-            arr = context.make_array(sig.args[0])(context, builder, args[0])
-            stride = builder.extract_value(arr.strides, 0)
-            base = builder.gep(arr.data, [builder.mul(args[1], stride)])
-            row_ps = [builder.gep(base, [builder.mul(_I64(i), stride)]) for i in range(r)]
-            xr_p, xd_p, xs_p, table_p = (
-                _data(context, builder, sig.args[i], args[i]) for i in (2, 3, 4, 5)
-            )
-            n = builder.sdiv(args[6], _I64(8))  # 256-value blocks
-            fmuladd = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
-            pf = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), ir.IntType(8).as_pointer(),
-                     _I32, _I32, _I32)  # fmt: skip
-            ahead = builder.mul(_I64(r * PREFETCH), stride)
-            zero = ir.Constant(_V8F, [0.0] * 8)
-            entry = builder.block
-            loop = builder.append_basic_block("rows_dot_k.loop")
-            done = builder.append_basic_block("rows_dot_k.done")
-            builder.cbranch(builder.icmp_signed(">", n, _I64(0)), loop, done)
-
-            builder.position_at_end(loop)
-            b = builder.phi(_I64)
-            accs = [builder.phi(_V8F) for _ in range(3 * r)]  # even, odd sub-blocks; mins
-            at = builder.mul(b, _I64(144))
-            first = builder.mul(b, _I64(8))  # the block's first activation block
-            dxv = _load_vec(builder, xd_p, first, _V8F)
-            xsv = builder.sitofp(_load_vec(builder, xs_p, first, _vec(_I32, 8)), _V8F)
-            dxs = builder.fmul(dxv, xsv)
-            d = _f16x(builder, row_ps, at, table_p)
-            dmin = _f16x(builder, row_ps, builder.add(at, _I64(2)), table_p)
-            new = []
-            for i in range(r):
-                for off in range(0, 144, 64):
-                    builder.call(pf, [builder.gep(row_ps[i], [builder.add(ahead, builder.add(
-                        at, _I64(off)))]), _I32(0), _I32(3), _I32(1)])  # fmt: skip
-                scales, mins = _q4_k_scales_mins(builder, row_ps[i], at)
-                factors = builder.fmul(builder.fmul(scales, _splat_vf(builder, d, 8, i)), dxv)
-                acc = [accs[3 * i], accs[3 * i + 1]]
-                for pair in range(4):
-                    q = _load_vec(builder, row_ps[i], builder.add(at, _I64(16 + 32 * pair)),
-                                  _vec(_I8, 32))  # fmt: skip
-                    halves = (builder.and_(q, _splat(_I8, 32, 15)),
-                              builder.lshr(q, _splat(_I8, 32, 4)))  # fmt: skip
-                    for h, nib in enumerate(halves):
-                        s = 2 * pair + h
-                        x_at = builder.mul(builder.add(first, _I64(s)), _I64(32))
-                        x = _load_vec(builder, xr_p, x_at, _vec(_I8, 32))
-                        sums = builder.sitofp(_partial_sums(builder, nib, False, x), _V8F)
-                        acc[h] = builder.call(fmuladd, [_splat_vf(builder, factors, 8, s), sums,
-                                                        acc[h]])  # fmt: skip
-                mins_term = builder.fmul(mins, _splat_vf(builder, dmin, 8, i))
-                new += [acc[0], acc[1], builder.call(fmuladd, [mins_term, dxs, accs[3 * i + 2]])]
-            nxt = builder.add(b, _I64(1))
-            builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
-            body_end = builder.block
-            b.add_incoming(_I64(0), entry)
-            b.add_incoming(nxt, body_end)
-            for phi, val in zip(accs, new, strict=True):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, body_end)
-
-            builder.position_at_end(done)
-            fins = []
-            for val in new:
-                phi = builder.phi(_V8F)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, body_end)
-                fins.append(phi)
-            res = []
-            for i in range(r):
-                products = _hsum(builder, builder.fadd(fins[3 * i], fins[3 * i + 1]))
-                res.append(builder.fsub(products, _hsum(builder, fins[3 * i + 2])))
-            return context.make_tuple(builder, sig.return_type, res)
-
-        return types.UniTuple(types.float32, r)(rows, o, xr, xd, xs, table, nb), codegen
-
-    return rows_dot
+def _q4_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
+    """One Q4_K block of each row: eight sub-blocks of 32 nibbles against eight Q8_0
+    activation blocks (each with its own scale, so each sub-block's sums are scaled in
+    float), and ``dmin·Σ_s m_s·d_x·Σx`` beside them."""
+    builder = blk.builder
+    at = builder.mul(blk.b, _I64(144))
+    blk.prefetch(at, 144)
+    first = builder.mul(blk.b, _I64(8))  # the block's first activation block
+    dxv = _load_vec(builder, blk.xd, first, _V8F)
+    dxs = builder.fmul(dxv, builder.sitofp(_load_vec(builder, blk.xs, first, _vec(_I32, 8)),
+                                           _V8F))  # fmt: skip
+    d = _f16x(builder, blk.rows, at, blk.table)
+    dmin = _f16x(builder, blk.rows, builder.add(at, _I64(2)), blk.table)
+    xs = [blk.x_block(builder.add(first, _I64(s))) for s in range(8)]
+    new = []
+    for i, row in enumerate(blk.rows):
+        scales, mins = _q4_k_scales_mins(builder, row, at)
+        factors = builder.fmul(builder.fmul(scales, _splat_vf(builder, d, 8, i)), dxv)
+        acc = accs[3 * i : 3 * i + 2]  # even and odd sub-blocks: two chains of additions
+        for pair in range(4):
+            q = _load_vec(builder, row, builder.add(at, _I64(16 + 32 * pair)), _vec(_I8, 32))
+            nibbles = (builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4)))
+            for h, nib in enumerate(nibbles):
+                s = 2 * pair + h
+                sums = builder.sitofp(_partial_sums(builder, nib, False, xs[s]), _V8F)
+                acc[h] = _fmuladd8(builder, _splat_vf(builder, factors, 8, s), sums, acc[h])
+        mins_term = builder.fmul(mins, _splat_vf(builder, dmin, 8, i))
+        new += [*acc, _fmuladd8(builder, mins_term, dxs, accs[3 * i + 2])]
+    return new
 
 
-rows4_dot_q4_k = _rows_dot_q4_k(4)
+def _q4_k_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
+    return [builder.fsub(_hsum(builder, builder.fadd(finals[3 * i], finals[3 * i + 1])),
+                         _hsum(builder, finals[3 * i + 2])) for i in range(ROWS)]  # fmt: skip
+
+
+rows4_dot_q4_k = _rows_kernel(_q4_k_body, _q4_k_finish, [_ZERO8] * (3 * ROWS), 256)
+
+
+def _widen_pair(builder: ir.IRBuilder, two: Any, ty: ir.IntType, n: int) -> Any:
+    """``<2 x i8>`` (two signed scales) as ``n`` lanes of ``ty``: the first scale in the
+    lower half, the second in the upper (the lanes of 16 values each)."""
+    wide = builder.sext(two, _vec(ty, 2))
+    halves = ir.Constant(_vec(_I32, n), [0] * (n // 2) + [1] * (n // 2))
+    return builder.shuffle_vector(wide, ir.Constant(_vec(ty, 2), None), halves)
+
+
+def _q6_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
+    """One Q6_K block of each row: eight runs of 32 six-bit codes (low four bits from
+    ``ql``, high two from ``qh``) against eight Q8_0 activation blocks, each run with two
+    int8 scales of 16 values; ``Σ(q − 32)·x`` as ``Σq·x − Σ32·x``, the second shared by
+    the four rows, and the scales multiplied in by ``vpmaddwd`` in place of ones."""
+    builder = blk.builder
+    v32, v16, v8 = _vec(_I8, 32), _vec(_I16, 16), _vec(_I32, 8)
+    at = builder.mul(blk.b, _I64(210))
+    blk.prefetch(at, 210)
+    first = builder.mul(blk.b, _I64(8))
+    dxv = _load_vec(builder, blk.xd, first, _V8F)
+    d = _f16x(builder, blk.rows, builder.add(at, _I64(208)), blk.table)
+    xs = [blk.x_block(builder.add(first, _I64(r))) for r in range(8)]
+    if HAS_AVX2:
+        madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
+        wd = _fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16)
+        offsets = [builder.call(madd, [_splat(_I8, 32, 32), x]) for x in xs]
+    new = []
+    for i, row in enumerate(blk.rows):
+        factors = builder.fmul(dxv, _splat_vf(builder, d, 8, i))
+        acc = accs[2 * i : 2 * i + 2]
+        for r in range(8):
+            hb, pair = r >> 2, r & 3
+            ql = _load_vec(builder, row, builder.add(at, _I64(64 * hb + 32 * (pair & 1))), v32)
+            qh = _load_vec(builder, row, builder.add(at, _I64(128 + 32 * hb)), v32)
+            low = builder.and_(builder.lshr(ql, _splat(_I8, 32, 4 * (pair >> 1))),
+                               _splat(_I8, 32, 15))  # fmt: skip
+            high = builder.and_(builder.lshr(qh, _splat(_I8, 32, 2 * pair)), _splat(_I8, 32, 3))
+            codes = builder.or_(low, builder.shl(high, _splat(_I8, 32, 4)))
+            two = _load_vec(builder, row, builder.add(at, _I64(192 + 2 * r)), _vec(_I8, 2))
+            if HAS_AVX2:
+                pairs = builder.sub(builder.call(madd, [codes, xs[r]]), offsets[r])
+                scales = _widen_pair(builder, two, _I16, 16)
+                isums = builder.call(wd, [pairs, scales])
+            else:
+                signed = builder.sub(codes, _splat(_I8, 32, 32))
+                scales = _widen_pair(builder, two, _I32, 8)
+                isums = builder.mul(_partial_sums(builder, signed, True, xs[r]), scales)
+            sums = builder.sitofp(isums, _V8F)
+            acc[r & 1] = _fmuladd8(builder, _splat_vf(builder, factors, 8, r), sums, acc[r & 1])
+        new += acc
+    return new
+
+
+def _q6_k_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
+    return [_hsum(builder, builder.fadd(finals[2 * i], finals[2 * i + 1])) for i in range(ROWS)]
+
+
+rows4_dot_q6_k = _rows_kernel(_q6_k_body, _q6_k_finish, [_ZERO8] * (2 * ROWS), 256)

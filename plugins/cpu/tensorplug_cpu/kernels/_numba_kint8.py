@@ -41,6 +41,7 @@ from ._numba_introw import (
     rows4_dot_q4_k,
     rows4_dot_q5_0,
     rows4_dot_q5_1,
+    rows4_dot_q6_k,
     rows4_dot_q8_0,
 )
 from ._numba_quant import _DOT, _f16, _i8
@@ -170,6 +171,8 @@ def _rows4(rows: Any, o: int, xr: Any, xd: Any, xs: Any, table: Any, kind: int) 
         return rows4_dot_q4_1(rows, o, xr, xd, xs, table, nb)
     if kind == Q4_K:
         return rows4_dot_q4_k(rows, o, xr, xd, xs, table, nb)
+    if kind == Q6_K:
+        return rows4_dot_q6_k(rows, o, xr, xd, xs, table, nb)
     return rows4_dot_q5_1(rows, o, xr, xd, xs, table, nb)
 
 
@@ -177,15 +180,13 @@ def _rows4(rows: Any, o: int, xr: Any, xd: Any, xs: Any, table: Any, kind: int) 
 def matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int) -> None:
     """``out[t, o] = W[o]·x[t]`` for weights of ggml type ``kind`` as byte rows
     ``(n_out, row_bytes)`` and activations quantized by :func:`quantize_q8_0`; output rows
-    split in chunks (of whole groups of four) across threads. Every type but Q6_K takes
-    four rows at a time, sharing each activation block between them; Q6_K and the rows
-    left over go one at a time."""
+    split in chunks (of whole groups of four) across threads. Four rows are taken at a
+    time, sharing each activation block between them; the rows left over go one by one."""
     n = rows.shape[0]
     per = ((n + _CHUNKS - 1) // _CHUNKS + 3) // 4 * 4
-    grouped = kind != Q6_K
     for c in prange(_CHUNKS):
         o, end = c * per, min(n, (c + 1) * per)
-        while grouped and o + 4 <= end:
+        while o + 4 <= end:
             for t in range(xq.shape[0]):
                 four = _rows4(rows, o, xq[t], xd[t], xs[t], table, kind)
                 out[t, o], out[t, o + 1], out[t, o + 2], out[t, o + 3] = four
