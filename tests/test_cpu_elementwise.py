@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from test_cpu_helpers import compute, nmse, place
+from test_cpu_helpers import backend_for, compute, nmse, place
 
 import tensorplug as tp
 from tensorplug import ops
@@ -245,3 +245,38 @@ def test_every_node_is_written() -> None:
 
     backend_for().graph_compute(g)
     np.testing.assert_array_equal(tp.get_array(out), np.ones((4, 4)))
+
+
+@pytest.mark.parametrize("fn", ["swiglu", "geglu"])
+@pytest.mark.parametrize("rows", [2, 9])  # numba's rows (<= 8) and numpy's
+def test_gated_units_agree_with_and_without_numba(fn: str, rows: int) -> None:
+    """The few-row numba glu and numpy's compute the same values, ggml's edge cases
+    included: geglu is 0 for x <= -10 whatever g is (inf, NaN) and x·g for x >= 10;
+    silu(-inf) is NaN as in ggml."""
+    special = np.array([-np.inf, np.inf, np.nan, -1e30, 1e30, -10, -9.99, 10, 9.99, -88.8,
+                        88.8, -0.0, 0.0, 0.5, -3.0, 7.0], np.float32)  # fmt: skip
+    av = np.random.default_rng(5).standard_normal((rows, 32)).astype(np.float32) * 4
+    av[0, :16] = special
+    av[1, :16] = special[::-1]
+    av[1, 16:] = np.array([np.inf, np.nan] * 8, np.float32)  # gates of the special x
+    results = []
+    for jit in (True, False):
+        a = tp.new_tensor("f32", (rows, 32), "a")
+        out = getattr(ops, fn)(a)
+        compute(out, {a: av}, backend_for(jit=jit))
+        results.append(tp.get_array(out).copy())
+    fast, slow = results
+    assert np.array_equal(np.isnan(fast), np.isnan(slow))
+    finite = np.isfinite(slow)
+    assert np.array_equal(fast[~finite & ~np.isnan(slow)], slow[~finite & ~np.isnan(slow)])
+    # float32 exp/tanh may differ by an ulp between numba (libm) and numpy, and gelu's
+    # 1 + tanh(·) cancels for negative x, so the bound scales with |x·g| as well
+    x, g = av[:, :16], av[:, 16:]
+    with np.errstate(over="ignore", invalid="ignore"):
+        bound = 4e-7 * np.abs(slow) + 1e-6 * np.abs(x.astype(np.float64) * g)
+    bad = finite & ~(np.abs(fast - slow) <= np.nan_to_num(bound, nan=np.inf))
+    assert not bad.any(), (x[bad], fast[bad], slow[bad])
+    if fn == "geglu":
+        assert np.all(fast[x <= -10] == 0)
+        big = (x >= 10) & np.isfinite(g) & np.isfinite(x)
+        np.testing.assert_array_equal(fast[big], (x * g)[big])

@@ -28,3 +28,32 @@ def rms_norm_rows(x: Any, out: Any, eps: float) -> None:
         scale = np.float32(1) / np.float32(math.sqrt(mean + np.float32(eps)))
         for i in range(n):
             out[r, i] = x[r, i] * scale
+
+
+#: ``glu_rows`` kinds
+SWIGLU, GEGLU = 0, 1
+_SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
+_GELU_COEF_A = np.float32(0.044715)
+
+
+@njit(cache=True)
+def glu_rows(x: Any, g: Any, out: Any, kind: int) -> None:
+    """``out = act(x)·g`` over 2-d float32 rows (views of any strides), in float32 as
+    ggml: silu as ``x/(1 + e^-x)``; gelu's tanh form with its clamps (0 for x <= -10,
+    whatever g is; x for x >= 10)."""
+    one, half = np.float32(1), np.float32(0.5)
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            v = x[r, i]
+            if kind == SWIGLU:
+                a = v / (one + np.float32(math.exp(-v)))
+                out[r, i] = a * g[r, i]
+            elif v <= np.float32(-10):
+                out[r, i] = np.float32(0)
+            else:
+                if v >= np.float32(10):
+                    a = v
+                else:
+                    inner = _SQRT_2_OVER_PI * v * (one + _GELU_COEF_A * v * v)
+                    a = half * v * (one + np.float32(math.tanh(inner)))
+                out[r, i] = a * g[r, i]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tensorplug.kquants import K_TYPES
+from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
 __all__ = ["JitKernels", "jit_status", "load_jit"]
@@ -70,10 +71,11 @@ class JitKernels:
             for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
         }
         self._quantize_q8_0 = i8.quantize_q8_0
+        from . import _numba_rows as rows
         from ._numba_attention import attend, visible_columns
-        from ._numba_rows import rms_norm_rows
 
-        self._rms_norm_rows = rms_norm_rows
+        self._rms_norm_rows, self._glu_rows = rows.rms_norm_rows, rows.glu_rows
+        self._glu_kinds = {GluOp.SWIGLU: rows.SWIGLU, GluOp.GEGLU: rows.GEGLU}
 
         self._attend, self._visible_columns = attend, visible_columns
         self._called: set[str] = set()
@@ -117,6 +119,13 @@ class JitKernels:
     def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
         """:func:`._numba_rows.rms_norm_rows` on 2-d float32 rows."""
         self._call("rms_norm kernel", self._rms_norm_rows, x, out, eps)
+
+    def has_glu(self, fn: GluOp) -> bool:
+        return fn in self._glu_kinds
+
+    def glu_rows(self, fn: GluOp, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+        """:func:`._numba_rows.glu_rows` on 2-d float32 rows (``fn``: :meth:`has_glu`)."""
+        self._call("gated activation kernel", self._glu_rows, x, g, out, self._glu_kinds[fn])
 
     def visible_columns(self, mask: np.ndarray) -> int:
         """:func:`._numba_attention.visible_columns` (raw f16 or float32 masks)."""
