@@ -136,6 +136,43 @@ def test_rope(mode: tp.RopeMode, n_dims: int, yarn: bool, t: tp.Type) -> None:
     np.testing.assert_array_equal(got[..., n_dims:], av[..., n_dims:])  # passed through
 
 
+@pytest.mark.parametrize("mode", [tp.RopeMode.NORMAL, tp.RopeMode.NEOX])
+@pytest.mark.parametrize("n_dims", [16, 12])
+@pytest.mark.parametrize("yarn", [False, True])
+@pytest.mark.parametrize("with_ff", [False, True])
+def test_rope_of_a_generation_step(
+    mode: tp.RopeMode, n_dims: int, yarn: bool, with_ff: bool
+) -> None:
+    """A few tokens (numba's kernel where numba is there) and numpy's path: both within
+    float32 rounding of the float64 formula, and within an ulp or two of each other."""
+    a = tp.new_tensor("f32", (1, 3, 4, 16), "a")
+    pos = tp.new_tensor(tp.Type.I32, (3,), "pos")
+    ff = tp.new_tensor("f32", (n_dims // 2,), "ff") if with_ff else None
+    params = {
+        "freq_base": 500000.0,
+        "freq_scale": 0.125 if yarn else 1.0,
+        "ext_factor": 1.0 if yarn else 0.0,
+        "attn_factor": 1.1,
+        "n_ctx_orig": 8192,
+    }
+    av = _f32(a.shape)
+    pv = np.array([0, 37, 4095], np.int32)
+    ffv = (1 + RNG.random(n_dims // 2)).astype(np.float32)
+    inputs = {a: av, pos: pv} | ({ff: ffv} if ff is not None else {})
+    extra = {"ff": ffv.astype(np.float64)} if with_ff else {}
+    expected = _rope_ref(av.astype(np.float64), pv.astype(np.float64), n_dims,
+                         mode == tp.RopeMode.NEOX, **params, **extra)  # fmt: skip
+    results = []
+    for jit in (True, False):
+        out = ops.rope(a, pos, n_dims, mode, freq_factors=ff, **params)  # type: ignore[arg-type]
+        compute(out, inputs, backend_for(jit=jit))
+        got = tp.get_array(out).astype(np.float64)
+        assert nmse(got, expected) < 1e-9
+        np.testing.assert_array_equal(got[..., n_dims:], av[..., n_dims:])
+        results.append(got)
+    np.testing.assert_allclose(results[0], results[1], rtol=0, atol=4e-6 * np.abs(av).max())
+
+
 def test_rope_on_a_permuted_view() -> None:
     base = tp.new_tensor("f32", (4, 5, 8), "base")  # (heads, tokens, dim) in memory
     a = ops.permute(base, (1, 0, 2))  # (tokens, heads, dim), strided

@@ -57,3 +57,41 @@ def glu_rows(x: Any, g: Any, out: Any, kind: int) -> None:
                     inner = _SQRT_2_OVER_PI * v * (one + _GELU_COEF_A * v * v)
                     a = half * v * (one + np.float32(math.tanh(inner)))
                 out[r, i] = a * g[r, i]
+
+
+@njit(cache=True)
+def rope_rows(
+    x: Any, out: Any, pos: Any, freq_factors: Any, ramp: Any, keep: Any, neox: bool,
+    n_dims: int, theta_scale: Any, freq_scale: Any, mscale: Any,
+) -> None:  # fmt: skip
+    """ggml's ``rope_f32`` over ``(n_tokens, n_head, head_dim)`` float32 views, in the
+    order of the numpy kernel's float32 operations: ``θ_i = pos·scale^i`` by repeated
+    multiplication, divided by the frequency factors (if any), YaRN's ramp mix (if
+    ``ramp`` is not empty) or ``·freq_scale``, then the rotation of each head's pairs;
+    dimensions past ``n_dims`` are copied. ``out`` may alias ``x``."""
+    half = n_dims // 2
+    cos = np.empty(half, np.float32)
+    sin = np.empty(half, np.float32)
+    for t in range(x.shape[0]):
+        theta = np.float32(pos[t])
+        for i in range(half):
+            if i > 0:
+                theta = theta * theta_scale
+            th = theta
+            if freq_factors.size:
+                th = th / freq_factors[i]
+            if ramp.size:
+                extrap = th * ramp[i]
+                th = (th * freq_scale) * keep[i] + extrap
+            else:
+                th = th * freq_scale
+            cos[i] = np.float32(math.cos(th)) * mscale
+            sin[i] = np.float32(math.sin(th)) * mscale
+        for h in range(x.shape[1]):
+            for i in range(half):
+                j0, j1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                x0, x1 = x[t, h, j0], x[t, h, j1]
+                out[t, h, j0] = x0 * cos[i] - x1 * sin[i]
+                out[t, h, j1] = x0 * sin[i] + x1 * cos[i]
+            for j in range(n_dims, x.shape[2]):
+                out[t, h, j] = x[t, h, j]

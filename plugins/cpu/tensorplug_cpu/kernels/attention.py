@@ -11,6 +11,7 @@ ggml's: the rope angle of pair ``i`` is built by repeated multiplication by
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -124,11 +125,16 @@ def build_rope(node: Tensor, ctx: BuildContext) -> Step:
         keep = (f(1) - ramp_mix).astype(F32)
         mscale = mscale * (f(1) + f(0.1) * np.log(f(1) / freq_scale))
 
+    neox = RopeMode(p["mode"]) == RopeMode.NEOX
+    fast = _jit_rope(ctx, x, out, pos, ff, ramp_mix, keep, neox, n_dims,
+                     (theta_scale, freq_scale, mscale))  # fmt: skip
+    if fast is not None:
+        return sequence(load, fast, store)
     # theta[t, i] = pos[t]·theta_scale^i, accumulated by repeated float32 multiplication
     factors = np.full((n_tok, half), theta_scale, F32)
     theta, extrap = ctx.scratch((n_tok, half)), ctx.scratch((n_tok, half))
     cos, sin = ctx.scratch((n_tok, 1, half)), ctx.scratch((n_tok, 1, half))
-    if RopeMode(p["mode"]) == RopeMode.NEOX:
+    if neox:
         x0, x1, o0, o1 = x[..., :half], x[..., half:n_dims], out[..., :half], out[..., half:n_dims]
     else:
         x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
@@ -168,6 +174,30 @@ def build_rope(node: Tensor, ctx: BuildContext) -> Step:
             np.copyto(rest[1], rest[0])
 
     return sequence(load, run, store)
+
+
+#: Up to this many tokens, rope runs in the numba kernel when there is one (a generation
+#: step: numpy's ~15 calls cost ~50 µs there, twice per block).
+ROPE_JIT_MAX_TOKENS = 8
+_NO_F32 = np.empty(0, F32)
+
+
+def _jit_rope(
+    ctx: BuildContext, x: np.ndarray, out: np.ndarray, pos: np.ndarray,
+    ff: np.ndarray | None, ramp: np.ndarray | None, keep: np.ndarray | None, neox: bool,
+    n_dims: int, scales: tuple[np.float32, np.float32, np.float32],
+) -> Step | None:  # fmt: skip
+    """The numba rope step for a few tokens, or None where numpy runs it."""
+    jit = ctx.jit
+    if jit is None or x.ndim < 3 or x.shape[-3] > ROPE_JIT_MAX_TOKENS:
+        return None
+    shape = x.shape[-3:]
+    if any(d != 1 for d in x.shape[:-3]) or pos.ndim != 1:
+        return None
+    x3, out3 = x.reshape(shape), out.reshape(shape)  # leading 1s: views, never copies
+    return partial(jit.rope_rows, x3, out3, pos, _NO_F32 if ff is None else ff,
+                   _NO_F32 if ramp is None else ramp, _NO_F32 if keep is None else keep,
+                   neox, n_dims, *scales)  # fmt: skip
 
 
 # -- flash attention ---------------------------------------------------------------------------

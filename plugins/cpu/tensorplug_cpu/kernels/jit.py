@@ -75,6 +75,7 @@ class JitKernels:
         from ._numba_attention import attend, visible_columns
 
         self._rms_norm_rows, self._glu_rows = rows.rms_norm_rows, rows.glu_rows
+        self._rope_rows = rows.rope_rows
         self._glu_kinds = {GluOp.SWIGLU: rows.SWIGLU, GluOp.GEGLU: rows.GEGLU}
 
         self._attend, self._visible_columns = attend, visible_columns
@@ -119,6 +120,10 @@ class JitKernels:
     def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
         """:func:`._numba_rows.rms_norm_rows` on 2-d float32 rows."""
         self._call("rms_norm kernel", self._rms_norm_rows, x, out, eps)
+
+    def rope_rows(self, *args: Any) -> None:
+        """:func:`._numba_rows.rope_rows` (a generation step's few tokens)."""
+        self._call("rope kernel", self._rope_rows, *args)
 
     def has_glu(self, fn: GluOp) -> bool:
         return fn in self._glu_kinds
