@@ -189,3 +189,18 @@ def test_set_rows_negative_index_raises() -> None:
     out = ops.set_rows(table, b, idx)
     with pytest.raises(OutOfBoundsError, match="index -2 with 4 rows"):
         compute(out, {table: np.zeros((4, 8), np.float16), b: _f32((1, 8)), idx: np.array([-2])})
+
+
+@pytest.mark.parametrize("index_type", [tp.Type.I32, tp.Type.I64])
+def test_set_rows_with_a_bad_index_in_a_later_batch_writes_nothing(index_type: tp.Type) -> None:
+    """Every index is checked before any row is written, also on the few-row path of a
+    generation step: a KV cache is never left half updated."""
+    table = tp.new_tensor(tp.Type.F16, (2, 4, 8), "table")
+    b = tp.new_tensor(tp.Type.F32, (2, 1, 8), "b")
+    idx = tp.new_tensor(index_type, (2, 1), "idx")
+    before = _f32(table.shape).astype(np.float16)
+    out = ops.set_rows(table, b, idx)
+    bad = np.array([[1], [-1]], index_type.numpy_dtype)
+    with pytest.raises(OutOfBoundsError, match="index -1 with 4 rows"):
+        compute(out, {table: before, b: _f32(b.shape), idx: bad})
+    np.testing.assert_array_equal(tp.get_array(table), before)
