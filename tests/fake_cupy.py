@@ -164,6 +164,9 @@ class _State:
         return address
 
     def free(self, address: int) -> None:
+        if _IN_FLIGHT.depth:  # freed by the garbage collector while a stream runs work
+            _IN_FLIGHT.frees.append((self, address))
+            return
         device, mem = self.allocations[address]
         for stream in list(self.streams.values()):  # cudaFree waits for the device
             if stream.device_id == device:
@@ -187,6 +190,29 @@ class _State:
         if i < 0:
             raise CUDADriverError(700)
         return self.allocations[self.bases[i]][0]
+
+
+class _InFlight:
+    """Streams of every fake running queued work now, and memory freed meanwhile.
+
+    cupy frees an allocation when its last reference goes, which may be the garbage
+    collector's doing at any moment — in the middle of a stream's work here, where
+    work runs on the host. ``cudaFree`` waits for the device's queued work; the fake
+    frees once the stream work in progress is done, instead of running more of it from
+    inside a launch (which would re-enter the emulator)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.frees: list[tuple[_State, int]] = []
+
+    def done(self) -> None:
+        self.depth -= 1
+        while not self.depth and self.frees:
+            state, address = self.frees.pop()
+            state.free(address)
+
+
+_IN_FLIGHT = _InFlight()
 
 
 def host_bytes(address: int, size: int) -> np.ndarray:
@@ -335,18 +361,26 @@ def _fake_module(state: _State) -> SimpleNamespace:
             if self.captured is not None:
                 self.captured.append(op)
             elif self.null:
-                op()
+                _IN_FLIGHT.depth += 1
+                try:
+                    op()
+                finally:
+                    _IN_FLIGHT.done()
             else:
                 self.queue.append(op)
 
         def flush(self) -> None:
-            while self.queue:
-                op = self.queue.popleft()
-                try:
-                    op()
-                except BaseException:
-                    self.queue.clear()  # a fault ends the stream's work, as CUDA's does
-                    raise
+            _IN_FLIGHT.depth += 1
+            try:
+                while self.queue:
+                    op = self.queue.popleft()
+                    try:
+                        op()
+                    except BaseException:
+                        self.queue.clear()  # a fault ends the stream's work, as CUDA's does
+                        raise
+            finally:
+                _IN_FLIGHT.done()
 
         def synchronize(self) -> None:
             if self.captured is not None:
