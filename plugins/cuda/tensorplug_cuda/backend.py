@@ -16,6 +16,10 @@ products keep their quantized activations there) get the backend's scratch buffe
 which grows to what a node, or a whole graph plan at bind time, needs. A plan keeps the
 buffer it was bound to (its bound launches hold the pointer), so growing later for
 other work never moves memory a captured CUDA graph refers to.
+
+``graph_compute`` replays decode steps as CUDA graphs too, without a plan from the
+caller: a graph seen again with the same signature is computed through a cached plan
+(:mod:`.replay`), so the scheduler's and the model runner's steps get captured graphs.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from .errors import translate
 from .launch import BoundLaunch, bind
 from .matmul import CublasMatmul
 from .plan import CUDAGraphPlan
+from .replay import GraphCache
 
 if TYPE_CHECKING:
     from .device import CUDADevice
@@ -59,6 +64,8 @@ class CUDABackend(Backend):
         self._err_watched = False  # a kernel that may report into the error word ran
         self._host_refs: list[Any] = []  # host memory of queued transfers, retired scratch
         self.matmul = CublasMatmul(self)
+        self.graphs = GraphCache(self)  # graph_compute's plans, by graph signature
+        device.backend_created(self)
 
     # -- kernels -----------------------------------------------------------------------------
 
@@ -115,6 +122,8 @@ class CUDABackend(Backend):
     def _graph_compute(self, graph: Graph) -> Status:
         for buf in graph.buffers():
             buf._check_live()
+        if self.graphs.compute(graph):  # a graph seen before: replayed as a CUDA graph
+            return Status.SUCCESS
         with self.device.context():
             for node in graph.nodes:
                 self.compute_node(node)
@@ -262,4 +271,5 @@ class CUDABackend(Backend):
 
     def free(self) -> None:
         self.synchronize()
+        self.graphs.clear()
         self.matmul.free()

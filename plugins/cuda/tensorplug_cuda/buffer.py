@@ -143,6 +143,7 @@ class CUDABuffer(Buffer):
         return True
 
     def _free(self) -> None:
+        self.device.buffer_freed(self)  # cached CUDA graphs let go of it first
         self.mem = None  # cupy frees the allocation with its last reference
         self.kernel_arg = np.uint64(0)
 

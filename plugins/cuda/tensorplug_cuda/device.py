@@ -10,6 +10,7 @@ for the current device, which is per-thread state.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from .buffer import D2D, CUDABufferType, cuda_errors
 from .errors import translate
 
 if TYPE_CHECKING:
-    from tensorplug.buffer import BufferType
+    from tensorplug.buffer import Buffer, BufferType
 
     from .backend import CUDABackend
     from .buffer import CUDAHostBufferType
@@ -117,6 +118,8 @@ class CUDADevice(Device):
         self._program: KernelProgram | None = None
         self._lock = threading.Lock()
         self._peers: set[int] = set()
+        # the backends of this GPU, whose cached CUDA graphs a freed buffer must leave
+        self._backends: weakref.WeakSet[CUDABackend] = weakref.WeakSet()
         with self.context():
             self.transfer_stream = cp.cuda.Stream(non_blocking=True)
 
@@ -233,6 +236,15 @@ class CUDADevice(Device):
         return True
 
     # -- backends, buffers, ops ----------------------------------------------------------------
+
+    def backend_created(self, backend: CUDABackend) -> None:
+        self._backends.add(backend)
+
+    def buffer_freed(self, buffer: Buffer) -> None:
+        """``buffer`` is being freed: no backend may keep a plan that refers to it (the
+        plan would keep its memory allocated, and its captured graph would be stale)."""
+        for backend in list(self._backends):
+            backend.graphs.forget(buffer)
 
     def _init_backend(self, params: str | None) -> CUDABackend:
         from .backend import CUDABackend

@@ -7,6 +7,8 @@ from capture). From the second compute on, the launches are captured on the stre
 (``Stream.begin_capture``/``end_capture``) into a CUDA graph, and every compute after
 that is one ``Graph.launch``: the Python and driver cost of hundreds of launches
 becomes one call. That is what decode steps, the same small graph every token, need.
+``graph_compute`` makes the same plans itself for the graphs it sees again
+(:mod:`.replay`), so callers that never make a plan (the scheduler) get them too.
 
 Capture needs stable addresses and values that come from memory, not from arguments:
 a plan refers to the tensors' memory as it was when it was bound (re-allocating means
@@ -38,21 +40,38 @@ if TYPE_CHECKING:
 
     from .backend import CUDABackend
 
-__all__ = ["CUDAGraphPlan"]
+__all__ = ["CUDAGraphPlan", "graphs_refused"]
 
 log = logging.getLogger(__name__)
+
+_FAILED = "capture failed"
 
 #: Computes launched eagerly before a plan is captured.
 WARM_UP = 1
 
 
+def graphs_refused(backend: CUDABackend) -> str:
+    """Why ``backend`` never captures CUDA graphs, "" when it may (read at each call:
+    the setting is an environment variable a user may change between computes)."""
+    if not GRAPHS.get():
+        return "TENSORPLUG_CUDA_GRAPHS=0"
+    if backend.device.info.major < 7:
+        return "CUDA graphs are used from Volta (compute capability 7.0) on"
+    return ""
+
+
 class CUDAGraphPlan(GraphPlan):
-    """A graph bound for repeated computes on one backend."""
+    """A graph bound for repeated computes on one backend.
+
+    ``label`` names what the plan serves in the log line of a failed capture: a user's
+    graph plan, or ``graph_compute``'s own cache of plans (:mod:`.replay`).
+    """
 
     backend: CUDABackend
 
-    def __init__(self, backend: CUDABackend, graph: Graph) -> None:
+    def __init__(self, backend: CUDABackend, graph: Graph, label: str = "graph plan") -> None:
         super().__init__(backend, graph)
+        self.label = label
         self.steps: list[BoundLaunch | Tensor] = []
         self.buffers: list[Buffer] = []
         self.cuda_graph: Any = None
@@ -88,13 +107,18 @@ class CUDAGraphPlan(GraphPlan):
         self.not_captured = self._capture_refused()
 
     def _capture_refused(self) -> str:
-        if not GRAPHS.get():
-            return "TENSORPLUG_CUDA_GRAPHS=0"
-        if self.backend.device.info.major < 7:
-            return "CUDA graphs are used from Volta (compute capability 7.0) on"
+        if why := graphs_refused(self.backend):
+            return why
         if any(isinstance(s, Tensor) for s in self.steps):
             return "the plan has cuBLAS nodes, which cupy cannot capture"
+        if not self.steps:
+            return "the plan launches nothing"  # only views: nothing worth a CUDA graph
         return ""
+
+    @property
+    def capture_failed(self) -> bool:
+        """A capture was tried and failed (the plan launches eagerly from then on)."""
+        return self.not_captured.startswith(_FAILED)
 
     # -- computing ---------------------------------------------------------------------------
 
@@ -132,9 +156,9 @@ class CUDAGraphPlan(GraphPlan):
                 try:
                     self.cuda_graph = self._capture()
                 except capture_errors as e:
-                    self.not_captured = f"capture failed ({type(e).__name__}: {e})"
-                    log.info("%s: graph plan launched without a CUDA graph: %s",
-                             backend.name, self.not_captured)  # fmt: skip
+                    self.not_captured = f"{_FAILED} ({type(e).__name__}: {e})"
+                    log.info("%s: %s launched without a CUDA graph: %s",
+                             backend.name, self.label, self.not_captured)  # fmt: skip
             if self.cuda_graph is not None:
                 self.cuda_graph.launch(backend.stream)
                 self.replays += 1

@@ -10,8 +10,9 @@ GRAPHS: Setting[bool] = Setting(
     "TENSORPLUG_CUDA_GRAPHS",
     True,
     _flag,
-    "0 to never replay graph plans as captured CUDA graphs (every compute then launches "
-    "each kernel); plans with cuBLAS nodes are never captured either way.",
+    "0 to never replay graphs as captured CUDA graphs, neither graph plans nor the "
+    "graphs graph_compute has seen before (every compute then launches each kernel); "
+    "graphs with cuBLAS nodes are never captured either way.",
     example="0",
 )
 
