@@ -70,5 +70,6 @@ def test_the_measurements_run_end_to_end_on_the_fake(bench: ModuleType) -> None:
     assert all(r["nmse_vs_cupy"] < 1e-6 for r in results["matmul"])  # the same product
     assert all(r["captured"] for r in results["decode"])
     assert results["replay"]["nodes"] >= 12 and results["replay"]["captured"]
+    assert results["replay"]["graph_compute_replays"] >= 1  # graph_compute replays it too
     text = bench.report(results)
     assert text.count("mul_mat") == 2 and text.count("decode") == 2 and "CUDA graph" in text

@@ -69,6 +69,14 @@ def _decode_graph(backend: Any) -> tuple[tp.Graph, tp.Tensor, tp.Tensor]:
     return graph, x, y
 
 
+def _launched(backend: Any, graph: tp.Graph) -> None:
+    """``graph`` launched kernel by kernel (graph_compute would replay it)."""
+    with backend.device.context():
+        for node in graph.nodes:
+            backend.compute_node(node)
+    backend.synchronize()
+
+
 def test_a_captured_cuda_graph_computes_what_eager_launches_do(backend: Any) -> None:
     graph, x, y = _decode_graph(backend)
     plan = backend.graph_plan_create(graph)
@@ -78,9 +86,21 @@ def test_a_captured_cuda_graph_computes_what_eager_launches_do(backend: Any) -> 
         backend.graph_plan_compute(plan)
         backend.synchronize()
         replayed = tp.get_array(y)
-        backend.graph_compute(graph)
+        _launched(backend, graph)
         np.testing.assert_array_equal(replayed, tp.get_array(y))  # bit for bit
     assert plan.cuda_graph is not None and plan.replays == 3, plan.not_captured
+
+
+def test_graph_compute_replays_what_eager_launches_do(backend: Any) -> None:
+    graph, x, y = _decode_graph(backend)
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        tp.set_array(x, rng.standard_normal((1, 512)).astype(np.float32))
+        backend.graph_compute(graph)  # eager, captured, then replays
+        replayed = tp.get_array(y)
+        _launched(backend, graph)
+        np.testing.assert_array_equal(replayed, tp.get_array(y))  # bit for bit
+    assert backend.graphs.replays == 3 and not backend.graphs.off, backend.graphs.off
 
 
 def test_cublas_and_the_kernels_agree(backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
