@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import overload
 
 from ._numba_quant import _DOT
@@ -54,7 +54,7 @@ def visible_columns(mask: Any, table: Any) -> int:
     return 1
 
 
-@njit(fastmath=_DOT, cache=True)
+@njit(fastmath=_DOT, parallel=True, cache=True)
 def attend(
     q: Any,
     k: Any,
@@ -77,50 +77,51 @@ def attend(
     """
     n_b, n_h, n_q, n_d = q.shape
     n_dv = v.shape[3]
-    group = n_h // k.shape[1]
+    n_hk = k.shape[1]
+    group = n_h // n_hk
     has_mask = mask.shape[0] > 0
-    krow = np.empty(n_d, np.float32)
-    vrow = np.empty(n_dv, np.float32)
-    acc = np.empty((group, n_dv), np.float32)
-    best = np.empty(group, np.float32)
-    total = np.empty(group, np.float32)
-    for b in range(n_b):
+    for bh in prange(n_b * n_hk):  # each KV head's query heads on one thread
+        b, hk = bh // n_hk, bh % n_hk
+        krow = np.empty(n_d, np.float32)
+        vrow = np.empty(n_dv, np.float32)
+        acc = np.empty((group, n_dv), np.float32)
+        best = np.empty(group, np.float32)
+        total = np.empty(group, np.float32)
         kb = b if k.shape[0] > 1 else 0
         mb = b if has_mask and mask.shape[0] > 1 else 0
-        for hk in range(k.shape[1]):
-            for r in range(n_q):
-                acc[:] = 0
-                best[:] = -np.inf
-                total[:] = 0
-                for j in range(used):
-                    for d in range(n_d):
-                        krow[d] = _value(k, table, kb, hk, j, d)
-                    for d in range(n_dv):
-                        vrow[d] = _value(v, table, kb, hk, j, d)
-                    for g in range(group):
-                        h = hk * group + g
-                        mh = h if has_mask and mask.shape[1] > 1 else 0
-                        bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
-                        if bias == -np.inf:
-                            continue
-                        s = np.float32(0)
-                        for d in range(n_d):
-                            s += q[b, h, r, d] * krow[d]
-                        s *= scale
-                        if softcap != 0:
-                            s = softcap * math.tanh(s)
-                        s += bias
-                        if s > best[g]:
-                            shrink = np.float32(math.exp(best[g] - s))  # 0 while best is -inf
-                            total[g] *= shrink
-                            for d in range(n_dv):
-                                acc[g, d] *= shrink
-                            best[g] = s
-                        p = np.float32(math.exp(s - best[g]))
-                        total[g] += p
-                        for d in range(n_dv):
-                            acc[g, d] += p * vrow[d]
+        for r in range(n_q):
+            acc[:] = 0
+            best[:] = -np.inf
+            total[:] = 0
+            for j in range(used):
+                for d in range(n_d):
+                    krow[d] = _value(k, table, kb, hk, j, d)
+                for d in range(n_dv):
+                    vrow[d] = _value(v, table, kb, hk, j, d)
                 for g in range(group):
                     h = hk * group + g
+                    mh = h if has_mask and mask.shape[1] > 1 else 0
+                    bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
+                    if bias == -np.inf:
+                        continue
+                    s = np.float32(0)
+                    for d in range(n_d):
+                        s += q[b, h, r, d] * krow[d]
+                    s *= scale
+                    if softcap != 0:
+                        s = softcap * math.tanh(s)
+                    s += bias
+                    if s > best[g]:
+                        shrink = np.float32(math.exp(best[g] - s))  # 0 while best is -inf
+                        total[g] *= shrink
+                        for d in range(n_dv):
+                            acc[g, d] *= shrink
+                        best[g] = s
+                    p = np.float32(math.exp(s - best[g]))
+                    total[g] += p
                     for d in range(n_dv):
-                        out[b, r, h, d] = acc[g, d] / total[g] if total[g] > 0 else np.float32(0)
+                        acc[g, d] += p * vrow[d]
+            for g in range(group):
+                h = hk * group + g
+                for d in range(n_dv):
+                    out[b, r, h, d] = acc[g, d] / total[g] if total[g] > 0 else np.float32(0)
