@@ -7,7 +7,8 @@
 Models are written once into ``--cache`` by the tiny-model writer (random weights, a
 llama graph): ``100M`` (8 blocks, n_embd 768, 12 heads / 4 KV heads, n_ff 2048, vocab
 32000) and ``660M`` (TinyLlama's widths, 12 blocks: n_embd 2048, 32 / 4 heads, n_ff
-5632). Each entry is ``size:type``.
+5632). Each entry is ``size:type``, or the path of a downloaded ``.gguf`` (a real model:
+SmolLM2, Gemma 3 …), measured as it is.
 
 Every measurement is a fresh process — tensorplug's runner, or llama.cpp through
 llama-cpp-python (an interpreter that has it: this one, ``--llama-python``, or
@@ -56,20 +57,27 @@ BUILD_HINT = (
 class Spec:
     size: str
     type: str
+    file: Path | None = None  # a given GGUF file instead of a written model
 
     @property
     def name(self) -> str:
-        return f"{self.size}:{self.type}"
+        return self.type if self.file is not None else f"{self.size}:{self.type}"
 
 
 def parse_models(text: str) -> list[Spec]:
     specs = []
     for item in filter(None, (s.strip() for s in text.split(","))):
+        if item.endswith(".gguf"):
+            file = Path(item).expanduser()
+            if not file.is_file():
+                raise SystemExit(f"model file {item!r} does not exist")
+            specs.append(Spec("file", file.stem[:12], file))
+            continue
         size, _, wtype = item.partition(":")
         if size not in SIZES or not wtype:
             raise SystemExit(
                 f"bad model {item!r}: write SIZE:TYPE with SIZE one of {sorted(SIZES)} and "
-                "TYPE a weight type (f32, f16, q8_0, q4_0, q4_k...)"
+                "TYPE a weight type (f32, f16, q8_0, q4_0, q4_k...), or the path of a .gguf"
             )
         specs.append(Spec(size, wtype.lower()))
     if not specs:
@@ -91,6 +99,8 @@ def model_path(spec: Spec, cache: Path) -> Path:
     """The model's file, written on first use (the writer is tensorplug's)."""
     from tensorplug.models.tiny import write_tiny_llama  # deferred: a worker may lack it
 
+    if spec.file is not None:
+        return spec.file
     path = cache / f"bench-{spec.size}-{spec.type}.gguf"
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)

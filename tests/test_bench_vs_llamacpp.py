@@ -1,0 +1,47 @@
+"""benchmarks/bench_vs_llamacpp.py: which models it measures and where their files come
+from (written models, or a downloaded GGUF given by path), and its refusals. The
+figures themselves come from running it (llama.cpp through llama-cpp-python)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_vs_llamacpp.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_vs_llamacpp"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sizes_and_files_are_both_models(bench: ModuleType, tmp_path: Path) -> None:
+    real = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    real.write_bytes(b"GGUF")
+    specs = bench.parse_models(f"100M:Q4_0, {real}")
+    assert [s.name for s in specs] == ["100M:q4_0", "SmolLM2-135M"]
+    assert bench.model_path(specs[1], tmp_path / "cache") == real  # used as it is
+    assert not (tmp_path / "cache").exists()  # nothing written for a given file
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("900M:q4_0", "write SIZE:TYPE"),
+        ("100M", "write SIZE:TYPE"),
+        ("missing.gguf", "does not exist"),
+        (" , ", "--models is empty"),
+    ],
+)
+def test_bad_models_are_refused_with_the_fix(bench: ModuleType, text: str, message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        bench.parse_models(text)
