@@ -336,3 +336,52 @@ def test_llama_block_matches_float64_twin(weight_type: tp.Type) -> None:
                                caches[blk.caches["v_cache"]], pos, kv_idx,
                                mask.astype(np.float64))  # fmt: skip
     assert nmse(tp.get_array(blk.out), expected) < 5e-4
+
+
+_F16_CACHE_ROWS = """
+import numba
+import numpy as np
+from tensorplug_cpu.kernels import _numba_attention as attention
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+
+attention.HAS_F16C = {f16c}  # then compiled afresh (the disk cache does not know it)
+attend = numba.njit(fastmath=attention._DOT, parallel=True)(attention.attend.py_func)
+rng = np.random.default_rng(3)
+q = rng.standard_normal((1, 6, 2, 24)).astype(np.float32)
+k16 = rng.standard_normal((1, 2, 40, 24)).astype(np.float16)
+v16 = rng.standard_normal((1, 2, 40, 24)).astype(np.float16)
+k = k16.view(np.uint16)
+if {strided}:  # a cache whose rows are not contiguous halves
+    k = np.ascontiguousarray(np.repeat(k[..., None], 2, axis=-1))[..., 0]
+mask = np.zeros((1, 1, 2, 40), np.float32)
+mask[0, 0, 0, 30:] = -np.inf
+out = np.empty((1, 2, 6, 24), np.float32)
+attend(q, k, v16.view(np.uint16), mask, 40, 0.2, 0.0, out, table)
+kf, vf = k16.astype(np.float64), v16.astype(np.float64)
+for h in range(6):
+    for r in range(2):
+        s = kf[0, h // 3] @ q[0, h, r].astype(np.float64) * 0.2 + mask[0, 0, r]
+        p = np.exp(s - s.max())
+        ref = (p / p.sum()) @ vf[0, h // 3]
+        assert np.abs(out[0, r, h] - ref).max() < 1e-5, (h, r)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(("f16c", "strided"), [(True, False), (True, True), (False, False)])
+def test_f16_cache_rows_are_widened_right_on_every_path(f16c: bool, strided: bool) -> None:
+    """The few-query kernel widens F16 cache rows with F16C where the CPU has it and the
+    row is contiguous, else through the f16 table; each path, compiled in a fresh
+    process, against float64 attention."""
+    import subprocess
+    import sys
+
+    from tensorplug_cpu.kernels import _numba_introw
+
+    if f16c and not _numba_introw.HAS_F16C:
+        pytest.skip("this CPU has no F16C")
+    code = _F16_CACHE_ROWS.format(f16c=f16c, strided=strided)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok"

@@ -14,9 +14,12 @@ import math
 from typing import Any
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import overload
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
+from ._numba_introw import HAS_F16C
 from ._numba_quant import _DOT
 
 
@@ -38,6 +41,65 @@ def _value_impl(a, table, i, j, r, d):  # type: ignore[no-untyped-def]  # numba:
         return a[i, j, r, d]
 
     return direct
+
+
+@intrinsic
+def _widen_f16_at(typingctx: Any, a: Any, i: Any, j: Any, r: Any, row: Any) -> Any:
+    """``row[:] = a[i, j, r, :]`` for raw f16 (``uint16``) ``a`` whose last axis is
+    contiguous, eight values per ``vcvtph2ps``; the address is computed from the
+    strides, so no array view (and no reference count) is made per cache row."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        arr = context.make_array(sig.args[0])(context, builder, args[0])
+        dst = context.make_array(sig.args[4])(context, builder, args[4])
+        i64 = ir.IntType(64)
+        offset = ir.Constant(i64, 0)
+        for axis, index in zip(range(3), args[1:4], strict=True):
+            stride = builder.extract_value(arr.strides, axis)
+            offset = builder.add(offset, builder.mul(builder.sext(index, i64), stride))
+        base = builder.gep(builder.bitcast(arr.data, ir.IntType(8).as_pointer()), [offset])
+        src = builder.bitcast(base, ir.HalfType().as_pointer())
+        n = builder.extract_value(dst.shape, 0)
+        zero, one, eight = (ir.Constant(i64, c) for c in (0, 1, 8))
+        v8h, v8f = ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.FloatType(), 8)
+        whole = builder.sdiv(n, eight)  # runs of eight
+        with cgutils.for_range_slice(builder, zero, whole, one) as (k, _):
+            at = builder.mul(k, eight)
+            halves = builder.load(builder.bitcast(builder.gep(src, [at]), v8h.as_pointer()),
+                                  align=2)  # fmt: skip
+            out = builder.bitcast(builder.gep(dst.data, [at]), v8f.as_pointer())
+            builder.store(builder.fpext(halves, v8f), out, align=4)
+        with cgutils.for_range_slice(builder, builder.mul(whole, eight), n, one) as (k, _):
+            value = builder.fpext(builder.load(builder.gep(src, [k])), ir.FloatType())
+            builder.store(value, builder.gep(dst.data, [k]))
+        return context.get_dummy_value()
+
+    return types.void(a, i, j, r, row), codegen
+
+
+def _widen_row(a: Any, table: Any, i: int, j: int, r: int, row: Any) -> None:
+    """``row[:] = a[i, j, r, :]`` as float32 (compiled per dtype, see the overload)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(_widen_row, inline="always")
+def _widen_row_impl(a, table, i, j, r, row):  # type: ignore[no-untyped-def]  # numba: names only
+    if HAS_F16C and isinstance(a, types.Array) and a.dtype == types.uint16 and a.ndim == 4:
+
+        def f16c(a, table, i, j, r, row):  # type: ignore[no-untyped-def]
+            if a.strides[3] == 2:
+                _widen_f16_at(a, i, j, r, row)
+            else:
+                for d in range(row.size):
+                    row[d] = table[a[i, j, r, d]]
+
+        return f16c
+
+    def one_by_one(a, table, i, j, r, row):  # type: ignore[no-untyped-def]
+        for d in range(row.size):
+            row[d] = _value(a, table, i, j, r, d)
+
+    return one_by_one
 
 
 @njit(cache=True)
@@ -84,6 +146,7 @@ def attend(
         b, hk = bh // n_hk, bh % n_hk
         krow = np.empty(n_d, np.float32)
         vrow = np.empty(n_dv, np.float32)
+        qrows = np.empty((group, n_d), np.float32)  # contiguous, so the dot vectorizes
         acc = np.empty((group, n_dv), np.float32)
         best = np.empty(group, np.float32)
         total = np.empty(group, np.float32)
@@ -93,11 +156,12 @@ def attend(
             acc[:] = 0
             best[:] = -np.inf
             total[:] = 0
-            for j in range(used):
+            for g in range(group):
                 for d in range(n_d):
-                    krow[d] = _value(k, table, kb, hk, j, d)
-                for d in range(n_dv):
-                    vrow[d] = _value(v, table, kb, hk, j, d)
+                    qrows[g, d] = q[b, hk * group + g, r, d]
+            for j in range(used):
+                _widen_row(k, table, kb, hk, j, krow)
+                _widen_row(v, table, kb, hk, j, vrow)
                 for g in range(group):
                     h = hk * group + g
                     mh = h if has_mask and mask.shape[1] > 1 else 0
@@ -106,7 +170,7 @@ def attend(
                         continue
                     s = np.float32(0)
                     for d in range(n_d):
-                        s += q[b, h, r, d] * krow[d]
+                        s += qrows[g, d] * krow[d]
                     s *= scale
                     if softcap != 0:
                         s = softcap * math.tanh(s)
