@@ -29,41 +29,16 @@ from typing import Any
 
 import numpy as np
 from bench_opencl import best_time  # fastest of repeated runs within a time budget
+from device_bench import mul_mat_plan, parse_device_args, plan_step
 
 #: The goals the CUDA issue sets, printed next to the measurements.
 MATMUL_RATIO_GOAL = 0.9
 REPLAY_US_GOAL = 5.0
 
 
-def shape_list(text: str) -> list[tuple[int, ...]]:
-    """``"4096x4096x512,11008x4096x512"`` → ``[(4096, 4096, 512), (11008, 4096, 512)]``."""
-    try:
-        shapes = [tuple(int(n) for n in part.split("x")) for part in text.split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected sizes like 4096x4096x512") from None
-    if not shapes or any(n <= 0 for s in shapes for n in s):
-        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive whole numbers")
-    return shapes
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="CUDA0", help="the CUDA device (CUDA0)")
-    p.add_argument("--matmul", type=shape_list, default=shape_list("4096x4096x512,11008x4096x512"),
-                   help="prompt mul_mat sizes OUTxINxTOKENS, comma-separated")  # fmt: skip
-    p.add_argument("--decode", type=shape_list, default=shape_list("4096x4096,14336x4096"),
-                   help="decode mat x vec sizes OUTxIN, comma-separated")  # fmt: skip
-    p.add_argument("--nodes", type=int, default=300, help="nodes of the replayed chain (300)")
-    p.add_argument("--time", type=float, default=1.0, help="seconds per measurement (1.0)")
-    p.add_argument("--quick", action="store_true", help="small sizes, short timings (a smoke run)")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.matmul, args.decode = shape_list("1024x1024x128"), shape_list("2048x2048")
-        args.nodes, args.time = 60, 0.2
-    if args.nodes < 3:
-        p.error("--nodes must be at least 3")
-    return args
+    return parse_device_args(argv, __doc__.split("\n\n")[0], "CUDA0",
+                             "4096x4096x512,11008x4096x512", "4096x4096,14336x4096")  # fmt: skip
 
 
 def gpu_unavailable() -> str:
@@ -87,24 +62,6 @@ class Bench:
         self.device = backend.device
         self.cp = backend.device.cp
 
-    def _mul_mat(self, wtype: str, stored: np.ndarray, x: np.ndarray) -> tuple[Any, Any, Any]:
-        """A graph of one mul_mat with its weights and input in place, and its plan."""
-        tp = self.tp
-        a, b = tp.new_tensor(wtype, stored.shape[:1] + x.shape[1:]), tp.new_tensor("f32", x.shape)
-        d = tp.ops.mul_mat(a, b)
-        tp.alloc_tensors([a, b, d], self.backend.buffer_type())
-        tp.set_array(a, stored)
-        tp.set_array(b, x)
-        graph = tp.Graph(d)
-        return a, d, self.backend.graph_plan_create(graph)
-
-    def _compute(self, plan: Any) -> Callable[[], None]:
-        def step() -> None:
-            self.backend.graph_plan_compute(plan)
-            self.backend.synchronize()
-
-        return step
-
     def _cupy_time(self, fn: Callable[[], Any]) -> float:
         dev = self.cp.cuda.Device(self.device.index)
 
@@ -121,8 +78,8 @@ class Bench:
         w = rng.standard_normal((n_out, k)).astype(np.float32)
         x = rng.standard_normal((tokens, k)).astype(np.float32)
         stored = w.astype(np.float16) if wtype == "f16" else w
-        _, d, plan = self._mul_mat(wtype, stored, x)
-        ours = best_time(self._compute(plan), self.budget)
+        _, d, plan = mul_mat_plan(self.backend, wtype, stored, x)
+        ours = best_time(plan_step(self.backend, plan), self.budget)
         with cp.cuda.Device(self.device.index):
             wc, xc = cp.asarray(stored), cp.asarray(x)
             theirs = self._cupy_time(lambda: cp.matmul(xc, wc.T))
@@ -144,8 +101,8 @@ class Bench:
         rng = np.random.default_rng(1)
         w = rng.standard_normal((n_out, k)).astype(np.float32)
         x = rng.standard_normal((1, k)).astype(np.float32)
-        a, _, plan = self._mul_mat(wtype, quantize(w, tp.Type[wtype.upper()]), x)
-        ours = best_time(self._compute(plan), self.budget)
+        a, _, plan = mul_mat_plan(self.backend, wtype, quantize(w, tp.Type[wtype.upper()]), x)
+        ours = best_time(plan_step(self.backend, plan), self.budget)
         with cp.cuda.Device(self.device.index):
             w16, xc = cp.asarray(w.astype(np.float16)), cp.asarray(x.T.astype(np.float16))
             f16 = self._cupy_time(lambda: cp.matmul(w16, xc))
@@ -174,7 +131,7 @@ class Bench:
         tp.set_array(scale, np.ones((1, 4096), np.float32))
         n = len(graph.nodes)
         plan = self.backend.graph_plan_create(graph)
-        replayed = best_time(self._compute(plan), self.budget)
+        replayed = best_time(plan_step(self.backend, plan), self.budget)
 
         def graph_compute() -> None:
             self.backend.graph_compute(graph)

@@ -20,32 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from bench_cuda import shape_list  # "4096x4096x512,..." -> [(4096, 4096, 512), ...]
 from bench_opencl import best_time  # fastest of repeated runs within a time budget
+from device_bench import mul_mat_plan, parse_device_args, plan_step
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="Metal0", help="the Metal device (Metal0)")
-    p.add_argument("--matmul", type=shape_list, default=shape_list("4096x4096x512"),
-                   help="n_out x K x tokens of the prompt mul_mat (4096x4096x512)")  # fmt: skip
-    p.add_argument("--decode", type=shape_list, default=shape_list("4096x4096,14336x4096"),
-                   help="n_out x K of the decode mat x vec (4096x4096,14336x4096)")  # fmt: skip
-    p.add_argument("--nodes", type=int, default=300, help="nodes of the replayed chain (300)")
-    p.add_argument("--time", type=float, default=1.0, help="seconds per measurement (1.0)")
-    p.add_argument("--quick", action="store_true", help="small sizes, short timings (a smoke run)")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.matmul, args.decode = [(1024, 1024, 128)], [(2048, 2048)]
-        args.nodes, args.time = 60, 0.2
-    if args.nodes < 3:
-        p.error("--nodes must be at least 3")
-    return args
+    return parse_device_args(argv, __doc__.split("\n\n")[0], "Metal0", "4096x4096x512",
+                             "4096x4096,14336x4096")  # fmt: skip
 
 
 def metal_unavailable() -> str:
@@ -67,31 +52,13 @@ class Bench:
         self.tp, self.budget = tp, budget
         self.backend, self.cpu = backend, cpu
 
-    def _mul_mat(self, backend: Any, wtype: str, stored: np.ndarray, x: np.ndarray) -> Any:
-        """A plan of one mul_mat with its weights and input in place, and its tensors."""
-        tp = self.tp
-        a, b = tp.new_tensor(wtype, stored.shape[:1] + x.shape[1:]), tp.new_tensor("f32", x.shape)
-        d = tp.ops.mul_mat(a, b)
-        tp.alloc_tensors([a, b, d], backend.buffer_type())
-        tp.set_array(a, stored)
-        tp.set_array(b, x)
-        return a, d, backend.graph_plan_create(tp.Graph(d))
-
-    @staticmethod
-    def _compute(backend: Any, plan: Any) -> Callable[[], None]:
-        def step() -> None:
-            backend.graph_plan_compute(plan)
-            backend.synchronize()
-
-        return step
-
     def matmul(self, wtype: str, n_out: int, k: int, tokens: int) -> dict[str, Any]:
         rng = np.random.default_rng(0)
         w = rng.standard_normal((n_out, k)).astype(np.float32)
         x = rng.standard_normal((tokens, k)).astype(np.float32)
         stored = w.astype(np.float16) if wtype == "f16" else w
-        _, d, plan = self._mul_mat(self.backend, wtype, stored, x)
-        ours = best_time(self._compute(self.backend, plan), self.budget)
+        _, d, plan = mul_mat_plan(self.backend, wtype, stored, x)
+        ours = best_time(plan_step(self.backend, plan), self.budget)
         w32 = stored.astype(np.float32)
         theirs = best_time(lambda: x @ w32.T, self.budget)
         ref = x.astype(np.float64) @ w32.T.astype(np.float64)
@@ -113,10 +80,10 @@ class Bench:
             rng.standard_normal((n_out, k)).astype(np.float32), self.tp.Type[wtype.upper()]
         )
         x = rng.standard_normal((1, k)).astype(np.float32)
-        a, _, plan = self._mul_mat(self.backend, wtype, w, x)
-        ours = best_time(self._compute(self.backend, plan), self.budget)
-        _, _, cpu_plan = self._mul_mat(self.cpu, wtype, w, x)
-        cpu = best_time(self._compute(self.cpu, cpu_plan), self.budget)
+        a, _, plan = mul_mat_plan(self.backend, wtype, w, x)
+        ours = best_time(plan_step(self.backend, plan), self.budget)
+        _, _, cpu_plan = mul_mat_plan(self.cpu, wtype, w, x)
+        cpu = best_time(plan_step(self.cpu, cpu_plan), self.budget)
         return {
             "weights": wtype, "shape": [n_out, k], "us": ours * 1e6,
             "weights_gb_s": a.nbytes / ours / 1e9, "cpu_gb_s": a.nbytes / cpu / 1e9,
@@ -135,7 +102,7 @@ class Bench:
         tp.set_array(scale, np.ones((1, 4096), np.float32))
         n = len(graph.nodes)
         plan = self.backend.graph_plan_create(graph)
-        replayed = best_time(self._compute(self.backend, plan), self.budget)
+        replayed = best_time(plan_step(self.backend, plan), self.budget)
         eager = best_time(lambda: self.backend.graph_compute(graph), self.budget)
         return {
             "nodes": n, "plan_us_per_node": replayed / n * 1e6,
