@@ -18,14 +18,13 @@ Without a usable Metal device it says why and exits with status 2. Run::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from bench_opencl import best_time  # fastest of repeated runs within a time budget
-from device_bench import mul_mat_plan, parse_device_args, plan_step
+from device_bench import mul_mat_plan, parse_device_args, plan_step, run_and_report
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -141,17 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     backend = tp.init_by_name(args.device)
     bench = Bench(backend, tp.init_by_name("CPU"), args.time)
-    results: dict[str, Any] = {
-        "device": f"{backend.device.name}: {backend.device.description}",
-        "matmul": [bench.matmul(t, *s) for s in args.matmul for t in ("f32", "f16")],
-        "decode": [bench.decode(t, *s) for s in args.decode for t in ("q4_0", "q8_0")],
-        "replay": bench.replay(args.nodes),
-    }
-    print(report(results))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-    return 0
+    return run_and_report(bench, args, f"{backend.device.name}: {backend.device.description}",
+                          report)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ arguments, and one mul_mat placed on a backend as a graph plan, timed to complet
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -66,3 +67,21 @@ def plan_step(backend: Any, plan: Any) -> Callable[[], None]:
         backend.synchronize()
 
     return step
+
+
+def run_and_report(
+    bench: Any, args: argparse.Namespace, device: str, report: Callable[[dict[str, Any]], str]
+) -> int:
+    """Every measurement of ``bench`` at ``args``' sizes: printed through ``report``, and
+    written to ``--json`` when given."""
+    results: dict[str, Any] = {
+        "device": device,
+        "matmul": [bench.matmul(t, *s) for s in args.matmul for t in ("f32", "f16")],
+        "decode": [bench.decode(t, *s) for s in args.decode for t in ("q4_0", "q8_0")],
+        "replay": bench.replay(args.nodes),
+    }
+    print(report(results))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+    return 0
