@@ -31,7 +31,7 @@ from tensorplug.host import HostBuffer, HostBufferType, host_memory
 from tensorplug.quants import dequantize, quantize
 from tensorplug.tensor import Tensor
 from tensorplug.testing import catalogue, run_cases
-from tensorplug_kernels import Limits, encode, scratch_bytes, supports
+from tensorplug_kernels import Limits, encode, scratch_bytes, scratch_capacity, supports
 from tensorplug_kernels.emulate import HostRuntimeBuffers, PoclEmulator, pocl_emulator
 from tensorplug_kernels.encode_math import mm_variant
 from tensorplug_kernels.source import MMVQ_TYPES
@@ -226,6 +226,15 @@ def test_mmvq_is_chosen_only_where_it_applies() -> None:
     launches = encode(node(Type.Q6_K, 3), LIMITS)
     assert scratch_bytes(launches) == 3 * (256 // 32) * 40
     assert all(ln.scratch == scratch_bytes(launches) for ln in launches)
+
+
+def test_runtimes_grow_scratch_by_at_least_doubling() -> None:
+    assert scratch_capacity(0, 0) == 0
+    assert scratch_capacity(1000, 0) == 1000  # the first need, exactly
+    assert scratch_capacity(1000, 1000) == 1000  # enough: no new buffer
+    assert scratch_capacity(1200, 1000) == 2000  # a little more: double
+    assert scratch_capacity(5000, 1000) == 5000  # far more: what is needed
+    assert scratch_capacity(10, 1000) == 1000  # never shrinks
 
 
 def test_a_scratch_buffer_too_small_is_refused(emulator: PoclEmulator) -> None:

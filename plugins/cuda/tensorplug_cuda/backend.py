@@ -32,7 +32,7 @@ from tensorplug.backend import Backend, Event, GraphPlan, Status
 from tensorplug.errors import OutOfBoundsError, UnsupportedError
 from tensorplug.graph import Graph
 from tensorplug.tensor import Tensor
-from tensorplug_kernels import Launch, encode, scratch_bytes
+from tensorplug_kernels import Launch, encode, scratch_bytes, scratch_capacity
 
 from .buffer import D2D, D2H, H2D, CUDABuffer, cuda_errors, host_address, overlapping
 from .errors import translate
@@ -95,8 +95,8 @@ class CUDABackend(Backend):
         runtime = {"err": self.err_arg}
         if scratch <= 0:
             return runtime
-        if scratch > self._scratch_size:
-            size = max(scratch, 2 * self._scratch_size)
+        size = scratch_capacity(scratch, self._scratch_size)
+        if size > self._scratch_size:
             try:
                 mem = self.cp.cuda.Memory(size)
             except cuda_errors(self.cp) as e:

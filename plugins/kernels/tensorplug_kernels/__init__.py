@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .abi import KernelABI, TensorArg, kernel_abis
 from .encode import encode, supports
-from .launch import Launch, Limits, scratch_bytes
+from .launch import Launch, Limits, scratch_bytes, scratch_capacity
 from .source import DIALECTS, Dialect, Rendered, Source, render
 
 __all__ = [
@@ -34,5 +34,6 @@ __all__ = [
     "kernel_abis",
     "render",
     "scratch_bytes",
+    "scratch_capacity",
     "supports",
 ]

@@ -28,6 +28,7 @@ __all__ = [
     "round_up",
     "row_launch",
     "scratch_bytes",
+    "scratch_capacity",
     "tensor_arg",
 ]
 
@@ -77,6 +78,15 @@ def scratch_bytes(launches: Iterable[Launch]) -> int:
     before binding them (graph plans and captured CUDA graphs need addresses that do not
     move afterwards)."""
     return max((ln.scratch for ln in launches), default=0)
+
+
+def scratch_capacity(need: int, have: int) -> int:
+    """The size of a runtime's scratch buffer of ``have`` bytes once launches needing
+    ``need`` bytes are bound: ``have`` when it is enough, else at least double, so that a
+    run of ever larger needs (a model's first decode steps, then batches of 2, 3, …
+    tokens) reallocates a few times rather than at every step. Every runtime grows its
+    buffer by this rule, so they reallocate at the same moments."""
+    return have if need <= have else max(need, 2 * have)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -29,7 +29,7 @@ from tensorplug.backend import Backend, Event, GraphPlan, Status
 from tensorplug.errors import OutOfBoundsError, UnsupportedError
 from tensorplug.graph import Graph
 from tensorplug.tensor import Tensor
-from tensorplug_kernels import Launch, encode, scratch_bytes
+from tensorplug_kernels import Launch, encode, scratch_bytes, scratch_capacity
 
 from .buffer import OpenCLBuffer
 from .errors import translate
@@ -115,8 +115,9 @@ class OpenCLBackend(Backend):
         runtime = {"err": self._err}
         if scratch <= 0:
             return runtime
-        if self._scratch is None or self._scratch.size < scratch:
-            size = max(scratch, 2 * (0 if self._scratch is None else self._scratch.size))
+        have = 0 if self._scratch is None else self._scratch.size
+        size = scratch_capacity(scratch, have)
+        if size > have:
             try:
                 self._scratch = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
             except cl.Error as e:
