@@ -233,6 +233,7 @@ def test_one_device_per_mtldevice_with_what_metal_reports(emulator: PoclEmulator
     caps = first.caps
     assert caps.asynchronous and caps.events and caps.buffer_from_host_ptr
     assert first.limits.gpu and first.limits.wg == 128 and first.limits.local_mem == 32 * 1024
+    assert first.limits.scratch  # the backend binds its scratch buffer: mmvq is on
     assert "Metal0" in reg.features() and reg.features()["verified"].startswith("not verified")
 
 

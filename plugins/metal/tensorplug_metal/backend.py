@@ -17,6 +17,15 @@ Kernels that index by data (get_rows, set_rows, mul_mat_id) report an out-of-ran
 index in the backend's error word, 8 bytes of shared memory read at ``synchronize``,
 which then raises :class:`~tensorplug.OutOfBoundsError` (set_rows checks every index
 before it writes, so a bad index writes nothing).
+
+Launches that ask for scratch memory (``Launch.scratch``: the 8-bit integer mat-vec
+products keep their Q8_1-quantized activations there) get the backend's scratch
+buffer, one shared-storage ``MTLBuffer`` sized, before a graph is bound, to what the
+whole graph needs. Binding once per graph rather than per node is what Metal's
+encoding already does, and it is what a graph plan needs: its bound dispatches hold
+the buffer, so when the backend later grows its scratch for other work the plan keeps
+reading and writing its own. One buffer serves every node because a queue's dispatches
+run one after another (serial compute encoders, command buffers in commit order).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from tensorplug.backend import Backend, Event, GraphPlan, Status
 from tensorplug.errors import OutOfBoundsError, UnsupportedError
 from tensorplug.graph import Graph
 from tensorplug.tensor import Tensor
-from tensorplug_kernels import encode
+from tensorplug_kernels import encode, scratch_bytes, scratch_capacity
 
 from .buffer import MetalBuffer, MetalMappedBuffer, contents_array, shared_buffer
 from .errors import CommandBufferError, describe_nserror
@@ -62,7 +71,10 @@ class MetalEvent:
 
 class MetalGraphPlan(GraphPlan):
     """A graph's dispatches bound once (pipelines, argument bytes, buffers, sizes);
-    computing encodes them. After re-allocating the graph, ``graph_plan_update``."""
+    computing encodes them. After re-allocating the graph, ``graph_plan_update``.
+
+    The scratch buffer bound is the backend's at bind time, sized for the whole graph;
+    the plan keeps it (its dispatches hold it) when the backend grows its own later."""
 
     backend: MetalBackend
 
@@ -88,23 +100,43 @@ class MetalBackend(Backend):
         self._err = shared_buffer(device, 8, "the error word")
         self._err_word = contents_array(self._err, 8).view(np.int32)
         self._err_word[:] = 0
+        self._scratch: Any = None  # shared MTLBuffer, once a launch asks for scratch
+        self._scratch_size = 0
         self._err_watched = False  # a kernel that may report into the error word ran
         self._committed: list[tuple[Any, str]] = []  # since the last synchronize
         self._reads: list[tuple[np.ndarray, memoryview]] = []  # staging -> host, at sync
-        self._staging: list[Any] = []  # buffers queued blits use, kept until sync
+        self._staging: list[Any] = []  # buffers queued work uses, kept until sync
         self._timeline = device.mtl.newSharedEvent()  # other queues wait on it
         self._tick = 0
         device.track_backend(self)
 
     # -- encoding --------------------------------------------------------------------------
 
+    def runtime_buffers(self, scratch: int) -> dict[str, Any]:
+        """The backend's own buffers for launches needing ``scratch`` bytes of scratch
+        together: the error word, and the scratch buffer, grown first if it is smaller
+        (:func:`~tensorplug_kernels.scratch_capacity`). A buffer grown out of is kept
+        until the next synchronize, for the command buffers already committed on it
+        (Metal retains what they bind too; this does not rely on it)."""
+        runtime = {"err": self._err}
+        if scratch <= 0:
+            return runtime
+        size = scratch_capacity(scratch, self._scratch_size)
+        if size > self._scratch_size:
+            mtl = shared_buffer(self.device, size, f"{size} bytes of scratch memory")
+            if self._scratch is not None:
+                self._staging.append(self._scratch)
+            self._scratch, self._scratch_size = mtl, size
+        runtime["scratch"] = self._scratch
+        return runtime
+
     def bind_graph(self, graph: Graph) -> list[BoundDispatch]:
+        """Every launch of ``graph`` bound, the scratch buffer sized once for all of
+        them (so none of the dispatches moves when a later one needs more)."""
         dev = self.device
-        return [
-            bind(launch, dev, self._err, node)
-            for node in graph.nodes
-            for launch in encode(node, dev.limits)
-        ]
+        encoded = [(node, encode(node, dev.limits)) for node in graph.nodes]
+        runtime = self.runtime_buffers(scratch_bytes(ln for _, ls in encoded for ln in ls))
+        return [bind(launch, dev, runtime, node) for node, ls in encoded for launch in ls]
 
     def _commit(self, cb: Any, what: str) -> None:
         cb.commit()
@@ -319,3 +351,4 @@ class MetalBackend(Backend):
 
     def free(self) -> None:
         self.synchronize()
+        self._scratch, self._scratch_size = None, 0  # plans still bound to it hold it

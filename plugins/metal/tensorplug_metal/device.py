@@ -79,7 +79,8 @@ class MetalDevice(Device):
         self.mtl = mtl
         self.metal, self.objc = reg.metal, reg.objc
         self.info = read_device_info(mtl)
-        self.limits = Limits(wg=self.info.wg, local_mem=self.info.local_mem, gpu=True)
+        # scratch: the backend binds its scratch buffer (the 8-bit integer mat-vec path)
+        self.limits = Limits(wg=self.info.wg, local_mem=self.info.local_mem, gpu=True, scratch=True)
         self._buft = MetalBufferType(self)
         self._program: KernelProgram | None = None
         self._lock = threading.Lock()

@@ -9,12 +9,15 @@ size (OpenCL-style sizes divided). Binding happens once per node for a graph pla
 the result is replayed, so per-compute work is the encoder calls alone.
 
 A tensor in a mapped buffer is bound to the no-copy view holding it, and its byte
-offset in the struct is moved into that view (:meth:`MetalMappedBuffer.binding`).
+offset in the struct is moved into that view (:meth:`MetalMappedBuffer.binding`). The
+backend's own buffers (the error word, the scratch memory some launches ask for) are
+passed by name, as the CUDA and OpenCL runtimes pass theirs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -71,8 +74,11 @@ def _placed(arg: TensorArg, device: MetalDevice) -> tuple[TensorArg, tuple[Any, 
     return arg, (mtl, 0)
 
 
-def bind(launch: Launch, device: MetalDevice, err: Any, node: Tensor) -> BoundDispatch:
-    """``launch`` ready to encode on ``device``; ``err`` is the backend's error word."""
+def bind(
+    launch: Launch, device: MetalDevice, runtime: Mapping[str, Any], node: Tensor
+) -> BoundDispatch:
+    """``launch`` ready to encode on ``device``; ``runtime`` holds the backend's own
+    ``MTLBuffer``\\ s by name (``err``, and ``scratch`` sized for the launch)."""
     abi = kernel_abis()[launch.kernel]
     args: dict[str, Any] = {}
     bindings: dict[int, tuple[Any, int]] = {}
@@ -81,7 +87,16 @@ def bind(launch: Launch, device: MetalDevice, err: Any, node: Tensor) -> BoundDi
             value, bindings[id(value.tensor)] = _placed(value, device)
         args[name] = value
     data, buffers = abi.pack(args)
-    bound = tuple(bindings[id(b.tensor)] if isinstance(b, TensorArg) else (err, 0) for b in buffers)
+    missing = [b for b in buffers if isinstance(b, str) and b not in runtime]
+    if missing:
+        raise KernelLaunchError(
+            f"{launch.kernel} takes the runtime buffer(s) {missing}, which were not provided "
+            f"for {node.describe()}",
+            kernel=launch.kernel,
+        )
+    bound = tuple(
+        bindings[id(b.tensor)] if isinstance(b, TensorArg) else (runtime[b], 0) for b in buffers
+    )
     g = (*launch.global_size, 1, 1)[:3]
     t = (*launch.local_size, 1, 1)[:3]
     if any(x % y for x, y in zip(g, t, strict=True)):
@@ -107,5 +122,5 @@ def bind(launch: Launch, device: MetalDevice, err: Any, node: Tensor) -> BoundDi
         size(g[0] // t[0], g[1] // t[1], g[2] // t[2]),
         size(t[0], t[1], t[2]),
         node,
-        watches_errors=any(not isinstance(b, TensorArg) for b in buffers),
+        watches_errors="err" in buffers,
     )
