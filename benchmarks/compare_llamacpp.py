@@ -113,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         rel = diff / float(np.abs(ref).max())
         worst = max(worst, diff)
         n_pos = len(ids)
-        flips = int((got.argmax(-1) != ref.argmax(-1)).sum()) if got.shape == ref.shape else n_pos
+        flipped = (
+            np.flatnonzero(got.argmax(-1) != ref.argmax(-1))
+            if got.shape == ref.shape
+            else np.arange(n_pos)
+        )
+        flips = len(flipped)
         gen, tok = [], int(got[-1].argmax())
         for _ in range(a.gen):
             gen.append(tok)
@@ -127,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{theirs[i]['gaps'][agree]:.3f})"
         )
         tops = "agrees at every position" if not flips else f"differs at {flips} of {n_pos}"
+        if flips and got.shape == ref.shape:  # near-ties? llama.cpp's top-2 gap there
+            tops += (
+                " (llama.cpp's top-2 gap there "
+                + ", ".join(f"{float(np.diff(np.sort(ref[j])[-2:])[0]):.3f}" for j in flipped)
+                + ")"
+            )
         print(f"{text!r}: tokens {'equal' if same_ids else 'DIFFER'} ({n_pos}); top token "
               f"{tops}; largest logit difference "
               f"{diff:.3g} ({rel:.1e} of the largest); greedy {where}")  # fmt: skip
