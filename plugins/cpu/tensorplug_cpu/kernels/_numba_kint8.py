@@ -29,7 +29,6 @@ from ._numba_int8 import (
     _load,
     _splat,
     _vec,
-    quantize_q8_0,
     row_q4_0,
     row_q4_1,
     row_q5_0,
@@ -210,14 +209,3 @@ def matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind
                     out[t, left] = row_q4_1(row, xr, xdt, xst, table)
                 else:
                     out[t, left] = row_q5_1(row, xr, xdt, xst, table)
-
-
-@njit(cache=True)
-def quantize_and_matvec(
-    rows: Any, x: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
-) -> None:
-    """:func:`quantize_q8_0` of ``x`` into ``xq``/``xd``/``xs``, then :func:`matvec_int8`:
-    one call from Python instead of two (a generation step makes hundreds of them, at a
-    few microseconds of dispatch each)."""
-    quantize_q8_0(x, xq, xd, xs, table)
-    matvec_int8(rows, xq, xd, xs, out, table, kind)

@@ -62,13 +62,15 @@ class JitKernels:
                 functools.partial(kq.dequantize_k, kind=int(t)),
             )
 
+        from . import _numba_int8 as i8
         from . import _numba_kint8 as ki8
 
         # ggml's way for these types: activations quantized to Q8_0, integer dot products
         self._int8: dict[Type, Callable[..., None]] = {
-            t: functools.partial(ki8.quantize_and_matvec, kind=int(t))
+            t: functools.partial(ki8.matvec_int8, kind=int(t))
             for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
         }
+        self._quantize_q8_0 = i8.quantize_q8_0
         from . import _numba_rows as rows
         from ._numba_attention import attend, visible_columns
 
@@ -100,8 +102,16 @@ class JitKernels:
         xq = np.empty((n_tok, n), np.int8)
         xd = np.empty((n_tok, n // 32), np.float32)
         xs = np.empty((n_tok, n // 32), np.int32)
-        return partial(self._call, f"integer matrix-vector kernel for {t.name}",
-                       self._int8[t], rows, x, xq, xd, xs, out, _F16_TO_F32)  # fmt: skip
+        quantize = partial(self._call, "Q8_0 activation quantizer", self._quantize_q8_0,
+                           x, xq, xd, xs, _F16_TO_F32)  # fmt: skip
+        product = partial(self._call, f"integer matrix-vector kernel for {t.name}",
+                          self._int8[t], rows, xq, xd, xs, out, _F16_TO_F32)  # fmt: skip
+
+        def run() -> None:
+            quantize()
+            product()
+
+        return run
 
     def attend(self, *args: Any) -> None:
         """Flash attention for a few query rows (:func:`._numba_attention.attend`)."""
