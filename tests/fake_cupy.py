@@ -21,7 +21,8 @@ What the fake does, so that the plugin's mistakes show:
   array holding exactly the kernel's arguments struct, then one pointer per buffer —
   and runs the kernel on PoCL through :class:`tensorplug_kernels.emulate.PoclEmulator`
   (the same kernel bodies, in the portable dialect) over the allocations' bytes;
-* ``cupy.ndarray``/``cupy.matmul`` are numpy over the same bytes; ``matmul`` refuses to
+* ``cupy.ndarray``/``cupy.matmul`` are numpy over the same bytes (F16 operands summed in
+  F32 and the result rounded to F16, as cuBLAS's ``CUBLAS_COMPUTE_32F``); ``matmul`` refuses to
   run inside a stream capture as cupy does, and can be made to fail as a missing
   libcublas does;
 * stream capture records the work instead of running it; the graph replays it.
@@ -540,6 +541,14 @@ def _fake_module(state: _State) -> SimpleNamespace:
             raise RuntimeError("CuPy failed to load libcublas.so.12 (fake: no cuBLAS)")
         state.calls["matmul"] += 1
         stream.flush()
+        if a.dtype == np.float16 and b.dtype == np.float16:
+            # cupy's F16 product is gemmEx with CUBLAS_COMPUTE_32F: F32 sums, F16 result
+            state.calls["matmul_f16"] += 1
+            product = np.matmul(a.astype(np.float32), b.astype(np.float32))
+            if out is None:
+                return product.astype(np.float16)
+            out[...] = product
+            return out
         return np.matmul(a, b, out=out)
 
     cuda = SimpleNamespace(

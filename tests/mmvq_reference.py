@@ -17,7 +17,14 @@ import tensorplug as tp
 from tensorplug import Type, ops
 from tensorplug.quants import dequantize, quantize
 
-__all__ = ["Product", "error_bound", "q8_1_reference", "q8_1_values"]
+__all__ = [
+    "Product",
+    "cuda_product",
+    "error_bound",
+    "f16_product",
+    "q8_1_reference",
+    "q8_1_values",
+]
 
 
 def q8_1_reference(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -37,6 +44,19 @@ def q8_1_values(b: np.ndarray) -> np.ndarray:
     """``b`` as the kernels see it after quantization: ``d * code``, float64."""
     d, _, codes = q8_1_reference(b)
     return (codes.astype(np.float64) * d[..., None].astype(np.float64)).reshape(b.shape)
+
+
+def f16_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x @ w.T`` as ggml-cuda's cuBLAS path computes it for F16 and quantized weights:
+    both operands rounded to F16, summed in F32, the result rounded to F16."""
+    w16, x16 = w.astype(np.float16).astype(np.float32), x.astype(np.float16).astype(np.float32)
+    return (x16 @ w16.T).astype(np.float16).astype(np.float32)
+
+
+def cuda_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x @ w.T`` for dequantized weights ``w`` as the CUDA backend computes it: up to 8
+    tokens with Q8_1 activations (integer dot products), more on cuBLAS's F16 operands."""
+    return q8_1_values(x) @ w.T if x.shape[0] <= 8 else f16_product(x, w)
 
 
 def error_bound(xb: np.ndarray, wa: np.ndarray) -> np.ndarray:

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 from fake_cupy import CUDADriverError, FakeCupy, FakeGPU
-from mmvq_reference import Product, q8_1_values
+from mmvq_reference import Product, cuda_product, f16_product
 
 import tensorplug as tp
 from tensorplug import Type, ops
-from tensorplug.quants import dequantize, quantize
+from tensorplug.quants import dequantize, f32_to_bf16, quantize
 from tensorplug.testing import catalogue, run_cases
 from tensorplug_cuda import matmul as cuda_matmul
 from tensorplug_cuda.reg import CUDAReg
@@ -53,9 +53,7 @@ def backend(fake: FakeCupy) -> Iterator[Any]:
 def test_every_catalogue_case_agrees_with_the_cpu_backend(backend: Any, fake: FakeCupy) -> None:
     report = run_cases(catalogue(full=True), backend, tp.registry.init_by_name("CPU"))
     failed = [
-        (r.case, r.message, r.traceback[-800:])
-        for r in report.results
-        if r.outcome.name == "FAIL"
+        (r.case, r.message, r.traceback[-800:]) for r in report.results if r.outcome.name == "FAIL"
     ]
     unsupported = {r.case for r in report.results if r.outcome.name == "UNSUPPORTED"}
     passed = sum(r.outcome.name == "PASS" for r in report.results)
@@ -115,10 +113,67 @@ def test_mul_mat_goes_to_cublas_for_many_tokens(
     weights = rng.standard_normal((48, 64)).astype(np.float32)
     x = rng.standard_normal((tokens, 64)).astype(np.float32)
     got = _mul_mat(backend, weights, wtype, x)
-    np.testing.assert_allclose(got, _reference(weights, wtype, x), rtol=2e-3, atol=2e-3)
+    if cublas and wtype is not Type.F32:  # F16 operands on the tensor cores
+        np.testing.assert_allclose(
+            got, _tensor_core_reference(weights, wtype, x), rtol=2**-10, atol=2**-14
+        )
+    else:
+        np.testing.assert_allclose(got, _reference(weights, wtype, x), rtol=2e-3, atol=2e-3)
     assert fake.state.calls["matmul"] == int(cublas)
     converted = any(ln.kernel == "k_cpy" for ln in fake.state.launches)
-    assert converted == (cublas and wtype is not Type.F32)  # weights converted to F32 first
+    assert converted == (cublas and wtype is not Type.F32)  # operands converted to F16 first
+    assert fake.state.calls["matmul_f16"] == int(converted)
+
+
+def _tensor_core_reference(weights: np.ndarray, wtype: Type, x: np.ndarray) -> np.ndarray:
+    """The F16 product with ``weights`` stored as ``wtype`` (quantized ones dequantized)."""
+    w = dequantize(quantize(weights, wtype), wtype) if wtype.is_quantized else weights
+    return f16_product(x, w)
+
+
+@pytest.mark.parametrize(("wtype", "tokens"), [(Type.F16, 16), (Type.Q4_0, 64), (Type.Q6_K, 80)])
+def test_cublas_multiplies_f16_and_quantized_weights_on_f16_operands(
+    backend: Any, fake: FakeCupy, wtype: Type, tokens: int
+) -> None:
+    rng = np.random.default_rng(5)
+    weights = rng.standard_normal((40, 256)).astype(np.float32)
+    x = rng.standard_normal((tokens, 256)).astype(np.float32)
+    got = _mul_mat(backend, weights, wtype, x)
+    expected = _tensor_core_reference(weights, wtype, x)
+    # equal up to one F16 step where F32 sums in another order round the other way
+    np.testing.assert_allclose(got, expected, rtol=2**-10, atol=2**-14)
+    exact = _reference(weights, wtype, x)
+    assert np.abs(got - exact).max() > 1e-3  # the F16 rounding is really there
+    assert fake.state.calls["matmul_f16"] == 1
+
+
+@pytest.mark.parametrize("wtype", [Type.Q4_0, Type.F16])
+def test_cublas_f16_can_be_switched_off_for_exact_products(
+    monkeypatch: pytest.MonkeyPatch, emulator: PoclEmulator, wtype: Type
+) -> None:
+    monkeypatch.setenv("TENSORPLUG_CUDA_CUBLAS_F16", "0")
+    fake = FakeCupy(emulator)
+    backend = CUDAReg(fake).devices()[0].init_backend()
+    rng = np.random.default_rng(6)
+    weights = rng.standard_normal((40, 256)).astype(np.float32)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    got = _mul_mat(backend, weights, wtype, x)
+    np.testing.assert_allclose(got, _reference(weights, wtype, x), rtol=1e-5, atol=1e-4)
+    assert fake.state.calls["matmul"] == 1 and fake.state.calls["matmul_f16"] == 0
+    backend.free()
+
+
+def test_bf16_weights_are_widened_to_f32_not_narrowed_to_f16(backend: Any, fake: FakeCupy) -> None:
+    w = tp.new_tensor(Type.BF16, (8, 32))
+    b = tp.new_tensor("f32", (16, 32))
+    y = ops.mul_mat(w, b)
+    assert tp.alloc_tensors([w, b, y], backend.buffer_type()) is not None
+    tp.set_array(w, f32_to_bf16(np.full((8, 32), 1e6, np.float32)))  # beyond F16's range
+    tp.set_array(b, np.ones((16, 32), np.float32))
+    backend.graph_compute(tp.Graph(y))
+    got = tp.get_array(y)
+    np.testing.assert_allclose(got, np.full((16, 8), 32 * 999424.0), rtol=1e-6)  # bf16(1e6)
+    assert fake.state.calls["matmul"] == 1 and fake.state.calls["matmul_f16"] == 0
 
 
 def test_cublas_broadcasts_weights_over_batches_as_ggml(backend: Any, fake: FakeCupy) -> None:
@@ -126,7 +181,8 @@ def test_cublas_broadcasts_weights_over_batches_as_ggml(backend: Any, fake: Fake
     weights = rng.standard_normal((2, 24, 32)).astype(np.float32)  # 2 matrices
     x = rng.standard_normal((6, 12, 32)).astype(np.float32)  # 6 batches: 3 per matrix
     got = _mul_mat(backend, weights, Type.F16, x)
-    np.testing.assert_allclose(got, _reference(weights, Type.F16, x), rtol=1e-4, atol=1e-4)
+    expected = np.stack([_tensor_core_reference(weights[i // 3], Type.F16, x[i]) for i in range(6)])
+    np.testing.assert_allclose(got, expected, rtol=2**-10, atol=2**-14)
     assert fake.state.calls["matmul"] == 1
 
 
@@ -196,8 +252,7 @@ class Decode:
         backend.graph_plan_compute(plan)
         backend.synchronize()
         w = dequantize(quantize(self.weights, Type.Q4_0), Type.Q4_0)
-        # up to 8 tokens: 8-bit integer products on Q8_1 activations (test_cuda_compute.py)
-        h = (q8_1_values(x) if x.shape[0] <= 8 else x) @ w.T
+        h = cuda_product(x, w)
         h = h / (1 + np.exp(-h))
         ref = h / np.sqrt((h * h).mean(axis=-1, keepdims=True) + 1e-6)
         np.testing.assert_allclose(tp.get_array(self.y), ref, rtol=1e-4, atol=1e-4)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mmvq_reference import Product
+from mmvq_reference import Product, f16_product
 
 import tensorplug as tp
 import tensorplug_cuda
@@ -105,19 +105,27 @@ def test_graph_compute_replays_what_eager_launches_do(backend: Any) -> None:
 
 def test_cublas_and_the_kernels_agree(backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(2)
+    weights = rng.standard_normal((256, 512)).astype(np.float16)
+    acts = rng.standard_normal((64, 512)).astype(np.float32)
     w = tp.new_tensor("f16", (256, 512))
     x = tp.new_tensor("f32", (64, 512))
     y = ops.mul_mat(w, x)
     tp.alloc_tensors([w, x, y], backend.buffer_type())
-    tp.set_array(w, rng.standard_normal((256, 512)).astype(np.float16))
-    tp.set_array(x, rng.standard_normal((64, 512)).astype(np.float32))
+    tp.set_array(w, weights)
+    tp.set_array(x, acts)
     backend.graph_compute(tp.Graph(y))
-    with_cublas = tp.get_array(y)
+    tensor_cores = tp.get_array(y)  # F16 operands, F32 sums, F16 result
     assert not backend.matmul.unavailable, backend.matmul.unavailable
+    np.testing.assert_allclose(
+        tensor_cores, f16_product(acts, weights.astype(np.float32)), rtol=2**-10, atol=2**-14
+    )
+    backend.matmul.half = False  # weights widened to F32, SGEMM
+    backend.graph_compute(tp.Graph(y))
+    exact = tp.get_array(y)
     backend.matmul.enabled = False
     backend.graph_compute(tp.Graph(y))
     kernels = tp.get_array(y)
-    assert ((with_cublas - kernels) ** 2).sum() / (kernels**2).sum() < 1e-10
+    assert ((exact - kernels) ** 2).sum() / (kernels**2).sum() < 1e-10
 
 
 @pytest.mark.parametrize("wtype", MMVQ_TYPES, ids=lambda t: t.name)

@@ -6,10 +6,16 @@ memory in cupy arrays (no copies: ``cupy.ndarray`` over a ``MemoryPointer`` into
 tensorplug buffer) and calls ``cupy.matmul``, which runs cuBLAS on the current stream
 — the backend's, made current around the call.
 
-F32 weights go straight in. F16, BF16 and quantized weights are first converted to
-F32 by the shared library's ``k_cpy`` kernel into a scratch buffer the backend keeps
-(ggml converts to F16 and uses tensor cores instead; here the result stays exact).
-ggml's broadcast of the weights over the batch axes (``r2``, ``r3``: each weight
+F32 weights go straight in (SGEMM). F16 and quantized weights take ggml's tensor-core
+path: quantized weights are dequantized to F16 and the activations rounded to F16 by
+the shared library's ``k_cpy`` kernel into a scratch buffer the backend keeps, cuBLAS
+multiplies the F16 operands with F32 accumulation (cupy's ``gemmEx``,
+``CUBLAS_COMPUTE_32F``, tensor-core algorithms from Volta on) into an F16 result, and
+that is widened into the F32 output. As in ggml, activations or results beyond F16's
+range (65504) become infinite there; ``TENSORPLUG_CUDA_CUBLAS_F16=0`` converts the
+weights to F32 instead and keeps the product exact (SGEMM, several times slower on
+tensor-core GPUs). BF16 weights always take the F32 conversion: F16 cannot hold
+their range. ggml's broadcast of the weights over the batch axes (``r2``, ``r3``: each weight
 matrix serves consecutive batches) becomes numpy-style broadcasting over 6-D views.
 
 cupy refuses cuBLAS inside a CUDA-graph capture (NotImplementedError), so plans with
@@ -22,19 +28,17 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from tensorplug.errors import TensorplugError
 from tensorplug.opcodes import Op
 from tensorplug.tensor import Tensor, new_tensor
 from tensorplug.transfer import tensor_alloc
 from tensorplug.types import Type
-from tensorplug_kernels.launch import nrows, row_launch, tensor_arg
+from tensorplug_kernels.launch import nrows, round_up, row_launch, tensor_arg
 from tensorplug_kernels.source import QUANT
 
 from .buffer import CUDABuffer, cuda_errors
 from .errors import OutOfMemoryError, is_out_of_memory, translate
-from .settings import CUBLAS
+from .settings import CUBLAS, CUBLAS_F16
 
 if TYPE_CHECKING:
     from .backend import CUDABackend
@@ -49,6 +53,8 @@ FLOAT_MIN_TOKENS = 9
 QUANT_MIN_TOKENS = 64
 
 _FLOAT = frozenset({Type.F32, Type.F16, Type.BF16})
+#: Scratch regions start at this alignment (cuBLAS wants 16 bytes; the kernels 256).
+_ALIGN = 256
 
 
 def min_tokens(weights: Tensor) -> int | None:
@@ -61,11 +67,11 @@ def min_tokens(weights: Tensor) -> int | None:
 
 
 def _view(cp: Any, t: Tensor, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
-    """A float32 cupy array over ``t``'s bytes in its CUDA buffer."""
+    """A cupy array (float32 or float16, as ``t``) over ``t``'s bytes in its CUDA buffer."""
     buf = t.buffer
     assert isinstance(buf, CUDABuffer)
     memptr = cp.cuda.MemoryPointer(buf.mem, t.offset)
-    return cp.ndarray(shape, dtype=np.float32, memptr=memptr, strides=strides)
+    return cp.ndarray(shape, dtype=t.type.numpy_dtype, memptr=memptr, strides=strides)
 
 
 def batched_views(cp: Any, a: Tensor, b: Tensor, d: Tensor) -> tuple[Any, Any, Any]:
@@ -94,6 +100,7 @@ class CublasMatmul:
     def __init__(self, backend: CUDABackend) -> None:
         self.backend = backend
         self.enabled = CUBLAS.get()
+        self.half = CUBLAS_F16.get()  # F16 operands (tensor cores) for F16/quantized weights
         self.unavailable = ""  # why cuBLAS could not be used, once it failed to load
         self.scratch: CUDABuffer | None = None
 
@@ -111,6 +118,10 @@ class CublasMatmul:
             and node.nelements > 0
         )
 
+    def half_precision(self, weights: Tensor) -> bool:
+        """True when a product with ``weights`` runs on F16 operands (tensor cores)."""
+        return self.half and weights.type is not Type.BF16 and weights.type is not Type.F32
+
     def run(self, node: Tensor) -> bool:
         """Compute ``node`` on the backend's stream; False when it must fall back to the
         kernels (no cuBLAS here, or no memory for its temporaries)."""
@@ -119,9 +130,12 @@ class CublasMatmul:
         a, b = node.src
         try:
             with backend.stream:
-                weights = a if a.type == Type.F32 else self._converted(a, node)
-                wa, ba, da = batched_views(cp, weights, b, node)
-                cp.matmul(ba, wa.swapaxes(-1, -2), out=da)
+                if self.half_precision(a):
+                    self._run_half(cp, a, b, node)
+                else:
+                    weights = a if a.type == Type.F32 else self._converted(a, Type.F32, node)
+                    wa, ba, da = batched_views(cp, weights, b, node)
+                    cp.matmul(ba, wa.swapaxes(-1, -2), out=da)
         except NotImplementedError:  # cuBLAS inside a stream capture: the plan falls back
             raise
         except OutOfMemoryError as e:
@@ -141,25 +155,49 @@ class CublasMatmul:
             return False
         return True
 
-    def _converted(self, a: Tensor, node: Tensor) -> Tensor:
-        """``a`` as F32 in the scratch buffer (queued on the backend's stream)."""
-        backend = self.backend
-        dev = backend.device
-        nbytes = a.nelements * 4
+    def _run_half(self, cp: Any, a: Tensor, b: Tensor, node: Tensor) -> None:
+        """``node`` from F16 copies of its operands: the weights (unless already F16) and
+        the activations in scratch, an F16 result there too, widened into ``node``."""
+        sizes = [0 if a.type == Type.F16 else a.nelements * 2, b.nelements * 2, node.nelements * 2]
+        starts = [0]
+        for size in sizes[:-1]:
+            starts.append(starts[-1] + round_up(size, _ALIGN))
+        scratch = self._scratch(starts[-1] + sizes[-1])
+        weights = a if a.type == Type.F16 else self._convert_into(scratch, starts[0], a, node)
+        acts = self._convert_into(scratch, starts[1], b, node)
+        result = new_tensor(Type.F16, node.shape, f"{node.name}:f16")
+        tensor_alloc(scratch, result, starts[2])
+        wa, ba, ra = batched_views(cp, weights, acts, result)
+        cp.matmul(ba, wa.swapaxes(-1, -2), out=ra)
+        batched_views(cp, weights, acts, node)[2][...] = ra  # F16 -> F32, on the stream
+
+    def _scratch(self, nbytes: int) -> CUDABuffer:
+        """The backend's scratch buffer for converted operands, at least ``nbytes``."""
         if self.scratch is None or self.scratch.size < nbytes:
             if self.scratch is not None:
-                backend.stream.synchronize()  # queued work may still read the old one
+                self.backend.stream.synchronize()  # queued work may still read the old one
                 self.scratch.free()
                 self.scratch = None
-            buf = dev.buffer_type().alloc_buffer(nbytes)
+            buf = self.backend.device.buffer_type().alloc_buffer(nbytes)
             assert isinstance(buf, CUDABuffer)
             self.scratch = buf
-        t = new_tensor(Type.F32, a.shape, f"{a.name}:f32")
-        tensor_alloc(self.scratch, t, 0)
+        return self.scratch
+
+    def _converted(self, a: Tensor, to: Type, node: Tensor) -> Tensor:
+        """``a`` as ``to`` at the start of the scratch buffer (queued on the stream)."""
+        return self._convert_into(self._scratch(a.nelements * to.type_size), 0, a, node, to)
+
+    def _convert_into(
+        self, scratch: CUDABuffer, offset: int, src: Tensor, node: Tensor, to: Type = Type.F16
+    ) -> Tensor:
+        """A contiguous ``to`` copy of ``src`` at ``offset`` in ``scratch``, by ``k_cpy``."""
+        t = new_tensor(to, src.shape, f"{src.name}:{to.name.lower()}")
+        tensor_alloc(scratch, t, offset)
         for launch in row_launch(
-            "k_cpy", nrows(a), dev.limits, s=tensor_arg(a), d=tensor_arg(t), reshape=0
-        ):
-            backend.launch(launch, node)
+            "k_cpy", nrows(src), self.backend.device.limits, s=tensor_arg(src), d=tensor_arg(t),
+            reshape=0,
+        ):  # fmt: skip
+            self.backend.launch(launch, node)
         return t
 
     def free(self) -> None:

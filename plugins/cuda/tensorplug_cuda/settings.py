@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tensorplug.settings import Setting, _flag
 
-__all__ = ["CUBLAS", "GRAPHS"]
+__all__ = ["CUBLAS", "CUBLAS_F16", "GRAPHS"]
 
 GRAPHS: Setting[bool] = Setting(
     "TENSORPLUG_CUDA_GRAPHS",
@@ -22,5 +22,16 @@ CUBLAS: Setting[bool] = Setting(
     _flag,
     "0 to compute every mul_mat with the shared kernels instead of cuBLAS (through "
     "cupy.matmul) for batches of many tokens.",
+    example="0",
+)
+
+CUBLAS_F16: Setting[bool] = Setting(
+    "TENSORPLUG_CUDA_CUBLAS_F16",
+    True,
+    _flag,
+    "0 to keep cuBLAS products of F16 and quantized weights exact: the weights are "
+    "converted to F32 and multiplied by SGEMM, instead of multiplying F16 weights by "
+    "activations rounded to F16 on the tensor cores (F32 accumulation, F16 result, as "
+    "ggml-cuda does).",
     example="0",
 )
