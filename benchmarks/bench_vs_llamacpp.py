@@ -1,7 +1,7 @@
 """tensorplug's CPU backend against llama.cpp on the same models, same machine, same run.
 
     python benchmarks/bench_vs_llamacpp.py [--models 100M:q4_0,100M:q8_0,100M:q4_k]
-        [--threads 1,2] [--prompt 128] [--gen 32] [--batch 128] [--rounds 3] [--load N]
+        [--threads 1,2,auto] [--prompt 128] [--gen 32] [--batch 128] [--rounds 3] [--load N]
         [--llama-python PATH]
 
 Models are written once into ``--cache`` by the tiny-model writer (random weights, a
@@ -18,8 +18,11 @@ so a slow minute of the machine hurts both. A process loads the model, evaluates
 warm-up, then a ``--prompt``-token prompt in batches of ``--batch`` (llama.cpp's
 ``n_batch``; tensorplug's ``n_batch``) and ``--gen`` single-token steps, both with an
 F16 KV cache, with ``--threads`` threads (tensorplug: numba and BLAS thread counts;
-llama.cpp: ``n_threads``). The table gives tokens/s as median (min–max) and the ratio of
-the medians, tensorplug / llama.cpp: above 1.00 tensorplug is faster.
+llama.cpp: ``n_threads``). ``auto`` runs each engine as a user gets it without ``-t``:
+tensorplug's runner with its thread governor (every core, fewer for generation steps
+while timing shows other work holding the cores), llama.cpp with one thread per core
+(llama-cli's default on a machine without SMT). The table gives tokens/s as median
+(min–max) and the ratio of the medians, tensorplug / llama.cpp: above 1.00 tensorplug is faster.
 
 ``--load N`` starts N busy processes (a Python loop each) for the whole run, to see
 how each engine copes with a machine that is doing something else.
@@ -85,13 +88,21 @@ def parse_models(text: str) -> list[Spec]:
     return specs
 
 
+#: ``--threads auto``: each engine's own choice (see the module's docstring)
+AUTO = 0
+
+
 def parse_counts(text: str, what: str) -> list[int]:
+    """Thread counts; ``auto`` is :data:`AUTO`."""
+    words = [v.strip() for v in text.split(",") if v.strip()]
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [AUTO if v == "auto" else int(v) for v in words]
     except ValueError:
         values = []
-    if not values or min(values) < 1:
-        raise SystemExit(f"{what} must be a comma-separated list of integers >= 1, got {text!r}")
+    if not values or any(v < 1 and w != "auto" for v, w in zip(values, words, strict=True)):
+        raise SystemExit(
+            f"{what} must be a comma-separated list of integers >= 1 or 'auto', got {text!r}"
+        )
     return values
 
 
@@ -127,11 +138,8 @@ def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch:
     file = GGUFFile(path)
     n_layer = int(file.value(f"{file.architecture}.block_count", int))
     placement = Placement.on(registry.dev_by_name("CPU"), n_layer)  # type: ignore[arg-type]
-    m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch)
-    for b in m.backends:
-        setter = getattr(b, "set_n_threads", None)
-        if setter is not None:
-            setter(threads)
+    m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch,
+              n_threads=None if threads == AUTO else threads)  # fmt: skip
     prompt = _tokens(n_prompt, m.config.n_vocab)
     m.reset()
     t0 = time.perf_counter()
@@ -148,6 +156,7 @@ def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch:
 def worker_llamacpp(path: str, threads: int, n_prompt: int, n_gen: int, batch: int) -> dict:
     import llama_cpp
 
+    threads = threads or os.cpu_count() or 1
     llm = llama_cpp.Llama(path, n_ctx=n_prompt + n_gen + 8, n_threads=threads,
                           n_threads_batch=threads, n_batch=batch, n_ubatch=batch,
                           verbose=False)  # fmt: skip
@@ -183,10 +192,14 @@ def find_llama_python(given: str | None) -> str | None:
 
 
 def measure(exe: str, engine: str, path: Path, threads: int, a: argparse.Namespace) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
-           "MKL_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads)}  # fmt: skip
-    cmd = [exe, __file__, "--worker", engine, "--model", str(path), "--threads", str(threads),
-           "--prompt", str(a.prompt), "--gen", str(a.gen), "--batch", str(a.batch)]  # fmt: skip
+    env = dict(os.environ)
+    if threads != AUTO:
+        env.update({name: str(threads) for name in
+                    ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                     "NUMBA_NUM_THREADS")})  # fmt: skip
+    cmd = [exe, __file__, "--worker", engine, "--model", str(path),
+           "--threads", str(threads or "auto"), "--prompt", str(a.prompt), "--gen", str(a.gen),
+           "--batch", str(a.batch)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{engine} failed on {path.name}:\n{done.stderr[-2000:]}")
@@ -231,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{os.cpu_count()} cores, {a.load} busy processes; prompt {a.prompt} tokens in "
               f"batches of {a.batch}, {a.gen} generated; {a.rounds} interleaved rounds; "
               "tokens/s median (min-max)")  # fmt: skip
-        print(f"{'model':12} {'thr':>3} | {'prompt tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
+        print(f"{'model':12} {'thr':>4} | {'prompt tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
               f" | {'gen tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}")  # fmt: skip
         for spec in specs:
             for threads in a.threads:
@@ -240,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(a.rounds):
                     ours.append(measure(sys.executable, "tensorplug", paths[spec], threads, a))
                     theirs.append(measure(llama_python, "llamacpp", paths[spec], threads, a))
-                row = [f"{spec.name:12} {threads:>3}"]
+                row = [f"{spec.name:12} {threads or 'auto':>4}"]
                 for key in ("prompt", "gen"):
                     mine = [r[key] for r in ours]
                     ref = [r[key] for r in theirs]

@@ -45,3 +45,10 @@ def test_sizes_and_files_are_both_models(bench: ModuleType, tmp_path: Path) -> N
 def test_bad_models_are_refused_with_the_fix(bench: ModuleType, text: str, message: str) -> None:
     with pytest.raises(SystemExit, match=message):
         bench.parse_models(text)
+
+
+def test_thread_counts_take_auto_for_each_engines_own_choice(bench: ModuleType) -> None:
+    assert bench.parse_counts("1, 2,auto", "--threads") == [1, 2, bench.AUTO]
+    for bad in ("0", "two", "", "-1", "1,0"):
+        with pytest.raises(SystemExit, match="integers >= 1 or 'auto'"):
+            bench.parse_counts(bad, "--threads")

@@ -106,8 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=_thread_count,
         metavar="N",
-        help="threads of the CPU backend's kernels and BLAS (default: its own choice, one "
-        "per core); fewer keeps a busy machine responsive",
+        help="threads of the CPU backend's kernels and BLAS (default: one per core, and "
+        "generation steps move to fewer while timing shows other work holding the cores)",
     )
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=40, help="top-k sampling (40; 0 is off)")
@@ -210,19 +210,6 @@ def _thread_count(text: str) -> int:
     return n
 
 
-def _apply_threads(model: Llama, n_threads: int | None) -> None:
-    """``-t``: every backend that has ggml's ``set_n_threads`` extension gets it."""
-    if n_threads is None:
-        return
-    from .. import registry
-
-    for backend in model.backends:
-        reg = backend.device.reg
-        setter = registry.get_proc(reg, "set_n_threads") if reg is not None else None
-        if setter is not None:
-            setter(backend, n_threads)
-
-
 def _device_names(args: argparse.Namespace) -> list[str]:
     return [n.strip() for n in (args.device or "").split(",") if n.strip()]
 
@@ -296,8 +283,9 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
             on_progress=lambda stage, done, total: progress.update(
                 done, total, f"loading {f.path.name}: {stage}"
             ),
+            # -t fixes the count; without it the model's governor picks it
+            n_threads=getattr(args, "threads", None),
         )
-    _apply_threads(model, getattr(args, "threads", None))
     return model
 
 

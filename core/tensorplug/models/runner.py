@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import registry
 from ..alloc import alloc_tensors
 from ..backend import Backend, Status
 from ..buffer import Buffer, BufferUsage
@@ -40,6 +41,7 @@ from ..types import Type
 from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
 from .placement import Placement, by_priority, host_cpu
 from .sampling import Sampler
+from .threads import ThreadGovernor, available_cores
 from .tokenizer import Vocab
 
 if TYPE_CHECKING:
@@ -51,6 +53,9 @@ __all__ = ["ContextFullError", "Generation", "Llama", "SplitSummary", "Timings"]
 
 #: Built step graphs kept for replay (prompt chunk sizes x context lengths x outputs).
 GRAPH_CACHE = 8
+#: Seconds after a prompt batch whose generation steps the thread governor does not time
+#: (BLAS's threads still spin then; ``ThreadGovernor.pause``)
+AFTER_BATCH_SECONDS = 0.15
 
 
 class ContextFullError(RunError):
@@ -124,6 +129,10 @@ class Llama:
     chunk; ``use_mmap=False`` copies CPU weights into their own buffer instead of
     computing from the file's mapping. ``warmup`` evaluates a few tokens once, so
     that kernel builds and first-use costs are not counted as prompt time.
+    ``n_threads`` fixes the thread count of every backend with ggml's ``set_n_threads``
+    extension (the CPU's); left out, a :class:`ThreadGovernor` picks it for generation
+    steps from their measured times, so a machine busy with other work does not make
+    every parallel kernel wait for its last thread (``threads.py``).
     """
 
     def __init__(
@@ -138,6 +147,7 @@ class Llama:
         use_mmap: bool = True,
         warmup: bool = True,
         on_progress: Callable[[str, int, int], None] | None = None,
+        n_threads: int | None = None,
     ) -> None:
         start = time.perf_counter()
         self._progress = on_progress or (lambda stage, done, total: None)
@@ -175,10 +185,40 @@ class Llama:
         self.split_summaries: dict[str, SplitSummary] = {}
         worst = self._graph(self.n_batch, self.n_ctx, self.n_batch)
         self.sched.reserve(worst.graph)
+        #: picks the thread count of generation steps while no count is fixed
+        self.governor: ThreadGovernor | None = None
+        self._threads: int | None = None  # the count last given to the backends
+        self._thread_setters = [
+            (be, setter)
+            for be in self.backends
+            if be.device.reg is not None
+            and (setter := registry.get_proc(be.device.reg, "set_n_threads")) is not None
+        ]
+        if n_threads is not None:
+            self.set_n_threads(n_threads)
         if warmup:
             self._progress("warming up", 0, 2)
             self._warm_up()
+        if n_threads is None and self._thread_setters and available_cores() > 1:
+            self.governor = ThreadGovernor(self._apply_threads, available_cores())
         self.timings.load_s = time.perf_counter() - start
+
+    # -- threads ------------------------------------------------------------------------------
+
+    def set_n_threads(self, n_threads: int) -> None:
+        """Fix the thread count of every backend that has ``set_n_threads`` (the CPU's),
+        ending the governor's choice (llama.cpp's ``-t``)."""
+        if not isinstance(n_threads, int) or isinstance(n_threads, bool) or n_threads < 1:
+            raise RunError(f"n_threads must be an integer >= 1, got {n_threads!r}")
+        self.governor = None
+        self._apply_threads(n_threads)
+
+    def _apply_threads(self, n_threads: int) -> None:
+        if n_threads == self._threads:
+            return
+        for backend, setter in self._thread_setters:
+            setter(backend, n_threads)
+        self._threads = n_threads
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -300,6 +340,10 @@ class Llama:
             set_array(sg.mask_swa, _causal_mask(pos, n_kv, self.config.n_swa))
         if sg.out_ids is not None:
             set_array(sg.out_ids, np.arange(T - n_outputs, T, dtype=np.int32))
+        if self.governor is not None:
+            # prompts on every core: BLAS's rounding depends on its thread count, and a
+            # prompt's numbers must not depend on how busy the machine was
+            self._apply_threads(self.governor.counts[0] if T > 1 else self.governor.applied)
         t_compute = time.perf_counter()
         status = self.sched.graph_compute(sg.graph)
         compute = time.perf_counter() - t_compute
@@ -313,10 +357,14 @@ class Llama:
             t.prompt_tokens += T
             t.prompt_s += total
             t.prompt_compute_s += compute
+            if self.governor is not None:
+                self.governor.pause(AFTER_BATCH_SECONDS)
         else:
             t.gen_tokens += 1
             t.gen_s += total
             t.gen_compute_s += compute
+            if self.governor is not None:
+                self.governor.step_done(total)
         return logits
 
     def generate(
