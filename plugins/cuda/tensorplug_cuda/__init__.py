@@ -19,5 +19,6 @@ registration = Registration(
     api_version=(1, 0),
     init="tensorplug_cuda.reg:create_reg",
     score=score,
-    description="NVIDIA GPUs through cupy: NVRTC-compiled shared kernels, cuBLAS, CUDA graphs",
+    description="NVIDIA GPUs through cupy: NVRTC-compiled shared kernels, cuBLAS, CUDA graphs "
+    "(not yet verified on a GPU)",
 )

@@ -17,7 +17,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["cupy_cuda_major", "load_libcuda", "probe_driver", "score"]
+__all__ = ["UNVERIFIED", "cupy_cuda_major", "load_libcuda", "probe_driver", "score"]
+
+#: Said wherever the plugin presents itself, until scripts/gpu-check.sh has run on a GPU.
+UNVERIFIED = "not yet verified on a GPU: scripts/gpu-check.sh verifies it"
 
 #: cupy distributions by the CUDA major version their wheels need.
 CUPY_DISTRIBUTIONS = {"cupy-cuda12x": 12, "cupy-cuda13x": 13}
@@ -117,4 +120,4 @@ def score(loader: Callable[[], Any] = load_libcuda) -> tuple[int, str]:
             f"the installed cupy needs a CUDA {need} driver but this driver supports CUDA "
             f"{driver}; {fix}update the NVIDIA driver"
         )
-    return 10, f"{count} NVIDIA GPU(s), driver for CUDA {driver}"
+    return 10, f"{count} NVIDIA GPU(s), driver for CUDA {driver} ({UNVERIFIED})"

@@ -16,6 +16,7 @@ from tensorplug.device import Reg
 
 from .buffer import CUDAHostBufferType
 from .device import CUDADevice
+from .probe import UNVERIFIED
 
 __all__ = ["CUDAReg", "create_reg"]
 
@@ -51,6 +52,7 @@ class CUDAReg(Reg):
             "CUDA runtime": version(runtime.runtimeGetVersion()),
             "CUDA driver": version(runtime.driverGetVersion()),
             "NVRTC": nvrtc,
+            "verified": UNVERIFIED,
         }
         for dev in self._devices:
             info = dev.info
