@@ -32,7 +32,7 @@ from .. import registry
 from ..alloc import alloc_tensors
 from ..backend import Backend, Status
 from ..buffer import Buffer, BufferUsage
-from ..errors import ComputeAbortedError, RunError
+from ..errors import BackendNotFoundError, ComputeAbortedError, RunError
 from ..gguf import GGUFError, GGUFFile
 from ..sched import Scheduler
 from ..tensor import Tensor
@@ -189,10 +189,7 @@ class Llama:
         self.governor: ThreadGovernor | None = None
         self._threads: int | None = None  # the count last given to the backends
         self._thread_setters = [
-            (be, setter)
-            for be in self.backends
-            if be.device.reg is not None
-            and (setter := registry.get_proc(be.device.reg, "set_n_threads")) is not None
+            (be, setter) for be in self.backends if (setter := _thread_setter(be)) is not None
         ]
         if n_threads is not None:
             self.set_n_threads(n_threads)
@@ -444,6 +441,19 @@ class Llama:
         for be in self.backends:
             be.free()
         self.memory = {}
+
+
+def _thread_setter(backend: Backend) -> Callable[[Backend, int], None] | None:
+    """ggml's ``set_n_threads`` extension of ``backend``'s registration, if it has one.
+    A registration used without being registered (tests, embedders) has no hooks: its
+    own ``get_proc`` answers."""
+    reg = backend.device.reg
+    if reg is None:
+        return None
+    try:
+        return registry.get_proc(reg, "set_n_threads")
+    except BackendNotFoundError:
+        return reg.get_proc("set_n_threads")
 
 
 def _causal_mask(pos: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
