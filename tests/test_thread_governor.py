@@ -120,6 +120,8 @@ def test_one_core_never_explores() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="first_wait >= window"):
         ThreadGovernor(lambda n: None, 2, window=4, first_wait=2)
+    with pytest.raises(ValueError, match="abandon > 1"):  # every trial would end at once
+        ThreadGovernor(lambda n: None, 2, abandon=1.0)
 
 
 # -- the runner ----------------------------------------------------------------------------

@@ -41,6 +41,7 @@ class ThreadGovernor:
 
     ``apply(n)`` sets the count (every backend with ggml's ``set_n_threads``). After
     each step the runner reports its wall time to :meth:`step_done`.
+
     - The first ``settle`` steps after any change are not counted: the first step at a
       new count pays for waking threads.
     - A count's speed is the median of ``window`` steps.
@@ -63,10 +64,11 @@ class ThreadGovernor:
         margin: float = 0.1,
         abandon: float = 2.0,
     ) -> None:
-        if window < 1 or settle < 0 or first_wait < window or margin < 0:
+        if window < 1 or settle < 0 or first_wait < window or margin < 0 or abandon <= 1:
             raise ValueError(
-                f"ThreadGovernor: need window >= 1, settle >= 0, first_wait >= window and "
-                f"margin >= 0 (got {window}, {settle}, {first_wait}, {margin})"
+                f"ThreadGovernor: need window >= 1, settle >= 0, first_wait >= window, "
+                f"margin >= 0 and abandon > 1 (got {window}, {settle}, {first_wait}, {margin}, "
+                f"{abandon})"
             )
         self.counts = thread_counts(max_threads)
         self.current = self.counts[0]
