@@ -233,8 +233,10 @@ def test_abort_callback_stops_between_nodes_and_leaves_buffers_usable() -> None:
     np.testing.assert_array_equal(tp.get_array(y), np.full(4, 6.0))
 
 
-def test_set_n_threads_controls_blas() -> None:
+def test_set_n_threads_sets_the_pool_and_blas_runs_on_one_thread_while_computing() -> None:
     from threadpoolctl import threadpool_info
+
+    from tensorplug_cpu.workers import POOL
 
     def blas_threads() -> int:
         return next(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
@@ -244,24 +246,28 @@ def test_set_n_threads_controls_blas() -> None:
     set_n_threads = create_reg().get_proc("ggml_backend_set_n_threads")
     a, b = tp.new_tensor("f32", (64, 64), "a"), tp.new_tensor("f32", (64, 64), "b")
     out = ops.mul_mat(a, b)
-    g = tp.Graph(out)
+    g = tp.Graph(ops.scale(out, 1.0))
     place(g)
     av, bv = RNG.standard_normal((2, 64, 64)).astype(np.float32)
     tp.set_array(a, av)
     tp.set_array(b, bv)
+    during: list[int] = []
+    be.set_abort_callback(lambda: during.append(blas_threads()) is not None)  # never aborts
     try:
         set_n_threads(be, 1)
-        assert blas_threads() == 1
+        assert POOL.n_threads == 1
         be.graph_compute(g)
         np.testing.assert_allclose(tp.get_array(out), bv @ av.T, rtol=1e-4, atol=1e-4)
+        assert during and set(during) == {1}  # the pool splits products, not BLAS
+        assert blas_threads() == original  # the application's numpy keeps its threads
         other = backend_for()
-        other.set_n_threads(original)
+        other.set_n_threads(POOL.max_threads)
         other.graph_compute(g)
-        assert blas_threads() == original
+        assert POOL.n_threads == POOL.max_threads
         be.graph_compute(g)  # each backend's own count is re-applied when it computes
-        assert blas_threads() == 1
+        assert POOL.n_threads == 1
     finally:
-        be.set_n_threads(original)
+        be.set_n_threads(POOL.max_threads)
     with pytest.raises(ValueError, match="n_threads must be an int >= 1"):
         be.set_n_threads(0)
 

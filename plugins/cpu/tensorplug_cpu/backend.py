@@ -131,7 +131,8 @@ class CpuBackend(Backend):
     # -- extensions -----------------------------------------------------------------------
 
     def set_n_threads(self, n_threads: int) -> None:
-        """Threads for BLAS and the JIT kernels while this backend computes."""
+        """Threads for the JIT kernels and the worker pool while this backend computes
+        (BLAS itself runs on one thread then: the pool splits its products)."""
         if not isinstance(n_threads, int) or isinstance(n_threads, bool) or n_threads < 1:
             raise InvalidArgumentError(
                 f"set_n_threads: n_threads must be an int >= 1, got {n_threads!r}"
@@ -192,6 +193,7 @@ class CpuBackend(Backend):
         ThreadControl.apply(self.n_threads, self.jit)
         abort, steps = self.abort_callback, plan.steps
         i = 0
+        blas = ThreadControl.blas_single()  # the worker pool splits products instead
         # ggml's kernels produce inf/NaN silently; numpy's warnings would only be noise
         with np.errstate(all="ignore"):
             try:
@@ -208,6 +210,8 @@ class CpuBackend(Backend):
                 if not isinstance(e, TensorplugError) and hasattr(e, "add_note"):
                     e.add_note(f"while the CPU computed node {i} {plan.nodes[i].describe()}")
                 raise
+            finally:
+                ThreadControl.blas_restore(blas)
         return Status.SUCCESS
 
     @staticmethod

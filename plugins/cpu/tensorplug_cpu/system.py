@@ -1,9 +1,11 @@
 """What this machine offers the CPU backend: its name, memory, SIMD and BLAS, and threads.
 
-Thread counts are process-wide in BLAS libraries, while ggml sets them per backend. Each
-backend therefore remembers the count it wants and :class:`ThreadControl` re-applies it
-(through threadpoolctl, and numba when present) only when a different backend last
-changed it, so that alternating backends get their own counts at no cost otherwise.
+Thread counts are process-wide in numba and in the worker pool, while ggml sets them per
+backend. Each backend therefore remembers the count it wants and :class:`ThreadControl`
+re-applies it only when a different backend last changed it, so that alternating
+backends get their own counts at no cost otherwise. BLAS is not given that count: it
+runs on one thread while a backend computes (:meth:`ThreadControl.blas_single`), and the
+pool splits big products instead (see :mod:`.workers`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tensorplug.errors import UnsupportedError
 from tensorplug.host import host_memory
+
+from .workers import POOL
 
 if TYPE_CHECKING:
     from .kernels.jit import JitKernels
@@ -85,28 +88,49 @@ def features(jit_status: str) -> dict[str, str]:
 
 
 class ThreadControl:
-    """Applies a backend's thread count to BLAS (and numba) when it is not already set."""
+    """Applies a backend's thread count to numba and the worker pool, and keeps BLAS on
+    the computing thread while a backend computes."""
 
     _lock = threading.Lock()
     _applied: int | None = None
-    _controller: Any = None
+    _blas: list[Any] | None = None
 
     @classmethod
     def apply(cls, n_threads: int | None, jit: JitKernels | None) -> None:
         if n_threads is None or n_threads == cls._applied:
             return
         with cls._lock:
-            if cls._controller is None:
-                try:
-                    from threadpoolctl import ThreadpoolController
-                except ImportError as e:
-                    raise UnsupportedError(
-                        "set_n_threads needs threadpoolctl to control numpy's BLAS threads: "
-                        "pip install threadpoolctl"
-                    ) from e
-                cls._controller = ThreadpoolController()
-            # not used as a context manager: the limit stays until changed again
-            cls._controller.limit(limits=n_threads, user_api="blas")
+            POOL.set_threads(n_threads)
             if jit is not None:
                 jit.set_num_threads(n_threads)
             cls._applied = n_threads
+
+    @classmethod
+    def blas_single(cls) -> list[tuple[Any, int]]:
+        """Set numpy's BLAS libraries to one thread; returns what :meth:`blas_restore`
+        needs to put back (a few microseconds each way, so it is done per compute and
+        the application's own numpy products keep their threads)."""
+        libs = cls._blas
+        if libs is None:
+            libs = cls._blas = _blas_controllers()
+        saved = []
+        for lib in libs:
+            n = lib.get_num_threads()
+            if n != 1:
+                lib.set_num_threads(1)
+                saved.append((lib, n))
+        return saved
+
+    @staticmethod
+    def blas_restore(saved: list[tuple[Any, int]]) -> None:
+        for lib, n in saved:
+            lib.set_num_threads(n)
+
+
+def _blas_controllers() -> list[Any]:
+    """threadpoolctl's controllers of the BLAS libraries numpy loaded (none without it)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return []
+    return list(ThreadpoolController().select(user_api="blas").lib_controllers)

@@ -209,9 +209,10 @@ def matvec_k(blocks: Any, x: Any, out: Any, table: Any, kind: int) -> None:
                 out[t, o] = acc.sum()
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def dequantize_k(blocks: Any, out: Any, table: Any, kind: int) -> None:
-    """Serial, like :mod:`._numba_quant`'s decoders (they feed a BLAS product)."""
+    """Serial and nogil, like :mod:`._numba_quant`'s decoders (they run per chunk on
+    the worker pool)."""
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
             _decode(kind, blocks[r, b], table, out[r, b * 256 : (b + 1) * 256])

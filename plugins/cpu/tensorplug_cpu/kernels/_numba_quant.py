@@ -166,12 +166,11 @@ def matvec_q5_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
 
 # -- decoding to float32 -----------------------------------------------------------------------
 #
-# Serial on purpose: decoding feeds a BLAS product, and OpenBLAS's worker threads keep
-# spinning for a while after each product; a parallel region started then waits for
-# cores they hold (measured: 2 ms serial becomes 4-8 ms parallel on 2 cores).
+# Serial and nogil: a product decodes its weights chunk by chunk on the worker pool's
+# threads (see ..workers), each chunk right before the BLAS call that reads it.
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def dequantize_q8_0(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
@@ -181,7 +180,7 @@ def dequantize_q8_0(blocks: Any, out: Any, table: Any) -> None:
                 out[r, b * 32 + j] = d * np.float32(_i8(blk[2 + j]))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def dequantize_q4_0(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
@@ -193,7 +192,7 @@ def dequantize_q4_0(blocks: Any, out: Any, table: Any) -> None:
                 out[r, b * 32 + 16 + j] = d * np.float32((q >> 4) - 8)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def dequantize_q4_1(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
@@ -205,7 +204,7 @@ def dequantize_q4_1(blocks: Any, out: Any, table: Any) -> None:
                 out[r, b * 32 + 16 + j] = d * np.float32(q >> 4) + m
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def dequantize_q5_0(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
@@ -220,7 +219,7 @@ def dequantize_q5_0(blocks: Any, out: Any, table: Any) -> None:
                 out[r, b * 32 + 16 + j] = d * np.float32(hi)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def dequantize_q5_1(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):

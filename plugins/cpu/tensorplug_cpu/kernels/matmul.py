@@ -1,16 +1,19 @@
 """mul_mat: ``out[…, t, o] = Σᵢ b[…, t, i]·a[…, o, i]`` with ggml's batch broadcasting.
 
-Everything ends in BLAS through ``numpy.matmul`` on float32:
+Everything ends in BLAS through ``numpy.matmul`` on float32, on one thread per call:
 
-* F32 weights are multiplied in place (``b @ aᵀ``; numpy hands the transposed view to
-  BLAS without copying).
-* F16, BF16 and quantized weights are decoded to float32 first. Weights up to
-  :data:`TILE_ELEMS` elements are decoded whole, larger ones in tiles of rows, each
-  into scratch memory shared by the plan (nothing is cached across computes, so
-  weights that change between computes are always read fresh).
+* A 2-d product is cut into chunks of output rows (weight rows) fixed by its shape,
+  which the worker pool's threads claim one at a time (:mod:`..workers`). F32 weights
+  are read in place; F16, BF16 and quantized ones are decoded a chunk at a time into
+  the claiming thread's scratch, right before the BLAS call that reads them (a chunk is
+  at most :data:`CHUNK_ELEMS` weights, so it is still in that core's cache). Nothing is
+  cached across computes, so weights that change are always read fresh. The chunks do
+  not depend on the thread count, so neither do the numbers.
 * Quantized weights times a few vectors (``n_tokens <= MATVEC_MAX_TOKENS``) use the
   fused numba kernels when available: decoding the matrix just to read it once would
   cost more than the product.
+* Batched products (3-d and 4-d weights) decode whole (or in tiles of
+  :data:`TILE_ELEMS`) and run one BLAS call per batch entry on the pool.
 
 Batch broadcasting: ``b``'s batch extents are multiples of ``a``'s and batch ``j`` of
 ``b`` uses batch ``j // ratio`` of ``a``. Splitting each of ``b``'s batch axes into
@@ -30,6 +33,7 @@ from tensorplug.errors import OutOfBoundsError
 from tensorplug.quants import dequantize_blocks
 from tensorplug.types import Type
 
+from ..workers import POOL
 from .common import BuildContext, Step, padded4, sequence
 
 if TYPE_CHECKING:
@@ -37,12 +41,42 @@ if TYPE_CHECKING:
 
     from .jit import JitKernels
 
-__all__ = ["MATVEC_MAX_TOKENS", "TILE_ELEMS", "build_mul_mat", "build_mul_mat_id"]
+__all__ = [
+    "CHUNK_ELEMS",
+    "MATVEC_MAX_TOKENS",
+    "TILE_ELEMS",
+    "build_mul_mat",
+    "build_mul_mat_id",
+    "chunk_rows",
+]
 
-#: Largest decoded weight tile, in float32 elements (16 MiB).
+#: Largest decoded weight tile of a batched product, in float32 elements (16 MiB).
 TILE_ELEMS = 1 << 22
+#: Most weights a chunk of a 2-d product decodes, in float32 elements (512 KiB: about a
+#: core's L2, so the BLAS call after the decoding reads them from cache).
+CHUNK_ELEMS = 1 << 17
+#: Below this many multiply-adds (plus decoded weights) a 2-d product is one chunk: the
+#: pool's hand-off (tens of microseconds) would cost more than it saves.
+PARALLEL_MIN_WORK = 1 << 20
 #: Up to this many activation rows, quantized weights use the fused matvec kernels.
 MATVEC_MAX_TOKENS = 8
+
+
+def chunk_rows(n_out: int, n_in: int, n_tok: int, decoded: bool) -> int:
+    """Weight rows per chunk of a 2-d product, from its shape alone.
+
+    Enough chunks for every usable core twice over (a multiple of 4, so 1, 2 and 4
+    threads get equal shares), more where decoded chunks would outgrow
+    :data:`CHUNK_ELEMS`; rows in multiples of 16. The thread count is not an input:
+    BLAS rounds differently for a different split, and a product must give the same
+    numbers at any count.
+    """
+    if n_out * n_in * (n_tok + (4 if decoded else 0)) < PARALLEL_MIN_WORK:
+        return n_out
+    n = max(-(-n_out * n_in // CHUNK_ELEMS) if decoded else 1, 2 * POOL.max_threads)
+    n = -(-n // 4) * 4
+    per_chunk = -(-n_out // n)
+    return min(n_out, max(16, -(-per_chunk // 16) * 16))
 
 
 def _split_batches(x: np.ndarray, a_batch: tuple[int, int]) -> np.ndarray:
@@ -95,22 +129,22 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
     a_batch = (a4.shape[0], a4.shape[1])
     n_out, n_in = a_t.shape[-2], a_t.shape[-1]
     n_tok = b4.shape[2]
-
-    if a_t.type == Type.F32:
-        if a_batch == b4.shape[:2] == (1, 1):
-            # the common 2-d case: one BLAS call bound once, no broadcasting machinery
-            return sequence(load_b, partial(np.matmul, b4[0, 0], a4[0, 0].T, out=out4[0, 0]))
-        return sequence(load_b, partial(_gemm(b4, out4, a_batch), a4))
+    plain = a_batch == b4.shape[:2] == (1, 1)  # the common 2-d case
 
     if quant and jit is not None and jit.supports(a_t.type) and n_tok <= MATVEC_MAX_TOKENS:
         return sequence(load_b, _fused_matvec(ctx, a_t.type, a4, b4, out4, jit))
 
-    decode = _decoder(a_t.type, jit)
+    decode = None if a_t.type == Type.F32 else _decoder(a_t.type, jit)
+    if plain:
+        return sequence(load_b, _by_rows(ctx, b4[0, 0], a4[0, 0], out4[0, 0], decode))
+    if decode is None:
+        return sequence(load_b, partial(_by_batch(b4, out4, a_batch), a4))
+
     n_weights = a4.shape[0] * a4.shape[1] * n_out * n_in
     if n_weights <= TILE_ELEMS:
-        # small enough to decode whole, then one batched product
+        # small enough to decode whole, then one BLAS call per batch entry
         w32 = ctx.scratch((*a_batch, n_out, n_in))
-        gemm = _gemm(b4, out4, a_batch)
+        gemm = _by_batch(b4, out4, a_batch)
         return sequence(load_b, lambda: gemm(decode(a4, w32)))
 
     rows = max(1, min(n_out, TILE_ELEMS // n_in))
@@ -130,17 +164,61 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
     return sequence(load_b, tiled)
 
 
-def _gemm(
+def _by_rows(
+    ctx: BuildContext, b2: np.ndarray, a2: np.ndarray, o2: np.ndarray, decode: Decoder | None
+) -> Step:
+    """``o2 = b2 @ a2ᵀ`` in chunks of :func:`chunk_rows` weight rows on the pool; ``a2``
+    is float32 (``decode`` None) or raw weights that ``decode`` widens a chunk at a time."""
+    n_tok, n_in = b2.shape
+    n_out = o2.shape[1]
+    rows = chunk_rows(n_out, n_in, n_tok, decode is not None)
+    bounds = [(o0, min(n_out, o0 + rows)) for o0 in range(0, n_out, rows)]
+    if decode is None:
+        parts = [(a2[o0:o1].T, o2[:, o0:o1]) for o0, o1 in bounds]
+
+        def task(i: int, slot: int) -> None:
+            w, out = parts[i]
+            np.matmul(b2, w, out=out)
+
+    else:
+        slots = POOL.max_threads if len(bounds) > 1 else 1
+        tiles = ctx.scratch((slots, rows, n_in))
+        coded = [(a2[o0:o1], o2[:, o0:o1]) for o0, o1 in bounds]
+
+        def task(i: int, slot: int) -> None:
+            src, out = coded[i]
+            w = decode(src, tiles[slot, : src.shape[0]])
+            np.matmul(b2, w.T, out=out)
+
+    if len(bounds) == 1:
+        return partial(task, 0, 0)
+    return partial(POOL.run, len(bounds), task)
+
+
+def _by_batch(
     b4: np.ndarray, out4: np.ndarray, a_batch: tuple[int, int]
 ) -> Callable[[np.ndarray], object]:
-    """``gemm(w)``: ``out = b @ wᵀ`` for float32 weights ``w`` with a's batch shape."""
-    if a_batch == b4.shape[:2]:
-        if a_batch == (1, 1):
-            b2, o2 = b4[0, 0], out4[0, 0]
-            return lambda w: np.matmul(b2, w[0, 0].T, out=o2)
-        return lambda w: np.matmul(b4, w.swapaxes(-1, -2), out=out4)
-    b6, o6 = _split_batches(b4, a_batch), _split_batches(out4, a_batch)
-    return lambda w: np.matmul(b6, w.swapaxes(-1, -2)[:, None, :, None], out=o6)
+    """``gemm(w)``: ``out = b @ wᵀ`` for float32 weights ``w`` with a's batch shape, one
+    BLAS call per batch entry of ``b`` on the pool (numpy's batched matmul would run
+    them all on one thread)."""
+    r0, r1 = b4.shape[0] // a_batch[0], b4.shape[1] // a_batch[1]
+    entries = list(itertools.product(range(b4.shape[0]), range(b4.shape[1])))
+    n_out, n_tok, n_in = out4.shape[3], b4.shape[2], b4.shape[3]
+    if len(entries) == 1 or len(entries) * n_out * n_in * n_tok < PARALLEL_MIN_WORK:
+        # few or small products: numpy's own loop over the batch costs less than a hand-off
+        if a_batch == b4.shape[:2]:
+            return lambda w: np.matmul(b4, w.swapaxes(-1, -2), out=out4)
+        b6, o6 = _split_batches(b4, a_batch), _split_batches(out4, a_batch)
+        return lambda w: np.matmul(b6, w.swapaxes(-1, -2)[:, None, :, None], out=o6)
+
+    def gemm(w: np.ndarray) -> None:
+        def task(i: int, slot: int) -> None:
+            j0, j1 = entries[i]
+            np.matmul(b4[j0, j1], w[j0 // r0, j1 // r1].T, out=out4[j0, j1])
+
+        POOL.run(len(entries), task)
+
+    return gemm
 
 
 def _fused_matvec(

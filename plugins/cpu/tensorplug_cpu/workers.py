@@ -1,0 +1,104 @@
+"""The threads the CPU backend splits big products over, in place of BLAS's own.
+
+numpy's BLAS (OpenBLAS) threads a large product itself, and that served badly:
+
+* its workers keep spinning for up to a few hundred milliseconds after each call, and a
+  numba kernel started meanwhile waits for the cores they hold: the first generation
+  step after a prompt took 25× its time on 2 cores;
+* its result depends on its thread count, so a prompt's logits changed with ``-t``;
+* it partitions statically: one descheduled thread on a busy machine holds up the call.
+
+So while the backend computes, BLAS runs on the calling thread only
+(:meth:`~.system.ThreadControl.blas_single`), and a product is cut into chunks of
+output rows fixed by its shape alone. :class:`WorkerPool` runs the chunks: the caller
+and ``n_threads - 1`` helpers claim them one at a time until none is left. Chunks are
+the same at any thread count, so the numbers are too; an idle helper sleeps on a lock
+instead of spinning; a slow thread delays only the chunk it holds.
+
+The work must release the GIL to run in parallel: BLAS calls and numpy's loops do, and
+the numba decoders that feed them are compiled ``nogil``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+__all__ = ["POOL", "WorkerPool", "usable_cores"]
+
+#: ``task(index, slot)``: run chunk ``index``; ``slot`` (< the pool's ``max_threads``)
+#: is unique among the threads running at once, to pick per-thread scratch.
+Task = Callable[[int, int], object]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+class WorkerPool:
+    """Runs a list of chunks on the calling thread and up to ``n_threads - 1`` helpers."""
+
+    def __init__(self, max_threads: int) -> None:
+        #: the most threads a run uses; scratch is sized for this many slots
+        self.max_threads = max(1, max_threads)
+        self.n_threads = self.max_threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._inside = threading.local()
+
+    def set_threads(self, n: int) -> None:
+        """Threads per run from now on (clamped to ``1..max_threads``)."""
+        self.n_threads = max(1, min(int(n), self.max_threads))
+
+    def run(self, n_tasks: int, task: Task) -> None:
+        """Call ``task(i, slot)`` for every ``i`` in ``range(n_tasks)``; return when all
+        have run. The first exception raised by a chunk stops the others from starting
+        new chunks and is raised here once every thread has stopped."""
+        helpers = min(self.n_threads, n_tasks) - 1
+        if helpers <= 0 or getattr(self._inside, "active", False):
+            # nothing to share, or a chunk running a product of its own: a nested run
+            # waiting for helpers that wait for this thread would never end
+            for i in range(n_tasks):
+                task(i, 0)
+            return
+        claim = itertools.count()
+        failed: list[BaseException] = []
+
+        def work(slot: int) -> None:
+            self._inside.active = True
+            try:
+                while not failed:
+                    i = next(claim)  # atomic under the GIL: each chunk is claimed once
+                    if i >= n_tasks:
+                        return
+                    task(i, slot)
+            except BaseException as e:
+                failed.append(e)
+            finally:
+                self._inside.active = False
+
+        executor = self._executor or self._start()
+        futures: list[Future[None]] = [executor.submit(work, s) for s in range(1, helpers + 1)]
+        work(0)
+        for f in futures:
+            f.result()
+        if failed:
+            raise failed[0]
+
+    def _start(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.max_threads - 1 or 1, thread_name_prefix="tensorplug-cpu"
+                )
+            return self._executor
+
+
+#: The process's pool: the CPU backend's ``set_n_threads`` sets its thread count.
+POOL = WorkerPool(usable_cores())
