@@ -20,6 +20,7 @@ from tensorplug.opcodes import RopeMode
 from tensorplug.opmath import alibi_slopes, rope_yarn_corr_dims
 from tensorplug.types import Type
 
+from ..workers import POOL
 from .common import F32, BuildContext, Step, padded4, sequence
 from .elementwise import tiled_operands
 
@@ -258,6 +259,10 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
 
         return sequence(prep, run_few)
 
+    if term is not None and term.dtype != F32:
+        # an F16 mask added as is costs numpy a slow mixed-type loop per chunk: widen once
+        raw_term, term = term, ctx.scratch(term.shape)
+        prep = sequence(prep, partial(np.copyto, term, raw_term))
     step = max(1, min(n_q, SCORE_ELEMS // max(1, B * H * n_kv)))
     s_full = ctx.scratch((B, h_kv, g, step, n_kv))
     o_full = ctx.scratch((B, h_kv, g, step, d_v))
@@ -286,28 +291,46 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
         if widen_v is not None:
             widen_v(used)
         kT, v = kT5[..., :used], v5[:, :, :, :used]
-        for q5, s_all, m_all, row, o5, dst in chunks:
-            s5 = s_all[..., :used]
-            mterm = None if m_all is None else m_all[..., :used]
-            np.matmul(q5, kT, out=s5)
-            s5 *= scale
-            if softcap != 0:
-                np.tanh(s5, out=s5)
-                s5 *= softcap
-            if mterm is not None:
-                s5 += mterm
-            np.max(s5, axis=-1, keepdims=True, out=row)
-            # a row masked everywhere has max -inf: ggml skips every entry and outputs 0
-            np.copyto(row, 0, where=np.isneginf(row))
-            s5 -= row
-            np.exp(s5, out=s5)
-            np.sum(s5, axis=-1, keepdims=True, out=row)
-            np.divide(1, row, out=row, where=row != 0)
-            np.matmul(s5, v, out=o5)
-            o5 *= row
-            np.copyto(dst, o5)
+        for chunk in chunks:
+            # one task per KV head (its group of query heads batched), on the worker pool
+            POOL.run(h_kv, partial(_attend_group, chunk, kT, v, used, scale, softcap))
 
     return sequence(prep, run)
+
+
+def _attend_group(
+    chunk: tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray],
+    kT: np.ndarray,
+    v: np.ndarray,
+    used: int,
+    scale: np.float32,
+    softcap: np.float32,
+    h: int,
+    slot: int,
+) -> None:
+    """KV head ``h`` and its query heads for a chunk of query rows: scores, softmax,
+    times V (5-d operands ``(B, H_kv, g, …)``; a mask term may have 1 for head axes)."""
+    q5, s_all, m_all, row_all, o_all, dst_all = chunk
+    head = slice(h, h + 1)
+    s = s_all[:, head, :, :, :used]
+    row, o = row_all[:, head], o_all[:, head]
+    np.matmul(q5[:, head], kT[:, head], out=s)
+    s *= scale
+    if softcap != 0:
+        np.tanh(s, out=s)
+        s *= softcap
+    if m_all is not None:
+        s += m_all[:, head if m_all.shape[1] > 1 else slice(None), ..., :used]
+    np.max(s, axis=-1, keepdims=True, out=row)
+    # a row masked everywhere has max -inf: ggml skips every entry and outputs 0
+    np.copyto(row, 0, where=np.isneginf(row))
+    s -= row
+    np.exp(s, out=s)
+    np.sum(s, axis=-1, keepdims=True, out=row)
+    np.divide(1, row, out=row, where=row != 0)
+    np.matmul(s, v[:, head], out=o)
+    o *= row
+    np.copyto(dst_all[:, head], o)
 
 
 def _visible_columns(mask4: np.ndarray) -> int:
