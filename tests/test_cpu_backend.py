@@ -195,6 +195,51 @@ def test_graph_compute_reuses_its_plan_until_the_graph_changes() -> None:
     np.testing.assert_array_equal(tp.get_array(y), np.full(4, 5.0))
 
 
+def test_graph_compute_keeps_the_plans_of_alternating_graphs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tensorplug_cpu import backend as cpu_backend
+
+    built: list[object] = []
+    real = cpu_backend.CpuGraphPlan.bind
+
+    def counting_bind(self: object, *args: object) -> None:
+        built.append(self)
+        real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_backend.CpuGraphPlan, "bind", counting_bind)
+    be = backend_for()
+    chains = [_chain(n) for n in (1, 2, 3)]
+    graphs = [tp.Graph(y) for _, _, y in chains]
+    for (x, c, _), g in zip(chains, graphs, strict=True):
+        place(g)
+        tp.set_array(x, np.zeros(4, np.float32))
+        tp.set_array(c, np.ones(4, np.float32))
+    for _ in range(3):  # prompt, token, prompt, token...: one plan each, built once
+        for n, ((_, _, y), g) in enumerate(zip(chains, graphs, strict=True), start=1):
+            be.graph_compute(g)
+            np.testing.assert_array_equal(tp.get_array(y), np.full(4, float(n)))
+    assert len(built) == 3
+    more = [_chain(4) for _ in range(cpu_backend.PLAN_CACHE)]
+    for x, c, y in more:  # enough new graphs to push the first ones out
+        g = tp.Graph(y)
+        place(g)
+        tp.set_array(x, np.zeros(4, np.float32))
+        tp.set_array(c, np.ones(4, np.float32))
+        be.graph_compute(g)
+    assert len(be._plans) == cpu_backend.PLAN_CACHE
+    be.graph_compute(graphs[0])
+    assert len(built) == 3 + len(more) + 1  # forgotten, so built again
+    # a kept plan over a freed buffer is dropped at the next miss
+    buf = more[-1][2].buffer
+    assert buf is not None
+    buf.free()
+    be.graph_compute(graphs[1])
+    assert all(not any(b.is_freed for b in p.buffers) for p in be._plans.values())
+    be.free()
+    assert not be._plans and be._cached is None
+
+
 def test_freed_buffer_is_detected_before_computing() -> None:
     be = backend_for()
     _, _, y = _chain(2)

@@ -2,9 +2,10 @@
 
 A :class:`CpuGraphPlan` holds one prepared step per node that does work (views and
 reshapes need none). Computing the plan is a loop of calls. ``graph_compute`` keeps
-the plan of the last graph it saw and reuses it while the graph's nodes, sources and
-their placement in buffers are the same objects at the same offsets; anything else
-builds a new plan. Plans bind op parameters when they are built: after changing a
+the plans of the last :data:`PLAN_CACHE` graphs it saw and reuses one while the graph's
+nodes, sources and their placement in buffers are the same objects at the same
+offsets (a model runner alternates prompt and token graphs); anything else builds a
+new plan. Plans bind op parameters when they are built: after changing a
 node's ``op_params`` in place, call ``graph_plan_update`` (or compute a new graph).
 
 Extensions (``get_proc`` names, as in ggml): ``set_n_threads``,
@@ -13,6 +14,7 @@ Extensions (``get_proc`` names, as in ggml): ``set_n_threads``,
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,9 @@ __all__ = ["EXTENSIONS", "CpuBackend", "CpuGraphPlan", "AbortCallback"]
 
 #: Called between nodes; a true result cancels the computation.
 AbortCallback = Callable[[], bool]
+#: Plans ``graph_compute`` keeps, most recent first (building one costs 10-20 ms for a
+#: small language model's step, paid again at every prompt/token switch without it).
+PLAN_CACHE = 4
 
 
 def graph_key(nodes: Sequence[Tensor]) -> tuple[Any, ...]:
@@ -124,7 +129,8 @@ class CpuBackend(Backend):
         self.jit: JitKernels | None = load_jit() if use_jit else None
         self.n_threads: int | None = None
         self.abort_callback: AbortCallback | None = None
-        self._cached: CpuGraphPlan | None = None
+        self._cached: CpuGraphPlan | None = None  # the last plan run by graph_compute
+        self._plans: OrderedDict[tuple[Any, ...], CpuGraphPlan] = OrderedDict()
         if n_threads is not None:
             self.set_n_threads(n_threads)
 
@@ -163,15 +169,41 @@ class CpuBackend(Backend):
         own = self._own(plan)
         if own is self._cached:
             self._cached = None
+        if self._plans.get(own.key) is own:
+            del self._plans[own.key]
         own.free()
 
     def _graph_compute(self, graph: Graph) -> Status:
         plan = self._cached
-        if plan is None or plan.key != graph_key(graph.nodes):
+        key = graph_key(graph.nodes)
+        if plan is None or plan.key != key:
             self._cached = None  # a failed build must not leave a stale plan behind
-            plan = CpuGraphPlan(self, graph)
+            self._drop_stale_plans()
+            plan = self._plans.get(key)  # hashing the key only when the last plan missed
+            if plan is None:
+                plan = CpuGraphPlan(self, graph)
+                self._plans[plan.key] = plan
+                if len(self._plans) > PLAN_CACHE:
+                    self._plans.popitem(last=False)[1].free()
+            else:
+                self._plans.move_to_end(key)
             self._cached = plan
         return self._run(plan)
+
+    def _drop_stale_plans(self) -> None:
+        """Forget kept plans that read a freed buffer: they can never run again, and
+        their views would keep the freed memory alive."""
+        for key, plan in list(self._plans.items()):
+            if any(buf.is_freed for buf in plan.buffers):
+                del self._plans[key]
+                plan.free()
+
+    def free(self) -> None:
+        """Forget the kept plans (and with them their views of buffers and scratch)."""
+        for plan in self._plans.values():
+            plan.free()
+        self._plans.clear()
+        self._cached = None
 
     def _own(self, plan: GraphPlan) -> CpuGraphPlan:
         if not isinstance(plan, CpuGraphPlan) or plan.backend is not self:
