@@ -92,7 +92,9 @@ def bench_quant(repeat: int, bandwidth: float) -> None:
     print(f"\nquantized weights {n}×{n} (numpy f32 batch-512 reference: "
           f"{2 * 512 * n * n / f32[0] / 1e9:.1f} GFLOP/s)")  # fmt: skip
     print(f"  memory read bandwidth measured here: {bandwidth:.1f} GB/s")
-    threads = int(create_reg().features().get("BLAS_THREADS", "1") or 1)
+    from tensorplug_cpu.workers import usable_cores
+
+    threads = usable_cores()  # the backend's default: its pool on every usable core
     for label, params in (("numba", None), ("numpy", "jit=0")):
         backend = create_reg().device(0).init_backend(params)
         if label == "numba" and backend.jit is None:  # type: ignore[attr-defined]
@@ -104,9 +106,6 @@ def bench_quant(repeat: int, bandwidth: float) -> None:
             print(f"  {wtype.name} batch 512 [{label}]  {2 * 512 * n * n / best / 1e9:7.1f} GFLOP/s"
                   f"  (median {2 * 512 * n * n / med / 1e9:.1f}; target >= 60)")  # fmt: skip
             run, nbytes = mul_mat_plan(backend, wtype, n, 1)
-            # OpenBLAS's workers keep spinning for a while after the batch-512 product and
-            # starve the JIT kernel's threads (see the plugin README): let them go idle
-            time.sleep(1.0)
             # one thread too: a fork-join kernel stalls whenever another process holds a
             # core of a 2-core machine, so both counts tell what this machine delivers
             for n_threads in sorted({1, threads}):

@@ -180,8 +180,9 @@ def test_a_bad_thread_count_is_refused(tiny: Path) -> None:
 def test_prompts_run_on_every_core_whatever_the_governor_chose(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """BLAS rounds differently at another thread count: a prompt's numbers must not
-    depend on how busy the machine was when the governor last chose."""
+    """A backend may round differently at another thread count (BLAS's own threading
+    does): a prompt's numbers must not depend on how busy the machine was when the
+    governor last chose."""
     monkeypatch.setattr("tensorplug.models.runner.available_cores", lambda: 2)
     with _cpu_model(tiny) as model:
         assert model.governor is not None

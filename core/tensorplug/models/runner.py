@@ -54,7 +54,7 @@ __all__ = ["ContextFullError", "Generation", "Llama", "SplitSummary", "Timings"]
 #: Built step graphs kept for replay (prompt chunk sizes x context lengths x outputs).
 GRAPH_CACHE = 8
 #: Seconds after a prompt batch whose generation steps the thread governor does not time
-#: (BLAS's threads still spin then; ``ThreadGovernor.pause``)
+#: (a backend's library threads may still spin then; ``ThreadGovernor.pause``)
 AFTER_BATCH_SECONDS = 0.15
 
 
@@ -338,8 +338,10 @@ class Llama:
         if sg.out_ids is not None:
             set_array(sg.out_ids, np.arange(T - n_outputs, T, dtype=np.int32))
         if self.governor is not None:
-            # prompts on every core: BLAS's rounding depends on its thread count, and a
-            # prompt's numbers must not depend on how busy the machine was
+            # prompts on every core: their products split into many chunks that idle
+            # threads claim, so a busy core slows a prompt little; and a backend whose
+            # rounding depends on its thread count (BLAS's own threading does) still gives
+            # a prompt the same numbers however busy the machine was
             self._apply_threads(self.governor.counts[0] if T > 1 else self.governor.applied)
         t_compute = time.perf_counter()
         status = self.sched.graph_compute(sg.graph)

@@ -111,13 +111,13 @@ class ThreadGovernor:
         """Count none of the steps of the next ``seconds`` (at least one), and drop the
         times gathered so far.
 
-        The runner calls this after a prompt batch. After a large BLAS product, BLAS's
-        worker threads keep spinning for a while, and a parallel kernel started then
-        waits for the cores they hold. On a 2-core machine the generation steps of the
-        first ~0.1 s after a prompt ran 2–5× slower on two threads: 5–8 steps on an idle
-        machine, one or two on a busy one. Timing them would blame the thread count for
-        the prompt. The pause is measured in time, not steps, because that is how BLAS's
-        spinning ends.
+        The runner calls this after a prompt batch, whose after-effects would otherwise
+        be blamed on the thread count: the first step switches graphs, and a library
+        that threads large products itself may leave its workers spinning for ~0.1 s
+        (OpenBLAS does; a parallel kernel started then waits for the cores they hold, and
+        on a 2-core machine the steps of that window ran 2–5× slower). tensorplug's CPU
+        backend keeps BLAS on one thread for that reason, but another backend may not.
+        The pause is measured in time, not steps, because that is how spinning ends.
         """
         if self._trial is not None:  # a trial cut by a prompt is dropped, to be run again
             self._trial = None

@@ -6,7 +6,7 @@ Everything ends in BLAS through ``numpy.matmul`` on float32, on one thread per c
   which the worker pool's threads claim one at a time (:mod:`..workers`). F32 weights
   are read in place; F16, BF16 and quantized ones are decoded a chunk at a time into
   the claiming thread's scratch, right before the BLAS call that reads them (a chunk is
-  at most :data:`CHUNK_ELEMS` weights, so it is still in that core's cache). Nothing is
+  about :data:`CHUNK_ELEMS` weights, so it is still in that core's cache). Nothing is
   cached across computes, so weights that change are always read fresh. The chunks do
   not depend on the thread count, so neither do the numbers.
 * Quantized weights times a few vectors (``n_tokens <= MATVEC_MAX_TOKENS``) use the
@@ -52,8 +52,8 @@ __all__ = [
 
 #: Largest decoded weight tile of a batched product, in float32 elements (16 MiB).
 TILE_ELEMS = 1 << 22
-#: Most weights a chunk of a 2-d product decodes, in float32 elements (512 KiB: about a
-#: core's L2, so the BLAS call after the decoding reads them from cache).
+#: Weights a chunk of a 2-d product decodes (about: rows are rounded up to 16), in float32
+#: elements (512 KiB: a core's L2, so the BLAS call after the decoding reads from cache).
 CHUNK_ELEMS = 1 << 17
 #: Below this many multiply-adds (plus decoded weights) a 2-d product is one chunk: the
 #: pool's hand-off (tens of microseconds) would cost more than it saves.

@@ -1,0 +1,185 @@
+"""The CPU backend's worker pool, and the products and attention it splits.
+
+Products big enough to be cut into chunks of weight rows are checked against float64
+references (weights decoded by ``gguf.quants``), at one thread and at two, and must give
+the same bits at both: the chunks depend on the shape alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import gguf
+import numpy as np
+import pytest
+from test_cpu_helpers import backend_for, nmse, place
+
+import tensorplug as tp
+from tensorplug import ops
+from tensorplug.quants import quantize
+from tensorplug_cpu.kernels import matmul
+from tensorplug_cpu.workers import POOL, WorkerPool
+
+RNG = np.random.default_rng(7)
+
+
+# -- the pool ----------------------------------------------------------------------------------
+
+
+def test_every_task_runs_once_and_concurrent_threads_hold_distinct_slots() -> None:
+    pool = WorkerPool(3)
+    seen: list[int] = []
+    holding: dict[int, int] = {}  # slot -> thread now running in it
+    clash = threading.Event()
+    lock = threading.Lock()
+
+    def task(i: int, slot: int) -> None:
+        me = threading.get_ident()
+        with lock:
+            if holding.get(slot, me) != me:
+                clash.set()
+            holding[slot] = me
+        time.sleep(0.001)  # long enough for the helpers to join in
+        with lock:
+            seen.append(i)
+            del holding[slot]
+
+    pool.run(40, task)
+    assert sorted(seen) == list(range(40))
+    assert not clash.is_set()
+
+
+def test_the_first_error_stops_new_tasks_and_is_raised() -> None:
+    pool = WorkerPool(2)
+    ran: list[int] = []
+
+    def task(i: int, slot: int) -> None:
+        ran.append(i)
+        if i == 3:
+            raise ValueError("chunk 3 is bad")
+        time.sleep(0.001)
+
+    with pytest.raises(ValueError, match="chunk 3 is bad"):
+        pool.run(100, task)
+    assert 3 in ran and len(ran) < 100
+
+
+def test_a_run_inside_a_task_runs_on_its_own_thread() -> None:
+    pool = WorkerPool(2)
+    inner: list[tuple[int, int]] = []
+    outer_threads: set[int] = set()
+
+    def outer(i: int, slot: int) -> None:
+        outer_threads.add(threading.get_ident())
+        me = threading.get_ident()
+        pool.run(3, lambda j, s: inner.append((threading.get_ident() == me, s)))
+
+    pool.run(4, outer)  # a nested run that waited for a busy helper would hang here
+    assert len(inner) == 12 and all(same and s == 0 for same, s in inner)
+
+
+def test_thread_counts_are_clamped_and_one_thread_runs_inline() -> None:
+    pool = WorkerPool(2)
+    pool.set_threads(16)
+    assert pool.n_threads == 2
+    pool.set_threads(0)
+    assert pool.n_threads == 1
+    threads: set[int] = set()
+    pool.run(5, lambda i, s: threads.add(threading.get_ident()))
+    assert threads == {threading.get_ident()}
+
+
+# -- products split over the pool -----------------------------------------------------------
+
+
+def test_chunks_depend_on_the_shape_alone() -> None:
+    assert matmul.chunk_rows(64, 64, 1, decoded=False) == 64  # too small to split
+    rows = matmul.chunk_rows(2048, 768, 128, decoded=True)
+    # decoded chunks about CHUNK_ELEMS (rows rounded up to a multiple of 16)
+    assert rows % 16 == 0 and (rows - 16) * 768 < matmul.CHUNK_ELEMS < (rows + 16) * 768
+    f32_rows = matmul.chunk_rows(1000, 512, 64, decoded=False)
+    assert f32_rows % 16 == 0 and -(-1000 // f32_rows) >= 2 * POOL.max_threads
+
+
+def _weights(t: tp.Type, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    values = RNG.standard_normal(shape).astype(np.float32)
+    if t == tp.Type.F32:
+        return values, values.astype(np.float64)
+    if t == tp.Type.F16:
+        half = values.astype(np.float16)
+        return half, half.astype(np.float64)
+    raw = quantize(values, t)
+    return raw, gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[t.name]).astype(np.float64)
+
+
+def _at_threads(out: tp.Tensor, g: tp.Graph, n_threads: int) -> np.ndarray:
+    be = backend_for()
+    be.set_n_threads(n_threads)
+    try:
+        be.graph_compute(g)
+    finally:
+        be.set_n_threads(POOL.max_threads)
+    return tp.get_array(out).copy()
+
+
+@pytest.mark.parametrize("t", [tp.Type.F32, tp.Type.F16, tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.Q4_K])
+def test_chunked_products_are_right_and_the_same_at_any_thread_count(t: tp.Type) -> None:
+    n_out, n_in, n_tok = 1000, 512, 40  # 1000 rows: the last chunk is a short one
+    assert matmul.chunk_rows(n_out, n_in, n_tok, t != tp.Type.F32) < n_out
+    a, b = tp.new_tensor(t, (n_out, n_in), "w"), tp.new_tensor("f32", (n_tok, n_in), "x")
+    raw, a64 = _weights(t, (n_out, n_in))
+    bv = RNG.standard_normal((n_tok, n_in)).astype(np.float32)
+    out = ops.mul_mat(a, b)
+    g = tp.Graph(out)
+    place(g, [a, b])
+    tp.set_array(a, raw)
+    tp.set_array(b, bv)
+    one, two = _at_threads(out, g, 1), _at_threads(out, g, 2)
+    assert nmse(one, bv.astype(np.float64) @ a64.T) < 1e-12
+    np.testing.assert_array_equal(one, two)
+
+
+def test_batched_products_run_per_entry_on_the_pool() -> None:
+    """Grouped-query broadcasting, big enough to be handed to the pool entry by entry."""
+    a = tp.new_tensor("f16", (2, 2, 96, 128), "a")
+    b = tp.new_tensor("f32", (2, 6, 64, 128), "b")
+    assert matmul.PARALLEL_MIN_WORK <= 2 * 6 * 96 * 128 * 64
+    av = RNG.standard_normal(a.shape).astype(np.float16)
+    bv = RNG.standard_normal(b.shape).astype(np.float32)
+    out = ops.mul_mat(a, b)
+    g = tp.Graph(out)
+    place(g, [a, b])
+    tp.set_array(a, av)
+    tp.set_array(b, bv)
+    one, two = _at_threads(out, g, 1), _at_threads(out, g, 2)
+    expected = np.einsum("ijtk,ijok->ijto", bv.astype(np.float64),
+                         np.repeat(av.astype(np.float64), 3, axis=1))  # fmt: skip
+    assert nmse(one, expected) < 1e-12
+    np.testing.assert_array_equal(one, two)
+
+
+def test_prompt_attention_is_the_same_at_any_thread_count() -> None:
+    n_q, n_kv, d, h, h_kv = 24, 40, 32, 6, 2
+    q = tp.new_tensor("f32", (1, h, n_q, d), "q")
+    k = tp.new_tensor("f16", (1, h_kv, n_kv, d), "k")
+    v = tp.new_tensor("f16", (1, h_kv, n_kv, d), "v")
+    mask = tp.new_tensor("f16", (1, 1, n_q, n_kv), "mask")
+    out = ops.flash_attn_ext(q, k, v, mask, scale=0.125)
+    g = tp.Graph(out)
+    place(g, [q, k, v, mask])
+    qv = RNG.standard_normal(q.shape).astype(np.float32)
+    kv_, vv = (RNG.standard_normal(k.shape).astype(np.float16) for _ in range(2))
+    mv = np.where(np.arange(n_kv)[None, :] <= np.arange(n_q)[:, None] + 10, 0, -np.inf)
+    for t, values in ((q, qv), (k, kv_), (v, vv), (mask, mv.astype(np.float16)[None, None])):
+        tp.set_array(t, values)
+    one, two = _at_threads(out, g, 1), _at_threads(out, g, 2)
+    # float64 reference: head i reads KV head i // 3
+    q64 = qv[0].astype(np.float64)  # (h, n_q, d)
+    k64 = np.repeat(kv_[0].astype(np.float64), h // h_kv, axis=0)
+    v64 = np.repeat(vv[0].astype(np.float64), h // h_kv, axis=0)
+    s = q64 @ k64.transpose(0, 2, 1) * 0.125 + mv
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    ref = (p / p.sum(axis=-1, keepdims=True)) @ v64  # (h, n_q, d)
+    assert nmse(one[0], ref.transpose(1, 0, 2)) < 1e-10
+    np.testing.assert_array_equal(one, two)
