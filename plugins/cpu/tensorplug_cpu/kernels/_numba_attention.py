@@ -134,8 +134,14 @@ def attend(
     q (B, H, n_q, D) float32; k (Bk, Hkv, n_kv, D) and v (Bk, Hkv, n_kv, Dv) float32, or
     uint16 holding f16 (read through ``table``); mask (Bm, Hm, ≥n_q, ≥used) float32 or
     raw f16 with 1 for a broadcast extent, or shape (0, 0, 0, 0) for none; out
-    (B, n_q, H, Dv). A query that sees no row gets zeros, as in ggml. The query heads
-    sharing a KV head are done together, so each cache row is widened once.
+    (B, n_q, H, Dv). A query that sees no row gets zeros, as in ggml, and a masked row
+    (-inf) is never read, so garbage in it cannot reach the result.
+
+    Three passes per query row, the query heads sharing a KV head together (each cache
+    row is widened once for all of them): every score, then each head's softmax weights,
+    then the weighted sum of V rows. Two passes over the cache cost less than an online
+    softmax here: its running maximum made every step wait on the last one's ``exp``
+    and rescale the accumulator (0.08 ms a layer for 150 rows against ~0.03).
     """
     n_b, n_h, n_q, n_d = q.shape
     n_dv = v.shape[3]
@@ -147,44 +153,58 @@ def attend(
         krow = np.empty(n_d, np.float32)
         vrow = np.empty(n_dv, np.float32)
         qrows = np.empty((group, n_d), np.float32)  # contiguous, so the dot vectorizes
+        weights = np.empty((group, used), np.float32)
         acc = np.empty((group, n_dv), np.float32)
-        best = np.empty(group, np.float32)
         total = np.empty(group, np.float32)
         kb = b if k.shape[0] > 1 else 0
         mb = b if has_mask and mask.shape[0] > 1 else 0
         for r in range(n_q):
-            acc[:] = 0
-            best[:] = -np.inf
-            total[:] = 0
             for g in range(group):
                 for d in range(n_d):
-                    qrows[g, d] = q[b, hk * group + g, r, d]
+                    qrows[g, d] = q[b, hk * group + g, r, d] * np.float32(scale)
             for j in range(used):
-                _widen_row(k, table, kb, hk, j, krow)
-                _widen_row(v, table, kb, hk, j, vrow)
+                seen = not has_mask
                 for g in range(group):
-                    h = hk * group + g
-                    mh = h if has_mask and mask.shape[1] > 1 else 0
+                    mh = hk * group + g if has_mask and mask.shape[1] > 1 else 0
                     bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
-                    if bias == -np.inf:
+                    weights[g, j] = bias
+                    seen = seen or bias != -np.inf
+                if not seen:
+                    continue
+                _widen_row(k, table, kb, hk, j, krow)
+                for g in range(group):
+                    if weights[g, j] == -np.inf:
                         continue
                     s = np.float32(0)
                     for d in range(n_d):
                         s += qrows[g, d] * krow[d]
-                    s *= scale
                     if softcap != 0:
                         s = softcap * math.tanh(s)
-                    s += bias
-                    if s > best[g]:
-                        shrink = np.float32(math.exp(best[g] - s))  # 0 while best is -inf
-                        total[g] *= shrink
+                    weights[g, j] += s
+            for g in range(group):
+                best = np.float32(-np.inf)
+                for j in range(used):
+                    best = max(best, weights[g, j])
+                t = np.float32(0)
+                if best != -np.inf:
+                    for j in range(used):
+                        p = np.float32(math.exp(weights[g, j] - best))  # 0 where masked
+                        weights[g, j] = p
+                        t += p
+                total[g] = t
+            acc[:] = 0
+            for j in range(used):
+                seen = False
+                for g in range(group):
+                    seen = seen or (total[g] > 0 and weights[g, j] != 0)
+                if not seen:
+                    continue
+                _widen_row(v, table, kb, hk, j, vrow)
+                for g in range(group):
+                    p = weights[g, j]
+                    if total[g] > 0 and p != 0:  # 0·garbage in a masked row could be NaN
                         for d in range(n_dv):
-                            acc[g, d] *= shrink
-                        best[g] = s
-                    p = np.float32(math.exp(s - best[g]))
-                    total[g] += p
-                    for d in range(n_dv):
-                        acc[g, d] += p * vrow[d]
+                            acc[g, d] += p * vrow[d]
             for g in range(group):
                 h = hk * group + g
                 for d in range(n_dv):
