@@ -56,6 +56,10 @@ GRAPH_CACHE = 8
 #: Seconds after a prompt batch whose generation steps the thread governor does not time
 #: (a backend's library threads may still spin then; ``ThreadGovernor.pause``)
 AFTER_BATCH_SECONDS = 0.15
+#: Tokens of the warm-up's prompt-shaped step: more than the few rows a backend may
+#: treat as a token step (the CPU's fused kernels take up to 8), so that the prompt path
+#: (its kernels, threads and their buffers) starts at load, not in the first prompt
+WARM_UP_TOKENS = 16
 
 
 class ContextFullError(RunError):
@@ -263,7 +267,7 @@ class Llama:
     def _warm_up(self) -> None:
         """Run a prompt-shaped and a token-shaped step once and forget them: the first
         computes build kernels, plans and caches, which is loading, not prompt time."""
-        self.eval([0, 0][: self.n_ctx])
+        self.eval([0] * min(WARM_UP_TOKENS, self.n_batch, self.n_ctx))
         self._progress("warming up", 1, 2)
         if self.n_past < self.n_ctx:
             self.eval([0])
