@@ -50,6 +50,23 @@ def test_every_task_runs_once_and_concurrent_threads_hold_distinct_slots() -> No
     assert not clash.is_set()
 
 
+def test_a_helper_that_never_starts_is_not_waited_for() -> None:
+    """As on a busy machine where the OS has not scheduled the helper yet: the caller
+    takes every chunk itself and returns."""
+    pool = WorkerPool(2)
+    release = threading.Event()
+    pool._start().submit(release.wait)  # the pool's one helper thread is held elsewhere
+    ran: list[int] = []
+    caller = threading.Thread(target=pool.run, args=(6, lambda i, s: ran.append(i)))
+    try:
+        caller.start()
+        caller.join(timeout=10)
+        assert not caller.is_alive(), "run() waited for a helper that could not start"
+        assert sorted(ran) == list(range(6))
+    finally:
+        release.set()
+
+
 def test_the_first_error_stops_new_tasks_and_is_raised() -> None:
     pool = WorkerPool(2)
     ran: list[int] = []

@@ -13,7 +13,8 @@ So while the backend computes, BLAS runs on the calling thread only
 output rows fixed by its shape alone. :class:`WorkerPool` runs the chunks: the caller
 and ``n_threads - 1`` helpers claim them one at a time until none is left. Chunks are
 the same at any thread count, so the numbers are too; an idle helper sleeps on a lock
-instead of spinning; a slow thread delays only the chunk it holds.
+instead of spinning; a slow thread delays only the chunk it holds, and a helper the OS
+has not scheduled yet delays nothing: the caller takes the chunks left and returns.
 
 The work must release the GIL to run in parallel: BLAS calls and numpy's loops do, and
 the numba decoders that feed them are compiled ``nogil``.
@@ -25,7 +26,7 @@ import itertools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["POOL", "WorkerPool", "usable_cores"]
 
@@ -59,7 +60,12 @@ class WorkerPool:
     def run(self, n_tasks: int, task: Task) -> None:
         """Call ``task(i, slot)`` for every ``i`` in ``range(n_tasks)``; return when all
         have run. The first exception raised by a chunk stops the others from starting
-        new chunks and is raised here once every thread has stopped."""
+        new chunks and is raised here once the chunks already started have ended.
+
+        The caller waits for chunks, not for helpers: a helper the OS has not scheduled
+        yet when the caller has taken the last chunk finds nothing to do and is never
+        waited for (on a busy machine a wait for a descheduled thread is a time slice).
+        """
         helpers = min(self.n_threads, n_tasks) - 1
         if helpers <= 0 or getattr(self._inside, "active", False):
             # nothing to share, or a chunk running a product of its own: a nested run
@@ -67,29 +73,14 @@ class WorkerPool:
             for i in range(n_tasks):
                 task(i, 0)
             return
-        claim = itertools.count()
-        failed: list[BaseException] = []
-
-        def work(slot: int) -> None:
-            self._inside.active = True
-            try:
-                while not failed:
-                    i = next(claim)  # atomic under the GIL: each chunk is claimed once
-                    if i >= n_tasks:
-                        return
-                    task(i, slot)
-            except BaseException as e:
-                failed.append(e)
-            finally:
-                self._inside.active = False
-
+        shared = _Run(n_tasks, task, self._inside)
         executor = self._executor or self._start()
-        futures: list[Future[None]] = [executor.submit(work, s) for s in range(1, helpers + 1)]
-        work(0)
-        for f in futures:
-            f.result()
-        if failed:
-            raise failed[0]
+        for slot in range(1, helpers + 1):
+            executor.submit(shared.work, slot)
+        shared.work(0)
+        shared.wait()
+        if shared.error is not None:
+            raise shared.error
 
     def _start(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -98,6 +89,48 @@ class WorkerPool:
                     max_workers=self.max_threads - 1 or 1, thread_name_prefix="tensorplug-cpu"
                 )
             return self._executor
+
+
+class _Run:
+    """One :meth:`WorkerPool.run`: the chunks still to claim and those running."""
+
+    def __init__(self, n_tasks: int, task: Task, inside: threading.local) -> None:
+        self.n_tasks, self.task, self.inside = n_tasks, task, inside
+        self.claim = itertools.count()
+        self.running = 0
+        self.error: BaseException | None = None
+        self.idle = threading.Condition()
+
+    def work(self, slot: int) -> None:
+        self.inside.active = True
+        try:
+            while True:
+                with self.idle:
+                    if self.error is not None:
+                        return
+                    i = next(self.claim)
+                    if i >= self.n_tasks:
+                        return
+                    self.running += 1
+                try:
+                    self.task(i, slot)
+                except BaseException as e:
+                    with self.idle:
+                        if self.error is None:
+                            self.error = e
+                finally:
+                    with self.idle:
+                        self.running -= 1
+                        if not self.running:
+                            self.idle.notify_all()
+        finally:
+            self.inside.active = False
+
+    def wait(self) -> None:
+        """Block until no chunk is running (the caller has claimed the last one)."""
+        with self.idle:
+            while self.running:
+                self.idle.wait()
 
 
 #: The process's pool: the CPU backend's ``set_n_threads`` sets its thread count.
