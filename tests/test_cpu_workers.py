@@ -130,14 +130,24 @@ def _weights(t: tp.Type, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray
     return raw, gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[t.name]).astype(np.float64)
 
 
-def _at_threads(out: tp.Tensor, g: tp.Graph, n_threads: int) -> np.ndarray:
-    be = backend_for()
-    be.set_n_threads(n_threads)
-    try:
-        be.graph_compute(g)
-    finally:
-        be.set_n_threads(POOL.max_threads)
-    return tp.get_array(out).copy()
+def _at_one_and_two_threads(
+    out: tp.Tensor, inputs: dict[tp.Tensor, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``out`` computed by a fresh backend (a fresh plan) on one thread, then on two."""
+    g = tp.Graph(out)
+    place(g, inputs)
+    for t, values in inputs.items():
+        tp.set_array(t, values)
+    results = []
+    for n_threads in (1, 2):
+        be = backend_for()
+        be.set_n_threads(n_threads)
+        try:
+            be.graph_compute(g)
+        finally:
+            be.set_n_threads(POOL.max_threads)
+        results.append(tp.get_array(out).copy())
+    return results[0], results[1]
 
 
 @pytest.mark.parametrize("t", [tp.Type.F32, tp.Type.F16, tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.Q4_K])
@@ -147,12 +157,7 @@ def test_chunked_products_are_right_and_the_same_at_any_thread_count(t: tp.Type)
     a, b = tp.new_tensor(t, (n_out, n_in), "w"), tp.new_tensor("f32", (n_tok, n_in), "x")
     raw, a64 = _weights(t, (n_out, n_in))
     bv = RNG.standard_normal((n_tok, n_in)).astype(np.float32)
-    out = ops.mul_mat(a, b)
-    g = tp.Graph(out)
-    place(g, [a, b])
-    tp.set_array(a, raw)
-    tp.set_array(b, bv)
-    one, two = _at_threads(out, g, 1), _at_threads(out, g, 2)
+    one, two = _at_one_and_two_threads(ops.mul_mat(a, b), {a: raw, b: bv})
     assert nmse(one, bv.astype(np.float64) @ a64.T) < 1e-12
     np.testing.assert_array_equal(one, two)
 
@@ -164,12 +169,7 @@ def test_batched_products_run_per_entry_on_the_pool() -> None:
     assert matmul.PARALLEL_MIN_WORK <= 2 * 6 * 96 * 128 * 64
     av = RNG.standard_normal(a.shape).astype(np.float16)
     bv = RNG.standard_normal(b.shape).astype(np.float32)
-    out = ops.mul_mat(a, b)
-    g = tp.Graph(out)
-    place(g, [a, b])
-    tp.set_array(a, av)
-    tp.set_array(b, bv)
-    one, two = _at_threads(out, g, 1), _at_threads(out, g, 2)
+    one, two = _at_one_and_two_threads(ops.mul_mat(a, b), {a: av, b: bv})
     expected = np.einsum("ijtk,ijok->ijto", bv.astype(np.float64),
                          np.repeat(av.astype(np.float64), 3, axis=1))  # fmt: skip
     assert nmse(one, expected) < 1e-12
@@ -182,15 +182,13 @@ def test_prompt_attention_is_the_same_at_any_thread_count() -> None:
     k = tp.new_tensor("f16", (1, h_kv, n_kv, d), "k")
     v = tp.new_tensor("f16", (1, h_kv, n_kv, d), "v")
     mask = tp.new_tensor("f16", (1, 1, n_q, n_kv), "mask")
-    out = ops.flash_attn_ext(q, k, v, mask, scale=0.125)
-    g = tp.Graph(out)
-    place(g, [q, k, v, mask])
     qv = RNG.standard_normal(q.shape).astype(np.float32)
     kv_, vv = (RNG.standard_normal(k.shape).astype(np.float16) for _ in range(2))
     mv = np.where(np.arange(n_kv)[None, :] <= np.arange(n_q)[:, None] + 10, 0, -np.inf)
-    for t, values in ((q, qv), (k, kv_), (v, vv), (mask, mv.astype(np.float16)[None, None])):
-        tp.set_array(t, values)
-    one, two = _at_threads(out, g, 1), _at_threads(out, g, 2)
+    one, two = _at_one_and_two_threads(
+        ops.flash_attn_ext(q, k, v, mask, scale=0.125),
+        {q: qv, k: kv_, v: vv, mask: mv.astype(np.float16)[None, None]},
+    )
     # float64 reference: head i reads KV head i // 3
     q64 = qv[0].astype(np.float64)  # (h, n_q, d)
     k64 = np.repeat(kv_[0].astype(np.float64), h // h_kv, axis=0)
