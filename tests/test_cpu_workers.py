@@ -110,13 +110,23 @@ def test_thread_counts_are_clamped_and_one_thread_runs_inline() -> None:
 # -- products split over the pool -----------------------------------------------------------
 
 
-def test_chunks_depend_on_the_shape_alone() -> None:
+def test_chunks_follow_the_shape_and_never_the_thread_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert matmul.chunk_rows(64, 64, 1, decoded=False) == 64  # too small to split
     rows = matmul.chunk_rows(2048, 768, 128, decoded=True)
     # decoded chunks about CHUNK_ELEMS (rows rounded up to a multiple of 16)
     assert rows % 16 == 0 and (rows - 16) * 768 < matmul.CHUNK_ELEMS < (rows + 16) * 768
     f32_rows = matmul.chunk_rows(1000, 512, 64, decoded=False)
     assert f32_rows % 16 == 0 and -(-1000 // f32_rows) >= 2 * POOL.max_threads
+    monkeypatch.setattr(POOL, "n_threads", POOL.n_threads)  # put back afterwards
+    monkeypatch.setattr(POOL, "max_threads", 8)  # as on an 8-core machine
+    shapes = [(1000, 512, 40, False), (2048, 768, 128, True), (32000, 768, 16, True)]
+    chunkings = set()
+    for n_threads in (1, 3, 8):
+        POOL.set_threads(n_threads)
+        chunkings.add(tuple(matmul.chunk_rows(*shape) for shape in shapes))
+    assert len(chunkings) == 1, "the thread count changed how a product is cut"
 
 
 def _weights(t: tp.Type, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
