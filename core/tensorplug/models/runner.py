@@ -56,10 +56,10 @@ GRAPH_CACHE = 8
 #: Seconds after a prompt batch whose generation steps the thread governor does not time
 #: (a backend's library threads may still spin then; ``ThreadGovernor.pause``)
 AFTER_BATCH_SECONDS = 0.15
-#: Tokens of the warm-up's prompt-shaped step: more than the few rows a backend may
-#: treat as a token step (the CPU's fused kernels take up to 8), so that the prompt path
-#: (its kernels, threads and their buffers) starts at load, not in the first prompt
-WARM_UP_TOKENS = 16
+#: Token counts of the warm-up's steps: a short prompt (a backend may treat a few rows as
+#: a token step: the CPU's fused kernels take up to 8, with other array layouts than one
+#: token), a longer one (the prompt path: kernels, threads and their buffers), one token
+WARM_UP_STEPS = (2, 16, 1)
 
 
 class ContextFullError(RunError):
@@ -198,7 +198,7 @@ class Llama:
         if n_threads is not None:
             self.set_n_threads(n_threads)
         if warmup:
-            self._progress("warming up", 0, 2)
+            self._progress("warming up", 0, len(WARM_UP_STEPS))
             self._warm_up()
         if n_threads is None and self._thread_setters and available_cores() > 1:
             self.governor = ThreadGovernor(self._apply_threads, available_cores())
@@ -265,13 +265,13 @@ class Llama:
                 mem.kv_cache += buf.size
 
     def _warm_up(self) -> None:
-        """Run a prompt-shaped and a token-shaped step once and forget them: the first
+        """Run prompt-shaped and token-shaped steps once and forget them: the first
         computes build kernels, plans and caches, which is loading, not prompt time."""
-        self.eval([0] * min(WARM_UP_TOKENS, self.n_batch, self.n_ctx))
-        self._progress("warming up", 1, 2)
-        if self.n_past < self.n_ctx:
-            self.eval([0])
-        self._progress("warming up", 2, 2)
+        for done, n in enumerate(WARM_UP_STEPS, start=1):
+            n = min(n, self.n_batch, self.n_ctx - self.n_past)
+            if n > 0:
+                self.eval([0] * n)
+            self._progress("warming up", done, len(WARM_UP_STEPS))
         self.reset()
         self.timings = Timings(graphs_built=self.timings.graphs_built)
         self.split_summaries.clear()
