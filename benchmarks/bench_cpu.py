@@ -24,6 +24,7 @@ import numpy as np
 
 import tensorplug as tp
 from tensorplug import ops
+from tensorplug.host import available_cores
 from tensorplug.quants import quantize
 from tensorplug_cpu.device import create_reg
 
@@ -92,9 +93,7 @@ def bench_quant(repeat: int, bandwidth: float) -> None:
     print(f"\nquantized weights {n}×{n} (numpy f32 batch-512 reference: "
           f"{2 * 512 * n * n / f32[0] / 1e9:.1f} GFLOP/s)")  # fmt: skip
     print(f"  memory read bandwidth measured here: {bandwidth:.1f} GB/s")
-    from tensorplug_cpu.workers import usable_cores
-
-    threads = usable_cores()  # the backend's default: its pool on every usable core
+    threads = available_cores()  # the backend's default: its pool on every usable core
     for label, params in (("numba", None), ("numpy", "jit=0")):
         backend = create_reg().device(0).init_backend(params)
         if label == "numba" and backend.jit is None:  # type: ignore[attr-defined]

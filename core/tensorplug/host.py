@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HOST_ALIGNMENT",
+    "available_cores",
     "host_memory",
     "HostBuffer",
     "HostBufferType",
@@ -169,6 +170,14 @@ def strided_array(tensor: Tensor, mem: np.ndarray, offset: int = 0) -> np.ndarra
     if tensor.nbytes == 0:
         return np.zeros(shape, dtype=dtype)
     return np.ndarray(shape, dtype=dtype, buffer=mem, offset=offset, strides=strides)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one): what a
+    thread count defaults to, for the CPU backend's pool and the runner's governor."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def host_memory() -> tuple[int, int]:

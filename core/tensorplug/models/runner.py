@@ -34,6 +34,7 @@ from ..backend import Backend, Status
 from ..buffer import Buffer, BufferUsage
 from ..errors import BackendNotFoundError, ComputeAbortedError, RunError
 from ..gguf import GGUFError, GGUFFile
+from ..host import available_cores
 from ..sched import Scheduler
 from ..tensor import Tensor
 from ..transfer import get_array, set_array
@@ -41,7 +42,7 @@ from ..types import Type
 from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
 from .placement import Placement, by_priority, host_cpu
 from .sampling import Sampler
-from .threads import ThreadGovernor, available_cores
+from .threads import ThreadGovernor
 from .tokenizer import Vocab
 
 if TYPE_CHECKING:

@@ -14,18 +14,10 @@ of load is followed within tens of tokens.
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Callable
 
-__all__ = ["ThreadGovernor", "available_cores", "thread_counts"]
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+__all__ = ["ThreadGovernor", "thread_counts"]
 
 
 def thread_counts(max_threads: int) -> list[int]:

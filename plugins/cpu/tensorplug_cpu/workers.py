@@ -23,23 +23,17 @@ the numba decoders that feed them are compiled ``nogil``.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["POOL", "WorkerPool", "usable_cores"]
+from tensorplug.host import available_cores
+
+__all__ = ["POOL", "WorkerPool"]
 
 #: ``task(index, slot)``: run chunk ``index``; ``slot`` (< the pool's ``max_threads``)
 #: is unique among the threads running at once, to pick per-thread scratch.
 Task = Callable[[int, int], object]
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
 
 
 class WorkerPool:
@@ -134,4 +128,4 @@ class _Run:
 
 
 #: The process's pool: the CPU backend's ``set_n_threads`` sets its thread count.
-POOL = WorkerPool(usable_cores())
+POOL = WorkerPool(available_cores())
