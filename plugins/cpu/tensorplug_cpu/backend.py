@@ -225,9 +225,9 @@ class CpuBackend(Backend):
         ThreadControl.apply(self.n_threads, self.jit)
         abort, steps = self.abort_callback, plan.steps
         i = 0
-        blas = ThreadControl.blas_single()  # the worker pool splits products instead
-        # ggml's kernels produce inf/NaN silently; numpy's warnings would only be noise
-        with np.errstate(all="ignore"):
+        # ggml's kernels produce inf/NaN silently; numpy's warnings would only be noise.
+        # BLAS on one thread: the worker pool splits products instead.
+        with np.errstate(all="ignore"), ThreadControl.blas_single():
             try:
                 if abort is None:
                     for i, step in enumerate(steps):  # noqa: B007  (i is read on error)
@@ -242,8 +242,6 @@ class CpuBackend(Backend):
                 if not isinstance(e, TensorplugError) and hasattr(e, "add_note"):
                     e.add_note(f"while the CPU computed node {i} {plan.nodes[i].describe()}")
                 raise
-            finally:
-                ThreadControl.blas_restore(blas)
         return Status.SUCCESS
 
     @staticmethod

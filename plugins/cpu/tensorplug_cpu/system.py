@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import platform
 import threading
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -93,7 +94,7 @@ class ThreadControl:
 
     _lock = threading.Lock()
     _applied: int | None = None
-    _blas: list[Any] | None = None
+    _controller: Any = None
 
     @classmethod
     def apply(cls, n_threads: int | None, jit: JitKernels | None) -> None:
@@ -106,31 +107,12 @@ class ThreadControl:
             cls._applied = n_threads
 
     @classmethod
-    def blas_single(cls) -> list[tuple[Any, int]]:
-        """Set numpy's BLAS libraries to one thread; returns what :meth:`blas_restore`
-        needs to put back (a few microseconds each way, so it is done per compute and
-        the application's own numpy products keep their threads)."""
-        libs = cls._blas
-        if libs is None:
-            libs = cls._blas = _blas_controllers()
-        saved = []
-        for lib in libs:
-            n = lib.get_num_threads()
-            if n != 1:
-                lib.set_num_threads(1)
-                saved.append((lib, n))
-        return saved
+    def blas_single(cls) -> AbstractContextManager[object]:
+        """Within it, numpy's BLAS runs on one thread; after it, on as many as before
+        (threadpoolctl's limiter, ~10 µs, so it wraps each compute and the application's
+        own numpy products keep their threads)."""
+        if cls._controller is None:
+            from threadpoolctl import ThreadpoolController
 
-    @staticmethod
-    def blas_restore(saved: list[tuple[Any, int]]) -> None:
-        for lib, n in saved:
-            lib.set_num_threads(n)
-
-
-def _blas_controllers() -> list[Any]:
-    """threadpoolctl's controllers of the BLAS libraries numpy loaded (none without it)."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return []
-    return list(ThreadpoolController().select(user_api="blas").lib_controllers)
+            cls._controller = ThreadpoolController()  # finds the BLAS numpy loaded, once
+        return cls._controller.limit(limits=1, user_api="blas")  # type: ignore[no-any-return]
