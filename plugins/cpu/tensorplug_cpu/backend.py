@@ -129,7 +129,7 @@ class CpuBackend(Backend):
         self.jit: JitKernels | None = load_jit() if use_jit else None
         self.n_threads: int | None = None
         self.abort_callback: AbortCallback | None = None
-        self._cached: CpuGraphPlan | None = None  # the last plan run by graph_compute
+        # graph_compute's plans by graph_key, the one it ran last at the end
         self._plans: OrderedDict[tuple[Any, ...], CpuGraphPlan] = OrderedDict()
         if n_threads is not None:
             self.set_n_threads(n_threads)
@@ -167,27 +167,28 @@ class CpuBackend(Backend):
 
     def graph_plan_free(self, plan: GraphPlan) -> None:
         own = self._own(plan)
-        if own is self._cached:
-            self._cached = None
         if self._plans.get(own.key) is own:
             del self._plans[own.key]
         own.free()
 
+    @property
+    def _cached(self) -> CpuGraphPlan | None:
+        """The plan ``graph_compute`` ran last (None before the first, or after free)."""
+        return next(reversed(self._plans.values()), None)
+
     def _graph_compute(self, graph: Graph) -> Status:
         plan = self._cached
         key = graph_key(graph.nodes)
-        if plan is None or plan.key != key:
-            self._cached = None  # a failed build must not leave a stale plan behind
+        if plan is None or plan.key != key:  # compared element by element, not hashed
             self._drop_stale_plans()
-            plan = self._plans.get(key)  # hashing the key only when the last plan missed
+            plan = self._plans.get(key)
             if plan is None:
-                plan = CpuGraphPlan(self, graph)
-                self._plans[plan.key] = plan
+                plan = CpuGraphPlan(self, graph)  # kept only once built
+                self._plans[key] = plan
                 if len(self._plans) > PLAN_CACHE:
                     self._plans.popitem(last=False)[1].free()
             else:
                 self._plans.move_to_end(key)
-            self._cached = plan
         return self._run(plan)
 
     def _drop_stale_plans(self) -> None:
@@ -203,7 +204,6 @@ class CpuBackend(Backend):
         for plan in self._plans.values():
             plan.free()
         self._plans.clear()
-        self._cached = None
 
     def _own(self, plan: GraphPlan) -> CpuGraphPlan:
         if not isinstance(plan, CpuGraphPlan) or plan.backend is not self:
