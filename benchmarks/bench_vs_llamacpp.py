@@ -17,8 +17,8 @@ minutes) — run interleaved (tensorplug, llama.cpp, tensorplug, …) ``--rounds
 so a slow minute of the machine hurts both. A process loads the model, evaluates a
 warm-up, then a ``--prompt``-token prompt in batches of ``--batch`` (llama.cpp's
 ``n_batch``; tensorplug's ``n_batch``) and ``--gen`` single-token steps, both with an
-F16 KV cache, with ``--threads`` threads (tensorplug: numba and BLAS thread counts;
-llama.cpp: ``n_threads``). ``auto`` runs each engine as a user gets it without ``-t``:
+F16 KV cache, with ``--threads`` threads (tensorplug: its numba and worker-pool
+threads; llama.cpp: ``n_threads``). ``auto`` runs each engine as a user gets it without ``-t``:
 tensorplug's runner with its thread governor (every core, fewer for generation steps
 while timing shows other work holding the cores), llama.cpp with one thread per core
 (llama-cli's default on a machine without SMT). The table gives tokens/s as median

@@ -106,8 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=_thread_count,
         metavar="N",
-        help="threads of the CPU backend's kernels and BLAS (default: one per core, and "
-        "generation steps move to fewer while timing shows other work holding the cores)",
+        help="threads of the CPU backend's kernels and worker pool (default: one per core, "
+        "and generation steps move to fewer while timing shows other work holding the cores)",
     )
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=40, help="top-k sampling (40; 0 is off)")

@@ -133,7 +133,7 @@ class CublasMatmul:
                 if self.half_precision(a):
                     self._run_half(cp, a, b, node)
                 else:
-                    weights = a if a.type == Type.F32 else self._converted(a, Type.F32, node)
+                    weights = a if a.type == Type.F32 else self._as_f32(a, node)
                     wa, ba, da = batched_views(cp, weights, b, node)
                     cp.matmul(ba, wa.swapaxes(-1, -2), out=da)
         except NotImplementedError:  # cuBLAS inside a stream capture: the plan falls back
@@ -183,9 +183,9 @@ class CublasMatmul:
             self.scratch = buf
         return self.scratch
 
-    def _converted(self, a: Tensor, to: Type, node: Tensor) -> Tensor:
-        """``a`` as ``to`` at the start of the scratch buffer (queued on the stream)."""
-        return self._convert_into(self._scratch(a.nelements * to.type_size), 0, a, node, to)
+    def _as_f32(self, a: Tensor, node: Tensor) -> Tensor:
+        """``a`` as F32 at the start of the scratch buffer (queued on the stream)."""
+        return self._convert_into(self._scratch(a.nelements * 4), 0, a, node, Type.F32)
 
     def _convert_into(
         self, scratch: CUDABuffer, offset: int, src: Tensor, node: Tensor, to: Type = Type.F16

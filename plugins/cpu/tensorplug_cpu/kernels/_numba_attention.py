@@ -139,9 +139,10 @@ def attend(
 
     Three passes per query row, the query heads sharing a KV head together (each cache
     row is widened once for all of them): every score, then each head's softmax weights,
-    then the weighted sum of V rows. Two passes over the cache cost less than an online
+    then the weighted sum of V rows. Two walks over the cache cost less than an online
     softmax here: its running maximum made every step wait on the last one's ``exp``
-    and rescale the accumulator (0.08 ms a layer for 150 rows against ~0.03).
+    and rescale the accumulator (12 heads over 4 KV heads, 150 F16 rows, one core:
+    49 µs online against 37 µs in passes).
     """
     n_b, n_h, n_q, n_d = q.shape
     n_dv = v.shape[3]
