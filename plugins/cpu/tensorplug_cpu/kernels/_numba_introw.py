@@ -338,7 +338,7 @@ rows4_dot_q5_1 = _block32_kernel(LAYOUTS["q5_1"])
 
 def _q4_k_scales_mins(builder: ir.IRBuilder, row: Any, at: Any) -> tuple[Any, Any]:
     """The eight 6-bit scales and mins of the Q4_K block at ``at`` (ggml's
-    ``get_scale_min_k4``) as two ``<8 x float>``, unpacked with byte shuffles."""
+    ``get_scale_min_k4``) as two ``<8 x i8>``, unpacked with byte shuffles."""
     v8 = _vec(_I8, 8)
     q = _load_vec(builder, row, builder.add(at, _I64(4)), _vec(_I8, 16))
 
@@ -356,11 +356,11 @@ def _q4_k_scales_mins(builder: ir.IRBuilder, row: Any, at: Any) -> tuple[Any, An
                      top_bits(pick([0, 1, 2, 3, 0, 1, 2, 3])))  # fmt: skip
     low = builder.lshr(pick([4, 5, 6, 7, 8, 9, 10, 11]), consts(0, 4))
     mn = builder.or_(builder.and_(low, consts(63, 15)), top_bits(pick([4, 5, 6, 7, 4, 5, 6, 7])))
-    return tuple(builder.uitofp(v, _V8F) for v in (sc, mn))  # type: ignore[return-value]
+    return sc, mn
 
 
-def _q4_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
-    """One Q4_K block of each row: eight sub-blocks of 32 nibbles against eight Q8_0
+def _q4_k_rows_body(blk: _Block, accs: list[Any]) -> list[Any]:
+    """One Q4_K block of each row, row by row: eight sub-blocks of 32 nibbles against eight Q8_0
     activation blocks (each with its own scale, so each sub-block's sums are scaled in
     float), and ``dmin·Σ_s m_s·d_x·Σx`` beside them."""
     builder = blk.builder
@@ -375,7 +375,7 @@ def _q4_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
     xs = [blk.x_block(builder.add(first, _I64(s))) for s in range(8)]
     new = []
     for i, row in enumerate(blk.rows):
-        scales, mins = _q4_k_scales_mins(builder, row, at)
+        scales, mins = (builder.uitofp(v, _V8F) for v in _q4_k_scales_mins(builder, row, at))
         factors = builder.fmul(builder.fmul(scales, _splat_vf(builder, d, 8, i)), dxv)
         acc = accs[3 * i : 3 * i + 2]  # even and odd sub-blocks: two chains of additions
         for pair in range(4):
@@ -390,9 +390,83 @@ def _q4_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
     return new
 
 
-def _q4_k_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
+def _q4_k_rows_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
     return [builder.fsub(_hsum(builder, builder.fadd(finals[3 * i], finals[3 * i + 1])),
                          _hsum(builder, finals[3 * i + 2])) for i in range(ROWS)]  # fmt: skip
+
+
+def _q4_k_folded_body(blk: _Block, accs: list[Any]) -> list[Any]:
+    """:func:`_q4_k_rows_body` with AVX2's folding (see :func:`_block32_kernel`): for each
+    pair of sub-blocks (the low and high nibbles of the same 32 bytes) the eight
+    ``vpmaddubsw`` results of the four rows fold by three rounds of ``vphaddw`` into
+    ``[r0 r1 r2 r3 (low), r0 r1 r2 r3 (high)]`` per 128-bit half (a lane holds at most
+    16·15·127 = 30,480), the halves are widened and added, and one multiply-add applies
+    the eight scales, transposed once per block from the rows' unpacked 6-bit ones."""
+    builder = blk.builder
+    v32, v16 = _vec(_I8, 32), _vec(_I16, 16)
+    at = builder.mul(blk.b, _I64(144))
+    blk.prefetch(at, 144)
+    first = builder.mul(blk.b, _I64(8))
+    dxv = _load_vec(builder, blk.xd, first, _V8F)
+    dxs = builder.fmul(dxv, builder.sitofp(_load_vec(builder, blk.xs, first, _vec(_I32, 8)),
+                                           _V8F))  # fmt: skip
+    d = _f16x(builder, blk.rows, at, blk.table)
+    dmin = _f16x(builder, blk.rows, builder.add(at, _I64(2)), blk.table)
+    d_twice = builder.shuffle_vector(d, d, ir.Constant(_vec(_I32, 8), [0, 1, 2, 3] * 2))
+    xs = [blk.x_block(builder.add(first, _I64(s))) for s in range(8)]
+    madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
+    hadd = _fn(builder, "llvm.x86.avx2.phadd.w", v16, v16, v16)
+    scale_bytes, new = [], list(accs)
+    for i, row in enumerate(blk.rows):
+        scales, mins = _q4_k_scales_mins(builder, row, at)
+        scale_bytes.append(scales)
+        mins_term = builder.fmul(builder.uitofp(mins, _V8F), _splat_vf(builder, dmin, 8, i))
+        new[3 * i + 2] = _fmuladd8(builder, mins_term, dxs, accs[3 * i + 2])
+    # the 4×8 scales, sub-block major: byte 4·s + r is row r's scale of sub-block s
+    rows01 = builder.shuffle_vector(scale_bytes[0], scale_bytes[1],
+                                    ir.Constant(_vec(_I32, 16), list(range(16))))  # fmt: skip
+    rows23 = builder.shuffle_vector(scale_bytes[2], scale_bytes[3],
+                                    ir.Constant(_vec(_I32, 16), list(range(16))))  # fmt: skip
+    by_sub = builder.shuffle_vector(rows01, rows23, ir.Constant(
+        _vec(_I32, 32), [8 * r + s for s in range(8) for r in range(4)]))  # fmt: skip
+    for pair in range(4):
+        lo_s, hi_s = 2 * pair, 2 * pair + 1
+        quad = builder.shuffle_vector(by_sub, by_sub, ir.Constant(_vec(_I32, 8),
+                                      list(range(8 * pair, 8 * pair + 8))))  # fmt: skip
+        dx_pair = builder.shuffle_vector(dxv, dxv, ir.Constant(_vec(_I32, 8),
+                                         [lo_s] * 4 + [hi_s] * 4))  # fmt: skip
+        factors = builder.fmul(builder.fmul(builder.uitofp(quad, _V8F), d_twice), dx_pair)
+        lows, highs = [], []
+        for row in blk.rows:
+            q = _load_vec(builder, row, builder.add(at, _I64(16 + 32 * pair)), v32)
+            lows.append(builder.call(madd, [builder.and_(q, _splat(_I8, 32, 15)), xs[lo_s]]))
+            highs.append(builder.call(madd, [builder.lshr(q, _splat(_I8, 32, 4)), xs[hi_s]]))
+        folded = [builder.call(hadd, [builder.call(hadd, part[:2]), builder.call(hadd, part[2:])])
+                  for part in (lows, highs)]  # fmt: skip
+        both = builder.call(hadd, folded)  # per half: r0..r3 of the low, then of the high
+        halves = [builder.sext(builder.shuffle_vector(both, both, ir.Constant(
+            _vec(_I32, 8), list(range(h, h + 8)))), _vec(_I32, 8)) for h in (0, 8)]  # fmt: skip
+        sums = builder.sitofp(builder.add(halves[0], halves[1]), _V8F)
+        new[pair & 1] = _fmuladd8(builder, factors, sums, new[pair & 1])
+    return new
+
+
+def _q4_k_folded_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
+    acc = builder.fadd(finals[0], finals[1])
+    halves = [builder.shuffle_vector(acc, acc, ir.Constant(_vec(_I32, 4), list(lanes)))
+              for lanes in (range(4), range(4, 8))]  # fmt: skip
+    total = builder.fadd(halves[0], halves[1])
+    return [builder.fsub(builder.extract_element(total, _I32(i)), _hsum(builder, finals[3 * i + 2]))
+            for i in range(ROWS)]  # fmt: skip
+
+
+def _q4_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
+    """Q4_K's block: folded with AVX2 (chosen when compiled: tests switch AVX2 off)."""
+    return (_q4_k_folded_body if HAS_AVX2 else _q4_k_rows_body)(blk, accs)
+
+
+def _q4_k_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
+    return (_q4_k_folded_finish if HAS_AVX2 else _q4_k_rows_finish)(builder, finals)
 
 
 rows4_dot_q4_k = _rows_kernel(_q4_k_body, _q4_k_finish, [_ZERO8] * (3 * ROWS), 256)
