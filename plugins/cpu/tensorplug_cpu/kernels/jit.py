@@ -62,15 +62,12 @@ class JitKernels:
                 functools.partial(kq.dequantize_k, kind=int(t)),
             )
 
-        from . import _numba_int8 as i8
         from . import _numba_kint8 as ki8
 
         # ggml's way for these types: activations quantized to Q8_0, integer dot products
-        self._int8: dict[Type, Callable[..., None]] = {
-            t: functools.partial(ki8.matvec_int8, kind=int(t))
-            for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
-        }
-        self._quantize_q8_0 = i8.quantize_q8_0
+        self._int8 = ki8.matvec_int8
+        self._int8_types = {Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
+                            Type.Q6_K}  # fmt: skip
         from . import _numba_rows as rows
         from ._numba_attention import attend, visible_columns
 
@@ -94,7 +91,7 @@ class JitKernels:
         """:meth:`matvec` with everything but the arithmetic done once: a graph plan
         calls the result every compute (at ~40 µs of Python per call unbound, small
         matrices spent more time here than in their kernel)."""
-        rows = _block_rows(blocks) if t in self._int8 else None
+        rows = _block_rows(blocks) if t in self._int8_types else None
         if rows is None:
             kernel, what = self._kernels[t][0], f"matrix-vector kernel for {t.name}"
             return partial(self._call, what, kernel, blocks, x, out, _F16_TO_F32)
@@ -102,16 +99,8 @@ class JitKernels:
         xq = np.empty((n_tok, n), np.int8)
         xd = np.empty((n_tok, n // 32), np.float32)
         xs = np.empty((n_tok, n // 32), np.int32)
-        quantize = partial(self._call, "Q8_0 activation quantizer", self._quantize_q8_0,
-                           x, xq, xd, xs, _F16_TO_F32)  # fmt: skip
-        product = partial(self._call, f"integer matrix-vector kernel for {t.name}",
-                          self._int8[t], rows, xq, xd, xs, out, _F16_TO_F32)  # fmt: skip
-
-        def run() -> None:
-            quantize()
-            product()
-
-        return run
+        return partial(self._call, f"integer matrix-vector kernel for {t.name}", self._int8,
+                       rows, x, xq, xd, xs, out, _F16_TO_F32, int(t))  # fmt: skip
 
     def attend(self, *args: Any) -> None:
         """Flash attention for a few query rows (:func:`._numba_attention.attend`)."""
