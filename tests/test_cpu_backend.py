@@ -195,6 +195,36 @@ def test_graph_compute_reuses_its_plan_until_the_graph_changes() -> None:
     np.testing.assert_array_equal(tp.get_array(y), np.full(4, 5.0))
 
 
+def test_graph_compute_rereads_the_graph_only_after_a_placement_or_a_source_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tensorplug_cpu import backend as cpu_backend
+
+    keys: list[int] = []
+    real = cpu_backend.graph_key
+    monkeypatch.setattr(cpu_backend, "graph_key", lambda nodes: keys.append(1) or real(nodes))
+    be = backend_for()
+    x, c, y = _chain(3)
+    g = tp.Graph(y)
+    place(g)
+    tp.set_array(x, np.zeros(4, np.float32))
+    tp.set_array(c, np.ones(4, np.float32))
+    be.graph_compute(g)
+    read = len(keys)
+    for _ in range(3):  # a token loop: same nodes, nothing placed anew
+        be.graph_compute(g)
+    assert len(keys) == read
+    np.testing.assert_array_equal(tp.get_array(y), np.full(4, 3.0))
+    g.nodes[-1].src = (x, c)  # rewired in place: the last add now reads x
+    be.graph_compute(g)
+    assert len(keys) > read
+    np.testing.assert_array_equal(tp.get_array(y), np.full(4, 1.0))
+    shorter = tp.Graph(g.nodes[0])  # other nodes: read again, computed as they are
+    tp.set_array(x, np.full(4, 5.0, np.float32))
+    be.graph_compute(shorter)
+    np.testing.assert_array_equal(tp.get_array(g.nodes[0]), np.full(4, 6.0))
+
+
 def test_graph_compute_keeps_the_plans_of_alternating_graphs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

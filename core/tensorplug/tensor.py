@@ -26,7 +26,8 @@ from .types import Type, row_size
 if TYPE_CHECKING:
     from .buffer import Buffer
 
-__all__ = ["MAX_DIMS", "Tensor", "TensorFlag", "contiguous_strides", "new_tensor"]
+__all__ = ["MAX_DIMS", "Tensor", "TensorFlag", "contiguous_strides", "new_tensor",
+           "placement_epoch"]  # fmt: skip
 
 MAX_DIMS = 4
 
@@ -107,6 +108,16 @@ class OpParams(dict):  # type: ignore[type-arg]
     __ior__ = _fixed  # type: ignore[assignment]
 
 
+_epoch = [0]
+
+
+def placement_epoch() -> int:
+    """A number that changes whenever any tensor's ``buffer``, ``offset`` or ``src`` is
+    assigned: a backend that prepared work for a graph (the CPU backend's plans) may
+    skip re-reading every node while it is unchanged and the graph has the same nodes."""
+    return _epoch[0]
+
+
 class Tensor:
     """A node of a compute graph: type, layout, producing op and (later) its memory.
 
@@ -131,15 +142,15 @@ class Tensor:
 
     __slots__ = (
         "__weakref__",
-        "buffer",
+        "_buffer",
+        "_offset",
+        "_src",
         "extra",
         "flags",
         "name",
-        "offset",
         "op",
         "op_params",
         "shape",
-        "src",
         "strides",
         "type",
         "view_offs",
@@ -186,7 +197,7 @@ class Tensor:
             )
         self.op: Op = op
         self.op_params: dict[str, Any] = OpParams(op_params or {})
-        self.src: tuple[Tensor, ...] = tuple(src)
+        self._src: tuple[Tensor, ...] = tuple(src)  # new: no prepared work can read it
         for s in self.src:
             if not isinstance(s, Tensor):
                 from .errors import TypeMismatchError
@@ -202,9 +213,38 @@ class Tensor:
             view_src = view_src.view_src
         self.view_src: Tensor | None = view_src
         self.view_offs: int = view_offs
-        self.buffer: Buffer | None = None
-        self.offset: int = 0
+        self._buffer: Buffer | None = None
+        self._offset: int = 0
         self.extra: Any = None
+
+    # -- what a backend's cached work depends on -------------------------------------------
+
+    @property
+    def buffer(self) -> Buffer | None:
+        return self._buffer
+
+    @buffer.setter
+    def buffer(self, buffer: Buffer | None) -> None:
+        _epoch[0] += 1
+        self._buffer = buffer
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    @offset.setter
+    def offset(self, offset: int) -> None:
+        _epoch[0] += 1
+        self._offset = offset
+
+    @property
+    def src(self) -> tuple[Tensor, ...]:
+        return self._src
+
+    @src.setter
+    def src(self, src: tuple[Tensor, ...]) -> None:
+        _epoch[0] += 1
+        self._src = src
 
     # -- geometry ---------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from tensorplug.errors import (
     TypeMismatchError,
     UnsupportedError,
 )
+from tensorplug.tensor import placement_epoch
 
 from .kernels import BuildContext, Step, build_step, supports
 from .kernels.jit import JitKernels, jit_status, load_jit
@@ -77,6 +78,10 @@ class CpuGraphPlan(GraphPlan):
         self.nodes: list[Tensor] = []
         self.buffers: tuple[Buffer, ...] = ()
         self.key: tuple[Any, ...] = ()
+        # the graph's node list and the placement epoch when the key last matched:
+        # while both are unchanged, the key cannot have changed either
+        self.node_list: list[Tensor] = []
+        self.epoch = -1
         self.freed = False
         self.bind(graph, backend.jit)
 
@@ -112,10 +117,11 @@ class CpuGraphPlan(GraphPlan):
         self.steps, self.nodes = steps, nodes
         self.buffers = tuple(buffers.values())
         self.key = graph_key(graph.nodes)
+        self.node_list, self.epoch = list(graph.nodes), placement_epoch()
         self.freed = False
 
     def free(self) -> None:
-        self.steps, self.nodes, self.buffers = [], [], ()
+        self.steps, self.nodes, self.buffers, self.node_list = [], [], (), []
         self.freed = True
 
 
@@ -178,6 +184,9 @@ class CpuBackend(Backend):
 
     def _graph_compute(self, graph: Graph) -> Status:
         plan = self._cached
+        epoch = placement_epoch()
+        if plan is not None and plan.epoch == epoch and plan.node_list == graph.nodes:
+            return self._run(plan)  # nothing was placed or rewired since it last matched
         key = graph_key(graph.nodes)
         if plan is None or plan.key != key:  # compared element by element, not hashed
             self._drop_stale_plans()
@@ -189,6 +198,7 @@ class CpuBackend(Backend):
                     self._plans.popitem(last=False)[1].free()
             else:
                 self._plans.move_to_end(key)
+        plan.node_list, plan.epoch = list(graph.nodes), epoch
         return self._run(plan)
 
     def _drop_stale_plans(self) -> None:
