@@ -166,6 +166,29 @@ def test_set_rows_converts_into_the_table(t: tp.Type, index_type: tp.Type) -> No
     np.testing.assert_array_equal(tp.get_array(table), expected)
 
 
+def test_set_rows_of_a_generation_step_rounds_to_f16_as_numpy_does() -> None:
+    """One row into an F16 table (a KV cache), as the numba kernel writes it: every
+    value rounds as numpy's float32 → float16 cast (to nearest even, through the
+    subnormals, to ±inf past 65504), NaN stays NaN."""
+    rng = np.random.default_rng(11)
+    bits = rng.integers(0x33000000, 0x47A00000, 4000, dtype=np.uint32)  # f16's whole range
+    halfway = (np.arange(1, 40, dtype=np.uint32) << 13) | 0x1000  # exactly between two f16s
+    edge = np.float32([65504, 65519.99, 65520, 1e-8, 2.98e-8, 6.1e-5, 0.0, -0.0, np.inf])
+    values = np.concatenate([bits.view(np.float32), (0x3F800000 | halfway).view(np.float32),
+                             edge, [np.nan]]).astype(np.float32)  # fmt: skip
+    values = np.concatenate([values, -values])[None, :]
+    table = tp.new_tensor(tp.Type.F16, (3, values.shape[1]), "cache")
+    b = tp.new_tensor(tp.Type.F32, values.shape, "b")
+    idx = tp.new_tensor(tp.Type.I64, (1,), "idx")
+    out = ops.set_rows(table, b, idx)
+    compute(out, {table: np.zeros(table.shape, np.float16), b: values, idx: np.array([2])})
+    got, want = tp.get_array(table)[2], values[0].astype(np.float16)
+    nan = np.isnan(want)
+    assert np.isnan(got[nan]).all()
+    np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+    assert not tp.get_array(table)[:2].any()
+
+
 def test_set_rows_broadcasts_indices_over_batches() -> None:
     table = tp.new_tensor(tp.Type.F32, (2, 3, 5, 4), "table")
     b = tp.new_tensor(tp.Type.F32, (2, 3, 2, 4), "b")

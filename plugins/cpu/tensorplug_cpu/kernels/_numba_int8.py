@@ -141,17 +141,37 @@ def _dot_q8(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
     return types.int32(w, wo, x, xo), codegen
 
 
+@intrinsic
+def f32_bits(typingctx: Any, f: Any) -> Any:
+    """The bits of float32 ``f`` as an int32 (a bit cast: no array, no allocation)."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], _I32)
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx: Any, bits: Any) -> Any:
+    """The float32 whose bits are the int32 ``bits``."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
 @njit(cache=True)
 def _f32_to_f16_bits(f: Any) -> Any:
     """IEEE f16 bits of ``f`` rounded to nearest even (``GGML_FP32_TO_FP16``)."""
-    a = np.int64(np.array([f], np.float32).view(np.uint32)[0])
+    a = np.int64(f32_bits(np.float32(f))) & 0xFFFFFFFF
     sign = (a >> 16) & 0x8000
     a &= 0x7FFFFFFF
     if a >= 0x47800000:  # >= 65520 rounds to inf; NaN stays NaN
         r = 0x7E00 if a > 0x7F800000 else 0x7C00
     elif a < 0x38800000:  # subnormal f16: let float addition round
-        shifted = np.array([a], np.int64).astype(np.uint32).view(np.float32)[0] + np.float32(0.5)
-        r = np.int64(np.array([shifted], np.float32).view(np.uint32)[0]) - 0x3F000000
+        shifted = f32_from_bits(np.int32(a)) + np.float32(0.5)
+        r = np.int64(f32_bits(shifted)) - 0x3F000000
     else:
         r = (a + 0xC8000FFF + ((a >> 13) & 1)) >> 13
     return (r | sign) & 0xFFFF

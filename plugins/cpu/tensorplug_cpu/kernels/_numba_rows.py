@@ -12,7 +12,10 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
+
+from ._numba_int8 import _f32_to_f16_bits, f32_from_bits
 
 
 @njit(cache=True)
@@ -30,25 +33,64 @@ def rms_norm_rows(x: Any, out: Any, eps: float) -> None:
             out[r, i] = x[r, i] * scale
 
 
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln 2 in two parts
+_EXP_MAX, _EXP_MIN = np.float32(88.72284), np.float32(-87.33654)  # ln FLT_MAX, ln FLT_MIN
+#: e^r − 1 − r ≈ r²·P(r) on |r| <= ln(2)/2 (Cephes' expf coefficients)
+_P = [np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                              4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)]  # fmt: skip
+_P0, _P1, _P2, _P3, _P4, _P5 = _P
+
+
+@njit(inline="always")
+def _pow2(k: Any) -> Any:
+    """2^k for an integer-valued float32 ``k`` in [−126, 127]."""
+    return f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
+
+
+@njit(inline="always")
+def expf(x: Any) -> Any:
+    """e^x for float32 ``x`` with no libm call and no branch, so a loop over it
+    vectorizes (LLVM cannot vectorize ``math.exp``: a call per element, ~4 ns, was most
+    of a generation step's SwiGLU). ``x = n·ln 2 + r``, ``e^r`` by a degree-7
+    polynomial, ``2^n`` built in the exponent bits of two factors (so ``2^128`` and
+    ``2^-126`` need no special case). Within 3 ulp of numpy's ``exp`` where float32's
+    result is normal (x in [−87.3, 88.7]); +inf above, 0 below (where it is subnormal,
+    under 1.2e-38); NaN gives NaN."""
+    n = np.floor(x * _LOG2E + np.float32(0.5))
+    n = n if n > np.float32(-127) else np.float32(-127)  # selects, not min/max: no branch
+    n = n if n < np.float32(128) else np.float32(128)
+    r = (x - n * _LN2_HI) - n * _LN2_LO
+    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    half = np.floor(n * np.float32(0.5))
+    y = ((p * (r * r) + r) + np.float32(1)) * _pow2(half) * _pow2(n - half)
+    y = np.float32(np.inf) if x > _EXP_MAX else y  # NaN compares false: it stays NaN
+    return np.float32(0) if x < _EXP_MIN else y
+
+
 #: ``glu_rows`` kinds
 SWIGLU, GEGLU = 0, 1
 _SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
 _GELU_COEF_A = np.float32(0.044715)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")  # no zero check on division: it would not vectorize
 def glu_rows(x: Any, g: Any, out: Any, kind: int) -> None:
     """``out = act(x)·g`` over 2-d float32 rows (views of any strides), in float32 as
-    ggml: silu as ``x/(1 + e^-x)``; gelu's tanh form with its clamps (0 for x <= -10,
+    ggml: silu as ``x/(1 + e^-x)`` (with :func:`expf`, as ggml's own vector ``expf``
+    for SIMD lanes); gelu's tanh form with its clamps (0 for x <= -10,
     whatever g is; x for x >= 10)."""
     one, half = np.float32(1), np.float32(0.5)
+    if kind == SWIGLU:  # a loop of its own, with no branch or call: it vectorizes
+        for r in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                v = x[r, i]
+                out[r, i] = v / (one + expf(-v)) * g[r, i]
+        return
     for r in range(x.shape[0]):
         for i in range(x.shape[1]):
             v = x[r, i]
-            if kind == SWIGLU:
-                a = v / (one + np.float32(math.exp(-v)))
-                out[r, i] = a * g[r, i]
-            elif v <= np.float32(-10):
+            if v <= np.float32(-10):
                 out[r, i] = np.float32(0)
             else:
                 if v >= np.float32(10):
@@ -95,3 +137,32 @@ def rope_rows(
                 out[t, h, j1] = x0 * sin[i] + x1 * cos[i]
             for j in range(n_dims, x.shape[2]):
                 out[t, h, j] = x[t, h, j]
+
+
+def _stored(table: Any, v: Any) -> Any:
+    """``v`` as ``table`` stores it (compiled per dtype, see the overload below)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(_stored, inline="always")
+def _stored_impl(table, v):  # type: ignore[no-untyped-def]  # numba: names only
+    if isinstance(table, types.Array) and table.dtype == types.uint16:
+        return lambda table, v: _f32_to_f16_bits(v)  # raw f16, rounded to nearest even
+    return lambda table, v: v
+
+
+@njit(cache=True)
+def set_rows(table: Any, values: Any, idx: Any) -> int:
+    """``table[idx[k]] = values[k]`` for float32 ``values`` (k, n) and a float32 or raw
+    f16 (``uint16``) ``table``: a generation step's one KV cache row, where numpy's
+    fancy indexing and bounds checks cost several microseconds. Every index is checked
+    before anything is written; returns the position of the first bad one (the table
+    untouched), or -1."""
+    for k in range(idx.size):
+        if idx[k] < 0 or idx[k] >= table.shape[0]:
+            return k
+    for k in range(idx.size):
+        row = idx[k]
+        for i in range(values.shape[1]):
+            table[row, i] = _stored(table, values[k, i])
+    return -1

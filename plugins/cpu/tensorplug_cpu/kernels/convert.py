@@ -133,6 +133,21 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
             table[idx] = quantize(values, t).reshape(values.shape[0], *table.shape[1:])
 
     few = all(idx.size <= FEW_ROWS for _, _, idx in batches) and t in (Type.F32, Type.F16)
+    jit = ctx.jit
+    if few and jit is not None and len(batches) == 1:
+        table, values, idx = batches[0]
+        if values.dtype == np.float32 and table.ndim == values.ndim == 2:
+            raw = table.view(np.uint16) if t == Type.F16 else table
+            signed = idx if signed64 else idx.view(np.int32)
+
+            def run_jit() -> None:
+                # a generation step's cache row: checked, then written, in one call
+                bad = jit.set_rows(raw, values, signed)
+                if bad >= 0:
+                    i = int(signed[bad])
+                    raise _index_error(node, IndexError(f"index {i} with {raw.shape[0]} rows"))
+
+            return run_jit
 
     def run_few() -> None:
         # a generation step's one row per cache: Python ints beat numpy's masks

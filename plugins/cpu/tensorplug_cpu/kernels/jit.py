@@ -72,6 +72,7 @@ class JitKernels:
         from ._numba_attention import attend, visible_columns
 
         self._rms_norm_rows, self._glu_rows = rows.rms_norm_rows, rows.glu_rows
+        self._set_rows = rows.set_rows
         self._rope_rows = rows.rope_rows
         self._glu_kinds = {GluOp.SWIGLU: rows.SWIGLU, GluOp.GEGLU: rows.GEGLU}
 
@@ -121,6 +122,11 @@ class JitKernels:
         """:func:`._numba_rows.glu_rows` on 2-d float32 rows (``fn``: :meth:`has_glu`)."""
         self._call("gated activation kernel", self._glu_rows, x, g, out, self._glu_kinds[fn])
 
+    def set_rows(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> int:
+        """:func:`._numba_rows.set_rows`: -1 when written, else the first bad index's
+        position (nothing written)."""
+        return int(self._call("set_rows kernel", self._set_rows, table, values, idx))
+
     def visible_columns(self, mask: np.ndarray) -> int:
         """:func:`._numba_attention.visible_columns` (raw f16 or float32 masks)."""
         return int(self._visible_columns(mask, _F16_TO_F32))
@@ -129,10 +135,9 @@ class JitKernels:
         """Decode ``(rows, nblocks, type_size)`` blocks into float32 ``out (rows, n)``."""
         self._call(f"decoding kernel for {t.name}", self._kernels[t][1], blocks, out, _F16_TO_F32)
 
-    def _call(self, what: str, kernel: Callable[..., None], *args: Any) -> None:
+    def _call(self, what: str, kernel: Callable[..., Any], *args: Any) -> Any:
         if what in self._called:
-            kernel(*args)
-            return
+            return kernel(*args)
         # The first call compiles (seconds) unless numba's disk cache has the kernel
         # (milliseconds); say so if it takes long, so a first run does not look hung.
         notice = threading.Timer(COMPILE_NOTICE_S, _log.warning, (
@@ -141,10 +146,11 @@ class JitKernels:
         notice.daemon = True
         notice.start()
         try:
-            kernel(*args)
+            result = kernel(*args)
         finally:
             notice.cancel()
         self._called.add(what)
+        return result
 
     def set_num_threads(self, n: int) -> None:
         self.numba.set_num_threads(max(1, min(n, self.numba.config.NUMBA_NUM_THREADS)))
