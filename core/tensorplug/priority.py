@@ -55,5 +55,3 @@ def by_priority(devs: Iterable[Device]) -> list[Device]:
         if d.device_id is not None:
             seen.add(d.device_id)
     return out
-
-

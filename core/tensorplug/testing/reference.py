@@ -388,7 +388,6 @@ def top_k(a: np.ndarray, k: int) -> np.ndarray:
     return order[..., :k]
 
 
-
 def argsort(a: np.ndarray, descending: bool = False) -> np.ndarray:
     """Stable per-row sort order (descending keeps ties in their original order)."""
     return np.argsort(-a if descending else a, axis=-1, kind="stable")
