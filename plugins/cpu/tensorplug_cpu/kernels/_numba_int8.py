@@ -164,14 +164,14 @@ def f32_from_bits(typingctx: Any, bits: Any) -> Any:
 @njit(cache=True)
 def _f32_to_f16_bits(f: Any) -> Any:
     """IEEE f16 bits of ``f`` rounded to nearest even (``GGML_FP32_TO_FP16``)."""
-    a = np.int64(f32_bits(np.float32(f))) & 0xFFFFFFFF
+    a = np.int64(f32_bits(np.float32(f))) & 0xFFFFFFFF  # type: ignore[call-arg]
     sign = (a >> 16) & 0x8000
     a &= 0x7FFFFFFF
     if a >= 0x47800000:  # >= 65520 rounds to inf; NaN stays NaN
         r = 0x7E00 if a > 0x7F800000 else 0x7C00
     elif a < 0x38800000:  # subnormal f16: let float addition round
-        shifted = f32_from_bits(np.int32(a)) + np.float32(0.5)
-        r = np.int64(f32_bits(shifted)) - 0x3F000000
+        shifted = f32_from_bits(np.int32(a)) + np.float32(0.5)  # type: ignore[call-arg]
+        r = np.int64(f32_bits(shifted)) - 0x3F000000  # type: ignore[call-arg]
     else:
         r = (a + 0xC8000FFF + ((a >> 13) & 1)) >> 13
     return (r | sign) & 0xFFFF

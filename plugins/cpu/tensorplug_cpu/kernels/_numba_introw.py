@@ -267,25 +267,28 @@ def _fold_rows(builder: ir.IRBuilder, pairs: list[Any]) -> Any:
 
 
 def _block32_kernel(lay: Layout) -> Any:
-    """A 32-value block type: per row, ``d_w·d_x·Σ(q − offset)·x``, and beside it, for all
-    four rows in one vector, ``m_w·d_x·Σx`` (Q4_1/Q5_1) or ``−offset·d_w·d_x·Σx`` (Q4_0,
-    Q5_0, whose codes go in unsigned).
+    """A 32-value block type: per row, ``d_w·d_x·Σ(q − offset)·x``, and for Q4_1/Q5_1,
+    beside it for all four rows in one vector, ``m_w·d_x·Σx``. With AVX2 the codes go
+    into ``vpmaddubsw`` unsigned, and ``offset·Σx`` (Q4_0: 8, Q5_0: 16) comes back out
+    as an exact integer.
 
-    With AVX2, 4- and 5-bit codes fold the four rows' integer sums into one vector by
-    horizontal adds before they become floats (:func:`_fold_rows`; a lane holds at most
-    8·31·127 = 31,496, so ``i16`` cannot overflow): a block costs one ``vpmaddwd``, one
-    conversion and one multiply-add for the four rows, not four of each plus four scale
-    broadcasts. Streaming the layer matrices of a 100M model from memory on one core of
-    this Zen 1 machine, Q4_0 went from 9.7 to 10.7 GB/s, Q4_1 from 10.2 to 11.0 and Q5_0
-    from 8.8 to 9.5. Q8_0's pair sums (up to 2·127·127) cannot fold as ``i16``, and
-    folding them as ``i32`` (``vphaddd``) measured no faster, so each of its rows keeps
-    its own vector of eight partial sums, as every row does without AVX2.
+    With AVX2, Q4_0 folds the four rows' integer sums into one vector by horizontal adds
+    (:func:`_fold_rows`; a lane holds at most 8·15·127 = 15,240, so ``i16`` cannot
+    overflow), takes ``8·Σx`` back out as integers and converts once: each row's block
+    is one exact integer ``Σ(q − 8)·x`` times ``d_w·d_x``, as in llama.cpp's repacked
+    Q4_0 kernel (which is what llama.cpp runs for Q4_0 on AVX2), and a block costs one
+    ``vpmaddwd``, one conversion and one multiply-add for the four rows, not four of
+    each plus four scale broadcasts. The layer matrices of a 100M Q4_0 model streamed
+    from memory on one core of this machine went from 9.7 to 10.7 GB/s. The other
+    types keep ggml's ``vec_dot`` order, which llama.cpp runs for them: each row keeps
+    eight float partial sums (a different order of roundings moved SmolLM2's Q4_1
+    logits by ~0.2 and its greedy text away from llama.cpp's).
     """
     vr = ir.VectorType(_F32, ROWS)
     v32, v16 = _vec(_I8, 32), _vec(_I16, 16)
 
     def body(blk: _Block, accs: list[Any]) -> list[Any]:
-        folded = HAS_AVX2 and not lay.int8  # read when compiled: tests switch AVX2 off
+        folded = HAS_AVX2 and lay == LAYOUTS["q4_0"]  # read when compiled (tests turn AVX2 off)
         builder, b = blk.builder, blk.b
         at = builder.mul(b, _I64(lay.block))
         blk.prefetch(at, lay.block)
@@ -294,35 +297,38 @@ def _block32_kernel(lay: Layout) -> Any:
         scales = builder.fmul(_f16x(builder, blk.rows, at, blk.table), dx)
         xsum = builder.load(builder.gep(blk.xs, [b]))
         codes = [_codes(builder, lay, row, at) for row in blk.rows]
+        fma = _fn(builder, f"llvm.fmuladd.v{ROWS}f32", vr, vr, vr, vr)
         if folded:
             madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
-            isums = _fold_rows(builder, [builder.call(madd, [c, x]) for c, _ in codes])
-            twice = ir.Constant(_vec(_I32, 8), [0, 1, 2, 3] * 2)
-            both = builder.shuffle_vector(scales, scales, twice)
-            new = [_fmuladd8(builder, both, builder.sitofp(isums, _V8F), accs[0]), *accs[1:ROWS]]
-        else:
-            new = [_fmuladd8(builder, _splat_vf(builder, scales, 8, i),
-                             builder.sitofp(_partial_sums(builder, c, s, x), _V8F), accs[i])
-                   for i, (c, s) in enumerate(codes)]  # fmt: skip
+            halves = _fold_rows(builder, [builder.call(madd, [c, x]) for c, _ in codes])
+            lo, hi = (builder.shuffle_vector(halves, halves, ir.Constant(_vec(_I32, 4), lanes))
+                      for lanes in (list(range(4)), list(range(4, 8))))  # fmt: skip
+            back = _splat_scalar(builder, builder.mul(xsum, _I32(-lay.offset)), ROWS)
+            isums = builder.add(builder.add(lo, hi), back)  # exact: Σ(q − 8)·x per row
+            total = builder.call(fma, [scales, builder.sitofp(isums, vr), accs[ROWS]])
+            return [*accs[:ROWS], total]
+        corr = None
+        if lay.offset and HAS_AVX2:
+            back = builder.mul(xsum, _I32(-lay.offset))
+            corr = builder.insert_element(ir.Constant(_vec(_I32, 8), [0] * 8), back, _I32(0))
+        new = []
+        for i, (c, signed) in enumerate(codes):
+            isums = _partial_sums(builder, c, signed, x)
+            if corr is not None:
+                isums = builder.add(isums, corr)
+            sums = builder.sitofp(isums, _V8F)
+            new.append(_fmuladd8(builder, _splat_vf(builder, scales, 8, i), sums, accs[i]))
         mins = accs[ROWS]
-        fma = _fn(builder, f"llvm.fmuladd.v{ROWS}f32", vr, vr, vr, vr)
         if lay.m >= 0:
             m_w = _f16x(builder, blk.rows, builder.add(at, _I64(lay.m)), blk.table)
             dx_sum = builder.fmul(dx, _splat_scalar(builder, builder.sitofp(xsum, _F32), ROWS))
             mins = builder.call(fma, [m_w, dx_sum, mins])
-        elif lay.offset and HAS_AVX2:
-            back = builder.sitofp(builder.mul(xsum, _I32(-lay.offset)), _F32)
-            mins = builder.call(fma, [scales, _splat_scalar(builder, back, ROWS), mins])
         return [*new, mins]
 
     def finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
         mins = finals[ROWS]
-        if HAS_AVX2 and not lay.int8:
-            acc = finals[0]
-            halves = [builder.shuffle_vector(acc, acc, ir.Constant(_vec(_I32, 4), list(lanes)))
-                      for lanes in (range(4), range(4, 8))]  # fmt: skip
-            total = builder.fadd(builder.fadd(halves[0], halves[1]), mins)
-            return [builder.extract_element(total, _I32(i)) for i in range(ROWS)]
+        if HAS_AVX2 and lay == LAYOUTS["q4_0"]:  # the folded rows' totals
+            return [builder.extract_element(mins, _I32(i)) for i in range(ROWS)]
         return [builder.fadd(_hsum(builder, finals[i]), builder.extract_element(mins, _I32(i)))
                 for i in range(ROWS)]  # fmt: skip
 

@@ -45,7 +45,7 @@ _P0, _P1, _P2, _P3, _P4, _P5 = _P
 @njit(inline="always")
 def _pow2(k: Any) -> Any:
     """2^k for an integer-valued float32 ``k`` in [−126, 127]."""
-    return f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
+    return f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))  # type: ignore[call-arg]
 
 
 @njit(inline="always")
