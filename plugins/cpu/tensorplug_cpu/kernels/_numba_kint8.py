@@ -35,7 +35,6 @@ from ._numba_int8 import (
     row_q5_1,
     row_q8_0,
 )
-from ._numba_int8 import quantize_q8_0 as quantize_q8_0
 from ._numba_introw import (
     rows4_dot_q4_0,
     rows4_dot_q4_1,
@@ -178,7 +177,7 @@ def _rows4(rows: Any, o: int, xr: Any, xd: Any, xs: Any, table: Any, kind: int) 
 
 
 @njit(parallel=True, fastmath=_DOT, cache=True)
-def _matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int) -> None:
+def matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int) -> None:
     """``out[t, o] = W[o]·x[t]`` for weights of ggml type ``kind`` as byte rows
     ``(n_out, row_bytes)`` and activations quantized by :func:`quantize_q8_0`; output rows
     split in chunks (of whole groups of four) across threads. Four rows are taken at a
@@ -210,14 +209,3 @@ def _matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kin
                     out[t, left] = row_q4_1(row, xr, xdt, xst, table)
                 else:
                     out[t, left] = row_q5_1(row, xr, xdt, xst, table)
-
-
-@njit(cache=True)
-def matvec_int8(
-    rows: Any, x: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
-) -> None:
-    """Float32 activations ``x`` quantized by :func:`quantize_q8_0` into ``xq``, ``xd``
-    and ``xs``, then :func:`_matvec_int8`: one call from Python per product, not two
-    (the quantizing inside the parallel function kept numba from splitting its loop)."""
-    quantize_q8_0(x, xq, xd, xs, table)
-    _matvec_int8(rows, xq, xd, xs, out, table, kind)

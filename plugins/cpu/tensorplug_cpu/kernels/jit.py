@@ -62,10 +62,11 @@ class JitKernels:
                 functools.partial(kq.dequantize_k, kind=int(t)),
             )
 
+        from . import _numba_int8 as i8
         from . import _numba_kint8 as ki8
 
         # ggml's way for these types: activations quantized to Q8_0, integer dot products
-        self._int8 = ki8.matvec_int8
+        self._int8, self._quantize_q8_0 = ki8.matvec_int8, i8.quantize_q8_0
         self._int8_types = {Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
                             Type.Q6_K}  # fmt: skip
         from . import _numba_rows as rows
@@ -100,8 +101,18 @@ class JitKernels:
         xq = np.empty((n_tok, n), np.int8)
         xd = np.empty((n_tok, n // 32), np.float32)
         xs = np.empty((n_tok, n // 32), np.int32)
-        return partial(self._call, f"integer matrix-vector kernel for {t.name}", self._int8,
-                       rows, x, xq, xd, xs, out, _F16_TO_F32, int(t))  # fmt: skip
+        # two calls, not one numba function calling both: numba's disk cache of a
+        # function that calls a parallel one crashed the process that loaded it
+        quantize = partial(self._call, "Q8_0 activation quantizer", self._quantize_q8_0,
+                           x, xq, xd, xs, _F16_TO_F32)  # fmt: skip
+        product = partial(self._call, f"integer matrix-vector kernel for {t.name}",
+                          self._int8, rows, xq, xd, xs, out, _F16_TO_F32, int(t))  # fmt: skip
+
+        def run() -> None:
+            quantize()
+            product()
+
+        return run
 
     def attend(self, *args: Any) -> None:
         """Flash attention for a few query rows (:func:`._numba_attention.attend`)."""
