@@ -134,14 +134,14 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
 
     few = all(idx.size <= FEW_ROWS for _, _, idx in batches) and t in (Type.F32, Type.F16)
     jit = ctx.jit
-    if few and jit is not None and len(batches) == 1:
+    if jit is not None and t in (Type.F32, Type.F16) and len(batches) == 1:
         table, values, idx = batches[0]
         if values.dtype == np.float32 and table.ndim == values.ndim == 2:
             raw = table.view(np.uint16) if t == Type.F16 else table
             signed = idx if signed64 else idx.view(np.int32)
 
             def run_jit() -> None:
-                # a generation step's cache row: checked, then written, in one call
+                # a KV cache's new rows: all checked, then written, in one call
                 bad = jit.set_rows(raw, values, signed)
                 if bad >= 0:
                     i = int(signed[bad])
