@@ -305,6 +305,41 @@ def test_flash_attn_ext_reads_only_the_cache_rows_a_query_can_see(
     assert nmse(tp.get_array(out), expected) < 1e-10
 
 
+@pytest.mark.parametrize("jit", [True, False], ids=["numba", "numpy"])
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("max_bias", [0.0, 8.0])
+def test_flash_attn_ext_of_a_prompt(
+    monkeypatch: pytest.MonkeyPatch, jit: bool, chunked: bool, max_bias: float
+) -> None:
+    """More query rows than a generation step (numba's one-pass softmax, or numpy's):
+    a causal mask over a padded cache whose unseen rows hold NaN, a row that sees
+    nothing (zeros), grouped query heads, ALiBi, and query chunks that leave gaps in
+    the score scratch."""
+    from tensorplug_cpu.kernels import attention
+
+    if chunked:
+        monkeypatch.setattr(attention, "SCORE_ELEMS", 4 * 32 * 7)  # 7 query rows a chunk
+    n_q, n_kv, D = 20, 32, 16
+    q = tp.new_tensor("f32", (1, 4, n_q, D), "q")
+    k = tp.new_tensor(tp.Type.F16, (1, 2, n_kv, D), "k")
+    v = tp.new_tensor(tp.Type.F16, (1, 2, n_kv, D), "v")
+    mask = tp.new_tensor(tp.Type.F16, (1, 1, n_q, n_kv), "mask")
+    qv, kv_, vv = _f32(q.shape), _f32(k.shape), _f32(v.shape)
+    kv_[:, :, 24:], vv[:, :, 24:] = np.nan, np.nan  # never visible
+    mv = np.triu(np.full((n_q, n_kv), -np.inf, np.float16), 5)[None, None]
+    mv[..., 3, :] = -np.inf
+    out = ops.flash_attn_ext(q, k, v, mask, scale=D**-0.5, max_bias=max_bias)
+    compute(out, {q: qv, k: kv_.astype(np.float16), v: vv.astype(np.float16), mask: mv},
+            backend_for(jit=jit))  # fmt: skip
+    k64 = kv_.astype(np.float16)[:, :, :24].astype(np.float64)
+    v64 = vv.astype(np.float16)[:, :, :24].astype(np.float64)
+    expected = _attn_ref(qv.astype(np.float64), k64, v64, mv[..., :24].astype(np.float64),
+                         D**-0.5, max_bias)  # fmt: skip
+    got = tp.get_array(out)
+    np.testing.assert_array_equal(got[:, 3], 0)
+    assert nmse(got, expected) < 1e-10
+
+
 # -- a whole transformer block --------------------------------------------------------------------
 
 

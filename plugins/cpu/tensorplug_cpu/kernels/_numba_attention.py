@@ -21,6 +21,7 @@ from numba.extending import intrinsic, overload
 
 from ._numba_introw import HAS_F16C
 from ._numba_quant import _DOT
+from ._numba_rows import expf
 
 
 def _value(a: Any, table: Any, i: int, j: int, r: int, d: int) -> Any:
@@ -210,3 +211,43 @@ def attend(
                 h = hk * group + g
                 for d in range(n_dv):
                     out[b, r, h, d] = acc[g, d] / total[g] if total[g] > 0 else np.float32(0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads
+def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
+    """A prompt's attention weights, in place: ``s[g, r, j] ← e^(s·scale + mask − max_r)``
+    for ``j < used`` and ``row[g, r] ← 1/Σ_j`` (0 for a row that sees no column; its
+    weights are 0), for scores ``s`` (G, N, ≥used) float32 and a float32 ``mask``
+    (1 or G, ≥N, ≥used), or shape (0, 0, 0) for none; rows unit-stride (C-contiguous
+    arrays let LLVM vectorize). One pass for scale, mask and maximum, one for the
+    exponentials (:func:`expf`) and their sum: numpy's eight whole-block passes, with
+    temporaries, took 2.4 ms of a 100M model's 128-token attention per layer."""
+    n_g, n_r = s.shape[0], s.shape[1]
+    has_mask = mask.shape[0] > 0
+    sc = np.float32(scale)
+    for g in range(n_g):
+        mg = g if has_mask and mask.shape[0] > 1 else 0
+        for r in range(n_r):
+            sr = s[g, r]
+            best = np.float32(-np.inf)
+            if has_mask:
+                mr = mask[mg, r]
+                for j in range(used):
+                    v = sr[j] * sc + mr[j]
+                    sr[j] = v
+                    best = v if v > best else best
+            else:
+                for j in range(used):
+                    v = sr[j] * sc
+                    sr[j] = v
+                    best = v if v > best else best
+            if best == -np.inf:  # sees nothing: ggml outputs zeros
+                sr[:used] = np.float32(0)
+                row[g, r] = np.float32(0)
+                continue
+            total = np.float32(0)
+            for j in range(used):
+                p = expf(sr[j] - best)
+                sr[j] = p
+                total += p
+            row[g, r] = np.float32(1) / total

@@ -70,7 +70,7 @@ class JitKernels:
         self._int8_types = {Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
                             Type.Q6_K}  # fmt: skip
         from . import _numba_rows as rows
-        from ._numba_attention import attend, visible_columns
+        from ._numba_attention import attend, softmax_rows, visible_columns
 
         self._rms_norm_rows, self._glu_rows = rows.rms_norm_rows, rows.glu_rows
         self._set_rows = rows.set_rows
@@ -78,6 +78,7 @@ class JitKernels:
         self._glu_kinds = {GluOp.SWIGLU: rows.SWIGLU, GluOp.GEGLU: rows.GEGLU}
 
         self._attend, self._visible_columns = attend, visible_columns
+        self._softmax_rows = softmax_rows
         self._called: set[str] = set()
 
     def supports(self, t: Type) -> bool:
@@ -137,6 +138,12 @@ class JitKernels:
         """:func:`._numba_rows.set_rows`: -1 when written, else the first bad index's
         position (nothing written)."""
         return int(self._call("set_rows kernel", self._set_rows, table, values, idx))
+
+    def softmax_rows(
+        self, s: np.ndarray, mask: np.ndarray, used: int, scale: float, row: np.ndarray
+    ) -> None:
+        """:func:`._numba_attention.softmax_rows` (a prompt's attention weights)."""
+        self._call("attention softmax kernel", self._softmax_rows, s, mask, used, scale, row)
 
     def visible_columns(self, mask: np.ndarray) -> int:
         """:func:`._numba_attention.visible_columns` (raw f16 or float32 masks)."""
