@@ -79,6 +79,10 @@ class JitKernels:
 
         self._attend, self._visible_columns = attend, visible_columns
         self._softmax_rows = softmax_rows
+        from . import _numba_decode as dec
+
+        self._row_decoders = {Type.Q4_0: dec.dequantize_q4_0_rows,
+                              Type.Q8_0: dec.dequantize_q8_0_rows}  # fmt: skip
         self._called: set[str] = set()
 
     def supports(self, t: Type) -> bool:
@@ -150,7 +154,15 @@ class JitKernels:
         return int(self._visible_columns(mask, _F16_TO_F32))
 
     def dequantize(self, t: Type, blocks: np.ndarray, out: np.ndarray) -> None:
-        """Decode ``(rows, nblocks, type_size)`` blocks into float32 ``out (rows, n)``."""
+        """Decode ``(rows, nblocks, type_size)`` blocks into float32 ``out (rows, n)``;
+        Q4_0 and Q8_0 rows a vector per block (:mod:`._numba_decode`) where each row's
+        blocks and values lie contiguous."""
+        by_rows = self._row_decoders.get(t)
+        if by_rows is not None and out.strides[-1] == 4:
+            rows = _block_rows(blocks)
+            if rows is not None:
+                self._call(f"row decoding kernel for {t.name}", by_rows, rows, out, _F16_TO_F32)
+                return
         self._call(f"decoding kernel for {t.name}", self._kernels[t][1], blocks, out, _F16_TO_F32)
 
     def _call(self, what: str, kernel: Callable[..., Any], *args: Any) -> Any:
