@@ -206,7 +206,7 @@ def test_a_slow_first_kernel_call_says_it_is_compiling(
     assert len(calls) == 3
 
 
-@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0])
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.Q4_K])
 def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -> None:
     """A prompt's weight chunks decode a vector per block (numba): the same float32
     weights as :func:`tensorplug.quants.dequantize_blocks`, scales of every kind
@@ -218,12 +218,13 @@ def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -
     jit = load_jit()
     assert jit is not None
     rng = np.random.default_rng(3)
-    raw = quantize(rng.standard_normal((9, 256)).astype(np.float32) * 5, t)
+    n = 8 * t.block_size
+    raw = quantize(rng.standard_normal((9, n)).astype(np.float32) * 5, t)
     raw = np.ascontiguousarray(raw).reshape(9, 8, t.type_size)
     scales = np.float16([6e-8, 65504, np.inf, -np.inf, np.nan, -0.0, 1e-3, -2.5])
     raw[0, :, :2] = scales.view(np.uint8).reshape(8, 2)
     want = dequantize_blocks(raw, t)
-    out = np.full((9, 256), np.nan, np.float32)
+    out = np.full((9, n), np.nan, np.float32)
     jit.dequantize(t, raw, out)
     np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
     strided = np.ascontiguousarray(np.concatenate([raw, raw], axis=1))[:, ::2]  # every other block

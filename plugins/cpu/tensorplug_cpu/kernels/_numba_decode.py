@@ -1,4 +1,4 @@
-"""Decoding whole rows of Q4_0 and Q8_0 blocks to float32, a block per vector expression.
+"""Decoding whole rows of Q4_0, Q8_0 and Q4_K blocks to float32, vector expressions.
 
 A prompt multiplies quantized weights by decoding them a chunk at a time and calling
 BLAS (:mod:`.matmul`). numba's scalar decoding loop (:mod:`._numba_quant`) is not
@@ -6,11 +6,12 @@ vectorized by LLVM (a block's 16 nibble bytes become 32 floats in two halves) an
 cost 0.5 ns a weight: 29 ms of a 100M Q4_0 model's 206 ms 128-token prompt on one
 core of the dev machine. Here each block is one load of its codes, integer unpacking,
 one conversion and one multiply by its scale, as ``<16 x float>`` or ``<32 x float>``
-vectors (AVX2: ``vpmovzxbd``, ``vcvtdq2ps``, ``vmulps``).
+vectors (AVX2: ``vpmovzxbd``, ``vcvtdq2ps``, ``vmulps``); a Q4_K sub-block of 32
+nibbles likewise, its scale and minimum unpacked in scalar code.
 
-The arithmetic is the scalar kernels' (``d·(q − 8)``, ``d·q``: an exact integer
-converted, one float32 multiply, no fused operations), so the weights are bit-identical
-to :mod:`tensorplug.quants` and ggml.
+The arithmetic is the scalar kernels' (``d·(q − 8)``, ``d·q``, ``(d·sc)·q − dmin·m``:
+exact integers converted, float32 multiplies and subtractions, nothing fused), so the
+weights are bit-identical to :mod:`tensorplug.quants` and ggml.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from numba.extending import intrinsic
 
 from ._numba_int8 import _I8, _I32, _splat, _vec
 from ._numba_introw import _data, _load_vec
+from ._numba_kquant import _scale_min_k4
 
-__all__ = ["dequantize_q4_0_rows", "dequantize_q8_0_rows"]
+__all__ = ["dequantize_q4_0_rows", "dequantize_q4_k_rows", "dequantize_q8_0_rows"]
 
 _F32 = ir.FloatType()
 
@@ -72,6 +74,35 @@ def _q8_0_block(typingctx: Any, src: Any, at: Any, dst: Any, o: Any, d: Any) -> 
     return types.void(src, types.int64, dst, types.int64, types.float32), codegen
 
 
+@intrinsic
+def _nibbles32(typingctx: Any, src: Any, at: Any, shift: Any, dst: Any, o: Any, d: Any,
+               m: Any) -> Any:  # fmt: skip
+    """``dst[o:o+32] = d·q − m`` for ``q = (src[at:at+32] >> shift) & 15``."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        s, t = (_data(context, builder, sig.args[i], args[i]) for i in (0, 3))
+        q = _load_vec(builder, s, args[1], _vec(_I8, 32))
+        one = builder.insert_element(ir.Constant(_vec(_I8, 32), None),
+                                     builder.trunc(args[2], _I8), _I32(0))  # fmt: skip
+        by = builder.shuffle_vector(one, one, ir.Constant(_vec(_I32, 32), [0] * 32))
+        nibbles = builder.and_(builder.lshr(q, by), _splat(_I8, 32, 15))
+        vf = ir.VectorType(_F32, 32)
+
+        def splat(v: Any) -> Any:
+            first = builder.insert_element(ir.Constant(vf, None), v, _I32(0))
+            return builder.shuffle_vector(first, first, ir.Constant(_vec(_I32, 32), [0] * 32))
+
+        scaled = builder.fmul(splat(args[5]), builder.uitofp(nibbles, vf))
+        values = builder.fsub(scaled, splat(args[6]))
+        where = builder.bitcast(builder.gep(t, [args[4]]), vf.as_pointer())
+        builder.store(values, where, align=4)
+        return context.get_dummy_value()
+
+    sig = types.void(src, types.int64, types.int64, dst, types.int64, types.float32,
+                     types.float32)  # fmt: skip
+    return sig, codegen
+
+
 @njit(inline="always")
 def _scale(row: Any, at: int, table: Any) -> Any:
     return table[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)]
@@ -97,3 +128,20 @@ def dequantize_q8_0_rows(rows: Any, out: Any, table: Any) -> None:
         for b in range(dst.size // 32):
             d = _scale(src, 34 * b, table)
             _q8_0_block(src, 34 * b + 2, dst, 32 * b, d)  # type: ignore[call-arg]
+
+
+@njit(cache=True, nogil=True)
+def dequantize_q4_k_rows(rows: Any, out: Any, table: Any) -> None:
+    """Byte rows of Q4_K blocks ``(n, nblocks·144)`` into float32 ``out (n, nblocks·256)``
+    (both C-contiguous): sub-block ``s`` is the low (even ``s``) or high nibbles of the
+    32 bytes at ``16 + 32·(s // 2)``, times ``d·sc_s``, minus ``dmin·m_s``."""
+    for r in range(rows.shape[0]):
+        src, dst = rows[r], out[r]
+        for b in range(dst.size // 256):
+            blk = src[144 * b : 144 * (b + 1)]
+            d, dmin = _scale(blk, 0, table), _scale(blk, 2, table)
+            for s in range(8):
+                sc, mn = _scale_min_k4(blk, s)
+                d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
+                _nibbles32(blk, 16 + 32 * (s >> 1), 4 * (s & 1), dst, 256 * b + 32 * s,
+                           d1, m1)  # type: ignore[call-arg]  # fmt: skip
