@@ -136,7 +136,8 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
 
     decode = None if a_t.type == Type.F32 else _decoder(a_t.type, jit)
     if plain:
-        return sequence(load_b, _by_rows(ctx, b4[0, 0], a4[0, 0], out4[0, 0], decode))
+        bind = partial(jit.bind_dequantize, a_t.type) if jit is not None and quant else None
+        return sequence(load_b, _by_rows(ctx, b4[0, 0], a4[0, 0], out4[0, 0], decode, bind))
     if decode is None:
         return sequence(load_b, partial(_by_batch(b4, out4, a_batch), a4))
 
@@ -165,10 +166,16 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
 
 
 def _by_rows(
-    ctx: BuildContext, b2: np.ndarray, a2: np.ndarray, o2: np.ndarray, decode: Decoder | None
+    ctx: BuildContext,
+    b2: np.ndarray,
+    a2: np.ndarray,
+    o2: np.ndarray,
+    decode: Decoder | None,
+    bind: Callable[[np.ndarray], Callable[[np.ndarray], None] | None] | None = None,
 ) -> Step:
     """``o2 = b2 @ a2ᵀ`` in chunks of :func:`chunk_rows` weight rows on the pool; ``a2``
-    is float32 (``decode`` None) or raw weights that ``decode`` widens a chunk at a time."""
+    is float32 (``decode`` None) or raw weights that ``decode`` widens a chunk at a time,
+    or the decoder ``bind(chunk)`` returns for a chunk, bound once here."""
     n_tok, n_in = b2.shape
     n_out = o2.shape[1]
     rows = chunk_rows(n_out, n_in, n_tok, decode is not None)
@@ -184,10 +191,15 @@ def _by_rows(
         slots = POOL.max_threads if len(bounds) > 1 else 1
         tiles = ctx.scratch((slots, rows, n_in))
         coded = [(a2[o0:o1], o2[:, o0:o1]) for o0, o1 in bounds]
+        bound = [None if bind is None else bind(src) for src, _ in coded]
 
         def task(i: int, slot: int) -> None:
             src, out = coded[i]
-            w = decode(src, tiles[slot, : src.shape[0]])
+            w, into = tiles[slot, : src.shape[0]], bound[i]
+            if into is None:
+                w = decode(src, w)
+            else:
+                into(w)
             np.matmul(b2, w.T, out=out)
 
     if len(bounds) == 1:
