@@ -206,7 +206,7 @@ def test_a_slow_first_kernel_call_says_it_is_compiling(
     assert len(calls) == 3
 
 
-@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.Q4_K])
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q8_0, tp.Type.Q4_K])
 def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -> None:
     """A prompt's weight chunks decode a vector per block (numba): the same float32
     weights as :func:`tensorplug.quants.dequantize_blocks`, scales of every kind

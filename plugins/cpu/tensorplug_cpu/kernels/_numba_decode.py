@@ -1,4 +1,4 @@
-"""Decoding whole rows of Q4_0, Q8_0 and Q4_K blocks to float32, vector expressions.
+"""Decoding whole rows of Q4_0, Q4_1, Q8_0 and Q4_K blocks to float32, as vectors.
 
 A prompt multiplies quantized weights by decoding them a chunk at a time and calling
 BLAS (:mod:`.matmul`). numba's scalar decoding loop (:mod:`._numba_quant`) is not
@@ -9,9 +9,10 @@ one conversion and one multiply by its scale, as ``<16 x float>`` or ``<32 x flo
 vectors (AVX2: ``vpmovzxbd``, ``vcvtdq2ps``, ``vmulps``); a Q4_K sub-block of 32
 nibbles likewise, its scale and minimum unpacked in scalar code.
 
-The arithmetic is the scalar kernels' (``d·(q − 8)``, ``d·q``, ``(d·sc)·q − dmin·m``:
-exact integers converted, float32 multiplies and subtractions, nothing fused), so the
-weights are bit-identical to :mod:`tensorplug.quants` and ggml.
+The arithmetic is the scalar kernels' (``d·(q − 8)``, ``d·q + m``, ``d·q``,
+``(d·sc)·q − dmin·m``: exact integers converted, then float32 multiplies, additions and
+subtractions, nothing fused), so the weights are bit-identical to
+:mod:`tensorplug.quants` and ggml.
 """
 
 from __future__ import annotations
@@ -27,38 +28,58 @@ from ._numba_int8 import _I8, _I32, _splat, _vec
 from ._numba_introw import _data, _load_vec
 from ._numba_kquant import _scale_min_k4
 
-__all__ = ["dequantize_q4_0_rows", "dequantize_q4_k_rows", "dequantize_q8_0_rows"]
+__all__ = ["dequantize_q4_0_rows", "dequantize_q4_1_rows", "dequantize_q4_k_rows",
+           "dequantize_q8_0_rows"]  # fmt: skip
 
 _F32 = ir.FloatType()
 
 
-def _store_scaled(builder: ir.IRBuilder, codes: Any, d: Any, dst: Any, at: Any) -> None:
-    """``dst[at:at+n] = d·codes`` for ``<n x i32>`` codes."""
+def _store_scaled(
+    builder: ir.IRBuilder, codes: Any, d: Any, dst: Any, at: Any, m: Any = None
+) -> None:
+    """``dst[at:at+n] = d·codes`` (``+ m`` if given) for ``<n x i32>`` codes."""
     n = codes.type.count
     vf = ir.VectorType(_F32, n)
-    one = builder.insert_element(ir.Constant(vf, None), d, _I32(0))
-    scale = builder.shuffle_vector(one, one, ir.Constant(_vec(_I32, n), [0] * n))
-    values = builder.fmul(builder.sitofp(codes, vf), scale)
+
+    def splat(v: Any) -> Any:
+        one = builder.insert_element(ir.Constant(vf, None), v, _I32(0))
+        return builder.shuffle_vector(one, one, ir.Constant(_vec(_I32, n), [0] * n))
+
+    values = builder.fmul(builder.sitofp(codes, vf), splat(d))
+    if m is not None:  # only then: adding 0 would turn a −0 into +0
+        values = builder.fadd(values, splat(m))
     builder.store(values, builder.bitcast(builder.gep(dst, [at]), vf.as_pointer()), align=4)
+
+
+def _nibble_codegen(offset: int, with_min: bool) -> Any:
+    """The body of a 16-byte nibble block's decoder: ``d·(q − offset)`` (``+ m``)."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        s, t = (_data(context, builder, sig.args[i], args[i]) for i in (0, 2))
+        q = _load_vec(builder, s, args[1], _vec(_I8, 16))
+        for half, nibbles in ((0, builder.and_(q, _splat(_I8, 16, 15))),
+                              (16, builder.lshr(q, _splat(_I8, 16, 4)))):  # fmt: skip
+            codes = builder.sub(builder.zext(nibbles, _vec(_I32, 16)), _splat(_I32, 16, offset))
+            at = builder.add(args[3], ir.Constant(ir.IntType(64), half))
+            _store_scaled(builder, codes, args[4], t, at, args[5] if with_min else None)
+        return context.get_dummy_value()
+
+    return codegen
 
 
 @intrinsic
 def _q4_0_block(typingctx: Any, src: Any, at: Any, dst: Any, o: Any, d: Any) -> Any:
     """``dst[o:o+32] = d·(q − 8)`` for the 16 nibble bytes at ``src[at:at+16]``: low
     nibbles are values 0-15, high nibbles 16-31."""
+    return types.void(src, types.int64, dst, types.int64, types.float32), _nibble_codegen(
+        8, False)  # fmt: skip
 
-    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        s, t = (_data(context, builder, sig.args[i], args[i]) for i in (0, 2))
-        q = _load_vec(builder, s, args[1], _vec(_I8, 16))
-        eight = _splat(_I32, 16, 8)
-        for half, nibbles in ((0, builder.and_(q, _splat(_I8, 16, 15))),
-                              (16, builder.lshr(q, _splat(_I8, 16, 4)))):  # fmt: skip
-            codes = builder.sub(builder.zext(nibbles, _vec(_I32, 16)), eight)
-            _store_scaled(builder, codes, args[4], t, builder.add(args[3], ir.Constant(
-                ir.IntType(64), half)))  # fmt: skip
-        return context.get_dummy_value()
 
-    return types.void(src, types.int64, dst, types.int64, types.float32), codegen
+@intrinsic
+def _q4_1_block(typingctx: Any, src: Any, at: Any, dst: Any, o: Any, d: Any, m: Any) -> Any:
+    """``dst[o:o+32] = d·q + m`` for the 16 nibble bytes at ``src[at:at+16]``."""
+    sig = types.void(src, types.int64, dst, types.int64, types.float32, types.float32)
+    return sig, _nibble_codegen(0, True)
 
 
 @intrinsic
@@ -145,3 +166,14 @@ def dequantize_q4_k_rows(rows: Any, out: Any, table: Any) -> None:
                 d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
                 _nibbles32(blk, 16 + 32 * (s >> 1), 4 * (s & 1), dst, 256 * b + 32 * s,
                            d1, m1)  # type: ignore[call-arg]  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def dequantize_q4_1_rows(rows: Any, out: Any, table: Any) -> None:
+    """Byte rows of Q4_1 blocks ``(n, nblocks·20)`` into float32 ``out (n, nblocks·32)``
+    (both C-contiguous)."""
+    for r in range(rows.shape[0]):
+        src, dst = rows[r], out[r]
+        for b in range(dst.size // 32):
+            d, m = _scale(src, 20 * b, table), _scale(src, 20 * b + 2, table)
+            _q4_1_block(src, 20 * b + 4, dst, 32 * b, d, m)  # type: ignore[call-arg]

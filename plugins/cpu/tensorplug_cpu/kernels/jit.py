@@ -82,6 +82,7 @@ class JitKernels:
         from . import _numba_decode as dec
 
         self._row_decoders = {Type.Q4_0: dec.dequantize_q4_0_rows,
+                              Type.Q4_1: dec.dequantize_q4_1_rows,
                               Type.Q8_0: dec.dequantize_q8_0_rows,
                               Type.Q4_K: dec.dequantize_q4_k_rows}  # fmt: skip
         self._called: set[str] = set()
@@ -156,7 +157,7 @@ class JitKernels:
 
     def dequantize(self, t: Type, blocks: np.ndarray, out: np.ndarray) -> None:
         """Decode ``(rows, nblocks, type_size)`` blocks into float32 ``out (rows, n)``;
-        Q4_0, Q8_0 and Q4_K rows in vectors (:mod:`._numba_decode`) where each row's
+        Q4_0, Q4_1, Q8_0 and Q4_K rows in vectors (:mod:`._numba_decode`) where each row's
         blocks and values lie contiguous."""
         by_rows = self._row_decoders.get(t)
         if by_rows is not None and out.strides[-1] == 4:
