@@ -173,13 +173,19 @@ def test_plan_update_rebinds_to_a_new_graph() -> None:
         backend_for().graph_plan_compute(plan)
 
 
-def test_graph_compute_reuses_its_plan_until_the_graph_changes() -> None:
-    be = backend_for()
-    x, c, y = _chain(3)
+def _placed_chain(n: int) -> tuple[tp.Tensor, tp.Tensor, tp.Tensor, tp.Graph]:
+    """:func:`_chain` in a placed graph, x = 0 and c = 1 set: (x, c, last, graph)."""
+    x, c, y = _chain(n)
     g = tp.Graph(y)
     place(g)
     tp.set_array(x, np.zeros(4, np.float32))
     tp.set_array(c, np.ones(4, np.float32))
+    return x, c, y, g
+
+
+def test_graph_compute_reuses_its_plan_until_the_graph_changes() -> None:
+    be = backend_for()
+    x, c, y, g = _placed_chain(3)
     be.graph_compute(g)
     first = be._cached
     be.graph_compute(tp.Graph(y))  # a new Graph object with the same nodes and memory
@@ -204,11 +210,7 @@ def test_graph_compute_rereads_the_graph_only_after_a_placement_or_a_source_chan
     real = cpu_backend.graph_key
     monkeypatch.setattr(cpu_backend, "graph_key", lambda nodes: keys.append(1) or real(nodes))
     be = backend_for()
-    x, c, y = _chain(3)
-    g = tp.Graph(y)
-    place(g)
-    tp.set_array(x, np.zeros(4, np.float32))
-    tp.set_array(c, np.ones(4, np.float32))
+    x, c, y, g = _placed_chain(3)
     be.graph_compute(g)
     read = len(keys)
     for _ in range(3):  # a token loop: same nodes, nothing placed anew
