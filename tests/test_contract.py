@@ -60,6 +60,26 @@ def test_a_node_that_departs_from_the_contract_is_described() -> None:
     assert "takes 1 to 2 operands" in problems(_hand_made(Op.SOFT_MAX, (x, x, x), _sm()))[0]
 
 
+def test_conforms_says_exactly_whether_there_are_problems() -> None:
+    """``conforms`` decides without writing messages; it must agree with ``problems``
+    on every catalogue node and on nodes broken each way ``problems`` describes."""
+    x = tp.new_tensor("f32", (4,))
+    broken = [
+        _hand_made(Op.SCALE, (x,), {"scale": 2.0}),  # a parameter missing
+        _hand_made(Op.SCALE, (x,), {"scale": 2.0, "bias": 0.0, "zoom": 1}),  # one extra
+        _hand_made(Op.SCALE, (x,), {"scale": 2.0, "zoom": 1}),  # one swapped for another
+        _hand_made(Op.NORM, (x,), {"eps": "small"}),  # a parameter of the wrong type
+        _hand_made(Op.NORM, (x,), {"eps": True}),  # a bool is not a float here
+        _hand_made(Op.ADD, (x,), {}),  # too few operands
+        _hand_made(Op.SOFT_MAX, (x, x, x), _sm()),  # too many
+        _hand_made(Op.SCALE, (x,), {"scale": 2.0, "bias": 0}),  # an int is a float here
+    ]
+    nodes = broken + [n for c in catalogue(True, [], []) for n in c.instantiate()[0].nodes]
+    for node in nodes:
+        assert conforms(node) == (not problems(node)), (node.op, dict(node.op_params))
+    assert sum(not conforms(n) for n in broken) == len(broken) - 1
+
+
 def _sm() -> dict[str, object]:
     return {"scale": 1.0, "max_bias": 0.0}
 

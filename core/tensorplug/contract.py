@@ -343,8 +343,21 @@ def problems(node: Tensor) -> list[str]:
 
 
 def conforms(node: Tensor) -> bool:
-    """True when ``node`` has the operands and parameters its op's contract lists."""
-    return not problems(node)
+    """True when ``node`` has the operands and parameters its op's contract lists:
+    :func:`problems` is empty, decided without writing its messages (a scheduler asks
+    this of every node whenever it splits a graph, e.g. at each prompt/token switch)."""
+    if node.op is Op.NONE:
+        return True
+    spec = CONTRACT.get(node.op)
+    if spec is None or not spec.n_required <= len(node.src) <= len(spec.operands):
+        return False
+    params = node.op_params
+    if len(params) != len(spec.params):  # a parameter missing, or one the contract lacks
+        return False
+    for p in spec.params:
+        if p.name not in params or not _is(params[p.name], p.type):
+            return False
+    return all(isinstance(s, Tensor) for s in node.src)
 
 
 def _is(value: Any, kind: type) -> bool:
