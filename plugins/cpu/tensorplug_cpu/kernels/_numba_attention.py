@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from ._numba_cache import kernel
 from ._numba_introw import HAS_F16C
 from ._numba_quant import _DOT
 from ._numba_rows import expf
@@ -103,7 +104,7 @@ def _widen_row_impl(a, table, i, j, r, row):  # type: ignore[no-untyped-def]  # 
     return one_by_one
 
 
-@njit(cache=True)
+@kernel()
 def visible_columns(mask: Any, table: Any) -> int:
     """1 + the last column of ``mask`` (4-d, float32 or raw f16) that some query can
     see, at least 1 (a query masked everywhere still needs a column for its zeros)."""
@@ -117,7 +118,7 @@ def visible_columns(mask: Any, table: Any) -> int:
     return 1
 
 
-@njit(fastmath=_DOT, parallel=True, cache=True)
+@kernel(fastmath=_DOT, parallel=True)
 def attend(
     q: Any,
     k: Any,
@@ -213,7 +214,7 @@ def attend(
                     out[b, r, h, d] = acc[g, d] / total[g] if total[g] > 0 else np.float32(0)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads
+@kernel(nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads
 def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
     """A prompt's attention weights, in place: ``s[g, r, j] ← e^(s·scale + mask − max_r)``
     for ``j < used`` and ``row[g, r] ← 1/Σ_j`` (0 for a row that sees no column; its

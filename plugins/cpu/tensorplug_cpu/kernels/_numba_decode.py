@@ -24,6 +24,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from ._numba_cache import kernel
 from ._numba_int8 import _I8, _I32, _splat, _vec
 from ._numba_introw import _data, _load_vec
 from ._numba_kquant import _scale_min_k4
@@ -129,7 +130,7 @@ def _scale(row: Any, at: int, table: Any) -> Any:
     return table[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_q4_0_rows(rows: Any, out: Any, table: Any) -> None:
     """Byte rows of Q4_0 blocks ``(n, nblocks·18)`` into float32 ``out (n, nblocks·32)``
     (both C-contiguous)."""
@@ -140,7 +141,7 @@ def dequantize_q4_0_rows(rows: Any, out: Any, table: Any) -> None:
             _q4_0_block(src, 18 * b + 2, dst, 32 * b, d)  # type: ignore[call-arg]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_q8_0_rows(rows: Any, out: Any, table: Any) -> None:
     """Byte rows of Q8_0 blocks ``(n, nblocks·34)`` into float32 ``out (n, nblocks·32)``
     (both C-contiguous)."""
@@ -151,7 +152,7 @@ def dequantize_q8_0_rows(rows: Any, out: Any, table: Any) -> None:
             _q8_0_block(src, 34 * b + 2, dst, 32 * b, d)  # type: ignore[call-arg]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_q4_k_rows(rows: Any, out: Any, table: Any) -> None:
     """Byte rows of Q4_K blocks ``(n, nblocks·144)`` into float32 ``out (n, nblocks·256)``
     (both C-contiguous): sub-block ``s`` is the low (even ``s``) or high nibbles of the
@@ -168,7 +169,7 @@ def dequantize_q4_k_rows(rows: Any, out: Any, table: Any) -> None:
                            d1, m1)  # type: ignore[call-arg]  # fmt: skip
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_q4_1_rows(rows: Any, out: Any, table: Any) -> None:
     """Byte rows of Q4_1 blocks ``(n, nblocks·20)`` into float32 ``out (n, nblocks·32)``
     (both C-contiguous)."""

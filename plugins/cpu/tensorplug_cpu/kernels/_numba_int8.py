@@ -30,6 +30,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._numba_cache import kernel
 from ._numba_quant import _f16
 
 _CHUNKS = 64
@@ -161,7 +162,7 @@ def f32_from_bits(typingctx: Any, bits: Any) -> Any:
     return types.float32(types.int32), codegen
 
 
-@njit(cache=True)
+@kernel()
 def _f32_to_f16_bits(f: Any) -> Any:
     """IEEE f16 bits of ``f`` rounded to nearest even (``GGML_FP32_TO_FP16``)."""
     a = np.int64(f32_bits(np.float32(f))) & 0xFFFFFFFF  # type: ignore[call-arg]
@@ -177,7 +178,7 @@ def _f32_to_f16_bits(f: Any) -> Any:
     return (r | sign) & 0xFFFF
 
 
-@njit(cache=True)
+@kernel()
 def quantize_q8_0(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     """Rows of ``x`` (T, n) float32 as ggml's Q8_0: int8 ``xq`` (T, n), the f16-rounded
     scales ``xd`` (T, n/32) and each block's sum of codes ``xs`` (T, n/32)."""

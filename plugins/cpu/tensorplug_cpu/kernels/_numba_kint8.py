@@ -18,6 +18,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from ._numba_cache import kernel
 from ._numba_int8 import (
     _CHUNKS,
     _I8,
@@ -176,7 +177,7 @@ def _rows4(rows: Any, o: int, xr: Any, xd: Any, xs: Any, table: Any, kind: int) 
     return rows4_dot_q5_1(rows, o, xr, xd, xs, table, nb)
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
+@kernel(parallel=True, fastmath=_DOT)
 def matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int) -> None:
     """``out[t, o] = W[o]·x[t]`` for weights of ggml type ``kind`` as byte rows
     ``(n_out, row_bytes)`` and activations quantized by :func:`quantize_q8_0`; output rows

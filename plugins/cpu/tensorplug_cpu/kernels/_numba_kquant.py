@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
+from ._numba_cache import kernel
 from ._numba_quant import _DOT, _f16, _i8
 
 _CHUNKS = 64
@@ -183,7 +184,7 @@ def _dot_q6_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
             acc[i] += dl * np.float32((nib | (high << 4)) - 32) * x[32 * r + i]
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
+@kernel(parallel=True, fastmath=_DOT)
 def matvec_k(blocks: Any, x: Any, out: Any, table: Any, kind: int) -> None:
     """``out[t, o] = Σᵢ x[t, i]·W[o, i]``, output rows split in chunks across threads."""
     n = blocks.shape[0]
@@ -209,7 +210,7 @@ def matvec_k(blocks: Any, x: Any, out: Any, table: Any, kind: int) -> None:
                 out[t, o] = acc.sum()
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_k(blocks: Any, out: Any, table: Any, kind: int) -> None:
     """Serial and nogil, like :mod:`._numba_quant`'s decoders (they run per chunk on
     the worker pool)."""

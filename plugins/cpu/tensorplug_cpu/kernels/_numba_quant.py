@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
+from ._numba_cache import kernel
+
 _DOT = {"reassoc", "contract", "nsz", "arcp"}
 
 
@@ -55,7 +57,7 @@ def _u32(blk: Any, off: int) -> Any:
 _CHUNKS = 64
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
+@kernel(parallel=True, fastmath=_DOT)
 def matvec_q8_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
     per = (n + _CHUNKS - 1) // _CHUNKS
@@ -74,7 +76,7 @@ def matvec_q8_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 out[t, o] = acc.sum()
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
+@kernel(parallel=True, fastmath=_DOT)
 def matvec_q4_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
     per = (n + _CHUNKS - 1) // _CHUNKS
@@ -95,7 +97,7 @@ def matvec_q4_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 out[t, o] = acc.sum()
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
+@kernel(parallel=True, fastmath=_DOT)
 def matvec_q4_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
     per = (n + _CHUNKS - 1) // _CHUNKS
@@ -116,7 +118,7 @@ def matvec_q4_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 out[t, o] = acc.sum()
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
+@kernel(parallel=True, fastmath=_DOT)
 def matvec_q5_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
     per = (n + _CHUNKS - 1) // _CHUNKS
@@ -140,7 +142,7 @@ def matvec_q5_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 out[t, o] = acc.sum()
 
 
-@njit(parallel=True, fastmath=_DOT, cache=True)
+@kernel(parallel=True, fastmath=_DOT)
 def matvec_q5_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
     per = (n + _CHUNKS - 1) // _CHUNKS
@@ -170,7 +172,7 @@ def matvec_q5_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
 # threads (see ..workers), each chunk right before the BLAS call that reads it.
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_q8_0(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
@@ -180,7 +182,7 @@ def dequantize_q8_0(blocks: Any, out: Any, table: Any) -> None:
                 out[r, b * 32 + j] = d * np.float32(_i8(blk[2 + j]))
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_q4_0(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
@@ -192,7 +194,7 @@ def dequantize_q4_0(blocks: Any, out: Any, table: Any) -> None:
                 out[r, b * 32 + 16 + j] = d * np.float32((q >> 4) - 8)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_q4_1(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
@@ -204,7 +206,7 @@ def dequantize_q4_1(blocks: Any, out: Any, table: Any) -> None:
                 out[r, b * 32 + 16 + j] = d * np.float32(q >> 4) + m
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_q5_0(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
@@ -219,7 +221,7 @@ def dequantize_q5_0(blocks: Any, out: Any, table: Any) -> None:
                 out[r, b * 32 + 16 + j] = d * np.float32(hi)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def dequantize_q5_1(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):

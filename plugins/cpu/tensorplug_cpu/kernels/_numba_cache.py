@@ -1,0 +1,50 @@
+"""numba's disk cache for the CPU kernels, keyed on every kernel source file.
+
+numba keys a cached function by its own file's time stamp and bytecode only. Most of
+these kernels inline code from other files (the LLVM IR of :mod:`._numba_introw`, the
+f16 helpers of :mod:`._numba_int8`, :func:`._numba_rows.expf`), so after an edit to one
+of those, or a ``git checkout`` of an older one, the cached machine code of the
+kernels that inline it ran on: stale numbers, or a crash (this happened while
+bisecting). :func:`kernel` is ``njit(cache=True)`` whose index key also holds a hash
+of every ``_numba_*.py`` here, so a change to any of them recompiles all of them once
+(seconds). An installed wheel changes nothing: its files' time stamps already did.
+
+The hook is numba's ``FunctionCache._index_key``, what a cache entry depends on (a
+numba without it would fail this import, and the backend would use its numpy kernels,
+saying why in ``get_features``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from numba import njit
+from numba.core.caching import FunctionCache
+
+__all__ = ["SOURCES_HASH", "KernelCache", "kernel"]
+
+#: sha256 of the kernel sources, in name order
+SOURCES_HASH = hashlib.sha256(
+    b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("_numba_*.py")))
+).hexdigest()
+
+
+class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hints
+    """A function's cache whose entries also depend on :data:`SOURCES_HASH`."""
+
+    def _index_key(self, sig: Any, codegen: Any) -> Any:
+        return (*super()._index_key(sig, codegen), SOURCES_HASH)
+
+
+def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``numba.njit(cache=True, **options)``, cached under :data:`SOURCES_HASH` too."""
+
+    def compile_later(fn: Callable[..., Any]) -> Any:
+        dispatcher = njit(cache=True, **options)(fn)
+        dispatcher._cache = KernelCache(dispatcher.py_func)
+        return dispatcher
+
+    return compile_later

@@ -1,0 +1,49 @@
+"""The CPU kernels' disk cache depends on every kernel source, not only each kernel's own
+file: an edit to the IR a kernel inlines must not leave stale machine code running."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+pytest.importorskip("numba")
+
+from numba.core.caching import FunctionCache
+from numba.core.registry import CPUDispatcher
+
+from tensorplug_cpu import kernels
+from tensorplug_cpu.kernels._numba_cache import SOURCES_HASH, KernelCache, kernel
+
+
+def _cached_kernels() -> list[tuple[str, CPUDispatcher]]:
+    found = []
+    for info in pkgutil.iter_modules(kernels.__path__):
+        if info.name.startswith("_numba_"):
+            module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+            for name, value in vars(module).items():
+                cache = getattr(value, "_cache", None)
+                if isinstance(value, CPUDispatcher) and isinstance(cache, FunctionCache):
+                    found.append((f"{info.name}.{name}", value))
+    return found
+
+
+def test_every_cached_kernel_is_keyed_on_all_kernel_sources() -> None:
+    cached = _cached_kernels()
+    assert len(cached) >= 20  # the quantized, int8, row, attention and decoding kernels
+    plain = [name for name, d in cached if not isinstance(d._cache, KernelCache)]
+    assert not plain, f"use _numba_cache.kernel(...), not njit(cache=True): {plain}"
+
+
+def test_the_index_key_holds_the_hash_of_the_sources() -> None:
+    @kernel()
+    def twice(x: float) -> float:
+        return 2 * x
+
+    assert twice(1.5) == 3.0
+    sig = twice.signatures[0]
+    key = twice._cache._index_key(sig, twice.targetctx.codegen())
+    assert key[-1] == SOURCES_HASH and len(SOURCES_HASH) == 64
+    plain = FunctionCache(twice.py_func)._index_key(sig, twice.targetctx.codegen())
+    assert key[:-1] == plain  # numba's own key, with the hash added
