@@ -29,8 +29,7 @@ from ._numba_int8 import _I8, _I32, _splat, _vec
 from ._numba_introw import _data, _load_vec
 from ._numba_kquant import _scale_min_k4
 
-__all__ = ["dequantize_q4_0_rows", "dequantize_q4_1_rows", "dequantize_q4_k_rows",
-           "dequantize_q8_0_rows"]  # fmt: skip
+__all__ = ["dequantize_q4_k_rows", "dequantize_rows32"]
 
 _F32 = ir.FloatType()
 
@@ -130,26 +129,26 @@ def _scale(row: Any, at: int, table: Any) -> Any:
     return table[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)]
 
 
-@kernel(nogil=True)
-def dequantize_q4_0_rows(rows: Any, out: Any, table: Any) -> None:
-    """Byte rows of Q4_0 blocks ``(n, nblocks·18)`` into float32 ``out (n, nblocks·32)``
-    (both C-contiguous)."""
-    for r in range(rows.shape[0]):
-        src, dst = rows[r], out[r]
-        for b in range(dst.size // 32):
-            d = _scale(src, 18 * b, table)
-            _q4_0_block(src, 18 * b + 2, dst, 32 * b, d)  # type: ignore[call-arg]
+# ggml type ids (tensorplug.types.Type values) of the 32-value blocks decoded here
+Q4_0, Q4_1, Q8_0 = 2, 3, 8
 
 
 @kernel(nogil=True)
-def dequantize_q8_0_rows(rows: Any, out: Any, table: Any) -> None:
-    """Byte rows of Q8_0 blocks ``(n, nblocks·34)`` into float32 ``out (n, nblocks·32)``
-    (both C-contiguous)."""
+def dequantize_rows32(rows: Any, out: Any, table: Any, kind: int) -> None:
+    """Byte rows of Q4_0, Q4_1 or Q8_0 blocks (ggml type id ``kind``) ``(n, nblocks·size)``
+    into float32 ``out (n, nblocks·32)`` (both C-contiguous)."""
+    size = 18 if kind == Q4_0 else 20 if kind == Q4_1 else 34
     for r in range(rows.shape[0]):
         src, dst = rows[r], out[r]
         for b in range(dst.size // 32):
-            d = _scale(src, 34 * b, table)
-            _q8_0_block(src, 34 * b + 2, dst, 32 * b, d)  # type: ignore[call-arg]
+            at, o = size * b, 32 * b
+            d = _scale(src, at, table)
+            if kind == Q4_0:
+                _q4_0_block(src, at + 2, dst, o, d)  # type: ignore[call-arg]
+            elif kind == Q4_1:
+                _q4_1_block(src, at + 4, dst, o, d, _scale(src, at + 2, table))  # type: ignore[call-arg]
+            else:
+                _q8_0_block(src, at + 2, dst, o, d)  # type: ignore[call-arg]
 
 
 @kernel(nogil=True)
@@ -167,14 +166,3 @@ def dequantize_q4_k_rows(rows: Any, out: Any, table: Any) -> None:
                 d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
                 _nibbles32(blk, 16 + 32 * (s >> 1), 4 * (s & 1), dst, 256 * b + 32 * s,
                            d1, m1)  # type: ignore[call-arg]  # fmt: skip
-
-
-@kernel(nogil=True)
-def dequantize_q4_1_rows(rows: Any, out: Any, table: Any) -> None:
-    """Byte rows of Q4_1 blocks ``(n, nblocks·20)`` into float32 ``out (n, nblocks·32)``
-    (both C-contiguous)."""
-    for r in range(rows.shape[0]):
-        src, dst = rows[r], out[r]
-        for b in range(dst.size // 32):
-            d, m = _scale(src, 20 * b, table), _scale(src, 20 * b + 2, table)
-            _q4_1_block(src, 20 * b + 4, dst, 32 * b, d, m)  # type: ignore[call-arg]

@@ -81,10 +81,11 @@ class JitKernels:
         self._softmax_rows = softmax_rows
         from . import _numba_decode as dec
 
-        self._row_decoders = {Type.Q4_0: dec.dequantize_q4_0_rows,
-                              Type.Q4_1: dec.dequantize_q4_1_rows,
-                              Type.Q8_0: dec.dequantize_q8_0_rows,
-                              Type.Q4_K: dec.dequantize_q4_k_rows}  # fmt: skip
+        # the vector decoders of whole byte rows, and the arguments after (rows, out, table)
+        self._row_decoders: dict[Type, tuple[Callable[..., None], tuple[int, ...]]] = {
+            t: (dec.dequantize_rows32, (int(t),)) for t in (Type.Q4_0, Type.Q4_1, Type.Q8_0)
+        }
+        self._row_decoders[Type.Q4_K] = (dec.dequantize_q4_k_rows, ())
         self._called: set[str] = set()
 
     def supports(self, t: Type) -> bool:
@@ -156,29 +157,36 @@ class JitKernels:
         return int(self._visible_columns(mask, _F16_TO_F32))
 
     def dequantize(self, t: Type, blocks: np.ndarray, out: np.ndarray) -> None:
-        """Decode ``(rows, nblocks, type_size)`` blocks into float32 ``out (rows, n)``;
-        Q4_0, Q4_1, Q8_0 and Q4_K rows in vectors (:mod:`._numba_decode`) where each row's
-        blocks and values lie contiguous."""
-        by_rows = self._row_decoders.get(t)
-        if by_rows is not None and out.strides[-1] == 4:
-            rows = _block_rows(blocks)
-            if rows is not None:
-                self._call(f"row decoding kernel for {t.name}", by_rows, rows, out, _F16_TO_F32)
-                return
-        self._call(f"decoding kernel for {t.name}", self._kernels[t][1], blocks, out, _F16_TO_F32)
+        """Decode ``(…, rows, nblocks, type_size)`` blocks into float32 ``out (…, rows, n)``."""
+        self.bind_dequantize(t, blocks)(out)
 
-    def bind_dequantize(self, t: Type, blocks: np.ndarray) -> Callable[[np.ndarray], None] | None:
-        """``decode(out)`` of these blocks by the row decoder, with the byte-row view and
-        the kernel chosen once (per call they cost a prompt chunk ~10 µs of Python, with
-        the GIL held); None where :meth:`dequantize` would not use a row decoder."""
-        kernel = self._row_decoders.get(t)
-        rows = _block_rows(blocks) if kernel is not None else None
-        if kernel is None or rows is None:
-            return None
-        what = f"row decoding kernel for {t.name}"
+    def bind_dequantize(self, t: Type, blocks: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        """``decode(out)`` of these blocks, returning ``out``, with everything that depends
+        on the blocks alone chosen here, once (a plan binds each chunk of a prompt's
+        product when it is built: chosen per call, this cost ~10 µs of Python with the
+        GIL held). Q4_0, Q4_1, Q8_0 and Q4_K matrices whose rows lie contiguous decode in
+        vectors (:mod:`._numba_decode`), other types and layouts in scalar loops."""
+        if blocks.ndim > 3:  # one call per matrix
+            parts = [(idx, self.bind_dequantize(t, blocks[idx])) for idx in
+                     np.ndindex(blocks.shape[:-3])]  # fmt: skip
 
-        def decode(out: np.ndarray) -> None:
-            self._call(what, kernel, rows, out, _F16_TO_F32)
+            def each(out: np.ndarray) -> np.ndarray:
+                for idx, decode in parts:
+                    decode(out[idx])
+                return out
+
+            return each
+        scalar, what = self._kernels[t][1], f"decoding kernel for {t.name}"
+        vector, extra = self._row_decoders.get(t, (scalar, ()))
+        rows = _block_rows(blocks) if t in self._row_decoders else None
+        vector_what = f"row decoding kernel for {t.name}"
+
+        def decode(out: np.ndarray) -> np.ndarray:
+            if rows is not None and out.strides[-1] == 4:  # the vectors store unit-stride
+                self._call(vector_what, vector, rows, out, _F16_TO_F32, *extra)
+            else:
+                self._call(what, scalar, blocks, out, _F16_TO_F32)
+            return out
 
         return decode
 

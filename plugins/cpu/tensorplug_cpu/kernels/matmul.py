@@ -85,39 +85,32 @@ def _split_batches(x: np.ndarray, a_batch: tuple[int, int]) -> np.ndarray:
     return x.reshape(a0, b0 // a0, a1, b1 // a1, r, c)
 
 
-Decoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
+#: ``bind(src)`` → ``decode(scratch)``: the float32 weights of raw ``src``, in ``scratch``
+#: or a new array; what depends on ``src`` alone is chosen by ``bind``, once per plan
+Binder = Callable[[np.ndarray], Callable[[np.ndarray], np.ndarray]]
 
 
-def _decoder(t: Type, jit: JitKernels | None) -> Decoder:
-    """``decode(src, scratch)``: float32 weights of ``src``, in ``scratch`` or a new array.
+def _copy_f16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
+    np.copyto(out, src)
+    return out
 
-    ``src`` is ``(…, rows, n)`` (raw blocks ``(…, rows, nblocks, type_size)`` if
-    quantized) and ``scratch`` float32 ``(…, rows, n)``.
-    """
+
+def _widen_bf16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
+    np.left_shift(src, 16, out=out.view(np.uint32), dtype=np.uint32)
+    return out
+
+
+def _binder(t: Type, jit: JitKernels | None) -> Binder:
+    """How weights of type ``t`` decode. ``src`` is ``(…, rows, n)`` (raw blocks
+    ``(…, rows, nblocks, type_size)`` if quantized), the scratch float32 ``(…, rows, n)``."""
     if t == Type.F16:
-
-        def decode_f16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
-            np.copyto(out, src)
-            return out
-
-        return decode_f16
+        return lambda src: partial(_copy_f16, src)
     if t == Type.BF16:
-
-        def decode_bf16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
-            np.left_shift(src, 16, out=out.view(np.uint32), dtype=np.uint32)
-            return out
-
-        return decode_bf16
+        return lambda src: partial(_widen_bf16, src)
     if jit is not None and jit.supports(t):
-
-        def decode_jit(src: np.ndarray, out: np.ndarray) -> np.ndarray:
-            for idx in np.ndindex(src.shape[:-3]):  # one parallel call per matrix
-                jit.dequantize(t, src[idx], out[idx])
-            return out
-
-        return decode_jit
+        return partial(jit.bind_dequantize, t)
     # numpy's decoder allocates its result: use it as is rather than copy it again
-    return lambda src, out: dequantize_blocks(src, t)
+    return lambda src: lambda out: dequantize_blocks(src, t)
 
 
 def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
@@ -134,19 +127,18 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
     if quant and jit is not None and jit.supports(a_t.type) and n_tok <= MATVEC_MAX_TOKENS:
         return sequence(load_b, _fused_matvec(ctx, a_t.type, a4, b4, out4, jit))
 
-    decode = None if a_t.type == Type.F32 else _decoder(a_t.type, jit)
+    bind = None if a_t.type == Type.F32 else _binder(a_t.type, jit)
     if plain:
-        bind = partial(jit.bind_dequantize, a_t.type) if jit is not None and quant else None
-        return sequence(load_b, _by_rows(ctx, b4[0, 0], a4[0, 0], out4[0, 0], decode, bind))
-    if decode is None:
+        return sequence(load_b, _by_rows(ctx, b4[0, 0], a4[0, 0], out4[0, 0], bind))
+    if bind is None:
         return sequence(load_b, partial(_by_batch(b4, out4, a_batch), a4))
 
     n_weights = a4.shape[0] * a4.shape[1] * n_out * n_in
     if n_weights <= TILE_ELEMS:
         # small enough to decode whole, then one BLAS call per batch entry
         w32 = ctx.scratch((*a_batch, n_out, n_in))
-        gemm = _by_batch(b4, out4, a_batch)
-        return sequence(load_b, lambda: gemm(decode(a4, w32)))
+        gemm, decode = _by_batch(b4, out4, a_batch), bind(a4)
+        return sequence(load_b, lambda: gemm(decode(w32)))
 
     rows = max(1, min(n_out, TILE_ELEMS // n_in))
     tile = ctx.scratch((rows, n_in))
@@ -156,31 +148,25 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
         for o0 in range(0, n_out, rows):
             o1 = min(n_out, o0 + rows)
             w = tile[: o1 - o0]
-            work.append((a4[i0, i1, o0:o1], w, b6[i0, :, i1], out6[i0, :, i1, :, :, o0:o1]))
+            work.append((bind(a4[i0, i1, o0:o1]), w, b6[i0, :, i1], out6[i0, :, i1, :, :, o0:o1]))
 
     def tiled() -> None:
-        for src, w, bb, oo in work:
-            np.matmul(bb, decode(src, w).swapaxes(-1, -2), out=oo)
+        for decode, w, bb, oo in work:
+            np.matmul(bb, decode(w).swapaxes(-1, -2), out=oo)
 
     return sequence(load_b, tiled)
 
 
 def _by_rows(
-    ctx: BuildContext,
-    b2: np.ndarray,
-    a2: np.ndarray,
-    o2: np.ndarray,
-    decode: Decoder | None,
-    bind: Callable[[np.ndarray], Callable[[np.ndarray], None] | None] | None = None,
+    ctx: BuildContext, b2: np.ndarray, a2: np.ndarray, o2: np.ndarray, bind: Binder | None
 ) -> Step:
     """``o2 = b2 @ a2ᵀ`` in chunks of :func:`chunk_rows` weight rows on the pool; ``a2``
-    is float32 (``decode`` None) or raw weights that ``decode`` widens a chunk at a time,
-    or the decoder ``bind(chunk)`` returns for a chunk, bound once here."""
+    is float32 (``bind`` None) or raw weights whose chunks decode as ``bind`` says."""
     n_tok, n_in = b2.shape
     n_out = o2.shape[1]
-    rows = chunk_rows(n_out, n_in, n_tok, decode is not None)
+    rows = chunk_rows(n_out, n_in, n_tok, bind is not None)
     bounds = [(o0, min(n_out, o0 + rows)) for o0 in range(0, n_out, rows)]
-    if decode is None:
+    if bind is None:
         parts = [(a2[o0:o1].T, o2[:, o0:o1]) for o0, o1 in bounds]
 
         def task(i: int, slot: int) -> None:
@@ -190,17 +176,11 @@ def _by_rows(
     else:
         slots = POOL.max_threads if len(bounds) > 1 else 1
         tiles = ctx.scratch((slots, rows, n_in))
-        coded = [(a2[o0:o1], o2[:, o0:o1]) for o0, o1 in bounds]
-        bound = [None if bind is None else bind(src) for src, _ in coded]
+        coded = [(bind(a2[o0:o1]), o1 - o0, o2[:, o0:o1]) for o0, o1 in bounds]
 
         def task(i: int, slot: int) -> None:
-            src, out = coded[i]
-            w, into = tiles[slot, : src.shape[0]], bound[i]
-            if into is None:
-                w = decode(src, w)
-            else:
-                into(w)
-            np.matmul(b2, w.T, out=out)
+            decode, n, out = coded[i]
+            np.matmul(b2, decode(tiles[slot, :n]).T, out=out)
 
     if len(bounds) == 1:
         return partial(task, 0, 0)
@@ -270,8 +250,8 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = N
     raw, ids, out = ctx.view(as_t), ctx.view(ids_t), ctx.view(node)
     n_expert, n_out, n_in = as_t.shape
     n_b = b_t.shape[1]
-    decode = None if as_t.type == Type.F32 else _decoder(as_t.type, jit)
-    w32 = ctx.scratch((1, n_out, n_in)) if decode is not None else None
+    bind = None if as_t.type == Type.F32 else _binder(as_t.type, jit)
+    w32 = ctx.scratch((1, n_out, n_in)) if bind is not None else None
 
     def run() -> None:
         bad = (ids < 0) | (ids >= n_expert)
@@ -283,7 +263,7 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = N
             )
         for ex in np.unique(ids):
             tok, slot = np.nonzero(ids == ex)
-            w = raw[ex] if decode is None or w32 is None else decode(raw[ex : ex + 1], w32)[0]
+            w = raw[ex] if bind is None or w32 is None else bind(raw[ex : ex + 1])(w32)[0]
             out[tok, slot] = b32[tok, slot % n_b] @ w.T
 
     return sequence(load_b, run)
