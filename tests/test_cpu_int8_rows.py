@@ -49,6 +49,32 @@ def test_products_match_the_decoded_weights(t: tp.Type, n_out: int) -> None:
     assert np.abs(out - expected).max() <= 2e-6 * np.abs(expected).max()
 
 
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_one_thread_kernel_gives_the_parallel_kernels_numbers(t: tp.Type) -> None:
+    """At one thread a product runs a serial kernel (no parallel region); its rows must
+    be bit for bit those of the parallel kernel, or a result would depend on ``-t``."""
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    if jit is None:
+        pytest.skip("numba kernels unavailable")
+    raw, _ = _weights(t, 101, 512)
+    blocks = raw.reshape(101, -1, t.type_size)
+    x = RNG.standard_normal((2, 512)).astype(np.float32)
+    before = jit.n_threads
+    outs = []
+    try:
+        for threads in (1, 2):
+            jit.set_num_threads(threads)
+            out = np.full((2, 101), np.nan, np.float32)
+            jit.bind_matvec(t, blocks, x, out)()
+            outs.append(out)
+    finally:
+        jit.set_num_threads(before)
+    assert not np.isnan(outs[0]).any()
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 _PORTABLE = """
 import gguf, numpy as np
 from numba import njit

@@ -67,6 +67,7 @@ class JitKernels:
 
         # ggml's way for these types: activations quantized to Q8_0, integer dot products
         self._int8, self._quantize_q8_0 = ki8.matvec_int8, i8.quantize_q8_0
+        self._int8_serial = ki8.matvec_int8_serial
         self._int8_types = {Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
                             Type.Q6_K}  # fmt: skip
         from . import _numba_rows as rows
@@ -87,6 +88,9 @@ class JitKernels:
         }
         self._row_decoders[Type.Q4_K] = (dec.dequantize_q4_k_rows, ())
         self._called: set[str] = set()
+        #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
+        #: products that have a serial kernel call it instead
+        self.n_threads: int = numba.get_num_threads()
 
     def supports(self, t: Type) -> bool:
         return t in self._kernels
@@ -115,10 +119,16 @@ class JitKernels:
                            x, xq, xd, xs, _F16_TO_F32)  # fmt: skip
         product = partial(self._call, f"integer matrix-vector kernel for {t.name}",
                           self._int8, rows, xq, xd, xs, out, _F16_TO_F32, int(t))  # fmt: skip
+        serial = partial(self._call, f"one-thread integer matrix-vector kernel for {t.name}",
+                         self._int8_serial, x, rows, xq, xd, xs, out, _F16_TO_F32,
+                         int(t))  # fmt: skip
 
         def run() -> None:
-            quantize()
-            product()
+            if self.n_threads == 1:
+                serial()
+            else:
+                quantize()
+                product()
 
         return run
 
@@ -208,7 +218,8 @@ class JitKernels:
         return result
 
     def set_num_threads(self, n: int) -> None:
-        self.numba.set_num_threads(max(1, min(n, self.numba.config.NUMBA_NUM_THREADS)))
+        self.n_threads = max(1, min(n, self.numba.config.NUMBA_NUM_THREADS))
+        self.numba.set_num_threads(self.n_threads)
 
 
 def _block_rows(blocks: np.ndarray) -> np.ndarray | None:
