@@ -210,10 +210,14 @@ def _matvec_range(
 
 
 @kernel(parallel=True, fastmath=_DOT)
-def matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int) -> None:
+def matvec_int8(
+    x: Any, rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
+) -> None:
     """``out[t, o] = W[o]·x[t]`` for weights of ggml type ``kind`` as byte rows
-    ``(n_out, row_bytes)`` and activations quantized by :func:`quantize_q8_0`; output rows
-    split in chunks (of whole groups of four) across threads."""
+    ``(n_out, row_bytes)``: the rows of ``x`` quantized by :func:`quantize_q8_0` into
+    ``xq, xd, xs`` (on the calling thread), then output rows split in chunks (of whole
+    groups of four) across threads."""
+    quantize_q8_0(x, xq, xd, xs, table)
     n = rows.shape[0]
     per = ((n + _CHUNKS - 1) // _CHUNKS + 3) // 4 * 4
     for c in prange(_CHUNKS):
@@ -225,10 +229,8 @@ def matvec_int8(rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind
 def matvec_int8_serial(
     x: Any, rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
 ) -> None:
-    """:func:`quantize_q8_0` of ``x`` and :func:`matvec_int8` on one thread, in one call.
-
-    On one thread the parallel kernel still opened a parallel region, and the pair
-    cost two calls from Python: ~3.8 µs a product on this machine, where the 56 layer
-    products of a 100M model's token take ~4 ms in all."""
+    """:func:`matvec_int8` on the calling thread, without a parallel region: on one
+    thread the parallel kernel still opened one (~1.5 µs a product on this machine,
+    where the 56 layer products of a 100M model's token take ~4 ms in all)."""
     quantize_q8_0(x, xq, xd, xs, table)
     _matvec_range(rows, 0, rows.shape[0], xq, xd, xs, out, table, kind)
