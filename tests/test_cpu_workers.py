@@ -17,6 +17,7 @@ from test_cpu_helpers import backend_for, nmse, place
 
 import tensorplug as tp
 from tensorplug import ops
+from tensorplug.opcodes import RopeMode
 from tensorplug.quants import quantize
 from tensorplug_cpu.kernels import matmul
 from tensorplug_cpu.workers import POOL, WorkerPool
@@ -207,4 +208,38 @@ def test_prompt_attention_is_the_same_at_any_thread_count() -> None:
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     ref = (p / p.sum(axis=-1, keepdims=True)) @ v64  # (h, n_q, d)
     assert nmse(one[0], ref.transpose(1, 0, 2)) < 1e-10
+    np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "swiglu", "rope"])
+def test_a_prompts_row_kernels_split_over_the_pool_and_agree_at_any_thread_count(
+    op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row kernels (numba) with a prompt's work are cut into chunks of rows on the pool."""
+    from tensorplug.testing import reference as ref
+    from tensorplug_cpu.kernels import common
+
+    pytest.importorskip("numba", reason="the row kernels are numba's (pip install numba)")
+    n_tok, n_head, d = 160, 16, 128  # 327,680 values: over ROWS_PARALLEL_MIN
+    assert n_tok * n_head * d >= common.ROWS_PARALLEL_MIN
+    x = tp.new_tensor("f32", (n_tok, n_head, d), "x")
+    xv = RNG.standard_normal(x.shape).astype(np.float32)
+    if op == "rms_norm":
+        out, inputs, expected = ops.rms_norm(x, 1e-6), {x: xv}, ref.rms_norm(xv, 1e-6)
+    elif op == "swiglu":
+        g = tp.new_tensor("f32", x.shape, "g")
+        gv = RNG.standard_normal(x.shape).astype(np.float32)
+        out, inputs, expected = ops.swiglu(x, g), {x: xv, g: gv}, ref.glu(xv, gv)
+    else:
+        pos = tp.new_tensor("i32", (n_tok,), "pos")
+        pv = np.arange(7, 7 + n_tok, dtype=np.int32)
+        out, inputs = ops.rope(x, pos, d, RopeMode.NEOX), {x: xv, pos: pv}
+        expected = ref.rope(xv, pv, d, int(RopeMode.NEOX))
+    runs: list[int] = []
+    pool_run = POOL.run
+    monkeypatch.setattr(POOL, "run", lambda n, task: (runs.append(n), pool_run(n, task)))
+    one, two = _at_one_and_two_threads(out, inputs)
+    if POOL.max_threads > 1:
+        assert runs and min(runs) > 1, "the rows were not split over the pool"
+    assert nmse(one, expected) < 1e-10  # rope's angles are float32 products, as ggml's
     np.testing.assert_array_equal(one, two)

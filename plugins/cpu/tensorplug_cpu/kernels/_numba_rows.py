@@ -21,7 +21,7 @@ from ._numba_int8 import _f32_to_f16_bits, f32_from_bits
 from ._numba_introw import HAS_F16C
 
 
-@kernel()
+@kernel(nogil=True)  # a prompt's rows run in chunks on the worker pool
 def rms_norm_rows(x: Any, out: Any, eps: float) -> None:
     """``out[r] = x[r] / sqrt(mean(x[r]²) + eps)`` for 2-d float32 ``x`` and ``out``."""
     n = x.shape[1]
@@ -77,7 +77,7 @@ _SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
 _GELU_COEF_A = np.float32(0.044715)
 
 
-@kernel(error_model="numpy")  # no zero check on division: it would not vectorize
+@kernel(error_model="numpy", nogil=True)  # no zero check on division: it would not vectorize
 def glu_rows(x: Any, g: Any, out: Any, kind: int) -> None:
     """``out = act(x)·g`` over 2-d float32 rows (views of any strides), in float32 as
     ggml: silu as ``x/(1 + e^-x)`` (with :func:`expf`, as ggml's own vector ``expf``
@@ -104,7 +104,7 @@ def glu_rows(x: Any, g: Any, out: Any, kind: int) -> None:
                 out[r, i] = a * g[r, i]
 
 
-@kernel()
+@kernel(nogil=True)
 def rope_rows(
     x: Any, out: Any, pos: Any, freq_factors: Any, ramp: Any, keep: Any, neox: bool,
     n_dims: int, theta_scale: Any, freq_scale: Any, mscale: Any,

@@ -21,7 +21,7 @@ from tensorplug.opmath import alibi_slopes, rope_yarn_corr_dims
 from tensorplug.types import Type
 
 from ..workers import POOL
-from .common import F32, BuildContext, Step, padded4, sequence
+from .common import F32, BuildContext, Step, padded4, sequence, split_rows
 from .elementwise import tiled_operands
 
 if TYPE_CHECKING:
@@ -195,9 +195,10 @@ def _jit_rope(
     if any(d != 1 for d in x.shape[:-3]) or pos.ndim != 1:
         return None
     x3, out3 = x.reshape(shape), out.reshape(shape)  # leading 1s: views, never copies
-    return partial(jit.rope_rows, x3, out3, pos, _NO_F32 if ff is None else ff,
-                   _NO_F32 if ramp is None else ramp, _NO_F32 if keep is None else keep,
-                   neox, n_dims, *scales)  # fmt: skip
+    rest = (_NO_F32 if ff is None else ff, _NO_F32 if ramp is None else ramp,
+            _NO_F32 if keep is None else keep, neox, n_dims, *scales)  # fmt: skip
+    return split_rows(shape[0], x3.size,
+                      lambda r: partial(jit.rope_rows, x3[r], out3[r], pos[r], *rest))  # fmt: skip
 
 
 # -- flash attention ---------------------------------------------------------------------------

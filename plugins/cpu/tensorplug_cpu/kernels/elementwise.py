@@ -18,7 +18,7 @@ import numpy as np
 from tensorplug.opcodes import GluOp, Op, SortOrder, UnaryOp
 from tensorplug.types import Type
 
-from .common import F32, BuildContext, Step, reshape_view, sequence
+from .common import F32, BuildContext, Step, reshape_view, sequence, split_rows
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -290,7 +290,9 @@ def _jit_glu(
     x2, g2, out2 = (reshape_view(v, (-1, n)) for v in (x, g, out))
     if x2 is None or g2 is None or out2 is None:
         return None
-    return partial(ctx.jit.glu_rows, fn, x2, g2, out2)
+    glu = ctx.jit.glu_rows
+    return split_rows(x2.shape[0], out2.size,
+                      lambda r: partial(glu, fn, x2[r], g2[r], out2[r]))  # fmt: skip
 
 
 def _row_stats(ctx: BuildContext, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -332,7 +334,10 @@ def build_rms_norm(node: Tensor, ctx: BuildContext) -> Step:
     jit = ctx.jit
     x2, out2 = reshape_view(x, (-1, n)), reshape_view(out, (-1, n))
     if jit is not None and x2 is not None and out2 is not None:
-        return sequence(load, partial(jit.rms_norm_rows, x2, out2, float(eps)), store)
+        e = float(eps)
+        norm = split_rows(x2.shape[0], x2.size,
+                          lambda r: partial(jit.rms_norm_rows, x2[r], out2[r], e))  # fmt: skip
+        return sequence(load, norm, store)
     acc, stat = _row_stats(ctx, node.shape)
     sq = ctx.scratch(node.shape)
 
