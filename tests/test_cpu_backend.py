@@ -251,6 +251,7 @@ def test_graph_compute_keeps_the_plans_of_alternating_graphs(
         for n, ((_, _, y), g) in enumerate(zip(chains, graphs, strict=True), start=1):
             be.graph_compute(g)
             np.testing.assert_array_equal(tp.get_array(y), np.full(4, float(n)))
+            assert be._cached is list(be._plans.values())[-1]  # the one it ran last
     assert len(built) == 3
     more = [_chain(4) for _ in range(cpu_backend.PLAN_CACHE)]
     for x, c, y in more:  # enough new graphs to push the first ones out
@@ -268,6 +269,7 @@ def test_graph_compute_keeps_the_plans_of_alternating_graphs(
     buf.free()
     be.graph_compute(graphs[1])
     assert all(not any(b.is_freed for b in p.buffers) for p in be._plans.values())
+    assert be._cached is list(be._plans.values())[-1]
     be.free()
     assert not be._plans and be._cached is None
 
