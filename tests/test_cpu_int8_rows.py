@@ -58,21 +58,24 @@ def test_one_thread_kernel_gives_the_parallel_kernels_numbers(t: tp.Type) -> Non
     jit = load_jit()
     if jit is None:
         pytest.skip("numba kernels unavailable")
-    raw, _ = _weights(t, 101, 512)
-    blocks = raw.reshape(101, -1, t.type_size)
-    x = RNG.standard_normal((2, 512)).astype(np.float32)
-    before = jit.n_threads
-    outs = []
-    try:
-        for threads in (1, 2):
-            jit.set_num_threads(threads)
-            out = np.full((2, 101), np.nan, np.float32)
-            jit.bind_matvec(t, blocks, x, out)()
-            outs.append(out)
-    finally:
-        jit.set_num_threads(before)
-    assert not np.isnan(outs[0]).any()
-    np.testing.assert_array_equal(outs[0], outs[1])
+    n = 768 if t in (tp.Type.Q4_K, tp.Type.Q6_K) else 640
+    for n_out in (3, 103):  # fewer rows than a group; groups and three left over
+        raw, w64 = _weights(t, n_out, n)
+        blocks = raw.reshape(n_out, -1, t.type_size)
+        x = RNG.standard_normal((8, n)).astype(np.float32)  # a fused product's most rows
+        before = jit.n_threads
+        outs = []
+        try:
+            for threads in (1, 2):
+                jit.set_num_threads(threads)
+                out = np.full((8, n_out), np.nan, np.float32)
+                jit.bind_matvec(t, blocks, x, out)()
+                outs.append(out)
+        finally:
+            jit.set_num_threads(before)
+        expected = q8_activations(x) @ w64.T
+        assert np.abs(outs[0] - expected).max() <= 2e-6 * np.abs(expected).max()
+        np.testing.assert_array_equal(outs[0], outs[1])
 
 
 _PORTABLE = """
@@ -121,3 +124,37 @@ def test_the_portable_ir_computes_the_same_products() -> None:
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == [w for n in names for w in (n, "ok")]
+
+
+_FAST_CALLER = """
+import numpy as np
+from numba import njit
+from tensorplug_cpu.kernels import _numba_int8 as i8
+from tensorplug_cpu.kernels._numba_quant import _DOT
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+
+@njit(fastmath=_DOT, cache=False)  # like the mat×vec kernels, which quantize first
+def fast_caller(x, xq, xd, xs):
+    i8.quantize_q8_0(x, xq, xd, xs, table)
+
+x = np.zeros((1, 32), np.float32)
+x[0, 0] = np.float32(0.49827388)  # amax/127 rounds up to f16 0x1C05; amax·(1/127) down
+xq, xd, xs = np.empty((1, 32), np.int8), np.empty((1, 1), np.float32), np.empty((1, 1), np.int32)
+fast_caller(x, xq, xd, xs)
+print(repr(float(xd[0, 0])), repr(float(np.float16(x[0, 0] / np.float32(127)))))
+"""
+
+
+def test_quantizing_inside_a_fast_math_kernel_rounds_as_ggml(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """numba gives a callee that sets no ``fastmath`` its caller's flags, and the
+    mat×vec kernels (reassociation, reciprocals allowed) call the activation quantizer:
+    ``amax / 127`` became ``amax · (1/127)`` and some scales came out one f16 step
+    lower than ggml's (a Gemma 3 prompt's logits moved by up to 0.9). Compiled afresh
+    (an empty numba cache) and first from such a caller, the scale must still be
+    ggml's ``f16(amax / 127)``."""
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_FAST_CALLER)],
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got, want = done.stdout.split()
+    assert got == want

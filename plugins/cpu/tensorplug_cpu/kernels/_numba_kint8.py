@@ -183,12 +183,23 @@ def _matvec_range(
     rows: Any, o: int, end: int, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
 ) -> None:
     """Output rows ``o..end-1``: four at a time, sharing each activation block between
-    them; the rows left over one by one."""
+    them. The last rows, fewer than four, are the end of the four rows that end at
+    ``end`` (their first rows computed again, to the same bits): every row then goes
+    through the four-row kernel, whose IR is fixed, while the one-row loops below are
+    vectorized by LLVM as the function they are inlined into allows, and the serial
+    and the parallel kernel rounded a Q8_0 row differently. Only a matrix of fewer
+    than four rows uses them, and it always runs serially (``JitKernels.bind_matvec``)."""
     while o + 4 <= end:
         for t in range(xq.shape[0]):
             four = _rows4(rows, o, xq[t], xd[t], xs[t], table, kind)
             out[t, o], out[t, o + 1], out[t, o + 2], out[t, o + 3] = four
         o += 4
+    if o < end and end >= 4:
+        for t in range(xq.shape[0]):
+            four = _rows4(rows, end - 4, xq[t], xd[t], xs[t], table, kind)
+            for i in range(o, end):
+                out[t, i] = four[i - end + 4]
+        o = end
     for left in range(o, end):
         row = rows[left]
         for t in range(xq.shape[0]):

@@ -119,6 +119,9 @@ class JitKernels:
         serial = partial(self._call, f"one-thread {what}", self._int8_serial, *args)
         parallel = partial(self._call, what, self._int8, *args)
 
+        if rows.shape[0] < 4:  # the one-row loops: one kernel, so the same bits at any -t
+            return serial
+
         def run() -> None:
             # the count at each call: set_num_threads may change it after binding
             (serial if self.n_threads == 1 else parallel)()
