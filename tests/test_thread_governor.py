@@ -203,3 +203,27 @@ def test_a_prompt_in_the_middle_of_a_trial_drops_it() -> None:
     assert machine.applied[-1] == 2 and governor.applied == 2
     machine.run(governor, 200)  # and it carries on: the trial is run again, and loses
     assert governor.current == 2 and governor.switches == 0 and governor.explorations >= 2
+
+
+def test_the_warm_up_runs_a_token_step_at_every_count_the_governor_may_choose(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend may run other kernels at another thread count (the CPU's serial
+    mat×vec at one); their first load must be loading time, not the first trial's."""
+    monkeypatch.setattr("tensorplug.models.runner.available_cores", lambda: 2)
+    applied: list[int] = []
+    real = Llama._apply_threads
+
+    def record(self: Llama, n: int) -> None:
+        applied.append(n)
+        real(self, n)
+
+    monkeypatch.setattr(Llama, "_apply_threads", record)
+    with _cpu_model(tiny) as model:
+        # one thread, then every core, where the governor starts (it may ask for it again)
+        assert applied[:2] == [1, 2] and set(applied[2:]) <= {2}
+        assert model.governor is not None and model.governor.applied == 2
+        assert model.n_past == 0 and model.timings.gen_tokens == 0  # all forgotten
+    applied.clear()
+    with _cpu_model(tiny, n_threads=1):
+        assert applied == [1]  # a fixed count: nothing else is run

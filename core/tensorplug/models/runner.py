@@ -42,7 +42,7 @@ from ..types import Type
 from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
 from .placement import Placement, by_priority, host_cpu
 from .sampling import Sampler
-from .threads import ThreadGovernor
+from .threads import ThreadGovernor, thread_counts
 from .tokenizer import Vocab
 
 if TYPE_CHECKING:
@@ -198,10 +198,11 @@ class Llama:
         ]
         if n_threads is not None:
             self.set_n_threads(n_threads)
+        governed = n_threads is None and bool(self._thread_setters) and available_cores() > 1
         if warmup:
             self._progress("warming up", 0, len(WARM_UP_STEPS))
-            self._warm_up()
-        if n_threads is None and self._thread_setters and available_cores() > 1:
+            self._warm_up(thread_counts(available_cores()) if governed else [])
+        if governed:
             self.governor = ThreadGovernor(self._apply_threads, available_cores())
         self.timings.load_s = time.perf_counter() - start
 
@@ -265,14 +266,24 @@ class Llama:
                 mem.buffers.append(buf)
                 mem.kv_cache += buf.size
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, counts: Sequence[int] = ()) -> None:
         """Run prompt-shaped and token-shaped steps once and forget them: the first
-        computes build kernels, plans and caches, which is loading, not prompt time."""
+        computes build kernels, plans and caches, which is loading, not prompt time.
+        With a thread governor to come, the token step also runs at each of its
+        ``counts`` (the most last, where the governor starts): a backend may run other
+        kernels at another count (the CPU's serial ones at one thread), and their first
+        load from numba's cache (~17 ms) fell on the governor's first trial, a few
+        tokens into the first generation."""
         for done, n in enumerate(WARM_UP_STEPS, start=1):
             n = min(n, self.n_batch, self.n_ctx - self.n_past)
             if n > 0:
                 self.eval([0] * n)
             self._progress("warming up", done, len(WARM_UP_STEPS))
+        for count in reversed(counts):
+            if self.n_past >= self.n_ctx:
+                break
+            self._apply_threads(count)
+            self.eval([0])
         self.reset()
         self.timings = Timings(graphs_built=self.timings.graphs_built)
         self.split_summaries.clear()
