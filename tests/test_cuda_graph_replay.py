@@ -307,8 +307,9 @@ def test_a_tiny_model_decodes_through_replayed_graphs(
         return logits, replays
 
     replayed, counts = run()
-    # the warm-up computed the decode graph once: every decode step here is a replay
-    assert counts == [1, 2, 3, 4]
+    # the warm-up computed the decode graph (once eagerly, then once more at each thread
+    # count of the governor): every decode step here is a replay
+    assert counts[0] >= 1 and counts == [counts[0] + i for i in range(4)]
     monkeypatch.setenv("TENSORPLUG_CUDA_GRAPHS", "0")
     launched, counts = run()
     assert counts == [0, 0, 0, 0]
