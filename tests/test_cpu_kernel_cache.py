@@ -47,3 +47,10 @@ def test_the_index_key_holds_the_hash_of_the_sources() -> None:
     assert key[-1] == SOURCES_HASH and len(SOURCES_HASH) == 64
     plain = FunctionCache(twice.py_func)._index_key(sig, twice.targetctx.codegen())
     assert key[:-1] == plain  # numba's own key, with the hash added
+
+
+def test_no_kernel_takes_its_callers_fast_math_flags() -> None:
+    """numba lets a callee that sets no ``fastmath`` inherit its caller's: every kernel
+    sets it (``kernel`` makes it ``False`` unless told otherwise)."""
+    unset = [name for name, d in _cached_kernels() if "fastmath" not in d.targetoptions]
+    assert not unset, f"these kernels would take a caller's fast-math flags: {unset}"

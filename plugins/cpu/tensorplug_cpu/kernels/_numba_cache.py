@@ -40,7 +40,13 @@ class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hin
 
 
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
-    """``numba.njit(cache=True, **options)``, cached under :data:`SOURCES_HASH` too."""
+    """``numba.njit(cache=True, **options)``, cached under :data:`SOURCES_HASH` too.
+
+    ``fastmath`` is ``False`` unless given: numba compiles a callee that sets none with
+    its caller's flags (and keeps that version for direct calls as well), and the
+    activation quantizer, called from the fast-math mat×vec kernels, rounded its scales
+    differently from ggml that way. A kernel's rounding is its own decision."""
+    options.setdefault("fastmath", False)
 
     def compile_later(fn: Callable[..., Any]) -> Any:
         dispatcher = njit(cache=True, **options)(fn)
