@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -314,12 +315,24 @@ CONTRACT: dict[Op, OpSpec] = {
 
 def problems(node: Tensor) -> list[str]:
     """Where ``node`` departs from the contract (empty when it conforms)."""
+    return list(_problems(node))
+
+
+def conforms(node: Tensor) -> bool:
+    """True when ``node`` has the operands and parameters its op's contract lists: the
+    first of :func:`problems` is not even written (a scheduler asks this of every node
+    whenever it splits a graph, e.g. at each prompt/token switch)."""
+    return next(_problems(node), None) is None
+
+
+def _problems(node: Tensor) -> Iterator[str]:
+    """:func:`problems`, one at a time; the cheap checks decide a conforming node."""
     if node.op is Op.NONE:
-        return []
+        return
     spec = CONTRACT.get(node.op)
     if spec is None:
-        return [f"op {node.op.value!r} is not in the contract"]
-    out = []
+        yield f"op {node.op.value!r} is not in the contract"
+        return
     n = len(node.src)
     if not spec.n_required <= n <= len(spec.operands):
         want = (
@@ -327,37 +340,20 @@ def problems(node: Tensor) -> list[str]:
             if spec.n_required == len(spec.operands)
             else f"{spec.n_required} to {len(spec.operands)}"
         )
-        out.append(f"{node.op.value} takes {want} operands, the node has {n}")
+        yield f"{node.op.value} takes {want} operands, the node has {n}"
     if any(not isinstance(s, Tensor) for s in node.src):
-        out.append(f"{node.op.value}: an operand is not a Tensor")
-    names = {p.name for p in spec.params}
-    if missing := sorted(names - set(node.op_params)):
-        out.append(f"{node.op.value}: op_params lack {missing}")
-    if extra := sorted(set(node.op_params) - names):
-        out.append(f"{node.op.value}: op_params {extra} are not in the contract")
-    for p in spec.params:
-        if p.name in node.op_params and not _is(node.op_params[p.name], p.type):
-            got = type(node.op_params[p.name]).__name__
-            out.append(f"{node.op.value}: op_params[{p.name!r}] is {got}, not {p.type.__name__}")
-    return out
-
-
-def conforms(node: Tensor) -> bool:
-    """True when ``node`` has the operands and parameters its op's contract lists:
-    :func:`problems` is empty, decided without writing its messages (a scheduler asks
-    this of every node whenever it splits a graph, e.g. at each prompt/token switch)."""
-    if node.op is Op.NONE:
-        return True
-    spec = CONTRACT.get(node.op)
-    if spec is None or not spec.n_required <= len(node.src) <= len(spec.operands):
-        return False
+        yield f"{node.op.value}: an operand is not a Tensor"
     params = node.op_params
-    if len(params) != len(spec.params):  # a parameter missing, or one the contract lacks
-        return False
+    if len(params) != len(spec.params) or any(p.name not in params for p in spec.params):
+        names = {p.name for p in spec.params}
+        if missing := sorted(names - set(params)):
+            yield f"{node.op.value}: op_params lack {missing}"
+        if extra := sorted(set(params) - names):
+            yield f"{node.op.value}: op_params {extra} are not in the contract"
     for p in spec.params:
-        if p.name not in params or not _is(params[p.name], p.type):
-            return False
-    return all(isinstance(s, Tensor) for s in node.src)
+        if p.name in params and not _is(params[p.name], p.type):
+            got = type(params[p.name]).__name__
+            yield f"{node.op.value}: op_params[{p.name!r}] is {got}, not {p.type.__name__}"
 
 
 def _is(value: Any, kind: type) -> bool:
