@@ -162,10 +162,9 @@ def f32_from_bits(typingctx: Any, bits: Any) -> Any:
     return types.float32(types.int32), codegen
 
 
-# fastmath=False, said outright: numba gives a callee that sets no fastmath its caller's
-# flags, and the mat×vec kernels (reciprocals allowed) call these. amax / 127 turned into
-# amax·(1/127), and some activation scales came out one f16 step below ggml's.
-@kernel(fastmath=False)
+# the mat×vec kernels (fast-math) call these two, which must round as ggml: kernel()'s
+# fastmath=False keeps numba from handing them the callers' flags
+@kernel()
 def _f32_to_f16_bits(f: Any) -> Any:
     """IEEE f16 bits of ``f`` rounded to nearest even (``GGML_FP32_TO_FP16``)."""
     a = np.int64(f32_bits(np.float32(f))) & 0xFFFFFFFF  # type: ignore[call-arg]
@@ -181,7 +180,7 @@ def _f32_to_f16_bits(f: Any) -> Any:
     return (r | sign) & 0xFFFF
 
 
-@kernel(fastmath=False)  # see _f32_to_f16_bits
+@kernel()  # see _f32_to_f16_bits
 def quantize_q8_0(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     """Rows of ``x`` (T, n) float32 as ggml's Q8_0: int8 ``xq`` (T, n), the f16-rounded
     scales ``xd`` (T, n/32) and each block's sum of codes ``xs`` (T, n/32)."""
