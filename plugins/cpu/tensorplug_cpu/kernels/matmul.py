@@ -252,6 +252,8 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = N
     n_b = b_t.shape[1]
     bind = None if as_t.type == Type.F32 else _binder(as_t.type, jit)
     w32 = ctx.scratch((1, n_out, n_in)) if bind is not None else None
+    # each expert's decoder bound once, with the plan (binding chooses kernels and views)
+    decoders = [bind(raw[ex : ex + 1]) for ex in range(n_expert)] if bind is not None else []
 
     def run() -> None:
         bad = (ids < 0) | (ids >= n_expert)
@@ -263,7 +265,7 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = N
             )
         for ex in np.unique(ids):
             tok, slot = np.nonzero(ids == ex)
-            w = raw[ex] if bind is None or w32 is None else bind(raw[ex : ex + 1])(w32)[0]
+            w = raw[ex] if w32 is None else decoders[ex](w32)[0]
             out[tok, slot] = b32[tok, slot % n_b] @ w.T
 
     return sequence(load_b, run)
