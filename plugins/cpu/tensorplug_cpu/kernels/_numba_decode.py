@@ -26,7 +26,7 @@ from numba.extending import intrinsic
 
 from ._numba_cache import kernel
 from ._numba_int8 import _I8, _I32, _splat, _vec
-from ._numba_introw import _data, _load_vec
+from ._numba_introw import _data, _load_vec, _splat_scalar
 from ._numba_kquant import _scale_min_k4
 
 __all__ = ["dequantize_q4_k_rows", "dequantize_rows32"]
@@ -40,14 +40,9 @@ def _store_scaled(
     """``dst[at:at+n] = d·codes`` (``+ m`` if given) for ``<n x i32>`` codes."""
     n = codes.type.count
     vf = ir.VectorType(_F32, n)
-
-    def splat(v: Any) -> Any:
-        one = builder.insert_element(ir.Constant(vf, None), v, _I32(0))
-        return builder.shuffle_vector(one, one, ir.Constant(_vec(_I32, n), [0] * n))
-
-    values = builder.fmul(builder.sitofp(codes, vf), splat(d))
+    values = builder.fmul(builder.sitofp(codes, vf), _splat_scalar(builder, d, n))
     if m is not None:  # only then: adding 0 would turn a −0 into +0
-        values = builder.fadd(values, splat(m))
+        values = builder.fadd(values, _splat_scalar(builder, m, n))
     builder.store(values, builder.bitcast(builder.gep(dst, [at]), vf.as_pointer()), align=4)
 
 
@@ -103,18 +98,11 @@ def _nibbles32(typingctx: Any, src: Any, at: Any, shift: Any, dst: Any, o: Any, 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         s, t = (_data(context, builder, sig.args[i], args[i]) for i in (0, 3))
         q = _load_vec(builder, s, args[1], _vec(_I8, 32))
-        one = builder.insert_element(ir.Constant(_vec(_I8, 32), None),
-                                     builder.trunc(args[2], _I8), _I32(0))  # fmt: skip
-        by = builder.shuffle_vector(one, one, ir.Constant(_vec(_I32, 32), [0] * 32))
+        by = _splat_scalar(builder, builder.trunc(args[2], _I8), 32)
         nibbles = builder.and_(builder.lshr(q, by), _splat(_I8, 32, 15))
         vf = ir.VectorType(_F32, 32)
-
-        def splat(v: Any) -> Any:
-            first = builder.insert_element(ir.Constant(vf, None), v, _I32(0))
-            return builder.shuffle_vector(first, first, ir.Constant(_vec(_I32, 32), [0] * 32))
-
-        scaled = builder.fmul(splat(args[5]), builder.uitofp(nibbles, vf))
-        values = builder.fsub(scaled, splat(args[6]))
+        scaled = builder.fmul(_splat_scalar(builder, args[5], 32), builder.uitofp(nibbles, vf))
+        values = builder.fsub(scaled, _splat_scalar(builder, args[6], 32))
         where = builder.bitcast(builder.gep(t, [args[4]]), vf.as_pointer())
         builder.store(values, where, align=4)
         return context.get_dummy_value()

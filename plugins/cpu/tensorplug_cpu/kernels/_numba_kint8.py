@@ -38,6 +38,7 @@ from ._numba_int8 import (
     row_q8_0,
 )
 from ._numba_introw import (
+    _splat_scalar,
     rows4_dot_q4_0,
     rows4_dot_q4_1,
     rows4_dot_q4_k,
@@ -54,9 +55,7 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14
 
 def _runtime_splat(builder: ir.IRBuilder, value: Any, n: int) -> Any:
     """An ``<n x i8>`` vector of a runtime integer (a shift amount)."""
-    vec = ir.Constant(_vec(_I8, n), None)
-    one = builder.insert_element(vec, builder.trunc(value, _I8), _I32(0))
-    return builder.shuffle_vector(one, one, ir.Constant(_vec(_I32, n), [0] * n))
+    return _splat_scalar(builder, builder.trunc(value, _I8), n)
 
 
 @intrinsic
