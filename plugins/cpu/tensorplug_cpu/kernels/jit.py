@@ -28,6 +28,8 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
+from .threading_layer import preload_tbb
+
 __all__ = ["JitKernels", "jit_status", "load_jit"]
 
 _log = logging.getLogger("tensorplug_cpu")
@@ -255,4 +257,7 @@ def _try_load() -> tuple[JitKernels | None, str]:
     except Exception as e:  # a numba build that does not match this numpy, etc.
         _log.warning("numba failed to import, using numpy kernels: %s", e)
         return None, f"numba failed to import: {type(e).__name__}: {e}"
-    return JitKernels(numba), f"numba {numba.__version__}"
+    # before JitKernels starts the threads; the layer a user set in numba.config counts
+    preload_tbb(str(getattr(numba.config, "THREADING_LAYER", "default")))
+    kernels = JitKernels(numba)
+    return kernels, f"numba {numba.__version__}, {numba.threading_layer()} threading layer"
