@@ -1,10 +1,12 @@
 """How many CPU threads generation steps get, chosen by timing the steps themselves.
 
-A parallel kernel ends when the last of its threads has run. When other processes hold
-the cores, each of a generation step's ~150 parallel regions waits for the OS to
-schedule its last thread. Measured on a 2-core machine with two busy processes beside
-it, a step on two threads kept 16% of its idle speed and a step on one thread kept 67%
-(``plugins/cpu/README.md``). Nothing outside the loop can tell when that happens: load
+Which count is fastest depends on what else the machine runs, and on how a backend's
+threads share work. A parallel kernel whose threads each own a fixed share ends when the
+last of them has run: on a 2-core machine with two busy processes beside it, numba's
+OpenMP layer kept 16% of a step's idle speed on two threads and 67% on one. A layer
+whose calling thread takes the work of a descheduled one (numba's TBB, which the CPU
+backend now uses) kept 96% on two threads in such a run and 62% on one
+(``plugins/cpu/README.md``). Nothing outside the loop can tell which holds: load
 averages lag by a minute and do not say whose load it is. So the loop measures. It times
 its steps at the current thread count, now and then runs a few at a neighbouring count,
 and keeps the faster. An exploration that loses doubles the wait before the next one,
