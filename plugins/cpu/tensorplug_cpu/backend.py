@@ -32,7 +32,9 @@ from tensorplug.errors import (
 from tensorplug.tensor import placement_epoch
 
 from .kernels import BuildContext, Step, build_step, supports
-from .kernels.jit import JitKernels, jit_status, load_jit
+from .kernels.jit import MAX_SIBLINGS, JitKernels, jit_status, load_jit
+from .kernels.matmul import build_sibling_products
+from .kernels.siblings import sibling_groups
 from .system import ThreadControl, features
 
 if TYPE_CHECKING:
@@ -111,7 +113,10 @@ class CpuGraphPlan(GraphPlan):
         steps: list[Step] = []
         nodes: list[Tensor] = []
         buffers: dict[int, Buffer] = {}
-        for node in graph.nodes:
+        groups = {} if jit is None else sibling_groups(graph.nodes, jit.has_int8, MAX_SIBLINGS)
+        # products computed with an earlier one of their group → what is left at their place
+        joined: dict[int, Step | None] = {}
+        for i, node in enumerate(graph.nodes):
             for t in (node, *node.src):
                 buf = t.require_allocated()
                 if not buf.is_host:
@@ -129,7 +134,18 @@ class CpuGraphPlan(GraphPlan):
                 )
             if node.nelements == 0:
                 continue
-            step = build_step(node, ctx, jit)
+            step: Step | None = None
+            if i in joined:
+                step = joined[i]
+            elif jit is not None and i in groups:
+                indices, staged = zip(*groups[i], strict=True)
+                built = build_sibling_products([graph.nodes[j] for j in indices], staged,
+                                               ctx, jit)  # fmt: skip
+                if built is not None:
+                    step, places = built
+                    joined.update(zip(indices[1:], places[1:], strict=True))
+            if step is None and i not in joined:
+                step = build_step(node, ctx, jit)
             if step is not None:
                 steps.append(step)
                 nodes.append(node)

@@ -244,3 +244,25 @@ def matvec_int8_serial(
     where the 56 layer products of a 100M model's token take ~4 ms in all)."""
     quantize_q8_0(x, xq, xd, xs, table)
     _matvec_range(rows, 0, rows.shape[0], xq, xd, xs, out, table, kind)
+
+
+@kernel(parallel=True, fastmath=_DOT)
+def matvec_int8_siblings(
+    x: Any, rows: Any, outs: Any, kinds: Any, starts: Any, xq: Any, xd: Any, xs: Any, table: Any
+) -> None:
+    """:func:`matvec_int8` for several matrices that multiply the same ``x`` (a layer's
+    Q, K and V; its gate and up): ``x`` quantized once, one parallel region for all.
+    ``rows``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s rows sitting at
+    ``starts[m]..`` of one concatenated row range (each start a multiple of four, so a
+    chunk's share of a matrix begins on a four-row group: every row takes the four-row
+    kernel, and its bits are those of :func:`matvec_int8`)."""
+    quantize_q8_0(x, xq, xd, xs, table)
+    total = starts[len(rows)]
+    per = ((total + _CHUNKS - 1) // _CHUNKS + 3) // 4 * 4
+    for c in prange(_CHUNKS):
+        lo, hi = c * per, (c + 1) * per
+        for m in range(len(rows)):
+            o, end = max(lo, starts[m]) - starts[m], min(hi, starts[m] + rows[m].shape[0])
+            if o < end - starts[m]:
+                _matvec_range(rows[m], o, end - starts[m], xq, xd, xs, outs[m], table,
+                              kinds[m])  # fmt: skip

@@ -23,7 +23,7 @@ Batch broadcasting: ``b``'s batch extents are multiples of ``a``'s and batch ``j
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,7 @@ __all__ = [
     "TILE_ELEMS",
     "build_mul_mat",
     "build_mul_mat_id",
+    "build_sibling_products",
     "chunk_rows",
 ]
 
@@ -238,6 +239,30 @@ def _fused_matvec(
             product()
 
     return run
+
+
+def build_sibling_products(
+    nodes: Sequence[Tensor], staged: Sequence[bool], ctx: BuildContext, jit: JitKernels
+) -> tuple[Step, list[Step | None]] | None:
+    """Products of one activation by several quantized matrices as one step (the
+    groups of :func:`.siblings.sibling_groups`), and for each product the step its own
+    place in the graph keeps: None, or the copy of a staged result into place. None
+    when the kernels cannot take the products together."""
+    ctx.begin_node()
+    x = ctx.view(nodes[0].src[1])
+    products = []
+    places: list[Step | None] = []
+    for node, stage in zip(nodes, staged, strict=True):
+        out = ctx.view(node)
+        if stage:  # its own array: scratch slots are reused by the nodes in between
+            into = np.empty(out.shape, np.float32)
+            places.append(partial(np.copyto, out, into))
+            out = into
+        else:
+            places.append(None)
+        products.append((node.src[0].type, ctx.view(node.src[0]), out))
+    step = jit.bind_matvec_siblings(x, products)
+    return None if step is None else (step, places)
 
 
 def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
