@@ -94,7 +94,7 @@ def graph_key(nodes: Sequence[Tensor]) -> GraphKey:
 class CpuGraphPlan(GraphPlan):
     """A graph with each node's kernel bound to numpy views of its operands."""
 
-    def __init__(self, backend: CpuBackend, graph: Graph) -> None:
+    def __init__(self, backend: CpuBackend, graph: Graph, key: GraphKey | None = None) -> None:
         super().__init__(backend, graph)
         self.steps: list[Step] = []
         self.nodes: list[Tensor] = []
@@ -105,10 +105,11 @@ class CpuGraphPlan(GraphPlan):
         self.node_list: list[Tensor] = []
         self.epoch = -1
         self.freed = False
-        self.bind(graph, backend.jit)
+        self.bind(graph, backend.jit, key)
 
-    def bind(self, graph: Graph, jit: JitKernels | None) -> None:
-        """(Re)build every step for ``graph``; views and scratch are made here, once."""
+    def bind(self, graph: Graph, jit: JitKernels | None, key: GraphKey | None = None) -> None:
+        """(Re)build every step for ``graph``; views and scratch are made here, once.
+        ``key``: ``graph_key(graph.nodes)`` when the caller has it (~0.3 ms a prompt)."""
         ctx = BuildContext(jit)
         steps: list[Step] = []
         nodes: list[Tensor] = []
@@ -152,7 +153,7 @@ class CpuGraphPlan(GraphPlan):
         self.graph = graph
         self.steps, self.nodes = steps, nodes
         self.buffers = tuple(buffers.values())
-        self.key = graph_key(graph.nodes)
+        self.key = graph_key(graph.nodes) if key is None else key
         self.node_list, self.epoch = list(graph.nodes), placement_epoch()
         self.freed = False
 
@@ -228,7 +229,7 @@ class CpuBackend(Backend):
             self._drop_stale_plans()
             plan = self._plans.get(key)
             if plan is None:
-                plan = CpuGraphPlan(self, graph)  # kept only once built
+                plan = CpuGraphPlan(self, graph, key)  # kept only once built
                 self._plans[key] = plan
                 if len(self._plans) > PLAN_CACHE:
                     self._plans.popitem(last=False)[1].free()

@@ -87,7 +87,10 @@ def sibling_groups(
     at its own place (:func:`_placement`). ``matvec_types`` says which weight types the
     joint kernel takes."""
     by_activation: dict[int, list[int]] = {}
+    mul_mat = Op.MUL_MAT
     for i, node in enumerate(nodes):
+        if node.op is not mul_mat or node.src[1].shape[0] > MATVEC_MAX_TOKENS:
+            continue  # the common case, decided before the full check (prompt graphs)
         if _candidate(node, matvec_types):
             by_activation.setdefault(id(node.src[1]), []).append(i)
     groups: dict[int, list[tuple[int, bool]]] = {}
