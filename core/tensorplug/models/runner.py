@@ -3,14 +3,18 @@
 :class:`Llama` loads a model the way llama.cpp does: weights the host CPU computes on
 are the file's own memory map (no copy), weights of other devices are uploaded into
 their buffers, each block's KV cache is allocated (and zeroed) on the block's device.
-One :class:`~tensorplug.Scheduler` over those devices, with the host CPU backend last,
-runs every step.
+Two :class:`~tensorplug.Scheduler` over those devices, with the host CPU backend last,
+run the steps: one the batches of a prompt, one single tokens. Each keeps its last
+graph split and allocated, so going from a prompt to generation and back does not
+split and allocate the other's graph again (a generation's first token paid 2–4.5 ms
+of Python for that on the 2-core dev machine, 100M model).
 
 A step is a graph of fixed shape — ``n_tokens`` new tokens attending to ``n_kv`` cache
 rows, ``n_kv`` the used context rounded up to ``kv_pad`` — kept in a small cache of
-built graphs. The scheduler's buffers are reserved once, for the largest step, and a
-graph that is already allocated is computed again with new inputs, so decoding token
-after token costs one set of input writes, one compute and one read of the logits.
+built graphs. The schedulers' buffers are reserved once, for the largest step of each
+kind, and a graph that is already allocated is computed again with new inputs, so
+decoding token after token costs one set of input writes, one compute and one read of
+the logits.
 
 Timings follow llama.cpp's split: batches of several tokens are "prompt" time, single
 tokens "generation" time; each is divided into the scheduler's ``graph_compute`` (the
@@ -181,15 +185,21 @@ class Llama:
         self._load(use_mmap)
         devices = by_priority([*p.devices(), host_cpu()])
         self.backends: list[Backend] = [d.init_backend() for d in devices]
+        #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens
         self.sched = Scheduler(self.backends)
+        self.token_sched = Scheduler(self.backends)
         self._graphs: OrderedDict[tuple[int, int, int], StepGraph] = OrderedDict()
-        self._current: StepGraph | None = None
+        #: the graph each scheduler has allocated
+        self._allocated: dict[int, StepGraph] = {}
+        self._current: StepGraph | None = None  # the graph of the last step
         self.n_past = 0
         self.timings = Timings()
-        #: the last prompt and generation graphs' splits, as the scheduler made them
+        #: the splits of the prompt and generation graphs the schedulers hold, as they
+        #: made them (the warm-up's, until a step of another shape)
         self.split_summaries: dict[str, SplitSummary] = {}
-        worst = self._graph(self.n_batch, self.n_ctx, self.n_batch)
-        self.sched.reserve(worst.graph)
+        self.token_sched.reserve(self._graph(1, self.n_ctx, 1).graph)
+        if self.n_batch > 1:
+            self.sched.reserve(self._graph(self.n_batch, self.n_ctx, self.n_batch).graph)
         #: picks the thread count of generation steps while no count is fixed
         self.governor: ThreadGovernor | None = None
         self._threads: int | None = None  # the count last given to the backends
@@ -286,7 +296,7 @@ class Llama:
             self.eval([0])
         self.reset()
         self.timings = Timings(graphs_built=self.timings.graphs_built)
-        self.split_summaries.clear()
+        # split_summaries stay: they describe the graphs the schedulers still hold
 
     # -- evaluation ---------------------------------------------------------------------------
 
@@ -329,7 +339,8 @@ class Llama:
             self._graphs[key] = sg
             self.timings.graphs_built += 1
             if len(self._graphs) > GRAPH_CACHE:
-                old = next(k for k, g in self._graphs.items() if g is not self._current)
+                held = self._allocated.values()
+                old = next(k for k, g in self._graphs.items() if all(g is not h for h in held))
                 del self._graphs[old]
         else:
             self._graphs.move_to_end(key)
@@ -340,10 +351,13 @@ class Llama:
         T = chunk.size
         n_kv = min(self.n_ctx, -(-(self.n_past + T) // self.kv_pad) * self.kv_pad)
         sg = self._graph(T, n_kv, n_outputs)
-        if self._current is not sg:
-            self.sched.alloc_graph(sg.graph)
-            self._current = sg
-            self.split_summaries["prompt" if T > 1 else "generation"] = self._summarize(sg)
+        sched = self.sched_for(T)
+        if self._allocated.get(id(sched)) is not sg:
+            sched.alloc_graph(sg.graph)
+            self._allocated[id(sched)] = sg
+            kind = "prompt" if T > 1 else "generation"
+            self.split_summaries[kind] = self._summarize(sg, sched)
+        self._current = sg
         pos = np.arange(self.n_past, self.n_past + T, dtype=np.int32)
         set_array(sg.tokens, chunk)
         set_array(sg.pos, pos)
@@ -360,7 +374,7 @@ class Llama:
             # a prompt the same numbers however busy the machine was
             self._apply_threads(self.governor.counts[0] if T > 1 else self.governor.applied)
         t_compute = time.perf_counter()
-        status = self.sched.graph_compute(sg.graph)
+        status = sched.graph_compute(sg.graph)
         compute = time.perf_counter() - t_compute
         if status is not Status.SUCCESS:
             raise ComputeAbortedError(f"the step graph did not compute: {status.name}")
@@ -429,20 +443,26 @@ class Llama:
 
     # -- reporting ------------------------------------------------------------------------------
 
-    def _summarize(self, sg: StepGraph) -> SplitSummary:
+    def sched_for(self, n_tokens: int) -> Scheduler:
+        """The scheduler that runs steps of ``n_tokens`` tokens."""
+        return self.token_sched if n_tokens == 1 else self.sched
+
+    def _summarize(self, sg: StepGraph, sched: Scheduler) -> SplitSummary:
         splits = tuple(
             (
                 self.backends[sp.backend_id].name,
                 sp.end - sp.start,
                 tuple(t.name or t.op.value for t in sp.inputs),
             )
-            for sp in self.sched.splits
+            for sp in sched.splits
         )
-        copied = sum(t.nbytes for sp in self.sched.splits for t in sp.inputs)
+        copied = sum(t.nbytes for sp in sched.splits for t in sp.inputs)
         return SplitSummary(len(sg.graph.nodes), splits, copied)
 
     def compute_buffers(self) -> list[tuple[str, int]]:
-        return [(be.name, self.sched.buffer_size(be)) for be in self.backends]
+        """Each backend's compute memory: both schedulers' buffers."""
+        return [(be.name, self.sched.buffer_size(be) + self.token_sched.buffer_size(be))
+                for be in self.backends]  # fmt: skip
 
     def __enter__(self) -> Llama:
         return self
@@ -453,6 +473,7 @@ class Llama:
     def close(self) -> None:
         """Free the scheduler, the buffers and the backends."""
         self.sched.free()
+        self.token_sched.free()
         for mem in self.memory.values():
             for buf in mem.buffers:
                 buf.free()
