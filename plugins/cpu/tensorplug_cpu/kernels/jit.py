@@ -117,10 +117,7 @@ class JitKernels:
         if rows is None:
             kernel, what = self._kernels[t][0], f"matrix-vector kernel for {t.name}"
             return partial(self._call, what, kernel, blocks, x, out, _F16_TO_F32)
-        n_tok, n = x.shape
-        xq = np.empty((n_tok, n), np.int8)
-        xd = np.empty((n_tok, n // 32), np.float32)
-        xs = np.empty((n_tok, n // 32), np.int32)
+        xq, xd, xs = _q8_scratch(x)
         # a parallel kernel may call a serial one (not the reverse: numba's disk cache of
         # a function that calls a parallel one crashed the process that loaded it)
         what = f"integer matrix-vector kernel for {t.name}"
@@ -170,12 +167,9 @@ class JitKernels:
         starts = np.zeros(MAX_SIBLINGS + 1, np.int64)
         for m, r in enumerate(rows):
             starts[m + 1] = starts[m] + -(-r.shape[0] // 4) * 4
-        n_tok, n = x.shape
-        scratch = (np.empty((n_tok, n), np.int8), np.empty((n_tok, n // 32), np.float32),
-                   np.empty((n_tok, n // 32), np.int32))  # fmt: skip
         together = partial(self._call, "integer matrix-vector kernel for sibling products",
                            self._int8_siblings, x, tuple(rows), tuple(outs), kinds, starts,
-                           *scratch, _F16_TO_F32)  # fmt: skip
+                           *_q8_scratch(x), _F16_TO_F32)  # fmt: skip
 
         def run() -> None:
             if self.n_threads == 1:  # the serial kernels: no region to save
@@ -274,6 +268,13 @@ class JitKernels:
     def set_num_threads(self, n: int) -> None:
         self.n_threads = max(1, min(n, self.numba.config.NUMBA_NUM_THREADS))
         self.numba.set_num_threads(self.n_threads)
+
+
+def _q8_scratch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Room for ``x``'s rows quantized to Q8_0: codes, block scales, block code sums."""
+    n_tok, n = x.shape
+    return (np.empty((n_tok, n), np.int8), np.empty((n_tok, n // 32), np.float32),
+            np.empty((n_tok, n // 32), np.int32))  # fmt: skip
 
 
 def _block_rows(blocks: np.ndarray) -> np.ndarray | None:
