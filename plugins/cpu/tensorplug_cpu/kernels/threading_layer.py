@@ -12,8 +12,8 @@ The ``tbb`` wheel installs ``libtbb`` into the environment's ``lib`` folder, bes
 ``site-packages`` rather than in it. The dynamic loader does not look there outside
 conda, so numba's ``CDLL("libtbb.so.12")`` fails and it falls back to OpenMP without a
 word. Loading the library by its full path first (``RTLD_GLOBAL``) makes that name
-resolve to the loaded copy. Where ``tbb`` is not installed, or the user named a layer
-(``NUMBA_THREADING_LAYER``), this does nothing.
+resolve to the loaded copy. Where ``tbb`` is not installed, or the user named another
+layer (``NUMBA_THREADING_LAYER`` or ``numba.config.THREADING_LAYER``), this does nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -52,13 +51,13 @@ def find_tbb_library() -> Path | None:
     return None
 
 
-def preload_tbb(requested_layer: str | None = None) -> Path | None:
+def preload_tbb(requested_layer: str) -> Path | None:
     """Loads the ``tbb`` distribution's runtime so that numba's threading layer can
-    use it; returns the library loaded, or None when nothing was (no ``tbb``, a layer
-    chosen that is not TBB, or a library that would not load). Must run before numba
-    starts its threads: the layer is chosen once, at the first parallel call."""
-    if requested_layer is None:
-        requested_layer = os.environ.get("NUMBA_THREADING_LAYER", "default")
+    use it; returns the library loaded, or None when nothing was (no ``tbb``, a
+    ``requested_layer`` — ``numba.config.THREADING_LAYER``, which numba reads from
+    the environment — that is not TBB, or a library that would not load). Must run
+    before numba starts its threads: the layer is chosen once, at the first parallel
+    call."""
     if requested_layer.strip().lower() not in _LAYERS_THAT_TRY_TBB:
         return None
     path = find_tbb_library()
