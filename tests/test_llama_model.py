@@ -261,13 +261,13 @@ def test_partial_offload_pins_every_node_and_copy(
         ("CPU", ("rms_norm",)),
     ]
     assert summary.n_copies == 5
-    step = m._current
-    assert step is not None
     sched = m.sched_for(1)
-    where = {t.name: sched.get_tensor_backend(t) for t in step.graph.nodes if t.name}
+    step = sched.allocated
+    assert step is not None
+    where = {t.name: sched.get_tensor_backend(t) for t in step.nodes if t.name}
     for i in range(2):
         for name in (f"attn_norm-{i}", f"ffn_norm-{i}", f"ffn_inp-{i}", f"l_out-{i}"):
             assert where[name] is not None and where[name].name == "OpenCL0", name
     assert where["result_norm"].name == "CPU" and where["inp_embd"].name == "CPU"
-    last_norm = next(t for t in step.graph.nodes if t.op.value == "rms_norm" and not t.name)
+    last_norm = next(t for t in step.nodes if t.op.value == "rms_norm" and not t.name)
     assert sched.get_tensor_backend(last_norm).name == "OpenCL0"  # type: ignore[union-attr]

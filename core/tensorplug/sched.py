@@ -183,6 +183,13 @@ class Scheduler:
     # -- what the last graph looks like -------------------------------------------------
 
     @property
+    def allocated(self) -> Graph | None:
+        """The graph :meth:`alloc_graph` last allocated, while it still holds its memory
+        (None after :meth:`reset`, :meth:`reserve` or a failed allocation): computing it
+        again splits and allocates nothing."""
+        return self._allocated
+
+    @property
     def n_splits(self) -> int:
         return len(self._split.splits) if self._split is not None else 0
 

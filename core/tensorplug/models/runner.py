@@ -189,9 +189,6 @@ class Llama:
         self.sched = Scheduler(self.backends)
         self.token_sched = Scheduler(self.backends)
         self._graphs: OrderedDict[tuple[int, int, int], StepGraph] = OrderedDict()
-        #: the graph each scheduler has allocated
-        self._allocated: dict[int, StepGraph] = {}
-        self._current: StepGraph | None = None  # the graph of the last step
         self.n_past = 0
         self.timings = Timings()
         #: the splits of the prompt and generation graphs the schedulers hold, as they
@@ -339,8 +336,8 @@ class Llama:
             self._graphs[key] = sg
             self.timings.graphs_built += 1
             if len(self._graphs) > GRAPH_CACHE:
-                held = self._allocated.values()
-                old = next(k for k, g in self._graphs.items() if all(g is not h for h in held))
+                held = {id(self.sched.allocated), id(self.token_sched.allocated)}
+                old = next(k for k, g in self._graphs.items() if id(g.graph) not in held)
                 del self._graphs[old]
         else:
             self._graphs.move_to_end(key)
@@ -352,12 +349,10 @@ class Llama:
         n_kv = min(self.n_ctx, -(-(self.n_past + T) // self.kv_pad) * self.kv_pad)
         sg = self._graph(T, n_kv, n_outputs)
         sched = self.sched_for(T)
-        if self._allocated.get(id(sched)) is not sg:
+        if sched.allocated is not sg.graph:
             sched.alloc_graph(sg.graph)
-            self._allocated[id(sched)] = sg
             kind = "prompt" if T > 1 else "generation"
             self.split_summaries[kind] = self._summarize(sg, sched)
-        self._current = sg
         pos = np.arange(self.n_past, self.n_past + T, dtype=np.int32)
         set_array(sg.tokens, chunk)
         set_array(sg.pos, pos)
