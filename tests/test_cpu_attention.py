@@ -340,6 +340,29 @@ def test_flash_attn_ext_of_a_prompt(
     assert nmse(got, expected) < 1e-10
 
 
+@pytest.mark.parametrize("strided", [False, True], ids=["rows", "strided-rows"])
+def test_f16_rows_widen_exactly_up_to_used(strided: bool) -> None:
+    """The prompt's widening of an F16 cache (and mask) into float32 scratch: every
+    value of rows ``j < used`` exactly as numpy widens it (inf, -inf, subnormals
+    included), rows past ``used`` untouched; a cache whose halves are not contiguous
+    takes the table path."""
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    if jit is None:
+        pytest.skip("numba is not installed")
+    raw = (RNG.standard_normal((2, 3, 9, 40)) * 300).astype(np.float16)
+    raw[0, 1, 2, :4] = [np.inf, -np.inf, 6e-8, -0.0]
+    if strided:
+        raw = np.repeat(raw, 2, axis=-1)[..., ::2]
+    out = np.full(raw.shape, 7.0, np.float32)
+    jit.widen_f16_rows(raw, out, 5)
+    np.testing.assert_array_equal(out[:, :, :5], raw[:, :, :5].astype(np.float32))
+    assert (out[:, :, 5:] == 7).all()
+    with pytest.raises(ValueError, match="unit-stride"):
+        jit.widen_f16_rows(raw, out[..., ::2], 5)
+
+
 # -- a whole transformer block --------------------------------------------------------------------
 
 

@@ -228,8 +228,8 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
     if softcap != 0:
         scale = scale / softcap
     q4 = padded4(ctx.view(q_t))
-    k4, widen_k = _widened(ctx, k_t)
-    v4, widen_v = _widened(ctx, v_t)
+    k4, widen_k = _widened(ctx, k_t, jit)
+    v4, widen_v = _widened(ctx, v_t, jit)
     B, H, n_q, _ = q4.shape
     h_kv, n_kv, d_v = k4.shape[1], k4.shape[2], v4.shape[3]
     g = H // h_kv
@@ -262,7 +262,10 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
     if term is not None and term.dtype != F32:
         # an F16 mask added as is costs numpy a slow mixed-type loop per chunk: widen once
         raw_term, term = term, ctx.scratch(term.shape)
-        prep = sequence(prep, partial(np.copyto, term, raw_term))
+        widen = partial(np.copyto, term, raw_term)
+        if jit is not None:  # term is the mask itself here: 4-d
+            widen = partial(jit.widen_f16_rows, raw_term, term, raw_term.shape[2])
+        prep = sequence(prep, widen)
     step = max(1, min(n_q, SCORE_ELEMS // max(1, B * H * n_kv)))
     s_full = ctx.scratch((B, h_kv, g, step, n_kv))
     o_full = ctx.scratch((B, h_kv, g, step, d_v))
@@ -284,8 +287,16 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
             (q5, s5, mterm, row_full[:, :, :, :n], o_full[:, :, :, :n], out5[:, :, :, r0:r1])
         )
 
+    if mask4 is None:
+        visible: Callable[[], int] = lambda: n_kv  # noqa: E731
+    elif jit is not None:  # raw halves read in place, the last columns first
+        visible = partial(jit.visible_columns, mask4.view(np.uint16) if mask4.dtype == np.float16
+                          else mask4)  # fmt: skip
+    else:
+        visible = partial(_visible_columns, mask4)
+
     def run() -> None:
-        used = n_kv if mask4 is None else _visible_columns(mask4)
+        used = visible()
         if widen_k is not None:
             widen_k(used)
         if widen_v is not None:
@@ -355,7 +366,9 @@ def _visible_columns(mask4: np.ndarray) -> int:
     return seen.size - int(np.argmax(seen[::-1])) if seen.any() else 1
 
 
-def _widened(ctx: BuildContext, t: Tensor) -> tuple[np.ndarray, Callable[[int], None] | None]:
+def _widened(
+    ctx: BuildContext, t: Tensor, jit: JitKernels | None
+) -> tuple[np.ndarray, Callable[[int], None] | None]:
     """K or V as float32 ``(B, H, n_kv, D)`` and, for F16/BF16, a function widening the
     first ``used`` rows into it (the rest of the scratch is never read)."""
     raw = padded4(ctx.view(t))
@@ -363,6 +376,8 @@ def _widened(ctx: BuildContext, t: Tensor) -> tuple[np.ndarray, Callable[[int], 
         return raw, None
     buf = padded4(ctx.scratch(t.shape))
     if t.type == Type.F16:
+        if jit is not None:
+            return buf, partial(jit.widen_f16_rows, raw, buf)
         return buf, lambda used: np.copyto(buf[:, :, :used], raw[:, :, :used])
     if t.type == Type.BF16:
         bits = buf.view(np.uint32)

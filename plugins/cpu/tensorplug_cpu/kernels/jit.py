@@ -75,7 +75,7 @@ class JitKernels:
         self._int8_types = {Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
                             Type.Q6_K}  # fmt: skip
         from . import _numba_rows as rows
-        from ._numba_attention import attend, softmax_rows, visible_columns
+        from ._numba_attention import attend, softmax_rows, visible_columns, widen_f16_rows
 
         self._rms_norm_rows, self._glu_rows = rows.rms_norm_rows, rows.glu_rows
         self._set_rows = rows.set_rows
@@ -84,6 +84,7 @@ class JitKernels:
 
         self._attend, self._visible_columns = attend, visible_columns
         self._softmax_rows = softmax_rows
+        self._widen_f16_rows = widen_f16_rows
         from . import _numba_decode as dec
 
         # the vector decoders of whole byte rows, and the arguments after (rows, out, table)
@@ -209,6 +210,14 @@ class JitKernels:
     ) -> None:
         """:func:`._numba_attention.softmax_rows` (a prompt's attention weights)."""
         self._call("attention softmax kernel", self._softmax_rows, s, mask, used, scale, row)
+
+    def widen_f16_rows(self, raw: np.ndarray, out: np.ndarray, used: int) -> None:
+        """:func:`._numba_attention.widen_f16_rows`: rows ``j < used`` of 4-d float16
+        ``raw`` into float32 ``out`` of the same shape, whose last axis is unit-stride."""
+        if out.strides[-1] != out.itemsize:
+            raise ValueError(f"widen_f16_rows: out's rows must be unit-stride, not {out.strides}")
+        self._call("f16 widening kernel", self._widen_f16_rows, raw.view(np.uint16), out, used,
+                   _F16_TO_F32)  # fmt: skip
 
     def visible_columns(self, mask: np.ndarray) -> int:
         """:func:`._numba_attention.visible_columns` (raw f16 or float32 masks)."""
