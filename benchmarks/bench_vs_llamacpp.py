@@ -1,8 +1,8 @@
 """tensorplug's CPU backend against llama.cpp on the same models, same machine, same run.
 
     python benchmarks/bench_vs_llamacpp.py [--models 100M:q4_0,100M:q8_0,100M:q4_k]
-        [--threads 1,2,auto] [--prompt 128] [--gen 32] [--batch 128] [--rounds 3] [--load N]
-        [--llama-python PATH]
+        [--threads 1,2,auto] [--prompt 128] [--gen 32] [--batch 128] [--repeats 2]
+        [--rounds 3] [--load N] [--llama-python PATH]
 
 Models are written once into ``--cache`` by the tiny-model writer (random weights, a
 llama graph): ``100M`` (8 blocks, n_embd 768, 12 heads / 4 KV heads, n_ff 2048, vocab
@@ -16,13 +16,19 @@ llama-cpp-python (an interpreter that has it: this one, ``--llama-python``, or
 minutes) — run interleaved (tensorplug, llama.cpp, tensorplug, …) ``--rounds`` times,
 so a slow minute of the machine hurts both. A process loads the model, evaluates a
 warm-up, then a ``--prompt``-token prompt in batches of ``--batch`` (llama.cpp's
-``n_batch``; tensorplug's ``n_batch``) and ``--gen`` single-token steps, both with an
-F16 KV cache, with ``--threads`` threads (tensorplug: its numba and worker-pool
-threads; llama.cpp: ``n_threads``). ``auto`` runs each engine as a user gets it without ``-t``:
+``n_batch``; tensorplug's ``n_batch``) and ``--gen`` single-token steps, then the same
+prompt ``--repeats`` times more from an empty context (llama-bench's way: steady
+throughput, the median of the repeats), all with an F16 KV cache, with ``--threads``
+threads (tensorplug: its numba and worker-pool threads; llama.cpp: ``n_threads``). The
+first prompt is what a user waits for; on tensorplug it includes building the plan of
+a batch of its length (tens of milliseconds on a small model: a new length, a new
+plan), which the repeats reuse. ``auto`` runs each engine as a user gets it without ``-t``:
 tensorplug's runner with its thread governor (every core, fewer for generation steps
 while timing shows other work holding the cores), llama.cpp with one thread per core
 (llama-cli's default on a machine without SMT). The table gives tokens/s as median
-(min–max) and the ratio of the medians, tensorplug / llama.cpp: above 1.00 tensorplug is faster.
+(min–max) per engine, and the ratio tensorplug / llama.cpp (above 1.00 tensorplug is
+faster) as the median of each round's own ratio: the two runs of a round are seconds
+apart, so a slow phase of a shared machine cancels out of it.
 
 ``--load N`` starts N busy processes (a Python loop each) for the whole run, to see
 how each engine copes with a machine that is doing something else.
@@ -129,7 +135,9 @@ def _tokens(n: int, n_vocab: int) -> list[int]:
     return [(7919 * i + 13) % (n_vocab - 3) + 3 for i in range(n)]  # fixed, no special ids
 
 
-def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch: int) -> dict:
+def worker_tensorplug(
+    path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int
+) -> dict:
     from tensorplug import registry
     from tensorplug.gguf import GGUFFile
     from tensorplug.models.placement import Placement
@@ -149,11 +157,20 @@ def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch:
     for _ in range(n_gen):
         tok = int(m.eval([tok])[-1].argmax())
     t2 = time.perf_counter()
+    again = []
+    for _ in range(repeats):
+        m.reset()
+        t = time.perf_counter()
+        m.eval(prompt)
+        again.append(n_prompt / (time.perf_counter() - t))
     m.close()
-    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1)}
+    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1),
+            "again": statistics.median(again)}  # fmt: skip
 
 
-def worker_llamacpp(path: str, threads: int, n_prompt: int, n_gen: int, batch: int) -> dict:
+def worker_llamacpp(
+    path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int
+) -> dict:
     import llama_cpp
 
     threads = threads or os.cpu_count() or 1
@@ -170,12 +187,20 @@ def worker_llamacpp(path: str, threads: int, n_prompt: int, n_gen: int, batch: i
     for i in range(n_gen):
         llm.eval([prompt[i % n_prompt]])
     t2 = time.perf_counter()
-    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1)}
+    again = []
+    for _ in range(repeats):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(prompt)
+        again.append(n_prompt / (time.perf_counter() - t))
+    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1),
+            "again": statistics.median(again)}  # fmt: skip
 
 
 def _run_worker(args: argparse.Namespace) -> None:
     fn = worker_tensorplug if args.worker == "tensorplug" else worker_llamacpp
-    print(json.dumps(fn(args.model, args.threads[0], args.prompt, args.gen, args.batch)))
+    print(json.dumps(fn(args.model, args.threads[0], args.prompt, args.gen, args.batch,
+                        args.repeats)))  # fmt: skip
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -199,11 +224,17 @@ def measure(exe: str, engine: str, path: Path, threads: int, a: argparse.Namespa
                      "NUMBA_NUM_THREADS")})  # fmt: skip
     cmd = [exe, __file__, "--worker", engine, "--model", str(path),
            "--threads", str(threads or "auto"), "--prompt", str(a.prompt), "--gen", str(a.gen),
-           "--batch", str(a.batch)]  # fmt: skip
+           "--batch", str(a.batch), "--repeats", str(a.repeats)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{engine} failed on {path.name}:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def paired_ratio(ours: list[float], theirs: list[float]) -> float:
+    """The median of round ``i``'s ``ours[i] / theirs[i]``: a ratio of medians would
+    set one round's fast minute against another's slow one."""
+    return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
 
 
 def _stats(values: list[float]) -> str:
@@ -217,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (128)")
     p.add_argument("--gen", type=int, default=32, help="generated tokens (32)")
     p.add_argument("--batch", type=int, default=128, help="prompt batch, both engines (128)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="prompts again after the first, for steady throughput (2)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
     p.add_argument("--load", type=int, default=0, help="busy processes during the run (0)")
     p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
@@ -225,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.threads = parse_counts(a.threads, "--threads")
-    for name in ("prompt", "gen", "batch", "rounds"):
+    for name in ("prompt", "gen", "batch", "repeats", "rounds"):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name} must be >= 1")
     if a.load < 0:
@@ -242,10 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.load)]
     try:
         print(f"{os.cpu_count()} cores, {a.load} busy processes; prompt {a.prompt} tokens in "
-              f"batches of {a.batch}, {a.gen} generated; {a.rounds} interleaved rounds; "
-              "tokens/s median (min-max)")  # fmt: skip
-        print(f"{'model':12} {'thr':>4} | {'prompt tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
-              f" | {'gen tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}")  # fmt: skip
+              f"batches of {a.batch} (first, then {a.repeats} more: 'again'), {a.gen} "
+              f"generated; {a.rounds} interleaved rounds; tokens/s median (min-max), "
+              "ratio: median of the rounds' ratios")  # fmt: skip
+        print(f"{'model':12} {'thr':>4}" + "".join(
+            f" | {what + ' tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
+            for what in ("prompt", "again", "gen")))  # fmt: skip
         for spec in specs:
             for threads in a.threads:
                 ours: list[dict] = []
@@ -254,10 +289,10 @@ def main(argv: list[str] | None = None) -> int:
                     ours.append(measure(sys.executable, "tensorplug", paths[spec], threads, a))
                     theirs.append(measure(llama_python, "llamacpp", paths[spec], threads, a))
                 row = [f"{spec.name:12} {threads or 'auto':>4}"]
-                for key in ("prompt", "gen"):
+                for key in ("prompt", "again", "gen"):
                     mine = [r[key] for r in ours]
                     ref = [r[key] for r in theirs]
-                    ratio = statistics.median(mine) / statistics.median(ref)
+                    ratio = paired_ratio(mine, ref)
                     row.append(f"{_stats(mine):>24} {_stats(ref):>24} {ratio:6.2f}")
                 print(" | ".join(row), flush=True)
     finally:

@@ -52,3 +52,22 @@ def test_thread_counts_take_auto_for_each_engines_own_choice(bench: ModuleType) 
     for bad in ("0", "two", "", "-1", "1,0"):
         with pytest.raises(SystemExit, match="integers >= 1 or 'auto'"):
             bench.parse_counts(bad, "--threads")
+
+
+def test_the_ratio_is_the_median_of_each_rounds_own(bench: ModuleType) -> None:
+    # round ratios 1.0, 2.0, 0.8: their median is 1.0, where the ratio of the medians
+    # (80 / 100) would pair round 3's tensorplug with round 1's llama.cpp
+    assert bench.paired_ratio([100.0, 50.0, 80.0], [100.0, 25.0, 100.0]) == 1.0
+    assert bench.paired_ratio([3.0], [4.0]) == 0.75
+
+
+def test_a_tensorplug_worker_reports_first_prompt_repeats_and_generation(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    from tensorplug.models.tiny import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", "q8_0", n_embd=64, n_ff=128, n_layer=2,
+                            n_head=4, n_head_kv=2, n_vocab=320)  # fmt: skip
+    got = bench.worker_tensorplug(str(path), 1, n_prompt=12, n_gen=3, batch=8, repeats=2)
+    assert set(got) == {"prompt", "again", "gen"}
+    assert all(v > 0 for v in got.values())
