@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +136,22 @@ def _tokens(n: int, n_vocab: int) -> list[int]:
     return [(7919 * i + 13) % (n_vocab - 3) + 3 for i in range(n)]  # fixed, no special ids
 
 
+def _again(
+    reset: Callable[[], object],
+    evaluate: Callable[[list[int]], object],
+    prompt: list[int],
+    repeats: int,
+) -> float:
+    """Median tokens/s of ``repeats`` evaluations of ``prompt`` from an empty context."""
+    speeds = []
+    for _ in range(repeats):
+        reset()
+        t = time.perf_counter()
+        evaluate(prompt)
+        speeds.append(len(prompt) / (time.perf_counter() - t))
+    return statistics.median(speeds)
+
+
 def worker_tensorplug(
     path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int
 ) -> dict:
@@ -157,15 +174,9 @@ def worker_tensorplug(
     for _ in range(n_gen):
         tok = int(m.eval([tok])[-1].argmax())
     t2 = time.perf_counter()
-    again = []
-    for _ in range(repeats):
-        m.reset()
-        t = time.perf_counter()
-        m.eval(prompt)
-        again.append(n_prompt / (time.perf_counter() - t))
+    again = _again(m.reset, m.eval, prompt, repeats)
     m.close()
-    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1),
-            "again": statistics.median(again)}  # fmt: skip
+    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again}
 
 
 def worker_llamacpp(
@@ -187,14 +198,8 @@ def worker_llamacpp(
     for i in range(n_gen):
         llm.eval([prompt[i % n_prompt]])
     t2 = time.perf_counter()
-    again = []
-    for _ in range(repeats):
-        llm.reset()
-        t = time.perf_counter()
-        llm.eval(prompt)
-        again.append(n_prompt / (time.perf_counter() - t))
-    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1),
-            "again": statistics.median(again)}  # fmt: skip
+    again = _again(llm.reset, llm.eval, prompt, repeats)
+    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again}
 
 
 def _run_worker(args: argparse.Namespace) -> None:
