@@ -139,3 +139,33 @@ def test_without_a_model_an_installed_model_package_runs(
     assert "fake_model_pkg" not in sys.modules
     monkeypatch.setattr(cli, "MODEL_PACKAGES", (("no_such_model_pkg", "x.gguf"),))
     assert cli.installed_model() is None
+
+
+_FREEZE_PROBE = """
+import gc, sys
+from tensorplug.cli import main
+from tensorplug.models import cli
+
+counts = []
+freeze = cli._freeze_long_lived
+cli._freeze_long_lived = lambda: (freeze(), counts.append(gc.get_freeze_count()))
+assert main(["run", sys.argv[1], "-n", "2", "--device", "CPU"]) == 0
+assert counts == [] and gc.get_freeze_count() == 0, "a caller's main([...]) froze its objects"
+sys.argv = ["tensorplug", "run", sys.argv[1], "-n", "2", "--device", "CPU"]
+assert main() == 0
+assert len(counts) == 1 and counts[0] > 10_000, counts
+print("ok")
+"""
+
+
+def test_the_command_freezes_its_long_lived_objects_a_caller_keeps_its_own(model: Path) -> None:
+    """`tensorplug run` (main() reading sys.argv) moves what lives as long as the command
+    out of the collector's generations after loading; main([...]) called by a program
+    leaves the program's objects alone. In a fresh process: a freeze is process-wide."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FREEZE_PROBE, str(model)], capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")

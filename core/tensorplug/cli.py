@@ -395,8 +395,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    own_process = argv is None  # the command itself (console script, python -m)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
+    args.own_process = own_process
     args.plain = args.plain or not sys.stdout.isatty()
     if args.verbose:
         logging.basicConfig(format="%(name)s: %(message)s")
