@@ -142,6 +142,12 @@ class Llama:
     extension (the CPU's); left out, a :class:`ThreadGovernor` picks it for generation
     steps from their measured times, so a machine busy with other work does not make
     every parallel kernel wait for its last thread (``threads.py``).
+
+    Each new prompt length builds a step graph and plan that are kept; every few of them
+    Python's cyclic collector walks the whole process (~150,000 objects with numba
+    loaded: 65–80 ms on the dev machine). An application that owns its process can
+    call ``gc.collect(); gc.freeze()`` once the model is loaded, as ``tensorplug
+    run``/``chat`` do, so that collections walk only what came after.
     """
 
     def __init__(
