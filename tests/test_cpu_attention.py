@@ -356,11 +356,11 @@ def test_f16_rows_widen_exactly_up_to_used(strided: bool) -> None:
     if strided:
         raw = np.repeat(raw, 2, axis=-1)[..., ::2]
     out = np.full(raw.shape, 7.0, np.float32)
-    jit.widen_f16_rows(raw, out, 5)
+    jit.bind_widen_f16_rows(raw, out)(5)
     np.testing.assert_array_equal(out[:, :, :5], raw[:, :, :5].astype(np.float32))
     assert (out[:, :, 5:] == 7).all()
     with pytest.raises(ValueError, match="unit-stride"):
-        jit.widen_f16_rows(raw, out[..., ::2], 5)
+        jit.bind_widen_f16_rows(raw, out[..., ::2])
 
 
 # -- a whole transformer block --------------------------------------------------------------------

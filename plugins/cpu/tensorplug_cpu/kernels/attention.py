@@ -239,16 +239,16 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
     out5 = padded4(ctx.view(node)).transpose(0, 2, 1, 3).reshape(B, h_kv, g, n_q, d_v)
     term, prep = _masked_logits(ctx, mask_t, n_q, (B, H, n_q, n_kv), max_bias)
     mask4 = padded4(ctx.view(mask_t))[:, :, :n_q, :n_kv] if mask_t is not None else None
+    # the mask as the numba kernels read it: raw halves, in place
+    raw_mask = None
+    if mask4 is not None:
+        raw_mask = mask4.view(np.uint16) if mask4.dtype == np.float16 else mask4
     if jit is not None and n_q <= FEW_QUERIES and k_t.type == v_t.type != Type.BF16:
         # F16 caches are read in place as raw halves: no widening step at all
         k_in = padded4(ctx.view(k_t)).view(np.uint16) if k_t.type == Type.F16 else k4
         v_in = padded4(ctx.view(v_t)).view(np.uint16) if v_t.type == Type.F16 else v4
         out4 = padded4(ctx.view(node))
         no_mask = np.zeros((0, 0, 0, 0), np.float32)
-
-        raw_mask = None
-        if mask4 is not None:
-            raw_mask = mask4.view(np.uint16) if mask_t.type == Type.F16 else mask4  # type: ignore[union-attr]
 
         def run_few() -> None:
             used = n_kv if raw_mask is None else jit.visible_columns(raw_mask)
@@ -264,7 +264,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
         raw_term, term = term, ctx.scratch(term.shape)
         widen = partial(np.copyto, term, raw_term)
         if jit is not None:  # term is the mask itself here: 4-d
-            widen = partial(jit.widen_f16_rows, raw_term, term, raw_term.shape[2])
+            widen = partial(jit.bind_widen_f16_rows(raw_term, term), raw_term.shape[2])
         prep = sequence(prep, widen)
     step = max(1, min(n_q, SCORE_ELEMS // max(1, B * H * n_kv)))
     s_full = ctx.scratch((B, h_kv, g, step, n_kv))
@@ -289,9 +289,8 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
 
     if mask4 is None:
         visible: Callable[[], int] = lambda: n_kv  # noqa: E731
-    elif jit is not None:  # raw halves read in place, the last columns first
-        visible = partial(jit.visible_columns, mask4.view(np.uint16) if mask4.dtype == np.float16
-                          else mask4)  # fmt: skip
+    elif jit is not None:  # the last columns first
+        visible = partial(jit.visible_columns, raw_mask)
     else:
         visible = partial(_visible_columns, mask4)
 
@@ -377,7 +376,7 @@ def _widened(
     buf = padded4(ctx.scratch(t.shape))
     if t.type == Type.F16:
         if jit is not None:
-            return buf, partial(jit.widen_f16_rows, raw, buf)
+            return buf, jit.bind_widen_f16_rows(raw, buf)
         return buf, lambda used: np.copyto(buf[:, :, :used], raw[:, :, :used])
     if t.type == Type.BF16:
         bits = buf.view(np.uint32)

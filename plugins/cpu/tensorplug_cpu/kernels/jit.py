@@ -211,13 +211,19 @@ class JitKernels:
         """:func:`._numba_attention.softmax_rows` (a prompt's attention weights)."""
         self._call("attention softmax kernel", self._softmax_rows, s, mask, used, scale, row)
 
-    def widen_f16_rows(self, raw: np.ndarray, out: np.ndarray, used: int) -> None:
-        """:func:`._numba_attention.widen_f16_rows`: rows ``j < used`` of 4-d float16
-        ``raw`` into float32 ``out`` of the same shape, whose last axis is unit-stride."""
+    def bind_widen_f16_rows(self, raw: np.ndarray, out: np.ndarray) -> Callable[[int], None]:
+        """``widen(used)``: :func:`._numba_attention.widen_f16_rows`, rows ``j < used`` of
+        4-d float16 ``raw`` into float32 ``out`` of the same shape, whose last axis is
+        unit-stride (checked here, once a plan, with the view of the raw halves made)."""
         if out.strides[-1] != out.itemsize:
             raise ValueError(f"widen_f16_rows: out's rows must be unit-stride, not {out.strides}")
-        self._call("f16 widening kernel", self._widen_f16_rows, raw.view(np.uint16), out, used,
-                   _F16_TO_F32)  # fmt: skip
+        halves = raw.view(np.uint16)
+
+        def widen(used: int) -> None:
+            self._call("f16 widening kernel", self._widen_f16_rows, halves, out, used,
+                       _F16_TO_F32)  # fmt: skip
+
+        return widen
 
     def visible_columns(self, mask: np.ndarray) -> int:
         """:func:`._numba_attention.visible_columns` (raw f16 or float32 masks)."""
