@@ -287,7 +287,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
             (q5, s5, mterm, row_full[:, :, :, :n], o_full[:, :, :, :n], out5[:, :, :, r0:r1])
         )
 
-    if mask4 is None:
+    if mask4 is None or raw_mask is None:  # both or neither: mypy does not know
         visible: Callable[[], int] = lambda: n_kv  # noqa: E731
     elif jit is not None:  # the last columns first
         visible = partial(jit.visible_columns, raw_mask)
