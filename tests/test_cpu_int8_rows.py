@@ -1,5 +1,6 @@
-"""The integer mat×vec kernels row by row: groups of four rows, the rows left over, and
-the portable (non-AVX2, non-F16C) form of the same LLVM IR.
+"""The integer mat×vec kernels row by row: groups of four rows, the rows left over, the
+types streamed one row at a time, and the portable (non-AVX2, non-F16C) form of the
+same LLVM IR.
 
 Each product is held to the float64 product of the weights as ``gguf.quants`` decodes
 them and the activations as ggml's Q8_0 rounds them, so only float32 accumulation is
@@ -96,14 +97,15 @@ for name in {names!r}:
     t = Type[name.upper()]
     raw = np.ascontiguousarray(quantize(rng.standard_normal((8, 512)).astype(np.float32), t))
     w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).astype(np.float64)
-    kernel = getattr(rows, "rows4_dot_" + name)
+    group = rows.GROUP[name]
+    kernel = getattr(rows, "rows" + str(group) + "_dot_" + name)
 
     @njit(cache=False)
     def run(raw, xq, xd, xs, out):
-        for o in range(0, 8, 4):
-            four = kernel(raw, o, xq, xd, xs, table, xd.size)
-            for i in range(4):
-                out[o + i] = four[i]
+        for o in range(0, 8, group):
+            some = kernel(raw, o, xq, xd, xs, table, xd.size)
+            for i in range(group):
+                out[o + i] = some[i]
 
     out = np.empty(8, np.float32)
     run(raw, xq[0], xd[0], xs[0], out)

@@ -124,25 +124,6 @@ def _dot_q5(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
 
 
 @intrinsic
-def _dot_q8(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
-    """Σ_j w_j · x_j over 32 int8 pairs: |w| · (x with w's sign), as ggml's AVX2 code."""
-
-    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        w8 = _load(builder, context, sig.args[0], args[0], args[1], 32)
-        x8 = _load(builder, context, sig.args[2], args[2], args[3], 32)
-        if HAS_AVX2:
-            v32 = _vec(_I8, 32)
-            sign = _fn(builder, "llvm.x86.avx2.psign.b", v32, v32, v32)
-            return _dot_i8(builder, builder.call(sign, [w8, w8]), builder.call(sign, [x8, w8]))
-        wide = builder.mul(builder.sext(w8, _vec(_I16, 32)), builder.sext(x8, _vec(_I16, 32)))
-        total = builder.sext(wide, _vec(_I32, 32))
-        fn = _fn(builder, "llvm.vector.reduce.add.v32i32", _I32, _vec(_I32, 32))
-        return builder.call(fn, [total])
-
-    return types.int32(w, wo, x, xo), codegen
-
-
-@intrinsic
 def f32_bits(typingctx: Any, f: Any) -> Any:
     """The bits of float32 ``f`` as an int32 (a bit cast: no array, no allocation)."""
 
@@ -242,14 +223,4 @@ def row_q5_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
         isum: int = _dot_q5(row, 24 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
         dm = _f16(row, 24 * b, table) * np.float32(isum)
         total += xd[b] * (dm + _f16(row, 24 * b + 2, table) * np.float32(xs[b]))
-    return total
-
-
-@njit(inline="always")
-def row_q8_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
-    """``Σ_b d_w·d_x·Σ_j w·x`` over a row of 34-byte blocks."""
-    total = np.float32(0)
-    for b in range(xd.size):
-        isum: int = _dot_q8(row, 34 * b + 2, xr, 32 * b)  # type: ignore[call-arg]
-        total += _f16(row, 34 * b, table) * xd[b] * np.float32(isum)
     return total

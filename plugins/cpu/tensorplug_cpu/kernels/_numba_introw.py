@@ -1,5 +1,5 @@
-"""Four weight rows at a time times one row of Q8_0 activations, each as one loop of
-LLVM IR: ggml's ``ggml_vec_dot_q*_q8_0`` on x86, widened to several rows.
+"""Weight rows, four at a time or one, times one row of Q8_0 activations, each as one
+loop of LLVM IR: ggml's ``ggml_vec_dot_q*_q8_0`` on x86, widened to several rows.
 
 The per-block integer dot of :mod:`._numba_int8` returns a scalar, so every block paid
 a horizontal sum of eight lanes, a scalar multiply-add and its own load of the
@@ -8,9 +8,20 @@ float vector, scaled by ``d_w·d_x`` and added into that row's vector accumulato
 lanes are summed once per row); the activation block, its scale and the rows' four f16
 scales (one ``vcvtph2ps``) are loaded once for the four rows, and the four accumulators
 are four independent chains of additions. Every block iteration also asks the cache for
-the same block :data:`PREFETCH` groups of rows ahead: measured on this Zen 1 machine, a
+the same block :data:`PREFETCH_ROWS` rows ahead: measured on the 2-core dev machine, a
 32000×768 Q4_0 mat×vec from memory went from 3.8 to 2.6 ms (5.2 GB/s) with it, where
 the hardware prefetcher alone left the core waiting.
+
+Four rows at a time pays where a block costs more work than its bytes take to arrive
+(nibbles to unpack, Q4_0's and Q4_K's folding). Q8_0 and Q6_K carry more bytes per
+value and little unpacking, and there four rows streamed side by side ran slower than
+one row after another: thirty-two 4096×768 matrices (more than the caches hold) on one
+core of the 2-core Zen 2 dev machine, one process, took 11.2 ms four rows at a time,
+7.6 ms one row at a time with the same prefetching, and 9.0 ms through ggml's own
+``vec_dot`` (via llama-cpp-python's library, same process); Q6_K 10.4 → 7.7 (ggml
+8.2). Q4_0, Q4_K and the other 32-value types stayed faster four at a time (Q4_0 4.5
+against 5.9 ms). Each row's sums are the same either way, so these two types' kernels
+take one row (:data:`GROUP`) and give the same bits as before.
 
 Codes: Q4_1/Q5_1/Q4_0/Q5_0 feed AVX2's ``vpmaddubsw`` as unsigned values; the offset of
 Q4_0/Q5_0 (8, 16) comes back as ``−offset·Σx``, an exact integer added to lane 0, and
@@ -34,8 +45,9 @@ from numba.extending import intrinsic
 
 from ._numba_int8 import _I8, _I16, _I32, HAS_AVX2, _fn, _splat, _vec
 
-__all__ = ["LAYOUTS", "PREFETCH", "rows4_dot_q4_0", "rows4_dot_q4_1", "rows4_dot_q5_0",
-           "rows4_dot_q5_1", "rows4_dot_q8_0"]  # fmt: skip
+__all__ = ["GROUP", "LAYOUTS", "PREFETCH_ROWS", "rows1_dot_q6_k", "rows1_dot_q8_0",
+           "rows4_dot_q4_0", "rows4_dot_q4_1", "rows4_dot_q4_k", "rows4_dot_q5_0",
+           "rows4_dot_q5_1"]  # fmt: skip
 
 _I64, _F32 = ir.IntType(64), ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
@@ -133,8 +145,9 @@ def _hsum(builder: ir.IRBuilder, v: Any) -> Any:
     return builder.extract_element(v, _I32(0))
 
 
-#: groups of rows ahead that each block iteration asks the cache for
-PREFETCH = 2
+#: rows ahead that each block iteration asks the cache for (the same distance for one-row
+#: and four-row kernels; 4 to 32 rows measured alike on this machine, none was 1.4× slower)
+PREFETCH_ROWS = 8
 
 
 def _f16x(builder: ir.IRBuilder, bases: list[Any], off: Any, table: Any) -> Any:
@@ -159,7 +172,7 @@ def _splat_vf(builder: ir.IRBuilder, v: Any, n: int, lane: int = 0) -> Any:
     return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [lane] * n))
 
 
-#: rows each kernel takes at a time
+#: rows a kernel takes at a time unless it is told otherwise (see :data:`GROUP`)
 ROWS = 4
 
 
@@ -177,11 +190,11 @@ class _Block:
     stride: Any  # i64 bytes from one row to the next
 
     def prefetch(self, at: Any, nbytes: int) -> None:
-        """Ask for bytes ``at..at+nbytes`` of each row :data:`PREFETCH` groups ahead."""
+        """Ask for bytes ``at..at+nbytes`` of each row :data:`PREFETCH_ROWS` rows ahead."""
         builder = self.builder
         hint = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), ir.IntType(8).as_pointer(),
                    _I32, _I32, _I32)  # fmt: skip
-        ahead = builder.mul(_I64(ROWS * PREFETCH), self.stride)
+        ahead = builder.mul(_I64(PREFETCH_ROWS), self.stride)
         for row in self.rows:
             for off in range(0, nbytes, 64):
                 where = builder.gep(row, [builder.add(ahead, builder.add(at, _I64(off)))])
@@ -199,10 +212,14 @@ Finish = Callable[[ir.IRBuilder, list[Any]], list[Any]]
 
 
 def _rows_kernel(
-    body: Body, finish: Finish, accumulators: list[ir.Constant], values_per_block: int
+    body: Body,
+    finish: Finish,
+    accumulators: list[ir.Constant],
+    values_per_block: int,
+    n_rows: int = ROWS,
 ) -> Any:
-    """An intrinsic ``(rows, o, xq, xd, xs, table, n_act_blocks) -> ROWS floats``: rows
-    ``o..o+ROWS-1`` of ``rows`` times one activation row, as one loop over the weight
+    """An intrinsic ``(rows, o, xq, xd, xs, table, n_act_blocks) -> n_rows floats``: rows
+    ``o..o+n_rows-1`` of ``rows`` times one activation row, as one loop over the weight
     blocks that ``body`` emits the inside of."""
     per_block = values_per_block // 32  # activation blocks per weight block
 
@@ -213,7 +230,7 @@ def _rows_kernel(
             arr = context.make_array(sig.args[0])(context, builder, args[0])
             stride = builder.extract_value(arr.strides, 0)
             base = builder.gep(arr.data, [builder.mul(args[1], stride)])
-            row_ps = [builder.gep(base, [builder.mul(_I64(i), stride)]) for i in range(ROWS)]
+            row_ps = [builder.gep(base, [builder.mul(_I64(i), stride)]) for i in range(n_rows)]
             xr_p, xd_p, xs_p, table_p = (
                 _data(context, builder, sig.args[i], args[i]) for i in (2, 3, 4, 5)
             )
@@ -243,7 +260,7 @@ def _rows_kernel(
                 phi.add_incoming(val, body_end)
             return context.make_tuple(builder, sig.return_type, finish(builder, finals))
 
-        return types.UniTuple(types.float32, ROWS)(rows, o, xr, xd, xs, table, nb), codegen
+        return types.UniTuple(types.float32, n_rows)(rows, o, xr, xd, xs, table, nb), codegen
 
     return rows_dot
 
@@ -271,7 +288,7 @@ def _fold_rows(builder: ir.IRBuilder, pairs: list[Any]) -> Any:
                         [folded, _splat(_I16, 16, 1)])  # fmt: skip
 
 
-def _block32_kernel(lay: Layout) -> Any:
+def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
     """A 32-value block type: per row, ``d_w·d_x·Σ(q − offset)·x``, and for Q4_1/Q5_1,
     beside it for all four rows in one vector, ``m_w·d_x·Σx``. With AVX2 the codes go
     into ``vpmaddubsw`` unsigned, and ``offset·Σx`` (Q4_0: 8, Q5_0: 16) comes back out
@@ -289,29 +306,32 @@ def _block32_kernel(lay: Layout) -> Any:
     eight float partial sums (a different order of roundings moved SmolLM2's Q4_1
     logits by ~0.2 and its greedy text away from llama.cpp's).
     """
-    vr = ir.VectorType(_F32, ROWS)
+    vr = ir.VectorType(_F32, n_rows)
     v32, v16 = _vec(_I8, 32), _vec(_I16, 16)
 
+    def folds() -> bool:  # read when compiled (tests turn AVX2 off)
+        return HAS_AVX2 and lay == LAYOUTS["q4_0"] and n_rows == 4
+
     def body(blk: _Block, accs: list[Any]) -> list[Any]:
-        folded = HAS_AVX2 and lay == LAYOUTS["q4_0"]  # read when compiled (tests turn AVX2 off)
+        folded = folds()
         builder, b = blk.builder, blk.b
         at = builder.mul(b, _I64(lay.block))
         blk.prefetch(at, lay.block)
         x = blk.x_block(b)
-        dx = _splat_scalar(builder, builder.load(builder.gep(blk.xd, [b])), ROWS)
+        dx = _splat_scalar(builder, builder.load(builder.gep(blk.xd, [b])), n_rows)
         scales = builder.fmul(_f16x(builder, blk.rows, at, blk.table), dx)
         xsum = builder.load(builder.gep(blk.xs, [b]))
         codes = [_codes(builder, lay, row, at) for row in blk.rows]
-        fma = _fn(builder, f"llvm.fmuladd.v{ROWS}f32", vr, vr, vr, vr)
+        fma = _fn(builder, f"llvm.fmuladd.v{n_rows}f32", vr, vr, vr, vr)
         if folded:
             madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
             halves = _fold_rows(builder, [builder.call(madd, [c, x]) for c, _ in codes])
             lo, hi = (builder.shuffle_vector(halves, halves, ir.Constant(_vec(_I32, 4), lanes))
                       for lanes in (list(range(4)), list(range(4, 8))))  # fmt: skip
-            back = _splat_scalar(builder, builder.mul(xsum, _I32(-lay.offset)), ROWS)
+            back = _splat_scalar(builder, builder.mul(xsum, _I32(-lay.offset)), n_rows)
             isums = builder.add(builder.add(lo, hi), back)  # exact: Σ(q − 8)·x per row
-            total = builder.call(fma, [scales, builder.sitofp(isums, vr), accs[ROWS]])
-            return [*accs[:ROWS], total]
+            total = builder.call(fma, [scales, builder.sitofp(isums, vr), accs[n_rows]])
+            return [*accs[:n_rows], total]
         corr = None
         if lay.offset and HAS_AVX2:
             back = builder.mul(xsum, _I32(-lay.offset))
@@ -323,25 +343,26 @@ def _block32_kernel(lay: Layout) -> Any:
                 isums = builder.add(isums, corr)
             sums = builder.sitofp(isums, _V8F)
             new.append(_fmuladd8(builder, _splat_vf(builder, scales, 8, i), sums, accs[i]))
-        mins = accs[ROWS]
+        mins = accs[n_rows]
         if lay.m >= 0:
             m_w = _f16x(builder, blk.rows, builder.add(at, _I64(lay.m)), blk.table)
-            dx_sum = builder.fmul(dx, _splat_scalar(builder, builder.sitofp(xsum, _F32), ROWS))
+            dx_sum = builder.fmul(dx, _splat_scalar(builder, builder.sitofp(xsum, _F32), n_rows))
             mins = builder.call(fma, [m_w, dx_sum, mins])
         return [*new, mins]
 
     def finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
-        mins = finals[ROWS]
-        if HAS_AVX2 and lay == LAYOUTS["q4_0"]:  # the folded rows' totals
-            return [builder.extract_element(mins, _I32(i)) for i in range(ROWS)]
+        mins = finals[n_rows]
+        if folds():  # the folded rows' totals
+            return [builder.extract_element(mins, _I32(i)) for i in range(n_rows)]
         return [builder.fadd(_hsum(builder, finals[i]), builder.extract_element(mins, _I32(i)))
-                for i in range(ROWS)]  # fmt: skip
+                for i in range(n_rows)]  # fmt: skip
 
-    return _rows_kernel(body, finish, [_ZERO8] * ROWS + [ir.Constant(vr, [0.0] * ROWS)], 32)
+    zeros = [_ZERO8] * n_rows + [ir.Constant(vr, [0.0] * n_rows)]
+    return _rows_kernel(body, finish, zeros, 32, n_rows)
 
 
 rows4_dot_q4_0 = _block32_kernel(LAYOUTS["q4_0"])
-rows4_dot_q8_0 = _block32_kernel(LAYOUTS["q8_0"])
+rows1_dot_q8_0 = _block32_kernel(LAYOUTS["q8_0"], n_rows=1)
 rows4_dot_q4_1 = _block32_kernel(LAYOUTS["q4_1"])
 rows4_dot_q5_0 = _block32_kernel(LAYOUTS["q5_0"])
 rows4_dot_q5_1 = _block32_kernel(LAYOUTS["q5_1"])
@@ -536,7 +557,11 @@ def _q6_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
 
 
 def _q6_k_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
-    return [_hsum(builder, builder.fadd(finals[2 * i], finals[2 * i + 1])) for i in range(ROWS)]
+    return [_hsum(builder, builder.fadd(finals[2 * i], finals[2 * i + 1]))
+            for i in range(len(finals) // 2)]  # fmt: skip
 
 
-rows4_dot_q6_k = _rows_kernel(_q6_k_body, _q6_k_finish, [_ZERO8] * (2 * ROWS), 256)
+rows1_dot_q6_k = _rows_kernel(_q6_k_body, _q6_k_finish, [_ZERO8] * 2, 256, n_rows=1)
+
+#: rows each type's kernel takes at a time (``rows{n}_dot_{type}``)
+GROUP = {"q4_0": 4, "q4_1": 4, "q5_0": 4, "q5_1": 4, "q8_0": 1, "q4_k": 4, "q6_k": 1}

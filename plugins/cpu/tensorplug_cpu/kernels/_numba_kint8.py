@@ -1,4 +1,4 @@
-"""Integer dot products for Q4_K and Q6_K weights (the types of a ``Q4_K_M`` file), and
+"""Q4_K and Q6_K weights (the types of a ``Q4_K_M`` file) against Q8_0 activations, and
 the one driver of every integer matrix × vector kernel.
 
 As for the 32-block types (:mod:`._numba_int8`), the activations are quantized to
@@ -22,32 +22,26 @@ from ._numba_cache import kernel
 from ._numba_int8 import (
     _CHUNKS,
     _I8,
-    _I16,
-    _I32,
-    HAS_AVX2,
     _dot_i8,
-    _fn,
     _load,
     _splat,
-    _vec,
     quantize_q8_0,
     row_q4_0,
     row_q4_1,
     row_q5_0,
     row_q5_1,
-    row_q8_0,
 )
 from ._numba_introw import (
     _splat_scalar,
+    rows1_dot_q6_k,
+    rows1_dot_q8_0,
     rows4_dot_q4_0,
     rows4_dot_q4_1,
     rows4_dot_q4_k,
     rows4_dot_q5_0,
     rows4_dot_q5_1,
-    rows4_dot_q6_k,
-    rows4_dot_q8_0,
 )
-from ._numba_quant import _DOT, _f16, _i8
+from ._numba_quant import _DOT, _f16
 
 # ggml type ids (tensorplug.types.Type values), which the driver branches on
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14
@@ -70,48 +64,6 @@ def _dot_nibbles(typingctx: Any, w: Any, wo: Any, shift: Any, x: Any, xo: Any) -
         return _dot_i8(builder, nib, _load(builder, context, sig.args[3], args[3], args[4], 32))
 
     return types.int32(w, wo, shift, x, xo), codegen
-
-
-@intrinsic
-def _dot_q6(
-    typingctx: Any, w: Any, ql: Any, nshift: Any, qh: Any, hshift: Any, x: Any, xo: Any
-) -> Any:
-    """The two 16-value halves of Σ_j (q6_j − 32) · x_j over a run of 32 Q6_K values:
-    low 4 bits from ``w[ql+j] >> nshift``, high 2 from ``w[qh+j] >> hshift``."""
-
-    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        low = builder.and_(
-            builder.lshr(_load(builder, context, sig.args[0], args[0], args[1], 32),
-                         _runtime_splat(builder, args[2], 32)), _splat(_I8, 32, 15))  # fmt: skip
-        high = builder.and_(
-            builder.lshr(_load(builder, context, sig.args[0], args[0], args[3], 32),
-                         _runtime_splat(builder, args[4], 32)), _splat(_I8, 32, 3))  # fmt: skip
-        u = builder.or_(low, builder.shl(high, _splat(_I8, 32, 4)))
-        xv = _load(builder, context, sig.args[5], args[5], args[6], 32)
-        if HAS_AVX2:
-            v32, v16, v8 = _vec(_I8, 32), _vec(_I16, 16), _vec(_I32, 8)
-            madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
-            pairs = builder.sub(builder.call(madd, [u, xv]),
-                                builder.call(madd, [_splat(_I8, 32, 32), xv]))  # fmt: skip
-            wd = _fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16)
-            quads = builder.call(wd, [pairs, _splat(_I16, 16, 1)])
-            halves, width = quads, 4  # lanes 0-3 sum values 0-15, lanes 4-7 values 16-31
-        else:
-            signed = builder.sub(builder.zext(u, _vec(_I16, 32)), _splat(_I16, 32, 32))
-            wide = builder.mul(signed, builder.sext(xv, _vec(_I16, 32)))
-            halves, width = builder.sext(wide, _vec(_I32, 32)), 16
-        reduce = _fn(builder, f"llvm.vector.reduce.add.v{width}i32", _I32, _vec(_I32, width))
-        sums = []
-        for h in range(2):
-            part = builder.shuffle_vector(
-                halves,
-                halves,
-                ir.Constant(_vec(_I32, width), list(range(h * width, (h + 1) * width))),
-            )
-            sums.append(builder.call(reduce, [part]))
-        return context.make_tuple(builder, sig.return_type, sums)
-
-    return types.UniTuple(types.int32, 2)(w, ql, nshift, qh, hshift, x, xo), codegen
 
 
 @njit(inline="always")
@@ -140,54 +92,46 @@ def _row_q4_k(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
 
 
 @njit(inline="always")
-def _row_q6_k(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
-    """``Σ_b d·Σ_r d_x·(sc_2r·Σ_lo + sc_2r+1·Σ_hi)`` over a row of 210-byte blocks."""
-    total = np.float32(0)
-    for b in range(xd.size // 8):
-        at = 210 * b
-        block = np.float32(0)
-        for r in range(8):
-            hb, pair = r >> 2, r & 3
-            ql, qh = at + 64 * hb + 32 * (pair & 1), at + 128 + 32 * hb
-            halves: tuple[int, int] = _dot_q6(
-                row, ql, 4 * (pair >> 1), qh, 2 * pair, xr, 256 * b + 32 * r
-            )  # type: ignore[call-arg]
-            sc0, sc1 = _i8(row[at + 192 + 2 * r]), _i8(row[at + 193 + 2 * r])
-            block += xd[8 * b + r] * np.float32(sc0 * halves[0] + sc1 * halves[1])
-        total += _f16(row, at + 208, table) * block
-    return total
-
-
-@njit(inline="always")
 def _rows4(rows: Any, o: int, xr: Any, xd: Any, xs: Any, table: Any, kind: int) -> Any:
     """Rows ``o..o+3`` times one activation row (:mod:`._numba_introw`)."""
     nb = xd.size
     if kind == Q4_0:
         return rows4_dot_q4_0(rows, o, xr, xd, xs, table, nb)
-    if kind == Q8_0:
-        return rows4_dot_q8_0(rows, o, xr, xd, xs, table, nb)
     if kind == Q5_0:
         return rows4_dot_q5_0(rows, o, xr, xd, xs, table, nb)
     if kind == Q4_1:
         return rows4_dot_q4_1(rows, o, xr, xd, xs, table, nb)
     if kind == Q4_K:
         return rows4_dot_q4_k(rows, o, xr, xd, xs, table, nb)
-    if kind == Q6_K:
-        return rows4_dot_q6_k(rows, o, xr, xd, xs, table, nb)
     return rows4_dot_q5_1(rows, o, xr, xd, xs, table, nb)
+
+
+@njit(inline="always")
+def _row1(rows: Any, o: int, xr: Any, xd: Any, xs: Any, table: Any, kind: int) -> Any:
+    """Row ``o`` times one activation row, for the types streamed one row at a time."""
+    if kind == Q8_0:
+        return rows1_dot_q8_0(rows, o, xr, xd, xs, table, xd.size)[0]
+    return rows1_dot_q6_k(rows, o, xr, xd, xs, table, xd.size)[0]
 
 
 @njit(inline="always")
 def _matvec_range(
     rows: Any, o: int, end: int, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
 ) -> None:
-    """Output rows ``o..end-1``: four at a time, sharing each activation block between
-    them. The last rows, fewer than four, are the end of the four rows that end at
-    ``end`` (their first rows computed again, to the same bits): every row then goes
-    through the four-row kernel, whose IR is fixed, while the one-row loops below are
-    vectorized by LLVM as the function they are inlined into allows, and the serial
-    and the parallel kernel rounded a Q8_0 row differently. Only a matrix of fewer
-    than four rows uses them, and it always runs serially (``JitKernels.bind_matvec``)."""
+    """Output rows ``o..end-1``: Q8_0 and Q6_K one row after another (see
+    :mod:`._numba_introw` for why), the other types four at a time, sharing each
+    activation block between them. The last rows, fewer than four, are the end of the
+    four rows that end at ``end`` (their first rows computed again, to the same bits):
+    every row then goes through the four-row kernel, whose IR is fixed, while the
+    one-row loops below are vectorized by LLVM as the function they are inlined into
+    allows, and the serial and the parallel kernel could round a row differently. Only
+    a matrix of fewer than four rows uses them, and it always runs serially
+    (``JitKernels.bind_matvec``)."""
+    if kind in (Q8_0, Q6_K):
+        for one in range(o, end):
+            for t in range(xq.shape[0]):
+                out[t, one] = _row1(rows, one, xq[t], xd[t], xs[t], table, kind)
+        return
     while o + 4 <= end:
         for t in range(xq.shape[0]):
             four = _rows4(rows, o, xq[t], xd[t], xs[t], table, kind)
@@ -205,12 +149,8 @@ def _matvec_range(
             xr, xdt, xst = xq[t], xd[t], xs[t]
             if kind == Q4_0:
                 out[t, left] = row_q4_0(row, xr, xdt, xst, table)
-            elif kind == Q8_0:
-                out[t, left] = row_q8_0(row, xr, xdt, xst, table)
             elif kind == Q4_K:
                 out[t, left] = _row_q4_k(row, xr, xdt, xst, table)
-            elif kind == Q6_K:
-                out[t, left] = _row_q6_k(row, xr, xdt, xst, table)
             elif kind == Q5_0:
                 out[t, left] = row_q5_0(row, xr, xdt, xst, table)
             elif kind == Q4_1:
