@@ -118,6 +118,10 @@ def test_chunks_follow_the_shape_and_never_the_thread_count(
     rows = matmul.chunk_rows(2048, 768, 128, decoded=True)
     # decoded chunks about CHUNK_ELEMS (rows rounded up to a multiple of 16)
     assert rows % 16 == 0 and (rows - 16) * 768 < matmul.CHUNK_ELEMS < (rows + 16) * 768
+    # long rows: never narrower than MIN_CHUNK_ROWS while every thread has two chunks
+    assert matmul.chunk_rows(2048, 5632, 128, decoded=True) == matmul.MIN_CHUNK_ROWS
+    assert matmul.chunk_rows(5632, 2048, 128, decoded=True) == matmul.MIN_CHUNK_ROWS
+    assert -(-768 // matmul.chunk_rows(768, 2048, 128, decoded=True)) >= 2 * POOL.max_threads
     f32_rows = matmul.chunk_rows(1000, 512, 64, decoded=False)
     assert f32_rows % 16 == 0 and -(-1000 // f32_rows) >= 2 * POOL.max_threads
     monkeypatch.setattr(POOL, "n_threads", POOL.n_threads)  # put back afterwards

@@ -6,7 +6,8 @@ Everything ends in BLAS through ``numpy.matmul`` on float32, on one thread per c
   which the worker pool's threads claim one at a time (:mod:`..workers`). F32 weights
   are read in place; F16, BF16 and quantized ones are decoded a chunk at a time into
   the claiming thread's scratch, right before the BLAS call that reads them (a chunk is
-  about :data:`CHUNK_ELEMS` weights, so it is still in that core's cache). Nothing is
+  about :data:`CHUNK_ELEMS` weights, so it is still in that core's cache, unless that
+  would make it narrower than :data:`MIN_CHUNK_ROWS` rows). Nothing is
   cached across computes, so weights that change are always read fresh. The chunks do
   not depend on the thread count, so neither do the numbers.
 * Quantized weights times a few vectors (``n_tokens <= MATVEC_MAX_TOKENS``) use the
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHUNK_ELEMS",
+    "MIN_CHUNK_ROWS",
     "MATVEC_MAX_TOKENS",
     "TILE_ELEMS",
     "build_mul_mat",
@@ -56,6 +58,12 @@ TILE_ELEMS = 1 << 22
 #: Weights a chunk of a 2-d product decodes (about: rows are rounded up to 16), in float32
 #: elements (512 KiB: a core's L2, so the BLAS call after the decoding reads from cache).
 CHUNK_ELEMS = 1 << 17
+#: ... but no fewer weight rows than this while each thread still gets two chunks: BLAS
+#: runs a narrow product slowly. On one core of the dev machine, decoding and multiplying
+#: a 128-token prompt by a 2048×5632 Q4_K matrix in chunks of 32 rows (what the element
+#: count alone gave) ran at 49 GFLOP/s, in chunks of 64 at 67 and of 128 at 60–72 over
+#: four shapes, Q4_0 and Q4_K alike (a chunk then outgrows L2; L3 still holds it).
+MIN_CHUNK_ROWS = 128
 #: Below this many multiply-adds (plus decoded weights) a 2-d product is one chunk: the
 #: pool's hand-off (tens of microseconds) would cost more than it saves.
 PARALLEL_MIN_WORK = 1 << 20
@@ -68,13 +76,15 @@ def chunk_rows(n_out: int, n_in: int, n_tok: int, decoded: bool) -> int:
 
     Enough chunks for every usable core twice over (a multiple of 4, so 1, 2 and 4
     threads get equal shares), more where decoded chunks would outgrow
-    :data:`CHUNK_ELEMS`; rows in multiples of 16. The thread count is not an input:
-    BLAS rounds differently for a different split, and a product must give the same
-    numbers at any count.
+    :data:`CHUNK_ELEMS` as long as they stay :data:`MIN_CHUNK_ROWS` rows wide; rows in
+    multiples of 16. The thread count is not an input: BLAS rounds differently for a
+    different split, and a product must give the same numbers at any count.
     """
     if n_out * n_in * (n_tok + (4 if decoded else 0)) < PARALLEL_MIN_WORK:
         return n_out
-    n = max(-(-n_out * n_in // CHUNK_ELEMS) if decoded else 1, 2 * POOL.max_threads)
+    least = 2 * POOL.max_threads
+    n = max(-(-n_out * n_in // CHUNK_ELEMS) if decoded else 1, least)
+    n = min(n, max(least, n_out // MIN_CHUNK_ROWS))
     n = -(-n // 4) * 4
     per_chunk = -(-n_out // n)
     return min(n_out, max(16, -(-per_chunk // 16) * 16))
