@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from tensorplug import registry
 from tensorplug.buffer import BufferUsage
 from tensorplug.errors import UnsupportedError
-from tensorplug.gguf import GGUFError, GGUFFile
+from tensorplug.gguf import GGUFError, GGUFFile, populate_mapping
 from tensorplug.models.model import LlamaConfig, LlamaWeights
 from tensorplug.models.placement import Placement, host_cpu
 from tensorplug.models.runner import Llama
@@ -105,6 +105,56 @@ def test_mapped_weights_are_the_file_itself(tiny: Path) -> None:
     assert 1 <= len(buffers) <= len(names)
     with pytest.raises(UnsupportedError, match="read-only"):
         tensor_set(tensors["blk.0.attn_norm.weight"], np.zeros(64, np.float32))
+
+
+def _mapped_rss_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = fields[-1] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+def _one_big_tensor(path: Path, nbytes: int) -> Path:
+    w = GGUFWriter(str(path), "llama")
+    w.add_tensor("big", np.arange(nbytes // 4, dtype=np.float32))
+    _finish(w)
+    return path
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_mapped_weights_are_mapped_in_at_once(tmp_path: Path) -> None:
+    """map_tensors maps the weights' pages into the process when it wraps them, so the
+    first computation does not take a page fault per page (llama.cpp's MAP_POPULATE)."""
+    path = _one_big_tensor(tmp_path / "big.gguf", 8 << 20).resolve()
+    f = GGUFFile(path)
+    before = _mapped_rss_kib(path)
+    assert before < 4 << 10  # the reader touched the header, not the data
+    t = f.new_tensor("big")
+    f.map_tensors({"big": t}, host_cpu())
+    if not populate_mapping(f.data, 0, 4096):
+        pytest.skip("this kernel refuses MADV_POPULATE_READ (Linux < 5.14)")
+    assert _mapped_rss_kib(path) >= 8 << 10  # all 8 MiB of data, none of it read yet
+    assert np.array_equal(get_array(t), np.arange(2 << 20, dtype=np.float32))
+
+
+def test_mapping_works_where_pages_cannot_be_populated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tensorplug.gguf as gguf_module
+
+    monkeypatch.setattr(gguf_module, "MADV_POPULATE_READ", 1 << 30)  # advice no kernel knows
+    f = GGUFFile(_one_big_tensor(tmp_path / "big.gguf", 1 << 16))
+    assert not populate_mapping(f.data, 0, 1 << 16)
+    t = f.new_tensor("big")
+    f.map_tensors({"big": t}, host_cpu())  # the pages fault in on use instead
+    assert np.array_equal(get_array(t), np.arange(1 << 14, dtype=np.float32))
+    monkeypatch.setattr(gguf_module, "MADV_POPULATE_READ", None)  # a system without it
+    assert not populate_mapping(f.data, 0, 1 << 16)
 
 
 def test_mapping_splits_runs_at_misaligned_offsets(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import mmap
 import struct
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
     from .device import Device
 
-__all__ = ["GGUFError", "GGUFFile", "TensorInfo", "TensorSet"]
+__all__ = ["GGUFError", "GGUFFile", "TensorInfo", "TensorSet", "populate_mapping"]
 
 _MISSING: Any = object()
 
@@ -89,6 +90,38 @@ class TensorInfo:
 
     def describe(self) -> str:
         return f"{self.name!r} ({self.type_name}{list(self.shape)})"
+
+
+#: ``madvise`` advice that maps a range's pages in one call, reading any the page cache
+#: lacks (Linux ≥ 5.14; Python names it from 3.12 on; the value is the kernel's)
+MADV_POPULATE_READ: int | None = getattr(
+    mmap, "MADV_POPULATE_READ", 22 if sys.platform.startswith("linux") else None
+)
+
+
+def populate_mapping(data: np.ndarray, start: int, end: int) -> bool:
+    """Map bytes ``start..end`` of a memory-mapped file into the process now, in one
+    system call, as llama.cpp's ``MAP_POPULATE`` does for the models it maps.
+
+    Otherwise the first computation that reads the weights takes a page fault per 4 KiB
+    page. Measured on the 2-core dev machine, four fresh processes each: the first
+    128-token prompt after loading a 100M Q4_0 model ran 1–42 ms longer than the same
+    prompt again, and 18–25 ms longer with the pages mapped first (about 20 ms of it is
+    building the prompt's plan); the call took 3–4 ms, and 16–21 ms for a 370 MB file
+    whose pages were cached. Where it is missing or refused (older kernels, other
+    systems), the pages fault in on first use as before; returns whether they were
+    mapped.
+    """
+    mem = getattr(data, "_mmap", None)  # numpy.memmap's mapping; it maps from offset 0 here
+    if MADV_POPULATE_READ is None or mem is None or getattr(data, "offset", 0) != 0:
+        return False
+    page = mmap.PAGESIZE
+    first = start // page * page
+    try:
+        mem.madvise(MADV_POPULATE_READ, first, end - first)
+    except (OSError, ValueError, AttributeError):  # EINVAL before 5.14; no madvise
+        return False
+    return True
 
 
 class GGUFFile:
@@ -261,7 +294,8 @@ class GGUFFile:
         ``WEIGHTS`` usage. A run covers consecutive tensors whose offsets keep the
         buffer's alignment; GGUF aligns tensors to 32 bytes, so a file whose tensor
         sizes are not multiples of the device's alignment gets a few runs. The buffers
-        are read-only and keep the mapping alive.
+        are read-only and keep the mapping alive. Their pages are mapped into the
+        process here, at once (:func:`populate_mapping`).
         """
         order = sorted(self._pairs(tensors), key=lambda kv: self.tensors[kv[0]].offset)
         align = device.buffer_type().alignment
@@ -277,6 +311,7 @@ class GGUFFile:
             start = run[0][1].offset
             end = max(info.offset + info.nbytes for _, info in run)
             largest = max(info.nbytes for _, info in run)
+            populate_mapping(self.data, start, end)
             buf = device.buffer_from_host_ptr(self.data[start:end], largest)
             buf.usage = BufferUsage.WEIGHTS
             buffers.append(buf)
