@@ -157,6 +157,24 @@ def test_mapping_works_where_pages_cannot_be_populated(
     assert not populate_mapping(f.data, 0, 1 << 16)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_weights_larger_than_free_memory_are_not_read_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Populating a model that cannot stay in memory would read it at load only to read
+    it again while computing; such a range is left to fault in as it is used."""
+    import tensorplug.gguf as gguf_module
+
+    path = _one_big_tensor(tmp_path / "big.gguf", 4 << 20).resolve()
+    monkeypatch.setattr(gguf_module, "host_memory", lambda: (1 << 20, 1 << 30))
+    f = GGUFFile(path)
+    t = f.new_tensor("big")
+    f.map_tensors({"big": t}, host_cpu())
+    assert not populate_mapping(f.data, 0, 4 << 20)
+    assert _mapped_rss_kib(path) < 1 << 10  # none of the 4 MiB read ahead
+    assert np.array_equal(get_array(t), np.arange(1 << 20, dtype=np.float32))
+
+
 def test_mapping_splits_runs_at_misaligned_offsets(tmp_path: Path) -> None:
     """GGUF aligns tensors to 32 bytes; host buffers want 64: a tensor whose offset breaks
     the run's alignment starts a new buffer, and every tensor still reads correctly."""

@@ -39,6 +39,7 @@ import numpy as np
 from .alloc import alloc_tensors
 from .buffer import Buffer, BufferType, BufferUsage
 from .errors import TensorplugError
+from .host import host_memory
 from .tensor import Tensor, new_tensor
 from .transfer import tensor_alloc, tensor_set
 from .types import Type
@@ -110,10 +111,13 @@ def populate_mapping(data: np.ndarray, start: int, end: int) -> bool:
     building the prompt's plan); the call took 3–4 ms, and 16–21 ms for a 370 MB file
     whose pages were cached. Where it is missing or refused (older kernels, other
     systems), the pages fault in on first use as before; returns whether they were
-    mapped.
+    mapped. A range larger than the memory available now is left alone too: reading a
+    model that cannot stay in memory ahead of time would only read it twice.
     """
     mem = getattr(data, "_mmap", None)  # numpy.memmap's mapping; it maps from offset 0 here
     if MADV_POPULATE_READ is None or mem is None or getattr(data, "offset", 0) != 0:
+        return False
+    if end - start > host_memory()[0]:  # 0 where unknown: then nothing is read ahead
         return False
     page = mmap.PAGESIZE
     first = start // page * page
