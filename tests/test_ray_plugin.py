@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -150,6 +151,23 @@ def test_a_malformed_description_is_refused_by_the_actor(backends: list[tp.Backe
         dev.ask("compute", "never-sent", None)  # type: ignore[attr-defined]
 
 
+def _wait_until_dead(actor: Any, seconds: float = 60.0) -> None:
+    """Block until calls to ``actor`` fail, on a handle call of the test's own (the
+    device under test keeps no record of it)."""
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.memory.remote(), timeout=1.0)
+        except RayActorError:
+            return
+        except GetTimeoutError:
+            continue
+        time.sleep(0.05)
+    raise AssertionError(f"the killed actor still answered after {seconds} s")
+
+
 def test_a_killed_actor_is_a_clear_error_and_the_others_keep_working(
     backends: list[tp.Backend],
 ) -> None:
@@ -158,6 +176,7 @@ def test_a_killed_actor_is_a_clear_error_and_the_others_keep_working(
     be = dev.init_backend()
     t = _on(be, np.ones(4, np.float32))
     ray.kill(dev.actor)  # type: ignore[attr-defined]
+    _wait_until_dead(dev.actor)  # ray.kill returns first: a read could still get through
     with pytest.raises(ray_device.RemoteDeviceLostError, match=r"Ray0 \(CPU on node .*\) is gone"):
         tp.get_array(t)
     with pytest.raises(ray_device.RemoteDeviceLostError, match="is gone"):  # no waiting
