@@ -137,8 +137,9 @@ class Llama:
     ``n_ctx`` defaults to the training context capped at 512; ``n_batch`` is the prompt
     chunk; ``use_mmap=False`` copies CPU weights into their own buffer instead of
     computing from the file's mapping (whose pages are mapped in while the model loads,
-    as llama.cpp's ``MAP_POPULATE`` does, not faulted in by the first prompt). ``warmup`` evaluates a few tokens once, so
-    that kernel builds and first-use costs are not counted as prompt time.
+    as llama.cpp's ``MAP_POPULATE`` does, not faulted in by the first prompt).
+    ``warmup`` evaluates a few tokens once, so that kernel builds and first-use costs
+    are not counted as prompt time.
     ``n_threads`` fixes the thread count of every backend with ggml's ``set_n_threads``
     extension (the CPU's); left out, a :class:`ThreadGovernor` picks it for generation
     steps from their measured times, so a machine busy with other work does not make

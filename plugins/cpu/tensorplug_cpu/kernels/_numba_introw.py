@@ -16,12 +16,12 @@ Four rows at a time pays where a block costs more work than its bytes take to ar
 (nibbles to unpack, Q4_0's and Q4_K's folding). Q8_0 and Q6_K carry more bytes per
 value and little unpacking, and there four rows streamed side by side ran slower than
 one row after another: thirty-two 4096×768 matrices (more than the caches hold) on one
-core of the 2-core Zen 2 dev machine, one process, took 11.2 ms four rows at a time,
-7.6 ms one row at a time with the same prefetching, and 9.0 ms through ggml's own
-``vec_dot`` (via llama-cpp-python's library, same process); Q6_K 10.4 → 7.7 (ggml
-8.2). Q4_0, Q4_K and the other 32-value types stayed faster four at a time (Q4_0 4.5
-against 5.9 ms). Each row's sums are the same either way, so these two types' kernels
-take one row (:data:`GROUP`) and give the same bits as before.
+core of the 2-core Zen 2 dev machine, one process, best of 30, took 11.2 ms four rows
+at a time, 7.2 ms one row at a time with the same prefetching, and 10.1 ms through
+ggml's own ``vec_dot`` (llama-cpp-python's library, same process); Q6_K 12.1 → 8.3
+(ggml 8.8). Q4_0, Q4_K and the other 32-value types stayed faster four at a time (Q4_0
+4.5 against 5.9 ms). Each row's sums are the same either way, so these two types'
+kernels take one row (:data:`GROUP`) and give the same bits as before.
 
 Codes: Q4_1/Q5_1/Q4_0/Q5_0 feed AVX2's ``vpmaddubsw`` as unsigned values; the offset of
 Q4_0/Q5_0 (8, 16) comes back as ``−offset·Σx``, an exact integer added to lane 0, and
@@ -172,8 +172,11 @@ def _splat_vf(builder: ir.IRBuilder, v: Any, n: int, lane: int = 0) -> Any:
     return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [lane] * n))
 
 
-#: rows a kernel takes at a time unless it is told otherwise (see :data:`GROUP`)
+#: rows a kernel takes at a time unless it is told otherwise
 ROWS = 4
+#: rows each type's kernel takes at a time (``rows{n}_dot_{type}``): one for the types
+#: whose bytes stream faster one row after another (see the module's docstring)
+GROUP = {"q4_0": 4, "q4_1": 4, "q5_0": 4, "q5_1": 4, "q8_0": 1, "q4_k": 4, "q6_k": 1}
 
 
 @dataclass
@@ -362,7 +365,7 @@ def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
 
 
 rows4_dot_q4_0 = _block32_kernel(LAYOUTS["q4_0"])
-rows1_dot_q8_0 = _block32_kernel(LAYOUTS["q8_0"], n_rows=1)
+rows1_dot_q8_0 = _block32_kernel(LAYOUTS["q8_0"], GROUP["q8_0"])
 rows4_dot_q4_1 = _block32_kernel(LAYOUTS["q4_1"])
 rows4_dot_q5_0 = _block32_kernel(LAYOUTS["q5_0"])
 rows4_dot_q5_1 = _block32_kernel(LAYOUTS["q5_1"])
@@ -561,7 +564,5 @@ def _q6_k_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
             for i in range(len(finals) // 2)]  # fmt: skip
 
 
-rows1_dot_q6_k = _rows_kernel(_q6_k_body, _q6_k_finish, [_ZERO8] * 2, 256, n_rows=1)
-
-#: rows each type's kernel takes at a time (``rows{n}_dot_{type}``)
-GROUP = {"q4_0": 4, "q4_1": 4, "q5_0": 4, "q5_1": 4, "q8_0": 1, "q4_k": 4, "q6_k": 1}
+rows1_dot_q6_k = _rows_kernel(_q6_k_body, _q6_k_finish, [_ZERO8] * 2 * GROUP["q6_k"], 256,
+                              GROUP["q6_k"])  # fmt: skip

@@ -1,5 +1,5 @@
-"""Q4_K and Q6_K weights (the types of a ``Q4_K_M`` file) against Q8_0 activations, and
-the one driver of every integer matrix × vector kernel.
+"""The one driver of every integer matrix × vector kernel, and Q4_K's one-row loop for
+the rows left over from groups of four.
 
 As for the 32-block types (:mod:`._numba_int8`), the activations are quantized to
 32-value int8 blocks and each block's products are integer multiply-adds. A K-quant's
@@ -127,7 +127,7 @@ def _matvec_range(
     allows, and the serial and the parallel kernel could round a row differently. Only
     a matrix of fewer than four rows uses them, and it always runs serially
     (``JitKernels.bind_matvec``)."""
-    if kind in (Q8_0, Q6_K):
+    if kind in (Q8_0, Q6_K):  # _numba_introw.GROUP: one row at a time
         for one in range(o, end):
             for t in range(xq.shape[0]):
                 out[t, one] = _row1(rows, one, xq[t], xd[t], xs[t], table, kind)
