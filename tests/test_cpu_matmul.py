@@ -206,7 +206,8 @@ def test_a_slow_first_kernel_call_says_it_is_compiling(
     assert len(calls) == 3
 
 
-@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q8_0, tp.Type.Q4_K])
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1,
+                               tp.Type.Q8_0, tp.Type.Q4_K, tp.Type.Q5_K, tp.Type.Q6_K])  # fmt: skip
 def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -> None:
     """A prompt's weight chunks decode a vector per block (numba): the same float32
     weights as :func:`tensorplug.quants.dequantize_blocks`, scales of every kind
@@ -222,7 +223,8 @@ def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -
     raw = quantize(rng.standard_normal((9, n)).astype(np.float32) * 5, t)
     raw = np.ascontiguousarray(raw).reshape(9, 8, t.type_size)
     scales = np.float16([6e-8, 65504, np.inf, -np.inf, np.nan, -0.0, 1e-3, -2.5])
-    raw[0, :, :2] = scales.view(np.uint8).reshape(8, 2)
+    at = 208 if t == tp.Type.Q6_K else 0  # the block's f16 scale d
+    raw[0, :, at : at + 2] = scales.view(np.uint8).reshape(8, 2)
     want = dequantize_blocks(raw, t)
     out = np.full((9, n), np.nan, np.float32)
     jit.dequantize(t, raw, out)

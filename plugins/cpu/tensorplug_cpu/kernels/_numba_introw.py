@@ -280,6 +280,11 @@ def _splat_scalar(builder: ir.IRBuilder, v: Any, n: int) -> Any:
                                                      v, _I32(0)), n)  # fmt: skip
 
 
+def _runtime_splat(builder: ir.IRBuilder, value: Any, n: int) -> Any:
+    """An ``<n x i8>`` vector of a runtime integer (a shift amount)."""
+    return _splat_scalar(builder, builder.trunc(value, _I8), n)
+
+
 def _fold_rows(builder: ir.IRBuilder, pairs: list[Any]) -> Any:
     """The four rows' 16 ``i16`` pair sums (``vpmaddubsw``) summed within each 128-bit
     half by two rounds of ``vphaddw`` and one ``vpmaddwd``: ``i32`` lanes

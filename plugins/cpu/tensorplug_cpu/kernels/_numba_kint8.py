@@ -32,7 +32,7 @@ from ._numba_int8 import (
     row_q5_1,
 )
 from ._numba_introw import (
-    _splat_scalar,
+    _runtime_splat,
     rows1_dot_q6_k,
     rows1_dot_q8_0,
     rows4_dot_q4_0,
@@ -45,11 +45,6 @@ from ._numba_quant import _DOT, _f16
 
 # ggml type ids (tensorplug.types.Type values), which the driver branches on
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14
-
-
-def _runtime_splat(builder: ir.IRBuilder, value: Any, n: int) -> Any:
-    """An ``<n x i8>`` vector of a runtime integer (a shift amount)."""
-    return _splat_scalar(builder, builder.trunc(value, _I8), n)
 
 
 @intrinsic

@@ -89,9 +89,12 @@ class JitKernels:
 
         # the vector decoders of whole byte rows, and the arguments after (rows, out, table)
         self._row_decoders: dict[Type, tuple[Callable[..., None], tuple[int, ...]]] = {
-            t: (dec.dequantize_rows32, (int(t),)) for t in (Type.Q4_0, Type.Q4_1, Type.Q8_0)
+            t: (dec.dequantize_rows32, (int(t),))
+            for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0)
         }
         self._row_decoders[Type.Q4_K] = (dec.dequantize_q4_k_rows, ())
+        self._row_decoders[Type.Q5_K] = (dec.dequantize_q5_k_rows, ())
+        self._row_decoders[Type.Q6_K] = (dec.dequantize_q6_k_rows, ())
         self._called: set[str] = set()
         #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
         #: products that have a serial kernel call it instead
@@ -237,8 +240,8 @@ class JitKernels:
         """``decode(out)`` of these blocks, returning ``out``, with everything that depends
         on the blocks alone chosen here, once (a plan binds each chunk of a prompt's
         product when it is built: chosen per call, this cost ~10 µs of Python with the
-        GIL held). Q4_0, Q4_1, Q8_0 and Q4_K matrices whose rows lie contiguous decode in
-        vectors (:mod:`._numba_decode`), other types and layouts in scalar loops."""
+        GIL held). Matrices of the types :mod:`._numba_decode` names whose rows lie
+        contiguous decode in vectors, other types and layouts in scalar loops."""
         if blocks.ndim > 3:  # one call per matrix
             parts = [(idx, self.bind_dequantize(t, blocks[idx])) for idx in
                      np.ndindex(blocks.shape[:-3])]  # fmt: skip
