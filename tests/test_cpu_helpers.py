@@ -77,11 +77,11 @@ INT8_TYPES = (tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8
 def int8_path(t: tp.Type, n_tokens: int, jit: bool = True) -> bool:
     """Whether the CPU backend computes this product with Q8_0 activations."""
     from tensorplug_cpu.kernels.jit import load_jit
-    from tensorplug_cpu.kernels.matmul import MATVEC_MAX_TOKENS
+    from tensorplug_cpu.kernels.matmul import matvec_max_tokens
 
     return (
         jit
         and load_jit() is not None
         and t in INT8_TYPES
-        and n_tokens <= MATVEC_MAX_TOKENS
+        and n_tokens <= matvec_max_tokens(t)
     )

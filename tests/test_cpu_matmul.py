@@ -124,7 +124,7 @@ def test_half_precision_activations(tb: tp.Type) -> None:
 
 
 @pytest.mark.parametrize("t", QUANTS)
-@pytest.mark.parametrize("n_tokens", [1, 5, 33])
+@pytest.mark.parametrize("n_tokens", [1, 5, 12, 16, 33])  # 12, 16: fused for some types only
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "numpy"])
 def test_quantized_weights(t: tp.Type, n_tokens: int, jit: bool) -> None:
     a, b = tp.new_tensor(t, (96, 256), "w"), tp.new_tensor("f32", (n_tokens, 256), "x")

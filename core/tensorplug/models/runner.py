@@ -62,9 +62,9 @@ GRAPH_CACHE = 8
 #: (a backend's library threads may still spin then; ``ThreadGovernor.pause``)
 AFTER_BATCH_SECONDS = 0.15
 #: Token counts of the warm-up's steps: a short prompt (a backend may treat a few rows as
-#: a token step: the CPU's fused kernels take up to 8, with other array layouts than one
+#: a token step: the CPU's fused kernels take up to 16, with other array layouts than one
 #: token), a longer one (the prompt path: kernels, threads and their buffers), one token
-WARM_UP_STEPS = (2, 16, 1)
+WARM_UP_STEPS = (2, 24, 1)
 
 
 class ContextFullError(RunError):

@@ -10,9 +10,9 @@ Everything ends in BLAS through ``numpy.matmul`` on float32, on one thread per c
   would make it narrower than :data:`MIN_CHUNK_ROWS` rows). Nothing is
   cached across computes, so weights that change are always read fresh. The chunks do
   not depend on the thread count, so neither do the numbers.
-* Quantized weights times a few vectors (``n_tokens <= MATVEC_MAX_TOKENS``) use the
-  fused numba kernels when available: decoding the matrix just to read it once would
-  cost more than the product.
+* Quantized weights times a few vectors (``n_tokens <= matvec_max_tokens(type)``) use
+  the fused numba kernels when available: decoding the matrix just to read it a few
+  times would cost more than the product.
 * Batched products (3-d and 4-d weights) decode whole (or in tiles of
   :data:`TILE_ELEMS`) and run one BLAS call per batch entry on the pool.
 
@@ -46,11 +46,14 @@ __all__ = [
     "CHUNK_ELEMS",
     "MIN_CHUNK_ROWS",
     "MATVEC_MAX_TOKENS",
+    "MATVEC_MAX_TOKENS_BY_TYPE",
+    "MATVEC_MOST_TOKENS",
     "TILE_ELEMS",
     "build_mul_mat",
     "build_mul_mat_id",
     "build_sibling_products",
     "chunk_rows",
+    "matvec_max_tokens",
 ]
 
 #: Largest decoded weight tile of a batched product, in float32 elements (16 MiB).
@@ -67,8 +70,25 @@ MIN_CHUNK_ROWS = 128
 #: Below this many multiply-adds (plus decoded weights) a 2-d product is one chunk: the
 #: pool's hand-off (tens of microseconds) would cost more than it saves.
 PARALLEL_MIN_WORK = 1 << 20
-#: Up to this many activation rows, quantized weights use the fused matvec kernels.
+#: Up to this many activation rows, quantized weights use the fused matvec kernels...
 MATVEC_MAX_TOKENS = 8
+#: ... and up to these many for the types whose integer kernels stay ahead of decoding
+#: the matrix and calling BLAS for longer. A fused kernel's cost grows with each row, a
+#: decode's is paid once; on the 2-core dev machine (768×2048 and 2048×768, 1 and 2
+#: threads), the fused kernel took 0.62–0.88 of the time at 12 and 16 rows for Q4_0 and
+#: Q4_K, about 1.0 at 24; 0.74–1.00 at 12 rows for Q4_1, Q8_0 and Q6_K, 0.9–1.2 at 16;
+#: Q5_0 and Q5_1 were already 1.01–1.15 at 12. Short prompts (a chat turn) gain most:
+#: a Q4_K product of 12 rows went from 1.03 to 0.74 ms on one core.
+MATVEC_MAX_TOKENS_BY_TYPE = {
+    Type.Q4_0: 16, Type.Q4_K: 16, Type.Q4_1: 12, Type.Q8_0: 12, Type.Q6_K: 12,
+}  # fmt: skip
+#: the most rows any type's fused kernel takes
+MATVEC_MOST_TOKENS = max(MATVEC_MAX_TOKENS, *MATVEC_MAX_TOKENS_BY_TYPE.values())
+
+
+def matvec_max_tokens(t: Type) -> int:
+    """The most activation rows a product of ``t`` weights takes the fused kernel for."""
+    return MATVEC_MAX_TOKENS_BY_TYPE.get(t, MATVEC_MAX_TOKENS)
 
 
 def chunk_rows(n_out: int, n_in: int, n_tok: int, decoded: bool) -> int:
@@ -135,7 +155,8 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
     n_tok = b4.shape[2]
     plain = a_batch == b4.shape[:2] == (1, 1)  # the common 2-d case
 
-    if quant and jit is not None and jit.supports(a_t.type) and n_tok <= MATVEC_MAX_TOKENS:
+    fused = n_tok <= matvec_max_tokens(a_t.type)
+    if quant and jit is not None and jit.supports(a_t.type) and fused:
         return sequence(load_b, _fused_matvec(ctx, a_t.type, a4, b4, out4, jit))
 
     bind = None if a_t.type == Type.F32 else _binder(a_t.type, jit)

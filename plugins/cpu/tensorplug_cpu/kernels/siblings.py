@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from tensorplug.opcodes import VIEW_OPS, Op
 from tensorplug.types import Type
 
-from .matmul import MATVEC_MAX_TOKENS
+from .matmul import MATVEC_MOST_TOKENS, matvec_max_tokens
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -46,7 +46,7 @@ def _overlap(a: _Span, b: _Span) -> bool:
 def _candidate(node: Tensor, matvec_types: Callable[[Type], bool]) -> bool:
     """A 2-d product of quantized weights by a few dense float32 rows. The op and the row
     count come first: they turn away a prompt graph's nodes cheaply (0.3 → 0.04 ms)."""
-    if node.op is not Op.MUL_MAT or node.src[1].shape[0] > MATVEC_MAX_TOKENS:
+    if node.op is not Op.MUL_MAT or node.src[1].shape[0] > MATVEC_MOST_TOKENS:
         return False
     if node.nelements == 0 or node.type != Type.F32:
         return False
@@ -56,7 +56,7 @@ def _candidate(node: Tensor, matvec_types: Callable[[Type], bool]) -> bool:
     return (
         matvec_types(a.type) and len(a.shape) == 2 and a.rows_contiguous
         and b.type == Type.F32 and len(b.shape) == 2 and b.is_contiguous
-        and b.shape[0] <= MATVEC_MAX_TOKENS and node.is_contiguous
+        and b.shape[0] <= matvec_max_tokens(a.type) and node.is_contiguous
     )  # fmt: skip
 
 
