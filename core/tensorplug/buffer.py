@@ -48,7 +48,8 @@ class BufferType(ABC):
     ``alignment``, ``_alloc_buffer(size)`` (a new :class:`Buffer`; applications call
     ``alloc_buffer``, which checks the size). Optional: ``max_size`` (unbounded),
     ``alloc_size(tensor)`` (``tensor.nbytes``; more when kernels read past the end),
-    ``is_host`` (False; True lets the CPU backend read the memory directly). A device
+    ``is_host`` (False; True lets the CPU backend read the memory directly),
+    ``accepts(tensor)`` (True; an extra buffer type says which weights it holds). A device
     computing in host memory need not write one: use
     ``tensorplug.host.HostBufferType(device, name=...)``.
     """
@@ -87,6 +88,13 @@ class BufferType(ABC):
     def is_host(self) -> bool:
         """True when buffers live in host memory with ggml's standard tensor layout."""
         return False
+
+    def accepts(self, tensor: Tensor) -> bool:
+        """Whether a tensor of ``tensor``'s type and shape can be placed here (default:
+        any). An extra buffer type that holds particular weights in a layout of its
+        own (the CPU's ``CPU_REPACK``) answers for the ones it takes, so that a model
+        loader can ask before it places a weight there."""
+        return True
 
     # -- public -------------------------------------------------------------------------
 

@@ -64,6 +64,13 @@ class HookSpecs:
         ggml's ``ggml_backend_dev_get_extra_bufts``: e.g. a CPU plugin offering a buffer
         type that repacks weights for its kernels. Answer None for devices you do not
         know; the registry concatenates every answer.
+
+        The contract, as in ggml: an extra buffer type holds weights that ``device``
+        reads as the first source of its matrix products (``MUL_MAT``), and its
+        ``accepts(tensor)`` says which (their types and shapes). A model loader puts a
+        weight there when every use of it is such a product and the type accepts it,
+        and keeps everything else in ordinary memory. ``device.supports_buft`` is true
+        for it, and ``device.supports_op`` true exactly for the ops that can read it.
         """
 
     @hookspec(firstresult=True)

@@ -312,8 +312,9 @@ class _Assigner:
                 if b < 0:
                     raise UnsupportedError(
                         f"no backend can run {t.describe()}: op {t.op.value} with sources "
-                        f"{[s.describe() for s in t.src]} is not supported by any of "
+                        f"{[_where(s) for s in t.src]} is not supported by any of "
                         f"{[be.name for be in self.backends]}; add a backend that supports it"
+                        " (or keep its sources in memory such a backend reads)"
                     )
             elif b:
                 for c in range(b):
@@ -325,6 +326,13 @@ class _Assigner:
                         b = c
                         break
             self.ids[t] = b
+
+
+def _where(t: Tensor) -> str:
+    """``t`` described, with the buffer its memory is in when it has one: a backend may
+    support an op only for some kinds of memory (CPU_REPACK feeds products alone)."""
+    buf = t.buffer if t.view_src is None else t.view_src.buffer
+    return t.describe() if buf is None else f"{t.describe()} in {buf.name}"
 
 
 def _most_inputs(
