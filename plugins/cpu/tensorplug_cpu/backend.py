@@ -35,6 +35,7 @@ from .kernels import BuildContext, Step, build_step, supports
 from .kernels.jit import MAX_SIBLINGS, JitKernels, jit_status, load_jit
 from .kernels.matmul import build_sibling_products
 from .kernels.siblings import sibling_groups
+from .repack import RepackBuffer
 from .system import ThreadControl, features
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class CpuGraphPlan(GraphPlan):
         for i, node in enumerate(graph.nodes):
             for t in (node, *node.src):
                 buf = t.require_allocated()
-                if not buf.is_host:
+                if not buf.is_host and not isinstance(buf, RepackBuffer):
                     raise UnsupportedError(
                         f"CPU cannot compute {node.describe()}: {t.describe()} lives in "
                         f"buffer {buf.name!r}, which is not host memory; copy it to a CPU "

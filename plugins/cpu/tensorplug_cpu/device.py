@@ -11,11 +11,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tensorplug.device import Device, DeviceCaps, DeviceType, Reg
+from tensorplug.hooks import hookimpl
 from tensorplug.host import host_buffer_type
 
 from . import system
 from .backend import EXTENSIONS, CpuBackend, get_features
 from .kernels import supports
+from .kernels.jit import load_jit
+from .repack import RepackBufferType
 
 if TYPE_CHECKING:
     from tensorplug.buffer import Buffer, BufferType
@@ -57,7 +60,12 @@ def parse_params(params: str | None) -> dict[str, Any]:
 
 
 class CpuDevice(Device):
-    """The host CPU."""
+    """The host CPU. Besides host memory it offers ``CPU_REPACK`` (:mod:`.repack`), for
+    the matrices of its integer products, through the registry's extra buffer types."""
+
+    def __init__(self, reg: Reg | None = None) -> None:
+        super().__init__(reg)
+        self._repack = RepackBufferType(self)
 
     @property
     def name(self) -> str:
@@ -90,7 +98,11 @@ class CpuDevice(Device):
         return supports(op)
 
     def supports_buft(self, buft: BufferType) -> bool:
-        return buft.is_host
+        return buft.is_host or buft is self._repack
+
+    def repack_buffer_type(self) -> RepackBufferType:
+        """``CPU_REPACK``: matrices stored for the integer kernels (:mod:`.repack`)."""
+        return self._repack
 
     def buffer_from_host_ptr(self, obj: Any, max_tensor_size: int = 0) -> Buffer:
         """Wrap ``obj`` (numpy array, mmap, bytearray, memoryview) as a buffer, no copy.
@@ -120,6 +132,14 @@ class CpuReg(Reg):
 
     def features(self) -> dict[str, str]:
         return get_features(self)
+
+    @hookimpl
+    def tensorplug_extra_buffer_types(self, device: Device) -> list[BufferType] | None:
+        """``CPU_REPACK`` for this backend's device, when the numba kernels that read it
+        are there (without them the products would unpack every matrix every time)."""
+        if not isinstance(device, CpuDevice) or device.reg is not self or load_jit() is None:
+            return None
+        return [device.repack_buffer_type()]
 
 
 def create_reg() -> CpuReg:

@@ -16,6 +16,7 @@ from tensorplug.opcodes import VIEW_OPS, GluOp, Op, RopeMode, SortOrder, UnaryOp
 from tensorplug.quants import SUPPORTED_TYPES
 from tensorplug.types import Type
 
+from ..repack import RepackBuffer, layout_of
 from . import attention, convert, elementwise, matmul
 from .common import BuildContext, Step
 
@@ -224,10 +225,31 @@ _SUPPORT: dict[Op, Callable[[Tensor], bool]] = {
 }  # fmt: skip
 
 
+def _repacked(t: Tensor) -> bool:
+    """Whether ``t``'s memory is repacked (a view's is its base's, placed or not)."""
+    base = t.view_src or t
+    return isinstance(base.buffer, RepackBuffer)
+
+
+def _repacked_product(node: Tensor) -> bool:
+    """A product whose weights are stored repacked: the only op that reads such memory,
+    and only a whole tensor (a view's offset would fall inside an eight-row group)."""
+    if node.op is not Op.MUL_MAT or not conforms(node):
+        return False
+    a, b = node.src
+    return (
+        isinstance(a.buffer, RepackBuffer) and a.view_src is None and layout_of(a) is not None
+        and not _repacked(b) and b.type in FLOAT
+        and node.type == Type.F32 and a.shape[-1] == b.shape[-1]
+    )  # fmt: skip
+
+
 def supports(node: Tensor) -> bool:
     """True when the kernels compute ``node`` for its op, types and layout."""
     if node.op in VIEW_OPS:
         return True
+    if any(_repacked(s) for s in node.src):
+        return _repacked_product(node)
     check = _SUPPORT.get(node.op)
     if check is None or not conforms(node):  # a hand-made node missing sources/params
         return False

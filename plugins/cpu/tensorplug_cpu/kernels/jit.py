@@ -74,6 +74,10 @@ class JitKernels:
         self._int8_siblings = ki8.matvec_int8_siblings
         self._int8_types = {Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
                             Type.Q6_K}  # fmt: skip
+        from . import _numba_repack as repack
+
+        # weights stored repacked (CPU_REPACK): eight rows at a time, any activation rows
+        self._packed, self._packed_serial = repack.matmul_packed, repack.matmul_packed_serial
         from . import _numba_rows as rows
         from ._numba_attention import attend, softmax_rows, visible_columns, widen_f16_rows
 
@@ -134,6 +138,34 @@ class JitKernels:
 
         def run() -> None:
             # the count at each call: set_num_threads may change it after binding
+            (serial if self.n_threads == 1 else parallel)()
+
+        return run
+
+    def bind_packed(
+        self,
+        t: Type,
+        packed: np.ndarray,
+        x: np.ndarray,
+        out: np.ndarray,
+        scratch: Callable[..., np.ndarray] = np.empty,
+    ) -> Callable[[], None]:
+        """``out[t, o] = W[o]·x[t]`` for weights stored repacked (:mod:`..repack`), rows
+        of eight as ``packed`` ``(groups, bytes)``, any number of activation rows ``x``
+        (unit-stride float32); ``scratch(shape, dtype)`` gives the Q8_0 activations'
+        room. One thread runs the serial kernel, more the parallel one: each group's
+        sums are the same either way, so the bits are too."""
+        if out.strides[-1] != 4 or x.strides[-1] != 4:
+            raise ValueError("bind_packed: x's and out's rows must be unit-stride float32")
+        n_tok, n = x.shape
+        xq, xd, xs = (scratch((n_tok, n), np.int8), scratch((n_tok, n // 32), np.float32),
+                      scratch((n_tok, n // 32), np.int32))  # fmt: skip
+        args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
+        what = f"repacked {t.name} product kernel"
+        serial = partial(self._call, f"one-thread {what}", self._packed_serial, *args)
+        parallel = partial(self._call, what, self._packed, *args)
+
+        def run() -> None:
             (serial if self.n_threads == 1 else parallel)()
 
         return run

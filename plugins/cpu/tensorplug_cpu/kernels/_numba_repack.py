@@ -1,0 +1,432 @@
+"""Integer products of repacked weights: eight rows interleaved, as llama.cpp's CPU_REPACK.
+
+In a weight matrix's own layout each row's blocks lie one after another, so a kernel
+that takes several rows at once sums each row's products across the lanes of a vector
+and folds the rows together with horizontal adds, block after block: on the Zen 4 dev
+machine that fold held the four-row Q4_0 kernel to ~32 G weights/s in cache. Repacked,
+eight rows share each block (:mod:`tensorplug_cpu.repack` writes the layout): their
+scales side by side, then their codes in 4-byte chunks, row after row. A 32-byte load
+then holds four codes of each of the eight rows, and one multiply-add against the same
+four activation codes broadcast to every lane (``vpdpbusd`` with AVX512-VNNI, else
+``vpmaddubsw`` then ``vpmaddwd``) leaves each row's sum in its own 32-bit lane: no
+fold at all. One core, one thread: Q4_0 ran 68 (VNNI) and 62 (AVX2) G weights/s in
+cache against 32 for the four-row kernel, and 48 from memory against 32.
+
+A tile is one group of eight rows times 1–4 activation rows (:func:`tile_kernel`): the
+weight block is unpacked once and multiplied into every activation row of the tile, so
+a prompt reads each group's codes from cache for all its tokens. Each row's block sum
+is an exact integer (``Σ(q − offset)·x``, the offset taken back out as ``offset·Σx``),
+scaled by ``d_w·d_x`` and added to the row's float sum block by block: for Q4_0 the
+arithmetic of llama.cpp's ``ggml_gemv_q4_0_8x8_q8_0`` and of the four-row kernel of
+:mod:`._numba_introw`, to the bit. Q4_K scales each sub-block's exact sum by its 6-bit
+scale and takes its minimum back out, per sub-block of 32 (the activations' blocks).
+The activations are the Q8_0 rows of :func:`._numba_int8.quantize_q8_0`.
+
+There is no software prefetch: a repacked product is one sequential stream of bytes,
+which the hardware prefetchers follow. Asking for the blocks ahead made Q4_K 25% slower
+from memory (59 → 43 G weights/s) and Q4_0 and Q8_0 no faster on the Zen 4 dev machine
+(32 4096×768 matrices, one core); the four-row kernels of the natural layout, four
+streams at once, needed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from llvmlite import binding as llvm_binding
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from tensorplug.types import Type
+
+from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
+from ._numba_cache import kernel
+from ._numba_int8 import _CHUNKS, _I8, _I16, _I32, HAS_AVX2, _fn, _splat, _vec, quantize_q8_0
+from ._numba_introw import HAS_F16C, _f16x
+from ._numba_quant import _DOT
+
+__all__ = ["HAS_VNNI", "TILE", "matmul_packed", "matmul_packed_serial", "tile_kernel"]
+
+_I64, _F32 = ir.IntType(64), ir.FloatType()
+_V8F = ir.VectorType(_F32, 8)
+_V8I = _vec(_I32, 8)
+_V32B = _vec(_I8, 32)
+
+
+def _host_has_vnni() -> bool:
+    """AVX512-VNNI on 256-bit vectors (needs AVX512VL), or AVX-VNNI (its VEX form)."""
+    try:
+        found = set(llvm_binding.get_host_cpu_features().flatten().split(","))
+    except RuntimeError:
+        return False
+    return {"+avx512vnni", "+avx512vl"} <= found or "+avxvnni" in found
+
+
+#: decided once per process (numba's disk cache keys compiled code by the host CPU)
+HAS_VNNI = _host_has_vnni()
+#: activation rows a tile takes at most
+TILE = 4
+Q4_0, Q8_0, Q4_K = int(Type.Q4_0), int(Type.Q8_0), int(Type.Q4_K)  # what the drivers branch on
+
+
+def _broadcast_i32(builder: ir.IRBuilder, ptr: Any) -> Any:
+    """The 4 bytes at ``ptr`` in every 32-bit lane, as ``<32 x i8>``."""
+    word = builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=1)
+    lanes = builder.insert_element(ir.Constant(_V8I, None), word, _I32(0))
+    return builder.bitcast(builder.shuffle_vector(lanes, lanes, ir.Constant(_V8I, [0] * 8)), _V32B)
+
+
+def _splat_f(builder: ir.IRBuilder, v: Any) -> Any:
+    one = builder.insert_element(ir.Constant(_V8F, None), v, _I32(0))
+    return builder.shuffle_vector(one, one, ir.Constant(_V8I, [0] * 8))
+
+
+def _quads(builder: ir.IRBuilder, prod: Any) -> Any:
+    """``<32 x i32>`` products summed in fours of neighbours: eight lanes."""
+    quads = [builder.shuffle_vector(prod, prod, ir.Constant(_V8I, [4 * k + i for k in range(8)]))
+             for i in range(4)]  # fmt: skip
+    return builder.add(builder.add(quads[0], quads[1]), builder.add(quads[2], quads[3]))
+
+
+class _RowSums:
+    """Eight 32-bit sums ``Σ u·s`` over 4-byte groups, one activation row's for each of
+    eight weight rows, ``u`` unsigned codes, ``s`` signed activation codes.
+
+    VNNI adds each product into the sums in one ``vpdpbusd``. AVX2 multiplies pairs into
+    16-bit lanes (``vpmaddubsw``) and keeps adding those while no lane can overflow,
+    then widens them into the sums with one ``vpmaddwd``. Elsewhere, portable widening
+    arithmetic that LLVM lowers for the host."""
+
+    def __init__(self, builder: ir.IRBuilder, start: Any) -> None:
+        self.builder, self.sums = builder, start
+        self.pairs: Any = None  # AVX2's 16-bit lanes not yet widened
+        self.bound = 0  # the largest magnitude a lane of ``pairs`` can hold
+
+    def add(self, u: Any, s: Any, u_max: int) -> None:
+        b = self.builder
+        if HAS_VNNI:
+            dp = _fn(b, "llvm.x86.avx512.vpdpbusd.256", _V8I, _V8I, _V8I, _V8I)
+            self.sums = b.call(dp, [self.sums, b.bitcast(u, _V8I), b.bitcast(s, _V8I)])
+        elif HAS_AVX2:
+            bound = 2 * u_max * 128  # two products of a u8 by an s8 of at most 128
+            if self.pairs is not None and self.bound + bound > 32767:
+                self.flush()
+            madd = _fn(b, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), _V32B, _V32B)
+            pairs = b.call(madd, [u, s])
+            self.pairs = pairs if self.pairs is None else b.add(self.pairs, pairs)
+            self.bound += bound
+        else:
+            self.sums = b.add(
+                self.sums, _quads(b, b.mul(b.zext(u, _vec(_I32, 32)), b.sext(s, _vec(_I32, 32))))
+            )
+
+    def add_signed(self, q: Any, x: Any) -> None:
+        """:meth:`add` for signed weight codes ``q``: fed to VNNI as ``q + 128`` (the
+        caller starts the sums at ``−128·Σx``, :func:`_offset`), to AVX2 as ``|q|``
+        against ``x`` with ``q``'s sign (``vpsignb``, as ggml), else widened signed."""
+        b = self.builder
+        if HAS_VNNI:
+            self.add(b.xor(q, _splat(_I8, 32, 128)), x, 255)
+        elif HAS_AVX2:
+            sign = _fn(b, "llvm.x86.avx2.psign.b", _V32B, _V32B, _V32B)
+            self.add(b.call(sign, [q, q]), b.call(sign, [x, q]), 128)
+        else:
+            self.sums = b.add(
+                self.sums, _quads(b, b.mul(b.sext(q, _vec(_I32, 32)), b.sext(x, _vec(_I32, 32))))
+            )
+
+    def flush(self) -> Any:
+        """The sums, with AVX2's 16-bit lanes widened into them."""
+        if self.pairs is not None:
+            b = self.builder
+            wd = _fn(b, "llvm.x86.avx2.pmadd.wd", _V8I, _vec(_I16, 16), _vec(_I16, 16))
+            self.sums = b.add(self.sums, b.call(wd, [self.pairs, _splat(_I16, 16, 1)]))
+            self.pairs, self.bound = None, 0
+        return self.sums
+
+
+def _offset(lay: PackedLayout) -> int:
+    """What each stored code exceeds its value by, as the kernel feeds it: Q8_0's
+    signed codes go into VNNI's unsigned operand as ``q + 128`` (:meth:`_RowSums.add_signed`)."""
+    if lay.nibbles:
+        return lay.offset
+    return 128 if HAS_VNNI else 0
+
+
+def _scales(builder: ir.IRBuilder, at: Any, table: Any) -> Any:
+    """The eight f16 values at ``at`` as ``<8 x float>``: one ``vcvtph2ps`` with F16C,
+    else eight lookups in the f16 → f32 table."""
+    if HAS_F16C:
+        halves = ir.VectorType(ir.HalfType(), 8)
+        return builder.fpext(builder.load(builder.bitcast(at, halves.as_pointer()), align=1), _V8F)
+    return _f16x(builder, [builder.gep(at, [_I64(2 * r)]) for r in range(8)], _I64(0), table)
+
+
+def _bytes_f(builder: ir.IRBuilder, at: Any) -> Any:
+    """The eight unsigned bytes at ``at`` as ``<8 x float>``."""
+    v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+    return builder.uitofp(v8, _V8F)
+
+
+@dataclass
+class _Block:
+    """What a tile's body sees at one repacked block: its bytes, and per activation row
+    of the tile the row's Q8_0 codes, scales and code sums."""
+
+    builder: ir.IRBuilder
+    base: Any  # i8* of the block
+    b: Any  # i64 index of the block
+    x: list[Any]  # i8* of each activation row's codes
+    xd: list[Any]  # float* of each row's block scales
+    xs: list[Any]  # i32* of each row's block code sums
+    table: Any  # float* of the f16 → f32 table
+
+    def code_run(self, at: int) -> Any:
+        """The 32 code bytes at ``at`` of the block."""
+        b = self.builder
+        return b.load(b.bitcast(b.gep(self.base, [_I64(at)]), _V32B.as_pointer()), align=1)
+
+    def x_word(self, t: int, k: Any, at: int) -> Any:
+        """Four codes of activation row ``t``, block ``k``, from value ``at``, in every lane."""
+        b = self.builder
+        return _broadcast_i32(b, b.gep(self.x[t], [b.add(b.mul(k, _I64(32)), _I64(at))]))
+
+    def load(self, ptrs: list[Any], t: int, k: Any) -> Any:
+        return self.builder.load(self.builder.gep(ptrs[t], [k]))
+
+
+#: a tile's body: (block, the accumulators of each activation row) -> their new values
+Body = Callable[[_Block, list[list[Any]]], list[list[Any]]]
+#: its ending: (builder, one activation row's final accumulators) -> its eight sums
+Finish = Callable[[ir.IRBuilder, list[Any]], Any]
+
+
+def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int) -> Any:
+    """An intrinsic ``(packed, g, xq, xd, xs, table, t0, out) -> None``: rows
+    ``8g..8g+7`` of the repacked matrix ``packed`` (``(n_groups, blocks·block)`` bytes)
+    times activation rows ``t0..t0+n_tok-1`` of the Q8_0 codes ``xq``, scales ``xd``
+    and code sums ``xs``, into ``out[t0 + t, 8g:8g+8]`` (``out``'s rows unit-stride), as
+    one loop over the blocks whose inside ``body`` emits, ``n_accs`` vectors of floats
+    carried from block to block per activation row."""
+
+    @intrinsic
+    def tile(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, table: Any,
+             t0: Any, out: Any) -> Any:  # fmt: skip
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            arrays = [context.make_array(sig.args[i])(context, builder, args[i])
+                      for i in (0, 2, 3, 4, 7)]  # fmt: skip
+            pk, xqa, xda, xsa, outa = arrays
+            table = context.make_array(sig.args[5])(context, builder, args[5]).data
+            stride = [builder.extract_value(a.strides, 0) for a in arrays]
+            group = builder.gep(pk.data, [builder.mul(args[1], stride[0])])
+            n = builder.sdiv(builder.extract_value(pk.shape, 1), _I64(lay.block))
+            rows = [builder.add(args[6], _I64(t)) for t in range(n_tok)]
+
+            def row_of(a: Any, s: Any, r: Any, ty: ir.Type) -> Any:
+                byte = builder.bitcast(a.data, _I8.as_pointer())
+                return builder.bitcast(builder.gep(byte, [builder.mul(r, s)]), ty.as_pointer())
+
+            x_rows = [row_of(xqa, stride[1], r, _I8) for r in rows]
+            xd_rows = [row_of(xda, stride[2], r, _F32) for r in rows]
+            xs_rows = [row_of(xsa, stride[3], r, _I32) for r in rows]
+            zero = ir.Constant(_V8F, [0.0] * 8)
+
+            entry = builder.block
+            loop = builder.append_basic_block("tile.loop")
+            done = builder.append_basic_block("tile.done")
+            builder.cbranch(builder.icmp_signed(">", n, _I64(0)), loop, done)
+            builder.position_at_end(loop)
+            b = builder.phi(_I64)
+            accs = [[builder.phi(_V8F) for _ in range(n_accs)] for _ in range(n_tok)]
+            base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
+            new = body(_Block(builder, base, b, x_rows, xd_rows, xs_rows, table), accs)
+            nxt = builder.add(b, _I64(1))
+            builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
+            end = builder.block
+            b.add_incoming(_I64(0), entry)
+            b.add_incoming(nxt, end)
+            for phis, vals in zip(accs, new, strict=True):
+                for phi, val in zip(phis, vals, strict=True):
+                    phi.add_incoming(zero, entry)
+                    phi.add_incoming(val, end)
+
+            builder.position_at_end(done)
+            finals = [[builder.phi(_V8F) for _ in range(n_accs)] for _ in range(n_tok)]
+            for phis, vals in zip(finals, new, strict=True):
+                for phi, val in zip(phis, vals, strict=True):
+                    phi.add_incoming(zero, entry)
+                    phi.add_incoming(val, end)
+            col = builder.mul(args[1], _I64(GROUP_ROWS * 4))  # byte offset of column 8g
+            for t in range(n_tok):
+                row = builder.gep(
+                    builder.bitcast(outa.data, _I8.as_pointer()),
+                    [builder.add(builder.mul(rows[t], stride[4]), col)],
+                )
+                builder.store(finish(builder, finals[t]), builder.bitcast(row, _V8F.as_pointer()),
+                              align=4)  # fmt: skip
+            return context.get_dummy_value()
+
+        return types.none(packed, g, xq, xd, xs, table, t0, out), codegen
+
+    return tile
+
+
+def _block32_body(lay: PackedLayout) -> Body:
+    """Q4_0 and Q8_0: each row's block sum ``Σ(q − offset)·x`` exact, then one multiply-add
+    of it by ``d_w·d_x`` into the row's sum."""
+
+    def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+        builder, b = blk.builder, blk.b
+        n_tok = len(accs)
+        sums = []
+        for t in range(n_tok):
+            back = builder.mul(blk.load(blk.xs, t, b), _I32(-_offset(lay)))
+            start = builder.insert_element(ir.Constant(_V8I, None), back, _I32(0))
+            sums.append(_RowSums(builder, builder.shuffle_vector(
+                start, start, ir.Constant(_V8I, [0] * 8))))  # fmt: skip
+        for c in range(lay.chunks):
+            q = blk.code_run(lay.head + 32 * c)
+            if lay.nibbles:  # low nibbles: values 4c..4c+3, high: 16+4c..
+                for codes, at in (
+                    (builder.and_(q, _splat(_I8, 32, 15)), 4 * c),
+                    (builder.lshr(q, _splat(_I8, 32, 4)), 16 + 4 * c),
+                ):
+                    for t in range(n_tok):
+                        sums[t].add(codes, blk.x_word(t, b, at), 15)
+            else:
+                for t in range(n_tok):
+                    sums[t].add_signed(q, blk.x_word(t, b, 4 * c))
+        d_w = _scales(builder, blk.base, blk.table)
+        fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+        new = []
+        for t in range(n_tok):
+            scale = builder.fmul(d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
+            isum = builder.sitofp(sums[t].flush(), _V8F)
+            new.append([builder.call(fma, [scale, isum, accs[t][0]])])
+        return new
+
+    return body
+
+
+def _q4_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+    """Q4_K: sub-block ``s`` (values ``32s..32s+31``, activation block ``8b + s``) adds
+    ``d·sc_s·d_x·Σq·x`` to the row's sum and ``dmin·m_s·d_x·Σx`` to its minimums'. Each
+    32-byte run of codes holds four values of pair ``p``'s two sub-blocks for each row:
+    low nibbles sub-block ``2p``, high ones ``2p + 1``."""
+    builder, b = blk.builder, blk.b
+    n_tok = len(accs)
+    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    d = _scales(builder, blk.base, blk.table)
+    dmin = _scales(builder, builder.gep(blk.base, [_I64(16)]), blk.table)
+    first = builder.mul(b, _I64(8))  # the block's first activation block
+    new = [list(a) for a in accs]
+    for p in range(4):
+        pair = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(2)]
+                for _ in range(n_tok)]  # fmt: skip
+        ks = [builder.add(first, _I64(2 * p + h)) for h in range(2)]
+        for c in range(8):
+            q = blk.code_run(160 + 32 * (8 * p + c))
+            halves = (builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4)))
+            for h, codes in enumerate(halves):
+                for t in range(n_tok):
+                    pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 15)
+        for h in range(2):
+            s = 2 * p + h
+            sc = builder.fmul(d, _bytes_f(builder, builder.gep(blk.base, [_I64(32 + 8 * s)])))
+            mn = builder.fmul(dmin, _bytes_f(builder, builder.gep(blk.base, [_I64(96 + 8 * s)])))
+            for t in range(n_tok):
+                d_x = blk.load(blk.xd, t, ks[h])
+                scale = builder.fmul(sc, _splat_f(builder, d_x))
+                isum = builder.sitofp(pair[t][h].flush(), _V8F)
+                new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
+                x_sum = builder.fmul(d_x, builder.sitofp(blk.load(blk.xs, t, ks[h]), _F32))
+                new[t][1] = builder.call(fma, [mn, _splat_f(builder, x_sum), new[t][1]])
+    return new
+
+
+def tile_kernel(lay: PackedLayout, n_tok: int) -> Any:
+    """The tile intrinsic of layout ``lay`` for ``n_tok`` activation rows (see :func:`_tile`)."""
+    if lay.kquant:
+        return _tile(lay, n_tok, _q4_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
+    return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], 1)
+
+
+q4_0_x1, q4_0_x2, q4_0_x3, q4_0_x4 = (tile_kernel(LAYOUTS[Type.Q4_0], n) for n in range(1, 5))
+q8_0_x1, q8_0_x2, q8_0_x3, q8_0_x4 = (tile_kernel(LAYOUTS[Type.Q8_0], n) for n in range(1, 5))
+q4_k_x1, q4_k_x2, q4_k_x3, q4_k_x4 = (tile_kernel(LAYOUTS[Type.Q4_K], n) for n in range(1, 5))
+
+
+@njit(inline="always")
+def _tile_of(packed: Any, g: int, xq: Any, xd: Any, xs: Any, table: Any, t0: int, out: Any,
+             kind: int, n: int) -> None:  # fmt: skip
+    """Group ``g`` times activation rows ``t0..t0+n-1`` (``n`` ≤ :data:`TILE`)."""
+    if kind == Q4_0:
+        if n == 4:
+            q4_0_x4(packed, g, xq, xd, xs, table, t0, out)
+        elif n == 3:
+            q4_0_x3(packed, g, xq, xd, xs, table, t0, out)
+        elif n == 2:
+            q4_0_x2(packed, g, xq, xd, xs, table, t0, out)
+        else:
+            q4_0_x1(packed, g, xq, xd, xs, table, t0, out)
+    elif kind == Q4_K:
+        if n == 4:
+            q4_k_x4(packed, g, xq, xd, xs, table, t0, out)
+        elif n == 3:
+            q4_k_x3(packed, g, xq, xd, xs, table, t0, out)
+        elif n == 2:
+            q4_k_x2(packed, g, xq, xd, xs, table, t0, out)
+        else:
+            q4_k_x1(packed, g, xq, xd, xs, table, t0, out)
+    elif n == 4:
+        q8_0_x4(packed, g, xq, xd, xs, table, t0, out)
+    elif n == 3:
+        q8_0_x3(packed, g, xq, xd, xs, table, t0, out)
+    elif n == 2:
+        q8_0_x2(packed, g, xq, xd, xs, table, t0, out)
+    else:
+        q8_0_x1(packed, g, xq, xd, xs, table, t0, out)
+
+
+@njit(inline="always")
+def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any, out: Any,
+            kind: int) -> None:  # fmt: skip
+    """Groups ``g0..g1-1`` times every activation row, in tiles of up to four rows."""
+    n_tok = xq.shape[0]
+    for g in range(g0, g1):
+        t = 0
+        while t < n_tok:
+            n = min(TILE, n_tok - t)
+            _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n)
+            t += n
+
+
+@kernel(parallel=True, fastmath=_DOT)
+def matmul_packed(
+    x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
+) -> None:
+    """``out[t, o] = W[o]·x[t]`` for repacked weights of ggml type ``kind``: the rows of
+    ``x`` quantized by :func:`quantize_q8_0` into ``xq, xd, xs`` (in parallel when there
+    are many), then the eight-row groups shared out in chunks across threads."""
+    n_tok = x.shape[0]
+    if n_tok >= 16:
+        for t in prange(n_tok):
+            quantize_q8_0(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table)
+    else:
+        quantize_q8_0(x, xq, xd, xs, table)
+    n = packed.shape[0]
+    per = (n + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        _groups(packed, min(n, c * per), min(n, (c + 1) * per), xq, xd, xs, table, out, kind)
+
+
+@kernel(nogil=True, fastmath=_DOT)
+def matmul_packed_serial(
+    x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
+) -> None:
+    """:func:`matmul_packed` on the calling thread, without a parallel region."""
+    quantize_q8_0(x, xq, xd, xs, table)
+    _groups(packed, 0, packed.shape[0], xq, xd, xs, table, out, kind)

@@ -1,0 +1,291 @@
+"""Weights stored for the CPU's integer kernels: eight rows interleaved (``CPU_REPACK``).
+
+ggml's CPU backend offers an extra buffer type, ``CPU_REPACK``, that stores the weights
+of matrix products in the order its kernels read them, and llama.cpp loads every
+Q4_0 and Q4_K matrix there. This is ours. In a matrix's own layout each row's blocks
+follow one another, and a kernel that takes several rows at once must sum each row
+across the lanes of a vector; stored repacked, block ``b`` of eight rows is one run of
+bytes: the eight rows' scales side by side, then their codes in 4-byte chunks, chunk
+``c`` of row 0, of row 1, … of row 7, then chunk ``c + 1``. A 32-byte load then holds
+four codes of every row, and one integer multiply-add leaves each row's sum in a lane
+of its own (:mod:`.kernels._numba_repack`). A repacked Q4_0 or Q8_0 block holds the
+bytes of the eight blocks it came from in another order; a Q4_K block also unpacks
+each row's 6-bit sub-block scales and minimums into bytes (1184 bytes for 1152).
+
+The buffer reads and writes tensors in ggml's layout: ``set_tensor`` repacks,
+``get_tensor`` unpacks, any byte range of a tensor, so nothing outside the CPU backend
+sees the difference. Only the CPU's matrix products read such a tensor
+(``supports_op`` says so, and the scheduler places them on the CPU); a model loader
+puts matrices here and leaves everything else (token embeddings, read by ``get_rows``)
+in ordinary memory, as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tensorplug.buffer import Buffer, BufferType, BufferUsage
+from tensorplug.errors import AllocationError, UnsupportedError
+from tensorplug.host import HOST_ALIGNMENT
+from tensorplug.types import Type
+
+if TYPE_CHECKING:
+    from tensorplug.tensor import Tensor
+
+__all__ = [
+    "GROUP_ROWS",
+    "LAYOUTS",
+    "PackedLayout",
+    "RepackBuffer",
+    "RepackBufferType",
+    "layout_of",
+    "packed_rows",
+]
+
+#: rows interleaved in one group
+GROUP_ROWS = 8
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """How eight rows' blocks of one type become one repacked block.
+
+    32-value types (Q4_0, Q8_0): the eight f16 scales, then ``chunks`` runs of 32 bytes
+    of codes. Q4_K: the eight ``d``, the eight ``dmin``, each sub-block's eight 6-bit
+    scales as bytes, then its eight minimums, then the codes as for the 32-value types
+    (sub-blocks ``2p`` and ``2p + 1`` share the bytes of pair ``p``: low and high
+    nibbles)."""
+
+    type: Type
+    chunks: int  # 4-byte chunks of codes in one row's block
+    nibbles: bool  # two 4-bit codes a byte
+    offset: int  # subtracted from each code: Q4_0 8 (Q8_0's are signed; Q4_K has minimums)
+
+    @property
+    def kquant(self) -> bool:
+        return self.type.block_size == 256
+
+    @property
+    def head(self) -> int:
+        """Bytes before the codes in a repacked block (scales, minimums)."""
+        return 2 * 2 * GROUP_ROWS + 2 * 8 * GROUP_ROWS if self.kquant else 2 * GROUP_ROWS
+
+    @property
+    def block(self) -> int:
+        """Bytes of one repacked block (eight rows' blocks)."""
+        return self.head + 4 * GROUP_ROWS * self.chunks
+
+    def pack(self, blocks: np.ndarray, out: np.ndarray) -> None:
+        """Rows of ggml blocks ``(8·G, nb, type_size)`` into ``out``, ``(G, nb, block)``."""
+        groups, nb = blocks.shape[0] // GROUP_ROWS, blocks.shape[1]
+        by_block = blocks.reshape(groups, GROUP_ROWS, nb, -1).transpose(0, 2, 1, 3)
+        if self.kquant:  # d and dmin, then the scales and minimums unpacked
+            out[:, :, :16] = by_block[..., 0:2].reshape(groups, nb, 16)
+            out[:, :, 16:32] = by_block[..., 2:4].reshape(groups, nb, 16)
+            scales, mins = _q4_k_unpack_scales(by_block[..., 4:16])  # (G, nb, 8 rows, 8 subs)
+            out[:, :, 32:96] = scales.transpose(0, 1, 3, 2).reshape(groups, nb, 64)
+            out[:, :, 96:160] = mins.transpose(0, 1, 3, 2).reshape(groups, nb, 64)
+            codes = by_block[..., 16:]
+        else:
+            out[:, :, :16] = by_block[..., :2].reshape(groups, nb, 16)
+            codes = by_block[..., 2:]
+        chunks = codes.reshape(groups, nb, GROUP_ROWS, self.chunks, 4).transpose(0, 1, 3, 2, 4)
+        out[:, :, self.head :] = chunks.reshape(groups, nb, -1)
+
+    def unpack(self, packed: np.ndarray, out: np.ndarray) -> None:
+        """:meth:`pack` undone: ``(G, nb, block)`` into ggml blocks ``(8·G, nb, type_size)``."""
+        groups, nb = packed.shape[:2]
+        rows = out.reshape(groups, GROUP_ROWS, nb, -1).transpose(0, 2, 1, 3)
+        codes = packed[:, :, self.head :].reshape(groups, nb, self.chunks, GROUP_ROWS, 4)
+        codes = codes.transpose(0, 1, 3, 2, 4).reshape(groups, nb, GROUP_ROWS, -1)
+        if self.kquant:
+            rows[..., 0:2] = packed[:, :, :16].reshape(groups, nb, GROUP_ROWS, 2)
+            rows[..., 2:4] = packed[:, :, 16:32].reshape(groups, nb, GROUP_ROWS, 2)
+            scales = packed[:, :, 32:96].reshape(groups, nb, 8, GROUP_ROWS).transpose(0, 1, 3, 2)
+            mins = packed[:, :, 96:160].reshape(groups, nb, 8, GROUP_ROWS).transpose(0, 1, 3, 2)
+            rows[..., 4:16] = _q4_k_pack_scales(scales, mins)
+            rows[..., 16:] = codes
+        else:
+            rows[..., :2] = packed[:, :, :16].reshape(groups, nb, GROUP_ROWS, 2)
+            rows[..., 2:] = codes
+
+
+def _q4_k_unpack_scales(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12 bytes of a Q4_K block's scales (``…, 12``) as its eight 6-bit scales and
+    eight minimums (``…, 8`` each): ggml's ``get_scale_min_k4``."""
+    lo, hi = q[..., 0:4], q[..., 4:8]
+    mix = q[..., 8:12]
+    scales = np.concatenate([lo & 63, (mix & 15) | ((lo >> 6) << 4)], axis=-1)
+    mins = np.concatenate([hi & 63, (mix >> 4) | ((hi >> 6) << 4)], axis=-1)
+    return scales, mins
+
+
+def _q4_k_pack_scales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
+    """:func:`_q4_k_unpack_scales` undone (each of its 96 bits comes from one place)."""
+    sc = scales.astype(np.uint8)
+    mn = mins.astype(np.uint8)
+    lo = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
+    hi = (mn[..., 0:4] & 63) | ((mn[..., 4:8] >> 4) << 6)
+    mix = (sc[..., 4:8] & 15) | ((mn[..., 4:8] & 15) << 4)
+    return np.concatenate([lo, hi, mix], axis=-1)
+
+
+#: the types the CPU stores repacked, and how
+LAYOUTS: dict[Type, PackedLayout] = {
+    Type.Q4_0: PackedLayout(Type.Q4_0, chunks=4, nibbles=True, offset=8),
+    Type.Q8_0: PackedLayout(Type.Q8_0, chunks=8, nibbles=False, offset=0),
+    Type.Q4_K: PackedLayout(Type.Q4_K, chunks=32, nibbles=True, offset=0),
+}
+
+
+def layout_of(tensor: Tensor) -> PackedLayout | None:
+    """How ``tensor`` is stored repacked, or None when it cannot be: a 2-d, contiguous
+    matrix of a type in :data:`LAYOUTS` whose rows come in whole groups of eight."""
+    lay = LAYOUTS.get(tensor.type)
+    if lay is None or len(tensor.shape) != 2 or not tensor.is_contiguous:
+        return None
+    n_out, n_in = tensor.shape
+    return lay if n_out % GROUP_ROWS == 0 and n_out > 0 and n_in > 0 else None
+
+
+def packed_size(tensor: Tensor, lay: PackedLayout) -> int:
+    """Bytes the repacked tensor takes."""
+    return tensor.shape[0] // GROUP_ROWS * (tensor.shape[1] // lay.type.block_size) * lay.block
+
+
+def packed_rows(tensor: Tensor) -> np.ndarray:
+    """A repacked tensor's bytes, one group of eight rows per row: ``(G, nb·block)``."""
+    buf = tensor.require_allocated()
+    if not isinstance(buf, RepackBuffer):
+        raise UnsupportedError(f"{tensor.describe()} is not stored repacked (it is in {buf.name})")
+    return buf.packed(tensor).reshape(tensor.shape[0] // GROUP_ROWS, -1)
+
+
+class RepackBufferType(BufferType):
+    """``CPU_REPACK``: memory for matrices the CPU's products read repacked. Not host
+    memory in ggml's sense (its bytes are not in ggml's layout), so only the CPU device,
+    which offers it, uses it; :meth:`accepts` says which tensors it can hold."""
+
+    @property
+    def name(self) -> str:
+        return "CPU_REPACK"
+
+    @property
+    def alignment(self) -> int:
+        return HOST_ALIGNMENT
+
+    def accepts(self, tensor: Tensor) -> bool:
+        return layout_of(tensor) is not None
+
+    def alloc_size(self, tensor: Tensor) -> int:
+        lay = layout_of(tensor)
+        return tensor.nbytes if lay is None else packed_size(tensor, lay)
+
+    def _alloc_buffer(self, size: int) -> RepackBuffer:
+        try:
+            raw = np.empty(size + HOST_ALIGNMENT, dtype=np.uint8)
+        except MemoryError as e:
+            raise AllocationError(f"{self.name}: could not allocate {size} bytes") from e
+        skip = -raw.ctypes.data % HOST_ALIGNMENT
+        return RepackBuffer(self, raw[skip : skip + size])
+
+
+class RepackBuffer(Buffer):
+    """Host memory whose tensors are stored repacked (see the module's docstring)."""
+
+    def __init__(self, buft: BufferType, data: np.ndarray) -> None:
+        super().__init__(buft, int(data.nbytes), BufferUsage.WEIGHTS)
+        self.data = data
+        # the tensors placed here (offset → tensor): clear() writes each in its layout
+        self._placed: dict[int, Tensor] = {}
+
+    @property
+    def base(self) -> int:
+        return int(self.data.ctypes.data)
+
+    def layout(self, tensor: Tensor) -> PackedLayout:
+        lay = layout_of(tensor)
+        if lay is None:
+            kinds = ", ".join(t.name for t in LAYOUTS)
+            raise UnsupportedError(
+                f"{self.name} cannot hold {tensor.describe()}: it stores 2-d contiguous "
+                f"matrices of {kinds} whose row count is a multiple of {GROUP_ROWS}; place "
+                "this tensor in the CPU's ordinary buffer type instead"
+            )
+        return lay
+
+    def packed(self, tensor: Tensor) -> np.ndarray:
+        """The tensor's repacked blocks, ``(G, nb, block)`` (a view)."""
+        lay = self.layout(tensor)
+        groups, nb = tensor.shape[0] // GROUP_ROWS, tensor.shape[1] // lay.type.block_size
+        mem = self.data[tensor.offset : tensor.offset + packed_size(tensor, lay)]
+        return mem.reshape(groups, nb, lay.block)
+
+    def _init_tensor(self, tensor: Tensor) -> None:
+        if tensor.view_src is not None:  # a view reads its base's bytes: no op takes it
+            return
+        self.layout(tensor)
+        self._placed[tensor.offset] = tensor
+
+    def _reset(self) -> None:
+        self._placed.clear()
+
+    def _groups(self, tensor: Tensor, offset: int, size: int) -> tuple[int, int, int]:
+        """The bytes of a group of eight rows in ggml's layout, and the first and
+        past-the-last group that bytes ``offset..offset+size`` fall in."""
+        group = tensor.nbytes // (tensor.shape[0] // GROUP_ROWS)
+        return group, offset // group, -(-(offset + size) // group)
+
+    def _natural(self, tensor: Tensor, g0: int, g1: int) -> np.ndarray:
+        """Groups ``g0..g1-1`` of the tensor in ggml's layout (a new array)."""
+        lay = self.layout(tensor)
+        nb = tensor.shape[1] // lay.type.block_size
+        out = np.empty(((g1 - g0) * GROUP_ROWS, nb, lay.type.type_size), np.uint8)
+        lay.unpack(self.packed(tensor)[g0:g1], out)
+        return out
+
+    def _write(self, tensor: Tensor, offset: int, size: int, fill: np.ndarray | int) -> None:
+        """Bytes ``offset..offset+size`` of the tensor in ggml's layout become ``fill``
+        (bytes, or one byte value); groups only partly covered are unpacked, patched
+        and packed again."""
+        lay = self.layout(tensor)
+        group, g0, g1 = self._groups(tensor, offset, size)
+        if isinstance(fill, np.ndarray) and offset % group == 0 and size % group == 0:
+            natural = fill.reshape(-1, tensor.shape[1] // lay.type.block_size, lay.type.type_size)
+        else:
+            natural = self._natural(tensor, g0, g1)
+            start = offset - g0 * group
+            natural.reshape(-1)[start : start + size] = fill
+        lay.pack(natural, self.packed(tensor)[g0:g1])
+
+    def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int) -> None:
+        self._write(tensor, offset, len(data), np.frombuffer(data, dtype=np.uint8))
+
+    def _get_tensor(self, tensor: Tensor, out: memoryview, offset: int) -> None:
+        group, g0, g1 = self._groups(tensor, offset, len(out))
+        start = offset - g0 * group
+        natural = self._natural(tensor, g0, g1).reshape(-1)
+        np.frombuffer(out, dtype=np.uint8)[...] = natural[start : start + len(out)]
+
+    def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        self._write(tensor, offset, size, value)
+
+    def _clear(self, value: int) -> None:
+        self.data[...] = value
+        for tensor in self._placed.values():  # filled in ggml's layout, stored in ours
+            self._write(tensor, 0, tensor.nbytes, np.full(tensor.nbytes, value, np.uint8))
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        sbuf = src.buffer
+        if sbuf is None or not sbuf.is_host or (src.type, src.shape) != (dst.type, dst.shape):
+            return False
+        mem = sbuf.host_array()[src.offset : src.offset + src.nbytes]
+        self._write(dst, 0, dst.nbytes, mem)
+        return True
+
+    def _free(self) -> None:
+        self.data = np.empty(0, dtype=np.uint8)
+        self._placed.clear()

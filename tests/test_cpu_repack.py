@@ -1,0 +1,351 @@
+"""Weights stored repacked (``CPU_REPACK``): the layout, the buffer that hides it, the
+products that read it, and where the backend and the scheduler let it be read.
+
+Products are held to the float64 product of the weights as ``gguf.quants`` decodes
+them and the activations as ggml's Q8_0 rounds them (``q8_activations``): what is left
+between them is float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import gguf
+import numpy as np
+import pytest
+from test_cpu_helpers import backend_for, nmse, q8_activations
+
+import tensorplug as tp
+from tensorplug import ops
+from tensorplug.errors import UnsupportedError
+from tensorplug.quants import quantize
+
+RNG = np.random.default_rng(35)
+TYPES = [tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.Q4_K]
+
+
+def _cpu() -> tuple[tp.Backend, tp.BufferType]:
+    from tensorplug_cpu.device import create_reg
+
+    dev = create_reg().device(0)
+    return dev.init_backend(), dev.repack_buffer_type()
+
+
+def _weights(t: tp.Type, n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+    raw = np.ascontiguousarray(quantize(RNG.standard_normal((n_out, n_in)).astype(np.float32), t))
+    decoded = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t)))
+    return raw, decoded.astype(np.float64).reshape(n_out, n_in)
+
+
+def _repacked(t: tp.Type, raw: np.ndarray, buft: tp.BufferType) -> tp.Tensor:
+    w = tp.new_tensor(t, (raw.shape[0], raw.shape[1] * t.block_size // t.type_size), "w")
+    assert tp.alloc_tensors([w], buft, tp.BufferUsage.WEIGHTS) is not None
+    tp.set_array(w, raw)
+    return w
+
+
+# -- the layout and the buffer -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_unpack_undoes_pack_for_any_bytes(t: tp.Type) -> None:
+    from tensorplug_cpu.repack import LAYOUTS
+
+    lay = LAYOUTS[t]
+    blocks = RNG.integers(0, 256, (24, 5, t.type_size), dtype=np.uint8)
+    packed = np.empty((3, 5, lay.block), np.uint8)
+    lay.pack(blocks, packed)
+    back = np.empty_like(blocks)
+    lay.unpack(packed, back)
+    assert np.array_equal(back, blocks)
+
+
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0], ids=lambda t: t.name)
+def test_a_32_value_block_is_a_reordering_of_the_eight_rows_bytes(t: tp.Type) -> None:
+    from tensorplug_cpu.repack import LAYOUTS
+
+    lay = LAYOUTS[t]
+    blocks = RNG.integers(0, 256, (24, 5, t.type_size), dtype=np.uint8)
+    packed = np.empty((3, 5, lay.block), np.uint8)
+    lay.pack(blocks, packed)
+    assert lay.block == 8 * t.type_size
+    # block b of group g: the eight rows' scales, then 4-byte chunks row after row
+    g, b = 1, 3
+    rows = blocks[8 * g : 8 * g + 8, b]
+    assert np.array_equal(packed[g, b, :16].reshape(8, 2), rows[:, :2])
+    chunks = packed[g, b, 16:].reshape(lay.chunks, 8, 4)
+    assert np.array_equal(chunks[2], rows[:, 2 + 8 : 2 + 12])
+
+
+def test_a_q4_k_block_unpacks_each_rows_six_bit_scales() -> None:
+    from tensorplug_cpu.repack import LAYOUTS
+
+    lay = LAYOUTS[tp.Type.Q4_K]
+    raw = quantize(RNG.standard_normal((8, 256)).astype(np.float32), tp.Type.Q4_K)
+    blocks = np.ascontiguousarray(raw).reshape(8, 1, 144)
+    packed = np.empty((1, 1, lay.block), np.uint8)
+    lay.pack(blocks, packed)
+    assert lay.block == 1184  # 8·144, and 32 bytes more for the scales as bytes
+    for r in range(8):
+        q = blocks[r, 0, 4:16].astype(int)
+        for s in range(8):  # ggml's get_scale_min_k4
+            if s < 4:
+                sc, m = q[s] & 63, q[s + 4] & 63
+            else:
+                sc = (q[s + 4] & 15) | ((q[s - 4] >> 6) << 4)
+                m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4)
+            assert (packed[0, 0, 32 + 8 * s + r], packed[0, 0, 96 + 8 * s + r]) == (sc, m)
+    assert np.array_equal(packed[0, 0, :16].reshape(8, 2), blocks[:, 0, 0:2])  # d
+    assert np.array_equal(packed[0, 0, 16:32].reshape(8, 2), blocks[:, 0, 2:4])  # dmin
+    # pair 1, chunk 2: bytes 32 + 8..11 of each row's codes
+    chunk = packed[0, 0, 160 + 32 * (8 + 2) : 160 + 32 * (8 + 3)].reshape(8, 4)
+    assert np.array_equal(chunk, blocks[:, 0, 16 + 40 : 16 + 44])
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_the_buffer_reads_and_writes_ggml_bytes_at_any_offset(t: tp.Type) -> None:
+    """set_tensor/get_tensor/memset_tensor take byte ranges of the tensor in ggml's
+    layout, inside a group of eight rows or across groups; the bytes stored are the
+    repacked ones."""
+    _, buft = _cpu()
+    raw, _ = _weights(t, 24, 256)
+    w = _repacked(t, raw, buft)
+    assert np.array_equal(tp.get_array(w), raw)
+    buf = w.require_allocated()
+    assert buf.name == "CPU_REPACK" and not buf.is_host
+    stored = buf.data[w.offset : w.offset + w.nbytes]  # type: ignore[attr-defined]
+    assert not np.array_equal(stored, raw.ravel())  # repacked, not as given
+    flat = raw.ravel().copy()
+    row = raw.shape[1]
+    for start, size in ((5, 7), (row * 7 + 3, row + 9), (row * 8, row * 8), (0, flat.size)):
+        patch = RNG.integers(0, 256, size, dtype=np.uint8)
+        buf.set_tensor(w, memoryview(patch), start)
+        flat[start : start + size] = patch
+        out = np.empty(size, np.uint8)
+        buf.get_tensor(w, memoryview(out), start)
+        assert np.array_equal(out, patch)
+        assert np.array_equal(tp.get_array(w).ravel(), flat)
+    buf.memset_tensor(w, 0x3C, row * 5 + 1, row * 4)
+    flat[row * 5 + 1 : row * 9 + 1] = 0x3C
+    assert np.array_equal(tp.get_array(w).ravel(), flat)
+    buf.clear(0x11)
+    assert (tp.get_array(w) == 0x11).all()
+
+
+def test_copying_a_host_tensor_in_repacks_it() -> None:
+    _, buft = _cpu()
+    raw, _ = _weights(tp.Type.Q4_0, 16, 64)
+    src = tp.new_tensor("q4_0", (16, 64), "src")
+    tp.alloc_tensors([src], tp.host_buffer_type())
+    tp.set_array(src, raw)
+    dst = tp.new_tensor("q4_0", (16, 64), "dst")
+    buf = tp.alloc_tensors([dst], buft)
+    assert buf is not None and buf.cpy_tensor(src, dst)
+    assert np.array_equal(tp.get_array(dst), raw)
+
+
+@pytest.mark.parametrize(
+    ("type_", "shape", "why"),
+    [
+        ("f32", (16, 64), "type"),
+        ("q4_1", (16, 64), "type"),
+        ("q4_0", (12, 64), "rows"),
+        ("q8_0", (2, 8, 64), "3-d"),
+    ],
+)
+def test_what_the_buffer_type_does_not_take_is_refused_clearly(
+    type_: str, shape: tuple[int, ...], why: str
+) -> None:
+    _, buft = _cpu()
+    t = tp.new_tensor(type_, shape, "x")
+    assert not buft.accepts(t)
+    with pytest.raises(UnsupportedError, match=r"CPU_REPACK cannot hold .*multiple of 8"):
+        tp.alloc_tensors([t], buft)
+    assert buft.accepts(tp.new_tensor("q4_0", (16, 64), "ok"))
+
+
+def test_the_cpu_offers_it_as_an_extra_buffer_type() -> None:
+    pytest.importorskip("numba", reason="CPU_REPACK is offered with the numba kernels")
+    cpu = tp.registry.dev_by_name("CPU")
+    assert cpu is not None
+    bufts = tp.extra_buffer_types(cpu)
+    assert [b.name for b in bufts] == ["CPU_REPACK"]
+    assert cpu.supports_buft(bufts[0]) and cpu.supports_buft(cpu.buffer_type())
+
+
+# -- products --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 2, 3, 4, 5, 7, 16, 33])  # every tile size, and more
+def test_products_match_q8_activations_times_the_weights(t: tp.Type, n_tok: int) -> None:
+    pytest.importorskip("numba", reason="the repacked products are numba's")
+    backend, buft = _cpu()
+    raw, w64 = _weights(t, 40, 512)
+    w = _repacked(t, raw, buft)
+    x = tp.new_tensor("f32", (n_tok, 512), "x")
+    y = ops.mul_mat(w, x)
+    g = tp.Graph(y)
+    tp.alloc_tensors([x, y], tp.host_buffer_type())
+    xv = RNG.standard_normal((n_tok, 512)).astype(np.float32)
+    tp.set_array(x, xv)
+    backend.graph_compute(g)
+    expected = q8_activations(xv) @ w64.T
+    got = tp.get_array(y)
+    assert np.abs(got - expected).max() <= 2e-6 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_one_thread_and_two_give_the_same_bits(t: tp.Type) -> None:
+    pytest.importorskip("numba", reason="the repacked products are numba's")
+    backend, buft = _cpu()
+    raw, _ = _weights(t, 520, 256)  # many groups: several chunks of the parallel kernel
+    w = _repacked(t, raw, buft)
+    outs = []
+    for threads in (1, 2):
+        x = tp.new_tensor("f32", (19, 256), "x")
+        y = ops.mul_mat(w, x)
+        tp.alloc_tensors([x, y], tp.host_buffer_type())
+        tp.set_array(x, np.cos(np.arange(19 * 256, dtype=np.float32)).reshape(19, 256))
+        tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+        backend.graph_compute(tp.Graph(y))
+        outs.append(tp.get_array(y))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_q4_0_single_rows_are_the_bits_of_the_unrepacked_kernels() -> None:
+    """Both compute each block's exact integer sum times ``d_w·d_x``, block after block:
+    repacking must not change a generation step's numbers."""
+    pytest.importorskip("numba", reason="the integer kernels are numba's")
+    backend, buft = _cpu()
+    raw, _ = _weights(tp.Type.Q4_0, 64, 512)
+    packed = _repacked(tp.Type.Q4_0, raw, buft)
+    plain = tp.new_tensor("q4_0", (64, 512), "plain")
+    tp.alloc_tensors([plain], tp.host_buffer_type())
+    tp.set_array(plain, raw)
+    x = tp.new_tensor("f32", (1, 512), "x")
+    ya, yb = ops.mul_mat(packed, x), ops.mul_mat(plain, x)
+    tp.alloc_tensors([x, ya, yb], tp.host_buffer_type())
+    tp.set_array(x, RNG.standard_normal((1, 512)).astype(np.float32))
+    backend.graph_compute(tp.Graph([ya, yb]))
+    np.testing.assert_array_equal(tp.get_array(ya), tp.get_array(yb))
+
+
+def test_without_numba_the_weights_are_unpacked_and_multiplied_exactly() -> None:
+    _, buft = _cpu()
+    raw, w64 = _weights(tp.Type.Q8_0, 16, 128)
+    w = _repacked(tp.Type.Q8_0, raw, buft)
+    x = tp.new_tensor("f32", (3, 128), "x")
+    y = ops.mul_mat(w, x)
+    tp.alloc_tensors([x, y], tp.host_buffer_type())
+    xv = RNG.standard_normal((3, 128)).astype(np.float32)
+    tp.set_array(x, xv)
+    backend_for(jit=False).graph_compute(tp.Graph(y))
+    assert nmse(tp.get_array(y), xv.astype(np.float64) @ w64.T) < 1e-12
+
+
+def test_weights_written_after_a_compute_are_read_fresh() -> None:
+    pytest.importorskip("numba", reason="the repacked products are numba's")
+    backend, buft = _cpu()
+    raw, _ = _weights(tp.Type.Q4_0, 16, 64)
+    w = _repacked(tp.Type.Q4_0, raw, buft)
+    x = tp.new_tensor("f32", (1, 64), "x")
+    y = ops.mul_mat(w, x)
+    g = tp.Graph(y)
+    tp.alloc_tensors([x, y], tp.host_buffer_type())
+    tp.set_array(x, np.ones((1, 64), np.float32))
+    backend.graph_compute(g)
+    first = tp.get_array(y)
+    raw2, w64 = _weights(tp.Type.Q4_0, 16, 64)
+    tp.set_array(w, raw2)
+    backend.graph_compute(g)
+    assert not np.array_equal(tp.get_array(y), first)
+    expected = q8_activations(np.ones((1, 64), np.float32)) @ w64.T
+    np.testing.assert_allclose(tp.get_array(y), expected, rtol=1e-5, atol=1e-5)
+
+
+# -- who may read it ---------------------------------------------------------------------------
+
+
+def test_only_whole_matrix_products_read_it() -> None:
+    backend, buft = _cpu()
+    raw, _ = _weights(tp.Type.Q8_0, 16, 64)
+    w = _repacked(tp.Type.Q8_0, raw, buft)
+    x = tp.new_tensor("f32", (2, 64), "x")
+    ids = tp.new_tensor("i32", (2,), "ids")
+    tp.alloc_tensors([x, ids], tp.host_buffer_type())
+    dev = backend.device
+    assert dev.supports_op(ops.mul_mat(w, x))
+    assert not dev.supports_op(ops.get_rows(w, ids))
+    assert not dev.supports_op(ops.mul_mat(ops.view(w, (8, 64), offset=w.strides[0] * 4), x))
+    assert not dev.supports_op(ops.cpy(w, tp.new_tensor("q8_0", (16, 64), "copy")))
+
+
+def test_the_scheduler_names_what_cannot_read_repacked_weights() -> None:
+    backend, buft = _cpu()
+    raw, _ = _weights(tp.Type.Q4_0, 16, 64)
+    w = _repacked(tp.Type.Q4_0, raw, buft)
+    ids = tp.new_tensor("i32", (2,), "ids")
+    rows = ops.get_rows(w, ids)
+    with pytest.raises(UnsupportedError, match=r"CPU_REPACK"):
+        tp.Scheduler([backend]).alloc_graph(tp.Graph(rows))
+
+
+# -- the IR on other hosts -----------------------------------------------------------------------
+
+_OTHER_HOSTS = """
+import gguf, numpy as np
+from numba import njit
+from tensorplug.quants import quantize
+from tensorplug.types import Type
+from tensorplug_cpu.kernels import _numba_int8 as i8, _numba_repack as rp
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.repack import LAYOUTS
+
+# before anything is compiled in this process
+rp.HAS_VNNI, rp.HAS_AVX2, rp.HAS_F16C = {flags}
+rng = np.random.default_rng(7)
+x = rng.standard_normal((4, 256)).astype(np.float32)
+xq, xd, xs = np.empty((4, 256), np.int8), np.empty((4, 8), np.float32), np.empty((4, 8), np.int32)
+i8.quantize_q8_0(x, xq, xd, xs, table)
+x64 = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 32, axis=1)
+for name in ("q4_0", "q8_0", "q4_k"):
+    t = Type[name.upper()]
+    lay = LAYOUTS[t]
+    raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
+    w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).astype(np.float64)
+    nb = 256 // t.block_size
+    packed = np.empty((2, nb, lay.block), np.uint8)
+    lay.pack(raw.reshape(16, nb, -1), packed)
+    tile = rp.tile_kernel(lay, 4)
+
+    @njit(cache=False)
+    def run(packed, xq, xd, xs, out):
+        for g in range(2):
+            tile(packed, g, xq, xd, xs, table, 0, out)
+
+    out = np.empty((4, 16), np.float32)
+    run(packed.reshape(2, -1), xq, xd, xs, out)
+    expected = x64 @ w.T
+    err = np.abs(out - expected).max() / np.abs(expected).max()
+    assert err < 2e-6, (name, err)
+    print(name, "ok")
+"""
+
+
+@pytest.mark.parametrize(
+    "flags", [(False, True, True), (False, False, False)], ids=["avx2", "portable"]
+)
+def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bool, ...]) -> None:
+    """Hosts without AVX512-VNNI get ``vpmaddubsw``/``vpmaddwd`` (16-bit partial sums,
+    widened before they could overflow); without AVX2 or F16C, portable widening IR and
+    table-decoded scales. This machine compiles each form in a fresh process (the choice
+    is made when a kernel is first compiled) and checks it against the decoded weights."""
+    pytest.importorskip("numba", reason="the repacked products are numba's")
+    code = textwrap.dedent(_OTHER_HOSTS).format(flags=flags)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["q4_0", "ok", "q8_0", "ok", "q4_k", "ok"]
