@@ -31,7 +31,9 @@ def test_moe_logits_match_the_reference(moe: dict[str, Path], wtype: str) -> Non
     m = Llama(moe[wtype], n_ctx=64, cache_type="f32")
     assert (m.config.n_expert, m.config.n_expert_used) == (4, 2)
     got = m.eval(TOKENS, all_logits=True)
-    want = ref.logits(ref.load(moe[wtype]), TOKENS)
+    # the CPU multiplies 12 rows by a Q8_0 matrix with Q8_0 activations (repacked, or
+    # in its fused few-row kernels): the experts' own products (mul_mat_id) are exact
+    want = ref.logits(ref.load(moe[wtype]), TOKENS, q8=wtype == "q8_0")
     assert ref.rel_err(got, want) <= 2e-5
 
 

@@ -30,15 +30,18 @@ class RefModel:
     factor: float = 1.0  # llama.rope.scaling.factor: how much longer the context is
     n_ctx_orig: int = 0  # the context length the model was trained at (YaRN's ramp)
     n_expert_used: int = 0  # llama.expert_used_count: experts per token (Mixtral)
+    quantized: frozenset[str] = frozenset()  # the tensors stored in a block-quantized type
 
 
 def load(path: str | Path) -> RefModel:
     r = GGUFReader(path)
     meta = {name: f.contents() for name, f in r.fields.items()}
-    w = {}
+    w, quantized = {}, set()
     for t in r.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         w[t.name] = dequantize(t.data, t.tensor_type).astype(np.float64).reshape(shape)
+        if t.tensor_type.name not in ("F32", "F16", "BF16"):
+            quantized.add(t.name)
     n_embd, n_head = meta["llama.embedding_length"], meta["llama.attention.head_count"]
     return RefModel(
         n_layer=meta["llama.block_count"],
@@ -54,6 +57,7 @@ def load(path: str | Path) -> RefModel:
             "llama.rope.scaling.original_context_length", meta["llama.context_length"]
         ),
         n_expert_used=meta.get("llama.expert_used_count", 0),
+        quantized=frozenset(quantized),
     )
 
 
@@ -108,10 +112,28 @@ def _rope(
     return out
 
 
-def logits(m: RefModel, tokens: list[int], kv_dtype: type | None = None) -> np.ndarray:
+def _q8(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` as ggml's CPU rounds them for an integer product: in float32, 32-value
+    blocks of codes ``rint(x·(127/amax))`` and scale ``f16(amax/127)``."""
+    blocks = np.ascontiguousarray(x, np.float32).reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    d = (amax / np.float32(127)).astype(np.float16).astype(np.float64)
+    return (np.rint(blocks * inv).astype(np.float64) * d).reshape(x.shape)
+
+
+def logits(
+    m: RefModel, tokens: list[int], kv_dtype: type | None = None, q8: bool = False
+) -> np.ndarray:
     """Logits of every position, (len(tokens), n_vocab). ``kv_dtype`` rounds K and V to
-    the cache's element type, as storing them in an F16 cache does."""
+    the cache's element type, as storing them in an F16 cache does. ``q8`` rounds the
+    activations of every product with a block-quantized matrix to Q8_0 first, as
+    llama.cpp's CPU does (and tensorplug's with the matrices repacked)."""
     w = m.w
+
+    def product(x: np.ndarray, name: str) -> np.ndarray:
+        return (_q8(x) if q8 and name in m.quantized else x) @ w[name].T
     T = len(tokens)
     x = w["token_embd.weight"][tokens]
     hd = x.shape[1] // m.n_head
@@ -122,11 +144,11 @@ def logits(m: RefModel, tokens: list[int], kv_dtype: type | None = None) -> np.n
         p = f"blk.{i}."
         h = _rms(x, m.eps) * w[p + "attn_norm.weight"]
         rope = {"scaling": m.scaling, "factor": m.factor, "n_ctx_orig": m.n_ctx_orig}
-        q = (h @ w[p + "attn_q.weight"].T).reshape(T, m.n_head, hd)
-        k = (h @ w[p + "attn_k.weight"].T).reshape(T, m.n_head_kv, hd)
+        q = product(h, p + "attn_q.weight").reshape(T, m.n_head, hd)
+        k = product(h, p + "attn_k.weight").reshape(T, m.n_head_kv, hd)
         q = _rope(q, m.n_rot, m.base, ff, **rope)
         k = _rope(k, m.n_rot, m.base, ff, **rope)
-        v = (h @ w[p + "attn_v.weight"].T).reshape(T, m.n_head_kv, hd)
+        v = product(h, p + "attn_v.weight").reshape(T, m.n_head_kv, hd)
         if kv_dtype is not None:
             k = k.astype(kv_dtype).astype(np.float64)
             v = v.astype(kv_dtype).astype(np.float64)
@@ -136,23 +158,22 @@ def logits(m: RefModel, tokens: list[int], kv_dtype: type | None = None) -> np.n
             s = q[:, head] @ k[:, kv].T / np.sqrt(hd) + causal
             e = np.exp(s - s.max(axis=1, keepdims=True))
             out[:, head] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv]
-        x = x + out.reshape(T, -1) @ w[p + "attn_output.weight"].T
+        x = x + product(out.reshape(T, -1), p + "attn_output.weight")
         h = _rms(x, m.eps) * w[p + "ffn_norm.weight"]
         if p + "ffn_gate_inp.weight" in w:
-            x = x + _moe(m, p, h)
+            x = x + _moe(m, p, h, product(h, p + "ffn_gate_inp.weight"))
             continue
-        gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
-        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
+        gate, up = product(h, p + "ffn_gate.weight"), product(h, p + "ffn_up.weight")
+        x = x + product(gate / (1.0 + np.exp(-gate)) * up, p + "ffn_down.weight")
     x = _rms(x, m.eps) * w["output_norm.weight"]
-    return x @ w.get("output.weight", w["token_embd.weight"]).T
+    return product(x, "output.weight" if "output.weight" in w else "token_embd.weight")
 
 
-def _moe(m: RefModel, p: str, h: np.ndarray) -> np.ndarray:
+def _moe(m: RefModel, p: str, h: np.ndarray, logits: np.ndarray) -> np.ndarray:
     """Mixtral's FFN, token by token: softmax over the router's logits, the k most
     probable experts, their probabilities renormalised, the weighted sum of their SwiGLU
-    outputs."""
+    outputs (``logits``: the router's)."""
     w = m.w
-    logits = h @ w[p + "ffn_gate_inp.weight"].T
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
     out = np.zeros_like(h)

@@ -124,6 +124,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="copy CPU weights into memory instead of using the mapped file",
     )
     p.add_argument(
+        "--no-repack",
+        action="store_true",
+        help="keep matrices in the file's layout instead of the CPU's repacked one "
+        "(CPU_REPACK: faster products, the weights copied in at load)",
+    )
+    p.add_argument(
         "--logits-out",
         metavar="FILE.npy",
         help="save the logits of every prompt position, (n_prompt, n_vocab)",
@@ -281,6 +287,7 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
             n_batch=args.batch_size,
             cache_type=Type.parse(args.cache_type),
             use_mmap=not args.no_mmap,
+            repack=not getattr(args, "no_repack", False),
             on_progress=lambda stage, done, total: progress.update(
                 done, total, f"loading {f.path.name}: {stage}"
             ),

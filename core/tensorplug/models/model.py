@@ -305,6 +305,15 @@ class LlamaWeights:
             _check_weight_type(f, by_name[t], t)
         return cls(tok_embd, layers, get("output_norm.weight", (d,)), output, by_name)
 
+    def product_weights(self) -> list[Tensor]:
+        """The tensors that only matrix products read, as their weights: every layer's
+        matrices and router, and the output layer unless it is the token embeddings
+        (which ``get_rows`` reads). A device's extra buffer types may hold these."""
+        routers = [layer.ffn_gate_inp for layer in self.layers if layer.ffn_gate_inp is not None]
+        matrices = [t for layer in self.layers for t in _matrices(layer)]
+        output = [] if self.output is self.tok_embd else [self.output]
+        return [*matrices, *routers, *output]
+
     def layer_tensors(self, i: int) -> list[Tensor]:
         layer = self.layers[i]
         extra = [t for t in (layer.rope_freqs, layer.ffn_gate_inp) if t is not None]

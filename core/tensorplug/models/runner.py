@@ -35,7 +35,7 @@ import numpy as np
 from .. import registry
 from ..alloc import alloc_tensors
 from ..backend import Backend, Status
-from ..buffer import Buffer, BufferUsage
+from ..buffer import Buffer, BufferType, BufferUsage
 from ..errors import BackendNotFoundError, ComputeAbortedError, RunError
 from ..gguf import GGUFError, GGUFFile
 from ..host import available_cores
@@ -140,6 +140,10 @@ class Llama:
     as llama.cpp's ``MAP_POPULATE`` does, not faulted in by the first prompt).
     ``warmup`` evaluates a few tokens once, so that kernel builds and first-use costs
     are not counted as prompt time.
+    ``repack`` lets a device keep the weights of matrix products in an extra buffer type
+    of its own where it offers one (the CPU's ``CPU_REPACK``, as llama.cpp does): those
+    weights are then copied in at load rather than read from the file's mapping, and a
+    tied output layer is stored a second time, beside the mapped token embeddings.
     ``n_threads`` fixes the thread count of every backend with ggml's ``set_n_threads``
     extension (the CPU's); left out, a :class:`ThreadGovernor` picks it for generation
     steps from their measured times, so a machine busy with other work does not make
@@ -165,8 +169,10 @@ class Llama:
         warmup: bool = True,
         on_progress: Callable[[str, int, int], None] | None = None,
         n_threads: int | None = None,
+        repack: bool = True,
     ) -> None:
         start = time.perf_counter()
+        self.repack = repack
         self._progress = on_progress or (lambda stage, done, total: None)
         self.file = model if isinstance(model, GGUFFile) else GGUFFile(model)
         self.config = cfg = LlamaConfig.from_gguf(self.file)
@@ -187,7 +193,10 @@ class Llama:
                 f"{cfg.n_layer}"
             )
         p = self.placement
-        self.weights = LlamaWeights.from_gguf(self.file, cfg, share_output=p.output is p.input)
+        self.weights = w = LlamaWeights.from_gguf(self.file, cfg, share_output=p.output is p.input)
+        if w.output is w.tok_embd and self._extra_buft(p.output, w.output) is not None:
+            # get_rows reads the embeddings, products the output layer: two copies
+            self.weights = LlamaWeights.from_gguf(self.file, cfg, share_output=False)
         self.cache = KVCache.describe(cfg, self.n_ctx, Type.parse(cache_type))
         self.memory: dict[Device, _DeviceMemory] = {}
         self._load(use_mmap)
@@ -256,14 +265,23 @@ class Llama:
         for i, dev in enumerate(p.layers):
             caches.setdefault(dev, []).extend(self.cache.layer_tensors(i))
         n_tensors, done = sum(len(g) for g in weights.values()), 0
+        products = {id(t) for t in w.product_weights()}
         for dev, group in weights.items():
             mem = self.memory.setdefault(dev, _DeviceMemory())
-            pairs = [(w.by_name[t], t) for t in group.values()]
+            pairs = []
+            extra: dict[BufferType, list[tuple[str, Tensor]]] = {}
+            for t in group.values():
+                buft = self._extra_buft(dev, t) if id(t) in products else None
+                (pairs if buft is None else extra.setdefault(buft, [])).append((w.by_name[t], t))
 
             def uploaded(name: str) -> None:
                 nonlocal done
                 done += 1
                 self._progress("loading weights", done, n_tensors)
+
+            for buft, chosen in extra.items():  # copied in, in the buffer type's layout
+                if (buf := self.file.upload_tensors(chosen, buft, uploaded)) is not None:
+                    mem.buffers.append(buf)
 
             if use_mmap and dev.caps.buffer_from_host_ptr:
                 mem.buffers += self.file.map_tensors(pairs, dev)
@@ -280,6 +298,13 @@ class Llama:
                 mem = self.memory.setdefault(dev, _DeviceMemory())
                 mem.buffers.append(buf)
                 mem.kv_cache += buf.size
+
+    def _extra_buft(self, dev: Device, weight: Tensor) -> BufferType | None:
+        """The first extra buffer type of ``dev`` that takes ``weight`` (a matrix that
+        only products read), or None (none does, or ``repack`` is off)."""
+        if not self.repack:
+            return None
+        return next((b for b in registry.extra_buffer_types(dev) if b.accepts(weight)), None)
 
     def _warm_up(self, counts: Sequence[int] = ()) -> None:
         """Run prompt-shaped and token-shaped steps once and forget them: the first
