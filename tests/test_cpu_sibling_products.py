@@ -82,9 +82,9 @@ def test_products_that_cannot_be_joined_are_refused() -> None:
     assert jit.bind_matvec_siblings(x, [q4, strided]) is None
 
 
-def _qkv_graph() -> tuple[tp.Graph, dict[str, tp.Tensor], dict[str, np.ndarray]]:
+def _qkv_graph(n_tok: int = 1) -> tuple[tp.Graph, dict[str, tp.Tensor], dict[str, np.ndarray]]:
     """h → q (then read by ``rq``), k, v: the graph order of a model's attention."""
-    h = tp.new_tensor(tp.Type.F32, (1, N))
+    h = tp.new_tensor(tp.Type.F32, (n_tok, N))
     (wq, rq_raw, wq64), (wk, rk_raw, wk64), (wv, rv_raw, wv64) = (
         _weights(tp.Type.Q4_0, 64), _weights(tp.Type.Q8_0, 16), _weights(tp.Type.Q4_K, 16)
     )  # fmt: skip
@@ -175,3 +175,57 @@ def test_a_product_after_a_write_into_its_activation_is_not_joined() -> None:
                                atol=1e-5)  # fmt: skip
     np.testing.assert_allclose(tp.get_array(k), q8_activations(z_new) @ wk64.T, rtol=1e-5,
                                atol=1e-5)  # fmt: skip
+
+
+def _repacked_qkv(
+    n_tok: int, repack: tuple[bool, bool, bool]
+) -> tuple[tp.Graph, dict[str, tp.Tensor], dict[str, np.ndarray], np.ndarray]:
+    """:func:`_qkv_graph`'s layer for ``n_tok`` rows, its weights repacked where
+    ``repack`` says (q, k, v) and everything else in host memory."""
+    from tensorplug_cpu.device import create_reg
+
+    repack_buft = create_reg().device(0).repack_buffer_type()  # type: ignore[attr-defined]
+    g, t, w = _qkv_graph(n_tok)
+    weights = [t[n] for n, r in zip(("wq", "wk", "wv"), repack, strict=True) if r]
+    if weights:
+        tp.alloc_tensors(weights, repack_buft)
+    rest = [x for x in (*g.leafs, *g.nodes) if x.buffer is None]
+    tp.alloc_tensors(rest, tp.host_buffer_type())
+    hv = RNG.standard_normal((n_tok, N)).astype(np.float32)
+    tp.set_array(t["h"], hv)
+    for name in ("wq", "wk", "wv"):
+        tp.set_array(t[name], w[name])
+    return g, t, w, hv
+
+
+@pytest.mark.parametrize("n_tok", [1, 5])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_repacked_products_are_joined_and_keep_their_bits(n_tok: int, threads: int) -> None:
+    """q, k and v repacked: one step at q's place (one parallel region on two threads),
+    each product's bits those of its own kernel, run alone."""
+    _jit()
+    g, t, w, hv = _repacked_qkv(n_tok, (True, True, True))
+    backend = backend_for()
+    tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+    backend.graph_compute(g)
+    assert _steps(backend) == 2  # q, k and v in one step, then the scale
+    joined = {name: tp.get_array(t[name]) for name in ("rq", "k", "v")}
+    hq = q8_activations(hv)
+    for name, ref in (("rq", 2 * hq @ w["wq64"].T), ("k", hq @ w["wk64"].T),
+                      ("v", hq @ w["wv64"].T)):  # fmt: skip
+        np.testing.assert_allclose(joined[name], ref, rtol=1e-5, atol=1e-5)
+    for name in ("k", "v"):  # each product alone, in a graph of its own
+        alone = ops.mul_mat(t["w" + name], t["h"])
+        tp.alloc_tensors([alone], tp.host_buffer_type())
+        backend.graph_compute(tp.Graph(alone))
+        np.testing.assert_array_equal(tp.get_array(alone), joined[name])
+
+
+def test_repacked_and_plain_weights_are_not_joined() -> None:
+    _jit()
+    g, t, w, hv = _repacked_qkv(1, (True, False, True))
+    backend = backend_for()
+    backend.graph_compute(g)
+    assert _steps(backend) == 3  # q and v joined; k, in host memory, on its own
+    np.testing.assert_allclose(tp.get_array(t["k"]), q8_activations(hv) @ w["wk64"].T,
+                               rtol=1e-5, atol=1e-5)  # fmt: skip

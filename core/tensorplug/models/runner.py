@@ -268,7 +268,7 @@ class Llama:
         products = {id(t) for t in w.product_weights()}
         for dev, group in weights.items():
             mem = self.memory.setdefault(dev, _DeviceMemory())
-            pairs = []
+            pairs: list[tuple[str, Tensor]] = []
             extra: dict[BufferType, list[tuple[str, Tensor]]] = {}
             for t in group.values():
                 buft = self._extra_buft(dev, t) if id(t) in products else None

@@ -48,7 +48,14 @@ from ._numba_int8 import _CHUNKS, _I8, _I16, _I32, HAS_AVX2, _fn, _splat, _vec, 
 from ._numba_introw import HAS_F16C, _f16x
 from ._numba_quant import _DOT
 
-__all__ = ["HAS_VNNI", "TILE", "matmul_packed", "matmul_packed_serial", "tile_kernel"]
+__all__ = [
+    "HAS_VNNI",
+    "TILE",
+    "matmul_packed",
+    "matmul_packed_serial",
+    "matmul_packed_siblings",
+    "tile_kernel",
+]
 
 _I64, _F32 = ir.IntType(64), ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
@@ -430,3 +437,24 @@ def matmul_packed_serial(
     """:func:`matmul_packed` on the calling thread, without a parallel region."""
     quantize_q8_0(x, xq, xd, xs, table)
     _groups(packed, 0, packed.shape[0], xq, xd, xs, table, out, kind)
+
+
+@kernel(parallel=True, fastmath=_DOT)
+def matmul_packed_siblings(
+    x: Any, packs: Any, outs: Any, kinds: Any, starts: Any, xq: Any, xd: Any, xs: Any,
+    table: Any,
+) -> None:  # fmt: skip
+    """:func:`matmul_packed` for several repacked matrices that multiply the same ``x``
+    (a layer's Q, K and V; its gate and up): ``x`` quantized once, one parallel region
+    for all. ``packs``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s groups sitting
+    at ``starts[m]..`` of one concatenated range of groups. Each group is computed as
+    :func:`matmul_packed` computes it, to the bit."""
+    quantize_q8_0(x, xq, xd, xs, table)
+    total = starts[len(packs)]
+    per = (total + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        lo, hi = c * per, (c + 1) * per
+        for m in range(len(packs)):
+            g0, g1 = max(lo, starts[m]) - starts[m], min(hi, starts[m + 1]) - starts[m]
+            if g0 < g1:
+                _groups(packs[m], g0, g1, xq, xd, xs, table, outs[m], kinds[m])

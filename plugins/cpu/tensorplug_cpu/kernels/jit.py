@@ -78,6 +78,7 @@ class JitKernels:
 
         # weights stored repacked (CPU_REPACK): eight rows at a time, any activation rows
         self._packed, self._packed_serial = repack.matmul_packed, repack.matmul_packed_serial
+        self._packed_siblings = repack.matmul_packed_siblings
         from . import _numba_rows as rows
         from ._numba_attention import attend, softmax_rows, visible_columns, widen_f16_rows
 
@@ -206,6 +207,53 @@ class JitKernels:
         together = partial(self._call, "integer matrix-vector kernel for sibling products",
                            self._int8_siblings, x, tuple(rows), tuple(outs), kinds, starts,
                            *_q8_scratch(x), _F16_TO_F32)  # fmt: skip
+
+        def run() -> None:
+            if self.n_threads == 1:  # the serial kernels: no region to save
+                for product in one_by_one:
+                    product()
+            else:
+                together()
+
+        return run
+
+    def bind_packed_siblings(
+        self,
+        x: np.ndarray,
+        products: Sequence[tuple[Type, np.ndarray, np.ndarray]],
+        scratch: Callable[..., np.ndarray] = np.empty,
+    ) -> Callable[[], None] | None:
+        """:meth:`bind_packed` for up to :data:`MAX_SIBLINGS` products ``(t, packed,
+        out)`` of the same ``x``, run as one: ``x`` quantized once and, on more than one
+        thread, every group of every matrix shared out in one parallel region. Each
+        group is computed as :meth:`bind_packed` computes it, to the bit. None when the
+        products cannot go together (arrays numba would type differently)."""
+        if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
+            return None
+        packs = [packed for _, packed, _ in products]
+        outs = [out for _, _, out in products]
+        if any(o.strides[-1] != 4 or o.shape[0] != x.shape[0] for o in outs):
+            return None
+        typeof = self.numba.typeof
+        if len({typeof(p) for p in packs}) != 1 or len({typeof(o) for o in outs}) != 1:
+            return None
+        one_by_one = [self.bind_packed(t, p, x, o, scratch) for t, p, o in products]
+        # padded with empty matrices to MAX_SIBLINGS: one compiled kernel for any count
+        for _ in range(MAX_SIBLINGS - len(products)):
+            packs.append(packs[0][:0])
+            outs.append(outs[0][:, :0])
+        kinds = tuple(int(t) for t, _, _ in products) + (int(products[0][0]),) * (
+            MAX_SIBLINGS - len(products)
+        )
+        starts = np.zeros(MAX_SIBLINGS + 1, np.int64)
+        for m, p in enumerate(packs):
+            starts[m + 1] = starts[m] + p.shape[0]
+        n_tok, n = x.shape
+        xq, xd, xs = (scratch((n_tok, n), np.int8), scratch((n_tok, n // 32), np.float32),
+                      scratch((n_tok, n // 32), np.int32))  # fmt: skip
+        together = partial(self._call, "repacked sibling products kernel", self._packed_siblings,
+                           x, tuple(packs), tuple(outs), kinds, starts, xq, xd, xs,
+                           _F16_TO_F32)  # fmt: skip
 
         def run() -> None:
             if self.n_threads == 1:  # the serial kernels: no region to save

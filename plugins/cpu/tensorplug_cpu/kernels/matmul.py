@@ -38,7 +38,7 @@ from tensorplug.errors import OutOfBoundsError
 from tensorplug.quants import dequantize_blocks
 from tensorplug.types import Type
 
-from ..repack import RepackBuffer, layout_of
+from ..repack import RepackBuffer, layout_of, packed_rows
 from ..workers import POOL
 from .common import BuildContext, Step, padded4, reshape_view, sequence
 
@@ -227,8 +227,7 @@ def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
             np.matmul(x, w.T, out=out)
 
         return sequence(load_b, unpacked, store)
-    product = jit.bind_packed(a_t.type, buf.packed(a_t).reshape(n_out // 8, -1), x, out,
-                              ctx.scratch)
+    product = jit.bind_packed(a_t.type, packed_rows(a_t), x, out, ctx.scratch)
     return sequence(load_b, product, store)
 
 
@@ -324,6 +323,9 @@ def build_sibling_products(
     when the kernels cannot take the products together."""
     ctx.begin_node()
     x = ctx.view(nodes[0].src[1])
+    repacked = [isinstance(n.src[0].buffer, RepackBuffer) for n in nodes]
+    if any(repacked) and not all(repacked):  # two kinds of kernel: one by one
+        return None
     products = []
     places: list[Step | None] = []
     for node, stage in zip(nodes, staged, strict=True):
@@ -334,8 +336,12 @@ def build_sibling_products(
             out = into
         else:
             places.append(None)
-        products.append((node.src[0].type, ctx.view(node.src[0]), out))
-    step = jit.bind_matvec_siblings(x, products)
+        a = node.src[0]
+        products.append((a.type, packed_rows(a) if repacked[0] else ctx.view(a), out))
+    if repacked[0]:
+        step = jit.bind_packed_siblings(x, products, ctx.scratch)
+    else:
+        step = jit.bind_matvec_siblings(x, products)
     return None if step is None else (step, places)
 
 

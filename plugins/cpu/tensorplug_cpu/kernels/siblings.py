@@ -3,8 +3,9 @@
 A language model's layer multiplies one normed activation by its Q, K and V matrices,
 and another by its gate and up matrices. On one token each product is a few
 microseconds of work, and on two threads each also opens a parallel region and
-quantizes the same activation again. :meth:`.jit.JitKernels.bind_matvec_siblings` runs
-such products together; this module finds them.
+quantizes the same activation again. :meth:`.jit.JitKernels.bind_matvec_siblings` (and
+``bind_packed_siblings``, for repacked weights) runs such products together; this
+module finds them.
 
 The graph's order puts Q's rope and K's product between Q and V, so joining them
 means computing the later products early, at the first one's place. That is only
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 from tensorplug.opcodes import VIEW_OPS, Op
 from tensorplug.types import Type
 
+from ..repack import RepackBuffer, layout_of
 from .matmul import MATVEC_MOST_TOKENS, matvec_max_tokens
 
 if TYPE_CHECKING:
@@ -51,12 +53,17 @@ def _candidate(node: Tensor, matvec_types: Callable[[Type], bool]) -> bool:
     if node.nelements == 0 or node.type != Type.F32:
         return False
     a, b = node.src
-    if any(t.buffer is None or not t.buffer.is_host for t in (node, a, b)):
+    a_buf, b_buf, buf = a.buffer, b.buffer, node.buffer
+    if a_buf is None or b_buf is None or buf is None:
         return False  # the plan says what is wrong with it, at the node's own place
+    if isinstance(a_buf, RepackBuffer):  # repacked weights: any few rows, whole matrices
+        weights_ok = a.view_src is None and layout_of(a) is not None
+    else:
+        weights_ok = a_buf.is_host and matvec_types(a.type) and a.rows_contiguous
+        weights_ok = weights_ok and b.shape[0] <= matvec_max_tokens(a.type)
     return (
-        matvec_types(a.type) and len(a.shape) == 2 and a.rows_contiguous
-        and b.type == Type.F32 and len(b.shape) == 2 and b.is_contiguous
-        and b.shape[0] <= matvec_max_tokens(a.type) and node.is_contiguous
+        weights_ok and buf.is_host and b_buf.is_host and len(a.shape) == 2
+        and b.type == Type.F32 and len(b.shape) == 2 and b.is_contiguous and node.is_contiguous
     )  # fmt: skip
 
 
@@ -89,10 +96,12 @@ def sibling_groups(
     run together. A staged product is computed into scratch and copied into its result
     at its own place (:func:`_placement`). ``matvec_types`` says which weight types the
     joint kernel takes."""
-    by_activation: dict[int, list[int]] = {}
+    # repacked weights and plain ones take different kernels: they never go together
+    by_activation: dict[tuple[int, bool], list[int]] = {}
     for i, node in enumerate(nodes):
         if _candidate(node, matvec_types):
-            by_activation.setdefault(id(node.src[1]), []).append(i)
+            key = id(node.src[1]), isinstance(node.src[0].buffer, RepackBuffer)
+            by_activation.setdefault(key, []).append(i)
     groups: dict[int, list[tuple[int, bool]]] = {}
     for indices in by_activation.values():
         while len(indices) >= 2:
