@@ -79,38 +79,51 @@ class PackedLayout:
         return self.head + 4 * GROUP_ROWS * self.chunks
 
     def pack(self, blocks: np.ndarray, out: np.ndarray) -> None:
-        """Rows of ggml blocks ``(8·G, nb, type_size)`` into ``out``, ``(G, nb, block)``."""
-        groups, nb = blocks.shape[0] // GROUP_ROWS, blocks.shape[1]
-        by_block = blocks.reshape(groups, GROUP_ROWS, nb, -1).transpose(0, 2, 1, 3)
-        if self.kquant:  # d and dmin, then the scales and minimums unpacked
-            out[:, :, :16] = by_block[..., 0:2].reshape(groups, nb, 16)
-            out[:, :, 16:32] = by_block[..., 2:4].reshape(groups, nb, 16)
-            scales, mins = _q4_k_unpack_scales(by_block[..., 4:16])  # (G, nb, 8 rows, 8 subs)
-            out[:, :, 32:96] = scales.transpose(0, 1, 3, 2).reshape(groups, nb, 64)
-            out[:, :, 96:160] = mins.transpose(0, 1, 3, 2).reshape(groups, nb, 64)
-            codes = by_block[..., 16:]
-        else:
-            out[:, :, :16] = by_block[..., :2].reshape(groups, nb, 16)
-            codes = by_block[..., 2:]
-        chunks = codes.reshape(groups, nb, GROUP_ROWS, self.chunks, 4).transpose(0, 1, 3, 2, 4)
-        out[:, :, self.head :] = chunks.reshape(groups, nb, -1)
+        """Rows of ggml blocks ``(8·G, nb, type_size)`` into ``out``, ``(G, nb, block)``
+        (both C-contiguous). Scales and codes move as 16- and 32-bit words: byte by byte,
+        numpy packed at 0.5 GB/s, this way at 2 GB/s."""
+        self._move(blocks, out, packing=True)
 
     def unpack(self, packed: np.ndarray, out: np.ndarray) -> None:
         """:meth:`pack` undone: ``(G, nb, block)`` into ggml blocks ``(8·G, nb, type_size)``."""
+        self._move(out, packed, packing=False)
+
+    def _move(self, natural: np.ndarray, packed: np.ndarray, packing: bool) -> None:
         groups, nb = packed.shape[:2]
-        rows = out.reshape(groups, GROUP_ROWS, nb, -1).transpose(0, 2, 1, 3)
-        codes = packed[:, :, self.head :].reshape(groups, nb, self.chunks, GROUP_ROWS, 4)
-        codes = codes.transpose(0, 1, 3, 2, 4).reshape(groups, nb, GROUP_ROWS, -1)
+        size, block = self.type.type_size, self.block
+        if not (natural.flags.c_contiguous and packed.flags.c_contiguous):
+            raise ValueError("repack: both arrays must be C-contiguous")
+        row, group = nb * size, GROUP_ROWS * nb * size
+
+        def rows(dtype: type, at: int, count: int) -> np.ndarray:  # (G, nb, count, 8 rows)
+            item = np.dtype(dtype).itemsize
+            return np.ndarray((groups, nb, count, GROUP_ROWS), dtype, natural, at,
+                              (group, size, item, row))  # fmt: skip
+
+        def lanes(dtype: type, at: int, count: int) -> np.ndarray:  # (G, nb, count, 8 rows)
+            item = np.dtype(dtype).itemsize
+            return np.ndarray((groups, nb, count, GROUP_ROWS), dtype, packed, at,
+                              (nb * block, block, GROUP_ROWS * item, item))  # fmt: skip
+
+        words = [(np.uint16, 0, 0, 1), (np.uint32, size - 4 * self.chunks, self.head,
+                                         self.chunks)]  # fmt: skip
+        if self.kquant:  # dmin beside d; the scales between dmin and the codes
+            words.insert(1, (np.uint16, 2, 16, 1))
+        for dtype, at, to, count in words:
+            src, dst = (rows, lanes) if packing else (lanes, rows)
+            dst(dtype, to if packing else at, count)[...] = src(dtype, at if packing else to,
+                                                                count)  # fmt: skip
         if self.kquant:
-            rows[..., 0:2] = packed[:, :, :16].reshape(groups, nb, GROUP_ROWS, 2)
-            rows[..., 2:4] = packed[:, :, 16:32].reshape(groups, nb, GROUP_ROWS, 2)
-            scales = packed[:, :, 32:96].reshape(groups, nb, 8, GROUP_ROWS).transpose(0, 1, 3, 2)
-            mins = packed[:, :, 96:160].reshape(groups, nb, 8, GROUP_ROWS).transpose(0, 1, 3, 2)
-            rows[..., 4:16] = _q4_k_pack_scales(scales, mins)
-            rows[..., 16:] = codes
-        else:
-            rows[..., :2] = packed[:, :, :16].reshape(groups, nb, GROUP_ROWS, 2)
-            rows[..., 2:] = codes
+            scale_bytes = rows(np.uint8, 4, 12)
+            as_bytes = lanes(np.uint8, 32, 16)  # 8 scales, then 8 minimums
+            if packing:
+                sc, mn = _q4_k_unpack_scales(scale_bytes.transpose(0, 1, 3, 2))
+                as_bytes[:, :, :8] = sc.transpose(0, 1, 3, 2)
+                as_bytes[:, :, 8:] = mn.transpose(0, 1, 3, 2)
+            else:
+                sc, mn = as_bytes[:, :, :8], as_bytes[:, :, 8:]
+                both = _q4_k_pack_scales(sc.transpose(0, 1, 3, 2), mn.transpose(0, 1, 3, 2))
+                scale_bytes[...] = both.transpose(0, 1, 3, 2)
 
 
 def _q4_k_unpack_scales(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
