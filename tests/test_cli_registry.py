@@ -28,6 +28,7 @@ def test_devices_plain_table(plugin_env: PluginEnv) -> None:
     assert rows["TEST1"].split()[:3] == ["TEST", "TEST1", "igpu"]
     assert "1.0 / 2.0 GiB" in rows["TEST1"]
     assert rows["TEST1"].endswith("same device as VARIANT0")
+    assert rows["TEST0"].endswith("extra memory: TEST_REPACK")  # its plugin's hook offers it
     assert "failed and were skipped" in proc.stderr  # the one warning, on stderr
 
 

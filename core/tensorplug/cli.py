@@ -176,7 +176,14 @@ def _device_rows(devs: Sequence[Device]) -> list[list[str]]:
         except Exception as e:
             memory = f"error: {e}"
         same = [d.name for d in registry.device_aliases(dev)]
-        note = f"same device as {', '.join(same)}" if same else ""
+        notes = [f"same device as {', '.join(same)}"] if same else []
+        try:
+            extra = [b.name for b in registry.extra_buffer_types(dev)]
+        except Exception as e:  # a plugin's hook: shown, not fatal to the listing
+            extra = [f"error: {e}"]
+        if extra:
+            notes.append(f"extra memory: {', '.join(extra)}")
+        note = "; ".join(notes)
         backend = dev.reg.name if dev.reg else "?"
         row = [backend, dev.name, dev.type.value, dev.description, memory, _caps(dev), note]
         rows.append(row)
