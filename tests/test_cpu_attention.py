@@ -249,6 +249,30 @@ def test_flash_attn_ext_gqa_with_mask(kv_type: tp.Type, variant: str) -> None:
     np.testing.assert_array_equal(got[:, 4], 0)
 
 
+def test_flash_attn_ext_of_a_token_is_the_same_on_one_thread_and_two() -> None:
+    """One thread runs the serial kernel, more the parallel one (KV heads shared out):
+    the same loop per KV head, so the same bits."""
+    B, H, Hkv, n_kv, D = 1, 12, 4, 40, 64
+    q = tp.new_tensor("f32", (B, H, 1, D), "q")
+    k = tp.new_tensor(tp.Type.F16, (B, Hkv, n_kv, D), "k")
+    v = tp.new_tensor(tp.Type.F16, (B, Hkv, n_kv, D), "v")
+    mask = tp.new_tensor(tp.Type.F16, (1, 1, 1, n_kv), "mask")
+    qv, kv_, vv = _f32(q.shape), _f32(k.shape).astype(np.float16), _f32(v.shape).astype(np.float16)
+    mv = np.zeros(mask.shape, np.float16)
+    mv[..., 31:] = -np.inf  # the cache's padding
+    outs = []
+    for threads in (1, 2):
+        backend = backend_for()
+        tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+        out = ops.flash_attn_ext(q, k, v, mask, scale=D**-0.5)
+        compute(out, {q: qv, k: kv_, v: vv, mask: mv}, backend)
+        outs.append(tp.get_array(out))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    expected = _attn_ref(qv.astype(np.float64), kv_.astype(np.float64), vv.astype(np.float64),
+                         mv.astype(np.float64), D**-0.5, 0.0, 0.0)  # fmt: skip
+    assert nmse(outs[0], expected) < 1e-10
+
+
 def test_flash_attn_ext_3d_without_mask() -> None:
     q = tp.new_tensor("f32", (2, 3, 8), "q")
     k = tp.new_tensor("f32", (1, 6, 8), "k")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
@@ -132,6 +132,85 @@ def visible_columns(mask: Any, table: Any) -> int:
     return 1
 
 
+@njit(inline="always", fastmath=_DOT)
+def _attend_kv_head(
+    q: Any, k: Any, v: Any, mask: Any, used: int, scale: float, softcap: float, out: Any,
+    table: Any, b: int, hk: int,
+) -> None:  # fmt: skip
+    """:func:`attend` for the query heads of batch ``b`` that share KV head ``hk``."""
+    n_q, n_d = q.shape[2], q.shape[3]
+    n_dv = v.shape[3]
+    group = q.shape[1] // k.shape[1]
+    has_mask = mask.shape[0] > 0
+    per_head_mask = has_mask and mask.shape[1] > 1
+    krow = np.empty(n_d, np.float32)
+    vrow = np.empty(n_dv, np.float32)
+    qrows = np.empty((group, n_d), np.float32)  # contiguous, so the dot vectorizes
+    weights = np.empty((group, used), np.float32)
+    acc = np.empty((group, n_dv), np.float32)
+    total = np.empty(group, np.float32)
+    kb = b if k.shape[0] > 1 else 0
+    mb = b if has_mask and mask.shape[0] > 1 else 0
+    for r in range(n_q):
+        for g in range(group):
+            for d in range(n_d):
+                qrows[g, d] = q[b, hk * group + g, r, d] * np.float32(scale)
+        for j in range(used):
+            seen = not has_mask
+            if has_mask and not per_head_mask:  # one mask for every head: read once
+                bias = _value(mask, table, mb, 0, r, j)
+                for g in range(group):
+                    weights[g, j] = bias
+                seen = bias != -np.inf
+            else:
+                for g in range(group):
+                    mh = hk * group + g if per_head_mask else 0
+                    bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
+                    weights[g, j] = bias
+                    seen = seen or bias != -np.inf
+            if not seen:
+                continue
+            _widen_row(k, table, kb, hk, j, krow)
+            for g in range(group):
+                if weights[g, j] == -np.inf:
+                    continue
+                s = np.float32(0)
+                for d in range(n_d):
+                    s += qrows[g, d] * krow[d]
+                if softcap != 0:
+                    s = softcap * math.tanh(s)
+                weights[g, j] += s
+        for g in range(group):
+            wg = weights[g]
+            best = np.float32(-np.inf)
+            for j in range(used):
+                best = max(best, wg[j])
+            t = np.float32(0)
+            if best != -np.inf:
+                for j in range(used):  # expf has no branch and no call: this vectorizes
+                    p = expf(wg[j] - best)  # 0 where masked
+                    wg[j] = p
+                    t += p
+            total[g] = t
+        acc[:] = 0
+        for j in range(used):
+            seen = False
+            for g in range(group):
+                seen = seen or (total[g] > 0 and weights[g, j] != 0)
+            if not seen:
+                continue
+            _widen_row(v, table, kb, hk, j, vrow)
+            for g in range(group):
+                p = weights[g, j]
+                if total[g] > 0 and p != 0:  # 0·garbage in a masked row could be NaN
+                    for d in range(n_dv):
+                        acc[g, d] += p * vrow[d]
+        for g in range(group):
+            h = hk * group + g
+            for d in range(n_dv):
+                out[b, r, h, d] = acc[g, d] / total[g] if total[g] > 0 else np.float32(0)
+
+
 @kernel(fastmath=_DOT, parallel=True)
 def attend(
     q: Any,
@@ -154,78 +233,35 @@ def attend(
     (-inf) is never read, so garbage in it cannot reach the result.
 
     Three passes per query row, the query heads sharing a KV head together (each cache
-    row is widened once for all of them): every score, then each head's softmax weights,
-    then the weighted sum of V rows. Two walks over the cache cost less than an online
-    softmax here: its running maximum made every step wait on the last one's ``exp``
-    and rescale the accumulator (12 heads over 4 KV heads, 150 F16 rows, one core:
-    49 µs online against 37 µs in passes).
+    row is widened once for all of them): every score, then each head's softmax weights
+    (with :func:`expf`, which vectorizes: ``math.exp`` is a call per weight), then the
+    weighted sum of V rows. Two walks over the cache cost less than an online softmax
+    here: its running maximum made every step wait on the last one's ``exp`` and
+    rescale the accumulator (12 heads over 4 KV heads, 150 F16 rows, one core: 49 µs
+    online against 37 µs in passes). The KV heads are shared out across threads.
     """
-    n_b, n_h, n_q, n_d = q.shape
-    n_dv = v.shape[3]
-    n_hk = k.shape[1]
-    group = n_h // n_hk
-    has_mask = mask.shape[0] > 0
+    n_b, n_hk = q.shape[0], k.shape[1]
     for bh in prange(n_b * n_hk):  # each KV head's query heads on one thread
-        b, hk = bh // n_hk, bh % n_hk
-        krow = np.empty(n_d, np.float32)
-        vrow = np.empty(n_dv, np.float32)
-        qrows = np.empty((group, n_d), np.float32)  # contiguous, so the dot vectorizes
-        weights = np.empty((group, used), np.float32)
-        acc = np.empty((group, n_dv), np.float32)
-        total = np.empty(group, np.float32)
-        kb = b if k.shape[0] > 1 else 0
-        mb = b if has_mask and mask.shape[0] > 1 else 0
-        for r in range(n_q):
-            for g in range(group):
-                for d in range(n_d):
-                    qrows[g, d] = q[b, hk * group + g, r, d] * np.float32(scale)
-            for j in range(used):
-                seen = not has_mask
-                for g in range(group):
-                    mh = hk * group + g if has_mask and mask.shape[1] > 1 else 0
-                    bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
-                    weights[g, j] = bias
-                    seen = seen or bias != -np.inf
-                if not seen:
-                    continue
-                _widen_row(k, table, kb, hk, j, krow)
-                for g in range(group):
-                    if weights[g, j] == -np.inf:
-                        continue
-                    s = np.float32(0)
-                    for d in range(n_d):
-                        s += qrows[g, d] * krow[d]
-                    if softcap != 0:
-                        s = softcap * math.tanh(s)
-                    weights[g, j] += s
-            for g in range(group):
-                best = np.float32(-np.inf)
-                for j in range(used):
-                    best = max(best, weights[g, j])
-                t = np.float32(0)
-                if best != -np.inf:
-                    for j in range(used):
-                        p = np.float32(math.exp(weights[g, j] - best))  # 0 where masked
-                        weights[g, j] = p
-                        t += p
-                total[g] = t
-            acc[:] = 0
-            for j in range(used):
-                seen = False
-                for g in range(group):
-                    seen = seen or (total[g] > 0 and weights[g, j] != 0)
-                if not seen:
-                    continue
-                _widen_row(v, table, kb, hk, j, vrow)
-                for g in range(group):
-                    p = weights[g, j]
-                    if total[g] > 0 and p != 0:  # 0·garbage in a masked row could be NaN
-                        for d in range(n_dv):
-                            acc[g, d] += p * vrow[d]
-            for g in range(group):
-                h = hk * group + g
-                for d in range(n_dv):
-                    out[b, r, h, d] = acc[g, d] / total[g] if total[g] > 0 else np.float32(0)
+        _attend_kv_head(q, k, v, mask, used, scale, softcap, out, table, bh // n_hk, bh % n_hk)
+
+
+@kernel(fastmath=_DOT, nogil=True)
+def attend_serial(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any,
+    used: int,
+    scale: float,
+    softcap: float,
+    out: Any,
+    table: Any,
+) -> None:
+    """:func:`attend` on the calling thread, without a parallel region (for a short
+    cache, a thread woken for its share cost more than the share)."""
+    n_b, n_hk = q.shape[0], k.shape[1]
+    for bh in range(n_b * n_hk):
+        _attend_kv_head(q, k, v, mask, used, scale, softcap, out, table, bh // n_hk, bh % n_hk)
 
 
 @kernel(nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads

@@ -80,14 +80,21 @@ class JitKernels:
         self._packed, self._packed_serial = repack.matmul_packed, repack.matmul_packed_serial
         self._packed_siblings = repack.matmul_packed_siblings
         from . import _numba_rows as rows
-        from ._numba_attention import attend, softmax_rows, visible_columns, widen_f16_rows
+        from ._numba_attention import (
+            attend,
+            attend_serial,
+            softmax_rows,
+            visible_columns,
+            widen_f16_rows,
+        )
 
         self._rms_norm_rows, self._glu_rows = rows.rms_norm_rows, rows.glu_rows
         self._set_rows = rows.set_rows
         self._rope_rows = rows.rope_rows
         self._glu_kinds = {GluOp.SWIGLU: rows.SWIGLU, GluOp.GEGLU: rows.GEGLU}
 
-        self._attend, self._visible_columns = attend, visible_columns
+        self._attend, self._attend_serial = attend, attend_serial
+        self._visible_columns = visible_columns
         self._softmax_rows = softmax_rows
         self._widen_f16_rows = widen_f16_rows
         from . import _numba_decode as dec
@@ -264,9 +271,21 @@ class JitKernels:
 
         return run
 
-    def attend(self, *args: Any) -> None:
-        """Flash attention for a few query rows (:func:`._numba_attention.attend`)."""
-        self._call("flash attention kernel", self._attend, *args, _F16_TO_F32)
+    def attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, used: int,
+        scale: float, softcap: float, out: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Flash attention for a few query rows (:func:`._numba_attention.attend`); on
+        one thread the serial kernel, which opens no parallel region. (Serial on two
+        threads as well, a 100M model's short-context attention was slower in the
+        model, not faster: 25 µs a layer at best, as in isolation, but 61 µs median
+        against 28 when shared, its cache rows often evicted by the products.)"""
+        if self.n_threads == 1:
+            self._call("one-thread flash attention kernel", self._attend_serial, q, k, v, mask,
+                       used, scale, softcap, out, _F16_TO_F32)  # fmt: skip
+        else:
+            self._call("flash attention kernel", self._attend, q, k, v, mask, used, scale,
+                       softcap, out, _F16_TO_F32)  # fmt: skip
 
     def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
         """:func:`._numba_rows.rms_norm_rows` on 2-d float32 rows."""
