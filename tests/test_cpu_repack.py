@@ -23,7 +23,7 @@ from tensorplug.errors import UnsupportedError
 from tensorplug.quants import quantize
 
 RNG = np.random.default_rng(35)
-TYPES = [tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.Q4_K]
+TYPES = [tp.Type.Q4_0, tp.Type.Q5_0, tp.Type.Q8_0, tp.Type.Q4_K]
 
 
 def _cpu() -> tuple[tp.Backend, tp.BufferType]:
@@ -77,6 +77,29 @@ def test_a_32_value_block_is_a_reordering_of_the_eight_rows_bytes(t: tp.Type) ->
     assert np.array_equal(packed[g, b, :16].reshape(8, 2), rows[:, :2])
     chunks = packed[g, b, 16:].reshape(lay.chunks, 8, 4)
     assert np.array_equal(chunks[2], rows[:, 2 + 8 : 2 + 12])
+
+
+def test_a_q5_0_block_regroups_the_fifth_bits_by_run_of_codes() -> None:
+    """Word ``2c + h`` holds, at bits ``4r..4r+3``, row ``r``'s fifth bits of values
+    ``16h + 4c ..``: the 32 codes of that run, in the order the run's bytes hold them."""
+    from tensorplug_cpu.repack import LAYOUTS
+
+    lay = LAYOUTS[tp.Type.Q5_0]
+    blocks = RNG.integers(0, 256, (8, 1, 22), dtype=np.uint8)
+    packed = np.empty((1, 1, lay.block), np.uint8)
+    lay.pack(blocks, packed)
+    assert lay.block == 8 * 22
+    qh = blocks[:, 0, 2:6].copy().view("<u4")[:, 0]  # each row's 32 fifth bits
+    words = packed[0, 0, 16:48].copy().view("<u4")
+    for c in range(4):
+        for h in range(2):
+            for r in range(8):
+                for i in range(4):
+                    want = (int(qh[r]) >> (16 * h + 4 * c + i)) & 1
+                    assert (int(words[2 * c + h]) >> (4 * r + i)) & 1 == want
+    assert np.array_equal(
+        packed[0, 0, 48 + 32 : 48 + 64].reshape(8, 4), blocks[:, 0, 6 + 4 : 6 + 8]
+    )
 
 
 def test_a_q4_k_block_unpacks_each_rows_six_bit_scales() -> None:
@@ -311,7 +334,7 @@ x = rng.standard_normal((4, 256)).astype(np.float32)
 xq, xd, xs = np.empty((4, 256), np.int8), np.empty((4, 8), np.float32), np.empty((4, 8), np.int32)
 i8.quantize_q8_0(x, xq, xd, xs, table)
 x64 = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 32, axis=1)
-for name in ("q4_0", "q8_0", "q4_k"):
+for name in ("q4_0", "q5_0", "q8_0", "q4_k"):
     t = Type[name.upper()]
     lay = LAYOUTS[t]
     raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
@@ -348,4 +371,4 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["q4_0", "ok", "q8_0", "ok", "q4_k", "ok"]
+    assert done.stdout.split() == ["q4_0", "ok", "q5_0", "ok", "q8_0", "ok", "q4_k", "ok"]

@@ -2,15 +2,16 @@
 
 ggml's CPU backend offers an extra buffer type, ``CPU_REPACK``, that stores the weights
 of matrix products in the order its kernels read them, and llama.cpp loads every
-Q4_0 and Q4_K matrix there. This is ours. In a matrix's own layout each row's blocks
-follow one another, and a kernel that takes several rows at once must sum each row
-across the lanes of a vector; stored repacked, block ``b`` of eight rows is one run of
-bytes: the eight rows' scales side by side, then their codes in 4-byte chunks, chunk
-``c`` of row 0, of row 1, … of row 7, then chunk ``c + 1``. A 32-byte load then holds
-four codes of every row, and one integer multiply-add leaves each row's sum in a lane
-of its own (:mod:`.kernels._numba_repack`). A repacked Q4_0 or Q8_0 block holds the
-bytes of the eight blocks it came from in another order; a Q4_K block also unpacks
-each row's 6-bit sub-block scales and minimums into bytes (1184 bytes for 1152).
+Q4_0 and Q4_K matrix there. This is ours, for Q4_0, Q5_0, Q8_0 and Q4_K. In a matrix's
+own layout each row's blocks follow one another, and a kernel that takes several rows
+at once must sum each row across the lanes of a vector; stored repacked, block ``b`` of
+eight rows is one run of bytes: the eight rows' scales side by side, then their codes
+in 4-byte chunks, chunk ``c`` of row 0, of row 1, … of row 7, then chunk ``c + 1``.
+A 32-byte load then holds four codes of every row, and one integer multiply-add leaves
+each row's sum in a lane of its own (:mod:`.kernels._numba_repack`). A repacked Q4_0 or
+Q8_0 block holds the bytes of the eight blocks it came from in another order; Q5_0 also
+regroups its fifth bits, and a Q4_K block unpacks each row's 6-bit sub-block scales and
+minimums into bytes (1184 bytes for 1152).
 
 The buffer reads and writes tensors in ggml's layout: ``set_tensor`` repacks,
 ``get_tensor`` unpacks, any byte range of a tensor, so nothing outside the CPU backend
@@ -53,16 +54,19 @@ GROUP_ROWS = 8
 class PackedLayout:
     """How eight rows' blocks of one type become one repacked block.
 
-    32-value types (Q4_0, Q8_0): the eight f16 scales, then ``chunks`` runs of 32 bytes
-    of codes. Q4_K: the eight ``d``, the eight ``dmin``, each sub-block's eight 6-bit
-    scales as bytes, then its eight minimums, then the codes as for the 32-value types
-    (sub-blocks ``2p`` and ``2p + 1`` share the bytes of pair ``p``: low and high
-    nibbles)."""
+    32-value types (Q4_0, Q5_0, Q8_0): the eight f16 scales, then ``chunks`` runs of 32
+    bytes of codes. Q5_0 keeps its fifth bits between them as eight 32-bit words, one per
+    run of 32 codes (low nibbles of chunk ``c``: word ``2c``, high: ``2c + 1``), bit
+    ``4r + i`` of a word the fifth bit of the code in byte ``4r + i`` of its run. Q4_K:
+    the eight ``d``, the eight ``dmin``, each sub-block's eight 6-bit scales as bytes,
+    then its eight minimums, then the codes as for the 32-value types (sub-blocks ``2p``
+    and ``2p + 1`` share the bytes of pair ``p``: low and high nibbles)."""
 
     type: Type
     chunks: int  # 4-byte chunks of codes in one row's block
     nibbles: bool  # two 4-bit codes a byte
-    offset: int  # subtracted from each code: Q4_0 8 (Q8_0's are signed; Q4_K has minimums)
+    offset: int  # subtracted from each code: Q4_0 8, Q5_0 16 (Q8_0's are signed; Q4_K: mins)
+    fifth_bits: bool = False  # Q5_0: a 32-bit word of fifth bits before the nibbles
 
     @property
     def kquant(self) -> bool:
@@ -71,7 +75,9 @@ class PackedLayout:
     @property
     def head(self) -> int:
         """Bytes before the codes in a repacked block (scales, minimums)."""
-        return 2 * 2 * GROUP_ROWS + 2 * 8 * GROUP_ROWS if self.kquant else 2 * GROUP_ROWS
+        if self.kquant:
+            return 2 * 2 * GROUP_ROWS + 2 * 8 * GROUP_ROWS
+        return 2 * GROUP_ROWS + (4 * GROUP_ROWS if self.fifth_bits else 0)
 
     @property
     def block(self) -> int:
@@ -113,6 +119,11 @@ class PackedLayout:
             src, dst = (rows, lanes) if packing else (lanes, rows)
             dst(dtype, to if packing else at, count)[...] = src(dtype, at if packing else to,
                                                                 count)  # fmt: skip
+        if self.fifth_bits:
+            qh = rows(np.uint32, 2, 1)[:, :, 0]  # (G, nb, 8 rows)
+            bits = np.ndarray((groups, nb, 2 * self.chunks), np.uint32, packed, 2 * GROUP_ROWS,
+                              (nb * block, block, 4))  # fmt: skip
+            _move_fifth_bits(qh, bits, packing)
         if self.kquant:
             scale_bytes = rows(np.uint8, 4, 12)
             as_bytes = lanes(np.uint8, 32, 16)  # 8 scales, then 8 minimums
@@ -124,6 +135,24 @@ class PackedLayout:
                 sc, mn = as_bytes[:, :, :8], as_bytes[:, :, 8:]
                 both = _q4_k_pack_scales(sc.transpose(0, 1, 3, 2), mn.transpose(0, 1, 3, 2))
                 scale_bytes[...] = both.transpose(0, 1, 3, 2)
+
+
+def _move_fifth_bits(qh: np.ndarray, words: np.ndarray, packing: bool) -> None:
+    """Eight rows' fifth bits ``qh`` (``G, nb, 8``: a 32-bit word a row, bit ``j`` value
+    ``j``'s) into the runs' ``words`` (``G, nb, 8``; see :class:`PackedLayout`), or back.
+    Run ``2c + h`` holds values ``16h + 4c .. +3`` of each row, four bits at ``4r``."""
+    at = 4 * np.arange(GROUP_ROWS, dtype=np.uint32)
+    if packing:
+        for run in range(words.shape[-1]):
+            first = 16 * (run % 2) + 4 * (run // 2)
+            four = (qh >> np.uint32(first)) & np.uint32(15)
+            words[..., run] = np.bitwise_or.reduce(four << at, axis=-1)
+        return
+    out = np.zeros(qh.shape, np.uint32)
+    for run in range(words.shape[-1]):
+        first = 16 * (run % 2) + 4 * (run // 2)
+        out |= ((words[..., run, None] >> at) & np.uint32(15)) << np.uint32(first)
+    qh[...] = out
 
 
 def _q4_k_unpack_scales(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -149,6 +178,7 @@ def _q4_k_pack_scales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
 #: the types the CPU stores repacked, and how
 LAYOUTS: dict[Type, PackedLayout] = {
     Type.Q4_0: PackedLayout(Type.Q4_0, chunks=4, nibbles=True, offset=8),
+    Type.Q5_0: PackedLayout(Type.Q5_0, chunks=4, nibbles=True, offset=16, fifth_bits=True),
     Type.Q8_0: PackedLayout(Type.Q8_0, chunks=8, nibbles=False, offset=0),
     Type.Q4_K: PackedLayout(Type.Q4_K, chunks=32, nibbles=True, offset=0),
 }

@@ -76,7 +76,8 @@ def _host_has_vnni() -> bool:
 HAS_VNNI = _host_has_vnni()
 #: activation rows a tile takes at most
 TILE = 4
-Q4_0, Q8_0, Q4_K = int(Type.Q4_0), int(Type.Q8_0), int(Type.Q4_K)  # what the drivers branch on
+# the type ids the drivers branch on
+Q4_0, Q5_0, Q8_0, Q4_K = (int(t) for t in (Type.Q4_0, Type.Q5_0, Type.Q8_0, Type.Q4_K))
 
 
 def _broadcast_i32(builder: ir.IRBuilder, ptr: Any) -> Any:
@@ -281,9 +282,19 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
     return tile
 
 
+def _fifth_bits(blk: _Block, run: int) -> Any:
+    """Word ``run`` of a Q5_0 block's fifth bits as ``<32 x i8>`` of 0 or 16: bit ``i`` to
+    byte ``i`` (LLVM lowers the ``<32 x i1>`` to one ``vpmovm2b`` with AVX512-BW)."""
+    b = blk.builder
+    at = b.gep(blk.base, [_I64(2 * GROUP_ROWS + 4 * run)])
+    word = b.load(b.bitcast(at, _I32.as_pointer()), align=1)
+    bits = b.bitcast(word, ir.VectorType(ir.IntType(1), 32))
+    return b.shl(b.zext(bits, _V32B), _splat(_I8, 32, 4))
+
+
 def _block32_body(lay: PackedLayout) -> Body:
-    """Q4_0 and Q8_0: each row's block sum ``Σ(q − offset)·x`` exact, then one multiply-add
-    of it by ``d_w·d_x`` into the row's sum."""
+    """Q4_0, Q5_0 and Q8_0: each row's block sum ``Σ(q − offset)·x`` exact, then one
+    multiply-add of it by ``d_w·d_x`` into the row's sum."""
 
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
         builder, b = blk.builder, blk.b
@@ -297,12 +308,14 @@ def _block32_body(lay: PackedLayout) -> Body:
         for c in range(lay.chunks):
             q = blk.code_run(lay.head + 32 * c)
             if lay.nibbles:  # low nibbles: values 4c..4c+3, high: 16+4c..
-                for codes, at in (
-                    (builder.and_(q, _splat(_I8, 32, 15)), 4 * c),
-                    (builder.lshr(q, _splat(_I8, 32, 4)), 16 + 4 * c),
-                ):
+                runs = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+                if lay.fifth_bits:  # each code's fifth bit from its run's word
+                    runs = [builder.or_(codes, _fifth_bits(blk, 2 * c + h))
+                            for h, codes in enumerate(runs)]  # fmt: skip
+                u_max = 31 if lay.fifth_bits else 15
+                for codes, at in zip(runs, (4 * c, 16 + 4 * c), strict=True):
                     for t in range(n_tok):
-                        sums[t].add(codes, blk.x_word(t, b, at), 15)
+                        sums[t].add(codes, blk.x_word(t, b, at), u_max)
             else:
                 for t in range(n_tok):
                     sums[t].add_signed(q, blk.x_word(t, b, 4 * c))
@@ -362,6 +375,7 @@ def tile_kernel(lay: PackedLayout, n_tok: int) -> Any:
 
 
 q4_0_x1, q4_0_x2, q4_0_x3, q4_0_x4 = (tile_kernel(LAYOUTS[Type.Q4_0], n) for n in range(1, 5))
+q5_0_x1, q5_0_x2, q5_0_x3, q5_0_x4 = (tile_kernel(LAYOUTS[Type.Q5_0], n) for n in range(1, 5))
 q8_0_x1, q8_0_x2, q8_0_x3, q8_0_x4 = (tile_kernel(LAYOUTS[Type.Q8_0], n) for n in range(1, 5))
 q4_k_x1, q4_k_x2, q4_k_x3, q4_k_x4 = (tile_kernel(LAYOUTS[Type.Q4_K], n) for n in range(1, 5))
 
@@ -379,6 +393,15 @@ def _tile_of(packed: Any, g: int, xq: Any, xd: Any, xs: Any, table: Any, t0: int
             q4_0_x2(packed, g, xq, xd, xs, table, t0, out)
         else:
             q4_0_x1(packed, g, xq, xd, xs, table, t0, out)
+    elif kind == Q5_0:
+        if n == 4:
+            q5_0_x4(packed, g, xq, xd, xs, table, t0, out)
+        elif n == 3:
+            q5_0_x3(packed, g, xq, xd, xs, table, t0, out)
+        elif n == 2:
+            q5_0_x2(packed, g, xq, xd, xs, table, t0, out)
+        else:
+            q5_0_x1(packed, g, xq, xd, xs, table, t0, out)
     elif kind == Q4_K:
         if n == 4:
             q4_k_x4(packed, g, xq, xd, xs, table, t0, out)
