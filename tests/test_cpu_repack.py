@@ -23,7 +23,7 @@ from tensorplug.errors import UnsupportedError
 from tensorplug.quants import quantize
 
 RNG = np.random.default_rng(35)
-TYPES = [tp.Type.Q4_0, tp.Type.Q5_0, tp.Type.Q8_0, tp.Type.Q4_K]
+TYPES = [tp.Type.Q4_0, tp.Type.Q5_0, tp.Type.Q8_0, tp.Type.Q4_K, tp.Type.Q6_K]
 
 
 def _cpu() -> tuple[tp.Backend, tp.BufferType]:
@@ -334,7 +334,7 @@ x = rng.standard_normal((4, 256)).astype(np.float32)
 xq, xd, xs = np.empty((4, 256), np.int8), np.empty((4, 8), np.float32), np.empty((4, 8), np.int32)
 i8.quantize_q8_0(x, xq, xd, xs, table)
 x64 = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 32, axis=1)
-for name in ("q4_0", "q5_0", "q8_0", "q4_k"):
+for name in ("q4_0", "q5_0", "q8_0", "q4_k", "q6_k"):
     t = Type[name.upper()]
     lay = LAYOUTS[t]
     raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
@@ -350,7 +350,8 @@ for name in ("q4_0", "q5_0", "q8_0", "q4_k"):
             tile(packed, g, xq, xd, xs, table, 0, out)
 
     out = np.empty((4, 16), np.float32)
-    run(packed.reshape(2, -1), xq, xd, xs, out)
+    sums = xq.reshape(4, -1, 16).sum(-1, dtype=np.int32) if name == "q6_k" else xs  # per 16
+    run(packed.reshape(2, -1), xq, xd, sums, out)
     expected = x64 @ w.T
     err = np.abs(out - expected).max() / np.abs(expected).max()
     assert err < 2e-6, (name, err)
@@ -371,4 +372,5 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["q4_0", "ok", "q5_0", "ok", "q8_0", "ok", "q4_k", "ok"]
+    names = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"]
+    assert done.stdout.split() == [w for n in names for w in (n, "ok")]

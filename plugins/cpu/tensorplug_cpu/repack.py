@@ -24,7 +24,7 @@ in ordinary memory, as llama.cpp does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -50,9 +50,23 @@ __all__ = [
 GROUP_ROWS = 8
 
 
+class Move(NamedTuple):
+    """``count`` words of ``dtype`` from byte ``at`` of each of eight rows' blocks to byte
+    ``to`` of the repacked block: the eight rows' first words side by side, then their
+    second words, each such run of eight words ``every`` runs after the last."""
+
+    dtype: type
+    at: int
+    to: int
+    count: int
+    every: int = 1
+
+
 @dataclass(frozen=True)
 class PackedLayout:
-    """How eight rows' blocks of one type become one repacked block.
+    """How eight rows' blocks of one type become one repacked block: ``moves`` say where
+    each row's words go (16-bit scales, 32-bit runs of codes), ``regroup`` names what
+    else changes shape.
 
     32-value types (Q4_0, Q5_0, Q8_0): the eight f16 scales, then ``chunks`` runs of 32
     bytes of codes. Q5_0 keeps its fifth bits between them as eight 32-bit words, one per
@@ -60,29 +74,25 @@ class PackedLayout:
     ``4r + i`` of a word the fifth bit of the code in byte ``4r + i`` of its run. Q4_K:
     the eight ``d``, the eight ``dmin``, each sub-block's eight 6-bit scales as bytes,
     then its eight minimums, then the codes as for the 32-value types (sub-blocks ``2p``
-    and ``2p + 1`` share the bytes of pair ``p``: low and high nibbles)."""
+    and ``2p + 1`` share the bytes of pair ``p``: low and high nibbles). Q6_K: the eight
+    ``d``, the sixteen int8 scales of each row (scale-major), then the 4-bit ``ql`` and
+    the 2-bit ``qh`` as runs of 32 bytes in the order its kernel reads them (read in the
+    rows' own order, three streams at once, they came from memory at a third of the
+    speed)."""
 
     type: Type
-    chunks: int  # 4-byte chunks of codes in one row's block
-    nibbles: bool  # two 4-bit codes a byte
-    offset: int  # subtracted from each code: Q4_0 8, Q5_0 16 (Q8_0's are signed; Q4_K: mins)
-    fifth_bits: bool = False  # Q5_0: a 32-bit word of fifth bits before the nibbles
-
-    @property
-    def kquant(self) -> bool:
-        return self.type.block_size == 256
-
-    @property
-    def head(self) -> int:
-        """Bytes before the codes in a repacked block (scales, minimums)."""
-        if self.kquant:
-            return 2 * 2 * GROUP_ROWS + 2 * 8 * GROUP_ROWS
-        return 2 * GROUP_ROWS + (4 * GROUP_ROWS if self.fifth_bits else 0)
+    moves: tuple[Move, ...]
+    codes_at: int  # where the codes begin in a repacked block
+    chunks: int = 0  # 4-byte chunks of codes in one row's block (32-value types, Q4_K)
+    nibbles: bool = True  # two 4-bit codes a byte
+    offset: int = 0  # subtracted from each code: Q4_0 8, Q5_0 16, Q6_K 32 (Q8_0: signed)
+    regroup: str = ""  # "fifth bits" (Q5_0), "scales" (Q4_K's 6-bit ones)
 
     @property
     def block(self) -> int:
         """Bytes of one repacked block (eight rows' blocks)."""
-        return self.head + 4 * GROUP_ROWS * self.chunks
+        natural = GROUP_ROWS * self.type.type_size
+        return natural + (2 * 8 * GROUP_ROWS - 12 * GROUP_ROWS if self.regroup == "scales" else 0)
 
     def pack(self, blocks: np.ndarray, out: np.ndarray) -> None:
         """Rows of ggml blocks ``(8·G, nb, type_size)`` into ``out``, ``(G, nb, block)``
@@ -106,25 +116,24 @@ class PackedLayout:
             return np.ndarray((groups, nb, count, GROUP_ROWS), dtype, natural, at,
                               (group, size, item, row))  # fmt: skip
 
-        def lanes(dtype: type, at: int, count: int) -> np.ndarray:  # (G, nb, count, 8 rows)
-            item = np.dtype(dtype).itemsize
+        def lanes(dtype: type, at: int, count: int, every: int = 1) -> np.ndarray:
+            item = np.dtype(dtype).itemsize  # (G, nb, count, 8 rows)
             return np.ndarray((groups, nb, count, GROUP_ROWS), dtype, packed, at,
-                              (nb * block, block, GROUP_ROWS * item, item))  # fmt: skip
+                              (nb * block, block, every * GROUP_ROWS * item, item))  # fmt: skip
 
-        words = [(np.uint16, 0, 0, 1), (np.uint32, size - 4 * self.chunks, self.head,
-                                         self.chunks)]  # fmt: skip
-        if self.kquant:  # dmin beside d; the scales between dmin and the codes
-            words.insert(1, (np.uint16, 2, 16, 1))
-        for dtype, at, to, count in words:
-            src, dst = (rows, lanes) if packing else (lanes, rows)
-            dst(dtype, to if packing else at, count)[...] = src(dtype, at if packing else to,
-                                                                count)  # fmt: skip
-        if self.fifth_bits:
+        for move in self.moves:
+            if packing:
+                lanes(move.dtype, move.to, move.count, move.every)[...] = rows(
+                    move.dtype, move.at, move.count)  # fmt: skip
+            else:
+                rows(move.dtype, move.at, move.count)[...] = lanes(
+                    move.dtype, move.to, move.count, move.every)  # fmt: skip
+        if self.regroup == "fifth bits":
             qh = rows(np.uint32, 2, 1)[:, :, 0]  # (G, nb, 8 rows)
             bits = np.ndarray((groups, nb, 2 * self.chunks), np.uint32, packed, 2 * GROUP_ROWS,
                               (nb * block, block, 4))  # fmt: skip
             _move_fifth_bits(qh, bits, packing)
-        if self.kquant:
+        elif self.regroup == "scales":
             scale_bytes = rows(np.uint8, 4, 12)
             as_bytes = lanes(np.uint8, 32, 16)  # 8 scales, then 8 minimums
             if packing:
@@ -175,13 +184,32 @@ def _q4_k_pack_scales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
     return np.concatenate([lo, hi, mix], axis=-1)
 
 
+_U8, _U16, _U32 = np.uint8, np.uint16, np.uint32
+#: Q6_K's codes as its kernel reads them: for each half ``n`` and chunk ``c``, the
+#: chunk of ``ql``'s low runs, of its high runs, and of ``qh`` (one stream of bytes)
+_Q6_K_CODES = tuple(
+    Move(_U32, at + 64 * n, 144 + 32 * (24 * n + slot), 8, every=3)
+    for n in range(2)
+    for slot, at in enumerate((0, 32, 128 - 32 * n))
+)
+
+# fmt: off
 #: the types the CPU stores repacked, and how
 LAYOUTS: dict[Type, PackedLayout] = {
-    Type.Q4_0: PackedLayout(Type.Q4_0, chunks=4, nibbles=True, offset=8),
-    Type.Q5_0: PackedLayout(Type.Q5_0, chunks=4, nibbles=True, offset=16, fifth_bits=True),
-    Type.Q8_0: PackedLayout(Type.Q8_0, chunks=8, nibbles=False, offset=0),
-    Type.Q4_K: PackedLayout(Type.Q4_K, chunks=32, nibbles=True, offset=0),
+    Type.Q4_0: PackedLayout(Type.Q4_0, (Move(_U16, 0, 0, 1), Move(_U32, 2, 16, 4)), 16,
+                            chunks=4, offset=8),
+    Type.Q5_0: PackedLayout(Type.Q5_0, (Move(_U16, 0, 0, 1), Move(_U32, 6, 48, 4)), 48,
+                            chunks=4, offset=16, regroup="fifth bits"),
+    Type.Q8_0: PackedLayout(Type.Q8_0, (Move(_U16, 0, 0, 1), Move(_U32, 2, 16, 8)), 16,
+                            chunks=8, nibbles=False),
+    Type.Q4_K: PackedLayout(Type.Q4_K, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
+                                        Move(_U32, 16, 160, 32)),
+                            160, chunks=32, regroup="scales"),
+    Type.Q6_K: PackedLayout(Type.Q6_K, (Move(_U16, 208, 0, 1), Move(_U8, 192, 16, 16),
+                                        *_Q6_K_CODES),
+                            144, offset=32),
 }
+# fmt: on
 
 
 def layout_of(tensor: Tensor) -> PackedLayout | None:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, prange, types
@@ -77,7 +78,9 @@ HAS_VNNI = _host_has_vnni()
 #: activation rows a tile takes at most
 TILE = 4
 # the type ids the drivers branch on
-Q4_0, Q5_0, Q8_0, Q4_K = (int(t) for t in (Type.Q4_0, Type.Q5_0, Type.Q8_0, Type.Q4_K))
+Q4_0, Q5_0, Q8_0, Q4_K, Q6_K = (
+    int(t) for t in (Type.Q4_0, Type.Q5_0, Type.Q8_0, Type.Q4_K, Type.Q6_K)
+)
 
 
 def _broadcast_i32(builder: ir.IRBuilder, ptr: Any) -> Any:
@@ -306,13 +309,13 @@ def _block32_body(lay: PackedLayout) -> Body:
             sums.append(_RowSums(builder, builder.shuffle_vector(
                 start, start, ir.Constant(_V8I, [0] * 8))))  # fmt: skip
         for c in range(lay.chunks):
-            q = blk.code_run(lay.head + 32 * c)
+            q = blk.code_run(lay.codes_at + 32 * c)
             if lay.nibbles:  # low nibbles: values 4c..4c+3, high: 16+4c..
                 runs = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
-                if lay.fifth_bits:  # each code's fifth bit from its run's word
+                if lay.regroup == "fifth bits":  # each code's fifth bit from its run's word
                     runs = [builder.or_(codes, _fifth_bits(blk, 2 * c + h))
                             for h, codes in enumerate(runs)]  # fmt: skip
-                u_max = 31 if lay.fifth_bits else 15
+                u_max = 31 if lay.regroup == "fifth bits" else 15
                 for codes, at in zip(runs, (4 * c, 16 + 4 * c), strict=True):
                     for t in range(n_tok):
                         sums[t].add(codes, blk.x_word(t, b, at), u_max)
@@ -367,10 +370,71 @@ def _q4_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     return new
 
 
+def _signed_byte_scales(builder: ir.IRBuilder, at: Any) -> Any:
+    """The eight signed bytes at ``at`` as ``<8 x float>``."""
+    v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+    return builder.sitofp(v8, _V8F)
+
+
+def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+    """Q6_K: run ``k`` of half ``n`` (values ``128n + 32k ..``, activation block
+    ``8b + 4n + k``) takes its low four bits from the low (``k`` < 2) or high nibbles of
+    ``ql`` run ``2n + k % 2`` and its top two from bits ``2k`` of ``qh`` run ``n``, and
+    a scale per 16 values: each half run's exact sum ``Σq·x − 32·Σx`` (``xs`` holds
+    sums of 16 activation codes for Q6_K) is scaled by ``d·sc·d_x`` into the row's sum."""
+    builder, b = blk.builder, blk.b
+    n_tok = len(accs)
+    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    d = _scales(builder, blk.base, blk.table)
+    first = builder.mul(b, _I64(8))  # the block's first activation block
+    new = [list(a) for a in accs]
+    low, high = _splat(_I8, 32, 15), _splat(_I8, 32, 0x30)
+    for n in range(2):
+        ks = [builder.add(first, _I64(4 * n + k)) for k in range(4)]
+        for half in range(2):  # values 0-15 of each run, then 16-31: a scale each
+            sums = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(4)]
+                    for _ in range(n_tok)]  # fmt: skip
+            for c in range(4 * half, 4 * half + 4):
+                at = 144 + 96 * (8 * n + c)  # ql's low runs, its high runs, qh (repack.py)
+                qa, qb, hh = (blk.code_run(at + 32 * i) for i in range(3))
+                tops = [
+                    builder.shl(hh, _splat(_I8, 32, 4)),
+                    builder.shl(hh, _splat(_I8, 32, 2)),
+                    hh,
+                    builder.lshr(hh, _splat(_I8, 32, 2)),
+                ]  # bits 2k, 2k+1 at 4, 5
+                lows = [
+                    builder.and_(qa, low),
+                    builder.and_(qb, low),
+                    builder.lshr(qa, _splat(_I8, 32, 4)),
+                    builder.lshr(qb, _splat(_I8, 32, 4)),
+                ]
+                codes = [builder.or_(lo, builder.and_(top, high))
+                         for lo, top in zip(lows, tops, strict=True)]  # fmt: skip
+                for k in range(4):
+                    for t in range(n_tok):
+                        sums[t][k].add(codes[k], blk.x_word(t, ks[k], 4 * (c % 4) + 16 * half),
+                                       63)  # fmt: skip
+            for k in range(4):
+                at = builder.gep(blk.base, [_I64(16 + 8 * (8 * n + 2 * k + half))])
+                sc = builder.fmul(d, _signed_byte_scales(builder, at))
+                for t in range(n_tok):
+                    x16 = blk.load(blk.xs, t, builder.add(builder.mul(ks[k], _I64(2)), _I64(half)))
+                    back = builder.insert_element(ir.Constant(_V8I, None),
+                                                  builder.mul(x16, _I32(-32)), _I32(0))  # fmt: skip
+                    back = builder.shuffle_vector(back, back, ir.Constant(_V8I, [0] * 8))
+                    isum = builder.sitofp(builder.add(sums[t][k].flush(), back), _V8F)
+                    factor = builder.fmul(sc, _splat_f(builder, blk.load(blk.xd, t, ks[k])))
+                    new[t][0] = builder.call(fma, [factor, isum, new[t][0]])
+    return new
+
+
 def tile_kernel(lay: PackedLayout, n_tok: int) -> Any:
     """The tile intrinsic of layout ``lay`` for ``n_tok`` activation rows (see :func:`_tile`)."""
-    if lay.kquant:
+    if lay.type == Type.Q4_K:
         return _tile(lay, n_tok, _q4_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
+    if lay.type == Type.Q6_K:
+        return _tile(lay, n_tok, _q6_k_body, lambda b, a: a[0], 1)
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], 1)
 
 
@@ -378,6 +442,7 @@ q4_0_x1, q4_0_x2, q4_0_x3, q4_0_x4 = (tile_kernel(LAYOUTS[Type.Q4_0], n) for n i
 q5_0_x1, q5_0_x2, q5_0_x3, q5_0_x4 = (tile_kernel(LAYOUTS[Type.Q5_0], n) for n in range(1, 5))
 q8_0_x1, q8_0_x2, q8_0_x3, q8_0_x4 = (tile_kernel(LAYOUTS[Type.Q8_0], n) for n in range(1, 5))
 q4_k_x1, q4_k_x2, q4_k_x3, q4_k_x4 = (tile_kernel(LAYOUTS[Type.Q4_K], n) for n in range(1, 5))
+q6_k_x1, q6_k_x2, q6_k_x3, q6_k_x4 = (tile_kernel(LAYOUTS[Type.Q6_K], n) for n in range(1, 5))
 
 
 @njit(inline="always")
@@ -402,6 +467,15 @@ def _tile_of(packed: Any, g: int, xq: Any, xd: Any, xs: Any, table: Any, t0: int
             q5_0_x2(packed, g, xq, xd, xs, table, t0, out)
         else:
             q5_0_x1(packed, g, xq, xd, xs, table, t0, out)
+    elif kind == Q6_K:
+        if n == 4:
+            q6_k_x4(packed, g, xq, xd, xs, table, t0, out)
+        elif n == 3:
+            q6_k_x3(packed, g, xq, xd, xs, table, t0, out)
+        elif n == 2:
+            q6_k_x2(packed, g, xq, xd, xs, table, t0, out)
+        else:
+            q6_k_x1(packed, g, xq, xd, xs, table, t0, out)
     elif kind == Q4_K:
         if n == 4:
             q4_k_x4(packed, g, xq, xd, xs, table, t0, out)
@@ -434,6 +508,26 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
             t += n
 
 
+@njit(inline="always")
+def _sums_of_16(xq: Any, xs: Any) -> None:
+    """``xs[t, j] = Σ xq[t, 16j : 16j + 16]``: Q6_K's scales cover 16 values, so its
+    products take the activation codes' sums over 16 (:func:`_q6_k_body`)."""
+    for t in range(xq.shape[0]):
+        for j in range(xq.shape[1] // 16):
+            total = 0
+            for i in range(16):
+                total += np.int32(xq[t, 16 * j + i])
+            xs[t, j] = total
+
+
+@njit(inline="always")
+def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
+    """The activations as Q8_0 rows, with code sums over 16 values for Q6_K, else 32."""
+    quantize_q8_0(x, xq, xd, xs, table)
+    if kind == Q6_K:
+        _sums_of_16(xq, xs)
+
+
 @kernel(parallel=True, fastmath=_DOT)
 def matmul_packed(
     x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
@@ -444,9 +538,9 @@ def matmul_packed(
     n_tok = x.shape[0]
     if n_tok >= 16:
         for t in prange(n_tok):
-            quantize_q8_0(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table)
+            _quantize(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table, kind)
     else:
-        quantize_q8_0(x, xq, xd, xs, table)
+        _quantize(x, xq, xd, xs, table, kind)
     n = packed.shape[0]
     per = (n + _CHUNKS - 1) // _CHUNKS
     for c in prange(_CHUNKS):
@@ -458,7 +552,7 @@ def matmul_packed_serial(
     x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
 ) -> None:
     """:func:`matmul_packed` on the calling thread, without a parallel region."""
-    quantize_q8_0(x, xq, xd, xs, table)
+    _quantize(x, xq, xd, xs, table, kind)
     _groups(packed, 0, packed.shape[0], xq, xd, xs, table, out, kind)
 
 
@@ -471,8 +565,9 @@ def matmul_packed_siblings(
     (a layer's Q, K and V; its gate and up): ``x`` quantized once, one parallel region
     for all. ``packs``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s groups sitting
     at ``starts[m]..`` of one concatenated range of groups. Each group is computed as
-    :func:`matmul_packed` computes it, to the bit."""
-    quantize_q8_0(x, xq, xd, xs, table)
+    :func:`matmul_packed` computes it, to the bit. The kinds are all Q6_K or none (the
+    code sums differ)."""
+    _quantize(x, xq, xd, xs, table, kinds[0])
     total = starts[len(packs)]
     per = (total + _CHUNKS - 1) // _CHUNKS
     for c in prange(_CHUNKS):

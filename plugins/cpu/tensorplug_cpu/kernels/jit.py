@@ -165,9 +165,7 @@ class JitKernels:
         sums are the same either way, so the bits are too."""
         if out.strides[-1] != 4 or x.strides[-1] != 4:
             raise ValueError("bind_packed: x's and out's rows must be unit-stride float32")
-        n_tok, n = x.shape
-        xq, xd, xs = (scratch((n_tok, n), np.int8), scratch((n_tok, n // 32), np.float32),
-                      scratch((n_tok, n // 32), np.int32))  # fmt: skip
+        xq, xd, xs = _packed_scratch(x, t, scratch)
         args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         what = f"repacked {t.name} product kernel"
         serial = partial(self._call, f"one-thread {what}", self._packed_serial, *args)
@@ -237,6 +235,8 @@ class JitKernels:
         products cannot go together (arrays numba would type differently)."""
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
             return None
+        if len({t == Type.Q6_K for t, _, _ in products}) != 1:  # sums of 16 codes, or of 32
+            return None
         packs = [packed for _, packed, _ in products]
         outs = [out for _, _, out in products]
         if any(o.strides[-1] != 4 or o.shape[0] != x.shape[0] for o in outs):
@@ -255,9 +255,7 @@ class JitKernels:
         starts = np.zeros(MAX_SIBLINGS + 1, np.int64)
         for m, p in enumerate(packs):
             starts[m + 1] = starts[m] + p.shape[0]
-        n_tok, n = x.shape
-        xq, xd, xs = (scratch((n_tok, n), np.int8), scratch((n_tok, n // 32), np.float32),
-                      scratch((n_tok, n // 32), np.int32))  # fmt: skip
+        xq, xd, xs = _packed_scratch(x, products[0][0], scratch)
         together = partial(self._call, "repacked sibling products kernel", self._packed_siblings,
                            x, tuple(packs), tuple(outs), kinds, starts, xq, xd, xs,
                            _F16_TO_F32)  # fmt: skip
@@ -392,6 +390,17 @@ def _q8_scratch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n_tok, n = x.shape
     return (np.empty((n_tok, n), np.int8), np.empty((n_tok, n // 32), np.float32),
             np.empty((n_tok, n // 32), np.int32))  # fmt: skip
+
+
+def _packed_scratch(
+    x: np.ndarray, t: Type, scratch: Callable[..., np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Room for ``x``'s rows quantized for a repacked product of ``t`` weights: codes,
+    block scales, and sums of the codes over 32 values (over 16 for Q6_K)."""
+    n_tok, n = x.shape
+    per = 16 if t == Type.Q6_K else 32
+    return (scratch((n_tok, n), np.int8), scratch((n_tok, n // 32), np.float32),
+            scratch((n_tok, n // per), np.int32))  # fmt: skip
 
 
 def _block_rows(blocks: np.ndarray) -> np.ndarray | None:
