@@ -2,7 +2,7 @@
 
 ggml's CPU backend offers an extra buffer type, ``CPU_REPACK``, that stores the weights
 of matrix products in the order its kernels read them, and llama.cpp loads every
-Q4_0 and Q4_K matrix there. This is ours, for Q4_0, Q5_0, Q8_0 and Q4_K. In a matrix's
+Q4_0 and Q4_K matrix there. This is ours, for Q4_0, Q5_0, Q8_0, Q4_K and Q6_K. In a matrix's
 own layout each row's blocks follow one another, and a kernel that takes several rows
 at once must sum each row across the lanes of a vector; stored repacked, block ``b`` of
 eight rows is one run of bytes: the eight rows' scales side by side, then their codes

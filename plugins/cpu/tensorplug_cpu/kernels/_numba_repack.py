@@ -19,7 +19,8 @@ is an exact integer (``Σ(q − offset)·x``, the offset taken back out as ``off
 scaled by ``d_w·d_x`` and added to the row's float sum block by block: for Q4_0 the
 arithmetic of llama.cpp's ``ggml_gemv_q4_0_8x8_q8_0`` and of the four-row kernel of
 :mod:`._numba_introw`, to the bit. Q4_K scales each sub-block's exact sum by its 6-bit
-scale and takes its minimum back out, per sub-block of 32 (the activations' blocks).
+scale and takes its minimum back out, per sub-block of 32 (the activations' blocks);
+Q6_K scales each 16 values' exact sum, less 32 times their activations' sum.
 The activations are the Q8_0 rows of :func:`._numba_int8.quantize_q8_0`.
 
 There is no software prefetch: a repacked product is one sequential stream of bytes,
