@@ -15,7 +15,8 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from tensorplug import registry
 from tensorplug.buffer import BufferUsage
 from tensorplug.errors import UnsupportedError
-from tensorplug.gguf import GGUFError, GGUFFile, populate_mapping
+from tensorplug.gguf import GGUFError, GGUFFile, populate_mapping, release_mapping
+from tensorplug.host import host_buffer_type
 from tensorplug.models.model import LlamaConfig, LlamaWeights
 from tensorplug.models.placement import Placement, host_cpu
 from tensorplug.models.runner import Llama
@@ -140,6 +141,20 @@ def test_mapped_weights_are_mapped_in_at_once(tmp_path: Path) -> None:
         pytest.skip("this kernel refuses MADV_POPULATE_READ (Linux < 5.14)")
     assert _mapped_rss_kib(path) >= 8 << 10  # all 8 MiB of data, none of it read yet
     assert np.array_equal(get_array(t), np.arange(2 << 20, dtype=np.float32))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_uploaded_weights_leave_the_mapping(tmp_path: Path) -> None:
+    """A copy of the weights needs no mapping of them any more: upload_tensors releases
+    the pages it copied from (they stay readable, mapped in again on use)."""
+    path = _one_big_tensor(tmp_path / "big.gguf", 8 << 20).resolve()
+    f = GGUFFile(path)
+    t = f.new_tensor("big")
+    assert f.upload_tensors({"big": t}, host_buffer_type()) is not None
+    assert _mapped_rss_kib(path) < 1 << 10  # of 8 MiB read to copy them
+    assert np.array_equal(get_array(t), np.arange(2 << 20, dtype=np.float32))
+    assert np.array_equal(f.tensor_bytes("big").view(np.float32), get_array(t))  # still there
+    assert not release_mapping(f.data, 100, 4000)  # no whole page inside
 
 
 def test_mapping_works_where_pages_cannot_be_populated(

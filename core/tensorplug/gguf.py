@@ -49,7 +49,14 @@ if TYPE_CHECKING:
 
     from .device import Device
 
-__all__ = ["GGUFError", "GGUFFile", "TensorInfo", "TensorSet", "populate_mapping"]
+__all__ = [
+    "GGUFError",
+    "GGUFFile",
+    "TensorInfo",
+    "TensorSet",
+    "populate_mapping",
+    "release_mapping",
+]
 
 _MISSING: Any = object()
 
@@ -124,6 +131,27 @@ def populate_mapping(data: np.ndarray, start: int, end: int) -> bool:
     try:
         mem.madvise(MADV_POPULATE_READ, first, end - first)
     except (OSError, ValueError, AttributeError):  # EINVAL before 5.14; no madvise
+        return False
+    return True
+
+
+def release_mapping(data: np.ndarray, start: int, end: int) -> bool:
+    """Unmap the whole pages within bytes ``start..end`` of a memory-mapped file from
+    this process (``MADV_DONTNEED``): the bytes stay in the OS's page cache and a later
+    read maps them in again, so nothing is lost, but they no longer count in the
+    process's memory. llama.cpp unmaps the parts of a model's mapping it copied out the
+    same way. Returns whether anything was released."""
+    mem = getattr(data, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if advice is None or mem is None or getattr(data, "offset", 0) != 0:
+        return False
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, end // page * page  # whole pages only
+    if last <= first:
+        return False
+    try:
+        mem.madvise(advice, first, last - first)
+    except (OSError, ValueError, AttributeError):
         return False
     return True
 
@@ -315,7 +343,8 @@ class GGUFFile:
             start = run[0][1].offset
             end = max(info.offset + info.nbytes for _, info in run)
             largest = max(info.nbytes for _, info in run)
-            populate_mapping(self.data, start, end)
+            for _, info in run:  # its own bytes: a run may span tensors loaded elsewhere
+                populate_mapping(self.data, info.offset, info.offset + info.nbytes)
             buf = device.buffer_from_host_ptr(self.data[start:end], largest)
             buf.usage = BufferUsage.WEIGHTS
             buffers.append(buf)
@@ -331,11 +360,16 @@ class GGUFFile:
     ) -> Buffer | None:
         """Allocate ``tensors`` (as for :meth:`map_tensors`) in ``buffer_type`` with
         ``WEIGHTS`` usage and copy the file's bytes into them; returns the buffer (None
-        when there are no tensors). ``on_tensor(name)`` follows each copy (progress)."""
+        when there are no tensors). ``on_tensor(name)`` follows each copy (progress).
+        Each tensor's pages of the mapping are released once copied
+        (:func:`release_mapping`): a 660M model repacked for the CPU otherwise kept its
+        370 MB both copied and mapped."""
         pairs = self._pairs(tensors)
         buf = alloc_tensors([t for _, t in pairs], buffer_type, BufferUsage.WEIGHTS)
         for name, t in pairs:
             tensor_set(t, self.tensor_bytes(name))
+            info = self.tensors[name]
+            release_mapping(self.data, info.offset, info.offset + info.nbytes)
             if on_tensor is not None:
                 on_tensor(name)
         return buf

@@ -51,14 +51,14 @@ GROUP_ROWS = 8
 
 
 class Move(NamedTuple):
-    """``count`` words of ``dtype`` from byte ``at`` of each of eight rows' blocks to byte
+    """``words`` words of ``dtype`` from byte ``at`` of each of eight rows' blocks to byte
     ``to`` of the repacked block: the eight rows' first words side by side, then their
     second words, each such run of eight words ``every`` runs after the last."""
 
     dtype: type
     at: int
     to: int
-    count: int
+    words: int
     every: int = 1
 
 
@@ -123,11 +123,11 @@ class PackedLayout:
 
         for move in self.moves:
             if packing:
-                lanes(move.dtype, move.to, move.count, move.every)[...] = rows(
-                    move.dtype, move.at, move.count)  # fmt: skip
+                lanes(move.dtype, move.to, move.words, move.every)[...] = rows(
+                    move.dtype, move.at, move.words)  # fmt: skip
             else:
-                rows(move.dtype, move.at, move.count)[...] = lanes(
-                    move.dtype, move.to, move.count, move.every)  # fmt: skip
+                rows(move.dtype, move.at, move.words)[...] = lanes(
+                    move.dtype, move.to, move.words, move.every)  # fmt: skip
         if self.regroup == "fifth bits":
             qh = rows(np.uint32, 2, 1)[:, :, 0]  # (G, nb, 8 rows)
             bits = np.ndarray((groups, nb, 2 * self.chunks), np.uint32, packed, 2 * GROUP_ROWS,
