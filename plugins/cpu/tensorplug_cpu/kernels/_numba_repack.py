@@ -216,74 +216,72 @@ Body = Callable[[_Block, list[list[Any]]], list[list[Any]]]
 Finish = Callable[[ir.IRBuilder, list[Any]], Any]
 
 
-def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int) -> Any:
-    """An intrinsic ``(packed, g, xq, xd, xs, table, t0, out) -> None``: rows
-    ``8g..8g+7`` of the repacked matrix ``packed`` (``(n_groups, blocks·block)`` bytes)
-    times activation rows ``t0..t0+n_tok-1`` of the Q8_0 codes ``xq``, scales ``xd``
-    and code sums ``xs``, into ``out[t0 + t, 8g:8g+8]`` (``out``'s rows unit-stride), as
-    one loop over the blocks whose inside ``body`` emits, ``n_accs`` vectors of floats
-    carried from block to block per activation row."""
+#: emits a tile's IR at the builder's place: (context, builder, signature, arguments)
+Emit = Callable[[Any, ir.IRBuilder, Any, Any], None]
 
-    @intrinsic
-    def tile(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, table: Any,
-             t0: Any, out: Any) -> Any:  # fmt: skip
-        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-            arrays = [context.make_array(sig.args[i])(context, builder, args[i])
-                      for i in (0, 2, 3, 4, 7)]  # fmt: skip
-            pk, xqa, xda, xsa, outa = arrays
-            table = context.make_array(sig.args[5])(context, builder, args[5]).data
-            stride = [builder.extract_value(a.strides, 0) for a in arrays]
-            group = builder.gep(pk.data, [builder.mul(args[1], stride[0])])
-            n = builder.sdiv(builder.extract_value(pk.shape, 1), _I64(lay.block))
-            rows = [builder.add(args[6], _I64(t)) for t in range(n_tok)]
 
-            def row_of(a: Any, s: Any, r: Any, ty: ir.Type) -> Any:
-                byte = builder.bitcast(a.data, _I8.as_pointer())
-                return builder.bitcast(builder.gep(byte, [builder.mul(r, s)]), ty.as_pointer())
+def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int) -> Emit:
+    """The IR of a tile, for arguments ``(packed, g, xq, xd, xs, table, t0, out, …)``:
+    rows ``8g..8g+7`` of the repacked matrix ``packed`` (``(n_groups, blocks·block)``
+    bytes) times activation rows ``t0..t0+n_tok-1`` of the Q8_0 codes ``xq``, scales
+    ``xd`` and code sums ``xs``, into ``out[t0 + t, 8g:8g+8]`` (``out``'s rows
+    unit-stride), as one loop over the blocks whose inside ``body`` emits, ``n_accs``
+    vectors of floats carried from block to block per activation row."""
 
-            x_rows = [row_of(xqa, stride[1], r, _I8) for r in rows]
-            xd_rows = [row_of(xda, stride[2], r, _F32) for r in rows]
-            xs_rows = [row_of(xsa, stride[3], r, _I32) for r in rows]
-            zero = ir.Constant(_V8F, [0.0] * 8)
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> None:
+        arrays = [context.make_array(sig.args[i])(context, builder, args[i])
+                  for i in (0, 2, 3, 4, 7)]  # fmt: skip
+        pk, xqa, xda, xsa, outa = arrays
+        table = context.make_array(sig.args[5])(context, builder, args[5]).data
+        stride = [builder.extract_value(a.strides, 0) for a in arrays]
+        group = builder.gep(pk.data, [builder.mul(args[1], stride[0])])
+        n = builder.sdiv(builder.extract_value(pk.shape, 1), _I64(lay.block))
+        rows = [builder.add(args[6], _I64(t)) for t in range(n_tok)]
 
-            entry = builder.block
-            loop = builder.append_basic_block("tile.loop")
-            done = builder.append_basic_block("tile.done")
-            builder.cbranch(builder.icmp_signed(">", n, _I64(0)), loop, done)
-            builder.position_at_end(loop)
-            b = builder.phi(_I64)
-            accs = [[builder.phi(_V8F) for _ in range(n_accs)] for _ in range(n_tok)]
-            base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
-            new = body(_Block(builder, base, b, x_rows, xd_rows, xs_rows, table), accs)
-            nxt = builder.add(b, _I64(1))
-            builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
-            end = builder.block
-            b.add_incoming(_I64(0), entry)
-            b.add_incoming(nxt, end)
-            for phis, vals in zip(accs, new, strict=True):
-                for phi, val in zip(phis, vals, strict=True):
-                    phi.add_incoming(zero, entry)
-                    phi.add_incoming(val, end)
+        def row_of(a: Any, s: Any, r: Any, ty: ir.Type) -> Any:
+            byte = builder.bitcast(a.data, _I8.as_pointer())
+            return builder.bitcast(builder.gep(byte, [builder.mul(r, s)]), ty.as_pointer())
 
-            builder.position_at_end(done)
-            finals = [[builder.phi(_V8F) for _ in range(n_accs)] for _ in range(n_tok)]
-            for phis, vals in zip(finals, new, strict=True):
-                for phi, val in zip(phis, vals, strict=True):
-                    phi.add_incoming(zero, entry)
-                    phi.add_incoming(val, end)
-            col = builder.mul(args[1], _I64(GROUP_ROWS * 4))  # byte offset of column 8g
-            for t in range(n_tok):
-                row = builder.gep(
-                    builder.bitcast(outa.data, _I8.as_pointer()),
-                    [builder.add(builder.mul(rows[t], stride[4]), col)],
-                )
-                builder.store(finish(builder, finals[t]), builder.bitcast(row, _V8F.as_pointer()),
-                              align=4)  # fmt: skip
-            return context.get_dummy_value()
+        x_rows = [row_of(xqa, stride[1], r, _I8) for r in rows]
+        xd_rows = [row_of(xda, stride[2], r, _F32) for r in rows]
+        xs_rows = [row_of(xsa, stride[3], r, _I32) for r in rows]
+        zero = ir.Constant(_V8F, [0.0] * 8)
 
-        return types.none(packed, g, xq, xd, xs, table, t0, out), codegen
+        entry = builder.block
+        loop = builder.append_basic_block("tile.loop")
+        done = builder.append_basic_block("tile.done")
+        builder.cbranch(builder.icmp_signed(">", n, _I64(0)), loop, done)
+        builder.position_at_end(loop)
+        b = builder.phi(_I64)
+        accs = [[builder.phi(_V8F) for _ in range(n_accs)] for _ in range(n_tok)]
+        base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
+        new = body(_Block(builder, base, b, x_rows, xd_rows, xs_rows, table), accs)
+        nxt = builder.add(b, _I64(1))
+        builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
+        end = builder.block
+        b.add_incoming(_I64(0), entry)
+        b.add_incoming(nxt, end)
+        for phis, vals in zip(accs, new, strict=True):
+            for phi, val in zip(phis, vals, strict=True):
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(val, end)
 
-    return tile
+        builder.position_at_end(done)
+        finals = [[builder.phi(_V8F) for _ in range(n_accs)] for _ in range(n_tok)]
+        for phis, vals in zip(finals, new, strict=True):
+            for phi, val in zip(phis, vals, strict=True):
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(val, end)
+        col = builder.mul(args[1], _I64(GROUP_ROWS * 4))  # byte offset of column 8g
+        for t in range(n_tok):
+            row = builder.gep(
+                builder.bitcast(outa.data, _I8.as_pointer()),
+                [builder.add(builder.mul(rows[t], stride[4]), col)],
+            )
+            builder.store(finish(builder, finals[t]), builder.bitcast(row, _V8F.as_pointer()),
+                          align=4)  # fmt: skip
+
+    return codegen
 
 
 def _fifth_bits(blk: _Block, run: int) -> Any:
@@ -430,8 +428,8 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     return new
 
 
-def tile_kernel(lay: PackedLayout, n_tok: int) -> Any:
-    """The tile intrinsic of layout ``lay`` for ``n_tok`` activation rows (see :func:`_tile`)."""
+def _emitter(lay: PackedLayout, n_tok: int) -> Emit:
+    """The IR of layout ``lay``'s tile for ``n_tok`` activation rows (see :func:`_tile`)."""
     if lay.type == Type.Q4_K:
         return _tile(lay, n_tok, _q4_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
     if lay.type == Type.Q6_K:
@@ -439,61 +437,45 @@ def tile_kernel(lay: PackedLayout, n_tok: int) -> Any:
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], 1)
 
 
-q4_0_x1, q4_0_x2, q4_0_x3, q4_0_x4 = (tile_kernel(LAYOUTS[Type.Q4_0], n) for n in range(1, 5))
-q5_0_x1, q5_0_x2, q5_0_x3, q5_0_x4 = (tile_kernel(LAYOUTS[Type.Q5_0], n) for n in range(1, 5))
-q8_0_x1, q8_0_x2, q8_0_x3, q8_0_x4 = (tile_kernel(LAYOUTS[Type.Q8_0], n) for n in range(1, 5))
-q4_k_x1, q4_k_x2, q4_k_x3, q4_k_x4 = (tile_kernel(LAYOUTS[Type.Q4_K], n) for n in range(1, 5))
-q6_k_x1, q6_k_x2, q6_k_x3, q6_k_x4 = (tile_kernel(LAYOUTS[Type.Q6_K], n) for n in range(1, 5))
+def tile_kernel(lay: PackedLayout, n_tok: int) -> Any:
+    """An intrinsic ``(packed, g, xq, xd, xs, table, t0, out) -> None``: one tile of
+    layout ``lay`` for ``n_tok`` activation rows (:func:`_tile`)."""
+    emit = _emitter(lay, n_tok)
+
+    @intrinsic
+    def tile(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, table: Any,
+             t0: Any, out: Any) -> Any:  # fmt: skip
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            emit(context, builder, sig, args)
+            return context.get_dummy_value()
+
+        return types.none(packed, g, xq, xd, xs, table, t0, out), codegen
+
+    return tile
 
 
-@njit(inline="always")
-def _tile_of(packed: Any, g: int, xq: Any, xd: Any, xs: Any, table: Any, t0: int, out: Any,
-             kind: int, n: int) -> None:  # fmt: skip
-    """Group ``g`` times activation rows ``t0..t0+n-1`` (``n`` ≤ :data:`TILE`)."""
-    if kind == Q4_0:
-        if n == 4:
-            q4_0_x4(packed, g, xq, xd, xs, table, t0, out)
-        elif n == 3:
-            q4_0_x3(packed, g, xq, xd, xs, table, t0, out)
-        elif n == 2:
-            q4_0_x2(packed, g, xq, xd, xs, table, t0, out)
-        else:
-            q4_0_x1(packed, g, xq, xd, xs, table, t0, out)
-    elif kind == Q5_0:
-        if n == 4:
-            q5_0_x4(packed, g, xq, xd, xs, table, t0, out)
-        elif n == 3:
-            q5_0_x3(packed, g, xq, xd, xs, table, t0, out)
-        elif n == 2:
-            q5_0_x2(packed, g, xq, xd, xs, table, t0, out)
-        else:
-            q5_0_x1(packed, g, xq, xd, xs, table, t0, out)
-    elif kind == Q6_K:
-        if n == 4:
-            q6_k_x4(packed, g, xq, xd, xs, table, t0, out)
-        elif n == 3:
-            q6_k_x3(packed, g, xq, xd, xs, table, t0, out)
-        elif n == 2:
-            q6_k_x2(packed, g, xq, xd, xs, table, t0, out)
-        else:
-            q6_k_x1(packed, g, xq, xd, xs, table, t0, out)
-    elif kind == Q4_K:
-        if n == 4:
-            q4_k_x4(packed, g, xq, xd, xs, table, t0, out)
-        elif n == 3:
-            q4_k_x3(packed, g, xq, xd, xs, table, t0, out)
-        elif n == 2:
-            q4_k_x2(packed, g, xq, xd, xs, table, t0, out)
-        else:
-            q4_k_x1(packed, g, xq, xd, xs, table, t0, out)
-    elif n == 4:
-        q8_0_x4(packed, g, xq, xd, xs, table, t0, out)
-    elif n == 3:
-        q8_0_x3(packed, g, xq, xd, xs, table, t0, out)
-    elif n == 2:
-        q8_0_x2(packed, g, xq, xd, xs, table, t0, out)
-    else:
-        q8_0_x1(packed, g, xq, xd, xs, table, t0, out)
+@intrinsic
+def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, table: Any,
+             t0: Any, out: Any, kind: Any, n: Any) -> Any:  # fmt: skip
+    """Group ``g`` times activation rows ``t0..t0+n-1`` (``n`` ≤ :data:`TILE`) of weights
+    of ggml type ``kind``: one ``switch`` over every layout's tile of each size."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        key = builder.add(builder.mul(builder.sext(args[8], _I64), _I64(8)),
+                          builder.sext(args[9], _I64))  # fmt: skip
+        done = builder.append_basic_block("tile_of.done")
+        switch = builder.switch(key, done)
+        for t, lay in LAYOUTS.items():
+            for size in range(1, TILE + 1):
+                case = builder.append_basic_block(f"tile_of.{t.name}.{size}")
+                switch.add_case(_I64(8 * int(t) + size), case)
+                builder.position_at_end(case)
+                _emitter(lay, size)(context, builder, sig, args)
+                builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return types.none(packed, g, xq, xd, xs, table, t0, out, kind, n), codegen
 
 
 @njit(inline="always")

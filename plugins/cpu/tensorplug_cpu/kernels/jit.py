@@ -199,28 +199,12 @@ class JitKernels:
         if len({typeof(r) for r in rows}) != 1 or len({typeof(o) for o in outs}) != 1:
             return None
         one_by_one = [self.bind_matvec(t, b, x, o) for t, b, o in products]
-        # padded with empty matrices to MAX_SIBLINGS: one compiled kernel for any count
-        for _ in range(MAX_SIBLINGS - len(products)):
-            rows.append(rows[0][:0])
-            outs.append(outs[0][:, :0])
-        kinds = tuple(int(t) for t, _, _ in products) + (int(products[0][0]),) * (
-            MAX_SIBLINGS - len(products)
-        )
-        starts = np.zeros(MAX_SIBLINGS + 1, np.int64)
-        for m, r in enumerate(rows):
-            starts[m + 1] = starts[m] + -(-r.shape[0] // 4) * 4
+        joint = _sibling_args(rows, outs, [t for t, _, _ in products],
+                              lambda r: -(-r.shape[0] // 4) * 4)  # fmt: skip
         together = partial(self._call, "integer matrix-vector kernel for sibling products",
-                           self._int8_siblings, x, tuple(rows), tuple(outs), kinds, starts,
-                           *_q8_scratch(x), _F16_TO_F32)  # fmt: skip
-
-        def run() -> None:
-            if self.n_threads == 1:  # the serial kernels: no region to save
-                for product in one_by_one:
-                    product()
-            else:
-                together()
-
-        return run
+                           self._int8_siblings, x, *joint, *_q8_scratch(x),
+                           _F16_TO_F32)  # fmt: skip
+        return self._one_by_one_or_together(one_by_one, together)
 
     def bind_packed_siblings(
         self,
@@ -245,23 +229,20 @@ class JitKernels:
         if len({typeof(p) for p in packs}) != 1 or len({typeof(o) for o in outs}) != 1:
             return None
         one_by_one = [self.bind_packed(t, p, x, o, scratch) for t, p, o in products]
-        # padded with empty matrices to MAX_SIBLINGS: one compiled kernel for any count
-        for _ in range(MAX_SIBLINGS - len(products)):
-            packs.append(packs[0][:0])
-            outs.append(outs[0][:, :0])
-        kinds = tuple(int(t) for t, _, _ in products) + (int(products[0][0]),) * (
-            MAX_SIBLINGS - len(products)
-        )
-        starts = np.zeros(MAX_SIBLINGS + 1, np.int64)
-        for m, p in enumerate(packs):
-            starts[m + 1] = starts[m] + p.shape[0]
-        xq, xd, xs = _packed_scratch(x, products[0][0], scratch)
+        joint = _sibling_args(packs, outs, [t for t, _, _ in products], lambda p: p.shape[0])
         together = partial(self._call, "repacked sibling products kernel", self._packed_siblings,
-                           x, tuple(packs), tuple(outs), kinds, starts, xq, xd, xs,
+                           x, *joint, *_packed_scratch(x, products[0][0], scratch),
                            _F16_TO_F32)  # fmt: skip
+        return self._one_by_one_or_together(one_by_one, together)
+
+    def _one_by_one_or_together(
+        self, one_by_one: Sequence[Callable[[], None]], together: Callable[[], None]
+    ) -> Callable[[], None]:
+        """A joint product's step: on one thread each product's serial kernel (there is
+        no region to save), on more the joint parallel kernel."""
 
         def run() -> None:
-            if self.n_threads == 1:  # the serial kernels: no region to save
+            if self.n_threads == 1:
                 for product in one_by_one:
                     product()
             else:
@@ -390,6 +371,25 @@ def _q8_scratch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n_tok, n = x.shape
     return (np.empty((n_tok, n), np.int8), np.empty((n_tok, n // 32), np.float32),
             np.empty((n_tok, n // 32), np.int32))  # fmt: skip
+
+
+def _sibling_args(
+    weights: list[np.ndarray],
+    outs: list[np.ndarray],
+    kinds: Sequence[Type],
+    span: Callable[[np.ndarray], int],
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], tuple[int, ...], np.ndarray]:
+    """A joint kernel's matrices and results, padded with empty ones to
+    :data:`MAX_SIBLINGS` (one compiled kernel for any count), their type ids, and where
+    each matrix's ``span`` units (rows, groups) start in the range they share."""
+    pad = MAX_SIBLINGS - len(weights)
+    weights = [*weights, *(weights[0][:0] for _ in range(pad))]
+    outs = [*outs, *(outs[0][:, :0] for _ in range(pad))]
+    ids = tuple(int(t) for t in kinds) + (int(kinds[0]),) * pad
+    starts = np.zeros(MAX_SIBLINGS + 1, np.int64)
+    for m, w in enumerate(weights):
+        starts[m + 1] = starts[m] + span(w)
+    return tuple(weights), tuple(outs), ids, starts
 
 
 def _packed_scratch(
