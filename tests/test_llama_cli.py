@@ -93,6 +93,19 @@ def test_without_a_model_runs_the_tiny_demo(
     assert "check: the prompt logits agree with a CPU-only run (NMSE" in err
 
 
+def test_matrices_are_repacked_for_the_cpu_unless_asked_not_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("numba", reason="CPU_REPACK comes with the numba kernels")
+    model = write_tiny_llama(tmp_path / "tiny-q4_0.gguf", "q4_0", 5)
+    assert main(["run", str(model), "-n", "2", "--device", "CPU"]) == 0
+    err = capsys.readouterr().err
+    assert "in CPU_REPACK; the rest mapped from the file), KV cache" in err
+    assert main(["run", str(model), "-n", "2", "--device", "CPU", "--no-repack"]) == 0
+    err = capsys.readouterr().err
+    assert "(mapped from the file), KV cache" in err and "CPU_REPACK" not in err
+
+
 def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00")

@@ -447,6 +447,9 @@ def _describe(model: Llama, log: TextIO) -> None:
     print(f"placement: {model.placement.describe()}", file=log)
     for dev, mem in model.memory.items():
         how = "mapped from the file" if mem.mapped else "uploaded"
+        if mem.extra:
+            where = ", ".join(f"{format_bytes(n)} in {name}" for name, n in mem.extra.items())
+            how = f"{where}; the rest {how}" if mem.weights > sum(mem.extra.values()) else where
         print(
             f"  {dev.name:<10} weights {format_bytes(mem.weights)} ({how}), KV cache "
             f"{format_bytes(mem.kv_cache)}",

@@ -125,6 +125,8 @@ class _DeviceMemory:
     weights: int = 0
     kv_cache: int = 0
     mapped: bool = False
+    #: bytes of weights (as in the file) per extra buffer type they went to (``CPU_REPACK``)
+    extra: dict[str, int] = field(default_factory=dict)
     buffers: list[Buffer] = field(default_factory=list)
 
 
@@ -282,6 +284,8 @@ class Llama:
             for buft, chosen in extra.items():  # copied in, in the buffer type's layout
                 if (buf := self.file.upload_tensors(chosen, buft, uploaded)) is not None:
                     mem.buffers.append(buf)
+                    size = sum(t.nbytes for _, t in chosen)
+                    mem.extra[buft.name] = mem.extra.get(buft.name, 0) + size
 
             if use_mmap and dev.caps.buffer_from_host_ptr:
                 mem.buffers += self.file.map_tensors(pairs, dev)

@@ -487,7 +487,7 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
         t = 0
         while t < n_tok:
             n = min(TILE, n_tok - t)
-            _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n)
+            _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n)  # type: ignore[call-arg]
             t += n
 
 
