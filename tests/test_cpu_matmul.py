@@ -232,3 +232,58 @@ def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -
     strided = np.ascontiguousarray(np.concatenate([raw, raw], axis=1))[:, ::2]  # every other block
     jit.dequantize(t, strided, out)
     np.testing.assert_array_equal(out, dequantize_blocks(strided, t))
+
+
+@pytest.mark.parametrize("ta", [tp.Type.F32, tp.Type.F16])
+@pytest.mark.parametrize("n_in", [100, 264])  # tails: after runs of 32, of 8 and of 1
+@pytest.mark.parametrize("n_tokens", [1, 3, matmul.FLOAT_MATVEC_MAX_TOKENS])
+def test_float_weights_times_a_few_rows(ta: tp.Type, n_in: int, n_tokens: int) -> None:
+    """A few rows take the kernels that read each weight once (F16 widened in registers);
+    one thread and two give the same bits."""
+    a, b = tp.new_tensor(ta, (40, n_in), "w"), tp.new_tensor("f32", (n_tokens, n_in), "x")
+    av, bv = _f32(a.shape).astype(ta.numpy_dtype), _f32(b.shape)
+    outs = []
+    for threads in (1, 2):
+        backend = backend_for()
+        tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+        out = ops.mul_mat(a, b)
+        compute(out, {a: av, b: bv}, backend)
+        outs.append(tp.get_array(out))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert nmse(outs[0], bv.astype(np.float64) @ av.astype(np.float64).T) < 1e-12
+
+
+def test_float_kernels_without_f16c_read_halves_through_the_table() -> None:
+    """Hosts without F16C look each half up in the f16 → f32 table; compiled that way in a
+    fresh process (the choice is made when the kernel is first compiled)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    pytest.importorskip("numba", reason="the float kernels are numba's")
+    code = textwrap.dedent("""
+        import numpy as np
+        from numba import njit
+        from tensorplug_cpu.kernels import _numba_fmatvec as fm
+        from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+
+        fm.HAS_F16C = False  # before anything is compiled in this process
+        rng = np.random.default_rng(3)
+        w = rng.standard_normal((5, 77)).astype(np.float16)
+        x = rng.standard_normal((2, 77)).astype(np.float32)
+
+        @njit(cache=False)
+        def run(w, x, out):
+            for o in range(w.shape[0]):
+                for t in range(x.shape[0]):
+                    out[t, o] = fm._row_dot(w, o, x, t, table)
+
+        out = np.empty((2, 5), np.float32)
+        run(w.view(np.uint16), x, out)
+        want = x.astype(np.float64) @ w.astype(np.float64).T
+        print(float(np.abs(out - want).max() / np.abs(want).max()))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout) < 1e-6

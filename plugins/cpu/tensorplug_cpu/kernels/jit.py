@@ -79,6 +79,10 @@ class JitKernels:
         # weights stored repacked (CPU_REPACK): eight rows at a time, any activation rows
         self._packed, self._packed_serial = repack.matmul_packed, repack.matmul_packed_serial
         self._packed_siblings = repack.matmul_packed_siblings
+        from . import _numba_fmatvec as fmatvec
+
+        # F32 and F16 weights times a few rows, each weight read once
+        self._fmatvec, self._fmatvec_serial = fmatvec.matvec_float, fmatvec.matvec_float_serial
         from . import _numba_rows as rows
         from ._numba_attention import (
             attend,
@@ -175,6 +179,33 @@ class JitKernels:
             (serial if self.n_threads == 1 else parallel)()
 
         return run
+
+    def bind_matvec_float(
+        self, w: np.ndarray, x: np.ndarray, out: np.ndarray
+    ) -> Callable[[], None]:
+        """``out[t, o] = Σ_i w[o, i]·x[t, i]`` for float32 or float16 weights ``w``
+        ``(n_out, n)`` and a few float32 rows ``x``, all with unit-stride rows
+        (:mod:`._numba_fmatvec`: each weight read once, F16 widened in registers)."""
+        raw = w.view(np.uint16) if w.dtype == np.float16 else w
+        if raw.strides[-1] != raw.itemsize or x.strides[-1] != 4 or out.strides[-1] != 4:
+            raise ValueError("bind_matvec_float: rows must be unit-stride")
+        args = (raw, x, out, _F16_TO_F32)
+        what = f"float matrix-vector kernel for {w.dtype}"
+        serial = partial(self._call, f"one-thread {what}", self._fmatvec_serial, *args)
+        parallel = partial(self._call, what, self._fmatvec, *args)
+
+        def run() -> None:
+            (serial if self.n_threads == 1 else parallel)()
+
+        return run
+
+    def widen_f16(self, src: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out[...] = src`` for 2-d float16 ``src`` into float32 ``out`` (unit-stride
+        rows), eight values per ``vcvtph2ps`` where the CPU has F16C: numpy's conversion
+        took ~2 ns a value, a prompt's F16 weights most of its time. Returns ``out``."""
+        self._call("f16 widening kernel", self._widen_f16_rows, src.view(np.uint16)[None, None],
+                   out[None, None], src.shape[0], _F16_TO_F32)  # fmt: skip
+        return out
 
     def bind_matvec_siblings(
         self, x: np.ndarray, products: Sequence[tuple[Type, np.ndarray, np.ndarray]]
