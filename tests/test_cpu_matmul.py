@@ -234,14 +234,20 @@ def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -
     np.testing.assert_array_equal(out, dequantize_blocks(strided, t))
 
 
-@pytest.mark.parametrize("ta", [tp.Type.F32, tp.Type.F16])
+@pytest.mark.parametrize("ta", [tp.Type.F32, tp.Type.F16, tp.Type.BF16])
 @pytest.mark.parametrize("n_in", [100, 264])  # tails: after runs of 32, of 8 and of 1
 @pytest.mark.parametrize("n_tokens", [1, 3, matmul.FLOAT_MATVEC_MAX_TOKENS])
 def test_float_weights_times_a_few_rows(ta: tp.Type, n_in: int, n_tokens: int) -> None:
     """A few rows take the kernels that read each weight once (F16 widened in registers);
     one thread and two give the same bits."""
     a, b = tp.new_tensor(ta, (40, n_in), "w"), tp.new_tensor("f32", (n_tokens, n_in), "x")
-    av, bv = _f32(a.shape).astype(ta.numpy_dtype), _f32(b.shape)
+    bv = _f32(b.shape)
+    if ta == tp.Type.BF16:
+        av = f32_to_bf16(_f32(a.shape))
+        a64 = bf16_to_f32(av).astype(np.float64)
+    else:
+        av = _f32(a.shape).astype(ta.numpy_dtype)
+        a64 = av.astype(np.float64)
     outs = []
     for threads in (1, 2):
         backend = backend_for()
@@ -250,7 +256,7 @@ def test_float_weights_times_a_few_rows(ta: tp.Type, n_in: int, n_tokens: int) -
         compute(out, {a: av, b: bv}, backend)
         outs.append(tp.get_array(out))
     np.testing.assert_array_equal(outs[0], outs[1])
-    assert nmse(outs[0], bv.astype(np.float64) @ av.astype(np.float64).T) < 1e-12
+    assert nmse(outs[0], bv.astype(np.float64) @ a64.T) < 1e-12
 
 
 def test_float_kernels_without_f16c_read_halves_through_the_table() -> None:

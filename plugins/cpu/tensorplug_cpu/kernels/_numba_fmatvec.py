@@ -1,4 +1,4 @@
-"""Float weights (F32, F16) times a few activation rows, reading each weight once.
+"""Float weights (F32, F16, BF16) times a few activation rows, reading each weight once.
 
 Through BLAS, an F16 matrix had to be widened to float32 before every product: numpy
 converts at ~2 ns a value, so a 100M F16 model's generation step spent ~130 ms widening
@@ -35,8 +35,15 @@ _V8F = ir.VectorType(_F32, 8)
 ACCUMULATORS = 4
 
 
-def _eight(builder: ir.IRBuilder, ptr: Any, half: bool, table: Any) -> Any:
-    """Eight weights from ``ptr`` as ``<8 x float>``: f16 bits widened, or float32."""
+def _eight(builder: ir.IRBuilder, ptr: Any, half: bool | str, table: Any) -> Any:
+    """Eight weights from ``ptr`` as ``<8 x float>``: f16 (or ``"bf16"``) bits widened,
+    or float32."""
+    if half == "bf16":  # the top half of a float32
+        bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 8).as_pointer()),
+                            align=2)  # fmt: skip
+        wide = builder.zext(bits, ir.VectorType(_I32, 8))
+        return builder.bitcast(builder.shl(wide, ir.Constant(ir.VectorType(_I32, 8), [16] * 8)),
+                               _V8F)  # fmt: skip
     if not half:
         return builder.load(builder.bitcast(ptr, _V8F.as_pointer()), align=4)
     if HAS_F16C:
@@ -51,11 +58,13 @@ def _eight(builder: ir.IRBuilder, ptr: Any, half: bool, table: Any) -> Any:
     return v
 
 
-def _one(builder: ir.IRBuilder, ptr: Any, half: bool, table: Any) -> Any:
+def _one(builder: ir.IRBuilder, ptr: Any, half: bool | str, table: Any) -> Any:
     """One weight from ``ptr`` as a float."""
     if not half:
         return builder.load(ptr)
     bits = builder.load(ptr, align=2)
+    if half == "bf16":
+        return builder.bitcast(builder.shl(builder.zext(bits, _I32), _I32(16)), _F32)
     if HAS_F16C:
         return builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
     return builder.load(builder.gep(table, [builder.zext(bits, _I64)]))
@@ -63,16 +72,17 @@ def _one(builder: ir.IRBuilder, ptr: Any, half: bool, table: Any) -> Any:
 
 @intrinsic
 def _row_dot(typingctx: Any, w: Any, o: Any, x: Any, t: Any, table: Any) -> Any:
-    """``Σ_i w[o, i]·x[t, i]`` in float32, ``w`` float32 or raw f16 (``uint16``) with
-    unit-stride rows, ``x`` float32 likewise: runs of 32 values into four vector sums,
-    then runs of eight into the first, then one by one; the lanes summed pairwise."""
-    half = w.dtype == types.uint16
+    """``Σ_i w[o, i]·x[t, i]`` in float32, ``w`` float32, raw f16 (``uint16``) or raw
+    bf16 (``int16``: the dtype tells them apart) with unit-stride rows, ``x`` float32
+    likewise: runs of 32 values into four vector sums, then runs of eight into the
+    first, then one by one; the lanes summed pairwise."""
+    half: bool | str = "bf16" if w.dtype == types.int16 else w.dtype == types.uint16
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         wa = context.make_array(sig.args[0])(context, builder, args[0])
         xa = context.make_array(sig.args[2])(context, builder, args[2])
         tab = context.make_array(sig.args[4])(context, builder, args[4]).data
-        elem = ir.IntType(16) if half else _F32
+        elem = ir.IntType(16) if half else _F32  # (bf16: "bf16", also 16 bits)
         w_row = builder.bitcast(builder.gep(builder.bitcast(wa.data, ir.IntType(8).as_pointer()),
                                             [builder.mul(args[1], builder.extract_value(
                                                 wa.strides, 0))]), elem.as_pointer())  # fmt: skip
@@ -133,8 +143,9 @@ def _row_dot(typingctx: Any, w: Any, o: Any, x: Any, t: Any, table: Any) -> Any:
 
         (rest,) = loop("one", n_eight, n, 1, [ir.Constant(_F32, 0.0)], single)
         for width in (4, 2, 1):  # the lanes, pairwise
-            hi = builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(_I32, width),
-                                                                  list(range(width, 2 * width))))
+            hi = builder.shuffle_vector(
+                total, total, ir.Constant(ir.VectorType(_I32, width), list(range(width, 2 * width)))
+            )
             lo = builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(_I32, width),
                                                                   list(range(width))))  # fmt: skip
             total = builder.fadd(lo, hi)
@@ -145,8 +156,9 @@ def _row_dot(typingctx: Any, w: Any, o: Any, x: Any, t: Any, table: Any) -> Any:
 
 @kernel(parallel=True)  # no fast-math: the IR's order is the order (same bits at any -t)
 def matvec_float(w: Any, x: Any, out: Any, table: Any) -> None:
-    """``out[t, o] = Σ_i w[o, i]·x[t, i]`` for float32 or raw f16 ``w`` (``(n_out, n)``,
-    unit-stride rows), the output rows shared out in chunks across threads."""
+    """``out[t, o] = Σ_i w[o, i]·x[t, i]`` for float32, raw f16 (``uint16``) or raw bf16
+    (``int16``) ``w`` (``(n_out, n)``, unit-stride rows), the output rows shared out in
+    chunks across threads."""
     n = w.shape[0]
     per = (n + _CHUNKS - 1) // _CHUNKS
     for c in prange(_CHUNKS):

@@ -181,16 +181,17 @@ class JitKernels:
         return run
 
     def bind_matvec_float(
-        self, w: np.ndarray, x: np.ndarray, out: np.ndarray
+        self, w: np.ndarray, x: np.ndarray, out: np.ndarray, t: Type = Type.F32
     ) -> Callable[[], None]:
-        """``out[t, o] = Σ_i w[o, i]·x[t, i]`` for float32 or float16 weights ``w``
-        ``(n_out, n)`` and a few float32 rows ``x``, all with unit-stride rows
-        (:mod:`._numba_fmatvec`: each weight read once, F16 widened in registers)."""
-        raw = w.view(np.uint16) if w.dtype == np.float16 else w
+        """``out[t, o] = Σ_i w[o, i]·x[t, i]`` for float weights ``w`` ``(n_out, n)`` of
+        type ``t`` (F32, F16, or BF16 as its raw ``uint16``) and a few float32 rows ``x``,
+        all with unit-stride rows (:mod:`._numba_fmatvec`: each weight read once, F16
+        and BF16 widened in registers)."""
+        raw = {Type.F16: w.view(np.uint16), Type.BF16: w.view(np.int16)}.get(t, w)
         if raw.strides[-1] != raw.itemsize or x.strides[-1] != 4 or out.strides[-1] != 4:
             raise ValueError("bind_matvec_float: rows must be unit-stride")
         args = (raw, x, out, _F16_TO_F32)
-        what = f"float matrix-vector kernel for {w.dtype}"
+        what = f"float matrix-vector kernel for {t.name}"
         serial = partial(self._call, f"one-thread {what}", self._fmatvec_serial, *args)
         parallel = partial(self._call, what, self._fmatvec, *args)
 

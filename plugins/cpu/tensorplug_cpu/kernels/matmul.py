@@ -76,7 +76,7 @@ MIN_CHUNK_ROWS = 128
 #: Below this many multiply-adds (plus decoded weights) a 2-d product is one chunk: the
 #: pool's hand-off (tens of microseconds) would cost more than it saves.
 PARALLEL_MIN_WORK = 1 << 20
-#: Up to this many activation rows, F32 and F16 weights take the numba kernels that read
+#: Up to this many activation rows, F32, F16 and BF16 weights take the numba kernels that read
 #: each weight once (:mod:`._numba_fmatvec`): on one Zen 4 core, sixteen 4096×768 matrices
 #: streamed at 33 GB/s for one row against 17 for BLAS's sgemv (F16: 1.2, widened first),
 #: 7 against 5 at eight rows.
@@ -174,11 +174,12 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
     if quant and jit is not None and jit.supports(a_t.type) and fused:
         return sequence(load_b, _fused_matvec(ctx, a_t.type, a4, b4, out4, jit))
     if (
-        a_t.type in (Type.F32, Type.F16) and jit is not None and plain
+        a_t.type in (Type.F32, Type.F16, Type.BF16) and jit is not None and plain
         and n_tok <= FLOAT_MATVEC_MAX_TOKENS
         and all(v.strides[-1] == v.itemsize for v in (a4[0, 0], b4[0, 0], out4[0, 0]))
     ):  # fmt: skip
-        return sequence(load_b, jit.bind_matvec_float(a4[0, 0], b4[0, 0], out4[0, 0]))
+        step = jit.bind_matvec_float(a4[0, 0], b4[0, 0], out4[0, 0], a_t.type)
+        return sequence(load_b, step)
 
     bind = None if a_t.type == Type.F32 else _binder(a_t.type, jit)
     if plain:
