@@ -164,7 +164,7 @@ def matvec_float(w: Any, x: Any, out: Any, table: Any) -> None:
     for c in prange(_CHUNKS):
         for o in range(min(n, c * per), min(n, (c + 1) * per)):
             for t in range(x.shape[0]):
-                out[t, o] = _row_dot(w, o, x, t, table)
+                out[t, o] = _row_dot(w, o, x, t, table)  # type: ignore[call-arg]
 
 
 @kernel(nogil=True)
@@ -172,4 +172,4 @@ def matvec_float_serial(w: Any, x: Any, out: Any, table: Any) -> None:
     """:func:`matvec_float` on the calling thread, without a parallel region."""
     for o in range(w.shape[0]):
         for t in range(x.shape[0]):
-            out[t, o] = _row_dot(w, o, x, t, table)
+            out[t, o] = _row_dot(w, o, x, t, table)  # type: ignore[call-arg]
