@@ -148,11 +148,7 @@ class JitKernels:
         if rows.shape[0] < 4:  # the one-row loops: one kernel, so the same bits at any -t
             return serial
 
-        def run() -> None:
-            # the count at each call: set_num_threads may change it after binding
-            (serial if self.n_threads == 1 else parallel)()
-
-        return run
+        return self._serial_or_parallel(serial, parallel)
 
     def bind_packed(
         self,
@@ -174,11 +170,7 @@ class JitKernels:
         what = f"repacked {t.name} product kernel"
         serial = partial(self._call, f"one-thread {what}", self._packed_serial, *args)
         parallel = partial(self._call, what, self._packed, *args)
-
-        def run() -> None:
-            (serial if self.n_threads == 1 else parallel)()
-
-        return run
+        return self._serial_or_parallel(serial, parallel)
 
     def bind_matvec_float(
         self, w: np.ndarray, x: np.ndarray, out: np.ndarray, t: Type = Type.F32
@@ -194,11 +186,7 @@ class JitKernels:
         what = f"float matrix-vector kernel for {t.name}"
         serial = partial(self._call, f"one-thread {what}", self._fmatvec_serial, *args)
         parallel = partial(self._call, what, self._fmatvec, *args)
-
-        def run() -> None:
-            (serial if self.n_threads == 1 else parallel)()
-
-        return run
+        return self._serial_or_parallel(serial, parallel)
 
     def widen_f16(self, src: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out[...] = src`` for 2-d float16 ``src`` into float32 ``out`` (unit-stride
@@ -266,6 +254,18 @@ class JitKernels:
                            x, *joint, *_packed_scratch(x, products[0][0], scratch),
                            _F16_TO_F32)  # fmt: skip
         return self._one_by_one_or_together(one_by_one, together)
+
+    def _serial_or_parallel(
+        self, serial: Callable[[], None], parallel: Callable[[], None]
+    ) -> Callable[[], None]:
+        """A product's step: the serial kernel on one thread (no parallel region to open),
+        else the parallel one; the count is read at each call, since ``set_num_threads``
+        may change it after binding."""
+
+        def run() -> None:
+            (serial if self.n_threads == 1 else parallel)()
+
+        return run
 
     def _one_by_one_or_together(
         self, one_by_one: Sequence[Callable[[], None]], together: Callable[[], None]
