@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HOST_ALIGNMENT",
+    "aligned_bytes",
     "available_cores",
     "host_memory",
     "HostBuffer",
@@ -59,14 +60,7 @@ class HostBufferType(BufferType):
         return True
 
     def _alloc_buffer(self, size: int) -> HostBuffer:
-        try:
-            raw = np.empty(size + HOST_ALIGNMENT, dtype=np.uint8)
-        except MemoryError as e:
-            raise AllocationError(
-                f"{self.name}: could not allocate {size} bytes of host memory"
-            ) from e
-        skip = -raw.ctypes.data % HOST_ALIGNMENT
-        return HostBuffer(self, raw[skip : skip + size])
+        return HostBuffer(self, aligned_bytes(size, self.name))
 
     def buffer_from_host_memory(self, obj: Any, usage: BufferUsage = BufferUsage.ANY) -> HostBuffer:
         """Wrap an object exposing the buffer protocol without copying it.
@@ -137,6 +131,17 @@ class HostBuffer(Buffer):
     def _free(self) -> None:
         self.data = np.empty(0, dtype=np.uint8)
         self.owner = None
+
+
+def aligned_bytes(size: int, owner: str) -> np.ndarray:
+    """``size`` bytes of new host memory starting at a multiple of :data:`HOST_ALIGNMENT`;
+    :class:`AllocationError` naming ``owner`` (a buffer type) when there is no room."""
+    try:
+        raw = np.empty(size + HOST_ALIGNMENT, dtype=np.uint8)
+    except MemoryError as e:
+        raise AllocationError(f"{owner}: could not allocate {size} bytes of host memory") from e
+    skip = -raw.ctypes.data % HOST_ALIGNMENT
+    return raw[skip : skip + size]
 
 
 _HOST_BUFFER_TYPE = HostBufferType()

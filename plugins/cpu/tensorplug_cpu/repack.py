@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from tensorplug.buffer import Buffer, BufferType, BufferUsage
-from tensorplug.errors import AllocationError, UnsupportedError
-from tensorplug.host import HOST_ALIGNMENT
+from tensorplug.errors import UnsupportedError
+from tensorplug.host import HOST_ALIGNMENT, aligned_bytes
 from tensorplug.types import Type
 
 if TYPE_CHECKING:
@@ -256,12 +256,7 @@ class RepackBufferType(BufferType):
         return tensor.nbytes if lay is None else packed_size(tensor, lay)
 
     def _alloc_buffer(self, size: int) -> RepackBuffer:
-        try:
-            raw = np.empty(size + HOST_ALIGNMENT, dtype=np.uint8)
-        except MemoryError as e:
-            raise AllocationError(f"{self.name}: could not allocate {size} bytes") from e
-        skip = -raw.ctypes.data % HOST_ALIGNMENT
-        return RepackBuffer(self, raw[skip : skip + size])
+        return RepackBuffer(self, aligned_bytes(size, self.name))
 
 
 class RepackBuffer(Buffer):
