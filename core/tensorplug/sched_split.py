@@ -331,7 +331,7 @@ class _Assigner:
 def _where(t: Tensor) -> str:
     """``t`` described, with the buffer its memory is in when it has one: a backend may
     support an op only for some kinds of memory (CPU_REPACK feeds products alone)."""
-    buf = t.buffer if t.view_src is None else t.view_src.buffer
+    buf = t.base.buffer
     return t.describe() if buf is None else f"{t.describe()} in {buf.name}"
 
 

@@ -227,8 +227,7 @@ _SUPPORT: dict[Op, Callable[[Tensor], bool]] = {
 
 def _repacked(t: Tensor) -> bool:
     """Whether ``t``'s memory is repacked (a view's is its base's, placed or not)."""
-    base = t.view_src or t
-    return isinstance(base.buffer, RepackBuffer)
+    return isinstance(t.base.buffer, RepackBuffer)
 
 
 def _repacked_product(node: Tensor) -> bool:

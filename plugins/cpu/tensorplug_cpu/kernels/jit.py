@@ -81,7 +81,7 @@ class JitKernels:
         self._packed_siblings = repack.matmul_packed_siblings
         from . import _numba_fmatvec as fmatvec
 
-        # F32 and F16 weights times a few rows, each weight read once
+        # F32, F16 and BF16 weights times a few rows, each weight read once
         self._fmatvec, self._fmatvec_serial = fmatvec.matvec_float, fmatvec.matvec_float_serial
         from . import _numba_rows as rows
         from ._numba_attention import (
