@@ -175,6 +175,7 @@ class Llama:
     ) -> None:
         start = time.perf_counter()
         self.repack = repack
+        self._extra_bufts: dict[Device, list[BufferType]] = {}  # by _extra_buft
         self._progress = on_progress or (lambda stage, done, total: None)
         self.file = model if isinstance(model, GGUFFile) else GGUFFile(model)
         self.config = cfg = LlamaConfig.from_gguf(self.file)
@@ -305,10 +306,14 @@ class Llama:
 
     def _extra_buft(self, dev: Device, weight: Tensor) -> BufferType | None:
         """The first extra buffer type of ``dev`` that takes ``weight`` (a matrix that
-        only products read), or None (none does, or ``repack`` is off)."""
+        only products read), or None (none does, or ``repack`` is off). The plugins'
+        hooks are asked once per device, not once per weight."""
         if not self.repack:
             return None
-        return next((b for b in registry.extra_buffer_types(dev) if b.accepts(weight)), None)
+        bufts = self._extra_bufts.get(dev)
+        if bufts is None:
+            bufts = self._extra_bufts[dev] = registry.extra_buffer_types(dev)
+        return next((b for b in bufts if b.accepts(weight)), None)
 
     def _warm_up(self, counts: Sequence[int] = ()) -> None:
         """Run prompt-shaped and token-shaped steps once and forget them: the first
