@@ -24,7 +24,7 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from ._numba_cache import kernel
-from ._numba_int8 import _CHUNKS, _I32, _fn
+from ._numba_int8 import _CHUNKS, _I32, _fn, carried_loop
 from ._numba_introw import HAS_F16C
 
 __all__ = ["matvec_float", "matvec_float_serial"]
@@ -94,31 +94,7 @@ def _row_dot(typingctx: Any, w: Any, o: Any, x: Any, t: Any, table: Any) -> Any:
         zero = ir.Constant(_V8F, [0.0] * 8)
 
         def loop(name: str, start: Any, end: Any, step: int, accs: list[Any], emit: Any) -> Any:
-            """``accs`` carried through ``for i in range(start, end, step): emit(i, accs)``."""
-            before = builder.block
-            body = builder.append_basic_block(f"{name}.body")
-            after = builder.append_basic_block(f"{name}.after")
-            builder.cbranch(builder.icmp_signed("<", start, end), body, after)
-            builder.position_at_end(body)
-            i = builder.phi(_I64)
-            phis = [builder.phi(a.type) for a in accs]
-            new = emit(i, phis)
-            nxt = builder.add(i, _I64(step))
-            builder.cbranch(builder.icmp_signed("<", nxt, end), body, after)
-            end_block = builder.block
-            i.add_incoming(start, before)
-            i.add_incoming(nxt, end_block)
-            for phi, a, v in zip(phis, accs, new, strict=True):
-                phi.add_incoming(a, before)
-                phi.add_incoming(v, end_block)
-            builder.position_at_end(after)
-            outs = []
-            for a, v in zip(accs, new, strict=True):
-                out = builder.phi(a.type)
-                out.add_incoming(a, before)
-                out.add_incoming(v, end_block)
-                outs.append(out)
-            return outs
+            return carried_loop(builder, name, start, end, step, accs, emit)
 
         def runs(count: int) -> Any:
             def emit(i: Any, accs: list[Any]) -> list[Any]:

@@ -21,6 +21,7 @@ rather than the exact float32 product — within ~1e-3 relative, and the same ro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,46 @@ def _splat(ty: ir.IntType, n: int, v: int) -> ir.Constant:
 
 def _fn(builder: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Type) -> ir.Function:
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+
+
+def carried_loop(
+    builder: ir.IRBuilder,
+    name: str,
+    start: Any,
+    end: Any,
+    step: int,
+    values: list[Any],
+    emit: Callable[[Any, list[Any]], list[Any]],
+) -> list[Any]:
+    """``for i in range(start, end, step): values = emit(i, values)`` as LLVM IR (``i``
+    an ``i64``), the values carried from one iteration to the next in phi nodes; returns
+    their final values, ``values`` as given when the range is empty. The builder is left
+    after the loop."""
+    i64 = ir.IntType(64)
+    before = builder.block
+    body = builder.append_basic_block(f"{name}.body")
+    after = builder.append_basic_block(f"{name}.after")
+    builder.cbranch(builder.icmp_signed("<", start, end), body, after)
+    builder.position_at_end(body)
+    i = builder.phi(i64)
+    phis = [builder.phi(v.type) for v in values]
+    new = emit(i, phis)
+    nxt = builder.add(i, ir.Constant(i64, step))
+    builder.cbranch(builder.icmp_signed("<", nxt, end), body, after)
+    last = builder.block
+    i.add_incoming(start, before)
+    i.add_incoming(nxt, last)
+    for phi, v, n in zip(phis, values, new, strict=True):
+        phi.add_incoming(v, before)
+        phi.add_incoming(n, last)
+    builder.position_at_end(after)
+    finals = []
+    for v, n in zip(values, new, strict=True):
+        final = builder.phi(v.type)
+        final.add_incoming(v, before)
+        final.add_incoming(n, last)
+        finals.append(final)
+    return finals
 
 
 def _load(builder: ir.IRBuilder, context: Any, aryty: Any, ary: Any, off: Any, n: int) -> Any:

@@ -46,7 +46,18 @@ from tensorplug.types import Type
 
 from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
 from ._numba_cache import kernel
-from ._numba_int8 import _CHUNKS, _I8, _I16, _I32, HAS_AVX2, _fn, _splat, _vec, quantize_q8_0
+from ._numba_int8 import (
+    _CHUNKS,
+    _I8,
+    _I16,
+    _I32,
+    HAS_AVX2,
+    _fn,
+    _splat,
+    _vec,
+    carried_loop,
+    quantize_q8_0,
+)
 from ._numba_introw import HAS_F16C, _f16x
 from ._numba_quant import _DOT
 
@@ -247,31 +258,14 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
         xs_rows = [row_of(xsa, stride[3], r, _I32) for r in rows]
         zero = ir.Constant(_V8F, [0.0] * 8)
 
-        entry = builder.block
-        loop = builder.append_basic_block("tile.loop")
-        done = builder.append_basic_block("tile.done")
-        builder.cbranch(builder.icmp_signed(">", n, _I64(0)), loop, done)
-        builder.position_at_end(loop)
-        b = builder.phi(_I64)
-        accs = [[builder.phi(_V8F) for _ in range(n_accs)] for _ in range(n_tok)]
-        base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
-        new = body(_Block(builder, base, b, x_rows, xd_rows, xs_rows, table), accs)
-        nxt = builder.add(b, _I64(1))
-        builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
-        end = builder.block
-        b.add_incoming(_I64(0), entry)
-        b.add_incoming(nxt, end)
-        for phis, vals in zip(accs, new, strict=True):
-            for phi, val in zip(phis, vals, strict=True):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, end)
+        def block(b: Any, flat: list[Any]) -> list[Any]:
+            accs = [flat[n_accs * t : n_accs * (t + 1)] for t in range(n_tok)]
+            base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
+            new = body(_Block(builder, base, b, x_rows, xd_rows, xs_rows, table), accs)
+            return [v for vals in new for v in vals]
 
-        builder.position_at_end(done)
-        finals = [[builder.phi(_V8F) for _ in range(n_accs)] for _ in range(n_tok)]
-        for phis, vals in zip(finals, new, strict=True):
-            for phi, val in zip(phis, vals, strict=True):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, end)
+        flat = carried_loop(builder, "tile", _I64(0), n, 1, [zero] * (n_tok * n_accs), block)
+        finals = [flat[n_accs * t : n_accs * (t + 1)] for t in range(n_tok)]
         col = builder.mul(args[1], _I64(GROUP_ROWS * 4))  # byte offset of column 8g
         for t in range(n_tok):
             row = builder.gep(
