@@ -343,7 +343,7 @@ def test_cpy_tensor_async_between_backends(device: Any) -> None:
     gate = Gate(device)
     gate.block(be1)
     tp.tensor_set_async(be1, src, vals)
-    assert be2._cpy_tensor_async(be1, src, dst) is True
+    assert be2.cpy_tensor_async(be1, src, dst) is True
     gate.open()
     be2.synchronize()
     assert (tp.get_array(dst) == vals).all()

@@ -89,7 +89,7 @@ class GraphAllocator:
         :meth:`alloc_graph` calls find buffers big enough. Raises
         :class:`~tensorplug.AllocationError` if a buffer cannot be allocated.
         """
-        return self._reserve(graph.nodes, graph.leafs, node_buffer_ids, leaf_buffer_ids)
+        return self.reserve_n(graph.nodes, graph.leafs, node_buffer_ids, leaf_buffer_ids)
 
     def alloc_graph(
         self,
@@ -103,7 +103,7 @@ class GraphAllocator:
         data is about to be overwritten). ``node_buffer_ids[i]`` picks the buffer type of
         ``graph.nodes[i]`` (default: all 0); likewise for leafs.
         """
-        return self._alloc(graph.nodes, graph.leafs, node_buffer_ids, leaf_buffer_ids)
+        return self.alloc_n(graph.nodes, graph.leafs, node_buffer_ids, leaf_buffer_ids)
 
     def buffer_size(self, buffer_id: int = 0) -> int:
         """Bytes allocated for ``buffer_id`` (0 when it shares another id's buffer)."""
@@ -120,16 +120,16 @@ class GraphAllocator:
 
     def free(self) -> None:
         """Release every buffer; tensors placed in them lose their memory."""
-        self._unplace()
+        self.release_tensors()
         self._reserved = None
         for bufs in self._buffers:
             for b in bufs:
                 b.free()
             bufs.clear()
 
-    # -- what the scheduler calls with its own node lists --------------------------------
+    # -- ggml's *_n forms: node lists that are not a Graph's (the scheduler's splits) -----
 
-    def _reserve(
+    def reserve_n(
         self,
         nodes: Sequence[Tensor | Use],
         leafs: Sequence[Tensor],
@@ -137,13 +137,19 @@ class GraphAllocator:
         leaf_bufs: Sequence[int] | None,
         before_realloc: Callable[[], None] | None = None,
     ) -> AllocPlan:
-        self._unplace()
+        """:meth:`reserve` over explicit node and leaf lists (ggml's ``gallocr_reserve_n``).
+
+        The scheduler plans its splits this way: its node list holds :class:`Use` entries
+        for copies that are not nodes of any graph. ``before_realloc`` runs before a
+        buffer is replaced, so that queued work that reads the old one can finish.
+        """
+        self.release_tensors()
         blocks = self._decide(nodes, leafs, node_bufs, leaf_bufs)
         plan = self._reserve_blocks(blocks, before_realloc)
         self.last_plan = plan
         return plan
 
-    def _alloc(
+    def alloc_n(
         self,
         nodes: Sequence[Tensor | Use],
         leafs: Sequence[Tensor],
@@ -151,7 +157,8 @@ class GraphAllocator:
         leaf_bufs: Sequence[int] | None,
         before_realloc: Callable[[], None] | None = None,
     ) -> AllocPlan:
-        self._unplace()
+        """:meth:`alloc_graph` over explicit node and leaf lists, as :meth:`reserve_n`."""
+        self.release_tensors()
         blocks = self._decide(nodes, leafs, node_bufs, leaf_bufs)
         reserved = self._reserved
         plan = None
@@ -246,8 +253,12 @@ class GraphAllocator:
                     f"({len(need)} buffer(s)) and that could not be allocated: {e}"
                 ) from e
 
-    def _unplace(self) -> None:
-        """Take memory back from the tensors of the previous graph (their data is stale)."""
+    def release_tensors(self) -> None:
+        """Take memory back from the tensors of the previous graph (their data is stale).
+
+        Every allocation does this first; the scheduler calls it on ``reset`` so that no
+        tensor of a forgotten graph still points into a buffer the next graph reuses.
+        """
         mine = {b for bufs in self._buffers for b in bufs}
         for t in self._placed:
             buf = t.buffer

@@ -73,7 +73,8 @@ class Backend(ABC):
       (UnsupportedError: declare ``DeviceCaps(events=True)`` when you have them).
 
     Applications call the public methods: ``graph_compute`` (compute and wait),
-    ``graph_compute_async``, ``set/get_tensor_async``, ``synchronize``, ``free``.
+    ``graph_compute_async``, ``set/get_tensor_async``, ``cpy_tensor_async``, ``synchronize``,
+    ``free``.
     See docs/writing-a-backend.md.
     """
 
@@ -104,8 +105,17 @@ class Backend(ABC):
     def _get_tensor_async(self, tensor: Tensor, out: memoryview, offset: int) -> None:
         tensor.require_allocated().get_tensor(tensor, out, offset)
 
+    def cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
+        """Queue a copy of ``src`` (on ``backend_src``) into ``dst`` (on this backend).
+
+        True when this backend queued it; False when it cannot, and the caller copies
+        through host memory after synchronizing both streams (ggml's fallback; see
+        :func:`tensorplug.tensor_copy_async`). Backends implement ``_cpy_tensor_async``.
+        """
+        return self._cpy_tensor_async(backend_src, src, dst)
+
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
-        """Copy ``src`` (on ``backend_src``) to ``dst`` (on this backend); False if unsupported."""
+        """The hook behind :meth:`cpy_tensor_async`; False (not supported) by default."""
         return False
 
     def graph_plan_create(self, graph: Graph) -> GraphPlan:

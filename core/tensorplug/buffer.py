@@ -213,14 +213,19 @@ class Buffer(ABC):
     def alloc_size(self, tensor: Tensor) -> int:
         return self.buft.alloc_size(tensor)
 
-    def _check_live(self) -> None:
+    def check_live(self) -> None:
+        """Raise :class:`BufferFreedError` if the buffer was freed.
+
+        Backends call it before handing a buffer's memory to a kernel or a copy: a freed
+        buffer's handle may already belong to another allocation.
+        """
         if self._freed:
             raise BufferFreedError(
                 f"buffer {self.name!r} ({self.size} bytes) was freed; allocate a new one"
             )
 
     def _check_range(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
-        self._check_live()
+        self.check_live()
         if tensor.buffer is not self:
             raise OutOfBoundsError(
                 f"{what}: tensor {tensor.describe()} is not allocated in buffer {self.name!r}"
@@ -253,25 +258,25 @@ class Buffer(ABC):
 
     def init_tensor(self, tensor: Tensor) -> None:
         """Called when ``tensor`` is placed in this buffer (``tensor_alloc``, view_init)."""
-        self._check_live()
+        self.check_live()
         self._init_tensor(tensor)
 
     def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         """Copy ``src`` into ``dst`` (in this buffer) by the buffer's fast path; False
         when it has none for ``src``'s memory (the caller copies through the host)."""
-        self._check_live()
+        self.check_live()
         return self._cpy_tensor(src, dst)
 
     def clear(self, value: int = 0) -> None:
         """Fill the whole buffer with the byte ``value``."""
-        self._check_live()
+        self.check_live()
         if not 0 <= value <= 255:
             raise InvalidArgumentError(f"clear: value must be a byte (0..255), got {value}")
         self._clear(value)
 
     def reset(self) -> None:
         """Forget per-tensor state (before the buffer's tensors are placed anew)."""
-        self._check_live()
+        self.check_live()
         self._reset()
 
     def free(self) -> None:

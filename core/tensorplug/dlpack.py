@@ -59,7 +59,7 @@ def _host_view(tensor: Tensor, raw: bool) -> np.ndarray:
     buf = tensor.buffer if tensor.view_src is None else tensor.view_src.buffer
     if buf is None:
         raise DLPackError(f"{what} has no memory yet; allocate it before sharing it")
-    buf._check_live()
+    buf.check_live()
     if not buf.is_host:
         raise DLPackError(
             f"{what} lives in {buf.name!r} memory, which the host cannot address: copy it "

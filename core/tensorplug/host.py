@@ -93,7 +93,7 @@ class HostBuffer(Buffer):
         return int(self.data.ctypes.data)
 
     def host_array(self) -> np.ndarray:
-        self._check_live()
+        self.check_live()
         return self.data
 
     def _writable(self) -> np.ndarray:

@@ -220,7 +220,7 @@ class Scheduler:
         """
         res = self._split_graph(graph, self._next_copy)
         try:
-            self._galloc._reserve(
+            self._galloc.reserve_n(
                 res.alloc_nodes, res.alloc_leafs, res.alloc_node_ids, res.alloc_leaf_ids,
                 self.synchronize,
             )  # fmt: skip
@@ -241,7 +241,7 @@ class Scheduler:
         self._next_copy = (cur_copy + 1) % self._n_copies
         res = self._split_graph(graph, cur_copy)
         try:
-            self._galloc._alloc(
+            self._galloc.alloc_n(
                 res.alloc_nodes, res.alloc_leafs, res.alloc_node_ids, res.alloc_leaf_ids,
                 self.synchronize,
             )  # fmt: skip
@@ -285,7 +285,7 @@ class Scheduler:
         self._split = None
         self._allocated = None
         self._ctx.user.clear()
-        self._galloc._unplace()
+        self._galloc.release_tensors()
 
     def free(self) -> None:
         """Release the compute buffers and events."""
@@ -341,7 +341,7 @@ class Scheduler:
                 else:
                     be.synchronize()
                 src_be = backends[res.ids[inp]]
-                if not be._cpy_tensor_async(src_be, inp, cpy):
+                if not be.cpy_tensor_async(src_be, inp, cpy):
                     src_be.synchronize()
                     _wait_slot(be, ev)
                     tensor_copy(inp, cpy)

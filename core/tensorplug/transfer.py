@@ -65,7 +65,7 @@ def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int) -> None:
         raise AllocationError(
             f"tensor {tensor.describe()} is a view; allocate its base and call view_init()"
         )
-    buffer._check_live()
+    buffer.check_live()
     align = buffer.alignment
     if offset < 0 or offset % align:
         raise AllocationError(
@@ -174,7 +174,7 @@ def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, d
         return
     src.require_allocated()  # a freed buffer must not reach a backend's copy
     dst.require_allocated()
-    if backend_dst._cpy_tensor_async(backend_src, src, dst):
+    if backend_dst.cpy_tensor_async(backend_src, src, dst):
         return
     # ggml's fallback: finish what both streams have queued, then copy synchronously
     backend_src.synchronize()

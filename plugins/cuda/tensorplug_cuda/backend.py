@@ -121,7 +121,7 @@ class CUDABackend(Backend):
 
     def _graph_compute(self, graph: Graph) -> Status:
         for buf in graph.buffers():
-            buf._check_live()
+            buf.check_live()
         if self.graphs.compute(graph):  # a graph seen before: replayed as a CUDA graph
             return Status.SUCCESS
         with self.device.context():

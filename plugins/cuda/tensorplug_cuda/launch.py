@@ -64,7 +64,7 @@ def kernel_pointer(t: Tensor, device: CUDADevice) -> Any:
             f"{device.name}: tensor {t.describe()} has no memory; allocate the graph before "
             "computing"
         )
-    buf._check_live()
+    buf.check_live()
     if not isinstance(buf, CUDABuffer) or buf.device is not device:
         raise UnsupportedError(
             f"{device.name}: tensor {t.describe()} lives in buffer {buf.name!r}, which this "

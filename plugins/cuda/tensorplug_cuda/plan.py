@@ -146,7 +146,7 @@ class CUDAGraphPlan(GraphPlan):
     def compute(self) -> Status:
         """Queue the plan's work on the backend's stream."""
         for buf in self.buffers:
-            buf._check_live()  # never hand a freed buffer to a kernel
+            buf.check_live()  # never hand a freed buffer to a kernel
         backend = self.backend
         capture_errors: tuple[type[BaseException], ...] = (
             KernelLaunchError, NotImplementedError, *cuda_errors(backend.cp)

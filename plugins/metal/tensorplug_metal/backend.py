@@ -172,7 +172,7 @@ class MetalBackend(Backend):
 
     def _graph_compute(self, graph: Graph) -> Status:
         for buf in graph.buffers():
-            buf._check_live()
+            buf.check_live()
         self.submit(self.bind_graph(graph))
         return Status.SUCCESS
 
@@ -187,7 +187,7 @@ class MetalBackend(Backend):
     def graph_plan_compute(self, plan: GraphPlan) -> Status:
         own = self._own_plan(plan)
         for buf in own.buffers:
-            buf._check_live()  # never hand a freed buffer to a kernel
+            buf.check_live()  # never hand a freed buffer to a kernel
         self.submit(own.dispatches)
         return Status.SUCCESS
 

@@ -61,7 +61,7 @@ def _placed(arg: TensorArg, device: MetalDevice) -> tuple[TensorArg, tuple[Any, 
             f"{device.name}: tensor {t.describe()} has no memory; allocate the graph before "
             "computing"
         )
-    buf._check_live()
+    buf.check_live()
     if not isinstance(buf, (MetalBuffer, MetalMappedBuffer)) or buf.device is not device:
         raise UnsupportedError(
             f"{device.name}: tensor {t.describe()} lives in buffer {buf.name!r}, which this "

@@ -77,7 +77,7 @@ class OpenCLGraphPlan(GraphPlan):
 
     def check_live(self) -> None:
         for buf in self.buffers:
-            buf._check_live()
+            buf.check_live()
 
 
 class OpenCLBackend(Backend):
@@ -164,7 +164,7 @@ class OpenCLBackend(Backend):
     def _graph_compute(self, graph: Graph) -> Status:
         limits = self.device.limits
         for buf in graph.buffers():
-            buf._check_live()
+            buf.check_live()
         for node in graph.nodes:
             launches = encode(node, limits)
             runtime = self.runtime_buffers(scratch_bytes(launches))

@@ -26,7 +26,7 @@ def cl_buffer(t: Tensor, context: Any) -> Any:
         raise NotAllocatedError(
             f"OpenCL: tensor {t.describe()} has no memory; allocate the graph before computing"
         )
-    buf._check_live()
+    buf.check_live()
     if not isinstance(buf, OpenCLBuffer) or buf.context != context:
         raise UnsupportedError(
             f"OpenCL: tensor {t.describe()} lives in buffer {buf.name!r}, which this device's "
