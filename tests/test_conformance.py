@@ -34,8 +34,8 @@ from tensorplug.testing import (
     run_case,
     run_cases,
 )
-from tensorplug.testing.families import FLOAT_TYPES, QUANT_TYPES
 from tensorplug.testing.families_nn import MUL_MAT_BATCHES
+from tensorplug.testing.operands import FLOAT_TYPES, QUANT_TYPES
 from tensorplug.testing.placement import footprint
 from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice, reference_backend
 from tensorplug.testing.report import render_check

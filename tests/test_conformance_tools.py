@@ -24,7 +24,8 @@ from tensorplug.testing import (
     tensor_values,
 )
 from tensorplug.testing.bench import graph_bytes, graph_flops, numpy_baseline
-from tensorplug.testing.families import all_cases, make
+from tensorplug.testing.families import all_cases
+from tensorplug.testing.operands import make
 from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice
 from tensorplug.testing.report import render_bench
 

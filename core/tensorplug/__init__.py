@@ -14,7 +14,7 @@ from .alloc import GraphAllocator, alloc_ctx_tensors, alloc_tensors
 from .backend import Backend, Event, GraphPlan, Status
 from .buffer import UNBOUNDED, Buffer, BufferType, BufferUsage, MultiBuffer
 from .device import Device, DeviceCaps, DeviceProps, DeviceType, Reg
-from .dlpack import DLPackError, from_dlpack
+from .dlpack import DLPackError
 from .errors import (
     AllocationError,
     ApiVersionError,
@@ -38,6 +38,7 @@ from .errors import (
 from .graph import Graph
 from .graph_copy import GraphCopy, graph_copy
 from .host import HOST_ALIGNMENT, HostBuffer, HostBufferType, host_buffer_type, tensor_array
+from .interop import from_dlpack
 from .meta import SplitAxis, SplitState, meta_device
 from .opcodes import GluOp, Op, RopeMode, SortOrder, UnaryOp
 from .registration import Registration

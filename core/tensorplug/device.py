@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .buffer import Buffer, BufferType
     from .tensor import Tensor
 
-__all__ = ["Device", "DeviceCaps", "DeviceProps", "DeviceType", "Reg"]
+__all__ = ["Device", "DeviceCaps", "DeviceProps", "DeviceType", "Reg", "is_host_cpu"]
 
 
 class DeviceType(enum.Enum):
@@ -177,6 +177,16 @@ class Device(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ({self.type.value})>"
+
+
+def is_host_cpu(dev: Device) -> bool:
+    """The CPU backend proper: a CPU computing in host memory (not, say, OpenCL on PoCL,
+    which is a CPU-type device with its own device buffers).
+
+    The registry's ``init_best`` and the scheduler's device order both ask it, so it
+    lives with the device protocol rather than with either of them.
+    """
+    return dev.type is DeviceType.CPU and dev.buffer_type().is_host
 
 
 class Reg(ABC):

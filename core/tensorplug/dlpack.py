@@ -2,7 +2,9 @@
 
 ``Tensor.__dlpack__`` / ``__dlpack_device__`` let any DLPack consumer
 (``np.from_dlpack(t)``, ``torch.from_dlpack(t)``) view a tensor that lives in host
-memory; :func:`from_dlpack` makes a tensor that views another library's host array.
+memory; :func:`tensorplug.interop.from_dlpack` makes a tensor that views another library's host
+array (the consumer side lives there, so that this module, which ``Tensor`` calls, never
+builds a ``Tensor``).
 Both are zero-copy, and refuse (with what to do instead) where sharing would be
 wrong:
 
@@ -20,31 +22,21 @@ memory, which also keeps that memory alive for as long as the consumer holds it.
 
 from __future__ import annotations
 
-import ctypes
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .buffer import BufferUsage
-from .errors import TensorplugError, TypeMismatchError
+from .errors import TensorplugError
 from .types import Type
 
 if TYPE_CHECKING:
     from .tensor import Tensor
 
-__all__ = ["DLPackError", "KDL_CPU", "from_dlpack", "raw_blocks"]
+__all__ = ["DLPackError", "KDL_CPU", "device", "export", "raw_blocks"]
 
 #: DLPack's device type for host memory (``kDLCPU``).
 KDL_CPU = 1
-
-_FROM_NUMPY = {
-    np.dtype(np.float32): Type.F32,
-    np.dtype(np.float16): Type.F16,
-    np.dtype(np.int8): Type.I8,
-    np.dtype(np.int16): Type.I16,
-    np.dtype(np.int32): Type.I32,
-    np.dtype(np.int64): Type.I64,
-}
 
 
 class DLPackError(TensorplugError, BufferError):
@@ -56,7 +48,7 @@ def _host_view(tensor: Tensor, raw: bool) -> np.ndarray:
     from .host import tensor_array
 
     what = f"tensor {tensor.describe()}"
-    buf = tensor.buffer if tensor.view_src is None else tensor.view_src.buffer
+    buf = tensor.base.buffer
     if buf is None:
         raise DLPackError(f"{what} has no memory yet; allocate it before sharing it")
     buf.check_live()
@@ -107,7 +99,7 @@ def export(
 
 def device(tensor: Tensor) -> tuple[int, int]:
     """``Tensor.__dlpack_device__``: ``(kDLCPU, 0)`` for a tensor in host memory."""
-    buf = tensor.buffer if tensor.view_src is None else tensor.view_src.buffer
+    buf = tensor.base.buffer
     if buf is not None and not buf.is_host:
         raise DLPackError(
             f"tensor {tensor.describe()} lives in {buf.name!r} memory, which DLPack cannot "
@@ -134,53 +126,3 @@ def raw_blocks(tensor: Tensor) -> Any:
     ``uint8`` blocks of shape ``(*shape[:-1], n_blocks, block_bytes)``, BF16 as its
     ``uint16`` bits. ``np.from_dlpack(raw_blocks(t))`` views them without copying."""
     return _RawBlocks(tensor)
-
-
-def from_dlpack(obj: Any, name: str = "") -> Tensor:
-    """A tensor viewing the host memory of ``obj`` (a numpy array, a CPU torch tensor or
-    jax array, any DLPack producer), without copying: writes through either are seen by
-    both, and the tensor keeps ``obj``'s memory alive. F32, F16 and I8 to I64 elements;
-    any non-negative strides."""
-    from .host import host_buffer_type
-    from .tensor import Tensor
-    from .transfer import tensor_alloc
-
-    try:
-        dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (KDL_CPU, 0)
-    except Exception as e:
-        raise DLPackError(
-            f"from_dlpack: {type(obj).__name__} cannot say where it lives: {e}"
-        ) from e
-    if int(dev[0]) != KDL_CPU:
-        raise DLPackError(
-            f"from_dlpack: {type(obj).__name__} lives on DLPack device {tuple(dev)}, not host "
-            "memory; copy it to the host first (or use the device's backend plugin)"
-        )
-    try:
-        arr = np.from_dlpack(obj)
-    except (BufferError, TypeError, RuntimeError) as e:
-        raise DLPackError(
-            f"from_dlpack: numpy cannot view {type(obj).__name__} ({e}); BF16 and complex "
-            "types have no tensorplug equivalent: convert to float32 first"
-        ) from e
-    type_ = _FROM_NUMPY.get(arr.dtype)
-    if type_ is None:
-        known = ", ".join(str(d) for d in _FROM_NUMPY)
-        raise TypeMismatchError(f"from_dlpack: elements of {arr.dtype} are not one of {known}")
-    if any(s < 0 for s in arr.strides):
-        raise DLPackError("from_dlpack: negative strides cannot be viewed; pass a copy")
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    span = (
-        0
-        if arr.size == 0
-        else arr.itemsize + sum((n - 1) * s for n, s in zip(arr.shape, arr.strides, strict=True))
-    )
-    memory = (ctypes.c_uint8 * span).from_address(arr.ctypes.data) if span else bytearray(1)
-    buf = host_buffer_type().buffer_from_host_memory(memory)
-    buf.owner = (memory, arr)  # the consumer's memory lives as long as the buffer
-    if not arr.flags.writeable:
-        buf.data.flags.writeable = False
-    t = Tensor(type_, arr.shape, strides=arr.strides, name=name)
-    tensor_alloc(buf, t, 0)
-    return t

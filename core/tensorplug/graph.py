@@ -145,7 +145,7 @@ class Graph:
         found: dict[int, Buffer] = {}
         for node in self.nodes:
             for t in (node, *node.src):
-                buf = t.buffer if t.view_src is None else t.view_src.buffer
+                buf = t.base.buffer
                 if buf is not None:
                     found.setdefault(id(buf), buf)
         return list(found.values())

@@ -11,19 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from . import registry
-from .device import Device, DeviceType
+from .device import Device, DeviceType, is_host_cpu
 from .errors import BackendNotFoundError
 
 __all__ = ["by_priority", "host_cpu", "is_host_cpu"]
 
 #: Device types in order of preference; the host CPU backend comes last.
 _PRIORITY = {DeviceType.GPU: 0, DeviceType.IGPU: 1, DeviceType.ACCEL: 2, DeviceType.CPU: 3}
-
-
-def is_host_cpu(dev: Device) -> bool:
-    """The CPU backend proper: a CPU computing in host memory (not, say, OpenCL on PoCL,
-    which is a CPU-type device with its own device buffers)."""
-    return dev.type is DeviceType.CPU and dev.buffer_type().is_host
 
 
 def host_cpu() -> Device:

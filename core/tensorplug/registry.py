@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import discovery, settings
-from .device import Device, DeviceType, Reg
+from .device import Device, DeviceType, Reg, is_host_cpu
 from .discovery import PluginRecord, PluginStatus, Source
 from .errors import (
     BackendNotFoundError,
@@ -642,8 +642,6 @@ def _best_of(devs: Sequence[Device]) -> Device:
     """GPU, then iGPU, then CPU; among CPU devices the host CPU backend first: an OpenCL
     driver running on the CPU (PoCL) only adds copies over it. Registration order breaks
     ties."""
-    from .priority import is_host_cpu  # priority imports this module
-
     def rank(d: Device) -> tuple[int, bool]:
         kind = BEST_TYPES.index(d.type) if d.type in BEST_TYPES else len(BEST_TYPES)
         return kind, not is_host_cpu(d)

@@ -35,7 +35,7 @@ from ..tensor import Tensor
 from ..transfer import set_array
 from ..types import Type
 from .cases import Case, Inputs, causal_mask, encode_values, indices, positions, random_mask
-from .families import make
+from .operands import make
 from .refbackend import compute_values
 
 __all__ = [

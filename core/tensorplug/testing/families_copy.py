@@ -16,7 +16,7 @@ from ..opcodes import Op
 from ..tensor import Tensor
 from ..types import Type
 from .cases import Case, Inputs, indices
-from .families import FLOAT_TYPES, QUANT_TYPES, Layout, Shape, leaf, make, strided, transposed
+from .operands import FLOAT_TYPES, QUANT_TYPES, Layout, Shape, leaf, make, strided, transposed
 
 __all__ = ["FAMILIES"]
 
@@ -24,7 +24,7 @@ __all__ = ["FAMILIES"]
 # -- copies and conversions ------------------------------------------------------------------------
 
 
-def _cpy_build(
+def cpy_build(
     a: Layout, ta: Type, shape: Shape, b: Layout, tb: Type, bshape: Shape, ins: Inputs
 ) -> Tensor:
     return ops.cpy(a(ins, ta, shape), b(ins, tb, bshape))
@@ -44,18 +44,18 @@ def _cpy() -> Iterator[Case]:
             if src != dst and src.is_quantized and dst != Type.F32:
                 continue
             quick = Type.F32 in (src, dst) or src == dst
-            build = partial(_cpy_build, leaf, src, (4, 64), leaf, dst, (2, 128))
+            build = partial(cpy_build, leaf, src, (4, 64), leaf, dst, (2, 128))
             yield make(
                 Op.CPY, build, quick, type_src=src, type_dst=dst, shape=[4, 64], dst=[2, 128]
             )
     for dst in (Type.F32, Type.F16, Type.Q8_0, Type.Q4_0):
         # a transposed source: element k in C order of the view, not of memory
-        build = partial(_cpy_build, transposed, Type.F32, (3, 64), leaf, dst, (3, 64))
+        build = partial(cpy_build, transposed, Type.F32, (3, 64), leaf, dst, (3, 64))
         yield make(
             Op.CPY, build, True, type_src=Type.F32, type_dst=dst, shape=[3, 64], a="transposed"
         )
     for t in (Type.I8, Type.I16, Type.I32, Type.I64):
-        build = partial(_cpy_build, transposed, t, (4, 9), leaf, t, (36,))
+        build = partial(cpy_build, transposed, t, (4, 9), leaf, t, (36,))
         yield make(
             Op.CPY,
             build,
@@ -67,7 +67,7 @@ def _cpy() -> Iterator[Case]:
             dst=[36],
         )
     for t in FLOAT_TYPES:
-        build = partial(_cpy_build, leaf, Type.F32, (5, 6), transposed, t, (5, 6))
+        build = partial(cpy_build, leaf, Type.F32, (5, 6), transposed, t, (5, 6))
         yield make(
             Op.CPY,
             build,
@@ -205,7 +205,7 @@ def _views() -> Iterator[Case]:
 # -- gathers, scatters, joins -------------------------------------------------------------------
 
 
-def _get_rows_build(a: Layout, t: Type, shape: Shape, rows: Shape, ins: Inputs) -> Tensor:
+def get_rows_build(a: Layout, t: Type, shape: Shape, rows: Shape, ins: Inputs) -> Tensor:
     idx = ins.new(Type.I32, rows, indices(shape[-2]))  # repeats allowed
     return ops.get_rows(a(ins, t, shape), idx)
 
@@ -214,7 +214,7 @@ def _get_rows() -> Iterator[Case]:
     for t in (*FLOAT_TYPES, *QUANT_TYPES, Type.I32):
         yield make(
             Op.GET_ROWS,
-            partial(_get_rows_build, leaf, t, (10, 64), (7,)),
+            partial(get_rows_build, leaf, t, (10, 64), (7,)),
             True,
             type=t,
             shape=[10, 64],
@@ -222,7 +222,7 @@ def _get_rows() -> Iterator[Case]:
         )
         yield make(
             Op.GET_ROWS,
-            partial(_get_rows_build, leaf, t, (2, 3, 10, 32), (2, 3, 4)),
+            partial(get_rows_build, leaf, t, (2, 3, 10, 32), (2, 3, 4)),
             t in (Type.F32, Type.Q4_0),
             type=t,
             shape=[2, 3, 10, 32],
@@ -230,7 +230,7 @@ def _get_rows() -> Iterator[Case]:
         )
     yield make(
         Op.GET_ROWS,
-        partial(_get_rows_build, strided, Type.F32, (9, 33), (5,)),
+        partial(get_rows_build, strided, Type.F32, (9, 33), (5,)),
         True,
         type=Type.F32,
         shape=[9, 33],
@@ -239,7 +239,7 @@ def _get_rows() -> Iterator[Case]:
     )
 
 
-def _set_rows_build(
+def set_rows_build(
     t: Type, shape: Shape, b: Layout, bshape: Shape, it: Type, rows: Shape, ins: Inputs
 ) -> Tensor:
     # unique per destination: with a repeated row the result would depend on write order
@@ -250,7 +250,7 @@ def _set_rows_build(
 def _set_rows() -> Iterator[Case]:
     for t in (*FLOAT_TYPES, *QUANT_TYPES):
         for it in (Type.I32, Type.I64):
-            build = partial(_set_rows_build, t, (10, 64), leaf, (3, 64), it, (3,))
+            build = partial(set_rows_build, t, (10, 64), leaf, (3, 64), it, (3,))
             yield make(
                 Op.SET_ROWS,
                 build,
@@ -260,7 +260,7 @@ def _set_rows() -> Iterator[Case]:
                 shape=[10, 64],
                 rows=[3],
             )
-        build = partial(_set_rows_build, t, (2, 3, 9, 32), leaf, (2, 3, 4, 32), Type.I64, (3, 4))
+        build = partial(set_rows_build, t, (2, 3, 9, 32), leaf, (2, 3, 4, 32), Type.I64, (3, 4))
         yield make(
             Op.SET_ROWS,
             build,
@@ -270,7 +270,7 @@ def _set_rows() -> Iterator[Case]:
             shape=[2, 3, 9, 32],
             rows=[3, 4],
         )
-    build = partial(_set_rows_build, Type.F32, (8, 33), strided, (4, 33), Type.I32, (4,))
+    build = partial(set_rows_build, Type.F32, (8, 33), strided, (4, 33), Type.I32, (4,))
     yield make(Op.SET_ROWS, build, True, type=Type.F32, shape=[8, 33], b="strided", rows=[4])
 
 

@@ -18,10 +18,10 @@ from functools import partial
 from ..opcodes import Op
 from ..types import Type
 from .cases import Case
-from .families import leaf, make, strided
-from .families_copy import _cpy_build, _get_rows_build, _set_rows_build
-from .families_moe import _mmid_build
-from .families_nn import MUL_MAT_BATCHES, _mm_build
+from .families_copy import cpy_build, get_rows_build, set_rows_build
+from .families_moe import mmid_build
+from .families_nn import MUL_MAT_BATCHES, mm_build
+from .operands import leaf, make, strided
 
 __all__ = ["FAMILIES", "K_QUANT_TYPES"]
 
@@ -34,20 +34,20 @@ def _mul_mat() -> Iterator[Case]:
     for (m, k), first in (((17, 256), True), ((33, 512), False)):
         for t in K_QUANT_TYPES:
             for n in MUL_MAT_BATCHES:
-                build = partial(_mm_build, leaf, t, (m, k), leaf, f32, (n, k))
+                build = partial(mm_build, leaf, t, (m, k), leaf, f32, (n, k))
                 quick = first and t in _QUICK and n in (1, 7)
                 yield make(Op.MUL_MAT, build, quick, type_a=t, type_b=f32, a=(m, k), b=(n, k))
     for t in _QUICK:  # batched heads and a strided activation
-        build = partial(_mm_build, leaf, t, (2, 8, 256), leaf, f32, (2, 5, 256))
+        build = partial(mm_build, leaf, t, (2, 8, 256), leaf, f32, (2, 5, 256))
         yield make(Op.MUL_MAT, build, False, type_a=t, type_b=f32, a=(2, 8, 256), b=(2, 5, 256))
-        build = partial(_mm_build, leaf, t, (8, 256), strided, f32, (3, 256))
+        build = partial(mm_build, leaf, t, (8, 256), strided, f32, (3, 256))
         yield make(Op.MUL_MAT, build, False, type_a=t, type_b=f32, a=(8, 256), b=(3, 256),
                    b_layout="strided")  # fmt: skip
 
 
 def _mul_mat_id() -> Iterator[Case]:
     for t in K_QUANT_TYPES:
-        build = partial(_mmid_build, t, Type.F32, 4, 16, 256, 5, 2, 1, leaf)
+        build = partial(mmid_build, t, Type.F32, 4, 16, 256, 5, 2, 1, leaf)
         yield make(Op.MUL_MAT_ID, build, t in _QUICK, type_a=t, type_b=Type.F32, n_expert=4,
                    a=[16, 256], tokens=5, used=2, b_rows=1)  # fmt: skip
 
@@ -55,12 +55,12 @@ def _mul_mat_id() -> Iterator[Case]:
 def _rows_and_copies() -> Iterator[Case]:
     for t in K_QUANT_TYPES:
         quick = t in _QUICK
-        build = partial(_get_rows_build, leaf, t, (6, 256), (5,))
+        build = partial(get_rows_build, leaf, t, (6, 256), (5,))
         yield make(Op.GET_ROWS, build, quick, type=t, shape=[6, 256], rows=[5])
-        build = partial(_set_rows_build, t, (6, 256), leaf, (2, 256), Type.I32, (2,))
+        build = partial(set_rows_build, t, (6, 256), leaf, (2, 256), Type.I32, (2,))
         yield make(Op.SET_ROWS, build, quick, type=t, idx=Type.I32, shape=[6, 256], rows=[2])
         for src, dst in ((Type.F32, t), (t, Type.F32), (t, t)):
-            build = partial(_cpy_build, leaf, src, (2, 512), leaf, dst, (4, 256))
+            build = partial(cpy_build, leaf, src, (2, 512), leaf, dst, (4, 256))
             yield make(Op.CPY, build, quick and src == Type.F32, type_src=src, type_dst=dst,
                        shape=[2, 512], dst=[4, 256])  # fmt: skip
 

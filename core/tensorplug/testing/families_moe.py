@@ -16,7 +16,7 @@ from ..opcodes import Op
 from ..tensor import Tensor
 from ..types import Type
 from .cases import Case, Inputs, indices
-from .families import FLOAT_TYPES, QUANT_TYPES, Layout, Shape, leaf, make, permuted, strided
+from .operands import FLOAT_TYPES, QUANT_TYPES, Layout, Shape, leaf, make, permuted, strided
 
 __all__ = ["FAMILIES"]
 
@@ -73,7 +73,7 @@ def _pad() -> Iterator[Case]:
         )
 
 
-def _mmid_build(
+def mmid_build(
     ta: Type,
     tb: Type,
     n_expert: int,
@@ -98,7 +98,7 @@ def _mul_mat_id() -> Iterator[Case]:
         for i, (ne, no, ni, nt, nu, nb) in enumerate(geometries):
             yield make(
                 Op.MUL_MAT_ID,
-                partial(_mmid_build, ta, Type.F32, ne, no, ni, nt, nu, nb, leaf),
+                partial(mmid_build, ta, Type.F32, ne, no, ni, nt, nu, nb, leaf),
                 ta in (Type.F32, Type.F16, Type.Q4_0, Type.Q8_0) and i < 2,
                 type_a=ta,
                 type_b=Type.F32,
@@ -109,16 +109,16 @@ def _mul_mat_id() -> Iterator[Case]:
                 b_rows=nb,
             )
     # every expert chosen by every token, odd sizes (n_in 40 allows float weights only)
-    yield make(Op.MUL_MAT_ID, partial(_mmid_build, Type.F32, Type.F32, 4, 33, 40, 5, 4, 4, leaf),
+    yield make(Op.MUL_MAT_ID, partial(mmid_build, Type.F32, Type.F32, 4, 33, 40, 5, 4, 4, leaf),
                True, type_a=Type.F32, type_b=Type.F32, n_expert=4, a=[33, 40], tokens=5,
                used=4, b_rows=4)  # fmt: skip
-    build = partial(_mmid_build, Type.Q8_0, Type.F32, 4, 16, 64, 6, 2, 2, strided)
+    build = partial(mmid_build, Type.Q8_0, Type.F32, 4, 16, 64, 6, 2, 2, strided)
     yield make(Op.MUL_MAT_ID, build, True, type_a=Type.Q8_0, type_b=Type.F32, n_expert=4,
                a=[16, 64], tokens=6, used=2, b_rows=2, b="strided")  # fmt: skip
     for tb in (Type.F16, Type.F32):
         yield make(
             Op.MUL_MAT_ID,
-            partial(_mmid_build, Type.F32, tb, 4, 8, 32, 6, 2, 2, strided),
+            partial(mmid_build, Type.F32, tb, 4, 8, 32, 6, 2, 2, strided),
             tb == Type.F32,
             type_a=Type.F32,
             type_b=tb,

@@ -18,7 +18,7 @@ from ..opcodes import Op, RopeMode
 from ..tensor import Tensor
 from ..types import Type
 from .cases import Case, InitFn, Inputs, causal_mask, positions, random_mask, uniform
-from .families import FLOAT_TYPES, QUANT_TYPES, Layout, Shape, leaf, make, strided, transposed
+from .operands import FLOAT_TYPES, QUANT_TYPES, Layout, Shape, leaf, make, strided, transposed
 
 __all__ = ["FAMILIES", "MUL_MAT_BATCHES"]
 
@@ -35,7 +35,7 @@ def swapped_batch(ins: Inputs, t: Type, shape: Shape, init: InitFn | None = None
 # -- mul_mat -------------------------------------------------------------------------------------
 
 
-def _mm_build(
+def mm_build(
     a: Layout, ta: Type, a_shape: Shape, b: Layout, tb: Type, b_shape: Shape, ins: Inputs
 ) -> Tensor:
     return ops.mul_mat(a(ins, ta, a_shape), b(ins, tb, b_shape))
@@ -51,7 +51,7 @@ def _mm(
     b_shape: Shape,
     **extra: Any,
 ) -> Case:
-    build = partial(_mm_build, a, ta, a_shape, b, tb, b_shape)
+    build = partial(mm_build, a, ta, a_shape, b, tb, b_shape)
     return make(Op.MUL_MAT, build, quick, type_a=ta, type_b=tb, a=a_shape, b=b_shape, **extra)
 
 
