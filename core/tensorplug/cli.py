@@ -7,8 +7,9 @@ Each subcommand is a :class:`Command`: a name, a help line, a function
 when their subcommand runs. Other distributions add theirs through the entry-point group
 ``tensorplug.commands`` (:mod:`tensorplug.commands`), found each time the command starts.
 
-Output is rich tables on a terminal and plain aligned text otherwise (or with ``--plain``),
-so that the output can be piped, grepped and pasted into bug reports.
+Output is rich tables on a terminal and plain aligned text otherwise (or with ``--plain``,
+or without rich, an optional dependency), so that the output can be piped, grepped and
+pasted into bug reports.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from . import settings
 from .commands import CommandRecord, CommandSpec, CommandStatus, discover
 from .discovery import Source
 from .errors import TensorplugError
+from .extras import available
 from .version import API_VERSION, __version__
 
 if TYPE_CHECKING:
@@ -103,8 +105,8 @@ class Output:
     """Headings, tables and text, through rich on a terminal or as plain text."""
 
     def __init__(self, plain: bool) -> None:
-        self.plain = plain
-        if not plain:
+        self.plain = plain or not available("rich")  # rich is optional: tensorplug[rich]
+        if not self.plain:
             from rich.console import Console
 
             self.console = Console(highlight=False)
@@ -518,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _warn(records, args.command)
     args.own_process = own_process
     args.command_records = records
-    args.plain = args.plain or not sys.stdout.isatty()
+    args.plain = args.plain or not sys.stdout.isatty() or not available("rich")
     try:
         return int(args._run(args))
     except TensorplugError as e:
