@@ -2,7 +2,7 @@
 
     python benchmarks/bench_llama.py [--quick] [--devices CPU,OpenCL0] [--prompt 64] [--gen 16]
 
-Models, written into a temporary folder with ``tensorplug.models.tiny.write_tiny_llama``
+Models, written into a temporary folder with ``tensorplug_llm.tiny.write_tiny_llama``
 (the ``gguf`` writer; Q8_0 quantized with the core's quants):
 
 * ``tiny``: the test model — 2 blocks, n_embd 64, vocab 320 (0.1M parameters);
@@ -43,10 +43,10 @@ import numpy as np
 
 from tensorplug import registry
 from tensorplug.gguf import GGUFFile
-from tensorplug.models.placement import Placement
-from tensorplug.models.runner import Llama, Timings
-from tensorplug.models.tiny import write_tiny_llama
 from tensorplug.quants import dequantize
+from tensorplug_llm.placement import Placement
+from tensorplug_llm.runner import Llama, Timings
+from tensorplug_llm.tiny import write_tiny_llama
 
 MODELS: dict[str, dict[str, int]] = {
     "tiny": {},

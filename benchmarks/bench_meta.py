@@ -35,9 +35,9 @@ def _inner(path: str, mode: str, n_prompt: int, n_gen: int, runs: int) -> dict[s
     import tensorplug as tp
     from tensorplug.gguf import GGUFFile
     from tensorplug.meta import MetaBackend
-    from tensorplug.models.placement import Placement
-    from tensorplug.models.row_split import row_split_device
-    from tensorplug.models.runner import Llama
+    from tensorplug_llm.placement import Placement
+    from tensorplug_llm.row_split import row_split_device
+    from tensorplug_llm.runner import Llama
 
     f = GGUFFile(path)
     n_layer = f.value("llama.block_count", int)
@@ -76,7 +76,7 @@ def main() -> int:
         print(json.dumps(_inner(args.inner[0], args.inner[1], args.prompt, args.gen, args.runs)))
         return 0
 
-    from tensorplug.models.tiny import write_tiny_llama
+    from tensorplug_llm.tiny import write_tiny_llama
 
     dims = dict(MODELS[args.model])
     if args.model == "tiny":  # enough KV heads for two members

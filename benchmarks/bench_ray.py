@@ -62,8 +62,8 @@ def tokens_per_s(
     path: Path, devices: Sequence[tp.Device], n_prompt: int, n_gen: int, runs: int
 ) -> tuple[float, float]:
     from tensorplug.gguf import GGUFFile
-    from tensorplug.models.placement import Placement
-    from tensorplug.models.runner import Llama
+    from tensorplug_llm.placement import Placement
+    from tensorplug_llm.runner import Llama
 
     f = GGUFFile(path)
     n_layer = f.value("llama.block_count", int)
@@ -87,7 +87,7 @@ def main() -> int:
 
     import ray
 
-    from tensorplug.models.tiny import write_tiny_llama
+    from tensorplug_llm.tiny import write_tiny_llama
     from tensorplug_ray.device import RayReg, start_devices
     from tensorplug_ray.settings import DeviceRequest
 

@@ -115,7 +115,7 @@ def parse_counts(text: str, what: str) -> list[int]:
 
 def model_path(spec: Spec, cache: Path) -> Path:
     """The model's file, written on first use (the writer is tensorplug's)."""
-    from tensorplug.models.tiny import write_tiny_llama  # deferred: a worker may lack it
+    from tensorplug_llm.tiny import write_tiny_llama  # deferred: a worker may lack it
 
     if spec.file is not None:
         return spec.file
@@ -157,8 +157,8 @@ def worker_tensorplug(
 ) -> dict:
     from tensorplug import registry
     from tensorplug.gguf import GGUFFile
-    from tensorplug.models.placement import Placement
-    from tensorplug.models.runner import Llama
+    from tensorplug_llm.placement import Placement
+    from tensorplug_llm.runner import Llama
 
     file = GGUFFile(path)
     n_layer = int(file.value(f"{file.architecture}.block_count", int))

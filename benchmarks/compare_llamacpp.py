@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = a.prompt or PROMPTS
 
     from tensorplug import registry
-    from tensorplug.models.placement import Placement
-    from tensorplug.models.runner import Llama
+    from tensorplug_llm.placement import Placement
+    from tensorplug_llm.runner import Llama
 
     with tempfile.TemporaryDirectory() as tmp:
         theirs, their_logits = llama_cpp_run(exe, a.model, prompts, a.gen, Path(tmp))

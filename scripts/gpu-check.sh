@@ -47,7 +47,8 @@ step_install() {
     "$PYTHON" -m venv --system-site-packages "$VENV" || return 1
     local pipi=("$PY" -m pip install -q --no-index --find-links "$WHEELS")
     "${pipi[@]}" "setuptools>=68" wheel 2>/dev/null  # the system's may be older
-    "${pipi[@]}" --no-build-isolation -e . -e plugins/cpu -e plugins/kernels -e plugins/cuda \
+    "${pipi[@]}" --no-build-isolation -e . -e apps/llm -e plugins/cpu -e plugins/kernels \
+        -e plugins/cuda \
         || { echo "install failed: carry the missing wheels in $WHEELS (--download-wheels)"; return 1; }
     if ! "$PY" -c "import cupy" 2>/dev/null; then
         "${pipi[@]}" cupy-cuda12x 2>/dev/null || "${pipi[@]}" cupy-cuda13x \

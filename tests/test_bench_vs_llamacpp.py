@@ -64,7 +64,7 @@ def test_the_ratio_is_the_median_of_each_rounds_own(bench: ModuleType) -> None:
 def test_a_tensorplug_worker_reports_first_prompt_repeats_and_generation(
     bench: ModuleType, tmp_path: Path
 ) -> None:
-    from tensorplug.models.tiny import write_tiny_llama
+    from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", "q8_0", n_embd=64, n_ff=128, n_layer=2,
                             n_head=4, n_head_kv=2, n_vocab=320)  # fmt: skip

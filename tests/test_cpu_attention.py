@@ -11,8 +11,8 @@ from test_cpu_helpers import backend_for, compute, nmse
 
 import tensorplug as tp
 from tensorplug import ops
-from tensorplug.models.block import BlockConfig, build_block, reference_block
 from tensorplug.quants import quantize
+from tensorplug_llm.block import BlockConfig, build_block, reference_block
 
 RNG = np.random.default_rng(2024)
 

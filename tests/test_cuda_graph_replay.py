@@ -290,9 +290,9 @@ def test_a_tiny_model_decodes_through_replayed_graphs(
 ) -> None:
     """The model runner and its scheduler on the fake GPU: decode steps after the first
     are replays, and the logits are exactly those of kernel-by-kernel launches."""
-    from tensorplug.models.placement import Placement
-    from tensorplug.models.runner import Llama
-    from tensorplug.models.tiny import write_tiny_llama
+    from tensorplug_llm.placement import Placement
+    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny-q4_0.gguf", "q4_0", 1)
 

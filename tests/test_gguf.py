@@ -17,12 +17,12 @@ from tensorplug.buffer import BufferUsage
 from tensorplug.errors import UnsupportedError
 from tensorplug.gguf import GGUFError, GGUFFile, populate_mapping, release_mapping
 from tensorplug.host import host_buffer_type
-from tensorplug.models.model import LlamaConfig, LlamaWeights
-from tensorplug.models.placement import Placement, host_cpu
-from tensorplug.models.runner import Llama
-from tensorplug.models.tiny import write_tiny_llama
 from tensorplug.transfer import get_array, tensor_set
 from tensorplug.types import Type
+from tensorplug_llm.model import LlamaConfig, LlamaWeights
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.tiny import write_tiny_llama
 
 
 def _finish(w: GGUFWriter) -> None:
@@ -39,7 +39,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_import_tensorplug_does_not_import_gguf() -> None:
     code = (
-        "import sys, tensorplug, tensorplug.gguf, tensorplug.models; "
+        "import sys, tensorplug, tensorplug.gguf, tensorplug_llm.runner, tensorplug_llm.run_cli; "
         "print('gguf' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -22,3 +22,24 @@ def test_import_loads_no_plugin_or_gpu_library() -> None:
     assert offenders == []
     # -X importtime lists every module imported; the same check on its own report
     assert not any(f"| {h}" in line for line in out.stderr.splitlines() for h in HEAVY)
+
+
+def test_the_application_package_loads_its_modules_on_first_use() -> None:
+    """``tensorplug`` imports tensorplug_llm (for its commands) every time it starts: the
+    package itself must import none of the runner, tokenizers or regex until asked."""
+    code = (
+        "import sys, tensorplug_llm as app\n"
+        "before = sorted(m for m in sys.modules if m.startswith(('tensorplug_llm.', 'regex')))\n"
+        "llama = app.Llama\n"
+        "from tensorplug_llm.runner import Llama\n"
+        "print(before, llama is Llama, 'Llama' in dir(app), 'runner' in vars(app))\n"
+        "try:\n"
+        "    app.NoSuchName\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "[] True True True",
+        "module 'tensorplug_llm' has no attribute 'NoSuchName'",
+    ]

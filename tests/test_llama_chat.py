@@ -10,10 +10,10 @@ import pytest
 
 from tensorplug.cli import main
 from tensorplug.errors import RunError
-from tensorplug.models.chat import GEMMA_TEMPLATE, _ids, chat, render
-from tensorplug.models.placement import Placement, host_cpu
-from tensorplug.models.runner import Llama
-from tensorplug.models.tiny import write_tiny_llama
+from tensorplug_llm.chat import GEMMA_TEMPLATE, _ids, chat, render
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.tiny import write_tiny_llama
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "

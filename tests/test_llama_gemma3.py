@@ -19,9 +19,9 @@ from gguf import GGUFReader
 
 from tensorplug import registry
 from tensorplug.gguf import GGUFError
-from tensorplug.models.placement import Placement, host_cpu
-from tensorplug.models.runner import Llama
-from tensorplug.models.tiny import write_tiny_llama
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.tiny import write_tiny_llama
 
 WINDOW = 4
 TOKENS = [1, 300, 301, 302, 310, 259, 288, 270, 305, 311, 299]

@@ -33,9 +33,9 @@ import test_llama_reference as ref
 import tensorplug as tp
 from tensorplug import registry
 from tensorplug.device import Device
-from tensorplug.models.placement import Placement, host_cpu
-from tensorplug.models.runner import ContextFullError, Llama
-from tensorplug.models.tiny import write_tiny_llama
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.runner import ContextFullError, Llama
+from tensorplug_llm.tiny import write_tiny_llama
 
 TYPES = ["f32", "f16", "q8_0", "q4_0"]
 #: 20 ids: BOS, then a mix of merged and single-character tokens of the tiny vocabulary.

@@ -10,9 +10,9 @@ import pytest
 import test_llama_reference as ref
 
 import tensorplug as tp
-from tensorplug.models.placement import Placement
-from tensorplug.models.runner import Llama
-from tensorplug.models.tiny import write_tiny_llama
+from tensorplug_llm.placement import Placement
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.tiny import write_tiny_llama
 
 TOKENS = [1, 37, 5, 212, 90, 9, 33, 70, 2, 100, 7, 140]
 
@@ -58,7 +58,7 @@ def test_moe_runs_on_opencl_too(moe: dict[str, Path]) -> None:
 
 def test_expert_counts_must_be_consistent(tmp_path: Path) -> None:
     from tensorplug.gguf import GGUFError, GGUFFile
-    from tensorplug.models.model import LlamaConfig
+    from tensorplug_llm.model import LlamaConfig
 
     path = write_tiny_llama(tmp_path / "bad.gguf", "f32", n_expert=2, n_expert_used=3)
     with pytest.raises(GGUFError, match=r"expert_used_count \(3\) must be between 1 and"):

@@ -18,9 +18,9 @@ import pytest
 import test_llama_reference as ref
 
 import tensorplug as tp
-from tensorplug.models.placement import Placement, host_cpu
-from tensorplug.models.runner import Llama
-from tensorplug.models.tiny import write_tiny_llama
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.tiny import write_tiny_llama
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))

@@ -1,4 +1,4 @@
-"""An independent float64 numpy llama, for checking the runner (tensorplug.models).
+"""An independent float64 numpy llama, for checking the runner (tensorplug_llm).
 
 It shares no code with the runner: the file is read with the ``gguf`` package's own
 reader and dequantized with ``gguf.quants``, and the forward pass is written from the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensorplug.models.sampling import Sampler, SamplerParams
+from tensorplug_llm.sampling import Sampler, SamplerParams
 
 LOGITS = np.array([1.0, 3.0, -2.0, 3.0, 0.5, 2.0, -1.0, 0.0], dtype=np.float32)
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tensorplug.gguf import GGUFError, GGUFFile
-from tensorplug.models.tiny import tiny_vocab, write_tiny_llama
-from tensorplug.models.tokenizer import SPACE, StreamDecoder, TokenType, Vocab
+from tensorplug_llm.tiny import tiny_vocab, write_tiny_llama
+from tensorplug_llm.tokenizer import SPACE, StreamDecoder, TokenType, Vocab
 
 N, C, B = TokenType.NORMAL, TokenType.CONTROL, TokenType.BYTE
 

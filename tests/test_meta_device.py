@@ -207,7 +207,7 @@ def test_conformance_with_inputs_split_along_each_axis(axis: int) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_gqa(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tensorplug.models.tiny import write_tiny_llama
+    from tensorplug_llm.tiny import write_tiny_llama
 
     folder = tmp_path_factory.mktemp("meta")
     return write_tiny_llama(
@@ -228,7 +228,7 @@ def _assert_agree(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def _logits(path: Path, placement: object) -> tuple[np.ndarray, np.ndarray]:
-    from tensorplug.models.runner import Llama
+    from tensorplug_llm.runner import Llama
 
     m = Llama(path, placement=placement, cache_type="f32", warmup=False)  # type: ignore[arg-type]
     try:
@@ -240,8 +240,8 @@ def _logits(path: Path, placement: object) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("shares", [None, [3.0, 1.0]])
 def test_row_split_llama_matches_one_device(tiny_gqa: Path, shares: list[float] | None) -> None:
     from tensorplug.gguf import GGUFFile
-    from tensorplug.models.placement import Placement, host_cpu
-    from tensorplug.models.row_split import row_split_device
+    from tensorplug_llm.placement import Placement, host_cpu
+    from tensorplug_llm.row_split import row_split_device
 
     want = _logits(tiny_gqa, Placement.on(host_cpu(), 2))
     meta = row_split_device(GGUFFile(tiny_gqa), [_device("CPU"), _device("OpenCL0")], shares)
@@ -254,7 +254,7 @@ def test_row_split_llama_matches_one_device(tiny_gqa: Path, shares: list[float] 
 
 def test_row_split_is_refused_clearly_when_it_cannot_work(tiny_gqa: Path) -> None:
     from tensorplug.gguf import GGUFFile
-    from tensorplug.models.row_split import row_split_device
+    from tensorplug_llm.row_split import row_split_device
 
     devs = [_device("CPU"), _device("OpenCL0")]
     with pytest.raises(tp.TensorplugError, match="gives 3 proportions for 2 devices"):
@@ -271,7 +271,7 @@ def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def test_run_split_mode_row_from_the_command_line(tiny_gqa: Path, tmp_path: Path) -> None:
-    from tensorplug.models.placement import Placement, host_cpu
+    from tensorplug_llm.placement import Placement, host_cpu
 
     _device("OpenCL0")
     out = tmp_path / "logits.npy"

@@ -97,10 +97,10 @@ def test_the_tiny_model_runs_on_the_fake_metal_device_like_on_the_cpu(
 ) -> None:
     """The whole model path: weights mapped from the GGUF file into no-copy views, the
     KV cache in shared buffers, the scheduler splitting between Metal and the CPU."""
-    from tensorplug.models.cli import DEMO_MAX_NMSE
-    from tensorplug.models.placement import Placement
-    from tensorplug.models.runner import Llama
-    from tensorplug.models.tiny import write_tiny_llama
+    from tensorplug_llm.placement import Placement
+    from tensorplug_llm.run_cli import DEMO_MAX_NMSE
+    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", "q8_0", 3)
     tokens = [1, 5, 9, 2, 7, 4]

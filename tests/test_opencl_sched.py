@@ -1,6 +1,6 @@
 """The scheduler over OpenCL + CPU: a llama-style block split across both, against numpy.
 
-Uses the demo's block (tensorplug.models.block) and its float64 reference. Skips when pyopencl,
+Uses the demo's block (tensorplug_llm.block) and its float64 reference. Skips when pyopencl,
 an OpenCL device or the CPU backend is missing.
 """
 
@@ -16,9 +16,9 @@ import pytest
 import tensorplug as tp
 from tensorplug import Graph, Op, Type
 from tensorplug.alloc import alloc_tensors
-from tensorplug.models.block import BlockConfig, build_block, reference_block
 from tensorplug.quants import quantize
 from tensorplug.sched import Scheduler
+from tensorplug_llm.block import BlockConfig, build_block, reference_block
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
 from tensorplug_opencl import score

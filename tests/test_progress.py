@@ -102,8 +102,8 @@ def test_check_prints_a_row_per_op_and_lines_a_person_can_read() -> None:
 
 
 def test_loading_a_model_reports_each_weight_and_the_warm_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tensorplug.models.runner import Llama
-    from tensorplug.models.tiny import write_tiny_llama
+    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "m.gguf")
     seen: list[tuple[str, int, int]] = []

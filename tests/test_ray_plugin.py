@@ -193,9 +193,9 @@ def test_a_cluster_without_room_is_an_error_not_a_hang(reg: ray_device.RayReg) -
 def test_tiny_llama_over_two_remote_devices_matches_a_local_run(
     backends: list[tp.Backend], tmp_path: Any
 ) -> None:
-    from tensorplug.models.placement import Placement, host_cpu
-    from tensorplug.models.runner import Llama
-    from tensorplug.models.tiny import write_tiny_llama
+    from tensorplug_llm.placement import Placement, host_cpu
+    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", "f32", 3)
     tokens = [1, 259, 288, 300, 270, 265, 280, 290]

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorplug.models.cli import installed_model
-from tensorplug.models.placement import Placement, host_cpu
-from tensorplug.models.runner import Llama
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.run_cli import installed_model
+from tensorplug_llm.runner import Llama
 
 LLAMA_CPP = {
     "The capital of France is": (

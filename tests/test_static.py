@@ -27,3 +27,16 @@ def test_ci_refuses_to_run_without_opencl() -> None:
     assert missing_in_ci({}, (0, "no OpenCL platform found")) == ""
     why = missing_in_ci({"CI": "true"}, (0, "no OpenCL platform found"))
     assert "no OpenCL platform found" in why and "pocl-binary-distribution" in why
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    """`.ci/run` is the README's second set-up command, character for character: a
+    distribution added to one (as apps/llm was) and not the other would go untested."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = readme.split("## Set up")[1].split("\n## ")[0].split("```sh\n")[1:]
+    commands = [b.split("\n```")[0].strip() for b in blocks]
+    assert len(commands) == 2  # one to run a model, one to run the tests
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci == commands[1]
+    for command in commands:  # both install the application: its tests and `tensorplug run`
+        assert " -e . -e apps/llm " in command or ' -e ".[test]" -e apps/llm ' in command

@@ -13,10 +13,10 @@ import pytest
 
 import tensorplug as tp
 from tensorplug.errors import RunError
-from tensorplug.models.placement import Placement
-from tensorplug.models.runner import Llama
-from tensorplug.models.threads import ThreadGovernor, thread_counts
-from tensorplug.models.tiny import write_tiny_llama
+from tensorplug_llm.placement import Placement
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.threads import ThreadGovernor, thread_counts
+from tensorplug_llm.tiny import write_tiny_llama
 
 
 class Machine:
@@ -154,8 +154,8 @@ def _threads_seen(model: Llama) -> Callable[[], list[int]]:
 def test_the_runner_governs_generation_steps_unless_threads_are_fixed(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("tensorplug.models.runner.available_cores", lambda: 2)
-    monkeypatch.setattr("tensorplug.models.runner.AFTER_BATCH_SECONDS", 0.0)  # tiny steps
+    monkeypatch.setattr("tensorplug_llm.runner.available_cores", lambda: 2)
+    monkeypatch.setattr("tensorplug_llm.runner.AFTER_BATCH_SECONDS", 0.0)  # tiny steps
     with _cpu_model(tiny) as model:
         assert model.governor is not None and model.governor.counts == [2, 1]
         seen = _threads_seen(model)
@@ -183,7 +183,7 @@ def test_prompts_run_on_every_core_whatever_the_governor_chose(
     """A backend may round differently at another thread count (BLAS's own threading
     does): a prompt's numbers must not depend on how busy the machine was when the
     governor last chose."""
-    monkeypatch.setattr("tensorplug.models.runner.available_cores", lambda: 2)
+    monkeypatch.setattr("tensorplug_llm.runner.available_cores", lambda: 2)
     with _cpu_model(tiny) as model:
         assert model.governor is not None
         model.governor.current = model.governor.applied = 1  # as after a busy spell
@@ -210,7 +210,7 @@ def test_the_warm_up_runs_a_token_step_at_every_count_the_governor_may_choose(
 ) -> None:
     """A backend may run other kernels at another thread count (the CPU's serial
     mat×vec at one); their first load must be loading time, not the first trial's."""
-    monkeypatch.setattr("tensorplug.models.runner.available_cores", lambda: 2)
+    monkeypatch.setattr("tensorplug_llm.runner.available_cores", lambda: 2)
     applied: list[int] = []
     real = Llama._apply_threads
 

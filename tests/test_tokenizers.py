@@ -14,11 +14,11 @@ import pytest
 from tensorplug.cli import main
 from tensorplug.errors import RunError
 from tensorplug.gguf import GGUFError, GGUFFile
-from tensorplug.models.tokenizer import SPACE, StreamDecoder, TokenType, Vocab
-from tensorplug.models.tokenizer.bpe import BYTE_TO_CHAR, byte_decode, byte_encode
-from tensorplug.models.tokenizer.pretokenize import PRE_TOKENIZERS, pre_tokenizer
-from tensorplug.models.tokenizer.special import partition
-from tensorplug.models.tokenizer.wpm import bert_words
+from tensorplug_llm.tokenizer import SPACE, StreamDecoder, TokenType, Vocab
+from tensorplug_llm.tokenizer.bpe import BYTE_TO_CHAR, byte_decode, byte_encode
+from tensorplug_llm.tokenizer.pretokenize import PRE_TOKENIZERS, pre_tokenizer
+from tensorplug_llm.tokenizer.special import partition
+from tensorplug_llm.tokenizer.wpm import bert_words
 
 DATA = Path(__file__).parent / "data" / "vocab"
 VOCABS = ("llama-spm", "llama-bpe", "gpt-2", "qwen2")

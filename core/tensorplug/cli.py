@@ -1,21 +1,20 @@
 """The ``tensorplug`` command line (also ``python -m tensorplug``).
 
 Each subcommand is a :class:`Command`: a name, a help line, a function
-``run(args) -> int`` and optionally ``add_arguments(parser)``. To add one, write the
-function and append a line to :data:`COMMANDS`; a subcommand that lives in its own
-module (``tensorplug/demo.py`` with ``main(args)`` and optionally
-``add_arguments(parser)``) needs only ``Command.module("demo", "demo", "help")``, and that
-module is imported only when its subcommand runs.
+``run(args) -> int`` and optionally ``add_arguments(parser)``. The core's own are in
+:data:`COMMANDS`: ``devices`` and ``doctor`` here, ``check`` and ``bench`` as
+:class:`~tensorplug.commands.CommandSpec` s naming their modules, which are imported only
+when their subcommand runs. Other distributions add theirs through the entry-point group
+``tensorplug.commands`` (:mod:`tensorplug.commands`), found each time the command starts.
 
-Output is rich tables on a terminal and plain aligned text otherwise (or with ``--plain``),
-so that the output can be piped, grepped and pasted into bug reports.
+Output is rich tables on a terminal and plain aligned text otherwise (or with ``--plain``,
+or without rich, an optional dependency), so that the output can be piped, grepped and
+pasted into bug reports.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import logging
 import os
 import platform
@@ -26,8 +25,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import settings
+from .commands import CommandRecord, CommandSpec, CommandStatus, discover
 from .discovery import Source
 from .errors import TensorplugError
+from .extras import available
 from .version import API_VERSION, __version__
 
 if TYPE_CHECKING:
@@ -54,25 +55,47 @@ class Command:
     lazy_arguments: bool = False  # add_arguments imports a module: call it only when chosen
 
     @classmethod
-    def module(cls, name: str, module: str, help: str) -> Command:
-        """A subcommand implemented by ``tensorplug.<module>.main(args)``."""
-
-        def load() -> Any:
-            return importlib.import_module(f"{__package__}.{module}")
+    def from_spec(cls, spec: CommandSpec, distribution: str | None = None) -> Command:
+        """The subcommand a :class:`~tensorplug.commands.CommandSpec` describes: its
+        module is imported when the subcommand runs (or its arguments are needed), and a
+        module that fails to import is this subcommand's error, nobody else's.
+        ``distribution`` is where the spec came from (None: tensorplug itself)."""
+        pkg = distribution or "tensorplug"
 
         def run(args: argparse.Namespace) -> int:
-            if importlib.util.find_spec(f"{__package__}.{module}") is None:
-                print(f"tensorplug {name}: not available in this build", file=sys.stderr)
+            try:
+                module = spec.load()
+            except (Exception, SystemExit) as e:  # a module calling sys.exit() included
+                fix = f"reinstall or upgrade {pkg} (pip install -U {pkg}), install what it "
+                fix += "is missing, or uninstall it" if distribution else "is missing"
+                print(
+                    f"tensorplug {spec.name}: error: its module {spec.module} (from {pkg}) "
+                    f"could not be imported: {type(e).__name__}: {e}. Fix: {fix}.",
+                    file=sys.stderr,
+                )
                 return 2
-            return int(load().main(args))
+            return int(module.main(args))
 
         def add_arguments(parser: argparse.ArgumentParser) -> None:
-            if importlib.util.find_spec(f"{__package__}.{module}") is None:
-                return
-            if (add := getattr(load(), "add_arguments", None)) is not None:
+            try:
+                module = spec.load()
+            except (Exception, SystemExit):
+                return  # run() reports it, with the fix
+            if (add := getattr(module, "add_arguments", None)) is not None:
                 add(parser)
 
-        return cls(name, help, run, add_arguments, lazy_arguments=True)
+        return cls(spec.name, spec.help, run, add_arguments, lazy_arguments=True)
+
+    @classmethod
+    def broken(cls, record: CommandRecord) -> Command:
+        """A stand-in for a command whose entry point could not be read: listed, and
+        explaining itself when run, rather than an "invalid choice"."""
+
+        def run(args: argparse.Namespace) -> int:
+            print(f"tensorplug {record.name}: error: {record.error_message()}", file=sys.stderr)
+            return 2
+
+        return cls(record.name, f"(broken: {type(record.exception).__name__}; see doctor)", run)
 
 
 # -- output -------------------------------------------------------------------------------
@@ -82,8 +105,8 @@ class Output:
     """Headings, tables and text, through rich on a terminal or as plain text."""
 
     def __init__(self, plain: bool) -> None:
-        self.plain = plain
-        if not plain:
+        self.plain = plain or not available("rich")  # rich is optional: tensorplug[rich]
+        if not self.plain:
             from rich.console import Console
 
             self.console = Console(highlight=False)
@@ -356,25 +379,73 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         for row, dev in zip(rows, devs, strict=True):
             row.insert(-1, smoke_test(dev)[1])
         out.table([*_DEVICE_HEADERS[:-1], "smoke test", "note"], rows)
+    _doctor_commands(out, getattr(args, "command_records", None))
     return _report_loading_error() or _no_devices(devs)
+
+
+def _doctor_commands(out: Output, records: list[CommandRecord] | None) -> None:
+    """The subcommands: the core's, then those added through entry points, with what
+    went wrong for any that could not be added."""
+    if records is None:
+        records = _discover()
+    rows = [[c.name, f"tensorplug {__version__}", "", "built in", ""] for c in COMMANDS]
+    for rec in records:
+        note = rec.detail
+        if rec.exception is not None:
+            note = f"{type(rec.exception).__name__}: {rec.exception}"
+            note = note if len(note) <= 72 else note[:69] + "..."
+        module = rec.spec.module if rec.spec is not None else rec.value
+        rows.append([rec.name, rec.origin, module, rec.status.value, note])
+    out.heading(f"Commands ({len(rows)})")
+    out.table(["command", "from", "module", "status", "note"], rows)
+    for rec in records:
+        if rec.status is CommandStatus.FAILED:
+            out.text(rec.error_message(), style="bold red")
+            out.text("    " + rec.traceback.rstrip().replace("\n", "\n    "), style="dim")
 
 
 # -- the command line -------------------------------------------------------------------------
 
+#: The core's own subcommands; a command from an entry point never replaces one of them.
 COMMANDS: list[Command] = [
     Command("devices", "list every device of every loaded backend", cmd_devices),
     Command(
         "doctor", "diagnose plugin discovery: versions, scores, failures, smoke tests", cmd_doctor
     ),
-    Command.module("demo", "demo", "run a small end-to-end demonstration"),
-    Command.module("run", "models.cli", "run a GGUF model (llama, Qwen 2/3, Gemma 3)"),
-    Command.module("chat", "models.chat", "chat with a GGUF model through its chat template"),
-    Command.module(
-        "tokenize", "models.tokenizer.cli", "show the tokens of a text (llama-tokenize)"
+    Command.from_spec(
+        CommandSpec(
+            "check", "check a backend op by op (conformance)", "tensorplug.testing.check_cli"
+        )
     ),
-    Command.module("check", "testing.check_cli", "check a backend op by op (conformance)"),
-    Command.module("bench", "testing.bench_cli", "time ops on a backend next to numpy"),
+    Command.from_spec(
+        CommandSpec("bench", "time ops on a backend next to numpy", "tensorplug.testing.bench_cli")
+    ),
 ]
+
+
+def _all_commands(records: Sequence[CommandRecord]) -> list[Command]:
+    """The core's commands, then each added one, then a stand-in for each broken one."""
+    added = [
+        Command.from_spec(r.spec, r.distribution)
+        for r in records
+        if r.status is CommandStatus.ADDED and r.spec is not None
+    ]
+    taken = {c.name for c in (*COMMANDS, *added)}
+    broken = []
+    for rec in records:
+        if rec.status is CommandStatus.FAILED and rec.name not in taken:
+            broken.append(Command.broken(rec))
+            taken.add(rec.name)
+    return [*COMMANDS, *added, *broken]
+
+
+def _discover() -> list[CommandRecord]:
+    """The installed ``tensorplug.commands`` entry points; the core's names are taken."""
+    return discover(reserved=[c.name for c in COMMANDS])
+
+
+def _problems(records: Sequence[CommandRecord]) -> list[CommandRecord]:
+    return [r for r in records if r.status is not CommandStatus.ADDED]
 
 
 def _common(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -386,14 +457,28 @@ def _common(parser: argparse.ArgumentParser, default: Any) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", default=default, help=verbose_help)
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tensorplug", description=__doc__.splitlines()[0])
+def build_parser(
+    argv: Sequence[str] = (), records: Sequence[CommandRecord] | None = None
+) -> argparse.ArgumentParser:
+    """The parser of every command: the core's and those of ``records`` (by default,
+    what :func:`~tensorplug.commands.discover` finds now)."""
+    if records is None:
+        records = _discover()
+    epilog = "Other distributions add commands through the entry-point group "
+    epilog += "'tensorplug.commands'; `tensorplug doctor` lists them."
+    if problems := _problems(records):
+        listed = "; ".join(f"{r.name} from {r.origin}: {_short(r)}" for r in problems)
+        epilog += f" Commands that could not be added: {listed}."
+    parser = argparse.ArgumentParser(
+        prog="tensorplug", description=__doc__.splitlines()[0], epilog=epilog
+    )
     parser.add_argument("--version", action="version", version=f"tensorplug {__version__}")
     _common(parser, False)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for cmd in COMMANDS:
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+    for cmd in _all_commands(records):
+        # argparse %-formats help: a third party's stray '%' must not break --help
+        p = sub.add_parser(cmd.name, help=cmd.help.replace("%", "%%"), description=cmd.help)
         _common(p, argparse.SUPPRESS)
         if cmd.add_arguments is not None and (not cmd.lazy_arguments or cmd.name == chosen):
             cmd.add_arguments(p)
@@ -401,15 +486,41 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
+def _short(rec: CommandRecord) -> str:
+    if rec.exception is not None:
+        return f"{type(rec.exception).__name__}: {rec.exception}"
+    return f"{rec.status.value}, {rec.detail}"
+
+
+def _warn(records: Sequence[CommandRecord], command: str) -> None:
+    """One line on stderr about commands that could not be added, as for failed backend
+    plugins; not from ``doctor``, which shows them, nor from a broken command itself."""
+    problems = [
+        r
+        for r in _problems(records)
+        if not (r.status is CommandStatus.FAILED and r.name == command)  # says so itself
+    ]
+    if problems and command != "doctor":
+        logging.getLogger("tensorplug.commands").warning(
+            "%d tensorplug command(s) could not be added: %s. Run `tensorplug doctor` for the "
+            "reasons.",
+            len(problems),
+            ", ".join(f"{r.name} ({r.origin}: {r.status.value})" for r in problems),
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     own_process = argv is None  # the command itself (console script, python -m)
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
-    args.own_process = own_process
-    args.plain = args.plain or not sys.stdout.isatty()
-    if args.verbose:
+    if "-v" in argv or "--verbose" in argv:  # before the parser: it logs command discovery
         logging.basicConfig(format="%(name)s: %(message)s")
         logging.getLogger("tensorplug").setLevel(logging.DEBUG)
+    records = _discover()
+    args = build_parser(argv, records).parse_args(argv)
+    _warn(records, args.command)
+    args.own_process = own_process
+    args.command_records = records
+    args.plain = args.plain or not sys.stdout.isatty() or not available("rich")
     try:
         return int(args._run(args))
     except TensorplugError as e:

@@ -15,6 +15,7 @@ __all__ = [
     "BufferFreedError",
     "ComputeAbortedError",
     "LayoutMismatchError",
+    "MissingDependencyError",
     "NotAllocatedError",
     "InvalidArgumentError",
     "OutOfBoundsError",
@@ -67,6 +68,11 @@ class UnsupportedError(TensorplugError, NotImplementedError):
 
 class ComputeAbortedError(TensorplugError, RuntimeError):
     """A graph computation was cancelled by an abort or eval callback."""
+
+
+class MissingDependencyError(TensorplugError, ImportError):
+    """An optional package that this use of tensorplug needs is not installed; the
+    message names the extra that brings it (``pip install 'tensorplug[gguf]'``)."""
 
 
 class PluginError(TensorplugError, RuntimeError):

@@ -20,7 +20,8 @@ parser whose only job is to say precisely what is wrong — which key or tensor,
 bytes are missing — instead of the reader's bare numpy error.
 
 ``gguf`` is imported when a file is opened, never with :mod:`tensorplug` (it costs
-~190 ms at start-up).
+~190 ms at start-up). It is an optional dependency (``pip install 'tensorplug[gguf]'``):
+without it, opening a file raises :class:`~tensorplug.errors.MissingDependencyError`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import numpy as np
 from .alloc import alloc_tensors
 from .buffer import Buffer, BufferType, BufferUsage
 from .errors import TensorplugError
+from .extras import require
 from .host import host_memory
 from .tensor import Tensor, new_tensor
 from .transfer import tensor_alloc, tensor_set
@@ -168,8 +170,9 @@ class GGUFFile:
         if self.path.exists() and not self.path.is_file():
             # a FIFO or device would block open() forever; a folder fails obscurely
             raise GGUFError(f"{self.path} is not a regular file; give the path of a .gguf file")
+        reader_class = _reader_class()  # outside the try: a missing gguf is no bad file
         try:
-            reader = _reader_class()(self.path, "r")
+            reader = reader_class(self.path, "r")
         except OSError:
             raise
         except Exception as e:  # the reader raises bare ValueError/IndexError/KeyError
@@ -400,6 +403,7 @@ def _reader_class() -> type:
     global _READER
     if _READER is not None:
         return _READER
+    require("gguf", "reading GGUF files")
     from gguf import GGUFReader, GGUFValueType
 
     class BulkArrayReader(GGUFReader):

@@ -1,6 +1,7 @@
 """Progress of a long job, on stderr, whether or not anyone watches a terminal.
 
-On a terminal it is rich's transient bar. When stderr is a pipe or a file (CI logs,
+On a terminal it is rich's transient bar (when rich, an optional dependency, is
+installed). When stderr is a pipe or a file (CI logs,
 ``tensorplug check | tee``), a bar would be silent, and a silent 40-second command
 looks hung; so there it is one line every few seconds, and a last line saying how long
 the job took: the first after a second, then one every few seconds. Jobs that end
@@ -14,6 +15,8 @@ import sys
 import time
 from types import TracebackType
 from typing import Any, TextIO
+
+from .extras import available
 
 __all__ = ["Progress"]
 
@@ -42,7 +45,7 @@ class Progress:
 
     def __enter__(self) -> Progress:
         self._start = self._last = time.perf_counter()
-        if _is_terminal(self.stream):
+        if _is_terminal(self.stream) and available("rich"):  # else the lines, as in a pipe
             from rich.console import Console
             from rich.progress import Progress as RichProgress
 

@@ -3,7 +3,7 @@ tiny random-weight Qwen 2 and Qwen 3 files (F32 weights, F32 KV cache), so that
 tests/test_llama_qwen.py holds the runner to llama.cpp's own graphs for those
 architectures (``src/models/qwen2.cpp``, ``qwen3.cpp``) without llama.cpp in CI.
 
-The files are written by ``tensorplug.models.tiny.write_tiny_llama`` with the seed and
+The files are written by ``tensorplug_llm.tiny.write_tiny_llama`` with the seed and
 dimensions in :data:`FILES`; the same call in the test rebuilds them byte for byte.
 Regenerate (a developer step) with a Python that has llama-cpp-python::
 
@@ -40,7 +40,7 @@ np.savez(sys.argv[1], *[out[p] for p in sys.argv[3:]], version=llama_cpp.__versi
 
 
 def main() -> None:
-    from tensorplug.models.tiny import write_tiny_llama
+    from tensorplug_llm.tiny import write_tiny_llama
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-python", required=True, help="a Python with llama-cpp-python")

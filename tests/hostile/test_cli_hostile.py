@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorplug.models.tiny import write_tiny_llama
+from tensorplug_llm.tiny import write_tiny_llama
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

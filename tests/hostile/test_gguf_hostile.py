@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tensorplug.gguf import GGUFError, GGUFFile
-from tensorplug.models.tiny import write_tiny_llama
+from tensorplug_llm.tiny import write_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def _patched(tmp_path: Path, data: bytes, at: int, fmt: str, value: int) -> Path
 def test_impossible_sizes_are_refused_before_anything_is_built(
     tiny: bytes, tmp_path: Path, key: str, value: int, match: str
 ) -> None:
-    from tensorplug.models.model import LlamaConfig
+    from tensorplug_llm.model import LlamaConfig
 
     path = _patched(tmp_path, tiny, _kv_value_at(tiny, key), "<I", value)
     with pytest.raises(GGUFError, match=match):

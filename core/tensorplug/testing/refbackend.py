@@ -8,7 +8,10 @@ other backend — ``tensorplug check --backend CPU`` compares the CPU backend ag
 Storage codecs here come from the ``gguf`` package (llama.cpp's own Python port of
 ggml's quantizers), never from :mod:`tensorplug.quants`, so the core codecs the CPU
 backend uses are checked against an independent implementation. Copies between tensors
-of one type move raw bytes: re-quantizing decoded blocks is not the identity.
+of one type move raw bytes: re-quantizing decoded blocks is not the identity. ``gguf``
+is an optional dependency of tensorplug (``tensorplug[gguf]``): without it the float and
+integer types still work, and a quantized or BF16 one raises
+:class:`~tensorplug.errors.MissingDependencyError` naming the extra.
 
 The backend is slow on purpose (float64, no fusion) and only meant for small test graphs.
 """
@@ -23,6 +26,7 @@ import numpy as np
 from ..backend import Backend, Status
 from ..buffer import BufferType
 from ..device import Device, DeviceType
+from ..extras import require
 from ..host import host_buffer_type
 from ..kquants import K_TYPES
 from ..opcodes import VIEW_OPS, Op, SortOrder
@@ -43,10 +47,23 @@ __all__ = [
     "evaluate",
     "gguf_decode",
     "gguf_encode",
+    "needs_gguf",
     "reference_backend",
 ]
 
 REFERENCE_NAME = "reference"
+
+#: What the ``gguf`` package is needed for here, for the missing-package message.
+GGUF_PURPOSE = "the conformance kit's float64 reference for quantized and BF16 types"
+
+
+def needs_gguf(t: Type) -> bool:
+    """True when the reference encodes or decodes ``t`` with the ``gguf`` package."""
+    return t.is_quantized or t == Type.BF16
+
+
+def _gguf() -> None:
+    require("gguf", GGUF_PURPOSE)
 
 
 def _quietly(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
@@ -56,6 +73,7 @@ def _quietly(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarra
 
 
 def _gguf_type(t: Type) -> GGMLQuantizationType:
+    _gguf()
     from gguf import GGMLQuantizationType
 
     return GGMLQuantizationType(int(t))  # tensorplug's Type values are ggml's type ids
@@ -73,6 +91,7 @@ def gguf_decode(raw: np.ndarray, t: Type) -> np.ndarray:
     if t == Type.BF16:
         # bf16 is the top half of an f32: widening is a shift, by definition
         return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    _gguf()
     from gguf import quants
 
     return quants.dequantize(raw, _gguf_type(t)).astype(np.float64)
@@ -97,6 +116,7 @@ def gguf_encode(values: np.ndarray, t: Type) -> np.ndarray:
         from ..quants import quantize
 
         return quantize(rows, t)
+    _gguf()
     from gguf import quants
 
     out = quants.quantize(rows, _gguf_type(t))

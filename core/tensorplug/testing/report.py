@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
+from ..extras import available
 from .bench import BenchResult
 from .runner import CheckReport, Outcome
 
@@ -31,8 +32,9 @@ def _table(
     out: IO[str],
     styles: Sequence[str] = (),
 ) -> None:
-    """Aligned columns as plain text, or a rich table whose last column wraps."""
-    if plain:
+    """Aligned columns as plain text, or a rich table whose last column wraps (when rich,
+    an optional dependency, is installed: ``tensorplug[rich]``)."""
+    if plain or not available("rich"):
         widths = [max(len(c) for c in col) for col in zip(headers, *rows, strict=False)]
         for row in (headers, *rows):
             cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..backend import Backend
 from ..contract import problems
+from ..extras import available
 from ..tensor import Tensor
 from ..types import Type
 from .cases import Case
@@ -34,7 +35,13 @@ from .compare import (
     node_label,
     tensor_values,
 )
-from .refbackend import REFERENCE_NAME, reference_backend
+from .refbackend import (
+    GGUF_PURPOSE,
+    REFERENCE_NAME,
+    ReferenceBackend,
+    needs_gguf,
+    reference_backend,
+)
 
 __all__ = [
     "CaseResult",
@@ -170,6 +177,8 @@ def run_case(case: Case, backend: Backend, reference: Backend) -> CaseResult:
         tb = "".join(traceback.format_exception(exc)) if exc is not None else ""
         return CaseResult(case.name, case.op.value, outcome, error, message, elapsed, tb)
 
+    if why := _missing_codecs(case, backend, reference):
+        return result(Outcome.UNSUPPORTED, why)
     for node in graph.nodes:  # a case whose builder drifted from the contract is wrong
         if broken := problems(node):
             return result(Outcome.FAIL, f"op contract: {'; '.join(broken)}")
@@ -185,6 +194,17 @@ def run_case(case: Case, backend: Backend, reference: Backend) -> CaseResult:
     if failure:
         return result(Outcome.FAIL, failure, worst)
     return result(Outcome.PASS, "", worst)
+
+
+def _missing_codecs(case: Case, *backends: Backend) -> str:
+    """Why the float64 reference cannot take part in ``case`` here, or "": its quantized
+    and BF16 codecs are the optional ``gguf`` package's. Unsupported, like any case a
+    side cannot compute, rather than a failure of the backend under test."""
+    if available("gguf") or not any(isinstance(b, ReferenceBackend) for b in backends):
+        return ""
+    if not any(needs_gguf(t) for t in case.types):
+        return ""
+    return f"{GGUF_PURPOSE} needs the gguf package: pip install 'tensorplug[gguf]'"
 
 
 def run_cases(

@@ -2,7 +2,7 @@
 
 The demo and the scheduler tests use it as a realistic graph: rms_norm, rope, grouped
 query attention reading a KV cache written with set_rows, a SwiGLU MLP and residuals.
-The graph is the runner's own block (:func:`~tensorplug.models.model.decoder_block`),
+The graph is the runner's own block (:func:`~tensorplug_llm.model.decoder_block`),
 so what the demo checks is what every model runs. The numpy version is written from
 the op contracts, not from any backend's kernels, so agreement between the two is
 evidence rather than a tautology.
@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..tensor import Tensor, new_tensor
-from ..types import Type
+from tensorplug.tensor import Tensor, new_tensor
+from tensorplug.types import Type
+
 from .model import LayerWeights, LlamaConfig, decoder_block
 
 __all__ = ["BlockConfig", "BlockGraph", "build_block", "reference_block"]
@@ -70,7 +71,7 @@ class BlockGraph:
 
 def build_block(cfg: BlockConfig) -> BlockGraph:
     """One decoder block over ``n_tokens`` new tokens after ``n_past`` cached ones, built
-    by the runner's own :func:`~tensorplug.models.model.decoder_block`."""
+    by the runner's own :func:`~tensorplug_llm.model.decoder_block`."""
     d, kv, T = cfg.n_embd, cfg.n_embd_kv, cfg.n_tokens
     w = {
         "attn_norm": new_tensor(Type.F32, (d,), "attn_norm"),

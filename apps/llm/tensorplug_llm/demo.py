@@ -15,19 +15,20 @@ import time
 
 import numpy as np
 
-from . import registry
-from .alloc import alloc_tensors
-from .backend import Backend, Status
-from .buffer import BufferUsage
-from .graph import Graph
-from .host import host_buffer_type
-from .models.block import BlockConfig, BlockGraph, build_block, reference_block
-from .models.placement import device_named
-from .priority import by_priority, host_cpu
-from .quants import dequantize, quantize
-from .sched import Scheduler
-from .transfer import get_array, set_array
-from .types import Type
+from tensorplug import registry
+from tensorplug.alloc import alloc_tensors
+from tensorplug.backend import Backend, Status
+from tensorplug.buffer import BufferUsage
+from tensorplug.graph import Graph
+from tensorplug.host import host_buffer_type
+from tensorplug.priority import by_priority, host_cpu
+from tensorplug.quants import dequantize, quantize
+from tensorplug.sched import Scheduler
+from tensorplug.transfer import get_array, set_array
+from tensorplug.types import Type
+
+from .block import BlockConfig, BlockGraph, build_block, reference_block
+from .placement import device_named
 
 __all__ = ["add_arguments", "main"]
 
@@ -91,7 +92,7 @@ def _human(n: int) -> str:
 def main(args: argparse.Namespace) -> int:
     block_status = run_block(args)
     print()
-    from .models.cli import demo_model
+    from .run_cli import demo_model
 
     model_status = demo_model(None, args.weights, devices=args.device, seed=args.seed)
     return block_status or model_status

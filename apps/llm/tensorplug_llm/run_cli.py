@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
-from ..cli import format_bytes, format_bytes_of
-from ..types import Type
+from tensorplug.cli import format_bytes, format_bytes_of
+from tensorplug.types import Type
 
 if TYPE_CHECKING:
-    from ..gguf import GGUFFile
+    from tensorplug.gguf import GGUFFile
+
     from .placement import Placement
     from .runner import Generation, Llama
 
@@ -143,8 +144,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import TensorplugError
-    from ..gguf import GGUFError
+    from tensorplug.errors import TensorplugError
+    from tensorplug.gguf import GGUFError
+
     from .runner import ContextFullError
 
     try:
@@ -222,7 +224,8 @@ def _device_names(args: argparse.Namespace) -> list[str]:
 
 
 def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
-    from ..errors import TensorplugError
+    from tensorplug.errors import TensorplugError
+
     from .placement import Placement, best_accelerator, device_named
 
     names = _device_names(args)
@@ -249,7 +252,8 @@ def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
 
 def _row_placement(args: argparse.Namespace, f: GGUFFile, n_layer: int) -> Placement:
     """Every block on one meta device made of the named devices (``--split-mode row``)."""
-    from ..errors import TensorplugError
+    from tensorplug.errors import TensorplugError
+
     from .placement import Placement, device_named
     from .row_split import row_split_device
 
@@ -267,7 +271,8 @@ def _row_placement(args: argparse.Namespace, f: GGUFFile, n_layer: int) -> Place
 
 def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = None) -> Llama:
     """The model of ``args``; ``place(n_layer)`` (default: from the options) places it."""
-    from ..gguf import GGUFFile
+    from tensorplug.gguf import GGUFFile
+
     from .model import LlamaConfig
     from .runner import Llama
 
@@ -277,7 +282,7 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
         placement = _row_placement(args, f, n_layer)
     else:
         placement = place(n_layer) if place is not None else _placement(args, n_layer)
-    from ..progress import Progress
+    from tensorplug.progress import Progress
 
     with Progress(f"loading {f.path.name}", total=0) as progress:
         model = Llama(
@@ -522,7 +527,8 @@ def demo_model(
     agree (max difference at most 1e-4 of the largest logit), 1 otherwise. ``args``
     (``tensorplug run``'s options) replaces ``n_predict``, ``prompt`` and ``seed``.
     """
-    from .. import registry
+    from tensorplug import registry
+
     from .placement import Placement, by_priority, device_named, host_cpu
     from .runner import Llama
     from .tiny import write_tiny_llama

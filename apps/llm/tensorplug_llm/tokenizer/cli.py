@@ -14,7 +14,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from ...errors import RunError
+from tensorplug.errors import RunError
 
 if TYPE_CHECKING:
     from .vocab import Vocab
@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ...gguf import GGUFFile
+    from tensorplug.gguf import GGUFFile
+
     from .vocab import Vocab
 
     if args.jsonl and args.text is not None:

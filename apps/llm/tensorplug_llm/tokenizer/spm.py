@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ...errors import RunError
+from tensorplug.errors import RunError
+
 from .merge import merge_symbols
 
 __all__ = ["SPACE", "SpmTokenizer"]

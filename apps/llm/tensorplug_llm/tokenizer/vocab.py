@@ -20,8 +20,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ...errors import RunError
-from ...gguf import GGUFError, GGUFFile
+from tensorplug.errors import RunError
+from tensorplug.gguf import GGUFError, GGUFFile
+
 from .bpe import BpeTokenizer, byte_decode
 from .pretokenize import PRE_TOKENIZERS, PreTokenizer, pre_tokenizer
 from .special import by_length, partition

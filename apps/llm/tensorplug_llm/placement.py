@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .. import registry
-from ..device import Device, DeviceType
-from ..errors import BackendNotFoundError
-from ..priority import by_priority, host_cpu, is_host_cpu
+from tensorplug import registry
+from tensorplug.device import Device, DeviceType
+from tensorplug.errors import BackendNotFoundError
+from tensorplug.priority import by_priority, host_cpu, is_host_cpu
 
 __all__ = ["Placement", "best_accelerator", "by_priority", "host_cpu", "is_host_cpu"]
 

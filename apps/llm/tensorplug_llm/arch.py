@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..opcodes import RopeMode
+from tensorplug.opcodes import RopeMode
 
 __all__ = ["ARCHITECTURES", "Architecture", "architecture"]
 
@@ -69,7 +69,7 @@ def architecture(name: str, where: str) -> Architecture:
     arch = ARCHITECTURES.get(name)
     if arch is None:
         known = "; ".join(f"'{a.name}' ({a.models})" for a in ARCHITECTURES.values())
-        from ..gguf import GGUFError
+        from tensorplug.gguf import GGUFError
 
         raise GGUFError(
             f"{where}: general.architecture is {name!r}, which this runner does not implement; "

@@ -32,17 +32,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import registry
-from ..alloc import alloc_tensors
-from ..backend import Backend, Status
-from ..buffer import Buffer, BufferType, BufferUsage
-from ..errors import BackendNotFoundError, ComputeAbortedError, RunError
-from ..gguf import GGUFError, GGUFFile
-from ..host import available_cores
-from ..sched import Scheduler
-from ..tensor import Tensor
-from ..transfer import get_array, set_array
-from ..types import Type
+from tensorplug import registry
+from tensorplug.alloc import alloc_tensors
+from tensorplug.backend import Backend, Status
+from tensorplug.buffer import Buffer, BufferType, BufferUsage
+from tensorplug.errors import BackendNotFoundError, ComputeAbortedError, RunError
+from tensorplug.gguf import GGUFError, GGUFFile
+from tensorplug.host import available_cores
+from tensorplug.sched import Scheduler
+from tensorplug.tensor import Tensor
+from tensorplug.transfer import get_array, set_array
+from tensorplug.types import Type
+
 from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
 from .placement import Placement, by_priority, host_cpu
 from .sampling import Sampler
@@ -52,7 +53,7 @@ from .tokenizer import Vocab
 if TYPE_CHECKING:
     from os import PathLike
 
-    from ..device import Device
+    from tensorplug.device import Device
 
 __all__ = ["ContextFullError", "Generation", "Llama", "SplitSummary", "Timings"]
 

@@ -14,11 +14,12 @@ import math
 import re
 from collections.abc import Sequence
 
-from ..device import Device
-from ..errors import TensorplugError
-from ..gguf import GGUFFile
-from ..meta import MetaDevice, SplitState, even_sizes, meta_device
-from ..tensor import Tensor
+from tensorplug.device import Device
+from tensorplug.errors import TensorplugError
+from tensorplug.gguf import GGUFFile
+from tensorplug.meta import MetaDevice, SplitState, even_sizes, meta_device
+from tensorplug.tensor import Tensor
+
 from .model import LlamaConfig
 
 __all__ = ["row_split_device"]

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..quants import quantize
-from ..types import Type
+from tensorplug.quants import quantize
+from tensorplug.types import Type
+
 from .tokenizer import SPACE, TokenType
 
 __all__ = ["TINY_DIMS", "tiny_vocab", "write_tiny_llama"]

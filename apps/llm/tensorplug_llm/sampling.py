@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import RunError
+from tensorplug.errors import RunError
 
 __all__ = ["Sampler", "SamplerParams"]
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, TextIO
 
-from ..errors import RunError
+from tensorplug.errors import RunError
 
 if TYPE_CHECKING:
     from .runner import Llama
@@ -43,7 +43,7 @@ GEMMA_TEMPLATE = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import add_arguments as run_arguments
+    from .run_cli import add_arguments as run_arguments
 
     run_arguments(p)
     p.add_argument("--system", help="a system prompt for the conversation")
@@ -157,9 +157,10 @@ def _lines(first: str | None) -> Iterator[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..errors import TensorplugError
-    from ..gguf import GGUFError
-    from .cli import _load, installed_model
+    from tensorplug.errors import TensorplugError
+    from tensorplug.gguf import GGUFError
+
+    from .run_cli import _load, installed_model
 
     try:
         if args.tokens is not None or args.logits_out:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import ops
-from ..errors import RunError
-from ..gguf import GGUFError, GGUFFile
-from ..graph import Graph
-from ..tensor import Tensor, new_tensor
-from ..types import Type
+from tensorplug import ops
+from tensorplug.errors import RunError
+from tensorplug.gguf import GGUFError, GGUFFile
+from tensorplug.graph import Graph
+from tensorplug.tensor import Tensor, new_tensor
+from tensorplug.types import Type
+
 from .arch import ARCHITECTURES, Architecture, architecture
 
 __all__ = [

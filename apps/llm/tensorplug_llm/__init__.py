@@ -1,0 +1,91 @@
+"""Running real GGUF language models on tensorplug: the llama family (Llama, Mistral,
+SmolLM2, Mixtral), Qwen 2/3 and Gemma 3 over one block builder, their tokenizers, a KV
+cache, the scheduler, sampling and chat.
+
+::
+
+    from tensorplug_llm import Llama, Placement, Sampler, SamplerParams
+
+    model = Llama("model.gguf", n_ctx=2048)  # every block on the best device by default
+    # or: Llama("model.gguf", placement=Placement.offload(n_layer=32, n_gpu_layers=20))
+    ids = model.vocab.encode("Once upon a time")
+    gen = model.generate(ids, 32, Sampler(SamplerParams(temperature=0.8, seed=1)))
+    print(model.vocab.decode(ids + gen.tokens), model.timings.gen_tps)
+
+Modules: :mod:`.arch` (the architectures, as switches of one block builder),
+:mod:`.model` (hyper-parameters, weights, KV cache, step graphs),
+:mod:`.runner` (loading, placement on devices, evaluation, generation, timings),
+:mod:`.tokenizer` (SentencePiece, BPE, WordPiece; ``tensorplug tokenize``),
+:mod:`.sampling`, :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models for demos
+and tests), :mod:`.chat` (``tensorplug chat``), :mod:`.run_cli` (``tensorplug run``,
+:func:`~.run_cli.demo_model`) and :mod:`.demo` (``tensorplug demo``); :mod:`.commands`
+adds those four to the ``tensorplug`` command. Nothing here imports the ``gguf`` package
+until a file is read or written.
+
+The names below are imported on first use (PEP 562), not with the package: the
+``tensorplug`` command imports :mod:`.commands` each time it starts, which imports this
+package first, and a ``tensorplug devices`` must not pay for the runner and tokenizers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
+    from .placement import Placement
+    from .run_cli import demo_model
+    from .runner import ContextFullError, Generation, Llama, SplitSummary, Timings
+    from .sampling import Sampler, SamplerParams
+    from .tiny import TINY_DIMS, tiny_vocab, write_tiny_llama
+    from .tokenizer import StreamDecoder, Vocab
+
+#: Each public name and the module that defines it.
+_HOMES = {
+    "KVCache": "model", "LlamaConfig": "model", "LlamaWeights": "model",
+    "StepGraph": "model", "build_step": "model",
+    "Placement": "placement",
+    "demo_model": "run_cli",
+    "ContextFullError": "runner", "Generation": "runner", "Llama": "runner",
+    "SplitSummary": "runner", "Timings": "runner",
+    "Sampler": "sampling", "SamplerParams": "sampling",
+    "TINY_DIMS": "tiny", "tiny_vocab": "tiny", "write_tiny_llama": "tiny",
+    "StreamDecoder": "tokenizer", "Vocab": "tokenizer",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'tensorplug_llm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # once: later lookups do not come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
+
+__all__ = [
+    "TINY_DIMS",
+    "ContextFullError",
+    "Generation",
+    "KVCache",
+    "Llama",
+    "LlamaConfig",
+    "LlamaWeights",
+    "Placement",
+    "Sampler",
+    "SamplerParams",
+    "SplitSummary",
+    "StepGraph",
+    "StreamDecoder",
+    "Timings",
+    "Vocab",
+    "build_step",
+    "demo_model",
+    "tiny_vocab",
+    "write_tiny_llama",
+]

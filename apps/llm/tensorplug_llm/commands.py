@@ -1,0 +1,26 @@
+"""The subcommands this application adds to ``tensorplug`` (entry-point group
+``tensorplug.commands``, declared in ``apps/llm/pyproject.toml``).
+
+The ``tensorplug`` command reads these every time it starts, whatever subcommand runs,
+so this module imports nothing but :class:`~tensorplug.commands.CommandSpec`; each
+command's module (the runner, the tokenizers, Jinja) is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+from tensorplug.commands import CommandSpec
+
+__all__ = ["chat", "demo", "run", "tokenize"]
+
+run = CommandSpec("run", "run a GGUF model (llama, Qwen 2/3, Gemma 3)", "tensorplug_llm.run_cli")
+chat = CommandSpec(
+    "chat", "chat with a GGUF model through its chat template", "tensorplug_llm.chat"
+)
+tokenize = CommandSpec(
+    "tokenize", "show the tokens of a text (llama-tokenize)", "tensorplug_llm.tokenizer.cli"
+)
+demo = CommandSpec(
+    "demo",
+    "a llama-style block against numpy, then a tiny model over every device",
+    "tensorplug_llm.demo",
+)
