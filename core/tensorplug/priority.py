@@ -14,7 +14,7 @@ from . import registry
 from .device import Device, DeviceType, is_host_cpu
 from .errors import BackendNotFoundError
 
-__all__ = ["by_priority", "host_cpu", "is_host_cpu"]
+__all__ = ["by_priority", "host_cpu"]
 
 #: Device types in order of preference; the host CPU backend comes last.
 _PRIORITY = {DeviceType.GPU: 0, DeviceType.IGPU: 1, DeviceType.ACCEL: 2, DeviceType.CPU: 3}

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tensorplug import registry
-from tensorplug.device import Device, DeviceType
+from tensorplug.device import Device, DeviceType, is_host_cpu
 from tensorplug.errors import BackendNotFoundError
-from tensorplug.priority import by_priority, host_cpu, is_host_cpu
+from tensorplug.priority import by_priority, host_cpu
 
 __all__ = ["Placement", "best_accelerator", "by_priority", "host_cpu", "is_host_cpu"]
 
