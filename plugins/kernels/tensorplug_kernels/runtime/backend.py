@@ -127,6 +127,7 @@ class GPUGraphPlan(GraphPlan):
             self.backend.note_error_word()
 
     def _compute(self) -> None:
+        """Issue the bound steps (a runtime that replays plans otherwise overrides it)."""
         self.backend.run(self.steps)
 
     def release(self) -> None:
@@ -134,6 +135,9 @@ class GPUGraphPlan(GraphPlan):
 
 
 class GPUBackend(Backend):
+    """One queue (stream) of a GPU runtime; the hooks it leaves to the runtime are the
+    abstract methods below (see the module docstring for what is written here)."""
+
     device: GPUDevice
     plan_class: ClassVar[type[GPUGraphPlan]] = GPUGraphPlan
 
