@@ -426,8 +426,8 @@ class GPUBackend(Backend):
         raise OutOfBoundsError(
             f"{self.name}: an index was out of range (index {int(word[1])}) in get_rows, "
             "set_rows or mul_mat_id; indices must lie in [0, rows of the table) or "
-            "[0, n_expert). set_rows wrote nothing; the other results of this graph are "
-            "not valid"
+            "[0, n_expert). Nothing was written by set_rows; the other results of this "
+            "graph are not valid"
         )
 
     # -- transfers -----------------------------------------------------------------------
