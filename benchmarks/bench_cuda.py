@@ -144,7 +144,7 @@ class Bench:
         replays = self.backend.graphs.replays - replays
 
         def eager() -> None:  # what graph_compute did before it replayed graphs
-            with self.device.context():
+            with self.device.current():
                 for node in graph.nodes:
                     self.backend.compute_node(node)
             self.backend.synchronize()

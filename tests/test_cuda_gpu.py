@@ -71,7 +71,7 @@ def _decode_graph(backend: Any) -> tuple[tp.Graph, tp.Tensor, tp.Tensor]:
 
 def _launched(backend: Any, graph: tp.Graph) -> None:
     """``graph`` launched kernel by kernel (graph_compute would replay it)."""
-    with backend.device.context():
+    with backend.device.current():
         for node in graph.nodes:
             backend.compute_node(node)
     backend.synchronize()

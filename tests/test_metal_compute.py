@@ -85,7 +85,7 @@ def test_a_graph_plan_replays_its_bound_dispatches(backend: Any, fake: FakeMetal
         before = len(fake.state.dispatches)
         backend.graph_plan_compute(plan)
         backend.synchronize()
-        assert len(fake.state.dispatches) == before + len(plan.dispatches)
+        assert len(fake.state.dispatches) == before + len(plan.steps)
         s = 2 * data
         want = s / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + 1e-6)
         np.testing.assert_allclose(tp.get_array(y), want, rtol=1e-5, atol=1e-6)
@@ -131,7 +131,7 @@ def test_the_tiny_model_runs_on_the_fake_metal_device_like_on_the_cpu(
 
 def _scratch_of(dispatch: Any) -> Any:
     """The MTLBuffer a dispatch binds as its ``scratch`` parameter."""
-    return dispatch.buffers[kernel_abis()[dispatch.kernel].buffers.index("scratch")][0]
+    return dispatch.buffers[kernel_abis()[dispatch.kernel].buffers.index("scratch")]
 
 
 def test_the_kits_mul_mat_cases_take_the_integer_kernels(backend: Any, fake: FakeMetal) -> None:
@@ -175,14 +175,14 @@ def test_a_plan_keeps_one_scratch_buffer_across_computes(backend: Any, fake: Fak
     narrow = Product(backend, Type.Q4_0, 1, k=256)
     wide = Product(backend, Type.Q8_0, 2, k=1024)
     plan = backend.graph_plan_create(tp.Graph([narrow.y, wide.y]))
-    assert [d.kernel for d in plan.dispatches] == [
+    assert [d.kernel for d in plan.steps] == [
         "k_quantize_q8_1",
         "k_mvq_q4_0",
         "k_quantize_q8_1",
         "k_mvq_q8_0",
     ]
-    scratch = _scratch_of(plan.dispatches[0])
-    assert all(_scratch_of(d) is scratch for d in plan.dispatches)
+    scratch = _scratch_of(plan.steps[0])
+    assert all(_scratch_of(d) is scratch for d in plan.steps)
     assert scratch.length() == mmvq_scratch_bytes(wide.x) == 2 * (1024 // 32) * 40
     device = fake.devices[0]
     allocated = device.currentAllocatedSize()
@@ -203,7 +203,7 @@ def test_a_plan_keeps_one_scratch_buffer_across_computes(backend: Any, fake: Fak
     inputs = narrow.new_input(), wide.new_input()
     backend.graph_plan_compute(plan)
     backend.synchronize()
-    assert all(_scratch_of(d) is scratch for d in plan.dispatches)  # the plan kept its own
+    assert all(_scratch_of(d) is scratch for d in plan.steps)  # the plan kept its own
     narrow.check(inputs[0])
     wide.check(inputs[1])
     backend.graph_plan_free(plan)

@@ -48,7 +48,7 @@ def test_the_device_reports_what_metal_says(reg: Any) -> None:
     props = dev.props()
     assert dev.name == "Metal0" and props.type in (tp.DeviceType.GPU, tp.DeviceType.IGPU)
     assert 0 < props.memory_free <= props.memory_total
-    assert dev.program.pipeline("k_unary") is dev.program.pipeline("k_unary")
+    assert dev.program.kernel("k_unary") is dev.program.kernel("k_unary")
 
 
 def test_the_quick_catalogue_agrees_with_the_cpu_backend(backend: Any) -> None:

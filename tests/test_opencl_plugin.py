@@ -361,7 +361,7 @@ def test_graph_plan_binds_arguments_once_and_updates(device: Any, backend: Any) 
     tp.set_array(a, va)
     tp.set_array(b, vb)
     plan = backend.graph_plan_create(Graph(y1))
-    assert [launch.kernel for _, launch, _ in plan.bound] == ["k_binary"]
+    assert [step.kernel for step in plan.steps] == ["k_binary"]
     assert backend.graph_plan_compute(plan) is tp.Status.SUCCESS
     backend.synchronize()
     assert (tp.get_array(y1) == va + vb).all()
@@ -375,7 +375,7 @@ def test_graph_plan_binds_arguments_once_and_updates(device: Any, backend: Any) 
     assert (tp.get_array(y2) == va * 2 * vb).all()
     backend.graph_plan_free(plan)
     other = device.init_backend()
-    with pytest.raises(tp.UnsupportedError, match="another backend"):
+    with pytest.raises(tp.TypeMismatchError, match="another backend"):
         other.graph_plan_compute(plan)
     other.free()
 
@@ -446,7 +446,6 @@ def test_the_portable_build_computes_the_same(device: Any, backend: Any, weights
     from tensorplug.quants import quantize
     from tensorplug_kernels import encode
     from tensorplug_opencl.device import build_options
-    from tensorplug_opencl.launch import cl_args
     from tensorplug_opencl.program import KernelProgram
 
     options = [*build_options(device.info), "-DTP_PORTABLE"]
@@ -463,7 +462,8 @@ def test_the_portable_build_computes_the_same(device: Any, backend: Any, weights
     tp.tensor_memset(d, 0)
     for launch in encode(d, device.limits):
         kernel = portable.kernel(launch.kernel)
-        kernel.set_args(*cl_args(launch, device.context, {}))
+        data, buffers = backend.arguments(launch, d, {})
+        kernel.set_args(data, *buffers)
         cl.enqueue_nd_range_kernel(backend.queue, kernel, launch.global_size, launch.local_size)
     backend.synchronize()
     assert want.any() and (tp.get_array(d) == want).all()
@@ -497,7 +497,7 @@ def test_a_failed_launch_names_kernel_and_node(
     device: Any, backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tensorplug_kernels import Launch
-    from tensorplug_opencl import backend as backend_mod
+    from tensorplug_kernels.runtime import backend as backend_mod
     from tensorplug_opencl.errors import KernelLaunchError
 
     a = tp.new_tensor(Type.F32, (8,))

@@ -1,36 +1,31 @@
-"""One tensorplug device per NVIDIA GPU: ``CUDA0``, ``CUDA1``, …
+"""One tensorplug device per NVIDIA GPU: ``CUDA0``, ``CUDA1``, … over the runtime base.
 
 Everything the driver says about a GPU is read once into :class:`DeviceInfo`. Each
-device owns its buffer type, a transfer stream for synchronous buffer operations, and
-the kernel program, compiled by NVRTC on first use. Every CUDA call is made with the
-device current (``with device.context():``): cupy compiles, allocates and launches
-for the current device, which is per-thread state.
+device has a transfer stream for synchronous buffer operations. Every CUDA call is
+made with the device current (``current``, which the base enters around driver
+calls): cupy compiles, allocates and launches for the current device, which is
+per-thread state.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tensorplug.backend import Event
-from tensorplug.device import Device, DeviceCaps, DeviceType
-from tensorplug.opcodes import Op
-from tensorplug.tensor import Tensor
-from tensorplug_kernels import Limits, supports
+from tensorplug.device import DeviceCaps, DeviceType
+from tensorplug_kernels import Limits
+from tensorplug_kernels.runtime import GPUDevice
 
-from .buffer import D2D, CUDABufferType, cuda_errors
-from .errors import translate
+from .backend import CUDABackend
+from .buffer import ALIGNMENT, D2D, CUDABuffer
+from .errors import cuda_errors, translate
+from .program import KernelProgram
 
 if TYPE_CHECKING:
-    from tensorplug.buffer import Buffer, BufferType
+    from tensorplug.buffer import Buffer
 
-    from .backend import CUDABackend
     from .buffer import CUDAHostBufferType
-    from .program import KernelProgram
     from .reg import CUDAReg
 
 __all__ = ["DeviceInfo", "CUDADevice", "pci_address", "read_device_info"]
@@ -38,9 +33,6 @@ __all__ = ["DeviceInfo", "CUDADevice", "pci_address", "read_device_info"]
 #: Threads per block of the row kernels (a multiple of the warp, as the CUDA prelude's
 #: reductions need); the kernel gate compiles with the same value.
 DEFAULT_WG = 128
-
-#: ggml's rule for GPU backends: ops over at least this many rows pay for the transfer.
-OFFLOAD_MIN_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -101,39 +93,25 @@ def read_device_info(cp: Any, index: int) -> DeviceInfo:
     )
 
 
-class CUDADevice(Device):
+class CUDADevice(GPUDevice):
     """An NVIDIA GPU seen as ``CUDA<index>``."""
 
     reg: CUDAReg
+    backend_class = CUDABackend
+    buffer_class = CUDABuffer
 
     def __init__(self, reg: CUDAReg, index: int, cp: Any) -> None:
-        super().__init__(reg)
+        super().__init__(reg, index)
         self.cp = cp
-        self.index = index
-        self.info = read_device_info(cp, index)
+        self.info = info = read_device_info(cp, index)
         self.limits = Limits(
-            wg=self.info.wg, local_mem=self.info.shared_mem_per_block, gpu=True, scratch=True
+            wg=info.wg, local_mem=info.shared_mem_per_block, gpu=True, scratch=True
         )
-        self._buft = CUDABufferType(self)
-        self._program: KernelProgram | None = None
-        self._lock = threading.Lock()
+        self.alignment, self.max_alloc = ALIGNMENT, info.memory_total
+        self.driver_errors = cuda_errors(cp)
         self._peers: set[int] = set()
-        # the backends of this GPU, whose cached CUDA graphs a freed buffer must leave
-        self._backends: weakref.WeakSet[CUDABackend] = weakref.WeakSet()
-        with self.context():
+        with self.current():
             self.transfer_stream = cp.cuda.Stream(non_blocking=True)
-
-    @contextmanager
-    def context(self) -> Iterator[None]:
-        """This GPU as the calling thread's current device."""
-        with self.cp.cuda.Device(self.index):
-            yield
-
-    # -- identity --------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return f"CUDA{self.index}"
 
     @property
     def description(self) -> str:
@@ -157,66 +135,60 @@ class CUDADevice(Device):
 
     def memory(self) -> tuple[int, int]:
         """``(free, total)`` bytes, as the driver counts them now."""
-        cp = self.cp
-        try:
-            with self.context():
-                free, total = cp.cuda.runtime.memGetInfo()
-        except cuda_errors(cp) as e:
-            raise translate(cp, e, f"{self.name}: reading free memory") from e
+        with self.driver("reading free memory"):
+            free, total = self.cp.cuda.runtime.memGetInfo()
         return int(free), int(total)
 
-    # -- program ---------------------------------------------------------------------------
+    def host_buffer_type(self) -> CUDAHostBufferType:
+        return self.reg.host_buffer_type
 
-    @property
-    def program(self) -> KernelProgram:
-        """The kernel program, compiled on first use (once per device)."""
-        if self._program is None:
-            from .program import KernelProgram
+    # -- the runtime base's hooks --------------------------------------------------------
 
-            with self._lock:
-                if self._program is None:
-                    self._program = KernelProgram(self)
-        return self._program
+    def current(self) -> Any:
+        """This GPU as the calling thread's current device."""
+        return self.cp.cuda.Device(self.index)
 
-    # -- transfers the buffers use -------------------------------------------------------------
+    def _alloc(self, nbytes: int) -> Any:
+        return self.cp.cuda.Memory(nbytes)
 
-    def copy(self, dst: int, src: int, n: int, kind: int, what: str) -> None:
+    def kernel_arg(self, mem: Any) -> Any:
+        return self.cp.cuda.MemoryPointer(mem, 0)  # what cupy passes as a pointer
+
+    def _build_program(self) -> KernelProgram:
+        return KernelProgram(self)
+
+    def translate(self, err: BaseException, what: str, kernel: str | None = None) -> Exception:
+        return translate(self.cp, err, what, kernel=kernel)
+
+    def reaches(self, buf: Buffer) -> bool:
+        """Every GPU's buffers: copies go peer to peer, or the driver stages them."""
+        return isinstance(buf, CUDABuffer)
+
+    def event_new(self) -> Event:
+        with self.current():
+            return Event(self, self.cp.cuda.Event(disable_timing=True))
+
+    def event_synchronize(self, event: Event) -> None:
+        with self.driver("waiting for an event"):
+            event.context.synchronize()
+
+    # -- transfers the buffers use (called inside ``driver``) ------------------------------
+
+    def copy(self, dst: int, src: int, n: int, kind: int) -> None:
         """Copy ``n`` bytes between this GPU and the host (or within it) and wait."""
-        cp = self.cp
         stream = self.transfer_stream
-        try:
-            with self.context():
-                cp.cuda.runtime.memcpyAsync(dst, src, n, kind, stream.ptr)
-                stream.synchronize()
-        except cuda_errors(cp) as e:
-            raise translate(cp, e, what) from e
+        self.cp.cuda.runtime.memcpyAsync(dst, src, n, kind, stream.ptr)
+        stream.synchronize()
 
-    def copy_from(self, src_dev: CUDADevice, dst: int, src: int, n: int, what: str) -> None:
+    def copy_from(self, src_dev: CUDADevice, dst: int, src: int, n: int) -> None:
         """Copy ``n`` bytes from memory of ``src_dev`` (maybe this GPU) here, and wait."""
         if src_dev is self:
-            self.copy(dst, src, n, D2D, what)
+            self.copy(dst, src, n, D2D)
             return
-        cp = self.cp
+        self.enable_peer_access(src_dev)
         stream = self.transfer_stream
-        try:
-            self.enable_peer_access(src_dev)
-            with self.context():
-                cp.cuda.runtime.memcpyPeerAsync(dst, self.index, src, src_dev.index, n, stream.ptr)
-                stream.synchronize()
-        except cuda_errors(cp) as e:
-            raise translate(cp, e, what) from e
-
-    def fill(self, ptr: int, value: int, n: int, what: str) -> None:
-        if n <= 0:
-            return
-        cp = self.cp
-        stream = self.transfer_stream
-        try:
-            with self.context():
-                cp.cuda.runtime.memsetAsync(ptr, value, n, stream.ptr)
-                stream.synchronize()
-        except cuda_errors(cp) as e:
-            raise translate(cp, e, f"{self.name}: filling {what}") from e
+        self.cp.cuda.runtime.memcpyPeerAsync(dst, self.index, src, src_dev.index, n, stream.ptr)
+        stream.synchronize()
 
     def enable_peer_access(self, other: CUDADevice) -> bool:
         """Let this GPU reach ``other``'s memory directly, once per pair; False when the
@@ -226,7 +198,7 @@ class CUDADevice(Device):
         runtime = self.cp.cuda.runtime
         if not runtime.deviceCanAccessPeer(self.index, other.index):
             return False
-        with self.context():
+        with self.current():
             try:
                 runtime.deviceEnablePeerAccess(other.index)
             except runtime.CUDARuntimeError as e:
@@ -234,55 +206,6 @@ class CUDADevice(Device):
                     raise
         self._peers.add(other.index)
         return True
-
-    # -- backends, buffers, ops ----------------------------------------------------------------
-
-    def backend_created(self, backend: CUDABackend) -> None:
-        self._backends.add(backend)
-
-    def buffer_freed(self, buffer: Buffer) -> None:
-        """``buffer`` is being freed: no backend may keep a plan that refers to it (the
-        plan would keep its memory allocated, and its captured graph would be stale)."""
-        for backend in list(self._backends):
-            backend.graphs.forget(buffer)
-
-    def _init_backend(self, params: str | None) -> CUDABackend:
-        from .backend import CUDABackend
-
-        return CUDABackend(self)
-
-    def buffer_type(self) -> CUDABufferType:
-        return self._buft
-
-    def host_buffer_type(self) -> CUDAHostBufferType:
-        return self.reg.host_buffer_type
-
-    def supports_op(self, op: Tensor) -> bool:
-        return supports(op, self.limits)
-
-    def supports_buft(self, buft: BufferType) -> bool:
-        return isinstance(buft, CUDABufferType) and buft.device is self
-
-    def offload_op(self, op: Tensor) -> bool:
-        """Worth moving a large batch here (ggml: at least 32 rows; not a row lookup)."""
-        return op.op is not Op.GET_ROWS and op.ne()[1] >= OFFLOAD_MIN_BATCH
-
-    # -- events ----------------------------------------------------------------------------------
-
-    def event_new(self) -> Event:
-        cp = self.cp
-        with self.context():
-            return Event(self, cp.cuda.Event(disable_timing=True))
-
-    def event_synchronize(self, event: Event) -> None:
-        cp = self.cp
-        try:
-            event.context.synchronize()
-        except cuda_errors(cp) as e:
-            raise translate(cp, e, f"{self.name}: waiting for an event") from e
-
-    def event_free(self, event: Event) -> None:
-        event.context = None
 
 
 #: cudaErrorPeerAccessAlreadyEnabled: another part of the process enabled it first.

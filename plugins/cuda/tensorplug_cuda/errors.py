@@ -1,27 +1,36 @@
-"""CUDA failures as tensorplug exceptions, each naming what was being done.
+"""CUDA failures as tensorplug exceptions (the runtime base's hierarchy).
 
 cupy reports the runtime's and the driver's status codes as ``CUDARuntimeError`` /
 ``CUDADriverError`` (with ``.status``), its memory pool's exhaustion as
 ``cupy.cuda.memory.OutOfMemoryError``, and NVRTC's refusal as ``CompileException``.
-Callers here catch one hierarchy instead: running out of device memory is an
-:class:`OutOfMemoryError` (an :class:`~tensorplug.AllocationError`, so a ``MemoryError``)
-that leaves everything already stored intact; a refused launch is a
-:class:`KernelLaunchError` naming the kernel, the grid, the block and the node.
+:func:`translate` turns the first three into an :class:`OutOfMemoryError` (an
+:class:`~tensorplug.AllocationError`, so a ``MemoryError``, that leaves everything
+already stored intact) or a :class:`KernelLaunchError` with the driver's status;
+NVRTC's log becomes a :class:`KernelBuildError` (:mod:`.program`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tensorplug.errors import AllocationError, PluginError, TensorplugError
+from tensorplug.errors import TensorplugError
+from tensorplug_kernels.runtime import (
+    DeviceOutOfMemoryError,
+    KernelBuildError,
+    KernelLaunchError,
+)
 
 __all__ = [
     "KernelBuildError",
     "KernelLaunchError",
     "OutOfMemoryError",
+    "cuda_errors",
     "is_out_of_memory",
     "translate",
 ]
+
+#: The GPU ran out of memory: the runtime base's exception under the name CUDA users know.
+OutOfMemoryError = DeviceOutOfMemoryError
 
 #: Status codes meaning "out of memory": cudaErrorMemoryAllocation (runtime) and
 #: CUDA_ERROR_OUT_OF_MEMORY (driver) are both 2.
@@ -30,31 +39,13 @@ _OUT_OF_MEMORY = frozenset({2})
 LAUNCH_OUT_OF_RESOURCES = 701
 
 
-class KernelBuildError(PluginError):
-    """NVRTC rejected the kernel sources; ``log`` has the compiler's full output."""
-
-    def __init__(self, message: str, *, kernel: str | None, log: str) -> None:
-        super().__init__(message)
-        self.kernel = kernel
-        self.log = log
-
-
-class KernelLaunchError(TensorplugError, RuntimeError):
-    """The driver refused a launch or a transfer, or a kernel failed while running."""
-
-    def __init__(self, message: str, *, kernel: str | None = None, status: int | None = None):
-        super().__init__(message)
-        self.kernel = kernel
-        self.status = status
-
-
-class OutOfMemoryError(AllocationError):
-    """The GPU had no memory left; nothing stored was changed and the process can go
-    on (free buffers, use smaller batches, or place part of the model elsewhere)."""
-
-    def __init__(self, message: str, *, kernel: str | None = None) -> None:
-        super().__init__(message)
-        self.kernel = kernel
+def cuda_errors(cp: Any) -> tuple[type[BaseException], ...]:
+    """Every exception type cupy raises for a failed CUDA call."""
+    return (
+        cp.cuda.runtime.CUDARuntimeError,
+        cp.cuda.driver.CUDADriverError,
+        cp.cuda.memory.OutOfMemoryError,
+    )
 
 
 def is_out_of_memory(cp: Any, err: BaseException) -> bool:

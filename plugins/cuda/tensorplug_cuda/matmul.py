@@ -36,8 +36,8 @@ from tensorplug.types import Type
 from tensorplug_kernels.launch import nrows, round_up, row_launch, tensor_arg
 from tensorplug_kernels.source import QUANT
 
-from .buffer import CUDABuffer, cuda_errors
-from .errors import OutOfMemoryError, is_out_of_memory, translate
+from .buffer import CUDABuffer
+from .errors import OutOfMemoryError, cuda_errors, is_out_of_memory, translate
 from .settings import CUBLAS, CUBLAS_F16
 
 if TYPE_CHECKING:
@@ -193,11 +193,12 @@ class CublasMatmul:
         """A contiguous ``to`` copy of ``src`` at ``offset`` in ``scratch``, by ``k_cpy``."""
         t = new_tensor(to, src.shape, f"{src.name}:{to.name.lower()}")
         tensor_alloc(scratch, t, offset)
+        backend = self.backend
         for launch in row_launch(
-            "k_cpy", nrows(src), self.backend.device.limits, s=tensor_arg(src), d=tensor_arg(t),
+            "k_cpy", nrows(src), backend.device.limits, s=tensor_arg(src), d=tensor_arg(t),
             reshape=0,
         ):  # fmt: skip
-            self.backend.launch(launch, node)
+            backend.issue(backend.bind(launch, node, backend.runtime_buffers(launch.scratch)))
         return t
 
     def free(self) -> None:

@@ -1,7 +1,7 @@
-"""Graph plans: a graph's launches bound once, replayed as a captured CUDA graph.
+"""Graph plans replayed as captured CUDA graphs.
 
-Making a plan encodes every node and binds every launch (kernel, grid, packed
-arguments struct, buffer pointers) once. Computing it the first time launches them
+A plan is the runtime base's (:class:`~tensorplug_kernels.runtime.GPUGraphPlan`: every
+node encoded and every launch bound once). Computing it the first time launches them
 one by one (a warm-up, as ggml's: kernels load, and a plan computed once gains nothing
 from capture). From the second compute on, the launches are captured on the stream
 (``Stream.begin_capture``/``end_capture``) into a CUDA graph, and every compute after
@@ -25,19 +25,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from tensorplug.backend import GraphPlan, Status
 from tensorplug.graph import Graph
 from tensorplug.tensor import Tensor
-from tensorplug_kernels import encode, scratch_bytes
+from tensorplug_kernels.runtime import GPUGraphPlan
 
-from .buffer import cuda_errors
-from .errors import KernelLaunchError
-from .launch import BoundLaunch, bind
+from .errors import KernelLaunchError, cuda_errors
 from .settings import GRAPHS
 
 if TYPE_CHECKING:
-    from tensorplug.buffer import Buffer
-
     from .backend import CUDABackend
 
 __all__ = ["CUDAGraphPlan", "graphs_refused"]
@@ -60,8 +55,8 @@ def graphs_refused(backend: CUDABackend) -> str:
     return ""
 
 
-class CUDAGraphPlan(GraphPlan):
-    """A graph bound for repeated computes on one backend.
+class CUDAGraphPlan(GPUGraphPlan):
+    """A graph bound for repeated computes on one backend, captured once warm.
 
     ``label`` names what the plan serves in the log line of a failed capture: a user's
     graph plan, or ``graph_compute``'s own cache of plans (:mod:`.replay`).
@@ -70,41 +65,15 @@ class CUDAGraphPlan(GraphPlan):
     backend: CUDABackend
 
     def __init__(self, backend: CUDABackend, graph: Graph, label: str = "graph plan") -> None:
-        super().__init__(backend, graph)
         self.label = label
-        self.steps: list[BoundLaunch | Tensor] = []
-        self.buffers: list[Buffer] = []
-        self.cuda_graph: Any = None
-        self.computes = 0
         self.replays = 0
-        self.not_captured = ""  # why this plan is launched eagerly, "" while it may be captured
-        self.watches_errors = False
-        self.bind(graph)
+        super().__init__(backend, graph)
 
     def bind(self, graph: Graph) -> None:
-        """Bind ``graph``'s launches (again, after its memory moved)."""
-        backend = self.backend
-        dev = backend.device
-        steps: list[BoundLaunch | Tensor] = []
-        # None: computed by cuBLAS at each compute
-        encoded = [
-            (node, None if backend.matmul.takes(node) else encode(node, dev.limits))
-            for node in graph.nodes
-        ]
-        with dev.context():
-            # scratch sized once for the whole plan: its address must not move once bound
-            need = scratch_bytes(ln for _, launches in encoded for ln in launches or ())
-            runtime = backend.runtime_buffers(need)
-            for node, launches in encoded:
-                if launches is None:
-                    steps.append(node)
-                else:
-                    steps += [bind(ln, dev, runtime, node) for ln in launches]
-        self.graph, self.steps = graph, steps
-        self.watches_errors = any(isinstance(s, BoundLaunch) and s.watches_errors for s in steps)
-        self.buffers = graph.buffers()
-        self.cuda_graph, self.computes = None, 0
-        self.not_captured = self._capture_refused()
+        super().bind(graph)
+        self.cuda_graph: Any = None
+        self.computes = 0
+        self.not_captured = self._capture_refused()  # why it is never captured; "" if it may be
 
     def _capture_refused(self) -> str:
         if why := graphs_refused(self.backend):
@@ -120,21 +89,11 @@ class CUDAGraphPlan(GraphPlan):
         """A capture was tried and failed (the plan launches eagerly from then on)."""
         return self.not_captured.startswith(_FAILED)
 
-    # -- computing ---------------------------------------------------------------------------
-
-    def _run_steps(self) -> None:
-        backend = self.backend
-        for step in self.steps:
-            if isinstance(step, Tensor):
-                backend.compute_node(step)
-            else:
-                backend.issue(step)
-
     def _capture(self) -> Any:
         stream = self.backend.stream
         stream.begin_capture()
         try:
-            self._run_steps()
+            self.backend.run(self.steps)
         except BaseException:
             try:
                 stream.end_capture()  # leave capture mode; the partial graph is dropped
@@ -143,31 +102,25 @@ class CUDAGraphPlan(GraphPlan):
             raise
         return stream.end_capture()
 
-    def compute(self) -> Status:
-        """Queue the plan's work on the backend's stream."""
-        for buf in self.buffers:
-            buf.check_live()  # never hand a freed buffer to a kernel
+    def _compute(self) -> None:
         backend = self.backend
         capture_errors: tuple[type[BaseException], ...] = (
             KernelLaunchError, NotImplementedError, *cuda_errors(backend.cp)
-        )
-        with backend.device.context():
-            if self.cuda_graph is None and not self.not_captured and self.computes >= WARM_UP:
-                try:
-                    self.cuda_graph = self._capture()
-                except capture_errors as e:
-                    self.not_captured = f"{_FAILED} ({type(e).__name__}: {e})"
-                    log.info("%s: %s launched without a CUDA graph: %s",
-                             backend.name, self.label, self.not_captured)  # fmt: skip
-            if self.cuda_graph is not None:
-                self.cuda_graph.launch(backend.stream)
-                self.replays += 1
-            else:
-                self._run_steps()
+        )  # fmt: skip
+        if self.cuda_graph is None and not self.not_captured and self.computes >= WARM_UP:
+            try:
+                self.cuda_graph = self._capture()
+            except capture_errors as e:
+                self.not_captured = f"{_FAILED} ({type(e).__name__}: {e})"
+                log.info("%s: %s launched without a CUDA graph: %s",
+                         backend.name, self.label, self.not_captured)  # fmt: skip
+        if self.cuda_graph is not None:
+            self.cuda_graph.launch(backend.stream)
+            self.replays += 1
+        else:
+            backend.run(self.steps)
         self.computes += 1
-        if self.watches_errors:
-            backend.note_error_word()
-        return Status.SUCCESS
 
     def release(self) -> None:
-        self.steps, self.cuda_graph = [], None
+        super().release()
+        self.cuda_graph = None

@@ -8,11 +8,9 @@ kernels on PoCL.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
 from typing import Any
 
-from tensorplug.device import Reg
+from tensorplug_kernels.runtime import GPUReg, process_wide
 
 from .buffer import CUDAHostBufferType
 from .device import CUDADevice
@@ -21,21 +19,17 @@ from .probe import UNVERIFIED
 __all__ = ["CUDAReg", "create_reg"]
 
 
-class CUDAReg(Reg):
+class CUDAReg(GPUReg):
     """Devices ``CUDA0``, ``CUDA1``, … and the pinned host buffer type they share."""
+
+    runtime = "CUDA"
+    _devices: list[CUDADevice]
 
     def __init__(self, cp: Any) -> None:
         self.cp = cp
         self.host_buffer_type = CUDAHostBufferType(cp)
         count = cp.cuda.runtime.getDeviceCount()
         self._devices = [CUDADevice(self, i, cp) for i in range(count)]
-
-    @property
-    def name(self) -> str:
-        return "CUDA"
-
-    def devices(self) -> Sequence[CUDADevice]:
-        return tuple(self._devices)
 
     def features(self) -> dict[str, str]:
         runtime = self.cp.cuda.runtime
@@ -63,16 +57,11 @@ class CUDAReg(Reg):
         return feats
 
 
-_REG: CUDAReg | None = None
-_LOCK = threading.Lock()
+def _over_cupy() -> CUDAReg:
+    import cupy
+
+    return CUDAReg(cupy)
 
 
-def create_reg() -> CUDAReg:
-    """The process-wide registration over the real cupy (programs are compiled once)."""
-    global _REG
-    with _LOCK:
-        if _REG is None:
-            import cupy
-
-            _REG = CUDAReg(cupy)
-        return _REG
+#: The process-wide registration over the real cupy (programs are compiled once).
+create_reg = process_wide(_over_cupy)

@@ -11,7 +11,7 @@ eagerly the first time (the warm-up), captured the second, replayed with one
 ``Graph.launch`` from then on.
 
 The signature holds, per node in order, everything a bound launch is made from (see
-``tensorplug_kernels.encode`` and :func:`.launch.bind`): the op and its parameters, and
+``tensorplug_kernels.encode`` and ``GPUBackend.bind``): the op and its parameters, and
 for the node and each source the type, shape, strides, buffer and byte offset. Values
 the kernels read from memory (token ids, positions, masks, cache rows) are not in it:
 a replay reads them anew, which is what lets one captured graph serve every step.

@@ -8,10 +8,12 @@ A library, not a backend: it registers nothing. It holds
 * the kernels' calling convention, parsed from those declarations — :mod:`.abi`;
 * the node → launches encoder: which kernel, what grid, which arguments — :mod:`.encode`;
 * the gates that check every kernel in every dialect without a GPU —
-  ``python -m tensorplug_kernels check``.
+  ``python -m tensorplug_kernels check``;
+* the GPU runtime base the GPU plugins share — :mod:`.runtime` (buffers, the program
+  cache, plans, scratch, the error word, transfers and events around a few hooks).
 
-A GPU plugin supplies only its runtime: compiling and caching the rendered program,
-buffers, a queue or stream, events, binding a launch's arguments and launching.
+A GPU plugin supplies only its runtime's hooks: allocate, copy, compile, launch,
+synchronize, events.
 """
 
 from __future__ import annotations

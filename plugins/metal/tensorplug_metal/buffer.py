@@ -6,6 +6,8 @@ buffer *is* a host buffer (``is_host``): set/get are memory copies, and the CPU
 backend computes straight from it when the scheduler puts a node there. The one rule
 shared memory adds: the host must not touch bytes the GPU may still be using, so every
 host access first waits for the device's committed work (``MetalDevice.wait_idle``).
+The buffer type is the runtime base's (:class:`~tensorplug_kernels.runtime.GPUBufferType`,
+``host_memory`` set); what kernels bind is :meth:`binding`, as in every runtime.
 
 Mapped weights (:func:`wrap_host_memory`) wrap an mmap'ed GGUF file with
 ``newBufferWithBytesNoCopy``, which wants a page-aligned start and a whole number of
@@ -21,27 +23,21 @@ import ctypes
 import logging
 import mmap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from tensorplug.buffer import BufferType, BufferUsage
+from tensorplug.buffer import BufferUsage
 from tensorplug.errors import AllocationError, UnsupportedError
 from tensorplug.host import HostBuffer
+from tensorplug_kernels.runtime import DeviceMemory, GPUBufferType
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
     from .device import MetalDevice
 
-__all__ = [
-    "MappedView",
-    "MetalBuffer",
-    "MetalBufferType",
-    "MetalMappedBuffer",
-    "SHARED_STORAGE",
-    "wrap_host_memory",
-]
+__all__ = ["MappedView", "MetalBuffer", "MetalMappedBuffer", "SHARED_STORAGE", "wrap_host_memory"]
 
 log = logging.getLogger(__name__)
 
@@ -51,45 +47,6 @@ SHARED_STORAGE = 0
 
 #: Tensors start on this boundary; the kernels' widest loads need 16 bytes.
 ALIGNMENT = 256
-
-
-class MetalBufferType(BufferType):
-    """Shared-storage memory of one Metal device."""
-
-    device: MetalDevice
-
-    def __init__(self, device: MetalDevice) -> None:
-        super().__init__(device)
-        self.device = device
-
-    @property
-    def name(self) -> str:
-        return self.device.name
-
-    @property
-    def alignment(self) -> int:
-        return ALIGNMENT
-
-    @property
-    def max_size(self) -> int:
-        return self.device.info.max_buffer
-
-    @property
-    def is_host(self) -> bool:
-        return True
-
-    def _alloc_buffer(self, size: int) -> MetalBuffer:
-        dev = self.device
-        free, total = dev.memory()
-        if size > free:
-            raise AllocationError(
-                f"{self.name}: {size} bytes requested but only {free} of the {total} bytes "
-                "Metal recommends for this process are free; free other buffers, use smaller "
-                "tensors or place part of the model on another device"
-            )
-        nbytes = max(size, ALIGNMENT)  # Metal refuses empty buffers
-        mtl = shared_buffer(dev, nbytes, f"a buffer of {size} bytes")
-        return MetalBuffer(self, mtl, size)
 
 
 def shared_buffer(dev: MetalDevice, nbytes: int, what: str) -> Any:
@@ -108,7 +65,7 @@ def contents_array(mtl: Any, nbytes: int) -> np.ndarray:
     return np.frombuffer(mtl.contents().as_buffer(nbytes), dtype=np.uint8)
 
 
-class _WaitsForTheGPU(HostBuffer):
+class _WaitsForTheGPU(DeviceMemory, HostBuffer):
     """Host access to memory the device's queued kernels may be using waits for them."""
 
     device: MetalDevice
@@ -141,9 +98,9 @@ class _WaitsForTheGPU(HostBuffer):
 class MetalBuffer(_WaitsForTheGPU):
     """One shared-storage ``MTLBuffer``; tensors live at byte offsets inside it."""
 
-    def __init__(self, buft: MetalBufferType, mtl: Any, size: int) -> None:
+    def __init__(self, buft: GPUBufferType, size: int, mtl: Any) -> None:
         super().__init__(buft, contents_array(mtl, max(size, ALIGNMENT))[:size])
-        self.device = buft.device
+        self.device = cast("MetalDevice", buft.device)
         self.mtl = mtl
 
     def binding(self, offset: int, nbytes: int) -> tuple[Any, int]:
@@ -153,6 +110,7 @@ class MetalBuffer(_WaitsForTheGPU):
 
     def _free(self) -> None:
         self.device.wait_idle()  # the GPU may still be reading it
+        self.device.buffer_freed(self)
         super()._free()
         self.mtl = None  # pyobjc releases it (its new* selector is registered as owned)
 
@@ -174,10 +132,10 @@ class MetalMappedBuffer(_WaitsForTheGPU):
     more no-copy views. Read-only when the memory is."""
 
     def __init__(
-        self, buft: MetalBufferType, data: np.ndarray, owner: Any, views: list[MappedView]
+        self, buft: GPUBufferType, data: np.ndarray, owner: Any, views: list[MappedView]
     ) -> None:
         super().__init__(buft, data, owner=owner)
-        self.device = buft.device
+        self.device = cast("MetalDevice", buft.device)
         self.views = views
 
     def binding(self, offset: int, nbytes: int) -> tuple[Any, int]:
@@ -192,6 +150,7 @@ class MetalMappedBuffer(_WaitsForTheGPU):
 
     def _free(self) -> None:
         self.device.wait_idle()
+        self.device.buffer_freed(self)
         super()._free()
         self.views = []
 
@@ -256,7 +215,7 @@ def wrap_host_memory(dev: MetalDevice, obj: Any, max_tensor_size: int) -> HostBu
     return buf
 
 
-def _copied(buft: MetalBufferType, data: np.ndarray) -> MetalBuffer:
+def _copied(buft: GPUBufferType, data: np.ndarray) -> MetalBuffer:
     buf = buft.alloc_buffer(data.size)
     assert isinstance(buf, MetalBuffer)
     buf.data[...] = data

@@ -1,4 +1,4 @@
-"""One tensorplug device per Metal device (``MTLDevice``).
+"""One tensorplug device per Metal device (``MTLDevice``), over the runtime base.
 
 What Metal says about a device is read once, into :class:`DeviceInfo`. Apple GPUs
 share memory with the CPU: the device's buffers are ``MTLBuffer``\\ s in shared
@@ -8,35 +8,29 @@ mapped from disk are wrapped without a copy (``buffer_from_host_ptr``).
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tensorplug.backend import Event
-from tensorplug.device import Device, DeviceCaps, DeviceType
+from tensorplug.device import DeviceCaps, DeviceType
 from tensorplug.errors import UnsupportedError
-from tensorplug.opcodes import Op
-from tensorplug.tensor import Tensor
-from tensorplug_kernels import Limits, supports
+from tensorplug_kernels import Limits
+from tensorplug_kernels.runtime import GPUDevice
 
-from .buffer import MetalBufferType, wrap_host_memory
+from .backend import MetalBackend, MetalEvent
+from .buffer import ALIGNMENT, MetalBuffer, MetalMappedBuffer, shared_buffer, wrap_host_memory
 from .probe import UNVERIFIED
+from .program import KernelProgram
 
 if TYPE_CHECKING:
-    from tensorplug.buffer import Buffer, BufferType
+    from tensorplug.buffer import Buffer
 
-    from .backend import MetalBackend
-    from .program import KernelProgram
     from .reg import MetalReg
 
 __all__ = ["DeviceInfo", "MetalDevice", "read_device_info"]
 
 #: Threads per threadgroup of the row kernels: a multiple of the 32-wide simdgroup.
 DEFAULT_WG = 128
-
-#: ggml's rule for GPU backends: ops over at least this many rows pay for the hand-over.
-OFFLOAD_MIN_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -68,29 +62,22 @@ def read_device_info(mtl: Any) -> DeviceInfo:
     )
 
 
-class MetalDevice(Device):
+class MetalDevice(GPUDevice):
     """A Metal device seen as ``Metal<index>``."""
 
     reg: MetalReg
+    backend_class = MetalBackend
+    buffer_class = MetalBuffer
+    host_memory = True  # shared storage: the CPU reads and writes the buffers in place
 
     def __init__(self, reg: MetalReg, index: int, mtl: Any) -> None:
-        super().__init__(reg)
-        self.index = index
+        super().__init__(reg, index)
         self.mtl = mtl
         self.metal, self.objc = reg.metal, reg.objc
-        self.info = read_device_info(mtl)
+        self.info = info = read_device_info(mtl)
         # scratch: the backend binds its scratch buffer (the 8-bit integer mat-vec path)
-        self.limits = Limits(wg=self.info.wg, local_mem=self.info.local_mem, gpu=True, scratch=True)
-        self._buft = MetalBufferType(self)
-        self._program: KernelProgram | None = None
-        self._lock = threading.Lock()
-        self._backends: weakref.WeakSet[MetalBackend] = weakref.WeakSet()
-
-    # -- identity ------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return f"Metal{self.index}"
+        self.limits = Limits(wg=info.wg, local_mem=info.local_mem, gpu=True, scratch=True)
+        self.alignment, self.max_alloc = ALIGNMENT, info.max_buffer
 
     @property
     def description(self) -> str:
@@ -117,40 +104,12 @@ class MetalDevice(Device):
         total = self.info.memory_total
         return max(total - int(self.mtl.currentAllocatedSize()), 0), total
 
-    # -- program -------------------------------------------------------------------------
-
-    @property
-    def program(self) -> KernelProgram:
-        """The kernel library, compiled on first use (once per device)."""
-        if self._program is None:
-            from .program import KernelProgram
-
-            with self._lock:
-                if self._program is None:
-                    self._program = KernelProgram(self)
-        return self._program
-
-    # -- work in flight --------------------------------------------------------------------
-
-    def track_backend(self, backend: MetalBackend) -> None:
-        self._backends.add(backend)
-
     def wait_idle(self) -> None:
         """Wait until every command buffer committed on this device has completed, so
         the host can touch shared memory the GPU may be using. Errors are left for the
         backend's ``synchronize`` to raise."""
-        for backend in list(self._backends):
-            backend.wait_committed()
-
-    # -- backends, buffers, ops ------------------------------------------------------------
-
-    def _init_backend(self, params: str | None) -> MetalBackend:
-        from .backend import MetalBackend
-
-        return MetalBackend(self)
-
-    def buffer_type(self) -> MetalBufferType:
-        return self._buft
+        for backend in self.backends():
+            cast(MetalBackend, backend).wait_committed()
 
     def buffer_from_host_ptr(self, obj: Any, max_tensor_size: int = 0) -> Buffer:
         """Wrap host memory (an mmap'ed GGUF file) as Metal buffers without a copy;
@@ -162,27 +121,22 @@ class MetalDevice(Device):
             )
         return wrap_host_memory(self, obj, max_tensor_size)
 
-    def supports_op(self, op: Tensor) -> bool:
-        return supports(op, self.limits)
+    def owns(self, buf: Buffer | None, write: bool = False) -> bool:
+        """A queued copy never writes a mapped file (it may be a read-only mapping)."""
+        return super().owns(buf) and not (write and isinstance(buf, MetalMappedBuffer))
 
-    def supports_buft(self, buft: BufferType) -> bool:
-        return isinstance(buft, MetalBufferType) and buft.device is self
+    # -- the runtime base's hooks --------------------------------------------------------
 
-    def offload_op(self, op: Tensor) -> bool:
-        """Worth moving a large batch here (ggml: at least 32 rows; not a row lookup)."""
-        return op.op is not Op.GET_ROWS and op.ne()[1] >= OFFLOAD_MIN_BATCH
+    def _alloc(self, nbytes: int) -> Any:
+        return shared_buffer(self, nbytes, f"a buffer of {nbytes} bytes")
 
-    # -- events ------------------------------------------------------------------------------
+    def _build_program(self) -> KernelProgram:
+        return KernelProgram(self)
 
     def event_new(self) -> Event:
-        from .backend import MetalEvent
-
         return Event(self, MetalEvent(self.mtl.newSharedEvent()))
 
     def event_synchronize(self, event: Event) -> None:
         marker = event.context
         if marker is not None and marker.command_buffer is not None:
             marker.command_buffer.waitUntilCompleted()
-
-    def event_free(self, event: Event) -> None:
-        event.context = None

@@ -3,33 +3,18 @@
 Metal reports failures three ways: a ``new*`` call returns nil (no memory for a
 buffer), an ``NSError`` comes back beside the result (the compiler's log, a pipeline
 the GPU cannot run), or a committed command buffer ends with status *error* and an
-``NSError`` (a fault while the GPU ran it). Callers here catch one hierarchy instead.
+``NSError`` (a fault while the GPU ran it). Callers here catch one hierarchy instead:
+the runtime base's, and :class:`CommandBufferError` for the third.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tensorplug.errors import PluginError, TensorplugError
+from tensorplug.errors import TensorplugError
+from tensorplug_kernels.runtime import KernelBuildError, KernelLaunchError
 
 __all__ = ["CommandBufferError", "KernelBuildError", "KernelLaunchError", "describe_nserror"]
-
-
-class KernelBuildError(PluginError):
-    """Metal's compiler rejected the kernel sources; ``log`` has its full output."""
-
-    def __init__(self, message: str, *, kernel: str | None, log: str) -> None:
-        super().__init__(message)
-        self.kernel = kernel
-        self.log = log
-
-
-class KernelLaunchError(TensorplugError, RuntimeError):
-    """A kernel could not be prepared or dispatched (pipeline, threadgroup size)."""
-
-    def __init__(self, message: str, *, kernel: str | None = None) -> None:
-        super().__init__(message)
-        self.kernel = kernel
 
 
 class CommandBufferError(TensorplugError, RuntimeError):

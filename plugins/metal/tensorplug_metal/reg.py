@@ -9,11 +9,9 @@ before the first Metal object is created.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
 from typing import Any
 
-from tensorplug.device import Reg
+from tensorplug_kernels.runtime import GPUReg, process_wide
 
 from .device import MetalDevice
 from .ownership import register_ownership
@@ -32,20 +30,16 @@ def discover_devices(metal: Any) -> list[Any]:
     return devices
 
 
-class MetalReg(Reg):
+class MetalReg(GPUReg):
     """Devices ``Metal0``, ``Metal1``, …"""
+
+    runtime = "Metal"
+    _devices: list[MetalDevice]
 
     def __init__(self, metal: Any, objc: Any) -> None:
         register_ownership(objc)
         self.metal, self.objc = metal, objc
         self._devices = [MetalDevice(self, i, d) for i, d in enumerate(discover_devices(metal))]
-
-    @property
-    def name(self) -> str:
-        return "Metal"
-
-    def devices(self) -> Sequence[MetalDevice]:
-        return tuple(self._devices)
 
     def features(self) -> dict[str, str]:
         pyobjc = str(getattr(self.objc, "__version__", "unknown"))
@@ -60,17 +54,12 @@ class MetalReg(Reg):
         return feats
 
 
-_REG: MetalReg | None = None
-_LOCK = threading.Lock()
+def _over_pyobjc() -> MetalReg:
+    import Metal
+    import objc
+
+    return MetalReg(Metal, objc)
 
 
-def create_reg() -> MetalReg:
-    """The process-wide registration over pyobjc (libraries are compiled once)."""
-    global _REG
-    with _LOCK:
-        if _REG is None:
-            import Metal
-            import objc
-
-            _REG = MetalReg(Metal, objc)
-        return _REG
+#: The process-wide registration over pyobjc (libraries are compiled once).
+create_reg = process_wide(_over_pyobjc)

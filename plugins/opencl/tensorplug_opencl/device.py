@@ -1,39 +1,35 @@
-"""One tensorplug device per OpenCL device.
+"""One tensorplug device per OpenCL device, over the runtime base's :class:`GPUDevice`.
 
-Each device has its own context (so its buffers and its program belong to it alone),
-a transfer queue for synchronous buffer operations, and the kernel program built on
-first use. Everything the driver says about the device is read once, into
-:class:`DeviceInfo`.
+Each device has its own context (so its buffers and its program belong to it alone)
+and a transfer queue for synchronous buffer operations. Everything the driver says
+about the device is read once, into :class:`DeviceInfo`. PoCL and other drivers
+allocate lazily, so free memory is the total less what this plugin holds, unless the
+driver can say (AMD).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tensorplug.backend import Event
-from tensorplug.device import Device, DeviceCaps, DeviceType
+from tensorplug.device import DeviceCaps, DeviceType
 from tensorplug.tensor import Tensor
-from tensorplug_kernels import Limits, supports
+from tensorplug_kernels import Limits
+from tensorplug_kernels.runtime import OFFLOAD_MIN_BATCH, GPUDevice
 
-from .buffer import OpenCLBufferType
+from .backend import OpenCLBackend
+from .buffer import OpenCLBuffer
 from .errors import translate
+from .program import KernelProgram
 
 if TYPE_CHECKING:
-    from tensorplug.buffer import BufferType
-
-    from .backend import OpenCLBackend
-    from .program import KernelProgram
     from .reg import OpenCLReg
 
 __all__ = ["DeviceInfo", "OpenCLDevice", "build_options", "read_device_info"]
 
 #: Work-group size of the row kernels (reductions): a power of two, capped per device.
 DEFAULT_WG = 64
-
-#: ggml's rule for GPU backends: ops over at least this many rows pay for the transfer.
-OFFLOAD_MIN_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -144,38 +140,34 @@ def build_options(info: DeviceInfo) -> list[str]:
     return opts
 
 
-class OpenCLDevice(Device):
+class OpenCLDevice(GPUDevice):
     """An OpenCL device seen as ``OpenCL<index>``."""
 
     reg: OpenCLReg
+    backend_class = OpenCLBackend
+    buffer_class = OpenCLBuffer
+    noun = "device"
 
     def __init__(self, reg: OpenCLReg, index: int, cl_device: Any) -> None:
         import pyopencl as cl
 
-        super().__init__(reg)
-        self.index = index
+        super().__init__(reg, index)
         self.cl_device = cl_device
-        self.info = read_device_info(cl_device)
+        self.info = info = read_device_info(cl_device)
         self.context = cl.Context([cl_device])
         self.transfer_queue = cl.CommandQueue(self.context, cl_device)
         self.limits = Limits(
-            wg=self.info.wg,
-            local_mem=self.info.local_mem,
-            gpu=self.info.type is not DeviceType.CPU
-            and self.info.max_work_group >= 256
-            and self.info.local_mem >= 32 * 1024,
+            wg=info.wg,
+            local_mem=info.local_mem,
+            gpu=info.type is not DeviceType.CPU
+            and info.max_work_group >= 256
+            and info.local_mem >= 32 * 1024,
             scratch=True,
         )
-        self._buft = OpenCLBufferType(self)
-        self._program: KernelProgram | None = None
-        self._lock = threading.Lock()
+        self.alignment, self.max_alloc = info.alignment, info.max_alloc
+        # TypeError, ValueError: what pyopencl raises for arguments it cannot set
+        self.driver_errors = (cl.Error, TypeError, ValueError)
         self._allocated = 0
-
-    # -- identity ------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return f"OpenCL{self.index}"
 
     @property
     def description(self) -> str:
@@ -212,57 +204,28 @@ class OpenCLDevice(Device):
         with self._lock:
             self._allocated += nbytes
 
-    # -- program -------------------------------------------------------------------------
-
-    @property
-    def program(self) -> KernelProgram:
-        """The kernel program, built on first use (once per context)."""
-        if self._program is None:
-            from .program import KernelProgram
-
-            with self._lock:
-                if self._program is None:
-                    self._program = KernelProgram(
-                        self.context, self.cl_device, build_options(self.info)
-                    )
-        return self._program
-
-    # -- backends, buffers, ops ------------------------------------------------------------
-
-    def _init_backend(self, params: str | None) -> OpenCLBackend:
-        from .backend import OpenCLBackend
-
-        return OpenCLBackend(self)
-
-    def buffer_type(self) -> OpenCLBufferType:
-        return self._buft
-
-    def supports_op(self, op: Tensor) -> bool:
-        return supports(op, self.limits)
-
-    def supports_buft(self, buft: BufferType) -> bool:
-        return isinstance(buft, OpenCLBufferType) and buft.device.context == self.context
-
     def offload_op(self, op: Tensor) -> bool:
         """Worth moving a large batch to a discrete or integrated GPU; never to a device
         that is the host CPU itself."""
-        if self.type not in (DeviceType.GPU, DeviceType.IGPU):
-            return False
-        return op.ne()[1] >= OFFLOAD_MIN_BATCH
+        return self.type in (DeviceType.GPU, DeviceType.IGPU) and op.ne()[1] >= OFFLOAD_MIN_BATCH
 
-    # -- events ----------------------------------------------------------------------------
+    # -- the runtime base's hooks --------------------------------------------------------
+
+    def _alloc(self, nbytes: int) -> Any:
+        import pyopencl as cl
+
+        return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+
+    def _build_program(self) -> KernelProgram:
+        return KernelProgram(self.context, self.cl_device, build_options(self.info))
+
+    def translate(self, err: BaseException, what: str, kernel: str | None = None) -> Exception:
+        return translate(err, what, kernel=kernel)
 
     def event_new(self) -> Event:
         return Event(self, None)
 
     def event_synchronize(self, event: Event) -> None:
-        import pyopencl as cl
-
         if event.context is not None:
-            try:
+            with self.driver("waiting for an event"):
                 event.context.wait()
-            except cl.Error as e:
-                raise translate(e, f"{self.name}: waiting for an event") from e
-
-    def event_free(self, event: Event) -> None:
-        event.context = None

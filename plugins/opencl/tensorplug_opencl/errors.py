@@ -1,49 +1,33 @@
-"""Exceptions for driver failures, each naming the kernel involved.
+"""pyopencl's failures as tensorplug exceptions (the runtime base's hierarchy).
 
-pyopencl reports everything as ``pyopencl.Error`` with a status code; the plugin turns
-those into tensorplug exceptions so that callers catch one hierarchy: a failed build
-carries the compiler log, a launch that runs out of device resources is an
-:class:`~tensorplug.AllocationError` (recoverable: free memory, use smaller batches),
-and anything else names the kernel, the node and the driver's code.
+pyopencl reports everything as ``pyopencl.Error`` with a status code; :func:`translate`
+turns one into a :class:`DeviceOutOfResourcesError` (an
+:class:`~tensorplug.AllocationError`: recoverable, free memory or use smaller batches)
+when the device ran out of memory or resources, else a :class:`KernelLaunchError`
+naming the driver's status. Build failures carry the compiler log
+(:class:`KernelBuildError`, raised by :mod:`.program`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tensorplug.errors import AllocationError, PluginError, TensorplugError
+from tensorplug.errors import TensorplugError
+from tensorplug_kernels.runtime import (
+    DeviceOutOfMemoryError,
+    KernelBuildError,
+    KernelLaunchError,
+)
 
 __all__ = ["DeviceOutOfResourcesError", "KernelBuildError", "KernelLaunchError", "translate"]
+
+#: OpenCL says "out of resources" as often as "out of memory": the same exception.
+DeviceOutOfResourcesError = DeviceOutOfMemoryError
 
 #: Status names (``pyopencl.status_code``) that mean the device ran out of something.
 _OUT_OF_RESOURCES = frozenset(
     {"MEM_OBJECT_ALLOCATION_FAILURE", "OUT_OF_RESOURCES", "OUT_OF_HOST_MEMORY"}
 )
-
-
-class KernelBuildError(PluginError):
-    """The OpenCL compiler rejected the kernel sources; ``log`` has its full output."""
-
-    def __init__(self, message: str, *, kernel: str | None, log: str) -> None:
-        super().__init__(message)
-        self.kernel = kernel
-        self.log = log
-
-
-class KernelLaunchError(TensorplugError, RuntimeError):
-    """The driver refused to enqueue or failed to run a kernel."""
-
-    def __init__(self, message: str, *, kernel: str | None = None) -> None:
-        super().__init__(message)
-        self.kernel = kernel
-
-
-class DeviceOutOfResourcesError(AllocationError):
-    """The device had no memory or resources left for a buffer or a kernel launch."""
-
-    def __init__(self, message: str, *, kernel: str | None = None) -> None:
-        super().__init__(message)
-        self.kernel = kernel
 
 
 def status_name(err: Any) -> str:
@@ -58,7 +42,7 @@ def status_name(err: Any) -> str:
     return str(to_string(code, "<unknown status %d>"))
 
 
-def translate(err: Exception, what: str, *, kernel: str | None = None) -> TensorplugError:
+def translate(err: BaseException, what: str, *, kernel: str | None = None) -> TensorplugError:
     """A tensorplug exception for a pyopencl error raised while doing ``what``."""
     status = status_name(err)
     if status in _OUT_OF_RESOURCES:

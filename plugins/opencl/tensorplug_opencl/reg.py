@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
 from typing import Any
 
-from tensorplug.device import Reg
+from tensorplug_kernels.runtime import GPUReg, process_wide
 
 from .device import OpenCLDevice
 
@@ -26,18 +24,14 @@ def discover_devices() -> list[Any]:
     return devices
 
 
-class OpenCLReg(Reg):
+class OpenCLReg(GPUReg):
     """Devices ``OpenCL0``, ``OpenCL1``, … across all platforms."""
+
+    runtime = "OpenCL"
+    _devices: list[OpenCLDevice]
 
     def __init__(self) -> None:
         self._devices = [OpenCLDevice(self, i, d) for i, d in enumerate(discover_devices())]
-
-    @property
-    def name(self) -> str:
-        return "OpenCL"
-
-    def devices(self) -> Sequence[OpenCLDevice]:
-        return tuple(self._devices)
 
     def features(self) -> dict[str, str]:
         import pyopencl as cl
@@ -51,14 +45,5 @@ class OpenCLReg(Reg):
         return feats
 
 
-_REG: OpenCLReg | None = None
-_LOCK = threading.Lock()
-
-
-def create_reg() -> OpenCLReg:
-    """The process-wide registration (contexts and built programs are shared)."""
-    global _REG
-    with _LOCK:
-        if _REG is None:
-            _REG = OpenCLReg()
-        return _REG
+#: The process-wide registration (contexts and built programs are shared).
+create_reg = process_wide(OpenCLReg)

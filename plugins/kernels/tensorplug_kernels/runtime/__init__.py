@@ -1,0 +1,51 @@
+"""The GPU runtime base: what every GPU backend does the same way, written once.
+
+tinygrad's runtimes are an allocator, a compiler and a program launcher over one shared
+device layer; tensorplug's are the same over this package. Base classes are template
+methods: a public method adds the checks and the error context and calls an underscore
+hook that the runtime fills in.
+
+* :class:`GPUDevice` — name, buffer type, the kernel program built once, ops and buffer
+  types it takes, driver calls with context (``device.driver(what)``). A runtime fills
+  in ``_alloc``, ``kernel_arg``, ``buffer_class``, ``_build_program``, ``backend_class``,
+  ``driver_errors``/``translate``, ``memory``, events, and ``current`` where the API
+  has a current device per thread.
+* :class:`GPUBufferType` / :class:`DeviceBuffer` — buffers over the device's allocator;
+  a runtime fills in ``_write``, ``_read``, ``_fill``, ``_copy_in`` (``_release``).
+* :class:`KernelProgram` — the compiled program and its kernels by name, each got once;
+  a runtime fills in ``_compile(text, name)`` and ``_kernel(name)``.
+* :class:`GPUBackend` / :class:`GPUGraphPlan` — node -> launches (the shared encoder,
+  or a runtime's own), binding, plans, scratch growth, the error word and its
+  read-back, plan ownership, transfers and events; a runtime fills in ``_prepare``,
+  ``_issue``, ``_synchronize``, ``_write_async``, ``_read_async``, ``_copy_async``,
+  ``_record``, ``_wait``.
+* :class:`GPUReg` and :func:`process_wide` — the registration and its one instance.
+"""
+
+from __future__ import annotations
+
+from .backend import BoundLaunch, GPUBackend, GPUGraphPlan, Step
+from .device import OFFLOAD_MIN_BATCH, GPUDevice, GPUReg, process_wide
+from .errors import BuildFailed, DeviceOutOfMemoryError, KernelBuildError, KernelLaunchError
+from .memory import DeviceBuffer, DeviceMemory, GPUBufferType, overlapping
+from .program import KernelProgram
+
+__all__ = [
+    "OFFLOAD_MIN_BATCH",
+    "BoundLaunch",
+    "BuildFailed",
+    "DeviceBuffer",
+    "DeviceMemory",
+    "DeviceOutOfMemoryError",
+    "GPUBackend",
+    "GPUBufferType",
+    "GPUDevice",
+    "GPUGraphPlan",
+    "GPUReg",
+    "KernelBuildError",
+    "KernelLaunchError",
+    "KernelProgram",
+    "Step",
+    "overlapping",
+    "process_wide",
+]
