@@ -84,7 +84,7 @@ import gguf, numpy as np
 from numba import njit
 from tensorplug.quants import quantize
 from tensorplug.types import Type
-from tensorplug_cpu.kernels import _numba_int8 as i8, _numba_introw as rows
+from tensorplug_cpu.kernels import _numba_ir as i8, _numba_introw as rows
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
 rows.HAS_AVX2 = rows.HAS_F16C = False  # before anything is compiled in this process
@@ -131,7 +131,7 @@ def test_the_portable_ir_computes_the_same_products() -> None:
 _FAST_CALLER = """
 import numpy as np
 from numba import njit
-from tensorplug_cpu.kernels import _numba_int8 as i8
+from tensorplug_cpu.kernels import _numba_ir as i8
 from tensorplug_cpu.kernels._numba_quant import _DOT
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 

@@ -323,7 +323,7 @@ import gguf, numpy as np
 from numba import njit
 from tensorplug.quants import quantize
 from tensorplug.types import Type
-from tensorplug_cpu.kernels import _numba_int8 as i8, _numba_repack as rp
+from tensorplug_cpu.kernels import _numba_ir as i8, _numba_repack as rp
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 from tensorplug_cpu.repack import LAYOUTS
 

@@ -2,7 +2,7 @@
 
 numba keys a cached function by its own file's time stamp and bytecode only. Most of
 these kernels inline code from other files (the LLVM IR of :mod:`._numba_introw`, the
-f16 helpers of :mod:`._numba_int8`, :func:`._numba_rows.expf`, the repacked layouts of
+f16 helpers of :mod:`._numba_ir`, :func:`._numba_rows.expf`, the repacked layouts of
 :mod:`..repack`), so after an edit to one of those, or a ``git checkout`` of an older
 one, the cached machine code of the kernels that inline it ran on: stale numbers, or a
 crash (this happened while bisecting). :func:`kernel` is ``njit(cache=True)`` whose

@@ -29,7 +29,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ._numba_cache import kernel
-from ._numba_int8 import _I8, _I32, _splat, _vec
+from ._numba_ir import _I8, _I32, _splat, _vec
 from ._numba_introw import (
     LAYOUTS,
     Layout,

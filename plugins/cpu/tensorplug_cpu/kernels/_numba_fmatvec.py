@@ -24,7 +24,7 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from ._numba_cache import kernel
-from ._numba_int8 import _CHUNKS, _I32, _fn, carried_loop
+from ._numba_ir import _CHUNKS, _I32, _fn, carried_loop
 from ._numba_introw import HAS_F16C
 
 __all__ = ["matvec_float", "matvec_float_serial"]

@@ -1,7 +1,7 @@
 """Weight rows, four at a time or one, times one row of Q8_0 activations, each as one
 loop of LLVM IR: ggml's ``ggml_vec_dot_q*_q8_0`` on x86, widened to several rows.
 
-The per-block integer dot of :mod:`._numba_int8` returns a scalar, so every block paid
+The per-block integer dot of :mod:`._numba_ir` returns a scalar, so every block paid
 a horizontal sum of eight lanes, a scalar multiply-add and its own load of the
 activation block. Here each row keeps the eight 32-bit partial sums of a block as a
 float vector, scaled by ``d_w·d_x`` and added into that row's vector accumulator (the
@@ -43,7 +43,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ._numba_int8 import _I8, _I16, _I32, HAS_AVX2, _fn, _splat, _vec
+from ._numba_ir import _I8, _I16, _I32, HAS_AVX2, _fn, _splat, _vec
 
 __all__ = ["GROUP", "LAYOUTS", "PREFETCH_ROWS", "rows1_dot_q6_k", "rows1_dot_q8_0",
            "rows4_dot_q4_0", "rows4_dot_q4_1", "rows4_dot_q4_k", "rows4_dot_q5_0",

@@ -1,7 +1,7 @@
 """The one driver of every integer matrix × vector kernel, and Q4_K's one-row loop for
 the rows left over from groups of four.
 
-As for the 32-block types (:mod:`._numba_int8`), the activations are quantized to
+As for the 32-block types (:mod:`._numba_ir`), the activations are quantized to
 32-value int8 blocks and each block's products are integer multiply-adds. A K-quant's
 sub-blocks line up with those blocks (Q4_K: 32 values per scale and min; Q6_K: 16 per
 scale, two to a block), so one Q8_0 activation block serves one Q4_K sub-block or two
@@ -19,7 +19,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ._numba_cache import kernel
-from ._numba_int8 import (
+from ._numba_ir import (
     _CHUNKS,
     _I8,
     _dot_i8,

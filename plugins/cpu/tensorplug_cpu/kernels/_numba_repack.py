@@ -21,7 +21,7 @@ arithmetic of llama.cpp's ``ggml_gemv_q4_0_8x8_q8_0`` and of the four-row kernel
 :mod:`._numba_introw`, to the bit. Q4_K scales each sub-block's exact sum by its 6-bit
 scale and takes its minimum back out, per sub-block of 32 (the activations' blocks);
 Q6_K scales each 16 values' exact sum, less 32 times their activations' sum.
-The activations are the Q8_0 rows of :func:`._numba_int8.quantize_q8_0`.
+The activations are the Q8_0 rows of :func:`._numba_ir.quantize_q8_0`.
 
 There is no software prefetch: a repacked product is one sequential stream of bytes,
 which the hardware prefetchers follow. Asking for the blocks ahead made Q4_K 25% slower
@@ -46,7 +46,7 @@ from tensorplug.types import Type
 
 from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
 from ._numba_cache import kernel
-from ._numba_int8 import (
+from ._numba_ir import (
     _CHUNKS,
     _I8,
     _I16,

@@ -17,7 +17,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from ._numba_cache import kernel
-from ._numba_int8 import _f32_to_f16_bits, f32_from_bits
+from ._numba_ir import _f32_to_f16_bits, f32_from_bits
 from ._numba_introw import HAS_F16C
 
 
