@@ -270,10 +270,10 @@ def test_float_kernels_without_f16c_read_halves_through_the_table() -> None:
     code = textwrap.dedent("""
         import numpy as np
         from numba import njit
-        from tensorplug_cpu.kernels import _numba_fmatvec as fm
+        from tensorplug_cpu.kernels import _numba_fmatvec as fm, _numba_ir as ir
         from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
-        fm.HAS_F16C = False  # before anything is compiled in this process
+        ir.HAS_F16C = False  # before anything is compiled in this process
         rng = np.random.default_rng(3)
         w = rng.standard_normal((5, 77)).astype(np.float16)
         x = rng.standard_normal((2, 77)).astype(np.float32)

@@ -29,16 +29,8 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ._numba_cache import kernel
-from ._numba_ir import _I8, _I32, _splat, _vec
-from ._numba_introw import (
-    LAYOUTS,
-    Layout,
-    _codes,
-    _data,
-    _load_vec,
-    _runtime_splat,
-    _splat_scalar,
-)
+from ._numba_introw import LAYOUTS, Layout, _codes
+from ._numba_ir import _I8, _I32, _data, _load_vec, _runtime_splat, _splat, _splat_scalar, _vec
 from ._numba_kquant import _scale_min_k4
 from ._numba_quant import _i8
 
