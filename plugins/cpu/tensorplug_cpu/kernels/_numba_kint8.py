@@ -31,6 +31,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from tensorplug.types import Type
+
 from ._numba_cache import kernel
 from ._numba_introw import (
     rows1_dot_q6_k,
@@ -44,8 +46,10 @@ from ._numba_introw import (
 from ._numba_ir import _I8, _I32, _dot_i8, _load, _runtime_splat, _splat, _vec
 from ._numba_quant import _CHUNKS, _DOT, _f16, quantize_q8_0
 
-# ggml type ids (tensorplug.types.Type values), which the driver branches on
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14
+# the type ids the driver branches on
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = (
+    int(t) for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
+)
 
 
 @intrinsic
