@@ -55,6 +55,7 @@ from ._numba_ir import (
     _splat_scalar,
     _splat_vf,
     _vec,
+    carried_loop,
 )
 
 __all__ = ["GROUP", "LAYOUTS", "PREFETCH_ROWS", "rows1_dot_q6_k", "rows1_dot_q8_0",
@@ -210,29 +211,11 @@ def _rows_kernel(
                 _data(context, builder, sig.args[i], args[i]) for i in (2, 3, 4, 5)
             )
             n = builder.sdiv(args[6], _I64(per_block))
-            entry = builder.block
-            loop = builder.append_basic_block("rows_dot.loop")
-            done = builder.append_basic_block("rows_dot.done")
-            builder.cbranch(builder.icmp_signed(">", n, _I64(0)), loop, done)
 
-            builder.position_at_end(loop)
-            b = builder.phi(_I64)
-            accs = [builder.phi(z.type) for z in accumulators]
-            new = body(_Block(builder, row_ps, xr_p, xd_p, xs_p, table_p, b, stride), accs)
-            nxt = builder.add(b, _I64(1))
-            builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
-            body_end = builder.block
-            b.add_incoming(_I64(0), entry)
-            b.add_incoming(nxt, body_end)
-            for phi, zero, val in zip(accs, accumulators, new, strict=True):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, body_end)
+            def block(b: Any, accs: list[Any]) -> list[Any]:
+                return body(_Block(builder, row_ps, xr_p, xd_p, xs_p, table_p, b, stride), accs)
 
-            builder.position_at_end(done)
-            finals = [builder.phi(z.type) for z in accumulators]
-            for phi, zero, val in zip(finals, accumulators, new, strict=True):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, body_end)
+            finals = carried_loop(builder, "rows_dot", _I64(0), n, 1, list(accumulators), block)
             return context.make_tuple(builder, sig.return_type, finish(builder, finals))
 
         return types.UniTuple(types.float32, n_rows)(rows, o, xr, xd, xs, table, nb), codegen
