@@ -45,11 +45,15 @@ from ._numba_introw import (
 )
 from ._numba_ir import _I8, _I32, _dot_i8, _load, _runtime_splat, _splat, _vec
 from ._numba_quant import _CHUNKS, _DOT, _f16, quantize_q8_0
+from .dispatch import INT8_ROWS
 
 # the type ids the driver branches on
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = (
     int(t) for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
 )
+#: the ids of the types whose kernel takes one weight row at a time (the dispatch table's
+#: :data:`~.dispatch.INT8_ROWS`), the others' four
+_ONE_ROW = tuple(int(t) for t, n in INT8_ROWS.items() if n == 1)
 
 
 @intrinsic
@@ -212,7 +216,7 @@ def _matvec_range(
     allows, and the serial and the parallel kernel could round a row differently. Only
     a matrix of fewer than four rows uses them, and it always runs serially
     (``JitKernels.bind_matvec``)."""
-    if kind in (Q8_0, Q6_K):  # _numba_introw.GROUP: one row at a time
+    if kind in _ONE_ROW:
         for one in range(o, end):
             for t in range(xq.shape[0]):
                 out[t, one] = _row1(rows, one, xq[t], xd[t], xs[t], table, kind)
