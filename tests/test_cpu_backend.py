@@ -126,6 +126,14 @@ def test_supports_op_answers_precisely() -> None:
         assert not dev.supports_op(node), node
 
 
+def test_every_op_the_kernels_support_has_one_builder() -> None:
+    from tensorplug_cpu import kernels
+
+    supported = set(kernels._SUPPORT)
+    assert set(kernels.KERNELS) | set(kernels.JIT_KERNELS) == supported
+    assert not set(kernels.KERNELS) & set(kernels.JIT_KERNELS)
+
+
 def test_unsupported_node_is_refused_with_a_clear_error() -> None:
     a = tp.new_tensor("f16", (3, 4), "a")
     bad = _node(tp.Op.ARGMAX, "i32", a)
