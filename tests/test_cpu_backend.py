@@ -424,6 +424,30 @@ def test_jit_can_be_switched_off_for_the_process() -> None:
     assert out.stdout.strip() == "disabled by TENSORPLUG_CPU_JIT"
 
 
+def test_a_jit_setting_it_cannot_read_is_refused_naming_the_valid_values() -> None:
+    """``TENSORPLUG_CPU_JIT=maybe`` is not taken as on: asking for the kernels raises a
+    SettingError that names the values the setting takes; blank means the default."""
+    from tensorplug.settings import SettingError
+    from tensorplug_cpu.kernels import jit as jit_module
+    from tensorplug_cpu.settings import JIT
+
+    assert JIT.get({"TENSORPLUG_CPU_JIT": "off"}) is False
+    assert JIT.get({"TENSORPLUG_CPU_JIT": " "}) is True
+    with pytest.raises(SettingError, match=r"TENSORPLUG_CPU_JIT='maybe'.*'off'.*'on'"):
+        JIT.get({"TENSORPLUG_CPU_JIT": "maybe"})
+    saved = dict(jit_module._state)
+    jit_module._state.clear()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TENSORPLUG_CPU_JIT", "maybe")
+            with pytest.raises(SettingError, match="expected one of"):
+                jit_module.load_jit()
+            assert "kernels" not in jit_module._state  # asked again next time, not cached
+    finally:
+        jit_module._state.clear()
+        jit_module._state.update(saved)
+
+
 def test_plan_scratch_is_aligned_reused_across_nodes_and_distinct_within_one() -> None:
     from tensorplug_cpu.kernels import BuildContext
 

@@ -5,7 +5,7 @@ float32 matrix to memory, which makes matrix × vector (one token of a language 
 several times slower than reading the weights once. These kernels read each block,
 decode it in registers and accumulate the dot product directly, with the output rows
 split into chunks across threads. They are used only when numba imports; everything has a numpy
-fallback, and ``TENSORPLUG_CPU_JIT=0`` turns them off. Which kernel
+fallback, and ``TENSORPLUG_CPU_JIT=0`` turns them off (:mod:`..settings`). Which kernel
 takes which type is the table of :mod:`.dispatch`: this module binds what it chooses.
 
 Decoding matches :mod:`tensorplug.quants` bit for bit (same float32 operations in the
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -29,6 +28,7 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
+from ..settings import JIT
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .threading_layer import preload_tbb
 
@@ -463,8 +463,8 @@ def jit_status() -> str:
 
 
 def _try_load() -> tuple[JitKernels | None, str]:
-    if os.environ.get("TENSORPLUG_CPU_JIT", "1").strip().lower() in ("0", "false", "off", "no"):
-        return None, "disabled by TENSORPLUG_CPU_JIT"
+    if not JIT.get():  # a value it cannot read raises SettingError, naming the valid ones
+        return None, f"disabled by {JIT.env}"
     try:
         import numba
 
