@@ -220,3 +220,34 @@ def test_the_kernels_ask_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     k = np.zeros((8, 1, T.Q5_K.type_size), np.uint8)
     x256 = np.zeros((2, 256), np.float32)
     assert jit.bind_matvec_siblings(x256, [(T.Q5_K, k, outs[0]), (T.Q5_K, k, outs[1])]) is None
+
+
+# -- the one feature probe ----------------------------------------------------------------------
+
+
+def test_the_ir_kernels_compile_for_what_the_one_probe_found() -> None:
+    pytest.importorskip("numba")
+    from llvmlite import binding
+
+    from tensorplug_cpu.kernels import _numba_ir as ir
+
+    host = kernel_features()
+    assert (host.avx2, host.f16c, host.vnni) == (ir.HAS_AVX2, ir.HAS_F16C, ir.HAS_VNNI)
+    flat = binding.get_host_cpu_features().flatten()
+    assert host.avx2 == ("+avx2" in flat) and host.f16c == ("+f16c" in flat)
+
+
+def test_without_llvm_the_probe_finds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An LLVM that cannot tell, or no llvmlite: the kernels' portable form."""
+    from tensorplug_cpu import system
+
+    binding = pytest.importorskip("llvmlite.binding")
+
+    def unknown() -> None:
+        raise RuntimeError("no host features")
+
+    monkeypatch.setattr(binding, "get_host_cpu_features", unknown)
+    assert system.llvm_features() == frozenset()
+    monkeypatch.setitem(sys.modules, "llvmlite", None)  # import llvmlite fails
+    assert system.llvm_features() == frozenset()
+    assert KernelFeatures().level == "portable"
