@@ -423,10 +423,10 @@ def test_llama_block_matches_float64_twin(weight_type: tp.Type) -> None:
 _F16_CACHE_ROWS = """
 import numba
 import numpy as np
-from tensorplug_cpu.kernels import _numba_attention as attention
+from tensorplug_cpu.kernels import _numba_attention as attention, _numba_ir as ir
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
-attention.HAS_F16C = {f16c}  # then compiled afresh (the disk cache does not know it)
+ir.HAS_F16C = {f16c}  # then compiled afresh (the disk cache does not know it)
 attend = numba.njit(fastmath=attention._DOT, parallel=True)(attention.attend.py_func)
 rng = np.random.default_rng(3)
 q = rng.standard_normal((1, 6, 2, 24)).astype(np.float32)
@@ -458,9 +458,9 @@ def test_f16_cache_rows_are_widened_right_on_every_path(f16c: bool, strided: boo
     import subprocess
     import sys
 
-    from tensorplug_cpu.kernels import _numba_introw
+    from tensorplug_cpu.kernels import _numba_ir
 
-    if f16c and not _numba_introw.HAS_F16C:
+    if f16c and not _numba_ir.HAS_F16C:
         pytest.skip("this CPU has no F16C")
     code = _F16_CACHE_ROWS.format(f16c=f16c, strided=strided)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

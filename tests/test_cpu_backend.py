@@ -126,6 +126,14 @@ def test_supports_op_answers_precisely() -> None:
         assert not dev.supports_op(node), node
 
 
+def test_every_op_the_kernels_support_has_one_builder() -> None:
+    from tensorplug_cpu import kernels
+
+    supported = set(kernels._SUPPORT)
+    assert set(kernels.KERNELS) | set(kernels.JIT_KERNELS) == supported
+    assert not set(kernels.KERNELS) & set(kernels.JIT_KERNELS)
+
+
 def test_unsupported_node_is_refused_with_a_clear_error() -> None:
     a = tp.new_tensor("f16", (3, 4), "a")
     bad = _node(tp.Op.ARGMAX, "i32", a)
@@ -414,6 +422,30 @@ def test_jit_can_be_switched_off_for_the_process() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.strip() == "disabled by TENSORPLUG_CPU_JIT"
+
+
+def test_a_jit_setting_it_cannot_read_is_refused_naming_the_valid_values() -> None:
+    """``TENSORPLUG_CPU_JIT=maybe`` is not taken as on: asking for the kernels raises a
+    SettingError that names the values the setting takes; blank means the default."""
+    from tensorplug.settings import SettingError
+    from tensorplug_cpu.kernels import jit as jit_module
+    from tensorplug_cpu.settings import JIT
+
+    assert JIT.get({"TENSORPLUG_CPU_JIT": "off"}) is False
+    assert JIT.get({"TENSORPLUG_CPU_JIT": " "}) is True
+    with pytest.raises(SettingError, match=r"TENSORPLUG_CPU_JIT='maybe'.*'off'.*'on'"):
+        JIT.get({"TENSORPLUG_CPU_JIT": "maybe"})
+    saved = dict(jit_module._state)
+    jit_module._state.clear()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TENSORPLUG_CPU_JIT", "maybe")
+            with pytest.raises(SettingError, match="expected one of"):
+                jit_module.load_jit()
+            assert "kernels" not in jit_module._state  # asked again next time, not cached
+    finally:
+        jit_module._state.clear()
+        jit_module._state.update(saved)
 
 
 def test_plan_scratch_is_aligned_reused_across_nodes_and_distinct_within_one() -> None:

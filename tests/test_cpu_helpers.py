@@ -76,8 +76,8 @@ INT8_TYPES = (tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8
 
 def int8_path(t: tp.Type, n_tokens: int, jit: bool = True) -> bool:
     """Whether the CPU backend computes this product with Q8_0 activations."""
+    from tensorplug_cpu.kernels.dispatch import matvec_max_tokens
     from tensorplug_cpu.kernels.jit import load_jit
-    from tensorplug_cpu.kernels.matmul import matvec_max_tokens
 
     return (
         jit

@@ -84,14 +84,15 @@ import gguf, numpy as np
 from numba import njit
 from tensorplug.quants import quantize
 from tensorplug.types import Type
-from tensorplug_cpu.kernels import _numba_int8 as i8, _numba_introw as rows
+from tensorplug_cpu.kernels import _numba_introw as rows, _numba_ir as ir
+from tensorplug_cpu.kernels._numba_quant import quantize_q8_0
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
-rows.HAS_AVX2 = rows.HAS_F16C = False  # before anything is compiled in this process
+ir.HAS_AVX2 = ir.HAS_F16C = False  # before anything is compiled in this process
 rng = np.random.default_rng(7)
 x = rng.standard_normal((1, 512)).astype(np.float32)
 xq, xd, xs = np.empty((1, 512), np.int8), np.empty((1, 16), np.float32), np.empty((1, 16), np.int32)
-i8.quantize_q8_0(x, xq, xd, xs, table)
+quantize_q8_0(x, xq, xd, xs, table)
 x64 = xq[0].astype(np.float64) * np.repeat(xd[0].astype(np.float64), 32)
 for name in {names!r}:
     t = Type[name.upper()]
@@ -131,13 +132,12 @@ def test_the_portable_ir_computes_the_same_products() -> None:
 _FAST_CALLER = """
 import numpy as np
 from numba import njit
-from tensorplug_cpu.kernels import _numba_int8 as i8
-from tensorplug_cpu.kernels._numba_quant import _DOT
+from tensorplug_cpu.kernels._numba_quant import _DOT, quantize_q8_0
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
 @njit(fastmath=_DOT, cache=False)  # like the mat×vec kernels, which quantize first
 def fast_caller(x, xq, xd, xs):
-    i8.quantize_q8_0(x, xq, xd, xs, table)
+    quantize_q8_0(x, xq, xd, xs, table)
 
 x = np.zeros((1, 32), np.float32)
 x[0, 0] = np.float32(0.49827388)  # amax/127 rounds up to f16 0x1C05; amax·(1/127) down

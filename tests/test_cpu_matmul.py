@@ -14,7 +14,7 @@ from test_cpu_helpers import backend_for, compute, int8_path, nmse, q8_activatio
 import tensorplug as tp
 from tensorplug import ops
 from tensorplug.quants import bf16_to_f32, f32_to_bf16, quantize
-from tensorplug_cpu.kernels import matmul
+from tensorplug_cpu.kernels import dispatch, matmul
 
 RNG = np.random.default_rng(99)
 QUANTS = [
@@ -236,7 +236,7 @@ def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -
 
 @pytest.mark.parametrize("ta", [tp.Type.F32, tp.Type.F16, tp.Type.BF16])
 @pytest.mark.parametrize("n_in", [100, 264])  # tails: after runs of 32, of 8 and of 1
-@pytest.mark.parametrize("n_tokens", [1, 3, matmul.FLOAT_MATVEC_MAX_TOKENS])
+@pytest.mark.parametrize("n_tokens", [1, 3, dispatch.FLOAT_MATVEC_MAX_TOKENS])
 def test_float_weights_times_a_few_rows(ta: tp.Type, n_in: int, n_tokens: int) -> None:
     """A few rows take the kernels that read each weight once (F16 widened in registers);
     one thread and two give the same bits."""
@@ -270,10 +270,10 @@ def test_float_kernels_without_f16c_read_halves_through_the_table() -> None:
     code = textwrap.dedent("""
         import numpy as np
         from numba import njit
-        from tensorplug_cpu.kernels import _numba_fmatvec as fm
+        from tensorplug_cpu.kernels import _numba_fmatvec as fm, _numba_ir as ir
         from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
-        fm.HAS_F16C = False  # before anything is compiled in this process
+        ir.HAS_F16C = False  # before anything is compiled in this process
         rng = np.random.default_rng(3)
         w = rng.standard_normal((5, 77)).astype(np.float16)
         x = rng.standard_normal((2, 77)).astype(np.float32)

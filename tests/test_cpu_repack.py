@@ -323,16 +323,17 @@ import gguf, numpy as np
 from numba import njit
 from tensorplug.quants import quantize
 from tensorplug.types import Type
-from tensorplug_cpu.kernels import _numba_int8 as i8, _numba_repack as rp
+from tensorplug_cpu.kernels import _numba_ir as ir, _numba_repack as rp
+from tensorplug_cpu.kernels._numba_quant import quantize_q8_0
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 from tensorplug_cpu.repack import LAYOUTS
 
 # before anything is compiled in this process
-rp.HAS_VNNI, rp.HAS_AVX2, rp.HAS_F16C = {flags}
+ir.HAS_VNNI, ir.HAS_AVX2, ir.HAS_F16C = {flags}
 rng = np.random.default_rng(7)
 x = rng.standard_normal((4, 256)).astype(np.float32)
 xq, xd, xs = np.empty((4, 256), np.int8), np.empty((4, 8), np.float32), np.empty((4, 8), np.int32)
-i8.quantize_q8_0(x, xq, xd, xs, table)
+quantize_q8_0(x, xq, xd, xs, table)
 x64 = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 32, axis=1)
 for name in ("q4_0", "q5_0", "q8_0", "q4_k", "q6_k"):
     t = Type[name.upper()]

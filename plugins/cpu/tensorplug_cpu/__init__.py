@@ -26,10 +26,9 @@ def _score() -> tuple[int, str]:
         import numpy as np
     except Exception as e:  # an import failure is exactly "cannot run here"
         return 0, f"numpy cannot be imported ({type(e).__name__}: {e}); pip install numpy"
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as features
-    except ImportError:  # numpy < 2
-        from numpy.core._multiarray_umath import __cpu_features__ as features  # type: ignore
+    from .system import simd_features
+
+    features = simd_features()
     have = [name for name, on in features.items() if on]
     score, notes = 16, [f"numpy {np.__version__}"]
     if (features.get("AVX2") and features.get("FMA3")) or features.get("ASIMD"):

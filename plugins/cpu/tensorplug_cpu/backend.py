@@ -115,7 +115,7 @@ class CpuGraphPlan(GraphPlan):
         steps: list[Step] = []
         nodes: list[Tensor] = []
         buffers: dict[int, Buffer] = {}
-        groups = {} if jit is None else sibling_groups(graph.nodes, jit.has_int8, MAX_SIBLINGS)
+        groups = {} if jit is None else sibling_groups(graph.nodes, MAX_SIBLINGS)
         # products computed with an earlier one of their group → what is left at their place
         joined: dict[int, Step | None] = {}
         for i, node in enumerate(graph.nodes):

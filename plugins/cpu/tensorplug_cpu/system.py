@@ -1,5 +1,11 @@
 """What this machine offers the CPU backend: its name, memory, SIMD and BLAS, and threads.
 
+The CPU's features are asked in one place, here, from the two sources that matter:
+numpy's run-time detection (:func:`simd_features`: what its loops dispatch on, and what
+the plugin's score and ``get_features`` report) and LLVM's view of the host
+(:func:`kernel_features`: what numba compiles the IR kernels for, since those may use
+only instructions LLVM will emit here).
+
 Thread counts are process-wide in numba and in the worker pool, while ggml sets them per
 backend. Each backend therefore remembers the count it wants and :class:`ThreadControl`
 re-applies it only when a different backend last changed it, so that alternating
@@ -10,9 +16,11 @@ pool splits big products instead (see :mod:`.workers`).
 
 from __future__ import annotations
 
+import functools
 import platform
 import threading
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +32,17 @@ from .workers import POOL
 if TYPE_CHECKING:
     from .kernels.jit import JitKernels
 
-__all__ = ["ThreadControl", "blas_info", "cpu_name", "features", "memory", "simd_features"]
+__all__ = [
+    "KernelFeatures",
+    "ThreadControl",
+    "blas_info",
+    "cpu_name",
+    "features",
+    "kernel_features",
+    "llvm_features",
+    "memory",
+    "simd_features",
+]
 
 _SIMD_SHOWN = (
     "SSE3", "SSSE3", "SSE41", "SSE42", "AVX", "F16C", "FMA3", "AVX2",
@@ -56,6 +74,51 @@ def simd_features() -> dict[str, bool]:
     except ImportError:  # numpy < 2
         from numpy.core._multiarray_umath import __cpu_features__ as found  # type: ignore
     return dict(found)
+
+
+def llvm_features() -> frozenset[str]:
+    """The features LLVM, numba's compiler, enables for this CPU (``"avx2"``, ``"f16c"``,
+    …); empty when llvmlite is not installed or LLVM cannot tell, so that kernels take
+    their portable form."""
+    try:
+        from llvmlite import binding
+    except ImportError:
+        return frozenset()
+    try:
+        flat = binding.get_host_cpu_features().flatten()
+    except RuntimeError:  # features unknown on this host
+        return frozenset()
+    return frozenset(f[1:] for f in flat.split(",") if f.startswith("+"))
+
+
+#: instruction levels of the IR kernels, best first (:attr:`KernelFeatures.level`)
+LEVELS = ("vnni", "avx2", "portable")
+
+
+@dataclass(frozen=True)
+class KernelFeatures:
+    """What the numba IR kernels compile for: each flag picks an instruction form."""
+
+    #: ``vpmaddubsw``/``vpmaddwd`` integer dots, ``vphaddw`` folds
+    avx2: bool = False
+    #: ``vcvtph2ps``/``vcvtps2ph`` for f16 scales and values (else an f16 → f32 table)
+    f16c: bool = False
+    #: ``vpdpbusd`` on 256-bit vectors: AVX512-VNNI with AVX512VL, or AVX-VNNI
+    vnni: bool = False
+
+    @property
+    def level(self) -> str:
+        """The best of :data:`LEVELS` these features reach."""
+        return "vnni" if self.vnni else "avx2" if self.avx2 else "portable"
+
+
+@functools.cache
+def kernel_features() -> KernelFeatures:
+    """This CPU's :class:`KernelFeatures`, as LLVM sees it; asked once per process (numba's
+    disk cache keys compiled code by the host CPU too)."""
+    found = llvm_features()
+    vnni = {"avx512vnni", "avx512vl"} <= found or "avxvnni" in found
+    return KernelFeatures(avx2="avx2" in found, f16c="f16c" in found, vnni=vnni)
 
 
 def blas_info() -> list[dict[str, Any]]:

@@ -25,16 +25,16 @@ if TYPE_CHECKING:
 
     from .jit import JitKernels
 
-__all__ = ["BuildContext", "KERNELS", "Step", "build_step", "supports"]
+__all__ = ["JIT_KERNELS", "KERNELS", "BuildContext", "Step", "build_step", "supports"]
 
 FLOAT = frozenset({Type.F32, Type.F16, Type.BF16})
 QUANT = frozenset(t for t in SUPPORTED_TYPES if t.is_quantized)
 INDEX = frozenset({Type.I32, Type.I64})
 
 _Builder = Callable[["Tensor", BuildContext], Step]
+_JitBuilder = Callable[["Tensor", BuildContext, "JitKernels | None"], Step]
 
-#: op → kernel builder (mul_mat and mul_mat_id are handled separately: they also take
-#: the JIT kernels)
+#: op → kernel builder (those that use the JIT kernels find them in the context)
 KERNELS: dict[Op, _Builder] = {
     Op.ADD: elementwise.build_binary,
     Op.SUB: elementwise.build_binary,
@@ -60,8 +60,13 @@ KERNELS: dict[Op, _Builder] = {
     Op.SET_ROWS: convert.build_set_rows,
     Op.SOFT_MAX: attention.build_soft_max,
     Op.ROPE: attention.build_rope,
-    Op.FLASH_ATTN_EXT: attention.build_flash_attn_ext,
+}
+#: op → kernel builder that is handed the JIT kernels; every op has one builder, in one of
+#: the two tables (:func:`build_step` looks here first)
+JIT_KERNELS: dict[Op, _JitBuilder] = {
+    Op.MUL_MAT: matmul.build_mul_mat,
     Op.MUL_MAT_ID: matmul.build_mul_mat_id,
+    Op.FLASH_ATTN_EXT: attention.build_flash_attn_ext,
 }
 
 
@@ -70,20 +75,13 @@ def build_step(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step 
     if node.op in VIEW_OPS:
         return None
     ctx.begin_node()
-    if node.op == Op.MUL_MAT:
-        return matmul.build_mul_mat(node, ctx, jit)
-    if node.op == Op.MUL_MAT_ID:
-        return matmul.build_mul_mat_id(node, ctx, jit)
-    if node.op == Op.FLASH_ATTN_EXT:
-        return attention.build_flash_attn_ext(node, ctx, jit)
+    with_jit = JIT_KERNELS.get(node.op)
+    if with_jit is not None:
+        return with_jit(node, ctx, jit)
     return KERNELS[node.op](node, ctx)
 
 
 # -- what the kernels accept ------------------------------------------------------------------
-
-
-def _types(t: Tensor, allowed: frozenset[Type]) -> bool:
-    return t.type in allowed
 
 
 def _broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:

@@ -19,8 +19,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from . import _numba_ir as _ir
 from ._numba_cache import kernel
-from ._numba_introw import HAS_F16C
 from ._numba_quant import _DOT
 from ._numba_rows import expf
 
@@ -86,7 +86,7 @@ def _widen_row(a: Any, table: Any, i: int, j: int, r: int, row: Any) -> None:
 
 @overload(_widen_row, inline="always")
 def _widen_row_impl(a, table, i, j, r, row):  # type: ignore[no-untyped-def]  # numba: names only
-    if HAS_F16C and isinstance(a, types.Array) and a.dtype == types.uint16 and a.ndim == 4:
+    if _ir.HAS_F16C and isinstance(a, types.Array) and a.dtype == types.uint16 and a.ndim == 4:
 
         def f16c(a, table, i, j, r, row):  # type: ignore[no-untyped-def]
             if a.strides[3] == 2:

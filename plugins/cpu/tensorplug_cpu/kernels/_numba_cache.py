@@ -2,12 +2,13 @@
 
 numba keys a cached function by its own file's time stamp and bytecode only. Most of
 these kernels inline code from other files (the LLVM IR of :mod:`._numba_introw`, the
-f16 helpers of :mod:`._numba_int8`, :func:`._numba_rows.expf`, the repacked layouts of
+f16 helpers of :mod:`._numba_ir`, :func:`._numba_rows.expf`, the repacked layouts of
 :mod:`..repack`), so after an edit to one of those, or a ``git checkout`` of an older
 one, the cached machine code of the kernels that inline it ran on: stale numbers, or a
 crash (this happened while bisecting). :func:`kernel` is ``njit(cache=True)`` whose
-index key also holds a hash of every ``_numba_*.py`` here and of ``repack.py``, so a
-change to any of them recompiles all of them once (seconds). An installed wheel changes
+index key also holds a hash of every ``_numba_*.py`` here, of ``repack.py`` and of
+``dispatch.py`` (the weight rows each integer kernel takes at a time), so a change to
+any of them recompiles all of them once (seconds). An installed wheel changes
 nothing: its files' time stamps already did.
 
 The hook is numba's ``FunctionCache._index_key``, what a cache entry depends on (a
@@ -28,8 +29,9 @@ from numba.core.caching import FunctionCache
 __all__ = ["SOURCES_HASH", "KernelCache", "kernel"]
 
 _HERE = Path(__file__).parent
-#: the kernel sources, in name order, and the repacked layouts they read
-SOURCES = [*sorted(_HERE.glob("_numba_*.py")), _HERE.parent / "repack.py"]
+#: the kernel sources, in name order, the repacked layouts they read, and the dispatch
+#: table whose limits and row groups they compile in
+SOURCES = [*sorted(_HERE.glob("_numba_*.py")), _HERE.parent / "repack.py", _HERE / "dispatch.py"]
 #: sha256 of :data:`SOURCES`
 SOURCES_HASH = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()
 

@@ -23,9 +23,10 @@ from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic
 
+from . import _numba_ir as _ir
 from ._numba_cache import kernel
-from ._numba_int8 import _CHUNKS, _I32, _fn, carried_loop
-from ._numba_introw import HAS_F16C
+from ._numba_ir import _I32, _fn, carried_loop
+from ._numba_quant import _CHUNKS
 
 __all__ = ["matvec_float", "matvec_float_serial"]
 
@@ -46,7 +47,7 @@ def _eight(builder: ir.IRBuilder, ptr: Any, half: bool | str, table: Any) -> Any
                                _V8F)  # fmt: skip
     if not half:
         return builder.load(builder.bitcast(ptr, _V8F.as_pointer()), align=4)
-    if HAS_F16C:
+    if _ir.HAS_F16C:
         halves = ir.VectorType(ir.HalfType(), 8)
         return builder.fpext(builder.load(builder.bitcast(ptr, halves.as_pointer()), align=2),
                              _V8F)  # fmt: skip
@@ -65,7 +66,7 @@ def _one(builder: ir.IRBuilder, ptr: Any, half: bool | str, table: Any) -> Any:
     bits = builder.load(ptr, align=2)
     if half == "bf16":
         return builder.bitcast(builder.shl(builder.zext(bits, _I32), _I32(16)), _F32)
-    if HAS_F16C:
+    if _ir.HAS_F16C:
         return builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
     return builder.load(builder.gep(table, [builder.zext(bits, _I64)]))
 

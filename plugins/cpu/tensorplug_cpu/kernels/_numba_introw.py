@@ -1,7 +1,7 @@
 """Weight rows, four at a time or one, times one row of Q8_0 activations, each as one
 loop of LLVM IR: ggml's ``ggml_vec_dot_q*_q8_0`` on x86, widened to several rows.
 
-The per-block integer dot of :mod:`._numba_int8` returns a scalar, so every block paid
+The per-block integer dot of :func:`._numba_ir._dot_i8` returns a scalar, so every block paid
 a horizontal sum of eight lanes, a scalar multiply-add and its own load of the
 activation block. Here each row keeps the eight 32-bit partial sums of a block as a
 float vector, scaled by ``d_w·d_x`` and added into that row's vector accumulator (the
@@ -38,12 +38,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ._numba_int8 import _I8, _I16, _I32, HAS_AVX2, _fn, _splat, _vec
+from . import _numba_ir as _ir
+from ._numba_ir import (
+    _I8,
+    _I16,
+    _I32,
+    _data,
+    _f16x,
+    _fn,
+    _load_vec,
+    _splat,
+    _splat_scalar,
+    _splat_vf,
+    _vec,
+    carried_loop,
+)
+from .dispatch import INT8_ROWS
 
 __all__ = ["GROUP", "LAYOUTS", "PREFETCH_ROWS", "rows1_dot_q6_k", "rows1_dot_q8_0",
            "rows4_dot_q4_0", "rows4_dot_q4_1", "rows4_dot_q4_k", "rows4_dot_q5_0",
@@ -51,16 +65,6 @@ __all__ = ["GROUP", "LAYOUTS", "PREFETCH_ROWS", "rows1_dot_q6_k", "rows1_dot_q8_
 
 _I64, _F32 = ir.IntType(64), ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
-
-
-def _host_has(feature: str) -> bool:
-    try:
-        return f"+{feature}" in llvm_binding.get_host_cpu_features().flatten()
-    except RuntimeError:
-        return False
-
-
-HAS_F16C = _host_has("f16c")
 
 
 @dataclass(frozen=True)
@@ -84,14 +88,6 @@ LAYOUTS = {
 }
 
 
-def _data(context: Any, builder: ir.IRBuilder, aryty: Any, ary: Any) -> Any:
-    return context.make_array(aryty)(context, builder, ary).data
-
-
-def _load_vec(builder: ir.IRBuilder, base: Any, off: Any, ty: ir.Type) -> Any:
-    return builder.load(builder.bitcast(builder.gep(base, [off]), ty.as_pointer()), align=1)
-
-
 def _codes(builder: ir.IRBuilder, lay: Layout, row: Any, at: Any) -> tuple[Any, bool]:
     """The block's 32 codes as ``<32 x i8>``, and whether they are signed."""
     v32 = _vec(_I8, 32)
@@ -113,7 +109,7 @@ def _codes(builder: ir.IRBuilder, lay: Layout, row: Any, at: Any) -> tuple[Any, 
         mask = ir.Constant(v32, [1 << (j % 8) for j in range(32)])
         bit = builder.icmp_unsigned("!=", builder.and_(spread, mask), _splat(_I8, 32, 0))
         codes = builder.or_(codes, builder.shl(builder.zext(bit, v32), _splat(_I8, 32, 4)))
-    if lay.offset and not HAS_AVX2:
+    if lay.offset and not _ir.HAS_AVX2:
         return builder.sub(codes, _splat(_I8, 32, lay.offset)), True
     return codes, False
 
@@ -121,7 +117,7 @@ def _codes(builder: ir.IRBuilder, lay: Layout, row: Any, at: Any) -> tuple[Any, 
 def _partial_sums(builder: ir.IRBuilder, w: Any, signed: bool, x: Any) -> Any:
     """Eight i32 partial sums of Σ_j w_j·x_j (each over four neighbouring j)."""
     v32, v16, v8 = _vec(_I8, 32), _vec(_I16, 16), _vec(_I32, 8)
-    if HAS_AVX2:
+    if _ir.HAS_AVX2:
         if signed:  # |w| · (x with w's sign): vpmaddubsw wants its first operand unsigned
             sign = _fn(builder, "llvm.x86.avx2.psign.b", v32, v32, v32)
             w, x = builder.call(sign, [w, w]), builder.call(sign, [x, w])
@@ -150,33 +146,12 @@ def _hsum(builder: ir.IRBuilder, v: Any) -> Any:
 PREFETCH_ROWS = 8
 
 
-def _f16x(builder: ir.IRBuilder, bases: list[Any], off: Any, table: Any) -> Any:
-    """The f16 at byte ``off`` of each of ``bases`` as one ``<R x float>``."""
-    r = len(bases)
-    bits = [builder.load(builder.bitcast(builder.gep(p, [off]), ir.IntType(16).as_pointer()),
-                         align=1) for p in bases]  # fmt: skip
-    if HAS_F16C:
-        v = ir.Constant(ir.VectorType(ir.IntType(16), r), None)
-        for i, bi in enumerate(bits):
-            v = builder.insert_element(v, bi, _I32(i))
-        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), r)),
-                             ir.VectorType(_F32, r))  # fmt: skip
-    v = ir.Constant(ir.VectorType(_F32, r), None)
-    for i, bi in enumerate(bits):
-        v = builder.insert_element(v, builder.load(builder.gep(table, [builder.zext(bi, _I64)])),
-                                   _I32(i))  # fmt: skip
-    return v
-
-
-def _splat_vf(builder: ir.IRBuilder, v: Any, n: int, lane: int = 0) -> Any:
-    return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [lane] * n))
-
-
 #: rows a kernel takes at a time unless it is told otherwise
 ROWS = 4
-#: rows each type's kernel takes at a time (``rows{n}_dot_{type}``): one for the types
-#: whose bytes stream faster one row after another (see the module's docstring)
-GROUP = {"q4_0": 4, "q4_1": 4, "q5_0": 4, "q5_1": 4, "q8_0": 1, "q4_k": 4, "q6_k": 1}
+#: rows each type's kernel takes at a time (``rows{n}_dot_{type}``), by type name: the
+#: dispatch table's :data:`~.dispatch.INT8_ROWS` (one for the types whose bytes stream
+#: faster one row after another, see the module's docstring)
+GROUP = {t.name.lower(): n for t, n in INT8_ROWS.items()}
 
 
 @dataclass
@@ -238,29 +213,11 @@ def _rows_kernel(
                 _data(context, builder, sig.args[i], args[i]) for i in (2, 3, 4, 5)
             )
             n = builder.sdiv(args[6], _I64(per_block))
-            entry = builder.block
-            loop = builder.append_basic_block("rows_dot.loop")
-            done = builder.append_basic_block("rows_dot.done")
-            builder.cbranch(builder.icmp_signed(">", n, _I64(0)), loop, done)
 
-            builder.position_at_end(loop)
-            b = builder.phi(_I64)
-            accs = [builder.phi(z.type) for z in accumulators]
-            new = body(_Block(builder, row_ps, xr_p, xd_p, xs_p, table_p, b, stride), accs)
-            nxt = builder.add(b, _I64(1))
-            builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
-            body_end = builder.block
-            b.add_incoming(_I64(0), entry)
-            b.add_incoming(nxt, body_end)
-            for phi, zero, val in zip(accs, accumulators, new, strict=True):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, body_end)
+            def block(b: Any, accs: list[Any]) -> list[Any]:
+                return body(_Block(builder, row_ps, xr_p, xd_p, xs_p, table_p, b, stride), accs)
 
-            builder.position_at_end(done)
-            finals = [builder.phi(z.type) for z in accumulators]
-            for phi, zero, val in zip(finals, accumulators, new, strict=True):
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, body_end)
+            finals = carried_loop(builder, "rows_dot", _I64(0), n, 1, list(accumulators), block)
             return context.make_tuple(builder, sig.return_type, finish(builder, finals))
 
         return types.UniTuple(types.float32, n_rows)(rows, o, xr, xd, xs, table, nb), codegen
@@ -273,16 +230,6 @@ _ZERO8 = ir.Constant(_V8F, [0.0] * 8)
 
 def _fmuladd8(builder: ir.IRBuilder, a: Any, b: Any, c: Any) -> Any:
     return builder.call(_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F), [a, b, c])
-
-
-def _splat_scalar(builder: ir.IRBuilder, v: Any, n: int) -> Any:
-    return _splat_vf(builder, builder.insert_element(ir.Constant(ir.VectorType(v.type, n), None),
-                                                     v, _I32(0)), n)  # fmt: skip
-
-
-def _runtime_splat(builder: ir.IRBuilder, value: Any, n: int) -> Any:
-    """An ``<n x i8>`` vector of a runtime integer (a shift amount)."""
-    return _splat_scalar(builder, builder.trunc(value, _I8), n)
 
 
 def _fold_rows(builder: ir.IRBuilder, pairs: list[Any]) -> Any:
@@ -318,7 +265,7 @@ def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
     v32, v16 = _vec(_I8, 32), _vec(_I16, 16)
 
     def folds() -> bool:  # read when compiled (tests turn AVX2 off)
-        return HAS_AVX2 and lay == LAYOUTS["q4_0"] and n_rows == 4
+        return _ir.HAS_AVX2 and lay == LAYOUTS["q4_0"] and n_rows == 4
 
     def body(blk: _Block, accs: list[Any]) -> list[Any]:
         folded = folds()
@@ -341,7 +288,7 @@ def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
             total = builder.call(fma, [scales, builder.sitofp(isums, vr), accs[n_rows]])
             return [*accs[:n_rows], total]
         corr = None
-        if lay.offset and HAS_AVX2:
+        if lay.offset and _ir.HAS_AVX2:
             back = builder.mul(xsum, _I32(-lay.offset))
             corr = builder.insert_element(ir.Constant(_vec(_I32, 8), [0] * 8), back, _I32(0))
         new = []
@@ -502,11 +449,11 @@ def _q4_k_folded_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
 
 def _q4_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
     """Q4_K's block: folded with AVX2 (chosen when compiled: tests switch AVX2 off)."""
-    return (_q4_k_folded_body if HAS_AVX2 else _q4_k_rows_body)(blk, accs)
+    return (_q4_k_folded_body if _ir.HAS_AVX2 else _q4_k_rows_body)(blk, accs)
 
 
 def _q4_k_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
-    return (_q4_k_folded_finish if HAS_AVX2 else _q4_k_rows_finish)(builder, finals)
+    return (_q4_k_folded_finish if _ir.HAS_AVX2 else _q4_k_rows_finish)(builder, finals)
 
 
 rows4_dot_q4_k = _rows_kernel(_q4_k_body, _q4_k_finish, [_ZERO8] * (3 * ROWS), 256)
@@ -533,7 +480,7 @@ def _q6_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
     dxv = _load_vec(builder, blk.xd, first, _V8F)
     d = _f16x(builder, blk.rows, builder.add(at, _I64(208)), blk.table)
     xs = [blk.x_block(builder.add(first, _I64(r))) for r in range(8)]
-    if HAS_AVX2:
+    if _ir.HAS_AVX2:
         madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
         wd = _fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16)
         offsets = [builder.call(madd, [_splat(_I8, 32, 32), x]) for x in xs]
@@ -550,7 +497,7 @@ def _q6_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
             high = builder.and_(builder.lshr(qh, _splat(_I8, 32, 2 * pair)), _splat(_I8, 32, 3))
             codes = builder.or_(low, builder.shl(high, _splat(_I8, 32, 4)))
             two = _load_vec(builder, row, builder.add(at, _I64(192 + 2 * r)), _vec(_I8, 2))
-            if HAS_AVX2:
+            if _ir.HAS_AVX2:
                 pairs = builder.sub(builder.call(madd, [codes, xs[r]]), offsets[r])
                 scales = _widen_pair(builder, two, _I16, 16)
                 isums = builder.call(wd, [pairs, scales])

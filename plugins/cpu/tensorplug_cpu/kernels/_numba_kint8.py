@@ -1,12 +1,25 @@
-"""The one driver of every integer matrix × vector kernel, and Q4_K's one-row loop for
-the rows left over from groups of four.
+"""The one driver of every integer matrix × vector kernel, and the one-row loops for the
+rows left over from groups of four.
 
-As for the 32-block types (:mod:`._numba_int8`), the activations are quantized to
-32-value int8 blocks and each block's products are integer multiply-adds. A K-quant's
-sub-blocks line up with those blocks (Q4_K: 32 values per scale and min; Q6_K: 16 per
-scale, two to a block), so one Q8_0 activation block serves one Q4_K sub-block or two
-Q6_K ones. ggml uses 256-value Q8_K activations here; the 32-value blocks round finer,
-so results sit a little closer to the exact product than llama.cpp's.
+ggml multiplies a quantized matrix by a vector by quantizing the vector too — 32-value
+blocks of int8 with an f16 scale (Q8_0, "the vec_dot type",
+:func:`._numba_quant.quantize_q8_0`) — and summing products of 8-bit integers per
+block, scaling once per block. That reads the weights as bytes and does 32
+multiply-adds in two instructions on AVX2 (``vpmaddubsw`` then ``vpmaddwd``), where
+decoding to float32 first costs a conversion and a float FMA per weight: on one core of
+the 2-core dev machine, a 4096×4096 Q4_0 product took 5.5 ms through float32 and 1.8 ms
+this way. The rows go four (or one) at a time through the IR loops of
+:mod:`._numba_introw`; the few rows left over take the loops below, whose per-block
+integer dot (:func:`._numba_ir._dot_i8`) is ``pmaddubsw``/``pmaddwd`` where the host has
+AVX2, a portable widening multiply and vector reduction elsewhere. They read a row of
+blocks through the row's data pointer, so rows must hold their blocks contiguously (the
+table of :mod:`.dispatch` sends other layouts to the float32 kernels).
+
+A K-quant's sub-blocks line up with the activation blocks (Q4_K: 32 values per scale
+and min; Q6_K: 16 per scale, two to a block), so one Q8_0 activation block serves one
+Q4_K sub-block or two Q6_K ones. ggml uses 256-value Q8_K activations here; the
+32-value blocks round finer, so results sit a little closer to the exact product than
+llama.cpp's.
 """
 
 from __future__ import annotations
@@ -18,21 +31,10 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from tensorplug.types import Type
+
 from ._numba_cache import kernel
-from ._numba_int8 import (
-    _CHUNKS,
-    _I8,
-    _dot_i8,
-    _load,
-    _splat,
-    quantize_q8_0,
-    row_q4_0,
-    row_q4_1,
-    row_q5_0,
-    row_q5_1,
-)
 from ._numba_introw import (
-    _runtime_splat,
     rows1_dot_q6_k,
     rows1_dot_q8_0,
     rows4_dot_q4_0,
@@ -41,10 +43,17 @@ from ._numba_introw import (
     rows4_dot_q5_0,
     rows4_dot_q5_1,
 )
-from ._numba_quant import _DOT, _f16
+from ._numba_ir import _I8, _I32, _dot_i8, _load, _runtime_splat, _splat, _vec
+from ._numba_quant import _CHUNKS, _DOT, _f16, quantize_q8_0
+from .dispatch import INT8_ROWS
 
-# ggml type ids (tensorplug.types.Type values), which the driver branches on
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14
+# the type ids the driver branches on
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = (
+    int(t) for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
+)
+#: the ids of the types whose kernel takes one weight row at a time (the dispatch table's
+#: :data:`~.dispatch.INT8_ROWS`), the others' four
+_ONE_ROW = tuple(int(t) for t, n in INT8_ROWS.items() if n == 1)
 
 
 @intrinsic
@@ -59,6 +68,91 @@ def _dot_nibbles(typingctx: Any, w: Any, wo: Any, shift: Any, x: Any, xo: Any) -
         return _dot_i8(builder, nib, _load(builder, context, sig.args[3], args[3], args[4], 32))
 
     return types.int32(w, wo, shift, x, xo), codegen
+
+
+# -- one row of weights times one row of quantized activations, per type --------------------
+
+
+@intrinsic
+def _dot_q4(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
+    """Σ_j nibble_j · x_j over one block: ``w[wo:wo+16]`` packs 32 nibbles (low halves are
+    elements 0-15), ``x[xo:xo+32]`` int8. The -8 offset is the caller's (Σx per block)."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        q = _load(builder, context, sig.args[0], args[0], args[1], 16)
+        lo = builder.and_(q, _splat(_I8, 16, 15))
+        hi = builder.lshr(q, _splat(_I8, 16, 4))
+        order = ir.Constant(_vec(_I32, 32), list(range(32)))
+        nibbles = builder.shuffle_vector(lo, hi, order)
+        return _dot_i8(builder, nibbles, _load(builder, context, sig.args[2], args[2], args[3], 32))
+
+    return types.int32(w, wo, x, xo), codegen
+
+
+@intrinsic
+def _dot_q5(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
+    """Σ_j (nibble_j | bit_j << 4) · x_j over one Q5 block whose ``qh`` (a little-endian
+    u32 of fifth bits) starts at ``w[wo]`` and whose 16 nibble bytes follow it."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        # byte j // 8 of qh holds bit j: spread each byte over 8 lanes, test one bit each
+        four = _load(builder, context, sig.args[0], args[0], args[1], 4)
+        order = ir.Constant(_vec(_I32, 32), [j // 8 for j in range(32)])
+        spread = builder.shuffle_vector(four, four, order)
+        mask = ir.Constant(_vec(_I8, 32), [1 << (j % 8) for j in range(32)])
+        set_ = builder.icmp_unsigned("!=", builder.and_(spread, mask), _splat(_I8, 32, 0))
+        high = builder.shl(builder.zext(set_, _vec(_I8, 32)), _splat(_I8, 32, 4))
+        qs_at = builder.add(args[1], ir.Constant(args[1].type, 4))
+        q = _load(builder, context, sig.args[0], args[0], qs_at, 16)
+        lo = builder.and_(q, _splat(_I8, 16, 15))
+        hi = builder.lshr(q, _splat(_I8, 16, 4))
+        nibbles = builder.shuffle_vector(lo, hi, ir.Constant(_vec(_I32, 32), list(range(32))))
+        codes = builder.or_(nibbles, high)
+        return _dot_i8(builder, codes, _load(builder, context, sig.args[2], args[2], args[3], 32))
+
+    return types.int32(w, wo, x, xo), codegen
+
+
+@njit(inline="always")
+def row_q4_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d_w·d_x·(Σ_j nibble·x − 8·Σx)`` over a row of 18-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size):
+        isum: int = _dot_q4(row, 18 * b + 2, xr, 32 * b) - 8 * xs[b]  # type: ignore[call-arg]
+        total += _f16(row, 18 * b, table) * xd[b] * np.float32(isum)
+    return total
+
+
+@njit(inline="always")
+def row_q4_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d_x·(d_w·Σ_j nibble·x + m_w·Σx)`` over a row of 20-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size):
+        isum: int = _dot_q4(row, 20 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
+        dm = _f16(row, 20 * b, table) * np.float32(isum)
+        total += xd[b] * (dm + _f16(row, 20 * b + 2, table) * np.float32(xs[b]))
+    return total
+
+
+@njit(inline="always")
+def row_q5_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d_w·d_x·(Σ_j q5·x − 16·Σx)`` over a row of 22-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size):
+        isum: int = _dot_q5(row, 22 * b + 2, xr, 32 * b) - 16 * xs[b]  # type: ignore[call-arg]
+        total += _f16(row, 22 * b, table) * xd[b] * np.float32(isum)
+    return total
+
+
+@njit(inline="always")
+def row_q5_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
+    """``Σ_b d_x·(d_w·Σ_j q5·x + m_w·Σx)`` over a row of 24-byte blocks."""
+    total = np.float32(0)
+    for b in range(xd.size):
+        isum: int = _dot_q5(row, 24 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
+        dm = _f16(row, 24 * b, table) * np.float32(isum)
+        total += xd[b] * (dm + _f16(row, 24 * b + 2, table) * np.float32(xs[b]))
+    return total
 
 
 @njit(inline="always")
@@ -122,7 +216,7 @@ def _matvec_range(
     allows, and the serial and the parallel kernel could round a row differently. Only
     a matrix of fewer than four rows uses them, and it always runs serially
     (``JitKernels.bind_matvec``)."""
-    if kind in (Q8_0, Q6_K):  # _numba_introw.GROUP: one row at a time
+    if kind in _ONE_ROW:
         for one in range(o, end):
             for t in range(xq.shape[0]):
                 out[t, one] = _row1(rows, one, xq[t], xd[t], xs[t], table, kind)

@@ -16,11 +16,14 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
+from tensorplug.kquants import K_TYPES
+
 from ._numba_cache import kernel
 from ._numba_quant import _DOT, _f16, _i8
 
 _CHUNKS = 64
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+# the type ids the drivers branch on
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in K_TYPES)
 
 
 @njit(inline="always")

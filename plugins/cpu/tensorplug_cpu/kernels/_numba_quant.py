@@ -11,6 +11,11 @@ cache can tell them apart and reuse them across processes. Arguments:
 Decoding performs ``d·q`` (then ``+ m``) in float32 without fast-math, which is what
 :mod:`tensorplug.quants` and ggml do, so decoded weights are bit-identical. The dot
 products allow reassociation, as ggml's SIMD reductions do.
+
+:func:`quantize_q8_0` quantizes activations as ggml's x86 path does (``d = amax/127``
+stored as f16, ``q = round-half-even(x · 127/amax)``), for the integer kernels
+(:mod:`._numba_kint8`, :mod:`._numba_repack`), whose results therefore follow
+llama.cpp's rather than the exact float32 product.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._numba_cache import kernel
+from ._numba_ir import f32_bits, f32_from_bits
 
 _DOT = {"reassoc", "contract", "nsz", "arcp"}
 
@@ -234,3 +240,43 @@ def dequantize_q5_1(blocks: Any, out: Any, table: Any) -> None:
                 hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4)
                 out[r, b * 32 + j] = d * np.float32(lo) + m
                 out[r, b * 32 + 16 + j] = d * np.float32(hi) + m
+
+
+# -- activations as Q8_0, for the integer kernels -------------------------------------------
+# the mat×vec kernels (fast-math) call these two, which must round as ggml: kernel()'s
+# fastmath=False keeps numba from handing them the callers' flags
+
+
+@kernel()
+def _f32_to_f16_bits(f: Any) -> Any:
+    """IEEE f16 bits of ``f`` rounded to nearest even (``GGML_FP32_TO_FP16``)."""
+    a = np.int64(f32_bits(np.float32(f))) & 0xFFFFFFFF  # type: ignore[call-arg]
+    sign = (a >> 16) & 0x8000
+    a &= 0x7FFFFFFF
+    if a >= 0x47800000:  # >= 65520 rounds to inf; NaN stays NaN
+        r = 0x7E00 if a > 0x7F800000 else 0x7C00
+    elif a < 0x38800000:  # subnormal f16: let float addition round
+        shifted = f32_from_bits(np.int32(a)) + np.float32(0.5)  # type: ignore[call-arg]
+        r = np.int64(f32_bits(shifted)) - 0x3F000000  # type: ignore[call-arg]
+    else:
+        r = (a + 0xC8000FFF + ((a >> 13) & 1)) >> 13
+    return (r | sign) & 0xFFFF
+
+
+@kernel()  # see _f32_to_f16_bits
+def quantize_q8_0(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
+    """Rows of ``x`` (T, n) float32 as ggml's Q8_0: int8 ``xq`` (T, n), the f16-rounded
+    scales ``xd`` (T, n/32) and each block's sum of codes ``xs`` (T, n/32)."""
+    for t in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            amax = np.float32(0)
+            for j in range(32):
+                amax = max(amax, abs(x[t, 32 * b + j]))
+            inv = np.float32(127) / amax if amax != 0 else np.float32(0)
+            total = 0
+            for j in range(32):
+                q = np.int32(np.rint(x[t, 32 * b + j] * inv))
+                xq[t, 32 * b + j] = q
+                total += q
+            xs[t, b] = total
+            xd[t, b] = table[_f32_to_f16_bits(amax / np.float32(127))]

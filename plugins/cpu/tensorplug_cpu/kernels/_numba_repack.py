@@ -21,7 +21,7 @@ arithmetic of llama.cpp's ``ggml_gemv_q4_0_8x8_q8_0`` and of the four-row kernel
 :mod:`._numba_introw`, to the bit. Q4_K scales each sub-block's exact sum by its 6-bit
 scale and takes its minimum back out, per sub-block of 32 (the activations' blocks);
 Q6_K scales each 16 values' exact sum, less 32 times their activations' sum.
-The activations are the Q8_0 rows of :func:`._numba_int8.quantize_q8_0`.
+The activations are the Q8_0 rows of :func:`._numba_quant.quantize_q8_0`.
 
 There is no software prefetch: a repacked product is one sequential stream of bytes,
 which the hardware prefetchers follow. Asking for the blocks ahead made Q4_K 25% slower
@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
@@ -45,24 +44,12 @@ from numba.extending import intrinsic
 from tensorplug.types import Type
 
 from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
+from . import _numba_ir as _ir
 from ._numba_cache import kernel
-from ._numba_int8 import (
-    _CHUNKS,
-    _I8,
-    _I16,
-    _I32,
-    HAS_AVX2,
-    _fn,
-    _splat,
-    _vec,
-    carried_loop,
-    quantize_q8_0,
-)
-from ._numba_introw import HAS_F16C, _f16x
-from ._numba_quant import _DOT
+from ._numba_ir import _I8, _I16, _I32, _f16x, _fn, _splat, _vec, carried_loop
+from ._numba_quant import _CHUNKS, _DOT, quantize_q8_0
 
 __all__ = [
-    "HAS_VNNI",
     "TILE",
     "matmul_packed",
     "matmul_packed_serial",
@@ -76,17 +63,6 @@ _V8I = _vec(_I32, 8)
 _V32B = _vec(_I8, 32)
 
 
-def _host_has_vnni() -> bool:
-    """AVX512-VNNI on 256-bit vectors (needs AVX512VL), or AVX-VNNI (its VEX form)."""
-    try:
-        found = set(llvm_binding.get_host_cpu_features().flatten().split(","))
-    except RuntimeError:
-        return False
-    return {"+avx512vnni", "+avx512vl"} <= found or "+avxvnni" in found
-
-
-#: decided once per process (numba's disk cache keys compiled code by the host CPU)
-HAS_VNNI = _host_has_vnni()
 #: activation rows a tile takes at most
 TILE = 4
 # the type ids the drivers branch on
@@ -130,10 +106,10 @@ class _RowSums:
 
     def add(self, u: Any, s: Any, u_max: int) -> None:
         b = self.builder
-        if HAS_VNNI:
+        if _ir.HAS_VNNI:
             dp = _fn(b, "llvm.x86.avx512.vpdpbusd.256", _V8I, _V8I, _V8I, _V8I)
             self.sums = b.call(dp, [self.sums, b.bitcast(u, _V8I), b.bitcast(s, _V8I)])
-        elif HAS_AVX2:
+        elif _ir.HAS_AVX2:
             bound = 2 * u_max * 128  # two products of a u8 by an s8 of at most 128
             if self.pairs is not None and self.bound + bound > 32767:
                 self.flush()
@@ -151,9 +127,9 @@ class _RowSums:
         caller starts the sums at ``−128·Σx``, :func:`_offset`), to AVX2 as ``|q|``
         against ``x`` with ``q``'s sign (``vpsignb``, as ggml), else widened signed."""
         b = self.builder
-        if HAS_VNNI:
+        if _ir.HAS_VNNI:
             self.add(b.xor(q, _splat(_I8, 32, 128)), x, 255)
-        elif HAS_AVX2:
+        elif _ir.HAS_AVX2:
             sign = _fn(b, "llvm.x86.avx2.psign.b", _V32B, _V32B, _V32B)
             self.add(b.call(sign, [q, q]), b.call(sign, [x, q]), 128)
         else:
@@ -176,13 +152,13 @@ def _offset(lay: PackedLayout) -> int:
     signed codes go into VNNI's unsigned operand as ``q + 128`` (:meth:`_RowSums.add_signed`)."""
     if lay.nibbles:
         return lay.offset
-    return 128 if HAS_VNNI else 0
+    return 128 if _ir.HAS_VNNI else 0
 
 
 def _scales(builder: ir.IRBuilder, at: Any, table: Any) -> Any:
     """The eight f16 values at ``at`` as ``<8 x float>``: one ``vcvtph2ps`` with F16C,
     else eight lookups in the f16 → f32 table."""
-    if HAS_F16C:
+    if _ir.HAS_F16C:
         halves = ir.VectorType(ir.HalfType(), 8)
         return builder.fpext(builder.load(builder.bitcast(at, halves.as_pointer()), align=1), _V8F)
     return _f16x(builder, [builder.gep(at, [_I64(2 * r)]) for r in range(8)], _I64(0), table)

@@ -16,9 +16,10 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
+from . import _numba_ir as _ir
 from ._numba_cache import kernel
-from ._numba_int8 import _f32_to_f16_bits, f32_from_bits
-from ._numba_introw import HAS_F16C
+from ._numba_ir import f32_from_bits
+from ._numba_quant import _f32_to_f16_bits
 
 
 @kernel(nogil=True)  # a prompt's rows run in chunks on the worker pool
@@ -161,7 +162,7 @@ def _f16_bits_f16c(typingctx: Any, f: Any) -> Any:
 @overload(_stored, inline="always")
 def _stored_impl(table, v):  # type: ignore[no-untyped-def]  # numba: names only
     if isinstance(table, types.Array) and table.dtype == types.uint16:
-        if HAS_F16C:
+        if _ir.HAS_F16C:
             return lambda table, v: _f16_bits_f16c(v)
         return lambda table, v: _f32_to_f16_bits(v)  # the same rounding, in integers
     return lambda table, v: v

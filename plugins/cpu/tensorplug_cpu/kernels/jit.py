@@ -5,7 +5,8 @@ float32 matrix to memory, which makes matrix × vector (one token of a language 
 several times slower than reading the weights once. These kernels read each block,
 decode it in registers and accumulate the dot product directly, with the output rows
 split into chunks across threads. They are used only when numba imports; everything has a numpy
-fallback, and ``TENSORPLUG_CPU_JIT=0`` turns them off.
+fallback, and ``TENSORPLUG_CPU_JIT=0`` turns them off (:mod:`..settings`). Which kernel
+takes which type is the table of :mod:`.dispatch`: this module binds what it chooses.
 
 Decoding matches :mod:`tensorplug.quants` bit for bit (same float32 operations in the
 same order, no fast-math), so the batched path gives the same weights either way; the
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -28,6 +28,8 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
+from ..settings import JIT
+from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .threading_layer import preload_tbb
 
 __all__ = ["MAX_SIBLINGS", "JitKernels", "jit_status", "load_jit"]
@@ -56,24 +58,22 @@ class JitKernels:
 
         self.numba = numba
         self.version: str = numba.__version__
+        # the float kernels of every type the table's fused float path takes: a matrix ×
+        # a few rows, and decoding (one pair of drivers for every K-quant, told the type
+        # by id)
         self._kernels: dict[Type, tuple[Callable[..., None], Callable[..., None]]] = {
-            t: (getattr(k, f"matvec_{t.name.lower()}"), getattr(k, f"dequantize_{t.name.lower()}"))
-            for t in (Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1)
-        }
-        for t in K_TYPES:  # one pair of drivers for every K-quant, told the type by id
-            self._kernels[t] = (
-                functools.partial(kq.matvec_k, kind=int(t)),
-                functools.partial(kq.dequantize_k, kind=int(t)),
-            )
+            t: (functools.partial(kq.matvec_k, kind=int(t)),
+                functools.partial(kq.dequantize_k, kind=int(t))) if t in K_TYPES else
+               (getattr(k, f"matvec_{t.name.lower()}"), getattr(k, f"dequantize_{t.name.lower()}"))
+            for t in path(FLOAT_FUSED).types
+        }  # fmt: skip
 
         from . import _numba_kint8 as ki8
 
-        # ggml's way for these types: activations quantized to Q8_0, integer dot products
+        # ggml's way (the table's INT8 path): activations quantized to Q8_0, integer dots
         self._int8 = ki8.matvec_int8
         self._int8_serial = ki8.matvec_int8_serial
         self._int8_siblings = ki8.matvec_int8_siblings
-        self._int8_types = {Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
-                            Type.Q6_K}  # fmt: skip
         from . import _numba_repack as repack
 
         # weights stored repacked (CPU_REPACK): eight rows at a time, any activation rows
@@ -103,25 +103,21 @@ class JitKernels:
         self._widen_f16_rows = widen_f16_rows
         from . import _numba_decode as dec
 
-        # the vector decoders of whole byte rows, and the arguments after (rows, out, table)
+        # the vector decoders of whole byte rows (the table's DECODE_VECTOR path), and the
+        # arguments after (rows, out, table)
         self._row_decoders: dict[Type, tuple[Callable[..., None], tuple[int, ...]]] = {
-            t: (dec.dequantize_rows32, (int(t),))
-            for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0)
-        }
-        self._row_decoders[Type.Q4_K] = (dec.dequantize_q4_k_rows, ())
-        self._row_decoders[Type.Q5_K] = (dec.dequantize_q5_k_rows, ())
-        self._row_decoders[Type.Q6_K] = (dec.dequantize_q6_k_rows, ())
+            t: (dec.dequantize_rows32, (int(t),)) if t in dec.TYPES32 else
+               (getattr(dec, f"dequantize_{t.name.lower()}_rows"), ())
+            for t in path(DECODE_VECTOR).types
+        }  # fmt: skip
         self._called: set[str] = set()
         #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
         #: products that have a serial kernel call it instead
         self.n_threads: int = numba.get_num_threads()
 
     def supports(self, t: Type) -> bool:
+        """Whether ``t`` weights have kernels here (a product by a few rows, decoding)."""
         return t in self._kernels
-
-    def has_int8(self, t: Type) -> bool:
-        """Whether products of ``t`` weights by a few rows take the integer kernels."""
-        return t in self._int8_types
 
     def matvec(self, t: Type, blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         """``out[t, o] = Σᵢ x[t, i]·W[o, i]`` for raw blocks ``(n_out, nblocks, type_size)``."""
@@ -132,9 +128,10 @@ class JitKernels:
     ) -> Callable[[], None]:
         """:meth:`matvec` with everything but the arithmetic done once: a graph plan
         calls the result every compute (at ~40 µs of Python per call unbound, small
-        matrices spent more time here than in their kernel)."""
-        rows = _block_rows(blocks) if t in self._int8_types else None
-        if rows is None:
+        matrices spent more time here than in their kernel). The kernel is the table's
+        fused path for ``t`` (the caller keeps ``x``'s rows within its limit)."""
+        rows = _block_rows(blocks)
+        if rows is None or fused_path(t, blocks_contiguous=True) == FLOAT_FUSED:
             kernel, what = self._kernels[t][0], f"matrix-vector kernel for {t.name}"
             return partial(self._call, what, kernel, blocks, x, out, _F16_TO_F32)
         xq, xd, xs = _q8_scratch(x)
@@ -210,8 +207,10 @@ class JitKernels:
             return None
         rows, outs = [], []
         for t, blocks, out in products:
-            r = _block_rows(blocks) if t in self._int8_types else None
-            if r is None or r.shape[0] < 4 or out.shape != (x.shape[0], r.shape[0]):
+            r = _block_rows(blocks)
+            if r is None or fused_path(t, blocks_contiguous=True) != INT8:
+                return None
+            if r.shape[0] < 4 or out.shape != (x.shape[0], r.shape[0]):
                 return None
             rows.append(r)
             outs.append(out)
@@ -350,8 +349,9 @@ class JitKernels:
         """``decode(out)`` of these blocks, returning ``out``, with everything that depends
         on the blocks alone chosen here, once (a plan binds each chunk of a prompt's
         product when it is built: chosen per call, this cost ~10 µs of Python with the
-        GIL held). Matrices of the types :mod:`._numba_decode` names whose rows lie
-        contiguous decode in vectors, other types and layouts in scalar loops."""
+        GIL held). The table's decoding path says which kernel: vectors
+        (:mod:`._numba_decode`) for the types that have them when each row's blocks lie
+        contiguous, scalar loops otherwise."""
         if blocks.ndim > 3:  # one call per matrix
             parts = [(idx, self.bind_dequantize(t, blocks[idx])) for idx in
                      np.ndindex(blocks.shape[:-3])]  # fmt: skip
@@ -363,8 +363,10 @@ class JitKernels:
 
             return each
         scalar, what = self._kernels[t][1], f"decoding kernel for {t.name}"
-        vector, extra = self._row_decoders.get(t, (scalar, ()))
-        rows = _block_rows(blocks) if t in self._row_decoders else None
+        rows = _block_rows(blocks)
+        chosen = select(t, PLAIN, MANY, numba=True, blocks_contiguous=rows is not None).name
+        vector, extra = self._row_decoders[t] if chosen == DECODE_VECTOR else (scalar, ())
+        rows = rows if chosen == DECODE_VECTOR else None
         vector_what = f"row decoding kernel for {t.name}"
 
         def decode(out: np.ndarray) -> np.ndarray:
@@ -461,8 +463,8 @@ def jit_status() -> str:
 
 
 def _try_load() -> tuple[JitKernels | None, str]:
-    if os.environ.get("TENSORPLUG_CPU_JIT", "1").strip().lower() in ("0", "false", "off", "no"):
-        return None, "disabled by TENSORPLUG_CPU_JIT"
+    if not JIT.get():  # a value it cannot read raises SettingError, naming the valid ones
+        return None, f"disabled by {JIT.env}"
     try:
         import numba
 

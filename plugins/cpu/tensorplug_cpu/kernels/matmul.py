@@ -1,6 +1,8 @@
 """mul_mat: ``out[…, t, o] = Σᵢ b[…, t, i]·a[…, o, i]`` with ggml's batch broadcasting.
 
-Everything ends in BLAS through ``numpy.matmul`` on float32, on one thread per call:
+Which way a product runs is the table of :mod:`.dispatch`, asked once per node when
+the plan is built; this module carries its answer out. Prompt-sized products end in
+BLAS through ``numpy.matmul`` on float32, on one thread per call:
 
 * A 2-d product is cut into chunks of output rows (weight rows) fixed by its shape,
   which the worker pool's threads claim one at a time (:mod:`..workers`). F32 weights
@@ -10,9 +12,9 @@ Everything ends in BLAS through ``numpy.matmul`` on float32, on one thread per c
   would make it narrower than :data:`MIN_CHUNK_ROWS` rows). Nothing is
   cached across computes, so weights that change are always read fresh. The chunks do
   not depend on the thread count, so neither do the numbers.
-* Quantized weights times a few vectors (``n_tokens <= matvec_max_tokens(type)``) use
-  the fused numba kernels when available: decoding the matrix just to read it a few
-  times would cost more than the product.
+* Quantized weights times a few vectors (``n_tokens <=``
+  :func:`.dispatch.matvec_max_tokens`) use the fused numba kernels when available:
+  decoding the matrix just to read it a few times would cost more than the product.
 * Batched products (3-d and 4-d weights) decode whole (or in tiles of
   :data:`TILE_ELEMS`) and run one BLAS call per batch entry on the pool.
 * Weights stored repacked (``CPU_REPACK``, :mod:`..repack`) take the integer kernels of
@@ -41,6 +43,23 @@ from tensorplug.types import Type
 from ..repack import RepackBuffer, layout_of, packed_rows
 from ..workers import POOL
 from .common import BuildContext, Step, padded4, reshape_view, sequence
+from .dispatch import (
+    BF16_SHIFT,
+    BLAS,
+    DECODE_NUMPY,
+    DECODE_SCALAR,
+    DECODE_VECTOR,
+    F16_NUMPY,
+    F16_WIDEN,
+    FLOAT_FUSED,
+    FLOAT_MATVEC,
+    INT8,
+    MANY,
+    PLAIN,
+    REPACKED,
+    REPACKED_DECODE,
+    select,
+)
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -49,17 +68,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHUNK_ELEMS",
-    "FLOAT_MATVEC_MAX_TOKENS",
     "MIN_CHUNK_ROWS",
-    "MATVEC_MAX_TOKENS",
-    "MATVEC_MAX_TOKENS_BY_TYPE",
-    "MATVEC_MOST_TOKENS",
     "TILE_ELEMS",
     "build_mul_mat",
     "build_mul_mat_id",
     "build_sibling_products",
     "chunk_rows",
-    "matvec_max_tokens",
 ]
 
 #: Largest decoded weight tile of a batched product, in float32 elements (16 MiB).
@@ -76,30 +90,6 @@ MIN_CHUNK_ROWS = 128
 #: Below this many multiply-adds (plus decoded weights) a 2-d product is one chunk: the
 #: pool's hand-off (tens of microseconds) would cost more than it saves.
 PARALLEL_MIN_WORK = 1 << 20
-#: Up to this many activation rows, F32, F16 and BF16 weights take the numba kernels that read
-#: each weight once (:mod:`._numba_fmatvec`): on one Zen 4 core, sixteen 4096×768 matrices
-#: streamed at 33 GB/s for one row against 17 for BLAS's sgemv (F16: 1.2, widened first),
-#: 7 against 5 at eight rows.
-FLOAT_MATVEC_MAX_TOKENS = 8
-#: Up to this many activation rows, quantized weights use the fused matvec kernels...
-MATVEC_MAX_TOKENS = 8
-#: ... and up to these many for the types whose integer kernels stay ahead of decoding
-#: the matrix and calling BLAS for longer. A fused kernel's cost grows with each row, a
-#: decode's is paid once; on the 2-core dev machine (768×2048 and 2048×768, 1 and 2
-#: threads), the fused kernel took 0.62–0.88 of the time at 12 and 16 rows for Q4_0 and
-#: Q4_K, about 1.0 at 24; 0.74–1.00 at 12 rows for Q4_1, Q8_0 and Q6_K, 0.9–1.2 at 16;
-#: Q5_0 and Q5_1 were already 1.01–1.15 at 12. Short prompts (a chat turn) gain most:
-#: a Q4_K product of 12 rows went from 1.03 to 0.74 ms on one core.
-MATVEC_MAX_TOKENS_BY_TYPE = {
-    Type.Q4_0: 16, Type.Q4_K: 16, Type.Q4_1: 12, Type.Q8_0: 12, Type.Q6_K: 12,
-}  # fmt: skip
-#: the most rows any type's fused kernel takes
-MATVEC_MOST_TOKENS = max(MATVEC_MAX_TOKENS, *MATVEC_MAX_TOKENS_BY_TYPE.values())
-
-
-def matvec_max_tokens(t: Type) -> int:
-    """The most activation rows a product of ``t`` weights takes the fused kernel for."""
-    return MATVEC_MAX_TOKENS_BY_TYPE.get(t, MATVEC_MAX_TOKENS)
 
 
 def chunk_rows(n_out: int, n_in: int, n_tok: int, decoded: bool) -> int:
@@ -142,46 +132,75 @@ def _widen_bf16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _binder(t: Type, jit: JitKernels | None) -> Binder:
-    """How weights of type ``t`` decode. ``src`` is ``(…, rows, n)`` (raw blocks
-    ``(…, rows, nblocks, type_size)`` if quantized), the scratch float32 ``(…, rows, n)``."""
-    if t == Type.F16 and jit is not None:
-        return lambda src: partial(jit.widen_f16, src) if src.ndim == 2 else partial(_copy_f16, src)
-    if t == Type.F16:
-        return lambda src: partial(_copy_f16, src)
-    if t == Type.BF16:
-        return lambda src: partial(_widen_bf16, src)
-    if jit is not None and jit.supports(t):
-        return partial(jit.bind_dequantize, t)
+def _decode_f16(t: Type, jit: JitKernels | None) -> Binder:
+    assert jit is not None
+    return lambda src: partial(jit.widen_f16, src)
+
+
+def _decode_numba(t: Type, jit: JitKernels | None) -> Binder:
+    assert jit is not None
+    return partial(jit.bind_dequantize, t)  # vector or scalar: the table, per blocks
+
+
+def _decode_numpy(t: Type, jit: JitKernels | None) -> Binder:
     # numpy's decoder allocates its result: use it as is rather than copy it again
     return lambda src: lambda out: dequantize_blocks(src, t)
+
+
+#: the decoding paths of the table (:mod:`.dispatch`) → ``(t, jit)`` → their binder
+_DECODERS: dict[str, Callable[[Type, JitKernels | None], Binder]] = {
+    F16_WIDEN: _decode_f16,
+    F16_NUMPY: lambda t, jit: lambda src: partial(_copy_f16, src),
+    BF16_SHIFT: lambda t, jit: lambda src: partial(_widen_bf16, src),
+    DECODE_VECTOR: _decode_numba,
+    DECODE_SCALAR: _decode_numba,
+    DECODE_NUMPY: _decode_numpy,
+}
+
+
+def _binder(t: Type, jit: JitKernels | None) -> Binder | None:
+    """How weights of type ``t`` decode for BLAS, as the table's decoding paths say
+    (None: F32, read in place). ``src`` is ``(…, rows, n)`` (raw blocks
+    ``(…, rows, nblocks, type_size)`` if quantized), the scratch float32 ``(…, rows, n)``;
+    a 2-d ``src`` (a chunk, or a tile) may take a kernel that whole batched weights do
+    not."""
+    numba = jit is not None
+    by_shape = {}
+    for matrix in (True, False):
+        name = select(t, PLAIN, MANY, numba=numba, matrix=matrix).name
+        if name == BLAS:
+            return None
+        by_shape[matrix] = _DECODERS[name](t, jit)
+    return lambda src: by_shape[src.ndim == 2](src)
 
 
 def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
     a_t, b_t = node.src
     if isinstance(a_t.buffer, RepackBuffer):
         return _repacked(node, ctx, jit)
-    quant = a_t.type.is_quantized
+    t = a_t.type
     b32, load_b = ctx.f32_in(b_t)
     b4, out4 = padded4(b32), padded4(ctx.view(node))
-    a4 = padded4(ctx.view(a_t), core=1 if quant else 0)
+    a4 = padded4(ctx.view(a_t), core=1 if t.is_quantized else 0)
     a_batch = (a4.shape[0], a4.shape[1])
     n_out, n_in = a_t.shape[-2], a_t.shape[-1]
     n_tok = b4.shape[2]
     plain = a_batch == b4.shape[:2] == (1, 1)  # the common 2-d case
+    # the facts the table's paths may need (each entry of a4 has its strides)
+    contiguous = not t.is_quantized or (a4.strides[-1] == 1 and a4.strides[-2] == t.type_size)
+    unit = plain and all(v.strides[-1] == v.itemsize for v in (a4[0, 0], b4[0, 0], out4[0, 0]))
+    path = select(t, PLAIN, n_tok, numba=jit is not None, blocks_contiguous=contiguous,
+                  matrix=plain, unit_stride=unit).name  # fmt: skip
 
-    fused = n_tok <= matvec_max_tokens(a_t.type)
-    if quant and jit is not None and jit.supports(a_t.type) and fused:
-        return sequence(load_b, _fused_matvec(ctx, a_t.type, a4, b4, out4, jit))
-    if (
-        a_t.type in (Type.F32, Type.F16, Type.BF16) and jit is not None and plain
-        and n_tok <= FLOAT_MATVEC_MAX_TOKENS
-        and all(v.strides[-1] == v.itemsize for v in (a4[0, 0], b4[0, 0], out4[0, 0]))
-    ):  # fmt: skip
-        step = jit.bind_matvec_float(a4[0, 0], b4[0, 0], out4[0, 0], a_t.type)
+    if path in (INT8, FLOAT_FUSED):
+        assert jit is not None
+        return sequence(load_b, _fused_matvec(ctx, t, a4, b4, out4, jit))
+    if path == FLOAT_MATVEC:
+        assert jit is not None
+        step = jit.bind_matvec_float(a4[0, 0], b4[0, 0], out4[0, 0], t)
         return sequence(load_b, step)
 
-    bind = None if a_t.type == Type.F32 else _binder(a_t.type, jit)
+    bind = _binder(t, jit)  # the decoding paths, which may differ chunk by chunk
     if plain:
         return sequence(load_b, _by_rows(ctx, b4[0, 0], a4[0, 0], out4[0, 0], bind))
     if bind is None:
@@ -218,6 +237,7 @@ def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
     repacked for another; slow, but the same products)."""
     a_t, b_t = node.src
     n_out, n_in = a_t.shape
+    path = select(a_t.type, REPACKED, b_t.nelements // n_in, numba=jit is not None).name
     b32, load_b = ctx.f32_in(b_t)
     x = reshape_view(b32, (-1, n_in)) if b32.flags.c_contiguous else None
     if x is None:  # a strided activation: its rows staged, unit-stride, at each compute
@@ -233,7 +253,7 @@ def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
     assert lay is not None  # supports() checked it
     buf = a_t.require_allocated()
     assert isinstance(buf, RepackBuffer)
-    if jit is None:
+    if path == REPACKED_DECODE:
         blocks = ctx.scratch((n_out, n_in // a_t.type.block_size, a_t.type.type_size), np.uint8)
 
         def unpacked() -> None:
@@ -242,6 +262,7 @@ def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
             np.matmul(x, w.T, out=out)
 
         return sequence(load_b, unpacked, store)
+    assert jit is not None
     product = jit.bind_packed(a_t.type, packed_rows(a_t), x, out, ctx.scratch)
     return sequence(load_b, product, store)
 
@@ -370,7 +391,7 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = N
     raw, ids, out = ctx.view(as_t), ctx.view(ids_t), ctx.view(node)
     n_expert, n_out, n_in = as_t.shape
     n_b = b_t.shape[1]
-    bind = None if as_t.type == Type.F32 else _binder(as_t.type, jit)
+    bind = _binder(as_t.type, jit)  # decoded as a prompt's product decodes
     w32 = ctx.scratch((1, n_out, n_in)) if bind is not None else None
     # each expert's decoder bound once, with the plan (binding chooses kernels and views)
     decoders = [bind(raw[ex : ex + 1]) for ex in range(n_expert)] if bind is not None else []

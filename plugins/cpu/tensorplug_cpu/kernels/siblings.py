@@ -19,14 +19,14 @@ ranges of each tensor's owner, conservative for views.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tensorplug.opcodes import VIEW_OPS, Op
 from tensorplug.types import Type
 
 from ..repack import RepackBuffer, layout_of
-from .matmul import MATVEC_MOST_TOKENS, matvec_max_tokens
+from .dispatch import INT8, MATVEC_MOST_TOKENS, PLAIN, select
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -45,9 +45,11 @@ def _overlap(a: _Span, b: _Span) -> bool:
     return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
-def _candidate(node: Tensor, matvec_types: Callable[[Type], bool]) -> bool:
-    """A 2-d product of quantized weights by a few dense float32 rows. The op and the row
-    count come first: they turn away a prompt graph's nodes cheaply (0.3 → 0.04 ms)."""
+def _candidate(node: Tensor) -> bool:
+    """A 2-d product of quantized weights by a few dense float32 rows that the joint
+    kernels take: repacked weights, or ones the dispatch table gives the integer kernels.
+    The op and the row count come first: they turn away a prompt graph's nodes cheaply
+    (0.3 → 0.04 ms)."""
     if node.op is not Op.MUL_MAT or node.src[1].shape[0] > MATVEC_MOST_TOKENS:
         return False
     if node.nelements == 0 or node.type != Type.F32:
@@ -59,8 +61,9 @@ def _candidate(node: Tensor, matvec_types: Callable[[Type], bool]) -> bool:
     if isinstance(a_buf, RepackBuffer):  # repacked weights: any few rows, whole matrices
         weights_ok = a.view_src is None and layout_of(a) is not None
     else:
-        weights_ok = a_buf.is_host and matvec_types(a.type) and a.rows_contiguous
-        weights_ok = weights_ok and b.shape[0] <= matvec_max_tokens(a.type)
+        weights_ok = a_buf.is_host and a.type.is_quantized and select(
+            a.type, PLAIN, b.shape[0], numba=True, blocks_contiguous=a.rows_contiguous
+        ).name == INT8  # fmt: skip
     return (
         weights_ok and buf.is_host and b_buf.is_host and len(a.shape) == 2
         and b.type == Type.F32 and len(b.shape) == 2 and b.is_contiguous and node.is_contiguous
@@ -88,18 +91,16 @@ def _placement(nodes: Sequence[Tensor], first: int, at: int, joined: set[int]) -
     return "early" if early else "staged"
 
 
-def sibling_groups(
-    nodes: Sequence[Tensor], matvec_types: Callable[[Type], bool], most: int
-) -> dict[int, list[tuple[int, bool]]]:
+def sibling_groups(nodes: Sequence[Tensor], most: int) -> dict[int, list[tuple[int, bool]]]:
     """Index of a group's first product → ``(index, staged)`` of each of its products
     (in graph order, at most ``most``), for products of the same activation that can
     run together. A staged product is computed into scratch and copied into its result
-    at its own place (:func:`_placement`). ``matvec_types`` says which weight types the
-    joint kernel takes."""
+    at its own place (:func:`_placement`). The numba kernels are taken to be there: the
+    backend asks only when they are."""
     # repacked weights and plain ones take different kernels: they never go together
     by_activation: dict[tuple[int, bool], list[int]] = {}
     for i, node in enumerate(nodes):
-        if _candidate(node, matvec_types):
+        if _candidate(node):
             key = id(node.src[1]), isinstance(node.src[0].buffer, RepackBuffer)
             by_activation.setdefault(key, []).append(i)
     groups: dict[int, list[tuple[int, bool]]] = {}

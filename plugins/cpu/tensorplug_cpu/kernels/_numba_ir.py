@@ -1,0 +1,175 @@
+"""LLVM IR building blocks shared by the numba kernels that write their loops as IR.
+
+numba has no vector types, no float16 and no way to ask for one instruction, so the
+kernels that need them (:mod:`._numba_introw`, :mod:`._numba_repack`,
+:mod:`._numba_fmatvec`, :mod:`._numba_decode`, :mod:`._numba_kint8`) emit LLVM IR
+through numba ``intrinsic`` s. What they all use is here: integer and vector types,
+constant and run-time splats, declarations of LLVM intrinsics, array data pointers and
+unaligned vector loads, f16 scales as float vectors, the integer dot of 32 bytes, and
+:func:`carried_loop`, the loop whose accumulators live in phi nodes.
+
+The instruction forms follow the host: ``HAS_AVX2``, ``HAS_F16C`` and ``HAS_VNNI`` are
+read when a kernel is compiled (never when this module is imported), so a test may set
+them, in a fresh process and before anything is compiled, to build another host's form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..system import kernel_features
+
+_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_F32 = ir.FloatType()
+
+
+_HOST = kernel_features()
+#: the instruction forms the kernels compile to, from the plugin's one feature probe
+#: (decided once per process; numba's disk cache keys compiled code by the host CPU)
+HAS_AVX2, HAS_F16C, HAS_VNNI = _HOST.avx2, _HOST.f16c, _HOST.vnni
+
+
+def _vec(ty: ir.IntType, n: int) -> ir.VectorType:
+    return ir.VectorType(ty, n)
+
+
+def _splat(ty: ir.IntType, n: int, v: int) -> ir.Constant:
+    return ir.Constant(_vec(ty, n), [v] * n)
+
+
+def _fn(builder: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Type) -> ir.Function:
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+
+
+def carried_loop(
+    builder: ir.IRBuilder,
+    name: str,
+    start: Any,
+    end: Any,
+    step: int,
+    values: list[Any],
+    emit: Callable[[Any, list[Any]], list[Any]],
+) -> list[Any]:
+    """``for i in range(start, end, step): values = emit(i, values)`` as LLVM IR (``i``
+    an ``i64``), the values carried from one iteration to the next in phi nodes; returns
+    their final values, ``values`` as given when the range is empty. The builder is left
+    after the loop."""
+    i64 = ir.IntType(64)
+    before = builder.block
+    body = builder.append_basic_block(f"{name}.body")
+    after = builder.append_basic_block(f"{name}.after")
+    builder.cbranch(builder.icmp_signed("<", start, end), body, after)
+    builder.position_at_end(body)
+    i = builder.phi(i64)
+    phis = [builder.phi(v.type) for v in values]
+    new = emit(i, phis)
+    nxt = builder.add(i, ir.Constant(i64, step))
+    builder.cbranch(builder.icmp_signed("<", nxt, end), body, after)
+    last = builder.block
+    i.add_incoming(start, before)
+    i.add_incoming(nxt, last)
+    for phi, v, n in zip(phis, values, new, strict=True):
+        phi.add_incoming(v, before)
+        phi.add_incoming(n, last)
+    builder.position_at_end(after)
+    finals = []
+    for v, n in zip(values, new, strict=True):
+        final = builder.phi(v.type)
+        final.add_incoming(v, before)
+        final.add_incoming(n, last)
+        finals.append(final)
+    return finals
+
+
+def _data(context: Any, builder: ir.IRBuilder, aryty: Any, ary: Any) -> Any:
+    """The data pointer of array ``ary`` (numba type ``aryty``)."""
+    return context.make_array(aryty)(context, builder, ary).data
+
+
+def _load(builder: ir.IRBuilder, context: Any, aryty: Any, ary: Any, off: Any, n: int) -> Any:
+    """``n`` bytes of array ``ary`` from element ``off``, as an ``<n x i8>`` vector."""
+    data = context.make_array(aryty)(context, builder, ary).data
+    ptr = builder.bitcast(builder.gep(data, [off]), _vec(_I8, n).as_pointer())
+    return builder.load(ptr, align=1)
+
+
+def _load_vec(builder: ir.IRBuilder, base: Any, off: Any, ty: ir.Type) -> Any:
+    """A ``ty`` from element ``off`` of pointer ``base``, unaligned."""
+    return builder.load(builder.bitcast(builder.gep(base, [off]), ty.as_pointer()), align=1)
+
+
+def _splat_vf(builder: ir.IRBuilder, v: Any, n: int, lane: int = 0) -> Any:
+    """Lane ``lane`` of vector ``v`` in all ``n`` lanes."""
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [lane] * n))
+
+
+def _splat_scalar(builder: ir.IRBuilder, v: Any, n: int) -> Any:
+    """Scalar ``v`` in all ``n`` lanes."""
+    return _splat_vf(builder, builder.insert_element(ir.Constant(ir.VectorType(v.type, n), None),
+                                                     v, _I32(0)), n)  # fmt: skip
+
+
+def _runtime_splat(builder: ir.IRBuilder, value: Any, n: int) -> Any:
+    """An ``<n x i8>`` vector of a runtime integer (a shift amount)."""
+    return _splat_scalar(builder, builder.trunc(value, _I8), n)
+
+
+def _f16x(builder: ir.IRBuilder, bases: list[Any], off: Any, table: Any) -> Any:
+    """The f16 at byte ``off`` of each of ``bases`` as one ``<R x float>``: converted by
+    the CPU (F16C) where it can, else looked up in the f16 → f32 ``table``."""
+    r = len(bases)
+    bits = [builder.load(builder.bitcast(builder.gep(p, [off]), ir.IntType(16).as_pointer()),
+                         align=1) for p in bases]  # fmt: skip
+    if HAS_F16C:
+        v = ir.Constant(ir.VectorType(ir.IntType(16), r), None)
+        for i, bi in enumerate(bits):
+            v = builder.insert_element(v, bi, _I32(i))
+        return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), r)),
+                             ir.VectorType(_F32, r))  # fmt: skip
+    v = ir.Constant(ir.VectorType(_F32, r), None)
+    for i, bi in enumerate(bits):
+        v = builder.insert_element(v, builder.load(builder.gep(table, [builder.zext(bi, _I64)])),
+                                   _I32(i))  # fmt: skip
+    return v
+
+
+def _dot_i8(builder: ir.IRBuilder, u: Any, s: Any) -> Any:
+    """Σ u_j·s_j over 32 lanes, ``u`` unsigned (< 128 on the portable path), ``s`` signed."""
+    if HAS_AVX2:
+        v32, v16, v8 = _vec(_I8, 32), _vec(_I16, 16), _vec(_I32, 8)
+        pairs = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32), [u, s])
+        quads = builder.call(
+            _fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16), [pairs, _splat(_I16, 16, 1)]
+        )
+        return builder.call(_fn(builder, "llvm.vector.reduce.add.v8i32", _I32, v8), [quads])
+    wide = builder.mul(builder.zext(u, _vec(_I16, 32)), builder.sext(s, _vec(_I16, 32)))
+    total = builder.sext(wide, _vec(_I32, 32))
+    return builder.call(
+        _fn(builder, "llvm.vector.reduce.add.v32i32", _I32, _vec(_I32, 32)), [total]
+    )
+
+
+@intrinsic
+def f32_bits(typingctx: Any, f: Any) -> Any:
+    """The bits of float32 ``f`` as an int32 (a bit cast: no array, no allocation)."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], _I32)
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx: Any, bits: Any) -> Any:
+    """The float32 whose bits are the int32 ``bits``."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
