@@ -15,6 +15,7 @@ pasted into bug reports.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import platform
@@ -510,8 +511,29 @@ def _warn(records: Sequence[CommandRecord], command: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); the exit status.
+
+    Ctrl-C is handled here, once for every command, the core's and those of other
+    distributions: whatever the command was doing (importing its module, loading, in a
+    kernel, waiting on stdin), it ends with one line and status 130 (128 + SIGINT, what
+    a shell reports for a process killed by it), not a traceback through the frames it
+    happened to be in."""
     own_process = argv is None  # the command itself (console script, python -m)
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv, own_process)
+    except KeyboardInterrupt:
+        command = next((a for a in argv if not a.startswith("-")), None)
+        name = f"tensorplug {command}" if command else "tensorplug"
+        # on a terminal the interrupted line (a streamed reply, a progress bar) is ended first
+        start = "\n" if sys.stderr.isatty() else ""
+        with contextlib.suppress(OSError, ValueError):  # stdout may be a closed pipe
+            sys.stdout.flush()
+        print(f"{start}{name}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str], own_process: bool) -> int:
     if "-v" in argv or "--verbose" in argv:  # before the parser: it logs command discovery
         logging.basicConfig(format="%(name)s: %(message)s")
         logging.getLogger("tensorplug").setLevel(logging.DEBUG)

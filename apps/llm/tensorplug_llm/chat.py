@@ -178,9 +178,6 @@ def main(args: argparse.Namespace) -> int:
             return chat(model, args, _lines(args.prompt), sys.stdout, sys.stderr)
         finally:
             model.close()
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
     except (GGUFError, TensorplugError, OSError) as e:
         print(f"tensorplug chat: error: {e}", file=sys.stderr)
         return 1
