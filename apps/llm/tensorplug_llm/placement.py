@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tensorplug import registry
 from tensorplug.device import Device, DeviceType, is_host_cpu
+from tensorplug.discovery import explain_missing
 from tensorplug.errors import BackendNotFoundError
 from tensorplug.priority import by_priority, host_cpu
 
@@ -31,12 +32,14 @@ def best_accelerator() -> Device | None:
 
 
 def device_named(name: str) -> Device:
+    """The registered device called ``name``; when there is none, the error says why as
+    ``tensorplug check --backend`` does: the plugin that would provide it is not
+    installed, cannot run here (no driver), is disabled or failed to load."""
     dev = registry.dev_by_name(name)
     if dev is None:
         names = ", ".join(d.name for d in registry.devices()) or "none"
-        raise BackendNotFoundError(
-            f"no device named {name!r}; registered devices: {names} (`tensorplug devices`)"
-        )
+        why, _ = explain_missing(registry.plugin_records(), name, f"no device named {name!r}:")
+        raise BackendNotFoundError(f"{why} Registered devices: {names} (`tensorplug devices`)")
     return dev
 
 
