@@ -11,13 +11,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tensorplug import registry
+from tensorplug import registry, settings
 from tensorplug.device import Device, DeviceType, is_host_cpu
 from tensorplug.discovery import explain_missing
 from tensorplug.errors import BackendNotFoundError
 from tensorplug.priority import by_priority, host_cpu
 
-__all__ = ["Placement", "best_accelerator", "by_priority", "host_cpu", "is_host_cpu"]
+__all__ = [
+    "Placement",
+    "best_accelerator",
+    "by_priority",
+    "host_cpu",
+    "is_host_cpu",
+    "selected_devices",
+]
 
 
 def best_accelerator() -> Device | None:
@@ -29,6 +36,19 @@ def best_accelerator() -> Device | None:
     never chosen by default — as ``init_best`` never chooses them — only when named."""
     gpus = (DeviceType.GPU, DeviceType.IGPU)
     return next((d for d in by_priority(registry.devices()) if d.type in gpus), None)
+
+
+def selected_devices() -> list[Device]:
+    """The devices of the backends ``TENSORPLUG_BACKENDS`` lists, in its order (none
+    when it is unset). The first is where ``run`` places a model; the host CPU backend,
+    loaded as the fallback whether listed or not, is among them only when listed."""
+    devices = registry.devices()
+    return [
+        d
+        for name in settings.BACKENDS.get()
+        for d in devices
+        if d.reg is not None and d.reg.name.casefold() == name.casefold()
+    ]
 
 
 def device_named(name: str) -> Device:

@@ -321,7 +321,7 @@ def _device_names(args: argparse.Namespace) -> list[str]:
 def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
     from tensorplug.errors import TensorplugError
 
-    from .placement import Placement, best_accelerator, device_named
+    from .placement import Placement, best_accelerator, device_named, selected_devices
 
     names = _device_names(args)
     if len(names) > 1:
@@ -331,7 +331,8 @@ def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
                 "over all of them, so --n-gpu-layers does not apply; drop one of the two"
             )
         return Placement.spread([device_named(n) for n in names], n_layer)
-    device = device_named(names[0]) if names else None
+    # without --device: the first backend TENSORPLUG_BACKENDS lists, as for init_best()
+    device = device_named(names[0]) if names else next(iter(selected_devices()), None)
     if args.n_gpu_layers is None and device is not None:
         return Placement.on(device, n_layer)
     wants_gpu = args.n_gpu_layers is None or args.n_gpu_layers > 0
@@ -626,7 +627,8 @@ def demo_model(
 
     Without ``path`` a tiny random-weight model of ``weight_type`` is written first
     (into a temporary folder). Its blocks are spread over ``devices`` (names; default
-    every loaded device) through the scheduler, the prompt is evaluated and
+    the devices of the backends TENSORPLUG_BACKENDS lists, else every loaded device)
+    through the scheduler, the prompt is evaluated and
     ``n_predict`` tokens generated greedily, and the devices, placement, splits,
     copies, memory and tokens/s are printed to ``log`` (default: ``out``, stdout), the
     generated text to ``out``. The prompt's logits
@@ -636,13 +638,16 @@ def demo_model(
     """
     from tensorplug import registry
 
-    from .placement import Placement, by_priority, device_named, host_cpu
+    from .placement import Placement, by_priority, device_named, host_cpu, selected_devices
     from .runner import Llama
     from .tiny import write_tiny_llama
 
     out = out or sys.stdout
     log = log or out  # everything but the generated text (``run`` sends it to stderr)
-    devs = by_priority([device_named(n) for n in devices] if devices else registry.devices())
+    if devices:
+        devs = by_priority([device_named(n) for n in devices])
+    else:  # the backends TENSORPLUG_BACKENDS lists, else every one
+        devs = by_priority(selected_devices() or registry.devices())
     ns = argparse.Namespace(**vars(args)) if args is not None else _demo_args(n_predict, seed)
     if args is None:
         ns.prompt = prompt
