@@ -1,4 +1,4 @@
-"""Which devices a run uses: TENSORPLUG_BACKENDS at its edges.
+"""Which devices a run uses: TENSORPLUG_BACKENDS and --split-mode row at their edges.
 
 The rule (README, "Selecting backends"): the host CPU backend is always loaded as the
 fallback for inputs and the ops other devices cannot run, unless TENSORPLUG_DISABLE=CPU
@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tensorplug import registry
@@ -69,3 +70,18 @@ def test_only_disabling_the_cpu_removes_the_fallback(model: Path) -> None:
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "no CPU device is registered" in done.stderr
     assert "remove CPU from TENSORPLUG_DISABLE" in done.stderr
+
+
+def test_row_split_gives_every_device_a_kv_head(model: Path, tmp_path: Path) -> None:
+    """3,1 over 2 KV heads rounds to 2 and 0; each device gets one, the FFN keeps 3:1."""
+    split, alone = tmp_path / "split.npy", tmp_path / "cpu.npy"
+    argv = ["run", str(model), "--tokens", "1,300,301,302", "-n", "1", "--cache-type", "f32"]
+    done = _cli(*argv, "--device", "CPU,OpenCL0", "--split-mode", "row", "--tensor-split",
+                "3,1", "--logits-out", str(split))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "KV heads 1,1" in done.stderr and "FFN 96,32" in done.stderr, done.stderr[-3000:]
+    done = _cli(*argv, "--device", "CPU", "--logits-out", str(alone))
+    assert done.returncode == 0, done.stderr[-3000:]
+    got, want = np.load(split), np.load(alone)
+    assert float(np.sum((got - want) ** 2) / np.sum(want**2)) < 5e-4
+    assert (got.argmax(-1) == want.argmax(-1)).all()

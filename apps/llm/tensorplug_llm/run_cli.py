@@ -351,7 +351,7 @@ def _row_placement(args: argparse.Namespace, f: GGUFFile, n_layer: int) -> Place
     from tensorplug.errors import TensorplugError
 
     from .placement import Placement, device_named
-    from .row_split import row_split_device
+    from .row_split import row_split_device, row_split_sizes
 
     names = _device_names(args)
     if len(names) < 2:
@@ -361,8 +361,14 @@ def _row_placement(args: argparse.Namespace, f: GGUFFile, n_layer: int) -> Place
         )
     if args.n_gpu_layers not in (None, -1):
         raise TensorplugError("--split-mode row puts every block on all devices; drop -ngl")
-    meta = row_split_device(f, [device_named(n) for n in names], args.tensor_split)
-    return Placement.on(meta, n_layer)
+    devices = [device_named(n) for n in names]
+    sizes = row_split_sizes(f, len(devices), args.tensor_split)
+    print(
+        f"row split over {', '.join(d.name for d in devices)}: KV heads "
+        f"{','.join(map(str, sizes.kv_heads))}, FFN {','.join(map(str, sizes.ffn))} rows",
+        file=sys.stderr,
+    )
+    return Placement.on(row_split_device(f, devices, args.tensor_split), n_layer)
 
 
 def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = None) -> Llama:
