@@ -125,6 +125,10 @@ class Output:
             self.console.print(text, style=style or None, markup=False, soft_wrap=True)
 
     def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        """One line per row however long: cells come from drivers and exceptions, whose
+        text may hold newlines or tabs, and a row split over lines breaks ``grep`` and
+        ``cut`` on plain output (rich folds only the last column, on a terminal)."""
+        rows = [[_one_line(str(c)) for c in row] for row in rows]
         if self.plain:
             widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
             for row in (headers, *rows):
@@ -140,6 +144,11 @@ class Output:
         for row in rows:
             table.add_row(*(_styled(str(c)) for c in row))
         self.console.print(table)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines, tabs) made one space."""
+    return " ".join(text.split())
 
 
 _STYLES = {"loaded": "green", "ok": "green", "failed": "bold red", "FAILED": "bold red"}
@@ -407,6 +416,9 @@ def _doctor_commands(out: Output, records: list[CommandRecord] | None) -> None:
 
 # -- the command line -------------------------------------------------------------------------
 
+#: What ``tensorplug --help`` says first: plain text (the module's docstring is reST).
+DESCRIPTION = "The tensorplug command line (also: python -m tensorplug)."
+
 #: The core's own subcommands; a command from an entry point never replaces one of them.
 COMMANDS: list[Command] = [
     Command("devices", "list every device of every loaded backend", cmd_devices),
@@ -470,9 +482,7 @@ def build_parser(
     if problems := _problems(records):
         listed = "; ".join(f"{r.name} from {r.origin}: {_short(r)}" for r in problems)
         epilog += f" Commands that could not be added: {listed}."
-    parser = argparse.ArgumentParser(
-        prog="tensorplug", description=__doc__.splitlines()[0], epilog=epilog
-    )
+    parser = argparse.ArgumentParser(prog="tensorplug", description=DESCRIPTION, epilog=epilog)
     parser.add_argument("--version", action="version", version=f"tensorplug {__version__}")
     _common(parser, False)
     chosen = next((a for a in argv if not a.startswith("-")), None)

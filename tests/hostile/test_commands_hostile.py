@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib
 import io
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -67,3 +70,60 @@ def test_tokenize_jsonl_refuses_deeply_nested_json(
     assert code == 1
     assert out.count("\n") == 1  # the first line's ids
     assert "stdin line 2 is nested too deeply" in err and "one JSON string per line" in err
+
+
+def test_top_level_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _main(capsys, "--help")
+    assert code == 0
+    assert "``" not in out
+    assert "python -m tensorplug" in out
+
+
+PLUGIN = '''
+from tensorplug.backend import Backend, Status
+from tensorplug.device import Device, DeviceType, Reg
+from tensorplug.host import host_buffer_type
+from tensorplug.registration import Registration
+
+class NoBackend(Backend):
+    def _graph_compute(self, graph):
+        return Status.SUCCESS
+
+class Dev(Device):
+    name = "MULTI0"
+    description = "a driver's name\\nover two lines\\tand a tab"
+    type = DeviceType.GPU
+    def memory(self):
+        raise RuntimeError("clGetDeviceInfo failed:\\n  CL_OUT_OF_RESOURCES")
+    def _init_backend(self, params):
+        return NoBackend(self)
+    def buffer_type(self):
+        return host_buffer_type()
+    def supports_op(self, op):
+        return False
+    def supports_buft(self, buft):
+        return buft.is_host
+
+class MultiReg(Reg):
+    name = "MULTI"
+    def __init__(self):
+        self._devs = [Dev()]
+        self._devs[0].reg = self
+    def devices(self):
+        return self._devs
+
+registration = Registration(name="MULTI", api_version=(1, 0), init=MultiReg)
+'''
+
+
+def test_piped_device_tables_have_one_line_per_device(tmp_path: Path) -> None:
+    plugin = tmp_path / "multi_plugin.py"
+    plugin.write_text(textwrap.dedent(PLUGIN))
+    env = {**os.environ, "TENSORPLUG_BACKEND_PATH": str(plugin), "TENSORPLUG_BACKENDS": "MULTI"}
+    done = subprocess.run([sys.executable, "-m", "tensorplug", "devices"], capture_output=True,
+                          text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3, done.stdout  # the header, MULTI0, CPU (the fallback)
+    multi = next(line for line in lines if "MULTI0" in line)
+    assert "over two lines and a tab" in multi and "CL_OUT_OF_RESOURCES" in multi
