@@ -127,3 +127,14 @@ def test_piped_device_tables_have_one_line_per_device(tmp_path: Path) -> None:
     assert len(lines) == 3, done.stdout  # the header, MULTI0, CPU (the fallback)
     multi = next(line for line in lines if "MULTI0" in line)
     assert "over two lines and a tab" in multi and "CL_OUT_OF_RESOURCES" in multi
+
+
+def test_demo_reports_on_stderr_and_leaves_stdout_to_the_text() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tensorplug", "demo", "--device", "CPU", "--runs", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for report in ("matches the float64 numpy reference", "placement:", "check: the prompt"):
+        assert report in done.stderr and report not in done.stdout
+    assert done.stdout.startswith("Once upon a time")  # the generated text, and only it
