@@ -79,7 +79,7 @@ def test_top_level_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> Non
     assert "python -m tensorplug" in out
 
 
-PLUGIN = '''
+PLUGIN = """
 from tensorplug.backend import Backend, Status
 from tensorplug.device import Device, DeviceType, Reg
 from tensorplug.host import host_buffer_type
@@ -113,7 +113,7 @@ class MultiReg(Reg):
         return self._devs
 
 registration = Registration(name="MULTI", api_version=(1, 0), init=MultiReg)
-'''
+"""
 
 
 def test_piped_device_tables_have_one_line_per_device(tmp_path: Path) -> None:

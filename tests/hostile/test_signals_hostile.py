@@ -143,3 +143,39 @@ def test_a_third_party_command_gets_the_same_ending(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=120, preexec_fn=_default_sigint)  # fmt: skip
     _assert_one_line(done.returncode, done.stderr, "slow")
+
+
+def test_on_a_terminal_the_interrupted_line_is_ended_first(model: Path) -> None:
+    """Generated text leaves the cursor mid-line; the message starts a line of its own."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    argv = ["run", str(model), "--device", "CPU", "--tokens", "1,300", "-n", "4000",
+            "--ignore-eos"]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorplug", *argv], stdin=subprocess.DEVNULL,
+        stdout=secondary, stderr=secondary, preexec_fn=_default_sigint,
+    )  # fmt: skip
+    os.close(secondary)
+    seen = bytearray()
+    try:
+        while b"prompt: 2 tokens" not in seen:
+            seen += os.read(primary, 4096)
+        n = len(seen)
+        while len(seen) < n + 64:  # generated text, mid-line
+            seen += os.read(primary, 4096)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(primary)
+    text = seen.decode(errors="replace")
+    assert "Traceback" not in text
+    assert text.endswith("\r\ntensorplug run: interrupted\r\n"), text[-500:]
