@@ -31,8 +31,8 @@ def test_demo_on_cpu_matches_numpy(weights: str) -> None:
         pytest.skip("the tensorplug-cpu plugin is not installed (pip install -e plugins/cpu)")
     proc = _demo("--device", "CPU", "--weights", weights, "--runs", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "matches the float64 numpy reference" in proc.stdout
-    assert "split 0: CPU" in proc.stdout
+    assert "matches the float64 numpy reference" in proc.stderr
+    assert "split 0: CPU" in proc.stderr
 
 
 def test_demo_over_every_device() -> None:
@@ -40,6 +40,6 @@ def test_demo_over_every_device() -> None:
         pytest.skip("the tensorplug-cpu plugin is not installed (pip install -e plugins/cpu)")
     proc = _demo("--runs", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "matches the float64 numpy reference" in proc.stdout
+    assert "matches the float64 numpy reference" in proc.stderr
     for dev in registry.devices():
-        assert f"device {dev.name}" in proc.stdout
+        assert f"device {dev.name}" in proc.stderr

@@ -15,6 +15,7 @@ pasted into bug reports.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import platform
@@ -124,6 +125,10 @@ class Output:
             self.console.print(text, style=style or None, markup=False, soft_wrap=True)
 
     def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        """One line per row however long: cells come from drivers and exceptions, whose
+        text may hold newlines or tabs, and a row split over lines breaks ``grep`` and
+        ``cut`` on plain output (rich folds only the last column, on a terminal)."""
+        rows = [[_one_line(str(c)) for c in row] for row in rows]
         if self.plain:
             widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
             for row in (headers, *rows):
@@ -139,6 +144,11 @@ class Output:
         for row in rows:
             table.add_row(*(_styled(str(c)) for c in row))
         self.console.print(table)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines, tabs) made one space."""
+    return " ".join(text.split())
 
 
 _STYLES = {"loaded": "green", "ok": "green", "failed": "bold red", "FAILED": "bold red"}
@@ -406,6 +416,9 @@ def _doctor_commands(out: Output, records: list[CommandRecord] | None) -> None:
 
 # -- the command line -------------------------------------------------------------------------
 
+#: What ``tensorplug --help`` says first: plain text (the module's docstring is reST).
+DESCRIPTION = "The tensorplug command line (also: python -m tensorplug)."
+
 #: The core's own subcommands; a command from an entry point never replaces one of them.
 COMMANDS: list[Command] = [
     Command("devices", "list every device of every loaded backend", cmd_devices),
@@ -469,9 +482,7 @@ def build_parser(
     if problems := _problems(records):
         listed = "; ".join(f"{r.name} from {r.origin}: {_short(r)}" for r in problems)
         epilog += f" Commands that could not be added: {listed}."
-    parser = argparse.ArgumentParser(
-        prog="tensorplug", description=__doc__.splitlines()[0], epilog=epilog
-    )
+    parser = argparse.ArgumentParser(prog="tensorplug", description=DESCRIPTION, epilog=epilog)
     parser.add_argument("--version", action="version", version=f"tensorplug {__version__}")
     _common(parser, False)
     chosen = next((a for a in argv if not a.startswith("-")), None)
@@ -510,8 +521,29 @@ def _warn(records: Sequence[CommandRecord], command: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); the exit status.
+
+    Ctrl-C is handled here, once for every command, the core's and those of other
+    distributions: whatever the command was doing (importing its module, loading, in a
+    kernel, waiting on stdin), it ends with one line and status 130 (128 + SIGINT, what
+    a shell reports for a process killed by it), not a traceback through the frames it
+    happened to be in."""
     own_process = argv is None  # the command itself (console script, python -m)
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv, own_process)
+    except KeyboardInterrupt:
+        command = next((a for a in argv if not a.startswith("-")), None)
+        name = f"tensorplug {command}" if command else "tensorplug"
+        # on a terminal the interrupted line (a streamed reply, a progress bar) is ended first
+        start = "\n" if sys.stderr.isatty() else ""
+        with contextlib.suppress(OSError, ValueError):  # stdout may be a closed pipe
+            sys.stdout.flush()
+        print(f"{start}{name}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str], own_process: bool) -> int:
     if "-v" in argv or "--verbose" in argv:  # before the parser: it logs command discovery
         logging.basicConfig(format="%(name)s: %(message)s")
         logging.getLogger("tensorplug").setLevel(logging.DEBUG)

@@ -12,7 +12,9 @@ from collections.abc import Iterable
 
 from . import registry
 from .device import Device, DeviceType, is_host_cpu
+from .discovery import PluginStatus
 from .errors import BackendNotFoundError
+from .settings import DISABLE
 
 __all__ = ["by_priority", "host_cpu"]
 
@@ -24,9 +26,10 @@ def host_cpu() -> Device:
     dev = next((d for d in registry.devices() if is_host_cpu(d)), None)
     if dev is None:
         cpu = [r for r in registry.plugin_records() if r.matches("CPU")]
-        if cpu and cpu[0].detail:  # installed, but left out or failed: say which
+        if cpu and cpu[0].detail:  # installed, but disabled or failed: say which
             why = f"the CPU plugin is installed but {cpu[0].status.value}: {cpu[0].detail}"
-            fix = "add CPU to TENSORPLUG_BACKENDS (e.g. TENSORPLUG_BACKENDS=OpenCL,CPU)"
+            disabled = cpu[0].status is PluginStatus.DISABLED
+            fix = f"remove CPU from {DISABLE.env}" if disabled else "see `tensorplug doctor`"
         else:
             why = "no CPU backend plugin is installed"
             fix = "from a tensorplug checkout, pip install -e plugins/cpu"

@@ -13,8 +13,12 @@ How the registry settings combine, strongest first:
    ``TENSORPLUG_BACKENDS`` lists them; a disabled plugin is not even imported when its
    entry-point name is listed.
 3. ``TENSORPLUG_BACKENDS`` keeps only the listed backends, registers them in that
-   order and makes the first one the default of ``init_best()``. A listed backend that
-   is missing, cannot run here or fails to load is an error.
+   order and makes the first one the default of ``init_best()`` (and where
+   ``tensorplug run`` places a model). The host CPU backend (``CPU``) is kept whether
+   listed or not, after the listed ones: the scheduler runs inputs and the ops other
+   devices cannot run on it, so a selection without it could run nothing; only
+   ``TENSORPLUG_DISABLE=CPU`` removes it. A listed backend that is missing, cannot run
+   here or fails to load is an error.
 4. ``TENSORPLUG_BACKEND_PATH`` adds plugin files and folders; they compete with
    installed entry points on score (a tie goes to the path).
 5. ``TENSORPLUG_STRICT_PLUGINS=1`` turns every plugin failure into an error.
@@ -32,6 +36,7 @@ from .errors import TensorplugError
 
 __all__ = [
     "BACKENDS",
+    "FALLBACK_BACKEND",
     "MAX_COPIES",
     "BACKEND_PATH",
     "DISABLE",
@@ -45,6 +50,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: The backend that TENSORPLUG_BACKENDS never leaves out (only TENSORPLUG_DISABLE does).
+FALLBACK_BACKEND = "CPU"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -110,8 +118,10 @@ BACKENDS: Setting[tuple[str, ...]] = Setting(
     "TENSORPLUG_BACKENDS",
     (),
     _names,
-    "Comma-separated backend names to load, in order; the first is init_best()'s default. "
-    "Unset: every installed backend that can run here.",
+    "Comma-separated backend names to load, in order; the first is the default (init_best(), "
+    "and where `tensorplug run` places the model). The CPU backend is loaded too, last, listed "
+    "or not, as the fallback for inputs and unsupported ops (TENSORPLUG_DISABLE=CPU removes "
+    "it). Unset: every installed backend that can run here.",
     example="CUDA,CPU",
 )
 
@@ -216,9 +226,12 @@ class Selection:
         return None
 
     def excluded(self, name: str) -> str | None:
+        """Why backend ``name`` is left out, or None. The allow-list never leaves out
+        the host CPU backend: it is every schedule's fallback (see the module's rule 3)."""
         if why := self.denied(name):
             return why
-        if self.allow and name.casefold() not in {a.casefold() for a in self.allow}:
+        listed = {a.casefold() for a in self.allow} | {FALLBACK_BACKEND.casefold()}
+        if self.allow and name.casefold() not in listed:
             return f"not listed in {BACKENDS.env}={','.join(self.allow)}"
         return None
 

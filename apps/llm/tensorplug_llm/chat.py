@@ -93,9 +93,11 @@ def chat(
     model: Llama, args: argparse.Namespace, lines: Iterable[str], out: TextIO, log: TextIO
 ) -> int:
     """Answer each line of ``lines`` in turn; an exit code."""
+    from .run_cli import n_predict_of
     from .sampling import Sampler, SamplerParams
     from .tokenizer import StreamDecoder
 
+    n_predict = n_predict_of(args, model.n_ctx)
     vocab = model.vocab
     if vocab is None:
         raise RunError(f"cannot chat: {model.vocab_error}")
@@ -112,7 +114,7 @@ def chat(
             continue
         turns.append({"role": "user", "content": message})
         ids = _ids(vocab, render(template, system + turns, bos, eos))
-        while len(ids) + min(args.n_predict, 64) > model.n_ctx and len(turns) > 1:
+        while len(ids) + min(n_predict, 64) > model.n_ctx and len(turns) > 1:
             turns = turns[2:] if len(turns) > 2 else turns[1:]  # drop the oldest exchange
             ids = _ids(vocab, render(template, system + turns, bos, eos))
         if len(ids) >= model.n_ctx:
@@ -132,7 +134,7 @@ def chat(
             out.flush()
 
         start = time.perf_counter()
-        gen = model.generate(ids, args.n_predict, sampler, on_token=on_token)
+        gen = model.generate(ids, n_predict, sampler, on_token=on_token)
         seconds = time.perf_counter() - start
         out.write(dec.flush() + "\n")
         out.flush()
@@ -160,8 +162,9 @@ def main(args: argparse.Namespace) -> int:
     from tensorplug.errors import TensorplugError
     from tensorplug.gguf import GGUFError
 
-    from .run_cli import _load, installed_model
+    from .run_cli import _load, installed_model, resolve_seed
 
+    resolve_seed(args, sys.stderr)
     try:
         if args.tokens is not None or args.logits_out:
             raise RunError("chat takes messages on its input; --tokens and --logits-out are run's")
@@ -178,9 +181,6 @@ def main(args: argparse.Namespace) -> int:
             return chat(model, args, _lines(args.prompt), sys.stdout, sys.stderr)
         finally:
             model.close()
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
     except (GGUFError, TensorplugError, OSError) as e:
         print(f"tensorplug chat: error: {e}", file=sys.stderr)
         return 1

@@ -6,11 +6,15 @@ compute, read back, and compare with an independent float64 numpy implementation
 Then a tiny random-weight llama written as a GGUF file with the ``gguf`` writer,
 loaded and run over every device through the scheduler, prompt and generation
 tokens/s shown, its logits checked against a CPU-only run.
+
+As with ``tensorplug run``, stdout carries only the generated text; the report (the
+devices, splits, timings and verdicts) goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -91,10 +95,12 @@ def _human(n: int) -> str:
 
 def main(args: argparse.Namespace) -> int:
     block_status = run_block(args)
-    print()
+    print(file=sys.stderr)
     from .run_cli import demo_model
 
-    model_status = demo_model(None, args.weights, devices=args.device, seed=args.seed)
+    model_status = demo_model(
+        None, args.weights, devices=args.device, seed=args.seed, log=sys.stderr
+    )
     return block_status or model_status
 
 
@@ -102,7 +108,7 @@ def run_block(args: argparse.Namespace) -> int:
     """The block part of the demo; 0 when it matches the numpy reference."""
     from rich.console import Console
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, stderr=True)  # a report: stdout is for the text
     rng = np.random.default_rng(args.seed)
     backends = _backends(args.device)
     cfg = BlockConfig(n_tokens=args.tokens, n_past=args.past, weight_type=Type.parse(args.weights))

@@ -11,12 +11,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tensorplug import registry
+from tensorplug import registry, settings
 from tensorplug.device import Device, DeviceType, is_host_cpu
+from tensorplug.discovery import explain_missing
 from tensorplug.errors import BackendNotFoundError
 from tensorplug.priority import by_priority, host_cpu
 
-__all__ = ["Placement", "best_accelerator", "by_priority", "host_cpu", "is_host_cpu"]
+__all__ = [
+    "Placement",
+    "best_accelerator",
+    "by_priority",
+    "host_cpu",
+    "is_host_cpu",
+    "selected_devices",
+]
 
 
 def best_accelerator() -> Device | None:
@@ -30,13 +38,28 @@ def best_accelerator() -> Device | None:
     return next((d for d in by_priority(registry.devices()) if d.type in gpus), None)
 
 
+def selected_devices() -> list[Device]:
+    """The devices of the backends ``TENSORPLUG_BACKENDS`` lists, in its order (none
+    when it is unset). The first is where ``run`` places a model; the host CPU backend,
+    loaded as the fallback whether listed or not, is among them only when listed."""
+    devices = registry.devices()
+    return [
+        d
+        for name in settings.BACKENDS.get()
+        for d in devices
+        if d.reg is not None and d.reg.name.casefold() == name.casefold()
+    ]
+
+
 def device_named(name: str) -> Device:
+    """The registered device called ``name``; when there is none, the error says why as
+    ``tensorplug check --backend`` does: the plugin that would provide it is not
+    installed, cannot run here (no driver), is disabled or failed to load."""
     dev = registry.dev_by_name(name)
     if dev is None:
         names = ", ".join(d.name for d in registry.devices()) or "none"
-        raise BackendNotFoundError(
-            f"no device named {name!r}; registered devices: {names} (`tensorplug devices`)"
-        )
+        why, _ = explain_missing(registry.plugin_records(), name, f"no device named {name!r}:")
+        raise BackendNotFoundError(f"{why} Registered devices: {names} (`tensorplug devices`)")
     return dev
 
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
+import os
+import secrets
 import sys
 import tempfile
 import unicodedata
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
     from .placement import Placement
     from .runner import Generation, Llama
 
-__all__ = ["add_arguments", "demo_model", "main", "run_model"]
+__all__ = ["add_arguments", "check_usage", "demo_model", "main", "resolve_seed", "run_model"]
 
 
 def _token_list(text: str) -> list[int]:
@@ -42,6 +45,41 @@ def _token_list(text: str) -> list[int]:
     if not ids:
         raise argparse.ArgumentTypeError("--tokens needs at least one id")
     return ids
+
+
+def _finite(text: str) -> float:
+    """A float option that must be a number: ``nan`` would sample silently (every
+    comparison with it is false) and ``inf`` turns softmax into nan."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _at_least_minus_one(what: str, minus_one: str) -> Callable[[str], int]:
+    """An integer option where -1 has llama.cpp's special meaning and other negatives
+    are mistakes."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -2
+        if value < -1:
+            raise argparse.ArgumentTypeError(
+                f"{text} is not {what} (an integer >= 0, or -1 for {minus_one})"
+            )
+        return value
+
+    return parse
+
+
+_seed = _at_least_minus_one("a seed", "a random one, printed on stderr")
+_layer_count = _at_least_minus_one("a layer count", "all of them")
+_token_count = _at_least_minus_one("a token count", "until the end of generation or a full context")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,7 +103,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ID,ID,...",
         help="token ids to use instead of a prompt (BOS is not added)",
     )
-    p.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (32)")
+    p.add_argument(
+        "-n",
+        "--n-predict",
+        type=_token_count,
+        default=32,
+        help="tokens to generate (32; 0: evaluate the prompt only; -1: until the end of "
+        "generation or a full context)",
+    )
     p.add_argument(
         "--device",
         metavar="NAME[,NAME...]",
@@ -75,10 +120,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-ngl",
         "--n-gpu-layers",
-        type=int,
+        type=_layer_count,
         metavar="N",
         help="put the last N blocks on the best GPU (or --device) and the rest on the CPU; "
-        "N > blocks puts the output layer there too; default: all of them",
+        "N > blocks (or -1) puts all of them and the output layer there; default: all of them",
     )
     p.add_argument(
         "-c",
@@ -111,10 +156,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="threads of the CPU backend's kernels and worker pool (default: one per core, "
         "and generation steps move to fewer while timing shows other work holding the cores)",
     )
-    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
+    p.add_argument("--temp", type=_finite, default=0.0, help="temperature; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=40, help="top-k sampling (40; 0 is off)")
-    p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (0.95; 1 is off)")
-    p.add_argument("--seed", type=int, default=0, help="sampling (and tiny model) seed")
+    p.add_argument("--top-p", type=_finite, default=0.95, help="top-p sampling (0.95; 1 is off)")
+    p.add_argument(
+        "--seed",
+        type=_seed,
+        default=0,
+        help="sampling (and tiny model) seed; -1 picks a random one and prints it (0)",
+    )
     p.add_argument("--ignore-eos", action="store_true", help="keep generating after EOS")
     p.add_argument(
         "--cache-type", choices=["f16", "f32"], default="f16", help="KV cache element type (f16)"
@@ -149,6 +199,10 @@ def main(args: argparse.Namespace) -> int:
 
     from .runner import ContextFullError
 
+    if (problem := check_usage(args)) is not None:
+        print(f"tensorplug run: error: {problem}", file=sys.stderr)
+        return 2
+    resolve_seed(args, sys.stderr)
     try:
         if args.model is None and not getattr(args, "tiny", False):
             installed = installed_model()
@@ -167,6 +221,45 @@ def main(args: argparse.Namespace) -> int:
     except (GGUFError, ContextFullError, TensorplugError, OSError) as e:
         print(f"tensorplug run: error: {e}", file=sys.stderr)
         return 1
+
+
+def check_usage(args: argparse.Namespace) -> str | None:
+    """What is wrong with options that argparse checks one at a time, or None; asked
+    before anything loads, so that a mistake costs no loading time."""
+    if args.tokens is None and args.prompt == "":
+        return (
+            "-p/--prompt is empty: give a text to continue, or token ids with --tokens "
+            "(e.g. --tokens 1 for BOS alone)"
+        )
+    if args.logits_out:
+        return _unwritable(args.logits_out)
+    return None
+
+
+def _unwritable(name: str) -> str | None:
+    """Why ``--logits-out name`` cannot be written, or None."""
+    path = Path(name)
+    if path.is_dir():
+        return f"--logits-out {name}: is a directory; name a file, e.g. {path / 'logits.npy'}"
+    folder = path.parent
+    if not folder.is_dir():
+        return f"--logits-out {name}: there is no folder {folder}; create it or name another"
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return f"--logits-out {name}: cannot write there (permission denied); name another file"
+    return None
+
+
+def resolve_seed(args: argparse.Namespace, log: TextIO) -> None:
+    """``--seed -1``: llama.cpp's "random", drawn here and said on ``log`` so that the
+    run can be repeated."""
+    if getattr(args, "seed", 0) == -1:
+        args.seed = secrets.randbelow(2**32)
+        print(f"seed: {args.seed} (random; --seed {args.seed} repeats this run)", file=log)
+
+
+def n_predict_of(args: argparse.Namespace, n_ctx: int) -> int:
+    """``-n``'s token count; -1 (until the end) is bounded by the context anyway."""
+    return n_ctx if args.n_predict < 0 else int(args.n_predict)
 
 
 # -- running a model ----------------------------------------------------------------------------
@@ -200,6 +293,8 @@ def _proportions(text: str) -> list[float]:
         values = [float(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers like 3,1") from None
+    if not all(math.isfinite(v) for v in (*values, sum(values))):
+        raise argparse.ArgumentTypeError(f"{text!r}: shares must be finite numbers like 3,1")
     if any(v < 0 for v in values) or sum(values) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: shares must be >= 0 with a positive sum")
     return values
@@ -226,17 +321,18 @@ def _device_names(args: argparse.Namespace) -> list[str]:
 def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
     from tensorplug.errors import TensorplugError
 
-    from .placement import Placement, best_accelerator, device_named
+    from .placement import Placement, best_accelerator, device_named, selected_devices
 
     names = _device_names(args)
     if len(names) > 1:
-        if args.n_gpu_layers is not None:
+        if args.n_gpu_layers not in (None, -1):
             raise TensorplugError(
                 f"--device {args.device} names {len(names)} devices: their blocks are spread "
                 "over all of them, so --n-gpu-layers does not apply; drop one of the two"
             )
         return Placement.spread([device_named(n) for n in names], n_layer)
-    device = device_named(names[0]) if names else None
+    # without --device: the first backend TENSORPLUG_BACKENDS lists, as for init_best()
+    device = device_named(names[0]) if names else next(iter(selected_devices()), None)
     if args.n_gpu_layers is None and device is not None:
         return Placement.on(device, n_layer)
     wants_gpu = args.n_gpu_layers is None or args.n_gpu_layers > 0
@@ -246,7 +342,7 @@ def _placement(args: argparse.Namespace, n_layer: int) -> Placement:
             "device with --device, e.g. OpenCL0; see `tensorplug devices`)",
             file=sys.stderr,
         )
-    n = n_layer + 1 if args.n_gpu_layers is None else args.n_gpu_layers
+    n = n_layer + 1 if args.n_gpu_layers in (None, -1) else args.n_gpu_layers
     return Placement.offload(n_layer, n, gpu=device)
 
 
@@ -255,7 +351,7 @@ def _row_placement(args: argparse.Namespace, f: GGUFFile, n_layer: int) -> Place
     from tensorplug.errors import TensorplugError
 
     from .placement import Placement, device_named
-    from .row_split import row_split_device
+    from .row_split import row_split_device, row_split_sizes
 
     names = _device_names(args)
     if len(names) < 2:
@@ -263,10 +359,16 @@ def _row_placement(args: argparse.Namespace, f: GGUFFile, n_layer: int) -> Place
             "--split-mode row splits the weights over several devices: name at least two with "
             "--device, e.g. --device CPU,OpenCL0"
         )
-    if args.n_gpu_layers is not None:
+    if args.n_gpu_layers not in (None, -1):
         raise TensorplugError("--split-mode row puts every block on all devices; drop -ngl")
-    meta = row_split_device(f, [device_named(n) for n in names], args.tensor_split)
-    return Placement.on(meta, n_layer)
+    devices = [device_named(n) for n in names]
+    sizes = row_split_sizes(f, len(devices), args.tensor_split)
+    print(
+        f"row split over {', '.join(d.name for d in devices)}: KV heads "
+        f"{','.join(map(str, sizes.kv_heads))}, FFN {','.join(map(str, sizes.ffn))} rows",
+        file=sys.stderr,
+    )
+    return Placement.on(row_split_device(f, devices, args.tensor_split), n_layer)
 
 
 def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = None) -> Llama:
@@ -331,12 +433,19 @@ def run_model(
         gen = session[1]
         if args.logits_out:
             assert gen.prompt_logits is not None
-            np.save(args.logits_out, gen.prompt_logits)
-            print(f"saved prompt logits {gen.prompt_logits.shape} to {args.logits_out}", file=log)
-        _report(model, log)
+            _save(args.logits_out, gen.prompt_logits, log)
+        _report(model, log, len(gen.tokens))
     finally:
         model.close()
     return 0
+
+
+def _save(name: str, logits: np.ndarray, log: TextIO) -> None:
+    """``logits`` as a .npy file called exactly ``name`` (``np.save`` given a name
+    adds ``.npy`` to one without it: ``--logits-out /`` wrote ``/.npy``)."""
+    with open(name, "wb") as f:
+        np.save(f, logits)
+    print(f"saved prompt logits {logits.shape} to {name}", file=log)
 
 
 def _session(
@@ -356,7 +465,8 @@ def _session(
         return None
     else:
         prompt = vocab.encode(args.prompt)
-    if len(prompt) + args.n_predict > model.n_ctx:
+    n_predict = n_predict_of(args, model.n_ctx)
+    if args.n_predict >= 0 and len(prompt) + n_predict > model.n_ctx:
         print(
             f"note: prompt ({len(prompt)}) + n_predict ({args.n_predict}) exceed the context "
             f"({model.n_ctx}); generation stops when it is full",
@@ -380,7 +490,7 @@ def _session(
     sampler = Sampler(SamplerParams(args.temp, args.top_k, args.top_p, args.seed))
     gen = model.generate(
         prompt,
-        args.n_predict,
+        n_predict,
         sampler,
         on_token=on_token,
         stop_at_eos=not args.ignore_eos,
@@ -462,7 +572,8 @@ def _describe(model: Llama, log: TextIO) -> None:
         )
 
 
-def _report(model: Llama, log: TextIO) -> None:
+def _report(model: Llama, log: TextIO, generated: int | None = None) -> None:
+    """The splits, buffers and timings; ``generated``: how many tokens were sampled."""
     for kind, s in model.split_summaries.items():
         print(
             f"{kind} graph: {s.n_nodes} nodes, {_plural(s.n_splits, 'split')}, "
@@ -498,6 +609,9 @@ def _report(model: Llama, log: TextIO) -> None:
             f"{py * 1e3:.2f} ms, sampling {sample * 1e3:.2f} ms)",
             file=log,
         )
+    elif generated == 0:
+        print("generation:     0 tokens (-n 0: the prompt was evaluated, nothing sampled)",
+              file=log)  # fmt: skip
 
 
 # -- the demo -----------------------------------------------------------------------------------
@@ -519,7 +633,8 @@ def demo_model(
 
     Without ``path`` a tiny random-weight model of ``weight_type`` is written first
     (into a temporary folder). Its blocks are spread over ``devices`` (names; default
-    every loaded device) through the scheduler, the prompt is evaluated and
+    the devices of the backends TENSORPLUG_BACKENDS lists, else every loaded device)
+    through the scheduler, the prompt is evaluated and
     ``n_predict`` tokens generated greedily, and the devices, placement, splits,
     copies, memory and tokens/s are printed to ``log`` (default: ``out``, stdout), the
     generated text to ``out``. The prompt's logits
@@ -529,13 +644,16 @@ def demo_model(
     """
     from tensorplug import registry
 
-    from .placement import Placement, by_priority, device_named, host_cpu
+    from .placement import Placement, by_priority, device_named, host_cpu, selected_devices
     from .runner import Llama
     from .tiny import write_tiny_llama
 
     out = out or sys.stdout
     log = log or out  # everything but the generated text (``run`` sends it to stderr)
-    devs = by_priority([device_named(n) for n in devices] if devices else registry.devices())
+    if devices:
+        devs = by_priority([device_named(n) for n in devices])
+    else:  # the backends TENSORPLUG_BACKENDS lists, else every one
+        devs = by_priority(selected_devices() or registry.devices())
     ns = argparse.Namespace(**vars(args)) if args is not None else _demo_args(n_predict, seed)
     if args is None:
         ns.prompt = prompt
@@ -555,13 +673,12 @@ def demo_model(
             session = _session(model, ns, log, out, keep_logits=True)
             if session is None:
                 return 1
-            _report(model, log)
             prompt_ids, gen = session
+            _report(model, log, len(gen.tokens))
             assert gen.prompt_logits is not None
             got = gen.prompt_logits
             if getattr(ns, "logits_out", None):
-                np.save(ns.logits_out, got)
-                print(f"saved prompt logits {got.shape} to {ns.logits_out}", file=log)
+                _save(ns.logits_out, got, log)
         finally:
             model.close()
         cpu_only = Llama(

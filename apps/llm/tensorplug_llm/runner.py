@@ -344,12 +344,20 @@ class Llama:
         """Forget the context: the next tokens start at position 0."""
         self.n_past = 0
 
-    def eval(self, tokens: Sequence[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+    def eval(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        all_logits: bool = False,
+        *,
+        prompt: bool | None = None,
+    ) -> np.ndarray:
         """Process ``tokens`` after the ``n_past`` already in the cache.
 
         Returns the logits of the last token ``(n_vocab,)``, or with ``all_logits`` of
         every token ``(len(tokens), n_vocab)``. Long inputs run in chunks of
-        ``n_batch``.
+        ``n_batch``. ``prompt`` says which timings the step counts in; None: by its
+        size, as llama.cpp counts (batches are prompt time, single tokens generation),
+        which would count a one-token prompt as a generated token.
         """
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
@@ -368,7 +376,7 @@ class Llama:
         outs = []
         for s in range(0, ids.size, self.n_batch):
             chunk = ids[s : s + self.n_batch]
-            outs.append(self._step(chunk, chunk.size if all_logits else 1))
+            outs.append(self._step(chunk, chunk.size if all_logits else 1, prompt))
         return np.concatenate(outs) if all_logits else outs[-1][-1]
 
     def _graph(self, n_tokens: int, n_kv: int, n_outputs: int) -> StepGraph:
@@ -386,7 +394,7 @@ class Llama:
             self._graphs.move_to_end(key)
         return sg
 
-    def _step(self, chunk: np.ndarray, n_outputs: int) -> np.ndarray:
+    def _step(self, chunk: np.ndarray, n_outputs: int, prompt: bool | None = None) -> np.ndarray:
         start = time.perf_counter()
         T = chunk.size
         n_kv = min(self.n_ctx, -(-(self.n_past + T) // self.kv_pad) * self.kv_pad)
@@ -420,17 +428,18 @@ class Llama:
         self.n_past += T
         total = time.perf_counter() - start
         t = self.timings
-        if T > 1:  # llama.cpp's rule: batches are prompt time, single tokens generation
+        if T > 1 if prompt is None else prompt:  # by size: llama.cpp's rule (see eval)
             t.prompt_tokens += T
             t.prompt_s += total
             t.prompt_compute_s += compute
-            if self.governor is not None:
-                self.governor.pause(AFTER_BATCH_SECONDS)
         else:
-            t.gen_tokens += 1
+            t.gen_tokens += T
             t.gen_s += total
             t.gen_compute_s += compute
-            if self.governor is not None:
+        if self.governor is not None:  # it times generation steps, which are single tokens
+            if T > 1:
+                self.governor.pause(AFTER_BATCH_SECONDS)
+            else:
                 self.governor.step_done(total)
         return logits
 
@@ -456,7 +465,8 @@ class Llama:
             raise RunError("generate needs a prompt of at least one token (e.g. BOS)")
         kept = []
         for s in range(0, n, self.n_batch):
-            kept.append(self.eval(prompt[s : s + self.n_batch], all_logits=prompt_logits))
+            chunk = prompt[s : s + self.n_batch]
+            kept.append(self.eval(chunk, all_logits=prompt_logits, prompt=True))
             if on_progress is not None:
                 on_progress(min(s + self.n_batch, n), n)
         logits = kept[-1][-1] if prompt_logits else kept[-1]

