@@ -382,14 +382,18 @@ class JitKernels:
         if what in self._called:
             return kernel(*args)
         # The first call compiles (seconds) unless numba's disk cache has the kernel
-        # (milliseconds); say so if it takes long, so a first run does not look hung.
+        # (milliseconds, more on a busy machine); say so if a compile runs long, so a
+        # first run does not look hung. The clock starts at numba's own "compile" event,
+        # which a load from the cache never raises: a slow cache read is not announced.
         notice = threading.Timer(COMPILE_NOTICE_S, _log.warning, (
             "numba is compiling the %s (once: it is cached on disk for later runs)", what
         ))  # fmt: skip
         notice.daemon = True
-        notice.start()
         try:
-            result = kernel(*args)
+            with self.numba.core.event.install_listener(
+                "numba:compile", _on_first_compile(self.numba, notice.start)
+            ):
+                result = kernel(*args)
         finally:
             notice.cancel()
         self._called.add(what)
@@ -398,6 +402,24 @@ class JitKernels:
     def set_num_threads(self, n: int) -> None:
         self.n_threads = max(1, min(n, self.numba.config.NUMBA_NUM_THREADS))
         self.numba.set_num_threads(self.n_threads)
+
+
+def _on_first_compile(numba: Any, start: Callable[[], None]) -> Any:
+    """A numba event listener that calls ``start`` when the first compile begins (nested
+    compiles of the kernel's callees raise the event again; ``start`` runs once)."""
+
+    class FirstCompile(numba.core.event.Listener):  # type: ignore[misc, name-defined]
+        started = False
+
+        def on_start(self, event: Any) -> None:
+            if not self.started:
+                self.started = True
+                start()
+
+        def on_end(self, event: Any) -> None:
+            pass
+
+    return FirstCompile()
 
 
 def _q8_scratch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
