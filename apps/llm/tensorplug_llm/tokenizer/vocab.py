@@ -151,10 +151,10 @@ class Vocab:
                 f"are {', '.join(MODELS)} — pass token ids with --tokens instead of a prompt"
             )
         bos, eos, unk, sep, add_bos, add_space_prefix = _DEFAULTS[model]
-        tokens = f.value("tokenizer.ggml.tokens", list)
+        tokens = _items(f, "tokenizer.ggml.tokens", (str,), "strings")
         n = len(tokens)
-        scores = f.value("tokenizer.ggml.scores", list, [0.0] * n)
-        types = f.value("tokenizer.ggml.token_type", list, [TokenType.NORMAL] * n)
+        scores = _items(f, "tokenizer.ggml.scores", (int, float), "numbers", [0.0] * n)
+        types = _items(f, "tokenizer.ggml.token_type", (int,), "integers", [TokenType.NORMAL] * n)
         for key, got in (("tokenizer.ggml.scores", scores), ("tokenizer.ggml.token_type", types)):
             if len(got) != n:
                 raise GGUFError(f"{f.path}: {key} has {len(got)} entries for {n} tokens")
@@ -167,9 +167,12 @@ class Vocab:
                     f"{f.path}: unknown BPE pre-tokenizer {pre_name!r} (tokenizer.ggml.pre); "
                     f"known: {', '.join(sorted(PRE_TOKENIZERS))}"
                 )
-            merges = f.value("tokenizer.ggml.merges", list, None)
+            merges = _items(f, "tokenizer.ggml.merges", (str,), "strings like 'a b'", None)
             if merges is None:
                 raise GGUFError(f"{f.path}: a gpt2 (BPE) tokenizer needs tokenizer.ggml.merges")
+            for i, rule in enumerate(merges):
+                if rule.find(" ", 1) < 0:  # llama.cpp's test: a space after the first char
+                    _bad_item(f, "tokenizer.ggml.merges", "strings like 'a b'", i, rule)
             add_bos, clean = pre.add_bos, pre.clean_spaces
             if pre.no_bos:
                 bos = None
@@ -286,6 +289,30 @@ class Vocab:
         text = "".join(dec.feed(t) for t in ids) + dec.flush()
         clean = self.clean_spaces if self.clean_spaces is not None else self.model != "llama"
         return _clean_spaces(text) if clean else text
+
+
+def _items(
+    f: GGUFFile, key: str, kinds: tuple[type, ...], what: str, default: list | None = None
+) -> list:
+    """The array ``key``, every item one of ``kinds`` (bool is no number here): a token
+    list of integers or scores stored as strings otherwise failed later, far from the key,
+    as a TypeError or ValueError traceback."""
+    items: list | None = f.value(key, list, default)
+    if items is None or items is default:
+        return items  # type: ignore[return-value]
+    for i, item in enumerate(items):
+        if not isinstance(item, kinds) or isinstance(item, bool):
+            _bad_item(f, key, what, i, item)
+    return items
+
+
+def _bad_item(f: GGUFFile, key: str, what: str, i: int, item: object) -> None:
+    shown = repr(item) if len(repr(item)) <= 40 else repr(item)[:37] + "..."
+    raise GGUFError(
+        f"{f.path}: {key} must be a list of {what}, but item {i} is "
+        f"{type(item).__name__} {shown}; the file is damaged or was not written by a GGUF "
+        "converter"
+    )
 
 
 def _clean_spaces(text: str) -> str:
