@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from tensorplug.errors import RunError
 
+from .terminal import printable
+
 if TYPE_CHECKING:
     from .runner import Llama
     from .tokenizer.vocab import Vocab
@@ -56,7 +58,10 @@ def render(template: str, messages: list[dict[str, str]], bos: str = "", eos: st
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
-        raise RunError(f"the model's chat template refused the conversation: {message}")
+        # escaped here too: the message is the model file's, and may be printed anywhere
+        raise RunError(
+            f"the model's chat template refused the conversation: {printable(str(message))}"
+        )
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
@@ -128,13 +133,13 @@ def chat(
             if tok in vocab.eog:
                 return
             reply.append(tok)
-            out.write(dec.feed(tok))
+            out.write(printable(dec.feed(tok)))
             out.flush()
 
         start = time.perf_counter()
         gen = model.generate(ids, args.n_predict, sampler, on_token=on_token)
         seconds = time.perf_counter() - start
-        out.write(dec.flush() + "\n")
+        out.write(printable(dec.flush()) + "\n")
         out.flush()
         turns.append({"role": "assistant", "content": vocab.decode(reply)})
         print(f"({len(gen.tokens)} tokens in {seconds:.2f} s = {len(gen.tokens) / seconds:.1f} "
@@ -182,5 +187,5 @@ def main(args: argparse.Namespace) -> int:
         print(file=sys.stderr)
         return 130
     except (GGUFError, TensorplugError, OSError) as e:
-        print(f"tensorplug chat: error: {e}", file=sys.stderr)
+        print(f"tensorplug chat: error: {printable(str(e))}", file=sys.stderr)
         return 1
