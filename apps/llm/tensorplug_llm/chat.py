@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, TextIO
 
 from tensorplug.errors import RunError
 
+from .template import ChatTemplateError, render
 from .terminal import printable
 
 if TYPE_CHECKING:
     from .runner import Llama
     from .tokenizer.vocab import Vocab
 
-__all__ = ["GEMMA_TEMPLATE", "add_arguments", "chat", "main", "render"]
+__all__ = ["GEMMA_TEMPLATE", "ChatTemplateError", "add_arguments", "chat", "main", "render"]
 
 #: Gemma's turn format (llama.cpp's built-in "gemma" template): the system prompt goes
 #: in front of the first user turn; the model's role is "model".
@@ -49,31 +50,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     run_arguments(p)
     p.add_argument("--system", help="a system prompt for the conversation")
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template to use instead of the model file's (as transformers "
+        "and llama.cpp render them)",
+    )
     p.set_defaults(prompt=None, n_predict=256)
 
 
-def render(template: str, messages: list[dict[str, str]], bos: str = "", eos: str = "") -> str:
-    """The conversation as the template renders it, ready for the model's reply."""
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        # escaped here too: the message is the model file's, and may be printed anywhere
-        raise RunError(
-            f"the model's chat template refused the conversation: {printable(str(message))}"
-        )
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
-        )
-    except jinja2.TemplateError as e:
-        raise RunError(f"the model's chat template does not render: {e}") from e
-
-
-def _template(model: Llama) -> str:
+def _template(model: Llama, path: str | None = None) -> str:
+    """The template given with ``--chat-template``, else the model file's."""
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise RunError(f"cannot read the chat template {path}: {e}") from None
     template = model.file.get("tokenizer.chat_template")
     if isinstance(template, str) and template.strip():
         return template
@@ -104,7 +97,7 @@ def chat(
     vocab = model.vocab
     if vocab is None:
         raise RunError(f"cannot chat: {model.vocab_error}")
-    template = _template(model)
+    template = _template(model, getattr(args, "chat_template", None))
     bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
     eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
     system = [{"role": "system", "content": args.system}] if args.system else []
