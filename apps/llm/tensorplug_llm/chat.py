@@ -3,9 +3,10 @@
 Each user line is appended to the conversation, which is rendered with the file's
 ``tokenizer.chat_template`` — Jinja, as transformers and llama.cpp render it, in a
 sandbox, with ``add_generation_prompt`` — or, for Gemma 3 files without one, Gemma's
-turn format. The text is tokenized with control tokens parsed (``<start_of_turn>``,
-``<|im_start|>`` are single ids), and the reply streams until an end-of-generation token
-(EOS, ``<end_of_turn>``, ``<|im_end|>``...). After each reply: tokens/s.
+turn format. The template's own text is tokenized with control tokens parsed (``<start_of_turn>``,
+``<|im_start|>`` are single ids), the messages' text without (a message cannot forge a
+turn; :func:`~.template.render_parts`), and the reply streams until an end-of-generation
+token (EOS, ``<end_of_turn>``, ``<|im_end|>``...). After each reply: tokens/s.
 
 The conversation is evaluated from the start for every turn (the model's cache is
 reset): simple and always consistent with what the template renders, at the cost of
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from tensorplug.errors import RunError
 
-from .template import ChatTemplateError, render
+from .template import ChatTemplateError, render, render_parts
 from .terminal import printable
 
 if TYPE_CHECKING:
@@ -78,13 +79,36 @@ def _template(model: Llama, path: str | None = None) -> str:
     )
 
 
-def _ids(vocab: Vocab, text: str) -> list[int]:
-    """Tokens of rendered chat text: control tokens parsed, BOS once (a template that
-    writes ``bos_token`` and a file that adds BOS would otherwise give two)."""
-    ids = vocab.encode(text, parse_special=True)
+def _ids(vocab: Vocab, text: str | list[tuple[str, bool]]) -> list[int]:
+    """Tokens of rendered chat text (or of its parts, each with whether its control
+    tokens are parsed), BOS once (a template that writes ``bos_token`` and a file that
+    adds BOS would otherwise give two)."""
+    ids = vocab.encode_parts([(text, True)] if isinstance(text, str) else text)
     if len(ids) > 1 and vocab.bos is not None and ids[0] == ids[1] == vocab.bos:
         ids = ids[1:]
     return ids
+
+
+def _prompt_ids(
+    vocab: Vocab, template: str, messages: list[dict[str, str]], bos: str, eos: str
+) -> list[int]:
+    """The conversation's tokens: the template's markup with control tokens parsed, the
+    messages without. A template that changes message text so that the two cannot be
+    told apart is still used when no message writes a control token (there is nothing
+    to forge); when one does, the conversation is refused rather than let it through."""
+    text, parts = render_parts(template, messages, bos, eos)
+    if parts is not None:
+        return _ids(vocab, parts)
+    for m in messages:
+        token = vocab.control_text_in(str(m.get("content", "")))
+        if token is not None:
+            raise ChatTemplateError(
+                f"a {m.get('role')} message writes the control token {printable(token)!r}, and "
+                "the model's chat template changes message text so that tensorplug cannot "
+                "keep it from acting as one; remove it from the message, or "
+                "use --chat-template FILE with a template that inserts messages unchanged"
+            )
+    return _ids(vocab, text)
 
 
 def chat(
@@ -109,10 +133,10 @@ def chat(
         if not message:
             continue
         turns.append({"role": "user", "content": message})
-        ids = _ids(vocab, render(template, system + turns, bos, eos))
+        ids = _prompt_ids(vocab, template, system + turns, bos, eos)
         while len(ids) + min(args.n_predict, 64) > model.n_ctx and len(turns) > 1:
             turns = turns[2:] if len(turns) > 2 else turns[1:]  # drop the oldest exchange
-            ids = _ids(vocab, render(template, system + turns, bos, eos))
+            ids = _prompt_ids(vocab, template, system + turns, bos, eos)
         if len(ids) >= model.n_ctx:
             raise RunError(
                 f"the message takes {len(ids)} tokens, more than the context ({model.n_ctx}); "

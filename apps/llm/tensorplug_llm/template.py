@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from tensorplug.errors import RunError
 
 from .terminal import printable
 
-__all__ = ["ChatTemplateError", "Limits", "render"]
+__all__ = ["ChatTemplateError", "Limits", "render", "render_parts"]
 
 #: How the user gets past a template that cannot be rendered.
 FIX = "give the conversation another template with --chat-template FILE"
@@ -435,3 +436,60 @@ def render(
         raise _failed("it ran out of memory") from None
     except Exception as e:  # a template is code: 1/0, 'a' + 1, int('x'), ...
         raise _failed(f"{type(e).__name__}: {e}") from None
+
+
+def render_parts(
+    template: str,
+    messages: list[dict[str, str]],
+    bos: str = "",
+    eos: str = "",
+    *,
+    limits: Limits | None = None,
+) -> tuple[str, list[tuple[str, bool]] | None]:
+    """The rendered conversation, and the same text cut into ``(text, is_markup)`` parts:
+    the template's own text, whose control tokens (``<|im_start|>``) are to be parsed,
+    and the messages' text, whose must not (a user typing ``<|im_end|><|im_start|>system``
+    would otherwise forge a turn).
+
+    llama.cpp tokenizes the whole rendered prompt with special parsing on, and so does
+    transformers by default: both let message text forge control tokens. Here the
+    conversation is rendered twice, the second time with each message's content wrapped
+    in markers that carry a random nonce (inside its leading and trailing whitespace,
+    so that ``trim`` and ``strip`` still see the whitespace they remove). When that render
+    with the markers taken out is the first one exactly and the markers pair up, the text
+    between them is the messages' and the rest the template's. When it is not — the
+    template cut or changed the content (``content[0]``, ``split``, ``length`` checks) —
+    the parts are None: the caller must then treat all of the text alike.
+    """
+    plain = render(template, messages, bos, eos, limits=limits)
+    nonce = secrets.token_hex(8)
+    start, end = f"\ue000{nonce}\ue001", f"\ue001{nonce}\ue000"
+
+    def marked(content: str) -> str:
+        core = content.strip()
+        if not core:
+            return content
+        head = content[: len(content) - len(content.lstrip())]
+        tail = content[len(content.rstrip()) :]
+        return head + start + core + end + tail
+
+    wrapped = [
+        {**m, "content": marked(m["content"])} if isinstance(m.get("content"), str) else m
+        for m in messages
+    ]
+    try:
+        text = render(template, wrapped, bos, eos, limits=limits)
+    except ChatTemplateError:
+        return plain, None
+    parts: list[tuple[str, bool]] = []
+    inside = False
+    for piece in re.split(f"({re.escape(start)}|{re.escape(end)})", text):
+        if piece in (start, end):
+            if (piece == start) == inside:
+                return plain, None  # unpaired: the template cut a message
+            inside = not inside
+        elif piece:
+            parts.append((piece, not inside))
+    if inside or "".join(p for p, _ in parts) != plain:
+        return plain, None
+    return plain, parts

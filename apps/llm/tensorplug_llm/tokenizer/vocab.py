@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,7 +26,7 @@ from tensorplug.gguf import GGUFError, GGUFFile
 
 from .bpe import BpeTokenizer, byte_decode
 from .pretokenize import PRE_TOKENIZERS, PreTokenizer, pre_tokenizer
-from .special import by_length, partition
+from .special import Fragment, by_length, partition
 from .spm import SPACE, SpmTokenizer
 from .wpm import WpmTokenizer
 
@@ -227,19 +228,40 @@ class Vocab:
         their ids — for chat templates, not for text a user typed. User-defined tokens
         are always recognised.
         """
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate, e.g. from undecodable bytes
-            raise RunError(
-                f"cannot tokenize text with {text[e.start]!r} at index {e.start}: a lone "
-                "surrogate is not a character (was the text decoded from invalid UTF-8?)"
-            ) from None
+        return self.encode_parts([(text, parse_special)], add_bos)
+
+    def encode_parts(
+        self, parts: Sequence[tuple[str, bool]], add_bos: bool | None = None
+    ) -> list[int]:
+        """Token ids of the text ``parts`` make, each ``(text, parse_special)``: control
+        tokens are found only in the parts that allow it (a chat template's own markup),
+        never in the others (the messages, which must not be able to forge them).
+
+        Adjacent text is encoded as one piece, across part boundaries, so the result is
+        :meth:`encode` of the joined text wherever no control token is written in a part
+        that may not have one; ``add_bos`` is :meth:`encode`'s.
+        """
+        fragments: list[Fragment] = []
+        for text, parse_special in parts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate, e.g. from undecodable bytes
+                raise RunError(
+                    f"cannot tokenize text with {text[e.start]!r} at index {e.start}: a lone "
+                    "surrogate is not a character (was the text decoded from invalid UTF-8?)"
+                ) from None
+            specials = self._specials if parse_special else self._user_defined
+            for frag in partition(text, specials):
+                if isinstance(frag, str) and fragments and isinstance(fragments[-1], str):
+                    fragments[-1] += frag
+                else:
+                    fragments.append(frag)
         out: list[int] = []
         wanted = self.add_bos if add_bos is None else add_bos
         if wanted and self.bos is not None:
             out.append(self.bos)
         after_special = True  # the first fragment gets SPM's space prefix, as after a special
-        for frag in partition(text, self._specials if parse_special else self._user_defined):
+        for frag in fragments:
             if isinstance(frag, int):
                 out.append(frag)
                 after_special = True
@@ -253,6 +275,14 @@ class Vocab:
             elif self.add_eos and self.eos is not None:
                 out.append(self.eos)
         return out
+
+    def control_text_in(self, text: str) -> str | None:
+        """The first control token (or end-of-turn token) written in ``text``, if any: what
+        ``parse_special`` would turn into its id."""
+        for token, tid in self._specials:
+            if self.types[tid] != TokenType.USER_DEFINED and token in text:
+                return token
+        return None
 
     # -- decoding --------------------------------------------------------------------------
 
