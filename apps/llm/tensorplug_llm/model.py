@@ -375,7 +375,7 @@ def _check_rope_freqs(f: GGUFFile) -> None:
     info = f.tensor_info("rope_freqs.weight")
     if info.type is not Type.F32:
         return  # rope refuses other types itself, naming them
-    values = np.frombuffer(f.tensor_bytes(info.name), np.float32)
+    values = f.read_tensor(info.name).view(np.float32)
     bad = ~(np.isfinite(values) & (values > 0))
     if bad.any():
         i = int(np.argmax(bad))
