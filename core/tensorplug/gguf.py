@@ -12,7 +12,16 @@ two ways:
   cache, as llama.cpp does with ``--mmap``: nothing is read until it is used, nothing
   is copied.
 * :meth:`GGUFFile.upload_tensors` allocates them in a device's buffer type with
-  ``WEIGHTS`` usage and copies the bytes there.
+  ``WEIGHTS`` usage and reads the bytes there with file reads (``pread``), not through
+  the mapping.
+
+A mapped file that is truncated while in use makes the next read of a page past its new
+end a SIGBUS, which no Python code can catch. So reads go through a checked path: the
+file's size is compared with the size it had when opened (one ``fstat``) before the
+mapping is read here, and the runner does the same before each step that computes from
+mapped weights; a shrunken file is a :class:`GGUFError` ("the model file changed or was
+truncated while in use"). Only a truncation in the few milliseconds of a step itself
+still ends the process; copies (``--no-mmap``) are never read through the mapping.
 
 Quantized tensors keep their bytes: ggml's block layouts are tensorplug's, so there is
 no conversion either way. A file the reader rejects is walked again by a small header
@@ -28,8 +37,10 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import struct
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,6 +194,11 @@ class GGUFFile:
                 "files (convert it again without --bigendian)"
             )
         self._reader: Any = reader
+        # the file itself, held open: size checks and reads see this inode even if the
+        # path is replaced
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        self._close_fd = weakref.finalize(self, os.close, self._fd)
+        self._size = int(reader.data.size)
         self.alignment: int = int(reader.alignment)
         self.data_offset: int = int(reader.data_offset)
         self.tensors: dict[str, TensorInfo] = {t.name: _info(t) for t in reader.tensors}
@@ -285,10 +301,37 @@ class GGUFFile:
             )
         return info
 
+    def check_unchanged(self) -> None:
+        """Raise :class:`GGUFError` when the file has shrunk since it was opened: reading
+        its mapping past the new end would be a SIGBUS, not an exception."""
+        size = os.fstat(self._fd).st_size
+        if size < self._size:
+            raise GGUFError(
+                f"{self.path}: the model file changed or was truncated while in use (it had "
+                f"{self._size} bytes when opened, it has {size} now); do not rewrite a model "
+                "while it runs, or load it with --no-mmap (use_mmap=False)"
+            )
+
     def tensor_bytes(self, name: str) -> np.ndarray:
-        """The tensor's stored bytes: a read-only ``uint8`` view of the mapping."""
+        """The tensor's stored bytes: a read-only ``uint8`` view of the mapping (checked
+        against truncation first, :meth:`check_unchanged`)."""
         info = self.tensor_info(name)
+        self.check_unchanged()
         return self.data[info.offset : info.offset + info.nbytes]
+
+    def read_tensor(self, name: str) -> np.ndarray:
+        """The tensor's stored bytes read from the file (``pread``), not the mapping: a
+        file truncated meanwhile is a :class:`GGUFError`, never a SIGBUS."""
+        info = self.tensor_info(name)
+        out = np.empty(info.nbytes, np.uint8)
+        view, done = memoryview(out.data), 0
+        while done < info.nbytes:  # Linux reads at most ~2 GiB per call
+            n = _read_at(self._fd, view[done:], info.offset + done)
+            if n == 0:
+                self.check_unchanged()
+                raise GGUFError(f"{self.path}: the file ends inside tensor {info.describe()}")
+            done += n
+        return out
 
     def new_tensor(self, name: str, shape: tuple[int, ...] | None = None, what: str = "") -> Tensor:
         """An unallocated :class:`~tensorplug.Tensor` with the stored type and shape.
@@ -332,6 +375,7 @@ class GGUFFile:
         are read-only and keep the mapping alive. Their pages are mapped into the
         process here, at once (:func:`populate_mapping`).
         """
+        self.check_unchanged()
         order = sorted(self._pairs(tensors), key=lambda kv: self.tensors[kv[0]].offset)
         align = device.buffer_type().alignment
         runs: list[list[tuple[Tensor, TensorInfo]]] = []
@@ -362,15 +406,16 @@ class GGUFFile:
         on_tensor: Callable[[str], None] | None = None,
     ) -> Buffer | None:
         """Allocate ``tensors`` (as for :meth:`map_tensors`) in ``buffer_type`` with
-        ``WEIGHTS`` usage and copy the file's bytes into them; returns the buffer (None
-        when there are no tensors). ``on_tensor(name)`` follows each copy (progress).
+        ``WEIGHTS`` usage and read the file's bytes into them (file reads, not the
+        mapping: :meth:`read_tensor`); returns the buffer (None when there are no
+        tensors). ``on_tensor(name)`` follows each copy (progress).
         Each tensor's pages of the mapping are released once copied
         (:func:`release_mapping`): a 660M model repacked for the CPU otherwise kept its
         370 MB both copied and mapped."""
         pairs = self._pairs(tensors)
         buf = alloc_tensors([t for _, t in pairs], buffer_type, BufferUsage.WEIGHTS)
         for name, t in pairs:
-            tensor_set(t, self.tensor_bytes(name))
+            tensor_set(t, self.read_tensor(name))
             info = self.tensors[name]
             release_mapping(self.data, info.offset, info.offset + info.nbytes)
             if on_tensor is not None:
@@ -381,9 +426,20 @@ class GGUFFile:
         """Drop this object's reference to the mapping (mapped buffers keep their own)."""
         self.tensors = {}
         self._reader = None
+        self._close_fd()
 
     def __repr__(self) -> str:
         return f"<GGUFFile {str(self.path)!r} v{self.version} {len(self.tensors)} tensors>"
+
+
+def _read_at(fd: int, into: memoryview, offset: int) -> int:
+    """Read into ``into`` from byte ``offset`` of ``fd``; the count read (0 at the end)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [into], offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # Windows: no pread; the fd is this object's own
+    data = os.read(fd, len(into))
+    into[: len(data)] = data
+    return len(data)
 
 
 _READER: type | None = None

@@ -3,9 +3,10 @@
 Each user line is appended to the conversation, which is rendered with the file's
 ``tokenizer.chat_template`` — Jinja, as transformers and llama.cpp render it, in a
 sandbox, with ``add_generation_prompt`` — or, for Gemma 3 files without one, Gemma's
-turn format. The text is tokenized with control tokens parsed (``<start_of_turn>``,
-``<|im_start|>`` are single ids), and the reply streams until an end-of-generation token
-(EOS, ``<end_of_turn>``, ``<|im_end|>``...). After each reply: tokens/s.
+turn format. The template's own text is tokenized with control tokens parsed (``<start_of_turn>``,
+``<|im_start|>`` are single ids), the messages' text without (a message cannot forge a
+turn; :func:`~.template.render_parts`), and the reply streams until an end-of-generation
+token (EOS, ``<end_of_turn>``, ``<|im_end|>``...). After each reply: tokens/s.
 
 The conversation is evaluated from the start for every turn (the model's cache is
 reset): simple and always consistent with what the template renders, at the cost of
@@ -23,11 +24,14 @@ from typing import TYPE_CHECKING, TextIO
 
 from tensorplug.errors import RunError
 
+from .template import ChatTemplateError, render, render_parts
+from .terminal import printable
+
 if TYPE_CHECKING:
     from .runner import Llama
     from .tokenizer.vocab import Vocab
 
-__all__ = ["GEMMA_TEMPLATE", "add_arguments", "chat", "main", "render"]
+__all__ = ["GEMMA_TEMPLATE", "ChatTemplateError", "add_arguments", "chat", "main", "render"]
 
 #: Gemma's turn format (llama.cpp's built-in "gemma" template): the system prompt goes
 #: in front of the first user turn; the model's role is "model".
@@ -47,28 +51,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     run_arguments(p)
     p.add_argument("--system", help="a system prompt for the conversation")
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template to use instead of the model file's (as transformers "
+        "and llama.cpp render them)",
+    )
     p.set_defaults(prompt=None, n_predict=256)
 
 
-def render(template: str, messages: list[dict[str, str]], bos: str = "", eos: str = "") -> str:
-    """The conversation as the template renders it, ready for the model's reply."""
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise RunError(f"the model's chat template refused the conversation: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
-        )
-    except jinja2.TemplateError as e:
-        raise RunError(f"the model's chat template does not render: {e}") from e
-
-
-def _template(model: Llama) -> str:
+def _template(model: Llama, path: str | None = None) -> str:
+    """The template given with ``--chat-template``, else the model file's."""
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise RunError(f"cannot read the chat template {path}: {e}") from None
     template = model.file.get("tokenizer.chat_template")
     if isinstance(template, str) and template.strip():
         return template
@@ -80,13 +79,36 @@ def _template(model: Llama) -> str:
     )
 
 
-def _ids(vocab: Vocab, text: str) -> list[int]:
-    """Tokens of rendered chat text: control tokens parsed, BOS once (a template that
-    writes ``bos_token`` and a file that adds BOS would otherwise give two)."""
-    ids = vocab.encode(text, parse_special=True)
+def _ids(vocab: Vocab, text: str | list[tuple[str, bool]]) -> list[int]:
+    """Tokens of rendered chat text (or of its parts, each with whether its control
+    tokens are parsed), BOS once (a template that writes ``bos_token`` and a file that
+    adds BOS would otherwise give two)."""
+    ids = vocab.encode_parts([(text, True)] if isinstance(text, str) else text)
     if len(ids) > 1 and vocab.bos is not None and ids[0] == ids[1] == vocab.bos:
         ids = ids[1:]
     return ids
+
+
+def _prompt_ids(
+    vocab: Vocab, template: str, messages: list[dict[str, str]], bos: str, eos: str
+) -> list[int]:
+    """The conversation's tokens: the template's markup with control tokens parsed, the
+    messages without. A template that changes message text so that the two cannot be
+    told apart is still used when no message writes a control token (there is nothing
+    to forge); when one does, the conversation is refused rather than let it through."""
+    text, parts = render_parts(template, messages, bos, eos)
+    if parts is not None:
+        return _ids(vocab, parts)
+    for m in messages:
+        token = vocab.control_text_in(str(m.get("content", "")))
+        if token is not None:
+            raise ChatTemplateError(
+                f"a {m.get('role')} message writes the control token {printable(token)!r}, and "
+                "the model's chat template changes message text so that tensorplug cannot "
+                "keep it from acting as one; remove it from the message, or "
+                "use --chat-template FILE with a template that inserts messages unchanged"
+            )
+    return _ids(vocab, text)
 
 
 def chat(
@@ -101,7 +123,7 @@ def chat(
     vocab = model.vocab
     if vocab is None:
         raise RunError(f"cannot chat: {model.vocab_error}")
-    template = _template(model)
+    template = _template(model, getattr(args, "chat_template", None))
     bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
     eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
     system = [{"role": "system", "content": args.system}] if args.system else []
@@ -113,10 +135,10 @@ def chat(
         if not message:
             continue
         turns.append({"role": "user", "content": message})
-        ids = _ids(vocab, render(template, system + turns, bos, eos))
+        ids = _prompt_ids(vocab, template, system + turns, bos, eos)
         while len(ids) + min(n_predict, 64) > model.n_ctx and len(turns) > 1:
             turns = turns[2:] if len(turns) > 2 else turns[1:]  # drop the oldest exchange
-            ids = _ids(vocab, render(template, system + turns, bos, eos))
+            ids = _prompt_ids(vocab, template, system + turns, bos, eos)
         if len(ids) >= model.n_ctx:
             raise RunError(
                 f"the message takes {len(ids)} tokens, more than the context ({model.n_ctx}); "
@@ -130,13 +152,13 @@ def chat(
             if tok in vocab.eog:
                 return
             reply.append(tok)
-            out.write(dec.feed(tok))
+            out.write(printable(dec.feed(tok)))
             out.flush()
 
         start = time.perf_counter()
         gen = model.generate(ids, n_predict, sampler, on_token=on_token)
         seconds = time.perf_counter() - start
-        out.write(dec.flush() + "\n")
+        out.write(printable(dec.flush()) + "\n")
         out.flush()
         turns.append({"role": "assistant", "content": vocab.decode(reply)})
         print(f"({len(gen.tokens)} tokens in {seconds:.2f} s = {len(gen.tokens) / seconds:.1f} "
@@ -182,5 +204,5 @@ def main(args: argparse.Namespace) -> int:
         finally:
             model.close()
     except (GGUFError, TensorplugError, OSError) as e:
-        print(f"tensorplug chat: error: {e}", file=sys.stderr)
+        print(f"tensorplug chat: error: {printable(str(e))}", file=sys.stderr)
         return 1

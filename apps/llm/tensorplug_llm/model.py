@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from tensorplug import ops
 from tensorplug.errors import RunError
 from tensorplug.gguf import GGUFError, GGUFFile
@@ -91,30 +93,42 @@ class LlamaConfig:
         _check_counts(f, n_embd, a)
         n_head = _per_layer_constant(f, f"{a}.attention.head_count")
         n_head_kv = _per_layer_constant(f, f"{a}.attention.head_count_kv", n_head)
-        head_dim = f.value(f"{a}.attention.key_length", int, n_embd // max(n_head, 1))
-        v_dim = f.value(f"{a}.attention.value_length", int, head_dim)
-        if v_dim != head_dim:
-            raise GGUFError(
-                f"{f.path}: {a}.attention.value_length ({v_dim}) differs from key_length "
-                f"({head_dim}); this runner needs them equal"
-            )
         if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise GGUFError(
                 f"{f.path}: {a}.attention.head_count ({n_head}) must be a positive multiple "
                 f"of {a}.attention.head_count_kv ({n_head_kv})"
             )
+        head_dim = f.value(f"{a}.attention.key_length", int, n_embd // n_head)
+        _check(f, f"{a}.attention.key_length", head_dim, 1 <= head_dim <= MAX_HEAD_DIM, HEAD_DIMS)
+        v_dim = f.value(f"{a}.attention.value_length", int, head_dim)
+        _check(f, f"{a}.attention.value_length", v_dim, 1 <= v_dim <= MAX_HEAD_DIM, HEAD_DIMS)
+        if v_dim != head_dim:
+            raise GGUFError(
+                f"{f.path}: {a}.attention.value_length ({v_dim}) differs from key_length "
+                f"({head_dim}); this runner needs them equal"
+            )
+        n_ff = _per_layer_constant(f, f"{a}.feed_forward_length")
+        _check(f, f"{a}.feed_forward_length", n_ff, n_ff >= 1, "at least 1")
         n_rot = f.value(f"{a}.rope.dimension_count", int, head_dim)
         if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
             raise GGUFError(
                 f"{f.path}: {a}.rope.dimension_count ({n_rot}) must be even and at most the "
                 f"head size {head_dim}"
             )
+        rope_base = f.value(f"{a}.rope.freq_base", float, 10000.0)
+        _check(f, f"{a}.rope.freq_base", rope_base, _finite(rope_base) and rope_base > 0,
+               "a finite number > 0 (rope's base frequency, e.g. 10000)")  # fmt: skip
+        eps = f.value(f"{a}.attention.layer_norm_rms_epsilon", float)
+        _check(f, f"{a}.attention.layer_norm_rms_epsilon", eps, _finite(eps) and eps >= 0,
+               "a finite number >= 0 (e.g. 1e-5)")  # fmt: skip
         scaling = f.value(f"{a}.rope.scaling.type", str, "none")
         if scaling not in ("none", "linear", "yarn"):
             raise GGUFError(
                 f"{f.path}: {a}.rope.scaling.type {scaling!r} is not supported (none, linear, yarn)"
             )
         factor = f.value(f"{a}.rope.scaling.factor", float, 1.0) if scaling != "none" else 1.0
+        _check(f, f"{a}.rope.scaling.factor", factor, _finite(factor) and factor >= 0,
+               "a finite number >= 0 (the context's stretch, e.g. 4; 0: no scaling)")  # fmt: skip
         n_expert = f.value(f"{a}.expert_count", int, 0)
         n_expert_used = f.value(f"{a}.expert_used_count", int, 0)
         if n_expert < 0 or (n_expert and not 1 <= n_expert_used <= n_expert):
@@ -122,12 +136,20 @@ class LlamaConfig:
                 f"{f.path}: {a}.expert_used_count ({n_expert_used}) must be between 1 and "
                 f"{a}.expert_count ({n_expert})"
             )
+        n_swa = 0
+        if arch.swa_period:
+            n_swa = f.value(f"{a}.attention.sliding_window", int, 0)
+            if f"{a}.attention.sliding_window" in f:
+                _check(f, f"{a}.attention.sliding_window", n_swa, n_swa >= 1,
+                       "at least 1 (the positions a token sees, itself included)")  # fmt: skip
         n_ctx_train = f.value(f"{a}.context_length", int)
+        n_ctx_orig = f.value(f"{a}.rope.scaling.original_context_length", int, n_ctx_train)
+        _check(f, f"{a}.rope.scaling.original_context_length", n_ctx_orig, n_ctx_orig >= 1,
+               "at least 1")  # fmt: skip
         tokens = f.get("tokenizer.ggml.tokens")
+        n_tokens = len(tokens) if isinstance(tokens, list) else None
         n_vocab = f.value(
-            f"{a}.vocab_size",
-            int,
-            len(tokens) if tokens is not None else f.tensor_info("token_embd.weight").shape[0],
+            f"{a}.vocab_size", int, n_tokens or f.tensor_info("token_embd.weight").shape[0]
         )
         return cls(
             n_vocab=n_vocab,
@@ -136,18 +158,40 @@ class LlamaConfig:
             n_layer=f.value(f"{a}.block_count", int),
             n_head=n_head,
             n_head_kv=n_head_kv,
-            n_ff=_per_layer_constant(f, f"{a}.feed_forward_length"),
+            n_ff=n_ff,
             head_dim=head_dim,
             n_rot=n_rot,
-            eps=f.value(f"{a}.attention.layer_norm_rms_epsilon", float),
-            rope_base=f.value(f"{a}.rope.freq_base", float, 10000.0),
+            eps=eps,
+            rope_base=rope_base,
             rope_scale=1.0 / factor if factor else 1.0,
             rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
-            rope_n_ctx_orig=f.value(f"{a}.rope.scaling.original_context_length", int, n_ctx_train),
+            rope_n_ctx_orig=n_ctx_orig,
             n_expert=n_expert,
             n_expert_used=n_expert_used if n_expert else 0,
             arch=arch,
-            n_swa=f.value(f"{a}.attention.sliding_window", int, 0) if arch.swa_period else 0,
+            n_swa=n_swa,
+        )
+
+
+#: The largest head size (``attention.key_length``) accepted: real models use 64-256
+#: (576 with multi-head latent attention); a size of 2^31 is a damaged file, and would
+#: otherwise surface as a tensor-shape error that names no key.
+MAX_HEAD_DIM = 65536
+HEAD_DIMS = f"between 1 and {MAX_HEAD_DIM} (a head size; 64-256 in real models)"
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+def _check(f: GGUFFile, key: str, value: object, ok: bool, valid: str) -> None:
+    """Refuse a metadata value outside its range, naming the key, the value and the range:
+    a bad value caught here is one message, where later it is a NaN in the logits or an
+    op's error that does not say which key of the file caused it."""
+    if not ok:
+        raise GGUFError(
+            f"{f.path}: {key} = {value!r}; it must be {valid}. The file is damaged or was "
+            "written wrongly: convert the model again"
         )
 
 
@@ -156,10 +200,12 @@ def _check_counts(f: GGUFFile, n_embd: int, a: str) -> None:
     count of 2^31 would otherwise allocate a 2^31-entry placement before any error."""
     n_layer = f.value(f"{a}.block_count", int)
     blocks = {name.split(".")[1] for name in f.tensors if name.startswith("blk.")}
-    if not 1 <= n_layer <= len(blocks):
+    if not 1 <= n_layer == len(blocks):
+        # fewer blocks than the file holds would silently run a truncated model
         raise GGUFError(
             f"{f.path}: {a}.block_count = {n_layer}, but the file holds tensors for "
-            f"{len(blocks)} blocks (blk.0 ...); the file is damaged or mislabelled"
+            f"{len(blocks)} blocks (blk.0 ...); it must be {len(blocks)}: the file is damaged "
+            "or mislabelled"
         )
     for key, value in ((f"{a}.embedding_length", n_embd),
                        (f"{a}.context_length", f.value(f"{a}.context_length", int))):  # fmt: skip
@@ -248,6 +294,8 @@ class LlamaWeights:
             return t
 
         has_freqs = "rope_freqs.weight" in f.tensors
+        if has_freqs:
+            _check_rope_freqs(f)
         E = cfg.n_expert
         layers = []
         for i in range(cfg.n_layer):
@@ -319,6 +367,23 @@ class LlamaWeights:
         layer = self.layers[i]
         extra = [t for t in (layer.rope_freqs, layer.ffn_gate_inp) if t is not None]
         return [*layer.norms(), *_matrices(layer), *extra]
+
+
+def _check_rope_freqs(f: GGUFFile) -> None:
+    """Rope divides each pair's frequency by its factor: a zero gave a ZeroDivisionError
+    deep in a kernel, a NaN or a negative factor silently wrong positions."""
+    info = f.tensor_info("rope_freqs.weight")
+    if info.type is not Type.F32:
+        return  # rope refuses other types itself, naming them
+    values = f.read_tensor(info.name).view(np.float32)
+    bad = ~(np.isfinite(values) & (values > 0))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise GGUFError(
+            f"{f.path}: tensor 'rope_freqs.weight' holds {float(values[i])!r} at index {i}; "
+            "it must hold finite numbers > 0 (each pair's rope frequency divisor). The file is "
+            "damaged: convert the model again"
+        )
 
 
 def _matrices(layer: LayerWeights) -> list[Tensor]:

@@ -18,7 +18,6 @@ import os
 import secrets
 import sys
 import tempfile
-import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -27,6 +26,8 @@ import numpy as np
 
 from tensorplug.cli import format_bytes, format_bytes_of
 from tensorplug.types import Type
+
+from .terminal import printable
 
 if TYPE_CHECKING:
     from tensorplug.gguf import GGUFFile
@@ -219,7 +220,7 @@ def main(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         raise  # the reader went away (`run | head`): the CLI stops quietly
     except (GGUFError, ContextFullError, TensorplugError, OSError) as e:
-        print(f"tensorplug run: error: {e}", file=sys.stderr)
+        print(f"tensorplug run: error: {printable(str(e))}", file=sys.stderr)
         return 1
 
 
@@ -461,7 +462,7 @@ def _session(
     if args.tokens is not None:
         prompt = list(args.tokens)
     elif vocab is None:
-        print(f"tensorplug run: {model.vocab_error}", file=log)
+        print(f"tensorplug run: {printable(model.vocab_error)}", file=log)
         return None
     else:
         prompt = vocab.encode(args.prompt)
@@ -474,12 +475,12 @@ def _session(
         )
     print(f"prompt: {len(prompt)} tokens {_ids(prompt)}", file=log)
     dec = StreamDecoder(vocab) if vocab is not None else None
-    text.write(_printable(vocab.decode(prompt)) if vocab is not None else f"{_ids(prompt)} ->")
+    text.write(printable(vocab.decode(prompt)) if vocab is not None else f"{_ids(prompt)} ->")
     text.flush()
     tty = log.isatty()
 
     def on_token(tok: int) -> None:
-        text.write(_printable(dec.feed(tok)) if dec is not None else f" {tok}")
+        text.write(printable(dec.feed(tok)) if dec is not None else f" {tok}")
         text.flush()
 
     def on_progress(done: int, total: int) -> None:
@@ -497,7 +498,7 @@ def _session(
         prompt_logits=keep_logits,
         on_progress=on_progress,
     )
-    text.write((_printable(dec.flush()) if dec is not None else "") + "\n")
+    text.write((printable(dec.flush()) if dec is not None else "") + "\n")
     text.flush()
     if gen.stopped_at_eos:
         print("(end of text)", file=log)
@@ -508,14 +509,6 @@ def _demo_args(n_predict: int, seed: int) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return parser.parse_args(["--n-predict", str(n_predict), "--seed", str(seed)])
-
-
-def _printable(s: str) -> str:
-    """Control characters other than newline and tab escaped: a model's byte tokens can
-    spell terminal escape sequences."""
-    return "".join(
-        f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in s
-    )
 
 
 def _plural(n: int, one: str, many: str = "") -> str:

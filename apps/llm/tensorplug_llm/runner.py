@@ -204,6 +204,8 @@ class Llama:
         self.cache = KVCache.describe(cfg, self.n_ctx, Type.parse(cache_type))
         self.memory: dict[Device, _DeviceMemory] = {}
         self._load(use_mmap)
+        #: whether some weights are the file's mapping (checked before each step)
+        self._mapped = any(mem.mapped for mem in self.memory.values())
         devices = by_priority([*p.devices(), host_cpu()])
         self.backends: list[Backend] = [d.init_backend() for d in devices]
         #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens
@@ -419,6 +421,9 @@ class Llama:
             # rounding depends on its thread count (BLAS's own threading does) still gives
             # a prompt the same numbers however busy the machine was
             self._apply_threads(self.governor.counts[0] if T > 1 else self.governor.applied)
+        if self._mapped:
+            # a truncated file would be a SIGBUS in the kernels, which nothing can catch
+            self.file.check_unchanged()
         t_compute = time.perf_counter()
         status = sched.graph_compute(sg.graph)
         compute = time.perf_counter() - t_compute

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import itertools
 import string
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -104,6 +106,7 @@ def write_tiny_llama(
     eps: float = 1e-5,
     arch: str = "llama",
     sliding_window: int = 4,
+    metadata: Mapping[str, Any] | None = None,
     **dims: int,
 ) -> Path:
     """Write a random-weight llama GGUF file and return its path.
@@ -121,7 +124,9 @@ def write_tiny_llama(
     ``sliding_window`` on 5 of every 6 blocks; the output is always tied);
     ``"qwen2"`` adds biases to the Q/K/V projections, ``"qwen3"`` per-head Q/K norms
     (both with NEOX rope). The vocabulary is the tiny SentencePiece one for every
-    architecture.
+    architecture. ``metadata`` adds keys or replaces the ones written (a bool, int,
+    float, str or list of one of those; ints are written as INT64, floats as FLOAT32):
+    the hostile tests write damaged files with it.
     """
     from gguf import GGMLQuantizationType, GGUFWriter  # deferred: slow to import
 
@@ -229,8 +234,32 @@ def write_tiny_llama(
     if rope_freqs:
         writer.add_tensor("rope_freqs.weight", np.linspace(1, 8, head_dim // 2, dtype=np.float32))
 
+    for key, value in (metadata or {}).items():
+        writer.kv_data[0].pop(key, None)  # replaced without the writer's duplicate warning
+        writer.add_key_value(key, value, *_value_type(value))
+
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _value_type(value: Any) -> tuple[Any, Any]:
+    """The GGUF value type (and item type, for a list) a metadata value is written as."""
+    from gguf import GGUFValueType as V
+
+    def scalar(v: Any) -> Any:
+        if isinstance(v, bool):
+            return V.BOOL
+        if isinstance(v, int):
+            return V.INT64
+        if isinstance(v, float):
+            return V.FLOAT32
+        if isinstance(v, str):
+            return V.STRING
+        raise TypeError(f"cannot write metadata value {v!r}")
+
+    if isinstance(value, list):
+        return V.ARRAY, scalar(value[0]) if value else V.INT32
+    return scalar(value), None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,7 +26,7 @@ from tensorplug.gguf import GGUFError, GGUFFile
 
 from .bpe import BpeTokenizer, byte_decode
 from .pretokenize import PRE_TOKENIZERS, PreTokenizer, pre_tokenizer
-from .special import by_length, partition
+from .special import Fragment, by_length, partition
 from .spm import SPACE, SpmTokenizer
 from .wpm import WpmTokenizer
 
@@ -151,10 +152,10 @@ class Vocab:
                 f"are {', '.join(MODELS)} — pass token ids with --tokens instead of a prompt"
             )
         bos, eos, unk, sep, add_bos, add_space_prefix = _DEFAULTS[model]
-        tokens = f.value("tokenizer.ggml.tokens", list)
+        tokens = _items(f, "tokenizer.ggml.tokens", (str,), "strings")
         n = len(tokens)
-        scores = f.value("tokenizer.ggml.scores", list, [0.0] * n)
-        types = f.value("tokenizer.ggml.token_type", list, [TokenType.NORMAL] * n)
+        scores = _items(f, "tokenizer.ggml.scores", (int, float), "numbers", [0.0] * n)
+        types = _items(f, "tokenizer.ggml.token_type", (int,), "integers", [TokenType.NORMAL] * n)
         for key, got in (("tokenizer.ggml.scores", scores), ("tokenizer.ggml.token_type", types)):
             if len(got) != n:
                 raise GGUFError(f"{f.path}: {key} has {len(got)} entries for {n} tokens")
@@ -167,9 +168,12 @@ class Vocab:
                     f"{f.path}: unknown BPE pre-tokenizer {pre_name!r} (tokenizer.ggml.pre); "
                     f"known: {', '.join(sorted(PRE_TOKENIZERS))}"
                 )
-            merges = f.value("tokenizer.ggml.merges", list, None)
+            merges = _items(f, "tokenizer.ggml.merges", (str,), "strings like 'a b'", None)
             if merges is None:
                 raise GGUFError(f"{f.path}: a gpt2 (BPE) tokenizer needs tokenizer.ggml.merges")
+            for i, rule in enumerate(merges):
+                if rule.find(" ", 1) < 0:  # llama.cpp's test: a space after the first char
+                    _bad_item(f, "tokenizer.ggml.merges", "strings like 'a b'", i, rule)
             add_bos, clean = pre.add_bos, pre.clean_spaces
             if pre.no_bos:
                 bos = None
@@ -224,19 +228,40 @@ class Vocab:
         their ids — for chat templates, not for text a user typed. User-defined tokens
         are always recognised.
         """
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate, e.g. from undecodable bytes
-            raise RunError(
-                f"cannot tokenize text with {text[e.start]!r} at index {e.start}: a lone "
-                "surrogate is not a character (was the text decoded from invalid UTF-8?)"
-            ) from None
+        return self.encode_parts([(text, parse_special)], add_bos)
+
+    def encode_parts(
+        self, parts: Sequence[tuple[str, bool]], add_bos: bool | None = None
+    ) -> list[int]:
+        """Token ids of the text ``parts`` make, each ``(text, parse_special)``: control
+        tokens are found only in the parts that allow it (a chat template's own markup),
+        never in the others (the messages, which must not be able to forge them).
+
+        Adjacent text is encoded as one piece, across part boundaries, so the result is
+        :meth:`encode` of the joined text wherever no control token is written in a part
+        that may not have one; ``add_bos`` is :meth:`encode`'s.
+        """
+        fragments: list[Fragment] = []
+        for text, parse_special in parts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate, e.g. from undecodable bytes
+                raise RunError(
+                    f"cannot tokenize text with {text[e.start]!r} at index {e.start}: a lone "
+                    "surrogate is not a character (was the text decoded from invalid UTF-8?)"
+                ) from None
+            specials = self._specials if parse_special else self._user_defined
+            for frag in partition(text, specials):
+                if isinstance(frag, str) and fragments and isinstance(fragments[-1], str):
+                    fragments[-1] += frag
+                else:
+                    fragments.append(frag)
         out: list[int] = []
         wanted = self.add_bos if add_bos is None else add_bos
         if wanted and self.bos is not None:
             out.append(self.bos)
         after_special = True  # the first fragment gets SPM's space prefix, as after a special
-        for frag in partition(text, self._specials if parse_special else self._user_defined):
+        for frag in fragments:
             if isinstance(frag, int):
                 out.append(frag)
                 after_special = True
@@ -250,6 +275,14 @@ class Vocab:
             elif self.add_eos and self.eos is not None:
                 out.append(self.eos)
         return out
+
+    def control_text_in(self, text: str) -> str | None:
+        """The first control token (or end-of-turn token) written in ``text``, if any: what
+        ``parse_special`` would turn into its id."""
+        for token, tid in self._specials:
+            if self.types[tid] != TokenType.USER_DEFINED and token in text:
+                return token
+        return None
 
     # -- decoding --------------------------------------------------------------------------
 
@@ -286,6 +319,30 @@ class Vocab:
         text = "".join(dec.feed(t) for t in ids) + dec.flush()
         clean = self.clean_spaces if self.clean_spaces is not None else self.model != "llama"
         return _clean_spaces(text) if clean else text
+
+
+def _items(
+    f: GGUFFile, key: str, kinds: tuple[type, ...], what: str, default: list | None = None
+) -> list:
+    """The array ``key``, every item one of ``kinds`` (bool is no number here): a token
+    list of integers or scores stored as strings otherwise failed later, far from the key,
+    as a TypeError or ValueError traceback."""
+    items: list | None = f.value(key, list, default)
+    if items is None or items is default:
+        return items  # type: ignore[return-value]
+    for i, item in enumerate(items):
+        if not isinstance(item, kinds) or isinstance(item, bool):
+            _bad_item(f, key, what, i, item)
+    return items
+
+
+def _bad_item(f: GGUFFile, key: str, what: str, i: int, item: object) -> None:
+    shown = repr(item) if len(repr(item)) <= 40 else repr(item)[:37] + "..."
+    raise GGUFError(
+        f"{f.path}: {key} must be a list of {what}, but item {i} is "
+        f"{type(item).__name__} {shown}; the file is damaged or was not written by a GGUF "
+        "converter"
+    )
 
 
 def _clean_spaces(text: str) -> str:
