@@ -23,6 +23,9 @@ hook that the runtime fills in.
   once warm and replayed (CUDA graphs; WebGPU's recorded command buffers), and
   ``graph_compute``'s cache of them by graph signature (:class:`GraphCache`); a runtime
   fills in ``_capture``, ``_replay``, ``_release`` and ``capture_refused``.
+* :class:`~.mapped.HostMemoryBuffer`, :class:`~.mapped.MappedBuffer` (``mapped.py``) —
+  buffers that are host memory (Metal's shared storage), and host memory someone else
+  owns (an mmap'ed model) seen through overlapping device views.
 * :class:`LibraryOp` (``library.py``) — nodes a vendor library computes (cuBLAS), with
   the fallback to the kernels and a scratch buffer for converted operands; a runtime
   fills in ``_takes`` and ``_run``.
@@ -32,7 +35,7 @@ hook that the runtime fills in.
 from __future__ import annotations
 
 from .backend import BoundLaunch, GPUBackend, GPUGraphPlan, Step
-from .device import OFFLOAD_MIN_BATCH, GPUDevice, GPUReg, process_wide
+from .device import OFFLOAD_MIN_BATCH, GPUDevice, GPUReg, pci_address, process_wide
 from .errors import BuildFailed, DeviceOutOfMemoryError, KernelBuildError, KernelLaunchError
 from .library import LibraryOp
 from .memory import DeviceBuffer, DeviceMemory, GPUBufferType, overlapping
@@ -60,5 +63,6 @@ __all__ = [
     "ReplayingBackend",
     "Step",
     "overlapping",
+    "pci_address",
     "process_wide",
 ]

@@ -41,12 +41,18 @@ if TYPE_CHECKING:
     from .backend import GPUBackend
     from .program import KernelProgram
 
-__all__ = ["OFFLOAD_MIN_BATCH", "GPUDevice", "GPUReg", "process_wide"]
+__all__ = ["OFFLOAD_MIN_BATCH", "GPUDevice", "GPUReg", "pci_address", "process_wide"]
 
 #: ggml's rule for GPU backends: ops over at least this many rows pay for the transfer.
 OFFLOAD_MIN_BATCH = 32
 
 R = TypeVar("R", bound=Reg)
+
+
+def pci_address(domain: int, bus: int, device: int, function: int = 0) -> str:
+    """``dddd:bb:dd.f`` in lower-case hex: the form every runtime reports as ``device_id``,
+    so the registry sees one GPU reached through two backends (CUDA, OpenCL) as one."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
 
 
 class BufferClass(Protocol):
