@@ -328,6 +328,9 @@ def test_a_library_op_computes_what_it_takes_and_falls_back_to_the_kernels(
     library.fail, library.unavailable = KernelLaunchError("the library crashed"), ""
     with pytest.raises(KernelLaunchError, match="crashed"):
         dup(2)
+    library.fail = ValueError("a driver refused an argument")  # pyopencl's: translated
+    with pytest.raises(KernelLaunchError, match="OpenCL0: toylib dup .*refused an argument"):
+        dup(2)
     backend.free()
     assert library.scratch is None
 
