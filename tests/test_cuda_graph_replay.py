@@ -1,4 +1,5 @@
-"""graph_compute replays decode steps as CUDA graphs (tensorplug_cuda/replay.py) — over
+"""graph_compute replays decode steps as CUDA graphs (tensorplug_kernels/runtime/replay.py,
+CUDA's capture in tensorplug_cuda/backend.py) — over
 the fake of cupy, NOT CUDA.
 
 The scheduler and the model runner compute a step's graph with ``graph_compute``, no
@@ -27,8 +28,8 @@ from tensorplug import Type, ops
 from tensorplug.quants import dequantize, quantize
 from tensorplug.transfer import tensor_alloc
 from tensorplug_cuda.reg import CUDAReg
-from tensorplug_cuda.replay import CACHE_SIZE
 from tensorplug_kernels.emulate import PoclEmulator, pocl_emulator
+from tensorplug_kernels.runtime.replay import CACHE_SIZE
 
 
 @pytest.fixture(scope="module")

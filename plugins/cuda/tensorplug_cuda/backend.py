@@ -15,35 +15,42 @@ copies as the parameter's bytes (cupy PR for issue #4828, in every release since
 v10.0.0); a one-element array of the kernel's struct dtype — the exact C layout, parsed
 from the kernel source by :mod:`tensorplug_kernels.abi` — is therefore the struct.
 
-Mul_mat over many tokens goes to cuBLAS (:mod:`.matmul`; ``claims``), and
-``graph_compute`` replays decode steps as CUDA graphs without a plan from the caller:
-a graph seen again with the same signature is computed through a cached plan
-(:mod:`.replay`), so the scheduler's and the model runner's steps get captured graphs.
+Mul_mat over many tokens goes to cuBLAS (:mod:`.matmul`, a library op of the base).
+
+Plans are captured into CUDA graphs and replayed, and ``graph_compute`` replays the
+graphs it has seen before the same way, through the base's
+:mod:`tensorplug_kernels.runtime.replay` (the warm-up, the cache by graph signature, the
+fallbacks). What is CUDA's is the capture itself — the bound launches issued between
+``Stream.begin_capture`` and ``end_capture`` make a CUDA graph, replayed with one
+``Graph.launch`` on the stream — and when it is refused: ``TENSORPLUG_CUDA_GRAPHS=0``,
+and GPUs older than Volta (as in ggml). cupy refuses cuBLAS during a capture
+(``NotImplementedError``), which the base's rule covers: plans with library nodes are
+launched eagerly.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 
 from tensorplug.backend import Event
-from tensorplug.graph import Graph
-from tensorplug.tensor import Tensor
-from tensorplug_kernels.runtime import BoundLaunch, GPUBackend
+from tensorplug_kernels.runtime import BoundLaunch, CapturedPlan, GPUBackend, ReplayingBackend
 
 from .buffer import D2D, D2H, H2D, CUDABuffer, host_address
 from .errors import KernelLaunchError
 from .matmul import CublasMatmul
-from .plan import CUDAGraphPlan
-from .replay import GraphCache
+from .settings import GRAPHS
 
 if TYPE_CHECKING:
     from tensorplug.buffer import Buffer
 
     from .device import CUDADevice
 
-__all__ = ["CUDABackend"]
+__all__ = ["CUDABackend", "CUDAGraphPlan"]
+
+log = logging.getLogger(__name__)
 
 #: CUDA's limits on grid extents (x; y and z).
 _MAX_GRID_X, _MAX_GRID_YZ = 2**31 - 1, 65535
@@ -53,7 +60,39 @@ def _ptr(buf: Buffer) -> int:
     return cast(CUDABuffer, buf).ptr
 
 
-class CUDABackend(GPUBackend):
+class CUDAGraphPlan(CapturedPlan):
+    """A graph plan captured into a CUDA graph once warm (``cuda_graph``)."""
+
+    backend: CUDABackend
+    captured_as = "a CUDA graph"
+    # cupy raises NotImplementedError for calls it cannot make during a capture
+    capture_errors: ClassVar[tuple[type[BaseException], ...]] = (
+        KernelLaunchError, NotImplementedError,
+    )  # fmt: skip
+
+    @property
+    def cuda_graph(self) -> Any:
+        """The captured ``cupy.cuda.Graph``, None until captured."""
+        return self.captured
+
+    def _capture(self) -> Any:
+        stream = self.backend.stream
+        stream.begin_capture()
+        try:
+            self.backend.run(self.steps)
+        except BaseException:
+            try:
+                stream.end_capture()  # leave capture mode; the partial graph is dropped
+            except Exception as e:  # an invalidated capture reports itself here too
+                log.debug("ending a failed capture: %s", e)
+            raise
+        return stream.end_capture()
+
+    def _replay(self, handle: Any) -> None:
+        handle.launch(self.backend.stream)
+
+
+class CUDABackend(ReplayingBackend):
     device: CUDADevice
     plan_class = CUDAGraphPlan
 
@@ -62,29 +101,17 @@ class CUDABackend(GPUBackend):
         with device.current():
             self.stream = cp.cuda.Stream(non_blocking=True)
         self.matmul = CublasMatmul(self)
-        self.graphs = GraphCache(self)  # graph_compute's plans, by graph signature
+        self.library_ops = (self.matmul,)
         super().__init__(device)
 
-    # -- what cuBLAS and captured graphs change ----------------------------------------------
-
-    def claims(self, node: Tensor) -> bool:
-        return self.matmul.takes(node)
-
-    def compute_node(self, node: Tensor) -> None:
-        """Queue ``node``'s work: cuBLAS where it takes the node, else the kernels."""
-        if not (self.matmul.takes(node) and self.matmul.run(node)):
-            super().compute_node(node)
-
-    def compute_graph(self, graph: Graph) -> None:
-        if not self.graphs.compute(graph):  # a graph seen before: replayed as a CUDA graph
-            super().compute_graph(graph)
-
-    def forget(self, buffer: Buffer) -> None:
-        self.graphs.forget(buffer)
-
-    def _free(self) -> None:
-        self.graphs.clear()
-        self.matmul.free()
+    def capture_refused(self) -> str:
+        """Why CUDA graphs are not used, "" when they are (the setting is read at each
+        call: a user may change it between computes)."""
+        if not GRAPHS.get():
+            return "TENSORPLUG_CUDA_GRAPHS=0"
+        if self.device.info.major < 7:
+            return "CUDA graphs are used from Volta (compute capability 7.0) on"
+        return ""
 
     # -- the runtime base's hooks ------------------------------------------------------------
 

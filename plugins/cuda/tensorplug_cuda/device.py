@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tensorplug.backend import Event
 from tensorplug.device import DeviceCaps, DeviceType
 from tensorplug_kernels import Limits
-from tensorplug_kernels.runtime import GPUDevice
+from tensorplug_kernels.runtime import GPUDevice, pci_address
 
 from .backend import CUDABackend
 from .buffer import ALIGNMENT, D2D, CUDABuffer
@@ -65,12 +65,6 @@ class DeviceInfo:
         while wg > self.max_threads_per_block and wg > 32:
             wg //= 2
         return wg
-
-
-def pci_address(domain: int, bus: int, device: int, function: int = 0) -> str:
-    """``dddd:bb:dd.f`` in lower-case hex: the form the OpenCL plugin reports, so the
-    registry sees one GPU reached through both backends as one device."""
-    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
 
 
 def read_device_info(cp: Any, index: int) -> DeviceInfo:

@@ -18,26 +18,25 @@ tensor-core GPUs). BF16 weights always take the F32 conversion: F16 cannot hold
 their range. ggml's broadcast of the weights over the batch axes (``r2``, ``r3``: each weight
 matrix serves consecutive batches) becomes numpy-style broadcasting over 6-D views.
 
-cupy refuses cuBLAS inside a CUDA-graph capture (NotImplementedError), so plans with
-such nodes are never captured (:mod:`.plan`). Where cuBLAS cannot be loaded (its wheel
-missing) or its temporaries do not fit, the node falls back to the shared kernels.
+The path is a library op of the runtime base (:mod:`tensorplug_kernels.runtime.library`):
+the base claims the nodes it takes, never captures plans holding them (cupy refuses
+cuBLAS inside a CUDA-graph capture), keeps the scratch buffer for converted operands,
+and falls back to the shared kernels where cuBLAS cannot be loaded (its wheel missing)
+or its temporaries do not fit.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
-from tensorplug.errors import TensorplugError
 from tensorplug.opcodes import Op
 from tensorplug.tensor import Tensor, new_tensor
 from tensorplug.transfer import tensor_alloc
 from tensorplug.types import Type
-from tensorplug_kernels.launch import nrows, round_up, row_launch, tensor_arg
+from tensorplug_kernels.runtime import LibraryOp
 from tensorplug_kernels.source import QUANT
 
 from .buffer import CUDABuffer
-from .errors import OutOfMemoryError, cuda_errors, is_out_of_memory, translate
 from .settings import CUBLAS, CUBLAS_F16
 
 if TYPE_CHECKING:
@@ -45,16 +44,12 @@ if TYPE_CHECKING:
 
 __all__ = ["FLOAT_MIN_TOKENS", "QUANT_MIN_TOKENS", "CublasMatmul", "min_tokens"]
 
-log = logging.getLogger(__name__)
-
 #: Tokens from which float weights go to cuBLAS (ggml's mat-vec kernels take up to 8).
 FLOAT_MIN_TOKENS = 9
 #: Quantized weights are converted in full first: worth it only for long batches.
 QUANT_MIN_TOKENS = 64
 
 _FLOAT = frozenset({Type.F32, Type.F16, Type.BF16})
-#: Scratch regions start at this alignment (cuBLAS wants 16 bytes; the kernels 256).
-_ALIGN = 256
 
 
 def min_tokens(weights: Tensor) -> int | None:
@@ -94,19 +89,20 @@ def batched_views(cp: Any, a: Tensor, b: Tensor, d: Tensor) -> tuple[Any, Any, A
     )
 
 
-class CublasMatmul:
-    """The cuBLAS path of one backend, with its scratch buffer for converted weights."""
+class CublasMatmul(LibraryOp):
+    """The cuBLAS path of one backend."""
+
+    library = "cuBLAS"
+    # libcublas missing or unusable: cupy raises these when it first loads it
+    unavailable_errors = (ImportError, OSError, RuntimeError)
+    backend: CUDABackend
 
     def __init__(self, backend: CUDABackend) -> None:
-        self.backend = backend
-        self.enabled = CUBLAS.get()
+        super().__init__(backend, enabled=CUBLAS.get())
         self.half = CUBLAS_F16.get()  # F16 operands (tensor cores) for F16/quantized weights
-        self.unavailable = ""  # why cuBLAS could not be used, once it failed to load
-        self.scratch: CUDABuffer | None = None
 
-    def takes(self, node: Tensor) -> bool:
-        """True when ``node`` is a mul_mat this path computes."""
-        if node.op is not Op.MUL_MAT or not self.enabled or self.unavailable:
+    def _takes(self, node: Tensor) -> bool:
+        if node.op is not Op.MUL_MAT:
             return False
         a, b = node.src
         need = min_tokens(a)
@@ -122,86 +118,28 @@ class CublasMatmul:
         """True when a product with ``weights`` runs on F16 operands (tensor cores)."""
         return self.half and weights.type is not Type.BF16 and weights.type is not Type.F32
 
-    def run(self, node: Tensor) -> bool:
-        """Compute ``node`` on the backend's stream; False when it must fall back to the
-        kernels (no cuBLAS here, or no memory for its temporaries)."""
-        backend = self.backend
-        cp = backend.device.cp
+    def _run(self, node: Tensor) -> None:
+        cp = self.backend.cp
         a, b = node.src
-        try:
-            with backend.stream:
-                if self.half_precision(a):
-                    self._run_half(cp, a, b, node)
-                else:
-                    weights = a if a.type == Type.F32 else self._as_f32(a, node)
-                    wa, ba, da = batched_views(cp, weights, b, node)
-                    cp.matmul(ba, wa.swapaxes(-1, -2), out=da)
-        except NotImplementedError:  # cuBLAS inside a stream capture: the plan falls back
-            raise
-        except OutOfMemoryError as e:
-            log.info("%s: no memory for converting %s, using the kernels: %s", backend.name,
-                     a.describe(), e)  # fmt: skip
-            return False
-        except TensorplugError:
-            raise
-        except cuda_errors(cp) as e:
-            if is_out_of_memory(cp, e):
-                return False
-            raise translate(cp, e, f"{backend.name}: cuBLAS mul_mat {node.describe()}") from e
-        except (ImportError, OSError, RuntimeError) as e:  # libcublas missing or unusable
-            self.unavailable = f"{type(e).__name__}: {e}"
-            log.warning("%s: cuBLAS is unavailable (%s); mul_mat uses the shared kernels",
-                        backend.name, self.unavailable)  # fmt: skip
-            return False
-        return True
+        with self.backend.stream:  # cupy.matmul runs cuBLAS on the current stream
+            if self.half_precision(a):
+                self._run_half(cp, a, b, node)
+                return
+            if a.type != Type.F32:  # weights widened to F32 at the start of scratch
+                scratch, _ = self.scratch_for([a.nelements * 4])
+                a = self.converted(a, node, scratch, 0, Type.F32)
+            wa, ba, da = batched_views(cp, a, b, node)
+            cp.matmul(ba, wa.swapaxes(-1, -2), out=da)
 
     def _run_half(self, cp: Any, a: Tensor, b: Tensor, node: Tensor) -> None:
         """``node`` from F16 copies of its operands: the weights (unless already F16) and
         the activations in scratch, an F16 result there too, widened into ``node``."""
         sizes = [0 if a.type == Type.F16 else a.nelements * 2, b.nelements * 2, node.nelements * 2]
-        starts = [0]
-        for size in sizes[:-1]:
-            starts.append(starts[-1] + round_up(size, _ALIGN))
-        scratch = self._scratch(starts[-1] + sizes[-1])
-        weights = a if a.type == Type.F16 else self._convert_into(scratch, starts[0], a, node)
-        acts = self._convert_into(scratch, starts[1], b, node)
+        scratch, starts = self.scratch_for(sizes)
+        weights = a if a.type == Type.F16 else self.converted(a, node, scratch, starts[0])
+        acts = self.converted(b, node, scratch, starts[1])
         result = new_tensor(Type.F16, node.shape, f"{node.name}:f16")
         tensor_alloc(scratch, result, starts[2])
         wa, ba, ra = batched_views(cp, weights, acts, result)
         cp.matmul(ba, wa.swapaxes(-1, -2), out=ra)
         batched_views(cp, weights, acts, node)[2][...] = ra  # F16 -> F32, on the stream
-
-    def _scratch(self, nbytes: int) -> CUDABuffer:
-        """The backend's scratch buffer for converted operands, at least ``nbytes``."""
-        if self.scratch is None or self.scratch.size < nbytes:
-            if self.scratch is not None:
-                self.backend.stream.synchronize()  # queued work may still read the old one
-                self.scratch.free()
-                self.scratch = None
-            buf = self.backend.device.buffer_type().alloc_buffer(nbytes)
-            assert isinstance(buf, CUDABuffer)
-            self.scratch = buf
-        return self.scratch
-
-    def _as_f32(self, a: Tensor, node: Tensor) -> Tensor:
-        """``a`` as F32 at the start of the scratch buffer (queued on the stream)."""
-        return self._convert_into(self._scratch(a.nelements * 4), 0, a, node, Type.F32)
-
-    def _convert_into(
-        self, scratch: CUDABuffer, offset: int, src: Tensor, node: Tensor, to: Type = Type.F16
-    ) -> Tensor:
-        """A contiguous ``to`` copy of ``src`` at ``offset`` in ``scratch``, by ``k_cpy``."""
-        t = new_tensor(to, src.shape, f"{src.name}:{to.name.lower()}")
-        tensor_alloc(scratch, t, offset)
-        backend = self.backend
-        for launch in row_launch(
-            "k_cpy", nrows(src), backend.device.limits, s=tensor_arg(src), d=tensor_arg(t),
-            reshape=0,
-        ):  # fmt: skip
-            backend.issue(backend.bind(launch, node, backend.runtime_buffers(launch.scratch)))
-        return t
-
-    def free(self) -> None:
-        if self.scratch is not None:
-            self.scratch.free()
-            self.scratch = None

@@ -18,7 +18,7 @@ from tensorplug_kernels import Limits
 from tensorplug_kernels.runtime import GPUDevice
 
 from .backend import MetalBackend, MetalEvent
-from .buffer import ALIGNMENT, MetalBuffer, MetalMappedBuffer, shared_buffer, wrap_host_memory
+from .buffer import ALIGNMENT, MetalBuffer, shared_buffer, wrap_host_memory
 from .probe import UNVERIFIED
 from .program import KernelProgram
 
@@ -120,10 +120,6 @@ class MetalDevice(GPUDevice):
                 f"largest buffer ({self.info.max_buffer} bytes); run that tensor elsewhere"
             )
         return wrap_host_memory(self, obj, max_tensor_size)
-
-    def owns(self, buf: Buffer | None, write: bool = False) -> bool:
-        """A queued copy never writes a mapped file (it may be a read-only mapping)."""
-        return super().owns(buf) and not (write and isinstance(buf, MetalMappedBuffer))
 
     # -- the runtime base's hooks --------------------------------------------------------
 

@@ -16,7 +16,7 @@ from tensorplug.backend import Event
 from tensorplug.device import DeviceCaps, DeviceType
 from tensorplug.tensor import Tensor
 from tensorplug_kernels import Limits
-from tensorplug_kernels.runtime import OFFLOAD_MIN_BATCH, GPUDevice
+from tensorplug_kernels.runtime import OFFLOAD_MIN_BATCH, GPUDevice, pci_address
 
 from .backend import OpenCLBackend
 from .buffer import OpenCLBuffer
@@ -88,16 +88,16 @@ def _pci_bus_id(dev: Any) -> str | None:
             d, b, s, f = (
                 getattr(info, k, 0) for k in ("pci_domain", "pci_bus", "pci_device", "pci_function")
             )
-            return f"{d:04x}:{b:02x}:{s:02x}.{f:x}"
+            return pci_address(d, b, s, f)
     if "cl_nv_device_attribute_query" in ext:
         bus, slot = _info(dev, "pci_bus_id_nv", None), _info(dev, "pci_slot_id_nv", None)
         if bus is not None and slot is not None:
             domain = _info(dev, "pci_domain_id_nv", 0)
-            return f"{domain:04x}:{bus:02x}:{slot >> 3:02x}.{slot & 7:x}"
+            return pci_address(domain, bus, slot >> 3, slot & 7)
     if "cl_amd_device_attribute_query" in ext:
         topo = _info(dev, "topology_amd", None)
         if topo is not None and hasattr(topo, "bus"):
-            return f"0000:{topo.bus:02x}:{topo.device:02x}.{topo.function:x}"
+            return pci_address(0, topo.bus, topo.device, topo.function)
     uuid = _info(dev, "uuid_khr", None) if "cl_khr_device_uuid" in ext else None
     if uuid:
         h = bytes(uuid).hex()

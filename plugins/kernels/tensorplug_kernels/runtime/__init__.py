@@ -19,21 +19,34 @@ hook that the runtime fills in.
   read-back, plan ownership, transfers and events; a runtime fills in ``_prepare``,
   ``_issue``, ``_synchronize``, ``_write_async``, ``_read_async``, ``_copy_async``,
   ``_record``, ``_wait``.
+* :class:`CapturedPlan` / :class:`ReplayingBackend` (``replay.py``) — plans captured
+  once warm and replayed (CUDA graphs; WebGPU's recorded command buffers), and
+  ``graph_compute``'s cache of them by graph signature (:class:`GraphCache`); a runtime
+  fills in ``_capture``, ``_replay``, ``_release`` and ``capture_refused``.
+* :class:`~.mapped.HostMemoryBuffer`, :class:`~.mapped.MappedBuffer` (``mapped.py``) —
+  buffers that are host memory (Metal's shared storage), and host memory someone else
+  owns (an mmap'ed model) seen through overlapping device views.
+* :class:`LibraryOp` (``library.py``) — nodes a vendor library computes (cuBLAS), with
+  the fallback to the kernels and a scratch buffer for converted operands; a runtime
+  fills in ``_takes`` and ``_run``.
 * :class:`GPUReg` and :func:`process_wide` — the registration and its one instance.
 """
 
 from __future__ import annotations
 
 from .backend import BoundLaunch, GPUBackend, GPUGraphPlan, Step
-from .device import OFFLOAD_MIN_BATCH, GPUDevice, GPUReg, process_wide
+from .device import OFFLOAD_MIN_BATCH, GPUDevice, GPUReg, pci_address, process_wide
 from .errors import BuildFailed, DeviceOutOfMemoryError, KernelBuildError, KernelLaunchError
+from .library import LibraryOp
 from .memory import DeviceBuffer, DeviceMemory, GPUBufferType, overlapping
 from .program import KernelProgram
+from .replay import CapturedPlan, GraphCache, ReplayingBackend
 
 __all__ = [
     "OFFLOAD_MIN_BATCH",
     "BoundLaunch",
     "BuildFailed",
+    "CapturedPlan",
     "DeviceBuffer",
     "DeviceMemory",
     "DeviceOutOfMemoryError",
@@ -42,10 +55,14 @@ __all__ = [
     "GPUDevice",
     "GPUGraphPlan",
     "GPUReg",
+    "GraphCache",
     "KernelBuildError",
     "KernelLaunchError",
     "KernelProgram",
+    "LibraryOp",
+    "ReplayingBackend",
     "Step",
     "overlapping",
+    "pci_address",
     "process_wide",
 ]

@@ -21,9 +21,10 @@ queue and which go through the buffer's own copy; host memory kept alive until
 
 A runtime fills in: ``_prepare`` (its form of a bound launch), ``_issue`` (queue one),
 ``_synchronize``, ``_write_async``/``_read_async``/``_copy_async``, ``_record`` and
-``_wait`` for events; and where it has more to do, ``claims``/``compute_node`` (nodes
-it computes itself: CUDA's cuBLAS), ``compute_graph`` (CUDA's replayed graphs),
-``run`` (Metal encodes many launches into one command buffer), ``forget``, ``_free``.
+``_wait`` for events; and where it has more to do, ``library_ops`` (nodes a vendor
+library computes: CUDA's cuBLAS, :mod:`.library`), ``run`` (Metal encodes many launches
+into one command buffer), ``forget``, ``_free``. A runtime that captures plans and
+replays them (CUDA graphs) derives from :class:`~.replay.ReplayingBackend`.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from tensorplug.graph import Graph
 
     from .device import GPUDevice
+    from .library import LibraryOp
 
 __all__ = ["BoundLaunch", "GPUBackend", "GPUGraphPlan", "Step"]
 
@@ -140,6 +142,8 @@ class GPUBackend(Backend):
 
     device: GPUDevice
     plan_class: ClassVar[type[GPUGraphPlan]] = GPUGraphPlan
+    #: vendor-library paths, tried in order before the kernels (set by the runtime)
+    library_ops: Sequence[LibraryOp] = ()
 
     def __init__(self, device: GPUDevice) -> None:
         super().__init__(device)
@@ -214,9 +218,13 @@ class GPUBackend(Backend):
         """How to call ``kernel`` (its arguments struct and buffer parameters)."""
         return kernel_abis()[kernel]
 
+    def library_for(self, node: Tensor) -> LibraryOp | None:
+        """The library op that computes ``node``, None for the kernels."""
+        return next((op for op in self.library_ops if op.takes(node)), None)
+
     def claims(self, node: Tensor) -> bool:
-        """True for a node the runtime computes itself in ``compute_node`` (cuBLAS)."""
-        return False
+        """True for a node the runtime computes itself in ``compute_node`` (a library's)."""
+        return self.library_for(node) is not None
 
     # -- binding -------------------------------------------------------------------------
 
@@ -348,7 +356,11 @@ class GPUBackend(Backend):
                 self.compute_node(step)
 
     def compute_node(self, node: Tensor) -> None:
-        """Queue ``node``'s work now, bound as it goes (the device current)."""
+        """Queue ``node``'s work now (the device current): through the library that takes
+        it, or, when there is none or it cannot after all, by kernels bound as they go."""
+        library = self.library_for(node)
+        if library is not None and library.run(node):
+            return
         launches = self.launches(node)
         runtime = self.runtime_buffers(scratch_bytes(launches))
         for launch in launches:
@@ -489,5 +501,7 @@ class GPUBackend(Backend):
     def free(self) -> None:
         self.synchronize()
         self._free()
+        for library in self.library_ops:
+            library.free()
         self._scratch, self._scratch_size = None, 0  # plans still bound to it hold it
         self._err_buf.free()

@@ -11,8 +11,8 @@ A runtime fills in: ``memory``, ``description``, ``type``, ``caps`` (the ``Devic
 protocol's own), ``_alloc`` (the allocator), ``buffer_class`` and ``kernel_arg`` (what
 its buffers are and what a launch passes for one), ``_build_program``, ``backend_class``,
 ``driver_errors`` and ``translate`` (its driver's exceptions), ``event_new`` and
-``event_synchronize``; and, where the API keeps a current device per thread (CUDA),
-``current``.
+``event_synchronize``; where the API keeps a current device per thread (CUDA),
+``current``; and where its buffers are host memory (Metal), ``wait_idle``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tensorplug.opcodes import Op
 
 from ..encode import supports
 from .errors import KernelLaunchError
+from .mapped import MappedBuffer
 from .memory import GPUBufferType
 
 if TYPE_CHECKING:
@@ -40,12 +41,18 @@ if TYPE_CHECKING:
     from .backend import GPUBackend
     from .program import KernelProgram
 
-__all__ = ["OFFLOAD_MIN_BATCH", "GPUDevice", "GPUReg", "process_wide"]
+__all__ = ["OFFLOAD_MIN_BATCH", "GPUDevice", "GPUReg", "pci_address", "process_wide"]
 
 #: ggml's rule for GPU backends: ops over at least this many rows pay for the transfer.
 OFFLOAD_MIN_BATCH = 32
 
 R = TypeVar("R", bound=Reg)
+
+
+def pci_address(domain: int, bus: int, device: int, function: int = 0) -> str:
+    """``dddd:bb:dd.f`` in lower-case hex: the form every runtime reports as ``device_id``,
+    so the registry sees one GPU reached through two backends (CUDA, OpenCL) as one."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
 
 
 class BufferClass(Protocol):
@@ -70,12 +77,13 @@ class GPUDevice(Device):
     #: what the device is called in messages ("this GPU's kernels cannot read ...")
     noun: ClassVar[str] = "GPU"
 
+    reg: GPUReg
     limits: Limits
     alignment: int
     max_alloc: int
     host_memory: bool = False
 
-    def __init__(self, reg: Reg, index: int) -> None:
+    def __init__(self, reg: GPUReg, index: int) -> None:
         super().__init__(reg)
         self.index = index
         self._buft = GPUBufferType(self)
@@ -101,6 +109,12 @@ class GPUDevice(Device):
     def translate(self, err: BaseException, what: str, kernel: str | None = None) -> Exception:
         """The tensorplug exception for a driver error raised while doing ``what``."""
         return KernelLaunchError(f"{what}: {err}", kernel=kernel)
+
+    def wait_idle(self) -> None:
+        """Wait until the work queued on this device has finished, so that the host may
+        touch memory its kernels may be using (``host_memory`` devices); failures are
+        left for the backends' ``synchronize``. Default: nothing to wait for (the host
+        reaches device memory only through the driver, which orders the accesses)."""
 
     def current(self) -> contextlib.AbstractContextManager[Any]:
         """This device made the calling thread's current one, where the API keeps one
@@ -145,8 +159,13 @@ class GPUDevice(Device):
         return self._buft
 
     def owns(self, buf: Buffer | None, write: bool = False) -> bool:
-        """True for a buffer of this device (``write``: one a queued copy may write)."""
-        return buf is not None and buf.buft is self._buft
+        """True for a buffer of this device (``write``: one a queued copy may write,
+        which a mapped file never is: it may be a read-only mapping)."""
+        return (
+            buf is not None
+            and buf.buft is self._buft
+            and not (write and isinstance(buf, MappedBuffer))
+        )
 
     def reaches(self, buf: Buffer) -> bool:
         """True when a device-side copy here can read ``buf`` (default: this device's
