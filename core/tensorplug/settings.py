@@ -47,6 +47,7 @@ __all__ = [
     "Selection",
     "Setting",
     "SettingError",
+    "parse_flag",
 ]
 
 T = TypeVar("T")
@@ -105,7 +106,12 @@ def _paths(value: str) -> tuple[Path, ...]:
     return tuple(Path(p).expanduser() for p in value.split(os.pathsep) if p.strip())
 
 
-def _flag(value: str) -> bool:
+def parse_flag(value: str) -> bool:
+    """An on/off setting's value: 1/true/yes/on or 0/false/no/off, any case.
+
+    Public so that a plugin declares its own switches with the same words (a value
+    outside them is a SettingError naming the variable, never silently "on").
+    """
     word = value.strip().lower()
     if word in _TRUE:
         return True
@@ -146,7 +152,7 @@ BACKEND_PATH: Setting[tuple[Path, ...]] = Setting(
 STRICT_PLUGINS: Setting[bool] = Setting(
     "TENSORPLUG_STRICT_PLUGINS",
     False,
-    _flag,
+    parse_flag,
     "1 to make any plugin that fails to import, score or initialise an error instead of a "
     "logged warning.",
     example="1",

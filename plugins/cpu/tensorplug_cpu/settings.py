@@ -7,14 +7,14 @@ plugin is imported; a value a setting cannot read is refused with a
 
 from __future__ import annotations
 
-from tensorplug.settings import Setting, _flag
+from tensorplug.settings import Setting, parse_flag
 
 __all__ = ["JIT", "SETTINGS"]
 
 JIT: Setting[bool] = Setting(
     "TENSORPLUG_CPU_JIT",
     True,
-    _flag,
+    parse_flag,
     "0 to compute with the numpy kernels alone in this process, never importing numba "
     "(the CPU_REPACK buffer type is then not offered either); a backend can also be made "
     "without them by init_backend('jit=0').",

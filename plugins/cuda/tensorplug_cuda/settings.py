@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from tensorplug.settings import Setting, _flag
+from tensorplug.settings import Setting, parse_flag
 
 __all__ = ["CUBLAS", "CUBLAS_F16", "GRAPHS"]
 
 GRAPHS: Setting[bool] = Setting(
     "TENSORPLUG_CUDA_GRAPHS",
     True,
-    _flag,
+    parse_flag,
     "0 to never replay graphs as captured CUDA graphs, neither graph plans nor the "
     "graphs graph_compute has seen before (every compute then launches each kernel); "
     "graphs with cuBLAS nodes are never captured either way.",
@@ -19,7 +19,7 @@ GRAPHS: Setting[bool] = Setting(
 CUBLAS: Setting[bool] = Setting(
     "TENSORPLUG_CUDA_CUBLAS",
     True,
-    _flag,
+    parse_flag,
     "0 to compute every mul_mat with the shared kernels instead of cuBLAS (through "
     "cupy.matmul) for batches of many tokens.",
     example="0",
@@ -28,7 +28,7 @@ CUBLAS: Setting[bool] = Setting(
 CUBLAS_F16: Setting[bool] = Setting(
     "TENSORPLUG_CUDA_CUBLAS_F16",
     True,
-    _flag,
+    parse_flag,
     "0 to keep cuBLAS products of F16 and quantized weights exact: the weights are "
     "converted to F32 and multiplied by SGEMM, instead of multiplying F16 weights by "
     "activations rounded to F16 on the tensor cores (F32 accumulation, F16 result, as "
