@@ -74,7 +74,7 @@ def render_check(
         out.write("\n")
         return
     if output == "csv":
-        fields = ["case", "op", "outcome", "error", "message", "seconds"]  # JSON has tracebacks
+        fields = ["case", "op", "outcome", "error", "message", "seconds", "contract_needed"]
         writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
         for r in results:
