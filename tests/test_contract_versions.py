@@ -255,6 +255,7 @@ def test_installed_as_written_tensorplug_check_passes(jaxlike_env: PluginEnv) ->
     summary = proc.stdout.strip().splitlines()[-1]
     assert " 0 failed" in summary and "need op contract 1.1 or newer) — OK" in summary
     assert "contract 1.1 needed (tiled_broadcast; JAXLIKE0 declares 1.0)" in proc.stdout
+    assert "note: 35 cases need a later op contract than JAXLIKE0" in proc.stdout
 
 
 def test_doctor_names_what_the_plugin_does_not_declare(jaxlike_env: PluginEnv) -> None:
@@ -266,3 +267,9 @@ def test_doctor_names_what_the_plugin_does_not_declare(jaxlike_env: PluginEnv) -
     assert "- 1.2 special_values (unary, argmax)" in section
     assert "Fix: its authors implement them and declare api_version=(1, 3)" in section
     assert "users: pip install -U tp-jaxlike once they have" in section
+
+
+@pytest.mark.parametrize("package", ["cpu", "opencl", "cuda", "metal", "ray"])
+def test_in_tree_plugins_declare_the_newest_contract(package: str) -> None:
+    module = pytest.importorskip(f"tensorplug_{package}")
+    assert module.registration.api_version == tp.API_VERSION  # they implement every op
