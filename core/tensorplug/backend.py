@@ -11,7 +11,7 @@ import enum
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidArgumentError, UnsupportedError
+from .errors import UnsupportedError
 from .hooknames import Guard, adopt_old_names, guarded, public
 
 if TYPE_CHECKING:
@@ -166,19 +166,16 @@ class Backend(ABC):
     @public
     def graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
         """Rebind ``plan`` (made by this backend) to ``graph`` after its tensors moved."""
-        _own_plan(self, plan)
         self._graph_plan_update(plan, graph)
 
     @public
     def graph_plan_compute(self, plan: GraphPlan) -> Status:
         """Start computing ``plan`` (made by this backend); ready after ``synchronize``."""
-        _own_plan(self, plan)
         return self._graph_plan_compute(plan)
 
     @public
     def graph_plan_free(self, plan: GraphPlan) -> None:
         """Release ``plan`` (made by this backend)."""
-        _own_plan(self, plan)
         self._graph_plan_free(plan)
 
     @public
@@ -237,15 +234,6 @@ class Backend(ABC):
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-def _own_plan(backend: Backend, plan: GraphPlan, *_: Any) -> bool:
-    if plan.backend is not backend:
-        raise InvalidArgumentError(
-            f"a graph plan of backend {plan.backend.name!r} was passed to backend "
-            f"{backend.name!r}; use a plan with the backend that created it"
-        )
-    return True
-
-
 def _within_contract(backend: Backend, op: Tensor, *_: Any) -> bool:
     from .contract import missing_feature
 
@@ -255,9 +243,9 @@ def _within_contract(backend: Backend, op: Tensor, *_: Any) -> bool:
 #: API 1.0's hook names and (hook, guard) in 1.3: see :mod:`tensorplug.hooknames`.
 _BACKEND_RENAMED: dict[str, tuple[str, Guard | None]] = {
     "graph_plan_create": ("_graph_plan_create", None),
-    "graph_plan_update": ("_graph_plan_update", _own_plan),
-    "graph_plan_compute": ("_graph_plan_compute", _own_plan),
-    "graph_plan_free": ("_graph_plan_free", _own_plan),
+    "graph_plan_update": ("_graph_plan_update", None),
+    "graph_plan_compute": ("_graph_plan_compute", None),
+    "graph_plan_free": ("_graph_plan_free", None),
     "event_record": ("_event_record", None),
     "event_wait": ("_event_wait", None),
 }

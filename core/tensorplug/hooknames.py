@@ -1,12 +1,12 @@
 """The naming convention of plugin hooks, and the names plugin API 1.3 changed.
 
 The convention (tinygrad's template methods): an application calls a **public method**;
-where the core adds something around the call — a check, the op-contract filter, a
-fallback — the plugin implements an **underscore hook** that the public method calls
-(``Device.supports_op`` → ``_supports_op``, ``Backend.graph_compute`` →
-``_graph_compute``). A member the core adds nothing to (``name``, ``memory()``,
-``supports_buft``...) is implemented under its public name. docs/writing-a-backend.md
-lists every hook.
+where the core stands between the two — it adds a check, the op-contract filter, a
+fallback, or keeps the place to add one, as for graph plans and events — the plugin
+implements an **underscore hook** that the public method calls (``Device.supports_op``
+→ ``_supports_op``, ``Backend.graph_compute`` → ``_graph_compute``). A plain property
+or query (``name``, ``memory()``, ``supports_buft``...) is implemented under its public
+name. docs/writing-a-backend.md lists every hook.
 
 API 1.0 did not follow it everywhere: ``supports_op``, the graph-plan and the event
 methods were both what applications called and what plugins implemented, so the core
