@@ -17,7 +17,9 @@ like ``ADD(type=f32,shape=[2,3,5,10],b=[1,3,1,10])``); ``tensorplug_check`` runs
 on the backend — a registry name or a :class:`~tensorplug.Backend` instance — against
 the CPU backend (the CPU backend itself against the float64 reference formulas), node
 by node, with sentinel checks. A case the backend does not support is *skipped* with
-the reason; a mismatch *fails* with the node, the error and the first bad element.
+the reason — "contract 1.x needed" when a node needs a later op contract than the
+plugin's ``api_version`` declares (it is judged by what it declares); a mismatch
+*fails* with the node, the error and the first bad element.
 
 Options::
 

@@ -32,12 +32,22 @@ COMMANDS_GROUP = "tensorplug.commands"
 RESULT_MARK = "@@tensorplug-test-result@@"
 
 
+#: In a test distribution's pyproject.toml: installed only by the tests about it, in an
+#: environment of their own, so that the registry tests' plugin set stays as they expect.
+OWN_ENV = "shared-env = false"
+
+
 def projects(group: str = GROUP) -> list[Path]:
     """The test distributions declaring entry points of ``group``: by default the
     backends, which the shared ``plugin_env`` installs; the command distributions
-    (``tensorplug.commands``) are installed only by the tests about commands."""
+    (``tensorplug.commands``) are installed only by the tests about commands, and those
+    marked :data:`OWN_ENV` only by the tests about them."""
     found = (p / "pyproject.toml" for p in PLUGINS.iterdir())
-    return sorted(t.parent for t in found if t.is_file() and f'."{group}"]' in t.read_text())
+    return sorted(
+        t.parent
+        for t in found
+        if t.is_file() and f'."{group}"]' in (text := t.read_text()) and OWN_ENV not in text
+    )
 
 
 def _declares_plugins(dist_info: Path) -> bool:

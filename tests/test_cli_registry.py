@@ -9,6 +9,7 @@ import subprocess
 from plugin_dists import PluginEnv
 
 from tensorplug import cli
+from tensorplug.version import API_VERSION
 
 
 def tp(env: PluginEnv, *args: str, **environ: str) -> subprocess.CompletedProcess[str]:
@@ -35,7 +36,7 @@ def test_doctor_reports_every_plugin(plugin_env: PluginEnv) -> None:
     proc = tp(plugin_env, "doctor", "--plain")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "plugin API 1.0" in out.splitlines()[0]
+    assert "plugin API {}.{}".format(*API_VERSION) in out.splitlines()[0]
     assert "TENSORPLUG_BACKENDS        (unset)" in out
     plugins = out.split("Plugins (10 found)")[1].split("Failures")[0]
     rows = plugins.splitlines()

@@ -365,7 +365,7 @@ def test_reports_render_in_every_format(capsys: pytest.CaptureFixture[str]) -> N
     assert data["ok"] is False and data["cases"][0]["error"] == "nan"
     render_check(report, "csv")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "case,op,outcome,error,message,seconds" and len(lines) == 3
+    assert lines[0] == "case,op,outcome,error,message,seconds,contract_needed" and len(lines) == 3
     render_check(report, "table", plain=True)
     out = capsys.readouterr().out
     assert (

@@ -362,3 +362,26 @@ def test_bench_cli_lists_cases() -> None:
     assert (
         run.returncode == 0 and run.stdout.strip() == "GRAPH_REPLAY(nodes=1000,kind=add,shape=[4])"
     )
+
+
+def test_plugin_skips_what_needs_a_later_contract(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice
+
+        class Declares10(ReferenceDevice):
+            api_version = property(lambda self: (1, 0))
+
+        def test_old(tensorplug_case, tensorplug_check):
+            tensorplug_check(tensorplug_case, ReferenceBackend(Declares10()), "reference")
+        """
+    )
+    result = pytester.runpytest(
+        *PLUGIN_ARGS, "--tensorplug-full", "--tensorplug-op", "add", "--tensorplug-type",
+        "f32", "-q", "-rs",
+    )  # fmt: skip
+    outcomes = result.parseoutcomes()
+    assert outcomes["skipped"] == 5 and "failed" not in outcomes  # the five tiled ADD cases
+    result.stdout.fnmatch_lines(
+        ["*ADD(type=f32,shape=?6,4?,b=?6,2?)*contract 1.1 needed (tiled_broadcast;*declares 1.0)*"]
+    )

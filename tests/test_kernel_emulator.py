@@ -91,7 +91,7 @@ class _EmulatedDevice(tp.Device):
     def buffer_type(self) -> tp.BufferType:
         return self._buft
 
-    def supports_op(self, op: Tensor) -> bool:
+    def _supports_op(self, op: Tensor) -> bool:
         return supports(op, LIMITS)
 
     def supports_buft(self, buft: tp.BufferType) -> bool:

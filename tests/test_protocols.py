@@ -81,7 +81,7 @@ class MiniDevice(tp.Device):
     def buffer_type(self) -> tp.BufferType:
         return DeviceMemoryType()
 
-    def supports_op(self, op: tp.Tensor) -> bool:
+    def _supports_op(self, op: tp.Tensor) -> bool:
         return op.op is tp.Op.ADD
 
     def supports_buft(self, buft: tp.BufferType) -> bool:

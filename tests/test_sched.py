@@ -233,8 +233,8 @@ def test_quantized_weights_on_the_accelerator_are_copied_to_the_cpu(
 
 
 class NoSoftMaxDevice(ReferenceDevice):
-    def supports_op(self, op: tp.Tensor) -> bool:
-        return op.op is not tp.Op.SOFT_MAX and super().supports_op(op)
+    def _supports_op(self, op: tp.Tensor) -> bool:
+        return op.op is not tp.Op.SOFT_MAX and super()._supports_op(op)
 
 
 def test_an_op_no_backend_runs_raises_naming_op_and_backends(acc: tp.Backend) -> None:

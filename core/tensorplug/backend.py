@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 from .errors import UnsupportedError
+from .hooknames import Guard, adopt_old_names, guarded, public
 
 if TYPE_CHECKING:
     from .buffer import BufferType
@@ -68,18 +69,28 @@ class Backend(ABC):
     * optional, with their defaults: ``synchronize()`` (nothing: compute is synchronous),
       ``free()`` (nothing), ``_set_tensor_async`` / ``_get_tensor_async`` (the buffer's
       synchronous copy), ``_cpy_tensor_async`` (False: the scheduler copies through the
-      host), ``graph_plan_create/update/compute/free`` (UnsupportedError: graph plans
-      are optional; callers fall back to ``graph_compute``), ``event_record/wait``
-      (UnsupportedError: declare ``DeviceCaps(events=True)`` when you have them).
+      host), ``_graph_plan_create/_update/_compute/_free`` (UnsupportedError: graph
+      plans are optional; callers fall back to ``graph_compute``),
+      ``_event_record/_event_wait`` (UnsupportedError: declare
+      ``DeviceCaps(events=True)`` when you have them).
 
     Applications call the public methods: ``graph_compute`` (compute and wait),
-    ``graph_compute_async``, ``set/get_tensor_async``, ``cpy_tensor_async``, ``synchronize``,
-    ``free``.
-    See docs/writing-a-backend.md.
+    ``graph_compute_async``, ``set/get_tensor_async``, ``cpy_tensor_async``,
+    ``graph_plan_*``, ``event_record/wait``, ``synchronize``, ``free``. API 1.0's hook
+    names (``graph_plan_create`` ... as hooks) still work, with a warning
+    (:mod:`tensorplug.hooknames`). See docs/writing-a-backend.md.
     """
 
     def __init__(self, device: Device) -> None:
         self.device = device
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        adopt_old_names(cls, _BACKEND_RENAMED)
+        own = cls.__dict__.get("supports_op")
+        if own is not None and not getattr(own, "__tensorplug_public__", False):
+            # a backend answering for its device still sees the device's op contract first
+            cls.supports_op = guarded(own, _within_contract)  # type: ignore[method-assign]
 
     # -- required -----------------------------------------------------------------------
 
@@ -118,33 +129,64 @@ class Backend(ABC):
         """The hook behind :meth:`cpy_tensor_async`; False (not supported) by default."""
         return False
 
-    def graph_plan_create(self, graph: Graph) -> GraphPlan:
+    def _graph_plan_create(self, graph: Graph) -> GraphPlan:
         """Prepare ``graph`` for repeated computation (bind kernels and arguments once).
         Optional: backends without plans raise UnsupportedError and callers use
         ``graph_compute``. The plan stays valid until the graph's memory changes
-        (re-allocation: call ``graph_plan_update``)."""
+        (re-allocation: ``graph_plan_update``)."""
         raise UnsupportedError(f"backend {self.name!r} does not support graph plans")
 
-    def graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
+    def _graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
         """Rebind ``plan`` to ``graph`` (same structure, tensors possibly moved)."""
         raise UnsupportedError(f"backend {self.name!r} does not support graph plans")
 
-    def graph_plan_compute(self, plan: GraphPlan) -> Status:
+    def _graph_plan_compute(self, plan: GraphPlan) -> Status:
         """Compute a prepared plan (may return before it finishes, like ``_graph_compute``)."""
         raise UnsupportedError(f"backend {self.name!r} does not support graph plans")
 
-    def graph_plan_free(self, plan: GraphPlan) -> None:
+    def _graph_plan_free(self, plan: GraphPlan) -> None:
         """Release a plan's resources."""
 
-    def event_record(self, event: Event) -> None:
+    def _event_record(self, event: Event) -> None:
         """Mark the point in this stream that ``event`` stands for."""
         raise UnsupportedError(f"backend {self.name!r} does not support events")
 
-    def event_wait(self, event: Event) -> None:
+    def _event_wait(self, event: Event) -> None:
         """Make work queued after this call wait until ``event`` has happened."""
         raise UnsupportedError(f"backend {self.name!r} does not support events")
 
     # -- public -------------------------------------------------------------------------
+
+    @public
+    def graph_plan_create(self, graph: Graph) -> GraphPlan:
+        """``graph`` prepared for repeated computation (``ggml_backend_graph_plan_create``);
+        UnsupportedError when the backend has no plans (then use ``graph_compute``)."""
+        return self._graph_plan_create(graph)
+
+    @public
+    def graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
+        """Rebind ``plan`` (made by this backend) to ``graph`` after its tensors moved."""
+        self._graph_plan_update(plan, graph)
+
+    @public
+    def graph_plan_compute(self, plan: GraphPlan) -> Status:
+        """Start computing ``plan`` (made by this backend); ready after ``synchronize``."""
+        return self._graph_plan_compute(plan)
+
+    @public
+    def graph_plan_free(self, plan: GraphPlan) -> None:
+        """Release ``plan`` (made by this backend)."""
+        self._graph_plan_free(plan)
+
+    @public
+    def event_record(self, event: Event) -> None:
+        """Record ``event`` at this point of the stream (``ggml_backend_event_record``)."""
+        self._event_record(event)
+
+    @public
+    def event_wait(self, event: Event) -> None:
+        """Make work queued on this stream after now wait for ``event`` (any device's)."""
+        self._event_wait(event)
 
     def set_tensor_async(self, tensor: Tensor, data: memoryview, offset: int = 0) -> None:
         """Queue a write of ``data`` into ``tensor`` at byte ``offset``; ``data`` must stay
@@ -170,7 +212,10 @@ class Backend(ABC):
         self.synchronize()
         return status
 
+    @public
     def supports_op(self, op: Tensor) -> bool:
+        """The device's answer (:meth:`Device.supports_op`: the op contract, then the
+        plugin). A subclass may answer itself; the contract still comes first."""
         return self.device.supports_op(op)
 
     def supports_buft(self, buft: BufferType) -> bool:
@@ -187,3 +232,20 @@ class Backend(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _within_contract(backend: Backend, op: Tensor, *_: Any) -> bool:
+    from .contract import missing_feature
+
+    return missing_feature(op, backend.device.api_version) is None
+
+
+#: API 1.0's hook names and (hook, guard) in 1.3: see :mod:`tensorplug.hooknames`.
+_BACKEND_RENAMED: dict[str, tuple[str, Guard | None]] = {
+    "graph_plan_create": ("_graph_plan_create", None),
+    "graph_plan_update": ("_graph_plan_update", None),
+    "graph_plan_compute": ("_graph_plan_compute", None),
+    "graph_plan_free": ("_graph_plan_free", None),
+    "event_record": ("_event_record", None),
+    "event_wait": ("_event_wait", None),
+}

@@ -381,6 +381,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         for rec in failed:
             out.text(rec.error_message(), style="bold red")
             out.text("    " + rec.traceback.rstrip().replace("\n", "\n    "), style="dim")
+    _doctor_contract(out, records)
 
     devs = _loaded_devices()
     out.heading(f"Devices ({len(devs)})")
@@ -391,6 +392,35 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         out.table([*_DEVICE_HEADERS[:-1], "smoke test", "note"], rows)
     _doctor_commands(out, getattr(args, "command_records", None))
     return _report_loading_error() or _no_devices(devs)
+
+
+def _doctor_contract(out: Output, records: Sequence[PluginRecord]) -> None:
+    """For each loaded plugin declaring an older op contract: the features it does not
+    declare (its nodes needing them run on another backend) and the fix."""
+    from .contract import LATEST_VERSION, features_after, version_label
+
+    newest = version_label(LATEST_VERSION)
+    out.heading(f"Op contract (newest {newest})")
+    behind = [(r, r.reg.api_version) for r in records if r.reg is not None]
+    behind = [(r, v) for r, v in behind if v < LATEST_VERSION]
+    if not behind:
+        out.text(f"every loaded plugin declares op contract {newest}: it is judged on every op")
+        return
+    for rec, declared in behind:
+        out.text(
+            f"{rec.label} ({rec.short_origin}) declares op contract {version_label(declared)}; "
+            "nodes needing these later features run on another backend:",
+            style="yellow",
+        )
+        for f in features_after(declared):
+            ops = ", ".join(op.value for op in f.ops)
+            out.text(f"  - {version_label(f.version)} {f.name} ({ops}): {f.summary}")
+        upgrade = f"pip install -U {rec.distribution}" if rec.distribution else "upgrade it"
+        out.text(
+            f"  Fix: its authors implement them and declare api_version={LATEST_VERSION} "
+            "(docs/writing-a-backend.md, 'Upgrading a plugin'); "
+            f"users: {upgrade} once they have."
+        )
 
 
 def _doctor_commands(out: Output, records: list[CommandRecord] | None) -> None:

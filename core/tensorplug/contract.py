@@ -1,4 +1,5 @@
-"""The op contract, machine-readable: per op, its operands, its parameters and its result.
+"""The op contract, machine-readable and versioned: per op, its operands, its parameters,
+its result, and what it gained in which contract version.
 
 A backend reads a node's ``src`` and ``op_params``; this module says, for every op, what
 it will find there — which operands are required or optional and at which position,
@@ -9,20 +10,48 @@ factors are ``src[2]`` when given, or that soft_max's parameters are ``scale`` a
 (``python -m tensorplug.contract > docs/ops.md``); the conformance kit checks every
 node of every case against it, and the CPU and GPU backends refuse nodes that do not
 conform instead of failing inside a kernel.
+
+The contract is versioned because plugins outside this repository cannot follow every
+change of op semantics (JAX's PJRT versions its structs for the same reason). Each
+semantic an op gained after 1.0 is a :class:`Feature`: the contract version that
+introduced it, the ops it concerns, and a predicate saying whether a node *needs* it.
+A plugin declares the version it implements as the minor of its registration's
+``api_version`` (plugin API 1.x implements op contract 1.x); :meth:`Device.supports_op
+<tensorplug.Device.supports_op>` refuses a node needing a later feature before the
+plugin is asked (:func:`missing_feature`), so the scheduler runs it elsewhere, and the
+conformance kit reports such cases as unsupported rather than failed.
 """
 
 from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .opcodes import GluOp, Op, RopeMode, SortOrder, UnaryOp
 from .tensor import Tensor
 
-__all__ = ["CONTRACT", "OpSpec", "Operand", "Param", "conforms", "problems", "render_markdown"]
+__all__ = [
+    "BASE_VERSION",
+    "CONTRACT",
+    "FEATURES",
+    "LATEST_VERSION",
+    "VERSIONS",
+    "Feature",
+    "OpSpec",
+    "Operand",
+    "Param",
+    "conforms",
+    "features_after",
+    "missing_feature",
+    "needed_features",
+    "problems",
+    "render_markdown",
+    "required_version",
+    "version_label",
+]
 
 
 @dataclass(frozen=True)
@@ -147,7 +176,7 @@ CONTRACT: dict[Op, OpSpec] = {
                 Operand(
                     "mask",
                     "F32/F16 added (times the ALiBi slope) before the softmax; "
-                    "(..., >= rows, n); outer axes 1 or a's",
+                    "(..., >= rows, n); outer axes divide a's (head h uses mask head h % n)",
                     optional=True,
                 ),
             ),
@@ -313,6 +342,166 @@ CONTRACT: dict[Op, OpSpec] = {
 }
 
 
+# -- versions ------------------------------------------------------------------------------
+
+#: The contract of the first release: the ops, operands and parameters above as they were
+#: then (no tiled operands, IEEE results on special values, no ops added since).
+BASE_VERSION: tuple[int, int] = (1, 0)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A semantic an op gained after contract 1.0, and the version that introduced it.
+
+    ``needs(node)`` says whether this node cannot be computed right without the feature:
+    a plugin declaring an older contract is never handed such a node. It looks only at
+    the node (shapes, ``op_params``), never at data, so a rule about values (NaN, ties)
+    makes every node whose op it governs need it. ``summary`` is the sentence that
+    ``docs/ops.md``, ``tensorplug doctor`` and the kit show.
+    """
+
+    name: str
+    version: tuple[int, int]
+    ops: tuple[Op, ...]
+    needs: Callable[[Tensor], bool]
+    summary: str
+
+    @property
+    def label(self) -> str:
+        return f"{version_label(self.version)} {self.name}"
+
+
+def version_label(version: Sequence[int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def _tiles(small: Sequence[int], big: Sequence[int]) -> bool:
+    """Whether ``small``, aligned from the right, has an extent that is neither 1 nor
+    ``big``'s: repeated (ggml_can_repeat), which numpy broadcasting does not do."""
+    return any(s not in (1, b) for s, b in zip(reversed(small), reversed(big), strict=False))
+
+
+def _tiled_b(node: Tensor) -> bool:
+    return len(node.src) >= 2 and _tiles(node.src[1].shape, node.src[0].shape)
+
+
+def _tiled_mask(node: Tensor) -> bool:
+    if len(node.src) < 2:  # no mask
+        return False
+    a, mask = node.src[0].shape, node.src[1].shape
+    return _tiles(mask[:-2], a[:-2])
+
+
+def _unary_fn(*fns: UnaryOp) -> Callable[[Tensor], bool]:
+    return lambda node: node.op_params.get("fn") in fns
+
+
+def _special(node: Tensor) -> bool:
+    return node.op is Op.ARGMAX or node.op_params.get("fn") in (UnaryOp.RELU, UnaryOp.GELU)
+
+
+def _is_op(op: Op) -> Callable[[Tensor], bool]:
+    return lambda node: node.op is op
+
+
+def _new_op(op: Op, summary: str) -> Feature:
+    return Feature(op.value, (1, 3), (op,), _is_op(op), f"new op: {summary}")
+
+
+#: Every feature since 1.0, oldest first. Versions group what an old plugin is hurt by:
+#: 1.1 changed which shapes an op it already accepted takes (it raises or tiles wrong),
+#: 1.2 fixed results a 1.0 plugin computes differently only on special values, 1.3 added
+#: ops and enum values that a plugin accepting "every UNARY" would compute wrongly.
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "tiled_broadcast",
+        (1, 1),
+        (Op.ADD, Op.SUB, Op.MUL, Op.DIV),
+        _tiled_b,
+        "b is repeated onto a when each of its extents divides a's (ggml_can_repeat: "
+        "b (6, 2) onto a (6, 4) is b twice along the row), not only when it is 1 or equal",
+    ),
+    Feature(
+        "mask_tiling",
+        (1, 1),
+        (Op.SOFT_MAX,),
+        _tiled_mask,
+        "the mask's head and batch counts may divide a's: head h uses mask head h % n "
+        "(ggml's i02 % ne12), not only 1 or equal",
+    ),
+    Feature(
+        "special_values",
+        (1, 2),
+        (Op.UNARY, Op.ARGMAX),
+        _special,
+        "ggml's results on special values and ties: relu(NaN) is 0; gelu is 0 at and below "
+        "-10 (so gelu(-inf) is 0) and x at and above 10; argmax gives the last of tied "
+        "maxima and a NaN restarts its search. Values cannot be seen on a node, so every "
+        "relu, gelu and argmax node needs it",
+    ),
+    Feature(
+        "unary_gelu_variants",
+        (1, 3),
+        (Op.UNARY,),
+        _unary_fn(UnaryOp.GELU_QUICK, UnaryOp.GELU_ERF),
+        "new unary functions gelu_quick and gelu_erf",
+    ),
+    Feature(
+        "glu_variants",
+        (1, 3),
+        (Op.GLU,),
+        lambda node: node.op_params.get("fn", GluOp.SWIGLU) is not GluOp.SWIGLU,
+        "new gated units reglu, geglu, geglu_erf and geglu_quick beside swiglu",
+    ),
+    _new_op(Op.MUL_MAT_ID, "mixture-of-experts products (ggml_mul_mat_id)"),
+    _new_op(Op.TOP_K, "the indices of each row's k largest values"),
+    _new_op(Op.REPEAT, "tiling to a larger shape (ggml_repeat)"),
+    _new_op(Op.CLAMP, "clamping to [min, max] as ggml writes it"),
+    _new_op(Op.PAD, "zeros appended at the end of each axis"),
+)
+
+#: Every contract version, oldest first, and the newest: what ``API_VERSION`` provides.
+VERSIONS: tuple[tuple[int, int], ...] = (BASE_VERSION, *sorted({f.version for f in FEATURES}))
+LATEST_VERSION: tuple[int, int] = VERSIONS[-1]
+
+_BY_OP: dict[Op, tuple[Feature, ...]] = {
+    op: tuple(f for f in FEATURES if op in f.ops) for op in {op for f in FEATURES for op in f.ops}
+}
+
+
+def needed_features(node: Tensor) -> list[Feature]:
+    """Every post-1.0 feature ``node`` needs, oldest first."""
+    return [f for f in _BY_OP.get(node.op, ()) if f.needs(node)]
+
+
+def required_version(node: Tensor) -> tuple[int, int]:
+    """The oldest contract version a plugin must declare to be handed ``node``."""
+    return max((f.version for f in needed_features(node)), default=BASE_VERSION)
+
+
+def missing_feature(node: Tensor, declared: tuple[int, int]) -> Feature | None:
+    """The first feature ``node`` needs that is newer than ``declared``, or None.
+
+    Asked by :meth:`Device.supports_op <tensorplug.Device.supports_op>` for every node
+    before the plugin's own answer, so it costs one comparison for a plugin declaring
+    the newest contract, and a dict lookup for the others.
+    """
+    if declared >= LATEST_VERSION:
+        return None
+    for f in _BY_OP.get(node.op, ()):
+        if f.version > declared and f.needs(node):
+            return f
+    return None
+
+
+def features_after(declared: tuple[int, int]) -> list[Feature]:
+    """The features a plugin declaring ``declared`` does not implement, oldest first."""
+    return [f for f in FEATURES if f.version > declared]
+
+
+# -- checking nodes --------------------------------------------------------------------------
+
+
 def problems(node: Tensor) -> list[str]:
     """Where ``node`` departs from the contract (empty when it conforms)."""
     return list(_problems(node))
@@ -372,19 +561,53 @@ def _type_name(kind: type) -> str:
     return "tuple of int" if kind is tuple else kind.__name__
 
 
+#: Why each version holds what it holds, for docs/ops.md (every version has a line).
+_VERSION_NOTES: dict[tuple[int, int], str] = {
+    (1, 0): "the first release: the ops below as the guide described them then",
+    (1, 1): "ops a 1.0 plugin already accepted take more shapes: such a plugin raises or "
+    "computes wrong values on them",
+    (1, 2): "results on special values and ties pinned to ggml's: a 1.0 plugin differs "
+    "only there, but nothing on a node says when",
+    (1, 3): "new ops and new functions of existing ops: a plugin that accepts every "
+    "UNARY or GLU node whatever its fn would compute them wrongly",
+}
+
+
 def render_markdown() -> str:
-    """docs/ops.md: the contract as a reference page."""
+    """docs/ops.md: the contract as a reference page, with its versions and each op's
+    changelog."""
     lines = [
         "# Op reference",
         "",
         "Generated from `tensorplug.contract` (`python -m tensorplug.contract > docs/ops.md`;",
         "a test fails when this page is out of date). For every op: the operands a backend",
         "finds in `node.src`, in order (an optional operand is present only when it was given,",
-        "and optional ones come last), the parameters in `node.op_params`, and the result.",
+        "and optional ones come last), the parameters in `node.op_params`, the result, and",
+        "what it gained in which contract version.",
         "Shapes are numpy order (outermost first); `node.ne()` gives ggml's order. The",
         "builders' docstrings in `tensorplug.ops` give the exact formulas.",
         "",
+        "## Contract versions",
+        "",
+        "A plugin implements the contract version of its registration's `api_version`",
+        "(plugin API 1.x is op contract 1.x) and is never handed a node that needs a later",
+        "feature: `Device.supports_op` says no before asking it, so the scheduler runs the",
+        "node on another backend, and `tensorplug check` reports such cases as unsupported",
+        "(contract 1.x needed). A version adds features and never removes one, so declaring",
+        "1.x means implementing everything up to 1.x. How to upgrade a plugin:",
+        "[writing-a-backend.md](writing-a-backend.md#upgrading-a-plugin).",
+        "",
+        "| version | why these belong together | features |",
+        "| --- | --- | --- |",
     ]
+    for v in VERSIONS:
+        names = ", ".join(f"`{f.name}`" for f in FEATURES if f.version == v) or "-"
+        lines.append(f"| {version_label(v)} | {_VERSION_NOTES[v]} | {names} |")
+    lines += ["", "| feature | version | ops | what it means |", "| --- | --- | --- | --- |"]
+    for f in FEATURES:
+        ops = ", ".join(f"`{op.value}`" for op in f.ops)
+        lines.append(f"| `{f.name}` | {version_label(f.version)} | {ops} | {f.summary}. |")
+    lines.append("")
     for spec in CONTRACT.values():
         lines += [
             f"## `{spec.op.value}`",
@@ -402,8 +625,20 @@ def render_markdown() -> str:
             lines += [f"| `{p.name}` | {_type_name(p.type)} | {p.meaning} |" for p in spec.params]
         else:
             lines.append("No parameters.")
-        lines.append("")
+        lines += ["", *_changelog(spec.op), ""]
     return "\n".join(lines)
+
+
+def _changelog(op: Op) -> list[str]:
+    found = _BY_OP.get(op, ())
+    new = [f for f in found if f.name == op.value]
+    since = version_label(new[0].version if new else BASE_VERSION)
+    changes = [f for f in found if f not in new]
+    if not changes:
+        return [f"Changelog: in the contract since {since}, unchanged since."]
+    out = [f"Changelog (in the contract since {since}):", ""]
+    out += [f"- {version_label(f.version)} `{f.name}`: {f.summary}." for f in changes]
+    return out
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import OutOfBoundsError, UnsupportedError
+from .hooknames import Guard, adopt_old_names, public
 from .version import API_VERSION
 
 if TYPE_CHECKING:
@@ -72,15 +73,23 @@ class Device(ABC):
     For plugin authors — required: ``name``, ``description``, ``type`` (see
     :class:`DeviceType`: it decides when the device is used by default), ``memory()``,
     ``_init_backend(params)`` (a new :class:`~tensorplug.Backend`; ``init_backend`` is
-    the public wrapper), ``buffer_type()``, ``supports_op(op)``, ``supports_buft(buft)``.
+    the public wrapper), ``buffer_type()``, ``_supports_op(op)`` (``supports_op`` is
+    the public wrapper, which applies the op contract first), ``supports_buft(buft)``.
     Optional, with defaults: ``device_id`` (None; a PCI bus id or UUID lets the registry
     spot the same GPU seen by two plugins), ``caps`` (derived), ``host_buffer_type()``
     (None), ``buffer_from_host_ptr`` (UnsupportedError), ``offload_op`` (False),
-    ``event_new/free/synchronize`` (UnsupportedError). See docs/writing-a-backend.md.
+    ``_event_new/_event_free/_event_synchronize`` (UnsupportedError). Underscore hooks
+    are what a plugin implements, public methods what applications call
+    (:mod:`tensorplug.hooknames`; API 1.0's names still work, with a warning). See
+    docs/writing-a-backend.md.
     """
 
     def __init__(self, reg: Reg | None = None) -> None:
         self.reg = reg
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        adopt_old_names(cls, _DEVICE_RENAMED)
 
     # -- required -----------------------------------------------------------------------
 
@@ -113,9 +122,16 @@ class Device(ABC):
     def buffer_type(self) -> BufferType:
         """The preferred buffer type for tensors this device computes on."""
 
-    @abstractmethod
-    def supports_op(self, op: Tensor) -> bool:
-        """True when this device can compute ``op`` with its sources' types and layouts."""
+    def _supports_op(self, op: Tensor) -> bool:
+        """Required: True when this device can compute ``op`` with its sources' types and
+        layouts. Applications call :meth:`supports_op`, which asks this only for nodes
+        within the op contract the plugin declares. (Not abstract only so that API 1.0
+        plugins defining ``supports_op`` instead still type-check; the registry refuses
+        a device defining neither.)"""
+        raise NotImplementedError(
+            f"{type(self).__qualname__} does not implement _supports_op(op), which every "
+            "tensorplug Device must (say which nodes it computes)"
+        )
 
     @abstractmethod
     def supports_buft(self, buft: BufferType) -> bool:
@@ -159,24 +175,72 @@ class Device(ABC):
         """True when ``op`` is worth running here even if its weights live elsewhere."""
         return False
 
-    def event_new(self) -> Event:
+    def _event_new(self) -> Event:
         """A new event for this device's backends (optional: declare caps.events)."""
         raise UnsupportedError(f"device {self.name!r} does not support events")
 
-    def event_free(self, event: Event) -> None:
+    def _event_free(self, event: Event) -> None:
         """Release an event's resources."""
 
-    def event_synchronize(self, event: Event) -> None:
+    def _event_synchronize(self, event: Event) -> None:
+        """Wait until ``event`` has happened."""
         raise UnsupportedError(f"device {self.name!r} does not support events")
 
     # -- public -------------------------------------------------------------------------
+
+    @property
+    def api_version(self) -> tuple[int, int]:
+        """The plugin API, and so the op contract, that this device's plugin declares:
+        its Reg's (the registry sets it from the plugin's Registration), or the running
+        core's for a device without a Reg."""
+        return self.reg.api_version if self.reg is not None else API_VERSION
 
     def init_backend(self, params: str | None = None) -> Backend:
         """A new stream on this device (``ggml_backend_dev_init``)."""
         return self._init_backend(params)
 
+    @public
+    def supports_op(self, op: Tensor) -> bool:
+        """True when this device computes ``op``: never when ``op`` needs an op-contract
+        feature newer than its plugin declares (:func:`tensorplug.contract.missing_feature`),
+        otherwise the plugin's answer (``_supports_op``). The scheduler, the meta device
+        and the conformance kit all ask here, so an old plugin is never handed a node
+        whose meaning changed after it was written."""
+        return _within_contract(self, op) and self._supports_op(op)
+
+    @public
+    def event_new(self) -> Event:
+        """A new event for this device's backends (``ggml_backend_event_new``)."""
+        return self._event_new()
+
+    @public
+    def event_free(self, event: Event) -> None:
+        """Release ``event`` (``ggml_backend_event_free``)."""
+        self._event_free(event)
+
+    @public
+    def event_synchronize(self, event: Event) -> None:
+        """Wait until ``event`` has happened (``ggml_backend_event_synchronize``)."""
+        self._event_synchronize(event)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ({self.type.value})>"
+
+
+def _within_contract(dev: Device, op: Tensor, *_: Any) -> bool:
+    # imported here: `python -m tensorplug.contract` must find it not yet imported
+    from .contract import missing_feature
+
+    return missing_feature(op, dev.api_version) is None
+
+
+#: API 1.0's hook names and (hook, guard) in 1.3: see :mod:`tensorplug.hooknames`.
+_DEVICE_RENAMED: dict[str, tuple[str, Guard | None]] = {
+    "supports_op": ("_supports_op", _within_contract),
+    "event_new": ("_event_new", None),
+    "event_free": ("_event_free", None),
+    "event_synchronize": ("_event_synchronize", None),
+}
 
 
 def is_host_cpu(dev: Device) -> bool:

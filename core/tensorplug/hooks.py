@@ -70,7 +70,7 @@ class HookSpecs:
         ``accepts(tensor)`` says which (their types and shapes). A model loader puts a
         weight there when every use of it is such a product and the type accepts it,
         and keeps everything else in ordinary memory. ``device.supports_buft`` is true
-        for it, and ``device.supports_op`` true exactly for the ops that can read it.
+        for it, and ``device._supports_op`` true exactly for the ops that can read it.
         """
 
     @hookspec(firstresult=True)

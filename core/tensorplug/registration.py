@@ -16,7 +16,7 @@ string and imported only when the plugin wins::
         return 10, "FOO driver found"
 
     registration = Registration(
-        name="FOO", api_version=(1, 0), init="tensorplug_foo.reg:create_reg", score=_score
+        name="FOO", api_version=(1, 3), init="tensorplug_foo.reg:create_reg", score=_score
     )
 
 and in ``pyproject.toml``: ``[project.entry-points."tensorplug.backends"] foo =
@@ -51,9 +51,11 @@ class Registration:
     """A backend plugin's registration: its name, API version, score and how to start it.
 
     ``name``: the backend (reg) name, e.g. ``"CPU"``; compared case-insensitively.
-    ``api_version``: the ``(major, minor)`` plugin API the plugin was written against.
-    It has no default on purpose: a default would always equal the running core's and
-    make the compatibility check meaningless.
+    ``api_version``: the ``(major, minor)`` plugin API the plugin was written against;
+    the minor is also the op contract it implements (:mod:`tensorplug.contract`): its
+    devices are never handed a node needing a later contract feature. It has no default
+    on purpose: a default would always equal the running core's and make both the
+    compatibility check and the contract meaningless.
     ``init``: ``"module:attr"`` naming a callable that returns the :class:`~tensorplug.Reg`
     (or the Reg itself), or that callable; a string keeps the heavy import lazy.
     ``score``: how well this variant fits this machine; higher wins among variants of

@@ -251,6 +251,7 @@ def _register(reg: Reg, rec: PluginRecord) -> None:
     if (other := _find_reg(name)) is not None:
         raise PluginError(f"a backend named {name!r} is already registered ({other!r}); unload it")
     check_api_version(reg.api_version, plugin=f"Reg {name!r}", package=rec.distribution)
+    declared = _declared_version(reg, rec)
     devs = list(reg.devices())
     taken = {d.name.casefold(): d for d in _state.devices}
     for dev in devs:
@@ -262,6 +263,11 @@ def _register(reg: Reg, rec: PluginRecord) -> None:
             raise PluginError(f"device {dev.name!r} of {name} belongs to another Reg {dev.reg!r}")
         if not isinstance(dev.type, DeviceType):
             raise PluginError(f"device {dev.name!r}: type must be a DeviceType, got {dev.type!r}")
+        if type(dev)._supports_op is Device._supports_op:
+            raise PluginError(
+                f"device {dev.name!r} of {name} ({type(dev).__qualname__}) does not implement "
+                "_supports_op(op): say which nodes the device computes"
+            )
         if (clash := taken.get(dev.name.casefold())) is not None:
             raise PluginError(
                 f"backend {name!r} has a device named {dev.name!r}, but that name is already "
@@ -271,6 +277,8 @@ def _register(reg: Reg, rec: PluginRecord) -> None:
     from . import hooks
 
     hook_names = hooks.register_reg(_pm(), reg)
+    if declared != reg.api_version:
+        reg.api_version = declared  # what its devices' supports_op is filtered by
     _state.regs.append(reg)
     _state.devices.extend(devs)
     _state.hook_names[id(reg)] = hook_names
@@ -284,6 +292,16 @@ def _register(reg: Reg, rec: PluginRecord) -> None:
                 alias.name,
                 dev.device_id,
             )
+
+
+def _declared_version(reg: Reg, rec: PluginRecord) -> tuple[int, int]:
+    """The plugin API (and op contract) ``reg`` is held to: its Registration's
+    ``api_version``, the plugin's declaration, or the Reg's own when that is older
+    (a Reg registered in code declares through its ``api_version`` alone)."""
+    version = tuple(reg.api_version)
+    if rec.registration is not None:
+        version = min(version, rec.registration.api_version)
+    return (int(version[0]), int(version[1]))
 
 
 def _pm() -> pluggy.PluginManager:

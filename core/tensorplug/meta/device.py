@@ -105,7 +105,7 @@ class MetaDevice(Device):
     def supports_buft(self, buft: BufferType) -> bool:
         return buft is self._buft
 
-    def supports_op(self, op: Tensor) -> bool:
+    def _supports_op(self, op: Tensor) -> bool:
         try:
             self.plan_of(op)
         except UnsupportedError as e:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import Backend, Status
+from ..contract import Feature, missing_feature, version_label
 from ..errors import NotAllocatedError, OutOfBoundsError, TensorplugError, UnsupportedError
 from ..graph import Graph
 from ..graph_copy import clone_graph
@@ -37,6 +38,7 @@ __all__ = [
     "OutOfBoundsWriteError",
     "compare_arrays",
     "compare_graph_backend",
+    "contract_needed",
     "max_nmse_for",
     "nmse",
     "tensor_values",
@@ -65,12 +67,42 @@ class OutOfBoundsWriteError(OutOfBoundsError):
 
 
 class NodeUnsupportedError(UnsupportedError):
-    """A backend's ``supports_op`` refused a node of the graph; reported, not failed."""
+    """A backend's ``supports_op`` refused a node of the graph; reported, not failed.
+
+    ``feature`` is set when the refusal was the op contract's: the node needs a feature
+    newer than the backend's plugin declares (then the message says which version)."""
 
     def __init__(self, backend: Backend, node: Tensor) -> None:
-        super().__init__(f"{backend.name} does not support {node_label(node)}")
+        self.feature = missing_feature(node, backend.device.api_version)
+        if self.feature is not None and not _plugin_claims(backend, node):
+            self.feature = None  # it would not compute the node anyway: plain unsupported
+        why = "" if self.feature is None else f": {contract_needed(self.feature, backend)}"
+        super().__init__(f"{backend.name} does not support {node_label(node)}{why}")
         self.backend = backend
         self.node = node
+
+
+def _plugin_claims(backend: Backend, node: Tensor) -> bool:
+    """Whether the plugin itself says yes to a node its op contract keeps from it.
+
+    Only the kit asks this, to tell "needs a newer contract" from "not implemented": the
+    scheduler never hands such a node to the plugin, nor asks it. A plugin that raises
+    on a node it does not understand (an unknown ``fn``) does not claim it.
+    """
+    try:
+        return bool(backend.device._supports_op(node))
+    except Exception:
+        return False
+
+
+def contract_needed(feature: Feature, backend: Backend) -> str:
+    """``contract 1.1 needed (tiled_broadcast; X0 declares 1.0)``: why the op contract
+    keeps a node from ``backend``."""
+    have = version_label(backend.device.api_version)
+    return (
+        f"contract {version_label(feature.version)} needed ({feature.name}; "
+        f"{backend.name} declares {have})"
+    )
 
 
 class ComputeFailedError(TensorplugError, RuntimeError):

@@ -280,7 +280,7 @@ class ReferenceDevice(Device):
     def buffer_type(self) -> BufferType:
         return host_buffer_type()
 
-    def supports_op(self, op: Tensor) -> bool:
+    def _supports_op(self, op: Tensor) -> bool:
         return op.op in VIEW_OPS or op.op in _FORMULAS
 
     def supports_buft(self, buft: BufferType) -> bool:

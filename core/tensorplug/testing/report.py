@@ -74,7 +74,7 @@ def render_check(
         out.write("\n")
         return
     if output == "csv":
-        fields = ["case", "op", "outcome", "error", "message", "seconds"]  # JSON has tracebacks
+        fields = ["case", "op", "outcome", "error", "message", "seconds", "contract_needed"]
         writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
         for r in results:
@@ -97,6 +97,13 @@ def render_check(
     styles = [_OUTCOME_STYLE[r.outcome] for r in results]
     if rows:
         _table(["result", "case", "NMSE", "detail"], rows, plain, out, styles)
+    if newer := report.contract_unsupported:
+        out.write(
+            f"note: {len(newer)} cases need a later op contract than {report.backend}'s plugin "
+            "declares (its api_version): they are not run on it, here or by the scheduler. "
+            "To be judged on them, implement them and declare the newer version "
+            "(docs/writing-a-backend.md, 'Upgrading a plugin').\n"
+        )
     out.write(report.summary() + "\n")
 
 

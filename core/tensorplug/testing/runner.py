@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backend import Backend
-from ..contract import problems
+from ..contract import problems, version_label
 from ..extras import available
 from ..tensor import Tensor
 from ..types import Type
@@ -74,6 +74,9 @@ class CaseResult:
     #: for a case that raised: the exception's traceback (and its cause's), so that a
     #: backend author sees where their code failed, not just ``KeyError: 'boom'``
     traceback: str = ""
+    #: for a case unsupported because a node needs an op-contract feature newer than the
+    #: backend's plugin declares: that feature's version (what declaring it would take)
+    contract: tuple[int, int] | None = None
 
     @property
     def passed(self) -> bool:
@@ -91,6 +94,7 @@ class CaseResult:
             "message": self.message,
             "seconds": round(self.seconds, 6),
             "traceback": self.traceback or None,
+            "contract_needed": version_label(self.contract) if self.contract else None,
         }
 
     @property
@@ -121,14 +125,24 @@ class CheckReport:
         """True when no case failed (unsupported cases do not count against a backend)."""
         return self.count(Outcome.FAIL) == 0
 
+    @property
+    def contract_unsupported(self) -> list[CaseResult]:
+        """The unsupported cases that need a newer op contract than the backend declares:
+        what declaring (and implementing) the newest contract would put to the test."""
+        return [r for r in self.results if r.contract is not None]
+
     def summary(self) -> str:
         n = len(self.results)
         p, f, u = (self.count(o) for o in Outcome)
         verdict = "OK" if self.ok else "FAILED"
-        return (
-            f"{self.backend} vs {self.reference}: {p}/{n} passed, {f} failed, "
-            f"{u} unsupported — {verdict}"
-        )
+        newer = self.contract_unsupported
+        if newer:
+            lowest = version_label(min(r.contract for r in newer if r.contract))
+            u_text = f"{u} unsupported ({len(newer)} need op contract {lowest} or newer)"
+        else:
+            u_text = f"{u} unsupported"
+        passed = f"{p}/{n} passed, {f} failed"
+        return f"{self.backend} vs {self.reference}: {passed}, {u_text} — {verdict}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,10 +186,11 @@ def run_case(case: Case, backend: Backend, reference: Backend) -> CaseResult:
         message: str = "",
         error: float | None = None,
         exc: BaseException | None = None,
+        contract: tuple[int, int] | None = None,
     ) -> CaseResult:
         elapsed = time.perf_counter() - start
         tb = "".join(traceback.format_exception(exc)) if exc is not None else ""
-        return CaseResult(case.name, case.op.value, outcome, error, message, elapsed, tb)
+        return CaseResult(case.name, case.op.value, outcome, error, message, elapsed, tb, contract)
 
     if why := _missing_codecs(case, backend, reference):
         return result(Outcome.UNSUPPORTED, why)
@@ -186,7 +201,9 @@ def run_case(case: Case, backend: Backend, reference: Backend) -> CaseResult:
         compare_graph_backend(reference, backend, graph, judge, inputs=inputs)
     except NodeUnsupportedError as e:
         side = " (the reference)" if e.backend is reference and reference is not backend else ""
-        return result(Outcome.UNSUPPORTED, f"{e}{side}")
+        # a node beyond the contract the plugin declares: judged by what it declares
+        newer = e.feature.version if e.feature is not None and e.backend is backend else None
+        return result(Outcome.UNSUPPORTED, f"{e}{side}", contract=newer)
     except (OutOfBoundsWriteError, ComputeFailedError) as e:
         return result(Outcome.FAIL, str(e), exc=e)
     except Exception as e:  # a crashing kernel is this case's failure, not the run's

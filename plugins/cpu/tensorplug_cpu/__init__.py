@@ -47,7 +47,7 @@ def _score() -> tuple[int, str]:
 
 registration = Registration(
     name="CPU",
-    api_version=(1, 0),
+    api_version=(1, 3),
     init="tensorplug_cpu.device:create_reg",
     score=_score,
     description="numpy/BLAS kernels for every tensorplug op, with graph plans",

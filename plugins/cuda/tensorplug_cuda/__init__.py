@@ -16,7 +16,7 @@ __all__ = ["registration", "score"]
 
 registration = Registration(
     name="CUDA",
-    api_version=(1, 0),
+    api_version=(1, 3),
     init="tensorplug_cuda.reg:create_reg",
     score=score,
     description="NVIDIA GPUs through cupy: NVRTC-compiled shared kernels, cuBLAS, CUDA graphs "

@@ -18,7 +18,7 @@ __all__ = ["registration", "score"]
 
 registration = Registration(
     name="Metal",
-    api_version=(1, 0),
+    api_version=(1, 3),
     init="tensorplug_metal.reg:create_reg",
     score=score,
     description="Apple GPUs through pyobjc: the shared kernels as Metal Shading Language "

@@ -43,7 +43,7 @@ def score() -> tuple[int, str]:
 
 registration = Registration(
     name="OpenCL",
-    api_version=(1, 0),
+    api_version=(1, 3),
     init="tensorplug_opencl.reg:create_reg",
     score=score,
     description="OpenCL devices through pyopencl (GPUs, and CPUs via PoCL)",

@@ -34,7 +34,7 @@ def score() -> tuple[int, str]:
 
 registration = Registration(
     name="Ray",
-    api_version=(1, 0),
+    api_version=(1, 3),
     init="tensorplug_ray.device:create_reg",
     score=score,
     description="remote devices in Ray actors, each running an ordinary tensorplug backend",

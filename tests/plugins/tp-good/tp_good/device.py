@@ -64,7 +64,7 @@ class TestDevice(Device):
     def buffer_type(self) -> BufferType:
         return host_buffer_type()
 
-    def supports_op(self, op: Tensor) -> bool:
+    def _supports_op(self, op: Tensor) -> bool:
         return False
 
     def supports_buft(self, buft: BufferType) -> bool:

@@ -196,7 +196,7 @@ class AccelBackend(Backend):
         self.event_wait(marker)
         return True
 
-    def event_record(self, event: Event) -> None:
+    def _event_record(self, event: Event) -> None:
         state: _EventState = event.context
         state.stream, state.done = self, False
 
@@ -205,7 +205,7 @@ class AccelBackend(Backend):
 
         self._push("record", mark)
 
-    def event_wait(self, event: Event) -> None:
+    def _event_wait(self, event: Event) -> None:
         state: _EventState = event.context
         if state.done or state.stream is None:
             return
@@ -272,7 +272,7 @@ class AccelDevice(Device):
     def supports_buft(self, buft: BufferType) -> bool:
         return buft is self._buft
 
-    def supports_op(self, op: Tensor) -> bool:
+    def _supports_op(self, op: Tensor) -> bool:
         o = op.op
         if o in _VIEWS:
             return True  # nothing runs: any type can be described
@@ -291,10 +291,10 @@ class AccelDevice(Device):
         rows = op.shape[-2] if op.ndim >= 2 else 1
         return rows >= min_batch
 
-    def event_new(self) -> Event:
+    def _event_new(self) -> Event:
         return Event(self, _EventState())
 
-    def event_synchronize(self, event: Event) -> None:
+    def _event_synchronize(self, event: Event) -> None:
         _complete(event.context)
 
 
