@@ -215,7 +215,7 @@ def test_the_pci_id_matches_the_opencl_plugins_for_the_same_gpu(reg: CUDAReg) ->
         type = property(lambda self: tp.DeviceType.GPU)
         device_id = property(lambda self: "0000:65:00.0")
         memory = lambda self: (0, 0)  # noqa: E731
-        _init_backend = buffer_type = supports_op = supports_buft = lambda self, *a: None
+        _init_backend = buffer_type = _supports_op = supports_buft = lambda self, *a: None
 
     from tensorplug.priority import by_priority
 

@@ -99,7 +99,7 @@ class Dev(Device):
         return NoBackend(self)
     def buffer_type(self):
         return host_buffer_type()
-    def supports_op(self, op):
+    def _supports_op(self, op):
         return False
     def supports_buft(self, buft):
         return buft.is_host

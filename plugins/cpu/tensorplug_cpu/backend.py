@@ -200,16 +200,16 @@ class CpuBackend(Backend):
 
     # -- graphs ----------------------------------------------------------------------------
 
-    def graph_plan_create(self, graph: Graph) -> CpuGraphPlan:
+    def _graph_plan_create(self, graph: Graph) -> CpuGraphPlan:
         return CpuGraphPlan(self, graph)
 
-    def graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
+    def _graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
         self._own(plan).bind(graph, self.jit)
 
-    def graph_plan_compute(self, plan: GraphPlan) -> Status:
+    def _graph_plan_compute(self, plan: GraphPlan) -> Status:
         return self._run(self._own(plan))
 
-    def graph_plan_free(self, plan: GraphPlan) -> None:
+    def _graph_plan_free(self, plan: GraphPlan) -> None:
         own = self._own(plan)
         if self._plans.get(own.key) is own:
             del self._plans[own.key]

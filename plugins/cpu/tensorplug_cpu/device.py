@@ -94,7 +94,7 @@ class CpuDevice(Device):
     def buffer_type(self) -> BufferType:
         return host_buffer_type()
 
-    def supports_op(self, op: Tensor) -> bool:
+    def _supports_op(self, op: Tensor) -> bool:
         return supports(op)
 
     def supports_buft(self, buft: BufferType) -> bool:

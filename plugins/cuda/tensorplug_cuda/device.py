@@ -158,11 +158,11 @@ class CUDADevice(GPUDevice):
         """Every GPU's buffers: copies go peer to peer, or the driver stages them."""
         return isinstance(buf, CUDABuffer)
 
-    def event_new(self) -> Event:
+    def _event_new(self) -> Event:
         with self.current():
             return Event(self, self.cp.cuda.Event(disable_timing=True))
 
-    def event_synchronize(self, event: Event) -> None:
+    def _event_synchronize(self, event: Event) -> None:
         with self.driver("waiting for an event"):
             event.context.synchronize()
 

@@ -129,10 +129,10 @@ class MetalDevice(GPUDevice):
     def _build_program(self) -> KernelProgram:
         return KernelProgram(self)
 
-    def event_new(self) -> Event:
+    def _event_new(self) -> Event:
         return Event(self, MetalEvent(self.mtl.newSharedEvent()))
 
-    def event_synchronize(self, event: Event) -> None:
+    def _event_synchronize(self, event: Event) -> None:
         marker = event.context
         if marker is not None and marker.command_buffer is not None:
             marker.command_buffer.waitUntilCompleted()

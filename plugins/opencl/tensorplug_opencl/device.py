@@ -222,10 +222,10 @@ class OpenCLDevice(GPUDevice):
     def translate(self, err: BaseException, what: str, kernel: str | None = None) -> Exception:
         return translate(err, what, kernel=kernel)
 
-    def event_new(self) -> Event:
+    def _event_new(self) -> Event:
         return Event(self, None)
 
-    def event_synchronize(self, event: Event) -> None:
+    def _event_synchronize(self, event: Event) -> None:
         if event.context is not None:
             with self.driver("waiting for an event"):
                 event.context.wait()

@@ -120,7 +120,7 @@ class RayDevice(Device):
     def supports_buft(self, buft: BufferType) -> bool:
         return buft is self._buffer_type
 
-    def supports_op(self, op: Tensor) -> bool:
+    def _supports_op(self, op: Tensor) -> bool:
         if op.op not in wire.BUILDERS:
             return False
         key = wire.op_key(op)
@@ -135,10 +135,10 @@ class RayDevice(Device):
             self._supports[key] = answer
         return answer
 
-    def event_new(self) -> Event:
+    def _event_new(self) -> Event:
         return Event(self, [])
 
-    def event_synchronize(self, event: Event) -> None:
+    def _event_synchronize(self, event: Event) -> None:
         self._get(list(event.context), "waiting for an event")
 
     # -- calls --------------------------------------------------------------------------
@@ -375,10 +375,10 @@ class RayBackend(Backend):
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
         return copy_between(src, dst)
 
-    def event_record(self, event: Event) -> None:
+    def _event_record(self, event: Event) -> None:
         event.context = self.remote.pending()
 
-    def event_wait(self, event: Event) -> None:
+    def _event_wait(self, event: Event) -> None:
         # Ray orders calls per actor, not across actors: wait here for the recorded work
         event.synchronize()
 

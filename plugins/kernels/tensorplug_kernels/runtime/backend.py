@@ -379,13 +379,13 @@ class GPUBackend(Backend):
 
     # -- graph plans ---------------------------------------------------------------------
 
-    def graph_plan_create(self, graph: Graph) -> GPUGraphPlan:
+    def _graph_plan_create(self, graph: Graph) -> GPUGraphPlan:
         return self.plan_class(self, graph)
 
-    def graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
+    def _graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
         self._own_plan(plan).bind(graph)
 
-    def graph_plan_compute(self, plan: GraphPlan) -> Status:
+    def _graph_plan_compute(self, plan: GraphPlan) -> Status:
         own = self._own_plan(plan)
         if own.freed:
             raise UnsupportedError(f"{self.name}: this graph plan was freed; create a new one")
@@ -395,7 +395,7 @@ class GPUBackend(Backend):
             own.compute()
         return Status.SUCCESS
 
-    def graph_plan_free(self, plan: GraphPlan) -> None:
+    def _graph_plan_free(self, plan: GraphPlan) -> None:
         self._own_plan(plan).release()
 
     def _own_plan(self, plan: GraphPlan) -> GPUGraphPlan:
@@ -480,7 +480,7 @@ class GPUBackend(Backend):
 
     # -- events --------------------------------------------------------------------------
 
-    def event_record(self, event: Event) -> None:
+    def _event_record(self, event: Event) -> None:
         if event.device is not self.device:
             raise UnsupportedError(
                 f"{self.name}: the event belongs to device {event.device.name!r}; record it "
@@ -489,7 +489,7 @@ class GPUBackend(Backend):
         with self.device.driver("recording an event"):
             self._record(event)
 
-    def event_wait(self, event: Event) -> None:
+    def _event_wait(self, event: Event) -> None:
         """Later work here waits for ``event``: on the device where the runtime can,
         otherwise by blocking the host until it has happened."""
         if self._waits_on_device(event):

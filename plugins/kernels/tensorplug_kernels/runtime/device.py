@@ -172,7 +172,7 @@ class GPUDevice(Device):
         own; CUDA reaches every GPU of the process)."""
         return self.owns(buf)
 
-    def supports_op(self, op: Tensor) -> bool:
+    def _supports_op(self, op: Tensor) -> bool:
         return supports(op, self.limits)
 
     def supports_buft(self, buft: BufferType) -> bool:
@@ -182,7 +182,7 @@ class GPUDevice(Device):
         """Worth moving a large batch here (ggml: at least 32 rows; not a row lookup)."""
         return op.op is not Op.GET_ROWS and op.ne()[1] >= OFFLOAD_MIN_BATCH
 
-    def event_free(self, event: Event) -> None:
+    def _event_free(self, event: Event) -> None:
         event.context = None
 
     # -- the backends it made ----------------------------------------------------------------
