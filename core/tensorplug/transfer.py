@@ -80,7 +80,11 @@ def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int) -> None:
         )
     tensor.buffer = buffer
     tensor.offset = offset
-    buffer.init_tensor(tensor)
+    try:
+        buffer.init_tensor(tensor)
+    except BaseException:  # a buffer that refuses the tensor leaves it unallocated
+        tensor.buffer, tensor.offset = None, 0
+        raise
 
 
 def view_init(tensor: Tensor) -> None:
@@ -94,7 +98,11 @@ def view_init(tensor: Tensor) -> None:
         )
     tensor.buffer = base.buffer
     tensor.offset = base.offset + tensor.view_offs
-    base.buffer.init_tensor(tensor)
+    try:
+        base.buffer.init_tensor(tensor)
+    except BaseException:  # a buffer that refuses the view leaves it unallocated
+        tensor.buffer, tensor.offset = None, 0
+        raise
 
 
 def tensor_set(tensor: Tensor, data: BytesLike | np.ndarray, offset: int = 0) -> None:

@@ -1,0 +1,53 @@
+"""Memory views and byte transfers: either exact or refused with an error that says
+what was wrong — never other bytes read, written or silently dropped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorplug as tp
+from tensorplug import ops
+
+REPACKED = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"]
+
+
+def _repacked(type_name: str) -> tuple[tp.Tensor, np.ndarray]:
+    """A 24×256 matrix in CPU_REPACK holding random bytes (every layout round-trips
+    any bytes), and those bytes."""
+    dev = tp.dev_by_name("CPU")
+    assert dev is not None
+    w = tp.new_tensor(type_name, (24, 256), "w")
+    tp.alloc_tensors([w], dev.repack_buffer_type())  # type: ignore[attr-defined]
+    raw = np.random.default_rng(7).integers(0, 256, (24, w.row_bytes), dtype=np.uint8)
+    tp.set_array(w, raw)
+    np.testing.assert_array_equal(tp.get_array(w), raw)
+    return w, raw
+
+
+@pytest.mark.parametrize("type_name", REPACKED)
+@pytest.mark.parametrize(("first", "rows"), [(1, 8), (0, 4), (8, 4), (4, 16)])
+def test_a_repacked_view_off_the_eight_row_groups_is_refused(
+    type_name: str, first: int, rows: int
+) -> None:
+    w, raw = _repacked(type_name)
+    view = ops.view(w, (rows, 256), offset=first * w.row_bytes)
+    with pytest.raises(tp.UnsupportedError, match="groups of 8 starting at a row"):
+        tp.view_init(view)
+    assert view.buffer is None  # refused: not half-placed
+    np.testing.assert_array_equal(tp.get_array(w), raw)
+
+
+@pytest.mark.parametrize("type_name", REPACKED)
+def test_a_repacked_view_of_whole_groups_reads_and_writes_its_own_rows(type_name: str) -> None:
+    w, raw = _repacked(type_name)
+    view = ops.view(w, (8, 256), offset=8 * w.row_bytes)
+    tp.view_init(view)
+    np.testing.assert_array_equal(tp.get_array(view), raw[8:16])
+    tp.set_array(view, np.zeros((8, w.row_bytes), np.uint8))
+    expect = raw.copy()
+    expect[8:16] = 0
+    np.testing.assert_array_equal(tp.get_array(w), expect)
+    tp.tensor_memset(view, 1, 3, 5)
+    expect[8, 3:8] = 1
+    np.testing.assert_array_equal(tp.get_array(w), expect)
