@@ -125,8 +125,9 @@ def tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None) -> byte
 
 
 def tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
-    buf = tensor.require_allocated()
-    buf.memset_tensor(tensor, value, offset, tensor.nbytes - offset if size is None else size)
+    """Fill ``size`` bytes (default: to the end of the tensor) from byte ``offset`` with
+    the byte ``value``; a negative size or offset raises :class:`OutOfBoundsError`."""
+    tensor.require_allocated().memset_tensor(tensor, value, offset, size)
 
 
 def tensor_set_async(

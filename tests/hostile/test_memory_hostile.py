@@ -51,3 +51,35 @@ def test_a_repacked_view_of_whole_groups_reads_and_writes_its_own_rows(type_name
     tp.tensor_memset(view, 1, 3, 5)
     expect[8, 3:8] = 1
     np.testing.assert_array_equal(tp.get_array(w), expect)
+
+
+@pytest.mark.parametrize(("offset", "size"), [(10, -5), (0, -1), (-4, 8)])
+def test_a_negative_memset_size_or_offset_is_an_error_not_to_the_end(
+    offset: int, size: int
+) -> None:
+    values = np.arange(8, dtype=np.float32)
+    t = tp.from_dlpack(values)
+    with pytest.raises(tp.OutOfBoundsError, match="negative|outside"):
+        tp.tensor_memset(t, 0, offset, size)
+    np.testing.assert_array_equal(values, np.arange(8, dtype=np.float32))
+
+
+def test_raw_byte_writes_to_a_strided_dlpack_view_are_refused() -> None:
+    """``a[:, ::2]``'s byte span holds ``a``'s other columns: a raw write would clobber
+    them, so it is refused; its own values are written element by element."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = tp.from_dlpack(a[:, ::2])
+    before = a.copy()
+    with pytest.raises(tp.LayoutMismatchError, match="set_array"):
+        tp.tensor_memset(t, 0)
+    with pytest.raises(tp.LayoutMismatchError, match="other elements"):
+        tp.tensor_set(t, bytes(t.nbytes))
+    with pytest.raises(tp.LayoutMismatchError):
+        t.require_allocated().clear(0)
+    np.testing.assert_array_equal(a, before)
+    tp.set_array(t, np.full((3, 2), -1, np.float32))  # element-wise: only its columns
+    before[:, ::2] = -1
+    np.testing.assert_array_equal(a, before)
+    tp.tensor_memset(t, 0, 0, 4)  # one element's own bytes are its own
+    before[0, 0] = 0
+    np.testing.assert_array_equal(a, before)
