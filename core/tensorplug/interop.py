@@ -71,6 +71,8 @@ def from_dlpack(obj: Any, name: str = "") -> Tensor:
     memory = (ctypes.c_uint8 * span).from_address(arr.ctypes.data) if span else bytearray(1)
     buf = host_buffer_type().buffer_from_host_memory(memory)
     buf.owner = (memory, arr)  # the consumer's memory lives as long as the buffer
+    if arr.size * arr.itemsize != span:  # gaps: the producer's other elements
+        buf.elements = arr
     if not arr.flags.writeable:
         buf.data.flags.writeable = False
     t = Tensor(type_, arr.shape, strides=arr.strides, name=name)
