@@ -48,6 +48,8 @@ __all__ = [
 
 def _bytes_view(data: BytesLike | np.ndarray) -> memoryview:
     mv = memoryview(data)  # type: ignore[arg-type]
+    if mv.nbytes == 0:  # a memoryview with a 0 in its shape cannot be cast
+        return memoryview(bytearray(0))
     if not mv.c_contiguous:
         raise LayoutMismatchError(
             "tensor data must be C-contiguous bytes; pass np.ascontiguousarray(data)"
@@ -242,7 +244,7 @@ def get_array(tensor: Tensor) -> np.ndarray:
         return np.array(tensor_array(tensor), order="C").reshape(shape)
     if tensor.is_contiguous:
         out = np.empty(shape, dtype=dtype)
-        buf.get_tensor(tensor, out.data.cast("B"), 0)
+        buf.get_tensor(tensor, _bytes_view(out), 0)  # (no zero-element cast TypeError)
         return out
     span = np.frombuffer(bytearray(tensor_get(tensor)), dtype=np.uint8)
     return np.ascontiguousarray(strided_array(tensor, span)).reshape(shape)

@@ -83,3 +83,22 @@ def test_raw_byte_writes_to_a_strided_dlpack_view_are_refused() -> None:
     tp.tensor_memset(t, 0, 0, 4)  # one element's own bytes are its own
     before[0, 0] = 0
     np.testing.assert_array_equal(a, before)
+
+
+@pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4)])
+def test_zero_element_tensors_read_and_write_as_empty(device: str, shape: tuple[int, ...]) -> None:
+    dev = tp.dev_by_name(device)
+    if dev is None:
+        pytest.skip(f"no {device} device (pip install pocl-binary-distribution for OpenCL)")
+    be = dev.init_backend()
+    t = tp.new_tensor("f32", shape, "empty")
+    tp.alloc_tensors([t], be.buffer_type())
+    tp.set_array(t, np.zeros(shape, np.float32))
+    got = tp.get_array(t)
+    assert got.shape == shape and got.dtype == np.float32
+    assert tp.tensor_get(t) == b""
+    tp.tensor_memset(t, 0)
+    out = np.empty(shape, np.float32)
+    tp.tensor_get_async(be, t, out)
+    be.synchronize()
