@@ -4,9 +4,13 @@ deep inside the library, and a damaged cache is repaired, not fatal forever."""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -55,3 +59,40 @@ def test_a_setting_numba_cannot_use_is_refused_when_the_backend_starts(
     done = _run_product(**env)
     assert done.returncode == 1
     assert f"tensorplug.settings.SettingError: {message}" in done.stderr, done.stderr[-2000:]
+
+
+def _kernel_module(folder: Path) -> ModuleType:
+    """A module with one cached kernel, loaded afresh (a new dispatcher, as in a new
+    run): its cache lives in ``folder/__pycache__``."""
+    path = folder / "kmod.py"
+    if not path.exists():
+        path.write_text(
+            "from tensorplug_cpu.kernels._numba_cache import kernel\n\n"
+            "@kernel()\ndef add_one(x):\n    return x + 1\n"
+        )
+    spec = importlib.util.spec_from_file_location("kmod", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("damage", ["index zeroed", "data truncated", "both emptied"])
+def test_a_damaged_numba_cache_is_discarded_and_compiled_again(
+    tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tensorplug_cpu.kernels import _numba_cache
+
+    monkeypatch.setattr(_numba_cache, "_warned", [])
+    assert _kernel_module(tmp_path).add_one(1) == 2  # compiled, written to the cache
+    index = next((tmp_path / "__pycache__").glob("*.nbi"))
+    data = next((tmp_path / "__pycache__").glob("*.nbc"))
+    if damage in ("index zeroed", "both emptied"):
+        index.write_bytes(bytes(index.stat().st_size) if damage == "index zeroed" else b"")
+    if damage in ("data truncated", "both emptied"):
+        data.write_bytes(data.read_bytes()[: 0 if damage == "both emptied" else 40])
+    with caplog.at_level(logging.WARNING, "tensorplug_cpu"):
+        assert _kernel_module(tmp_path).add_one(2) == 3  # the next run: compiled again
+        assert _kernel_module(tmp_path).add_one(3) == 4  # and the one after: cached
+    said = [r.getMessage() for r in caplog.records if "kernel cache" in r.getMessage()]
+    assert len(said) == 1 and "discarded" in said[0]
