@@ -96,3 +96,14 @@ def test_a_damaged_numba_cache_is_discarded_and_compiled_again(
         assert _kernel_module(tmp_path).add_one(3) == 4  # and the one after: cached
     said = [r.getMessage() for r in caplog.records if "kernel cache" in r.getMessage()]
     assert len(said) == 1 and "discarded" in said[0]
+
+
+def test_doctor_says_which_settings_are_invalid() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tensorplug", "doctor", "--plain"], capture_output=True,
+        text=True, timeout=600, env={**os.environ, "TENSORPLUG_SCHED_COPIES": "abc"},
+    )  # fmt: skip
+    row = next(line for line in done.stdout.splitlines() if "TENSORPLUG_SCHED_COPIES " in line)
+    assert "abc (invalid)" in row
+    assert "TENSORPLUG_SCHED_COPIES='abc': expected a whole number" in done.stdout
+
