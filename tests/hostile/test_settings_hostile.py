@@ -107,3 +107,23 @@ def test_doctor_says_which_settings_are_invalid() -> None:
     assert "abc (invalid)" in row
     assert "TENSORPLUG_SCHED_COPIES='abc': expected a whole number" in done.stdout
 
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"margin": float("nan")}, "margin a finite number >= 0 (got nan)"),
+        ({"margin": float("inf")}, "margin a finite number >= 0 (got inf)"),
+        ({"abandon": float("nan")}, "abandon > 1 (got nan)"),
+        ({"window": float("nan")}, "window >= 1 (got nan)"),
+        ({"max_wait": 2}, "max_wait >= first_wait (got 2)"),
+    ],
+)
+def test_a_thread_governor_refuses_nan_and_impossible_options(
+    option: dict[str, float], message: str
+) -> None:
+    import tensorplug as tp
+    from tensorplug_llm.threads import ThreadGovernor
+
+    with pytest.raises(tp.InvalidArgumentError) as info:
+        ThreadGovernor(lambda n: None, 2, **option)  # type: ignore[arg-type]
+    assert message in str(info.value)
