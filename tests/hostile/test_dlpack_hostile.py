@@ -1,0 +1,71 @@
+"""DLPack from hostile or careless producers: an error that says what the producer got
+wrong, never numpy's bare ValueError or an AttributeError; and memory that was shared
+read-only is refused where a graph would write it, naming the tensor."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tensorplug as tp
+from tensorplug.dlpack import DLPackError
+
+
+class _Producer:
+    """Whatever ``__dlpack__`` and ``__dlpack_device__`` return, it returns."""
+
+    def __init__(self, capsule: Any, device: Any = (1, 0)) -> None:
+        self.capsule, self.device = capsule, device
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.capsule
+
+    def __dlpack_device__(self) -> Any:
+        return self.device
+
+
+def _capsule(name: bytes) -> Any:
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(8, name, None)
+
+
+@pytest.mark.parametrize("obj", [np.float32(1.0), [1.0, 2.0], None, "abc"])
+def test_something_that_is_no_producer_is_a_type_error_saying_so(obj: Any) -> None:
+    with pytest.raises(tp.TypeMismatchError, match="not a DLPack producer.*np.asarray"):
+        tp.from_dlpack(obj)
+
+
+@pytest.mark.parametrize(
+    ("producer", "match"),
+    [
+        (_Producer("a string"), "must return a DLPack capsule"),
+        (_Producer(None), "must return a DLPack capsule"),
+        (_Producer(_capsule(b"not_dltensor")), "must return a DLPack capsule"),
+        (_Producer(_capsule(b"used_dltensor")), "must return a DLPack capsule"),
+        (_Producer(None, "xx"), "pair of ints"),
+        (_Producer(None, ()), "pair of ints"),
+        (_Producer(None, None), "pair of ints"),
+        (_Producer(None, (1,)), "pair of ints"),
+        (_Producer(None, ("cpu", 0)), "pair of ints"),
+    ],
+    ids=[
+        "str",
+        "None",
+        "wrong-name",
+        "used",
+        "dev-str",
+        "dev-empty",
+        "dev-None",
+        "dev-one",
+        "dev-words",
+    ],
+)
+def test_a_producer_returning_garbage_is_a_dlpack_error(producer: _Producer, match: str) -> None:
+    with pytest.raises(DLPackError, match=match):
+        tp.from_dlpack(producer)
+
