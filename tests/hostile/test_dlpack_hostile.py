@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tensorplug as tp
+from tensorplug import ops
 from tensorplug.dlpack import DLPackError
 
 
@@ -69,3 +70,23 @@ def test_a_producer_returning_garbage_is_a_dlpack_error(producer: _Producer, mat
     with pytest.raises(DLPackError, match=match):
         tp.from_dlpack(producer)
 
+
+@pytest.mark.parametrize("op", ["cpy", "set_rows"])
+def test_a_read_only_source_used_as_a_destination_is_refused_by_name(op: str) -> None:
+    be = tp.dev_by_name("CPU").init_backend()  # type: ignore[union-attr]
+    cache = np.zeros((4, 8), np.float32)
+    cache.flags.writeable = False
+    dst = tp.from_dlpack(cache, "frozen")
+    if op == "cpy":
+        src = tp.new_tensor("f32", (4, 8), "src")
+        out, inputs = ops.cpy(src, dst), [src]
+    else:
+        rows, idx = tp.new_tensor("f32", (1, 8), "rows"), tp.new_tensor("i32", (1,), "idx")
+        out, inputs = ops.set_rows(dst, rows, idx), [rows, idx]
+    tp.alloc_tensors(inputs, be.buffer_type())
+    for t in inputs:
+        tp.set_array(t, np.ones(t.shape, t.type.numpy_dtype))
+    tp.view_init(out)
+    with pytest.raises(tp.UnsupportedError, match="writes into 'frozen'.*read-only"):
+        be.graph_compute(tp.Graph(out))
+    np.testing.assert_array_equal(cache, 0)
