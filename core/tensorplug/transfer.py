@@ -19,6 +19,7 @@ from .errors import (
     OutOfBoundsError,
     ShapeError,
     TypeMismatchError,
+    UnsupportedError,
 )
 from .host import strided_array, tensor_array
 
@@ -226,6 +227,11 @@ def set_array(tensor: Tensor, values: np.ndarray) -> None:
         return
     if buf.is_host:
         view = tensor_array(tensor)
+        if not view.flags.writeable:  # as set_tensor says it, not numpy's bare ValueError
+            raise UnsupportedError(
+                f"set_array: {tensor.describe()} is in read-only memory (buffer "
+                f"{buf.name!r}); share a writable array with it to write to it"
+            )
         view[...] = values.reshape(view.shape)
         return
     # a strided tensor on a device: read its span, scatter the values, write it back

@@ -90,3 +90,13 @@ def test_a_read_only_source_used_as_a_destination_is_refused_by_name(op: str) ->
     with pytest.raises(tp.UnsupportedError, match="writes into 'frozen'.*read-only"):
         be.graph_compute(tp.Graph(out))
     np.testing.assert_array_equal(cache, 0)
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_set_array_into_read_only_memory_is_refused_alike(strided: bool) -> None:
+    frozen = np.zeros((3, 4), np.float32)
+    frozen.flags.writeable = False
+    t = tp.from_dlpack(frozen[:, ::2] if strided else frozen, "frozen")
+    with pytest.raises(tp.UnsupportedError, match="read-only"):
+        tp.set_array(t, np.ones(t.shape, np.float32))
+    np.testing.assert_array_equal(frozen, 0)
