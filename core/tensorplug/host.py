@@ -117,9 +117,9 @@ class HostBuffer(Buffer):
         """Refuse a raw-byte write that would reach the bytes between a strided array's
         elements (the other columns of ``a[:, ::2]``: memory that is not the tensor's)."""
         own = np.zeros(self.data.size, dtype=np.bool_)
-        np.lib.stride_tricks.as_strided(own, (*arr.shape, arr.itemsize), (*arr.strides, 1))[...] = (
-            True
-        )
+        elements = np.lib.stride_tricks.as_strided(own, (*arr.shape, arr.itemsize),
+                                                   (*arr.strides, 1))  # fmt: skip
+        elements[...] = True
         if not own[start : start + size].all():
             raise LayoutMismatchError(
                 f"buffer {self.name!r} views a strided {arr.dtype} array of shape {arr.shape} "
