@@ -230,7 +230,12 @@ class Buffer(ABC):
             raise OutOfBoundsError(
                 f"{what}: tensor {tensor.describe()} is not allocated in buffer {self.name!r}"
             )
-        if offset < 0 or size < 0 or offset + size > tensor.nbytes:
+        if size < 0:
+            raise OutOfBoundsError(
+                f"{what}: size {size} is negative (tensor {tensor.describe()} spans "
+                f"{tensor.nbytes} bytes); pass the number of bytes, or None for the rest"
+            )
+        if offset < 0 or offset + size > tensor.nbytes:
             raise OutOfBoundsError(
                 f"{what}: bytes [{offset}, {offset + size}) are outside tensor "
                 f"{tensor.describe()}, which spans {tensor.nbytes} bytes"
@@ -246,10 +251,13 @@ class Buffer(ABC):
         self._check_range(tensor, offset, len(out), "get_tensor")
         self._get_tensor(tensor, out, offset)
 
-    def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int = -1) -> None:
+    def memset_tensor(
+        self, tensor: Tensor, value: int, offset: int = 0, size: int | None = None
+    ) -> None:
         """Fill ``size`` bytes of ``tensor`` from ``offset`` (default: to its end) with
-        the byte ``value``."""
-        if size < 0:
+        the byte ``value``. A negative size is an error, not "to the end": ``-5`` is
+        more likely a miscalculation than a request to fill everything."""
+        if size is None:
             size = tensor.nbytes - offset
         if not 0 <= value <= 255:
             raise InvalidArgumentError(f"memset_tensor: value must be a byte (0..255), got {value}")

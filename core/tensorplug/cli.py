@@ -367,8 +367,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         f"{platform.python_version()} ({sys.executable}), {platform.platform()}"
     )
     out.heading("Settings")
-    rows = [[s.env, s.raw() or "(unset)", s.help] for s in settings.SETTINGS]
+    problems = [s.problem() for s in settings.SETTINGS]  # said here, not at first use
+    rows = [[s.env, (s.raw() or "(unset)") + (" (invalid)" if p else ""), s.help]
+            for s, p in zip(settings.SETTINGS, problems, strict=True)]  # fmt: skip
     out.table(["variable", "value", "meaning"], rows)
+    for problem in filter(None, problems):
+        out.text(problem, style="bold red")
 
     records = registry.plugin_records()
     out.heading(f"Plugins ({len(records)} found)")

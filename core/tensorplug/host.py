@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .buffer import Buffer, BufferType, BufferUsage
-from .errors import AllocationError, TypeMismatchError, UnsupportedError
+from .errors import AllocationError, LayoutMismatchError, TypeMismatchError, UnsupportedError
 
 if TYPE_CHECKING:
     from .device import Device
@@ -87,6 +87,10 @@ class HostBuffer(Buffer):
         super().__init__(buft, int(data.nbytes))
         self.data = data
         self.owner = owner
+        # Set by from_dlpack to another library's strided array (``a[:, ::2]``) whose
+        # elements this memory spans: the bytes between them belong to that array's other
+        # elements, so raw-byte writes here must stay on the elements' own bytes.
+        self.elements: np.ndarray | None = None
 
     @property
     def base(self) -> int:
@@ -96,18 +100,39 @@ class HostBuffer(Buffer):
         self.check_live()
         return self.data
 
-    def _writable(self) -> np.ndarray:
+    def _writable(self, start: int = 0, size: int | None = None) -> np.ndarray:
+        """The memory, once it is known that bytes ``start..start+size`` (default: all)
+        may be written as raw bytes."""
         if not self.data.flags.writeable:
             raise UnsupportedError(
                 f"buffer {self.name!r} wraps read-only memory ({type(self.owner).__name__}); "
                 "wrap a writable object (bytearray, writable mmap, numpy array) to write to it"
             )
+        if self.elements is not None:
+            size = self.data.size - start if size is None else size
+            self._check_own_bytes(self.elements, start, size)
         return self.data
+
+    def _check_own_bytes(self, arr: np.ndarray, start: int, size: int) -> None:
+        """Refuse a raw-byte write that would reach the bytes between a strided array's
+        elements (the other columns of ``a[:, ::2]``: memory that is not the tensor's)."""
+        own = np.zeros(self.data.size, dtype=np.bool_)
+        elements = np.lib.stride_tricks.as_strided(own, (*arr.shape, arr.itemsize),
+                                                   (*arr.strides, 1))  # fmt: skip
+        elements[...] = True
+        if not own[start : start + size].all():
+            raise LayoutMismatchError(
+                f"buffer {self.name!r} views a strided {arr.dtype} array of shape {arr.shape} "
+                f"(strides {arr.strides}) whose bytes between elements belong to other "
+                f"elements of the producer's array; writing bytes [{start}, {start + size}) "
+                "as raw bytes would overwrite them. Write the values with "
+                "tensorplug.set_array(t, values), or pass from_dlpack a contiguous array"
+            )
 
     def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int) -> None:
         start = tensor.offset + offset
         src = np.frombuffer(data, dtype=np.uint8)
-        self._writable()[start : start + src.size] = src
+        self._writable(start, src.size)[start : start + src.size] = src
 
     def _get_tensor(self, tensor: Tensor, out: memoryview, offset: int) -> None:
         start = tensor.offset + offset
@@ -116,7 +141,7 @@ class HostBuffer(Buffer):
 
     def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
         start = tensor.offset + offset
-        self._writable()[start : start + size] = value
+        self._writable(start, size)[start : start + size] = value
 
     def _clear(self, value: int) -> None:
         self._writable()[...] = value
@@ -125,7 +150,7 @@ class HostBuffer(Buffer):
         if src.buffer is None or not src.buffer.is_host:
             return False
         srcmem = src.buffer.host_array()[src.offset : src.offset + src.nbytes]
-        self._writable()[dst.offset : dst.offset + dst.nbytes] = srcmem
+        self._writable(dst.offset, dst.nbytes)[dst.offset : dst.offset + dst.nbytes] = srcmem
         return True
 
     def _free(self) -> None:

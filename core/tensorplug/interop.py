@@ -37,23 +37,34 @@ def from_dlpack(obj: Any, name: str = "") -> Tensor:
     jax array, any DLPack producer), without copying: writes through either are seen by
     both, and the tensor keeps ``obj``'s memory alive. F32, F16 and I8 to I64 elements;
     any non-negative strides."""
+    what = type(obj).__name__
+    if not hasattr(obj, "__dlpack__"):
+        named = "None" if obj is None else f"a {what}"
+        raise TypeMismatchError(
+            f"from_dlpack: {named} is not a DLPack producer (it has no __dlpack__ method); "
+            "pass an array (np.asarray(x) makes one of a list or a numpy scalar) or a CPU "
+            "torch tensor or jax array"
+        )
     try:
         dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (KDL_CPU, 0)
+        kind, _ = (int(d) for d in dev)  # a (device type, device id) pair of ints
     except Exception as e:
         raise DLPackError(
-            f"from_dlpack: {type(obj).__name__} cannot say where it lives: {e}"
+            f"from_dlpack: {what} cannot say where it lives: its __dlpack_device__ must "
+            f"return a (device type, device id) pair of ints ({type(e).__name__}: {e})"
         ) from e
-    if int(dev[0]) != KDL_CPU:
+    if kind != KDL_CPU:
         raise DLPackError(
-            f"from_dlpack: {type(obj).__name__} lives on DLPack device {tuple(dev)}, not host "
+            f"from_dlpack: {what} lives on DLPack device {tuple(dev)}, not host "
             "memory; copy it to the host first (or use the device's backend plugin)"
         )
     try:
         arr = np.from_dlpack(obj)
-    except (BufferError, TypeError, RuntimeError) as e:
+    except Exception as e:  # numpy's errors for a bad capsule are bare ValueError/TypeError
         raise DLPackError(
-            f"from_dlpack: numpy cannot view {type(obj).__name__} ({e}); BF16 and complex "
-            "types have no tensorplug equivalent: convert to float32 first"
+            f"from_dlpack: numpy cannot view {what} ({type(e).__name__}: {e}): its "
+            "__dlpack__ must return a DLPack capsule of host memory; BF16 and complex types "
+            "have no tensorplug equivalent: convert to float32 first"
         ) from e
     type_ = _FROM_NUMPY.get(arr.dtype)
     if type_ is None:
@@ -71,6 +82,8 @@ def from_dlpack(obj: Any, name: str = "") -> Tensor:
     memory = (ctypes.c_uint8 * span).from_address(arr.ctypes.data) if span else bytearray(1)
     buf = host_buffer_type().buffer_from_host_memory(memory)
     buf.owner = (memory, arr)  # the consumer's memory lives as long as the buffer
+    if arr.size * arr.itemsize != span:  # gaps: the producer's other elements
+        buf.elements = arr
     if not arr.flags.writeable:
         buf.data.flags.writeable = False
     t = Tensor(type_, arr.shape, strides=arr.strides, name=name)

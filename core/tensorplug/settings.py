@@ -78,6 +78,15 @@ class Setting(Generic[T]):
         value = (os.environ if environ is None else environ).get(self.env)
         return value if value is not None and value.strip() else None
 
+    def problem(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """What is wrong with the current value (the message :meth:`get` would raise),
+        or None when it is unset or valid: for listings such as ``tensorplug doctor``."""
+        try:
+            self.get(environ)
+        except SettingError as e:
+            return str(e)
+        return None
+
     def get(self, environ: Mapping[str, str] | None = None) -> T:
         """The current value, read now; a malformed value raises :class:`SettingError`."""
         value = self.raw(environ)
@@ -159,8 +168,15 @@ STRICT_PLUGINS: Setting[bool] = Setting(
 )
 
 
+def _whole(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+
+
 def _non_negative(value: str) -> int:
-    n = int(value)
+    n = _whole(value)
     if n < 0:
         raise ValueError("must be 0 or more")
     return n
@@ -172,7 +188,7 @@ MAX_COPIES = 8
 
 
 def _copies(value: str) -> int:
-    n = int(value)
+    n = _whole(value)
     if not 2 <= n <= MAX_COPIES:
         raise ValueError(f"pipeline parallelism needs 2 to {MAX_COPIES} copies")
     return n

@@ -19,6 +19,7 @@ from .errors import (
     OutOfBoundsError,
     ShapeError,
     TypeMismatchError,
+    UnsupportedError,
 )
 from .host import strided_array, tensor_array
 
@@ -48,6 +49,8 @@ __all__ = [
 
 def _bytes_view(data: BytesLike | np.ndarray) -> memoryview:
     mv = memoryview(data)  # type: ignore[arg-type]
+    if mv.nbytes == 0:  # a memoryview with a 0 in its shape cannot be cast
+        return memoryview(bytearray(0))
     if not mv.c_contiguous:
         raise LayoutMismatchError(
             "tensor data must be C-contiguous bytes; pass np.ascontiguousarray(data)"
@@ -80,7 +83,11 @@ def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int) -> None:
         )
     tensor.buffer = buffer
     tensor.offset = offset
-    buffer.init_tensor(tensor)
+    try:
+        buffer.init_tensor(tensor)
+    except BaseException:  # a buffer that refuses the tensor leaves it unallocated
+        tensor.buffer, tensor.offset = None, 0
+        raise
 
 
 def view_init(tensor: Tensor) -> None:
@@ -94,7 +101,11 @@ def view_init(tensor: Tensor) -> None:
         )
     tensor.buffer = base.buffer
     tensor.offset = base.offset + tensor.view_offs
-    base.buffer.init_tensor(tensor)
+    try:
+        base.buffer.init_tensor(tensor)
+    except BaseException:  # a buffer that refuses the view leaves it unallocated
+        tensor.buffer, tensor.offset = None, 0
+        raise
 
 
 def tensor_set(tensor: Tensor, data: BytesLike | np.ndarray, offset: int = 0) -> None:
@@ -117,8 +128,9 @@ def tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None) -> byte
 
 
 def tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
-    buf = tensor.require_allocated()
-    buf.memset_tensor(tensor, value, offset, tensor.nbytes - offset if size is None else size)
+    """Fill ``size`` bytes (default: to the end of the tensor) from byte ``offset`` with
+    the byte ``value``; a negative size or offset raises :class:`OutOfBoundsError`."""
+    tensor.require_allocated().memset_tensor(tensor, value, offset, size)
 
 
 def tensor_set_async(
@@ -215,6 +227,11 @@ def set_array(tensor: Tensor, values: np.ndarray) -> None:
         return
     if buf.is_host:
         view = tensor_array(tensor)
+        if not view.flags.writeable:  # as set_tensor says it, not numpy's bare ValueError
+            raise UnsupportedError(
+                f"set_array: {tensor.describe()} is in read-only memory (buffer "
+                f"{buf.name!r}); share a writable array with it to write to it"
+            )
         view[...] = values.reshape(view.shape)
         return
     # a strided tensor on a device: read its span, scatter the values, write it back
@@ -233,7 +250,7 @@ def get_array(tensor: Tensor) -> np.ndarray:
         return np.array(tensor_array(tensor), order="C").reshape(shape)
     if tensor.is_contiguous:
         out = np.empty(shape, dtype=dtype)
-        buf.get_tensor(tensor, out.data.cast("B"), 0)
+        buf.get_tensor(tensor, _bytes_view(out), 0)  # (no zero-element cast TypeError)
         return out
     span = np.frombuffer(bytearray(tensor_get(tensor)), dtype=np.uint8)
     return np.ascontiguousarray(strided_array(tensor, span)).reshape(shape)

@@ -16,8 +16,11 @@ of load is followed within tens of tokens.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
+
+from tensorplug.errors import InvalidArgumentError
 
 __all__ = ["ThreadGovernor", "thread_counts"]
 
@@ -58,12 +61,20 @@ class ThreadGovernor:
         margin: float = 0.1,
         abandon: float = 2.0,
     ) -> None:
-        if window < 1 or settle < 0 or first_wait < window or margin < 0 or abandon <= 1:
-            raise ValueError(
-                f"ThreadGovernor: need window >= 1, settle >= 0, first_wait >= window, "
-                f"margin >= 0 and abandon > 1 (got {window}, {settle}, {first_wait}, {margin}, "
-                f"{abandon})"
-            )
+        # each written so that NaN fails it (NaN < 0 is False: margin=nan was accepted,
+        # and every comparison of a step's time against it then said "no faster")
+        wrong = [
+            rule for rule, holds in (
+                (f"window >= 1 (got {window})", window >= 1),
+                (f"settle >= 0 (got {settle})", settle >= 0),
+                (f"first_wait >= window (got {first_wait})", first_wait >= window),
+                (f"max_wait >= first_wait (got {max_wait})", max_wait >= first_wait),
+                (f"margin a finite number >= 0 (got {margin})", 0 <= margin < math.inf),
+                (f"abandon > 1 (got {abandon})", abandon > 1),
+            ) if not holds
+        ]  # fmt: skip
+        if wrong:
+            raise InvalidArgumentError(f"ThreadGovernor: need {'; '.join(wrong)}")
         self.counts = thread_counts(max_threads)
         self.current = self.counts[0]
         self.window, self.settle, self.margin, self.abandon = window, settle, margin, abandon

@@ -29,6 +29,7 @@ from tensorplug.errors import (
     TypeMismatchError,
     UnsupportedError,
 )
+from tensorplug.opcodes import VIEW_OPS
 from tensorplug.tensor import placement_epoch
 
 from .kernels import BuildContext, Step, build_step, supports
@@ -128,6 +129,8 @@ class CpuGraphPlan(GraphPlan):
                         "buffer first (the scheduler does this for you)"
                     )
                 buffers[id(buf)] = buf
+            if node.op not in VIEW_OPS:
+                _check_writable(node)
             if not supports(node):
                 types = ", ".join(f"{s.type.name}{list(s.shape)}" for s in node.src)
                 raise UnsupportedError(
@@ -161,6 +164,21 @@ class CpuGraphPlan(GraphPlan):
     def free(self) -> None:
         self.steps, self.nodes, self.buffers, self.node_list = [], [], (), []
         self.freed = True
+
+
+def _check_writable(node: Tensor) -> None:
+    """Refuse a node whose memory is read-only (``from_dlpack`` of a read-only array as a
+    set_rows or cpy destination) here, by name: a kernel would fail on it with numba's
+    TypingError about ``setitem`` or numpy's "assignment destination is read-only"."""
+    buf = node.require_allocated()
+    if buf.is_host and not buf.host_array().flags.writeable:
+        base = node.base
+        raise UnsupportedError(
+            f"CPU cannot compute {node.describe()}: it writes into "
+            f"{'its own memory' if base is node else base.describe()}, which is read-only "
+            f"(buffer {buf.name!r}); make that memory writable (from_dlpack of a writable "
+            "array: np.array(x) copies one) or compute into a tensor of your own"
+        )
 
 
 class CpuBackend(Backend):

@@ -287,14 +287,44 @@ class RepackBuffer(Buffer):
         """The tensor's repacked blocks, ``(G, nb, block)`` (a view)."""
         lay = self.layout(tensor)
         groups, nb = tensor.shape[0] // GROUP_ROWS, tensor.shape[1] // lay.type.block_size
-        mem = self.data[tensor.offset : tensor.offset + packed_size(tensor, lay)]
+        start = tensor.offset
+        if tensor.view_src is not None:  # whole groups of its base (checked by init_tensor)
+            base = tensor.view_src
+            start = base.offset + tensor.view_offs // (GROUP_ROWS * base.row_bytes) * nb * lay.block
+        mem = self.data[start : start + packed_size(tensor, lay)]
         return mem.reshape(groups, nb, lay.block)
 
     def _init_tensor(self, tensor: Tensor) -> None:
-        if tensor.view_src is not None:  # a view reads its base's bytes: no op takes it
+        if tensor.view_src is not None:
+            self._check_view(tensor)
             return
         self.layout(tensor)
         self._placed[tensor.offset] = tensor
+
+    def _check_view(self, view: Tensor) -> None:
+        """Refuse a view that would not be exact. A view's offset and shape count bytes in
+        ggml's layout, which this memory does not hold: a group of eight rows is one run
+        of bytes (longer than eight rows for Q4_K), so only whole groups of the base's
+        rows — ``8·k`` full rows from a row that is a multiple of 8 — map onto the stored
+        bytes; any other view would read and write the wrong ones."""
+        base = view.view_src
+        assert base is not None
+        group = GROUP_ROWS * base.row_bytes
+        whole_groups = (
+            len(base.shape) == 2 and len(view.shape) == 2 and view.type == base.type
+            and view.is_contiguous and view.shape[1] == base.shape[1]
+            and view.shape[0] > 0 and view.shape[0] % GROUP_ROWS == 0
+            and view.view_offs % group == 0
+        )  # fmt: skip
+        if not whole_groups:
+            raise UnsupportedError(
+                f"{self.name} cannot give view {view.describe()} (byte offset "
+                f"{view.view_offs}) of {base.describe()}: this memory stores each "
+                f"{GROUP_ROWS} rows interleaved, so a view must be whole rows in groups of "
+                f"{GROUP_ROWS} starting at a row that is a multiple of {GROUP_ROWS} (byte "
+                f"offset a multiple of {group}); view such rows, or read the tensor with "
+                "get_array() and slice the copy"
+            )
 
     def _reset(self) -> None:
         self._placed.clear()

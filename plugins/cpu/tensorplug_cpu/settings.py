@@ -7,9 +7,40 @@ plugin is imported; a value a setting cannot read is refused with a
 
 from __future__ import annotations
 
+import os
+
 from tensorplug.settings import Setting, parse_flag
 
-__all__ = ["JIT", "SETTINGS"]
+__all__ = [
+    "JIT",
+    "MAX_NUMBA_THREADS",
+    "NUMBA_LAYERS",
+    "NUMBA_THREADS",
+    "SETTINGS",
+    "THREADING_LAYER",
+]
+
+#: Most threads numba is let start. More than the machine's cores never run at once, and
+#: numba itself crashes the process (a segfault, no exception) starting 100000 of them.
+MAX_NUMBA_THREADS = max(256, 4 * (os.cpu_count() or 1))
+
+#: the values of ``NUMBA_THREADING_LAYER`` numba knows (numba/np/ufunc/parallel.py)
+NUMBA_LAYERS = ("default", "safe", "threadsafe", "forksafe", "tbb", "omp", "workqueue")
+
+
+def _threads(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise ValueError("numba needs at least 1 thread")
+    return n
+
+
+def _layer(value: str) -> str:
+    word = value.strip().lower()  # numba compares it lower-cased
+    if word not in NUMBA_LAYERS:
+        raise ValueError(f"numba knows the threading layers {', '.join(NUMBA_LAYERS)}")
+    return word
+
 
 JIT: Setting[bool] = Setting(
     "TENSORPLUG_CPU_JIT",
@@ -21,5 +52,26 @@ JIT: Setting[bool] = Setting(
     example="0",
 )
 
+# numba's own variables, read by numba when it is imported: declared here so that they
+# are checked before it reads them (a bad value crashed the process or failed at the
+# first parallel kernel, deep in numba) and listed with the plugin's settings
+NUMBA_THREADS: Setting[int | None] = Setting(
+    "NUMBA_NUM_THREADS",
+    None,
+    _threads,
+    "numba's own: how many threads its parallel kernels start (default: the machine's "
+    f"cores); more than {MAX_NUMBA_THREADS} is lowered to that with a warning.",
+    example="4",
+)
+
+THREADING_LAYER: Setting[str] = Setting(
+    "NUMBA_THREADING_LAYER",
+    "default",
+    _layer,
+    "numba's own: the threading layer of its parallel kernels "
+    f"({', '.join(NUMBA_LAYERS)}); 'default' takes TBB when it loads.",
+    example="tbb",
+)
+
 #: every setting of the plugin
-SETTINGS = (JIT,)
+SETTINGS = (JIT, NUMBA_THREADS, THREADING_LAYER)

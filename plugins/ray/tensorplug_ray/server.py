@@ -129,14 +129,16 @@ class DeviceServer:
             span.buffer.set_tensor(span, memoryview(data), 0)
 
     def read(self, handle: int, offset: int, size: int) -> bytes:
-        out = bytearray(size if type(size) is int and size > 0 else 0)
+        span = self._span(handle, offset, size)  # checked before any memory is taken
+        out = bytearray(size)
         if out:
-            span = self._span(handle, offset, size)
             span.buffer.get_tensor(span, memoryview(out), 0)
         return bytes(out)
 
     def copy(self, src: int, src_offset: int, dst: int, dst_offset: int, size: int) -> None:
-        """A copy between two buffers of this actor, without leaving the process."""
+        """A copy between two buffers of this actor, without leaving the process. Both
+        spans are checked first: nothing is read for a copy that cannot be written."""
+        self._span(dst, dst_offset, size)
         self.write(dst, dst_offset, self.read(src, src_offset, size))
 
     def memset(self, handle: int, offset: int, size: int, value: int) -> None:

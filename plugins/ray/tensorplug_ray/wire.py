@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -185,15 +186,28 @@ def _fail(where: str, message: str) -> DescriptionError:
     return DescriptionError(f"graph description, {where}: {message}")
 
 
+_REPR = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 80, 80
+
+
+def _brief(value: Any) -> str:
+    """``repr(value)`` cut short — nested three levels, eight items, 80 characters: a
+    hostile value nested 100000 deep made ``repr`` itself raise RecursionError while
+    the error about it was being built."""
+    return _REPR.repr(value)
+
+
 def _int(value: Any, where: str, lo: int = 0, hi: int = 1 << 62) -> int:
     if type(value) is not int or not lo <= value <= hi:
-        raise _fail(where, f"expected a whole number in [{lo}, {hi}], got {value!r}")
+        raise _fail(where, f"expected a whole number in [{lo}, {hi}], got {_brief(value)}")
     return value
 
 
 def _ints(value: Any, where: str, n_min: int, n_max: int) -> tuple[int, ...]:
     if type(value) is not list or not n_min <= len(value) <= n_max:
-        raise _fail(where, f"expected a list of {n_min} to {n_max} whole numbers, got {value!r}")
+        raise _fail(
+            where, f"expected a list of {n_min} to {n_max} whole numbers, got {_brief(value)}"
+        )
     return tuple(_int(v, where) for v in value)
 
 
@@ -207,21 +221,25 @@ def _decode_params(raw: Any, where: str) -> Params:
     params: Params = {}
     for item in raw:
         if type(item) is not list or len(item) < 3 or type(item[0]) is not str:
-            raise _fail(where, f"malformed param {item!r}")
+            raise _fail(where, f"malformed param {_brief(item)}")
         key, kind, *rest = item
-        if kind == "e" and len(rest) == 2 and rest[0] in _ENUMS:
+        if type(kind) is not str:  # (a list would not even hash, for the lookups below)
+            raise _fail(where, f"param {_brief(key)} has an unknown kind: {_brief(kind)}")
+        if kind == "e" and len(rest) == 2 and type(rest[0]) is str and rest[0] in _ENUMS:
             try:
                 params[key] = _ENUMS[rest[0]](rest[1])
             except ValueError:
-                raise _fail(where, f"param {key!r}: {rest[1]!r} is no {rest[0]}") from None
+                raise _fail(
+                    where, f"param {_brief(key)}: {_brief(rest[1])} is no {rest[0]}"
+                ) from None
         elif kind in _SCALARS and len(rest) == 1 and type(rest[0]) is _SCALARS[kind]:
             if isinstance(rest[0], str) and len(rest[0]) > MAX_NAME:
-                raise _fail(where, f"param {key!r}: string longer than {MAX_NAME} characters")
+                raise _fail(where, f"param {_brief(key)}: string longer than {MAX_NAME} characters")
             params[key] = rest[0]
         elif kind == "ti" and len(rest) == 1:
-            params[key] = _ints(rest[0], f"{where}, param {key!r}", 0, MAX_DIMS)
+            params[key] = _ints(rest[0], f"{where}, param {_brief(key)}", 0, MAX_DIMS)
         else:
-            raise _fail(where, f"param {key!r} has an unknown kind or value: {item!r}")
+            raise _fail(where, f"param {_brief(key)} has an unknown kind or value: {_brief(item)}")
     return params
 
 
@@ -303,9 +321,12 @@ def _decode(desc: Any, buffers: Mapping[int, Buffer] | None) -> tuple[list[Tenso
             else:
                 placer.place_view(t)
         else:
-            raise _fail(where, f"kind must be 'placed' or 'node', got {kind!r}")
+            raise _fail(where, f"kind must be 'placed' or 'node', got {_brief(kind)}")
         tensors.append(t)
-    nodes = [tensors[_int(n, "node list", 0, len(tensors) - 1)] for n in desc.get("nodes", [])]
+    listed = desc.get("nodes", [])
+    if type(listed) is not list or len(listed) > MAX_TENSORS:
+        raise _fail("header", f"'nodes' must be a list of at most {MAX_TENSORS} entry indices")
+    nodes = [tensors[_int(n, "node list", 0, len(tensors) - 1)] for n in listed]
     return tensors, nodes
 
 
@@ -316,10 +337,13 @@ def _rebuild(
     expected: Geometry,
 ) -> Tensor:
     where = f"node {index}"
-    try:
-        op = Op(entry.get("op"))
+    name_of_op = entry.get("op")
+    try:  # Op(a list) would search by value and repr it in its error
+        op = Op(name_of_op) if type(name_of_op) is str else None
     except ValueError:
-        raise _fail(where, f"unknown op {entry.get('op')!r}") from None
+        op = None
+    if op is None:
+        raise _fail(where, f"unknown op {_brief(name_of_op)}")
     builder = BUILDERS.get(op)
     if builder is None:
         raise UnsupportedError(f"{where}: op {op.value} cannot run on a remote device yet")

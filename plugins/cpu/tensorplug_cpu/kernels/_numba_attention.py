@@ -188,10 +188,14 @@ def _attend_kv_head(
             t = np.float32(0)
             if best != -np.inf:
                 for j in range(used):  # expf has no branch and no call: this vectorizes
-                    p = expf(wg[j] - best)  # 0 where masked
+                    p = expf(wg[j] - best)  # 0 where masked, NaN for a NaN score
                     wg[j] = p
                     t += p
-            total[g] = t
+            else:  # max skips NaN: scores all NaN (a NaN query) or -inf look alike
+                for j in range(used):
+                    if wg[j] != wg[j]:
+                        t = np.float32(np.nan)
+            total[g] = t  # NaN for a NaN score, as ggml's sum: the row comes out NaN
         acc[:] = 0
         for j in range(used):
             seen = False
@@ -208,7 +212,8 @@ def _attend_kv_head(
         for g in range(group):
             h = hk * group + g
             for d in range(n_dv):
-                out[b, r, h, d] = acc[g, d] / total[g] if total[g] > 0 else np.float32(0)
+                # ggml's S == 0 ? 0 : 1/S: zeros for a row that sees nothing, NaN for NaN
+                out[b, r, h, d] = acc[g, d] / total[g] if total[g] != 0 else np.float32(0)
 
 
 @kernel(fastmath=_DOT, parallel=True)
@@ -292,9 +297,13 @@ def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
                     v = sr[j] * sc
                     sr[j] = v
                     best = v if v > best else best
-            if best == -np.inf:  # sees nothing: ggml outputs zeros
+            if best == -np.inf:  # sees nothing: ggml outputs zeros; NaN if a score is
+                nan = np.float32(0)  # (the maximum skips NaN: a NaN query looks masked)
+                for j in range(used):
+                    if sr[j] != sr[j]:
+                        nan = np.float32(np.nan)
                 sr[:used] = np.float32(0)
-                row[g, r] = np.float32(0)
+                row[g, r] = nan
                 continue
             total = np.float32(0)
             for j in range(used):

@@ -14,11 +14,17 @@ nothing: its files' time stamps already did.
 The hook is numba's ``FunctionCache._index_key``, what a cache entry depends on (a
 numba without it would fail this import, and the backend would use its numpy kernels,
 saying why in ``get_features``).
+
+A cache file that cannot be read (a disk that filled up, a copy cut short, a file of
+zeros) made numba raise ``UnpicklingError`` from every later run's first call of that
+kernel, and only deleting the cache by hand helped. :class:`KernelCache` discards such
+a kernel's entries instead, warns once per process, and numba compiles it again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,11 +42,44 @@ SOURCES = [*sorted(_HERE.glob("_numba_*.py")), _HERE.parent / "repack.py", _HERE
 SOURCES_HASH = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()
 
 
+_log = logging.getLogger("tensorplug_cpu")
+_warned: list[bool] = []  # a bad cache is said once per process, not once per kernel
+
+
 class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hints
-    """A function's cache whose entries also depend on :data:`SOURCES_HASH`."""
+    """A function's cache whose entries also depend on :data:`SOURCES_HASH`, and whose
+    unreadable entries are discarded (then compiled again) rather than raised."""
 
     def _index_key(self, sig: Any, codegen: Any) -> Any:
         return (*super()._index_key(sig, codegen), SOURCES_HASH)
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        try:
+            return super().load_overload(sig, target_context)
+        except Exception as e:  # any failure to read a cache entry: compile it instead
+            self._discard(e)
+            return None
+
+    def save_overload(self, sig: Any, data: Any) -> None:
+        try:  # numba reads the index again to add an entry to it
+            super().save_overload(sig, data)
+        except Exception as e:  # the kernel is compiled: it runs, uncached this time
+            self._discard(e)
+
+    def _discard(self, error: Exception) -> None:
+        """Delete this function's index and data files (what cannot be read cannot be
+        trusted either) and say so once."""
+        folder = Path(self.cache_path)
+        base = self._impl.filename_base
+        for path in [folder / f"{base}.nbi", *folder.glob(f"{base}.*.nbc")]:
+            path.unlink(missing_ok=True)
+        if not _warned:
+            _warned.append(True)
+            _log.warning(
+                "numba's kernel cache in %s had an unreadable entry (%s: %s); discarded, "
+                "the kernels it held compile again (seconds, once)",
+                folder, type(error).__name__, error,
+            )  # fmt: skip
 
 
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -28,7 +30,7 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
-from ..settings import JIT
+from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .threading_layer import preload_tbb
 
@@ -484,9 +486,32 @@ def jit_status() -> str:
     return str(_state["status"])
 
 
+def _numba_environment() -> str | None:
+    """Checks numba's own settings before numba reads them (at its import): a value it
+    cannot read raises SettingError; too many threads, which crash numba, are lowered
+    in the environment. Returns why the kernels cannot be used, or None."""
+    threads = NUMBA_THREADS.get()
+    if "numba" in sys.modules:  # imported by someone else: it has read them already
+        import numba
+
+        n = int(getattr(numba.config, "NUMBA_NUM_THREADS", 1))
+        if n > MAX_NUMBA_THREADS:
+            _log.warning("numba was imported with NUMBA_NUM_THREADS=%d (more than %d, which "
+                         "crashes it): using the numpy kernels", n, MAX_NUMBA_THREADS)  # fmt: skip
+            return f"numba was imported with NUMBA_NUM_THREADS={n}, over {MAX_NUMBA_THREADS}"
+    elif threads is not None and threads > MAX_NUMBA_THREADS:
+        _log.warning("%s=%d is more threads than numba can start; using %d",
+                     NUMBA_THREADS.env, threads, MAX_NUMBA_THREADS)  # fmt: skip
+        os.environ[NUMBA_THREADS.env] = str(MAX_NUMBA_THREADS)
+    return None
+
+
 def _try_load() -> tuple[JitKernels | None, str]:
     if not JIT.get():  # a value it cannot read raises SettingError, naming the valid ones
         return None, f"disabled by {JIT.env}"
+    why_not = _numba_environment()
+    if why_not is not None:
+        return None, why_not
     try:
         import numba
 
@@ -497,6 +522,10 @@ def _try_load() -> tuple[JitKernels | None, str]:
         _log.warning("numba failed to import, using numpy kernels: %s", e)
         return None, f"numba failed to import: {type(e).__name__}: {e}"
     # before JitKernels starts the threads; the layer a user set in numba.config counts
-    preload_tbb(str(getattr(numba.config, "THREADING_LAYER", "default")))
+    # (checked here, not at the first parallel kernel, where numba's ValueError surfaced)
+    layer = THREADING_LAYER.get(
+        {THREADING_LAYER.env: str(getattr(numba.config, "THREADING_LAYER", "default"))}
+    )
+    preload_tbb(layer)
     kernels = JitKernels(numba)
     return kernels, f"numba {numba.__version__}, {numba.threading_layer()} threading layer"
