@@ -21,7 +21,7 @@ import platform
 import threading
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,11 +29,9 @@ from tensorplug.host import host_memory
 
 from .workers import POOL
 
-if TYPE_CHECKING:
-    from .kernels.jit import JitKernels
-
 __all__ = [
     "KernelFeatures",
+    "NumbaThreads",
     "ThreadControl",
     "blas_info",
     "cpu_name",
@@ -151,6 +149,14 @@ def features(jit_status: str) -> dict[str, str]:
     return out
 
 
+class NumbaThreads(Protocol):
+    """What :class:`ThreadControl` needs of the numba kernels (``JitKernels``): named as
+    a protocol so that this module, which the kernels' IR reads for the CPU's features,
+    does not import the kernels back."""
+
+    def set_num_threads(self, n: int) -> None: ...
+
+
 class ThreadControl:
     """Applies a backend's thread count to numba and the worker pool, and keeps BLAS on
     the computing thread while a backend computes."""
@@ -160,7 +166,7 @@ class ThreadControl:
     _blas_libs: list[Any] | None = None  # threadpoolctl controllers of the BLAS numpy uses
 
     @classmethod
-    def apply(cls, n_threads: int | None, jit: JitKernels | None) -> None:
+    def apply(cls, n_threads: int | None, jit: NumbaThreads | None) -> None:
         if n_threads is None or n_threads == cls._applied:
             return
         with cls._lock:
