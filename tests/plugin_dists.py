@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import site
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,23 @@ class Venv:
         """``pip install`` with no index: requirements must already be satisfied here."""
         flags = ("--no-index", "--no-build-isolation", "--no-compile", "--quiet")
         return self.run("python", "-m", "pip", "install", *flags, *args, timeout=300)
+
+
+def on_a_terminal(cmd: Sequence[str], env: Mapping[str, str]) -> str:
+    """What ``cmd`` writes to stdout when stdout is a terminal (a pty), for output that
+    depends on one (rich's tables, line endings); it must exit 0."""
+    main, sub = pty.openpty()
+    proc = subprocess.Popen(list(cmd), stdout=sub, stderr=subprocess.DEVNULL, env=dict(env))
+    os.close(sub)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=60) == 0
+    os.close(main)
+    return b"".join(chunks).decode().replace("\r\n", "\n")

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import pty
 import subprocess
 
-from plugin_dists import PluginEnv
+from plugin_dists import PluginEnv, on_a_terminal
 
 from tensorplug import cli
 from tensorplug.version import API_VERSION
@@ -64,26 +62,10 @@ def test_doctor_fails_only_for_a_requested_backend(plugin_env: PluginEnv) -> Non
 
 
 def test_rich_tables_on_a_terminal(plugin_env: PluginEnv) -> None:
-    main, sub = pty.openpty()
-    proc = subprocess.Popen(
+    screen = on_a_terminal(
         plugin_env.command("-m", "tensorplug", "devices"),
-        stdout=sub,
-        stderr=subprocess.DEVNULL,
-        env=plugin_env.env({"COLUMNS": "160", "TERM": "xterm"}),
+        plugin_env.env({"COLUMNS": "160", "TERM": "xterm"}),
     )
-    os.close(sub)
-    chunks = []
-    while True:
-        try:
-            data = os.read(main, 4096)
-        except OSError:  # the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    assert proc.wait(timeout=60) == 0
-    os.close(main)
-    screen = b"".join(chunks).decode()
     assert "┃" in screen or "│" in screen  # rich's box drawing
     assert "VARIANT0" in screen
 

@@ -10,13 +10,10 @@ alone — they are linked in from this interpreter, nothing else is — and then
 from __future__ import annotations
 
 import json
-import os
-import pty
-import subprocess
 from pathlib import Path
 
 import pytest
-from plugin_dists import PLUGINS, Venv, listed
+from plugin_dists import PLUGINS, Venv, listed, on_a_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,19 +143,4 @@ def test_the_command_with_a_backend_plugin_and_no_rich(venv: Venv) -> None:
 
 def _on_a_terminal(venv: Venv, *args: str) -> str:
     """What the command writes to a terminal (a pty), for output that depends on one."""
-    main, sub = pty.openpty()
-    cmd = [str(venv.bin / args[0]), *args[1:]]
-    proc = subprocess.Popen(cmd, stdout=sub, stderr=subprocess.DEVNULL, env=venv.env())
-    os.close(sub)
-    chunks = []
-    while True:
-        try:
-            data = os.read(main, 4096)
-        except OSError:  # the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    assert proc.wait(timeout=60) == 0
-    os.close(main)
-    return b"".join(chunks).decode().replace("\r\n", "\n")
+    return on_a_terminal([str(venv.bin / args[0]), *args[1:]], venv.env())
