@@ -114,7 +114,7 @@ class Bench:
         return {
             "weights": wtype, "shape": [n_out, k], "us": ours * 1e6, "weights_gb_s": gbs,
             "bandwidth_gb_s": bandwidth / 1e9, "of_bandwidth": gbs * 1e9 / bandwidth,
-            "cupy_f16_gb_s": w16.nbytes / f16 / 1e9, "captured": plan.cuda_graph is not None,
+            "cupy_f16_gb_s": w16.nbytes / f16 / 1e9, "captured": plan.captured is not None,
         }  # fmt: skip
 
     def replay(self, nodes: int) -> dict[str, Any]:
@@ -153,7 +153,7 @@ class Bench:
         return {
             "nodes": n, "replay_us_per_node": replayed / n * 1e6,
             "graph_compute_us_per_node": cached / n * 1e6, "graph_compute_replays": replays,
-            "eager_us_per_node": launched / n * 1e6, "captured": plan.cuda_graph is not None,
+            "eager_us_per_node": launched / n * 1e6, "captured": plan.captured is not None,
             "not_captured": plan.not_captured,
         }  # fmt: skip
 

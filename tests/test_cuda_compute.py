@@ -264,11 +264,11 @@ def test_a_decode_plan_is_captured_after_one_eager_compute_then_replayed(
     decode = Decode(backend)
     plan = backend.graph_plan_create(decode.graph)
     decode.step(backend, plan)  # warm-up: launched one by one
-    assert plan.cuda_graph is None and fake.state.calls["begin_capture"] == 0
+    assert plan.captured is None and fake.state.calls["begin_capture"] == 0
     kernels = len(fake.state.launches)
     for _ in range(3):
         decode.step(backend, plan)  # captured once, then replayed with new inputs
-    assert plan.cuda_graph is not None and plan.replays == 3
+    assert plan.captured is not None and plan.replays == 3
     assert fake.state.calls["begin_capture"] == 1 and fake.state.calls["graph_launch"] == 3
     captured = fake.state.launches[kernels:]
     assert len(captured) == kernels and all(ln.captured for ln in captured)
@@ -281,16 +281,16 @@ def test_replanning_after_the_memory_moved_drops_the_captured_graph(
     plan = backend.graph_plan_create(decode.graph)
     for _ in range(2):
         decode.step(backend, plan)
-    old = plan.cuda_graph
+    old = plan.captured
     decode.buffer.free()
     with pytest.raises(tp.BufferFreedError):
         backend.graph_plan_compute(plan)
     moved = Decode(backend)
     backend.graph_plan_update(plan, moved.graph)
-    assert plan.cuda_graph is None
+    assert plan.captured is None
     for _ in range(2):
         moved.step(backend, plan)
-    assert plan.cuda_graph is not None and plan.cuda_graph is not old
+    assert plan.captured is not None and plan.captured is not old
 
 
 @pytest.mark.parametrize("why", ["cublas", "setting", "volta", "failure"])
@@ -309,7 +309,7 @@ def test_plans_fall_back_to_eager_launches(
         fake.state.fail_next_launch = CUDADriverError(1)  # the capture's first launch fails
     for _ in range(2):
         decode.step(backend, plan)  # the results are right whatever happened
-    assert plan.cuda_graph is None and fake.state.calls["graph_launch"] == 0
+    assert plan.captured is None and fake.state.calls["graph_launch"] == 0
     expected = {
         "cublas": "cuBLAS",
         "setting": "TENSORPLUG_CUDA_GRAPHS=0",
@@ -391,7 +391,7 @@ def test_a_captured_plan_keeps_its_scratch_when_the_backend_needs_more(
         backend.graph_plan_compute(plan)
         backend.synchronize()
         small.check(x)
-    assert plan.cuda_graph is not None and plan.replays == 2
+    assert plan.captured is not None and plan.replays == 2
     big = Product(backend, Type.Q4_0, 8, k=1024)  # 32 times the scratch: the backend grows
     x_big = big.new_input()
     backend.graph_compute(big.graph)

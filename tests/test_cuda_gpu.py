@@ -88,7 +88,7 @@ def test_a_captured_cuda_graph_computes_what_eager_launches_do(backend: Any) -> 
         replayed = tp.get_array(y)
         _launched(backend, graph)
         np.testing.assert_array_equal(replayed, tp.get_array(y))  # bit for bit
-    assert plan.cuda_graph is not None and plan.replays == 3, plan.not_captured
+    assert plan.captured is not None and plan.replays == 3, plan.not_captured
 
 
 def test_graph_compute_replays_what_eager_launches_do(backend: Any) -> None:

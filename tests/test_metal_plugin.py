@@ -29,6 +29,7 @@ import tensorplug as tp
 import tensorplug_metal
 from tensorplug import ops
 from tensorplug_kernels.emulate import PoclEmulator, pocl_emulator
+from tensorplug_kernels.runtime.mapped import MappedBuffer, view_ranges
 from tensorplug_metal import buffer as metal_buffer
 from tensorplug_metal import ownership, probe
 from tensorplug_metal.errors import CommandBufferError, KernelBuildError, KernelLaunchError
@@ -309,13 +310,13 @@ def _mapped(tmp_path: Path, values: np.ndarray) -> Any:
 
 def test_view_ranges_overlap_by_the_largest_tensor() -> None:
     page = 4096
-    assert metal_buffer.view_ranges(10_000, 1 << 20, 100, page) == [(0, 10_000)]
-    ranges = metal_buffer.view_ranges(100_000, 8 * page, 2 * page, page)
+    assert view_ranges(10_000, 1 << 20, 100, page) == [(0, 10_000)]
+    ranges = view_ranges(100_000, 8 * page, 2 * page, page)
     assert ranges[0][0] == 0 and ranges[-1][1] == 100_000
     for (_, e0), (s1, _) in itertools.pairwise(ranges):
         assert e0 - s1 >= 2 * page  # any tensor of 2 pages lies whole in one view
     with pytest.raises(tp.UnsupportedError, match="do not fit"):
-        metal_buffer.view_ranges(100_000, 4 * page, 4 * page, page)
+        view_ranges(100_000, 4 * page, 4 * page, page)
 
 
 def test_mapped_weights_are_read_in_place_across_overlapping_views(
@@ -330,7 +331,7 @@ def test_mapped_weights_are_read_in_place_across_overlapping_views(
     mapping = _mapped(tmp_path, table)
     row_bytes = 64 * 4
     buf = dev.buffer_from_host_ptr(memoryview(mapping), row_bytes * 4)
-    assert isinstance(buf, metal_buffer.MetalMappedBuffer) and len(buf.views) >= 2
+    assert isinstance(buf, MappedBuffer) and len(buf.views) >= 2
     assert buf.usage is tp.BufferUsage.WEIGHTS
     # four tensors of four rows each, one near the end: each is read from the view holding it
     starts = [0, rows // 2, rows - 4, 7]

@@ -61,7 +61,8 @@ def _ptr(buf: Buffer) -> int:
 
 
 class CUDAGraphPlan(CapturedPlan):
-    """A graph plan captured into a CUDA graph once warm (``cuda_graph``)."""
+    """A graph plan captured into a CUDA graph once warm (``captured``, the
+    ``cupy.cuda.Graph``; None until captured)."""
 
     backend: CUDABackend
     captured_as = "a CUDA graph"
@@ -69,11 +70,6 @@ class CUDAGraphPlan(CapturedPlan):
     capture_errors: ClassVar[tuple[type[BaseException], ...]] = (
         KernelLaunchError, NotImplementedError,
     )  # fmt: skip
-
-    @property
-    def cuda_graph(self) -> Any:
-        """The captured ``cupy.cuda.Graph``, None until captured."""
-        return self.captured
 
     def _capture(self) -> Any:
         stream = self.backend.stream

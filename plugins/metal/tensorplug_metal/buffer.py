@@ -24,14 +24,13 @@ import numpy as np
 from tensorplug.errors import AllocationError
 from tensorplug.host import HostBuffer
 from tensorplug_kernels.runtime import GPUBufferType
-from tensorplug_kernels.runtime.mapped import HostMemoryBuffer, MappedBuffer, map_host_memory
-from tensorplug_kernels.runtime.mapped import view_ranges as view_ranges
+from tensorplug_kernels.runtime.mapped import HostMemoryBuffer, map_host_memory
 
 if TYPE_CHECKING:
     from .device import MetalDevice
 
 __all__ = [
-    "MetalBuffer", "MetalMappedBuffer", "SHARED_STORAGE", "view_ranges", "wrap_host_memory",
+    "MetalBuffer", "SHARED_STORAGE", "wrap_host_memory",
 ]  # fmt: skip
 
 #: MTLResourceStorageModeShared (with the default CPU cache mode): one copy of the
@@ -40,9 +39,6 @@ SHARED_STORAGE = 0
 
 #: Tensors start on this boundary; the kernels' widest loads need 16 bytes.
 ALIGNMENT = 256
-
-#: A mapped file seen through no-copy ``MTLBuffer`` views (the base's, as it is).
-MetalMappedBuffer = MappedBuffer
 
 
 def shared_buffer(dev: MetalDevice, nbytes: int, what: str) -> Any:
