@@ -44,6 +44,7 @@ from ._numba_introw import (
     rows4_dot_q5_1,
 )
 from ._numba_ir import _I8, _I32, _dot_i8, _load, _runtime_splat, _splat, _vec
+from ._numba_kquant import _scale_min_k4
 from ._numba_quant import _CHUNKS, _DOT, _f16, quantize_q8_0
 from .dispatch import INT8_ROWS
 
@@ -156,16 +157,6 @@ def row_q5_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
 
 
 @njit(inline="always")
-def _scale_min(row: Any, at: int, s: int) -> tuple[Any, Any]:
-    """Sub-block ``s``'s 6-bit scale and min (``get_scale_min_k4``; scales at ``at``)."""
-    if s < 4:
-        return np.int32(row[at + s] & 63), np.int32(row[at + s + 4] & 63)
-    sc = np.int32(row[at + s + 4] & 15) | ((np.int32(row[at + s - 4]) >> 6) << 4)
-    mn = (np.int32(row[at + s + 4]) >> 4) | ((np.int32(row[at + s]) >> 6) << 4)
-    return sc, mn
-
-
-@njit(inline="always")
 def _row_q4_k(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
     """``Σ_b Σ_s d_x·(d·sc_s·Σ q·x − dmin·m_s·Σx)`` over a row of 144-byte blocks."""
     total = np.float32(0)
@@ -173,7 +164,7 @@ def _row_q4_k(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
         at = 144 * b
         d, dmin = _f16(row, at, table), _f16(row, at + 2, table)
         for s in range(8):
-            sc, mn = _scale_min(row, at + 4, s)
+            sc, mn = _scale_min_k4(row, s, at)
             qs, k = at + 16 + 32 * (s >> 1), 8 * b + s
             isum: int = _dot_nibbles(row, qs, 4 * (s & 1), xr, 32 * k)  # type: ignore[call-arg]
             total += xd[k] * (d * np.float32(sc * isum) - dmin * np.float32(mn * xs[k]))

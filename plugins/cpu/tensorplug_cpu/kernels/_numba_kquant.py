@@ -19,9 +19,8 @@ from numba import njit, prange
 from tensorplug.kquants import K_TYPES
 
 from ._numba_cache import kernel
-from ._numba_quant import _DOT, _f16, _i8
+from ._numba_quant import _CHUNKS, _DOT, _f16, _i8
 
-_CHUNKS = 64
 # the type ids the drivers branch on
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in K_TYPES)
 
@@ -59,8 +58,11 @@ def _q3_k(blk: Any, table: Any, vals: Any) -> None:
 
 
 @njit(inline="always")
-def _scale_min_k4(blk: Any, s: int) -> tuple[Any, Any]:
-    q = 4  # the scales start at byte 4 of Q4_K and Q5_K
+def _scale_min_k4(blk: Any, s: int, at: int = 0) -> tuple[Any, Any]:
+    """Sub-block ``s``'s 6-bit scale and min (ggml's ``get_scale_min_k4``) of the Q4_K or
+    Q5_K block at byte ``at`` of ``blk``: the decoders pass a block, the integer row
+    kernels a whole row and the block's offset."""
+    q = at + 4  # the scales start at byte 4 of Q4_K and Q5_K
     if s < 4:
         return np.int32(blk[q + s] & 63), np.int32(blk[q + s + 4] & 63)
     sc = np.int32(blk[q + s + 4] & 15) | ((np.int32(blk[q + s - 4]) >> 6) << 4)
