@@ -56,7 +56,12 @@ def test_a_helper_that_never_starts_is_not_waited_for() -> None:
     takes every chunk itself and returns."""
     pool = WorkerPool(2)
     release = threading.Event()
-    pool._start().submit(release.wait)  # the pool's one helper thread is held elsewhere
+
+    class Elsewhere:  # what the pool's one helper thread is held by
+        def helper(self, slot: int) -> None:
+            release.wait()
+
+    pool._start().put((Elsewhere(), 1))  # type: ignore[arg-type]
     ran: list[int] = []
     caller = threading.Thread(target=pool.run, args=(6, lambda i, s: ran.append(i)))
     try:
@@ -95,6 +100,55 @@ def test_a_run_inside_a_task_runs_on_its_own_thread() -> None:
 
     pool.run(4, outer)  # a nested run that waited for a busy helper would hang here
     assert len(inner) == 12 and all(same and s == 0 for same, s in inner)
+
+
+_CTRL_C_STRESS = """
+import random, signal, sys, threading, time
+from tensorplug_cpu.workers import WorkerPool
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored in a run started with &
+pool = WorkerPool(3)
+running = [0]
+lock = threading.Lock()
+
+def task(i, slot):
+    helper = slot > 0  # the caller's own chunk is what the interrupt cuts short
+    if helper:
+        with lock:
+            running[0] += 1
+    x = 0
+    for _ in range(200):  # bytecodes: Ctrl-C lands anywhere in the run
+        x += 1
+    if helper:
+        with lock:
+            running[0] -= 1
+
+rng = random.Random(5)
+main = threading.main_thread().ident
+for n in range(200):
+    threading.Timer(rng.uniform(0, 0.004), signal.pthread_kill, (main, signal.SIGINT)).start()
+    try:
+        while True:
+            pool.run(16, task)
+    except KeyboardInterrupt:
+        assert running[0] == 0, f"a helper still ran a chunk after run() raised ({n})"
+ran = []
+pool.run(16, lambda i, s: ran.append(i))  # the pool still works
+assert sorted(ran) == list(range(16))
+print("ok")
+"""
+
+
+def test_ctrl_c_anywhere_in_a_run_leaves_no_chunk_running_and_the_pool_working() -> None:
+    """Ctrl-C raised at random points of many runs, in a fresh interpreter: an interrupt
+    inside ``with condition:`` once left its lock held, the helpers blocked on it and
+    the interpreter never exited (it joins the pool's threads)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CTRL_C_STRESS], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
 def test_thread_counts_are_clamped_and_one_thread_runs_inline() -> None:

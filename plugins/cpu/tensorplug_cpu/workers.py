@@ -23,9 +23,10 @@ the numba decoders that feed them are compiled ``nogil``.
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from tensorplug.host import available_cores
 
@@ -43,7 +44,7 @@ class WorkerPool:
         #: the most threads a run uses; scratch is sized for this many slots
         self.max_threads = max(1, max_threads)
         self.n_threads = self.max_threads
-        self._executor: ThreadPoolExecutor | None = None
+        self._requests: queue.SimpleQueue[tuple[_Run, int]] | None = None
         self._lock = threading.Lock()
         self._inside = threading.local()
 
@@ -68,63 +69,107 @@ class WorkerPool:
                 task(i, 0)
             return
         shared = _Run(n_tasks, task, self._inside)
-        executor = self._executor or self._start()
-        for slot in range(1, helpers + 1):
-            executor.submit(shared.work, slot)
-        shared.work(0)
-        shared.wait()
-        if shared.error is not None:
-            raise shared.error
+        try:
+            requests = self._requests or self._start()
+            for slot in range(1, helpers + 1):
+                requests.put((shared, slot))
+            shared.work(0)
+            shared.wait()
+        except BaseException as e:  # Ctrl-C in the caller's own bookkeeping
+            shared.abandon(e)
+            raise
+        if shared.errors:
+            raise shared.errors[0]
 
-    def _start(self) -> ThreadPoolExecutor:
+    def _start(self) -> queue.SimpleQueue[tuple[_Run, int]]:
+        """The helpers, started on first use. Not a ``ThreadPoolExecutor``: its
+        ``submit`` takes a ``threading.Semaphore`` (a ``Condition``), whose lock a Ctrl-C
+        in the caller can leave held (bpo-29988); the helpers then blocked on it for ever
+        and the interpreter, which joins an executor's threads at exit, never ended.
+        ``SimpleQueue.put`` is one C call, and the helpers are daemon threads, idle
+        unless a run is on, which :class:`_Run` never leaves running."""
         with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=self.max_threads - 1 or 1, thread_name_prefix="tensorplug-cpu"
-                )
-            return self._executor
+            if self._requests is None:
+                self._requests = queue.SimpleQueue()
+                for k in range(self.max_threads - 1):
+                    threading.Thread(target=_serve, args=(self._requests,), daemon=True,
+                                     name=f"tensorplug-cpu_{k}").start()  # fmt: skip
+            return self._requests
+
+
+def _serve(requests: queue.SimpleQueue[tuple[_Run, int]]) -> None:
+    """A helper thread: joins each run it is asked to, in the slot it is given."""
+    while True:
+        shared, slot = requests.get()
+        shared.helper(slot)
 
 
 class _Run:
-    """One :meth:`WorkerPool.run`: the chunks still to claim and those running."""
+    """One :meth:`WorkerPool.run`: the chunks still to claim and those running.
+
+    Ctrl-C is a ``KeyboardInterrupt`` raised in the caller (the main thread) between any
+    two bytecodes, including inside a ``with`` on a ``threading.Condition`` before its
+    lock is released (CPython bpo-29988): the lock stayed held, the helpers blocked on it
+    for ever, and the interpreter, which joins the pool's threads at exit, never ended
+    (a CI run waited 120 s for an interrupted ``tensorplug run``). So nothing here is a
+    lock the caller holds: chunks are claimed and counted with ``itertools.count``
+    (atomic under the GIL), the caller waits on a plain lock that the thread finishing
+    the last chunk releases, and an interrupt is raised only once no helper is still
+    writing an output (chat's Ctrl-C goes back to the prompt and computes again).
+    """
 
     def __init__(self, n_tasks: int, task: Task, inside: threading.local) -> None:
         self.n_tasks, self.task, self.inside = n_tasks, task, inside
         self.claim = itertools.count()
-        self.running = 0
-        self.error: BaseException | None = None
-        self.idle = threading.Condition()
+        self.finished = itertools.count(1)
+        #: what the chunks raised; after the first, the chunks left are skipped
+        self.errors: list[BaseException] = []
+        #: the helpers' slots while they are in :meth:`work`
+        self.busy: list[int] = []
+        #: every chunk has finished; ``all_finished`` is released just after
+        self.complete = False
+        self.all_finished = threading.Lock()
+        self.all_finished.acquire()
+
+    def helper(self, slot: int) -> None:
+        self.busy.append(slot)
+        try:
+            self.work(slot)
+        finally:
+            self.busy.remove(slot)
 
     def work(self, slot: int) -> None:
         self.inside.active = True
         try:
-            while True:
-                with self.idle:
-                    if self.error is not None:
-                        return
-                    i = next(self.claim)
-                    if i >= self.n_tasks:
-                        return
-                    self.running += 1
-                try:
-                    self.task(i, slot)
-                except BaseException as e:
-                    with self.idle:
-                        if self.error is None:
-                            self.error = e
-                finally:
-                    with self.idle:
-                        self.running -= 1
-                        if not self.running:
-                            self.idle.notify_all()
+            while (i := next(self.claim)) < self.n_tasks:
+                if not self.errors:
+                    try:
+                        self.task(i, slot)
+                    except BaseException as e:
+                        self.errors.append(e)
+                if next(self.finished) == self.n_tasks:
+                    self.complete = True
+                    self.all_finished.release()
         finally:
             self.inside.active = False
 
     def wait(self) -> None:
-        """Block until no chunk is running (the caller has claimed the last one)."""
-        with self.idle:
-            while self.running:
-                self.idle.wait()
+        """Block until every chunk has finished (the caller has claimed the last one, so
+        each is finishing); a Ctrl-C meanwhile is raised after, by :meth:`WorkerPool.run`.
+        ``complete`` and not the lock says when: the interrupt can be raised just after
+        ``acquire`` has taken the lock, and a second ``acquire`` would wait for ever."""
+        while not self.complete:
+            try:
+                self.all_finished.acquire()
+            except KeyboardInterrupt as e:
+                self.errors.append(e)
+
+    def abandon(self, error: BaseException) -> None:
+        """The caller stops early: helpers skip the chunks left; return once none is
+        still running one (so none writes after the caller has gone on)."""
+        self.errors.append(error)
+        while self.busy:
+            time.sleep(0.0005)
 
 
 #: The process's pool: the CPU backend's ``set_n_threads`` sets its thread count.
