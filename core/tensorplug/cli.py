@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -567,6 +568,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv, own_process)
     except KeyboardInterrupt:
+        if own_process:
+            # the command is ending: a second Ctrl-C, or a native library's handler
+            # raising the first one again (see tensorplug.signals), must not turn the
+            # exit into a traceback or a kill by the signal
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         command = next((a for a in argv if not a.startswith("-")), None)
         name = f"tensorplug {command}" if command else "tensorplug"
         # on a terminal the interrupted line (a streamed reply, a progress bar) is ended first

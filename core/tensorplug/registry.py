@@ -38,6 +38,7 @@ from .errors import (
     PluginError,
 )
 from .registration import check_api_version
+from .signals import ctrl_c_stays_python
 
 if TYPE_CHECKING:
     from importlib import metadata
@@ -156,7 +157,8 @@ def _load_all_locked() -> None:
                   list(_state.records))  # fmt: skip
         try:
             _state.selection = selection
-            _process(_all_candidates(selection), selection)
+            with ctrl_c_stays_python():  # native drivers may take SIGINT over (see there)
+                _process(_all_candidates(selection), selection)
             _state.error = _requested_error(selection)
             _warn_failures()
         except BaseException:
