@@ -48,10 +48,11 @@ def _reference(m: Llama, prompt: list[int], n: int) -> list[int]:
 
 
 def _no_leak(engine: Engine) -> None:
-    """Every used cell belongs to an idle slot's cached tokens, at positions 0..n-1."""
+    """Every used cell belongs to some slot, and each slot holds exactly the cells of its
+    cached tokens, at positions 0..n-1."""
     kv = engine.llama.kv
     assert engine.n_running == 0
-    assert kv.n_used == engine.cached_tokens()
+    assert kv.n_used == kv.n_held_only_by(s.seq for s in engine.slots)
     for slot in engine.slots:
         assert kv.seq_n_cells(slot.seq) == len(slot.cached)
         assert kv.seq_pos_max(slot.seq) == len(slot.cached) - 1
@@ -68,6 +69,7 @@ def test_concurrent_greedy_requests_equal_one_at_a_time(llama: Llama) -> None:
     assert engine.stats.steps <= 12  # one step took every prompt, then 9 decode steps
     assert engine.stats.prompt_tokens_evaluated == sum(map(len, prompts))
     _no_leak(engine)
+    assert llama.kv.n_used == engine.cached_tokens()  # no cell shared: one per cached token
 
 
 def test_requests_join_and_leave_between_steps_and_cancel_frees_the_slot(llama: Llama) -> None:
@@ -137,6 +139,26 @@ def test_a_second_turn_evaluates_only_its_new_tokens(llama: Llama) -> None:
     _no_leak(engine)
 
 
+def test_a_prefix_another_slot_holds_is_shared_not_recomputed(llama: Llama) -> None:
+    """A shared system prompt: request b finds it in request a's cells while a runs and
+    shares them (seq_cp): only b's own 3 tokens are computed and take cells."""
+    system = [1, *range(260, 290)]
+    qa, qb = [*system, 290, 300], [*system, 310, 311, 312]
+    want_a, want_b = _reference(llama, qa, 10), _reference(llama, qb, 6)
+    engine = Engine(llama, n_parallel=2)
+    ha = engine.submit(Request(qa, max_tokens=10, stop_tokens=NONE))
+    engine.step()
+    engine.step()  # a's prompt is in the cache and a generates
+    used = llama.kv.n_used
+    hb = engine.submit(Request(qb, max_tokens=6, stop_tokens=NONE))
+    engine.step()
+    assert hb.prompt_tokens_reused == len(system) and hb.prompt_tokens_evaluated == 3
+    assert llama.kv.n_used == used + 1 + 3  # a's next token, b's three
+    assert ha.result() == want_a and hb.result() == want_b
+    _no_leak(engine)
+    assert llama.kv.n_used == engine.cached_tokens() - len(system)
+
+
 def test_eviction_takes_idle_slots_least_recently_used_never_a_running_one(
     model_file: Path,
 ) -> None:
@@ -144,6 +166,7 @@ def test_eviction_takes_idle_slots_least_recently_used_never_a_running_one(
     try:
         a, b, c, d = _prompts(4, seed=4)
         a, b, c, d = a[:12] + [5] * (12 - len(a)), b[:10], [*c[:4], 7, 8], [*d[:3], 9] * 6
+        a[0], b[0], c[0], d[0] = 3, 4, 5, 6  # no shared first token: no cell is shared
         want_c, want_d = _reference(m, c, 12), _reference(m, d, 4)
         engine = Engine(m, n_parallel=4)
         engine.submit(Request(a, max_tokens=2, stop_tokens=NONE)).result()

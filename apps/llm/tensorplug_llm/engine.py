@@ -419,7 +419,7 @@ class Engine:
         return len(self._waiting)
 
     def cached_tokens(self) -> int:
-        """Cells held by idle slots for prefix reuse."""
+        """Tokens idle slots hold for prefix reuse (a cell shared by two counts twice)."""
         return sum(len(s.cached) for s in self.slots if s.job is None)
 
     # -- one step -----------------------------------------------------------------------------
@@ -452,9 +452,11 @@ class Engine:
                 self._end(slot.job, "cancelled")
 
     def _admit(self) -> None:
-        """Waiting requests into idle slots, first come first served, each into the idle
-        slot sharing the longest prefix with it; a request waits while the cache
-        cannot take its uncached prompt (idle slots' cells counted as free)."""
+        """Waiting requests into idle slots, first come first served. A request takes
+        the idle slot sharing the longest prefix with it, and shares a longer prefix
+        another slot holds, running or idle (``seq_cp``: the same cells, nothing
+        computed or copied). It waits while the cache cannot take the rest of its
+        prompt, counting idle slots' cells as free."""
         while True:
             with self._lock:
                 if not self._waiting:
@@ -464,19 +466,32 @@ class Engine:
             if not idle:
                 return
             prompt = [int(t) for t in handle.request.prompt]
-            slot, reuse = self._best_slot(idle, prompt)
-            kv = self.llama.kv
-            # cells it could have: free ones, idle slots' and its own slot's beyond the
-            # prefix, less what the admitted requests' prompts and next tokens will take
-            spare = kv.n_ctx - kv.n_used + sum(len(s.cached) for s in idle if s is not slot)
-            spare += len(slot.cached) - reuse
-            spare -= sum(len(s.job.pending) + 1 for s in self.slots if s.job is not None)
-            if spare < len(prompt) - reuse + 1 and self.n_running:
+            slot = self._best_slot(idle, prompt)
+            limit = len(prompt) - 1  # the last prompt token is evaluated: its logits
+            own = min(_common_prefix(slot.cached, prompt), limit)
+            donor = max(
+                (s for s in self.slots if s is not slot),
+                key=lambda s: _common_prefix(s.cached, prompt),
+                default=None,
+            )
+            shared = min(_common_prefix(donor.cached, prompt), limit) if donor else 0
+            use_donor = donor is not None and shared > own
+            reuse = shared if use_donor else own
+            if self.n_running and self._spare(slot, donor, 0 if use_donor else own) < (
+                len(prompt) - reuse + 1
+            ):
                 return  # wait for running requests to end
             with self._lock:
                 self._waiting.popleft()
-            kv.seq_rm(slot.seq, reuse)
-            del slot.cached[reuse:]
+            kv = self.llama.kv
+            if use_donor:
+                assert donor is not None
+                kv.seq_rm(slot.seq)
+                kv.seq_cp(donor.seq, slot.seq, 0, reuse)
+                slot.cached[:] = prompt[:reuse]
+            else:
+                kv.seq_rm(slot.seq, reuse)
+                del slot.cached[reuse:]
             handle.prompt_tokens_reused = reuse
             self.stats.prompt_tokens_reused += reuse
             request = handle.request
@@ -495,26 +510,28 @@ class Engine:
                 admitted=next(self._tick),
             )
 
-    def _best_slot(self, idle: list[_Slot], prompt: list[int]) -> tuple[_Slot, int]:
-        """The idle slot with the longest common prefix (ties: least recently used) and
-        how many of its cells the prompt keeps (all but the prompt's last token at
-        most: its logits are needed). A prefix shorter than ``similarity`` of the
-        prompt counts as none (llama-server's rule): a shared BOS or a word must not
-        make a request overwrite a slot whose cache another conversation will want."""
+    def _spare(self, slot: _Slot, donor: _Slot | None, kept: int) -> int:
+        """Cells a request entering ``slot`` (keeping its first ``kept`` positions)
+        could have: the free ones, those only other idle slots hold (they can be
+        evicted), the slot's own beyond ``kept``; less what the running requests'
+        unevaluated prompts and next tokens will take."""
+        kv = self.llama.kv
+        others = [s.seq for s in self.slots if s.job is None and s is not slot and s is not donor]
+        spare = kv.n_ctx - kv.n_used + kv.n_held_only_by(others)
+        spare += kv.n_held_only_by([slot.seq], kept)
+        return spare - sum(len(s.job.pending) + 1 for s in self.slots if s.job is not None)
 
-        def lcp(slot: _Slot) -> int:
-            n = min(len(slot.cached), len(prompt))
-            a = np.asarray(slot.cached[:n])
-            b = np.asarray(prompt[:n])
-            diff = np.flatnonzero(a != b)
-            return int(diff[0]) if diff.size else n
+    def _best_slot(self, idle: list[_Slot], prompt: list[int]) -> _Slot:
+        """The idle slot with the longest common prefix (ties: least recently used). A
+        prefix shorter than ``similarity`` of the prompt counts as none (llama-server's
+        rule): a shared BOS or a word must not make a request overwrite a slot whose
+        cache another conversation will want."""
 
         def useful(slot: _Slot) -> int:
-            n = lcp(slot)
+            n = _common_prefix(slot.cached, prompt)
             return n if n >= self.similarity * len(prompt) else 0
 
-        best = max(idle, key=lambda s: (useful(s), -s.last_used))
-        return best, min(lcp(best), len(prompt) - 1)
+        return max(idle, key=lambda s: (useful(s), -s.last_used))
 
     def _make_room(self, needed: int) -> None:
         """Free cells for ``needed`` tokens: idle slots give up theirs, least recently
@@ -645,3 +662,10 @@ class Engine:
         slot.job = None
         slot.last_used = next(self._tick)
         job.handle._finish(reason, error)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n

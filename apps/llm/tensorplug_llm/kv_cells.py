@@ -103,6 +103,13 @@ class KVCells:
         """How many cells ``seq`` holds (shared ones included)."""
         return int(np.count_nonzero(self._held_by(seq)))
 
+    def n_held_only_by(self, seqs: Iterable[int], p0: int = 0) -> int:
+        """Used cells at positions ``>= p0`` that no sequence outside ``seqs`` holds:
+        the cells removing ``seqs`` would free."""
+        allowed = seq_bits(seqs)
+        used = (self.pos >= p0) & (self.seqs != 0)
+        return int(np.count_nonzero(used & ((self.seqs & ~allowed) == 0)))
+
     # -- writing a step -------------------------------------------------------------------------
 
     def find_slot(self, n: int) -> np.ndarray:
