@@ -241,3 +241,61 @@ def test_repeated_step_shapes_reuse_their_graphs(llama: Llama) -> None:
     # for the prompt, one per kv_pad of 32 rows for the decode steps (32, 64, 96, 128)
     assert engine.stats.steps == 24
     assert llama.timings.graphs_built - built == 5
+
+
+def test_requests_that_outgrow_the_cache_the_newest_gives_way(model_file: Path) -> None:
+    """Two requests without a token limit in a 32-cell cache: when both cannot grow,
+    the newer fails with a message saying why, its cells go to the older one, which
+    runs until the context is full and matches the single-sequence runner."""
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=32, kv_pad=16)
+    try:
+        a, b = [3, *range(270, 277)], [4, *range(280, 287)]
+        want_a = _reference(m, a, 100)
+        assert len(want_a) == 32 - len(a) + 1  # the runner stops when the context is full
+        engine = Engine(m, n_parallel=2)
+        ha = engine.submit(Request(a, stop_tokens=NONE))
+        hb = engine.submit(Request(b, stop_tokens=NONE))
+        assert ha.result() == want_a and ha.finish_reason == "length"
+        with pytest.raises(RequestError, match=r"the KV cache \(n_ctx = 32\) is full"):
+            hb.result()
+        _no_leak(engine)
+    finally:
+        m.close()
+
+
+class EvenTokens:
+    """A constraint for the test: even token ids only, done after three."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.mask = np.arange(n_vocab) % 2 == 0
+        self.taken: list[int] = []
+
+    def allowed(self) -> np.ndarray:
+        return self.mask
+
+    def accept(self, token: int) -> None:
+        self.taken.append(token)
+
+    def done(self) -> bool:
+        return len(self.taken) == 3
+
+
+def test_a_constraint_masks_tokens_and_ends_the_request(llama: Llama) -> None:
+    """The constrained request picks the best allowed token and stops when its
+    constraint is done; an unconstrained one beside it is unaffected."""
+    prompt = _prompts(1, seed=9)[0]
+    want_free = _reference(llama, prompt, 5)
+    want: list[int] = []
+    llama.reset()
+    logits = llama.eval(prompt)
+    for _ in range(3):
+        want.append(int(np.argmax(np.where(np.arange(logits.size) % 2 == 0, logits, -np.inf))))
+        logits = llama.eval(want[-1:])
+    constraint = EvenTokens(llama.config.n_vocab)
+    engine = Engine(llama, n_parallel=2)
+    free = engine.submit(Request(prompt, max_tokens=5, stop_tokens=NONE))
+    handle = engine.submit(Request(prompt, max_tokens=10, stop_tokens=NONE, constraint=constraint))
+    assert handle.result() == want == constraint.taken
+    assert handle.finish_reason == "stop"
+    assert free.result() == want_free
+    _no_leak(engine)

@@ -548,15 +548,19 @@ class Engine:
     def _run(self, jobs: list[_Job]) -> None:
         kv = self.llama.kv
         decoding = [j for j in jobs if j.next_token is not None]
-        self._make_room(len(decoding) + sum(len(j.pending) for j in jobs))
-        while len(decoding) > kv.n_ctx - kv.n_used and decoding:
-            # the generating requests outgrew the cache: the newest gives way
+        while True:
+            self._make_room(len(decoding) + sum(len(j.pending) for j in jobs))
+            if len(decoding) <= kv.n_ctx - kv.n_used:
+                break
+            # the generating requests outgrew the cache: the newest gives way (its
+            # cells, now an idle slot's, are evicted next if still needed)
             newest = max(decoding, key=lambda j: j.admitted)
             decoding.remove(newest)
+            jobs.remove(newest)
             self._fail(
                 newest,
                 RequestError(
-                    f"the KV cache (n_ctx = {kv.n_ctx}) is full with {self.n_running} "
+                    f"the KV cache (n_ctx = {kv.n_ctx}) is full with {self.n_running + 1} "
                     "running requests: use a larger context or fewer parallel slots"
                 ),
             )
@@ -587,7 +591,8 @@ class Engine:
             return
         masks = self._masks_for([job for job, _ in rows])
         try:
-            logits = self.llama.decode(batch.build())
+            # a step with prompt tokens counts as prompt time, decode steps as generation
+            logits = self.llama.decode(batch.build(), prompt=len(batch) > len(decoding))
         except Exception as e:  # the step failed: its requests fail, the engine goes on
             for job, _ in (*rows, *evaluated):
                 kv.seq_rm(job.slot.seq)
