@@ -178,3 +178,22 @@ def test_graph_shapes_repeat_without_rebuilding(
             )
         )
     assert m.timings.graphs_built == built + 1
+
+
+def test_cells_out_of_position_order_change_nothing(
+    files: dict[str, Path], opened: list[Llama]
+) -> None:
+    """Sequence 0's prompt lands after another sequence's cells; once those are freed,
+    its next tokens take the lower cells: its cells are no longer in position order.
+    The logits equal a run in cells 0, 1, 2, ... bit for bit on the CPU."""
+    m = _llama(opened, files["q8_0"], kv_pad=32)
+    steps = [300, 301, 302, 303, 304]
+    want = [m.decode(Batch.single(A, 0))]
+    want += [m.decode(Batch.single([t], len(A) + i)) for i, t in enumerate(steps)]
+    m.reset()
+    m.decode(Batch.single(list(range(10, 20)), 0, seq=1))
+    got = [m.decode(Batch.single(A, 0))]
+    m.kv.seq_rm(1)
+    got += [m.decode(Batch.single([t], len(A) + i)) for i, t in enumerate(steps)]
+    assert m.kv.pos[:5].tolist() == [8, 9, 10, 11, 12]  # positions 8.. before 0..7
+    np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))

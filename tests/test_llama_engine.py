@@ -196,6 +196,10 @@ def test_a_bad_request_fails_alone(llama: Llama) -> None:
         engine.submit(Request([1, 320]))
     with pytest.raises(RequestError, match="the prompt has 300 tokens; the context holds 256"):
         engine.submit(Request([1] * 300))
+    with pytest.raises(RequestError, match="the prompt must be a list of token ids"):
+        engine.submit(Request(["hello"]))  # type: ignore[list-item]
+    with pytest.raises(RequestError, match="the prompt is empty"):
+        engine.submit(Request([]))
     with pytest.raises(RequestError, match="max_tokens must be at least 1"):
         engine.submit(Request([1], max_tokens=0))
 

@@ -332,7 +332,12 @@ class Engine:
         return handle
 
     def _check(self, request: Request) -> None:
-        prompt = np.asarray(request.prompt, dtype=np.int64).reshape(-1)
+        try:
+            prompt = np.asarray(request.prompt, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError, OverflowError):
+            raise RequestError(
+                f"the prompt must be a list of token ids (ints), got {request.prompt!r:.80}"
+            ) from None
         n_vocab, n_ctx = self.llama.config.n_vocab, self.llama.n_ctx
         if prompt.size == 0:
             raise RequestError("the prompt is empty: a request needs at least one token")

@@ -16,6 +16,13 @@ kind, and a graph that is already allocated is computed again with new inputs, s
 decoding token after token costs one set of input writes, one compute and one read of
 the logits.
 
+Several sequences share the one KV cache (llama.cpp's unified cache): ``Llama.kv``
+(:class:`~tensorplug_llm.kv_cells.KVCells`) says which cache rows hold which sequences
+at which positions, :meth:`Llama.decode` evaluates a :class:`~tensorplug_llm.batch.Batch`
+whose tokens may belong to different sequences (the mask comes from the cells), and
+``eval``/``generate``/``n_past`` are sequence 0 on top of it. The engine
+(``engine.py``) schedules many requests over those sequences.
+
 Timings follow llama.cpp's split: batches of several tokens are "prompt" time, single
 tokens "generation" time; each is divided into the scheduler's ``graph_compute`` (the
 kernels and the copies between devices) and everything else (Python: building and
