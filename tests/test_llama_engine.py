@@ -303,3 +303,39 @@ def test_a_constraint_masks_tokens_and_ends_the_request(llama: Llama) -> None:
     assert handle.finish_reason == "stop"
     assert free.result() == want_free
     _no_leak(engine)
+
+
+class FailsWhenDone(EvenTokens):
+    def done(self) -> bool:
+        raise RuntimeError("grammar state lost")
+
+
+def test_the_loop_survives_a_failing_request(llama: Llama) -> None:
+    prompts = _prompts(2, seed=10)
+    want = _reference(llama, prompts[0], 6)
+    with Engine(llama, n_parallel=2) as engine:
+        engine.start()
+        bad = engine.submit(Request(prompts[1], constraint=FailsWhenDone(llama.config.n_vocab)))
+        good = engine.submit(Request(prompts[0], max_tokens=6, stop_tokens=NONE))
+        with pytest.raises(RequestError, match="sampling failed: grammar state lost"):
+            bad.result()
+        assert good.result() == want
+        assert engine.loop_running
+        again = engine.submit(Request(prompts[0], max_tokens=6, stop_tokens=NONE))
+        assert again.result() == want and again.prompt_tokens_evaluated == 1
+
+
+def test_cancel_from_the_reading_thread_while_the_loop_runs(llama: Llama) -> None:
+    prompt = _prompts(1, seed=11)[0]
+    with Engine(llama, n_parallel=2) as engine:
+        engine.start()
+        handle = engine.submit(Request(prompt, stop_tokens=NONE))  # until the context is full
+        seen = []
+        for event in handle:
+            seen.append(event.token)
+            if len(seen) == 3:
+                handle.cancel()
+        assert handle.finish_reason == "cancelled" and 3 <= len(seen) < 200
+        assert engine.stats.requests_cancelled == 1
+        engine.close()
+        _no_leak(engine)

@@ -382,7 +382,20 @@ class Engine:
                     self._wakeup.wait()
                 if self._stop:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception as e:  # a fault of the engine itself: its requests end
+                self._fail_running(e)
+
+    def _fail_running(self, cause: Exception) -> None:
+        """Fail every running request (their cells are dropped: what a failed step
+        left there is unknown); queued requests stay queued."""
+        with self._step_lock:
+            for slot in self.slots:
+                self.llama.kv.seq_rm(slot.seq)
+                slot.cached.clear()
+                if slot.job is not None:
+                    self._fail(slot.job, RequestError(f"the engine's step failed: {cause}"), cause)
 
     def _has_work(self) -> bool:
         return bool(self._waiting) or any(s.job is not None for s in self.slots)
@@ -629,17 +642,17 @@ class Engine:
             picked = job.sampler.sample(logits, allowed)
             token = int(picked.token)
             job.sampler.accept(token)
+            constraint_done = False
             if request.constraint is not None:
                 request.constraint.accept(token)
+                constraint_done = request.constraint.done()
         except Exception as e:
             self._fail(job, RequestError(f"sampling failed: {e}"), e)
             return
         job.n_generated += 1
         self.stats.generated_tokens += 1
         finish = None
-        if token in job.stop_tokens or (
-            request.constraint is not None and request.constraint.done()
-        ):
+        if token in job.stop_tokens or constraint_done:
             finish = "stop"
         elif job.n_generated == request.max_tokens or len(job.slot.cached) >= self.llama.n_ctx:
             finish = "length"
