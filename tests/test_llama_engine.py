@@ -98,7 +98,15 @@ def test_submit_from_many_threads_while_the_loop_runs(llama: Llama) -> None:
     with Engine(llama, n_parallel=4) as engine:
         engine.start()
 
+        errors: list[BaseException] = []
+
         def client(i: int) -> None:
+            try:
+                check(i)
+            except BaseException as e:  # a thread's failure must fail the test
+                errors.append(e)
+
+        def check(i: int) -> None:
             events: list[TokenEvent] = []
             handle = engine.submit(
                 Request(prompts[i], max_tokens=8, stop_tokens=NONE, on_event=events.append)
@@ -106,6 +114,9 @@ def test_submit_from_many_threads_while_the_loop_runs(llama: Llama) -> None:
             got[i] = [e.token for e in handle]
             assert [e.token for e in events] == got[i]
             assert events[-1].finish_reason == "length"
+            assert llama.vocab is not None  # the text pieces add up to the tokens' bytes
+            raw = b"".join(llama.vocab.piece(t) for t in got[i])
+            assert "".join(e.text or "" for e in events) == raw.decode(errors="replace")
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
         for t in threads:
@@ -113,6 +124,7 @@ def test_submit_from_many_threads_while_the_loop_runs(llama: Llama) -> None:
         for t in threads:
             t.join(timeout=120)
         assert engine.loop_running
+    assert errors == []
     assert [got[i] for i in range(6)] == want
     _no_leak(engine)
 
