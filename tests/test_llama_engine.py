@@ -171,6 +171,20 @@ def test_a_prefix_another_slot_holds_is_shared_not_recomputed(llama: Llama) -> N
     assert llama.kv.n_used == engine.cached_tokens() - len(system)
 
 
+def test_a_burst_sharing_a_system_prompt_computes_it_once(llama: Llama) -> None:
+    """Four requests with one 40-token system prompt, submitted together: the first
+    evaluates it, the others wait one step and share its cells."""
+    system = [1, *range(260, 299)]
+    prompts = [[*system, 300 + i, 310 + i] for i in range(4)]
+    want = [_reference(llama, p, 5) for p in prompts]
+    engine = Engine(llama, n_parallel=4)
+    handles = [engine.submit(Request(p, max_tokens=5, stop_tokens=NONE)) for p in prompts]
+    assert [h.result() for h in handles] == want
+    assert [h.prompt_tokens_evaluated for h in handles] == [42, 2, 2, 2]
+    assert engine.stats.prompt_tokens_reused == 3 * len(system)
+    _no_leak(engine)
+
+
 def test_eviction_takes_idle_slots_least_recently_used_never_a_running_one(
     model_file: Path,
 ) -> None:

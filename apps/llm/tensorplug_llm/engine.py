@@ -473,8 +473,9 @@ class Engine:
         """Waiting requests into idle slots, first come first served. A request takes
         the idle slot sharing the longest prefix with it, and shares a longer prefix
         another slot holds, running or idle (``seq_cp``: the same cells, nothing
-        computed or copied). It waits while the cache cannot take the rest of its
-        prompt, counting idle slots' cells as free."""
+        computed or copied). It waits while a running request is still evaluating a
+        longer shared prefix, and while the cache cannot take the rest of its prompt
+        (counting idle slots' cells as free)."""
         while True:
             with self._lock:
                 if not self._waiting:
@@ -495,6 +496,8 @@ class Engine:
             shared = min(_common_prefix(donor.cached, prompt), limit) if donor else 0
             use_donor = donor is not None and shared > own
             reuse = shared if use_donor else own
+            if self._prefix_coming(prompt, reuse):
+                return  # share it next step rather than compute it twice
             if self.n_running and self._spare(slot, donor, 0 if use_donor else own) < (
                 len(prompt) - reuse + 1
             ):
@@ -527,6 +530,18 @@ class Engine:
                 decoder=StreamDecoder(vocab) if vocab is not None else None,
                 admitted=next(self._tick),
             )
+
+    def _prefix_coming(self, prompt: list[int], reuse: int) -> bool:
+        """Whether a running request is still evaluating a prompt that shares more of
+        ``prompt`` than the ``reuse`` tokens available now, and enough of it to count
+        (``similarity``): a burst of requests with one system prompt then computes it
+        once, the others share it a step or a few later."""
+        for s in self.slots:
+            if s.job is not None and s.job.pending:
+                n = min(_common_prefix(s.cached + s.job.pending, prompt), len(prompt) - 1)
+                if n > reuse and n >= self.similarity * len(prompt):
+                    return True
+        return False
 
     def _spare(self, slot: _Slot, donor: _Slot | None, kept: int) -> int:
         """Cells a request entering ``slot`` (keeping its first ``kept`` positions)
