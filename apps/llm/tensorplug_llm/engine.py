@@ -300,6 +300,8 @@ class Engine:
             raise RunError(f"n_parallel must be 1..{MAX_SEQUENCES}, got {n_parallel}")
         if n_batch is not None and n_batch < 1:
             raise RunError(f"n_batch must be at least 1, got {n_batch}")
+        if not 0.0 <= similarity <= 1.0:
+            raise RunError(f"similarity is a share of the prompt, 0..1; got {similarity}")
         self.llama = llama
         self.n_parallel = n_parallel
         self.n_batch = n_batch or llama.n_batch
@@ -412,9 +414,11 @@ class Engine:
             with self._lock:
                 waiting, self._waiting = list(self._waiting), deque()
             for handle in waiting:
+                self.stats.requests_cancelled += 1
                 handle._finish("cancelled")
             for slot in self.slots:
                 if slot.job is not None:
+                    self.stats.requests_cancelled += 1
                     self._end(slot.job, "cancelled")
         if self._masks is not None:
             self._masks.shutdown()
