@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .batch import Batch
-    from .engine import Engine, Request, RequestError, RequestHandle, TokenEvent
+    from .engine import Engine
     from .kv_cells import KVCells
     from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
     from .placement import Placement
+    from .request import Request, RequestError, RequestHandle, TokenEvent
     from .run_cli import demo_model
     from .runner import ContextFullError, Generation, Llama, SplitSummary, Timings
     from .sampling import Sampler, SamplerParams
@@ -47,8 +48,9 @@ if TYPE_CHECKING:
 #: Each public name and the module that defines it.
 _HOMES = {
     "Batch": "batch",
-    "Engine": "engine", "Request": "engine", "RequestError": "engine",
-    "RequestHandle": "engine", "TokenEvent": "engine",
+    "Engine": "engine",
+    "Request": "request", "RequestError": "request", "RequestHandle": "request",
+    "TokenEvent": "request",
     "KVCells": "kv_cells",
     "KVCache": "model", "LlamaConfig": "model", "LlamaWeights": "model",
     "StepGraph": "model", "build_step": "model",
