@@ -33,8 +33,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .batch import Batch
+    from .engine import Engine
+    from .kv_cells import KVCells
     from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
     from .placement import Placement
+    from .request import Request, RequestError, RequestHandle, TokenEvent
     from .run_cli import demo_model
     from .runner import ContextFullError, Generation, Llama, SplitSummary, Timings
     from .sampling import Sampler, SamplerParams
@@ -43,6 +47,11 @@ if TYPE_CHECKING:
 
 #: Each public name and the module that defines it.
 _HOMES = {
+    "Batch": "batch",
+    "Engine": "engine",
+    "Request": "request", "RequestError": "request", "RequestHandle": "request",
+    "TokenEvent": "request",
+    "KVCells": "kv_cells",
     "KVCache": "model", "LlamaConfig": "model", "LlamaWeights": "model",
     "StepGraph": "model", "build_step": "model",
     "Placement": "placement",
@@ -70,19 +79,26 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "TINY_DIMS",
+    "Batch",
     "ContextFullError",
+    "Engine",
     "Generation",
     "KVCache",
+    "KVCells",
     "Llama",
     "LlamaConfig",
     "LlamaWeights",
     "Placement",
+    "Request",
+    "RequestError",
+    "RequestHandle",
     "Sampler",
     "SamplerParams",
     "SplitSummary",
     "StepGraph",
     "StreamDecoder",
     "Timings",
+    "TokenEvent",
     "Vocab",
     "build_step",
     "demo_model",
