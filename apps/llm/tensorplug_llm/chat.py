@@ -55,6 +55,7 @@ __all__ = [
     "chat",
     "load_messages",
     "main",
+    "prompt_ids",
     "render",
 ]
 
@@ -146,7 +147,7 @@ def _ids(vocab: Vocab, text: str | list[tuple[str, bool]]) -> list[int]:
     return ids
 
 
-def _prompt_ids(
+def prompt_ids(
     vocab: Vocab, template: str, messages: list[dict[str, str]], bos: str, eos: str
 ) -> list[int]:
     """The conversation's tokens: the template's markup with control tokens parsed, the
@@ -321,10 +322,10 @@ def _turn(
     assert vocab is not None
     bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
     eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
-    ids = _prompt_ids(vocab, template, conv.messages, bos, eos)
+    ids = prompt_ids(vocab, template, conv.messages, bos, eos)
     while len(ids) + min(n_predict, 64) > model.n_ctx and len(conv.turns) > 1:
         conv.turns = conv.turns[2:] if len(conv.turns) > 2 else conv.turns[1:]  # the oldest
-        ids = _prompt_ids(vocab, template, conv.messages, bos, eos)
+        ids = prompt_ids(vocab, template, conv.messages, bos, eos)
     if len(ids) >= model.n_ctx:
         conv.turns.pop()
         raise RunError(
