@@ -28,6 +28,7 @@ import json
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -393,14 +394,21 @@ class _ReplyStop:
     def __init__(self) -> None:
         self.asked = False
         self._previous: object = None
+        self._installed = False
 
     def __enter__(self) -> _ReplyStop:
         self.asked = False
-        self._previous = signal.signal(signal.SIGINT, self._handle)
+        # only the main thread may set handlers; elsewhere Ctrl-C keeps its usual effect
+        self._installed = threading.current_thread() is threading.main_thread()
+        if self._installed:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+        if self._installed:
+            # a handler a native library set is not Python's to put back: Python's own is
+            previous = self._previous if self._previous is not None else signal.default_int_handler
+            signal.signal(signal.SIGINT, previous)  # type: ignore[arg-type]
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.asked:

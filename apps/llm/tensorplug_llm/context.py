@@ -109,7 +109,7 @@ def choose_context(
                 "position (KV cache and attention scores)"
             )
     if not tightest:
-        return ContextChoice(trained, "the model's trained length (it fits in memory)")
+        return ContextChoice(trained, "the model's trained length, which fits in memory")
     floor = min(trained, MIN_FITTED_CONTEXT)
     if n_ctx < floor:
         return ContextChoice(floor, f"the least tried ({floor}), though it may not fit: {tightest}")
