@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tensorplug_llm.chat import CHATML_TEMPLATE
+from tensorplug_llm.chat_input import HISTORY_LENGTH
 from tensorplug_llm.tiny import write_tiny_llama
 
 pexpect = pytest.importorskip("pexpect", reason="the pty tests need pexpect (see the README)")
@@ -95,6 +96,9 @@ def test_save_load_round_trip_and_the_up_arrow_recalls_the_last_session(
 ) -> None:
     pytest.importorskip("readline", reason="history recall needs readline")
     first, second, recalled = (tmp_path / n for n in ("first.json", "second.json", "up.json"))
+    history = tmp_path / "tensorplug" / "chat_history"  # XDG_STATE_HOME/tensorplug/
+    history.parent.mkdir()
+    history.write_text("".join(f"old line {i}\n" for i in range(HISTORY_LENGTH + 500)))
     child = _spawn(model, tmp_path, "-n", "4")
     for line in ("/system be brief", "hello there"):
         child.sendline(line)
@@ -117,7 +121,8 @@ def test_save_load_round_trip_and_the_up_arrow_recalls_the_last_session(
     assert status == 0, rest
     assert json.loads(second.read_text()) == json.loads(first.read_text())
     assert json.loads(first.read_text())[1] == {"role": "user", "content": "hello there"}
-    assert (tmp_path / "tensorplug" / "chat_history").is_file()
+    kept = history.read_text().splitlines()  # bounded: the oldest lines went
+    assert len(kept) == HISTORY_LENGTH and kept[-1] == "the last words"
     # a new session: the up arrow brings back the last message of the one before
     child = _spawn(model, tmp_path, "-n", "4")
     child.send("\x1b[A")
