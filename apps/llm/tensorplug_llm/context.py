@@ -97,7 +97,7 @@ def choose_context(
         free, _total = dev.memory()
         if free <= 0:  # the device cannot say: nothing to fit against
             continue
-        per = bytes_per_position(cfg, cache_type, n_layer, min(n_batch, trained))
+        per = bytes_per_position(cfg, cache_type, n_layer, min(max(n_batch, 1), trained))
         room = free - weights.get(dev, 0) - margin
         fits = max(room, 0) // per
         if fits < n_ctx:
@@ -138,9 +138,9 @@ def _weights_by_device(f: GGUFFile, placement: Placement) -> dict[Device, int]:
     """Bytes of the file's tensors each device holds (as stored in the file)."""
     out: dict[Device, int] = {}
     for name, info in f.tensors.items():
-        if name.startswith("blk."):
-            layer = int(name.split(".")[1])
-            dev = placement.layers[layer] if layer < len(placement.layers) else placement.output
+        number = name.split(".")[1] if name.startswith("blk.") else ""
+        if number.isdigit() and int(number) < len(placement.layers):
+            dev = placement.layers[int(number)]
         elif name.startswith("token_embd"):
             dev = placement.input
         else:
