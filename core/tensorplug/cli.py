@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import settings
 from .commands import CommandRecord, CommandSpec, CommandStatus, discover
@@ -569,9 +569,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv, own_process)
     except KeyboardInterrupt:
         if own_process:
-            # the command is ending: a second Ctrl-C, or a native library's handler
-            # raising the first one again (see tensorplug.signals), must not turn the
-            # exit into a traceback or a kill by the signal
+            # the command is ending: a second Ctrl-C must not turn the exit into a
+            # traceback or a kill by the signal
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         command = next((a for a in argv if not a.startswith("-")), None)
         name = f"tensorplug {command}" if command else "tensorplug"
@@ -580,7 +579,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):  # stdout may be a closed pipe
             sys.stdout.flush()
         print(f"{start}{name}: interrupted", file=sys.stderr)
+        if own_process:
+            _exit_interrupted()
         return 130
+
+
+def _exit_interrupted() -> NoReturn:
+    """End the process with status 130 now.
+
+    Not ``sys.exit(130)``: after a Ctrl-C during plugin loading the interpreter's
+    finalization now and then killed the process with SIGINT after this line had been
+    printed (exit -2, one run in ten under load; CPython's "unhandled KeyboardInterrupt"
+    flag was set in each, see :mod:`tensorplug.signals`). Nothing of an interrupted
+    command needs finalizing: logging and the standard streams are flushed, then the
+    process ends."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(130)
 
 
 def _main(argv: list[str], own_process: bool) -> int:

@@ -38,7 +38,7 @@ from .errors import (
     PluginError,
 )
 from .registration import check_api_version
-from .signals import ctrl_c_stays_python
+from .signals import deferred_ctrl_c
 
 if TYPE_CHECKING:
     from importlib import metadata
@@ -157,7 +157,7 @@ def _load_all_locked() -> None:
                   list(_state.records))  # fmt: skip
         try:
             _state.selection = selection
-            with ctrl_c_stays_python():  # native drivers may take SIGINT over (see there)
+            with deferred_ctrl_c():  # native libraries load badly when interrupted (see there)
                 _process(_all_candidates(selection), selection)
             _state.error = _requested_error(selection)
             _warn_failures()

@@ -1,15 +1,24 @@
-"""Ctrl-C stays Python's while plugins load native libraries.
+"""Ctrl-C while plugins load: raised once they have loaded, and always Python's.
 
-A plugin's native library may install its own SIGINT handler: PoCL (the OpenCL CPU
-driver CI uses) does when it creates a context, with ``SA_RESETHAND``, saving the
-handler it replaced and raising the signal again from its own. A second context saves
-PoCL's handler as the "old" one, and a Ctrl-C then ran PoCL's handler twice: the
-second time with the default action, which killed the process (exit -2 after
-``tensorplug run: interrupted``), or, landing between the two, left a
-``KeyboardInterrupt`` raised inside the driver's call, printed and swallowed there.
-:func:`ctrl_c_stays_python` puts Python's handler back after such a load, so every
-Ctrl-C is one ``KeyboardInterrupt`` in the main thread, which ``tensorplug.cli`` turns
-into one line and exit status 130.
+Loading plugins imports and initialises native libraries, and a ``KeyboardInterrupt``
+raised inside them went wrong three ways (each seen by sending SIGINT at random moments
+of ``tensorplug run``'s load, in about one run of 20):
+
+* pyopencl's nanobind module aborted the process ("Critical nanobind error:
+  enum_create") when the interrupt landed while it made its enums at import: exit -6;
+* PoCL, the OpenCL CPU driver, installs its own SIGINT handler when it creates a
+  context (``SA_RESETHAND``, re-raising through the handler it replaced), and an
+  interrupt meeting that chain was now and then lost;
+* after an interrupted load the process was now and then killed by SIGINT once
+  ``tensorplug.cli`` had printed its line and returned 130 (exit -2; CPython's
+  "unhandled KeyboardInterrupt" flag, which an interrupt inside ``exec`` of a string
+  such as a ``namedtuple``'s leaves set, was set in every such run), so the CLI ends an
+  interrupted command with ``os._exit(130)``.
+
+:func:`deferred_ctrl_c` holds a first Ctrl-C back until the load is over, then raises
+it as a ``KeyboardInterrupt`` where Python code can handle it; a second Ctrl-C during
+the load is raised at once (a driver that hangs can still be interrupted). On leaving,
+Python's handler is put back, whatever a native library installed meanwhile.
 """
 
 from __future__ import annotations
@@ -18,18 +27,33 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 
-__all__ = ["ctrl_c_stays_python"]
+__all__ = ["deferred_ctrl_c"]
 
 
 @contextmanager
-def ctrl_c_stays_python() -> Iterator[None]:
-    """Reinstall, on leaving, the SIGINT handler Python had on entering (from the main
-    thread only: only it may set handlers; another thread's load changes nothing)."""
+def deferred_ctrl_c() -> Iterator[None]:
+    """Hold a first SIGINT back until the block ends, then raise ``KeyboardInterrupt``.
+
+    Only the main thread may set signal handlers: elsewhere, or when Python does not own
+    SIGINT (a handler installed by C code, or SIG_IGN / SIG_DFL chosen by the embedding
+    program), the block runs with SIGINT as it is."""
     main = threading.current_thread() is threading.main_thread()
-    handler = signal.getsignal(signal.SIGINT) if main else None
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    if not callable(previous):
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+        signal.signal(signal.SIGINT, previous)  # a second Ctrl-C is not held back
+
+    signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
-        if handler is not None:  # None: a handler Python did not install; leave it
-            signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt

@@ -145,6 +145,36 @@ def test_a_third_party_command_gets_the_same_ending(tmp_path: Path) -> None:
     _assert_one_line(done.returncode, done.stderr, "slow")
 
 
+def test_ctrl_c_while_plugins_load_is_raised_once_they_have_loaded() -> None:
+    """Native libraries break when interrupted mid-load (pyopencl's nanobind aborts the
+    process): the registry holds a first Ctrl-C back until the load ends, and raises it
+    then; a second one is raised at once."""
+    from tensorplug.signals import deferred_ctrl_c
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # `pytest &` ignores it
+    try:
+        reached_end = False
+        with pytest.raises(KeyboardInterrupt), deferred_ctrl_c():
+            signal.raise_signal(signal.SIGINT)
+            reached_end = True  # held back: the block goes on
+        assert reached_end
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+        reached_end = False
+        with pytest.raises(KeyboardInterrupt), deferred_ctrl_c():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # the second: raised here
+            reached_end = True
+        assert not reached_end
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+        with deferred_ctrl_c():  # no Ctrl-C: nothing raised, the handler unchanged
+            pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_on_a_terminal_the_interrupted_line_is_ended_first(model: Path) -> None:
     """Generated text leaves the cursor mid-line; the message starts a line of its own."""
     import pty
