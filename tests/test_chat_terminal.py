@@ -99,7 +99,7 @@ def test_save_load_round_trip_and_the_up_arrow_recalls_the_last_session(
     history = tmp_path / "tensorplug" / "chat_history"  # XDG_STATE_HOME/tensorplug/
     history.parent.mkdir()
     history.write_text("".join(f"old line {i}\n" for i in range(HISTORY_LENGTH + 500)))
-    child = _spawn(model, tmp_path, "-n", "4")
+    child = _spawn(model, tmp_path, "-n", "4", "-c", "128")
     for line in ("/system be brief", "hello there"):
         child.sendline(line)
         child.expect_exact("> ")
@@ -113,6 +113,9 @@ def test_save_load_round_trip_and_the_up_arrow_recalls_the_last_session(
     child.expect_exact("(loaded 3 messages")
     child.sendline(f"/save {second}")
     child.expect_exact("(saved 3 messages")
+    child.sendline("the " * 200)  # more than the context: refused, the conversation stays
+    child.expect(r"error: the message takes \d+ tokens, more than the context \(128\)")
+    child.expect_exact("(the message was not sent)")
     child.sendline("the last words")
     child.expect(r"evaluated\)")
     child.expect_exact("> ")

@@ -298,7 +298,16 @@ def chat(
                 break
             continue
         conv.turns.append({"role": "user", "content": message})
-        answered = _turn(model, args, conv, template.text, n_predict, sampler, out, log)
+        interactive = isinstance(lines, PromptReader) and lines.interactive
+        try:
+            answered = _turn(model, args, conv, template.text, n_predict, sampler, out, log)
+        except RunError as e:  # the template refused it, or it does not fit the context
+            conv.turns.pop()
+            if not interactive:
+                raise
+            # at a terminal the conversation so far is worth more than this one message
+            print(f"error: {printable(str(e))} (the message was not sent)", file=log)
+            continue
         if not answered and isinstance(lines, PromptReader):
             lines.reply_interrupted()
     return 0
@@ -328,7 +337,6 @@ def _turn(
         conv.turns = conv.turns[2:] if len(conv.turns) > 2 else conv.turns[1:]  # the oldest
         ids = prompt_ids(vocab, template, conv.messages, bos, eos)
     if len(ids) >= model.n_ctx:
-        conv.turns.pop()
         raise RunError(
             f"the message takes {len(ids)} tokens, more than the context ({model.n_ctx}); "
             "use -c to enlarge it"
