@@ -223,3 +223,14 @@ def test_load_messages_names_what_is_wrong(tmp_path: Path, content: str, problem
     path.write_text(content)
     with pytest.raises(RunError, match=problem):
         load_messages(str(path))
+
+
+def test_tiny_chats_with_the_tiny_random_model(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
+    args = ["chat", "--tiny", "--weights", "f32", "--device", "CPU", "-n", "3"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "chatting with a tiny random-weight llama" in err
+    assert "looks like a base model" in err and "tokens/s, prompt" in err
