@@ -45,7 +45,12 @@ class _Model:
         pass
 
     def generate(
-        self, ids: Sequence[int], n: int, sampler: object, on_token: Callable[[int], None]
+        self,
+        ids: Sequence[int],
+        n: int,
+        sampler: object,
+        on_token: Callable[[int], None],
+        **options: object,  # stop_at_eos, on_progress: what chat passes on
     ) -> Generation:
         self.prompts.append(list(ids))
         return Generation([])

@@ -37,7 +37,12 @@ class _Model:
         pass
 
     def generate(
-        self, ids: Sequence[int], n: int, sampler: object, on_token: Callable[[int], None]
+        self,
+        ids: Sequence[int],
+        n: int,
+        sampler: object,
+        on_token: Callable[[int], None],
+        **options: object,  # stop_at_eos, on_progress: what chat passes on
     ) -> Generation:
         for tok in self.reply:
             on_token(tok)

