@@ -4,12 +4,12 @@ cache, the scheduler, sampling and chat.
 
 ::
 
-    from tensorplug_llm import Llama, Placement, Sampler, SamplerParams
+    from tensorplug_llm import Llama, Placement, SamplingParams, TokenSampler
 
     model = Llama("model.gguf", n_ctx=2048)  # every block on the best device by default
     # or: Llama("model.gguf", placement=Placement.offload(n_layer=32, n_gpu_layers=20))
     ids = model.vocab.encode("Once upon a time")
-    gen = model.generate(ids, 32, Sampler(SamplerParams(temperature=0.8, seed=1)))
+    gen = model.generate(ids, 32, TokenSampler(SamplingParams(temperature=0.8, seed=1)))
     print(model.vocab.decode(ids + gen.tokens), model.timings.gen_tps)
 
 Modules: :mod:`.arch` (the architectures, as switches of one block builder),
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .placement import Placement
     from .run_cli import demo_model
     from .runner import ContextFullError, Generation, Llama, SplitSummary, Timings
-    from .sampling import Sampler, SamplerParams
+    from .sampling import SampledToken, Sampler, SamplerParams, SamplingParams, TokenSampler
     from .tiny import TINY_DIMS, tiny_vocab, write_tiny_llama
     from .tokenizer import StreamDecoder, Vocab
 
@@ -49,7 +49,8 @@ _HOMES = {
     "demo_model": "run_cli",
     "ContextFullError": "runner", "Generation": "runner", "Llama": "runner",
     "SplitSummary": "runner", "Timings": "runner",
-    "Sampler": "sampling", "SamplerParams": "sampling",
+    "Sampler": "sampling", "SamplerParams": "sampling", "SampledToken": "sampling",
+    "SamplingParams": "sampling", "TokenSampler": "sampling",
     "TINY_DIMS": "tiny", "tiny_vocab": "tiny", "write_tiny_llama": "tiny",
     "StreamDecoder": "tokenizer", "Vocab": "tokenizer",
 }  # fmt: skip
@@ -77,12 +78,15 @@ __all__ = [
     "LlamaConfig",
     "LlamaWeights",
     "Placement",
+    "SampledToken",
     "Sampler",
     "SamplerParams",
+    "SamplingParams",
     "SplitSummary",
     "StepGraph",
     "StreamDecoder",
     "Timings",
+    "TokenSampler",
     "Vocab",
     "build_step",
     "demo_model",

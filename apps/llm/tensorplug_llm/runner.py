@@ -46,7 +46,7 @@ from tensorplug.types import Type
 
 from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
 from .placement import Placement, by_priority, host_cpu
-from .sampling import Sampler
+from .sampling import Sampler, TokenSampler
 from .threads import ThreadGovernor, thread_counts
 from .tokenizer import Vocab
 
@@ -452,7 +452,7 @@ class Llama:
         self,
         prompt: Sequence[int],
         n_predict: int,
-        sampler: Sampler | None = None,
+        sampler: TokenSampler | None = None,
         *,
         on_token: Callable[[int], None] | None = None,
         stop_at_eos: bool = True,
@@ -462,9 +462,12 @@ class Llama:
         """Evaluate ``prompt`` then sample up to ``n_predict`` tokens one at a time.
 
         The last sampled token is not evaluated (nothing would read its logits).
-        ``on_progress(done, total)`` follows the prompt chunk by chunk.
+        ``on_progress(done, total)`` follows the prompt chunk by chunk. ``sampler``: a
+        :class:`TokenSampler` (its penalties see the prompt) or the default greedy
+        :class:`Sampler`.
         """
         sampler = sampler or Sampler()
+        sampler.accept_prompt(prompt)
         n = len(prompt)
         if n == 0:
             raise RunError("generate needs a prompt of at least one token (e.g. BOS)")
