@@ -16,11 +16,12 @@ Modules: :mod:`.arch` (the architectures, as switches of one block builder),
 :mod:`.model` (hyper-parameters, weights, KV cache, step graphs),
 :mod:`.runner` (loading, placement on devices, evaluation, generation, timings),
 :mod:`.tokenizer` (SentencePiece, BPE, WordPiece; ``tensorplug tokenize``),
-:mod:`.sampling`, :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models for demos
-and tests), :mod:`.chat` (``tensorplug chat``), :mod:`.run_cli` (``tensorplug run``,
-:func:`~.run_cli.demo_model`) and :mod:`.demo` (``tensorplug demo``); :mod:`.commands`
-adds those four to the ``tensorplug`` command. Nothing here imports the ``gguf`` package
-until a file is read or written.
+:mod:`.sampling` (llama.cpp's sampler chain, logprobs), :mod:`.constraint` (structured
+output through llguidance), :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models
+for demos and tests), :mod:`.chat` (``tensorplug chat``), :mod:`.run_cli` (``tensorplug
+run``, :func:`~.run_cli.demo_model`) and :mod:`.demo` (``tensorplug demo``);
+:mod:`.commands` adds those four to the ``tensorplug`` command. Nothing here imports the
+``gguf`` package until a file is read or written.
 
 The names below are imported on first use (PEP 562), not with the package: the
 ``tensorplug`` command imports :mod:`.commands` each time it starts, which imports this
@@ -33,6 +34,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .constraint import Constraint, ConstraintError, constraint_for
     from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
     from .placement import Placement
     from .run_cli import demo_model
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 #: Each public name and the module that defines it.
 _HOMES = {
+    "Constraint": "constraint", "ConstraintError": "constraint", "constraint_for": "constraint",
     "KVCache": "model", "LlamaConfig": "model", "LlamaWeights": "model",
     "StepGraph": "model", "build_step": "model",
     "Placement": "placement",
@@ -71,6 +74,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "TINY_DIMS",
+    "Constraint",
+    "ConstraintError",
     "ContextFullError",
     "Generation",
     "KVCache",
@@ -89,6 +94,7 @@ __all__ = [
     "TokenSampler",
     "Vocab",
     "build_step",
+    "constraint_for",
     "demo_model",
     "tiny_vocab",
     "write_tiny_llama",
