@@ -184,6 +184,28 @@ def test_top_k(k: int) -> None:
     assert ids.tolist() == _ranked(z, list(range(z.size)))[:n]
 
 
+@pytest.mark.parametrize("masked", [0.0, 0.5, 0.999])
+def test_top_k_and_top_p_on_a_large_vocabulary(masked: float) -> None:
+    """50k logits: the sampler selects from a subsample's bound, and sorts only what
+    top-p may keep; the result is the plain sort's, masks and ties included."""
+    rng = np.random.default_rng(11)
+    z = np.round(rng.standard_normal(49152) * 4, 1).astype(np.float32)  # many ties
+    allowed = rng.random(z.size) >= masked
+    ok = np.flatnonzero(allowed).tolist()
+    ranked = _ranked(z, ok)
+    for k in (1, 5, 40, 700):
+        ids, _ = TokenSampler(SamplingParams(**{**OFF, "top_k": k})).candidates(z, allowed)
+        assert ids.tolist() == ranked[:k]
+    for scale, top_p in ((1.0, 0.5), (4.0, 0.9), (4.0, 0.999)):  # nuclei of ~1 to ~20k
+        zs = (z * scale).astype(np.float32)
+        probs = _softmax(zs[ok].astype(np.float64))
+        cum = np.cumsum(np.sort(probs)[::-1])
+        n = int(np.searchsorted(cum, top_p)) + 1
+        params = SamplingParams(**{**OFF, "top_p": top_p})
+        ids, _ = TokenSampler(params).candidates(zs, allowed)
+        assert ids.tolist() == _ranked(zs, ok)[:n]
+
+
 def _typical_reference(z: np.ndarray, p: float) -> set[int]:
     """Meister et al.'s locally typical set, written out (as llama.cpp's loop)."""
     probs = _softmax(z.astype(np.float64))
