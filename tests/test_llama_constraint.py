@@ -242,6 +242,13 @@ def test_text_needs_no_constraint(vocab: Vocab) -> None:
 def test_a_model_with_a_vocabulary_is_a_source(vocab: Vocab) -> None:
     c = constraint_for(SimpleNamespace(vocab=vocab), {"type": "json_object"})  # type: ignore[arg-type]
     assert c is not None and c.allowed().shape == (len(vocab),)
+    # a model whose logits pad the vocabulary: the mask has their size, padding banned
+    padded = SimpleNamespace(vocab=vocab, config=SimpleNamespace(n_vocab=len(vocab) + 64))
+    c = constraint_for(padded, {"type": "regex", "regex": "[a-z]+"})  # type: ignore[arg-type]
+    assert c is not None
+    mask = c.allowed()
+    assert mask.shape == (len(vocab) + 64,) and mask[: len(vocab)].any()
+    assert not mask[len(vocab) :].any()
     with pytest.raises(ValueError, match="needs the model's vocabulary"):
         constraint_for(SimpleNamespace(vocab=None), {"type": "json_object"})  # type: ignore[arg-type]
 
