@@ -39,8 +39,14 @@ class Architecture:
     #: ``{arch}.attention.sliding_window`` (0: no sliding window)
     swa_period: int = 0
     #: rope base of the sliding-window layers (not in Gemma 3's files: its config's
-    #: rope_local_base_freq, fixed in llama.cpp)
-    swa_rope_base: float = 10000.0
+    #: rope_local_base_freq, fixed in llama.cpp); None: the file's own base (Gemma 2)
+    swa_rope_base: float | None = 10000.0
+    #: Q, K and V as one product (``attn_qkv``) and the FFN's gate and up halves as one
+    #: (``ffn_up`` of 2·n_ff rows, no ``ffn_gate``): Phi-3
+    fused: bool = False
+    #: tanh soft-capping of the attention logits and of the output logits, by the caps
+    #: ``{arch}.attn_logit_softcapping`` and ``{arch}.final_logit_softcapping``: Gemma 2
+    softcap: bool = False
     models: str = ""
 
 
@@ -59,6 +65,23 @@ ARCHITECTURES: dict[str, Architecture] = {
         embd_scale=True,
         swa_period=6,
         models="Gemma 3 (text)",
+    ),
+    "phi3": Architecture(
+        "phi3", rope_mode=RopeMode.NEOX, fused=True, models="Phi-3, Phi-3.5, Phi-4"
+    ),
+    "gemma2": Architecture(
+        "gemma2",
+        rope_mode=RopeMode.NEOX,
+        ffn="geglu",
+        post_norms=True,
+        embd_scale=True,
+        swa_period=2,
+        swa_rope_base=None,
+        softcap=True,
+        models="Gemma 2",
+    ),
+    "qwen3moe": Architecture(
+        "qwen3moe", rope_mode=RopeMode.NEOX, qk_norm=True, models="Qwen 3 MoE (30B-A3B ...)"
     ),
 }
 

@@ -197,10 +197,12 @@ class Llama:
                 f"{cfg.n_layer}"
             )
         p = self.placement
-        self.weights = w = LlamaWeights.from_gguf(self.file, cfg, share_output=p.output is p.input)
+        self.weights = w = LlamaWeights.from_gguf(
+            self.file, cfg, share_output=p.output is p.input, n_ctx=self.n_ctx
+        )
         if w.output is w.tok_embd and self._extra_buft(p.output, w.output) is not None:
             # get_rows reads the embeddings, products the output layer: two copies
-            self.weights = LlamaWeights.from_gguf(self.file, cfg, share_output=False)
+            self.weights = LlamaWeights.from_gguf(self.file, cfg, False, self.n_ctx)
         self.cache = KVCache.describe(cfg, self.n_ctx, Type.parse(cache_type))
         self.memory: dict[Device, _DeviceMemory] = {}
         self._load(use_mmap)

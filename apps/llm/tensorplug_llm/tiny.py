@@ -26,7 +26,10 @@ from tensorplug.types import Type
 
 from .tokenizer import SPACE, TokenType
 
-__all__ = ["TINY_DIMS", "tiny_vocab", "write_tiny_llama"]
+__all__ = ["TINY_ARCHITECTURES", "TINY_DIMS", "tiny_vocab", "write_tiny_llama"]
+
+#: The architectures :func:`write_tiny_llama` writes.
+TINY_ARCHITECTURES = ("llama", "gemma2", "gemma3", "phi3", "qwen2", "qwen3", "qwen3moe")
 
 #: The default tiny model: small enough for tests, shaped like a real llama (GQA, SwiGLU).
 TINY_DIMS: dict[str, int] = {
@@ -106,6 +109,7 @@ def write_tiny_llama(
     eps: float = 1e-5,
     arch: str = "llama",
     sliding_window: int = 4,
+    long_rope: bool = False,
     metadata: Mapping[str, Any] | None = None,
     **dims: int,
 ) -> Path:
@@ -123,10 +127,16 @@ def write_tiny_llama(
     block instead (per-head Q/K norms, post-attention and post-FFN norms, NEOX rope, a
     ``sliding_window`` on 5 of every 6 blocks; the output is always tied);
     ``"qwen2"`` adds biases to the Q/K/V projections, ``"qwen3"`` per-head Q/K norms
-    (both with NEOX rope). The vocabulary is the tiny SentencePiece one for every
-    architecture. ``metadata`` adds keys or replaces the ones written (a bool, int,
-    float, str or list of one of those; ints are written as INT64, floats as FLOAT32):
-    the hostile tests write damaged files with it.
+    (both with NEOX rope), ``"qwen3moe"`` Qwen 3's block with ``n_expert`` experts
+    (default 4, 2 used) of ``n_ff`` each. ``"phi3"`` fuses Q/K/V into ``attn_qkv`` and
+    gate and up into one ``ffn_up`` of 2·n_ff rows; ``long_rope`` adds its LongRoPE
+    factors (``rope_factors_short``/``_long``, an original context of n_ctx / 4, and the
+    ``attn_factor`` its converter computes). ``"gemma2"`` writes Gemma 2's block (sandwich
+    norms, GELU FFN, a ``sliding_window`` on every other block, tied output) with small
+    soft-caps (attention 3, output 15) so that they change the result. The vocabulary is
+    the tiny SentencePiece one for every architecture. ``metadata`` adds keys or replaces
+    the ones written (a bool, int, float, str or list of one of those; ints are written
+    as INT64, floats as FLOAT32): the hostile tests write damaged files with it.
     """
     from gguf import GGMLQuantizationType, GGUFWriter  # deferred: slow to import
 
@@ -141,12 +151,14 @@ def write_tiny_llama(
     rng = np.random.default_rng(seed)
     path = Path(path)
 
-    if arch not in ("llama", "gemma3", "qwen2", "qwen3"):
-        raise ValueError(
-            f"the tiny writer knows 'llama', 'gemma3', 'qwen2' and 'qwen3', not {arch!r}"
-        )
-    gemma = arch == "gemma3"
+    if arch not in TINY_ARCHITECTURES:
+        raise ValueError(f"the tiny writer knows {', '.join(TINY_ARCHITECTURES)}; not {arch!r}")
+    gemma = arch in ("gemma2", "gemma3")
+    qk_norm = arch in ("gemma3", "qwen3", "qwen3moe")
+    fused = arch == "phi3"
     tied = tied or gemma
+    if arch == "qwen3moe" and not d["n_expert"]:
+        d["n_expert"], d["n_expert_used"] = 4, 2
     writer = GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-llama-{wtype.name.lower()}-seed{seed}")
     writer.add_context_length(d["n_ctx"])
@@ -170,6 +182,15 @@ def write_tiny_llama(
     if n_expert:
         writer.add_expert_count(n_expert)
         writer.add_expert_used_count(d["n_expert_used"] or min(2, n_expert))
+        if arch == "qwen3moe":
+            writer.add_expert_feed_forward_length(n_ff)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(3.0)
+        writer.add_final_logit_softcapping(15.0)
+    if long_rope:  # Phi-3's converter: attn_factor = sqrt(1 + ln(scale) / ln(n_ctx_orig))
+        n_orig = d["n_ctx"] // 4
+        writer.add_rope_scaling_orig_ctx_len(n_orig)
+        writer.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(4) / np.log(n_orig))))
     writer.add_file_type({Type.F32: 0, Type.F16: 1, Type.Q4_0: 2, Type.Q8_0: 7}.get(wtype, 0))
     tokens, scores, types = tiny_vocab(d["n_vocab"])
     writer.add_tokenizer_model("llama")
@@ -198,18 +219,25 @@ def write_tiny_llama(
 
     if gemma:
         writer.add_sliding_window(sliding_window)
+    if long_rope:
+        for kind, top in (("short", 1.5), ("long", 6.0)):
+            factors = np.linspace(1, top, head_dim // 2, dtype=np.float32)
+            writer.add_tensor(f"rope_factors_{kind}.weight", factors)
 
     # token embeddings of unit rms, so that activations start at a llama-like scale
     matrix("token_embd.weight", d["n_vocab"], n_embd, scale=np.sqrt(n_embd))
     for i in range(d["n_layer"]):
         p = f"blk.{i}."
         norm(p + "attn_norm.weight")
-        matrix(p + "attn_q.weight", n_embd, n_embd)
-        matrix(p + "attn_k.weight", n_kv, n_embd)
-        matrix(p + "attn_v.weight", n_kv, n_embd)
+        if fused:
+            matrix(p + "attn_qkv.weight", n_embd + 2 * n_kv, n_embd)
+        else:
+            matrix(p + "attn_q.weight", n_embd, n_embd)
+            matrix(p + "attn_k.weight", n_kv, n_embd)
+            matrix(p + "attn_v.weight", n_kv, n_embd)
         matrix(p + "attn_output.weight", n_embd, n_embd)
         norm(p + "ffn_norm.weight")
-        if gemma or arch == "qwen3":
+        if qk_norm:
             norm(p + "attn_q_norm.weight", head_dim)
             norm(p + "attn_k_norm.weight", head_dim)
         if gemma:
@@ -224,6 +252,9 @@ def write_tiny_llama(
             matrix(p + "ffn_gate_exps.weight", n_ff, n_embd, n_stack=n_expert)
             matrix(p + "ffn_up_exps.weight", n_ff, n_embd, n_stack=n_expert)
             matrix(p + "ffn_down_exps.weight", n_embd, n_ff, n_stack=n_expert)
+        elif fused:
+            matrix(p + "ffn_up.weight", 2 * n_ff, n_embd)
+            matrix(p + "ffn_down.weight", n_embd, n_ff)
         else:
             matrix(p + "ffn_gate.weight", n_ff, n_embd)
             matrix(p + "ffn_up.weight", n_ff, n_embd)
