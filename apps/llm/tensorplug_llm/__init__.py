@@ -1,6 +1,7 @@
 """Running real GGUF language models on tensorplug: the llama family (Llama, Mistral,
-SmolLM2, Mixtral), Qwen 2/3 and Gemma 3 over one block builder, their tokenizers, a KV
-cache, the scheduler, sampling and chat.
+SmolLM2, Mixtral), Qwen 2/3, Qwen 3 MoE, Phi-3 and Gemma 2/3 over one block builder,
+BERT encoders for embeddings, their tokenizers, a KV cache, the scheduler, sampling and
+chat.
 
 ::
 
@@ -13,14 +14,15 @@ cache, the scheduler, sampling and chat.
     print(model.vocab.decode(ids + gen.tokens), model.timings.gen_tps)
 
 Modules: :mod:`.arch` (the architectures, as switches of one block builder),
-:mod:`.model` (hyper-parameters, weights, KV cache, step graphs),
+:mod:`.model` (hyper-parameters, weights, KV cache, step graphs), :mod:`.encoder` (the
+BERT family's weights and graph),
 :mod:`.runner` (loading, placement on devices, evaluation, generation, timings),
 :mod:`.tokenizer` (SentencePiece, BPE, WordPiece; ``tensorplug tokenize``),
 :mod:`.sampling`, :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models for demos
-and tests), :mod:`.chat` (``tensorplug chat``), :mod:`.run_cli` (``tensorplug run``,
-:func:`~.run_cli.demo_model`) and :mod:`.demo` (``tensorplug demo``); :mod:`.commands`
-adds those four to the ``tensorplug`` command. Nothing here imports the ``gguf`` package
-until a file is read or written.
+and tests; :mod:`.tiny_bert` the same for BERT), :mod:`.chat` (``tensorplug chat``),
+:mod:`.run_cli` (``tensorplug run``, :func:`~.run_cli.demo_model`) and :mod:`.demo`
+(``tensorplug demo``); :mod:`.commands` adds those four to the ``tensorplug`` command.
+Nothing here imports the ``gguf`` package until a file is read or written.
 
 The names below are imported on first use (PEP 562), not with the package: the
 ``tensorplug`` command imports :mod:`.commands` each time it starts, which imports this
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from .runner import ContextFullError, Generation, Llama, SplitSummary, Timings
     from .sampling import Sampler, SamplerParams
     from .tiny import TINY_DIMS, tiny_vocab, write_tiny_llama
+    from .tiny_bert import write_tiny_bert
     from .tokenizer import StreamDecoder, Vocab
 
 #: Each public name and the module that defines it.
@@ -51,6 +54,7 @@ _HOMES = {
     "SplitSummary": "runner", "Timings": "runner",
     "Sampler": "sampling", "SamplerParams": "sampling",
     "TINY_DIMS": "tiny", "tiny_vocab": "tiny", "write_tiny_llama": "tiny",
+    "write_tiny_bert": "tiny_bert",
     "StreamDecoder": "tokenizer", "Vocab": "tokenizer",
 }  # fmt: skip
 
@@ -87,5 +91,6 @@ __all__ = [
     "build_step",
     "demo_model",
     "tiny_vocab",
+    "write_tiny_bert",
     "write_tiny_llama",
 ]

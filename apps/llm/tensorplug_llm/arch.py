@@ -47,6 +47,10 @@ class Architecture:
     #: tanh soft-capping of the attention logits and of the output logits, by the caps
     #: ``{arch}.attn_logit_softcapping`` and ``{arch}.final_logit_softcapping``: Gemma 2
     softcap: bool = False
+    #: a bidirectional encoder of the BERT family (``encoder.py``): absolute position and
+    #: token-type embeddings, post-LayerNorm blocks with biases, a GELU FFN, no causal
+    #: mask and no output layer; it gives embeddings, not next-token logits
+    encoder: bool = False
     models: str = ""
 
 
@@ -82,6 +86,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "qwen3moe": Architecture(
         "qwen3moe", rope_mode=RopeMode.NEOX, qk_norm=True, models="Qwen 3 MoE (30B-A3B ...)"
+    ),
+    "bert": Architecture(
+        "bert", encoder=True, models="BERT encoders for embeddings (all-MiniLM, bge, e5 ...)"
     ),
 }
 

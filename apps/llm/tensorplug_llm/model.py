@@ -37,7 +37,9 @@ from tensorplug.types import Type
 from .arch import ARCHITECTURES, Architecture, architecture
 
 __all__ = [
+    "POOLING_TYPES",
     "KVCache",
+    "attend",
     "LayerWeights",
     "LlamaConfig",
     "LlamaWeights",
@@ -74,6 +76,10 @@ class LlamaConfig:
     attn_softcap: float = 0.0  # attention logits -> c·tanh(logits/c) (Gemma 2); 0: none
     final_softcap: float = 0.0  # the same on the output logits
     attn_scale: float = 0.0  # the attention logits' scale; 0: 1/sqrt(head_dim)
+    #: how embeddings pool the hidden states (``{arch}.pooling_type``: llama.cpp's
+    #: ``none``, ``mean``, ``cls``, ``last``); "none" when the file does not say
+    pooling: str = "none"
+    causal: bool = True  # tokens see only earlier positions (``{arch}.attention.causal``)
 
     @property
     def kq_scale(self) -> float:
@@ -130,9 +136,16 @@ class LlamaConfig:
         rope_base = f.value(f"{a}.rope.freq_base", float, 10000.0)
         _check(f, f"{a}.rope.freq_base", rope_base, _finite(rope_base) and rope_base > 0,
                "a finite number > 0 (rope's base frequency, e.g. 10000)")  # fmt: skip
-        eps = f.value(f"{a}.attention.layer_norm_rms_epsilon", float)
-        _check(f, f"{a}.attention.layer_norm_rms_epsilon", eps, _finite(eps) and eps >= 0,
+        eps_key = f"{a}.attention.layer_norm_{'' if arch.encoder else 'rms_'}epsilon"
+        eps = f.value(eps_key, float)
+        _check(f, eps_key, eps, _finite(eps) and eps >= 0,
                "a finite number >= 0 (e.g. 1e-5)")  # fmt: skip
+        pooling_id = f.value(f"{a}.pooling_type", int, 0)
+        if not 0 <= pooling_id < len(POOLING_TYPES) - 1:  # rank (4): rerankers, not here
+            raise GGUFError(
+                f"{f.path}: {a}.pooling_type = {pooling_id}; this runner pools by 0-3 "
+                f"({', '.join(POOLING_TYPES[:4])})"
+            )
         scaling = f.value(f"{a}.rope.scaling.type", str, "none")
         if scaling not in ("none", "linear", "yarn"):
             raise GGUFError(
@@ -207,8 +220,13 @@ class LlamaConfig:
             attn_softcap=caps["attn_logit_softcapping"],
             final_softcap=caps["final_logit_softcapping"],
             attn_scale=attn_scale,
+            pooling=POOLING_TYPES[pooling_id],
+            causal=f.value(f"{a}.attention.causal", bool, not arch.encoder),
         )
 
+
+#: llama.cpp's ``llama_pooling_type`` values by number (``{arch}.pooling_type``)
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 
 #: The largest head size (``attention.key_length``) accepted: real models use 64-256
 #: (576 with multi-head latent attention); a size of 2^31 is a damaged file, and would
@@ -413,6 +431,14 @@ class LlamaWeights:
             _check_weight_type(f, by_name[t], t)
         return cls(tok_embd, layers, get("output_norm.weight", (d,)), output, by_name)
 
+    def input_tensors(self) -> list[Tensor]:
+        """The tensors of the input layer's device: the token embeddings."""
+        return [self.tok_embd]
+
+    def output_tensors(self) -> list[Tensor]:
+        """The tensors of the output layer's device: its norm and matrix."""
+        return [self.output_norm, self.output]
+
     def product_weights(self) -> list[Tensor]:
         """The tensors that only matrix products read, as their weights: every layer's
         matrices and router, and the output layer unless it is the token embeddings
@@ -601,6 +627,37 @@ def _moe_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, T: int, i: int) -> Te
     return ops.reshape(summed, (T, cfg.n_embd)).set_name(f"ffn_out-{i}")
 
 
+def attend(
+    cfg: LlamaConfig,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_idx: Tensor,
+    mask: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    n_kv: int,
+    i: int = 0,
+) -> Tensor:
+    """Attention of this step's queries ``q`` (T, n_head, head_dim) over the cache: ``k``
+    (T, n_head_kv, head_dim) and ``v`` (T, n_embd_kv) written at rows ``kv_idx``, rows
+    ``[0, n_kv)`` read under ``mask`` (grouped-query flash attention, with the
+    architecture's scale and soft-cap). Returns (T, n_embd_q), before the output
+    projection. Decoders and encoders alike attend here; only their masks differ."""
+    T, hd = q.shape[0], cfg.head_dim
+    v = v.set_name(f"Vcur-{i}")
+    k_all = ops.set_rows(k_cache, ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx)
+    v_all = ops.set_rows(v_cache, v, kv_idx)
+    kv_shape = (n_kv, cfg.n_head_kv, hd)
+    K = ops.permute(ops.view(k_all.set_name(f"k_store-{i}"), kv_shape), (1, 0, 2))
+    V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
+    Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
+    attn = ops.flash_attn_ext(
+        Q, K, V, mask, scale=cfg.kq_scale, logit_softcap=cfg.attn_softcap
+    ).set_name(f"attn-{i}")
+    return ops.reshape(attn, (T, cfg.n_embd_q))
+
+
 def decoder_block(
     cfg: LlamaConfig,
     L: LayerWeights,
@@ -625,17 +682,8 @@ def decoder_block(
     q = _normed(cfg, ops.reshape(q, (T, cfg.n_head, hd)), L.q_norm)
     k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
     q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
-    v = v.set_name(f"Vcur-{i}")
-    k_all = ops.set_rows(k_cache, ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx)
-    v_all = ops.set_rows(v_cache, v, kv_idx)
-    kv_shape = (n_kv, cfg.n_head_kv, hd)
-    K = ops.permute(ops.view(k_all.set_name(f"k_store-{i}"), kv_shape), (1, 0, 2))
-    V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
-    Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
-    attn = ops.flash_attn_ext(
-        Q, K, V, mask, scale=cfg.kq_scale, logit_softcap=cfg.attn_softcap
-    ).set_name(f"attn-{i}")
-    attn = ops.mul_mat(L.wo, ops.reshape(attn, (T, cfg.n_embd_q))).set_name(f"attn_out-{i}")
+    attn = attend(cfg, q, k, v, kv_idx, mask, k_cache, v_cache, n_kv, i)
+    attn = ops.mul_mat(L.wo, attn).set_name(f"attn_out-{i}")
     x = ops.add(x, _normed(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
     h = ops.mul(ops.rms_norm(x, cfg.eps), L.ffn_norm).set_name(f"ffn_norm-{i}")
     ffn = _moe_ffn(cfg, L, h, T, i) if L.ffn_gate_inp is not None else _dense_ffn(cfg, L, h, i)

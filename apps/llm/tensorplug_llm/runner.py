@@ -44,7 +44,8 @@ from tensorplug.tensor import Tensor
 from tensorplug.transfer import get_array, set_array
 from tensorplug.types import Type
 
-from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
+from .encoder import EncoderWeights, build_encoder_step
+from .model import POOLING_TYPES, KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
 from .placement import Placement, by_priority, host_cpu
 from .sampling import Sampler
 from .threads import ThreadGovernor, thread_counts
@@ -55,7 +56,14 @@ if TYPE_CHECKING:
 
     from tensorplug.device import Device
 
-__all__ = ["ContextFullError", "Generation", "Llama", "SplitSummary", "Timings"]
+__all__ = [
+    "ContextFullError",
+    "Generation",
+    "Llama",
+    "SplitSummary",
+    "Timings",
+    "embedding_model_message",
+]
 
 #: Built step graphs kept for replay (prompt chunk sizes x context lengths x outputs).
 GRAPH_CACHE = 8
@@ -188,7 +196,9 @@ class Llama:
         self.n_ctx = n_ctx or min(cfg.n_ctx_train, 512)
         if n_batch < 1 or kv_pad < 1 or self.n_ctx < 1:
             raise RunError(f"need n_ctx, n_batch, kv_pad >= 1 (got {n_ctx}, {n_batch}, {kv_pad})")
-        self.n_batch = min(n_batch, self.n_ctx)
+        # a bidirectional encoder must see its whole input in one step (llama.cpp's
+        # n_ubatch >= n_tokens for non-causal attention)
+        self.n_batch = min(n_batch, self.n_ctx) if cfg.causal else self.n_ctx
         self.kv_pad = kv_pad
         self.placement = placement or Placement.offload(cfg.n_layer, cfg.n_layer + 1)
         if len(self.placement.layers) != cfg.n_layer:
@@ -197,12 +207,16 @@ class Llama:
                 f"{cfg.n_layer}"
             )
         p = self.placement
-        self.weights = w = LlamaWeights.from_gguf(
-            self.file, cfg, share_output=p.output is p.input, n_ctx=self.n_ctx
-        )
-        if w.output is w.tok_embd and self._extra_buft(p.output, w.output) is not None:
-            # get_rows reads the embeddings, products the output layer: two copies
-            self.weights = LlamaWeights.from_gguf(self.file, cfg, False, self.n_ctx)
+        self.weights: LlamaWeights | EncoderWeights
+        if cfg.arch.encoder:
+            self.weights = EncoderWeights.from_gguf(self.file, cfg)
+        else:
+            self.weights = w = LlamaWeights.from_gguf(
+                self.file, cfg, share_output=p.output is p.input, n_ctx=self.n_ctx
+            )
+            if w.output is w.tok_embd and self._extra_buft(p.output, w.output) is not None:
+                # get_rows reads the embeddings, products the output layer: two copies
+                self.weights = LlamaWeights.from_gguf(self.file, cfg, False, self.n_ctx)
         self.cache = KVCache.describe(cfg, self.n_ctx, Type.parse(cache_type))
         self.memory: dict[Device, _DeviceMemory] = {}
         self._load(use_mmap)
@@ -213,7 +227,7 @@ class Llama:
         #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens
         self.sched = Scheduler(self.backends)
         self.token_sched = Scheduler(self.backends)
-        self._graphs: OrderedDict[tuple[int, int, int], StepGraph] = OrderedDict()
+        self._graphs: OrderedDict[tuple[int, int, int, bool], StepGraph] = OrderedDict()
         self.n_past = 0
         self.timings = Timings()
         #: the splits of the prompt and generation graphs the schedulers hold, as they
@@ -263,9 +277,9 @@ class Llama:
         weights: dict[Device, dict[int, Tensor]] = {}  # a shared tensor is loaded once
         caches: dict[Device, list[Tensor]] = {}
         for dev, tensors in [
-            (p.input, [w.tok_embd]),
+            (p.input, w.input_tensors()),
             *((dev, w.layer_tensors(i)) for i, dev in enumerate(p.layers)),
-            (p.output, [w.output_norm, w.output]),
+            (p.output, w.output_tensors()),
         ]:
             group = weights.setdefault(dev, {})
             for t in tensors:
@@ -363,9 +377,19 @@ class Llama:
         size, as llama.cpp counts (batches are prompt time, single tokens generation),
         which would count a one-token prompt as a generated token.
         """
+        ids = self._checked(tokens, "eval")
+        outs = []
+        for s in range(0, ids.size, self.n_batch):
+            chunk = ids[s : s + self.n_batch]
+            outs.append(self._step(chunk, chunk.size if all_logits else 1, prompt))
+        return np.concatenate(outs) if all_logits else outs[-1][-1]
+
+    def _checked(self, tokens: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
+        """``tokens`` as int32 ids, refused unless they are in the vocabulary and fit the
+        context after the ``n_past`` tokens there."""
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
-            raise RunError("eval needs at least one token")
+            raise RunError(f"{what} needs at least one token")
         bad = ids[(ids < 0) | (ids >= self.config.n_vocab)]
         if bad.size:
             raise RunError(
@@ -376,18 +400,19 @@ class Llama:
                 f"{self.n_past} tokens in the context + {ids.size} new ones exceed n_ctx = "
                 f"{self.n_ctx}; use a larger context (--ctx-size) or fewer tokens"
             )
-        ids = ids.astype(np.int32)
-        outs = []
-        for s in range(0, ids.size, self.n_batch):
-            chunk = ids[s : s + self.n_batch]
-            outs.append(self._step(chunk, chunk.size if all_logits else 1, prompt))
-        return np.concatenate(outs) if all_logits else outs[-1][-1]
+        return ids.astype(np.int32)
 
-    def _graph(self, n_tokens: int, n_kv: int, n_outputs: int) -> StepGraph:
-        key = (n_tokens, n_kv, n_outputs)
+    def _graph(
+        self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False
+    ) -> StepGraph:
+        key = (n_tokens, n_kv, n_outputs, embeddings)
         sg = self._graphs.get(key)
         if sg is None:
-            sg = build_step(self.config, self.weights, self.cache, n_tokens, n_kv, n_outputs)
+            cfg, w, cache = self.config, self.weights, self.cache
+            if isinstance(w, EncoderWeights):
+                sg = build_encoder_step(cfg, w, cache, n_tokens, n_kv, n_outputs)
+            else:
+                sg = build_step(cfg, w, cache, n_tokens, n_kv, n_outputs, embeddings)
             self._graphs[key] = sg
             self.timings.graphs_built += 1
             if len(self._graphs) > GRAPH_CACHE:
@@ -398,11 +423,17 @@ class Llama:
             self._graphs.move_to_end(key)
         return sg
 
-    def _step(self, chunk: np.ndarray, n_outputs: int, prompt: bool | None = None) -> np.ndarray:
+    def _step(
+        self,
+        chunk: np.ndarray,
+        n_outputs: int,
+        prompt: bool | None = None,
+        embeddings: bool = False,
+    ) -> np.ndarray:
         start = time.perf_counter()
         T = chunk.size
         n_kv = min(self.n_ctx, -(-(self.n_past + T) // self.kv_pad) * self.kv_pad)
-        sg = self._graph(T, n_kv, n_outputs)
+        sg = self._graph(T, n_kv, n_outputs, embeddings)
         sched = self.sched_for(T)
         if sched.allocated is not sg.graph:
             sched.alloc_graph(sg.graph)
@@ -412,7 +443,7 @@ class Llama:
         set_array(sg.tokens, chunk)
         set_array(sg.pos, pos)
         set_array(sg.kv_idx, pos.astype(np.int64))
-        set_array(sg.mask, _causal_mask(pos, n_kv, sg.mask_window))
+        set_array(sg.mask, _causal_mask(pos, n_kv, sg.mask_window, self.config.causal))
         if sg.mask_swa is not None:
             set_array(sg.mask_swa, _causal_mask(pos, n_kv, self.config.n_swa))
         if sg.out_ids is not None:
@@ -466,6 +497,8 @@ class Llama:
         The last sampled token is not evaluated (nothing would read its logits).
         ``on_progress(done, total)`` follows the prompt chunk by chunk.
         """
+        if self.config.arch.encoder:
+            raise RunError(embedding_model_message(self.file.path, self.config.arch.name))
         sampler = sampler or Sampler()
         n = len(prompt)
         if n == 0:
@@ -495,6 +528,46 @@ class Llama:
                 break
             logits = self.eval([tok])
         return out
+
+    # -- embeddings -----------------------------------------------------------------------------
+
+    def embed(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        pooling: str | None = None,
+        *,
+        normalize: bool = False,
+    ) -> np.ndarray:
+        """The embedding of ``tokens``: the final hidden states (a decoder's after its
+        output norm, llama.cpp's ``t_embd``) pooled into one ``(n_embd,)`` vector.
+
+        ``pooling`` is ``mean``, ``cls`` (the first token), ``last`` or ``none`` (every
+        token's row, ``(n_tokens, n_embd)``); None takes the file's ``pooling_type``, or
+        ``mean`` when the file has none (llama.cpp would give per-token rows there,
+        which its server's embeddings endpoint refuses). ``normalize`` divides by the
+        Euclidean norm, as llama-server does (llama-cpp-python's ``embed`` returns raw
+        vectors unless asked, as here). The tokens are evaluated as a sequence of their
+        own: the context is cleared before and after. An encoder sees them in one step
+        (bidirectional attention): its ``n_batch`` is its whole context.
+        """
+        kind = pooling or (self.config.pooling if self.config.pooling != "none" else "mean")
+        if kind not in POOLING_TYPES[:4]:
+            raise RunError(f"pooling must be one of {', '.join(POOLING_TYPES[:4])}; got {kind!r}")
+        self.reset()
+        ids = self._checked(tokens, "embed")  # an encoder's n_batch is its whole context
+        try:
+            chunks = [ids[s : s + self.n_batch] for s in range(0, ids.size, self.n_batch)]
+            hidden = np.concatenate(
+                [self._step(c, c.size, prompt=True, embeddings=True) for c in chunks]
+            )
+        finally:
+            self.reset()
+        pooled = {"mean": lambda: hidden.mean(axis=0), "cls": lambda: hidden[0],
+                  "last": lambda: hidden[-1], "none": lambda: hidden}[kind]()  # fmt: skip
+        if normalize:
+            norm = np.linalg.norm(pooled, axis=-1, keepdims=True)
+            pooled = pooled / np.where(norm > 0, norm, 1)
+        return np.asarray(pooled, dtype=np.float32)
 
     # -- reporting ------------------------------------------------------------------------------
 
@@ -537,6 +610,15 @@ class Llama:
         self.memory = {}
 
 
+def embedding_model_message(path: object, arch: str) -> str:
+    """What to say when someone asks an encoder to generate text."""
+    return (
+        f"{path}: '{arch}' is an embedding model (a bidirectional encoder with no output "
+        "layer), so it cannot generate text; compute embeddings with "
+        "tensorplug_llm.Llama(path).embed(tokens)"
+    )
+
+
 def _thread_setter(backend: Backend) -> Callable[[Backend, int], None] | None:
     """ggml's ``set_n_threads`` extension of ``backend``'s registration, if it has one.
     A registration used without being registered (tests, embedders) has no hooks: its
@@ -550,10 +632,12 @@ def _thread_setter(backend: Backend) -> Callable[[Backend, int], None] | None:
         return reg.get_proc("set_n_threads")
 
 
-def _causal_mask(pos: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
+def _causal_mask(pos: np.ndarray, n_kv: int, window: int = 0, causal: bool = True) -> np.ndarray:
     """0 where cache row ``j`` holds a position ``<=`` the token's (and, with a sliding
     ``window``, fewer than ``window`` positions back: llama.cpp's standard SWA), -inf
-    elsewhere."""
+    elsewhere. Not ``causal`` (an encoder): every row up to the step's last position."""
+    if not causal:
+        pos = np.full_like(pos, pos.max())
     back = pos[:, None] - np.arange(n_kv)[None, :]
     allowed = (back >= 0) & ((back < window) if window else True)
     return np.where(allowed, np.float16(0), np.float16(-np.inf))

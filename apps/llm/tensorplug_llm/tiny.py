@@ -26,7 +26,7 @@ from tensorplug.types import Type
 
 from .tokenizer import SPACE, TokenType
 
-__all__ = ["TINY_ARCHITECTURES", "TINY_DIMS", "tiny_vocab", "write_tiny_llama"]
+__all__ = ["TINY_ARCHITECTURES", "TINY_DIMS", "TINY_WORDS", "tiny_vocab", "write_tiny_llama"]
 
 #: The architectures :func:`write_tiny_llama` writes.
 TINY_ARCHITECTURES = ("llama", "gemma2", "gemma3", "phi3", "qwen2", "qwen3", "qwen3moe")
@@ -44,7 +44,7 @@ TINY_DIMS: dict[str, int] = {
     "n_expert_used": 0,
 }
 
-_WORDS = """
+TINY_WORDS = """
 the of and to in is that it for was on are as with be at by this had not but from or have an
 they which one you were all we her she there would their will when who him been has more if
 no out so said what up its about into than them can only other new some time could these two
@@ -77,7 +77,7 @@ def tiny_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     def candidates() -> itertools.chain[str]:
         letters = [SPACE, *string.ascii_lowercase]
         others = [c for c in string.printable if c.isprintable() and c not in (*letters, " ")]
-        words = [w for word in _WORDS for w in (SPACE + word, word)]
+        words = [w for word in TINY_WORDS for w in (SPACE + word, word)]
         prefixes = [w[:k] for w in words for k in range(2, len(w) + 1)]
         pairs = ("".join(p) for p in itertools.product(string.ascii_lowercase, repeat=2))
         triples = ("".join(p) for p in itertools.product(string.ascii_lowercase, repeat=3))
