@@ -1,4 +1,5 @@
-"""Phi-3, Gemma 2 and Qwen 3 MoE in the runner, held to llama.cpp's own logits.
+"""Phi-3, Gemma 2, Qwen 3 MoE, SmolLM3 and Granite in the runner, held to llama.cpp's
+own logits.
 
 ``tests/data/arch_llamacpp.npz`` holds llama.cpp's logits (llama-cpp-python, F32 cache)
 at every position of an 11-token prompt for tiny random-weight files of each
@@ -7,7 +8,9 @@ regenerates it. Phi-3 fuses Q/K/V and gate/up into single matrices (cut by views
 and, with LongRoPE, divides rope's frequencies by its long factors beyond the original
 context and scales its magnitude; Gemma 2 soft-caps the attention and output logits,
 attends through a window on every other block, and has sandwich norms and a GELU FFN;
-Qwen 3 MoE routes each token to 2 of 4 experts behind Qwen 3's attention.
+Qwen 3 MoE routes each token to 2 of 4 experts behind Qwen 3's attention; SmolLM3 leaves
+rope out of every fourth block; Granite scales embeddings, residual branches, attention
+logits and output logits by the file's multipliers.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ sys.path.insert(0, str(DATA))
 from make_arch_fixture import FILES, N_CTX, TOKENS  # noqa: E402
 
 FIXTURE = np.load(DATA / "arch_llamacpp.npz")
-#: measured: 4e-7 of the largest logit for Phi-3 and Qwen 3 MoE (float32 rounding), 1.5e-4
+#: measured: 1-4e-7 of the largest logit for all but Gemma 2 (float32 rounding), 1.5e-4
 #: for Gemma 2, whose GELU differs from ggml's (an F16 table) as Gemma 3's does (5e-5 of
 #: the largest logit before the soft-cap of the output brings that down to 15)
 TOLERANCE = {"gemma2": 5e-4}
@@ -72,7 +75,8 @@ def test_what_sets_each_architecture_apart_changes_the_result(model: Path) -> No
     """Each feature matters to the logits, so the comparison above would catch a runner
     that ignored it: Phi-3's rope factors (the short ones at a context within the
     original one), Gemma 2's attention soft-cap, Qwen 3 MoE's renormalised expert
-    weights, Phi-3's NEOX rope."""
+    weights, Phi-3's NEOX rope, SmolLM3's blocks without rope, Granite's residual
+    multiplier."""
     want = FIXTURE[model.stem]
     name = model.stem
     with _open(model, n_ctx=64 if name == "phi3-longrope" else None, use_mmap=False) as m:
@@ -83,6 +87,10 @@ def test_what_sets_each_architecture_apart_changes_the_result(model: Path) -> No
         elif name == "phi3":
             normal = dataclasses.replace(m.config.arch, rope_mode=RopeMode.NORMAL)
             object.__setattr__(m.config, "arch", normal)
+        elif name == "smollm3":
+            object.__setattr__(m.config, "arch", dataclasses.replace(m.config.arch, nope_period=0))
+        elif name == "granite":
+            object.__setattr__(m.config, "residual_scale", 0.0)
         m._graphs.clear()
         got = m.eval(TOKENS, all_logits=True)
     assert ref.rel_err(got, want) > 1e-2

@@ -51,6 +51,12 @@ class Architecture:
     #: token-type embeddings, post-LayerNorm blocks with biases, a GELU FFN, no causal
     #: mask and no output layer; it gives embeddings, not next-token logits
     encoder: bool = False
+    #: every ``nope_period``-th layer attends without rope (SmolLM3's NoPE layers)
+    nope_period: int = 0
+    #: Granite's multipliers from the file: ``{arch}.embedding_scale`` on the embeddings,
+    #: ``residual_scale`` on each branch before its residual add, ``attention.scale`` on
+    #: the attention logits and 1/``logit_scale`` on the output logits
+    scales: bool = False
     models: str = ""
 
 
@@ -87,6 +93,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3moe": Architecture(
         "qwen3moe", rope_mode=RopeMode.NEOX, qk_norm=True, models="Qwen 3 MoE (30B-A3B ...)"
     ),
+    "smollm3": Architecture("smollm3", nope_period=4, models="SmolLM3"),
+    "granite": Architecture("granite", scales=True, models="Granite 3 (dense)"),
     "bert": Architecture(
         "bert", encoder=True, models="BERT encoders for embeddings (all-MiniLM, bge, e5 ...)"
     ),

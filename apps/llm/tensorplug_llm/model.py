@@ -80,6 +80,15 @@ class LlamaConfig:
     #: ``none``, ``mean``, ``cls``, ``last``); "none" when the file does not say
     pooling: str = "none"
     causal: bool = True  # tokens see only earlier positions (``{arch}.attention.causal``)
+    rope: bool = True  # False: no layer ropes (Granite's ``rope.scaling.finetuned`` false)
+    embd_multiplier: float = 0.0  # token embeddings times this (Granite); 0: none
+    residual_scale: float = 0.0  # each block's branches times this before the add; 0: none
+    logit_scale: float = 0.0  # output logits divided by this (Granite); 0: none
+
+    def uses_rope(self, layer: int) -> bool:
+        """Whether ``layer`` ropes Q and K (not SmolLM3's every fourth, llama.cpp's NoPE)."""
+        period = self.arch.nope_period
+        return self.rope and not (period and (layer + 1) % period == 0)
 
     @property
     def kq_scale(self) -> float:
@@ -182,7 +191,14 @@ class LlamaConfig:
                 caps[name] = cap = f.value(f"{a}.{name}", float, default)
                 _check(f, f"{a}.{name}", cap, _finite(cap) and cap > 0, "a finite number > 0")
         n_layer = f.value(f"{a}.block_count", int)
-        attn_scale = 0.0
+        scales = {"embedding_scale": 0.0, "residual_scale": 0.0, "logit_scale": 0.0,
+                  "attention.scale": 0.0}  # fmt: skip
+        if arch.scales:
+            for name in scales:
+                scales[name] = value = f.value(f"{a}.{name}", float, 0.0)
+                _check(f, f"{a}.{name}", value, _finite(value) and value >= 0,
+                       "a finite number >= 0 (0: none)")  # fmt: skip
+        attn_scale = scales["attention.scale"]
         if arch.name == "gemma2" and n_layer == 46:
             # Gemma 2 27B scales by its query_pre_attn_scalar, n_embd / n_head, not the head
             # size (llama.cpp recognises the model by its 46 blocks, as here)
@@ -222,6 +238,10 @@ class LlamaConfig:
             attn_scale=attn_scale,
             pooling=POOLING_TYPES[pooling_id],
             causal=f.value(f"{a}.attention.causal", bool, not arch.encoder),
+            rope=f.value(f"{a}.rope.scaling.finetuned", bool, True) if arch.scales else True,
+            embd_multiplier=scales["embedding_scale"],
+            residual_scale=scales["residual_scale"],
+            logit_scale=scales["logit_scale"],
         )
 
 
@@ -681,13 +701,21 @@ def decoder_block(
     q, k, v = _qkv(cfg, L, h)
     q = _normed(cfg, ops.reshape(q, (T, cfg.n_head, hd)), L.q_norm)
     k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
-    q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
+    if cfg.uses_rope(i):
+        q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
     attn = attend(cfg, q, k, v, kv_idx, mask, k_cache, v_cache, n_kv, i)
     attn = ops.mul_mat(L.wo, attn).set_name(f"attn_out-{i}")
-    x = ops.add(x, _normed(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
+    x = ops.add(x, _branch(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
     h = ops.mul(ops.rms_norm(x, cfg.eps), L.ffn_norm).set_name(f"ffn_norm-{i}")
     ffn = _moe_ffn(cfg, L, h, T, i) if L.ffn_gate_inp is not None else _dense_ffn(cfg, L, h, i)
-    return ops.add(x, _normed(cfg, ffn, L.post_ffn_norm)).set_name(f"l_out-{i}")
+    return ops.add(x, _branch(cfg, ffn, L.post_ffn_norm)).set_name(f"l_out-{i}")
+
+
+def _branch(cfg: LlamaConfig, out: Tensor, norm: Tensor | None) -> Tensor:
+    """A block branch's output as it joins the residual: normed again (sandwich norms)
+    and scaled (Granite's residual multiplier) where the architecture says so."""
+    out = _normed(cfg, out, norm)
+    return ops.scale(out, cfg.residual_scale) if cfg.residual_scale else out
 
 
 def build_step(
@@ -722,8 +750,9 @@ def build_step(
     arch = cfg.arch
 
     x = ops.get_rows(w.tok_embd, tokens).set_name("inp_embd")
-    if arch.embd_scale:
-        x = ops.scale(x, math.sqrt(cfg.n_embd)).set_name("inp_scaled")
+    if arch.embd_scale or cfg.embd_multiplier:
+        factor = cfg.embd_multiplier or math.sqrt(cfg.n_embd)
+        x = ops.scale(x, factor).set_name("inp_scaled")
     for i, L in enumerate(w.layers):
         swa = cfg.is_swa(i)
         layer_mask = mask_swa if swa and mask_swa is not None else mask
@@ -741,6 +770,8 @@ def build_step(
         if cfg.final_softcap:  # Gemma 2: c·tanh(logits / c)
             c = cfg.final_softcap
             logits = ops.scale(ops.tanh(ops.scale(logits, 1.0 / c)), c)
+        if cfg.logit_scale:  # Granite
+            logits = ops.scale(logits, 1.0 / cfg.logit_scale)
         logits = logits.set_name("result_output").set_output()
     return StepGraph(
         Graph(logits), T, n_kv, n_outputs, tokens, pos, kv_idx, mask, out_ids, logits, mask_swa,

@@ -29,7 +29,9 @@ from .tokenizer import SPACE, TokenType
 __all__ = ["TINY_ARCHITECTURES", "TINY_DIMS", "TINY_WORDS", "tiny_vocab", "write_tiny_llama"]
 
 #: The architectures :func:`write_tiny_llama` writes.
-TINY_ARCHITECTURES = ("llama", "gemma2", "gemma3", "phi3", "qwen2", "qwen3", "qwen3moe")
+TINY_ARCHITECTURES = (
+    "llama", "gemma2", "gemma3", "granite", "phi3", "qwen2", "qwen3", "qwen3moe", "smollm3",
+)  # fmt: skip
 
 #: The default tiny model: small enough for tests, shaped like a real llama (GQA, SwiGLU).
 TINY_DIMS: dict[str, int] = {
@@ -133,7 +135,9 @@ def write_tiny_llama(
     factors (``rope_factors_short``/``_long``, an original context of n_ctx / 4, and the
     ``attn_factor`` its converter computes). ``"gemma2"`` writes Gemma 2's block (sandwich
     norms, GELU FFN, a ``sliding_window`` on every other block, tied output) with small
-    soft-caps (attention 3, output 15) so that they change the result. The vocabulary is
+    soft-caps (attention 3, output 15) so that they change the result. ``"smollm3"`` is
+    llama's block without rope in every fourth; ``"granite"`` llama's with Granite's
+    embedding, residual, attention and logit multipliers. The vocabulary is
     the tiny SentencePiece one for every architecture. ``metadata`` adds keys or replaces
     the ones written (a bool, int, float, str or list of one of those; ints are written
     as INT64, floats as FLOAT32): the hostile tests write damaged files with it.
@@ -184,6 +188,11 @@ def write_tiny_llama(
         writer.add_expert_used_count(d["n_expert_used"] or min(2, n_expert))
         if arch == "qwen3moe":
             writer.add_expert_feed_forward_length(n_ff)
+    if arch == "granite":  # small multipliers of the kinds Granite 3 has (12, 0.22, 1/128, 8)
+        writer.add_embedding_scale(2.0)
+        writer.add_residual_scale(0.5)
+        writer.add_attention_scale(0.2)
+        writer.add_logit_scale(3.0)
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(3.0)
         writer.add_final_logit_softcapping(15.0)
