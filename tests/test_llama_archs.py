@@ -1,5 +1,5 @@
-"""Phi-3, Gemma 2, Qwen 3 MoE, SmolLM3 and Granite in the runner, held to llama.cpp's
-own logits.
+"""Phi-3, Gemma 2, Qwen 3 MoE, SmolLM3, Granite and OLMo 2 in the runner, held to
+llama.cpp's own logits.
 
 ``tests/data/arch_llamacpp.npz`` holds llama.cpp's logits (llama-cpp-python, F32 cache)
 at every position of an 11-token prompt for tiny random-weight files of each
@@ -10,7 +10,8 @@ context and scales its magnitude; Gemma 2 soft-caps the attention and output log
 attends through a window on every other block, and has sandwich norms and a GELU FFN;
 Qwen 3 MoE routes each token to 2 of 4 experts behind Qwen 3's attention; SmolLM3 leaves
 rope out of every fourth block; Granite scales embeddings, residual branches, attention
-logits and output logits by the file's multipliers.
+logits and output logits by the file's multipliers; OLMo 2 has no pre-norms, and
+RMS-norms Q and K over their whole projections.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import numpy as np
 import pytest
 import test_llama_reference as ref
 
+import tensorplug as tp
 from tensorplug.cli import main
+from tensorplug.gguf import GGUFError
 from tensorplug.opcodes import RopeMode
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.runner import Llama
@@ -76,7 +79,7 @@ def test_what_sets_each_architecture_apart_changes_the_result(model: Path) -> No
     that ignored it: Phi-3's rope factors (the short ones at a context within the
     original one), Gemma 2's attention soft-cap, Qwen 3 MoE's renormalised expert
     weights, Phi-3's NEOX rope, SmolLM3's blocks without rope, Granite's residual
-    multiplier."""
+    multiplier, OLMo 2's Q norm weights."""
     want = FIXTURE[model.stem]
     name = model.stem
     with _open(model, n_ctx=64 if name == "phi3-longrope" else None, use_mmap=False) as m:
@@ -91,6 +94,10 @@ def test_what_sets_each_architecture_apart_changes_the_result(model: Path) -> No
             object.__setattr__(m.config, "arch", dataclasses.replace(m.config.arch, nope_period=0))
         elif name == "granite":
             object.__setattr__(m.config, "residual_scale", 0.0)
+        elif name == "olmo2":  # one Q norm weight over the whole projection (64, not 16)
+            for layer in m.weights.layers:  # type: ignore[union-attr]
+                assert layer.q_norm is not None and layer.q_norm.shape == (64,)
+                tp.set_array(layer.q_norm, np.ones(64, np.float32))
         m._graphs.clear()
         got = m.eval(TOKENS, all_logits=True)
     assert ref.rel_err(got, want) > 1e-2
@@ -113,3 +120,12 @@ def test_tensorplug_run_generates_from_each(
     argv = ["run", str(model), "-p", "hello the world", "-n", "4", "-c", ctx, "--device", "CPU"]
     assert main(argv) == 0
     assert capsys.readouterr().out.startswith("hello the world")
+
+
+def test_olmo3s_sliding_window_is_refused_not_ignored(tmp_path: Path) -> None:
+    """OLMo 3 files name the olmo2 architecture and add a window; running them without
+    it would give wrong logits silently."""
+    path = write_tiny_llama(tmp_path / "olmo3.gguf", "f32", arch="olmo2",
+                            metadata={"olmo2.attention.sliding_window": 4})  # fmt: skip
+    with pytest.raises(GGUFError, match="OLMo 3 is not supported yet"):
+        Llama(path, warmup=False)

@@ -1,9 +1,10 @@
 """Writes arch_llamacpp.npz: llama.cpp's logits at every position of a prompt for tiny
 random-weight files of the architectures added after Qwen (Phi-3 with and without its
-LongRoPE factors, Gemma 2, Qwen 3 MoE, SmolLM3, Granite), F32 weights and F32 KV cache,
+LongRoPE factors, Gemma 2, Qwen 3 MoE, SmolLM3, Granite, OLMo 2), F32 weights and F32 KV
+cache,
 so that tests/test_llama_archs.py holds the runner to llama.cpp's own graphs for them
 (``src/models/phi3.cpp``, ``gemma2-iswa.cpp``, ``qwen3moe.cpp``, ``smollm3.cpp``,
-``granite.cpp``) without llama.cpp in CI.
+``granite.cpp``, ``olmo2.cpp``) without llama.cpp in CI.
 
 The files are written by ``tensorplug_llm.tiny.write_tiny_llama`` with the keyword
 arguments in :data:`FILES`; the same call in the test rebuilds them byte for byte.
@@ -31,6 +32,7 @@ FILES: dict[str, dict[str, object]] = {
     "qwen3moe": {"weight_type": "f32", "seed": 7, "arch": "qwen3moe", "n_layer": 3},
     "smollm3": {"weight_type": "f32", "seed": 7, "arch": "smollm3", "n_layer": 4},
     "granite": {"weight_type": "f32", "seed": 7, "arch": "granite"},
+    "olmo2": {"weight_type": "f32", "seed": 7, "arch": "olmo2"},
 }
 #: name -> the context both engines run with (default 64)
 N_CTX: dict[str, int] = {"phi3-longrope": 128}

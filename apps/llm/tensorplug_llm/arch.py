@@ -31,6 +31,11 @@ class Architecture:
     qkv_bias: bool = False
     #: per-head RMS norm of Q and K before rope (attn_q_norm / attn_k_norm)
     qk_norm: bool = False
+    #: the Q and K norms over the whole projection, not per head (OLMo 2)
+    qk_norm_full: bool = False
+    #: RMS norms before attention and FFN (attn_norm / ffn_norm); OLMo 2 has only the
+    #: post-norms
+    pre_norms: bool = True
     #: RMS norms of the attention and FFN outputs before the residual add
     post_norms: bool = False
     #: token embeddings multiplied by sqrt(n_embd)
@@ -95,6 +100,15 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "smollm3": Architecture("smollm3", nope_period=4, models="SmolLM3"),
     "granite": Architecture("granite", scales=True, models="Granite 3 (dense)"),
+    "olmo2": Architecture(
+        "olmo2",
+        rope_mode=RopeMode.NEOX,
+        qk_norm=True,
+        qk_norm_full=True,
+        pre_norms=False,
+        post_norms=True,
+        models="OLMo 2",
+    ),
     "bert": Architecture(
         "bert", encoder=True, models="BERT encoders for embeddings (all-MiniLM, bge, e5 ...)"
     ),

@@ -175,6 +175,13 @@ class LlamaConfig:
                 f"{f.path}: {a}.expert_gating_func is {f.get(f'{a}.expert_gating_func')}; this "
                 "runner routes experts by softmax only (1)"
             )
+        if a == "olmo2" and f"{a}.attention.sliding_window" in f:
+            # OLMo 3 files say olmo2 and add a window this row does not apply (Phi-3 files
+            # have a window too, which llama.cpp ignores, as here)
+            raise GGUFError(
+                f"{f.path}: {a}.attention.sliding_window is set, but this runner's '{a}' has "
+                "no sliding-window layers (OLMo 3 is not supported yet)"
+            )
         n_swa = 0
         if arch.swa_period:
             n_swa = f.value(f"{a}.attention.sliding_window", int, 0)
@@ -311,11 +318,11 @@ class LayerWeights:
     ``(n_embd_q + 2·n_embd_kv, n_embd)`` (Phi-3); the FFN's gate is its own matrix, or
     the first half of a fused ``w_up`` ``(2·n_ff, n_embd)`` when ``w_gate`` is None."""
 
-    attn_norm: Tensor
     wo: Tensor
-    ffn_norm: Tensor
     w_up: Tensor  # (n_ff, n_embd) or fused with the gate (2·n_ff, n_embd); experts stacked
     w_down: Tensor
+    attn_norm: Tensor | None = None  # pre-norms (n_embd,); OLMo 2 has none
+    ffn_norm: Tensor | None = None
     wq: Tensor | None = None
     wk: Tensor | None = None
     wv: Tensor | None = None
@@ -323,7 +330,8 @@ class LayerWeights:
     w_gate: Tensor | None = None  # (n_ff, n_embd); with experts (n_expert, n_ff, n_embd)
     rope_freqs: Tensor | None = None
     ffn_gate_inp: Tensor | None = None  # the router, (n_expert, n_embd), for a MoE layer
-    q_norm: Tensor | None = None  # per-head RMS norm weights (head_dim,): Gemma 3, Qwen 3
+    q_norm: Tensor | None = None  # RMS norm weights (head_dim,): Gemma 3, Qwen 3; OLMo 2's
+    # over the whole projection, (n_embd_q,) and (n_embd_kv,)
     k_norm: Tensor | None = None
     bq: Tensor | None = None  # projection biases (n_embd_q,), (n_embd_kv,) x 2: Qwen 2
     bk: Tensor | None = None
@@ -333,9 +341,9 @@ class LayerWeights:
 
     def norms(self) -> list[Tensor]:
         """The vectors of the layer: norm weights and biases (kept in F32)."""
-        extra = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm,
-                 self.bq, self.bk, self.bv)  # fmt: skip
-        return [self.attn_norm, self.ffn_norm, *(t for t in extra if t is not None)]
+        every = (self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm,
+                 self.post_ffn_norm, self.bq, self.bk, self.bv)  # fmt: skip
+        return [t for t in every if t is not None]
 
 
 @dataclass
@@ -415,9 +423,13 @@ class LlamaWeights:
                 }
             )
             norms = {}
+            if arch.pre_norms:
+                norms["attn_norm"] = get(p + "attn_norm.weight", (d,))
+                norms["ffn_norm"] = get(p + "ffn_norm.weight", (d,))
             if arch.qk_norm:
-                norms["q_norm"] = get(p + "attn_q_norm.weight", (cfg.head_dim,))
-                norms["k_norm"] = get(p + "attn_k_norm.weight", (cfg.head_dim,))
+                full = arch.qk_norm_full
+                norms["q_norm"] = get(p + "attn_q_norm.weight", (q if full else cfg.head_dim,))
+                norms["k_norm"] = get(p + "attn_k_norm.weight", (kv if full else cfg.head_dim,))
             if arch.qkv_bias:
                 norms["bq"] = get(p + "attn_q.bias", (q,))
                 norms["bk"] = get(p + "attn_k.bias", (kv,))
@@ -429,9 +441,7 @@ class LlamaWeights:
                 LayerWeights(
                     **norms,
                     **qkv,
-                    attn_norm=get(p + "attn_norm.weight", (d,)),
                     wo=get(p + "attn_output.weight", (d, q)),
-                    ffn_norm=get(p + "ffn_norm.weight", (d,)),
                     **ffn,
                     rope_freqs=(
                         get(freqs, (cfg.n_rot // 2,), f"{p}rope_freqs")
@@ -591,6 +601,12 @@ def _normed(cfg: LlamaConfig, x: Tensor, weight: Tensor | None) -> Tensor:
     return x if weight is None else ops.mul(ops.rms_norm(x, cfg.eps), weight)
 
 
+def _pre_normed(cfg: LlamaConfig, x: Tensor, weight: Tensor | None, name: str) -> Tensor:
+    """A branch's input: the residual stream RMS-normed (named ``name``), or the stream
+    itself where the architecture has no pre-norm (OLMo 2)."""
+    return x if weight is None else _normed(cfg, x, weight).set_name(name)
+
+
 def _biased(x: Tensor, bias: Tensor | None) -> Tensor:
     """``x + bias`` (a projection's bias, broadcast over tokens); ``x`` without one."""
     return x if bias is None else ops.add(x, bias)
@@ -697,16 +713,20 @@ def decoder_block(
     decide the details; every model, and the demo's single block, is built here."""
     T, hd = x.shape[0], cfg.head_dim
     swa = cfg.is_swa(i)
-    h = ops.mul(ops.rms_norm(x, cfg.eps), L.attn_norm).set_name(f"attn_norm-{i}")
+    h = _pre_normed(cfg, x, L.attn_norm, f"attn_norm-{i}")
     q, k, v = _qkv(cfg, L, h)
-    q = _normed(cfg, ops.reshape(q, (T, cfg.n_head, hd)), L.q_norm)
-    k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
+    if cfg.arch.qk_norm_full:  # OLMo 2: over the whole projection, then into heads
+        q, k = _normed(cfg, q, L.q_norm), _normed(cfg, k, L.k_norm)
+        q, k = ops.reshape(q, (T, cfg.n_head, hd)), ops.reshape(k, (T, cfg.n_head_kv, hd))
+    else:
+        q = _normed(cfg, ops.reshape(q, (T, cfg.n_head, hd)), L.q_norm)
+        k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
     if cfg.uses_rope(i):
         q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
     attn = attend(cfg, q, k, v, kv_idx, mask, k_cache, v_cache, n_kv, i)
     attn = ops.mul_mat(L.wo, attn).set_name(f"attn_out-{i}")
     x = ops.add(x, _branch(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
-    h = ops.mul(ops.rms_norm(x, cfg.eps), L.ffn_norm).set_name(f"ffn_norm-{i}")
+    h = _pre_normed(cfg, x, L.ffn_norm, f"ffn_norm-{i}")
     ffn = _moe_ffn(cfg, L, h, T, i) if L.ffn_gate_inp is not None else _dense_ffn(cfg, L, h, i)
     return ops.add(x, _branch(cfg, ffn, L.post_ffn_norm)).set_name(f"l_out-{i}")
 

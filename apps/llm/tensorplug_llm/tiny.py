@@ -30,7 +30,8 @@ __all__ = ["TINY_ARCHITECTURES", "TINY_DIMS", "TINY_WORDS", "tiny_vocab", "write
 
 #: The architectures :func:`write_tiny_llama` writes.
 TINY_ARCHITECTURES = (
-    "llama", "gemma2", "gemma3", "granite", "phi3", "qwen2", "qwen3", "qwen3moe", "smollm3",
+    "llama", "gemma2", "gemma3", "granite", "olmo2", "phi3", "qwen2", "qwen3", "qwen3moe",
+    "smollm3",
 )  # fmt: skip
 
 #: The default tiny model: small enough for tests, shaped like a real llama (GQA, SwiGLU).
@@ -137,7 +138,8 @@ def write_tiny_llama(
     norms, GELU FFN, a ``sliding_window`` on every other block, tied output) with small
     soft-caps (attention 3, output 15) so that they change the result. ``"smollm3"`` is
     llama's block without rope in every fourth; ``"granite"`` llama's with Granite's
-    embedding, residual, attention and logit multipliers. The vocabulary is
+    embedding, residual, attention and logit multipliers; ``"olmo2"`` OLMo 2's (no
+    pre-norms, post-norms, Q/K norms over whole projections, NEOX rope). The vocabulary is
     the tiny SentencePiece one for every architecture. ``metadata`` adds keys or replaces
     the ones written (a bool, int, float, str or list of one of those; ints are written
     as INT64, floats as FLOAT32): the hostile tests write damaged files with it.
@@ -159,6 +161,7 @@ def write_tiny_llama(
         raise ValueError(f"the tiny writer knows {', '.join(TINY_ARCHITECTURES)}; not {arch!r}")
     gemma = arch in ("gemma2", "gemma3")
     qk_norm = arch in ("gemma3", "qwen3", "qwen3moe")
+    olmo = arch == "olmo2"  # post-norms only; Q/K norms over the whole projections
     fused = arch == "phi3"
     tied = tied or gemma
     if arch == "qwen3moe" and not d["n_expert"]:
@@ -237,7 +240,8 @@ def write_tiny_llama(
     matrix("token_embd.weight", d["n_vocab"], n_embd, scale=np.sqrt(n_embd))
     for i in range(d["n_layer"]):
         p = f"blk.{i}."
-        norm(p + "attn_norm.weight")
+        if not olmo:
+            norm(p + "attn_norm.weight")
         if fused:
             matrix(p + "attn_qkv.weight", n_embd + 2 * n_kv, n_embd)
         else:
@@ -245,11 +249,15 @@ def write_tiny_llama(
             matrix(p + "attn_k.weight", n_kv, n_embd)
             matrix(p + "attn_v.weight", n_kv, n_embd)
         matrix(p + "attn_output.weight", n_embd, n_embd)
-        norm(p + "ffn_norm.weight")
+        if not olmo:  # (the order of the draws keeps every earlier tiny file as it was)
+            norm(p + "ffn_norm.weight")
+        if olmo:
+            norm(p + "attn_q_norm.weight", n_embd)
+            norm(p + "attn_k_norm.weight", n_kv)
         if qk_norm:
             norm(p + "attn_q_norm.weight", head_dim)
             norm(p + "attn_k_norm.weight", head_dim)
-        if gemma:
+        if gemma or olmo:
             norm(p + "post_attention_norm.weight")
             norm(p + "post_ffw_norm.weight")
         if arch == "qwen2":  # biases of the three projections, F32 as converters keep them
