@@ -1,5 +1,5 @@
-"""Phi-3, Gemma 2, Qwen 3 MoE, SmolLM3, Granite and OLMo 2 in the runner, held to
-llama.cpp's own logits.
+"""Phi-3, Gemma 2, Qwen 3 MoE, SmolLM3, Granite, OLMo 2 and Mistral 3 in the runner, held
+to llama.cpp's own logits.
 
 ``tests/data/arch_llamacpp.npz`` holds llama.cpp's logits (llama-cpp-python, F32 cache)
 at every position of an 11-token prompt for tiny random-weight files of each
@@ -11,7 +11,8 @@ attends through a window on every other block, and has sandwich norms and a GELU
 Qwen 3 MoE routes each token to 2 of 4 experts behind Qwen 3's attention; SmolLM3 leaves
 rope out of every fourth block; Granite scales embeddings, residual branches, attention
 logits and output logits by the file's multipliers; OLMo 2 has no pre-norms, and
-RMS-norms Q and K over their whole projections.
+RMS-norms Q and K over their whole projections; Mistral 3 is llama's block, with YaRN as
+llama's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import tensorplug as tp
 from tensorplug.cli import main
 from tensorplug.gguf import GGUFError
 from tensorplug.opcodes import RopeMode
+from tensorplug_llm.model import LlamaWeights
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.runner import Llama
 from tensorplug_llm.tiny import write_tiny_llama
@@ -79,7 +81,7 @@ def test_what_sets_each_architecture_apart_changes_the_result(model: Path) -> No
     that ignored it: Phi-3's rope factors (the short ones at a context within the
     original one), Gemma 2's attention soft-cap, Qwen 3 MoE's renormalised expert
     weights, Phi-3's NEOX rope, SmolLM3's blocks without rope, Granite's residual
-    multiplier, OLMo 2's Q norm weights."""
+    multiplier, OLMo 2's Q norm weights, Mistral 3's rope and YaRN's ramp."""
     want = FIXTURE[model.stem]
     name = model.stem
     with _open(model, n_ctx=64 if name == "phi3-longrope" else None, use_mmap=False) as m:
@@ -94,8 +96,14 @@ def test_what_sets_each_architecture_apart_changes_the_result(model: Path) -> No
             object.__setattr__(m.config, "arch", dataclasses.replace(m.config.arch, nope_period=0))
         elif name == "granite":
             object.__setattr__(m.config, "residual_scale", 0.0)
+        elif name == "mistral3":
+            neox = dataclasses.replace(m.config.arch, rope_mode=RopeMode.NEOX)
+            object.__setattr__(m.config, "arch", neox)
+        elif name == "mistral3-yarn":
+            object.__setattr__(m.config, "rope_ext_factor", 0.0)
         elif name == "olmo2":  # one Q norm weight over the whole projection (64, not 16)
-            for layer in m.weights.layers:  # type: ignore[union-attr]
+            assert isinstance(m.weights, LlamaWeights)
+            for layer in m.weights.layers:
                 assert layer.q_norm is not None and layer.q_norm.shape == (64,)
                 tp.set_array(layer.q_norm, np.ones(64, np.float32))
         m._graphs.clear()
@@ -128,4 +136,11 @@ def test_olmo3s_sliding_window_is_refused_not_ignored(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "olmo3.gguf", "f32", arch="olmo2",
                             metadata={"olmo2.attention.sliding_window": 4})  # fmt: skip
     with pytest.raises(GGUFError, match="OLMo 3 is not supported yet"):
+        Llama(path, warmup=False)
+
+
+def test_llama4_temperature_tuning_is_refused_not_ignored(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "m3.gguf", "f32", arch="mistral3",
+                            metadata={"mistral3.attention.temperature_scale": 0.1})  # fmt: skip
+    with pytest.raises(GGUFError, match="temperature_scale is set"):
         Llama(path, warmup=False)

@@ -1,10 +1,10 @@
 """Writes arch_llamacpp.npz: llama.cpp's logits at every position of a prompt for tiny
 random-weight files of the architectures added after Qwen (Phi-3 with and without its
-LongRoPE factors, Gemma 2, Qwen 3 MoE, SmolLM3, Granite, OLMo 2), F32 weights and F32 KV
-cache,
-so that tests/test_llama_archs.py holds the runner to llama.cpp's own graphs for them
-(``src/models/phi3.cpp``, ``gemma2-iswa.cpp``, ``qwen3moe.cpp``, ``smollm3.cpp``,
-``granite.cpp``, ``olmo2.cpp``) without llama.cpp in CI.
+LongRoPE factors, Gemma 2, Qwen 3 MoE, SmolLM3, Granite, OLMo 2, Mistral 3 with and
+without YaRN), F32 weights and F32 KV cache, so that tests/test_llama_archs.py holds the
+runner to llama.cpp's own graphs for them (``src/models/phi3.cpp``, ``gemma2-iswa.cpp``,
+``qwen3moe.cpp``, ``smollm3.cpp``, ``granite.cpp``, ``olmo2.cpp``, ``mistral3.cpp``)
+without llama.cpp in CI.
 
 The files are written by ``tensorplug_llm.tiny.write_tiny_llama`` with the keyword
 arguments in :data:`FILES`; the same call in the test rebuilds them byte for byte.
@@ -33,6 +33,13 @@ FILES: dict[str, dict[str, object]] = {
     "smollm3": {"weight_type": "f32", "seed": 7, "arch": "smollm3", "n_layer": 4},
     "granite": {"weight_type": "f32", "seed": 7, "arch": "granite"},
     "olmo2": {"weight_type": "f32", "seed": 7, "arch": "olmo2"},
+    "mistral3": {"weight_type": "f32", "seed": 7, "arch": "mistral3"},
+    "mistral3-yarn": {
+        "weight_type": "f32",
+        "seed": 7,
+        "arch": "mistral3",
+        "rope_scaling": ("yarn", 4.0),
+    },
 }
 #: name -> the context both engines run with (default 64)
 N_CTX: dict[str, int] = {"phi3-longrope": 128}

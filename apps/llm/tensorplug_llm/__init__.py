@@ -1,7 +1,7 @@
 """Running real GGUF language models on tensorplug: the llama family (Llama, Mistral,
-SmolLM2, Mixtral), Qwen 2/3, Qwen 3 MoE, Phi-3, Gemma 2/3, SmolLM3, Granite, OLMo 2 over one
-block builder, BERT encoders for embeddings, their tokenizers, a KV cache, the
-scheduler, sampling and chat.
+SmolLM2, Mixtral), Qwen 2/3, Qwen 3 MoE, Phi-3, Gemma 2/3, SmolLM3, Granite, OLMo 2 and
+Mistral 3 over one block builder, BERT encoders for embeddings, their tokenizers, a KV
+cache, the scheduler, sampling and chat.
 
 ::
 

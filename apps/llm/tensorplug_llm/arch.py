@@ -109,6 +109,9 @@ ARCHITECTURES: dict[str, Architecture] = {
         post_norms=True,
         models="OLMo 2",
     ),
+    # llama's block; its YaRN is llama's too in llama.cpp 0.3.36 (later versions cancel
+    # YaRN's magnitude factor; the recorded test would show a change)
+    "mistral3": Architecture("mistral3", models="Mistral 3 / Ministral 3 (text)"),
     "bert": Architecture(
         "bert", encoder=True, models="BERT encoders for embeddings (all-MiniLM, bge, e5 ...)"
     ),

@@ -188,6 +188,11 @@ class LlamaConfig:
             if f"{a}.attention.sliding_window" in f:
                 _check(f, f"{a}.attention.sliding_window", n_swa, n_swa >= 1,
                        "at least 1 (the positions a token sees, itself included)")  # fmt: skip
+        if f.value(f"{a}.attention.temperature_scale", float, 0.0):
+            raise GGUFError(
+                f"{f.path}: {a}.attention.temperature_scale is set; this runner does not scale "
+                "attention by position (Llama 4's temperature tuning) yet"
+            )
         attn_factor = f.value(f"{a}.rope.scaling.attn_factor", float, 1.0)
         _check(f, f"{a}.rope.scaling.attn_factor", attn_factor,
                _finite(attn_factor) and attn_factor > 0, "a finite number > 0")  # fmt: skip

@@ -30,8 +30,8 @@ __all__ = ["TINY_ARCHITECTURES", "TINY_DIMS", "TINY_WORDS", "tiny_vocab", "write
 
 #: The architectures :func:`write_tiny_llama` writes.
 TINY_ARCHITECTURES = (
-    "llama", "gemma2", "gemma3", "granite", "olmo2", "phi3", "qwen2", "qwen3", "qwen3moe",
-    "smollm3",
+    "llama", "gemma2", "gemma3", "granite", "mistral3", "olmo2", "phi3", "qwen2", "qwen3",
+    "qwen3moe", "smollm3",
 )  # fmt: skip
 
 #: The default tiny model: small enough for tests, shaped like a real llama (GQA, SwiGLU).
