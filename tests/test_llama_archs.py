@@ -76,6 +76,20 @@ def test_the_logits_are_llama_cpps_at_every_position(model: Path) -> None:
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
+def test_the_logits_are_llama_cpps_on_opencl_too(model: Path) -> None:
+    """Every op the new blocks add (soft-capped attention, tanh, views of fused products,
+    partial rope, LayerNorm) on another backend: all of the graph runs there."""
+    dev = tp.dev_by_name("OpenCL0")
+    if dev is None:
+        pytest.skip("no OpenCL device (pip install pocl-binary-distribution)")
+    n_layer = int(FILES[model.stem].get("n_layer", 2))  # type: ignore[call-overload]
+    with Llama(model, placement=Placement.on(dev, n_layer), n_ctx=N_CTX.get(model.stem, 64),
+               cache_type="f32", warmup=False) as m:  # fmt: skip
+        got = m.eval(TOKENS, all_logits=True)
+        assert [split[0] for split in m.split_summaries["prompt"].splits] == ["OpenCL0"]
+    assert ref.rel_err(got, FIXTURE[model.stem]) <= TOLERANCE.get(model.stem, 1e-5)
+
+
 def test_what_sets_each_architecture_apart_changes_the_result(model: Path) -> None:
     """Each feature matters to the logits, so the comparison above would catch a runner
     that ignored it: Phi-3's rope factors (the short ones at a context within the

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import test_llama_reference as ref
 
+import tensorplug as tp
 from tensorplug.cli import main
 from tensorplug.errors import RunError
 from tensorplug_llm.placement import Placement, host_cpu
@@ -111,3 +112,14 @@ def test_tensorplug_run_says_a_bert_file_is_an_embedding_model(
     err = capsys.readouterr().err
     assert "'bert' is an embedding model" in err and ".embed(tokens)" in err
     assert "Traceback" not in err and "placement" not in err
+
+
+def test_bert_embeds_on_opencl_too(models: dict[str, Path]) -> None:
+    dev = tp.dev_by_name("OpenCL0")
+    if dev is None:
+        pytest.skip("no OpenCL device (pip install pocl-binary-distribution)")
+    with Llama(models["bert"], placement=Placement.on(dev, 2), n_ctx=128, cache_type="f32",
+               warmup=False) as m:  # fmt: skip
+        got = np.stack([m.embed(ids, "mean") for ids in TOKENS["bert"]])
+        assert [split[0] for split in m.split_summaries["prompt"].splits] == ["OpenCL0"]
+    assert ref.rel_err(got, FIXTURE["bert-1"]) <= TOLERANCE["bert"]
