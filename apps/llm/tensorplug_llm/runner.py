@@ -375,7 +375,9 @@ class Llama:
         every token ``(len(tokens), n_vocab)``. Long inputs run in chunks of
         ``n_batch``. ``prompt`` says which timings the step counts in; None: by its
         size, as llama.cpp counts (batches are prompt time, single tokens generation),
-        which would count a one-token prompt as a generated token.
+        which would count a one-token prompt as a generated token. An encoder (BERT) has
+        no logits: its rows are the final hidden states ``(n_embd,)``; :meth:`embed`
+        pools them.
         """
         ids = self._checked(tokens, "eval")
         outs = []
