@@ -31,7 +31,12 @@ FILES: dict[str, tuple[str, dict[str, object]]] = {
 }
 #: (file, pooling as llama.cpp's number: 1 mean, 2 cls, 3 last)
 CASES = [("bert", 1), ("bert", 2), ("llama", 1), ("llama", 3)]
-TEXTS = ["hello the world", "The tensor plug, a graph device!", "what time is it"]
+TEXTS = [
+    "hello the world",
+    "The tensor plug, a graph device!",
+    "what time is it",
+    "Naïve café: 中文 tests",
+]
 
 _LLAMA_CPP = """
 import json, sys, numpy as np, llama_cpp
