@@ -1,5 +1,6 @@
 """Running real GGUF language models on tensorplug: the llama family (Llama, Mistral,
-SmolLM2, Mixtral), Qwen 2/3 and Gemma 3 over one block builder, their tokenizers, a KV
+SmolLM2, Mixtral), Qwen 2/3, Qwen 3 MoE, Phi-3, Gemma 2/3, SmolLM3, Granite, OLMo 2 and
+Mistral 3 over one block builder, BERT encoders for embeddings, their tokenizers, a KV
 cache, the scheduler, sampling and chat.
 
 ::
@@ -13,15 +14,17 @@ cache, the scheduler, sampling and chat.
     print(model.vocab.decode(ids + gen.tokens), model.timings.gen_tps)
 
 Modules: :mod:`.arch` (the architectures, as switches of one block builder),
-:mod:`.model` (hyper-parameters, weights, KV cache, step graphs),
+:mod:`.model` (hyper-parameters, weights, KV cache, step graphs), :mod:`.encoder` (the
+BERT family's weights and graph),
 :mod:`.runner` (loading, placement on devices, evaluation, generation, timings),
 :mod:`.tokenizer` (SentencePiece, BPE, WordPiece; ``tensorplug tokenize``),
 :mod:`.sampling` (llama.cpp's sampler chain, logprobs), :mod:`.constraint` (structured
 output through llguidance), :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models
-for demos and tests), :mod:`.chat` (``tensorplug chat``), :mod:`.run_cli` (``tensorplug
-run``, :func:`~.run_cli.demo_model`) and :mod:`.demo` (``tensorplug demo``);
-:mod:`.commands` adds those four to the ``tensorplug`` command. Nothing here imports the
-``gguf`` package until a file is read or written.
+for demos and tests; :mod:`.tiny_bert` the same for BERT), :mod:`.chat` (``tensorplug
+chat``), :mod:`.run_cli` (``tensorplug run``, :func:`~.run_cli.demo_model`) and
+:mod:`.demo` (``tensorplug demo``); :mod:`.commands` adds those four to the
+``tensorplug`` command. Nothing here imports the ``gguf`` package until a file is read
+or written.
 
 The names below are imported on first use (PEP 562), not with the package: the
 ``tensorplug`` command imports :mod:`.commands` each time it starts, which imports this
@@ -35,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .batch import Batch
+    from .constraint import Constraint, ConstraintError, constraint_for
     from .engine import Engine
     from .kv_cells import KVCells
-    from .constraint import Constraint, ConstraintError, constraint_for
     from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
     from .placement import Placement
     from .request import Request, RequestError, RequestHandle, TokenEvent
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
     from .runner import ContextFullError, Generation, Llama, SplitSummary, Timings
     from .sampling import SampledToken, Sampler, SamplerParams, SamplingParams, TokenSampler
     from .tiny import TINY_DIMS, tiny_vocab, write_tiny_llama
+    from .tiny_bert import write_tiny_bert
     from .tokenizer import StreamDecoder, Vocab
 
 #: Each public name and the module that defines it.
@@ -64,6 +68,7 @@ _HOMES = {
     "Sampler": "sampling", "SamplerParams": "sampling", "SampledToken": "sampling",
     "SamplingParams": "sampling", "TokenSampler": "sampling",
     "TINY_DIMS": "tiny", "tiny_vocab": "tiny", "write_tiny_llama": "tiny",
+    "write_tiny_bert": "tiny_bert",
     "StreamDecoder": "tokenizer", "Vocab": "tokenizer",
 }  # fmt: skip
 
@@ -113,5 +118,6 @@ __all__ = [
     "constraint_for",
     "demo_model",
     "tiny_vocab",
+    "write_tiny_bert",
     "write_tiny_llama",
 ]

@@ -31,6 +31,11 @@ class Architecture:
     qkv_bias: bool = False
     #: per-head RMS norm of Q and K before rope (attn_q_norm / attn_k_norm)
     qk_norm: bool = False
+    #: the Q and K norms over the whole projection, not per head (OLMo 2)
+    qk_norm_full: bool = False
+    #: RMS norms before attention and FFN (attn_norm / ffn_norm); OLMo 2 has only the
+    #: post-norms
+    pre_norms: bool = True
     #: RMS norms of the attention and FFN outputs before the residual add
     post_norms: bool = False
     #: token embeddings multiplied by sqrt(n_embd)
@@ -39,8 +44,24 @@ class Architecture:
     #: ``{arch}.attention.sliding_window`` (0: no sliding window)
     swa_period: int = 0
     #: rope base of the sliding-window layers (not in Gemma 3's files: its config's
-    #: rope_local_base_freq, fixed in llama.cpp)
-    swa_rope_base: float = 10000.0
+    #: rope_local_base_freq, fixed in llama.cpp); None: the file's own base (Gemma 2)
+    swa_rope_base: float | None = 10000.0
+    #: Q, K and V as one product (``attn_qkv``) and the FFN's gate and up halves as one
+    #: (``ffn_up`` of 2·n_ff rows, no ``ffn_gate``): Phi-3
+    fused: bool = False
+    #: tanh soft-capping of the attention logits and of the output logits, by the caps
+    #: ``{arch}.attn_logit_softcapping`` and ``{arch}.final_logit_softcapping``: Gemma 2
+    softcap: bool = False
+    #: a bidirectional encoder of the BERT family (``encoder.py``): absolute position and
+    #: token-type embeddings, post-LayerNorm blocks with biases, a GELU FFN, no causal
+    #: mask and no output layer; it gives embeddings, not next-token logits
+    encoder: bool = False
+    #: every ``nope_period``-th layer attends without rope (SmolLM3's NoPE layers)
+    nope_period: int = 0
+    #: Granite's multipliers from the file: ``{arch}.embedding_scale`` on the embeddings,
+    #: ``residual_scale`` on each branch before its residual add, ``attention.scale`` on
+    #: the attention logits and 1/``logit_scale`` on the output logits
+    scales: bool = False
     models: str = ""
 
 
@@ -59,6 +80,40 @@ ARCHITECTURES: dict[str, Architecture] = {
         embd_scale=True,
         swa_period=6,
         models="Gemma 3 (text)",
+    ),
+    "phi3": Architecture(
+        "phi3", rope_mode=RopeMode.NEOX, fused=True, models="Phi-3, Phi-3.5, Phi-4"
+    ),
+    "gemma2": Architecture(
+        "gemma2",
+        rope_mode=RopeMode.NEOX,
+        ffn="geglu",
+        post_norms=True,
+        embd_scale=True,
+        swa_period=2,
+        swa_rope_base=None,
+        softcap=True,
+        models="Gemma 2",
+    ),
+    "qwen3moe": Architecture(
+        "qwen3moe", rope_mode=RopeMode.NEOX, qk_norm=True, models="Qwen 3 MoE (30B-A3B ...)"
+    ),
+    "smollm3": Architecture("smollm3", nope_period=4, models="SmolLM3"),
+    "granite": Architecture("granite", scales=True, models="Granite 3 (dense)"),
+    "olmo2": Architecture(
+        "olmo2",
+        rope_mode=RopeMode.NEOX,
+        qk_norm=True,
+        qk_norm_full=True,
+        pre_norms=False,
+        post_norms=True,
+        models="OLMo 2",
+    ),
+    # llama's block; its YaRN is llama's too in llama.cpp 0.3.36 (later versions cancel
+    # YaRN's magnitude factor; the recorded test would show a change)
+    "mistral3": Architecture("mistral3", models="Mistral 3 / Ministral 3 (text)"),
+    "bert": Architecture(
+        "bert", encoder=True, models="BERT encoders for embeddings (all-MiniLM, bge, e5 ...)"
     ),
 }
 

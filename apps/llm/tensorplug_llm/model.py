@@ -37,7 +37,9 @@ from tensorplug.types import Type
 from .arch import ARCHITECTURES, Architecture, architecture
 
 __all__ = [
+    "POOLING_TYPES",
     "KVCache",
+    "attend",
     "LayerWeights",
     "LlamaConfig",
     "LlamaWeights",
@@ -69,8 +71,30 @@ class LlamaConfig:
     rope_n_ctx_orig: int = 0  # YaRN's original training context (0: n_ctx_train)
     n_expert: int = 0  # mixture of experts (Mixtral): experts per layer, 0 for a dense FFN
     n_expert_used: int = 0  # experts each token goes through
+    expert_weights_norm: bool = True  # the chosen experts' probabilities renormalised to 1
     arch: Architecture = ARCHITECTURES["llama"]
     n_swa: int = 0  # sliding window (positions a token sees, itself included); 0: none
+    rope_attn_factor: float = 1.0  # rope's magnitude scale (Phi-3's LongRoPE attn_factor)
+    attn_softcap: float = 0.0  # attention logits -> c·tanh(logits/c) (Gemma 2); 0: none
+    final_softcap: float = 0.0  # the same on the output logits
+    attn_scale: float = 0.0  # the attention logits' scale; 0: 1/sqrt(head_dim)
+    #: how embeddings pool the hidden states (``{arch}.pooling_type``: llama.cpp's
+    #: ``none``, ``mean``, ``cls``, ``last``); "none" when the file does not say
+    pooling: str = "none"
+    causal: bool = True  # tokens see only earlier positions (``{arch}.attention.causal``)
+    rope: bool = True  # False: no layer ropes (Granite's ``rope.scaling.finetuned`` false)
+    embd_multiplier: float = 0.0  # token embeddings times this (Granite); 0: none
+    residual_scale: float = 0.0  # each block's branches times this before the add; 0: none
+    logit_scale: float = 0.0  # output logits divided by this (Granite); 0: none
+
+    def uses_rope(self, layer: int) -> bool:
+        """Whether ``layer`` ropes Q and K (not SmolLM3's every fourth, llama.cpp's NoPE)."""
+        period = self.arch.nope_period
+        return self.rope and not (period and (layer + 1) % period == 0)
+
+    @property
+    def kq_scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
 
     def is_swa(self, layer: int) -> bool:
         """Whether ``layer`` attends through the sliding window (ggml's swa pattern)."""
@@ -109,8 +133,11 @@ class LlamaConfig:
                 f"{f.path}: {a}.attention.value_length ({v_dim}) differs from key_length "
                 f"({head_dim}); this runner needs them equal"
             )
-        n_ff = _per_layer_constant(f, f"{a}.feed_forward_length")
-        _check(f, f"{a}.feed_forward_length", n_ff, n_ff >= 1, "at least 1")
+        n_ff_key = f"{a}.feed_forward_length"
+        if f"{a}.expert_feed_forward_length" in f and f.value(f"{a}.expert_count", int, 0):
+            n_ff_key = f"{a}.expert_feed_forward_length"  # Qwen 3 MoE: the experts' size
+        n_ff = _per_layer_constant(f, n_ff_key)
+        _check(f, n_ff_key, n_ff, n_ff >= 1, "at least 1")
         n_rot = f.value(f"{a}.rope.dimension_count", int, head_dim)
         if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
             raise GGUFError(
@@ -120,9 +147,16 @@ class LlamaConfig:
         rope_base = f.value(f"{a}.rope.freq_base", float, 10000.0)
         _check(f, f"{a}.rope.freq_base", rope_base, _finite(rope_base) and rope_base > 0,
                "a finite number > 0 (rope's base frequency, e.g. 10000)")  # fmt: skip
-        eps = f.value(f"{a}.attention.layer_norm_rms_epsilon", float)
-        _check(f, f"{a}.attention.layer_norm_rms_epsilon", eps, _finite(eps) and eps >= 0,
+        eps_key = f"{a}.attention.layer_norm_{'' if arch.encoder else 'rms_'}epsilon"
+        eps = f.value(eps_key, float)
+        _check(f, eps_key, eps, _finite(eps) and eps >= 0,
                "a finite number >= 0 (e.g. 1e-5)")  # fmt: skip
+        pooling_id = f.value(f"{a}.pooling_type", int, 0)
+        if not 0 <= pooling_id < len(POOLING_TYPES) - 1:  # rank (4): rerankers, not here
+            raise GGUFError(
+                f"{f.path}: {a}.pooling_type = {pooling_id}; this runner pools by 0-3 "
+                f"({', '.join(POOLING_TYPES[:4])})"
+            )
         scaling = f.value(f"{a}.rope.scaling.type", str, "none")
         if scaling not in ("none", "linear", "yarn"):
             raise GGUFError(
@@ -138,12 +172,51 @@ class LlamaConfig:
                 f"{f.path}: {a}.expert_used_count ({n_expert_used}) must be between 1 and "
                 f"{a}.expert_count ({n_expert})"
             )
+        if f.value(f"{a}.expert_gating_func", int, 1) != 1:  # llama.cpp's SOFTMAX
+            raise GGUFError(
+                f"{f.path}: {a}.expert_gating_func is {f.get(f'{a}.expert_gating_func')}; this "
+                "runner routes experts by softmax only (1)"
+            )
+        if a == "olmo2" and f"{a}.attention.sliding_window" in f:
+            # OLMo 3 files say olmo2 and add a window this row does not apply (Phi-3 files
+            # have a window too, which llama.cpp ignores, as here)
+            raise GGUFError(
+                f"{f.path}: {a}.attention.sliding_window is set, but this runner's '{a}' has "
+                "no sliding-window layers (OLMo 3 is not supported yet)"
+            )
         n_swa = 0
         if arch.swa_period:
             n_swa = f.value(f"{a}.attention.sliding_window", int, 0)
             if f"{a}.attention.sliding_window" in f:
                 _check(f, f"{a}.attention.sliding_window", n_swa, n_swa >= 1,
                        "at least 1 (the positions a token sees, itself included)")  # fmt: skip
+        if f.value(f"{a}.attention.temperature_scale", float, 0.0):
+            raise GGUFError(
+                f"{f.path}: {a}.attention.temperature_scale is set; this runner does not scale "
+                "attention by position (Llama 4's temperature tuning) yet"
+            )
+        attn_factor = f.value(f"{a}.rope.scaling.attn_factor", float, 1.0)
+        _check(f, f"{a}.rope.scaling.attn_factor", attn_factor,
+               _finite(attn_factor) and attn_factor > 0, "a finite number > 0")  # fmt: skip
+        caps = {"attn_logit_softcapping": 0.0, "final_logit_softcapping": 0.0}
+        if arch.softcap:  # llama.cpp's defaults when the file has no key: Gemma 2's own
+            for name, default in (("attn_logit_softcapping", 50.0),
+                                  ("final_logit_softcapping", 30.0)):  # fmt: skip
+                caps[name] = cap = f.value(f"{a}.{name}", float, default)
+                _check(f, f"{a}.{name}", cap, _finite(cap) and cap > 0, "a finite number > 0")
+        n_layer = f.value(f"{a}.block_count", int)
+        scales = {"embedding_scale": 0.0, "residual_scale": 0.0, "logit_scale": 0.0,
+                  "attention.scale": 0.0}  # fmt: skip
+        if arch.scales:
+            for name in scales:
+                scales[name] = value = f.value(f"{a}.{name}", float, 0.0)
+                _check(f, f"{a}.{name}", value, _finite(value) and value >= 0,
+                       "a finite number >= 0 (0: none)")  # fmt: skip
+        attn_scale = scales["attention.scale"]
+        if arch.name == "gemma2" and n_layer == 46:
+            # Gemma 2 27B scales by its query_pre_attn_scalar, n_embd / n_head, not the head
+            # size (llama.cpp recognises the model by its 46 blocks, as here)
+            attn_scale = 1.0 / math.sqrt(n_embd / n_head)
         n_ctx_train = f.value(f"{a}.context_length", int)
         n_ctx_orig = f.value(f"{a}.rope.scaling.original_context_length", int, n_ctx_train)
         _check(f, f"{a}.rope.scaling.original_context_length", n_ctx_orig, n_ctx_orig >= 1,
@@ -157,7 +230,7 @@ class LlamaConfig:
             n_vocab=n_vocab,
             n_ctx_train=n_ctx_train,
             n_embd=n_embd,
-            n_layer=f.value(f"{a}.block_count", int),
+            n_layer=n_layer,
             n_head=n_head,
             n_head_kv=n_head_kv,
             n_ff=n_ff,
@@ -170,10 +243,24 @@ class LlamaConfig:
             rope_n_ctx_orig=n_ctx_orig,
             n_expert=n_expert,
             n_expert_used=n_expert_used if n_expert else 0,
+            expert_weights_norm=f.value(f"{a}.expert_weights_norm", bool, True),
             arch=arch,
             n_swa=n_swa,
+            rope_attn_factor=attn_factor,
+            attn_softcap=caps["attn_logit_softcapping"],
+            final_softcap=caps["final_logit_softcapping"],
+            attn_scale=attn_scale,
+            pooling=POOLING_TYPES[pooling_id],
+            causal=f.value(f"{a}.attention.causal", bool, not arch.encoder),
+            rope=f.value(f"{a}.rope.scaling.finetuned", bool, True) if arch.scales else True,
+            embd_multiplier=scales["embedding_scale"],
+            residual_scale=scales["residual_scale"],
+            logit_scale=scales["logit_scale"],
         )
 
+
+#: llama.cpp's ``llama_pooling_type`` values by number (``{arch}.pooling_type``)
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 
 #: The largest head size (``attention.key_length``) accepted: real models use 64-256
 #: (576 with multi-head latent attention); a size of 2^31 is a damaged file, and would
@@ -234,18 +321,24 @@ def _per_layer_constant(f: GGUFFile, key: str, default: int | None = None) -> in
 
 @dataclass
 class LayerWeights:
-    attn_norm: Tensor
-    wq: Tensor
-    wk: Tensor
-    wv: Tensor
+    """One block's tensors. Q, K and V are three matrices or one fused ``wqkv``
+    ``(n_embd_q + 2·n_embd_kv, n_embd)`` (Phi-3); the FFN's gate is its own matrix, or
+    the first half of a fused ``w_up`` ``(2·n_ff, n_embd)`` when ``w_gate`` is None."""
+
     wo: Tensor
-    ffn_norm: Tensor
-    w_gate: Tensor  # (n_ff, n_embd); with experts (n_expert, n_ff, n_embd)
-    w_up: Tensor
+    w_up: Tensor  # (n_ff, n_embd) or fused with the gate (2·n_ff, n_embd); experts stacked
     w_down: Tensor
+    attn_norm: Tensor | None = None  # pre-norms (n_embd,); OLMo 2 has none
+    ffn_norm: Tensor | None = None
+    wq: Tensor | None = None
+    wk: Tensor | None = None
+    wv: Tensor | None = None
+    wqkv: Tensor | None = None
+    w_gate: Tensor | None = None  # (n_ff, n_embd); with experts (n_expert, n_ff, n_embd)
     rope_freqs: Tensor | None = None
     ffn_gate_inp: Tensor | None = None  # the router, (n_expert, n_embd), for a MoE layer
-    q_norm: Tensor | None = None  # per-head RMS norm weights (head_dim,): Gemma 3, Qwen 3
+    q_norm: Tensor | None = None  # RMS norm weights (head_dim,): Gemma 3, Qwen 3; OLMo 2's
+    # over the whole projection, (n_embd_q,) and (n_embd_kv,)
     k_norm: Tensor | None = None
     bq: Tensor | None = None  # projection biases (n_embd_q,), (n_embd_kv,) x 2: Qwen 2
     bk: Tensor | None = None
@@ -255,9 +348,9 @@ class LayerWeights:
 
     def norms(self) -> list[Tensor]:
         """The vectors of the layer: norm weights and biases (kept in F32)."""
-        extra = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm,
-                 self.bq, self.bk, self.bv)  # fmt: skip
-        return [self.attn_norm, self.ffn_norm, *(t for t in extra if t is not None)]
+        every = (self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm,
+                 self.post_ffn_norm, self.bq, self.bk, self.bv)  # fmt: skip
+        return [t for t in every if t is not None]
 
 
 @dataclass
@@ -275,12 +368,17 @@ class LlamaWeights:
     by_name: dict[Tensor, str]
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile, cfg: LlamaConfig, share_output: bool = True) -> LlamaWeights:
+    def from_gguf(
+        cls, f: GGUFFile, cfg: LlamaConfig, share_output: bool = True, n_ctx: int | None = None
+    ) -> LlamaWeights:
         """Tensors with the shapes ``cfg`` implies, checked against the file.
 
         Without ``output.weight`` the output layer is tied to the token embeddings:
         the same tensor when ``share_output``, else a second tensor over the same bytes
-        (so that input and output layers can live on different devices).
+        (so that input and output layers can live on different devices). A file with
+        LongRoPE's two sets of rope factors (Phi-3 128k) gets the long ones when the
+        context ``n_ctx`` exceeds the original one, the short ones otherwise, as llama.cpp
+        chooses them.
         """
         by_name: dict[Tensor, str] = {}
         d, q, kv, ff = cfg.n_embd, cfg.n_embd_q, cfg.n_embd_kv, cfg.n_ff
@@ -295,9 +393,9 @@ class LlamaWeights:
             by_name[t] = name
             return t
 
-        has_freqs = "rope_freqs.weight" in f.tensors
-        if has_freqs:
-            _check_rope_freqs(f)
+        freqs = _rope_factors_name(f, cfg, n_ctx)
+        if freqs is not None:
+            _check_rope_freqs(f, freqs)
         E = cfg.n_expert
         layers = []
         for i in range(cfg.n_layer):
@@ -311,16 +409,34 @@ class LlamaWeights:
                 }
                 if E
                 else {
+                    "w_up": get(p + "ffn_up.weight", (2 * ff, d)),
+                    "w_down": get(p + "ffn_down.weight", (d, ff)),
+                }
+                if cfg.arch.fused
+                else {
                     "w_gate": get(p + "ffn_gate.weight", (ff, d)),
                     "w_up": get(p + "ffn_up.weight", (ff, d)),
                     "w_down": get(p + "ffn_down.weight", (d, ff)),
                 }
             )
             arch = cfg.arch
+            qkv = (
+                {"wqkv": get(p + "attn_qkv.weight", (q + 2 * kv, d))}
+                if arch.fused
+                else {
+                    "wq": get(p + "attn_q.weight", (q, d)),
+                    "wk": get(p + "attn_k.weight", (kv, d)),
+                    "wv": get(p + "attn_v.weight", (kv, d)),
+                }
+            )
             norms = {}
+            if arch.pre_norms:
+                norms["attn_norm"] = get(p + "attn_norm.weight", (d,))
+                norms["ffn_norm"] = get(p + "ffn_norm.weight", (d,))
             if arch.qk_norm:
-                norms["q_norm"] = get(p + "attn_q_norm.weight", (cfg.head_dim,))
-                norms["k_norm"] = get(p + "attn_k_norm.weight", (cfg.head_dim,))
+                full = arch.qk_norm_full
+                norms["q_norm"] = get(p + "attn_q_norm.weight", (q if full else cfg.head_dim,))
+                norms["k_norm"] = get(p + "attn_k_norm.weight", (kv if full else cfg.head_dim,))
             if arch.qkv_bias:
                 norms["bq"] = get(p + "attn_q.bias", (q,))
                 norms["bk"] = get(p + "attn_k.bias", (kv,))
@@ -331,16 +447,12 @@ class LlamaWeights:
             layers.append(
                 LayerWeights(
                     **norms,
-                    attn_norm=get(p + "attn_norm.weight", (d,)),
-                    wq=get(p + "attn_q.weight", (q, d)),
-                    wk=get(p + "attn_k.weight", (kv, d)),
-                    wv=get(p + "attn_v.weight", (kv, d)),
+                    **qkv,
                     wo=get(p + "attn_output.weight", (d, q)),
-                    ffn_norm=get(p + "ffn_norm.weight", (d,)),
                     **ffn,
                     rope_freqs=(
-                        get("rope_freqs.weight", (cfg.n_rot // 2,), f"{p}rope_freqs")
-                        if has_freqs
+                        get(freqs, (cfg.n_rot // 2,), f"{p}rope_freqs")
+                        if freqs is not None
                         else None
                     ),
                 )
@@ -355,6 +467,14 @@ class LlamaWeights:
         for t in (tok_embd, output, *[w for layer in layers for w in _matrices(layer)]):
             _check_weight_type(f, by_name[t], t)
         return cls(tok_embd, layers, get("output_norm.weight", (d,)), output, by_name)
+
+    def input_tensors(self) -> list[Tensor]:
+        """The tensors of the input layer's device: the token embeddings."""
+        return [self.tok_embd]
+
+    def output_tensors(self) -> list[Tensor]:
+        """The tensors of the output layer's device: its norm and matrix."""
+        return [self.output_norm, self.output]
 
     def product_weights(self) -> list[Tensor]:
         """The tensors that only matrix products read, as their weights: every layer's
@@ -371,10 +491,21 @@ class LlamaWeights:
         return [*layer.norms(), *_matrices(layer), *extra]
 
 
-def _check_rope_freqs(f: GGUFFile) -> None:
+def _rope_factors_name(f: GGUFFile, cfg: LlamaConfig, n_ctx: int | None) -> str | None:
+    """The tensor of rope's per-pair frequency divisors, if the file has one: Llama 3.1's
+    ``rope_freqs``, else LongRoPE's long factors beyond the original context and its
+    short ones within it (llama.cpp's ``get_rope_factors``)."""
+    if "rope_freqs.weight" in f.tensors:
+        return "rope_freqs.weight"
+    n_ctx_orig = cfg.rope_n_ctx_orig or cfg.n_ctx_train
+    name = "rope_factors_long.weight" if (n_ctx or 0) > n_ctx_orig else "rope_factors_short.weight"
+    return name if name in f.tensors else None
+
+
+def _check_rope_freqs(f: GGUFFile, name: str) -> None:
     """Rope divides each pair's frequency by its factor: a zero gave a ZeroDivisionError
     deep in a kernel, a NaN or a negative factor silently wrong positions."""
-    info = f.tensor_info("rope_freqs.weight")
+    info = f.tensor_info(name)
     if info.type is not Type.F32:
         return  # rope refuses other types itself, naming them
     values = f.read_tensor(info.name).view(np.float32)
@@ -382,14 +513,16 @@ def _check_rope_freqs(f: GGUFFile) -> None:
     if bad.any():
         i = int(np.argmax(bad))
         raise GGUFError(
-            f"{f.path}: tensor 'rope_freqs.weight' holds {float(values[i])!r} at index {i}; "
+            f"{f.path}: tensor {name!r} holds {float(values[i])!r} at index {i}; "
             "it must hold finite numbers > 0 (each pair's rope frequency divisor). The file is "
             "damaged: convert the model again"
         )
 
 
 def _matrices(layer: LayerWeights) -> list[Tensor]:
-    return [layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up, layer.w_down]
+    every = (layer.wq, layer.wk, layer.wv, layer.wqkv, layer.wo, layer.w_gate, layer.w_up,
+             layer.w_down)  # fmt: skip
+    return [t for t in every if t is not None]
 
 
 def _check_weight_type(f: GGUFFile, name: str, t: Tensor) -> None:
@@ -458,16 +591,19 @@ def _rope(
     cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights, swa: bool, shift: bool = False
 ) -> Tensor:
     """The architecture's rope (llama: NORMAL, as llama.cpp's converter permutes Q/K rows
-    so adjacent pairs rotate); sliding-window layers use their own base, unscaled.
+    so adjacent pairs rotate); sliding-window layers use their own base (Gemma 3's), or
+    the file's (Gemma 2's), unscaled.
 
-    ``shift``: rotate already-roped rows by ``pos`` more (a K-shift). YaRN scales the
-    magnitude by ``1 + 0.1 ln(1/freq_scale)`` at every rope, which the rows already
-    carry, so a shift asks for the inverse factor and rotates without rescaling."""
+    ``shift``: rotate already-roped rows by ``pos`` more (a K-shift). The rows already
+    carry the magnitude the rope gave them (the file's ``attn_factor``, and YaRN's
+    ``1 + 0.1 ln(1/freq_scale)``), so a shift asks for the inverse and only rotates."""
     if swa:
-        return ops.rope(x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=cfg.arch.swa_rope_base)
-    attn_factor = 1.0
-    if shift and cfg.rope_ext_factor and cfg.rope_scale != 1.0:
-        attn_factor = 1.0 / (1.0 + 0.1 * math.log(1.0 / cfg.rope_scale))
+        base = cfg.arch.swa_rope_base or cfg.rope_base
+        return ops.rope(x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=base)
+    attn_factor = cfg.rope_attn_factor
+    if shift:
+        yarn = 1.0 + 0.1 * math.log(1.0 / cfg.rope_scale) if cfg.rope_ext_factor else 1.0
+        attn_factor = 1.0 / (cfg.rope_attn_factor * yarn)
     return ops.rope(
         x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=cfg.rope_base,
         freq_scale=cfg.rope_scale, ext_factor=cfg.rope_ext_factor, attn_factor=attn_factor,
@@ -481,23 +617,58 @@ def _normed(cfg: LlamaConfig, x: Tensor, weight: Tensor | None) -> Tensor:
     return x if weight is None else ops.mul(ops.rms_norm(x, cfg.eps), weight)
 
 
+def _pre_normed(cfg: LlamaConfig, x: Tensor, weight: Tensor | None, name: str) -> Tensor:
+    """A branch's input: the residual stream RMS-normed (named ``name``), or the stream
+    itself where the architecture has no pre-norm (OLMo 2)."""
+    return x if weight is None else _normed(cfg, x, weight).set_name(name)
+
+
 def _biased(x: Tensor, bias: Tensor | None) -> Tensor:
     """``x + bias`` (a projection's bias, broadcast over tokens); ``x`` without one."""
     return x if bias is None else ops.add(x, bias)
 
 
+def _qkv(cfg: LlamaConfig, L: LayerWeights, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The Q, K and V projections (T, n_embd_q) and (T, n_embd_kv) x 2, with their biases:
+    three products, or one fused product whose rows are cut into the three by views
+    (contiguous copies: rope and the cache writes read whole rows)."""
+    if L.wqkv is None:
+        assert L.wq is not None and L.wk is not None and L.wv is not None
+        q = _biased(ops.mul_mat(L.wq, h), L.bq)
+        k = _biased(ops.mul_mat(L.wk, h), L.bk)
+        return q, k, _biased(ops.mul_mat(L.wv, h), L.bv)
+    qkv = ops.mul_mat(L.wqkv, h)  # (T, n_embd_q + 2·n_embd_kv), F32
+    row, f32 = qkv.strides[0], qkv.type.type_size
+    q_end, k_end = cfg.n_embd_q, cfg.n_embd_q + cfg.n_embd_kv
+    cut = [(0, q_end), (q_end, k_end), (k_end, k_end + cfg.n_embd_kv)]
+    q, k, v = (ops.cont(ops.view(qkv, (qkv.shape[0], b - a), (row, f32), a * f32)) for a, b in cut)
+    return q, k, v
+
+
+def _dense_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, i: int) -> Tensor:
+    """The gated FFN: ``act(h·gateᵀ)·(h·upᵀ)`` then down; with a fused gate-up matrix the
+    gate is the first half of one product's rows (ggml's split GLU, as Phi-3's)."""
+    glu = ops.geglu if cfg.arch.ffn == "geglu" else ops.swiglu
+    up = ops.mul_mat(L.w_up, h)
+    g = glu(up) if L.w_gate is None else glu(ops.mul_mat(L.w_gate, h), up)
+    return ops.mul_mat(L.w_down, g.set_name(f"ffn_glu-{i}")).set_name(f"ffn_out-{i}")
+
+
 def _moe_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, T: int, i: int) -> Tensor:
-    """Mixtral's mixture of experts, as llama.cpp's ``build_moe_ffn`` for llama: softmax
-    over the router's logits, the ``n_expert_used`` most probable experts (ggml's top-k:
-    argsort then a view), their probabilities renormalised to sum to 1, each chosen
-    expert's SwiGLU FFN (``mul_mat_id``), and the weighted sum of their outputs."""
-    assert L.ffn_gate_inp is not None
+    """A mixture of experts as llama.cpp's ``build_moe_ffn`` with softmax gating (Mixtral,
+    Qwen 3 MoE): softmax over the router's logits, the ``n_expert_used`` most probable
+    experts (ggml's top-k: argsort then a view), their probabilities renormalised to sum
+    to 1 (unless the file's ``expert_weights_norm`` says not to), each chosen expert's
+    SwiGLU FFN (``mul_mat_id``), and the weighted sum of their outputs."""
+    assert L.ffn_gate_inp is not None and L.w_gate is not None
     E, k = cfg.n_expert, cfg.n_expert_used
     probs = ops.soft_max(ops.mul_mat(L.ffn_gate_inp, h)).set_name(f"ffn_moe_probs-{i}")
     chosen = ops.argsort_top_k(probs, k).set_name(f"ffn_moe_topk-{i}")  # (T, k)
     weights = ops.get_rows(ops.reshape(probs, (T, E, 1)), chosen)  # (T, k, 1)
-    total = ops.sum_rows(ops.reshape(weights, (T, k)))  # (T, 1)
-    weights = ops.div(weights, ops.reshape(total, (T, 1, 1))).set_name(f"ffn_moe_w-{i}")
+    if cfg.expert_weights_norm:
+        total = ops.sum_rows(ops.reshape(weights, (T, k)))  # (T, 1)
+        weights = ops.div(weights, ops.reshape(total, (T, 1, 1)))
+    weights = weights.set_name(f"ffn_moe_w-{i}")
     rows = ops.reshape(h, (T, 1, cfg.n_embd))  # every chosen expert reads the token's row
     gate = ops.mul_mat_id(L.w_gate, rows, chosen)  # (T, k, n_ff)
     up = ops.mul_mat_id(L.w_up, rows, chosen)
@@ -506,6 +677,37 @@ def _moe_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, T: int, i: int) -> Te
     # sum over the k experts: rows of (T, n_embd, k)
     summed = ops.sum_rows(ops.cont(ops.permute(experts, (0, 2, 1))))
     return ops.reshape(summed, (T, cfg.n_embd)).set_name(f"ffn_out-{i}")
+
+
+def attend(
+    cfg: LlamaConfig,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_idx: Tensor,
+    mask: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    n_kv: int,
+    i: int = 0,
+) -> Tensor:
+    """Attention of this step's queries ``q`` (T, n_head, head_dim) over the cache: ``k``
+    (T, n_head_kv, head_dim) and ``v`` (T, n_embd_kv) written at rows ``kv_idx``, rows
+    ``[0, n_kv)`` read under ``mask`` (grouped-query flash attention, with the
+    architecture's scale and soft-cap). Returns (T, n_embd_q), before the output
+    projection. Decoders and encoders alike attend here; only their masks differ."""
+    T, hd = q.shape[0], cfg.head_dim
+    v = v.set_name(f"Vcur-{i}")
+    k_all = ops.set_rows(k_cache, ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx)
+    v_all = ops.set_rows(v_cache, v, kv_idx)
+    kv_shape = (n_kv, cfg.n_head_kv, hd)
+    K = ops.permute(ops.view(k_all.set_name(f"k_store-{i}"), kv_shape), (1, 0, 2))
+    V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
+    Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
+    attn = ops.flash_attn_ext(
+        Q, K, V, mask, scale=cfg.kq_scale, logit_softcap=cfg.attn_softcap
+    ).set_name(f"attn-{i}")
+    return ops.reshape(attn, (T, cfg.n_embd_q))
 
 
 def decoder_block(
@@ -527,37 +729,45 @@ def decoder_block(
     decide the details; every model, and the demo's single block, is built here."""
     T, hd = x.shape[0], cfg.head_dim
     swa = cfg.is_swa(i)
-    arch = cfg.arch
-    h = ops.mul(ops.rms_norm(x, cfg.eps), L.attn_norm).set_name(f"attn_norm-{i}")
-    q = _biased(ops.mul_mat(L.wq, h), L.bq)
-    k = _biased(ops.mul_mat(L.wk, h), L.bk)
-    q = _normed(cfg, ops.reshape(q, (T, cfg.n_head, hd)), L.q_norm)
-    k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
-    q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
-    v = _biased(ops.mul_mat(L.wv, h), L.bv).set_name(f"Vcur-{i}")
-    k_all = ops.set_rows(k_cache, ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx)
-    v_all = ops.set_rows(v_cache, v, kv_idx)
-    kv_shape = (n_kv, cfg.n_head_kv, hd)
-    K = ops.permute(ops.view(k_all.set_name(f"k_store-{i}"), kv_shape), (1, 0, 2))
-    V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
-    Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
-    attn = ops.flash_attn_ext(Q, K, V, mask, scale=1.0 / math.sqrt(hd)).set_name(f"attn-{i}")
-    attn = ops.mul_mat(L.wo, ops.reshape(attn, (T, cfg.n_embd_q))).set_name(f"attn_out-{i}")
-    x = ops.add(x, _normed(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
-    h = ops.mul(ops.rms_norm(x, cfg.eps), L.ffn_norm).set_name(f"ffn_norm-{i}")
-    if L.ffn_gate_inp is not None:
-        ffn = _moe_ffn(cfg, L, h, T, i)
+    h = _pre_normed(cfg, x, L.attn_norm, f"attn_norm-{i}")
+    q, k, v = _qkv(cfg, L, h)
+    if cfg.arch.qk_norm_full:  # OLMo 2: over the whole projection, then into heads
+        q, k = _normed(cfg, q, L.q_norm), _normed(cfg, k, L.k_norm)
+        q, k = ops.reshape(q, (T, cfg.n_head, hd)), ops.reshape(k, (T, cfg.n_head_kv, hd))
     else:
-        glu = ops.geglu if arch.ffn == "geglu" else ops.swiglu
-        g = glu(ops.mul_mat(L.w_gate, h), ops.mul_mat(L.w_up, h))
-        ffn = ops.mul_mat(L.w_down, g.set_name(f"ffn_glu-{i}")).set_name(f"ffn_out-{i}")
-    return ops.add(x, _normed(cfg, ffn, L.post_ffn_norm)).set_name(f"l_out-{i}")
+        q = _normed(cfg, ops.reshape(q, (T, cfg.n_head, hd)), L.q_norm)
+        k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
+    if cfg.uses_rope(i):
+        q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
+    attn = attend(cfg, q, k, v, kv_idx, mask, k_cache, v_cache, n_kv, i)
+    attn = ops.mul_mat(L.wo, attn).set_name(f"attn_out-{i}")
+    x = ops.add(x, _branch(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
+    h = _pre_normed(cfg, x, L.ffn_norm, f"ffn_norm-{i}")
+    ffn = _moe_ffn(cfg, L, h, T, i) if L.ffn_gate_inp is not None else _dense_ffn(cfg, L, h, i)
+    return ops.add(x, _branch(cfg, ffn, L.post_ffn_norm)).set_name(f"l_out-{i}")
+
+
+def _branch(cfg: LlamaConfig, out: Tensor, norm: Tensor | None) -> Tensor:
+    """A block branch's output as it joins the residual: normed again (sandwich norms)
+    and scaled (Granite's residual multiplier) where the architecture says so."""
+    out = _normed(cfg, out, norm)
+    return ops.scale(out, cfg.residual_scale) if cfg.residual_scale else out
 
 
 def build_step(
-    cfg: LlamaConfig, w: LlamaWeights, cache: KVCache, n_tokens: int, n_kv: int, n_outputs: int
+    cfg: LlamaConfig,
+    w: LlamaWeights,
+    cache: KVCache,
+    n_tokens: int,
+    n_kv: int,
+    n_outputs: int,
+    embeddings: bool = False,
 ) -> StepGraph:
-    """The forward pass of ``n_tokens`` tokens over cache rows ``[0, n_kv)``."""
+    """The forward pass of ``n_tokens`` tokens over cache rows ``[0, n_kv)``.
+
+    With ``embeddings`` the graph ends at the normed hidden states (llama.cpp's
+    ``t_embd``, ``result_norm``), F32 ``(n_outputs, n_embd)`` in ``logits``' place,
+    and the output layer is not computed."""
     if not 0 < n_outputs <= n_tokens:
         raise RunError(f"n_outputs must be in 1..n_tokens={n_tokens}, got {n_outputs}")
     if not n_tokens <= n_kv <= cache.n_ctx:
@@ -576,8 +786,9 @@ def build_step(
     arch = cfg.arch
 
     x = ops.get_rows(w.tok_embd, tokens).set_name("inp_embd")
-    if arch.embd_scale:
-        x = ops.scale(x, math.sqrt(cfg.n_embd)).set_name("inp_scaled")
+    if arch.embd_scale or cfg.embd_multiplier:
+        factor = cfg.embd_multiplier or math.sqrt(cfg.n_embd)
+        x = ops.scale(x, factor).set_name("inp_scaled")
     for i, L in enumerate(w.layers):
         swa = cfg.is_swa(i)
         layer_mask = mask_swa if swa and mask_swa is not None else mask
@@ -588,7 +799,16 @@ def build_step(
         out_ids = new_tensor(Type.I32, (n_outputs,), "inp_out_ids").set_input()
         x = ops.get_rows(x, out_ids).set_name("out_rows")
     x = ops.mul(ops.rms_norm(x, cfg.eps), w.output_norm).set_name("result_norm")
-    logits = ops.mul_mat(w.output, x).set_name("result_output").set_output()
+    if embeddings:
+        logits = x.set_output()
+    else:
+        logits = ops.mul_mat(w.output, x)
+        if cfg.final_softcap:  # Gemma 2: c·tanh(logits / c)
+            c = cfg.final_softcap
+            logits = ops.scale(ops.tanh(ops.scale(logits, 1.0 / c)), c)
+        if cfg.logit_scale:  # Granite
+            logits = ops.scale(logits, 1.0 / cfg.logit_scale)
+        logits = logits.set_name("result_output").set_output()
     return StepGraph(
         Graph(logits), T, n_kv, n_outputs, tokens, pos, kv_idx, mask, out_ids, logits, mask_swa,
         mask_window,
@@ -614,6 +834,8 @@ def build_k_shift(cfg: LlamaConfig, w: LlamaWeights, cache: KVCache, n: int) -> 
     delta = new_tensor(Type.I32, (n,), "shift_delta").set_input()
     outs = []
     for i, L in enumerate(w.layers):
+        if not cfg.uses_rope(i):  # SmolLM3's NoPE blocks: their keys carry no position
+            continue
         rows = ops.reshape(ops.get_rows(cache.k[i], cells), (n, cfg.n_head_kv, cfg.head_dim))
         roped = _rope(cfg, rows, delta, L, cfg.is_swa(i), shift=True)
         outs.append(ops.set_rows(cache.k[i], ops.reshape(roped, (n, cfg.n_embd_kv)), cells))

@@ -99,6 +99,14 @@ def row_split_device(
 ) -> MetaDevice:
     """A meta device over ``devices`` laying out ``f``'s llama weights and KV cache."""
     cfg = LlamaConfig.from_gguf(f)
+    if cfg.arch.fused or cfg.arch.encoder or cfg.arch.qk_norm_full:
+        # a fused QKV or gate-up matrix would need a split in segments, an encoder's
+        # biases the same split as their rows, a norm over a whole projection the sum of
+        # squares of every member's share: not laid out here yet
+        raise TensorplugError(
+            f"{f.path}: --split-mode row does not split '{cfg.arch.name}' models yet (fused "
+            "or biased projections, or norms across heads); use --split-mode layer"
+        )
     kv_heads, ffn = row_split_sizes(f, len(devices), proportions)
     hd, group = cfg.head_dim, cfg.n_head // cfg.n_head_kv
     q_rows = tuple(h * group * hd for h in kv_heads)

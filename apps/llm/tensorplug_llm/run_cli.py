@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TextIO
 import numpy as np
 
 from tensorplug.cli import format_bytes, format_bytes_of
+from tensorplug.errors import RunError
 from tensorplug.types import Type
 
 from .terminal import printable
@@ -422,10 +423,12 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
 
     from .context import choose_context
     from .model import LlamaConfig
-    from .runner import Llama
+    from .runner import Llama, embedding_model_message
 
     f = GGUFFile(args.model)
     cfg = LlamaConfig.from_gguf(f)
+    if cfg.arch.encoder:  # said before loading anything: nothing here could use it
+        raise RunError(embedding_model_message(f.path, cfg.arch.name))
     n_layer = cfg.n_layer
     if getattr(args, "split_mode", "layer") == "row":
         placement = _row_placement(args, f, n_layer)

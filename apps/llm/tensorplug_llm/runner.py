@@ -52,8 +52,17 @@ from tensorplug.transfer import get_array, set_array
 from tensorplug.types import Type
 
 from .batch import Batch
+from .encoder import EncoderWeights, build_encoder_step
 from .kv_cells import ContextFullError, KVCells
-from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_k_shift, build_step
+from .model import (
+    POOLING_TYPES,
+    KVCache,
+    LlamaConfig,
+    LlamaWeights,
+    StepGraph,
+    build_k_shift,
+    build_step,
+)  # fmt: skip
 from .placement import Placement, by_priority, host_cpu
 from .sampling import Sampler, TokenSampler
 from .threads import ThreadGovernor, thread_counts
@@ -64,7 +73,14 @@ if TYPE_CHECKING:
 
     from tensorplug.device import Device
 
-__all__ = ["ContextFullError", "Generation", "Llama", "SplitSummary", "Timings"]
+__all__ = [
+    "ContextFullError",
+    "Generation",
+    "Llama",
+    "SplitSummary",
+    "Timings",
+    "embedding_model_message",
+]
 
 #: Built step graphs kept for replay (prompt chunk sizes x context lengths x outputs).
 GRAPH_CACHE = 8
@@ -193,7 +209,9 @@ class Llama:
         self.n_ctx = n_ctx or min(cfg.n_ctx_train, 512)
         if n_batch < 1 or kv_pad < 1 or self.n_ctx < 1:
             raise RunError(f"need n_ctx, n_batch, kv_pad >= 1 (got {n_ctx}, {n_batch}, {kv_pad})")
-        self.n_batch = min(n_batch, self.n_ctx)
+        # a bidirectional encoder must see its whole input in one step (llama.cpp's
+        # n_ubatch >= n_tokens for non-causal attention)
+        self.n_batch = min(n_batch, self.n_ctx) if cfg.causal else self.n_ctx
         self.kv_pad = kv_pad
         self.placement = placement or Placement.offload(cfg.n_layer, cfg.n_layer + 1)
         if len(self.placement.layers) != cfg.n_layer:
@@ -202,10 +220,16 @@ class Llama:
                 f"{cfg.n_layer}"
             )
         p = self.placement
-        self.weights = w = LlamaWeights.from_gguf(self.file, cfg, share_output=p.output is p.input)
-        if w.output is w.tok_embd and self._extra_buft(p.output, w.output) is not None:
-            # get_rows reads the embeddings, products the output layer: two copies
-            self.weights = LlamaWeights.from_gguf(self.file, cfg, share_output=False)
+        self.weights: LlamaWeights | EncoderWeights
+        if cfg.arch.encoder:
+            self.weights = EncoderWeights.from_gguf(self.file, cfg)
+        else:
+            self.weights = w = LlamaWeights.from_gguf(
+                self.file, cfg, share_output=p.output is p.input, n_ctx=self.n_ctx
+            )
+            if w.output is w.tok_embd and self._extra_buft(p.output, w.output) is not None:
+                # get_rows reads the embeddings, products the output layer: two copies
+                self.weights = LlamaWeights.from_gguf(self.file, cfg, False, self.n_ctx)
         self.cache = KVCache.describe(cfg, self.n_ctx, Type.parse(cache_type))
         self.memory: dict[Device, _DeviceMemory] = {}
         self._load(use_mmap)
@@ -216,7 +240,7 @@ class Llama:
         #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens
         self.sched = Scheduler(self.backends)
         self.token_sched = Scheduler(self.backends)
-        self._graphs: OrderedDict[tuple[int, int, int], StepGraph] = OrderedDict()
+        self._graphs: OrderedDict[tuple[int, int, int, bool], StepGraph] = OrderedDict()
         #: which cache rows hold which sequences at which positions
         self.kv = KVCells(self.n_ctx)
         self.timings = Timings()
@@ -267,9 +291,9 @@ class Llama:
         weights: dict[Device, dict[int, Tensor]] = {}  # a shared tensor is loaded once
         caches: dict[Device, list[Tensor]] = {}
         for dev, tensors in [
-            (p.input, [w.tok_embd]),
+            (p.input, w.input_tensors()),
             *((dev, w.layer_tensors(i)) for i, dev in enumerate(p.layers)),
-            (p.output, [w.output_norm, w.output]),
+            (p.output, w.output_tensors()),
         ]:
             group = weights.setdefault(dev, {})
             for t in tensors:
@@ -382,19 +406,27 @@ class Llama:
         every token ``(len(tokens), n_vocab)``. Long inputs run in chunks of
         ``n_batch``. ``prompt`` says which timings the step counts in; None: by its
         size, as llama.cpp counts (batches are prompt time, single tokens generation),
-        which would count a one-token prompt as a generated token.
+        which would count a one-token prompt as a generated token. An encoder (BERT) has
+        no logits: its rows are the final hidden states ``(n_embd,)``; :meth:`embed`
+        pools them.
         """
+        ids = self._checked(tokens, "eval")
+        out = self.decode(Batch.single(ids, self.n_past, 0, all_logits=all_logits), prompt=prompt)
+        return out if all_logits else out[-1]
+
+    def _checked(self, tokens: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
+        """``tokens`` as int32 ids, refused unless they are in the vocabulary and fit the
+        context after the ``n_past`` tokens of sequence 0."""
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
-            raise RunError("eval needs at least one token")
+            raise RunError(f"{what} needs at least one token")
         self._check_tokens(ids)
         if self.n_past + ids.size > self.n_ctx:
             raise ContextFullError(
                 f"{self.n_past} tokens in the context + {ids.size} new ones exceed n_ctx = "
                 f"{self.n_ctx}; use a larger context (--ctx-size) or fewer tokens"
             )
-        out = self.decode(Batch.single(ids, self.n_past, 0, all_logits=all_logits), prompt=prompt)
-        return out if all_logits else out[-1]
+        return ids.astype(np.int32)
 
     def decode(self, batch: Batch, *, prompt: bool | None = None) -> np.ndarray:
         """Evaluate a batch of tokens of any sequences (llama.cpp's ``llama_decode``).
@@ -437,11 +469,17 @@ class Llama:
                     f"at {held + 1} or later (got {first}): remove positions first (seq_rm)"
                 )
 
-    def _graph(self, n_tokens: int, n_kv: int, n_outputs: int) -> StepGraph:
-        key = (n_tokens, n_kv, n_outputs)
+    def _graph(
+        self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False
+    ) -> StepGraph:
+        key = (n_tokens, n_kv, n_outputs, embeddings)
         sg = self._graphs.get(key)
         if sg is None:
-            sg = build_step(self.config, self.weights, self.cache, n_tokens, n_kv, n_outputs)
+            cfg, w, cache = self.config, self.weights, self.cache
+            if isinstance(w, EncoderWeights):
+                sg = build_encoder_step(cfg, w, cache, n_tokens, n_kv, n_outputs)
+            else:
+                sg = build_step(cfg, w, cache, n_tokens, n_kv, n_outputs, embeddings)
             self._graphs[key] = sg
             self.timings.graphs_built += 1
             if len(self._graphs) > GRAPH_CACHE:
@@ -452,10 +490,13 @@ class Llama:
             self._graphs.move_to_end(key)
         return sg
 
-    def _step(self, batch: Batch, prompt: bool | None = None) -> np.ndarray:
+    def _step(
+        self, batch: Batch, prompt: bool | None = None, embeddings: bool = False
+    ) -> np.ndarray:
         """One graph compute: ``batch`` (at most ``n_batch`` tokens) written to free
         cells, the logits of its flagged tokens (of its last token when none is
-        flagged: a graph has at least one output) read back."""
+        flagged: a graph has at least one output) read back; with ``embeddings``, their
+        final hidden states instead."""
         start = time.perf_counter()
         T = len(batch)
         cells = self.kv.find_slot(T)
@@ -464,16 +505,18 @@ class Llama:
         flagged = np.flatnonzero(batch.logits)
         out_rows = flagged if flagged.size else np.array([T - 1])
         n_outputs = out_rows.size
-        sg = self._graph(T, n_kv, n_outputs)
+        sg = self._graph(T, n_kv, n_outputs, embeddings)
         sched = self.sched_for(T)
         if sched.allocated is not sg.graph:
             sched.alloc_graph(sg.graph)
             kind = "prompt" if T > 1 else "generation"
             self.split_summaries[kind] = self._summarize(sg, sched)
+        # an encoder's tokens all see each other: as if each were at the step's last position
+        seen_from = batch.pos if self.config.causal else np.full_like(batch.pos, batch.pos.max())
         set_array(sg.tokens, batch.tokens.astype(np.int32))
         set_array(sg.pos, batch.pos)
         set_array(sg.kv_idx, cells)
-        set_array(sg.mask, self.kv.mask(batch.pos, batch.seq_ids, n_kv, sg.mask_window))
+        set_array(sg.mask, self.kv.mask(seen_from, batch.seq_ids, n_kv, sg.mask_window))
         if sg.mask_swa is not None:
             set_array(sg.mask_swa, self.kv.mask(batch.pos, batch.seq_ids, n_kv, self.config.n_swa))
         if sg.out_ids is not None:
@@ -519,6 +562,8 @@ class Llama:
         cells, deltas = self.kv.take_shift()
         if not cells.size:
             return
+        if isinstance(self.weights, EncoderWeights):  # attends both ways: no positions to move
+            raise RunError("an encoder's cache cannot be shifted: evaluate the text afresh")
         shift = build_k_shift(self.config, self.weights, self.cache, int(cells.size))
         self.sched.alloc_graph(shift.graph)
         set_array(shift.cells, cells.astype(np.int32))
@@ -546,6 +591,8 @@ class Llama:
         :class:`TokenSampler` (its penalties see the prompt) or the default greedy
         :class:`Sampler`.
         """
+        if self.config.arch.encoder:
+            raise RunError(embedding_model_message(self.file.path, self.config.arch.name))
         sampler = sampler or Sampler()
         sampler.accept_prompt(prompt)
         n = len(prompt)
@@ -576,6 +623,46 @@ class Llama:
                 break
             logits = self.eval([tok])
         return out
+
+    # -- embeddings -----------------------------------------------------------------------------
+
+    def embed(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        pooling: str | None = None,
+        *,
+        normalize: bool = False,
+    ) -> np.ndarray:
+        """The embedding of ``tokens``: the final hidden states (a decoder's after its
+        output norm, llama.cpp's ``t_embd``) pooled into one ``(n_embd,)`` vector.
+
+        ``pooling`` is ``mean``, ``cls`` (the first token), ``last`` or ``none`` (every
+        token's row, ``(n_tokens, n_embd)``); None takes the file's ``pooling_type``, or
+        ``mean`` when the file has none (llama.cpp would give per-token rows there,
+        which its server's embeddings endpoint refuses). ``normalize`` divides by the
+        Euclidean norm, as llama-server does (llama-cpp-python's ``embed`` returns raw
+        vectors unless asked, as here). The tokens are evaluated as a sequence of their
+        own: the context is cleared before and after. An encoder sees them in one step
+        (bidirectional attention): its ``n_batch`` is its whole context.
+        """
+        kind = pooling or (self.config.pooling if self.config.pooling != "none" else "mean")
+        if kind not in POOLING_TYPES[:4]:
+            raise RunError(f"pooling must be one of {', '.join(POOLING_TYPES[:4])}; got {kind!r}")
+        self.reset()
+        ids = self._checked(tokens, "embed")  # an encoder's n_batch is its whole context
+        try:
+            batch = Batch.single(ids, 0, 0, all_logits=True)
+            hidden = np.concatenate(
+                [self._step(c, prompt=True, embeddings=True) for c in batch.chunks(self.n_batch)]
+            )
+        finally:
+            self.reset()
+        pooled = {"mean": lambda: hidden.mean(axis=0), "cls": lambda: hidden[0],
+                  "last": lambda: hidden[-1], "none": lambda: hidden}[kind]()  # fmt: skip
+        if normalize:
+            norm = np.linalg.norm(pooled, axis=-1, keepdims=True)
+            pooled = pooled / np.where(norm > 0, norm, 1)
+        return np.asarray(pooled, dtype=np.float32)
 
     # -- reporting ------------------------------------------------------------------------------
 
@@ -616,6 +703,15 @@ class Llama:
         for be in self.backends:
             be.free()
         self.memory = {}
+
+
+def embedding_model_message(path: object, arch: str) -> str:
+    """What to say when someone asks an encoder to generate text."""
+    return (
+        f"{path}: '{arch}' is an embedding model (a bidirectional encoder with no output "
+        "layer), so it cannot generate text; compute embeddings with "
+        "tensorplug_llm.Llama(path).embed(tokens)"
+    )
 
 
 def _thread_setter(backend: Backend) -> Callable[[Backend, int], None] | None:

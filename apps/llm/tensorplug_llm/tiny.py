@@ -26,7 +26,13 @@ from tensorplug.types import Type
 
 from .tokenizer import SPACE, TokenType
 
-__all__ = ["TINY_DIMS", "tiny_vocab", "write_tiny_llama"]
+__all__ = ["TINY_ARCHITECTURES", "TINY_DIMS", "TINY_WORDS", "tiny_vocab", "write_tiny_llama"]
+
+#: The architectures :func:`write_tiny_llama` writes.
+TINY_ARCHITECTURES = (
+    "llama", "gemma2", "gemma3", "granite", "mistral3", "olmo2", "phi3", "qwen2", "qwen3",
+    "qwen3moe", "smollm3",
+)  # fmt: skip
 
 #: The default tiny model: small enough for tests, shaped like a real llama (GQA, SwiGLU).
 TINY_DIMS: dict[str, int] = {
@@ -41,7 +47,7 @@ TINY_DIMS: dict[str, int] = {
     "n_expert_used": 0,
 }
 
-_WORDS = """
+TINY_WORDS = """
 the of and to in is that it for was on are as with be at by this had not but from or have an
 they which one you were all we her she there would their will when who him been has more if
 no out so said what up its about into than them can only other new some time could these two
@@ -74,7 +80,7 @@ def tiny_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     def candidates() -> itertools.chain[str]:
         letters = [SPACE, *string.ascii_lowercase]
         others = [c for c in string.printable if c.isprintable() and c not in (*letters, " ")]
-        words = [w for word in _WORDS for w in (SPACE + word, word)]
+        words = [w for word in TINY_WORDS for w in (SPACE + word, word)]
         prefixes = [w[:k] for w in words for k in range(2, len(w) + 1)]
         pairs = ("".join(p) for p in itertools.product(string.ascii_lowercase, repeat=2))
         triples = ("".join(p) for p in itertools.product(string.ascii_lowercase, repeat=3))
@@ -106,6 +112,7 @@ def write_tiny_llama(
     eps: float = 1e-5,
     arch: str = "llama",
     sliding_window: int = 4,
+    long_rope: bool = False,
     metadata: Mapping[str, Any] | None = None,
     **dims: int,
 ) -> Path:
@@ -123,10 +130,19 @@ def write_tiny_llama(
     block instead (per-head Q/K norms, post-attention and post-FFN norms, NEOX rope, a
     ``sliding_window`` on 5 of every 6 blocks; the output is always tied);
     ``"qwen2"`` adds biases to the Q/K/V projections, ``"qwen3"`` per-head Q/K norms
-    (both with NEOX rope). The vocabulary is the tiny SentencePiece one for every
-    architecture. ``metadata`` adds keys or replaces the ones written (a bool, int,
-    float, str or list of one of those; ints are written as INT64, floats as FLOAT32):
-    the hostile tests write damaged files with it.
+    (both with NEOX rope), ``"qwen3moe"`` Qwen 3's block with ``n_expert`` experts
+    (default 4, 2 used) of ``n_ff`` each. ``"phi3"`` fuses Q/K/V into ``attn_qkv`` and
+    gate and up into one ``ffn_up`` of 2·n_ff rows; ``long_rope`` adds its LongRoPE
+    factors (``rope_factors_short``/``_long``, an original context of n_ctx / 4, and the
+    ``attn_factor`` its converter computes). ``"gemma2"`` writes Gemma 2's block (sandwich
+    norms, GELU FFN, a ``sliding_window`` on every other block, tied output) with small
+    soft-caps (attention 3, output 15) so that they change the result. ``"smollm3"`` is
+    llama's block without rope in every fourth; ``"granite"`` llama's with Granite's
+    embedding, residual, attention and logit multipliers; ``"olmo2"`` OLMo 2's (no
+    pre-norms, post-norms, Q/K norms over whole projections, NEOX rope). The vocabulary is
+    the tiny SentencePiece one for every architecture. ``metadata`` adds keys or replaces
+    the ones written (a bool, int, float, str or list of one of those; ints are written
+    as INT64, floats as FLOAT32): the hostile tests write damaged files with it.
     """
     from gguf import GGMLQuantizationType, GGUFWriter  # deferred: slow to import
 
@@ -141,12 +157,15 @@ def write_tiny_llama(
     rng = np.random.default_rng(seed)
     path = Path(path)
 
-    if arch not in ("llama", "gemma3", "qwen2", "qwen3"):
-        raise ValueError(
-            f"the tiny writer knows 'llama', 'gemma3', 'qwen2' and 'qwen3', not {arch!r}"
-        )
-    gemma = arch == "gemma3"
+    if arch not in TINY_ARCHITECTURES:
+        raise ValueError(f"the tiny writer knows {', '.join(TINY_ARCHITECTURES)}; not {arch!r}")
+    gemma = arch in ("gemma2", "gemma3")
+    qk_norm = arch in ("gemma3", "qwen3", "qwen3moe")
+    olmo = arch == "olmo2"  # post-norms only; Q/K norms over the whole projections
+    fused = arch == "phi3"
     tied = tied or gemma
+    if arch == "qwen3moe" and not d["n_expert"]:
+        d["n_expert"], d["n_expert_used"] = 4, 2
     writer = GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-llama-{wtype.name.lower()}-seed{seed}")
     writer.add_context_length(d["n_ctx"])
@@ -170,6 +189,20 @@ def write_tiny_llama(
     if n_expert:
         writer.add_expert_count(n_expert)
         writer.add_expert_used_count(d["n_expert_used"] or min(2, n_expert))
+        if arch == "qwen3moe":
+            writer.add_expert_feed_forward_length(n_ff)
+    if arch == "granite":  # small multipliers of the kinds Granite 3 has (12, 0.22, 1/128, 8)
+        writer.add_embedding_scale(2.0)
+        writer.add_residual_scale(0.5)
+        writer.add_attention_scale(0.2)
+        writer.add_logit_scale(3.0)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(3.0)
+        writer.add_final_logit_softcapping(15.0)
+    if long_rope:  # Phi-3's converter: attn_factor = sqrt(1 + ln(scale) / ln(n_ctx_orig))
+        n_orig = d["n_ctx"] // 4
+        writer.add_rope_scaling_orig_ctx_len(n_orig)
+        writer.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(4) / np.log(n_orig))))
     writer.add_file_type({Type.F32: 0, Type.F16: 1, Type.Q4_0: 2, Type.Q8_0: 7}.get(wtype, 0))
     tokens, scores, types = tiny_vocab(d["n_vocab"])
     writer.add_tokenizer_model("llama")
@@ -198,21 +231,33 @@ def write_tiny_llama(
 
     if gemma:
         writer.add_sliding_window(sliding_window)
+    if long_rope:
+        for kind, top in (("short", 1.5), ("long", 6.0)):
+            factors = np.linspace(1, top, head_dim // 2, dtype=np.float32)
+            writer.add_tensor(f"rope_factors_{kind}.weight", factors)
 
     # token embeddings of unit rms, so that activations start at a llama-like scale
     matrix("token_embd.weight", d["n_vocab"], n_embd, scale=np.sqrt(n_embd))
     for i in range(d["n_layer"]):
         p = f"blk.{i}."
-        norm(p + "attn_norm.weight")
-        matrix(p + "attn_q.weight", n_embd, n_embd)
-        matrix(p + "attn_k.weight", n_kv, n_embd)
-        matrix(p + "attn_v.weight", n_kv, n_embd)
+        if not olmo:
+            norm(p + "attn_norm.weight")
+        if fused:
+            matrix(p + "attn_qkv.weight", n_embd + 2 * n_kv, n_embd)
+        else:
+            matrix(p + "attn_q.weight", n_embd, n_embd)
+            matrix(p + "attn_k.weight", n_kv, n_embd)
+            matrix(p + "attn_v.weight", n_kv, n_embd)
         matrix(p + "attn_output.weight", n_embd, n_embd)
-        norm(p + "ffn_norm.weight")
-        if gemma or arch == "qwen3":
+        if not olmo:  # (the order of the draws keeps every earlier tiny file as it was)
+            norm(p + "ffn_norm.weight")
+        if olmo:
+            norm(p + "attn_q_norm.weight", n_embd)
+            norm(p + "attn_k_norm.weight", n_kv)
+        if qk_norm:
             norm(p + "attn_q_norm.weight", head_dim)
             norm(p + "attn_k_norm.weight", head_dim)
-        if gemma:
+        if gemma or olmo:
             norm(p + "post_attention_norm.weight")
             norm(p + "post_ffw_norm.weight")
         if arch == "qwen2":  # biases of the three projections, F32 as converters keep them
@@ -224,6 +269,9 @@ def write_tiny_llama(
             matrix(p + "ffn_gate_exps.weight", n_ff, n_embd, n_stack=n_expert)
             matrix(p + "ffn_up_exps.weight", n_ff, n_embd, n_stack=n_expert)
             matrix(p + "ffn_down_exps.weight", n_embd, n_ff, n_stack=n_expert)
+        elif fused:
+            matrix(p + "ffn_up.weight", 2 * n_ff, n_embd)
+            matrix(p + "ffn_down.weight", n_embd, n_ff)
         else:
             matrix(p + "ffn_gate.weight", n_ff, n_embd)
             matrix(p + "ffn_up.weight", n_ff, n_embd)
