@@ -126,8 +126,8 @@ def task(i, slot):
 rng = random.Random(5)
 main = threading.main_thread().ident
 for n in range(200):
-    threading.Timer(rng.uniform(0, 0.004), signal.pthread_kill, (main, signal.SIGINT)).start()
-    try:
+    try:  # the timer may fire before start() returns: inside the try too
+        threading.Timer(rng.uniform(0, 0.004), signal.pthread_kill, (main, signal.SIGINT)).start()
         while True:
             pool.run(16, task)
     except KeyboardInterrupt:
