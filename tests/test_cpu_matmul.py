@@ -28,6 +28,8 @@ QUANTS = [
     tp.Type.Q4_K,
     tp.Type.Q5_K,
     tp.Type.Q6_K,
+    tp.Type.IQ4_NL,
+    tp.Type.IQ4_XS,
 ]
 MUL_MAT_NMSE = 5e-4  # DESIGN.md's threshold
 
@@ -39,9 +41,10 @@ def _f32(shape: tuple[int, ...]) -> np.ndarray:
 def _quantized(t: tp.Type, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(raw rows to store, float64 values gguf decodes them to)."""
     qt = gguf.GGMLQuantizationType[t.name]
-    # gguf has no K-quant encoder: those bytes come from the core's (held to ggml's bytes
-    # by test_kquants.py); decoding is gguf's for every type
-    raw = quantize(_f32(shape), t) if t.block_size == 256 else gguf.quants.quantize(_f32(shape), qt)
+    # gguf has no K-quant or IQ4 encoder: those bytes come from the core's (held to ggml's
+    # bytes by test_kquants.py, test_iquants.py); decoding is gguf's for every type
+    no_encoder = t.block_size == 256 or t == tp.Type.IQ4_NL
+    raw = quantize(_f32(shape), t) if no_encoder else gguf.quants.quantize(_f32(shape), qt)
     return raw, gguf.quants.dequantize(raw, qt).astype(np.float64)
 
 
@@ -213,7 +216,8 @@ def test_a_slow_first_kernel_call_says_it_is_compiling(
 
 
 @pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1,
-                               tp.Type.Q8_0, tp.Type.Q4_K, tp.Type.Q5_K, tp.Type.Q6_K])  # fmt: skip
+                               tp.Type.Q8_0, tp.Type.Q4_K, tp.Type.Q5_K, tp.Type.Q6_K,
+                               tp.Type.IQ4_NL, tp.Type.IQ4_XS])  # fmt: skip
 def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -> None:
     """A prompt's weight chunks decode a vector per block (numba): the same float32
     weights as :func:`tensorplug.quants.dequantize_blocks`, scales of every kind

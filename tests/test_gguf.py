@@ -325,17 +325,17 @@ def test_unknown_tensor_type_id_names_the_tensor(tiny: Path, tmp_path: Path) -> 
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tiny: Path, tmp_path: Path) -> None:
-    """IQ4_NL is a real ggml type (the gguf reader knows it) that tensorplug cannot compute."""
+    """MXFP4 is a real ggml type (the gguf reader knows it) that tensorplug cannot compute."""
 
-    def to_iq4_nl(name: str, data: np.ndarray, raw: GGMLQuantizationType) -> tuple[np.ndarray, Any]:
+    def to_mxfp4(name: str, data: np.ndarray, raw: GGMLQuantizationType) -> tuple[np.ndarray, Any]:
         if name != "output.weight":
             return data, raw
-        return np.zeros((320, 36), np.uint8), GGMLQuantizationType.IQ4_NL  # 2 blocks of 18 B
+        return np.zeros((320, 34), np.uint8), GGMLQuantizationType.MXFP4  # 2 blocks of 17 B
 
-    bad = _rewrite(tiny, tmp_path / "iq4.gguf", tensors=to_iq4_nl)
+    bad = _rewrite(tiny, tmp_path / "mxfp4.gguf", tensors=to_mxfp4)
     f = GGUFFile(bad)  # the file itself is fine
-    assert f.tensors["output.weight"].type_name == "IQ4_NL"
-    with pytest.raises(GGUFError, match=r"tensor 'output.weight' is stored as IQ4_NL"):
+    assert f.tensors["output.weight"].type_name == "MXFP4"
+    with pytest.raises(GGUFError, match=r"tensor 'output.weight' is stored as MXFP4"):
         LlamaWeights.from_gguf(f, LlamaConfig.from_gguf(f))
 
 

@@ -418,9 +418,9 @@ def test_empty_inputs() -> None:
 
 
 def test_supported_types() -> None:
-    # the K-quants have their own tests (test_kquants.py)
+    # the K-quants and IQ4 types have their own tests (test_kquants.py, test_iquants.py)
     k_quants = {Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K}
-    assert set(SUPPORTED_TYPES) == set(ALL_TYPES) | k_quants
+    assert set(SUPPORTED_TYPES) == set(ALL_TYPES) | k_quants | {Type.IQ4_NL, Type.IQ4_XS}
 
 
 # ---------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .errors import ShapeError, TypeMismatchError
+from .iquants import IQ4_DEQUANTIZE, IQ4_QUANTIZE, IQ4_TYPES
 from .kquants import K_DEQUANTIZE, K_QUANTIZE, K_TYPES
 from .types import Type, row_size
 
@@ -63,7 +64,7 @@ _U32 = np.dtype("<u4")
 _CHUNK_BLOCKS = 8192
 
 _FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
-_QUANT_TYPES = (Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, *K_TYPES)
+_QUANT_TYPES = (Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, *K_TYPES, *IQ4_TYPES)
 SUPPORTED_TYPES: tuple[Type, ...] = _FLOAT_TYPES + _QUANT_TYPES
 """Every type :func:`quantize` and :func:`dequantize` can encode and decode."""
 
@@ -531,6 +532,7 @@ _QUANTIZE: dict[Type, _Kernel] = {
     Type.Q5_0: _quant_q5_0,
     Type.Q5_1: _quant_q5_1,
     **K_QUANTIZE,
+    **IQ4_QUANTIZE,
 }
 
 _DEQUANTIZE: dict[Type, _Kernel] = {
@@ -540,6 +542,7 @@ _DEQUANTIZE: dict[Type, _Kernel] = {
     Type.Q5_0: _dequant_q5_0,
     Type.Q5_1: _dequant_q5_1,
     **K_DEQUANTIZE,
+    **IQ4_DEQUANTIZE,
 }
 
 
@@ -601,9 +604,10 @@ def quantize(values: np.ndarray, t: Type) -> np.ndarray:
 
     ``values`` has shape ``(..., n)``; each last-axis row is encoded on its own and the
     result is a new uint8 array of shape ``(..., row_size(t, n))``, byte-identical to
-    ``gguf.quants.quantize`` and llama.cpp (K-quants: ggml's reference quantizers), ready
+    ``gguf.quants.quantize`` and llama.cpp (K-quants and IQ4: ggml's quantizers without an
+    importance matrix), ready
     to be written into a buffer or a GGUF file. Quantized types need ``n`` to be a
-    multiple of their block size (32; 256 for the K-quants).
+    multiple of their block size (32; 256 for the K-quants and IQ4_XS).
     F32/F16/BF16 are accepted too and return their bytes, so that callers have one entry
     point for every float or quantized type a tensor can be stored in.
     """

@@ -36,6 +36,8 @@ class Type(enum.IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    IQ4_NL = 20
+    IQ4_XS = 23
     I8 = 24
     I16 = 25
     I32 = 26
@@ -124,6 +126,10 @@ _TRAITS: dict[Type, TypeTraits] = {
     Type.Q4_K: TypeTraits("q4_k", 256, 2 + 2 + 12 + 128, "uint8"),
     Type.Q5_K: TypeTraits("q5_k", 256, 2 + 2 + 12 + 32 + 128, "uint8"),
     Type.Q6_K: TypeTraits("q6_k", 256, 128 + 64 + 16 + 2, "uint8"),
+    # 4-bit indices into a fixed non-linear table; IQ4_XS adds 6-bit block scales
+    # (scales_h, scales_l) under one f16 d per super-block; see tensorplug.iquants
+    Type.IQ4_NL: TypeTraits("iq4_nl", 32, 2 + 16, "uint8"),
+    Type.IQ4_XS: TypeTraits("iq4_xs", 256, 2 + 2 + 4 + 128, "uint8"),
 }
 
 

@@ -121,8 +121,9 @@ def write_tiny_llama(
     ``dims`` override :data:`TINY_DIMS` (``n_vocab``, ``n_embd``, ``n_layer``,
     ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``, and ``n_expert``/``n_expert_used`` for
     a Mixtral-style mixture of experts in every layer). Matrices are stored as
-    ``weight_type`` (F32, F16, Q8_0, Q4_0...; rows must be multiples of 32 for the
-    quantized ones), norms as F32. ``tied`` leaves out ``output.weight`` so the
+    ``weight_type`` (F32, F16, Q8_0, Q4_0, K-quants, IQ4_NL, IQ4_XS...; rows must be
+    multiples of 32 for the quantized ones, of 256 for the K-quants and IQ4_XS: pass
+    ``n_embd=256, n_ff=512``), norms as F32. ``tied`` leaves out ``output.weight`` so the
     output layer reuses the token embeddings; ``rope_freqs`` adds Llama 3.1's
     ``rope_freqs.weight`` (per-pair frequency divisors, here 1 to 8); ``rope_scaling``
     = ``(type, factor)`` writes ``llama.rope.scaling.*`` (``linear`` or ``yarn``, the

@@ -11,7 +11,8 @@ modules of their own, which this one only gathers: elementwise math, norms and
 reductions in :mod:`.families_math`; the attention-shaped ops (matrix products, softmax,
 rope, flash attention) in :mod:`.families_nn`; copies, views, gathers and scatters in
 :mod:`.families_copy`; repeat, pad and mixtures of experts in :mod:`.families_moe`; the
-K-quants in :mod:`.families_kquants`; the operand layouts they share in :mod:`.operands`.
+K-quants in :mod:`.families_kquants`; IQ4_NL and IQ4_XS in :mod:`.families_iquants`; the
+operand layouts they share in :mod:`.operands`.
 Each builder is a plain function of :class:`~.cases.Inputs` and its parameters, bound
 with :func:`functools.partial`, so a case's graph is rebuilt fresh for every run.
 """
@@ -23,6 +24,7 @@ from collections.abc import Iterable
 from ..types import Type
 from .cases import Case
 from .families_copy import FAMILIES as COPY
+from .families_iquants import FAMILIES as IQUANTS
 from .families_kquants import FAMILIES as KQUANTS
 from .families_math import FAMILIES as MATH
 from .families_moe import FAMILIES as MOE
@@ -33,7 +35,7 @@ __all__ = ["all_cases", "catalogue"]
 
 def all_cases() -> list[Case]:
     """Every case, quick and full, in catalogue order."""
-    families = (*MATH, *COPY, *NN, *MOE, *KQUANTS)
+    families = (*MATH, *COPY, *NN, *MOE, *KQUANTS, *IQUANTS)
     return [c for family in families for c in family()]
 
 

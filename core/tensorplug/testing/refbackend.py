@@ -28,6 +28,7 @@ from ..buffer import BufferType
 from ..device import Device, DeviceType
 from ..extras import require
 from ..host import host_buffer_type
+from ..iquants import IQ4_TYPES
 from ..kquants import K_TYPES
 from ..opcodes import VIEW_OPS, Op, SortOrder
 from ..transfer import get_array, set_array
@@ -110,9 +111,9 @@ def gguf_encode(values: np.ndarray, t: Type) -> np.ndarray:
     if t == Type.F16:
         return values.astype(np.float16)
     rows = np.ascontiguousarray(values, dtype=np.float32)
-    if t in K_TYPES:
-        # gguf has no K-quant encoder; tensorplug's is checked byte for byte against
-        # bytes ggml's reference quantizer wrote (tests/test_kquants.py)
+    if t in K_TYPES or t in IQ4_TYPES:
+        # gguf has no K-quant or IQ4 encoder; tensorplug's are checked byte for byte
+        # against bytes ggml's quantizers wrote (tests/test_kquants.py, test_iquants.py)
         from ..quants import quantize
 
         return quantize(rows, t)

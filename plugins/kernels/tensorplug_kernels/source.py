@@ -60,9 +60,10 @@ BODY_FILES = (
 QUANT = frozenset(
     {Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0}
     | {Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K}
+    | {Type.IQ4_NL, Type.IQ4_XS}
 )
 #: Block types the kernels also encode (cpy and set_rows into them): ggml's GPU
-#: backends do not quantize into K-quants either; such nodes run on the CPU.
+#: backends do not quantize into K-quants or IQ4_XS either; such nodes run on the CPU.
 QUANTIZE = frozenset({Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0})
 
 #: Weight types with tiled mul_mat kernels.

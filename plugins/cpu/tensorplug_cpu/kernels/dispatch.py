@@ -231,7 +231,7 @@ TABLE: tuple[Path, ...] = (
     ),
     Path(
         FLOAT_FUSED, QUANT, PLAIN, FUSED_ROWS, frozenset({NUMBA}),
-        "`_numba_quant.matvec_{type}`, `_numba_kquant.matvec_k`",
+        "`_numba_quant.matvec_{type}`, `_numba_kquant.matvec_k`, `_numba_iquant.matvec_{type}`",
         "types without an integer kernel (and weights whose blocks are not contiguous): "
         "each block decoded in registers into float32 dot products, the matrix never "
         "written out",
@@ -278,9 +278,10 @@ TABLE: tuple[Path, ...] = (
     ),
     Path(
         DECODE_SCALAR, QUANT, PLAIN, None, frozenset({NUMBA}),
-        "`_numba_quant.dequantize_{type}`, `_numba_kquant.dequantize_k` per chunk of "
-        "weight rows, then BLAS",
-        "Q2_K and Q3_K have no vector decoder (nor do blocks that are not contiguous)",
+        "`_numba_quant.dequantize_{type}`, `_numba_kquant.dequantize_k`, "
+        "`_numba_iquant.dequantize_{type}` per chunk of weight rows, then BLAS",
+        "Q2_K, Q3_K, IQ4_NL and IQ4_XS have no vector decoder (nor do blocks that are not "
+        "contiguous)",
         _VECTORIZED,
     ),
     Path(

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from tensorplug.iquants import IQ4_TYPES
 from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
@@ -55,6 +56,7 @@ class JitKernels:
     """The compiled kernels; each call compiles its type's kernel the first time."""
 
     def __init__(self, numba: Any) -> None:
+        from . import _numba_iquant as iq
         from . import _numba_kquant as kq
         from . import _numba_quant as k
 
@@ -62,11 +64,12 @@ class JitKernels:
         self.version: str = numba.__version__
         # the float kernels of every type the table's fused float path takes: a matrix ×
         # a few rows, and decoding (one pair of drivers for every K-quant, told the type
-        # by id)
+        # by id; the IQ4 types' pairs in a module of their own)
         self._kernels: dict[Type, tuple[Callable[..., None], Callable[..., None]]] = {
             t: (functools.partial(kq.matvec_k, kind=int(t)),
                 functools.partial(kq.dequantize_k, kind=int(t))) if t in K_TYPES else
-               (getattr(k, f"matvec_{t.name.lower()}"), getattr(k, f"dequantize_{t.name.lower()}"))
+               (getattr(iq if t in IQ4_TYPES else k, f"matvec_{t.name.lower()}"),
+                getattr(iq if t in IQ4_TYPES else k, f"dequantize_{t.name.lower()}"))
             for t in path(FLOAT_FUSED).types
         }  # fmt: skip
 
