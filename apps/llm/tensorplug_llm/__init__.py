@@ -33,6 +33,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .batch import Batch
+    from .engine import Engine, Request, RequestError, RequestHandle, TokenEvent
+    from .kv_cells import KVCells
     from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
     from .placement import Placement
     from .run_cli import demo_model
@@ -43,6 +46,10 @@ if TYPE_CHECKING:
 
 #: Each public name and the module that defines it.
 _HOMES = {
+    "Batch": "batch",
+    "Engine": "engine", "Request": "engine", "RequestError": "engine",
+    "RequestHandle": "engine", "TokenEvent": "engine",
+    "KVCells": "kv_cells",
     "KVCache": "model", "LlamaConfig": "model", "LlamaWeights": "model",
     "StepGraph": "model", "build_step": "model",
     "Placement": "placement",
@@ -70,19 +77,26 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "TINY_DIMS",
+    "Batch",
     "ContextFullError",
+    "Engine",
     "Generation",
     "KVCache",
+    "KVCells",
     "Llama",
     "LlamaConfig",
     "LlamaWeights",
     "Placement",
+    "Request",
+    "RequestError",
+    "RequestHandle",
     "Sampler",
     "SamplerParams",
     "SplitSummary",
     "StepGraph",
     "StreamDecoder",
     "Timings",
+    "TokenEvent",
     "Vocab",
     "build_step",
     "demo_model",

@@ -41,7 +41,9 @@ __all__ = [
     "LayerWeights",
     "LlamaConfig",
     "LlamaWeights",
+    "ShiftGraph",
     "StepGraph",
+    "build_k_shift",
     "build_step",
     "decoder_block",
 ]
@@ -452,14 +454,23 @@ class StepGraph:
     mask_window: int = 0
 
 
-def _rope(cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights, swa: bool) -> Tensor:
+def _rope(
+    cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights, swa: bool, shift: bool = False
+) -> Tensor:
     """The architecture's rope (llama: NORMAL, as llama.cpp's converter permutes Q/K rows
-    so adjacent pairs rotate); sliding-window layers use their own base, unscaled."""
+    so adjacent pairs rotate); sliding-window layers use their own base, unscaled.
+
+    ``shift``: rotate already-roped rows by ``pos`` more (a K-shift). YaRN scales the
+    magnitude by ``1 + 0.1 ln(1/freq_scale)`` at every rope, which the rows already
+    carry, so a shift asks for the inverse factor and rotates without rescaling."""
     if swa:
         return ops.rope(x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=cfg.arch.swa_rope_base)
+    attn_factor = 1.0
+    if shift and cfg.rope_ext_factor and cfg.rope_scale != 1.0:
+        attn_factor = 1.0 / (1.0 + 0.1 * math.log(1.0 / cfg.rope_scale))
     return ops.rope(
         x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=cfg.rope_base,
-        freq_scale=cfg.rope_scale, ext_factor=cfg.rope_ext_factor,
+        freq_scale=cfg.rope_scale, ext_factor=cfg.rope_ext_factor, attn_factor=attn_factor,
         n_ctx_orig=cfg.rope_n_ctx_orig or cfg.n_ctx_train, freq_factors=layer.rope_freqs,
     )  # fmt: skip
 
@@ -582,3 +593,28 @@ def build_step(
         Graph(logits), T, n_kv, n_outputs, tokens, pos, kv_idx, mask, out_ids, logits, mask_swa,
         mask_window,
     )  # fmt: skip
+
+
+@dataclass
+class ShiftGraph:
+    """Re-roping K cache rows after their positions moved (llama.cpp's K-shift): inputs
+    ``cells`` I32 ``(n,)`` (the rows) and ``delta`` I32 ``(n,)`` (by how many
+    positions each moved). V rows carry no position and stay."""
+
+    graph: Graph
+    cells: Tensor
+    delta: Tensor
+
+
+def build_k_shift(cfg: LlamaConfig, w: LlamaWeights, cache: KVCache, n: int) -> ShiftGraph:
+    """Rotate ``n`` K rows of every block by their ``delta``: read the rows (F32), rope
+    them by the delta (rotations compose: rope(rope(k, p), d) = rope(k, p + d) up to
+    rounding) and write them back where they were."""
+    cells = new_tensor(Type.I32, (n,), "shift_cells").set_input()
+    delta = new_tensor(Type.I32, (n,), "shift_delta").set_input()
+    outs = []
+    for i, L in enumerate(w.layers):
+        rows = ops.reshape(ops.get_rows(cache.k[i], cells), (n, cfg.n_head_kv, cfg.head_dim))
+        roped = _rope(cfg, rows, delta, L, cfg.is_swa(i), shift=True)
+        outs.append(ops.set_rows(cache.k[i], ops.reshape(roped, (n, cfg.n_embd_kv)), cells))
+    return ShiftGraph(Graph(outs), cells, delta)

@@ -16,6 +16,13 @@ kind, and a graph that is already allocated is computed again with new inputs, s
 decoding token after token costs one set of input writes, one compute and one read of
 the logits.
 
+Several sequences share the one KV cache (llama.cpp's unified cache): ``Llama.kv``
+(:class:`~tensorplug_llm.kv_cells.KVCells`) says which cache rows hold which sequences
+at which positions, :meth:`Llama.decode` evaluates a :class:`~tensorplug_llm.batch.Batch`
+whose tokens may belong to different sequences (the mask comes from the cells), and
+``eval``/``generate``/``n_past`` are sequence 0 on top of it. The engine
+(``engine.py``) schedules many requests over those sequences.
+
 Timings follow llama.cpp's split: batches of several tokens are "prompt" time, single
 tokens "generation" time; each is divided into the scheduler's ``graph_compute`` (the
 kernels and the copies between devices) and everything else (Python: building and
@@ -44,7 +51,9 @@ from tensorplug.tensor import Tensor
 from tensorplug.transfer import get_array, set_array
 from tensorplug.types import Type
 
-from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
+from .batch import Batch
+from .kv_cells import ContextFullError, KVCells
+from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_k_shift, build_step
 from .placement import Placement, by_priority, host_cpu
 from .sampling import Sampler
 from .threads import ThreadGovernor, thread_counts
@@ -66,10 +75,6 @@ AFTER_BATCH_SECONDS = 0.15
 #: a token step: the CPU's fused kernels take up to 16, with other array layouts than one
 #: token), a longer one (the prompt path: kernels, threads and their buffers), one token
 WARM_UP_STEPS = (2, 24, 1)
-
-
-class ContextFullError(RunError):
-    """More tokens than the context (``n_ctx``) holds."""
 
 
 @dataclass
@@ -212,7 +217,8 @@ class Llama:
         self.sched = Scheduler(self.backends)
         self.token_sched = Scheduler(self.backends)
         self._graphs: OrderedDict[tuple[int, int, int], StepGraph] = OrderedDict()
-        self.n_past = 0
+        #: which cache rows hold which sequences at which positions
+        self.kv = KVCells(self.n_ctx)
         self.timings = Timings()
         #: the splits of the prompt and generation graphs the schedulers hold, as they
         #: made them (the warm-up's, until a step of another shape)
@@ -342,9 +348,26 @@ class Llama:
 
     # -- evaluation ---------------------------------------------------------------------------
 
+    @property
+    def n_past(self) -> int:
+        """Tokens of sequence 0 in the cache (its highest position + 1): the
+        single-sequence API (``eval``, ``generate``) continues there. Setting it lower
+        keeps only the first ``n`` (``kv.seq_rm(0, n)``): how a chat keeps the prefix
+        its next turn shares with the cache."""
+        return self.kv.seq_pos_max(0) + 1
+
+    @n_past.setter
+    def n_past(self, n: int) -> None:
+        held = self.n_past
+        if not 0 <= n <= held:
+            raise RunError(
+                f"n_past can only go back: sequence 0 holds {held} tokens, asked for {n}"
+            )
+        self.kv.seq_rm(0, n)
+
     def reset(self) -> None:
-        """Forget the context: the next tokens start at position 0."""
-        self.n_past = 0
+        """Forget the context (every sequence): the next tokens start at position 0."""
+        self.kv.clear()
 
     def eval(
         self,
@@ -353,7 +376,7 @@ class Llama:
         *,
         prompt: bool | None = None,
     ) -> np.ndarray:
-        """Process ``tokens`` after the ``n_past`` already in the cache.
+        """Process ``tokens`` of sequence 0 after the ``n_past`` already in the cache.
 
         Returns the logits of the last token ``(n_vocab,)``, or with ``all_logits`` of
         every token ``(len(tokens), n_vocab)``. Long inputs run in chunks of
@@ -364,22 +387,55 @@ class Llama:
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             raise RunError("eval needs at least one token")
-        bad = ids[(ids < 0) | (ids >= self.config.n_vocab)]
-        if bad.size:
-            raise RunError(
-                f"token id {int(bad[0])} is outside the vocabulary (0..{self.config.n_vocab - 1})"
-            )
+        self._check_tokens(ids)
         if self.n_past + ids.size > self.n_ctx:
             raise ContextFullError(
                 f"{self.n_past} tokens in the context + {ids.size} new ones exceed n_ctx = "
                 f"{self.n_ctx}; use a larger context (--ctx-size) or fewer tokens"
             )
-        ids = ids.astype(np.int32)
-        outs = []
-        for s in range(0, ids.size, self.n_batch):
-            chunk = ids[s : s + self.n_batch]
-            outs.append(self._step(chunk, chunk.size if all_logits else 1, prompt))
-        return np.concatenate(outs) if all_logits else outs[-1][-1]
+        out = self.decode(Batch.single(ids, self.n_past, 0, all_logits=all_logits), prompt=prompt)
+        return out if all_logits else out[-1]
+
+    def decode(self, batch: Batch, *, prompt: bool | None = None) -> np.ndarray:
+        """Evaluate a batch of tokens of any sequences (llama.cpp's ``llama_decode``).
+
+        Each token is written to a free cache cell and attends to the cells of its
+        sequences at positions up to its own. Returns the logits of the flagged tokens,
+        in batch order ``(n_flagged, n_vocab)``. Batches longer than ``n_batch`` run in
+        chunks; a chunk's tokens see the earlier chunks. ``prompt`` as for
+        :meth:`eval`. Positions must continue a sequence (beyond what it holds); a
+        batch is checked whole before anything is written.
+        """
+        self._check_tokens(batch.tokens)
+        self._check_positions(batch)
+        if self.kv.n_ctx - self.kv.n_used < len(batch):
+            self.kv.find_slot(len(batch))  # raises ContextFullError with the numbers
+        if self.kv.has_shift:
+            self.apply_shift()
+        outs = [self._step(chunk, prompt) for chunk in batch.chunks(self.n_batch)]
+        return outs[0] if len(outs) == 1 else np.concatenate(outs)
+
+    def _check_tokens(self, ids: np.ndarray) -> None:
+        bad = ids[(ids < 0) | (ids >= self.config.n_vocab)]
+        if bad.size:
+            raise RunError(
+                f"token id {int(bad[0])} is outside the vocabulary (0..{self.config.n_vocab - 1})"
+            )
+
+    def _check_positions(self, batch: Batch) -> None:
+        """Each sequence's new positions must come after those it holds: two cells of a
+        sequence at one position would both be attended to."""
+        firsts: dict[int, int] = {}
+        for p, ids in zip(batch.pos.tolist(), batch.seq_ids, strict=True):
+            for s in ids:
+                firsts[s] = min(p, firsts.get(s, p))
+        for s, first in firsts.items():
+            held = self.kv.seq_pos_max(s)
+            if first <= held:
+                raise RunError(
+                    f"sequence {s} already holds positions up to {held}; a batch continues it "
+                    f"at {held + 1} or later (got {first}): remove positions first (seq_rm)"
+                )
 
     def _graph(self, n_tokens: int, n_kv: int, n_outputs: int) -> StepGraph:
         key = (n_tokens, n_kv, n_outputs)
@@ -396,25 +452,32 @@ class Llama:
             self._graphs.move_to_end(key)
         return sg
 
-    def _step(self, chunk: np.ndarray, n_outputs: int, prompt: bool | None = None) -> np.ndarray:
+    def _step(self, batch: Batch, prompt: bool | None = None) -> np.ndarray:
+        """One graph compute: ``batch`` (at most ``n_batch`` tokens) written to free
+        cells, the logits of its flagged tokens (of its last token when none is
+        flagged: a graph has at least one output) read back."""
         start = time.perf_counter()
-        T = chunk.size
-        n_kv = min(self.n_ctx, -(-(self.n_past + T) // self.kv_pad) * self.kv_pad)
+        T = len(batch)
+        cells = self.kv.find_slot(T)
+        self.kv.assign(cells, batch.pos, batch.seq_ids)
+        n_kv = min(self.n_ctx, -(-self.kv.used_max // self.kv_pad) * self.kv_pad)
+        flagged = np.flatnonzero(batch.logits)
+        out_rows = flagged if flagged.size else np.array([T - 1])
+        n_outputs = out_rows.size
         sg = self._graph(T, n_kv, n_outputs)
         sched = self.sched_for(T)
         if sched.allocated is not sg.graph:
             sched.alloc_graph(sg.graph)
             kind = "prompt" if T > 1 else "generation"
             self.split_summaries[kind] = self._summarize(sg, sched)
-        pos = np.arange(self.n_past, self.n_past + T, dtype=np.int32)
-        set_array(sg.tokens, chunk)
-        set_array(sg.pos, pos)
-        set_array(sg.kv_idx, pos.astype(np.int64))
-        set_array(sg.mask, _causal_mask(pos, n_kv, sg.mask_window))
+        set_array(sg.tokens, batch.tokens.astype(np.int32))
+        set_array(sg.pos, batch.pos)
+        set_array(sg.kv_idx, cells)
+        set_array(sg.mask, self.kv.mask(batch.pos, batch.seq_ids, n_kv, sg.mask_window))
         if sg.mask_swa is not None:
-            set_array(sg.mask_swa, _causal_mask(pos, n_kv, self.config.n_swa))
+            set_array(sg.mask_swa, self.kv.mask(batch.pos, batch.seq_ids, n_kv, self.config.n_swa))
         if sg.out_ids is not None:
-            set_array(sg.out_ids, np.arange(T - n_outputs, T, dtype=np.int32))
+            set_array(sg.out_ids, out_rows.astype(np.int32))
         if self.governor is not None:
             # prompts on every core: their products split into many chunks that idle
             # threads claim, so a busy core slows a prompt little; and a backend whose
@@ -430,7 +493,8 @@ class Llama:
         if status is not Status.SUCCESS:
             raise ComputeAbortedError(f"the step graph did not compute: {status.name}")
         logits = get_array(sg.logits)
-        self.n_past += T
+        if not flagged.size:
+            logits = logits[:0]
         total = time.perf_counter() - start
         t = self.timings
         if T > 1 if prompt is None else prompt:  # by size: llama.cpp's rule (see eval)
@@ -448,6 +512,21 @@ class Llama:
                 self.governor.step_done(total)
         return logits
 
+    def apply_shift(self) -> None:
+        """Re-rope the K rows whose positions ``kv.seq_add`` moved (llama.cpp's K-shift);
+        ``decode`` calls it before a step reads them. A small graph, built per call:
+        shifts are rare (a context shift), their row counts vary."""
+        cells, deltas = self.kv.take_shift()
+        if not cells.size:
+            return
+        shift = build_k_shift(self.config, self.weights, self.cache, int(cells.size))
+        self.sched.alloc_graph(shift.graph)
+        set_array(shift.cells, cells.astype(np.int32))
+        set_array(shift.delta, deltas.astype(np.int32))
+        status = self.sched.graph_compute(shift.graph)
+        if status is not Status.SUCCESS:
+            raise ComputeAbortedError(f"the K-shift graph did not compute: {status.name}")
+
     def generate(
         self,
         prompt: Sequence[int],
@@ -459,7 +538,8 @@ class Llama:
         prompt_logits: bool = False,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> Generation:
-        """Evaluate ``prompt`` then sample up to ``n_predict`` tokens one at a time.
+        """Evaluate ``prompt`` (sequence 0, after ``n_past``) then sample up to ``n_predict``
+        tokens one at a time.
 
         The last sampled token is not evaluated (nothing would read its logits).
         ``on_progress(done, total)`` follows the prompt chunk by chunk.
@@ -546,12 +626,3 @@ def _thread_setter(backend: Backend) -> Callable[[Backend, int], None] | None:
         return registry.get_proc(reg, "set_n_threads")
     except BackendNotFoundError:
         return reg.get_proc("set_n_threads")
-
-
-def _causal_mask(pos: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
-    """0 where cache row ``j`` holds a position ``<=`` the token's (and, with a sliding
-    ``window``, fewer than ``window`` positions back: llama.cpp's standard SWA), -inf
-    elsewhere."""
-    back = pos[:, None] - np.arange(n_kv)[None, :]
-    allowed = (back >= 0) & ((back < window) if window else True)
-    return np.where(allowed, np.float16(0), np.float16(-np.inf))

@@ -1,0 +1,713 @@
+"""Many requests on one model: continuous batching over slots, with prefix reuse.
+
+llama-server's design in our names. The :class:`Engine` owns ``n_parallel`` *slots*,
+sequence ids ``0 .. n_parallel - 1`` of the model's one KV cache. Each step is one
+:meth:`Llama.decode <tensorplug_llm.runner.Llama.decode>` carrying the next token of
+every generating request plus chunks of waiting prompts, up to a token budget
+(``n_batch``, vLLM's idea: decode tokens first, so a long prompt never stalls the
+streams already running). Requests join and leave between steps; a batched decode
+reads each weight once for all of its streams, which is where the throughput comes
+from.
+
+Prefix reuse: a slot remembers the tokens its cells hold after its request ends. A new
+request takes the idle slot whose tokens share the longest prefix with its prompt (ties:
+the least recently used), keeps those cells and evaluates only the rest (at least the
+last prompt token, whose logits it needs). When the cache runs out of cells, idle slots
+give theirs back, least recently used first; a running request's cells are never taken.
+
+Sampling and constraints are the request's own (``TokenSampler`` and ``Constraint`` of
+the sampling modules, seen here through the protocols below); without a sampler a
+request is greedy. A constraint's token mask is computed on a helper thread while the
+step's decode runs, so structured output does not stall the other sequences.
+
+Threads: :meth:`Engine.submit` may be called from any thread. Either a loop thread runs
+the steps (:meth:`Engine.start`), or whoever iterates a :class:`RequestHandle` drives
+:meth:`Engine.step` itself while no loop thread runs (tests, scripts).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from tensorplug.errors import RunError
+
+from .batch import BatchBuilder
+from .kv_cells import MAX_SEQUENCES
+from .tokenizer import StreamDecoder
+
+if TYPE_CHECKING:
+    from .runner import Llama
+
+__all__ = [
+    "Constraint",
+    "Engine",
+    "EngineStats",
+    "GreedySampler",
+    "Request",
+    "RequestError",
+    "RequestHandle",
+    "SampledToken",
+    "TokenEvent",
+    "TokenSampler",
+]
+
+
+class RequestError(RunError):
+    """A request that cannot run (bad tokens, too long) or failed while running; the
+    engine and the other requests go on."""
+
+
+# -- what a request carries -------------------------------------------------------------------
+
+
+class SampledToken(Protocol):
+    """What a sampler returns: the token, its log-probability under the full softmax
+    (None when not computed) and the ``n_probs`` most probable (token, logprob)."""
+
+    @property
+    def token(self) -> int: ...
+    @property
+    def logprob(self) -> float | None: ...
+    @property
+    def top_logprobs(self) -> list[tuple[int, float]] | None: ...
+
+
+class TokenSampler(Protocol):
+    """Picks a request's next token (``sampling.TokenSampler`` is one)."""
+
+    def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> SampledToken: ...
+    def accept(self, token: int) -> None: ...
+
+
+class Constraint(Protocol):
+    """Structured output (``constraint.Constraint``): the tokens allowed next."""
+
+    def allowed(self) -> np.ndarray: ...
+    def accept(self, token: int) -> None: ...
+    def done(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class GreedyToken:
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+class GreedySampler:
+    """The first most likely (allowed) token; with ``n_probs`` > 0 also its
+    log-probability and the ``n_probs`` most probable tokens' (full softmax)."""
+
+    def __init__(self, n_probs: int = 0) -> None:
+        self.n_probs = n_probs
+
+    def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> GreedyToken:
+        scores = logits if allowed is None else np.where(allowed, logits, -np.inf)
+        token = int(np.argmax(scores))
+        if self.n_probs <= 0:
+            return GreedyToken(token)
+        z = logits.astype(np.float64)
+        logp = z - (z.max() + math.log(np.exp(z - z.max()).sum()))
+        top = np.argsort(-logp, kind="stable")[: self.n_probs]
+        return GreedyToken(token, float(logp[token]), [(int(t), float(logp[t])) for t in top])
+
+    def accept(self, token: int) -> None:
+        """Greedy keeps no history."""
+
+
+@dataclass
+class Request:
+    """One completion: ``prompt`` token ids, up to ``max_tokens`` new ones (None: until
+    a stop token or the context is full). ``stop_tokens`` None: the model's
+    end-of-generation tokens. ``sampler`` None: greedy (with ``n_probs`` > 0, each event
+    carries log-probabilities). ``on_event`` is called on the engine's thread for each
+    event (keep it short); stop *strings* are the API layer's, which cancels the
+    request when one matches."""
+
+    prompt: Sequence[int]
+    max_tokens: int | None = None
+    sampler: TokenSampler | None = None
+    stop_tokens: frozenset[int] | None = None
+    on_event: Callable[[TokenEvent], None] | None = None
+    constraint: Constraint | None = None
+    n_probs: int = 0
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token. ``text``: the text it completes (UTF-8 split across byte
+    tokens comes out whole; "" for stop tokens; None without a vocabulary).
+    ``finish_reason``: None while the request goes on, else "stop" (a stop token or a
+    finished constraint) or "length" (``max_tokens`` or the context)."""
+
+    token: int
+    text: str | None
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]] | None
+    finish_reason: str | None
+
+
+# -- handles -----------------------------------------------------------------------------------
+
+_DONE = object()  # the end of a handle's events
+
+
+class RequestHandle:
+    """A submitted request: iterate it for its :class:`TokenEvent` s (the iteration
+    raises :class:`RequestError` if the request failed), ``cancel()`` it from any
+    thread. Counters: ``prompt_tokens_evaluated`` (prompt tokens the model computed),
+    ``prompt_tokens_reused`` (taken from cached cells)."""
+
+    def __init__(self, engine: Engine, request: Request, request_id: int) -> None:
+        self.engine = engine
+        self.request = request
+        self.id = request_id
+        self.prompt_tokens_evaluated = 0
+        self.prompt_tokens_reused = 0
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None  # also "cancelled" or "error"
+        self.error: RequestError | None = None
+        self._events: queue.SimpleQueue[TokenEvent | object] = queue.SimpleQueue()
+        self._cancelled = threading.Event()
+        self._finished = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop the request; its slot and cells are free again at the next step (the
+        cells stay cached for prefix reuse)."""
+        self._cancelled.set()
+        self.engine.wake()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        while True:
+            try:
+                item = self._events.get_nowait()
+            except queue.Empty:
+                if not self.engine.loop_running:
+                    if not self.engine.step() and self._events.empty():
+                        raise RunError(f"request {self.id} is not queued in its engine") from None
+                    continue
+                item = self._events.get()
+            if item is _DONE:
+                self._events.put(_DONE)  # later calls end too
+                if self.error is not None:
+                    raise self.error
+                raise StopIteration
+            assert isinstance(item, TokenEvent)
+            return item
+
+    def result(self) -> list[int]:
+        """Every generated token (waits for the end; raises if the request failed)."""
+        for _ in self:
+            pass
+        return self.tokens
+
+    def _emit(self, event: TokenEvent) -> None:
+        self.tokens.append(event.token)
+        self._events.put(event)
+        if self.request.on_event is not None:
+            self.request.on_event(event)
+
+    def _finish(self, reason: str, error: RequestError | None = None) -> None:
+        if self._finished.is_set():
+            return
+        self.finish_reason, self.error = reason, error
+        self._finished.set()
+        self._events.put(_DONE)
+
+
+# -- the engine -----------------------------------------------------------------------------------
+
+
+@dataclass
+class EngineStats:
+    """Totals since the engine started (``/metrics`` reads these)."""
+
+    requests_submitted: int = 0
+    requests_finished: int = 0
+    requests_cancelled: int = 0
+    requests_failed: int = 0
+    prompt_tokens_evaluated: int = 0
+    prompt_tokens_reused: int = 0
+    generated_tokens: int = 0
+    steps: int = 0
+    slots_evicted: int = 0
+
+
+@dataclass
+class _Slot:
+    seq: int
+    #: the tokens whose K/V the slot's cells hold, at positions 0 .. len - 1
+    cached: list[int] = field(default_factory=list)
+    job: _Job | None = None
+    last_used: int = -1
+
+
+@dataclass
+class _Job:
+    """A request in a slot: its prompt still to evaluate, then generation."""
+
+    handle: RequestHandle
+    slot: _Slot
+    pending: list[int]  # prompt tokens not evaluated yet
+    sampler: TokenSampler
+    stop_tokens: frozenset[int]
+    decoder: StreamDecoder | None
+    admitted: int
+    next_token: int | None = None  # sampled, to be evaluated by the next step
+    n_generated: int = 0
+
+
+class Engine:
+    """Continuous batching over ``n_parallel`` slots of one :class:`Llama`.
+
+    ``n_batch`` is the token budget of a step (default: the model's ``n_batch``).
+    ``similarity``: the share of a prompt a slot's cached prefix must cover for the
+    request to prefer that slot (llama-server's ``--slot-prompt-similarity``, 0.5).
+    The engine owns the model's cache: do not call ``eval``/``generate`` on the same
+    model while it runs.
+    """
+
+    def __init__(
+        self,
+        llama: Llama,
+        n_parallel: int = 4,
+        n_batch: int | None = None,
+        *,
+        similarity: float = 0.5,
+    ) -> None:
+        if not 1 <= n_parallel <= MAX_SEQUENCES:
+            raise RunError(f"n_parallel must be 1..{MAX_SEQUENCES}, got {n_parallel}")
+        if n_batch is not None and n_batch < 1:
+            raise RunError(f"n_batch must be at least 1, got {n_batch}")
+        if not 0.0 <= similarity <= 1.0:
+            raise RunError(f"similarity is a share of the prompt, 0..1; got {similarity}")
+        self.llama = llama
+        self.n_parallel = n_parallel
+        self.n_batch = n_batch or llama.n_batch
+        self.similarity = similarity
+        self.slots = [_Slot(i) for i in range(n_parallel)]
+        self.stats = EngineStats()
+        self._waiting: deque[RequestHandle] = deque()
+        self._lock = threading.Lock()  # guards _waiting
+        self._step_lock = threading.Lock()  # one step at a time
+        self._wakeup = threading.Condition(self._lock)
+        self._ids = itertools.count()
+        self._tick = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._masks: ThreadPoolExecutor | None = None
+        llama.reset()
+
+    # -- submitting --------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue ``request``; thread-safe. A request that can never run (no prompt, a
+        token outside the vocabulary, longer than the context, a bad ``max_tokens``)
+        raises :class:`RequestError` here, naming what is wrong."""
+        self._check(request)
+        handle = RequestHandle(self, request, next(self._ids))
+        with self._lock:
+            self._waiting.append(handle)
+            self.stats.requests_submitted += 1
+            self._wakeup.notify()
+        return handle
+
+    def _check(self, request: Request) -> None:
+        try:
+            prompt = np.asarray(request.prompt, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError, OverflowError):
+            raise RequestError(
+                f"the prompt must be a list of token ids (ints), got {request.prompt!r:.80}"
+            ) from None
+        n_vocab, n_ctx = self.llama.config.n_vocab, self.llama.n_ctx
+        if prompt.size == 0:
+            raise RequestError("the prompt is empty: a request needs at least one token")
+        bad = prompt[(prompt < 0) | (prompt >= n_vocab)]
+        if bad.size:
+            raise RequestError(
+                f"prompt token id {int(bad[0])} is outside the vocabulary (0..{n_vocab - 1})"
+            )
+        if prompt.size > n_ctx:
+            raise RequestError(
+                f"the prompt has {prompt.size} tokens; the context holds {n_ctx} (n_ctx): "
+                "shorten the prompt or load the model with a larger context"
+            )
+        if request.max_tokens is not None and request.max_tokens < 1:
+            raise RequestError(f"max_tokens must be at least 1 (or None), got {request.max_tokens}")
+        if request.n_probs < 0:
+            raise RequestError(f"n_probs must be >= 0, got {request.n_probs}")
+
+    def wake(self) -> None:
+        """Let the loop thread look for work (a cancel, a new request)."""
+        with self._lock:
+            self._wakeup.notify()
+
+    # -- the loop thread ---------------------------------------------------------------------
+
+    @property
+    def loop_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Run steps on a daemon thread until :meth:`close`."""
+        if self.loop_running:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="tensorplug-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self._has_work():
+                    self._wakeup.wait()
+                if self._stop:
+                    return
+            try:
+                self.step()
+            except Exception as e:  # a fault of the engine itself: its requests end
+                self._fail_running(e)
+
+    def _fail_running(self, cause: Exception) -> None:
+        """Fail every running request (their cells are dropped: what a failed step
+        left there is unknown); queued requests stay queued."""
+        with self._step_lock:
+            for slot in self.slots:
+                self.llama.kv.seq_rm(slot.seq)
+                slot.cached.clear()
+                if slot.job is not None:
+                    self._fail(slot.job, RequestError(f"the engine's step failed: {cause}"), cause)
+
+    def _has_work(self) -> bool:
+        return bool(self._waiting) or any(s.job is not None for s in self.slots)
+
+    def close(self) -> None:
+        """Stop the loop thread; requests still queued or running end "cancelled"."""
+        with self._lock:
+            self._stop = True
+            self._wakeup.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._step_lock:
+            with self._lock:
+                waiting, self._waiting = list(self._waiting), deque()
+            for handle in waiting:
+                self.stats.requests_cancelled += 1
+                handle._finish("cancelled")
+            for slot in self.slots:
+                if slot.job is not None:
+                    self.stats.requests_cancelled += 1
+                    self._end(slot.job, "cancelled")
+        if self._masks is not None:
+            self._masks.shutdown()
+            self._masks = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what the cache holds ------------------------------------------------------------------
+
+    @property
+    def n_running(self) -> int:
+        return sum(s.job is not None for s in self.slots)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting)
+
+    def cached_tokens(self) -> int:
+        """Tokens idle slots hold for prefix reuse (a cell shared by two counts twice)."""
+        return sum(len(s.cached) for s in self.slots if s.job is None)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Admit waiting requests, run one decode of every generating request plus
+        prompt chunks within the token budget, sample, emit events. Returns whether
+        there was anything to do."""
+        with self._step_lock:
+            self._reap_cancelled()
+            self._admit()
+            jobs = [s.job for s in self.slots if s.job is not None]
+            if not jobs:
+                return False
+            self._run(jobs)
+            self.stats.steps += 1
+            return True
+
+    def _reap_cancelled(self) -> None:
+        with self._lock:
+            cancelled = [h for h in self._waiting if h.cancelled]
+            for h in cancelled:
+                self._waiting.remove(h)
+        for h in cancelled:
+            self.stats.requests_cancelled += 1
+            h._finish("cancelled")
+        for slot in self.slots:
+            if slot.job is not None and slot.job.handle.cancelled:
+                self.stats.requests_cancelled += 1
+                self._end(slot.job, "cancelled")
+
+    def _admit(self) -> None:
+        """Waiting requests into idle slots, first come first served. A request takes
+        the idle slot sharing the longest prefix with it, and shares a longer prefix
+        another slot holds, running or idle (``seq_cp``: the same cells, nothing
+        computed or copied). It waits while a running request is still evaluating a
+        longer shared prefix, and while the cache cannot take the rest of its prompt
+        (counting idle slots' cells as free)."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    return
+                handle = self._waiting[0]
+            idle = [s for s in self.slots if s.job is None]
+            if not idle:
+                return
+            prompt = [int(t) for t in handle.request.prompt]
+            slot = self._best_slot(idle, prompt)
+            limit = len(prompt) - 1  # the last prompt token is evaluated: its logits
+            own = min(_common_prefix(slot.cached, prompt), limit)
+            donor = max(
+                (s for s in self.slots if s is not slot),
+                key=lambda s: _common_prefix(s.cached, prompt),
+                default=None,
+            )
+            shared = min(_common_prefix(donor.cached, prompt), limit) if donor else 0
+            use_donor = donor is not None and shared > own
+            reuse = shared if use_donor else own
+            if self._prefix_coming(prompt, reuse):
+                return  # share it next step rather than compute it twice
+            if self.n_running and self._spare(slot, donor, 0 if use_donor else own) < (
+                len(prompt) - reuse + 1
+            ):
+                return  # wait for running requests to end
+            with self._lock:
+                self._waiting.popleft()
+            kv = self.llama.kv
+            if use_donor:
+                assert donor is not None
+                kv.seq_rm(slot.seq)
+                kv.seq_cp(donor.seq, slot.seq, 0, reuse)
+                slot.cached[:] = prompt[:reuse]
+            else:
+                kv.seq_rm(slot.seq, reuse)
+                del slot.cached[reuse:]
+            handle.prompt_tokens_reused = reuse
+            self.stats.prompt_tokens_reused += reuse
+            request = handle.request
+            vocab = self.llama.vocab
+            slot.job = _Job(
+                handle=handle,
+                slot=slot,
+                pending=prompt[reuse:],
+                sampler=request.sampler or GreedySampler(request.n_probs),
+                stop_tokens=(
+                    request.stop_tokens
+                    if request.stop_tokens is not None
+                    else (vocab.eog if vocab is not None else frozenset())
+                ),
+                decoder=StreamDecoder(vocab) if vocab is not None else None,
+                admitted=next(self._tick),
+            )
+
+    def _prefix_coming(self, prompt: list[int], reuse: int) -> bool:
+        """Whether a running request is still evaluating a prompt that shares more of
+        ``prompt`` than the ``reuse`` tokens available now, and enough of it to count
+        (``similarity``): a burst of requests with one system prompt then computes it
+        once, the others share it a step or a few later."""
+        for s in self.slots:
+            if s.job is not None and s.job.pending:
+                n = min(_common_prefix(s.cached + s.job.pending, prompt), len(prompt) - 1)
+                if n > reuse and n >= self.similarity * len(prompt):
+                    return True
+        return False
+
+    def _spare(self, slot: _Slot, donor: _Slot | None, kept: int) -> int:
+        """Cells a request entering ``slot`` (keeping its first ``kept`` positions)
+        could have: the free ones, those only other idle slots hold (they can be
+        evicted), the slot's own beyond ``kept``; less what the running requests'
+        unevaluated prompts and next tokens will take."""
+        kv = self.llama.kv
+        others = [s.seq for s in self.slots if s.job is None and s is not slot and s is not donor]
+        spare = kv.n_ctx - kv.n_used + kv.n_held_only_by(others)
+        spare += kv.n_held_only_by([slot.seq], kept)
+        return spare - sum(len(s.job.pending) + 1 for s in self.slots if s.job is not None)
+
+    def _best_slot(self, idle: list[_Slot], prompt: list[int]) -> _Slot:
+        """The idle slot with the longest common prefix (ties: least recently used). A
+        prefix shorter than ``similarity`` of the prompt counts as none (llama-server's
+        rule): a shared BOS or a word must not make a request overwrite a slot whose
+        cache another conversation will want."""
+
+        def useful(slot: _Slot) -> int:
+            n = _common_prefix(slot.cached, prompt)
+            return n if n >= self.similarity * len(prompt) else 0
+
+        return max(idle, key=lambda s: (useful(s), -s.last_used))
+
+    def _make_room(self, needed: int) -> None:
+        """Free cells for ``needed`` tokens: idle slots give up theirs, least recently
+        used first. Running requests are never touched here."""
+        kv = self.llama.kv
+        for slot in sorted(self.slots, key=lambda s: s.last_used):
+            if kv.n_ctx - kv.n_used >= needed:
+                return
+            if slot.job is None and slot.cached:
+                kv.seq_rm(slot.seq)
+                slot.cached.clear()
+                self.stats.slots_evicted += 1
+
+    def _run(self, jobs: list[_Job]) -> None:
+        kv = self.llama.kv
+        decoding = [j for j in jobs if j.next_token is not None]
+        while True:
+            self._make_room(len(decoding) + sum(len(j.pending) for j in jobs))
+            if len(decoding) <= kv.n_ctx - kv.n_used:
+                break
+            # the generating requests outgrew the cache: the newest gives way (its
+            # cells, now an idle slot's, are evicted next if still needed)
+            newest = max(decoding, key=lambda j: j.admitted)
+            decoding.remove(newest)
+            jobs.remove(newest)
+            self._fail(
+                newest,
+                RequestError(
+                    f"the KV cache (n_ctx = {kv.n_ctx}) is full with {self.n_running + 1} "
+                    "running requests: use a larger context or fewer parallel slots"
+                ),
+            )
+        budget = min(self.n_batch, kv.n_ctx - kv.n_used)
+        batch = BatchBuilder()
+        rows: list[tuple[_Job, list[int]]] = []  # per flagged token: its job, tokens added
+        for job in decoding:
+            assert job.next_token is not None
+            batch.add(job.next_token, len(job.slot.cached), (job.slot.seq,), logits=True)
+            rows.append((job, [job.next_token]))
+            job.next_token = None
+        budget -= len(decoding)
+        evaluated: list[tuple[_Job, list[int]]] = []
+        for job in sorted((j for j in jobs if j.pending), key=lambda j: j.admitted):
+            if budget <= 0:
+                break
+            chunk, job.pending = job.pending[:budget], job.pending[budget:]
+            p0 = len(job.slot.cached)
+            for i, tok in enumerate(chunk):
+                batch.add(
+                    tok, p0 + i, (job.slot.seq,), logits=not job.pending and i == len(chunk) - 1
+                )
+            budget -= len(chunk)
+            job.handle.prompt_tokens_evaluated += len(chunk)
+            self.stats.prompt_tokens_evaluated += len(chunk)
+            (evaluated if job.pending else rows).append((job, chunk))
+        if not len(batch):
+            return
+        masks = self._masks_for([job for job, _ in rows])
+        try:
+            # a step with prompt tokens counts as prompt time, decode steps as generation
+            logits = self.llama.decode(batch.build(), prompt=len(batch) > len(decoding))
+        except Exception as e:  # the step failed: its requests fail, the engine goes on
+            for job, _ in (*rows, *evaluated):
+                kv.seq_rm(job.slot.seq)
+                job.slot.cached.clear()
+                self._fail(job, RequestError(f"the step failed: {e}"), e)
+            return
+        for job, chunk in evaluated:
+            job.slot.cached.extend(chunk)
+        for (job, chunk), row, mask in zip(rows, logits, masks, strict=True):
+            job.slot.cached.extend(chunk)
+            self._sample(job, row, mask)
+
+    def _masks_for(self, jobs: list[_Job]) -> list[Future[np.ndarray] | None]:
+        """Each constrained job's allowed-token mask, computed on a helper thread while
+        the step's decode runs (the mask depends only on the tokens accepted so far)."""
+        if all(j.handle.request.constraint is None for j in jobs):
+            return [None] * len(jobs)
+        if self._masks is None:
+            self._masks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tp-masks")
+        return [
+            self._masks.submit(c.allowed) if (c := j.handle.request.constraint) else None
+            for j in jobs
+        ]
+
+    def _sample(self, job: _Job, logits: np.ndarray, mask: Future[np.ndarray] | None) -> None:
+        request = job.handle.request
+        try:
+            allowed = mask.result() if mask is not None else None
+            picked = job.sampler.sample(logits, allowed)
+            token = int(picked.token)
+            job.sampler.accept(token)
+            constraint_done = False
+            if request.constraint is not None:
+                request.constraint.accept(token)
+                constraint_done = request.constraint.done()
+        except Exception as e:
+            self._fail(job, RequestError(f"sampling failed: {e}"), e)
+            return
+        job.n_generated += 1
+        self.stats.generated_tokens += 1
+        finish = None
+        if token in job.stop_tokens or constraint_done:
+            finish = "stop"
+        elif job.n_generated == request.max_tokens or len(job.slot.cached) >= self.llama.n_ctx:
+            finish = "length"
+        text = None
+        if job.decoder is not None:
+            text = "" if token in job.stop_tokens else job.decoder.feed(token)
+            if finish is not None:
+                text += job.decoder.flush()
+        event = TokenEvent(token, text, picked.logprob, picked.top_logprobs, finish)
+        try:
+            job.handle._emit(event)
+        except Exception as e:  # on_event raised
+            self._fail(job, RequestError(f"the request's on_event callback failed: {e}"), e)
+            return
+        if finish is not None:
+            self.stats.requests_finished += 1
+            self._end(job, finish)
+        else:
+            job.next_token = token
+
+    def _fail(self, job: _Job, error: RequestError, cause: BaseException | None = None) -> None:
+        if cause is not None:
+            error.__cause__ = cause
+        self.stats.requests_failed += 1
+        self._end(job, "error", error)
+
+    def _end(self, job: _Job, reason: str, error: RequestError | None = None) -> None:
+        """The slot goes idle; its cells stay cached (what they hold: ``slot.cached``)."""
+        slot = job.slot
+        slot.job = None
+        slot.last_used = next(self._tick)
+        job.handle._finish(reason, error)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n

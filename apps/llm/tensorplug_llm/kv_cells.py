@@ -1,0 +1,226 @@
+"""Which KV cache rows hold which sequences at which positions: llama.cpp's KV cells.
+
+One KV cache serves every sequence (llama.cpp's unified cache): a cache row, a *cell*,
+holds the K and V of one token at one position, and belongs to one or more sequences.
+A prefix two sequences share is stored once and belongs to both (``seq_cp`` costs no
+compute and no memory), which is what forking a conversation or reusing a system
+prompt needs. This module is bookkeeping only — numpy arrays, no tensors: the runner
+asks it for free cells (``find_slot``), records what a step wrote there (``assign``)
+and builds the step's attention mask from it (``mask``).
+
+A token attends to a cell iff the cell holds one of the token's sequences at a position
+``<=`` the token's own (and fewer than ``window`` positions back on a sliding-window
+layer). Cells are picked lowest first, so the rows a step reads, ``[0, n_kv)``, stay as
+few as the sequences allow, and a single sequence fills rows ``0, 1, 2, ...`` exactly
+as the one-sequence runner did (row = position).
+
+Shifting a sequence's positions (``seq_add``, llama.cpp's context shift) changes only
+numbers here; the K rows, roped at their old positions, must be rotated by the same
+delta before the next step reads them. The cells remember the pending delta
+(``take_shift``) and the runner applies it with a small graph (``Llama.apply_shift``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from tensorplug.errors import RunError
+
+__all__ = ["MAX_SEQUENCES", "ContextFullError", "KVCells"]
+
+#: Sequence ids a cell can belong to: the bits of its ``uint64`` membership mask.
+MAX_SEQUENCES = 64
+
+
+class ContextFullError(RunError):
+    """More tokens than the context (``n_ctx``) holds."""
+
+
+def seq_bits(seq_ids: Iterable[int]) -> np.uint64:
+    """The membership mask of ``seq_ids`` (bit ``s`` for sequence ``s``)."""
+    bits = 0
+    for s in seq_ids:
+        bits |= 1 << check_seq(s)
+    return np.uint64(bits)
+
+
+def check_seq(seq: int) -> int:
+    """``seq`` if it is a valid sequence id, else a RunError saying the range."""
+    if not isinstance(seq, (int, np.integer)) or not 0 <= seq < MAX_SEQUENCES:
+        raise RunError(f"sequence id {seq!r} is out of range: ids are 0..{MAX_SEQUENCES - 1}")
+    return int(seq)
+
+
+class KVCells:
+    """The cells of a KV cache of ``n_ctx`` rows: per cell its position (-1: free), the
+    sequences it belongs to (a bitmask) and the position shift its K row still needs."""
+
+    def __init__(self, n_ctx: int) -> None:
+        if n_ctx < 1:
+            raise RunError(f"a KV cache needs at least one cell, got n_ctx = {n_ctx}")
+        self.n_ctx = n_ctx
+        self.pos = np.full(n_ctx, -1, dtype=np.int64)
+        self.seqs = np.zeros(n_ctx, dtype=np.uint64)
+        self.shift = np.zeros(n_ctx, dtype=np.int64)
+
+    # -- what is where -------------------------------------------------------------------------
+
+    @property
+    def n_used(self) -> int:
+        """Cells that hold some sequence."""
+        return int(np.count_nonzero(self.pos >= 0))
+
+    @property
+    def used_max(self) -> int:
+        """One past the highest used cell (0 when the cache is empty): a step must read
+        rows ``[0, used_max)``."""
+        used = np.flatnonzero(self.pos >= 0)
+        return int(used[-1]) + 1 if used.size else 0
+
+    def _held_by(self, seq: int) -> np.ndarray:
+        """Boolean (n_ctx,): the cells ``seq`` holds (any sequence's when ``seq < 0``)."""
+        if seq < 0:
+            return self.pos >= 0
+        return (self.seqs & np.uint64(1 << check_seq(seq))) != 0
+
+    def _in_range(self, seq: int, p0: int, p1: int | None) -> np.ndarray:
+        held = self._held_by(seq) & (self.pos >= p0)
+        return held if p1 is None else held & (self.pos < p1)
+
+    def seq_pos_min(self, seq: int) -> int:
+        """The lowest position ``seq`` holds, -1 when it holds none."""
+        pos = self.pos[self._held_by(seq)]
+        return int(pos.min()) if pos.size else -1
+
+    def seq_pos_max(self, seq: int) -> int:
+        """The highest position ``seq`` holds, -1 when it holds none."""
+        pos = self.pos[self._held_by(seq)]
+        return int(pos.max()) if pos.size else -1
+
+    def seq_n_cells(self, seq: int) -> int:
+        """How many cells ``seq`` holds (shared ones included)."""
+        return int(np.count_nonzero(self._held_by(seq)))
+
+    def n_held_only_by(self, seqs: Iterable[int], p0: int = 0) -> int:
+        """Used cells at positions ``>= p0`` that no sequence outside ``seqs`` holds:
+        the cells removing ``seqs`` would free."""
+        allowed = seq_bits(seqs)
+        used = (self.pos >= p0) & (self.seqs != 0)
+        return int(np.count_nonzero(used & ((self.seqs & ~allowed) == 0)))
+
+    # -- writing a step -------------------------------------------------------------------------
+
+    def find_slot(self, n: int) -> np.ndarray:
+        """``n`` free cells, lowest first (int64, ascending); ContextFullError when fewer
+        are free. Nothing is taken until :meth:`assign`."""
+        free = np.flatnonzero(self.pos < 0)
+        if free.size < n:
+            raise ContextFullError(
+                f"the KV cache has {free.size} free cells of n_ctx = {self.n_ctx} and a step "
+                f"needs {n}: use a larger context (--ctx-size), fewer parallel sequences or "
+                "shorter prompts, or remove sequences (seq_rm) first"
+            )
+        return free[:n].astype(np.int64)
+
+    def assign(self, cells: np.ndarray, pos: np.ndarray, seq_ids: Sequence[Sequence[int]]) -> None:
+        """Record that ``cells[i]`` now holds position ``pos[i]`` of the sequences
+        ``seq_ids[i]`` (what a step's ``set_rows`` writes there)."""
+        self.pos[cells] = pos
+        self.seqs[cells] = [seq_bits(ids) for ids in seq_ids]
+        self.shift[cells] = 0
+
+    # -- llama.cpp's memory API ----------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Every cell free."""
+        self.pos[:] = -1
+        self.seqs[:] = 0
+        self.shift[:] = 0
+
+    def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> None:
+        """``seq`` lets go of its positions in ``[p0, p1)`` (p1 None: to the end; ``seq
+        < 0``: every sequence); a cell no sequence holds any more is free."""
+        cells = self._in_range(seq, p0, p1)
+        if seq < 0:
+            self.seqs[cells] = 0
+        else:
+            self.seqs[cells] &= ~np.uint64(1 << seq)
+        self._free_empty()
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+        """``dst`` shares ``src``'s cells of positions ``[p0, p1)``: the same K and V
+        rows, no copy (a fork of a prefix costs nothing)."""
+        check_seq(dst)
+        if src == dst:
+            return
+        self.seqs[self._in_range(src, p0, p1)] |= np.uint64(1 << dst)
+
+    def seq_keep(self, seq: int) -> None:
+        """Free every cell ``seq`` does not hold; the cells it holds become its alone."""
+        held = self._held_by(seq)
+        self.seqs[held] = np.uint64(1 << seq)
+        self.seqs[~held] = 0
+        self._free_empty()
+
+    def seq_add(self, seq: int, p0: int, p1: int | None, delta: int) -> None:
+        """Move ``seq``'s positions in ``[p0, p1)`` by ``delta`` (llama.cpp's context
+        shift); cells moved below position 0 are freed. The moved K rows need
+        re-roping by ``delta`` (:meth:`take_shift`). A cell the sequence shares with
+        another cannot move for one of them: that is refused (remove the other
+        sequence's hold on it, or copy, first)."""
+        if delta == 0:
+            return
+        cells = self._in_range(check_seq(seq), p0, p1)
+        shared = cells & (self.seqs != np.uint64(1 << seq))
+        if shared.any():
+            others = _seq_ids(int(np.bitwise_or.reduce(self.seqs[shared])) & ~(1 << seq))
+            raise RunError(
+                f"seq_add: {int(shared.sum())} cells of sequence {seq} in positions "
+                f"[{p0}, {p1}) are shared with sequences {others}; shifting them would move "
+                "those sequences too. Remove the other sequences' hold on them first"
+            )
+        self.pos[cells] += delta
+        self.shift[cells] += delta
+        gone = cells & (self.pos < 0)
+        self.seqs[gone] = 0
+        self._free_empty()
+
+    def take_shift(self) -> tuple[np.ndarray, np.ndarray]:
+        """The cells whose K rows still need re-roping and by how much (int64 each),
+        forgotten here: the caller applies them now."""
+        cells = np.flatnonzero(self.shift != 0)
+        deltas = self.shift[cells].copy()
+        self.shift[cells] = 0
+        return cells.astype(np.int64), deltas
+
+    @property
+    def has_shift(self) -> bool:
+        return bool(np.any(self.shift != 0))
+
+    def _free_empty(self) -> None:
+        empty = self.seqs == 0
+        self.pos[empty] = -1
+        self.shift[empty] = 0
+
+    # -- attention ---------------------------------------------------------------------------
+
+    def mask(
+        self, pos: np.ndarray, seq_ids: Sequence[Sequence[int]], n_kv: int, window: int = 0
+    ) -> np.ndarray:
+        """The F16 attention mask ``(T, n_kv)`` of tokens at ``pos`` of sequences
+        ``seq_ids``: 0 where the token sees the cell (the cell holds one of its sequences
+        at a position ``<=`` its own, fewer than ``window`` back when ``window > 0``:
+        llama.cpp's standard SWA), -inf elsewhere."""
+        tok_bits = np.array([seq_bits(ids) for ids in seq_ids], dtype=np.uint64)
+        cell_pos = self.pos[:n_kv]
+        back = np.asarray(pos, dtype=np.int64)[:, None] - cell_pos[None, :]
+        seen = ((tok_bits[:, None] & self.seqs[None, :n_kv]) != 0) & (back >= 0)
+        if window:
+            seen &= back < window
+        return np.where(seen, np.float16(0), np.float16(-np.inf))
+
+
+def _seq_ids(bits: int) -> list[int]:
+    return [s for s in range(MAX_SEQUENCES) if bits >> s & 1]

@@ -1,0 +1,84 @@
+"""Aggregate generation speed of the engine with 1, 4, 8 concurrent streams.
+
+    python benchmarks/bench_engine.py [--model PATH.gguf | --size 100M] [--streams 1,4,8]
+                                      [--prompt 32] [--gen 32] [--threads N]
+
+Batched decoding reads each weight once for all streams of a step, so aggregate
+tokens/s should grow with the number of streams until the products stop being bound
+by reading the weights. Each stream gets its own prompt (random token ids, ``--prompt``
+long), then ``--gen`` greedy tokens; the engine runs them on ``n_parallel = streams``
+slots. Reported per stream count: aggregate generated tokens/s (all generated tokens
+over the time from the first submit to the last token), the speed-up over one stream,
+steps, and graphs built during the run.
+
+Without ``--model`` the model is written by ``tensorplug_llm.tiny.write_tiny_llama``
+(``--size tiny``: the test model; ``100M``: 8 blocks, n_embd 768, vocab 32000, Q8_0).
+The model goes where ``Llama`` puts it by default (the best GPU, else the CPU).
+Figures are only meaningful on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tensorplug_llm.engine import Engine, Request
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.tiny import write_tiny_llama
+
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {},
+    "100M": {
+        "n_vocab": 32000, "n_embd": 768, "n_layer": 8, "n_head": 12, "n_head_kv": 4,
+        "n_ff": 2048, "n_ctx": 2048,
+    },
+}  # fmt: skip
+
+
+def run(llama: Llama, streams: int, prompt: int, gen: int) -> tuple[float, int, int]:
+    """Aggregate tokens/s, steps, graphs built for ``streams`` concurrent requests."""
+    rng = np.random.default_rng(streams)
+    n_vocab = llama.config.n_vocab
+    prompts = [[1, *rng.integers(3, n_vocab, size=prompt - 1).tolist()] for _ in range(streams)]
+    built = llama.timings.graphs_built
+    with Engine(llama, n_parallel=streams, n_batch=max(llama.n_batch, streams)) as engine:
+        start = time.perf_counter()
+        handles = [
+            engine.submit(Request(p, max_tokens=gen, stop_tokens=frozenset())) for p in prompts
+        ]
+        tokens = sum(len(h.result()) for h in handles)
+        elapsed = time.perf_counter() - start
+        steps = engine.stats.steps
+    return tokens / elapsed, steps, llama.timings.graphs_built - built
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", type=Path, help="a GGUF file (default: a written random model)")
+    p.add_argument("--size", choices=sorted(SIZES), default="100M")
+    p.add_argument("--streams", default="1,4,8", help="comma-separated stream counts")
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--gen", type=int, default=32)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: governed)")
+    args = p.parse_args()
+    counts = [int(s) for s in args.streams.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.model
+        if path is None:
+            path = write_tiny_llama(Path(tmp) / "model.gguf", "q8_0", 0, **SIZES[args.size])  # type: ignore[arg-type]
+        n_ctx = max(counts) * (args.prompt + args.gen) + 64
+        with Llama(path, n_ctx=n_ctx, n_threads=args.threads) as llama:
+            one = None
+            print(f"{'streams':>7} {'tok/s':>9} {'x one':>6} {'steps':>6} {'graphs':>6}")
+            for n in counts:
+                tps, steps, graphs = run(llama, n, args.prompt, args.gen)
+                one = one or tps
+                print(f"{n:>7} {tps:>9.1f} {tps / one:>6.2f} {steps:>6} {graphs:>6}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,367 @@
+"""The engine: continuous batching over slots, prefix reuse, cancellation, errors.
+
+The reference for every output is the single-sequence runner (``Llama.generate``,
+greedy) on the same model, one request at a time. The tiny model's weights are Q8_0,
+which the CPU multiplies with its repacked integer kernels: each token's row is
+computed on its own, so batching other sequences beside it changes no bit and the
+greedy tokens must be identical (``test_llama_decode`` checks the logits themselves).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tensorplug_llm.engine import Engine, Request, RequestError, TokenEvent
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.tiny import write_tiny_llama
+
+SEED = 3
+NONE: frozenset[int] = frozenset()  # no stop tokens: every request runs to max_tokens
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("engine") / "tiny.gguf", "q8_0", SEED)
+
+
+@pytest.fixture
+def llama(model_file: Path) -> Iterator[Llama]:
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, kv_pad=32)
+    yield m
+    m.close()
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[1, *rng.integers(3, 320, size=int(rng.integers(3, 30))).tolist()] for _ in range(n)]
+
+
+def _reference(m: Llama, prompt: list[int], n: int) -> list[int]:
+    m.reset()
+    return m.generate(prompt, n, stop_at_eos=False).tokens
+
+
+def _no_leak(engine: Engine) -> None:
+    """Every used cell belongs to some slot, and each slot holds exactly the cells of its
+    cached tokens, at positions 0..n-1."""
+    kv = engine.llama.kv
+    assert engine.n_running == 0
+    assert kv.n_used == kv.n_held_only_by(s.seq for s in engine.slots)
+    for slot in engine.slots:
+        assert kv.seq_n_cells(slot.seq) == len(slot.cached)
+        assert kv.seq_pos_max(slot.seq) == len(slot.cached) - 1
+
+
+def test_concurrent_greedy_requests_equal_one_at_a_time(llama: Llama) -> None:
+    prompts = _prompts(8)
+    want = [_reference(llama, p, 10) for p in prompts]
+    engine = Engine(llama, n_parallel=8)
+    handles = [engine.submit(Request(p, max_tokens=10, stop_tokens=NONE)) for p in prompts]
+    got = [h.result() for h in handles]
+    assert got == want
+    assert all(h.finish_reason == "length" for h in handles)
+    assert engine.stats.steps <= 12  # one step took every prompt, then 9 decode steps
+    assert engine.stats.prompt_tokens_evaluated == sum(map(len, prompts))
+    _no_leak(engine)
+    assert llama.kv.n_used == engine.cached_tokens()  # no cell shared: one per cached token
+
+
+def test_requests_join_and_leave_between_steps_and_cancel_frees_the_slot(llama: Llama) -> None:
+    prompts = _prompts(5, seed=1)
+    want = [_reference(llama, p, 12) for p in prompts]
+    engine = Engine(llama, n_parallel=3)
+    first = [engine.submit(Request(p, max_tokens=12, stop_tokens=NONE)) for p in prompts[:3]]
+    for _ in range(4):
+        engine.step()
+    assert engine.n_running == 3
+    first[1].cancel()
+    later = [engine.submit(Request(p, max_tokens=12, stop_tokens=NONE)) for p in prompts[3:]]
+    engine.step()  # the cancelled request's slot takes the first waiting one
+    assert engine.n_running == 3 and engine.n_waiting == 1
+    # what it produced before the cancel is still read, then the events end
+    assert len(list(first[1])) == 4 and first[1].finish_reason == "cancelled"
+    assert [first[0].result(), first[2].result()] == [want[0], want[2]]
+    assert [h.result() for h in later] == want[3:]
+    _no_leak(engine)
+
+
+def test_submit_from_many_threads_while_the_loop_runs(llama: Llama) -> None:
+    prompts = _prompts(6, seed=2)
+    want = [_reference(llama, p, 8) for p in prompts]
+    got: dict[int, list[int]] = {}
+    with Engine(llama, n_parallel=4) as engine:
+        engine.start()
+
+        errors: list[BaseException] = []
+
+        def client(i: int) -> None:
+            try:
+                check(i)
+            except BaseException as e:  # a thread's failure must fail the test
+                errors.append(e)
+
+        def check(i: int) -> None:
+            events: list[TokenEvent] = []
+            handle = engine.submit(
+                Request(prompts[i], max_tokens=8, stop_tokens=NONE, on_event=events.append)
+            )
+            got[i] = [e.token for e in handle]
+            assert [e.token for e in events] == got[i]
+            assert events[-1].finish_reason == "length"
+            assert llama.vocab is not None  # the text pieces add up to the tokens' bytes
+            raw = b"".join(llama.vocab.piece(t) for t in got[i])
+            assert "".join(e.text or "" for e in events) == raw.decode(errors="replace")
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert engine.loop_running
+    assert errors == []
+    assert [got[i] for i in range(6)] == want
+    _no_leak(engine)
+
+
+def test_a_second_turn_evaluates_only_its_new_tokens(llama: Llama) -> None:
+    """Chat-like: turn 2's prompt is turn 1's prompt, its answer and new tokens. The
+    slot kept turn 1's cells; only the answer's last token (sampled, never evaluated)
+    and the new tokens are computed, and the answer equals a cold run's."""
+    turn1 = _prompts(1, seed=3)[0]
+    answer1 = _reference(llama, turn1, 6)
+    turn2 = [*turn1, *answer1, 290, 300, 310]
+    want2 = _reference(llama, turn2, 6)
+    engine = Engine(llama, n_parallel=2)
+    h1 = engine.submit(Request(turn1, max_tokens=6, stop_tokens=NONE))
+    assert h1.result() == answer1
+    h2 = engine.submit(Request(turn2, max_tokens=6, stop_tokens=NONE))
+    assert h2.result() == want2
+    reused = len(turn1) + len(answer1) - 1
+    assert h2.prompt_tokens_reused == reused
+    assert h2.prompt_tokens_evaluated == len(turn2) - reused == 4
+    h3 = engine.submit(Request(turn2, max_tokens=6, stop_tokens=NONE))  # the same prompt again
+    assert h3.result() == want2 and h3.prompt_tokens_evaluated == 1
+    assert engine.stats.prompt_tokens_reused == reused + len(turn2) - 1
+    _no_leak(engine)
+
+
+def test_a_prefix_another_slot_holds_is_shared_not_recomputed(llama: Llama) -> None:
+    """A shared system prompt: request b finds it in request a's cells while a runs and
+    shares them (seq_cp): only b's own 3 tokens are computed and take cells."""
+    system = [1, *range(260, 290)]
+    qa, qb = [*system, 290, 300], [*system, 310, 311, 312]
+    want_a, want_b = _reference(llama, qa, 10), _reference(llama, qb, 6)
+    engine = Engine(llama, n_parallel=2)
+    ha = engine.submit(Request(qa, max_tokens=10, stop_tokens=NONE))
+    engine.step()
+    engine.step()  # a's prompt is in the cache and a generates
+    used = llama.kv.n_used
+    hb = engine.submit(Request(qb, max_tokens=6, stop_tokens=NONE))
+    engine.step()
+    assert hb.prompt_tokens_reused == len(system) and hb.prompt_tokens_evaluated == 3
+    assert llama.kv.n_used == used + 1 + 3  # a's next token, b's three
+    assert ha.result() == want_a and hb.result() == want_b
+    _no_leak(engine)
+    assert llama.kv.n_used == engine.cached_tokens() - len(system)
+
+
+def test_a_burst_sharing_a_system_prompt_computes_it_once(llama: Llama) -> None:
+    """Four requests with one 40-token system prompt, submitted together: the first
+    evaluates it, the others wait one step and share its cells."""
+    system = [1, *range(260, 299)]
+    prompts = [[*system, 300 + i, 310 + i] for i in range(4)]
+    want = [_reference(llama, p, 5) for p in prompts]
+    engine = Engine(llama, n_parallel=4)
+    handles = [engine.submit(Request(p, max_tokens=5, stop_tokens=NONE)) for p in prompts]
+    assert [h.result() for h in handles] == want
+    assert [h.prompt_tokens_evaluated for h in handles] == [42, 2, 2, 2]
+    assert engine.stats.prompt_tokens_reused == 3 * len(system)
+    _no_leak(engine)
+
+
+def test_eviction_takes_idle_slots_least_recently_used_never_a_running_one(
+    model_file: Path,
+) -> None:
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=64, kv_pad=16)
+    try:
+        a, b, c, d = _prompts(4, seed=4)
+        a, b, c, d = a[:12] + [5] * (12 - len(a)), b[:10], [*c[:4], 7, 8], [*d[:3], 9] * 6
+        a[0], b[0], c[0], d[0] = 3, 4, 5, 6  # no shared first token: no cell is shared
+        want_c, want_d = _reference(m, c, 12), _reference(m, d, 4)
+        engine = Engine(m, n_parallel=4)
+        engine.submit(Request(a, max_tokens=2, stop_tokens=NONE)).result()
+        engine.submit(Request(b, max_tokens=2, stop_tokens=NONE)).result()
+        idle_a, idle_b = (s for s in engine.slots if s.cached)
+        assert (len(idle_a.cached), len(idle_b.cached)) == (13, 11)
+        running = engine.submit(Request(c, max_tokens=12, stop_tokens=NONE))
+        for _ in range(5):
+            engine.step()
+        # 64 cells: a 13 + b 11 + c 10 held, 30 free; d's 24 prompt tokens fit, but c
+        # and d then need 7 + 3 more: a's slot, the least recently used, gives its back
+        late = engine.submit(Request(d, max_tokens=4, stop_tokens=NONE))
+        assert late.result() == want_d
+        assert idle_a.cached == [] and len(idle_b.cached) == 11
+        assert engine.stats.slots_evicted == 1
+        assert running.result() == want_c  # its cells were never taken
+        _no_leak(engine)
+    finally:
+        m.close()
+
+
+def test_a_bad_request_fails_alone(llama: Llama) -> None:
+    prompts = _prompts(2, seed=5)
+    want = _reference(llama, prompts[0], 6)
+    engine = Engine(llama, n_parallel=2)
+    with pytest.raises(RequestError, match=r"token id 320 is outside the vocabulary \(0..319\)"):
+        engine.submit(Request([1, 320]))
+    with pytest.raises(RequestError, match="the prompt has 300 tokens; the context holds 256"):
+        engine.submit(Request([1] * 300))
+    with pytest.raises(RequestError, match="the prompt must be a list of token ids"):
+        engine.submit(Request(["hello"]))  # type: ignore[list-item]
+    with pytest.raises(RequestError, match="the prompt is empty"):
+        engine.submit(Request([]))
+    with pytest.raises(RequestError, match="max_tokens must be at least 1"):
+        engine.submit(Request([1], max_tokens=0))
+
+    class Broken:
+        def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> object:
+            raise ValueError("no luck")
+
+        def accept(self, token: int) -> None: ...
+
+    good = engine.submit(Request(prompts[0], max_tokens=6, stop_tokens=NONE))
+    bad = engine.submit(Request(prompts[1], max_tokens=6, sampler=Broken()))  # type: ignore[arg-type]
+    with pytest.raises(RequestError, match="sampling failed: no luck"):
+        bad.result()
+    assert good.result() == want
+    assert bad.finish_reason == "error" and engine.stats.requests_failed == 1
+    _no_leak(engine)
+
+
+def test_logprobs_and_stop_tokens(llama: Llama) -> None:
+    prompt = _prompts(1, seed=6)[0]
+    llama.reset()
+    logits = llama.eval(prompt)
+    first = int(np.argmax(logits))
+    engine = Engine(llama, n_parallel=1)
+    handle = engine.submit(Request(prompt, max_tokens=5, stop_tokens=frozenset({first}), n_probs=3))
+    events = list(handle)
+    assert len(events) == 1 and events[0].finish_reason == "stop" and events[0].text == ""
+    z = logits.astype(np.float64)
+    logp = z - z.max() - np.log(np.exp(z - z.max()).sum())
+    assert events[0].logprob == pytest.approx(logp[first], abs=1e-9)
+    assert events[0].top_logprobs is not None
+    assert [t for t, _ in events[0].top_logprobs] == np.argsort(-logp, kind="stable")[:3].tolist()
+
+
+def test_repeated_step_shapes_reuse_their_graphs(llama: Llama) -> None:
+    prompts = [p[:6] + [5] * (6 - len(p[:6])) for p in _prompts(4, seed=7)]
+    engine = Engine(llama, n_parallel=4)
+    built = llama.timings.graphs_built
+    handles = [engine.submit(Request(p, max_tokens=24, stop_tokens=NONE)) for p in prompts]
+    for h in handles:
+        h.result()
+    # 1 prompt step + 23 decode steps of 4 tokens, over 24 .. 116 cache rows: one graph
+    # for the prompt, one per kv_pad of 32 rows for the decode steps (32, 64, 96, 128)
+    assert engine.stats.steps == 24
+    assert llama.timings.graphs_built - built == 5
+
+
+def test_requests_that_outgrow_the_cache_the_newest_gives_way(model_file: Path) -> None:
+    """Two requests without a token limit in a 32-cell cache: when both cannot grow,
+    the newer fails with a message saying why, its cells go to the older one, which
+    runs until the context is full and matches the single-sequence runner."""
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=32, kv_pad=16)
+    try:
+        a, b = [3, *range(270, 277)], [4, *range(280, 287)]
+        want_a = _reference(m, a, 100)
+        assert len(want_a) == 32 - len(a) + 1  # the runner stops when the context is full
+        engine = Engine(m, n_parallel=2)
+        ha = engine.submit(Request(a, stop_tokens=NONE))
+        hb = engine.submit(Request(b, stop_tokens=NONE))
+        assert ha.result() == want_a and ha.finish_reason == "length"
+        with pytest.raises(RequestError, match=r"the KV cache \(n_ctx = 32\) is full"):
+            hb.result()
+        _no_leak(engine)
+    finally:
+        m.close()
+
+
+class EvenTokens:
+    """A constraint for the test: even token ids only, done after three."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.mask = np.arange(n_vocab) % 2 == 0
+        self.taken: list[int] = []
+
+    def allowed(self) -> np.ndarray:
+        return self.mask
+
+    def accept(self, token: int) -> None:
+        self.taken.append(token)
+
+    def done(self) -> bool:
+        return len(self.taken) == 3
+
+
+def test_a_constraint_masks_tokens_and_ends_the_request(llama: Llama) -> None:
+    """The constrained request picks the best allowed token and stops when its
+    constraint is done; an unconstrained one beside it is unaffected."""
+    prompt = _prompts(1, seed=9)[0]
+    want_free = _reference(llama, prompt, 5)
+    want: list[int] = []
+    llama.reset()
+    logits = llama.eval(prompt)
+    for _ in range(3):
+        want.append(int(np.argmax(np.where(np.arange(logits.size) % 2 == 0, logits, -np.inf))))
+        logits = llama.eval(want[-1:])
+    constraint = EvenTokens(llama.config.n_vocab)
+    engine = Engine(llama, n_parallel=2)
+    free = engine.submit(Request(prompt, max_tokens=5, stop_tokens=NONE))
+    handle = engine.submit(Request(prompt, max_tokens=10, stop_tokens=NONE, constraint=constraint))
+    assert handle.result() == want == constraint.taken
+    assert handle.finish_reason == "stop"
+    assert free.result() == want_free
+    _no_leak(engine)
+
+
+class FailsWhenDone(EvenTokens):
+    def done(self) -> bool:
+        raise RuntimeError("grammar state lost")
+
+
+def test_the_loop_survives_a_failing_request(llama: Llama) -> None:
+    prompts = _prompts(2, seed=10)
+    want = _reference(llama, prompts[0], 6)
+    with Engine(llama, n_parallel=2) as engine:
+        engine.start()
+        bad = engine.submit(Request(prompts[1], constraint=FailsWhenDone(llama.config.n_vocab)))
+        good = engine.submit(Request(prompts[0], max_tokens=6, stop_tokens=NONE))
+        with pytest.raises(RequestError, match="sampling failed: grammar state lost"):
+            bad.result()
+        assert good.result() == want
+        assert engine.loop_running
+        again = engine.submit(Request(prompts[0], max_tokens=6, stop_tokens=NONE))
+        assert again.result() == want and again.prompt_tokens_evaluated == 1
+
+
+def test_cancel_from_the_reading_thread_while_the_loop_runs(llama: Llama) -> None:
+    prompt = _prompts(1, seed=11)[0]
+    with Engine(llama, n_parallel=2) as engine:
+        engine.start()
+        handle = engine.submit(Request(prompt, stop_tokens=NONE))  # until the context is full
+        seen = []
+        for event in handle:
+            seen.append(event.token)
+            if len(seen) == 3:
+                handle.cancel()
+        assert handle.finish_reason == "cancelled" and 3 <= len(seen) < 200
+        assert engine.stats.requests_cancelled == 1
+        engine.close()
+        _no_leak(engine)
