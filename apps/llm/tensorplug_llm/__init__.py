@@ -4,23 +4,24 @@ cache, the scheduler, sampling and chat.
 
 ::
 
-    from tensorplug_llm import Llama, Placement, Sampler, SamplerParams
+    from tensorplug_llm import Llama, Placement, SamplingParams, TokenSampler
 
     model = Llama("model.gguf", n_ctx=2048)  # every block on the best device by default
     # or: Llama("model.gguf", placement=Placement.offload(n_layer=32, n_gpu_layers=20))
     ids = model.vocab.encode("Once upon a time")
-    gen = model.generate(ids, 32, Sampler(SamplerParams(temperature=0.8, seed=1)))
+    gen = model.generate(ids, 32, TokenSampler(SamplingParams(temperature=0.8, seed=1)))
     print(model.vocab.decode(ids + gen.tokens), model.timings.gen_tps)
 
 Modules: :mod:`.arch` (the architectures, as switches of one block builder),
 :mod:`.model` (hyper-parameters, weights, KV cache, step graphs),
 :mod:`.runner` (loading, placement on devices, evaluation, generation, timings),
 :mod:`.tokenizer` (SentencePiece, BPE, WordPiece; ``tensorplug tokenize``),
-:mod:`.sampling`, :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models for demos
-and tests), :mod:`.chat` (``tensorplug chat``), :mod:`.run_cli` (``tensorplug run``,
-:func:`~.run_cli.demo_model`) and :mod:`.demo` (``tensorplug demo``); :mod:`.commands`
-adds those four to the ``tensorplug`` command. Nothing here imports the ``gguf`` package
-until a file is read or written.
+:mod:`.sampling` (llama.cpp's sampler chain, logprobs), :mod:`.constraint` (structured
+output through llguidance), :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models
+for demos and tests), :mod:`.chat` (``tensorplug chat``), :mod:`.run_cli` (``tensorplug
+run``, :func:`~.run_cli.demo_model`) and :mod:`.demo` (``tensorplug demo``);
+:mod:`.commands` adds those four to the ``tensorplug`` command. Nothing here imports the
+``gguf`` package until a file is read or written.
 
 The names below are imported on first use (PEP 562), not with the package: the
 ``tensorplug`` command imports :mod:`.commands` each time it starts, which imports this
@@ -34,13 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .batch import Batch
+    from .constraint import Constraint, ConstraintError, constraint_for
     from .engine import Engine, Request, RequestError, RequestHandle, TokenEvent
     from .kv_cells import KVCells
     from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
     from .placement import Placement
     from .run_cli import demo_model
     from .runner import ContextFullError, Generation, Llama, SplitSummary, Timings
-    from .sampling import Sampler, SamplerParams
+    from .sampling import SampledToken, Sampler, SamplerParams, SamplingParams, TokenSampler
     from .tiny import TINY_DIMS, tiny_vocab, write_tiny_llama
     from .tokenizer import StreamDecoder, Vocab
 
@@ -50,13 +52,15 @@ _HOMES = {
     "Engine": "engine", "Request": "engine", "RequestError": "engine",
     "RequestHandle": "engine", "TokenEvent": "engine",
     "KVCells": "kv_cells",
+    "Constraint": "constraint", "ConstraintError": "constraint", "constraint_for": "constraint",
     "KVCache": "model", "LlamaConfig": "model", "LlamaWeights": "model",
     "StepGraph": "model", "build_step": "model",
     "Placement": "placement",
     "demo_model": "run_cli",
     "ContextFullError": "runner", "Generation": "runner", "Llama": "runner",
     "SplitSummary": "runner", "Timings": "runner",
-    "Sampler": "sampling", "SamplerParams": "sampling",
+    "Sampler": "sampling", "SamplerParams": "sampling", "SampledToken": "sampling",
+    "SamplingParams": "sampling", "TokenSampler": "sampling",
     "TINY_DIMS": "tiny", "tiny_vocab": "tiny", "write_tiny_llama": "tiny",
     "StreamDecoder": "tokenizer", "Vocab": "tokenizer",
 }  # fmt: skip
@@ -78,6 +82,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "TINY_DIMS",
     "Batch",
+    "Constraint",
+    "ConstraintError",
     "ContextFullError",
     "Engine",
     "Generation",
@@ -90,15 +96,19 @@ __all__ = [
     "Request",
     "RequestError",
     "RequestHandle",
+    "SampledToken",
     "Sampler",
     "SamplerParams",
+    "SamplingParams",
     "SplitSummary",
     "StepGraph",
     "StreamDecoder",
     "Timings",
     "TokenEvent",
+    "TokenSampler",
     "Vocab",
     "build_step",
+    "constraint_for",
     "demo_model",
     "tiny_vocab",
     "write_tiny_llama",

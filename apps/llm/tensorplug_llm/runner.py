@@ -55,7 +55,7 @@ from .batch import Batch
 from .kv_cells import ContextFullError, KVCells
 from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_k_shift, build_step
 from .placement import Placement, by_priority, host_cpu
-from .sampling import Sampler
+from .sampling import Sampler, TokenSampler
 from .threads import ThreadGovernor, thread_counts
 from .tokenizer import Vocab
 
@@ -531,7 +531,7 @@ class Llama:
         self,
         prompt: Sequence[int],
         n_predict: int,
-        sampler: Sampler | None = None,
+        sampler: TokenSampler | None = None,
         *,
         on_token: Callable[[int], None] | None = None,
         stop_at_eos: bool = True,
@@ -542,9 +542,12 @@ class Llama:
         tokens one at a time.
 
         The last sampled token is not evaluated (nothing would read its logits).
-        ``on_progress(done, total)`` follows the prompt chunk by chunk.
+        ``on_progress(done, total)`` follows the prompt chunk by chunk. ``sampler``: a
+        :class:`TokenSampler` (its penalties see the prompt) or the default greedy
+        :class:`Sampler`.
         """
         sampler = sampler or Sampler()
+        sampler.accept_prompt(prompt)
         n = len(prompt)
         if n == 0:
             raise RunError("generate needs a prompt of at least one token (e.g. BOS)")
