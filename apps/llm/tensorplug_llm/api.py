@@ -74,7 +74,8 @@ class Stream:
 class LLM:
     """A model behind a generator, answering in OpenAI's shapes.
 
-    ``generator`` defaults to a :class:`~generation.SerialGenerator` over ``llama``.
+    ``generator`` defaults to the batching engine over ``llama`` with ``n_parallel``
+    slots (:class:`~generation.EngineGenerator`).
     ``model_name`` is the ``model`` field of responses (default: the file's name).
     ``chat_template`` replaces the model file's ``tokenizer.chat_template``.
     """
@@ -84,16 +85,18 @@ class LLM:
         llama: Llama,
         generator: Generator | None = None,
         *,
+        n_parallel: int = 1,
         model_name: str | None = None,
         chat_template: str | None = None,
     ) -> None:
-        from .generation import SerialGenerator
+        from .engine import Engine
+        from .generation import EngineGenerator
 
         if llama.vocab is None:
             raise RunError(f"cannot serve {llama.file.path.name}: {llama.vocab_error}")
         self.llama = llama
         self.vocab: Vocab = llama.vocab
-        self.generator: Generator = generator or SerialGenerator(llama)
+        self.generator: Generator = generator or EngineGenerator(Engine(llama, n_parallel))
         self.model_name = model_name or llama.file.path.name
         template = chat_template or llama.file.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template.strip() else None
@@ -379,7 +382,8 @@ class LLM:
             )
         if not 0 <= n_probs <= 20:
             raise InvalidRequestError(f"at most 20 top logprobs (got {n_probs})", "logprobs")
-        if sampling.get("logit_bias"):
+        sampling = {k: v for k, v in sampling.items() if v is not None}
+        if "logit_bias" in sampling:
             sampling["logit_bias"] = _token_bias(sampling["logit_bias"])
         constraint = None
         if response_format is not None and response_format.get("type", "text") != "text":
@@ -390,22 +394,22 @@ class LLM:
             try:
                 check(job)
             except RunError as e:
-                raise InvalidRequestError(str(e)) from None
+                raise InvalidRequestError(str(e), getattr(e, "param", None)) from None
         return job
 
     def _constraint(self, response_format: Mapping[str, Any]) -> Any:
+        from .constraint import constraint_for
+
         try:
-            from .constraint import constraint_for  # type: ignore[import-not-found]
+            return constraint_for(self.vocab, dict(response_format), self.llama.config.n_vocab)
         except ImportError:
             raise InvalidRequestError(
-                "structured output (response_format) needs the constraint module and "
-                "llguidance: pip install 'tensorplug-llm[serve]'",
+                "structured output (response_format) needs llguidance: "
+                "pip install 'tensorplug-llm[structured]'",
                 "response_format",
             ) from None
-        try:
-            return constraint_for(self.llama, dict(response_format))
         except (RunError, ValueError) as e:
-            raise InvalidRequestError(str(e), "response_format") from None
+            raise InvalidRequestError(str(e), getattr(e, "param", "response_format")) from None
 
     def _pieces(self, handle: GenerationHandle, stops: list[str]) -> Iterator[_Piece]:
         """The handle's tokens as text, with stop strings found (the request cancelled)

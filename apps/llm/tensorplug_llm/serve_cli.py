@@ -58,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-np",
         "--parallel",
         type=_positive,
-        default=1,
-        help="sequences decoded together (slots, as llama-server's -np; 1)",
+        default=4,
+        help="requests decoded together (slots, as llama-server's -np; 4); each slot keeps "
+        "its last prompt's cells for prefix reuse",
     )
     p.add_argument(
         "--api-key",
@@ -111,11 +112,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 0 or args.timeout <= 0:
         raise RunError("--max-queue must be >= 0 and --timeout > 0")
-    if args.parallel > 1:
-        raise RunError(
-            f"-np {args.parallel}: this build decodes one sequence at a time (the batching "
-            "engine is not in it yet); use -np 1"
-        )
     template = _read(args.chat_template) if args.chat_template else None
     with tempfile.TemporaryDirectory(prefix="tensorplug-serve-") as tmp:
         if args.model is None and not args.tiny:
@@ -133,7 +129,12 @@ def _serve(args: argparse.Namespace) -> int:
             print("no MODEL: serving a tiny random-weight model (its text is gibberish)",
                   file=sys.stderr)  # fmt: skip
         llama = load_model(args)
-        llm = LLM(llama, model_name=args.alias or Path(args.model).name, chat_template=template)
+        llm = LLM(
+            llama,
+            n_parallel=args.parallel,
+            model_name=args.alias or Path(args.model).name,
+            chat_template=template,
+        )
         try:
             app = create_app(llm, ServerConfig(args.api_key, args.max_queue, args.timeout))
             if not _loopback(args.host) and args.api_key is None:
