@@ -87,6 +87,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a Jinja chat template to use instead of the model file's",
     )
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="run --replicas servers as a Ray Serve deployment behind one route, each "
+        "an engine on its node's devices (pip install 'ray[serve]')",
+    )
+    p.add_argument("--replicas", type=_positive, default=2, help="with --ray: replicas (2)")
+    p.add_argument(
+        "--ray-address",
+        help="with --ray: the cluster to join (default: start a local one)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -112,6 +123,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 0 or args.timeout <= 0:
         raise RunError("--max-queue must be >= 0 and --timeout > 0")
+    if args.ray:
+        from .ray_serve import serve_with_ray
+
+        return serve_with_ray(args)
     template = _read(args.chat_template) if args.chat_template else None
     with tempfile.TemporaryDirectory(prefix="tensorplug-serve-") as tmp:
         if args.model is None and not args.tiny:
