@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +101,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     llama.reset()
     dec = StreamDecoder(llama.vocab)
     text = "".join(dec.feed(t) for t in greedy) + dec.flush()
-    llm = LLM(llama, n_parallel=4, model_name=MODEL)
+    embedder = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
+    llm = LLM(llama, n_parallel=4, model_name=MODEL, embedder=embedder)
     server = _Uvicorn(llm, ServerConfig(api_key=KEY))
     try:
         yield Served(llm, server.url, greedy, text, first_logp)
@@ -108,6 +110,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         server.stop()
         llm.close()
         llama.close()
+        embedder.close()
 
 
 @pytest.fixture
@@ -207,6 +210,44 @@ def test_logprobs_are_the_models_log_softmax(served: Served, client: openai.Open
     for entry in content:
         assert len(entry.top_logprobs) == 2
         assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy: the top
+
+
+def test_eight_concurrent_greedy_requests_equal_the_same_run_alone(
+    served: Served, client: openai.OpenAI
+) -> None:
+    prompts = ["the of", "hello tensor plug", "one two", PROMPT, "graph device", "and to in",
+               "the the the", "we were"]  # fmt: skip
+
+    def ask(prompt: str) -> str:
+        got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12,
+                                        temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+        return got.choices[0].text
+
+    alone = [ask(p) for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, prompts))
+    assert together == alone
+    assert alone[prompts.index(PROMPT)] == served.greedy_text[: len(alone[3])]
+
+
+def test_a_second_chat_turn_reuses_the_first_turns_cells(
+    served: Served, client: openai.OpenAI
+) -> None:
+    turn: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello tensor"}]
+    first = client.chat.completions.create(model=MODEL, messages=turn, max_tokens=6,
+                                           temperature=0)  # fmt: skip
+    reply = first.choices[0].message.content or ""
+    turn += [{"role": "assistant", "content": reply}, {"role": "user", "content": "and you"}]
+    _idle(served.llm)
+    before = served.llm.stats()
+    second = client.chat.completions.create(model=MODEL, messages=turn, max_tokens=6,
+                                            temperature=0)  # fmt: skip
+    after = served.llm.stats()
+    assert second.usage is not None and first.usage is not None
+    reused = after.prompt_tokens_reused - before.prompt_tokens_reused
+    evaluated = after.prompt_tokens_total - before.prompt_tokens_total
+    assert reused >= first.usage.prompt_tokens  # the first turn's prompt was not recomputed
+    assert reused + evaluated == second.usage.prompt_tokens
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -412,12 +453,15 @@ def test_64_streaming_clients_with_random_disconnects(served: Served) -> None:
 
 
 def test_embeddings(served: Served, client: openai.OpenAI) -> None:
-    if not hasattr(served.llm.llama, "embed"):
+    if not hasattr(served.llm.embedder, "embed"):
         pytest.skip("Llama.embed is not in this build yet (the architectures' work)")
-    got = client.embeddings.create(model=MODEL, input=["the of", "and to"])
+    texts = ["the of", "and to"]
+    got = client.embeddings.create(model=MODEL, input=texts)  # base64 float32 on the wire
     vectors = [np.asarray(d.embedding) for d in got.data]
     assert [np.linalg.norm(v) for v in vectors] == pytest.approx([1.0, 1.0], abs=1e-5)
-    assert len(vectors[0]) == served.llm.llama.config.n_embd
+    for text, v in zip(texts, vectors, strict=True):
+        raw = np.asarray(served.llm.embedder.embed(served.llm.tokenize(text)), np.float64)  # type: ignore[union-attr]
+        np.testing.assert_allclose(v, raw / np.linalg.norm(raw), atol=1e-6)
 
 
 SCHEMA = {

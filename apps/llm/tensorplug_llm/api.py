@@ -78,6 +78,9 @@ class LLM:
     slots (:class:`~generation.EngineGenerator`).
     ``model_name`` is the ``model`` field of responses (default: the file's name).
     ``chat_template`` replaces the model file's ``tokenizer.chat_template``.
+    ``embedder``: a model (usually a second ``Llama`` of the same file) that computes
+    embeddings; not ``llama`` itself, whose KV cache the engine owns (``Llama.embed``
+    clears the context it works in, which would drop every running sequence).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class LLM:
         n_parallel: int = 1,
         model_name: str | None = None,
         chat_template: str | None = None,
+        embedder: Llama | None = None,
     ) -> None:
         from .engine import Engine
         from .generation import EngineGenerator
@@ -95,6 +99,7 @@ class LLM:
         if llama.vocab is None:
             raise RunError(f"cannot serve {llama.file.path.name}: {llama.vocab_error}")
         self.llama = llama
+        self.embedder = embedder
         self.vocab: Vocab = llama.vocab
         self.generator: Generator = generator or EngineGenerator(Engine(llama, n_parallel))
         self.model_name = model_name or llama.file.path.name
@@ -335,13 +340,17 @@ class LLM:
         length as OpenAI's are."""
         one = isinstance(texts, str)
         items = [texts] if isinstance(texts, str) else list(texts)
-        embed = getattr(self.llama, "embed", None)
+        if self.embedder is None:
+            raise InvalidRequestError(
+                "this server computes no embeddings: start it with --embeddings", "input"
+            )
+        embed = getattr(self.embedder, "embed", None)
         if embed is None:
             raise InvalidRequestError(
                 "this tensorplug build cannot compute embeddings yet (Llama.embed)", "input"
             )
         out = []
-        with self._lock:  # embedding runs outside the generator: one at a time
+        with self._lock:  # the embedder has one context: one text at a time
             for text in items:
                 v = np.asarray(embed(self.tokenize(text)), dtype=np.float64)
                 norm = float(np.linalg.norm(v))

@@ -39,6 +39,7 @@ class ServeReplica:
             n_parallel=args.parallel,
             model_name=args.alias or Path(args.model).name,
             chat_template=Path(args.chat_template).read_text() if args.chat_template else None,
+            embedder=load_model(args) if args.embeddings else None,
         )
 
     def __serve_build_asgi_app__(self) -> Any:

@@ -88,6 +88,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a Jinja chat template to use instead of the model file's",
     )
     p.add_argument(
+        "--embeddings",
+        action="store_true",
+        help="serve /v1/embeddings too: a second copy of the model computes them (the "
+        "engine owns the first one's KV cache), as llama-server's --embeddings enables them",
+    )
+    p.add_argument(
         "--ray",
         action="store_true",
         help="run --replicas servers as a Ray Serve deployment behind one route, each "
@@ -149,6 +155,7 @@ def _serve(args: argparse.Namespace) -> int:
             n_parallel=args.parallel,
             model_name=args.alias or Path(args.model).name,
             chat_template=template,
+            embedder=load_model(args) if args.embeddings else None,
         )
         try:
             app = create_app(llm, ServerConfig(args.api_key, args.max_queue, args.timeout))
@@ -161,6 +168,8 @@ def _serve(args: argparse.Namespace) -> int:
         finally:
             llm.close()
             llama.close()
+            if llm.embedder is not None:
+                llm.embedder.close()
     return 0
 
 
