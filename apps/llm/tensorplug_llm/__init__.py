@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .batch import Batch
     from .constraint import Constraint, ConstraintError, constraint_for
-    from .engine import Engine, Request, RequestError, RequestHandle, TokenEvent
+    from .engine import Engine
     from .kv_cells import KVCells
     from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
     from .placement import Placement
+    from .request import Request, RequestError, RequestHandle, TokenEvent
     from .run_cli import demo_model
     from .runner import ContextFullError, Generation, Llama, SplitSummary, Timings
     from .sampling import SampledToken, Sampler, SamplerParams, SamplingParams, TokenSampler
@@ -49,8 +50,9 @@ if TYPE_CHECKING:
 #: Each public name and the module that defines it.
 _HOMES = {
     "Batch": "batch",
-    "Engine": "engine", "Request": "engine", "RequestError": "engine",
-    "RequestHandle": "engine", "TokenEvent": "engine",
+    "Engine": "engine",
+    "Request": "request", "RequestError": "request", "RequestHandle": "request",
+    "TokenEvent": "request",
     "KVCells": "kv_cells",
     "Constraint": "constraint", "ConstraintError": "constraint", "constraint_for": "constraint",
     "KVCache": "model", "LlamaConfig": "model", "LlamaWeights": "model",

@@ -15,10 +15,10 @@ the least recently used), keeps those cells and evaluates only the rest (at leas
 last prompt token, whose logits it needs). When the cache runs out of cells, idle slots
 give theirs back, least recently used first; a running request's cells are never taken.
 
-Sampling and constraints are the request's own (``TokenSampler`` and ``Constraint`` of
-the sampling modules, seen here through the protocols below); without a sampler a
-request is greedy. A constraint's token mask is computed on a helper thread while the
-step's decode runs, so structured output does not stall the other sequences.
+Sampling and constraints are the request's own (``request.py``'s protocols
+``TokenSampler`` and ``Constraint``); without a sampler a request is greedy. A
+constraint's token mask is computed on a helper thread while the step's decode runs,
+so structured output does not stall the other sequences.
 
 Threads: :meth:`Engine.submit` may be called from any thread. Either a loop thread runs
 the steps (:meth:`Engine.start`), or whoever iterates a :class:`RequestHandle` drives
@@ -28,14 +28,11 @@ the steps (:meth:`Engine.start`), or whoever iterates a :class:`RequestHandle` d
 from __future__ import annotations
 
 import itertools
-import math
-import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +40,16 @@ from tensorplug.errors import RunError
 
 from .batch import BatchBuilder
 from .kv_cells import MAX_SEQUENCES
+from .request import (
+    Constraint,
+    GreedySampler,
+    Request,
+    RequestError,
+    RequestHandle,
+    SampledToken,
+    TokenEvent,
+    TokenSampler,
+)
 from .tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
@@ -60,183 +67,6 @@ __all__ = [
     "TokenEvent",
     "TokenSampler",
 ]
-
-
-class RequestError(RunError):
-    """A request that cannot run (bad tokens, too long) or failed while running; the
-    engine and the other requests go on."""
-
-
-# -- what a request carries -------------------------------------------------------------------
-
-
-class SampledToken(Protocol):
-    """What a sampler returns: the token, its log-probability under the full softmax
-    (None when not computed) and the ``n_probs`` most probable (token, logprob)."""
-
-    @property
-    def token(self) -> int: ...
-    @property
-    def logprob(self) -> float | None: ...
-    @property
-    def top_logprobs(self) -> list[tuple[int, float]] | None: ...
-
-
-class TokenSampler(Protocol):
-    """Picks a request's next token (``sampling.TokenSampler`` is one)."""
-
-    def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> SampledToken: ...
-    def accept(self, token: int) -> None: ...
-
-
-class Constraint(Protocol):
-    """Structured output (``constraint.Constraint``): the tokens allowed next."""
-
-    def allowed(self) -> np.ndarray: ...
-    def accept(self, token: int) -> None: ...
-    def done(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class GreedyToken:
-    token: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-
-
-class GreedySampler:
-    """The first most likely (allowed) token; with ``n_probs`` > 0 also its
-    log-probability and the ``n_probs`` most probable tokens' (full softmax)."""
-
-    def __init__(self, n_probs: int = 0) -> None:
-        self.n_probs = n_probs
-
-    def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> GreedyToken:
-        scores = logits if allowed is None else np.where(allowed, logits, -np.inf)
-        token = int(np.argmax(scores))
-        if self.n_probs <= 0:
-            return GreedyToken(token)
-        z = logits.astype(np.float64)
-        logp = z - (z.max() + math.log(np.exp(z - z.max()).sum()))
-        top = np.argsort(-logp, kind="stable")[: self.n_probs]
-        return GreedyToken(token, float(logp[token]), [(int(t), float(logp[t])) for t in top])
-
-    def accept(self, token: int) -> None:
-        """Greedy keeps no history."""
-
-
-@dataclass
-class Request:
-    """One completion: ``prompt`` token ids, up to ``max_tokens`` new ones (None: until
-    a stop token or the context is full). ``stop_tokens`` None: the model's
-    end-of-generation tokens. ``sampler`` None: greedy (with ``n_probs`` > 0, each event
-    carries log-probabilities). ``on_event`` is called on the engine's thread for each
-    event (keep it short); stop *strings* are the API layer's, which cancels the
-    request when one matches."""
-
-    prompt: Sequence[int]
-    max_tokens: int | None = None
-    sampler: TokenSampler | None = None
-    stop_tokens: frozenset[int] | None = None
-    on_event: Callable[[TokenEvent], None] | None = None
-    constraint: Constraint | None = None
-    n_probs: int = 0
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """One generated token. ``text``: the text it completes (UTF-8 split across byte
-    tokens comes out whole; "" for stop tokens; None without a vocabulary).
-    ``finish_reason``: None while the request goes on, else "stop" (a stop token or a
-    finished constraint) or "length" (``max_tokens`` or the context)."""
-
-    token: int
-    text: str | None
-    logprob: float | None
-    top_logprobs: list[tuple[int, float]] | None
-    finish_reason: str | None
-
-
-# -- handles -----------------------------------------------------------------------------------
-
-_DONE = object()  # the end of a handle's events
-
-
-class RequestHandle:
-    """A submitted request: iterate it for its :class:`TokenEvent` s (the iteration
-    raises :class:`RequestError` if the request failed), ``cancel()`` it from any
-    thread. Counters: ``prompt_tokens_evaluated`` (prompt tokens the model computed),
-    ``prompt_tokens_reused`` (taken from cached cells)."""
-
-    def __init__(self, engine: Engine, request: Request, request_id: int) -> None:
-        self.engine = engine
-        self.request = request
-        self.id = request_id
-        self.prompt_tokens_evaluated = 0
-        self.prompt_tokens_reused = 0
-        self.tokens: list[int] = []
-        self.finish_reason: str | None = None  # also "cancelled" or "error"
-        self.error: RequestError | None = None
-        self._events: queue.SimpleQueue[TokenEvent | object] = queue.SimpleQueue()
-        self._cancelled = threading.Event()
-        self._finished = threading.Event()
-
-    def cancel(self) -> None:
-        """Stop the request; its slot and cells are free again at the next step (the
-        cells stay cached for prefix reuse)."""
-        self._cancelled.set()
-        self.engine.wake()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    @property
-    def done(self) -> bool:
-        return self._finished.is_set()
-
-    def __iter__(self) -> Iterator[TokenEvent]:
-        return self
-
-    def __next__(self) -> TokenEvent:
-        while True:
-            try:
-                item = self._events.get_nowait()
-            except queue.Empty:
-                if not self.engine.loop_running:
-                    if not self.engine.step() and self._events.empty():
-                        raise RunError(f"request {self.id} is not queued in its engine") from None
-                    continue
-                item = self._events.get()
-            if item is _DONE:
-                self._events.put(_DONE)  # later calls end too
-                if self.error is not None:
-                    raise self.error
-                raise StopIteration
-            assert isinstance(item, TokenEvent)
-            return item
-
-    def result(self) -> list[int]:
-        """Every generated token (waits for the end; raises if the request failed)."""
-        for _ in self:
-            pass
-        return self.tokens
-
-    def _emit(self, event: TokenEvent) -> None:
-        self.tokens.append(event.token)
-        self._events.put(event)
-        if self.request.on_event is not None:
-            self.request.on_event(event)
-
-    def _finish(self, reason: str, error: RequestError | None = None) -> None:
-        if self._finished.is_set():
-            return
-        self.finish_reason, self.error = reason, error
-        self._finished.set()
-        self._events.put(_DONE)
-
-
-# -- the engine -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -415,7 +245,7 @@ class Engine:
                 waiting, self._waiting = list(self._waiting), deque()
             for handle in waiting:
                 self.stats.requests_cancelled += 1
-                handle._finish("cancelled")
+                handle.end("cancelled")
             for slot in self.slots:
                 if slot.job is not None:
                     self.stats.requests_cancelled += 1
@@ -467,7 +297,7 @@ class Engine:
                 self._waiting.remove(h)
         for h in cancelled:
             self.stats.requests_cancelled += 1
-            h._finish("cancelled")
+            h.end("cancelled")
         for slot in self.slots:
             if slot.job is not None and slot.job.handle.cancelled:
                 self.stats.requests_cancelled += 1
@@ -682,7 +512,7 @@ class Engine:
                 text += job.decoder.flush()
         event = TokenEvent(token, text, picked.logprob, picked.top_logprobs, finish)
         try:
-            job.handle._emit(event)
+            job.handle.deliver(event)
         except Exception as e:  # on_event raised
             self._fail(job, RequestError(f"the request's on_event callback failed: {e}"), e)
             return
@@ -703,7 +533,7 @@ class Engine:
         slot = job.slot
         slot.job = None
         slot.last_used = next(self._tick)
-        job.handle._finish(reason, error)
+        job.handle.end(reason, error)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
