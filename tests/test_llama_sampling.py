@@ -170,6 +170,14 @@ def test_penalties_over_the_last_n_tokens(last_n: int) -> None:
     np.testing.assert_array_equal(s.adjusted_logits(LOGITS), LOGITS.astype(np.float64))
 
 
+def test_accepting_a_token_outside_the_vocabulary() -> None:
+    s = TokenSampler(SamplingParams(repeat_penalty=1.1), 8)
+    with pytest.raises(ValueError, match=r"token id 8 is outside the vocabulary \(0..7\)"):
+        s.accept(8)
+    with pytest.raises(ValueError, match="token id -1 is outside the vocabulary"):
+        TokenSampler(SamplingParams(repeat_penalty=1.1)).accept(-1)
+
+
 def test_penalties_off_when_last_n_is_zero() -> None:
     s = TokenSampler(SamplingParams(**OFF, repeat_penalty=2.0, penalty_last_n=0), LOGITS.size)
     s.accept_prompt([1, 1, 3])

@@ -147,15 +147,14 @@ def _token_bytes(vocab: Vocab, tid: int) -> bytes:
     return b"\xff" + text.encode() if marked else vocab.piece(tid)
 
 
-_TOKENIZERS: dict[tuple[int, int], Any] = {}  # (id(vocab), n_vocab) -> LLTokenizer
+_TOKENIZERS: dict[int, Any] = {}  # id(vocab) -> LLTokenizer
 _TOKENIZERS_LOCK = threading.Lock()
 
 
-def llg_tokenizer(vocab: Vocab, n_vocab: int | None = None) -> Any:
+def llg_tokenizer(vocab: Vocab) -> Any:
     """The ``llguidance.LLTokenizer`` of ``vocab`` (built once per vocabulary: about a
-    second for 50k tokens). ``n_vocab``: the logits' size, when the model pads its
-    vocabulary past the tokenizer's."""
-    key = (id(vocab), n_vocab or len(vocab))
+    second for 50k tokens)."""
+    key = id(vocab)
     with _TOKENIZERS_LOCK:
         hit = _TOKENIZERS.get(key)
     if hit is not None:
@@ -166,7 +165,7 @@ def llg_tokenizer(vocab: Vocab, n_vocab: int | None = None) -> Any:
         )
     llg = _llguidance()
     tokenizer = llg.LLTokenizer(
-        llg.TokenizerWrapper(_VocabTokenizer(vocab)), n_vocab=key[1], eos_token=sorted(vocab.eog)
+        llg.TokenizerWrapper(_VocabTokenizer(vocab)), eos_token=sorted(vocab.eog)
     )
     with _TOKENIZERS_LOCK:
         if key not in _TOKENIZERS:  # forgotten with the vocabulary, before its id is reused
@@ -232,11 +231,22 @@ def _json_grammar(matcher: Any, schema: object, param: str) -> str:
 
 
 class GrammarConstraint:
-    """A :class:`Constraint` over an ``llguidance.LLMatcher``: one per sequence."""
+    """A :class:`Constraint` over an ``llguidance.LLMatcher``: one per sequence.
 
-    def __init__(self, tokenizer: Any, grammar: str, param: str = "response_format") -> None:
+    ``n_vocab``: the size of the model's logits, when it pads its vocabulary past the
+    tokenizer's (the padding is never allowed).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        grammar: str,
+        param: str = "response_format",
+        n_vocab: int | None = None,
+    ) -> None:
         llg = _llguidance()
-        self.n_vocab = int(tokenizer.vocab_size)
+        self._n_tokens = int(tokenizer.vocab_size)
+        self.n_vocab = max(n_vocab or 0, self._n_tokens)
         self._matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
         self._mask: np.ndarray | None = None
         self._check(param)
@@ -244,7 +254,8 @@ class GrammarConstraint:
     def allowed(self) -> np.ndarray:
         if self._mask is None:
             bits = np.frombuffer(self._matcher.compute_bitmask(), np.uint8)
-            mask = np.unpackbits(bits, bitorder="little")[: self.n_vocab].view(bool)
+            mask = np.zeros(self.n_vocab, bool)
+            mask[: self._n_tokens] = np.unpackbits(bits, bitorder="little")[: self._n_tokens]
             self._check("response_format")
             self._mask = mask
         return self._mask
@@ -277,7 +288,8 @@ def constraint_for(
 ) -> GrammarConstraint | None:
     """The constraint of ``response_format`` for a sequence of ``source``'s model (a
     :class:`Vocab`, or a loaded model with one); None when the format is plain text.
-    Raises :class:`ConstraintError` naming the field that is wrong."""
+    ``n_vocab``: the logits' size (default: the model's ``config.n_vocab``, else the
+    vocabulary's). Raises :class:`ConstraintError` naming the field that is wrong."""
     grammar = grammar_for(response_format)
     if grammar is None:
         return None
@@ -291,4 +303,6 @@ def constraint_for(
         "regex": "response_format.regex",
         "grammar": "response_format.grammar",
     }.get(str(kind), "response_format")
-    return GrammarConstraint(llg_tokenizer(vocab, n_vocab), grammar, param)
+    if n_vocab is None:
+        n_vocab = getattr(getattr(source, "config", None), "n_vocab", None)
+    return GrammarConstraint(llg_tokenizer(vocab), grammar, param, n_vocab)

@@ -178,6 +178,9 @@ class TokenSampler:
         """Record ``token`` as the sequence's next one (for the penalties)."""
         if not self.params.penalizes:
             return
+        if token < 0 or (self.n_vocab is not None and token >= self.n_vocab):
+            top = "" if self.n_vocab is None else f" (0..{self.n_vocab - 1})"
+            raise RunError(f"token id {token} is outside the vocabulary{top}")
         if self._history.maxlen is not None and len(self._history) == self._history.maxlen:
             gone = self._history[0]
             self._counts[gone] -= 1
