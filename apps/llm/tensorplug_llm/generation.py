@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from .engine import Engine, RequestHandle
+    from .engine import Engine
+    from .request import RequestHandle
     from .sampling import TokenSampler
 
 __all__ = [
@@ -128,7 +129,7 @@ class EngineGenerator:
         self.sampler(job)
 
     def submit(self, job: GenerationJob) -> RequestHandle:
-        from .engine import Request
+        from .request import Request
 
         request = Request(
             prompt=job.prompt,
