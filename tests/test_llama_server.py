@@ -269,6 +269,20 @@ def test_max_tokens_minus_one_is_400_naming_the_field(client: openai.OpenAI) -> 
     assert e.value.param == "messages.0.role"
 
 
+def test_logit_bias_reaches_the_sampler(served: Served, client: openai.OpenAI) -> None:
+    token = served.llm.tokenize("hello", add_bos=False)[-1]
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
+                                    logit_bias={str(token): 100})  # fmt: skip
+    assert got.choices[0].text == served.llm.vocab.piece(token).decode() * 3
+
+
+def test_a_sampling_option_the_sampler_refuses_is_400_naming_it(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                  extra_body={"repeat_penalty": 0})  # fmt: skip
+    assert e.value.param == "repeat_penalty"
+
+
 def test_malformed_json_is_400_with_an_openai_error_body(served: Served) -> None:
     r = httpx.post(served.url + "/v1/completions", content=b'{"model": ',
                    headers={"Authorization": f"Bearer {KEY}",

@@ -163,7 +163,7 @@ class LLM:
         if stream:
             chunks = self._completion_chunks(pieces, meta, head, want_lp, len(ids))
             return Stream(chunks, handle)
-        text, events, finish = self._collect(pieces, handle)
+        text, events, finish = self._collect(pieces)
         return {
             **meta,
             "choices": [
@@ -258,7 +258,7 @@ class LLM:
         meta = _meta("chatcmpl", "chat.completion", self.model_name)
         if stream:
             return Stream(self._chat_chunks(pieces, meta, logprobs, len(ids)), handle)
-        text, events, finish = self._collect(pieces, handle)
+        text, events, finish = self._collect(pieces)
         return {
             **meta,
             "choices": [
@@ -392,8 +392,6 @@ class LLM:
         if not 0 <= n_probs <= 20:
             raise InvalidRequestError(f"at most 20 top logprobs (got {n_probs})", "logprobs")
         sampling = {k: v for k, v in sampling.items() if v is not None}
-        if "logit_bias" in sampling:
-            sampling["logit_bias"] = _token_bias(sampling["logit_bias"])
         constraint = None
         if response_format is not None and response_format.get("type", "text") != "text":
             constraint = self._constraint(response_format)
@@ -450,9 +448,7 @@ class LLM:
                 handle.cancel()
 
     @staticmethod
-    def _collect(
-        pieces: Iterator[_Piece], handle: GenerationHandle
-    ) -> tuple[str, list[TokenEvent], str | None]:
+    def _collect(pieces: Iterator[_Piece]) -> tuple[str, list[TokenEvent], str | None]:
         texts, events, finish = [], [], None
         for p in pieces:
             texts.append(p.text)
@@ -471,15 +467,6 @@ def _stops(stop: str | list[str] | None) -> list[str]:
     if len(stops) > 16:
         raise InvalidRequestError(f"at most 16 stop strings (got {len(stops)})", "stop")
     return stops
-
-
-def _token_bias(bias: Mapping[str, float]) -> dict[int, float]:
-    try:
-        return {int(k): float(v) for k, v in bias.items()}
-    except (TypeError, ValueError):
-        raise InvalidRequestError(
-            "logit_bias maps token ids (as strings) to numbers", "logit_bias"
-        ) from None
 
 
 def _meta(prefix: str, kind: str, model: str) -> dict[str, Any]:
