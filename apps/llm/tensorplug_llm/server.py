@@ -287,8 +287,14 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
                 return JSONResponse(await _gather(request, result, chunks, deadline))
             finally:
                 release()
-        return StreamingResponse(
+
+        def close() -> None:
+            result.cancel()
+            release()
+
+        return _EventStream(
             _sse(request, result, chunks, deadline, release),
+            on_close=close,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -387,6 +393,23 @@ async def _in_thread(fn: Callable[[], Any]) -> Any:
 
     threading.Thread(target=run, daemon=True).start()
     return await done
+
+
+class _EventStream(StreamingResponse):
+    """A streamed response that cleans up however it ends: the event generator's own
+    ``finally`` does not run if the client is gone before the first event is sent (a
+    generator never started has nothing to finalize), and the request would keep its
+    place in the queue for ever."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
