@@ -55,6 +55,7 @@ def test_the_application_is_found_through_its_entry_points() -> None:
     assert {"run", "chat", "serve", "tokenize", "demo"} <= set(records)
     run = records["run"]
     assert run.status is CommandStatus.ADDED and run.distribution == "tensorplug-llm"
+    assert run.spec is not None
     assert run.spec == CommandSpec(run.name, run.spec.help, "tensorplug_llm.run_cli")
     assert records["tokenize"].spec.module == "tensorplug_llm.tokenizer.cli"  # type: ignore[union-attr]
 
