@@ -79,9 +79,11 @@ def replica_options(args: argparse.Namespace) -> dict[str, Any]:
 def serve_with_ray(args: argparse.Namespace) -> int:
     """Run the deployment on the Ray cluster ``--ray-address`` names (default: a local
     one), HTTP on ``--host``/``--port``, until interrupted."""
-    import ray
-    from ray import serve
-
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise RunError('--ray needs Ray Serve: pip install "ray[serve]"') from None
     if args.model is None:
         raise RunError("--ray needs MODEL.gguf: a path every node of the cluster can read")
     ray.init(address=args.ray_address, include_dashboard=False)
