@@ -516,3 +516,14 @@ def test_a_bad_response_format_is_400_naming_it(client: openai.OpenAI) -> None:
             model=MODEL, messages=[{"role": "user", "content": "x"}], response_format=bad
         )
     assert e.value.param is not None and e.value.param.startswith("response_format")
+
+
+def test_serve_usage_mistakes_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorplug.cli import main
+
+    assert main(["serve", "--tiny", "--timeout", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "tensorplug serve: error: --max-queue must be >= 0 and --timeout > 0" in err
+    assert "Traceback" not in err
+    assert main(["serve", "--ray", "--tiny"]) == 1
+    assert "--ray needs MODEL.gguf" in capsys.readouterr().err
