@@ -7,7 +7,9 @@ same clients, same run.
 
 Each server runs as its own process on 127.0.0.1 (tensorplug's with ``-np``, ``-c``,
 ``-t``; llama-server with the same ``-np``, ``-c``, ``-t`` and ``--cont-batching``); one
-at a time, so they never share the cores. For each client count C, C clients each send
+at a time, so they never share the cores. (llama-server splits ``-c`` over its slots,
+``-c / -np`` each; tensorplug's slots share one cache of ``-c`` cells: keep ``-c`` at
+least ``-np`` times a prompt plus ``--max-tokens``.) For each client count C, C clients each send
 ``--requests`` streaming ``/v1/completions`` requests one after another: fixed prompts
 (half of them share a long system-style prefix, which exercises prefix reuse),
 ``temperature 0``, ``max_tokens`` with ``ignore_eos`` (both servers honour it), so every
@@ -143,7 +145,9 @@ async def _level(url: str, clients: int, args: argparse.Namespace) -> Level:
         for k in range(args.requests):
             await _one(http, PROMPTS[(i + k) % len(PROMPTS)], args, lv)
 
-    limits = httpx.Limits(max_connections=clients + 4)
+    # a connection per request: llama-server (cpp-httplib) closes idle keep-alive
+    # connections on its own schedule, and a request sent on one it just closed fails
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         await _one(http, PROMPTS[0], args, Level(1))  # warm: first graphs, first plans
         start = time.perf_counter()
