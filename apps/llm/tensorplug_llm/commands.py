@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from tensorplug.commands import CommandSpec
 
-__all__ = ["chat", "demo", "run", "tokenize"]
+__all__ = ["chat", "demo", "run", "serve", "tokenize"]
 
 run = CommandSpec("run", "run a GGUF model (llama, Qwen 2/3, Gemma 3)", "tensorplug_llm.run_cli")
 chat = CommandSpec(
     "chat", "chat with a GGUF model through its chat template", "tensorplug_llm.chat"
+)
+serve = CommandSpec(
+    "serve",
+    "serve a GGUF model over an OpenAI-compatible HTTP API (llama-server)",
+    "tensorplug_llm.serve_cli",
 )
 tokenize = CommandSpec(
     "tokenize", "show the tokens of a text (llama-tokenize)", "tensorplug_llm.tokenizer.cli"

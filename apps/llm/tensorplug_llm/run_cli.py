@@ -37,7 +37,15 @@ if TYPE_CHECKING:
     from .placement import Placement
     from .runner import Generation, Llama
 
-__all__ = ["add_arguments", "check_usage", "demo_model", "main", "resolve_seed", "run_model"]
+__all__ = [
+    "add_arguments",
+    "check_usage",
+    "demo_model",
+    "load_model",
+    "main",
+    "resolve_seed",
+    "run_model",
+]
 
 
 def _token_list(text: str) -> list[int]:
@@ -803,3 +811,9 @@ def demo_model(
         file=log,
     )
     return 0 if ok else 1
+
+
+def load_model(args: argparse.Namespace) -> Llama:
+    """The model ``args`` (run's options) names, placed as they say: for commands that
+    take run's options and use the model otherwise (``serve``)."""
+    return _load(args)

@@ -1,0 +1,160 @@
+"""What the API layer asks of whatever runs generations: submit a job, iterate its tokens.
+
+The API (:mod:`tensorplug_llm.api`) and the server speak to a *generator*: an object
+with ``submit(job) -> handle``, the handle an iterator of token events with ``cancel()``,
+and ``stats()`` for ``/metrics``. :class:`EngineGenerator` is the batching engine
+(continuous batching over ``-np`` sequences) in that shape; the API layer stays free of
+the engine's request type, so a replica elsewhere (Ray) or a test's own generator fits
+the same slot.
+
+Handles are iterated on whatever thread the caller likes (the server's worker threads)
+while the engine's thread computes; ``cancel()`` may come from any thread (a client
+that went away) and ends the iteration at the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .request import RequestHandle
+    from .sampling import TokenSampler
+
+__all__ = [
+    "Constraint",
+    "GenerationHandle",
+    "GenerationJob",
+    "Generator",
+    "GeneratorStats",
+    "EngineGenerator",
+    "TokenEvent",
+]
+
+
+class Constraint(Protocol):
+    """Structured output: which tokens may come next (the sampling helper's protocol)."""
+
+    def allowed(self) -> np.ndarray: ...
+
+    def accept(self, token: int) -> None: ...
+
+    def done(self) -> bool: ...
+
+
+class TokenEvent(Protocol):
+    """One generated token; ``finish_reason`` is set on the last one ("stop": end of
+    generation or constraint complete, "length": max_tokens or a full context)."""
+
+    @property
+    def token(self) -> int: ...
+
+    @property
+    def logprob(self) -> float | None: ...
+
+    @property
+    def top_logprobs(self) -> list[tuple[int, float]] | None: ...
+
+    @property
+    def finish_reason(self) -> str | None: ...
+
+
+@dataclass
+class GenerationJob:
+    """One request as the API hands it on: prompt ids, a token budget, the sampling
+    options by llama.cpp's names (``temperature``, ``top_k``, ``top_p``, ``min_p``,
+    ``seed``, penalties, ``logit_bias``), how many top logprobs, a constraint."""
+
+    prompt: list[int]
+    max_tokens: int | None
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    n_probs: int = 0
+    constraint: Constraint | None = None
+    #: keep generating past end-of-generation tokens (llama-server's ``ignore_eos``)
+    ignore_eos: bool = False
+
+
+class GenerationHandle(Protocol):
+    def __iter__(self) -> Iterator[TokenEvent]: ...
+
+    def cancel(self) -> None: ...
+
+
+@dataclass
+class GeneratorStats:
+    """Counters for ``/metrics`` and for tests that look for leaks."""
+
+    n_parallel: int
+    running: int
+    waiting: int
+    kv_cells_used: int
+    kv_cells_total: int
+    #: cells idle slots keep for prefix reuse (the rest of the used ones are running)
+    kv_cells_cached: int
+    prompt_tokens_total: int
+    prompt_tokens_reused: int
+    generated_tokens_total: int
+    requests_total: int
+
+
+class Generator(Protocol):
+    def submit(self, job: GenerationJob) -> GenerationHandle: ...
+
+    def stats(self) -> GeneratorStats: ...
+
+    def close(self) -> None: ...
+
+
+class EngineGenerator:
+    """The batching :class:`~tensorplug_llm.engine.Engine` behind the generator shape:
+    a job becomes an engine ``Request`` with a :class:`~tensorplug_llm.sampling.TokenSampler`
+    of its options; the engine's loop thread runs the steps."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        engine.start()
+
+    def sampler(self, job: GenerationJob) -> TokenSampler:
+        """The job's sampler; a bad option raises a ``SamplingParamError`` naming it."""
+        from .sampling import SamplingParams, TokenSampler
+
+        params = SamplingParams(**dict(job.sampling), n_probs=job.n_probs)
+        return TokenSampler(params, self.engine.llama.config.n_vocab)
+
+    def check(self, job: GenerationJob) -> None:
+        self.sampler(job)
+
+    def submit(self, job: GenerationJob) -> RequestHandle:
+        from .request import Request
+
+        request = Request(
+            prompt=job.prompt,
+            max_tokens=job.max_tokens,
+            sampler=self.sampler(job),
+            stop_tokens=frozenset() if job.ignore_eos else None,
+            constraint=job.constraint,
+            n_probs=job.n_probs,
+        )
+        return self.engine.submit(request)
+
+    def stats(self) -> GeneratorStats:
+        e, kv = self.engine, self.engine.llama.kv
+        return GeneratorStats(
+            n_parallel=e.n_parallel,
+            running=e.n_running,
+            waiting=e.n_waiting,
+            kv_cells_used=kv.n_used,
+            kv_cells_total=kv.n_ctx,
+            kv_cells_cached=e.cached_tokens(),
+            prompt_tokens_total=e.stats.prompt_tokens_evaluated,
+            prompt_tokens_reused=e.stats.prompt_tokens_reused,
+            generated_tokens_total=e.stats.generated_tokens,
+            requests_total=e.stats.requests_submitted,
+        )
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,79 @@
+"""The request bodies of the OpenAI-compatible endpoints, as pydantic models.
+
+Validation happens here, before anything reaches the model, so that a bad field is a
+400 naming it (``max_tokens: Input should be greater than or equal to 1``) and never a
+500 from deep inside. Fields OpenAI defines that do not apply here (``user``,
+``stream_options``...) are accepted and ignored, as llama-server does: clients and
+frameworks send them routinely. Sampling defaults are llama.cpp's, not OpenAI's
+(temperature 0.8, top_k 40, min_p 0.05), as llama-server's are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ChatMessage", "ChatRequest", "CompletionRequest", "EmbeddingRequest"]
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    temperature: float = Field(0.8, ge=0.0, le=100.0)
+    top_p: float = Field(0.95, ge=0.0, le=1.0)
+    top_k: int = Field(40, ge=0)
+    min_p: float = Field(0.05, ge=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    seed: int | None = None
+    response_format: dict[str, Any] | None = None
+    repeat_penalty: float = Field(1.0, ge=0.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    #: llama-server's: keep generating past the end-of-generation token
+    ignore_eos: bool = False
+
+    def sampling(self) -> dict[str, Any]:
+        """The keyword arguments :class:`~tensorplug_llm.api.LLM` takes."""
+        return self.model_dump(
+            include={
+                "temperature", "top_p", "top_k", "min_p", "stop", "stream", "seed",
+                "response_format", "repeat_penalty", "frequency_penalty", "presence_penalty",
+                "logit_bias", "ignore_eos",
+            }
+        )  # fmt: skip
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None = None
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    input: str | list[str] = Field(min_length=1)
+    encoding_format: Literal["float", "base64"] = "float"

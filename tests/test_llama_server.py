@@ -1,0 +1,529 @@
+"""``tensorplug serve``'s HTTP API driven by the real ``openai`` client (and httpx for
+what the client will not send: malformed JSON, disconnects), against 127.0.0.1 only.
+
+Expected texts and logprobs come from the runner itself (greedy ``Llama.generate``,
+``Llama.eval`` logits and an independent log-softmax), computed before the server
+starts; the server must give exactly those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import jsonschema
+import numpy as np
+import openai
+import pytest
+import uvicorn
+from openai.types.chat import ChatCompletionMessageParam
+
+from tensorplug_llm.api import LLM
+from tensorplug_llm.generation import GenerationJob
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.sampling import Sampler, SamplerParams
+from tensorplug_llm.serve_cli import TINY_CHAT_TEMPLATE
+from tensorplug_llm.server import ServerConfig, create_app
+from tensorplug_llm.tiny import write_tiny_llama
+from tensorplug_llm.tokenizer import StreamDecoder
+
+KEY = "test-key"
+PROMPT = "the of and to in"
+MODEL = "tiny-llama.gguf"
+
+
+@dataclass
+class Served:
+    llm: LLM
+    url: str
+    greedy: list[int]  # PROMPT's greedy continuation, 24 tokens
+    greedy_text: str
+    first_logp: np.ndarray  # log-softmax of the logits after PROMPT
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Uvicorn:
+    """uvicorn in a thread of this process, on a free port of 127.0.0.1."""
+
+    def __init__(self, llm: LLM, config: ServerConfig) -> None:
+        self.port = _free_port()
+        cfg = uvicorn.Config(create_app(llm, config), host="127.0.0.1", port=self.port,
+                             log_level="error")  # fmt: skip
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    path = write_tiny_llama(
+        tmp_path_factory.mktemp("serve") / MODEL, "q8_0", 0,
+        metadata={"tokenizer.chat_template": TINY_CHAT_TEMPLATE},
+    )  # fmt: skip
+    llama = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
+    assert llama.vocab is not None
+    ids = llama.vocab.encode(PROMPT)
+    logits = llama.eval(ids)
+    z = logits.astype(np.float64) - logits.max()
+    first_logp = z - np.log(np.exp(z).sum())
+    llama.reset()
+    greedy = llama.generate(ids, 24, Sampler(SamplerParams(0.0)), stop_at_eos=False).tokens
+    assert not set(greedy) & llama.vocab.eog, "pick another seed: greedy hits EOS"
+    llama.reset()
+    dec = StreamDecoder(llama.vocab)
+    text = "".join(dec.feed(t) for t in greedy) + dec.flush()
+    embedder = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
+    llm = LLM(llama, n_parallel=4, model_name=MODEL, embedder=embedder)
+    server = _Uvicorn(llm, ServerConfig(api_key=KEY))
+    try:
+        yield Served(llm, server.url, greedy, text, first_logp)
+    finally:
+        server.stop()
+        llm.close()
+        llama.close()
+        embedder.close()
+
+
+@pytest.fixture
+def client(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def _idle(llm: LLM, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while (s := llm.stats()).running or s.waiting:
+        assert time.monotonic() < deadline, f"the generator is still busy: {s}"
+        time.sleep(0.02)
+
+
+# -- completions and chat -----------------------------------------------------------------------
+
+
+def test_completion_is_the_runners_greedy_continuation(
+    served: Served, client: openai.OpenAI
+) -> None:
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert got.choices[0].text == served.greedy_text
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage is not None
+    n_prompt = len(served.llm.tokenize(PROMPT))
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (n_prompt, 24)
+
+
+def test_streamed_completion_joins_to_the_same_text(served: Served, client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24,
+                                            temperature=0, stream=True))  # fmt: skip
+    assert "".join(c.choices[0].text for c in chunks) == served.greedy_text
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_chat_streamed_and_not_agree(served: Served, client: openai.OpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello"},
+    ]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                           temperature=0)  # fmt: skip
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                                 temperature=0, stream=True))  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert whole.choices[0].message.content == streamed
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.usage is not None
+    plain = [dict(m) for m in messages]
+    assert whole.usage.prompt_tokens == len(served.llm.chat_prompt(plain))
+    # the template's markup is text for the tiny vocabulary: the prompt is its encoding
+    rendered = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in plain)
+    assert served.llm.chat_prompt(plain) == served.llm.tokenize(
+        rendered + "<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_split_across_tokens_ends_the_text_before_it(
+    served: Served, client: openai.OpenAI, stream: bool
+) -> None:
+    dec = StreamDecoder(served.llm.vocab)
+    pieces = [dec.feed(t) for t in served.greedy]
+    # a stop string made of the end of one token's text and the start of the next's
+    k = next(i for i in range(3, len(pieces) - 1) if pieces[i] and pieces[i + 1])
+    stop = pieces[k][-1] + pieces[k + 1][0]
+    want = served.greedy_text[: served.greedy_text.find(stop)]
+    kw = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": [stop]}
+    if stream:
+        chunks = list(client.completions.create(**kw, stream=True))  # type: ignore[call-overload]
+        text = "".join(c.choices[0].text for c in chunks)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        got = client.completions.create(**kw)  # type: ignore[call-overload]
+        text, finish = got.choices[0].text, got.choices[0].finish_reason
+    assert (text, finish) == (want, "stop")
+    _idle(served.llm)  # the stop cancelled the request: it no longer runs
+
+
+def test_logprobs_are_the_models_log_softmax(served: Served, client: openai.OpenAI) -> None:
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                    logprobs=3)  # fmt: skip
+    lp = got.choices[0].logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    first = served.greedy[0]
+    np.testing.assert_allclose(lp.token_logprobs[0], served.first_logp[first], atol=1e-5)
+    top3 = np.argsort(-served.first_logp)[:3]
+    assert list(lp.top_logprobs[0].values()) == pytest.approx(served.first_logp[top3], abs=1e-5)
+    assert len(lp.token_logprobs) == 4
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                          max_tokens=3, temperature=0, logprobs=True,
+                                          top_logprobs=2)  # fmt: skip
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 3
+    for entry in content:
+        assert len(entry.top_logprobs) == 2
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy: the top
+
+
+def test_eight_concurrent_greedy_requests_equal_the_same_run_alone(
+    served: Served, client: openai.OpenAI
+) -> None:
+    prompts = ["the of", "hello tensor plug", "one two", PROMPT, "graph device", "and to in",
+               "the the the", "we were"]  # fmt: skip
+
+    def ask(prompt: str) -> str:
+        got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12,
+                                        temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+        return got.choices[0].text
+
+    alone = [ask(p) for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, prompts))
+    assert together == alone
+    assert alone[prompts.index(PROMPT)] == served.greedy_text[: len(alone[3])]
+
+
+def test_a_second_chat_turn_reuses_the_first_turns_cells(
+    served: Served, client: openai.OpenAI
+) -> None:
+    turn: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello tensor"}]
+    first = client.chat.completions.create(model=MODEL, messages=turn, max_tokens=6,
+                                           temperature=0)  # fmt: skip
+    reply = first.choices[0].message.content or ""
+    turn += [{"role": "assistant", "content": reply}, {"role": "user", "content": "and you"}]
+    _idle(served.llm)
+    before = served.llm.stats()
+    second = client.chat.completions.create(model=MODEL, messages=turn, max_tokens=6,
+                                            temperature=0)  # fmt: skip
+    after = served.llm.stats()
+    assert second.usage is not None and first.usage is not None
+    reused = after.prompt_tokens_reused - before.prompt_tokens_reused
+    evaluated = after.prompt_tokens_total - before.prompt_tokens_total
+    assert reused >= first.usage.prompt_tokens  # the first turn's prompt was not recomputed
+    assert reused + evaluated == second.usage.prompt_tokens
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+def test_a_wrong_model_name_is_404_naming_it(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-17", prompt="x", max_tokens=2)
+    assert e.value.code == "model_not_found"
+    assert "gpt-17" in e.value.message
+
+
+def test_max_tokens_minus_one_is_400_naming_the_field(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=-1)
+    assert e.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}])  # type: ignore[misc, list-item]
+    assert e.value.param == "messages.0.role"
+
+
+def test_logit_bias_reaches_the_sampler(served: Served, client: openai.OpenAI) -> None:
+    token = served.llm.tokenize("hello", add_bos=False)[-1]
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
+                                    logit_bias={str(token): 100})  # fmt: skip
+    assert got.choices[0].text == served.llm.vocab.piece(token).decode() * 3
+
+
+def test_a_sampling_option_the_sampler_refuses_is_400_naming_it(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                  extra_body={"repeat_penalty": 0})  # fmt: skip
+    assert e.value.param == "repeat_penalty"
+
+
+def test_malformed_json_is_400_with_an_openai_error_body(served: Served) -> None:
+    r = httpx.post(served.url + "/v1/completions", content=b'{"model": ',
+                   headers={"Authorization": f"Bearer {KEY}",
+                            "Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and "not valid JSON" in error["message"]
+
+
+def test_the_api_key_guards_every_route_but_health(served: Served) -> None:
+    wrong = openai.OpenAI(base_url=served.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        wrong.models.list()
+    assert e.value.code == "invalid_api_key"
+    assert httpx.get(served.url + "/metrics").status_code == 401
+    assert httpx.get(served.url + "/health").json() == {"status": "ok"}
+
+
+def test_models_and_metrics(served: Served, client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+    text = httpx.get(served.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    s = served.llm.stats()
+    assert values["tensorplug_generated_tokens_total"] == s.generated_tokens_total > 0
+    assert values["tensorplug_kv_cells_total"] == 256
+    assert "tensorplug_requests_waiting" in values
+    assert values['tensorplug_http_requests_total{route="/v1/models",status="200"}'] >= 1
+
+
+# -- queue, disconnects, timeouts -----------------------------------------------------------------
+
+
+class _Gate:
+    """A constraint that holds its sequence until the test opens it: the slots are
+    then busy for as long as the test needs, whatever the machine's speed."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.open = threading.Event()
+        self.n_vocab = n_vocab
+
+    def allowed(self) -> np.ndarray:
+        assert self.open.wait(30)
+        return np.ones(self.n_vocab, dtype=bool)
+
+    def accept(self, token: int) -> None:
+        pass
+
+    def done(self) -> bool:
+        return False
+
+
+def test_a_full_queue_is_503_with_retry_after_and_a_waiting_client_that_leaves_is_dropped(
+    served: Served,
+) -> None:
+    llm = served.llm
+    gate = _Gate(llm.llama.config.n_vocab)
+    slots = llm.stats().n_parallel
+    ids = llm.tokenize(PROMPT)
+    held = [llm.generator.submit(GenerationJob(ids, 2, {"temperature": 0.0}, constraint=gate))
+            for _ in range(slots)]  # fmt: skip
+    before = llm.stats().generated_tokens_total
+    server = _Uvicorn(llm, ServerConfig(max_queue=0, retry_after=2))
+    try:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "stream": True}
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            with contextlib.ExitStack() as streams:
+                # the server admits n_parallel + max_queue requests: these wait for a slot
+                for _ in range(slots):
+                    waiting = streams.enter_context(
+                        http.stream("POST", "/v1/completions", json=body)
+                    )
+                    assert waiting.status_code == 200
+                busy = http.post("/v1/completions", json={**body, "stream": False})
+                assert busy.status_code == 503
+                assert busy.headers["retry-after"] == "2"
+                assert busy.json()["error"]["type"] == "server_overloaded"
+            # the waiting clients went away: their requests are cancelled before they run
+            deadline = time.monotonic() + 10
+            while llm.stats().waiting > 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            gate.open.set()
+            assert all(len(list(h)) == 2 for h in held)
+            _idle(llm)
+            assert llm.stats().generated_tokens_total == before + 2 * slots
+            ok = http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 2})
+            assert ok.status_code == 200
+            assert ok.json()["usage"]["completion_tokens"] == 2
+    finally:
+        gate.open.set()
+        server.stop()
+
+
+def test_a_request_past_the_timeout_is_cancelled_with_504(served: Served) -> None:
+    server = _Uvicorn(served.llm, ServerConfig(request_timeout=0.05))
+    try:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "temperature": 0,
+                "ignore_eos": True}  # fmt: skip
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 504
+        assert r.json()["error"]["type"] == "timeout"
+        _idle(served.llm)
+    finally:
+        server.stop()
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+
+
+async def _clients(url: str, seconds: float, seed: int) -> tuple[int, int]:
+    """64 streaming clients for ``seconds``; about a third hang up midway. Returns
+    (finished, disconnected); every finished stream must be whole."""
+    rng = random.Random(seed)
+    finished = disconnected = 0
+    stop_at = time.monotonic() + seconds
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    async def one(http: httpx.AsyncClient) -> None:
+        nonlocal finished, disconnected
+        while time.monotonic() < stop_at:
+            quit_after = rng.randint(1, 4) if rng.random() < 0.35 else None
+            chat = rng.random() < 0.5
+            body = {"model": MODEL, "max_tokens": 6, "temperature": 0.7, "stream": True}
+            if chat:
+                body["messages"] = [{"role": "user", "content": rng.choice(["hi", "the of"])}]
+            else:
+                body["prompt"] = rng.choice(["the", "of and", PROMPT])
+            route = "/v1/chat/completions" if chat else "/v1/completions"
+            async with http.stream("POST", route, json=body, headers=headers) as r:
+                if r.status_code == 503:  # a hung-up request not yet released: back off
+                    assert r.headers["retry-after"] == "1"
+                    await asyncio.sleep(0.1)
+                    continue
+                assert r.status_code == 200, await r.aread()
+                events, done = [], False
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        done = True
+                        break
+                    events.append(json.loads(line[6:]))
+                    if quit_after is not None and len(events) >= quit_after:
+                        break
+            if done:
+                finish = events[-1]["choices"][0]["finish_reason"]
+                assert finish in ("stop", "length"), events[-1]
+                assert events[-1]["usage"]["completion_tokens"] >= 1
+                finished += 1
+            else:
+                assert quit_after is not None, "a stream ended without [DONE]"
+                disconnected += 1
+
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        await asyncio.gather(*(one(http) for _ in range(64)))
+    return finished, disconnected
+
+
+def test_64_streaming_clients_with_random_disconnects(served: Served) -> None:
+    asyncio.run(_clients(served.url, 1.0, seed=1))  # warm: threads, buffers, graphs
+    _idle(served.llm)
+    gc.collect()
+    before = _rss()
+    done_before = served.llm.stats().requests_total
+    finished, disconnected = asyncio.run(_clients(served.url, 4.0, seed=2))
+    assert finished > 0 and disconnected > 0
+    _idle(served.llm)
+    s = served.llm.stats()
+    assert (s.running, s.waiting) == (0, 0)
+    # no sequence left behind: the cells in use are those idle slots keep for reuse
+    assert s.kv_cells_used <= s.kv_cells_cached
+    assert s.requests_total - done_before >= finished + disconnected
+    assert httpx.get(served.url + "/health").status_code == 200  # still up
+    gc.collect()
+    assert _rss() <= before * 1.05, (before, _rss())
+
+
+def test_embeddings(served: Served, client: openai.OpenAI) -> None:
+    if not hasattr(served.llm.embedder, "embed"):
+        pytest.skip("Llama.embed is not in this build yet (the architectures' work)")
+    texts = ["the of", "and to"]
+    got = client.embeddings.create(model=MODEL, input=texts)  # base64 float32 on the wire
+    vectors = [np.asarray(d.embedding) for d in got.data]
+    assert [np.linalg.norm(v) for v in vectors] == pytest.approx([1.0, 1.0], abs=1e-5)
+    for text, v in zip(texts, vectors, strict=True):
+        raw = np.asarray(served.llm.embedder.embed(served.llm.tokenize(text)), np.float64)  # type: ignore[union-attr]
+        np.testing.assert_allclose(v, raw / np.linalg.norm(raw), atol=1e-6)
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        "color": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["ok", "n", "color"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("prompt", ["the of", "hello tensor", "one two three", "graph device"])
+def test_json_schema_output_parses_and_validates(client: openai.OpenAI, prompt: str) -> None:
+    got = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=96,
+        temperature=0.7,
+        seed=3,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True},
+        },
+    )
+    assert got.choices[0].finish_reason == "stop"
+    content = got.choices[0].message.content
+    assert content is not None
+    jsonschema.validate(json.loads(content), SCHEMA)
+
+
+def test_a_bad_response_format_is_400_naming_it(client: openai.OpenAI) -> None:
+    bad: Any = {"type": "json_schema", "json_schema": {"name": "x", "schema": 7}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], response_format=bad
+        )
+    assert e.value.param is not None and e.value.param.startswith("response_format")
+
+
+def test_serve_usage_mistakes_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorplug.cli import main
+
+    assert main(["serve", "--tiny", "--timeout", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "tensorplug serve: error: --max-queue must be >= 0 and --timeout > 0" in err
+    assert "Traceback" not in err
+    assert main(["serve", "--ray", "--tiny"]) == 1
+    assert "--ray needs MODEL.gguf" in capsys.readouterr().err
