@@ -1,0 +1,45 @@
+// Matrix products d = b · aᵀ (ggml_mul_mat), the port of matmul.tpk: weights of any
+// float or quantized type dequantized in the kernel from u32 words.
+
+//@kernel k_mul_mat
+// Any types, any strides: a work-group per row of d, an item per output value.
+ENTRY {
+    let K = ne_of(args.a, 0u);
+    let r2 = u32(args.r2);
+    let r3 = u32(args.r3);
+    for (var row = wid.y; row < nrows_of(args.d); row += nwg.y) {
+        let c = row_coords(args.d, row);
+        for (var o = lid.x; o < ne_of(args.d, 0u); o += WG) {
+            var s = 0.0f;
+            for (var k = 0u; k < K; k++) {
+                s += a_elem(args.a, k, o, c.y / r2, c.z / r3) *
+                     b_ld(offs(args.b, k, c.x, c.y, c.z), args.b.type_);
+            }
+            d_st32(offs(args.d, o, c.x, c.y, c.z), bitcast<u32>(s));
+        }
+    }
+}
+
+//@kernel k_mul_mat_id
+// Mixture of experts: row (e, t) of d is expert ids[e, t] of w times row (e % n_b, t)
+// of b; a bad expert id is reported in the error word and its row left as zeros.
+ENTRY {
+    let K = ne_of(args.w, 0u);
+    for (var row = wid.y; row < nrows_of(args.d); row += nwg.y) {
+        let e = row % ne_of(args.d, 1u);
+        let t = row / ne_of(args.d, 1u);
+        let ex = bitcast<i32>(ids_w(offs(args.ids, e, t, 0u, 0u)));
+        let ok = ex >= 0 && ex < args.w.ne[2];
+        if (!ok && lid.x == 0u) { report_bad_index(ex); }
+        let be = e % ne_of(args.b, 1u);
+        for (var o = lid.x; o < ne_of(args.d, 0u); o += WG) {
+            var s = 0.0f;
+            if (ok) {
+                for (var k = 0u; k < K; k++) {
+                    s += w_elem(args.w, k, o, u32(ex), 0u) * b_ld(offs(args.b, k, be, t, 0u), args.b.type_);
+                }
+            }
+            d_st32(offs(args.d, o, e, t, 0u), bitcast<u32>(s));
+        }
+    }
+}
