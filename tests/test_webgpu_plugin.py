@@ -99,7 +99,7 @@ def test_buffer_set_get_memset_at_unaligned_offsets(device: Any) -> None:
     vals = np.arange(32, dtype=np.float32).reshape(4, 8)
     tp.set_array(a, vals)
     assert (tp.get_array(a) == vals).all()
-    tp.tensor_set(a, np.float32([-1, -2]), offset=8)
+    tp.tensor_set(a, np.array([-1, -2], np.float32), offset=8)
     tp.tensor_memset(b, 0xFF, offset=10, size=5)  # bytes 10..14: inside words 2 and 3
     tp.tensor_set(b, bytes([1, 2, 3]), offset=1)
     assert tp.get_array(a).reshape(-1)[:5].tolist() == [0, 1, -1, -2, 4]
@@ -193,10 +193,10 @@ def test_a_bad_row_index_is_reported_at_synchronize(device: Any, backend: Any) -
     buf = device.buffer_type().alloc_buffer(4096)
     place(buf, table, rows, y)
     tp.set_array(table, np.arange(32, dtype=np.float32).reshape(4, 8))
-    tp.set_array(rows, np.int32([1, 9]))
+    tp.set_array(rows, np.array([1, 9], np.int32))
     with pytest.raises(tp.OutOfBoundsError, match="index 9"):
         backend.graph_compute(Graph(y))
-    tp.set_array(rows, np.int32([3, 0]))
+    tp.set_array(rows, np.array([3, 0], np.int32))
     backend.graph_compute(Graph(y))  # the error word was cleared
     assert tp.get_array(y)[0].tolist() == list(range(24, 32))
 
@@ -220,7 +220,7 @@ def test_out_of_memory_is_recoverable(device: Any, monkeypatch: pytest.MonkeyPat
 
     keep = device.buffer_type().alloc_buffer(64)
     tp.tensor_alloc(keep, t := tp.new_tensor(Type.F32, (4,)), 0)
-    tp.set_array(t, np.float32([1, 2, 3, 4]))
+    tp.set_array(t, np.array([1, 2, 3, 4], np.float32))
 
     def refuse(**kwargs: Any) -> Any:
         raise wgpu.GPUOutOfMemoryError("Out of memory")  # what the driver says when full
