@@ -17,6 +17,7 @@ each time (a few µs per dispatch), not a recorded command buffer.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,6 +27,7 @@ from tensorplug.opcodes import Op
 from tensorplug.tensor import Tensor
 from tensorplug.types import Type
 from tensorplug_kernels.abi import kernel_abis
+from tensorplug_kernels.encode import encode
 from tensorplug_kernels.launch import Launch, nrows, row_launch, tensor_arg
 from tensorplug_kernels.runtime import BoundLaunch, GPUBackend
 
@@ -72,6 +74,8 @@ class WebGPUBackend(GPUBackend):
             args = {"a": tensor_arg(a), "b": tensor_arg(b), "d": tensor_arg(node),
                     "r2": dne[2] // ane[2], "r3": dne[3] // ane[3]}  # fmt: skip
             return row_launch("k_mul_mat", nrows(node), self.device.limits, **args)
+        if node.op is Op.ARGSORT:  # the stage-per-launch network (no local-memory sort yet)
+            return encode(node, dataclasses.replace(self.device.limits, local_mem=0))
         return super().launches(node)
 
     def _variant(self, bound: BoundLaunch) -> str:

@@ -79,8 +79,10 @@ class WebGPUDevice(GPUDevice):
             label=f"tensorplug {reg.runtime}{index}",
         )
         self.wgpu_limits: dict[str, int] = dict(self.gpu.limits)
-        self.limits = Limits(wg=min(WG, self.wgpu_limits["max-compute-invocations-per-workgroup"]),
-                             local_mem=0, gpu=False, scratch=False)  # fmt: skip
+        self.limits = Limits(
+            wg=min(WG, self.wgpu_limits["max-compute-invocations-per-workgroup"]),
+            local_mem=self.wgpu_limits["max-compute-workgroup-storage-size"],
+        )
         self.alignment = max(256, self.wgpu_limits["min-storage-buffer-offset-alignment"])
         self.max_alloc = self.wgpu_limits["max-buffer-size"] & ~3  # buffers are whole words
         # the largest binding, whole 256-byte units (window starts stay aligned)
@@ -123,9 +125,7 @@ class WebGPUDevice(GPUDevice):
 
     def _supports_op(self, op: Tensor) -> bool:
         """The shared kernels' support, less what the WGSL kernels do not have yet:
-        fused attention and quantizing into a quantized destination."""
-        if op.op is Op.FLASH_ATTN_EXT:
-            return False
+        quantizing into a quantized destination."""
         quantizes = op.op is Op.SET_ROWS or op.src[0].type != op.type
         if op.op in (Op.CPY, Op.DUP, Op.CONT, Op.SET_ROWS) and op.type.is_quantized and quantizes:
             return False

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: The kernel files, in the order their sections are read.
-GROUPS = ("elementwise", "rows", "matmul")
+GROUPS = ("elementwise", "rows", "matmul", "attention")
 
 #: WGSL's words a struct field may not be called (the C names get a trailing "_").
 _RESERVED = frozenset({"fn", "type", "let", "var", "loop", "const", "struct", "override"})
