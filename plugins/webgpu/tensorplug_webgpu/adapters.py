@@ -22,6 +22,12 @@ def compute_adapters() -> tuple[Any, ...]:
     """wgpu's adapters on Vulkan, Metal and Direct3D 12, in the order wgpu lists them."""
     import wgpu
 
+    try:  # only the primary APIs: probing OpenGL prints EGL noise and finds nothing new
+        from wgpu.backends.wgpu_native.extras import set_instance_extras
+
+        set_instance_extras(backends=["Primary"])
+    except Exception:  # another wgpu backend, or the instance exists already: list them all
+        pass
     return tuple(
         a
         for a in wgpu.gpu.enumerate_adapters_sync()

@@ -26,7 +26,7 @@ from tensorplug.errors import UnsupportedError
 from tensorplug.opcodes import Op
 from tensorplug.tensor import Tensor
 from tensorplug.types import Type
-from tensorplug_kernels.abi import kernel_abis
+from tensorplug_kernels.abi import KernelABI, kernel_abis
 from tensorplug_kernels.encode import encode
 from tensorplug_kernels.launch import Launch, nrows, row_launch, tensor_arg
 from tensorplug_kernels.runtime import BoundLaunch, GPUBackend
@@ -46,6 +46,9 @@ __all__ = ["WebGPUBackend"]
 BIND_GROUP_CACHE = 4096
 #: Dispatches gathered before they are submitted without being asked to.
 MAX_PENDING = 512
+
+#: Rows of b up to which a matrix product runs a work-group per output value.
+MATVEC_MAX_ROWS = 8
 
 #: Element types a kernel stores whole words of (others need the atomic variant).
 _WORD_TYPES = frozenset({Type.F32.value, Type.I32.value})
@@ -67,13 +70,17 @@ class WebGPUBackend(GPUBackend):
     # -- launches ------------------------------------------------------------------------
 
     def launches(self, node: Tensor) -> list[Launch]:
-        """The shared encoder's launches; a matrix product is the generic kernel."""
+        """The shared encoder's launches; a matrix product is the generic kernel, or for
+        a few rows of b (decode) the WGSL matrix-vector one (a work-group per output)."""
         if node.op is Op.MUL_MAT and node.nelements:
             a, b = node.src
             ane, dne = a.ne(), node.ne()
             args = {"a": tensor_arg(a), "b": tensor_arg(b), "d": tensor_arg(node),
                     "r2": dne[2] // ane[2], "r3": dne[3] // ane[3]}  # fmt: skip
-            return row_launch("k_mul_mat", nrows(node), self.device.limits, **args)
+            rows = nrows(node)
+            if rows <= MATVEC_MAX_ROWS:
+                return row_launch("k_mul_mat_vec", rows * dne[0], self.device.limits, **args)
+            return row_launch("k_mul_mat", rows, self.device.limits, **args)
         if node.op is Op.ARGSORT:  # the stage-per-launch network (no local-memory sort yet)
             return encode(node, dataclasses.replace(self.device.limits, local_mem=0))
         return super().launches(node)
@@ -83,9 +90,14 @@ class WebGPUBackend(GPUBackend):
         writes = wgsl_kernels()[bound.kernel].writes
         if not writes:
             return bound.kernel
-        abi = kernel_abis()[bound.kernel]
+        abi = self.abi(bound.kernel)
         types = args_types(abi, bound.data, tuple(w for w in abi.buffers if w in writes))
         return bound.kernel if all(t in _WORD_TYPES for t in types) else bound.kernel + ATOMIC
+
+    def abi(self, kernel: str) -> KernelABI:
+        """A WGSL-only kernel has the calling convention of the library kernel it names."""
+        found = wgsl_kernels().get(kernel)
+        return kernel_abis()[found.abi if found else kernel]
 
     def _prepare(self, bound: BoundLaunch, replayed: bool) -> Any:
         import wgpu

@@ -72,7 +72,7 @@ class WgslProgram(BaseProgram):
 
         base = name.removesuffix(ATOMIC)
         module = self.compile(kernel_source(base, self.wg, name.endswith(ATOMIC)), base)
-        abi = kernel_abis()[base]
+        abi = kernel_abis()[wgsl_kernels()[base].abi]
         storage = wgpu.BufferBindingType.storage
         entries = [
             {"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE,

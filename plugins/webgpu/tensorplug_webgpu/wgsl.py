@@ -58,6 +58,7 @@ _ENTRY = (
 )
 _SECTION = re.compile(r"^//@kernel (\w+)\n", re.MULTILINE)
 _WRITES = re.compile(r"^//@writes (\w+)$", re.MULTILINE)
+_ABI = re.compile(r"^//@abi (\w+)$", re.MULTILINE)
 #: The line the generated text starts a kernel's own section with.
 SECTION_MARK = re.compile(r"^// ---- kernel (\w+) ----$", re.MULTILINE)
 
@@ -65,13 +66,16 @@ SECTION_MARK = re.compile(r"^// ---- kernel (\w+) ----$", re.MULTILINE)
 @dataclass(frozen=True)
 class WgslKernel:
     """One kernel's WGSL section: which file and line it starts at (for compiler
-    messages), its text, and the bindings it stores into."""
+    messages), its text, the bindings it stores into, and the library kernel whose
+    calling convention it has (its own name, or ``//@abi <kernel>`` for a WGSL-only
+    variant such as the decode matrix-vector product)."""
 
     name: str
     group: str
     line: int
     body: str
     writes: frozenset[str]
+    abi: str
 
 
 def _text(name: str) -> str:
@@ -89,7 +93,9 @@ def wgsl_kernels() -> dict[str, WgslKernel]:
             body = text[m.end() : nxt.start() if nxt else len(text)]
             line = text.count("\n", 0, m.end()) + 1
             writes = frozenset(_WRITES.findall(body))
-            found[m.group(1)] = WgslKernel(m.group(1), group, line, body, writes)
+            abi = _ABI.search(body)
+            name = m.group(1)
+            found[name] = WgslKernel(name, group, line, body, writes, abi.group(1) if abi else name)
     return found
 
 
@@ -169,7 +175,7 @@ def kernel_source(name: str, wg: int, atomic_writes: bool) -> str:
     bindings atomic when ``atomic_writes``). Its own section starts after the line
     :data:`SECTION_MARK` matches (compiler messages before it are about the prelude)."""
     kernel = wgsl_kernels()[name]
-    abi = kernel_abis()[name]
+    abi = kernel_abis()[kernel.abi]
     parts = [_text("common"), f"const WG: u32 = {wg}u;\n", _struct(abi)]
     parts.append(f"@group(0) @binding(0) var<storage, read> args: {abi.struct_name};\n")
     for i, buf in enumerate(abi.buffers, start=1):

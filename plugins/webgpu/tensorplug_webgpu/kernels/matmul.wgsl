@@ -43,3 +43,35 @@ ENTRY {
         }
     }
 }
+
+//@kernel k_mul_mat_vec
+//@abi k_mul_mat
+// Few rows of b (decode): a work-group per output value, its items striding over K and
+// summing in workgroup memory, so the outputs spread over every compute unit.
+var<workgroup> red: array<f32, WG>;
+
+ENTRY {
+    let K = ne_of(args.a, 0u);
+    let n_out = ne_of(args.d, 0u);
+    let total = n_out * nrows_of(args.d);
+    let r2 = u32(args.r2);
+    let r3 = u32(args.r3);
+    let l = lid.x;
+    for (var row = wid.y; row < total; row += nwg.y) {
+        let o = row % n_out;
+        let c = row_coords(args.d, row / n_out);
+        var s = 0.0f;
+        for (var k = l; k < K; k += WG) {
+            s += a_elem(args.a, k, o, c.y / r2, c.z / r3) *
+                 b_ld(offs(args.b, k, c.x, c.y, c.z), args.b.type_);
+        }
+        red[l] = s;
+        workgroupBarrier();
+        for (var h = WG / 2u; h > 0u; h >>= 1u) {
+            if (l < h) { red[l] += red[l + h]; }
+            workgroupBarrier();
+        }
+        if (l == 0u) { d_st32(offs(args.d, o, c.x, c.y, c.z), bitcast<u32>(red[0])); }
+        workgroupBarrier();
+    }
+}
