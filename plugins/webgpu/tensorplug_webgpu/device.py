@@ -20,7 +20,6 @@ import numpy as np
 
 from tensorplug.device import DeviceCaps, DeviceType
 from tensorplug.host import host_memory
-from tensorplug.opcodes import Op
 from tensorplug.tensor import Tensor
 from tensorplug_kernels import Limits
 from tensorplug_kernels.runtime import OFFLOAD_MIN_BATCH, GPUDevice
@@ -122,14 +121,6 @@ class WebGPUDevice(GPUDevice):
     def offload_op(self, op: Tensor) -> bool:
         """Worth moving a large batch to a GPU; never to a software adapter."""
         return self.type in (DeviceType.GPU, DeviceType.IGPU) and op.ne()[1] >= OFFLOAD_MIN_BATCH
-
-    def _supports_op(self, op: Tensor) -> bool:
-        """The shared kernels' support, less what the WGSL kernels do not have yet:
-        quantizing into a quantized destination."""
-        quantizes = op.op is Op.SET_ROWS or op.src[0].type != op.type
-        if op.op in (Op.CPY, Op.DUP, Op.CONT, Op.SET_ROWS) and op.type.is_quantized and quantizes:
-            return False
-        return super()._supports_op(op)
 
     # -- the runtime base's hooks --------------------------------------------------------
 

@@ -59,6 +59,7 @@ _ENTRY = (
 _SECTION = re.compile(r"^//@kernel (\w+)\n", re.MULTILINE)
 _WRITES = re.compile(r"^//@writes (\w+)$", re.MULTILINE)
 _ABI = re.compile(r"^//@abi (\w+)$", re.MULTILINE)
+_INCLUDE = re.compile(r"^//@include (\w+)$", re.MULTILINE)
 #: The line the generated text starts a kernel's own section with.
 SECTION_MARK = re.compile(r"^// ---- kernel (\w+) ----$", re.MULTILINE)
 
@@ -189,6 +190,7 @@ def kernel_source(name: str, wg: int, atomic_writes: bool) -> str:
         parts += [_copy_from(b) for b in abi.buffers if b not in ("d", "err")]
     if "err" in abi.buffers:
         parts.append(_REPORT)
+    parts += [_text(name) for name in _INCLUDE.findall(kernel.body)]
     parts.append(f"// ---- kernel {name} ----\n" + kernel.body.replace("ENTRY", _ENTRY))
     return "\n".join(parts)
 

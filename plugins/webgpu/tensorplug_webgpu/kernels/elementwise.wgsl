@@ -150,6 +150,37 @@ ENTRY {
     }
 }
 
+//@kernel k_cpy_quantize
+//@writes d
+//@include quantize
+fn unflatten(t: TpTensor, k: u32) -> vec4<u32> {
+    let n0 = ne_of(t, 0u);
+    let n1 = ne_of(t, 1u);
+    let n2 = ne_of(t, 2u);
+    return vec4<u32>(k % n0, (k / n0) % n1, (k / (n0 * n1)) % n2, k / (n0 * n1 * n2));
+}
+
+// Float s into quantized d, one work-item per 32-element block of d.
+ENTRY {
+    let n0 = ne_of(args.d, 0u);
+    for (var row = wid.y; row < nrows_of(args.d); row += nwg.y) {
+        let c = row_coords(args.d, row);
+        for (var ib = lid.x; ib < n0 / QK; ib += WG) {
+            var x: array<f32, 32>;
+            for (var j = 0u; j < QK; j++) {
+                let i0 = ib * QK + j;
+                if (args.reshape != 0) {
+                    let k = unflatten(args.s, row * n0 + i0);
+                    x[j] = s_elem(args.s, k.x, k.y, k.z, k.w);
+                } else {
+                    x[j] = s_elem(args.s, i0, c.x, c.y, c.z);
+                }
+            }
+            quantize_block(x, offs(args.d, ib, c.x, c.y, c.z), args.d.type_);
+        }
+    }
+}
+
 //@kernel k_get_rows
 //@writes d
 ENTRY {
@@ -181,12 +212,23 @@ ENTRY {
 
 //@kernel k_set_rows
 //@writes d
+//@include quantize
 ENTRY {
     if (err_w(0u) != 0u) { return; }
     for (var row = wid.y; row < nrows_of(args.b); row += nwg.y) {
         let c = row_coords(args.b, row);
         let idx = r_ldi(offs(args.r, c.x, c.y, c.z, 0u), args.r.type_);
         if (idx < 0 || idx >= args.d.ne[1]) { continue; }
+        if (is_quant(args.d.type_)) {
+            for (var ib = lid.x; ib < ne_of(args.b, 0u) / QK; ib += WG) {
+                var x: array<f32, 32>;
+                for (var k = 0u; k < QK; k++) {
+                    x[k] = b_ld(offs(args.b, ib * QK + k, c.x, c.y, c.z), args.b.type_);
+                }
+                quantize_block(x, offs(args.d, ib, u32(idx), c.y, c.z), args.d.type_);
+            }
+            continue;
+        }
         for (var i0 = lid.x; i0 < ne_of(args.b, 0u); i0 += WG) {
             let v = b_ld(offs(args.b, i0, c.x, c.y, c.z), args.b.type_);
             d_st(offs(args.d, i0, u32(idx), c.y, c.z), args.d.type_, v);
