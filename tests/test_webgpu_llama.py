@@ -20,14 +20,13 @@ import pytest
 import test_llama_reference as ref
 
 pytest.importorskip("wgpu", reason="wgpu is not installed (pip install wgpu)")
-from tensorplug_webgpu import score
-
 from tensorplug import registry
 from tensorplug.device import Device
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.run_cli import installed_model
 from tensorplug_llm.runner import Llama
 from tensorplug_llm.tiny import write_tiny_llama
+from tensorplug_webgpu import score
 
 if score()[0] == 0:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):

@@ -202,9 +202,8 @@ def test_a_bad_row_index_is_reported_at_synchronize(device: Any, backend: Any) -
 
 
 def test_wgsl_errors_name_the_kernel_and_its_file_line(device: Any) -> None:
-    from tensorplug_webgpu.wgsl import kernel_source, wgsl_kernels
-
     from tensorplug_kernels.runtime import KernelBuildError
+    from tensorplug_webgpu.wgsl import kernel_source, wgsl_kernels
 
     text = kernel_source("k_norm", 64, False).replace("var mean = 0.0f;", "var mean = nope;")
     with pytest.raises(KernelBuildError) as err:
@@ -235,9 +234,9 @@ def test_out_of_memory_is_recoverable(device: Any, monkeypatch: pytest.MonkeyPat
 
 def test_wgpu_errors_become_tensorplug_errors() -> None:
     import wgpu
-    from tensorplug_webgpu.errors import DeviceLostError, translate
 
     from tensorplug_kernels.runtime import DeviceOutOfMemoryError, KernelLaunchError
+    from tensorplug_webgpu.errors import DeviceLostError, translate
 
     oom = translate(wgpu.GPUOutOfMemoryError("Out of memory"), "WebGPU0: allocating")
     assert isinstance(oom, DeviceOutOfMemoryError) and "nothing stored was changed" in str(oom)
