@@ -164,25 +164,27 @@ def test_bind_groups_are_cached_and_plans_replay(device: Any, backend: Any) -> N
     assert not backend.bind_groups  # nothing stays bound to freed memory
 
 
-def test_buffers_larger_than_a_binding_are_seen_through_windows(
+def test_buffers_larger_than_a_binding_are_bound_per_tensor(
     device: Any, backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(device, "binding_window", 1024)  # as if the limit were 1 KiB
     buf = device.buffer_type().alloc_buffer(8192)
-    a, b = (tp.new_tensor(Type.F32, (64,)) for _ in range(2))
-    tp.tensor_alloc(buf, a, 256)  # a, b and their sum in three different windows
+    a, b = (tp.new_tensor(Type.F32, (200,)) for _ in range(2))  # 800 bytes each
+    tp.tensor_alloc(buf, a, 256)  # a, b and their sum far apart in the buffer
     tp.tensor_alloc(buf, b, 3072)
-    va, vb = np.arange(64, dtype=np.float32), np.float32(100) - np.arange(64, dtype=np.float32)
+    va, vb = np.arange(200, dtype=np.float32), np.float32(100) - np.arange(200, dtype=np.float32)
     tp.set_array(a, va)
     tp.set_array(b, vb)
     out = ops.add(a, b)
-    tp.tensor_alloc(buf, out, 6144)
+    tp.tensor_alloc(buf, out, 7168)
     backend.graph_compute(Graph(out))
     assert (tp.get_array(out) == va + vb).all()
-    big = tp.new_tensor(Type.F32, (200,))  # 800 bytes, past the end of its window
-    tp.tensor_alloc(buf, big, 4352)
+    assert buf.binding(7168, 800) == ((buf.mem, 7168, 1024), -7168)
+    big = tp.new_tensor(Type.F32, (300,))  # 1200 bytes: more than one binding
+    tp.tensor_alloc(buf, big, 4096)
     scaled = ops.scale(big, 2.0)
-    tp.tensor_alloc(buf, scaled, 7168)
+    assert not device.supports_op(scaled)  # the scheduler places it elsewhere
+    tp.tensor_alloc(buf, scaled, 5376)
     with pytest.raises(tp.UnsupportedError, match="does not fit one binding"):
         backend.graph_compute(Graph(scaled))
 

@@ -6,10 +6,12 @@ WebGPU copies whole 32-bit words (offsets and sizes multiples of 4) and binds at
 * transfers that start or end inside a word read the edge words first and write them
   back patched (the synchronous transfer path; tensors are 256-byte aligned, so only
   views and partial writes land here);
-* a buffer larger than one binding is seen through windows of that size starting every
-  half window (as the Metal plugin views a large mapped file): a tensor of at most half
-  a window lies wholly inside the window starting at or before it, and the launch binds
-  that window with the tensor's offset shifted into it.
+* a buffer larger than one binding is bound per tensor: a window of the binding size
+  starting at the tensor's first byte (rounded down to the binding alignment), with the
+  tensor's offset shifted into it. Any tensor up to the binding size less the alignment
+  fits (the device refuses larger ones in ``supports_op``, so the scheduler places
+  them elsewhere); a WebGPU binding is only (buffer, offset, size), so unlike Metal's
+  views of a mapped file there is nothing to make per window.
 """
 
 from __future__ import annotations
@@ -74,12 +76,11 @@ class WebGPUBuffer(DeviceBuffer):
         window = self.device.binding_window
         if full <= window:
             return (self.mem, 0, full), 0
-        step = window // 2
-        start = (offset // step) * step
+        start = offset - offset % self.device.binding_alignment
         if offset + nbytes > start + window:
             raise UnsupportedError(
                 f"{self.device.name}: a tensor of {nbytes} bytes does not fit one binding of "
-                f"this device (at most {step} bytes per tensor: half of "
-                f"maxStorageBufferBindingSize); split the tensor or use another device"
+                f"this device (maxStorageBufferBindingSize {window} bytes); place it on "
+                "another device (supports_op refuses such nodes)"
             )
         return (self.mem, start, min(window, full - start)), -start

@@ -84,8 +84,9 @@ class WebGPUDevice(GPUDevice):
         )
         self.alignment = max(256, self.wgpu_limits["min-storage-buffer-offset-alignment"])
         self.max_alloc = self.wgpu_limits["max-buffer-size"] & ~3  # buffers are whole words
-        # the largest binding, whole 256-byte units (window starts stay aligned)
+        # the largest binding, in whole 256-byte units, and where bindings may start
         self.binding_window = self.wgpu_limits["max-storage-buffer-binding-size"] & ~255
+        self.binding_alignment = self.wgpu_limits["min-storage-buffer-offset-alignment"]
         self.driver_errors = (wgpu.GPUError,)
         self._fence = self.gpu.create_buffer(
             size=4, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
@@ -121,6 +122,12 @@ class WebGPUDevice(GPUDevice):
     def offload_op(self, op: Tensor) -> bool:
         """Worth moving a large batch to a GPU; never to a software adapter."""
         return self.type in (DeviceType.GPU, DeviceType.IGPU) and op.ne()[1] >= OFFLOAD_MIN_BATCH
+
+    def _supports_op(self, op: Tensor) -> bool:
+        """The shared kernels' support, for tensors that fit one binding (a kernel sees a
+        tensor through one storage binding of at most maxStorageBufferBindingSize)."""
+        fits = self.binding_window - self.binding_alignment
+        return all(t.nbytes <= fits for t in (op, *op.src)) and super()._supports_op(op)
 
     # -- the runtime base's hooks --------------------------------------------------------
 
