@@ -22,13 +22,21 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, cast
 
 from tensorplug.backend import Event
+from tensorplug.device import DeviceType
 from tensorplug.errors import UnsupportedError
 from tensorplug.opcodes import Op
 from tensorplug.tensor import Tensor
 from tensorplug.types import Type
 from tensorplug_kernels.abi import KernelABI, kernel_abis
 from tensorplug_kernels.encode import encode
-from tensorplug_kernels.launch import Launch, nrows, row_launch, tensor_arg
+from tensorplug_kernels.launch import (
+    MAX_ROW_GROUPS,
+    Launch,
+    nrows,
+    round_up,
+    row_launch,
+    tensor_arg,
+)
 from tensorplug_kernels.runtime import BoundLaunch, GPUBackend
 
 from .program import ATOMIC, Pipeline
@@ -77,10 +85,13 @@ class WebGPUBackend(GPUBackend):
             ane, dne = a.ne(), node.ne()
             args = {"a": tensor_arg(a), "b": tensor_arg(b), "d": tensor_arg(node),
                     "r2": dne[2] // ane[2], "r3": dne[3] // ane[3]}  # fmt: skip
-            rows = nrows(node)
+            rows, lim = nrows(node), self.device.limits
+            if self.device.type is DeviceType.CPU:  # no barriers: see k_mul_mat_cols
+                grid = (round_up(dne[0], lim.wg), min(rows, MAX_ROW_GROUPS))
+                return [Launch("k_mul_mat_cols", grid, (lim.wg, 1), args)]
             if rows <= MATVEC_MAX_ROWS:
-                return row_launch("k_mul_mat_vec", rows * dne[0], self.device.limits, **args)
-            return row_launch("k_mul_mat", rows, self.device.limits, **args)
+                return row_launch("k_mul_mat_vec", rows * dne[0], lim, **args)
+            return row_launch("k_mul_mat", rows, lim, **args)
         if node.op is Op.ARGSORT:  # the stage-per-launch network (no local-memory sort yet)
             return encode(node, dataclasses.replace(self.device.limits, local_mem=0))
         return super().launches(node)

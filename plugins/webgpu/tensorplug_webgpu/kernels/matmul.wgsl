@@ -46,44 +46,11 @@ ENTRY {
 
 //@kernel k_mul_mat_vec
 //@abi k_mul_mat
+//@include dot
 // Few rows of b (decode): a work-group per output value, its items striding over K (a
 // 32-element block at a time for the block-quantized types, unpacking whole words) and
 // summing in workgroup memory, so the outputs spread over every compute unit.
 var<workgroup> red: array<f32, WG>;
-
-// Block of a at byte blk (type t) times the 32 values of b from byte bb (stride bs).
-fn block_dot(blk: u32, t: i32, bb: u32, bs: u32, bt: i32) -> f32 {
-    var s = 0.0f;
-    if (t == T_Q8_0) {
-        for (var w = 0u; w < 8u; w++) {
-            let word = a_u32(blk + 2u + 4u * w);
-            for (var e = 0u; e < 4u; e++) {
-                s += f32(sext8((word >> (8u * e)) & 0xffu)) * b_ld(bb + (4u * w + e) * bs, bt);
-            }
-        }
-        return a_f16(blk) * s;
-    }
-    if (t == T_Q4_0 || t == T_Q4_1) {
-        let one = t == T_Q4_1;
-        let qs = blk + select(2u, 4u, one);
-        var sb = 0.0f;
-        for (var w = 0u; w < 4u; w++) {
-            let word = a_u32(qs + 4u * w);
-            for (var e = 0u; e < 4u; e++) {
-                let byte = (word >> (8u * e)) & 0xffu;
-                let j = 4u * w + e;
-                let xl = b_ld(bb + j * bs, bt);
-                let xh = b_ld(bb + (j + 16u) * bs, bt);
-                s += f32(byte & 15u) * xl + f32(byte >> 4u) * xh;
-                sb += xl + xh;
-            }
-        }
-        // q4_0 values are q - 8: the offset times the sum of b
-        return select(a_f16(blk) * (s - 8.0f * sb), a_f16(blk) * s + a_f16(blk + 2u) * sb, one);
-    }
-    for (var j = 0u; j < QK; j++) { s += a_deq(blk, j, t) * b_ld(bb + j * bs, bt); }
-    return s;
-}
 
 ENTRY {
     let K = ne_of(args.a, 0u);
@@ -118,5 +85,37 @@ ENTRY {
         }
         if (l == 0u) { d_st32(offs(args.d, o, c.x, c.y, c.z), bitcast<u32>(red[0])); }
         workgroupBarrier();
+    }
+}
+
+//@kernel k_mul_mat_cols
+//@abi k_mul_mat
+//@include dot
+// Without barriers, for CPU adapters (lavapipe runs a work-group with barriers item by
+// item): work-group (x, y) computes outputs x*WG.. of rows y, y + groups, ..., each item
+// one output value over the whole of K (a block at a time for the block-quantized types).
+ENTRY {
+    let K = ne_of(args.a, 0u);
+    let o = wid.x * WG + lid.x;
+    if (o >= ne_of(args.d, 0u)) { return; }
+    let r2 = u32(args.r2);
+    let r3 = u32(args.r3);
+    let t = args.a.type_;
+    let bt = args.b.type_;
+    let bs = args.b.nb[0].x;
+    for (var row = wid.y; row < nrows_of(args.d); row += nwg.y) {
+        let c = row_coords(args.d, row);
+        var s = 0.0f;
+        if (is_quant(t)) {
+            for (var ib = 0u; ib < K / QK; ib++) {
+                let blk = offs(args.a, ib, o, c.y / r2, c.z / r3);
+                s += block_dot(blk, t, offs(args.b, ib * QK, c.x, c.y, c.z), bs, bt);
+            }
+        } else {
+            for (var k = 0u; k < K; k++) {
+                s += a_elem(args.a, k, o, c.y / r2, c.z / r3) * b_ld(offs(args.b, k, c.x, c.y, c.z), bt);
+            }
+        }
+        d_st32(offs(args.d, o, c.x, c.y, c.z), bitcast<u32>(s));
     }
 }
