@@ -1,8 +1,9 @@
 """A backend is one WebGPU queue, over the runtime base.
 
 Launches are the shared encoder's (the WGSL kernels have the library's names, arguments
-and work layout); matrix products take the library's generic kernel, the one written in
-WGSL so far. Issuing a launch appends a dispatch to a list; the list is encoded into
+and work layout), except matrix products: on a CPU adapter (lavapipe) a barrier-free
+kernel with a work-item per output value; on a GPU the library's generic kernel, or for
+decode a work-group per output value. Issuing a launch appends a dispatch to a list; the list is encoded into
 one compute pass and submitted when the work must reach the queue (a transfer, a
 synchronize, or a long list). WebGPU orders every dispatch after the previous one's
 writes, so one pass holds a whole graph.
