@@ -3,10 +3,10 @@
 Launches are the shared encoder's (the WGSL kernels have the library's names, arguments
 and work layout), except matrix products: on a CPU adapter (lavapipe) a barrier-free
 kernel with a work-item per output value; on a GPU the library's generic kernel, or for
-decode a work-group per output value. Issuing a launch appends a dispatch to a list; the list is encoded into
-one compute pass and submitted when the work must reach the queue (a transfer, a
-synchronize, or a long list). WebGPU orders every dispatch after the previous one's
-writes, so one pass holds a whole graph.
+decode a work-group per output value. Issuing a launch appends a dispatch to a list;
+the list is encoded into one compute pass and submitted when the work must reach the
+queue (a transfer, a synchronize, or a long list). WebGPU orders every dispatch after
+the previous one's writes, so one pass holds a whole graph.
 
 What binding costs — an arguments buffer and a bind group per launch — is made once
 and cached by (kernel, packed arguments, bound windows): a graph plan binds its
