@@ -31,6 +31,7 @@ from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
 from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
+from .activations import round_rows, vec_dot_type
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .threading_layer import preload_tbb
 
@@ -134,8 +135,16 @@ class JitKernels:
         fused path for ``t`` (the caller keeps ``x``'s rows within its limit)."""
         rows = _block_rows(blocks)
         if rows is None or fused_path(t, blocks_contiguous=True) == FLOAT_FUSED:
+            # float dot products with the activations ggml's rounding leaves
             kernel, what = self._kernels[t][0], f"matrix-vector kernel for {t.name}"
-            return partial(self._call, what, kernel, blocks, x, out, _F16_TO_F32)
+            rounded = np.empty_like(x)
+            product = partial(self._call, what, kernel, blocks, rounded, out, _F16_TO_F32)
+
+            def rounded_product() -> None:
+                round_rows(x, t, rounded)
+                product()
+
+            return rounded_product
         xq, xd, xs = _q8_scratch(x)
         # a parallel kernel may call a serial one (not the reverse: numba's disk cache of
         # a function that calls a parallel one crashed the process that loaded it)
@@ -207,6 +216,8 @@ class JitKernels:
         take, a matrix of fewer than four rows, or arrays numba would type differently."""
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
             return None
+        if len({vec_dot_type(t) for t, _, _ in products}) != 1:  # x is quantized once
+            return None
         rows, outs = [], []
         for t, blocks, out in products:
             r = _block_rows(blocks)
@@ -241,6 +252,8 @@ class JitKernels:
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
             return None
         if len({t == Type.Q6_K for t, _, _ in products}) != 1:  # sums of 16 codes, or of 32
+            return None
+        if len({vec_dot_type(t) for t, _, _ in products}) != 1:  # x is quantized once
             return None
         packs = [packed for _, packed, _ in products]
         outs = [out for _, _, out in products]
