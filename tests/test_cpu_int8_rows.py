@@ -95,7 +95,8 @@ x = cases["x"]
 for name in {names!r}:
     t = Type[name.upper()]
     raw, expected = cases[name + "_raw"], cases[name + "_expected"]
-    xq, xd, xs = np.empty((1, 512), np.int8), np.empty((1, 16), np.float32), np.empty((1, 16), np.int32)
+    xq, xd = np.empty((1, 512), np.int8), np.empty((1, 16), np.float32)
+    xs = np.empty((1, 16), np.int32)
     quantize_activations(x, xq, xd, xs, table, int(t))
     group = rows.GROUP[name]
     kernel = getattr(rows, "rows" + str(group) + "_dot_" + name)
