@@ -46,9 +46,7 @@ FAMILIES = {
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("n_tok", [1, 3])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_joined_products_give_each_products_own_bits(
-    family: str, n_tok: int, threads: int
-) -> None:
+def test_joined_products_give_each_products_own_bits(family: str, n_tok: int, threads: int) -> None:
     jit = _jit()
     kinds = FAMILIES[family]
     x = RNG.standard_normal((n_tok, N)).astype(np.float32)

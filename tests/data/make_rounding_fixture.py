@@ -26,9 +26,7 @@ TYPES = ["f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", 
 DIMS: dict[str, int] = {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_head_kv": 2, "n_layer": 2}
 SEED = 11
 #: name -> write_tiny_llama keyword arguments
-FILES: dict[str, dict[str, object]] = {
-    t: {"weight_type": t, "seed": SEED, **DIMS} for t in TYPES
-}
+FILES: dict[str, dict[str, object]] = {t: {"weight_type": t, "seed": SEED, **DIMS} for t in TYPES}
 TOKENS = [1, 300, 301, 302, 310, 259, 288, 270, 305, 311, 299]
 
 _LLAMA_CPP = """
