@@ -298,3 +298,23 @@ def test_float_kernels_without_f16c_read_halves_through_the_table() -> None:
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout) < 1e-6
+
+
+@pytest.mark.parametrize("t", QUANTS, ids=lambda t: t.name)
+def test_numba_and_numpy_round_the_activations_to_the_same_bits(t: tp.Type) -> None:
+    """The decoding paths round a prompt's activations in numba where they can, in numpy
+    elsewhere: the same values (and Q8_1 corrections), so numba changes no number."""
+    from tensorplug_cpu.kernels.activations import q8_1_offset_correction, round_rows
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    if jit is None:
+        pytest.skip("numba kernels unavailable")
+    x = _f32((5, 512)) * np.float32(3)
+    x[1] = 0  # an all-zero row: zero scales, as ggml's
+    x[2, 7] = -40  # the largest magnitude negative: Q8_K's iscale takes its sign
+    out, corr = np.empty_like(x), np.empty((5, 16), np.float32)
+    jit.bind_round_rows(t, x, out, corr)()
+    np.testing.assert_array_equal(out, round_rows(x, t))
+    if t in (tp.Type.Q4_1, tp.Type.Q5_1):
+        np.testing.assert_array_equal(corr, q8_1_offset_correction(x))

@@ -73,7 +73,9 @@ class JitKernels:
 
         from . import _numba_kint8 as ki8
 
-        # ggml's way (the table's INT8 path): activations quantized to Q8_0, integer dots
+        # ggml's way (the table's INT8 path): activations quantized to the weight type's
+        # vec_dot_type, integer dots; and those activations as floats for the other paths
+        self._round = k.round_activations
         self._int8 = ki8.matvec_int8
         self._int8_serial = ki8.matvec_int8_serial
         self._int8_siblings = ki8.matvec_int8_siblings
@@ -157,6 +159,17 @@ class JitKernels:
             return serial
 
         return self._serial_or_parallel(serial, parallel)
+
+    def bind_round_rows(
+        self, t: Type, x: np.ndarray, out: np.ndarray, corr: np.ndarray
+    ) -> Callable[[], None]:
+        """``out[...] = round_rows(x, t)`` (:mod:`.activations`) for 2-d float32 ``x`` of
+        a quantized type's product, in numba; for Q4_1/Q5_1 also ``corr`` ``(T, n/32)``
+        = :func:`~.activations.q8_1_offset_correction`. The values are numpy's, bit for
+        bit (tested)."""
+        xq, xd, xs = _q8_scratch(x)
+        args = (x, out, corr, xq, xd, xs, _F16_TO_F32, int(t))
+        return partial(self._call, "activation rounding kernel", self._round, *args)
 
     def bind_packed(
         self,

@@ -196,36 +196,51 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
         assert jit is not None
         return sequence(load_b, _fused_matvec(ctx, t, a4, b4, out4, jit))
     # the other paths multiply by the activations ggml's rounding leaves, as float32
-    offsets = _offset_correction(a4, b4, out4) if vec_dot_type(t) == Q8_1 else None
-    load_b, rounded = _rounded(ctx, t, load_b, b4)
+    load_b, rounded, corr = _rounded(ctx, t, load_b, b4, jit)
     product = _unrounded_product(ctx, t, path, a4, rounded, out4, plain, jit)
+    offsets = _offset_correction(a4, corr, out4) if corr is not None else None
     return sequence(load_b, product, offsets)
 
 
 def _rounded(
-    ctx: BuildContext, t: Type, load_b: Step | None, b4: np.ndarray
-) -> tuple[Step | None, np.ndarray]:
+    ctx: BuildContext, t: Type, load_b: Step | None, b4: np.ndarray, jit: JitKernels | None
+) -> tuple[Step | None, np.ndarray, np.ndarray | None]:
     """``b4`` rounded as ggml rounds activations for ``t`` weights (:mod:`.activations`)
-    into a scratch array after ``load_b``: that step and the array (``b4`` itself for
-    F32 weights, which take the activations as they are)."""
-    if vec_dot_type(t) == vec_dot_type(Type.F32):
-        return load_b, b4
+    into a scratch array after ``load_b`` (by numba where it can: numpy's rounding cost
+    a 128-token prompt's Q4_1 products ~0.2 ms each): that step, the array (``b4``
+    itself for F32 weights, which take the activations as they are), and for Q4_1/Q5_1
+    the array that holds Q8_1's :func:`~.activations.q8_1_offset_correction` once the
+    step has run (None for the other types)."""
+    kind = vec_dot_type(t)
+    if kind == vec_dot_type(Type.F32):
+        return load_b, b4, None
     rounded = ctx.scratch(b4.shape)
-    return sequence(load_b, partial(round_rows, b4, t, rounded)), rounded
+    corr = ctx.scratch((*b4.shape[:-1], b4.shape[-1] // 32)) if kind == Q8_1 else None
+    n_in = b4.shape[-1]
+    if jit is not None and t.is_quantized and b4.flags.c_contiguous:
+        spare = corr if corr is not None else ctx.scratch((1, 1))
+        step: Step = jit.bind_round_rows(t, b4.reshape(-1, n_in), rounded.reshape(-1, n_in),
+                                         spare.reshape(-1, spare.shape[-1]))  # fmt: skip
+    else:
+
+        def step() -> None:
+            round_rows(b4, t, rounded)
+            if corr is not None:
+                np.copyto(corr, q8_1_offset_correction(b4))
+
+    return sequence(load_b, step), rounded, corr
 
 
-def _offset_correction(a4: np.ndarray, b4: np.ndarray, out4: np.ndarray) -> Step:
+def _offset_correction(a4: np.ndarray, corr: np.ndarray, out4: np.ndarray) -> Step:
     """The step that completes a product of Q4_1/Q5_1 weights computed from decoded
-    weights and rounded activations (``b4`` as it was before rounding):
-    ``Σ_b m_w·(s_x − d_x·Σcode)`` per block, what
-    Q8_1's f16-rounded ``s`` changes in the offsets' share (ggml multiplies ``m`` by
-    ``s``). A product 1/32 the size of the main one."""
-    r0, r1 = b4.shape[0] // a4.shape[0], b4.shape[1] // a4.shape[1]
+    weights and rounded activations: ``Σ_b m_w·corr`` with ``corr = s_x − d_x·Σcode``
+    per block (:func:`_rounded`), what Q8_1's f16-rounded ``s`` changes in the offsets'
+    share (ggml multiplies ``m`` by ``s``). A product 1/32 the size of the main one."""
+    r0, r1 = corr.shape[0] // a4.shape[0], corr.shape[1] // a4.shape[1]
 
     def correct() -> None:
         m = a4[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        corr = q8_1_offset_correction(b4)
-        for j0, j1 in itertools.product(range(b4.shape[0]), range(b4.shape[1])):
+        for j0, j1 in itertools.product(range(corr.shape[0]), range(corr.shape[1])):
             out4[j0, j1] += corr[j0, j1] @ m[j0 // r0, j1 // r1].T
 
     return correct
