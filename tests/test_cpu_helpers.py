@@ -14,7 +14,17 @@ import numpy as np
 
 import tensorplug as tp
 
-__all__ = ["backend_for", "compute", "int8_path", "nmse", "place", "q8_activations"]
+__all__ = [
+    "backend_for",
+    "compute",
+    "ggml_activations",
+    "ggml_product",
+    "int8_path",
+    "nmse",
+    "place",
+    "q8_activations",
+    "q8_k_activations",
+]
 
 
 def backend_for(jit: bool = True) -> tp.Backend:
@@ -56,17 +66,73 @@ def nmse(actual: np.ndarray, expected: np.ndarray) -> float:
 
 
 def q8_activations(b: np.ndarray) -> np.ndarray:
-    """``b`` (float32 rows) as ggml's x86 CPU path rounds it before an integer dot product
-    with 32-block weights (Q4_0 ... Q8_0): 32-value blocks, ``d = f16(amax/127)``, codes
-    ``rint(x·(127/amax))`` in float32; returned as the float64 values ``d·code``."""
+    """``b`` (float32 rows) as ggml's x86 CPU path rounds it to Q8_0 (and Q8_1, whose
+    codes are the same) before an integer dot product with 32-block weights: 32-value
+    blocks, ``d = f16(amax/127)``, codes ``rint(x·(127/amax))`` in float32; returned as
+    the float64 values ``d·code``."""
+    codes, d, _ = _q8_0_blocks(b)
+    return (codes * d.astype(np.float16).astype(np.float64)).reshape(b.shape)
+
+
+def _q8_0_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes float64 ``(..., n/32, 32)``, float32 scales ``amax/127`` ``(..., n/32, 1)``,
+    the float32 rows)."""
     x = np.ascontiguousarray(b, np.float32)
     blocks = x.reshape(*x.shape[:-1], -1, 32)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    codes = np.rint(blocks * inv)
-    d = (amax / np.float32(127)).astype(np.float16).astype(np.float64)
-    return (codes.astype(np.float64) * d).reshape(x.shape)
+    codes = np.rint(blocks * inv).astype(np.float64)
+    return codes, (amax / np.float32(127)).astype(np.float32), x
+
+
+def q8_k_activations(b: np.ndarray) -> np.ndarray:
+    """``b`` as ggml's ``quantize_row_q8_K_ref`` rounds it for the K-quants: 256-value
+    super-blocks, ``iscale = −127/max`` (float32, ``max`` the first value of largest
+    magnitude, its sign kept), codes ``min(127, rint(iscale·x))``, ``d = 1/iscale`` in
+    float32; float64 ``d·code``."""
+    x = np.ascontiguousarray(b, np.float32)
+    blocks = x.reshape(*x.shape[:-1], -1, 256)
+    big = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(big != 0, np.float32(-127) / big, 0).astype(np.float32)
+        d = np.where(big != 0, np.float32(1) / iscale, 0).astype(np.float32)
+    codes = np.minimum(np.rint(blocks * iscale), 127).astype(np.float64)
+    return (codes * d.astype(np.float64)).reshape(b.shape)
+
+
+def ggml_activations(b: np.ndarray, t: tp.Type) -> np.ndarray:
+    """``b`` as ggml's x86 CPU rounds it before multiplying it by ``t`` weights (the
+    weight type's ``vec_dot_type``), float64: Q8_1 for Q4_1/Q5_1 (the codes of Q8_0,
+    see :func:`ggml_product` for its ``s``), Q8_K for the 256-value K-quants, Q8_0 for
+    the other quantized types, F16 or BF16 for those weights, F32 as it is."""
+    x = np.asarray(b, np.float32)
+    if t == tp.Type.F32:
+        return x.astype(np.float64)
+    if t == tp.Type.F16:
+        return x.astype(np.float16).astype(np.float64)
+    if t == tp.Type.BF16:
+        from tensorplug.quants import bf16_to_f32, f32_to_bf16
+
+        return bf16_to_f32(f32_to_bf16(x)).astype(np.float64)
+    return q8_k_activations(x) if t.block_size == 256 else q8_activations(x)
+
+
+def ggml_product(b: np.ndarray, w64: np.ndarray, t: tp.Type, raw: np.ndarray) -> np.ndarray:
+    """``b @ W.T`` as ggml computes it for ``t`` weights (decoded values ``w64``, raw
+    bytes ``raw``, a row of blocks per weight row), in float64: the activations of
+    :func:`ggml_activations`, and for Q4_1/Q5_1 each block's offset ``m`` times Q8_1's
+    ``s = f16(d·Σcode)`` (``d`` the float32 ``amax/127``) in place of ``d_x·Σcode``."""
+    out = ggml_activations(b, t) @ w64.T
+    if t not in (tp.Type.Q4_1, tp.Type.Q5_1):
+        return out
+    codes, d, _ = _q8_0_blocks(b)
+    total = codes.sum(axis=-1)
+    s = (d[..., 0] * total.astype(np.float32)).astype(np.float16).astype(np.float64)
+    delta = s - d[..., 0].astype(np.float16).astype(np.float64) * total
+    blocks = np.ascontiguousarray(raw).reshape(w64.shape[0], -1, t.type_size)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    return out + delta @ m.T
 
 
 #: Weight types whose few-token products use Q8_0 activations when numba is there.

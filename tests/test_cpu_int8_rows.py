@@ -3,8 +3,9 @@ types streamed one row at a time, and the portable (non-AVX2, non-F16C) form of 
 same LLVM IR.
 
 Each product is held to the float64 product of the weights as ``gguf.quants`` decodes
-them and the activations as ggml's Q8_0 rounds them, so only float32 accumulation is
-left between them.
+them and the activations as ggml rounds them for the weight type (Q8_0, Q8_1 with its
+``s``, Q8_K: ``test_cpu_helpers.ggml_product``), so only float32 accumulation is left
+between them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import textwrap
 import gguf
 import numpy as np
 import pytest
-from test_cpu_helpers import q8_activations
+from test_cpu_helpers import ggml_product
 
 import tensorplug as tp
 from tensorplug.quants import quantize
@@ -46,7 +47,7 @@ def test_products_match_the_decoded_weights(t: tp.Type, n_out: int) -> None:
     x = RNG.standard_normal((3, 512)).astype(np.float32)
     out = np.full((3, n_out), np.nan, np.float32)
     jit.matvec(t, raw.reshape(n_out, -1, t.type_size), x, out)
-    expected = q8_activations(x) @ w64.T
+    expected = ggml_product(x, w64, t, raw)
     assert np.abs(out - expected).max() <= 2e-6 * np.abs(expected).max()
 
 
@@ -74,30 +75,29 @@ def test_one_thread_kernel_gives_the_parallel_kernels_numbers(t: tp.Type) -> Non
                 outs.append(out)
         finally:
             jit.set_num_threads(before)
-        expected = q8_activations(x) @ w64.T
+        expected = ggml_product(x, w64, t, raw)
         assert np.abs(outs[0] - expected).max() <= 2e-6 * np.abs(expected).max()
         np.testing.assert_array_equal(outs[0], outs[1])
 
 
 _PORTABLE = """
-import gguf, numpy as np
+import sys
+import numpy as np
 from numba import njit
-from tensorplug.quants import quantize
 from tensorplug.types import Type
 from tensorplug_cpu.kernels import _numba_introw as rows, _numba_ir as ir
-from tensorplug_cpu.kernels._numba_quant import quantize_q8_0
+from tensorplug_cpu.kernels._numba_quant import quantize_activations
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
 ir.HAS_AVX2 = ir.HAS_F16C = False  # before anything is compiled in this process
-rng = np.random.default_rng(7)
-x = rng.standard_normal((1, 512)).astype(np.float32)
-xq, xd, xs = np.empty((1, 512), np.int8), np.empty((1, 16), np.float32), np.empty((1, 16), np.int32)
-quantize_q8_0(x, xq, xd, xs, table)
-x64 = xq[0].astype(np.float64) * np.repeat(xd[0].astype(np.float64), 32)
+cases = np.load(sys.argv[1])
+x = cases["x"]
 for name in {names!r}:
     t = Type[name.upper()]
-    raw = np.ascontiguousarray(quantize(rng.standard_normal((8, 512)).astype(np.float32), t))
-    w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).astype(np.float64)
+    raw, expected = cases[name + "_raw"], cases[name + "_expected"]
+    xq, xd = np.empty((1, 512), np.int8), np.empty((1, 16), np.float32)
+    xs = np.empty((1, 16), np.int32)
+    quantize_activations(x, xq, xd, xs, table, int(t))
     group = rows.GROUP[name]
     kernel = getattr(rows, "rows" + str(group) + "_dot_" + name)
 
@@ -110,21 +110,28 @@ for name in {names!r}:
 
     out = np.empty(8, np.float32)
     run(raw, xq[0], xd[0], xs[0], out)
-    expected = w @ x64
     err = np.abs(out - expected).max() / np.abs(expected).max()
     assert err < 2e-6, (name, err)
     print(name, "ok")
 """
 
 
-def test_the_portable_ir_computes_the_same_products() -> None:
+def test_the_portable_ir_computes_the_same_products(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Hosts without AVX2 or F16C get widening vector IR and table-decoded scales; this
     machine compiles that form in a fresh process (the choice is made when a kernel is
     first compiled) and checks it against the decoded weights."""
     names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"]
+    rng = np.random.default_rng(7)
+    cases = {"x": rng.standard_normal((1, 512)).astype(np.float32)}
+    for name in names:
+        t = tp.Type[name.upper()]
+        raw, w64 = _weights(t, 8, 512)
+        cases[name + "_raw"] = raw
+        cases[name + "_expected"] = ggml_product(cases["x"], w64, t, raw)[0]
+    np.savez(tmp_path / "cases.npz", **cases)
     code = textwrap.dedent(_PORTABLE).format(names=names)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cases.npz")],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == [w for n in names for w in (n, "ok")]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from test_cpu_helpers import backend_for, compute, int8_path, nmse, q8_activations
+from test_cpu_helpers import backend_for, compute, ggml_activations, ggml_product, nmse
 
 import tensorplug as tp
 from tensorplug import ops
@@ -91,7 +91,7 @@ def test_batch_broadcasting(
     bv = _f32(b_shape)
     out = ops.mul_mat(a, b)
     compute(out, {a: av, b: bv})
-    b64 = q8_activations(bv) if int8_path(ta, b_shape[-2]) else bv.astype(np.float64)
+    b64 = ggml_activations(bv, ta)  # every path rounds as ggml does for ta
     assert nmse(tp.get_array(out), _ref(a64, b64)) < 1e-10
 
 
@@ -110,7 +110,7 @@ def test_transposed_weights_and_permuted_activations(ta: tp.Type) -> None:
         v64 = stored.astype(np.float64)
     xv = _f32(xb.shape)
     compute(out, {v: stored, xb: xv})
-    expected = _ref(v64.T, xv.astype(np.float64).transpose(2, 0, 1))
+    expected = _ref(v64.T, ggml_activations(xv, ta).transpose(2, 0, 1))
     assert out.shape == (2, 3, 24)
     assert nmse(tp.get_array(out), expected) < 1e-10
 
@@ -135,10 +135,9 @@ def test_quantized_weights(t: tp.Type, n_tokens: int, jit: bool) -> None:
     bv = _f32(b.shape)
     out = ops.mul_mat(a, b)
     compute(out, {a: raw, b: bv}, backend_for(jit=jit))
-    b64 = q8_activations(bv) if int8_path(t, n_tokens, jit) else bv.astype(np.float64)
-    err = nmse(tp.get_array(out), b64 @ a64.T)
-    # the weights are decoded exactly (and the activations rounded exactly as ggml rounds
-    # them where it does); only float32 accumulation remains
+    err = nmse(tp.get_array(out), ggml_product(bv, a64, t, raw))
+    # the weights are decoded exactly and the activations rounded exactly as ggml rounds
+    # them for t, on every path; only float32 accumulation remains
     assert err < 1e-10 < MUL_MAT_NMSE
 
 
@@ -160,7 +159,7 @@ def test_tiled_decoding_of_large_weights(
     out = ops.mul_mat(a, b)
     compute(out, {a: raw.reshape(*a.shape[:-1], -1) if t.is_quantized else raw, b: bv},
             backend_for(jit=False))  # fmt: skip
-    assert nmse(tp.get_array(out), _ref(a64, bv.astype(np.float64))) < 1e-10
+    assert nmse(tp.get_array(out), _ref(a64, ggml_activations(bv, t))) < 1e-10
 
 
 def test_quantized_rows_of_a_weight_view() -> None:
@@ -172,7 +171,7 @@ def test_quantized_rows_of_a_weight_view() -> None:
     raw, w64 = _quantized(tp.Type.Q8_0, w.shape)
     xv = _f32(x.shape)
     compute(out, {w: raw, x: xv})
-    x64 = q8_activations(xv) if int8_path(tp.Type.Q8_0, 1) else xv.astype(np.float64)
+    x64 = ggml_activations(xv, tp.Type.Q8_0)
     assert nmse(tp.get_array(out), x64 @ w64[5:13].T) < 1e-10
 
 
@@ -266,7 +265,7 @@ def test_float_weights_times_a_few_rows(ta: tp.Type, n_in: int, n_tokens: int) -
         compute(out, {a: av, b: bv}, backend)
         outs.append(tp.get_array(out))
     np.testing.assert_array_equal(outs[0], outs[1])
-    assert nmse(outs[0], bv.astype(np.float64) @ a64.T) < 1e-12
+    assert nmse(outs[0], ggml_activations(bv, ta) @ a64.T) < 1e-12
 
 
 def test_float_kernels_without_f16c_read_halves_through_the_table() -> None:
@@ -303,3 +302,23 @@ def test_float_kernels_without_f16c_read_halves_through_the_table() -> None:
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert float(done.stdout) < 1e-6
+
+
+@pytest.mark.parametrize("t", QUANTS, ids=lambda t: t.name)
+def test_numba_and_numpy_round_the_activations_to_the_same_bits(t: tp.Type) -> None:
+    """The decoding paths round a prompt's activations in numba where they can, in numpy
+    elsewhere: the same values (and Q8_1 corrections), so numba changes no number."""
+    from tensorplug_cpu.kernels.activations import q8_1_offset_correction, round_rows
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    if jit is None:
+        pytest.skip("numba kernels unavailable")
+    x = _f32((5, 512)) * np.float32(3)
+    x[1] = 0  # an all-zero row: zero scales, as ggml's
+    x[2, 7] = -40  # the largest magnitude negative: Q8_K's iscale takes its sign
+    out, corr = np.empty_like(x), np.empty((5, 16), np.float32)
+    jit.bind_round_rows(t, x, out, corr)()
+    np.testing.assert_array_equal(out, round_rows(x, t))
+    if t in (tp.Type.Q4_1, tp.Type.Q5_1):
+        np.testing.assert_array_equal(corr, q8_1_offset_correction(x))

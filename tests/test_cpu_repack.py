@@ -2,8 +2,8 @@
 products that read it, and where the backend and the scheduler let it be read.
 
 Products are held to the float64 product of the weights as ``gguf.quants`` decodes
-them and the activations as ggml's Q8_0 rounds them (``q8_activations``): what is left
-between them is float32 accumulation.
+them and the activations as ggml rounds them for the type (Q8_0, Q8_K for the K-quants:
+``ggml_product``): what is left between them is float32 accumulation.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import textwrap
 import gguf
 import numpy as np
 import pytest
-from test_cpu_helpers import backend_for, nmse, q8_activations
+from test_cpu_helpers import backend_for, ggml_product, nmse, q8_activations
 
 import tensorplug as tp
 from tensorplug import ops
@@ -203,7 +203,7 @@ def test_the_cpu_offers_it_as_an_extra_buffer_type() -> None:
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 2, 3, 4, 5, 7, 16, 33])  # every tile size, and more
-def test_products_match_q8_activations_times_the_weights(t: tp.Type, n_tok: int) -> None:
+def test_products_match_ggml_activations_times_the_weights(t: tp.Type, n_tok: int) -> None:
     pytest.importorskip("numba", reason="the repacked products are numba's")
     backend, buft = _cpu()
     raw, w64 = _weights(t, 40, 512)
@@ -215,7 +215,7 @@ def test_products_match_q8_activations_times_the_weights(t: tp.Type, n_tok: int)
     xv = RNG.standard_normal((n_tok, 512)).astype(np.float32)
     tp.set_array(x, xv)
     backend.graph_compute(g)
-    expected = q8_activations(xv) @ w64.T
+    expected = ggml_product(xv, w64, t, raw)  # Q8_0, or Q8_K for the K-quants
     got = tp.get_array(y)
     assert np.abs(got - expected).max() <= 2e-6 * np.abs(expected).max()
 
@@ -266,7 +266,7 @@ def test_without_numba_the_weights_are_unpacked_and_multiplied_exactly() -> None
     xv = RNG.standard_normal((3, 128)).astype(np.float32)
     tp.set_array(x, xv)
     backend_for(jit=False).graph_compute(tp.Graph(y))
-    assert nmse(tp.get_array(y), xv.astype(np.float64) @ w64.T) < 1e-12
+    assert nmse(tp.get_array(y), q8_activations(xv) @ w64.T) < 1e-12
 
 
 def test_weights_written_after_a_compute_are_read_fresh() -> None:

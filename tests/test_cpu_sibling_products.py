@@ -35,11 +35,20 @@ def _weights(t: tp.Type, rows: int) -> tuple[tp.Tensor, np.ndarray, np.ndarray]:
     return tp.new_tensor(t, (rows, N)), raw, dequantize(raw, t).astype(np.float64)
 
 
+#: products that may go together (rows: 4k, 4k+2): the same rounding of the activations
+FAMILIES = {
+    "Q8_0": [(tp.Type.Q4_0, 96), (tp.Type.Q8_0, 6), (tp.Type.Q5_0, 258)],
+    "Q8_1": [(tp.Type.Q4_1, 96), (tp.Type.Q5_1, 6), (tp.Type.Q4_1, 258)],
+    "Q8_K": [(tp.Type.Q4_K, 96), (tp.Type.Q6_K, 6), (tp.Type.Q4_K, 258)],
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("n_tok", [1, 3])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_joined_products_give_each_products_own_bits(n_tok: int, threads: int) -> None:
+def test_joined_products_give_each_products_own_bits(family: str, n_tok: int, threads: int) -> None:
     jit = _jit()
-    kinds = [(tp.Type.Q4_0, 96), (tp.Type.Q6_K, 6), (tp.Type.Q4_K, 258)]  # rows: 4k, 4k+2
+    kinds = FAMILIES[family]
     x = RNG.standard_normal((n_tok, N)).astype(np.float32)
     products = []
     for t, rows in kinds:
@@ -77,6 +86,9 @@ def test_products_that_cannot_be_joined_are_refused() -> None:
     assert jit.bind_matvec_siblings(x, [q4] * 4) is None  # more than MAX_SIBLINGS
     assert jit.bind_matvec_siblings(x, [q4, product(tp.Type.Q4_0, 3)]) is None  # < 4 rows
     assert jit.bind_matvec_siblings(x, [q4, product(tp.Type.Q2_K, 8)]) is None  # no int8
+    # activations rounded to Q8_0 for one, Q8_K or Q8_1 for the other
+    assert jit.bind_matvec_siblings(x, [q4, product(tp.Type.Q4_K, 8)]) is None
+    assert jit.bind_matvec_siblings(x, [q4, product(tp.Type.Q4_1, 8)]) is None
     t, blocks, _ = q4
     strided = (t, blocks, np.empty((1, 16), np.float32)[:, ::2])  # typed differently
     assert jit.bind_matvec_siblings(x, [q4, strided]) is None
@@ -86,7 +98,7 @@ def _qkv_graph(n_tok: int = 1) -> tuple[tp.Graph, dict[str, tp.Tensor], dict[str
     """h → q (then read by ``rq``), k, v: the graph order of a model's attention."""
     h = tp.new_tensor(tp.Type.F32, (n_tok, N))
     (wq, rq_raw, wq64), (wk, rk_raw, wk64), (wv, rv_raw, wv64) = (
-        _weights(tp.Type.Q4_0, 64), _weights(tp.Type.Q8_0, 16), _weights(tp.Type.Q4_K, 16)
+        _weights(tp.Type.Q4_0, 64), _weights(tp.Type.Q8_0, 16), _weights(tp.Type.Q5_0, 16)
     )  # fmt: skip
     q = ops.mul_mat(wq, h)
     rq = ops.scale(q, 2.0)

@@ -27,7 +27,8 @@ def test_tokens_in_logits_out(
     assert main([*argv, "-n", "4", "--cache-type", "f32", "--logits-out", str(out)]) == 0
     logits = np.load(out)
     assert logits.shape == (5, 320)
-    assert ref.rel_err(logits, ref.logits(ref.load(model), ids)) <= 1e-5
+    # the CPU rounds activations to F16 for F16 weights, as ggml does
+    assert ref.rounded_err(logits, ref.logits(ref.load(model), ids, q8=True)) <= 1e-5
     err = capsys.readouterr().err
     assert "placement: token_embd: CPU, blocks 0-1: CPU, output: CPU" in err
     assert "saved prompt logits (5, 320)" in err

@@ -9,11 +9,11 @@ Tolerances (error = largest |runner - reference| over the largest |reference log
   2e-7 to 1e-6). With the default F16 KV cache the reference rounds K and V to float16
   as the cache does; a value that float32 and float64 round to neighbouring halves
   costs one f16 ulp on that element, hence 2e-5 (measured up to 5e-6).
-* Repacked weights: the CPU stores Q8_0 and Q4_0 matrices repacked (``CPU_REPACK``)
-  and multiplies them with Q8_0 activations, as llama.cpp does, so its logits are held
-  to the reference with the same rounding of the activations (``q8=True``), at the same
-  1e-5 (measured: 4e-8 to 7e-8; the exact reference is 6e-3 to 2e-2 away). Without
-  repacking an 18-token prompt takes exact float32 products (measured 1e-7 to 4e-7).
+* ggml's rounding of activations: the CPU rounds each product's activations as
+  llama.cpp's does for the weight type (Q8_0 blocks for Q8_0 and Q4_0, F16 values for
+  F16 weights), repacked or not, so its logits are held to the reference with the same
+  rounding (``q8=True``), at the same 1e-5 (measured: 4e-8 to 7e-8 repacked; the exact
+  reference is 6e-3 to 2e-2 away). The OpenCL backend's products are exact.
 * Quantization error (each type against the float32 master weights it was made from):
   the logits' relative RMS error must stay within 4x the weights' own relative RMS
   quantization error, which the test measures from the files (F16 ~2e-4, Q8_0 ~5e-3,
@@ -93,22 +93,23 @@ def test_logits_match_reference(
     m = _llama(run, models[wtype], Placement.on(dev, 2), cache_type="f32")
     got = m.eval(TOKENS, all_logits=True)
     assert _repacked(m) == (device == "CPU" and wtype in ("q8_0", "q4_0"))
-    want = ref.logits(ref.load(models[wtype]), TOKENS, q8=_repacked(m))
+    want = ref.logits(ref.load(models[wtype]), TOKENS, q8=device == "CPU")
     assert got.shape == (len(TOKENS), 320)
-    assert ref.rel_err(got, want) <= 1e-5
+    err = ref.rounded_err if device == "CPU" else ref.rel_err
+    assert err(got, want) <= 1e-5
 
 
 @pytest.mark.parametrize("wtype", ["q8_0", "q4_0"])
-def test_cpu_prompt_products_without_repacking_are_exact(
+def test_cpu_prompt_products_without_repacking_round_as_ggml(
     models: dict[str, Path], run: list[Llama], wtype: str
 ) -> None:
     m = _llama(run, models[wtype], Placement.on(host_cpu(), 2), cache_type="f32", repack=False)
     assert not _repacked(m)
     got = m.eval(TOKENS, all_logits=True)
     model = ref.load(models[wtype])
-    assert ref.rel_err(got, ref.logits(model, TOKENS)) <= 1e-5
-    # and the activations' rounding is visible: the repacked products are elsewhere
-    assert ref.rel_err(got, ref.logits(model, TOKENS, q8=True)) > 1e-3
+    assert ref.rounded_err(got, ref.logits(model, TOKENS, q8=True)) <= 1e-5
+    # and the activations' rounding is visible: the exact products are elsewhere
+    assert ref.rel_err(got, ref.logits(model, TOKENS)) > 1e-3
 
 
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
@@ -118,8 +119,9 @@ def test_f16_cache_matches_reference_rounding_kv(
 ) -> None:
     m = _llama(run, models[wtype], Placement.on(_device(device), 2))  # default: F16 cache
     got = m.eval(TOKENS, all_logits=True)
-    model, q8 = ref.load(models[wtype]), _repacked(m)
-    assert ref.rel_err(got, ref.logits(model, TOKENS, kv_dtype=np.float16, q8=q8)) <= 2e-5
+    model, q8 = ref.load(models[wtype]), device == "CPU"
+    err = ref.rounded_err if q8 else ref.rel_err
+    assert err(got, ref.logits(model, TOKENS, kv_dtype=np.float16, q8=q8)) <= 2e-5
     # and the cache's rounding is visible: without it the reference is further away
     assert ref.rel_err(got, ref.logits(model, TOKENS, q8=q8)) > 2e-5
 
@@ -149,7 +151,7 @@ def test_tied_output_uses_the_token_embeddings(models: dict[str, Path], run: lis
     assert "output.weight" not in m.file.tensors
     assert m.weights.output is m.weights.tok_embd
     got = m.eval(TOKENS, all_logits=True)
-    assert ref.rel_err(got, ref.logits(ref.load(models["tied"]), TOKENS)) <= 1e-5
+    assert ref.rounded_err(got, ref.logits(ref.load(models["tied"]), TOKENS, q8=True)) <= 1e-5
 
 
 def test_tied_output_is_repacked_beside_the_mapped_embeddings(
@@ -165,7 +167,7 @@ def test_tied_output_is_repacked_beside_the_mapped_embeddings(
     assert w.tok_embd.require_allocated().is_host
     assert np.array_equal(tp.get_array(w.output), tp.get_array(w.tok_embd))
     got = m.eval(TOKENS, all_logits=True)
-    assert ref.rel_err(got, ref.logits(ref.load(models["tied"]), TOKENS, q8=True)) <= 1e-5
+    assert ref.rounded_err(got, ref.logits(ref.load(models["tied"]), TOKENS, q8=True)) <= 1e-5
 
 
 def test_tied_output_on_another_device_gets_its_own_copy(
@@ -185,10 +187,12 @@ def test_rope_frequency_factors(models: dict[str, Path], run: list[Llama], devic
     m = _llama(run, models["freqs"], Placement.on(_device(device), 2), cache_type="f32")
     assert all(layer.rope_freqs is not None for layer in m.weights.layers)
     got = m.eval(TOKENS, all_logits=True)
-    model = ref.load(models["freqs"])
-    assert ref.rel_err(got, ref.logits(model, TOKENS)) <= 1e-5
+    model, q8 = ref.load(models["freqs"]), device == "CPU"  # F16: the CPU rounds to F16
+    # an activation that float32 and float64 round to neighbouring halves moves a position
+    # by ~3e-4 (F16's boundaries are 16 times closer than Q8's: such flips are common)
+    assert ref.rel_err(got, ref.logits(model, TOKENS, q8=q8)) <= (5e-4 if q8 else 1e-5)
     del model.w["rope_freqs.weight"]  # the factors matter: without them the logits differ
-    assert ref.rel_err(got, ref.logits(model, TOKENS)) > 1e-3
+    assert ref.rel_err(got, ref.logits(model, TOKENS, q8=q8)) > 1e-3
 
 
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])

@@ -245,7 +245,8 @@ def _fold_rows(builder: ir.IRBuilder, pairs: list[Any]) -> Any:
 
 def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
     """A 32-value block type: per row, ``d_w·d_x·Σ(q − offset)·x``, and for Q4_1/Q5_1,
-    beside it for all four rows in one vector, ``m_w·d_x·Σx``. With AVX2 the codes go
+    beside it for all four rows in one vector, ``m_w·s_x`` (the Q8_1 activations'
+    f16-rounded ``s``, as ggml's ``vec_dot_q4_1_q8_1``). With AVX2 the codes go
     into ``vpmaddubsw`` unsigned, and ``offset·Σx`` (Q4_0: 8, Q5_0: 16) comes back out
     as an exact integer.
 
@@ -300,9 +301,10 @@ def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
             new.append(_fmuladd8(builder, _splat_vf(builder, scales, 8, i), sums, accs[i]))
         mins = accs[n_rows]
         if lay.m >= 0:
+            # Q8_1 activations: ``xs`` holds each block's ``s`` as float32 bits
             m_w = _f16x(builder, blk.rows, builder.add(at, _I64(lay.m)), blk.table)
-            dx_sum = builder.fmul(dx, _splat_scalar(builder, builder.sitofp(xsum, _F32), n_rows))
-            mins = builder.call(fma, [m_w, dx_sum, mins])
+            s_x = _splat_scalar(builder, builder.bitcast(xsum, _F32), n_rows)
+            mins = builder.call(fma, [m_w, s_x, mins])
         return [*new, mins]
 
     def finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:

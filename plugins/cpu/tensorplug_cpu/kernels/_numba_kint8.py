@@ -43,9 +43,9 @@ from ._numba_introw import (
     rows4_dot_q5_0,
     rows4_dot_q5_1,
 )
-from ._numba_ir import _I8, _I32, _dot_i8, _load, _runtime_splat, _splat, _vec
+from ._numba_ir import _I8, _I32, _dot_i8, _load, _runtime_splat, _splat, _vec, f32_from_bits
 from ._numba_kquant import _scale_min_k4
-from ._numba_quant import _CHUNKS, _DOT, _f16, quantize_q8_0
+from ._numba_quant import _CHUNKS, _DOT, _f16, quantize_activations
 from .dispatch import INT8_ROWS
 
 # the type ids the driver branches on
@@ -126,12 +126,14 @@ def row_q4_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
 
 @njit(inline="always")
 def row_q4_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
-    """``Σ_b d_x·(d_w·Σ_j nibble·x + m_w·Σx)`` over a row of 20-byte blocks."""
+    """``Σ_b d_w·d_x·Σ_j nibble·x + m_w·s_x`` over a row of 20-byte blocks (``xs``
+    holds the Q8_1 activations' ``s`` as float32 bits)."""
     total = np.float32(0)
     for b in range(xd.size):
         isum: int = _dot_q4(row, 20 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
         dm = _f16(row, 20 * b, table) * np.float32(isum)
-        total += xd[b] * (dm + _f16(row, 20 * b + 2, table) * np.float32(xs[b]))
+        s = f32_from_bits(xs[b])  # type: ignore[call-arg]
+        total += xd[b] * dm + _f16(row, 20 * b + 2, table) * s
     return total
 
 
@@ -147,12 +149,14 @@ def row_q5_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
 
 @njit(inline="always")
 def row_q5_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
-    """``Σ_b d_x·(d_w·Σ_j q5·x + m_w·Σx)`` over a row of 24-byte blocks."""
+    """``Σ_b d_w·d_x·Σ_j q5·x + m_w·s_x`` over a row of 24-byte blocks (``xs`` holds
+    the Q8_1 activations' ``s`` as float32 bits)."""
     total = np.float32(0)
     for b in range(xd.size):
         isum: int = _dot_q5(row, 24 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
         dm = _f16(row, 24 * b, table) * np.float32(isum)
-        total += xd[b] * (dm + _f16(row, 24 * b + 2, table) * np.float32(xs[b]))
+        s = f32_from_bits(xs[b])  # type: ignore[call-arg]
+        total += xd[b] * dm + _f16(row, 24 * b + 2, table) * s
     return total
 
 
@@ -247,7 +251,7 @@ def matvec_int8(
     ``(n_out, row_bytes)``: the rows of ``x`` quantized by :func:`quantize_q8_0` into
     ``xq, xd, xs`` (on the calling thread), then output rows split in chunks (of whole
     groups of four) across threads."""
-    quantize_q8_0(x, xq, xd, xs, table)
+    quantize_activations(x, xq, xd, xs, table, kind)
     n = rows.shape[0]
     per = ((n + _CHUNKS - 1) // _CHUNKS + 3) // 4 * 4
     for c in prange(_CHUNKS):
@@ -262,7 +266,7 @@ def matvec_int8_serial(
     """:func:`matvec_int8` on the calling thread, without a parallel region: on one
     thread the parallel kernel still opened one (~1.5 µs a product on this machine,
     where the 56 layer products of a 100M model's token take ~4 ms in all)."""
-    quantize_q8_0(x, xq, xd, xs, table)
+    quantize_activations(x, xq, xd, xs, table, kind)
     _matvec_range(rows, 0, rows.shape[0], xq, xd, xs, out, table, kind)
 
 
@@ -276,7 +280,7 @@ def matvec_int8_siblings(
     ``starts[m]..`` of one concatenated row range (each start a multiple of four, so a
     chunk's share of a matrix begins on a four-row group: every row takes the four-row
     kernel, and its bits are those of :func:`matvec_int8`)."""
-    quantize_q8_0(x, xq, xd, xs, table)
+    quantize_activations(x, xq, xd, xs, table, kinds[0])
     total = starts[len(rows)]
     per = ((total + _CHUNKS - 1) // _CHUNKS + 3) // 4 * 4
     for c in prange(_CHUNKS):

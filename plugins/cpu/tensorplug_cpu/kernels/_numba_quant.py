@@ -25,10 +25,16 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
+from tensorplug.types import Type
+
 from ._numba_cache import kernel
 from ._numba_ir import f32_bits, f32_from_bits
 
 _DOT = {"reassoc", "contract", "nsz", "arcp"}
+
+# the weight type ids whose activations are not Q8_0 (:mod:`.activations`)
+_Q4_1, _Q5_1 = int(Type.Q4_1), int(Type.Q5_1)
+_SUPER_BLOCK = tuple(int(t) for t in Type if t.is_quantized and t.block_size == 256)
 
 
 @njit(inline="always")
@@ -280,3 +286,82 @@ def quantize_q8_0(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
                 total += q
             xs[t, b] = total
             xd[t, b] = table[_f32_to_f16_bits(amax / np.float32(127))]
+
+
+@kernel()  # see _f32_to_f16_bits
+def quantize_q8_1(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
+    """Rows of ``x`` as ggml's Q8_1 (x86's ``quantize_row_q8_1``): Q8_0's codes and
+    scales, and in ``xs`` the float32 bits of each block's ``s = f16(d·Σcode)`` (``d``
+    the unrounded float32 scale), which the Q4_1/Q5_1 kernels multiply by the weights'
+    offset ``m`` in place of ``d_x·Σcode``."""
+    quantize_q8_0(x, xq, xd, xs, table)
+    for t in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            amax = np.float32(0)
+            for j in range(32):
+                amax = max(amax, abs(x[t, 32 * b + j]))
+            s = (amax / np.float32(127)) * np.float32(xs[t, b])
+            xs[t, b] = f32_bits(table[_f32_to_f16_bits(s)])  # type: ignore[call-arg]
+
+
+@kernel()  # see _f32_to_f16_bits
+def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
+    """Rows of ``x`` as ggml's Q8_K (``quantize_row_q8_K_ref``, which x86 runs): per 256
+    values, ``iscale = −127/max`` with ``max`` the first value of largest magnitude,
+    codes ``min(127, round-half-even(iscale·x))``, ``d = 1/iscale`` in float32. Written
+    in the 32-value layout of the other activations: each of a super-block's eight
+    blocks gets its ``d`` in ``xd`` and its code sum in ``xs`` (ggml's ``bsums`` are
+    the sums of 16, which the kernels take from these or from the codes)."""
+    for t in range(x.shape[0]):
+        for sb in range(x.shape[1] // 256):
+            big, amax = np.float32(0), np.float32(0)
+            for j in range(256):
+                v = x[t, 256 * sb + j]
+                if abs(v) > amax:
+                    amax, big = abs(v), v
+            iscale = np.float32(-127) / big if amax != 0 else np.float32(0)
+            d = np.float32(1) / iscale if amax != 0 else np.float32(0)
+            for b in range(8 * sb, 8 * sb + 8):
+                total = 0
+                for j in range(32):
+                    q = min(np.int32(np.rint(iscale * x[t, 32 * b + j])), 127)
+                    xq[t, 32 * b + j] = q
+                    total += q
+                xs[t, b] = total
+                xd[t, b] = d
+
+
+@kernel()  # see _f32_to_f16_bits
+def quantize_activations(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
+    """Rows of ``x`` quantized to the ``vec_dot_type`` ggml uses for weights of type id
+    ``kind`` (:func:`.activations.vec_dot_type`): Q8_1 for Q4_1 and Q5_1, Q8_K for the
+    256-value K-quants, else Q8_0."""
+    if kind in (_Q4_1, _Q5_1):
+        quantize_q8_1(x, xq, xd, xs, table)
+    elif kind in _SUPER_BLOCK:
+        quantize_q8_k(x, xq, xd, xs, table)
+    else:
+        quantize_q8_0(x, xq, xd, xs, table)
+
+
+@kernel(nogil=True)
+def round_activations(
+    x: Any, out: Any, corr: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int
+) -> None:
+    """``out = d·code`` of rows ``x`` quantized by :func:`quantize_activations` for weight
+    type id ``kind``, for the paths that multiply float32 decoded weights (the same
+    values as :func:`.activations.round_rows`, which numpy computes ~5× slower); for
+    Q8_1 also ``corr[t, b] = s − d·Σcode`` (:func:`.activations.q8_1_offset_correction`)."""
+    quantize_activations(x, xq, xd, xs, table, kind)
+    q8_1 = kind in (_Q4_1, _Q5_1)
+    for t in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            d = xd[t, b]
+            total = 0
+            for j in range(32):
+                q = np.int32(xq[t, 32 * b + j])
+                out[t, 32 * b + j] = d * np.float32(q)
+                total += q
+            if q8_1:
+                s = f32_from_bits(xs[t, b])  # type: ignore[call-arg, var-annotated]
+                corr[t, b] = s - d * np.float32(total)

@@ -47,7 +47,7 @@ from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
 from ._numba_ir import _I8, _I16, _I32, _f16x, _fn, _splat, _vec, carried_loop
-from ._numba_quant import _CHUNKS, _DOT, quantize_q8_0
+from ._numba_quant import _CHUNKS, _DOT, quantize_activations
 
 __all__ = [
     "TILE",
@@ -475,8 +475,9 @@ def _sums_of_16(xq: Any, xs: Any) -> None:
 
 @njit(inline="always")
 def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
-    """The activations as Q8_0 rows, with code sums over 16 values for Q6_K, else 32."""
-    quantize_q8_0(x, xq, xd, xs, table)
+    """The activations as ggml rounds them for ``kind`` weights (Q8_0, or Q8_K for the
+    K-quants), with code sums over 16 values for Q6_K, else 32."""
+    quantize_activations(x, xq, xd, xs, table, kind)
     if kind == Q6_K:
         _sums_of_16(xq, xs)
 

@@ -224,7 +224,8 @@ TABLE: tuple[Path, ...] = (
             + " ".join(t.name for t in INT8_ROWS if INT8_ROWS[t] == n)
             for n in sorted(set(INT8_ROWS.values()), reverse=True)
         ),
-        "activations quantized to Q8_0 as ggml does and integer dot products, each block "
+        "activations quantized as ggml does for the type (Q8_0, Q8_1, Q8_K: see the "
+        "rounding table) and integer dot products, each block "
         "decoded in registers, the matrix read once: ahead of decoding and BLAS up to the "
         "row limit (a Q4_K product of 12 rows: 0.74 ms against 1.03 on one core)",
         _INT8_FORMS,

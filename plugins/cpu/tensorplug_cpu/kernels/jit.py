@@ -32,6 +32,7 @@ from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
 from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
+from .activations import round_rows, vec_dot_type
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .threading_layer import preload_tbb
 
@@ -75,7 +76,9 @@ class JitKernels:
 
         from . import _numba_kint8 as ki8
 
-        # ggml's way (the table's INT8 path): activations quantized to Q8_0, integer dots
+        # ggml's way (the table's INT8 path): activations quantized to the weight type's
+        # vec_dot_type, integer dots; and those activations as floats for the other paths
+        self._round = k.round_activations
         self._int8 = ki8.matvec_int8
         self._int8_serial = ki8.matvec_int8_serial
         self._int8_siblings = ki8.matvec_int8_siblings
@@ -137,8 +140,16 @@ class JitKernels:
         fused path for ``t`` (the caller keeps ``x``'s rows within its limit)."""
         rows = _block_rows(blocks)
         if rows is None or fused_path(t, blocks_contiguous=True) == FLOAT_FUSED:
+            # float dot products with the activations ggml's rounding leaves
             kernel, what = self._kernels[t][0], f"matrix-vector kernel for {t.name}"
-            return partial(self._call, what, kernel, blocks, x, out, _F16_TO_F32)
+            rounded = np.empty_like(x)
+            product = partial(self._call, what, kernel, blocks, rounded, out, _F16_TO_F32)
+
+            def rounded_product() -> None:
+                round_rows(x, t, rounded)
+                product()
+
+            return rounded_product
         xq, xd, xs = _q8_scratch(x)
         # a parallel kernel may call a serial one (not the reverse: numba's disk cache of
         # a function that calls a parallel one crashed the process that loaded it)
@@ -151,6 +162,17 @@ class JitKernels:
             return serial
 
         return self._serial_or_parallel(serial, parallel)
+
+    def bind_round_rows(
+        self, t: Type, x: np.ndarray, out: np.ndarray, corr: np.ndarray
+    ) -> Callable[[], None]:
+        """``out[...] = round_rows(x, t)`` (:mod:`.activations`) for 2-d float32 ``x`` of
+        a quantized type's product, in numba; for Q4_1/Q5_1 also ``corr`` ``(T, n/32)``
+        = :func:`~.activations.q8_1_offset_correction`. The values are numpy's, bit for
+        bit (tested)."""
+        xq, xd, xs = _q8_scratch(x)
+        args = (x, out, corr, xq, xd, xs, _F16_TO_F32, int(t))
+        return partial(self._call, "activation rounding kernel", self._round, *args)
 
     def bind_packed(
         self,
@@ -210,6 +232,8 @@ class JitKernels:
         take, a matrix of fewer than four rows, or arrays numba would type differently."""
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
             return None
+        if len({vec_dot_type(t) for t, _, _ in products}) != 1:  # x is quantized once
+            return None
         rows, outs = [], []
         for t, blocks, out in products:
             r = _block_rows(blocks)
@@ -244,6 +268,8 @@ class JitKernels:
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
             return None
         if len({t == Type.Q6_K for t, _, _ in products}) != 1:  # sums of 16 codes, or of 32
+            return None
+        if len({vec_dot_type(t) for t, _, _ in products}) != 1:  # x is quantized once
             return None
         packs = [packed for _, packed, _ in products]
         outs = [out for _, _, out in products]

