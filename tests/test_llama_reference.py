@@ -142,8 +142,8 @@ def _q8_k(x: np.ndarray) -> np.ndarray:
 
 def ggml_rounded(x: np.ndarray, type_name: str) -> np.ndarray:
     """``x`` as ggml's CPU rounds activations before multiplying them by weights of
-    ``type_name`` (its ``vec_dot_type``): F16 or BF16 values, Q8_K for the K-quants,
-    32-value Q8 blocks for the other quantized types, nothing for F32."""
+    ``type_name`` (its ``vec_dot_type``): F16 or BF16 values, Q8_K for the K-quants and
+    IQ4_XS, 32-value Q8 blocks for the other quantized types, nothing for F32."""
     if type_name == "F32":
         return x
     if type_name == "F16":
@@ -152,7 +152,7 @@ def ggml_rounded(x: np.ndarray, type_name: str) -> np.ndarray:
         from tensorplug.quants import bf16_to_f32, f32_to_bf16
 
         return bf16_to_f32(f32_to_bf16(x.astype(np.float32))).astype(np.float64)
-    return _q8_k(x) if type_name.endswith("_K") else _q8(x)
+    return _q8_k(x) if type_name.endswith("_K") or type_name == "IQ4_XS" else _q8(x)
 
 
 def logits(
