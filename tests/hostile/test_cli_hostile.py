@@ -30,7 +30,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         (["run", "-n", "1"], {"TENSORPLUG_BACKENDS": ",,"}, "it names no backend"),
         (
             ["run", "--tiny", "-n", "1"],
-            {"TENSORPLUG_DISABLE": "CPU,OpenCL,Ray"},
+            {"TENSORPLUG_DISABLE": "CPU,OpenCL,Ray,WebGPU"},
             "no backend plugin is loaded",
         ),
     ],
@@ -67,7 +67,7 @@ def test_disabling_the_cpu_names_the_missing_fallback_and_the_fix() -> None:
 
 def test_no_devices_is_a_failure_with_advice_not_an_empty_table() -> None:
     for command in ("devices", "doctor"):
-        done = _cli(command, TENSORPLUG_DISABLE="CPU,OpenCL,Ray")
+        done = _cli(command, TENSORPLUG_DISABLE="CPU,OpenCL,Ray,WebGPU")
         assert done.returncode == 1, command
         assert "no devices" in done.stderr and "pip install -e plugins/cpu" in done.stderr
 

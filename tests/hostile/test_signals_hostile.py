@@ -29,12 +29,19 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _untraced() -> dict[str, str]:
+    """The environment without coverage's subprocess measurement: its tracer takes a lock
+    of its own in Python code, which a Ctrl-C at a random bytecode can leave held, and the
+    interrupted command then hangs inside coverage, not inside tensorplug."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_PROCESS_")}
+
+
 class Cli:
     """``python -m tensorplug ARGS`` with its stdout and stderr read as they come."""
 
     def __init__(self, *args: str, stdin: int | None = subprocess.DEVNULL) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tensorplug", *args], stdin=stdin,
+            [sys.executable, "-m", "tensorplug", *args], stdin=stdin, env=_untraced(),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint,
         )  # fmt: skip
         self.out, self.err = bytearray(), bytearray()
