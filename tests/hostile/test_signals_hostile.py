@@ -191,7 +191,7 @@ def test_on_a_terminal_the_interrupted_line_is_ended_first(model: Path) -> None:
             "--ignore-eos"]  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensorplug", *argv], stdin=subprocess.DEVNULL,
-        stdout=secondary, stderr=secondary, preexec_fn=_default_sigint,
+        stdout=secondary, stderr=secondary, preexec_fn=_default_sigint, env=_untraced(),
     )  # fmt: skip
     os.close(secondary)
     seen = bytearray()
