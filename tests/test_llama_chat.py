@@ -15,7 +15,6 @@ from tensorplug.errors import RunError
 from tensorplug_llm.chat import (
     CHATML_TEMPLATE,
     GEMMA_TEMPLATE,
-    _ids,
     chat,
     load_messages,
     prompt_ids,
@@ -79,9 +78,8 @@ def test_each_line_is_a_turn_answered_from_the_rendered_conversation(gemma: Path
         assert chat(m, _args(), ["hello the world\n", "\n", "the end\n"], out, log) == 0
         assert log.getvalue().count("tokens/s, prompt") == 2  # the empty line is no turn
         # the first reply is the greedy continuation of the rendered first turn
-        first = render(GEMMA_TEMPLATE, [{"role": "user", "content": "hello the world"}],
-                       m.vocab.tokens[m.vocab.bos or 0])  # fmt: skip
-        ids = _ids(m.vocab, first)
+        ids = prompt_ids(m.vocab, GEMMA_TEMPLATE, [{"role": "user", "content": "hello the world"}],
+                         m.vocab.tokens[m.vocab.bos or 0], "")  # fmt: skip
         assert ids.count(m.vocab.bos or 0) == 1  # the template's BOS and the file's: one kept
         m.reset()
         want = m.generate(ids, 5).tokens

@@ -17,12 +17,7 @@ that has llama-cpp-python::
 
 from __future__ import annotations
 
-import argparse
-import subprocess
-import tempfile
-from pathlib import Path
-
-import numpy as np
+import llamacpp_logits
 
 #: name -> write_tiny_llama keyword arguments
 FILES: dict[str, dict[str, object]] = {
@@ -45,39 +40,9 @@ FILES: dict[str, dict[str, object]] = {
 N_CTX: dict[str, int] = {"phi3-longrope": 128}
 TOKENS = [1, 300, 301, 302, 310, 259, 288, 270, 305, 311, 299]
 
-_LLAMA_CPP = """
-import sys, numpy as np, llama_cpp
-tokens = [int(t) for t in sys.argv[2].split(",")]
-out = []
-for arg in sys.argv[3:]:
-    path, n_ctx = arg.rsplit("@", 1)
-    llm = llama_cpp.Llama(path, n_ctx=int(n_ctx), n_threads=2, logits_all=True, type_k=0,
-                          type_v=0, verbose=False)
-    llm.eval(tokens)
-    out.append(np.array(llm.scores[: llm.n_tokens], np.float32))
-np.savez(sys.argv[1], *out, version=llama_cpp.__version__)
-"""
-
 
 def main() -> None:
-    from tensorplug_llm.tiny import write_tiny_llama
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--llama-python", required=True, help="a Python with llama-cpp-python")
-    args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = [
-            f"{write_tiny_llama(Path(tmp) / f'{name}.gguf', **kw)}@{N_CTX.get(name, 64)}"  # type: ignore[arg-type]
-            for name, kw in FILES.items()
-        ]
-        raw = Path(tmp) / "raw.npz"
-        tokens = ",".join(map(str, TOKENS))
-        subprocess.run([args.llama_python, "-c", _LLAMA_CPP, str(raw), tokens, *runs], check=True)
-        got = np.load(raw)
-        arrays = {name: got[f"arr_{i}"] for i, name in enumerate(FILES)}
-        out = Path(__file__).with_name("arch_llamacpp.npz")
-        np.savez_compressed(out, tokens=np.array(TOKENS), llama_cpp=got["version"], **arrays)
-    print(f"wrote {out} (llama-cpp-python {got['version']})")
+    llamacpp_logits.main(__doc__ or "", FILES, TOKENS, "arch_llamacpp.npz", n_ctx=N_CTX)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,7 @@ Regenerate (a developer step) with a Python that has llama-cpp-python::
 
 from __future__ import annotations
 
-import argparse
-import subprocess
-import tempfile
-from pathlib import Path
-
-import numpy as np
+import llamacpp_logits
 
 #: name -> write_tiny_llama keyword arguments
 FILES: dict[str, dict[str, object]] = {
@@ -26,35 +21,9 @@ FILES: dict[str, dict[str, object]] = {
 }
 TOKENS = [1, 300, 301, 302, 310, 259, 288, 270, 305, 311, 299]
 
-_LLAMA_CPP = """
-import sys, numpy as np, llama_cpp
-tokens = [int(t) for t in sys.argv[2].split(",")]
-out = {}
-for path in sys.argv[3:]:
-    llm = llama_cpp.Llama(path, n_ctx=64, n_threads=2, logits_all=True, type_k=0, type_v=0,
-                          verbose=False)
-    llm.eval(tokens)
-    out[path] = np.array(llm.scores[: llm.n_tokens], np.float32)
-np.savez(sys.argv[1], *[out[p] for p in sys.argv[3:]], version=llama_cpp.__version__)
-"""
-
 
 def main() -> None:
-    from tensorplug_llm.tiny import write_tiny_llama
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--llama-python", required=True, help="a Python with llama-cpp-python")
-    args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = [str(write_tiny_llama(Path(tmp) / f"{n}.gguf", **kw)) for n, kw in FILES.items()]  # type: ignore[arg-type]
-        raw = Path(tmp) / "raw.npz"
-        tokens = ",".join(map(str, TOKENS))
-        subprocess.run([args.llama_python, "-c", _LLAMA_CPP, str(raw), tokens, *paths], check=True)
-        got = np.load(raw)
-        arrays = {name: got[f"arr_{i}"] for i, name in enumerate(FILES)}
-        out = Path(__file__).with_name("qwen_llamacpp.npz")
-        np.savez_compressed(out, tokens=np.array(TOKENS), llama_cpp=got["version"], **arrays)
-    print(f"wrote {out} (llama-cpp-python {got['version']})")
+    llamacpp_logits.main(__doc__ or "", FILES, TOKENS, "qwen_llamacpp.npz")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from tensorplug.errors import RunError
 
 from .generation import GenerationHandle, GenerationJob, Generator, GeneratorStats, TokenEvent
 from .stop_strings import StopMatcher
-from .template import render_parts
+from .template import ChatTemplateError, prompt_ids
 
 if TYPE_CHECKING:
     from .runner import Llama
@@ -289,19 +289,10 @@ class LLM:
         vocab = self.vocab
         bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
         eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
-        text, parts = render_parts(self.chat_template, messages, bos, eos)
-        if parts is None:
-            for i, m in enumerate(messages):
-                if vocab.control_text_in(m["content"]) is not None:
-                    raise InvalidRequestError(
-                        "the message writes a control token, and this model's chat template "
-                        "changes message text so that it cannot be kept from acting as one",
-                        f"messages[{i}].content",
-                    )
-        ids = vocab.encode_parts(parts if parts is not None else [(text, True)])
-        if len(ids) > 1 and vocab.bos is not None and ids[0] == ids[1] == vocab.bos:
-            ids = ids[1:]  # the template wrote BOS and the file adds one
-        return ids
+        try:
+            return prompt_ids(vocab, self.chat_template, messages, bos, eos)
+        except ChatTemplateError as e:  # a message that would forge a control token
+            raise InvalidRequestError(str(e), "messages") from e
 
     def _chat_chunks(
         self, pieces: Iterator[_Piece], meta: dict[str, Any], logprobs: bool, n_prompt: int

@@ -39,13 +39,12 @@ from typing import TYPE_CHECKING, TextIO
 from tensorplug.errors import RunError
 
 from .chat_input import PromptReader
-from .template import ChatTemplateError, render, render_parts
+from .template import ChatTemplateError, prompt_ids, render
 from .terminal import printable
 
 if TYPE_CHECKING:
     from .runner import Llama
     from .sampling import Sampler
-    from .tokenizer.vocab import Vocab
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -136,38 +135,6 @@ def _template(model: Llama, path: str | None = None) -> ChatTemplate:
         "which continues text rather than answers; using ChatML (--chat-template FILE "
         "gives another, `tensorplug run -p TEXT` continues text)",
     )
-
-
-def _ids(vocab: Vocab, text: str | list[tuple[str, bool]]) -> list[int]:
-    """Tokens of rendered chat text (or of its parts, each with whether its control
-    tokens are parsed), BOS once (a template that writes ``bos_token`` and a file that
-    adds BOS would otherwise give two)."""
-    ids = vocab.encode_parts([(text, True)] if isinstance(text, str) else text)
-    if len(ids) > 1 and vocab.bos is not None and ids[0] == ids[1] == vocab.bos:
-        ids = ids[1:]
-    return ids
-
-
-def prompt_ids(
-    vocab: Vocab, template: str, messages: list[dict[str, str]], bos: str, eos: str
-) -> list[int]:
-    """The conversation's tokens: the template's markup with control tokens parsed, the
-    messages without. A template that changes message text so that the two cannot be
-    told apart is still used when no message writes a control token (there is nothing
-    to forge); when one does, the conversation is refused rather than let it through."""
-    text, parts = render_parts(template, messages, bos, eos)
-    if parts is not None:
-        return _ids(vocab, parts)
-    for m in messages:
-        token = vocab.control_text_in(str(m.get("content", "")))
-        if token is not None:
-            raise ChatTemplateError(
-                f"a {m.get('role')} message writes the control token {printable(token)!r}, and "
-                "the model's chat template changes message text so that tensorplug cannot "
-                "keep it from acting as one; remove it from the message, or "
-                "use --chat-template FILE with a template that inserts messages unchanged"
-            )
-    return _ids(vocab, text)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
