@@ -415,18 +415,18 @@ class Llama:
         return out if all_logits else out[-1]
 
     def _checked(self, tokens: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
-        """``tokens`` as int32 ids, refused unless they are in the vocabulary and fit the
-        context after the ``n_past`` tokens of sequence 0."""
+        """``tokens`` as int64 ids, refused unless they fit the context after the
+        ``n_past`` tokens of sequence 0 (:meth:`decode` checks the ids themselves)."""
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             raise RunError(f"{what} needs at least one token")
-        self._check_tokens(ids)
-        if self.n_past + ids.size > self.n_ctx:
+        n_past = self.n_past
+        if n_past + ids.size > self.n_ctx:
             raise ContextFullError(
-                f"{self.n_past} tokens in the context + {ids.size} new ones exceed n_ctx = "
+                f"{n_past} tokens in the context + {ids.size} new ones exceed n_ctx = "
                 f"{self.n_ctx}; use a larger context (--ctx-size) or fewer tokens"
             )
-        return ids.astype(np.int32)
+        return ids  # int64: an id past int32 is refused by its value, not wrapped
 
     def decode(self, batch: Batch, *, prompt: bool | None = None) -> np.ndarray:
         """Evaluate a batch of tokens of any sequences (llama.cpp's ``llama_decode``).
@@ -650,6 +650,7 @@ class Llama:
             raise RunError(f"pooling must be one of {', '.join(POOLING_TYPES[:4])}; got {kind!r}")
         self.reset()
         ids = self._checked(tokens, "embed")  # an encoder's n_batch is its whole context
+        self._check_tokens(ids)  # _step, unlike decode, takes them as they are
         try:
             batch = Batch.single(ids, 0, 0, all_logits=True)
             hidden = np.concatenate(
