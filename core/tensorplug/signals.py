@@ -25,35 +25,54 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
-__all__ = ["deferred_ctrl_c"]
+__all__ = ["HeldCtrlC", "deferred_ctrl_c"]
+
+
+class HeldCtrlC:
+    """While active, a first SIGINT is only recorded (:attr:`held`) and a second raises
+    ``KeyboardInterrupt`` at once: work that must not be cut anywhere (a native library
+    loading, a chat reply between two tokens) stops where it chooses, and a stuck one
+    can still be interrupted.
+
+    Only the main thread may set signal handlers, and SIG_IGN or SIG_DFL is the
+    embedding program's choice: then the block runs with SIGINT as it is. A handler
+    installed by C code (``getsignal`` gives None: PoCL's) is replaced, and Python's own
+    is put back on leaving, whatever a native library installed meanwhile."""
+
+    def __init__(self) -> None:
+        self.held = False
+        self._restore: Callable[[int, FrameType | None], Any] | None = None
+
+    def __enter__(self) -> HeldCtrlC:
+        self.held = False
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is None or callable(previous):
+                self._restore = previous if callable(previous) else signal.default_int_handler
+                signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._restore is not None:
+            signal.signal(signal.SIGINT, self._restore)
+            self._restore = None
+
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
+        if self.held:
+            raise KeyboardInterrupt
+        self.held = True
 
 
 @contextmanager
 def deferred_ctrl_c() -> Iterator[None]:
-    """Hold a first SIGINT back until the block ends, then raise ``KeyboardInterrupt``.
-
-    Only the main thread may set signal handlers: elsewhere, or when Python does not own
-    SIGINT (a handler installed by C code, or SIG_IGN / SIG_DFL chosen by the embedding
-    program), the block runs with SIGINT as it is."""
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if main else None
-    if not callable(previous):
+    """Hold a first SIGINT back until the block ends, then raise ``KeyboardInterrupt``
+    (a second is raised at once; :class:`HeldCtrlC`)."""
+    with HeldCtrlC() as ctrl_c:
         yield
-        return
-    held: list[int] = []
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        held.append(signum)
-        signal.signal(signal.SIGINT, previous)  # a second Ctrl-C is not held back
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if held:
+    if ctrl_c.held:
         raise KeyboardInterrupt

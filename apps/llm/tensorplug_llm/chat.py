@@ -25,18 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 from tensorplug.errors import RunError
+from tensorplug.signals import HeldCtrlC
 
 from .chat_input import PromptReader
 from .template import ChatTemplateError, prompt_ids, render
@@ -361,37 +359,13 @@ def _turn(
     return not interrupted
 
 
-class _ReplyStop:
+class _ReplyStop(HeldCtrlC):
     """Ctrl-C while a reply streams: the first one asks the reply to stop at the next
     token (or prompt chunk), where the cache is consistent; a second one, if the model
     is slow to get there, interrupts as Ctrl-C does anywhere else."""
 
-    def __init__(self) -> None:
-        self.asked = False
-        self._previous: object = None
-        self._installed = False
-
-    def __enter__(self) -> _ReplyStop:
-        self.asked = False
-        # only the main thread may set handlers; elsewhere Ctrl-C keeps its usual effect
-        self._installed = threading.current_thread() is threading.main_thread()
-        if self._installed:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            # a handler a native library set is not Python's to put back: Python's own is
-            previous = self._previous if self._previous is not None else signal.default_int_handler
-            signal.signal(signal.SIGINT, previous)  # type: ignore[arg-type]
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.asked:
-            raise KeyboardInterrupt
-        self.asked = True
-
     def check(self) -> None:
-        if self.asked:
+        if self.held:
             raise ReplyInterrupted
 
 
