@@ -9,31 +9,7 @@ const FA_MAX_D: u32 = 512u;
 var<workgroup> lq: array<f32, FA_MAX_D>;
 var<workgroup> lacc: array<f32, FA_MAX_D>;
 var<workgroup> ls: array<f32, WG>;
-var<workgroup> red: array<f32, WG>;
-
-fn group_sum(v: f32, l: u32) -> f32 {
-    red[l] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (l < s) { red[l] += red[l + s]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn group_max(v: f32, l: u32) -> f32 {
-    red[l] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (l < s) { red[l] = max(red[l], red[l + s]); }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+//@include reduce
 
 ENTRY {
     let D = ne_of(args.q, 0u);

@@ -4,19 +4,7 @@
 
 //@kernel k_norm
 //@writes d
-var<workgroup> red: array<f32, WG>;
-
-fn group_sum(v: f32, l: u32) -> f32 {
-    red[l] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (l < s) { red[l] += red[l + s]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+//@include reduce
 
 ENTRY {
     let n = ne_of(args.a, 0u);
@@ -42,31 +30,7 @@ ENTRY {
 }
 
 //@kernel k_soft_max
-var<workgroup> red: array<f32, WG>;
-
-fn group_sum(v: f32, l: u32) -> f32 {
-    red[l] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (l < s) { red[l] += red[l + s]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn group_max(v: f32, l: u32) -> f32 {
-    red[l] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (l < s) { red[l] = max(red[l], red[l + s]); }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+//@include reduce
 
 ENTRY {
     let n = ne_of(args.a, 0u);
@@ -100,7 +64,7 @@ ENTRY {
 
 //@kernel k_sum_rows
 //@writes d
-var<workgroup> red: array<f32, WG>;
+//@include reduce
 
 ENTRY {
     let l = lid.x;
@@ -108,14 +72,8 @@ ENTRY {
         let c = row_coords(args.d, row);
         var s = 0.0f;
         for (var i0 = l; i0 < ne_of(args.a, 0u); i0 += WG) { s += a_ld(offs(args.a, i0, c.x, c.y, c.z), args.a.type_); }
-        red[l] = s;
-        workgroupBarrier();
-        for (var k = WG / 2u; k > 0u; k >>= 1u) {
-            if (l < k) { red[l] += red[l + k]; }
-            workgroupBarrier();
-        }
-        if (l == 0u) { d_st(offs(args.d, 0u, c.x, c.y, c.z), args.d.type_, red[0]); }
-        workgroupBarrier();
+        let total = group_sum(s, l);
+        if (l == 0u) { d_st(offs(args.d, 0u, c.x, c.y, c.z), args.d.type_, total); }
     }
 }
 
