@@ -138,3 +138,37 @@ def test_save_load_round_trip_and_the_up_arrow_recalls_the_last_session(
     status, rest = _ended(child)
     assert status == 0, rest
     assert json.loads(recalled.read_text())[0] == {"role": "user", "content": "the last words"}
+
+
+def test_a_ctrl_c_while_the_history_is_saved_does_not_cut_it_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leaving with Ctrl-C pressed once more: the history is written whole and no
+    KeyboardInterrupt escapes the reader (it surfaced as a traceback from its close)."""
+    import signal
+
+    from tensorplug_llm import chat_input
+
+    written: list[str] = []
+
+    class Readline:  # the history calls of readline, the last one interrupted
+        def set_history_length(self, n: int) -> None:
+            pass
+
+        def read_history_file(self, path: str) -> None:
+            pass
+
+        def write_history_file(self, path: str) -> None:
+            signal.raise_signal(signal.SIGINT)
+            written.append(path)
+
+    reader = chat_input.PromptReader()
+    reader.interactive, reader.readline = True, Readline()  # type: ignore[assignment]
+    monkeypatch.setattr(chat_input, "history_path", lambda: tmp_path / "history")
+    monkeypatch.setattr(reader, "_read", lambda: None)  # the user leaves at once
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # `pytest &` ignores it
+    try:
+        assert list(reader) == []
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert written == [str(tmp_path / "history")]

@@ -21,6 +21,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TextIO
 
+from tensorplug.signals import HeldCtrlC
+
 __all__ = ["HISTORY_LENGTH", "PROMPT", "PromptReader", "history_path"]
 
 #: Lines of history kept between sessions.
@@ -74,7 +76,10 @@ class PromptReader:
             while (line := self._read()) is not None:
                 yield line
         finally:
-            self._save_history()
+            # leaving already: a Ctrl-C now (a third one in a row) must not cut the write
+            # short and surface as a traceback from this generator's close
+            with HeldCtrlC():
+                self._save_history()
 
     def _read(self) -> str | None:
         """The next line, or None when the user leaves."""
