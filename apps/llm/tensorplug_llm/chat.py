@@ -373,7 +373,7 @@ def main(args: argparse.Namespace) -> int:
     from tensorplug.errors import TensorplugError
     from tensorplug.gguf import GGUFError
 
-    from .run_cli import _load, installed_model, resolve_seed
+    from .run_cli import installed_model, load_model, resolve_seed
 
     resolve_seed(args, sys.stderr)
     try:
@@ -384,7 +384,7 @@ def main(args: argparse.Namespace) -> int:
                     args.model = str(installed)
             if args.model is None:
                 args.model = str(_tiny_model(Path(tmp), args))
-            model = _load(args)
+            model = load_model(args)
             try:
                 context = getattr(args, "context_choice", None)
                 why = f" ({context.reason})" if context is not None else ""

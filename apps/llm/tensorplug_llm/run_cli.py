@@ -815,5 +815,5 @@ def demo_model(
 
 def load_model(args: argparse.Namespace) -> Llama:
     """The model ``args`` (run's options) names, placed as they say: for commands that
-    take run's options and use the model otherwise (``serve``)."""
+    take run's options and use the model otherwise (``chat``, ``serve``)."""
     return _load(args)
