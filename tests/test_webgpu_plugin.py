@@ -247,3 +247,28 @@ def test_wgpu_errors_become_tensorplug_errors() -> None:
     other = translate(wgpu.GPUValidationError("bad"), "WebGPU0: x", kernel="k_norm")
     assert isinstance(other, KernelLaunchError) and not isinstance(other, DeviceLostError)
     assert other.kernel == "k_norm"
+
+
+def test_a_headless_process_lists_the_adapter_without_wayland_noise(tmp_path: Any) -> None:
+    # Without XDG_RUNTIME_DIR, Mesa's device-select layer made libwayland print an error
+    # line on stderr for every command that listed adapters.
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "NODEVICE_SELECT")}
+    code = "from tensorplug_webgpu.reg import create_reg; print(len(create_reg().devices()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) >= 1
+    assert "XDG_RUNTIME_DIR" not in out.stderr
+
+
+def test_device_select_is_skipped_only_where_it_could_not_work(tmp_path: Any) -> None:
+    from tensorplug_webgpu.adapters import skip_device_select
+
+    headless: dict[str, str] = {}
+    assert skip_device_select(headless) and headless == {"NODEVICE_SELECT": "1"}
+    missing_dir = {"XDG_RUNTIME_DIR": str(tmp_path / "gone")}
+    assert skip_device_select(missing_dir) and missing_dir["NODEVICE_SELECT"] == "1"
+    desktop = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    assert not skip_device_select(desktop) and "NODEVICE_SELECT" not in desktop
+    for chosen in ("MESA_VK_DEVICE_SELECT", "DRI_PRIME", "NODEVICE_SELECT"):
+        env = {chosen: "0"}
+        assert not skip_device_select(env) and env == {chosen: "0"}
