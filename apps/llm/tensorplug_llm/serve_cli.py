@@ -2,8 +2,8 @@
 
 The model options are ``run``'s (``--device``, ``-ngl``, ``-sm``, ``-ts``, ``-c``, ``-b``,
 ``-t``, ``--cache-type``...: :func:`run_cli.add_arguments`), so a model placed for
-``run`` is placed the same way here; ``run``'s prompt and sampling options do not apply
-(each request brings its own). It binds 127.0.0.1 unless told otherwise: a model server
+``run`` is placed the same way here; ``run``'s prompt and sampling options are not
+offered (each request brings its own). It binds 127.0.0.1 unless told otherwise: a model server
 on every interface without ``--api-key`` is a machine anyone nearby can use.
 """
 
@@ -51,7 +51,7 @@ def _port(text: str) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .run_cli import add_arguments as run_arguments
 
-    run_arguments(p)
+    run_arguments(p, "serve")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=_port, default=8080, help="port to listen on (8080)")
     p.add_argument(
