@@ -26,6 +26,7 @@ import numpy as np
 from tensorplug.errors import RunError
 
 from .generation import GenerationHandle, GenerationJob, Generator, GeneratorStats, TokenEvent
+from .request import RequestError
 from .stop_strings import StopMatcher
 from .template import ChatTemplateError, prompt_ids
 
@@ -106,11 +107,28 @@ class LLM:
         template = chat_template or llama.file.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template.strip() else None
         self._lock = threading.Lock()
+        self._longest_token: int | None = None
 
     # -- tokens -------------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
         return self.vocab.encode(text, add_bos=add_bos)
+
+    def _refuse_unfittable(self, n_chars: int, param: str) -> None:
+        """Refuse, before tokenizing it, a text that cannot fit the context: no token
+        covers more characters than its own text, so ``n_chars / longest token`` tokens
+        at least. Tokenizing is linear but not cheap (a 16 MB prompt took a minute of a
+        server thread only to be refused for its length)."""
+        if self._longest_token is None:
+            self._longest_token = max(1, max(len(t) for t in self.vocab.tokens))
+        n_ctx = self.llama.n_ctx
+        if n_chars > n_ctx * self._longest_token:
+            raise InvalidRequestError(
+                f"the {param} has {n_chars} characters: at least "
+                f"{n_chars // self._longest_token} tokens, and the context holds {n_ctx} "
+                "(n_ctx): shorten it",
+                param,
+            )
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.vocab.decode(list(tokens))
@@ -146,6 +164,8 @@ class LLM:
         """OpenAI's ``text_completion`` (a dict), or with ``stream`` a :class:`Stream`
         of its chunks. ``logprobs=N``: the sampled token's logprob and the N most likely
         (OpenAI's completions ``logprobs`` object)."""
+        if isinstance(prompt, str):
+            self._refuse_unfittable(len(prompt), "prompt")
         ids = prompt if isinstance(prompt, list) else self.tokenize(prompt)
         job = self._job(
             ids, max_tokens, logprobs or 0, response_format, temperature=temperature,
@@ -154,7 +174,7 @@ class LLM:
             logit_bias=logit_bias,
         )  # fmt: skip
         job.ignore_eos = ignore_eos
-        handle = self.generator.submit(job)
+        handle = self._submit(job, "prompt")
         pieces = self._pieces(handle, _stops(stop))
         prefix = self.detokenize(ids) if echo and isinstance(prompt, list) else prompt
         head = str(prefix) if echo else ""
@@ -253,7 +273,7 @@ class LLM:
             logit_bias=logit_bias,
         )  # fmt: skip
         job.ignore_eos = ignore_eos
-        handle = self.generator.submit(job)
+        handle = self._submit(job, "messages")
         pieces = self._pieces(handle, _stops(stop))
         meta = _meta("chatcmpl", "chat.completion", self.model_name)
         if stream:
@@ -286,6 +306,7 @@ class LLM:
                 raise InvalidRequestError(
                     "only text content is supported (a string)", f"messages[{i}].content"
                 )
+        self._refuse_unfittable(sum(len(m.get("content") or "") for m in messages), "messages")
         vocab = self.vocab
         bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
         eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
@@ -323,6 +344,15 @@ class LLM:
             }
             for e in events
         ]
+
+    def _submit(self, job: GenerationJob, param: str) -> GenerationHandle:
+        """Queue ``job``. What the engine refuses before running it (a prompt longer than
+        the context, a token id outside the vocabulary) is the request's fault, named by
+        ``param``: a 400, not a server error."""
+        try:
+            return self.generator.submit(job)
+        except RequestError as e:
+            raise InvalidRequestError(str(e), param) from None
 
     # -- embeddings ---------------------------------------------------------------------------
 

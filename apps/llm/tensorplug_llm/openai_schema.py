@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["ChatMessage", "ChatRequest", "CompletionRequest", "EmbeddingRequest"]
 
@@ -50,6 +50,21 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        """OpenAI also takes a list of prompts; a list of one string is that string, and
+        several are refused with what to send instead (not a type error on each form)."""
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            if len(prompt) == 1:
+                return prompt[0]
+            raise ValueError(
+                f"{len(prompt)} prompts in one request: send one request per prompt (a "
+                "string or a list of token ids)"
+            )
+        return prompt
+
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
@@ -60,6 +75,26 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, content: Any) -> Any:
+        """OpenAI's content parts (``[{"type": "text", "text": ...}]``, what LangChain and
+        Open WebUI send) become one text, the parts joined by newlines as llama-server
+        joins them; a part of another type (an image) is refused by name, since these
+        models read text only."""
+        if not isinstance(content, list):
+            return content
+        texts = []
+        for i, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f"part {i} is not a text part ({{'type': 'text', 'text': ...}}), got "
+                    f"type {kind!r}: this server's models read text only"
+                )
+            texts.append(part["text"])
+        return "\n".join(texts)
 
 
 class ChatRequest(_Sampling):

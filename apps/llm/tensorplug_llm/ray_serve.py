@@ -46,7 +46,10 @@ class ServeReplica:
         from .server import ServerConfig, create_app
 
         a = self.args
-        return create_app(self.llm, ServerConfig(a.api_key, a.max_queue, a.timeout))
+        config = ServerConfig(
+            a.api_key, a.max_queue, a.timeout, max_body_bytes=a.max_request_size * 2**20
+        )
+        return create_app(self.llm, config)
 
 
 def deployment(options: dict[str, Any], replicas: int) -> Any:

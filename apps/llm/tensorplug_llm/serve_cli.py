@@ -79,6 +79,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds a request may run before it is cancelled (600)",
     )
     p.add_argument(
+        "--max-request-size",
+        type=_positive,
+        default=16,
+        metavar="MB",
+        help="largest request body read, in MiB; past it: 413 (16)",
+    )
+    p.add_argument(
         "--alias",
         help="the model's name in the API (default: the GGUF file's name)",
     )
@@ -158,7 +165,11 @@ def _serve(args: argparse.Namespace) -> int:
             embedder=load_model(args) if args.embeddings else None,
         )
         try:
-            app = create_app(llm, ServerConfig(args.api_key, args.max_queue, args.timeout))
+            config = ServerConfig(
+                args.api_key, args.max_queue, args.timeout,
+                max_body_bytes=args.max_request_size * 2**20,
+            )  # fmt: skip
+            app = create_app(llm, config)
             if not _loopback(args.host) and args.api_key is None:
                 print(f"warning: listening on {args.host} without --api-key: anyone who can "
                       "reach it can use the model", file=sys.stderr)  # fmt: skip

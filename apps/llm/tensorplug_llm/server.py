@@ -55,7 +55,9 @@ log = logging.getLogger("tensorplug.server")
 class ServerConfig:
     """The server's limits. ``max_queue``: requests admitted beyond the generator's
     ``n_parallel`` slots (waiting for one); ``request_timeout``: seconds a request may
-    run; ``retry_after``: the seconds a 503 tells a client to wait."""
+    run; ``retry_after``: the seconds a 503 tells a client to wait; ``max_body_bytes``:
+    the largest request body read (a 413 past it: a 50 MB prompt once held a tiny
+    model's server for minutes and 0.9 GB while it was parsed and tokenized)."""
 
     def __init__(
         self,
@@ -63,13 +65,15 @@ class ServerConfig:
         max_queue: int = 64,
         request_timeout: float = 600.0,
         retry_after: int = 1,
+        max_body_bytes: int = 16 * 2**20,
     ) -> None:
-        if max_queue < 0 or request_timeout <= 0:
-            raise RunError("max_queue must be >= 0 and request_timeout > 0")
+        if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1:
+            raise RunError("max_queue must be >= 0, request_timeout > 0 and max_body_bytes >= 1")
         self.api_key = api_key
         self.max_queue = max_queue
         self.request_timeout = request_timeout
         self.retry_after = retry_after
+        self.max_body_bytes = max_body_bytes
 
 
 class _ApiError(Exception):
@@ -164,13 +168,16 @@ class _GeneratorCollector:
 
 
 class _Guard:
-    """The API key check and the HTTP counters, as plain ASGI middleware: Starlette's
-    ``BaseHTTPMiddleware`` relays a streamed body through a queue of its own, and a
-    client that disconnected then left the stream's generator waiting for ever (its
-    request never released its place in the queue)."""
+    """The API key check, the body size limit and the HTTP counters, as plain ASGI
+    middleware: Starlette's ``BaseHTTPMiddleware`` relays a streamed body through a
+    queue of its own, and a client that disconnected then left the stream's generator
+    waiting for ever (its request never released its place in the queue)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, metrics: _Metrics) -> None:
+    def __init__(
+        self, app: ASGIApp, api_key: str | None, metrics: _Metrics, max_body_bytes: int
+    ) -> None:
         self.app, self.api_key, self.metrics = app, api_key, metrics
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -189,13 +196,31 @@ class _Guard:
                 )  # fmt: skip
                 await response(scope, receive, send)
                 return
+        too_large = (
+            f"the request body is larger than the server's limit of {self.max_body_bytes} "
+            "bytes (tensorplug serve --max-request-size)"
+        )
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            self.metrics.http.labels(route, "413").inc()
+            await _error(413, too_large)(scope, receive, send)
+            return
+        read = 0
+
+        async def limited() -> Message:  # a body sent without a length is counted as read
+            nonlocal read
+            message = await receive()
+            read += len(message.get("body", b""))
+            if read > self.max_body_bytes:  # answered by the app's HTTP error handler
+                raise StarletteHTTPException(413, too_large)
+            return message
 
         async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 self.metrics.http.labels(route, str(message["status"])).inc()
             await send(message)
 
-        await self.app(scope, receive, counted)
+        await self.app(scope, limited, counted)
 
 
 def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
@@ -231,7 +256,9 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         log.exception("request failed")
         return _error(500, f"internal error: {type(exc).__name__}", "server_error")
 
-    app.add_middleware(_Guard, api_key=cfg.api_key, metrics=metrics)
+    app.add_middleware(
+        _Guard, api_key=cfg.api_key, metrics=metrics, max_body_bytes=cfg.max_body_bytes
+    )
 
     def admit() -> None:
         limit = llm.stats().n_parallel + cfg.max_queue
