@@ -273,22 +273,77 @@ def test_repeated_step_shapes_reuse_their_graphs(llama: Llama) -> None:
     assert llama.timings.graphs_built - built == 5
 
 
-def test_requests_that_outgrow_the_cache_the_newest_gives_way(model_file: Path) -> None:
+def test_requests_that_outgrow_the_cache_the_newest_is_preempted_and_resumes(
+    model_file: Path,
+) -> None:
     """Two requests without a token limit in a 32-cell cache: when both cannot grow,
-    the newer fails with a message saying why, its cells go to the older one, which
-    runs until the context is full and matches the single-sequence runner."""
+    the newer gives its cells up and waits; the older runs until the context is full,
+    then the newer resumes (its prompt and generated tokens evaluated again) and both
+    match the single-sequence runner, token for token."""
     m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=32, kv_pad=16)
     try:
         a, b = [3, *range(270, 277)], [4, *range(280, 287)]
-        want_a = _reference(m, a, 100)
+        want_a, want_b = _reference(m, a, 100), _reference(m, b, 100)
         assert len(want_a) == 32 - len(a) + 1  # the runner stops when the context is full
         engine = Engine(m, n_parallel=2)
         ha = engine.submit(Request(a, stop_tokens=NONE))
         hb = engine.submit(Request(b, stop_tokens=NONE))
         assert ha.result() == want_a and ha.finish_reason == "length"
-        with pytest.raises(RequestError, match=r"the KV cache \(n_ctx = 32\) is full"):
-            hb.result()
+        assert hb.result() == want_b and hb.finish_reason == "length"
+        assert engine.stats.preemptions == 1 and engine.stats.requests_failed == 0
+        # b had 8 prompt tokens and (32 - 16) / 2 + ... generated when it gave way: all
+        # of them, its last sampled token included, are evaluated again
+        assert engine.stats.tokens_recomputed > len(b)
         _no_leak(engine)
+    finally:
+        m.close()
+
+
+def test_many_requests_over_a_small_cache_all_complete_as_one_at_a_time(
+    model_file: Path,
+) -> None:
+    """Six concurrent greedy requests needing ~3x the 64 cells: preemption (newest
+    first) and resumption; every output equals the request run alone, nothing fails,
+    no cell leaks. The seeded sampled request resumes with its generator where it was."""
+    from tensorplug_llm.sampling import SamplingParams, TokenSampler
+
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=64, kv_pad=16)
+    try:
+        prompts = [[3 + i, *range(200 + 10 * i, 206 + 10 * i)] for i in range(6)]
+        want = [_reference(m, p, 24) for p in prompts]
+
+        def sampled() -> TokenSampler:
+            return TokenSampler(SamplingParams(temperature=1.0, top_k=0, seed=11), 320)
+
+        alone = Engine(m, n_parallel=1)
+        want_sampled = alone.submit(
+            Request(prompts[0], max_tokens=24, stop_tokens=NONE, sampler=sampled())
+        ).result()
+        m.reset()
+        engine = Engine(m, n_parallel=4, n_batch=16)
+        handles = [engine.submit(Request(p, max_tokens=24, stop_tokens=NONE)) for p in prompts]
+        handles.append(
+            engine.submit(Request(prompts[0], max_tokens=24, stop_tokens=NONE, sampler=sampled()))
+        )
+        got = [h.result() for h in handles]
+        assert got[:-1] == want
+        assert got[-1] == want_sampled
+        assert engine.stats.preemptions >= 1 and engine.stats.requests_failed == 0
+        assert all(h.finish_reason == "length" for h in handles)
+        _no_leak(engine)
+    finally:
+        m.close()
+
+
+def test_a_request_longer_than_the_context_is_refused_naming_n_ctx(model_file: Path) -> None:
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=32, kv_pad=16)
+    try:
+        engine = Engine(m, n_parallel=2)
+        with pytest.raises(
+            RequestError,
+            match=r"the prompt has 40 tokens; the context holds 32 \(n_ctx\).*-c / --ctx-size",
+        ):
+            engine.submit(Request([1] * 40))
     finally:
         m.close()
 

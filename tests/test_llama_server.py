@@ -313,6 +313,7 @@ def test_models_and_metrics(served: Served, client: openai.OpenAI) -> None:
     assert values["tensorplug_generated_tokens_total"] == s.generated_tokens_total > 0
     assert values["tensorplug_kv_cells_total"] == 256
     assert "tensorplug_requests_waiting" in values
+    assert values["tensorplug_preemptions_total"] == s.preemptions == 0
     assert values['tensorplug_http_requests_total{route="/v1/models",status="200"}'] >= 1
 
 

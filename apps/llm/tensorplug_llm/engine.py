@@ -13,7 +13,16 @@ Prefix reuse: a slot remembers the tokens its cells hold after its request ends.
 request takes the idle slot whose tokens share the longest prefix with its prompt (ties:
 the least recently used), keeps those cells and evaluates only the rest (at least the
 last prompt token, whose logits it needs). When the cache runs out of cells, idle slots
-give theirs back, least recently used first; a running request's cells are never taken.
+give theirs back, least recently used first.
+
+Preemption (vLLM's recompute preemption): when the running requests themselves need
+more cells than the cache has, the most recently admitted one gives way: its slot goes
+idle (its cells evictable like any idle slot's) and it goes back to the head of the
+queue with everything that decides its continuation (sampler and its generator,
+constraint, text decoder, the tokens it generated). Resumed, it evaluates its prompt
+plus those tokens again (less whatever prefix of them is still cached) and goes on
+exactly where it was. The oldest request is never preempted for a younger one, so
+one request always progresses.
 
 Sampling and constraints are the request's own (``request.py``'s protocols
 ``TokenSampler`` and ``Constraint``); without a sampler a request is greedy. A
@@ -82,6 +91,10 @@ class EngineStats:
     generated_tokens: int = 0
     steps: int = 0
     slots_evicted: int = 0
+    #: running requests that gave their cells up and went back to the queue
+    preemptions: int = 0
+    #: tokens evaluated again to resume preempted requests (not in prompt_tokens_evaluated)
+    tokens_recomputed: int = 0
 
 
 @dataclass
@@ -103,9 +116,24 @@ class _Job:
     sampler: TokenSampler
     stop_tokens: frozenset[int]
     decoder: StreamDecoder | None
-    admitted: int
+    admitted: int  # the order of first admission: the newest is preempted first
     next_token: int | None = None  # sampled, to be evaluated by the next step
     n_generated: int = 0
+    preempted: int = 0  # how many times it gave its cells up
+
+
+@dataclass
+class _Waiting:
+    """A queue entry: a request, or a preempted job that resumes with its state."""
+
+    handle: RequestHandle
+    resumed: _Job | None = None
+
+    def tokens(self) -> list[int]:
+        """What the cache must hold for it to go on: the prompt, and for a resumed job
+        the tokens it generated (the last one sampled but not yet evaluated)."""
+        prompt = [int(t) for t in self.handle.request.prompt]
+        return prompt + self.handle.tokens if self.resumed is not None else prompt
 
 
 class Engine:
@@ -138,7 +166,7 @@ class Engine:
         self.similarity = similarity
         self.slots = [_Slot(i) for i in range(n_parallel)]
         self.stats = EngineStats()
-        self._waiting: deque[RequestHandle] = deque()
+        self._waiting: deque[_Waiting] = deque()
         self._lock = threading.Lock()  # guards _waiting
         self._step_lock = threading.Lock()  # one step at a time
         self._wakeup = threading.Condition(self._lock)
@@ -158,7 +186,7 @@ class Engine:
         self._check(request)
         handle = RequestHandle(self, request, next(self._ids))
         with self._lock:
-            self._waiting.append(handle)
+            self._waiting.append(_Waiting(handle))
             self.stats.requests_submitted += 1
             self._wakeup.notify()
         return handle
@@ -181,7 +209,7 @@ class Engine:
         if prompt.size > n_ctx:
             raise RequestError(
                 f"the prompt has {prompt.size} tokens; the context holds {n_ctx} (n_ctx): "
-                "shorten the prompt or load the model with a larger context"
+                "shorten the prompt or load the model with a larger context (-c / --ctx-size)"
             )
         if request.max_tokens is not None and request.max_tokens < 1:
             raise RequestError(f"max_tokens must be at least 1 (or None), got {request.max_tokens}")
@@ -243,9 +271,9 @@ class Engine:
         with self._step_lock:
             with self._lock:
                 waiting, self._waiting = list(self._waiting), deque()
-            for handle in waiting:
+            for entry in waiting:
                 self.stats.requests_cancelled += 1
-                handle.end("cancelled")
+                entry.handle.end("cancelled")
             for slot in self.slots:
                 if slot.job is not None:
                     self.stats.requests_cancelled += 1
@@ -292,12 +320,12 @@ class Engine:
 
     def _reap_cancelled(self) -> None:
         with self._lock:
-            cancelled = [h for h in self._waiting if h.cancelled]
-            for h in cancelled:
-                self._waiting.remove(h)
-        for h in cancelled:
+            cancelled = [e for e in self._waiting if e.handle.cancelled]
+            for e in cancelled:
+                self._waiting.remove(e)
+        for e in cancelled:
             self.stats.requests_cancelled += 1
-            h.end("cancelled")
+            e.handle.end("cancelled")
         for slot in self.slots:
             if slot.job is not None and slot.job.handle.cancelled:
                 self.stats.requests_cancelled += 1
@@ -309,16 +337,18 @@ class Engine:
         another slot holds, running or idle (``seq_cp``: the same cells, nothing
         computed or copied). It waits while a running request is still evaluating a
         longer shared prefix, and while the cache cannot take the rest of its prompt
-        (counting idle slots' cells as free)."""
+        (counting idle slots' cells as free). A preempted job resumes the same way, its
+        prompt being what it had in the cache plus its last sampled token."""
         while True:
             with self._lock:
                 if not self._waiting:
                     return
-                handle = self._waiting[0]
+                entry = self._waiting[0]
             idle = [s for s in self.slots if s.job is None]
             if not idle:
                 return
-            prompt = [int(t) for t in handle.request.prompt]
+            handle = entry.handle
+            prompt = entry.tokens()
             slot = self._best_slot(idle, prompt)
             limit = len(prompt) - 1  # the last prompt token is evaluated: its logits
             own = min(_common_prefix(slot.cached, prompt), limit)
@@ -347,6 +377,11 @@ class Engine:
             else:
                 kv.seq_rm(slot.seq, reuse)
                 del slot.cached[reuse:]
+            if entry.resumed is not None:
+                job = entry.resumed
+                job.slot, job.pending, job.next_token = slot, prompt[reuse:], None
+                slot.job = job
+                continue
             handle.prompt_tokens_reused = reuse
             self.stats.prompt_tokens_reused += reuse
             request = handle.request
@@ -412,25 +447,56 @@ class Engine:
                 slot.cached.clear()
                 self.stats.slots_evicted += 1
 
+    def _fit(self, jobs: list[_Job]) -> list[_Job]:
+        """The jobs that can step, after freeing cells for them: idle slots' first (LRU),
+        then the newest running jobs' (preempted, back to the queue) until every
+        generating job has a cell for its next token and, when none generates, the
+        oldest prompt has one for a chunk. One job alone always fits (the context holds
+        its prompt, and generation ends when the context is full), so the oldest job
+        always progresses: no livelock."""
+        kv = self.llama.kv
+        jobs = list(jobs)
+        while True:
+            decoding = sum(j.next_token is not None for j in jobs)
+            wanted = decoding + sum(len(j.pending) for j in jobs)
+            self._make_room(min(wanted, max(self.n_batch, decoding)))
+            free = kv.n_ctx - kv.n_used
+            if decoding <= free and (decoding or free or not wanted):
+                return jobs
+            newest = max(jobs, key=lambda j: j.admitted)
+            if len(jobs) == 1:  # cannot happen (see above); fail clearly rather than loop
+                held = len(newest.slot.cached)
+                self._fail(
+                    newest,
+                    RequestError(
+                        f"the request needs {held + wanted} KV cells and the context holds "
+                        f"{kv.n_ctx} (n_ctx): use a larger context (-c) or fewer tokens"
+                    ),
+                )
+                return []
+            jobs.remove(newest)
+            self._preempt(newest)
+
+    def _preempt(self, job: _Job) -> None:
+        """``job`` gives its slot up and goes back to the head of the queue with its
+        state. Its cells stay as an idle slot's (the most recently used: evicted after
+        the others), so if they survive it resumes from them."""
+        slot = job.slot
+        slot.job = None
+        slot.last_used = next(self._tick)
+        if job.next_token is None:  # mid-prompt: what was evaluated is kept cached
+            job.pending = []
+        job.preempted += 1
+        self.stats.preemptions += 1
+        with self._lock:
+            self._waiting.appendleft(_Waiting(job.handle, job))
+
     def _run(self, jobs: list[_Job]) -> None:
         kv = self.llama.kv
+        jobs = self._fit(jobs)
+        if not jobs:
+            return
         decoding = [j for j in jobs if j.next_token is not None]
-        while True:
-            self._make_room(len(decoding) + sum(len(j.pending) for j in jobs))
-            if len(decoding) <= kv.n_ctx - kv.n_used:
-                break
-            # the generating requests outgrew the cache: the newest gives way (its
-            # cells, now an idle slot's, are evicted next if still needed)
-            newest = max(decoding, key=lambda j: j.admitted)
-            decoding.remove(newest)
-            jobs.remove(newest)
-            self._fail(
-                newest,
-                RequestError(
-                    f"the KV cache (n_ctx = {kv.n_ctx}) is full with {self.n_running + 1} "
-                    "running requests: use a larger context or fewer parallel slots"
-                ),
-            )
         budget = min(self.n_batch, kv.n_ctx - kv.n_used)
         batch = BatchBuilder()
         rows: list[tuple[_Job, list[int]]] = []  # per flagged token: its job, tokens added
@@ -451,8 +517,11 @@ class Engine:
                     tok, p0 + i, (job.slot.seq,), logits=not job.pending and i == len(chunk) - 1
                 )
             budget -= len(chunk)
-            job.handle.prompt_tokens_evaluated += len(chunk)
-            self.stats.prompt_tokens_evaluated += len(chunk)
+            if job.preempted:
+                self.stats.tokens_recomputed += len(chunk)
+            else:
+                job.handle.prompt_tokens_evaluated += len(chunk)
+                self.stats.prompt_tokens_evaluated += len(chunk)
             (evaluated if job.pending else rows).append((job, chunk))
         if not len(batch):
             return

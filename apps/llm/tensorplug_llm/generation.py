@@ -99,6 +99,8 @@ class GeneratorStats:
     prompt_tokens_reused: int
     generated_tokens_total: int
     requests_total: int
+    #: running requests that gave their cells up when the cache was full (resumed later)
+    preemptions: int = 0
 
 
 class Generator(Protocol):
@@ -154,6 +156,7 @@ class EngineGenerator:
             prompt_tokens_reused=e.stats.prompt_tokens_reused,
             generated_tokens_total=e.stats.generated_tokens,
             requests_total=e.stats.requests_submitted,
+            preemptions=e.stats.preemptions,
         )
 
     def close(self) -> None:

@@ -147,6 +147,11 @@ class _GeneratorCollector:
         yield CounterMetricFamily(
             "tensorplug_requests", "requests given to the generator", value=s.requests_total
         )
+        yield CounterMetricFamily(
+            "tensorplug_preemptions",
+            "running requests preempted (cells freed, resumed later) when the KV cache was full",
+            value=s.preemptions,
+        )
         gauges = {
             "tensorplug_generation_tokens_per_second": ("tokens/s since the last scrape", rate),
             "tensorplug_requests_running": ("requests holding a slot", s.running),
