@@ -420,3 +420,120 @@ def test_cancel_from_the_reading_thread_while_the_loop_runs(llama: Llama) -> Non
         assert engine.stats.requests_cancelled == 1
         engine.close()
         _no_leak(engine)
+
+
+def test_a_group_of_choices_evaluates_its_prompt_once_and_samples_each_alone(
+    llama: Llama,
+) -> None:
+    """``submit_group``: three choices of one prompt. The prompt is evaluated once (the
+    others share its cells); greedy choices all equal the single-sequence answer, and
+    seeded choices equal the same samplers run one at a time."""
+    from tensorplug_llm.sampling import SamplingParams, TokenSampler
+
+    prompt = _prompts(1, seed=12)[0]
+    want = _reference(llama, prompt, 8)
+
+    def sampler(seed: int) -> TokenSampler:
+        return TokenSampler(SamplingParams(temperature=1.5, top_k=0, min_p=0.0, seed=seed), 320)
+
+    alone = Engine(llama, n_parallel=1)
+    want_sampled = [
+        alone.submit(Request(prompt, max_tokens=8, stop_tokens=NONE, sampler=sampler(s))).result()
+        for s in (5, 6, 7)
+    ]
+    assert len({tuple(t) for t in want_sampled}) > 1  # the seeds do give different answers
+    llama.reset()
+    engine = Engine(llama, n_parallel=4)
+    greedy = engine.submit_group([Request(prompt, max_tokens=8, stop_tokens=NONE)] * 3)
+    assert [h.result() for h in greedy] == [want] * 3
+    assert [h.prompt_tokens_evaluated for h in greedy] == [len(prompt), 0, 0]
+    assert engine.stats.prompt_tokens_evaluated == len(prompt)
+    _no_leak(engine)
+    llama.reset()
+    engine = Engine(llama, n_parallel=4)
+    sampled = engine.submit_group(
+        [Request(prompt, max_tokens=8, stop_tokens=NONE, sampler=sampler(s)) for s in (5, 6, 7)]
+    )
+    assert [h.result() for h in sampled] == want_sampled
+    with pytest.raises(RequestError, match="1 to n_parallel = 4"):
+        engine.submit_group([Request(prompt)] * 5)
+    with pytest.raises(RequestError, match="the same prompt"):
+        engine.submit_group([Request(prompt), Request([*prompt, 5])])
+
+
+def test_a_group_whose_leader_is_cancelled_before_its_prompt_is_done_goes_on(
+    llama: Llama,
+) -> None:
+    prompt = [1, *range(10, 60)]
+    want = _reference(llama, prompt, 4)
+    engine = Engine(llama, n_parallel=3, n_batch=16)
+    first, *others = engine.submit_group([Request(prompt, max_tokens=4, stop_tokens=NONE)] * 3)
+    engine.step()  # 16 of the 51 prompt tokens
+    first.cancel()
+    assert [h.result() for h in others] == [want, want]
+    assert first.finish_reason == "cancelled"
+    # the evaluated part stayed cached: the rest is evaluated once, by the new leader
+    assert others[0].prompt_tokens_evaluated == len(prompt) - 16
+    assert others[1].prompt_tokens_evaluated == 0
+    _no_leak(engine)
+
+
+# -- embeddings -----------------------------------------------------------------------------------
+
+
+def test_embeddings_run_beside_generation_and_equal_llama_embed(
+    llama: Llama, model_file: Path
+) -> None:
+    """Embedding requests share the engine with generating ones: each equals
+    ``Llama.embed`` on a second model of the same file, the generations are unchanged,
+    and an embedding's cells are gone when it ends. Bit for bit: the weights are Q8_0,
+    whose repacked kernels compute each row on its own, so neither the other sequences
+    in the step, nor the chunking (16-token budget here, n_batch there), nor the cells'
+    places change a bit (the same pooling code, ``pooling.pool``, follows)."""
+    texts = _prompts(3, seed=13)
+    gen_prompts = _prompts(2, seed=14)
+    want_gen = [_reference(llama, p, 8) for p in gen_prompts]
+    with Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1) as other:
+        want = {(i, kind): other.embed(t, kind) for i, t in enumerate(texts)
+                for kind in ("mean", "cls", "last")}  # fmt: skip
+    llama.reset()
+    engine = Engine(llama, n_parallel=4, n_batch=16)
+    gens = [engine.submit(Request(p, max_tokens=8, stop_tokens=NONE)) for p in gen_prompts]
+    embeds = {
+        (i, kind): engine.submit(Request(t, embed=True, pooling=kind))
+        for i, t in enumerate(texts)
+        for kind in ("mean", "cls", "last")
+    }
+    assert [h.result() for h in gens] == want_gen
+    for key, handle in embeds.items():
+        assert handle.result() == [] and handle.finish_reason == "stop"
+        got, ref = handle.embedding, want[key]
+        assert got is not None and got.shape == ref.shape == (llama.config.n_embd,)
+        np.testing.assert_array_equal(got, ref)
+    _no_leak(engine)
+    assert llama.kv.n_used == engine.cached_tokens()  # the embeddings' cells are gone
+    with pytest.raises(RequestError, match="pooling must be one of"):
+        engine.submit(Request([1, 2], embed=True, pooling="max"))
+
+
+def test_an_encoder_serves_embeddings_and_refuses_to_generate(tmp_path: Path) -> None:
+    """A BERT file through the engine: texts in one step together equal ``Llama.embed``
+    of each alone to 1e-4 of the largest value (its F32 weights go through BLAS, whose
+    blocking depends on the step's row count; measured 1.1e-5)."""
+    from tensorplug_llm.tiny_bert import write_tiny_bert
+
+    path = write_tiny_bert(tmp_path / "bert.gguf", 1)
+    texts = [[2, 10, 11, 12, 3], [2, *range(40, 70), 3], [2, 5, 3]]
+    with Llama(path, placement=Placement.on(host_cpu(), 2), warmup=False) as m:
+        want = [m.embed(t) for t in texts]
+        m.reset()
+        engine = Engine(m, n_parallel=2)
+        handles = [engine.submit(Request(t, embed=True)) for t in texts]
+        for handle, ref in zip(handles, want, strict=True):
+            handle.result()
+            assert handle.embedding is not None
+            tol = 1e-4 * float(np.abs(ref).max())
+            np.testing.assert_allclose(handle.embedding, ref, rtol=0, atol=tol)
+        with pytest.raises(RequestError, match="is an embedding model"):
+            engine.submit(Request([2, 10, 3], max_tokens=2))
+        _no_leak(engine)
