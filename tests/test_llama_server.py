@@ -250,6 +250,70 @@ def test_a_second_chat_turn_reuses_the_first_turns_cells(
     assert reused + evaluated == second.usage.prompt_tokens
 
 
+# -- n choices ------------------------------------------------------------------------------------
+
+
+def test_n_greedy_choices_all_equal_the_single_answer_and_the_prompt_is_evaluated_once(
+    served: Served, client: openai.OpenAI
+) -> None:
+    prompt = "graph device tensor and of"  # not cached by another test
+    n_prompt = len(served.llm.tokenize(prompt))
+    _idle(served.llm)
+    before = served.llm.stats()
+    got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0,
+                                    n=3)  # fmt: skip
+    after = served.llm.stats()
+    evaluated = after.prompt_tokens_total - before.prompt_tokens_total
+    reused = after.prompt_tokens_reused - before.prompt_tokens_reused
+    # the first choice evaluates what no slot held (a short prefix may be cached); the
+    # other two share all of its cells: nothing of the prompt is computed twice
+    assert evaluated + reused == 3 * n_prompt and 1 <= evaluated <= n_prompt
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    one = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0)
+    assert [c.text for c in got.choices] == [one.choices[0].text] * 3
+    assert got.usage is not None and got.usage.prompt_tokens == n_prompt  # counted once
+    assert got.usage.completion_tokens == 30
+
+
+def test_n_seeded_choices_are_reproducible_streamed_or_not(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """Choice i samples with seed + i: the same request gives the same choices, streamed
+    (chunks carry their choice's index) or not, and choice 0 is the n=1 answer."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "one two three"}]
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 12,
+        "temperature": 1.5,
+        "extra_body": {"top_k": 0, "min_p": 0.0},
+    }
+    first = client.chat.completions.create(**args, n=3, seed=42)
+    again = client.chat.completions.create(**args, n=3, seed=42)
+    texts = [c.message.content for c in first.choices]
+    assert len(texts) == 3 and [c.message.content for c in again.choices] == texts
+    assert len(set(texts)) > 1  # independent draws
+    single = client.chat.completions.create(**args, seed=42)
+    assert single.choices[0].message.content == texts[0]
+    chunks = list(client.chat.completions.create(**args, n=3, seed=42, stream=True))
+    streamed = ["", "", ""]
+    for c in chunks:
+        for choice in c.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert streamed == texts
+    finished = [ch.index for c in chunks for ch in c.choices if ch.finish_reason]
+    assert sorted(finished) == [0, 1, 2]
+
+
+def test_n_beyond_the_slots_is_400_naming_it(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=5)  # -np 4
+    assert e.value.param == "n" and "1 to 4" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=0)
+    assert e.value.param == "n"
+
+
 # -- errors ---------------------------------------------------------------------------------------
 
 

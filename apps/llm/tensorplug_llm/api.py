@@ -10,6 +10,11 @@ these dicts, so the Python API and the HTTP API cannot drift apart.
 The generation itself is the generator's (:mod:`generation`: the batching engine, or
 one request at a time); this layer sees text, so it is where stop strings are found
 (:mod:`stop_strings`) and the request cancelled when one matches.
+
+``n`` choices of one prompt are submitted as a group (the engine evaluates the prompt
+once and forks its cells); choice ``i`` samples with seed ``seed + i`` (so choice 0 is
+the answer ``n=1`` gives with the same seed), and a stream carries each choice's
+chunks under its ``index``, interleaved token by token.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +31,7 @@ import numpy as np
 from tensorplug.errors import RunError
 
 from .generation import GenerationHandle, GenerationJob, Generator, GeneratorStats, TokenEvent
+from .request import RequestError
 from .stop_strings import StopMatcher
 from .template import ChatTemplateError, prompt_ids
 
@@ -57,9 +63,11 @@ class Stream:
     """An iterator of response dicts (chunks) that can be cancelled from another
     thread: the server cancels it when its client goes away."""
 
-    def __init__(self, chunks: Iterator[dict[str, Any]], handle: GenerationHandle) -> None:
+    def __init__(
+        self, chunks: Iterator[dict[str, Any]], handle: GenerationHandle | list[GenerationHandle]
+    ) -> None:
         self._chunks = chunks
-        self._handle = handle
+        self._handles = handle if isinstance(handle, list) else [handle]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self._chunks
@@ -68,7 +76,8 @@ class Stream:
         return next(self._chunks)
 
     def cancel(self) -> None:
-        self._handle.cancel()
+        for handle in self._handles:
+            handle.cancel()
 
 
 class LLM:
@@ -142,10 +151,12 @@ class LLM:
         presence_penalty: float = 0.0,
         logit_bias: Mapping[str, float] | None = None,
         ignore_eos: bool = False,
+        n: int = 1,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``text_completion`` (a dict), or with ``stream`` a :class:`Stream`
         of its chunks. ``logprobs=N``: the sampled token's logprob and the N most likely
-        (OpenAI's completions ``logprobs`` object)."""
+        (OpenAI's completions ``logprobs`` object). ``n``: choices of the prompt (see
+        the module's docstring for their seeds)."""
         ids = prompt if isinstance(prompt, list) else self.tokenize(prompt)
         job = self._job(
             ids, max_tokens, logprobs or 0, response_format, temperature=temperature,
@@ -154,47 +165,44 @@ class LLM:
             logit_bias=logit_bias,
         )  # fmt: skip
         job.ignore_eos = ignore_eos
-        handle = self.generator.submit(job)
-        pieces = self._pieces(handle, _stops(stop))
+        stops = _stops(stop)  # checked before anything runs
+        handles = self._submit(job, n, response_format)
+        pieces = [self._pieces(h, stops) for h in handles]
         prefix = self.detokenize(ids) if echo and isinstance(prompt, list) else prompt
         head = str(prefix) if echo else ""
         meta = _meta("cmpl", "text_completion", self.model_name)
         want_lp = logprobs is not None
         if stream:
             chunks = self._completion_chunks(pieces, meta, head, want_lp, len(ids))
-            return Stream(chunks, handle)
-        text, events, finish = self._collect(pieces)
-        return {
-            **meta,
-            "choices": [
-                {
-                    "text": head + text,
-                    "index": 0,
-                    "logprobs": self._completion_logprobs(events, len(head)) if want_lp else None,
-                    "finish_reason": finish,
-                }
-            ],
-            "usage": _usage(len(ids), len(events)),
-        }
+            return Stream(chunks, handles)
+        choices, n_generated = [], 0
+        for i, choice in enumerate(pieces):
+            text, events, finish = self._collect(choice)
+            n_generated += len(events)
+            lp = self._completion_logprobs(events, len(head)) if want_lp else None
+            choices.append(_choice_text(head + text, lp, finish, i))
+        return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated)}
 
     def _completion_chunks(
         self,
-        pieces: Iterator[_Piece],
+        pieces: list[Iterator[_Piece]],
         meta: dict[str, Any],
         head: str,
         want_lp: bool,
         n_prompt: int,
     ) -> Iterator[dict[str, Any]]:
-        """Chunks of a streamed completion; the last one carries ``usage``."""
-        offset, n = len(head), 0
+        """Chunks of a streamed completion, each choice's under its index; the last one
+        carries ``usage`` (the prompt counted once)."""
+        offsets, n = [len(head)] * len(pieces), 0
         if head:
-            yield {**meta, "choices": [_choice_text(head, None, None)]}
-        for piece in pieces:
-            lp = self._completion_logprobs(piece.events, offset) if want_lp else None
-            offset += len(piece.text)
+            for i in range(len(pieces)):
+                yield {**meta, "choices": [_choice_text(head, None, None, i)]}
+        for i, piece, last in _interleave(pieces):
+            lp = self._completion_logprobs(piece.events, offsets[i]) if want_lp else None
+            offsets[i] += len(piece.text)
             n += len(piece.events)
-            chunk = {**meta, "choices": [_choice_text(piece.text, lp, piece.finish_reason)]}
-            if piece.finish_reason is not None:
+            chunk = {**meta, "choices": [_choice_text(piece.text, lp, piece.finish_reason, i)]}
+            if last:
                 chunk["usage"] = _usage(n_prompt, n)
             yield chunk
 
@@ -236,9 +244,11 @@ class LLM:
         presence_penalty: float = 0.0,
         logit_bias: Mapping[str, float] | None = None,
         ignore_eos: bool = False,
+        n: int = 1,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``chat.completion`` (a dict), or with ``stream`` a :class:`Stream` of
-        ``chat.completion.chunk`` dicts. ``tools`` are not rendered yet: refused when given."""
+        ``chat.completion.chunk`` dicts; ``n`` choices as for :meth:`create_completion`.
+        ``tools`` are not rendered yet: refused when given."""
         if tools:
             raise InvalidRequestError(
                 "tools are not supported yet: the chat template is rendered without them",
@@ -253,24 +263,25 @@ class LLM:
             logit_bias=logit_bias,
         )  # fmt: skip
         job.ignore_eos = ignore_eos
-        handle = self.generator.submit(job)
-        pieces = self._pieces(handle, _stops(stop))
+        stops = _stops(stop)  # checked before anything runs
+        handles = self._submit(job, n, response_format, "messages")
+        pieces = [self._pieces(h, stops) for h in handles]
         meta = _meta("chatcmpl", "chat.completion", self.model_name)
         if stream:
-            return Stream(self._chat_chunks(pieces, meta, logprobs, len(ids)), handle)
-        text, events, finish = self._collect(pieces)
-        return {
-            **meta,
-            "choices": [
+            return Stream(self._chat_chunks(pieces, meta, logprobs, len(ids)), handles)
+        choices, n_generated = [], 0
+        for i, choice in enumerate(pieces):
+            text, events, finish = self._collect(choice)
+            n_generated += len(events)
+            choices.append(
                 {
-                    "index": 0,
+                    "index": i,
                     "message": {"role": "assistant", "content": text},
                     "logprobs": {"content": self._chat_logprobs(events)} if logprobs else None,
                     "finish_reason": finish,
                 }
-            ],
-            "usage": _usage(len(ids), len(events)),
-        }
+            )
+        return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated)}
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """The conversation's tokens: the template's markup with control tokens parsed,
@@ -295,19 +306,21 @@ class LLM:
             raise InvalidRequestError(str(e), "messages") from e
 
     def _chat_chunks(
-        self, pieces: Iterator[_Piece], meta: dict[str, Any], logprobs: bool, n_prompt: int
+        self, pieces: list[Iterator[_Piece]], meta: dict[str, Any], logprobs: bool, n_prompt: int
     ) -> Iterator[dict[str, Any]]:
-        """Chunks of a streamed chat reply: the role first, the last carrying ``usage``."""
+        """Chunks of a streamed chat reply, each choice's under its index: the role
+        first, the last chunk carrying ``usage`` (the prompt counted once)."""
         meta = {**meta, "object": "chat.completion.chunk"}
-        first = {"role": "assistant", "content": ""}
-        yield {**meta, "choices": [_choice_delta(first, None, None)]}
+        for i in range(len(pieces)):
+            first = {"role": "assistant", "content": ""}
+            yield {**meta, "choices": [_choice_delta(first, None, None, i)]}
         n = 0
-        for piece in pieces:
+        for i, piece, last in _interleave(pieces):
             lp = {"content": self._chat_logprobs(piece.events)} if logprobs else None
             delta = {"content": piece.text} if piece.text else {}
             n += len(piece.events)
-            chunk = {**meta, "choices": [_choice_delta(delta, lp, piece.finish_reason)]}
-            if piece.finish_reason is not None:
+            chunk = {**meta, "choices": [_choice_delta(delta, lp, piece.finish_reason, i)]}
+            if last:
                 chunk["usage"] = _usage(n_prompt, n)
             yield chunk
 
@@ -438,6 +451,45 @@ class LLM:
             if finish is None:
                 handle.cancel()
 
+    def _submit(
+        self,
+        job: GenerationJob,
+        n: int,
+        response_format: Mapping[str, Any] | None,
+        field: str = "prompt",
+    ) -> list[GenerationHandle]:
+        """The job's ``n`` choices, submitted together: choice ``i`` samples with seed
+        ``seed + i`` and has a constraint of its own. ``n`` is at most the generator's
+        ``n_parallel``: the choices run side by side."""
+        limit = self.generator.stats().n_parallel
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit:
+            raise InvalidRequestError(
+                f"n must be an integer from 1 to {limit} (the server's parallel slots, -np), "
+                f"got {n!r}",
+                "n",
+            )
+        try:
+            if n == 1:
+                return [self.generator.submit(job)]
+            return list(self.generator.submit_choices(self._choices(job, n, response_format)))
+        except RequestError as e:  # e.g. a prompt longer than the context
+            raise InvalidRequestError(str(e), field) from None
+
+    def _choices(
+        self, job: GenerationJob, n: int, response_format: Mapping[str, Any] | None
+    ) -> list[GenerationJob]:
+        seed = job.sampling.get("seed")
+        jobs = [job]
+        for i in range(1, n):
+            sampling = dict(job.sampling)
+            if isinstance(seed, int) and seed >= 0:
+                sampling["seed"] = seed + i
+            constraint = None
+            if job.constraint is not None and response_format is not None:
+                constraint = self._constraint(response_format)
+            jobs.append(replace(job, sampling=sampling, constraint=constraint))
+        return jobs
+
     @staticmethod
     def _collect(pieces: Iterator[_Piece]) -> tuple[str, list[TokenEvent], str | None]:
         texts, events, finish = [], [], None
@@ -477,9 +529,30 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
-def _choice_text(text: str, logprobs: Any, finish: str | None) -> dict[str, Any]:
-    return {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
+def _interleave(choices: list[Iterator[_Piece]]) -> Iterator[tuple[int, _Piece, bool]]:
+    """``(index, piece, last)`` from every choice in turn until each has finished
+    (``last``: no choice has more). The choices advance in the same engine steps, so
+    taking one piece of each in turn keeps the stream in step with the generation."""
+    live = list(enumerate(choices))
+    pending: tuple[int, _Piece] | None = None
+    while live:
+        for i, it in list(live):
+            piece = next(it, None)
+            if piece is None:
+                live.remove((i, it))
+                continue
+            if pending is not None:
+                yield (*pending, False)
+            pending = (i, piece)
+    if pending is not None:
+        yield (*pending, True)
 
 
-def _choice_delta(delta: dict[str, Any], logprobs: Any, finish: str | None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+def _choice_text(text: str, logprobs: Any, finish: str | None, index: int = 0) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _choice_delta(
+    delta: dict[str, Any], logprobs: Any, finish: str | None, index: int = 0
+) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}

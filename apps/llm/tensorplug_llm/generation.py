@@ -14,7 +14,7 @@ that went away) and ends the iteration at the next step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +22,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .engine import Engine
-    from .request import RequestHandle
+    from .request import Request, RequestHandle
     from .sampling import TokenSampler
 
 __all__ = [
@@ -106,6 +106,10 @@ class GeneratorStats:
 class Generator(Protocol):
     def submit(self, job: GenerationJob) -> GenerationHandle: ...
 
+    def submit_choices(self, jobs: Sequence[GenerationJob]) -> Sequence[GenerationHandle]:
+        """Jobs with one prompt (the choices of OpenAI's ``n``), run side by side."""
+        ...
+
     def stats(self) -> GeneratorStats: ...
 
     def close(self) -> None: ...
@@ -131,9 +135,16 @@ class EngineGenerator:
         self.sampler(job)
 
     def submit(self, job: GenerationJob) -> RequestHandle:
+        return self.engine.submit(self._request(job))
+
+    def submit_choices(self, jobs: Sequence[GenerationJob]) -> list[RequestHandle]:
+        """Choices sharing one evaluation of their prompt (``Engine.submit_group``)."""
+        return self.engine.submit_group([self._request(job) for job in jobs])
+
+    def _request(self, job: GenerationJob) -> Request:
         from .request import Request
 
-        request = Request(
+        return Request(
             prompt=job.prompt,
             max_tokens=job.max_tokens,
             sampler=self.sampler(job),
@@ -141,7 +152,6 @@ class EngineGenerator:
             constraint=job.constraint,
             n_probs=job.n_probs,
         )
-        return self.engine.submit(request)
 
     def stats(self) -> GeneratorStats:
         e, kv = self.engine, self.engine.llama.kv
