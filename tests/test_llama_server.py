@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -101,8 +102,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     llama.reset()
     dec = StreamDecoder(llama.vocab)
     text = "".join(dec.feed(t) for t in greedy) + dec.flush()
-    embedder = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
-    llm = LLM(llama, n_parallel=4, model_name=MODEL, embedder=embedder)
+    llm = LLM(llama, n_parallel=4, model_name=MODEL)
     server = _Uvicorn(llm, ServerConfig(api_key=KEY))
     try:
         yield Served(llm, server.url, greedy, text, first_logp)
@@ -110,7 +110,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         server.stop()
         llm.close()
         llama.close()
-        embedder.close()
 
 
 @pytest.fixture
@@ -531,16 +530,108 @@ def test_64_streaming_clients_with_random_disconnects(served: Served) -> None:
     assert _rss() <= before * 1.05, (before, _rss())
 
 
-def test_embeddings(served: Served, client: openai.OpenAI) -> None:
-    if not hasattr(served.llm.embedder, "embed"):
-        pytest.skip("Llama.embed is not in this build yet (the architectures' work)")
-    texts = ["the of", "and to"]
-    got = client.embeddings.create(model=MODEL, input=texts)  # base64 float32 on the wire
+def test_embeddings_come_from_the_served_model_while_a_completion_runs(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """/v1/embeddings is computed by the engine's own model (no second copy), as
+    sequences beside a completion that keeps running. Each equals ``Llama.embed`` on a
+    separate model of the file, normalized: the engine's raw vectors are bit-identical
+    (Q8_0, ``test_llama_engine``), so the only difference is the wire's float32
+    (base64): 1e-6 is 10x the rounding of a unit vector's entries."""
+    texts = ["the of", "and to", "hello tensor graph device"]
+    long = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "temperature": 0,
+            "extra_body": {"ignore_eos": True}}  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(client.completions.create, **long)
+        deadline = time.monotonic() + 30
+        while served.llm.stats().running == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        got = client.embeddings.create(model=MODEL, input=texts)  # base64 float32 on the wire
+        still_running = served.llm.stats().running
+        completion = running.result()
+    assert still_running >= 1  # the completion went on beside the embeddings
+    assert completion.choices[0].text.startswith(served.greedy_text)  # and is unchanged
     vectors = [np.asarray(d.embedding) for d in got.data]
-    assert [np.linalg.norm(v) for v in vectors] == pytest.approx([1.0, 1.0], abs=1e-5)
-    for text, v in zip(texts, vectors, strict=True):
-        raw = np.asarray(served.llm.embedder.embed(served.llm.tokenize(text)), np.float64)  # type: ignore[union-attr]
-        np.testing.assert_allclose(v, raw / np.linalg.norm(raw), atol=1e-6)
+    assert got.usage.prompt_tokens == sum(len(served.llm.tokenize(t)) for t in texts)
+    with Llama(served.llm.llama.file.path, placement=Placement.on(host_cpu(), 2), n_ctx=256,
+               warmup=False) as other:  # fmt: skip
+        for text, v in zip(texts, vectors, strict=True):
+            raw = other.embed(served.llm.tokenize(text)).astype(np.float64)
+            np.testing.assert_allclose(v, raw / np.linalg.norm(raw), rtol=0, atol=1e-6)
+    _idle(served.llm)
+    assert served.llm.llama.kv.n_used == served.llm.stats().kv_cells_cached  # cells removed
+
+
+def test_an_embedding_input_longer_than_the_context_is_400_naming_it(
+    client: openai.OpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=MODEL, input=["short", "the of " * 200])
+    assert e.value.param == "input" and "the context holds 256 (n_ctx)" in e.value.message
+
+
+def test_serve_loads_the_model_once_for_completions_and_embeddings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tensorplug serve --embeddings`` (the flag is accepted, and not needed) loads one
+    model: embeddings and completions are both answered by it."""
+    from starlette.testclient import TestClient
+
+    from tensorplug.cli import main
+    from tensorplug_llm import runner
+
+    loads: list[object] = []
+    load = runner.Llama.__init__
+
+    def counted(self: Llama, *args: Any, **kwargs: Any) -> None:
+        loads.append(args[0])
+        load(self, *args, **kwargs)
+
+    answers: dict[str, Any] = {}
+
+    def run(app: Any, **_: Any) -> None:
+        with TestClient(app) as http:
+            for route, body in [
+                ("/v1/embeddings", {"input": ["a b c", "d"]}),
+                ("/v1/completions", {"prompt": "a b", "max_tokens": 3}),
+            ]:
+                answers[route] = http.post(route, json={"model": "tiny-llama.gguf", **body})
+
+    monkeypatch.setattr(runner.Llama, "__init__", counted)
+    monkeypatch.setattr(uvicorn, "run", run)
+    for flags in (["--embeddings"], []):
+        loads.clear()
+        assert main(["serve", "--tiny", "-c", "128", "-np", "2", *flags]) == 0
+        assert len(loads) == 1
+        assert answers["/v1/embeddings"].status_code == 200
+        assert len(answers["/v1/embeddings"].json()["data"]) == 2
+        assert answers["/v1/completions"].status_code == 200
+
+
+def test_an_encoder_serves_embeddings_and_completions_are_400(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from tensorplug_llm.tiny_bert import write_tiny_bert
+
+    path = write_tiny_bert(tmp_path / "bert.gguf", 2)
+    with Llama(path, placement=Placement.on(host_cpu(), 2), warmup=False) as bert:
+        assert bert.vocab is not None
+        ids = bert.vocab.encode("hello world")
+        want = bert.embed(ids, normalize=True)
+        llm = LLM(bert, n_parallel=2, model_name="bert")
+        try:
+            with TestClient(create_app(llm)) as http:
+                got = http.post("/v1/embeddings", json={"model": "bert", "input": "hello world"})
+                assert got.status_code == 200
+                vector = np.asarray(got.json()["data"][0]["embedding"])
+                np.testing.assert_allclose(vector, want, rtol=0, atol=1e-4)  # BERT: see engine
+                refused = http.post("/v1/completions", json={"model": "bert", "prompt": "hi"})
+                assert refused.status_code == 400
+                error = refused.json()["error"]
+                assert "is an embedding model" in error["message"] and error["param"] == "prompt"
+        finally:
+            llm.close()
 
 
 SCHEMA = {

@@ -19,7 +19,6 @@ chunks under its ``index``, interleaved token by token.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -87,9 +86,9 @@ class LLM:
     slots (:class:`~generation.EngineGenerator`).
     ``model_name`` is the ``model`` field of responses (default: the file's name).
     ``chat_template`` replaces the model file's ``tokenizer.chat_template``.
-    ``embedder``: a model (usually a second ``Llama`` of the same file) that computes
-    embeddings; not ``llama`` itself, whose KV cache the engine owns (``Llama.embed``
-    clears the context it works in, which would drop every running sequence).
+    Embeddings come from the same model through the generator (the engine evaluates
+    them as sequences of their own beside the generations): no second copy of the
+    weights. An encoder (BERT) file serves embeddings only; a completion is refused.
     """
 
     def __init__(
@@ -100,7 +99,6 @@ class LLM:
         n_parallel: int = 1,
         model_name: str | None = None,
         chat_template: str | None = None,
-        embedder: Llama | None = None,
     ) -> None:
         from .engine import Engine
         from .generation import EngineGenerator
@@ -108,13 +106,11 @@ class LLM:
         if llama.vocab is None:
             raise RunError(f"cannot serve {llama.file.path.name}: {llama.vocab_error}")
         self.llama = llama
-        self.embedder = embedder
         self.vocab: Vocab = llama.vocab
         self.generator: Generator = generator or EngineGenerator(Engine(llama, n_parallel))
         self.model_name = model_name or llama.file.path.name
         template = chat_template or llama.file.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template.strip() else None
-        self._lock = threading.Lock()
 
     # -- tokens -------------------------------------------------------------------------------
 
@@ -340,25 +336,19 @@ class LLM:
     # -- embeddings ---------------------------------------------------------------------------
 
     def embed(self, texts: str | Sequence[str]) -> list[list[float]]:
-        """One pooled embedding per text (the model's ``Llama.embed``), normalized to unit
-        length as OpenAI's are."""
+        """One pooled embedding per text (pooled as ``Llama.embed`` pools: the file's
+        ``pooling_type``, else mean), normalized to unit length as OpenAI's are."""
         one = isinstance(texts, str)
         items = [texts] if isinstance(texts, str) else list(texts)
-        if self.embedder is None:
-            raise InvalidRequestError(
-                "this server computes no embeddings: start it with --embeddings", "input"
-            )
-        embed = getattr(self.embedder, "embed", None)
-        if embed is None:
-            raise InvalidRequestError(
-                "this tensorplug build cannot compute embeddings yet (Llama.embed)", "input"
-            )
+        try:
+            vectors = self.generator.embed([self.tokenize(text) for text in items])
+        except RequestError as e:  # an empty text, one longer than the context
+            raise InvalidRequestError(str(e), "input") from None
         out = []
-        with self._lock:  # the embedder has one context: one text at a time
-            for text in items:
-                v = np.asarray(embed(self.tokenize(text)), dtype=np.float64)
-                norm = float(np.linalg.norm(v))
-                out.append((v / norm if norm > 0 else v).tolist())
+        for vector in vectors:
+            v = np.asarray(vector, dtype=np.float64)
+            norm = float(np.linalg.norm(v))
+            out.append((v / norm if norm > 0 else v).tolist())
         return out[:1] if one else out
 
     def create_embedding(self, input: str | Sequence[str]) -> dict[str, Any]:

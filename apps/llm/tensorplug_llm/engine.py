@@ -277,9 +277,11 @@ class Engine:
             except RunError as e:
                 raise RequestError(str(e)) from None
         elif cfg.arch.encoder:
-            from .runner import embedding_model_message
-
-            raise RequestError(embedding_model_message(self.llama.file.path, cfg.arch.name))
+            raise RequestError(
+                f"{self.llama.file.path.name} is an embedding model ('{cfg.arch.name}', a "
+                "bidirectional encoder with no output layer): it computes embeddings "
+                "(/v1/embeddings, LLM.embed), it cannot generate text"
+            )
 
     def wake(self) -> None:
         """Let the loop thread look for work (a cancel, a new request)."""

@@ -106,6 +106,10 @@ class GeneratorStats:
 class Generator(Protocol):
     def submit(self, job: GenerationJob) -> GenerationHandle: ...
 
+    def embed(self, texts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Each token list's pooled embedding (float32, not normalized)."""
+        ...
+
     def submit_choices(self, jobs: Sequence[GenerationJob]) -> Sequence[GenerationHandle]:
         """Jobs with one prompt (the choices of OpenAI's ``n``), run side by side."""
         ...
@@ -136,6 +140,25 @@ class EngineGenerator:
 
     def submit(self, job: GenerationJob) -> RequestHandle:
         return self.engine.submit(self._request(job))
+
+    def embed(self, texts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Embeddings computed by the engine beside the generations: every text is
+        submitted at once (they run side by side, up to the slots), then collected."""
+        from .request import Request
+
+        handles = []
+        out = []
+        try:
+            for t in texts:  # a text refused at submit cancels those queued before it
+                handles.append(self.engine.submit(Request(list(t), embed=True)))
+            for handle in handles:
+                handle.result()
+                assert handle.embedding is not None
+                out.append(handle.embedding)
+        finally:
+            for handle in handles:
+                handle.cancel()  # those not run yet, if one failed
+        return out
 
     def submit_choices(self, jobs: Sequence[GenerationJob]) -> list[RequestHandle]:
         """Choices sharing one evaluation of their prompt (``Engine.submit_group``)."""
