@@ -304,7 +304,8 @@ def test_many_requests_over_a_small_cache_all_complete_as_one_at_a_time(
 ) -> None:
     """Six concurrent greedy requests needing ~3x the 64 cells: preemption (newest
     first) and resumption; every output equals the request run alone, nothing fails,
-    no cell leaks. The seeded sampled request resumes with its generator where it was."""
+    no cell leaks. The seeded sampled request resumes with its generator where it was,
+    the constrained one with its constraint's state (both are the newest: preempted)."""
     from tensorplug_llm.sampling import SamplingParams, TokenSampler
 
     m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=64, kv_pad=16)
@@ -315,20 +316,26 @@ def test_many_requests_over_a_small_cache_all_complete_as_one_at_a_time(
         def sampled() -> TokenSampler:
             return TokenSampler(SamplingParams(temperature=1.0, top_k=0, seed=11), 320)
 
+        def constrained() -> Request:
+            return Request(prompts[1], max_tokens=24, stop_tokens=NONE, constraint=NoRepeat(320))
+
         alone = Engine(m, n_parallel=1)
         want_sampled = alone.submit(
             Request(prompts[0], max_tokens=24, stop_tokens=NONE, sampler=sampled())
         ).result()
+        want_constrained = alone.submit(constrained()).result()
+        assert len(set(want_constrained)) == 24  # the constraint did act
         m.reset()
         engine = Engine(m, n_parallel=4, n_batch=16)
         handles = [engine.submit(Request(p, max_tokens=24, stop_tokens=NONE)) for p in prompts]
         handles.append(
             engine.submit(Request(prompts[0], max_tokens=24, stop_tokens=NONE, sampler=sampled()))
         )
+        handles.append(engine.submit(constrained()))
         got = [h.result() for h in handles]
-        assert got[:-1] == want
-        assert got[-1] == want_sampled
-        assert engine.stats.preemptions >= 1 and engine.stats.requests_failed == 0
+        assert got[:-2] == want
+        assert got[-2:] == [want_sampled, want_constrained]
+        assert engine.stats.preemptions >= 2 and engine.stats.requests_failed == 0
         assert all(h.finish_reason == "length" for h in handles)
         _no_leak(engine)
     finally:
@@ -346,6 +353,22 @@ def test_a_request_longer_than_the_context_is_refused_naming_n_ctx(model_file: P
             engine.submit(Request([1] * 40))
     finally:
         m.close()
+
+
+class NoRepeat:
+    """A constraint with state: a token once taken is never allowed again."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.mask = np.ones(n_vocab, dtype=bool)
+
+    def allowed(self) -> np.ndarray:
+        return self.mask.copy()
+
+    def accept(self, token: int) -> None:
+        self.mask[token] = False
+
+    def done(self) -> bool:
+        return False
 
 
 class EvenTokens:
