@@ -294,6 +294,7 @@ def test_requests_that_outgrow_the_cache_the_newest_is_preempted_and_resumes(
         # b had 8 prompt tokens and (32 - 16) / 2 + ... generated when it gave way: all
         # of them, its last sampled token included, are evaluated again
         assert engine.stats.tokens_recomputed > len(b)
+        assert engine.stats.prompt_tokens_evaluated == len(a) + len(b)  # each counted once
         _no_leak(engine)
     finally:
         m.close()
@@ -336,6 +337,11 @@ def test_many_requests_over_a_small_cache_all_complete_as_one_at_a_time(
         assert got[:-2] == want
         assert got[-2:] == [want_sampled, want_constrained]
         assert engine.stats.preemptions >= 2 and engine.stats.requests_failed == 0
+        # every prompt token is counted once, evaluated or reused; recompute apart
+        stats = engine.stats
+        assert stats.prompt_tokens_evaluated + stats.prompt_tokens_reused == sum(
+            map(len, [*prompts, prompts[0], prompts[1]])
+        )
         assert all(h.finish_reason == "length" for h in handles)
         _no_leak(engine)
     finally:

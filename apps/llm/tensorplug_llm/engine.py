@@ -137,6 +137,8 @@ class _Job:
     next_token: int | None = None  # sampled, to be evaluated by the next step
     n_generated: int = 0
     preempted: int = 0  # how many times it gave its cells up
+    #: tokens it had in the cache when last preempted: evaluating them again is recompute
+    evaluated: int = 0
     #: a choice waiting for its leader's prompt: it shares those cells when they exist
     leader: _Job | None = None
     #: the other choices of this job's prompt, forked when its last prompt token is done
@@ -591,6 +593,7 @@ class Engine:
         slot = job.slot
         slot.job = None
         slot.last_used = next(self._tick)
+        job.evaluated = max(job.evaluated, len(slot.cached))
         if job.next_token is None:  # mid-prompt: what was evaluated is kept cached
             job.pending = []
         if job.embed:  # its hidden states so far are dropped with its cells
@@ -650,16 +653,23 @@ class Engine:
                     tok, p0 + i, (job.slot.seq,), logits=not job.pending and i == len(chunk) - 1
                 )
             budget -= len(chunk)
-            if job.preempted:
-                self.stats.tokens_recomputed += len(chunk)
-            else:
-                job.handle.prompt_tokens_evaluated += len(chunk)
-                self.stats.prompt_tokens_evaluated += len(chunk)
+            self._count(job, p0, len(chunk))
             (embedded if job.embed else evaluated if job.pending else rows).append((job, chunk))
         if len(batch):
             self._decode(batch, len(decoding), rows, evaluated)
         if len(embedding):
             self._embed(embedding, embedded)
+
+    def _count(self, job: _Job, p0: int, n: int) -> None:
+        """Count ``n`` tokens evaluated from position ``p0``: those a preempted job had
+        in the cache before as recomputed, new prompt tokens as prompt (a resumed job's
+        last sampled token is neither: a decode step would have evaluated it)."""
+        end = p0 + n
+        again = max(0, min(end, job.evaluated) - p0)
+        fresh = max(0, min(end, len(job.handle.request.prompt)) - max(p0, job.evaluated))
+        self.stats.tokens_recomputed += again
+        job.handle.prompt_tokens_evaluated += fresh
+        self.stats.prompt_tokens_evaluated += fresh
 
     def _decode(
         self,
