@@ -300,6 +300,29 @@ def test_requests_that_outgrow_the_cache_the_newest_is_preempted_and_resumes(
         m.close()
 
 
+def test_a_preempted_request_gives_up_only_the_cells_needed_and_resumes_from_the_rest(
+    model_file: Path,
+) -> None:
+    """32 cells, two requests of 8 prompt tokens: when both outgrow the cache the newer
+    is preempted, but the older needs only a few more cells before it ends, so only
+    the newer's last cells are freed (vLLM evicts a sequence's blocks tail first); it
+    resumes from the prefix left and recomputes just those few tokens."""
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=32, kv_pad=16)
+    try:
+        a, b = [3, *range(270, 277)], [4, *range(280, 287)]
+        want_a, want_b = _reference(m, a, 11), _reference(m, b, 20)
+        engine = Engine(m, n_parallel=2)
+        ha = engine.submit(Request(a, max_tokens=11, stop_tokens=NONE))
+        hb = engine.submit(Request(b, max_tokens=20, stop_tokens=NONE))
+        assert ha.result() == want_a and hb.result() == want_b
+        assert engine.stats.preemptions == 1
+        # a ends holding 8 + 10 cells: b, holding 16 when the cache filled, gave 2 up
+        assert engine.stats.tokens_recomputed == 2
+        _no_leak(engine)
+    finally:
+        m.close()
+
+
 def test_many_requests_over_a_small_cache_all_complete_as_one_at_a_time(
     model_file: Path,
 ) -> None:

@@ -19,10 +19,10 @@ Preemption (vLLM's recompute preemption): when the running requests themselves n
 more cells than the cache has, the most recently admitted one gives way: its slot goes
 idle (its cells evictable like any idle slot's) and it goes back to the head of the
 queue with everything that decides its continuation (sampler and its generator,
-constraint, text decoder, the tokens it generated). Resumed, it evaluates its prompt
-plus those tokens again (less whatever prefix of them is still cached) and goes on
-exactly where it was. The oldest request is never preempted for a younger one, so
-one request always progresses.
+constraint, text decoder, the tokens it generated). Its cells are evicted last, and
+from the tail, only as many as needed. Resumed, it evaluates its prompt plus those
+tokens again (less the prefix still cached) and goes on exactly where it was. The
+oldest request is never preempted for a younger one, so one request always progresses.
 
 Embeddings (``Request(tokens, embed=True)``): the tokens are a sequence of their own
 in a slot, evaluated in chunks within the same token budget as the prompts beside
@@ -121,6 +121,9 @@ class _Slot:
     cached: list[int] = field(default_factory=list)
     job: _Job | None = None
     last_used: int = -1
+    #: its cells are a preempted job's: evicted from the tail, as few as needed, so the
+    #: job resumes from the prefix that survives
+    preempted: bool = False
 
 
 @dataclass
@@ -544,15 +547,29 @@ class Engine:
 
     def _make_room(self, needed: int) -> None:
         """Free cells for ``needed`` tokens: idle slots give up theirs, least recently
-        used first. Running requests are never touched here."""
+        used first (a preempted job's slot, the most recent, only its tail: as many
+        cells as are missing). Running requests are never touched here."""
         kv = self.llama.kv
         for slot in sorted(self.slots, key=lambda s: s.last_used):
-            if kv.n_ctx - kv.n_used >= needed:
+            short = needed - (kv.n_ctx - kv.n_used)
+            if short <= 0:
                 return
             if slot.job is None and slot.cached:
-                kv.seq_rm(slot.seq)
-                slot.cached.clear()
-                self.stats.slots_evicted += 1
+                keep = self._tail_kept(slot, short) if slot.preempted else 0
+                kv.seq_rm(slot.seq, keep)
+                del slot.cached[keep:]
+                self.stats.slots_evicted += keep == 0
+
+    def _tail_kept(self, slot: _Slot, short: int) -> int:
+        """The longest prefix of ``slot`` whose removal beyond frees ``short`` cells (a
+        cell shared with another sequence frees nothing); 0 if none does."""
+        kv, lo, hi = self.llama.kv, 0, len(slot.cached)
+        if kv.n_held_only_by([slot.seq], 0) < short:
+            return 0
+        while lo < hi:  # cells freed by removing positions >= k fall as k grows
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if kv.n_held_only_by([slot.seq], mid) >= short else (lo, mid - 1)
+        return lo
 
     def _fit(self, jobs: list[_Job]) -> list[_Job]:
         """The jobs that can step, after freeing cells for them: idle slots' first (LRU),
@@ -593,6 +610,7 @@ class Engine:
         slot = job.slot
         slot.job = None
         slot.last_used = next(self._tick)
+        slot.preempted = True
         job.evaluated = max(job.evaluated, len(slot.cached))
         if job.next_token is None:  # mid-prompt: what was evaluated is kept cached
             job.pending = []
@@ -784,6 +802,7 @@ class Engine:
 
     def _end(self, job: _Job, reason: str, error: RequestError | None = None) -> None:
         """The slot goes idle; its cells stay cached (what they hold: ``slot.cached``)."""
+        job.slot.preempted = False
         self._requeue_followers(job)
         if job.leader is not None:
             job.leader.followers.remove(job)
