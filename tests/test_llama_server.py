@@ -557,10 +557,10 @@ def test_embeddings_come_from_the_served_model_while_a_completion_runs(
     (Q8_0, ``test_llama_engine``), so the only difference is the wire's float32
     (base64): 1e-6 is 10x the rounding of a unit vector's entries."""
     texts = ["the of", "and to", "hello tensor graph device"]
-    long = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "temperature": 0,
-            "extra_body": {"ignore_eos": True}}  # fmt: skip
+    long: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240,
+                            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(client.completions.create, **long)
+        running = pool.submit(lambda: client.completions.create(**long))
         deadline = time.monotonic() + 30
         while served.llm.stats().running == 0:
             assert time.monotonic() < deadline
@@ -610,10 +610,11 @@ def test_serve_loads_the_model_once_for_completions_and_embeddings(
 
     def run(app: Any, **_: Any) -> None:
         with TestClient(app) as http:
-            for route, body in [
+            requests: list[tuple[str, dict[str, Any]]] = [
                 ("/v1/embeddings", {"input": ["a b c", "d"]}),
                 ("/v1/completions", {"prompt": "a b", "max_tokens": 3}),
-            ]:
+            ]
+            for route, body in requests:
                 answers[route] = http.post(route, json={"model": "tiny-llama.gguf", **body})
 
     monkeypatch.setattr(runner.Llama, "__init__", counted)
