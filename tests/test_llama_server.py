@@ -30,7 +30,7 @@ import pytest
 import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
-from tensorplug_llm.api import LLM
+from tensorplug_llm.api import LLM, Stream
 from tensorplug_llm.generation import GenerationJob
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.runner import Llama
@@ -320,6 +320,21 @@ def test_n_seeded_choices_are_reproducible_streamed_or_not(
     assert streamed == texts
     finished = [ch.index for c in chunks for ch in c.choices if ch.finish_reason]
     assert sorted(finished) == [0, 1, 2]
+
+
+def test_the_python_api_streams_n_choices_and_cancels_them_together(served: Served) -> None:
+    llm = served.llm
+    whole = llm.create_completion(PROMPT, max_tokens=24, temperature=0, n=2)
+    assert isinstance(whole, dict)
+    assert [c["text"] for c in whole["choices"]] == [served.greedy_text] * 2
+    stream = llm.create_completion(PROMPT, max_tokens=200, temperature=0, n=2, stream=True,
+                                   ignore_eos=True)  # fmt: skip
+    assert isinstance(stream, Stream)
+    first = [next(stream) for _ in range(4)]
+    assert sorted(c["choices"][0]["index"] for c in first) == [0, 0, 1, 1]
+    stream.cancel()  # both choices end: their slots are free again
+    _idle(llm)
+    assert llm.stats().running == 0
 
 
 def test_n_beyond_the_slots_is_400_naming_it(client: openai.OpenAI) -> None:
