@@ -664,6 +664,12 @@ def test_an_encoder_serves_embeddings_and_completions_are_400(tmp_path: Path) ->
                 assert refused.status_code == 400
                 error = refused.json()["error"]
                 assert "is an embedding model" in error["message"] and error["param"] == "prompt"
+                chat = http.post(
+                    "/v1/chat/completions",
+                    json={"model": "bert", "messages": [{"role": "user", "content": "hi"}]},
+                )
+                assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+                assert "serves /v1/embeddings only" in chat.json()["error"]["message"]
         finally:
             llm.close()
 

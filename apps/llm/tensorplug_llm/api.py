@@ -153,6 +153,7 @@ class LLM:
         of its chunks. ``logprobs=N``: the sampled token's logprob and the N most likely
         (OpenAI's completions ``logprobs`` object). ``n``: choices of the prompt (see
         the module's docstring for their seeds)."""
+        self._check_generates("prompt")
         ids = prompt if isinstance(prompt, list) else self.tokenize(prompt)
         job = self._job(
             ids, max_tokens, logprobs or 0, response_format, temperature=temperature,
@@ -250,6 +251,7 @@ class LLM:
                 "tools are not supported yet: the chat template is rendered without them",
                 "tools",
             )
+        self._check_generates("messages")
         ids = self.chat_prompt(messages)
         n_probs = (top_logprobs or 0) if logprobs else 0
         job = self._job(
@@ -440,6 +442,17 @@ class LLM:
         finally:
             if finish is None:
                 handle.cancel()
+
+    def _check_generates(self, param: str) -> None:
+        """An encoder (BERT) has no output layer: it serves embeddings only."""
+        arch = self.llama.config.arch
+        if arch.encoder:
+            raise InvalidRequestError(
+                f"{self.model_name} is an embedding model ('{arch.name}', a bidirectional "
+                "encoder with no output layer): it serves /v1/embeddings only, it cannot "
+                "generate text",
+                param,
+            )
 
     def _submit(
         self,
