@@ -273,24 +273,131 @@ def test_repeated_step_shapes_reuse_their_graphs(llama: Llama) -> None:
     assert llama.timings.graphs_built - built == 5
 
 
-def test_requests_that_outgrow_the_cache_the_newest_gives_way(model_file: Path) -> None:
+def test_requests_that_outgrow_the_cache_the_newest_is_preempted_and_resumes(
+    model_file: Path,
+) -> None:
     """Two requests without a token limit in a 32-cell cache: when both cannot grow,
-    the newer fails with a message saying why, its cells go to the older one, which
-    runs until the context is full and matches the single-sequence runner."""
+    the newer gives its cells up and waits; the older runs until the context is full,
+    then the newer resumes (its prompt and generated tokens evaluated again) and both
+    match the single-sequence runner, token for token."""
     m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=32, kv_pad=16)
     try:
         a, b = [3, *range(270, 277)], [4, *range(280, 287)]
-        want_a = _reference(m, a, 100)
+        want_a, want_b = _reference(m, a, 100), _reference(m, b, 100)
         assert len(want_a) == 32 - len(a) + 1  # the runner stops when the context is full
         engine = Engine(m, n_parallel=2)
         ha = engine.submit(Request(a, stop_tokens=NONE))
         hb = engine.submit(Request(b, stop_tokens=NONE))
         assert ha.result() == want_a and ha.finish_reason == "length"
-        with pytest.raises(RequestError, match=r"the KV cache \(n_ctx = 32\) is full"):
-            hb.result()
+        assert hb.result() == want_b and hb.finish_reason == "length"
+        assert engine.stats.preemptions == 1 and engine.stats.requests_failed == 0
+        # b had 8 prompt tokens and (32 - 16) / 2 + ... generated when it gave way: all
+        # of them, its last sampled token included, are evaluated again
+        assert engine.stats.tokens_recomputed > len(b)
+        assert engine.stats.prompt_tokens_evaluated == len(a) + len(b)  # each counted once
         _no_leak(engine)
     finally:
         m.close()
+
+
+def test_a_preempted_request_gives_up_only_the_cells_needed_and_resumes_from_the_rest(
+    model_file: Path,
+) -> None:
+    """32 cells, two requests of 8 prompt tokens: when both outgrow the cache the newer
+    is preempted, but the older needs only a few more cells before it ends, so only
+    the newer's last cells are freed (vLLM evicts a sequence's blocks tail first); it
+    resumes from the prefix left and recomputes just those few tokens."""
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=32, kv_pad=16)
+    try:
+        a, b = [3, *range(270, 277)], [4, *range(280, 287)]
+        want_a, want_b = _reference(m, a, 11), _reference(m, b, 20)
+        engine = Engine(m, n_parallel=2)
+        ha = engine.submit(Request(a, max_tokens=11, stop_tokens=NONE))
+        hb = engine.submit(Request(b, max_tokens=20, stop_tokens=NONE))
+        assert ha.result() == want_a and hb.result() == want_b
+        assert engine.stats.preemptions == 1
+        # a ends holding 8 + 10 cells: b, holding 16 when the cache filled, gave 2 up
+        assert engine.stats.tokens_recomputed == 2
+        _no_leak(engine)
+    finally:
+        m.close()
+
+
+def test_many_requests_over_a_small_cache_all_complete_as_one_at_a_time(
+    model_file: Path,
+) -> None:
+    """Six concurrent greedy requests needing ~3x the 64 cells: preemption (newest
+    first) and resumption; every output equals the request run alone, nothing fails,
+    no cell leaks. The seeded sampled request resumes with its generator where it was,
+    the constrained one with its constraint's state (both are the newest: preempted)."""
+    from tensorplug_llm.sampling import SamplingParams, TokenSampler
+
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=64, kv_pad=16)
+    try:
+        prompts = [[3 + i, *range(200 + 10 * i, 206 + 10 * i)] for i in range(6)]
+        want = [_reference(m, p, 24) for p in prompts]
+
+        def sampled() -> TokenSampler:
+            return TokenSampler(SamplingParams(temperature=1.0, top_k=0, seed=11), 320)
+
+        def constrained() -> Request:
+            return Request(prompts[1], max_tokens=24, stop_tokens=NONE, constraint=NoRepeat(320))
+
+        alone = Engine(m, n_parallel=1)
+        want_sampled = alone.submit(
+            Request(prompts[0], max_tokens=24, stop_tokens=NONE, sampler=sampled())
+        ).result()
+        want_constrained = alone.submit(constrained()).result()
+        assert len(set(want_constrained)) == 24  # the constraint did act
+        m.reset()
+        engine = Engine(m, n_parallel=4, n_batch=16)
+        handles = [engine.submit(Request(p, max_tokens=24, stop_tokens=NONE)) for p in prompts]
+        handles.append(
+            engine.submit(Request(prompts[0], max_tokens=24, stop_tokens=NONE, sampler=sampled()))
+        )
+        handles.append(engine.submit(constrained()))
+        got = [h.result() for h in handles]
+        assert got[:-2] == want
+        assert got[-2:] == [want_sampled, want_constrained]
+        assert engine.stats.preemptions >= 2 and engine.stats.requests_failed == 0
+        # every prompt token is counted once, evaluated or reused; recompute apart
+        stats = engine.stats
+        assert stats.prompt_tokens_evaluated + stats.prompt_tokens_reused == sum(
+            map(len, [*prompts, prompts[0], prompts[1]])
+        )
+        assert all(h.finish_reason == "length" for h in handles)
+        _no_leak(engine)
+    finally:
+        m.close()
+
+
+def test_a_request_longer_than_the_context_is_refused_naming_n_ctx(model_file: Path) -> None:
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, n_ctx=32, kv_pad=16)
+    try:
+        engine = Engine(m, n_parallel=2)
+        with pytest.raises(
+            RequestError,
+            match=r"the prompt has 40 tokens; the context holds 32 \(n_ctx\).*-c / --ctx-size",
+        ):
+            engine.submit(Request([1] * 40))
+    finally:
+        m.close()
+
+
+class NoRepeat:
+    """A constraint with state: a token once taken is never allowed again."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.mask = np.ones(n_vocab, dtype=bool)
+
+    def allowed(self) -> np.ndarray:
+        return self.mask.copy()
+
+    def accept(self, token: int) -> None:
+        self.mask[token] = False
+
+    def done(self) -> bool:
+        return False
 
 
 class EvenTokens:
@@ -364,4 +471,121 @@ def test_cancel_from_the_reading_thread_while_the_loop_runs(llama: Llama) -> Non
         assert handle.finish_reason == "cancelled" and 3 <= len(seen) < 200
         assert engine.stats.requests_cancelled == 1
         engine.close()
+        _no_leak(engine)
+
+
+def test_a_group_of_choices_evaluates_its_prompt_once_and_samples_each_alone(
+    llama: Llama,
+) -> None:
+    """``submit_group``: three choices of one prompt. The prompt is evaluated once (the
+    others share its cells); greedy choices all equal the single-sequence answer, and
+    seeded choices equal the same samplers run one at a time."""
+    from tensorplug_llm.sampling import SamplingParams, TokenSampler
+
+    prompt = _prompts(1, seed=12)[0]
+    want = _reference(llama, prompt, 8)
+
+    def sampler(seed: int) -> TokenSampler:
+        return TokenSampler(SamplingParams(temperature=1.5, top_k=0, min_p=0.0, seed=seed), 320)
+
+    alone = Engine(llama, n_parallel=1)
+    want_sampled = [
+        alone.submit(Request(prompt, max_tokens=8, stop_tokens=NONE, sampler=sampler(s))).result()
+        for s in (5, 6, 7)
+    ]
+    assert len({tuple(t) for t in want_sampled}) > 1  # the seeds do give different answers
+    llama.reset()
+    engine = Engine(llama, n_parallel=4)
+    greedy = engine.submit_group([Request(prompt, max_tokens=8, stop_tokens=NONE)] * 3)
+    assert [h.result() for h in greedy] == [want] * 3
+    assert [h.prompt_tokens_evaluated for h in greedy] == [len(prompt), 0, 0]
+    assert engine.stats.prompt_tokens_evaluated == len(prompt)
+    _no_leak(engine)
+    llama.reset()
+    engine = Engine(llama, n_parallel=4)
+    sampled = engine.submit_group(
+        [Request(prompt, max_tokens=8, stop_tokens=NONE, sampler=sampler(s)) for s in (5, 6, 7)]
+    )
+    assert [h.result() for h in sampled] == want_sampled
+    with pytest.raises(RequestError, match="1 to n_parallel = 4"):
+        engine.submit_group([Request(prompt)] * 5)
+    with pytest.raises(RequestError, match="the same prompt"):
+        engine.submit_group([Request(prompt), Request([*prompt, 5])])
+
+
+def test_a_group_whose_leader_is_cancelled_before_its_prompt_is_done_goes_on(
+    llama: Llama,
+) -> None:
+    prompt = [1, *range(10, 60)]
+    want = _reference(llama, prompt, 4)
+    engine = Engine(llama, n_parallel=3, n_batch=16)
+    first, *others = engine.submit_group([Request(prompt, max_tokens=4, stop_tokens=NONE)] * 3)
+    engine.step()  # 16 of the 51 prompt tokens
+    first.cancel()
+    assert [h.result() for h in others] == [want, want]
+    assert first.finish_reason == "cancelled"
+    # the evaluated part stayed cached: the rest is evaluated once, by the new leader
+    assert others[0].prompt_tokens_evaluated == len(prompt) - 16
+    assert others[1].prompt_tokens_evaluated == 0
+    _no_leak(engine)
+
+
+# -- embeddings -----------------------------------------------------------------------------------
+
+
+def test_embeddings_run_beside_generation_and_equal_llama_embed(
+    llama: Llama, model_file: Path
+) -> None:
+    """Embedding requests share the engine with generating ones: each equals
+    ``Llama.embed`` on a second model of the same file, the generations are unchanged,
+    and an embedding's cells are gone when it ends. Bit for bit: the weights are Q8_0,
+    whose repacked kernels compute each row on its own, so neither the other sequences
+    in the step, nor the chunking (16-token budget here, n_batch there), nor the cells'
+    places change a bit (the same pooling code, ``pooling.pool``, follows)."""
+    texts = _prompts(3, seed=13)
+    gen_prompts = _prompts(2, seed=14)
+    want_gen = [_reference(llama, p, 8) for p in gen_prompts]
+    with Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1) as other:
+        want = {(i, kind): other.embed(t, kind) for i, t in enumerate(texts)
+                for kind in ("mean", "cls", "last")}  # fmt: skip
+    llama.reset()
+    engine = Engine(llama, n_parallel=4, n_batch=16)
+    gens = [engine.submit(Request(p, max_tokens=8, stop_tokens=NONE)) for p in gen_prompts]
+    embeds = {
+        (i, kind): engine.submit(Request(t, embed=True, pooling=kind))
+        for i, t in enumerate(texts)
+        for kind in ("mean", "cls", "last")
+    }
+    assert [h.result() for h in gens] == want_gen
+    for key, handle in embeds.items():
+        assert handle.result() == [] and handle.finish_reason == "stop"
+        got, ref = handle.embedding, want[key]
+        assert got is not None and got.shape == ref.shape == (llama.config.n_embd,)
+        np.testing.assert_array_equal(got, ref)
+    _no_leak(engine)
+    assert llama.kv.n_used == engine.cached_tokens()  # the embeddings' cells are gone
+    with pytest.raises(RequestError, match="pooling must be one of"):
+        engine.submit(Request([1, 2], embed=True, pooling="max"))
+
+
+def test_an_encoder_serves_embeddings_and_refuses_to_generate(tmp_path: Path) -> None:
+    """A BERT file through the engine: texts in one step together equal ``Llama.embed``
+    of each alone to 1e-4 of the largest value (its F32 weights go through BLAS, whose
+    blocking depends on the step's row count; measured 1.1e-5)."""
+    from tensorplug_llm.tiny_bert import write_tiny_bert
+
+    path = write_tiny_bert(tmp_path / "bert.gguf", 1)
+    texts = [[2, 10, 11, 12, 3], [2, *range(40, 70), 3], [2, 5, 3]]
+    with Llama(path, placement=Placement.on(host_cpu(), 2), warmup=False) as m:
+        want = [m.embed(t) for t in texts]
+        m.reset()
+        engine = Engine(m, n_parallel=2)
+        handles = [engine.submit(Request(t, embed=True)) for t in texts]
+        for handle, ref in zip(handles, want, strict=True):
+            handle.result()
+            assert handle.embedding is not None
+            tol = 1e-4 * float(np.abs(ref).max())
+            np.testing.assert_allclose(handle.embedding, ref, rtol=0, atol=tol)
+        with pytest.raises(RequestError, match="is an embedding model"):
+            engine.submit(Request([2, 10, 3], max_tokens=2))
         _no_leak(engine)

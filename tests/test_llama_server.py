@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,7 +30,7 @@ import pytest
 import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
 
-from tensorplug_llm.api import LLM
+from tensorplug_llm.api import LLM, Stream
 from tensorplug_llm.generation import GenerationJob
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.runner import Llama
@@ -101,8 +102,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     llama.reset()
     dec = StreamDecoder(llama.vocab)
     text = "".join(dec.feed(t) for t in greedy) + dec.flush()
-    embedder = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
-    llm = LLM(llama, n_parallel=4, model_name=MODEL, embedder=embedder)
+    llm = LLM(llama, n_parallel=4, model_name=MODEL)
     server = _Uvicorn(llm, ServerConfig(api_key=KEY))
     try:
         yield Served(llm, server.url, greedy, text, first_logp)
@@ -110,7 +110,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         server.stop()
         llm.close()
         llama.close()
-        embedder.close()
 
 
 @pytest.fixture
@@ -250,6 +249,103 @@ def test_a_second_chat_turn_reuses_the_first_turns_cells(
     assert reused + evaluated == second.usage.prompt_tokens
 
 
+def test_requests_outgrowing_the_cache_are_preempted_and_complete_as_run_alone(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """Three greedy completions of 110 tokens need ~340 cells of the 256: the newest are
+    preempted and resumed, nothing fails, and each text equals the same request run
+    alone (Q8_0: bit-exact batching, see test_llama_engine)."""
+    prompts = ["one two three", "graph device the", "hello tensor of"]
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 110, "temperature": 0,
+                            "extra_body": {"ignore_eos": True}}  # fmt: skip
+    alone = [client.completions.create(prompt=p, **body).choices[0].text for p in prompts]
+    before = served.llm.stats().preemptions
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(lambda p: client.completions.create(prompt=p, **body), prompts))
+    assert [a.choices[0].text for a in answers] == alone
+    assert all(a.choices[0].finish_reason == "length" for a in answers)
+    assert served.llm.stats().preemptions > before
+
+
+# -- n choices ------------------------------------------------------------------------------------
+
+
+def test_n_greedy_choices_all_equal_the_single_answer_and_the_prompt_is_evaluated_once(
+    served: Served, client: openai.OpenAI
+) -> None:
+    prompt = "graph device tensor and of"  # not cached by another test
+    n_prompt = len(served.llm.tokenize(prompt))
+    _idle(served.llm)
+    before = served.llm.stats()
+    got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0,
+                                    n=3)  # fmt: skip
+    after = served.llm.stats()
+    evaluated = after.prompt_tokens_total - before.prompt_tokens_total
+    reused = after.prompt_tokens_reused - before.prompt_tokens_reused
+    # the first choice evaluates what no slot held (a short prefix may be cached); the
+    # other two share all of its cells: nothing of the prompt is computed twice
+    assert evaluated + reused == 3 * n_prompt and 1 <= evaluated <= n_prompt
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    one = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0)
+    assert [c.text for c in got.choices] == [one.choices[0].text] * 3
+    assert got.usage is not None and got.usage.prompt_tokens == n_prompt  # counted once
+    assert got.usage.completion_tokens == 30
+
+
+def test_n_seeded_choices_are_reproducible_streamed_or_not(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """Choice i samples with seed + i: the same request gives the same choices, streamed
+    (chunks carry their choice's index) or not, and choice 0 is the n=1 answer."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "one two three"}]
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 12,
+        "temperature": 1.5,
+        "extra_body": {"top_k": 0, "min_p": 0.0},
+    }
+    first = client.chat.completions.create(**args, n=3, seed=42)
+    again = client.chat.completions.create(**args, n=3, seed=42)
+    texts = [c.message.content for c in first.choices]
+    assert len(texts) == 3 and [c.message.content for c in again.choices] == texts
+    assert len(set(texts)) > 1  # independent draws
+    single = client.chat.completions.create(**args, seed=42)
+    assert single.choices[0].message.content == texts[0]
+    chunks = list(client.chat.completions.create(**args, n=3, seed=42, stream=True))
+    streamed = ["", "", ""]
+    for c in chunks:
+        for choice in c.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert streamed == texts
+    finished = [ch.index for c in chunks for ch in c.choices if ch.finish_reason]
+    assert sorted(finished) == [0, 1, 2]
+
+
+def test_the_python_api_streams_n_choices_and_cancels_them_together(served: Served) -> None:
+    llm = served.llm
+    whole = llm.create_completion(PROMPT, max_tokens=24, temperature=0, n=2)
+    assert isinstance(whole, dict)
+    assert [c["text"] for c in whole["choices"]] == [served.greedy_text] * 2
+    stream = llm.create_completion(PROMPT, max_tokens=200, temperature=0, n=2, stream=True,
+                                   ignore_eos=True)  # fmt: skip
+    assert isinstance(stream, Stream)
+    first = [next(stream) for _ in range(4)]
+    assert sorted(c["choices"][0]["index"] for c in first) == [0, 0, 1, 1]
+    stream.cancel()  # both choices end: their slots are free again
+    _idle(llm)
+    assert llm.stats().running == 0
+
+
+def test_n_beyond_the_slots_is_400_naming_it(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=5)  # -np 4
+    assert e.value.param == "n" and "1 to 4" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, n=0)
+    assert e.value.param == "n"
+
+
 # -- errors ---------------------------------------------------------------------------------------
 
 
@@ -313,6 +409,7 @@ def test_models_and_metrics(served: Served, client: openai.OpenAI) -> None:
     assert values["tensorplug_generated_tokens_total"] == s.generated_tokens_total > 0
     assert values["tensorplug_kv_cells_total"] == 256
     assert "tensorplug_requests_waiting" in values
+    assert values["tensorplug_preemptions_total"] == s.preemptions
     assert values['tensorplug_http_requests_total{route="/v1/models",status="200"}'] >= 1
 
 
@@ -466,16 +563,115 @@ def test_64_streaming_clients_with_random_disconnects(served: Served) -> None:
     assert _rss() <= before * 1.05, (before, _rss())
 
 
-def test_embeddings(served: Served, client: openai.OpenAI) -> None:
-    if not hasattr(served.llm.embedder, "embed"):
-        pytest.skip("Llama.embed is not in this build yet (the architectures' work)")
-    texts = ["the of", "and to"]
-    got = client.embeddings.create(model=MODEL, input=texts)  # base64 float32 on the wire
+def test_embeddings_come_from_the_served_model_while_a_completion_runs(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """/v1/embeddings is computed by the engine's own model (no second copy), as
+    sequences beside a completion that keeps running. Each equals ``Llama.embed`` on a
+    separate model of the file, normalized: the engine's raw vectors are bit-identical
+    (Q8_0, ``test_llama_engine``), so the only difference is the wire's float32
+    (base64): 1e-6 is 10x the rounding of a unit vector's entries."""
+    texts = ["the of", "and to", "hello tensor graph device"]
+    long: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240,
+                            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(lambda: client.completions.create(**long))
+        deadline = time.monotonic() + 30
+        while served.llm.stats().running == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        got = client.embeddings.create(model=MODEL, input=texts)  # base64 float32 on the wire
+        still_running = served.llm.stats().running
+        completion = running.result()
+    assert still_running >= 1  # the completion went on beside the embeddings
+    assert completion.choices[0].text.startswith(served.greedy_text)  # and is unchanged
     vectors = [np.asarray(d.embedding) for d in got.data]
-    assert [np.linalg.norm(v) for v in vectors] == pytest.approx([1.0, 1.0], abs=1e-5)
-    for text, v in zip(texts, vectors, strict=True):
-        raw = np.asarray(served.llm.embedder.embed(served.llm.tokenize(text)), np.float64)  # type: ignore[union-attr]
-        np.testing.assert_allclose(v, raw / np.linalg.norm(raw), atol=1e-6)
+    assert got.usage.prompt_tokens == sum(len(served.llm.tokenize(t)) for t in texts)
+    with Llama(served.llm.llama.file.path, placement=Placement.on(host_cpu(), 2), n_ctx=256,
+               warmup=False) as other:  # fmt: skip
+        for text, v in zip(texts, vectors, strict=True):
+            raw = other.embed(served.llm.tokenize(text)).astype(np.float64)
+            np.testing.assert_allclose(v, raw / np.linalg.norm(raw), rtol=0, atol=1e-6)
+    _idle(served.llm)
+    assert served.llm.llama.kv.n_used == served.llm.stats().kv_cells_cached  # cells removed
+
+
+def test_an_embedding_input_longer_than_the_context_is_400_naming_it(
+    client: openai.OpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=MODEL, input=["short", "the of " * 200])
+    assert e.value.param == "input" and "the context holds 256 (n_ctx)" in e.value.message
+
+
+def test_serve_loads_the_model_once_for_completions_and_embeddings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tensorplug serve --embeddings`` (the flag is accepted, and not needed) loads one
+    model: embeddings and completions are both answered by it."""
+    from starlette.testclient import TestClient
+
+    from tensorplug.cli import main
+    from tensorplug_llm import runner
+
+    loads: list[object] = []
+    load = runner.Llama.__init__
+
+    def counted(self: Llama, *args: Any, **kwargs: Any) -> None:
+        loads.append(args[0])
+        load(self, *args, **kwargs)
+
+    answers: dict[str, Any] = {}
+
+    def run(app: Any, **_: Any) -> None:
+        with TestClient(app) as http:
+            requests: list[tuple[str, dict[str, Any]]] = [
+                ("/v1/embeddings", {"input": ["a b c", "d"]}),
+                ("/v1/completions", {"prompt": "a b", "max_tokens": 3}),
+            ]
+            for route, body in requests:
+                answers[route] = http.post(route, json={"model": "tiny-llama.gguf", **body})
+
+    monkeypatch.setattr(runner.Llama, "__init__", counted)
+    monkeypatch.setattr(uvicorn, "run", run)
+    for flags in (["--embeddings"], []):
+        loads.clear()
+        assert main(["serve", "--tiny", "-c", "128", "-np", "2", *flags]) == 0
+        assert len(loads) == 1
+        assert answers["/v1/embeddings"].status_code == 200
+        assert len(answers["/v1/embeddings"].json()["data"]) == 2
+        assert answers["/v1/completions"].status_code == 200
+
+
+def test_an_encoder_serves_embeddings_and_completions_are_400(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from tensorplug_llm.tiny_bert import write_tiny_bert
+
+    path = write_tiny_bert(tmp_path / "bert.gguf", 2)
+    with Llama(path, placement=Placement.on(host_cpu(), 2), warmup=False) as bert:
+        assert bert.vocab is not None
+        ids = bert.vocab.encode("hello world")
+        want = bert.embed(ids, normalize=True)
+        llm = LLM(bert, n_parallel=2, model_name="bert")
+        try:
+            with TestClient(create_app(llm)) as http:
+                got = http.post("/v1/embeddings", json={"model": "bert", "input": "hello world"})
+                assert got.status_code == 200
+                vector = np.asarray(got.json()["data"][0]["embedding"])
+                np.testing.assert_allclose(vector, want, rtol=0, atol=1e-4)  # BERT: see engine
+                refused = http.post("/v1/completions", json={"model": "bert", "prompt": "hi"})
+                assert refused.status_code == 400
+                error = refused.json()["error"]
+                assert "is an embedding model" in error["message"] and error["param"] == "prompt"
+                chat = http.post(
+                    "/v1/chat/completions",
+                    json={"model": "bert", "messages": [{"role": "user", "content": "hi"}]},
+                )
+                assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+                assert "serves /v1/embeddings only" in chat.json()["error"]["message"]
+        finally:
+            llm.close()
 
 
 SCHEMA = {

@@ -10,15 +10,19 @@ these dicts, so the Python API and the HTTP API cannot drift apart.
 The generation itself is the generator's (:mod:`generation`: the batching engine, or
 one request at a time); this layer sees text, so it is where stop strings are found
 (:mod:`stop_strings`) and the request cancelled when one matches.
+
+``n`` choices of one prompt are submitted as a group (the engine evaluates the prompt
+once and forks its cells); choice ``i`` samples with seed ``seed + i`` (so choice 0 is
+the answer ``n=1`` gives with the same seed), and a stream carries each choice's
+chunks under its ``index``, interleaved token by token.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,9 +62,11 @@ class Stream:
     """An iterator of response dicts (chunks) that can be cancelled from another
     thread: the server cancels it when its client goes away."""
 
-    def __init__(self, chunks: Iterator[dict[str, Any]], handle: GenerationHandle) -> None:
+    def __init__(
+        self, chunks: Iterator[dict[str, Any]], handle: GenerationHandle | list[GenerationHandle]
+    ) -> None:
         self._chunks = chunks
-        self._handle = handle
+        self._handles = handle if isinstance(handle, list) else [handle]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self._chunks
@@ -69,7 +75,8 @@ class Stream:
         return next(self._chunks)
 
     def cancel(self) -> None:
-        self._handle.cancel()
+        for handle in self._handles:
+            handle.cancel()
 
 
 class LLM:
@@ -79,9 +86,9 @@ class LLM:
     slots (:class:`~generation.EngineGenerator`).
     ``model_name`` is the ``model`` field of responses (default: the file's name).
     ``chat_template`` replaces the model file's ``tokenizer.chat_template``.
-    ``embedder``: a model (usually a second ``Llama`` of the same file) that computes
-    embeddings; not ``llama`` itself, whose KV cache the engine owns (``Llama.embed``
-    clears the context it works in, which would drop every running sequence).
+    Embeddings come from the same model through the generator (the engine evaluates
+    them as sequences of their own beside the generations): no second copy of the
+    weights. An encoder (BERT) file serves embeddings only; a completion is refused.
     """
 
     def __init__(
@@ -92,7 +99,6 @@ class LLM:
         n_parallel: int = 1,
         model_name: str | None = None,
         chat_template: str | None = None,
-        embedder: Llama | None = None,
     ) -> None:
         from .engine import Engine
         from .generation import EngineGenerator
@@ -100,13 +106,11 @@ class LLM:
         if llama.vocab is None:
             raise RunError(f"cannot serve {llama.file.path.name}: {llama.vocab_error}")
         self.llama = llama
-        self.embedder = embedder
         self.vocab: Vocab = llama.vocab
         self.generator: Generator = generator or EngineGenerator(Engine(llama, n_parallel))
         self.model_name = model_name or llama.file.path.name
         template = chat_template or llama.file.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template.strip() else None
-        self._lock = threading.Lock()
         self._longest_token: int | None = None
 
     # -- tokens -------------------------------------------------------------------------------
@@ -160,10 +164,13 @@ class LLM:
         presence_penalty: float = 0.0,
         logit_bias: Mapping[str, float] | None = None,
         ignore_eos: bool = False,
+        n: int = 1,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``text_completion`` (a dict), or with ``stream`` a :class:`Stream`
         of its chunks. ``logprobs=N``: the sampled token's logprob and the N most likely
-        (OpenAI's completions ``logprobs`` object)."""
+        (OpenAI's completions ``logprobs`` object). ``n``: choices of the prompt (see
+        the module's docstring for their seeds)."""
+        self._check_generates("prompt")
         if isinstance(prompt, str):
             self._refuse_unfittable(len(prompt), "prompt")
         ids = prompt if isinstance(prompt, list) else self.tokenize(prompt)
@@ -174,47 +181,44 @@ class LLM:
             logit_bias=logit_bias,
         )  # fmt: skip
         job.ignore_eos = ignore_eos
-        handle = self._submit(job, "prompt")
-        pieces = self._pieces(handle, _stops(stop))
+        stops = _stops(stop)  # checked before anything runs
+        handles = self._submit(job, n, response_format)
+        pieces = [self._pieces(h, stops) for h in handles]
         prefix = self.detokenize(ids) if echo and isinstance(prompt, list) else prompt
         head = str(prefix) if echo else ""
         meta = _meta("cmpl", "text_completion", self.model_name)
         want_lp = logprobs is not None
         if stream:
             chunks = self._completion_chunks(pieces, meta, head, want_lp, len(ids))
-            return Stream(chunks, handle)
-        text, events, finish = self._collect(pieces)
-        return {
-            **meta,
-            "choices": [
-                {
-                    "text": head + text,
-                    "index": 0,
-                    "logprobs": self._completion_logprobs(events, len(head)) if want_lp else None,
-                    "finish_reason": finish,
-                }
-            ],
-            "usage": _usage(len(ids), len(events)),
-        }
+            return Stream(chunks, handles)
+        choices, n_generated = [], 0
+        for i, choice in enumerate(pieces):
+            text, events, finish = self._collect(choice)
+            n_generated += len(events)
+            lp = self._completion_logprobs(events, len(head)) if want_lp else None
+            choices.append(_choice_text(head + text, lp, finish, i))
+        return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated)}
 
     def _completion_chunks(
         self,
-        pieces: Iterator[_Piece],
+        pieces: list[Iterator[_Piece]],
         meta: dict[str, Any],
         head: str,
         want_lp: bool,
         n_prompt: int,
     ) -> Iterator[dict[str, Any]]:
-        """Chunks of a streamed completion; the last one carries ``usage``."""
-        offset, n = len(head), 0
+        """Chunks of a streamed completion, each choice's under its index; the last one
+        carries ``usage`` (the prompt counted once)."""
+        offsets, n = [len(head)] * len(pieces), 0
         if head:
-            yield {**meta, "choices": [_choice_text(head, None, None)]}
-        for piece in pieces:
-            lp = self._completion_logprobs(piece.events, offset) if want_lp else None
-            offset += len(piece.text)
+            for i in range(len(pieces)):
+                yield {**meta, "choices": [_choice_text(head, None, None, i)]}
+        for i, piece, last in _interleave(pieces):
+            lp = self._completion_logprobs(piece.events, offsets[i]) if want_lp else None
+            offsets[i] += len(piece.text)
             n += len(piece.events)
-            chunk = {**meta, "choices": [_choice_text(piece.text, lp, piece.finish_reason)]}
-            if piece.finish_reason is not None:
+            chunk = {**meta, "choices": [_choice_text(piece.text, lp, piece.finish_reason, i)]}
+            if last:
                 chunk["usage"] = _usage(n_prompt, n)
             yield chunk
 
@@ -256,14 +260,17 @@ class LLM:
         presence_penalty: float = 0.0,
         logit_bias: Mapping[str, float] | None = None,
         ignore_eos: bool = False,
+        n: int = 1,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``chat.completion`` (a dict), or with ``stream`` a :class:`Stream` of
-        ``chat.completion.chunk`` dicts. ``tools`` are not rendered yet: refused when given."""
+        ``chat.completion.chunk`` dicts; ``n`` choices as for :meth:`create_completion`.
+        ``tools`` are not rendered yet: refused when given."""
         if tools:
             raise InvalidRequestError(
                 "tools are not supported yet: the chat template is rendered without them",
                 "tools",
             )
+        self._check_generates("messages")
         ids = self.chat_prompt(messages)
         n_probs = (top_logprobs or 0) if logprobs else 0
         job = self._job(
@@ -273,24 +280,25 @@ class LLM:
             logit_bias=logit_bias,
         )  # fmt: skip
         job.ignore_eos = ignore_eos
-        handle = self._submit(job, "messages")
-        pieces = self._pieces(handle, _stops(stop))
+        stops = _stops(stop)  # checked before anything runs
+        handles = self._submit(job, n, response_format, "messages")
+        pieces = [self._pieces(h, stops) for h in handles]
         meta = _meta("chatcmpl", "chat.completion", self.model_name)
         if stream:
-            return Stream(self._chat_chunks(pieces, meta, logprobs, len(ids)), handle)
-        text, events, finish = self._collect(pieces)
-        return {
-            **meta,
-            "choices": [
+            return Stream(self._chat_chunks(pieces, meta, logprobs, len(ids)), handles)
+        choices, n_generated = [], 0
+        for i, choice in enumerate(pieces):
+            text, events, finish = self._collect(choice)
+            n_generated += len(events)
+            choices.append(
                 {
-                    "index": 0,
+                    "index": i,
                     "message": {"role": "assistant", "content": text},
                     "logprobs": {"content": self._chat_logprobs(events)} if logprobs else None,
                     "finish_reason": finish,
                 }
-            ],
-            "usage": _usage(len(ids), len(events)),
-        }
+            )
+        return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated)}
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """The conversation's tokens: the template's markup with control tokens parsed,
@@ -316,19 +324,21 @@ class LLM:
             raise InvalidRequestError(str(e), "messages") from e
 
     def _chat_chunks(
-        self, pieces: Iterator[_Piece], meta: dict[str, Any], logprobs: bool, n_prompt: int
+        self, pieces: list[Iterator[_Piece]], meta: dict[str, Any], logprobs: bool, n_prompt: int
     ) -> Iterator[dict[str, Any]]:
-        """Chunks of a streamed chat reply: the role first, the last carrying ``usage``."""
+        """Chunks of a streamed chat reply, each choice's under its index: the role
+        first, the last chunk carrying ``usage`` (the prompt counted once)."""
         meta = {**meta, "object": "chat.completion.chunk"}
-        first = {"role": "assistant", "content": ""}
-        yield {**meta, "choices": [_choice_delta(first, None, None)]}
+        for i in range(len(pieces)):
+            first = {"role": "assistant", "content": ""}
+            yield {**meta, "choices": [_choice_delta(first, None, None, i)]}
         n = 0
-        for piece in pieces:
+        for i, piece, last in _interleave(pieces):
             lp = {"content": self._chat_logprobs(piece.events)} if logprobs else None
             delta = {"content": piece.text} if piece.text else {}
             n += len(piece.events)
-            chunk = {**meta, "choices": [_choice_delta(delta, lp, piece.finish_reason)]}
-            if piece.finish_reason is not None:
+            chunk = {**meta, "choices": [_choice_delta(delta, lp, piece.finish_reason, i)]}
+            if last:
                 chunk["usage"] = _usage(n_prompt, n)
             yield chunk
 
@@ -345,37 +355,22 @@ class LLM:
             for e in events
         ]
 
-    def _submit(self, job: GenerationJob, param: str) -> GenerationHandle:
-        """Queue ``job``. What the engine refuses before running it (a prompt longer than
-        the context, a token id outside the vocabulary) is the request's fault, named by
-        ``param``: a 400, not a server error."""
-        try:
-            return self.generator.submit(job)
-        except RequestError as e:
-            raise InvalidRequestError(str(e), param) from None
-
     # -- embeddings ---------------------------------------------------------------------------
 
     def embed(self, texts: str | Sequence[str]) -> list[list[float]]:
-        """One pooled embedding per text (the model's ``Llama.embed``), normalized to unit
-        length as OpenAI's are."""
+        """One pooled embedding per text (pooled as ``Llama.embed`` pools: the file's
+        ``pooling_type``, else mean), normalized to unit length as OpenAI's are."""
         one = isinstance(texts, str)
         items = [texts] if isinstance(texts, str) else list(texts)
-        if self.embedder is None:
-            raise InvalidRequestError(
-                "this server computes no embeddings: start it with --embeddings", "input"
-            )
-        embed = getattr(self.embedder, "embed", None)
-        if embed is None:
-            raise InvalidRequestError(
-                "this tensorplug build cannot compute embeddings yet (Llama.embed)", "input"
-            )
+        try:
+            vectors = self.generator.embed([self.tokenize(text) for text in items])
+        except RequestError as e:  # an empty text, one longer than the context
+            raise InvalidRequestError(str(e), "input") from None
         out = []
-        with self._lock:  # the embedder has one context: one text at a time
-            for text in items:
-                v = np.asarray(embed(self.tokenize(text)), dtype=np.float64)
-                norm = float(np.linalg.norm(v))
-                out.append((v / norm if norm > 0 else v).tolist())
+        for vector in vectors:
+            v = np.asarray(vector, dtype=np.float64)
+            norm = float(np.linalg.norm(v))
+            out.append((v / norm if norm > 0 else v).tolist())
         return out[:1] if one else out
 
     def create_embedding(self, input: str | Sequence[str]) -> dict[str, Any]:
@@ -468,6 +463,56 @@ class LLM:
             if finish is None:
                 handle.cancel()
 
+    def _check_generates(self, param: str) -> None:
+        """An encoder (BERT) has no output layer: it serves embeddings only."""
+        arch = self.llama.config.arch
+        if arch.encoder:
+            raise InvalidRequestError(
+                f"{self.model_name} is an embedding model ('{arch.name}', a bidirectional "
+                "encoder with no output layer): it serves /v1/embeddings only, it cannot "
+                "generate text",
+                param,
+            )
+
+    def _submit(
+        self,
+        job: GenerationJob,
+        n: int,
+        response_format: Mapping[str, Any] | None,
+        field: str = "prompt",
+    ) -> list[GenerationHandle]:
+        """The job's ``n`` choices, submitted together: choice ``i`` samples with seed
+        ``seed + i`` and has a constraint of its own. ``n`` is at most the generator's
+        ``n_parallel``: the choices run side by side."""
+        limit = self.generator.stats().n_parallel
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit:
+            raise InvalidRequestError(
+                f"n must be an integer from 1 to {limit} (the server's parallel slots, -np), "
+                f"got {n!r}",
+                "n",
+            )
+        try:
+            if n == 1:
+                return [self.generator.submit(job)]
+            return list(self.generator.submit_choices(self._choices(job, n, response_format)))
+        except RequestError as e:  # e.g. a prompt longer than the context
+            raise InvalidRequestError(str(e), field) from None
+
+    def _choices(
+        self, job: GenerationJob, n: int, response_format: Mapping[str, Any] | None
+    ) -> list[GenerationJob]:
+        seed = job.sampling.get("seed")
+        jobs = [job]
+        for i in range(1, n):
+            sampling = dict(job.sampling)
+            if isinstance(seed, int) and seed >= 0:
+                sampling["seed"] = seed + i
+            constraint = None
+            if job.constraint is not None and response_format is not None:
+                constraint = self._constraint(response_format)
+            jobs.append(replace(job, sampling=sampling, constraint=constraint))
+        return jobs
+
     @staticmethod
     def _collect(pieces: Iterator[_Piece]) -> tuple[str, list[TokenEvent], str | None]:
         texts, events, finish = [], [], None
@@ -507,9 +552,30 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
-def _choice_text(text: str, logprobs: Any, finish: str | None) -> dict[str, Any]:
-    return {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
+def _interleave(choices: list[Iterator[_Piece]]) -> Iterator[tuple[int, _Piece, bool]]:
+    """``(index, piece, last)`` from every choice in turn until each has finished
+    (``last``: no choice has more). The choices advance in the same engine steps, so
+    taking one piece of each in turn keeps the stream in step with the generation."""
+    live = list(enumerate(choices))
+    pending: tuple[int, _Piece] | None = None
+    while live:
+        for i, it in list(live):
+            piece = next(it, None)
+            if piece is None:
+                live.remove((i, it))
+                continue
+            if pending is not None:
+                yield (*pending, False)
+            pending = (i, piece)
+    if pending is not None:
+        yield (*pending, True)
 
 
-def _choice_delta(delta: dict[str, Any], logprobs: Any, finish: str | None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+def _choice_text(text: str, logprobs: Any, finish: str | None, index: int = 0) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _choice_delta(
+    delta: dict[str, Any], logprobs: Any, finish: str | None, index: int = 0
+) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}

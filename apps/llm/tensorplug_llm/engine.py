@@ -13,7 +13,31 @@ Prefix reuse: a slot remembers the tokens its cells hold after its request ends.
 request takes the idle slot whose tokens share the longest prefix with its prompt (ties:
 the least recently used), keeps those cells and evaluates only the rest (at least the
 last prompt token, whose logits it needs). When the cache runs out of cells, idle slots
-give theirs back, least recently used first; a running request's cells are never taken.
+give theirs back, least recently used first.
+
+Preemption (vLLM's recompute preemption): when the running requests themselves need
+more cells than the cache has, the most recently admitted one gives way: its slot goes
+idle (its cells evictable like any idle slot's) and it goes back to the head of the
+queue with everything that decides its continuation (sampler and its generator,
+constraint, text decoder, the tokens it generated). Its cells are evicted last, and
+from the tail, only as many as needed. Resumed, it evaluates its prompt plus those
+tokens again (less the prefix still cached) and goes on exactly where it was. The
+oldest request is never preempted for a younger one, so one request always progresses.
+
+Embeddings (``Request(tokens, embed=True)``): the tokens are a sequence of their own
+in a slot, evaluated in chunks within the same token budget as the prompts beside
+them (a second decode of the step asks for the chunks' final hidden states rather
+than logits), pooled as :meth:`Llama.embed <tensorplug_llm.runner.Llama.embed>` pools
+(:mod:`pooling`), and their cells removed (``seq_rm``). So one loaded model serves
+completions and embeddings at once. An encoder (BERT) is served the same way, each
+text in one step (its attention sees the whole text); it generates nothing, so a
+generation request to it is refused at ``submit``.
+
+Several choices of one prompt (OpenAI's ``n``, :meth:`Engine.submit_group`): the
+requests are admitted together into as many slots; the first evaluates the prompt, and
+when its last token's logits come out the others share its cells (``seq_cp``: nothing
+computed twice) and each samples its first token from those same logits with its own
+sampler. From there they are independent sequences.
 
 Sampling and constraints are the request's own (``request.py``'s protocols
 ``TokenSampler`` and ``Constraint``); without a sampler a request is greedy. A
@@ -30,6 +54,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -40,6 +65,7 @@ from tensorplug.errors import RunError
 
 from .batch import BatchBuilder
 from .kv_cells import MAX_SEQUENCES
+from .pooling import pool, pooling_kind
 from .request import (
     Constraint,
     GreedySampler,
@@ -82,6 +108,10 @@ class EngineStats:
     generated_tokens: int = 0
     steps: int = 0
     slots_evicted: int = 0
+    #: running requests that gave their cells up and went back to the queue
+    preemptions: int = 0
+    #: tokens evaluated again to resume preempted requests (not in prompt_tokens_evaluated)
+    tokens_recomputed: int = 0
 
 
 @dataclass
@@ -91,6 +121,9 @@ class _Slot:
     cached: list[int] = field(default_factory=list)
     job: _Job | None = None
     last_used: int = -1
+    #: its cells are a preempted job's: evicted from the tail, as few as needed, so the
+    #: job resumes from the prefix that survives
+    preempted: bool = False
 
 
 @dataclass
@@ -103,9 +136,42 @@ class _Job:
     sampler: TokenSampler
     stop_tokens: frozenset[int]
     decoder: StreamDecoder | None
-    admitted: int
+    admitted: int  # the order of first admission: the newest is preempted first
     next_token: int | None = None  # sampled, to be evaluated by the next step
     n_generated: int = 0
+    preempted: int = 0  # how many times it gave its cells up
+    #: tokens it had in the cache when last preempted: evaluating them again is recompute
+    evaluated: int = 0
+    #: a choice waiting for its leader's prompt: it shares those cells when they exist
+    leader: _Job | None = None
+    #: the other choices of this job's prompt, forked when its last prompt token is done
+    followers: list[_Job] = field(default_factory=list)
+    #: an embedding's final hidden states so far, a block per evaluated chunk
+    hidden: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def embed(self) -> bool:
+        return self.handle.request.embed
+
+
+@dataclass
+class _Waiting:
+    """A queue entry: a request (with ``followers``: other choices of its prompt,
+    admitted with it), or a preempted job that resumes with its state."""
+
+    handle: RequestHandle
+    resumed: _Job | None = None
+    followers: list[RequestHandle] = field(default_factory=list)
+
+    @property
+    def handles(self) -> list[RequestHandle]:
+        return [self.handle, *self.followers]
+
+    def tokens(self) -> list[int]:
+        """What the cache must hold for it to go on: the prompt, and for a resumed job
+        the tokens it generated (the last one sampled but not yet evaluated)."""
+        prompt = [int(t) for t in self.handle.request.prompt]
+        return prompt + self.handle.tokens if self.resumed is not None else prompt
 
 
 class Engine:
@@ -138,7 +204,7 @@ class Engine:
         self.similarity = similarity
         self.slots = [_Slot(i) for i in range(n_parallel)]
         self.stats = EngineStats()
-        self._waiting: deque[RequestHandle] = deque()
+        self._waiting: deque[_Waiting] = deque()
         self._lock = threading.Lock()  # guards _waiting
         self._step_lock = threading.Lock()  # one step at a time
         self._wakeup = threading.Condition(self._lock)
@@ -158,10 +224,32 @@ class Engine:
         self._check(request)
         handle = RequestHandle(self, request, next(self._ids))
         with self._lock:
-            self._waiting.append(handle)
+            self._waiting.append(_Waiting(handle))
             self.stats.requests_submitted += 1
             self._wakeup.notify()
         return handle
+
+    def submit_group(self, requests: Sequence[Request]) -> list[RequestHandle]:
+        """Queue requests with one prompt (choices of it, OpenAI's ``n``): they are
+        admitted together, the prompt is evaluated once and its cells shared by all
+        (``seq_cp``), each samples with its own sampler from the same logits. At most
+        ``n_parallel`` requests (they run side by side); thread-safe."""
+        if not 1 <= len(requests) <= self.n_parallel:
+            raise RequestError(
+                f"a group runs its {len(requests)} requests side by side: 1 to n_parallel = "
+                f"{self.n_parallel} of them"
+            )
+        for r in requests:
+            self._check(r)
+        prompt = [int(t) for t in requests[0].prompt]
+        if any([int(t) for t in r.prompt] != prompt for r in requests[1:]):
+            raise RequestError("the requests of a group must have the same prompt")
+        handles = [RequestHandle(self, r, next(self._ids)) for r in requests]
+        with self._lock:
+            self._waiting.append(_Waiting(handles[0], followers=handles[1:]))
+            self.stats.requests_submitted += len(handles)
+            self._wakeup.notify()
+        return handles
 
     def _check(self, request: Request) -> None:
         try:
@@ -181,12 +269,24 @@ class Engine:
         if prompt.size > n_ctx:
             raise RequestError(
                 f"the prompt has {prompt.size} tokens; the context holds {n_ctx} (n_ctx): "
-                "shorten the prompt or load the model with a larger context"
+                "shorten the prompt or load the model with a larger context (-c / --ctx-size)"
             )
         if request.max_tokens is not None and request.max_tokens < 1:
             raise RequestError(f"max_tokens must be at least 1 (or None), got {request.max_tokens}")
         if request.n_probs < 0:
             raise RequestError(f"n_probs must be >= 0, got {request.n_probs}")
+        cfg = self.llama.config
+        if request.embed:
+            try:
+                pooling_kind(request.pooling, cfg.pooling)
+            except RunError as e:
+                raise RequestError(str(e)) from None
+        elif cfg.arch.encoder:
+            raise RequestError(
+                f"{self.llama.file.path.name} is an embedding model ('{cfg.arch.name}', a "
+                "bidirectional encoder with no output layer): it computes embeddings "
+                "(/v1/embeddings, LLM.embed), it cannot generate text"
+            )
 
     def wake(self) -> None:
         """Let the loop thread look for work (a cancel, a new request)."""
@@ -241,15 +341,16 @@ class Engine:
             self._thread.join()
             self._thread = None
         with self._step_lock:
-            with self._lock:
-                waiting, self._waiting = list(self._waiting), deque()
-            for handle in waiting:
-                self.stats.requests_cancelled += 1
-                handle.end("cancelled")
-            for slot in self.slots:
+            for slot in self.slots:  # first: a leader ending requeues its choices
                 if slot.job is not None:
                     self.stats.requests_cancelled += 1
                     self._end(slot.job, "cancelled")
+            with self._lock:
+                waiting, self._waiting = list(self._waiting), deque()
+            for entry in waiting:
+                for handle in entry.handles:
+                    self.stats.requests_cancelled += 1
+                    handle.end("cancelled")
         if self._masks is not None:
             self._masks.shutdown()
             self._masks = None
@@ -268,7 +369,7 @@ class Engine:
 
     @property
     def n_waiting(self) -> int:
-        return len(self._waiting)
+        return sum(len(e.handles) for e in self._waiting)
 
     def cached_tokens(self) -> int:
         """Tokens idle slots hold for prefix reuse (a cell shared by two counts twice)."""
@@ -291,10 +392,15 @@ class Engine:
             return True
 
     def _reap_cancelled(self) -> None:
+        cancelled: list[RequestHandle] = []
         with self._lock:
-            cancelled = [h for h in self._waiting if h.cancelled]
-            for h in cancelled:
-                self._waiting.remove(h)
+            for e in list(self._waiting):
+                alive = [h for h in e.handles if not h.cancelled]
+                cancelled += [h for h in e.handles if h.cancelled]
+                if not alive:
+                    self._waiting.remove(e)
+                elif len(alive) < len(e.handles):  # the next choice leads the group
+                    e.handle, e.followers = alive[0], alive[1:]
         for h in cancelled:
             self.stats.requests_cancelled += 1
             h.end("cancelled")
@@ -309,16 +415,22 @@ class Engine:
         another slot holds, running or idle (``seq_cp``: the same cells, nothing
         computed or copied). It waits while a running request is still evaluating a
         longer shared prefix, and while the cache cannot take the rest of its prompt
-        (counting idle slots' cells as free)."""
+        (counting idle slots' cells as free). A preempted job resumes the same way, its
+        prompt being what it had in the cache plus its last sampled token."""
         while True:
             with self._lock:
                 if not self._waiting:
                     return
-                handle = self._waiting[0]
+                entry = self._waiting[0]
             idle = [s for s in self.slots if s.job is None]
-            if not idle:
-                return
-            prompt = [int(t) for t in handle.request.prompt]
+            if len(idle) < len(entry.handles):
+                return  # a group is admitted whole: its choices share one prompt step
+            handle = entry.handle
+            prompt = entry.tokens()
+            if handle.request.embed:
+                if not self._admit_embedding(entry, idle, prompt):
+                    return
+                continue
             slot = self._best_slot(idle, prompt)
             limit = len(prompt) - 1  # the last prompt token is evaluated: its logits
             own = min(_common_prefix(slot.cached, prompt), limit)
@@ -333,7 +445,7 @@ class Engine:
             if self._prefix_coming(prompt, reuse):
                 return  # share it next step rather than compute it twice
             if self.n_running and self._spare(slot, donor, 0 if use_donor else own) < (
-                len(prompt) - reuse + 1
+                len(prompt) - reuse + len(entry.handles)
             ):
                 return  # wait for running requests to end
             with self._lock:
@@ -347,23 +459,56 @@ class Engine:
             else:
                 kv.seq_rm(slot.seq, reuse)
                 del slot.cached[reuse:]
+            if entry.resumed is not None:
+                job = entry.resumed
+                job.slot, job.pending, job.next_token = slot, prompt[reuse:], None
+                slot.job = job
+                continue
             handle.prompt_tokens_reused = reuse
             self.stats.prompt_tokens_reused += reuse
-            request = handle.request
-            vocab = self.llama.vocab
-            slot.job = _Job(
-                handle=handle,
-                slot=slot,
-                pending=prompt[reuse:],
-                sampler=request.sampler or GreedySampler(request.n_probs),
-                stop_tokens=(
-                    request.stop_tokens
-                    if request.stop_tokens is not None
-                    else (vocab.eog if vocab is not None else frozenset())
-                ),
-                decoder=StreamDecoder(vocab) if vocab is not None else None,
-                admitted=next(self._tick),
-            )
+            slot.job = leader = self._new_job(handle, slot, prompt[reuse:])
+            for other in entry.followers:  # the other choices: cells shared at the fork
+                free = [s for s in self.slots if s.job is None]
+                fslot = min(free, key=lambda s: (s is donor, bool(s.cached), s.last_used))
+                kv.seq_rm(fslot.seq)
+                fslot.cached.clear()
+                fslot.job = job = self._new_job(other, fslot, [])
+                job.leader = leader
+                leader.followers.append(job)
+                other.prompt_tokens_reused = len(prompt)
+                self.stats.prompt_tokens_reused += len(prompt)
+
+    def _admit_embedding(self, entry: _Waiting, idle: list[_Slot], tokens: list[int]) -> bool:
+        """An embedding into the idle slot whose cache matters least (empty, else least
+        recently used), once the cache can take all its tokens: it needs every token's
+        hidden state, so no cached prefix is of use to it."""
+        slot = min(idle, key=lambda s: (bool(s.cached), s.last_used))
+        if self.n_running and self._spare(slot, None, 0) < len(tokens):
+            return False
+        with self._lock:
+            self._waiting.popleft()
+        self.llama.kv.seq_rm(slot.seq)
+        slot.cached.clear()
+        job = entry.resumed or self._new_job(entry.handle, slot, [])
+        job.slot, job.pending, job.hidden = slot, tokens, []
+        slot.job = job
+        return True
+
+    def _new_job(self, handle: RequestHandle, slot: _Slot, pending: list[int]) -> _Job:
+        request, vocab = handle.request, self.llama.vocab
+        return _Job(
+            handle=handle,
+            slot=slot,
+            pending=pending,
+            sampler=request.sampler or GreedySampler(request.n_probs),
+            stop_tokens=(
+                request.stop_tokens
+                if request.stop_tokens is not None
+                else (vocab.eog if vocab is not None else frozenset())
+            ),
+            decoder=StreamDecoder(vocab) if vocab is not None else None,
+            admitted=next(self._tick),
+        )
 
     def _prefix_coming(self, prompt: list[int], reuse: int) -> bool:
         """Whether a running request is still evaluating a prompt that shares more of
@@ -371,7 +516,7 @@ class Engine:
         (``similarity``): a burst of requests with one system prompt then computes it
         once, the others share it a step or a few later."""
         for s in self.slots:
-            if s.job is not None and s.job.pending:
+            if s.job is not None and s.job.pending and not s.job.embed:
                 n = min(_common_prefix(s.cached + s.job.pending, prompt), len(prompt) - 1)
                 if n > reuse and n >= self.similarity * len(prompt):
                     return True
@@ -402,35 +547,102 @@ class Engine:
 
     def _make_room(self, needed: int) -> None:
         """Free cells for ``needed`` tokens: idle slots give up theirs, least recently
-        used first. Running requests are never touched here."""
+        used first (a preempted job's slot, the most recent, only its tail: as many
+        cells as are missing). Running requests are never touched here."""
         kv = self.llama.kv
         for slot in sorted(self.slots, key=lambda s: s.last_used):
-            if kv.n_ctx - kv.n_used >= needed:
+            short = needed - (kv.n_ctx - kv.n_used)
+            if short <= 0:
                 return
             if slot.job is None and slot.cached:
-                kv.seq_rm(slot.seq)
-                slot.cached.clear()
-                self.stats.slots_evicted += 1
+                keep = self._tail_kept(slot, short) if slot.preempted else 0
+                kv.seq_rm(slot.seq, keep)
+                del slot.cached[keep:]
+                self.stats.slots_evicted += keep == 0
+
+    def _tail_kept(self, slot: _Slot, short: int) -> int:
+        """The longest prefix of ``slot`` whose removal beyond frees ``short`` cells (a
+        cell shared with another sequence frees nothing); 0 if none does."""
+        kv, lo, hi = self.llama.kv, 0, len(slot.cached)
+        if kv.n_held_only_by([slot.seq], 0) < short:
+            return 0
+        while lo < hi:  # cells freed by removing positions >= k fall as k grows
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if kv.n_held_only_by([slot.seq], mid) >= short else (lo, mid - 1)
+        return lo
+
+    def _fit(self, jobs: list[_Job]) -> list[_Job]:
+        """The jobs that can step, after freeing cells for them: idle slots' first (LRU),
+        then the newest running jobs' (preempted, back to the queue) until every
+        generating job has a cell for its next token and, when none generates, the
+        oldest prompt has one for a chunk. One job alone always fits (the context holds
+        its prompt, and generation ends when the context is full), so the oldest job
+        always progresses: no livelock."""
+        kv = self.llama.kv
+        jobs = list(jobs)
+        while True:
+            decoding = sum(j.next_token is not None for j in jobs)
+            wanted = decoding + sum(len(j.pending) for j in jobs)
+            self._make_room(min(wanted, max(self.n_batch, decoding)))
+            free = kv.n_ctx - kv.n_used
+            if decoding <= free and (decoding or free or not wanted):
+                return jobs
+            holders = [j for j in jobs if j.leader is None]  # a waiting choice holds nothing
+            newest = max(holders, key=lambda j: j.admitted)
+            if len(holders) == 1:  # cannot happen (see above); fail clearly rather than loop
+                held = len(newest.slot.cached)
+                self._fail(
+                    newest,
+                    RequestError(
+                        f"the request needs {held + wanted} KV cells and the context holds "
+                        f"{kv.n_ctx} (n_ctx): use a larger context (-c) or fewer tokens"
+                    ),
+                )
+                return []
+            for gone in (newest, *newest.followers):
+                jobs.remove(gone)
+            self._preempt(newest)
+
+    def _preempt(self, job: _Job) -> None:
+        """``job`` gives its slot up and goes back to the head of the queue with its
+        state. Its cells stay as an idle slot's (the most recently used: evicted after
+        the others), so if they survive it resumes from them."""
+        slot = job.slot
+        slot.job = None
+        slot.last_used = next(self._tick)
+        slot.preempted = True
+        job.evaluated = max(job.evaluated, len(slot.cached))
+        if job.next_token is None:  # mid-prompt: what was evaluated is kept cached
+            job.pending = []
+        if job.embed:  # its hidden states so far are dropped with its cells
+            self.llama.kv.seq_rm(slot.seq)
+            slot.cached.clear()
+        job.preempted += 1
+        self.stats.preemptions += 1
+        self._requeue_followers(job)
+        with self._lock:
+            self._waiting.appendleft(_Waiting(job.handle, job))
+
+    def _requeue_followers(self, leader: _Job) -> None:
+        """A leader leaves before its prompt is done (preempted, cancelled, failed): its
+        waiting choices have done nothing yet, so they go back to the head of the queue
+        as a group of their own (sharing whatever of the prompt is cached)."""
+        followers, leader.followers = leader.followers, []
+        for f in followers:
+            f.slot.job = None
+            f.leader = None
+        if followers:
+            with self._lock:
+                self._waiting.appendleft(
+                    _Waiting(followers[0].handle, followers=[f.handle for f in followers[1:]])
+                )
 
     def _run(self, jobs: list[_Job]) -> None:
         kv = self.llama.kv
+        jobs = self._fit(jobs)
+        if not jobs:
+            return
         decoding = [j for j in jobs if j.next_token is not None]
-        while True:
-            self._make_room(len(decoding) + sum(len(j.pending) for j in jobs))
-            if len(decoding) <= kv.n_ctx - kv.n_used:
-                break
-            # the generating requests outgrew the cache: the newest gives way (its
-            # cells, now an idle slot's, are evicted next if still needed)
-            newest = max(decoding, key=lambda j: j.admitted)
-            decoding.remove(newest)
-            jobs.remove(newest)
-            self._fail(
-                newest,
-                RequestError(
-                    f"the KV cache (n_ctx = {kv.n_ctx}) is full with {self.n_running + 1} "
-                    "running requests: use a larger context or fewer parallel slots"
-                ),
-            )
         budget = min(self.n_batch, kv.n_ctx - kv.n_used)
         batch = BatchBuilder()
         rows: list[tuple[_Job, list[int]]] = []  # per flagged token: its job, tokens added
@@ -441,25 +653,57 @@ class Engine:
             job.next_token = None
         budget -= len(decoding)
         evaluated: list[tuple[_Job, list[int]]] = []
+        embedding = BatchBuilder()  # chunks of embeddings: a decode of their own
+        embedded: list[tuple[_Job, list[int]]] = []
+        encoder = self.llama.config.arch.encoder
         for job in sorted((j for j in jobs if j.pending), key=lambda j: j.admitted):
             if budget <= 0:
                 break
+            if encoder and len(job.pending) > budget:
+                continue  # an encoder sees a text whole, in one step
             chunk, job.pending = job.pending[:budget], job.pending[budget:]
             p0 = len(job.slot.cached)
             for i, tok in enumerate(chunk):
+                if job.embed:  # every row's hidden state is pooled
+                    embedding.add(tok, p0 + i, (job.slot.seq,), logits=True)
+                    continue
                 batch.add(
                     tok, p0 + i, (job.slot.seq,), logits=not job.pending and i == len(chunk) - 1
                 )
             budget -= len(chunk)
-            job.handle.prompt_tokens_evaluated += len(chunk)
-            self.stats.prompt_tokens_evaluated += len(chunk)
-            (evaluated if job.pending else rows).append((job, chunk))
-        if not len(batch):
-            return
-        masks = self._masks_for([job for job, _ in rows])
+            self._count(job, p0, len(chunk))
+            (embedded if job.embed else evaluated if job.pending else rows).append((job, chunk))
+        if len(batch):
+            self._decode(batch, len(decoding), rows, evaluated)
+        if len(embedding):
+            self._embed(embedding, embedded)
+
+    def _count(self, job: _Job, p0: int, n: int) -> None:
+        """Count ``n`` tokens evaluated from position ``p0``: those a preempted job had
+        in the cache before as recomputed, new prompt tokens as prompt (a resumed job's
+        last sampled token is neither: a decode step would have evaluated it)."""
+        end = p0 + n
+        again = max(0, min(end, job.evaluated) - p0)
+        fresh = max(0, min(end, len(job.handle.request.prompt)) - max(p0, job.evaluated))
+        self.stats.tokens_recomputed += again
+        job.handle.prompt_tokens_evaluated += fresh
+        self.stats.prompt_tokens_evaluated += fresh
+
+    def _decode(
+        self,
+        batch: BatchBuilder,
+        n_decoding: int,
+        rows: list[tuple[_Job, list[int]]],
+        evaluated: list[tuple[_Job, list[int]]],
+    ) -> None:
+        """The step's generation decode: sample each flagged row."""
+        kv = self.llama.kv
+        # each flagged row is sampled by its job, and by the choices waiting for it
+        samples = [(j, i) for i, (job, _) in enumerate(rows) for j in (job, *job.followers)]
+        masks = self._masks_for([job for job, _ in samples])
         try:
             # a step with prompt tokens counts as prompt time, decode steps as generation
-            logits = self.llama.decode(batch.build(), prompt=len(batch) > len(decoding))
+            logits = self.llama.decode(batch.build(), prompt=len(batch) > n_decoding)
         except Exception as e:  # the step failed: its requests fail, the engine goes on
             for job, _ in (*rows, *evaluated):
                 kv.seq_rm(job.slot.seq)
@@ -468,9 +712,37 @@ class Engine:
             return
         for job, chunk in evaluated:
             job.slot.cached.extend(chunk)
-        for (job, chunk), row, mask in zip(rows, logits, masks, strict=True):
+        for job, chunk in rows:
             job.slot.cached.extend(chunk)
-            self._sample(job, row, mask)
+            for f in job.followers:  # the prompt is in the cache: the choices share it
+                kv.seq_cp(job.slot.seq, f.slot.seq)
+                f.slot.cached[:] = job.slot.cached
+                f.leader = None
+            job.followers = []
+        for (job, i), mask in zip(samples, masks, strict=True):
+            self._sample(job, logits[i], mask)
+
+    def _embed(self, batch: BatchBuilder, embedded: list[tuple[_Job, list[int]]]) -> None:
+        """The step's embedding chunks: their hidden states kept; a finished embedding
+        is pooled as ``Llama.embed`` pools and its cells removed."""
+        try:
+            hidden = self.llama.decode(batch.build(), prompt=True, embeddings=True)
+        except Exception as e:
+            for job, _ in embedded:
+                self._fail(job, RequestError(f"the step failed: {e}"), e)
+            return
+        row = 0
+        for job, chunk in embedded:
+            job.hidden.append(hidden[row : row + len(chunk)])
+            row += len(chunk)
+            job.slot.cached.extend(chunk)
+            if job.pending:
+                continue
+            request = job.handle.request
+            kind = pooling_kind(request.pooling, self.llama.config.pooling)
+            job.handle.embedding = pool(np.concatenate(job.hidden), kind)
+            self.stats.requests_finished += 1
+            self._end(job, "stop")
 
     def _masks_for(self, jobs: list[_Job]) -> list[Future[np.ndarray] | None]:
         """Each constrained job's allowed-token mask, computed on a helper thread while
@@ -530,7 +802,16 @@ class Engine:
 
     def _end(self, job: _Job, reason: str, error: RequestError | None = None) -> None:
         """The slot goes idle; its cells stay cached (what they hold: ``slot.cached``)."""
+        job.slot.preempted = False
+        self._requeue_followers(job)
+        if job.leader is not None:
+            job.leader.followers.remove(job)
+            job.leader = None
         slot = job.slot
+        if job.embed:  # its cells were for its hidden states: they go
+            self.llama.kv.seq_rm(slot.seq)
+            slot.cached.clear()
+            job.hidden = []
         slot.job = None
         slot.last_used = next(self._tick)
         job.handle.end(reason, error)

@@ -14,7 +14,7 @@ that went away) and ends the iteration at the next step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +22,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .engine import Engine
-    from .request import RequestHandle
+    from .request import Request, RequestHandle
     from .sampling import TokenSampler
 
 __all__ = [
@@ -99,10 +99,20 @@ class GeneratorStats:
     prompt_tokens_reused: int
     generated_tokens_total: int
     requests_total: int
+    #: running requests that gave their cells up when the cache was full (resumed later)
+    preemptions: int = 0
 
 
 class Generator(Protocol):
     def submit(self, job: GenerationJob) -> GenerationHandle: ...
+
+    def embed(self, texts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Each token list's pooled embedding (float32, not normalized)."""
+        ...
+
+    def submit_choices(self, jobs: Sequence[GenerationJob]) -> Sequence[GenerationHandle]:
+        """Jobs with one prompt (the choices of OpenAI's ``n``), run side by side."""
+        ...
 
     def stats(self) -> GeneratorStats: ...
 
@@ -129,9 +139,35 @@ class EngineGenerator:
         self.sampler(job)
 
     def submit(self, job: GenerationJob) -> RequestHandle:
+        return self.engine.submit(self._request(job))
+
+    def embed(self, texts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Embeddings computed by the engine beside the generations: every text is
+        submitted at once (they run side by side, up to the slots), then collected."""
         from .request import Request
 
-        request = Request(
+        handles = []
+        out = []
+        try:
+            for t in texts:  # a text refused at submit cancels those queued before it
+                handles.append(self.engine.submit(Request(list(t), embed=True)))
+            for handle in handles:
+                handle.result()
+                assert handle.embedding is not None
+                out.append(handle.embedding)
+        finally:
+            for handle in handles:
+                handle.cancel()  # those not run yet, if one failed
+        return out
+
+    def submit_choices(self, jobs: Sequence[GenerationJob]) -> list[RequestHandle]:
+        """Choices sharing one evaluation of their prompt (``Engine.submit_group``)."""
+        return self.engine.submit_group([self._request(job) for job in jobs])
+
+    def _request(self, job: GenerationJob) -> Request:
+        from .request import Request
+
+        return Request(
             prompt=job.prompt,
             max_tokens=job.max_tokens,
             sampler=self.sampler(job),
@@ -139,7 +175,6 @@ class EngineGenerator:
             constraint=job.constraint,
             n_probs=job.n_probs,
         )
-        return self.engine.submit(request)
 
     def stats(self) -> GeneratorStats:
         e, kv = self.engine, self.engine.llama.kv
@@ -154,6 +189,7 @@ class EngineGenerator:
             prompt_tokens_reused=e.stats.prompt_tokens_reused,
             generated_tokens_total=e.stats.generated_tokens,
             requests_total=e.stats.requests_submitted,
+            preemptions=e.stats.preemptions,
         )
 
     def close(self) -> None:

@@ -33,7 +33,8 @@ class _Sampling(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    #: choices of the prompt, at most the server's -np (the API checks: 400 naming "n")
+    n: int = Field(1, ge=1)
     #: llama-server's: keep generating past the end-of-generation token
     ignore_eos: bool = False
 
@@ -43,7 +44,7 @@ class _Sampling(BaseModel):
             include={
                 "temperature", "top_p", "top_k", "min_p", "stop", "stream", "seed",
                 "response_format", "repeat_penalty", "frequency_penalty", "presence_penalty",
-                "logit_bias", "ignore_eos",
+                "logit_bias", "ignore_eos", "n",
             }
         )  # fmt: skip
 

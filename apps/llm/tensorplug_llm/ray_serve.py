@@ -33,13 +33,12 @@ class ServeReplica:
         from .run_cli import load_model
 
         self.args = args = argparse.Namespace(**options)
-        self.llama = load_model(args)
+        self.llama = load_model(args, encoder_ok=True)
         self.llm = LLM(
             self.llama,
             n_parallel=args.parallel,
             model_name=args.alias or Path(args.model).name,
             chat_template=Path(args.chat_template).read_text() if args.chat_template else None,
-            embedder=load_model(args) if args.embeddings else None,
         )
 
     def __serve_build_asgi_app__(self) -> Any:

@@ -105,7 +105,11 @@ class Request:
     end-of-generation tokens. ``sampler`` None: greedy (with ``n_probs`` > 0, each event
     carries log-probabilities). ``on_event`` is called on the engine's thread for each
     event (keep it short); stop *strings* are the API layer's, which cancels the
-    request when one matches."""
+    request when one matches.
+
+    ``embed``: compute the prompt's embedding instead of generating (the handle's
+    ``embedding``, pooled by ``pooling``: ``mean``, ``cls``, ``last``, None for the
+    model file's own, as :meth:`Llama.embed <tensorplug_llm.runner.Llama.embed>`)."""
 
     prompt: Sequence[int]
     max_tokens: int | None = None
@@ -114,6 +118,8 @@ class Request:
     on_event: Callable[[TokenEvent], None] | None = None
     constraint: Constraint | None = None
     n_probs: int = 0
+    embed: bool = False
+    pooling: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,8 @@ class RequestHandle:
         self.tokens: list[int] = []
         self.finish_reason: str | None = None  # also "cancelled" or "error"
         self.error: RequestError | None = None
+        #: an ``embed`` request's pooled vector (float32, not normalized), once done
+        self.embedding: np.ndarray | None = None
         self._events: queue.SimpleQueue[TokenEvent | object] = queue.SimpleQueue()
         self._cancelled = threading.Event()
         self._finished = threading.Event()

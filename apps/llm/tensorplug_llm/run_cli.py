@@ -436,8 +436,14 @@ def _row_placement(args: argparse.Namespace, f: GGUFFile, n_layer: int) -> Place
     return Placement.on(row_split_device(f, devices, args.tensor_split), n_layer)
 
 
-def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = None) -> Llama:
-    """The model of ``args``; ``place(n_layer)`` (default: from the options) places it."""
+def _load(
+    args: argparse.Namespace,
+    place: Callable[[int], Placement] | None = None,
+    *,
+    encoder_ok: bool = False,
+) -> Llama:
+    """The model of ``args``; ``place(n_layer)`` (default: from the options) places it.
+    An encoder (embeddings only) is refused unless ``encoder_ok``."""
     from tensorplug.gguf import GGUFFile
 
     from .context import choose_context
@@ -446,7 +452,9 @@ def _load(args: argparse.Namespace, place: Callable[[int], Placement] | None = N
 
     f = GGUFFile(args.model)
     cfg = LlamaConfig.from_gguf(f)
-    if cfg.arch.encoder:  # said before loading anything: nothing here could use it
+    if (
+        cfg.arch.encoder and not encoder_ok
+    ):  # said before loading anything: nothing here could use it
         raise RunError(embedding_model_message(f.path, cfg.arch.name))
     n_layer = cfg.n_layer
     if getattr(args, "split_mode", "layer") == "row":
@@ -824,7 +832,8 @@ def demo_model(
     return 0 if ok else 1
 
 
-def load_model(args: argparse.Namespace) -> Llama:
+def load_model(args: argparse.Namespace, *, encoder_ok: bool = False) -> Llama:
     """The model ``args`` (run's options) names, placed as they say: for commands that
-    take run's options and use the model otherwise (``chat``, ``serve``)."""
-    return _load(args)
+    take run's options and use the model otherwise (``chat``, ``serve``). ``encoder_ok``:
+    an embedding model (BERT) is loaded too (``serve``: embeddings only)."""
+    return _load(args, encoder_ok=encoder_ok)

@@ -55,7 +55,6 @@ from .batch import Batch
 from .encoder import EncoderWeights, build_encoder_step
 from .kv_cells import ContextFullError, KVCells
 from .model import (
-    POOLING_TYPES,
     KVCache,
     LlamaConfig,
     LlamaWeights,
@@ -64,6 +63,7 @@ from .model import (
     build_step,
 )  # fmt: skip
 from .placement import Placement, by_priority, host_cpu
+from .pooling import pool, pooling_kind
 from .sampling import Sampler, TokenSampler
 from .threads import ThreadGovernor, thread_counts
 from .tokenizer import Vocab
@@ -428,15 +428,19 @@ class Llama:
             )
         return ids  # int64: an id past int32 is refused by its value, not wrapped
 
-    def decode(self, batch: Batch, *, prompt: bool | None = None) -> np.ndarray:
+    def decode(
+        self, batch: Batch, *, prompt: bool | None = None, embeddings: bool = False
+    ) -> np.ndarray:
         """Evaluate a batch of tokens of any sequences (llama.cpp's ``llama_decode``).
 
         Each token is written to a free cache cell and attends to the cells of its
         sequences at positions up to its own. Returns the logits of the flagged tokens,
-        in batch order ``(n_flagged, n_vocab)``. Batches longer than ``n_batch`` run in
-        chunks; a chunk's tokens see the earlier chunks. ``prompt`` as for
-        :meth:`eval`. Positions must continue a sequence (beyond what it holds); a
-        batch is checked whole before anything is written.
+        in batch order ``(n_flagged, n_vocab)``; with ``embeddings``, their final hidden
+        states ``(n_flagged, n_embd)`` instead (what :meth:`embed` pools: the engine
+        computes embeddings this way, beside other sequences). Batches longer than
+        ``n_batch`` run in chunks; a chunk's tokens see the earlier chunks. ``prompt``
+        as for :meth:`eval`. Positions must continue a sequence (beyond what it holds);
+        a batch is checked whole before anything is written.
         """
         self._check_tokens(batch.tokens)
         self._check_positions(batch)
@@ -444,7 +448,7 @@ class Llama:
             self.kv.find_slot(len(batch))  # raises ContextFullError with the numbers
         if self.kv.has_shift:
             self.apply_shift()
-        outs = [self._step(chunk, prompt) for chunk in batch.chunks(self.n_batch)]
+        outs = [self._step(chunk, prompt, embeddings) for chunk in batch.chunks(self.n_batch)]
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     def _check_tokens(self, ids: np.ndarray) -> None:
@@ -645,9 +649,7 @@ class Llama:
         own: the context is cleared before and after. An encoder sees them in one step
         (bidirectional attention): its ``n_batch`` is its whole context.
         """
-        kind = pooling or (self.config.pooling if self.config.pooling != "none" else "mean")
-        if kind not in POOLING_TYPES[:4]:
-            raise RunError(f"pooling must be one of {', '.join(POOLING_TYPES[:4])}; got {kind!r}")
+        kind = pooling_kind(pooling, self.config.pooling)
         self.reset()
         ids = self._checked(tokens, "embed")  # an encoder's n_batch is its whole context
         self._check_tokens(ids)  # _step, unlike decode, takes them as they are
@@ -658,12 +660,7 @@ class Llama:
             )
         finally:
             self.reset()
-        pooled = {"mean": lambda: hidden.mean(axis=0), "cls": lambda: hidden[0],
-                  "last": lambda: hidden[-1], "none": lambda: hidden}[kind]()  # fmt: skip
-        if normalize:
-            norm = np.linalg.norm(pooled, axis=-1, keepdims=True)
-            pooled = pooled / np.where(norm > 0, norm, 1)
-        return np.asarray(pooled, dtype=np.float32)
+        return pool(hidden, kind, normalize=normalize)
 
     # -- reporting ------------------------------------------------------------------------------
 

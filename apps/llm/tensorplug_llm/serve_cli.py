@@ -97,8 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--embeddings",
         action="store_true",
-        help="serve /v1/embeddings too: a second copy of the model computes them (the "
-        "engine owns the first one's KV cache), as llama-server's --embeddings enables them",
+        help="accepted for llama-server's command lines: /v1/embeddings is always served, "
+        "by the same loaded model (an embedding request is a sequence of the engine beside "
+        "the generations); an encoder (BERT) file serves embeddings only",
     )
     p.add_argument(
         "--ray",
@@ -156,13 +157,12 @@ def _serve(args: argparse.Namespace) -> int:
             )  # fmt: skip
             print("no MODEL: serving a tiny random-weight model (its text is gibberish)",
                   file=sys.stderr)  # fmt: skip
-        llama = load_model(args)
+        llama = load_model(args, encoder_ok=True)
         llm = LLM(
             llama,
             n_parallel=args.parallel,
             model_name=args.alias or Path(args.model).name,
             chat_template=template,
-            embedder=load_model(args) if args.embeddings else None,
         )
         try:
             config = ServerConfig(
@@ -179,8 +179,6 @@ def _serve(args: argparse.Namespace) -> int:
         finally:
             llm.close()
             llama.close()
-            if llm.embedder is not None:
-                llm.embedder.close()
     return 0
 
 

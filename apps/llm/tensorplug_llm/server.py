@@ -151,6 +151,11 @@ class _GeneratorCollector:
         yield CounterMetricFamily(
             "tensorplug_requests", "requests given to the generator", value=s.requests_total
         )
+        yield CounterMetricFamily(
+            "tensorplug_preemptions",
+            "running requests preempted (cells freed, resumed later) when the KV cache was full",
+            value=s.preemptions,
+        )
         gauges = {
             "tensorplug_generation_tokens_per_second": ("tokens/s since the last scrape", rate),
             "tensorplug_requests_running": ("requests holding a slot", s.running),
@@ -536,34 +541,49 @@ async def _sse(
 
 
 def _merge(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """One response dict made of a stream's chunks (completion or chat)."""
+    """One response dict made of a stream's chunks (completion or chat), a choice per
+    ``index`` (``n`` > 1 interleaves them)."""
     if not chunks:
         raise _ApiError(500, "the request produced no response", "server_error")
     head = dict(chunks[0])
-    choices = [c["choices"][0] for c in chunks]
-    finish = next((c["finish_reason"] for c in reversed(choices) if c["finish_reason"]), None)
+    by_index: dict[int, list[dict[str, Any]]] = {}
+    for c in chunks:
+        for choice in c["choices"]:
+            by_index.setdefault(choice["index"], []).append(choice)
     usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
-    if head["object"] == "text_completion":
-        lps = [c["logprobs"] for c in choices if c["logprobs"] is not None]
-        logprobs = None
-        if lps:
-            logprobs = {k: [x for lp in lps for x in lp[k]] for k in lps[0]}
-        choice = {
-            "text": "".join(c["text"] for c in choices),
-            "index": 0,
-            "logprobs": logprobs,
-            "finish_reason": finish,
-        }
-    else:
+    completion = head["object"] == "text_completion"
+    if not completion:
         head["object"] = "chat.completion"
-        lps = [c["logprobs"] for c in choices if c["logprobs"] is not None]
-        choice = {
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": "".join(c["delta"].get("content", "") for c in choices),
-            },
-            "logprobs": {"content": [x for lp in lps for x in lp["content"]]} if lps else None,
-            "finish_reason": finish,
-        }
-    return {**head, "choices": [choice], "usage": usage}
+    merge = _merge_text if completion else _merge_message
+    choices = [merge(i, by_index[i]) for i in sorted(by_index)]
+    return {**head, "choices": choices, "usage": usage}
+
+
+def _finish(choices: list[dict[str, Any]]) -> str | None:
+    return next((c["finish_reason"] for c in reversed(choices) if c["finish_reason"]), None)
+
+
+def _merge_text(index: int, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    lps = [c["logprobs"] for c in choices if c["logprobs"] is not None]
+    logprobs = None
+    if lps:
+        logprobs = {k: [x for lp in lps for x in lp[k]] for k in lps[0]}
+    return {
+        "text": "".join(c["text"] for c in choices),
+        "index": index,
+        "logprobs": logprobs,
+        "finish_reason": _finish(choices),
+    }
+
+
+def _merge_message(index: int, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    lps = [c["logprobs"] for c in choices if c["logprobs"] is not None]
+    return {
+        "index": index,
+        "message": {
+            "role": "assistant",
+            "content": "".join(c["delta"].get("content", "") for c in choices),
+        },
+        "logprobs": {"content": [x for lp in lps for x in lp["content"]]} if lps else None,
+        "finish_reason": _finish(choices),
+    }
