@@ -59,6 +59,7 @@ __all__ = [
     "GrammarConstraint",
     "constraint_for",
     "grammar_for",
+    "grammar_literal",
     "llg_tokenizer",
 ]
 
@@ -145,6 +146,17 @@ def _token_bytes(vocab: Vocab, tid: int) -> bytes:
         kind == TokenType.USER_DEFINED and text.startswith("<") and text.endswith(">")
     )
     return b"\xff" + text.encode() if marked else vocab.piece(tid)
+
+
+def grammar_literal(vocab: Vocab, text: str) -> str:
+    """``text`` as a term of an llguidance grammar: the special token ``<[id]>`` when the
+    vocabulary has one for exactly that text (a model writes ``<tool_call>`` or
+    ``[TOOL_CALLS]`` as that token, which a string literal would forbid: special tokens
+    are never allowed as text), else the quoted string."""
+    for tid, token in enumerate(vocab.tokens):
+        if token == text and _token_bytes(vocab, tid).startswith(b"\xff"):
+            return f"<[{tid}]>"
+    return json.dumps(text)
 
 
 _TOKENIZERS: dict[int, Any] = {}  # id(vocab) -> LLTokenizer

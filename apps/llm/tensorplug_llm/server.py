@@ -375,6 +375,8 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
             lambda: llm.create_chat_completion(
                 messages,
                 tools=body.tools,
+                tool_choice=body.tool_choice,
+                parallel_tool_calls=body.parallel_tool_calls,
                 max_tokens=body.max_completion_tokens or body.max_tokens,
                 logprobs=body.logprobs,
                 top_logprobs=body.top_logprobs,
