@@ -33,6 +33,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
@@ -418,6 +419,8 @@ def render(
     try:
         env = _environment(budget)
         env.globals["raise_exception"] = raise_exception
+        # transformers' helper, which templates of Mistral and Llama 3.x use for the date
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt))
         compiled = env.from_string(_bounded_tree(env, template))
         context: dict[str, Any] = {
             "messages": messages, "add_generation_prompt": True, "bos_token": bos,

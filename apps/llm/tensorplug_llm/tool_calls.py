@@ -345,7 +345,7 @@ class ToolCallParser:
             if lead < len(text):
                 self._at_start = False
                 if text[lead] == "{":
-                    return lead, 0
+                    return 0, 0  # the blanks before it go with the call
         elif text.strip():
             self._at_start = False
         found = [i for i in (text.find(m) for m in self.syntax.markers) if i >= 0]

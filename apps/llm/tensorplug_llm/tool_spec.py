@@ -40,11 +40,14 @@ class Function:
     parameters: dict[str, Any]
 
     def as_tool(self) -> dict[str, Any]:
-        """OpenAI's ``{"type": "function", "function": {...}}``, as templates read it."""
-        fn: dict[str, Any] = {"name": self.name}
-        if self.description is not None:
-            fn["description"] = self.description
-        fn["parameters"] = self.parameters
+        """OpenAI's ``{"type": "function", "function": {...}}``, as templates read it: with
+        a ``description`` always (Hermes 3's template reads it unguarded; llama.cpp also
+        always gives one)."""
+        fn = {
+            "name": self.name,
+            "description": self.description or "",
+            "parameters": self.parameters,
+        }
         return {"type": "function", "function": fn}
 
 
