@@ -46,6 +46,7 @@ from tensorplug.errors import RunError
 
 from .api import LLM, InvalidRequestError, Stream
 from .openai_schema import ChatRequest, CompletionRequest, EmbeddingRequest
+from .tool_calls import join_tool_call_deltas
 
 __all__ = ["ServerConfig", "create_app"]
 
@@ -559,12 +560,16 @@ def _merge(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     else:
         head["object"] = "chat.completion"
         lps = [c["logprobs"] for c in choices if c["logprobs"] is not None]
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(c["delta"].get("content", "") for c in choices),
+        }
+        calls = join_tool_call_deltas([c["delta"] for c in choices])
+        if calls:  # as the Python API answers: no text is null content
+            message = {**message, "content": message["content"] or None, "tool_calls": calls}
         choice = {
             "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": "".join(c["delta"].get("content", "") for c in choices),
-            },
+            "message": message,
             "logprobs": {"content": [x for lp in lps for x in lp["content"]]} if lps else None,
             "finish_reason": finish,
         }

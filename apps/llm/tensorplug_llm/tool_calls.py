@@ -47,6 +47,7 @@ __all__ = [
     "Call",
     "ToolCallParser",
     "ToolSyntax",
+    "join_tool_call_deltas",
     "syntax_for_template",
     "tool_grammar",
 ]
@@ -358,6 +359,24 @@ class ToolCallParser:
                     keep = n
                     break
         return None, keep
+
+
+def join_tool_call_deltas(deltas: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool calls of a streamed reply, joined from its ``delta.tool_calls`` as an
+    OpenAI client joins them: by ``index``, the id, type and name given once, the
+    arguments in fragments."""
+    calls: dict[int, dict[str, Any]] = {}
+    for delta in deltas:
+        for d in delta.get("tool_calls") or ():
+            call = calls.setdefault(
+                d["index"],
+                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+            )
+            call["id"] = d.get("id") or call["id"]
+            fn = d.get("function") or {}
+            call["function"]["name"] += fn.get("name") or ""
+            call["function"]["arguments"] += fn.get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
 
 
 # -- the grammar of a call ------------------------------------------------------------------

@@ -1,0 +1,229 @@
+"""Tool calling through ``tensorplug serve``'s HTTP API, driven by the real ``openai``
+client against 127.0.0.1: a tiny random-weight model with Qwen 2.5's real chat template
+(the hermes syntax) must, under ``tool_choice``, always answer with a call whose
+arguments validate; streamed deltas join up to the whole answer; a conversation with a
+call and its result is the prompt jinja2 renders from that template; bad tools are 400s
+naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema", reason="pip install -e 'apps/llm[test]'")
+pytest.importorskip("llguidance", reason="pip install -e 'apps/llm[structured]'")
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
+from uvicorn_thread import UvicornThread  # noqa: E402
+
+from tensorplug_llm.api import LLM  # noqa: E402
+from tensorplug_llm.placement import Placement, host_cpu  # noqa: E402
+from tensorplug_llm.runner import Llama  # noqa: E402
+from tensorplug_llm.server import ServerConfig, create_app  # noqa: E402
+from tensorplug_llm.tiny import write_tiny_llama  # noqa: E402
+from tensorplug_llm.tool_spec import tool_spec  # noqa: E402
+
+MODEL = "tiny-qwen-tools.gguf"
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+QWEN25 = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather forecast of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["paris", "oslo", "lima"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "metric": {"type": "boolean"},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+ALARM = {
+    "type": "function",
+    "function": {
+        "name": "set_alarm",
+        "parameters": {
+            "type": "object",
+            "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+            "required": ["hour"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS: list[Any] = [WEATHER, ALARM]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@dataclass
+class Served:
+    llm: LLM
+    client: openai.OpenAI
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    path = write_tiny_llama(
+        tmp_path_factory.mktemp("tools") / MODEL, "q8_0", 0, n_ctx=2048,
+        metadata={"tokenizer.chat_template": QWEN25},
+    )  # fmt: skip
+    llama = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=2048, warmup=False)
+    llm = LLM(llama, n_parallel=2, model_name=MODEL)
+    server = UvicornThread(create_app(llm, ServerConfig()))
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    try:
+        yield Served(llm, client)
+    finally:
+        server.stop()
+        llm.close()
+        llama.close()
+
+
+def _ask(client: openai.OpenAI, prompt: str, **kwargs: Any) -> Any:
+    kwargs.setdefault("max_tokens", 300)
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], tools=TOOLS, **kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    ("prompt", "seed"),
+    [("weather in paris", 1), ("will it rain", 2), ("the of and", 3), ("hello tensor", 4)],
+)
+def test_a_named_function_is_always_called_with_valid_arguments(
+    served: Served, prompt: str, seed: int
+) -> None:
+    got = _ask(served.client, prompt, temperature=1.0, seed=seed,
+               tool_choice={"type": "function", "function": {"name": "get_weather"}})  # fmt: skip
+    choice = got.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1
+    assert calls[0].type == "function" and calls[0].id.startswith("call_")
+    assert calls[0].function.name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].function.arguments), SCHEMAS["get_weather"])
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_required_without_parallel_calls_one_of_the_tools(served: Served, seed: int) -> None:
+    got = _ask(served.client, "wake me", temperature=1.0, seed=seed, tool_choice="required",
+               parallel_tool_calls=False)  # fmt: skip
+    calls = got.choices[0].message.tool_calls
+    assert got.choices[0].finish_reason == "tool_calls"
+    assert calls is not None and len(calls) == 1
+    name = calls[0].function.name
+    jsonschema.validate(json.loads(calls[0].function.arguments), SCHEMAS[name])
+
+
+def test_streamed_deltas_join_up_to_the_whole_answer(served: Served) -> None:
+    kwargs: dict[str, Any] = {
+        "temperature": 0,
+        "tool_choice": {"type": "function", "function": {"name": "set_alarm"}},
+    }
+    whole = _ask(served.client, "wake me at six", **kwargs).choices[0]
+    chunks = list(_ask(served.client, "wake me at six", stream=True, **kwargs))
+    calls: dict[int, dict[str, Any]] = {}
+    content = ""
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for d in delta.tool_calls or []:
+            call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            if d.id:
+                assert call["id"] is None, "an id is sent once, with the name"
+                call["id"] = d.id
+            if d.function is not None:
+                call["name"] += d.function.name or ""
+                call["arguments"] += d.function.arguments or ""
+    assert content == ""  # the call's markup never leaks as text
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
+    assert whole.message.tool_calls is not None
+    want = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == want
+    assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+def test_a_call_and_its_result_are_rendered_as_the_template_writes_them(served: Served) -> None:
+    first = _ask(served.client, "weather in oslo", temperature=0,
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}})  # fmt: skip
+    call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+    messages: list[Any] = [
+        {"role": "user", "content": "weather in oslo"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "cold, -3 C"},
+    ]  # fmt: skip
+    reply = served.client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, max_tokens=2, temperature=0
+    )
+    # the same conversation as the template's authors meant it: arguments an object
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    by_hand = [
+        messages[0],
+        {**messages[1], "content": "", "tool_calls": [
+            {**messages[1]["tool_calls"][0], "function": {
+                "name": call.function.name, "arguments": json.loads(call.function.arguments)}}]},
+        {**messages[2], "name": "get_weather"},
+    ]  # fmt: skip
+    alarm = {"name": "set_alarm", "description": "", "parameters": SCHEMAS["set_alarm"]}
+    tools_as_given = [WEATHER, {**ALARM, "function": alarm}]
+    text = env.from_string(QWEN25).render(
+        messages=by_hand, tools=tools_as_given, add_generation_prompt=True
+    )
+    assert "<tool_response>\ncold, -3 C\n</tool_response>" in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {' in text
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == len(served.llm.tokenize(text))
+    assert served.llm.chat_prompt(messages, tool_spec(TOOLS)) == served.llm.tokenize(text)
+
+
+def test_tool_choice_none_leaves_the_tools_out(served: Served) -> None:
+    plain = served.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1
+    )
+    none = _ask(served.client, "hi", max_tokens=1, tool_choice="none")  # type: ignore[arg-type]
+    assert plain.usage is not None and none.usage is not None
+    assert none.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert none.choices[0].message.tool_calls is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"description": "no name"}}]},
+         "tools[0].function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+         "tools[0].function.parameters"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice.function.name"),
+        ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "required",
+          "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{x"}}]}]},
+         "messages[0].tool_calls[0].function.arguments"),
+    ],
+)  # fmt: skip
+def test_bad_tools_are_400_naming_the_field(
+    served: Served, fields: dict[str, Any], param: str
+) -> None:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                            "max_tokens": 2, **fields}  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as e:
+        served.client.chat.completions.create(**body)
+    assert e.value.param == param
+    assert param in e.value.message
