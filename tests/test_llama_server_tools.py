@@ -211,6 +211,15 @@ def test_tool_choice_none_leaves_the_tools_out(served: Served) -> None:
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
          "tool_choice.function.name"),
         ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
+        # the template writes tools and calls as its own markup: a control token there
+        # would act as one (</s> ends the tiny model's text)
+        ({"tools": [{"type": "function", "function": {"name": "f", "description": "a</s>"}}]},
+         "tools"),
+        ({"messages": [{"role": "user", "content": "x"},
+                       {"role": "assistant", "content": None, "tool_calls": [
+                           {"id": "c1", "type": "function",
+                            "function": {"name": "f", "arguments": '{"a": "</s>"}'}}]}]},
+         "messages[1].tool_calls"),
         ({"tools": [WEATHER], "tool_choice": "required",
           "response_format": {"type": "json_object"}}, "response_format"),
         ({"messages": [{"role": "assistant", "content": None, "tool_calls": [

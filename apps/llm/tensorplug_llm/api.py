@@ -14,6 +14,7 @@ one request at a time); this layer sees text, so it is where stop strings are fo
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -29,6 +30,7 @@ from .generation import GenerationHandle, GenerationJob, Generator, GeneratorSta
 from .request import RequestError
 from .stop_strings import StopMatcher
 from .template import ChatTemplateError, prompt_ids
+from .terminal import printable
 from .tool_calls import Call, ToolCallParser, ToolSyntax, syntax_for_template, tool_grammar
 from .tool_prompt import prepare_messages, takes_tools
 from .tool_spec import ToolSpec, ToolSpecError, tool_spec
@@ -348,6 +350,7 @@ class LLM:
         except ToolSpecError as e:
             raise InvalidRequestError(str(e), e.param) from None
         template_tools = [f.as_tool() for f in shown] if shown and native else None
+        self._refuse_control_text(prepared, template_tools)
         vocab = self.vocab
         bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
         eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
@@ -355,6 +358,26 @@ class LLM:
             return prompt_ids(vocab, self.chat_template, prepared, bos, eos, template_tools)
         except ChatTemplateError as e:  # a message that would forge a control token
             raise InvalidRequestError(str(e), "messages") from e
+
+    def _refuse_control_text(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> None:
+        """Tools and earlier calls reach the template as data that it writes as its own
+        markup (``tojson``), where a control token would act as one: refused, as a
+        message that forges one is."""
+        fields = [("tools", tools)] + [
+            (f"messages[{i}].tool_calls", m.get("tool_calls")) for i, m in enumerate(messages)
+        ]
+        for param, value in fields:
+            token = (
+                self.vocab.control_text_in(json.dumps(value, ensure_ascii=False)) if value else None
+            )
+            if token is not None:
+                raise InvalidRequestError(
+                    f"{param} writes the control token {printable(token)!r}: remove it (the chat "
+                    "template writes this field as its own markup, where it would act as one)",
+                    param,
+                )
 
     @property
     def tool_syntax(self) -> ToolSyntax:

@@ -531,17 +531,8 @@ def prompt_ids(
     messages without. A template that changes message text so that the two cannot be
     told apart is still used when no message writes a control token (there is nothing
     to forge); when one does, the conversation is refused rather than let it through.
-
-    Tools and earlier tool calls are written by the template (``tojson``) as markup, so
-    one whose text holds a control token is refused: it would otherwise act as one."""
-    for where, value in (("tools", tools), *((f"a {m.get('role')} message's tool_calls",
-                         m.get("tool_calls")) for m in messages)):  # fmt: skip
-        token = vocab.control_text_in(json.dumps(value, ensure_ascii=False)) if value else None
-        if token is not None:
-            raise ChatTemplateError(
-                f"{where} write the control token {printable(token)!r}; remove it (the chat "
-                "template writes them as its own markup, where it would act as one)"
-            )
+    ``tools`` and the messages' ``tool_calls`` are written by the template as markup: the
+    caller must keep control tokens out of them (:meth:`~.api.LLM.chat_prompt` does)."""
     text, parts = render_parts(template, messages, bos, eos, tools=tools)
     if parts is not None:
         return _ids(vocab, parts)
