@@ -236,3 +236,81 @@ def test_bad_tools_are_400_naming_the_field(
         served.client.chat.completions.create(**body)
     assert e.value.param == param
     assert param in e.value.message
+
+
+def test_the_python_api_answers_as_the_server_does(served: Served) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    messages = [{"role": "user", "content": "weather in lima"}]
+    over_http = _ask(served.client, "weather in lima", temperature=0, tool_choice=named)
+    direct = served.llm.create_chat_completion(
+        messages, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=300
+    )
+    assert isinstance(direct, dict)
+    message = direct["choices"][0]["message"]
+    assert direct["choices"][0]["finish_reason"] == "tool_calls"
+    assert message["content"] is None
+    want = over_http.choices[0].message.tool_calls[0].function
+    got = message["tool_calls"][0]["function"]
+    assert (got["name"], got["arguments"]) == (want.name, want.arguments)
+
+
+def test_a_marker_that_is_a_control_token_begins_a_call(tmp_path: Path) -> None:
+    """Mistral's ``[TOOL_CALLS]`` is a control token (it decodes to nothing): the forced
+    call must start with that token, not its spelling, and the reader must see it."""
+    from tensorplug_llm.tiny import tiny_vocab
+    from tensorplug_llm.tokenizer import TokenType
+
+    tokens, _, types = tiny_vocab(320)
+    tokens[-1], types[-1] = "[TOOL_CALLS]", TokenType.CONTROL
+    nemo = (TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text()
+    path = write_tiny_llama(
+        tmp_path / "tiny-nemo.gguf", "q8_0", 0, n_ctx=2048,
+        metadata={"tokenizer.chat_template": nemo, "tokenizer.ggml.tokens": tokens,
+                  "tokenizer.ggml.token_type": types},
+    )  # fmt: skip
+    llama = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=2048, warmup=False)
+    llm = LLM(llama, n_parallel=1)
+    generated: list[int] = []
+    submit = llm.generator.submit
+
+    def recorded(job: Any) -> Any:  # the tokens, which the answer shows only as text
+        handle = submit(job)
+
+        class Recorded:
+            def __iter__(self) -> Iterator[Any]:
+                for event in handle:
+                    generated.append(event.token)
+                    yield event
+
+            def cancel(self) -> None:
+                handle.cancel()
+
+        return Recorded()
+
+    llm.generator.submit = recorded  # type: ignore[method-assign]
+    try:
+        assert llm.tool_syntax.name == "mistral"
+        named = {"type": "function", "function": {"name": "set_alarm"}}
+        messages = [{"role": "user", "content": "wake me"}]
+        whole = llm.create_chat_completion(
+            messages, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=200
+        )
+        assert isinstance(whole, dict)
+        calls = whole["choices"][0]["message"]["tool_calls"]
+        assert [c["function"]["name"] for c in calls] == ["set_alarm"]
+        assert generated[0] == len(tokens) - 1  # the control token, not its spelling
+        assert len(calls[0]["id"]) == 9 and calls[0]["id"].isalnum()
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), SCHEMAS["set_alarm"])
+        chunks = list(llm.create_chat_completion(
+            messages, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=200, stream=True
+        ))  # fmt: skip
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == ""
+        args = "".join(
+            d["function"].get("arguments") or ""
+            for c in chunks
+            for d in c["choices"][0]["delta"].get("tool_calls") or []
+        )
+        assert args == calls[0]["function"]["arguments"]
+    finally:
+        llm.close()
+        llama.close()
