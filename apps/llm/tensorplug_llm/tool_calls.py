@@ -393,32 +393,29 @@ def tool_grammar(
     ``parameters``; ``parallel``: one call or more, else exactly one. ``token(text)``
     writes a marker as a grammar term (the special token when the vocabulary has one)."""
 
-    def call_schema(f: Function, args_key: str) -> str:
-        schema = {
+    def call_schema(f: Function, args_key: str) -> dict[str, Any]:
+        """One call's object: the name a constant, the arguments the function's schema."""
+        return {
             "type": "object",
             "properties": {"name": {"const": f.name}, args_key: f.parameters},
             "required": ["name", args_key],
             "additionalProperties": False,
-            "x-guidance": JSON_STYLE,
         }
-        return "%json " + json.dumps(schema)
 
-    def args_schema(f: Function) -> str:
-        return "%json " + json.dumps({**f.parameters, "x-guidance": JSON_STYLE})
+    def embedded(schema: dict[str, Any]) -> str:
+        return "%json " + json.dumps({"x-guidance": JSON_STYLE, **schema})
 
     rules: list[str] = []
     names = [f"fn{i}" for i in range(len(functions))]
     alternatives = " | ".join(names)
     if syntax.name == "mistral" and syntax.named_args:
         for rule, f in zip(names, functions, strict=True):
-            rules.append(f"{rule}: {json.dumps(f.name)} {token('[ARGS]')} {args_schema(f)}")
+            rules.append(f"{rule}: {json.dumps(f.name)} {token('[ARGS]')} {embedded(f.parameters)}")
         block = f"{token('[TOOL_CALLS]')} call"
         start = f"{block}+" if parallel else block
         return _lark(f"start: {start}", f"call: {alternatives}", *rules)
     if syntax.name == "generic":
-        calls = {"anyOf": [json.loads(call_schema(f, "arguments")[6:]) for f in functions]}
-        for c in calls["anyOf"]:
-            c.pop("x-guidance")
+        calls = {"anyOf": [call_schema(f, "arguments") for f in functions]}
         reply = {
             "type": "object",
             "properties": {
@@ -431,11 +428,10 @@ def tool_grammar(
             },
             "required": ["tool_calls"],
             "additionalProperties": False,
-            "x-guidance": JSON_STYLE,
         }
-        return _lark(f"start: %json {json.dumps(reply)}")
+        return _lark(f"start: {embedded(reply)}")
     for rule, f in zip(names, functions, strict=True):
-        rules.append(f"{rule}: {call_schema(f, syntax.args_key)}")
+        rules.append(f"{rule}: {embedded(call_schema(f, syntax.args_key))}")
     if syntax.name == "hermes":
         block = f'{token("<tool_call>")} "\\n" call "\\n" {token("</tool_call>")}'
         start = 'block ("\\n" block)*' if parallel else "block"
