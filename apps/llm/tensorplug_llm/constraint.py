@@ -153,10 +153,11 @@ def grammar_literal(vocab: Vocab, text: str) -> str:
     vocabulary has one for exactly that text (a model writes ``<tool_call>`` or
     ``[TOOL_CALLS]`` as that token, which a string literal would forbid: special tokens
     are never allowed as text), else the quoted string."""
-    for tid, token in enumerate(vocab.tokens):
-        if token == text and _token_bytes(vocab, tid).startswith(b"\xff"):
-            return f"<[{tid}]>"
-    return json.dumps(text)
+    try:
+        tid = vocab.tokens.index(text)
+    except ValueError:
+        return json.dumps(text)
+    return f"<[{tid}]>" if _token_bytes(vocab, tid).startswith(b"\xff") else json.dumps(text)
 
 
 _TOKENIZERS: dict[int, Any] = {}  # id(vocab) -> LLTokenizer
