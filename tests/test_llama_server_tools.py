@@ -23,7 +23,7 @@ pytest.importorskip("llguidance", reason="pip install -e 'apps/llm[structured]'"
 from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 from uvicorn_thread import UvicornThread  # noqa: E402
 
-from tensorplug_llm.api import LLM  # noqa: E402
+from tensorplug_llm.api import LLM, Stream  # noqa: E402
 from tensorplug_llm.placement import Placement, host_cpu  # noqa: E402
 from tensorplug_llm.runner import Llama  # noqa: E402
 from tensorplug_llm.server import ServerConfig, create_app  # noqa: E402
@@ -301,9 +301,11 @@ def test_a_marker_that_is_a_control_token_begins_a_call(tmp_path: Path) -> None:
         assert generated[0] == len(tokens) - 1  # the control token, not its spelling
         assert len(calls[0]["id"]) == 9 and calls[0]["id"].isalnum()
         jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), SCHEMAS["set_alarm"])
-        chunks = list(llm.create_chat_completion(
+        stream = llm.create_chat_completion(
             messages, tools=TOOLS, tool_choice=named, temperature=0, max_tokens=200, stream=True
-        ))  # fmt: skip
+        )
+        assert isinstance(stream, Stream)
+        chunks = list(stream)
         assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == ""
         args = "".join(
             d["function"].get("arguments") or ""
