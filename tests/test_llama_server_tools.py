@@ -8,6 +8,7 @@ naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 from uvicorn_thread import UvicornThread  # noqa: E402
 
 from tensorplug_llm.api import LLM, Stream  # noqa: E402
+from tensorplug_llm.generation import GeneratorStats  # noqa: E402
 from tensorplug_llm.placement import Placement, host_cpu  # noqa: E402
 from tensorplug_llm.runner import Llama  # noqa: E402
 from tensorplug_llm.server import ServerConfig, create_app  # noqa: E402
@@ -316,3 +318,94 @@ def test_a_marker_that_is_a_control_token_begins_a_call(tmp_path: Path) -> None:
     finally:
         llm.close()
         llama.close()
+
+
+@dataclass(frozen=True)
+class _Event:
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None
+
+
+class _Replay:
+    """A generator that answers every request with the tokens of one text, as a model
+    choosing freely (``tool_choice: "auto"``) might write it, then end of generation."""
+
+    def __init__(self, llm: LLM, text: str) -> None:
+        exact = dataclasses.replace(llm.vocab, add_space_prefix=False)  # the text as it is
+        self.tokens = [*exact.encode(text, add_bos=False), min(llm.vocab.eog)]
+
+    def submit(self, job: Any) -> Any:
+        events = [_Event(t) for t in self.tokens[:-1]]
+        events.append(_Event(self.tokens[-1], finish_reason="stop"))
+
+        class Handle:
+            def __iter__(self) -> Iterator[_Event]:
+                return iter(events)
+
+            def cancel(self) -> None:
+                pass
+
+        return Handle()
+
+    def stats(self) -> GeneratorStats:  # what the server's admission reads: one idle slot
+        return GeneratorStats(1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    def close(self) -> None:
+        pass
+
+
+CALL_TEXT = '<tool_call>\n{"name": "set_alarm", "arguments": {"hour": 6}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls", "finish"),
+    [
+        ("Setting it.\n" + CALL_TEXT, "Setting it.\n", [("set_alarm", '{"hour": 6}')],
+         "tool_calls"),
+        ("No alarm today.", "No alarm today.", [], "stop"),
+        # what a model free to choose may get wrong stays text, never an error
+        ('<tool_call>\n{"name": "set_alarm", "arguments": {"hour": }}\n</tool_call>',
+         '<tool_call>\n{"name": "set_alarm", "arguments": {"hour": }}\n</tool_call>', [], "stop"),
+        ('<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>',
+         '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>', [], "stop"),
+        ('Sure: <tool_call>\n{"name": "set_al', 'Sure: <tool_call>\n{"name": "set_al', [], "stop"),
+    ],
+)  # fmt: skip
+def test_an_auto_reply_is_read_for_calls_whole_and_streamed(
+    served: Served, text: str, content: str, calls: list[tuple[str, str]], finish: str
+) -> None:
+    llm = LLM(served.llm.llama, _Replay(served.llm, text), model_name=MODEL)
+    messages = [{"role": "user", "content": "wake me"}]
+    whole = llm.create_chat_completion(messages, tools=TOOLS)
+    assert isinstance(whole, dict)
+    choice = whole["choices"][0]
+    got = [(c["function"]["name"], c["function"]["arguments"])
+           for c in choice["message"].get("tool_calls", [])]  # fmt: skip
+    assert (choice["message"]["content"], got, choice["finish_reason"]) == (
+        content or None,
+        calls,
+        finish,
+    )
+    stream = llm.create_chat_completion(messages, tools=TOOLS, stream=True)
+    assert isinstance(stream, Stream)
+    chunks = list(stream)
+    pieces = [c["choices"][0]["delta"].get("content") or "" for c in chunks]
+    assert "".join(pieces) == content
+    if calls:  # the text before the call streamed as its tokens came, before the call's
+        exact = dataclasses.replace(llm.vocab, add_space_prefix=False)
+        n_text = len(exact.encode(content, add_bos=False))  # chunk 0 is the role
+        assert "".join(pieces[: 1 + n_text]) == content
+    assert chunks[-1]["choices"][0]["finish_reason"] == finish
+    # over HTTP too: 200 with the same message, never a 500
+    server = UvicornThread(create_app(llm, ServerConfig()))
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        reply = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        message = reply.choices[0].message
+        assert message.content == (content or None)
+        got = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]  # type: ignore[union-attr]
+        assert got == calls
+    finally:
+        server.stop()
