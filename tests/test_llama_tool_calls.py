@@ -494,3 +494,59 @@ def test_a_forced_call_is_always_a_valid_call(
     for call in calls:
         assert call.name in schemas
         jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auto_is_free_until_the_marker_and_a_valid_call_after_it(seed: int) -> None:
+    """``tool_choice: "auto"``: the lazy grammar lets anything through until the reply
+    writes ``<tool_call>`` (here forced after three free tokens), then holds it to a
+    call whose arguments validate."""
+    pytest.importorskip("llguidance", reason="pip install -e 'apps/llm[structured]'")
+    import dataclasses
+
+    from tensorplug_llm.constraint import (
+        GrammarConstraint,
+        LazyGrammarConstraint,
+        grammar_literal,
+        llg_tokenizer,
+    )
+    from tensorplug_llm.sampling import SamplingParams, TokenSampler
+
+    vocab = Vocab(*tiny_vocab(320))
+    spec = tool_spec(TOOLS)
+    hermes = SYNTAXES["hermes"]
+    grammar = tool_grammar(hermes, spec.functions, False, lambda t: grammar_literal(vocab, t))
+    lazy = LazyGrammarConstraint(
+        vocab, "<tool_call>", lambda: GrammarConstraint(llg_tokenizer(vocab), grammar, "tools")
+    )
+    marker = dataclasses.replace(vocab, add_space_prefix=False).encode("<tool_call>", add_bos=False)
+    rng = np.random.default_rng(seed)
+    sampler = TokenSampler(SamplingParams(temperature=1.0, seed=seed), len(vocab))
+    out: list[int] = []
+    for step in range(600):
+        logits = (rng.standard_normal(len(vocab)) * 3).astype(np.float32)
+        logits[sorted(vocab.eog)] = -1e9  # the free part must not end the reply
+        logits[ord("<") + 3] = -1e9  # nor begin a marker by chance
+        forcing = 3 <= step < 3 + len(marker)
+        if forcing:
+            logits[marker[step - 3]] = 1e9
+        allowed = lazy.allowed()
+        assert allowed.all() == (step < 3 + len(marker))  # free until the marker is written
+        token = sampler.sample(logits, allowed).token
+        lazy.accept(token)
+        sampler.accept(token)
+        out.append(token)
+        if lazy.done():
+            break
+    else:
+        pytest.fail("no complete call in 600 tokens")
+    assert lazy.triggered
+    text = b"".join(vocab.piece(t) for t in out).decode("utf-8", "replace")
+    parser = ToolCallParser(hermes, spec.names())
+    content, calls = parser.feed(text)
+    tail, more = parser.finish()
+    calls += more
+    assert content + tail == b"".join(vocab.piece(t) for t in out[:3]).decode("utf-8", "replace")
+    assert len(calls) == 1, text
+    schema = next(f.parameters for f in spec.functions if f.name == calls[0].name)
+    jsonschema.validate(json.loads(calls[0].arguments), schema)

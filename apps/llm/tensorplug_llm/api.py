@@ -398,27 +398,45 @@ class LLM:
         return self._markers
 
     def _tool_constraint(self, spec: ToolSpec, response_format: Mapping[str, Any] | None) -> Any:
-        """The constraint that makes the reply the calls ``tool_choice`` demands; None
-        when it demands none (``auto``: the reply is read for calls afterwards)."""
-        if not spec.forced:
+        """The constraint of the calls ``tool_choice`` allows. ``required`` or a named
+        function: the reply is those calls. ``auto``, for a syntax whose calls begin with a
+        marker (hermes, mistral): free text until the marker, the calls' grammar from
+        there on (:class:`~.constraint.LazyGrammarConstraint`), so a call the model
+        starts is a call with valid arguments; None without llguidance, with a
+        ``response_format``, or for a syntax whose calls are a leading JSON object."""
+        if not spec.active:
             return None
-        if response_format is not None and response_format.get("type", "text") != "text":
+        forced = bool(spec.forced)
+        formatted = response_format is not None and response_format.get("type", "text") != "text"
+        if forced and formatted:
             raise InvalidRequestError(
                 "response_format cannot be combined with a tool_choice that forces a call "
                 "(the reply is then the call)",
                 "response_format",
             )
-        from .constraint import ConstraintError, GrammarConstraint, grammar_literal, llg_tokenizer
-
-        parallel = spec.parallel and spec.choice == "required"
-        grammar = tool_grammar(
-            self.tool_syntax, spec.forced, parallel, lambda t: grammar_literal(self.vocab, t)
-        )
+        syntax = self.tool_syntax
+        lazy = not forced and not formatted and not syntax.leading_json and syntax.markers
+        if not forced and not lazy:
+            return None
         try:
-            return GrammarConstraint(
-                llg_tokenizer(self.vocab), grammar, "tools", self.llama.config.n_vocab
+            from .constraint import (
+                ConstraintError,
+                GrammarConstraint,
+                LazyGrammarConstraint,
+                grammar_literal,
+                llg_tokenizer,
             )
+
+            functions = spec.forced or spec.functions
+            parallel = spec.parallel and spec.choice != "function"
+            grammar = tool_grammar(
+                syntax, functions, parallel, lambda t: grammar_literal(self.vocab, t)
+            )
+            n_vocab = self.llama.config.n_vocab
+            calls = GrammarConstraint(llg_tokenizer(self.vocab), grammar, "tools", n_vocab)
         except ImportError:
+            if lazy:
+                return None  # auto without llguidance: the reply is only read for calls
             raise InvalidRequestError(
                 f"tool_choice {spec.choice!r} needs llguidance: "
                 "pip install 'tensorplug-llm[structured]'",
@@ -426,6 +444,13 @@ class LLM:
             ) from None
         except ConstraintError as e:  # a parameters schema llguidance cannot follow
             raise InvalidRequestError(str(e), "tools") from None
+        except RunError as e:  # a vocabulary llguidance cannot work with (no end token)
+            if lazy:
+                return None
+            raise InvalidRequestError(str(e), "tool_choice") from None
+        if forced:
+            return calls
+        return LazyGrammarConstraint(self.vocab, syntax.markers[0], lambda: calls, n_vocab)
 
     def _chat_chunks(
         self,
