@@ -221,13 +221,29 @@ def _hermes(text: str, start: int, final: bool, names: frozenset[str]) -> _Block
 _MISTRAL_NAME = re.compile(r"([A-Za-z0-9_-]+)(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]")
 
 
+def _mistral_head(text: str) -> bool:
+    """Whether ``text`` may still grow into ``name[ARGS]`` or ``name[CALL_ID]id[ARGS]``
+    (checked piece by piece: a regex with nested repeats could backtrack for long)."""
+    name = _NAME_CHARS.match(text)
+    rest = text[name.end() if name else 0 :]
+    if rest.startswith("[CALL_ID]"):
+        after = _ID_CHARS.match(rest, len("[CALL_ID]"))
+        rest = rest[after.end() if after else len("[CALL_ID]") :]
+    elif "[CALL_ID]".startswith(rest):
+        return True
+    return "[ARGS]".startswith(rest)
+
+
+_NAME_CHARS = re.compile(r"[A-Za-z0-9_-]*")
+_ID_CHARS = re.compile(r"[A-Za-z0-9]*")
+
+
 def _mistral(text: str, start: int, final: bool, names: frozenset[str]) -> _Block:
     i = _skip(text, start)
     if i < len(text) and text[i] != "[":  # v11: name[ARGS]{...}
         m = _MISTRAL_NAME.match(text, i)
         if m is None:
-            partial = text[i:]
-            if not final and re.fullmatch(r"[A-Za-z0-9_-]*(\[[A-Z_]*\]?[A-Za-z0-9]*)*", partial):
+            if not final and _mistral_head(text[i:]):
                 raise _Incomplete
             raise _Invalid
         if m.group(1) not in names:
