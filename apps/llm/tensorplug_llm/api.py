@@ -19,9 +19,10 @@ chunks under its ``index``, interleaved token by token.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,10 @@ from .generation import GenerationHandle, GenerationJob, Generator, GeneratorSta
 from .request import RequestError
 from .stop_strings import StopMatcher
 from .template import ChatTemplateError, prompt_ids
+from .terminal import printable
+from .tool_calls import Call, ToolCallParser, ToolSyntax, syntax_for_template, tool_grammar
+from .tool_prompt import prepare_messages, takes_tools
+from .tool_spec import ToolSpec, ToolSpecError, tool_spec
 
 if TYPE_CHECKING:
     from .runner import Llama
@@ -112,6 +117,7 @@ class LLM:
         template = chat_template or llama.file.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template.strip() else None
         self._longest_token: int | None = None
+        self._markers: frozenset[int] | None = None
 
     # -- tokens -------------------------------------------------------------------------------
 
@@ -182,7 +188,7 @@ class LLM:
         )  # fmt: skip
         job.ignore_eos = ignore_eos
         stops = _stops(stop)  # checked before anything runs
-        handles = self._submit(job, n, response_format)
+        handles = self._submit(job, n, lambda: self._constraint(response_format or {}))
         pieces = [self._pieces(h, stops) for h in handles]
         prefix = self.detokenize(ids) if echo and isinstance(prompt, list) else prompt
         head = str(prefix) if echo else ""
@@ -244,6 +250,8 @@ class LLM:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool = True,
         max_tokens: int | None = None,
         temperature: float = 0.8,
         top_p: float = 0.95,
@@ -264,45 +272,77 @@ class LLM:
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``chat.completion`` (a dict), or with ``stream`` a :class:`Stream` of
         ``chat.completion.chunk`` dicts; ``n`` choices as for :meth:`create_completion`.
-        ``tools`` are not rendered yet: refused when given."""
-        if tools:
-            raise InvalidRequestError(
-                "tools are not supported yet: the chat template is rendered without them",
-                "tools",
-            )
+
+        ``tools`` (OpenAI's function tools) are rendered by the model's template and the
+        reply is read for calls in the template's syntax (:mod:`tool_calls`): they come
+        back as ``message.tool_calls`` with ``finish_reason`` ``"tool_calls"``.
+        ``tool_choice``: ``"auto"`` (the default with tools: the model decides),
+        ``"none"`` (the tools are not shown), ``"required"`` or ``{"type": "function",
+        "function": {"name": ...}}``: the reply is constrained (llguidance) to be such
+        calls, with arguments valid for the function's ``parameters`` schema;
+        ``parallel_tool_calls`` false: at most one call. Each choice is read for calls
+        on its own.
+        """
         self._check_generates("messages")
-        ids = self.chat_prompt(messages)
+        try:
+            spec = tool_spec(tools, tool_choice, parallel_tool_calls)
+        except ToolSpecError as e:
+            raise InvalidRequestError(str(e), e.param) from None
+        ids = self.chat_prompt(messages, spec)
         n_probs = (top_logprobs or 0) if logprobs else 0
         job = self._job(
             ids, max_tokens, n_probs, response_format, temperature=temperature, top_p=top_p,
             top_k=top_k, min_p=min_p, seed=seed, repeat_penalty=repeat_penalty,
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            logit_bias=logit_bias,
+            logit_bias=logit_bias, constraint=self._tool_constraint(spec, response_format),
         )  # fmt: skip
         job.ignore_eos = ignore_eos
         stops = _stops(stop)  # checked before anything runs
-        handles = self._submit(job, n, response_format, "messages")
-        pieces = [self._pieces(h, stops) for h in handles]
+
+        def fresh_constraint() -> Any:
+            return self._tool_constraint(spec, response_format) or self._constraint(
+                response_format or {}
+            )
+
+        handles = self._submit(job, n, fresh_constraint, "messages")
+        shown = self._marker_tokens() if spec.active else frozenset()
+        pieces = [self._pieces(h, stops, shown) for h in handles]
+        parsers = [
+            ToolCallParser(self.tool_syntax, spec.names()) if spec.active else None for _ in handles
+        ]
         meta = _meta("chatcmpl", "chat.completion", self.model_name)
         if stream:
-            return Stream(self._chat_chunks(pieces, meta, logprobs, len(ids)), handles)
+            chunks = self._chat_chunks(pieces, meta, logprobs, len(ids), parsers)
+            return Stream(chunks, handles)
         choices, n_generated = [], 0
-        for i, choice in enumerate(pieces):
+        for i, (choice, parser) in enumerate(zip(pieces, parsers, strict=True)):
             text, events, finish = self._collect(choice)
             n_generated += len(events)
+            calls: list[Call] = []
+            if parser is not None:
+                head, calls = parser.feed(text)
+                tail, more = parser.finish()
+                text, calls = head + tail, calls + more
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                message["content"] = text or None
+                message["tool_calls"] = [c.as_openai() for c in calls]
             choices.append(
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message,
                     "logprobs": {"content": self._chat_logprobs(events)} if logprobs else None,
-                    "finish_reason": finish,
+                    "finish_reason": _finish(finish, bool(calls)),
                 }
             )
         return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated)}
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: ToolSpec | None = None
+    ) -> list[int]:
         """The conversation's tokens: the template's markup with control tokens parsed,
-        the messages' text without (so a message cannot forge a turn)."""
+        the messages' text without (so a message cannot forge a turn). ``tools``: the
+        request's tools, rendered as the template does (:mod:`tool_prompt`)."""
         if self.chat_template is None:
             raise InvalidRequestError(
                 f"{self.model_name} has no chat template (tokenizer.chat_template): use "
@@ -310,37 +350,168 @@ class LLM:
                 "messages",
             )
         for i, m in enumerate(messages):
-            if not isinstance(m.get("content"), str):
+            content = m.get("content")
+            if content is None and m.get("role") == "assistant" and m.get("tool_calls"):
+                continue
+            if not isinstance(content, str):
                 raise InvalidRequestError(
                     "only text content is supported (a string)", f"messages[{i}].content"
                 )
         self._refuse_unfittable(sum(len(m.get("content") or "") for m in messages), "messages")
+        shown = tools.functions if tools is not None and tools.active else ()
+        native = takes_tools(self.chat_template)
+        try:
+            prepared = prepare_messages(
+                messages, shown, native, has_system_role="system" in self.chat_template
+            )
+        except ToolSpecError as e:
+            raise InvalidRequestError(str(e), e.param) from None
+        template_tools = [f.as_tool() for f in shown] if shown and native else None
+        self._refuse_control_text(prepared, template_tools)
         vocab = self.vocab
         bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
         eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
         try:
-            return prompt_ids(vocab, self.chat_template, messages, bos, eos)
+            return prompt_ids(vocab, self.chat_template, prepared, bos, eos, template_tools)
         except ChatTemplateError as e:  # a message that would forge a control token
             raise InvalidRequestError(str(e), "messages") from e
 
+    def _refuse_control_text(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> None:
+        """Tools and earlier calls reach the template as data that it writes as its own
+        markup (``tojson``), where a control token would act as one: refused, as a
+        message that forges one is."""
+        fields = [("tools", tools)] + [
+            (f"messages[{i}].tool_calls", m.get("tool_calls")) for i, m in enumerate(messages)
+        ]
+        for param, value in fields:
+            token = (
+                self.vocab.control_text_in(json.dumps(value, ensure_ascii=False)) if value else None
+            )
+            if token is not None:
+                raise InvalidRequestError(
+                    f"{param} writes the control token {printable(token)!r}: remove it (the chat "
+                    "template writes this field as its own markup, where it would act as one)",
+                    param,
+                )
+
+    @property
+    def tool_syntax(self) -> ToolSyntax:
+        """How this model writes tool calls: its chat template's syntax (the table of
+        :mod:`tool_calls`), the generic one when the template takes no tools."""
+        template = self.chat_template or ""
+        return syntax_for_template(template, takes_tools(template) if template else False)
+
+    def _marker_tokens(self) -> frozenset[int]:
+        """Control tokens that begin or shape a call (``[TOOL_CALLS]``, ``<|python_tag|>``):
+        shown as their text while reading a reply for calls (they decode to nothing
+        otherwise, and the parser would never see the call begin)."""
+        if self._markers is None:
+            texts = {*self.tool_syntax.markers, "[ARGS]", "[CALL_ID]"}
+            self._markers = frozenset(
+                i for i, t in enumerate(self.vocab.tokens) if t in texts and not self.vocab.piece(i)
+            )
+        return self._markers
+
+    def _tool_constraint(self, spec: ToolSpec, response_format: Mapping[str, Any] | None) -> Any:
+        """The constraint of the calls ``tool_choice`` allows. ``required`` or a named
+        function: the reply is those calls. ``auto``, for a syntax whose calls begin with a
+        marker (hermes, mistral): free text until the marker, the calls' grammar from
+        there on (:class:`~.constraint.LazyGrammarConstraint`), so a call the model
+        starts is a call with valid arguments; None without llguidance, with a
+        ``response_format``, or for a syntax whose calls are a leading JSON object."""
+        if not spec.active:
+            return None
+        forced = bool(spec.forced)
+        formatted = response_format is not None and response_format.get("type", "text") != "text"
+        if forced and formatted:
+            raise InvalidRequestError(
+                "response_format cannot be combined with a tool_choice that forces a call "
+                "(the reply is then the call)",
+                "response_format",
+            )
+        syntax = self.tool_syntax
+        lazy = not forced and not formatted and not syntax.leading_json and syntax.markers
+        if not forced and not lazy:
+            return None
+        try:
+            from .constraint import (
+                ConstraintError,
+                GrammarConstraint,
+                LazyGrammarConstraint,
+                grammar_literal,
+                llg_tokenizer,
+            )
+
+            functions = spec.forced or spec.functions
+            parallel = spec.parallel and spec.choice != "function"
+            grammar = tool_grammar(
+                syntax, functions, parallel, lambda t: grammar_literal(self.vocab, t)
+            )
+            n_vocab = self.llama.config.n_vocab
+            calls = GrammarConstraint(llg_tokenizer(self.vocab), grammar, "tools", n_vocab)
+        except ImportError:
+            if lazy:
+                return None  # auto without llguidance: the reply is only read for calls
+            raise InvalidRequestError(
+                f"tool_choice {spec.choice!r} needs llguidance: "
+                "pip install 'tensorplug-llm[structured]'",
+                "tool_choice",
+            ) from None
+        except ConstraintError as e:  # a parameters schema llguidance cannot follow
+            raise InvalidRequestError(str(e), "tools") from None
+        except RunError as e:  # a vocabulary llguidance cannot work with (no end token)
+            if lazy:
+                return None
+            raise InvalidRequestError(str(e), "tool_choice") from None
+        if forced:
+            return calls
+        return LazyGrammarConstraint(self.vocab, syntax.markers[0], lambda: calls, n_vocab)
+
     def _chat_chunks(
-        self, pieces: list[Iterator[_Piece]], meta: dict[str, Any], logprobs: bool, n_prompt: int
+        self,
+        pieces: list[Iterator[_Piece]],
+        meta: dict[str, Any],
+        logprobs: bool,
+        n_prompt: int,
+        parsers: list[ToolCallParser | None],
     ) -> Iterator[dict[str, Any]]:
         """Chunks of a streamed chat reply, each choice's under its index: the role
-        first, the last chunk carrying ``usage`` (the prompt counted once)."""
+        first, the last chunk carrying ``usage`` (the prompt counted once). With tools,
+        a call goes out as OpenAI streams one, once it is complete: a delta with its
+        ``index``, ``id``, ``type`` and ``name``, then one with its arguments."""
         meta = {**meta, "object": "chat.completion.chunk"}
         for i in range(len(pieces)):
             first = {"role": "assistant", "content": ""}
             yield {**meta, "choices": [_choice_delta(first, None, None, i)]}
         n = 0
-        for i, piece, last in _interleave(pieces):
+        n_calls = [0] * len(pieces)
+        for i, piece, last_piece in _interleave(pieces):
+            parser = parsers[i]
             lp = {"content": self._chat_logprobs(piece.events)} if logprobs else None
-            delta = {"content": piece.text} if piece.text else {}
+            text, calls = piece.text, list[Call]()
+            if parser is not None:
+                text, calls = parser.feed(piece.text)
+                if piece.finish_reason is not None:
+                    tail, more = parser.finish()
+                    text, calls = text + tail, calls + more
             n += len(piece.events)
-            chunk = {**meta, "choices": [_choice_delta(delta, lp, piece.finish_reason, i)]}
-            if last:
-                chunk["usage"] = _usage(n_prompt, n)
-            yield chunk
+            deltas: list[dict[str, Any]] = [{"content": text}] if text else []
+            for call in calls:
+                deltas += _call_deltas(call, n_calls[i])
+                n_calls[i] += 1
+            finish = piece.finish_reason and _finish(piece.finish_reason, n_calls[i] > 0)
+            for k, delta in enumerate(deltas or [{}]):
+                last = k == max(len(deltas), 1) - 1
+                chunk = {
+                    **meta,
+                    "choices": [_choice_delta(delta, lp if k == 0 else None,
+                                              finish if last else None, i)],
+                }  # fmt: skip
+                if last and last_piece:
+                    chunk["usage"] = _usage(n_prompt, n)
+                yield chunk
 
     def _chat_logprobs(self, events: list[TokenEvent]) -> list[dict[str, Any]]:
         def entry(token: int, logprob: float | None) -> dict[str, Any]:
@@ -395,6 +566,7 @@ class LLM:
         max_tokens: int | None,
         n_probs: int,
         response_format: Mapping[str, Any] | None,
+        constraint: Any = None,
         **sampling: Any,
     ) -> GenerationJob:
         if not ids:
@@ -408,8 +580,11 @@ class LLM:
         if not 0 <= n_probs <= 20:
             raise InvalidRequestError(f"at most 20 top logprobs (got {n_probs})", "logprobs")
         sampling = {k: v for k, v in sampling.items() if v is not None}
-        constraint = None
-        if response_format is not None and response_format.get("type", "text") != "text":
+        if (
+            constraint is None
+            and response_format is not None
+            and response_format.get("type", "text") != "text"
+        ):
             constraint = self._constraint(response_format)
         job = GenerationJob(list(ids), max_tokens, sampling, n_probs, constraint)
         check = getattr(self.generator, "check", None)
@@ -434,9 +609,12 @@ class LLM:
         except (RunError, ValueError) as e:
             raise InvalidRequestError(str(e), getattr(e, "param", "response_format")) from None
 
-    def _pieces(self, handle: GenerationHandle, stops: list[str]) -> Iterator[_Piece]:
+    def _pieces(
+        self, handle: GenerationHandle, stops: list[str], shown: frozenset[int] = frozenset()
+    ) -> Iterator[_Piece]:
         """The handle's tokens as text, with stop strings found (the request cancelled)
-        and end-of-generation tokens left out of the text."""
+        and end-of-generation tokens left out of the text; the control tokens ``shown``
+        are written as their text."""
         from .tokenizer import StreamDecoder
 
         decoder = StreamDecoder(self.vocab)
@@ -445,7 +623,10 @@ class LLM:
         finish: str | None = None
         try:
             for event in handle:
-                text = "" if event.token in eog else decoder.feed(event.token)
+                if event.token in shown:
+                    text = decoder.flush() + self.vocab.tokens[event.token]
+                else:
+                    text = "" if event.token in eog else decoder.feed(event.token)
                 if event.finish_reason is not None:
                     text += decoder.flush()
                 got = matcher.feed(text)
@@ -478,12 +659,13 @@ class LLM:
         self,
         job: GenerationJob,
         n: int,
-        response_format: Mapping[str, Any] | None,
+        fresh_constraint: Callable[[], Any],
         field: str = "prompt",
     ) -> list[GenerationHandle]:
         """The job's ``n`` choices, submitted together: choice ``i`` samples with seed
-        ``seed + i`` and has a constraint of its own. ``n`` is at most the generator's
-        ``n_parallel``: the choices run side by side."""
+        ``seed + i`` and, where the job is constrained, has a constraint of its own
+        (``fresh_constraint()``: a constraint keeps the state of one reply). ``n`` is at
+        most the generator's ``n_parallel``: the choices run side by side."""
         limit = self.generator.stats().n_parallel
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit:
             raise InvalidRequestError(
@@ -494,12 +676,12 @@ class LLM:
         try:
             if n == 1:
                 return [self.generator.submit(job)]
-            return list(self.generator.submit_choices(self._choices(job, n, response_format)))
+            return list(self.generator.submit_choices(self._choices(job, n, fresh_constraint)))
         except RequestError as e:  # e.g. a prompt longer than the context
             raise InvalidRequestError(str(e), field) from None
 
     def _choices(
-        self, job: GenerationJob, n: int, response_format: Mapping[str, Any] | None
+        self, job: GenerationJob, n: int, fresh_constraint: Callable[[], Any]
     ) -> list[GenerationJob]:
         seed = job.sampling.get("seed")
         jobs = [job]
@@ -507,9 +689,7 @@ class LLM:
             sampling = dict(job.sampling)
             if isinstance(seed, int) and seed >= 0:
                 sampling["seed"] = seed + i
-            constraint = None
-            if job.constraint is not None and response_format is not None:
-                constraint = self._constraint(response_format)
+            constraint = fresh_constraint() if job.constraint is not None else None
             jobs.append(replace(job, sampling=sampling, constraint=constraint))
         return jobs
 
@@ -579,3 +759,15 @@ def _choice_delta(
     delta: dict[str, Any], logprobs: Any, finish: str | None, index: int = 0
 ) -> dict[str, Any]:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _finish(finish: str | None, called: bool) -> str | None:
+    """A reply that ended by itself after calling tools finishes with "tool_calls"."""
+    return "tool_calls" if called and finish == "stop" else finish
+
+
+def _call_deltas(call: Call, index: int) -> list[dict[str, Any]]:
+    head = {"index": index, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": ""}}  # fmt: skip
+    args = {"index": index, "function": {"arguments": call.arguments}}
+    return [{"tool_calls": [head]}, {"tool_calls": [args]}]

@@ -44,7 +44,7 @@ import dataclasses
 import json
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,8 +57,10 @@ __all__ = [
     "Constraint",
     "ConstraintError",
     "GrammarConstraint",
+    "LazyGrammarConstraint",
     "constraint_for",
     "grammar_for",
+    "grammar_literal",
     "llg_tokenizer",
 ]
 
@@ -145,6 +147,18 @@ def _token_bytes(vocab: Vocab, tid: int) -> bytes:
         kind == TokenType.USER_DEFINED and text.startswith("<") and text.endswith(">")
     )
     return b"\xff" + text.encode() if marked else vocab.piece(tid)
+
+
+def grammar_literal(vocab: Vocab, text: str) -> str:
+    """``text`` as a term of an llguidance grammar: the special token ``<[id]>`` when the
+    vocabulary has one for exactly that text (a model writes ``<tool_call>`` or
+    ``[TOOL_CALLS]`` as that token, which a string literal would forbid: special tokens
+    are never allowed as text), else the quoted string."""
+    try:
+        tid = vocab.tokens.index(text)
+    except ValueError:
+        return json.dumps(text)
+    return f"<[{tid}]>" if _token_bytes(vocab, tid).startswith(b"\xff") else json.dumps(text)
 
 
 _TOKENIZERS: dict[int, Any] = {}  # id(vocab) -> LLTokenizer
@@ -274,6 +288,91 @@ class GrammarConstraint:
     def _check(self, param: str) -> None:
         if self._matcher.is_error():
             raise ConstraintError(param, _short(self._matcher.get_error()))
+
+
+class LazyGrammarConstraint:
+    """Free text until the output writes ``trigger``, a grammar's from there on: llama.cpp's
+    lazy grammars (``grammar_lazy``), which llguidance has no notion of, so the waiting
+    is done here. A model that may call tools (``tool_choice: "auto"``) writes what it
+    likes, but once it writes a call's marker the call is held to its schema.
+
+    The grammar must begin with the trigger. It starts at the token where the trigger
+    begins, and is fed the tokens from there; a trigger that begins inside a token, or
+    tokens the grammar refuses (the trigger spelled out where the grammar wants its
+    special token), leave the output free for good: the reader after generation still
+    sees whatever was written, as it does without a grammar.
+    """
+
+    def __init__(
+        self,
+        vocab: Vocab,
+        trigger: str,
+        start: Callable[[], GrammarConstraint],
+        n_vocab: int | None = None,
+    ) -> None:
+        self._vocab = vocab
+        self._trigger = trigger
+        self._start = start
+        self._free = np.ones(max(n_vocab or 0, len(vocab)), bool)
+        self._inner: GrammarConstraint | None = None
+        self._given_up = False
+        #: the tokens since the last one that could not begin the trigger, with their text
+        self._recent: list[tuple[int, str]] = []
+
+    @property
+    def triggered(self) -> bool:
+        return self._inner is not None
+
+    def allowed(self) -> np.ndarray:
+        return self._inner.allowed() if self._inner is not None else self._free
+
+    def accept(self, token: int) -> None:
+        if self._inner is not None:
+            self._inner.accept(token)
+            return
+        if self._given_up:
+            return
+        vocab = self._vocab
+        text = vocab.tokens[token] if vocab.types[token] == TokenType.CONTROL else ""
+        self._recent.append((token, text or vocab.piece(token).decode("utf-8", "replace")))
+        joined = "".join(t for _, t in self._recent)
+        at = joined.find(self._trigger)
+        if at < 0:
+            # keep only the tokens that hold the end of the text that may begin a trigger
+            keep = _trigger_start(joined, self._trigger)
+            while self._recent and len(joined) - len(self._recent[0][1]) >= keep:
+                joined = joined[len(self._recent.pop(0)[1]) :]
+            return
+        offset = 0
+        for k, (_, piece) in enumerate(self._recent):
+            if offset == at:
+                self._begin([t for t, _ in self._recent[k:]])
+                return
+            offset += len(piece)
+            if offset > at:
+                break
+        self._given_up = True  # the trigger began inside a token
+
+    def done(self) -> bool:
+        return self._inner.done() if self._inner is not None else False
+
+    def _begin(self, tokens: list[int]) -> None:
+        inner = self._start()
+        try:
+            for t in tokens:
+                inner.accept(t)
+        except RunError:
+            self._given_up = True
+            return
+        self._inner = inner
+
+
+def _trigger_start(text: str, trigger: str) -> int:
+    """The length of the longest end of ``text`` that begins ``trigger``."""
+    for n in range(min(len(trigger) - 1, len(text)), 0, -1):
+        if text.endswith(trigger[:n]):
+            return n
+    return 0
 
 
 def _short(message: str, limit: int = 400) -> str:

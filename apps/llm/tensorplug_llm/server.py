@@ -46,6 +46,7 @@ from tensorplug.errors import RunError
 
 from .api import LLM, InvalidRequestError, Stream
 from .openai_schema import ChatRequest, CompletionRequest, EmbeddingRequest
+from .tool_calls import join_tool_call_deltas
 
 __all__ = ["ServerConfig", "create_app"]
 
@@ -380,6 +381,8 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
             lambda: llm.create_chat_completion(
                 messages,
                 tools=body.tools,
+                tool_choice=body.tool_choice,
+                parallel_tool_calls=body.parallel_tool_calls,
                 max_tokens=body.max_completion_tokens or body.max_tokens,
                 logprobs=body.logprobs,
                 top_logprobs=body.top_logprobs,
@@ -578,12 +581,16 @@ def _merge_text(index: int, choices: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _merge_message(index: int, choices: list[dict[str, Any]]) -> dict[str, Any]:
     lps = [c["logprobs"] for c in choices if c["logprobs"] is not None]
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(c["delta"].get("content", "") for c in choices),
+    }
+    calls = join_tool_call_deltas([c["delta"] for c in choices])
+    if calls:  # as the Python API answers: no text is null content
+        message = {**message, "content": message["content"] or None, "tool_calls": calls}
     return {
         "index": index,
-        "message": {
-            "role": "assistant",
-            "content": "".join(c["delta"].get("content", "") for c in choices),
-        },
+        "message": message,
         "logprobs": {"content": [x for lp in lps for x in lp["content"]]} if lps else None,
         "finish_reason": _finish(choices),
     }

@@ -33,6 +33,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
@@ -395,14 +396,17 @@ def _bounded_tree(env: Any, template: str) -> Any:
 
 def render(
     template: str,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     bos: str = "",
     eos: str = "",
     *,
     limits: Limits | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The conversation as the template renders it, ready for the model's reply
-    (``add_generation_prompt``); any failure is a :class:`ChatTemplateError`."""
+    (``add_generation_prompt``); any failure is a :class:`ChatTemplateError`. ``tools``:
+    the functions the model may call (OpenAI's list), the ``tools`` variable of templates
+    that render them (left undefined when None, as templates test ``tools is defined``)."""
     import jinja2
 
     budget = _Budget(limits or Limits())
@@ -415,10 +419,16 @@ def render(
     try:
         env = _environment(budget)
         env.globals["raise_exception"] = raise_exception
+        # transformers' helper, which templates of Mistral and Llama 3.x use for the date
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt))
         compiled = env.from_string(_bounded_tree(env, template))
-        chunks: Iterator[str] = compiled.generate(
-            messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
-        )
+        context: dict[str, Any] = {
+            "messages": messages, "add_generation_prompt": True, "bos_token": bos,
+            "eos_token": eos,
+        }  # fmt: skip
+        if tools is not None:
+            context["tools"] = tools
+        chunks: Iterator[str] = compiled.generate(**context)
         out = []
         for chunk in chunks:
             budget.tick()
@@ -443,11 +453,12 @@ def render(
 
 def render_parts(
     template: str,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     bos: str = "",
     eos: str = "",
     *,
     limits: Limits | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[str, list[tuple[str, bool]] | None]:
     """The rendered conversation, and the same text cut into ``(text, is_markup)`` parts:
     the template's own text, whose control tokens (``<|im_start|>``) are to be parsed,
@@ -464,7 +475,7 @@ def render_parts(
     template cut or changed the content (``content[0]``, ``split``, ``length`` checks) —
     the parts are None: the caller must then treat all of the text alike.
     """
-    plain = render(template, messages, bos, eos, limits=limits)
+    plain = render(template, messages, bos, eos, limits=limits, tools=tools)
     nonce = secrets.token_hex(8)
     start, end = f"\ue000{nonce}\ue001", f"\ue001{nonce}\ue000"
 
@@ -481,7 +492,7 @@ def render_parts(
         for m in messages
     ]
     try:
-        text = render(template, wrapped, bos, eos, limits=limits)
+        text = render(template, wrapped, bos, eos, limits=limits, tools=tools)
     except ChatTemplateError:
         return plain, None
     parts: list[tuple[str, bool]] = []
@@ -509,13 +520,20 @@ def _ids(vocab: Vocab, text: str | list[tuple[str, bool]]) -> list[int]:
 
 
 def prompt_ids(
-    vocab: Vocab, template: str, messages: list[dict[str, str]], bos: str, eos: str
+    vocab: Vocab,
+    template: str,
+    messages: list[dict[str, Any]],
+    bos: str,
+    eos: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """The conversation's tokens: the template's markup with control tokens parsed, the
     messages without. A template that changes message text so that the two cannot be
     told apart is still used when no message writes a control token (there is nothing
-    to forge); when one does, the conversation is refused rather than let it through."""
-    text, parts = render_parts(template, messages, bos, eos)
+    to forge); when one does, the conversation is refused rather than let it through.
+    ``tools`` and the messages' ``tool_calls`` are written by the template as markup: the
+    caller must keep control tokens out of them (:meth:`~.api.LLM.chat_prompt` does)."""
+    text, parts = render_parts(template, messages, bos, eos, tools=tools)
     if parts is not None:
         return _ids(vocab, parts)
     for m in messages:
