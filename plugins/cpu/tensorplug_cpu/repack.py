@@ -2,7 +2,8 @@
 
 ggml's CPU backend offers an extra buffer type, ``CPU_REPACK``, that stores the weights
 of matrix products in the order its kernels read them, and llama.cpp loads every
-Q4_0 and Q4_K matrix there. This is ours, for Q4_0, Q5_0, Q8_0, Q4_K and Q6_K. In a matrix's
+Q4_0 and Q4_K matrix there. This is ours, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and
+Q6_K. In a matrix's
 own layout each row's blocks follow one another, and a kernel that takes several rows
 at once must sum each row across the lanes of a vector; stored repacked, block ``b`` of
 eight rows is one run of bytes: the eight rows' scales side by side, then their codes
@@ -68,10 +69,11 @@ class PackedLayout:
     each row's words go (16-bit scales, 32-bit runs of codes), ``regroup`` names what
     else changes shape.
 
-    32-value types (Q4_0, Q5_0, Q8_0): the eight f16 scales, then ``chunks`` runs of 32
-    bytes of codes. Q5_0 keeps its fifth bits between them as eight 32-bit words, one per
-    run of 32 codes (low nibbles of chunk ``c``: word ``2c``, high: ``2c + 1``), bit
-    ``4r + i`` of a word the fifth bit of the code in byte ``4r + i`` of its run. Q4_K:
+    32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the eight f16 scales (Q4_1 and Q5_1:
+    then the eight f16 minimums), then ``chunks`` runs of 32 bytes of codes. Q5_0 and
+    Q5_1 keep their fifth bits between them as eight 32-bit words, one per run of 32
+    codes (low nibbles of chunk ``c``: word ``2c``, high: ``2c + 1``), bit ``4r + i`` of
+    a word the fifth bit of the code in byte ``4r + i`` of its run. Q4_K:
     the eight ``d``, the eight ``dmin``, each sub-block's eight 6-bit scales as bytes,
     then its eight minimums, then the codes as for the 32-value types (sub-blocks ``2p``
     and ``2p + 1`` share the bytes of pair ``p``: low and high nibbles). Q6_K: the eight
@@ -86,13 +88,21 @@ class PackedLayout:
     chunks: int = 0  # 4-byte chunks of codes in one row's block (32-value types, Q4_K)
     nibbles: bool = True  # two 4-bit codes a byte
     offset: int = 0  # subtracted from each code: Q4_0 8, Q5_0 16, Q6_K 32 (Q8_0: signed)
-    regroup: str = ""  # "fifth bits" (Q5_0), "scales" (Q4_K's 6-bit ones)
+    regroup: str = ""  # "fifth bits" (Q5_0, Q5_1), "scales" (Q4_K's 6-bit ones)
+    minimum_at: int = -1  # where the eight f16 minimums ``m`` are (Q4_1, Q5_1), -1: none
+    qh_at: int = 2  # "fifth bits": where a row's 32-bit ``qh`` is in its block (Q5_1: 4)
 
     @property
     def block(self) -> int:
         """Bytes of one repacked block (eight rows' blocks)."""
         natural = GROUP_ROWS * self.type.type_size
         return natural + (2 * 8 * GROUP_ROWS - 12 * GROUP_ROWS if self.regroup == "scales" else 0)
+
+    @property
+    def bits_at(self) -> int:
+        """Fifth bits: where the runs' words begin in a repacked block (after the
+        scales and, for Q5_1, the minimums)."""
+        return self.codes_at - 8 * self.chunks
 
     def pack(self, blocks: np.ndarray, out: np.ndarray) -> None:
         """Rows of ggml blocks ``(8·G, nb, type_size)`` into ``out``, ``(G, nb, block)``
@@ -129,8 +139,8 @@ class PackedLayout:
                 rows(move.dtype, move.at, move.words)[...] = lanes(
                     move.dtype, move.to, move.words, move.every)  # fmt: skip
         if self.regroup == "fifth bits":
-            qh = rows(np.uint32, 2, 1)[:, :, 0]  # (G, nb, 8 rows)
-            bits = np.ndarray((groups, nb, 2 * self.chunks), np.uint32, packed, 2 * GROUP_ROWS,
+            qh = rows(np.uint32, self.qh_at, 1)[:, :, 0]  # (G, nb, 8 rows)
+            bits = np.ndarray((groups, nb, 2 * self.chunks), np.uint32, packed, self.bits_at,
                               (nb * block, block, 4))  # fmt: skip
             _move_fifth_bits(qh, bits, packing)
         elif self.regroup == "scales":
@@ -200,6 +210,12 @@ LAYOUTS: dict[Type, PackedLayout] = {
                             chunks=4, offset=8),
     Type.Q5_0: PackedLayout(Type.Q5_0, (Move(_U16, 0, 0, 1), Move(_U32, 6, 48, 4)), 48,
                             chunks=4, offset=16, regroup="fifth bits"),
+    Type.Q4_1: PackedLayout(Type.Q4_1, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
+                                        Move(_U32, 4, 32, 4)), 32,
+                            chunks=4, minimum_at=16),
+    Type.Q5_1: PackedLayout(Type.Q5_1, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
+                                        Move(_U32, 8, 64, 4)), 64,
+                            chunks=4, regroup="fifth bits", minimum_at=16, qh_at=4),
     Type.Q8_0: PackedLayout(Type.Q8_0, (Move(_U16, 0, 0, 1), Move(_U32, 2, 16, 8)), 16,
                             chunks=8, nibbles=False),
     Type.Q4_K: PackedLayout(Type.Q4_K, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),

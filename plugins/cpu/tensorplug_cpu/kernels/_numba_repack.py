@@ -21,7 +21,9 @@ arithmetic of llama.cpp's ``ggml_gemv_q4_0_8x8_q8_0`` and of the four-row kernel
 :mod:`._numba_introw`, to the bit. Q4_K scales each sub-block's exact sum by its 6-bit
 scale and takes its minimum back out, per sub-block of 32 (the activations' blocks);
 Q6_K scales each 16 values' exact sum, less 32 times their activations' sum.
-The activations are the Q8_0 rows of :func:`._numba_quant.quantize_q8_0`.
+Q4_1 and Q5_1 add each block's ``m_w·s_x`` into a second sum per row, joined once at
+the end, as ggml's ``vec_dot_q4_1_q8_1`` does. The activations are rounded as ggml
+does for the type (:func:`._numba_quant.quantize_activations`: Q8_0, Q8_1, Q8_K).
 
 There is no software prefetch: a repacked product is one sequential stream of bytes,
 which the hardware prefetchers follow. Asking for the blocks ahead made Q4_K 25% slower
@@ -65,10 +67,19 @@ _V32B = _vec(_I8, 32)
 
 #: activation rows a tile takes at most
 TILE = 4
-# the type ids the drivers branch on
-Q4_0, Q5_0, Q8_0, Q4_K, Q6_K = (
-    int(t) for t in (Type.Q4_0, Type.Q5_0, Type.Q8_0, Type.Q4_K, Type.Q6_K)
-)
+# the type id the drivers branch on (Q6_K's code sums are over 16 values)
+Q6_K = int(Type.Q6_K)
+
+
+def _fixed_mul(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
+    """``a·b`` that the kernels' fast math may not regroup. numba gives every float
+    instruction without flags the kernel's ``reassoc``, and LLVM then regrouped Q4_K's
+    and Q6_K's three-factor scales (``d·sc·d_x``) one way in a tile of one activation
+    row and another in a tile of two: a row's bits depended on how many rows were
+    multiplied beside it. ``contract`` alone allows no regrouping."""
+    product = builder.fmul(a, b)
+    product.flags.append("contract")
+    return product
 
 
 def _broadcast_i32(builder: ir.IRBuilder, ptr: Any) -> Any:
@@ -176,6 +187,7 @@ class _Block:
     of the tile the row's Q8_0 codes, scales and code sums."""
 
     builder: ir.IRBuilder
+    lay: PackedLayout
     base: Any  # i8* of the block
     b: Any  # i64 index of the block
     x: list[Any]  # i8* of each activation row's codes
@@ -237,7 +249,7 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
         def block(b: Any, flat: list[Any]) -> list[Any]:
             accs = [flat[n_accs * t : n_accs * (t + 1)] for t in range(n_tok)]
             base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
-            new = body(_Block(builder, base, b, x_rows, xd_rows, xs_rows, table), accs)
+            new = body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table), accs)
             return [v for vals in new for v in vals]
 
         flat = carried_loop(builder, "tile", _I64(0), n, 1, [zero] * (n_tok * n_accs), block)
@@ -255,24 +267,30 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
 
 
 def _fifth_bits(blk: _Block, run: int) -> Any:
-    """Word ``run`` of a Q5_0 block's fifth bits as ``<32 x i8>`` of 0 or 16: bit ``i`` to
+    """Word ``run`` of a Q5_0 or Q5_1 block's fifth bits as ``<32 x i8>`` of 0 or 16: bit ``i`` to
     byte ``i`` (LLVM lowers the ``<32 x i1>`` to one ``vpmovm2b`` with AVX512-BW)."""
     b = blk.builder
-    at = b.gep(blk.base, [_I64(2 * GROUP_ROWS + 4 * run)])
+    at = b.gep(blk.base, [_I64(blk.lay.bits_at + 4 * run)])
     word = b.load(b.bitcast(at, _I32.as_pointer()), align=1)
     bits = b.bitcast(word, ir.VectorType(ir.IntType(1), 32))
     return b.shl(b.zext(bits, _V32B), _splat(_I8, 32, 4))
 
 
 def _block32_body(lay: PackedLayout) -> Body:
-    """Q4_0, Q5_0 and Q8_0: each row's block sum ``Σ(q − offset)·x`` exact, then one
-    multiply-add of it by ``d_w·d_x`` into the row's sum."""
+    """Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: each row's block sum ``Σ(q − offset)·x`` exact,
+    then one multiply-add of it by ``d_w·d_x`` into the row's sum. Q4_1 and Q5_1 add
+    ``m_w·s_x`` into a second sum (``s_x`` the Q8_1 activations' f16-rounded
+    ``d·Σcode``, whose float32 bits ``xs`` holds), as ggml's ``vec_dot_q4_1_q8_1`` adds
+    its ``summs`` beside the scaled sums and joins them once per row."""
 
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
         builder, b = blk.builder, blk.b
         n_tok = len(accs)
         sums = []
         for t in range(n_tok):
+            if _offset(lay) == 0:  # (Q8_1's xs holds float bits, not code sums)
+                sums.append(_RowSums(builder, ir.Constant(_V8I, [0] * 8)))
+                continue
             back = builder.mul(blk.load(blk.xs, t, b), _I32(-_offset(lay)))
             start = builder.insert_element(ir.Constant(_V8I, None), back, _I32(0))
             sums.append(_RowSums(builder, builder.shuffle_vector(
@@ -293,11 +311,18 @@ def _block32_body(lay: PackedLayout) -> Body:
                     sums[t].add_signed(q, blk.x_word(t, b, 4 * c))
         d_w = _scales(builder, blk.base, blk.table)
         fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+        m_w = None
+        if lay.minimum_at >= 0:
+            m_w = _scales(builder, builder.gep(blk.base, [_I64(lay.minimum_at)]), blk.table)
         new = []
         for t in range(n_tok):
-            scale = builder.fmul(d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
+            scale = _fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
             isum = builder.sitofp(sums[t].flush(), _V8F)
-            new.append([builder.call(fma, [scale, isum, accs[t][0]])])
+            row = [builder.call(fma, [scale, isum, accs[t][0]])]
+            if m_w is not None:
+                s_x = builder.bitcast(blk.load(blk.xs, t, b), _F32)
+                row.append(builder.call(fma, [m_w, _splat_f(builder, s_x), accs[t][1]]))
+            new.append(row)
         return new
 
     return body
@@ -327,14 +352,15 @@ def _q4_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                     pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 15)
         for h in range(2):
             s = 2 * p + h
-            sc = builder.fmul(d, _bytes_f(builder, builder.gep(blk.base, [_I64(32 + 8 * s)])))
-            mn = builder.fmul(dmin, _bytes_f(builder, builder.gep(blk.base, [_I64(96 + 8 * s)])))
+            scales_at, mins_at = (builder.gep(blk.base, [_I64(at + 8 * s)]) for at in (32, 96))
+            sc = _fixed_mul(builder, d, _bytes_f(builder, scales_at))
+            mn = _fixed_mul(builder, dmin, _bytes_f(builder, mins_at))
             for t in range(n_tok):
                 d_x = blk.load(blk.xd, t, ks[h])
-                scale = builder.fmul(sc, _splat_f(builder, d_x))
+                scale = _fixed_mul(builder, sc, _splat_f(builder, d_x))
                 isum = builder.sitofp(pair[t][h].flush(), _V8F)
                 new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
-                x_sum = builder.fmul(d_x, builder.sitofp(blk.load(blk.xs, t, ks[h]), _F32))
+                x_sum = _fixed_mul(builder, d_x, builder.sitofp(blk.load(blk.xs, t, ks[h]), _F32))
                 new[t][1] = builder.call(fma, [mn, _splat_f(builder, x_sum), new[t][1]])
     return new
 
@@ -386,14 +412,14 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                                        63)  # fmt: skip
             for k in range(4):
                 at = builder.gep(blk.base, [_I64(16 + 8 * (8 * n + 2 * k + half))])
-                sc = builder.fmul(d, _signed_byte_scales(builder, at))
+                sc = _fixed_mul(builder, d, _signed_byte_scales(builder, at))
                 for t in range(n_tok):
                     x16 = blk.load(blk.xs, t, builder.add(builder.mul(ks[k], _I64(2)), _I64(half)))
                     back = builder.insert_element(ir.Constant(_V8I, None),
                                                   builder.mul(x16, _I32(-32)), _I32(0))  # fmt: skip
                     back = builder.shuffle_vector(back, back, ir.Constant(_V8I, [0] * 8))
                     isum = builder.sitofp(builder.add(sums[t][k].flush(), back), _V8F)
-                    factor = builder.fmul(sc, _splat_f(builder, blk.load(blk.xd, t, ks[k])))
+                    factor = _fixed_mul(builder, sc, _splat_f(builder, blk.load(blk.xd, t, ks[k])))
                     new[t][0] = builder.call(fma, [factor, isum, new[t][0]])
     return new
 
@@ -404,6 +430,8 @@ def _emitter(lay: PackedLayout, n_tok: int) -> Emit:
         return _tile(lay, n_tok, _q4_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
     if lay.type == Type.Q6_K:
         return _tile(lay, n_tok, _q6_k_body, lambda b, a: a[0], 1)
+    if lay.minimum_at >= 0:  # Q4_1, Q5_1: the scaled sums, then the minimums' share
+        return _tile(lay, n_tok, _block32_body(lay), lambda b, a: b.fadd(a[0], a[1]), 2)
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], 1)
 
 
