@@ -23,8 +23,8 @@ from tensorplug.errors import UnsupportedError
 from tensorplug.quants import quantize
 
 RNG = np.random.default_rng(35)
-TYPES = [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8_0, tp.Type.Q4_K,
-         tp.Type.Q6_K]  # fmt: skip
+TYPES = [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8_0, tp.Type.IQ4_NL,
+         tp.Type.IQ4_XS, tp.Type.Q4_K, tp.Type.Q6_K]  # fmt: skip
 
 
 def _cpu() -> tuple[tp.Backend, tp.BufferType]:
@@ -63,7 +63,7 @@ def test_unpack_undoes_pack_for_any_bytes(t: tp.Type) -> None:
     assert np.array_equal(back, blocks)
 
 
-@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.IQ4_NL], ids=lambda t: t.name)
 def test_a_32_value_block_is_a_reordering_of_the_eight_rows_bytes(t: tp.Type) -> None:
     from tensorplug_cpu.repack import LAYOUTS
 
@@ -267,20 +267,24 @@ def test_a_row_is_computed_the_same_whatever_the_row_count(t: tp.Type) -> None:
         np.testing.assert_array_equal(tp.get_array(y), np.stack(alone[:n]), err_msg=f"{n} rows")
 
 
-def test_q4_0_single_rows_are_the_bits_of_the_unrepacked_kernels() -> None:
-    """Both compute each block's exact integer sum times ``d_w·d_x``, block after block:
-    repacking must not change a generation step's numbers."""
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, 8])
+def test_few_rows_are_the_bits_of_the_unrepacked_kernels(t: tp.Type, n_tok: int) -> None:
+    """Q4_0: both compute each block's exact integer sum times ``d_w·d_x``, block after
+    block; Q4_1 and Q5_1: both keep ggml's ``vec_dot`` order (eight float sums a row,
+    the minimums beside them), whose bits are llama.cpp's. Repacking must not change a
+    generation step's numbers."""
     pytest.importorskip("numba", reason="the integer kernels are numba's")
     backend, buft = _cpu()
-    raw, _ = _weights(tp.Type.Q4_0, 64, 512)
-    packed = _repacked(tp.Type.Q4_0, raw, buft)
-    plain = tp.new_tensor("q4_0", (64, 512), "plain")
+    raw, _ = _weights(t, 64, 512)
+    packed = _repacked(t, raw, buft)
+    plain = tp.new_tensor(t, (64, 512), "plain")
     tp.alloc_tensors([plain], tp.host_buffer_type())
     tp.set_array(plain, raw)
-    x = tp.new_tensor("f32", (1, 512), "x")
+    x = tp.new_tensor("f32", (n_tok, 512), "x")
     ya, yb = ops.mul_mat(packed, x), ops.mul_mat(plain, x)
     tp.alloc_tensors([x, ya, yb], tp.host_buffer_type())
-    tp.set_array(x, RNG.standard_normal((1, 512)).astype(np.float32))
+    tp.set_array(x, RNG.standard_normal((n_tok, 512)).astype(np.float32))
     backend.graph_compute(tp.Graph([ya, yb]))
     np.testing.assert_array_equal(tp.get_array(ya), tp.get_array(yb))
 
@@ -354,7 +358,7 @@ from numba import njit
 from tensorplug.quants import quantize
 from tensorplug.types import Type
 from tensorplug_cpu.kernels import _numba_ir as ir, _numba_repack as rp
-from tensorplug_cpu.kernels._numba_quant import quantize_q8_0, quantize_q8_1
+from tensorplug_cpu.kernels._numba_quant import quantize_q8_0, quantize_q8_1, quantize_q8_k
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 from tensorplug_cpu.repack import LAYOUTS
 
@@ -368,7 +372,9 @@ x64 = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 32, axis=1)
 xs1 = np.empty((4, 8), np.int32)  # Q8_1: each block's s = f16(d·Σcode), as float32 bits
 quantize_q8_1(x, np.empty_like(xq), np.empty_like(xd), xs1, table)
 s_minus_sum = xs1.view(np.float32).astype(np.float64) - xd * xs  # what s adds beyond d·Σcode
-for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"):
+kq, kd, ks = np.empty_like(xq), np.empty_like(xd), np.empty_like(xs)  # Q8_K, for IQ4_XS
+quantize_q8_k(x, kq, kd, ks, table)
+for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q4_k", "q6_k"):
     t = Type[name.upper()]
     lay = LAYOUTS[t]
     raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
@@ -386,8 +392,12 @@ for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"):
     out = np.empty((4, 16), np.float32)
     sums = xq.reshape(4, -1, 16).sum(-1, dtype=np.int32) if name == "q6_k" else xs  # per 16
     sums = xs1 if name in ("q4_1", "q5_1") else sums
-    run(packed.reshape(2, -1), xq, xd, sums, out)
-    expected = x64 @ w.T
+    if name == "iq4_xs":  # its kernel takes one d per super-block: Q8_K's
+        run(packed.reshape(2, -1), kq, kd, ks, out)
+        expected = (kq.astype(np.float64) * np.repeat(kd.astype(np.float64), 32, axis=1)) @ w.T
+    else:
+        run(packed.reshape(2, -1), xq, xd, sums, out)
+        expected = x64 @ w.T
     if name in ("q4_1", "q5_1"):  # the minimums times Q8_1's s (ggml_product's term)
         m = raw.reshape(16, nb, -1)[..., 2:4].copy().view(np.float16)[..., 0]
         expected += s_minus_sum @ m.astype(np.float64).T
@@ -410,5 +420,5 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"]
+    names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q4_k", "q6_k"]
     assert done.stdout.split() == [w for n in names for w in (n, "ok")]

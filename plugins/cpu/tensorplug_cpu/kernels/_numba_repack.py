@@ -21,9 +21,10 @@ arithmetic of llama.cpp's ``ggml_gemv_q4_0_8x8_q8_0`` and of the four-row kernel
 :mod:`._numba_introw`, to the bit. Q4_K scales each sub-block's exact sum by its 6-bit
 scale and takes its minimum back out, per sub-block of 32 (the activations' blocks);
 Q6_K scales each 16 values' exact sum, less 32 times their activations' sum.
-Q4_1 and Q5_1 add each block's ``m_w·s_x`` into a second sum per row, joined once at
-the end, as ggml's ``vec_dot_q4_1_q8_1`` does. The activations are rounded as ggml
-does for the type (:func:`._numba_quant.quantize_activations`: Q8_0, Q8_1, Q8_K).
+Q4_1 and Q5_1 keep ggml's ``vec_dot`` order instead: eight float sums a row and the
+minimums' ``m_w·s_x`` beside them, llama.cpp's bits (:func:`_vec_dot_order_body`).
+The activations are rounded as ggml does for the type
+(:func:`._numba_quant.quantize_activations`: Q8_0, Q8_1, Q8_K).
 
 There is no software prefetch: a repacked product is one sequential stream of bytes,
 which the hardware prefetchers follow. Asking for the blocks ahead made Q4_K 25% slower
@@ -34,6 +35,7 @@ streams at once, needed it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -159,11 +161,27 @@ class _RowSums:
 
 
 def _offset(lay: PackedLayout) -> int:
-    """What each stored code exceeds its value by, as the kernel feeds it: Q8_0's
-    signed codes go into VNNI's unsigned operand as ``q + 128`` (:meth:`_RowSums.add_signed`)."""
-    if lay.nibbles:
+    """What each stored code exceeds its value by, as the kernel feeds it: Q8_0's and
+    IQ4_NL's signed values go into VNNI's unsigned operand as ``q + 128``
+    (:meth:`_RowSums.add_signed`)."""
+    if lay.nibbles and not lay.levels:
         return lay.offset
     return 128 if _ir.HAS_VNNI else 0
+
+
+def _levels(builder: ir.IRBuilder, codes: Any, levels: tuple[int, ...]) -> Any:
+    """``levels[code]`` for each of 32 nibble codes (``<32 x i8>``), as ``<32 x i8>``:
+    one ``vpshufb`` with AVX2 (the 16 levels in both 128-bit halves), else a select per
+    level, portable IR LLVM lowers for the host."""
+    if _ir.HAS_AVX2:
+        table = ir.Constant(_V32B, [v & 0xFF for v in levels] * 2)
+        shuffle = _fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, _V32B, _V32B)
+        return builder.call(shuffle, [table, codes])
+    out = _splat(_I8, 32, levels[0] & 0xFF)
+    for i, v in enumerate(levels[1:], start=1):
+        hit = builder.icmp_unsigned("==", codes, _splat(_I8, 32, i))
+        out = builder.select(hit, _splat(_I8, 32, v & 0xFF), out)
+    return out
 
 
 def _scales(builder: ir.IRBuilder, at: Any, table: Any) -> Any:
@@ -277,11 +295,9 @@ def _fifth_bits(blk: _Block, run: int) -> Any:
 
 
 def _block32_body(lay: PackedLayout) -> Body:
-    """Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: each row's block sum ``Σ(q − offset)·x`` exact,
-    then one multiply-add of it by ``d_w·d_x`` into the row's sum. Q4_1 and Q5_1 add
-    ``m_w·s_x`` into a second sum (``s_x`` the Q8_1 activations' f16-rounded
-    ``d·Σcode``, whose float32 bits ``xs`` holds), as ggml's ``vec_dot_q4_1_q8_1`` adds
-    its ``summs`` beside the scaled sums and joins them once per row."""
+    """Q4_0, Q5_0, Q8_0 and IQ4_NL (its nibbles looked up as signed levels, then
+    multiplied as Q8_0's codes): each row's block sum ``Σ(q − offset)·x`` exact, then
+    one multiply-add of it by ``d_w·d_x`` into the row's sum."""
 
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
         builder, b = blk.builder, blk.b
@@ -304,6 +320,11 @@ def _block32_body(lay: PackedLayout) -> Body:
                             for h, codes in enumerate(runs)]  # fmt: skip
                 u_max = 31 if lay.regroup == "fifth bits" else 15
                 for codes, at in zip(runs, (4 * c, 16 + 4 * c), strict=True):
+                    if lay.levels:  # IQ4_NL: the nibble indexes a signed level
+                        values = _levels(builder, codes, lay.levels)
+                        for t in range(n_tok):
+                            sums[t].add_signed(values, blk.x_word(t, b, at))
+                        continue
                     for t in range(n_tok):
                         sums[t].add(codes, blk.x_word(t, b, at), u_max)
             else:
@@ -311,21 +332,74 @@ def _block32_body(lay: PackedLayout) -> Body:
                     sums[t].add_signed(q, blk.x_word(t, b, 4 * c))
         d_w = _scales(builder, blk.base, blk.table)
         fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
-        m_w = None
-        if lay.minimum_at >= 0:
-            m_w = _scales(builder, builder.gep(blk.base, [_I64(lay.minimum_at)]), blk.table)
         new = []
         for t in range(n_tok):
             scale = _fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
             isum = builder.sitofp(sums[t].flush(), _V8F)
-            row = [builder.call(fma, [scale, isum, accs[t][0]])]
-            if m_w is not None:
-                s_x = builder.bitcast(blk.load(blk.xs, t, b), _F32)
-                row.append(builder.call(fma, [m_w, _splat_f(builder, s_x), accs[t][1]]))
-            new.append(row)
+            new.append([builder.call(fma, [scale, isum, accs[t][0]])])
         return new
 
     return body
+
+
+def _vec_dot_order_body(lay: PackedLayout) -> Body:
+    """Q4_1 and Q5_1 in the order of ggml's ``vec_dot_q4_1_q8_1`` (and ``q5_1``), which
+    llama.cpp runs for every row count (it has no repacked kernel for them): each row
+    keeps eight float sums, sum ``k`` taking ``d_w·d_x·Σ q·x`` over values ``4k..4k+3``
+    of every block, and beside them ``Σ m_w·s_x`` (``s_x`` the Q8_1 activations'
+    f16-rounded ``d·Σcode``, whose float32 bits ``xs`` holds), joined once per row by
+    :func:`_vec_dot_finish`. The products are then llama.cpp's to the bit, and those of
+    the unrepacked four-row kernel (tested). Summing each block's eight partial sums as
+    one exact integer first (the other layouts' order) is ~3× less arithmetic, but
+    moved SmolLM2's logits by up to 0.45 from llama.cpp's at the first positions, where
+    they had been equal to the bit. Run ``c`` of codes holds values ``4c..4c+3`` (low
+    nibbles) and ``16 + 4c..`` (high): sums ``c`` and ``4 + c``."""
+
+    def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+        builder, b = blk.builder, blk.b
+        n_tok = len(accs)
+        fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+        d_w = _scales(builder, blk.base, blk.table)
+        m_w = _scales(builder, builder.gep(blk.base, [_I64(lay.minimum_at)]), blk.table)
+        scales = [_fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
+                  for t in range(n_tok)]  # fmt: skip
+        new = [list(a) for a in accs]
+        u_max = 31 if lay.regroup == "fifth bits" else 15
+        for c in range(lay.chunks):
+            q = blk.code_run(lay.codes_at + 32 * c)
+            runs = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+            if lay.regroup == "fifth bits":
+                runs = [builder.or_(codes, _fifth_bits(blk, 2 * c + h))
+                        for h, codes in enumerate(runs)]  # fmt: skip
+            for h, codes in enumerate(runs):
+                k = c + 4 * h
+                for t in range(n_tok):
+                    lane = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
+                    lane.add(codes, blk.x_word(t, b, 4 * c + 16 * h), u_max)
+                    part = builder.sitofp(lane.flush(), _V8F)
+                    new[t][k] = builder.call(fma, [scales[t], part, new[t][k]])
+        for t in range(n_tok):
+            s_x = builder.bitcast(blk.load(blk.xs, t, b), _F32)
+            new[t][8] = builder.call(fma, [m_w, _splat_f(builder, s_x), new[t][8]])
+        return new
+
+    return body
+
+
+def _fixed_add(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
+    """``a + b`` that fast math may not regroup (see :func:`_fixed_mul`)."""
+    total = builder.fadd(a, b)
+    total.flags.append("contract")
+    return total
+
+
+def _vec_dot_finish(builder: ir.IRBuilder, a: list[Any]) -> Any:
+    """ggml's ``hsum_float_8`` of the eight sums, then ``+ summs``:
+    ``((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)) + mins``, for eight rows at once."""
+    add = functools.partial(_fixed_add, builder)
+    low = add(add(a[0], a[4]), add(a[2], a[6]))
+    high = add(add(a[1], a[5]), add(a[3], a[7]))
+    return add(add(low, high), a[8])
 
 
 def _q4_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
@@ -362,6 +436,47 @@ def _q4_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                 new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
                 x_sum = _fixed_mul(builder, d_x, builder.sitofp(blk.load(blk.xs, t, ks[h]), _F32))
                 new[t][1] = builder.call(fma, [mn, _splat_f(builder, x_sum), new[t][1]])
+    return new
+
+
+def _iq4_xs_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+    """IQ4_XS: sub-block ``s`` (values ``32s..32s+31``, activation block ``8b + s``) sums
+    its levels times the Q8_K codes exactly, times its signed scale ``ls − 32``, into
+    one integer per super-block, scaled once by ``d·d_x``: ggml's
+    ``vec_dot_iq4_xs_q8_K``, whose integer sums are the same (its float order is by
+    lanes, not by rows)."""
+    builder, b = blk.builder, blk.b
+    n_tok = len(accs)
+    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    d = _scales(builder, blk.base, blk.table)
+    first = builder.mul(b, _I64(8))  # the block's first activation block
+    totals = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
+    for s in range(8):
+        k = builder.add(first, _I64(s))
+        at = builder.gep(blk.base, [_I64(16 + 8 * s)])
+        v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+        scale = builder.sext(v8, _V8I)
+        sums = []
+        for t in range(n_tok):
+            start = ir.Constant(_V8I, [0] * 8)
+            if _offset(blk.lay):  # VNNI's ``q + 128``: take 128·Σx back out
+                back = builder.mul(blk.load(blk.xs, t, k), _I32(-_offset(blk.lay)))
+                one = builder.insert_element(ir.Constant(_V8I, None), back, _I32(0))
+                start = builder.shuffle_vector(one, one, ir.Constant(_V8I, [0] * 8))
+            sums.append(_RowSums(builder, start))
+        for c in range(4):
+            q = blk.code_run(80 + 32 * (4 * s + c))
+            halves = (builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4)))
+            for h, codes in enumerate(halves):
+                values = _levels(builder, codes, blk.lay.levels)
+                for t in range(n_tok):
+                    sums[t].add_signed(values, blk.x_word(t, k, 4 * c + 16 * h))
+        for t in range(n_tok):
+            totals[t] = builder.add(totals[t], builder.mul(sums[t].flush(), scale))
+    new = []
+    for t in range(n_tok):
+        factor = _fixed_mul(builder, d, _splat_f(builder, blk.load(blk.xd, t, first)))
+        new.append([builder.call(fma, [factor, builder.sitofp(totals[t], _V8F), accs[t][0]])])
     return new
 
 
@@ -430,8 +545,10 @@ def _emitter(lay: PackedLayout, n_tok: int) -> Emit:
         return _tile(lay, n_tok, _q4_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
     if lay.type == Type.Q6_K:
         return _tile(lay, n_tok, _q6_k_body, lambda b, a: a[0], 1)
-    if lay.minimum_at >= 0:  # Q4_1, Q5_1: the scaled sums, then the minimums' share
-        return _tile(lay, n_tok, _block32_body(lay), lambda b, a: b.fadd(a[0], a[1]), 2)
+    if lay.type == Type.IQ4_XS:
+        return _tile(lay, n_tok, _iq4_xs_body, lambda b, a: a[0], 1)
+    if lay.minimum_at >= 0:  # Q4_1, Q5_1: eight sums a row and the minimums' share
+        return _tile(lay, n_tok, _vec_dot_order_body(lay), _vec_dot_finish, 9)
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], 1)
 
 
