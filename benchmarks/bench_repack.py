@@ -80,6 +80,9 @@ def main() -> None:
         t = tp.Type[name.upper()]
         for shape in args.shapes.split(","):
             n_out, n_in = (int(v) for v in shape.split("x"))
+            if n_in % t.block_size:
+                print(f"{t.name:6} {shape:>10}  skipped: rows of {n_in} are not whole blocks")
+                continue
             plain_w = _weights(t, n_out, n_in, tp.host_buffer_type())
             packed_w = _weights(t, n_out, n_in, repack)
             for rows in (int(r) for r in args.rows.split(",")):
