@@ -3,7 +3,7 @@
 ggml's CPU backend offers an extra buffer type, ``CPU_REPACK``, that stores the weights
 of matrix products in the order its kernels read them, and llama.cpp loads every
 Q4_0 and Q4_K matrix there. This is ours, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
-IQ4_XS, Q4_K and Q6_K. In a matrix's
+IQ4_XS, Q4_K, Q5_K and Q6_K. In a matrix's
 own layout each row's blocks follow one another, and a kernel that takes several rows
 at once must sum each row across the lanes of a vector; stored repacked, block ``b`` of
 eight rows is one run of bytes: the eight rows' scales side by side, then their codes
@@ -78,7 +78,9 @@ class PackedLayout:
     a word the fifth bit of the code in byte ``4r + i`` of its run. Q4_K:
     the eight ``d``, the eight ``dmin``, each sub-block's eight 6-bit scales as bytes,
     then its eight minimums, then the codes as for the 32-value types (sub-blocks ``2p``
-    and ``2p + 1`` share the bytes of pair ``p``: low and high nibbles). Q6_K: the eight
+    and ``2p + 1`` share the bytes of pair ``p``: low and high nibbles). Q5_K: Q4_K's,
+    with its ``qh`` as eight runs of 32 bytes (bytes ``4c..4c+3`` of each row) between
+    the minimums and the codes (1440 bytes a block for 1408). Q6_K: the eight
     ``d``, the sixteen int8 scales of each row (scale-major), then the 4-bit ``ql`` and
     the 2-bit ``qh`` as runs of 32 bytes in the order its kernel reads them (read in the
     rows' own order, three streams at once, they came from memory at a third of the
@@ -269,6 +271,9 @@ LAYOUTS: dict[Type, PackedLayout] = {
     Type.Q4_K: PackedLayout(Type.Q4_K, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
                                         Move(_U32, 16, 160, 32)),
                             160, chunks=32, regroup="scales"),
+    Type.Q5_K: PackedLayout(Type.Q5_K, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
+                                        Move(_U32, 16, 160, 8), Move(_U32, 48, 416, 32)),
+                            416, chunks=32, regroup="scales"),
     Type.Q6_K: PackedLayout(Type.Q6_K, (Move(_U16, 208, 0, 1), Move(_U8, 192, 16, 16),
                                         *_Q6_K_CODES),
                             144, offset=32),

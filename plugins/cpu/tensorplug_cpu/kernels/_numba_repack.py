@@ -402,11 +402,35 @@ def _vec_dot_finish(builder: ir.IRBuilder, a: list[Any]) -> Any:
     return add(add(low, high), a[8])
 
 
-def _q4_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+def _q45_k_body(lay: PackedLayout) -> Body:
+    """Q4_K and Q5_K (:func:`_q4_k_body`), the layout's codes at ``lay.codes_at``."""
+    fifth = lay.type == Type.Q5_K
+
+    def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+        return _q4_k_body(blk, accs, lay.codes_at, fifth)
+
+    return body
+
+
+def _q5_k_fifth_bits(blk: _Block, c: int, s: int, codes_at: int) -> Any:
+    """Bit ``s`` of each byte of Q5_K's ``qh`` run ``c`` (its bytes ``4c..4c+3`` of each
+    row: values ``4c..`` of every sub-block) as ``<32 x i8>`` of 0 or 16: the fifth bits
+    of sub-block ``s``'s four values of run ``c``."""
+    b = blk.builder
+    qh = blk.code_run(codes_at - 256 + 32 * c)
+    moved = b.shl(qh, _splat(_I8, 32, 4 - s)) if s <= 4 else b.lshr(qh, _splat(_I8, 32, s - 4))
+    return b.and_(moved, _splat(_I8, 32, 16))
+
+
+def _q4_k_body(
+    blk: _Block, accs: list[list[Any]], codes_at: int = 160, fifth: bool = False
+) -> list[list[Any]]:
     """Q4_K: sub-block ``s`` (values ``32s..32s+31``, activation block ``8b + s``) adds
     ``d·sc_s·d_x·Σq·x`` to the row's sum and ``dmin·m_s·d_x·Σx`` to its minimums'. Each
     32-byte run of codes holds four values of pair ``p``'s two sub-blocks for each row:
-    low nibbles sub-block ``2p``, high ones ``2p + 1``."""
+    low nibbles sub-block ``2p``, high ones ``2p + 1``. Q5_K (``fifth``) adds each
+    code's fifth bit from the eight ``qh`` runs before the codes (bit ``s`` of a byte:
+    sub-block ``s``'s)."""
     builder, b = blk.builder, blk.b
     n_tok = len(accs)
     fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
@@ -419,11 +443,14 @@ def _q4_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                 for _ in range(n_tok)]  # fmt: skip
         ks = [builder.add(first, _I64(2 * p + h)) for h in range(2)]
         for c in range(8):
-            q = blk.code_run(160 + 32 * (8 * p + c))
-            halves = (builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4)))
+            q = blk.code_run(codes_at + 32 * (8 * p + c))
+            halves = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+            if fifth:
+                halves = [builder.or_(codes, _q5_k_fifth_bits(blk, c, 2 * p + h, codes_at))
+                          for h, codes in enumerate(halves)]  # fmt: skip
             for h, codes in enumerate(halves):
                 for t in range(n_tok):
-                    pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 15)
+                    pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 31 if fifth else 15)
         for h in range(2):
             s = 2 * p + h
             scales_at, mins_at = (builder.gep(blk.base, [_I64(at + 8 * s)]) for at in (32, 96))
@@ -541,8 +568,8 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
 
 def _emitter(lay: PackedLayout, n_tok: int) -> Emit:
     """The IR of layout ``lay``'s tile for ``n_tok`` activation rows (see :func:`_tile`)."""
-    if lay.type == Type.Q4_K:
-        return _tile(lay, n_tok, _q4_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
+    if lay.type in (Type.Q4_K, Type.Q5_K):
+        return _tile(lay, n_tok, _q45_k_body(lay), lambda b, a: b.fsub(a[0], a[1]), 2)
     if lay.type == Type.Q6_K:
         return _tile(lay, n_tok, _q6_k_body, lambda b, a: a[0], 1)
     if lay.type == Type.IQ4_XS:
