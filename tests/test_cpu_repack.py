@@ -2,8 +2,10 @@
 products that read it, and where the backend and the scheduler let it be read.
 
 Products are held to the float64 product of the weights as ``gguf.quants`` decodes
-them and the activations as ggml rounds them for the type (Q8_0, Q8_K for the K-quants:
-``ggml_product``): what is left between them is float32 accumulation.
+them and the activations as ggml rounds them for the type (Q8_0; Q8_1 with its ``s`` for
+Q4_1 and Q5_1; Q8_K for the K-quants and IQ4_XS: ``ggml_product``): what is left
+between them is float32 accumulation. And a row's bits must not depend on the rows
+computed beside it, which is what lets a serving engine batch requests.
 """
 
 from __future__ import annotations

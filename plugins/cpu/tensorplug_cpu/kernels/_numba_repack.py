@@ -304,7 +304,7 @@ def _block32_body(lay: PackedLayout) -> Body:
         n_tok = len(accs)
         sums = []
         for t in range(n_tok):
-            if _offset(lay) == 0:  # (Q8_1's xs holds float bits, not code sums)
+            if _offset(lay) == 0:  # nothing to take back out
                 sums.append(_RowSums(builder, ir.Constant(_V8I, [0] * 8)))
                 continue
             back = builder.mul(blk.load(blk.xs, t, b), _I32(-_offset(lay)))
