@@ -26,7 +26,7 @@ from tensorplug.quants import quantize
 
 RNG = np.random.default_rng(35)
 TYPES = [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8_0, tp.Type.IQ4_NL,
-         tp.Type.IQ4_XS, tp.Type.Q4_K, tp.Type.Q5_K, tp.Type.Q6_K]  # fmt: skip
+         tp.Type.IQ4_XS, tp.Type.Q2_K, tp.Type.Q4_K, tp.Type.Q5_K, tp.Type.Q6_K]  # fmt: skip
 
 
 def _cpu() -> tuple[tp.Backend, tp.BufferType]:
@@ -376,8 +376,8 @@ quantize_q8_1(x, np.empty_like(xq), np.empty_like(xd), xs1, table)
 s_minus_sum = xs1.view(np.float32).astype(np.float64) - xd * xs  # what s adds beyond d·Σcode
 kq, kd, ks = np.empty_like(xq), np.empty_like(xd), np.empty_like(xs)  # Q8_K, for IQ4_XS
 quantize_q8_k(x, kq, kd, ks, table)
-for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q4_k", "q5_k",
-             "q6_k"):
+for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k",
+             "q5_k", "q6_k"):
     t = Type[name.upper()]
     lay = LAYOUTS[t]
     raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
@@ -393,7 +393,7 @@ for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q4_k",
             tile(packed, g, xq, xd, xs, table, 0, out)
 
     out = np.empty((4, 16), np.float32)
-    sums = xq.reshape(4, -1, 16).sum(-1, dtype=np.int32) if name == "q6_k" else xs  # per 16
+    sums = xq.reshape(4, -1, 16).sum(-1, dtype=np.int32) if name in ("q2_k", "q6_k") else xs
     sums = xs1 if name in ("q4_1", "q5_1") else sums
     if name == "iq4_xs":  # its kernel takes one d per super-block: Q8_K's
         run(packed.reshape(2, -1), kq, kd, ks, out)
@@ -423,5 +423,6 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q4_k", "q5_k", "q6_k"]
+    names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k", "q5_k",
+             "q6_k"]  # fmt: skip
     assert done.stdout.split() == [w for n in names for w in (n, "ok")]

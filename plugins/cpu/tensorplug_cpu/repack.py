@@ -3,7 +3,7 @@
 ggml's CPU backend offers an extra buffer type, ``CPU_REPACK``, that stores the weights
 of matrix products in the order its kernels read them, and llama.cpp loads every
 Q4_0 and Q4_K matrix there. This is ours, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
-IQ4_XS, Q4_K, Q5_K and Q6_K. In a matrix's
+IQ4_XS, Q2_K, Q4_K, Q5_K and Q6_K. In a matrix's
 own layout each row's blocks follow one another, and a kernel that takes several rows
 at once must sum each row across the lanes of a vector; stored repacked, block ``b`` of
 eight rows is one run of bytes: the eight rows' scales side by side, then their codes
@@ -80,7 +80,10 @@ class PackedLayout:
     then its eight minimums, then the codes as for the 32-value types (sub-blocks ``2p``
     and ``2p + 1`` share the bytes of pair ``p``: low and high nibbles). Q5_K: Q4_K's,
     with its ``qh`` as eight runs of 32 bytes (bytes ``4c..4c+3`` of each row) between
-    the minimums and the codes (1440 bytes a block for 1408). Q6_K: the eight
+    the minimums and the codes (1440 bytes a block for 1408). Q2_K: the eight ``d``,
+    the eight ``dmin``, each 16-value group's eight scale bytes (scale and minimum
+    nibbles, as stored), then its 2-bit ``qs`` as sixteen runs of 32 bytes, the
+    natural size. Q6_K: the eight
     ``d``, the sixteen int8 scales of each row (scale-major), then the 4-bit ``ql`` and
     the 2-bit ``qh`` as runs of 32 bytes in the order its kernel reads them (read in the
     rows' own order, three streams at once, they came from memory at a third of the
@@ -268,6 +271,9 @@ LAYOUTS: dict[Type, PackedLayout] = {
     Type.IQ4_XS: PackedLayout(Type.IQ4_XS, (Move(_U16, 0, 0, 1), Move(_U32, 8, 80, 32)), 80,
                               chunks=32, regroup="signed scales",
                               levels=tuple(int(v) for v in KVALUES_IQ4NL)),
+    Type.Q2_K: PackedLayout(Type.Q2_K, (Move(_U16, 80, 0, 1), Move(_U16, 82, 16, 1),
+                                        Move(_U8, 0, 32, 16), Move(_U32, 16, 160, 16)),
+                            160, chunks=16),
     Type.Q4_K: PackedLayout(Type.Q4_K, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
                                         Move(_U32, 16, 160, 32)),
                             160, chunks=32, regroup="scales"),

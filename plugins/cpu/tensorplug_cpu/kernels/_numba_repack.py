@@ -69,8 +69,8 @@ _V32B = _vec(_I8, 32)
 
 #: activation rows a tile takes at most
 TILE = 4
-# the type id the drivers branch on (Q6_K's code sums are over 16 values)
-Q6_K = int(Type.Q6_K)
+# the type ids the drivers branch on (Q2_K's and Q6_K's code sums are over 16 values)
+Q2_K, Q6_K = int(Type.Q2_K), int(Type.Q6_K)
 
 
 def _fixed_mul(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
@@ -507,6 +507,48 @@ def _iq4_xs_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     return new
 
 
+def _q2_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+    """Q2_K: code run ``w`` holds bytes ``4w..4w+3`` of each row's ``qs``; its bits
+    ``2j, 2j+1`` are values ``128n + 32j + l`` (``n = w // 8``, ``l = 4·(w % 8) ..``) of
+    16-value group ``8n + 2j + (w % 8) // 4``. Each group's exact ``Σq·x`` is scaled by
+    ``d·sc·d_x`` into the row's sum, and ``dmin·m·d_x·Σx`` (``xs``: sums of 16 codes)
+    into its minimums'; ``sc`` and ``m`` are the low and high nibbles of the group's
+    scale byte, kept as stored."""
+    builder, b = blk.builder, blk.b
+    n_tok = len(accs)
+    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    d = _scales(builder, blk.base, blk.table)
+    dmin = _scales(builder, builder.gep(blk.base, [_I64(16)]), blk.table)
+    first = builder.mul(b, _I64(8))  # the block's first activation block
+    new = [list(a) for a in accs]
+    for n in range(2):
+        runs = [blk.code_run(160 + 32 * (8 * n + w)) for w in range(8)]
+        for j in range(4):
+            k = builder.add(first, _I64(4 * n + j))
+            for half in range(2):
+                g = 8 * n + 2 * j + half
+                sums = [_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(n_tok)]
+                for w in range(4 * half, 4 * half + 4):
+                    shifted = builder.lshr(runs[w], _splat(_I8, 32, 2 * j))
+                    codes = builder.and_(shifted, _splat(_I8, 32, 3))
+                    for t in range(n_tok):
+                        sums[t].add(codes, blk.x_word(t, k, 4 * w), 3)
+                at = builder.gep(blk.base, [_I64(32 + 8 * g)])
+                packed = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+                sc = builder.uitofp(builder.and_(packed, _splat(_I8, 8, 15)), _V8F)
+                mn = builder.uitofp(builder.lshr(packed, _splat(_I8, 8, 4)), _V8F)
+                d_sc, dmin_m = _fixed_mul(builder, d, sc), _fixed_mul(builder, dmin, mn)
+                for t in range(n_tok):
+                    d_x = blk.load(blk.xd, t, k)
+                    scale = _fixed_mul(builder, d_sc, _splat_f(builder, d_x))
+                    isum = builder.sitofp(sums[t].flush(), _V8F)
+                    new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
+                    x16 = blk.load(blk.xs, t, builder.add(builder.mul(k, _I64(2)), _I64(half)))
+                    x_sum = _fixed_mul(builder, d_x, builder.sitofp(x16, _F32))
+                    new[t][1] = builder.call(fma, [dmin_m, _splat_f(builder, x_sum), new[t][1]])
+    return new
+
+
 def _signed_byte_scales(builder: ir.IRBuilder, at: Any) -> Any:
     """The eight signed bytes at ``at`` as ``<8 x float>``."""
     v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
@@ -570,6 +612,8 @@ def _emitter(lay: PackedLayout, n_tok: int) -> Emit:
     """The IR of layout ``lay``'s tile for ``n_tok`` activation rows (see :func:`_tile`)."""
     if lay.type in (Type.Q4_K, Type.Q5_K):
         return _tile(lay, n_tok, _q45_k_body(lay), lambda b, a: b.fsub(a[0], a[1]), 2)
+    if lay.type == Type.Q2_K:
+        return _tile(lay, n_tok, _q2_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
     if lay.type == Type.Q6_K:
         return _tile(lay, n_tok, _q6_k_body, lambda b, a: a[0], 1)
     if lay.type == Type.IQ4_XS:
@@ -635,8 +679,8 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
 
 @njit(inline="always")
 def _sums_of_16(xq: Any, xs: Any) -> None:
-    """``xs[t, j] = Σ xq[t, 16j : 16j + 16]``: Q6_K's scales cover 16 values, so its
-    products take the activation codes' sums over 16 (:func:`_q6_k_body`)."""
+    """``xs[t, j] = Σ xq[t, 16j : 16j + 16]``: Q2_K's and Q6_K's scales cover 16 values,
+    so their products take the activation codes' sums over 16 (:func:`_q6_k_body`)."""
     for t in range(xq.shape[0]):
         for j in range(xq.shape[1] // 16):
             total = 0
@@ -648,9 +692,9 @@ def _sums_of_16(xq: Any, xs: Any) -> None:
 @njit(inline="always")
 def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
     """The activations as ggml rounds them for ``kind`` weights (Q8_0, or Q8_K for the
-    K-quants), with code sums over 16 values for Q6_K, else 32."""
+    K-quants), with code sums over 16 values for Q2_K and Q6_K, else 32."""
     quantize_activations(x, xq, xd, xs, table, kind)
-    if kind == Q6_K:
+    if kind in (Q2_K, Q6_K):
         _sums_of_16(xq, xs)
 
 
@@ -691,7 +735,8 @@ def matmul_packed_siblings(
     (a layer's Q, K and V; its gate and up): ``x`` quantized once, one parallel region
     for all. ``packs``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s groups sitting
     at ``starts[m]..`` of one concatenated range of groups. Each group is computed as
-    :func:`matmul_packed` computes it, to the bit. The kinds are all Q6_K or none (the
+    :func:`matmul_packed` computes it, to the bit. The kinds all sum codes over 16 (Q2_K,
+    Q6_K) or none do (the
     code sums differ)."""
     _quantize(x, xq, xd, xs, table, kinds[0])
     total = starts[len(packs)]
