@@ -92,8 +92,8 @@ def test_every_product_the_cpu_supports_has_exactly_one_first_path() -> None:
 def test_a_product_no_path_takes_is_named() -> None:
     with pytest.raises(LookupError, match=r"no CPU kernel multiplies I32 weights \(plain\)"):
         d.select(T.I32, d.PLAIN, 1, numba=True)
-    with pytest.raises(LookupError, match="Q4_1 weights"):
-        d.select(T.Q4_1, d.REPACKED, 1, numba=True)  # no repacked layout
+    with pytest.raises(LookupError, match="Q3_K weights"):
+        d.select(T.Q3_K, d.REPACKED, 1, numba=True)  # no repacked layout
 
 
 def test_the_limits() -> None:

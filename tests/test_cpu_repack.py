@@ -2,8 +2,10 @@
 products that read it, and where the backend and the scheduler let it be read.
 
 Products are held to the float64 product of the weights as ``gguf.quants`` decodes
-them and the activations as ggml rounds them for the type (Q8_0, Q8_K for the K-quants:
-``ggml_product``): what is left between them is float32 accumulation.
+them and the activations as ggml rounds them for the type (Q8_0; Q8_1 with its ``s`` for
+Q4_1 and Q5_1; Q8_K for the K-quants and IQ4_XS: ``ggml_product``): what is left
+between them is float32 accumulation. And a row's bits must not depend on the rows
+computed beside it, which is what lets a serving engine batch requests.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from tensorplug.errors import UnsupportedError
 from tensorplug.quants import quantize
 
 RNG = np.random.default_rng(35)
-TYPES = [tp.Type.Q4_0, tp.Type.Q5_0, tp.Type.Q8_0, tp.Type.Q4_K, tp.Type.Q6_K]
+TYPES = [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0, tp.Type.Q5_1, tp.Type.Q8_0, tp.Type.IQ4_NL,
+         tp.Type.IQ4_XS, tp.Type.Q2_K, tp.Type.Q4_K, tp.Type.Q5_K, tp.Type.Q6_K]  # fmt: skip
 
 
 def _cpu() -> tuple[tp.Backend, tp.BufferType]:
     from tensorplug_cpu.device import create_reg
 
     dev = create_reg().device(0)
-    return dev.init_backend(), dev.repack_buffer_type()
+    return dev.init_backend(), dev.repack_buffer_type()  # type: ignore[attr-defined]
 
 
 def _weights(t: tp.Type, n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +65,7 @@ def test_unpack_undoes_pack_for_any_bytes(t: tp.Type) -> None:
     assert np.array_equal(back, blocks)
 
 
-@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.IQ4_NL], ids=lambda t: t.name)
 def test_a_32_value_block_is_a_reordering_of_the_eight_rows_bytes(t: tp.Type) -> None:
     from tensorplug_cpu.repack import LAYOUTS
 
@@ -144,10 +147,10 @@ def test_the_buffer_reads_and_writes_ggml_bytes_at_any_offset(t: tp.Type) -> Non
     row = raw.shape[1]
     for start, size in ((5, 7), (row * 7 + 3, row + 9), (row * 8, row * 8), (0, flat.size)):
         patch = RNG.integers(0, 256, size, dtype=np.uint8)
-        buf.set_tensor(w, memoryview(patch), start)
+        buf.set_tensor(w, patch.data, start)
         flat[start : start + size] = patch
         out = np.empty(size, np.uint8)
-        buf.get_tensor(w, memoryview(out), start)
+        buf.get_tensor(w, out.data, start)
         assert np.array_equal(out, patch)
         assert np.array_equal(tp.get_array(w).ravel(), flat)
     buf.memset_tensor(w, 0x3C, row * 5 + 1, row * 4)
@@ -173,7 +176,7 @@ def test_copying_a_host_tensor_in_repacks_it() -> None:
     ("type_", "shape", "why"),
     [
         ("f32", (16, 64), "type"),
-        ("q4_1", (16, 64), "type"),
+        ("q3_k", (16, 256), "type"),
         ("q4_0", (12, 64), "rows"),
         ("q8_0", (2, 8, 64), "3-d"),
     ],
@@ -238,35 +241,68 @@ def test_one_thread_and_two_give_the_same_bits(t: tp.Type) -> None:
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-def test_q4_0_single_rows_are_the_bits_of_the_unrepacked_kernels() -> None:
-    """Both compute each block's exact integer sum times ``d_w·d_x``, block after block:
-    repacking must not change a generation step's numbers."""
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_a_row_is_computed_the_same_whatever_the_row_count(t: tp.Type) -> None:
+    """Row ``r`` of a product of ``n`` activation rows is the same row computed alone, bit
+    for bit, for every ``n`` up to 40 (every tile size, every remainder of the tiles,
+    and the parallel quantizer from 16 rows up): what lets a serving engine compute one
+    request's decode token beside another's prompt chunk without changing either."""
+    pytest.importorskip("numba", reason="the repacked products are numba's")
+    backend, buft = _cpu()
+    raw, _ = _weights(t, 48, 512)
+    w = _repacked(t, raw, buft)
+    xv = RNG.standard_normal((40, 512)).astype(np.float32)
+    alone = []
+    for r in range(40):
+        x = tp.new_tensor("f32", (1, 512), "x")
+        y = ops.mul_mat(w, x)
+        tp.alloc_tensors([x, y], tp.host_buffer_type())
+        tp.set_array(x, xv[r : r + 1])
+        backend.graph_compute(tp.Graph(y))
+        alone.append(tp.get_array(y)[0])
+    for n in range(1, 41):
+        x = tp.new_tensor("f32", (n, 512), "x")
+        y = ops.mul_mat(w, x)
+        tp.alloc_tensors([x, y], tp.host_buffer_type())
+        tp.set_array(x, xv[:n])
+        backend.graph_compute(tp.Graph(y))
+        np.testing.assert_array_equal(tp.get_array(y), np.stack(alone[:n]), err_msg=f"{n} rows")
+
+
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, 8])
+def test_few_rows_are_the_bits_of_the_unrepacked_kernels(t: tp.Type, n_tok: int) -> None:
+    """Q4_0: both compute each block's exact integer sum times ``d_w·d_x``, block after
+    block; Q4_1 and Q5_1: both keep ggml's ``vec_dot`` order (eight float sums a row,
+    the minimums beside them), whose bits are llama.cpp's. Repacking must not change a
+    generation step's numbers."""
     pytest.importorskip("numba", reason="the integer kernels are numba's")
     backend, buft = _cpu()
-    raw, _ = _weights(tp.Type.Q4_0, 64, 512)
-    packed = _repacked(tp.Type.Q4_0, raw, buft)
-    plain = tp.new_tensor("q4_0", (64, 512), "plain")
+    raw, _ = _weights(t, 64, 512)
+    packed = _repacked(t, raw, buft)
+    plain = tp.new_tensor(t, (64, 512), "plain")
     tp.alloc_tensors([plain], tp.host_buffer_type())
     tp.set_array(plain, raw)
-    x = tp.new_tensor("f32", (1, 512), "x")
+    x = tp.new_tensor("f32", (n_tok, 512), "x")
     ya, yb = ops.mul_mat(packed, x), ops.mul_mat(plain, x)
     tp.alloc_tensors([x, ya, yb], tp.host_buffer_type())
-    tp.set_array(x, RNG.standard_normal((1, 512)).astype(np.float32))
+    tp.set_array(x, RNG.standard_normal((n_tok, 512)).astype(np.float32))
     backend.graph_compute(tp.Graph([ya, yb]))
     np.testing.assert_array_equal(tp.get_array(ya), tp.get_array(yb))
 
 
-def test_without_numba_the_weights_are_unpacked_and_multiplied_exactly() -> None:
+@pytest.mark.parametrize("t", [tp.Type.Q8_0, tp.Type.Q4_1], ids=lambda t: t.name)
+def test_without_numba_the_weights_are_unpacked_and_multiplied_exactly(t: tp.Type) -> None:
     _, buft = _cpu()
-    raw, w64 = _weights(tp.Type.Q8_0, 16, 128)
-    w = _repacked(tp.Type.Q8_0, raw, buft)
+    raw, w64 = _weights(t, 16, 128)
+    w = _repacked(t, raw, buft)
     x = tp.new_tensor("f32", (3, 128), "x")
     y = ops.mul_mat(w, x)
     tp.alloc_tensors([x, y], tp.host_buffer_type())
     xv = RNG.standard_normal((3, 128)).astype(np.float32)
     tp.set_array(x, xv)
     backend_for(jit=False).graph_compute(tp.Graph(y))
-    assert nmse(tp.get_array(y), q8_activations(xv) @ w64.T) < 1e-12
+    assert nmse(tp.get_array(y), ggml_product(xv, w64, t, raw)) < 1e-12
 
 
 def test_weights_written_after_a_compute_are_read_fresh() -> None:
@@ -324,7 +360,7 @@ from numba import njit
 from tensorplug.quants import quantize
 from tensorplug.types import Type
 from tensorplug_cpu.kernels import _numba_ir as ir, _numba_repack as rp
-from tensorplug_cpu.kernels._numba_quant import quantize_q8_0
+from tensorplug_cpu.kernels._numba_quant import quantize_q8_0, quantize_q8_1, quantize_q8_k
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 from tensorplug_cpu.repack import LAYOUTS
 
@@ -335,7 +371,13 @@ x = rng.standard_normal((4, 256)).astype(np.float32)
 xq, xd, xs = np.empty((4, 256), np.int8), np.empty((4, 8), np.float32), np.empty((4, 8), np.int32)
 quantize_q8_0(x, xq, xd, xs, table)
 x64 = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 32, axis=1)
-for name in ("q4_0", "q5_0", "q8_0", "q4_k", "q6_k"):
+xs1 = np.empty((4, 8), np.int32)  # Q8_1: each block's s = f16(d·Σcode), as float32 bits
+quantize_q8_1(x, np.empty_like(xq), np.empty_like(xd), xs1, table)
+s_minus_sum = xs1.view(np.float32).astype(np.float64) - xd * xs  # what s adds beyond d·Σcode
+kq, kd, ks = np.empty_like(xq), np.empty_like(xd), np.empty_like(xs)  # Q8_K, for IQ4_XS
+quantize_q8_k(x, kq, kd, ks, table)
+for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k",
+             "q5_k", "q6_k"):
     t = Type[name.upper()]
     lay = LAYOUTS[t]
     raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
@@ -351,9 +393,17 @@ for name in ("q4_0", "q5_0", "q8_0", "q4_k", "q6_k"):
             tile(packed, g, xq, xd, xs, table, 0, out)
 
     out = np.empty((4, 16), np.float32)
-    sums = xq.reshape(4, -1, 16).sum(-1, dtype=np.int32) if name == "q6_k" else xs  # per 16
-    run(packed.reshape(2, -1), xq, xd, sums, out)
-    expected = x64 @ w.T
+    sums = xq.reshape(4, -1, 16).sum(-1, dtype=np.int32) if name in ("q2_k", "q6_k") else xs
+    sums = xs1 if name in ("q4_1", "q5_1") else sums
+    if name == "iq4_xs":  # its kernel takes one d per super-block: Q8_K's
+        run(packed.reshape(2, -1), kq, kd, ks, out)
+        expected = (kq.astype(np.float64) * np.repeat(kd.astype(np.float64), 32, axis=1)) @ w.T
+    else:
+        run(packed.reshape(2, -1), xq, xd, sums, out)
+        expected = x64 @ w.T
+    if name in ("q4_1", "q5_1"):  # the minimums times Q8_1's s (ggml_product's term)
+        m = raw.reshape(16, nb, -1)[..., 2:4].copy().view(np.float16)[..., 0]
+        expected += s_minus_sum @ m.astype(np.float64).T
     err = np.abs(out - expected).max() / np.abs(expected).max()
     assert err < 2e-6, (name, err)
     print(name, "ok")
@@ -373,5 +423,6 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"]
+    names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k", "q5_k",
+             "q6_k"]  # fmt: skip
     assert done.stdout.split() == [w for n in names for w in (n, "ok")]

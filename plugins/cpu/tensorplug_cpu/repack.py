@@ -2,7 +2,8 @@
 
 ggml's CPU backend offers an extra buffer type, ``CPU_REPACK``, that stores the weights
 of matrix products in the order its kernels read them, and llama.cpp loads every
-Q4_0 and Q4_K matrix there. This is ours, for Q4_0, Q5_0, Q8_0, Q4_K and Q6_K. In a matrix's
+Q4_0 and Q4_K matrix there. This is ours, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+IQ4_XS, Q2_K, Q4_K, Q5_K and Q6_K. In a matrix's
 own layout each row's blocks follow one another, and a kernel that takes several rows
 at once must sum each row across the lanes of a vector; stored repacked, block ``b`` of
 eight rows is one run of bytes: the eight rows' scales side by side, then their codes
@@ -31,6 +32,7 @@ import numpy as np
 from tensorplug.buffer import Buffer, BufferType, BufferUsage
 from tensorplug.errors import UnsupportedError
 from tensorplug.host import HOST_ALIGNMENT, aligned_bytes
+from tensorplug.iquants import KVALUES_IQ4NL
 from tensorplug.types import Type
 
 if TYPE_CHECKING:
@@ -68,17 +70,27 @@ class PackedLayout:
     each row's words go (16-bit scales, 32-bit runs of codes), ``regroup`` names what
     else changes shape.
 
-    32-value types (Q4_0, Q5_0, Q8_0): the eight f16 scales, then ``chunks`` runs of 32
-    bytes of codes. Q5_0 keeps its fifth bits between them as eight 32-bit words, one per
-    run of 32 codes (low nibbles of chunk ``c``: word ``2c``, high: ``2c + 1``), bit
-    ``4r + i`` of a word the fifth bit of the code in byte ``4r + i`` of its run. Q4_K:
+    32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, whose block is Q4_0's with
+    nibbles that index ``levels``): the eight f16 scales (Q4_1 and Q5_1:
+    then the eight f16 minimums), then ``chunks`` runs of 32 bytes of codes. Q5_0 and
+    Q5_1 keep their fifth bits between them as eight 32-bit words, one per run of 32
+    codes (low nibbles of chunk ``c``: word ``2c``, high: ``2c + 1``), bit ``4r + i`` of
+    a word the fifth bit of the code in byte ``4r + i`` of its run. Q4_K:
     the eight ``d``, the eight ``dmin``, each sub-block's eight 6-bit scales as bytes,
     then its eight minimums, then the codes as for the 32-value types (sub-blocks ``2p``
-    and ``2p + 1`` share the bytes of pair ``p``: low and high nibbles). Q6_K: the eight
+    and ``2p + 1`` share the bytes of pair ``p``: low and high nibbles). Q5_K: Q4_K's,
+    with its ``qh`` as eight runs of 32 bytes (bytes ``4c..4c+3`` of each row) between
+    the minimums and the codes (1440 bytes a block for 1408). Q2_K: the eight ``d``,
+    the eight ``dmin``, each 16-value group's eight scale bytes (scale and minimum
+    nibbles, as stored), then its 2-bit ``qs`` as sixteen runs of 32 bytes, the
+    natural size. Q6_K: the eight
     ``d``, the sixteen int8 scales of each row (scale-major), then the 4-bit ``ql`` and
     the 2-bit ``qh`` as runs of 32 bytes in the order its kernel reads them (read in the
     rows' own order, three streams at once, they came from memory at a third of the
-    speed)."""
+    speed). IQ4_XS: the eight ``d``, each sub-block's eight scales as signed bytes
+    (``ls − 32``, 1104 bytes a block for 1088), then the codes as Q4_K's (sub-block
+    ``s``: chunks ``4s..4s+3``, low nibbles its values 0-15, high 16-31), nibbles that
+    index ``levels``."""
 
     type: Type
     moves: tuple[Move, ...]
@@ -86,13 +98,24 @@ class PackedLayout:
     chunks: int = 0  # 4-byte chunks of codes in one row's block (32-value types, Q4_K)
     nibbles: bool = True  # two 4-bit codes a byte
     offset: int = 0  # subtracted from each code: Q4_0 8, Q5_0 16, Q6_K 32 (Q8_0: signed)
-    regroup: str = ""  # "fifth bits" (Q5_0), "scales" (Q4_K's 6-bit ones)
+    regroup: str = ""  # "fifth bits" (Q5_0, Q5_1), "scales" (Q4_K's 6-bit ones),
+    # "signed scales" (IQ4_XS's 6-bit ones, less 32, as int8)
+    minimum_at: int = -1  # where the eight f16 minimums ``m`` are (Q4_1, Q5_1), -1: none
+    qh_at: int = 2  # "fifth bits": where a row's 32-bit ``qh`` is in its block (Q5_1: 4)
+    levels: tuple[int, ...] = ()  # non-linear codes (IQ4_NL): the int8 value of each nibble
 
     @property
     def block(self) -> int:
         """Bytes of one repacked block (eight rows' blocks)."""
         natural = GROUP_ROWS * self.type.type_size
-        return natural + (2 * 8 * GROUP_ROWS - 12 * GROUP_ROWS if self.regroup == "scales" else 0)
+        extra = {"scales": 16 - 12, "signed scales": 8 - 6}.get(self.regroup, 0)
+        return natural + extra * GROUP_ROWS
+
+    @property
+    def bits_at(self) -> int:
+        """Fifth bits: where the runs' words begin in a repacked block (after the
+        scales and, for Q5_1, the minimums)."""
+        return self.codes_at - 8 * self.chunks
 
     def pack(self, blocks: np.ndarray, out: np.ndarray) -> None:
         """Rows of ggml blocks ``(8·G, nb, type_size)`` into ``out``, ``(G, nb, block)``
@@ -129,10 +152,20 @@ class PackedLayout:
                 rows(move.dtype, move.at, move.words)[...] = lanes(
                     move.dtype, move.to, move.words, move.every)  # fmt: skip
         if self.regroup == "fifth bits":
-            qh = rows(np.uint32, 2, 1)[:, :, 0]  # (G, nb, 8 rows)
-            bits = np.ndarray((groups, nb, 2 * self.chunks), np.uint32, packed, 2 * GROUP_ROWS,
+            qh = rows(np.uint32, self.qh_at, 1)[:, :, 0]  # (G, nb, 8 rows)
+            bits = np.ndarray((groups, nb, 2 * self.chunks), np.uint32, packed, self.bits_at,
                               (nb * block, block, 4))  # fmt: skip
             _move_fifth_bits(qh, bits, packing)
+        elif self.regroup == "signed scales":
+            packed_scales = rows(np.uint8, 2, 6)  # scales_h (2 bytes), scales_l (4)
+            signed = lanes(np.int8, 16, 8)  # sub-block-major, as the kernel reads them
+            if packing:
+                signed[...] = _iq4_xs_scales(packed_scales.transpose(0, 1, 3, 2)).transpose(
+                    0, 1, 3, 2
+                )
+            else:
+                both = _iq4_xs_pack_scales(signed.transpose(0, 1, 3, 2))
+                packed_scales[...] = both.transpose(0, 1, 3, 2)
         elif self.regroup == "scales":
             scale_bytes = rows(np.uint8, 4, 12)
             as_bytes = lanes(np.uint8, 32, 16)  # 8 scales, then 8 minimums
@@ -162,6 +195,31 @@ def _move_fifth_bits(qh: np.ndarray, words: np.ndarray, packing: bool) -> None:
         first = 16 * (run % 2) + 4 * (run // 2)
         out |= ((words[..., run, None] >> at) & np.uint32(15)) << np.uint32(first)
     qh[...] = out
+
+
+def _iq4_xs_scales(q: np.ndarray) -> np.ndarray:
+    """An IQ4_XS block's ``scales_h`` and ``scales_l`` (``…, 6`` bytes) as its eight
+    sub-blocks' signed scales ``ls − 32`` (``…, 8`` int8), ggml's
+    ``((scales_l[ib/2] >> 4·(ib%2)) & 15) | (((scales_h >> 2·ib) & 3) << 4)``."""
+    high = q[..., 0].astype(np.int32) | (q[..., 1].astype(np.int32) << 8)
+    out = np.empty((*q.shape[:-1], 8), np.int8)
+    for ib in range(8):
+        low = (q[..., 2 + ib // 2].astype(np.int32) >> (4 * (ib % 2))) & 15
+        out[..., ib] = (low | (((high >> (2 * ib)) & 3) << 4)) - 32
+    return out
+
+
+def _iq4_xs_pack_scales(signed: np.ndarray) -> np.ndarray:
+    """:func:`_iq4_xs_scales` undone (each of the 48 bits comes from one place)."""
+    ls = signed.astype(np.int32) + 32
+    high = np.zeros(ls.shape[:-1], np.int32)
+    out = np.empty((*ls.shape[:-1], 6), np.uint8)
+    for ib in range(8):
+        high |= ((ls[..., ib] >> 4) & 3) << (2 * ib)
+    out[..., 0], out[..., 1] = high & 255, high >> 8
+    for j in range(4):
+        out[..., 2 + j] = (ls[..., 2 * j] & 15) | ((ls[..., 2 * j + 1] & 15) << 4)
+    return out
 
 
 def _q4_k_unpack_scales(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -198,13 +256,30 @@ _Q6_K_CODES = tuple(
 LAYOUTS: dict[Type, PackedLayout] = {
     Type.Q4_0: PackedLayout(Type.Q4_0, (Move(_U16, 0, 0, 1), Move(_U32, 2, 16, 4)), 16,
                             chunks=4, offset=8),
+    Type.Q4_1: PackedLayout(Type.Q4_1, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
+                                        Move(_U32, 4, 32, 4)), 32,
+                            chunks=4, minimum_at=16),
     Type.Q5_0: PackedLayout(Type.Q5_0, (Move(_U16, 0, 0, 1), Move(_U32, 6, 48, 4)), 48,
                             chunks=4, offset=16, regroup="fifth bits"),
+    Type.Q5_1: PackedLayout(Type.Q5_1, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
+                                        Move(_U32, 8, 64, 4)), 64,
+                            chunks=4, regroup="fifth bits", minimum_at=16, qh_at=4),
     Type.Q8_0: PackedLayout(Type.Q8_0, (Move(_U16, 0, 0, 1), Move(_U32, 2, 16, 8)), 16,
                             chunks=8, nibbles=False),
+    Type.IQ4_NL: PackedLayout(Type.IQ4_NL, (Move(_U16, 0, 0, 1), Move(_U32, 2, 16, 4)), 16,
+                              chunks=4, levels=tuple(int(v) for v in KVALUES_IQ4NL)),
+    Type.IQ4_XS: PackedLayout(Type.IQ4_XS, (Move(_U16, 0, 0, 1), Move(_U32, 8, 80, 32)), 80,
+                              chunks=32, regroup="signed scales",
+                              levels=tuple(int(v) for v in KVALUES_IQ4NL)),
+    Type.Q2_K: PackedLayout(Type.Q2_K, (Move(_U16, 80, 0, 1), Move(_U16, 82, 16, 1),
+                                        Move(_U8, 0, 32, 16), Move(_U32, 16, 160, 16)),
+                            160, chunks=16),
     Type.Q4_K: PackedLayout(Type.Q4_K, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
                                         Move(_U32, 16, 160, 32)),
                             160, chunks=32, regroup="scales"),
+    Type.Q5_K: PackedLayout(Type.Q5_K, (Move(_U16, 0, 0, 1), Move(_U16, 2, 16, 1),
+                                        Move(_U32, 16, 160, 8), Move(_U32, 48, 416, 32)),
+                            416, chunks=32, regroup="scales"),
     Type.Q6_K: PackedLayout(Type.Q6_K, (Move(_U16, 208, 0, 1), Move(_U8, 192, 16, 16),
                                         *_Q6_K_CODES),
                             144, offset=32),

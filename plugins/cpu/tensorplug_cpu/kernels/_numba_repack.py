@@ -21,7 +21,10 @@ arithmetic of llama.cpp's ``ggml_gemv_q4_0_8x8_q8_0`` and of the four-row kernel
 :mod:`._numba_introw`, to the bit. Q4_K scales each sub-block's exact sum by its 6-bit
 scale and takes its minimum back out, per sub-block of 32 (the activations' blocks);
 Q6_K scales each 16 values' exact sum, less 32 times their activations' sum.
-The activations are the Q8_0 rows of :func:`._numba_quant.quantize_q8_0`.
+Q4_1 and Q5_1 keep ggml's ``vec_dot`` order instead: eight float sums a row and the
+minimums' ``m_w·s_x`` beside them, llama.cpp's bits (:func:`_vec_dot_order_body`).
+The activations are rounded as ggml does for the type
+(:func:`._numba_quant.quantize_activations`: Q8_0, Q8_1, Q8_K).
 
 There is no software prefetch: a repacked product is one sequential stream of bytes,
 which the hardware prefetchers follow. Asking for the blocks ahead made Q4_K 25% slower
@@ -32,6 +35,7 @@ streams at once, needed it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -65,10 +69,19 @@ _V32B = _vec(_I8, 32)
 
 #: activation rows a tile takes at most
 TILE = 4
-# the type ids the drivers branch on
-Q4_0, Q5_0, Q8_0, Q4_K, Q6_K = (
-    int(t) for t in (Type.Q4_0, Type.Q5_0, Type.Q8_0, Type.Q4_K, Type.Q6_K)
-)
+# the type ids the drivers branch on (Q2_K's and Q6_K's code sums are over 16 values)
+Q2_K, Q6_K = int(Type.Q2_K), int(Type.Q6_K)
+
+
+def _fixed_mul(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
+    """``a·b`` that the kernels' fast math may not regroup. numba gives every float
+    instruction without flags the kernel's ``reassoc``, and LLVM then regrouped Q4_K's
+    and Q6_K's three-factor scales (``d·sc·d_x``) one way in a tile of one activation
+    row and another in a tile of two: a row's bits depended on how many rows were
+    multiplied beside it. ``contract`` alone allows no regrouping."""
+    product = builder.fmul(a, b)
+    product.flags.append("contract")
+    return product
 
 
 def _broadcast_i32(builder: ir.IRBuilder, ptr: Any) -> Any:
@@ -148,11 +161,27 @@ class _RowSums:
 
 
 def _offset(lay: PackedLayout) -> int:
-    """What each stored code exceeds its value by, as the kernel feeds it: Q8_0's
-    signed codes go into VNNI's unsigned operand as ``q + 128`` (:meth:`_RowSums.add_signed`)."""
-    if lay.nibbles:
+    """What each stored code exceeds its value by, as the kernel feeds it: Q8_0's and
+    IQ4_NL's signed values go into VNNI's unsigned operand as ``q + 128``
+    (:meth:`_RowSums.add_signed`)."""
+    if lay.nibbles and not lay.levels:
         return lay.offset
     return 128 if _ir.HAS_VNNI else 0
+
+
+def _levels(builder: ir.IRBuilder, codes: Any, levels: tuple[int, ...]) -> Any:
+    """``levels[code]`` for each of 32 nibble codes (``<32 x i8>``), as ``<32 x i8>``:
+    one ``vpshufb`` with AVX2 (the 16 levels in both 128-bit halves), else a select per
+    level, portable IR LLVM lowers for the host."""
+    if _ir.HAS_AVX2:
+        table = ir.Constant(_V32B, [v & 0xFF for v in levels] * 2)
+        shuffle = _fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, _V32B, _V32B)
+        return builder.call(shuffle, [table, codes])
+    out = _splat(_I8, 32, levels[0] & 0xFF)
+    for i, v in enumerate(levels[1:], start=1):
+        hit = builder.icmp_unsigned("==", codes, _splat(_I8, 32, i))
+        out = builder.select(hit, _splat(_I8, 32, v & 0xFF), out)
+    return out
 
 
 def _scales(builder: ir.IRBuilder, at: Any, table: Any) -> Any:
@@ -176,6 +205,7 @@ class _Block:
     of the tile the row's Q8_0 codes, scales and code sums."""
 
     builder: ir.IRBuilder
+    lay: PackedLayout
     base: Any  # i8* of the block
     b: Any  # i64 index of the block
     x: list[Any]  # i8* of each activation row's codes
@@ -237,7 +267,7 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
         def block(b: Any, flat: list[Any]) -> list[Any]:
             accs = [flat[n_accs * t : n_accs * (t + 1)] for t in range(n_tok)]
             base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
-            new = body(_Block(builder, base, b, x_rows, xd_rows, xs_rows, table), accs)
+            new = body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table), accs)
             return [v for vals in new for v in vals]
 
         flat = carried_loop(builder, "tile", _I64(0), n, 1, [zero] * (n_tok * n_accs), block)
@@ -255,24 +285,28 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
 
 
 def _fifth_bits(blk: _Block, run: int) -> Any:
-    """Word ``run`` of a Q5_0 block's fifth bits as ``<32 x i8>`` of 0 or 16: bit ``i`` to
+    """Word ``run`` of a Q5_0 or Q5_1 block's fifth bits as ``<32 x i8>`` of 0 or 16: bit ``i`` to
     byte ``i`` (LLVM lowers the ``<32 x i1>`` to one ``vpmovm2b`` with AVX512-BW)."""
     b = blk.builder
-    at = b.gep(blk.base, [_I64(2 * GROUP_ROWS + 4 * run)])
+    at = b.gep(blk.base, [_I64(blk.lay.bits_at + 4 * run)])
     word = b.load(b.bitcast(at, _I32.as_pointer()), align=1)
     bits = b.bitcast(word, ir.VectorType(ir.IntType(1), 32))
     return b.shl(b.zext(bits, _V32B), _splat(_I8, 32, 4))
 
 
 def _block32_body(lay: PackedLayout) -> Body:
-    """Q4_0, Q5_0 and Q8_0: each row's block sum ``Σ(q − offset)·x`` exact, then one
-    multiply-add of it by ``d_w·d_x`` into the row's sum."""
+    """Q4_0, Q5_0, Q8_0 and IQ4_NL (its nibbles looked up as signed levels, then
+    multiplied as Q8_0's codes): each row's block sum ``Σ(q − offset)·x`` exact, then
+    one multiply-add of it by ``d_w·d_x`` into the row's sum."""
 
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
         builder, b = blk.builder, blk.b
         n_tok = len(accs)
         sums = []
         for t in range(n_tok):
+            if _offset(lay) == 0:  # nothing to take back out
+                sums.append(_RowSums(builder, ir.Constant(_V8I, [0] * 8)))
+                continue
             back = builder.mul(blk.load(blk.xs, t, b), _I32(-_offset(lay)))
             start = builder.insert_element(ir.Constant(_V8I, None), back, _I32(0))
             sums.append(_RowSums(builder, builder.shuffle_vector(
@@ -286,6 +320,11 @@ def _block32_body(lay: PackedLayout) -> Body:
                             for h, codes in enumerate(runs)]  # fmt: skip
                 u_max = 31 if lay.regroup == "fifth bits" else 15
                 for codes, at in zip(runs, (4 * c, 16 + 4 * c), strict=True):
+                    if lay.levels:  # IQ4_NL: the nibble indexes a signed level
+                        values = _levels(builder, codes, lay.levels)
+                        for t in range(n_tok):
+                            sums[t].add_signed(values, blk.x_word(t, b, at))
+                        continue
                     for t in range(n_tok):
                         sums[t].add(codes, blk.x_word(t, b, at), u_max)
             else:
@@ -295,7 +334,7 @@ def _block32_body(lay: PackedLayout) -> Body:
         fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
         new = []
         for t in range(n_tok):
-            scale = builder.fmul(d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
+            scale = _fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
             isum = builder.sitofp(sums[t].flush(), _V8F)
             new.append([builder.call(fma, [scale, isum, accs[t][0]])])
         return new
@@ -303,11 +342,95 @@ def _block32_body(lay: PackedLayout) -> Body:
     return body
 
 
-def _q4_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+def _vec_dot_order_body(lay: PackedLayout) -> Body:
+    """Q4_1 and Q5_1 in the order of ggml's ``vec_dot_q4_1_q8_1`` (and ``q5_1``), which
+    llama.cpp runs for every row count (it has no repacked kernel for them): each row
+    keeps eight float sums, sum ``k`` taking ``d_w·d_x·Σ q·x`` over values ``4k..4k+3``
+    of every block, and beside them ``Σ m_w·s_x`` (``s_x`` the Q8_1 activations'
+    f16-rounded ``d·Σcode``, whose float32 bits ``xs`` holds), joined once per row by
+    :func:`_vec_dot_finish`. The products are then llama.cpp's to the bit, and those of
+    the unrepacked four-row kernel (tested). Summing each block's eight partial sums as
+    one exact integer first (the other layouts' order) is ~3× less arithmetic, but
+    moved SmolLM2's logits by up to 0.45 from llama.cpp's at the first positions, where
+    they had been equal to the bit. Run ``c`` of codes holds values ``4c..4c+3`` (low
+    nibbles) and ``16 + 4c..`` (high): sums ``c`` and ``4 + c``."""
+
+    def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+        builder, b = blk.builder, blk.b
+        n_tok = len(accs)
+        fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+        d_w = _scales(builder, blk.base, blk.table)
+        m_w = _scales(builder, builder.gep(blk.base, [_I64(lay.minimum_at)]), blk.table)
+        scales = [_fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
+                  for t in range(n_tok)]  # fmt: skip
+        new = [list(a) for a in accs]
+        u_max = 31 if lay.regroup == "fifth bits" else 15
+        for c in range(lay.chunks):
+            q = blk.code_run(lay.codes_at + 32 * c)
+            runs = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+            if lay.regroup == "fifth bits":
+                runs = [builder.or_(codes, _fifth_bits(blk, 2 * c + h))
+                        for h, codes in enumerate(runs)]  # fmt: skip
+            for h, codes in enumerate(runs):
+                k = c + 4 * h
+                for t in range(n_tok):
+                    lane = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
+                    lane.add(codes, blk.x_word(t, b, 4 * c + 16 * h), u_max)
+                    part = builder.sitofp(lane.flush(), _V8F)
+                    new[t][k] = builder.call(fma, [scales[t], part, new[t][k]])
+        for t in range(n_tok):
+            s_x = builder.bitcast(blk.load(blk.xs, t, b), _F32)
+            new[t][8] = builder.call(fma, [m_w, _splat_f(builder, s_x), new[t][8]])
+        return new
+
+    return body
+
+
+def _fixed_add(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
+    """``a + b`` that fast math may not regroup (see :func:`_fixed_mul`)."""
+    total = builder.fadd(a, b)
+    total.flags.append("contract")
+    return total
+
+
+def _vec_dot_finish(builder: ir.IRBuilder, a: list[Any]) -> Any:
+    """ggml's ``hsum_float_8`` of the eight sums, then ``+ summs``:
+    ``((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)) + mins``, for eight rows at once."""
+    add = functools.partial(_fixed_add, builder)
+    low = add(add(a[0], a[4]), add(a[2], a[6]))
+    high = add(add(a[1], a[5]), add(a[3], a[7]))
+    return add(add(low, high), a[8])
+
+
+def _q45_k_body(lay: PackedLayout) -> Body:
+    """Q4_K and Q5_K (:func:`_q4_k_body`), the layout's codes at ``lay.codes_at``."""
+    fifth = lay.type == Type.Q5_K
+
+    def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+        return _q4_k_body(blk, accs, lay.codes_at, fifth)
+
+    return body
+
+
+def _q5_k_fifth_bits(blk: _Block, c: int, s: int, codes_at: int) -> Any:
+    """Bit ``s`` of each byte of Q5_K's ``qh`` run ``c`` (its bytes ``4c..4c+3`` of each
+    row: values ``4c..`` of every sub-block) as ``<32 x i8>`` of 0 or 16: the fifth bits
+    of sub-block ``s``'s four values of run ``c``."""
+    b = blk.builder
+    qh = blk.code_run(codes_at - 256 + 32 * c)
+    moved = b.shl(qh, _splat(_I8, 32, 4 - s)) if s <= 4 else b.lshr(qh, _splat(_I8, 32, s - 4))
+    return b.and_(moved, _splat(_I8, 32, 16))
+
+
+def _q4_k_body(
+    blk: _Block, accs: list[list[Any]], codes_at: int = 160, fifth: bool = False
+) -> list[list[Any]]:
     """Q4_K: sub-block ``s`` (values ``32s..32s+31``, activation block ``8b + s``) adds
     ``d·sc_s·d_x·Σq·x`` to the row's sum and ``dmin·m_s·d_x·Σx`` to its minimums'. Each
     32-byte run of codes holds four values of pair ``p``'s two sub-blocks for each row:
-    low nibbles sub-block ``2p``, high ones ``2p + 1``."""
+    low nibbles sub-block ``2p``, high ones ``2p + 1``. Q5_K (``fifth``) adds each
+    code's fifth bit from the eight ``qh`` runs before the codes (bit ``s`` of a byte:
+    sub-block ``s``'s)."""
     builder, b = blk.builder, blk.b
     n_tok = len(accs)
     fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
@@ -320,22 +443,109 @@ def _q4_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                 for _ in range(n_tok)]  # fmt: skip
         ks = [builder.add(first, _I64(2 * p + h)) for h in range(2)]
         for c in range(8):
-            q = blk.code_run(160 + 32 * (8 * p + c))
-            halves = (builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4)))
+            q = blk.code_run(codes_at + 32 * (8 * p + c))
+            halves = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+            if fifth:
+                halves = [builder.or_(codes, _q5_k_fifth_bits(blk, c, 2 * p + h, codes_at))
+                          for h, codes in enumerate(halves)]  # fmt: skip
             for h, codes in enumerate(halves):
                 for t in range(n_tok):
-                    pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 15)
+                    pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 31 if fifth else 15)
         for h in range(2):
             s = 2 * p + h
-            sc = builder.fmul(d, _bytes_f(builder, builder.gep(blk.base, [_I64(32 + 8 * s)])))
-            mn = builder.fmul(dmin, _bytes_f(builder, builder.gep(blk.base, [_I64(96 + 8 * s)])))
+            scales_at, mins_at = (builder.gep(blk.base, [_I64(at + 8 * s)]) for at in (32, 96))
+            sc = _fixed_mul(builder, d, _bytes_f(builder, scales_at))
+            mn = _fixed_mul(builder, dmin, _bytes_f(builder, mins_at))
             for t in range(n_tok):
                 d_x = blk.load(blk.xd, t, ks[h])
-                scale = builder.fmul(sc, _splat_f(builder, d_x))
+                scale = _fixed_mul(builder, sc, _splat_f(builder, d_x))
                 isum = builder.sitofp(pair[t][h].flush(), _V8F)
                 new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
-                x_sum = builder.fmul(d_x, builder.sitofp(blk.load(blk.xs, t, ks[h]), _F32))
+                x_sum = _fixed_mul(builder, d_x, builder.sitofp(blk.load(blk.xs, t, ks[h]), _F32))
                 new[t][1] = builder.call(fma, [mn, _splat_f(builder, x_sum), new[t][1]])
+    return new
+
+
+def _iq4_xs_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+    """IQ4_XS: sub-block ``s`` (values ``32s..32s+31``, activation block ``8b + s``) sums
+    its levels times the Q8_K codes exactly, times its signed scale ``ls − 32``, into
+    one integer per super-block, scaled once by ``d·d_x``: ggml's
+    ``vec_dot_iq4_xs_q8_K``, whose integer sums are the same (its float order is by
+    lanes, not by rows)."""
+    builder, b = blk.builder, blk.b
+    n_tok = len(accs)
+    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    d = _scales(builder, blk.base, blk.table)
+    first = builder.mul(b, _I64(8))  # the block's first activation block
+    totals = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
+    for s in range(8):
+        k = builder.add(first, _I64(s))
+        at = builder.gep(blk.base, [_I64(16 + 8 * s)])
+        v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+        scale = builder.sext(v8, _V8I)
+        sums = []
+        for t in range(n_tok):
+            start = ir.Constant(_V8I, [0] * 8)
+            if _offset(blk.lay):  # VNNI's ``q + 128``: take 128·Σx back out
+                back = builder.mul(blk.load(blk.xs, t, k), _I32(-_offset(blk.lay)))
+                one = builder.insert_element(ir.Constant(_V8I, None), back, _I32(0))
+                start = builder.shuffle_vector(one, one, ir.Constant(_V8I, [0] * 8))
+            sums.append(_RowSums(builder, start))
+        for c in range(4):
+            q = blk.code_run(80 + 32 * (4 * s + c))
+            halves = (builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4)))
+            for h, codes in enumerate(halves):
+                values = _levels(builder, codes, blk.lay.levels)
+                for t in range(n_tok):
+                    sums[t].add_signed(values, blk.x_word(t, k, 4 * c + 16 * h))
+        for t in range(n_tok):
+            totals[t] = builder.add(totals[t], builder.mul(sums[t].flush(), scale))
+    new = []
+    for t in range(n_tok):
+        factor = _fixed_mul(builder, d, _splat_f(builder, blk.load(blk.xd, t, first)))
+        new.append([builder.call(fma, [factor, builder.sitofp(totals[t], _V8F), accs[t][0]])])
+    return new
+
+
+def _q2_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+    """Q2_K: code run ``w`` holds bytes ``4w..4w+3`` of each row's ``qs``; its bits
+    ``2j, 2j+1`` are values ``128n + 32j + l`` (``n = w // 8``, ``l = 4·(w % 8) ..``) of
+    16-value group ``8n + 2j + (w % 8) // 4``. Each group's exact ``Σq·x`` is scaled by
+    ``d·sc·d_x`` into the row's sum, and ``dmin·m·d_x·Σx`` (``xs``: sums of 16 codes)
+    into its minimums'; ``sc`` and ``m`` are the low and high nibbles of the group's
+    scale byte, kept as stored."""
+    builder, b = blk.builder, blk.b
+    n_tok = len(accs)
+    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    d = _scales(builder, blk.base, blk.table)
+    dmin = _scales(builder, builder.gep(blk.base, [_I64(16)]), blk.table)
+    first = builder.mul(b, _I64(8))  # the block's first activation block
+    new = [list(a) for a in accs]
+    for n in range(2):
+        runs = [blk.code_run(160 + 32 * (8 * n + w)) for w in range(8)]
+        for j in range(4):
+            k = builder.add(first, _I64(4 * n + j))
+            for half in range(2):
+                g = 8 * n + 2 * j + half
+                sums = [_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(n_tok)]
+                for w in range(4 * half, 4 * half + 4):
+                    shifted = builder.lshr(runs[w], _splat(_I8, 32, 2 * j))
+                    codes = builder.and_(shifted, _splat(_I8, 32, 3))
+                    for t in range(n_tok):
+                        sums[t].add(codes, blk.x_word(t, k, 4 * w), 3)
+                at = builder.gep(blk.base, [_I64(32 + 8 * g)])
+                packed = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+                sc = builder.uitofp(builder.and_(packed, _splat(_I8, 8, 15)), _V8F)
+                mn = builder.uitofp(builder.lshr(packed, _splat(_I8, 8, 4)), _V8F)
+                d_sc, dmin_m = _fixed_mul(builder, d, sc), _fixed_mul(builder, dmin, mn)
+                for t in range(n_tok):
+                    d_x = blk.load(blk.xd, t, k)
+                    scale = _fixed_mul(builder, d_sc, _splat_f(builder, d_x))
+                    isum = builder.sitofp(sums[t].flush(), _V8F)
+                    new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
+                    x16 = blk.load(blk.xs, t, builder.add(builder.mul(k, _I64(2)), _I64(half)))
+                    x_sum = _fixed_mul(builder, d_x, builder.sitofp(x16, _F32))
+                    new[t][1] = builder.call(fma, [dmin_m, _splat_f(builder, x_sum), new[t][1]])
     return new
 
 
@@ -386,24 +596,30 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                                        63)  # fmt: skip
             for k in range(4):
                 at = builder.gep(blk.base, [_I64(16 + 8 * (8 * n + 2 * k + half))])
-                sc = builder.fmul(d, _signed_byte_scales(builder, at))
+                sc = _fixed_mul(builder, d, _signed_byte_scales(builder, at))
                 for t in range(n_tok):
                     x16 = blk.load(blk.xs, t, builder.add(builder.mul(ks[k], _I64(2)), _I64(half)))
                     back = builder.insert_element(ir.Constant(_V8I, None),
                                                   builder.mul(x16, _I32(-32)), _I32(0))  # fmt: skip
                     back = builder.shuffle_vector(back, back, ir.Constant(_V8I, [0] * 8))
                     isum = builder.sitofp(builder.add(sums[t][k].flush(), back), _V8F)
-                    factor = builder.fmul(sc, _splat_f(builder, blk.load(blk.xd, t, ks[k])))
+                    factor = _fixed_mul(builder, sc, _splat_f(builder, blk.load(blk.xd, t, ks[k])))
                     new[t][0] = builder.call(fma, [factor, isum, new[t][0]])
     return new
 
 
 def _emitter(lay: PackedLayout, n_tok: int) -> Emit:
     """The IR of layout ``lay``'s tile for ``n_tok`` activation rows (see :func:`_tile`)."""
-    if lay.type == Type.Q4_K:
-        return _tile(lay, n_tok, _q4_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
+    if lay.type in (Type.Q4_K, Type.Q5_K):
+        return _tile(lay, n_tok, _q45_k_body(lay), lambda b, a: b.fsub(a[0], a[1]), 2)
+    if lay.type == Type.Q2_K:
+        return _tile(lay, n_tok, _q2_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
     if lay.type == Type.Q6_K:
         return _tile(lay, n_tok, _q6_k_body, lambda b, a: a[0], 1)
+    if lay.type == Type.IQ4_XS:
+        return _tile(lay, n_tok, _iq4_xs_body, lambda b, a: a[0], 1)
+    if lay.minimum_at >= 0:  # Q4_1, Q5_1: eight sums a row and the minimums' share
+        return _tile(lay, n_tok, _vec_dot_order_body(lay), _vec_dot_finish, 9)
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], 1)
 
 
@@ -463,8 +679,8 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
 
 @njit(inline="always")
 def _sums_of_16(xq: Any, xs: Any) -> None:
-    """``xs[t, j] = Σ xq[t, 16j : 16j + 16]``: Q6_K's scales cover 16 values, so its
-    products take the activation codes' sums over 16 (:func:`_q6_k_body`)."""
+    """``xs[t, j] = Σ xq[t, 16j : 16j + 16]``: Q2_K's and Q6_K's scales cover 16 values,
+    so their products take the activation codes' sums over 16 (:func:`_q6_k_body`)."""
     for t in range(xq.shape[0]):
         for j in range(xq.shape[1] // 16):
             total = 0
@@ -476,9 +692,9 @@ def _sums_of_16(xq: Any, xs: Any) -> None:
 @njit(inline="always")
 def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
     """The activations as ggml rounds them for ``kind`` weights (Q8_0, or Q8_K for the
-    K-quants), with code sums over 16 values for Q6_K, else 32."""
+    K-quants), with code sums over 16 values for Q2_K and Q6_K, else 32."""
     quantize_activations(x, xq, xd, xs, table, kind)
-    if kind == Q6_K:
+    if kind in (Q2_K, Q6_K):
         _sums_of_16(xq, xs)
 
 
@@ -519,7 +735,8 @@ def matmul_packed_siblings(
     (a layer's Q, K and V; its gate and up): ``x`` quantized once, one parallel region
     for all. ``packs``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s groups sitting
     at ``starts[m]..`` of one concatenated range of groups. Each group is computed as
-    :func:`matmul_packed` computes it, to the bit. The kinds are all Q6_K or none (the
+    :func:`matmul_packed` computes it, to the bit. The kinds all sum codes over 16 (Q2_K,
+    Q6_K) or none do (the
     code sums differ)."""
     _quantize(x, xq, xd, xs, table, kinds[0])
     total = starts[len(packs)]

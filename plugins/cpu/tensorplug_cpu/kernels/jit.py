@@ -267,7 +267,7 @@ class JitKernels:
         products cannot go together (arrays numba would type differently)."""
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
             return None
-        if len({t == Type.Q6_K for t, _, _ in products}) != 1:  # sums of 16 codes, or of 32
+        if len({t in _SUMS_OF_16 for t, _, _ in products}) != 1:  # sums of 16 codes, or 32
             return None
         if len({vec_dot_type(t) for t, _, _ in products}) != 1:  # x is quantized once
             return None
@@ -479,13 +479,18 @@ def _sibling_args(
     return tuple(weights), tuple(outs), ids, starts
 
 
+#: repacked types whose kernels take the activation codes' sums over 16 values (their
+#: scales cover 16), not over 32
+_SUMS_OF_16 = (Type.Q2_K, Type.Q6_K)
+
+
 def _packed_scratch(
     x: np.ndarray, t: Type, scratch: Callable[..., np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Room for ``x``'s rows quantized for a repacked product of ``t`` weights: codes,
-    block scales, and sums of the codes over 32 values (over 16 for Q6_K)."""
+    block scales, and sums of the codes over 32 values (over 16 for Q2_K and Q6_K)."""
     n_tok, n = x.shape
-    per = 16 if t == Type.Q6_K else 32
+    per = 16 if t in _SUMS_OF_16 else 32
     return (scratch((n_tok, n), np.int8), scratch((n_tok, n // 32), np.float32),
             scratch((n_tok, n // per), np.int32))  # fmt: skip
 

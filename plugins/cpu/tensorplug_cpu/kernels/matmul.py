@@ -324,6 +324,9 @@ def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
             lay.unpack(buf.packed(a_t), blocks)
             w = dequantize_blocks(blocks, a_t.type).reshape(n_out, n_in)
             np.matmul(round_rows(x, a_t.type), w.T, out=out)
+            if vec_dot_type(a_t.type) == Q8_1:  # see _offset_correction
+                m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+                np.add(out, q8_1_offset_correction(x) @ m.T, out=out)
 
         return sequence(load_b, unpacked, store)
     assert jit is not None
