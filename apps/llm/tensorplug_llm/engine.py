@@ -458,8 +458,9 @@ class Engine:
             return
         masks = self._masks_for([job for job, _ in rows])
         try:
-            # a step with prompt tokens counts as prompt time, decode steps as generation
-            logits = self.llama.decode(batch.build(), prompt=len(batch) > len(decoding))
+            # a step with prompt tokens counts as prompt time, decode steps as generation;
+            # padded to a few sizes, so that steps of every size replay kept graphs
+            logits = self.llama.decode(batch.build(), prompt=len(batch) > len(decoding), pad=True)
         except Exception as e:  # the step failed: its requests fail, the engine goes on
             for job, _ in (*rows, *evaluated):
                 kv.seq_rm(job.slot.seq)

@@ -82,8 +82,14 @@ __all__ = [
     "embedding_model_message",
 ]
 
-#: Built step graphs kept for replay (prompt chunk sizes x context lengths x outputs).
-GRAPH_CACHE = 8
+#: Built step graphs kept for replay (step sizes x context lengths x outputs): a server
+#: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``.
+GRAPH_CACHE = 24
+#: Steps of up to this many tokens (and outputs) run at their own size: the CPU picks
+#: kernels by row count up to 16 rows (fused integer products, numba attention up to
+#: 8 query rows), so padding a small step could change its rows' rounding. Decode
+#: steps (one token per running request) are this small and their sizes few anyway.
+EXACT_ROWS = 16
 #: Seconds after a prompt batch whose generation steps the thread governor does not time
 #: (a backend's library threads may still spin then; ``ThreadGovernor.pause``)
 AFTER_BATCH_SECONDS = 0.15
@@ -428,7 +434,7 @@ class Llama:
             )
         return ids  # int64: an id past int32 is refused by its value, not wrapped
 
-    def decode(self, batch: Batch, *, prompt: bool | None = None) -> np.ndarray:
+    def decode(self, batch: Batch, *, prompt: bool | None = None, pad: bool = False) -> np.ndarray:
         """Evaluate a batch of tokens of any sequences (llama.cpp's ``llama_decode``).
 
         Each token is written to a free cache cell and attends to the cells of its
@@ -436,7 +442,9 @@ class Llama:
         in batch order ``(n_flagged, n_vocab)``. Batches longer than ``n_batch`` run in
         chunks; a chunk's tokens see the earlier chunks. ``prompt`` as for
         :meth:`eval`. Positions must continue a sequence (beyond what it holds); a
-        batch is checked whole before anything is written.
+        batch is checked whole before anything is written. ``pad``: run each chunk at
+        :meth:`step_rows` tokens, so that steps of varying sizes (a server's) replay a
+        few graphs (see :meth:`_step`).
         """
         self._check_tokens(batch.tokens)
         self._check_positions(batch)
@@ -444,7 +452,7 @@ class Llama:
             self.kv.find_slot(len(batch))  # raises ContextFullError with the numbers
         if self.kv.has_shift:
             self.apply_shift()
-        outs = [self._step(chunk, prompt) for chunk in batch.chunks(self.n_batch)]
+        outs = [self._step(chunk, prompt, pad=pad) for chunk in batch.chunks(self.n_batch)]
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     def _check_tokens(self, ids: np.ndarray) -> None:
@@ -490,35 +498,68 @@ class Llama:
             self._graphs.move_to_end(key)
         return sg
 
+    def step_rows(self, n_tokens: int) -> int:
+        """The token count a step of ``n_tokens`` runs at: itself up to
+        :data:`EXACT_ROWS`, else the next power of two (at most ``n_batch``). Prompt
+        chunks come in every length; rounded up, their steps repeat a few shapes whose
+        graphs, allocations and plans are kept, where each new length cost a graph
+        build, an allocation and a CPU plan (~40-80 ms for SmolLM2-135M on 2 cores,
+        more than computing the chunk)."""
+        if n_tokens <= EXACT_ROWS:
+            return n_tokens
+        return min(1 << (n_tokens - 1).bit_length(), max(self.n_batch, n_tokens))
+
     def _step(
-        self, batch: Batch, prompt: bool | None = None, embeddings: bool = False
+        self,
+        batch: Batch,
+        prompt: bool | None = None,
+        embeddings: bool = False,
+        *,
+        pad: bool = False,
     ) -> np.ndarray:
         """One graph compute: ``batch`` (at most ``n_batch`` tokens) written to free
         cells, the logits of its flagged tokens (of its last token when none is
         flagged: a graph has at least one output) read back; with ``embeddings``, their
-        final hidden states instead."""
+        final hidden states instead.
+
+        With ``pad``, a causal step runs at :meth:`step_rows` tokens: the rows past the
+        batch are padding (token 0, written to free cells no sequence holds, each
+        attending only to its own cell), so they read and change nothing a real token
+        sees; each row is computed on its own, so the real rows come out as in a step
+        of their own size
+        when the kernels give a row the same numbers at either row count (the CPU's
+        repacked integer kernels, Q4_0/Q8_0, do; its decode + BLAS path for other types
+        rounds by row count, as re-chunking a prompt already does)."""
         start = time.perf_counter()
         T = len(batch)
-        cells = self.kv.find_slot(T)
-        self.kv.assign(cells, batch.pos, batch.seq_ids)
-        n_kv = min(self.n_ctx, -(-self.kv.used_max // self.kv_pad) * self.kv_pad)
+        n_free = self.kv.n_ctx - self.kv.n_used
+        padded = self.step_rows(T) if pad and self.config.causal and not embeddings else T
+        padded = min(padded, max(n_free, T))
+        cells = self.kv.find_slot(padded)
+        self.kv.assign(cells[:T], batch.pos, batch.seq_ids)
+        rows_max = max(self.kv.used_max, int(cells.max()) + 1)
+        n_kv = min(self.n_ctx, -(-rows_max // self.kv_pad) * self.kv_pad)
         flagged = np.flatnonzero(batch.logits)
         out_rows = flagged if flagged.size else np.array([T - 1])
         n_outputs = out_rows.size
-        sg = self._graph(T, n_kv, n_outputs, embeddings)
-        sched = self.sched_for(T)
+        if padded > T:  # outputs rounded up too, repeating real ones
+            out_rows = np.resize(out_rows, min(self.step_rows(n_outputs), padded))
+        sg = self._graph(padded, n_kv, out_rows.size, embeddings)
+        sched = self.sched_for(padded)
         if sched.allocated is not sg.graph:
             sched.alloc_graph(sg.graph)
-            kind = "prompt" if T > 1 else "generation"
+            kind = "prompt" if padded > 1 else "generation"
             self.split_summaries[kind] = self._summarize(sg, sched)
         # an encoder's tokens all see each other: as if each were at the step's last position
         seen_from = batch.pos if self.config.causal else np.full_like(batch.pos, batch.pos.max())
-        set_array(sg.tokens, batch.tokens.astype(np.int32))
-        set_array(sg.pos, batch.pos)
+        set_array(sg.tokens, _padded(batch.tokens.astype(np.int32), padded))
+        set_array(sg.pos, _padded(batch.pos, padded))
         set_array(sg.kv_idx, cells)
-        set_array(sg.mask, self.kv.mask(seen_from, batch.seq_ids, n_kv, sg.mask_window))
+        mask = self.kv.mask(seen_from, batch.seq_ids, n_kv, sg.mask_window)
+        set_array(sg.mask, _padded_mask(mask, cells[T:]))
         if sg.mask_swa is not None:
-            set_array(sg.mask_swa, self.kv.mask(batch.pos, batch.seq_ids, n_kv, self.config.n_swa))
+            mask = self.kv.mask(batch.pos, batch.seq_ids, n_kv, self.config.n_swa)
+            set_array(sg.mask_swa, _padded_mask(mask, cells[T:]))
         if sg.out_ids is not None:
             set_array(sg.out_ids, out_rows.astype(np.int32))
         if self.governor is not None:
@@ -535,9 +576,7 @@ class Llama:
         compute = time.perf_counter() - t_compute
         if status is not Status.SUCCESS:
             raise ComputeAbortedError(f"the step graph did not compute: {status.name}")
-        logits = get_array(sg.logits)
-        if not flagged.size:
-            logits = logits[:0]
+        logits = get_array(sg.logits)[: flagged.size]
         total = time.perf_counter() - start
         t = self.timings
         if T > 1 if prompt is None else prompt:  # by size: llama.cpp's rule (see eval)
@@ -704,6 +743,26 @@ class Llama:
         for be in self.backends:
             be.free()
         self.memory = {}
+
+
+def _padded(values: np.ndarray, n: int) -> np.ndarray:
+    """``values`` followed by zeros up to ``n`` entries (a padded step's inputs)."""
+    if values.size == n:
+        return values
+    out = np.zeros(n, dtype=values.dtype)
+    out[: values.size] = values
+    return out
+
+
+def _padded_mask(mask: np.ndarray, pad_cells: np.ndarray) -> np.ndarray:
+    """The real tokens' mask with a row per padding token below it, each seeing only
+    the cell it writes: a row that saw nothing would be NaN, and the K/V it writes
+    (into a free cell that later steps read, masked) must stay finite."""
+    if not pad_cells.size:
+        return mask
+    rows = np.full((pad_cells.size, mask.shape[1]), -np.inf, dtype=mask.dtype)
+    rows[np.arange(pad_cells.size), pad_cells] = 0
+    return np.concatenate([mask, rows])
 
 
 def embedding_model_message(path: object, arch: str) -> str:
