@@ -459,8 +459,10 @@ class Engine:
         masks = self._masks_for([job for job, _ in rows])
         try:
             # a step with prompt tokens counts as prompt time, decode steps as generation;
-            # padded to a few sizes, so that steps of every size replay kept graphs
-            logits = self.llama.decode(batch.build(), prompt=len(batch) > len(decoding), pad=True)
+            # it is padded to a few sizes, so that prompt chunks of every length replay
+            # kept graphs (decode steps take one size per number of running requests)
+            prompt = len(batch) > len(decoding)
+            logits = self.llama.decode(batch.build(), prompt=prompt, pad=prompt)
         except Exception as e:  # the step failed: its requests fail, the engine goes on
             for job, _ in (*rows, *evaluated):
                 kv.seq_rm(job.slot.seq)

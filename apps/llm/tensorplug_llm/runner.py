@@ -85,11 +85,12 @@ __all__ = [
 #: Built step graphs kept for replay (step sizes x context lengths x outputs): a server
 #: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``.
 GRAPH_CACHE = 24
-#: Steps of up to this many tokens (and outputs) run at their own size: the CPU picks
-#: kernels by row count up to 16 rows (fused integer products, numba attention up to
-#: 8 query rows), so padding a small step could change its rows' rounding. Decode
-#: steps (one token per running request) are this small and their sizes few anyway.
-EXACT_ROWS = 16
+#: The token counts (and output counts) :meth:`Llama.step_rows` rounds a padded step up
+#: to, before powers of two: up to 4 a step runs at its own size, then at the row counts
+#: where the CPU switches kernels (numba attention and most fused products up to 8
+#: rows, Q4_1/Q8_0/Q6_K's fused products up to 12, Q4_0/Q4_K's up to 16), so padding
+#: never moves a step from one kernel to another that rounds otherwise.
+STEP_SIZES = (8, 12, 16)
 #: Seconds after a prompt batch whose generation steps the thread governor does not time
 #: (a backend's library threads may still spin then; ``ThreadGovernor.pause``)
 AFTER_BATCH_SECONDS = 0.15
@@ -499,15 +500,16 @@ class Llama:
         return sg
 
     def step_rows(self, n_tokens: int) -> int:
-        """The token count a step of ``n_tokens`` runs at: itself up to
-        :data:`EXACT_ROWS`, else the next power of two (at most ``n_batch``). Prompt
+        """The token count a padded step of ``n_tokens`` runs at: itself up to 4, else
+        the next of :data:`STEP_SIZES` or power of two (at most ``n_batch``). Prompt
         chunks come in every length; rounded up, their steps repeat a few shapes whose
         graphs, allocations and plans are kept, where each new length cost a graph
-        build, an allocation and a CPU plan (~40-80 ms for SmolLM2-135M on 2 cores,
-        more than computing the chunk)."""
-        if n_tokens <= EXACT_ROWS:
+        build, an allocation and a CPU plan (40-80 ms for SmolLM2-135M on 2 busy
+        cores, more than computing a short chunk)."""
+        if n_tokens <= 4:
             return n_tokens
-        return min(1 << (n_tokens - 1).bit_length(), max(self.n_batch, n_tokens))
+        size = next((s for s in STEP_SIZES if n_tokens <= s), 1 << (n_tokens - 1).bit_length())
+        return min(size, max(self.n_batch, n_tokens))
 
     def _step(
         self,
