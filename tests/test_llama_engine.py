@@ -369,7 +369,7 @@ def test_cancel_from_the_reading_thread_while_the_loop_runs(llama: Llama) -> Non
 
 def test_warm_up_builds_the_first_steps_and_leaves_the_cache_empty(model_file: Path) -> None:
     """After ``warm_up`` a request's prompt step of any length up to ``n_batch`` (here 7
-    and 20 tokens, run padded at 8 and 32 rows) and its decode steps build no graph
+    and 20 tokens, run padded at 8 and 24 rows) and its decode steps build no graph
     while the cache stays within its first ``kv_pad`` rows; the warm-up left the cache
     empty, and the answers are the single-sequence runner's."""
     m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, kv_pad=64)

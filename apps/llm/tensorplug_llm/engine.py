@@ -69,6 +69,13 @@ __all__ = [
 ]
 
 
+#: The largest prompt step :meth:`Engine.warm_up` evaluates: a chat turn's new tokens,
+#: once a shared prefix is reused, are fewer; longer prompts pay for their graph once,
+#: and computing a larger step costs more than building its graph (a 256-row step of
+#: SmolLM2-135M is most of a second on 2 cores).
+WARM_UP_ROWS = 64
+
+
 @dataclass
 class EngineStats:
     """Totals since the engine started (``/metrics`` reads these)."""
@@ -190,13 +197,15 @@ class Engine:
 
     def warm_up(self) -> None:
         """Build the graphs, allocations and CPU plans of the steps a server runs first —
-        a prompt step of every padded size (:meth:`Llama.step_rows`) and a decode step
-        of 2 .. ``n_parallel`` requests, all at the smallest context — by evaluating
+        a prompt step of every padded size (:meth:`Llama.step_rows`) up to
+        :data:`WARM_UP_ROWS` and a decode step of 2 .. ``n_parallel`` requests, all at
+        the smallest context — by evaluating
         them once in an empty cache. Each new step shape otherwise costs its first
         request 40-80 ms (SmolLM2-135M, 2 cores), most of a short prompt's time to first
         token. Does nothing once the engine holds anything."""
         llama = self.llama
-        sizes = sorted({llama.step_rows(n) for n in range(5, self.n_batch + 1)})
+        top = min(self.n_batch, WARM_UP_ROWS)
+        sizes = sorted({llama.step_rows(n) for n in range(5, top + 1)})
         with self._step_lock:
             if self._has_work() or llama.kv.n_used:
                 return

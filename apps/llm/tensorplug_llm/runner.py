@@ -86,10 +86,13 @@ __all__ = [
 #: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``.
 GRAPH_CACHE = 24
 #: The token counts (and output counts) :meth:`Llama.step_rows` rounds a padded step up
-#: to, before powers of two: up to 4 a step runs at its own size, then at the row counts
-#: where the CPU switches kernels (numba attention and most fused products up to 8
-#: rows, Q4_1/Q8_0/Q6_K's fused products up to 12, Q4_0/Q4_K's up to 16), so padding
-#: never moves a step from one kernel to another that rounds otherwise.
+#: to, before the powers of two and one and a half times them: up to 4 a step runs at its
+#: own size, then at the row counts where the CPU switches kernels (numba attention and
+#: most fused products up to 8 rows, Q4_1/Q8_0/Q6_K's fused products up to 12,
+#: Q4_0/Q4_K's up to 16), so padding never moves a step from one kernel to another that
+#: rounds otherwise. Above 16 rows a prompt step's cost grows with its rows (decoding +
+#: BLAS), so the sizes grow by at most 1.5x: padding wastes a third at worst, a fifth on
+#: average, where each new size costs a graph.
 STEP_SIZES = (8, 12, 16)
 #: Seconds after a prompt batch whose generation steps the thread governor does not time
 #: (a backend's library threads may still spin then; ``ThreadGovernor.pause``)
@@ -501,14 +504,17 @@ class Llama:
 
     def step_rows(self, n_tokens: int) -> int:
         """The token count a padded step of ``n_tokens`` runs at: itself up to 4, else
-        the next of :data:`STEP_SIZES` or power of two (at most ``n_batch``). Prompt
+        the next of :data:`STEP_SIZES`, 24, 32, 48, 64, 96... (at most ``n_batch``). Prompt
         chunks come in every length; rounded up, their steps repeat a few shapes whose
         graphs, allocations and plans are kept, where each new length cost a graph
         build, an allocation and a CPU plan (40-80 ms for SmolLM2-135M on 2 busy
         cores, more than computing a short chunk)."""
         if n_tokens <= 4:
             return n_tokens
-        size = next((s for s in STEP_SIZES if n_tokens <= s), 1 << (n_tokens - 1).bit_length())
+        size = next((s for s in STEP_SIZES if n_tokens <= s), 0)
+        if not size:
+            power = 1 << (n_tokens - 1).bit_length()  # 17..32 -> 32; then 24 if it will do
+            size = power * 3 // 4 if n_tokens <= power * 3 // 4 else power
         return min(size, max(self.n_batch, n_tokens))
 
     def _step(
