@@ -223,6 +223,15 @@ def test_padded_steps_give_the_real_rows_of_unpadded_ones(
     assert [m.step_rows(n) for n in (3, 5, 13, 21, 33, 100)] == [3, 8, 16, 24, 48, 128]
     np.testing.assert_array_equal(results[1][0], results[0][0])
     np.testing.assert_array_equal(results[1][1], results[0][1])
+    # steps whose rounded outputs are all their rows (no out_ids): the flagged rows
+    for flags in ([True, True, True, True, False, True], [False, False, True]):
+        got = []
+        for pad in (False, True):
+            m.reset()
+            toks = prompt[: len(flags)]
+            got.append(m.decode(Batch(np.array(toks), np.arange(len(toks)),
+                                      ((0,),) * len(toks), np.array(flags)), pad=pad))  # fmt: skip
+        np.testing.assert_array_equal(got[1], got[0])
     built = []
     for n in (17, 20, 24):
         m.reset()

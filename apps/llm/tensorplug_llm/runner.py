@@ -94,6 +94,10 @@ GRAPH_CACHE = 24
 #: BLAS), so the sizes grow by at most 1.5x: padding wastes a third at worst, a fifth on
 #: average, where each new size costs a graph.
 STEP_SIZES = (8, 12, 16)
+#: The fewest outputs a padded step computes: a prompt's last token alone or beside up to
+#: three decoding requests' (a server's usual mix) is one shape, not four; the 3 extra
+#: output rows cost a fraction of a prompt step.
+PADDED_OUTPUTS = 4
 #: Seconds after a prompt batch whose generation steps the thread governor does not time
 #: (a backend's library threads may still spin then; ``ThreadGovernor.pause``)
 AFTER_BATCH_SECONDS = 0.15
@@ -541,8 +545,8 @@ class Llama:
         start = time.perf_counter()
         T = len(batch)
         n_free = self.kv.n_ctx - self.kv.n_used
-        padded = self.step_rows(T) if pad and self.config.causal and not embeddings else T
-        padded = min(padded, max(n_free, T))
+        pad = pad and self.config.causal and not embeddings
+        padded = min(self.step_rows(T), max(n_free, T)) if pad else T
         cells = self.kv.find_slot(padded)
         self.kv.assign(cells[:T], batch.pos, batch.seq_ids)
         rows_max = max(self.kv.used_max, int(cells.max()) + 1)
@@ -550,8 +554,10 @@ class Llama:
         flagged = np.flatnonzero(batch.logits)
         out_rows = flagged if flagged.size else np.array([T - 1])
         n_outputs = out_rows.size
-        if padded > T:  # outputs rounded up too, repeating real ones
-            out_rows = np.resize(out_rows, min(self.step_rows(n_outputs), padded))
+        if pad:  # outputs rounded up too (at least 4: a prompt's last token beside
+            # 0-3 decoding ones is one shape), repeating real ones
+            n_out = min(self.step_rows(max(n_outputs, PADDED_OUTPUTS)), padded)
+            out_rows = np.resize(out_rows, n_out)
         sg = self._graph(padded, n_kv, out_rows.size, embeddings)
         sched = self.sched_for(padded)
         if sched.allocated is not sg.graph:
@@ -584,7 +590,10 @@ class Llama:
         compute = time.perf_counter() - t_compute
         if status is not Status.SUCCESS:
             raise ComputeAbortedError(f"the step graph did not compute: {status.name}")
-        logits = get_array(sg.logits)[: flagged.size]
+        logits = get_array(sg.logits)
+        # rows in out_rows' order, or every row of the step (a graph with as many outputs
+        # as tokens has no out_ids): the flagged ones either way
+        logits = logits[: flagged.size] if sg.out_ids is not None else logits[flagged]
         total = time.perf_counter() - start
         t = self.timings
         if T > 1 if prompt is None else prompt:  # by size: llama.cpp's rule (see eval)
