@@ -197,3 +197,45 @@ def test_cells_out_of_position_order_change_nothing(
     got += [m.decode(Batch.single([t], len(A) + i)) for i, t in enumerate(steps)]
     assert m.kv.pos[:5].tolist() == [8, 9, 10, 11, 12]  # positions 8.. before 0..7
     np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
+
+
+def test_padded_steps_give_the_real_rows_of_unpadded_ones(
+    files: dict[str, Path], opened: list[Llama]
+) -> None:
+    """``decode(pad=True)`` runs a 21-token step at 24 rows (:meth:`Llama.step_rows`),
+    beside another sequence's cells: the 3 padding rows write only free cells and see
+    only their own, so every real logit row is the unpadded step's, bit for bit with
+    the repacked Q8_0 kernels; nothing is recorded for them in the cells, and the
+    other sequence, decoded after, is unchanged too. Steps of 17..24 tokens on an
+    empty cache then share one graph."""
+    m = _llama(opened, files["q8_0"], kv_pad=16, n_ctx=128)
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(3, 320, size=21).tolist()
+    results = []
+    for pad in (False, True):
+        m.reset()
+        m.decode(Batch.single(B, 0, seq=1), pad=pad)
+        first = m.decode(Batch.single(prompt, 0, all_logits=True), pad=pad)
+        assert m.kv.n_used == len(B) + len(prompt)  # the padding held on to no cell
+        nxt = m.decode(Batch(np.array([7, 9]), np.array([len(prompt), len(B)]),
+                             ((0,), (1,)), np.array([True, True])), pad=pad)  # fmt: skip
+        results.append((first, nxt))
+    assert [m.step_rows(n) for n in (3, 5, 13, 21, 33, 100)] == [3, 8, 16, 24, 48, 128]
+    np.testing.assert_array_equal(results[1][0], results[0][0])
+    np.testing.assert_array_equal(results[1][1], results[0][1])
+    # steps whose rounded outputs are all their rows (no out_ids): the flagged rows
+    for flags in ([True, True, True, True, False, True], [False, False, True]):
+        got = []
+        for pad in (False, True):
+            m.reset()
+            toks = prompt[: len(flags)]
+            got.append(m.decode(Batch(np.array(toks), np.arange(len(toks)),
+                                      ((0,),) * len(toks), np.array(flags)), pad=pad))  # fmt: skip
+        np.testing.assert_array_equal(got[1], got[0])
+    built = []
+    for n in (17, 20, 24):
+        m.reset()
+        out = m.decode(Batch.single(prompt[:1] * n, 0), pad=True)
+        assert out.shape == (1, m.config.n_vocab)
+        built.append(m.timings.graphs_built)
+    assert built[0] == built[-1]  # the 24-row graph of the first

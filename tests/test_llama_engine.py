@@ -636,3 +636,25 @@ def test_an_encoder_serves_embeddings_and_refuses_to_generate(tmp_path: Path) ->
         with pytest.raises(RequestError, match="is an embedding model"):
             engine.submit(Request([2, 10, 3], max_tokens=2))
         _no_leak(engine)
+
+
+def test_warm_up_builds_the_first_steps_and_leaves_the_cache_empty(model_file: Path) -> None:
+    """After ``warm_up`` a request's prompt step of any length up to ``n_batch`` (here 7
+    and 20 tokens, run padded at 8 and 24 rows) and its decode steps build no graph
+    while the cache stays within its first ``kv_pad`` rows; the warm-up left the cache
+    empty, and the answers are the single-sequence runner's."""
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, kv_pad=64)
+    try:
+        prompts = [p[:7] + [5] * (7 - len(p[:7])) for p in _prompts(2, seed=9)]
+        prompts[1] = (prompts[1] * 3)[:20]
+        want = [_reference(m, p, 6) for p in prompts]
+        engine = Engine(m, n_parallel=2)
+        engine.warm_up()
+        assert m.kv.n_used == 0 and engine.cached_tokens() == 0
+        built = m.timings.graphs_built
+        for p, tokens in zip(prompts, want, strict=True):
+            assert engine.submit(Request(p, max_tokens=6, stop_tokens=NONE)).result() == tokens
+        assert m.timings.graphs_built == built
+        _no_leak(engine)
+    finally:
+        m.close()

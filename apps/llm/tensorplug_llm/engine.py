@@ -63,7 +63,7 @@ import numpy as np
 
 from tensorplug.errors import RunError
 
-from .batch import BatchBuilder
+from .batch import Batch, BatchBuilder
 from .kv_cells import MAX_SEQUENCES
 from .pooling import pool, pooling_kind
 from .request import (
@@ -93,6 +93,13 @@ __all__ = [
     "TokenEvent",
     "TokenSampler",
 ]
+
+
+#: The largest prompt step :meth:`Engine.warm_up` evaluates: a chat turn's new tokens,
+#: once a shared prefix is reused, are fewer; longer prompts pay for their graph once,
+#: and computing a larger step costs more than building its graph (a 256-row step of
+#: SmolLM2-135M is most of a second on 2 cores).
+WARM_UP_ROWS = 64
 
 
 @dataclass
@@ -287,6 +294,35 @@ class Engine:
                 "bidirectional encoder with no output layer): it computes embeddings "
                 "(/v1/embeddings, LLM.embed), it cannot generate text"
             )
+
+    def warm_up(self) -> None:
+        """Build the graphs, allocations and CPU plans of the steps a server runs first —
+        a prompt step of every padded size (:meth:`Llama.step_rows`) up to
+        :data:`WARM_UP_ROWS` and a decode step of 2 .. ``n_parallel`` requests, all at
+        the smallest context — by evaluating
+        them once in an empty cache. Each new step shape otherwise costs its first
+        request 40-80 ms (SmolLM2-135M, 2 cores), most of a short prompt's time to first
+        token. Does nothing once the engine holds anything, nor for an encoder (it has
+        no logits to decode; its embedding steps are not padded)."""
+        llama = self.llama
+        if llama.config.arch.encoder:
+            return
+        top = min(self.n_batch, WARM_UP_ROWS)
+        sizes = sorted({llama.step_rows(n) for n in range(5, top + 1)})
+        with self._step_lock:
+            if self._has_work() or llama.kv.n_used:
+                return
+            try:
+                for n in sizes:
+                    llama.decode(Batch.single([0] * n, 0, 0), prompt=True, pad=True)
+                    llama.kv.seq_rm(0)
+                for n in range(2, min(self.n_parallel, self.n_batch) + 1):
+                    batch = Batch(np.zeros(n), np.zeros(n), tuple((s,) for s in range(n)),
+                                  np.ones(n, dtype=bool))  # fmt: skip
+                    llama.decode(batch, prompt=False)
+                    llama.kv.clear()
+            finally:
+                llama.kv.clear()
 
     def wake(self) -> None:
         """Let the loop thread look for work (a cancel, a new request)."""
@@ -702,8 +738,11 @@ class Engine:
         samples = [(j, i) for i, (job, _) in enumerate(rows) for j in (job, *job.followers)]
         masks = self._masks_for([job for job, _ in samples])
         try:
-            # a step with prompt tokens counts as prompt time, decode steps as generation
-            logits = self.llama.decode(batch.build(), prompt=len(batch) > n_decoding)
+            # a step with prompt tokens counts as prompt time, decode steps as generation;
+            # it is padded to a few sizes, so that prompt chunks of every length replay
+            # kept graphs (decode steps take one size per number of running requests)
+            prompt = len(batch) > n_decoding
+            logits = self.llama.decode(batch.build(), prompt=prompt, pad=prompt)
         except Exception as e:  # the step failed: its requests fail, the engine goes on
             for job, _ in (*rows, *evaluated):
                 kv.seq_rm(job.slot.seq)

@@ -82,8 +82,22 @@ __all__ = [
     "embedding_model_message",
 ]
 
-#: Built step graphs kept for replay (prompt chunk sizes x context lengths x outputs).
-GRAPH_CACHE = 8
+#: Built step graphs kept for replay (step sizes x context lengths x outputs): a server
+#: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``.
+GRAPH_CACHE = 24
+#: The token counts (and output counts) :meth:`Llama.step_rows` rounds a padded step up
+#: to, before the powers of two and one and a half times them: up to 4 a step runs at its
+#: own size, then at the row counts where the CPU switches kernels (numba attention and
+#: most fused products up to 8 rows, Q4_1/Q8_0/Q6_K's fused products up to 12,
+#: Q4_0/Q4_K's up to 16), so padding never moves a step from one kernel to another that
+#: rounds otherwise. Above 16 rows a prompt step's cost grows with its rows (decoding +
+#: BLAS), so the sizes grow by at most 1.5x: padding wastes a third at worst, a fifth on
+#: average, where each new size costs a graph.
+STEP_SIZES = (8, 12, 16)
+#: The fewest outputs a padded step computes: a prompt's last token alone or beside up to
+#: three decoding requests' (a server's usual mix) is one shape, not four; the 3 extra
+#: output rows cost a fraction of a prompt step.
+PADDED_OUTPUTS = 4
 #: Seconds after a prompt batch whose generation steps the thread governor does not time
 #: (a backend's library threads may still spin then; ``ThreadGovernor.pause``)
 AFTER_BATCH_SECONDS = 0.15
@@ -429,7 +443,12 @@ class Llama:
         return ids  # int64: an id past int32 is refused by its value, not wrapped
 
     def decode(
-        self, batch: Batch, *, prompt: bool | None = None, embeddings: bool = False
+        self,
+        batch: Batch,
+        *,
+        prompt: bool | None = None,
+        embeddings: bool = False,
+        pad: bool = False,
     ) -> np.ndarray:
         """Evaluate a batch of tokens of any sequences (llama.cpp's ``llama_decode``).
 
@@ -440,7 +459,9 @@ class Llama:
         computes embeddings this way, beside other sequences). Batches longer than
         ``n_batch`` run in chunks; a chunk's tokens see the earlier chunks. ``prompt``
         as for :meth:`eval`. Positions must continue a sequence (beyond what it holds);
-        a batch is checked whole before anything is written.
+        a batch is checked whole before anything is written. ``pad``: run each chunk at
+        :meth:`step_rows` tokens, so that steps of varying sizes (a server's) replay a
+        few graphs (see :meth:`_step`).
         """
         self._check_tokens(batch.tokens)
         self._check_positions(batch)
@@ -448,7 +469,9 @@ class Llama:
             self.kv.find_slot(len(batch))  # raises ContextFullError with the numbers
         if self.kv.has_shift:
             self.apply_shift()
-        outs = [self._step(chunk, prompt, embeddings) for chunk in batch.chunks(self.n_batch)]
+        outs = [
+            self._step(chunk, prompt, embeddings, pad=pad) for chunk in batch.chunks(self.n_batch)
+        ]
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     def _check_tokens(self, ids: np.ndarray) -> None:
@@ -494,35 +517,74 @@ class Llama:
             self._graphs.move_to_end(key)
         return sg
 
+    def step_rows(self, n_tokens: int) -> int:
+        """The token count a padded step of ``n_tokens`` runs at: itself up to 4, else
+        the next of :data:`STEP_SIZES`, 24, 32, 48, 64, 96... (at most ``n_batch``). Prompt
+        chunks come in every length; rounded up, their steps repeat a few shapes whose
+        graphs, allocations and plans are kept, where each new length cost a graph
+        build, an allocation and a CPU plan (40-80 ms for SmolLM2-135M on 2 busy
+        cores, more than computing a short chunk)."""
+        if n_tokens <= 4:
+            return n_tokens
+        size = next((s for s in STEP_SIZES if n_tokens <= s), 0)
+        if not size:
+            power = 1 << (n_tokens - 1).bit_length()  # 17..32 -> 32; then 24 if it will do
+            size = power * 3 // 4 if n_tokens <= power * 3 // 4 else power
+        return min(size, max(self.n_batch, n_tokens))
+
     def _step(
-        self, batch: Batch, prompt: bool | None = None, embeddings: bool = False
+        self,
+        batch: Batch,
+        prompt: bool | None = None,
+        embeddings: bool = False,
+        *,
+        pad: bool = False,
     ) -> np.ndarray:
         """One graph compute: ``batch`` (at most ``n_batch`` tokens) written to free
         cells, the logits of its flagged tokens (of its last token when none is
         flagged: a graph has at least one output) read back; with ``embeddings``, their
-        final hidden states instead."""
+        final hidden states instead.
+
+        With ``pad``, a causal step runs at :meth:`step_rows` tokens: the rows past the
+        batch are padding (token 0, written to free cells no sequence holds, each
+        attending only to its own cell), so they read and change nothing a real token
+        sees; each row is computed on its own, so the real rows come out as in a step
+        of their own size when the kernels give a row the same numbers at any row count
+        (the CPU's repacked integer kernels do, for every type with a repacked layout;
+        its decode + BLAS path for the others rounds by row count, as re-chunking a
+        prompt already does)."""
         start = time.perf_counter()
         T = len(batch)
-        cells = self.kv.find_slot(T)
-        self.kv.assign(cells, batch.pos, batch.seq_ids)
-        n_kv = min(self.n_ctx, -(-self.kv.used_max // self.kv_pad) * self.kv_pad)
+        n_free = self.kv.n_ctx - self.kv.n_used
+        pad = pad and self.config.causal and not embeddings
+        padded = min(self.step_rows(T), max(n_free, T)) if pad else T
+        cells = self.kv.find_slot(padded)
+        self.kv.assign(cells[:T], batch.pos, batch.seq_ids)
+        rows_max = max(self.kv.used_max, int(cells.max()) + 1)
+        n_kv = min(self.n_ctx, -(-rows_max // self.kv_pad) * self.kv_pad)
         flagged = np.flatnonzero(batch.logits)
         out_rows = flagged if flagged.size else np.array([T - 1])
         n_outputs = out_rows.size
-        sg = self._graph(T, n_kv, n_outputs, embeddings)
-        sched = self.sched_for(T)
+        if pad:  # outputs rounded up too (at least 4: a prompt's last token beside
+            # 0-3 decoding ones is one shape), repeating real ones
+            n_out = min(self.step_rows(max(n_outputs, PADDED_OUTPUTS)), padded)
+            out_rows = np.resize(out_rows, n_out)
+        sg = self._graph(padded, n_kv, out_rows.size, embeddings)
+        sched = self.sched_for(padded)
         if sched.allocated is not sg.graph:
             sched.alloc_graph(sg.graph)
-            kind = "prompt" if T > 1 else "generation"
+            kind = "prompt" if padded > 1 else "generation"
             self.split_summaries[kind] = self._summarize(sg, sched)
         # an encoder's tokens all see each other: as if each were at the step's last position
         seen_from = batch.pos if self.config.causal else np.full_like(batch.pos, batch.pos.max())
-        set_array(sg.tokens, batch.tokens.astype(np.int32))
-        set_array(sg.pos, batch.pos)
+        set_array(sg.tokens, _padded(batch.tokens.astype(np.int32), padded))
+        set_array(sg.pos, _padded(batch.pos, padded))
         set_array(sg.kv_idx, cells)
-        set_array(sg.mask, self.kv.mask(seen_from, batch.seq_ids, n_kv, sg.mask_window))
+        mask = self.kv.mask(seen_from, batch.seq_ids, n_kv, sg.mask_window)
+        set_array(sg.mask, _padded_mask(mask, cells[T:]))
         if sg.mask_swa is not None:
-            set_array(sg.mask_swa, self.kv.mask(batch.pos, batch.seq_ids, n_kv, self.config.n_swa))
+            mask = self.kv.mask(batch.pos, batch.seq_ids, n_kv, self.config.n_swa)
+            set_array(sg.mask_swa, _padded_mask(mask, cells[T:]))
         if sg.out_ids is not None:
             set_array(sg.out_ids, out_rows.astype(np.int32))
         if self.governor is not None:
@@ -540,8 +602,9 @@ class Llama:
         if status is not Status.SUCCESS:
             raise ComputeAbortedError(f"the step graph did not compute: {status.name}")
         logits = get_array(sg.logits)
-        if not flagged.size:
-            logits = logits[:0]
+        # rows in out_rows' order, or every row of the step (a graph with as many outputs
+        # as tokens has no out_ids): the flagged ones either way
+        logits = logits[: flagged.size] if sg.out_ids is not None else logits[flagged]
         total = time.perf_counter() - start
         t = self.timings
         if T > 1 if prompt is None else prompt:  # by size: llama.cpp's rule (see eval)
@@ -701,6 +764,26 @@ class Llama:
         for be in self.backends:
             be.free()
         self.memory = {}
+
+
+def _padded(values: np.ndarray, n: int) -> np.ndarray:
+    """``values`` followed by zeros up to ``n`` entries (a padded step's inputs)."""
+    if values.size == n:
+        return values
+    out = np.zeros(n, dtype=values.dtype)
+    out[: values.size] = values
+    return out
+
+
+def _padded_mask(mask: np.ndarray, pad_cells: np.ndarray) -> np.ndarray:
+    """The real tokens' mask with a row per padding token below it, each seeing only
+    the cell it writes: a row that saw nothing would be NaN, and the K/V it writes
+    (into a free cell that later steps read, masked) must stay finite."""
+    if not pad_cells.size:
+        return mask
+    rows = np.full((pad_cells.size, mask.shape[1]), -np.inf, dtype=mask.dtype)
+    rows[np.arange(pad_cells.size), pad_cells] = 0
+    return np.concatenate([mask, rows])
 
 
 def embedding_model_message(path: object, arch: str) -> str:

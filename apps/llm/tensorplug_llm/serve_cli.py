@@ -133,6 +133,8 @@ def _serve(args: argparse.Namespace) -> int:
             "pip install 'tensorplug-llm[serve]'"
         ) from None
     from .api import LLM
+    from .engine import Engine
+    from .generation import EngineGenerator
     from .run_cli import installed_model, load_model
 
     if args.max_queue < 0 or args.timeout <= 0:
@@ -158,9 +160,11 @@ def _serve(args: argparse.Namespace) -> int:
             print("no MODEL: serving a tiny random-weight model (its text is gibberish)",
                   file=sys.stderr)  # fmt: skip
         llama = load_model(args, encoder_ok=True)
+        engine = Engine(llama, args.parallel)
+        engine.warm_up()  # the first requests' step shapes, built before serving
         llm = LLM(
             llama,
-            n_parallel=args.parallel,
+            EngineGenerator(engine),
             model_name=args.alias or Path(args.model).name,
             chat_template=template,
         )

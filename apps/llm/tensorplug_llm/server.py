@@ -508,8 +508,12 @@ async def _gather(
 
 
 async def _watch_disconnect(request: Request, stream: Stream) -> None:
-    while not await request.is_disconnected():
-        await asyncio.sleep(0.25)
+    """Cancel ``stream`` when its client goes away. It waits for the connection's
+    ``http.disconnect`` (the body is read by then, so nothing else can come), where
+    polling ``is_disconnected`` every 0.25 s per request took a fifth of the event
+    loop's time with 16 clients: time the engine's thread waits for the GIL."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
     stream.cancel()
 
 

@@ -51,8 +51,10 @@ __all__ = ["EXTENSIONS", "CpuBackend", "CpuGraphPlan", "AbortCallback"]
 #: Called between nodes; a true result cancels the computation.
 AbortCallback = Callable[[], bool]
 #: Plans ``graph_compute`` keeps, most recent first (building one costs 10-20 ms for a
-#: small language model's step, paid again at every prompt/token switch without it).
-PLAN_CACHE = 4
+#: small language model's step on an idle machine, paid again at every prompt/token switch
+#: without it). A server cycles through more: its decode steps (one size per number of
+#: running requests), its padded prompt-step sizes, each at a few context lengths.
+PLAN_CACHE = 16
 
 
 class GraphKey:
