@@ -173,3 +173,16 @@ def f32_from_bits(typingctx: Any, bits: Any) -> Any:
         return builder.bitcast(args[0], ir.FloatType())
 
     return types.float32(types.int32), codegen
+
+
+@intrinsic
+def fmaf(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+    """``a·b + c`` for float32 operands, rounded once (``llvm.fma.f32``: one ``vfmadd``
+    where the CPU has FMA, libm's exact ``fmaf`` where not), as ggml's SIMD code computes
+    its sums; a loop of them still vectorizes."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        f32 = ir.FloatType()
+        return builder.call(_fn(builder, "llvm.fma.f32", f32, f32, f32, f32), list(args))
+
+    return types.float32(types.float32, types.float32, types.float32), codegen

@@ -243,7 +243,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
     raw_mask = None
     if mask4 is not None:
         raw_mask = mask4.view(np.uint16) if mask4.dtype == np.float16 else mask4
-    if jit is not None and n_q <= FEW_QUERIES and k_t.type == v_t.type != Type.BF16:
+    if jit is not None and k_t.type == v_t.type != Type.BF16:
         # F16 caches are read in place as raw halves: no widening step at all
         k_in = padded4(ctx.view(k_t)).view(np.uint16) if k_t.type == Type.F16 else k4
         v_in = padded4(ctx.view(v_t)).view(np.uint16) if v_t.type == Type.F16 else v4
