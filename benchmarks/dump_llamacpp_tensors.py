@@ -33,7 +33,7 @@ class _Tensor(ctypes.Structure):
     """The head of ggml's ``struct ggml_tensor`` (ggml.h; GGML_MAX_DIMS 4,
     GGML_MAX_OP_PARAMS 64, GGML_MAX_SRC 10, GGML_MAX_NAME 64)."""
 
-    _fields_ = [  # noqa: RUF012  # ctypes reads it as a class attribute
+    _fields_ = [  # ctypes reads it as a class attribute
         ("type", ctypes.c_int),
         ("buffer", ctypes.c_void_p),
         ("ne", ctypes.c_int64 * 4),
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         span = sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + 4
         raw = (ctypes.c_char * span).from_address(t.data)
         view = np.lib.stride_tricks.as_strided(
-            np.frombuffer(raw, np.float32), shape=shape, strides=strides
+            np.frombuffer(memoryview(raw), np.float32), shape=shape, strides=strides
         )
         key, seen = f"{name}@{step[0]}", 1
         while key in arrays:  # a name given again (Qcur after its reshape, its rope): NAME#2@STEP
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("llama_decode failed")
         step[0] += 1
     arrays["tokens"] = np.array(tokens, np.int32)
-    np.savez(a.out, **arrays)
+    np.savez(a.out, allow_pickle=False, **arrays)
     print(f"{len(arrays) - 1} tensors of {len(tokens)} tokens written to {a.out}")
     L.llama_free(ctx)
     L.llama_model_free(model)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -176,13 +176,19 @@ def f32_from_bits(typingctx: Any, bits: Any) -> Any:
 
 
 @intrinsic
-def fmaf(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
-    """``a·b + c`` for float32 operands, rounded once (``llvm.fma.f32``: one ``vfmadd``
-    where the CPU has FMA, libm's exact ``fmaf`` where not), as ggml's SIMD code computes
-    its sums; a loop of them still vectorizes."""
+def _fma_f32(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+    """``llvm.fma.f32`` (see :func:`fmaf`)."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         f32 = ir.FloatType()
         return builder.call(_fn(builder, "llvm.fma.f32", f32, f32, f32, f32), list(args))
 
     return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@njit(inline="always")
+def fmaf(a: Any, b: Any, c: Any) -> Any:
+    """``a·b + c`` for float32 operands, rounded once (``llvm.fma.f32``: one ``vfmadd``
+    where the CPU has FMA, libm's exact ``fmaf`` where not), as ggml's SIMD code and
+    GCC's contracted expressions compute; a loop of them still vectorizes."""
+    return _fma_f32(a, b, c)  # type: ignore[call-arg]  # numba supplies typingctx
