@@ -252,7 +252,11 @@ def _attend_rows_ggml(
                 w[g, c] = s + w[g, c]
             ok[g] = _softmax_ggml(w[g], count[g], block)
         # weights · V (ggml's KQV product): visible column c feeds lane c mod 64
-        acc[:] = np.float32(0)
+        # lanes past the last visible column stay 0 and add nothing: never touched
+        for g in range(group):
+            for i in range(min(count[g], DOT_LANES)):
+                for d in range(n_dv):
+                    acc[g, i, d] = np.float32(0)
         for g in range(group):
             if not ok[g]:
                 continue
@@ -274,11 +278,13 @@ def _attend_rows_ggml(
                 for d in range(n_dv):
                     out[b, r, h, d] = nan
                 continue
+            live = min(count[g], DOT_LANES)  # lanes that hold a term
             half = DOT_LANES // 2
             while half >= 1:
-                for i in range(half):
+                for i in range(min(half, max(live - half, 0))):
                     for d in range(n_dv):
                         acc[g, i, d] = acc[g, i, d] + acc[g, i + half, d]
+                live = min(live, half)
                 half //= 2
             for d in range(n_dv):
                 out[b, r, h, d] = acc[g, 0, d]

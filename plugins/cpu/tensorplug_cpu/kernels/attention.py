@@ -204,8 +204,13 @@ def _jit_rope(
 # -- flash attention ---------------------------------------------------------------------------
 
 
-#: Up to this many query rows, flash attention runs in the numba kernel when there is one.
-FEW_QUERIES = 8
+#: Up to this many query rows, flash attention runs in the numba kernel when there is one:
+#: llama.cpp's arithmetic to the bit (``_numba_attention.attend``), the same bits for a
+#: row whatever the other rows of the step. Longer prompts take BLAS's batched products
+#: (an ulp from ggml's sums; the exact kernel's scalar-order loops were 25× slower on a
+#: 128-token prompt): 16 covers generation, batches of up to 16 sequences, and prompts
+#: up to 16 tokens, where ggml itself keeps one order (see ``attend``).
+FEW_QUERIES = 16
 
 
 def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
@@ -243,7 +248,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
     raw_mask = None
     if mask4 is not None:
         raw_mask = mask4.view(np.uint16) if mask4.dtype == np.float16 else mask4
-    if jit is not None and k_t.type == v_t.type != Type.BF16:
+    if jit is not None and n_q <= FEW_QUERIES and k_t.type == v_t.type != Type.BF16:
         # F16 caches are read in place as raw halves: no widening step at all
         k_in = padded4(ctx.view(k_t)).view(np.uint16) if k_t.type == Type.F16 else k4
         v_in = padded4(ctx.view(v_t)).view(np.uint16) if v_t.type == Type.F16 else v4
