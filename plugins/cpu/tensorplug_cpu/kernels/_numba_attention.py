@@ -213,11 +213,12 @@ def _attend_rows_ggml(
     mb = b if has_mask and mask.shape[0] > 1 else 0
     krow = np.empty(n_d, np.float32)
     vrow = np.empty(n_dv, np.float32)
-    qrow = np.empty(n_d, np.float32)
+    qrows = np.empty((group, n_d), np.float32)
     lanes = np.empty(DOT_LANES, np.float32)
     block = np.empty(EXP_LANES, np.float32)
     cols = np.empty((group, max(used, 1)), np.int64)
     w = np.empty((group, max(used, 1)), np.float32)
+    biases = np.empty((group, max(used, 1)), np.float32)
     count = np.empty(group, np.int64)
     ok = np.empty(group, np.bool_)
     acc = np.empty((group, DOT_LANES, n_dv), np.float32)
@@ -227,8 +228,6 @@ def _attend_rows_ggml(
         for g in range(group):
             if g > 0 and not per_head_mask:
                 count[g] = count[0]
-                cols[g, : count[0]] = cols[0, : count[0]]
-                w[g, : count[0]] = w[0, : count[0]]
                 continue
             mh = hk * group + g if per_head_mask else 0
             m = 0
@@ -236,38 +235,40 @@ def _attend_rows_ggml(
                 bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
                 if bias != -np.inf:
                     cols[g, m] = j
-                    w[g, m] = bias
+                    biases[g, m] = bias
                     m += 1
             count[g] = m
-        # scores: q·k (ggml's KQ product), ·scale (its softmax's), soft-capped, + mask
+        # scores: q·k (ggml's KQ product), ·scale (its softmax's), soft-capped, + mask;
+        # with one mask for the group, each K row is widened once for all its heads
         for g in range(group):
-            h = hk * group + g
             for d in range(n_d):
-                qrow[d] = q[b, h, r, d]
-            for c in range(count[g]):
-                _widen_row(k, table, kb, hk, cols[g, c], krow)
-                s = _vec_dot(krow, qrow, n_d, lanes) * sc
-                if cap != 0:
-                    s = cap * np.float32(math.tanh(s))
-                w[g, c] = s + w[g, c]
+                qrows[g, d] = q[b, hk * group + g, r, d]
+        for g0 in range(1 if not per_head_mask else group):
+            for c in range(count[g0]):
+                _widen_row(k, table, kb, hk, cols[g0, c], krow)
+                for g in range(g0, group if not per_head_mask else g0 + 1):
+                    s = _vec_dot(krow, qrows[g], n_d, lanes) * sc
+                    if cap != 0:
+                        s = cap * np.float32(math.tanh(s))
+                    w[g, c] = s + biases[g0, c]
+        for g in range(group):
             ok[g] = _softmax_ggml(w[g], count[g], block)
-        # weights · V (ggml's KQV product): visible column c feeds lane c mod 64
-        # lanes past the last visible column stay 0 and add nothing: never touched
+        # weights · V (ggml's KQV product): visible column c feeds lane c mod 64; lanes
+        # past the last visible column stay 0 and add nothing, so they are never touched
         for g in range(group):
             for i in range(min(count[g], DOT_LANES)):
                 for d in range(n_dv):
                     acc[g, i, d] = np.float32(0)
-        for g in range(group):
-            if not ok[g]:
-                continue
-            for c in range(count[g]):
-                p = w[g, c]
-                if p == 0:  # fma(v, 0, acc) = acc: skipped (and 0·garbage is never read)
-                    continue
-                _widen_row(v, table, kb, hk, cols[g, c], vrow)
-                a = acc[g, c % DOT_LANES]
-                for d in range(n_dv):
-                    a[d] = _ir.fmaf(vrow[d], p, a[d])
+        for g0 in range(1 if not per_head_mask else group):
+            for c in range(count[g0]):
+                _widen_row(v, table, kb, hk, cols[g0, c], vrow)
+                lane = c % DOT_LANES
+                for g in range(g0, group if not per_head_mask else g0 + 1):
+                    p = w[g, c]
+                    if not ok[g] or p == 0:  # fma(v, 0, acc) = acc: skipped
+                        continue
+                    for d in range(n_dv):
+                        acc[g, lane, d] = _ir.fmaf(vrow[d], p, acc[g, lane, d])
         for g in range(group):
             h = hk * group + g
             if not ok[g]:  # sees nothing: zeros, as ggml's flash attention (NaN stays NaN)
