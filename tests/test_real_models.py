@@ -59,6 +59,8 @@ def test_smollm2_logits_are_llama_cpps(smollm2: Llama, i: int) -> None:
     Measured: at most 1.3e-5 at any position of either prompt, the last float32 bits
     of the products' sums (before: 0.25 and 0.45, the attention's order and ``expf``,
     rope's unfused products; 1e-3 is held, a 30th of one 8-bit rounding step's effect)."""
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("ggml's arithmetic is the numba kernels' (numpy computes the same functions)")
     ids = [int(t) for t in SMOLLM2_LOGITS[f"ids{i}"]]
     smollm2.reset()
     got = smollm2.eval(ids, all_logits=True)
@@ -75,6 +77,8 @@ def test_smollm2_tokenizes_and_continues_as_llama_cpp(smollm2: Llama, i: int) ->
     included ("The capital of France is" has one at its 6th token, llama.cpp's two best
     logits 0.034 apart, which the CPU broke the other way while its logits differed by
     up to 0.45)."""
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("ggml's arithmetic is the numba kernels' (numpy computes the same functions)")
     prompt = str(SMOLLM2_LOGITS["prompts"][i])
     ids, want = LLAMA_CPP[prompt]
     assert [int(t) for t in SMOLLM2_LOGITS[f"ids{i}"]] == ids
