@@ -427,7 +427,7 @@ from tensorplug_cpu.kernels import _numba_attention as attention, _numba_ir as i
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
 ir.HAS_F16C = {f16c}  # then compiled afresh (the disk cache does not know it)
-attend = numba.njit(fastmath=attention._DOT, parallel=True)(attention.attend.py_func)
+attend = numba.njit(parallel=True)(attention.attend.py_func)
 rng = np.random.default_rng(3)
 q = rng.standard_normal((1, 6, 2, 24)).astype(np.float32)
 k16 = rng.standard_normal((1, 2, 40, 24)).astype(np.float16)

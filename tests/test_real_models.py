@@ -53,42 +53,45 @@ SMOLLM2_LOGITS = np.load(Path(__file__).parent / "data" / "smollm2_llamacpp.npz"
 
 @pytest.mark.parametrize("i", range(len(SMOLLM2_LOGITS["prompts"])))
 def test_smollm2_logits_are_llama_cpps(smollm2: Llama, i: int) -> None:
-    """The CPU rounds activations as ggml does (Q8_1 for Q4_1 weights, Q8_0 for the Q8_0
-    output layer), so the first positions' logits are llama.cpp's to the bit (measured:
-    0 at positions 0-3 of both prompts; 0.12-0.52 with exact float32 activations).
-    Later positions part by up to 0.45 (measured 0.25 and 0.45; 0.25-0.62 before): a
-    difference outside the products, not yet found, that starts at the fifth token."""
+    """The CPU computes llama.cpp's float32 arithmetic: activations rounded as ggml does
+    (Q8_1 for Q4_1 weights, Q8_0 for the Q8_0 output layer), and attention, rope and
+    SiLU operation for operation as ggml's CPU (``tensorplug_cpu.kernels.attention``).
+    Measured: at most 1.3e-5 at any position of either prompt, the last float32 bits
+    of the products' sums (before: 0.25 and 0.45, the attention's order and ``expf``,
+    rope's unfused products; 1e-3 is held, a 30th of one 8-bit rounding step's effect)."""
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("ggml's arithmetic is the numba kernels' (numpy computes the same functions)")
     ids = [int(t) for t in SMOLLM2_LOGITS[f"ids{i}"]]
     smollm2.reset()
     got = smollm2.eval(ids, all_logits=True)
     want = SMOLLM2_LOGITS[f"top_logits{i}"]
     mine = np.take_along_axis(got, SMOLLM2_LOGITS[f"top_ids{i}"], axis=1)
     errors = np.abs(mine - want).max(axis=1)
-    assert errors[:4].max() <= 0.05, errors
-    assert errors.max() <= 1.0, errors
+    assert errors.max() <= 1e-3, errors
     assert (got.argmax(axis=1) == SMOLLM2_LOGITS[f"top_ids{i}"][:, 0]).all()
 
 
 @pytest.mark.parametrize("i", range(len(SMOLLM2_LOGITS["prompts"])))
 def test_smollm2_tokenizes_and_continues_as_llama_cpp(smollm2: Llama, i: int) -> None:
-    """The same ids for the prompt, then llama.cpp's greedy tokens up to the first step
-    where its two best logits are within 0.05 (a near-tie either engine may break: "The
-    capital of France is" has one at its 6th token, 0.034), or all 12."""
+    """The same ids for the prompt, then all 12 of llama.cpp's greedy tokens, near-ties
+    included ("The capital of France is" has one at its 6th token, llama.cpp's two best
+    logits 0.034 apart, which the CPU broke the other way while its logits differed by
+    up to 0.45)."""
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("ggml's arithmetic is the numba kernels' (numpy computes the same functions)")
     prompt = str(SMOLLM2_LOGITS["prompts"][i])
     ids, want = LLAMA_CPP[prompt]
     assert [int(t) for t in SMOLLM2_LOGITS[f"ids{i}"]] == ids
     assert [int(t) for t in SMOLLM2_LOGITS[f"gen{i}"]] == want
-    ties = np.flatnonzero(SMOLLM2_LOGITS[f"gaps{i}"] <= 0.05)
-    n = int(ties[0]) + 1 if ties.size else len(want)  # the near-tie's own token included
     assert smollm2.vocab is not None
     assert smollm2.vocab.encode(prompt) == ids
     smollm2.reset()
     tok = int(np.atleast_2d(smollm2.eval(ids))[-1].argmax())
     got = []
-    for _ in range(n - 1):
+    for _ in range(len(want)):
         got.append(tok)
         tok = int(np.atleast_2d(smollm2.eval([tok]))[-1].argmax())
-    assert got == want[: n - 1]
+    assert got == want
 
 
 GEMMA3_LLAMA_CPP = {

@@ -21,8 +21,7 @@ from numba.extending import intrinsic, overload
 
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
-from ._numba_quant import _DOT
-from ._numba_rows import expf
+from ._numba_rows import expf, ggml_expf
 
 
 def _value(a: Any, table: Any, i: int, j: int, r: int, d: int) -> Any:
@@ -132,91 +131,171 @@ def visible_columns(mask: Any, table: Any) -> int:
     return 1
 
 
-@njit(inline="always", fastmath=_DOT)
-def _attend_kv_head(
+#: Lanes of ggml's ``ggml_vec_dot_f32`` on AVX-512: four registers of 16 floats.
+DOT_LANES = 64
+#: Lanes of one ``ggml_v_expf`` vector, whose sum ``ggml_vec_soft_max_f32`` adds at once.
+EXP_LANES = 16
+
+
+@njit(inline="always")
+def _halve(lanes: Any, n: int) -> Any:
+    """``lanes[0] + … + lanes[n−1]`` (n a power of two, the array overwritten) by adding
+    the top half onto the bottom until one is left: ggml's reduction of its four
+    accumulators (``x0+x2``, ``x1+x3``, then ``x0+x1``) followed by
+    ``_mm512_reduce_add_ps`` (8, 4, 2, 1) is exactly this tree."""
+    h = n // 2
+    while h >= 1:
+        for i in range(h):
+            lanes[i] = lanes[i] + lanes[i + h]
+        h //= 2
+    return lanes[0]
+
+
+@njit(inline="always")
+def _vec_dot(x: Any, y: Any, n: int, lanes: Any) -> Any:
+    """``Σ x_i·y_i`` as ``ggml_vec_dot_f32`` on AVX-512: lane ``i mod 64`` accumulates
+    its terms with fused multiply-adds over each full run of 64, the 64 lanes are
+    halved down to one, and the leftover terms are fused on one by one."""
+    whole = n - n % DOT_LANES
+    lanes[:] = np.float32(0)
+    for i0 in range(0, whole, DOT_LANES):
+        for i in range(DOT_LANES):
+            lanes[i] = _ir.fmaf(x[i0 + i], y[i0 + i], lanes[i])
+    s = _halve(lanes, DOT_LANES)
+    for i in range(whole, n):
+        s = _ir.fmaf(x[i], y[i], s)
+    return s
+
+
+@njit(inline="always")
+def _softmax_ggml(w: Any, m: int, block: Any) -> Any:
+    """Turn the scores ``w[:m]`` into softmax weights in place and return their float64
+    sum's float32 reciprocal's product form, as ``ggml_compute_forward_soft_max_f32``
+    with ``ggml_vec_soft_max_f32``: ``e = ggml_v_expf(w − max)`` per 16 lanes, each run of
+    16 summed by the 8-4-2-1 tree in float32 and added to a float64 total, then every
+    ``e`` multiplied by ``float(1/total)``. Runs are counted in visible columns (the
+    hidden ones are 0 in ggml and add nothing). Returns False for a row with no
+    finite score (left as is for the caller to zero)."""
+    best = np.float32(-np.inf)
+    for c in range(m):
+        best = w[c] if w[c] > best else best
+    if best == -np.inf:
+        return False
+    total = 0.0
+    for c0 in range(0, m, EXP_LANES):
+        for i in range(EXP_LANES):
+            c = c0 + i
+            if c < m:
+                e = ggml_expf(w[c] - best)
+                w[c] = e
+                block[i] = e
+            else:
+                block[i] = np.float32(0)
+        total += np.float64(_halve(block, EXP_LANES))
+    inv = np.float32(1.0 / total)  # NaN for a NaN score: the row comes out NaN, as ggml's
+    for c in range(m):
+        w[c] = w[c] * inv
+    return True
+
+
+@njit(inline="always")
+def _attend_rows_ggml(
     q: Any, k: Any, v: Any, mask: Any, used: int, scale: float, softcap: float, out: Any,
-    table: Any, b: int, hk: int,
+    table: Any, b: int, hk: int, r0: int, r1: int,
 ) -> None:  # fmt: skip
-    """:func:`attend` for the query heads of batch ``b`` that share KV head ``hk``."""
-    n_q, n_d = q.shape[2], q.shape[3]
-    n_dv = v.shape[3]
+    """:func:`attend` for query rows ``[r0, r1)`` of the query heads of batch ``b`` that
+    share KV head ``hk``, in llama.cpp's arithmetic (see :func:`attend`)."""
+    n_d, n_dv = q.shape[3], v.shape[3]
     group = q.shape[1] // k.shape[1]
     has_mask = mask.shape[0] > 0
     per_head_mask = has_mask and mask.shape[1] > 1
-    krow = np.empty(n_d, np.float32)
-    vrow = np.empty(n_dv, np.float32)
-    qrows = np.empty((group, n_d), np.float32)  # contiguous, so the dot vectorizes
-    weights = np.empty((group, used), np.float32)
-    acc = np.empty((group, n_dv), np.float32)
-    total = np.empty(group, np.float32)
     kb = b if k.shape[0] > 1 else 0
     mb = b if has_mask and mask.shape[0] > 1 else 0
-    for r in range(n_q):
+    krow = np.empty(n_d, np.float32)
+    vrow = np.empty(n_dv, np.float32)
+    qrows = np.empty((group, n_d), np.float32)
+    lanes = np.empty(DOT_LANES, np.float32)
+    block = np.empty(EXP_LANES, np.float32)
+    cols = np.empty((group, max(used, 1)), np.int64)
+    w = np.empty((group, max(used, 1)), np.float32)
+    biases = np.empty((group, max(used, 1)), np.float32)
+    count = np.empty(group, np.int64)
+    ok = np.empty(group, np.bool_)
+    acc = np.empty((group, DOT_LANES, n_dv), np.float32)
+    sc, cap = np.float32(scale), np.float32(softcap)
+    for r in range(r0, r1):
+        # the columns each head sees, in cache order: their rank sets the lanes
+        for g in range(group):
+            if g > 0 and not per_head_mask:
+                count[g] = count[0]
+                continue
+            mh = hk * group + g if per_head_mask else 0
+            m = 0
+            for j in range(used):
+                bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
+                if bias != -np.inf:
+                    cols[g, m] = j
+                    biases[g, m] = bias
+                    m += 1
+            count[g] = m
+        # scores: q·k (ggml's KQ product), ·scale (its softmax's), soft-capped, + mask;
+        # with one mask for the group, each K row is widened once for all its heads
         for g in range(group):
             for d in range(n_d):
-                qrows[g, d] = q[b, hk * group + g, r, d] * np.float32(scale)
-        for j in range(used):
-            seen = not has_mask
-            if has_mask and not per_head_mask:  # one mask for every head: read once
-                bias = _value(mask, table, mb, 0, r, j)
-                for g in range(group):
-                    weights[g, j] = bias
-                seen = bias != -np.inf
-            else:
-                for g in range(group):
-                    mh = hk * group + g if per_head_mask else 0
-                    bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
-                    weights[g, j] = bias
-                    seen = seen or bias != -np.inf
-            if not seen:
-                continue
-            _widen_row(k, table, kb, hk, j, krow)
-            for g in range(group):
-                if weights[g, j] == -np.inf:
-                    continue
-                s = np.float32(0)
-                for d in range(n_d):
-                    s += qrows[g, d] * krow[d]
-                if softcap != 0:
-                    s = softcap * math.tanh(s)
-                weights[g, j] += s
+                qrows[g, d] = q[b, hk * group + g, r, d]
+        for g0 in range(1 if not per_head_mask else group):
+            for c in range(count[g0]):
+                _widen_row(k, table, kb, hk, cols[g0, c], krow)
+                for g in range(g0, group if not per_head_mask else g0 + 1):
+                    s = _vec_dot(krow, qrows[g], n_d, lanes) * sc
+                    if cap != 0:
+                        s = cap * np.float32(math.tanh(s))
+                    w[g, c] = s + biases[g0, c]
         for g in range(group):
-            wg = weights[g]
-            best = np.float32(-np.inf)
-            for j in range(used):
-                best = max(best, wg[j])
-            t = np.float32(0)
-            if best != -np.inf:
-                for j in range(used):  # expf has no branch and no call: this vectorizes
-                    p = expf(wg[j] - best)  # 0 where masked, NaN for a NaN score
-                    wg[j] = p
-                    t += p
-            else:  # max skips NaN: scores all NaN (a NaN query) or -inf look alike
-                for j in range(used):
-                    if wg[j] != wg[j]:
-                        t = np.float32(np.nan)
-            total[g] = t  # NaN for a NaN score, as ggml's sum: the row comes out NaN
-        acc[:] = 0
-        for j in range(used):
-            seen = False
-            for g in range(group):
-                seen = seen or (total[g] > 0 and weights[g, j] != 0)
-            if not seen:
-                continue
-            _widen_row(v, table, kb, hk, j, vrow)
-            for g in range(group):
-                p = weights[g, j]
-                if total[g] > 0 and p != 0:  # 0·garbage in a masked row could be NaN
+            ok[g] = _softmax_ggml(w[g], count[g], block)
+        # weights · V (ggml's KQV product): visible column c feeds lane c mod 64; lanes
+        # past the last visible column stay 0 and add nothing, so they are never touched
+        for g in range(group):
+            for i in range(min(count[g], DOT_LANES)):
+                for d in range(n_dv):
+                    acc[g, i, d] = np.float32(0)
+        for g0 in range(1 if not per_head_mask else group):
+            for c in range(count[g0]):
+                _widen_row(v, table, kb, hk, cols[g0, c], vrow)
+                lane = c % DOT_LANES
+                for g in range(g0, group if not per_head_mask else g0 + 1):
+                    p = w[g, c]
+                    if not ok[g] or p == 0:  # fma(v, 0, acc) = acc: skipped
+                        continue
                     for d in range(n_dv):
-                        acc[g, d] += p * vrow[d]
+                        acc[g, lane, d] = _ir.fmaf(vrow[d], p, acc[g, lane, d])
         for g in range(group):
             h = hk * group + g
+            if not ok[g]:  # sees nothing: zeros, as ggml's flash attention (NaN stays NaN)
+                nan = np.float32(0)
+                for c in range(count[g]):
+                    if w[g, c] != w[g, c]:
+                        nan = np.float32(np.nan)
+                for d in range(n_dv):
+                    out[b, r, h, d] = nan
+                continue
+            live = min(count[g], DOT_LANES)  # lanes that hold a term
+            half = DOT_LANES // 2
+            while half >= 1:
+                for i in range(min(half, max(live - half, 0))):
+                    for d in range(n_dv):
+                        acc[g, i, d] = acc[g, i, d] + acc[g, i + half, d]
+                live = min(live, half)
+                half //= 2
             for d in range(n_dv):
-                # ggml's S == 0 ? 0 : 1/S: zeros for a row that sees nothing, NaN for NaN
-                out[b, r, h, d] = acc[g, d] / total[g] if total[g] != 0 else np.float32(0)
+                out[b, r, h, d] = acc[g, 0, d]
 
 
-@kernel(fastmath=_DOT, parallel=True)
+#: Query rows per task of the parallel kernel (any split gives the same bits).
+ROWS_PER_TASK = 16
+
+
+@kernel(parallel=True)
 def attend(
     q: Any,
     k: Any,
@@ -237,20 +316,30 @@ def attend(
     (B, n_q, H, Dv). A query that sees no row gets zeros, as in ggml, and a masked row
     (-inf) is never read, so garbage in it cannot reach the result.
 
-    Three passes per query row, the query heads sharing a KV head together (each cache
-    row is widened once for all of them): every score, then each head's softmax weights
-    (with :func:`expf`, which vectorizes: ``math.exp`` is a call per weight), then the
-    weighted sum of V rows. Two walks over the cache cost less than an online softmax
-    here: its running maximum made every step wait on the last one's ``exp`` and
-    rescale the accumulator (12 heads over 4 KV heads, 150 F16 rows, one core: 49 µs
-    online against 37 µs in passes). The KV heads are shared out across threads.
+    The arithmetic is llama.cpp's CPU attention as llama-cpp-python runs it (no flash
+    attention: ``mul_mat(k, q)``, ``soft_max_ext``, ``mul_mat(v, kq)``), operation for
+    operation, so the result is ggml's to the bit: each score by ``ggml_vec_dot_f32``'s
+    64 fused lanes and halving tree, ggml's softmax (:func:`_softmax_ggml`), and each
+    output value by ``ggml_vec_dot_f32`` over the weights. Where ggml puts cache cell
+    ``j`` in lane ``j mod 64``, here the ``c``-th *visible* cell takes lane ``c mod 64``:
+    the same for one sequence in cells ``0…n`` (how llama.cpp fills its cache), and a
+    row's bits then depend on nothing it cannot see (where its cells lie, other
+    sequences' cells, how many query rows share the step). ggml itself switches the
+    weights·V product to tinyBLAS's 16-lane order for two query rows or more; here one
+    order holds for any number of rows (the same up to 16 visible cells), so batching
+    changes nothing. Fused multiply-adds are exact ``llvm.fma`` calls and no fast-math
+    reorders them. Tasks are (batch, KV head, run of query rows) on numba's threads.
     """
-    n_b, n_hk = q.shape[0], k.shape[1]
-    for bh in prange(n_b * n_hk):  # each KV head's query heads on one thread
-        _attend_kv_head(q, k, v, mask, used, scale, softcap, out, table, bh // n_hk, bh % n_hk)
+    n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
+    runs = (n_q + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for t in prange(n_b * n_hk * runs):
+        bh, run = t // runs, t % runs
+        r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
+        _attend_rows_ggml(q, k, v, mask, used, scale, softcap, out, table, bh // n_hk,
+                          bh % n_hk, run * ROWS_PER_TASK, r1)  # fmt: skip
 
 
-@kernel(fastmath=_DOT, nogil=True)
+@kernel(nogil=True)
 def attend_serial(
     q: Any,
     k: Any,
@@ -264,9 +353,10 @@ def attend_serial(
 ) -> None:
     """:func:`attend` on the calling thread, without a parallel region (for a short
     cache, a thread woken for its share cost more than the share)."""
-    n_b, n_hk = q.shape[0], k.shape[1]
+    n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
     for bh in range(n_b * n_hk):
-        _attend_kv_head(q, k, v, mask, used, scale, softcap, out, table, bh // n_hk, bh % n_hk)
+        _attend_rows_ggml(q, k, v, mask, used, scale, softcap, out, table, bh // n_hk,
+                          bh % n_hk, 0, n_q)  # fmt: skip
 
 
 @kernel(nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -173,3 +173,22 @@ def f32_from_bits(typingctx: Any, bits: Any) -> Any:
         return builder.bitcast(args[0], ir.FloatType())
 
     return types.float32(types.int32), codegen
+
+
+@intrinsic
+def _fma_f32(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+    """``llvm.fma.f32`` (see :func:`fmaf`)."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        f32 = ir.FloatType()
+        return builder.call(_fn(builder, "llvm.fma.f32", f32, f32, f32, f32), list(args))
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@njit(inline="always")
+def fmaf(a: Any, b: Any, c: Any) -> Any:
+    """``a·b + c`` for float32 operands, rounded once (``llvm.fma.f32``: one ``vfmadd``
+    where the CPU has FMA, libm's exact ``fmaf`` where not), as ggml's SIMD code and
+    GCC's contracted expressions compute; a loop of them still vectorizes."""
+    return _fma_f32(a, b, c)  # type: ignore[call-arg]  # numba supplies typingctx

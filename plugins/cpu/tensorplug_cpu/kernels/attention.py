@@ -204,8 +204,13 @@ def _jit_rope(
 # -- flash attention ---------------------------------------------------------------------------
 
 
-#: Up to this many query rows, flash attention runs in the numba kernel when there is one.
-FEW_QUERIES = 8
+#: Up to this many query rows, flash attention runs in the numba kernel when there is one:
+#: llama.cpp's arithmetic to the bit (``_numba_attention.attend``), the same bits for a
+#: row whatever the other rows of the step. Longer prompts take BLAS's batched products
+#: (an ulp from ggml's sums; the exact kernel's scalar-order loops were 25× slower on a
+#: 128-token prompt): 16 covers generation, batches of up to 16 sequences, and prompts
+#: up to 16 tokens, where ggml itself keeps one order (see ``attend``).
+FEW_QUERIES = 16
 
 
 def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:

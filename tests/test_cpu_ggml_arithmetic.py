@@ -1,0 +1,236 @@
+"""The CPU's attention, rope and SwiGLU compute ggml's float32 arithmetic bit for bit.
+
+llama.cpp rounds activations to 8 bits before each quantized product, so one ulp
+anywhere can tip a rounding and grow into a visible logit difference (SmolLM2 differed
+by up to 0.8 from its fifth token on while these three ops were off by an ulp). Held
+here: llama.cpp's own inputs and outputs of one SmolLM2 layer (recorded by
+``tests/data/make_ggml_ops_fixture.py``), a float64 re-statement of ggml's order of
+operations (:func:`_ggml_attention`) on shapes the model does not cover, and the
+invariance batching needs: a query row's bits do not depend on the rows beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_cpu_helpers import backend_for, compute
+
+import tensorplug as tp
+from tensorplug import ops
+
+# the numpy fallback computes the same functions, not ggml's float32 order
+pytest.importorskip("numba", reason="ggml's arithmetic is the numba kernels'")
+OPS = np.load(Path(__file__).parent / "data" / "ggml_ops_llamacpp.npz")
+HEADS, KV_HEADS, DIM = 9, 3, 64
+
+
+def _attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
+    threads: int = 2, jit: bool = True,
+) -> np.ndarray:  # fmt: skip
+    """flash_attn_ext on the CPU backend: q (B, H, n_q, D), k/v (B, H_kv, n_kv, D) F32."""
+    tq = tp.new_tensor("f32", q.shape, "q")
+    tk = tp.new_tensor("f32", k.shape, "k")
+    tv = tp.new_tensor("f32", v.shape, "v")
+    tm = tp.new_tensor("f32", mask.shape, "mask")
+    out = ops.flash_attn_ext(tq, tk, tv, tm, scale=scale)
+    backend = backend_for(jit=jit)
+    tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+    compute(out, {tq: q, tk: k, tv: v, tm: mask}, backend)
+    return tp.get_array(out).copy()
+
+
+def _heads_first(x: np.ndarray) -> np.ndarray:
+    """(n, H, D) as the op's (1, H, n, D)."""
+    return np.ascontiguousarray(x.transpose(1, 0, 2))[None]
+
+
+# -- llama.cpp's own tensors -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_of_each_generated_token_is_llama_cpps(threads: int) -> None:
+    """Token by token, step ``s`` attends to cache rows 0…s, here in a cache padded to
+    32 rows with -inf (as the runner pads it): llama.cpp's kqv_out, bit for bit."""
+    q, k, v, want = OPS["step_q"], OPS["step_k"], OPS["step_v"], OPS["step_out"]
+    n = q.shape[0]
+    pad = np.zeros((32 - n, KV_HEADS, DIM), np.float32)
+    kc, vc = _heads_first(np.concatenate([k, pad])), _heads_first(np.concatenate([v, pad]))
+    for s in range(n):
+        mask = np.zeros((1, 1, 1, 32), np.float32)
+        mask[..., s + 1 :] = -np.inf
+        got = _attention(_heads_first(q[s : s + 1]), kc, vc, mask, DIM**-0.5, threads)
+        np.testing.assert_array_equal(got.reshape(-1), want[s], err_msg=f"step {s}")
+
+
+def test_attention_of_a_prompt_is_llama_cpps() -> None:
+    """A 16-token prompt at once: llama.cpp's rows bit for bit (they see cells 0…15 only,
+    so a 26-token prompt's first 16 rows are theirs). From the 17th visible cell on,
+    ggml multiplies weights by V in tinyBLAS's order (16 fused lanes) for two query rows
+    or more, where one token takes ``ggml_vec_dot_f32``'s (64 lanes); the CPU keeps the
+    latter, and prompts of more than 16 rows take BLAS: a few ulp off."""
+    q, k, v, want = OPS["prompt_q"], OPS["prompt_k"], OPS["prompt_v"], OPS["prompt_out"]
+    for n in (16, q.shape[0]):
+        mask = np.triu(np.full((n, n), -np.inf, np.float32), 1)[None, None]
+        got = _attention(_heads_first(q[:n]), _heads_first(k[:n]), _heads_first(v[:n]), mask,
+                         DIM**-0.5)  # fmt: skip
+        got = got.reshape(n, -1)
+        if n == 16:
+            np.testing.assert_array_equal(got, want[:16])
+        else:
+            assert np.abs(got - want).max() <= 2e-6  # measured 8.4e-7
+
+
+def test_rope_is_llama_cpps() -> None:
+    """ggml's ``x0·cos − x1·sin`` and ``x0·sin + x1·cos`` with the first product fused (GCC
+    contracts them): unfused, 15% of these values were an ulp off."""
+    x = tp.new_tensor("f32", OPS["rope_in"].shape, "x")
+    pos = tp.new_tensor("i32", (x.shape[0],), "pos")
+    out = ops.rope(x, pos, DIM, tp.RopeMode.NORMAL, freq_base=100000.0)
+    compute(out, {x: OPS["rope_in"], pos: np.arange(x.shape[0], dtype=np.int32)})
+    np.testing.assert_array_equal(tp.get_array(out), OPS["rope_out"])
+
+
+def test_swiglu_is_llama_cpps() -> None:
+    """SiLU's ``e^−x`` is ggml's vector ``ggml_v_expf``, bit for bit."""
+    a = tp.new_tensor("f32", OPS["gate"].shape, "a")
+    b = tp.new_tensor("f32", OPS["up"].shape, "b")
+    out = ops.swiglu(a, b)
+    compute(out, {a: OPS["gate"], b: OPS["up"]})
+    np.testing.assert_array_equal(tp.get_array(out), OPS["swiglu"])
+
+
+# -- ggml's order of operations, restated in float64 ----------------------------------
+
+
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 ``a·b + c`` rounded once: the product is exact in float64 (24 + 24 bits)
+    and the sum rounded there, then to float32 (a double rounding that is wrong only
+    where the float64 sum lands exactly halfway between two floats: not in these data)."""
+    f64 = np.float64
+    return (np.asarray(a, f64) * np.asarray(b, f64) + np.asarray(c, f64)).astype(np.float32)
+
+
+def _halve(lanes: np.ndarray) -> np.float32:
+    """Add the top half of the lanes onto the bottom until one is left (ggml's reduction of
+    its four accumulators, then ``_mm512_reduce_add_ps``)."""
+    lanes = lanes.astype(np.float32)
+    while lanes.size > 1:
+        h = lanes.size // 2
+        lanes = (lanes[:h] + lanes[h:]).astype(np.float32)
+    return lanes[0]
+
+
+def _vec_dot(x: np.ndarray, y: np.ndarray) -> np.float32:
+    """``ggml_vec_dot_f32`` on AVX-512: 64 fused lanes per run of 64, halved, then the
+    leftover terms fused one by one."""
+    n = x.size
+    whole = n - n % 64
+    lanes = np.zeros(64, np.float32)
+    for i0 in range(0, whole, 64):
+        lanes = _fma(x[i0 : i0 + 64], y[i0 : i0 + 64], lanes)
+    s = np.array(_halve(lanes), np.float32)
+    for i in range(whole, n):
+        s = _fma(x[i], y[i], s)
+    return np.float32(s)
+
+
+def _ggml_expf(x: np.ndarray) -> np.ndarray:
+    """``ggml_v_expf`` (ggml-cpu/vec.h) in float64 steps rounded as its float32 ones."""
+    f = np.float32
+    x = np.asarray(x, f)
+    hexes = ("0x1.8p23", "0x1.715476p+0", "0x1.62e4p-1", "0x1.7f7d1cp-20", "0x1.0e4020p-7",
+             "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")  # fmt: skip
+    c = [f(float.fromhex(h)) for h in hexes]
+    r, log2e, hi, lo, c0, c1, c2, c3, c4 = c
+    z = _fma(x, log2e, r)
+    n = (z - r).astype(f)
+    b = _fma(-n, lo, _fma(-n, hi, x))
+    u = (b * b).astype(f)
+    j = _fma(_fma(_fma(c0, b, c1), u, _fma(c2, b, c3)), u, _fma(c4, b, f(1)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        res = np.ldexp(j.astype(np.float64), np.clip(n, -192, 192).astype(np.int64)).astype(f)
+    return np.where(np.abs(n) > 192, np.where(n > 0, f(np.inf), f(0)), res).astype(f)
+
+
+def _ggml_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,
+                    scale: float) -> np.ndarray:  # fmt: skip
+    """One query row ``q`` (D,) over the visible rows of ``k`` (n, D) and ``v`` (n, Dv), as
+    llama.cpp's ``mul_mat(k, q)``, ``soft_max_ext``, ``mul_mat(v, kq)`` (one token), the
+    visible rows in cache order packed to the front (as one sequence's cells are)."""
+    ks, vs = k[visible], v[visible]
+    m = ks.shape[0]
+    s = np.array([_vec_dot(kj, q) for kj in ks], np.float32) * np.float32(scale)
+    e = _ggml_expf((s - s.max()).astype(np.float32))
+    padded = np.concatenate([e, np.zeros(-m % 16, np.float32)])
+    total = sum(float(_halve(blk)) for blk in padded.reshape(-1, 16))  # float64 sum
+    p = (e * np.float32(1.0 / total)).astype(np.float32)
+    p = np.concatenate([p, np.zeros(-m % 64, np.float32)])
+    vp = np.concatenate([vs, np.zeros((-m % 64, vs.shape[1]), np.float32)])
+    return np.array([_vec_dot(vp[:, d], p) for d in range(vs.shape[1])], np.float32)
+
+
+@pytest.mark.parametrize(("dim", "n_kv"), [(64, 150), (80, 70), (40, 9)])
+def test_attention_follows_ggmls_order(dim: int, n_kv: int) -> None:
+    """Against the float64 re-statement: a head size with leftover terms (80, 40), more
+    visible rows than one run of 64 lanes and than one 16-wide exp block, rows hidden
+    in the middle (another sequence's cells), 2 query heads per KV head."""
+    rng = np.random.default_rng(dim + n_kv)
+    h, hk = 4, 2
+    q = rng.standard_normal((1, h, 3, dim)).astype(np.float32)
+    k = rng.standard_normal((1, hk, n_kv, dim)).astype(np.float32)
+    v = rng.standard_normal((1, hk, n_kv, dim)).astype(np.float32)
+    mask = np.zeros((1, 1, 3, n_kv), np.float32)
+    mask[0, 0, :, 3::5] = -np.inf  # cells of other sequences
+    mask[0, 0, 1, n_kv // 2 :] = -np.inf  # a row that sees fewer
+    got = _attention(q, k, v, mask, 0.3)
+    for r in range(3):
+        visible = np.flatnonzero(mask[0, 0, r] == 0)
+        for head in range(h):
+            want = _ggml_attention(q[0, head, r], k[0, head // 2], v[0, head // 2], visible, 0.3)
+            np.testing.assert_array_equal(got[0, r, head], want, err_msg=f"row {r} head {head}")
+
+
+def test_ggml_expf_over_its_range() -> None:
+    """SiLU through the op against ``x / (1 + ggml_v_expf(−x))`` restated: every float32
+    in steps over [−105, 105] (both overflow sides and subnormal results), and ±inf."""
+    x = np.concatenate([np.linspace(-105, 105, 20011, dtype=np.float32), [-np.inf, np.inf]])
+    x = x.astype(np.float32)[None]
+    a = tp.new_tensor("f32", x.shape, "a")
+    b = tp.new_tensor("f32", x.shape, "b")
+    out = ops.swiglu(a, b)
+    compute(out, {a: x, b: np.ones_like(x)})
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = (x / (np.float32(1) + _ggml_expf(-x))).astype(np.float32)
+    np.testing.assert_array_equal(tp.get_array(out), want)
+
+
+# -- batching changes nothing ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_attention_is_the_same_alone_and_in_a_batch(threads: int) -> None:
+    """One sequence's query row alone over its own 40 cells, then the same row among 6
+    query rows of three sequences whose cells are interleaved with its own in one cache
+    view (the engine's unified cache), the others' cells masked with -inf for it: the
+    same bits, at one thread and two."""
+    rng = np.random.default_rng(37)
+    n_own, dim = 40, 64
+    q_row = rng.standard_normal((1, 4, 1, dim)).astype(np.float32)
+    k_own = rng.standard_normal((1, 2, n_own, dim)).astype(np.float32)
+    v_own = rng.standard_normal((1, 2, n_own, dim)).astype(np.float32)
+    alone = _attention(q_row, k_own, v_own, np.zeros((1, 1, 1, n_own), np.float32), 0.125,
+                       threads)  # fmt: skip
+    n_kv = 3 * n_own
+    owner = np.arange(n_kv) % 3  # cells of sequences 0, 1, 2 interleaved
+    k = rng.standard_normal((1, 2, n_kv, dim)).astype(np.float32)
+    v = rng.standard_normal((1, 2, n_kv, dim)).astype(np.float32)
+    k[:, :, owner == 1], v[:, :, owner == 1] = k_own, v_own
+    q = rng.standard_normal((1, 4, 6, dim)).astype(np.float32)
+    q[:, :, 4] = q_row[:, :, 0]
+    seq_of_row = np.array([0, 2, 0, 2, 1, 1])
+    mask = np.where(owner[None, :] == seq_of_row[:, None], 0, -np.inf).astype(np.float32)
+    batched = _attention(q, k, v, mask[None, None], 0.125, threads)
+    np.testing.assert_array_equal(batched[:, 4], alone[:, 0])
