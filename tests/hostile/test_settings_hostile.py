@@ -127,3 +127,22 @@ def test_a_thread_governor_refuses_nan_and_impossible_options(
     with pytest.raises(tp.InvalidArgumentError) as info:
         ThreadGovernor(lambda n: None, 2, **option)  # type: ignore[arg-type]
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "rows"), [("16", 16), ("0", 0), (" ALL ", 2**62), ("all", 2**62)]
+)
+def test_exact_attention_rows_reads_a_count_or_all(value: str, rows: int) -> None:
+    from tensorplug_cpu.settings import EXACT_ATTENTION_ROWS
+
+    assert EXACT_ATTENTION_ROWS.get({"TENSORPLUG_CPU_EXACT_ATTENTION_ROWS": value}) == rows
+    assert EXACT_ATTENTION_ROWS.get({}) == 16
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1.5"])
+def test_exact_attention_rows_refuses_what_it_cannot_read(value: str) -> None:
+    from tensorplug.settings import SettingError
+    from tensorplug_cpu.settings import EXACT_ATTENTION_ROWS
+
+    with pytest.raises(SettingError, match="TENSORPLUG_CPU_EXACT_ATTENTION_ROWS"):
+        EXACT_ATTENTION_ROWS.get({"TENSORPLUG_CPU_EXACT_ATTENTION_ROWS": value})

@@ -12,6 +12,7 @@ import os
 from tensorplug.settings import Setting, parse_flag
 
 __all__ = [
+    "EXACT_ATTENTION_ROWS",
     "JIT",
     "MAX_NUMBA_THREADS",
     "NUMBA_LAYERS",
@@ -52,6 +53,28 @@ JIT: Setting[bool] = Setting(
     example="0",
 )
 
+
+def _rows(value: str) -> int:
+    if value.strip().lower() == "all":
+        return 2**62
+    n = int(value)
+    if n < 0:
+        raise ValueError("a number of query rows (0 or more), or 'all'")
+    return n
+
+
+EXACT_ATTENTION_ROWS: Setting[int] = Setting(
+    "TENSORPLUG_CPU_EXACT_ATTENTION_ROWS",
+    16,
+    _rows,
+    "query rows up to which attention runs llama.cpp's arithmetic, one row at a time "
+    "(so a row's numbers do not depend on the rows beside it); steps with more rows use "
+    "BLAS, which is faster on prompts but rounds by the step's row count. 'all': a "
+    "server's batching changes no bit at any step size (a 128-token prompt's attention "
+    "then costs about 25x).",
+    example="all",
+)
+
 # numba's own variables, read by numba when it is imported: declared here so that they
 # are checked before it reads them (a bad value crashed the process or failed at the
 # first parallel kernel, deep in numba) and listed with the plugin's settings
@@ -74,4 +97,4 @@ THREADING_LAYER: Setting[str] = Setting(
 )
 
 #: every setting of the plugin
-SETTINGS = (JIT, NUMBA_THREADS, THREADING_LAYER)
+SETTINGS = (JIT, EXACT_ATTENTION_ROWS, NUMBA_THREADS, THREADING_LAYER)

@@ -20,6 +20,7 @@ from tensorplug.opcodes import RopeMode
 from tensorplug.opmath import alibi_slopes, rope_yarn_corr_dims
 from tensorplug.types import Type
 
+from ..settings import EXACT_ATTENTION_ROWS
 from ..workers import POOL
 from .common import F32, BuildContext, Step, padded4, sequence, split_rows
 from .elementwise import tiled_operands
@@ -209,8 +210,16 @@ def _jit_rope(
 #: row whatever the other rows of the step. Longer prompts take BLAS's batched products
 #: (an ulp from ggml's sums; the exact kernel's scalar-order loops were 25× slower on a
 #: 128-token prompt): 16 covers generation, batches of up to 16 sequences, and prompts
-#: up to 16 tokens, where ggml itself keeps one order (see ``attend``).
-FEW_QUERIES = 16
+#: up to 16 tokens, where ggml itself keeps one order (see ``attend``). The setting
+#: ``TENSORPLUG_CPU_EXACT_ATTENTION_ROWS`` moves the limit (``all``: every step, for a
+#: server whose batching must change no bit), read when a graph's plan is built.
+FEW_QUERIES = EXACT_ATTENTION_ROWS.default
+
+
+def exact_rows_limit() -> int:
+    """The query rows up to which the exact kernel runs (:data:`FEW_QUERIES` unless the
+    setting says otherwise)."""
+    return EXACT_ATTENTION_ROWS.get()
 
 
 def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
@@ -248,7 +257,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
     raw_mask = None
     if mask4 is not None:
         raw_mask = mask4.view(np.uint16) if mask4.dtype == np.float16 else mask4
-    if jit is not None and n_q <= FEW_QUERIES and k_t.type == v_t.type != Type.BF16:
+    if jit is not None and n_q <= exact_rows_limit() and k_t.type == v_t.type != Type.BF16:
         # F16 caches are read in place as raw halves: no widening step at all
         k_in = padded4(ctx.view(k_t)).view(np.uint16) if k_t.type == Type.F16 else k4
         v_in = padded4(ctx.view(v_t)).view(np.uint16) if v_t.type == Type.F16 else v4
