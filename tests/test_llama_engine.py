@@ -663,3 +663,30 @@ def test_warm_up_builds_the_first_steps_and_leaves_the_cache_empty(model_file: P
         _no_leak(engine)
     finally:
         m.close()
+
+
+def test_the_queue_length_can_be_read_while_other_threads_submit(llama: Llama) -> None:
+    """The server reads ``n_waiting`` for every request it admits while other threads
+    submit; iterating the queue unlocked raised "deque mutated during iteration" (a 500
+    in the 64-client load test of a fresh-clone CI run)."""
+    engine = Engine(llama, n_parallel=2)  # no loop thread: every request stays queued
+    errors: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            for _ in range(1500):
+                engine.submit(Request([1, 2, 3], max_tokens=1, stop_tokens=NONE))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            assert engine.n_waiting >= 0
+    finally:
+        for t in threads:
+            t.join()
+    assert not errors and engine.n_waiting == 3000
+    engine.close()

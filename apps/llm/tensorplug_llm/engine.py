@@ -405,7 +405,12 @@ class Engine:
 
     @property
     def n_waiting(self) -> int:
-        return sum(len(e.handles) for e in self._waiting)
+        """Requests queued; thread-safe (the server asks it for every request while
+        other threads submit: iterating the queue unlocked raised "deque mutated during
+        iteration", a 500, under the load test)."""
+        with self._lock:
+            waiting = list(self._waiting)
+        return sum(len(e.handles) for e in waiting)
 
     def cached_tokens(self) -> int:
         """Tokens idle slots hold for prefix reuse (a cell shared by two counts twice)."""
