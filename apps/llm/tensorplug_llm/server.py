@@ -184,6 +184,10 @@ class _Guard:
     ) -> None:
         self.app, self.api_key, self.metrics = app, api_key, metrics
         self.max_body_bytes = max_body_bytes
+        self.too_large = (
+            f"the request body is larger than the server's limit of {max_body_bytes} "
+            "bytes (tensorplug serve --max-request-size)"
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -191,8 +195,9 @@ class _Guard:
             return
         path = scope["path"]
         route = path if path in _ROUTES else "other"
+        headers = Headers(scope=scope)
         if path != "/health" and self.api_key is not None:
-            header = Headers(scope=scope).get("authorization", "")
+            header = headers.get("authorization", "")
             given = header[7:] if header.lower().startswith("bearer ") else ""
             if not secrets.compare_digest(given.encode(), self.api_key.encode()):
                 self.metrics.http.labels(route, "401").inc()
@@ -202,11 +207,8 @@ class _Guard:
                 )  # fmt: skip
                 await response(scope, receive, send)
                 return
-        too_large = (
-            f"the request body is larger than the server's limit of {self.max_body_bytes} "
-            "bytes (tensorplug serve --max-request-size)"
-        )
-        declared = Headers(scope=scope).get("content-length", "")
+        too_large = self.too_large
+        declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             self.metrics.http.labels(route, "413").inc()
             await _error(413, too_large)(scope, receive, send)
