@@ -151,17 +151,53 @@ def _halve(lanes: Any, n: int) -> Any:
     return lanes[0]
 
 
+@intrinsic
+def _lanes_dot(typingctx: Any, x: Any, y: Any, runs: Any) -> Any:
+    """``Σ x_i·y_i`` over the first ``runs`` runs of 64 of two unit-stride float32 rows,
+    in ``ggml_vec_dot_f32``'s AVX-512 order: one ``<64 x float>`` of lanes that fused
+    multiply-adds each run into (lane ``i mod 64``), then halved down to one lane
+    (``_halve``'s tree). Written as IR so the lanes stay in registers: numba's loop over
+    a lanes array went through memory, 30 ns a 64-term score, most of a prompt's
+    attention; ``llvm.fma`` rounds each lane once whatever the vector width."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        v64 = ir.VectorType(f32, DOT_LANES)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v64, [v64, v64, v64]), "llvm.fma.v64f32"
+        )
+        xp = context.make_array(sig.args[0])(context, builder, args[0]).data
+        yp = context.make_array(sig.args[1])(context, builder, args[1]).data
+
+        def run(i: Any, acc: list[Any]) -> list[Any]:
+            xv = builder.load(builder.bitcast(builder.gep(xp, [i]), v64.as_pointer()), align=4)
+            yv = builder.load(builder.bitcast(builder.gep(yp, [i]), v64.as_pointer()), align=4)
+            return [builder.call(fma, [xv, yv, acc[0]])]
+
+        end = builder.mul(builder.sext(args[2], i64), ir.Constant(i64, DOT_LANES))
+        zero = ir.Constant(v64, [0.0] * DOT_LANES)
+        [acc] = _ir.carried_loop(builder, "lanes", ir.Constant(i64, 0), end, DOT_LANES,
+                                 [zero], run)  # fmt: skip
+        n = DOT_LANES
+        while n > 1:
+            h = n // 2
+            lo, hi = (ir.Constant(ir.VectorType(i32, h), list(range(a, a + h))) for a in (0, h))
+            acc = builder.fadd(builder.shuffle_vector(acc, acc, lo),
+                               builder.shuffle_vector(acc, acc, hi))  # fmt: skip
+            n = h
+        return builder.extract_element(acc, ir.Constant(i32, 0))
+
+    return types.float32(x, y, runs), codegen
+
+
 @njit(inline="always")
-def _vec_dot(x: Any, y: Any, n: int, lanes: Any) -> Any:
+def _vec_dot(x: Any, y: Any, n: int) -> Any:
     """``Σ x_i·y_i`` as ``ggml_vec_dot_f32`` on AVX-512: lane ``i mod 64`` accumulates
     its terms with fused multiply-adds over each full run of 64, the 64 lanes are
-    halved down to one, and the leftover terms are fused on one by one."""
+    halved down to one (:func:`_lanes_dot`), and the leftover terms are fused on one by
+    one. ``x`` and ``y`` are unit-stride rows."""
     whole = n - n % DOT_LANES
-    lanes[:] = np.float32(0)
-    for i0 in range(0, whole, DOT_LANES):
-        for i in range(DOT_LANES):
-            lanes[i] = _ir.fmaf(x[i0 + i], y[i0 + i], lanes[i])
-    s = _halve(lanes, DOT_LANES)
+    s: Any = _lanes_dot(x, y, whole // DOT_LANES)  # type: ignore[call-arg]  # numba: typingctx
     for i in range(whole, n):
         s = _ir.fmaf(x[i], y[i], s)
     return s
@@ -182,9 +218,16 @@ def _softmax_ggml(w: Any, m: int, block: Any) -> Any:
     if best == -np.inf:
         return False
     total = 0.0
-    for c0 in range(0, m, EXP_LANES):
+    whole = m - m % EXP_LANES
+    for c0 in range(0, whole, EXP_LANES):  # full runs: no test in the loop, it vectorizes
         for i in range(EXP_LANES):
-            c = c0 + i
+            e = ggml_expf(w[c0 + i] - best)
+            w[c0 + i] = e
+            block[i] = e
+        total += np.float64(_halve(block, EXP_LANES))
+    if whole < m:
+        for i in range(EXP_LANES):
+            c = whole + i
             if c < m:
                 e = ggml_expf(w[c] - best)
                 w[c] = e
@@ -199,96 +242,119 @@ def _softmax_ggml(w: Any, m: int, block: Any) -> Any:
 
 
 @njit(inline="always")
+def _visible(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, has_mask: bool,
+             cols: Any, biases: Any) -> int:  # fmt: skip
+    """The cells row ``r`` of mask head ``mh`` sees, in cache order, into ``cols`` (their
+    indices) and ``biases`` (their mask values); returns how many. Their rank sets the
+    lanes, so this order is the arithmetic's."""
+    m = 0
+    for j in range(used):
+        bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
+        if bias != -np.inf:
+            cols[m] = j
+            biases[m] = bias
+            m += 1
+    return m
+
+
+@njit(inline="always")
+def _attend_one(qrow: Any, kf: Any, vf: Any, cols: Any, biases: Any, m: int, sc: Any,
+                cap: Any, w: Any, block: Any, acc: Any, dst: Any) -> None:  # fmt: skip
+    """One query row of one head over its ``m`` visible cells ``cols`` (rows of the
+    widened ``kf`` and ``vf``), into ``dst``, in llama.cpp's arithmetic (see
+    :func:`attend`). Every loop over the head dimension is unit-stride over
+    float32 rows, so LLVM vectorizes the fused products and the lane trees."""
+    n_d, n_dv = kf.shape[1], vf.shape[1]
+    # scores: q·k (ggml's KQ product), ·scale (its softmax's), soft-capped, + mask
+    for c in range(m):
+        s = _vec_dot(kf[cols[c]], qrow, n_d) * sc
+        if cap != 0:
+            s = cap * np.float32(math.tanh(s))
+        w[c] = s + biases[c]
+    if not _softmax_ggml(w, m, block):  # sees nothing: zeros, as ggml's (NaN stays NaN)
+        nan = np.float32(0)
+        for c in range(m):
+            if w[c] != w[c]:
+                nan = np.float32(np.nan)
+        for d in range(n_dv):
+            dst[d] = nan
+        return
+    # weights · V (ggml's KQV product): visible cell c feeds lane c mod 64; lanes past
+    # the last visible cell stay 0 and add nothing, so they are never touched
+    live = min(m, DOT_LANES)  # lanes that hold a term
+    for i in range(live):
+        for d in range(n_dv):
+            acc[i, d] = np.float32(0)
+    for c in range(m):
+        p = w[c]
+        if p == 0:  # fma(v, 0, acc) = acc: skipped
+            continue
+        vrow, a = vf[cols[c]], acc[c % DOT_LANES]
+        for d in range(n_dv):
+            a[d] = _ir.fmaf(vrow[d], p, a[d])
+    half = DOT_LANES // 2
+    while half >= 1:
+        for i in range(min(half, max(live - half, 0))):
+            a, b = acc[i], acc[i + half]
+            for d in range(n_dv):
+                a[d] = a[d] + b[d]
+        live = min(live, half)
+        half //= 2
+    for d in range(n_dv):
+        dst[d] = acc[0, d]
+
+
+@njit(inline="always")
 def _attend_rows_ggml(
     q: Any, k: Any, v: Any, mask: Any, used: int, scale: float, softcap: float, out: Any,
     table: Any, b: int, hk: int, r0: int, r1: int,
 ) -> None:  # fmt: skip
     """:func:`attend` for query rows ``[r0, r1)`` of the query heads of batch ``b`` that
-    share KV head ``hk``, in llama.cpp's arithmetic (see :func:`attend`)."""
+    share KV head ``hk``, in llama.cpp's arithmetic (see :func:`attend`). The cells any
+    of these rows sees are widened to float32 once (not once per row and head), then
+    each (row, head) runs :func:`_attend_one` on its own."""
     n_d, n_dv = q.shape[3], v.shape[3]
     group = q.shape[1] // k.shape[1]
     has_mask = mask.shape[0] > 0
     per_head_mask = has_mask and mask.shape[1] > 1
+    n_mh = group if per_head_mask else 1
     kb = b if k.shape[0] > 1 else 0
     mb = b if has_mask and mask.shape[0] > 1 else 0
-    krow = np.empty(n_d, np.float32)
-    vrow = np.empty(n_dv, np.float32)
-    qrows = np.empty((group, n_d), np.float32)
-    lanes = np.empty(DOT_LANES, np.float32)
+    width = max(used, 1)
+    cols = np.empty(width, np.int64)
+    biases = np.empty(width, np.float32)
+    # the cells some row sees, widened once
+    seen = np.zeros(width, np.bool_)
+    for r in range(r0, r1):
+        for g in range(n_mh):
+            mh = hk * group + g if per_head_mask else 0
+            m = _visible(mask, table, mb, mh, r, used, has_mask, cols, biases)
+            for c in range(m):
+                seen[cols[c]] = True
+    kf = np.empty((width, n_d), np.float32)
+    vf = np.empty((width, n_dv), np.float32)
+    for j in range(used):
+        if seen[j]:
+            _widen_row(k, table, kb, hk, j, kf[j])
+            _widen_row(v, table, kb, hk, j, vf[j])
+    qrow = np.empty(n_d, np.float32)
+    dst = np.empty(n_dv, np.float32)
+    w = np.empty(width, np.float32)
     block = np.empty(EXP_LANES, np.float32)
-    cols = np.empty((group, max(used, 1)), np.int64)
-    w = np.empty((group, max(used, 1)), np.float32)
-    biases = np.empty((group, max(used, 1)), np.float32)
-    count = np.empty(group, np.int64)
-    ok = np.empty(group, np.bool_)
-    acc = np.empty((group, DOT_LANES, n_dv), np.float32)
+    acc = np.empty((DOT_LANES, n_dv), np.float32)
     sc, cap = np.float32(scale), np.float32(softcap)
     for r in range(r0, r1):
-        # the columns each head sees, in cache order: their rank sets the lanes
+        m = 0
         for g in range(group):
-            if g > 0 and not per_head_mask:
-                count[g] = count[0]
-                continue
-            mh = hk * group + g if per_head_mask else 0
-            m = 0
-            for j in range(used):
-                bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
-                if bias != -np.inf:
-                    cols[g, m] = j
-                    biases[g, m] = bias
-                    m += 1
-            count[g] = m
-        # scores: q·k (ggml's KQ product), ·scale (its softmax's), soft-capped, + mask;
-        # with one mask for the group, each K row is widened once for all its heads
-        for g in range(group):
-            for d in range(n_d):
-                qrows[g, d] = q[b, hk * group + g, r, d]
-        for g0 in range(1 if not per_head_mask else group):
-            for c in range(count[g0]):
-                _widen_row(k, table, kb, hk, cols[g0, c], krow)
-                for g in range(g0, group if not per_head_mask else g0 + 1):
-                    s = _vec_dot(krow, qrows[g], n_d, lanes) * sc
-                    if cap != 0:
-                        s = cap * np.float32(math.tanh(s))
-                    w[g, c] = s + biases[g0, c]
-        for g in range(group):
-            ok[g] = _softmax_ggml(w[g], count[g], block)
-        # weights · V (ggml's KQV product): visible column c feeds lane c mod 64; lanes
-        # past the last visible column stay 0 and add nothing, so they are never touched
-        for g in range(group):
-            for i in range(min(count[g], DOT_LANES)):
-                for d in range(n_dv):
-                    acc[g, i, d] = np.float32(0)
-        for g0 in range(1 if not per_head_mask else group):
-            for c in range(count[g0]):
-                _widen_row(v, table, kb, hk, cols[g0, c], vrow)
-                lane = c % DOT_LANES
-                for g in range(g0, group if not per_head_mask else g0 + 1):
-                    p = w[g, c]
-                    if not ok[g] or p == 0:  # fma(v, 0, acc) = acc: skipped
-                        continue
-                    for d in range(n_dv):
-                        acc[g, lane, d] = _ir.fmaf(vrow[d], p, acc[g, lane, d])
-        for g in range(group):
+            if g == 0 or per_head_mask:
+                mh = hk * group + g if per_head_mask else 0
+                m = _visible(mask, table, mb, mh, r, used, has_mask, cols, biases)
             h = hk * group + g
-            if not ok[g]:  # sees nothing: zeros, as ggml's flash attention (NaN stays NaN)
-                nan = np.float32(0)
-                for c in range(count[g]):
-                    if w[g, c] != w[g, c]:
-                        nan = np.float32(np.nan)
-                for d in range(n_dv):
-                    out[b, r, h, d] = nan
-                continue
-            live = min(count[g], DOT_LANES)  # lanes that hold a term
-            half = DOT_LANES // 2
-            while half >= 1:
-                for i in range(min(half, max(live - half, 0))):
-                    for d in range(n_dv):
-                        acc[g, i, d] = acc[g, i, d] + acc[g, i + half, d]
-                live = min(live, half)
-                half //= 2
+            for d in range(n_d):
+                qrow[d] = q[b, h, r, d]
+            _attend_one(qrow, kf, vf, cols, biases, m, sc, cap, w, block, acc, dst)
             for d in range(n_dv):
-                out[b, r, h, d] = acc[g, 0, d]
+                out[b, r, h, d] = dst[d]
 
 
 #: Query rows per task of the parallel kernel (any split gives the same bits).
