@@ -70,7 +70,7 @@ def test_attention_of_a_prompt_is_llama_cpps() -> None:
     so a 26-token prompt's first 16 rows are theirs). From the 17th visible cell on,
     ggml multiplies weights by V in tinyBLAS's order (16 fused lanes) for two query rows
     or more, where one token takes ``ggml_vec_dot_f32``'s (64 lanes); the CPU keeps the
-    latter, and prompts of more than 16 rows take BLAS: a few ulp off."""
+    latter for any number of rows (batching needs one order): a few ulp off."""
     q, k, v, want = OPS["prompt_q"], OPS["prompt_k"], OPS["prompt_v"], OPS["prompt_out"]
     for n in (16, q.shape[0]):
         mask = np.triu(np.full((n, n), -np.inf, np.float32), 1)[None, None]

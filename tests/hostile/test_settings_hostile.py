@@ -136,7 +136,7 @@ def test_exact_attention_rows_reads_a_count_or_all(value: str, rows: int) -> Non
     from tensorplug_cpu.settings import EXACT_ATTENTION_ROWS
 
     assert EXACT_ATTENTION_ROWS.get({"TENSORPLUG_CPU_EXACT_ATTENTION_ROWS": value}) == rows
-    assert EXACT_ATTENTION_ROWS.get({}) == 16
+    assert EXACT_ATTENTION_ROWS.get({}) == 2**62  # all: batching changes no bit by default
 
 
 @pytest.mark.parametrize("value", ["-1", "many", "1.5"])

@@ -12,6 +12,7 @@ import os
 from tensorplug.settings import Setting, parse_flag
 
 __all__ = [
+    "ALL_ROWS",
     "EXACT_ATTENTION_ROWS",
     "JIT",
     "MAX_NUMBA_THREADS",
@@ -54,9 +55,13 @@ JIT: Setting[bool] = Setting(
 )
 
 
+#: the value ``all`` reads as: more query rows than any step has
+ALL_ROWS = 2**62
+
+
 def _rows(value: str) -> int:
     if value.strip().lower() == "all":
-        return 2**62
+        return ALL_ROWS
     n = int(value)
     if n < 0:
         raise ValueError("a number of query rows (0 or more), or 'all'")
@@ -65,14 +70,14 @@ def _rows(value: str) -> int:
 
 EXACT_ATTENTION_ROWS: Setting[int] = Setting(
     "TENSORPLUG_CPU_EXACT_ATTENTION_ROWS",
-    16,
+    ALL_ROWS,
     _rows,
-    "query rows up to which attention runs llama.cpp's arithmetic, one row at a time "
-    "(so a row's numbers do not depend on the rows beside it); steps with more rows use "
-    "BLAS, which is faster on prompts but rounds by the step's row count. 'all': a "
-    "server's batching changes no bit at any step size (a 128-token prompt's attention "
-    "then costs about 25x).",
-    example="all",
+    "query rows up to which attention runs llama.cpp's arithmetic, each row on its own "
+    "(so a row's numbers do not depend on the rows beside it and batching changes no "
+    "bit); steps with more rows use BLAS, which rounds by the step's row count. Default "
+    "'all'; a number lowers it (a 128-token prompt's attention costs about 2x BLAS's "
+    "in the exact kernel).",
+    example="16",
 )
 
 # numba's own variables, read by numba when it is imported: declared here so that they

@@ -205,20 +205,14 @@ def _jit_rope(
 # -- flash attention ---------------------------------------------------------------------------
 
 
-#: Up to this many query rows, flash attention runs in the numba kernel when there is one:
-#: llama.cpp's arithmetic to the bit (``_numba_attention.attend``), the same bits for a
-#: row whatever the other rows of the step. Longer prompts take BLAS's batched products
-#: (an ulp from ggml's sums; the exact kernel's scalar-order loops were 25× slower on a
-#: 128-token prompt): 16 covers generation, batches of up to 16 sequences, and prompts
-#: up to 16 tokens, where ggml itself keeps one order (see ``attend``). The setting
-#: ``TENSORPLUG_CPU_EXACT_ATTENTION_ROWS`` moves the limit (``all``: every step, for a
-#: server whose batching must change no bit), read when a graph's plan is built.
-FEW_QUERIES = EXACT_ATTENTION_ROWS.default
-
-
 def exact_rows_limit() -> int:
-    """The query rows up to which the exact kernel runs (:data:`FEW_QUERIES` unless the
-    setting says otherwise)."""
+    """The query rows up to which flash attention runs in the numba kernel when there is
+    one: llama.cpp's arithmetic to the bit (``_numba_attention.attend``), the same bits
+    for a row whatever the other rows of the step. By default every step (a 128-token
+    prompt's attention costs about 2x BLAS's there); the setting
+    ``TENSORPLUG_CPU_EXACT_ATTENTION_ROWS`` lowers it, and steps above it take BLAS's
+    batched products, an ulp from ggml's sums and rounded by the step's row count. Read
+    when a graph's plan is built."""
     return EXACT_ATTENTION_ROWS.get()
 
 
