@@ -438,7 +438,7 @@ if {strided}:  # a cache whose rows are not contiguous halves
 mask = np.zeros((1, 1, 2, 40), np.float32)
 mask[0, 0, 0, 30:] = -np.inf
 out = np.empty((1, 2, 6, 24), np.float32)
-attend(q, k, v16.view(np.uint16), mask, 40, 0.2, 0.0, out, table)
+attend(q, k, v16.view(np.uint16), mask, np.zeros(0, np.int32), 40, 0.2, 0.0, out, table)
 kf, vf = k16.astype(np.float64), v16.astype(np.float64)
 for h in range(6):
     for r in range(2):
@@ -452,7 +452,7 @@ print("ok")
 
 @pytest.mark.parametrize(("f16c", "strided"), [(True, False), (True, True), (False, False)])
 def test_f16_cache_rows_are_widened_right_on_every_path(f16c: bool, strided: bool) -> None:
-    """The few-query kernel widens F16 cache rows with F16C where the CPU has it and the
+    """The exact kernel widens F16 cache rows with F16C where the CPU has it and the
     row is contiguous, else through the f16 table; each path, compiled in a fresh
     process, against float64 attention."""
     import subprocess

@@ -28,17 +28,23 @@ HEADS, KV_HEADS, DIM = 9, 3, 64
 
 def _attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
-    threads: int = 2, jit: bool = True,
+    threads: int = 2, jit: bool = True, order: np.ndarray | None = None,
 ) -> np.ndarray:  # fmt: skip
-    """flash_attn_ext on the CPU backend: q (B, H, n_q, D), k/v (B, H_kv, n_kv, D) F32."""
+    """flash_attn_ext on the CPU backend: q (B, H, n_q, D), k/v (B, H_kv, n_kv, D) F32,
+    the cells summed in ``order`` when given."""
     tq = tp.new_tensor("f32", q.shape, "q")
     tk = tp.new_tensor("f32", k.shape, "k")
     tv = tp.new_tensor("f32", v.shape, "v")
     tm = tp.new_tensor("f32", mask.shape, "mask")
-    out = ops.flash_attn_ext(tq, tk, tv, tm, scale=scale)
+    inputs = {tq: q, tk: k, tv: v, tm: mask}
+    to = None
+    if order is not None:
+        to = tp.new_tensor("i32", order.shape, "order")
+        inputs[to] = order.astype(np.int32)
+    out = ops.flash_attn_ext(tq, tk, tv, tm, scale=scale, order=to)
     backend = backend_for(jit=jit)
     tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
-    compute(out, {tq: q, tk: k, tv: v, tm: mask}, backend)
+    compute(out, inputs, backend)
     return tp.get_array(out).copy()
 
 
@@ -234,3 +240,53 @@ def test_a_rows_attention_is_the_same_alone_and_in_a_batch(threads: int) -> None
     mask = np.where(owner[None, :] == seq_of_row[:, None], 0, -np.inf).astype(np.float32)
     batched = _attention(q, k, v, mask[None, None], 0.125, threads)
     np.testing.assert_array_equal(batched[:, 4], alone[:, 0])
+
+
+def test_a_rows_attention_is_the_same_at_every_step_size() -> None:
+    """Steps of 1 to 40 query rows of one sequence (causal, 3 query heads per KV head,
+    a cache padded with -inf): every row has the bits it has alone, at every step size.
+    When steps of more than 16 rows took BLAS, rows of the larger steps rounded
+    differently (the engine's batched steps carry up to 57 rows)."""
+    rng = np.random.default_rng(40)
+    n, n_kv, dim = 40, 64, 64
+    q = rng.standard_normal((1, 6, n, dim)).astype(np.float32)
+    k = rng.standard_normal((1, 2, n_kv, dim)).astype(np.float32)
+    v = rng.standard_normal((1, 2, n_kv, dim)).astype(np.float32)
+    causal = np.full((n, n_kv), -np.inf, np.float32)
+    for r in range(n):
+        causal[r, : r + 1] = 0
+    alone = [_attention(q[:, :, r : r + 1], k, v, causal[None, None, r : r + 1], 0.125)
+             for r in range(n)]  # fmt: skip
+    for size in range(1, n + 1):
+        got = _attention(q[:, :, :size], k, v, causal[None, None, :size], 0.125)
+        for r in range(size):
+            np.testing.assert_array_equal(got[:, r], alone[r][:, 0], err_msg=f"{size} rows")
+
+
+def test_cells_are_summed_in_the_given_order_wherever_they_lie() -> None:
+    """One sequence's 40 cells in cache order 0…39, then the same cells scattered over a
+    96-cell cache in shuffled order among other sequences' cells, with the order that
+    sorts them back by position: the same bits for each of its rows (a fragmented
+    unified cache gives what a compact one does). Without the order the shuffled cells
+    are summed in cache order, and the bits differ."""
+    rng = np.random.default_rng(41)
+    n, n_kv, dim = 40, 96, 64
+    q = rng.standard_normal((1, 4, 8, dim)).astype(np.float32)
+    k_own = rng.standard_normal((1, 2, n, dim)).astype(np.float32)
+    v_own = rng.standard_normal((1, 2, n, dim)).astype(np.float32)
+    rows = np.arange(n - 8, n)  # the last 8 positions, causal
+    compact = np.where(np.arange(n)[None, :] <= rows[:, None], 0, -np.inf).astype(np.float32)
+    want = _attention(q, k_own, v_own, compact[None, None], 0.125)
+    cell_of = rng.permutation(n_kv)[:n]  # position p lies in cell cell_of[p]
+    pos = rng.integers(0, n, n_kv)  # other sequences' cells: any positions
+    pos[cell_of] = np.arange(n)
+    k = rng.standard_normal((1, 2, n_kv, dim)).astype(np.float32)
+    v = rng.standard_normal((1, 2, n_kv, dim)).astype(np.float32)
+    k[:, :, cell_of], v[:, :, cell_of] = k_own, v_own
+    scattered = np.full((8, n_kv), -np.inf, np.float32)
+    scattered[:, cell_of] = compact
+    order = np.argsort(pos, kind="stable")
+    got = _attention(q, k, v, scattered[None, None], 0.125, order=order)
+    np.testing.assert_array_equal(got, want)
+    unordered = _attention(q, k, v, scattered[None, None], 0.125)
+    assert not np.array_equal(unordered, want)

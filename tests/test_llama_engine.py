@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tensorplug_llm.batch import Batch
 from tensorplug_llm.engine import Engine, Request, RequestError, TokenEvent
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.run_cli import installed_model
@@ -117,6 +118,43 @@ def test_smollm2_concurrent_greedy_requests_equal_one_at_a_time(
     handles = [engine.submit(Request(p, max_tokens=24, stop_tokens=NONE)) for p in prompts]
     assert [h.result() for h in handles] == want
     _no_leak(engine)
+
+
+def _greedy_logits(m: Llama, prompt: list[int], n: int, free: int | None = None) -> np.ndarray:
+    """Sequence 0's logits after ``prompt`` and after each of ``n`` greedy tokens,
+    decoded one step at a time wherever the cache puts its cells (sequence ``free``'s
+    cells freed after the prompt)."""
+    rows = [m.decode(Batch.single(prompt, 0))]
+    if free is not None:
+        m.kv.seq_rm(free)
+    for i in range(n):
+        token = int(np.argmax(rows[-1][-1]))
+        rows.append(m.decode(Batch.single([token], len(prompt) + i)))
+    return np.concatenate(rows)
+
+
+def test_smollm2_a_sequence_in_scattered_cells_gives_the_bits_of_a_compact_one(
+    smollm2: Llama,
+) -> None:
+    """A prompt decoded after another sequence's 70 cells, which are then freed: its
+    next tokens take cells 0, 1, 2, … before its prompt's, so its cells are far from
+    position order. Attention sums a row's cells by position (the step's cell order,
+    ``KVCells.position_order``), so every logit equals the run in cells 0, 1, 2, …
+    bit for bit. (Summed in cell order, the logits differed from the tenth step on, by
+    up to 21 once the greedy tokens parted.)"""
+    assert smollm2.vocab is not None
+    prompt = smollm2.vocab.encode(SMOLLM2_PROMPTS[4])
+    other = smollm2.vocab.encode(" ".join(SMOLLM2_PROMPTS) * 2)[:70]
+    smollm2.reset()
+    want = _greedy_logits(smollm2, prompt, 12)
+    smollm2.reset()
+    smollm2.decode(Batch.single(other, 0, seq=1))
+    got = _greedy_logits(smollm2, prompt, 12, free=1)
+    held = smollm2.kv.pos[: len(other) + len(prompt)]
+    assert held[:12].tolist() == list(range(len(prompt), len(prompt) + 12))
+    assert held[len(other) :].tolist() == list(range(len(prompt)))
+    np.testing.assert_array_equal(got, want)
+    smollm2.reset()
 
 
 def test_requests_join_and_leave_between_steps_and_cancel_frees_the_slot(llama: Llama) -> None:

@@ -262,15 +262,16 @@ def test_n_greedy_choices_all_equal_the_single_answer_and_the_prompt_is_evaluate
     assert got.usage.completion_tokens == 30
 
 
-def test_n_seeded_choices_are_reproducible_streamed_or_not(served: Served) -> None:
+def test_n_seeded_choices_are_reproducible_streamed_or_not(
+    served: Served, client: openai.OpenAI
+) -> None:
     """Choice i samples with seed + i: the same request gives the same choices, streamed
-    (chunks carry their choice's index) or not, and choice 0 is the n=1 answer. Each
-    request is sent to a fresh server of the same file: on a server that already holds
-    other sequences, a request's cells can lie out of position order (a reused prefix,
-    cells freed by others), and attention sums a row's cells in cell order, as
-    llama.cpp's unified cache does, so a temperature-1.5 draw can part after a few
-    tokens (docs/serving.md, "What is exact")."""
-    path = served.llm.llama.file.path
+    (chunks carry their choice's index) or not, and choice 0 is the n=1 answer, all on
+    the one server the other tests share. Its cache holds other sequences, so a
+    request's cells lie out of position order (a reused prefix, cells freed by others);
+    attention sums a row's cells by position, not by cell, so the draws do not part.
+    (When it summed in cell order, a temperature-1.5 draw parted after a few tokens and
+    this test needed a fresh server per request.)"""
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "one two three"}]
     args: dict[str, Any] = {
         "model": MODEL,
@@ -279,26 +280,14 @@ def test_n_seeded_choices_are_reproducible_streamed_or_not(served: Served) -> No
         "temperature": 1.5,
         "extra_body": {"top_k": 0, "min_p": 0.0},
     }
-
-    def fresh(**kwargs: Any) -> Any:
-        llama = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
-        llm = LLM(llama, n_parallel=4, model_name=MODEL)
-        server = UvicornThread(create_app(llm, ServerConfig()))
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-        try:
-            got = client.chat.completions.create(**args, **kwargs)
-            return list(got) if kwargs.get("stream") else got
-        finally:
-            server.stop()
-            llm.close()
-            llama.close()
-
-    first, again = fresh(n=3, seed=42), fresh(n=3, seed=42)
+    first = client.chat.completions.create(**args, n=3, seed=42)
+    again = client.chat.completions.create(**args, n=3, seed=42)
     texts = [c.message.content for c in first.choices]
     assert len(texts) == 3 and [c.message.content for c in again.choices] == texts
     assert len(set(texts)) > 1  # independent draws
-    assert fresh(seed=42).choices[0].message.content == texts[0]
-    chunks = fresh(n=3, seed=42, stream=True)
+    single = client.chat.completions.create(**args, seed=42)
+    assert single.choices[0].message.content == texts[0]
+    chunks = list(client.chat.completions.create(**args, n=3, seed=42, stream=True))
     streamed = ["", "", ""]
     for c in chunks:
         for choice in c.choices:

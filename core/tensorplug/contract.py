@@ -222,6 +222,12 @@ CONTRACT: dict[Op, OpSpec] = {
                 ),
                 Operand("v", "k's type, (..., n_head_kv, n_kv, Dv)"),
                 Operand("mask", "F32/F16 (..., >= n_q, n_kv) added to the scores", optional=True),
+                Operand(
+                    "order",
+                    "I32 (n_kv,) permutation of the k rows: the order their terms are summed in "
+                    "(rounding only; needs the mask)",
+                    optional=True,
+                ),
             ),
             (
                 _SCALE,

@@ -206,6 +206,13 @@ class KVCells:
 
     # -- attention ---------------------------------------------------------------------------
 
+    def position_order(self, n_kv: int) -> np.ndarray:
+        """Cells ``[0, n_kv)`` sorted by position (I32; free cells first, ties in cell
+        order): the order attention sums a token's visible cells in. A token sees at
+        most one cell per position, so its cells come in position order however the
+        cache is fragmented, and one sequence in cells ``0…n`` keeps cache order."""
+        return np.argsort(self.pos[:n_kv], kind="stable").astype(np.int32)
+
     def mask(
         self, pos: np.ndarray, seq_ids: Sequence[Sequence[int]], n_kv: int, window: int = 0
     ) -> np.ndarray:

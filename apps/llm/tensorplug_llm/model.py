@@ -585,6 +585,9 @@ class StepGraph:
     mask_swa: Tensor | None = None
     #: the window ``mask`` itself applies (every layer has one); 0: plain causal
     mask_window: int = 0
+    #: I32 ``(n_kv,)``: the cache rows sorted by position, the order attention sums a
+    #: row's cells in (so a sequence's bits do not depend on where its cells lie)
+    kv_order: Tensor | None = None
 
 
 def _rope(
@@ -690,12 +693,14 @@ def attend(
     v_cache: Tensor,
     n_kv: int,
     i: int = 0,
+    order: Tensor | None = None,
 ) -> Tensor:
     """Attention of this step's queries ``q`` (T, n_head, head_dim) over the cache: ``k``
     (T, n_head_kv, head_dim) and ``v`` (T, n_embd_kv) written at rows ``kv_idx``, rows
     ``[0, n_kv)`` read under ``mask`` (grouped-query flash attention, with the
-    architecture's scale and soft-cap). Returns (T, n_embd_q), before the output
-    projection. Decoders and encoders alike attend here; only their masks differ."""
+    architecture's scale and soft-cap), their terms summed in ``order`` (the rows by
+    position) when given. Returns (T, n_embd_q), before the output projection. Decoders
+    and encoders alike attend here; only their masks differ."""
     T, hd = q.shape[0], cfg.head_dim
     v = v.set_name(f"Vcur-{i}")
     k_all = ops.set_rows(k_cache, ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx)
@@ -705,7 +710,7 @@ def attend(
     V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
     Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
     attn = ops.flash_attn_ext(
-        Q, K, V, mask, scale=cfg.kq_scale, logit_softcap=cfg.attn_softcap
+        Q, K, V, mask, scale=cfg.kq_scale, logit_softcap=cfg.attn_softcap, order=order
     ).set_name(f"attn-{i}")
     return ops.reshape(attn, (T, cfg.n_embd_q))
 
@@ -721,12 +726,14 @@ def decoder_block(
     v_cache: Tensor,
     n_kv: int,
     i: int = 0,
+    order: Tensor | None = None,
 ) -> Tensor:
     """One decoder block of ``cfg.arch`` over the tokens ``x`` (T, n_embd): attention
     through the KV cache (this step's K and V written at rows ``kv_idx``, rows
-    ``[0, n_kv)`` read under ``mask``), then the FFN, each around a residual. The
-    architecture's switches (biases, Q/K norms, rope, sandwich norms, GLU, experts)
-    decide the details; every model, and the demo's single block, is built here."""
+    ``[0, n_kv)`` read under ``mask``, summed in ``order``), then the FFN, each around a
+    residual. The architecture's switches (biases, Q/K norms, rope, sandwich norms, GLU,
+    experts) decide the details; every model, and the demo's single block, is built
+    here."""
     T, hd = x.shape[0], cfg.head_dim
     swa = cfg.is_swa(i)
     h = _pre_normed(cfg, x, L.attn_norm, f"attn_norm-{i}")
@@ -739,7 +746,7 @@ def decoder_block(
         k = _normed(cfg, ops.reshape(k, (T, cfg.n_head_kv, hd)), L.k_norm)
     if cfg.uses_rope(i):
         q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
-    attn = attend(cfg, q, k, v, kv_idx, mask, k_cache, v_cache, n_kv, i)
+    attn = attend(cfg, q, k, v, kv_idx, mask, k_cache, v_cache, n_kv, i, order)
     attn = ops.mul_mat(L.wo, attn).set_name(f"attn_out-{i}")
     x = ops.add(x, _branch(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
     h = _pre_normed(cfg, x, L.ffn_norm, f"ffn_norm-{i}")
@@ -783,6 +790,7 @@ def build_step(
     mask_swa = None
     if 0 < swa_layers < cfg.n_layer:
         mask_swa = new_tensor(Type.F16, (T, n_kv), "kq_mask_swa").set_input()
+    kv_order = new_tensor(Type.I32, (n_kv,), "inp_kv_order").set_input()
     arch = cfg.arch
 
     x = ops.get_rows(w.tok_embd, tokens).set_name("inp_embd")
@@ -792,7 +800,8 @@ def build_step(
     for i, L in enumerate(w.layers):
         swa = cfg.is_swa(i)
         layer_mask = mask_swa if swa and mask_swa is not None else mask
-        x = decoder_block(cfg, L, x, pos, kv_idx, layer_mask, cache.k[i], cache.v[i], n_kv, i)
+        x = decoder_block(cfg, L, x, pos, kv_idx, layer_mask, cache.k[i], cache.v[i], n_kv, i,
+                          kv_order)  # fmt: skip
 
     out_ids = None
     if n_outputs < n_tokens:
@@ -811,7 +820,7 @@ def build_step(
         logits = logits.set_name("result_output").set_output()
     return StepGraph(
         Graph(logits), T, n_kv, n_outputs, tokens, pos, kv_idx, mask, out_ids, logits, mask_swa,
-        mask_window,
+        mask_window, kv_order,
     )  # fmt: skip
 
 

@@ -585,6 +585,8 @@ class Llama:
         if sg.mask_swa is not None:
             mask = self.kv.mask(batch.pos, batch.seq_ids, n_kv, self.config.n_swa)
             set_array(sg.mask_swa, _padded_mask(mask, cells[T:]))
+        if sg.kv_order is not None:
+            set_array(sg.kv_order, self.kv.position_order(n_kv))
         if sg.out_ids is not None:
             set_array(sg.out_ids, out_rows.astype(np.int32))
         if self.governor is not None:

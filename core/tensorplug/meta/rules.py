@@ -242,8 +242,8 @@ def plan(node: Tensor, states: Sequence[SplitState]) -> Plan:
 
 def _flash_attn(node: Tensor, states: Sequence[SplitState]) -> Plan:
     q, k, v = states[:3]
-    if len(states) > 3 and states[3].is_split:
-        raise _no(node, "the mask must be mirrored")
+    if any(s.is_split for s in states[3:]):
+        raise _no(node, "the mask and the order must be mirrored")
     if not (q.is_split and k.is_split and v.is_split):
         raise _no(node, "q, k and v must all be split along their heads (axis 2)")
     if {int(q.axis), int(k.axis), int(v.axis)} != {2} or k != v:

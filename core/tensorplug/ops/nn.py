@@ -212,6 +212,7 @@ def flash_attn_ext(
     scale: float = 1.0,
     max_bias: float = 0.0,
     logit_softcap: float = 0.0,
+    order: Tensor | None = None,
 ) -> Tensor:
     """Fused attention ``softmax(q·kᵀ·scale + mask)·v`` (``ggml_flash_attn_ext``).
 
@@ -223,6 +224,12 @@ def flash_attn_ext(
     :func:`soft_max`. The result is F32 ``(B, n_q, H, D_v)`` — heads and tokens swapped
     relative to ``q``, as in ggml, so it reshapes directly to ``(B, n_q, H·D_v)``.
     Leading batch axes may be omitted (3-d operands).
+
+    ``order`` (tensorplug's, not ggml's; needs a mask) is an I32 ``(n_kv,)`` permutation
+    of the cache rows: the order in which a backend that sums in a fixed order adds
+    their terms (the CPU's exact kernel; others may ignore it: the sum is the same up
+    to rounding). A unified cache passes its cells sorted by position, so a row's bits
+    do not depend on where its cells lie.
     """
     _check_type("flash_attn_ext", "q", q, {Type.F32})
     _check_type("flash_attn_ext", "k", k, FLOAT_TYPES)
@@ -256,6 +263,15 @@ def flash_attn_ext(
         src = (q, k, v, mask)
     elif max_bias > 0:
         raise _fail("flash_attn_ext", "max_bias (ALiBi) needs a mask")
+    if order is not None:
+        if mask is None:
+            raise _fail("flash_attn_ext", "an order needs a mask (pass one of zeros)")
+        _check_type("flash_attn_ext", "order", order, {Type.I32})
+        if order.shape != (pk[-2],):
+            raise _fail(
+                "flash_attn_ext", f"order {order.describe()} must be ({pk[-2]},): one per k row"
+            )
+        src = (*src, order)
     out_shape = (*pq[:-3], pq[-2], pq[-3], pv[-1])[-q.ndim :]
     params = {"scale": float(scale), "max_bias": float(max_bias),
               "logit_softcap": float(logit_softcap)}  # fmt: skip

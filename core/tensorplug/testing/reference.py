@@ -229,8 +229,10 @@ def flash_attn_ext(
     scale: float = 1.0,
     max_bias: float = 0.0,
     logit_softcap: float = 0.0,
+    order: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``softmax(q·kᵀ·scale [softcapped] + slope·mask)·v``, output ``(B, n_q, H, D_v)``."""
+    """``softmax(q·kᵀ·scale [softcapped] + slope·mask)·v``, output ``(B, n_q, H, D_v)``
+    (``order`` only groups a backend's sums: the same function, ignored here)."""
     q4, k4, v4 = _pad4(q), _pad4(k), _pad4(v)
     group = q4.shape[1] // k4.shape[1]
     k4 = np.repeat(k4, group, axis=1)  # query head h uses kv head h // group

@@ -130,7 +130,8 @@ def _fa_local_bytes(lim: Limits) -> int:
 
 def flash_attn_fits(node: Tensor, lim: Limits) -> bool:
     q, k, v = node.src[:3]
-    mask_ok = all(m.type in (Type.F32, Type.F16) for m in node.src[3:])
+    # an order (src 4) only says how a fixed-order sum is grouped: these kernels ignore it
+    mask_ok = all(m.type in (Type.F32, Type.F16) for m in node.src[3:4])
     types_ok = q.type == Type.F32 and k.type in _FLOAT and v.type == k.type
     sizes_ok = q.ne()[0] <= FA_MAX_D and v.ne()[0] <= FA_MAX_D
     return mask_ok and types_ok and sizes_ok and _fa_local_bytes(lim) <= lim.local_mem

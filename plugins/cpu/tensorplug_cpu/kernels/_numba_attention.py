@@ -245,12 +245,17 @@ def _softmax_ggml(w: Any, m: int, block: Any) -> Any:
 
 @njit(inline="always")
 def _visible(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, has_mask: bool,
-             cols: Any, biases: Any) -> int:  # fmt: skip
-    """The cells row ``r`` of mask head ``mh`` sees, in cache order, into ``cols`` (their
-    indices) and ``biases`` (their mask values); returns how many. Their rank sets the
-    lanes, so this order is the arithmetic's."""
+             order: Any, cols: Any, biases: Any) -> int:  # fmt: skip
+    """The cells row ``r`` of mask head ``mh`` sees, in ``order`` (cell indices, all
+    ``n_kv`` of them; cache order when empty), into ``cols`` (their indices) and
+    ``biases`` (their mask values); returns how many. Their rank sets the lanes, so this
+    order is the arithmetic's."""
     m = 0
-    for j in range(used):
+    ordered = order.shape[0] > 0
+    for t in range(order.shape[0] if ordered else used):
+        j = order[t] if ordered else t
+        if j >= used:  # hidden from every row
+            continue
         bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
         if bias != -np.inf:
             cols[m] = j
@@ -308,8 +313,8 @@ def _attend_one(qrow: Any, kf: Any, vf: Any, cols: Any, biases: Any, m: int, sc:
 
 @njit(inline="always")
 def _attend_rows_ggml(
-    q: Any, k: Any, v: Any, mask: Any, used: int, scale: float, softcap: float, out: Any,
-    table: Any, b: int, hk: int, r0: int, r1: int,
+    q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale: float, softcap: float,
+    out: Any, table: Any, b: int, hk: int, r0: int, r1: int,
 ) -> None:  # fmt: skip
     """:func:`attend` for query rows ``[r0, r1)`` of the query heads of batch ``b`` that
     share KV head ``hk``, in llama.cpp's arithmetic (see :func:`attend`). The cells any
@@ -330,7 +335,7 @@ def _attend_rows_ggml(
     for r in range(r0, r1):
         for g in range(n_mh):
             mh = hk * group + g if per_head_mask else 0
-            m = _visible(mask, table, mb, mh, r, used, has_mask, cols, biases)
+            m = _visible(mask, table, mb, mh, r, used, has_mask, order, cols, biases)
             for c in range(m):
                 seen[cols[c]] = True
     kf = np.empty((width, n_d), np.float32)
@@ -350,7 +355,7 @@ def _attend_rows_ggml(
         for g in range(group):
             if g == 0 or per_head_mask:
                 mh = hk * group + g if per_head_mask else 0
-                m = _visible(mask, table, mb, mh, r, used, has_mask, cols, biases)
+                m = _visible(mask, table, mb, mh, r, used, has_mask, order, cols, biases)
             h = hk * group + g
             for d in range(n_d):
                 qrow[d] = q[b, h, r, d]
@@ -369,6 +374,7 @@ def attend(
     k: Any,
     v: Any,
     mask: Any,
+    order: Any,
     used: int,
     scale: float,
     softcap: float,
@@ -380,19 +386,21 @@ def attend(
 
     q (B, H, n_q, D) float32; k (Bk, Hkv, n_kv, D) and v (Bk, Hkv, n_kv, Dv) float32, or
     uint16 holding f16 (read through ``table``); mask (Bm, Hm, ≥n_q, ≥used) float32 or
-    raw f16 with 1 for a broadcast extent, or shape (0, 0, 0, 0) for none; out
-    (B, n_q, H, Dv). A query that sees no row gets zeros, as in ggml, and a masked row
-    (-inf) is never read, so garbage in it cannot reach the result.
+    raw f16 with 1 for a broadcast extent, or shape (0, 0, 0, 0) for none; ``order``
+    int32 (n_kv,), the cells in the order their terms are summed (by position: the
+    engine's unified cache holds a sequence's cells in any order), or shape (0,) for
+    cache order; out (B, n_q, H, Dv). A query that sees no row gets zeros, as in ggml,
+    and a masked row (-inf) is never read, so garbage in it cannot reach the result.
 
     The arithmetic is llama.cpp's CPU attention as llama-cpp-python runs it (no flash
     attention: ``mul_mat(k, q)``, ``soft_max_ext``, ``mul_mat(v, kq)``), operation for
     operation, so the result is ggml's to the bit: each score by ``ggml_vec_dot_f32``'s
     64 fused lanes and halving tree, ggml's softmax (:func:`_softmax_ggml`), and each
     output value by ``ggml_vec_dot_f32`` over the weights. Where ggml puts cache cell
-    ``j`` in lane ``j mod 64``, here the ``c``-th *visible* cell takes lane ``c mod 64``:
-    the same for one sequence in cells ``0…n`` (how llama.cpp fills its cache), and a
-    row's bits then depend on nothing it cannot see (where its cells lie, other
-    sequences' cells, how many query rows share the step). ggml itself switches the
+    ``j`` in lane ``j mod 64``, here the ``c``-th *visible* cell in ``order`` takes lane
+    ``c mod 64``: the same for one sequence in cells ``0…n`` (how llama.cpp fills its
+    cache), and a row's bits then depend on nothing it cannot see (where its cells lie,
+    other sequences' cells, how many query rows share the step). ggml itself switches the
     weights·V product to tinyBLAS's 16-lane order for two query rows or more; here one
     order holds for any number of rows (the same up to 16 visible cells), so batching
     changes nothing. Fused multiply-adds are exact ``llvm.fma`` calls and no fast-math
@@ -403,7 +411,7 @@ def attend(
     for t in prange(n_b * n_hk * runs):
         bh, run = t // runs, t % runs
         r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
-        _attend_rows_ggml(q, k, v, mask, used, scale, softcap, out, table, bh // n_hk,
+        _attend_rows_ggml(q, k, v, mask, order, used, scale, softcap, out, table, bh // n_hk,
                           bh % n_hk, run * ROWS_PER_TASK, r1)  # fmt: skip
 
 
@@ -413,6 +421,7 @@ def attend_serial(
     k: Any,
     v: Any,
     mask: Any,
+    order: Any,
     used: int,
     scale: float,
     softcap: float,
@@ -423,7 +432,7 @@ def attend_serial(
     cache, a thread woken for its share cost more than the share)."""
     n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
     for bh in range(n_b * n_hk):
-        _attend_rows_ggml(q, k, v, mask, used, scale, softcap, out, table, bh // n_hk,
+        _attend_rows_ggml(q, k, v, mask, order, used, scale, softcap, out, table, bh // n_hk,
                           bh % n_hk, 0, n_q)  # fmt: skip
 
 

@@ -227,9 +227,13 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
     masks the padding with -inf, and columns that are -inf for every query contribute
     exactly nothing, so each run finds the last column any query can see and computes
     (and widens F16/BF16 K and V) up to it — as ggml's kernel skips -inf entries.
+
+    The exact kernel sums a row's visible cells in the op's ``order`` (src 4) when it has
+    one, by position in the engine's cache; BLAS's products have their own order.
     """
     q_t, k_t, v_t = node.src[:3]
     mask_t = node.src[3] if len(node.src) > 3 else None
+    order = ctx.view(node.src[4]) if len(node.src) > 4 else _CACHE_ORDER
     p = node.op_params
     scale, softcap = F32.type(p["scale"]), F32.type(p.get("logit_softcap", 0.0))
     max_bias = p.get("max_bias", 0.0)
@@ -263,7 +267,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
             bias = no_mask if term is None else term[..., :used]
             if bias.dtype == np.float16:
                 bias = bias.view(np.uint16)  # read in place through the f16 table
-            jit.attend(q4, k_in, v_in, bias, used, float(scale), float(softcap), out4)
+            jit.attend(q4, k_in, v_in, bias, order, used, float(scale), float(softcap), out4)
 
         return sequence(prep, run_few)
 
@@ -364,6 +368,8 @@ def _attend_group(
 
 
 _NO_MASK3 = np.zeros((0, 0, 0), np.float32)
+#: no ``order``: the exact kernel sums in cache order
+_CACHE_ORDER = np.zeros(0, np.int32)
 
 
 def _visible_columns(mask4: np.ndarray) -> int:
