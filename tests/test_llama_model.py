@@ -296,7 +296,8 @@ def test_partial_offload_pins_every_node_and_copy(
     """-ngl 2 on the 2-block model: both blocks on OpenCL0, embeddings and output on the
     CPU. The CPU takes nothing it does not have to (ggml spreads the other backends'
     assignments first): even the output's rms_norm stays on OpenCL0, so a step copies
-    the four graph inputs in and that norm out, and nothing else."""
+    the five graph inputs in (the cells' position order too: OpenCL's attention ignores
+    it, but it is an operand of the op) and that norm out, and nothing else."""
     gpu = _device("OpenCL0")
     m = _llama(run, models["f32"], Placement.offload(2, 2, gpu=gpu), cache_type="f32")
     m.eval(TOKENS[:4])
@@ -304,10 +305,10 @@ def test_partial_offload_pins_every_node_and_copy(
     summary = m.split_summaries["generation"]
     assert [(name, inputs) for name, _, inputs in summary.splits] == [
         ("CPU", ()),
-        ("OpenCL0", ("inp_embd", "inp_pos", "inp_kv_idx", "kq_mask")),
+        ("OpenCL0", ("inp_embd", "inp_pos", "inp_kv_idx", "kq_mask", "inp_kv_order")),
         ("CPU", ("rms_norm",)),
     ]
-    assert summary.n_copies == 5
+    assert summary.n_copies == 6
     sched = m.sched_for(1)
     step = sched.allocated
     assert step is not None
