@@ -157,6 +157,41 @@ def test_smollm2_a_sequence_in_scattered_cells_gives_the_bits_of_a_compact_one(
     smollm2.reset()
 
 
+def _logprob_events(engine: Engine, prompt: list[int], n: int) -> list[tuple[object, ...]]:
+    """A greedy request's (token, logprob, top 3) per generated token."""
+    events: list[TokenEvent] = []
+    engine.submit(Request(prompt, max_tokens=n, stop_tokens=NONE, n_probs=3,
+                          on_event=events.append)).result()  # fmt: skip
+    return [(e.token, e.logprob, e.top_logprobs) for e in events]
+
+
+def test_smollm2_a_reused_prefix_in_a_fragmented_cache_gives_a_cold_runs_logprobs(
+    smollm2: Llama,
+) -> None:
+    """Two slots: a filler, a request with a system prompt, a shorter filler in the
+    first slot's freed cells, then a request sharing the system prompt: it reuses those
+    cells and its own tokens take the free cells below them, so its positions 20… lie
+    before 0…19. Its logprobs (top 3 per token) equal a cold run's in cells 0, 1, 2, …
+    bit for bit. (Summed in cell order, they differed from the second token on.)"""
+    assert smollm2.vocab is not None
+    enc = smollm2.vocab.encode
+    system = enc("You are a helpful assistant who answers questions about geography, "
+                 "history and science in short sentences.")  # fmt: skip
+    asked = system + enc(" Question: how high is Mount Everest?")
+    smollm2.reset()
+    want = _logprob_events(Engine(smollm2, n_parallel=1), asked, 16)
+    smollm2.reset()
+    engine = Engine(smollm2, n_parallel=2)
+    _logprob_events(engine, enc(" ".join(SMOLLM2_PROMPTS))[:30], 1)
+    _logprob_events(engine, system + enc(" Question: what is the capital of Italy?"), 4)
+    _logprob_events(engine, enc("Hello there"), 1)
+    got = _logprob_events(engine, asked, 16)
+    held = smollm2.kv.pos[:50].tolist()
+    assert held[30:50] == list(range(20)) and held[2:5] == [20, 21, 22]
+    assert got == want
+    smollm2.reset()
+
+
 def test_requests_join_and_leave_between_steps_and_cancel_frees_the_slot(llama: Llama) -> None:
     prompts = _prompts(5, seed=1)
     want = [_reference(llama, p, 12) for p in prompts]
