@@ -57,6 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SIZES: dict[str, dict[str, int]] = {
     "100M": {"n_vocab": 32000, "n_embd": 768, "n_layer": 8, "n_head": 12, "n_head_kv": 4,
@@ -135,7 +136,8 @@ def model_path(spec: Spec, cache: Path) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         print(f"writing {path.name} ...", file=sys.stderr, flush=True)
         partial = path.with_suffix(".partial")
-        write_tiny_llama(partial, spec.type, seed=1, **SIZES[spec.size])
+        dims: dict[str, Any] = dict(SIZES[spec.size])  # the writer's **dims: ints
+        write_tiny_llama(partial, spec.type, seed=1, **dims)
         partial.rename(path)
     return path
 
