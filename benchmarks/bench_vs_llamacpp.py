@@ -2,7 +2,7 @@
 
     python benchmarks/bench_vs_llamacpp.py [--models 100M:q4_0,100M:q8_0,100M:q4_k]
         [--threads 1,2,auto] [--prompt 128] [--gen 32] [--batch 128] [--repeats 2]
-        [--rounds 3] [--load N] [--llama-python PATH]
+        [--rounds 3] [--cold 1] [--load N] [--llama-python PATH]
 
 Models are written once into ``--cache`` by the tiny-model writer (random weights, a
 llama graph): ``100M`` (8 blocks, n_embd 768, 12 heads / 4 KV heads, n_ff 2048, vocab
@@ -30,6 +30,15 @@ while timing shows other work holding the cores), llama.cpp with one thread per 
 faster) as the median of each round's own ratio: the two runs of a round are seconds
 apart, so a slow phase of a shared machine cancels out of it.
 
+Each process also reports when its first generated token came, counted from the
+moment the driver started it (interpreter, imports, loading, warm-up and the first
+prompt: what a user waits for after pressing enter; llama.cpp's warm-up evaluation is
+in it too, as llama-cli runs one), and its peak resident memory (``ru_maxrss``). A
+second table gives both per engine, the medians of the rounds, and ``--cold`` (1)
+more tensorplug runs per model and thread count with numba's disk cache empty (a
+fresh ``NUMBA_CACHE_DIR``): a new install's first run, which compiles the kernels it
+uses (0: none; they take tens of seconds each).
+
 ``--load N`` starts N busy processes (a Python loop each) for the whole run, to see
 how each engine copes with a machine that is doing something else.
 """
@@ -39,13 +48,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SIZES: dict[str, dict[str, int]] = {
     "100M": {"n_vocab": 32000, "n_embd": 768, "n_layer": 8, "n_head": 12, "n_head_kv": 4,
@@ -124,7 +136,8 @@ def model_path(spec: Spec, cache: Path) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         print(f"writing {path.name} ...", file=sys.stderr, flush=True)
         partial = path.with_suffix(".partial")
-        write_tiny_llama(partial, spec.type, seed=1, **SIZES[spec.size])
+        dims: dict[str, Any] = dict(SIZES[spec.size])  # the writer's **dims: ints
+        write_tiny_llama(partial, spec.type, seed=1, **dims)
         partial.rename(path)
     return path
 
@@ -169,14 +182,16 @@ def worker_tensorplug(
     m.reset()
     t0 = time.perf_counter()
     logits = m.eval(prompt)
-    t1 = time.perf_counter()
     tok = int(logits[-1].argmax())
+    first_token_at = time.time()
+    t1 = time.perf_counter()
     for _ in range(n_gen):
         tok = int(m.eval([tok])[-1].argmax())
     t2 = time.perf_counter()
     again = _again(m.reset, m.eval, prompt, repeats)
     m.close()
-    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again}
+    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again,
+            "first_token_at": first_token_at, "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
 
 
 def worker_llamacpp(
@@ -194,12 +209,22 @@ def worker_llamacpp(
     prompt = _tokens(n_prompt, n_vocab)
     t0 = time.perf_counter()
     llm.eval(prompt)
+    int(llm.scores[llm.n_tokens - 1].argmax())  # the first token, as tensorplug's
+    first_token_at = time.time()
     t1 = time.perf_counter()
     for i in range(n_gen):
         llm.eval([prompt[i % n_prompt]])
     t2 = time.perf_counter()
     again = _again(llm.reset, llm.eval, prompt, repeats)
-    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again}
+    return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again,
+            "first_token_at": first_token_at, "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory in MB (Linux counts ``ru_maxrss`` in KiB,
+    macOS in bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
 
 
 def _run_worker(args: argparse.Namespace) -> None:
@@ -221,8 +246,16 @@ def find_llama_python(given: str | None) -> str | None:
     return None
 
 
-def measure(exe: str, engine: str, path: Path, threads: int, a: argparse.Namespace) -> dict:
+def measure(
+    exe: str, engine: str, path: Path, threads: int, a: argparse.Namespace,
+    numba_cache: str | None = None,
+) -> dict:  # fmt: skip
+    """One worker's figures, with ``launch``: seconds from starting it to its first
+    generated token. ``numba_cache``: the folder numba's disk cache is read from and
+    written to (a fresh one: a first run)."""
     env = dict(os.environ)
+    if numba_cache is not None:
+        env["NUMBA_CACHE_DIR"] = numba_cache
     if threads != AUTO:
         env.update({name: str(threads) for name in
                     ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -230,10 +263,19 @@ def measure(exe: str, engine: str, path: Path, threads: int, a: argparse.Namespa
     cmd = [exe, __file__, "--worker", engine, "--model", str(path),
            "--threads", str(threads or "auto"), "--prompt", str(a.prompt), "--gen", str(a.gen),
            "--batch", str(a.batch), "--repeats", str(a.repeats)]  # fmt: skip
+    started = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{engine} failed on {path.name}:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict = json.loads(done.stdout.strip().splitlines()[-1])
+    result["launch"] = result.pop("first_token_at") - started
+    return result
+
+
+def measure_cold(path: Path, threads: int, a: argparse.Namespace) -> dict:
+    """A tensorplug worker whose numba cache starts empty: a new install's first run."""
+    with tempfile.TemporaryDirectory(prefix="tensorplug-cold-numba-") as cache:
+        return measure(sys.executable, "tensorplug", path, threads, a, numba_cache=cache)
 
 
 def paired_ratio(ours: list[float], theirs: list[float]) -> float:
@@ -246,6 +288,20 @@ def _stats(values: list[float]) -> str:
     return f"{statistics.median(values):8.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
+def start_row(ours: list[dict], theirs: list[dict], cold: list[dict]) -> str:
+    """Launch to first token (warm; tensorplug's first run) and peak RSS of each engine,
+    ratios tensorplug / llama.cpp (below 1.00 tensorplug is quicker, or smaller)."""
+    cells = []
+    for key in ("launch", "peak_rss_mb"):
+        mine, ref = [r[key] for r in ours], [r[key] for r in theirs]
+        cell = f"{_stats(mine):>24} {_stats(ref):>24} {paired_ratio(mine, ref):6.2f}"
+        if key == "launch":
+            first = statistics.median(r["launch"] for r in cold) if cold else None
+            cell += f" {first:10.1f}" if first is not None else f" {'-':>10}"
+        cells.append(cell)
+    return " | ".join(cells)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="100M:q4_0,100M:q8_0,100M:q4_k")
@@ -256,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2,
                    help="prompts again after the first, for steady throughput (2)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    p.add_argument(
+        "--cold",
+        type=int,
+        default=1,
+        help="tensorplug runs with numba's cache empty, per model and threads (1)",
+    )
     p.add_argument("--load", type=int, default=0, help="busy processes during the run (0)")
     p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tensorplug-bench")
@@ -266,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("prompt", "gen", "batch", "repeats", "rounds"):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name} must be >= 1")
-    if a.load < 0:
-        raise SystemExit("--load must be >= 0")
+    if a.load < 0 or a.cold < 0:
+        raise SystemExit("--load and --cold must be >= 0")
     if a.worker:
         _run_worker(a)
         return 0
@@ -286,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'model':12} {'thr':>4}" + "".join(
             f" | {what + ' tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
             for what in ("prompt", "again", "gen")))  # fmt: skip
+        starts: list[str] = []
         for spec in specs:
+            # untimed: numba's disk cache filled with what this model uses, so that no
+            # round's launch includes compiling (a first run is measured on its own)
+            measure(sys.executable, "tensorplug", paths[spec], a.threads[0], a)
             for threads in a.threads:
                 ours: list[dict] = []
                 theirs: list[dict] = []
@@ -300,6 +366,16 @@ def main(argv: list[str] | None = None) -> int:
                     ratio = paired_ratio(mine, ref)
                     row.append(f"{_stats(mine):>24} {_stats(ref):>24} {ratio:6.2f}")
                 print(" | ".join(row), flush=True)
+                cold = [measure_cold(paths[spec], threads, a) for _ in range(a.cold)]
+                starts.append(f"{spec.name:12} {threads or 'auto':>4} | "
+                              + start_row(ours, theirs, cold))  # fmt: skip
+        print("\nlaunch to first token, s (warm caches; tensorplug's first run: numba's cache "
+              "empty), and peak RSS, MB: median (min-max)")  # fmt: skip
+        print(
+            f"{'model':12} {'thr':>4} | {'tensorplug':>24} {'llama.cpp':>24} {'ratio':>6} "
+            f"{'first run':>10} | {'RSS tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
+        )
+        print("\n".join(starts))
     finally:
         for proc in busy:
             proc.kill()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -68,6 +69,23 @@ def test_a_tensorplug_worker_reports_first_prompt_repeats_and_generation(
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", "q8_0", n_embd=64, n_ff=128, n_layer=2,
                             n_head=4, n_head_kv=2, n_vocab=320)  # fmt: skip
+    before = time.time()
     got = bench.worker_tensorplug(str(path), 1, n_prompt=12, n_gen=3, batch=8, repeats=2)
-    assert set(got) == {"prompt", "again", "gen"}
+    assert set(got) == {"prompt", "again", "gen", "first_token_at", "peak_rss_mb"}
     assert all(v > 0 for v in got.values())
+    assert before < got["first_token_at"] < time.time()  # when, not how long: the driver
+    # subtracts its own start of the process
+    assert got["peak_rss_mb"] > 20  # at least the interpreter and numpy
+
+
+def test_the_start_table_gives_medians_ratios_and_the_first_run(bench: ModuleType) -> None:
+    ours = [{"launch": 2.0, "peak_rss_mb": 300.0}, {"launch": 3.0, "peak_rss_mb": 310.0},
+            {"launch": 2.5, "peak_rss_mb": 305.0}]  # fmt: skip
+    theirs = [{"launch": 0.5, "peak_rss_mb": 100.0}, {"launch": 1.0, "peak_rss_mb": 100.0},
+              {"launch": 0.5, "peak_rss_mb": 100.0}]  # fmt: skip
+    row = bench.start_row(ours, theirs, [{"launch": 14.25}])
+    launch, rss = (cell.split() for cell in row.split(" | "))
+    # medians (min-max), then the median of the rounds' ratios 4.0, 3.0, 5.0
+    assert launch == ["2.5", "(2.0-3.0)", "0.5", "(0.5-1.0)", "4.00", "14.2"]
+    assert rss == ["305.0", "(300.0-310.0)", "100.0", "(100.0-100.0)", "3.05"]
+    assert bench.start_row(ours, theirs, []).split(" | ")[0].split()[-1] == "-"

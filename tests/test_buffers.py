@@ -32,6 +32,19 @@ def test_host_buffer_type_properties_and_alignment(host: tp.Buffer) -> None:
     assert host.usage is tp.BufferUsage.WEIGHTS
 
 
+@pytest.mark.parametrize("size", [4096, 64 << 20])  # from the heap, and from the OS
+def test_a_new_host_buffer_is_zero_without_a_clear(size: int) -> None:
+    """``zeroed``: a KV cache need not be cleared at load (which wrote, and made
+    resident, every page of it), even where freed memory held other bytes."""
+    buft = tp.host_buffer_type()
+    assert buft.zeroed
+    for _ in range(2):
+        buf = buft.alloc_buffer(size)
+        assert not buf.host_array().any()
+        buf.clear(0xA5)  # what the next allocation may get back
+        buf.free()
+
+
 def test_set_get_round_trip_with_offsets(host: tp.Buffer) -> None:
     x = _placed(Type.F32, (4, 8), host, 128)
     vals = np.arange(32, dtype=np.float32).reshape(4, 8)

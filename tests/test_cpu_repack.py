@@ -426,3 +426,38 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k", "q5_k",
              "q6_k"]  # fmt: skip
     assert done.stdout.split() == [w for n in names for w in (n, "ok")]
+
+
+def test_a_driver_computes_only_the_types_it_was_made_for() -> None:
+    """A first run compiles the tiles of its model's weight types only (issue 42: one
+    switch over every layout was ~70 s of SmolLM2's first run): the drivers made for
+    Q4_0 give the backend's bits, those made for Q8_0 have no Q4_0 tile to run."""
+    pytest.importorskip("numba", reason="the repacked products are numba's")
+    from tensorplug_cpu.kernels import _numba_repack as rp
+    from tensorplug_cpu.repack import packed_rows
+
+    backend, buft = _cpu()
+    raw, _ = _weights(tp.Type.Q4_0, 16, 64)
+    w = _repacked(tp.Type.Q4_0, raw, buft)
+    xv = RNG.standard_normal((3, 64)).astype(np.float32)
+    x = tp.new_tensor("f32", xv.shape, "x")
+    y = ops.mul_mat(w, x)
+    tp.alloc_tensors([x, y], tp.host_buffer_type())
+    tp.set_array(x, xv)
+    tp.get_proc("CPU", "set_n_threads")(backend, 1)  # type: ignore[misc]
+    backend.graph_compute(tp.Graph(y))
+    table = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    args = (np.empty((3, 64), np.int8), np.empty((3, 2), np.float32),
+            np.empty((3, 2), np.int32))  # fmt: skip
+    for kinds, expected in [({tp.Type.Q4_0}, tp.get_array(y)), ({tp.Type.Q8_0}, None)]:
+        out = np.full((3, 16), np.nan, np.float32)
+        drivers = rp.packed_kernels(frozenset(kinds))
+        drivers.serial(xv, packed_rows(w), *args, out, table.astype(np.float32),
+                       int(tp.Type.Q4_0))  # fmt: skip
+        if expected is None:
+            assert np.isnan(out).all()  # the Q8_0 drivers hold no Q4_0 tile
+        else:
+            np.testing.assert_array_equal(out, expected)
+    assert rp.packed_kernels(frozenset({tp.Type.Q8_0})) is drivers  # made once per set
+    with pytest.raises(ValueError, match="F32 weights have no repacked layout"):
+        rp.kinds_mask([tp.Type.F32])

@@ -49,6 +49,7 @@ class BufferType(ABC):
     ``alloc_buffer``, which checks the size). Optional: ``max_size`` (unbounded),
     ``alloc_size(tensor)`` (``tensor.nbytes``; more when kernels read past the end),
     ``is_host`` (False; True lets the CPU backend read the memory directly),
+    ``zeroed`` (False; True when new buffers' bytes are all 0),
     ``accepts(tensor)`` (True; an extra buffer type says which weights it holds). A device
     computing in host memory need not write one: use
     ``tensorplug.host.HostBufferType(device, name=...)``.
@@ -87,6 +88,14 @@ class BufferType(ABC):
     @property
     def is_host(self) -> bool:
         """True when buffers live in host memory with ggml's standard tensor layout."""
+        return False
+
+    @property
+    def zeroed(self) -> bool:
+        """True when every byte of a new buffer is 0 (default: False), so that an
+        application need not ``clear(0)`` it: host memory from ``calloc``, whose pages
+        the OS maps as zeros when first touched, costs nothing until used, and clearing
+        it wrote (and made resident) every page of a KV cache at load."""
         return False
 
     def accepts(self, tensor: Tensor) -> bool:

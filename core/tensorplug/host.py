@@ -59,6 +59,10 @@ class HostBufferType(BufferType):
     def is_host(self) -> bool:
         return True
 
+    @property
+    def zeroed(self) -> bool:
+        return True  # aligned_bytes
+
     def _alloc_buffer(self, size: int) -> HostBuffer:
         return HostBuffer(self, aligned_bytes(size, self.name))
 
@@ -159,10 +163,13 @@ class HostBuffer(Buffer):
 
 
 def aligned_bytes(size: int, owner: str) -> np.ndarray:
-    """``size`` bytes of new host memory starting at a multiple of :data:`HOST_ALIGNMENT`;
-    :class:`AllocationError` naming ``owner`` (a buffer type) when there is no room."""
+    """``size`` bytes of new host memory, all 0, starting at a multiple of
+    :data:`HOST_ALIGNMENT`; :class:`AllocationError` naming ``owner`` (a buffer type)
+    when there is no room. Zeros cost nothing here: numpy asks ``calloc``, which takes
+    a large block's pages from the OS, zero until first written (and resident only
+    then), where ``np.empty`` and a later clear wrote every one."""
     try:
-        raw = np.empty(size + HOST_ALIGNMENT, dtype=np.uint8)
+        raw = np.zeros(size + HOST_ALIGNMENT, dtype=np.uint8)
     except MemoryError as e:
         raise AllocationError(f"{owner}: could not allocate {size} bytes of host memory") from e
     skip = -raw.ctypes.data % HOST_ALIGNMENT

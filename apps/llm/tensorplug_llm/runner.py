@@ -346,7 +346,8 @@ class Llama:
         for dev, kv in caches.items():
             buf = alloc_tensors(kv, dev.buffer_type(), BufferUsage.ANY)
             if buf is not None:
-                buf.clear(0)  # masked rows are multiplied by 0: they must not hold NaNs
+                if not buf.buft.zeroed:  # masked rows are multiplied by 0: no NaNs there
+                    buf.clear(0)
                 mem = self.memory.setdefault(dev, _DeviceMemory())
                 mem.buffers.append(buf)
                 mem.kv_cache += buf.size

@@ -36,9 +36,9 @@ streams at once, needed it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -53,13 +53,7 @@ from ._numba_cache import kernel
 from ._numba_ir import _I8, _I16, _I32, _f16x, _fn, _splat, _vec, carried_loop
 from ._numba_quant import _CHUNKS, _DOT, quantize_activations
 
-__all__ = [
-    "TILE",
-    "matmul_packed",
-    "matmul_packed_serial",
-    "matmul_packed_siblings",
-    "tile_kernel",
-]
+__all__ = ["TILE", "PackedKernels", "kinds_mask", "packed_kernels", "tile_kernel"]
 
 _I64, _F32 = ir.IntType(64), ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
@@ -640,18 +634,35 @@ def tile_kernel(lay: PackedLayout, n_tok: int) -> Any:
     return tile
 
 
-@intrinsic
+def kinds_mask(kinds: Iterable[Type]) -> int:
+    """The bit set of repacked types ``kinds`` (bit ``int(t)``) that a driver of
+    :func:`packed_kernels` compiles tiles for."""
+    mask = 0
+    for t in kinds:
+        if t not in LAYOUTS:
+            raise ValueError(f"{t.name} weights have no repacked layout (repack.LAYOUTS)")
+        mask |= 1 << int(t)
+    return mask
+
+
+@intrinsic(prefer_literal=True)
 def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, table: Any,
-             t0: Any, out: Any, kind: Any, n: Any) -> Any:  # fmt: skip
+             t0: Any, out: Any, kind: Any, n: Any, mask: Any) -> Any:  # fmt: skip
     """Group ``g`` times activation rows ``t0..t0+n-1`` (``n`` ≤ :data:`TILE`) of weights
-    of ggml type ``kind``: one ``switch`` over every layout's tile of each size."""
+    of ggml type ``kind``: one ``switch`` over the tiles of each size of the layouts in
+    ``mask`` (:func:`kinds_mask`, a compile-time constant) only. Every layout's tiles in
+    one switch made each driver ~20 layout × 4 size bodies, ~70 s of a first run's
+    compile for a model that uses one of them."""
+    if not isinstance(mask, types.IntegerLiteral):  # numba then says no match was found
+        return None
+    chosen = [(t, lay) for t, lay in LAYOUTS.items() if mask.literal_value >> int(t) & 1]
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         key = builder.add(builder.mul(builder.sext(args[8], _I64), _I64(8)),
                           builder.sext(args[9], _I64))  # fmt: skip
         done = builder.append_basic_block("tile_of.done")
         switch = builder.switch(key, done)
-        for t, lay in LAYOUTS.items():
+        for t, lay in chosen:
             for size in range(1, TILE + 1):
                 case = builder.append_basic_block(f"tile_of.{t.name}.{size}")
                 switch.add_case(_I64(8 * int(t) + size), case)
@@ -661,19 +672,21 @@ def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, tab
         builder.position_at_end(done)
         return context.get_dummy_value()
 
-    return types.none(packed, g, xq, xd, xs, table, t0, out, kind, n), codegen
+    return types.none(packed, g, xq, xd, xs, table, t0, out, kind, n, mask), codegen
 
 
 @njit(inline="always")
 def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any, out: Any,
-            kind: int) -> None:  # fmt: skip
-    """Groups ``g0..g1-1`` times every activation row, in tiles of up to four rows."""
+            kind: int, mask: int) -> None:  # fmt: skip
+    """Groups ``g0..g1-1`` times every activation row, in tiles of up to four rows.
+    (Inlined before typing, so the caller's constant ``mask`` reaches :func:`_tile_of`
+    as one.)"""
     n_tok = xq.shape[0]
     for g in range(g0, g1):
         t = 0
         while t < n_tok:
             n = min(TILE, n_tok - t)
-            _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n)  # type: ignore[call-arg]
+            _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, mask)  # type: ignore[call-arg]
             t += n
 
 
@@ -698,52 +711,77 @@ def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
         _sums_of_16(xq, xs)
 
 
-@kernel(parallel=True, fastmath=_DOT)
-def matmul_packed(
-    x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
-) -> None:
-    """``out[t, o] = W[o]·x[t]`` for repacked weights of ggml type ``kind``: the rows of
-    ``x`` quantized by :func:`quantize_q8_0` into ``xq, xd, xs`` (in parallel when there
-    are many), then the eight-row groups shared out in chunks across threads."""
-    n_tok = x.shape[0]
-    if n_tok >= 16:
-        for t in prange(n_tok):
-            _quantize(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table, kind)
-    else:
+class PackedKernels(NamedTuple):
+    """The drivers of repacked products for a set of weight types (:func:`packed_kernels`)."""
+
+    #: ``(x, packed, xq, xd, xs, out, table, kind)``: :func:`_matmul_packed`
+    parallel: Any
+    #: the same arguments, on the calling thread
+    serial: Any
+    #: ``(x, packs, outs, kinds, starts, xq, xd, xs, table)``: several matrices at once
+    siblings: Any
+
+
+@functools.cache
+def packed_kernels(kinds: frozenset[Type]) -> PackedKernels:
+    """The drivers that multiply repacked weights of the types ``kinds`` (any others
+    fall through their tiles' switch, computing nothing): each compiles the tiles of
+    those layouts only, so a first run compiles what its model uses (a Q4_1 model: 4
+    tile bodies, not ~44). They are closures over the constant mask, which numba's
+    disk cache keys them on (the closure's cell contents are in its index key), each
+    set under a name of its own."""
+    mask = kinds_mask(kinds)
+    suffix = "_".join(sorted(t.name.lower() for t in kinds))
+
+    def matmul_packed(
+        x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
+    ) -> None:
+        """``out[t, o] = W[o]·x[t]`` for repacked weights of ggml type ``kind``: the rows
+        of ``x`` quantized into ``xq, xd, xs`` (in parallel when there are many), then
+        the eight-row groups shared out in chunks across threads."""
+        n_tok = x.shape[0]
+        if n_tok >= 16:
+            for t in prange(n_tok):
+                _quantize(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table, kind)
+        else:
+            _quantize(x, xq, xd, xs, table, kind)
+        n = packed.shape[0]
+        per = (n + _CHUNKS - 1) // _CHUNKS
+        for c in prange(_CHUNKS):
+            _groups(packed, min(n, c * per), min(n, (c + 1) * per), xq, xd, xs, table, out,
+                    kind, mask)  # fmt: skip
+
+    def matmul_packed_serial(
+        x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
+    ) -> None:
+        """``matmul_packed`` on the calling thread, without a parallel region."""
         _quantize(x, xq, xd, xs, table, kind)
-    n = packed.shape[0]
-    per = (n + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
-        _groups(packed, min(n, c * per), min(n, (c + 1) * per), xq, xd, xs, table, out, kind)
+        _groups(packed, 0, packed.shape[0], xq, xd, xs, table, out, kind, mask)
 
+    def matmul_packed_siblings(
+        x: Any, packs: Any, outs: Any, kinds: Any, starts: Any, xq: Any, xd: Any, xs: Any,
+        table: Any,
+    ) -> None:  # fmt: skip
+        """``matmul_packed`` for several repacked matrices that multiply the same ``x``
+        (a layer's Q, K and V; its gate and up): ``x`` quantized once, one parallel
+        region for all. ``packs``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s
+        groups sitting at ``starts[m]..`` of one concatenated range of groups. Each group
+        is computed as ``matmul_packed`` computes it, to the bit. The kinds all sum codes
+        over 16 (Q2_K, Q6_K) or none do (the code sums differ)."""
+        _quantize(x, xq, xd, xs, table, kinds[0])
+        total = starts[len(packs)]
+        per = (total + _CHUNKS - 1) // _CHUNKS
+        for c in prange(_CHUNKS):
+            lo, hi = c * per, (c + 1) * per
+            for m in range(len(packs)):
+                g0, g1 = max(lo, starts[m]) - starts[m], min(hi, starts[m + 1]) - starts[m]
+                if g0 < g1:
+                    _groups(packs[m], g0, g1, xq, xd, xs, table, outs[m], kinds[m], mask)
 
-@kernel(nogil=True, fastmath=_DOT)
-def matmul_packed_serial(
-    x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
-) -> None:
-    """:func:`matmul_packed` on the calling thread, without a parallel region."""
-    _quantize(x, xq, xd, xs, table, kind)
-    _groups(packed, 0, packed.shape[0], xq, xd, xs, table, out, kind)
-
-
-@kernel(parallel=True, fastmath=_DOT)
-def matmul_packed_siblings(
-    x: Any, packs: Any, outs: Any, kinds: Any, starts: Any, xq: Any, xd: Any, xs: Any,
-    table: Any,
-) -> None:  # fmt: skip
-    """:func:`matmul_packed` for several repacked matrices that multiply the same ``x``
-    (a layer's Q, K and V; its gate and up): ``x`` quantized once, one parallel region
-    for all. ``packs``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s groups sitting
-    at ``starts[m]..`` of one concatenated range of groups. Each group is computed as
-    :func:`matmul_packed` computes it, to the bit. The kinds all sum codes over 16 (Q2_K,
-    Q6_K) or none do (the
-    code sums differ)."""
-    _quantize(x, xq, xd, xs, table, kinds[0])
-    total = starts[len(packs)]
-    per = (total + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
-        lo, hi = c * per, (c + 1) * per
-        for m in range(len(packs)):
-            g0, g1 = max(lo, starts[m]) - starts[m], min(hi, starts[m + 1]) - starts[m]
-            if g0 < g1:
-                _groups(packs[m], g0, g1, xq, xd, xs, table, outs[m], kinds[m])
+    for fn in (matmul_packed, matmul_packed_serial, matmul_packed_siblings):
+        fn.__qualname__ = f"{fn.__name__}_{suffix}"  # the name of its cache files
+    return PackedKernels(
+        kernel(parallel=True, fastmath=_DOT)(matmul_packed),
+        kernel(nogil=True, fastmath=_DOT)(matmul_packed_serial),
+        kernel(parallel=True, fastmath=_DOT)(matmul_packed_siblings),
+    )

@@ -82,11 +82,11 @@ class JitKernels:
         self._int8 = ki8.matvec_int8
         self._int8_serial = ki8.matvec_int8_serial
         self._int8_siblings = ki8.matvec_int8_siblings
-        from . import _numba_repack as repack
+        from ._numba_repack import packed_kernels
 
-        # weights stored repacked (CPU_REPACK): eight rows at a time, any activation rows
-        self._packed, self._packed_serial = repack.matmul_packed, repack.matmul_packed_serial
-        self._packed_siblings = repack.matmul_packed_siblings
+        # weights stored repacked (CPU_REPACK): eight rows at a time, any activation rows;
+        # drivers per set of types, which compile those types' tiles only
+        self._packed_kernels = packed_kernels
         from . import _numba_fmatvec as fmatvec
 
         # F32, F16 and BF16 weights times a few rows, each weight read once
@@ -192,8 +192,9 @@ class JitKernels:
         xq, xd, xs = _packed_scratch(x, t, scratch)
         args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         what = f"repacked {t.name} product kernel"
-        serial = partial(self._call, f"one-thread {what}", self._packed_serial, *args)
-        parallel = partial(self._call, what, self._packed, *args)
+        drivers = self._packed_kernels(frozenset((t,)))
+        serial = partial(self._call, f"one-thread {what}", drivers.serial, *args)
+        parallel = partial(self._call, what, drivers.parallel, *args)
         return self._serial_or_parallel(serial, parallel)
 
     def bind_matvec_float(
@@ -280,9 +281,10 @@ class JitKernels:
             return None
         one_by_one = [self.bind_packed(t, p, x, o, scratch) for t, p, o in products]
         joint = _sibling_args(packs, outs, [t for t, _, _ in products], lambda p: p.shape[0])
-        together = partial(self._call, "repacked sibling products kernel", self._packed_siblings,
-                           x, *joint, *_packed_scratch(x, products[0][0], scratch),
-                           _F16_TO_F32)  # fmt: skip
+        kinds = frozenset(t for t, _, _ in products)
+        what = f"repacked sibling products kernel for {'+'.join(sorted(t.name for t in kinds))}"
+        together = partial(self._call, what, self._packed_kernels(kinds).siblings, x, *joint,
+                           *_packed_scratch(x, products[0][0], scratch), _F16_TO_F32)  # fmt: skip
         return self._one_by_one_or_together(one_by_one, together)
 
     def _serial_or_parallel(
