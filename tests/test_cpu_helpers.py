@@ -9,6 +9,7 @@ written from the op contracts, never calls into the backend's kernels.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -18,6 +19,7 @@ __all__ = [
     "backend_for",
     "compute",
     "ggml_activations",
+    "ggml_gelu",
     "ggml_product",
     "int8_path",
     "nmse",
@@ -118,6 +120,25 @@ def ggml_activations(b: np.ndarray, t: tp.Type) -> np.ndarray:
     return q8_k_activations(x) if t.block_size == 256 else q8_activations(x)
 
 
+#: ggml's ``ggml_table_gelu_f16`` as llama-cpp-python's ggml filled it
+#: (``tests/data/make_gelu_fixture.py``), as float32
+_GELU_TABLE = (
+    np.load(Path(__file__).parent / "data" / "gelu_llamacpp.npz")["table"]
+    .view(np.float16)
+    .astype(np.float32)
+)
+
+
+def ggml_gelu(x: np.ndarray) -> np.ndarray:
+    """GELU as ggml's CPU computes it (``GGML_GELU_FP16``), float64: 0 at or below -10,
+    x at or above 10, else ggml's table at the f16 bits of float32 ``x`` (within an f16
+    rounding of the tanh formula; ``tests/test_cpu_gelu_table.py`` says why)."""
+    x32 = np.asarray(x, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        looked = _GELU_TABLE[x32.astype(np.float16).view(np.uint16)]
+    return np.where(x32 <= -10, 0.0, np.where(x32 >= 10, x32, looked)).astype(np.float64)
+
+
 def ggml_product(b: np.ndarray, w64: np.ndarray, t: tp.Type, raw: np.ndarray) -> np.ndarray:
     """``b @ W.T`` as ggml computes it for ``t`` weights (decoded values ``w64``, raw
     bytes ``raw``, a row of blocks per weight row), in float64: the activations of
@@ -145,9 +166,4 @@ def int8_path(t: tp.Type, n_tokens: int, jit: bool = True) -> bool:
     from tensorplug_cpu.kernels.dispatch import matvec_max_tokens
     from tensorplug_cpu.kernels.jit import load_jit
 
-    return (
-        jit
-        and load_jit() is not None
-        and t in INT8_TYPES
-        and n_tokens <= matvec_max_tokens(t)
-    )
+    return jit and load_jit() is not None and t in INT8_TYPES and n_tokens <= matvec_max_tokens(t)

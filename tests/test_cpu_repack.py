@@ -374,7 +374,7 @@ x64 = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 32, axis=1)
 xs1 = np.empty((4, 8), np.int32)  # Q8_1: each block's s = f16(d·Σcode), as float32 bits
 quantize_q8_1(x, np.empty_like(xq), np.empty_like(xd), xs1, table)
 s_minus_sum = xs1.view(np.float32).astype(np.float64) - xd * xs  # what s adds beyond d·Σcode
-kq, kd, ks = np.empty_like(xq), np.empty_like(xd), np.empty_like(xs)  # Q8_K, for IQ4_XS
+kq, kd, ks = np.empty_like(xq), np.empty_like(xd), np.empty_like(xs)  # Q8_K: IQ4_XS, Q4_K
 quantize_q8_k(x, kq, kd, ks, table)
 for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k",
              "q5_k", "q6_k"):
@@ -395,7 +395,7 @@ for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k",
     out = np.empty((4, 16), np.float32)
     sums = xq.reshape(4, -1, 16).sum(-1, dtype=np.int32) if name in ("q2_k", "q6_k") else xs
     sums = xs1 if name in ("q4_1", "q5_1") else sums
-    if name == "iq4_xs":  # its kernel takes one d per super-block: Q8_K's
+    if name in ("iq4_xs", "q4_k"):  # their kernels take one d per super-block: Q8_K's
         run(packed.reshape(2, -1), kq, kd, ks, out)
         expected = (kq.astype(np.float64) * np.repeat(kd.astype(np.float64), 32, axis=1)) @ w.T
     else:

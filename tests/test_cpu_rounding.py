@@ -9,7 +9,8 @@ llama of each type; ``tests/data/make_rounding_fixture.py`` rebuilds the same fi
 and regenerates it.
 
 Measured (largest |difference| over the largest logit, per position): the median
-position is 0 to 3e-7 for every quantized type, whole prompt and token by token, where
+position is 0 to 3e-7 for every quantized type, whole prompt and token by token (0 at
+every position for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, held below 1e-7), where
 exact float32 activations (the CPU before) left 1e-2 for Q4_1, Q5_1 and the K-quants.
 Rounding can still tip one activation to the neighbouring code where the engines' last
 float32 bits differ, and that moves a position (and the ones that attend to it) by up to
@@ -36,6 +37,11 @@ from make_rounding_fixture import FILES, TOKENS  # noqa: E402
 FIXTURE = np.load(DATA / "rounding_llamacpp.npz")
 #: the median position's error each type is held to (see the module's docstring)
 MEDIAN = {name: 2.5e-4 if name == "f16" else 1e-5 for name in FILES}
+#: types whose products keep ggml's order of float32 operations as well as its rounding
+#: (the repacked kernels' lane sums: ``_numba_repack``): llama.cpp's logits to the bit
+#: at every position (measured 0). Q5_0 summed each block as one integer first and was
+#: 1.9e-4 off at its worst position, Q8_0 1.3e-7.
+EXACT = {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0"}
 
 
 @pytest.fixture(scope="module", params=sorted(FILES))
@@ -58,4 +64,4 @@ def test_every_weight_type_gives_llama_cpps_logits(model: Path) -> None:
     for got in (whole, stepped):
         errors = _errors(got, want)
         assert np.median(errors) <= MEDIAN[model.stem], errors
-        assert errors.max() <= 2e-2, errors
+        assert errors.max() <= (1e-7 if model.stem in EXACT else 2e-2), errors

@@ -1,10 +1,10 @@
 """Writes arch_llamacpp.npz: llama.cpp's logits at every position of a prompt for tiny
 random-weight files of the architectures added after Qwen (Phi-3 with and without its
-LongRoPE factors, Gemma 2, Qwen 3 MoE, SmolLM3, Granite, OLMo 2, Mistral 3 with and
-without YaRN), F32 weights and F32 KV cache, so that tests/test_llama_archs.py holds the
-runner to llama.cpp's own graphs for them (``src/models/phi3.cpp``, ``gemma2-iswa.cpp``,
-``qwen3moe.cpp``, ``smollm3.cpp``, ``granite.cpp``, ``olmo2.cpp``, ``mistral3.cpp``)
-without llama.cpp in CI.
+LongRoPE factors, Gemma 2, Gemma 3, Qwen 3 MoE, SmolLM3, Granite, OLMo 2, Mistral 3 with
+and without YaRN), F32 weights (Gemma 3: Q4_0) and F32 KV cache, so that
+tests/test_llama_archs.py holds the runner to llama.cpp's own graphs for them
+(``src/models/phi3.cpp``, ``gemma2-iswa.cpp``, ``gemma3.cpp``, ``qwen3moe.cpp``,
+``smollm3.cpp``, ``granite.cpp``, ``olmo2.cpp``, ``mistral3.cpp``) without llama.cpp in CI.
 
 The files are written by ``tensorplug_llm.tiny.write_tiny_llama`` with the keyword
 arguments in :data:`FILES`; the same call in the test rebuilds them byte for byte.
@@ -24,6 +24,15 @@ FILES: dict[str, dict[str, object]] = {
     "phi3": {"weight_type": "f32", "seed": 7, "arch": "phi3", "n_layer": 3},
     "phi3-longrope": {"weight_type": "f32", "seed": 7, "arch": "phi3", "long_rope": True},
     "gemma2": {"weight_type": "f32", "seed": 7, "arch": "gemma2", "n_layer": 4},
+    # six blocks: five through a window of 4, the sixth global; Q4_0 weights, whose
+    # products are llama.cpp's to the bit, so that nothing but the graph can differ
+    "gemma3-q4_0": {
+        "weight_type": "q4_0",
+        "seed": 7,
+        "arch": "gemma3",
+        "n_layer": 6,
+        "rope_base": 1e6,
+    },
     "qwen3moe": {"weight_type": "f32", "seed": 7, "arch": "qwen3moe", "n_layer": 3},
     "smollm3": {"weight_type": "f32", "seed": 7, "arch": "smollm3", "n_layer": 4},
     "granite": {"weight_type": "f32", "seed": 7, "arch": "granite"},

@@ -652,8 +652,9 @@ def _dense_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, i: int) -> Tensor:
     """The gated FFN: ``act(h·gateᵀ)·(h·upᵀ)`` then down; with a fused gate-up matrix the
     gate is the first half of one product's rows (ggml's split GLU, as Phi-3's)."""
     glu = ops.geglu if cfg.arch.ffn == "geglu" else ops.swiglu
-    up = ops.mul_mat(L.w_up, h)
-    g = glu(up) if L.w_gate is None else glu(ops.mul_mat(L.w_gate, h), up)
+    up = ops.mul_mat(L.w_up, h).set_name(f"ffn_up-{i}")  # llama.cpp's names, for dumps
+    gate = None if L.w_gate is None else ops.mul_mat(L.w_gate, h).set_name(f"ffn_gate-{i}")
+    g = glu(up) if gate is None else glu(gate, up)
     return ops.mul_mat(L.w_down, g.set_name(f"ffn_glu-{i}")).set_name(f"ffn_out-{i}")
 
 

@@ -18,11 +18,14 @@ a prompt reads each group's codes from cache for all its tokens. Each row's bloc
 is an exact integer (``Σ(q − offset)·x``, the offset taken back out as ``offset·Σx``),
 scaled by ``d_w·d_x`` and added to the row's float sum block by block: for Q4_0 the
 arithmetic of llama.cpp's ``ggml_gemv_q4_0_8x8_q8_0`` and of the four-row kernel of
-:mod:`._numba_introw`, to the bit. Q4_K scales each sub-block's exact sum by its 6-bit
-scale and takes its minimum back out, per sub-block of 32 (the activations' blocks);
-Q6_K scales each 16 values' exact sum, less 32 times their activations' sum.
-Q4_1 and Q5_1 keep ggml's ``vec_dot`` order instead: eight float sums a row and the
-minimums' ``m_w·s_x`` beside them, llama.cpp's bits (:func:`_vec_dot_order_body`).
+:mod:`._numba_introw`, to the bit. Q4_K sums each super-block as two integers (its
+scaled sums and its minimums' share) and scales each once, as llama.cpp's repacked
+``ggml_gemv_q4_K_8x8_q8_K`` (its four-row ``gemm`` scales each pair of sub-blocks: not
+followed, so that a row's bits do not depend on the rows beside it); Q5_K scales each
+sub-block of 32; Q6_K scales each 16 values' exact sum, less 32 times their
+activations' sum. Q4_1, Q5_1, Q5_0 and Q8_0 keep ggml's ``vec_dot`` order instead:
+eight float sums a row (and for Q4_1 and Q5_1 the minimums' ``m_w·s_x`` beside them),
+llama.cpp's bits (:func:`_vec_dot_order_body`, :func:`_lane_order_body`).
 The activations are rounded as ggml does for the type
 (:func:`._numba_quant.quantize_activations`: Q8_0, Q8_1, Q8_K).
 
@@ -144,6 +147,19 @@ class _RowSums:
                 self.sums, _quads(b, b.mul(b.sext(q, _vec(_I32, 32)), b.sext(x, _vec(_I32, 32))))
             )
 
+    def add_sign_folded(self, q: Any, x: Any) -> None:
+        """:meth:`add` for signed weight codes ``q`` with no offset to take back out:
+        ``|q|`` against ``x`` with ``q``'s sign (``vpsignb``, as ggml) with AVX2 (VNNI
+        included), else widened signed. Each sum is exact, group by group."""
+        b = self.builder
+        if _ir.HAS_AVX2:
+            sign = _fn(b, "llvm.x86.avx2.psign.b", _V32B, _V32B, _V32B)
+            self.add(b.call(sign, [q, q]), b.call(sign, [x, q]), 128)
+        else:
+            self.sums = b.add(
+                self.sums, _quads(b, b.mul(b.sext(q, _vec(_I32, 32)), b.sext(x, _vec(_I32, 32))))
+            )
+
     def flush(self) -> Any:
         """The sums, with AVX2's 16-bit lanes widened into them."""
         if self.pairs is not None:
@@ -185,6 +201,18 @@ def _scales(builder: ir.IRBuilder, at: Any, table: Any) -> Any:
         halves = ir.VectorType(ir.HalfType(), 8)
         return builder.fpext(builder.load(builder.bitcast(at, halves.as_pointer()), align=1), _V8F)
     return _f16x(builder, [builder.gep(at, [_I64(2 * r)]) for r in range(8)], _I64(0), table)
+
+
+def _bytes_i(builder: ir.IRBuilder, at: Any) -> Any:
+    """The eight unsigned bytes at ``at`` as ``<8 x i32>``."""
+    v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+    return builder.zext(v8, _V8I)
+
+
+def _splat_i(builder: ir.IRBuilder, v: Any) -> Any:
+    """The i32 ``v`` in each of eight lanes."""
+    one = builder.insert_element(ir.Constant(_V8I, None), v, _I32(0))
+    return builder.shuffle_vector(one, one, ir.Constant(_V8I, [0] * 8))
 
 
 def _bytes_f(builder: ir.IRBuilder, at: Any) -> Any:
@@ -380,6 +408,47 @@ def _vec_dot_order_body(lay: PackedLayout) -> Body:
     return body
 
 
+def _lane_order_body(lay: PackedLayout) -> Body:
+    """Q5_0 and Q8_0 in the order of ggml's ``vec_dot_q5_0_q8_0`` and
+    ``vec_dot_q8_0_q8_0`` (x86; llamafile's tinyBLAS, which takes llama.cpp's prompts,
+    keeps the same order): each row keeps eight float sums, sum ``k`` taking
+    ``d_w·d_x·Σ q·x`` over values ``4k..4k+3`` of every block by a fused multiply-add,
+    joined once per row as ``hsum_float_8`` (:func:`_hsum_8`). Each block's sum as one
+    exact integer first (Q4_0's order, whose repacked ggml kernel has it) differed from
+    llama.cpp's Q5_0 and Q8_0 products in the last bits of 80-90% of the values, and
+    Gemma 3 270M's 8-bit activation roundings grew that into logit differences of ~1.
+    The codes are signed values (Q5_0's less 16) fed to the sums as ``|q|`` against
+    ``x`` with ``q``'s sign, so no offset is taken back out per block."""
+
+    def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+        builder, b = blk.builder, blk.b
+        n_tok = len(accs)
+        fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+        d_w = _scales(builder, blk.base, blk.table)
+        scales = [_fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
+                  for t in range(n_tok)]  # fmt: skip
+        new = [list(a) for a in accs]
+        for c in range(lay.chunks):
+            q = blk.code_run(lay.codes_at + 32 * c)
+            if lay.nibbles:  # Q5_0: low nibbles values 4c..4c+3, high 16+4c..
+                runs = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+                runs = [builder.sub(builder.or_(codes, _fifth_bits(blk, 2 * c + h)),
+                                    _splat(_I8, 32, lay.offset))
+                        for h, codes in enumerate(runs)]  # fmt: skip
+                parts = [(runs[0], 4 * c, c), (runs[1], 16 + 4 * c, 4 + c)]
+            else:  # Q8_0: values 4c..4c+3
+                parts = [(q, 4 * c, c)]
+            for values, at, k in parts:
+                for t in range(n_tok):
+                    lane = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
+                    lane.add_sign_folded(values, blk.x_word(t, b, at))
+                    part = builder.sitofp(lane.flush(), _V8F)
+                    new[t][k] = builder.call(fma, [scales[t], part, new[t][k]])
+        return new
+
+    return body
+
+
 def _fixed_add(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
     """``a + b`` that fast math may not regroup (see :func:`_fixed_mul`)."""
     total = builder.fadd(a, b)
@@ -394,6 +463,13 @@ def _vec_dot_finish(builder: ir.IRBuilder, a: list[Any]) -> Any:
     low = add(add(a[0], a[4]), add(a[2], a[6]))
     high = add(add(a[1], a[5]), add(a[3], a[7]))
     return add(add(low, high), a[8])
+
+
+def _hsum_8(builder: ir.IRBuilder, a: list[Any]) -> Any:
+    """ggml's ``hsum_float_8`` of the eight sums, for eight rows at once:
+    ``((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))``."""
+    add = functools.partial(_fixed_add, builder)
+    return add(add(add(a[0], a[4]), add(a[2], a[6])), add(add(a[1], a[5]), add(a[3], a[7])))
 
 
 def _q45_k_body(lay: PackedLayout) -> Body:
@@ -419,8 +495,11 @@ def _q5_k_fifth_bits(blk: _Block, c: int, s: int, codes_at: int) -> Any:
 def _q4_k_body(
     blk: _Block, accs: list[list[Any]], codes_at: int = 160, fifth: bool = False
 ) -> list[list[Any]]:
-    """Q4_K: sub-block ``s`` (values ``32s..32s+31``, activation block ``8b + s``) adds
-    ``d·sc_s·d_x·Σq·x`` to the row's sum and ``dmin·m_s·d_x·Σx`` to its minimums'. Each
+    """Q4_K: a super-block adds ``(Σ_s sc_s·Σq·x)·(d·d_x)`` to the row's sum and
+    ``(Σ_s m_s·Σx)·(dmin·d_x)`` to its minimums', each sum an exact integer over the
+    sub-blocks ``s`` (values ``32s..32s+31``, activation block ``8b + s``), as ggml's
+    repacked gemv (``d_x`` Q8_K's one scale); Q5_K (``fifth``) adds
+    ``d·sc_s·d_x·Σq·x`` and ``dmin·m_s·d_x·Σx`` sub-block by sub-block. Each
     32-byte run of codes holds four values of pair ``p``'s two sub-blocks for each row:
     low nibbles sub-block ``2p``, high ones ``2p + 1``. Q5_K (``fifth``) adds each
     code's fifth bit from the eight ``qh`` runs before the codes (bit ``s`` of a byte:
@@ -432,6 +511,8 @@ def _q4_k_body(
     dmin = _scales(builder, builder.gep(blk.base, [_I64(16)]), blk.table)
     first = builder.mul(b, _I64(8))  # the block's first activation block
     new = [list(a) for a in accs]
+    isums = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
+    imins = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
     for p in range(4):
         pair = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(2)]
                 for _ in range(n_tok)]  # fmt: skip
@@ -445,6 +526,16 @@ def _q4_k_body(
             for h, codes in enumerate(halves):
                 for t in range(n_tok):
                     pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 31 if fifth else 15)
+        if not fifth:  # Q4_K: whole super-block integers, as ggml's repacked gemv
+            for h in range(2):
+                s = 2 * p + h
+                scales_at, mins_at = (builder.gep(blk.base, [_I64(at + 8 * s)]) for at in (32, 96))
+                sc, mn = _bytes_i(builder, scales_at), _bytes_i(builder, mins_at)
+                for t in range(n_tok):
+                    isums[t] = builder.add(isums[t], builder.mul(sc, pair[t][h].flush()))
+                    x_sum = blk.load(blk.xs, t, ks[h])
+                    imins[t] = builder.add(imins[t], builder.mul(mn, _splat_i(builder, x_sum)))
+            continue
         for h in range(2):
             s = 2 * p + h
             scales_at, mins_at = (builder.gep(blk.base, [_I64(at + 8 * s)]) for at in (32, 96))
@@ -457,6 +548,13 @@ def _q4_k_body(
                 new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
                 x_sum = _fixed_mul(builder, d_x, builder.sitofp(blk.load(blk.xs, t, ks[h]), _F32))
                 new[t][1] = builder.call(fma, [mn, _splat_f(builder, x_sum), new[t][1]])
+    if not fifth:
+        for t in range(n_tok):
+            d_x = _splat_f(builder, blk.load(blk.xd, t, first))  # Q8_K's one scale
+            scale, scale_min = _fixed_mul(builder, d, d_x), _fixed_mul(builder, dmin, d_x)
+            isum, imin = (builder.sitofp(v, _V8F) for v in (isums[t], imins[t]))
+            new[t][0] = builder.call(fma, [isum, scale, new[t][0]])
+            new[t][1] = builder.call(fma, [imin, scale_min, new[t][1]])
     return new
 
 
@@ -614,6 +712,8 @@ def _emitter(lay: PackedLayout, n_tok: int) -> Emit:
         return _tile(lay, n_tok, _iq4_xs_body, lambda b, a: a[0], 1)
     if lay.minimum_at >= 0:  # Q4_1, Q5_1: eight sums a row and the minimums' share
         return _tile(lay, n_tok, _vec_dot_order_body(lay), _vec_dot_finish, 9)
+    if lay.type in (Type.Q5_0, Type.Q8_0):  # eight sums a row, as ggml's vec_dot
+        return _tile(lay, n_tok, _lane_order_body(lay), _hsum_8, 8)
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], 1)
 
 

@@ -115,17 +115,16 @@ def ggml_expf(x: Any) -> Any:
 
 #: ``glu_rows`` kinds
 SWIGLU, GEGLU = 0, 1
-_SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
-_GELU_COEF_A = np.float32(0.044715)
 
 
 @kernel(error_model="numpy", nogil=True)  # no zero check on division: it would not vectorize
-def glu_rows(x: Any, g: Any, out: Any, kind: int) -> None:
+def glu_rows(x: Any, g: Any, out: Any, kind: int, gelu_table: Any) -> None:
     """``out = act(x)·g`` over 2-d float32 rows (views of any strides), in float32 as
     ggml: silu as ``x/(1 + e^-x)`` (with :func:`ggml_expf`, ggml's own vector ``expf``
-    for SIMD lanes, bit for bit); gelu's tanh form with its clamps (0 for x <= -10,
-    whatever g is; x for x >= 10)."""
-    one, half = np.float32(1), np.float32(0.5)
+    for SIMD lanes, bit for bit); gelu as ggml's CPU looks it up, in ``gelu_table``
+    (:data:`.gelu_table.GELU_F16_TABLE`) at x's f16 bits, with its clamps (0 for
+    x <= -10, whatever g is; x for x >= 10)."""
+    one = np.float32(1)
     if kind == SWIGLU:  # a loop of its own, with no branch or call: it vectorizes
         for r in range(x.shape[0]):
             for i in range(x.shape[1]):
@@ -138,11 +137,7 @@ def glu_rows(x: Any, g: Any, out: Any, kind: int) -> None:
             if v <= np.float32(-10):
                 out[r, i] = np.float32(0)
             else:
-                if v >= np.float32(10):
-                    a = v
-                else:
-                    inner = _SQRT_2_OVER_PI * v * (one + _GELU_COEF_A * v * v)
-                    a = half * v * (one + np.float32(math.tanh(inner)))
+                a = v if v >= np.float32(10) else gelu_table[_f16_bits(v)]
                 out[r, i] = a * g[r, i]
 
 
@@ -202,6 +197,18 @@ def _f16_bits_f16c(typingctx: Any, f: Any) -> Any:
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
 
     return types.uint16(types.float32), codegen
+
+
+def _f16_bits(v: Any) -> Any:
+    """The f16 bits of float32 ``v``, rounded to nearest even (compiled below)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(_f16_bits, inline="always")
+def _f16_bits_impl(v):  # type: ignore[no-untyped-def]  # numba: names only
+    if _ir.HAS_F16C:
+        return lambda v: _f16_bits_f16c(v)
+    return lambda v: _f32_to_f16_bits(v)  # the same rounding, in integers
 
 
 @overload(_stored, inline="always")

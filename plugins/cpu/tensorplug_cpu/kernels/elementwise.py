@@ -19,6 +19,7 @@ from tensorplug.opcodes import GluOp, Op, SortOrder, UnaryOp
 from tensorplug.types import Type
 
 from .common import F32, BuildContext, Step, reshape_view, sequence, split_rows
+from .gelu_table import gelu_table_into
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -42,8 +43,6 @@ __all__ = [
 
 _UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 _NUMPY_NATIVE = (Type.F32, Type.F16)
-_SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
-_GELU_COEF_A = np.float32(0.044715)
 
 
 def tiled_operands(
@@ -120,26 +119,6 @@ def _sigmoid_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
     np.divide(1, tmp, out=out)
 
 
-def _gelu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """``0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))``, ggml's ``ggml_gelu_f32``, with
-    ggml's clamps: 0 for x <= -10 (the formula's -inf·0 would be NaN), x for x >= 10."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.multiply(x, x, out=tmp)
-        tmp *= _GELU_COEF_A
-        tmp += 1
-        tmp *= x
-        tmp *= _SQRT_2_OVER_PI
-        np.tanh(tmp, out=tmp)
-        tmp += 1
-        tmp *= 0.5
-        clamp = x <= -10
-        big = x >= 10
-        np.multiply(tmp, x, out=out)
-    if clamp.any() or big.any():
-        out[clamp] = 0
-        out[big] = x[big]
-
-
 def _gelu_quick_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
     """``x·σ(1.702·x)`` = ``x / (1 + exp(-1.702·x))``, ggml's ``ggml_gelu_quick_f32``."""
     with np.errstate(over="ignore"):
@@ -198,7 +177,7 @@ UNARY_FNS: dict[UnaryOp, UnaryFn] = {
     UnaryOp.ABS: _direct(np.abs),
     UnaryOp.NEG: _direct(np.negative),
     UnaryOp.RELU: _relu_into,
-    UnaryOp.GELU: _gelu_into,
+    UnaryOp.GELU: gelu_table_into,  # ggml's f16 table, as its CPU computes gelu
     UnaryOp.SILU: _silu_into,
     UnaryOp.EXP: _direct(np.exp),
     UnaryOp.TANH: _direct(np.tanh),
@@ -212,7 +191,7 @@ _NEEDS_TMP = {UnaryOp.GELU, UnaryOp.SILU, UnaryOp.SIGMOID, UnaryOp.GELU_QUICK, U
 _GLU_ACTIVATIONS: dict[GluOp, UnaryFn] = {
     GluOp.SWIGLU: _silu_into,
     GluOp.REGLU: _relu_into,
-    GluOp.GEGLU: _gelu_into,
+    GluOp.GEGLU: gelu_table_into,
     GluOp.GEGLU_ERF: _gelu_erf_into,
     GluOp.GEGLU_QUICK: _gelu_quick_into,
 }

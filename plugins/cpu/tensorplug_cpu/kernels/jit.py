@@ -34,6 +34,7 @@ from tensorplug.types import Type
 from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
+from .gelu_table import GELU_F16_TABLE
 from .threading_layer import preload_tbb
 
 __all__ = ["MAX_SIBLINGS", "JitKernels", "jit_status", "load_jit"]
@@ -343,7 +344,8 @@ class JitKernels:
 
     def glu_rows(self, fn: GluOp, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
         """:func:`._numba_rows.glu_rows` on 2-d float32 rows (``fn``: :meth:`has_glu`)."""
-        self._call("gated activation kernel", self._glu_rows, x, g, out, self._glu_kinds[fn])
+        self._call("gated activation kernel", self._glu_rows, x, g, out, self._glu_kinds[fn],
+                   GELU_F16_TABLE)  # fmt: skip
 
     def set_rows(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> int:
         """:func:`._numba_rows.set_rows`: -1 when written, else the first bad index's
