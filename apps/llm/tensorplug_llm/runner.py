@@ -83,8 +83,10 @@ __all__ = [
 ]
 
 #: Built step graphs kept for replay (step sizes x context lengths x outputs): a server
-#: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``.
-GRAPH_CACHE = 24
+#: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``; its
+#: warm-up alone builds 10 prompt sizes and 1..``-np`` decode sizes at two ``n_kv``
+#: (``engine.WARM_UP_LEVELS``): 28 graphs for ``-np 4``, 36 for ``-np 8``.
+GRAPH_CACHE = 40
 #: The token counts (and output counts) :meth:`Llama.step_rows` rounds a padded step up
 #: to, before the powers of two and one and a half times them: up to 4 a step runs at its
 #: own size, then at the row counts where the CPU switches kernels (numba attention and
@@ -251,10 +253,15 @@ class Llama:
         self._mapped = any(mem.mapped for mem in self.memory.values())
         devices = by_priority([*p.devices(), host_cpu()])
         self.backends: list[Backend] = [d.init_backend() for d in devices]
-        #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens
+        #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens,
+        #: ``decode_sched`` the next token of several sequences at once (a server's
+        #: generation steps). Each keeps its last graph allocated: a server alternates
+        #: prompt steps with batched decode steps, and re-allocating a graph at each
+        #: switch cost 5-13 ms (SmolLM2-135M, 2 cores), twice for every new request
         self.sched = Scheduler(self.backends)
         self.token_sched = Scheduler(self.backends)
-        self._graphs: OrderedDict[tuple[int, int, int, bool], StepGraph] = OrderedDict()
+        self.decode_sched = Scheduler(self.backends)  # sized by its first graphs
+        self._graphs: OrderedDict[tuple[int, int, int, bool, bool], StepGraph] = OrderedDict()
         #: which cache rows hold which sequences at which positions
         self.kv = KVCells(self.n_ctx)
         self.timings = Timings()
@@ -497,9 +504,18 @@ class Llama:
                 )
 
     def _graph(
-        self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False
+        self,
+        n_tokens: int,
+        n_kv: int,
+        n_outputs: int,
+        embeddings: bool = False,
+        decode: bool = False,
     ) -> StepGraph:
-        key = (n_tokens, n_kv, n_outputs, embeddings)
+        """The step graph of this shape, built once. ``decode``: for ``decode_sched``;
+        a graph is allocated by one scheduler only (a prompt step of 3 tokens has the
+        shape of a decode step of 3 sequences, and allocating one graph object in two
+        schedulers would take its memory from under the other)."""
+        key = (n_tokens, n_kv, n_outputs, embeddings, decode)
         sg = self._graphs.get(key)
         if sg is None:
             cfg, w, cache = self.config, self.weights, self.cache
@@ -510,7 +526,7 @@ class Llama:
             self._graphs[key] = sg
             self.timings.graphs_built += 1
             if len(self._graphs) > GRAPH_CACHE:
-                held = {id(self.sched.allocated), id(self.token_sched.allocated)}
+                held = {id(s.allocated) for s in self._scheds}
                 old = next(k for k, g in self._graphs.items() if id(g.graph) not in held)
                 del self._graphs[old]
         else:
@@ -569,11 +585,12 @@ class Llama:
             # 0-3 decoding ones is one shape), repeating real ones
             n_out = min(self.step_rows(max(n_outputs, PADDED_OUTPUTS)), padded)
             out_rows = np.resize(out_rows, n_out)
-        sg = self._graph(padded, n_kv, out_rows.size, embeddings)
-        sched = self.sched_for(padded)
+        is_prompt = T > 1 if prompt is None else prompt  # by size: llama.cpp's rule (see eval)
+        sched = self.sched_for(padded, is_prompt)
+        sg = self._graph(padded, n_kv, out_rows.size, embeddings, sched is self.decode_sched)
         if sched.allocated is not sg.graph:
             sched.alloc_graph(sg.graph)
-            kind = "prompt" if padded > 1 else "generation"
+            kind = "prompt" if sched is self.sched else "generation"
             self.split_summaries[kind] = self._summarize(sg, sched)
         # an encoder's tokens all see each other: as if each were at the step's last position
         seen_from = batch.pos if self.config.causal else np.full_like(batch.pos, batch.pos.max())
@@ -607,7 +624,7 @@ class Llama:
         logits = logits[: flagged.size] if sg.out_ids is not None else logits[flagged]
         total = time.perf_counter() - start
         t = self.timings
-        if T > 1 if prompt is None else prompt:  # by size: llama.cpp's rule (see eval)
+        if is_prompt:
             t.prompt_tokens += T
             t.prompt_s += total
             t.prompt_compute_s += compute
@@ -727,9 +744,16 @@ class Llama:
 
     # -- reporting ------------------------------------------------------------------------------
 
-    def sched_for(self, n_tokens: int) -> Scheduler:
-        """The scheduler that runs steps of ``n_tokens`` tokens."""
-        return self.token_sched if n_tokens == 1 else self.sched
+    def sched_for(self, n_tokens: int, prompt: bool = True) -> Scheduler:
+        """The scheduler that runs steps of ``n_tokens`` tokens (``prompt``: whether
+        they are prompt tokens, rather than the next token of ``n_tokens`` sequences)."""
+        if n_tokens == 1:
+            return self.token_sched
+        return self.sched if prompt else self.decode_sched
+
+    @property
+    def _scheds(self) -> tuple[Scheduler, ...]:
+        return (self.sched, self.token_sched, self.decode_sched)
 
     def _summarize(self, sg: StepGraph, sched: Scheduler) -> SplitSummary:
         splits = tuple(
@@ -744,9 +768,8 @@ class Llama:
         return SplitSummary(len(sg.graph.nodes), splits, copied)
 
     def compute_buffers(self) -> list[tuple[str, int]]:
-        """Each backend's compute memory: both schedulers' buffers."""
-        return [(be.name, self.sched.buffer_size(be) + self.token_sched.buffer_size(be))
-                for be in self.backends]  # fmt: skip
+        """Each backend's compute memory: the schedulers' buffers."""
+        return [(be.name, sum(s.buffer_size(be) for s in self._scheds)) for be in self.backends]
 
     def __enter__(self) -> Llama:
         return self
@@ -756,8 +779,8 @@ class Llama:
 
     def close(self) -> None:
         """Free the scheduler, the buffers and the backends."""
-        self.sched.free()
-        self.token_sched.free()
+        for sched in self._scheds:
+            sched.free()
         for mem in self.memory.values():
             for buf in mem.buffers:
                 buf.free()
