@@ -84,9 +84,13 @@ __all__ = [
 
 #: Built step graphs kept for replay (step sizes x context lengths x outputs): a server
 #: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``; its
-#: warm-up alone builds 10 prompt sizes and 1..``-np`` decode sizes at two ``n_kv``
-#: (``engine.WARM_UP_LEVELS``): 28 graphs for ``-np 4``, 36 for ``-np 8``.
+#: warm-up builds 10 prompt sizes and 1..``-np`` decode sizes at two ``n_kv``
+#: (``engine.WARM_UP_LEVELS``): with the loader's, 26 graphs for ``-np 4``, 34 for 8.
 GRAPH_CACHE = 40
+#: The largest step graph that gets a scheduler of its own, which keeps it allocated
+#: (a server's steps: ``engine.WARM_UP_ROWS``); its compute buffer holds a few rows'
+#: activations (1.3 MiB at 64 rows for SmolLM2-135M; about 9x that for a 7B model).
+OWN_SCHEDULER_ROWS = 64
 #: The token counts (and output counts) :meth:`Llama.step_rows` rounds a padded step up
 #: to, before the powers of two and one and a half times them: up to 4 a step runs at its
 #: own size, then at the row counts where the CPU switches kernels (numba attention and
@@ -253,15 +257,17 @@ class Llama:
         self._mapped = any(mem.mapped for mem in self.memory.values())
         devices = by_priority([*p.devices(), host_cpu()])
         self.backends: list[Backend] = [d.init_backend() for d in devices]
-        #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens,
-        #: ``decode_sched`` the next token of several sequences at once (a server's
-        #: generation steps). Each keeps its last graph allocated: a server alternates
-        #: prompt steps with batched decode steps, and re-allocating a graph at each
-        #: switch cost 5-13 ms (SmolLM2-135M, 2 cores), twice for every new request
+        #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens.
+        #: A step graph of 2 to :data:`OWN_SCHEDULER_ROWS` rows runs on a scheduler of its
+        #: own (``_own_scheds``, by ``id(graph)``), which keeps it allocated: a server
+        #: alternates prompt steps of a few padded sizes with decode steps of
+        #: 2..``-np`` sequences, at a few ``n_kv``, and allocating a graph again at each
+        #: switch cost 5-13 ms on an idle machine (SmolLM2-135M, 2 cores; 10-30 busy),
+        #: most of it the scheduler's split, a few times for every request.
         self.sched = Scheduler(self.backends)
         self.token_sched = Scheduler(self.backends)
-        self.decode_sched = Scheduler(self.backends)  # sized by its first graphs
-        self._graphs: OrderedDict[tuple[int, int, int, bool, bool], StepGraph] = OrderedDict()
+        self._own_scheds: dict[int, Scheduler] = {}
+        self._graphs: OrderedDict[tuple[int, int, int, bool], StepGraph] = OrderedDict()
         #: which cache rows hold which sequences at which positions
         self.kv = KVCells(self.n_ctx)
         self.timings = Timings()
@@ -504,18 +510,11 @@ class Llama:
                 )
 
     def _graph(
-        self,
-        n_tokens: int,
-        n_kv: int,
-        n_outputs: int,
-        embeddings: bool = False,
-        decode: bool = False,
+        self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False
     ) -> StepGraph:
-        """The step graph of this shape, built once. ``decode``: for ``decode_sched``;
-        a graph is allocated by one scheduler only (a prompt step of 3 tokens has the
-        shape of a decode step of 3 sequences, and allocating one graph object in two
-        schedulers would take its memory from under the other)."""
-        key = (n_tokens, n_kv, n_outputs, embeddings, decode)
+        """The step graph of this shape, built once (with a scheduler of its own for 2
+        to :data:`OWN_SCHEDULER_ROWS` rows)."""
+        key = (n_tokens, n_kv, n_outputs, embeddings)
         sg = self._graphs.get(key)
         if sg is None:
             cfg, w, cache = self.config, self.weights, self.cache
@@ -524,11 +523,15 @@ class Llama:
             else:
                 sg = build_step(cfg, w, cache, n_tokens, n_kv, n_outputs, embeddings)
             self._graphs[key] = sg
+            if 1 < n_tokens <= OWN_SCHEDULER_ROWS:
+                self._own_scheds[id(sg.graph)] = Scheduler(self.backends)
             self.timings.graphs_built += 1
             if len(self._graphs) > GRAPH_CACHE:
-                held = {id(s.allocated) for s in self._scheds}
+                held = {id(self.sched.allocated), id(self.token_sched.allocated)}
                 old = next(k for k, g in self._graphs.items() if id(g.graph) not in held)
-                del self._graphs[old]
+                gone = self._graphs.pop(old)
+                if (own := self._own_scheds.pop(id(gone.graph), None)) is not None:
+                    own.free()
         else:
             self._graphs.move_to_end(key)
         return sg
@@ -586,11 +589,11 @@ class Llama:
             n_out = min(self.step_rows(max(n_outputs, PADDED_OUTPUTS)), padded)
             out_rows = np.resize(out_rows, n_out)
         is_prompt = T > 1 if prompt is None else prompt  # by size: llama.cpp's rule (see eval)
-        sched = self.sched_for(padded, is_prompt)
-        sg = self._graph(padded, n_kv, out_rows.size, embeddings, sched is self.decode_sched)
+        sg = self._graph(padded, n_kv, out_rows.size, embeddings)
+        sched = self._own_scheds.get(id(sg.graph)) or self.sched_for(padded)
         if sched.allocated is not sg.graph:
             sched.alloc_graph(sg.graph)
-            kind = "prompt" if sched is self.sched else "generation"
+            kind = "prompt" if padded > 1 else "generation"
             self.split_summaries[kind] = self._summarize(sg, sched)
         # an encoder's tokens all see each other: as if each were at the step's last position
         seen_from = batch.pos if self.config.causal else np.full_like(batch.pos, batch.pos.max())
@@ -744,16 +747,14 @@ class Llama:
 
     # -- reporting ------------------------------------------------------------------------------
 
-    def sched_for(self, n_tokens: int, prompt: bool = True) -> Scheduler:
-        """The scheduler that runs steps of ``n_tokens`` tokens (``prompt``: whether
-        they are prompt tokens, rather than the next token of ``n_tokens`` sequences)."""
-        if n_tokens == 1:
-            return self.token_sched
-        return self.sched if prompt else self.decode_sched
+    def sched_for(self, n_tokens: int) -> Scheduler:
+        """The shared scheduler that runs steps of ``n_tokens`` tokens (a graph of 2 to
+        :data:`OWN_SCHEDULER_ROWS` rows has its own, in ``_own_scheds``)."""
+        return self.token_sched if n_tokens == 1 else self.sched
 
     @property
-    def _scheds(self) -> tuple[Scheduler, ...]:
-        return (self.sched, self.token_sched, self.decode_sched)
+    def _scheds(self) -> list[Scheduler]:
+        return [self.sched, self.token_sched, *self._own_scheds.values()]
 
     def _summarize(self, sg: StepGraph, sched: Scheduler) -> SplitSummary:
         splits = tuple(
