@@ -1,7 +1,7 @@
 """Aggregate generation speed of the engine with 1, 4, 8 concurrent streams.
 
     python benchmarks/bench_engine.py [--model PATH.gguf | --size 100M] [--streams 1,4,8]
-                                      [--prompt 32] [--gen 32] [--threads N]
+                                      [--prompt 32] [--gen 32] [--threads N] [--cold]
 
 Batched decoding reads each weight once for all streams of a step, so aggregate
 tokens/s should grow with the number of streams until the products stop being bound
@@ -9,7 +9,15 @@ by reading the weights. Each stream gets its own prompt (random token ids, ``--p
 long), then ``--gen`` greedy tokens; the engine runs them on ``n_parallel = streams``
 slots. Reported per stream count: aggregate generated tokens/s (all generated tokens
 over the time from the first submit to the last token), the speed-up over one stream,
-steps, and graphs built during the run.
+steps, and graphs built during the run; and the decode steps' own rate (generated
+tokens over the time of the steps that carry no prompt token: what batching the
+decode changes, without the prompts, whose cost grows with the streams either way).
+
+Each stream count first runs once untimed (other prompts of the same lengths), as a
+server's warm-up builds its step shapes before it serves: otherwise the timed run pays
+for building its prompt and decode graphs (a graph, its allocation and its CPU plan:
+tens of ms each, a fifth of the 8-stream run of 32 tokens on 2 cores), which is loading,
+not generation. ``--cold`` times the first run instead.
 
 Without ``--model`` the model is written by ``tensorplug_llm.tiny.write_tiny_llama``
 (``--size tiny``: the test model; ``100M``: 8 blocks, n_embd 768, vocab 32000, Q8_0).
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +48,23 @@ SIZES: dict[str, dict[str, int]] = {
 }  # fmt: skip
 
 
-def run(llama: Llama, streams: int, prompt: int, gen: int) -> tuple[float, int, int]:
-    """Aggregate tokens/s, steps, graphs built for ``streams`` concurrent requests."""
-    rng = np.random.default_rng(streams)
+@dataclass
+class Figures:
+    """One stream count's run."""
+
+    tps: float  # generated tokens / (first submit .. last token)
+    decode_tps: float  # generated tokens / the decode steps' time (prompt steps left out)
+    steps: int
+    graphs: int  # built during the run
+
+
+def run(llama: Llama, streams: int, prompt: int, gen: int, seed: int = 0) -> Figures:
+    """The figures of ``streams`` concurrent requests."""
+    rng = np.random.default_rng([streams, seed])
     n_vocab = llama.config.n_vocab
     prompts = [[1, *rng.integers(3, n_vocab, size=prompt - 1).tolist()] for _ in range(streams)]
-    built = llama.timings.graphs_built
+    t = llama.timings
+    built, gen_tokens, gen_s = t.graphs_built, t.gen_tokens, t.gen_s
     with Engine(llama, n_parallel=streams, n_batch=max(llama.n_batch, streams)) as engine:
         start = time.perf_counter()
         handles = [
@@ -53,7 +73,9 @@ def run(llama: Llama, streams: int, prompt: int, gen: int) -> tuple[float, int, 
         tokens = sum(len(h.result()) for h in handles)
         elapsed = time.perf_counter() - start
         steps = engine.stats.steps
-    return tokens / elapsed, steps, llama.timings.graphs_built - built
+    t = llama.timings
+    decode_tps = (t.gen_tokens - gen_tokens) / (t.gen_s - gen_s) if t.gen_s > gen_s else 0.0
+    return Figures(tokens / elapsed, decode_tps, steps, t.graphs_built - built)
 
 
 def main() -> None:
@@ -64,6 +86,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--gen", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: governed)")
+    p.add_argument("--cold", action="store_true", help="time the first run (graph builds)")
     args = p.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,12 +95,17 @@ def main() -> None:
             path = write_tiny_llama(Path(tmp) / "model.gguf", "q8_0", 0, **SIZES[args.size])  # type: ignore[arg-type]
         n_ctx = max(counts) * (args.prompt + args.gen) + 64
         with Llama(path, n_ctx=n_ctx, n_threads=args.threads) as llama:
-            one = None
-            print(f"{'streams':>7} {'tok/s':>9} {'x one':>6} {'steps':>6} {'graphs':>6}")
+            one: Figures | None = None
+            print(f"{'streams':>7} {'tok/s':>9} {'x one':>6} {'decode tok/s':>13} {'x one':>6} "
+                  f"{'steps':>6} {'graphs':>6}")  # fmt: skip
             for n in counts:
-                tps, steps, graphs = run(llama, n, args.prompt, args.gen)
-                one = one or tps
-                print(f"{n:>7} {tps:>9.1f} {tps / one:>6.2f} {steps:>6} {graphs:>6}")
+                if not args.cold:
+                    run(llama, n, args.prompt, args.gen, seed=1)
+                f = run(llama, n, args.prompt, args.gen)
+                one = one or f
+                speedup, decode_speedup = f.tps / one.tps, f.decode_tps / one.decode_tps
+                print(f"{n:>7} {f.tps:>9.1f} {speedup:>6.2f} {f.decode_tps:>13.1f} "
+                      f"{decode_speedup:>6.2f} {f.steps:>6} {f.graphs:>6}")  # fmt: skip
 
 
 if __name__ == "__main__":

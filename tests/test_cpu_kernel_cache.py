@@ -54,3 +54,11 @@ def test_no_kernel_takes_its_callers_fast_math_flags() -> None:
     sets it (``kernel`` makes it ``False`` unless told otherwise)."""
     unset = [name for name, d in _cached_kernels() if "fastmath" not in d.targetoptions]
     assert not unset, f"these kernels would take a caller's fast-math flags: {unset}"
+
+
+def test_every_kernel_releases_the_gil() -> None:
+    """A kernel that held the GIL (numba's parallel ones do unless told) stalled every
+    other thread of the process while it ran: a server's HTTP handlers and the streaming
+    of tokens already sampled waited for the whole step."""
+    holding = [name for name, d in _cached_kernels() if not d.targetoptions.get("nogil")]
+    assert not holding, f"these kernels hold the GIL while they run: {holding}"

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tensorplug.graph import Graph
+from tensorplug.sched import Scheduler
 from tensorplug_llm.batch import Batch
 from tensorplug_llm.engine import Engine, Request, RequestError, TokenEvent
 from tensorplug_llm.placement import Placement, host_cpu
@@ -731,6 +733,62 @@ def test_warm_up_builds_the_first_steps_and_leaves_the_cache_empty(model_file: P
         _no_leak(engine)
     finally:
         m.close()
+
+
+def test_warm_up_builds_the_steps_past_the_first_kv_pad_rows_too(model_file: Path) -> None:
+    """A server's cache soon holds more than ``kv_pad`` cells (4 slots of chat-sized
+    requests), where every step shape was built again on the way (150-300 ms more on the
+    first tokens of SmolLM2's second requests). The warm-up builds the steps of the next
+    ``n_kv`` too: two requests that fill 96 cells of a ``kv_pad`` of 64 build no graph
+    and answer as the single-sequence runner does."""
+    m = Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, kv_pad=64)
+    try:
+        prompts = [(p * 8)[:24] for p in _prompts(2, seed=11)]
+        want = [_reference(m, p, 24) for p in prompts]
+        engine = Engine(m, n_parallel=2)
+        engine.warm_up()
+        assert m.kv.n_used == 0 and engine.cached_tokens() == 0
+        built = m.timings.graphs_built
+        handles = [engine.submit(Request(p, max_tokens=24, stop_tokens=NONE)) for p in prompts]
+        assert [h.result() for h in handles] == want
+        assert m.kv.used_max > m.kv_pad  # the steps did read the second level
+        assert m.timings.graphs_built == built
+        _no_leak(engine)
+    finally:
+        m.close()
+
+
+def test_a_prompt_step_between_decode_steps_allocates_no_graph(
+    llama: Llama, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's step graphs (up to 64 rows) run on schedulers of their own, which keep
+    them allocated: a new request's prompt step between two decode steps allocated both
+    graphs again when they shared one (5-13 ms each on SmolLM2-135M), and so did every
+    change of the number of running requests or of the prompt step's size."""
+    engine = Engine(llama, n_parallel=3)
+    engine.warm_up()
+    a, b, c = (p[:5] for p in _prompts(3, seed=12))  # all within kv_pad: one n_kv
+    ha = engine.submit(Request(a, max_tokens=8, stop_tokens=NONE))
+    hb = engine.submit(Request(b, max_tokens=8, stop_tokens=NONE))
+    for _ in range(3):  # the prompts, then decode steps of both
+        engine.step()
+    allocated: list[Graph] = []
+    alloc_graph = Scheduler.alloc_graph
+
+    def counted(sched: Scheduler, graph: Graph) -> None:
+        allocated.append(graph)
+        alloc_graph(sched, graph)
+
+    monkeypatch.setattr(Scheduler, "alloc_graph", counted)
+    hc = engine.submit(Request(c, max_tokens=1, stop_tokens=NONE))
+    engine.step()  # c's prompt beside a's and b's next tokens: a prompt step
+    engine.step()  # a's and b's next tokens again: their decode step's graph is still there
+    assert allocated == []  # both graphs were allocated by the warm-up, and still are
+    assert [ha.result(), hb.result(), hc.result()] == [
+        _reference(llama, a, 8),
+        _reference(llama, b, 8),
+        _reference(llama, c, 1),
+    ]
 
 
 def test_the_queue_length_can_be_read_while_other_threads_submit(llama: Llama) -> None:

@@ -100,6 +100,10 @@ __all__ = [
 #: and computing a larger step costs more than building its graph (a 256-row step of
 #: SmolLM2-135M is most of a second on 2 cores).
 WARM_UP_ROWS = 64
+#: How many context lengths (``n_kv``, in steps of the model's ``kv_pad``) the warm-up
+#: builds its steps at: the graph cache (``runner.GRAPH_CACHE``) and the CPU's plan cache
+#: hold two levels of a 4-slot server's steps.
+WARM_UP_LEVELS = 2
 
 
 @dataclass
@@ -297,32 +301,59 @@ class Engine:
 
     def warm_up(self) -> None:
         """Build the graphs, allocations and CPU plans of the steps a server runs first —
-        a prompt step of every padded size (:meth:`Llama.step_rows`) up to
-        :data:`WARM_UP_ROWS` and a decode step of 2 .. ``n_parallel`` requests, all at
-        the smallest context — by evaluating
-        them once in an empty cache. Each new step shape otherwise costs its first
-        request 40-80 ms (SmolLM2-135M, 2 cores), most of a short prompt's time to first
+        a prompt step of every padded size (:meth:`Llama.step_rows`) from 2 rows up to
+        :data:`WARM_UP_ROWS` and a decode step of 1 .. ``n_parallel`` requests — at the
+        first :data:`WARM_UP_LEVELS` context lengths a step reads (``n_kv``: the used
+        cells rounded up to ``kv_pad``), by evaluating them once in an empty cache.
+        Each new step shape otherwise costs its first request 40-80 ms (SmolLM2-135M, 2
+        cores), most of a short prompt's time to first token; and the cache of a
+        server with a few slots of chat-sized requests soon holds more than ``kv_pad``
+        cells (4 slots of a 40-token prompt and 64 tokens do), where every shape was
+        built again: 4 clients' second requests waited 150-300 ms more for their first
         token. Does nothing once the engine holds anything, nor for an encoder (it has
         no logits to decode; its embedding steps are not padded)."""
         llama = self.llama
         if llama.config.arch.encoder:
             return
         top = min(self.n_batch, WARM_UP_ROWS)
-        sizes = sorted({llama.step_rows(n) for n in range(5, top + 1)})
+        # from 2 rows: a new request's last prompt token beside a few decoding ones
+        sizes = sorted({llama.step_rows(n) for n in range(2, top + 1)})
         with self._step_lock:
             if self._has_work() or llama.kv.n_used:
                 return
             try:
-                for n in sizes:
-                    llama.decode(Batch.single([0] * n, 0, 0), prompt=True, pad=True)
-                    llama.kv.seq_rm(0)
-                for n in range(2, min(self.n_parallel, self.n_batch) + 1):
-                    batch = Batch(np.zeros(n), np.zeros(n), tuple((s,) for s in range(n)),
-                                  np.ones(n, dtype=bool))  # fmt: skip
-                    llama.decode(batch, prompt=False)
-                    llama.kv.clear()
+                for level in range(WARM_UP_LEVELS):
+                    if level and not self._reach_level(level):
+                        break
+                    self._warm_steps(sizes)
             finally:
                 llama.kv.clear()
+
+    def _reach_level(self, level: int) -> bool:
+        """Make steps read ``level + 1`` times ``kv_pad`` cells: a placeholder sequence
+        (no slot's) takes the first cell past ``level`` times ``kv_pad``, without
+        computing anything there (no token attends to it). False when the context is
+        not that long or every sequence id is a slot's."""
+        llama, kv = self.llama, self.llama.kv
+        cell = level * llama.kv_pad
+        if cell >= kv.n_ctx or self.n_parallel >= MAX_SEQUENCES:
+            return False
+        kv.assign(np.array([cell]), np.array([0]), [(self.n_parallel,)])
+        return True
+
+    def _warm_steps(self, sizes: list[int]) -> None:
+        """A prompt step of each of ``sizes`` and a decode step of 1 .. ``n_parallel``
+        requests, each once, leaving the cache as it found it."""
+        llama = self.llama
+        for n in sizes:
+            llama.decode(Batch.single([0] * n, 0, 0), prompt=True, pad=True)
+            llama.kv.seq_rm(0)
+        for n in range(1, min(self.n_parallel, self.n_batch) + 1):
+            batch = Batch(np.zeros(n), np.zeros(n), tuple((s,) for s in range(n)),
+                          np.ones(n, dtype=bool))  # fmt: skip
+            llama.decode(batch, prompt=False)
+            for s in range(n):
+                llama.kv.seq_rm(s)
 
     def wake(self) -> None:
         """Let the loop thread look for work (a cancel, a new request)."""

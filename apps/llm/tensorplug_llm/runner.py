@@ -83,8 +83,14 @@ __all__ = [
 ]
 
 #: Built step graphs kept for replay (step sizes x context lengths x outputs): a server
-#: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``.
-GRAPH_CACHE = 24
+#: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``; its
+#: warm-up builds 10 prompt sizes and 1..``-np`` decode sizes at two ``n_kv``
+#: (``engine.WARM_UP_LEVELS``): with the loader's, 26 graphs for ``-np 4``, 34 for 8.
+GRAPH_CACHE = 40
+#: The largest step graph that gets a scheduler of its own, which keeps it allocated
+#: (a server's steps: ``engine.WARM_UP_ROWS``); its compute buffer holds a few rows'
+#: activations (1.3 MiB at 64 rows for SmolLM2-135M; about 9x that for a 7B model).
+OWN_SCHEDULER_ROWS = 64
 #: The token counts (and output counts) :meth:`Llama.step_rows` rounds a padded step up
 #: to, before the powers of two and one and a half times them: up to 4 a step runs at its
 #: own size, then at the row counts where the CPU switches kernels (numba attention and
@@ -251,9 +257,16 @@ class Llama:
         self._mapped = any(mem.mapped for mem in self.memory.values())
         devices = by_priority([*p.devices(), host_cpu()])
         self.backends: list[Backend] = [d.init_backend() for d in devices]
-        #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens
+        #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens.
+        #: A step graph of 2 to :data:`OWN_SCHEDULER_ROWS` rows runs on a scheduler of its
+        #: own (``_own_scheds``, by ``id(graph)``), which keeps it allocated: a server
+        #: alternates prompt steps of a few padded sizes with decode steps of
+        #: 2..``-np`` sequences, at a few ``n_kv``, and allocating a graph again at each
+        #: switch cost 5-13 ms on an idle machine (SmolLM2-135M, 2 cores; 10-30 busy),
+        #: most of it the scheduler's split, a few times for every request.
         self.sched = Scheduler(self.backends)
         self.token_sched = Scheduler(self.backends)
+        self._own_scheds: dict[int, Scheduler] = {}
         self._graphs: OrderedDict[tuple[int, int, int, bool], StepGraph] = OrderedDict()
         #: which cache rows hold which sequences at which positions
         self.kv = KVCells(self.n_ctx)
@@ -500,6 +513,8 @@ class Llama:
     def _graph(
         self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False
     ) -> StepGraph:
+        """The step graph of this shape, built once (with a scheduler of its own for 2
+        to :data:`OWN_SCHEDULER_ROWS` rows)."""
         key = (n_tokens, n_kv, n_outputs, embeddings)
         sg = self._graphs.get(key)
         if sg is None:
@@ -509,11 +524,15 @@ class Llama:
             else:
                 sg = build_step(cfg, w, cache, n_tokens, n_kv, n_outputs, embeddings)
             self._graphs[key] = sg
+            if 1 < n_tokens <= OWN_SCHEDULER_ROWS:
+                self._own_scheds[id(sg.graph)] = Scheduler(self.backends)
             self.timings.graphs_built += 1
             if len(self._graphs) > GRAPH_CACHE:
                 held = {id(self.sched.allocated), id(self.token_sched.allocated)}
                 old = next(k for k, g in self._graphs.items() if id(g.graph) not in held)
-                del self._graphs[old]
+                gone = self._graphs.pop(old)
+                if (own := self._own_scheds.pop(id(gone.graph), None)) is not None:
+                    own.free()
         else:
             self._graphs.move_to_end(key)
         return sg
@@ -570,8 +589,9 @@ class Llama:
             # 0-3 decoding ones is one shape), repeating real ones
             n_out = min(self.step_rows(max(n_outputs, PADDED_OUTPUTS)), padded)
             out_rows = np.resize(out_rows, n_out)
+        is_prompt = T > 1 if prompt is None else prompt  # by size: llama.cpp's rule (see eval)
         sg = self._graph(padded, n_kv, out_rows.size, embeddings)
-        sched = self.sched_for(padded)
+        sched = self._own_scheds.get(id(sg.graph)) or self.sched_for(padded)
         if sched.allocated is not sg.graph:
             sched.alloc_graph(sg.graph)
             kind = "prompt" if padded > 1 else "generation"
@@ -610,7 +630,7 @@ class Llama:
         logits = logits[: flagged.size] if sg.out_ids is not None else logits[flagged]
         total = time.perf_counter() - start
         t = self.timings
-        if T > 1 if prompt is None else prompt:  # by size: llama.cpp's rule (see eval)
+        if is_prompt:
             t.prompt_tokens += T
             t.prompt_s += total
             t.prompt_compute_s += compute
@@ -731,8 +751,13 @@ class Llama:
     # -- reporting ------------------------------------------------------------------------------
 
     def sched_for(self, n_tokens: int) -> Scheduler:
-        """The scheduler that runs steps of ``n_tokens`` tokens."""
+        """The shared scheduler that runs steps of ``n_tokens`` tokens (a graph of 2 to
+        :data:`OWN_SCHEDULER_ROWS` rows has its own, in ``_own_scheds``)."""
         return self.token_sched if n_tokens == 1 else self.sched
+
+    @property
+    def _scheds(self) -> list[Scheduler]:
+        return [self.sched, self.token_sched, *self._own_scheds.values()]
 
     def _summarize(self, sg: StepGraph, sched: Scheduler) -> SplitSummary:
         splits = tuple(
@@ -747,9 +772,8 @@ class Llama:
         return SplitSummary(len(sg.graph.nodes), splits, copied)
 
     def compute_buffers(self) -> list[tuple[str, int]]:
-        """Each backend's compute memory: both schedulers' buffers."""
-        return [(be.name, self.sched.buffer_size(be) + self.token_sched.buffer_size(be))
-                for be in self.backends]  # fmt: skip
+        """Each backend's compute memory: the schedulers' buffers."""
+        return [(be.name, sum(s.buffer_size(be) for s in self._scheds)) for be in self.backends]
 
     def __enter__(self) -> Llama:
         return self
@@ -759,8 +783,8 @@ class Llama:
 
     def close(self) -> None:
         """Free the scheduler, the buffers and the backends."""
-        self.sched.free()
-        self.token_sched.free()
+        for sched in self._scheds:
+            sched.free()
         for mem in self.memory.values():
             for buf in mem.buffers:
                 buf.free()

@@ -53,8 +53,10 @@ AbortCallback = Callable[[], bool]
 #: Plans ``graph_compute`` keeps, most recent first (building one costs 10-20 ms for a
 #: small language model's step on an idle machine, paid again at every prompt/token switch
 #: without it). A server cycles through more: its decode steps (one size per number of
-#: running requests), its padded prompt-step sizes, each at a few context lengths.
-PLAN_CACHE = 16
+#: running requests), its padded prompt-step sizes, each at a few context lengths (the
+#: LLM server has run 26 graphs for 4 slots after its warm-up, 34 for 8). A plan holds views and
+#: its nodes' scratch, and only graphs that were computed have one.
+PLAN_CACHE = 40
 
 
 class GraphKey:

@@ -88,8 +88,16 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     ``fastmath`` is ``False`` unless given: numba compiles a callee that sets none with
     its caller's flags (and keeps that version for direct calls as well), and the
     activation quantizer, called from the fast-math mat×vec kernels, rounded its scales
-    differently from ggml that way. A kernel's rounding is its own decision."""
+    differently from ggml that way. A kernel's rounding is its own decision.
+
+    ``nogil`` is ``True`` unless given: a kernel touches no Python object, and one that
+    held the GIL (numba's parallel kernels do unless told) stalled every other Python
+    thread of the process while it ran. A server's threads then waited out each step
+    of the model (its HTTP handlers, the streaming of tokens already sampled: a token
+    reached its client a step or two late), and the step in turn waited for the GIL
+    back each time they had taken it."""
     options.setdefault("fastmath", False)
+    options.setdefault("nogil", True)
 
     def compile_later(fn: Callable[..., Any]) -> Any:
         dispatcher = njit(cache=True, **options)(fn)
