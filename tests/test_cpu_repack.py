@@ -376,8 +376,10 @@ quantize_q8_1(x, np.empty_like(xq), np.empty_like(xd), xs1, table)
 s_minus_sum = xs1.view(np.float32).astype(np.float64) - xd * xs  # what s adds beyond d·Σcode
 kq, kd, ks = np.empty_like(xq), np.empty_like(xd), np.empty_like(xs)  # Q8_K: IQ4_XS, Q4_K
 quantize_q8_k(x, kq, kd, ks, table)
-for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k",
-             "q5_k", "q6_k"):
+names = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k", "q5_k",
+         "q6_k")
+# then Q5_0 and Q8_0 in ggml's order (TENSORPLUG_CPU_GGML_PRODUCT_ORDER)
+for name, ggml_order in [(n, False) for n in names] + [("q5_0", True), ("q8_0", True)]:
     t = Type[name.upper()]
     lay = LAYOUTS[t]
     raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
@@ -385,7 +387,7 @@ for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k",
     nb = 256 // t.block_size
     packed = np.empty((2, nb, lay.block), np.uint8)
     lay.pack(raw.reshape(16, nb, -1), packed)
-    tile = rp.tile_kernel(lay, 4)
+    tile = rp.tile_kernel(lay, 4, ggml_order)
 
     @njit(cache=False)
     def run(packed, xq, xd, xs, out):
@@ -405,8 +407,8 @@ for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k",
         m = raw.reshape(16, nb, -1)[..., 2:4].copy().view(np.float16)[..., 0]
         expected += s_minus_sum @ m.astype(np.float64).T
     err = np.abs(out - expected).max() / np.abs(expected).max()
-    assert err < 2e-6, (name, err)
-    print(name, "ok")
+    assert err < 2e-6, (name, ggml_order, err)
+    print(name + ("_ggml" if ggml_order else ""), "ok")
 """
 
 
@@ -424,7 +426,7 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k", "q5_k",
-             "q6_k"]  # fmt: skip
+             "q6_k", "q5_0_ggml", "q8_0_ggml"]  # fmt: skip
     assert done.stdout.split() == [w for n in names for w in (n, "ok")]
 
 

@@ -14,6 +14,7 @@ from tensorplug.settings import Setting, parse_flag
 __all__ = [
     "ALL_ROWS",
     "EXACT_ATTENTION_ROWS",
+    "GGML_PRODUCT_ORDER",
     "JIT",
     "MAX_NUMBA_THREADS",
     "NUMBA_LAYERS",
@@ -80,6 +81,19 @@ EXACT_ATTENTION_ROWS: Setting[int] = Setting(
     example="16",
 )
 
+GGML_PRODUCT_ORDER: Setting[bool] = Setting(
+    "TENSORPLUG_CPU_GGML_PRODUCT_ORDER",
+    False,
+    parse_flag,
+    "1 to sum repacked Q5_0 and Q8_0 products in ggml's order (eight float sums a row, "
+    "as vec_dot_q8_0_q8_0): llama.cpp's bits for those types, at about 2x the cost of "
+    "their products from 4 activation rows up (a Q8_0-heavy model's prompts about half as "
+    "fast). Default 0: each block's sum as one exact integer, one multiply-add a block. "
+    "Q4_1, Q5_1 and Q4_K follow ggml's order always; either way a row's bits do not "
+    "depend on the rows beside it.",
+    example="1",
+)
+
 # numba's own variables, read by numba when it is imported: declared here so that they
 # are checked before it reads them (a bad value crashed the process or failed at the
 # first parallel kernel, deep in numba) and listed with the plugin's settings
@@ -102,4 +116,4 @@ THREADING_LAYER: Setting[str] = Setting(
 )
 
 #: every setting of the plugin
-SETTINGS = (JIT, EXACT_ATTENTION_ROWS, NUMBA_THREADS, THREADING_LAYER)
+SETTINGS = (JIT, EXACT_ATTENTION_ROWS, GGML_PRODUCT_ORDER, NUMBA_THREADS, THREADING_LAYER)

@@ -56,7 +56,14 @@ from ._numba_cache import kernel
 from ._numba_ir import _I8, _I16, _I32, _f16x, _fn, _splat, _vec, carried_loop
 from ._numba_quant import _CHUNKS, _DOT, quantize_activations
 
-__all__ = ["TILE", "PackedKernels", "kinds_mask", "packed_kernels", "tile_kernel"]
+__all__ = [
+    "GGML_ORDER_BIT",
+    "TILE",
+    "PackedKernels",
+    "kinds_mask",
+    "packed_kernels",
+    "tile_kernel",
+]
 
 _I64, _F32 = ir.IntType(64), ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
@@ -700,8 +707,10 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     return new
 
 
-def _emitter(lay: PackedLayout, n_tok: int) -> Emit:
-    """The IR of layout ``lay``'s tile for ``n_tok`` activation rows (see :func:`_tile`)."""
+def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False) -> Emit:
+    """The IR of layout ``lay``'s tile for ``n_tok`` activation rows (see :func:`_tile`);
+    ``ggml_order``: Q5_0 and Q8_0 in ggml's eight float sums (:func:`_lane_order_body`,
+    three times the arithmetic of one integer sum a block) rather than Q4_0's order."""
     if lay.type in (Type.Q4_K, Type.Q5_K):
         return _tile(lay, n_tok, _q45_k_body(lay), lambda b, a: b.fsub(a[0], a[1]), 2)
     if lay.type == Type.Q2_K:
@@ -712,15 +721,15 @@ def _emitter(lay: PackedLayout, n_tok: int) -> Emit:
         return _tile(lay, n_tok, _iq4_xs_body, lambda b, a: a[0], 1)
     if lay.minimum_at >= 0:  # Q4_1, Q5_1: eight sums a row and the minimums' share
         return _tile(lay, n_tok, _vec_dot_order_body(lay), _vec_dot_finish, 9)
-    if lay.type in (Type.Q5_0, Type.Q8_0):  # eight sums a row, as ggml's vec_dot
+    if ggml_order and lay.type in (Type.Q5_0, Type.Q8_0):  # eight sums a row, as vec_dot
         return _tile(lay, n_tok, _lane_order_body(lay), _hsum_8, 8)
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], 1)
 
 
-def tile_kernel(lay: PackedLayout, n_tok: int) -> Any:
+def tile_kernel(lay: PackedLayout, n_tok: int, ggml_order: bool = False) -> Any:
     """An intrinsic ``(packed, g, xq, xd, xs, table, t0, out) -> None``: one tile of
     layout ``lay`` for ``n_tok`` activation rows (:func:`_tile`)."""
-    emit = _emitter(lay, n_tok)
+    emit = _emitter(lay, n_tok, ggml_order)
 
     @intrinsic
     def tile(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, table: Any,
@@ -732,6 +741,11 @@ def tile_kernel(lay: PackedLayout, n_tok: int) -> Any:
         return types.none(packed, g, xq, xd, xs, table, t0, out), codegen
 
     return tile
+
+
+#: the bit of a driver's mask that asks for ggml's order of Q5_0 and Q8_0 sums
+#: (:func:`_emitter`; ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER``), above every type's bit
+GGML_ORDER_BIT = 1 << 62
 
 
 def kinds_mask(kinds: Iterable[Type]) -> int:
@@ -756,6 +770,7 @@ def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, tab
     if not isinstance(mask, types.IntegerLiteral):  # numba then says no match was found
         return None
     chosen = [(t, lay) for t, lay in LAYOUTS.items() if mask.literal_value >> int(t) & 1]
+    ggml_order = bool(mask.literal_value & GGML_ORDER_BIT)
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         key = builder.add(builder.mul(builder.sext(args[8], _I64), _I64(8)),
@@ -767,7 +782,7 @@ def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, tab
                 case = builder.append_basic_block(f"tile_of.{t.name}.{size}")
                 switch.add_case(_I64(8 * int(t) + size), case)
                 builder.position_at_end(case)
-                _emitter(lay, size)(context, builder, sig, args)
+                _emitter(lay, size, ggml_order)(context, builder, sig, args)
                 builder.branch(done)
         builder.position_at_end(done)
         return context.get_dummy_value()
@@ -823,15 +838,16 @@ class PackedKernels(NamedTuple):
 
 
 @functools.cache
-def packed_kernels(kinds: frozenset[Type]) -> PackedKernels:
+def packed_kernels(kinds: frozenset[Type], ggml_order: bool = False) -> PackedKernels:
     """The drivers that multiply repacked weights of the types ``kinds`` (any others
     fall through their tiles' switch, computing nothing): each compiles the tiles of
     those layouts only, so a first run compiles what its model uses (a Q4_1 model: 4
     tile bodies, not ~44). They are closures over the constant mask, which numba's
     disk cache keys them on (the closure's cell contents are in its index key), each
-    set under a name of its own."""
-    mask = kinds_mask(kinds)
-    suffix = "_".join(sorted(t.name.lower() for t in kinds))
+    set under a name of its own. ``ggml_order``: Q5_0 and Q8_0 tiles sum in ggml's
+    order (:func:`_emitter`)."""
+    mask = kinds_mask(kinds) | (GGML_ORDER_BIT if ggml_order else 0)
+    suffix = "_".join(sorted(t.name.lower() for t in kinds)) + ("_ggml" if ggml_order else "")
 
     def matmul_packed(
         x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int

@@ -31,7 +31,7 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
-from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
+from ..settings import GGML_PRODUCT_ORDER, JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .gelu_table import GELU_F16_TABLE
@@ -193,7 +193,7 @@ class JitKernels:
         xq, xd, xs = _packed_scratch(x, t, scratch)
         args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         what = f"repacked {t.name} product kernel"
-        drivers = self._packed_kernels(frozenset((t,)))
+        drivers = self._packed_kernels(frozenset((t,)), GGML_PRODUCT_ORDER.get())
         serial = partial(self._call, f"one-thread {what}", drivers.serial, *args)
         parallel = partial(self._call, what, drivers.parallel, *args)
         return self._serial_or_parallel(serial, parallel)
@@ -284,7 +284,8 @@ class JitKernels:
         joint = _sibling_args(packs, outs, [t for t, _, _ in products], lambda p: p.shape[0])
         kinds = frozenset(t for t, _, _ in products)
         what = f"repacked sibling products kernel for {'+'.join(sorted(t.name for t in kinds))}"
-        together = partial(self._call, what, self._packed_kernels(kinds).siblings, x, *joint,
+        drivers = self._packed_kernels(kinds, GGML_PRODUCT_ORDER.get())
+        together = partial(self._call, what, drivers.siblings, x, *joint,
                            *_packed_scratch(x, products[0][0], scratch), _F16_TO_F32)  # fmt: skip
         return self._one_by_one_or_together(one_by_one, together)
 
