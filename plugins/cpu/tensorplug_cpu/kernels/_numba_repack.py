@@ -143,16 +143,10 @@ class _RowSums:
         """:meth:`add` for signed weight codes ``q``: fed to VNNI as ``q + 128`` (the
         caller starts the sums at ``−128·Σx``, :func:`_offset`), to AVX2 as ``|q|``
         against ``x`` with ``q``'s sign (``vpsignb``, as ggml), else widened signed."""
-        b = self.builder
         if _ir.HAS_VNNI:
-            self.add(b.xor(q, _splat(_I8, 32, 128)), x, 255)
-        elif _ir.HAS_AVX2:
-            sign = _fn(b, "llvm.x86.avx2.psign.b", _V32B, _V32B, _V32B)
-            self.add(b.call(sign, [q, q]), b.call(sign, [x, q]), 128)
+            self.add(self.builder.xor(q, _splat(_I8, 32, 128)), x, 255)
         else:
-            self.sums = b.add(
-                self.sums, _quads(b, b.mul(b.sext(q, _vec(_I32, 32)), b.sext(x, _vec(_I32, 32))))
-            )
+            self.add_sign_folded(q, x)
 
     def add_sign_folded(self, q: Any, x: Any) -> None:
         """:meth:`add` for signed weight codes ``q`` with no offset to take back out:
