@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -467,3 +468,41 @@ def test_f16_cache_rows_are_widened_right_on_every_path(f16c: bool, strided: boo
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "ok"
+
+
+_ONE_LAYOUT = """
+import sys
+from tensorplug_cpu.kernels import _numba_attention as attention
+from tensorplug_llm.placement import Placement, host_cpu
+from tensorplug_llm.runner import Llama
+
+with Llama(sys.argv[1], placement=Placement.on(host_cpu(), 2), warmup=False) as m:
+    m.eval(list(range(1, 12)))  # a prompt: its q is a permuted, strided view
+    for t in (5, 6, 7):  # generated tokens: their q is contiguous
+        m.eval([t])
+for name in ("attend", "attend_serial"):
+    for sig in getattr(attention, name).signatures:
+        print(name, [getattr(a, "layout", "-") for a in sig])
+"""
+
+
+def test_a_prompt_and_its_tokens_share_one_compiled_attention_kernel(tmp_path: Path) -> None:
+    """numba compiles a kernel once per argument layout, and the exact attention kernel
+    is most of a first run's compile (~30 s of CPU each): a prompt step and a generation
+    step must call it with the same layouts (a fresh process, so that only this model's
+    calls are counted)."""
+    import subprocess
+    import sys
+
+    from tensorplug_llm.tiny import write_tiny_llama
+
+    pytest.importorskip("numba", reason="the exact attention kernel is numba's")
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    done = subprocess.run([sys.executable, "-c", _ONE_LAYOUT, str(model)], capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")
+    for name in ("attend", "attend_serial"):
+        layouts = [line for line in lines if line.split(" ")[0] == name]
+        assert len(layouts) <= 1, layouts
+    assert any(lines), "no attention kernel ran"

@@ -261,13 +261,20 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
         v_in = padded4(ctx.view(v_t)).view(np.uint16) if v_t.type == Type.F16 else v4
         out4 = padded4(ctx.view(node))
         no_mask = np.zeros((0, 0, 0, 0), np.float32)
+        # One array layout for every step, so numba compiles the kernel once: a prompt's
+        # q (a permuted view) is strided where a generated token's is contiguous, and
+        # each layout was a compile of its own (~30 s of a first run's CPU each). The
+        # kernel reads mask columns below ``used`` only, so the mask goes unsliced.
+        q_in = q4 if q4.flags.c_contiguous else ctx.scratch(q4.shape)
+        bias = no_mask if term is None else term
+        if bias.dtype == np.float16:
+            bias = bias.view(np.uint16)  # read in place through the f16 table
 
         def run_few() -> None:
             used = n_kv if raw_mask is None else jit.visible_columns(raw_mask)
-            bias = no_mask if term is None else term[..., :used]
-            if bias.dtype == np.float16:
-                bias = bias.view(np.uint16)  # read in place through the f16 table
-            jit.attend(q4, k_in, v_in, bias, order, used, float(scale), float(softcap), out4)
+            if q_in is not q4:
+                np.copyto(q_in, q4)
+            jit.attend(q_in, k_in, v_in, bias, order, used, float(scale), float(softcap), out4)
 
         return sequence(prep, run_few)
 
