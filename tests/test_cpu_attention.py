@@ -75,18 +75,22 @@ def test_soft_max_mask_alibi(
 # -- rope ---------------------------------------------------------------------------------
 
 
-def _corr_dims(n_dims: int, n_ctx: int, base: float, fast: float, slow: float) -> tuple:
+def _corr_dims(n_dims: int, n_ctx: float, base: float, fast: float, slow: float) -> tuple:
     def dim(n_rot: float) -> float:
         return n_dims * math.log(n_ctx / (n_rot * 2 * math.pi)) / (2 * math.log(base))
 
     return max(0.0, math.floor(dim(fast))), min(n_dims - 1.0, math.ceil(dim(slow)))
 
 
-def _rope_ref(x: np.ndarray, pos: np.ndarray, n_dims: int, neox: bool, **p: float) -> np.ndarray:
+def _rope_ref(
+    x: np.ndarray, pos: np.ndarray, n_dims: int, neox: bool, ff: np.ndarray | None = None,
+    **p: float,
+) -> np.ndarray:  # fmt: skip
     """x (…, T, H, D) float64; the rope docstring's formulas."""
     half = n_dims // 2
     i = np.arange(half)
-    theta = pos[:, None] * p["freq_base"] ** (-2 * i / n_dims) / p.get("ff", np.ones(half))
+    factors = np.ones(half) if ff is None else ff
+    theta = pos[:, None] * p["freq_base"] ** (-2 * i / n_dims) / factors
     fs, ext = p["freq_scale"], p["ext_factor"]
     mscale = p["attn_factor"]
     if ext != 0:
@@ -160,9 +164,9 @@ def test_rope_of_a_generation_step(
     pv = np.array([0, 37, 4095], np.int32)
     ffv = (1 + RNG.random(n_dims // 2)).astype(np.float32)
     inputs = {a: av, pos: pv} | ({ff: ffv} if ff is not None else {})
-    extra = {"ff": ffv.astype(np.float64)} if with_ff else {}
     expected = _rope_ref(av.astype(np.float64), pv.astype(np.float64), n_dims,
-                         mode == tp.RopeMode.NEOX, **params, **extra)  # fmt: skip
+                         mode == tp.RopeMode.NEOX, ffv.astype(np.float64) if with_ff else None,
+                         **params)  # fmt: skip
     results = []
     for jit in (True, False):
         out = ops.rope(a, pos, n_dims, mode, freq_factors=ff, **params)  # type: ignore[arg-type]

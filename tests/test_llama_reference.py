@@ -166,6 +166,7 @@ def logits(
 
     def product(x: np.ndarray, name: str) -> np.ndarray:
         return (ggml_rounded(x, m.types[name]) if q8 else x) @ w[name].T
+
     T = len(tokens)
     x = w["token_embd.weight"][tokens]
     hd = x.shape[1] // m.n_head
@@ -175,11 +176,9 @@ def logits(
     for i in range(m.n_layer):
         p = f"blk.{i}."
         h = _rms(x, m.eps) * w[p + "attn_norm.weight"]
-        rope = {"scaling": m.scaling, "factor": m.factor, "n_ctx_orig": m.n_ctx_orig}
         q = product(h, p + "attn_q.weight").reshape(T, m.n_head, hd)
         k = product(h, p + "attn_k.weight").reshape(T, m.n_head_kv, hd)
-        q = _rope(q, m.n_rot, m.base, ff, **rope)
-        k = _rope(k, m.n_rot, m.base, ff, **rope)
+        q, k = (_rope(t, m.n_rot, m.base, ff, m.scaling, m.factor, m.n_ctx_orig) for t in (q, k))
         v = product(h, p + "attn_v.weight").reshape(T, m.n_head_kv, hd)
         if kv_dtype is not None:
             k = k.astype(kv_dtype).astype(np.float64)
@@ -209,6 +208,7 @@ def _moe(m: RefModel, p: str, h: np.ndarray, logits: np.ndarray, q8: bool = Fals
 
     def rounded(x: np.ndarray, name: str) -> np.ndarray:
         return ggml_rounded(x[None], m.types[p + name])[0] if q8 else x
+
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
     probs /= probs.sum(axis=1, keepdims=True)
     out = np.zeros_like(h)
