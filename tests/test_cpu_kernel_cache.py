@@ -44,9 +44,28 @@ def test_the_index_key_holds_the_hash_of_the_sources() -> None:
     assert twice(1.5) == 3.0
     sig = twice.signatures[0]
     key = twice._cache._index_key(sig, twice.targetctx.codegen())
-    assert key[-1] == SOURCES_HASH and len(SOURCES_HASH) == 64
+    assert key[-2] == SOURCES_HASH and len(SOURCES_HASH) == 64
     plain = FunctionCache(twice.py_func)._index_key(sig, twice.targetctx.codegen())
-    assert key[:-1] == plain  # numba's own key, with the hash added
+    assert key[:-2] == plain  # numba's own key, with the hash and the forms added
+
+
+def test_the_index_key_holds_the_instruction_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that builds another host's form (as the tests do, setting the flags
+    before compiling) keys what it compiles apart from this host's kernels, so the shared
+    cache never hands that form to a later run here."""
+    from tensorplug_cpu.kernels import _numba_ir
+
+    @kernel()
+    def thrice(x: float) -> float:
+        return 3 * x
+
+    assert thrice(1.0) == 3.0
+    sig, codegen = thrice.signatures[0], thrice.targetctx.codegen()
+    here = thrice._cache._index_key(sig, codegen)
+    assert here[-1] == (_numba_ir.HAS_AVX2, _numba_ir.HAS_F16C, _numba_ir.HAS_VNNI,
+                        _numba_ir.HAS_32_REGS)  # fmt: skip
+    monkeypatch.setattr(_numba_ir, "HAS_VNNI", not _numba_ir.HAS_VNNI)
+    assert thrice._cache._index_key(sig, codegen) != here
 
 
 def test_no_kernel_takes_its_callers_fast_math_flags() -> None:

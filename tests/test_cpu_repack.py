@@ -365,13 +365,14 @@ from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 from tensorplug_cpu.repack import LAYOUTS
 
 # before anything is compiled in this process
-ir.HAS_VNNI, ir.HAS_AVX2, ir.HAS_F16C = {flags}
+ir.HAS_VNNI, ir.HAS_AVX2, ir.HAS_F16C, ir.HAS_32_REGS = {flags}
 rng = np.random.default_rng(7)
-x = rng.standard_normal((4, 256)).astype(np.float32)
-xq, xd, xs = np.empty((4, 256), np.int8), np.empty((4, 8), np.float32), np.empty((4, 8), np.int32)
+N = rp.WIDE_TILE  # the widest tile: each activation row's sums and accumulators at once
+x = rng.standard_normal((N, 256)).astype(np.float32)
+xq, xd, xs = np.empty((N, 256), np.int8), np.empty((N, 8), np.float32), np.empty((N, 8), np.int32)
 quantize_q8_0(x, xq, xd, xs, table)
 x64 = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 32, axis=1)
-xs1 = np.empty((4, 8), np.int32)  # Q8_1: each block's s = f16(d·Σcode), as float32 bits
+xs1 = np.empty((N, 8), np.int32)  # Q8_1: each block's s = f16(d·Σcode), as float32 bits
 quantize_q8_1(x, np.empty_like(xq), np.empty_like(xd), xs1, table)
 s_minus_sum = xs1.view(np.float32).astype(np.float64) - xd * xs  # what s adds beyond d·Σcode
 kq, kd, ks = np.empty_like(xq), np.empty_like(xd), np.empty_like(xs)  # Q8_K: IQ4_XS, Q4_K
@@ -387,15 +388,15 @@ for name, ggml_order in [(n, False) for n in names] + [("q5_0", True), ("q8_0", 
     nb = 256 // t.block_size
     packed = np.empty((2, nb, lay.block), np.uint8)
     lay.pack(raw.reshape(16, nb, -1), packed)
-    tile = rp.tile_kernel(lay, 4, ggml_order)
+    tile = rp.tile_kernel(lay, N, ggml_order)
 
     @njit(cache=False)
     def run(packed, xq, xd, xs, out):
         for g in range(2):
             tile(packed, g, xq, xd, xs, table, 0, out)
 
-    out = np.empty((4, 16), np.float32)
-    sums = xq.reshape(4, -1, 16).sum(-1, dtype=np.int32) if name in ("q2_k", "q6_k") else xs
+    out = np.empty((N, 16), np.float32)
+    sums = xq.reshape(N, -1, 16).sum(-1, dtype=np.int32) if name in ("q2_k", "q6_k") else xs
     sums = xs1 if name in ("q4_1", "q5_1") else sums
     if name in ("iq4_xs", "q4_k"):  # their kernels take one d per super-block: Q8_K's
         run(packed.reshape(2, -1), kq, kd, ks, out)
@@ -409,17 +410,45 @@ for name, ggml_order in [(n, False) for n in names] + [("q5_0", True), ("q8_0", 
     err = np.abs(out - expected).max() / np.abs(expected).max()
     assert err < 2e-6, (name, ggml_order, err)
     print(name + ("_ggml" if ggml_order else ""), "ok")
+
+# a driver takes tiles of the layout's height on this host (rp.tile_rows), the rest in
+# tiles of up to four: 11 rows at once give each row's bits alone, and the right values
+for t in (Type.Q8_0, Type.Q4_1):
+    lay = LAYOUTS[t]
+    raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
+    w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).astype(np.float64)
+    packed = np.empty((2, 8, lay.block), np.uint8)
+    lay.pack(raw.reshape(16, 8, -1), packed)
+    driver = rp.packed_kernels(frozenset({{t}})).serial
+    x11 = rng.standard_normal((11, 256)).astype(np.float32)
+
+    def product(x):
+        n = x.shape[0]
+        q, d = np.empty((n, 256), np.int8), np.empty((n, 8), np.float32)
+        s, out = np.empty((n, 8), np.int32), np.empty((n, 16), np.float32)
+        driver(x, packed.reshape(2, -1), q, d, s, out, table, int(t))
+        return out, q, d
+
+    out, q11, d11 = product(x11)
+    alone = np.concatenate([product(x11[r : r + 1])[0] for r in range(11)])
+    assert np.array_equal(out, alone), t
+    expected = (q11.astype(np.float64) * np.repeat(d11.astype(np.float64), 32, axis=1)) @ w.T
+    err = np.abs(out - expected).max() / np.abs(expected).max()
+    assert err < (2e-6 if t == Type.Q8_0 else 1e-2), (t, err)  # Q4_1: less Q8_1's s term
+    print("driver", t.name, rp.tile_rows(lay), "ok")
 """
 
 
 @pytest.mark.parametrize(
-    "flags", [(False, True, True), (False, False, False)], ids=["avx2", "portable"]
+    "flags", [(False, True, True, True), (False, False, False, False)], ids=["avx2", "portable"]
 )
 def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bool, ...]) -> None:
     """Hosts without AVX512-VNNI get ``vpmaddubsw``/``vpmaddwd`` (16-bit partial sums,
     widened before they could overflow); without AVX2 or F16C, portable widening IR and
     table-decoded scales. This machine compiles each form in a fresh process (the choice
-    is made when a kernel is first compiled) and checks it against the decoded weights."""
+    is made when a kernel is first compiled) and checks its widest tiles against the
+    decoded weights, and its drivers' tile heights with 32 vector registers (an AVX-512
+    host without VNNI) and with 16."""
     pytest.importorskip("numba", reason="the repacked products are numba's")
     code = textwrap.dedent(_OTHER_HOSTS).format(flags=flags)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -427,7 +456,9 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k", "q5_k",
              "q6_k", "q5_0_ggml", "q8_0_ggml"]  # fmt: skip
-    assert done.stdout.split() == [w for n in names for w in (n, "ok")]
+    rows = {"Q8_0": 8 if flags[3] else 4, "Q4_1": 4}
+    drivers = [w for t, n in rows.items() for w in ("driver", t, str(n), "ok")]
+    assert done.stdout.split() == [w for n in names for w in (n, "ok")] + drivers
 
 
 def test_a_driver_computes_only_the_types_it_was_made_for() -> None:

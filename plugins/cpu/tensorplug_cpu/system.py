@@ -103,6 +103,8 @@ class KernelFeatures:
     f16c: bool = False
     #: ``vpdpbusd`` on 256-bit vectors: AVX512-VNNI with AVX512VL, or AVX-VNNI
     vnni: bool = False
+    #: 32 vector registers (AVX-512): room for eight activation rows of a repacked tile
+    regs32: bool = False
 
     @property
     def level(self) -> str:
@@ -116,7 +118,8 @@ def kernel_features() -> KernelFeatures:
     disk cache keys compiled code by the host CPU too)."""
     found = llvm_features()
     vnni = {"avx512vnni", "avx512vl"} <= found or "avxvnni" in found
-    return KernelFeatures(avx2="avx2" in found, f16c="f16c" in found, vnni=vnni)
+    return KernelFeatures(avx2="avx2" in found, f16c="f16c" in found, vnni=vnni,
+                          regs32="avx512f" in found)  # fmt: skip
 
 
 def blas_info() -> list[dict[str, Any]]:

@@ -32,6 +32,8 @@ from typing import Any
 from numba import njit
 from numba.core.caching import FunctionCache
 
+from . import _numba_ir as _ir
+
 __all__ = ["SOURCES_HASH", "KernelCache", "kernel"]
 
 _HERE = Path(__file__).parent
@@ -46,12 +48,21 @@ _log = logging.getLogger("tensorplug_cpu")
 _warned: list[bool] = []  # a bad cache is said once per process, not once per kernel
 
 
+def instruction_forms() -> tuple[bool, ...]:
+    """The IR kernels' instruction-form flags (:mod:`._numba_ir`) as they are now: part
+    of every entry's key, because a process may set them to build another host's form
+    (the tests do, to check it on this machine), and that machine code must never be
+    what a later run on this host loads from the shared cache."""
+    return (_ir.HAS_AVX2, _ir.HAS_F16C, _ir.HAS_VNNI, _ir.HAS_32_REGS)
+
+
 class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hints
-    """A function's cache whose entries also depend on :data:`SOURCES_HASH`, and whose
+    """A function's cache whose entries also depend on :data:`SOURCES_HASH` and the
+    instruction forms (:func:`instruction_forms`), and whose
     unreadable entries are discarded (then compiled again) rather than raised."""
 
     def _index_key(self, sig: Any, codegen: Any) -> Any:
-        return (*super()._index_key(sig, codegen), SOURCES_HASH)
+        return (*super()._index_key(sig, codegen), SOURCES_HASH, instruction_forms())
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         try:

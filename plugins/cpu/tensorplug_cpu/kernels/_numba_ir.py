@@ -8,9 +8,10 @@ constant and run-time splats, declarations of LLVM intrinsics, array data pointe
 unaligned vector loads, f16 scales as float vectors, the integer dot of 32 bytes, and
 :func:`carried_loop`, the loop whose accumulators live in phi nodes.
 
-The instruction forms follow the host: ``HAS_AVX2``, ``HAS_F16C`` and ``HAS_VNNI`` are
-read when a kernel is compiled (never when this module is imported), so a test may set
-them, in a fresh process and before anything is compiled, to build another host's form.
+The instruction forms follow the host: ``HAS_AVX2``, ``HAS_F16C``, ``HAS_VNNI`` and
+``HAS_32_REGS`` are read when a kernel is compiled (never when this module is imported),
+so a test may set them, in a fresh process and before anything is compiled, to build
+another host's form.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ _HOST = kernel_features()
 #: the instruction forms the kernels compile to, from the plugin's one feature probe
 #: (decided once per process; numba's disk cache keys compiled code by the host CPU)
 HAS_AVX2, HAS_F16C, HAS_VNNI = _HOST.avx2, _HOST.f16c, _HOST.vnni
+#: 32 vector registers, which wide tiles of repacked products need (:mod:`._numba_repack`)
+HAS_32_REGS = _HOST.regs32
 
 
 def _vec(ty: ir.IntType, n: int) -> ir.VectorType:

@@ -59,10 +59,12 @@ from ._numba_quant import _CHUNKS, _DOT, quantize_activations
 __all__ = [
     "GGML_ORDER_BIT",
     "TILE",
+    "WIDE_TILE",
     "PackedKernels",
     "kinds_mask",
     "packed_kernels",
     "tile_kernel",
+    "tile_rows",
 ]
 
 _I64, _F32 = ir.IntType(64), ir.FloatType()
@@ -71,8 +73,11 @@ _V8I = _vec(_I32, 8)
 _V32B = _vec(_I8, 32)
 
 
-#: activation rows a tile takes at most
+#: activation rows of most layouts' tiles (:func:`tile_rows`)
 TILE = 4
+#: ... and of a wide tile, for the layouts whose rows carry one accumulator where there
+#: are registers for them
+WIDE_TILE = 8
 # the type ids the drivers branch on (Q2_K's and Q6_K's code sums are over 16 values)
 Q2_K, Q6_K = int(Type.Q2_K), int(Type.Q6_K)
 
@@ -701,23 +706,36 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     return new
 
 
+def _accumulators(lay: PackedLayout, ggml_order: bool = False) -> int:
+    """The float vectors a tile of layout ``lay`` carries per activation row (see
+    :func:`_emitter`)."""
+    if lay.type in (Type.Q4_K, Type.Q5_K, Type.Q2_K):
+        return 2
+    if lay.minimum_at >= 0:  # Q4_1, Q5_1: eight sums a row and the minimums' share
+        return 9
+    if ggml_order and lay.type in (Type.Q5_0, Type.Q8_0):  # eight sums a row, as vec_dot
+        return 8
+    return 1
+
+
 def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False) -> Emit:
     """The IR of layout ``lay``'s tile for ``n_tok`` activation rows (see :func:`_tile`);
     ``ggml_order``: Q5_0 and Q8_0 in ggml's eight float sums (:func:`_lane_order_body`,
     three times the arithmetic of one integer sum a block) rather than Q4_0's order."""
+    n_accs = _accumulators(lay, ggml_order)
     if lay.type in (Type.Q4_K, Type.Q5_K):
-        return _tile(lay, n_tok, _q45_k_body(lay), lambda b, a: b.fsub(a[0], a[1]), 2)
+        return _tile(lay, n_tok, _q45_k_body(lay), lambda b, a: b.fsub(a[0], a[1]), n_accs)
     if lay.type == Type.Q2_K:
-        return _tile(lay, n_tok, _q2_k_body, lambda b, a: b.fsub(a[0], a[1]), 2)
+        return _tile(lay, n_tok, _q2_k_body, lambda b, a: b.fsub(a[0], a[1]), n_accs)
     if lay.type == Type.Q6_K:
-        return _tile(lay, n_tok, _q6_k_body, lambda b, a: a[0], 1)
+        return _tile(lay, n_tok, _q6_k_body, lambda b, a: a[0], n_accs)
     if lay.type == Type.IQ4_XS:
-        return _tile(lay, n_tok, _iq4_xs_body, lambda b, a: a[0], 1)
-    if lay.minimum_at >= 0:  # Q4_1, Q5_1: eight sums a row and the minimums' share
-        return _tile(lay, n_tok, _vec_dot_order_body(lay), _vec_dot_finish, 9)
-    if ggml_order and lay.type in (Type.Q5_0, Type.Q8_0):  # eight sums a row, as vec_dot
-        return _tile(lay, n_tok, _lane_order_body(lay), _hsum_8, 8)
-    return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], 1)
+        return _tile(lay, n_tok, _iq4_xs_body, lambda b, a: a[0], n_accs)
+    if lay.minimum_at >= 0:
+        return _tile(lay, n_tok, _vec_dot_order_body(lay), _vec_dot_finish, n_accs)
+    if n_accs == 8:
+        return _tile(lay, n_tok, _lane_order_body(lay), _hsum_8, n_accs)
+    return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], n_accs)
 
 
 def tile_kernel(lay: PackedLayout, n_tok: int, ggml_order: bool = False) -> Any:
@@ -753,28 +771,79 @@ def kinds_mask(kinds: Iterable[Type]) -> int:
     return mask
 
 
+def tile_rows(lay: PackedLayout, ggml_order: bool = False) -> int:
+    """The most activation rows a tile of layout ``lay`` takes on this host. With 32
+    vector registers (AVX-512), eight rows of the layouts that carry one accumulator a
+    row (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, IQ4_XS): each weight block is then unpacked once
+    for eight rows, not twice, and on the Zen 4 dev machine Q8_0 and Q6_K times 8 and 16
+    rows took ~10% less time. Otherwise four: Q4_K's two accumulators a row over eight
+    rows were no faster, and with 16 registers (AVX2) eight rows' sums would not fit.
+    (Q4_1's nine a row, 36 over four rows, spill, yet measured as fast as tiles of three
+    and one, so they stay at four.)"""
+    if _ir.HAS_32_REGS and _accumulators(lay, ggml_order) == 1:
+        return WIDE_TILE
+    return TILE
+
+
+def _sizes(top: int) -> list[int]:
+    """The tile heights compiled for a layout whose tiles take ``top`` rows at most:
+    every height up to :data:`TILE` (the remainders), and ``top``."""
+    return sorted({*range(1, min(top, TILE) + 1), top})
+
+
+@intrinsic(prefer_literal=True)
+def _kinds_with_rows(typingctx: Any, mask: Any, rows: Any) -> Any:
+    """The bit set (as :func:`kinds_mask`) of the layouts in the constant ``mask`` whose
+    tiles take ``rows`` (a constant) at most on this host (:func:`tile_rows`), decided
+    when the driver is compiled, as :func:`_tile_of` decides which tiles it has."""
+    if not isinstance(mask, types.IntegerLiteral) or not isinstance(rows, types.IntegerLiteral):
+        return None
+    ggml_order = bool(mask.literal_value & GGML_ORDER_BIT)
+    chosen = [t for t, lay in _chosen(mask.literal_value)
+              if tile_rows(lay, ggml_order) == rows.literal_value]  # fmt: skip
+    found = sum(1 << int(t) for t in chosen)
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return _I64(found)
+
+    return types.int64(mask, rows), codegen
+
+
+@njit(inline="always")
+def _top_rows(mask: int, kind: int) -> int:
+    """:func:`tile_rows` of the weights of ggml type ``kind`` (a run-time value)."""
+    if (_kinds_with_rows(mask, WIDE_TILE) >> kind) & 1:  # type: ignore[call-arg]
+        return WIDE_TILE
+    return TILE
+
+
+def _chosen(mask: int) -> list[tuple[Type, PackedLayout]]:
+    return [(t, lay) for t, lay in LAYOUTS.items() if mask >> int(t) & 1]
+
+
 @intrinsic(prefer_literal=True)
 def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, table: Any,
              t0: Any, out: Any, kind: Any, n: Any, mask: Any) -> Any:  # fmt: skip
-    """Group ``g`` times activation rows ``t0..t0+n-1`` (``n`` ≤ :data:`TILE`) of weights
+    """Group ``g`` times activation rows ``t0..t0+n-1`` (``n`` one of :func:`_sizes` of
+    the layout's :func:`tile_rows`) of weights
     of ggml type ``kind``: one ``switch`` over the tiles of each size of the layouts in
     ``mask`` (:func:`kinds_mask`, a compile-time constant) only. Every layout's tiles in
     one switch made each driver ~20 layout × 4 size bodies, ~70 s of a first run's
     compile for a model that uses one of them."""
     if not isinstance(mask, types.IntegerLiteral):  # numba then says no match was found
         return None
-    chosen = [(t, lay) for t, lay in LAYOUTS.items() if mask.literal_value >> int(t) & 1]
+    chosen = _chosen(mask.literal_value)
     ggml_order = bool(mask.literal_value & GGML_ORDER_BIT)
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        key = builder.add(builder.mul(builder.sext(args[8], _I64), _I64(8)),
+        key = builder.add(builder.mul(builder.sext(args[8], _I64), _I64(16)),
                           builder.sext(args[9], _I64))  # fmt: skip
         done = builder.append_basic_block("tile_of.done")
         switch = builder.switch(key, done)
         for t, lay in chosen:
-            for size in range(1, TILE + 1):
+            for size in _sizes(tile_rows(lay, ggml_order)):
                 case = builder.append_basic_block(f"tile_of.{t.name}.{size}")
-                switch.add_case(_I64(8 * int(t) + size), case)
+                switch.add_case(_I64(16 * int(t) + size), case)
                 builder.position_at_end(case)
                 _emitter(lay, size, ggml_order)(context, builder, sig, args)
                 builder.branch(done)
@@ -787,14 +856,17 @@ def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, tab
 @njit(inline="always")
 def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any, out: Any,
             kind: int, mask: int) -> None:  # fmt: skip
-    """Groups ``g0..g1-1`` times every activation row, in tiles of up to four rows.
+    """Groups ``g0..g1-1`` times every activation row, in tiles of the layout's
+    :func:`tile_rows`, the remainder in tiles of up to four.
     (Inlined before typing, so the caller's constant ``mask`` reaches :func:`_tile_of`
     as one.)"""
     n_tok = xq.shape[0]
+    top = _top_rows(mask, kind)
+    rest = min(top, TILE)  # the heights below ``top`` that the switch has
     for g in range(g0, g1):
         t = 0
         while t < n_tok:
-            n = min(TILE, n_tok - t)
+            n = top if n_tok - t >= top else min(rest, n_tok - t)
             _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, mask)  # type: ignore[call-arg]
             t += n
 
