@@ -26,6 +26,7 @@ __all__ = [
     "place",
     "q8_activations",
     "q8_k_activations",
+    "q8_k_blocks",
 ]
 
 
@@ -88,18 +89,24 @@ def _q8_0_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return codes, (amax / np.float32(127)).astype(np.float32), x
 
 
-def q8_k_activations(b: np.ndarray) -> np.ndarray:
+def q8_k_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``b`` as ggml's ``quantize_row_q8_K_ref`` rounds it for the K-quants: 256-value
     super-blocks, ``iscale = −127/max`` (float32, ``max`` the first value of largest
     magnitude, its sign kept), codes ``min(127, rint(iscale·x))``, ``d = 1/iscale`` in
-    float32; float64 ``d·code``."""
+    float32. Returns the codes (int64 ``(..., n/256, 256)``) and the float32 ``d``
+    (``(..., n/256, 1)``)."""
     x = np.ascontiguousarray(b, np.float32)
     blocks = x.reshape(*x.shape[:-1], -1, 256)
     big = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)
     with np.errstate(divide="ignore"):
         iscale = np.where(big != 0, np.float32(-127) / big, 0).astype(np.float32)
         d = np.where(big != 0, np.float32(1) / iscale, 0).astype(np.float32)
-    codes = np.minimum(np.rint(blocks * iscale), 127).astype(np.float64)
+    return np.minimum(np.rint(blocks * iscale), 127).astype(np.int64), d
+
+
+def q8_k_activations(b: np.ndarray) -> np.ndarray:
+    """``b`` rounded as :func:`q8_k_blocks`, as the float64 values ``d·code``."""
+    codes, d = q8_k_blocks(b)
     return (codes * d.astype(np.float64)).reshape(b.shape)
 
 

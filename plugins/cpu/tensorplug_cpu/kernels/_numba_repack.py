@@ -78,6 +78,13 @@ TILE = 4
 #: ... and of a wide tile, for the layouts whose rows carry one accumulator where there
 #: are registers for them
 WIDE_TILE = 8
+#: the activation rows of ggml's repacked four-row gemm: llama.cpp multiplies a
+#: product's rows in groups of four from the first (``forward_mul_mat_one_chunk``) and
+#: the last ``n % 4`` by its gemv. With ggml's order (``ggml_order``), a Q4_K tile of
+#: this height sums in the gemm's order and any other in the gemv's: the driver's tiles
+#: of Q4_K are four rows from the first and one tile of the rest (:func:`tile_rows`), so
+#: they fall where ggml's groups do
+GGML_GEMM_ROWS = 4
 # the type ids the drivers branch on (Q2_K's and Q6_K's code sums are over 16 values)
 Q2_K, Q6_K = int(Type.Q2_K), int(Type.Q6_K)
 
@@ -478,12 +485,13 @@ def _hsum_8(builder: ir.IRBuilder, a: list[Any]) -> Any:
     return add(add(add(a[0], a[4]), add(a[2], a[6])), add(add(a[1], a[5]), add(a[3], a[7])))
 
 
-def _q45_k_body(lay: PackedLayout) -> Body:
-    """Q4_K and Q5_K (:func:`_q4_k_body`), the layout's codes at ``lay.codes_at``."""
+def _q45_k_body(lay: PackedLayout, by_pairs: bool = False) -> Body:
+    """Q4_K and Q5_K (:func:`_q4_k_body`), the layout's codes at ``lay.codes_at``;
+    ``by_pairs``: Q4_K in the order of ggml's four-row gemm."""
     fifth = lay.type == Type.Q5_K
 
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
-        return _q4_k_body(blk, accs, lay.codes_at, fifth)
+        return _q4_k_body(blk, accs, lay.codes_at, fifth, by_pairs)
 
     return body
 
@@ -499,12 +507,18 @@ def _q5_k_fifth_bits(blk: _Block, c: int, s: int, codes_at: int) -> Any:
 
 
 def _q4_k_body(
-    blk: _Block, accs: list[list[Any]], codes_at: int = 160, fifth: bool = False
+    blk: _Block,
+    accs: list[list[Any]],
+    codes_at: int = 160,
+    fifth: bool = False,
+    by_pairs: bool = False,
 ) -> list[list[Any]]:
     """Q4_K: a super-block adds ``(Σ_s sc_s·Σq·x)·(d·d_x)`` to the row's sum and
     ``(Σ_s m_s·Σx)·(dmin·d_x)`` to its minimums', each sum an exact integer over the
     sub-blocks ``s`` (values ``32s..32s+31``, activation block ``8b + s``), as ggml's
-    repacked gemv (``d_x`` Q8_K's one scale); Q5_K (``fifth``) adds
+    repacked gemv (``d_x`` Q8_K's one scale); ``by_pairs``: one such multiply-add per
+    pair of sub-blocks ``2p, 2p + 1`` instead, four a super-block, as ggml's repacked
+    four-row ``ggml_gemm_q4_K_8x8_q8_K`` (x86, AVX2 and AVX-512 alike). Q5_K (``fifth``) adds
     ``d·sc_s·d_x·Σq·x`` and ``dmin·m_s·d_x·Σx`` sub-block by sub-block. Each
     32-byte run of codes holds four values of pair ``p``'s two sub-blocks for each row:
     low nibbles sub-block ``2p``, high ones ``2p + 1``. Q5_K (``fifth``) adds each
@@ -519,6 +533,9 @@ def _q4_k_body(
     new = [list(a) for a in accs]
     isums = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
     imins = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
+    d_x = [_splat_f(builder, blk.load(blk.xd, t, first)) for t in range(n_tok)]  # Q8_K's
+    scales = [(_fixed_mul(builder, d, d_x[t]), _fixed_mul(builder, dmin, d_x[t]))
+              for t in range(n_tok)]  # fmt: skip
     for p in range(4):
         pair = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(2)]
                 for _ in range(n_tok)]  # fmt: skip
@@ -541,6 +558,13 @@ def _q4_k_body(
                     isums[t] = builder.add(isums[t], builder.mul(sc, pair[t][h].flush()))
                     x_sum = blk.load(blk.xs, t, ks[h])
                     imins[t] = builder.add(imins[t], builder.mul(mn, _splat_i(builder, x_sum)))
+            if by_pairs:  # the pair's two integers scaled now, and started afresh
+                for t in range(n_tok):
+                    isum, imin = (builder.sitofp(v, _V8F) for v in (isums[t], imins[t]))
+                    new[t][0] = builder.call(fma, [isum, scales[t][0], new[t][0]])
+                    new[t][1] = builder.call(fma, [imin, scales[t][1], new[t][1]])
+                isums = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
+                imins = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
             continue
         for h in range(2):
             s = 2 * p + h
@@ -554,13 +578,11 @@ def _q4_k_body(
                 new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
                 x_sum = _fixed_mul(builder, d_x, builder.sitofp(blk.load(blk.xs, t, ks[h]), _F32))
                 new[t][1] = builder.call(fma, [mn, _splat_f(builder, x_sum), new[t][1]])
-    if not fifth:
+    if not fifth and not by_pairs:
         for t in range(n_tok):
-            d_x = _splat_f(builder, blk.load(blk.xd, t, first))  # Q8_K's one scale
-            scale, scale_min = _fixed_mul(builder, d, d_x), _fixed_mul(builder, dmin, d_x)
             isum, imin = (builder.sitofp(v, _V8F) for v in (isums[t], imins[t]))
-            new[t][0] = builder.call(fma, [isum, scale, new[t][0]])
-            new[t][1] = builder.call(fma, [imin, scale_min, new[t][1]])
+            new[t][0] = builder.call(fma, [isum, scales[t][0], new[t][0]])
+            new[t][1] = builder.call(fma, [imin, scales[t][1], new[t][1]])
     return new
 
 
@@ -653,6 +675,31 @@ def _signed_byte_scales(builder: ir.IRBuilder, at: Any) -> Any:
     return builder.sitofp(v8, _V8F)
 
 
+def _q6_k_codes(blk: _Block, n: int, c: int) -> list[Any]:
+    """The unsigned 6-bit codes (0-63) of Q6_K's chunk ``c`` of half ``n``, four
+    ``<32 x i8>``: ``k``-th the values ``128n + 32k + 4c ..`` of each of the eight rows,
+    low four bits from the low (``k`` < 2) or high nibbles of ``ql`` run ``2n + k % 2``,
+    top two from bits ``2k`` of ``qh`` run ``n`` (three 32-byte runs a chunk,
+    ``repack.py``)."""
+    builder = blk.builder
+    low, high = _splat(_I8, 32, 15), _splat(_I8, 32, 0x30)
+    at = 144 + 96 * (8 * n + c)  # ql's low runs, its high runs, qh
+    qa, qb, hh = (blk.code_run(at + 32 * i) for i in range(3))
+    tops = [
+        builder.shl(hh, _splat(_I8, 32, 4)),
+        builder.shl(hh, _splat(_I8, 32, 2)),
+        hh,
+        builder.lshr(hh, _splat(_I8, 32, 2)),
+    ]  # bits 2k, 2k+1 at 4, 5
+    lows = [
+        builder.and_(qa, low),
+        builder.and_(qb, low),
+        builder.lshr(qa, _splat(_I8, 32, 4)),
+        builder.lshr(qb, _splat(_I8, 32, 4)),
+    ]
+    return [builder.or_(lo, builder.and_(top, high)) for lo, top in zip(lows, tops, strict=True)]
+
+
 def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     """Q6_K: run ``k`` of half ``n`` (values ``128n + 32k ..``, activation block
     ``8b + 4n + k``) takes its low four bits from the low (``k`` < 2) or high nibbles of
@@ -665,29 +712,13 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     d = _scales(builder, blk.base, blk.table)
     first = builder.mul(b, _I64(8))  # the block's first activation block
     new = [list(a) for a in accs]
-    low, high = _splat(_I8, 32, 15), _splat(_I8, 32, 0x30)
     for n in range(2):
         ks = [builder.add(first, _I64(4 * n + k)) for k in range(4)]
         for half in range(2):  # values 0-15 of each run, then 16-31: a scale each
             sums = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(4)]
                     for _ in range(n_tok)]  # fmt: skip
             for c in range(4 * half, 4 * half + 4):
-                at = 144 + 96 * (8 * n + c)  # ql's low runs, its high runs, qh (repack.py)
-                qa, qb, hh = (blk.code_run(at + 32 * i) for i in range(3))
-                tops = [
-                    builder.shl(hh, _splat(_I8, 32, 4)),
-                    builder.shl(hh, _splat(_I8, 32, 2)),
-                    hh,
-                    builder.lshr(hh, _splat(_I8, 32, 2)),
-                ]  # bits 2k, 2k+1 at 4, 5
-                lows = [
-                    builder.and_(qa, low),
-                    builder.and_(qb, low),
-                    builder.lshr(qa, _splat(_I8, 32, 4)),
-                    builder.lshr(qb, _splat(_I8, 32, 4)),
-                ]
-                codes = [builder.or_(lo, builder.and_(top, high))
-                         for lo, top in zip(lows, tops, strict=True)]  # fmt: skip
+                codes = _q6_k_codes(blk, n, c)
                 for k in range(4):
                     for t in range(n_tok):
                         sums[t][k].add(codes[k], blk.x_word(t, ks[k], 4 * (c % 4) + 16 * half),
@@ -706,6 +737,55 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     return new
 
 
+def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+    """Q6_K in the order of ggml's x86 ``vec_dot_q6_K_q8_K`` (AVX2; llama.cpp 0.3.36
+    repacks Q6_K only for ARM, so x86 runs this for every row count): each row keeps
+    eight float sums, sum ``c`` taking once per super-block ``d_w·d_x`` times one exact
+    integer, the codes ``4c..4c+3`` of every 32-value run times the activations, each
+    run's four scaled by the scale of its 16 values (the first of the two for ``c`` < 4),
+    less ``32·(sc_2c·bsum_2c + sc_2c+1·bsum_2c+1)`` (ggml's ``q8sclsub``: the sums of 16
+    activation codes of groups ``2c``, ``2c + 1``, ``xs`` for Q6_K); joined once per row
+    by :func:`_hsum_8`. Its arithmetic per super-block: eight integer scalings a run
+    where :func:`_q6_k_body` scales each 16 values in floats."""
+    builder, b = blk.builder, blk.b
+    n_tok = len(accs)
+    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    d = _scales(builder, blk.base, blk.table)
+    first = builder.mul(b, _I64(8))  # the block's first activation block
+    factors = [_fixed_mul(builder, d, _splat_f(builder, blk.load(blk.xd, t, first)))
+               for t in range(n_tok)]  # fmt: skip
+
+    def group_scale(g: int) -> Any:
+        """The eight rows' signed scales of 16-value group ``g`` as ``<8 x i32>``."""
+        at = builder.gep(blk.base, [_I64(16 + 8 * g)])
+        return builder.sext(builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()),
+                                         align=1), _V8I)  # fmt: skip
+
+    new = [list(a) for a in accs]
+    for c in range(8):
+        half = c // 4  # values 0-15 of each run, or 16-31
+        totals = []
+        for t in range(n_tok):  # start at −32·Σ sc·bsum over groups 2c, 2c + 1
+            back = ir.Constant(_V8I, [0] * 8)
+            for g in (2 * c, 2 * c + 1):
+                x16 = blk.load(blk.xs, t, builder.add(builder.mul(first, _I64(2)), _I64(g)))
+                back = builder.add(back, builder.mul(group_scale(g), _splat_i(builder, x16)))
+            totals.append(builder.mul(back, _splat(_I32, 8, -32)))
+        for n in range(2):
+            codes = _q6_k_codes(blk, n, c)
+            for k in range(4):
+                sc = group_scale(8 * n + 2 * k + half)
+                x_block = builder.add(first, _I64(4 * n + k))
+                for t in range(n_tok):
+                    run = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
+                    run.add(codes[k], blk.x_word(t, x_block, 4 * c), 63)
+                    totals[t] = builder.add(totals[t], builder.mul(sc, run.flush()))
+        for t in range(n_tok):
+            isum = builder.sitofp(totals[t], _V8F)
+            new[t][c] = builder.call(fma, [factors[t], isum, new[t][c]])
+    return new
+
+
 def _accumulators(lay: PackedLayout, ggml_order: bool = False) -> int:
     """The float vectors a tile of layout ``lay`` carries per activation row (see
     :func:`_emitter`)."""
@@ -713,20 +793,27 @@ def _accumulators(lay: PackedLayout, ggml_order: bool = False) -> int:
         return 2
     if lay.minimum_at >= 0:  # Q4_1, Q5_1: eight sums a row and the minimums' share
         return 9
-    if ggml_order and lay.type in (Type.Q5_0, Type.Q8_0):  # eight sums a row, as vec_dot
-        return 8
+    if ggml_order and lay.type in (Type.Q5_0, Type.Q8_0, Type.Q6_K):  # eight sums a row,
+        return 8  # as vec_dot
     return 1
 
 
 def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False) -> Emit:
     """The IR of layout ``lay``'s tile for ``n_tok`` activation rows (see :func:`_tile`);
     ``ggml_order``: Q5_0 and Q8_0 in ggml's eight float sums (:func:`_lane_order_body`,
-    three times the arithmetic of one integer sum a block) rather than Q4_0's order."""
+    three times the arithmetic of one integer sum a block) rather than Q4_0's order,
+    Q6_K in its ``vec_dot``'s (:func:`_q6_k_lane_body`), and Q4_K tiles of
+    :data:`GGML_GEMM_ROWS` rows in its four-row gemm's (the others in its gemv's, as
+    always)."""
     n_accs = _accumulators(lay, ggml_order)
     if lay.type in (Type.Q4_K, Type.Q5_K):
-        return _tile(lay, n_tok, _q45_k_body(lay), lambda b, a: b.fsub(a[0], a[1]), n_accs)
+        gemm = ggml_order and lay.type == Type.Q4_K and n_tok == GGML_GEMM_ROWS
+        return _tile(lay, n_tok, _q45_k_body(lay, gemm), lambda b, a: b.fsub(a[0], a[1]),
+                     n_accs)  # fmt: skip
     if lay.type == Type.Q2_K:
         return _tile(lay, n_tok, _q2_k_body, lambda b, a: b.fsub(a[0], a[1]), n_accs)
+    if lay.type == Type.Q6_K and n_accs == 8:
+        return _tile(lay, n_tok, _q6_k_lane_body, _hsum_8, n_accs)
     if lay.type == Type.Q6_K:
         return _tile(lay, n_tok, _q6_k_body, lambda b, a: a[0], n_accs)
     if lay.type == Type.IQ4_XS:
@@ -780,6 +867,8 @@ def tile_rows(lay: PackedLayout, ggml_order: bool = False) -> int:
     rows were no faster, and with 16 registers (AVX2) eight rows' sums would not fit.
     (Q4_1's nine a row, 36 over four rows, spill, yet measured as fast as tiles of three
     and one, so they stay at four.)"""
+    if ggml_order and lay.type == Type.Q4_K:
+        return GGML_GEMM_ROWS  # ggml's groups of rows (see GGML_GEMM_ROWS)
     if _ir.HAS_32_REGS and _accumulators(lay, ggml_order) == 1:
         return WIDE_TILE
     return TILE

@@ -1,0 +1,211 @@
+"""Repacked K-quant products in ggml's order of float operations
+(``TENSORPLUG_CPU_GGML_PRODUCT_ORDER=1``), held to the bit against an independent
+reimplementation of that order in numpy: integers for what ggml sums in integers, and
+each float32 step (``fmaf`` exactly, then float32 adds) where ggml takes it.
+
+* Q6_K: llama-cpp-python 0.3.36's ggml repacks Q6_K only for ARM, so on x86 every row
+  count runs ``ggml_vec_dot_q6_K_q8_K`` (arch/x86/quants.c, AVX2): eight float sums a
+  row, lane ``c`` taking once per super-block ``d_x·d_w`` times one exact integer
+  (the codes ``4c..4c+3`` of each 32-value run times the Q8_K codes, each run's scaled
+  by its 16 values' scale, less ``32·(sc·bsum)`` over 16-value groups ``2c, 2c + 1``),
+  then ``hsum_float_8``.
+* Q4_K: ggml's repacked ``ggml_gemm_q4_K_8x8_q8_K`` takes a product's activation rows
+  in groups of four from the first (one multiply-add per pair of sub-blocks) and its
+  ``ggml_gemv_q4_K_8x8_q8_K`` the last ``n % 4`` (one per super-block): a row's bits
+  depend on where it falls, which is why only this setting follows it (by default a
+  row's bits never depend on the rows beside it, ``test_cpu_repack``).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from test_cpu_helpers import q8_k_blocks
+
+import tensorplug as tp
+from tensorplug import ops
+from tensorplug.quants import quantize
+
+RNG = np.random.default_rng(38)
+N_IN = 512  # two super-blocks
+
+
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``fmaf(a, b, c)`` elementwise for float32 arrays, rounded once: ``a·b`` is exact
+    in float64 (24 + 24 bits), its sum with ``c`` is rounded to odd (TwoSum's error
+    tells which way the nearest sum went), and a float64 rounded to odd rounds to the
+    float32 nearest the exact value."""
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c64 = c.astype(np.float64)
+    s = p + c64
+    back = s - p
+    err = (p - (s - back)) + (c64 - back)
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def hsum_float_8(lanes: np.ndarray) -> np.ndarray:
+    """ggml's ``hsum_float_8`` over the last axis (8 float32 lanes)."""
+    a = [lanes[..., k] for k in range(8)]
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+
+
+def q6_k_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K rows of blocks (``ql[128] qh[64] scales[16] d``): the unsigned 6-bit codes
+    (int64 ``(rows, n_sb, 256)``), the signed scales ``(rows, n_sb, 16)`` and ``d``
+    (float32 ``(rows, n_sb)``), as ``dequantize_row_q6_K`` reads them."""
+    blocks = raw.reshape(raw.shape[0], -1, 210)
+    ql, qh = blocks[..., :128].astype(np.int64), blocks[..., 128:192].astype(np.int64)
+    scales = blocks[..., 192:208].view(np.int8).astype(np.int64)
+    d = blocks[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = np.empty((*blocks.shape[:2], 256), np.int64)
+    for n in range(2):
+        lo, hi, top = ql[..., 64 * n : 64 * n + 32], ql[..., 64 * n + 32 : 64 * n + 64], qh[
+            ..., 32 * n : 32 * n + 32
+        ]
+        base = 128 * n
+        codes[..., base : base + 32] = (lo & 15) | ((top & 3) << 4)
+        codes[..., base + 32 : base + 64] = (hi & 15) | (((top >> 2) & 3) << 4)
+        codes[..., base + 64 : base + 96] = (lo >> 4) | (((top >> 4) & 3) << 4)
+        codes[..., base + 96 : base + 128] = (hi >> 4) | (((top >> 6) & 3) << 4)
+    return codes, scales, d
+
+
+def q4_k_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K rows of blocks (``d dmin scales[12] qs[128]``): the 4-bit codes (int64
+    ``(rows, n_sb, 256)``), the sub-blocks' 6-bit scales and minimums ``(rows, n_sb,
+    8)`` (``get_scale_min_k4``), ``d`` and ``dmin`` (float32 ``(rows, n_sb)``)."""
+    blocks = raw.reshape(raw.shape[0], -1, 144)
+    d, dmin = (blocks[..., k : k + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+               for k in (0, 2))  # fmt: skip
+    q = blocks[..., 4:16].astype(np.int64)
+    sc, mn = np.empty((*blocks.shape[:2], 8), np.int64), np.empty((*blocks.shape[:2], 8), np.int64)
+    for j in range(8):
+        if j < 4:
+            sc[..., j], mn[..., j] = q[..., j] & 63, q[..., j + 4] & 63
+        else:
+            sc[..., j] = (q[..., j + 4] & 15) | ((q[..., j - 4] >> 6) << 4)
+            mn[..., j] = (q[..., j + 4] >> 4) | ((q[..., j] >> 6) << 4)
+    qs = blocks[..., 16:].astype(np.int64)
+    codes = np.empty((*blocks.shape[:2], 256), np.int64)
+    for j in range(4):
+        codes[..., 64 * j : 64 * j + 32] = qs[..., 32 * j : 32 * j + 32] & 15
+        codes[..., 64 * j + 32 : 64 * j + 64] = qs[..., 32 * j : 32 * j + 32] >> 4
+    return codes, sc, mn, d, dmin
+
+
+def ggml_q6_k_product(x: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """``out[t, o]`` as x86 ggml's ``vec_dot_q6_K_q8_K`` computes it (module docstring)."""
+    q, sc, d_w = q6_k_fields(raw)  # (O, S, 256), (O, S, 16), (O, S)
+    xq, d_x = q8_k_blocks(x)  # (T, S, 256), (T, S, 1)
+    n_out, n_sb = d_w.shape
+    # value 128n + 32k + 4c + j: half n, run k, lane c, place j
+    prods = np.einsum("osnkcj,tsnkcj->tosnkc", q.reshape(n_out, n_sb, 2, 4, 8, 4),
+                      xq.reshape(-1, n_sb, 2, 4, 8, 4))  # fmt: skip
+    run_scale = sc.reshape(n_out, n_sb, 2, 4, 2)[..., np.arange(8) // 4]  # (O, S, n, k, c)
+    positive = (prods * run_scale).sum(axis=(3, 4))  # (T, O, S, c)
+    bsums = xq.reshape(-1, n_sb, 8, 2, 16).sum(-1)  # (T, S, c, 2): groups 2c, 2c + 1
+    offset = 32 * np.einsum("osch,tsch->tosc", sc.reshape(n_out, n_sb, 8, 2), bsums)
+    lanes = (positive - offset).astype(np.float32)  # (T, O, S, 8), cvtepi32_ps
+    acc = np.zeros((x.shape[0], n_out, 8), np.float32)
+    for s in range(n_sb):
+        dd = (d_x[:, s] * d_w[None, :, s]).astype(np.float32)  # (T, O): y.d·x.d
+        acc = fma32(np.broadcast_to(dd[..., None], acc.shape), lanes[:, :, s], acc)
+    return hsum_float_8(acc)
+
+
+def ggml_q4_k_product(x: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """``out[t, o]`` as x86 ggml's repacked Q4_K computes it for a product of ``x``'s rows:
+    its gemm's order for rows in groups of four from the first, its gemv's for the
+    last ``n % 4`` (module docstring)."""
+    q, sc, mn, d, dmin = q4_k_fields(raw)
+    xq, d_x = q8_k_blocks(x)
+    n_out, n_sb = d.shape
+    sums = np.einsum("osbv,tsbv->tosb", q.reshape(n_out, n_sb, 8, 32),
+                     xq.reshape(-1, n_sb, 8, 32))  # fmt: skip  # (T, O, S, sub-block)
+    bsums = xq.reshape(-1, n_sb, 8, 32).sum(-1)  # (T, S, sub-block)
+    scaled = sums * sc[None]
+    mins = bsums[:, None] * mn[None]
+    n_gemm = x.shape[0] - x.shape[0] % 4
+    acc = np.zeros((x.shape[0], n_out), np.float32)
+    acc_min = np.zeros_like(acc)
+    for s in range(n_sb):
+        scale = (d[None, :, s] * d_x[:, s]).astype(np.float32)  # (T, O)
+        scale_min = (dmin[None, :, s] * d_x[:, s]).astype(np.float32)
+        for t in range(x.shape[0]):
+            parts = [slice(2 * p, 2 * p + 2) for p in range(4)] if t < n_gemm else [slice(0, 8)]
+            for part in parts:  # gemm: a pair of sub-blocks at a time; gemv: all eight
+                i_sum = scaled[t, :, s, part].sum(-1).astype(np.float32)
+                i_min = mins[t, :, s, part].sum(-1).astype(np.float32)
+                acc[t] = fma32(i_sum, scale[t], acc[t])
+                acc_min[t] = fma32(i_min, scale_min[t], acc_min[t])
+    return acc - acc_min
+
+
+def _cpu_product(t: tp.Type, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    from tensorplug_cpu.device import create_reg
+
+    dev = create_reg().device(0)
+    backend = dev.init_backend()
+    w = tp.new_tensor(t, (raw.shape[0], N_IN), "w")
+    assert tp.alloc_tensors([w], dev.repack_buffer_type(), tp.BufferUsage.WEIGHTS) is not None  # type: ignore[attr-defined]
+    tp.set_array(w, raw)
+    xt = tp.new_tensor("f32", x.shape, "x")
+    y = ops.mul_mat(w, xt)
+    tp.alloc_tensors([xt, y], tp.host_buffer_type())
+    tp.set_array(xt, x)
+    backend.graph_compute(tp.Graph(y))
+    return tp.get_array(y)
+
+
+def _weights(t: tp.Type, n_out: int) -> np.ndarray:
+    w = RNG.standard_normal((n_out, N_IN)).astype(np.float32)
+    return np.ascontiguousarray(quantize(w, t))
+
+
+@pytest.fixture
+def ggml_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("numba", reason="the repacked products are numba's")
+    monkeypatch.setenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", "1")
+
+
+@pytest.mark.parametrize("t", [tp.Type.Q6_K, tp.Type.Q4_K], ids=lambda t: t.name)
+def test_the_reference_reads_the_blocks_as_gguf_decodes_them(t: tp.Type) -> None:
+    raw = _weights(t, 8)
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).reshape(8, -1)
+    if t == tp.Type.Q6_K:
+        q, sc, d = q6_k_fields(raw)
+        got = d[..., None] * np.repeat(sc, 16, axis=-1) * (q - 32)
+    else:
+        q, sc, mn, d, dmin = q4_k_fields(raw)
+        got = (d[..., None] * np.repeat(sc, 32, axis=-1)) * q - dmin[..., None] * np.repeat(
+            mn, 32, axis=-1
+        )
+    np.testing.assert_allclose(got.reshape(8, -1), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 4, 5, 11])
+def test_q6_k_products_are_ggml_vec_dots_bits(ggml_order: None, n_tok: int) -> None:
+    raw = _weights(tp.Type.Q6_K, 24)
+    x = RNG.standard_normal((n_tok, N_IN)).astype(np.float32)
+    np.testing.assert_array_equal(_cpu_product(tp.Type.Q6_K, raw, x), ggml_q6_k_product(x, raw))
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 4, 6, 11])
+def test_q4_k_products_are_ggml_gemm_and_gemv_bits(ggml_order: None, n_tok: int) -> None:
+    raw = _weights(tp.Type.Q4_K, 24)
+    x = RNG.standard_normal((n_tok, N_IN)).astype(np.float32)
+    np.testing.assert_array_equal(_cpu_product(tp.Type.Q4_K, raw, x), ggml_q4_k_product(x, raw))
+
+
+def test_fma32_rounds_once() -> None:
+    """The reference's ``fmaf``: ``(1 + 2^-13)(1 - 2^-13)`` and ``-1`` cancel to ``-2^-26`` only if
+    the product is not rounded first; a tie above ``2^24`` rounds to even."""
+    eps = np.float32(2.0**-13)
+    one = np.float32(1)
+    got = fma32(np.array([one + eps]), np.array([one - eps]), np.array([-one]))
+    assert got[0] == np.float32(-(2.0**-26))
+    big = fma32(np.array([np.float32(2.0**24)]), np.array([one]), np.array([one]))
+    assert big[0] == np.float32(2.0**24)
