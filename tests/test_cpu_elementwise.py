@@ -244,9 +244,9 @@ def test_every_node_is_written() -> None:
 
 
 @pytest.mark.parametrize("fn", ["swiglu", "geglu"])
-@pytest.mark.parametrize("rows", [2, 9])  # numba's rows (<= 8) and numpy's
+@pytest.mark.parametrize("rows", [2, 9])  # a generation step's few rows, a prompt's
 def test_gated_units_agree_with_and_without_numba(fn: str, rows: int) -> None:
-    """The few-row numba glu and numpy's compute the same values, ggml's edge cases
+    """The numba glu and numpy's compute the same values, ggml's edge cases
     included: geglu is 0 for x <= -10 whatever g is (inf, NaN) and x·g for x >= 10;
     silu(-inf) is NaN as in ggml."""
     special = np.array([-np.inf, np.inf, np.nan, -1e30, 1e30, -10, -9.99, 10, 9.99, -88.8,

@@ -55,7 +55,9 @@ def _run(
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("rows", [1, 9])  # numba's rows (<= 8) and numpy's
+# a step's row, a prompt's, and one of 2^18 values or more, which numba splits over the
+# worker pool (without numba, numpy's passes compute each)
+@pytest.mark.parametrize("rows", [1, 9, 130])
 @pytest.mark.parametrize("jit", [True, False])
 def test_geglu_of_gemma3s_first_ffn_is_llama_cpps(rows: int, jit: bool, threads: int) -> None:
     gate = np.tile(GGML["gate"], (rows, 1))
