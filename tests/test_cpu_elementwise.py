@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -79,6 +80,7 @@ def test_binary_on_permuted_operands() -> None:
     out = ops.mul(a, b)
     bv, b64 = _values(tp.Type.F16, (4, 5))
     xv, x64 = _values(tp.Type.F32, (5, 4, 3))
+    assert b.view_src is not None
     compute(out, {base: xv, b.view_src: bv})
     expected = x64.transpose(2, 0, 1) * b64.T
     np.testing.assert_allclose(tp.get_array(out), expected, rtol=1e-6)
@@ -92,7 +94,7 @@ def test_scale_with_bias() -> None:
     np.testing.assert_allclose(tp.get_array(out), a64 * 0.25 - 1.5, rtol=1e-6)
 
 
-UNARY_REF = {
+UNARY_REF: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "abs": np.abs,
     "neg": np.negative,
     "relu": lambda x: np.maximum(x, 0),
@@ -292,8 +294,8 @@ def test_the_vector_exp_of_the_numba_kernels_is_within_3_ulp() -> None:
             out[i] = expf(x[i])
 
     x = np.concatenate([np.linspace(-87.3, 88.72, 400_001, dtype=np.float32),
-                        np.float32([88.7228, 88.7229, 89, 1e30, np.inf, -87.4, -1e30, -np.inf,
-                                    np.nan, 0.0, -0.0, 1e-30])])  # fmt: skip
+                        np.array([88.7228, 88.7229, 89, 1e30, np.inf, -87.4, -1e30, -np.inf,
+                                  np.nan, 0.0, -0.0, 1e-30], np.float32)])  # fmt: skip
     got = np.empty_like(x)
     exp_all(x, got)
     with np.errstate(over="ignore"):
