@@ -3,12 +3,14 @@
 reimplementation of that order in numpy: integers for what ggml sums in integers, and
 each float32 step (``fmaf`` exactly, then float32 adds) where ggml takes it.
 
-* Q6_K: llama-cpp-python 0.3.36's ggml repacks Q6_K only for ARM, so on x86 every row
-  count runs ``ggml_vec_dot_q6_K_q8_K`` (arch/x86/quants.c, AVX2): eight float sums a
-  row, lane ``c`` taking once per super-block ``d_x·d_w`` times one exact integer
-  (the codes ``4c..4c+3`` of each 32-value run times the Q8_K codes, each run's scaled
-  by its 16 values' scale, less ``32·(sc·bsum)`` over 16-value groups ``2c, 2c + 1``),
-  then ``hsum_float_8``.
+* Q6_K: llama-cpp-python 0.3.36's ggml repacks Q6_K only for ARM. On x86 a product of
+  fewer than 8 activation rows runs ``ggml_vec_dot_q6_K_q8_K`` (arch/x86/quants.c,
+  AVX2) row by row: eight float sums a row, lane ``c`` taking once per super-block
+  ``d_x·d_w`` times one exact integer (the codes ``4c..4c+3`` of each 32-value run
+  times the Q8_K codes, each run's scaled by its 16 values' scale, less
+  ``32·(sc·bsum)`` over 16-value groups ``2c, 2c + 1``), then ``hsum_float_8``. From 8
+  rows its tiled K-quant product (tiled/tiled-kernel.cpp) takes over: one sum a row,
+  ``fmaf(f32(I)·d_w, d_x, sum)`` per super-block, ``I`` its exact integer.
 * Q4_K: ggml's repacked ``ggml_gemm_q4_K_8x8_q8_K`` takes a product's activation rows
   in groups of four from the first (one multiply-add per pair of sub-blocks) and its
   ``ggml_gemv_q4_K_8x8_q8_K`` the last ``n % 4`` (one per super-block): a row's bits
@@ -62,10 +64,8 @@ def q6_k_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     d = blocks[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
     codes = np.empty((*blocks.shape[:2], 256), np.int64)
     for n in range(2):
-        lo, hi, top = ql[..., 64 * n : 64 * n + 32], ql[..., 64 * n + 32 : 64 * n + 64], qh[
-            ..., 32 * n : 32 * n + 32
-        ]
-        base = 128 * n
+        base, top = 128 * n, qh[..., 32 * n : 32 * n + 32]
+        lo, hi = ql[..., 64 * n : 64 * n + 32], ql[..., 64 * n + 32 : 64 * n + 64]
         codes[..., base : base + 32] = (lo & 15) | ((top & 3) << 4)
         codes[..., base + 32 : base + 64] = (hi & 15) | (((top >> 2) & 3) << 4)
         codes[..., base + 64 : base + 96] = (lo >> 4) | (((top >> 4) & 3) << 4)
@@ -73,7 +73,10 @@ def q6_k_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return codes, scales, d
 
 
-def q4_k_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+Fields = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def q4_k_fields(raw: np.ndarray) -> Fields:
     """Q4_K rows of blocks (``d dmin scales[12] qs[128]``): the 4-bit codes (int64
     ``(rows, n_sb, 256)``), the sub-blocks' 6-bit scales and minimums ``(rows, n_sb,
     8)`` (``get_scale_min_k4``), ``d`` and ``dmin`` (float32 ``(rows, n_sb)``)."""
@@ -97,10 +100,21 @@ def q4_k_fields(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 
 
 def ggml_q6_k_product(x: np.ndarray, raw: np.ndarray) -> np.ndarray:
-    """``out[t, o]`` as x86 ggml's ``vec_dot_q6_K_q8_K`` computes it (module docstring)."""
+    """``out[t, o]`` as x86 ggml computes it for a product of ``x``'s rows: its tiled
+    product from 8 rows, ``vec_dot_q6_K_q8_K`` below (module docstring)."""
     q, sc, d_w = q6_k_fields(raw)  # (O, S, 256), (O, S, 16), (O, S)
     xq, d_x = q8_k_blocks(x)  # (T, S, 256), (T, S, 1)
     n_out, n_sb = d_w.shape
+    if x.shape[0] >= 8:  # ggml_tiled_min_batch
+        sums = np.einsum("osgv,tsgv->tosg", q.reshape(n_out, n_sb, 16, 16),
+                         xq.reshape(-1, n_sb, 16, 16))  # fmt: skip
+        bsums = xq.reshape(-1, n_sb, 16, 16).sum(-1)[:, None]  # (T, 1, S, 16)
+        whole = ((sums - 32 * bsums) * sc[None]).sum(-1).astype(np.float32)  # (T, O, S)
+        out = np.zeros((x.shape[0], n_out), np.float32)
+        for s in range(n_sb):
+            scaled = (whole[:, :, s] * d_w[None, :, s]).astype(np.float32)
+            out = fma32(scaled, np.broadcast_to(d_x[:, s], scaled.shape), out)
+        return out
     # value 128n + 32k + 4c + j: half n, run k, lane c, place j
     prods = np.einsum("osnkcj,tsnkcj->tosnkc", q.reshape(n_out, n_sb, 2, 4, 8, 4),
                       xq.reshape(-1, n_sb, 2, 4, 8, 4))  # fmt: skip
@@ -186,8 +200,8 @@ def test_the_reference_reads_the_blocks_as_gguf_decodes_them(t: tp.Type) -> None
     np.testing.assert_allclose(got.reshape(8, -1), want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("n_tok", [1, 3, 4, 5, 11])
-def test_q6_k_products_are_ggml_vec_dots_bits(ggml_order: None, n_tok: int) -> None:
+@pytest.mark.parametrize("n_tok", [1, 3, 4, 5, 7, 8, 11])
+def test_q6_k_products_are_ggml_vec_dot_and_tiled_bits(ggml_order: None, n_tok: int) -> None:
     raw = _weights(tp.Type.Q6_K, 24)
     x = RNG.standard_normal((n_tok, N_IN)).astype(np.float32)
     np.testing.assert_array_equal(_cpu_product(tp.Type.Q6_K, raw, x), ggml_q6_k_product(x, raw))
@@ -201,8 +215,9 @@ def test_q4_k_products_are_ggml_gemm_and_gemv_bits(ggml_order: None, n_tok: int)
 
 
 def test_fma32_rounds_once() -> None:
-    """The reference's ``fmaf``: ``(1 + 2^-13)(1 - 2^-13)`` and ``-1`` cancel to ``-2^-26`` only if
-    the product is not rounded first; a tie above ``2^24`` rounds to even."""
+    """The reference's ``fmaf``: ``(1 + 2^-13)(1 - 2^-13)`` and ``-1`` cancel to
+    ``-2^-26`` only if the product is not rounded first; a tie above ``2^24`` rounds to
+    even."""
     eps = np.float32(2.0**-13)
     one = np.float32(1)
     got = fma32(np.array([one + eps]), np.array([one - eps]), np.array([-one]))

@@ -5,11 +5,13 @@ CI) install SmolLM2 (92 MB); Gemma 3 (253 MB) stays optional — and skips other
 with the command that fetches it. The expected ids are
 what llama-cpp-python 0.3.36 (CPU, F32 KV cache, greedy) gave for the same files: the
 tokenization, then the first 12 generated tokens (benchmarks/compare_llamacpp.py
-compares further); for Gemma 3, 32 tokens and the prompt's last logits. Its prompts are
-two on which the engines agree for all 32 tokens: on "The capital of France is" they
-part at the 6th, where llama.cpp's two best logits are 0.014 apart, a near-tie either
-engine may break (its prompt's products take ggml's four-row Q4_K order there, which the
-CPU does not follow: see plugins/cpu/README.md).
+compares further); for Gemma 3, 32 tokens and prompts' last logits, with
+``TENSORPLUG_CPU_GGML_PRODUCT_ORDER=1``: its products then sum in ggml's orders (Q5_0,
+Q8_0, Q6_K's vec_dot and tiled product, Q4_K's four-row gemm for a prompt's rows in
+fours; see plugins/cpu/README.md) and its logits are llama.cpp's to the bit on all four
+prompts of ``benchmarks/compare_llamacpp.py``. Before Q6_K and Q4_K's gemm took ggml's
+order, "The capital of France is" parted from llama.cpp at the 6th token (a 0.014
+near-tie) and "Once upon a time, in a small village," at the 6th, then the 14th.
 """
 
 from __future__ import annotations
@@ -97,6 +99,18 @@ def test_smollm2_tokenizes_and_continues_as_llama_cpp(smollm2: Llama, i: int) ->
 
 
 GEMMA3_LLAMA_CPP = {
+    "The capital of France is": (
+        [2, 818, 5279, 529, 7001, 563],
+        [506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 7488, 3207, 528,
+         7001, 236761, 1030, 563, 5628, 528, 506, 6029, 529, 506, 2891, 236761, 1030, 563,
+         506, 5279, 529, 506],
+    ),
+    "Once upon a time, in a small village,": (
+        [2, 14946, 3324, 496, 990, 236764, 528, 496, 1944, 9744, 236764],
+        [993, 11742, 496, 880, 7489, 3415, 236761, 1293, 691, 496, 2651, 236772, 25421,
+         236764, 11481, 236764, 532, 2712, 880, 236761, 1293, 9312, 914, 2523, 532, 4690,
+         1401, 1623, 236761, 3656, 1719, 236764],
+    ),
     "def fibonacci(n):": (
         [2, 2063, 10779, 78113, 236769, 236749, 1473],
         [107, 140, 584, 538, 1251, 236743, 236771, 236787, 107, 144, 2060,
@@ -110,14 +124,21 @@ GEMMA3_LLAMA_CPP = {
          818, 31476, 1523, 529, 1813, 563, 236743, 236770, 236771, 236771],
     ),
 }  # fmt: skip
-#: llama.cpp's five best logits after "Water boils at a temperature of" (its tokens, their
-#: logits): the CPU's are equal to the bit since it sums Q4_K products and looks GELU up
-#: as ggml does, and sums Q5_0 and Q8_0 products so with TENSORPLUG_CPU_GGML_PRODUCT_ORDER=1
-#: (they were ~1 apart before)
-GEMMA3_WATER_TOP5 = (
-    [236743, 1003, 8296, 655, 138],
-    [18.813679, 15.851770, 14.923321, 14.584361, 14.417478],
-)
+#: llama.cpp's five best logits after a prompt (its tokens, their logits): the CPU's are
+#: equal to the bit with TENSORPLUG_CPU_GGML_PRODUCT_ORDER=1 (they were ~1 apart before
+#: its products, GELU and attention took ggml's arithmetic). The 11-token prompt runs
+#: both of ggml's Q4_K kernels (its gemm for rows 0-7, its gemv for 8-10) and, from 8
+#: rows, its tiled Q6_K product; the 7-token one Q6_K's vec_dot
+GEMMA3_TOP5 = {
+    "Water boils at a temperature of": (
+        [236743, 1003, 8296, 655, 138],
+        [18.813679, 15.851770, 14.923321, 14.584361, 14.417478],
+    ),
+    "Once upon a time, in a small village,": (
+        [993, 496, 528, 506, 1331],
+        [22.970921, 22.545437, 20.835384, 20.818401, 20.295775],
+    ),
+}
 
 
 def gemma3_file() -> Path | None:
@@ -164,10 +185,11 @@ def test_gemma3_tokenizes_and_continues_as_llama_cpp(gemma3: Llama, prompt: str)
     assert got == want
 
 
-def test_gemma3_prompt_logits_are_llama_cpps(gemma3: Llama) -> None:
-    ids = GEMMA3_LLAMA_CPP["Water boils at a temperature of"][0]
+@pytest.mark.parametrize("prompt", sorted(GEMMA3_TOP5))
+def test_gemma3_prompt_logits_are_llama_cpps(gemma3: Llama, prompt: str) -> None:
+    ids = GEMMA3_LLAMA_CPP[prompt][0]
     gemma3.reset()
     last = np.atleast_2d(gemma3.eval(ids))[-1]
-    tokens, logits = GEMMA3_WATER_TOP5
+    tokens, logits = GEMMA3_TOP5[prompt]
     assert list(np.argsort(-last)[:5]) == tokens
     np.testing.assert_allclose(last[tokens], logits, rtol=0, atol=1e-4)

@@ -85,6 +85,13 @@ WIDE_TILE = 8
 #: of Q4_K are four rows from the first and one tile of the rest (:func:`tile_rows`), so
 #: they fall where ggml's groups do
 GGML_GEMM_ROWS = 4
+#: the fewest activation rows for which llama.cpp 0.3.36 multiplies Q6_K weights (never
+#: repacked on x86) by its tiled K-quant product rather than ``vec_dot`` row by row
+#: (``ggml_tiled_min_batch``): with ggml's order a driver's Q6_K tiles take the tiled
+#: product's order (:func:`_q6_k_tiled_body`) when it has this many rows or more
+GGML_TILED_MIN_ROWS = 8
+#: the tile forms of :func:`_tile_of`: a layout's own, and ggml's tiled product's
+OWN_FORM, TILED_FORM = 0, 1
 # the type ids the drivers branch on (Q2_K's and Q6_K's code sums are over 16 values)
 Q2_K, Q6_K = int(Type.Q2_K), int(Type.Q6_K)
 
@@ -737,6 +744,59 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     return new
 
 
+def _q6_k_group_scales(blk: _Block, g: int) -> Any:
+    """The eight rows' signed scales of Q6_K's 16-value group ``g`` as ``<8 x i32>``."""
+    b = blk.builder
+    at = b.gep(blk.base, [_I64(16 + 8 * g)])
+    return b.sext(b.load(b.bitcast(at, _vec(_I8, 8).as_pointer()), align=1), _V8I)
+
+
+def _q6_k_offsets(blk: _Block, t: int, groups: Iterable[int]) -> Any:
+    """``−32·Σ_g sc_g·bsum_g`` over Q6_K's 16-value ``groups`` for activation row ``t``
+    (``xs``: its sums of 16 codes), eight rows' as ``<8 x i32>``: the codes' offset of 32,
+    taken out in integers as ggml does."""
+    b = blk.builder
+    total = ir.Constant(_V8I, [0] * 8)
+    for g in groups:
+        x16 = blk.load(blk.xs, t, b.add(b.mul(blk.b, _I64(16)), _I64(g)))
+        total = b.add(total, b.mul(_q6_k_group_scales(blk, g), _splat_i(b, x16)))
+    return b.mul(total, _splat(_I32, 8, -32))
+
+
+def _q6_k_tiled_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
+    """Q6_K in the order of ggml's tiled K-quant product (``tiled/tiled-kernel.cpp``,
+    AVX-512 VNNI and AVX2 alike), which llama.cpp 0.3.36 runs for products of
+    :data:`GGML_TILED_MIN_ROWS` activation rows or more: a super-block's
+    ``Σ_g sc_g·(Σq·x − 32·bsum_g)`` over its sixteen 16-value groups as one exact integer,
+    times ``d_w`` (rounded), then fused with ``d_x`` into the row's one sum."""
+    builder, b = blk.builder, blk.b
+    n_tok = len(accs)
+    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    d = _scales(builder, blk.base, blk.table)
+    first = builder.mul(b, _I64(8))  # the block's first activation block
+    totals = [_q6_k_offsets(blk, t, range(16)) for t in range(n_tok)]
+    for n in range(2):
+        for half in range(2):  # values 0-15 of each run, then 16-31: a scale each
+            sums = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(4)]
+                    for _ in range(n_tok)]  # fmt: skip
+            for c in range(4 * half, 4 * half + 4):
+                codes = _q6_k_codes(blk, n, c)
+                for k in range(4):
+                    for t in range(n_tok):
+                        x_block = builder.add(first, _I64(4 * n + k))
+                        sums[t][k].add(codes[k], blk.x_word(t, x_block, 4 * c), 63)
+            for k in range(4):
+                sc = _q6_k_group_scales(blk, 8 * n + 2 * k + half)
+                for t in range(n_tok):
+                    totals[t] = builder.add(totals[t], builder.mul(sc, sums[t][k].flush()))
+    new = []
+    for t in range(n_tok):
+        scaled = _fixed_mul(builder, builder.sitofp(totals[t], _V8F), d)
+        d_x = _splat_f(builder, blk.load(blk.xd, t, first))  # Q8_K's one scale
+        new.append([builder.call(fma, [scaled, d_x, accs[t][0]])])
+    return new
+
+
 def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     """Q6_K in the order of ggml's x86 ``vec_dot_q6_K_q8_K`` (AVX2; llama.cpp 0.3.36
     repacks Q6_K only for ARM, so x86 runs this for every row count): each row keeps
@@ -755,26 +815,14 @@ def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     factors = [_fixed_mul(builder, d, _splat_f(builder, blk.load(blk.xd, t, first)))
                for t in range(n_tok)]  # fmt: skip
 
-    def group_scale(g: int) -> Any:
-        """The eight rows' signed scales of 16-value group ``g`` as ``<8 x i32>``."""
-        at = builder.gep(blk.base, [_I64(16 + 8 * g)])
-        return builder.sext(builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()),
-                                         align=1), _V8I)  # fmt: skip
-
     new = [list(a) for a in accs]
     for c in range(8):
         half = c // 4  # values 0-15 of each run, or 16-31
-        totals = []
-        for t in range(n_tok):  # start at −32·Σ sc·bsum over groups 2c, 2c + 1
-            back = ir.Constant(_V8I, [0] * 8)
-            for g in (2 * c, 2 * c + 1):
-                x16 = blk.load(blk.xs, t, builder.add(builder.mul(first, _I64(2)), _I64(g)))
-                back = builder.add(back, builder.mul(group_scale(g), _splat_i(builder, x16)))
-            totals.append(builder.mul(back, _splat(_I32, 8, -32)))
+        totals = [_q6_k_offsets(blk, t, (2 * c, 2 * c + 1)) for t in range(n_tok)]
         for n in range(2):
             codes = _q6_k_codes(blk, n, c)
             for k in range(4):
-                sc = group_scale(8 * n + 2 * k + half)
+                sc = _q6_k_group_scales(blk, 8 * n + 2 * k + half)
                 x_block = builder.add(first, _I64(4 * n + k))
                 for t in range(n_tok):
                     run = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
@@ -798,13 +846,19 @@ def _accumulators(lay: PackedLayout, ggml_order: bool = False) -> int:
     return 1
 
 
-def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False) -> Emit:
+def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False, tiled: bool = False) -> Emit:
     """The IR of layout ``lay``'s tile for ``n_tok`` activation rows (see :func:`_tile`);
     ``ggml_order``: Q5_0 and Q8_0 in ggml's eight float sums (:func:`_lane_order_body`,
     three times the arithmetic of one integer sum a block) rather than Q4_0's order,
-    Q6_K in its ``vec_dot``'s (:func:`_q6_k_lane_body`), and Q4_K tiles of
-    :data:`GGML_GEMM_ROWS` rows in its four-row gemm's (the others in its gemv's, as
-    always)."""
+    Q6_K in its ``vec_dot``'s (:func:`_q6_k_lane_body`), or with ``tiled`` in its tiled
+    product's (:func:`_q6_k_tiled_body`), and Q4_K tiles of :data:`GGML_GEMM_ROWS` rows
+    in its four-row gemm's (the others in its gemv's, as always)."""
+    if tiled:
+        if lay.type != Type.Q6_K:
+            raise ValueError(
+                f"ggml's tiled order is implemented for Q6_K only, not {lay.type.name}"
+            )
+        return _tile(lay, n_tok, _q6_k_tiled_body, lambda b, a: a[0], 1)
     n_accs = _accumulators(lay, ggml_order)
     if lay.type in (Type.Q4_K, Type.Q5_K):
         gemm = ggml_order and lay.type == Type.Q4_K and n_tok == GGML_GEMM_ROWS
@@ -825,10 +879,12 @@ def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False) -> Emit:
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], n_accs)
 
 
-def tile_kernel(lay: PackedLayout, n_tok: int, ggml_order: bool = False) -> Any:
+def tile_kernel(lay: PackedLayout, n_tok: int, ggml_order: bool = False,
+                tiled: bool = False) -> Any:  # fmt: skip
     """An intrinsic ``(packed, g, xq, xd, xs, table, t0, out) -> None``: one tile of
-    layout ``lay`` for ``n_tok`` activation rows (:func:`_tile`)."""
-    emit = _emitter(lay, n_tok, ggml_order)
+    layout ``lay`` for ``n_tok`` activation rows (:func:`_tile`; ``ggml_order`` and
+    ``tiled`` as :func:`_emitter` takes them)."""
+    emit = _emitter(lay, n_tok, ggml_order, tiled)
 
     @intrinsic
     def tile(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, table: Any,
@@ -910,36 +966,52 @@ def _chosen(mask: int) -> list[tuple[Type, PackedLayout]]:
     return [(t, lay) for t, lay in LAYOUTS.items() if mask >> int(t) & 1]
 
 
+def _forms(t: Type, ggml_order: bool) -> tuple[int, ...]:
+    """The tile forms a driver compiles for ``t`` weights: its own, and with ggml's order
+    for Q6_K ggml's tiled product's too (:data:`GGML_TILED_MIN_ROWS`)."""
+    return (OWN_FORM, TILED_FORM) if ggml_order and t == Type.Q6_K else (OWN_FORM,)
+
+
+def _tile_key(form: int, kind: int, n: int) -> int:
+    """The ``switch`` case of :func:`_tile_of` for a tile of ``n`` rows of type id
+    ``kind`` in tile form ``form`` (type ids are below 64, heights below 16)."""
+    return (64 * form + kind) * 16 + n
+
+
 @intrinsic(prefer_literal=True)
 def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, table: Any,
-             t0: Any, out: Any, kind: Any, n: Any, mask: Any) -> Any:  # fmt: skip
+             t0: Any, out: Any, kind: Any, n: Any, form: Any, mask: Any) -> Any:  # fmt: skip
     """Group ``g`` times activation rows ``t0..t0+n-1`` (``n`` one of :func:`_sizes` of
-    the layout's :func:`tile_rows`) of weights
-    of ggml type ``kind``: one ``switch`` over the tiles of each size of the layouts in
-    ``mask`` (:func:`kinds_mask`, a compile-time constant) only. Every layout's tiles in
-    one switch made each driver ~20 layout × 4 size bodies, ~70 s of a first run's
-    compile for a model that uses one of them."""
+    the layout's :func:`tile_rows`) of weights of ggml type ``kind`` in tile form
+    ``form`` (:data:`OWN_FORM`, or :data:`TILED_FORM` where :func:`_forms` has it): one
+    ``switch`` over the tiles of each size of the layouts in ``mask``
+    (:func:`kinds_mask`, a compile-time constant) only. Every layout's tiles in one
+    switch made each driver ~20 layout × 4 size bodies, ~70 s of a first run's compile
+    for a model that uses one of them."""
     if not isinstance(mask, types.IntegerLiteral):  # numba then says no match was found
         return None
     chosen = _chosen(mask.literal_value)
     ggml_order = bool(mask.literal_value & GGML_ORDER_BIT)
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        key = builder.add(builder.mul(builder.sext(args[8], _I64), _I64(16)),
-                          builder.sext(args[9], _I64))  # fmt: skip
+        kind_key = builder.add(builder.mul(builder.sext(args[10], _I64), _I64(64)),
+                               builder.sext(args[8], _I64))  # fmt: skip
+        key = builder.add(builder.mul(kind_key, _I64(16)), builder.sext(args[9], _I64))
         done = builder.append_basic_block("tile_of.done")
         switch = builder.switch(key, done)
         for t, lay in chosen:
-            for size in _sizes(tile_rows(lay, ggml_order)):
-                case = builder.append_basic_block(f"tile_of.{t.name}.{size}")
-                switch.add_case(_I64(16 * int(t) + size), case)
-                builder.position_at_end(case)
-                _emitter(lay, size, ggml_order)(context, builder, sig, args)
-                builder.branch(done)
+            for form in _forms(t, ggml_order):
+                for size in _sizes(tile_rows(lay, ggml_order)):
+                    case = builder.append_basic_block(f"tile_of.{t.name}.{form}.{size}")
+                    switch.add_case(_I64(_tile_key(form, int(t), size)), case)
+                    builder.position_at_end(case)
+                    emit = _emitter(lay, size, ggml_order, form == TILED_FORM)
+                    emit(context, builder, sig, args)
+                    builder.branch(done)
         builder.position_at_end(done)
         return context.get_dummy_value()
 
-    return types.none(packed, g, xq, xd, xs, table, t0, out, kind, n, mask), codegen
+    return types.none(packed, g, xq, xd, xs, table, t0, out, kind, n, form, mask), codegen
 
 
 @njit(inline="always")
@@ -952,11 +1024,14 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
     n_tok = xq.shape[0]
     top = _top_rows(mask, kind)
     rest = min(top, TILE)  # the heights below ``top`` that the switch has
+    form = OWN_FORM  # ggml's tiled product where llama.cpp takes it (GGML_TILED_MIN_ROWS)
+    if mask & GGML_ORDER_BIT and kind == Q6_K and n_tok >= GGML_TILED_MIN_ROWS:
+        form = TILED_FORM
     for g in range(g0, g1):
         t = 0
         while t < n_tok:
             n = top if n_tok - t >= top else min(rest, n_tok - t)
-            _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, mask)  # type: ignore[call-arg]
+            _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, form, mask)  # type: ignore[call-arg]
             t += n
 
 
