@@ -20,12 +20,15 @@ scaled by ``d_w·d_x`` and added to the row's float sum block by block: for Q4_0
 arithmetic of llama.cpp's ``ggml_gemv_q4_0_8x8_q8_0`` and of the four-row kernel of
 :mod:`._numba_introw`, to the bit. Q4_K sums each super-block as two integers (its
 scaled sums and its minimums' share) and scales each once, as llama.cpp's repacked
-``ggml_gemv_q4_K_8x8_q8_K`` (its four-row ``gemm`` scales each pair of sub-blocks: not
-followed, so that a row's bits do not depend on the rows beside it); Q5_K scales each
-sub-block of 32; Q6_K scales each 16 values' exact sum, less 32 times their
-activations' sum. Q4_1, Q5_1, Q5_0 and Q8_0 keep ggml's ``vec_dot`` order instead:
-eight float sums a row (and for Q4_1 and Q5_1 the minimums' ``m_w·s_x`` beside them),
-llama.cpp's bits (:func:`_vec_dot_order_body`, :func:`_lane_order_body`).
+``ggml_gemv_q4_K_8x8_q8_K`` (its four-row ``gemm`` scales each pair of sub-blocks:
+followed only with ggml's order, ``ggml_order``, since a row's bits then depend on the
+rows beside it); Q5_K scales each sub-block of 32; Q6_K scales each 16 values' exact
+sum, less 32 times their activations' sum (with ``ggml_order``: ggml's ``vec_dot`` or,
+from 8 rows, its tiled product's order, :func:`_q6_k_lane_body`,
+:func:`_q6_k_tiled_body`). Q4_1 and Q5_1 keep ggml's ``vec_dot`` order, and Q5_0 and
+Q8_0 with ``ggml_order``: eight float sums a row (and for Q4_1 and Q5_1 the minimums'
+``m_w·s_x`` beside them), llama.cpp's bits (:func:`_vec_dot_order_body`,
+:func:`_lane_order_body`).
 The activations are rounded as ggml does for the type
 (:func:`._numba_quant.quantize_activations`: Q8_0, Q8_1, Q8_K).
 
