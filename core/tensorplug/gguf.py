@@ -452,9 +452,11 @@ def _reader_class() -> type:
     The stock reader parses every array item on its own through several numpy views,
     ~20 µs an item: the three arrays of a 32,000-token vocabulary take 2 s to open, and
     a 128k vocabulary with its merges half a minute. Here a scalar array is one numpy
-    view and a string array one tight loop. The fields keep the layout
-    ``ReaderField.contents()`` reads (``parts``, ``data`` indices, ``types``), except
-    that a scalar array is a single part rather than one part per item.
+    view and a string array one tight loop, its lengths read with ``struct`` and one
+    view per string (SmolLM2's 49,152 tokens and 48,900 merges: 0.23 s to 0.05 s, a
+    seventh of its launch). The fields keep what ``ReaderField.contents()`` reads
+    (``parts``, ``data`` indices, ``types``), except that a scalar array is a single part
+    rather than one part per item and a string array's items have no length parts.
     """
     global _READER
     if _READER is not None:
@@ -489,18 +491,18 @@ def _reader_class() -> type:
             if itype != GGUFValueType.STRING:
                 return super()._get_field_parts(orig_offs, raw_type)
             data = self.data.view(np.ndarray)  # plain views: a memmap slice is slower
-            size = data.size
+            raw, size = data.data, data.size  # the memoryview over its bytes
+            length = struct.Struct("<Q").unpack_from
             parts: list[Any] = [raw_itype, alen]
-            idxs: list[int] = []
             for _ in range(count):
                 if offs + 8 > size:
                     raise ValueError("truncated string length")
-                n = int(data[offs : offs + 8].view(np.uint64)[0])
+                (n,) = length(raw, offs)
                 if offs + 8 + n > size:
                     raise ValueError("truncated string")
-                parts += (data[offs : offs + 8].view(np.uint64), data[offs + 8 : offs + 8 + n])
-                idxs.append(len(parts) - 1)
+                parts.append(data[offs + 8 : offs + 8 + n])
                 offs += 8 + n
+            idxs = list(range(2, 2 + count))
             return offs - orig_offs, parts, idxs, [GGUFValueType.ARRAY, GGUFValueType.STRING]
 
     _READER = BulkArrayReader
