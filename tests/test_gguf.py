@@ -87,9 +87,22 @@ def test_metadata_equals_the_stock_readers(tiny: Path, tmp_path: Path, which: st
     f, stock = GGUFFile(path), GGUFReader(path)
     assert list(f._reader.fields) == list(stock.fields)
     for key, field in stock.fields.items():
-        assert f._reader.fields[key].contents() == field.contents(), key
+        assert f.get(key) == field.contents(), key
         assert f._reader.fields[key].types == field.types, key
     assert [t.data_offset for t in f._reader.tensors] == [t.data_offset for t in stock.tensors]
+
+
+def test_a_string_array_item_that_is_not_utf8_names_its_key(tmp_path: Path) -> None:
+    """Array items are decoded when read (not when the file opens), and a bad one is a
+    GGUFError naming the key, as a bad single string is."""
+    path = _odd_arrays(tmp_path / "odd.gguf")
+    raw = path.read_bytes()
+    assert raw.count("ü€".encode()) == 1
+    path.write_bytes(raw.replace("ü€".encode(), b"\xff" * 5))
+    f = GGUFFile(path)  # opens: nothing is decoded yet
+    assert f.get("a.floats") == [1.5, -2.25]
+    with pytest.raises(GGUFError, match="'a.strings' holds a string that is not valid UTF-8"):
+        f.get("a.strings")
 
 
 def test_mapped_weights_are_the_file_itself(tiny: Path) -> None:
