@@ -191,11 +191,14 @@ class JitKernels:
         if out.strides[-1] != 4 or x.strides[-1] != 4:
             raise ValueError("bind_packed: x's and out's rows must be unit-stride float32")
         xq, xd, xs = _packed_scratch(x, t, scratch)
-        args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         what = f"repacked {t.name} product kernel"
         drivers = self._packed_kernels(frozenset((t,)), GGML_PRODUCT_ORDER.get())
-        serial = partial(self._call, f"one-thread {what}", drivers.serial, *args)
-        parallel = partial(self._call, what, drivers.parallel, *args)
+        serial = partial(self._call, f"one-thread {what}", drivers.serial, x, packed, xq, xd,
+                         xs, out, _F16_TO_F32, int(t))  # fmt: skip
+        # many threads: the sibling driver, this matrix and three empty ones
+        joint = _sibling_args([packed], [out], [t], lambda p: p.shape[0])
+        parallel = partial(self._call, what, drivers.siblings, x, *joint, xq, xd, xs,
+                           _F16_TO_F32)  # fmt: skip
         return self._serial_or_parallel(serial, parallel)
 
     def bind_matvec_float(
