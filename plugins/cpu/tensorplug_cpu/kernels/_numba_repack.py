@@ -903,8 +903,15 @@ class PackedKernels(NamedTuple):
     siblings: Any
 
 
-@functools.cache
 def packed_kernels(kinds: frozenset[Type], ggml_order: bool = False) -> PackedKernels:
+    """:func:`_packed_kernels`, made once per set of types and order however it is asked
+    for (``functools.cache`` alone keys ``f(k)`` and ``f(k, False)`` apart: two sets of
+    the same drivers, each compiled or loaded on its own)."""
+    return _packed_kernels(frozenset(kinds), bool(ggml_order))
+
+
+@functools.cache
+def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
     """The drivers that multiply repacked weights of the types ``kinds`` (any others
     fall through their tiles' switch, computing nothing): each compiles the tiles of
     those layouts only, so a first run compiles what its model uses (a Q4_1 model: 4
@@ -957,7 +964,12 @@ def packed_kernels(kinds: frozenset[Type], ggml_order: bool = False) -> PackedKe
 
     for fn in (matmul_packed_serial, matmul_packed_siblings):
         fn.__qualname__ = f"{fn.__name__}_{suffix}"  # the name of its cache files
-    return PackedKernels(
+    drivers = PackedKernels(
         kernel(nogil=True, fastmath=_DOT)(matmul_packed_serial),
         kernel(parallel=True, fastmath=_DOT)(matmul_packed_siblings),
     )
+    ids = tuple(sorted(int(t) for t in kinds))
+    for name, driver in zip(PackedKernels._fields, drivers, strict=True):
+        # how another process makes this driver again (.ahead: compiled ahead there)
+        driver.tensorplug_origin = ("packed", ids, ggml_order, name)
+    return drivers
