@@ -74,6 +74,7 @@ def _odd_arrays(path: Path) -> Path:
     w.add_array("a.floats", [1.5, -2.25])
     w.add_array("a.bools", [True, False, True])
     w.add_array("a.nested", [[1, 2], [3]])
+    w.add_array("a.nested_strings", [["p", "q"], [""], ["r"]])
     w.add_tensor("t", np.arange(8, dtype=np.float32))
     _finish(w)
     return path
@@ -90,6 +91,31 @@ def test_metadata_equals_the_stock_readers(tiny: Path, tmp_path: Path, which: st
         assert f._reader.fields[key].contents() == field.contents(), key
         assert f._reader.fields[key].types == field.types, key
     assert [t.data_offset for t in f._reader.tensors] == [t.data_offset for t in stock.tensors]
+
+
+def test_string_arrays_cost_no_object_per_string(tmp_path: Path) -> None:
+    """A vocabulary's strings stay in the file until read: two numpy views per string
+    (the stock reader's way) took 90 MB for Gemma 3's 262,144 tokens before a weight
+    was loaded. 100,000 strings here: 28 MB that way, under 2 MB kept now."""
+    import tracemalloc
+
+    path = tmp_path / "vocab.gguf"
+    words = [f"tok{i}" for i in range(100_000)]
+    w = GGUFWriter(str(path), "llama")
+    w.add_array("tokenizer.ggml.tokens", words)
+    w.add_tensor("t", np.arange(8, dtype=np.float32))
+    _finish(w)
+    tracemalloc.start()
+    try:
+        f = GGUFFile(path)
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < 2 << 20, f"{kept / 1e6:.1f} MB kept by opening the file"
+    field = f._reader.fields["tokenizer.ggml.tokens"]
+    assert field.contents() == words
+    assert field.contents(-1) == words[-1] and field.contents(slice(3, 5)) == words[3:5]
+    assert f.value("tokenizer.ggml.tokens", list)[12345] == "tok12345"
 
 
 def test_mapped_weights_are_the_file_itself(tiny: Path) -> None:

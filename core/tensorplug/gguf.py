@@ -35,16 +35,17 @@ without it, opening a file raises :class:`~tensorplug.errors.MissingDependencyEr
 
 from __future__ import annotations
 
+import array
 import math
 import mmap
 import os
 import struct
 import sys
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -461,6 +462,7 @@ def _reader_class() -> type:
         return _READER
     require("gguf", "reading GGUF files")
     from gguf import GGUFReader, GGUFValueType
+    from gguf.gguf_reader import ReaderField
 
     class BulkArrayReader(GGUFReader):
         def _get_str(self, offset: int) -> Any:
@@ -489,19 +491,83 @@ def _reader_class() -> type:
             if itype != GGUFValueType.STRING:
                 return super()._get_field_parts(orig_offs, raw_type)
             data = self.data.view(np.ndarray)  # plain views: a memmap slice is slower
-            size = data.size
-            parts: list[Any] = [raw_itype, alen]
-            idxs: list[int] = []
+            strings = StringArrayParts(data, [raw_itype, alen], offs, count)
+            return strings.end - orig_offs, strings, strings.indices, strings.types
+
+        def _build_fields(self, offs: int, count: int) -> int:
+            # the stock loop, except that a string array's parts stay a StringArrayParts
+            # (``parts += ...`` would make its two views a string after all)
+            for _ in range(count):
+                orig_offs = offs
+                kv_klen, kv_kdata = self._get_str(offs)
+                offs += int(kv_klen.nbytes + kv_kdata.nbytes)
+                raw_kv_type = self._get(offs, np.uint32)
+                offs += int(raw_kv_type.nbytes)
+                head = [kv_klen, kv_kdata, raw_kv_type]
+                size, parts, idxs, types = self._get_field_parts(offs, raw_kv_type[0])
+                if isinstance(parts, StringArrayParts):
+                    parts.head[:0] = head
+                    idxs = parts.indices
+                else:
+                    parts, idxs = head + parts, [idx + len(head) for idx in idxs]
+                name = str(bytes(kv_kdata), encoding="utf-8")
+                self._push_field(ReaderField(orig_offs, name, parts, idxs, types), skip_sum=True)
+                offs += size
+            return offs
+
+    class StringArrayParts(Sequence[Any]):
+        """A string array's ``ReaderField.parts`` without two numpy views per string.
+
+        The stock reader (and this one before) kept each string's length and bytes as
+        numpy views: ~200 bytes a string, which for Gemma 3's 262,144-token vocabulary
+        was 90 MB of the process before a weight was loaded (SmolLM2's 49,152 tokens
+        and 48,900 merges: 33 MB). Here each string is one 8-byte offset, and its views
+        are made when ``ReaderField.contents()`` asks for them (``parts[i]``): the
+        header parts first (``head``), then length and bytes of each string.
+        """
+
+        def __init__(self, data: np.ndarray, head: list[Any], offs: int, count: int) -> None:
+            self.data, self.head = data, head
+            self.types = [GGUFValueType.ARRAY, GGUFValueType.STRING]
+            self.starts = array.array("q")  # where each string's bytes begin
+            mem, size = data.data, data.size
             for _ in range(count):
                 if offs + 8 > size:
                     raise ValueError("truncated string length")
-                n = int(data[offs : offs + 8].view(np.uint64)[0])
+                n = int.from_bytes(mem[offs : offs + 8], "little")
                 if offs + 8 + n > size:
                     raise ValueError("truncated string")
-                parts += (data[offs : offs + 8].view(np.uint64), data[offs + 8 : offs + 8 + n])
-                idxs.append(len(parts) - 1)
+                self.starts.append(offs + 8)
                 offs += 8 + n
-            return offs - orig_offs, parts, idxs, [GGUFValueType.ARRAY, GGUFValueType.STRING]
+            self.end = offs
+
+        @property
+        def indices(self) -> range:
+            """``ReaderField.data``: the parts that are string bytes."""
+            return range(len(self.head) + 1, len(self), 2)
+
+        def __len__(self) -> int:
+            return len(self.head) + 2 * len(self.starts)
+
+        @overload
+        def __getitem__(self, i: int) -> Any: ...
+        @overload
+        def __getitem__(self, i: slice) -> Sequence[Any]: ...
+        def __getitem__(self, i: int | slice) -> Any:
+            if isinstance(i, slice):
+                return [self[j] for j in range(*i.indices(len(self)))]
+            if i < 0:
+                i += len(self)
+            if not 0 <= i < len(self):
+                raise IndexError(i)
+            if i < len(self.head):
+                return self.head[i]
+            string, is_bytes = divmod(i - len(self.head), 2)
+            start = self.starts[string]
+            if not is_bytes:
+                return self.data[start - 8 : start].view(np.uint64)
+            n = int(self.data[start - 8 : start].view(np.uint64)[0])
+            return self.data[start : start + n]
 
     _READER = BulkArrayReader
     return _READER
