@@ -216,6 +216,51 @@ def test_weights_larger_than_free_memory_are_not_read_ahead(
     assert np.array_equal(get_array(t), np.arange(1 << 20, dtype=np.float32))
 
 
+def _resident_bytes(data: np.ndarray, start: int, end: int) -> int:
+    """Bytes of the whole pages within ``data[start:end]`` (a file's mapping) that are
+    mapped into this process now: bit 63 ("present") of each page's entry in
+    ``/proc/self/pagemap`` (``mincore`` would say what the page cache holds)."""
+    import mmap
+
+    page = mmap.PAGESIZE
+    base = data.ctypes.data
+    first, last = -(-(base + start) // page), (base + end) // page
+    with open("/proc/self/pagemap", "rb") as fh:
+        fh.seek(first * 8)
+        entries = np.frombuffer(fh.read((last - first) * 8), np.uint64)
+    return int(((entries >> np.uint64(63)) & np.uint64(1)).sum()) * page
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
+@pytest.mark.parametrize("repack", [True, False])
+def test_token_embeddings_only_get_rows_reads_are_not_mapped_in_ahead(
+    tmp_path: Path, repack: bool
+) -> None:
+    """Token embeddings that only get_rows reads (a tied output layer reads its own
+    repacked copy) have their pages mapped in row by row, as a prompt reads them, not
+    all at load: Gemma 3's 178 MB of them were resident for a few rows. Where the output
+    layer's products read the mapping itself (no repacking) all of it is mapped in."""
+    path = write_tiny_llama(tmp_path / "tied.gguf", "q8_0", 3, tied=True, n_vocab=8192)
+    tokens = [1, 300, 7000, 4242]
+    m = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, repack=repack)
+    try:
+        info = m.file.tensors["token_embd.weight"]  # 557 KB: 136 pages
+        resident = _resident_bytes(m.file.data, info.offset, info.offset + info.nbytes)
+        logits = m.eval(tokens)
+        if repack:
+            assert m.weights.output.require_allocated().name == "CPU_REPACK"
+            # the warm-up read row 0: one fault, which Linux maps in with up to 15 cached
+            # pages around it (fault-around, 64 KiB)
+            assert resident <= 64 << 10, f"{resident} of {info.nbytes} bytes resident"
+        elif populate_mapping(m.file.data, 0, 4096):
+            assert resident >= info.nbytes - 2 * 4096  # all its whole pages
+    finally:
+        m.close()
+    placement = Placement.on(host_cpu(), 2)
+    with Llama(path, placement=placement, n_ctx=16, use_mmap=False, repack=repack) as copy:
+        assert np.array_equal(logits, copy.eval(tokens))  # the same, read either way
+
+
 def test_mapping_splits_runs_at_misaligned_offsets(tmp_path: Path) -> None:
     """GGUF aligns tensors to 32 bytes; host buffers want 64: a tensor whose offset breaks
     the run's alignment starts a new buffer, and every tensor still reads correctly."""
