@@ -501,7 +501,9 @@ def _reader_class() -> type:
     a 128k vocabulary with its merges half a minute. Here a scalar array is one numpy
     view and a string array one tight loop. The fields keep the layout
     ``ReaderField.contents()`` reads (``parts``, ``data`` indices, ``types``), except
-    that a scalar array is a single part rather than one part per item.
+    that a scalar array is a single part rather than one part per item, and a string
+    array's parts are a sequence that makes each string's views when read
+    (``StringArrayParts``), not two numpy objects per string kept for the file's life.
     """
     global _READER
     if _READER is not None:
