@@ -296,6 +296,7 @@ def test_token_embeddings_only_get_rows_reads_are_not_mapped_in_ahead(
         resident = _resident_bytes(m.file.data, info.offset, info.offset + info.nbytes)
         logits = m.eval(tokens)
         if repack:
+            assert isinstance(m.weights, LlamaWeights)
             assert m.weights.output.require_allocated().name == "CPU_REPACK"
             # the warm-up read row 0: one fault, which Linux maps in with the cached pages
             # around it (fault-around, 64 KiB, or a large folio: 57-188 KB seen)
