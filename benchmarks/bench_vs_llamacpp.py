@@ -33,7 +33,8 @@ apart, so a slow phase of a shared machine cancels out of it.
 Each process also reports when its first generated token came, counted from the
 moment the driver started it (interpreter, imports, loading, warm-up and the first
 prompt: what a user waits for after pressing enter; llama.cpp's warm-up evaluation is
-in it too, as llama-cli runs one), and its peak resident memory (``ru_maxrss``). A
+in it too, as llama-cli runs one), and its peak resident memory (``ru_maxrss``; where
+it goes, stage by stage: ``benchmarks/profile_memory.py``). A
 second table gives both per engine, the medians of the rounds, and ``--cold`` (1)
 more tensorplug runs per model and thread count with numba's disk cache empty (a
 fresh ``NUMBA_CACHE_DIR``): a new install's first run, which compiles the kernels it

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,8 +61,13 @@ def test_no_mmap_loads_with_file_reads(tmp_path: Path) -> None:
 
     f = GGUFFile(write_tiny_llama(tmp_path / "t.gguf", "f32", 0))
     read: list[str] = []
-    original = f.read_tensor
-    f.read_tensor = lambda name: read.append(name) or original(name)  # type: ignore[method-assign]
+    original = f.read_into
+
+    def read_into(name: str, *args: Any) -> None:
+        read.append(name)
+        original(name, *args)
+
+    f.read_into = read_into  # type: ignore[method-assign, assignment]
     f.tensor_bytes = None  # type: ignore[assignment, method-assign]  # the mapping: not used
     with Llama(f, placement=Placement.on(host_cpu(), 2), warmup=False, use_mmap=False) as m:
         m.eval([1, 5, 6])

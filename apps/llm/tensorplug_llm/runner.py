@@ -329,6 +329,10 @@ class Llama:
             caches.setdefault(dev, []).extend(self.cache.layer_tensors(i))
         n_tensors, done = sum(len(g) for g in weights.values()), 0
         products = {id(t) for t in w.product_weights()}
+        # token embeddings that only get_rows reads (the output layer is a matrix of its
+        # own, or a repacked copy of them): a prompt reads a few rows, so their pages are
+        # not mapped in ahead (most of Gemma 3's file)
+        only_rows = w.tok_embd is not getattr(w, "output", None)
         for dev, group in weights.items():
             mem = self.memory.setdefault(dev, _DeviceMemory())
             pairs: list[tuple[str, Tensor]] = []
@@ -349,7 +353,9 @@ class Llama:
                     mem.extra[buft.name] = mem.extra.get(buft.name, 0) + size
 
             if use_mmap and dev.caps.buffer_from_host_ptr:
-                mem.buffers += self.file.map_tensors(pairs, dev)
+                dense = {name for name, t in pairs if t is not w.tok_embd or not only_rows}
+                sparse = {name for name, _ in pairs} - dense
+                mem.buffers += self.file.map_tensors(pairs, dev, sparse)
                 mem.mapped = True
                 done += len(pairs)
                 self._progress("loading weights", done, n_tensors)

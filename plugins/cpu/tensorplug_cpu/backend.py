@@ -158,6 +158,8 @@ class CpuGraphPlan(GraphPlan):
             if step is not None:
                 steps.append(step)
                 nodes.append(node)
+        if jit is not None:  # what numba lacks of the last steps' kernels, meanwhile
+            jit.compile_ahead()
         self.graph = graph
         self.steps, self.nodes = steps, nodes
         self.buffers = tuple(buffers.values())

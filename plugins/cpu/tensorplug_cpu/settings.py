@@ -13,6 +13,7 @@ from tensorplug.settings import Setting, parse_flag
 
 __all__ = [
     "ALL_ROWS",
+    "COMPILE_AHEAD",
     "EXACT_ATTENTION_ROWS",
     "GGML_PRODUCT_ORDER",
     "JIT",
@@ -52,6 +53,17 @@ JIT: Setting[bool] = Setting(
     "0 to compute with the numpy kernels alone in this process, never importing numba "
     "(the CPU_REPACK buffer type is then not offered either); a backend can also be made "
     "without them by init_backend('jit=0').",
+    example="0",
+)
+
+COMPILE_AHEAD: Setting[bool] = Setting(
+    "TENSORPLUG_CPU_COMPILE_AHEAD",
+    True,
+    parse_flag,
+    "0 to compile every numba kernel in this process as it is first needed; by default a "
+    "graph's kernels that numba's disk cache lacks and that its steps reach last "
+    "(attention, the one-thread products) are compiled by a second process meanwhile, "
+    "into the same cache (a first run's compiles on two cores instead of one).",
     example="0",
 )
 
@@ -119,4 +131,11 @@ THREADING_LAYER: Setting[str] = Setting(
 )
 
 #: every setting of the plugin
-SETTINGS = (JIT, EXACT_ATTENTION_ROWS, GGML_PRODUCT_ORDER, NUMBA_THREADS, THREADING_LAYER)
+SETTINGS = (
+    JIT,
+    COMPILE_AHEAD,
+    EXACT_ATTENTION_ROWS,
+    GGML_PRODUCT_ORDER,
+    NUMBA_THREADS,
+    THREADING_LAYER,
+)

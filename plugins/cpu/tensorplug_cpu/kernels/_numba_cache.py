@@ -34,7 +34,7 @@ from numba.core.caching import FunctionCache
 
 from . import _numba_ir as _ir
 
-__all__ = ["SOURCES_HASH", "KernelCache", "kernel"]
+__all__ = ["SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "kernel"]
 
 _HERE = Path(__file__).parent
 #: the kernel sources, in name order, the repacked layouts they read, and the dispatch
@@ -91,6 +91,19 @@ class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hin
                 "the kernels it held compile again (seconds, once)",
                 folder, type(error).__name__, error,
             )  # fmt: skip
+
+
+def is_cached(dispatcher: Any, sig: tuple[Any, ...]) -> bool:
+    """Whether numba's disk cache holds ``dispatcher`` compiled for ``sig`` (numba
+    types), without loading it: its index has the entry."""
+    cache = getattr(dispatcher, "_cache", None)
+    if not isinstance(cache, FunctionCache):
+        return False
+    try:
+        key = cache._index_key(sig, dispatcher.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:  # an unreadable index holds nothing usable
+        return False
 
 
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:

@@ -1062,48 +1062,43 @@ def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
 class PackedKernels(NamedTuple):
     """The drivers of repacked products for a set of weight types (:func:`packed_kernels`)."""
 
-    #: ``(x, packed, xq, xd, xs, out, table, kind)``: :func:`_matmul_packed`
-    parallel: Any
-    #: the same arguments, on the calling thread
+    #: ``(x, packed, xq, xd, xs, out, table, kind)``: one matrix, on the calling thread
     serial: Any
-    #: ``(x, packs, outs, kinds, starts, xq, xd, xs, table)``: several matrices at once
+    #: ``(x, packs, outs, kinds, starts, xq, xd, xs, table)``: up to four matrices of the
+    #: same ``x`` (the rest padded with empty ones) on numba's threads; one matrix is this
+    #: with three empty ones
     siblings: Any
 
 
-@functools.cache
 def packed_kernels(kinds: frozenset[Type], ggml_order: bool = False) -> PackedKernels:
+    """:func:`_packed_kernels`, made once per set of types and order however it is asked
+    for (``functools.cache`` alone keys ``f(k)`` and ``f(k, False)`` apart: two sets of
+    the same drivers, each compiled or loaded on its own)."""
+    return _packed_kernels(frozenset(kinds), bool(ggml_order))
+
+
+@functools.cache
+def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
     """The drivers that multiply repacked weights of the types ``kinds`` (any others
     fall through their tiles' switch, computing nothing): each compiles the tiles of
     those layouts only, so a first run compiles what its model uses (a Q4_1 model: 4
     tile bodies, not ~44). They are closures over the constant mask, which numba's
     disk cache keys them on (the closure's cell contents are in its index key), each
     set under a name of its own. ``ggml_order``: Q5_0 and Q8_0 tiles sum in ggml's
-    order (:func:`_emitter`)."""
+    order (:func:`_emitter`).
+
+    Two drivers, not three: a parallel driver for one matrix was one more compile of
+    every tile (~4 s of CPU of SmolLM2's first run on the dev machine) for what the
+    sibling driver does with the other three matrices empty, 0.85 µs slower a call."""
     mask = kinds_mask(kinds) | (GGML_ORDER_BIT if ggml_order else 0)
     suffix = "_".join(sorted(t.name.lower() for t in kinds)) + ("_ggml" if ggml_order else "")
-
-    def matmul_packed(
-        x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
-    ) -> None:
-        """``out[t, o] = W[o]·x[t]`` for repacked weights of ggml type ``kind``: the rows
-        of ``x`` quantized into ``xq, xd, xs`` (in parallel when there are many), then
-        the eight-row groups shared out in chunks across threads."""
-        n_tok = x.shape[0]
-        if n_tok >= 16:
-            for t in prange(n_tok):
-                _quantize(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table, kind)
-        else:
-            _quantize(x, xq, xd, xs, table, kind)
-        n = packed.shape[0]
-        per = (n + _CHUNKS - 1) // _CHUNKS
-        for c in prange(_CHUNKS):
-            _groups(packed, min(n, c * per), min(n, (c + 1) * per), xq, xd, xs, table, out,
-                    kind, mask)  # fmt: skip
 
     def matmul_packed_serial(
         x: Any, packed: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
     ) -> None:
-        """``matmul_packed`` on the calling thread, without a parallel region."""
+        """``out[t, o] = W[o]·x[t]`` for repacked weights of ggml type ``kind``, on the
+        calling thread (no parallel region): the rows of ``x`` quantized into ``xq, xd,
+        xs``, then every eight-row group."""
         _quantize(x, xq, xd, xs, table, kind)
         _groups(packed, 0, packed.shape[0], xq, xd, xs, table, out, kind, mask)
 
@@ -1111,13 +1106,20 @@ def packed_kernels(kinds: frozenset[Type], ggml_order: bool = False) -> PackedKe
         x: Any, packs: Any, outs: Any, kinds: Any, starts: Any, xq: Any, xd: Any, xs: Any,
         table: Any,
     ) -> None:  # fmt: skip
-        """``matmul_packed`` for several repacked matrices that multiply the same ``x``
-        (a layer's Q, K and V; its gate and up): ``x`` quantized once, one parallel
-        region for all. ``packs``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s
-        groups sitting at ``starts[m]..`` of one concatenated range of groups. Each group
-        is computed as ``matmul_packed`` computes it, to the bit. The kinds all sum codes
-        over 16 (Q2_K, Q6_K) or none do (the code sums differ)."""
-        _quantize(x, xq, xd, xs, table, kinds[0])
+        """``matmul_packed_serial`` for one or several repacked matrices that multiply
+        the same ``x`` (a layer's Q, K and V; its gate and up), on numba's threads: ``x``
+        quantized once (row by row in parallel when there are many), one parallel region
+        for all. ``packs``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s groups
+        sitting at ``starts[m]..`` of one concatenated range of groups, shared out in
+        chunks. Each group is computed as ``matmul_packed_serial`` computes it, to the
+        bit. The kinds all sum codes over 16 (Q2_K, Q6_K) or none do (the code sums
+        differ)."""
+        n_tok, kind = x.shape[0], kinds[0]
+        if n_tok >= 16:
+            for t in prange(n_tok):
+                _quantize(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table, kind)
+        else:
+            _quantize(x, xq, xd, xs, table, kind)
         total = starts[len(packs)]
         per = (total + _CHUNKS - 1) // _CHUNKS
         for c in prange(_CHUNKS):
@@ -1127,10 +1129,14 @@ def packed_kernels(kinds: frozenset[Type], ggml_order: bool = False) -> PackedKe
                 if g0 < g1:
                     _groups(packs[m], g0, g1, xq, xd, xs, table, outs[m], kinds[m], mask)
 
-    for fn in (matmul_packed, matmul_packed_serial, matmul_packed_siblings):
+    for fn in (matmul_packed_serial, matmul_packed_siblings):
         fn.__qualname__ = f"{fn.__name__}_{suffix}"  # the name of its cache files
-    return PackedKernels(
-        kernel(parallel=True, fastmath=_DOT)(matmul_packed),
+    drivers = PackedKernels(
         kernel(nogil=True, fastmath=_DOT)(matmul_packed_serial),
         kernel(parallel=True, fastmath=_DOT)(matmul_packed_siblings),
     )
+    ids = tuple(sorted(int(t) for t in kinds))
+    for name, driver in zip(PackedKernels._fields, drivers, strict=True):
+        # how another process makes this driver again (.ahead: compiled ahead there)
+        driver.tensorplug_origin = ("packed", ids, ggml_order, name)
+    return drivers

@@ -269,6 +269,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
         bias = no_mask if term is None else term
         if bias.dtype == np.float16:
             bias = bias.view(np.uint16)  # read in place through the f16 table
+        jit.want_attend_ahead(q_in, k_in, v_in, bias, order, out4)
 
         def run_few() -> None:
             used = n_kv if raw_mask is None else jit.visible_columns(raw_mask)

@@ -15,6 +15,7 @@ dot products use float32 with reassociation allowed, like ggml's SIMD reductions
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -120,6 +121,12 @@ class JitKernels:
             for t in path(DECODE_VECTOR).types
         }  # fmt: skip
         self._called: set[str] = set()
+        from . import ahead
+
+        #: the kernels a second process compiles meanwhile on a first run (:mod:`.ahead`)
+        self._ahead = ahead.Ahead(numba) if ahead.enabled() else None
+        if self._ahead is not None:
+            atexit.register(self._ahead.close)
         #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
         #: products that have a serial kernel call it instead
         self.n_threads: int = numba.get_num_threads()
@@ -191,11 +198,15 @@ class JitKernels:
         if out.strides[-1] != 4 or x.strides[-1] != 4:
             raise ValueError("bind_packed: x's and out's rows must be unit-stride float32")
         xq, xd, xs = _packed_scratch(x, t, scratch)
-        args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         what = f"repacked {t.name} product kernel"
         drivers = self._packed_kernels(frozenset((t,)), GGML_PRODUCT_ORDER.get())
-        serial = partial(self._call, f"one-thread {what}", drivers.serial, *args)
-        parallel = partial(self._call, what, drivers.parallel, *args)
+        serial_args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
+        serial = partial(self._call, f"one-thread {what}", drivers.serial, *serial_args)
+        self.want_ahead(drivers.serial, *serial_args)  # a one-thread step comes later
+        # many threads: the sibling driver, this matrix and three empty ones
+        joint = _sibling_args([packed], [out], [t], lambda p: p.shape[0])
+        parallel = partial(self._call, what, drivers.siblings, x, *joint, xq, xd, xs,
+                           _F16_TO_F32)  # fmt: skip
         return self._serial_or_parallel(serial, parallel)
 
     def bind_matvec_float(
@@ -316,6 +327,28 @@ class JitKernels:
 
         return run
 
+    def want_ahead(self, kernel: Callable[..., Any], *args: Any, rank: int = 1) -> None:
+        """Have ``kernel(*args)`` compiled by the second process if numba has not got it
+        (:mod:`.ahead`; :meth:`compile_ahead` starts it); lower ``rank`` first."""
+        if self._ahead is not None:
+            self._ahead.want(kernel, *args, rank=rank)
+
+    def compile_ahead(self) -> None:
+        """Start compiling what :meth:`want_ahead` gathered (after a plan is bound)."""
+        if self._ahead is not None:
+            self._ahead.start()
+
+    def want_attend_ahead(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+        order: np.ndarray, out: np.ndarray,
+    ) -> None:  # fmt: skip
+        """:meth:`want_ahead` for both attention kernels with :meth:`attend`'s arguments:
+        a layer reaches attention after its first products, and those compile here
+        meanwhile."""
+        for rank, kernel in enumerate((self._attend, self._attend_serial)):
+            self.want_ahead(kernel, q, k, v, mask, order, 0, 1.0, 0.0, out, _F16_TO_F32,
+                            rank=rank - 1)  # fmt: skip
+
     def attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
         order: np.ndarray, used: int, scale: float, softcap: float, out: np.ndarray,
@@ -425,6 +458,8 @@ class JitKernels:
             "numba is compiling the %s (once: it is cached on disk for later runs)", what
         ))  # fmt: skip
         notice.daemon = True
+        if self._ahead is not None:  # the second process may have it: let it finish
+            self._ahead.wait_for(kernel)
         try:
             with self.numba.core.event.install_listener(
                 "numba:compile", _on_first_compile(self.numba, notice.start)

@@ -1,0 +1,186 @@
+"""Kernels compiled ahead, in a second process, while this one compiles the others.
+
+A first run on a new install compiles every numba kernel its model needs (issue 42:
+~20 s of one core for SmolLM2 on the dev machine), one after another, since numba
+compiles under a global lock: threads would only take turns. Most of those kernels are
+known before the first is called: a CPU plan binds every step of its graph, with its
+arrays, before it runs one. So after a plan is bound, the kernels that its steps will
+call last, and that numba's disk cache does not hold yet, are handed to a child process
+(``python -m tensorplug_cpu.kernels.ahead``, the numba signatures pickled on its
+stdin), which compiles them into the same disk cache on the other core while this
+process compiles the rest in the order the graph needs them. The child says on its
+stdout which job it has finished; when this process reaches a kernel the child has, it
+waits for that line and loads the kernel from the cache. The child hands back nothing
+else: if it fails (or is killed), the kernels it had are compiled here as they would
+have been, after the wait.
+
+Which kernels go ahead is the binder's choice (:meth:`Ahead.want`): flash attention and
+the one-thread products, which a step reaches after its first products, and a
+one-thread step only after the multi-thread ones (the thread governor's trial).
+``TENSORPLUG_CPU_COMPILE_AHEAD=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _numba_ir as ir
+from ._numba_cache import instruction_forms, is_cached
+
+__all__ = ["Ahead", "Job", "origin_of", "resolve"]
+
+_log = logging.getLogger("tensorplug_cpu")
+
+#: the longest this process waits for the child before compiling a kernel itself
+WAIT_S = 300.0
+
+
+def origin_of(kernel: Any) -> tuple[Any, ...] | None:
+    """Where a child process finds ``kernel`` again: ``("module", name, attr)`` for a
+    module's kernel, the tag a factory put on the dispatchers it made (``packed_kernels``:
+    ``("packed", type ids, ggml order, field)``), or None (not a numba dispatcher)."""
+    tag = getattr(kernel, "tensorplug_origin", None)
+    if tag is not None:
+        return tuple(tag)
+    py_func = getattr(kernel, "py_func", None)
+    if py_func is None or not hasattr(kernel, "compile"):
+        return None
+    module = sys.modules.get(py_func.__module__)
+    if module is None or getattr(module, py_func.__name__, None) is not kernel:
+        return None
+    return ("module", py_func.__module__, py_func.__name__)
+
+
+def resolve(origin: tuple[Any, ...]) -> Any:
+    """The dispatcher :func:`origin_of` described."""
+    if origin[0] == "module":
+        return getattr(importlib.import_module(origin[1]), origin[2])
+    if origin[0] == "packed":
+        from tensorplug.types import Type
+
+        from ._numba_repack import packed_kernels
+
+        kinds = frozenset(Type(t) for t in origin[1])
+        return getattr(packed_kernels(kinds, origin[2]), origin[3])
+    raise ValueError(f"unknown kernel origin {origin!r}")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kernel and signature for the child to compile; lower ``rank`` first."""
+
+    origin: tuple[Any, ...]
+    signature: tuple[Any, ...]  # numba types
+    rank: int = 0
+
+
+@dataclass
+class Ahead:
+    """The kernels this process wants compiled ahead, and the child compiling them."""
+
+    numba: Any
+    jobs: dict[Job, None] = field(default_factory=dict)  # wanted, not yet handed over
+    #: the origins the child has, each with how many of its jobs are not done yet
+    handed: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    order: list[tuple[Any, ...]] = field(default_factory=list)  # the child's jobs' origins
+    #: kernels already looked at, at their first signature only: a plan binds a kernel
+    #: once per layer, with arrays of the same types, and typing the arguments of
+    #: every bind (numba's typeof, ~2 µs an array) cost a warm launch ~50 ms. A kernel
+    #: that later meets another signature compiles it here, as without this module.
+    seen: set[tuple[Any, ...]] = field(default_factory=set)
+    child: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+
+    def want(self, kernel: Any, *args: Any, rank: int = 0) -> None:
+        """Ask for ``kernel(*args)`` ahead, if numba has neither compiled nor cached it;
+        the child compiles lower ``rank`` first (what this process will need first)."""
+        origin = origin_of(kernel)
+        if origin is None or origin in self.seen:
+            return
+        self.seen.add(origin)
+        sig = tuple(kernel.typeof_pyval(a) for a in args)
+        if sig in kernel.overloads or is_cached(kernel, sig):
+            return
+        self.jobs[Job(origin, sig, rank)] = None
+
+    def start(self) -> None:
+        """Hand the wanted kernels to a child, unless one is still compiling (they wait
+        for the next plan's call then)."""
+        if not self.jobs or self.running():
+            return
+        jobs, self.jobs = sorted(self.jobs, key=lambda job: job.rank), {}
+        payload = pickle.dumps((instruction_forms(), jobs))
+        try:
+            # its own session: a Ctrl-C at the terminal is this process's to handle, and
+            # it ends the child (close); the child prints nothing a user would see
+            child = subprocess.Popen(
+                [sys.executable, "-m", __name__],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+            assert child.stdin is not None
+            child.stdin.write(payload)
+            child.stdin.close()
+        except OSError as e:  # no process to spare: this one compiles them all
+            _log.debug("could not start the compile-ahead process: %s", e)
+            return
+        self.child, self.started = child, time.monotonic()
+        self.order = [job.origin for job in jobs]
+        for job in jobs:
+            self.handed[job.origin] = self.handed.get(job.origin, 0) + 1
+        _log.debug("compiling %d kernels ahead in process %d", len(jobs), child.pid)
+
+    def running(self) -> bool:
+        return self.child is not None and self.child.poll() is None
+
+    def wait_for(self, kernel: Any) -> None:
+        """Before ``kernel`` is first called: if the child has it, wait until the child
+        says it is done with it (it is then in the disk cache), or has ended."""
+        origin, child = origin_of(kernel), self.child
+        if origin is None or child is None or child.stdout is None:
+            return
+        while self.handed.get(origin):
+            if time.monotonic() - self.started > WAIT_S:
+                self.close()
+                break
+            line = child.stdout.readline()  # "<job index>\n" per finished job
+            if not line:  # ended: whatever it did not finish is compiled here
+                self.handed.clear()
+                break
+            done = self.order[int(line)]
+            self.handed[done] -= 1
+
+    def close(self) -> None:
+        """End the child, if it still runs."""
+        if self.running():
+            assert self.child is not None
+            self.child.kill()
+            self.child.wait()
+
+
+def enabled() -> bool:
+    """Whether kernels may be compiled ahead (``TENSORPLUG_CPU_COMPILE_AHEAD``)."""
+    from ..settings import COMPILE_AHEAD
+
+    return bool(COMPILE_AHEAD.get()) and os.environ.get("NUMBA_DISABLE_JIT", "0") == "0"
+
+
+def main() -> None:
+    """The child: compile each job into numba's disk cache, saying which is done."""
+    forms, jobs = pickle.loads(sys.stdin.buffer.read())
+    ir.HAS_AVX2, ir.HAS_F16C, ir.HAS_VNNI, ir.HAS_32_REGS = forms
+    for i, job in enumerate(jobs):
+        resolve(job.origin).compile(job.signature)
+        print(i, flush=True)
+
+
+if __name__ == "__main__":
+    main()

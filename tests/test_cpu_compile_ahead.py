@@ -1,0 +1,105 @@
+"""A first run's kernels compiled by a second process (``tensorplug_cpu.kernels.ahead``):
+what it compiles lands in numba's disk cache, so this process loads it instead of
+compiling it, and a child that fails costs only its wait."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+from tensorplug.settings import SettingError
+from tensorplug.types import Type
+from tensorplug_cpu.kernels import ahead
+from tensorplug_cpu.kernels._numba_attention import visible_columns
+from tensorplug_cpu.kernels._numba_repack import packed_kernels
+
+# in a fresh process with an empty cache (numba reads NUMBA_CACHE_DIR when imported)
+_CHILD_COMPILES = """
+import numpy as np
+from numba.core import event
+from tensorplug_cpu.kernels import _numba_rows as rows
+from tensorplug_cpu.kernels._numba_attention import visible_columns
+from tensorplug_cpu.kernels._numba_cache import is_cached
+from tensorplug_cpu.kernels.ahead import Ahead, Job
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+import numba
+
+mask = np.zeros((1, 1, 4, 16), np.float32)
+mask[0, 0, :, 9:] = -np.inf
+x = np.linspace(-1, 1, 3 * 32, dtype=np.float32).reshape(3, 32)
+out = np.empty_like(x)
+a = Ahead(numba)
+a.want(visible_columns, mask, table)
+a.want(rows.rms_norm_rows, x, out, 1e-5)
+{extra}
+a.start()
+a.wait_for(visible_columns)
+a.wait_for(rows.rms_norm_rows)
+sig = tuple(visible_columns.typeof_pyval(v) for v in (mask, table))
+print("cached", is_cached(visible_columns, sig))
+
+
+class Compiles(event.Listener):
+    n = 0
+
+    def on_start(self, ev):
+        Compiles.n += 1
+
+    def on_end(self, ev):
+        pass
+
+
+with event.install_listener("numba:compile", Compiles()):
+    seen = visible_columns(mask, table)
+    rows.rms_norm_rows(x, out, 1e-5)
+print("seen", seen, "compiled", Compiles.n > 0)
+expected = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+print("rms", bool(np.allclose(out, expected, rtol=1e-5)))
+"""
+
+
+def _run(tmp_path: Path, extra: str = "") -> list[str]:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    code = textwrap.dedent(_CHILD_COMPILES).format(extra=extra)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split("\n")
+
+
+def test_what_the_child_compiles_is_loaded_here_not_compiled(tmp_path: Path) -> None:
+    out = _run(tmp_path)
+    assert out[:3] == ["cached True", "seen 9 compiled False", "rms True"]
+
+
+def test_a_child_that_fails_leaves_the_kernels_to_this_process(tmp_path: Path) -> None:
+    """Its first job cannot be made (an origin no process knows): the child dies before
+    finishing any, and the waits return; this process compiles both kernels itself."""
+    bad = "a.jobs = {Job(('module', 'no.such.module', 'k'), (), -1): None, **a.jobs}"
+    out = _run(tmp_path, bad)
+    assert out[:3] == ["cached False", "seen 9 compiled True", "rms True"]
+
+
+def test_a_driver_and_a_module_kernel_are_found_again_by_their_origin() -> None:
+    drivers = packed_kernels(frozenset({Type.Q4_1}))
+    for kernel in (drivers.serial, drivers.siblings, visible_columns):
+        origin = ahead.origin_of(kernel)
+        assert origin is not None and ahead.resolve(origin) is kernel
+    assert ahead.origin_of(len) is None
+
+
+def test_the_setting_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TENSORPLUG_CPU_COMPILE_AHEAD", "0")
+    assert not ahead.enabled()
+    monkeypatch.setenv("TENSORPLUG_CPU_COMPILE_AHEAD", "1")
+    assert ahead.enabled()
+    monkeypatch.setenv("TENSORPLUG_CPU_COMPILE_AHEAD", "maybe")
+    with pytest.raises(SettingError, match="TENSORPLUG_CPU_COMPILE_AHEAD"):
+        ahead.enabled()
