@@ -311,7 +311,7 @@ def _attend_one(qrow: Any, kf: Any, vf: Any, cols: Any, biases: Any, m: int, sc:
         dst[d] = acc[0, d]
 
 
-@njit(fastmath=False, nogil=True)
+@njit(inline="always")
 def _attend_rows_ggml(
     q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale: float, softcap: float,
     out: Any, table: Any, b: int, hk: int, r0: int, r1: int,
@@ -321,10 +321,14 @@ def _attend_rows_ggml(
     of these rows sees are widened to float32 once (not once per row and head), then
     each (row, head) runs :func:`_attend_one` on its own.
 
-    A function of its own (not inlined into numba's IR): :func:`attend` and
-    :func:`attend_serial` then type and compile it once between them, not once each.
-    Inlined, the two kernels were ~20 s of CPU of a first run on the dev machine (the
-    largest share of all kernels), now ~9.5 s."""
+    Inlined into both kernels, which makes them the largest share of a first run's
+    compiles (~20 s of CPU on the dev machine; :mod:`.ahead` compiles them in a second
+    process). As a function of its own they compiled in half that, but ran slower: with
+    the caller's flags (``parallel``) the parallel kernel took a 128-token prompt's
+    attention in 1.41 ms against 0.79 inlined (two threads), and even compiled with
+    ``parallel=False`` a token over 512 cells took 72 µs against 59 (each task then
+    allocates its widened rows, which the inlined loop's allocations, hoisted, do not).
+    A shared callee with scratch per thread is what to try next."""
     n_d, n_dv = q.shape[3], v.shape[3]
     group = q.shape[1] // k.shape[1]
     has_mask = mask.shape[0] > 0
