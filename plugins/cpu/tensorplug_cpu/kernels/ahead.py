@@ -119,8 +119,10 @@ class Ahead:
         jobs, self.jobs = sorted(self.jobs, key=lambda job: job.rank), {}
         payload = pickle.dumps((instruction_forms(), jobs))
         try:
-            # its own session: a Ctrl-C at the terminal is this process's to handle, and
-            # it ends the child (close); the child prints nothing a user would see
+            # its own session: a Ctrl-C at the terminal is this process's to handle; the
+            # child prints nothing a user would see, and outlives this process if it must
+            # (what it compiles is the next run's: a child killed at a short run's exit
+            # left that run's one-thread kernels to compile in the next, 4 s of its start)
             child = subprocess.Popen(
                 [sys.executable, "-m", __name__],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -177,9 +179,14 @@ def main() -> None:
     """The child: compile each job into numba's disk cache, saying which is done."""
     forms, jobs = pickle.loads(sys.stdin.buffer.read())
     ir.HAS_AVX2, ir.HAS_F16C, ir.HAS_VNNI, ir.HAS_32_REGS = forms
+    listening = True
     for i, job in enumerate(jobs):
         resolve(job.origin).compile(job.signature)
-        print(i, flush=True)
+        if listening:
+            try:
+                print(i, flush=True)
+            except OSError:  # the parent has ended: finish the cache for its next run
+                listening = False
 
 
 if __name__ == "__main__":

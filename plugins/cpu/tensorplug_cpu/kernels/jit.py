@@ -15,7 +15,6 @@ dot products use float32 with reassociation allowed, like ggml's SIMD reductions
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
@@ -125,8 +124,6 @@ class JitKernels:
 
         #: the kernels a second process compiles meanwhile on a first run (:mod:`.ahead`)
         self._ahead = ahead.Ahead(numba) if ahead.enabled() else None
-        if self._ahead is not None:
-            atexit.register(self._ahead.close)
         #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
         #: products that have a serial kernel call it instead
         self.n_threads: int = numba.get_num_threads()
