@@ -29,13 +29,12 @@ from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels._numba_cache import is_cached
 from tensorplug_cpu.kernels.ahead import Ahead, Job
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
-import numba
 
 mask = np.zeros((1, 1, 4, 16), np.float32)
 mask[0, 0, :, 9:] = -np.inf
 x = np.linspace(-1, 1, 3 * 32, dtype=np.float32).reshape(3, 32)
 out = np.empty_like(x)
-a = Ahead(numba)
+a = Ahead()
 a.want(visible_columns, mask, table)
 a.want(rows.rms_norm_rows, x, out, 1e-5)
 {extra}

@@ -353,8 +353,7 @@ class Llama:
                     mem.extra[buft.name] = mem.extra.get(buft.name, 0) + size
 
             if use_mmap and dev.caps.buffer_from_host_ptr:
-                dense = {name for name, t in pairs if t is not w.tok_embd or not only_rows}
-                sparse = {name for name, _ in pairs} - dense
+                sparse = {name for name, t in pairs if only_rows and t is w.tok_embd}
                 mem.buffers += self.file.map_tensors(pairs, dev, sparse)
                 mem.mapped = True
                 done += len(pairs)

@@ -710,6 +710,23 @@ def _q6_k_codes(blk: _Block, n: int, c: int) -> list[Any]:
     return [builder.or_(lo, builder.and_(top, high)) for lo, top in zip(lows, tops, strict=True)]
 
 
+def _q6_k_half_sums(blk: _Block, n: int, half: int, n_tok: int) -> list[list[Any]]:
+    """``[t][k]``: the exact ``Σq·x`` of values ``16·half ..`` of run ``k`` of Q6_K's half
+    ``n`` (one 16-value group, scale ``8n + 2k + half``) for activation row ``t``, eight
+    rows' as ``<8 x i32>`` (activation block ``8b + 4n + k``)."""
+    builder = blk.builder
+    first = builder.mul(blk.b, _I64(8))  # the block's first activation block
+    ks = [builder.add(first, _I64(4 * n + k)) for k in range(4)]
+    sums = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(4)]
+            for _ in range(n_tok)]  # fmt: skip
+    for c in range(4 * half, 4 * half + 4):
+        codes = _q6_k_codes(blk, n, c)
+        for k in range(4):
+            for t in range(n_tok):
+                sums[t][k].add(codes[k], blk.x_word(t, ks[k], 4 * c), 63)
+    return [[row[k].flush() for k in range(4)] for row in sums]
+
+
 def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     """Q6_K: run ``k`` of half ``n`` (values ``128n + 32k ..``, activation block
     ``8b + 4n + k``) takes its low four bits from the low (``k`` < 2) or high nibbles of
@@ -725,14 +742,7 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     for n in range(2):
         ks = [builder.add(first, _I64(4 * n + k)) for k in range(4)]
         for half in range(2):  # values 0-15 of each run, then 16-31: a scale each
-            sums = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(4)]
-                    for _ in range(n_tok)]  # fmt: skip
-            for c in range(4 * half, 4 * half + 4):
-                codes = _q6_k_codes(blk, n, c)
-                for k in range(4):
-                    for t in range(n_tok):
-                        sums[t][k].add(codes[k], blk.x_word(t, ks[k], 4 * (c % 4) + 16 * half),
-                                       63)  # fmt: skip
+            sums = _q6_k_half_sums(blk, n, half, n_tok)
             for k in range(4):
                 at = builder.gep(blk.base, [_I64(16 + 8 * (8 * n + 2 * k + half))])
                 sc = _fixed_mul(builder, d, _signed_byte_scales(builder, at))
@@ -741,7 +751,7 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                     back = builder.insert_element(ir.Constant(_V8I, None),
                                                   builder.mul(x16, _I32(-32)), _I32(0))  # fmt: skip
                     back = builder.shuffle_vector(back, back, ir.Constant(_V8I, [0] * 8))
-                    isum = builder.sitofp(builder.add(sums[t][k].flush(), back), _V8F)
+                    isum = builder.sitofp(builder.add(sums[t][k], back), _V8F)
                     factor = _fixed_mul(builder, sc, _splat_f(builder, blk.load(blk.xd, t, ks[k])))
                     new[t][0] = builder.call(fma, [factor, isum, new[t][0]])
     return new
@@ -780,18 +790,11 @@ def _q6_k_tiled_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     totals = [_q6_k_offsets(blk, t, range(16)) for t in range(n_tok)]
     for n in range(2):
         for half in range(2):  # values 0-15 of each run, then 16-31: a scale each
-            sums = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(4)]
-                    for _ in range(n_tok)]  # fmt: skip
-            for c in range(4 * half, 4 * half + 4):
-                codes = _q6_k_codes(blk, n, c)
-                for k in range(4):
-                    for t in range(n_tok):
-                        x_block = builder.add(first, _I64(4 * n + k))
-                        sums[t][k].add(codes[k], blk.x_word(t, x_block, 4 * c), 63)
+            sums = _q6_k_half_sums(blk, n, half, n_tok)
             for k in range(4):
                 sc = _q6_k_group_scales(blk, 8 * n + 2 * k + half)
                 for t in range(n_tok):
-                    totals[t] = builder.add(totals[t], builder.mul(sc, sums[t][k].flush()))
+                    totals[t] = builder.add(totals[t], builder.mul(sc, sums[t][k]))
     new = []
     for t in range(n_tok):
         scaled = _fixed_mul(builder, builder.sitofp(totals[t], _V8F), d)
@@ -940,29 +943,20 @@ def _sizes(top: int) -> list[int]:
 
 
 @intrinsic(prefer_literal=True)
-def _kinds_with_rows(typingctx: Any, mask: Any, rows: Any) -> Any:
+def _wide_kinds(typingctx: Any, mask: Any) -> Any:
     """The bit set (as :func:`kinds_mask`) of the layouts in the constant ``mask`` whose
-    tiles take ``rows`` (a constant) at most on this host (:func:`tile_rows`), decided
-    when the driver is compiled, as :func:`_tile_of` decides which tiles it has."""
-    if not isinstance(mask, types.IntegerLiteral) or not isinstance(rows, types.IntegerLiteral):
+    tiles take :data:`WIDE_TILE` rows on this host (:func:`tile_rows`), decided when the
+    driver is compiled, as :func:`_tile_of` decides which tiles it has."""
+    if not isinstance(mask, types.IntegerLiteral):
         return None
     ggml_order = bool(mask.literal_value & GGML_ORDER_BIT)
-    chosen = [t for t, lay in _chosen(mask.literal_value)
-              if tile_rows(lay, ggml_order) == rows.literal_value]  # fmt: skip
-    found = sum(1 << int(t) for t in chosen)
+    wide = sum(1 << int(t) for t, lay in _chosen(mask.literal_value)
+               if tile_rows(lay, ggml_order) == WIDE_TILE)  # fmt: skip
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        return _I64(found)
+        return _I64(wide)
 
-    return types.int64(mask, rows), codegen
-
-
-@njit(inline="always")
-def _top_rows(mask: int, kind: int) -> int:
-    """:func:`tile_rows` of the weights of ggml type ``kind`` (a run-time value)."""
-    if (_kinds_with_rows(mask, WIDE_TILE) >> kind) & 1:  # type: ignore[call-arg]
-        return WIDE_TILE
-    return TILE
+    return types.int64(mask), codegen
 
 
 def _chosen(mask: int) -> list[tuple[Type, PackedLayout]]:
@@ -1025,7 +1019,7 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
     (Inlined before typing, so the caller's constant ``mask`` reaches :func:`_tile_of`
     as one.)"""
     n_tok = xq.shape[0]
-    top = _top_rows(mask, kind)
+    top = WIDE_TILE if (_wide_kinds(mask) >> kind) & 1 else TILE  # type: ignore[call-arg]
     rest = min(top, TILE)  # the heights below ``top`` that the switch has
     form = OWN_FORM  # ggml's tiled product where llama.cpp takes it (GGML_TILED_MIN_ROWS)
     if mask & GGML_ORDER_BIT and kind == Q6_K and n_tok >= GGML_TILED_MIN_ROWS:
@@ -1064,9 +1058,9 @@ class PackedKernels(NamedTuple):
 
     #: ``(x, packed, xq, xd, xs, out, table, kind)``: one matrix, on the calling thread
     serial: Any
-    #: ``(x, packs, outs, kinds, starts, xq, xd, xs, table)``: up to four matrices of the
-    #: same ``x`` (the rest padded with empty ones) on numba's threads; one matrix is this
-    #: with three empty ones
+    #: ``(x, packs, outs, kinds, starts, xq, xd, xs, table)``: up to ``MAX_SIBLINGS``
+    #: (three) matrices of the same ``x``, the rest padded with empty ones, on numba's
+    #: threads; one matrix is this with two empty ones
     siblings: Any
 
 
@@ -1089,7 +1083,7 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
 
     Two drivers, not three: a parallel driver for one matrix was one more compile of
     every tile (~4 s of CPU of SmolLM2's first run on the dev machine) for what the
-    sibling driver does with the other three matrices empty, 0.85 µs slower a call."""
+    sibling driver does with the other two matrices empty, 0.85 µs slower a call."""
     mask = kinds_mask(kinds) | (GGML_ORDER_BIT if ggml_order else 0)
     suffix = "_".join(sorted(t.name.lower() for t in kinds)) + ("_ggml" if ggml_order else "")
 

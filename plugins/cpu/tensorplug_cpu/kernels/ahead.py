@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..settings import COMPILE_AHEAD
 from . import _numba_ir as ir
 from ._numba_cache import instruction_forms, is_cached
 
@@ -86,7 +87,6 @@ class Job:
 class Ahead:
     """The kernels this process wants compiled ahead, and the child compiling them."""
 
-    numba: Any
     jobs: dict[Job, None] = field(default_factory=dict)  # wanted, not yet handed over
     #: the origins the child has, each with how many of its jobs are not done yet
     handed: dict[tuple[Any, ...], int] = field(default_factory=dict)
@@ -170,8 +170,6 @@ class Ahead:
 
 def enabled() -> bool:
     """Whether kernels may be compiled ahead (``TENSORPLUG_CPU_COMPILE_AHEAD``)."""
-    from ..settings import COMPILE_AHEAD
-
     return bool(COMPILE_AHEAD.get()) and os.environ.get("NUMBA_DISABLE_JIT", "0") == "0"
 
 

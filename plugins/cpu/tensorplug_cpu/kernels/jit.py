@@ -123,7 +123,7 @@ class JitKernels:
         from . import ahead
 
         #: the kernels a second process compiles meanwhile on a first run (:mod:`.ahead`)
-        self._ahead = ahead.Ahead(numba) if ahead.enabled() else None
+        self._ahead = ahead.Ahead() if ahead.enabled() else None
         #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
         #: products that have a serial kernel call it instead
         self.n_threads: int = numba.get_num_threads()
@@ -200,7 +200,7 @@ class JitKernels:
         serial_args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         serial = partial(self._call, f"one-thread {what}", drivers.serial, *serial_args)
         self.want_ahead(drivers.serial, *serial_args)  # a one-thread step comes later
-        # many threads: the sibling driver, this matrix and three empty ones
+        # many threads: the sibling driver, this matrix and two empty ones
         joint = _sibling_args([packed], [out], [t], lambda p: p.shape[0])
         parallel = partial(self._call, what, drivers.siblings, x, *joint, xq, xd, xs,
                            _F16_TO_F32)  # fmt: skip
