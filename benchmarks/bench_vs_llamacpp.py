@@ -303,13 +303,27 @@ def start_row(ours: list[dict], theirs: list[dict], cold: list[dict]) -> str:
     return " | ".join(cells)
 
 
+def add_run_arguments(
+    p: argparse.ArgumentParser, models: str, threads: str, gen: int
+) -> argparse.ArgumentParser:
+    """The options this benchmark shares with ``profile_memory.py`` (which loads the
+    models as it does): models, threads, prompt, generation, batch, the llama.cpp
+    interpreter, the model cache, and the hidden worker options."""
+    p.add_argument("--models", default=models)
+    p.add_argument("--threads", default=threads, help=f"thread counts to run ({threads})")
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (128)")
+    p.add_argument("--gen", type=int, default=gen, help=f"generated tokens ({gen})")
+    p.add_argument("--batch", type=int, default=128, help="prompt batch, both engines (128)")
+    p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
+    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tensorplug-bench")
+    p.add_argument("--worker", choices=["tensorplug", "llamacpp"], help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="100M:q4_0,100M:q8_0,100M:q4_k")
-    p.add_argument("--threads", default="1,2", help="thread counts to run (1,2)")
-    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (128)")
-    p.add_argument("--gen", type=int, default=32, help="generated tokens (32)")
-    p.add_argument("--batch", type=int, default=128, help="prompt batch, both engines (128)")
+    add_run_arguments(p, "100M:q4_0,100M:q8_0,100M:q4_k", "1,2", 32)
     p.add_argument("--repeats", type=int, default=2,
                    help="prompts again after the first, for steady throughput (2)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
@@ -320,10 +334,6 @@ def main(argv: list[str] | None = None) -> int:
         help="tensorplug runs with numba's cache empty, per model and threads (1)",
     )
     p.add_argument("--load", type=int, default=0, help="busy processes during the run (0)")
-    p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
-    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tensorplug-bench")
-    p.add_argument("--worker", choices=["tensorplug", "llamacpp"], help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.threads = parse_counts(a.threads, "--threads")
     for name in ("prompt", "gen", "batch", "repeats", "rounds"):

@@ -39,6 +39,7 @@ from bench_vs_llamacpp import (  # the benchmark's models and interpreters
     AUTO,
     BUILD_HINT,
     Spec,
+    add_run_arguments,
     find_llama_python,
     model_path,
     parse_counts,
@@ -194,16 +195,7 @@ def peak(stages: list) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="100M:q4_0")
-    p.add_argument("--threads", default="2", help="thread counts to run (2)")
-    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (128)")
-    p.add_argument("--gen", type=int, default=8, help="generated tokens (8)")
-    p.add_argument("--batch", type=int, default=128, help="prompt batch, both engines (128)")
-    p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
-    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tensorplug-bench")
-    p.add_argument("--worker", choices=["tensorplug", "llamacpp"], help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
+    a = add_run_arguments(p, "100M:q4_0", "2", 8).parse_args(argv)
     threads = parse_counts(a.threads, "--threads")
     for name in ("prompt", "gen", "batch"):
         if getattr(a, name) < 1:
