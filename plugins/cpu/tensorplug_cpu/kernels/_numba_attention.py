@@ -46,23 +46,52 @@ def _value_impl(a, table, i, j, r, d):  # type: ignore[no-untyped-def]  # numba:
     return direct
 
 
+def _hidden(a: Any, i: int, j: int, r: int, d: int) -> bool:
+    """Whether mask value ``a[i, j, r, d]`` is -inf (compiled per dtype, see the
+    overload)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+#: float16 -inf's bits: the one raw f16 mask value that hides a cell
+_F16_MINUS_INF = 0xFC00
+
+
+@overload(_hidden, inline="always")
+def _hidden_impl(a, i, j, r, d):  # type: ignore[no-untyped-def]  # numba: names only
+    if isinstance(a, types.Array) and a.dtype == types.uint16:
+
+        def raw(a, i, j, r, d):  # type: ignore[no-untyped-def]
+            return a[i, j, r, d] == _F16_MINUS_INF  # the bits: no widening per cell
+
+        return raw
+
+    def direct(a, i, j, r, d):  # type: ignore[no-untyped-def]
+        return a[i, j, r, d] == -np.inf
+
+    return direct
+
+
 @intrinsic
-def _widen_f16_at(typingctx: Any, a: Any, i: Any, j: Any, r: Any, row: Any) -> Any:
-    """``row[:] = a[i, j, r, :]`` for raw f16 (``uint16``) ``a`` whose last axis is
-    contiguous, eight values per ``vcvtph2ps``; the address is computed from the
-    strides, so no array view (and no reference count) is made per cache row."""
+def _widen_f16_at(typingctx: Any, a: Any, i: Any, j: Any, r: Any, dst: Any, row: Any) -> Any:
+    """``dst[row, :] = a[i, j, r, :]`` for raw f16 (``uint16``) ``a`` whose last axis is
+    contiguous, and a float32 ``dst`` whose rows are, eight values per ``vcvtph2ps``;
+    both addresses are computed from the strides, so no array view (and no reference
+    count) is made per cache row."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         arr = context.make_array(sig.args[0])(context, builder, args[0])
-        dst = context.make_array(sig.args[4])(context, builder, args[4])
-        i64 = ir.IntType(64)
+        out = context.make_array(sig.args[4])(context, builder, args[4])
+        i64, i8p = ir.IntType(64), ir.IntType(8).as_pointer()
         offset = ir.Constant(i64, 0)
         for axis, index in zip(range(3), args[1:4], strict=True):
             stride = builder.extract_value(arr.strides, axis)
             offset = builder.add(offset, builder.mul(builder.sext(index, i64), stride))
-        base = builder.gep(builder.bitcast(arr.data, ir.IntType(8).as_pointer()), [offset])
+        base = builder.gep(builder.bitcast(arr.data, i8p), [offset])
         src = builder.bitcast(base, ir.HalfType().as_pointer())
-        n = builder.extract_value(dst.shape, 0)
+        row_at = builder.mul(builder.sext(args[5], i64), builder.extract_value(out.strides, 0))
+        dst = builder.bitcast(builder.gep(builder.bitcast(out.data, i8p), [row_at]),
+                              ir.FloatType().as_pointer())  # fmt: skip
+        n = builder.extract_value(arr.shape, 3)
         zero, one, eight = (ir.Constant(i64, c) for c in (0, 1, 8))
         v8h, v8f = ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.FloatType(), 8)
         whole = builder.sdiv(n, eight)  # runs of eight
@@ -70,37 +99,48 @@ def _widen_f16_at(typingctx: Any, a: Any, i: Any, j: Any, r: Any, row: Any) -> A
             at = builder.mul(k, eight)
             halves = builder.load(builder.bitcast(builder.gep(src, [at]), v8h.as_pointer()),
                                   align=2)  # fmt: skip
-            out = builder.bitcast(builder.gep(dst.data, [at]), v8f.as_pointer())
-            builder.store(builder.fpext(halves, v8f), out, align=4)
+            target = builder.bitcast(builder.gep(dst, [at]), v8f.as_pointer())
+            builder.store(builder.fpext(halves, v8f), target, align=4)
         with cgutils.for_range_slice(builder, builder.mul(whole, eight), n, one) as (k, _):
             value = builder.fpext(builder.load(builder.gep(src, [k])), ir.FloatType())
-            builder.store(value, builder.gep(dst.data, [k]))
+            builder.store(value, builder.gep(dst, [k]))
         return context.get_dummy_value()
 
-    return types.void(a, i, j, r, row), codegen
+    return types.void(a, i, j, r, dst, row), codegen
 
 
-def _widen_row(a: Any, table: Any, i: int, j: int, r: int, row: Any) -> None:
-    """``row[:] = a[i, j, r, :]`` as float32 (compiled per dtype, see the overload)."""
+def _widen_rows(a: Any, table: Any, i: int, j: int, used: int, seen: Any, dst: Any) -> None:
+    """``dst[r, :] = a[i, j, r, :]`` as float32 for each ``r < used`` with ``seen[r]``
+    (every one for an empty ``seen``); compiled per dtype, see the overload. The loop
+    over rows is inside: an inlined call's array arguments are copies whose reference
+    counts are atomic, and one call per row made them most of a decode step's attention
+    (six atomic pairs a cell for K and V)."""
     raise NotImplementedError  # only ever called from compiled code
 
 
-@overload(_widen_row, inline="always")
-def _widen_row_impl(a, table, i, j, r, row):  # type: ignore[no-untyped-def]  # numba: names only
+@overload(_widen_rows, inline="always")
+def _widen_rows_impl(a, table, i, j, used, seen, dst):  # type: ignore[no-untyped-def]  # numba: names only
     if _ir.HAS_F16C and isinstance(a, types.Array) and a.dtype == types.uint16 and a.ndim == 4:
 
-        def f16c(a, table, i, j, r, row):  # type: ignore[no-untyped-def]
-            if a.strides[3] == 2:
-                _widen_f16_at(a, i, j, r, row)
-            else:
-                for d in range(row.size):
-                    row[d] = table[a[i, j, r, d]]
+        def f16c(a, table, i, j, used, seen, dst):  # type: ignore[no-untyped-def]
+            every = seen.size == 0
+            packed = a.strides[3] == 2
+            for r in range(used):
+                if every or seen[r]:
+                    if packed:
+                        _widen_f16_at(a, i, j, r, dst, r)
+                    else:
+                        for d in range(a.shape[3]):
+                            dst[r, d] = table[a[i, j, r, d]]
 
         return f16c
 
-    def one_by_one(a, table, i, j, r, row):  # type: ignore[no-untyped-def]
-        for d in range(row.size):
-            row[d] = _value(a, table, i, j, r, d)
+    def one_by_one(a, table, i, j, used, seen, dst):  # type: ignore[no-untyped-def]
+        every = seen.size == 0
+        for r in range(used):
+            if every or seen[r]:
+                for d in range(a.shape[3]):
+                    dst[r, d] = _value(a, table, i, j, r, d)
 
     return one_by_one
 
@@ -113,10 +153,10 @@ def widen_f16_rows(raw: Any, out: Any, used: int, table: Any) -> None:
     ``vcvtph2ps`` here, and :func:`visible_columns` in place of numpy's scan of the
     mask, a 100M model's 128-token attention went from 2.2 to 1.6 ms a layer on one
     core of the dev machine (widening its K, V and mask: ~17 µs each)."""
+    every = np.zeros(0, np.bool_)
     for b in range(raw.shape[0]):
         for h in range(raw.shape[1]):
-            for j in range(used):
-                _widen_row(raw, table, b, h, j, out[b, h, j])
+            _widen_rows(raw, table, b, h, used, every, out[b, h])
 
 
 @kernel()
@@ -154,13 +194,15 @@ def _halve(lanes: Any, n: int) -> Any:
 
 
 @intrinsic
-def _lanes_dot(typingctx: Any, x: Any, y: Any, runs: Any) -> Any:
-    """``Σ x_i·y_i`` over the first ``runs`` runs of 64 of two unit-stride float32 rows,
-    in ``ggml_vec_dot_f32``'s AVX-512 order: one ``<64 x float>`` of lanes that fused
-    multiply-adds each run into (lane ``i mod 64``), then halved down to one lane
-    (``_halve``'s tree). Written as IR so the lanes stay in registers: numba's loop over
-    a lanes array went through memory, 30 ns a 64-term score, most of a prompt's
-    attention; ``llvm.fma`` rounds each lane once whatever the vector width."""
+def _lanes_dot(typingctx: Any, x: Any, x_at: Any, y: Any, y_at: Any, runs: Any) -> Any:
+    """``Σ x[x_at + i]·y[y_at + i]`` over the first ``runs`` runs of 64 of two 1-d
+    unit-stride float32 arrays, in ``ggml_vec_dot_f32``'s AVX-512 order: one
+    ``<64 x float>`` of lanes that fused multiply-adds each run into (lane ``i mod 64``),
+    then halved down to one lane (``_halve``'s tree). Written as IR so the lanes stay in
+    registers: numba's loop over a lanes array went through memory, 30 ns a 64-term
+    score, most of a prompt's attention; ``llvm.fma`` rounds each lane once whatever the
+    vector width. Offsets, not row views: a view per score cost two atomic reference
+    counts, a quarter of a decode step's attention."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
@@ -169,14 +211,16 @@ def _lanes_dot(typingctx: Any, x: Any, y: Any, runs: Any) -> Any:
             builder.module, ir.FunctionType(v64, [v64, v64, v64]), "llvm.fma.v64f32"
         )
         xp = context.make_array(sig.args[0])(context, builder, args[0]).data
-        yp = context.make_array(sig.args[1])(context, builder, args[1]).data
+        yp = context.make_array(sig.args[2])(context, builder, args[2]).data
+        xp = builder.gep(xp, [builder.sext(args[1], i64)])
+        yp = builder.gep(yp, [builder.sext(args[3], i64)])
 
         def run(i: Any, acc: list[Any]) -> list[Any]:
             xv = builder.load(builder.bitcast(builder.gep(xp, [i]), v64.as_pointer()), align=4)
             yv = builder.load(builder.bitcast(builder.gep(yp, [i]), v64.as_pointer()), align=4)
             return [builder.call(fma, [xv, yv, acc[0]])]
 
-        end = builder.mul(builder.sext(args[2], i64), ir.Constant(i64, DOT_LANES))
+        end = builder.mul(builder.sext(args[4], i64), ir.Constant(i64, DOT_LANES))
         zero = ir.Constant(v64, [0.0] * DOT_LANES)
         [acc] = _ir.carried_loop(builder, "lanes", ir.Constant(i64, 0), end, DOT_LANES,
                                  [zero], run)  # fmt: skip
@@ -189,19 +233,19 @@ def _lanes_dot(typingctx: Any, x: Any, y: Any, runs: Any) -> Any:
             n = h
         return builder.extract_element(acc, ir.Constant(i32, 0))
 
-    return types.float32(x, y, runs), codegen
+    return types.float32(x, x_at, y, y_at, runs), codegen
 
 
 @njit(inline="always")
-def _vec_dot(x: Any, y: Any, n: int) -> Any:
-    """``Σ x_i·y_i`` as ``ggml_vec_dot_f32`` on AVX-512: lane ``i mod 64`` accumulates
-    its terms with fused multiply-adds over each full run of 64, the 64 lanes are
-    halved down to one (:func:`_lanes_dot`), and the leftover terms are fused on one by
-    one. ``x`` and ``y`` are unit-stride rows."""
+def _vec_dot(x: Any, x_at: int, y: Any, y_at: int, n: int) -> Any:
+    """``Σ x[x_at + i]·y[y_at + i]`` for ``i < n`` as ``ggml_vec_dot_f32`` on AVX-512:
+    lane ``i mod 64`` accumulates its terms with fused multiply-adds over each full run
+    of 64, the 64 lanes are halved down to one (:func:`_lanes_dot`), and the leftover
+    terms are fused on one by one. ``x`` and ``y`` are 1-d and unit-stride."""
     whole = n - n % DOT_LANES
-    s: Any = _lanes_dot(x, y, whole // DOT_LANES)  # type: ignore[call-arg]  # numba: typingctx
+    s: Any = _lanes_dot(x, x_at, y, y_at, whole // DOT_LANES)  # type: ignore[call-arg]  # numba: typingctx
     for i in range(whole, n):
-        s = _ir.fmaf(x[i], y[i], s)
+        s = _ir.fmaf(x[x_at + i], y[y_at + i], s)
     return s
 
 
@@ -256,25 +300,31 @@ def _visible(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, has_mas
         j = order[t] if ordered else t
         if j >= used:  # hidden from every row
             continue
-        bias = _value(mask, table, mb, mh, r, j) if has_mask else np.float32(0)
-        if bias != -np.inf:
-            cols[m] = j
-            biases[m] = bias
-            m += 1
+        if has_mask:
+            if _hidden(mask, mb, mh, r, j):
+                continue
+            biases[m] = _value(mask, table, mb, mh, r, j)
+        else:
+            biases[m] = np.float32(0)
+        cols[m] = j
+        m += 1
     return m
 
 
 @njit(inline="always")
-def _attend_one(qrow: Any, kf: Any, vf: Any, cols: Any, biases: Any, m: int, sc: Any,
-                cap: Any, w: Any, block: Any, acc: Any, dst: Any) -> None:  # fmt: skip
+def _attend_one(qrow: Any, kf: Any, vf: Any, n_d: int, n_dv: int, cols: Any, biases: Any,
+                m: int, sc: Any, cap: Any, w: Any, block: Any, acc: Any, out: Any, b: int,
+                r: int, h: int) -> None:  # fmt: skip
     """One query row of one head over its ``m`` visible cells ``cols`` (rows of the
-    widened ``kf`` and ``vf``), into ``dst``, in llama.cpp's arithmetic (see
-    :func:`attend`). Every loop over the head dimension is unit-stride over
-    float32 rows, so LLVM vectorizes the fused products and the lane trees."""
-    n_d, n_dv = kf.shape[1], vf.shape[1]
+    widened ``kf``, flat with row ``j`` at ``j·n_d``, and ``vf``), into ``out[b, r, h]``,
+    in llama.cpp's arithmetic (see :func:`attend`). Every loop over the head dimension is
+    unit-stride, by offset or by (row, column) index, never through a row view: a view
+    costs two atomic reference counts, and one per score, lane and widened cell made
+    them a third of a decode step's attention. LLVM vectorizes the fused products and
+    the lane trees."""
     # scores: q·k (ggml's KQ product), ·scale (its softmax's), soft-capped, + mask
     for c in range(m):
-        s = _vec_dot(kf[cols[c]], qrow, n_d) * sc
+        s = _vec_dot(kf, cols[c] * n_d, qrow, 0, n_d) * sc
         if cap != 0:
             s = cap * np.float32(math.tanh(s))
         w[c] = s + biases[c]
@@ -284,31 +334,36 @@ def _attend_one(qrow: Any, kf: Any, vf: Any, cols: Any, biases: Any, m: int, sc:
             if w[c] != w[c]:
                 nan = np.float32(np.nan)
         for d in range(n_dv):
-            dst[d] = nan
+            out[b, r, h, d] = nan
         return
-    # weights · V (ggml's KQV product): visible cell c feeds lane c mod 64; lanes past
-    # the last visible cell stay 0 and add nothing, so they are never touched
+    # weights · V (ggml's KQV product): visible cell c feeds lane c mod 64 (row c mod 64
+    # of ``acc``); a lane's first term is fused onto +0 as in ggml's zeroed registers
+    # (so no lane is cleared first), and lanes past the last visible cell hold no term
+    # and are never touched
     live = min(m, DOT_LANES)  # lanes that hold a term
-    for i in range(live):
-        for d in range(n_dv):
-            acc[i, d] = np.float32(0)
+    zero = np.float32(0)
     for c in range(m):
         p = w[c]
-        if p == 0:  # fma(v, 0, acc) = acc: skipped
-            continue
-        vrow, a = vf[cols[c]], acc[c % DOT_LANES]
-        for d in range(n_dv):
-            a[d] = _ir.fmaf(vrow[d], p, a[d])
+        i, j = c % DOT_LANES, cols[c]
+        if c < DOT_LANES:  # the lane's first term
+            if p == 0:
+                for d in range(n_dv):
+                    acc[i, d] = zero
+            else:
+                for d in range(n_dv):
+                    acc[i, d] = _ir.fmaf(vf[j, d], p, zero)
+        elif p != 0:  # fma(v, 0, acc) = acc: skipped
+            for d in range(n_dv):
+                acc[i, d] = _ir.fmaf(vf[j, d], p, acc[i, d])
     half = DOT_LANES // 2
     while half >= 1:
         for i in range(min(half, max(live - half, 0))):
-            a, b = acc[i], acc[i + half]
             for d in range(n_dv):
-                a[d] = a[d] + b[d]
+                acc[i, d] = acc[i, d] + acc[i + half, d]
         live = min(live, half)
         half //= 2
     for d in range(n_dv):
-        dst[d] = acc[0, d]
+        out[b, r, h, d] = acc[0, d]
 
 
 @njit(inline="always")
@@ -349,12 +404,10 @@ def _attend_rows_ggml(
                 seen[cols[c]] = True
     kf = np.empty((width, n_d), np.float32)
     vf = np.empty((width, n_dv), np.float32)
-    for j in range(used):
-        if seen[j]:
-            _widen_row(k, table, kb, hk, j, kf[j])
-            _widen_row(v, table, kb, hk, j, vf[j])
+    _widen_rows(k, table, kb, hk, used, seen, kf)
+    _widen_rows(v, table, kb, hk, used, seen, vf)
+    kflat = kf.reshape(width * n_d)  # row j at j·n_d, for the scores' offsets
     qrow = np.empty(n_d, np.float32)
-    dst = np.empty(n_dv, np.float32)
     w = np.empty(width, np.float32)
     block = np.empty(EXP_LANES, np.float32)
     acc = np.empty((DOT_LANES, n_dv), np.float32)
@@ -368,9 +421,8 @@ def _attend_rows_ggml(
             h = hk * group + g
             for d in range(n_d):
                 qrow[d] = q[b, h, r, d]
-            _attend_one(qrow, kf, vf, cols, biases, m, sc, cap, w, block, acc, dst)
-            for d in range(n_dv):
-                out[b, r, h, d] = dst[d]
+            _attend_one(qrow, kflat, vf, n_d, n_dv, cols, biases, m, sc, cap, w, block, acc,
+                        out, b, r, h)  # fmt: skip
 
 
 #: Query rows per task of the parallel kernel (any split gives the same bits).
