@@ -443,7 +443,7 @@ if {strided}:  # a cache whose rows are not contiguous halves
 mask = np.zeros((1, 1, 2, 40), np.float32)
 mask[0, 0, 0, 30:] = -np.inf
 out = np.empty((1, 2, 6, 24), np.float32)
-attend(q, k, v16.view(np.uint16), mask, np.zeros(0, np.int32), 40, 0.2, 0.0, out, table)
+attend(q, k, v16.view(np.uint16), mask, np.zeros(0, np.int32), 40, 0.2, 0.0, 64, out, table)
 kf, vf = k16.astype(np.float64), v16.astype(np.float64)
 for h in range(6):
     for r in range(2):

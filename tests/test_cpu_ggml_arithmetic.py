@@ -56,10 +56,15 @@ def _heads_first(x: np.ndarray) -> np.ndarray:
 # -- llama.cpp's own tensors -------------------------------------------------------------
 
 
+@pytest.mark.parametrize("ggml_order", [False, True], ids=["default", "ggml-order"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_attention_of_each_generated_token_is_llama_cpps(threads: int) -> None:
+def test_attention_of_each_generated_token_is_llama_cpps(
+    threads: int, ggml_order: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Token by token, step ``s`` attends to cache rows 0…s, here in a cache padded to
-    32 rows with -inf (as the runner pads it): llama.cpp's kqv_out, bit for bit."""
+    32 rows with -inf (as the runner pads it): llama.cpp's kqv_out, bit for bit, in
+    either mode (one query row takes ``ggml_vec_dot_f32``'s 64 lanes in both)."""
+    monkeypatch.setenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", "1" if ggml_order else "0")
     q, k, v, want = OPS["step_q"], OPS["step_k"], OPS["step_v"], OPS["step_out"]
     n = q.shape[0]
     pad = np.zeros((32 - n, KV_HEADS, DIM), np.float32)
@@ -71,22 +76,40 @@ def test_attention_of_each_generated_token_is_llama_cpps(threads: int) -> None:
         np.testing.assert_array_equal(got.reshape(-1), want[s], err_msg=f"step {s}")
 
 
-def test_attention_of_a_prompt_is_llama_cpps() -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_of_a_prompt_is_llama_cpps(threads: int) -> None:
     """A 16-token prompt at once: llama.cpp's rows bit for bit (they see cells 0…15 only,
     so a 26-token prompt's first 16 rows are theirs). From the 17th visible cell on,
     ggml multiplies weights by V in tinyBLAS's order (16 fused lanes) for two query rows
-    or more, where one token takes ``ggml_vec_dot_f32``'s (64 lanes); the CPU keeps the
-    latter for any number of rows (batching needs one order): a few ulp off."""
+    or more, where one token takes ``ggml_vec_dot_f32``'s (64 lanes); by default the CPU
+    keeps the latter for any number of rows (batching needs one order): a few ulp off."""
     q, k, v, want = OPS["prompt_q"], OPS["prompt_k"], OPS["prompt_v"], OPS["prompt_out"]
     for n in (16, q.shape[0]):
         mask = np.triu(np.full((n, n), -np.inf, np.float32), 1)[None, None]
         got = _attention(_heads_first(q[:n]), _heads_first(k[:n]), _heads_first(v[:n]), mask,
-                         DIM**-0.5)  # fmt: skip
+                         DIM**-0.5, threads)  # fmt: skip
         got = got.reshape(n, -1)
         if n == 16:
             np.testing.assert_array_equal(got, want[:16])
         else:
-            assert np.abs(got - want).max() <= 2e-6  # measured 8.4e-7
+            assert 0 < np.abs(got - want).max() <= 2e-6  # measured 8.4e-7
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_of_a_prompt_in_ggml_order_is_llama_cpps_in_every_row(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER=1`` a step of two query rows or more sums
+    weights·V in tinyBLAS's order (16 fused lanes over the cells, then its 8-4-2-1 tree),
+    as ggml does: all 26 rows of the prompt are llama.cpp's, the ones past 16 cells too
+    (the default's 64 lanes leave them ulp off, as the test above holds)."""
+    monkeypatch.setenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", "1")
+    q, k, v, want = OPS["prompt_q"], OPS["prompt_k"], OPS["prompt_v"], OPS["prompt_out"]
+    n = q.shape[0]
+    mask = np.triu(np.full((n, n), -np.inf, np.float32), 1)[None, None]
+    got = _attention(_heads_first(q), _heads_first(k), _heads_first(v), mask, DIM**-0.5,
+                     threads)  # fmt: skip
+    np.testing.assert_array_equal(got.reshape(n, -1), want)
 
 
 def test_rope_is_llama_cpps() -> None:

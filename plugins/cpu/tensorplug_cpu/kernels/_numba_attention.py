@@ -24,6 +24,7 @@ from numba.extending import intrinsic, overload
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
 from ._numba_rows import expf, ggml_expf
+from .attention import DOT_LANES
 
 
 def _value(a: Any, table: Any, i: int, j: int, r: int, d: int) -> Any:
@@ -173,8 +174,6 @@ def visible_columns(mask: Any, table: Any) -> int:
     return 1
 
 
-#: Lanes of ggml's ``ggml_vec_dot_f32`` on AVX-512: four registers of 16 floats.
-DOT_LANES = 64
 #: Lanes of one ``ggml_v_expf`` vector, whose sum ``ggml_vec_soft_max_f32`` adds at once.
 EXP_LANES = 16
 
@@ -313,8 +312,8 @@ def _visible(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, has_mas
 
 @njit(inline="always")
 def _attend_one(qrow: Any, kf: Any, vf: Any, n_d: int, n_dv: int, cols: Any, biases: Any,
-                m: int, sc: Any, cap: Any, w: Any, block: Any, acc: Any, out: Any, b: int,
-                r: int, h: int) -> None:  # fmt: skip
+                m: int, sc: Any, cap: Any, w: Any, block: Any, acc: Any, lanes: int, out: Any,
+                b: int, r: int, h: int) -> None:  # fmt: skip
     """One query row of one head over its ``m`` visible cells ``cols`` (rows of the
     widened ``kf``, flat with row ``j`` at ``j·n_d``, and ``vf``), into ``out[b, r, h]``,
     in llama.cpp's arithmetic (see :func:`attend`). Every loop over the head dimension is
@@ -336,16 +335,16 @@ def _attend_one(qrow: Any, kf: Any, vf: Any, n_d: int, n_dv: int, cols: Any, bia
         for d in range(n_dv):
             out[b, r, h, d] = nan
         return
-    # weights · V (ggml's KQV product): visible cell c feeds lane c mod 64 (row c mod 64
-    # of ``acc``); a lane's first term is fused onto +0 as in ggml's zeroed registers
-    # (so no lane is cleared first), and lanes past the last visible cell hold no term
-    # and are never touched
-    live = min(m, DOT_LANES)  # lanes that hold a term
+    # weights · V (ggml's KQV product): visible cell c feeds lane c mod ``lanes`` (that
+    # row of ``acc``); a lane's first term is fused onto +0 as in ggml's zeroed
+    # registers (so no lane is cleared first), and lanes past the last visible cell
+    # hold no term and are never touched
+    live = min(m, lanes)  # lanes that hold a term
     zero = np.float32(0)
     for c in range(m):
         p = w[c]
-        i, j = c % DOT_LANES, cols[c]
-        if c < DOT_LANES:  # the lane's first term
+        i, j = c % lanes, cols[c]
+        if c < lanes:  # the lane's first term
             if p == 0:
                 for d in range(n_dv):
                     acc[i, d] = zero
@@ -355,7 +354,7 @@ def _attend_one(qrow: Any, kf: Any, vf: Any, n_d: int, n_dv: int, cols: Any, bia
         elif p != 0:  # fma(v, 0, acc) = acc: skipped
             for d in range(n_dv):
                 acc[i, d] = _ir.fmaf(vf[j, d], p, acc[i, d])
-    half = DOT_LANES // 2
+    half = lanes // 2
     while half >= 1:
         for i in range(min(half, max(live - half, 0))):
             for d in range(n_dv):
@@ -369,7 +368,7 @@ def _attend_one(qrow: Any, kf: Any, vf: Any, n_d: int, n_dv: int, cols: Any, bia
 @njit(inline="always")
 def _attend_rows_ggml(
     q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale: float, softcap: float,
-    out: Any, table: Any, b: int, hk: int, r0: int, r1: int,
+    lanes: int, out: Any, table: Any, b: int, hk: int, r0: int, r1: int,
 ) -> None:  # fmt: skip
     """:func:`attend` for query rows ``[r0, r1)`` of the query heads of batch ``b`` that
     share KV head ``hk``, in llama.cpp's arithmetic (see :func:`attend`). The cells any
@@ -422,7 +421,7 @@ def _attend_rows_ggml(
             for d in range(n_d):
                 qrow[d] = q[b, h, r, d]
             _attend_one(qrow, kflat, vf, n_d, n_dv, cols, biases, m, sc, cap, w, block, acc,
-                        out, b, r, h)  # fmt: skip
+                        lanes, out, b, r, h)  # fmt: skip
 
 
 #: Query rows per task of the parallel kernel (any split gives the same bits).
@@ -439,6 +438,7 @@ def attend(
     used: int,
     scale: float,
     softcap: float,
+    lanes: int,
     out: Any,
     table: Any,
 ) -> None:
@@ -461,19 +461,23 @@ def attend(
     ``j`` in lane ``j mod 64``, here the ``c``-th *visible* cell in ``order`` takes lane
     ``c mod 64``: the same for one sequence in cells ``0…n`` (how llama.cpp fills its
     cache), and a row's bits then depend on nothing it cannot see (where its cells lie,
-    other sequences' cells, how many query rows share the step). ggml itself switches the
-    weights·V product to tinyBLAS's 16-lane order for two query rows or more; here one
-    order holds for any number of rows (the same up to 16 visible cells), so batching
-    changes nothing. Fused multiply-adds are exact ``llvm.fma`` calls and no fast-math
-    reorders them. Tasks are (batch, KV head, run of query rows) on numba's threads.
+    other sequences' cells, how many query rows share the step). That is ``lanes`` =
+    :data:`.attention.DOT_LANES` (64), which holds for any number of rows, so batching changes
+    nothing. ggml itself switches the weights·V product to tinyBLAS's order for two
+    query rows or more (llamafile ``sgemm``: 16 lanes over the cells, ``n_kv`` a
+    multiple of 16 as llama.cpp pads it, then the 8-4-2-1 tree); ``lanes`` =
+    :data:`.attention.TINYBLAS_LANES` reproduces it (the same as 64 up to 16 visible cells), for
+    ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER``. Fused multiply-adds are exact ``llvm.fma``
+    calls and no fast-math reorders them. Tasks are (batch, KV head, run of query rows)
+    on numba's threads.
     """
     n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
     runs = (n_q + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for t in prange(n_b * n_hk * runs):
         bh, run = t // runs, t % runs
         r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
-        _attend_rows_ggml(q, k, v, mask, order, used, scale, softcap, out, table, bh // n_hk,
-                          bh % n_hk, run * ROWS_PER_TASK, r1)  # fmt: skip
+        _attend_rows_ggml(q, k, v, mask, order, used, scale, softcap, lanes, out, table,
+                          bh // n_hk, bh % n_hk, run * ROWS_PER_TASK, r1)  # fmt: skip
 
 
 @kernel(nogil=True)
@@ -486,6 +490,7 @@ def attend_serial(
     used: int,
     scale: float,
     softcap: float,
+    lanes: int,
     out: Any,
     table: Any,
 ) -> None:
@@ -494,8 +499,8 @@ def attend_serial(
     n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
     first = n_q - n_q  # 0, typed int64 as in attend: a literal 0 was a second compile
     for bh in range(n_b * n_hk):
-        _attend_rows_ggml(q, k, v, mask, order, used, scale, softcap, out, table, bh // n_hk,
-                          bh % n_hk, first, n_q)  # fmt: skip
+        _attend_rows_ggml(q, k, v, mask, order, used, scale, softcap, lanes, out, table,
+                          bh // n_hk, bh % n_hk, first, n_q)  # fmt: skip
 
 
 @kernel(nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads

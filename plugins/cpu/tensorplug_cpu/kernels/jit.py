@@ -343,12 +343,13 @@ class JitKernels:
         a layer reaches attention after its first products, and those compile here
         meanwhile."""
         for rank, kernel in enumerate((self._attend, self._attend_serial)):
-            self.want_ahead(kernel, q, k, v, mask, order, 0, 1.0, 0.0, out, _F16_TO_F32,
+            self.want_ahead(kernel, q, k, v, mask, order, 0, 1.0, 0.0, 64, out, _F16_TO_F32,
                             rank=rank - 1)  # fmt: skip
 
     def attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
-        order: np.ndarray, used: int, scale: float, softcap: float, out: np.ndarray,
+        order: np.ndarray, used: int, scale: float, softcap: float, lanes: int,
+        out: np.ndarray,
     ) -> None:  # fmt: skip
         """Flash attention for a few query rows (:func:`._numba_attention.attend`); on
         one thread the serial kernel, which opens no parallel region. (Serial on two
@@ -357,10 +358,10 @@ class JitKernels:
         against 28 when shared, its cache rows often evicted by the products.)"""
         if self.n_threads == 1:
             self._call("one-thread flash attention kernel", self._attend_serial, q, k, v, mask,
-                       order, used, scale, softcap, out, _F16_TO_F32)  # fmt: skip
+                       order, used, scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
         else:
             self._call("flash attention kernel", self._attend, q, k, v, mask, order, used,
-                       scale, softcap, out, _F16_TO_F32)  # fmt: skip
+                       scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
 
     def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
         """:func:`._numba_rows.rms_norm_rows` on 2-d float32 rows."""
