@@ -14,8 +14,13 @@ every position for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, held below 1e-7), where
 exact float32 activations (the CPU before) left 1e-2 for Q4_1, Q5_1 and the K-quants.
 Rounding can still tip one activation to the neighbouring code where the engines' last
 float32 bits differ, and that moves a position (and the ones that attend to it) by up to
-~1.4e-2: the median over positions is what is held, every position to 2e-2. F16 weights:
-median 1.75e-4 (3.5e-4 with exact activations).
+~1.4e-2: the median over positions is what is held, every position to 2e-2. F16 weights,
+token by token (the CPU's own one-row kernel, the same on every host): median 1.6e-4,
+3.5e-4 with exact activations. A whole prompt's F16 products go through BLAS, whose
+order of additions is OpenBLAS's kernel's for the host (``OPENBLAS_CORETYPE``): median
+1.9e-4 with its SkylakeX kernels, 3.1e-4 with its Haswell and Zen ones on the same Zen 5
+machine, so the prompt is held only to what any of them gives; the one-row bound is the
+one that tells F16 activations from exact ones.
 """
 
 from __future__ import annotations
@@ -35,8 +40,12 @@ sys.path.insert(0, str(DATA))
 from make_rounding_fixture import FILES, TOKENS  # noqa: E402
 
 FIXTURE = np.load(DATA / "rounding_llamacpp.npz")
-#: the median position's error each type is held to (see the module's docstring)
+#: the median position's error each type is held to, token by token (see the module's
+#: docstring)
 MEDIAN = {name: 2.5e-4 if name == "f16" else 1e-5 for name in FILES}
+#: ... and for the whole prompt where it differs: F16's prompt products are BLAS's, whose
+#: order depends on the host's OpenBLAS kernel (measured 1.9e-4 to 3.1e-4)
+PROMPT_MEDIAN = {**MEDIAN, "f16": 4e-4}
 #: types whose products keep ggml's order of float32 operations as well as its rounding
 #: (the repacked kernels' lane sums: ``_numba_repack``): llama.cpp's logits to the bit
 #: at every position (measured 0)
@@ -87,7 +96,8 @@ def test_ggml_product_order_gives_llama_cpps_bits(
 
 def test_every_weight_type_gives_llama_cpps_logits(model: Path) -> None:
     want = FIXTURE[model.stem]
-    for got in _logits(model):
+    whole, stepped = _logits(model)
+    for got, median in ((whole, PROMPT_MEDIAN), (stepped, MEDIAN)):
         errors = _errors(got, want)
-        assert np.median(errors) <= MEDIAN[model.stem], errors
+        assert np.median(errors) <= median[model.stem], errors
         assert errors.max() <= (1e-7 if model.stem in EXACT else 2e-2), errors
