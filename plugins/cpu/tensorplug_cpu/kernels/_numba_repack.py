@@ -193,6 +193,55 @@ class _RowSums:
         return self.sums
 
 
+def _concat(builder: ir.IRBuilder, low: Any, high: Any) -> Any:
+    """Two vectors of one type as one of twice the lanes, ``low`` first."""
+    n = low.type.count
+    return builder.shuffle_vector(low, high, ir.Constant(_vec(_I32, 2 * n), list(range(2 * n))))
+
+
+def _half(builder: ir.IRBuilder, v: Any, which: int) -> Any:
+    """Lanes ``0…n/2−1`` (``which`` 0) or ``n/2…n−1`` (1) of ``v``."""
+    h = v.type.count // 2
+    return builder.shuffle_vector(
+        v, v, ir.Constant(_vec(_I32, h), list(range(which * h, (which + 1) * h)))
+    )
+
+
+def _pair_sums(builder: ir.IRBuilder, u: Any, x0: Any, x1: Any, u_max: int) -> Any:
+    """:class:`_RowSums` of one 4-byte group for two activation rows at once: the eight
+    weight rows' ``Σ u·s`` against the word at ``x0`` (an ``i8*``) in lanes 0–7 and
+    against the word at ``x1`` in lanes 8–15 of an ``<16 x i32>``. With AVX512-VNNI
+    (VNNI with 32 registers: every CPU with AVX-512 and VNNI has AVX512-VNNI) one
+    512-bit ``vpdpbusd`` whose activation operand is two broadcast loads (the second
+    merged into the upper half by a mask); elsewhere the two rows' sums as
+    :class:`_RowSums` makes them, side by side. Either way each lane is the same exact
+    integer."""
+    if _ir.HAS_VNNI and _ir.HAS_32_REGS:
+        v16i = _vec(_I32, 16)
+        words = []
+        for x in (x0, x1):
+            word = builder.load(builder.bitcast(x, _I32.as_pointer()), align=1)
+            one = builder.insert_element(ir.Constant(v16i, None), word, _I32(0))
+            words.append(builder.shuffle_vector(one, one, ir.Constant(v16i, [0] * 16)))
+        upper = ir.Constant(ir.VectorType(ir.IntType(1), 16), [i >= 8 for i in range(16)])
+        both_x = builder.select(upper, words[1], words[0])
+        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, v16i, v16i, v16i)
+        both_u = builder.bitcast(_concat(builder, u, u), v16i)
+        return builder.call(dp, [ir.Constant(v16i, [0] * 16), both_u, both_x])
+    halves = []
+    for x in (x0, x1):
+        sums = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
+        sums.add(u, _broadcast_i32(builder, x), u_max)
+        halves.append(sums.flush())
+    return _concat(builder, *halves)
+
+
+def _fmuladd(builder: ir.IRBuilder, a: Any, b: Any, c: Any) -> Any:
+    """``a·b + c`` fused, for float vectors of any width."""
+    ty = a.type
+    return builder.call(_fn(builder, f"llvm.fmuladd.v{ty.count}f32", ty, ty, ty, ty), [a, b, c])
+
+
 def _offset(lay: PackedLayout) -> int:
     """What each stored code exceeds its value by, as the kernel feeds it: Q8_0's and
     IQ4_NL's signed values go into VNNI's unsigned operand as ``q + 128``
@@ -257,22 +306,29 @@ class _Block:
     xd: list[Any]  # float* of each row's block scales
     xs: list[Any]  # i32* of each row's block code sums
     table: Any  # float* of the f16 → f32 table
+    #: the activation rows whose sums each accumulator holds (:func:`_units`)
+    units: list[tuple[int, ...]]
 
     def code_run(self, at: int) -> Any:
         """The 32 code bytes at ``at`` of the block."""
         b = self.builder
         return b.load(b.bitcast(b.gep(self.base, [_I64(at)]), _V32B.as_pointer()), align=1)
 
+    def x_at(self, t: int, k: Any, at: int) -> Any:
+        """The ``i8*`` of activation row ``t``'s code ``at`` of block ``k``."""
+        b = self.builder
+        return b.gep(self.x[t], [b.add(b.mul(k, _I64(32)), _I64(at))])
+
     def x_word(self, t: int, k: Any, at: int) -> Any:
         """Four codes of activation row ``t``, block ``k``, from value ``at``, in every lane."""
-        b = self.builder
-        return _broadcast_i32(b, b.gep(self.x[t], [b.add(b.mul(k, _I64(32)), _I64(at))]))
+        return _broadcast_i32(self.builder, self.x_at(t, k, at))
 
     def load(self, ptrs: list[Any], t: int, k: Any) -> Any:
         return self.builder.load(self.builder.gep(ptrs[t], [k]))
 
 
-#: a tile's body: (block, the accumulators of each activation row) -> their new values
+#: a tile's body: (block, the accumulators of each unit of activation rows, see
+#: :func:`_units`) -> their new values
 Body = Callable[[_Block, list[list[Any]]], list[list[Any]]]
 #: its ending: (builder, one activation row's final accumulators) -> its eight sums
 Finish = Callable[[ir.IRBuilder, list[Any]], Any]
@@ -282,13 +338,25 @@ Finish = Callable[[ir.IRBuilder, list[Any]], Any]
 Emit = Callable[[Any, ir.IRBuilder, Any, Any], None]
 
 
-def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int) -> Emit:
+def _units(n_tok: int, paired: bool) -> list[tuple[int, ...]]:
+    """The activation rows of a tile whose sums share one accumulator vector: with
+    ``paired``, rows two by two (``<16 x float>``, the last of an odd count alone), else
+    each row alone (``<8 x float>``)."""
+    if not paired:
+        return [(t,) for t in range(n_tok)]
+    return [tuple(range(t, min(t + 2, n_tok))) for t in range(0, n_tok, 2)]
+
+
+def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int,
+          paired: bool = False) -> Emit:  # fmt: skip
     """The IR of a tile, for arguments ``(packed, g, xq, xd, xs, table, t0, out, …)``:
     rows ``8g..8g+7`` of the repacked matrix ``packed`` (``(n_groups, blocks·block)``
     bytes) times activation rows ``t0..t0+n_tok-1`` of the Q8_0 codes ``xq``, scales
     ``xd`` and code sums ``xs``, into ``out[t0 + t, 8g:8g+8]`` (``out``'s rows
     unit-stride), as one loop over the blocks whose inside ``body`` emits, ``n_accs``
-    vectors of floats carried from block to block per activation row."""
+    vectors of floats carried from block to block per unit of activation rows
+    (:func:`_units`; ``paired`` for bodies that sum two rows in one vector)."""
+    units = _units(n_tok, paired)
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> None:
         arrays = [context.make_array(sig.args[i])(context, builder, args[i])
@@ -307,16 +375,25 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
         x_rows = [row_of(xqa, stride[1], r, _I8) for r in rows]
         xd_rows = [row_of(xda, stride[2], r, _F32) for r in rows]
         xs_rows = [row_of(xsa, stride[3], r, _I32) for r in rows]
-        zero = ir.Constant(_V8F, [0.0] * 8)
+        zeros = [ir.Constant(ir.VectorType(_F32, 8 * len(u)), [0.0] * (8 * len(u)))
+                 for u in units]  # fmt: skip
 
         def block(b: Any, flat: list[Any]) -> list[Any]:
-            accs = [flat[n_accs * t : n_accs * (t + 1)] for t in range(n_tok)]
+            accs = [flat[n_accs * i : n_accs * (i + 1)] for i in range(len(units))]
             base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
-            new = body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table), accs)
+            new = body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table, units),
+                       accs)  # fmt: skip
             return [v for vals in new for v in vals]
 
-        flat = carried_loop(builder, "tile", _I64(0), n, 1, [zero] * (n_tok * n_accs), block)
-        finals = [flat[n_accs * t : n_accs * (t + 1)] for t in range(n_tok)]
+        start = [z for z in zeros for _ in range(n_accs)]
+        flat = carried_loop(builder, "tile", _I64(0), n, 1, start, block)
+        finals: list[list[Any]] = []
+        for i, unit in enumerate(units):
+            accs = flat[n_accs * i : n_accs * (i + 1)]
+            if len(unit) == 1:
+                finals.append(accs)
+            else:
+                finals.extend([_half(builder, a, h) for a in accs] for h in range(2))
         col = builder.mul(args[1], _I64(GROUP_ROWS * 4))  # byte offset of column 8g
         for t in range(n_tok):
             row = builder.gep(
@@ -398,16 +475,24 @@ def _vec_dot_order_body(lay: PackedLayout) -> Body:
     one exact integer first (the other layouts' order) is ~3× less arithmetic, but
     moved SmolLM2's logits by up to 0.45 from llama.cpp's at the first positions, where
     they had been equal to the bit. Run ``c`` of codes holds values ``4c..4c+3`` (low
-    nibbles) and ``16 + 4c..`` (high): sums ``c`` and ``4 + c``."""
+    nibbles) and ``16 + 4c..`` (high): sums ``c`` and ``4 + c``.
+
+    Each 4-value group costs a row an integer sum, a conversion and a fused multiply-add
+    of its own, so the tile takes its activation rows in pairs (:func:`_units`): one
+    512-bit ``vpdpbusd``, conversion and multiply-add for both rows' eight lanes
+    (:func:`_pair_sums`), where 256-bit vectors took two of each. Every lane computes
+    what it did alone, so the bits are the same."""
 
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
         builder, b = blk.builder, blk.b
-        n_tok = len(accs)
-        fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
         d_w = _scales(builder, blk.base, blk.table)
         m_w = _scales(builder, builder.gep(blk.base, [_I64(lay.minimum_at)]), blk.table)
-        scales = [_fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
-                  for t in range(n_tok)]  # fmt: skip
+
+        def joined(vectors: list[Any]) -> Any:
+            return vectors[0] if len(vectors) == 1 else _concat(builder, *vectors)
+
+        scales = [joined([_fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
+                          for t in unit]) for unit in blk.units]  # fmt: skip
         new = [list(a) for a in accs]
         u_max = 31 if lay.regroup == "fifth bits" else 15
         for c in range(lay.chunks):
@@ -417,15 +502,26 @@ def _vec_dot_order_body(lay: PackedLayout) -> Body:
                 runs = [builder.or_(codes, _fifth_bits(blk, 2 * c + h))
                         for h, codes in enumerate(runs)]  # fmt: skip
             for h, codes in enumerate(runs):
-                k = c + 4 * h
-                for t in range(n_tok):
-                    lane = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
-                    lane.add(codes, blk.x_word(t, b, 4 * c + 16 * h), u_max)
-                    part = builder.sitofp(lane.flush(), _V8F)
-                    new[t][k] = builder.call(fma, [scales[t], part, new[t][k]])
-        for t in range(n_tok):
-            s_x = builder.bitcast(blk.load(blk.xs, t, b), _F32)
-            new[t][8] = builder.call(fma, [m_w, _splat_f(builder, s_x), new[t][8]])
+                k, at = c + 4 * h, 4 * c + 16 * h
+                for i, unit in enumerate(blk.units):
+                    if len(unit) == 2:
+                        x0, x1 = (blk.x_at(t, b, at) for t in unit)
+                        part = _pair_sums(builder, codes, x0, x1, u_max)
+                    else:
+                        lane = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
+                        lane.add(codes, blk.x_word(unit[0], b, at), u_max)
+                        part = lane.flush()
+                    width = ir.VectorType(_F32, part.type.count)
+                    fma = _fn(
+                        builder, f"llvm.fmuladd.v{width.count}f32", width, width, width, width
+                    )
+                    new[i][k] = builder.call(
+                        fma, [scales[i], builder.sitofp(part, width), new[i][k]]
+                    )
+        for i, unit in enumerate(blk.units):
+            s_x = joined([_splat_f(builder, builder.bitcast(blk.load(blk.xs, t, b), _F32))
+                          for t in unit])  # fmt: skip
+            new[i][8] = _fmuladd(builder, joined([m_w] * len(unit)), s_x, new[i][8])
         return new
 
     return body
@@ -879,7 +975,8 @@ def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False, tiled: boo
     if lay.type == Type.IQ4_XS:
         return _tile(lay, n_tok, _iq4_xs_body, lambda b, a: a[0], n_accs)
     if lay.minimum_at >= 0:
-        return _tile(lay, n_tok, _vec_dot_order_body(lay), _vec_dot_finish, n_accs)
+        return _tile(lay, n_tok, _vec_dot_order_body(lay), _vec_dot_finish, n_accs,
+                     paired=True)  # fmt: skip
     if n_accs == 8:
         return _tile(lay, n_tok, _lane_order_body(lay), _hsum_8, n_accs)
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], n_accs)
