@@ -222,8 +222,19 @@ def worker_llamacpp(
 
 
 def _peak_rss_mb() -> float:
-    """This process's peak resident memory in MB (Linux counts ``ru_maxrss`` in KiB,
-    macOS in bytes)."""
+    """This process's peak resident memory in MB: Linux's ``VmHWM``, the high-water mark
+    of this process's own address space. Not ``ru_maxrss``: Linux carries that across
+    ``exec`` from the process that forked it (``exec_mmap`` keeps the old address space's
+    mark), so every worker reported at least the driver's own resident size (342 MB after
+    it wrote the 100M models, for either engine). Elsewhere ``ru_maxrss`` (macOS counts
+    it in bytes)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e6  # kB
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
 

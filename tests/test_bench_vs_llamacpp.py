@@ -5,6 +5,7 @@ figures themselves come from running it (llama.cpp through llama-cpp-python)."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -89,3 +90,23 @@ def test_the_start_table_gives_medians_ratios_and_the_first_run(bench: ModuleTyp
     assert launch == ["2.5", "(2.0-3.0)", "0.5", "(0.5-1.0)", "4.00", "14.2"]
     assert rss == ["305.0", "(300.0-310.0)", "100.0", "(100.0-100.0)", "3.05"]
     assert bench.start_row(ours, theirs, []).split(" | ")[0].split()[-1] == "-"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux's VmHWM")
+def test_a_worker_reports_its_own_peak_not_the_parents(bench: ModuleType) -> None:
+    """The driver forks each worker while it holds the models it wrote; Linux's
+    ``ru_maxrss`` carries the parent's resident size across ``exec``, so every worker
+    read at least the driver's (342 MB for either engine). Here a parent holding 300 MB
+    starts a child that only imports the script: the child's peak is its own."""
+    import numpy as np
+
+    ballast = np.ones(300 * 2**20 // 8)  # touched: resident in this process
+    code = (
+        "import importlib.util, sys; spec = importlib.util.spec_from_file_location("
+        f"'b', {str(SCRIPT)!r}); m = importlib.util.module_from_spec(spec); "
+        "sys.modules['b'] = m; spec.loader.exec_module(m); print(m._peak_rss_mb())"
+    )
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 check=True).stdout)  # fmt: skip
+    assert ballast.sum() > 0 and bench._peak_rss_mb() > 300
+    assert 5 < child < 150  # the interpreter and numpy
