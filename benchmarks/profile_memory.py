@@ -10,7 +10,7 @@ loading and running, the process reads its own ``/proc/self/status``: resident m
 now (``VmRSS``), split into anonymous pages (``RssAnon``: the heap, numpy arrays, numba's
 compiled code, repacked weights, KV cache, compute buffers) and file-backed ones
 (``RssFile``: shared libraries and the model file's mapped pages), and the peak so far
-(``VmHWM``, what ``ru_maxrss`` reports and ``bench_vs_llamacpp.py`` compares). The
+(``VmHWM``, which ``bench_vs_llamacpp.py`` compares too). The
 stages of tensorplug: the bare interpreter, ``import numpy``, ``import numba`` (with
 llvmlite), ``import tensorplug``, plugin discovery (every installed backend; the
 OpenCL plugin with pocl loads its driver here), opening the GGUF file (metadata), the
