@@ -61,6 +61,7 @@ from ._numba_quant import _CHUNKS, _DOT, quantize_activations
 
 __all__ = [
     "GGML_ORDER_BIT",
+    "NARROW_TILE",
     "TILE",
     "WIDE_TILE",
     "PackedKernels",
@@ -81,6 +82,8 @@ TILE = 4
 #: ... and of a wide tile, for the layouts whose rows carry one accumulator where there
 #: are registers for them
 WIDE_TILE = 8
+#: ... and of a narrow one, for Q4_K with 32 registers (:func:`tile_rows`)
+NARROW_TILE = 2
 #: the activation rows of ggml's repacked four-row gemm: llama.cpp multiplies a
 #: product's rows in groups of four from the first (``forward_mul_mat_one_chunk``) and
 #: the last ``n % 4`` by its gemv. With ggml's order (``ggml_order``), a Q4_K tile of
@@ -1022,14 +1025,20 @@ def tile_rows(lay: PackedLayout, ggml_order: bool = False) -> int:
     vector registers (AVX-512), eight rows of the layouts that carry one accumulator a
     row (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, IQ4_XS): each weight block is then unpacked once
     for eight rows, not twice, and on the Zen 4 dev machine Q8_0 and Q6_K times 8 and 16
-    rows took ~10% less time. Otherwise four: Q4_K's two accumulators a row over eight
-    rows were no faster, and with 16 registers (AVX2) eight rows' sums would not fit.
-    (Q4_1's nine a row, 36 over four rows, spill, yet measured as fast as tiles of three
-    and one, so they stay at four.)"""
+    rows took ~10% less time. Q4_K, there, two: a tile of four rows keeps each row's two
+    pair sums, two super-block integers and two float sums live through a super-block's
+    64 ``vpdpbusd`` per row, and LLVM, hoisting the super-block's code loads, spilled
+    ~300 values a super-block; one thread of a Zen 5 EPYC took a 2048×768 product of 64
+    rows in 603 µs in tiles of two against 829 in tiles of four (8 rows: 78 against 108;
+    tiles of three: as four). Q5_K, Q2_K, Q4_1 and Q5_1 measured faster in fours, and
+    every layout keeps four with 16 registers (AVX2; not measured there). (Q4_1's nine
+    sums a row take two rows at once in 512-bit vectors: :func:`_vec_dot_order_body`.)"""
     if ggml_order and lay.type == Type.Q4_K:
         return GGML_GEMM_ROWS  # ggml's groups of rows (see GGML_GEMM_ROWS)
     if _ir.HAS_32_REGS and _accumulators(lay, ggml_order) == 1:
         return WIDE_TILE
+    if _ir.HAS_32_REGS and lay.type == Type.Q4_K:
+        return NARROW_TILE
     return TILE
 
 
@@ -1040,20 +1049,30 @@ def _sizes(top: int) -> list[int]:
 
 
 @intrinsic(prefer_literal=True)
-def _wide_kinds(typingctx: Any, mask: Any) -> Any:
+def _kinds_of_height(typingctx: Any, mask: Any, height: Any) -> Any:
     """The bit set (as :func:`kinds_mask`) of the layouts in the constant ``mask`` whose
-    tiles take :data:`WIDE_TILE` rows on this host (:func:`tile_rows`), decided when the
-    driver is compiled, as :func:`_tile_of` decides which tiles it has."""
-    if not isinstance(mask, types.IntegerLiteral):
+    tiles take the constant ``height`` rows on this host (:func:`tile_rows`), decided
+    when the driver is compiled, as :func:`_tile_of` decides which tiles it has."""
+    if not isinstance(mask, types.IntegerLiteral) or not isinstance(height, types.IntegerLiteral):
         return None
     ggml_order = bool(mask.literal_value & GGML_ORDER_BIT)
-    wide = sum(1 << int(t) for t, lay in _chosen(mask.literal_value)
-               if tile_rows(lay, ggml_order) == WIDE_TILE)  # fmt: skip
+    kinds = sum(1 << int(t) for t, lay in _chosen(mask.literal_value)
+                if tile_rows(lay, ggml_order) == height.literal_value)  # fmt: skip
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        return _I64(wide)
+        return _I64(kinds)
 
-    return types.int64(mask), codegen
+    return types.int64(mask, height), codegen
+
+
+@njit(inline="always")
+def _top(mask: int, kind: int) -> int:
+    """The rows of the tiles of type id ``kind`` in a driver for ``mask`` (:func:`tile_rows`)."""
+    if (_kinds_of_height(mask, WIDE_TILE) >> kind) & 1:  # type: ignore[call-arg]
+        return WIDE_TILE
+    if (_kinds_of_height(mask, NARROW_TILE) >> kind) & 1:  # type: ignore[call-arg]
+        return NARROW_TILE
+    return TILE
 
 
 def _chosen(mask: int) -> list[tuple[Type, PackedLayout]]:
@@ -1116,7 +1135,7 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
     (Inlined before typing, so the caller's constant ``mask`` reaches :func:`_tile_of`
     as one.)"""
     n_tok = xq.shape[0]
-    top = WIDE_TILE if (_wide_kinds(mask) >> kind) & 1 else TILE  # type: ignore[call-arg]
+    top = _top(mask, kind)
     rest = min(top, TILE)  # the heights below ``top`` that the switch has
     form = OWN_FORM  # ggml's tiled product where llama.cpp takes it (GGML_TILED_MIN_ROWS)
     if mask & GGML_ORDER_BIT and kind == Q6_K and n_tok >= GGML_TILED_MIN_ROWS:
