@@ -420,7 +420,7 @@ for name, ggml_order, tiled in [(n, False, False) for n in names] + ggml_ordered
 # a driver takes tiles of the layout's height on this host (rp.tile_rows: 8, 4 or 2), the
 # rest in tiles of up to four: 11 rows at once give each row's bits alone, and the right
 # values
-for t in (Type.Q8_0, Type.Q4_1, Type.Q4_K):
+for t in (Type.Q8_0, Type.Q4_1, Type.Q4_K, Type.Q5_K):
     lay = LAYOUTS[t]
     raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
     w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).astype(np.float64)
@@ -430,7 +430,7 @@ for t in (Type.Q8_0, Type.Q4_1, Type.Q4_K):
     driver = rp.packed_kernels(frozenset({{t}})).serial
     x11 = rng.standard_normal((11, 256)).astype(np.float32)
 
-    def product(x):  # (Q4_K's Q8_K scale is written to each of its eight 32-value blocks)
+    def product(x):  # (Q8_K's scale is written to each of its eight 32-value blocks)
         n = x.shape[0]
         q, d = np.empty((n, 256), np.int8), np.empty((n, 8), np.float32)
         s, out = np.empty((n, 8), np.int32), np.empty((n, 16), np.float32)
@@ -464,7 +464,12 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q4_k", "q5_k",
              "q6_k", "q5_0_ggml", "q8_0_ggml", "q6_k_ggml", "q6_k_tiled", "q4_k_ggml"]  # fmt: skip
-    rows = {"Q8_0": 8 if flags[3] else 4, "Q4_1": 4, "Q4_K": 2 if flags[3] else 4}
+    rows = {
+        "Q8_0": 8 if flags[3] else 4,
+        "Q4_1": 4,
+        "Q4_K": 2 if flags[3] else 4,
+        "Q5_K": 8 if flags[3] else 4,
+    }
     drivers = [w for t, n in rows.items() for w in ("driver", t, str(n), "ok")]
     assert done.stdout.split() == [w for n in names for w in (n, "ok")] + drivers
 

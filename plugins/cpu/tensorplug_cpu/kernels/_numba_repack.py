@@ -1023,21 +1023,25 @@ def kinds_mask(kinds: Iterable[Type]) -> int:
 def tile_rows(lay: PackedLayout, ggml_order: bool = False) -> int:
     """The most activation rows a tile of layout ``lay`` takes on this host. With 32
     vector registers (AVX-512), eight rows of the layouts that carry one accumulator a
-    row (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, IQ4_XS): each weight block is then unpacked once
-    for eight rows, not twice, and on the Zen 4 dev machine Q8_0 and Q6_K times 8 and 16
-    rows took ~10% less time. Q4_K, there, two: a tile of four rows keeps each row's two
-    pair sums, two super-block integers and two float sums live through a super-block's
-    64 ``vpdpbusd`` per row, and LLVM, hoisting the super-block's code loads, spilled
-    ~300 values a super-block; one thread of a Zen 5 EPYC took a 2048×768 product of 64
-    rows in 603 µs in tiles of two against 829 in tiles of four (8 rows: 78 against 108;
-    tiles of three: as four). Q5_K, Q2_K, Q4_1 and Q5_1 measured faster in fours, and
-    every layout keeps four with 16 registers (AVX2; not measured there). (Q4_1's nine
-    sums a row take two rows at once in 512-bit vectors: :func:`_vec_dot_order_body`.)"""
+    row (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, IQ4_XS) and of Q5_K: each weight block is then
+    unpacked once for eight rows, not twice (on the Zen 4 dev machine Q8_0 and Q6_K times
+    8 and 16 rows took ~10% less time; on a Zen 5 EPYC, one thread, a 2048×768 Q5_K
+    product of 64 rows 704 µs against 909 in fours). Q4_K, there, two: a tile of four
+    rows keeps each row's two pair sums, two super-block integers and two float sums live
+    through a super-block's 64 ``vpdpbusd`` per row, and LLVM, hoisting the super-block's
+    code loads, spilled ~300 values a super-block; the same Zen 5 took a 2048×768
+    product of 64 rows in 592 µs in tiles of two against 829 in fours and 899 in eights
+    (tiles of three: as four). The others keep four, measured there: Q2_K (eights: the
+    same), Q4_1 and Q5_1 (eights: 1.5× slower; their nine sums a row take two rows at
+    once in 512-bit vectors, :func:`_vec_dot_order_body`). With 16 registers (AVX2;
+    not measured there) every layout keeps four: eight rows' sums would not fit."""
     if ggml_order and lay.type == Type.Q4_K:
         return GGML_GEMM_ROWS  # ggml's groups of rows (see GGML_GEMM_ROWS)
-    if _ir.HAS_32_REGS and _accumulators(lay, ggml_order) == 1:
+    if not _ir.HAS_32_REGS:
+        return TILE
+    if _accumulators(lay, ggml_order) == 1 or lay.type == Type.Q5_K:
         return WIDE_TILE
-    if _ir.HAS_32_REGS and lay.type == Type.Q4_K:
+    if lay.type == Type.Q4_K:
         return NARROW_TILE
     return TILE
 
