@@ -98,11 +98,13 @@ GGML_PRODUCT_ORDER: Setting[bool] = Setting(
     False,
     parse_flag,
     "1 to sum repacked Q5_0, Q8_0 and Q6_K products in ggml's orders (eight float sums a "
-    "row, as vec_dot_q8_0_q8_0; Q6_K from 8 activation rows as ggml's tiled product) and "
-    "Q4_K's prompt rows in fours as ggml's four-row gemm: llama.cpp's bits for those "
-    "types (Gemma 3 270M's logits equal to llama.cpp's), at about 2x the cost of Q5_0 "
-    "and Q8_0 products from 4 activation rows up (a Q8_0-heavy model's prompts about half "
-    "as fast), and a row's bits then depend on its product's row count, as ggml's do. "
+    "row, as vec_dot_q8_0_q8_0; Q6_K from 8 activation rows as ggml's tiled product), "
+    "Q4_K's prompt rows in fours as ggml's four-row gemm, and attention's weights times V "
+    "of two query rows or more in tinyBLAS's order: llama.cpp's bits for those types and "
+    "steps (SmolLM2's and Gemma 3 270M's logits equal to llama.cpp's), at about 2x the "
+    "cost of Q5_0 and Q8_0 products from 4 activation rows up (a Q8_0-heavy model's "
+    "prompts about half as fast), and a row's bits then depend on its step's row count, "
+    "as ggml's do. "
     "Default 0: each block's sum as one exact integer, one multiply-add a block, and a "
     "row's bits independent of the rows beside it. Q4_1, Q5_1 and Q4_K's one-row order "
     "follow ggml's always.",
