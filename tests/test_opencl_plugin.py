@@ -437,6 +437,32 @@ def test_build_failure_names_the_kernel_and_carries_the_log(device: Any) -> None
     assert isinstance(err, tp.PluginError)
 
 
+def test_a_compiler_that_cannot_name_the_cpu_says_how_to_get_one_that_can(
+    device: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PoCL 3.0 bundled in pyopencl's wheel (LLVM 14) names a CPU newer than its LLVM
+    "generic" and then refuses that name: every build failed on a Zen 5 EPYC with only
+    the log's line. The error now says which driver and what to install; other build
+    failures say nothing of the kind."""
+    from tensorplug_kernels.runtime import BuildFailed
+    from tensorplug_opencl.errors import KernelBuildError
+    from tensorplug_opencl.program import KernelProgram
+
+    def refuse(self: KernelProgram, text: str, name: str | None) -> Any:
+        raise BuildFailed(log)
+
+    monkeypatch.setattr(KernelProgram, "_compile", refuse)
+    log = "error: unknown target CPU 'generic'\nDevice pthread-AMD EPYC failed to build"
+    with pytest.raises(KernelBuildError) as info:
+        KernelProgram(device.context, device.cl_device, ["-DWG=64"])
+    assert "unknown target CPU 'generic'" in str(info.value) and info.value.log == log
+    assert "apt-get install pocl-opencl-icd" in str(info.value)
+    log = "error: use of undeclared identifier 'no_such_value'"
+    with pytest.raises(KernelBuildError) as info:
+        KernelProgram(device.context, device.cl_device, ["-DWG=64"])
+    assert "pocl-opencl-icd" not in str(info.value)
+
+
 @pytest.mark.parametrize("weights", [Type.F16, Type.Q4_0])
 def test_the_portable_build_computes_the_same(device: Any, backend: Any, weights: Type) -> None:
     """Kernels built without clang's unaligned-vector typedefs (as for a compiler that

@@ -16,13 +16,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tensorplug_kernels import Source
-from tensorplug_kernels.runtime import BuildFailed
+from tensorplug_kernels.runtime import BuildFailed, KernelBuildError
 from tensorplug_kernels.runtime import KernelProgram as ProgramBase
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
 __all__ = ["KernelProgram"]
+
+#: what to do when the driver's LLVM cannot name this CPU (PoCL passes the name it gets,
+#: "generic" for a CPU newer than its LLVM, to its own front end, which refuses it)
+UNKNOWN_CPU_HINT = (
+    "this OpenCL driver's compiler does not know this CPU: the PoCL 3.0 bundled in "
+    "pyopencl's wheel (LLVM 14) predates it. Install a newer PoCL, e.g. your "
+    "distribution's (Debian/Ubuntu: apt-get install pocl-opencl-icd), whose device is "
+    "listed first, or use another OpenCL device (tensorplug devices)"
+)
 
 
 class KernelProgram(ProgramBase):
@@ -52,6 +61,12 @@ class KernelProgram(ProgramBase):
             )
         except cl.Error as e:
             raise BuildFailed(str(e)) from e
+
+    def _build_error(self, log: str, name: str | None = None) -> KernelBuildError:
+        error = super()._build_error(log, name)
+        if "unknown target CPU" not in log:
+            return error
+        return KernelBuildError(f"{error}\n{UNKNOWN_CPU_HINT}", kernel=error.kernel, log=log)
 
     def _kernel(self, name: str) -> Any:
         import pyopencl as cl
