@@ -147,6 +147,45 @@ def test_score_is_zero_when_platforms_have_no_device(monkeypatch: pytest.MonkeyP
     assert value == 0 and "no devices" in reason and "pocl-binary-distribution" in reason
 
 
+@pytest.mark.parametrize("bundled_first", [False, True])
+def test_the_host_cpu_through_two_pocls_is_listed_once_through_the_newest(
+    monkeypatch: pytest.MonkeyPatch, bundled_first: bool
+) -> None:
+    """pyopencl's bundled PoCL 3.0 (LLVM 14) cannot build for a Zen 5; the distribution's
+    PoCL beside it can. The CPU is one device: listed through the newest PoCL, whichever
+    platform comes first; the older PoCL's GPU device and other vendors' devices stay."""
+    from tensorplug_opencl.reg import discover_devices, pocl_version
+
+    cpu, gpu = 2, 4  # cl.device_type's bits
+
+    class Platform:
+        def __init__(self, name: str, version: str, kinds: list[int]) -> None:
+            self.name, self.version = name, version
+            self.devices = [types.SimpleNamespace(type=k, owner=version) for k in kinds]
+
+        def get_devices(self) -> list[Any]:
+            return self.devices
+
+    distro = Platform("Portable Computing Language", "OpenCL 3.0 PoCL 3.1+debian  Linux", [cpu])
+    bundled = Platform("Portable Computing Language", "OpenCL 3.0 PoCL 3.0-rc2  Linux",
+                       [cpu, gpu])  # fmt: skip
+    nvidia = Platform("NVIDIA CUDA", "OpenCL 3.0 CUDA 12.4", [gpu])
+    order = [bundled, nvidia, distro] if bundled_first else [distro, bundled, nvidia]
+    fake = types.ModuleType("pyopencl")
+    fake.get_platforms = lambda: order  # type: ignore[attr-defined]
+    fake.Error = RuntimeError  # type: ignore[attr-defined]
+    fake.device_type = types.SimpleNamespace(CPU=cpu, GPU=gpu)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pyopencl", fake)
+    got = [(d.owner, d.type) for d in discover_devices()]
+    want = [(p.version, d.type) for p in order for d in p.devices if p is not bundled
+            or d.type == gpu]  # fmt: skip
+    assert got == want and (distro.version, cpu) in got and (bundled.version, cpu) not in got
+    assert pocl_version(distro) == (3, 1) and pocl_version(bundled) == (3, 0)
+    assert pocl_version(nvidia) == (0,)
+    order.remove(distro)  # one PoCL: its CPU stays, whatever its version
+    assert [(d.owner, d.type) for d in discover_devices()].count((bundled.version, cpu)) == 1
+
+
 def test_score_counts_devices_here() -> None:
     _require_device()
     import pyopencl as cl
@@ -160,13 +199,17 @@ def test_score_counts_devices_here() -> None:
 
 
 def test_one_device_per_opencl_device_with_driver_facts(device: Any) -> None:
+    """Every device the platforms list (the host CPU once where two PoCLs reach it: the
+    test above), numbered in order, with its driver's facts."""
     import pyopencl as cl
 
-    from tensorplug_opencl.reg import create_reg
+    from tensorplug_opencl.reg import create_reg, discover_devices
 
     reg = create_reg()
     assert reg is device.reg and reg.name == "OpenCL"
-    all_cl = [d for p in cl.get_platforms() for d in p.get_devices()]
+    all_cl = discover_devices()
+    every = [d for p in cl.get_platforms() for d in p.get_devices()]
+    assert all_cl and all(any(d == e for e in every) for d in all_cl)
     assert [d.name for d in reg.devices()] == [f"OpenCL{i}" for i in range(len(all_cl))]
     for dev, cl_dev in zip(reg.devices(), all_cl, strict=True):
         assert cl_dev.name.strip() in dev.description

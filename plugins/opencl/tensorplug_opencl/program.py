@@ -29,8 +29,8 @@ __all__ = ["KernelProgram"]
 UNKNOWN_CPU_HINT = (
     "this OpenCL driver's compiler does not know this CPU: the PoCL 3.0 bundled in "
     "pyopencl's wheel (LLVM 14) predates it. Install a newer PoCL, e.g. your "
-    "distribution's (Debian/Ubuntu: apt-get install pocl-opencl-icd), whose device is "
-    "listed first, or use another OpenCL device (tensorplug devices)"
+    "distribution's (Debian/Ubuntu: apt-get install pocl-opencl-icd), which the plugin "
+    "then uses for the host CPU instead, or use another OpenCL device (tensorplug devices)"
 )
 
 
