@@ -19,7 +19,6 @@ Selection settings are described in :mod:`tensorplug.settings`.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import threading
@@ -169,26 +168,12 @@ def _load_all_locked() -> None:
             _forget_load(*before)
             raise
         _state.loaded = True
-        _settle_imports()
     _log.debug(
         "registry ready: %d backends, %d devices (%s)",
         len(_state.regs),
         len(_state.devices),
         ", ".join(d.name for d in _state.devices) or "none",
     )
-
-
-def _settle_imports() -> None:
-    """Move every object alive now out of the cyclic garbage collector's way
-    (``gc.freeze``). Loading the plugins imported numba, llvmlite, numpy, pyopencl, wgpu…:
-    ~150,000 objects that live as long as the process, and every full collection walked
-    them all. A model's first graph (~850 nodes for SmolLM2) allocates enough to set one
-    off: 60-80 ms of its first prompt's ~210 ms went to collections (9 ms with them
-    frozen, on a Zen 5 EPYC). Frozen objects are still freed when nothing refers to them;
-    only cycles among them are never collected, and these are modules, classes and
-    functions that stay anyway."""
-    gc.freeze()
-    _log.debug("%d objects moved out of the garbage collector's way", gc.get_freeze_count())
 
 
 def _forget_load(
