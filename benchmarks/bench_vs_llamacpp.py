@@ -30,6 +30,10 @@ while timing shows other work holding the cores), llama.cpp with one thread per 
 faster) as the median of each round's own ratio: the two runs of a round are seconds
 apart, so a slow phase of a shared machine cancels out of it.
 
+tensorplug's worker loads the model as ``tensorplug run`` does, freezing what lives as
+long as the process out of the garbage collector's way once it is loaded (the command
+does so; the library leaves it to the program that owns the process).
+
 Each process also reports when its first generated token came, counted from the
 moment the driver started it (interpreter, imports, loading, warm-up and the first
 prompt: what a user waits for after pressing enter; llama.cpp's warm-up evaluation is
@@ -47,6 +51,7 @@ how each engine copes with a machine that is doing something else.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -179,6 +184,13 @@ def worker_tensorplug(
     placement = Placement.on(registry.dev_by_name("CPU"), n_layer)  # type: ignore[arg-type]
     m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch,
               n_threads=None if threads == AUTO else threads)  # fmt: skip
+    # as `tensorplug run` does once its model is loaded (the process is the command's):
+    # the ~150,000 long-lived objects of the imports and the model leave the collector's
+    # generations, or the first prompt's new graph sets off full collections walking them
+    # all (60-80 ms of SmolLM2's 128-token prompt on a Zen 5). Llama itself never
+    # freezes, so a program's own objects stay collectable (runner.Llama's docstring)
+    gc.collect()
+    gc.freeze()
     prompt = _tokens(n_prompt, m.config.n_vocab)
     m.reset()
     t0 = time.perf_counter()
