@@ -201,7 +201,7 @@ TABLE: tuple[Path, ...] = (
         REPACKED_INT8, tuple(PACKED_LAYOUTS), REPACKED, None, frozenset({NUMBA}),
         "`_numba_repack.packed_kernels(types)` (`.serial` on one thread, `.siblings` for "
         "one activation by several matrices; only the model's types compiled): tiles of 8 "
-        "weight rows × up to 4 activation rows",
+        "weight rows × 1–8 activation rows (`tile_rows`)",
         "eight rows' codes in one 32-byte load, each row's sum in a lane of its own: "
         "faster than decoding and BLAS even for prompts (a 128-token prompt's Q4_0 "
         "products 1.6–1.9× on one Zen 4 core, Q8_0 1.4–1.6×)",
