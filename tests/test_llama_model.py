@@ -95,8 +95,13 @@ def test_logits_match_reference(
     assert _repacked(m) == (device == "CPU" and wtype in ("q8_0", "q4_0"))
     want = ref.logits(ref.load(models[wtype]), TOKENS, q8=device == "CPU")
     assert got.shape == (len(TOKENS), 320)
-    err = ref.rounded_err if device == "CPU" else ref.rel_err
-    assert err(got, want) <= 1e-5
+    if device != "CPU":
+        assert ref.rel_err(got, want) <= 1e-5
+    else:  # F16 activations keep 11 bits, so a rounding flips more often, and a prompt's
+        # F16 products are BLAS's, in the host's OpenBLAS kernel's order: two positions of
+        # 18 flip with its SkylakeX kernels, three with its Haswell ones on a Zen 5 (every
+        # other position within 2.4e-7; a wrong rounding would move them all)
+        assert ref.rounded_err(got, want, flipped_rows=3 if wtype == "f16" else 2) <= 1e-5
 
 
 @pytest.mark.parametrize("wtype", ["q8_0", "q4_0"])
