@@ -154,7 +154,8 @@ def test_the_host_cpu_through_two_pocls_is_listed_once_through_the_newest(
     """pyopencl's bundled PoCL 3.0 (LLVM 14) cannot build for a Zen 5; the distribution's
     PoCL beside it can. The CPU is one device: listed through the newest PoCL, whichever
     platform comes first; the older PoCL's GPU device and other vendors' devices stay."""
-    from tensorplug_opencl.reg import discover_devices, pocl_version
+    from tensorplug_kernels.opencl_devices import opencl_devices as discover_devices
+    from tensorplug_kernels.opencl_devices import pocl_version
 
     cpu, gpu = 2, 4  # cl.device_type's bits
 

@@ -90,7 +90,9 @@ def check_opencl(sources: tuple[Source, ...] | None = None) -> list[Result]:
     try:
         import pyopencl as cl
 
-        devices = [d for p in cl.get_platforms() for d in p.get_devices()]
+        from .opencl_devices import opencl_devices
+
+        devices = opencl_devices()  # the plugin's: the host CPU once, through the newest PoCL
     except Exception as e:  # no pyopencl, or no driver at all
         return [Result("opencl", k, "skip", f"no OpenCL device ({e})") for k in _kernels(sources)]
     if not devices:
