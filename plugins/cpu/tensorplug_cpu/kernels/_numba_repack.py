@@ -514,13 +514,8 @@ def _vec_dot_order_body(lay: PackedLayout) -> Body:
                         lane = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
                         lane.add(codes, blk.x_word(unit[0], b, at), u_max)
                         part = lane.flush()
-                    width = ir.VectorType(_F32, part.type.count)
-                    fma = _fn(
-                        builder, f"llvm.fmuladd.v{width.count}f32", width, width, width, width
-                    )
-                    new[i][k] = builder.call(
-                        fma, [scales[i], builder.sitofp(part, width), new[i][k]]
-                    )
+                    part = builder.sitofp(part, ir.VectorType(_F32, part.type.count))
+                    new[i][k] = _fmuladd(builder, scales[i], part, new[i][k])
         for i, unit in enumerate(blk.units):
             s_x = joined([_splat_f(builder, builder.bitcast(blk.load(blk.xs, t, b), _F32))
                           for t in unit])  # fmt: skip
