@@ -56,7 +56,7 @@ from tensorplug.types import Type
 from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
-from ._numba_ir import _I8, _I16, _I32, _f16x, _fn, _splat, _vec, carried_loop
+from ._numba_ir import _I8, _I16, _I32, _f16x, _fn, _splat, _splat_scalar, _vec, carried_loop
 from ._numba_quant import _CHUNKS, _DOT, quantize_activations
 
 __all__ = [
@@ -113,16 +113,19 @@ def _fixed_mul(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
     return product
 
 
+def _word(builder: ir.IRBuilder, ptr: Any) -> Any:
+    """The 4 bytes at ``ptr`` as an ``i32``."""
+    return builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=1)
+
+
 def _broadcast_i32(builder: ir.IRBuilder, ptr: Any) -> Any:
     """The 4 bytes at ``ptr`` in every 32-bit lane, as ``<32 x i8>``."""
-    word = builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=1)
-    lanes = builder.insert_element(ir.Constant(_V8I, None), word, _I32(0))
-    return builder.bitcast(builder.shuffle_vector(lanes, lanes, ir.Constant(_V8I, [0] * 8)), _V32B)
+    return builder.bitcast(_splat_scalar(builder, _word(builder, ptr), 8), _V32B)
 
 
 def _splat_f(builder: ir.IRBuilder, v: Any) -> Any:
-    one = builder.insert_element(ir.Constant(_V8F, None), v, _I32(0))
-    return builder.shuffle_vector(one, one, ir.Constant(_V8I, [0] * 8))
+    """The float ``v`` in each of eight lanes."""
+    return _splat_scalar(builder, v, 8)
 
 
 def _quads(builder: ir.IRBuilder, prod: Any) -> Any:
@@ -221,11 +224,7 @@ def _pair_sums(builder: ir.IRBuilder, u: Any, x0: Any, x1: Any, u_max: int) -> A
     integer."""
     if _ir.HAS_VNNI and _ir.HAS_32_REGS:
         v16i = _vec(_I32, 16)
-        words = []
-        for x in (x0, x1):
-            word = builder.load(builder.bitcast(x, _I32.as_pointer()), align=1)
-            one = builder.insert_element(ir.Constant(v16i, None), word, _I32(0))
-            words.append(builder.shuffle_vector(one, one, ir.Constant(v16i, [0] * 16)))
+        words = [_splat_scalar(builder, _word(builder, x), 16) for x in (x0, x1)]
         upper = ir.Constant(ir.VectorType(ir.IntType(1), 16), [i >= 8 for i in range(16)])
         both_x = builder.select(upper, words[1], words[0])
         dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, v16i, v16i, v16i)
@@ -286,8 +285,7 @@ def _bytes_i(builder: ir.IRBuilder, at: Any) -> Any:
 
 def _splat_i(builder: ir.IRBuilder, v: Any) -> Any:
     """The i32 ``v`` in each of eight lanes."""
-    one = builder.insert_element(ir.Constant(_V8I, None), v, _I32(0))
-    return builder.shuffle_vector(one, one, ir.Constant(_V8I, [0] * 8))
+    return _splat_scalar(builder, v, 8)
 
 
 def _bytes_f(builder: ir.IRBuilder, at: Any) -> Any:

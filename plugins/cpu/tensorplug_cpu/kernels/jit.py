@@ -33,6 +33,7 @@ from tensorplug.types import Type
 
 from ..settings import GGML_PRODUCT_ORDER, JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
+from .attention import DOT_LANES
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .gelu_table import GELU_F16_TABLE
 from .threading_layer import preload_tbb
@@ -343,7 +344,7 @@ class JitKernels:
         a layer reaches attention after its first products, and those compile here
         meanwhile."""
         for rank, kernel in enumerate((self._attend, self._attend_serial)):
-            self.want_ahead(kernel, q, k, v, mask, order, 0, 1.0, 0.0, 64, out, _F16_TO_F32,
+            self.want_ahead(kernel, q, k, v, mask, order, 0, 1.0, 0.0, DOT_LANES, out, _F16_TO_F32,
                             rank=rank - 1)  # fmt: skip
 
     def attend(
