@@ -391,15 +391,15 @@ for name, ggml_order, tiled in [(n, False, False) for n in names] + ggml_ordered
     nb = 256 // t.block_size
     packed = np.empty((2, nb, lay.block), np.uint8)
     lay.pack(raw.reshape(16, nb, -1), packed)
-    tile = rp.tile_kernel(lay, N if name != "q4_k" or not ggml_order else rp.GGML_GEMM_ROWS,
-                          ggml_order, tiled)  # fmt: skip
+    form = rp.TILED_FORM if tiled else rp.GEMM_FORM if name == "q4_k" and ggml_order else 0
+    tile = rp.tile_kernel(lay, N, ggml_order, form)
 
     @njit(cache=False)
     def run(packed, xq, xd, xs, out):
         for g in range(2):
             tile(packed, g, xq, xd, xs, table, 0, out)
 
-    out = np.full((N, 16), np.nan, np.float32)  # Q4_K's gemm tile: the first four rows
+    out = np.full((N, 16), np.nan, np.float32)  # rows a tile left unwritten stay NaN
     sums = xq.reshape(N, -1, 16).sum(-1, dtype=np.int32) if name in ("q2_k", "q6_k") else xs
     sums = xs1 if name in ("q4_1", "q5_1") else sums
     if name in ("iq4_xs", "q4_k") or name == "q6_k" and ggml_order:  # their kernels take
