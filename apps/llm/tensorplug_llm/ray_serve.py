@@ -33,7 +33,7 @@ class ServeReplica:
         from .run_cli import load_model
 
         self.args = args = argparse.Namespace(**options)
-        self.llama = load_model(args, encoder_ok=True)
+        self.llama = load_model(args, encoder_ok=True, batch_invariant=True)
         self.llm = LLM(
             self.llama,
             n_parallel=args.parallel,

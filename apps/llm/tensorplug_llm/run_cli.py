@@ -441,9 +441,11 @@ def _load(
     place: Callable[[int], Placement] | None = None,
     *,
     encoder_ok: bool = False,
+    batch_invariant: bool = False,
 ) -> Llama:
     """The model of ``args``; ``place(n_layer)`` (default: from the options) places it.
-    An encoder (embeddings only) is refused unless ``encoder_ok``."""
+    An encoder (embeddings only) is refused unless ``encoder_ok``; ``batch_invariant``
+    as :class:`Llama` takes it."""
     from tensorplug.gguf import GGUFFile
 
     from .context import choose_context
@@ -484,6 +486,7 @@ def _load(
             ),
             # -t fixes the count; without it the model's governor picks it
             n_threads=getattr(args, "threads", None),
+            batch_invariant=batch_invariant,
         )
     if getattr(args, "own_process", False):
         _freeze_long_lived()
@@ -832,8 +835,12 @@ def demo_model(
     return 0 if ok else 1
 
 
-def load_model(args: argparse.Namespace, *, encoder_ok: bool = False) -> Llama:
+def load_model(
+    args: argparse.Namespace, *, encoder_ok: bool = False, batch_invariant: bool = False
+) -> Llama:
     """The model ``args`` (run's options) names, placed as they say: for commands that
     take run's options and use the model otherwise (``chat``, ``serve``). ``encoder_ok``:
-    an embedding model (BERT) is loaded too (``serve``: embeddings only)."""
-    return _load(args, encoder_ok=encoder_ok)
+    an embedding model (BERT) is loaded too (``serve``: embeddings only).
+    ``batch_invariant``: for the serving engine, which asks for it (:class:`Llama`),
+    so that the warm-up builds the kernels it will run."""
+    return _load(args, encoder_ok=encoder_ok, batch_invariant=batch_invariant)

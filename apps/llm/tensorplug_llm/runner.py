@@ -192,6 +192,11 @@ class Llama:
     extension (the CPU's); left out, a :class:`ThreadGovernor` picks it for generation
     steps from their measured times, so a machine busy with other work does not make
     every parallel kernel wait for its last thread (``threads.py``).
+    ``batch_invariant`` asks every backend that offers the choice (the CPU's
+    ``set_batch_invariant``) to sum each row as if it were alone, so that a sequence's
+    numbers never depend on the sequences decoded beside it, as the server's engine
+    needs; left False, the CPU sums as ggml does, llama.cpp's logits to the bit, which
+    like ggml's depend on how many rows a step holds (:meth:`set_batch_invariant`).
 
     Each new prompt length builds a step graph and plan that are kept; every few of them
     Python's cyclic collector walks the whole process (~150,000 objects with numba
@@ -214,6 +219,7 @@ class Llama:
         on_progress: Callable[[str, int, int], None] | None = None,
         n_threads: int | None = None,
         repack: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         start = time.perf_counter()
         self.repack = repack
@@ -285,6 +291,8 @@ class Llama:
         ]
         if n_threads is not None:
             self.set_n_threads(n_threads)
+        self.batch_invariant = False
+        self.set_batch_invariant(batch_invariant)
         governed = n_threads is None and bool(self._thread_setters) and available_cores() > 1
         if warmup:
             self._progress("warming up", 0, len(WARM_UP_STEPS))
@@ -302,6 +310,20 @@ class Llama:
             raise RunError(f"n_threads must be an integer >= 1, got {n_threads!r}")
         self.governor = None
         self._apply_threads(n_threads)
+
+    def set_batch_invariant(self, invariant: bool) -> None:
+        """Sum each row as if it were alone (True: a sequence's numbers never depend on
+        the sequences in its steps), or in ggml's orders, llama.cpp's bits (False), on
+        every backend whose registration offers ``set_batch_invariant`` (the CPU's;
+        ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER`` overrides it). Backends without the
+        choice are left as they are."""
+        if not isinstance(invariant, bool):
+            raise RunError(f"batch_invariant must be True or False, got {invariant!r}")
+        for backend in self.backends:
+            setter = _extension(backend, "set_batch_invariant")
+            if setter is not None:
+                setter(backend, invariant)
+        self.batch_invariant = invariant
 
     def _apply_threads(self, n_threads: int) -> None:
         if n_threads == self._threads:
@@ -828,13 +850,18 @@ def embedding_model_message(path: object, arch: str) -> str:
 
 
 def _thread_setter(backend: Backend) -> Callable[[Backend, int], None] | None:
-    """ggml's ``set_n_threads`` extension of ``backend``'s registration, if it has one.
+    """ggml's ``set_n_threads`` extension of ``backend``'s registration, if it has one."""
+    return _extension(backend, "set_n_threads")
+
+
+def _extension(backend: Backend, name: str) -> Callable[..., None] | None:
+    """The ``get_proc`` function ``name`` of ``backend``'s registration, if it has one.
     A registration used without being registered (tests, embedders) has no hooks: its
     own ``get_proc`` answers."""
     reg = backend.device.reg
     if reg is None:
         return None
     try:
-        return registry.get_proc(reg, "set_n_threads")
+        return registry.get_proc(reg, name)
     except BackendNotFoundError:
-        return reg.get_proc("set_n_threads")
+        return reg.get_proc(name)

@@ -9,7 +9,16 @@ new plan. Plans bind op parameters when they are built: after changing a
 node's ``op_params`` in place, call ``graph_plan_update`` (or compute a new graph).
 
 Extensions (``get_proc`` names, as in ggml): ``set_n_threads``,
-``set_abort_callback`` and ``get_features``, also under their ``ggml_backend_`` names.
+``set_abort_callback`` and ``get_features``, also under their ``ggml_backend_`` names,
+and ``set_batch_invariant`` (tensorplug's own).
+
+Arithmetic order: by default a backend sums as ggml's CPU code does, llama.cpp's bits
+to the last one, and like ggml's some of those orders depend on how many rows a step
+multiplies (a prompt's rows and a generated token's differ). An application that
+batches independent requests into one step (the LLM server's engine) asks for
+``set_batch_invariant(True)``: every row is then summed as if it were alone, so a
+request's numbers never depend on the others beside it (``settings.GGML_PRODUCT_ORDER``
+overrides both ways).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from .kernels.jit import MAX_SIBLINGS, JitKernels, jit_status, load_jit
 from .kernels.matmul import build_sibling_products
 from .kernels.siblings import sibling_groups
 from .repack import RepackBuffer
+from .settings import GGML_PRODUCT_ORDER
 from .system import ThreadControl, features
 
 if TYPE_CHECKING:
@@ -102,6 +112,7 @@ class CpuGraphPlan(GraphPlan):
 
     def __init__(self, backend: CpuBackend, graph: Graph, key: GraphKey | None = None) -> None:
         super().__init__(backend, graph)
+        self.cpu = backend  # its arithmetic order (CpuBackend.ggml_order) binds the steps
         self.steps: list[Step] = []
         self.nodes: list[Tensor] = []
         self.buffers: tuple[Buffer, ...] = ()
@@ -116,7 +127,7 @@ class CpuGraphPlan(GraphPlan):
     def bind(self, graph: Graph, jit: JitKernels | None, key: GraphKey | None = None) -> None:
         """(Re)build every step for ``graph``; views and scratch are made here, once.
         ``key``: ``graph_key(graph.nodes)`` when the caller has it (~0.3 ms a prompt)."""
-        ctx = BuildContext(jit)
+        ctx = BuildContext(jit, self.cpu.ggml_order)
         steps: list[Step] = []
         nodes: list[Tensor] = []
         buffers: dict[int, Buffer] = {}
@@ -197,6 +208,7 @@ class CpuBackend(Backend):
         self.jit: JitKernels | None = load_jit() if use_jit else None
         self.n_threads: int | None = None
         self.abort_callback: AbortCallback | None = None
+        self.batch_invariant = False  # as an application asked (set_batch_invariant)
         # graph_compute's plans by graph_key, the one it ran last at the end
         self._plans: OrderedDict[GraphKey, CpuGraphPlan] = OrderedDict()
         if n_threads is not None:
@@ -221,6 +233,27 @@ class CpuBackend(Backend):
                 f"set_abort_callback: expected a callable or None, got {callback!r}"
             )
         self.abort_callback = callback
+
+    def set_batch_invariant(self, invariant: bool) -> None:
+        """Whether a row's bits may depend on the rows computed beside it: False (the
+        default) sums as ggml does, llama.cpp's bits; True sums every row as if it were
+        alone (see the module docstring). The plans built in the other order are freed."""
+        if not isinstance(invariant, bool):
+            raise TypeMismatchError(
+                f"set_batch_invariant: expected True or False, got {invariant!r}"
+            )
+        if invariant != self.batch_invariant:
+            self.batch_invariant = invariant
+            for plan in self._plans.values():
+                plan.free()
+            self._plans.clear()
+
+    @property
+    def ggml_order(self) -> bool:
+        """Whether plans built now sum in ggml's orders: the backend's choice
+        (:meth:`set_batch_invariant`) unless ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER`` is set."""
+        forced = GGML_PRODUCT_ORDER.get()
+        return not self.batch_invariant if forced is None else forced
 
     # -- graphs ----------------------------------------------------------------------------
 
@@ -345,6 +378,12 @@ def set_abort_callback(backend: Backend, callback: AbortCallback | None) -> None
     _backend(backend, "set_abort_callback").set_abort_callback(callback)
 
 
+def set_batch_invariant(backend: Backend, invariant: bool) -> None:
+    """tensorplug's own: a row's bits never depend on the rows beside it (True), or
+    ggml's orders, llama.cpp's bits (False, the default)."""
+    _backend(backend, "set_batch_invariant").set_batch_invariant(invariant)
+
+
 def get_features(reg: Any = None) -> dict[str, str]:
     """``ggml_backend_get_features``: BLAS vendor, numpy's SIMD flags, JIT status."""
     return features(jit_status())
@@ -354,3 +393,4 @@ EXTENSIONS: dict[str, Callable[..., Any]] = {}
 for _fn in (set_n_threads, set_abort_callback, get_features):
     EXTENSIONS[_fn.__name__] = _fn
     EXTENSIONS["ggml_backend_" + _fn.__name__] = _fn
+EXTENSIONS[set_batch_invariant.__name__] = set_batch_invariant  # ggml has no such call

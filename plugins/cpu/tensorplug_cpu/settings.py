@@ -93,22 +93,21 @@ EXACT_ATTENTION_ROWS: Setting[int] = Setting(
     example="16",
 )
 
-GGML_PRODUCT_ORDER: Setting[bool] = Setting(
+GGML_PRODUCT_ORDER: Setting[bool | None] = Setting(
     "TENSORPLUG_CPU_GGML_PRODUCT_ORDER",
-    False,
+    None,
     parse_flag,
-    "1 to sum repacked Q5_0, Q8_0 and Q6_K products in ggml's orders (eight float sums a "
-    "row, as vec_dot_q8_0_q8_0; Q6_K from 8 activation rows as ggml's tiled product), "
-    "Q4_K's prompt rows in fours as ggml's four-row gemm, and attention's weights times V "
-    "of two query rows or more in tinyBLAS's order: llama.cpp's bits for those types and "
-    "steps (SmolLM2's and Gemma 3 270M's logits equal to llama.cpp's), at about 2x the "
-    "cost of Q5_0 and Q8_0 products from 4 activation rows up (a Q8_0-heavy model's "
-    "prompts about half as fast), and a row's bits then depend on its step's row count, "
-    "as ggml's do. "
-    "Default 0: each block's sum as one exact integer, one multiply-add a block, and a "
-    "row's bits independent of the rows beside it. Q4_1, Q5_1 and Q4_K's one-row order "
-    "follow ggml's always.",
-    example="1",
+    "the arithmetic order of every CPU backend, over what an application asks of each. "
+    "Unset: ggml's own orders (llama.cpp's bits: Q5_0 and Q8_0 products in eight float "
+    "sums a row as vec_dot_q8_0_q8_0, Q6_K from 8 activation rows as ggml's tiled "
+    "product, Q4_K's rows in ggml's gemm groups of four, the weights times V of two "
+    "query rows or more in tinyBLAS's order, so that a row's bits depend on its step's "
+    "row count as ggml's do), except on a backend an application made batch-invariant "
+    "(the set_batch_invariant extension: the LLM server's engine with more than one "
+    "slot), where each block's sum is one exact integer and a row's bits never depend "
+    "on the rows beside it. 1: ggml's orders everywhere; 0: batch-invariant everywhere "
+    "(Q5_0 and Q8_0 products then cost a tenth to a third less from 4 activation rows).",
+    example="0",
 )
 
 # numba's own variables, read by numba when it is imported: declared here so that they

@@ -20,7 +20,7 @@ from tensorplug.opcodes import RopeMode
 from tensorplug.opmath import alibi_slopes, rope_yarn_corr_dims
 from tensorplug.types import Type
 
-from ..settings import EXACT_ATTENTION_ROWS, GGML_PRODUCT_ORDER
+from ..settings import EXACT_ATTENTION_ROWS
 from ..workers import POOL
 from .common import F32, BuildContext, Step, padded4, sequence, split_rows
 from .elementwise import tiled_operands
@@ -223,12 +223,12 @@ DOT_LANES = 64
 TINYBLAS_LANES = 16
 
 
-def weights_v_lanes(n_q: int) -> int:
-    """The lanes the exact kernel sums a row's weights·V product in: ggml_vec_dot_f32's
-    64 whatever the step (a row's bits then do not depend on the rows beside it), or,
-    under ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER``, ggml's own choice for a step of ``n_q``
-    query rows: tinyBLAS's 16 from two rows on. Read when a graph's plan is built."""
-    if GGML_PRODUCT_ORDER.get() and n_q >= 2:
+def weights_v_lanes(n_q: int, ggml_order: bool) -> int:
+    """The lanes the exact kernel sums a row's weights·V product in: with ``ggml_order``
+    (``CpuBackend.ggml_order``) ggml's own choice for a step of ``n_q`` query rows,
+    tinyBLAS's 16 from two rows on, else ggml_vec_dot_f32's 64 whatever the step (a
+    row's bits then do not depend on the rows beside it)."""
+    if ggml_order and n_q >= 2:
         return TINYBLAS_LANES
     return DOT_LANES
 
@@ -287,7 +287,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
         if bias.dtype == np.float16:
             bias = bias.view(np.uint16)  # read in place through the f16 table
         jit.want_attend_ahead(q_in, k_in, v_in, bias, order, out4)
-        v_lanes = weights_v_lanes(n_q)
+        v_lanes = weights_v_lanes(n_q, ctx.ggml_order)
 
         def run_few() -> None:
             used = n_kv if raw_mask is None else jit.visible_columns(raw_mask)

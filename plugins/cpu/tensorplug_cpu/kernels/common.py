@@ -120,9 +120,12 @@ def _store_bf16(dst: np.ndarray, src: np.ndarray) -> None:
 class BuildContext:
     """Numpy views of a plan's tensors (made once each) and float32 staging buffers."""
 
-    def __init__(self, jit: JitKernels | None = None) -> None:
+    def __init__(self, jit: JitKernels | None = None, ggml_order: bool = False) -> None:
         #: the numba kernels, for builders that have a compiled variant (None: numpy only)
         self.jit = jit
+        #: sum in ggml's orders, whose bits depend on a step's row count, rather than
+        #: each row as if alone (``CpuBackend.ggml_order``)
+        self.ggml_order = ggml_order
         # keyed by id(); the tensor is kept with its view so the id stays unique
         self._views: dict[int, tuple[Tensor, np.ndarray]] = {}
         # scratch memory shared by the plan's nodes: slot k of every node reuses one

@@ -31,7 +31,7 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
-from ..settings import GGML_PRODUCT_ORDER, JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
+from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
 from .attention import DOT_LANES
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
@@ -187,17 +187,19 @@ class JitKernels:
         x: np.ndarray,
         out: np.ndarray,
         scratch: Callable[..., np.ndarray] = np.empty,
+        ggml_order: bool = False,
     ) -> Callable[[], None]:
         """``out[t, o] = W[o]·x[t]`` for weights stored repacked (:mod:`..repack`), rows
         of eight as ``packed`` ``(groups, bytes)``, any number of activation rows ``x``
         (unit-stride float32); ``scratch(shape, dtype)`` gives the Q8_0 activations'
-        room. One thread runs the serial kernel, more the parallel one: each group's
-        sums are the same either way, so the bits are too."""
+        room; ``ggml_order``: sum in ggml's orders (``CpuBackend.ggml_order``). One
+        thread runs the serial kernel, more the parallel one: each group's sums are the
+        same either way, so the bits are too."""
         if out.strides[-1] != 4 or x.strides[-1] != 4:
             raise ValueError("bind_packed: x's and out's rows must be unit-stride float32")
         xq, xd, xs = _packed_scratch(x, t, scratch)
         what = f"repacked {t.name} product kernel"
-        drivers = self._packed_kernels(frozenset((t,)), GGML_PRODUCT_ORDER.get())
+        drivers = self._packed_kernels(frozenset((t,)), ggml_order)
         serial_args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         serial = partial(self._call, f"one-thread {what}", drivers.serial, *serial_args)
         self.want_ahead(drivers.serial, *serial_args)  # a one-thread step comes later
@@ -270,6 +272,7 @@ class JitKernels:
         x: np.ndarray,
         products: Sequence[tuple[Type, np.ndarray, np.ndarray]],
         scratch: Callable[..., np.ndarray] = np.empty,
+        ggml_order: bool = False,
     ) -> Callable[[], None] | None:
         """:meth:`bind_packed` for up to :data:`MAX_SIBLINGS` products ``(t, packed,
         out)`` of the same ``x``, run as one: ``x`` quantized once and, on more than one
@@ -289,11 +292,11 @@ class JitKernels:
         typeof = self.numba.typeof
         if len({typeof(p) for p in packs}) != 1 or len({typeof(o) for o in outs}) != 1:
             return None
-        one_by_one = [self.bind_packed(t, p, x, o, scratch) for t, p, o in products]
+        one_by_one = [self.bind_packed(t, p, x, o, scratch, ggml_order) for t, p, o in products]
         joint = _sibling_args(packs, outs, [t for t, _, _ in products], lambda p: p.shape[0])
         kinds = frozenset(t for t, _, _ in products)
         what = f"repacked sibling products kernel for {'+'.join(sorted(t.name for t in kinds))}"
-        drivers = self._packed_kernels(kinds, GGML_PRODUCT_ORDER.get())
+        drivers = self._packed_kernels(kinds, ggml_order)
         together = partial(self._call, what, drivers.siblings, x, *joint,
                            *_packed_scratch(x, products[0][0], scratch), _F16_TO_F32)  # fmt: skip
         return self._one_by_one_or_together(one_by_one, together)

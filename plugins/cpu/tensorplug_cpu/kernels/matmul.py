@@ -330,7 +330,7 @@ def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
 
         return sequence(load_b, unpacked, store)
     assert jit is not None
-    product = jit.bind_packed(a_t.type, packed_rows(a_t), x, out, ctx.scratch)
+    product = jit.bind_packed(a_t.type, packed_rows(a_t), x, out, ctx.scratch, ctx.ggml_order)
     return sequence(load_b, product, store)
 
 
@@ -442,7 +442,7 @@ def build_sibling_products(
         a = node.src[0]
         products.append((a.type, packed_rows(a) if repacked[0] else ctx.view(a), out))
     if repacked[0]:
-        step = jit.bind_packed_siblings(x, products, ctx.scratch)
+        step = jit.bind_packed_siblings(x, products, ctx.scratch, ctx.ggml_order)
     else:
         step = jit.bind_matvec_siblings(x, products)
     return None if step is None else (step, places)
