@@ -623,6 +623,8 @@ def _lane_pairs_body(lay: PackedLayout) -> Body:
         zero = ir.Constant(v16i, [0] * 16)
         d_w = _scales(builder, blk.base, blk.table)
         d_w2 = builder.shuffle_vector(d_w, d_w, ir.Constant(v16i, list(range(8)) * 2))
+        if len(accs) == 1:
+            return [_one_row(blk, accs[0], d_w2)]
         parts = []
         for values, word, m in operands(blk):
             q = builder.bitcast(values, v16i)
@@ -643,6 +645,30 @@ def _lane_pairs_body(lay: PackedLayout) -> Body:
                 sums[m] = _fmuladd(builder, scale, part, sums[m])
             new.append(sums)
         return new
+
+    def _one_row(blk: _Block, acc: list[Any], d_w2: Any) -> list[Any]:
+        """A tile of one activation row (a generated token's): the other way round, the
+        codes as ``q + 128`` and the activations as they are, the sums starting at
+        ``−128·Σx`` over each of the row's words (one 256-bit ``vpdpbusd`` a block,
+        spread by the ``vpermd`` that spreads the words), where a taller tile shares
+        ``−128·Σq`` among its rows: one ``vpdpbusd`` a 64-byte load instead of two."""
+        builder, b = blk.builder, blk.b
+        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, v16i, v16i, v16i)
+        dp8 = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I, _V8I, _V8I, _V8I)
+        x8 = builder.load(builder.bitcast(blk.x_at(0, b, 0), _V8I.as_pointer()), align=1)
+        ones = builder.bitcast(_splat(_I8, 32, 128), _V8I)
+        sums_x = builder.call(dp8, [ir.Constant(_V8I, [0] * 8), ones, x8])  # 128·Σx a word
+        back = builder.sub(ir.Constant(_V8I, [0] * 8), sums_x)
+        scale = _fixed_mul(builder, d_w2, _splat_scalar(builder, blk.load(blk.xd, 0, b), 16))
+        sums = list(acc)
+        for values, word, m in operands(blk):
+            spread = ir.Constant(v16i, [word] * 8 + [word + 1] * 8)
+            u = builder.bitcast(builder.xor(values, _splat(_I8, 64, 128)), v16i)  # q + 128
+            start = builder.shuffle_vector(back, back, spread)
+            words = builder.shuffle_vector(x8, x8, spread)
+            part = builder.sitofp(builder.call(dp, [start, u, words]), v16f)
+            sums[m] = _fmuladd(builder, scale, part, sums[m])
+        return sums
 
     return body
 
