@@ -103,10 +103,11 @@ GGML_PRODUCT_ORDER: Setting[bool | None] = Setting(
     "product, Q4_K's rows in ggml's gemm groups of four, the weights times V of two "
     "query rows or more in tinyBLAS's order, so that a row's bits depend on its step's "
     "row count as ggml's do), except on a backend an application made batch-invariant "
-    "(the set_batch_invariant extension: the LLM server's engine with more than one "
-    "slot), where each block's sum is one exact integer and a row's bits never depend "
-    "on the rows beside it. 1: ggml's orders everywhere; 0: batch-invariant everywhere "
-    "(Q5_0 and Q8_0 products then cost a tenth to a third less from 4 activation rows).",
+    "(the set_batch_invariant extension, which the LLM engine behind tensorplug serve "
+    "asks for), where each block's sum is one exact integer and a row's bits never "
+    "depend on the rows beside it. 1: ggml's orders everywhere; 0: batch-invariant "
+    "everywhere (Q5_0 and Q8_0 products then cost a tenth to a third less from 4 "
+    "activation rows, a few percent less for one).",
     example="0",
 )
 
