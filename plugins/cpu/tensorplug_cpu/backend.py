@@ -112,7 +112,6 @@ class CpuGraphPlan(GraphPlan):
 
     def __init__(self, backend: CpuBackend, graph: Graph, key: GraphKey | None = None) -> None:
         super().__init__(backend, graph)
-        self.cpu = backend  # its arithmetic order (CpuBackend.ggml_order) binds the steps
         self.steps: list[Step] = []
         self.nodes: list[Tensor] = []
         self.buffers: tuple[Buffer, ...] = ()
@@ -122,12 +121,15 @@ class CpuGraphPlan(GraphPlan):
         self.node_list: list[Tensor] = []
         self.epoch = -1
         self.freed = False
-        self.bind(graph, backend.jit, key)
+        self.bind(graph, backend.jit, backend.ggml_order, key)
 
-    def bind(self, graph: Graph, jit: JitKernels | None, key: GraphKey | None = None) -> None:
+    def bind(
+        self, graph: Graph, jit: JitKernels | None, ggml_order: bool, key: GraphKey | None = None
+    ) -> None:
         """(Re)build every step for ``graph``; views and scratch are made here, once.
+        ``ggml_order``: the backend's arithmetic order (:attr:`CpuBackend.ggml_order`);
         ``key``: ``graph_key(graph.nodes)`` when the caller has it (~0.3 ms a prompt)."""
-        ctx = BuildContext(jit, self.cpu.ggml_order)
+        ctx = BuildContext(jit, ggml_order)
         steps: list[Step] = []
         nodes: list[Tensor] = []
         buffers: dict[int, Buffer] = {}
@@ -261,7 +263,7 @@ class CpuBackend(Backend):
         return CpuGraphPlan(self, graph)
 
     def _graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
-        self._own(plan).bind(graph, self.jit)
+        self._own(plan).bind(graph, self.jit, self.ggml_order)
 
     def _graph_plan_compute(self, plan: GraphPlan) -> Status:
         return self._run(self._own(plan))

@@ -410,13 +410,17 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
     return codegen
 
 
+def _fifth_word(blk: _Block, run: int) -> Any:
+    """The ``i32`` of a Q5_0 or Q5_1 block's fifth bits for its code run ``run``."""
+    b = blk.builder
+    return _word(b, b.gep(blk.base, [_I64(blk.lay.bits_at + 4 * run)]))
+
+
 def _fifth_bits(blk: _Block, run: int) -> Any:
     """Word ``run`` of a Q5_0 or Q5_1 block's fifth bits as ``<32 x i8>`` of 0 or 16: bit ``i`` to
     byte ``i`` (LLVM lowers the ``<32 x i1>`` to one ``vpmovm2b`` with AVX512-BW)."""
     b = blk.builder
-    at = b.gep(blk.base, [_I64(blk.lay.bits_at + 4 * run)])
-    word = b.load(b.bitcast(at, _I32.as_pointer()), align=1)
-    bits = b.bitcast(word, ir.VectorType(ir.IntType(1), 32))
+    bits = b.bitcast(_fifth_word(blk, run), ir.VectorType(ir.IntType(1), 32))
     return b.shl(b.zext(bits, _V32B), _splat(_I8, 32, 4))
 
 
@@ -573,10 +577,7 @@ def _less_16_unless_fifth(blk: _Block, runs: tuple[int, int]) -> Any:
     (bytes 0–31) and ``runs[1]`` (32–63) of the block's fifth bits (as
     :func:`_fifth_bits`, with the offset of 16 folded in: one masked move)."""
     b = blk.builder
-    words = []
-    for run in runs:
-        at = b.gep(blk.base, [_I64(blk.lay.bits_at + 4 * run)])
-        words.append(b.zext(b.load(b.bitcast(at, _I32.as_pointer()), align=1), _I64))
+    words = [b.zext(_fifth_word(blk, run), _I64) for run in runs]
     bits = b.bitcast(b.or_(words[0], b.shl(words[1], _I64(32))), ir.VectorType(ir.IntType(1), 64))
     return b.select(bits, _splat(_I8, 64, 0), _splat(_I8, 64, -blk.lay.offset & 0xFF))
 
@@ -624,7 +625,7 @@ def _lane_pairs_body(lay: PackedLayout) -> Body:
         d_w = _scales(builder, blk.base, blk.table)
         d_w2 = builder.shuffle_vector(d_w, d_w, ir.Constant(v16i, list(range(8)) * 2))
         if len(accs) == 1:
-            return [_one_row(blk, accs[0], d_w2)]
+            return [one_row(blk, accs[0], d_w2)]
         parts = []
         for values, word, m in operands(blk):
             q = builder.bitcast(values, v16i)
@@ -646,7 +647,7 @@ def _lane_pairs_body(lay: PackedLayout) -> Body:
             new.append(sums)
         return new
 
-    def _one_row(blk: _Block, acc: list[Any], d_w2: Any) -> list[Any]:
+    def one_row(blk: _Block, acc: list[Any], d_w2: Any) -> list[Any]:
         """A tile of one activation row (a generated token's): the other way round, the
         codes as ``q + 128`` and the activations as they are, the sums starting at
         ``−128·Σx`` over each of the row's words (one 256-bit ``vpdpbusd`` a block,
@@ -1087,7 +1088,7 @@ def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False,
     if lay.minimum_at >= 0:
         return _tile(lay, n_tok, _vec_dot_order_body(lay), _vec_dot_finish, n_accs,
                      paired=True)  # fmt: skip
-    if n_accs == 8 and lay.type != Type.Q6_K and _ir.HAS_VNNI and _ir.HAS_32_REGS:
+    if n_accs == 8 and _ir.HAS_VNNI and _ir.HAS_32_REGS:  # Q5_0, Q8_0 (Q6_K's came above)
         return _tile(lay, n_tok, _lane_pairs_body(lay), _hsum_8_of_pairs, 4, lanes=16)
     if n_accs == 8:
         return _tile(lay, n_tok, _lane_order_body(lay), _hsum_8, n_accs)
