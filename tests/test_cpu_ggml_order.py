@@ -21,6 +21,8 @@ each float32 step (``fmaf`` exactly, then float32 adds) where ggml takes it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import gguf
 import numpy as np
 import pytest
@@ -159,6 +161,18 @@ def ggml_q4_k_product(x: np.ndarray, raw: np.ndarray) -> np.ndarray:
     return acc - acc_min
 
 
+def _product_graph(dev: Any, t: tp.Type, raw: np.ndarray, x: np.ndarray) -> tp.Graph:
+    """``raw`` (repacked on ``dev``) times ``x``, allocated and filled."""
+    w = tp.new_tensor(t, (raw.shape[0], N_IN), "w")
+    assert tp.alloc_tensors([w], dev.repack_buffer_type(), tp.BufferUsage.WEIGHTS) is not None
+    tp.set_array(w, raw)
+    xt = tp.new_tensor("f32", x.shape, "x")
+    y = ops.mul_mat(w, xt)
+    tp.alloc_tensors([xt, y], tp.host_buffer_type())
+    tp.set_array(xt, x)
+    return tp.Graph(y)
+
+
 def _cpu_product(
     t: tp.Type, raw: np.ndarray, x: np.ndarray, batch_invariant: bool = False
 ) -> np.ndarray:
@@ -168,15 +182,9 @@ def _cpu_product(
     dev = reg.device(0)
     backend = dev.init_backend()
     reg.get_proc("set_batch_invariant")(backend, batch_invariant)
-    w = tp.new_tensor(t, (raw.shape[0], N_IN), "w")
-    assert tp.alloc_tensors([w], dev.repack_buffer_type(), tp.BufferUsage.WEIGHTS) is not None  # type: ignore[attr-defined]
-    tp.set_array(w, raw)
-    xt = tp.new_tensor("f32", x.shape, "x")
-    y = ops.mul_mat(w, xt)
-    tp.alloc_tensors([xt, y], tp.host_buffer_type())
-    tp.set_array(xt, x)
-    backend.graph_compute(tp.Graph(y))
-    return tp.get_array(y)
+    graph = _product_graph(dev, t, raw, x)
+    backend.graph_compute(graph)
+    return tp.get_array(graph.nodes[-1])
 
 
 def _weights(t: tp.Type, n_out: int) -> np.ndarray:
@@ -265,19 +273,12 @@ def test_set_batch_invariant_refuses_a_non_bool_and_rebuilds_the_graphs_it_ran(
     backend = dev.init_backend()
     with pytest.raises(TypeMismatchError, match="set_batch_invariant: expected True or False"):
         backend.set_batch_invariant(1)  # type: ignore[attr-defined]
-    w = tp.new_tensor(tp.Type.Q4_K, (raw.shape[0], N_IN), "w")
-    tp.alloc_tensors([w], dev.repack_buffer_type(), tp.BufferUsage.WEIGHTS)  # type: ignore[attr-defined]
-    tp.set_array(w, raw)
-    xt = tp.new_tensor("f32", x.shape, "x")
-    y = ops.mul_mat(w, xt)
-    tp.alloc_tensors([xt, y], tp.host_buffer_type())
-    tp.set_array(xt, x)
-    graph = tp.Graph(y)
+    graph = _product_graph(dev, tp.Type.Q4_K, raw, x)
     got = []
     for invariant in (False, True, False):
         backend.set_batch_invariant(invariant)  # type: ignore[attr-defined]
         backend.graph_compute(graph)
-        got.append(tp.get_array(y).copy())
+        got.append(tp.get_array(graph.nodes[-1]).copy())
     np.testing.assert_array_equal(got[0], ggml_q4_k_product(x, raw))
     np.testing.assert_array_equal(got[1], _cpu_product(tp.Type.Q4_K, raw, x, True))
     np.testing.assert_array_equal(got[2], got[0])

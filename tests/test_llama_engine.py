@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,17 +35,17 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("engine") / "tiny.gguf", "q8_0", SEED)
 
 
+def _tiny(model_file: Path, **options: Any) -> Llama:
+    """The tiny model on the CPU, one thread, as an engine runs it (batch-invariant:
+    ``Engine`` makes it so), so that references computed on it before an engine exists
+    are the engine's arithmetic."""
+    return Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1,
+                 batch_invariant=True, **options)  # fmt: skip
+
+
 @pytest.fixture
 def llama(model_file: Path) -> Iterator[Llama]:
-    """The tiny model as an engine runs it (batch-invariant: ``Engine`` makes it so), so
-    that references computed on it before an engine exists are the engine's arithmetic."""
-    m = Llama(
-        model_file,
-        placement=Placement.on(host_cpu(), 2),
-        n_threads=1,
-        batch_invariant=True,
-        kv_pad=32,
-    )
+    m = _tiny(model_file, kv_pad=32)
     yield m
     m.close()
 
@@ -318,14 +319,7 @@ def test_a_burst_sharing_a_system_prompt_computes_it_once(llama: Llama) -> None:
 def test_eviction_takes_idle_slots_least_recently_used_never_a_running_one(
     model_file: Path,
 ) -> None:
-    m = Llama(
-        model_file,
-        placement=Placement.on(host_cpu(), 2),
-        n_threads=1,
-        batch_invariant=True,
-        n_ctx=64,
-        kv_pad=16,
-    )
+    m = _tiny(model_file, n_ctx=64, kv_pad=16)
     try:
         a, b, c, d = _prompts(4, seed=4)
         a, b, c, d = a[:12] + [5] * (12 - len(a)), b[:10], [*c[:4], 7, 8], [*d[:3], 9] * 6
@@ -430,14 +424,7 @@ def test_requests_that_outgrow_the_cache_the_newest_is_preempted_and_resumes(
     the newer gives its cells up and waits; the older runs until the context is full,
     then the newer resumes (its prompt and generated tokens evaluated again) and both
     match the single-sequence runner, token for token."""
-    m = Llama(
-        model_file,
-        placement=Placement.on(host_cpu(), 2),
-        n_threads=1,
-        batch_invariant=True,
-        n_ctx=32,
-        kv_pad=16,
-    )
+    m = _tiny(model_file, n_ctx=32, kv_pad=16)
     try:
         a, b = [3, *range(270, 277)], [4, *range(280, 287)]
         want_a, want_b = _reference(m, a, 100), _reference(m, b, 100)
@@ -464,14 +451,7 @@ def test_a_preempted_request_gives_up_only_the_cells_needed_and_resumes_from_the
     is preempted, but the older needs only a few more cells before it ends, so only
     the newer's last cells are freed (vLLM evicts a sequence's blocks tail first); it
     resumes from the prefix left and recomputes just those few tokens."""
-    m = Llama(
-        model_file,
-        placement=Placement.on(host_cpu(), 2),
-        n_threads=1,
-        batch_invariant=True,
-        n_ctx=32,
-        kv_pad=16,
-    )
+    m = _tiny(model_file, n_ctx=32, kv_pad=16)
     try:
         a, b = [3, *range(270, 277)], [4, *range(280, 287)]
         want_a, want_b = _reference(m, a, 11), _reference(m, b, 20)
@@ -496,14 +476,7 @@ def test_many_requests_over_a_small_cache_all_complete_as_one_at_a_time(
     the constrained one with its constraint's state (both are the newest: preempted)."""
     from tensorplug_llm.sampling import SamplingParams, TokenSampler
 
-    m = Llama(
-        model_file,
-        placement=Placement.on(host_cpu(), 2),
-        n_threads=1,
-        batch_invariant=True,
-        n_ctx=64,
-        kv_pad=16,
-    )
+    m = _tiny(model_file, n_ctx=64, kv_pad=16)
     try:
         prompts = [[3 + i, *range(200 + 10 * i, 206 + 10 * i)] for i in range(6)]
         want = [_reference(m, p, 24) for p in prompts]
@@ -543,14 +516,7 @@ def test_many_requests_over_a_small_cache_all_complete_as_one_at_a_time(
 
 
 def test_a_request_longer_than_the_context_is_refused_naming_n_ctx(model_file: Path) -> None:
-    m = Llama(
-        model_file,
-        placement=Placement.on(host_cpu(), 2),
-        n_threads=1,
-        batch_invariant=True,
-        n_ctx=32,
-        kv_pad=16,
-    )
+    m = _tiny(model_file, n_ctx=32, kv_pad=16)
     try:
         engine = Engine(m, n_parallel=2)
         with pytest.raises(
@@ -723,9 +689,7 @@ def test_embeddings_run_beside_generation_and_equal_llama_embed(
     texts = _prompts(3, seed=13)
     gen_prompts = _prompts(2, seed=14)
     want_gen = [_reference(llama, p, 8) for p in gen_prompts]
-    with Llama(
-        model_file, placement=Placement.on(host_cpu(), 2), n_threads=1, batch_invariant=True
-    ) as other:
+    with _tiny(model_file) as other:
         want = {(i, kind): other.embed(t, kind) for i, t in enumerate(texts)
                 for kind in ("mean", "cls", "last")}  # fmt: skip
     llama.reset()
@@ -776,13 +740,7 @@ def test_warm_up_builds_the_first_steps_and_leaves_the_cache_empty(model_file: P
     and 20 tokens, run padded at 8 and 24 rows) and its decode steps build no graph
     while the cache stays within its first ``kv_pad`` rows; the warm-up left the cache
     empty, and the answers are the single-sequence runner's."""
-    m = Llama(
-        model_file,
-        placement=Placement.on(host_cpu(), 2),
-        n_threads=1,
-        batch_invariant=True,
-        kv_pad=64,
-    )
+    m = _tiny(model_file, kv_pad=64)
     try:
         prompts = [p[:7] + [5] * (7 - len(p[:7])) for p in _prompts(2, seed=9)]
         prompts[1] = (prompts[1] * 3)[:20]
@@ -805,13 +763,7 @@ def test_warm_up_builds_the_steps_past_the_first_kv_pad_rows_too(model_file: Pat
     first tokens of SmolLM2's second requests). The warm-up builds the steps of the next
     ``n_kv`` too: two requests that fill 96 cells of a ``kv_pad`` of 64 build no graph
     and answer as the single-sequence runner does."""
-    m = Llama(
-        model_file,
-        placement=Placement.on(host_cpu(), 2),
-        n_threads=1,
-        batch_invariant=True,
-        kv_pad=64,
-    )
+    m = _tiny(model_file, kv_pad=64)
     try:
         prompts = [(p * 8)[:24] for p in _prompts(2, seed=11)]
         want = [_reference(m, p, 24) for p in prompts]
