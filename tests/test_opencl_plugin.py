@@ -116,15 +116,30 @@ def test_score_is_zero_with_a_reason_without_pyopencl(monkeypatch: pytest.Monkey
     assert value == 0 and "pip install pyopencl" in reason
 
 
+@pytest.fixture
+def drivers_asked_afresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The plugin's device list forgotten and kept nowhere: score() asks the (fake)
+    drivers; forgotten again after, so that later tests ask the real ones."""
+    from tensorplug_opencl.listing import DEVICES
+
+    monkeypatch.setenv("TENSORPLUG_DEVICE_CACHE", "0")
+    DEVICES.forget()
+    yield
+    DEVICES.forget()
+
+
 def _fake_pyopencl(monkeypatch: pytest.MonkeyPatch, get_platforms: Any) -> None:
     import importlib.util
 
     fake = types.ModuleType("pyopencl")
     fake.get_platforms = get_platforms  # type: ignore[attr-defined]
+    fake.Error = RuntimeError  # type: ignore[attr-defined]
+    fake.device_type = types.SimpleNamespace(CPU=2, GPU=4)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "pyopencl", fake)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
 
 
+@pytest.mark.usefixtures("drivers_asked_afresh")
 def test_score_is_zero_without_a_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_platform() -> list[Any]:
         raise RuntimeError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
@@ -135,12 +150,13 @@ def test_score_is_zero_without_a_platform(monkeypatch: pytest.MonkeyPatch) -> No
     assert "PLATFORM_NOT_FOUND_KHR" in reason and "pocl-binary-distribution" in reason
 
 
+@pytest.mark.usefixtures("drivers_asked_afresh")
 def test_score_is_zero_when_platforms_have_no_device(monkeypatch: pytest.MonkeyPatch) -> None:
     class Platform:
         name = "Empty"
 
         def get_devices(self) -> list[Any]:
-            raise RuntimeError("DEVICE_NOT_FOUND")
+            raise RuntimeError("DEVICE_NOT_FOUND")  # the fake's cl.Error
 
     _fake_pyopencl(monkeypatch, lambda: [Platform()])
     value, reason = score()
@@ -188,10 +204,11 @@ def test_the_host_cpu_through_two_pocls_is_listed_once_through_the_newest(
 
 
 def test_score_counts_devices_here() -> None:
+    """Each device once: the host CPU through two PoCLs is one."""
     _require_device()
-    import pyopencl as cl
+    from tensorplug_kernels.opencl_devices import opencl_devices
 
-    n = sum(len(p.get_devices()) for p in cl.get_platforms())
+    n = len(opencl_devices())
     value, reason = score()
     assert value > 0 and reason.startswith(f"{n} OpenCL device")
 

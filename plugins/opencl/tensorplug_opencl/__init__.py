@@ -1,8 +1,9 @@
 """tensorplug-opencl: a tensorplug backend for every OpenCL device, through pyopencl.
 
 Importing this module is cheap: it defines the registration the ``tensorplug.backends``
-entry point names and nothing else. pyopencl is imported only by :func:`score` (to ask
-the driver whether any device exists) and by the backend itself once it is chosen.
+entry point names and nothing else. :func:`score` reads the device list kept from an
+earlier process where the drivers are unchanged, else asks them (importing pyopencl);
+a device asks its driver when it is first used (:mod:`.listing`).
 """
 
 from __future__ import annotations
@@ -24,21 +25,15 @@ def score() -> tuple[int, str]:
     if importlib.util.find_spec("pyopencl") is None:
         return 0, "pyopencl is not installed (pip install pyopencl)"
     try:
-        import pyopencl as cl
+        from .listing import DEVICES
 
-        platforms = cl.get_platforms()
+        devices = DEVICES.records()
     except Exception as e:  # no ICD loader, no platform: the driver is missing
         return 0, f"no OpenCL platform found ({e}); {_NO_DRIVER_HINT}"
-    count = 0
-    for platform in platforms:
-        try:
-            count += len(platform.get_devices())
-        except Exception:
-            continue
-    if count == 0:
-        return 0, f"OpenCL platforms found but no devices; {_NO_DRIVER_HINT}"
-    names = ", ".join(p.name.strip() for p in platforms)
-    return 10, f"{count} OpenCL device(s) on {names}"
+    if not devices:
+        return 0, f"no devices on any OpenCL platform; {_NO_DRIVER_HINT}"
+    names = ", ".join(dict.fromkeys(str(d["platform"]) for d in devices))
+    return 10, f"{len(devices)} OpenCL device(s) on {names}"
 
 
 registration = Registration(

@@ -1,22 +1,27 @@
 """One tensorplug device per OpenCL device, over the runtime base's :class:`GPUDevice`.
 
-Each device has its own context (so its buffers and its program belong to it alone)
-and a transfer queue for synchronous buffer operations. Everything the driver says
-about the device is read once, into :class:`DeviceInfo`. PoCL and other drivers
-allocate lazily, so free memory is the total less what this plugin holds, unless the
-driver can say (AMD).
+Everything the driver says about a device is read once, into :class:`DeviceInfo`,
+which the plugin's device list keeps between processes (:mod:`.listing`): a device is
+described without asking the driver. It is opened when first used: its context (so its
+buffers and its program belong to it alone) and a transfer queue for synchronous buffer
+operations. PoCL and other drivers allocate lazily, so free memory is the total less
+what this plugin holds, unless the driver can say (AMD).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tensorplug.backend import Event
 from tensorplug.device import DeviceCaps, DeviceType
 from tensorplug.tensor import Tensor
 from tensorplug_kernels import Limits
 from tensorplug_kernels.runtime import OFFLOAD_MIN_BATCH, GPUDevice, pci_address
+from tensorplug_kernels.runtime.probe import Record
 
 from .backend import OpenCLBackend
 from .buffer import OpenCLBuffer
@@ -58,6 +63,24 @@ class DeviceInfo:
         while wg > self.max_work_group:
             wg //= 2
         return max(wg, 1)
+
+    def record(self) -> Record:
+        """The info as JSON values (the device type by its value)."""
+        return {**dataclasses.asdict(self), "type": self.type.value}
+
+    @classmethod
+    def from_record(cls, record: Record) -> DeviceInfo:
+        """The info a :meth:`record` holds; a KeyError, TypeError or ValueError where it
+        holds other fields or values of other types (another plugin version wrote it)."""
+        hints = typing.get_type_hints(cls)
+        if set(record) != set(hints):
+            raise KeyError(f"fields {sorted(set(record) ^ set(hints))}")
+        values = {**record, "type": DeviceType(record["type"])}
+        for name, value in values.items():
+            kind = hints[name]
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise TypeError(f"{name}: {value!r} is not {kind}")
+        return cls(**values)
 
 
 def _device_type(dev: Any) -> DeviceType:
@@ -140,22 +163,26 @@ def build_options(info: DeviceInfo) -> list[str]:
     return opts
 
 
+class _Opened(NamedTuple):
+    cl_device: Any
+    context: Any
+    transfer_queue: Any
+
+
 class OpenCLDevice(GPUDevice):
-    """An OpenCL device seen as ``OpenCL<index>``."""
+    """An OpenCL device seen as ``OpenCL<index>``, described by its :class:`DeviceInfo`
+    and opened (asked of the driver) when first used."""
 
     reg: OpenCLReg
     backend_class = OpenCLBackend
     buffer_class = OpenCLBuffer
     noun = "device"
 
-    def __init__(self, reg: OpenCLReg, index: int, cl_device: Any) -> None:
-        import pyopencl as cl
-
+    def __init__(self, reg: OpenCLReg, index: int, info: DeviceInfo) -> None:
         super().__init__(reg, index)
-        self.cl_device = cl_device
-        self.info = info = read_device_info(cl_device)
-        self.context = cl.Context([cl_device])
-        self.transfer_queue = cl.CommandQueue(self.context, cl_device)
+        self.info = info
+        self._opened: _Opened | None = None
+        self._open_lock = threading.Lock()
         self.limits = Limits(
             wg=info.wg,
             local_mem=info.local_mem,
@@ -165,9 +192,46 @@ class OpenCLDevice(GPUDevice):
             scratch=True,
         )
         self.alignment, self.max_alloc = info.alignment, info.max_alloc
-        # TypeError, ValueError: what pyopencl raises for arguments it cannot set
-        self.driver_errors = (cl.Error, TypeError, ValueError)
         self._allocated = 0
+
+    def _open(self) -> _Opened:
+        """The driver's device, a context and a transfer queue: made on first use."""
+        if self._opened is None:
+            with self._open_lock:
+                if self._opened is None:
+                    import pyopencl as cl
+
+                    from .listing import DEVICES
+
+                    # TypeError, ValueError: what pyopencl raises for arguments it cannot set
+                    self.driver_errors = (cl.Error, TypeError, ValueError)
+                    with self.driver("opening the device"):
+                        cl_device = DEVICES.open(self.index)
+                        context = cl.Context([cl_device])
+                        queue = cl.CommandQueue(context, cl_device)
+                        self._opened = _Opened(cl_device, context, queue)
+        return self._opened
+
+    @property
+    def opened(self) -> bool:
+        """Whether the driver has been asked for this device in this process."""
+        return self._opened is not None
+
+    @property
+    def cl_device(self) -> Any:
+        """pyopencl's device (the device is opened if it was not)."""
+        return self._open().cl_device
+
+    @property
+    def context(self) -> Any:
+        """The device's own context (the device is opened if it was not)."""
+        return self._open().context
+
+    @property
+    def transfer_queue(self) -> Any:
+        """The queue of synchronous buffer operations (the device is opened if it was
+        not)."""
+        return self._open().transfer_queue
 
     @property
     def description(self) -> str:

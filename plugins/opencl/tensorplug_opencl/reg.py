@@ -6,7 +6,8 @@ from __future__ import annotations
 from tensorplug_kernels.opencl_devices import opencl_devices
 from tensorplug_kernels.runtime import GPUReg, process_wide
 
-from .device import OpenCLDevice
+from .device import DeviceInfo, OpenCLDevice
+from .listing import DEVICES
 
 __all__ = ["OpenCLReg", "create_reg", "discover_devices"]
 
@@ -22,7 +23,10 @@ class OpenCLReg(GPUReg):
     _devices: list[OpenCLDevice]
 
     def __init__(self) -> None:
-        self._devices = [OpenCLDevice(self, i, d) for i, d in enumerate(discover_devices())]
+        records = DEVICES.records()
+        self._devices = [
+            OpenCLDevice(self, i, DeviceInfo.from_record(r)) for i, r in enumerate(records)
+        ]
 
     def features(self) -> dict[str, str]:
         import pyopencl as cl

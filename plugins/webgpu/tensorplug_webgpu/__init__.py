@@ -3,8 +3,9 @@
 WebGPU (wgpu-native, through the ``wgpu`` package) runs on Vulkan (NVIDIA, AMD, Intel,
 and Mesa's software lavapipe), Metal and Direct3D 12, so one plugin reaches every GPU
 vendor. Importing this module is cheap: it defines the registration the
-``tensorplug.backends`` entry point names. ``wgpu`` is imported by :func:`score` (to
-ask which adapters exist) and by the backend once it is chosen.
+``tensorplug.backends`` entry point names. :func:`score` reads the device list kept
+from an earlier process where the drivers are unchanged, else asks wgpu; a device
+requests its adapter when it is first used (:mod:`.listing`).
 """
 
 from __future__ import annotations
@@ -27,16 +28,14 @@ def score() -> tuple[int, str]:
     if importlib.util.find_spec("wgpu") is None:
         return 0, "wgpu is not installed (pip install wgpu)"
     try:
-        from .adapters import compute_adapters
+        from .listing import DEVICES
 
-        adapters = compute_adapters()
+        adapters = [record["info"] for record in DEVICES.records()]
     except Exception as e:  # wgpu-native could not load or start: no usable driver
         return 0, f"wgpu could not list adapters ({type(e).__name__}: {e}); {_NO_ADAPTER_HINT}"
     if not adapters:
         return 0, f"wgpu found no Vulkan, Metal or Direct3D 12 adapter; {_NO_ADAPTER_HINT}"
-    found = "; ".join(
-        f"{a.info['device']} ({a.info['backend_type']}, {a.info['adapter_type']})" for a in adapters
-    )
+    found = "; ".join(f"{a['device']} ({a['backend_type']}, {a['adapter_type']})" for a in adapters)
     return 10, f"{len(adapters)} WebGPU adapter(s): {found}"
 
 

@@ -1,7 +1,10 @@
 """One tensorplug device per WebGPU adapter, over the runtime base's :class:`GPUDevice`.
 
 Each adapter gets its own ``wgpu.GPUDevice`` with the adapter's largest buffer and
-binding limits (WebGPU's defaults are lower than most hardware). WebGPU does not say
+binding limits (WebGPU's defaults are lower than most hardware). A device is described
+by the record the plugin's device list keeps between processes (:mod:`.listing`): its
+adapter's info and features and its device's limits; the adapter and device are
+requested when it is first used. WebGPU does not say
 how much memory a device has: a CPU adapter (lavapipe) computes in host memory, so it
 reports the host's; a GPU reports the host's memory too, as the bound the API gives
 (no adapter may hold more than the machine can address), less what this plugin holds.
@@ -14,7 +17,7 @@ for PoCL); it is used when named (``--device WebGPU0``).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -24,6 +27,7 @@ from tensorplug.tensor import Tensor
 from tensorplug.types import Type
 from tensorplug_kernels import Limits
 from tensorplug_kernels.runtime import OFFLOAD_MIN_BATCH, GPUDevice
+from tensorplug_kernels.runtime.probe import Record
 
 from .backend import WebGPUBackend
 from .buffer import WebGPUBuffer, word_span
@@ -45,14 +49,6 @@ _ADAPTER_TYPES = {
     "CPU": DeviceType.CPU,
 }
 
-#: Limits asked of the device at the adapter's own values (WebGPU starts at defaults).
-_RAISED_LIMITS = (
-    "max-buffer-size",
-    "max-storage-buffer-binding-size",
-    "max-storage-buffers-per-shader-stage",
-    "max-compute-workgroups-per-dimension",
-)
-
 
 def adapter_type(info: dict[str, Any]) -> DeviceType:
     """The tensorplug device type of an adapter (unknown kinds are used only when named)."""
@@ -64,26 +60,28 @@ def adapter_type(info: dict[str, Any]) -> DeviceType:
 NOT_PORTED = frozenset({Type.IQ4_NL, Type.IQ4_XS})
 
 
+class _Opened(NamedTuple):
+    adapter: Any
+    gpu: Any
+    fence: Any
+
+
 class WebGPUDevice(GPUDevice):
-    """A WebGPU adapter seen as ``WebGPU<index>``."""
+    """A WebGPU adapter seen as ``WebGPU<index>``, described by its record and opened
+    (adapter and device requested) when first used."""
 
     reg: WebGPUReg
     backend_class = WebGPUBackend
     buffer_class = WebGPUBuffer
     noun = "device"
 
-    def __init__(self, reg: WebGPUReg, index: int, adapter: Any) -> None:
-        import wgpu
-
+    def __init__(self, reg: WebGPUReg, index: int, record: Record) -> None:
         super().__init__(reg, index)
-        self.adapter = adapter
-        self.info: dict[str, Any] = dict(adapter.info)
-        limits = adapter.limits
-        self.gpu = adapter.request_device_sync(
-            required_limits={k: limits[k] for k in _RAISED_LIMITS if k in limits},
-            label=f"tensorplug {reg.runtime}{index}",
-        )
-        self.wgpu_limits: dict[str, int] = dict(self.gpu.limits)
+        self.info: dict[str, Any] = dict(record["info"])
+        self.features: frozenset[str] = frozenset(record["features"])
+        self.wgpu_limits: dict[str, int] = dict(record["limits"])
+        self._opened: _Opened | None = None
+        self._open_lock = threading.Lock()
         self.limits = Limits(
             wg=min(WG, self.wgpu_limits["max-compute-invocations-per-workgroup"]),
             local_mem=self.wgpu_limits["max-compute-workgroup-storage-size"],
@@ -93,12 +91,41 @@ class WebGPUDevice(GPUDevice):
         # the largest binding, in whole 256-byte units, and where bindings may start
         self.binding_window = self.wgpu_limits["max-storage-buffer-binding-size"] & ~255
         self.binding_alignment = self.wgpu_limits["min-storage-buffer-offset-alignment"]
-        self.driver_errors = (wgpu.GPUError,)
-        self._fence = self.gpu.create_buffer(
-            size=4, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
-        )
         self._allocated = 0
         self._alloc_lock = threading.Lock()
+
+    def _open(self) -> _Opened:
+        """The adapter, its device and the fence word: requested on first use."""
+        if self._opened is None:
+            with self._open_lock:
+                if self._opened is None:
+                    import wgpu
+
+                    from .listing import DEVICES
+
+                    self.driver_errors = (wgpu.GPUError,)
+                    adapter, gpu = DEVICES.open(self.index)
+                    with self.driver("opening the device"):
+                        fence = gpu.create_buffer(
+                            size=4, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
+                        )
+                    self._opened = _Opened(adapter, gpu, fence)
+        return self._opened
+
+    @property
+    def opened(self) -> bool:
+        """Whether the adapter has been requested for this device in this process."""
+        return self._opened is not None
+
+    @property
+    def adapter(self) -> Any:
+        """wgpu's adapter (the device is opened if it was not)."""
+        return self._open().adapter
+
+    @property
+    def gpu(self) -> Any:
+        """wgpu's device (opened if it was not)."""
+        return self._open().gpu
 
     @property
     def description(self) -> str:
@@ -177,7 +204,7 @@ class WebGPUDevice(GPUDevice):
         """Wait until the queue has finished what was submitted: by reading a word back,
         which completes after it (wgpu 0.32's on_submitted_work_done_sync does not work
         with the wgpu-native it ships)."""
-        self.gpu.queue.read_buffer(self._fence, 0, 4)
+        self.gpu.queue.read_buffer(self._open().fence, 0, 4)
 
     def clear(self, mem: Any, offset: int, size: int) -> None:
         """Zero whole words of ``mem``."""

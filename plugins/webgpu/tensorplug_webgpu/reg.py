@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tensorplug_kernels.runtime import GPUReg, process_wide
 
-from .adapters import compute_adapters
 from .device import WebGPUDevice
+from .listing import DEVICES
 
 __all__ = ["WebGPUReg", "create_reg"]
 
@@ -17,7 +17,7 @@ class WebGPUReg(GPUReg):
     _devices: list[WebGPUDevice]
 
     def __init__(self) -> None:
-        self._devices = [WebGPUDevice(self, i, a) for i, a in enumerate(compute_adapters())]
+        self._devices = [WebGPUDevice(self, i, r) for i, r in enumerate(DEVICES.records())]
 
     def features(self) -> dict[str, str]:
         import wgpu
@@ -28,7 +28,7 @@ class WebGPUReg(GPUReg):
             feats[dev.name] = (
                 f"{dev.description}; max buffer {lim['max-buffer-size']} bytes, max binding "
                 f"{lim['max-storage-buffer-binding-size']} bytes; shader-f16 "
-                f"{'yes' if 'shader-f16' in dev.adapter.features else 'no'} (not needed)"
+                f"{'yes' if 'shader-f16' in dev.features else 'no'} (not needed)"
             )
         return feats
 

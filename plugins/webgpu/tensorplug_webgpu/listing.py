@@ -1,0 +1,86 @@
+"""The WebGPU devices, kept between processes (a
+:class:`~tensorplug_kernels.runtime.probe.DeviceProbe`).
+
+Listing wgpu's adapters imports wgpu-native (0.16 s, most of it cffi parsing wgpu's C
+declarations) and starts every Vulkan driver; requesting a device of each, to learn its
+limits, starts the device. That was 0.37 s and 30–70 MB in every process that loaded the
+plugins, although on most machines without a GPU the one adapter is lavapipe, a software
+device no default placement uses. :data:`DEVICES` describes the devices from the kept
+list while nothing the drivers depend on has changed (the Vulkan manifests and the
+libraries they name, wgpu's version, the device nodes, the boot, the driver variables);
+a device is opened, its adapter and device requested again, when first used.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tensorplug_kernels.runtime.probe import DeviceProbe, Record, driver_key
+
+from .adapters import compute_adapters
+
+__all__ = ["DEVICES", "RAISED_LIMITS", "VULKAN_FOLDERS", "check", "probe", "request_device"]
+
+#: Limits asked of the device at the adapter's own values (WebGPU starts at defaults).
+RAISED_LIMITS = (
+    "max-buffer-size",
+    "max-storage-buffer-binding-size",
+    "max-storage-buffers-per-shader-stage",
+    "max-compute-workgroups-per-dimension",
+)
+
+#: Where Vulkan's loader finds drivers and the layers that reorder or hide them.
+VULKAN_FOLDERS = tuple(
+    f"{base}/vulkan/{kind}"
+    for base in ("/etc", "/usr/share", "/usr/local/share")
+    for kind in ("icd.d", "implicit_layer.d")
+)
+
+
+def request_device(adapter: Any, label: str) -> Any:
+    """The adapter's device, with :data:`RAISED_LIMITS` at the adapter's values."""
+    limits = adapter.limits
+    return adapter.request_device_sync(
+        required_limits={k: limits[k] for k in RAISED_LIMITS if k in limits}, label=label
+    )
+
+
+def probe() -> list[tuple[Record, Any]]:
+    """Each compute adapter as a record (its info, features and its device's limits) and
+    ``(adapter, device)``."""
+    found = []
+    for index, adapter in enumerate(compute_adapters()):
+        gpu = request_device(adapter, f"tensorplug WebGPU{index}")
+        record = {
+            "info": dict(adapter.info),
+            "features": sorted(adapter.features),
+            "limits": dict(gpu.limits),
+        }
+        found.append((record, (adapter, gpu)))
+    return found
+
+
+def check(record: Record) -> None:
+    """Raise where a kept record is not what :func:`probe` writes."""
+    info, features, limits = record["info"], record["features"], record["limits"]
+    if not (
+        isinstance(info, dict)
+        and isinstance(features, list)
+        and all(isinstance(f, str) for f in features)
+        and isinstance(limits, dict)
+        and all(isinstance(v, int) for v in limits.values())
+    ):
+        raise TypeError("a WebGPU record holds info (dict), features (list), limits (dict)")
+
+
+def _key() -> str:
+    home = os.path.expanduser("~/.local/share/vulkan")
+    data = os.environ.get("XDG_DATA_DIRS", "").split(os.pathsep)
+    folders = [*VULKAN_FOLDERS, f"{home}/icd.d", f"{home}/implicit_layer.d"]
+    folders += [f"{d}/vulkan/icd.d" for d in data if d]
+    return driver_key("WebGPU", ("wgpu",), folders)
+
+
+#: The process's WebGPU device list.
+DEVICES: DeviceProbe[Any] = DeviceProbe("WebGPU", probe, _key, check=check)
