@@ -142,6 +142,10 @@ def test_the_default_folder_is_the_users_cache(
     monkeypatch.setenv("TENSORPLUG_DEVICE_CACHE", " ")  # blank: unset
     assert cache_folder() == Path.home() / ".cache" / "tensorplug"
     assert DEVICE_CACHE.get({"TENSORPLUG_DEVICE_CACHE": "off"}) is False
+    monkeypatch.setenv("TENSORPLUG_DEVICE_CACHE", "1")  # on: the default folder, not "./1"
+    assert cache_folder() == Path.home() / ".cache" / "tensorplug"
+    monkeypatch.setenv("TENSORPLUG_DEVICE_CACHE", "~/elsewhere ")
+    assert cache_folder() == Path.home() / "elsewhere"
 
 
 def test_a_folder_that_cannot_be_written_only_costs_the_asking(

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from tensorplug.errors import TensorplugError
-from tensorplug.settings import Setting
+from tensorplug.settings import Setting, parse_flag
 
 __all__ = [
     "DEVICE_CACHE",
@@ -77,10 +77,12 @@ _DEVICE_NODES = ("/dev/dri", "/dev/kfd", "/dev/nvidiactl", "/dev/nvidia0", "/dev
 
 
 def _folder(value: str) -> Path | bool:
-    """``0`` (off, no, false): False; anything else names a folder."""
-    if value.strip().lower() in ("0", "off", "no", "false"):
-        return False
-    return Path(value).expanduser()
+    """A flag's words (``0``, ``off``…: False; ``1``, ``on``…: True, the default folder),
+    else a folder's path."""
+    try:
+        return parse_flag(value)
+    except ValueError:
+        return Path(value.strip()).expanduser()
 
 
 def cache_folder() -> Path | None:
@@ -104,8 +106,8 @@ DEVICE_CACHE: Setting[Path | bool] = Setting(
     "LLVM, Vulkan: about 0.4 s and 120 MB a launch on a machine with only software "
     "devices). The list is asked again when a driver package, manifest, device node or "
     "driver variable changes, and checked when a device is first used. Unset: "
-    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug; 0 to ask the drivers in "
-    "every process.",
+    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to ask the drivers "
+    "in every process.",
     example="0",
 )
 
