@@ -167,14 +167,15 @@ def test_the_driver_key_follows_what_the_drivers_depend_on(tmp_path: Path) -> No
     (icd / "driver.json").write_text(json.dumps({"ICD": {"library_path": str(library)}}))
 
     def key(env: dict[str, str], packages: tuple[str, ...] = ("numpy",)) -> str:
-        return driver_key("Fake", packages, [str(icd)], env)
+        return driver_key("Fake", packages, [str(icd)], ("VK_", "MESA_"), env)
 
     base = key({"HOME": "/root"})
     assert key({"HOME": "/elsewhere"}) == base  # a variable drivers do not read
+    assert key({"OCL_ICD_VENDORS": "/etc/x"}) == base  # another runtime's variable
     assert key({"VK_ICD_FILENAMES": "/x.json"}) != base
-    assert key({"OCL_ICD_VENDORS": "/etc/x"}) != base
+    assert key({"LD_LIBRARY_PATH": "/opt/lib"}) != base  # every runtime's
     assert key({}, ("numpy", "pytest")) != base  # another package's version
-    assert driver_key("Other", ("numpy",), [str(icd)], {}) != key({})
+    assert driver_key("Other", ("numpy",), [str(icd)], ("VK_", "MESA_"), {}) != key({})
     library.write_bytes(b"\0" * 11)  # the library a manifest names, replaced
     changed = key({})
     assert changed != base

@@ -19,13 +19,19 @@ from tensorplug_kernels.runtime.probe import DeviceProbe, Record, driver_key
 
 from .device import DeviceInfo, read_device_info
 
-__all__ = ["DEVICES", "ICD_FOLDERS", "probe"]
+__all__ = ["DEVICES", "ICD_FOLDERS", "VARIABLES", "probe"]
 
 #: Where ICD loaders find OpenCL drivers (Khronos' and ocl-icd's defaults).
 ICD_FOLDERS = ("/etc/OpenCL/vendors", "/usr/local/etc/OpenCL/vendors")
 
 #: The packages whose versions decide what the drivers give.
 _DISTRIBUTIONS = ("pyopencl", "pocl-binary-distribution")
+
+#: Variables OpenCL's ICD loaders and drivers read (which drivers, which of their devices).
+VARIABLES = (
+    "OCL_", "OPENCL_", "POCL_", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_", "SYCL_",
+)  # fmt: skip
 
 
 def probe() -> list[tuple[Record, Any]]:
@@ -38,7 +44,7 @@ def _key() -> str:
     folders = [*ICD_FOLDERS]
     for variable in ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH", "OCL_ICD_FILENAMES"):
         folders.extend(p for p in os.environ.get(variable, "").split(os.pathsep) if p)
-    return driver_key("OpenCL", _DISTRIBUTIONS, folders)
+    return driver_key("OpenCL", _DISTRIBUTIONS, folders, VARIABLES)
 
 
 #: The process's OpenCL device list.

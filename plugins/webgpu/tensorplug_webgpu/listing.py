@@ -20,7 +20,9 @@ from tensorplug_kernels.runtime.probe import DeviceProbe, Record, driver_key
 
 from .adapters import compute_adapters
 
-__all__ = ["DEVICES", "RAISED_LIMITS", "VULKAN_FOLDERS", "check", "probe", "request_device"]
+__all__ = [
+    "DEVICES", "RAISED_LIMITS", "VARIABLES", "VULKAN_FOLDERS", "check", "probe", "request_device",
+]  # fmt: skip
 
 #: Limits asked of the device at the adapter's own values (WebGPU starts at defaults).
 RAISED_LIMITS = (
@@ -36,6 +38,14 @@ VULKAN_FOLDERS = tuple(
     for base in ("/etc", "/usr/share", "/usr/local/share")
     for kind in ("icd.d", "implicit_layer.d")
 )
+
+
+#: Variables Vulkan's loader, Mesa, NVIDIA's driver and wgpu read (which drivers and
+#: layers load, which GPU is shown), and the one the device-select layer is skipped by.
+VARIABLES = (
+    "VK_", "MESA_", "LP_", "NODEVICE_SELECT", "DRI_PRIME", "WGPU_", "XDG_RUNTIME_DIR",
+    "__NV_", "CUDA_VISIBLE_DEVICES",
+)  # fmt: skip
 
 
 def request_device(adapter: Any, label: str) -> Any:
@@ -79,7 +89,7 @@ def _key() -> str:
     data = os.environ.get("XDG_DATA_DIRS", "").split(os.pathsep)
     folders = [*VULKAN_FOLDERS, f"{home}/icd.d", f"{home}/implicit_layer.d"]
     folders += [f"{d}/vulkan/icd.d" for d in data if d]
-    return driver_key("WebGPU", ("wgpu",), folders)
+    return driver_key("WebGPU", ("wgpu",), folders, VARIABLES)
 
 
 #: The process's WebGPU device list.

@@ -13,7 +13,7 @@ So a runtime describes each device as a record of plain JSON values (what placem
 :class:`DeviceProbe` keeps the last list in a file, keyed by what decides what the
 drivers would say: the versions of the binding and driver packages, the driver
 manifests (ICD files) and the libraries they name, the device nodes (``/dev/dri``,
-``/dev/nvidia*``, ``/dev/kfd``), the boot, and the variables drivers read. A device
+``/dev/nvidia*``, ``/dev/kfd``), the boot, and the variables the drivers read. A device
 is opened (its driver asked in this process) when it is first used, and its record
 is checked against what the driver says then: a list that changed in a way the key
 could not see (a driver library replaced in place) is rewritten for the next process,
@@ -37,7 +37,7 @@ import platform
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -46,7 +46,7 @@ from tensorplug.settings import Setting, parse_flag
 
 __all__ = [
     "DEVICE_CACHE",
-    "DRIVER_VARIABLE_PREFIXES",
+    "COMMON_VARIABLES",
     "DeviceListChangedError",
     "DeviceProbe",
     "Record",
@@ -64,13 +64,8 @@ Live = TypeVar("Live")
 #: Bumped when what a file holds changes shape: an older file is then a miss.
 FORMAT = 1
 
-#: Variables that steer which devices the drivers show (ICD loaders, Vulkan's loader and
-#: Mesa, PoCL, the vendors' visibility masks, wgpu's own).
-DRIVER_VARIABLE_PREFIXES = (
-    "OCL_", "OPENCL_", "POCL_", "VK_", "MESA_", "LP_", "NODEVICE_SELECT", "DRI_PRIME",
-    "WGPU_", "CUDA_", "NVIDIA_", "ROCR_", "HIP_", "GPU_DEVICE_ORDINAL", "ZE_",
-    "XDG_RUNTIME_DIR", "LD_LIBRARY_PATH",
-)  # fmt: skip
+#: Variables that steer every runtime's drivers: where the dynamic loader finds them.
+COMMON_VARIABLES = ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")
 
 #: Device nodes: a GPU that appears or goes changes them (Linux).
 _DEVICE_NODES = ("/dev/dri", "/dev/kfd", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1")
@@ -179,13 +174,18 @@ def driver_key(
     runtime: str,
     distributions: Sequence[str],
     manifest_folders: Sequence[str],
-    environ: dict[str, str] | None = None,
+    variables: Sequence[str],
+    environ: Mapping[str, str] | None = None,
 ) -> str:
     """What decides the device list a runtime's drivers give, hashed: equal keys, the
-    same devices. ``manifest_folders`` are the runtime's driver manifest folders (or
-    files); the device nodes, the boot, the OS and :data:`DRIVER_VARIABLE_PREFIXES`'s
-    variables are every runtime's."""
+    same devices. ``distributions`` are the binding's and drivers' packages,
+    ``manifest_folders`` the driver manifest folders (or files), ``variables`` the
+    prefixes of the variables its drivers read; the device nodes, the boot, the OS and
+    :data:`COMMON_VARIABLES` are every runtime's. Each runtime names only its own
+    variables: another runtime's driver may set some of those while it is asked (Mesa's
+    ``NODEVICE_SELECT``), which must not make this one's key differ between processes."""
     env = os.environ if environ is None else environ
+    prefixes = (*variables, *COMMON_VARIABLES)
     nodes = []
     for node in _DEVICE_NODES:
         if os.path.isdir(node):
@@ -201,9 +201,7 @@ def driver_key(
         "packages": {d: _version(d) for d in distributions},
         "manifests": _manifests(manifest_folders),
         "nodes": nodes,
-        "variables": sorted(
-            (k, v) for k, v in env.items() if k.startswith(DRIVER_VARIABLE_PREFIXES)
-        ),
+        "variables": sorted((k, v) for k, v in env.items() if k.startswith(prefixes)),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
