@@ -26,7 +26,7 @@ from numba.extending import intrinsic
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
 from ._numba_ir import _I32, _fn, carried_loop
-from ._numba_quant import _CHUNKS
+from ._numba_quant import _CHUNKS, chunk_span
 
 __all__ = ["matvec_float", "matvec_float_serial"]
 
@@ -137,9 +137,8 @@ def matvec_float(w: Any, x: Any, out: Any, table: Any) -> None:
     (``int16``) ``w`` (``(n_out, n)``, unit-stride rows), the output rows shared out in
     chunks across threads."""
     n = w.shape[0]
-    per = (n + _CHUNKS - 1) // _CHUNKS
     for c in prange(_CHUNKS):
-        for o in range(min(n, c * per), min(n, (c + 1) * per)):
+        for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
                 out[t, o] = _row_dot(w, o, x, t, table)  # type: ignore[call-arg]
 

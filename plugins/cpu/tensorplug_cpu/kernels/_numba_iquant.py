@@ -21,9 +21,8 @@ from numba import njit, prange
 from tensorplug.iquants import KVALUES_IQ4NL
 
 from ._numba_cache import kernel
+from ._numba_quant import _CHUNKS, _DOT, chunk_span
 
-_DOT = {"reassoc", "contract", "nsz", "arcp"}
-_CHUNKS = 64
 _LEVELS = KVALUES_IQ4NL.astype(np.float32)  # a global array: numba freezes it in
 
 
@@ -44,11 +43,10 @@ def _xs_scale(blk: Any, ib: int, table: Any) -> Any:
 @kernel(parallel=True, fastmath=_DOT)
 def matvec_iq4_nl(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
-    per = (n + _CHUNKS - 1) // _CHUNKS
     scratch = np.empty((_CHUNKS, 32), np.float32)
     for c in prange(_CHUNKS):
         acc = scratch[c]
-        for o in range(c * per, min(n, (c + 1) * per)):
+        for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
                 acc[:] = 0
                 xr = x[t]
@@ -65,11 +63,10 @@ def matvec_iq4_nl(blocks: Any, x: Any, out: Any, table: Any) -> None:
 @kernel(parallel=True, fastmath=_DOT)
 def matvec_iq4_xs(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
-    per = (n + _CHUNKS - 1) // _CHUNKS
     scratch = np.empty((_CHUNKS, 32), np.float32)
     for c in prange(_CHUNKS):
         acc = scratch[c]
-        for o in range(c * per, min(n, (c + 1) * per)):
+        for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
                 acc[:] = 0
                 xr = x[t]

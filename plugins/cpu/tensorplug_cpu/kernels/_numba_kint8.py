@@ -45,7 +45,7 @@ from ._numba_introw import (
 )
 from ._numba_ir import _I8, _I32, _dot_i8, _load, _runtime_splat, _splat, _vec, f32_from_bits
 from ._numba_kquant import _scale_min_k4
-from ._numba_quant import _CHUNKS, _DOT, _f16, quantize_activations
+from ._numba_quant import _CHUNKS, _DOT, _f16, chunk_span, quantize_activations
 from .dispatch import INT8_ROWS
 
 # the type ids the driver branches on
@@ -253,10 +253,9 @@ def matvec_int8(
     groups of four) across threads."""
     quantize_activations(x, xq, xd, xs, table, kind)
     n = rows.shape[0]
-    per = ((n + _CHUNKS - 1) // _CHUNKS + 3) // 4 * 4
     for c in prange(_CHUNKS):
-        _matvec_range(rows, min(n, c * per), min(n, (c + 1) * per), xq, xd, xs, out, table,
-                      kind)  # fmt: skip
+        lo, hi = chunk_span(c, n, 4)
+        _matvec_range(rows, lo, hi, xq, xd, xs, out, table, kind)
 
 
 @kernel(nogil=True, fastmath=_DOT)
@@ -282,9 +281,8 @@ def matvec_int8_siblings(
     kernel, and its bits are those of :func:`matvec_int8`)."""
     quantize_activations(x, xq, xd, xs, table, kinds[0])
     total = starts[len(rows)]
-    per = ((total + _CHUNKS - 1) // _CHUNKS + 3) // 4 * 4
     for c in prange(_CHUNKS):
-        lo, hi = c * per, (c + 1) * per
+        lo, hi = chunk_span(c, total, 4)
         for m in range(len(rows)):
             o, end = max(lo, starts[m]) - starts[m], min(hi, starts[m] + rows[m].shape[0])
             if o < end - starts[m]:

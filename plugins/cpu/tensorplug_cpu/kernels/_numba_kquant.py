@@ -19,7 +19,7 @@ from numba import njit, prange
 from tensorplug.kquants import K_TYPES
 
 from ._numba_cache import kernel
-from ._numba_quant import _CHUNKS, _DOT, _f16, _i8
+from ._numba_quant import _CHUNKS, _DOT, _f16, _i8, chunk_span
 
 # the type ids the drivers branch on
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in K_TYPES)
@@ -193,11 +193,10 @@ def _dot_q6_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
 def matvec_k(blocks: Any, x: Any, out: Any, table: Any, kind: int) -> None:
     """``out[t, o] = Σᵢ x[t, i]·W[o, i]``, output rows split in chunks across threads."""
     n = blocks.shape[0]
-    per = (n + _CHUNKS - 1) // _CHUNKS
     scratch = np.empty((_CHUNKS, 32), np.float32)
     for c in prange(_CHUNKS):
         acc = scratch[c]
-        for o in range(c * per, min(n, (c + 1) * per)):
+        for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
                 acc[:] = 0
                 for b in range(blocks.shape[1]):

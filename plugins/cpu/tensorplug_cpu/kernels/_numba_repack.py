@@ -57,7 +57,7 @@ from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
 from ._numba_ir import _I8, _I16, _I32, _f16x, _fn, _splat, _splat_scalar, _vec, carried_loop
-from ._numba_quant import _CHUNKS, _DOT, quantize_activations
+from ._numba_quant import _CHUNKS, _DOT, chunk_span, quantize_activations
 
 __all__ = [
     "GGML_ORDER_BIT",
@@ -1354,9 +1354,8 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
         else:
             _quantize(x, xq, xd, xs, table, kind)
         total = starts[len(packs)]
-        per = (total + _CHUNKS - 1) // _CHUNKS
         for c in prange(_CHUNKS):
-            lo, hi = c * per, (c + 1) * per
+            lo, hi = chunk_span(c, total, 1)
             for m in range(len(packs)):
                 g0, g1 = max(lo, starts[m]) - starts[m], min(hi, starts[m + 1]) - starts[m]
                 if g0 < g1:
