@@ -189,7 +189,7 @@ def worker_tensorplug(
     # generations, or the first prompt's new graph sets off full collections walking them
     # all (60-80 ms of SmolLM2's 128-token prompt on a Zen 5). Llama itself never
     # freezes, so a program's own objects stay collectable (runner.Llama's docstring)
-    gc.collect()
+    gc.collect(1)
     gc.freeze()
     prompt = _tokens(n_prompt, m.config.n_vocab)
     m.reset()
