@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 import pytest
@@ -42,6 +43,43 @@ def test_a_new_host_buffer_is_zero_without_a_clear(size: int) -> None:
         buf = buft.alloc_buffer(size)
         assert not buf.host_array().any()
         buf.clear(0xA5)  # what the next allocation may get back
+        buf.free()
+
+
+def _huge_page_advice(array: np.ndarray) -> bool:
+    """Whether any mapping over ``array``'s bytes was advised huge pages (``hg`` among
+    its VmFlags in /proc/self/smaps; numpy advises the page-aligned inside of a block,
+    which splits it from the block's first page)."""
+    start = array.ctypes.data
+    end, over, advised = start + array.nbytes, False, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                over = lo < end and hi > start
+            elif head == "VmFlags:" and over:
+                advised = advised or "hg" in line.split()[1:]
+    return advised
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc/self/smaps")
+def test_large_host_buffers_are_not_advised_huge_pages() -> None:
+    """numpy advises 2 MiB pages for its own allocations of 4 MiB or more: a KV cache
+    written a row per layer was then resident 2 MiB per layer (SmolLM2's 8192-token
+    cache: 118 MiB after its first token). A large host buffer is a mapping of its own."""
+    from tensorplug.host import MAPPED_MIN
+
+    reference = np.zeros(64 << 20, np.uint8)
+    if not _huge_page_advice(reference):
+        pytest.skip("this numpy or kernel advises no huge pages: nothing to compare with")
+    for size in (MAPPED_MIN, 64 << 20):
+        buf = tp.host_buffer_type().alloc_buffer(size)
+        data = buf.host_array()
+        assert data.ctypes.data % tp.host_buffer_type().alignment == 0
+        assert not _huge_page_advice(data) and not data.any()
+        data[::4096] = 1  # writable, every page
+        assert int(data.sum()) == size // 4096
         buf.free()
 
 

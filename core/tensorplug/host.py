@@ -7,6 +7,7 @@ model file — without copying, keeping that owner alive for as long as the buff
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HOST_ALIGNMENT",
+    "MAPPED_MIN",
     "aligned_bytes",
     "available_cores",
     "host_memory",
@@ -162,15 +164,30 @@ class HostBuffer(Buffer):
         self.owner = None
 
 
+#: Blocks from this size up are anonymous mappings of their own (:func:`aligned_bytes`):
+#: the size from which numpy advises huge pages for its own allocations.
+MAPPED_MIN = 4 << 20
+
+
 def aligned_bytes(size: int, owner: str) -> np.ndarray:
     """``size`` bytes of new host memory, all 0, starting at a multiple of
     :data:`HOST_ALIGNMENT`; :class:`AllocationError` naming ``owner`` (a buffer type)
-    when there is no room. Zeros cost nothing here: numpy asks ``calloc``, which takes
-    a large block's pages from the OS, zero until first written (and resident only
-    then), where ``np.empty`` and a later clear wrote every one."""
+    when there is no room. Zeros cost nothing here: the pages come from the OS zero
+    and become resident only when first written, where ``np.empty`` and a later clear
+    wrote every one.
+
+    Blocks of :data:`MAPPED_MIN` or more are an anonymous mapping of their own, as ggml's
+    are plain allocations: numpy's ``zeros`` advises the kernel to back such blocks with
+    2 MiB huge pages (``madvise(MADV_HUGEPAGE)``, Linux), so writing one row into each
+    layer's part of a KV cache made 2 MiB of it resident. SmolLM2 with its 8192-token
+    cache held 118 MiB more after its first token (425 against 309 MiB in all); its
+    prompt and generation speeds did not change. The system's own huge-page policy
+    still applies (``/sys/kernel/mm/transparent_hugepage/enabled``)."""
     try:
+        if size >= MAPPED_MIN:  # page-aligned, which HOST_ALIGNMENT divides
+            return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
         raw = np.zeros(size + HOST_ALIGNMENT, dtype=np.uint8)
-    except MemoryError as e:
+    except (MemoryError, OSError) as e:
         raise AllocationError(f"{owner}: could not allocate {size} bytes of host memory") from e
     skip = -raw.ctypes.data % HOST_ALIGNMENT
     return raw[skip : skip + size]
