@@ -83,6 +83,26 @@ def test_large_host_buffers_are_not_advised_huge_pages() -> None:
         buf.free()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
+def test_a_forked_child_writes_a_large_host_buffer_of_its_own() -> None:
+    """Large host buffers are mappings of their own: private ones, or a child forked
+    by the application (multiprocessing's default on Linux) would write into the
+    parent's KV cache."""
+    from tensorplug.host import MAPPED_MIN
+
+    buf = tp.host_buffer_type().alloc_buffer(MAPPED_MIN)
+    data = buf.host_array()
+    data[:16] = 1
+    pid = os.fork()
+    if pid == 0:  # the child: write, and leave without running pytest's teardown
+        data[:16] = 7
+        os._exit(0 if int(data[0]) == 7 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert data[:16].tolist() == [1] * 16
+    buf.free()
+
+
 def test_set_get_round_trip_with_offsets(host: tp.Buffer) -> None:
     x = _placed(Type.F32, (4, 8), host, 128)
     vals = np.arange(32, dtype=np.float32).reshape(4, 8)

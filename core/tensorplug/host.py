@@ -185,12 +185,20 @@ def aligned_bytes(size: int, owner: str) -> np.ndarray:
     still applies (``/sys/kernel/mm/transparent_hugepage/enabled``)."""
     try:
         if size >= MAPPED_MIN:  # page-aligned, which HOST_ALIGNMENT divides
-            return np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+            return np.frombuffer(_anonymous_mapping(size), dtype=np.uint8)
         raw = np.zeros(size + HOST_ALIGNMENT, dtype=np.uint8)
     except (MemoryError, OSError) as e:
         raise AllocationError(f"{owner}: could not allocate {size} bytes of host memory") from e
     skip = -raw.ctypes.data % HOST_ALIGNMENT
     return raw[skip : skip + size]
+
+
+def _anonymous_mapping(size: int) -> mmap.mmap:
+    """``size`` zero bytes of the process's own: private (``mmap(-1, n)`` alone shares
+    its pages with a forked child, which would then write into this process's cache)."""
+    if hasattr(mmap, "MAP_PRIVATE"):  # POSIX; Windows' anonymous maps are private
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return mmap.mmap(-1, size)
 
 
 _HOST_BUFFER_TYPE = HostBufferType()
