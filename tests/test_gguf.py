@@ -93,6 +93,23 @@ def test_metadata_equals_the_stock_readers(tiny: Path, tmp_path: Path, which: st
     assert [t.data_offset for t in f._reader.tensors] == [t.data_offset for t in stock.tensors]
 
 
+def test_whole_arrays_of_numbers_and_of_strings(tmp_path: Path) -> None:
+    """``numbers`` gives an array of numbers as one numpy array (its own copy, in the
+    file's type) and ``strings`` an array of strings as read whole; anything else is
+    None, for ``get`` to read item by item."""
+    f = GGUFFile(_odd_arrays(tmp_path / "odd.gguf"))
+    floats = f.numbers("a.floats")
+    assert floats is not None and floats.dtype == np.float32
+    assert floats.tolist() == f.get("a.floats") == [1.5, -2.25]
+    floats[0] = 7  # a copy: the mapped file (read-only) is not written
+    assert f.get("a.floats") == [1.5, -2.25]
+    assert f.strings("a.strings") == f.get("a.strings") == ["x", "", "ü€", "tab\tnewline\n"]
+    for key in ("a.strings", "a.bools", "a.nested", "general.architecture", "missing"):
+        assert f.numbers(key) is None, key
+    for key in ("a.floats", "a.nested_strings", "general.architecture", "missing"):
+        assert f.strings(key) is None, key
+
+
 def test_a_string_array_item_that_is_not_utf8_names_its_key(tmp_path: Path) -> None:
     """Array items are decoded when read (not when the file opens), and a bad one is a
     GGUFError naming the key, as a bad single string is."""

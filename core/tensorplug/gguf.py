@@ -268,6 +268,29 @@ class GGUFFile:
                 "damaged or was not written by a GGUF writer"
             ) from None
 
+    def numbers(self, key: str) -> np.ndarray | None:
+        """Metadata array ``key`` as one numpy array of the file's item type (a copy),
+        where it is an array of integers or floats read whole; else None (missing, or
+        anything else: :meth:`get` reads it item by item). A vocabulary's scores and
+        token types as lists held an object an item (Gemma 3's 262,144 scores: 6 MB of
+        floats) and took a pass of their own to be checked."""
+        field = self._reader.fields.get(key)
+        if field is None or len(field.data) != 1 or len(field.types) != 2:
+            return None
+        items = field.parts[field.data[0]]
+        if not isinstance(items, np.ndarray) or items.dtype.kind not in "iuf":
+            return None
+        return np.array(items)  # the reader's view is of the mapped file
+
+    def strings(self, key: str) -> list[str] | None:
+        """Metadata array ``key`` of strings where it was read whole (every item is
+        text by then: nothing to check item by item); else None, as :meth:`numbers`."""
+        field = self._reader.fields.get(key)
+        if field is None or not field.parts or not isinstance(field.parts[-1], StringArray):
+            return None
+        strings: list[str] = self._contents(key, field)
+        return strings
+
     def value(self, key: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
         """The value of ``key``, checked to be of ``kind``; a missing key without a
         ``default`` is a :class:`GGUFError` naming it."""

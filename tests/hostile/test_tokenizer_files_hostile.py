@@ -30,6 +30,10 @@ from tensorplug_llm.tokenizer import Vocab
             r"token_type must be a list of integers, but item 0 is float 1.5",
         ),
         (
+            {"tokenizer.ggml.token_type": [2**40] * 320},  # llama.cpp reads int32
+            r"tokenizer.ggml.token_type holds integers outside 32 bits",
+        ),
+        (
             {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.merges": [1, 2, 3]},
             r"tokenizer.ggml.merges must be a list of strings like 'a b', but item 0 is int 1",
         ),
