@@ -167,7 +167,8 @@ class Vocab:
         for key, got in (("tokenizer.ggml.scores", scores), ("tokenizer.ggml.token_type", types)):
             if len(got) != n:
                 raise GGUFError(f"{f.path}: {key} has {len(got)} entries for {n} tokens")
-        pre_name, merges, clean = "default", [], model == "bert"
+        pre_name, clean = "default", model == "bert"
+        merges: list[str] = []
         if model == "gpt2":
             pre_name = f.value("tokenizer.ggml.pre", str, "default")
             pre = pre_tokenizer(pre_name)
