@@ -102,3 +102,70 @@ def test_the_setting_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TENSORPLUG_CPU_COMPILE_AHEAD", "maybe")
     with pytest.raises(SettingError, match="TENSORPLUG_CPU_COMPILE_AHEAD"):
         ahead.enabled()
+
+
+_HAS = """
+import numpy as np
+from tensorplug_cpu.kernels import _numba_rows as rows
+from tensorplug_cpu.kernels._numba_attention import visible_columns
+from tensorplug_cpu.kernels.ahead import Ahead
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+
+mask = np.zeros((1, 1, 4, 16), np.float32)
+x = np.ones((3, 32), np.float32)
+a = Ahead()
+a.want(visible_columns, mask, table)
+a.want(rows.rms_norm_rows, x, np.empty_like(x), 1e-5)
+a.start()
+print("compiling", a.has(visible_columns), a.has(rows.rms_norm_rows))
+a.wait_for(rows.rms_norm_rows)  # the last job: the child is done with both
+print("done", a.has(visible_columns), a.has(rows.rms_norm_rows), a.has(rows.set_rows))
+"""
+
+
+def test_whether_the_child_still_has_a_kernel_is_asked_without_waiting(tmp_path: Path) -> None:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_HAS)], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")
+    assert lines[0] == "compiling True True"  # a compile takes seconds; asking, none
+    assert lines[1] == "done False False False"
+
+
+class _Child:
+    """An :class:`~tensorplug_cpu.kernels.ahead.Ahead` stand-in: which kernels it still has."""
+
+    def __init__(self, *unfinished: object) -> None:
+        self.unfinished = set(unfinished)
+
+    def has(self, kernel: object) -> bool:
+        return kernel in self.unfinished
+
+
+def test_one_thread_runs_the_parallel_kernel_while_the_child_compiles_the_serial_one() -> None:
+    """A first run's one-thread step (the thread governor's warm-up) ran the one-thread
+    kernels, and so waited seconds for the child compiling them; the parallel kernels
+    it already has give the same bits on one thread."""
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    assert jit is not None
+    serial, parallel = object(), object()
+    saved = jit._ahead, set(jit._ran), set(jit._serial_ok)
+    try:
+        jit._ahead = _Child(serial)  # type: ignore[assignment]
+        assert jit._serial_ready(serial, parallel)  # the parallel one has not run: wait
+        jit._serial_ok.discard(serial)
+        jit._ran.add(parallel)
+        assert not jit._serial_ready(serial, parallel)  # the child has it: parallel
+        assert not jit._serial_ready(serial, parallel)
+        jit._ahead.unfinished.clear()  # type: ignore[attr-defined]  # the child is done
+        assert jit._serial_ready(serial, parallel)
+        jit._ahead.unfinished.add(serial)  # type: ignore[attr-defined]
+        assert jit._serial_ready(serial, parallel)  # once free, always
+        jit._ahead = None
+        other = object()
+        assert jit._serial_ready(other, parallel)  # no child: the serial kernel
+    finally:
+        jit._ahead, jit._ran, jit._serial_ok = saved

@@ -26,6 +26,7 @@ import importlib
 import logging
 import os
 import pickle
+import select
 import subprocess
 import sys
 import time
@@ -159,6 +160,26 @@ class Ahead:
                 break
             done = self.order[int(line)]
             self.handed[done] -= 1
+
+    def has(self, kernel: Any) -> bool:
+        """Whether the child has still to finish ``kernel``: what it has said so far is
+        read without waiting (where the OS can poll a pipe; elsewhere a kernel handed
+        to it counts as unfinished until :meth:`wait_for`)."""
+        origin = origin_of(kernel)
+        if origin is None or not self.handed.get(origin):
+            return False
+        child = self.child
+        if child is not None and child.stdout is not None and os.name == "posix":
+            try:
+                while self.handed.get(origin) and select.select([child.stdout], [], [], 0)[0]:
+                    line = child.stdout.readline()
+                    if not line:  # ended: what it did not finish is this process's
+                        self.handed.clear()
+                        break
+                    self.handed[self.order[int(line)]] -= 1
+            except (OSError, ValueError):  # a pipe that cannot be polled: as unfinished
+                pass
+        return bool(self.handed.get(origin))
 
     def close(self) -> None:
         """End the child, if it still runs."""

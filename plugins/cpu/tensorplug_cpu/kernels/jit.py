@@ -121,6 +121,9 @@ class JitKernels:
             for t in path(DECODE_VECTOR).types
         }  # fmt: skip
         self._called: set[str] = set()
+        #: kernels that have run in this process, and one-thread kernels now free to run
+        self._ran: set[Any] = set()
+        self._serial_ok: set[Any] = set()
         from . import ahead
 
         #: the kernels a second process compiles meanwhile on a first run (:mod:`.ahead`)
@@ -302,16 +305,36 @@ class JitKernels:
         return self._one_by_one_or_together(one_by_one, together)
 
     def _serial_or_parallel(
-        self, serial: Callable[[], None], parallel: Callable[[], None]
+        self, serial: partial[Any], parallel: partial[Any]
     ) -> Callable[[], None]:
         """A product's step: the serial kernel on one thread (no parallel region to open),
         else the parallel one; the count is read at each call, since ``set_num_threads``
-        may change it after binding."""
+        may change it after binding. Both are partials of :meth:`_call` (``what``, the
+        kernel, its arguments)."""
 
         def run() -> None:
-            (serial if self.n_threads == 1 else parallel)()
+            if self.n_threads == 1 and self._serial_ready(serial.args[1], parallel.args[1]):
+                serial()
+            else:
+                parallel()
 
         return run
+
+    def _serial_ready(self, serial: Any, parallel: Any) -> bool:
+        """Whether one thread runs the one-thread kernel ``serial`` now, rather than
+        ``parallel`` on one thread (the same bits: no sum depends on the split).
+
+        On a first run the second process compiles the one-thread kernels (:mod:`.ahead`)
+        after the parallel ones this process needs first; the thread governor's
+        one-thread warm-up step then waited for them, 4.5 s of SmolLM2's first run on the
+        dev machine (18.6 s to the first token, 14.1 with ``-t 2``). So while the child
+        has ``serial`` still to finish and ``parallel`` has run here, ``parallel`` runs."""
+        if serial in self._serial_ok:
+            return True
+        if self._ahead is not None and parallel in self._ran and self._ahead.has(serial):
+            return False
+        self._serial_ok.add(serial)
+        return True
 
     def _one_by_one_or_together(
         self, one_by_one: Sequence[Callable[[], None]], together: Callable[[], None]
@@ -360,7 +383,7 @@ class JitKernels:
         threads as well, a 100M model's short-context attention was slower in the
         model, not faster: 25 µs a layer at best, as in isolation, but 61 µs median
         against 28 when shared, its cache rows often evicted by the products.)"""
-        if self.n_threads == 1:
+        if self.n_threads == 1 and self._serial_ready(self._attend_serial, self._attend):
             self._call("one-thread flash attention kernel", self._attend_serial, q, k, v, mask,
                        order, used, scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
         else:
@@ -470,6 +493,7 @@ class JitKernels:
         finally:
             notice.cancel()
         self._called.add(what)
+        self._ran.add(kernel)
         return result
 
     def set_num_threads(self, n: int) -> None:
