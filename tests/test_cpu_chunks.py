@@ -8,6 +8,8 @@ did twice the second's work (a 256-row product: all of it).
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 pytest.importorskip("numba", reason="numba is not installed: the CPU backend's numpy kernels run")
@@ -22,7 +24,7 @@ def test_chunks_cover_the_rows_once_in_whole_units_and_as_evenly_as_units_allow(
 ) -> None:
     spans = [tuple(chunk_span(c, n, unit)) for c in range(_CHUNKS)]
     assert spans[0][0] == 0 and spans[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # once, in order
+    assert all(a[1] == b[0] for a, b in pairwise(spans))  # once, in order
     assert all(lo % unit == 0 and lo <= hi for lo, hi in spans)
     units = [-(-(hi - lo) // unit) for lo, hi in spans]
     assert max(units) - min(units) <= 1
