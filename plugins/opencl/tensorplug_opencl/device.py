@@ -11,7 +11,6 @@ what this plugin holds, unless the driver can say (AMD).
 from __future__ import annotations
 
 import dataclasses
-import threading
 import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -181,8 +180,6 @@ class OpenCLDevice(GPUDevice):
     def __init__(self, reg: OpenCLReg, index: int, info: DeviceInfo) -> None:
         super().__init__(reg, index)
         self.info = info
-        self._opened: _Opened | None = None
-        self._open_lock = threading.Lock()
         self.limits = Limits(
             wg=info.wg,
             local_mem=info.local_mem,
@@ -194,44 +191,33 @@ class OpenCLDevice(GPUDevice):
         self.alignment, self.max_alloc = info.alignment, info.max_alloc
         self._allocated = 0
 
-    def _open(self) -> _Opened:
-        """The driver's device, a context and a transfer queue: made on first use."""
-        if self._opened is None:
-            with self._open_lock:
-                if self._opened is None:
-                    import pyopencl as cl
+    def _open_driver(self) -> _Opened:
+        """The driver's device, a context and a transfer queue."""
+        import pyopencl as cl
 
-                    from .listing import DEVICES
+        from .listing import DEVICES
 
-                    # TypeError, ValueError: what pyopencl raises for arguments it cannot set
-                    self.driver_errors = (cl.Error, TypeError, ValueError)
-                    with self.driver("opening the device"):
-                        cl_device = DEVICES.open(self.index)
-                        context = cl.Context([cl_device])
-                        queue = cl.CommandQueue(context, cl_device)
-                        self._opened = _Opened(cl_device, context, queue)
-        return self._opened
-
-    @property
-    def opened(self) -> bool:
-        """Whether the driver has been asked for this device in this process."""
-        return self._opened is not None
+        # TypeError, ValueError: what pyopencl raises for arguments it cannot set
+        self.driver_errors = (cl.Error, TypeError, ValueError)
+        cl_device = DEVICES.open(self.index)
+        context = cl.Context([cl_device])
+        return _Opened(cl_device, context, cl.CommandQueue(context, cl_device))
 
     @property
     def cl_device(self) -> Any:
         """pyopencl's device (the device is opened if it was not)."""
-        return self._open().cl_device
+        return self.handle.cl_device
 
     @property
     def context(self) -> Any:
         """The device's own context (the device is opened if it was not)."""
-        return self._open().context
+        return self.handle.context
 
     @property
     def transfer_queue(self) -> Any:
         """The queue of synchronous buffer operations (the device is opened if it was
         not)."""
-        return self._open().transfer_queue
+        return self.handle.transfer_queue
 
     @property
     def description(self) -> str:

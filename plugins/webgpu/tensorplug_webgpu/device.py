@@ -80,8 +80,6 @@ class WebGPUDevice(GPUDevice):
         self.info: dict[str, Any] = dict(record["info"])
         self.features: frozenset[str] = frozenset(record["features"])
         self.wgpu_limits: dict[str, int] = dict(record["limits"])
-        self._opened: _Opened | None = None
-        self._open_lock = threading.Lock()
         self.limits = Limits(
             wg=min(WG, self.wgpu_limits["max-compute-invocations-per-workgroup"]),
             local_mem=self.wgpu_limits["max-compute-workgroup-storage-size"],
@@ -94,38 +92,26 @@ class WebGPUDevice(GPUDevice):
         self._allocated = 0
         self._alloc_lock = threading.Lock()
 
-    def _open(self) -> _Opened:
-        """The adapter, its device and the fence word: requested on first use."""
-        if self._opened is None:
-            with self._open_lock:
-                if self._opened is None:
-                    import wgpu
+    def _open_driver(self) -> _Opened:
+        """The adapter, its device and the fence word."""
+        import wgpu
 
-                    from .listing import DEVICES
+        from .listing import DEVICES
 
-                    self.driver_errors = (wgpu.GPUError,)
-                    adapter, gpu = DEVICES.open(self.index)
-                    with self.driver("opening the device"):
-                        fence = gpu.create_buffer(
-                            size=4, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
-                        )
-                    self._opened = _Opened(adapter, gpu, fence)
-        return self._opened
-
-    @property
-    def opened(self) -> bool:
-        """Whether the adapter has been requested for this device in this process."""
-        return self._opened is not None
+        self.driver_errors = (wgpu.GPUError,)
+        adapter, gpu = DEVICES.open(self.index)
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
+        return _Opened(adapter, gpu, gpu.create_buffer(size=4, usage=usage))
 
     @property
     def adapter(self) -> Any:
         """wgpu's adapter (the device is opened if it was not)."""
-        return self._open().adapter
+        return self.handle.adapter
 
     @property
     def gpu(self) -> Any:
         """wgpu's device (opened if it was not)."""
-        return self._open().gpu
+        return self.handle.gpu
 
     @property
     def description(self) -> str:
@@ -204,7 +190,7 @@ class WebGPUDevice(GPUDevice):
         """Wait until the queue has finished what was submitted: by reading a word back,
         which completes after it (wgpu 0.32's on_submitted_work_done_sync does not work
         with the wgpu-native it ships)."""
-        self.gpu.queue.read_buffer(self._open().fence, 0, 4)
+        self.gpu.queue.read_buffer(self.handle.fence, 0, 4)
 
     def clear(self, mem: Any, offset: int, size: int) -> None:
         """Zero whole words of ``mem``."""

@@ -12,7 +12,9 @@ protocol's own), ``_alloc`` (the allocator), ``buffer_class`` and ``kernel_arg``
 its buffers are and what a launch passes for one), ``_build_program``, ``backend_class``,
 ``driver_errors`` and ``translate`` (its driver's exceptions), ``event_new`` and
 ``event_synchronize``; where the API keeps a current device per thread (CUDA),
-``current``; and where its buffers are host memory (Metal), ``wait_idle``.
+``current``; where its buffers are host memory (Metal), ``wait_idle``; and where its
+devices are described without asking the driver (OpenCL, WebGPU: :mod:`.probe`),
+``_open_driver``, whose objects ``handle`` opens on first use.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class GPUDevice(Device):
         self._buft = GPUBufferType(self)
         self._program: KernelProgram | None = None
         self._lock = threading.Lock()
+        self._handle: Any = None
+        self._open_lock = threading.Lock()  # not _lock: building the program opens
         self._backends: weakref.WeakSet[GPUBackend] = weakref.WeakSet()
 
     # -- hooks ---------------------------------------------------------------------------
@@ -105,6 +109,14 @@ class GPUDevice(Device):
     @abstractmethod
     def _build_program(self) -> KernelProgram:
         """Compile this device's kernel program (called once, under a lock)."""
+
+    def _open_driver(self) -> Any:
+        """The driver objects this device works through (context, queues, the API's
+        device), for a runtime that describes its devices without asking the driver
+        (:class:`~.probe.DeviceProbe`) and opens one on first use: called once, under a
+        lock, inside ``driver("opening the device")`` (so set ``driver_errors`` first).
+        Default: nothing to open, for runtimes that open their devices when made."""
+        raise NotImplementedError(f"{type(self).__name__} opens its device when made")
 
     def translate(self, err: BaseException, what: str, kernel: str | None = None) -> Exception:
         """The tensorplug exception for a driver error raised while doing ``what``."""
@@ -142,6 +154,21 @@ class GPUDevice(Device):
         """``_alloc`` with the device current and its failure said in full."""
         with self.driver(what):
             return self._alloc(nbytes)
+
+    @property
+    def handle(self) -> Any:
+        """What :meth:`_open_driver` gave, asked for on first use (once per device)."""
+        if self._handle is None:
+            with self._open_lock:
+                if self._handle is None:
+                    with self.driver("opening the device"):
+                        self._handle = self._open_driver()
+        return self._handle
+
+    @property
+    def opened(self) -> bool:
+        """Whether :attr:`handle` has been opened in this process."""
+        return self._handle is not None
 
     @property
     def program(self) -> KernelProgram:
