@@ -151,13 +151,13 @@ def test_one_thread_runs_the_parallel_kernel_while_the_child_compiles_the_serial
 
     jit = load_jit()
     assert jit is not None
-    serial, parallel = object(), object()
-    saved = jit._ahead, set(jit._ran), set(jit._serial_ok)
+    serial, parallel = object(), "a parallel kernel"
+    saved = jit._ahead, set(jit._called), set(jit._serial_ok)
     try:
         jit._ahead = _Child(serial)  # type: ignore[assignment]
         assert jit._serial_ready(serial, parallel)  # the parallel one has not run: wait
         jit._serial_ok.discard(serial)
-        jit._ran.add(parallel)
+        jit._called.add(parallel)
         assert not jit._serial_ready(serial, parallel)  # the child has it: parallel
         assert not jit._serial_ready(serial, parallel)
         jit._ahead.unfinished.clear()  # type: ignore[attr-defined]  # the child is done
@@ -168,4 +168,4 @@ def test_one_thread_runs_the_parallel_kernel_while_the_child_compiles_the_serial
         other = object()
         assert jit._serial_ready(other, parallel)  # no child: the serial kernel
     finally:
-        jit._ahead, jit._ran, jit._serial_ok = saved
+        jit._ahead, jit._called, jit._serial_ok = saved

@@ -44,6 +44,8 @@ _log = logging.getLogger("tensorplug_cpu")
 
 #: most products :meth:`JitKernels.bind_matvec_siblings` runs as one (a layer's Q, K, V)
 MAX_SIBLINGS = 3
+#: what the parallel flash attention kernel is called in messages
+_ATTENTION = "flash attention kernel"
 #: A first kernel call still running after this many seconds is compiling: say so.
 COMPILE_NOTICE_S = 0.5
 _lock = threading.Lock()
@@ -120,9 +122,9 @@ class JitKernels:
                (getattr(dec, f"dequantize_{t.name.lower()}_rows"), ())
             for t in path(DECODE_VECTOR).types
         }  # fmt: skip
+        #: the kernels (by what they are called in messages) that have run in this process
         self._called: set[str] = set()
-        #: kernels that have run in this process, and one-thread kernels now free to run
-        self._ran: set[Any] = set()
+        #: one-thread kernels now free to run (:meth:`_serial_ready`)
         self._serial_ok: set[Any] = set()
         from . import ahead
 
@@ -313,16 +315,17 @@ class JitKernels:
         kernel, its arguments)."""
 
         def run() -> None:
-            if self.n_threads == 1 and self._serial_ready(serial.args[1], parallel.args[1]):
+            if self.n_threads == 1 and self._serial_ready(serial.args[1], parallel.args[0]):
                 serial()
             else:
                 parallel()
 
         return run
 
-    def _serial_ready(self, serial: Any, parallel: Any) -> bool:
-        """Whether one thread runs the one-thread kernel ``serial`` now, rather than
-        ``parallel`` on one thread (the same bits: no sum depends on the split).
+    def _serial_ready(self, serial: Any, parallel: str) -> bool:
+        """Whether one thread runs the one-thread kernel ``serial`` now, rather than the
+        parallel kernel called ``parallel`` on one thread (the same bits: no sum depends
+        on the split).
 
         On a first run the second process compiles the one-thread kernels (:mod:`.ahead`)
         after the parallel ones this process needs first; the thread governor's
@@ -331,7 +334,7 @@ class JitKernels:
         has ``serial`` still to finish and ``parallel`` has run here, ``parallel`` runs."""
         if serial in self._serial_ok:
             return True
-        if self._ahead is not None and parallel in self._ran and self._ahead.has(serial):
+        if self._ahead is not None and parallel in self._called and self._ahead.has(serial):
             return False
         self._serial_ok.add(serial)
         return True
@@ -383,11 +386,11 @@ class JitKernels:
         threads as well, a 100M model's short-context attention was slower in the
         model, not faster: 25 µs a layer at best, as in isolation, but 61 µs median
         against 28 when shared, its cache rows often evicted by the products.)"""
-        if self.n_threads == 1 and self._serial_ready(self._attend_serial, self._attend):
+        if self.n_threads == 1 and self._serial_ready(self._attend_serial, _ATTENTION):
             self._call("one-thread flash attention kernel", self._attend_serial, q, k, v, mask,
                        order, used, scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
         else:
-            self._call("flash attention kernel", self._attend, q, k, v, mask, order, used,
+            self._call(_ATTENTION, self._attend, q, k, v, mask, order, used,
                        scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
 
     def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
@@ -493,7 +496,6 @@ class JitKernels:
         finally:
             notice.cancel()
         self._called.add(what)
-        self._ran.add(kernel)
         return result
 
     def set_num_threads(self, n: int) -> None:
