@@ -33,6 +33,7 @@ from numba import njit
 from numba.core.caching import FunctionCache
 
 from . import _numba_ir as _ir
+from . import numba_runtime
 
 __all__ = ["SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "kernel"]
 
@@ -65,8 +66,13 @@ class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hin
         return (*super()._index_key(sig, codegen), SOURCES_HASH, instruction_forms())
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
+        """numba's ``load_overload`` without its ``target_context.refresh()``: loading
+        machine code needs numba's runtime only (:func:`.numba_runtime.ready`), not the
+        registries that a compile reads (and refreshes itself)."""
         try:
-            return super().load_overload(sig, target_context)
+            numba_runtime.ready(target_context, Path(self.cache_path))
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
         except Exception as e:  # any failure to read a cache entry: compile it instead
             self._discard(e)
             return None

@@ -1,0 +1,97 @@
+"""numba's runtime (NRT) made ready for cached kernels without compiling anything.
+
+A kernel that numba loads from its disk cache is machine code already, but numba
+readies two things first, and both cost more than the kernels themselves:
+
+- its typing and lowering registries (``BaseContext.refresh``: importing numba's
+  implementations of numpy, random, typed containers, cffi...), which only a compile
+  reads. 0.10 s and 15 MB of a 100M model's launch on the 2-core dev machine;
+- its runtime library, a few reference-counting and atomic helpers that the kernels
+  call, which numba builds from LLVM IR in every process
+  (``nrtdynmod.compile_nrt_functions``): running LLVM's optimizer and code generator
+  once made 28 MB of ``libllvmlite``'s code resident, 0.02 s.
+
+:func:`ready` initializes the runtime alone (a compile still refreshes the registries
+itself: numba's ``compile_extra`` does), and keeps the runtime library's object code
+in the kernel cache's folder, keyed by numba's and llvmlite's versions and the code
+generator's target (``magic_tuple``: triple, CPU, features), so that later processes
+load it as they load a kernel: 3 ms and 10 MB. A file that cannot be read or written
+only costs the compile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import llvmlite
+import numba
+from numba.core.compiler_lock import global_compiler_lock
+from numba.core.runtime import nrtdynmod, rtsys
+
+__all__ = ["ready", "runtime_file"]
+
+_log = logging.getLogger("tensorplug_cpu")
+
+
+def runtime_file(folder: Path, target_context: Any) -> Path:
+    """Where the runtime library's object code for this numba, llvmlite and target is
+    kept in ``folder``."""
+    key = repr((numba.__version__, llvmlite.__version__, target_context.codegen().magic_tuple()))
+    return folder / f"nrt-{hashlib.sha256(key.encode()).hexdigest()[:16]}.nbo"
+
+
+def ready(target_context: Any, folder: Path) -> None:
+    """Initialize numba's runtime for kernels loaded from the cache in ``folder``
+    (once a process; later calls return at once)."""
+    if getattr(rtsys, "_init", False):
+        return
+    path = runtime_file(folder, target_context)
+
+    def compile_or_load(ctx: Any) -> Any:
+        return _load(ctx, path) or _compile_and_keep(ctx, path)
+
+    with global_compiler_lock:  # reentrant: rtsys.initialize takes it too
+        compile_nrt_functions = nrtdynmod.compile_nrt_functions
+        nrtdynmod.compile_nrt_functions = compile_or_load
+        try:
+            rtsys.initialize(target_context)
+        finally:
+            nrtdynmod.compile_nrt_functions = compile_nrt_functions
+
+
+def _load(ctx: Any, path: Path) -> Any:
+    try:
+        state = pickle.loads(path.read_bytes())
+        return ctx.codegen().unserialize_library(state)
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # unreadable: compile it, and the new file replaces it
+        _log.debug("numba runtime library %s unreadable (%s); compiling it", path, e)
+        return None
+
+
+def _compile_and_keep(ctx: Any, path: Path) -> Any:
+    ir_module, library = nrtdynmod.create_nrt_module(ctx)
+    library.enable_object_caching()
+    library.add_ir_module(ir_module)
+    library.finalize()
+    try:
+        data = pickle.dumps(library.serialize_using_object_code())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # whole or not at all, for a process reading it now
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:  # a read-only cache: the next process compiles it as well
+        _log.debug("could not keep numba's runtime library in %s: %s", path, e)
+    return library
