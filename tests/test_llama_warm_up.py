@@ -1,0 +1,61 @@
+"""The model's warm-up loads every kernel a prompt takes, whatever its length: the first
+real prompt or token of a session waits for no kernel load (or compile). Each case runs
+in a process of its own: kernels stay loaded for the whole process, so an earlier case's
+prompts would hide what a warm-up missed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+from tensorplug_llm.runner import WARM_UP_STEPS
+from tensorplug_llm.tiny import write_tiny_llama
+
+#: loads a model (its warm-up), runs prompts of many lengths and a token after each, and
+#: prints the CPU kernels whose compiled versions changed meanwhile (loaded or compiled)
+_PROMPTS = """
+import importlib, json, pkgutil, sys
+from numba.core.registry import CPUDispatcher
+from tensorplug_cpu import kernels
+from tensorplug_llm.runner import Llama
+
+def versions():
+    found = {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        if info.name.startswith("_numba_"):
+            module = importlib.import_module(f"{kernels.__name__}.{info.name}")
+            for name, value in vars(module).items():
+                if isinstance(value, CPUDispatcher):
+                    found[f"{info.name}.{name}"] = len(value.overloads)
+    return found
+
+m = Llama(sys.argv[1], n_ctx=64, n_batch=32, n_threads=int(sys.argv[2]))
+before = versions()
+for n in (2, 3, 5, 9, 16, 17, 32):
+    m.reset()
+    m.eval(list(range(1, n + 1)))
+    m.eval([1])
+after = versions()
+print(json.dumps(sorted(k for k, v in after.items() if v != before.get(k))))
+"""
+
+
+@pytest.mark.parametrize("weight_type", ["f16", "q4_0", "iq4_nl"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prompts_of_any_length_load_no_kernel_after_the_warm_up(
+    tmp_path: Path, weight_type: str, threads: int
+) -> None:
+    assert max(WARM_UP_STEPS) > 16 and 1 in WARM_UP_STEPS  # a prompt step and a token step
+    path = write_tiny_llama(tmp_path / "m.gguf", weight_type)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROMPTS, str(path), str(threads)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
