@@ -182,13 +182,16 @@ def worker_tensorplug(
     file = GGUFFile(path)
     n_layer = int(file.value(f"{file.architecture}.block_count", int))
     placement = Placement.on(registry.dev_by_name("CPU"), n_layer)  # type: ignore[arg-type]
+    # as `tensorplug run` does before and after loading its model (the process is the
+    # command's): the ~150,000 long-lived objects of the imports and the model leave the
+    # collector's generations, or loading and the first prompt's new graph set off full
+    # collections walking them all (60-80 ms of SmolLM2's 128-token prompt on a Zen 5).
+    # Llama itself never freezes, so a program's own objects stay collectable
+    # (runner.Llama's docstring)
+    gc.collect(1)
+    gc.freeze()
     m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch,
               n_threads=None if threads == AUTO else threads)  # fmt: skip
-    # as `tensorplug run` does once its model is loaded (the process is the command's):
-    # the ~150,000 long-lived objects of the imports and the model leave the collector's
-    # generations, or the first prompt's new graph sets off full collections walking them
-    # all (60-80 ms of SmolLM2's 128-token prompt on a Zen 5). Llama itself never
-    # freezes, so a program's own objects stay collectable (runner.Llama's docstring)
     gc.collect(1)
     gc.freeze()
     prompt = _tokens(n_prompt, m.config.n_vocab)
