@@ -150,3 +150,63 @@ def test_batches_are_checked_and_chunked() -> None:
         Batch(np.array([1, 2]), np.array([0]), ((0,), (0,)), np.array([True, True]))
     with pytest.raises(RunError, match="at least one sequence id"):
         Batch(np.array([1]), np.array([0]), ((),), np.array([True]))
+
+
+@pytest.mark.parametrize("tokens", [[7], [3, 1, 4], np.array([2, 9], dtype=np.int32)])
+@pytest.mark.parametrize("all_logits", [False, True])
+def test_a_single_sequence_batch_is_what_the_checked_constructor_makes(
+    tokens: list[int] | np.ndarray, all_logits: bool
+) -> None:
+    """Batch.single skips __post_init__'s checks for what it makes itself: the same
+    fields, dtypes and shapes as the checked constructor gives."""
+    got = Batch.single(tokens, 11, seq=3, all_logits=all_logits)
+    n = len(tokens)
+    flags = np.full(n, all_logits) | (np.arange(n) == n - 1)
+    want = Batch(np.asarray(tokens), np.arange(11, 11 + n), ((3,),) * n, flags)
+    for name in ("tokens", "pos", "logits"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), name
+    assert got.seq_ids == want.seq_ids
+    for bad, match in (([], "at least one token"), ([1], "positions must be in")):
+        with pytest.raises(RunError, match=match):
+            Batch.single(bad, 2**31 if bad else 0)
+
+
+def _recount(kv: KVCells, seq: int) -> int:
+    """seq_pos_max from the arrays alone: what the kept answer must equal."""
+    held = (kv.seqs & np.uint64(1 << seq)) != 0
+    return int(kv.pos[held].max()) if held.any() else -1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int) -> None:
+    """seq_pos_max and has_shift are kept between calls (a generated token asks them
+    every step); after any mix of operations they equal a recount from the cells."""
+    rng = np.random.default_rng(seed)
+    kv = KVCells(48)
+    for _ in range(300):
+        op = rng.integers(0, 8)
+        seq = int(rng.integers(0, 4))
+        try:
+            if op <= 2:  # a step: new cells continuing one or two sequences
+                n = int(rng.integers(1, 5))
+                ids = (seq,) if rng.random() < 0.7 else (seq, (seq + 1) % 4)
+                start = max(kv.seq_pos_max(s) for s in ids) + 1
+                cells = kv.find_slot(n)
+                kv.assign(cells, np.arange(start, start + n), [ids] * n)
+            elif op == 3:
+                kv.seq_rm(seq if rng.random() < 0.9 else -1, int(rng.integers(0, 20)))
+            elif op == 4:
+                kv.seq_cp(seq, (seq + 1) % 4, 0, int(rng.integers(1, 30)))
+            elif op == 5:
+                kv.seq_add(seq, int(rng.integers(0, 10)), None, int(rng.integers(-6, 7)))
+            elif op == 6:
+                if kv.has_shift:
+                    kv.take_shift()
+            elif rng.random() < 0.2:
+                kv.seq_keep(seq) if rng.random() < 0.5 else kv.clear()
+        except (ContextFullError, RunError):
+            pass  # a full cache or a shared cell that cannot move: nothing changed
+        for s in range(4):
+            assert kv.seq_pos_max(s) == _recount(kv, s), (seed, s)
+        assert kv.has_shift == bool((kv.shift != 0).any())

@@ -82,7 +82,17 @@ class Batch:
         flags = np.full(ids.size, all_logits, dtype=bool)
         if logits_last and ids.size:
             flags[-1] = True
-        pos = np.arange(pos0, pos0 + ids.size, dtype=np.int32)
+        if ids.size and pos0 >= 0 and pos0 + ids.size <= 2**31:
+            # valid as made: set without __post_init__'s checks and conversions (a
+            # generated token's batch, each step, with the caches cold after the model)
+            batch = object.__new__(cls)
+            for name, value in (
+                ("tokens", ids), ("pos", np.arange(pos0, pos0 + ids.size, dtype=np.int32)),
+                ("seq_ids", ((check_seq(seq),),) * ids.size), ("logits", flags),
+            ):  # fmt: skip
+                object.__setattr__(batch, name, value)
+            return batch
+        pos = np.arange(pos0, pos0 + ids.size, dtype=np.int64)  # refused with the numbers
         return cls(ids, pos, ((seq,),) * ids.size, flags)
 
     def slice(self, start: int, stop: int) -> Batch:

@@ -55,7 +55,14 @@ def check_seq(seq: int) -> int:
 
 class KVCells:
     """The cells of a KV cache of ``n_ctx`` rows: per cell its position (-1: free), the
-    sequences it belongs to (a bitmask) and the position shift its K row still needs."""
+    sequences it belongs to (a bitmask) and the position shift its K row still needs.
+
+    ``pos``, ``seqs`` and ``shift`` are for reading: the methods here change them, and
+    keep what a generated token asks of them every step (a sequence's last position,
+    whether any shift is pending) without a pass over every cell. Each such pass is a
+    few numpy calls that run with the caches cold after a step of the model (the
+    weights streamed through them): 45 µs of a 100M model's 1.7 ms token on the 2-core
+    dev machine."""
 
     def __init__(self, n_ctx: int) -> None:
         if n_ctx < 1:
@@ -64,6 +71,8 @@ class KVCells:
         self.pos = np.full(n_ctx, -1, dtype=np.int64)
         self.seqs = np.zeros(n_ctx, dtype=np.uint64)
         self.shift = np.zeros(n_ctx, dtype=np.int64)
+        self._pos_max: dict[int, int] = {}  # seq_pos_max's answers since the last change
+        self._shifted = False  # whether some cell's shift may be non-zero
 
     # -- what is where -------------------------------------------------------------------------
 
@@ -96,8 +105,11 @@ class KVCells:
 
     def seq_pos_max(self, seq: int) -> int:
         """The highest position ``seq`` holds, -1 when it holds none."""
-        pos = self.pos[self._held_by(seq)]
-        return int(pos.max()) if pos.size else -1
+        known = self._pos_max.get(seq)
+        if known is None:
+            pos = self.pos[self._held_by(seq)]
+            known = self._pos_max[seq] = int(pos.max()) if pos.size else -1
+        return known
 
     def seq_n_cells(self, seq: int) -> int:
         """How many cells ``seq`` holds (shared ones included)."""
@@ -127,9 +139,18 @@ class KVCells:
     def assign(self, cells: np.ndarray, pos: np.ndarray, seq_ids: Sequence[Sequence[int]]) -> None:
         """Record that ``cells[i]`` now holds position ``pos[i]`` of the sequences
         ``seq_ids[i]`` (what a step's ``set_rows`` writes there)."""
+        was_free = bool((self.pos[cells] < 0).all())
         self.pos[cells] = pos
         self.seqs[cells] = [seq_bits(ids) for ids in seq_ids]
         self.shift[cells] = 0
+        if not was_free:  # a sequence may have lost its last cell
+            self._pos_max.clear()
+            return
+        known = self._pos_max
+        for p, ids in zip(np.asarray(pos).reshape(-1).tolist(), seq_ids, strict=True):
+            for s in ids:
+                if s in known:
+                    known[s] = max(known[s], p)
 
     # -- llama.cpp's memory API ----------------------------------------------------------------
 
@@ -138,6 +159,8 @@ class KVCells:
         self.pos[:] = -1
         self.seqs[:] = 0
         self.shift[:] = 0
+        self._pos_max.clear()
+        self._shifted = False
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> None:
         """``seq`` lets go of its positions in ``[p0, p1)`` (p1 None: to the end; ``seq
@@ -147,7 +170,7 @@ class KVCells:
             self.seqs[cells] = 0
         else:
             self.seqs[cells] &= ~np.uint64(1 << seq)
-        self._free_empty()
+        self._free_empty()  # (forgets the last positions)
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         """``dst`` shares ``src``'s cells of positions ``[p0, p1)``: the same K and V
@@ -156,6 +179,7 @@ class KVCells:
         if src == dst:
             return
         self.seqs[self._in_range(src, p0, p1)] |= np.uint64(1 << dst)
+        self._pos_max.pop(dst, None)
 
     def seq_keep(self, seq: int) -> None:
         """Free every cell ``seq`` does not hold; the cells it holds become its alone."""
@@ -183,6 +207,7 @@ class KVCells:
             )
         self.pos[cells] += delta
         self.shift[cells] += delta
+        self._shifted = True
         gone = cells & (self.pos < 0)
         self.seqs[gone] = 0
         self._free_empty()
@@ -193,16 +218,22 @@ class KVCells:
         cells = np.flatnonzero(self.shift != 0)
         deltas = self.shift[cells].copy()
         self.shift[cells] = 0
+        self._shifted = False
         return cells.astype(np.int64), deltas
 
     @property
     def has_shift(self) -> bool:
-        return bool(np.any(self.shift != 0))
+        if self._shifted:
+            self._shifted = bool(np.any(self.shift != 0))
+        return self._shifted
 
     def _free_empty(self) -> None:
+        """Free the cells no sequence holds; every sequence's last position is
+        forgotten (each caller changed which cells hold what)."""
         empty = self.seqs == 0
         self.pos[empty] = -1
         self.shift[empty] = 0
+        self._pos_max.clear()
 
     # -- attention ---------------------------------------------------------------------------
 

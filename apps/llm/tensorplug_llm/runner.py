@@ -657,7 +657,12 @@ class Llama:
         logits = get_array(sg.logits)
         # rows in out_rows' order, or every row of the step (a graph with as many outputs
         # as tokens has no out_ids): the flagged ones either way
-        logits = logits[: flagged.size] if sg.out_ids is not None else logits[flagged]
+        if sg.out_ids is not None:
+            logits = logits[: flagged.size]
+        elif flagged.size == 1:  # a view, not numpy's copy by index (a token's step)
+            logits = logits[int(flagged[0]) : int(flagged[0]) + 1]
+        elif flagged.size < logits.shape[0]:  # (equal: every row, flagged in order)
+            logits = logits[flagged]
         total = time.perf_counter() - start
         t = self.timings
         if is_prompt:
