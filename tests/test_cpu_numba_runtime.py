@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -94,16 +95,25 @@ def test_a_compile_after_a_cache_load_still_has_numbas_registries(folder: Path) 
     assert after["draw"] == np.random.RandomState(3).random_sample()  # numba's generator is numpy's
 
 
+def _flip_a_middle_bit(data: bytes) -> bytes:
+    """One bit of the machine code changed: still a valid pickle, but not what was
+    written (LLVM's loader would take it as code)."""
+    i = len(data) // 2
+    return data[:i] + bytes([data[i] ^ 0x10]) + data[i + 1 :]
+
+
 @pytest.mark.parametrize(
-    "content", [b"", b"\x00" * 64, b"not a pickle"], ids=["empty", "zeros", "text"]
+    "damage",
+    [lambda d: b"", lambda d: b"\x00" * 64, lambda d: d[: len(d) // 2], _flip_a_middle_bit],
+    ids=["empty", "zeros", "cut short", "one bit of the code changed"],
 )
 def test_an_unreadable_runtime_file_is_compiled_again_and_replaced(
-    folder: Path, content: bytes
+    folder: Path, damage: Callable[[bytes], bytes]
 ) -> None:
     _run(folder)
     [kept] = _runtime_files(folder)
     good = kept.read_bytes()
-    kept.write_bytes(content)
+    kept.write_bytes(damage(good))
     again = _run(folder)
     assert again["sum"] == 285.0 and again["runtime_built"]
     assert kept.read_bytes() == good  # rewritten whole

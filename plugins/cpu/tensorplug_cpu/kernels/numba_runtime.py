@@ -15,8 +15,10 @@ readies two things first, and both cost more than the kernels themselves:
 itself: numba's ``compile_extra`` does), and keeps the runtime library's object code
 in the kernel cache's folder, keyed by numba's and llvmlite's versions and the code
 generator's target (``magic_tuple``: triple, CPU, features), so that later processes
-load it as they load a kernel: 3 ms and 10 MB. A file that cannot be read or written
-only costs the compile.
+load it as they load a kernel: 3 ms and 10 MB. The file is the sha256 of its contents,
+then the contents: machine code that is not exactly what was written is never handed
+to LLVM's loader. A file that cannot be read, does not match its digest, or cannot be
+written only costs the compile.
 """
 
 from __future__ import annotations
@@ -65,14 +67,26 @@ def ready(target_context: Any, folder: Path) -> None:
             nrtdynmod.compile_nrt_functions = compile_nrt_functions
 
 
+#: bytes of the digest that starts the file
+_DIGEST = hashlib.sha256().digest_size
+
+
 def _load(ctx: Any, path: Path) -> Any:
     try:
-        state = pickle.loads(path.read_bytes())
-        return ctx.codegen().unserialize_library(state)
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
-    except Exception as e:  # unreadable: compile it, and the new file replaces it
+    except OSError as e:
         _log.debug("numba runtime library %s unreadable (%s); compiling it", path, e)
+        return None
+    digest, payload = data[:_DIGEST], data[_DIGEST:]
+    if len(digest) < _DIGEST or hashlib.sha256(payload).digest() != digest:
+        _log.debug("numba runtime library %s is not what was written; compiling it", path)
+        return None
+    try:
+        return ctx.codegen().unserialize_library(pickle.loads(payload))
+    except Exception as e:  # another numba's layout: compile it, the new file replaces it
+        _log.debug("numba runtime library %s unusable (%s); compiling it", path, e)
         return None
 
 
@@ -82,7 +96,8 @@ def _compile_and_keep(ctx: Any, path: Path) -> Any:
     library.add_ir_module(ir_module)
     library.finalize()
     try:
-        data = pickle.dumps(library.serialize_using_object_code())
+        payload = pickle.dumps(library.serialize_using_object_code())
+        data = hashlib.sha256(payload).digest() + payload
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         try:
