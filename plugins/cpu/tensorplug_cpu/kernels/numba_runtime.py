@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,8 @@ import llvmlite
 import numba
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.runtime import nrtdynmod, rtsys
+
+from tensorplug.files import replace_file
 
 __all__ = ["ready", "runtime_file"]
 
@@ -97,16 +97,7 @@ def _compile_and_keep(ctx: Any, path: Path) -> Any:
     library.finalize()
     try:
         payload = pickle.dumps(library.serialize_using_object_code())
-        data = hashlib.sha256(payload).digest() + payload
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)  # whole or not at all, for a process reading it now
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        replace_file(path, hashlib.sha256(payload).digest() + payload)
     except OSError as e:  # a read-only cache: the next process compiles it as well
         _log.debug("could not keep numba's runtime library in %s: %s", path, e)
     return library

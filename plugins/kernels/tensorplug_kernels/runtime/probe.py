@@ -35,13 +35,13 @@ import logging
 import os
 import platform
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from tensorplug.errors import TensorplugError
+from tensorplug.files import replace_file
 from tensorplug.settings import Setting, parse_flag
 
 __all__ = [
@@ -335,15 +335,6 @@ class DeviceProbe(Generic[Live]):
         kept = {"format": FORMAT, "runtime": self.runtime, "key": self._key_now(),
                 "devices": records}  # fmt: skip
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(kept, f, indent=1)
-                os.replace(tmp, path)  # readers see the old file or the new, never half
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            replace_file(path, json.dumps(kept, indent=1).encode())
         except (OSError, TypeError, ValueError) as e:
             _log.debug("%s: could not keep the device list in %s (%s)", self.runtime, path, e)
