@@ -154,12 +154,8 @@ class Ahead:
             if time.monotonic() - self.started > WAIT_S:
                 self.close()
                 break
-            line = child.stdout.readline()  # "<job index>\n" per finished job
-            if not line:  # ended: whatever it did not finish is compiled here
-                self.handed.clear()
+            if not self._heard(child.stdout.readline()):
                 break
-            done = self.order[int(line)]
-            self.handed[done] -= 1
 
     def has(self, kernel: Any) -> bool:
         """Whether the child has still to finish ``kernel``: what it has said so far is
@@ -172,14 +168,20 @@ class Ahead:
         if child is not None and child.stdout is not None and os.name == "posix":
             try:
                 while self.handed.get(origin) and select.select([child.stdout], [], [], 0)[0]:
-                    line = child.stdout.readline()
-                    if not line:  # ended: what it did not finish is this process's
-                        self.handed.clear()
+                    if not self._heard(child.stdout.readline()):
                         break
-                    self.handed[self.order[int(line)]] -= 1
             except (OSError, ValueError):  # a pipe that cannot be polled: as unfinished
                 pass
         return bool(self.handed.get(origin))
+
+    def _heard(self, line: bytes) -> bool:
+        """Take one line the child said, ``"<job index>\\n"`` per finished job; False
+        when it has ended (an empty line: whatever it did not finish is compiled here)."""
+        if not line:
+            self.handed.clear()
+            return False
+        self.handed[self.order[int(line)]] -= 1
+        return True
 
     def close(self) -> None:
         """End the child, if it still runs."""
