@@ -314,8 +314,12 @@ class JitKernels:
         may change it after binding. Both are partials of :meth:`_call` (``what``, the
         kernel, its arguments)."""
 
-        def run() -> None:
-            if self.n_threads == 1 and self._serial_ready(serial.args[1], parallel.args[0]):
+        kernel, parallel_what = serial.args[1], parallel.args[0]
+
+        def run() -> None:  # every token: the set is asked before the method is called
+            if self.n_threads == 1 and (
+                kernel in self._serial_ok or self._serial_ready(kernel, parallel_what)
+            ):
                 serial()
             else:
                 parallel()
@@ -386,8 +390,11 @@ class JitKernels:
         threads as well, a 100M model's short-context attention was slower in the
         model, not faster: 25 µs a layer at best, as in isolation, but 61 µs median
         against 28 when shared, its cache rows often evicted by the products.)"""
-        if self.n_threads == 1 and self._serial_ready(self._attend_serial, _ATTENTION):
-            self._call("one-thread flash attention kernel", self._attend_serial, q, k, v, mask,
+        serial = self._attend_serial
+        if self.n_threads == 1 and (
+            serial in self._serial_ok or self._serial_ready(serial, _ATTENTION)
+        ):
+            self._call("one-thread flash attention kernel", serial, q, k, v, mask,
                        order, used, scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
         else:
             self._call(_ATTENTION, self._attend, q, k, v, mask, order, used,
