@@ -356,13 +356,14 @@ def _numbers(f: GGUFFile, key: str, typecode: str) -> array | None:
     integers), or None where it is missing: read whole where the file stores numbers of
     the kind asked, else item by item with :func:`_items`' checks and messages."""
     integer = typecode == "i"
+    too_wide = GGUFError(
+        f"{f.path}: {key} holds integers outside 32 bits; the file is damaged or was not "
+        "written by a GGUF converter"
+    )
     got = f.numbers(key)
     if got is not None and (got.dtype.kind in "iu" or not integer):
         if integer and got.size and (got.min() < _INT32[0] or got.max() > _INT32[1]):
-            raise GGUFError(
-                f"{f.path}: {key} holds integers outside 32 bits; the file is damaged or "
-                "was not written by a GGUF converter"
-            )
+            raise too_wide
         return array(typecode, got.astype(np.int32 if integer else np.float64).tobytes())
     kinds, what = ((int,), "integers") if integer else ((int, float), "numbers")
     items = _items(f, key, kinds, what, None)
@@ -371,10 +372,7 @@ def _numbers(f: GGUFFile, key: str, typecode: str) -> array | None:
     try:
         return array(typecode, items)
     except OverflowError:
-        raise GGUFError(
-            f"{f.path}: {key} holds integers outside 32 bits; the file is damaged or was "
-            "not written by a GGUF converter"
-        ) from None
+        raise too_wide from None
 
 
 def _bad_item(f: GGUFFile, key: str, what: str, i: int, item: object) -> None:
