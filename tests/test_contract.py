@@ -74,10 +74,13 @@ def test_conforms_says_exactly_whether_there_are_problems() -> None:
         _hand_made(Op.SOFT_MAX, (x, x, x), _sm()),  # too many
         _hand_made(Op.SCALE, (x,), {"scale": 2.0, "bias": 0}),  # an int is a float here
     ]
+    not_a_tensor = _hand_made(Op.ADD, (x, x), {})
+    not_a_tensor.src = (x, 3)  # type: ignore[assignment]  # what a careless rewrite leaves
+    broken.append(not_a_tensor)
     nodes = broken + [n for c in catalogue(True, [], []) for n in c.instantiate()[0].nodes]
     for node in nodes:
         assert conforms(node) == (not problems(node)), (node.op, dict(node.op_params))
-    assert sum(not conforms(n) for n in broken) == len(broken) - 1
+    assert sum(not conforms(n) for n in broken) == len(broken) - 1  # the int-as-float one
 
 
 def _sm() -> dict[str, object]:

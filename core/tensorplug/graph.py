@@ -52,16 +52,18 @@ class Graph:
         seen, nodes, leafs = self._seen, self.nodes, self.leafs
         open_: set[int] = set()  # on the current path: meeting one again is a cycle
         # iterative DFS: deep graphs (thousands of layers) must not hit the recursion limit
-        stack: list[tuple[Tensor, int]] = [(tensor, 0)]
+        # each entry: a tensor, its dependencies once visited (made once, not at every
+        # return to it: a new prompt length's graph is ~230 nodes), the next to visit
+        stack: list[tuple[Tensor, tuple[Tensor, ...] | None, int]] = [(tensor, None, 0)]
         while stack:
-            t, i = stack.pop()
-            if i == 0:
+            t, deps, i = stack.pop()
+            if deps is None:
                 if id(t) in seen:
                     continue
                 open_.add(id(t))
-            deps = t.src if t.view_src is None else (*t.src, t.view_src)
+                deps = t.src if t.view_src is None else (*t.src, t.view_src)
             if i < len(deps):
-                stack.append((t, i + 1))
+                stack.append((t, deps, i + 1))
                 child = deps[i]
                 if id(child) in open_:
                     raise GraphError(
@@ -69,7 +71,7 @@ class Graph:
                         "source was changed after the graph was built; build the ops again"
                     )
                 if id(child) not in seen:
-                    stack.append((child, 0))
+                    stack.append((child, None, 0))
                 continue
             open_.discard(id(t))
             if id(t) in seen:

@@ -65,6 +65,14 @@ def _whole(value: object) -> int:
 
 
 def _check_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
+    if type(shape) is tuple and 1 <= len(shape) <= MAX_DIMS:
+        # what the ops build: a tuple of plain non-negative ints, taken as it is (each
+        # op makes a tensor or two, and a new prompt length's step graph ~230 of them)
+        for d in shape:
+            if type(d) is not int or d < 0:
+                break
+        else:
+            return shape
     try:
         if isinstance(shape, (str, bytes)):
             raise TypeError
@@ -180,6 +188,9 @@ class Tensor:
             )
         if strides is None:
             self.strides: tuple[int, ...] = contiguous_strides(self.type, self.shape)
+            # C order: the outermost stride times its extent is every byte (a 1-d
+            # quantized tensor's one stride is a block's, not an element's)
+            spanned = self.strides[0] * self.shape[0] if len(self.shape) > 1 else self.nbytes
         else:
             self.strides = tuple(int(s) for s in strides)
             if len(self.strides) != len(self.shape):
@@ -189,7 +200,8 @@ class Tensor:
                 )
             if any(s < 0 for s in self.strides):
                 raise ShapeError(f"{name or 'tensor'}: negative strides {self.strides}")
-        if self.nbytes > MAX_TENSOR_BYTES:
+            spanned = self.nbytes
+        if spanned > MAX_TENSOR_BYTES:
             raise ShapeError(
                 f"{name or 'tensor'}: shape {self.shape} of {self.type.name} spans "
                 f"{self.nbytes} bytes, more than any memory can hold (2^63 - 1); "
@@ -295,7 +307,7 @@ class Tensor:
     def is_contiguous(self) -> bool:
         """True when the elements are C-ordered with no gaps (dims of size 1 are ignored)."""
         expected = contiguous_strides(self.type, self.shape)
-        return all(
+        return self.strides == expected or all(  # the first test decides most tensors
             d == 1 or s == e for d, s, e in zip(self.shape, self.strides, expected, strict=True)
         )
 

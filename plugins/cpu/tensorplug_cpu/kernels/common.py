@@ -145,13 +145,17 @@ class BuildContext:
         need = max(1, count * dt.itemsize)
         if self._slot == len(self._pool):
             self._pool.append(np.empty(0, np.uint8))
-        if self._pool[self._slot].size < need + 64:  # room to align the start, too
-            # a bigger array for this slot from now on; earlier views keep the old one
-            self._pool[self._slot] = np.empty(need + 64, np.uint8)
         raw = self._pool[self._slot]
+        if raw.size < need:
+            # a bigger array for this slot from now on; earlier views keep the old one.
+            # It is kept cache-line aligned, like host tensors: its start is cut to a
+            # multiple of 64 here, once (``ctypes.data`` per call cost ~1 µs, three
+            # times a product, of every new plan)
+            spare = np.empty(need + 64, np.uint8)
+            skip = -spare.ctypes.data % 64
+            raw = self._pool[self._slot] = spare[skip : skip + need]
         self._slot += 1
-        skip = -raw.ctypes.data % 64  # cache-line aligned, like host tensors
-        return raw[skip : skip + need].view(dt)[:count].reshape(shape)
+        return raw[:need].view(dt)[:count].reshape(shape)
 
     def view(self, t: Tensor) -> np.ndarray:
         """The tensor's memory as numpy: its dtype and strides, or raw blocks if quantized."""
