@@ -180,8 +180,9 @@ def _recount(kv: KVCells, seq: int) -> int:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int) -> None:
-    """seq_pos_max and has_shift are kept between calls (a generated token asks them
-    every step); after any mix of operations they equal a recount from the cells."""
+    """seq_pos_max, has_shift, n_used, used_max and find_slot's hint are kept between
+    calls (a generated token asks them every step); after any mix of operations they
+    equal a recount from the cells."""
     rng = np.random.default_rng(seed)
     kv = KVCells(48)
     for _ in range(300):
@@ -193,6 +194,8 @@ def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int
                 ids = (seq,) if rng.random() < 0.7 else (seq, (seq + 1) % 4)
                 start = max(kv.seq_pos_max(s) for s in ids) + 1
                 cells = kv.find_slot(n)
+                if rng.random() < 0.1:  # over any cells, used ones too (a caller's own)
+                    cells = rng.choice(48, size=n, replace=False).astype(np.int64)
                 kv.assign(cells, np.arange(start, start + n), [ids] * n)
             elif op == 3:
                 kv.seq_rm(seq if rng.random() < 0.9 else -1, int(rng.integers(0, 20)))
@@ -210,3 +213,10 @@ def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int
         for s in range(4):
             assert kv.seq_pos_max(s) == _recount(kv, s), (seed, s)
         assert kv.has_shift == bool((kv.shift != 0).any())
+        used = np.flatnonzero(kv.pos >= 0)
+        assert kv.n_used == used.size, seed
+        assert kv.used_max == (int(used[-1]) + 1 if used.size else 0), seed
+        free = np.flatnonzero(kv.pos < 0)
+        for n in (1, 3):  # the lowest free cells, whatever the hint says
+            if free.size >= n:
+                assert kv.find_slot(n).tolist() == free[:n].tolist(), seed

@@ -48,7 +48,7 @@ from tensorplug.gguf import GGUFError, GGUFFile
 from tensorplug.host import available_cores
 from tensorplug.sched import Scheduler
 from tensorplug.tensor import Tensor
-from tensorplug.transfer import get_array, set_array
+from tensorplug.transfer import set_array
 from tensorplug.types import Type
 
 from .batch import Batch
@@ -65,6 +65,7 @@ from .model import (
 from .placement import Placement, by_priority, host_cpu
 from .pooling import pool, pooling_kind
 from .sampling import Sampler, TokenSampler
+from .step_io import StepIO
 from .threads import ThreadGovernor, thread_counts
 from .tokenizer import Vocab
 
@@ -279,6 +280,8 @@ class Llama:
         self._graphs: OrderedDict[tuple[int, int, int, bool], StepGraph] = OrderedDict()
         #: which cache rows hold which sequences at which positions
         self.kv = KVCells(self.n_ctx)
+        #: the step graphs' inputs and outputs, written and read through kept host views
+        self._io = StepIO()
         self.timings = Timings()
         #: the splits of the prompt and generation graphs the schedulers hold, as they
         #: made them (the warm-up's, until a step of another shape)
@@ -519,6 +522,8 @@ class Llama:
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     def _check_tokens(self, ids: np.ndarray) -> None:
+        if ids.size == 1 and 0 <= int(ids[0]) < self.config.n_vocab:
+            return  # a generated token: no numpy pass over one id
         bad = ids[(ids < 0) | (ids >= self.config.n_vocab)]
         if bad.size:
             raise RunError(
@@ -610,7 +615,7 @@ class Llama:
         padded = min(self.step_rows(T), max(n_free, T)) if pad else T
         cells = self.kv.find_slot(padded)
         self.kv.assign(cells[:T], batch.pos, batch.seq_ids)
-        rows_max = max(self.kv.used_max, int(cells.max()) + 1)
+        rows_max = max(self.kv.used_max, int(cells[-1]) + 1)  # cells come ascending
         n_kv = min(self.n_ctx, -(-rows_max // self.kv_pad) * self.kv_pad)
         flagged = np.flatnonzero(batch.logits)
         out_rows = flagged if flagged.size else np.array([T - 1])
@@ -628,18 +633,19 @@ class Llama:
             self.split_summaries[kind] = self._summarize(sg, sched)
         # an encoder's tokens all see each other: as if each were at the step's last position
         seen_from = batch.pos if self.config.causal else np.full_like(batch.pos, batch.pos.max())
-        set_array(sg.tokens, _padded(batch.tokens.astype(np.int32), padded))
-        set_array(sg.pos, _padded(batch.pos, padded))
-        set_array(sg.kv_idx, cells)
+        write = self._io.write
+        write(sg.tokens, _padded(batch.tokens.astype(np.int32), padded))
+        write(sg.pos, _padded(batch.pos, padded))
+        write(sg.kv_idx, cells)
         mask = self.kv.mask(seen_from, batch.seq_ids, n_kv, sg.mask_window)
-        set_array(sg.mask, _padded_mask(mask, cells[T:]))
+        write(sg.mask, _padded_mask(mask, cells[T:]))
         if sg.mask_swa is not None:
             mask = self.kv.mask(batch.pos, batch.seq_ids, n_kv, self.config.n_swa)
-            set_array(sg.mask_swa, _padded_mask(mask, cells[T:]))
+            write(sg.mask_swa, _padded_mask(mask, cells[T:]))
         if sg.kv_order is not None:
-            set_array(sg.kv_order, self.kv.position_order(n_kv))
+            write(sg.kv_order, self.kv.position_order(n_kv))
         if sg.out_ids is not None:
-            set_array(sg.out_ids, out_rows.astype(np.int32))
+            write(sg.out_ids, out_rows.astype(np.int32))
         if self.governor is not None:
             # prompts on every core: their products split into many chunks that idle
             # threads claim, so a busy core slows a prompt little; and a backend whose
@@ -654,7 +660,7 @@ class Llama:
         compute = time.perf_counter() - t_compute
         if status is not Status.SUCCESS:
             raise ComputeAbortedError(f"the step graph did not compute: {status.name}")
-        logits = get_array(sg.logits)
+        logits = self._io.read(sg.logits)
         # rows in out_rows' order, or every row of the step (a graph with as many outputs
         # as tokens has no out_ids): the flagged ones either way
         if sg.out_ids is not None:
