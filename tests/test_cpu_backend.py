@@ -359,6 +359,42 @@ def test_set_n_threads_sets_the_pool_and_blas_runs_on_one_thread_while_computing
         be.set_n_threads(0)
 
 
+def test_only_a_plan_that_calls_blas_pins_it_to_one_thread() -> None:
+    """Pinning BLAS costs every compute a few µs (each generated token's), so a plan
+    whose steps are all numba kernels leaves BLAS as it is; one with a BLAS product
+    pins it while it computes."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> int:
+        return next(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    be = backend_for()
+    if be.jit is None:
+        pytest.skip("numba is not installed: every quantized product decodes for BLAS")
+    w = tp.new_tensor("q8_0", (64, 64), "w")
+    x = tp.new_tensor("f32", (1, 64), "x")  # one token: the fused integer kernel
+    fused = tp.Graph(ops.scale(ops.mul_mat(w, x), 1.0))
+    a, b = tp.new_tensor("f32", (64, 64), "a"), tp.new_tensor("f32", (64, 64), "b")
+    blas = tp.Graph(ops.scale(ops.mul_mat(a, b), 1.0))
+    place(fused)
+    place(blas)
+    tp.set_array(w, tp.quants.quantize(RNG.standard_normal((64, 64)), tp.Type.Q8_0))
+    tp.set_array(x, RNG.standard_normal((1, 64)).astype(np.float32))
+    tp.set_array(a, RNG.standard_normal((64, 64)).astype(np.float32))
+    tp.set_array(b, RNG.standard_normal((64, 64)).astype(np.float32))
+    original = blas_threads()
+    during: list[int] = []
+    be.set_abort_callback(lambda: during.append(blas_threads()) is not None)  # never aborts
+    fused_plan, blas_plan = be.graph_plan_create(fused), be.graph_plan_create(blas)
+    assert not fused_plan.uses_blas and blas_plan.uses_blas  # type: ignore[attr-defined]
+    be.graph_plan_compute(fused_plan)
+    assert set(during) == {original}
+    during.clear()
+    be.graph_plan_compute(blas_plan)
+    assert set(during) == {1}
+    assert blas_threads() == original
+
+
 # -- host memory --------------------------------------------------------------------------------
 
 

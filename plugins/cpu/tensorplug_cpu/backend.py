@@ -24,6 +24,7 @@ overrides both ways).
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import nullcontext
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +122,8 @@ class CpuGraphPlan(GraphPlan):
         self.node_list: list[Tensor] = []
         self.epoch = -1
         self.freed = False
+        #: whether a step calls numpy's BLAS (:attr:`BuildContext.uses_blas`)
+        self.uses_blas = False
         self.bind(graph, backend.jit, backend.ggml_order, key)
 
     def bind(
@@ -175,6 +178,7 @@ class CpuGraphPlan(GraphPlan):
             jit.compile_ahead()
         self.graph = graph
         self.steps, self.nodes = steps, nodes
+        self.uses_blas = ctx.uses_blas
         self.buffers = tuple(buffers.values())
         self.key = graph_key(graph.nodes) if key is None else key
         self.node_list, self.epoch = list(graph.nodes), placement_epoch()
@@ -333,8 +337,9 @@ class CpuBackend(Backend):
         abort, steps = self.abort_callback, plan.steps
         i = 0
         # ggml's kernels produce inf/NaN silently; numpy's warnings would only be noise.
-        # BLAS on one thread: the worker pool splits products instead.
-        with np.errstate(all="ignore"), ThreadControl.blas_single():
+        # BLAS on one thread where a step calls it: the worker pool splits products instead.
+        blas = ThreadControl.blas_single() if plan.uses_blas else nullcontext()
+        with np.errstate(all="ignore"), blas:
             try:
                 if abort is None:
                     for i, step in enumerate(steps):  # noqa: B007  (i is read on error)

@@ -298,6 +298,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
 
         return sequence(prep, run_few)
 
+    ctx.uses_blas = True  # the batched products below
     if term is not None and term.dtype != F32:
         # an F16 mask added as is costs numpy a slow mixed-type loop per chunk: widen once
         raw_term, term = term, ctx.scratch(term.shape)

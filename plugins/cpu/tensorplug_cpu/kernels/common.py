@@ -133,6 +133,10 @@ class BuildContext:
         # node's step. Distinct slots keep one node's temporaries apart.
         self._pool: list[np.ndarray] = []
         self._slot = 0
+        #: whether a step calls numpy's BLAS (a builder that binds one says so): only
+        #: then does a compute pin BLAS to one thread around the plan (~4 µs a compute,
+        #: more with the caches cold, every generated token)
+        self.uses_blas = False
 
     def begin_node(self) -> None:
         """Start handing out scratch for a new node (earlier nodes' scratch is reusable)."""

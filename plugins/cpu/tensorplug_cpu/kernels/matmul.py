@@ -196,6 +196,7 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
         assert jit is not None
         return sequence(load_b, _fused_matvec(ctx, t, a4, b4, out4, jit))
     # the other paths multiply by the activations ggml's rounding leaves, as float32
+    ctx.uses_blas = True
     load_b, rounded, corr = _rounded(ctx, t, load_b, b4, jit)
     product = _unrounded_product(ctx, t, path, a4, rounded, out4, plain, jit)
     offsets = _offset_correction(a4, corr, out4) if corr is not None else None
@@ -318,6 +319,7 @@ def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
     buf = a_t.require_allocated()
     assert isinstance(buf, RepackBuffer)
     if path == REPACKED_DECODE:
+        ctx.uses_blas = True
         blocks = ctx.scratch((n_out, n_in // a_t.type.block_size, a_t.type.type_size), np.uint8)
 
         def unpacked() -> None:
@@ -453,6 +455,7 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = N
     the expert they selected, and each used expert's weights are decoded once and
     multiplied with all its rows in one BLAS call; decoding is mul_mat's (numba where
     it has the type), into one expert-sized scratch."""
+    ctx.uses_blas = True
     as_t, b_t, ids_t = node.src
     b32, load_b = ctx.f32_in(b_t)
     raw, ids, out = ctx.view(as_t), ctx.view(ids_t), ctx.view(node)
