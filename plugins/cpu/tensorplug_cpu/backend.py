@@ -24,8 +24,8 @@ overrides both ways).
 from __future__ import annotations
 
 from collections import OrderedDict
-from contextlib import nullcontext
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np

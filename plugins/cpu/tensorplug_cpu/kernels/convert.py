@@ -9,6 +9,7 @@ encoded row by row with :func:`tensorplug.quants.quantize`, byte-identical to GG
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -82,12 +83,22 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
     # numba decodes a token's embedding row in microseconds; the numpy codec spends
     # ~200 µs setting up for one row, every generated token
     jit = ctx.jit if ctx.jit is not None and ctx.jit.supports(t) else None
+    # the rows' raw blocks are gathered into a scratch array whose decoder is bound once
+    # here (binding it at each call was ~10 µs of every generated token)
+    decoders: dict[int, tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]] = {}
+    if jit is not None:
+        for i, (table, idx, dst) in enumerate(batches):
+            if dst.flags.c_contiguous:
+                taken = ctx.scratch((idx.size, *table.shape[1:]), table.dtype)
+                decoders[i] = (taken, jit.bind_dequantize(t, taken))
 
-    def gather(table: np.ndarray, idx: np.ndarray, dst: np.ndarray) -> None:
+    def gather(i: int, table: np.ndarray, idx: np.ndarray, dst: np.ndarray) -> None:
         if t in (Type.F32, Type.I32):
             np.take(table, idx, axis=0, out=dst)
-        elif jit is not None and dst.flags.c_contiguous:
-            jit.dequantize(t, np.take(table, idx, axis=0), dst)
+        elif i in decoders:
+            taken, decode = decoders[i]
+            np.take(table, idx, axis=0, out=taken)
+            decode(dst)
         elif t.is_quantized:
             np.copyto(dst, dequantize_blocks(np.take(table, idx, axis=0), t))
         else:
@@ -95,8 +106,8 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
 
     def run() -> None:
         try:
-            for table, idx, dst in batches:
-                gather(table, idx, dst)
+            for i, (table, idx, dst) in enumerate(batches):
+                gather(i, table, idx, dst)
         except IndexError as e:
             raise _index_error(node, e) from e
 
