@@ -10,8 +10,9 @@ Thread counts are process-wide in numba and in the worker pool, while ggml sets 
 backend. Each backend therefore remembers the count it wants and :class:`ThreadControl`
 re-applies it only when a different backend last changed it, so that alternating
 backends get their own counts at no cost otherwise. BLAS is not given that count: it
-runs on one thread while a backend computes (:meth:`ThreadControl.blas_single`), and the
-pool splits big products instead (see :mod:`.workers`).
+runs on one thread while a backend computes a plan that calls it
+(:meth:`ThreadControl.blas_single`), and the pool splits big products instead (see
+:mod:`.workers`).
 """
 
 from __future__ import annotations
