@@ -21,7 +21,7 @@ from tensorplug.transfer import get_array, tensor_set
 from tensorplug.types import Type
 from tensorplug_llm.model import LlamaConfig, LlamaWeights
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import COPIED_BELOW, Llama
 from tensorplug_llm.tiny import write_tiny_llama
 
 
@@ -314,22 +314,27 @@ def test_token_embeddings_only_get_rows_reads_are_not_mapped_in_ahead(
     tmp_path: Path, repack: bool
 ) -> None:
     """Token embeddings that only get_rows reads (a tied output layer reads its own
-    repacked copy) have their pages mapped in row by row, as a prompt reads them, not
-    all at load: Gemma 3's 178 MB of them were resident for a few rows. Where the output
-    layer's products read the mapping itself (no repacking) all of it is mapped in."""
+    repacked copy) are never mapped in: not at load (Gemma 3's 178 MB of them were
+    resident for a few rows), nor as a prompt reads its rows, which come from the file
+    (``HostBuffer.file_rows``): read through the mapping, Linux mapped in the cached
+    pages around each (fault-around, 64 KiB, or a large folio: 57 KB to 2 MB seen).
+    Where the output layer's products read the mapping itself (no repacking) all of it
+    is mapped in."""
     path = write_tiny_llama(tmp_path / "tied.gguf", "q8_0", 3, tied=True, n_vocab=32768)
-    tokens = [1, 300, 7000, 4242]
+    tokens = [1, 300, 7000, 4242, 9000, 15000, 22000, 32000]
     m = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, repack=repack)
     try:
         info = m.file.tensors["token_embd.weight"]  # 2.2 MB: 544 pages
         resident = _resident_bytes(m.file.data, info.offset, info.offset + info.nbytes)
         logits = m.eval(tokens)
+        after = _resident_bytes(m.file.data, info.offset, info.offset + info.nbytes)
         if repack:
             assert isinstance(m.weights, LlamaWeights)
             assert m.weights.output.require_allocated().name == "CPU_REPACK"
-            # the warm-up read row 0: one fault, which Linux maps in with the cached pages
-            # around it (fault-around, 64 KiB, or a large folio: 57-188 KB seen)
+            # at load, mapping its neighbours may map in a page or two at its ends
+            # (fault-around); the prompt's rows, read from the file, map in none
             assert resident <= info.nbytes // 4, f"{resident} of {info.nbytes} bytes resident"
+            assert after == resident, f"{after - resident} bytes mapped in by the prompt"
         elif populate_mapping(m.file.data, 0, 4096):
             assert resident >= info.nbytes - 2 * 4096  # all its whole pages
     finally:
@@ -337,6 +342,23 @@ def test_token_embeddings_only_get_rows_reads_are_not_mapped_in_ahead(
     placement = Placement.on(host_cpu(), 2)
     with Llama(path, placement=placement, n_ctx=16, use_mmap=False, repack=repack) as copy:
         assert np.array_equal(logits, copy.eval(tokens))  # the same, read either way
+
+
+def test_small_weights_are_copied_and_large_ones_mapped(tmp_path: Path) -> None:
+    """Where weights are mapped, a tensor under COPIED_BELOW bytes (a norm) is copied
+    out of the file instead: mapping its few KiB mapped in the cached large folios
+    around it (~1 MiB a norm seen). The large ones are the file's own memory."""
+    path = write_tiny_llama(tmp_path / "m.gguf", "f32", 3, n_vocab=8192)
+    with Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, repack=False) as m:
+        sizes = {False: [], True: []}  # type: dict[bool, list[int]]
+        for t in m.weights.by_name:
+            memory = t.require_allocated().host_array()
+            sizes[bool(np.shares_memory(memory, m.file.data))].append(t.nbytes)
+        assert sizes[False] and max(sizes[False]) < COPIED_BELOW
+        assert sizes[True] and min(sizes[True]) >= COPIED_BELOW
+        logits = m.eval([1, 2, 3])
+    with Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, use_mmap=False) as copy:
+        np.testing.assert_array_equal(logits, copy.eval([1, 2, 3]))
 
 
 def test_mapping_splits_runs_at_misaligned_offsets(tmp_path: Path) -> None:

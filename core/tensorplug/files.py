@@ -1,9 +1,15 @@
-"""Files other processes may read while this one writes them: caches kept between runs.
+"""Files read and written in part: caches kept between runs, a model's rows on demand.
 
 A cache file (a GPU plugin's device list, the CPU kernels' runtime library) is read by
 every process that starts, possibly while another rewrites it. :func:`replace_file`
 writes the new contents beside the old file and renames it into place, so a reader
 sees the old file or the new one, never half of either.
+
+A :class:`FileRange` reads a few bytes of a file that is also mapped into memory
+without touching the mapping: Linux maps in the cached pages around every byte read
+through a mapping (fault-around, and whole large folios), 64 KiB to 2 MiB a read, so a
+128-token prompt's rows of Gemma 3's 178 MB token embeddings made ~85 MB of the file
+resident in the process (kernel 6.18); read with ``pread`` they stay in the page cache.
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import weakref
 from pathlib import Path
 
-__all__ = ["replace_file"]
+__all__ = ["FileRange", "pread_into", "replace_file"]
 
 
 def replace_file(path: Path, data: bytes) -> None:
@@ -29,3 +36,44 @@ def replace_file(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+class FileRange:
+    """Bytes ``offset .. offset + size`` of an open file, read in pieces with ``pread``.
+
+    It holds a descriptor of its own (a duplicate of ``fd``, closed with it), so it
+    reads the file that was opened, even if the path is later given to another.
+    ``what`` names the file in errors."""
+
+    def __init__(self, fd: int, offset: int, size: int, what: str) -> None:
+        self.offset, self.size, self.what = offset, size, what
+        self._fd = os.dup(fd)
+        self._close = weakref.finalize(self, os.close, self._fd)
+
+    def read(self, into: memoryview, at: int) -> None:
+        """Fill ``into`` (writable bytes) from byte ``at`` of the range; ``OSError`` when
+        the file no longer holds them (it was cut short while in use)."""
+        n = len(into)
+        if at < 0 or at + n > self.size:
+            raise ValueError(f"bytes [{at}, {at + n}) are outside the range's {self.size}")
+        done = 0
+        while done < n:
+            got = pread_into(self._fd, into[done:], self.offset + at + done)
+            if got == 0:
+                raise OSError(
+                    f"{self.what}: the file ends before byte {self.offset + at + n}: it "
+                    "changed or was truncated while in use; do not rewrite a model while "
+                    "it runs"
+                )
+            done += got
+
+
+def pread_into(fd: int, into: memoryview, offset: int) -> int:
+    """Read into ``into`` from byte ``offset`` of ``fd``; the count read (0 at the end).
+    Where the OS has no ``pread`` (Windows) it seeks, so ``fd`` must be the caller's own."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [into], offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    data = os.read(fd, len(into))
+    into[: len(data)] = data
+    return len(data)

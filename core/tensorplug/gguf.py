@@ -53,7 +53,8 @@ from .alloc import alloc_tensors
 from .buffer import Buffer, BufferType, BufferUsage
 from .errors import TensorplugError
 from .extras import require
-from .host import host_memory
+from .files import FileRange, pread_into
+from .host import HostBuffer, host_memory
 from .tensor import Tensor, new_tensor
 from .transfer import tensor_alloc, tensor_set
 from .types import Type
@@ -366,7 +367,7 @@ class GGUFFile:
             )
         view, done = memoryview(out.data), 0
         while done < out.size:  # Linux reads at most ~2 GiB per call
-            n = _read_at(self._fd, view[done:], info.offset + start + done)
+            n = pread_into(self._fd, view[done:], info.offset + start + done)
             if n == 0:
                 self.check_unchanged()
                 raise GGUFError(f"{self.path}: the file ends inside tensor {info.describe()}")
@@ -416,13 +417,14 @@ class GGUFFile:
         are read-only and keep the mapping alive. Their pages are mapped into the
         process here, at once (:func:`populate_mapping`), except those of the tensors
         named in ``sparse``: tensors read a few rows at a time, like token embeddings
-        that only ``get_rows`` reads, whose pages are mapped in as rows are read. Gemma
-        3's 178 MB of token embeddings were all resident that way, for the few rows a
-        prompt uses (its output layer reads a repacked copy of them); after a 128-token
-        prompt 9 MB of them are. Linux maps in the cached pages around each row read
-        (fault-around, and whole large folios: 64 KiB to ~0.5 MB a read on the dev
-        machine), so a smaller table fills sooner: 11 of the 100M model's 14 MB and 37
-        of the 660M's 37 MB by that prompt.
+        that only ``get_rows`` reads. Each of those gets a buffer of its own, which
+        says where its bytes are in the file (``HostBuffer.file_rows``, where the device
+        wraps host memory in a :class:`~tensorplug.host.HostBuffer`), so that a backend
+        reads its rows with ``pread`` and never maps its pages in: Linux maps in the
+        cached pages around each row read through a mapping (fault-around, and whole
+        large folios: 64 KiB to 2 MiB a read), which made Gemma 3's 178 MB of token
+        embeddings 9 MB resident after a 128-token prompt on one dev machine and 85 MB
+        on another (kernel 6.18), and 11 of the 100M model's 14 MB.
         """
         self.check_unchanged()
         order = sorted(self._pairs(tensors), key=lambda kv: self.tensors[kv[0]].offset)
@@ -430,7 +432,9 @@ class GGUFFile:
         runs: list[list[tuple[Tensor, TensorInfo]]] = []
         for name, t in order:
             info = self.tensors[name]
-            if runs and (info.offset - runs[-1][0][1].offset) % align == 0:
+            alone = info.name in sparse
+            if (runs and not alone and runs[-1][0][1].name not in sparse
+                    and (info.offset - runs[-1][0][1].offset) % align == 0):  # fmt: skip
                 runs[-1].append((t, info))
             else:
                 runs.append([(t, info)])
@@ -444,6 +448,8 @@ class GGUFFile:
                     populate_mapping(self.data, info.offset, info.offset + info.nbytes)
             buf = device.buffer_from_host_ptr(self.data[start:end], largest)
             buf.usage = BufferUsage.WEIGHTS
+            if run[0][1].name in sparse and isinstance(buf, HostBuffer):
+                buf.file_rows = FileRange(self._fd, start, end - start, str(self.path))
             buffers.append(buf)
             for t, info in run:
                 tensor_alloc(buf, t, info.offset - start)
@@ -507,16 +513,6 @@ def row_chunks(info: TensorInfo) -> list[tuple[int, int]]:
         return [(0, info.nbytes)]
     step = max(1, UPLOAD_CHUNK // (row * CHUNK_ROWS)) * CHUNK_ROWS * row
     return [(start, min(start + step, info.nbytes)) for start in range(0, info.nbytes, step)]
-
-
-def _read_at(fd: int, into: memoryview, offset: int) -> int:
-    """Read into ``into`` from byte ``offset`` of ``fd``; the count read (0 at the end)."""
-    if hasattr(os, "preadv"):
-        return os.preadv(fd, [into], offset)
-    os.lseek(fd, offset, os.SEEK_SET)  # Windows: no pread; the fd is this object's own
-    data = os.read(fd, len(into))
-    into[: len(data)] = data
-    return len(data)
 
 
 _READER: type | None = None

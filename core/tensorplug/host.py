@@ -18,6 +18,7 @@ from .errors import AllocationError, LayoutMismatchError, TypeMismatchError, Uns
 
 if TYPE_CHECKING:
     from .device import Device
+    from .files import FileRange
     from .tensor import Tensor
 
 __all__ = [
@@ -97,6 +98,10 @@ class HostBuffer(Buffer):
         # elements this memory spans: the bytes between them belong to that array's other
         # elements, so raw-byte writes here must stay on the elements' own bytes.
         self.elements: np.ndarray | None = None
+        # Set by GGUFFile.map_tensors to the file bytes this memory maps, on buffers of
+        # tensors read a few rows at a time (token embeddings): a backend reads such
+        # rows through the file rather than the mapping (tensorplug.files.FileRange).
+        self.file_rows: FileRange | None = None
 
     @property
     def base(self) -> int:

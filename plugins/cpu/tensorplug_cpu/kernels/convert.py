@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tensorplug.errors import OutOfBoundsError
+from tensorplug.files import FileRange
+from tensorplug.host import HostBuffer
 from tensorplug.quants import dequantize_blocks, quantize
 from tensorplug.types import Type
 
@@ -70,7 +72,10 @@ def _index_error(node: Tensor, e: Exception) -> OutOfBoundsError:
 
 
 def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
-    """Gather rows of ``a`` per outer batch; quantized rows are decoded after the gather."""
+    """Gather rows of ``a`` per outer batch; quantized rows are decoded after the gather.
+    A table whose buffer says where its bytes are in a file (a GGUF model's token
+    embeddings: ``HostBuffer.file_rows``) has its rows read from the file, so its pages
+    are never mapped into the process (:mod:`tensorplug.files`)."""
     a_t, rows_t = node.src
     a, rows, out = ctx.view(a_t), ctx.view(rows_t), ctx.view(node)
     # negative indices seen as uint32 become huge, so numpy's bounds check rejects them
@@ -83,26 +88,44 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
     # numba decodes a token's embedding row in microseconds; the numpy codec spends
     # ~200 µs setting up for one row, every generated token
     jit = ctx.jit if ctx.jit is not None and ctx.jit.supports(t) else None
-    # the rows' raw blocks are gathered into a scratch array whose decoder is bound once
-    # here (binding it at each call was ~10 µs of every generated token)
-    decoders: dict[int, tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]] = {}
-    if jit is not None:
-        for i, (table, idx, dst) in enumerate(batches):
-            if dst.flags.c_contiguous:
-                taken = ctx.scratch((idx.size, *table.shape[1:]), table.dtype)
-                decoders[i] = (taken, jit.bind_dequantize(t, taken))
+    file_rows = _file_rows(a_t)
+    # the rows are gathered into a scratch array of each batch's where numba decodes them
+    # (its decoder bound once here: at each call it was ~10 µs of every generated token)
+    # or where they are read from the file
+    taken_by: dict[int, np.ndarray] = {}
+    decoders: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
+    for i, (table, idx, dst) in enumerate(batches):
+        decode_here = jit is not None and dst.flags.c_contiguous
+        if decode_here or file_rows is not None:
+            taken = taken_by[i] = ctx.scratch((idx.size, *table.shape[1:]), table.dtype)
+            if jit is not None and decode_here:
+                decoders[i] = jit.bind_dequantize(t, taken)
+    read = None if file_rows is None else _row_reader(file_rows, a_t, taken_by[0])
+
+    def take(i: int, table: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` of ``table``, in the batch's scratch where it has one."""
+        into = taken_by.get(i)
+        if into is None:
+            return np.take(table, idx, axis=0)
+        if read is not None:
+            read(idx)
+        else:
+            np.take(table, idx, axis=0, out=into)
+        return into
 
     def gather(i: int, table: np.ndarray, idx: np.ndarray, dst: np.ndarray) -> None:
-        if t in (Type.F32, Type.I32):
-            np.take(table, idx, axis=0, out=dst)
-        elif i in decoders:
-            taken, decode = decoders[i]
-            np.take(table, idx, axis=0, out=taken)
-            decode(dst)
+        if i in decoders:
+            take(i, table, idx)
+            decoders[i](dst)
+        elif t in (Type.F32, Type.I32):
+            if i in taken_by:
+                np.copyto(dst, take(i, table, idx))
+            else:
+                np.take(table, idx, axis=0, out=dst)
         elif t.is_quantized:
-            np.copyto(dst, dequantize_blocks(np.take(table, idx, axis=0), t))
+            np.copyto(dst, dequantize_blocks(take(i, table, idx), t))
         else:
-            np.copyto(dst, to_f32(np.take(table, idx, axis=0), t))
+            np.copyto(dst, to_f32(take(i, table, idx), t))
 
     def run() -> None:
         try:
@@ -112,6 +135,36 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
             raise _index_error(node, e) from e
 
     return run
+
+
+def _file_rows(table: Tensor) -> FileRange | None:
+    """Where ``table``'s rows are read from, where its buffer says they are a file's
+    (``HostBuffer.file_rows``) and they lie whole in it: a 2-d table of its own memory
+    whose rows are dense; else None (read through memory)."""
+    buf = table.base.buffer
+    if not isinstance(buf, HostBuffer) or buf.file_rows is None:
+        return None
+    if table.ndim != 2 or table.view_src is not None or not table.rows_contiguous:
+        return None
+    return buf.file_rows
+
+
+def _row_reader(
+    file_rows: FileRange, table: Tensor, into: np.ndarray
+) -> Callable[[np.ndarray], None]:
+    """``read(idx)``: rows ``idx`` of ``table`` from ``file_rows`` into ``into`` (its
+    rows in order), an index past the table an ``IndexError`` as numpy's ``take``
+    raises. One ``pread`` a row: a generated token's one row, a prompt's each of its."""
+    n_rows, stride, first = table.shape[0], table.strides[0], table.offset
+    dests = [row.data for row in into.reshape(into.shape[0], -1).view(np.uint8)]
+
+    def read(idx: np.ndarray) -> None:
+        for dest, r in zip(dests, idx.tolist(), strict=True):
+            if r >= n_rows:
+                raise IndexError(f"index {r} is out of bounds for axis 0 with size {n_rows}")
+            file_rows.read(dest, first + r * stride)
+
+    return read
 
 
 #: Up to this many rows per batch, set_rows checks and writes them one by one.
