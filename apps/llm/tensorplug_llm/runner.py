@@ -390,8 +390,12 @@ class Llama:
                 sparse = {name for name, t in pairs if only_rows and t is w.tok_embd}
                 # a small tensor (a norm, a bias) is copied rather than mapped: mapping its
                 # pages in maps the whole large folios of the page cache around them too
-                small = [(n, t) for n, t in pairs if n not in sparse and t.nbytes < COPIED_BELOW]
-                mapped = [(n, t) for n, t in pairs if n in sparse or t.nbytes >= COPIED_BELOW]
+                small: list[tuple[str, Tensor]] = []
+                mapped: list[tuple[str, Tensor]] = []
+                for name, t in pairs:
+                    (small if name not in sparse and t.nbytes < COPIED_BELOW else mapped).append(
+                        (name, t)
+                    )
                 if small and (buf := self.file.upload_tensors(small, dev.buffer_type(),
                                                                 uploaded)) is not None:  # fmt: skip
                     mem.buffers.append(buf)

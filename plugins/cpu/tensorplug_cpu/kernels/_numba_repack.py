@@ -397,20 +397,20 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
         widths = [lanes if len(u) == 1 else 8 * len(u) for u in units]
         zeros = [ir.Constant(ir.VectorType(_F32, w), [0.0] * w) for w in widths]
 
-        hint = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), _I8.as_pointer(), _I32, _I32,
-                   _I32)  # fmt: skip
-        ahead = builder.mul(_I64(PREFETCH_GROUPS), stride[0])
+        def prefetch(base: Any) -> None:
+            """Ask for this block of the group PREFETCH_GROUPS on (a hint: never a fault,
+            past the matrix's end too)."""
+            hint = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), _I8.as_pointer(), _I32,
+                       _I32, _I32)  # fmt: skip
+            later = builder.gep(base, [builder.mul(_I64(PREFETCH_GROUPS), stride[0])])
+            for off in range(0, lay.block, 64):
+                builder.call(hint, [builder.gep(later, [_I64(off)]), _I32(0), _I32(3), _I32(1)])
 
         def block(b: Any, flat: list[Any]) -> list[Any]:
             accs = [flat[n_accs * i : n_accs * (i + 1)] for i in range(len(units))]
             base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
-            # this block of the group PREFETCH_GROUPS on (a hint: never a fault, past
-            # the matrix's end too)
             if lay.type in PREFETCHED:
-                later = builder.gep(base, [ahead])
-                for off in range(0, lay.block, 64):
-                    builder.call(hint, [builder.gep(later, [_I64(off)]), _I32(0), _I32(3),
-                                        _I32(1)])  # fmt: skip
+                prefetch(base)
             new = body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table, units),
                        accs)  # fmt: skip
             return [v for vals in new for v in vals]
