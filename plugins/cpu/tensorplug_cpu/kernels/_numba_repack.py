@@ -36,12 +36,14 @@ A repacked product is one sequential stream of bytes, which the hardware prefetc
 follow: asking for the blocks ahead made Q4_K 25% slower from memory (59 → 43 G
 weights/s) and Q4_0 and Q8_0 no faster on the Zen 4 dev machine (32 4096×768 matrices,
 one core); the four-row kernels of the natural layout, four streams at once, needed it.
-Q6_K is the exception (:data:`PREFETCHED`): its tiles read each 1,680-byte block out of
-order (scales, then code runs by half and quarter), and from memory its products ran at
-a quarter of Q4_K's speed; asking for the block two groups ahead took the 100M Q6_K
-model's generated token from 9.2–9.4 to 7.7–8.1 ms on one thread and 5.7–5.8 to
-4.9–5.1 ms on two (alternated runs, AMD EPYC Zen 4), a 128-token prompt 6–7% faster.
-That is still ~3x Q4_K's time a token: what holds Q6_K back from memory is not found.
+The stream must also be read in order *within* a block: Q6_K's ``vec_dot``-order tile
+(:func:`_q6_k_lane_body`) once took its 1,680-byte block chunk by chunk across both
+halves (two streams 768 bytes apart, one step each) and from memory ran at 8 GB/s
+where Q4_K runs at 21 (a 32000×768 product by one row, eight such matrices in turn, AMD
+EPYC Zen 4, one core); asking for the blocks two groups ahead brought it to 10.
+Taking each half's chunks in turn (the same integers, so the same bits) and asking for
+nothing ahead: 26–30 GB/s, and the 100M Q6_K model's generated token 8.7–9.0 → 3.4–3.6
+ms (one thread).
 """
 
 from __future__ import annotations
@@ -354,16 +356,6 @@ def _units(n_tok: int, paired: bool) -> list[tuple[int, ...]]:
     return [tuple(range(t, min(t + 2, n_tok))) for t in range(0, n_tok, 2)]
 
 
-#: Groups ahead of the one a tile multiplies whose bytes it asks the CPU to fetch, block
-#: by block as it goes, for the layouts in :data:`PREFETCHED`. A decode step's weights
-#: come from memory, not the caches: Q6_K's repacked product of 32000×768 weights by one
-#: row took 2.4 ms without it, 0.7 with it (the plain layout's: 1.05; AMD EPYC Zen 4, one
-#: core, ``benchmarks/bench_repack.py``). One group ahead and four were slower than two.
-PREFETCH_GROUPS = 2
-#: The layouts whose tiles prefetch (the module's docstring says why not every one)
-PREFETCHED = frozenset({Type.Q6_K})
-
-
 def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int,
           paired: bool = False, lanes: int = 8) -> Emit:  # fmt: skip
     """The IR of a tile, for arguments ``(packed, g, xq, xd, xs, table, t0, out, …)``:
@@ -397,20 +389,9 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
         widths = [lanes if len(u) == 1 else 8 * len(u) for u in units]
         zeros = [ir.Constant(ir.VectorType(_F32, w), [0.0] * w) for w in widths]
 
-        def prefetch(base: Any) -> None:
-            """Ask for this block of the group PREFETCH_GROUPS on (a hint: never a fault,
-            past the matrix's end too)."""
-            hint = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), _I8.as_pointer(), _I32,
-                       _I32, _I32)  # fmt: skip
-            later = builder.gep(base, [builder.mul(_I64(PREFETCH_GROUPS), stride[0])])
-            for off in range(0, lay.block, 64):
-                builder.call(hint, [builder.gep(later, [_I64(off)]), _I32(0), _I32(3), _I32(1)])
-
         def block(b: Any, flat: list[Any]) -> list[Any]:
             accs = [flat[n_accs * i : n_accs * (i + 1)] for i in range(len(units))]
             base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
-            if lay.type in PREFETCHED:
-                prefetch(base)
             new = body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table, units),
                        accs)  # fmt: skip
             return [v for vals in new for v in vals]
@@ -1046,7 +1027,9 @@ def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     less ``32·(sc_2c·bsum_2c + sc_2c+1·bsum_2c+1)`` (ggml's ``q8sclsub``: the sums of 16
     activation codes of groups ``2c``, ``2c + 1``, ``xs`` for Q6_K); joined once per row
     by :func:`_hsum_8`. Its arithmetic per super-block: eight integer scalings a run
-    where :func:`_q6_k_body` scales each 16 values in floats."""
+    where :func:`_q6_k_body` scales each 16 values in floats. The eight integers are
+    built half by half, each half's chunks in turn, so the block is read in order (the
+    module's docstring: from memory, 3x faster than chunk by chunk across the halves)."""
     builder, b = blk.builder, blk.b
     n_tok = len(accs)
     fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
@@ -1056,10 +1039,10 @@ def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                for t in range(n_tok)]  # fmt: skip
 
     new = [list(a) for a in accs]
-    for c in range(8):
-        half = c // 4  # values 0-15 of each run, or 16-31
-        totals = [_q6_k_offsets(blk, t, (2 * c, 2 * c + 1)) for t in range(n_tok)]
-        for n in range(2):
+    totals = [[_q6_k_offsets(blk, t, (2 * c, 2 * c + 1)) for t in range(n_tok)] for c in range(8)]
+    for n in range(2):
+        for c in range(8):
+            half = c // 4  # values 0-15 of each run, or 16-31
             codes = _q6_k_codes(blk, n, c)
             for k in range(4):
                 sc = _q6_k_group_scales(blk, 8 * n + 2 * k + half)
@@ -1067,9 +1050,10 @@ def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                 for t in range(n_tok):
                     run = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
                     run.add(codes[k], blk.x_word(t, x_block, 4 * c), 63)
-                    totals[t] = builder.add(totals[t], builder.mul(sc, run.flush()))
+                    totals[c][t] = builder.add(totals[c][t], builder.mul(sc, run.flush()))
+    for c in range(8):
         for t in range(n_tok):
-            isum = builder.sitofp(totals[t], _V8F)
+            isum = builder.sitofp(totals[c][t], _V8F)
             new[t][c] = builder.call(fma, [factors[t], isum, new[t][c]])
     return new
 
