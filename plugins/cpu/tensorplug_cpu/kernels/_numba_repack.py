@@ -103,6 +103,9 @@ GGML_GEMM_ROWS = 4
 #: (``ggml_tiled_min_batch``): with ggml's order a driver's Q6_K tiles take the tiled
 #: product's order (:func:`_q6_k_tiled_body`) when it has this many rows or more
 GGML_TILED_MIN_ROWS = 8
+#: what Q6_K's stored codes exceed their values by: its products' ``xs`` hold each
+#: 16-value group's activation sum times ``−Q6_K_OFFSET`` (:func:`_sums_of_16`)
+Q6_K_OFFSET = 32
 #: the tile forms of :func:`_tile_of`: a layout's own, ggml's tiled product's (Q6_K)
 #: and its four-row gemm's (Q4_K)
 OWN_FORM, TILED_FORM, GEMM_FORM = 0, 1, 2
@@ -926,14 +929,16 @@ def _q6_k_codes(blk: _Block, n: int, c: int) -> list[Any]:
 
 
 def _q6_k_half_sums(blk: _Block, n: int, half: int, n_tok: int) -> list[list[Any]]:
-    """``[t][k]``: the exact ``Σq·x`` of values ``16·half ..`` of run ``k`` of Q6_K's half
-    ``n`` (one 16-value group, scale ``8n + 2k + half``) for activation row ``t``, eight
-    rows' as ``<8 x i32>`` (activation block ``8b + 4n + k``)."""
+    """``[t][k]``: the exact ``Σ(q − 32)·x`` of values ``16·half ..`` of run ``k`` of
+    Q6_K's half ``n`` (one 16-value group ``g = 8n + 2k + half``, its own scale) for
+    activation row ``t``, eight rows' as ``<8 x i32>`` (activation block ``8b + 4n + k``):
+    each sum starts at the group's ``−32·Σx`` (``xs``, :data:`Q6_K_OFFSET`) and the code
+    products add onto it, no instruction of their own for the offset."""
     builder = blk.builder
     first = builder.mul(blk.b, _I64(8))  # the block's first activation block
     ks = [builder.add(first, _I64(4 * n + k)) for k in range(4)]
-    sums = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(4)]
-            for _ in range(n_tok)]  # fmt: skip
+    sums = [[_RowSums(builder, _q6_k_offset_share(blk, t, 8 * n + 2 * k + half))
+             for k in range(4)] for t in range(n_tok)]  # fmt: skip
     for c in range(4 * half, 4 * half + 4):
         codes = _q6_k_codes(blk, n, c)
         for k in range(4):
@@ -946,8 +951,8 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     """Q6_K: run ``k`` of half ``n`` (values ``128n + 32k ..``, activation block
     ``8b + 4n + k``) takes its low four bits from the low (``k`` < 2) or high nibbles of
     ``ql`` run ``2n + k % 2`` and its top two from bits ``2k`` of ``qh`` run ``n``, and
-    a scale per 16 values: each half run's exact sum ``Σq·x − 32·Σx`` (``xs`` holds
-    sums of 16 activation codes for Q6_K) is scaled by ``d·sc·d_x`` into the row's sum."""
+    a scale per 16 values: each half run's exact sum ``Σq·x − 32·Σx``
+    (:func:`_q6_k_half_sums`) is scaled by ``d·sc·d_x`` into the row's sum."""
     builder, b = blk.builder, blk.b
     n_tok = len(accs)
     fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
@@ -962,11 +967,7 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                 at = builder.gep(blk.base, [_I64(16 + 8 * (8 * n + 2 * k + half))])
                 sc = _fixed_mul(builder, d, _signed_byte_scales(builder, at))
                 for t in range(n_tok):
-                    x16 = blk.load(blk.xs, t, builder.add(builder.mul(ks[k], _I64(2)), _I64(half)))
-                    back = builder.insert_element(ir.Constant(_V8I, None),
-                                                  builder.mul(x16, _I32(-32)), _I32(0))  # fmt: skip
-                    back = builder.shuffle_vector(back, back, ir.Constant(_V8I, [0] * 8))
-                    isum = builder.sitofp(builder.add(sums[t][k], back), _V8F)
+                    isum = builder.sitofp(sums[t][k], _V8F)
                     factor = _fixed_mul(builder, sc, _splat_f(builder, blk.load(blk.xd, t, ks[k])))
                     new[t][0] = builder.call(fma, [factor, isum, new[t][0]])
     return new
@@ -979,16 +980,22 @@ def _q6_k_group_scales(blk: _Block, g: int) -> Any:
     return b.sext(b.load(b.bitcast(at, _vec(_I8, 8).as_pointer()), align=1), _V8I)
 
 
+def _q6_k_offset_share(blk: _Block, t: int, g: int) -> Any:
+    """``−32·Σx`` over Q6_K's 16-value group ``g`` of this block for activation row ``t``
+    (what ``xs`` holds for Q6_K, :func:`_sums_of_16`), in each of eight lanes."""
+    b = blk.builder
+    return _splat_i(b, blk.load(blk.xs, t, b.add(b.mul(blk.b, _I64(16)), _I64(g))))
+
+
 def _q6_k_offsets(blk: _Block, t: int, groups: Iterable[int]) -> Any:
-    """``−32·Σ_g sc_g·bsum_g`` over Q6_K's 16-value ``groups`` for activation row ``t``
-    (``xs``: its sums of 16 codes), eight rows' as ``<8 x i32>``: the codes' offset of 32,
-    taken out in integers as ggml does."""
+    """``−32·Σ_g sc_g·bsum_g`` over Q6_K's 16-value ``groups`` for activation row ``t``,
+    eight rows' as ``<8 x i32>``: the codes' offset of 32, taken out in integers as
+    ggml does."""
     b = blk.builder
     total = ir.Constant(_V8I, [0] * 8)
     for g in groups:
-        x16 = blk.load(blk.xs, t, b.add(b.mul(blk.b, _I64(16)), _I64(g)))
-        total = b.add(total, b.mul(_q6_k_group_scales(blk, g), _splat_i(b, x16)))
-    return b.mul(total, _splat(_I32, 8, -32))
+        total = b.add(total, b.mul(_q6_k_group_scales(blk, g), _q6_k_offset_share(blk, t, g)))
+    return total
 
 
 def _q6_k_tiled_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
@@ -1002,7 +1009,7 @@ def _q6_k_tiled_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
     d = _scales(builder, blk.base, blk.table)
     first = builder.mul(b, _I64(8))  # the block's first activation block
-    totals = [_q6_k_offsets(blk, t, range(16)) for t in range(n_tok)]
+    totals = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
     for n in range(2):
         for half in range(2):  # values 0-15 of each run, then 16-31: a scale each
             sums = _q6_k_half_sums(blk, n, half, n_tok)
@@ -1025,7 +1032,7 @@ def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     integer, the codes ``4c..4c+3`` of every 32-value run times the activations, each
     run's four scaled by the scale of its 16 values (the first of the two for ``c`` < 4),
     less ``32·(sc_2c·bsum_2c + sc_2c+1·bsum_2c+1)`` (ggml's ``q8sclsub``: the sums of 16
-    activation codes of groups ``2c``, ``2c + 1``, ``xs`` for Q6_K); joined once per row
+    activation codes of groups ``2c``, ``2c + 1``; ``xs`` holds them times −32); joined once per row
     by :func:`_hsum_8`. Its arithmetic per super-block: eight integer scalings a run
     where :func:`_q6_k_body` scales each 16 values in floats. The eight integers are
     built half by half, each half's chunks in turn, so the block is read in order (the
@@ -1282,15 +1289,19 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
 
 
 @njit(inline="always")
-def _sums_of_16(xq: Any, xs: Any) -> None:
-    """``xs[t, j] = Σ xq[t, 16j : 16j + 16]``: Q2_K's and Q6_K's scales cover 16 values,
-    so their products take the activation codes' sums over 16 (:func:`_q6_k_body`)."""
+def _sums_of_16(xq: Any, xs: Any, factor: int) -> None:
+    """``xs[t, j] = factor·Σ xq[t, 16j : 16j + 16]``: Q2_K's and Q6_K's scales cover 16
+    values, so their products take the activation codes' sums over 16. Q6_K's take
+    them times ``−32`` (:data:`Q6_K_OFFSET`): each group's integer sum starts from that
+    share of the codes' offset, and the code products add onto it
+    (:func:`_q6_k_half_sums`), where multiplying it in took every activation row 16
+    multiplications a block in ggml's tiled order."""
     for t in range(xq.shape[0]):
         for j in range(xq.shape[1] // 16):
             total = 0
             for i in range(16):
                 total += np.int32(xq[t, 16 * j + i])
-            xs[t, j] = total
+            xs[t, j] = total * factor
 
 
 @njit(inline="always")
@@ -1298,8 +1309,10 @@ def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
     """The activations as ggml rounds them for ``kind`` weights (Q8_0, or Q8_K for the
     K-quants), with code sums over 16 values for Q2_K and Q6_K, else 32."""
     quantize_activations(x, xq, xd, xs, table, kind)
-    if kind in (Q2_K, Q6_K):
-        _sums_of_16(xq, xs)
+    if kind == Q2_K:
+        _sums_of_16(xq, xs, 1)
+    elif kind == Q6_K:
+        _sums_of_16(xq, xs, -Q6_K_OFFSET)
 
 
 class PackedKernels(NamedTuple):
