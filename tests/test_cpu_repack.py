@@ -406,10 +406,11 @@ for name, ggml_order, tiled in [(n, False, False) for n in names] + ggml_ordered
     sums = xq.reshape(N, -1, 16).sum(-1, dtype=np.int32) if name in ("q2_k", "q6_k") else xs
     sums = sums * -rp.Q6_K_OFFSET if name == "q6_k" else sums  # its offset's share, as _quantize
     sums = xs1 if name in ("q4_1", "q5_1") else sums
-    if name in ("iq4_xs", "q4_k") or name == "q6_k" and ggml_order:  # their kernels take
-        k16 = kq.reshape(N, -1, 16).sum(-1, dtype=np.int32) * -rp.Q6_K_OFFSET  # one d a
-        # super-block: Q8_K's
-        run(packed.reshape(2, -1), kq, kd, k16 if name == "q6_k" else ks, out)
+    if name in ("iq4_xs", "q4_k", "q5_k") or name == "q6_k" and ggml_order:  # their kernels
+        k16 = kq.reshape(N, -1, 16).sum(-1, dtype=np.int32) * -rp.Q6_K_OFFSET  # take one d a
+        k5 = (kd * ks.astype(np.float32)).view(np.int32)  # super-block: Q8_K's; Q5_K: d·Σx
+        run(packed.reshape(2, -1), kq, kd, k16 if name == "q6_k" else k5 if name == "q5_k" else ks,
+            out)
         expected = (kq.astype(np.float64) * np.repeat(kd.astype(np.float64), 32, axis=1)) @ w.T
     else:
         run(packed.reshape(2, -1), xq, xd, sums, out)

@@ -63,7 +63,18 @@ from tensorplug.types import Type
 from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
-from ._numba_ir import _I8, _I16, _I32, _f16x, _fn, _splat, _splat_scalar, _vec, carried_loop
+from ._numba_ir import (
+    _I8,
+    _I16,
+    _I32,
+    _f16x,
+    _fn,
+    _splat,
+    _splat_scalar,
+    _vec,
+    carried_loop,
+    f32_bits,
+)
 from ._numba_quant import _CHUNKS, _DOT, chunk_span, quantize_activations
 
 __all__ = [
@@ -110,7 +121,7 @@ Q6_K_OFFSET = 32
 #: and its four-row gemm's (Q4_K)
 OWN_FORM, TILED_FORM, GEMM_FORM = 0, 1, 2
 # the type ids the drivers branch on (Q2_K's and Q6_K's code sums are over 16 values)
-Q2_K, Q4_K, Q6_K = int(Type.Q2_K), int(Type.Q4_K), int(Type.Q6_K)
+Q2_K, Q4_K, Q5_K, Q6_K = int(Type.Q2_K), int(Type.Q4_K), int(Type.Q5_K), int(Type.Q6_K)
 
 
 def _fixed_mul(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
@@ -747,7 +758,9 @@ def _q4_k_body(
     repacked gemv (``d_x`` Q8_K's one scale); ``by_pairs``: one such multiply-add per
     pair of sub-blocks ``2p, 2p + 1`` instead, four a super-block, as ggml's repacked
     four-row ``ggml_gemm_q4_K_8x8_q8_K`` (x86, AVX2 and AVX-512 alike). Q5_K (``fifth``) adds
-    ``d·sc_s·d_x·Σq·x`` and ``dmin·m_s·d_x·Σx`` sub-block by sub-block. Each
+    ``d·sc_s·d_x·Σq·x`` and ``dmin·m_s·d_x·Σx`` sub-block by sub-block, ``d_x·Σx`` made
+    once a row by the quantizer (:func:`_scaled_sums`: the tiles of eight rows computed
+    it for every weight group). Each
     32-byte run of codes holds four values of pair ``p``'s two sub-blocks for each row:
     low nibbles sub-block ``2p``, high ones ``2p + 1``. Q5_K (``fifth``) adds each
     code's fifth bit from the eight ``qh`` runs before the codes (bit ``s`` of a byte:
@@ -799,12 +812,11 @@ def _q4_k_body(
             scales_at, mins_at = (builder.gep(blk.base, [_I64(at + 8 * s)]) for at in (32, 96))
             sc = _fixed_mul(builder, d, _bytes_f(builder, scales_at))
             mn = _fixed_mul(builder, dmin, _bytes_f(builder, mins_at))
-            for t in range(n_tok):
-                d_x = blk.load(blk.xd, t, ks[h])
-                scale = _fixed_mul(builder, sc, _splat_f(builder, d_x))
+            for t in range(n_tok):  # d_x: the super-block's, in each of its eight blocks
+                scale = _fixed_mul(builder, sc, d_x[t])
                 isum = builder.sitofp(pair[t][h].flush(), _V8F)
                 new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
-                x_sum = _fixed_mul(builder, d_x, builder.sitofp(blk.load(blk.xs, t, ks[h]), _F32))
+                x_sum = builder.bitcast(blk.load(blk.xs, t, ks[h]), _F32)  # d_x·Σx, made ahead
                 new[t][1] = builder.call(fma, [mn, _splat_f(builder, x_sum), new[t][1]])
     if not fifth and not by_pairs:
         for t in range(n_tok):
@@ -1305,11 +1317,23 @@ def _sums_of_16(xq: Any, xs: Any, factor: int) -> None:
 
 
 @njit(inline="always")
+def _scaled_sums(xd: Any, xs: Any) -> None:
+    """``xs[t, j]`` becomes the float32 bits of ``xd[t, j]·xs[t, j]``: each 32-value
+    block's activation sum times its scale, the factor of Q5_K's minimums (its tiles
+    read it as a float, :func:`_q4_k_body`)."""
+    for t in range(xs.shape[0]):
+        for j in range(xs.shape[1]):
+            xs[t, j] = f32_bits(xd[t, j] * np.float32(xs[t, j]))  # type: ignore[call-arg]
+
+
+@njit(inline="always")
 def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
     """The activations as ggml rounds them for ``kind`` weights (Q8_0, or Q8_K for the
     K-quants), with code sums over 16 values for Q2_K and Q6_K, else 32."""
     quantize_activations(x, xq, xd, xs, table, kind)
-    if kind == Q2_K:
+    if kind == Q5_K:
+        _scaled_sums(xd, xs)
+    elif kind == Q2_K:
         _sums_of_16(xq, xs, 1)
     elif kind == Q6_K:
         _sums_of_16(xq, xs, -Q6_K_OFFSET)
