@@ -2,6 +2,7 @@
 
     python benchmarks/bench_repack.py [--types q4_1,q5_1] [--rows 1,2,4,8,16,32,128]
                                       [--shapes 576x1536,1536x576] [--threads 1] [--rounds 5]
+                                      [--from-memory]
 
 A repacked product runs one integer kernel for every activation row count, which makes
 a row's bits independent of the rows beside it (what continuous batching needs). The
@@ -11,6 +12,13 @@ must cost nothing: this measures both layouts of the same weights and activation
 one process, interleaved round by round (a busy machine slows both alike), and prints
 per type, shape and row count the best time of each and their ratio (plain / repacked:
 above 1, repacked is faster), with the path the plain layout took.
+
+A matrix multiplied again and again stays in the CPU's caches (a 32000×768 Q6_K matrix,
+20 MB, fits an EPYC's 32 MiB L3), so by default this times products from cache. A
+generated token reads every weight from memory once: ``--from-memory`` multiplies
+copies of each matrix in turn, enough to fill :data:`FROM_MEMORY_BYTES`, and prints
+the time of one product. Run that way, Q6_K's repacked product once read 8 GB/s where
+Q4_K read 21, which the cached figures had hidden (``plugins/cpu/README.md``).
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from tensorplug_cpu.device import create_reg
 from tensorplug_cpu.kernels.dispatch import PLAIN, select
 
 RNG = np.random.default_rng(0)
+#: ``--from-memory``: the bytes of copies of a matrix multiplied in turn, past any L3
+FROM_MEMORY_BYTES = 128 << 20
 
 
 def _product(backend: tp.Backend, w: tp.Tensor, n_in: int, rows: int) -> Callable[[], object]:
@@ -50,6 +60,16 @@ def _weights(t: tp.Type, n_out: int, n_in: int, buft: tp.BufferType) -> tp.Tenso
     return w
 
 
+def _in_turn(fns: list[Callable[[], object]]) -> Callable[[], object]:
+    """One call that runs each of ``fns`` once, in order."""
+
+    def run() -> None:
+        for fn in fns:
+            fn()
+
+    return run
+
+
 def _best(fn: Callable[[], object], repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -68,12 +88,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--repeat", type=int, default=20, help="calls timed per round")
+    parser.add_argument("--from-memory", action="store_true",
+                        help=f"multiply copies of each matrix in turn ({FROM_MEMORY_BYTES >> 20} "
+                        "MiB of them): each product reads its weights from memory")  # fmt: skip
     args = parser.parse_args()
     dev = create_reg().device(0)
     backend = dev.init_backend()
     tp.get_proc("CPU", "set_n_threads")(backend, args.threads)  # type: ignore[misc]
     repack = dev.repack_buffer_type()  # type: ignore[attr-defined]
-    print(f"threads {args.threads}; best of {args.rounds}×{args.repeat} calls, interleaved")
+    where = "from memory (copies in turn)" if args.from_memory else "from cache"
+    print(f"threads {args.threads}; best of {args.rounds}×{args.repeat} calls, interleaved, "
+          f"{where}")  # fmt: skip
     print(f"{'type':6} {'shape':>10} {'rows':>5} {'plain path':>20} {'plain µs':>10} "
           f"{'repacked µs':>12} {'plain/repacked':>15}")  # fmt: skip
     for name in args.types.split(","):
@@ -83,15 +108,17 @@ def main() -> None:
             if n_in % t.block_size:
                 print(f"{t.name:6} {shape:>10}  skipped: rows of {n_in} are not whole blocks")
                 continue
-            plain_w = _weights(t, n_out, n_in, tp.host_buffer_type())
-            packed_w = _weights(t, n_out, n_in, repack)
+            nbytes = n_out * n_in // t.block_size * t.type_size
+            copies = -(-FROM_MEMORY_BYTES // nbytes) if args.from_memory else 1
+            plain_ws = [_weights(t, n_out, n_in, tp.host_buffer_type()) for _ in range(copies)]
+            packed_ws = [_weights(t, n_out, n_in, repack) for _ in range(copies)]
             for rows in (int(r) for r in args.rows.split(",")):
-                plain = _product(backend, plain_w, n_in, rows)
-                packed = _product(backend, packed_w, n_in, rows)
+                plain = _in_turn([_product(backend, w, n_in, rows) for w in plain_ws])
+                packed = _in_turn([_product(backend, w, n_in, rows) for w in packed_ws])
                 a, b = [], []
                 for _ in range(args.rounds):
-                    a.append(_best(plain, args.repeat))
-                    b.append(_best(packed, args.repeat))
+                    a.append(_best(plain, args.repeat) / copies)
+                    b.append(_best(packed, args.repeat) / copies)
                 path = select(t, PLAIN, rows, numba=True).name
                 ratios = [x / y for x, y in zip(a, b, strict=True)]
                 print(f"{t.name:6} {shape:>10} {rows:>5} {path:>20} {min(a) * 1e6:10.1f} "
