@@ -20,7 +20,7 @@ import tempfile
 import weakref
 from pathlib import Path
 
-__all__ = ["FileRange", "pread_into", "replace_file"]
+__all__ = ["FileRange", "pread_fully", "replace_file"]
 
 
 def replace_file(path: Path, data: bytes) -> None:
@@ -56,24 +56,29 @@ class FileRange:
         n = len(into)
         if at < 0 or at + n > self.size:
             raise ValueError(f"bytes [{at}, {at + n}) are outside the range's {self.size}")
-        done = 0
-        while done < n:
-            got = pread_into(self._fd, into[done:], self.offset + at + done)
-            if got == 0:
-                raise OSError(
-                    f"{self.what}: the file ends before byte {self.offset + at + n}: it "
-                    "changed or was truncated while in use; do not rewrite a model while "
-                    "it runs"
-                )
-            done += got
+        if pread_fully(self._fd, into, self.offset + at) < n:
+            raise OSError(
+                f"{self.what}: the file ends before byte {self.offset + at + n}: it "
+                "changed or was truncated while in use; do not rewrite a model while "
+                "it runs"
+            )
 
 
-def pread_into(fd: int, into: memoryview, offset: int) -> int:
-    """Read into ``into`` from byte ``offset`` of ``fd``; the count read (0 at the end).
-    Where the OS has no ``pread`` (Windows) it seeks, so ``fd`` must be the caller's own."""
-    if hasattr(os, "preadv"):
-        return os.preadv(fd, [into], offset)
-    os.lseek(fd, offset, os.SEEK_SET)
-    data = os.read(fd, len(into))
-    into[: len(data)] = data
-    return len(data)
+def pread_fully(fd: int, into: memoryview, offset: int) -> int:
+    """Fill ``into`` from byte ``offset`` of ``fd``; the count read, less than
+    ``len(into)`` only where the file ends first. It reads in as many calls as the OS
+    needs (Linux reads at most ~2 GiB a call). Where the OS has no ``pread`` (Windows)
+    it seeks, so ``fd`` must be the caller's own."""
+    done = 0
+    while done < len(into):
+        if hasattr(os, "preadv"):
+            got = os.preadv(fd, [into[done:]], offset + done)
+        else:
+            os.lseek(fd, offset + done, os.SEEK_SET)
+            data = os.read(fd, len(into) - done)
+            got = len(data)
+            into[done : done + got] = data
+        if got == 0:
+            break
+        done += got
+    return done

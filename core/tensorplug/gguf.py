@@ -53,7 +53,7 @@ from .alloc import alloc_tensors
 from .buffer import Buffer, BufferType, BufferUsage
 from .errors import TensorplugError
 from .extras import require
-from .files import FileRange, pread_into
+from .files import FileRange, pread_fully
 from .host import HostBuffer, host_memory
 from .tensor import Tensor, new_tensor
 from .transfer import tensor_alloc, tensor_set
@@ -365,13 +365,9 @@ class GGUFFile:
                 f"read_into: bytes {start}..{start + out.size} are not within tensor "
                 f"{info.describe()} ({info.nbytes} bytes)"
             )
-        view, done = memoryview(out.data), 0
-        while done < out.size:  # Linux reads at most ~2 GiB per call
-            n = pread_into(self._fd, view[done:], info.offset + start + done)
-            if n == 0:
-                self.check_unchanged()
-                raise GGUFError(f"{self.path}: the file ends inside tensor {info.describe()}")
-            done += n
+        if pread_fully(self._fd, memoryview(out.data), info.offset + start) < out.size:
+            self.check_unchanged()
+            raise GGUFError(f"{self.path}: the file ends inside tensor {info.describe()}")
 
     def new_tensor(self, name: str, shape: tuple[int, ...] | None = None, what: str = "") -> Tensor:
         """An unallocated :class:`~tensorplug.Tensor` with the stored type and shape.
