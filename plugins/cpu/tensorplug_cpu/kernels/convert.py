@@ -100,15 +100,18 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
             taken = taken_by[i] = ctx.scratch((idx.size, *table.shape[1:]), table.dtype)
             if jit is not None and decode_here:
                 decoders[i] = jit.bind_dequantize(t, taken)
-    read = None if file_rows is None else _row_reader(file_rows, a_t, taken_by[0])
+    # each batch's reader fills that batch's scratch (a table in a file is 2-d: one batch)
+    readers = {} if file_rows is None else {
+        i: _row_reader(file_rows, a_t, taken) for i, taken in taken_by.items()
+    }  # fmt: skip
 
     def take(i: int, table: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` of ``table``, in the batch's scratch where it has one."""
         into = taken_by.get(i)
         if into is None:
             return np.take(table, idx, axis=0)
-        if read is not None:
-            read(idx)
+        if i in readers:
+            readers[i](idx)
         else:
             np.take(table, idx, axis=0, out=into)
         return into
