@@ -474,6 +474,43 @@ def test_f16_cache_rows_are_widened_right_on_every_path(f16c: bool, strided: boo
     assert done.stdout.strip() == "ok"
 
 
+_ONE_BODY = """
+import numpy as np
+from tensorplug_cpu.kernels import _numba_attention as attention
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+
+rng = np.random.default_rng(5)
+q = rng.standard_normal((1, 6, 3, 32)).astype(np.float32)
+k = rng.standard_normal((1, 2, 48, 32)).astype(np.float16).view(np.uint16)
+v = rng.standard_normal((1, 2, 48, 32)).astype(np.float16).view(np.uint16)
+mask = np.zeros((1, 1, 3, 48), np.float32)
+mask[0, 0, :, 40:] = -np.inf
+outs = [np.full((1, 3, 6, 32), np.nan, np.float32) for _ in range(2)]
+for kernel, out in zip((attention.attend, attention.attend_serial), outs):
+    kernel(q, k, v, mask, np.zeros(0, np.int32), 40, 0.2, 0.0, 64, out, table)
+assert np.array_equal(outs[0], outs[1])
+print(len(attention.attend_rows.signatures))
+"""
+
+
+def test_both_attention_kernels_share_one_compiled_body(tmp_path: Path) -> None:
+    """The parallel and the one-thread attention kernels call one compiled body
+    (``attend_rows``, most of a first run's compile): both must call it with the same
+    argument types, or numba compiles it twice. A fresh process with an empty numba
+    cache, so that the body is compiled here and its signatures counted; the two
+    kernels' outputs are the same bits."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba", reason="the exact attention kernel is numba's")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _ONE_BODY], capture_output=True, text=True,
+                          timeout=600, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "1"
+
+
 _ONE_LAYOUT = """
 import sys
 from tensorplug_cpu.kernels import _numba_attention as attention

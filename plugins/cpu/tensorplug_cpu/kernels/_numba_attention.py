@@ -365,24 +365,27 @@ def _attend_one(qrow: Any, kf: Any, vf: Any, n_d: int, n_dv: int, cols: Any, bia
         out[b, r, h, d] = acc[0, d]
 
 
-@njit(inline="always")
-def _attend_rows_ggml(
+@kernel()
+def attend_rows(
     q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale: float, softcap: float,
-    lanes: int, out: Any, table: Any, b: int, hk: int, r0: int, r1: int,
+    lanes: int, out: Any, table: Any, b: int, hk: int, r0: int, r1: int, kf: Any, vf: Any,
+    cols: Any, biases: Any, seen: Any, w: Any, qrow: Any, block: Any, acc: Any,
 ) -> None:  # fmt: skip
     """:func:`attend` for query rows ``[r0, r1)`` of the query heads of batch ``b`` that
     share KV head ``hk``, in llama.cpp's arithmetic (see :func:`attend`). The cells any
     of these rows sees are widened to float32 once (not once per row and head), then
     each (row, head) runs :func:`_attend_one` on its own.
 
-    Inlined into both kernels, which makes them the largest share of a first run's
-    compiles (~20 s of CPU on the dev machine; :mod:`.ahead` compiles them in a second
-    process). As a function of its own they compiled in half that, but ran slower: with
-    the caller's flags (``parallel``) the parallel kernel took a 128-token prompt's
-    attention in 1.41 ms against 0.79 inlined (two threads), and even compiled with
-    ``parallel=False`` a token over 512 cells took 72 µs against 59 (each task then
-    allocates its widened rows, which the inlined loop's allocations, hoisted, do not).
-    A shared callee with scratch per thread is what to try next."""
+    The scratch is the caller's (:func:`_scratch`): ``kf`` and ``vf`` (≥ ``used`` rows
+    of the head dimensions), ``cols``, ``biases``, ``seen`` and ``w`` (≥ ``used``),
+    ``qrow`` (D), ``block`` (:data:`EXP_LANES`), ``acc`` (:data:`DOT_LANES`, Dv).
+
+    A kernel of its own, called by both :func:`attend` and :func:`attend_serial`:
+    inlined into each, it was two compiles of the whole body (and numba's parallel
+    passes walked all of it), 13.3 and 6.1 s of a first run's CPU for SmolLM2 on a
+    Zen 4; now 8.0 and 1.1, since the body compiles once for both (so both must call it
+    with the same argument types: a test counts its signatures). A generated token's
+    attention takes as long as inlined; a 128-row prompt's ~5% longer on two threads."""
     n_d, n_dv = q.shape[3], v.shape[3]
     group = q.shape[1] // k.shape[1]
     has_mask = mask.shape[0] > 0
@@ -390,26 +393,18 @@ def _attend_rows_ggml(
     n_mh = group if per_head_mask else 1
     kb = b if k.shape[0] > 1 else 0
     mb = b if has_mask and mask.shape[0] > 1 else 0
-    width = max(used, 1)
-    cols = np.empty(width, np.int64)
-    biases = np.empty(width, np.float32)
     # the cells some row sees, widened once
-    seen = np.zeros(width, np.bool_)
+    for j in range(max(used, 1)):
+        seen[j] = False
     for r in range(r0, r1):
         for g in range(n_mh):
             mh = hk * group + g if per_head_mask else 0
             m = _visible(mask, table, mb, mh, r, used, has_mask, order, cols, biases)
             for c in range(m):
                 seen[cols[c]] = True
-    kf = np.empty((width, n_d), np.float32)
-    vf = np.empty((width, n_dv), np.float32)
     _widen_rows(k, table, kb, hk, used, seen, kf)
     _widen_rows(v, table, kb, hk, used, seen, vf)
-    kflat = kf.reshape(width * n_d)  # row j at j·n_d, for the scores' offsets
-    qrow = np.empty(n_d, np.float32)
-    w = np.empty(width, np.float32)
-    block = np.empty(EXP_LANES, np.float32)
-    acc = np.empty((DOT_LANES, n_dv), np.float32)
+    kflat = kf.reshape(kf.shape[0] * n_d)  # row j at j·n_d, for the scores' offsets
     sc, cap = np.float32(scale), np.float32(softcap)
     for r in range(r0, r1):
         m = 0
@@ -422,6 +417,17 @@ def _attend_rows_ggml(
                 qrow[d] = q[b, h, r, d]
             _attend_one(qrow, kflat, vf, n_d, n_dv, cols, biases, m, sc, cap, w, block, acc,
                         lanes, out, b, r, h)  # fmt: skip
+
+
+@njit(inline="always")
+def _scratch(used: int, n_d: int, n_dv: int) -> Any:
+    """One task's scratch for :func:`attend_rows`: ``(kf, vf, cols, biases, seen, w,
+    qrow, block, acc)``."""
+    width = max(used, 1)
+    return (np.empty((width, n_d), np.float32), np.empty((width, n_dv), np.float32),
+            np.empty(width, np.int64), np.empty(width, np.float32), np.empty(width, np.bool_),
+            np.empty(width, np.float32), np.empty(n_d, np.float32),
+            np.empty(EXP_LANES, np.float32), np.empty((DOT_LANES, n_dv), np.float32))  # fmt: skip
 
 
 #: Query rows per task of the parallel kernel (any split gives the same bits).
@@ -469,15 +475,18 @@ def attend(
     :data:`.attention.TINYBLAS_LANES` reproduces it (the same as 64 up to 16 visible cells), for
     ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER``. Fused multiply-adds are exact ``llvm.fma``
     calls and no fast-math reorders them. Tasks are (batch, KV head, run of query rows)
-    on numba's threads.
+    on numba's threads, each with scratch of its own (:func:`attend_rows`).
     """
     n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
     runs = (n_q + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for t in prange(n_b * n_hk * runs):
+    n_tasks = n_b * n_hk * runs
+    for task in prange(n_tasks):
+        t = np.int64(task)  # prange's index may be unsigned: int64 as attend_serial's
         bh, run = t // runs, t % runs
         r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
-        _attend_rows_ggml(q, k, v, mask, order, used, scale, softcap, lanes, out, table,
-                          bh // n_hk, bh % n_hk, run * ROWS_PER_TASK, r1)  # fmt: skip
+        scratch = _scratch(used, q.shape[3], v.shape[3])
+        attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table,
+                    bh // n_hk, bh % n_hk, run * ROWS_PER_TASK, r1, *scratch)  # fmt: skip
 
 
 @kernel(nogil=True)
@@ -498,9 +507,10 @@ def attend_serial(
     cache, a thread woken for its share cost more than the share)."""
     n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
     first = n_q - n_q  # 0, typed int64 as in attend: a literal 0 was a second compile
+    scratch = _scratch(used, q.shape[3], v.shape[3])
     for bh in range(n_b * n_hk):
-        _attend_rows_ggml(q, k, v, mask, order, used, scale, softcap, lanes, out, table,
-                          bh // n_hk, bh % n_hk, first, n_q)  # fmt: skip
+        attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table,
+                    bh // n_hk, bh % n_hk, first, n_q, *scratch)  # fmt: skip
 
 
 @kernel(nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads
