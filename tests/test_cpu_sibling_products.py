@@ -241,3 +241,54 @@ def test_repacked_and_plain_weights_are_not_joined() -> None:
     assert _steps(backend) == 3  # q and v joined; k, in host memory, on its own
     np.testing.assert_allclose(tp.get_array(t["k"]), q8_activations(hv) @ w["wk64"].T,
                                rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+#: a layer's q, k and v weight types as K-quant mixes lay them out: types whose products
+#: read the quantized activations' sums differently (Q4_K integers, Q5_K scaled floats,
+#: Q2_K over 16, Q6_K over 16 times -32) beside each other
+MIXES = [
+    (tp.Type.Q4_K, tp.Type.Q5_K, tp.Type.Q4_K),
+    (tp.Type.Q5_K, tp.Type.Q5_K, tp.Type.Q4_K),
+    (tp.Type.Q2_K, tp.Type.Q6_K, tp.Type.Q2_K),
+    (tp.Type.Q6_K, tp.Type.Q6_K, tp.Type.Q2_K),
+]
+
+
+@pytest.mark.parametrize("types", MIXES, ids=lambda ts: "+".join(t.name for t in ts))
+@pytest.mark.parametrize("n_tok", [1, 20])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_repacked_k_quant_mixes_keep_each_products_bits(
+    types: tuple[tp.Type, ...], n_tok: int, threads: int
+) -> None:
+    """Repacked q, k and v of a K-quant mix, joined where their activations' sums agree:
+    each product's bits are its own kernel's, run alone, and near the float product of
+    the activations as ggml rounds them. 20 rows: quantized apart, on every thread."""
+    from tensorplug_cpu.device import create_reg
+    from tensorplug_cpu.kernels.activations import round_rows
+
+    _jit()
+    h = tp.new_tensor(tp.Type.F32, (n_tok, N))
+    made = [_weights(t, rows) for t, rows in zip(types, (32, 16, 16), strict=True)]
+    outs = [ops.mul_mat(w, h) for w, _, _ in made]
+    g = tp.Graph(outs[0])
+    for out in outs[1:]:
+        g.expand(out)
+    repack_buft = create_reg().device(0).repack_buffer_type()  # type: ignore[attr-defined]
+    tp.alloc_tensors([w for w, _, _ in made], repack_buft)
+    tp.alloc_tensors([x for x in (*g.leafs, *g.nodes) if x.buffer is None],
+                     tp.host_buffer_type())  # fmt: skip
+    hv = RNG.standard_normal((n_tok, N)).astype(np.float32)
+    tp.set_array(h, hv)
+    for w, raw, _ in made:
+        w.buffer.set_tensor(w, raw.tobytes())  # type: ignore[union-attr]
+    backend = backend_for()
+    tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+    backend.graph_compute(g)
+    joined = [tp.get_array(out).copy() for out in outs]
+    for (w, _, w64), got in zip(made, joined, strict=True):
+        ref = round_rows(hv, w.type).astype(np.float64) @ w64.T
+        np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+        alone = ops.mul_mat(w, h)
+        tp.alloc_tensors([alone], tp.host_buffer_type())
+        backend.graph_compute(tp.Graph(alone))
+        np.testing.assert_array_equal(tp.get_array(alone), got)

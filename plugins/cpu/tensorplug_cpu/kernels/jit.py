@@ -286,9 +286,7 @@ class JitKernels:
         products cannot go together (arrays numba would type differently)."""
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
             return None
-        if len({t in _SUMS_OF_16 for t, _, _ in products}) != 1:  # sums of 16 codes, or 32
-            return None
-        if len({vec_dot_type(t) for t, _, _ in products}) != 1:  # x is quantized once
+        if len({_quantized_for(t) for t, _, _ in products}) != 1:  # x is quantized once
             return None
         packs = [packed for _, packed, _ in products]
         outs = [out for _, _, out in products]
@@ -557,6 +555,21 @@ def _sibling_args(
 #: repacked types whose kernels take the activation codes' sums over 16 values (their
 #: scales cover 16), not over 32
 _SUMS_OF_16 = (Type.Q2_K, Type.Q6_K)
+#: repacked types whose kernels read sums of their own making in the activations' ``xs``
+#: (``_numba_repack._quantize``): Q2_K's over 16 values, Q6_K's over 16 times −32,
+#: Q5_K's scaled by their block's ``d`` as float bits
+_OWN_SUMS = (Type.Q2_K, Type.Q5_K, Type.Q6_K)
+
+
+def _quantized_for(t: Type) -> Type | str:
+    """What a repacked product of ``t`` weights reads of its quantized activations: the
+    type ``t`` itself where its sums are its own (:data:`_OWN_SUMS`), else the
+    ``vec_dot_type`` (whose sums every such product reads alike). Products of one
+    activation go together only when it is the same: they share one quantization
+    (Q4_K's integer sums beside Q5_K's scaled ones read float bits as integers)."""
+    return t if t in _OWN_SUMS else vec_dot_type(t)
+
+
 
 
 def _packed_scratch(
