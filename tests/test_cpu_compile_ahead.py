@@ -14,8 +14,11 @@ import pytest
 
 pytest.importorskip("numba")
 
+import numpy as np
+
 from tensorplug.settings import SettingError
 from tensorplug.types import Type
+from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels import ahead
 from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels._numba_repack import packed_kernels
@@ -169,3 +172,67 @@ def test_one_thread_runs_the_parallel_kernel_while_the_child_compiles_the_serial
         assert jit._serial_ready(other, parallel)  # no child: the serial kernel
     finally:
         jit._ahead, jit._called, jit._serial_ok = saved
+
+
+def test_a_kernel_kept_here_is_not_handed_to_the_child() -> None:
+    """A plan that calls a kernel itself (a prompt's activation quantizer) keeps it
+    from the child, even where a later step of the plan asked for it ahead: this
+    process would otherwise wait for the child at its first product."""
+    a = ahead.Ahead()
+    x = np.ones((3, 32), np.float32)
+    a.want(rows.rms_norm_rows, x, np.empty_like(x), 1e-5)
+    a.keep(rows.rms_norm_rows)
+    assert not a.jobs
+    a.want(rows.rms_norm_rows, x, np.empty_like(x), 1e-5)
+    assert not a.jobs
+
+
+class _Wants:
+    """An Ahead stand-in that records what is asked of it."""
+
+    def __init__(self) -> None:
+        self.wanted: list[tuple[object, int]] = []
+        self.kept: list[object] = []
+
+    def want(self, kernel: object, *args: object, rank: int = 0) -> None:
+        self.wanted.append((kernel, rank))
+
+    def keep(self, kernel: object) -> None:
+        self.kept.append(kernel)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n_tok", [1, 24])
+def test_what_goes_ahead_is_what_this_many_threads_needs_later(threads: int, n_tok: int) -> None:
+    """On one thread the one-thread product runs first (compiled here, not handed over)
+    and the one-thread attention goes ahead first; on two, the parallel ones, with the
+    one-thread kernels after. A prompt's activation quantizer is kept here; a token
+    plan's asks for it ahead, for a later prompt."""
+    from tensorplug_cpu.kernels import _numba_repack as repack
+    from tensorplug_cpu.kernels.jit import load_jit
+    from tensorplug_cpu.repack import LAYOUTS
+
+    jit = load_jit()
+    assert jit is not None
+    packed = np.zeros((1, 2 * LAYOUTS[Type.Q4_0].block), np.uint8)  # 8 rows of 64: bound only
+    x = np.ones((n_tok, 64), np.float32)
+    saved = jit._ahead, jit.n_threads
+    try:
+        jit._ahead = recorder = _Wants()  # type: ignore[assignment]
+        jit.n_threads = threads
+        jit.bind_packed(Type.Q4_0, packed, x, np.empty((n_tok, 8), np.float32))
+        q = np.ones((1, 4, n_tok, 64), np.float32)
+        kv = np.ones((1, 2, 32, 64), np.float32)
+        no_mask, out = np.zeros((0, 0, 0, 0), np.float32), np.empty((1, n_tok, 4, 64), np.float32)
+        jit.want_attend_ahead(q, kv, kv, no_mask, np.zeros(0, np.int32), out)
+    finally:
+        jit._ahead, jit.n_threads = saved
+    serial = repack.packed_kernels(frozenset({Type.Q4_0})).serial
+    wanted = dict(recorder.wanted)
+    assert (serial in wanted) == (threads > 1)
+    names = [(rank, getattr(kernel, "__name__", "")) for kernel, rank in recorder.wanted]
+    attention = sorted((rank, name) for rank, name in names if name.startswith("attend"))
+    first = "attend_serial" if threads == 1 else "attend"
+    assert attention[0][1] == first
+    assert (repack.quantize_rows in recorder.kept) == (n_tok >= repack.QUANTIZE_APART_ROWS)
+    assert (repack.quantize_rows in wanted) == (n_tok < repack.QUANTIZE_APART_ROWS)

@@ -82,9 +82,11 @@ __all__ = [
     "NARROW_TILE",
     "TILE",
     "WIDE_TILE",
+    "QUANTIZE_APART_ROWS",
     "PackedKernels",
     "kinds_mask",
     "packed_kernels",
+    "quantize_rows",
     "tile_kernel",
     "tile_rows",
 ]
@@ -1339,12 +1341,29 @@ def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
         _sums_of_16(xq, xs, -Q6_K_OFFSET)
 
 
+#: activation rows from which a repacked product's are quantized on numba's threads
+#: (:func:`quantize_rows`) rather than by the product's driver on one: a 128-token
+#: prompt took 3-6% longer on two threads with one thread quantizing
+QUANTIZE_APART_ROWS = 16
+
+
+@kernel(parallel=True)
+def quantize_rows(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
+    """:func:`_quantize` of the rows of ``x``, row by row on numba's threads: a prompt's
+    activations for the repacked products (:data:`QUANTIZE_APART_ROWS`). One kernel for
+    every driver, called before one, not a parallel loop inside each: every sibling
+    driver compiled its own, ~2 s of a first run's CPU each (SmolLM2's two drivers: 4
+    of the ~14 s to its first token on two threads, Zen 4)."""
+    for t in prange(x.shape[0]):
+        _quantize(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table, kind)
+
+
 class PackedKernels(NamedTuple):
     """The drivers of repacked products for a set of weight types (:func:`packed_kernels`)."""
 
     #: ``(x, packed, xq, xd, xs, out, table, kind)``: one matrix, on the calling thread
     serial: Any
-    #: ``(x, packs, outs, kinds, starts, xq, xd, xs, table)``: up to ``MAX_SIBLINGS``
+    #: ``(x, packs, outs, kinds, starts, xq, xd, xs, table, quantized)``: up to ``MAX_SIBLINGS``
     #: (three) matrices of the same ``x``, the rest padded with empty ones, on numba's
     #: threads; one matrix is this with two empty ones
     siblings: Any
@@ -1384,21 +1403,18 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
 
     def matmul_packed_siblings(
         x: Any, packs: Any, outs: Any, kinds: Any, starts: Any, xq: Any, xd: Any, xs: Any,
-        table: Any,
+        table: Any, quantized: bool,
     ) -> None:  # fmt: skip
         """``matmul_packed_serial`` for one or several repacked matrices that multiply
         the same ``x`` (a layer's Q, K and V; its gate and up), on numba's threads: ``x``
-        quantized once (row by row in parallel when there are many), one parallel region
-        for all. ``packs``, ``outs`` and ``kinds`` are tuples, matrix ``m``'s groups
-        sitting at ``starts[m]..`` of one concatenated range of groups, shared out in
-        chunks. Each group is computed as ``matmul_packed_serial`` computes it, to the
-        bit. The kinds all sum codes over 16 (Q2_K, Q6_K) or none do (the code sums
-        differ)."""
-        n_tok, kind = x.shape[0], kinds[0]
-        if n_tok >= 16:
-            for t in prange(n_tok):
-                _quantize(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table, kind)
-        else:
+        quantized once, here, unless ``quantized`` (by :func:`quantize_rows`, the
+        caller's choice for many rows), then one parallel region for all. ``packs``,
+        ``outs`` and ``kinds`` are tuples, matrix ``m``'s groups sitting at
+        ``starts[m]..`` of one concatenated range of groups, shared out in chunks. Each
+        group is computed as ``matmul_packed_serial`` computes it, to the bit. The
+        kinds all read the same quantized activations (``jit._quantized_for``)."""
+        kind = kinds[0]
+        if not quantized:
             _quantize(x, xq, xd, xs, table, kind)
         total = starts[len(packs)]
         for c in prange(_CHUNKS):

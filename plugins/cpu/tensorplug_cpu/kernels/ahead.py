@@ -112,6 +112,15 @@ class Ahead:
             return
         self.jobs[Job(origin, sig, rank)] = None
 
+    def keep(self, kernel: Any) -> None:
+        """``kernel`` is compiled here: a step already bound calls it (a kernel not yet
+        handed to the child is not handed; one handed is waited for)."""
+        origin = origin_of(kernel)
+        if origin is None:
+            return
+        self.seen.add(origin)
+        self.jobs = {job: None for job in self.jobs if job.origin != origin}
+
     def start(self) -> None:
         """Hand the wanted kernels to a child, unless one is still compiling (they wait
         for the next plan's call then)."""

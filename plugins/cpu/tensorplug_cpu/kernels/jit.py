@@ -86,11 +86,13 @@ class JitKernels:
         self._int8 = ki8.matvec_int8
         self._int8_serial = ki8.matvec_int8_serial
         self._int8_siblings = ki8.matvec_int8_siblings
-        from ._numba_repack import packed_kernels
+        from ._numba_repack import QUANTIZE_APART_ROWS, packed_kernels, quantize_rows
 
         # weights stored repacked (CPU_REPACK): eight rows at a time, any activation rows;
-        # drivers per set of types, which compile those types' tiles only
+        # drivers per set of types, which compile those types' tiles only; many rows'
+        # activations quantized apart, on every thread, for any driver
         self._packed_kernels = packed_kernels
+        self._quantize_rows, self._quantize_apart_rows = quantize_rows, QUANTIZE_APART_ROWS
         from . import _numba_fmatvec as fmatvec
 
         # F32, F16 and BF16 weights times a few rows, each weight read once
@@ -207,12 +209,38 @@ class JitKernels:
         drivers = self._packed_kernels(frozenset((t,)), ggml_order)
         serial_args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         serial = partial(self._call, f"one-thread {what}", drivers.serial, *serial_args)
-        self.want_ahead(drivers.serial, *serial_args)  # a one-thread step comes later
+        if self.n_threads > 1:  # a one-thread step comes later (on one, this runs first)
+            self.want_ahead(drivers.serial, *serial_args)
         # many threads: the sibling driver, this matrix and two empty ones
         joint = _sibling_args([packed], [out], [t], lambda p: p.shape[0])
-        parallel = partial(self._call, what, drivers.siblings, x, *joint, xq, xd, xs,
-                           _F16_TO_F32)  # fmt: skip
+        parallel = self._quantized_apart(
+            t, x, (xq, xd, xs), partial(self._call, what, drivers.siblings, x, *joint)
+        )
         return self._serial_or_parallel(serial, parallel)
+
+    def _quantized_apart(
+        self, t: Type, x: np.ndarray, quantized: tuple[np.ndarray, ...],
+        driver: partial[Any],
+    ) -> partial[Any]:  # fmt: skip
+        """A sibling driver's call (``driver``: :meth:`_call` with all its arguments up
+        to ``quantized``, the activations' codes, scales and sums), with ``x`` quantized
+        by the driver, or first on every thread by :func:`._numba_repack.quantize_rows`
+        when it has many rows. A partial still, whose ``args[0]`` is the driver's name
+        (what :meth:`_serial_or_parallel` reads)."""
+        if x.shape[0] < self._quantize_apart_rows:
+            # for a later prompt's plan: the second process may compile it meanwhile
+            self.want_ahead(self._quantize_rows, x, *quantized, _F16_TO_F32, int(t), rank=2)
+            return partial(driver, *quantized, _F16_TO_F32, False)
+        if self._ahead is not None:  # this plan calls it (before its few-row products)
+            self._ahead.keep(self._quantize_rows)
+        quantize = partial(self._call, "activation quantizing kernel", self._quantize_rows, x,
+                           *quantized, _F16_TO_F32, int(t))  # fmt: skip
+
+        def quantized_first(what: str, kernel: Any, *args: Any) -> None:
+            quantize()
+            self._call(what, kernel, *args)
+
+        return partial(quantized_first, *driver.args, *quantized, _F16_TO_F32, True)
 
     def bind_matvec_float(
         self, w: np.ndarray, x: np.ndarray, out: np.ndarray, t: Type = Type.F32
@@ -300,8 +328,10 @@ class JitKernels:
         kinds = frozenset(t for t, _, _ in products)
         what = f"repacked sibling products kernel for {'+'.join(sorted(t.name for t in kinds))}"
         drivers = self._packed_kernels(kinds, ggml_order)
-        together = partial(self._call, what, drivers.siblings, x, *joint,
-                           *_packed_scratch(x, products[0][0], scratch), _F16_TO_F32)  # fmt: skip
+        together = self._quantized_apart(
+            products[0][0], x, _packed_scratch(x, products[0][0], scratch),
+            partial(self._call, what, drivers.siblings, x, *joint),
+        )  # fmt: skip
         return self._one_by_one_or_together(one_by_one, together)
 
     def _serial_or_parallel(
@@ -373,8 +403,12 @@ class JitKernels:
     ) -> None:  # fmt: skip
         """:meth:`want_ahead` for both attention kernels with :meth:`attend`'s arguments:
         a layer reaches attention after its first products, and those compile here
-        meanwhile."""
-        for rank, kernel in enumerate((self._attend, self._attend_serial)):
+        meanwhile. The kernel a step on this many threads calls goes first: on one
+        thread, the one-thread kernel (the parallel one then only finishes the cache)."""
+        kernels = (self._attend, self._attend_serial)
+        if self.n_threads == 1:
+            kernels = kernels[::-1]
+        for rank, kernel in enumerate(kernels):
             self.want_ahead(kernel, q, k, v, mask, order, 0, 1.0, 0.0, DOT_LANES, out, _F16_TO_F32,
                             rank=rank - 1)  # fmt: skip
 
@@ -568,8 +602,6 @@ def _quantized_for(t: Type) -> Type | str:
     activation go together only when it is the same: they share one quantization
     (Q4_K's integer sums beside Q5_K's scaled ones read float bits as integers)."""
     return t if t in _OWN_SUMS else vec_dot_type(t)
-
-
 
 
 def _packed_scratch(
