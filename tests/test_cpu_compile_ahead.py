@@ -200,6 +200,9 @@ class _Wants:
     def keep(self, kernel: object) -> None:
         self.kept.append(kernel)
 
+    def will_call(self, kernel: object, *args: object) -> None:
+        pass
+
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n_tok", [1, 24])
@@ -236,3 +239,32 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(threads: int, n_t
     assert attention[0][1] == first
     assert (repack.quantize_rows in recorder.kept) == (n_tok >= repack.QUANTIZE_APART_ROWS)
     assert (repack.quantize_rows in wanted) == (n_tok < repack.QUANTIZE_APART_ROWS)
+
+
+_LATER = """
+import numpy as np
+from tensorplug_cpu.kernels import _numba_rows as rows
+from tensorplug_cpu.kernels._numba_attention import visible_columns
+from tensorplug_cpu.kernels.ahead import Ahead, origin_of
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+
+x = np.ones((3, 32), np.float32)
+a = Ahead()
+a.will_call(visible_columns, np.zeros((1, 1, 4, 16), np.float32), table)
+a.will_call(rows.rms_norm_rows, x, np.empty_like(x), 1e-5)
+a.will_call(rows.rms_norm_rows, x[:, :16], np.empty_like(x[:, :16]), 1e-5)  # seen: once
+a.handed[origin_of(visible_columns)] = 1  # the child's: not compiled here
+print(a._compile_one_later(), len(visible_columns.signatures), len(rows.rms_norm_rows.signatures))
+print(a._compile_one_later())
+"""
+
+
+def test_a_wait_for_the_child_compiles_what_this_process_calls_later(tmp_path: Path) -> None:
+    """While this process waits for the child, it compiles the kernels its bound steps
+    call later, in their order, except those the child has: once each (a fresh process
+    with an empty cache, so that nothing is compiled already)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_LATER)], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["True 0 1", "False"]

@@ -343,6 +343,9 @@ class JitKernels:
         kernel, its arguments)."""
 
         kernel, parallel_what = serial.args[1], parallel.args[0]
+        if self._ahead is not None:  # what a wait for the second process may compile
+            chosen = serial if self.n_threads == 1 else parallel
+            self._ahead.will_call(chosen.args[1], *chosen.args[2:])
 
         def run() -> None:  # every token: the set is asked before the method is called
             if self.n_threads == 1 and (
@@ -376,6 +379,9 @@ class JitKernels:
     ) -> Callable[[], None]:
         """A joint product's step: on one thread each product's serial kernel (there is
         no region to save), on more the joint parallel kernel."""
+
+        if self._ahead is not None and self.n_threads > 1 and isinstance(together, partial):
+            self._ahead.will_call(together.args[1], *together.args[2:])
 
         def run() -> None:
             if self.n_threads == 1:
