@@ -55,6 +55,7 @@ import gc
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -300,9 +301,28 @@ def measure(
 
 
 def measure_cold(path: Path, threads: int, a: argparse.Namespace) -> dict:
-    """A tensorplug worker whose numba cache starts empty: a new install's first run."""
+    """A tensorplug worker whose numba cache starts empty: a new install's first run.
+    Its compile-ahead process (``tensorplug_cpu/kernels/ahead.py``) outlives it, to finish
+    the cache for a next run; this cache is thrown away, so it is ended here: left to
+    run, it took a core from the measurements after it (a two-thread prompt at the speed
+    of one)."""
     with tempfile.TemporaryDirectory(prefix="tensorplug-cold-numba-") as cache:
-        return measure(sys.executable, "tensorplug", path, threads, a, numba_cache=cache)
+        try:
+            return measure(sys.executable, "tensorplug", path, threads, a, numba_cache=cache)
+        finally:
+            end_compilers_of(cache)
+
+
+def end_compilers_of(cache: str) -> None:
+    """Kill the processes whose ``NUMBA_CACHE_DIR`` is ``cache`` (read from ``/proc``;
+    elsewhere nothing is found and nothing is done)."""
+    wanted = f"NUMBA_CACHE_DIR={cache}".encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if wanted in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
 
 
 def paired_ratio(ours: list[float], theirs: list[float]) -> float:

@@ -80,9 +80,9 @@ from ._numba_quant import _CHUNKS, _DOT, chunk_span, quantize_activations
 __all__ = [
     "GGML_ORDER_BIT",
     "NARROW_TILE",
+    "QUANTIZE_APART_ROWS",
     "TILE",
     "WIDE_TILE",
-    "QUANTIZE_APART_ROWS",
     "PackedKernels",
     "kinds_mask",
     "packed_kernels",
@@ -1363,9 +1363,9 @@ class PackedKernels(NamedTuple):
 
     #: ``(x, packed, xq, xd, xs, out, table, kind)``: one matrix, on the calling thread
     serial: Any
-    #: ``(x, packs, outs, kinds, starts, xq, xd, xs, table, quantized)``: up to ``MAX_SIBLINGS``
-    #: (three) matrices of the same ``x``, the rest padded with empty ones, on numba's
-    #: threads; one matrix is this with two empty ones
+    #: ``(x, packs, outs, kinds, starts, xq, xd, xs, table, quantized)``: up to
+    #: ``MAX_SIBLINGS`` (three) matrices of the same ``x``, the rest padded with empty
+    #: ones, on numba's threads; one matrix is this with two empty ones
     siblings: Any
 
 

@@ -100,6 +100,7 @@ class Ahead:
     #: kernels this process's plans call, in the order bound, with their first
     #: arguments (:meth:`will_call`): what it compiles while it waits for the child
     later: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
+    #: the origins :attr:`later` has had (a plan binds a kernel once per layer)
     called_seen: set[tuple[Any, ...]] = field(default_factory=set)
     child: subprocess.Popen[bytes] | None = None
     started: float = 0.0
@@ -171,9 +172,9 @@ class Ahead:
         """Before ``kernel`` is first called: if the child has it, wait until the child
         says it is done with it (it is then in the disk cache), or has ended. Meanwhile
         this process compiles the kernels its plans call later (:meth:`will_call`) that
-        neither it nor the child has yet: on SmolLM2's first run on two threads (Zen 4)
-        it waited ~1.8 s for the attention kernels, and then compiled its output
-        product's driver (~1.9 s)."""
+        neither it nor the child has yet: SmolLM2's first run on two threads (Zen 4)
+        waits ~1.8 s for the attention kernels, time in which it now compiles its output
+        product's driver (~1.9 s), which it had compiled after the wait."""
         origin, child = origin_of(kernel), self.child
         if origin is None or child is None or child.stdout is None:
             return
