@@ -97,8 +97,9 @@ class Ahead:
     #: every bind (numba's typeof, ~2 µs an array) cost a warm launch ~50 ms. A kernel
     #: that later meets another signature compiles it here, as without this module.
     seen: set[tuple[Any, ...]] = field(default_factory=set)
-    #: kernels this process's plans call, in the order bound, with their first
-    #: arguments (:meth:`will_call`): what it compiles while it waits for the child
+    #: kernels this process's plans call, in the order bound, with the numba types of
+    #: their first arguments (:meth:`will_call`): what it compiles while it waits for
+    #: the child
     later: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
     #: the origins :attr:`later` has had (a plan binds a kernel once per layer)
     called_seen: set[tuple[Any, ...]] = field(default_factory=set)
@@ -118,14 +119,19 @@ class Ahead:
         self.jobs[Job(origin, sig, rank)] = None
 
     def will_call(self, kernel: Any, *args: Any) -> None:
-        """A bound step of this process calls ``kernel(*args)``: noted (at the kernel's
-        first bind only, and without typing anything: a warm launch never waits), so
-        that a wait for the child can compile it meanwhile (:meth:`wait_for`)."""
+        """A bound step of this process calls ``kernel(*args)``: noted, at the kernel's
+        first bind, so that a wait for the child can compile it meanwhile
+        (:meth:`wait_for`); only while there is a child to wait for (kernels wanted or
+        handed), so a warm launch types nothing here. The types are kept, not the
+        arrays: a plan's arrays must not outlive it (kept, they held a closed model's
+        repacked weights and compute buffers in memory for the rest of the process)."""
+        if not self.jobs and not self.running():
+            return
         origin = origin_of(kernel)
         if origin is None or origin in self.called_seen:
             return
         self.called_seen.add(origin)
-        self.later.append((kernel, args))
+        self.later.append((kernel, tuple(kernel.typeof_pyval(a) for a in args)))
 
     def keep(self, kernel: Any) -> None:
         """``kernel`` is compiled here: a step already bound calls it (a kernel not yet
@@ -193,11 +199,10 @@ class Ahead:
         """Compile (or load from the disk cache) the next kernel of :attr:`later` that
         this process lacks and the child was not handed; False when none is left."""
         while self.later:
-            kernel, args = self.later.pop(0)
+            kernel, sig = self.later.pop(0)
             origin = origin_of(kernel)
             if origin is None or self.handed.get(origin):  # the child's: wait for it instead
                 continue
-            sig = tuple(kernel.typeof_pyval(a) for a in args)
             if sig in kernel.overloads:
                 continue
             kernel.compile(sig)
