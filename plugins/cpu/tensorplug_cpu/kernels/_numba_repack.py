@@ -76,6 +76,7 @@ from ._numba_ir import (
     f32_bits,
 )
 from ._numba_quant import _CHUNKS, _DOT, chunk_span, quantize_activations
+from .activations import vec_dot_type
 
 __all__ = [
     "GGML_ORDER_BIT",
@@ -83,10 +84,14 @@ __all__ = [
     "QUANTIZE_APART_ROWS",
     "TILE",
     "WIDE_TILE",
+    "OWN_SUMS",
+    "SUMS_OF_16",
     "PackedKernels",
+    "activation_form",
     "kinds_mask",
     "packed_kernels",
     "quantize_rows",
+    "sums_span",
     "tile_kernel",
     "tile_rows",
 ]
@@ -1328,10 +1333,33 @@ def _scaled_sums(xd: Any, xs: Any) -> None:
             xs[t, j] = f32_bits(xd[t, j] * np.float32(xs[t, j]))  # type: ignore[call-arg]
 
 
+#: the weight types whose products read activation sums of their own making in ``xs``,
+#: which :func:`_quantize` makes after ggml's rounding: Q2_K's over 16 values, Q6_K's
+#: over 16 times ``−Q6_K_OFFSET``, Q5_K's scaled by their block's ``d`` (float bits)
+OWN_SUMS = frozenset({Type.Q2_K, Type.Q5_K, Type.Q6_K})
+#: ... of those, the types whose sums cover 16 values (``xs`` a column per 16), not 32
+SUMS_OF_16 = frozenset({Type.Q2_K, Type.Q6_K})
+
+
+def activation_form(t: Type) -> Type | str:
+    """What :func:`_quantize` makes of the activations for ``t`` weights: ``t`` itself
+    where its products read sums of their own (:data:`OWN_SUMS`), else its
+    ``vec_dot_type``, whose sums every such product reads alike. Products of one
+    activation share one quantization only when this is the same (Q4_K's integer sums
+    beside Q5_K's scaled ones would read float bits as integers)."""
+    return t if t in OWN_SUMS else vec_dot_type(t)
+
+
+def sums_span(t: Type) -> int:
+    """The activation values each of ``xs``'s sums covers for ``t`` weights."""
+    return 16 if t in SUMS_OF_16 else 32
+
+
 @njit(inline="always")
 def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
-    """The activations as ggml rounds them for ``kind`` weights (Q8_0, or Q8_K for the
-    K-quants), with code sums over 16 values for Q2_K and Q6_K, else 32."""
+    """The activations as ggml rounds them for ``kind`` weights (Q8_0, Q8_1, or Q8_K for
+    the K-quants), then the sums the :data:`OWN_SUMS` types read in place of
+    ``quantize_activations``'s sums over 32 values."""
     quantize_activations(x, xq, xd, xs, table, kind)
     if kind == Q5_K:
         _scaled_sums(xd, xs)
@@ -1412,7 +1440,7 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
         ``outs`` and ``kinds`` are tuples, matrix ``m``'s groups sitting at
         ``starts[m]..`` of one concatenated range of groups, shared out in chunks. Each
         group is computed as ``matmul_packed_serial`` computes it, to the bit. The
-        kinds all read the same quantized activations (``jit._quantized_for``)."""
+        kinds all have one :func:`activation_form`."""
         kind = kinds[0]
         if not quantized:
             _quantize(x, xq, xd, xs, table, kind)

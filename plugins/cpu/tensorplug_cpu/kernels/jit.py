@@ -86,13 +86,12 @@ class JitKernels:
         self._int8 = ki8.matvec_int8
         self._int8_serial = ki8.matvec_int8_serial
         self._int8_siblings = ki8.matvec_int8_siblings
-        from ._numba_repack import QUANTIZE_APART_ROWS, packed_kernels, quantize_rows
+        from . import _numba_repack
 
         # weights stored repacked (CPU_REPACK): eight rows at a time, any activation rows;
         # drivers per set of types, which compile those types' tiles only; many rows'
         # activations quantized apart, on every thread, for any driver
-        self._packed_kernels = packed_kernels
-        self._quantize_rows, self._quantize_apart_rows = quantize_rows, QUANTIZE_APART_ROWS
+        self._repack = _numba_repack
         from . import _numba_fmatvec as fmatvec
 
         # F32, F16 and BF16 weights times a few rows, each weight read once
@@ -204,9 +203,9 @@ class JitKernels:
         same either way, so the bits are too."""
         if out.strides[-1] != 4 or x.strides[-1] != 4:
             raise ValueError("bind_packed: x's and out's rows must be unit-stride float32")
-        xq, xd, xs = _packed_scratch(x, t, scratch)
+        xq, xd, xs = _packed_scratch(x, self._repack.sums_span(t), scratch)
         what = f"repacked {t.name} product kernel"
-        drivers = self._packed_kernels(frozenset((t,)), ggml_order)
+        drivers = self._repack.packed_kernels(frozenset((t,)), ggml_order)
         serial_args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         serial = partial(self._call, f"one-thread {what}", drivers.serial, *serial_args)
         if self.n_threads > 1:  # a one-thread step comes later (on one, this runs first)
@@ -227,13 +226,14 @@ class JitKernels:
         by the driver, or first on every thread by :func:`._numba_repack.quantize_rows`
         when it has many rows. A partial still, whose ``args[0]`` is the driver's name
         (what :meth:`_serial_or_parallel` reads)."""
-        if x.shape[0] < self._quantize_apart_rows:
+        quantize_rows = self._repack.quantize_rows
+        if x.shape[0] < self._repack.QUANTIZE_APART_ROWS:
             # for a later prompt's plan: the second process may compile it meanwhile
-            self.want_ahead(self._quantize_rows, x, *quantized, _F16_TO_F32, int(t), rank=2)
+            self.want_ahead(quantize_rows, x, *quantized, _F16_TO_F32, int(t), rank=2)
             return partial(driver, *quantized, _F16_TO_F32, False)
         if self._ahead is not None:  # this plan calls it (before its few-row products)
-            self._ahead.keep(self._quantize_rows)
-        quantize = partial(self._call, "activation quantizing kernel", self._quantize_rows, x,
+            self._ahead.keep(quantize_rows)
+        quantize = partial(self._call, "activation quantizing kernel", quantize_rows, x,
                            *quantized, _F16_TO_F32, int(t))  # fmt: skip
 
         def quantized_first(what: str, kernel: Any, *args: Any) -> None:
@@ -314,7 +314,8 @@ class JitKernels:
         products cannot go together (arrays numba would type differently)."""
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
             return None
-        if len({_quantized_for(t) for t, _, _ in products}) != 1:  # x is quantized once
+        form = self._repack.activation_form
+        if len({form(t) for t, _, _ in products}) != 1:  # x is quantized once, for all
             return None
         packs = [packed for _, packed, _ in products]
         outs = [out for _, _, out in products]
@@ -327,9 +328,10 @@ class JitKernels:
         joint = _sibling_args(packs, outs, [t for t, _, _ in products], lambda p: p.shape[0])
         kinds = frozenset(t for t, _, _ in products)
         what = f"repacked sibling products kernel for {'+'.join(sorted(t.name for t in kinds))}"
-        drivers = self._packed_kernels(kinds, ggml_order)
+        drivers = self._repack.packed_kernels(kinds, ggml_order)
+        first = products[0][0]
         together = self._quantized_apart(
-            products[0][0], x, _packed_scratch(x, products[0][0], scratch),
+            first, x, _packed_scratch(x, self._repack.sums_span(first), scratch),
             partial(self._call, what, drivers.siblings, x, *joint),
         )  # fmt: skip
         return self._one_by_one_or_together(one_by_one, together)
@@ -343,9 +345,7 @@ class JitKernels:
         kernel, its arguments)."""
 
         kernel, parallel_what = serial.args[1], parallel.args[0]
-        if self._ahead is not None:  # what a wait for the second process may compile
-            chosen = serial if self.n_threads == 1 else parallel
-            self._ahead.will_call(chosen.args[1], *chosen.args[2:])
+        self._will_call(serial if self.n_threads == 1 else parallel)
 
         def run() -> None:  # every token: the set is asked before the method is called
             if self.n_threads == 1 and (
@@ -380,8 +380,8 @@ class JitKernels:
         """A joint product's step: on one thread each product's serial kernel (there is
         no region to save), on more the joint parallel kernel."""
 
-        if self._ahead is not None and self.n_threads > 1 and isinstance(together, partial):
-            self._ahead.will_call(together.args[1], *together.args[2:])
+        if self.n_threads > 1:
+            self._will_call(together)
 
         def run() -> None:
             if self.n_threads == 1:
@@ -391,6 +391,13 @@ class JitKernels:
                 together()
 
         return run
+
+    def _will_call(self, call: Callable[[], None]) -> None:
+        """Note the kernel a bound step will call, for the waits for the second process
+        (:meth:`.ahead.Ahead.will_call`): ``call`` is a partial of :meth:`_call` (or of
+        :meth:`_quantized_apart`'s), ``args`` ``(what, kernel, *kernel's arguments)``."""
+        if self._ahead is not None and isinstance(call, partial):
+            self._ahead.will_call(call.args[1], *call.args[2:])
 
     def want_ahead(self, kernel: Callable[..., Any], *args: Any, rank: int = 1) -> None:
         """Have ``kernel(*args)`` compiled by the second process if numba has not got it
@@ -592,31 +599,12 @@ def _sibling_args(
     return tuple(weights), tuple(outs), ids, starts
 
 
-#: repacked types whose kernels take the activation codes' sums over 16 values (their
-#: scales cover 16), not over 32
-_SUMS_OF_16 = (Type.Q2_K, Type.Q6_K)
-#: repacked types whose kernels read sums of their own making in the activations' ``xs``
-#: (``_numba_repack._quantize``): Q2_K's over 16 values, Q6_K's over 16 times −32,
-#: Q5_K's scaled by their block's ``d`` as float bits
-_OWN_SUMS = (Type.Q2_K, Type.Q5_K, Type.Q6_K)
-
-
-def _quantized_for(t: Type) -> Type | str:
-    """What a repacked product of ``t`` weights reads of its quantized activations: the
-    type ``t`` itself where its sums are its own (:data:`_OWN_SUMS`), else the
-    ``vec_dot_type`` (whose sums every such product reads alike). Products of one
-    activation go together only when it is the same: they share one quantization
-    (Q4_K's integer sums beside Q5_K's scaled ones read float bits as integers)."""
-    return t if t in _OWN_SUMS else vec_dot_type(t)
-
-
 def _packed_scratch(
-    x: np.ndarray, t: Type, scratch: Callable[..., np.ndarray]
+    x: np.ndarray, per: int, scratch: Callable[..., np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Room for ``x``'s rows quantized for a repacked product of ``t`` weights: codes,
-    block scales, and sums of the codes over 32 values (over 16 for Q2_K and Q6_K)."""
+    """Room for ``x``'s rows quantized for a repacked product: codes, block scales, and
+    sums of the codes over ``per`` values (``_numba_repack.sums_span``)."""
     n_tok, n = x.shape
-    per = 16 if t in _SUMS_OF_16 else 32
     return (scratch((n_tok, n), np.int8), scratch((n_tok, n // 32), np.float32),
             scratch((n_tok, n // per), np.int32))  # fmt: skip
 
