@@ -201,6 +201,19 @@ def test_the_cuda_gate_fails_on_opencl_only_code_and_on_a_warning() -> None:
     assert any(d.kind == "warning" for r in results for d in r.messages)
 
 
+def test_the_cuda_gate_names_the_architectures_this_nvrtc_dropped() -> None:
+    # CUDA 13's NVRTC refuses sm_70 outright; sm_10 stands for such an architecture here
+    good = _kernel("k_good", "    *(TP_GLOBAL float *)x_p = 1.0f;")
+    results = check_cuda((*_common(), good), archs=("sm_10", "sm_80"))
+    _require_or_skip(results, "CUDA (NVRTC)")
+    assert _status(results, "k_good") == "ok"
+    detail = next(r.detail for r in results if r.kernel == "k_good")
+    assert detail.startswith("sm_80 + portable (this NVRTC dropped sm_10);"), detail
+    results = check_cuda((*_common(), good), archs=("sm_10",))
+    assert _status(results, "k_good") == "FAIL"
+    assert "compiles none of sm_10" in next(r.detail for r in results if r.kernel == "k_good")
+
+
 def test_the_metal_gate_fails_on_cuda_only_code() -> None:
     cuda_only = _kernel("k_cuda_only", "    __syncthreads();\n    *(TP_GLOBAL float *)x_p = 1.0f;")
     good = _kernel("k_good", "    *(TP_GLOBAL float *)x_p = 1.0f;")

@@ -33,7 +33,8 @@ from .source import Dialect, Source, body_sources, render
 __all__ = ["CUDA_ARCHS", "GATES", "Result", "check_cuda", "check_msl", "check_opencl"]
 
 #: GPU architectures the CUDA text must compile for: Volta, Ampere (A100, RTX 30),
-#: Ada (RTX 40, L4), Hopper (H100/H200).
+#: Ada (RTX 40, L4), Hopper (H100/H200); those the installed NVRTC no longer supports
+#: (CUDA 13 dropped Volta) are named and skipped.
 CUDA_ARCHS = ("sm_70", "sm_80", "sm_86", "sm_89", "sm_90")
 
 #: The work-group size the gates compile with (a multiple of 32, as CUDA and Metal need).
@@ -163,6 +164,20 @@ def _ptxas_usage(log: str) -> dict[str, tuple[int, int]]:
     return {k: (r, spills.get(k, 0)) for k, r in regs.items()}
 
 
+def _supported(
+    archs: tuple[str, ...], nvrtc_archs: tuple[int, ...]
+) -> tuple[tuple[str, ...], list[str]]:
+    """The architectures of ``archs`` this NVRTC compiles for, and those it dropped.
+
+    Each CUDA major release drops the oldest ones (CUDA 13: everything before Turing,
+    sm_75, Volta's sm_70 among them), and no option brings them back: the gate checks the
+    text for the rest and names what it could not build, rather than failing every kernel
+    on a toolchain fact.
+    """
+    known = {f"sm_{a}" for a in nvrtc_archs}
+    return tuple(a for a in archs if a in known), [a for a in archs if a not in known]
+
+
 def check_cuda(
     sources: tuple[Source, ...] | None = None, archs: tuple[str, ...] = CUDA_ARCHS
 ) -> list[Result]:
@@ -175,6 +190,11 @@ def check_cuda(
         reason = (f"NVRTC is not available ({type(e).__name__}: {e}); "
                   'pip install -e "plugins/kernels[check]"')  # fmt: skip
         return [Result("cuda", k, "skip", reason) for k in _kernels(sources)]
+    archs, dropped = _supported(archs, nvrtc.getSupportedArchs())
+    if not archs:
+        reason = (f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))} compiles none of "
+                  f"{', '.join(dropped)}")  # fmt: skip
+        return [Result("cuda", k, "FAIL", reason) for k in _kernels(sources)]
     text = render("cuda", sources).text
     builds: list[tuple[str, list[str]]] = [(arch, []) for arch in archs]
     builds.append((archs[-1], ["-DTP_PORTABLE"]))
@@ -195,7 +215,8 @@ def check_cuda(
                 usage.setdefault(k, []).append(
                     f"{arch} {r} regs" + (f" {s} B spilled" if s else "")
                 )
-    details = {k: f"{', '.join(archs)} + portable; " + "; ".join(v[:1] + v[-1:])
+    not_built = f" (this NVRTC dropped {', '.join(dropped)})" if dropped else ""
+    details = {k: f"{', '.join(archs)} + portable{not_built}; " + "; ".join(v[:1] + v[-1:])
                for k, v in usage.items()}  # fmt: skip
     return _results("cuda", sources, failures, details)
 
