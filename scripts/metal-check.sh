@@ -17,6 +17,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv-metal}
 DEVICE=${DEVICE:-Metal0}
 PY="$VENV/bin/python"
+TP="$VENV/bin/tensorplug"
 mkdir -p "$OUT"
 
 step_install() {
@@ -32,7 +33,7 @@ step_install() {
         "$PY" -c "import tensorplug_metal as m; print('score', m.score())"
         git rev-parse HEAD 2>/dev/null || true
     } 2>&1 | tee "$OUT/environment.txt"
-    "$VENV/bin/tensorplug" devices --plain 2>&1 | tee -a "$OUT/environment.txt"
+    "$TP" devices --plain 2>&1 | tee -a "$OUT/environment.txt"
 }
 
 step_tests() {
