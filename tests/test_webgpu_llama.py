@@ -2,8 +2,14 @@
 a row split over CPU and WebGPU0, and SmolLM2's greedy text against the CPU backend's.
 
 Tolerances are test_llama_model.py's (the WGSL kernels dequantize exactly and multiply
-in float32): 1e-5 of the largest reference logit with an F32 cache, 2e-5 with the F16
-cache (rounded as the reference rounds it). The row split is judged as
+in float32): 1e-5 of the largest reference logit with an F32 cache. With the F16 cache
+the reference rounds K and V as the cache does, but a GPU's float32 (its sin, cos and pow
+are not correctly rounded) lands a few K or V values on the other side of an f16 rounding
+boundary, and each such value moves these logits by ~5e-5: relative noise of 3e-7 on K
+and V before rounding gives 5.0e-5 in the reference, 1e-7 none; NVIDIA's Vulkan driver
+(H200) gave 4.7e-5, lavapipe 5.8e-6, where not rounding at all gives 1.8e-4. So the F16
+cache's logits are held within 1e-4 of the rounded reference and beyond it from the
+unrounded one. The row split is judged as
 test_meta_device.py judges CPU + OpenCL (the CPU multiplies by Q8_0-rounded
 activations): NMSE within 5e-4 and the same top token at every position.
 """
@@ -63,10 +69,16 @@ def test_logits_match_the_reference(models: dict[str, Path], wtype: str) -> None
     assert ref.rel_err(got, ref.logits(ref.load(models[wtype]), TOKENS)) <= 1e-5
 
 
+#: a few K or V values rounded to the neighbouring f16 value (see the module docstring)
+F16_FLIPS = 1e-4
+
+
 def test_f16_cache_matches_the_reference_rounding(models: dict[str, Path]) -> None:
     got = _logits(models["q4_0"], Placement.on(_device("WebGPU0"), 2))
-    want = ref.logits(ref.load(models["q4_0"]), TOKENS, kv_dtype=np.float16)
-    assert ref.rel_err(got, want) <= 2e-5
+    model = ref.load(models["q4_0"])
+    assert ref.rel_err(got, ref.logits(model, TOKENS, kv_dtype=np.float16)) <= F16_FLIPS
+    # and the cache's rounding is visible: the unrounded reference is further away
+    assert ref.rel_err(got, ref.logits(model, TOKENS)) > F16_FLIPS
 
 
 def test_split_mode_row_over_cpu_and_webgpu(tmp_path: Path) -> None:
