@@ -156,8 +156,8 @@ def test_score_counts_the_gpus_the_driver_sees(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(probe, "cupy_cuda_major", lambda: 12)
     assert probe.score(lambda: FakeLibcuda(count=2, version=12090)) == (
         10,
-        "2 NVIDIA GPU(s), driver for CUDA 12.9 (not yet verified on a GPU: "
-        "scripts/gpu-check.sh verifies it)",
+        "2 NVIDIA GPU(s), driver for CUDA 12.9 (verified on an NVIDIA H200 with CUDA 13; "
+        "other GPUs: scripts/gpu-check.sh)",
     )
 
 
@@ -198,7 +198,7 @@ def test_one_device_per_gpu_with_what_the_driver_reports(reg: CUDAReg) -> None:
     assert d0.limits.wg == WG and d0.limits.gpu and d0.limits.local_mem == 49152
     feats = reg.features()
     assert feats["CUDA runtime"] == "12.9" and "sm_90" in feats["CUDA0"]
-    assert feats["verified"].startswith("not yet verified on a GPU")
+    assert feats["verified"] == probe.VERIFIED_ON
 
 
 def test_the_pci_id_matches_the_opencl_plugins_for_the_same_gpu(reg: CUDAReg) -> None:

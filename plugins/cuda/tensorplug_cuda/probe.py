@@ -17,10 +17,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["UNVERIFIED", "cupy_cuda_major", "load_libcuda", "probe_driver", "score"]
+__all__ = ["VERIFIED_ON", "cupy_cuda_major", "load_libcuda", "probe_driver", "score"]
 
-#: Said wherever the plugin presents itself, until scripts/gpu-check.sh has run on a GPU.
-UNVERIFIED = "not yet verified on a GPU: scripts/gpu-check.sh verifies it"
+#: Said wherever the plugin presents itself: the GPUs scripts/gpu-check.sh has passed on
+#: (2026-11-26: an H200, sm_90, driver 580 for CUDA 13.0, cupy-cuda13x 14.2), and how
+#: to check any other. CUDA 12 wheels and other architectures have not run on a GPU.
+VERIFIED_ON = "verified on an NVIDIA H200 with CUDA 13; other GPUs: scripts/gpu-check.sh"
 
 #: cupy distributions by the CUDA major version their wheels need.
 CUPY_DISTRIBUTIONS = {"cupy-cuda12x": 12, "cupy-cuda13x": 13}
@@ -120,4 +122,4 @@ def score(loader: Callable[[], Any] = load_libcuda) -> tuple[int, str]:
             f"the installed cupy needs a CUDA {need} driver but this driver supports CUDA "
             f"{driver}; {fix}update the NVIDIA driver"
         )
-    return 10, f"{count} NVIDIA GPU(s), driver for CUDA {driver} ({UNVERIFIED})"
+    return 10, f"{count} NVIDIA GPU(s), driver for CUDA {driver} ({VERIFIED_ON})"

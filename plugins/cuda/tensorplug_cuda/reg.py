@@ -14,7 +14,7 @@ from tensorplug_kernels.runtime import GPUReg, process_wide
 
 from .buffer import CUDAHostBufferType
 from .device import CUDADevice
-from .probe import UNVERIFIED
+from .probe import VERIFIED_ON
 
 __all__ = ["CUDAReg", "create_reg"]
 
@@ -46,7 +46,7 @@ class CUDAReg(GPUReg):
             "CUDA runtime": version(runtime.runtimeGetVersion()),
             "CUDA driver": version(runtime.driverGetVersion()),
             "NVRTC": nvrtc,
-            "verified": UNVERIFIED,
+            "verified": VERIFIED_ON,
         }
         for dev in self._devices:
             info = dev.info
