@@ -354,6 +354,9 @@ class CpuBackend(Backend):
                 if not isinstance(e, TensorplugError) and hasattr(e, "add_note"):
                     e.add_note(f"while the CPU computed node {i} {plan.nodes[i].describe()}")
                 raise
+            finally:
+                if self.jit is not None:
+                    self.jit.settle()
         return Status.SUCCESS
 
     @staticmethod
