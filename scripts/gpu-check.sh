@@ -27,8 +27,8 @@
 #
 # Environment: WHEELS (wheels folder, default ./wheels), OUT (where logs, JSON and
 # summary.txt go; default $OUT when set, else ./gpu-check-out), PYTHON (default
-# python3), VENV (default ./.venv-gpu), DEVICE (default CUDA0), and for steps.sh's
-# shared steps MODEL, LLAMA_DEVICES and LIMIT (scripts/device-check-lib.sh). TESTS: the
+# python3), VENV (default ./.venv-gpu), DEVICE (default CUDA0); MODEL, LLAMA_DEVICES and
+# LIMIT for the steps every device script shares (scripts/device-check-lib.sh). TESTS: the
 # CUDA test files to run (default all five; on a short lease tests/test_cuda_gpu.py and
 # tests/test_cuda_nvrtc.py, the ones a fake of cupy cannot stand in for).
 # TARGET=DIR installs into DIR with `pip --target` instead of making a venv, and runs
