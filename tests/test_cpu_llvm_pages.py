@@ -130,3 +130,19 @@ def test_a_compute_that_loaded_a_kernel_gives_llvms_pages_back(
     assert calls == [1]
     want = values / np.sqrt((values.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-6)
     np.testing.assert_allclose(tp.get_array(y), want, rtol=1e-6)
+
+
+def test_a_compile_of_a_known_kernel_counts_too() -> None:
+    # a kernel whose name has run already but meets new argument types compiles again:
+    # numba's compile event marks it, not only a kernel's first call
+    kernels = jit.load_jit()
+    if kernels is None:
+        pytest.skip(f"no numba kernels here: {jit.jit_status()}")
+    import numba
+
+    kernels.settle()
+    assert not kernels._llvm_ran
+    numba.njit(lambda x: x + 1)(np.int16(3))  # a compile anywhere in the process
+    assert kernels._llvm_ran
+    kernels.settle()
+    assert not kernels._llvm_ran

@@ -126,8 +126,10 @@ class JitKernels:
         }  # fmt: skip
         #: the kernels (by what they are called in messages) that have run in this process
         self._called: set[str] = set()
-        #: whether LLVM ran (a kernel loaded or compiled) since :meth:`settle` last looked
+        #: whether LLVM ran (a kernel loaded or compiled) since :meth:`settle` last looked:
+        #: set by a kernel's first call, and by any compile (a known kernel typed anew)
         self._llvm_ran = False
+        numba.core.event.register("numba:compile", _on_compile(numba, self._note_llvm_ran))
         #: one-thread kernels now free to run (:meth:`_serial_ready`)
         self._serial_ok: set[Any] = set()
         from . import ahead
@@ -554,6 +556,9 @@ class JitKernels:
         self._called.add(what)
         return result
 
+    def _note_llvm_ran(self) -> None:
+        self._llvm_ran = True
+
     def settle(self) -> None:
         """After a compute: if a kernel was loaded or compiled during it, LLVM's code
         that doing so paged in is dropped again (:mod:`.llvm_pages`): 20-45 MB of RSS
@@ -583,6 +588,19 @@ def _on_first_compile(numba: Any, start: Callable[[], None]) -> Any:
             pass
 
     return FirstCompile()
+
+
+def _on_compile(numba: Any, note: Callable[[], None]) -> Any:
+    """A numba event listener that calls ``note`` whenever a compile begins."""
+
+    class Compile(numba.core.event.Listener):  # type: ignore[misc, name-defined]
+        def on_start(self, event: Any) -> None:
+            note()
+
+        def on_end(self, event: Any) -> None:
+            pass
+
+    return Compile()
 
 
 def _q8_scratch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
