@@ -7,14 +7,19 @@
 # Environment: MODEL (a .gguf file for the llama step; default the installed SmolLM2, else
 # the tiny random-weight model), LLAMA_DEVICES (where the llama step runs it; default
 # "$DEVICE CPU"), LIMIT (seconds any one command of a step may run, default 900: a hung
-# kernel or driver costs one step, not a lent machine's whole lease).
+# kernel or driver costs one step, not a lent machine's whole lease), CHECK_JOBS
+# (processes of the conformance step, default the CPUs up to 12).
 
 status() { echo "$1: $2" | tee -a "$OUT/steps.txt"; }
 
 limited() { timeout --kill-after=10 "${LIMIT:-900}" "$@"; }
 
 step_check() {  # every catalogue case on the device, against the CPU backend
-    limited "$TP" check --backend "$DEVICE" --output json > "$OUT/check.json" 2> "$OUT/check.log"
+    # in several processes: each new case compiles a kernel on first use (NVRTC, Metal)
+    local cpus
+    cpus=$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1)
+    limited "$TP" check --backend "$DEVICE" --output json --jobs "${CHECK_JOBS:-$(( cpus < 12 ? cpus : 12 ))}" \
+        > "$OUT/check.json" 2> "$OUT/check.log"
     local rc=$?
     "$PY" - "$OUT/check.json" 2>/dev/null <<'PYEOF' || tail -5 "$OUT/check.log"
 import json, sys

@@ -202,6 +202,36 @@ def test_check_cli_json_and_exit_status() -> None:
     assert {c["op"] for c in data["cases"]} == {"concat"}
 
 
+def test_check_cli_jobs_split_the_cases_and_keep_their_order() -> None:
+    # the cases in blocks over two processes (each makes its own CPU backend): the same
+    # cases, verdicts and order as one process
+    args = ("check", "--backend", "CPU", "--op", "concat,scale,rope", "--output", "json")
+    one, two = _cli(*args), _cli(*args, "--jobs", "2")
+    assert one.returncode == two.returncode == 0, two.stderr
+    a, b = json.loads(one.stdout), json.loads(two.stdout)
+    assert (a["backend"], a["reference"]) == (b["backend"], b["reference"]) == ("CPU", "reference")
+    assert [(c["case"], c["outcome"]) for c in a["cases"]] == [
+        (c["case"], c["outcome"]) for c in b["cases"]
+    ]
+    assert a["summary"] == b["summary"] and a["summary"]["total"] > 8  # 8 blocks: all used
+
+
+def test_a_jobs_worker_checks_its_block_of_the_selection() -> None:
+    from tensorplug.testing import check_cli
+
+    selection = check_cli._Selection("reference", "reference", True, ["scale"], [])
+    cases = catalogue(True, ["scale"])
+    got = check_cli.check_block(selection, 2, 5)
+    assert [r.case for r in got] == [c.name for c in cases[2:5]]
+    assert all(r.passed for r in got)
+
+
+def test_check_cli_refuses_a_jobs_count_below_one() -> None:
+    run = _cli("check", "--jobs", "0")
+    assert run.returncode == 2
+    assert "--jobs: a whole number of processes >= 1, not '0'" in run.stderr
+
+
 def test_check_cli_exits_1_on_a_failure(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,8 +7,13 @@ backend, op or type). Unsupported cases are listed but never fail the run.
 from __future__ import annotations
 
 import argparse
+import itertools
+import multiprocessing
 import sys
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 
 from ..backend import Backend
 from ..errors import TensorplugError
@@ -69,6 +74,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a table row for every case (default: one row per op, then the problems)",
     )
     parser.add_argument("--list", action="store_true", help="list the matching cases and exit")
+    parser.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=1,
+        metavar="N",
+        help="run the cases in N processes at once, each with its own backends (default 1): "
+        "for a device that compiles a kernel per case on first use, as CUDA's NVRTC does",
+    )
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of processes >= 1, not {text!r}")
+    return n
 
 
 def split_names(values: list[str]) -> list[str]:
@@ -121,11 +144,23 @@ def main(args: argparse.Namespace) -> int:
         backend.free()
         return usage_error("check", e)
     plain = getattr(args, "plain", True)
-    try:
-        report = _run(cases, backend, reference)
-    finally:
+    jobs = min(getattr(args, "jobs", 1), len(cases))
+    if jobs > 1:  # the workers make their own backends, by these names
+        selection = _Selection(backend.name, reference.name, not args.quick, ops, types)
         backend.free()
         reference.free()
+        try:
+            report = _run_in_processes(selection, len(cases), jobs)
+        except BrokenProcessPool as e:
+            print(f"tensorplug check: a checking process died ({e}); run again with --jobs 1 "
+                  "to see which case ends it", file=sys.stderr)  # fmt: skip
+            return 1
+    else:
+        try:
+            report = _run(cases, backend, reference)
+        finally:
+            backend.free()
+            reference.free()
     render_check(report, args.output, plain, problems_only=args.problems, every_case=args.cases)
     return 0 if report.ok else 1
 
@@ -140,3 +175,55 @@ def _run(cases: list[Case], backend: Backend, reference: Backend) -> CheckReport
             progress.advance()
 
         return run_cases(cases, backend, reference, advance)
+
+
+#: blocks of consecutive cases per process of ``--jobs``: consecutive cases share kernels
+#: (a block compiles few of its own), and more blocks than processes even out slow ones
+BLOCKS_PER_JOB = 4
+
+
+@dataclass(frozen=True)
+class _Selection:
+    """What a ``--jobs`` worker checks: the backends by name and the catalogue's filters
+    (each worker selects the same cases, in the same order, and takes its block)."""
+
+    backend: str
+    reference: str
+    full: bool
+    ops: list[str]
+    types: list[str]
+
+
+def _run_in_processes(selection: _Selection, n_cases: int, jobs: int) -> CheckReport:
+    """:func:`_run` with the selected cases split into blocks of consecutive ones, each
+    checked in one of ``jobs`` fresh processes (spawned: a fork would inherit driver
+    state) on backends of its own; the report keeps the catalogue's order."""
+    from ..progress import Progress
+
+    n_blocks = min(n_cases, jobs * BLOCKS_PER_JOB)
+    bounds = [n_cases * i // n_blocks for i in range(n_blocks + 1)]
+    report = CheckReport(selection.backend, selection.reference)
+    label = f"checking {selection.backend} against {selection.reference} in {jobs} processes"
+    spawn = multiprocessing.get_context("spawn")
+    with (
+        Progress(label, total=n_cases, unit="cases") as progress,
+        ProcessPoolExecutor(jobs, mp_context=spawn) as pool,
+    ):
+        futures = [pool.submit(check_block, selection, a, b) for a, b in itertools.pairwise(bounds)]
+        for future in futures:
+            results = future.result()
+            report.results += results
+            progress.advance(len(results))
+    return report
+
+
+def check_block(selection: _Selection, start: int, end: int) -> list[CaseResult]:
+    """The verdicts on the selected cases ``[start, end)``, on backends made here (a
+    ``--jobs`` worker process)."""
+    cases = catalogue(selection.full, selection.ops, selection.types)[start:end]
+    test, ref = resolve_backend(selection.backend), resolve_backend(selection.reference)
+    try:
+        return run_cases(cases, test, ref).results
+    finally:
+        test.free()
+        ref.free()
