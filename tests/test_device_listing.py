@@ -102,6 +102,19 @@ def test_a_device_that_changed_under_the_same_key_refuses_and_the_list_is_rewrit
     assert [r["name"] for r in drivers.listing().records()] == ["gpu b"]
 
 
+def test_a_device_described_otherwise_under_its_name_says_what_changed(kept: Path) -> None:
+    # another OpenCL driver of the same device (a system pocl beside pip's) gave the same
+    # name: "now give X, not X" told nothing
+    drivers = Drivers("gpu a")
+    drivers.listing().records()  # kept: memory 0
+    drivers.probe = lambda: [({"name": "gpu a", "memory": 7}, "live")]  # type: ignore[method-assign]
+    listing = drivers.listing()
+    listing.records()
+    changed = r"Fake0: the drivers now give gpu a with memory 7 \(was 0\), not gpu a as"
+    with pytest.raises(DeviceListChangedError, match=changed):
+        listing.open(0)
+
+
 @pytest.mark.parametrize(
     "text",
     [

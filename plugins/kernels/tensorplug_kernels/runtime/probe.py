@@ -270,6 +270,12 @@ class DeviceProbe(Generic[Live]):
                 return self._live[index][1]
         was = described[index].get("name", f"device {index}")
         is_now = now[index].get("name", f"device {index}") if index < len(now) else "no device"
+        if index < len(now) and is_now == was:  # the same device, described otherwise
+            old, new = described[index], now[index]
+            changed = [k for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+            is_now += " with " + ", ".join(
+                f"{k} {new.get(k)!r} (was {old.get(k)!r})" for k in changed[:3]
+            )
         raise DeviceListChangedError(
             f"{self.runtime}{index}: the drivers now give {is_now}, not {was} as the device "
             f"list kept in {self.path} said: a driver changed since the list was made. The "
