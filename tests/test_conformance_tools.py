@@ -229,7 +229,7 @@ def test_a_jobs_worker_checks_its_block_of_the_selection() -> None:
 def test_check_cli_refuses_a_jobs_count_below_one() -> None:
     run = _cli("check", "--jobs", "0")
     assert run.returncode == 2
-    assert "--jobs: a whole number of processes >= 1, not '0'" in run.stderr
+    assert "--jobs: '0' is not a number of processes (an integer >= 1)" in run.stderr
 
 
 def test_check_cli_exits_1_on_a_failure(

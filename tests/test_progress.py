@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from tensorplug import progress as progress_mod
-from tensorplug.cli import format_bytes, format_bytes_of
+from tensorplug.cli import count_argument, format_bytes, format_bytes_of
 from tensorplug.progress import Progress
 
 
@@ -82,6 +83,14 @@ def test_figures_side_by_side_share_one_unit() -> None:
     assert format_bytes_of(512 * 2**20, 5.6 * 2**30) == "0.5 / 5.6 GiB"
     assert format_bytes_of(100, 1000) == "100 / 1000 B"
     assert format_bytes(3 * 2**30, unit=2) == "3072.0 MiB"
+
+
+def test_a_count_argument_takes_whole_numbers_from_one() -> None:
+    threads = count_argument("a thread count")
+    assert threads("3") == 3 and threads(" 12 ") == 12
+    for bad in ("0", "-2", "x", "1.5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"^{bad!r} is not a thread count"):
+            threads(bad)
 
 
 def _tensorplug(*args: str) -> subprocess.CompletedProcess[str]:

@@ -41,6 +41,7 @@ __all__ = [
     "COMMANDS",
     "Command",
     "Output",
+    "count_argument",
     "format_bytes",
     "format_bytes_of",
     "main",
@@ -163,6 +164,23 @@ def _styled(cell: str) -> Any:
 
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def count_argument(what: str) -> Callable[[str], int]:
+    """An argparse ``type`` for a count of ``what`` (``"a thread count"``): an integer
+    of at least 1, else argparse's usage error saying so (``'0' is not a thread count
+    (an integer >= 1)``), never a traceback."""
+
+    def count(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} (an integer >= 1)")
+        return n
+
+    return count
 
 
 def _unit_of(n: float) -> int:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
-from tensorplug.cli import format_bytes, format_bytes_of
+from tensorplug.cli import count_argument, format_bytes, format_bytes_of
 from tensorplug.errors import RunError
 from tensorplug.types import Type
 
@@ -189,7 +189,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
     p.add_argument(
         "-t",
         "--threads",
-        type=_thread_count,
+        type=count_argument("a thread count"),
         metavar="N",
         help="threads of the CPU backend's kernels and worker pool (default: one per core, "
         "and generation steps move to fewer while timing shows other work holding the cores)",
@@ -367,16 +367,6 @@ def _proportions(text: str) -> list[float]:
 
 #: The run demo's tolerance between devices: ggml's own for mul_mat (test-backend-ops).
 DEMO_MAX_NMSE = 5e-4
-
-
-def _thread_count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a thread count (an integer >= 1)")
-    return n
 
 
 def _device_names(args: argparse.Namespace) -> list[str]:

@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tensorplug.cli import count_argument
 from tensorplug.errors import RunError, TensorplugError
 
 from .terminal import printable
@@ -26,16 +27,6 @@ TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
 
 
 def _port(text: str) -> int:
@@ -57,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-np",
         "--parallel",
-        type=_positive,
+        type=count_argument("a number of slots"),
         default=4,
         help="requests decoded together (slots, as llama-server's -np; 4); each slot keeps "
         "its last prompt's cells for prefix reuse",
@@ -80,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-request-size",
-        type=_positive,
+        type=count_argument("a size in MiB"),
         default=16,
         metavar="MB",
         help="largest request body read, in MiB; past it: 413 (16)",
@@ -107,7 +98,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run --replicas servers as a Ray Serve deployment behind one route, each "
         "an engine on its node's devices (pip install 'ray[serve]')",
     )
-    p.add_argument("--replicas", type=_positive, default=2, help="with --ray: replicas (2)")
+    p.add_argument(
+        "--replicas",
+        type=count_argument("a number of replicas"),
+        default=2,
+        help="with --ray: replicas (2)",
+    )
     p.add_argument(
         "--ray-address",
         help="with --ray: the cluster to join (default: start a local one)",

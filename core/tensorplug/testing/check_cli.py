@@ -16,6 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from ..backend import Backend
+from ..cli import count_argument
 from ..errors import TensorplugError
 from .cases import Case
 from .families import catalogue
@@ -76,22 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the matching cases and exit")
     parser.add_argument(
         "--jobs",
-        type=_jobs,
+        type=count_argument("a number of processes"),
         default=1,
         metavar="N",
         help="run the cases in N processes at once, each with its own backends (default 1): "
         "for a device that compiles a kernel per case on first use, as CUDA's NVRTC does",
     )
-
-
-def _jobs(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of processes >= 1, not {text!r}")
-    return n
 
 
 def split_names(values: list[str]) -> list[str]:
