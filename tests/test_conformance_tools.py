@@ -216,10 +216,31 @@ def test_check_cli_jobs_split_the_cases_and_keep_their_order() -> None:
     assert a["summary"] == b["summary"] and a["summary"]["total"] > 8  # 8 blocks: all used
 
 
+def test_a_jobs_worker_whose_backends_fail_is_a_message_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    from tensorplug.cli import main
+    from tensorplug.errors import TensorplugError
+    from tensorplug.testing import check_cli
+
+    args = ["check", "--backend", "reference", "--reference", "reference", "--op", "scale"]
+    for error in (TensorplugError("no device FOO0"), BrokenProcessPool("killed")):
+
+        def failing(*_: object, error: BaseException = error) -> object:
+            raise error
+
+        monkeypatch.setattr(check_cli, "_run_in_processes", failing)
+        assert main([*args, "--jobs", "2"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("tensorplug check: a checking process") and str(error) in err
+
+
 def test_a_jobs_worker_checks_its_block_of_the_selection() -> None:
     from tensorplug.testing import check_cli
 
-    selection = check_cli._Selection("reference", "reference", True, ["scale"], [])
+    selection = check_cli.CaseSelection("reference", "reference", True, ["scale"], [])
     cases = catalogue(True, ["scale"])
     got = check_cli.check_block(selection, 2, 5)
     assert [r.case for r in got] == [c.name for c in cases[2:5]]

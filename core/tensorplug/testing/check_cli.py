@@ -23,7 +23,15 @@ from .families import catalogue
 from .report import render_check
 from .runner import CaseResult, CheckReport, default_reference, resolve_backend, run_cases
 
-__all__ = ["add_arguments", "main", "select_cases", "split_names", "usage_error"]
+__all__ = [
+    "CaseSelection",
+    "add_arguments",
+    "check_block",
+    "main",
+    "select_cases",
+    "split_names",
+    "usage_error",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
     plain = getattr(args, "plain", True)
     jobs = min(getattr(args, "jobs", 1), len(cases))
     if jobs > 1:  # the workers make their own backends, by these names
-        selection = _Selection(backend.name, reference.name, not args.quick, ops, types)
+        selection = CaseSelection(backend.name, reference.name, not args.quick, ops, types)
         backend.free()
         reference.free()
         try:
@@ -145,6 +153,10 @@ def main(args: argparse.Namespace) -> int:
         except BrokenProcessPool as e:
             print(f"tensorplug check: a checking process died ({e}); run again with --jobs 1 "
                   "to see which case ends it", file=sys.stderr)  # fmt: skip
+            return 1
+        except TensorplugError as e:  # a worker's backend would not start
+            print(f"tensorplug check: a checking process could not start its backends: {e}",
+                  file=sys.stderr)  # fmt: skip
             return 1
     else:
         try:
@@ -174,7 +186,7 @@ BLOCKS_PER_JOB = 4
 
 
 @dataclass(frozen=True)
-class _Selection:
+class CaseSelection:
     """What a ``--jobs`` worker checks: the backends by name and the catalogue's filters
     (each worker selects the same cases, in the same order, and takes its block)."""
 
@@ -185,7 +197,7 @@ class _Selection:
     types: list[str]
 
 
-def _run_in_processes(selection: _Selection, n_cases: int, jobs: int) -> CheckReport:
+def _run_in_processes(selection: CaseSelection, n_cases: int, jobs: int) -> CheckReport:
     """:func:`_run` with the selected cases split into blocks of consecutive ones, each
     checked in one of ``jobs`` fresh processes (spawned: a fork would inherit driver
     state) on backends of its own; the report keeps the catalogue's order."""
@@ -208,7 +220,7 @@ def _run_in_processes(selection: _Selection, n_cases: int, jobs: int) -> CheckRe
     return report
 
 
-def check_block(selection: _Selection, start: int, end: int) -> list[CaseResult]:
+def check_block(selection: CaseSelection, start: int, end: int) -> list[CaseResult]:
     """The verdicts on the selected cases ``[start, end)``, on backends made here (a
     ``--jobs`` worker process)."""
     cases = catalogue(selection.full, selection.ops, selection.types)[start:end]
