@@ -575,19 +575,14 @@ class JitKernels:
 def _on_first_compile(numba: Any, start: Callable[[], None]) -> Any:
     """A numba event listener that calls ``start`` when the first compile begins (nested
     compiles of the kernel's callees raise the event again; ``start`` runs once)."""
+    started: list[bool] = []
 
-    class FirstCompile(numba.core.event.Listener):  # type: ignore[misc, name-defined]
-        started = False
+    def once() -> None:
+        if not started:
+            started.append(True)
+            start()
 
-        def on_start(self, event: Any) -> None:
-            if not self.started:
-                self.started = True
-                start()
-
-        def on_end(self, event: Any) -> None:
-            pass
-
-    return FirstCompile()
+    return _on_compile(numba, once)
 
 
 def _on_compile(numba: Any, note: Callable[[], None]) -> Any:
