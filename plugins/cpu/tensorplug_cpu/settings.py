@@ -21,6 +21,7 @@ __all__ = [
     "NUMBA_LAYERS",
     "NUMBA_THREADS",
     "SETTINGS",
+    "SPIN",
     "THREADING_LAYER",
 ]
 
@@ -67,6 +68,16 @@ COMPILE_AHEAD: Setting[bool] = Setting(
     example="0",
 )
 
+SPIN: Setting[bool] = Setting(
+    "TENSORPLUG_CPU_SPIN",
+    True,
+    parse_flag,
+    "0 to run a generation step's products and attention on more than one thread as "
+    "numba parallel regions, whose worker threads sleep between regions (5-10 µs to "
+    "wake each, ~50 times a token), rather than on helper threads that spin for ~2 ms "
+    "after each job and sleep after that (kernels/pool.py).",
+    example="0",
+)
 
 #: the value ``all`` reads as: more query rows than any step has
 ALL_ROWS = 2**62
@@ -140,4 +151,5 @@ SETTINGS = (
     GGML_PRODUCT_ORDER,
     NUMBA_THREADS,
     THREADING_LAYER,
+    SPIN,
 )

@@ -12,17 +12,19 @@ numpy's BLAS path (which rounds by the step's row count).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import _numba_ir as _ir
-from ._numba_cache import kernel
+from ._numba_cache import job_function, kernel
+from ._numba_pool import ARRAY4_FIELDS, address, describe4, view4
 from ._numba_rows import expf, ggml_expf
 from .attention import DOT_LANES
 
@@ -555,3 +557,65 @@ def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
                 sr[j] = p
                 total += p
             row[g, r] = np.float32(1) / total
+
+
+# The argument block of attend_job (int64): q, k, v, the mask its visible columns are
+# read from, the mask its biases are read from, and out, each as _numba_pool.describe4
+# writes it; then order, the scalars, and what the prologue finds.
+_Q, _K, _V, _VISIBLE, _MASK, _OUT = (i * ARRAY4_FIELDS for i in range(6))
+_ORDER, _ORDER_N, _SCALE, _SOFTCAP, _LANES, _TABLE, _RUNS, _USED = range(
+    6 * ARRAY4_FIELDS, 6 * ARRAY4_FIELDS + 8
+)
+_JOB_FIELDS = 6 * ARRAY4_FIELDS + 8
+
+
+def attend_job_block(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, mask: np.ndarray,
+    order: np.ndarray, scale: float, softcap: float, lanes: int, out: np.ndarray,
+    table: np.ndarray,
+) -> tuple[np.ndarray, int]:  # fmt: skip
+    """The argument block of :func:`attend_job` for :func:`attend`'s arguments (F16 ``k``,
+    ``v`` and ``mask`` as raw ``uint16``; ``visible``: the mask as the step slices it,
+    whose last visible column the prologue finds), and the job's chunk count: its
+    tasks, as :func:`attend` has them. The arrays must outlive the block."""
+    block = np.zeros(_JOB_FIELDS, np.int64)
+    for at, a in zip((_Q, _K, _V, _VISIBLE, _MASK, _OUT), (q, k, v, visible, mask, out),
+                     strict=True):  # fmt: skip
+        describe4(block, at, a)
+    block[_ORDER], block[_ORDER_N] = order.ctypes.data, order.shape[0]
+    block[_SCALE : _SOFTCAP + 1] = np.array([scale, softcap], np.float64).view(np.int64)
+    block[_LANES], block[_TABLE] = lanes, table.ctypes.data
+    runs = (q.shape[2] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    block[_RUNS] = runs
+    return block, q.shape[0] * k.shape[1] * runs
+
+
+def _attend_job(job: Any, lo: Any, hi: Any) -> None:
+    """:func:`attend` as a job of :mod:`.pool`: the prologue finds the visible columns
+    (``used``, kept in the block for the chunks), chunk ``t`` is :func:`attend`'s task
+    ``t`` (a KV head's query heads over a run of rows), with the same arithmetic."""
+    j = carray(address(job), _JOB_FIELDS, np.int64)
+    table = carray(address(j[_TABLE]), 1 << 16, np.float32)
+    if lo < 0:
+        j[_USED] = visible_columns(view4(j, _VISIBLE, np.uint16), table)
+        return
+    q, out = view4(j, _Q, np.float32), view4(j, _OUT, np.float32)
+    k, v, mask = view4(j, _K, np.uint16), view4(j, _V, np.uint16), view4(j, _MASK, np.uint16)
+    order = carray(address(j[_ORDER]), j[_ORDER_N], np.int32)
+    scales = j[_SCALE : _SOFTCAP + 1].view(np.float64)
+    used, runs, n_hk, n_q = j[_USED], j[_RUNS], k.shape[1], q.shape[2]
+    scratch = _scratch(used, q.shape[3], v.shape[3])
+    for t in range(lo, hi):
+        bh, run = t // runs, t % runs
+        r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
+        attend_rows(q, k, v, mask, order, used, scales[0], scales[1], j[_LANES], out, table,
+                    bh // n_hk, bh % n_hk, run * ROWS_PER_TASK, r1, *scratch)  # fmt: skip
+
+
+@functools.cache
+def attend_job() -> Any:
+    """:func:`_attend_job` as a C function for :mod:`.pool`, made once (not compiled
+    yet: :func:`._numba_cache.job_function`)."""
+    job = job_function(_attend_job, "attend_job_f16")
+    job.tensorplug_origin = ("attend_job",)  # how the compile-ahead process makes it
+    return job

@@ -35,7 +35,10 @@ from numba.core.caching import FunctionCache
 from . import _numba_ir as _ir
 from . import numba_runtime
 
-__all__ = ["SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "kernel"]
+__all__ = [
+    "SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "job_cached", "job_function",
+    "job_ready", "kernel",
+]  # fmt: skip
 
 _HERE = Path(__file__).parent
 #: the kernel sources, in name order, the repacked layouts they read, and the dispatch
@@ -135,3 +138,41 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
         return dispatcher
 
     return compile_later
+
+
+def job_function(fn: Callable[..., None], name: str, fastmath: Any = False) -> Any:
+    """``fn(job, lo, hi)`` (three ``int64``) as the C function ``void(int64, int64,
+    int64)`` that the spinning helpers call by address (:mod:`.pool`; a numba
+    ``cfunc``, whose ``address`` it is once compiled), cached on disk as :func:`kernel`
+    caches. Not compiled yet: :func:`job_ready` loads it from the cache, or its
+    ``compile()`` compiles it. ``name``: its cache files' name (closures over different
+    constants need different ones). Its own ``fastmath`` as :func:`kernel`'s."""
+    from numba import types
+    from numba.core.ccallback import CFunc
+
+    fn.__qualname__ = name
+    job = CFunc(fn, ((types.int64, types.int64, types.int64), types.void), locals={},
+                options={"nopython": True, "fastmath": fastmath})  # fmt: skip
+    job._cache = KernelCache(fn)  # type: ignore[attr-defined]  # as kernel() sets numba's
+    return job
+
+
+def job_cached(job: Any) -> bool:
+    """Whether numba's disk cache holds the :func:`job_function` ``job``, without
+    loading it."""
+    try:
+        key = job._cache._index_key(job._sig, job._targetdescr.target_context.codegen())
+        return key in job._cache._cache_file._load_index()
+    except Exception:  # an unreadable index holds nothing usable
+        return False
+
+
+def job_ready(job: Any) -> bool:
+    """Whether ``job`` can be called: compiled in this process, or now loaded from the
+    disk cache (milliseconds); False, compiling nothing, when the cache lacks it."""
+    if job._wrapper_address is not None:
+        return True
+    if not job_cached(job):
+        return False
+    job.compile()  # a load: the cache has it
+    return True

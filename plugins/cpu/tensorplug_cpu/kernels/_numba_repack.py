@@ -55,14 +55,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
 from tensorplug.types import Type
 
 from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
 from . import _numba_ir as _ir
-from ._numba_cache import kernel
+from ._numba_cache import job_function, kernel
 from ._numba_ir import (
     _I8,
     _I16,
@@ -75,6 +75,7 @@ from ._numba_ir import (
     carried_loop,
     f32_bits,
 )
+from ._numba_pool import address
 from ._numba_quant import _CHUNKS, _DOT, chunk_span, quantize_activations
 from .activations import vec_dot_type
 
@@ -89,6 +90,8 @@ __all__ = [
     "PackedKernels",
     "activation_form",
     "kinds_mask",
+    "packed_job",
+    "packed_job_block",
     "packed_kernels",
     "quantize_rows",
     "sums_span",
@@ -1463,3 +1466,88 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
         # how another process makes this driver again (.ahead: compiled ahead there)
         driver.tensorplug_origin = ("packed", ids, ggml_order, name)
     return drivers
+
+
+# A job block of :func:`packed_job` (int64): the head, then one record per matrix.
+_JOB_MATS, _JOB_TOTAL, _JOB_X, _JOB_ROWS, _JOB_COLS = 0, 1, 2, 3, 4
+_JOB_XQ, _JOB_XD, _JOB_XS, _JOB_XS_COLS, _JOB_TABLE = 5, 6, 7, 8, 9
+_JOB_KIND, _JOB_CHUNKS = 10, 11
+_JOB_HEAD = 12
+# per matrix: its packed groups (address, groups, bytes a group), its result (address,
+# columns), its type id and the first of its groups in the range the matrices share
+_MAT_PACKED, _MAT_GROUPS, _MAT_BYTES, _MAT_OUT, _MAT_OUT_COLS, _MAT_KIND, _MAT_START = range(7)
+_MAT_FIELDS = 7
+
+
+def packed_job_block(
+    x: np.ndarray, packs: list[np.ndarray], outs: list[np.ndarray], kinds: list[Type],
+    xq: np.ndarray, xd: np.ndarray, xs: np.ndarray, table: np.ndarray, chunks: int,
+) -> np.ndarray:  # fmt: skip
+    """The argument block of :func:`packed_job` for the products ``packs[m] · x →
+    outs[m]`` (what ``matmul_packed_siblings`` takes as arrays, by address), their groups
+    shared out in ``chunks`` runs. Every array must be C-contiguous and outlive the
+    block: the caller keeps them."""
+    arrays = [x, xq, xd, xs, table, *packs, *outs]
+    if not all(a.flags.c_contiguous for a in arrays):
+        raise ValueError("packed_job_block: every array must be C-contiguous")
+    block = np.zeros(_JOB_HEAD + _MAT_FIELDS * len(packs), np.int64)
+    block[:_JOB_HEAD] = (len(packs), sum(p.shape[0] for p in packs), x.ctypes.data,
+                         x.shape[0], x.shape[1], xq.ctypes.data, xd.ctypes.data,
+                         xs.ctypes.data, xs.shape[1], table.ctypes.data, int(kinds[0]),
+                         chunks)  # fmt: skip
+    start = 0
+    for m, (packed, out, t) in enumerate(zip(packs, outs, kinds, strict=True)):
+        at = _JOB_HEAD + _MAT_FIELDS * m
+        block[at : at + _MAT_FIELDS] = (packed.ctypes.data, packed.shape[0], packed.shape[1],
+                                        out.ctypes.data, out.shape[1], int(t), start)  # fmt: skip
+        start += packed.shape[0]
+    return block
+
+
+def packed_job(kinds: frozenset[Type], ggml_order: bool = False) -> Any:
+    """:func:`_packed_job`, made once per set of types and order (as
+    :func:`packed_kernels`)."""
+    return _packed_job(frozenset(kinds), bool(ggml_order))
+
+
+@functools.cache
+def _packed_job(kinds: frozenset[Type], ggml_order: bool) -> Any:
+    """``matmul_packed_siblings`` as a job of :mod:`.pool`: a C function ``(job, lo,
+    hi)`` over a :func:`packed_job_block`, whose chunk ``c`` computes the ``c``-th run of
+    the matrices' groups as the driver computes each group (so the same bits: a group
+    is computed alone, whoever computes it, in whatever run), and whose prologue (``lo``
+    = -1) quantizes ``x`` (the few rows of a generation step: a prompt's products stay
+    numba regions). Not compiled yet (:func:`.job_function`); a closure over the
+    constant mask, as the drivers are."""
+    mask = kinds_mask(kinds) | (GGML_ORDER_BIT if ggml_order else 0)
+    suffix = "_".join(sorted(t.name.lower() for t in kinds)) + ("_ggml" if ggml_order else "")
+
+    def packed_job(job: Any, lo: Any, hi: Any) -> None:
+        head = carray(address(job), _JOB_HEAD, np.int64)
+        rows, cols = head[_JOB_ROWS], head[_JOB_COLS]
+        table = carray(address(head[_JOB_TABLE]), 1 << 16, np.float32)
+        xq = carray(address(head[_JOB_XQ]), (rows, cols), np.int8)
+        xd = carray(address(head[_JOB_XD]), (rows, cols // 32), np.float32)
+        xs = carray(address(head[_JOB_XS]), (rows, head[_JOB_XS_COLS]), np.int32)
+        if lo < 0:
+            x = carray(address(head[_JOB_X]), (rows, cols), np.float32)
+            _quantize(x, xq, xd, xs, table, head[_JOB_KIND])
+            return
+        n_mats, total, chunks = head[_JOB_MATS], head[_JOB_TOTAL], head[_JOB_CHUNKS]
+        mats = carray(address(job + 8 * _JOB_HEAD), (n_mats, _MAT_FIELDS), np.int64)
+        for c in range(lo, hi):
+            g_lo, g_hi = c * total // chunks, (c + 1) * total // chunks
+            for m in range(n_mats):
+                start, groups = mats[m, _MAT_START], mats[m, _MAT_GROUPS]
+                g0, g1 = max(g_lo, start) - start, min(g_hi, start + groups) - start
+                if g0 < g1:
+                    packed = carray(address(mats[m, _MAT_PACKED]), (groups, mats[m, _MAT_BYTES]),
+                                    np.uint8)  # fmt: skip
+                    out = carray(address(mats[m, _MAT_OUT]), (rows, mats[m, _MAT_OUT_COLS]),
+                                 np.float32)  # fmt: skip
+                    _groups(packed, g0, g1, xq, xd, xs, table, out, mats[m, _MAT_KIND], mask)
+
+    job = job_function(packed_job, f"packed_job_{suffix}", _DOT)
+    # how the compile-ahead process makes it again (.ahead)
+    job.tensorplug_origin = ("packed_job", tuple(sorted(int(t) for t in kinds)), ggml_order)
+    return job

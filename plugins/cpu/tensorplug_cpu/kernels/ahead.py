@@ -35,7 +35,7 @@ from typing import Any
 
 from ..settings import COMPILE_AHEAD
 from . import _numba_ir as ir
-from ._numba_cache import instruction_forms, is_cached
+from ._numba_cache import instruction_forms, is_cached, job_cached
 
 __all__ = ["Ahead", "Job", "origin_of", "resolve"]
 
@@ -48,7 +48,9 @@ WAIT_S = 300.0
 def origin_of(kernel: Any) -> tuple[Any, ...] | None:
     """Where a child process finds ``kernel`` again: ``("module", name, attr)`` for a
     module's kernel, the tag a factory put on the dispatchers it made (``packed_kernels``:
-    ``("packed", type ids, ggml order, field)``), or None (not a numba dispatcher)."""
+    ``("packed", type ids, ggml order, field)``; the helpers' job functions:
+    ``("packed_job", type ids, ggml order)``, ``("attend_job",)``), or None (not a numba
+    dispatcher)."""
     tag = getattr(kernel, "tensorplug_origin", None)
     if tag is not None:
         return tuple(tag)
@@ -72,7 +74,28 @@ def resolve(origin: tuple[Any, ...]) -> Any:
 
         kinds = frozenset(Type(t) for t in origin[1])
         return getattr(packed_kernels(kinds, origin[2]), origin[3])
+    if origin[0] == "packed_job":
+        from tensorplug.types import Type
+
+        from ._numba_repack import packed_job
+
+        return _JobCompile(packed_job(frozenset(Type(t) for t in origin[1]), origin[2]))
+    if origin[0] == "attend_job":
+        from ._numba_attention import attend_job
+
+        return _JobCompile(attend_job())
     raise ValueError(f"unknown kernel origin {origin!r}")
+
+
+@dataclass(frozen=True)
+class _JobCompile:
+    """A job function of the spinning helpers (:func:`._numba_cache.job_function`) as
+    the child compiles kernels: ``compile(signature)`` (it has one signature)."""
+
+    job: Any
+
+    def compile(self, signature: tuple[Any, ...]) -> None:
+        self.job.compile()
 
 
 @dataclass(frozen=True)
@@ -117,6 +140,18 @@ class Ahead:
         if sig in kernel.overloads or is_cached(kernel, sig):
             return
         self.jobs[Job(origin, sig, rank)] = None
+
+    def want_job(self, job: Any, rank: int) -> None:
+        """Ask for a job function of the spinning helpers (:mod:`.pool`) ahead, if the
+        disk cache lacks it: made by the child for the next plan, or the next run,
+        while this one runs its steps as numba regions (compiled here, the products'
+        and attention's jobs took SmolLM2's first run on two threads from 13 to 26 s)."""
+        origin = origin_of(job)
+        if origin is None or origin in self.seen:
+            return
+        self.seen.add(origin)
+        if not job_cached(job):
+            self.jobs[Job(origin, (), rank)] = None
 
     def will_call(self, kernel: Any, *args: Any) -> None:
         """A bound step of this process calls ``kernel(*args)``: noted, at the kernel's

@@ -296,6 +296,9 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
             jit.attend(q_in, k_in, v_in, bias, order, used, float(scale), float(softcap),
                        v_lanes, out4)  # fmt: skip
 
+        if q_in is q4 and raw_mask is not None:  # a generation step's, on the helpers
+            run_few = jit.pooled_attend(q4, k_in, v_in, raw_mask, bias, order, float(scale),
+                                        float(softcap), v_lanes, out4, run_few)  # fmt: skip
         return sequence(prep, run_few)
 
     ctx.uses_blas = True  # the batched products below

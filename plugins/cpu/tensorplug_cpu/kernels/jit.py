@@ -31,7 +31,7 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
-from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, THREADING_LAYER
+from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, SPIN, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
 from .attention import DOT_LANES
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
@@ -100,6 +100,8 @@ class JitKernels:
         from . import _numba_rows as rows
         from ._numba_attention import (
             attend,
+            attend_job,
+            attend_job_block,
             attend_serial,
             softmax_rows,
             visible_columns,
@@ -112,6 +114,10 @@ class JitKernels:
         self._glu_kinds = {GluOp.SWIGLU: rows.SWIGLU, GluOp.GEGLU: rows.GEGLU}
 
         self._attend, self._attend_serial = attend, attend_serial
+        self._attend_job, self._attend_job_block = attend_job, attend_job_block
+        from ._numba_cache import job_ready
+
+        self._job_is_ready = job_ready
         self._visible_columns = visible_columns
         self._softmax_rows = softmax_rows
         self._widen_f16_rows = widen_f16_rows
@@ -220,7 +226,8 @@ class JitKernels:
         parallel = self._quantized_apart(
             t, x, (xq, xd, xs), partial(self._call, what, drivers.siblings, x, *joint)
         )
-        return self._serial_or_parallel(serial, parallel)
+        pooled = self._pooled(x, [(t, packed, out)], (xq, xd, xs), parallel, ggml_order)
+        return self._serial_or_parallel(serial, parallel, pooled)
 
     def _quantized_apart(
         self, t: Type, x: np.ndarray, quantized: tuple[np.ndarray, ...],
@@ -335,22 +342,56 @@ class JitKernels:
         what = f"repacked sibling products kernel for {'+'.join(sorted(t.name for t in kinds))}"
         drivers = self._repack.packed_kernels(kinds, ggml_order)
         first = products[0][0]
+        quantized = _packed_scratch(x, self._repack.sums_span(first), scratch)
         together = self._quantized_apart(
-            first, x, _packed_scratch(x, self._repack.sums_span(first), scratch),
-            partial(self._call, what, drivers.siblings, x, *joint),
-        )  # fmt: skip
-        return self._one_by_one_or_together(one_by_one, together)
+            first, x, quantized, partial(self._call, what, drivers.siblings, x, *joint)
+        )
+        pooled = self._pooled(x, products, quantized, together, ggml_order)
+        return self._one_by_one_or_together(one_by_one, together, pooled)
+
+    def _pooled(
+        self, x: np.ndarray, products: Sequence[tuple[Type, np.ndarray, np.ndarray]],
+        quantized: tuple[np.ndarray, ...], region: Callable[[], None], ggml_order: bool,
+    ) -> Callable[[], None]:  # fmt: skip
+        """Repacked products of a few rows ``x`` on more than one thread: a job of the
+        spinning helpers (:mod:`.pool`), which starts in well under a microsecond where
+        the numba ``region`` woke its worker in 5-10 µs (~50 products a token). Each
+        group is computed as the drivers compute it, so the bits are theirs. ``region``
+        itself when the step is not one for them: many rows (a prompt's products are
+        long, and their activations are quantized apart), numba on one thread,
+        ``TENSORPLUG_CPU_SPIN=0``, a job the disk cache lacks (:meth:`_job_ready`), or
+        arrays that are not C-contiguous."""
+        pool = self._pool()
+        if pool is None or x.shape[0] >= self._repack.QUANTIZE_APART_ROWS:
+            return region
+        packs = [packed for _, packed, _ in products]
+        outs = [out for _, _, out in products]
+        if not all(a.flags.c_contiguous for a in (x, *quantized, *packs, *outs)):
+            return region
+        kinds = [t for t, _, _ in products]
+        job = self._repack.packed_job(frozenset(kinds), ggml_order)
+        if not self._job_ready(job):
+            return region
+        chunks = pool.chunks(self.numba.config.NUMBA_NUM_THREADS, sum(p.shape[0] for p in packs))
+        xq, xd, xs = quantized
+        block = self._repack.packed_job_block(x, packs, outs, kinds, xq, xd, xs, _F16_TO_F32,
+                                              chunks)  # fmt: skip
+        return _PooledJob(self, pool, job.address, block, chunks, region,
+                          (x, *quantized, *packs, *outs))  # fmt: skip
 
     def _serial_or_parallel(
-        self, serial: partial[Any], parallel: partial[Any]
-    ) -> Callable[[], None]:
+        self, serial: partial[Any], parallel: partial[Any],
+        pooled: Callable[[], None] | None = None,
+    ) -> Callable[[], None]:  # fmt: skip
         """A product's step: the serial kernel on one thread (no parallel region to open),
-        else the parallel one; the count is read at each call, since ``set_num_threads``
-        may change it after binding. Both are partials of :meth:`_call` (``what``, the
-        kernel, its arguments)."""
+        else the parallel one (``pooled``, the same on the spinning helpers, where it is
+        given); the count is read at each call, since ``set_num_threads`` may change it
+        after binding. Both are partials of :meth:`_call` (``what``, the kernel, its
+        arguments)."""
 
         kernel, parallel_what = serial.args[1], parallel.args[0]
         self._will_call(serial if self.n_threads == 1 else parallel)
+        many = parallel if pooled is None else pooled
 
         def run() -> None:  # every token: the set is asked before the method is called
             if self.n_threads == 1 and (
@@ -358,7 +399,7 @@ class JitKernels:
             ):
                 serial()
             else:
-                parallel()
+                many()
 
         return run
 
@@ -380,20 +421,23 @@ class JitKernels:
         return True
 
     def _one_by_one_or_together(
-        self, one_by_one: Sequence[Callable[[], None]], together: Callable[[], None]
-    ) -> Callable[[], None]:
+        self, one_by_one: Sequence[Callable[[], None]], together: Callable[[], None],
+        pooled: Callable[[], None] | None = None,
+    ) -> Callable[[], None]:  # fmt: skip
         """A joint product's step: on one thread each product's serial kernel (there is
-        no region to save), on more the joint parallel kernel."""
+        no region to save), on more the joint parallel kernel (``pooled``, the same on
+        the spinning helpers, where it is given)."""
 
         if self.n_threads > 1:
             self._will_call(together)
+        many = together if pooled is None else pooled
 
         def run() -> None:
             if self.n_threads == 1:
                 for product in one_by_one:
                     product()
             else:
-                together()
+                many()
 
         return run
 
@@ -449,6 +493,55 @@ class JitKernels:
         else:
             self._call(_ATTENTION, self._attend, q, k, v, mask, order, used,
                        scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
+
+    def pooled_attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,
+        mask: np.ndarray, order: np.ndarray, scale: float, softcap: float, lanes: int,
+        out: np.ndarray, region: Callable[[], None],
+    ) -> Callable[[], None]:  # fmt: skip
+        """A generation step's flash attention (:meth:`attend`'s arguments, and
+        ``visible``, the mask whose visible columns bound the cache rows read) on more
+        than one thread: a job of the spinning helpers (:mod:`.pool`), for an F16 cache
+        and mask (what the runner keeps), C-contiguous ``q`` and ``out``; ``region`` (the
+        step as :meth:`attend` runs it) otherwise, and while another thread's job holds
+        the pool. The same tasks and arithmetic as :meth:`attend`, so the same bits."""
+        halves = (k, v, visible, mask)
+        if (self._pool() is None or any(a.dtype != np.uint16 or a.ndim != 4 for a in halves)
+                or not (q.flags.c_contiguous and out.flags.c_contiguous)
+                or order.dtype != np.int32 or q.dtype != np.float32):  # fmt: skip
+            return region
+        job = self._attend_job()
+        if not self._job_ready(job):
+            return region
+        block, chunks = self._attend_job_block(q, k, v, visible, mask, order, scale, softcap,
+                                               lanes, out, _F16_TO_F32)  # fmt: skip
+        return _PooledJob(self, self._pool(), job.address, block, chunks, region,
+                          (q, *halves, order, out))  # fmt: skip
+
+    def _job_ready(self, job: Any) -> bool:
+        """Whether a step may run ``job`` (a job function of the helpers): compiled, or
+        loaded now from the disk cache. Where the cache lacks it, the compile-ahead
+        process makes it for later plans and runs, and this step runs its numba region
+        (compiling the jobs here doubled a first run's time to its first token); with
+        no such process (``TENSORPLUG_CPU_COMPILE_AHEAD=0``), it is compiled here."""
+        if self._job_is_ready(job):
+            return True
+        if self._ahead is None:
+            job.compile()
+            return True
+        self._ahead.want_job(job, rank=4)  # after every kernel a step calls
+        return False
+
+    def _pool(self) -> Any:
+        """The spinning helpers (:func:`.pool.spin_pool`) where steps may run on more
+        than one thread (numba's most, not the count now: a plan is bound at the count
+        of its first compute and kept for others, as the thread governor's trials run
+        it) and ``TENSORPLUG_CPU_SPIN`` lets them, else None."""
+        if self.numba.config.NUMBA_NUM_THREADS < 2 or not SPIN.get():
+            return None
+        from .pool import spin_pool
+
+        return spin_pool()
 
     def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
         """:func:`._numba_rows.rms_norm_rows` on 2-d float32 rows."""
@@ -603,6 +696,26 @@ def _q8_scratch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n_tok, n = x.shape
     return (np.empty((n_tok, n), np.int8), np.empty((n_tok, n // 32), np.float32),
             np.empty((n_tok, n // 32), np.int32))  # fmt: skip
+
+
+class _PooledJob:
+    """A step that runs a job on the spinning helpers (:meth:`JitKernels._pooled`,
+    :meth:`JitKernels.pooled_attend`), or its numba ``region`` on one thread (set after
+    binding) and while another thread's job holds the pool. Holds the job's argument
+    block and the arrays it names by address, which must live as long as the step."""
+
+    def __init__(
+        self, jit: JitKernels, pool: Any, fn: int, block: np.ndarray, chunks: int,
+        region: Callable[[], None], arrays: tuple[np.ndarray, ...],
+    ) -> None:  # fmt: skip
+        self._jit, self._pool, self._fn = jit, pool, fn
+        self._block, self._at, self._chunks = block, block.ctypes.data, chunks
+        self._region, self._arrays = region, arrays
+
+    def __call__(self) -> None:
+        n = self._jit.n_threads
+        if n == 1 or not self._pool.run(n, self._fn, self._at, self._chunks):
+            self._region()
 
 
 def _sibling_args(

@@ -1,0 +1,273 @@
+"""The compiled side of :mod:`.pool`: helper threads that spin between jobs, and the
+caller's share of a job, over one shared ``int64`` mailbox.
+
+Why not numba's parallel regions for a generation step: a TBB region wakes its worker
+each time, 2.4 µs called back to back, 5 µs after 10 µs of other work and 9.7 µs after
+50 µs (dev machine, Zen 4), and a 100M model's token opens ~50 of them between short
+serial steps, so its second core made a token ~12 % faster where llama.cpp's spinning
+threads make it ~50 % faster. Here a helper spins on the mailbox for a while after
+each job (:data:`SPIN_ROUNDS`), so the next one reaches it in well under a microsecond.
+
+A job is a C function ``void fn(int64 job, int64 lo, int64 hi)`` (a numba ``cfunc``, by
+address) and ``job``, the address of its argument block: ``fn(job, c, c + 1)`` computes
+chunk ``c``; ``fn(job, -1, -1)`` is its prologue (quantizing the activations), which the
+caller runs alone before sharing the chunks out.
+
+The protocol (fields of the mailbox, each on its own cache line):
+
+* ``TICKET`` is ``(sequence << 32) | next chunk``. The caller publishes a job by writing
+  ``FN``, ``JOB``, ``CHUNKS`` and zeroing ``DONE``, then storing ``TICKET = seq << 32``
+  (release). Anyone claims chunk ``c`` by a compare-and-swap of ``TICKET`` from
+  ``(seq, c)`` to ``(seq, c + 1)`` for ``c < CHUNKS``: a claim names its job, so a helper
+  that read an older job's fields can never take a chunk of a newer one.
+* After each chunk, ``DONE += 1``. The caller claims until none is left, then waits for
+  ``DONE == CHUNKS`` (chunks that helpers claimed and still run). It never waits for a
+  helper that has not claimed anything: a helper that is asleep, descheduled by a busy
+  machine or not started yet leaves its share to the caller, so the worst a job can
+  be is one thread's speed plus one chunk, never a hang (the way OpenMP's fixed shares
+  collapsed beside busy processes, :mod:`.threading_layer`).
+* ``WANTED`` helpers may claim (the backend's thread count less one); ``AWAKE`` counts the
+  helpers inside :func:`helper_loop`, so the caller knows whom to wake; ``STOP`` ends them.
+
+Each chunk computes exactly what the same chunk of the numba driver computes, so the
+bits do not depend on who ran it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ._numba_cache import kernel
+
+__all__ = [
+    "ARRAY4_FIELDS", "AWAKE", "CHUNKS", "DONE", "FN", "JOB", "MAILBOX_SIZE", "SPIN_ROUNDS",
+    "STOP", "TICKET", "WANTED", "address", "describe4", "helper_loop", "run_shared", "view4",
+]  # fmt: skip
+
+# mailbox fields (int64 indices), eight apart: one 64-byte cache line each for what the
+# helpers poll, what the caller writes per job, and what every chunk's end bumps
+TICKET = 0
+FN, JOB, CHUNKS = 8, 9, 10
+DONE = 16
+WANTED, STOP = 24, 25
+AWAKE = 32
+MAILBOX_SIZE = 40
+_CHUNK_BITS = 32
+_CHUNK_MASK = (1 << _CHUNK_BITS) - 1
+_SEQ_MASK = (1 << 31) - 1  # the sequence wraps in 31 bits: the ticket stays positive
+
+#: Idle rounds (~1-2 µs each: a few ``pause`` s and a ``sched_yield``) before a helper
+#: leaves :func:`helper_loop` to sleep: ~2 ms, more than the Python between two tokens'
+#: steps (sampling, detokenizing) and less than a human notices a core busy.
+SPIN_ROUNDS = 1500
+_PAUSES = 16
+
+#: ``pause`` exists on x86 only (an LLVM intrinsic of that target)
+_X86 = llvm.get_process_triple().startswith(("x86_64", "i386", "i686"))
+_YIELD = sys.platform != "win32"  # POSIX sched_yield; Windows spins on pause alone
+
+
+def _intrinsic(fn: Any) -> Any:
+    """numba's ``intrinsic``, typed as the numba code that calls it sees it (mypy would
+    take the typing context for an argument of every call)."""
+    return intrinsic(fn)
+
+
+def _slot(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+    """The address of ``mailbox[i]`` (``args[0]``, ``args[1]``)."""
+    aryty = sig.args[0]
+    ary = context.make_array(aryty)(context, builder, args[0])
+    return cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+
+
+@_intrinsic
+def atomic_load(typingctx: Any, mailbox: Any, i: Any) -> Any:
+    """``mailbox[i]``, an acquire load: what was written before the matching release
+    store is visible after it."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return builder.load_atomic(_slot(context, builder, sig, args), "acquire", 8)
+
+    return types.int64(mailbox, i), codegen
+
+
+@_intrinsic
+def atomic_store(typingctx: Any, mailbox: Any, i: Any, value: Any) -> Any:
+    """``mailbox[i] = value``, a release store."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        value = context.cast(builder, args[2], sig.args[2], types.int64)
+        builder.store_atomic(value, _slot(context, builder, sig, args), "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(mailbox, i, value), codegen
+
+
+@_intrinsic
+def atomic_add(typingctx: Any, mailbox: Any, i: Any, value: Any) -> Any:
+    """``mailbox[i] += value`` at once (sequentially consistent); the old value."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        value = context.cast(builder, args[2], sig.args[2], types.int64)
+        return builder.atomic_rmw("add", _slot(context, builder, sig, args), value, "seq_cst")
+
+    return types.int64(mailbox, i, value), codegen
+
+
+@_intrinsic
+def compare_and_swap(typingctx: Any, mailbox: Any, i: Any, expected: Any, new: Any) -> Any:
+    """``mailbox[i] = new`` if it still holds ``expected`` (sequentially consistent);
+    whether it did."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        pair = builder.cmpxchg(_slot(context, builder, sig, args), args[2], args[3],
+                               "seq_cst", "seq_cst")  # fmt: skip
+        return builder.extract_value(pair, 1)
+
+    return types.boolean(mailbox, i, expected, new), codegen
+
+
+@_intrinsic
+def spin_pause(typingctx: Any) -> Any:
+    """x86's ``pause`` (a spinning core's hint: it yields the pipeline to its sibling
+    hyperthread and leaves the loop without a memory-order flush); nothing elsewhere."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        if _X86:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"
+            )
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@_intrinsic
+def yield_cpu(typingctx: Any) -> Any:
+    """``sched_yield()``: a spinning helper lets a runnable thread of this core run (a
+    TBB worker of the prompt's regions, another process) rather than take its slice."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        if _YIELD:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield"
+            )
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@_intrinsic
+def call_job(typingctx: Any, fn: Any, job: Any, lo: Any, hi: Any) -> Any:
+    """``((void (*)(int64, int64, int64)) fn)(job, lo, hi)``: a chunk of a job."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i64, i64, i64])
+        builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@_intrinsic
+def address(typingctx: Any, addr: Any) -> Any:
+    """An ``int64`` address as the ``void *`` that ``numba.carray`` takes: how a job
+    function sees the arrays its argument block names."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(types.int64), codegen
+
+
+#: int64 fields :func:`describe4` writes: the address, four extents, four byte strides
+ARRAY4_FIELDS = 9
+
+
+def describe4(block: np.ndarray, at: int, array: np.ndarray) -> None:
+    """Write 4-d ``array`` into a job's argument block from field ``at`` (as
+    :func:`view4` reads it back in the job, any strides)."""
+    block[at] = array.ctypes.data
+    block[at + 1 : at + 5] = array.shape
+    block[at + 5 : at + 9] = array.strides
+
+
+@njit(inline="always")
+def view4(block: Any, at: int, dtype: Any) -> Any:
+    """The 4-d array of ``dtype`` that :func:`describe4` wrote at field ``at``."""
+    one = carray(address(block[at]), 1, dtype)
+    return np.lib.stride_tricks.as_strided(
+        one, (block[at + 1], block[at + 2], block[at + 3], block[at + 4]),
+        (block[at + 5], block[at + 6], block[at + 7], block[at + 8]),
+    )  # fmt: skip
+
+
+@njit(inline="always")
+def _claim_and_run(mailbox: Any, word: int) -> bool:
+    """Claim the chunk ``word`` (a ``TICKET`` value just read) names, if any is left, and
+    run it; whether one ran. The job's fields are read before the claim, which only
+    succeeds while that job is unfinished, so they were that job's."""
+    chunk = word & _CHUNK_MASK
+    if chunk >= atomic_load(mailbox, CHUNKS):
+        return False
+    fn, job = atomic_load(mailbox, FN), atomic_load(mailbox, JOB)
+    if not compare_and_swap(mailbox, TICKET, word, word + 1):
+        return False
+    call_job(fn, job, chunk, chunk + 1)
+    atomic_add(mailbox, DONE, 1)
+    return True
+
+
+@kernel(nogil=True)
+def helper_loop(mailbox: Any, rank: int, rounds: int) -> None:
+    """A helper's turn: claim and run chunks of whatever job is published, spinning
+    between jobs; return after ``rounds`` idle rounds, when ``STOP`` is set, or when this
+    helper (``rank`` from 0) is beyond ``WANTED``. ``AWAKE`` counts it meanwhile."""
+    atomic_add(mailbox, AWAKE, 1)
+    idle = 0
+    while idle < rounds:
+        if atomic_load(mailbox, STOP) != 0 or rank >= atomic_load(mailbox, WANTED):
+            break
+        if _claim_and_run(mailbox, atomic_load(mailbox, TICKET)):
+            idle = 0
+            continue
+        idle += 1
+        for _ in range(_PAUSES):
+            spin_pause()
+            if (atomic_load(mailbox, TICKET) & _CHUNK_MASK) < atomic_load(mailbox, CHUNKS):
+                break
+        else:
+            yield_cpu()
+    atomic_add(mailbox, AWAKE, -1)
+
+
+@kernel(nogil=True)
+def run_shared(mailbox: Any, fn: int, job: int, chunks: int) -> None:
+    """A job on the calling thread and the awake helpers: its prologue here, then
+    chunks ``0 .. chunks-1`` to whoever claims them; returns when all are done. One
+    caller at a time (:class:`.pool.SpinPool` holds a lock around this)."""
+    call_job(fn, job, -1, -1)
+    seq = ((atomic_load(mailbox, TICKET) >> _CHUNK_BITS) + 1) & _SEQ_MASK
+    atomic_store(mailbox, FN, fn)
+    atomic_store(mailbox, JOB, job)
+    atomic_store(mailbox, CHUNKS, chunks)
+    atomic_store(mailbox, DONE, 0)
+    atomic_store(mailbox, TICKET, seq << _CHUNK_BITS)
+    while (
+        _claim_and_run(mailbox, atomic_load(mailbox, TICKET))
+        or (atomic_load(mailbox, TICKET) & _CHUNK_MASK) < chunks
+    ):
+        pass
+    while atomic_load(mailbox, DONE) < chunks:
+        spin_pause()

@@ -1,0 +1,129 @@
+"""Helper threads that stay awake between a generation step's parallel kernels.
+
+A generation step on more than one thread runs its few-row products as jobs here
+rather than as numba parallel regions: the helpers (the thread count less one) spin on
+a shared mailbox for ~2 ms after each job, so the next product reaches them in under a
+microsecond where a TBB region took 5-10 µs to wake its sleeping worker, ~50 times a
+token (:mod:`._numba_pool` has the protocol and the figures). After that they sleep on
+an event until the next job wakes them, so an idle process burns no core.
+
+The protocol is claim-based: the caller computes every chunk nobody else has claimed,
+and waits only for chunks a helper has started. A helper descheduled by a busy machine,
+still asleep, or not started costs the job its share of speed, never a hang; two
+Python threads may share one pool (one runs its job here, the other its numba region:
+:meth:`SpinPool.run` says which).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import _numba_pool as _pool
+
+__all__ = ["SpinPool", "spin_pool"]
+
+#: Chunks per thread of a job at least: enough that a late helper still finds work, few
+#: enough that claiming (a compare-and-swap on a line every core touches) stays cheap.
+CHUNKS_PER_THREAD = 4
+#: Work units (groups of eight weight rows) per chunk at least, and chunks at most: a
+#: large product (the output layer's 4,000 groups) in chunks of ~5 µs, so the thread
+#: that finishes first waits for at most one of them.
+UNITS_PER_CHUNK, MAX_CHUNKS = 32, 64
+
+
+class SpinPool:
+    """One process's spinning helpers (:mod:`._numba_pool` runs them), started lazily."""
+
+    def __init__(self) -> None:
+        self.mailbox = np.zeros(_pool.MAILBOX_SIZE, np.int64)
+        self._lock = threading.Lock()  # one job at a time
+        self._events: list[threading.Event] = []
+        self._threads: list[threading.Thread] = []
+        self._stopped = False
+
+    @property
+    def helpers(self) -> int:
+        """How many helper threads this process has started."""
+        return len(self._threads)
+
+    def chunks(self, n_threads: int, units: int) -> int:
+        """How many chunks a job of ``units`` work units for ``n_threads`` threads is
+        cut into (any count gives the same bits: each unit is computed alone)."""
+        return max(CHUNKS_PER_THREAD * n_threads, min(MAX_CHUNKS, units // UNITS_PER_CHUNK))
+
+    def run(self, n_threads: int, fn: int, job: int, chunks: int) -> bool:
+        """Run the job ``fn(job, ...)`` (:mod:`._numba_pool`) on this thread and
+        ``n_threads - 1`` helpers; False, having done nothing, while another thread's job
+        holds the pool (the caller then runs its numba region instead)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._wake(n_threads - 1)
+            _pool.run_shared(self.mailbox, fn, job, chunks)
+        finally:
+            self._lock.release()
+        return True
+
+    def _wake(self, helpers: int) -> None:
+        box = self.mailbox
+        box[_pool.WANTED] = helpers
+        if box[_pool.AWAKE] >= helpers or self._stopped:
+            return
+        while len(self._threads) < helpers:
+            self._start(len(self._threads))
+        for event in self._events[:helpers]:
+            event.set()
+
+    def _start(self, rank: int) -> None:
+        event = threading.Event()
+        thread = threading.Thread(target=self._helper, args=(rank, event), daemon=True,
+                                  name=f"tensorplug-cpu-helper-{rank}")  # fmt: skip
+        self._events.append(event)
+        self._threads.append(thread)
+        thread.start()
+
+    def _helper(self, rank: int, event: threading.Event) -> None:
+        while True:
+            event.wait()
+            event.clear()
+            if self._stopped:
+                return
+            _pool.helper_loop(self.mailbox, rank, _pool.SPIN_ROUNDS)
+
+    def stop(self) -> None:
+        """End the helpers (at exit: none spins while the interpreter shuts down)."""
+        self._stopped = True
+        self.mailbox[_pool.STOP] = 1
+        for event in self._events:
+            event.set()
+        for thread in self._threads:
+            thread.join(timeout=1.0)
+
+    def after_fork(self) -> None:
+        """In a forked child: it has the parent's mailbox (whatever a job left in it)
+        and none of its threads; start afresh (helpers start at the next job)."""
+        self.mailbox[:] = 0
+        self._events, self._threads = [], []
+        self._lock = threading.Lock()
+
+
+_state: dict[str, Any] = {}
+_state_lock = threading.Lock()
+
+
+def spin_pool() -> SpinPool:
+    """The process's pool, made at first use, started afresh in a forked child, and
+    stopped at exit."""
+    with _state_lock:
+        if "pool" not in _state:
+            pool = SpinPool()
+            atexit.register(pool.stop)
+            if hasattr(os, "register_at_fork"):  # POSIX
+                os.register_at_fork(after_in_child=pool.after_fork)
+            _state["pool"] = pool
+        return _state["pool"]  # type: ignore[no-any-return]

@@ -1,0 +1,259 @@
+"""The spinning helpers of a generation step (``tensorplug_cpu.kernels.pool``): every
+chunk of every job runs exactly once whoever claims it, a job finishes without any
+helper at all, and the products and attention it runs give the bits of the numba
+regions and of one thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from test_cpu_helpers import backend_for, compute
+
+import tensorplug as tp
+from tensorplug import ops
+from tensorplug.quants import quantize
+
+pytest.importorskip("numba", reason="the spinning helpers run numba-compiled code")
+
+from numba import carray
+
+from tensorplug_cpu.kernels import _numba_pool
+from tensorplug_cpu.kernels._numba_cache import job_function
+from tensorplug_cpu.kernels._numba_pool import address
+from tensorplug_cpu.kernels.pool import SpinPool, spin_pool
+
+RNG = np.random.default_rng(77)
+CHUNKS = 64
+BLOCK = 2 + 2 * CHUNKS
+
+
+def _count_chunks(job: Any, lo: Any, hi: Any) -> None:
+    """A test job over ``[prologues, spin, counts × CHUNKS, chains × CHUNKS]``: the
+    prologue counts itself, chunk ``c`` adds one to ``counts[c]`` after ``spin`` steps
+    of a chain whose end it keeps (long enough for a helper to claim some of them)."""
+    j = carray(address(job), BLOCK, np.int64)
+    if lo < 0:
+        j[0] += 1
+        return
+    for c in range(lo, hi):
+        x = c
+        for _ in range(j[1]):  # a chain LLVM cannot shorten: ~1 ns a step
+            x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        j[2 + CHUNKS + c] = x
+        j[2 + c] += 1
+
+
+@pytest.fixture(scope="module")
+def counting_job() -> Any:
+    job = job_function(_count_chunks, "test_count_chunks")
+    job.compile()
+    return job
+
+
+def _jobs(pool: SpinPool, fn: int, n_jobs: int, n_threads: int, spin: int) -> np.ndarray:
+    blocks = np.zeros((n_jobs, BLOCK), np.int64)
+    blocks[:, 1] = spin
+    for b in blocks:
+        assert pool.run(n_threads, fn, b.ctypes.data, CHUNKS)
+    return blocks
+
+
+def _awake(pool: SpinPool, n: int, fn: int) -> bool:
+    """Whether ``n`` helpers are in their loop at once within a few seconds, running
+    small jobs meanwhile (each wakes the helpers that slept; a helper's first call loads
+    or compiles the loop, and one that spun out its rounds alone goes back to sleep)."""
+    deadline = time.monotonic() + 30
+    while pool.mailbox[_numba_pool.AWAKE] < n and time.monotonic() < deadline:
+        _jobs(pool, fn, 1, n + 1, 10)
+        time.sleep(0.0005)
+    return bool(pool.mailbox[_numba_pool.AWAKE] >= n)
+
+
+def test_every_chunk_runs_once_with_helpers_claiming(counting_job: Any) -> None:
+    pool = SpinPool()
+    try:
+        first = _jobs(pool, counting_job.address, 1, 3, 2000)
+        assert _awake(pool, 2, counting_job.address)
+        blocks = np.vstack([first, _jobs(pool, counting_job.address, 300, 3, 2000)])
+    finally:
+        pool.stop()
+    np.testing.assert_array_equal(blocks[:, 0], 1)
+    np.testing.assert_array_equal(blocks[:, 2 : 2 + CHUNKS], 1)
+
+
+def test_a_job_finishes_without_any_helper(counting_job: Any) -> None:
+    """The caller claims what nobody else has: no helper started (one thread), stopped
+    helpers, or the bare compiled call with no pool around it."""
+    pool = SpinPool()
+    blocks = _jobs(pool, counting_job.address, 5, 1, 10)
+    assert pool.helpers == 0
+    pool.stop()
+    blocks = np.vstack([blocks, _jobs(pool, counting_job.address, 5, 2, 10)])
+    assert pool.helpers == 0  # a stopped pool starts none
+    bare = np.zeros(BLOCK, np.int64)
+    _numba_pool.run_shared(np.zeros(_numba_pool.MAILBOX_SIZE, np.int64),
+                           counting_job.address, bare.ctypes.data, CHUNKS)  # fmt: skip
+    for b in [*blocks, bare]:
+        assert b[0] == 1 and (b[2 : 2 + CHUNKS] == 1).all()
+
+
+def test_a_busy_pool_says_so_and_does_nothing(counting_job: Any) -> None:
+    """Two Python threads: the one that finds the pool running the other's job is told
+    so (it runs its own numba region instead), and its job is left untouched."""
+    pool = SpinPool()
+    long_job = np.zeros(BLOCK, np.int64)
+    long_job[1] = 10_000_000  # ~1 s of chunks on one thread
+    first = threading.Thread(target=pool.run, args=(1, counting_job.address,
+                                                    long_job.ctypes.data, CHUNKS))  # fmt: skip
+    first.start()
+    time.sleep(0.1)
+    block = np.zeros(BLOCK, np.int64)
+    assert not pool.run(2, counting_job.address, block.ctypes.data, CHUNKS)
+    first.join()
+    assert not block.any() and (long_job[2 : 2 + CHUNKS] == 1).all()
+    pool.stop()
+
+
+def test_a_forked_child_starts_its_own_helpers(counting_job: Any) -> None:
+    """After ``fork`` the child has the mailbox but none of the threads: ``after_fork``
+    (registered for the process's pool) clears it, and the next job starts helpers of
+    the child's own (called here directly: a forked numba process is not something a
+    test should make)."""
+    pool = SpinPool()
+    _jobs(pool, counting_job.address, 3, 2, 10)
+    assert pool.helpers == 1
+    pool.mailbox[_numba_pool.AWAKE] = 5  # as the parent's helpers may have left it
+    pool.after_fork()
+    assert pool.helpers == 0 and not pool.mailbox.any()
+    blocks = _jobs(pool, counting_job.address, 20, 2, 500)
+    assert pool.helpers == 1 and (blocks[:, 2 : 2 + CHUNKS] == 1).all()
+    pool.stop()
+
+
+def test_idle_helpers_go_to_sleep(monkeypatch: pytest.MonkeyPatch, counting_job: Any) -> None:
+    """A helper spins a while after its last job, then leaves the compiled loop (no core
+    burned by an idle process) and is woken by the next job."""
+    monkeypatch.setattr(_numba_pool, "SPIN_ROUNDS", 50)
+    pool = SpinPool()
+    _jobs(pool, counting_job.address, 2, 2, 10)
+    deadline = time.monotonic() + 5
+    while pool.mailbox[_numba_pool.AWAKE] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.mailbox[_numba_pool.AWAKE] == 0
+    assert (_jobs(pool, counting_job.address, 5, 2, 10)[:, 2 : 2 + CHUNKS] == 1).all()
+    pool.stop()
+
+
+# -- what the backend runs on it ------------------------------------------------------------
+
+
+def _jobs_run() -> int:
+    """Jobs published on the process's pool so far (the ticket's sequence)."""
+    return int(spin_pool().mailbox[_numba_pool.TICKET]) >> 32
+
+
+def _on(threads: int, spin: bool, monkeypatch: pytest.MonkeyPatch) -> tp.Backend:
+    monkeypatch.setenv("TENSORPLUG_CPU_SPIN", "1" if spin else "0")
+    backend = backend_for()
+    tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+    return backend
+
+
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q4_K, tp.Type.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3])
+def test_repacked_products_on_the_helpers_are_the_regions_bits(
+    t: tp.Type, n_tok: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layer's Q, K and V (one joint job) and a lone product, as a generation step has
+    them: the helpers' bits are those of numba's region and of one thread."""
+    from tensorplug_cpu.device import create_reg
+    from tensorplug_cpu.kernels._numba_repack import packed_job
+
+    packed_job(frozenset({t})).compile()  # a step runs a job the cache has (see below)
+    buft = create_reg().device(0).repack_buffer_type()  # type: ignore[attr-defined]
+    ws = []
+    for n_out in (256, 64, 64, 200):
+        w = tp.new_tensor(t, (n_out, 512), "w")
+        assert tp.alloc_tensors([w], buft, tp.BufferUsage.WEIGHTS) is not None
+        tp.set_array(w, quantize(RNG.standard_normal((n_out, 512)).astype(np.float32), t))
+        ws.append(w)
+    xv = RNG.standard_normal((n_tok, 512)).astype(np.float32)
+    results = []
+    for threads, spin in ((2, True), (2, False), (1, True)):
+        backend = _on(threads, spin, monkeypatch)
+        x = tp.new_tensor("f32", (n_tok, 512), "x")
+        qkv = [ops.mul_mat(w, x) for w in ws[:3]]
+        outs = [*qkv, ops.mul_mat(ws[3], x)]
+        tp.alloc_tensors([x, *outs], tp.host_buffer_type())
+        tp.set_array(x, xv)
+        jobs = _jobs_run()
+        backend.graph_compute(tp.Graph(outs))
+        ran = _jobs_run() - jobs
+        assert ran == (2 if threads == 2 and spin else 0)  # the joint job and the lone one
+        results.append([tp.get_array(o) for o in outs])
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_attention_on_the_helpers_is_the_regions_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generation step's flash attention over an F16 cache and mask, with a padded
+    cache: the helpers' tasks are the region's, to the bit, and one thread's."""
+    from tensorplug_cpu.kernels._numba_attention import attend_job
+
+    attend_job().compile()
+    B, H, Hkv, n_kv, D = 1, 12, 4, 48, 64
+    qv = RNG.standard_normal((B, H, 2, D)).astype(np.float32)
+    kv_ = RNG.standard_normal((B, Hkv, n_kv, D)).astype(np.float16)
+    vv = RNG.standard_normal((B, Hkv, n_kv, D)).astype(np.float16)
+    mv = np.zeros((1, 1, 2, n_kv), np.float16)
+    mv[..., 37:] = -np.inf  # the cache's padding
+    mv[0, 0, 0, 36] = -np.inf  # causal: the first row does not see the second's cell
+    results = []
+    for threads, spin in ((2, True), (2, False), (1, True)):
+        backend = _on(threads, spin, monkeypatch)
+        q = tp.new_tensor("f32", qv.shape, "q")
+        k = tp.new_tensor(tp.Type.F16, kv_.shape, "k")
+        v = tp.new_tensor(tp.Type.F16, vv.shape, "v")
+        mask = tp.new_tensor(tp.Type.F16, mv.shape, "mask")
+        out = ops.flash_attn_ext(q, k, v, mask, scale=D**-0.5)
+        jobs = _jobs_run()
+        compute(out, {q: qv, k: kv_, v: vv, mask: mv}, backend)
+        assert _jobs_run() - jobs == (1 if threads == 2 and spin else 0)
+        results.append(tp.get_array(out))
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+
+
+def test_a_job_the_cache_lacks_is_made_ahead_not_in_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compiled while a plan is bound, the jobs doubled a first run's time to its first
+    token; a job numba's cache lacks is handed to the compile-ahead process instead and
+    the step runs its numba region meanwhile. With no such process it is compiled."""
+    from tensorplug_cpu.kernels import _numba_cache, ahead
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    class Uncompiled:
+        tensorplug_origin = ("attend_job",)
+        _wrapper_address = None
+        compiled = False
+
+        def compile(self) -> None:
+            self.compiled = True
+
+    monkeypatch.setattr(_numba_cache, "job_cached", lambda job: False)
+    monkeypatch.setattr(ahead, "job_cached", lambda job: False)
+    jit = load_jit()
+    assert jit is not None
+    job = Uncompiled()
+    child = ahead.Ahead()
+    monkeypatch.setattr(jit, "_ahead", child)
+    assert not jit._job_ready(job) and not job.compiled
+    assert [j.origin for j in child.jobs] == [("attend_job",)]
+    monkeypatch.setattr(jit, "_ahead", None)
+    assert jit._job_ready(job) and job.compiled
