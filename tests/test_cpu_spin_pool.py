@@ -173,7 +173,8 @@ def test_repacked_products_on_the_helpers_are_the_regions_bits(
     from tensorplug_cpu.device import create_reg
     from tensorplug_cpu.kernels._numba_repack import packed_job
 
-    packed_job(frozenset({t})).compile()  # a step runs a job the cache has (see below)
+    for ggml_order in (False, True):  # a step runs a job the cache has (see below)
+        packed_job(frozenset({t}), ggml_order).compile()
     buft = create_reg().device(0).repack_buffer_type()  # type: ignore[attr-defined]
     ws = []
     for n_out in (256, 64, 64, 200):

@@ -6,7 +6,7 @@ each time, 2.4 µs called back to back, 5 µs after 10 µs of other work and 9.7
 50 µs (dev machine, Zen 4), and a 100M model's token opens ~50 of them between short
 serial steps, so its second core made a token ~12 % faster where llama.cpp's spinning
 threads make it ~50 % faster. Here a helper spins on the mailbox for a while after
-each job (:data:`SPIN_ROUNDS`), so the next one reaches it in well under a microsecond.
+each job (:data:`SPIN_NS`), so the next one reaches it in well under a microsecond.
 
 A job is a C function ``void fn(int64 job, int64 lo, int64 hi)`` (a numba ``cfunc``, by
 address) and ``job``, the address of its argument block: ``fn(job, c, c + 1)`` computes
@@ -36,6 +36,7 @@ bits do not depend on who ran it.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import llvmlite.binding as llvm
@@ -48,7 +49,8 @@ from numba.extending import intrinsic
 from ._numba_cache import kernel
 
 __all__ = [
-    "ARRAY4_FIELDS", "AWAKE", "CHUNKS", "DONE", "FN", "JOB", "MAILBOX_SIZE", "SPIN_ROUNDS",
+    "ARRAY4_FIELDS", "AWAKE", "BUSY_NS", "CHUNKS", "DONE", "FN", "JOB", "MAILBOX_SIZE",
+    "SPIN_NS", "SPIN_ROUNDS",
     "STOP", "TICKET", "WANTED", "address", "describe4", "helper_loop", "run_shared", "view4",
 ]  # fmt: skip
 
@@ -64,15 +66,24 @@ _CHUNK_BITS = 32
 _CHUNK_MASK = (1 << _CHUNK_BITS) - 1
 _SEQ_MASK = (1 << 31) - 1  # the sequence wraps in 31 bits: the ticket stays positive
 
-#: Idle rounds (~1-2 µs each: a few ``pause`` s and a ``sched_yield``) before a helper
-#: leaves :func:`helper_loop` to sleep: ~2 ms, more than the Python between two tokens'
-#: steps (sampling, detokenizing) and less than a human notices a core busy.
-SPIN_ROUNDS = 1500
+#: How long a helper spins after its last job before it sleeps: more than the Python
+#: between two tokens' steps (sampling, detokenizing), less than a person notices a
+#: core busy. Where there is no monotonic clock to read (Windows), ``SPIN_ROUNDS``
+#: idle rounds (a few ``pause`` s and a yield each) bound it instead.
+SPIN_NS = 2_000_000
+SPIN_ROUNDS = 4000
+#: A ``sched_yield`` that returns this much later ran another thread on this core: the
+#: machine is busy, and a helper that spins there takes the calling thread's share of
+#: it (SmolLM2 beside two busy processes: 88 tokens/s spinning on, 128 with numba's
+#: sleeping workers). The helper sleeps instead, and the next job wakes it.
+BUSY_NS = 100_000
 _PAUSES = 16
 
 #: ``pause`` exists on x86 only (an LLVM intrinsic of that target)
 _X86 = llvm.get_process_triple().startswith(("x86_64", "i386", "i686"))
 _YIELD = sys.platform != "win32"  # POSIX sched_yield; Windows spins on pause alone
+#: POSIX clock_gettime's monotonic clock, whose number differs by OS (Linux 1, macOS 6)
+_CLOCK = getattr(time, "CLOCK_MONOTONIC", None) if sys.platform != "win32" else None
 
 
 def _intrinsic(fn: Any) -> Any:
@@ -168,6 +179,26 @@ def yield_cpu(typingctx: Any) -> Any:
 
 
 @_intrinsic
+def now_ns(typingctx: Any) -> Any:
+    """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (a vDSO call, tens of ns); 0
+    where there is no such clock (Windows: the spin is bounded by rounds there)."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        if _CLOCK is None:
+            return ir.Constant(i64, 0)
+        spec = cgutils.alloca_once(builder, ir.ArrayType(i64, 2))  # struct timespec
+        fnty = ir.FunctionType(i32, [i32, i64.as_pointer()])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
+        builder.call(fn, [ir.Constant(i32, _CLOCK), builder.bitcast(spec, i64.as_pointer())])
+        sec, nsec = (builder.load(builder.gep(spec, [ir.Constant(i32, 0), ir.Constant(i32, i)]))
+                     for i in (0, 1))  # fmt: skip
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
+
+    return types.int64(), codegen
+
+
+@_intrinsic
 def call_job(typingctx: Any, fn: Any, job: Any, lo: Any, hi: Any) -> Any:
     """``((void (*)(int64, int64, int64)) fn)(job, lo, hi)``: a chunk of a job."""
 
@@ -230,17 +261,21 @@ def _claim_and_run(mailbox: Any, word: int) -> bool:
 
 
 @kernel(nogil=True)
-def helper_loop(mailbox: Any, rank: int, rounds: int) -> None:
+def helper_loop(mailbox: Any, rank: int, spin_ns: int, rounds: int) -> None:
     """A helper's turn: claim and run chunks of whatever job is published, spinning
-    between jobs; return after ``rounds`` idle rounds, when ``STOP`` is set, or when this
-    helper (``rank`` from 0) is beyond ``WANTED``. ``AWAKE`` counts it meanwhile."""
+    between jobs; return when ``spin_ns`` have passed since its last chunk (or ``rounds``
+    idle rounds), when a yield shows the core busy (:data:`BUSY_NS`), when ``STOP`` is
+    set, or when this helper (``rank`` from 0) is beyond ``WANTED``. ``AWAKE`` counts it
+    meanwhile."""
     atomic_add(mailbox, AWAKE, 1)
+    last = now_ns()
     idle = 0
     while idle < rounds:
         if atomic_load(mailbox, STOP) != 0 or rank >= atomic_load(mailbox, WANTED):
             break
         if _claim_and_run(mailbox, atomic_load(mailbox, TICKET)):
             idle = 0
+            last = now_ns()
             continue
         idle += 1
         for _ in range(_PAUSES):
@@ -248,7 +283,11 @@ def helper_loop(mailbox: Any, rank: int, rounds: int) -> None:
             if (atomic_load(mailbox, TICKET) & _CHUNK_MASK) < atomic_load(mailbox, CHUNKS):
                 break
         else:
+            before = now_ns()
             yield_cpu()
+            after = now_ns()
+            if after - before > BUSY_NS or after - last > spin_ns:
+                break
     atomic_add(mailbox, AWAKE, -1)
 
 

@@ -5,7 +5,9 @@ rather than as numba parallel regions: the helpers (the thread count less one) s
 a shared mailbox for ~2 ms after each job, so the next product reaches them in under a
 microsecond where a TBB region took 5-10 µs to wake its sleeping worker, ~50 times a
 token (:mod:`._numba_pool` has the protocol and the figures). After that they sleep on
-an event until the next job wakes them, so an idle process burns no core.
+an event until the next job wakes them, so an idle process burns no core; and sooner
+where a yield shows that another thread wanted their core (a busy machine: spinning
+there took the calling thread's share of it).
 
 The protocol is claim-based: the caller computes every chunk nobody else has claimed,
 and waits only for chunks a helper has started. A helper descheduled by a busy machine,
@@ -93,7 +95,7 @@ class SpinPool:
             event.clear()
             if self._stopped:
                 return
-            _pool.helper_loop(self.mailbox, rank, _pool.SPIN_ROUNDS)
+            _pool.helper_loop(self.mailbox, rank, _pool.SPIN_NS, _pool.SPIN_ROUNDS)
 
     def stop(self) -> None:
         """End the helpers (at exit: none spins while the interpreter shuts down)."""
