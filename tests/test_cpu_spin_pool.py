@@ -85,6 +85,19 @@ def test_every_chunk_runs_once_with_helpers_claiming(counting_job: Any) -> None:
     np.testing.assert_array_equal(blocks[:, 2 : 2 + CHUNKS], 1)
 
 
+def test_back_to_back_jobs_never_share_a_chunk(counting_job: Any) -> None:
+    """Thousands of tiny jobs published one after another while the helpers spin: a
+    helper that read one job's ticket must never run a chunk of the next (it would run
+    twice, and the caller could return before the other run ended)."""
+    pool = SpinPool()
+    try:
+        assert _awake(pool, 2, counting_job.address)
+        blocks = _jobs(pool, counting_job.address, 4000, 3, 1)
+    finally:
+        pool.stop()
+    assert (blocks[:, 0] == 1).all() and (blocks[:, 2 : 2 + CHUNKS] == 1).all()
+
+
 def test_a_job_finishes_without_any_helper(counting_job: Any) -> None:
     """The caller claims what nobody else has: no helper started (one thread), stopped
     helpers, or the bare compiled call with no pool around it."""

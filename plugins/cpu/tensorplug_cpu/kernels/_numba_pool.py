@@ -15,11 +15,12 @@ caller runs alone before sharing the chunks out.
 
 The protocol (fields of the mailbox, each on its own cache line):
 
-* ``TICKET`` is ``(sequence << 32) | next chunk``. The caller publishes a job by writing
-  ``FN``, ``JOB``, ``CHUNKS`` and zeroing ``DONE``, then storing ``TICKET = seq << 32``
-  (release). Anyone claims chunk ``c`` by a compare-and-swap of ``TICKET`` from
-  ``(seq, c)`` to ``(seq, c + 1)`` for ``c < CHUNKS``: a claim names its job, so a helper
-  that read an older job's fields can never take a chunk of a newer one.
+* ``TICKET`` is ``(sequence << 32) | next chunk``. The caller publishes a job by storing
+  the new sequence with no chunk left to claim, writing ``FN``, ``JOB``, ``CHUNKS`` and
+  zeroing ``DONE``, then storing ``TICKET = seq << 32`` (release). Anyone claims chunk
+  ``c`` by a compare-and-swap of ``TICKET`` from ``(seq, c)`` to ``(seq, c + 1)`` for
+  ``c < CHUNKS``: a claim names its job, so a helper that read an older job's ticket
+  can never take a chunk of a newer one.
 * After each chunk, ``DONE += 1``. The caller claims until none is left, then waits for
   ``DONE == CHUNKS`` (chunks that helpers claimed and still run). It never waits for a
   helper that has not claimed anything: a helper that is asleep, descheduled by a busy
@@ -50,8 +51,8 @@ from ._numba_cache import kernel
 
 __all__ = [
     "ARRAY4_FIELDS", "AWAKE", "BUSY_NS", "CHUNKS", "DONE", "FN", "JOB", "MAILBOX_SIZE",
-    "SPIN_NS", "SPIN_ROUNDS",
-    "STOP", "TICKET", "WANTED", "address", "describe4", "helper_loop", "run_shared", "view4",
+    "SPIN_NS", "SPIN_ROUNDS", "STOP", "TICKET", "WANTED", "address", "describe4",
+    "helper_loop", "run_shared", "view4",
 ]  # fmt: skip
 
 # mailbox fields (int64 indices), eight apart: one 64-byte cache line each for what the
@@ -298,6 +299,10 @@ def run_shared(mailbox: Any, fn: int, job: int, chunks: int) -> None:
     caller at a time (:class:`.pool.SpinPool` holds a lock around this)."""
     call_job(fn, job, -1, -1)
     seq = ((atomic_load(mailbox, TICKET) >> _CHUNK_BITS) + 1) & _SEQ_MASK
+    # the new sequence first, with no chunk to claim: a helper that read the last job's
+    # ticket and then sees this job's fields must fail its claim, not run a chunk of
+    # this job under the last one's number (a second run of it, and one DONE too many)
+    atomic_store(mailbox, TICKET, (seq << _CHUNK_BITS) | _CHUNK_MASK)
     atomic_store(mailbox, FN, fn)
     atomic_store(mailbox, JOB, job)
     atomic_store(mailbox, CHUNKS, chunks)
