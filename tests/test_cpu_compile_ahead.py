@@ -192,10 +192,14 @@ class _Wants:
 
     def __init__(self) -> None:
         self.wanted: list[tuple[object, int]] = []
+        self.jobs: list[tuple[object, int]] = []
         self.kept: list[object] = []
 
     def want(self, kernel: object, *args: object, rank: int = 0) -> None:
         self.wanted.append((kernel, rank))
+
+    def want_job(self, job: object, rank: int) -> None:
+        self.jobs.append((job, rank))
 
     def keep(self, kernel: object) -> None:
         self.kept.append(kernel)
@@ -239,6 +243,8 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(threads: int, n_t
     assert attention[0][1] == first
     assert (repack.quantize_rows in recorder.kept) == (n_tok >= repack.QUANTIZE_APART_ROWS)
     assert (repack.quantize_rows in wanted) == (n_tok < repack.QUANTIZE_APART_ROWS)
+    # a spinning helpers' job the disk cache lacks goes after every kernel a step calls
+    assert all(rank > max(wanted.values()) for _, rank in recorder.jobs)
 
 
 _LATER = """

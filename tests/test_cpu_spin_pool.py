@@ -122,8 +122,12 @@ def test_a_busy_pool_says_so_and_does_nothing(counting_job: Any) -> None:
     long_job[1] = 10_000_000  # ~1 s of chunks on one thread
     first = threading.Thread(target=pool.run, args=(1, counting_job.address,
                                                     long_job.ctypes.data, CHUNKS))  # fmt: skip
+    seq = int(pool.mailbox[_numba_pool.TICKET]) >> 32
     first.start()
-    time.sleep(0.1)
+    deadline = time.monotonic() + 30
+    while int(pool.mailbox[_numba_pool.TICKET]) >> 32 == seq:  # until it is published
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     block = np.zeros(BLOCK, np.int64)
     assert not pool.run(2, counting_job.address, block.ctypes.data, CHUNKS)
     first.join()

@@ -118,11 +118,25 @@ _state: dict[str, Any] = {}
 _state_lock = threading.Lock()
 
 
+def _load_kernels() -> None:
+    """Load (or compile) the pool's two kernels now, while the first plan that may use
+    the pool is bound (a model's warm-up): a helper's first call loaded its loop on
+    the helper's own thread, after the warm-up, whenever the first job ran then (a
+    job the compile-ahead process had just made)."""
+    from numba import typeof, types
+
+    sig = (typeof(np.zeros(_pool.MAILBOX_SIZE, np.int64)), types.int64, types.int64,
+           types.int64)  # fmt: skip
+    for kernel in (_pool.helper_loop, _pool.run_shared):
+        kernel.compile(sig)
+
+
 def spin_pool() -> SpinPool:
     """The process's pool, made at first use, started afresh in a forked child, and
     stopped at exit."""
     with _state_lock:
         if "pool" not in _state:
+            _load_kernels()
             pool = SpinPool()
             atexit.register(pool.stop)
             if hasattr(os, "register_at_fork"):  # POSIX
