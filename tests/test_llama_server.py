@@ -701,3 +701,53 @@ def test_serve_usage_mistakes_are_one_line(capsys: pytest.CaptureFixture[str]) -
     assert "Traceback" not in err
     assert main(["serve", "--ray", "--tiny"]) == 1
     assert "--ray needs MODEL.gguf" in capsys.readouterr().err
+
+
+def _sigint_as_a_terminal_sends_it() -> None:
+    """In the child before it starts: a test run started in the background (``pytest
+    &``) has SIGINT ignored, and a Python started with it ignored never turns Ctrl-C
+    into KeyboardInterrupt (as tests/test_chat_terminal.py)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_twice_stops_the_server_without_a_traceback() -> None:
+    """``tensorplug serve`` stopped by Ctrl-C pressed twice (a second press while it
+    shuts down): uvicorn re-raised the signal, which cancelled the idle lifespan task,
+    and starlette logged that as two tracebacks on the user's terminal. The app has no
+    lifespan hooks; uvicorn now runs without the lifespan protocol, and the server
+    leaves quietly: status 0, or 130 with one line where the second press lands after
+    uvicorn has stopped (the CLI's own Ctrl-C handling)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tensorplug", "serve", "--tiny", "-c", "64", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_sigint_as_a_terminal_sends_it,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert child.poll() is None, child.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not answer"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200:
+                    break
+            time.sleep(0.2)
+        child.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode in (0, 130), err
+    assert "Traceback" not in err and "serving tiny-llama.gguf" in err

@@ -175,7 +175,7 @@ def _serve(args: argparse.Namespace) -> int:
                       "reach it can use the model", file=sys.stderr)  # fmt: skip
             print(f"serving {llm.model_name} on http://{args.host}:{args.port}/v1 "
                   f"(-np {args.parallel}, context {llama.n_ctx})", file=sys.stderr)  # fmt: skip
-            uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+            uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
         finally:
             llm.close()
             llama.close()
