@@ -506,7 +506,8 @@ class JitKernels:
         step as :meth:`attend` runs it) otherwise, and while another thread's job holds
         the pool. The same tasks and arithmetic as :meth:`attend`, so the same bits."""
         halves = (k, v, visible, mask)
-        if (self._pool() is None or any(a.dtype != np.uint16 or a.ndim != 4 for a in halves)
+        pool = self._pool()
+        if (pool is None or any(a.dtype != np.uint16 or a.ndim != 4 for a in halves)
                 or not (q.flags.c_contiguous and out.flags.c_contiguous)
                 or order.dtype != np.int32 or q.dtype != np.float32):  # fmt: skip
             return region
@@ -515,7 +516,7 @@ class JitKernels:
             return region
         block, chunks = self._attend_job_block(q, k, v, visible, mask, order, scale, softcap,
                                                lanes, out, _F16_TO_F32)  # fmt: skip
-        return _PooledJob(self, self._pool(), job.address, block, chunks, region,
+        return _PooledJob(self, pool, job.address, block, chunks, region,
                           (q, *halves, order, out))  # fmt: skip
 
     def _job_ready(self, job: Any) -> bool:
