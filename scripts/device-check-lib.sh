@@ -8,17 +8,21 @@
 # the tiny random-weight model), LLAMA_DEVICES (where the llama step runs it; default
 # "$DEVICE CPU"), LIMIT (seconds any one command of a step may run, default 900: a hung
 # kernel or driver costs one step, not a lent machine's whole lease), CHECK_JOBS
-# (processes of the conformance step, default the CPUs up to 12).
+# (processes of each conformance run, default the CPUs up to 12).
 
 status() { echo "$1: $2" | tee -a "$OUT/steps.txt"; }
 
 limited() { timeout --kill-after=10 "${LIMIT:-900}" "$@"; }
 
-step_check() {  # every catalogue case on the device, against the CPU backend
-    # in several processes: each new case compiles a kernel on first use (NVRTC, Metal)
+check_jobs() {  # processes for a conformance run: CHECK_JOBS, else the CPUs up to 12
     local cpus
     cpus=$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1)
-    limited "$TP" check --backend "$DEVICE" --output json --jobs "${CHECK_JOBS:-$(( cpus < 12 ? cpus : 12 ))}" \
+    echo "${CHECK_JOBS:-$(( cpus < 12 ? cpus : 12 ))}"
+}
+
+step_check() {  # every catalogue case on the device, against the CPU backend
+    # in several processes: each new case compiles a kernel on first use (NVRTC, Metal)
+    limited "$TP" check --backend "$DEVICE" --output json --jobs "$(check_jobs)" \
         > "$OUT/check.json" 2> "$OUT/check.log"
     local rc=$?
     "$PY" - "$OUT/check.json" 2>/dev/null <<'PYEOF' || tail -5 "$OUT/check.log"

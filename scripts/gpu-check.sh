@@ -165,7 +165,8 @@ step_webgpu() {  # the WebGPU plugin on this GPU through Vulkan: its tests and t
     limited "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_webgpu_plugin.py \
         tests/test_webgpu_conformance.py tests/test_webgpu_llama.py 2>&1 | tee -a "$OUT/webgpu.log" | tail -5
     local rc=${PIPESTATUS[0]}
-    limited "$TP" check --backend "$dev" --plain 2>&1 | tail -1 | tee -a "$OUT/webgpu.log"
+    limited "$TP" check --backend "$dev" --plain --jobs "$(check_jobs)" 2>&1 | tail -1 \
+        | tee -a "$OUT/webgpu.log"
     return "$rc"
 }
 
