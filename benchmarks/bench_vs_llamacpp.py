@@ -13,22 +13,23 @@ SmolLM2, Gemma 3 …), measured as it is.
 Every measurement is a fresh process — tensorplug's runner, or llama.cpp through
 llama-cpp-python (an interpreter that has it: this one, ``--llama-python``, or
 ``~/peers/bin/python``; without one the script says how to build it, CPU-only, 5–15
-minutes) — run interleaved (tensorplug, llama.cpp, tensorplug, …) ``--rounds`` times,
-so a slow minute of the machine hurts both. A process loads the model, evaluates a
-warm-up, then a ``--prompt``-token prompt in batches of ``--batch`` (llama.cpp's
-``n_batch``; tensorplug's ``n_batch``) and ``--gen`` single-token steps, then the same
-prompt ``--repeats`` times more from an empty context (llama-bench's way: steady
-throughput, the median of the repeats), all with an F16 KV cache, with ``--threads``
-threads (tensorplug: its numba and worker-pool threads; llama.cpp: ``n_threads``). The
-first prompt is what a user waits for; on tensorplug it includes building the plan of
-a batch of its length (tens of milliseconds on a small model: a new length, a new
-plan), which the repeats reuse. ``auto`` runs each engine as a user gets it without ``-t``:
-tensorplug's runner with its thread governor (every core, fewer for generation steps
-while timing shows other work holding the cores), llama.cpp with one thread per core
-(llama-cli's default on a machine without SMT). The table gives tokens/s as median
-(min–max) per engine, and the ratio tensorplug / llama.cpp (above 1.00 tensorplug is
-faster) as the median of each round's own ratio: the two runs of a round are seconds
-apart, so a slow phase of a shared machine cancels out of it.
+minutes) — run interleaved (tensorplug, llama.cpp, tensorplug, …) ``--rounds`` times, so
+a slow minute of the machine hurts both. A process loads the model, evaluates a warm-up,
+then a ``--prompt``-token prompt in batches of ``--batch`` (llama.cpp's ``n_batch``;
+tensorplug's ``n_batch``) and ``--gen`` greedy single-token steps (each engine feeds
+back its own argmax, as a generation does: each step reads a new token's embedding row),
+then the same prompt ``--repeats`` times more from an empty context (llama-bench's way:
+steady throughput, the median of the repeats), all with an F16 KV cache, with
+``--threads`` threads (tensorplug: its numba and worker-pool threads; llama.cpp:
+``n_threads``). The first prompt is what a user waits for; on tensorplug it includes
+building the plan of a batch of its length (tens of milliseconds on a small model: a new
+length, a new plan), which the repeats reuse. ``auto`` runs each engine as a user gets
+it without ``-t``: tensorplug's runner with its thread governor (every core, fewer for
+generation steps while timing shows other work holding the cores), llama.cpp with one
+thread per core (llama-cli's default on a machine without SMT). The table gives tokens/s
+as median (min–max) per engine, and the ratio tensorplug / llama.cpp (above 1.00
+tensorplug is faster) as the median of each round's own ratio: the two runs of a round
+are seconds apart, so a slow phase of a shared machine cancels out of it.
 
 tensorplug's worker loads the model as ``tensorplug run`` does, freezing what lives as
 long as the process out of the garbage collector's way once it is loaded (the command
@@ -215,6 +216,7 @@ def worker_llamacpp(
     path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int
 ) -> dict:
     import llama_cpp
+    import numpy as np
 
     threads = threads or os.cpu_count() or 1
     llm = llama_cpp.Llama(path, n_ctx=n_prompt + n_gen + 8, n_threads=threads,
@@ -226,11 +228,17 @@ def worker_llamacpp(
     prompt = _tokens(n_prompt, n_vocab)
     t0 = time.perf_counter()
     llm.eval(prompt)
-    int(llm.scores[llm.n_tokens - 1].argmax())  # the first token, as tensorplug's
+
+    def last_argmax() -> int:  # llm.scores holds logits only with logits_all
+        row = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return int(np.ctypeslib.as_array(row, shape=(n_vocab,)).argmax())
+
+    tok = last_argmax()  # the first token, as tensorplug's
     first_token_at = time.time()
     t1 = time.perf_counter()
-    for i in range(n_gen):
-        llm.eval([prompt[i % n_prompt]])
+    for _ in range(n_gen):  # greedy, as tensorplug's: each step reads a new token's row
+        llm.eval([tok])
+        tok = last_argmax()
     t2 = time.perf_counter()
     again = _again(llm.reset, llm.eval, prompt, repeats)
     return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again,
