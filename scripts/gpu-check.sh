@@ -125,34 +125,6 @@ step_tests() {
     return $(( rc || gate || webgpu ))
 }
 
-# The Vulkan loader for WebGPU: the system's, else the carried .deb files, installed with
-# dpkg as root, or unpacked into the venv's folder (found through LD_LIBRARY_PATH) where
-# that is not allowed or did not give a loader (on the lent H200, 2026-11-26, `dpkg -i`
-# left none and WebGPU saw no adapter; the loader and glvnd's libraries unpacked worked).
-has_vulkan_loader() { ldconfig -p 2>/dev/null | grep -q "libvulkan.so.1"; }
-
-install_vulkan_loader() {
-    has_vulkan_loader && return 0
-    local debs=("$WHEELS"/*.deb) d
-    [[ -e "${debs[0]}" ]] || { echo "no Vulkan loader and no .deb files in $WHEELS: WebGPU cannot run"; return 0; }
-    if [[ $(id -u) -eq 0 ]] && command -v dpkg >/dev/null; then
-        dpkg -i "${debs[@]}" >/dev/null 2>&1 || apt-get install -f -y -q >/dev/null 2>&1 || true
-        has_vulkan_loader && return 0
-        echo "dpkg -i gave no Vulkan loader: unpacking the .deb files instead"
-    fi
-    mkdir -p "$VENV/vulkan"  # with TARGET there is no venv: the folder is made for this
-    for d in "${debs[@]}"; do
-        dpkg -x "$d" "$VENV/vulkan" || { echo "could not unpack $d: WebGPU cannot run"; return 0; }
-    done
-    echo "Vulkan loader unpacked into $VENV/vulkan"
-}
-
-vulkan_env() {  # a loader unpacked into the venv's folder is found through this
-    if [[ -d "$VENV/vulkan" && ":${LD_LIBRARY_PATH:-}:" != *":$VENV/vulkan/usr/lib/x86_64-linux-gnu:"* ]]; then
-        export LD_LIBRARY_PATH="$VENV/vulkan/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    fi
-}
-
 # The first WebGPU device that is a GPU (not lavapipe), else WebGPU0.
 webgpu_device() {
     "$PY" - 2>/dev/null <<'PYEOF' || echo WebGPU0
@@ -191,5 +163,7 @@ step_bench() {  # CUDA against cupy/cuBLAS, then WebGPU on the same GPU against 
 
 # shellcheck source=scripts/device-check-lib.sh
 source scripts/device-check-lib.sh
+# shellcheck source=scripts/vulkan-loader.sh
+source scripts/vulkan-loader.sh
 vulkan_env  # for every step, the install's too (a loader it unpacks is added there)
 run_steps "$@"
