@@ -368,11 +368,13 @@ def test_bench_case_reports_rates_and_the_numpy_ratio() -> None:
         small=True,
     )
     r = bench_case(mm, reference_backend(), min_time=0.001)
+    assert r.us is not None and r.numpy_us is not None  # both timed (None: unsupported)
     assert r.flops == 2 * 16 * 5 * 64 and r.runs >= 1 and r.us > 0 and r.numpy_us > 0
     assert r.gflops == pytest.approx(r.flops / r.us / 1e3) and r.gbps is None
     assert r.speedup == pytest.approx(r.numpy_us / r.us)
     replay = next(c for c in bench_cases(["replay"]))
     rr = bench_case(replay, reference_backend(), min_time=0.001, baseline=False)
+    assert rr.us is not None
     assert rr.nodes == 1000 and rr.us_per_node == pytest.approx(rr.us / 1000)
     assert rr.gbps is not None and rr.speedup is None
 

@@ -157,15 +157,16 @@ def test_one_thread_runs_the_parallel_kernel_while_the_child_compiles_the_serial
     serial, parallel = object(), "a parallel kernel"
     saved = jit._ahead, set(jit._called), set(jit._serial_ok)
     try:
-        jit._ahead = _Child(serial)  # type: ignore[assignment]
+        child = _Child(serial)
+        jit._ahead = child  # type: ignore[assignment]
         assert jit._serial_ready(serial, parallel)  # the parallel one has not run: wait
         jit._serial_ok.discard(serial)
         jit._called.add(parallel)
         assert not jit._serial_ready(serial, parallel)  # the child has it: parallel
         assert not jit._serial_ready(serial, parallel)
-        jit._ahead.unfinished.clear()  # type: ignore[attr-defined]  # the child is done
+        child.unfinished.clear()  # the child is done
         assert jit._serial_ready(serial, parallel)
-        jit._ahead.unfinished.add(serial)  # type: ignore[attr-defined]
+        child.unfinished.add(serial)
         assert jit._serial_ready(serial, parallel)  # once free, always
         jit._ahead = None
         other = object()
