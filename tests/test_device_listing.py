@@ -115,6 +115,35 @@ def test_a_device_described_otherwise_under_its_name_says_what_changed(kept: Pat
         listing.open(0)
 
 
+def test_a_device_differing_only_in_a_volatile_field_opens_and_the_list_is_rewritten(
+    kept: Path,
+) -> None:
+    # PoCL's CPU reported 6,537,031,680 then 6,671,249,408 bytes of memory in two
+    # processes of one test run, and the second refused its device
+    drivers = Drivers("gpu a")
+
+    def listing() -> DeviceProbe[str]:
+        return DeviceProbe("Fake", drivers.probe, lambda: drivers.key, volatile=("memory",))
+
+    listing().records()  # kept: memory 0
+    drivers.probe = lambda: [({"name": "gpu a", "memory": 7}, "live")]  # type: ignore[method-assign]
+    second = listing()
+    assert second.records()[0]["memory"] == 0  # as kept
+    assert second.open(0) == "live"
+    assert json.loads(kept.read_text())["devices"] == [{"name": "gpu a", "memory": 7}]
+    # a field that is not volatile still tells another device from this one
+    drivers.probe = lambda: [({"name": "gpu b", "memory": 7}, "live")]  # type: ignore[method-assign]
+    with pytest.raises(DeviceListChangedError, match=r"Fake0: the drivers now give gpu b, not"):
+        listing().open(0)
+
+
+def test_opencl_keeps_its_memory_total_volatile() -> None:
+    pytest.importorskip("pyopencl")
+    from tensorplug_opencl.listing import DEVICES
+
+    assert DEVICES.volatile == {"memory_total"}
+
+
 @pytest.mark.parametrize(
     "text",
     [

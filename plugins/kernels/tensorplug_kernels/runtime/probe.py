@@ -36,7 +36,7 @@ import os
 import platform
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -216,7 +216,11 @@ class DeviceProbe(Generic[Live]):
     its device). ``key`` computes the driver key (:func:`driver_key`) and is called once.
     ``check`` reads a kept record as the runtime will (raising KeyError, TypeError or
     ValueError where it cannot): a file written by another version of the plugin, or
-    edited, is then a miss rather than a device described wrongly.
+    edited, is then a miss rather than a device described wrongly. ``volatile`` names
+    the fields that describe a device's state rather than which device it is: a device
+    whose kept record differs from the driver's only there is the same device (opened,
+    and the list rewritten with the new values). PoCL's CPU reports a memory total that
+    follows the host's memory, so a second process refused PoCL's device now and then.
     """
 
     def __init__(
@@ -225,11 +229,13 @@ class DeviceProbe(Generic[Live]):
         probe: Callable[[], Sequence[tuple[Record, Live]]],
         key: Callable[[], str],
         check: Callable[[Record], object] = lambda record: None,
+        volatile: Collection[str] = (),
     ) -> None:
         self.runtime = runtime
         self._probe = probe
         self._key_of = key
         self._check = check
+        self.volatile = frozenset(volatile)
         self._key: str | None = None
         self._records: list[Record] | None = None
         self._live: list[tuple[Record, Live]] | None = None
@@ -266,7 +272,7 @@ class DeviceProbe(Generic[Live]):
                 self._ask()
             assert self._live is not None
             now = [r for r, _ in self._live]
-            if index < len(now) and now[index] == described[index]:
+            if index < len(now) and self._same(now[index], described[index]):
                 return self._live[index][1]
         was = described[index].get("name", f"device {index}")
         is_now = now[index].get("name", f"device {index}") if index < len(now) else "no device"
@@ -281,6 +287,12 @@ class DeviceProbe(Generic[Live]):
             f"list kept in {self.path} said: a driver changed since the list was made. The "
             "list is rewritten; start the process again to see the devices as they are"
         )
+
+    def _same(self, a: Record, b: Record) -> bool:
+        """Whether two records describe the same device (they differ at most in the
+        ``volatile`` fields)."""
+        keys = {*a, *b} - self.volatile
+        return all(a.get(k) == b.get(k) for k in keys)
 
     def forget(self) -> None:
         """Forget what this process was told: the next :meth:`records` reads the file or
