@@ -17,7 +17,7 @@ import pytest
 import tensorplug as tp
 from tensorplug import Type, ops
 from tensorplug.alloc import INPLACE_OPS, AllocPlan, GraphAllocator, alloc_tensors
-from tensorplug.alloc_plan import Blocks, _DynAlloc
+from tensorplug.alloc_plan import Blocks, Placement, _DynAlloc
 from tensorplug.errors import AllocationError, NotAllocatedError
 from tensorplug.host import HostBuffer, HostBufferType
 
@@ -91,11 +91,18 @@ def _in_place(child: tp.Tensor, parent: tp.Tensor) -> bool:
     return child.op in INPLACE_OPS and any(s is parent or s.view_src is parent for s in child.src)
 
 
+def _placed(plan: AllocPlan, t: tp.Tensor) -> Placement:
+    """``plan.placement(t)``, for a tensor the test knows owns a block."""
+    p = plan.placement(t)
+    assert p is not None
+    return p
+
+
 def check_plan(graph: tp.Graph, plan: AllocPlan, alignment: int) -> int:
     """Assert no two simultaneously live tensors overlap; return the live-bytes peak."""
     life = _lifetimes(graph)
-    placed = [(t, plan.placement(t)) for t in [*graph.leafs, *graph.nodes]]
-    placed = [(t, p) for t, p in placed if p is not None and p.size]
+    all_placed = [(t, plan.placement(t)) for t in [*graph.leafs, *graph.nodes]]
+    placed = [(t, p) for t, p in all_placed if p is not None and p.size]
     for t, p in placed:
         assert p.offset % alignment == 0
         assert p.size >= t.nbytes
@@ -161,8 +168,8 @@ def test_chain_reuses_two_blocks_and_leafs_stay() -> None:
     g = _chain(6)
     plan = GraphAllocator(SmallHost(alignment=16)).reserve(g)
     x, w = g.leafs
-    leaf_blocks = {plan.placement(x).offset, plan.placement(w).offset}
-    mm = [plan.placement(t).offset for t in g.nodes]
+    leaf_blocks = {_placed(plan, x).offset, _placed(plan, w).offset}
+    mm = [_placed(plan, t).offset for t in g.nodes]
     # mul_mat cannot run in place: consecutive results alternate between two blocks
     assert len(set(mm)) == 2 and mm[0] != mm[1] and mm[0] == mm[2]
     assert not leaf_blocks & set(mm)
@@ -176,7 +183,7 @@ def test_unary_chain_runs_in_place_over_intermediates_but_not_over_leafs() -> No
     c = ops.scale(b, 2.0).set_name("c")
     d = ops.exp(c).set_name("d").set_output()
     plan = GraphAllocator(SmallHost()).reserve(tp.Graph(d))
-    off = {t.name: plan.placement(t).offset for t in (x, a, b, c, d)}
+    off = {t.name: _placed(plan, t).offset for t in (x, a, b, c, d)}
     assert off["a"] != off["x"]  # leafs hold user data: never overwritten
     assert off["a"] == off["b"] == off["c"] == off["d"]
     assert plan.sizes[0] == 2 * 1024
@@ -197,7 +204,7 @@ def test_in_place_needs_last_reader_same_layout_and_an_owned_block() -> None:
     plan = GraphAllocator(SmallHost()).reserve(g)
 
     def off(t: tp.Tensor) -> int:
-        return plan.placement(t).offset
+        return _placed(plan, t).offset
 
     assert off(twice) != off(a)
     assert off(later) == off(a)
@@ -218,8 +225,8 @@ def test_in_place_over_a_view_needs_offset_zero_and_no_other_view() -> None:
     not_inplace = ops.neg(tail).set_name("not_inplace")  # offset != 0: a new block
     g = tp.Graph([inplace.set_output(), not_inplace.set_output()])
     plan = GraphAllocator(SmallHost()).reserve(g)
-    assert plan.placement(inplace).offset == plan.placement(base).offset
-    assert plan.placement(not_inplace).offset != plan.placement(base2).offset
+    assert _placed(plan, inplace).offset == _placed(plan, base).offset
+    assert _placed(plan, not_inplace).offset != _placed(plan, base2).offset
     assert plan.placement(whole) is None  # views take no memory
     check_plan(g, plan, 16)
 
@@ -238,6 +245,7 @@ def test_views_keep_their_base_alive_until_their_last_reader() -> None:
     plan = GraphAllocator(SmallHost()).reserve(g)
     check_plan(g, plan, 16)
     b = plan.placement(base)
+    assert b is not None
     for t in g.nodes[g.nodes.index(base) + 1 : g.nodes.index(late)]:
         p = plan.placement(t)
         if p is not None:
@@ -284,9 +292,9 @@ def test_in_place_never_overwrites_a_base_that_the_same_node_reads_twice() -> No
     single = ops.neg(ops.exp(x).set_name("e")).set_name("single").set_output()  # read once
     g = tp.Graph([y, single])
     plan = GraphAllocator(SmallHost()).reserve(g)
-    assert plan.placement(y).offset != plan.placement(a).offset
+    assert _placed(plan, y).offset != _placed(plan, a).offset
     e = g.nodes[[n.name for n in g.nodes].index("e")]
-    assert plan.placement(single).offset == plan.placement(e).offset  # the rule still reuses
+    assert _placed(plan, single).offset == _placed(plan, e).offset  # the rule still reuses
     check_plan(g, plan, 16)
 
 
@@ -328,6 +336,7 @@ def test_dyn_alloc_tail_ties_and_exact_fits() -> None:
 def test_an_allocation_within_the_reserved_plan_replays_its_offsets() -> None:
     """alloc_graph after reserve() reuses the reserved (compact) offsets when the new graph
     has the same block lifetimes and no larger block, and plans afresh otherwise."""
+
     def llama(n_layer: int, n_tokens: int) -> tp.Graph:
         return schedkit.build_llama(
             n_layer=n_layer, n_tokens=n_tokens, n_embd=32, n_head=4, n_ff=64
@@ -366,6 +375,7 @@ def test_a_graph_with_other_lifetimes_is_not_given_the_reserved_offsets() -> Non
     ga = GraphAllocator(SmallHost(alignment=16))
     reserved = ga.reserve(graph(chain=True))  # a and c share: a is dead when c runs
     p = {t.name: reserved.placement(t) for t in reserved.blocks.tensors}
+    assert p["a"] is not None
     assert p["a"] == p["c"] == (0, 0, p["a"].offset, 1024)  # buffer 0, chunk 0, 1 KiB
     other = graph(chain=False)  # the same steps, but c reads a
     plan = ga.alloc_graph(other)
@@ -387,8 +397,9 @@ def test_max_size_splits_the_plan_into_chunks_and_buffers() -> None:
     ga = GraphAllocator(buft)
     plan = ga.alloc_graph(g)
     assert len(plan.chunk_sizes[0]) > 1 and max(plan.chunk_sizes[0]) <= 1024
-    assert isinstance(ga.buffer(), tp.MultiBuffer)
-    assert {t.buffer for t in g.nodes if t.view_src is None} <= set(ga.buffer().buffers)
+    buffer = ga.buffer()
+    assert isinstance(buffer, tp.MultiBuffer)
+    assert {t.buffer for t in g.nodes if t.view_src is None} <= set(buffer.buffers)
     check_plan(g, plan, 16)
 
 
@@ -406,6 +417,7 @@ def test_alloc_graph_reuses_reserved_buffers_grows_and_unplaces_the_old_graph() 
     bigger = schedkit.build_llama(n_layer=2, n_tokens=32, n_embd=32)
     ga.alloc_graph(bigger.graph)
     assert len(buft.allocated) == 2 and reserved.is_freed
+    assert ga.last_plan is not None
     assert ga.buffer_size(0) == ga.last_plan.sizes[0] > buft.allocated[0]
     with pytest.raises(NotAllocatedError, match="tensor 'logits' .* has no memory yet"):
         tp.get_array(small.logits)  # its memory now belongs to the new graph
