@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import mmap
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -216,7 +217,12 @@ def test_graph_compute_rereads_the_graph_only_after_a_placement_or_a_source_chan
 
     keys: list[int] = []
     real = cpu_backend.graph_key
-    monkeypatch.setattr(cpu_backend, "graph_key", lambda nodes: keys.append(1) or real(nodes))
+
+    def counting_key(nodes: Sequence[tp.Tensor]) -> cpu_backend.GraphKey:
+        keys.append(1)
+        return real(nodes)
+
+    monkeypatch.setattr(cpu_backend, "graph_key", counting_key)
     be = backend_for()
     x, c, y, g = _placed_chain(3)
     be.graph_compute(g)
@@ -339,7 +345,12 @@ def test_set_n_threads_sets_the_pool_and_blas_runs_on_one_thread_while_computing
     tp.set_array(a, av)
     tp.set_array(b, bv)
     during: list[int] = []
-    be.set_abort_callback(lambda: during.append(blas_threads()) is not None)  # never aborts
+
+    def record_blas_threads() -> bool:
+        during.append(blas_threads())
+        return False  # never aborts
+
+    be.set_abort_callback(record_blas_threads)
     try:
         set_n_threads(be, 1)
         assert POOL.n_threads == 1
@@ -384,7 +395,12 @@ def test_only_a_plan_that_calls_blas_pins_it_to_one_thread() -> None:
     tp.set_array(b, RNG.standard_normal((64, 64)).astype(np.float32))
     original = blas_threads()
     during: list[int] = []
-    be.set_abort_callback(lambda: during.append(blas_threads()) is not None)  # never aborts
+
+    def record_blas_threads() -> bool:
+        during.append(blas_threads())
+        return False  # never aborts
+
+    be.set_abort_callback(record_blas_threads)
     fused_plan, blas_plan = be.graph_plan_create(fused), be.graph_plan_create(blas)
     assert not fused_plan.uses_blas and blas_plan.uses_blas  # type: ignore[attr-defined]
     be.graph_plan_compute(fused_plan)

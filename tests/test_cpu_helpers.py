@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 import tensorplug as tp
+
+if TYPE_CHECKING:
+    from tensorplug_cpu.backend import CpuBackend
 
 __all__ = [
     "backend_for",
@@ -30,11 +34,12 @@ __all__ = [
 ]
 
 
-def backend_for(jit: bool = True) -> tp.Backend:
+def backend_for(jit: bool = True) -> CpuBackend:
     """A fresh CPU backend straight from the plugin (no registry involved)."""
     from tensorplug_cpu.device import create_reg
 
-    return create_reg().device(0).init_backend(None if jit else "jit=0")
+    # the CPU device's init_backend makes a CpuBackend (typed as any backend)
+    return cast("CpuBackend", create_reg().device(0).init_backend(None if jit else "jit=0"))
 
 
 def place(graph: tp.Graph, extra: Iterable[tp.Tensor] = ()) -> tp.Buffer:

@@ -20,7 +20,7 @@ from tensorplug import ops
 from tensorplug.opcodes import RopeMode
 from tensorplug.quants import quantize
 from tensorplug_cpu.kernels import matmul
-from tensorplug_cpu.workers import POOL, WorkerPool
+from tensorplug_cpu.workers import POOL, Task, WorkerPool
 
 RNG = np.random.default_rng(7)
 
@@ -287,6 +287,7 @@ def test_a_prompts_row_kernels_split_over_the_pool_and_agree_at_any_thread_count
     assert n_tok * n_head * d >= common.ROWS_PARALLEL_MIN
     x = tp.new_tensor("f32", (n_tok, n_head, d), "x")
     xv = RNG.standard_normal(x.shape).astype(np.float32)
+    inputs: dict[tp.Tensor, np.ndarray]  # float32 values, and int32 positions for rope
     if op == "rms_norm":
         out, inputs, expected = ops.rms_norm(x, 1e-6), {x: xv}, ref.rms_norm(xv, 1e-6)
     elif op == "swiglu":
@@ -300,7 +301,12 @@ def test_a_prompts_row_kernels_split_over_the_pool_and_agree_at_any_thread_count
         expected = ref.rope(xv, pv, d, int(RopeMode.NEOX))
     runs: list[int] = []
     pool_run = POOL.run
-    monkeypatch.setattr(POOL, "run", lambda n, task: (runs.append(n), pool_run(n, task)))
+
+    def counting_run(n: int, task: Task) -> None:
+        runs.append(n)
+        pool_run(n, task)
+
+    monkeypatch.setattr(POOL, "run", counting_run)
     one, two = _at_one_and_two_threads(out, inputs)
     if POOL.max_threads > 1:
         assert runs and min(runs) > 1, "the rows were not split over the pool"
