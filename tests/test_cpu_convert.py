@@ -173,7 +173,7 @@ def test_set_rows_of_a_generation_step_rounds_to_f16_as_numpy_does() -> None:
     rng = np.random.default_rng(11)
     bits = rng.integers(0x33000000, 0x47A00000, 4000, dtype=np.uint32)  # f16's whole range
     halfway = (np.arange(1, 40, dtype=np.uint32) << 13) | 0x1000  # exactly between two f16s
-    edge = np.float32([65504, 65519.99, 65520, 1e-8, 2.98e-8, 6.1e-5, 0.0, -0.0, np.inf])
+    edge = np.array([65504, 65519.99, 65520, 1e-8, 2.98e-8, 6.1e-5, 0.0, -0.0, np.inf], np.float32)
     values = np.concatenate([bits.view(np.float32), (0x3F800000 | halfway).view(np.float32),
                              edge, [np.nan]]).astype(np.float32)  # fmt: skip
     values = np.concatenate([values, -values])[None, :]

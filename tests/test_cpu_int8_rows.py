@@ -128,7 +128,9 @@ def test_the_portable_ir_computes_the_same_products(tmp_path) -> None:  # type: 
         raw, w64 = _weights(t, 8, 512)
         cases[name + "_raw"] = raw
         cases[name + "_expected"] = ggml_product(cases["x"], w64, t, raw)[0]
-    np.savez(tmp_path / "cases.npz", **cases)
+    # allow_pickle given (numpy's default) so that the arrays in **cases are not typed
+    # against that bool parameter
+    np.savez(tmp_path / "cases.npz", allow_pickle=True, **cases)
     code = textwrap.dedent(_PORTABLE).format(names=names)
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cases.npz")],
                           capture_output=True, text=True, timeout=600)  # fmt: skip

@@ -50,8 +50,9 @@ def _quantized(t: tp.Type, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarr
 
 def _ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml's mul_mat: out[..., t, o] = Σ b[..., t, i]·a[..., o, i]; a repeated onto b."""
-    a4 = a.reshape((1,) * (4 - a.ndim) + a.shape)
-    b4 = b.reshape((1,) * (4 - b.ndim) + b.shape)
+    # annotated: numpy's stubs take the concatenated shape for a 0-d one
+    a4: np.ndarray = a.reshape((1,) * (4 - a.ndim) + a.shape)
+    b4: np.ndarray = b.reshape((1,) * (4 - b.ndim) + b.shape)
     out = np.empty((*b4.shape[:2], b4.shape[2], a4.shape[2]))
     r0, r1 = b4.shape[0] // a4.shape[0], b4.shape[1] // a4.shape[1]
     for j0 in range(b4.shape[0]):
@@ -231,7 +232,7 @@ def test_the_vector_row_decoders_match_the_numpy_codec_bit_for_bit(t: tp.Type) -
     n = 8 * t.block_size
     raw = quantize(rng.standard_normal((9, n)).astype(np.float32) * 5, t)
     raw = np.ascontiguousarray(raw).reshape(9, 8, t.type_size)
-    scales = np.float16([6e-8, 65504, np.inf, -np.inf, np.nan, -0.0, 1e-3, -2.5])
+    scales = np.array([6e-8, 65504, np.inf, -np.inf, np.nan, -0.0, 1e-3, -2.5], np.float16)
     at = 208 if t == tp.Type.Q6_K else 0  # the block's f16 scale d
     raw[0, :, at : at + 2] = scales.view(np.uint8).reshape(8, 2)
     want = dequantize_blocks(raw, t)

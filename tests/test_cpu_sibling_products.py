@@ -112,10 +112,16 @@ def _qkv_graph(n_tok: int = 1) -> tuple[tp.Graph, dict[str, tp.Tensor], dict[str
     return g, tensors, values
 
 
+def _set_raw(t: tp.Tensor, raw: np.ndarray) -> None:
+    """Write ``raw``'s bytes into ``t`` through its buffer's set_tensor (``t`` is placed)."""
+    assert t.buffer is not None
+    t.buffer.set_tensor(t, memoryview(raw.tobytes()))
+
+
 def _fill(tensors: dict[str, tp.Tensor], values: dict[str, np.ndarray], h: np.ndarray) -> None:
     tp.set_array(tensors["h"], h)
     for name in ("wq", "wk", "wv"):
-        tensors[name].buffer.set_tensor(tensors[name], values[name].tobytes())  # type: ignore[union-attr]
+        _set_raw(tensors[name], values[name])
 
 
 def _steps(backend: tp.Backend) -> int:
@@ -178,8 +184,8 @@ def test_a_product_after_a_write_into_its_activation_is_not_joined() -> None:
     h_old, z_new = (RNG.standard_normal((1, N)).astype(np.float32) for _ in range(2))
     tp.set_array(h, h_old)
     tp.set_array(z, z_new)
-    wq.buffer.set_tensor(wq, rq_raw.tobytes())  # type: ignore[union-attr]
-    wk.buffer.set_tensor(wk, rk_raw.tobytes())  # type: ignore[union-attr]
+    _set_raw(wq, rq_raw)
+    _set_raw(wk, rk_raw)
     backend = backend_for()
     backend.graph_compute(g)
     assert _steps(backend) == 3
@@ -280,7 +286,7 @@ def test_repacked_k_quant_mixes_keep_each_products_bits(
     hv = RNG.standard_normal((n_tok, N)).astype(np.float32)
     tp.set_array(h, hv)
     for w, raw, _ in made:
-        w.buffer.set_tensor(w, raw.tobytes())  # type: ignore[union-attr]
+        _set_raw(w, raw)
     backend = backend_for()
     tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
     backend.graph_compute(g)
