@@ -25,6 +25,7 @@ from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice
 
 sys.path.insert(0, str(Path(__file__).parent / "plugins_sched"))
 import schedkit
+from tensorplug_testaccel.device import AccelBackend
 
 WEIGHTS = tp.BufferUsage.WEIGHTS
 
@@ -40,7 +41,7 @@ def reg() -> schedkit.TestAccelReg:
 
 
 @pytest.fixture
-def acc(reg: schedkit.TestAccelReg) -> tp.Backend:
+def acc(reg: schedkit.TestAccelReg) -> AccelBackend:
     return reg.devices()[0].init_backend("min_batch=4")
 
 
@@ -58,7 +59,7 @@ def load_weights(model: schedkit.Llama, values: dict[str, np.ndarray], place) ->
     return [b for b in bufs if b is not None]
 
 
-def cpu_only_logits(cpu: tp.Backend, wtype: Type = Type.F32, **cfg: int) -> np.ndarray:
+def cpu_only_logits(cpu: tp.Backend, cfg: dict[str, int], wtype: Type = Type.F32) -> np.ndarray:
     """The reference run: the same model on the CPU backend alone."""
     m = schedkit.build_llama(wtype=wtype, **cfg)
     load_weights(m, m.weight_values(), lambda _: cpu.buffer_type())
@@ -68,6 +69,13 @@ def cpu_only_logits(cpu: tp.Backend, wtype: Type = Type.F32, **cfg: int) -> np.n
     assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
     assert sched.n_splits == 1 and sched.n_split_inputs == 0
     return tp.get_array(m.logits)
+
+
+def backend_of(sched: Scheduler, t: tp.Tensor) -> tp.Backend:
+    """``sched.get_tensor_backend(t)``, for a node the test knows was assigned one."""
+    be = sched.get_tensor_backend(t)
+    assert be is not None, t.describe()
+    return be
 
 
 def where(sched: Scheduler, model: schedkit.Llama) -> dict[str, list[str]]:
@@ -84,7 +92,7 @@ CFG = {"n_layer": 2, "n_tokens": 8, "n_embd": 32, "n_head": 4, "n_head_kv": 2, "
 
 
 def test_weights_on_the_accelerator_pull_ops_there_and_results_match(
-    cpu: tp.Backend, acc: tp.Backend
+    cpu: tp.Backend, acc: AccelBackend
 ) -> None:
     m = schedkit.build_llama(**CFG)
     wv, iv = m.weight_values(), m.input_values()
@@ -100,14 +108,14 @@ def test_weights_on_the_accelerator_pull_ops_there_and_results_match(
     assert set(placed["mul_mat"]) == {acc.name} and set(placed["rms_norm"]) == {acc.name}
     # every node runs on a backend that supports it
     for n in m.graph.nodes:
-        assert sched.get_tensor_backend(n).supports_op(n), n.describe()
+        assert backend_of(sched, n).supports_op(n), n.describe()
     # a split per backend change: embd..k | rope k | ... ; all inputs are copied once
     splits = sched.splits
     assert len(splits) == sched.n_splits >= 1 + 2 * 3 * CFG["n_layer"]
     assert all(a.backend_id != b.backend_id for a, b in itertools.pairwise(splits))
     assert sched.n_split_inputs == sum(len(s.inputs) for s in splits) > 0
     logits = tp.get_array(m.logits)
-    np.testing.assert_allclose(logits, cpu_only_logits(cpu, **CFG), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits, cpu_only_logits(cpu, CFG), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(logits, schedkit.llama_reference(m, wv, iv), rtol=1e-4, atol=1e-4)
     # the inputs and weights are intact: computing again gives the same logits
     assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
@@ -141,12 +149,13 @@ def test_compute_buffers_in_chunks_under_max_size(cpu: tp.Backend) -> None:
     load_weights(m, m.weight_values(), lambda _: acc.buffer_type())  # 16 KiB buffers
     sched = Scheduler([acc, cpu])
     sched.alloc_graph(m.graph)
+    assert sched.plan is not None
     chunks = sched.plan.chunk_sizes[0]
     assert len(chunks) > 1 and max(chunks) <= 16384 and sched.buffer_size(acc) == sum(chunks)
     m.set_inputs(m.input_values())
     assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
     np.testing.assert_allclose(
-        tp.get_array(m.logits), cpu_only_logits(cpu, **cfg), rtol=1e-4, atol=1e-4
+        tp.get_array(m.logits), cpu_only_logits(cpu, cfg), rtol=1e-4, atol=1e-4
     )
 
 
@@ -168,11 +177,7 @@ def test_partial_offload_pins_every_node_backend_and_copy(cpu: tp.Backend) -> No
     load_weights(m, wv, place)
     sched = Scheduler([acc, cpu])
     sched.alloc_graph(m.graph)
-    got = [
-        (n.op.value, sched.get_tensor_backend(n).name[0])
-        for n in m.graph.nodes
-        if n.view_src is None
-    ]
+    got = [(n.op.value, backend_of(sched, n).name[0]) for n in m.graph.nodes if n.view_src is None]
     C, T = "C", "T"
     attn = ["rms_norm", "mul", "mul_mat", "cont", "mul_mat", "rope", "cont", "mul_mat", "rope",
             "mul_mat", "soft_max", "mul_mat", "cont", "mul_mat", "add"]  # fmt: skip
@@ -195,7 +200,7 @@ def test_host_weights_stay_on_the_cpu_unless_the_accelerator_offloads(
     m = schedkit.build_llama(**CFG)  # 8 tokens
     load_weights(m, m.weight_values(), lambda _: cpu.buffer_type())
     weights = set(m.weights.values())
-    expected = cpu_only_logits(cpu, **CFG)
+    expected = cpu_only_logits(cpu, CFG)
     for min_batch, offload, where_mm in ((32, True, cpu.name), (4, True, "TestAccel0"),
                                          (4, False, cpu.name)):  # fmt: skip
         acc = reg.devices()[0].init_backend(f"min_batch={min_batch}")
@@ -205,13 +210,13 @@ def test_host_weights_stay_on_the_cpu_unless_the_accelerator_offloads(
         m.set_inputs(m.input_values())
         assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
         assert len(weight_mm) == 7 * CFG["n_layer"] + 1
-        assert {sched.get_tensor_backend(n).name for n in weight_mm} == {where_mm}
+        assert {backend_of(sched, n).name for n in weight_mm} == {where_mm}
         np.testing.assert_allclose(tp.get_array(m.logits), expected, rtol=1e-4, atol=1e-4)
         sched.reset()
 
 
 def test_quantized_weights_on_the_accelerator_are_copied_to_the_cpu(
-    cpu: tp.Backend, acc: tp.Backend
+    cpu: tp.Backend, acc: AccelBackend
 ) -> None:
     cfg = {**CFG, "n_layer": 1}
     m = schedkit.build_llama(wtype=Type.Q8_0, **cfg)
@@ -228,7 +233,7 @@ def test_quantized_weights_on_the_accelerator_are_copied_to_the_cpu(
     assert len(copied) == 7 * cfg["n_layer"] + 1  # every matrix weight goes to the CPU
     # a copied weight opens a split of its own, so the copies' memory can be reused
     assert all(sum(t in weights for t in s.inputs) <= 1 for s in sched.splits)
-    expected = cpu_only_logits(cpu, wtype=Type.Q8_0, **cfg)
+    expected = cpu_only_logits(cpu, cfg, wtype=Type.Q8_0)
     np.testing.assert_allclose(tp.get_array(m.logits), expected, rtol=1e-4, atol=1e-4)
 
 
@@ -237,7 +242,7 @@ class NoSoftMaxDevice(ReferenceDevice):
         return op.op is not tp.Op.SOFT_MAX and super()._supports_op(op)
 
 
-def test_an_op_no_backend_runs_raises_naming_op_and_backends(acc: tp.Backend) -> None:
+def test_an_op_no_backend_runs_raises_naming_op_and_backends(acc: AccelBackend) -> None:
     m = schedkit.build_llama(**CFG)
     load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
     sched = Scheduler([acc, ReferenceBackend(NoSoftMaxDevice())])
@@ -258,7 +263,7 @@ def test_a_weight_in_a_buffer_no_backend_can_use_raises(
         Scheduler([acc0, cpu]).alloc_graph(m.graph)
 
 
-def test_construction_is_validated(cpu: tp.Backend, acc: tp.Backend) -> None:
+def test_construction_is_validated(cpu: tp.Backend, acc: AccelBackend) -> None:
     with pytest.raises(ValueError, match="last backend must be a CPU"):
         Scheduler([cpu, acc])
     with pytest.raises(ValueError, match="cannot use buffer type"):
@@ -272,7 +277,7 @@ def test_construction_is_validated(cpu: tp.Backend, acc: tp.Backend) -> None:
 
 
 def test_pinned_nodes_run_where_asked_and_bad_pins_are_refused(
-    cpu: tp.Backend, acc: tp.Backend
+    cpu: tp.Backend, acc: AccelBackend
 ) -> None:
     m = schedkit.build_llama(**CFG)
     load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
@@ -285,7 +290,7 @@ def test_pinned_nodes_run_where_asked_and_bad_pins_are_refused(
     assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
     assert sched.get_tensor_backend(gate) is cpu
     np.testing.assert_allclose(
-        tp.get_array(m.logits), cpu_only_logits(cpu, **CFG), rtol=1e-4, atol=1e-4
+        tp.get_array(m.logits), cpu_only_logits(cpu, CFG), rtol=1e-4, atol=1e-4
     )
     sched.reset()
     assert sched.get_tensor_backend(gate) is None  # reset forgets pins
@@ -295,7 +300,7 @@ def test_pinned_nodes_run_where_asked_and_bad_pins_are_refused(
         sched.alloc_graph(m.graph)
 
 
-def test_split_inputs_are_rewritten_then_restored(cpu: tp.Backend, acc: tp.Backend) -> None:
+def test_split_inputs_are_rewritten_then_restored(cpu: tp.Backend, acc: AccelBackend) -> None:
     m = schedkit.build_llama(**CFG)
     load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
     original = {id(n): n.src for n in m.graph.nodes}
@@ -311,7 +316,7 @@ def test_split_inputs_are_rewritten_then_restored(cpu: tp.Backend, acc: tp.Backe
     assert m.logits.buffer is None  # its memory was handed back
 
 
-def test_more_inputs_in_one_split_than_ggml_allows(cpu: tp.Backend, acc: tp.Backend) -> None:
+def test_more_inputs_in_one_split_than_ggml_allows(cpu: tp.Backend, acc: AccelBackend) -> None:
     x = tp.new_tensor(Type.F32, (4, 16), "x").set_input()
     parts = [ops.soft_max(ops.scale(x, 0.1 * (i + 1))).set_name(f"p{i}") for i in range(14)]
     total = parts[0]
@@ -336,11 +341,11 @@ def test_more_inputs_in_one_split_than_ggml_allows(cpu: tp.Backend, acc: tp.Back
 
 
 def test_eval_callback_batches_unobserved_nodes_and_can_cancel_everything(
-    cpu: tp.Backend, acc: tp.Backend
+    cpu: tp.Backend, acc: AccelBackend
 ) -> None:
     m = schedkit.build_llama(**CFG)
     load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
-    expected = cpu_only_logits(cpu, **CFG)
+    expected = cpu_only_logits(cpu, CFG)
     sched = Scheduler([acc, cpu])
     seen: list[tuple[str, float]] = []
 
@@ -381,13 +386,13 @@ def test_eval_callback_batches_unobserved_nodes_and_can_cancel_everything(
 
 
 def test_pipeline_parallel_copies_alternate_and_overlap_with_events(
-    cpu: tp.Backend, acc: tp.Backend, monkeypatch: pytest.MonkeyPatch
+    cpu: tp.Backend, acc: AccelBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TENSORPLUG_SCHED_COPIES", "3")
     sched = Scheduler([acc, cpu], parallel=True)
     assert sched.n_copies == 3
     models = [schedkit.build_llama(**CFG) for _ in range(4)]
-    expected = cpu_only_logits(cpu, **CFG)
+    expected = cpu_only_logits(cpu, CFG)
     slots: list[tuple[str, int]] = []
     for m in models:
         load_weights(m, m.weight_values(), lambda _: acc.buffer_type())
@@ -448,7 +453,7 @@ def test_async_copies_between_two_accelerators(cpu: tp.Backend, reg: schedkit.Te
     assert names == {"TestAccel0", "TestAccel1", cpu.name}
     assert "copy" in acc0.log and "wait" in acc1.log  # queued on the source stream
     np.testing.assert_allclose(
-        tp.get_array(m.logits), cpu_only_logits(cpu, **CFG), rtol=1e-4, atol=1e-4
+        tp.get_array(m.logits), cpu_only_logits(cpu, CFG), rtol=1e-4, atol=1e-4
     )
 
 
@@ -493,13 +498,13 @@ def test_allocation_failure_is_an_exception_and_recoverable(cpu: tp.Backend) -> 
     assert sched.graph_compute(small.graph) is tp.Status.SUCCESS
     assert sched.buffer_size(acc) == need
     np.testing.assert_allclose(
-        tp.get_array(small.logits), cpu_only_logits(cpu, **{**CFG, "n_tokens": 16}),
+        tp.get_array(small.logits), cpu_only_logits(cpu, {**CFG, "n_tokens": 16}),
         rtol=1e-4, atol=1e-4,
     )  # fmt: skip
 
 
 def test_debug_prints_the_assignment(
-    cpu: tp.Backend, acc: tp.Backend, monkeypatch: pytest.MonkeyPatch, capsys
+    cpu: tp.Backend, acc: AccelBackend, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     m = schedkit.build_llama(**{**CFG, "n_layer": 1})
     load_weights(m, m.weight_values(), lambda _: acc.buffer_type())

@@ -114,7 +114,8 @@ def test_follow_places_views_with_their_base_and_sources_with_their_consumer() -
     loose = tp.new_tensor("f32", (4, 8), "loose")  # a source nobody placed
     view = tp.ops.transpose(base)
     node = tp.ops.add(loose, tp.ops.transpose(view))
-    ids, pending = {base: 0, node: 1}, []
+    ids = {base: 0, node: 1}
+    pending: list[tp.Tensor] = []
     assert follow(view, ids, pending) == 0 and ids[view] == 0  # the view follows its base
     assert follow(node, ids, pending) == 1
     assert ids[loose] == 1  # an unplaced source follows the node reading it
