@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -481,7 +481,9 @@ def _fake_module(state: _State) -> SimpleNamespace:
             if state.fail_next_launch is not None:
                 err, state.fail_next_launch = state.fail_next_launch, None
                 raise err
-            grid3, block3 = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
+            # three entries each: the plugin's grid and block have one to three
+            grid3 = cast("tuple[int, int, int]", (*grid, 1, 1)[:3])
+            block3 = cast("tuple[int, int, int]", (*block, 1, 1)[:3])
             if int(np.prod(block3)) > 1024 or max(grid3[1:]) > 65535:
                 raise CUDADriverError(1)
             abi = kernel_abis()[self.name]

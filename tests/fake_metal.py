@@ -139,7 +139,7 @@ class _Contents:
         self._data = data
 
     def as_buffer(self, n: int) -> memoryview:
-        return memoryview(self._data[:n])
+        return self._data[:n].data
 
 
 class FakeBuffer:

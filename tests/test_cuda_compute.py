@@ -282,6 +282,7 @@ def test_replanning_after_the_memory_moved_drops_the_captured_graph(
     for _ in range(2):
         decode.step(backend, plan)
     old = plan.captured
+    assert decode.buffer is not None
     decode.buffer.free()
     with pytest.raises(tp.BufferFreedError):
         backend.graph_plan_compute(plan)

@@ -27,6 +27,7 @@ import tensorplug as tp
 from tensorplug import Type, ops
 from tensorplug.quants import dequantize, quantize
 from tensorplug.transfer import tensor_alloc
+from tensorplug_cuda.buffer import CUDABuffer
 from tensorplug_cuda.reg import CUDAReg
 from tensorplug_kernels.emulate import PoclEmulator, pocl_emulator
 from tensorplug_kernels.runtime.replay import CACHE_SIZE
@@ -213,6 +214,7 @@ def test_freeing_a_buffer_drops_the_cached_graphs_and_frees_its_memory(
         kept.compute()
     assert len(backend.graphs.plans) == 2 and backend.graphs.replays == 2
     assert step.buffer is not None
+    assert isinstance(step.buffer, CUDABuffer)  # device memory, with its pointer
     ptr = step.buffer.ptr
     step.buffer.free()
     assert len(backend.graphs.plans) == 1  # only the graph that used it is dropped

@@ -26,6 +26,7 @@ import tensorplug as tp
 import tensorplug_cuda
 from tensorplug import ops
 from tensorplug_cuda import probe
+from tensorplug_cuda.buffer import CUDABuffer, PinnedHostBuffer
 from tensorplug_cuda.device import pci_address
 from tensorplug_cuda.errors import KernelBuildError, KernelLaunchError, OutOfMemoryError
 from tensorplug_cuda.reg import CUDAReg
@@ -68,6 +69,7 @@ def alloc(backend: Any, *tensors: tp.Tensor) -> tp.Buffer:
 
 def device_bytes(fake: FakeCupy, t: tp.Tensor) -> np.ndarray:
     """What the fake GPU holds for ``t`` now (without synchronizing anything)."""
+    assert isinstance(t.buffer, CUDABuffer)  # placed in device memory
     return fake.state.device_bytes(t.buffer.ptr + t.offset, t.nbytes)[: t.nbytes]
 
 
@@ -215,7 +217,8 @@ def test_the_pci_id_matches_the_opencl_plugins_for_the_same_gpu(reg: CUDAReg) ->
         type = property(lambda self: tp.DeviceType.GPU)
         device_id = property(lambda self: "0000:65:00.0")
         memory = lambda self: (0, 0)  # noqa: E731
-        _init_backend = buffer_type = _supports_op = supports_buft = lambda self, *a: None
+        # hooks by_priority never calls, stubbed with the wrong types on purpose
+        _init_backend = buffer_type = _supports_op = supports_buft = lambda self, *a: None  # type: ignore[assignment]
 
     from tensorplug.priority import by_priority
 
@@ -245,6 +248,7 @@ def test_device_buffers_are_aligned_and_round_trip(reg: CUDAReg, fake: FakeCupy)
     assert (buft.name, buft.alignment, buft.is_host) == ("CUDA0", 256, False)
     a, b = tp.new_tensor("f32", (3, 5)), tp.new_tensor("i8", (7,))
     buf = tp.alloc_tensors([a, b], buft)
+    assert isinstance(buf, CUDABuffer)
     assert buf.ptr % 256 == 0 and b.offset % 256 == 0
     values = np.arange(15, dtype=np.float32).reshape(3, 5)
     tp.set_array(a, values)
@@ -297,6 +301,7 @@ def test_pinned_host_buffers_are_host_memory(reg: CUDAReg, fake: FakeCupy) -> No
     assert (host.name, host.is_host, host.alignment) == ("CUDA_Host", True, 256)
     t = tp.new_tensor("f32", (2, 3))
     buf = tp.alloc_tensors([t], host)
+    assert isinstance(buf, PinnedHostBuffer)
     assert fake.state.calls["hostAlloc"] == 1 and buf.ptr in fake.state.pinned
     tp.set_array(t, np.full((2, 3), 5.0, np.float32))
     assert tp.tensor_array(t).sum() == 30.0  # read in place, as the CPU backend does
@@ -314,7 +319,7 @@ def test_async_transfers_wait_for_synchronize(backend: Any, fake: FakeCupy) -> N
     backend.set_tensor_async(t, memoryview(values.tobytes()))
     assert (device_bytes(fake, t) == 0xFF).all()  # queued on the stream, not done
     out = np.zeros(16, np.float32)
-    backend.get_tensor_async(t, memoryview(out).cast("B"))
+    backend.get_tensor_async(t, out.data.cast("B"))
     assert not out.any()
     backend.synchronize()
     np.testing.assert_array_equal(out, values)
@@ -342,7 +347,7 @@ def test_events_order_one_stream_after_another(reg: CUDAReg, fake: FakeCupy) -> 
     event.record(first)
     event.wait(second)
     out = np.zeros(8, np.float32)
-    second.get_tensor_async(t, memoryview(out).cast("B"))
+    second.get_tensor_async(t, out.data.cast("B"))
     second.synchronize()  # only the waiting stream: the event pulls the first one along
     np.testing.assert_array_equal(out, values)
     event.synchronize()
@@ -362,7 +367,7 @@ def test_copies_between_backends_of_two_gpus_are_ordered(reg: CUDAReg, fake: Fak
     b0.graph_compute_async(tp.Graph(y))
     tp.tensor_copy_async(b0, b1, y, z)  # queued after the compute on CUDA0's stream
     out = np.zeros((8, 8), np.float32)
-    b1.get_tensor_async(z, memoryview(out).cast("B"))
+    b1.get_tensor_async(z, out.data.cast("B"))
     b1.synchronize()
     np.testing.assert_array_equal(out, np.full((8, 8), 3.0))
     assert fake.state.calls["memcpyPeerAsync"] == 1
@@ -454,6 +459,7 @@ def test_cuda_errors_from_the_runtime_become_tensorplug_errors(
     dev = reg.devices()[0]
     t = tp.new_tensor("f32", (4,))
     buf = tp.alloc_tensors([t], dev.buffer_type())
+    assert isinstance(buf, CUDABuffer)
     buf.ptr = 12345  # a pointer into nothing: the fake driver's illegal address
     with caplog.at_level(logging.DEBUG), pytest.raises(KernelLaunchError, match="ILLEGAL_ADDRESS"):
         tp.set_array(t, np.zeros(4, np.float32))

@@ -373,7 +373,7 @@ def test_async_transfers_complete_at_synchronize(backend: Any) -> None:
     data = np.arange(8, dtype=np.float32)
     backend.set_tensor_async(a, memoryview(data.tobytes()))
     out = np.zeros(8, np.float32)
-    backend.get_tensor_async(a, memoryview(out).cast("B"))
+    backend.get_tensor_async(a, out.data.cast("B"))
     assert not out.any()  # queued behind the write, not yet run
     backend.synchronize()
     np.testing.assert_array_equal(out, data)
