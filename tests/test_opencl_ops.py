@@ -9,7 +9,7 @@ go wrong.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -32,7 +32,7 @@ GQ = {t: getattr(gq.GGMLQuantizationType, t.name) for t in QTYPES}
 
 
 @pytest.fixture(scope="module")
-def backend() -> tp.Backend:
+def backend() -> Iterator[tp.Backend]:
     from tensorplug_opencl.reg import create_reg
 
     be = create_reg().devices()[0].init_backend()
@@ -315,18 +315,22 @@ def test_rope_yarn_and_freq_factors(backend) -> None:
     a, pos, ff = T(Type.F32, 6, 4, 32), T(Type.I32, 6), T(Type.F32, 16)
     va, vp = rnd(rng, a.shape), np.arange(6, dtype=np.int32) * 37
     vf = (1 + rng.random(16)).astype(np.float32)
-    kw = dict(
-        freq_base=5000.0,
-        freq_scale=0.25,
-        ext_factor=0.5,
-        attn_factor=0.9,
-        beta_fast=32.0,
-        beta_slow=1.0,
-        n_ctx_orig=512,
-    )
     (out,) = run(
         backend,
-        ops.rope(a, pos, 32, RopeMode.NEOX, freq_factors=ff, **kw),
+        ops.rope(
+            a,
+            pos,
+            32,
+            RopeMode.NEOX,
+            freq_factors=ff,
+            freq_base=5000.0,
+            freq_scale=0.25,
+            ext_factor=0.5,
+            attn_factor=0.9,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            n_ctx_orig=512,
+        ),
         {a: va, pos: vp, ff: vf},
     )
     corr = rope_yarn_corr_dims(32, 512, 5000.0, 32.0, 1.0)
