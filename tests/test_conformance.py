@@ -34,6 +34,7 @@ from tensorplug.testing import (
     run_case,
     run_cases,
 )
+from tensorplug.testing.compare import Mismatch
 from tensorplug.testing.families_nn import MUL_MAT_BATCHES
 from tensorplug.testing.operands import FLOAT_TYPES, QUANT_TYPES
 from tensorplug.testing.placement import footprint
@@ -113,6 +114,13 @@ def test_nmse_value() -> None:
     assert nmse(np.zeros(3), np.zeros(3)) == 0.0
 
 
+def _mismatch(expected: np.ndarray, actual: np.ndarray, max_nmse: float) -> Mismatch:
+    """``compare_arrays``'s mismatch, for arrays the test knows it refuses."""
+    bad = compare_arrays(expected, actual, max_nmse)[1]
+    assert bad is not None
+    return bad
+
+
 def test_compare_arrays_fails_on_nan_even_when_both_sides_have_it() -> None:
     e = np.array([1.0, np.nan, 3.0])
     err, bad = compare_arrays(e, e.copy(), 1.0, ("CPU", "X"))
@@ -123,8 +131,8 @@ def test_compare_arrays_fails_on_nan_even_when_both_sides_have_it() -> None:
 def test_compare_arrays_infinities_must_match_in_place_and_sign() -> None:
     e = np.array([1.0, np.inf, -np.inf])
     assert compare_arrays(e, e.copy(), 1e-7)[1] is None
-    assert "inf mismatch" in compare_arrays(e, np.array([1.0, np.inf, np.inf]), 1.0)[1].message
-    assert "inf mismatch" in compare_arrays(e, np.array([1.0, 5.0, -np.inf]), 1.0)[1].message
+    assert "inf mismatch" in _mismatch(e, np.array([1.0, np.inf, np.inf]), 1.0).message
+    assert "inf mismatch" in _mismatch(e, np.array([1.0, 5.0, -np.inf]), 1.0).message
     assert compare_arrays(np.array([2.0]), np.array([np.inf]), 1.0)[1] is not None
 
 
@@ -133,7 +141,7 @@ def test_compare_arrays_threshold_and_exact_mode() -> None:
     err, bad = compare_arrays(e, a, 1e-7)
     assert bad is not None and err == pytest.approx(1e-6 / 5)
     assert compare_arrays(e, a, 1e-6)[1] is None
-    assert "exact copy" in compare_arrays(e, a, 0.0)[1].message
+    assert "exact copy" in _mismatch(e, a, 0.0).message
     ints = compare_arrays(np.array([1, 2, 3]), np.array([1, 2, 4]), 1.0)[1]
     assert ints is not None and "1 of 3" in ints.message
 
@@ -190,6 +198,7 @@ class Broken(ReferenceBackend):
         status = super()._graph_compute(graph)
         for node in graph.nodes:
             if node.op not in VIEW_OPS:
+                assert node.buffer is not None
                 self.defect(node, node.buffer.host_array())
         return status
 
@@ -323,11 +332,16 @@ def test_compare_graph_backend_stops_when_the_callback_says_so() -> None:
     graph, inputs = case.instantiate()
     graph.expand(ops.scale(graph.nodes[-1], 3.0))
     calls = []
+
+    def stop(i: int, a: Tensor, b: Tensor) -> bool:
+        calls.append(i)
+        return False
+
     done = compare_graph_backend(
         reference_backend(),
         reference_backend(),
         graph,
-        lambda i, a, b: calls.append(i) is not None,
+        stop,
         inputs=inputs,
     )
     assert done is False and calls == [0]
@@ -380,7 +394,7 @@ def test_a_crashing_backend_is_reported_with_where_it_crashed(
 ) -> None:
     class Crashes(ReferenceBackend):
         def _graph_compute(self, graph: Graph) -> Status:
-            return {}["boom"]  # type: ignore[no-any-return]
+            return {}["boom"]  # type: ignore[index]  # a KeyError on purpose
 
     report = run_cases([_case("NEG(")], Crashes(ReferenceDevice()), reference_backend())
     (r,) = report.results

@@ -66,6 +66,7 @@ def test_kit_catches_a_cpu_kernel_writing_past_its_output() -> None:
         status = compute(graph)
         for node in graph.nodes:
             if node.op not in VIEW_OPS:
+                assert node.buffer is not None
                 mem = node.buffer.host_array()
                 end = node.offset + node.nbytes
                 mem[end : end + 4] = np.frombuffer(np.float32(1.5).tobytes(), np.uint8)

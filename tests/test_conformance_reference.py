@@ -162,7 +162,7 @@ def test_rows_gather_scatter_and_sorts() -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_formulas_keep_the_input_dtype(dtype: type) -> None:
     rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, (2, 3, 4, 8)).astype(dtype)
+    x: np.ndarray = rng.uniform(-1, 1, (2, 3, 4, 8)).astype(dtype)
     pos = np.arange(4)
     results = [
         ref.rope(x[0], pos[:3], 8, 2, ext_factor=1.0, n_ctx_orig=64, freq_scale=0.5),
