@@ -129,7 +129,8 @@ class _Asked(ReferenceDevice):
 
     def __init__(self, version: tuple[int, int]) -> None:
         super().__init__()
-        self.version, self.asked = version, []  # type: list[Op]
+        self.version = version
+        self.asked: list[Op] = []
 
     @property
     def api_version(self) -> tuple[int, int]:
@@ -229,8 +230,9 @@ def test_the_scheduler_runs_a_tiled_add_on_the_cpu_for_a_1_0_plugin(jaxlike: obj
         tp.set_array(a, np.arange(24, dtype=np.float32).reshape(6, 4))
         tp.set_array(b, np.arange(12, dtype=np.float32).reshape(6, 2))
         sched.graph_compute(graph)
-        on = sched.get_tensor_backend(total).name, sched.get_tensor_backend(out).name
-        return tp.get_array(out), *on
+        total_on, out_on = sched.get_tensor_backend(total), sched.get_tensor_backend(out)
+        assert total_on is not None and out_on is not None
+        return tp.get_array(out), total_on.name, out_on.name
 
     got, add_on, scale_on = run((1, 0))
     want = 2 * (np.arange(24).reshape(6, 4) + np.tile(np.arange(12).reshape(6, 2), (1, 2)))

@@ -102,14 +102,15 @@ class _EmulatedReg(tp.Reg):
     name = property(lambda self: "EMU")
 
     def __init__(self, emulator: PoclEmulator) -> None:
-        self._devices = [_EmulatedDevice(self, emulator)]
+        self._devices: list[tp.Device] = [_EmulatedDevice(self, emulator)]
 
     def devices(self) -> list[tp.Device]:
         return self._devices
 
 
 @pytest.mark.parametrize(
-    "ops", [["mul_mat"], ["soft_max", "rope", "rms_norm"], ["get_rows", "set_rows", "cpy"]],
+    "ops",
+    [["mul_mat"], ["soft_max", "rope", "rms_norm"], ["get_rows", "set_rows", "cpy"]],
     ids=lambda ops: "+".join(ops),
 )
 def test_launches_run_on_the_emulator_agree_with_the_cpu_backend(

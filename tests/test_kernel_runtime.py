@@ -196,6 +196,7 @@ def _scale_graph(backend: Any, rows: int = 4) -> tuple[tp.Graph, tp.Tensor, tp.B
     y = ops.scale(ops.scale(a, 2.0), 3.0)
     graph = tp.Graph(y)
     buf = tp.alloc_tensors([a, *graph.nodes], backend.buffer_type())
+    assert buf is not None
     tp.set_array(a, np.arange(rows * 32, dtype=np.float32).reshape(rows, 32))
     return graph, y, buf
 

@@ -11,6 +11,7 @@ the window, both rope bases and the global block.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             n_layer=6, rope_base=1e6)  # fmt: skip
 
 
-def _weights(path: Path) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+def _weights(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     r = GGUFReader(path)
     w = {t.name: np.asarray(t.data, np.float64).reshape(tuple(reversed(t.shape.tolist())))
          for t in r.tensors}  # fmt: skip
@@ -61,12 +62,12 @@ def twin_logits(path: Path, tokens: list[int]) -> np.ndarray:
     eps, base = (
         float(meta["gemma3.attention.layer_norm_rms_epsilon"]),
         float(meta["gemma3.rope.freq_base"]),
-    )  # type: ignore[arg-type]
+    )
     n_head, n_kv_head = (
         int(meta["gemma3.attention.head_count"]),
         int(meta["gemma3.attention.head_count_kv"]),
-    )  # type: ignore[call-overload]
-    window, n_layer = int(meta["gemma3.attention.sliding_window"]), int(meta["gemma3.block_count"])  # type: ignore[call-overload]
+    )
+    window, n_layer = int(meta["gemma3.attention.sliding_window"]), int(meta["gemma3.block_count"])
     T, emb = len(tokens), w["token_embd.weight"]
     x = emb[tokens] * np.sqrt(emb.shape[1])
     hd, group = emb.shape[1] // n_head, n_head // n_kv_head

@@ -181,7 +181,8 @@ def test_binary_ops_tile_a_smaller_b(
     compute(outs, {a: av, b: bv}, BACKENDS[backend]())
     # element i of a meets b[i % b.shape], written out index by index
     tiled = np.empty(shape, np.float64)
-    bp = bv.reshape((1,) * (len(shape) - len(bshape)) + bshape)
+    # annotated: numpy's stubs take the concatenated shape for a 0-d one
+    bp: np.ndarray = bv.reshape((1,) * (len(shape) - len(bshape)) + bshape)
     for idx in np.ndindex(*shape):
         tiled[idx] = bp[tuple(i % d for i, d in zip(idx, bp.shape, strict=True))]
     a64 = av.astype(np.float64)

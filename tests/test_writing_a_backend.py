@@ -75,7 +75,9 @@ def test_the_guides_backend_is_placed_only_when_named() -> None:
     tp.set_array(x, np.arange(6, dtype=np.float32).reshape(2, 3))
     sched.graph_compute(g)
     np.testing.assert_array_equal(tp.get_array(y), -2 * np.arange(6).reshape(2, 3))
-    assert sched.get_tensor_backend(y).name == "LITE0"
+    backend = sched.get_tensor_backend(y)
+    assert backend is not None
+    assert backend.name == "LITE0"
 
 
 # -- the guide, followed to the letter --------------------------------------------------------
