@@ -52,9 +52,16 @@ def call_overheads(backends: dict[str, tp.Backend], n: int) -> None:
         g = tp.Graph(y)
         tp.alloc_tensors([a, y, big], be.buffer_type())
         tp.set_array(a, np.arange(16, dtype=np.float32))
-        call = per_call(lambda g=g, be=be: be.graph_compute(g), n)
-        write = per_call(lambda big=big, be=be: (tp.set_array(big, payload), be.synchronize()), 10)
-        read = per_call(lambda big=big: tp.get_array(big), 10)
+        compute = lambda g=g, be=be: be.graph_compute(g)  # noqa: E731
+        call = per_call(compute, n)
+
+        def write_and_sync(big: tp.Tensor = big, be: tp.Backend = be) -> None:
+            tp.set_array(big, payload)
+            be.synchronize()
+
+        write = per_call(write_and_sync, 10)
+        get = lambda big=big: tp.get_array(big)  # noqa: E731
+        read = per_call(get, 10)
         print(f"{name:<8} {call * 1e6:>9.0f} µs {write * 1e3:>9.2f} ms {read * 1e3:>9.2f} ms")
 
 

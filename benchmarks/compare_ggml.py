@@ -147,8 +147,9 @@ def cases() -> list[Case]:
     }  # fmt: skip
     for name, fn in unary.items():
         for label, x in (("random", _f(4, 37, lo=-6, hi=6)), ("special", SPECIAL.reshape(1, -1))):
-            out.append(Case(f"{name}({label})", [x], lambda c, i, fn=fn: fn(c, i[0]),
-                            lambda t, name=name: ops.unary(t[0], name)))  # fmt: skip
+            ggml_unary = lambda c, i, fn=fn: fn(c, i[0])  # noqa: E731
+            tp_unary = lambda t, name=name: ops.unary(t[0], name)  # noqa: E731
+            out.append(Case(f"{name}({label})", [x], ggml_unary, tp_unary))
     binary = {"add": (ggml.ggml_add, ops.add), "sub": (ggml.ggml_sub, ops.sub),
               "mul": (ggml.ggml_mul, ops.mul), "div": (ggml.ggml_div, ops.div)}  # fmt: skip
     for name, (g, t) in binary.items():
@@ -178,8 +179,9 @@ def cases() -> list[Case]:
                     lambda t: ops.argsort(t[0])))  # fmt: skip
     for name in ("swiglu", "geglu", "reglu", "geglu_erf", "geglu_quick"):
         g = getattr(ggml, f"ggml_{name}")
-        out.append(Case(f"{name}(split)", [_f(3, 64, lo=-6, hi=6)], lambda c, i, g=g: g(c, i[0]),
-                        lambda t, name=name: getattr(ops, name)(t[0])))  # fmt: skip
+        ggml_glu = lambda c, i, g=g: g(c, i[0])  # noqa: E731
+        tp_glu = lambda t, name=name: getattr(ops, name)(t[0])  # noqa: E731
+        out.append(Case(f"{name}(split)", [_f(3, 64, lo=-6, hi=6)], ggml_glu, tp_glu))
     for wt in ("f32", "f16", "q8_0", "q4_0"):
         for n_tok in (1, 7):
             out.append(Case(f"mul_mat({wt}, tokens={n_tok})", [_f(32, 128), _f(n_tok, 128)],
