@@ -9,13 +9,12 @@ HEAVY = ("tensorplug_", "cupy", "pyopencl", "Metal", "objc", "gguf", "numba", "t
 
 
 def test_import_loads_no_plugin_or_gpu_library() -> None:
-    code = (
-        "import sys, tensorplug\n"
-        "print('\\n'.join(sorted(sys.modules)))\n"
-    )
+    code = "import sys, tensorplug\nprint('\\n'.join(sorted(sys.modules)))\n"
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     loaded = out.stdout.split()
     offenders = [m for m in loaded if m.startswith(HEAVY)]

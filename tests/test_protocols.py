@@ -123,8 +123,9 @@ def test_optional_members_have_ggml_defaults() -> None:
     assert dev.host_buffer_type() is None and dev.device_id is None
     assert not dev.offload_op(t)
     props = dev.props()
-    assert props == tp.DeviceProps("MINI", "a device for protocol tests", 100, 200,
-                                   tp.DeviceType.ACCEL, None, tp.DeviceCaps())
+    assert props == tp.DeviceProps(
+        "MINI", "a device for protocol tests", 100, 200, tp.DeviceType.ACCEL, None, tp.DeviceCaps()
+    )
     with pytest.raises(tp.UnsupportedError, match="cannot wrap host memory"):
         dev.buffer_from_host_ptr(bytearray(8))
     with pytest.raises(tp.UnsupportedError, match="does not support events"):

@@ -662,6 +662,7 @@ def _best_of(devs: Sequence[Device]) -> Device:
     """GPU, then iGPU, then CPU; among CPU devices the host CPU backend first: an OpenCL
     driver running on the CPU (PoCL) only adds copies over it. Registration order breaks
     ties."""
+
     def rank(d: Device) -> tuple[int, bool]:
         kind = BEST_TYPES.index(d.type) if d.type in BEST_TYPES else len(BEST_TYPES)
         return kind, not is_host_cpu(d)
