@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -48,7 +49,20 @@ from tensorplug_llm.placement import Placement
 from tensorplug_llm.runner import Llama, Timings
 from tensorplug_llm.tiny import write_tiny_llama
 
-MODELS: dict[str, dict[str, int]] = {
+
+class ModelDims(TypedDict, total=False):
+    """Keywords for :func:`write_tiny_llama`'s ``**dims``; one left out keeps ``TINY_DIMS``'s."""
+
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_ctx: int
+
+
+MODELS: dict[str, ModelDims] = {
     "tiny": {},
     "100M": {
         "n_vocab": 32000, "n_embd": 768, "n_layer": 8, "n_head": 12, "n_head_kv": 4,
@@ -167,7 +181,7 @@ def main() -> int:
                     continue
                 t0 = time.perf_counter()
                 path = Path(tmp) / f"{label}-{wtype}.gguf"
-                write_tiny_llama(path, wtype, 0, **dims)  # type: ignore[arg-type]  # ints only
+                write_tiny_llama(path, wtype, 0, **dims)
                 written = time.perf_counter() - t0
                 tok_s, chunk_s = numpy_floor(path, max(5, runs))
                 print(f"{label + ' ' + wtype:<12} (written in {written:.1f} s; numpy floor "

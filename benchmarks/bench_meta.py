@@ -41,10 +41,12 @@ def _inner(path: str, mode: str, n_prompt: int, n_gen: int, runs: int) -> dict[s
 
     f = GGUFFile(path)
     n_layer = f.value("llama.block_count", int)
+    dev = tp.dev_by_name("OpenCL0")
+    assert dev is not None
     if mode == "meta":
-        dev: tp.Device = row_split_device(f, [tp.dev_by_name("OpenCL0"), tp.dev_by_name("OpenCL1")])
-    else:
-        dev = tp.dev_by_name("OpenCL0")  # type: ignore[assignment]
+        second = tp.dev_by_name("OpenCL1")
+        assert second is not None
+        dev = row_split_device(f, [dev, second])
     m = Llama(f, placement=Placement.on(dev, n_layer), n_ctx=n_prompt + n_gen, n_batch=CHUNK)
     meta = next((b for b in m.backends if isinstance(b, MetaBackend)), None)
 
@@ -78,9 +80,9 @@ def main() -> int:
 
     from tensorplug_llm.tiny import write_tiny_llama
 
-    dims = dict(MODELS[args.model])
+    dims = MODELS[args.model].copy()
     if args.model == "tiny":  # enough KV heads for two members
-        dims.update(n_embd=128, n_head=8, n_head_kv=4, n_ff=256)
+        dims.update({"n_embd": 128, "n_head": 8, "n_head_kv": 4, "n_ff": 256})
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tiny_llama(Path(tmp) / "m.gguf", "q8_0", 0, **dims)
         print(f"llama {args.model} Q8_0 (F16 cache), prompt {args.prompt}, generate {args.gen}; "
