@@ -74,7 +74,7 @@ def test_init_backend_params() -> None:
 def test_get_features_reports_blas_and_simd() -> None:
     reg = create_reg()
     fn = reg.get_proc("get_features")
-    assert fn is reg.get_proc("ggml_backend_get_features")
+    assert fn is not None and fn is reg.get_proc("ggml_backend_get_features")
     feats = fn(reg)
     assert feats["BLAS"] and feats["numpy"] == np.__version__
     from numpy._core._multiarray_umath import __cpu_features__
@@ -315,7 +315,9 @@ def test_abort_callback_stops_between_nodes_and_leaves_buffers_usable() -> None:
         calls.append(1)
         return len(calls) > 3
 
-    create_reg().get_proc("set_abort_callback")(be, abort_after_three)
+    set_abort_callback = create_reg().get_proc("set_abort_callback")
+    assert set_abort_callback is not None
+    set_abort_callback(be, abort_after_three)
     with pytest.raises(ComputeAbortedError, match="before node 3 of 6"):
         be.graph_compute(g)
     assert len(calls) == 4
@@ -337,6 +339,7 @@ def test_set_n_threads_sets_the_pool_and_blas_runs_on_one_thread_while_computing
     original = blas_threads()
     be = backend_for()
     set_n_threads = create_reg().get_proc("ggml_backend_set_n_threads")
+    assert set_n_threads is not None
     a, b = tp.new_tensor("f32", (64, 64), "a"), tp.new_tensor("f32", (64, 64), "b")
     out = ops.mul_mat(a, b)
     g = tp.Graph(ops.scale(out, 1.0))

@@ -181,7 +181,9 @@ def _cpu_product(
     reg = create_reg()
     dev = reg.device(0)
     backend = dev.init_backend()
-    reg.get_proc("set_batch_invariant")(backend, batch_invariant)
+    set_batch_invariant = reg.get_proc("set_batch_invariant")
+    assert set_batch_invariant is not None
+    set_batch_invariant(backend, batch_invariant)
     graph = _product_graph(dev, t, raw, x)
     backend.graph_compute(graph)
     return tp.get_array(graph.nodes[-1])

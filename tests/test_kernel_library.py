@@ -89,6 +89,7 @@ def test_packed_arguments_match_the_c_layout_numpy_computes() -> None:
         ref[name] = args[name]
     assert data == ref.tobytes() and len(data) == abi.dtype.itemsize
     assert buffers == (t, t, t)
+    assert abi.dtype.fields is not None
     assert abi.dtype.fields["a"][0] == TENSOR_DTYPE and TENSOR_DTYPE.itemsize == 64
 
 

@@ -106,6 +106,7 @@ def test_the_tiny_model_runs_on_the_fake_metal_device_like_on_the_cpu(
     tokens = [1, 5, 9, 2, 7, 4]
     dev = MetalReg(fake, fake.state.objc).devices()[0]
     cpu = tp.registry.dev_by_name("CPU")
+    assert cpu is not None
     logits = {}
     for name, where in (("Metal", dev), ("CPU", cpu)):
         with Llama(path, placement=Placement.on(where, 2), n_ctx=32, warmup=False) as m:
