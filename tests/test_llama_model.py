@@ -33,6 +33,7 @@ import test_llama_reference as ref
 import tensorplug as tp
 from tensorplug import registry
 from tensorplug.device import Device
+from tensorplug_llm.model import LlamaWeights
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.runner import ContextFullError, Llama
 from tensorplug_llm.tiny import write_tiny_llama
@@ -154,6 +155,7 @@ def test_quantization_error_stays_near_the_weights_error(
 def test_tied_output_uses_the_token_embeddings(models: dict[str, Path], run: list[Llama]) -> None:
     m = _llama(run, models["tied"], Placement.on(host_cpu(), 2), cache_type="f32", repack=False)
     assert "output.weight" not in m.file.tensors
+    assert isinstance(m.weights, LlamaWeights)
     assert m.weights.output is m.weights.tok_embd
     got = m.eval(TOKENS, all_logits=True)
     assert ref.rounded_err(got, ref.logits(ref.load(models["tied"]), TOKENS, q8=True)) <= 1e-5
@@ -166,6 +168,7 @@ def test_tied_output_is_repacked_beside_the_mapped_embeddings(
     layer's products read a repacked copy of the same bytes."""
     m = _llama(run, models["tied"], Placement.on(host_cpu(), 2), cache_type="f32")
     w = m.weights
+    assert isinstance(w, LlamaWeights)
     assert w.output is not w.tok_embd
     assert w.by_name[w.output] == w.by_name[w.tok_embd] == "token_embd.weight"
     assert w.output.require_allocated().name == "CPU_REPACK"
@@ -180,6 +183,7 @@ def test_tied_output_on_another_device_gets_its_own_copy(
 ) -> None:
     gpu = _device("OpenCL0")
     m = _llama(run, models["tied"], Placement.offload(2, 3, gpu=gpu), cache_type="f32")
+    assert isinstance(m.weights, LlamaWeights)
     assert m.weights.output is not m.weights.tok_embd
     assert m.weights.output.buffer is not None and not m.weights.output.buffer.is_host
     got = m.eval(TOKENS, all_logits=True)
@@ -190,6 +194,7 @@ def test_tied_output_on_another_device_gets_its_own_copy(
 def test_rope_frequency_factors(models: dict[str, Path], run: list[Llama], device: str) -> None:
     """Llama 3.1's rope_freqs.weight divides each pair's angle; every block reads it."""
     m = _llama(run, models["freqs"], Placement.on(_device(device), 2), cache_type="f32")
+    assert isinstance(m.weights, LlamaWeights)
     assert all(layer.rope_freqs is not None for layer in m.weights.layers)
     got = m.eval(TOKENS, all_logits=True)
     model, q8 = ref.load(models["freqs"]), device == "CPU"  # F16: the CPU rounds to F16
@@ -320,7 +325,10 @@ def test_partial_offload_pins_every_node_and_copy(
     where = {t.name: sched.get_tensor_backend(t) for t in step.nodes if t.name}
     for i in range(2):
         for name in (f"attn_norm-{i}", f"ffn_norm-{i}", f"ffn_inp-{i}", f"l_out-{i}"):
-            assert where[name] is not None and where[name].name == "OpenCL0", name
-    assert where["result_norm"].name == "CPU" and where["inp_embd"].name == "CPU"
+            backend = where[name]
+            assert backend is not None and backend.name == "OpenCL0", name
+    result_norm, inp_embd = where["result_norm"], where["inp_embd"]
+    assert result_norm is not None and inp_embd is not None
+    assert result_norm.name == "CPU" and inp_embd.name == "CPU"
     last_norm = next(t for t in step.nodes if t.op.value == "rms_norm" and not t.name)
     assert sched.get_tensor_backend(last_norm).name == "OpenCL0"  # type: ignore[union-attr]

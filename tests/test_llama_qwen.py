@@ -18,6 +18,7 @@ import pytest
 import test_llama_reference as ref
 
 import tensorplug as tp
+from tensorplug_llm.model import LlamaWeights
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.runner import Llama
 from tensorplug_llm.tiny import write_tiny_llama
@@ -63,6 +64,7 @@ def test_what_sets_each_architecture_apart_changes_the_result(model: Path) -> No
     away from llama.cpp's: the comparison above would catch a runner that ignored them."""
     want = FIXTURE[model.stem]
     with _open(model, use_mmap=False) as m:  # weights uploaded, so they can be changed
+        assert isinstance(m.weights, LlamaWeights)
         for layer in m.weights.layers:
             if model.stem == "qwen2":
                 assert layer.bq is not None and layer.bk is not None and layer.bv is not None
