@@ -27,6 +27,7 @@ import tensorplug as tp
 from tensorplug import Type, ops
 from tensorplug.quants import dequantize, quantize
 from tensorplug.transfer import tensor_alloc
+from tensorplug_cuda.backend import CUDABackend
 from tensorplug_cuda.buffer import CUDABuffer
 from tensorplug_cuda.reg import CUDAReg
 from tensorplug_kernels.emulate import PoclEmulator, pocl_emulator
@@ -164,6 +165,7 @@ def test_graphs_are_launched_eagerly_where_cuda_graphs_are_off(
         monkeypatch.setenv("TENSORPLUG_CUDA_GRAPHS", "0")
     fake = FakeCupy(emulator, FakeGPU(major=6, minor=1) if why == "volta" else FakeGPU())
     backend = CUDAReg(fake).devices()[0].init_backend()
+    assert isinstance(backend, CUDABackend)
     step = Step(backend)
     for _ in range(3):
         step.compute()
@@ -208,6 +210,7 @@ def test_freeing_a_buffer_drops_the_cached_graphs_and_frees_its_memory(
 ) -> None:
     fake = FakeCupy(emulator, FakeGPU(memory=1 << 20))
     backend = CUDAReg(fake).devices()[0].init_backend()
+    assert isinstance(backend, CUDABackend)
     step, kept = Step(backend), Step(backend, tokens=2)
     for _ in range(2):
         step.compute()
@@ -303,6 +306,7 @@ def test_a_tiny_model_decodes_through_replayed_graphs(
         dev = CUDAReg(FakeCupy(emulator)).devices()[0]
         with Llama(path, placement=Placement.on(dev, 2), n_ctx=32, kv_pad=32) as m:
             gpu = m.backends[0]
+            assert isinstance(gpu, CUDABackend)
             logits, replays = [m.eval([1, 2, 3])], []
             for token in (4, 5, 6, 7):
                 logits.append(m.eval([token]))

@@ -27,8 +27,9 @@ import tensorplug_cuda
 from tensorplug import ops
 from tensorplug_cuda import probe
 from tensorplug_cuda.buffer import CUDABuffer, PinnedHostBuffer
-from tensorplug_cuda.device import pci_address
+from tensorplug_cuda.device import CUDADevice, pci_address
 from tensorplug_cuda.errors import KernelBuildError, KernelLaunchError, OutOfMemoryError
+from tensorplug_cuda.program import KernelProgram
 from tensorplug_cuda.reg import CUDAReg
 from tensorplug_kernels.emulate import PoclEmulator, pocl_emulator
 
@@ -189,6 +190,7 @@ def test_doctor_shows_cuda_with_its_score_and_reason() -> None:
 
 def test_one_device_per_gpu_with_what_the_driver_reports(reg: CUDAReg) -> None:
     d0, d1 = reg.devices()
+    assert isinstance(d0, CUDADevice)
     assert (d0.name, d1.name) == ("CUDA0", "CUDA1")
     assert d0.description == "Fake GPU (not CUDA) (compute capability 9.0, 132 SMs)"
     props = d0.props()
@@ -228,6 +230,7 @@ def test_the_pci_id_matches_the_opencl_plugins_for_the_same_gpu(reg: CUDAReg) ->
 
 def test_supports_op_and_buffer_types(reg: CUDAReg) -> None:
     d0, d1 = reg.devices()
+    assert isinstance(d0, CUDADevice)
     w, x = tp.new_tensor("q4_0", (64, 64)), tp.new_tensor("f32", (40, 64))
     assert d0.supports_op(ops.mul_mat(w, x))
     wide = tp.new_tensor("f32", (40, 256))
@@ -297,7 +300,7 @@ def test_out_of_memory_is_recoverable(reg: CUDAReg, backend: Any) -> None:
 
 def test_pinned_host_buffers_are_host_memory(reg: CUDAReg, fake: FakeCupy) -> None:
     host = reg.devices()[0].host_buffer_type()
-    assert host is reg.devices()[1].host_buffer_type()
+    assert host is not None and host is reg.devices()[1].host_buffer_type()
     assert (host.name, host.is_host, host.alignment) == ("CUDA_Host", True, 256)
     t = tp.new_tensor("f32", (2, 3))
     buf = tp.alloc_tensors([t], host)
@@ -449,6 +452,7 @@ def test_the_program_is_compiled_once_per_gpu_with_the_documented_options(
     assert d0.program is d0.program
     d1.program  # noqa: B018
     assert fake.state.calls["compile"] == 2
+    assert isinstance(d0.program, KernelProgram)
     assert d0.program.options == ("--std=c++17", f"-DWG={WG}")
     assert d0.program.text.startswith('#line 1 "dialects/cuda.h"')
 

@@ -157,6 +157,7 @@ class _Recording(CapturedPlan):
     """A capture that records the bound steps as a list; a replay runs them again."""
 
     captured_as = "a recording"
+    backend: Any  # _replaying_backend's Replaying: refuse, replayed and released besides
 
     def _capture(self) -> Any:
         if self.backend.refuse:
@@ -295,9 +296,11 @@ class _Library(LibraryOp):
 def test_a_library_op_computes_what_it_takes_and_falls_back_to_the_kernels(
     emulator: PoclEmulator, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from tensorplug_opencl.backend import OpenCLBackend
     from tensorplug_opencl.reg import create_reg
 
     backend = create_reg().devices()[0].init_backend()
+    assert isinstance(backend, OpenCLBackend)
     library = _Library(backend)
     backend.library_ops = (library,)
 

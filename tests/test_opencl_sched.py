@@ -64,7 +64,7 @@ def setup_block(cfg: BlockConfig, weights_buft: tp.BufferType, seed: int = 0) ->
             tp.set_array(t, v)
         values[name] = v
     pos = np.arange(cfg.n_past, cfg.n_kv, dtype=np.int32)
-    inputs = {
+    inputs: dict[str, np.ndarray] = {
         "x": rng.standard_normal((cfg.n_tokens, cfg.n_embd)).astype(np.float32),
         "pos": pos,
         "kv_idx": pos.astype(np.int64),

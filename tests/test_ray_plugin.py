@@ -175,9 +175,10 @@ def test_a_killed_actor_is_a_clear_error_and_the_others_keep_working(
 ) -> None:
     lone = ray_device.RayReg(ray_device.start_devices([DeviceRequest("CPU", 1)], 120), "local")
     dev = lone.devices()[0]
+    assert isinstance(dev, ray_device.RayDevice)
     be = dev.init_backend()
     t = _on(be, np.ones(4, np.float32))
-    ray.kill(dev.actor)  # type: ignore[attr-defined]
+    ray.kill(dev.actor)
     _wait_until_dead(dev.actor)  # ray.kill returns first: a read could still get through
     with pytest.raises(ray_device.RemoteDeviceLostError, match=r"Ray0 \(CPU on node .*\) is gone"):
         tp.get_array(t)
