@@ -401,7 +401,8 @@ CALL_TEXT = '<tool_call>\n{"name": "set_alarm", "arguments": {"hour": 6}}\n</too
 def test_an_auto_reply_is_read_for_calls_whole_and_streamed(
     served: Served, text: str, content: str, calls: list[tuple[str, str]], finish: str
 ) -> None:
-    llm = LLM(served.llm.llama, _Replay(served.llm, text), model_name=MODEL)
+    # a stand-in generator: only what a chat completion calls (no embed, no submit_choices)
+    llm = LLM(served.llm.llama, _Replay(served.llm, text), model_name=MODEL)  # type: ignore[arg-type]
     messages = [{"role": "user", "content": "wake me"}]
     whole = llm.create_chat_completion(messages, tools=TOOLS)
     assert isinstance(whole, dict)
