@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from terminal_signals import sigint_as_a_terminal_sends_it
 
 from tensorplug_llm.chat import CHATML_TEMPLATE
 from tensorplug_llm.chat_input import HISTORY_LENGTH
@@ -39,22 +40,13 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(path, "f32", 3, n_ctx=1024, metadata=meta)
 
 
-def _sigint_as_a_terminal_sends_it() -> None:
-    """Run in the child before it starts: a test run started as a shell's background job
-    (``pytest &``, ``nohup … &``) has SIGINT ignored, every child inherits that, and a
-    Python started with it ignored never turns Ctrl-C into KeyboardInterrupt; the chat
-    must get the signal as a person's terminal delivers it (the first test's reply
-    then ran to the end of the context, ignoring its Ctrl-C)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _spawn(model: Path, state: Path, *options: str) -> Any:
     env = {**os.environ, "XDG_STATE_HOME": str(state), "TERM": "xterm", "COLUMNS": "200"}
     env.pop("INPUTRC", None)
     args = ["-m", "tensorplug", "chat", str(model), "--device", "CPU", *options]
     child = pexpect.spawn(sys.executable, args, env=env, encoding="utf-8", timeout=REPLY,
                           dimensions=(50, 200),
-                          preexec_fn=_sigint_as_a_terminal_sends_it)  # fmt: skip
+                          preexec_fn=sigint_as_a_terminal_sends_it)  # fmt: skip
     child.expect("Ctrl-D leaves", timeout=LOAD)
     child.expect_exact("> ")
     return child
@@ -156,8 +148,6 @@ def test_a_ctrl_c_while_the_history_is_saved_does_not_cut_it_short(
 ) -> None:
     """Leaving with Ctrl-C pressed once more: the history is written whole and no
     KeyboardInterrupt escapes the reader (it surfaced as a traceback from its close)."""
-    import signal
-
     from tensorplug_llm import chat_input
 
     written: list[str] = []

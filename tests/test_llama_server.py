@@ -28,6 +28,7 @@ import openai
 import pytest
 import uvicorn
 from openai.types.chat import ChatCompletionMessageParam
+from terminal_signals import sigint_as_a_terminal_sends_it
 from uvicorn_thread import UvicornThread
 
 from tensorplug_llm.api import LLM, Stream
@@ -703,15 +704,6 @@ def test_serve_usage_mistakes_are_one_line(capsys: pytest.CaptureFixture[str]) -
     assert "--ray needs MODEL.gguf" in capsys.readouterr().err
 
 
-def _sigint_as_a_terminal_sends_it() -> None:
-    """In the child before it starts: a test run started in the background (``pytest
-    &``) has SIGINT ignored, and a Python started with it ignored never turns Ctrl-C
-    into KeyboardInterrupt (as tests/test_chat_terminal.py)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_twice_stops_the_server_without_a_traceback() -> None:
     """``tensorplug serve`` stopped by Ctrl-C pressed twice (a second press while it
     shuts down): uvicorn re-raised the signal, which cancelled the idle lifespan task,
@@ -730,7 +722,7 @@ def test_ctrl_c_twice_stops_the_server_without_a_traceback() -> None:
     child = subprocess.Popen(
         [sys.executable, "-m", "tensorplug", "serve", "--tiny", "-c", "64", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=_sigint_as_a_terminal_sends_it,
+        preexec_fn=sigint_as_a_terminal_sends_it,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
