@@ -123,10 +123,9 @@ def _load_kernels() -> None:
     the pool is bound (a model's warm-up): a helper's first call loaded its loop on
     the helper's own thread, after the warm-up, whenever the first job ran then (a
     job the compile-ahead process had just made)."""
-    from numba import typeof, types
+    from numba import types
 
-    sig = (typeof(np.zeros(_pool.MAILBOX_SIZE, np.int64)), types.int64, types.int64,
-           types.int64)  # fmt: skip
+    sig = (types.Array(types.int64, 1, "C"), types.int64, types.int64, types.int64)
     for kernel in (_pool.helper_loop, _pool.run_shared):
         kernel.compile(sig)
 
