@@ -143,6 +143,12 @@ def test_a_forked_child_starts_its_own_helpers(counting_job: Any) -> None:
     pool = SpinPool()
     _jobs(pool, counting_job.address, 3, 2, 10)
     assert pool.helpers == 1
+    # this process's helper is real: let it spin out and sleep first, or its leaving the
+    # loop (AWAKE - 1) lands after the clear below (seen once in CI: AWAKE was -1)
+    deadline = time.monotonic() + 30
+    while pool.mailbox[_numba_pool.AWAKE] > 0:
+        assert time.monotonic() < deadline, "the helper never went to sleep"
+        time.sleep(0.001)
     pool.mailbox[_numba_pool.AWAKE] = 5  # as the parent's helpers may have left it
     pool.after_fork()
     assert pool.helpers == 0 and not pool.mailbox.any()
