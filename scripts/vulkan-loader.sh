@@ -3,9 +3,10 @@
 # carried .deb files (WHEELS: libvulkan1 and glvnd's libraries, which NVIDIA's Vulkan
 # driver loads) unpacked into the venv's folder (VENV/vulkan) and found through
 # LD_LIBRARY_PATH. Not `dpkg -i`: on the lent H200 (2026-11-26) it left no loader, and on
-# the lent H100 (2026-11-26) it left one but wgpu still saw no adapter, where the same
-# files unpacked by hand (dpkg -x, then ldconfig) gave the GPU; unpacking needs no root
-# and leaves the system's packages alone. scripts/gpu-check.sh sources this;
+# the lent H100 (2026-11-26) one that ldconfig listed while wgpu saw no adapter; unpacked
+# this way the same files gave WebGPU the H100 (unpacked by hand into /, the H200).
+# Unpacking needs no root and leaves the system's packages alone. scripts/gpu-check.sh
+# sources this;
 # tests/test_device_scripts.py drives it with a stand-in ldconfig.
 
 has_vulkan_loader() { ldconfig -p 2>/dev/null | grep -q "libvulkan.so.1"; }

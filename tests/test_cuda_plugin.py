@@ -159,8 +159,8 @@ def test_score_counts_the_gpus_the_driver_sees(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(probe, "cupy_cuda_major", lambda: 12)
     assert probe.score(lambda: FakeLibcuda(count=2, version=12090)) == (
         10,
-        "2 NVIDIA GPU(s), driver for CUDA 12.9 (verified on an NVIDIA H200 with CUDA 13; "
-        "other GPUs: scripts/gpu-check.sh)",
+        "2 NVIDIA GPU(s), driver for CUDA 12.9 (verified on an NVIDIA H200 and H100 with "
+        "CUDA 13; other GPUs: scripts/gpu-check.sh)",
     )
 
 

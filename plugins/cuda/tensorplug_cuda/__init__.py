@@ -20,5 +20,5 @@ registration = Registration(
     init="tensorplug_cuda.reg:create_reg",
     score=score,
     description="NVIDIA GPUs through cupy: NVRTC-compiled shared kernels, cuBLAS, CUDA graphs "
-    "(verified on an NVIDIA H200)",
+    "(verified on an NVIDIA H200 and H100 with CUDA 13)",
 )

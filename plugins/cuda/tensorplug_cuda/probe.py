@@ -20,9 +20,10 @@ from typing import Any
 __all__ = ["VERIFIED_ON", "cupy_cuda_major", "load_libcuda", "probe_driver", "score"]
 
 #: Said wherever the plugin presents itself: the GPUs scripts/gpu-check.sh has passed on
-#: (2026-11-26: an H200, sm_90, driver 580 for CUDA 13.0, cupy-cuda13x 14.2), and how
-#: to check any other. CUDA 12 wheels and other architectures have not run on a GPU.
-VERIFIED_ON = "verified on an NVIDIA H200 with CUDA 13; other GPUs: scripts/gpu-check.sh"
+#: (2026-11-26: an H200 and an H100, both sm_90, driver 580 for CUDA 13.0, cupy-cuda13x
+#: 14.2), and how to check any other. CUDA 12 wheels and other architectures have not
+#: run on a GPU.
+VERIFIED_ON = "verified on an NVIDIA H200 and H100 with CUDA 13; other GPUs: scripts/gpu-check.sh"
 
 #: cupy distributions by the CUDA major version their wheels need.
 CUPY_DISTRIBUTIONS = {"cupy-cuda12x": 12, "cupy-cuda13x": 13}
