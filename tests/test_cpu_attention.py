@@ -443,7 +443,7 @@ if {strided}:  # a cache whose rows are not contiguous halves
 mask = np.zeros((1, 1, 2, 40), np.float32)
 mask[0, 0, 0, 30:] = -np.inf
 out = np.empty((1, 2, 6, 24), np.float32)
-attend(q, k, v16.view(np.uint16), mask, np.zeros(0, np.int32), 40, 0.2, 0.0, 64, out, table)
+attend(q, k, v16.view(np.uint16), mask, np.zeros(0, np.int32), 40, 0.2, 0.0, 64, out, table, 2)
 kf, vf = k16.astype(np.float64), v16.astype(np.float64)
 for h in range(6):
     for r in range(2):
@@ -456,10 +456,11 @@ print("ok")
 
 
 @pytest.mark.parametrize(("f16c", "strided"), [(True, False), (True, True), (False, False)])
-def test_f16_cache_rows_are_widened_right_on_every_path(f16c: bool, strided: bool) -> None:
-    """The exact kernel widens F16 cache rows with F16C where the CPU has it and the
-    row is contiguous, else through the f16 table; each path, compiled in a fresh
-    process, against float64 attention."""
+def test_f16_cache_rows_are_read_right_on_every_path(f16c: bool, strided: bool) -> None:
+    """The exact kernel reads F16 cache rows in place, widened in registers, where the
+    CPU has F16C and the rows are contiguous; strided rows are packed first, and
+    without F16C widened through the f16 table. Each path, compiled in a fresh process
+    (two threads' split of the KV heads), against float64 attention."""
     import subprocess
     import sys
 
@@ -474,6 +475,72 @@ def test_f16_cache_rows_are_widened_right_on_every_path(f16c: bool, strided: boo
     assert done.stdout.strip() == "ok"
 
 
+_FORM_CASES = """
+import sys
+import numpy as np
+from tensorplug_cpu.kernels import _numba_attention as attention, _numba_ir as ir
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+
+if sys.argv[1] == "16-registers":  # an AVX2 CPU's form, before anything is compiled here
+    ir.HAS_32_REGS = False
+rng = np.random.default_rng(11)
+outs = {}
+
+
+def cache(n_kv, kv, d):  # ggml's layout: each cell's heads side by side
+    cells = rng.standard_normal((n_kv, kv, d)).astype(np.float16).view(np.uint16)
+    return cells.transpose(1, 0, 2)[None]
+
+
+# (cells seen, query heads, KV heads, head size, value size, query rows, lanes)
+cases = [(150, 12, 4, 64, 64, 1, 64), (70, 8, 2, 80, 48, 3, 64), (40, 10, 2, 128, 128, 2, 16),
+         (33, 4, 1, 256, 256, 1, 64)]
+for used, heads, kv, d, dv, rows, lanes in cases:
+    n_kv = used + 5
+    q = rng.standard_normal((1, heads, rows, d)).astype(np.float32)
+    k, v = cache(n_kv, kv, d), cache(n_kv, kv, dv)
+    mask = np.zeros((1, 1, rows, n_kv), np.float16)
+    mask[..., used:] = -np.inf
+    mask[..., 3:6] = -np.inf
+    for threads in (1, 2):
+        out = np.full((1, rows, heads, dv), np.nan, np.float32)
+        attention.attend(q, k, v, mask.view(np.uint16), np.zeros(0, np.int32), used, 0.125, 0.0,
+                         lanes, out, table, threads)
+        outs[f"{used}-{threads}"] = out
+np.savez(sys.argv[2], **outs)
+"""
+
+
+def test_both_cpu_forms_of_the_attention_kernel_give_the_same_bits(tmp_path: Path) -> None:
+    """The weights·V chains carry 64 values a head where the CPU has 32 vector registers
+    (AVX-512) and 32 where it has 16 (AVX2): both forms, each compiled in a fresh
+    process with an empty cache, on ggml's interleaved cache layout, head sizes with
+    values past the last chain (80, 48), up to five query heads a KV head, one or two
+    threads' split of the KV heads, 64 and 16 lanes: the same bits."""
+    import os
+    import subprocess
+    import sys
+
+    from tensorplug_cpu.kernels import _numba_ir
+
+    pytest.importorskip("numba", reason="the exact attention kernel is numba's")
+    if not (_numba_ir.HAS_F16C and _numba_ir.HAS_32_REGS):
+        pytest.skip("compares the AVX-512 form with the AVX2 one: needs a CPU with both")
+    results = []
+    for form in ("32-registers", "16-registers"):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / form)}
+        path = tmp_path / f"{form}.npz"
+        done = subprocess.run([sys.executable, "-c", _FORM_CASES, form, str(path)], env=env,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append(np.load(path))
+    wide, narrow = results
+    assert sorted(wide.files) == sorted(narrow.files) and len(wide.files) == 8
+    for name in wide.files:
+        assert not np.isnan(wide[name]).any(), name
+        assert np.array_equal(wide[name].view(np.uint32), narrow[name].view(np.uint32)), name
+
+
 _ONE_BODY = """
 import numpy as np
 from tensorplug_cpu.kernels import _numba_attention as attention
@@ -486,8 +553,9 @@ v = rng.standard_normal((1, 2, 48, 32)).astype(np.float16).view(np.uint16)
 mask = np.zeros((1, 1, 3, 48), np.float32)
 mask[0, 0, :, 40:] = -np.inf
 outs = [np.full((1, 3, 6, 32), np.nan, np.float32) for _ in range(2)]
-for kernel, out in zip((attention.attend, attention.attend_serial), outs):
-    kernel(q, k, v, mask, np.zeros(0, np.int32), 40, 0.2, 0.0, 64, out, table)
+args = (q, k, v, mask, np.zeros(0, np.int32), 40, 0.2, 0.0, 64)
+attention.attend(*args, outs[0], table, 2)
+attention.attend_serial(*args, outs[1], table)
 assert np.array_equal(outs[0], outs[1])
 print(len(attention.attend_rows.signatures))
 """

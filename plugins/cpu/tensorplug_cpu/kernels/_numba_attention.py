@@ -23,6 +23,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import _numba_ir as _ir
+from ._numba_attention_ir import (
+    CELLS,
+    MAX_HEADS,
+    SCORE_LANES,
+    score_row,
+    scores16,
+    touch_cells,
+    value_width,
+    weighted_lanes,
+)
 from ._numba_cache import job_function, kernel
 from ._numba_pool import ARRAY4_FIELDS, address, describe4, view4
 from ._numba_rows import expf, ggml_expf
@@ -194,62 +204,6 @@ def _halve(lanes: Any, n: int) -> Any:
     return lanes[0]
 
 
-@intrinsic
-def _lanes_dot(typingctx: Any, x: Any, x_at: Any, y: Any, y_at: Any, runs: Any) -> Any:
-    """``Σ x[x_at + i]·y[y_at + i]`` over the first ``runs`` runs of 64 of two 1-d
-    unit-stride float32 arrays, in ``ggml_vec_dot_f32``'s AVX-512 order: one
-    ``<64 x float>`` of lanes that fused multiply-adds each run into (lane ``i mod 64``),
-    then halved down to one lane (``_halve``'s tree). Written as IR so the lanes stay in
-    registers: numba's loop over a lanes array went through memory, 30 ns a 64-term
-    score, most of a prompt's attention; ``llvm.fma`` rounds each lane once whatever the
-    vector width. Offsets, not row views: a view per score cost two atomic reference
-    counts, a quarter of a decode step's attention."""
-
-    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-        v64 = ir.VectorType(f32, DOT_LANES)
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v64, [v64, v64, v64]), "llvm.fma.v64f32"
-        )
-        xp = context.make_array(sig.args[0])(context, builder, args[0]).data
-        yp = context.make_array(sig.args[2])(context, builder, args[2]).data
-        xp = builder.gep(xp, [builder.sext(args[1], i64)])
-        yp = builder.gep(yp, [builder.sext(args[3], i64)])
-
-        def run(i: Any, acc: list[Any]) -> list[Any]:
-            xv = builder.load(builder.bitcast(builder.gep(xp, [i]), v64.as_pointer()), align=4)
-            yv = builder.load(builder.bitcast(builder.gep(yp, [i]), v64.as_pointer()), align=4)
-            return [builder.call(fma, [xv, yv, acc[0]])]
-
-        end = builder.mul(builder.sext(args[4], i64), ir.Constant(i64, DOT_LANES))
-        zero = ir.Constant(v64, [0.0] * DOT_LANES)
-        [acc] = _ir.carried_loop(builder, "lanes", ir.Constant(i64, 0), end, DOT_LANES,
-                                 [zero], run)  # fmt: skip
-        n = DOT_LANES
-        while n > 1:
-            h = n // 2
-            lo, hi = (ir.Constant(ir.VectorType(i32, h), list(range(a, a + h))) for a in (0, h))
-            acc = builder.fadd(builder.shuffle_vector(acc, acc, lo),
-                               builder.shuffle_vector(acc, acc, hi))  # fmt: skip
-            n = h
-        return builder.extract_element(acc, ir.Constant(i32, 0))
-
-    return types.float32(x, x_at, y, y_at, runs), codegen
-
-
-@njit(inline="always")
-def _vec_dot(x: Any, x_at: int, y: Any, y_at: int, n: int) -> Any:
-    """``Σ x[x_at + i]·y[y_at + i]`` for ``i < n`` as ``ggml_vec_dot_f32`` on AVX-512:
-    lane ``i mod 64`` accumulates its terms with fused multiply-adds over each full run
-    of 64, the 64 lanes are halved down to one (:func:`_lanes_dot`), and the leftover
-    terms are fused on one by one. ``x`` and ``y`` are 1-d and unit-stride."""
-    whole = n - n % DOT_LANES
-    s: Any = _lanes_dot(x, x_at, y, y_at, whole // DOT_LANES)  # type: ignore[call-arg]  # numba: typingctx
-    for i in range(whole, n):
-        s = _ir.fmaf(x[x_at + i], y[y_at + i], s)
-    return s
-
-
 @njit(inline="always")
 def _softmax_ggml(w: Any, m: int, block: Any) -> Any:
     """Turn the scores ``w[:m]`` into softmax weights in place and return their float64
@@ -295,7 +249,7 @@ def _visible(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, has_mas
     ``n_kv`` of them; cache order when empty), into ``cols`` (their indices) and
     ``biases`` (their mask values); returns how many. Their rank sets the lanes, so this
     order is the arithmetic's."""
-    m = 0
+    m = used - used  # 0, typed int64: a literal 0 types a callee given m once more
     ordered = order.shape[0] > 0
     for t in range(order.shape[0] if ordered else used):
         j = order[t] if ordered else t
@@ -312,124 +266,266 @@ def _visible(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, has_mas
     return m
 
 
-@njit(inline="always")
-def _attend_one(qrow: Any, kf: Any, vf: Any, n_d: int, n_dv: int, cols: Any, biases: Any,
-                m: int, sc: Any, cap: Any, w: Any, block: Any, acc: Any, lanes: int, out: Any,
-                b: int, r: int, h: int) -> None:  # fmt: skip
-    """One query row of one head over its ``m`` visible cells ``cols`` (rows of the
-    widened ``kf``, flat with row ``j`` at ``j·n_d``, and ``vf``), into ``out[b, r, h]``,
-    in llama.cpp's arithmetic (see :func:`attend`). Every loop over the head dimension is
-    unit-stride, by offset or by (row, column) index, never through a row view: a view
-    costs two atomic reference counts, and one per score, lane and widened cell made
-    them a third of a decode step's attention. LLVM vectorizes the fused products and
-    the lane trees."""
-    # scores: q·k (ggml's KQ product), ·scale (its softmax's), soft-capped, + mask
-    for c in range(m):
-        s = _vec_dot(kf, cols[c] * n_d, qrow, 0, n_d) * sc
-        if cap != 0:
-            s = cap * np.float32(math.tanh(s))
-        w[c] = s + biases[c]
-    if not _softmax_ggml(w, m, block):  # sees nothing: zeros, as ggml's (NaN stays NaN)
-        nan = np.float32(0)
-        for c in range(m):
-            if w[c] != w[c]:
-                nan = np.float32(np.nan)
-        for d in range(n_dv):
-            out[b, r, h, d] = nan
-        return
-    # weights · V (ggml's KQV product): visible cell c feeds lane c mod ``lanes`` (that
-    # row of ``acc``); a lane's first term is fused onto +0 as in ggml's zeroed
-    # registers (so no lane is cleared first), and lanes past the last visible cell
-    # hold no term and are never touched
+def _cell_value(a: Any, table: Any, h: int, j: int, d: int) -> Any:
+    """``a[h, j, d]`` of 3-d cache rows as float32 (compiled per dtype, see the overload)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(_cell_value, inline="always")
+def _cell_value_impl(a, table, h, j, d):  # type: ignore[no-untyped-def]  # numba: names only
+    if isinstance(a, types.Array) and a.dtype == types.uint16:
+
+        def widened(a, table, h, j, d):  # type: ignore[no-untyped-def]
+            return table[a[h, j, d]]
+
+        return widened
+
+    def direct(a, table, h, j, d):  # type: ignore[no-untyped-def]
+        return a[h, j, d]
+
+    return direct
+
+
+def _cell_rows(a: Any, table: Any, b: int, used: int) -> Any:
+    """Batch ``b`` of a 4-d cache ``a`` as the 3-d (KV head, cell, value) rows the inner
+    loops (:mod:`._numba_attention_ir`) read: the cache itself where its rows are
+    unit-stride float32, or raw f16 on a CPU with F16C (widened in registers); else the
+    first ``used`` cells copied into a packed scratch, widened to float32 where there is
+    no F16C (through ``table``). Compiled per dtype, see the overload."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(_cell_rows)
+def _cell_rows_impl(a, table, b, used):  # type: ignore[no-untyped-def]  # numba: names only
+    in_registers = isinstance(a, types.Array) and (
+        a.dtype == types.float32 or (a.dtype == types.uint16 and _ir.HAS_F16C)
+    )
+    if in_registers:
+
+        def in_place(a, table, b, used):  # type: ignore[no-untyped-def]
+            rows = a[b]
+            if a.strides[3] == a.itemsize:
+                return rows
+            packed = np.empty((a.shape[1], max(used, 1), a.shape[3]), a.dtype)
+            for h in range(a.shape[1]):
+                for j in range(used):
+                    for d in range(a.shape[3]):
+                        packed[h, j, d] = rows[h, j, d]
+            return packed
+
+        return in_place
+
+    def widened(a, table, b, used):  # type: ignore[no-untyped-def]
+        packed = np.empty((a.shape[1], max(used, 1), a.shape[3]), np.float32)
+        for h in range(a.shape[1]):
+            _widen_rows(a, table, b, h, used, np.zeros(0, np.bool_), packed[h])
+        return packed
+
+    return widened
+
+
+#: The weights·V chains for 1 to MAX_HEADS query heads (index: heads − 1).
+_LANES_1, _LANES_2, _LANES_3, _LANES_4 = (weighted_lanes(h) for h in range(1, MAX_HEADS + 1))
+
+
+@njit
+def _scores(keys: Any, values: Any, table: Any, hk0: int, hk1: int, n_g: int, qs: Any,
+            cols: Any, biases: Any, m: int, sc: Any, cap: Any, w: Any) -> None:  # fmt: skip
+    """``w[x, c]`` for the query heads ``x = (hk − hk0)·n_g + g`` of KV heads
+    ``[hk0, hk1)`` (their rows in ``qs``) and the ``m`` visible cells ``cols``: q·k
+    (ggml's KQ product, ``ggml_vec_dot_f32``: :func:`scores16`, then the terms past the
+    last run of 64 fused on one by one), ·scale (its softmax's), soft-capped, + mask
+    (``biases``). Sixteen cells at a time for every KV head, so that ggml's cache
+    (each cell's heads side by side) is read as it lies, once."""
+    n_d = qs.shape[1]
+    runs = n_d // SCORE_LANES
+    whole = runs * SCORE_LANES
+    blocks = m - m % CELLS
+    for c0 in range(0, blocks, CELLS):
+        for hk in range(hk0, hk1):
+            for g in range(n_g):
+                x = (hk - hk0) * n_g + g
+                scores16(keys, hk, cols, c0, qs, x, runs, w)  # type: ignore[call-arg]  # numba: typingctx
+    for c in range(blocks, m):
+        for hk in range(hk0, hk1):
+            for g in range(n_g):
+                x = (hk - hk0) * n_g + g
+                w[x, c] = score_row(keys, hk, cols[c], qs, x, runs)  # type: ignore[call-arg]  # numba
+    for hk in range(hk0, hk1):
+        for g in range(n_g):
+            x = (hk - hk0) * n_g + g
+            row = w[x]
+            if whole == n_d and cap == 0:  # the common case, in a loop LLVM vectorizes
+                for c in range(m):
+                    row[c] = row[c] * sc + biases[c]
+                continue
+            for c in range(m):
+                s = row[c]
+                for d in range(whole, n_d):
+                    s = _ir.fmaf(_cell_value(keys, table, hk, cols[c], d), qs[x, d], s)
+                s = s * sc
+                if cap != 0:
+                    s = cap * np.float32(math.tanh(s))
+                row[c] = s + biases[c]
+
+
+@njit
+def _weights_v(values: Any, table: Any, hk: int, cols: Any, w: Any, x0: int, heads: int,
+               m: int, lanes: int, acc: Any) -> None:  # fmt: skip
+    """``acc[x, i, :]`` for the query heads ``x0 ≤ x < x0 + heads`` of KV head ``hk`` and
+    each lane ``i < min(m, lanes)``: ggml's KQV product's lane ``i``, the fused chain of
+    its cells ``i, i + lanes, …`` (a lane past the last visible cell holds no term and
+    is never touched). Runs of :func:`value_width` values by :func:`weighted_lanes`, up
+    to four heads a chain; the values past the last run one by one, with the same
+    arithmetic."""
+    n_dv = acc.shape[2]
+    width: int = value_width()  # type: ignore[call-arg]  # numba: typingctx
+    whole = n_dv - n_dv % width
+    for i in range(min(m, lanes)):
+        n = (m - i + lanes - 1) // lanes  # the lane's cells
+        for d0 in range(0, whole, width):
+            for g0 in range(x0, x0 + heads, MAX_HEADS):
+                left = x0 + heads - g0
+                if left >= 4:
+                    _LANES_4(values, hk, cols, w, g0, i, n, lanes, d0, acc)
+                elif left == 3:
+                    _LANES_3(values, hk, cols, w, g0, i, n, lanes, d0, acc)
+                elif left == 2:
+                    _LANES_2(values, hk, cols, w, g0, i, n, lanes, d0, acc)
+                else:
+                    _LANES_1(values, hk, cols, w, g0, i, n, lanes, d0, acc)
+        for d in range(whole, n_dv):
+            for x in range(x0, x0 + heads):
+                a = np.float32(0)  # a zero weight's term is skipped, the first fused onto +0
+                for t in range(n):
+                    c = i + t * lanes
+                    if w[x, c] != 0:
+                        a = _ir.fmaf(_cell_value(values, table, hk, cols[c], d), w[x, c], a)
+                acc[x, i, d] = a
+
+
+@njit
+def _sum_lanes(acc: Any, x: int, m: int, lanes: int, out: Any, b: int, r: int, h: int) -> None:
+    """``out[b, r, h] = `` the sum of head row ``x``'s lanes: the top half added onto the
+    bottom until one is left (ggml's 64-lane tree, or tinyBLAS's 16), a lane that holds
+    no term skipped where ggml adds its zero."""
+    n_dv = acc.shape[2]
     live = min(m, lanes)  # lanes that hold a term
-    zero = np.float32(0)
-    for c in range(m):
-        p = w[c]
-        i, j = c % lanes, cols[c]
-        if c < lanes:  # the lane's first term
-            if p == 0:
-                for d in range(n_dv):
-                    acc[i, d] = zero
-            else:
-                for d in range(n_dv):
-                    acc[i, d] = _ir.fmaf(vf[j, d], p, zero)
-        elif p != 0:  # fma(v, 0, acc) = acc: skipped
-            for d in range(n_dv):
-                acc[i, d] = _ir.fmaf(vf[j, d], p, acc[i, d])
     half = lanes // 2
     while half >= 1:
         for i in range(min(half, max(live - half, 0))):
             for d in range(n_dv):
-                acc[i, d] = acc[i, d] + acc[i + half, d]
+                acc[x, i, d] = acc[x, i, d] + acc[x, i + half, d]
         live = min(live, half)
         half //= 2
     for d in range(n_dv):
-        out[b, r, h, d] = acc[0, d]
+        out[b, r, h, d] = acc[x, 0, d]
+
+
+@njit
+def _attend_heads(q: Any, keys: Any, values: Any, table: Any, lanes: int, out: Any, b: int,
+                  r: int, hk0: int, hk1: int, g0: int, n_g: int, cols: Any, biases: Any, m: int,
+                  sc: Any, cap: Any, w: Any, qs: Any, block: Any, acc: Any,
+                  sees: Any) -> None:  # fmt: skip
+    """Query row ``r`` of the query heads ``hk·group + g0 + g`` (``hk0 ≤ hk < hk1``,
+    ``g < n_g``), which all see the ``m`` cells ``cols``, into ``out[b, r]``."""
+    group = q.shape[1] // keys.shape[0]
+    for hk in range(hk0, hk1):
+        for g in range(n_g):
+            for d in range(qs.shape[1]):
+                qs[(hk - hk0) * n_g + g, d] = q[b, hk * group + g0 + g, r, d]
+    _scores(keys, values, table, hk0, hk1, n_g, qs, cols, biases, m, sc, cap, w)
+    for x in range((hk1 - hk0) * n_g):
+        sees[x] = _softmax_ggml(w[x], m, block)
+    for hk in range(hk0, hk1):
+        x0 = (hk - hk0) * n_g
+        _weights_v(values, table, hk, cols, w, x0, n_g, m, lanes, acc)
+        for g in range(n_g):
+            x, h = x0 + g, hk * group + g0 + g
+            if sees[x]:
+                _sum_lanes(acc, x, m, lanes, out, b, r, h)
+                continue
+            nan = np.float32(0)  # sees nothing: zeros, as ggml's (NaN stays NaN)
+            for c in range(m):
+                if w[x, c] != w[x, c]:
+                    nan = np.float32(np.nan)
+            for d in range(out.shape[3]):
+                out[b, r, h, d] = nan
 
 
 @kernel()
 def attend_rows(
     q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale: float, softcap: float,
-    lanes: int, out: Any, table: Any, b: int, hk: int, r0: int, r1: int, kf: Any, vf: Any,
-    cols: Any, biases: Any, seen: Any, w: Any, qrow: Any, block: Any, acc: Any,
+    lanes: int, out: Any, table: Any, b: int, hk0: int, hk1: int, r0: int, r1: int,
+    cols: Any, biases: Any, w: Any, qs: Any, block: Any, acc: Any, sees: Any,
 ) -> None:  # fmt: skip
-    """:func:`attend` for query rows ``[r0, r1)`` of the query heads of batch ``b`` that
-    share KV head ``hk``, in llama.cpp's arithmetic (see :func:`attend`). The cells any
-    of these rows sees are widened to float32 once (not once per row and head), then
-    each (row, head) runs :func:`_attend_one` on its own.
+    """:func:`attend` for query rows ``[r0, r1)`` of the query heads of batch ``b`` whose
+    KV heads are ``[hk0, hk1)``, in llama.cpp's arithmetic (see :func:`attend`). Heads
+    that see the same cells (all of them, unless the mask has a head axis) are taken
+    together: their cells found once, every KV head's K read cell by cell as the cache
+    holds them, and each weights·V chain serving all the query heads of its KV head.
 
-    The scratch is the caller's (:func:`_scratch`): ``kf`` and ``vf`` (≥ ``used`` rows
-    of the head dimensions), ``cols``, ``biases``, ``seen`` and ``w`` (≥ ``used``),
-    ``qrow`` (D), ``block`` (:data:`EXP_LANES`), ``acc`` (:data:`DOT_LANES`, Dv).
+    The scratch is the caller's (:func:`_scratch`): ``cols`` and ``biases`` (≥
+    ``used``), ``w`` (query heads of the KV heads, ≥ ``used``), ``qs`` (those heads,
+    D), ``block`` (:data:`EXP_LANES`), ``acc`` (those heads, :data:`DOT_LANES`, Dv),
+    ``sees`` (those heads).
 
     A kernel of its own, called by both :func:`attend` and :func:`attend_serial`:
     inlined into each, it was two compiles of the whole body (and numba's parallel
     passes walked all of it), 13.3 and 6.1 s of a first run's CPU for SmolLM2 on a
     Zen 4; now 8.0 and 1.1, since the body compiles once for both (so both must call it
-    with the same argument types: a test counts its signatures). A generated token's
-    attention takes as long as inlined; a 128-row prompt's ~5% longer on two threads."""
-    n_d, n_dv = q.shape[3], v.shape[3]
+    with the same argument types: a test counts its signatures)."""
     group = q.shape[1] // k.shape[1]
     has_mask = mask.shape[0] > 0
     per_head_mask = has_mask and mask.shape[1] > 1
-    n_mh = group if per_head_mask else 1
     kb = b if k.shape[0] > 1 else 0
     mb = b if has_mask and mask.shape[0] > 1 else 0
-    # the cells some row sees, widened once
-    for j in range(max(used, 1)):
-        seen[j] = False
-    for r in range(r0, r1):
-        for g in range(n_mh):
-            mh = hk * group + g if per_head_mask else 0
-            m = _visible(mask, table, mb, mh, r, used, has_mask, order, cols, biases)
-            for c in range(m):
-                seen[cols[c]] = True
-    _widen_rows(k, table, kb, hk, used, seen, kf)
-    _widen_rows(v, table, kb, hk, used, seen, vf)
-    kflat = kf.reshape(kf.shape[0] * n_d)  # row j at j·n_d, for the scores' offsets
+    keys, values = _cell_rows(k, table, kb, used), _cell_rows(v, table, kb, used)
+    # K and V read through once, as they lie, before the passes that read them in the
+    # order of the arithmetic: V's lanes are cells 64 apart (32 KB in ggml's cache at a
+    # 2000-cell context, across pages, where no hardware prefetcher follows). A
+    # generated token's attention of the 100M model at a 2000-cell context, one thread
+    # of the dev machine's Zen 4, old and new kernel on alternate tokens of one process:
+    # 0.81 of the time without this read (7 runs, 0.60-1.0), 0.92 with software
+    # prefetches of V beside K's reads instead
+    touch_cells(keys, hk0, hk1, used)  # type: ignore[call-arg]  # numba: typingctx
+    touch_cells(values, hk0, hk1, used)  # type: ignore[call-arg]  # numba: typingctx
     sc, cap = np.float32(scale), np.float32(softcap)
+    # 0 and 1 typed int64: a literal argument is a compile of its own for each helper
+    zero = r0 - r0
+    one = zero + 1
     for r in range(r0, r1):
-        m = 0
-        for g in range(group):
-            if g == 0 or per_head_mask:
-                mh = hk * group + g if per_head_mask else 0
-                m = _visible(mask, table, mb, mh, r, used, has_mask, order, cols, biases)
-            h = hk * group + g
-            for d in range(n_d):
-                qrow[d] = q[b, h, r, d]
-            _attend_one(qrow, kflat, vf, n_d, n_dv, cols, biases, m, sc, cap, w, block, acc,
-                        lanes, out, b, r, h)  # fmt: skip
+        if per_head_mask:  # each query head sees cells of its own
+            for hk in range(hk0, hk1):
+                for g in range(group):
+                    m = _visible(mask, table, mb, hk * group + g, r, used, True, order, cols,
+                                 biases)  # fmt: skip
+                    _attend_heads(q, keys, values, table, lanes, out, b, r, hk, hk + one, g, one,
+                                  cols, biases, m, sc, cap, w, qs, block, acc, sees)  # fmt: skip
+        else:
+            m = _visible(mask, table, mb, zero, r, used, has_mask, order, cols, biases)
+            _attend_heads(q, keys, values, table, lanes, out, b, r, hk0, hk1, zero, group, cols,
+                          biases, m, sc, cap, w, qs, block, acc, sees)  # fmt: skip
 
 
 @njit(inline="always")
-def _scratch(used: int, n_d: int, n_dv: int) -> Any:
-    """One task's scratch for :func:`attend_rows`: ``(kf, vf, cols, biases, seen, w,
-    qrow, block, acc)``."""
+def _scratch(used: int, heads: int, n_d: int, n_dv: int) -> Any:
+    """One task's scratch for :func:`attend_rows`: ``(cols, biases, w, qs, block, acc,
+    sees)`` for ``heads`` query heads."""
     width = max(used, 1)
-    return (np.empty((width, n_d), np.float32), np.empty((width, n_dv), np.float32),
-            np.empty(width, np.int64), np.empty(width, np.float32), np.empty(width, np.bool_),
-            np.empty(width, np.float32), np.empty(n_d, np.float32),
-            np.empty(EXP_LANES, np.float32), np.empty((DOT_LANES, n_dv), np.float32))  # fmt: skip
+    return (np.empty(width, np.int64), np.empty(width, np.float32),
+            np.empty((heads, width), np.float32), np.empty((heads, n_d), np.float32),
+            np.empty(EXP_LANES, np.float32), np.empty((heads, DOT_LANES, n_dv), np.float32),
+            np.empty(heads, np.bool_))  # fmt: skip
+
+
+@njit(inline="always")
+def _kv_heads_per_task(n_hk: int, threads: int) -> int:
+    """KV heads one task takes: all of them on one thread (ggml's cache, whose cells
+    hold their heads side by side, is then read once, as it lies), else as many as
+    share the threads evenly (any split gives the same bits)."""
+    parts = max(1, min(n_hk, threads))
+    return (n_hk + parts - 1) // parts
 
 
 #: Query rows per task of the parallel kernel (any split gives the same bits).
@@ -449,6 +545,7 @@ def attend(
     lanes: int,
     out: Any,
     table: Any,
+    threads: int,
 ) -> None:
     """``out[b, r, h] = softmax_j(s_j)·v_j`` with ``s_j = q·k_j·scale`` (then
     ``softcap·tanh``) ``+ mask[b, h, r, j]``, over cache rows ``j < used``.
@@ -476,19 +573,23 @@ def attend(
     multiple of 16 as llama.cpp pads it, then the 8-4-2-1 tree); ``lanes`` =
     :data:`.attention.TINYBLAS_LANES` reproduces it (the same as 64 up to 16 visible cells), for
     ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER``. Fused multiply-adds are exact ``llvm.fma``
-    calls and no fast-math reorders them. Tasks are (batch, KV head, run of query rows)
-    on numba's threads, each with scratch of its own (:func:`attend_rows`).
+    calls and no fast-math reorders them. Tasks are (batch, KV heads, run of query rows)
+    on numba's threads, each with scratch of its own (:func:`attend_rows`), the KV heads
+    shared evenly by ``threads`` (:func:`_kv_heads_per_task`).
     """
     n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
     runs = (n_q + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    n_tasks = n_b * n_hk * runs
-    for task in prange(n_tasks):
+    per_task = _kv_heads_per_task(n_hk, threads)
+    parts = (n_hk + per_task - 1) // per_task
+    group = q.shape[1] // n_hk
+    for task in prange(n_b * parts * runs):
         t = np.int64(task)  # prange's index may be unsigned: int64 as attend_serial's
-        bh, run = t // runs, t % runs
+        bp, run = t // runs, t % runs
+        hk0 = (bp % parts) * per_task
         r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
-        scratch = _scratch(used, q.shape[3], v.shape[3])
-        attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table,
-                    bh // n_hk, bh % n_hk, run * ROWS_PER_TASK, r1, *scratch)  # fmt: skip
+        scratch = _scratch(used, per_task * group, q.shape[3], v.shape[3])
+        attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table, bp // parts,
+                    hk0, min(n_hk, hk0 + per_task), run * ROWS_PER_TASK, r1, *scratch)  # fmt: skip
 
 
 @kernel(nogil=True)
@@ -506,13 +607,14 @@ def attend_serial(
     table: Any,
 ) -> None:
     """:func:`attend` on the calling thread, without a parallel region (for a short
-    cache, a thread woken for its share cost more than the share)."""
+    cache, a thread woken for its share cost more than the share), every KV head in
+    one task."""
     n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
     first = n_q - n_q  # 0, typed int64 as in attend: a literal 0 was a second compile
-    scratch = _scratch(used, q.shape[3], v.shape[3])
-    for bh in range(n_b * n_hk):
-        attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table,
-                    bh // n_hk, bh % n_hk, first, n_q, *scratch)  # fmt: skip
+    scratch = _scratch(used, q.shape[1], q.shape[3], v.shape[3])
+    for b in range(n_b):
+        attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table, b, first,
+                    n_hk, first, n_q, *scratch)  # fmt: skip
 
 
 @kernel(nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads
@@ -563,21 +665,22 @@ def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
 # read from, the mask its biases are read from, and out, each as _numba_pool.describe4
 # writes it; then order, the scalars, and what the prologue finds.
 _Q, _K, _V, _VISIBLE, _MASK, _OUT = (i * ARRAY4_FIELDS for i in range(6))
-_ORDER, _ORDER_N, _SCALE, _SOFTCAP, _LANES, _TABLE, _RUNS, _USED = range(
-    6 * ARRAY4_FIELDS, 6 * ARRAY4_FIELDS + 8
+_ORDER, _ORDER_N, _SCALE, _SOFTCAP, _LANES, _TABLE, _RUNS, _PER_TASK, _USED = range(
+    6 * ARRAY4_FIELDS, 6 * ARRAY4_FIELDS + 9
 )
-_JOB_FIELDS = 6 * ARRAY4_FIELDS + 8
+_JOB_FIELDS = 6 * ARRAY4_FIELDS + 9
 
 
 def attend_job_block(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, mask: np.ndarray,
     order: np.ndarray, scale: float, softcap: float, lanes: int, out: np.ndarray,
-    table: np.ndarray,
+    table: np.ndarray, threads: int,
 ) -> tuple[np.ndarray, int]:  # fmt: skip
     """The argument block of :func:`attend_job` for :func:`attend`'s arguments (F16 ``k``,
     ``v`` and ``mask`` as raw ``uint16``; ``visible``: the mask as the step slices it,
     whose last visible column the prologue finds), and the job's chunk count: its
-    tasks, as :func:`attend` has them. The arrays must outlive the block."""
+    tasks, as :func:`attend` has them on ``threads`` threads. The arrays must outlive
+    the block."""
     block = np.zeros(_JOB_FIELDS, np.int64)
     for at, a in zip((_Q, _K, _V, _VISIBLE, _MASK, _OUT), (q, k, v, visible, mask, out),
                      strict=True):  # fmt: skip
@@ -586,14 +689,15 @@ def attend_job_block(
     block[_SCALE : _SOFTCAP + 1] = np.array([scale, softcap], np.float64).view(np.int64)
     block[_LANES], block[_TABLE] = lanes, table.ctypes.data
     runs = (q.shape[2] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    block[_RUNS] = runs
-    return block, q.shape[0] * k.shape[1] * runs
+    per_task = _kv_heads_per_task.py_func(k.shape[1], threads)
+    block[_RUNS], block[_PER_TASK] = runs, per_task
+    return block, q.shape[0] * -(-k.shape[1] // per_task) * runs
 
 
 def _attend_job(job: Any, lo: Any, hi: Any) -> None:
     """:func:`attend` as a job of :mod:`.pool`: the prologue finds the visible columns
     (``used``, kept in the block for the chunks), chunk ``t`` is :func:`attend`'s task
-    ``t`` (a KV head's query heads over a run of rows), with the same arithmetic."""
+    ``t`` (some KV heads' query heads over a run of rows), with the same arithmetic."""
     j = carray(address(job), _JOB_FIELDS, np.int64)
     table = carray(address(j[_TABLE]), 1 << 16, np.float32)
     if lo < 0:
@@ -603,13 +707,16 @@ def _attend_job(job: Any, lo: Any, hi: Any) -> None:
     k, v, mask = view4(j, _K, np.uint16), view4(j, _V, np.uint16), view4(j, _MASK, np.uint16)
     order = carray(address(j[_ORDER]), j[_ORDER_N], np.int32)
     scales = j[_SCALE : _SOFTCAP + 1].view(np.float64)
-    used, runs, n_hk, n_q = j[_USED], j[_RUNS], k.shape[1], q.shape[2]
-    scratch = _scratch(used, q.shape[3], v.shape[3])
+    used, runs, per_task, n_hk, n_q = j[_USED], j[_RUNS], j[_PER_TASK], k.shape[1], q.shape[2]
+    parts = (n_hk + per_task - 1) // per_task
+    scratch = _scratch(used, per_task * (q.shape[1] // n_hk), q.shape[3], v.shape[3])
     for t in range(lo, hi):
-        bh, run = t // runs, t % runs
+        bp, run = t // runs, t % runs
+        hk0 = (bp % parts) * per_task
         r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
         attend_rows(q, k, v, mask, order, used, scales[0], scales[1], j[_LANES], out, table,
-                    bh // n_hk, bh % n_hk, run * ROWS_PER_TASK, r1, *scratch)  # fmt: skip
+                    bp // parts, hk0, min(n_hk, hk0 + per_task), run * ROWS_PER_TASK, r1,
+                    *scratch)  # fmt: skip
 
 
 @functools.cache

@@ -467,12 +467,15 @@ class JitKernels:
         a layer reaches attention after its first products, and those compile here
         meanwhile. The kernel a step on this many threads calls goes first: on one
         thread, the one-thread kernel (the parallel one then only finishes the cache)."""
-        kernels = (self._attend, self._attend_serial)
+        args = (q, k, v, mask, order, 0, 1.0, 0.0, DOT_LANES, out, _F16_TO_F32)
+        kernels: list[tuple[Any, tuple[Any, ...]]] = [
+            (self._attend, (*args, self.n_threads)),
+            (self._attend_serial, args),
+        ]
         if self.n_threads == 1:
             kernels = kernels[::-1]
-        for rank, kernel in enumerate(kernels):
-            self.want_ahead(kernel, q, k, v, mask, order, 0, 1.0, 0.0, DOT_LANES, out, _F16_TO_F32,
-                            rank=rank - 1)  # fmt: skip
+        for rank, (kernel, kernel_args) in enumerate(kernels):
+            self.want_ahead(kernel, *kernel_args, rank=rank - 1)
 
     def attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
@@ -492,7 +495,7 @@ class JitKernels:
                        order, used, scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
         else:
             self._call(_ATTENTION, self._attend, q, k, v, mask, order, used,
-                       scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
+                       scale, softcap, lanes, out, _F16_TO_F32, self.n_threads)  # fmt: skip
 
     def pooled_attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,
@@ -515,7 +518,8 @@ class JitKernels:
         if not self._job_ready(job):
             return region
         block, chunks = self._attend_job_block(q, k, v, visible, mask, order, scale, softcap,
-                                               lanes, out, _F16_TO_F32)  # fmt: skip
+                                               lanes, out, _F16_TO_F32,
+                                               self.numba.config.NUMBA_NUM_THREADS)  # fmt: skip
         return _PooledJob(self, pool, job.address, block, chunks, region,
                           (q, *halves, order, out))  # fmt: skip
 
