@@ -345,7 +345,17 @@ def _scores(keys: Any, values: Any, table: Any, hk0: int, hk1: int, n_g: int, qs
         for hk in range(hk0, hk1):
             for g in range(n_g):
                 x = (hk - hk0) * n_g + g
-                scores16(keys, hk, cols, c0, qs, x, runs, w)  # type: ignore[call-arg]  # numba: typingctx
+                # the common head sizes (64, 128, 256) as constants: straight-line code that
+                # LLVM schedules across the sixteen cells (a loop of one run per cell took
+                # twice as long)
+                if runs == 1:
+                    scores16(keys, hk, cols, c0, qs, x, 1, w)  # type: ignore[call-arg]  # numba
+                elif runs == 2:
+                    scores16(keys, hk, cols, c0, qs, x, 2, w)  # type: ignore[call-arg]  # numba
+                elif runs == 4:
+                    scores16(keys, hk, cols, c0, qs, x, 4, w)  # type: ignore[call-arg]  # numba
+                else:
+                    scores16(keys, hk, cols, c0, qs, x, runs, w)  # type: ignore[call-arg]  # numba
     for c in range(blocks, m):
         for hk in range(hk0, hk1):
             for g in range(n_g):
@@ -425,16 +435,19 @@ def _sum_lanes(acc: Any, x: int, m: int, lanes: int, out: Any, b: int, r: int, h
 @njit
 def _attend_heads(q: Any, keys: Any, values: Any, table: Any, lanes: int, out: Any, b: int,
                   r: int, hk0: int, hk1: int, g0: int, n_g: int, cols: Any, biases: Any, m: int,
-                  sc: Any, cap: Any, w: Any, qs: Any, block: Any, acc: Any,
-                  sees: Any) -> None:  # fmt: skip
+                  sc: Any, cap: Any, w: Any, qs: Any, block: Any, acc: Any, sees: Any,
+                  fetch: bool) -> None:  # fmt: skip
     """Query row ``r`` of the query heads ``hk·group + g0 + g`` (``hk0 ≤ hk < hk1``,
-    ``g < n_g``), which all see the ``m`` cells ``cols``, into ``out[b, r]``."""
+    ``g < n_g``), which all see the ``m`` cells ``cols``, into ``out[b, r]``; with
+    ``fetch``, V's cells ``[0, m)`` read through first (:func:`touch_cells`)."""
     group = q.shape[1] // keys.shape[0]
     for hk in range(hk0, hk1):
         for g in range(n_g):
             for d in range(qs.shape[1]):
                 qs[(hk - hk0) * n_g + g, d] = q[b, hk * group + g0 + g, r, d]
     _scores(keys, values, table, hk0, hk1, n_g, qs, cols, biases, m, sc, cap, w)
+    if fetch:
+        touch_cells(values, hk0, hk1, m)  # type: ignore[call-arg]  # numba: typingctx
     for x in range((hk1 - hk0) * n_g):
         sees[x] = _softmax_ggml(w[x], m, block)
     for hk in range(hk0, hk1):
@@ -481,15 +494,15 @@ def attend_rows(
     kb = b if k.shape[0] > 1 else 0
     mb = b if has_mask and mask.shape[0] > 1 else 0
     keys, values = _cell_rows(k, table, kb, used), _cell_rows(v, table, kb, used)
-    # K and V read through once, as they lie, before the passes that read them in the
-    # order of the arithmetic: V's lanes are cells 64 apart (32 KB in ggml's cache at a
-    # 2000-cell context, across pages, where no hardware prefetcher follows). A
-    # generated token's attention of the 100M model at a 2000-cell context, one thread
-    # of the dev machine's Zen 4, old and new kernel on alternate tokens of one process:
-    # 0.81 of the time without this read (7 runs, 0.60-1.0), 0.92 with software
-    # prefetches of V beside K's reads instead
+    # K, then V (for a task's first row), read through once as they lie before the
+    # passes that read them in the arithmetic's order: V's lanes are cells 64 apart (32
+    # KB in ggml's cache at a 2000-cell context, across pages, where no hardware
+    # prefetcher follows). A generated token of the 100M model at a 2000-cell context,
+    # one thread of the dev machine's Zen 4, this kernel against itself without the
+    # reads on alternate tokens of one process: a layer's attention 369 against 541 us
+    # (89 us of it the reads: 2 MB at 23 GB/s); reading V just before its pass, not
+    # with K, saved another 5-15 %; software prefetches of V beside K's reads did not
     touch_cells(keys, hk0, hk1, used)  # type: ignore[call-arg]  # numba: typingctx
-    touch_cells(values, hk0, hk1, used)  # type: ignore[call-arg]  # numba: typingctx
     sc, cap = np.float32(scale), np.float32(softcap)
     # 0 and 1 typed int64: a literal argument is a compile of its own for each helper
     zero = r0 - r0
@@ -501,11 +514,12 @@ def attend_rows(
                     m = _visible(mask, table, mb, hk * group + g, r, used, True, order, cols,
                                  biases)  # fmt: skip
                     _attend_heads(q, keys, values, table, lanes, out, b, r, hk, hk + one, g, one,
-                                  cols, biases, m, sc, cap, w, qs, block, acc, sees)  # fmt: skip
+                                  cols, biases, m, sc, cap, w, qs, block, acc, sees,
+                                  r == r0 and g == 0)  # fmt: skip
         else:
             m = _visible(mask, table, mb, zero, r, used, has_mask, order, cols, biases)
             _attend_heads(q, keys, values, table, lanes, out, b, r, hk0, hk1, zero, group, cols,
-                          biases, m, sc, cap, w, qs, block, acc, sees)  # fmt: skip
+                          biases, m, sc, cap, w, qs, block, acc, sees, r == r0)  # fmt: skip
 
 
 @njit(inline="always")

@@ -108,10 +108,15 @@ def _lanes(context: Any, builder: ir.IRBuilder, k: tuple[Any, Any], head: Any, c
         x = builder.load(builder.bitcast(builder.gep(qp, [at]), v64.as_pointer()), align=4)
         return [builder.call(fma, [k, x, acc[0]])]
 
-    end = builder.mul(builder.sext(runs, _I64), ir.Constant(_I64, SCORE_LANES))
     zero = ir.Constant(v64, [0.0] * SCORE_LANES)
-    [acc] = _ir.carried_loop(builder, "score", ir.Constant(_I64, 0), end, SCORE_LANES,
-                             [zero], run)  # fmt: skip
+    if isinstance(runs, ir.Constant):  # straight-line code LLVM schedules across the cells
+        acc = zero
+        for at in range(0, runs.constant * SCORE_LANES, SCORE_LANES):
+            [acc] = run(ir.Constant(_I64, at), [acc])
+    else:
+        end = builder.mul(builder.sext(runs, _I64), ir.Constant(_I64, SCORE_LANES))
+        [acc] = _ir.carried_loop(builder, "score", ir.Constant(_I64, 0), end, SCORE_LANES,
+                                 [zero], run)  # fmt: skip
     for n in (SCORE_LANES, SCORE_LANES // 2):
         acc = builder.fadd(*_halves(builder, acc, n))
     return acc
