@@ -2,12 +2,13 @@
 
 Each query row is computed on its own, in ggml's order of operations (:func:`attend`),
 so its bits depend only on its own query and the cells it sees: batching changes no
-bit, which a server needs. A task (batch, KV head, run of query rows) widens the cells
-its rows see to float32 once, reading an F16 cache in place (raw ``uint16``, eight
-values per ``vcvtph2ps``) or an F32 one; then each row and head takes its scores (64
-fused lanes in registers, :func:`_lanes_dot`), ggml's softmax and its weights·V over
-unit-stride rows that LLVM vectorizes. A 128-token prompt's attention costs about 2x
-numpy's BLAS path (which rounds by the step's row count).
+bit, which a server needs. A task (batch, some KV heads, a run of query rows) reads the
+cache where it lies (an F16 cache as raw ``uint16``, widened in registers, or F32),
+takes every KV head's scores sixteen cells at a time, ggml's softmax, and each KV
+head's weights·V lanes with their accumulators in registers: the inner loops are LLVM
+IR (:mod:`._numba_attention_ir`). A 100M model's generated token at a 2000-cell
+context: ~200 µs a layer warm, 322 in the model on one thread of a Zen 4 (575 for the
+kernel before it, which widened the cells to float32 first).
 """
 
 from __future__ import annotations
