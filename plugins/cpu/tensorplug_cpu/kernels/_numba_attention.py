@@ -123,38 +123,33 @@ def _widen_f16_at(typingctx: Any, a: Any, i: Any, j: Any, r: Any, dst: Any, row:
     return types.void(a, i, j, r, dst, row), codegen
 
 
-def _widen_rows(a: Any, table: Any, i: int, j: int, used: int, seen: Any, dst: Any) -> None:
-    """``dst[r, :] = a[i, j, r, :]`` as float32 for each ``r < used`` with ``seen[r]``
-    (every one for an empty ``seen``); compiled per dtype, see the overload. The loop
-    over rows is inside: an inlined call's array arguments are copies whose reference
-    counts are atomic, and one call per row made them most of a decode step's attention
-    (six atomic pairs a cell for K and V)."""
+def _widen_rows(a: Any, table: Any, i: int, j: int, used: int, dst: Any) -> None:
+    """``dst[r, :] = a[i, j, r, :]`` as float32 for each ``r < used``; compiled per dtype,
+    see the overload. The loop over rows is inside: an inlined call's array arguments
+    are copies whose reference counts are atomic, and one call per row made them most of
+    a decode step's attention (six atomic pairs a cell for K and V)."""
     raise NotImplementedError  # only ever called from compiled code
 
 
 @overload(_widen_rows, inline="always")
-def _widen_rows_impl(a, table, i, j, used, seen, dst):  # type: ignore[no-untyped-def]  # numba: names only
+def _widen_rows_impl(a, table, i, j, used, dst):  # type: ignore[no-untyped-def]  # numba: names only
     if _ir.HAS_F16C and isinstance(a, types.Array) and a.dtype == types.uint16 and a.ndim == 4:
 
-        def f16c(a, table, i, j, used, seen, dst):  # type: ignore[no-untyped-def]
-            every = seen.size == 0
+        def f16c(a, table, i, j, used, dst):  # type: ignore[no-untyped-def]
             packed = a.strides[3] == 2
             for r in range(used):
-                if every or seen[r]:
-                    if packed:
-                        _widen_f16_at(a, i, j, r, dst, r)
-                    else:
-                        for d in range(a.shape[3]):
-                            dst[r, d] = table[a[i, j, r, d]]
+                if packed:
+                    _widen_f16_at(a, i, j, r, dst, r)
+                else:
+                    for d in range(a.shape[3]):
+                        dst[r, d] = table[a[i, j, r, d]]
 
         return f16c
 
-    def one_by_one(a, table, i, j, used, seen, dst):  # type: ignore[no-untyped-def]
-        every = seen.size == 0
+    def one_by_one(a, table, i, j, used, dst):  # type: ignore[no-untyped-def]
         for r in range(used):
-            if every or seen[r]:
-                for d in range(a.shape[3]):
-                    dst[r, d] = _value(a, table, i, j, r, d)
+            for d in range(a.shape[3]):
+                dst[r, d] = _value(a, table, i, j, r, d)
 
     return one_by_one
 
@@ -167,10 +162,9 @@ def widen_f16_rows(raw: Any, out: Any, used: int, table: Any) -> None:
     ``vcvtph2ps`` here, and :func:`visible_columns` in place of numpy's scan of the
     mask, a 100M model's 128-token attention went from 2.2 to 1.6 ms a layer on one
     core of the dev machine (widening its K, V and mask: ~17 µs each)."""
-    every = np.zeros(0, np.bool_)
     for b in range(raw.shape[0]):
         for h in range(raw.shape[1]):
-            _widen_rows(raw, table, b, h, used, every, out[b, h])
+            _widen_rows(raw, table, b, h, used, out[b, h])
 
 
 @kernel()
@@ -319,7 +313,7 @@ def _cell_rows_impl(a, table, b, used):  # type: ignore[no-untyped-def]  # numba
     def widened(a, table, b, used):  # type: ignore[no-untyped-def]
         packed = np.empty((a.shape[1], max(used, 1), a.shape[3]), np.float32)
         for h in range(a.shape[1]):
-            _widen_rows(a, table, b, h, used, np.zeros(0, np.bool_), packed[h])
+            _widen_rows(a, table, b, h, used, packed[h])
         return packed
 
     return widened
