@@ -212,9 +212,10 @@ class _Wants:
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n_tok", [1, 24])
 def test_what_goes_ahead_is_what_this_many_threads_needs_later(threads: int, n_tok: int) -> None:
-    """On one thread the one-thread product runs first (compiled here, not handed over)
-    and the one-thread attention goes ahead first; on two, the parallel ones, with the
-    one-thread kernels after. A prompt's activation quantizer is kept here; a token
+    """On one thread the one-thread product runs first (compiled here, not handed over);
+    on two, the parallel ones, with the one-thread kernels after. The one-thread
+    attention goes ahead first at either count (it compiles sooner, and runs on two
+    threads until the parallel one is done). A prompt's activation quantizer is kept here; a token
     plan's asks for it ahead, for a later prompt."""
     from tensorplug_cpu.kernels import _numba_repack as repack
     from tensorplug_cpu.kernels.jit import load_jit
@@ -240,12 +241,60 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(threads: int, n_t
     assert (serial in wanted) == (threads > 1)
     names = [(rank, getattr(kernel, "__name__", "")) for kernel, rank in recorder.wanted]
     attention = sorted((rank, name) for rank, name in names if name.startswith("attend"))
-    first = "attend_serial" if threads == 1 else "attend"
-    assert attention[0][1] == first
+    assert [name for _, name in attention] == ["attend_serial", "attend"]  # the sooner one
     assert (repack.quantize_rows in recorder.kept) == (n_tok >= repack.QUANTIZE_APART_ROWS)
     assert (repack.quantize_rows in wanted) == (n_tok < repack.QUANTIZE_APART_ROWS)
     # a spinning helpers' job the disk cache lacks goes after every kernel a step calls
     assert all(rank > max(wanted.values()) for _, rank in recorder.jobs)
+
+
+class _Pending:
+    """A compile-ahead stand-in whose child has ``pending`` still to finish."""
+
+    def __init__(self, pending: object) -> None:
+        self.pending = pending
+
+    def has(self, kernel: object) -> bool:
+        return kernel is self.pending
+
+    def wait_for(self, kernel: object) -> None:
+        pass
+
+
+def test_a_first_run_on_two_threads_runs_the_one_thread_attention_until_the_parallel_is_done() -> (
+    None
+):
+    """While the second process compiles the parallel attention kernel, a step on two
+    threads runs the one-thread kernel (the same bits), which went ahead first; once
+    the parallel one is done, that one."""
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    assert jit is not None
+    ran: list[str] = []
+
+    def parallel(*args: object) -> None:
+        ran.append("parallel")
+
+    def serial(*args: object) -> None:
+        ran.append("serial")
+
+    saved = jit._ahead, jit.n_threads, jit._attend, jit._attend_serial, set(jit._called)
+    q = np.ones((1, 2, 1, 64), np.float32)
+    kv = np.ones((1, 1, 8, 64), np.float32)
+    args = (q, kv, kv, np.zeros((0, 0, 0, 0), np.float32), np.zeros(0, np.int32), 8, 1.0, 0.0,
+            64, np.empty((1, 1, 2, 64), np.float32))  # fmt: skip
+    try:
+        jit._attend, jit._attend_serial, jit.n_threads = parallel, serial, 2
+        jit._called.discard("flash attention kernel")
+        jit._ahead = _Pending(parallel)  # type: ignore[assignment]
+        jit.attend(*args)
+        jit._ahead = _Pending(None)  # type: ignore[assignment]  # the child is done
+        jit.attend(*args)
+        jit.attend(*args)
+    finally:
+        jit._ahead, jit.n_threads, jit._attend, jit._attend_serial, jit._called = saved
+    assert ran == ["serial", "parallel", "parallel"]
 
 
 _LATER = """

@@ -465,17 +465,13 @@ class JitKernels:
     ) -> None:  # fmt: skip
         """:meth:`want_ahead` for both attention kernels with :meth:`attend`'s arguments:
         a layer reaches attention after its first products, and those compile here
-        meanwhile. The kernel a step on this many threads calls goes first: on one
-        thread, the one-thread kernel (the parallel one then only finishes the cache)."""
+        meanwhile. The one-thread kernel goes first at any thread count: it compiles
+        sooner (8 s against 13 for the parallel one, stop 57's kernel on the dev
+        machine), and :meth:`attend` runs it on more threads too until the parallel one
+        is done (the same bits), so a first two-thread run waits for the shorter."""
         args = (q, k, v, mask, order, 0, 1.0, 0.0, DOT_LANES, out, _F16_TO_F32)
-        kernels: list[tuple[Any, tuple[Any, ...]]] = [
-            (self._attend, (*args, self.n_threads)),
-            (self._attend_serial, args),
-        ]
-        if self.n_threads == 1:
-            kernels = kernels[::-1]
-        for rank, (kernel, kernel_args) in enumerate(kernels):
-            self.want_ahead(kernel, *kernel_args, rank=rank - 1)
+        self.want_ahead(self._attend_serial, *args, rank=-1)
+        self.want_ahead(self._attend, *args, self.n_threads, rank=0)
 
     def attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
@@ -488,14 +484,22 @@ class JitKernels:
         model, not faster: 25 µs a layer at best, as in isolation, but 61 µs median
         against 28 when shared, its cache rows often evicted by the products.)"""
         serial = self._attend_serial
-        if self.n_threads == 1 and (
+        if (self.n_threads == 1 and (
             serial in self._serial_ok or self._serial_ready(serial, _ATTENTION)
-        ):
+        )) or (self.n_threads > 1 and self._parallel_attention_pending()):  # fmt: skip
             self._call("one-thread flash attention kernel", serial, q, k, v, mask,
                        order, used, scale, softcap, lanes, out, _F16_TO_F32)  # fmt: skip
         else:
             self._call(_ATTENTION, self._attend, q, k, v, mask, order, used,
                        scale, softcap, lanes, out, _F16_TO_F32, self.n_threads)  # fmt: skip
+
+    def _parallel_attention_pending(self) -> bool:
+        """Whether the second process (:mod:`.ahead`) has the parallel attention kernel
+        still to finish and this process has not called it: a first run on several
+        threads then runs the one-thread kernel, which comes first
+        (:meth:`want_attend_ahead`), rather than wait for the parallel one."""
+        return (self._ahead is not None and _ATTENTION not in self._called
+                and self._ahead.has(self._attend))  # fmt: skip
 
     def pooled_attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,
