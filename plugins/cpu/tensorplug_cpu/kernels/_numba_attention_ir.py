@@ -31,7 +31,6 @@ from typing import Any
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _numba_ir as _ir
@@ -79,9 +78,7 @@ def _floats(builder: ir.IRBuilder, ptr: Any, elem: Any, at: Any, n: int) -> Any:
 def _fma(builder: ir.IRBuilder, n: int) -> Any:
     """``llvm.fma`` on ``<n x float>``: each lane rounded once, whatever the register width."""
     vec = ir.VectorType(_F32, n)
-    return cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{n}f32"
-    )
+    return _ir._fn(builder, f"llvm.fma.v{n}f32", vec, vec, vec, vec)
 
 
 def _halves(builder: ir.IRBuilder, vec: Any, n: int) -> tuple[Any, Any]:
