@@ -582,24 +582,32 @@ def test_both_attention_kernels_share_one_compiled_body(tmp_path: Path) -> None:
 _ONE_LAYOUT = """
 import sys
 from tensorplug_cpu.kernels import _numba_attention as attention
+from tensorplug_cpu.kernels import _numba_pool as pool
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.runner import Llama
 
-with Llama(sys.argv[1], placement=Placement.on(host_cpu(), 2), warmup=False) as m:
+with Llama(sys.argv[1], placement=Placement.on(host_cpu(), 2), warmup=False,
+           cache_type=sys.argv[2], n_threads=1) as m:
     m.eval(list(range(1, 12)))  # a prompt: its q is a permuted, strided view
     for t in (5, 6, 7):  # generated tokens: their q is contiguous
         m.eval([t])
-for name in ("attend", "attend_serial"):
-    for sig in getattr(attention, name).signatures:
+for name, kernel in (("attend", attention.attend), ("attend_serial", attention.attend_serial),
+                     ("run_alone", pool.run_alone), ("run_region", pool.run_region)):
+    for sig in kernel.signatures:
         print(name, [getattr(a, "layout", "-") for a in sig])
 """
 
 
-def test_a_prompt_and_its_tokens_share_one_compiled_attention_kernel(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cache", ["f16", "f32"])
+def test_a_prompt_and_its_tokens_share_one_compiled_attention_kernel(
+    tmp_path: Path, cache: str
+) -> None:
     """numba compiles a kernel once per argument layout, and the exact attention kernel
     is most of a first run's compile (~30 s of CPU each): a prompt step and a generation
     step must call it with the same layouts (a fresh process, so that only this model's
-    calls are counted)."""
+    calls are counted; one thread). An F16 cache (the runner's) runs the one job
+    function, whatever the step, through its runner, and no attention kernel compiles
+    at all; an F32 cache takes the one-thread kernel."""
     import subprocess
     import sys
 
@@ -607,11 +615,12 @@ def test_a_prompt_and_its_tokens_share_one_compiled_attention_kernel(tmp_path: P
 
     pytest.importorskip("numba", reason="the exact attention kernel is numba's")
     model = write_tiny_llama(tmp_path / "tiny.gguf")
-    done = subprocess.run([sys.executable, "-c", _ONE_LAYOUT, str(model)], capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _ONE_LAYOUT, str(model), cache],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.split("\n")
-    for name in ("attend", "attend_serial"):
-        layouts = [line for line in lines if line.split(" ")[0] == name]
-        assert len(layouts) <= 1, layouts
-    assert any(lines), "no attention kernel ran"
+    names = [line.split(" ")[0] for line in done.stdout.split("\n") if line]
+    assert len(names) == len(set(names)), done.stdout  # one layout each
+    if cache == "f16":
+        assert names == ["run_alone"], done.stdout  # one thread: the job alone
+    else:
+        assert names == ["attend_serial"], done.stdout

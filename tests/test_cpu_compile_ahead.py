@@ -248,6 +248,49 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(threads: int, n_t
     assert all(rank > max(wanted.values()) for _, rank in recorder.jobs)
 
 
+def test_an_f16_cache_s_attention_job_goes_ahead_first_and_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An F16 cache's attention runs one job function at every thread count: where the
+    disk cache lacks it, it is handed to the second process before any kernel (a
+    layer's attention comes after its first products), and the step's first call
+    waits for the child, then loads it; later calls neither wait nor load."""
+    from tensorplug_cpu.kernels import jit as jit_module
+
+    jit = jit_module.load_jit()
+    assert jit is not None
+    events: list[str] = []
+
+    class Uncompiled:
+        tensorplug_origin = ("attend_job",)
+        address = 0
+
+        def compile(self) -> None:
+            events.append("compiled")
+            self.address = 1234
+
+    class Child(_Wants):
+        def wait_for(self, kernel: object) -> None:
+            events.append("waited")
+
+    job, child = Uncompiled(), Child()
+    monkeypatch.setattr(jit, "_ahead", child)
+    monkeypatch.setattr(jit, "_attend_job", lambda: job)
+    monkeypatch.setattr(jit, "_job_is_ready", lambda j: j.address != 0)
+    monkeypatch.setattr(jit, "n_threads", 1)
+    monkeypatch.setattr(jit, "_call", lambda what, kernel, *args: events.append(f"ran {args[0]}"))
+    q, out = np.ones((1, 2, 1, 64), np.float32), np.empty((1, 1, 2, 64), np.float32)
+    halves = np.ones((1, 1, 8, 64), np.uint16)
+    mask = np.zeros((1, 1, 1, 8), np.uint16)
+    step = jit.bind_attend(q, halves, halves, mask, mask, np.zeros(0, np.int32), 0.125, 0.0, 64,
+                           out)  # fmt: skip
+    assert child.jobs == [(job, -1)] and not child.wanted  # no attention kernel wanted
+    assert events == []
+    step()
+    step()
+    assert events == ["waited", "compiled", "ran 1234", "ran 1234"]
+
+
 class _Pending:
     """A compile-ahead stand-in whose child has ``pending`` still to finish."""
 

@@ -482,7 +482,8 @@ def attend_rows(
     inlined into each, it was two compiles of the whole body (and numba's parallel
     passes walked all of it), 13.3 and 6.1 s of a first run's CPU for SmolLM2 on a
     Zen 4; now 8.0 and 1.1, since the body compiles once for both (so both must call it
-    with the same argument types: a test counts its signatures)."""
+    with the same argument types: a test counts its signatures). The job that runs an F16
+    cache's attention at every thread count (:func:`attend_job`) inlines it instead."""
     group = q.shape[1] // k.shape[1]
     has_mask = mask.shape[0] > 0
     per_head_mask = has_mask and mask.shape[1] > 1
@@ -703,6 +704,13 @@ def attend_job_block(
     return block, q.shape[0] * -(-k.shape[1] // per_task) * runs
 
 
+#: :func:`attend_rows` inlined, for the job: one level of numba's linking less. numba
+#: links a callee's code into its caller and optimizes and compiles it to machine code
+#: again, at every level; the job compiled in 9.4 s calling :func:`attend_rows`, 7.3
+#: inlining it (dev machine; inlining :func:`_attend_heads` as well: 12.0, two copies).
+_attend_rows_inline = njit(inline="always")(attend_rows.py_func)
+
+
 def _attend_job(job: Any, lo: Any, hi: Any) -> None:
     """:func:`attend` as a job of :mod:`.pool`: the prologue finds the visible columns
     (``used``, kept in the block for the chunks), chunk ``t`` is :func:`attend`'s task
@@ -718,14 +726,17 @@ def _attend_job(job: Any, lo: Any, hi: Any) -> None:
     scales = j[_SCALE : _SOFTCAP + 1].view(np.float64)
     used, runs, per_task, n_hk, n_q = j[_USED], j[_RUNS], j[_PER_TASK], k.shape[1], q.shape[2]
     parts = (n_hk + per_task - 1) // per_task
-    scratch = _scratch(used, per_task * (q.shape[1] // n_hk), q.shape[3], v.shape[3])
+    heads = per_task * (q.shape[1] // n_hk)
+    # unpacked: numba inlines no call that passes a tuple as *args
+    cols, biases, w, qs, block, acc, sees = _scratch(used, heads, q.shape[3], v.shape[3])
     for t in range(lo, hi):
         bp, run = t // runs, t % runs
         hk0 = (bp % parts) * per_task
         r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
-        attend_rows(q, k, v, mask, order, used, scales[0], scales[1], j[_LANES], out, table,
-                    bp // parts, hk0, min(n_hk, hk0 + per_task), run * ROWS_PER_TASK, r1,
-                    *scratch)  # fmt: skip
+        _attend_rows_inline(q, k, v, mask, order, used, scales[0], scales[1], j[_LANES], out,
+                            table, bp // parts, hk0, min(n_hk, hk0 + per_task),
+                            run * ROWS_PER_TASK, r1, cols, biases, w, qs, block, acc,
+                            sees)  # fmt: skip
 
 
 @functools.cache

@@ -43,7 +43,7 @@ from typing import Any
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -52,7 +52,7 @@ from ._numba_cache import kernel
 __all__ = [
     "ARRAY4_FIELDS", "AWAKE", "BUSY_NS", "CHUNKS", "DONE", "FN", "JOB", "MAILBOX_SIZE",
     "SPIN_NS", "SPIN_ROUNDS", "STOP", "TICKET", "WANTED", "address", "describe4",
-    "helper_loop", "run_shared", "view4",
+    "helper_loop", "run_alone", "run_region", "run_shared", "view4",
 ]  # fmt: skip
 
 # mailbox fields (int64 indices), eight apart: one 64-byte cache line each for what the
@@ -315,3 +315,22 @@ def run_shared(mailbox: Any, fn: int, job: int, chunks: int) -> None:
         pass
     while atomic_load(mailbox, DONE) < chunks:
         spin_pause()
+
+
+@kernel(nogil=True)
+def run_alone(fn: int, job: int, chunks: int) -> None:
+    """A job on the calling thread alone: its prologue, then chunks ``0 .. chunks-1``
+    in one call (a job function then sets up its scratch once)."""
+    call_job(fn, job, -1, -1)
+    call_job(fn, job, 0, chunks)
+
+
+@kernel(parallel=True)
+def run_region(fn: int, job: int, chunks: int) -> None:
+    """A job as a numba parallel region: its prologue here, then a task a chunk on
+    numba's threads; for where the spinning helpers are not to be had (turned off, or
+    another thread's job holds them)."""
+    call_job(fn, job, -1, -1)
+    for c in prange(chunks):
+        chunk = np.int64(c)  # prange's index may be unsigned: the job takes int64
+        call_job(fn, job, chunk, chunk + 1)

@@ -286,20 +286,11 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
         bias = no_mask if term is None else term
         if bias.dtype == np.float16:
             bias = bias.view(np.uint16)  # read in place through the f16 table
-        jit.want_attend_ahead(q_in, k_in, v_in, bias, order, out4)
-        v_lanes = weights_v_lanes(n_q, ctx.ggml_order)
-
-        def run_few() -> None:
-            used = n_kv if raw_mask is None else jit.visible_columns(raw_mask)
-            if q_in is not q4:
-                np.copyto(q_in, q4)
-            jit.attend(q_in, k_in, v_in, bias, order, used, float(scale), float(softcap),
-                       v_lanes, out4)  # fmt: skip
-
-        if q_in is q4 and raw_mask is not None:  # a generation step's, on the helpers
-            run_few = jit.pooled_attend(q4, k_in, v_in, raw_mask, bias, order, float(scale),
-                                        float(softcap), v_lanes, out4, run_few)  # fmt: skip
-        return sequence(prep, run_few)
+        copy_q = None if q_in is q4 else partial(np.copyto, q_in, q4)
+        lanes = weights_v_lanes(n_q, ctx.ggml_order)
+        attend = jit.bind_attend(q_in, k_in, v_in, raw_mask, bias, order, float(scale),
+                                 float(softcap), lanes, out4)  # fmt: skip
+        return sequence(prep, copy_q, attend)
 
     ctx.uses_blas = True  # the batched products below
     if term is not None and term.dtype != F32:

@@ -15,12 +15,13 @@ dot products use float32 with reassociation allowed, like ggml's SIMD reductions
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -501,31 +502,64 @@ class JitKernels:
         return (self._ahead is not None and _ATTENTION not in self._called
                 and self._ahead.has(self._attend))  # fmt: skip
 
-    def pooled_attend(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,
+    def bind_attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray | None,
         mask: np.ndarray, order: np.ndarray, scale: float, softcap: float, lanes: int,
-        out: np.ndarray, region: Callable[[], None],
+        out: np.ndarray,
     ) -> Callable[[], None]:  # fmt: skip
-        """A generation step's flash attention (:meth:`attend`'s arguments, and
-        ``visible``, the mask whose visible columns bound the cache rows read) on more
-        than one thread: a job of the spinning helpers (:mod:`.pool`), for an F16 cache
-        and mask (what the runner keeps), C-contiguous ``q`` and ``out``; ``region`` (the
-        step as :meth:`attend` runs it) otherwise, and while another thread's job holds
-        the pool. The same tasks and arithmetic as :meth:`attend`, so the same bits."""
+        """A flash attention step (:meth:`attend`'s arguments; ``visible``: the mask whose
+        last visible column bounds the cache rows read, None for none).
+
+        For an F16 cache and mask (what the runner keeps), C-contiguous ``q`` and
+        ``out``: the job function :func:`._numba_attention.attend_job` at every thread
+        count, alone on one thread, else shared with the spinning helpers (:mod:`.pool`),
+        else as a numba region. One compiled body for all three: numba links a callee's
+        code into each caller and optimizes it again, so the one-thread and the
+        parallel kernels each compiled the whole body once more (8 and 13 s of a first
+        run's CPU on the dev machine, beside the job's 9; 7 now), and each was a
+        disk-cache load at every launch. Anything else (an F32 cache, no mask): :meth:`attend`.
+        The same tasks and arithmetic either way, so the same bits."""
         halves = (k, v, visible, mask)
-        pool = self._pool()
-        if (pool is None or any(a.dtype != np.uint16 or a.ndim != 4 for a in halves)
+        if (any(a is None or a.dtype != np.uint16 or a.ndim != 4 for a in halves)
                 or not (q.flags.c_contiguous and out.flags.c_contiguous)
                 or order.dtype != np.int32 or q.dtype != np.float32):  # fmt: skip
-            return region
+            return self._bind_attend_kernels(q, k, v, visible, mask, order, scale, softcap,
+                                             lanes, out)  # fmt: skip
+        assert visible is not None  # checked above; mypy does not follow any()
         job = self._attend_job()
-        if not self._job_ready(job):
-            return region
-        block, chunks = self._attend_job_block(q, k, v, visible, mask, order, scale, softcap,
-                                               lanes, out, _F16_TO_F32,
-                                               self.numba.config.NUMBA_NUM_THREADS)  # fmt: skip
-        return _PooledJob(self, pool, job.address, block, chunks, region,
-                          (q, *halves, order, out))  # fmt: skip
+        if not self._job_is_ready(job) and self._ahead is not None:
+            self._ahead.want_job(job, rank=-1)  # before any kernel: a layer's first need
+        blocks = [self._attend_job_block(q, k, v, visible, mask, order, scale, softcap, lanes,
+                                         out, _F16_TO_F32, threads)
+                  for threads in (1, self.numba.config.NUMBA_NUM_THREADS)]  # fmt: skip
+        return _JobStep(self, job, "flash attention job", blocks, (q, *halves, order, out))
+
+    def _bind_attend_kernels(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray | None,
+        mask: np.ndarray, order: np.ndarray, scale: float, softcap: float, lanes: int,
+        out: np.ndarray,
+    ) -> Callable[[], None]:  # fmt: skip
+        """:meth:`bind_attend` through :meth:`attend`'s kernels."""
+        self.want_attend_ahead(q, k, v, mask, order, out)
+        n_kv = k.shape[2]
+
+        def run() -> None:
+            used = n_kv if visible is None else self.visible_columns(visible)
+            self.attend(q, k, v, mask, order, used, scale, softcap, lanes, out)
+
+        return run
+
+    def _job_address(self, job: Any, what: str) -> int:
+        """The address of the job function ``job`` (:func:`._numba_cache.job_function`),
+        loaded from the disk cache or compiled, after the compile-ahead process, if it
+        has the job, is done with it; ``what`` names it in the compile notice."""
+        if self._job_is_ready(job):
+            return int(job.address)
+        if self._ahead is not None:
+            self._ahead.wait_for(job)
+        with self._first_use(what):
+            job.compile()  # from the disk cache if the second process put it there
+        return int(job.address)
 
     def _job_ready(self, job: Any) -> bool:
         """Whether a step may run ``job`` (a job function of the helpers): compiled, or
@@ -637,26 +671,32 @@ class JitKernels:
     def _call(self, what: str, kernel: Callable[..., Any], *args: Any) -> Any:
         if what in self._called:
             return kernel(*args)
-        # The first call compiles (seconds) unless numba's disk cache has the kernel
-        # (milliseconds, more on a busy machine); say so if a compile runs long, so a
-        # first run does not look hung. The clock starts at numba's own "compile" event,
-        # which a load from the cache never raises: a slow cache read is not announced.
+        if self._ahead is not None:  # the second process may have it: let it finish
+            self._ahead.wait_for(kernel)
+        with self._first_use(what):
+            result = kernel(*args)
+        self._called.add(what)
+        return result
+
+    @contextlib.contextmanager
+    def _first_use(self, what: str) -> Iterator[None]:
+        """Around a kernel's first call, which compiles it (seconds) unless numba's disk
+        cache has it (milliseconds, more on a busy machine): say so if a compile runs
+        long, so a first run does not look hung. The clock starts at numba's own
+        "compile" event, which a load from the cache never raises: a slow cache read is
+        not announced."""
         notice = threading.Timer(COMPILE_NOTICE_S, _log.warning, (
             "numba is compiling the %s (once: it is cached on disk for later runs)", what
         ))  # fmt: skip
         notice.daemon = True
-        if self._ahead is not None:  # the second process may have it: let it finish
-            self._ahead.wait_for(kernel)
         try:
             with self.numba.core.event.install_listener(
                 "numba:compile", _on_first_compile(self.numba, notice.start)
             ):
-                result = kernel(*args)
+                yield
         finally:
             notice.cancel()
             self._llvm_ran = True
-        self._called.add(what)
-        return result
 
     def _note_llvm_ran(self) -> None:
         self._llvm_ran = True
@@ -708,8 +748,8 @@ def _q8_scratch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 class _PooledJob:
-    """A step that runs a job on the spinning helpers (:meth:`JitKernels._pooled`,
-    :meth:`JitKernels.pooled_attend`), or its numba ``region`` on one thread (set after
+    """A step that runs a job on the spinning helpers (:meth:`JitKernels._pooled`), or
+    its numba ``region`` on one thread (set after
     binding) and while another thread's job holds the pool. Holds the job's argument
     block and the arrays it names by address, which must live as long as the step."""
 
@@ -725,6 +765,42 @@ class _PooledJob:
         n = self._jit.n_threads
         if n == 1 or not self._pool.run(n, self._fn, self._at, self._chunks):
             self._region()
+
+
+class _JobStep:
+    """A step that runs one job function (:meth:`JitKernels.bind_attend`): on one thread
+    alone (:func:`._numba_pool.run_alone`), on more shared with the spinning helpers, or
+    as a numba region where they are off or another thread's job holds them. ``blocks``:
+    the job's argument block and chunk count for one thread and for numba's most
+    (a plan is bound at the count of its first compute and kept for others); the job
+    is loaded, or waited for, at the first call. Holds the arrays the blocks name by
+    address, which must live as long as the step."""
+
+    def __init__(
+        self, jit: JitKernels, job: Any, what: str,
+        blocks: Sequence[tuple[np.ndarray, int]], arrays: tuple[np.ndarray | None, ...],
+    ) -> None:  # fmt: skip
+        from . import _numba_pool
+
+        self._jit, self._job, self._what, self._fn = jit, job, what, 0
+        (self._one, self._one_chunks), (self._many, self._many_chunks) = blocks
+        self._one_at, self._many_at = self._one.ctypes.data, self._many.ctypes.data
+        self._pool = jit._pool()
+        self._alone, self._region = _numba_pool.run_alone, _numba_pool.run_region
+        self._arrays = arrays
+
+    def __call__(self) -> None:
+        fn = self._fn or self._load()
+        jit = self._jit
+        n = jit.n_threads
+        if n == 1:
+            jit._call("job runner", self._alone, fn, self._one_at, self._one_chunks)
+        elif self._pool is None or not self._pool.run(n, fn, self._many_at, self._many_chunks):
+            jit._call("parallel job runner", self._region, fn, self._many_at, self._many_chunks)
+
+    def _load(self) -> int:
+        self._fn = self._jit._job_address(self._job, self._what)
+        return self._fn
 
 
 def _sibling_args(
