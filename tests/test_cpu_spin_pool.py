@@ -224,19 +224,27 @@ def test_repacked_products_on_the_helpers_are_the_regions_bits(
             np.testing.assert_array_equal(a, b)
 
 
-def test_attention_on_the_helpers_is_the_regions_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("H", "Hkv", "n_q"), [(12, 4, 2), (9, 3, 1), (4, 1, 1), (9, 3, 20)])
+def test_attention_on_the_helpers_is_the_regions_bits(
+    monkeypatch: pytest.MonkeyPatch, H: int, Hkv: int, n_q: int
+) -> None:
     """A generation step's flash attention over an F16 cache and mask, with a padded
-    cache: the helpers' tasks are the region's, to the bit, and one thread's."""
-    from tensorplug_cpu.kernels._numba_attention import attend_job
+    cache: the helpers' tasks are the region's, to the bit, and one thread's. KV heads
+    that do not share out among two threads (3, as SmolLM2's; 1, as Gemma 3's) are split
+    by query heads for one run of rows, and by whole KV heads for two runs."""
+    from tensorplug_cpu.kernels._numba_attention import attend_job, job_parts
 
     attend_job().compile()
-    B, H, Hkv, n_kv, D = 1, 12, 4, 48, 64
-    qv = RNG.standard_normal((B, H, 2, D)).astype(np.float32)
+    runs = -(-n_q // 16)
+    split_by_query_heads = Hkv % 2 != 0 and runs < 2
+    assert job_parts(Hkv, H // Hkv, runs, 2)[0] == (1 if split_by_query_heads else H // Hkv)
+    B, n_kv, D = 1, 48, 64
+    qv = RNG.standard_normal((B, H, n_q, D)).astype(np.float32)
     kv_ = RNG.standard_normal((B, Hkv, n_kv, D)).astype(np.float16)
     vv = RNG.standard_normal((B, Hkv, n_kv, D)).astype(np.float16)
-    mv = np.zeros((1, 1, 2, n_kv), np.float16)
+    mv = np.zeros((1, 1, n_q, n_kv), np.float16)
     mv[..., 37:] = -np.inf  # the cache's padding
-    mv[0, 0, 0, 36] = -np.inf  # causal: the first row does not see the second's cell
+    mv[0, 0, :-1, 36] = -np.inf  # causal: the rows before the last do not see its cell
     results = []
     for threads, spin in ((2, True), (2, False), (1, True)):
         backend = _on(threads, spin, monkeypatch)
@@ -251,6 +259,17 @@ def test_attention_on_the_helpers_is_the_regions_bits(monkeypatch: pytest.Monkey
         results.append(tp.get_array(out))
     np.testing.assert_array_equal(results[0], results[1])
     np.testing.assert_array_equal(results[0], results[2])
+    # and the one-thread kernel's, every query head of a KV head in one task
+    from tensorplug_cpu.kernels._numba_attention import attend_serial
+    from tensorplug_cpu.kernels.attention import weights_v_lanes
+    from tensorplug_cpu.kernels.jit import _F16_TO_F32
+
+    alone = np.full((B, n_q, H, D), np.nan, np.float32)
+    halves = [a.view(np.uint16) for a in (kv_, vv, mv)]
+    lanes = weights_v_lanes(n_q, backend.ggml_order)  # type: ignore[attr-defined]
+    attend_serial(qv, *halves, np.zeros(0, np.int32), 37, D**-0.5, 0.0, lanes, alone,
+                  _F16_TO_F32)  # fmt: skip
+    np.testing.assert_array_equal(results[0], alone)
 
 
 def test_a_job_the_cache_lacks_is_made_ahead_not_in_the_step(

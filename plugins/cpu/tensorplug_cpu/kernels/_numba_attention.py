@@ -464,17 +464,18 @@ def _attend_heads(q: Any, keys: Any, values: Any, table: Any, lanes: int, out: A
 @kernel()
 def attend_rows(
     q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale: float, softcap: float,
-    lanes: int, out: Any, table: Any, b: int, hk0: int, hk1: int, r0: int, r1: int,
-    cols: Any, biases: Any, w: Any, qs: Any, block: Any, acc: Any, sees: Any,
+    lanes: int, out: Any, table: Any, b: int, hk0: int, hk1: int, g0: int, n_g: int, r0: int,
+    r1: int, cols: Any, biases: Any, w: Any, qs: Any, block: Any, acc: Any, sees: Any,
 ) -> None:  # fmt: skip
-    """:func:`attend` for query rows ``[r0, r1)`` of the query heads of batch ``b`` whose
-    KV heads are ``[hk0, hk1)``, in llama.cpp's arithmetic (see :func:`attend`). Heads
+    """:func:`attend` for query rows ``[r0, r1)`` of batch ``b``'s query heads ``g0 ≤ g <
+    g0 + n_g`` of each KV head in ``[hk0, hk1)``, in llama.cpp's arithmetic (see
+    :func:`attend`). Heads
     that see the same cells (all of them, unless the mask has a head axis) are taken
     together: their cells found once, every KV head's K read cell by cell as the cache
     holds them, and each weights·V chain serving all the query heads of its KV head.
 
     The scratch is the caller's (:func:`_scratch`): ``cols`` and ``biases`` (≥
-    ``used``), ``w`` (query heads of the KV heads, ≥ ``used``), ``qs`` (those heads,
+    ``used``), ``w`` (those query heads, ≥ ``used``), ``qs`` (those heads,
     D), ``block`` (:data:`EXP_LANES`), ``acc`` (those heads, :data:`DOT_LANES`, Dv),
     ``sees`` (those heads).
 
@@ -506,15 +507,15 @@ def attend_rows(
     for r in range(r0, r1):
         if per_head_mask:  # each query head sees cells of its own
             for hk in range(hk0, hk1):
-                for g in range(group):
+                for g in range(g0, g0 + n_g):
                     m = _visible(mask, table, mb, hk * group + g, r, used, True, order, cols,
                                  biases)  # fmt: skip
                     _attend_heads(q, keys, values, table, lanes, out, b, r, hk, hk + one, g, one,
                                   cols, biases, m, sc, cap, w, qs, block, acc, sees,
-                                  r == r0 and g == 0)  # fmt: skip
+                                  r == r0 and g == g0)  # fmt: skip
         else:
             m = _visible(mask, table, mb, zero, r, used, has_mask, order, cols, biases)
-            _attend_heads(q, keys, values, table, lanes, out, b, r, hk0, hk1, zero, group, cols,
+            _attend_heads(q, keys, values, table, lanes, out, b, r, hk0, hk1, g0, n_g, cols,
                           biases, m, sc, cap, w, qs, block, acc, sees, r == r0)  # fmt: skip
 
 
@@ -599,7 +600,8 @@ def attend(
         r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
         scratch = _scratch(used, per_task * group, q.shape[3], v.shape[3])
         attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table, bp // parts,
-                    hk0, min(n_hk, hk0 + per_task), run * ROWS_PER_TASK, r1, *scratch)  # fmt: skip
+                    hk0, min(n_hk, hk0 + per_task), hk0 - hk0, group, run * ROWS_PER_TASK, r1,
+                    *scratch)  # fmt: skip
 
 
 @kernel(nogil=True)
@@ -624,7 +626,7 @@ def attend_serial(
     scratch = _scratch(used, q.shape[1], q.shape[3], v.shape[3])
     for b in range(n_b):
         attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table, b, first,
-                    n_hk, first, n_q, *scratch)  # fmt: skip
+                    n_hk, first, q.shape[1] // n_hk, first, n_q, *scratch)  # fmt: skip
 
 
 @kernel(nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads
@@ -675,10 +677,28 @@ def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
 # read from, the mask its biases are read from, and out, each as _numba_pool.describe4
 # writes it; then order, the scalars, and what the prologue finds.
 _Q, _K, _V, _VISIBLE, _MASK, _OUT = (i * ARRAY4_FIELDS for i in range(6))
-_ORDER, _ORDER_N, _SCALE, _SOFTCAP, _LANES, _TABLE, _RUNS, _PER_TASK, _USED = range(
-    6 * ARRAY4_FIELDS, 6 * ARRAY4_FIELDS + 9
+_ORDER, _ORDER_N, _SCALE, _SOFTCAP, _LANES, _TABLE, _RUNS, _UNIT, _PARTS, _USED = range(
+    6 * ARRAY4_FIELDS, 6 * ARRAY4_FIELDS + 10
 )
-_JOB_FIELDS = 6 * ARRAY4_FIELDS + 9
+_JOB_FIELDS = 6 * ARRAY4_FIELDS + 10
+
+
+def job_parts(n_hk: int, group: int, runs: int, threads: int) -> tuple[int, int]:
+    """How :func:`attend_job` shares a step's query heads among its tasks: ``(unit,
+    parts)``, each of the ``parts`` a run of whole units of ``unit`` query heads. Whole
+    KV heads (``unit = group``) where they share out evenly, or where the query rows
+    make at least as many runs as there are threads (the runs balance the tasks): ggml's
+    cache holds each cell's KV heads side by side, and a task that takes them all reads
+    it as it lies, a K or V row once for every query head of its group. Otherwise
+    single query heads (``unit = 1``): a generation step of SmolLM2 (3 KV heads) on two
+    threads took its heads 2 : 1 (six query heads against three), of Gemma 3 (1 KV
+    head) 1 : 0; now 5 : 4 and 2 : 2, a KV head's rows read by both threads. Any
+    split gives the same bits."""
+    if threads == 1:
+        return group, 1
+    if n_hk % threads == 0 or runs >= threads:
+        return group, min(n_hk, threads)
+    return 1, min(threads, n_hk * group)
 
 
 def attend_job_block(
@@ -699,9 +719,9 @@ def attend_job_block(
     block[_SCALE : _SOFTCAP + 1] = np.array([scale, softcap], np.float64).view(np.int64)
     block[_LANES], block[_TABLE] = lanes, table.ctypes.data
     runs = (q.shape[2] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    per_task = _kv_heads_per_task.py_func(k.shape[1], threads)
-    block[_RUNS], block[_PER_TASK] = runs, per_task
-    return block, q.shape[0] * -(-k.shape[1] // per_task) * runs
+    unit, parts = job_parts(k.shape[1], q.shape[1] // k.shape[1], runs, threads)
+    block[_RUNS], block[_UNIT], block[_PARTS] = runs, unit, parts
+    return block, q.shape[0] * parts * runs
 
 
 #: :func:`attend_rows` inlined, for the job: one level of numba's linking less. numba
@@ -713,8 +733,9 @@ _attend_rows_inline = njit(inline="always")(attend_rows.py_func)
 
 def _attend_job(job: Any, lo: Any, hi: Any) -> None:
     """:func:`attend` as a job of :mod:`.pool`: the prologue finds the visible columns
-    (``used``, kept in the block for the chunks), chunk ``t`` is :func:`attend`'s task
-    ``t`` (some KV heads' query heads over a run of rows), with the same arithmetic."""
+    (``used``, kept in the block for the chunks); chunk ``t`` takes a run of query rows
+    of one batch and one part of the query heads (:func:`job_parts`), in rectangles of
+    a KV head's query heads or of whole KV heads, with :func:`attend`'s arithmetic."""
     j = carray(address(job), _JOB_FIELDS, np.int64)
     table = carray(address(j[_TABLE]), 1 << 16, np.float32)
     if lo < 0:
@@ -724,19 +745,27 @@ def _attend_job(job: Any, lo: Any, hi: Any) -> None:
     k, v, mask = view4(j, _K, np.uint16), view4(j, _V, np.uint16), view4(j, _MASK, np.uint16)
     order = carray(address(j[_ORDER]), j[_ORDER_N], np.int32)
     scales = j[_SCALE : _SOFTCAP + 1].view(np.float64)
-    used, runs, per_task, n_hk, n_q = j[_USED], j[_RUNS], j[_PER_TASK], k.shape[1], q.shape[2]
-    parts = (n_hk + per_task - 1) // per_task
-    heads = per_task * (q.shape[1] // n_hk)
+    used, runs, unit, parts, n_q = j[_USED], j[_RUNS], j[_UNIT], j[_PARTS], q.shape[2]
+    group = q.shape[1] // k.shape[1]
+    units = q.shape[1] // unit
+    heads = unit * ((units + parts - 1) // parts)  # a part's most query heads
     # unpacked: numba inlines no call that passes a tuple as *args
     cols, biases, w, qs, block, acc, sees = _scratch(used, heads, q.shape[3], v.shape[3])
     for t in range(lo, hi):
         bp, run = t // runs, t % runs
-        hk0 = (bp % parts) * per_task
-        r1 = min(n_q, (run + 1) * ROWS_PER_TASK)
-        _attend_rows_inline(q, k, v, mask, order, used, scales[0], scales[1], j[_LANES], out,
-                            table, bp // parts, hk0, min(n_hk, hk0 + per_task),
-                            run * ROWS_PER_TASK, r1, cols, biases, w, qs, block, acc,
-                            sees)  # fmt: skip
+        p = bp % parts
+        r0 = run * ROWS_PER_TASK
+        r1 = min(n_q, r0 + ROWS_PER_TASK)
+        x, x1 = unit * (p * units // parts), unit * ((p + 1) * units // parts)
+        while x < x1:  # query heads x (KV head x // group) in rectangles
+            hk, g = x // group, x % group
+            n_hk, n_g = 1, min(group - g, x1 - x)
+            if g == 0 and x1 - x >= group:
+                n_hk, n_g = (x1 - x) // group, group
+            _attend_rows_inline(q, k, v, mask, order, used, scales[0], scales[1], j[_LANES], out,
+                                table, bp // parts, hk, hk + n_hk, g, n_g, r0, r1, cols, biases,
+                                w, qs, block, acc, sees)  # fmt: skip
+            x += n_hk * n_g
 
 
 @functools.cache
