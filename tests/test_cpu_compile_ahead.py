@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -289,6 +290,35 @@ def test_an_f16_cache_s_attention_job_goes_ahead_first_and_is_waited_for(
     step()
     step()
     assert events == ["waited", "compiled", "ran 1234", "ran 1234"]
+
+
+def test_a_kernel_a_plan_first_calls_after_its_attention_goes_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """This process compiles kernels in the order a plan's steps call them; the second
+    one takes those first called after the plan's first attention (a layer's later
+    products, the output product), once each, right after the attention job (rank 0).
+    A kernel the plan called before its attention stays here; a new plan starts afresh."""
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    assert jit is not None
+    recorder = _Wants()
+    monkeypatch.setattr(jit, "_ahead", recorder)
+    monkeypatch.setattr(jit, "_plan_kernels", set())
+    monkeypatch.setattr(jit, "_attention_bound", False)
+    before, after = (lambda *a: None), (lambda *a: None)
+    jit._bound(partial(jit._call, "before", before, 1))
+    q, out = np.ones((1, 2, 1, 64), np.float32), np.empty((1, 1, 2, 64), np.float32)
+    kv, mask = np.ones((1, 1, 8, 64), np.float32), np.zeros((1, 1, 1, 8), np.float32)
+    jit.bind_attend(q, kv, kv, mask, mask, np.zeros(0, np.int32), 0.125, 0.0, 64, out)
+    recorder.wanted.clear()  # the F32 cache's attention kernels
+    for kernel in (before, after, after):
+        jit._bound(partial(jit._call, "a product", kernel, 2))
+    assert recorder.wanted == [(after, 0)]
+    monkeypatch.setattr(jit, "_ahead", None)
+    jit.compile_ahead()  # the plan is bound
+    assert not jit._attention_bound and not jit._plan_kernels
 
 
 class _Pending:

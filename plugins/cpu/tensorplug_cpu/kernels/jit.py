@@ -146,6 +146,10 @@ class JitKernels:
         #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
         #: products that have a serial kernel call it instead
         self.n_threads: int = numba.get_num_threads()
+        #: the plan being bound (:meth:`compile_ahead` ends it): whether a step of it
+        #: runs attention yet, and the kernels its steps call so far
+        self._attention_bound = False
+        self._plan_kernels: set[Any] = set()
 
     def supports(self, t: Type) -> bool:
         """Whether ``t`` weights have kernels here (a product by a few rows, decoding)."""
@@ -206,13 +210,15 @@ class JitKernels:
         out: np.ndarray,
         scratch: Callable[..., np.ndarray] = np.empty,
         ggml_order: bool = False,
+        alone: bool = True,
     ) -> Callable[[], None]:
         """``out[t, o] = W[o]·x[t]`` for weights stored repacked (:mod:`..repack`), rows
         of eight as ``packed`` ``(groups, bytes)``, any number of activation rows ``x``
         (unit-stride float32); ``scratch(shape, dtype)`` gives the Q8_0 activations'
-        room; ``ggml_order``: sum in ggml's orders (``CpuBackend.ggml_order``). One
-        thread runs the serial kernel, more the parallel one: each group's sums are the
-        same either way, so the bits are too."""
+        room; ``ggml_order``: sum in ggml's orders (``CpuBackend.ggml_order``); ``alone``:
+        False for a product of a joint step (:meth:`bind_packed_siblings`), which runs
+        it only on one thread. One thread runs the serial kernel, more the parallel one:
+        each group's sums are the same either way, so the bits are too."""
         if out.strides[-1] != 4 or x.strides[-1] != 4:
             raise ValueError("bind_packed: x's and out's rows must be unit-stride float32")
         xq, xd, xs = _packed_scratch(x, self._repack.sums_span(t), scratch)
@@ -228,7 +234,7 @@ class JitKernels:
             t, x, (xq, xd, xs), partial(self._call, what, drivers.siblings, x, *joint)
         )
         pooled = self._pooled(x, [(t, packed, out)], (xq, xd, xs), parallel, ggml_order)
-        return self._serial_or_parallel(serial, parallel, pooled)
+        return self._serial_or_parallel(serial, parallel, pooled, alone)
 
     def _quantized_apart(
         self, t: Type, x: np.ndarray, quantized: tuple[np.ndarray, ...],
@@ -337,7 +343,8 @@ class JitKernels:
         typeof = self.numba.typeof
         if len({typeof(p) for p in packs}) != 1 or len({typeof(o) for o in outs}) != 1:
             return None
-        one_by_one = [self.bind_packed(t, p, x, o, scratch, ggml_order) for t, p, o in products]
+        one_by_one = [self.bind_packed(t, p, x, o, scratch, ggml_order, alone=False)
+                      for t, p, o in products]  # fmt: skip
         joint = _sibling_args(packs, outs, [t for t, _, _ in products], lambda p: p.shape[0])
         kinds = frozenset(t for t, _, _ in products)
         what = f"repacked sibling products kernel for {'+'.join(sorted(t.name for t in kinds))}"
@@ -382,7 +389,7 @@ class JitKernels:
 
     def _serial_or_parallel(
         self, serial: partial[Any], parallel: partial[Any],
-        pooled: Callable[[], None] | None = None,
+        pooled: Callable[[], None] | None = None, alone: bool = True,
     ) -> Callable[[], None]:  # fmt: skip
         """A product's step: the serial kernel on one thread (no parallel region to open),
         else the parallel one (``pooled``, the same on the spinning helpers, where it is
@@ -392,6 +399,8 @@ class JitKernels:
 
         kernel, parallel_what = serial.args[1], parallel.args[0]
         self._will_call(serial if self.n_threads == 1 else parallel)
+        if alone or self.n_threads == 1:  # (a joint step's products run on one thread only)
+            self._bound(serial if self.n_threads == 1 else parallel)
         many = parallel if pooled is None else pooled
 
         def run() -> None:  # every token: the set is asked before the method is called
@@ -431,6 +440,7 @@ class JitKernels:
 
         if self.n_threads > 1:
             self._will_call(together)
+            self._bound(together)
         many = together if pooled is None else pooled
 
         def run() -> None:
@@ -457,8 +467,26 @@ class JitKernels:
 
     def compile_ahead(self) -> None:
         """Start compiling what :meth:`want_ahead` gathered (after a plan is bound)."""
+        self._attention_bound, self._plan_kernels = False, set()
         if self._ahead is not None:
             self._ahead.start()
+
+    def _bound(self, call: Callable[[], None]) -> None:
+        """A step of the plan being bound calls ``call`` (a partial of :meth:`_call`:
+        ``args`` ``(what, kernel, *kernel's arguments)``) at this thread count. A kernel
+        the plan first calls after its first attention goes to the second process
+        (rank 0: after the attention job, before the kernels of other thread counts):
+        this process compiles in the order the steps call, so the second one takes
+        what they call last. Gemma 3 on two threads, first run: its output product's
+        driver (Q6_K, 8 s) was compiled here after the wait for the attention job,
+        while the second process compiled the one-thread drivers the run did not need
+        yet; 25-26 s to the first token."""
+        if not isinstance(call, partial) or len(call.args) < 2:
+            return
+        kernel = call.args[1]
+        if self._attention_bound and kernel not in self._plan_kernels:
+            self.want_ahead(kernel, *call.args[2:], rank=0)
+        self._plan_kernels.add(kernel)
 
     def want_attend_ahead(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
@@ -519,6 +547,7 @@ class JitKernels:
         run's CPU on the dev machine, beside the job's 9; 7 now), and each was a
         disk-cache load at every launch. Anything else (an F32 cache, no mask): :meth:`attend`.
         The same tasks and arithmetic either way, so the same bits."""
+        self._attention_bound = True
         halves = (k, v, visible, mask)
         if (any(a is None or a.dtype != np.uint16 or a.ndim != 4 for a in halves)
                 or not (q.flags.c_contiguous and out.flags.c_contiguous)
