@@ -561,7 +561,13 @@ class JitKernels:
         blocks = [self._attend_job_block(q, k, v, visible, mask, order, scale, softcap, lanes,
                                          out, _F16_TO_F32, threads)
                   for threads in (1, self.numba.config.NUMBA_NUM_THREADS)]  # fmt: skip
-        return _JobStep(self, job, "flash attention job", blocks, (q, *halves, order, out))
+        # the helpers where the step's products run on them (a few rows), else a numba
+        # region as the products': interleaved with TBB's regions, whose worker spins on
+        # the other core after each, the helper woke too late to take a share (a 128-row
+        # prompt's attention of Gemma 3, two threads: 1.0-1.5 ms on the helpers, as on
+        # one thread, against 0.8 as a region and 0.6 on helpers called back to back)
+        pool = self._pool() if q.shape[2] < self._repack.QUANTIZE_APART_ROWS else None
+        return _JobStep(self, job, "flash attention job", blocks, (q, *halves, order, out), pool)
 
     def _bind_attend_kernels(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray | None,
@@ -798,8 +804,9 @@ class _PooledJob:
 
 class _JobStep:
     """A step that runs one job function (:meth:`JitKernels.bind_attend`): on one thread
-    alone (:func:`._numba_pool.run_alone`), on more shared with the spinning helpers, or
-    as a numba region where they are off or another thread's job holds them. ``blocks``:
+    alone (:func:`._numba_pool.run_alone`), on more shared with the spinning helpers
+    (``pool``), or as a numba region where there are none for the step (None) or
+    another thread's job holds them. ``blocks``:
     the job's argument block and chunk count for one thread and for numba's most
     (a plan is bound at the count of its first compute and kept for others); the job
     is loaded, or waited for, at the first call. Holds the arrays the blocks name by
@@ -808,13 +815,14 @@ class _JobStep:
     def __init__(
         self, jit: JitKernels, job: Any, what: str,
         blocks: Sequence[tuple[np.ndarray, int]], arrays: tuple[np.ndarray | None, ...],
+        pool: Any,
     ) -> None:  # fmt: skip
         from . import _numba_pool
 
         self._jit, self._job, self._what, self._fn = jit, job, what, 0
         (self._one, self._one_chunks), (self._many, self._many_chunks) = blocks
         self._one_at, self._many_at = self._one.ctypes.data, self._many.ctypes.data
-        self._pool = jit._pool()
+        self._pool = pool
         self._alone, self._region = _numba_pool.run_alone, _numba_pool.run_region
         self._arrays = arrays
 
