@@ -37,7 +37,7 @@ from ..settings import COMPILE_AHEAD
 from . import _numba_ir as ir
 from ._numba_cache import instruction_forms, is_cached, job_cached
 
-__all__ = ["Ahead", "Job", "origin_of", "resolve"]
+__all__ = ["Ahead", "Job", "cached", "origin_of", "resolve"]
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -97,6 +97,17 @@ class _JobCompile:
     def compile(self, signature: tuple[Any, ...]) -> None:
         self.job.compile()
 
+    def cached(self, signature: tuple[Any, ...]) -> bool:
+        return job_cached(self.job)
+
+
+def cached(kernel: Any, signature: tuple[Any, ...]) -> bool:
+    """Whether numba's disk cache already holds :func:`resolve`'s ``kernel`` for
+    ``signature``: the other process compiled it meanwhile."""
+    if isinstance(kernel, _JobCompile):
+        return kernel.cached(signature)
+    return is_cached(kernel, signature)
+
 
 @dataclass(frozen=True)
 class Job:
@@ -115,6 +126,11 @@ class Ahead:
     #: the origins the child has, each with how many of its jobs are not done yet
     handed: dict[tuple[Any, ...], int] = field(default_factory=dict)
     order: list[tuple[Any, ...]] = field(default_factory=list)  # the child's jobs' origins
+    #: the child's jobs, in its order; how many it has said are done (it takes them in
+    #: order, so the next is the one it is compiling); those this process took back
+    queue: list[Job] = field(default_factory=list)
+    reported: int = 0
+    taken: set[int] = field(default_factory=set)
     #: kernels already looked at, at their first signature only: a plan binds a kernel
     #: once per layer, with arrays of the same types, and typing the arguments of
     #: every bind (numba's typeof, ~2 µs an array) cost a warm launch ~50 ms. A kernel
@@ -124,8 +140,10 @@ class Ahead:
     #: their first arguments (:meth:`will_call`): what it compiles while it waits for
     #: the child
     later: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
-    #: the origins :attr:`later` has had (a plan binds a kernel once per layer)
+    #: the origins :attr:`later` has had (a plan binds a kernel once per layer), and in
+    #: the order bound
     called_seen: set[tuple[Any, ...]] = field(default_factory=set)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
     child: subprocess.Popen[bytes] | None = None
     started: float = 0.0
 
@@ -166,6 +184,7 @@ class Ahead:
         if origin is None or origin in self.called_seen:
             return
         self.called_seen.add(origin)
+        self.calls.append(origin)
         self.later.append((kernel, tuple(kernel.typeof_pyval(a) for a in args)))
 
     def keep(self, kernel: Any) -> None:
@@ -202,6 +221,7 @@ class Ahead:
             return
         self.child, self.started = child, time.monotonic()
         self.order = [job.origin for job in jobs]
+        self.queue, self.reported, self.taken = jobs, 0, set()
         for job in jobs:
             self.handed[job.origin] = self.handed.get(job.origin, 0) + 1
         _log.debug("compiling %d kernels ahead in process %d", len(jobs), child.pid)
@@ -225,10 +245,32 @@ class Ahead:
                 break
             if not self.has(kernel):  # said so meanwhile (or ended)
                 break
-            if self._compile_one_later():
+            if self._compile_one_later() or self._take_back(origin):
                 continue
             if not self._heard(child.stdout.readline()):
                 break
+
+    def _take_back(self, origin: tuple[Any, ...]) -> bool:
+        """Compile here, rather than wait idle, a job the child has not started that this
+        process's plans call: the awaited kernel itself, else the one they call first
+        (:attr:`calls`). The child skips a job whose kernel the disk cache has by the
+        time it gets there. False when there is none (the child's other jobs are for
+        later plans or runs: one of them compiled here could outlast the wait). Gemma 3
+        on one thread, first run: this process waited 8.5 s for the attention job and
+        two product drivers queued behind it, idle."""
+        busy = self.reported  # the job the child is compiling (it reports in order)
+        first = {self.order[i]: i for i in range(len(self.queue) - 1, busy, -1)
+                 if i not in self.taken}  # fmt: skip
+        for wanted in (origin, *self.calls):
+            i = first.get(wanted)
+            if i is None:
+                continue
+            job = self.queue[i]
+            resolve(job.origin).compile(job.signature)
+            self.taken.add(i)
+            self.handed[job.origin] -= 1
+            return True
+        return False
 
     def _compile_one_later(self) -> bool:
         """Compile (or load from the disk cache) the next kernel of :attr:`later` that
@@ -267,7 +309,10 @@ class Ahead:
         if not line:
             self.handed.clear()
             return False
-        self.handed[self.order[int(line)]] -= 1
+        i = int(line)
+        self.reported = i + 1
+        if i not in self.taken:  # a job taken back was counted when it was taken
+            self.handed[self.order[i]] -= 1
         return True
 
     def close(self) -> None:
@@ -289,7 +334,9 @@ def main() -> None:
     ir.HAS_AVX2, ir.HAS_F16C, ir.HAS_VNNI, ir.HAS_32_REGS = forms
     listening = True
     for i, job in enumerate(jobs):
-        resolve(job.origin).compile(job.signature)
+        kernel = resolve(job.origin)
+        if not cached(kernel, job.signature):  # else the parent took it back (done)
+            kernel.compile(job.signature)
         if listening:
             try:
                 print(i, flush=True)
