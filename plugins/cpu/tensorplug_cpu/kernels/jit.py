@@ -395,7 +395,7 @@ class JitKernels:
         else the parallel one (``pooled``, the same on the spinning helpers, where it is
         given); the count is read at each call, since ``set_num_threads`` may change it
         after binding. Both are partials of :meth:`_call` (``what``, the kernel, its
-        arguments)."""
+        arguments); ``alone`` as :meth:`bind_packed`'s."""
 
         kernel, parallel_what = serial.args[1], parallel.args[0]
         self._will_call(serial if self.n_threads == 1 else parallel)
