@@ -10,13 +10,15 @@ call last, and that numba's disk cache does not hold yet, are handed to a child 
 stdin), which compiles them into the same disk cache on the other core while this
 process compiles the rest in the order the graph needs them. The child says on its
 stdout which job it has finished; when this process reaches a kernel the child has, it
-waits for that line and loads the kernel from the cache. The child hands back nothing
+waits for that line and loads the kernel from the cache; while it waits, it takes
+back a job the child has not started that its plans call, and the child skips a job
+whose kernel the cache has by the time it gets there. The child hands back nothing
 else: if it fails (or is killed), the kernels it had are compiled here as they would
 have been, after the wait.
 
-Which kernels go ahead is the binder's choice (:meth:`Ahead.want`): flash attention and
-the one-thread products, which a step reaches after its first products, and a
-one-thread step only after the multi-thread ones (the thread governor's trial).
+Which kernels go ahead is the binder's choice (:meth:`Ahead.want`): flash attention,
+the kernels a plan first calls after it, and the one-thread products, which a step on
+more threads reaches only after the multi-thread ones (the thread governor's trial).
 ``TENSORPLUG_CPU_COMPILE_AHEAD=0`` turns it off.
 """
 
@@ -235,7 +237,8 @@ class Ahead:
         this process compiles the kernels its plans call later (:meth:`will_call`) that
         neither it nor the child has yet: SmolLM2's first run on two threads (Zen 4)
         waits ~1.8 s for the attention kernels, time in which it now compiles its output
-        product's driver (~1.9 s), which it had compiled after the wait."""
+        product's driver (~1.9 s), which it had compiled after the wait; then the
+        child's jobs it calls that the child has not started (:meth:`_take_back`)."""
         origin, child = origin_of(kernel), self.child
         if origin is None or child is None or child.stdout is None:
             return
