@@ -229,16 +229,16 @@ def test_attention_on_the_helpers_is_the_regions_bits(
     monkeypatch: pytest.MonkeyPatch, H: int, Hkv: int, n_q: int
 ) -> None:
     """A generation step's flash attention over an F16 cache and mask, with a padded
-    cache: the helpers' tasks are the region's, to the bit, and one thread's. KV heads
-    that do not share out among two threads (3, as SmolLM2's; 1, as Gemma 3's) are split
-    by query heads for one run of rows, and by whole KV heads for two runs (20 rows: a
-    prompt's step, whose attention runs as a numba region, as its products do)."""
+    cache: the helpers' tasks are the region's, to the bit, and one thread's. Fewer KV
+    heads than threads (1, as Gemma 3's) are split by query heads for one run of rows;
+    3 (SmolLM2's) and two runs of rows (20 rows: a prompt's step, whose attention runs
+    as a numba region, as its products do) by whole KV heads."""
     from tensorplug_cpu.kernels._numba_attention import attend_job, job_parts
     from tensorplug_cpu.kernels._numba_repack import QUANTIZE_APART_ROWS
 
     attend_job().compile()
     runs = -(-n_q // 16)
-    split_by_query_heads = Hkv % 2 != 0 and runs < 2
+    split_by_query_heads = Hkv < 2 and runs < 2
     assert job_parts(Hkv, H // Hkv, runs, 2)[0] == (1 if split_by_query_heads else H // Hkv)
     B, n_kv, D = 1, 48, 64
     qv = RNG.standard_normal((B, H, n_q, D)).astype(np.float32)
@@ -274,6 +274,42 @@ def test_attention_on_the_helpers_is_the_regions_bits(
     attend_serial(qv, *halves, np.zeros(0, np.int32), 37, D**-0.5, 0.0, lanes, alone,
                   _F16_TO_F32)  # fmt: skip
     np.testing.assert_array_equal(results[0], alone)
+
+
+@pytest.mark.parametrize(("H", "Hkv", "threads"), [(8, 2, 3), (4, 1, 2), (9, 3, 4), (12, 4, 5)])
+def test_the_attention_job_s_parts_of_query_heads_give_the_one_thread_bits(
+    H: int, Hkv: int, threads: int
+) -> None:
+    """Fewer KV heads than threads: the job's tasks take runs of query heads, some a
+    part of one KV head's group, some ending in the next KV head or holding a whole one
+    (rectangles). Every task run here on one thread, in the blocks made for
+    ``threads``: the one-thread kernel's bits, with ggml's cache layout (a cell's KV
+    heads side by side) and a causal mask with padding."""
+    from tensorplug_cpu.kernels import _numba_attention as attention
+    from tensorplug_cpu.kernels._numba_pool import run_alone
+    from tensorplug_cpu.kernels.jit import _F16_TO_F32
+
+    job = attention.attend_job()
+    job.compile()
+    n_q, n_kv, D = 2, 40, 64
+    rng = np.random.default_rng(H * 100 + Hkv)
+    q = rng.standard_normal((1, H, n_q, D)).astype(np.float32)
+    cells = [rng.standard_normal((n_kv, Hkv, D)).astype(np.float16).view(np.uint16)
+             for _ in range(2)]  # fmt: skip
+    k, v = (c.transpose(1, 0, 2)[None] for c in cells)
+    mask = np.zeros((1, 1, n_q, n_kv), np.float16)
+    mask[..., 33:] = -np.inf
+    mask[0, 0, 0, 32] = -np.inf
+    raw = mask.view(np.uint16)
+    order = np.zeros(0, np.int32)
+    assert attention.job_parts(Hkv, H // Hkv, 1, threads)[0] == 1  # query heads split
+    out = np.full((1, n_q, H, D), np.nan, np.float32)
+    block, chunks = attention.attend_job_block(q, k, v, raw, raw, order, D**-0.5, 0.0, 64, out,
+                                               _F16_TO_F32, threads)  # fmt: skip
+    run_alone(job.address, block.ctypes.data, chunks)
+    alone = np.full_like(out, np.nan)
+    attention.attend_serial(q, k, v, raw, order, 33, D**-0.5, 0.0, 64, alone, _F16_TO_F32)
+    np.testing.assert_array_equal(out, alone)
 
 
 def test_a_job_the_cache_lacks_is_made_ahead_not_in_the_step(
