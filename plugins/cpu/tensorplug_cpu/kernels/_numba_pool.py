@@ -328,8 +328,9 @@ def run_alone(fn: int, job: int, chunks: int) -> None:
 @kernel(parallel=True)
 def run_region(fn: int, job: int, chunks: int) -> None:
     """A job as a numba parallel region: its prologue here, then a task a chunk on
-    numba's threads; for where the spinning helpers are not to be had (turned off, or
-    another thread's job holds them)."""
+    numba's threads; for a prompt's steps, whose products are regions too (a helper
+    woken between TBB's regions came too late to take a share), and where the spinning
+    helpers are not to be had (turned off, or another thread's job holds them)."""
     call_job(fn, job, -1, -1)
     for c in prange(chunks):
         chunk = np.int64(c)  # prange's index may be unsigned: the job takes int64
