@@ -127,7 +127,6 @@ class Ahead:
     jobs: dict[Job, None] = field(default_factory=dict)  # wanted, not yet handed over
     #: the origins the child has, each with how many of its jobs are not done yet
     handed: dict[tuple[Any, ...], int] = field(default_factory=dict)
-    order: list[tuple[Any, ...]] = field(default_factory=list)  # the child's jobs' origins
     #: the child's jobs, in its order; how many it has said are done (it takes them in
     #: order, so the next is the one it is compiling); those this process took back
     queue: list[Job] = field(default_factory=list)
@@ -142,9 +141,8 @@ class Ahead:
     #: their first arguments (:meth:`will_call`): what it compiles while it waits for
     #: the child
     later: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
-    #: the origins :attr:`later` has had (a plan binds a kernel once per layer), and in
-    #: the order bound
-    called_seen: set[tuple[Any, ...]] = field(default_factory=set)
+    #: the origins :attr:`later` has had, in the order bound (a plan binds a kernel once
+    #: per layer: a few kernels)
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     child: subprocess.Popen[bytes] | None = None
     started: float = 0.0
@@ -183,9 +181,8 @@ class Ahead:
         if not self.jobs and not self.running():
             return
         origin = origin_of(kernel)
-        if origin is None or origin in self.called_seen:
+        if origin is None or origin in self.calls:
             return
-        self.called_seen.add(origin)
         self.calls.append(origin)
         self.later.append((kernel, tuple(kernel.typeof_pyval(a) for a in args)))
 
@@ -222,7 +219,6 @@ class Ahead:
             _log.debug("could not start the compile-ahead process: %s", e)
             return
         self.child, self.started = child, time.monotonic()
-        self.order = [job.origin for job in jobs]
         self.queue, self.reported, self.taken = jobs, 0, set()
         for job in jobs:
             self.handed[job.origin] = self.handed.get(job.origin, 0) + 1
@@ -262,7 +258,7 @@ class Ahead:
         on one thread, first run: this process waited 8.5 s for the attention job and
         two product drivers queued behind it, idle."""
         busy = self.reported  # the job the child is compiling (it reports in order)
-        first = {self.order[i]: i for i in range(len(self.queue) - 1, busy, -1)
+        first = {self.queue[i].origin: i for i in range(len(self.queue) - 1, busy, -1)
                  if i not in self.taken}  # fmt: skip
         for wanted in (origin, *self.calls):
             i = first.get(wanted)
@@ -315,7 +311,7 @@ class Ahead:
         i = int(line)
         self.reported = i + 1
         if i not in self.taken:  # a job taken back was counted when it was taken
-            self.handed[self.order[i]] -= 1
+            self.handed[self.queue[i].origin] -= 1
         return True
 
     def close(self) -> None:
