@@ -320,13 +320,13 @@ def test_a_kernel_a_plan_first_calls_after_its_attention_goes_ahead(
     monkeypatch.setattr(jit, "_plan_kernels", set())
     monkeypatch.setattr(jit, "_attention_bound", False)
     before, after = (lambda *a: None), (lambda *a: None)
-    jit._bound(partial(jit._call, "before", before, 1))
+    jit._will_call(partial(jit._call, "before", before, 1))
     q, out = np.ones((1, 2, 1, 64), np.float32), np.empty((1, 1, 2, 64), np.float32)
     kv, mask = np.ones((1, 1, 8, 64), np.float32), np.zeros((1, 1, 1, 8), np.float32)
     jit.bind_attend(q, kv, kv, mask, mask, np.zeros(0, np.int32), 0.125, 0.0, 64, out)
     recorder.wanted.clear()  # the F32 cache's attention kernels
     for kernel in (before, after, after):
-        jit._bound(partial(jit._call, "a product", kernel, 2))
+        jit._will_call(partial(jit._call, "a product", kernel, 2))
     assert recorder.wanted == [(after, 0)]
     monkeypatch.setattr(jit, "_ahead", None)
     jit.compile_ahead()  # the plan is bound

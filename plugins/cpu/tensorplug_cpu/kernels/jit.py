@@ -398,9 +398,8 @@ class JitKernels:
         arguments); ``alone`` as :meth:`bind_packed`'s."""
 
         kernel, parallel_what = serial.args[1], parallel.args[0]
-        self._will_call(serial if self.n_threads == 1 else parallel)
         if alone or self.n_threads == 1:  # (a joint step's products run on one thread only)
-            self._bound(serial if self.n_threads == 1 else parallel)
+            self._will_call(serial if self.n_threads == 1 else parallel)
         many = parallel if pooled is None else pooled
 
         def run() -> None:  # every token: the set is asked before the method is called
@@ -440,7 +439,6 @@ class JitKernels:
 
         if self.n_threads > 1:
             self._will_call(together)
-            self._bound(together)
         many = together if pooled is None else pooled
 
         def run() -> None:
@@ -453,11 +451,24 @@ class JitKernels:
         return run
 
     def _will_call(self, call: Callable[[], None]) -> None:
-        """Note the kernel a bound step will call, for the waits for the second process
-        (:meth:`.ahead.Ahead.will_call`): ``call`` is a partial of :meth:`_call` (or of
-        :meth:`_quantized_apart`'s), ``args`` ``(what, kernel, *kernel's arguments)``."""
-        if self._ahead is not None and isinstance(call, partial):
-            self._ahead.will_call(call.args[1], *call.args[2:])
+        """A step of the plan being bound calls ``call`` at this thread count (a partial
+        of :meth:`_call`, or of :meth:`_quantized_apart`'s: ``args`` ``(what, kernel,
+        *kernel's arguments)``): noted for the waits for the second process
+        (:meth:`.ahead.Ahead.will_call`). A kernel the plan first calls after its first
+        attention goes to the second process (rank 0: after the attention job, before
+        the kernels of other thread counts): this process compiles in the order the
+        steps call, so the second one takes what they call last. Gemma 3 on two
+        threads, first run: its output product's driver (Q6_K, 8 s) was compiled here
+        after the wait for the attention job, while the second process compiled the
+        one-thread drivers the run did not need yet; 25-26 s to the first token."""
+        if not isinstance(call, partial) or len(call.args) < 2:
+            return
+        kernel, args = call.args[1], call.args[2:]
+        if self._ahead is not None:
+            self._ahead.will_call(kernel, *args)
+        if self._attention_bound and kernel not in self._plan_kernels:
+            self.want_ahead(kernel, *args, rank=0)
+        self._plan_kernels.add(kernel)
 
     def want_ahead(self, kernel: Callable[..., Any], *args: Any, rank: int = 1) -> None:
         """Have ``kernel(*args)`` compiled by the second process if numba has not got it
@@ -470,23 +481,6 @@ class JitKernels:
         self._attention_bound, self._plan_kernels = False, set()
         if self._ahead is not None:
             self._ahead.start()
-
-    def _bound(self, call: Callable[[], None]) -> None:
-        """A step of the plan being bound calls ``call`` (a partial of :meth:`_call`:
-        ``args`` ``(what, kernel, *kernel's arguments)``) at this thread count. A kernel
-        the plan first calls after its first attention goes to the second process
-        (rank 0: after the attention job, before the kernels of other thread counts):
-        this process compiles in the order the steps call, so the second one takes
-        what they call last. Gemma 3 on two threads, first run: its output product's
-        driver (Q6_K, 8 s) was compiled here after the wait for the attention job,
-        while the second process compiled the one-thread drivers the run did not need
-        yet; 25-26 s to the first token."""
-        if not isinstance(call, partial) or len(call.args) < 2:
-            return
-        kernel = call.args[1]
-        if self._attention_bound and kernel not in self._plan_kernels:
-            self.want_ahead(kernel, *call.args[2:], rank=0)
-        self._plan_kernels.add(kernel)
 
     def want_attend_ahead(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
