@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from . import collector
 from .alloc import GraphAllocator
 from .backend import Backend, Event, Status
 from .device import DeviceType
@@ -239,16 +240,17 @@ class Scheduler:
         """
         cur_copy = self._next_copy
         self._next_copy = (cur_copy + 1) % self._n_copies
-        res = self._split_graph(graph, cur_copy)
-        try:
-            self._galloc.alloc_n(
-                res.alloc_nodes, res.alloc_leafs, res.alloc_node_ids, res.alloc_leaf_ids,
-                self.synchronize,
-            )  # fmt: skip
-        except BaseException:
-            res.restore()
-            self._split = None
-            raise
+        with collector.paused():  # what splitting and allocating make stays with the graph
+            res = self._split_graph(graph, cur_copy)
+            try:
+                self._galloc.alloc_n(
+                    res.alloc_nodes, res.alloc_leafs, res.alloc_node_ids, res.alloc_leaf_ids,
+                    self.synchronize,
+                )  # fmt: skip
+            except BaseException:
+                res.restore()
+                self._split = None
+                raise
         self._allocated = graph
         self._allocated_size = (len(graph.nodes), len(graph.leafs))
 

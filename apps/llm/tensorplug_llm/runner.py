@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tensorplug import registry
+from tensorplug import collector, registry
 from tensorplug.alloc import alloc_tensors
 from tensorplug.backend import Backend, Status
 from tensorplug.buffer import Buffer, BufferType, BufferUsage
@@ -572,10 +572,11 @@ class Llama:
         sg = self._graphs.get(key)
         if sg is None:
             cfg, w, cache = self.config, self.weights, self.cache
-            if isinstance(w, EncoderWeights):
-                sg = build_encoder_step(cfg, w, cache, n_tokens, n_kv, n_outputs)
-            else:
-                sg = build_step(cfg, w, cache, n_tokens, n_kv, n_outputs, embeddings)
+            with collector.paused():  # ~850 tensors for SmolLM2, all kept (collector.py)
+                if isinstance(w, EncoderWeights):
+                    sg = build_encoder_step(cfg, w, cache, n_tokens, n_kv, n_outputs)
+                else:
+                    sg = build_step(cfg, w, cache, n_tokens, n_kv, n_outputs, embeddings)
             self._graphs[key] = sg
             if 1 < n_tokens <= OWN_SCHEDULER_ROWS:
                 self._own_scheds[id(sg.graph)] = Scheduler(self.backends)

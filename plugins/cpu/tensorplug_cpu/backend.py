@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tensorplug import collector
 from tensorplug.backend import Backend, GraphPlan, Status
 from tensorplug.errors import (
     BufferFreedError,
@@ -293,7 +294,8 @@ class CpuBackend(Backend):
             self._drop_stale_plans()
             plan = self._plans.get(key)
             if plan is None:
-                plan = CpuGraphPlan(self, graph, key)  # kept only once built
+                with collector.paused():  # its steps' views and kernels stay with it
+                    plan = CpuGraphPlan(self, graph, key)  # kept only once built
                 self._plans[key] = plan
                 if len(self._plans) > PLAN_CACHE:
                     self._plans.popitem(last=False)[1].free()
