@@ -233,7 +233,9 @@ class JitKernels:
         parallel = self._quantized_apart(
             t, x, (xq, xd, xs), partial(self._call, what, drivers.siblings, x, *joint)
         )
-        pooled = self._pooled(x, [(t, packed, out)], (xq, xd, xs), parallel, ggml_order)
+        # a joint step's product runs on one thread only: the helpers never run it
+        pooled = self._pooled(x, [(t, packed, out)], (xq, xd, xs), parallel, ggml_order) \
+            if alone else None  # fmt: skip
         return self._serial_or_parallel(serial, parallel, pooled, alone)
 
     def _quantized_apart(
