@@ -257,15 +257,8 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
     if softcap != 0:
         scale = scale / softcap
     q4 = padded4(ctx.view(q_t))
-    k4, widen_k = _widened(ctx, k_t, jit)
-    v4, widen_v = _widened(ctx, v_t, jit)
     B, H, n_q, _ = q4.shape
-    h_kv, n_kv, d_v = k4.shape[1], k4.shape[2], v4.shape[3]
-    g = H // h_kv
-    kT5 = k4.swapaxes(-1, -2)[:, :, None]  # (B, H_kv, 1, D, n_kv)
-    v5 = v4[:, :, None]  # (B, H_kv, 1, n_kv, D_v)
-    # (B, n_q, H, D_v) seen as (B, H_kv, g, n_q, D_v): a transpose and an axis split
-    out5 = padded4(ctx.view(node)).transpose(0, 2, 1, 3).reshape(B, h_kv, g, n_q, d_v)
+    n_kv = k_t.shape[-2]
     term, prep = _masked_logits(ctx, mask_t, n_q, (B, H, n_q, n_kv), max_bias)
     mask4 = padded4(ctx.view(mask_t))[:, :, :n_q, :n_kv] if mask_t is not None else None
     # the mask as the numba kernels read it: raw halves, in place
@@ -274,8 +267,9 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
         raw_mask = mask4.view(np.uint16) if mask4.dtype == np.float16 else mask4
     if jit is not None and n_q <= exact_rows_limit() and k_t.type == v_t.type != Type.BF16:
         # F16 caches are read in place as raw halves: no widening step at all
-        k_in = padded4(ctx.view(k_t)).view(np.uint16) if k_t.type == Type.F16 else k4
-        v_in = padded4(ctx.view(v_t)).view(np.uint16) if v_t.type == Type.F16 else v4
+        k_in, v_in = padded4(ctx.view(k_t)), padded4(ctx.view(v_t))
+        if k_t.type == Type.F16:
+            k_in, v_in = k_in.view(np.uint16), v_in.view(np.uint16)
         out4 = padded4(ctx.view(node))
         no_mask = np.zeros((0, 0, 0, 0), np.float32)
         # One array layout for every step, so numba compiles the kernel once: a prompt's
@@ -292,7 +286,18 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
                                  float(softcap), lanes, out4)  # fmt: skip
         return sequence(prep, copy_q, attend)
 
-    ctx.uses_blas = True  # the batched products below
+    # the batched products below, on K and V widened to float32 (only here: the exact
+    # kernel above reads the cache as it is, and a new plan of SmolLM2 bound the widening
+    # of every layer's K and V for nothing, 30 × 2 views, scratch and kernel bindings)
+    ctx.uses_blas = True
+    k4, widen_k = _widened(ctx, k_t, jit)
+    v4, widen_v = _widened(ctx, v_t, jit)
+    h_kv, d_v = k4.shape[1], v4.shape[3]
+    g = H // h_kv
+    kT5 = k4.swapaxes(-1, -2)[:, :, None]  # (B, H_kv, 1, D, n_kv)
+    v5 = v4[:, :, None]  # (B, H_kv, 1, n_kv, D_v)
+    # (B, n_q, H, D_v) seen as (B, H_kv, g, n_q, D_v): a transpose and an axis split
+    out5 = padded4(ctx.view(node)).transpose(0, 2, 1, 3).reshape(B, h_kv, g, n_q, d_v)
     if term is not None and term.dtype != F32:
         # an F16 mask added as is costs numpy a slow mixed-type loop per chunk: widen once
         raw_term, term = term, ctx.scratch(term.shape)
