@@ -11,6 +11,7 @@ from ..types import Type
 from ._build import (
     FLOAT_TYPES,
     INDEX_TYPES,
+    WEIGHT_TYPES,
     OpParamError,
     TypeMismatchError,
     _check_type,
@@ -29,8 +30,8 @@ from .views import view
 def _convertible(src: Type, dst: Type) -> bool:
     if src == dst:
         return True
-    floatish = FLOAT_TYPES | {t for t in Type if t.is_quantized}
-    return src in floatish and dst in floatish and not (src.is_quantized and dst.is_quantized)
+    both_quantized = src.is_quantized and dst.is_quantized
+    return src in WEIGHT_TYPES and dst in WEIGHT_TYPES and not both_quantized
 
 
 def cpy(a: Tensor, b: Tensor) -> Tensor:

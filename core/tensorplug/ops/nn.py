@@ -6,7 +6,16 @@ from __future__ import annotations
 from ..opcodes import Op, RopeMode
 from ..tensor import Tensor
 from ..types import Type
-from ._build import FLOAT_TYPES, _check_type, _eps, _fail, _member, _new, _padded
+from ._build import (
+    FLOAT_TYPES,
+    WEIGHT_TYPES,
+    _check_type,
+    _eps,
+    _fail,
+    _member,
+    _new,
+    _padded,
+)
 from .elementwise import add, mul
 
 # -- normalisation -------------------------------------------------------------------------
@@ -53,7 +62,7 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     ``a`` (consecutive query heads share a KV head, as grouped-query attention needs).
     ``a`` must have dense rows (quantized rows are read block by block).
     """
-    _check_type("mul_mat", "a", a, FLOAT_TYPES | {t for t in Type if t.is_quantized})
+    _check_type("mul_mat", "a", a, WEIGHT_TYPES)
     _check_type("mul_mat", "b", b, FLOAT_TYPES)
     if a.shape[-1] != b.shape[-1]:
         raise _fail(
@@ -85,7 +94,7 @@ def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
     n_used, n_out)`` with ``out[t, e, :] = a[ids[t, e]] · b[t, e % n_b, :]``. An index
     outside ``[0, n_expert)`` is an :class:`~tensorplug.OutOfBoundsError` when computed.
     """
-    _check_type("mul_mat_id", "a", a, FLOAT_TYPES | {t for t in Type if t.is_quantized})
+    _check_type("mul_mat_id", "a", a, WEIGHT_TYPES)
     _check_type("mul_mat_id", "b", b, FLOAT_TYPES)
     _check_type("mul_mat_id", "ids", ids, {Type.I32})
     if a.ndim != 3 or b.ndim != 3 or ids.ndim != 2:
