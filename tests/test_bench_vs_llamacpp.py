@@ -5,6 +5,7 @@ figures themselves come from running it (llama.cpp through llama-cpp-python)."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import subprocess
 import sys
 import time
@@ -77,6 +78,36 @@ def test_a_tensorplug_worker_reports_first_prompt_repeats_and_generation(
     assert before < got["first_token_at"] < time.time()  # when, not how long: the driver
     # subtracts its own start of the process
     assert got["peak_rss_mb"] > 20  # at least the interpreter and numpy
+
+
+def test_a_tensorplug_worker_feeds_back_its_own_greedy_tokens(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as llama.cpp's worker does: each generated step reads the token the last one chose
+    # (eval returns the last token's logits, shape (n_vocab,); indexing them once more
+    # took a scalar's argmax, 0, and fed token 0 to every step)
+    import numpy as np
+
+    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.tiny import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", "q8_0", n_embd=64, n_ff=128, n_layer=2,
+                            n_head=4, n_head_kv=2, n_vocab=320)  # fmt: skip
+    steps: list[tuple[list[int], int]] = []
+    real_eval = Llama.eval
+
+    def eval_noting(self: Llama, tokens: list[int], *args: object, **kw: object) -> np.ndarray:
+        out = real_eval(self, tokens, *args, **kw)  # type: ignore[arg-type]
+        steps.append((list(tokens), int(out.argmax())))
+        return out
+
+    monkeypatch.setattr(Llama, "eval", eval_noting)
+    bench.worker_tensorplug(str(path), 1, n_prompt=12, n_gen=4, batch=8, repeats=1)
+    prompt_at = next(i for i, (toks, _) in enumerate(steps) if len(toks) == 12)
+    chain = steps[prompt_at : prompt_at + 5]  # the prompt, then the 4 generated steps
+    for (_, chose), (fed, _) in itertools.pairwise(chain):
+        assert fed == [chose]
+    assert {chose for _, chose in chain} != {0}
 
 
 def test_the_start_table_gives_medians_ratios_and_the_first_run(bench: ModuleType) -> None:
