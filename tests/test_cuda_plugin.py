@@ -170,6 +170,38 @@ def test_probe_reads_a_real_ctypes_int() -> None:
     assert isinstance(ctypes.c_int(0), ctypes.c_int)
 
 
+def test_libcuda_is_loaded_by_its_own_names_and_looked_up_only_off_linux(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tried: list[str] = []
+    lookups: list[str] = []
+    present = {"libcuda.so.1"}
+
+    def cdll(name: str) -> str:
+        tried.append(name)
+        if name not in present:
+            raise OSError(f"{name}: cannot open shared object file")
+        return name
+
+    def find_library(name: str) -> str:
+        lookups.append(name)
+        return "/opt/nvidia/libcuda.so.550"
+
+    monkeypatch.setattr(probe.ctypes, "CDLL", cdll)
+    monkeypatch.setattr(probe.ctypes.util, "find_library", find_library)
+    monkeypatch.setattr(probe.sys, "platform", "linux")
+    assert probe.load_libcuda() == "libcuda.so.1"
+    present = set()
+    with pytest.raises(OSError, match=r"libcuda\.so\.1: cannot open"):
+        probe.load_libcuda()
+    assert lookups == []  # no ldconfig subprocess on Linux, found or not
+    monkeypatch.setattr(probe.sys, "platform", "freebsd14")
+    present, tried[:] = {"/opt/nvidia/libcuda.so.550"}, []
+    assert probe.load_libcuda() == "/opt/nvidia/libcuda.so.550"
+    assert tried == ["libcuda.so.1", "libcuda.so", "/opt/nvidia/libcuda.so.550"]
+    assert lookups == ["cuda"]
+
+
 def test_doctor_shows_cuda_with_its_score_and_reason() -> None:
     value, reason = tensorplug_cuda.score()
     out = subprocess.run(

@@ -44,17 +44,26 @@ def cupy_cuda_major() -> int | None:
 
 
 def load_libcuda() -> Any:
-    """The NVIDIA driver library, or an ``OSError`` saying it is not there."""
+    """The NVIDIA driver library, or an ``OSError`` saying it is not there.
+
+    The names the driver installs; elsewhere than Linux also what
+    ``ctypes.util.find_library`` finds. On Linux that asks ``ldconfig -p`` in a
+    subprocess for what loading ``libcuda.so.1`` already searched (the loader's cache,
+    ``LD_LIBRARY_PATH``): 10-13 ms of every process that loads the plugins on a machine
+    with cupy and no driver (the dev machine's launch), for nothing."""
     if sys.platform == "darwin":
         raise OSError("CUDA does not run on macOS (use the Metal backend)")
     names = ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so"]
-    found = ctypes.util.find_library("cuda")
-    if found and found not in names:
-        names.append(found)
     errors = []
     for name in names:
         try:
             return ctypes.CDLL(name)
+        except OSError as e:
+            errors.append(str(e))
+    found = None if sys.platform.startswith("linux") else ctypes.util.find_library("cuda")
+    if found and found not in names:
+        try:
+            return ctypes.CDLL(found)
         except OSError as e:
             errors.append(str(e))
     raise OSError(errors[0])  # the first name is the one the driver installs
