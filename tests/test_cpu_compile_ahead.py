@@ -386,7 +386,7 @@ _LATER = """
 import numpy as np
 from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels._numba_attention import visible_columns
-from tensorplug_cpu.kernels.ahead import Ahead, origin_of
+from tensorplug_cpu.kernels.ahead import Ahead, Job, origin_of
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
 x = np.ones((3, 32), np.float32)
@@ -398,7 +398,7 @@ a.want(visible_columns, mask, table)
 a.will_call(visible_columns, mask, table)
 a.will_call(rows.rms_norm_rows, x, np.empty_like(x), 1e-5)
 a.will_call(rows.rms_norm_rows, x[:, :16], np.empty_like(x[:, :16]), 1e-5)  # seen: once
-a.handed[origin_of(visible_columns)] = 1  # the child's: not compiled here
+a.queue = [Job(origin_of(visible_columns), ())]  # the child's, unfinished: not compiled here
 print(any(isinstance(v, np.ndarray) for _, sig in a.later for v in sig))  # types, not arrays
 print(a._compile_one_later(), len(visible_columns.signatures), len(rows.rms_norm_rows.signatures))
 print(a._compile_one_later())

@@ -125,13 +125,13 @@ class Ahead:
     """The kernels this process wants compiled ahead, and the child compiling them."""
 
     jobs: dict[Job, None] = field(default_factory=dict)  # wanted, not yet handed over
-    #: the origins the child has, each with how many of its jobs are not done yet
-    handed: dict[tuple[Any, ...], int] = field(default_factory=dict)
     #: the child's jobs, in its order; how many it has said are done (it takes them in
-    #: order, so the next is the one it is compiling); those this process took back
+    #: order, so the next is the one it is compiling); those this process took back;
+    #: whether it has ended. What it has still to finish follows (:meth:`_unfinished`).
     queue: list[Job] = field(default_factory=list)
     reported: int = 0
     taken: set[int] = field(default_factory=set)
+    ended: bool = False
     #: kernels already looked at, at their first signature only: a plan binds a kernel
     #: once per layer, with arrays of the same types, and typing the arguments of
     #: every bind (numba's typeof, ~2 µs an array) cost a warm launch ~50 ms. A kernel
@@ -219,9 +219,7 @@ class Ahead:
             _log.debug("could not start the compile-ahead process: %s", e)
             return
         self.child, self.started = child, time.monotonic()
-        self.queue, self.reported, self.taken = jobs, 0, set()
-        for job in jobs:
-            self.handed[job.origin] = self.handed.get(job.origin, 0) + 1
+        self.queue, self.reported, self.taken, self.ended = jobs, 0, set(), False
         _log.debug("compiling %d kernels ahead in process %d", len(jobs), child.pid)
 
     def running(self) -> bool:
@@ -238,7 +236,7 @@ class Ahead:
         origin, child = origin_of(kernel), self.child
         if origin is None or child is None or child.stdout is None:
             return
-        while self.handed.get(origin):
+        while self._unfinished(origin):
             if time.monotonic() - self.started > WAIT_S:
                 self.close()
                 break
@@ -267,7 +265,6 @@ class Ahead:
             job = self.queue[i]
             resolve(job.origin).compile(job.signature)
             self.taken.add(i)
-            self.handed[job.origin] -= 1
             return True
         return False
 
@@ -277,7 +274,7 @@ class Ahead:
         while self.later:
             kernel, sig = self.later.pop(0)
             origin = origin_of(kernel)
-            if origin is None or self.handed.get(origin):  # the child's: wait for it instead
+            if origin is None or self._unfinished(origin):  # the child's: wait for it instead
                 continue
             if sig in kernel.overloads:
                 continue
@@ -290,28 +287,34 @@ class Ahead:
         read without waiting (where the OS can poll a pipe; elsewhere a kernel handed
         to it counts as unfinished until :meth:`wait_for`)."""
         origin = origin_of(kernel)
-        if origin is None or not self.handed.get(origin):
+        if origin is None or not self._unfinished(origin):
             return False
         child = self.child
         if child is not None and child.stdout is not None and os.name == "posix":
             try:
-                while self.handed.get(origin) and select.select([child.stdout], [], [], 0)[0]:
+                while self._unfinished(origin) and select.select([child.stdout], [], [], 0)[0]:
                     if not self._heard(child.stdout.readline()):
                         break
             except (OSError, ValueError):  # a pipe that cannot be polled: as unfinished
                 pass
-        return bool(self.handed.get(origin))
+        return self._unfinished(origin)
+
+    def _unfinished(self, origin: tuple[Any, ...]) -> bool:
+        """Whether the child has a job of ``origin`` it has not said it finished, and
+        this process has not taken back (none once it has ended)."""
+        if self.ended:
+            return False
+        queue, taken = self.queue, self.taken
+        return any(queue[i].origin == origin for i in range(self.reported, len(queue))
+                   if i not in taken)  # fmt: skip
 
     def _heard(self, line: bytes) -> bool:
         """Take one line the child said, ``"<job index>\\n"`` per finished job; False
         when it has ended (an empty line: whatever it did not finish is compiled here)."""
         if not line:
-            self.handed.clear()
+            self.ended = True
             return False
-        i = int(line)
-        self.reported = i + 1
-        if i not in self.taken:  # a job taken back was counted when it was taken
-            self.handed[self.queue[i].origin] -= 1
+        self.reported = int(line) + 1
         return True
 
     def close(self) -> None:
