@@ -371,8 +371,8 @@ class JitKernels:
         long, and their activations are quantized apart), numba on one thread,
         ``TENSORPLUG_CPU_SPIN=0``, a job the disk cache lacks (:meth:`_job_ready`), or
         arrays that are not C-contiguous."""
-        pool = self._pool()
-        if pool is None or x.shape[0] >= self._repack.QUANTIZE_APART_ROWS:
+        pool = self._pool(x.shape[0])
+        if pool is None:
             return region
         packs = [packed for _, packed, _ in products]
         outs = [out for _, _, out in products]
@@ -557,13 +557,8 @@ class JitKernels:
         blocks = [self._attend_job_block(q, k, v, visible, mask, order, scale, softcap, lanes,
                                          out, _F16_TO_F32, threads)
                   for threads in (1, self.numba.config.NUMBA_NUM_THREADS)]  # fmt: skip
-        # the helpers where the step's products run on them (a few rows), else a numba
-        # region as the products': interleaved with TBB's regions, whose worker spins on
-        # the other core after each, the helper woke too late to take a share (a 128-row
-        # prompt's attention of Gemma 3, two threads: 1.0-1.5 ms on the helpers, as on
-        # one thread, against 0.8 as a region and 0.6 on helpers called back to back)
-        pool = self._pool() if q.shape[2] < self._repack.QUANTIZE_APART_ROWS else None
-        return _JobStep(self, job, "flash attention job", blocks, (q, *halves, order, out), pool)
+        return _JobStep(self, job, "flash attention job", blocks, (q, *halves, order, out),
+                        self._pool(q.shape[2]))  # fmt: skip
 
     def _bind_attend_kernels(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray | None,
@@ -606,12 +601,19 @@ class JitKernels:
         self._ahead.want_job(job, rank=4)  # after every kernel a step calls
         return False
 
-    def _pool(self) -> Any:
-        """The spinning helpers (:func:`.pool.spin_pool`) where steps may run on more
-        than one thread (numba's most, not the count now: a plan is bound at the count
-        of its first compute and kept for others, as the thread governor's trials run
-        it) and ``TENSORPLUG_CPU_SPIN`` lets them, else None."""
-        if self.numba.config.NUMBA_NUM_THREADS < 2 or not SPIN.get():
+    def _pool(self, rows: int) -> Any:
+        """The spinning helpers (:func:`.pool.spin_pool`) for a step of ``rows`` rows
+        where steps may run on more than one thread (numba's most, not the count now: a
+        plan is bound at the count of its first compute and kept for others, as the
+        thread governor's trials run it) and ``TENSORPLUG_CPU_SPIN`` lets them, else
+        None. Only a generation step's few rows: a prompt's steps (from
+        ``QUANTIZE_APART_ROWS``) are numba regions, products and attention alike, since
+        a helper woken between TBB's regions, whose worker spins on the other core
+        after each, came too late to take a share (a 128-row prompt's attention of
+        Gemma 3, two threads: 1.0-1.5 ms on the helpers, as on one thread, against 0.8
+        as a region and 0.6 on helpers called back to back)."""
+        if (rows >= self._repack.QUANTIZE_APART_ROWS
+                or self.numba.config.NUMBA_NUM_THREADS < 2 or not SPIN.get()):  # fmt: skip
             return None
         from .pool import spin_pool
 
