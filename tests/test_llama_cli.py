@@ -184,3 +184,25 @@ def test_the_command_freezes_its_long_lived_objects_a_caller_keeps_its_own(model
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "length"), [(["--tokens", "1,300,301,302,310"], 5), (["-p", "hello the world"], 13)]
+)
+def test_the_warm_up_runs_the_prompts_own_length(
+    model: Path, monkeypatch: pytest.MonkeyPatch, prompt: list[str], length: int
+) -> None:
+    """The prompt then runs on the plan its warm-up built (``Llama.warm_up``), not on one
+    of its own after the warm-up's default length."""
+    from tensorplug_llm.runner import Llama
+
+    asked: list[int | None] = []
+    warm_up = Llama.warm_up
+
+    def recorded(self: Llama, n_prompt: int | None = None) -> None:
+        asked.append(n_prompt)
+        warm_up(self, n_prompt)
+
+    monkeypatch.setattr(Llama, "warm_up", recorded)
+    assert main(["run", str(model), "--device", "CPU", *prompt, "-n", "2"]) == 0
+    assert asked == [length]

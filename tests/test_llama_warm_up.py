@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("numba")
@@ -59,3 +60,30 @@ def test_prompts_of_any_length_load_no_kernel_after_the_warm_up(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_warm_up_for_the_prompts_length_builds_the_plan_that_prompt_runs_on(
+    tmp_path: Path,
+) -> None:
+    """``tensorplug run`` knows its prompt before it warms up: the warm-up's prompt step
+    is then that prompt's length, and the prompt builds no graph of its own."""
+    from tensorplug_llm.runner import Llama
+
+    m = Llama(write_tiny_llama(tmp_path / "m.gguf", "q4_0"), n_ctx=64, n_batch=32,
+              n_threads=1, warmup=False)  # fmt: skip
+    try:
+        reserved = m.timings.graphs_built  # the largest steps', which size the buffers
+        m.warm_up(7)
+        built = m.timings.graphs_built
+        assert built == reserved + 1 and m.timings.load_s > 0 and m.n_past == 0
+        first = m.eval(list(range(1, 8)))
+        assert m.timings.graphs_built == built  # the warm-up's step graph
+        m.eval([1])
+        assert m.timings.graphs_built == built
+        m.reset()
+        m.eval(list(range(1, 10)))  # a length not warmed up builds its own
+        assert m.timings.graphs_built == built + 1
+        m.reset()
+        np.testing.assert_array_equal(m.eval(list(range(1, 8))), first)
+    finally:
+        m.close()

@@ -432,10 +432,13 @@ def _load(
     *,
     encoder_ok: bool = False,
     batch_invariant: bool = False,
+    for_prompt: bool = False,
 ) -> Llama:
     """The model of ``args``; ``place(n_layer)`` (default: from the options) places it.
     An encoder (embeddings only) is refused unless ``encoder_ok``; ``batch_invariant``
-    as :class:`Llama` takes it."""
+    as :class:`Llama` takes it. ``for_prompt``: the warm-up's prompt step is as long as
+    the prompt of ``args`` (:meth:`Llama.warm_up`), whose first step then runs on the
+    plan it built."""
     from tensorplug.gguf import GGUFFile
 
     from .context import choose_context
@@ -479,7 +482,11 @@ def _load(
             # -t fixes the count; without it the model's governor picks it
             n_threads=getattr(args, "threads", None),
             batch_invariant=batch_invariant,
+            warmup=not for_prompt,
         )
+        if for_prompt:
+            prompt = _prompt_ids(model, args)
+            model.warm_up(len(prompt) if prompt is not None else None)
     if getattr(args, "own_process", False):
         _freeze_long_lived()
     return model
@@ -512,7 +519,7 @@ def run_model(
 ) -> int:
     """Load ``args.model``, evaluate the prompt, generate and report; an exit code."""
     log, text = log or sys.stderr, text or sys.stdout
-    model = _load(args)
+    model = _load(args, for_prompt=True)
     try:
         session = _session(model, args, log, text, keep_logits=bool(args.logits_out))
         if session is None:
@@ -546,13 +553,10 @@ def _session(
 
     _describe(model, log, getattr(args, "context_choice", None))
     vocab = model.vocab
-    if args.tokens is not None:
-        prompt = list(args.tokens)
-    elif vocab is None:
+    prompt = _prompt_ids(model, args)
+    if prompt is None:
         print(f"tensorplug run: {printable(model.vocab_error)}", file=log)
         return None
-    else:
-        prompt = vocab.encode(args.prompt)
     n_predict = n_predict_of(args, model.n_ctx)
     if (
         args.n_predict >= 0
@@ -620,6 +624,14 @@ def _session(
     elif len(gen.tokens) < n_predict and model.n_past >= model.n_ctx:
         print(context_full_message(model.n_ctx), file=log)
     return prompt, gen
+
+
+def _prompt_ids(model: Llama, args: argparse.Namespace) -> list[int] | None:
+    """The prompt of ``args`` as token ids (``--tokens``, else ``-p`` encoded), or None
+    when the model has no vocabulary to encode it with."""
+    if args.tokens is not None:
+        return list(args.tokens)
+    return model.vocab.encode(args.prompt) if model.vocab is not None else None
 
 
 def context_full_message(n_ctx: int) -> str:
@@ -793,7 +805,7 @@ def demo_model(
                 file=log,
             )
         ns.model = str(path)
-        model = _load(ns, lambda n_layer: Placement.spread(devs, n_layer))
+        model = _load(ns, lambda n_layer: Placement.spread(devs, n_layer), for_prompt=True)
         try:
             session = _session(model, ns, log, out, keep_logits=True)
             if session is None:
