@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -220,10 +221,38 @@ def test_the_warm_up_runs_a_token_step_at_every_count_the_governor_may_choose(
 
     monkeypatch.setattr(Llama, "_apply_threads", record)
     with _cpu_model(tiny) as model:
-        # one thread, then every core, where the governor starts (it may ask for it again)
-        assert applied[:2] == [1, 2] and set(applied[2:]) <= {2}
+        # the governor starts on every core; the warm-up's token steps run on one thread,
+        # then every core, where the governor starts (it may ask for it again)
+        one = applied.index(1)
+        assert set(applied[:one]) == {2} and set(applied[one + 1 :]) == {2}
         assert model.governor is not None and model.governor.applied == 2
         assert model.n_past == 0 and model.timings.gen_tokens == 0  # all forgotten
     applied.clear()
     with _cpu_model(tiny, n_threads=1):
         assert applied == [1]  # a fixed count: nothing else is run
+
+
+def test_a_warm_up_after_loading_runs_each_count_and_is_no_governor_trial(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tensorplug run`` warms up once it knows its prompt (``Llama.warm_up``), when
+    the governor already exists: its token steps still run at every count, which the
+    governor's own choice (applied at each token step) must not override, and the
+    governor times none of them."""
+    monkeypatch.setattr("tensorplug_llm.runner.available_cores", lambda: 2)
+    ran: list[tuple[int, int | None]] = []  # (tokens, the thread count they ran at)
+    real = Llama.eval
+
+    def record(self: Llama, tokens: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(self, tokens, *args, **kwargs)
+        ran.append((len(tokens), self._threads))
+        return out
+
+    monkeypatch.setattr(Llama, "eval", record)
+    with _cpu_model(tiny, warmup=False) as model:
+        governor = model.governor
+        assert governor is not None and ran == []
+        model.warm_up(7)
+        assert ran[0] == (7, 2) and (1, 1) in ran and ran[-1] == (1, 2)
+        assert model.governor is governor and governor.applied == 2 and model.n_past == 0
+        assert governor.explorations == 0 and governor.switches == 0

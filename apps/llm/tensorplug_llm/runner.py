@@ -66,7 +66,7 @@ from .placement import Placement, by_priority, host_cpu
 from .pooling import pool, pooling_kind
 from .sampling import Sampler, TokenSampler
 from .step_io import StepIO
-from .threads import ThreadGovernor, thread_counts
+from .threads import ThreadGovernor
 from .tokenizer import Vocab
 
 if TYPE_CHECKING:
@@ -307,11 +307,10 @@ class Llama:
         self.batch_invariant = False
         self.set_batch_invariant(batch_invariant)
         governed = n_threads is None and bool(self._thread_setters) and available_cores() > 1
-        self._warm_counts = thread_counts(available_cores()) if governed else []
-        if warmup:
-            self.warm_up()
         if governed:
             self.governor = ThreadGovernor(self._apply_threads, available_cores())
+        if warmup:
+            self.warm_up()
         self.timings.load_s = time.perf_counter() - start
 
     # -- threads ------------------------------------------------------------------------------
@@ -441,25 +440,31 @@ class Llama:
         the prompt 23-32 → 9-10 ms. Without it, the prompt step of :data:`WARM_UP_STEPS`
         loads every kernel a prompt of any length takes.
 
-        With a thread governor to come, the token step also runs at each thread count
-        it may choose (the most last, where the governor starts): a backend may run
-        other kernels at another count (the CPU's serial ones at one thread), and their
-        first load from numba's cache (~17 ms) fell on the governor's first trial, a few
-        tokens into the first generation."""
+        With a thread governor, the token step also runs at each thread count it may
+        choose (the most last, where the governor starts): a backend may run other
+        kernels at another count (the CPU's serial ones at one thread), and their first
+        load from numba's cache (~17 ms) fell on the governor's first trial, a few
+        tokens into the first generation. The governor times none of these steps."""
         started = time.perf_counter()
         steps = (n_prompt, *WARM_UP_STEPS[1:]) if n_prompt else WARM_UP_STEPS
-        self._progress("warming up", 0, len(steps))
-        for done, n in enumerate(steps, start=1):
-            n = min(n, self.n_batch, self.n_ctx - self.n_past)
-            if n > 0:
-                self.eval([0] * n)
-            self._progress("warming up", done, len(steps))
-        for count in reversed(self._warm_counts):
-            if self.n_past >= self.n_ctx:
-                break
-            self._apply_threads(count)
-            self.eval([0])
-        self.reset()
+        governor, self.governor = self.governor, None
+        try:
+            self._progress("warming up", 0, len(steps))
+            for done, n in enumerate(steps, start=1):
+                n = min(n, self.n_batch, self.n_ctx - self.n_past)
+                if n > 0:
+                    self.eval([0] * n)
+                self._progress("warming up", done, len(steps))
+            for count in reversed(governor.counts if governor is not None else []):
+                if self.n_past >= self.n_ctx:
+                    break
+                self._apply_threads(count)
+                self.eval([0])
+            self.reset()
+        finally:
+            if governor is not None:  # back, at the count its next step expects
+                self.governor = governor
+                self._apply_threads(governor.applied)
         # loading, not prompt time: a warm-up after the constructor adds to its load time
         load_s = self.timings.load_s + time.perf_counter() - started
         self.timings = Timings(load_s=load_s, graphs_built=self.timings.graphs_built)
