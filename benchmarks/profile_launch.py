@@ -35,11 +35,12 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("import numba", "numba/__init__.py", "<module>"),
     ("plugin discovery", "tensorplug/registry.py", "_load_all_locked"),
     ("open the GGUF file", "tensorplug/gguf.py", "__init__"),
-    ("load the model (all below)", "tensorplug_llm/runner.py", "__init__"),
+    # run's own loader: the model, then the warm-up for the prompt's length
+    ("load the model (all below)", "tensorplug_llm/run_cli.py", "_load"),
     ("  weights and KV cache", "tensorplug_llm/runner.py", "_load"),
     ("    repack weights", "tensorplug_cpu/repack.py", "pack"),
     ("    zero the KV cache", "tensorplug/host.py", "_clear"),
-    ("  warm-up steps", "tensorplug_llm/runner.py", "_warm_up"),
+    ("  warm-up steps", "tensorplug_llm/runner.py", "warm_up"),
     ("    CPU plans (bind)", "tensorplug_cpu/backend.py", "bind"),
     ("    numba compiles and cache loads", "numba/core/dispatcher.py", "_compile_for_args"),
 )

@@ -119,7 +119,7 @@ def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch:
     rec.after(gguf.GGUFFile, "map_tensors", "weights mapped")
     rec.after(Llama, "_load", "KV cache")
     rec.after(runner.Scheduler, "reserve", "compute buffers reserved")
-    rec.after(Llama, "_warm_up", "warm-up (numba cache loads)")
+    rec.after(Llama, "warm_up", "warm-up (numba cache loads)")
     file = gguf.GGUFFile(path)
     rec.mark("GGUF opened (metadata)")
     n_layer = int(file.value(f"{file.architecture}.block_count", int))
