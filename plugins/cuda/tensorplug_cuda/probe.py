@@ -54,16 +54,13 @@ def load_libcuda() -> Any:
     if sys.platform == "darwin":
         raise OSError("CUDA does not run on macOS (use the Metal backend)")
     names = ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so"]
+    found = None if sys.platform.startswith("linux") else ctypes.util.find_library("cuda")
+    if found and found not in names:
+        names.append(found)
     errors = []
     for name in names:
         try:
             return ctypes.CDLL(name)
-        except OSError as e:
-            errors.append(str(e))
-    found = None if sys.platform.startswith("linux") else ctypes.util.find_library("cuda")
-    if found and found not in names:
-        try:
-            return ctypes.CDLL(found)
         except OSError as e:
             errors.append(str(e))
     raise OSError(errors[0])  # the first name is the one the driver installs
