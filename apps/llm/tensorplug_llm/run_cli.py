@@ -438,7 +438,7 @@ def _load(
     An encoder (embeddings only) is refused unless ``encoder_ok``; ``batch_invariant``
     as :class:`Llama` takes it. ``for_prompt``: the warm-up's prompt step is as long as
     the prompt of ``args`` (:meth:`Llama.warm_up`), whose first step then runs on the
-    plan it built."""
+    plan it built; the prompt is encoded once, here (``args.tokens`` holds its ids)."""
     from tensorplug.gguf import GGUFFile
 
     from .context import choose_context
@@ -485,8 +485,8 @@ def _load(
             warmup=not for_prompt,
         )
         if for_prompt:
-            prompt = _prompt_ids(model, args)
-            model.warm_up(len(prompt) if prompt is not None else None)
+            args.tokens = _prompt_ids(model, args)
+            model.warm_up(len(args.tokens) if args.tokens is not None else None)
     if getattr(args, "own_process", False):
         _freeze_long_lived()
     return model
