@@ -46,6 +46,7 @@ from tensorplug.tensor import placement_epoch
 from .kernels import BuildContext, Step, build_step, supports
 from .kernels.jit import MAX_SIBLINGS, JitKernels, jit_status, load_jit
 from .kernels.matmul import build_sibling_products
+from .kernels.program import programs
 from .kernels.siblings import sibling_groups
 from .repack import RepackBuffer
 from .settings import GGML_PRODUCT_ORDER
@@ -115,6 +116,9 @@ class CpuGraphPlan(GraphPlan):
     def __init__(self, backend: CpuBackend, graph: Graph, key: GraphKey | None = None) -> None:
         super().__init__(backend, graph)
         self.steps: list[Step] = []
+        #: what a compute calls without an abort callback: the steps, with each run of job
+        #: steps as one :class:`~.kernels.program.Program`, and the index of its first step
+        self.runs: list[tuple[Step, int]] = []
         self.nodes: list[Tensor] = []
         self.buffers: tuple[Buffer, ...] = ()
         self.key = GraphKey(())
@@ -175,6 +179,8 @@ class CpuGraphPlan(GraphPlan):
             if step is not None:
                 steps.append(step)
                 nodes.append(node)
+        # runs of job steps as one compiled call each (where the runner and jobs are ready)
+        self.runs = [(s, k) for k, s in enumerate(steps)] if jit is None else programs(steps, jit)
         if jit is not None:  # what numba lacks of the last steps' kernels, meanwhile
             jit.compile_ahead()
         self.graph = graph
@@ -187,6 +193,7 @@ class CpuGraphPlan(GraphPlan):
 
     def free(self) -> None:
         self.steps, self.nodes, self.buffers, self.node_list = [], [], (), []
+        self.runs = []
         self.freed = True
 
 
@@ -336,7 +343,7 @@ class CpuBackend(Backend):
                     "graph's tensors and create a new plan"
                 )
         ThreadControl.apply(self.n_threads, self.jit)
-        abort, steps = self.abort_callback, plan.steps
+        abort, steps, runs = self.abort_callback, plan.steps, plan.runs
         i = 0
         # ggml's kernels produce inf/NaN silently; numpy's warnings would only be noise.
         # BLAS on one thread where a step calls it: the worker pool splits products instead.
@@ -344,7 +351,7 @@ class CpuBackend(Backend):
         with np.errstate(all="ignore"), blas:
             try:
                 if abort is None:
-                    for i, step in enumerate(steps):  # noqa: B007  (i is read on error)
+                    for step, i in runs:  # noqa: B007  (i is read on error)
                         step()
                 else:
                     for i, step in enumerate(steps):

@@ -20,6 +20,7 @@ __all__ = [
     "MAX_NUMBA_THREADS",
     "NUMBA_LAYERS",
     "NUMBA_THREADS",
+    "PROGRAM",
     "SETTINGS",
     "SPIN",
     "THREADING_LAYER",
@@ -76,6 +77,17 @@ SPIN: Setting[bool] = Setting(
     "numba parallel regions, whose worker threads sleep between regions (5-10 µs to "
     "wake each, ~50 times a token), rather than on helper threads that spin for ~2 ms "
     "after each job and sleep after that (kernels/pool.py).",
+    example="0",
+)
+
+PROGRAM: Setting[bool] = Setting(
+    "TENSORPLUG_CPU_PROGRAM",
+    True,
+    parse_flag,
+    "0 to run a generation step's graph as one Python call a node; by default each run "
+    "of consecutive nodes that have a compiled job (products, attention, norms, rope, "
+    "the KV cache's new rows, activations, adds) runs as one call into compiled code "
+    "(kernels/program.py): the same numbers, without ~1.5-3 µs of Python a node.",
     example="0",
 )
 
@@ -152,4 +164,5 @@ SETTINGS = (
     NUMBA_THREADS,
     THREADING_LAYER,
     SPIN,
+    PROGRAM,
 )

@@ -140,19 +140,24 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     return compile_later
 
 
-def job_function(fn: Callable[..., None], name: str, fastmath: Any = False) -> Any:
+def job_function(
+    fn: Callable[..., None], name: str, fastmath: Any = False, error_model: str = "python"
+) -> Any:
     """``fn(job, lo, hi)`` (three ``int64``) as the C function ``void(int64, int64,
     int64)`` that the spinning helpers call by address (:mod:`.pool`; a numba
     ``cfunc``, whose ``address`` it is once compiled), cached on disk as :func:`kernel`
     caches. Not compiled yet: :func:`job_ready` loads it from the cache, or its
     ``compile()`` compiles it. ``name``: its cache files' name (closures over different
-    constants need different ones). Its own ``fastmath`` as :func:`kernel`'s."""
+    constants need different ones). Its own ``fastmath`` as :func:`kernel`'s;
+    ``error_model="numpy"`` where a float division by zero must give inf or NaN, as numpy's
+    (a C function cannot raise numba's ``ZeroDivisionError``)."""
     from numba import types
     from numba.core.ccallback import CFunc
 
     fn.__qualname__ = name
     job = CFunc(fn, ((types.int64, types.int64, types.int64), types.void), locals={},
-                options={"nopython": True, "fastmath": fastmath})  # fmt: skip
+                options={"nopython": True, "fastmath": fastmath,
+                         "error_model": error_model})  # fmt: skip
     job._cache = KernelCache(fn)  # type: ignore[attr-defined]  # as kernel() sets numba's
     return job
 

@@ -51,8 +51,9 @@ from ._numba_cache import kernel
 
 __all__ = [
     "ARRAY4_FIELDS", "AWAKE", "BUSY_NS", "CHUNKS", "DONE", "FN", "JOB", "MAILBOX_SIZE",
-    "SPIN_NS", "SPIN_ROUNDS", "STOP", "TICKET", "WANTED", "address", "describe4",
-    "helper_loop", "run_alone", "run_region", "run_shared", "view4",
+    "CHECKED", "PROGRAM_FIELDS", "SHARED", "SPIN_NS", "SPIN_ROUNDS", "STOP", "TICKET",
+    "WANTED", "address", "describe4", "helper_loop", "run_alone", "run_program", "run_region",
+    "run_shared", "view4",
 ]  # fmt: skip
 
 # mailbox fields (int64 indices), eight apart: one 64-byte cache line each for what the
@@ -292,11 +293,9 @@ def helper_loop(mailbox: Any, rank: int, spin_ns: int, rounds: int) -> None:
     atomic_add(mailbox, AWAKE, -1)
 
 
-@kernel(nogil=True)
-def run_shared(mailbox: Any, fn: int, job: int, chunks: int) -> None:
-    """A job on the calling thread and the awake helpers: its prologue here, then
-    chunks ``0 .. chunks-1`` to whoever claims them; returns when all are done. One
-    caller at a time (:class:`.pool.SpinPool` holds a lock around this)."""
+@njit(inline="always")
+def _share(mailbox: Any, fn: int, job: int, chunks: int) -> None:
+    """:func:`run_shared`'s work, inlined where a program runs its jobs too."""
     call_job(fn, job, -1, -1)
     seq = ((atomic_load(mailbox, TICKET) >> _CHUNK_BITS) + 1) & _SEQ_MASK
     # the new sequence first, with no chunk to claim: a helper that read the last job's
@@ -315,6 +314,41 @@ def run_shared(mailbox: Any, fn: int, job: int, chunks: int) -> None:
         pass
     while atomic_load(mailbox, DONE) < chunks:
         spin_pause()
+
+
+@kernel(nogil=True)
+def run_shared(mailbox: Any, fn: int, job: int, chunks: int) -> None:
+    """A job on the calling thread and the awake helpers: its prologue here, then
+    chunks ``0 .. chunks-1`` to whoever claims them; returns when all are done. One
+    caller at a time (:class:`.pool.SpinPool` holds a lock around this)."""
+    _share(mailbox, fn, job, chunks)
+
+
+#: :func:`run_program`'s flags of a job: its chunks go to the helpers too; its block's
+#: first field says whether it refused its input (nonzero: the program stops there)
+SHARED, CHECKED = 1, 2
+#: a program's row: the job function, its block, its chunk count, its flags
+PROGRAM_FIELDS = 4
+
+
+@kernel(nogil=True)
+def run_program(mailbox: Any, program: Any, helpers: int) -> int:
+    """Jobs one after another in one call: each row of ``program`` (``fn, job, chunks,
+    flags``) as :func:`run_shared` runs it where it is ``SHARED`` and there are
+    ``helpers``, else alone as :func:`run_alone`. The helpers spin from one job to the
+    next. Returns -1 when every job has run, or the row of a ``CHECKED`` job that set
+    its status (the jobs after it have not run). The caller holds the pool's lock where
+    there are helpers."""
+    for r in range(program.shape[0]):
+        fn, job, chunks, flags = program[r, 0], program[r, 1], program[r, 2], program[r, 3]
+        if helpers > 0 and flags & SHARED:
+            _share(mailbox, fn, job, chunks)
+        else:
+            call_job(fn, job, -1, -1)
+            call_job(fn, job, 0, chunks)
+        if flags & CHECKED and carray(address(job), 1, np.int64)[0] != 0:
+            return r
+    return -1
 
 
 @kernel(nogil=True)

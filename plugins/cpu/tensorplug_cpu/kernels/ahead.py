@@ -86,6 +86,10 @@ def resolve(origin: tuple[Any, ...]) -> Any:
         from ._numba_attention import attend_job
 
         return _JobCompile(attend_job())
+    if origin[0] == "step_job":
+        from ._numba_jobs import jobs
+
+        return _JobCompile(jobs()[origin[1]])
     raise ValueError(f"unknown kernel origin {origin!r}")
 
 

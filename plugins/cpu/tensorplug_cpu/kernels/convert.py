@@ -26,7 +26,11 @@ from .common import BuildContext, Step, from_f32, reshape_view, to_f32
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-__all__ = ["build_copy", "build_get_rows", "build_pad", "build_repeat", "build_set_rows"]
+    from .jit import JitKernels
+
+__all__ = [
+    "SetRowsStep", "build_copy", "build_get_rows", "build_pad", "build_repeat", "build_set_rows",
+]  # fmt: skip
 
 
 def _copy_step(src: np.ndarray, src_type: Type, dst: np.ndarray, dst_type: Type) -> Step:
@@ -170,6 +174,22 @@ def _row_reader(
     return read
 
 
+class SetRowsStep:
+    """A KV cache's new rows: every index checked, then the rows written, in one kernel
+    call (:meth:`.jit.JitKernels.set_rows`); a job of a program too (:mod:`.program`),
+    which reads ``table`` (float32, or f16 as ``uint16``), ``values`` and ``idx``."""
+
+    def __init__(self, node: Tensor, jit: JitKernels, table: np.ndarray, values: np.ndarray,
+                 idx: np.ndarray) -> None:  # fmt: skip
+        self.node, self.jit, self.table, self.values, self.idx = node, jit, table, values, idx
+
+    def __call__(self) -> None:
+        bad = self.jit.set_rows(self.table, self.values, self.idx)
+        if bad >= 0:
+            message = f"index {int(self.idx[bad])} with {self.table.shape[0]} rows"
+            raise _index_error(self.node, IndexError(message))
+
+
 #: Up to this many rows per batch, set_rows checks and writes them one by one.
 FEW_ROWS = 8
 
@@ -206,15 +226,7 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
         if values.dtype == np.float32 and table.ndim == values.ndim == 2:
             raw = table.view(np.uint16) if t == Type.F16 else table
             signed = idx if signed64 else idx.view(np.int32)
-
-            def run_jit() -> None:
-                # a KV cache's new rows: all checked, then written, in one call
-                bad = jit.set_rows(raw, values, signed)
-                if bad >= 0:
-                    i = int(signed[bad])
-                    raise _index_error(node, IndexError(f"index {i} with {raw.shape[0]} rows"))
-
-            return run_jit
+            return SetRowsStep(node, jit, raw, values, signed)
 
     def run_few() -> None:
         # a generation step's one row per cache: Python ints beat numpy's masks

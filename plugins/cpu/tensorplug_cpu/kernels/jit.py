@@ -32,12 +32,13 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
-from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, SPIN, THREADING_LAYER
+from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, PROGRAM, SPIN, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
 from .attention import DOT_LANES
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .gelu_table import GELU_F16_TABLE
 from .llvm_pages import release as release_llvm_pages
+from .program import JobCall
 from .threading_layer import preload_tbb
 
 __all__ = ["MAX_SIBLINGS", "JitKernels", "jit_status", "load_jit"]
@@ -412,7 +413,7 @@ class JitKernels:
             else:
                 many()
 
-        return run
+        return _ProductStep(run, pooled)
 
     def _serial_ready(self, serial: Any, parallel: str) -> bool:
         """Whether one thread runs the one-thread kernel ``serial`` now, rather than the
@@ -450,7 +451,7 @@ class JitKernels:
             else:
                 many()
 
-        return run
+        return _ProductStep(run, pooled)
 
     def _will_call(self, call: Callable[[], None]) -> None:
         """A step of the plan being bound calls ``call`` at this thread count (a partial
@@ -618,6 +619,57 @@ class JitKernels:
         from .pool import spin_pool
 
         return spin_pool()
+
+    def spin_pool(self) -> Any:
+        """The spinning helpers a generation step's jobs share (:meth:`_pool` for its few
+        rows), or None where steps do not use them."""
+        return self._pool(1)
+
+    def loaded_job(self, job: Any) -> int | None:
+        """The address of the job function ``job`` if it can be called now (compiled, or
+        loaded from numba's disk cache), else None; never compiles or waits."""
+        return int(job.address) if self._job_is_ready(job) else None
+
+    def ready_step_job(self, name: str) -> int | None:
+        """The address of the step job ``name`` (:func:`._numba_jobs.jobs`), or None
+        while numba's disk cache lacks it: the compile-ahead process makes it meanwhile
+        (where there is none, it is compiled here)."""
+        from ._numba_jobs import jobs
+
+        job = jobs()[name]
+        return int(job.address) if self._job_ready(job) else None
+
+    def program_ready(self) -> bool:
+        """Whether a plan's steps may run as programs (:mod:`.program`): they are not
+        turned off (``TENSORPLUG_CPU_PROGRAM=0``) and their runner
+        (:func:`._numba_pool.run_program`) is compiled or in numba's disk cache; where
+        it is not, the compile-ahead process makes it for later plans (where there is
+        none, it is compiled here)."""
+        if not PROGRAM.get():
+            return False
+        from . import _numba_pool
+        from ._numba_cache import is_cached
+
+        runner = _numba_pool.run_program
+        if runner.overloads:
+            return True
+        args = (np.zeros(_numba_pool.MAILBOX_SIZE, np.int64),
+                np.zeros((1, _numba_pool.PROGRAM_FIELDS), np.int64), 0)  # fmt: skip
+        sig = tuple(runner.typeof_pyval(a) for a in args)
+        if self._ahead is not None and not is_cached(runner, sig):
+            self.want_ahead(runner, *args, rank=4)
+            return False
+        runner.compile(sig)
+        return True
+
+    def glu_kind(self, fn: GluOp) -> int | None:
+        """:func:`._numba_rows.glu_rows`'s code for ``fn`` (None: not one of its)."""
+        return self._glu_kinds.get(fn)
+
+    @staticmethod
+    def glu_table() -> np.ndarray:
+        """The f16 GELU table :meth:`glu_rows` looks values up in."""
+        return GELU_F16_TABLE
 
     def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
         """:func:`._numba_rows.rms_norm_rows` on 2-d float32 rows."""
@@ -799,6 +851,27 @@ class _PooledJob:
         if n == 1 or not self._pool.run(n, self._fn, self._at, self._chunks):
             self._region()
 
+    def job_call(self) -> JobCall:
+        """This step in a program: its chunks shared, or all run by the caller on one
+        thread (each group computed as the driver computes it: the region's bits)."""
+        block = (self._block, self._chunks)
+        return JobCall(self._fn, block, block, shared=True, arrays=(self._block, *self._arrays))
+
+
+class _ProductStep:
+    """A product's step (:meth:`JitKernels._serial_or_parallel`,
+    :meth:`JitKernels._one_by_one_or_together`): ``run``, which picks its kernel at each
+    call; a program's job (:mod:`.program`) where it has one on the helpers."""
+
+    def __init__(self, run: Callable[[], None], pooled: Callable[[], None] | None) -> None:
+        self._run, self._pooled = run, pooled
+
+    def __call__(self) -> None:
+        self._run()
+
+    def job_call(self) -> JobCall | None:
+        return self._pooled.job_call() if isinstance(self._pooled, _PooledJob) else None
+
 
 class _JobStep:
     """A step that runs one job function (:meth:`JitKernels.bind_attend`): on one thread
@@ -836,6 +909,17 @@ class _JobStep:
     def _load(self) -> int:
         self._fn = self._jit._job_address(self._job, self._what)
         return self._fn
+
+    def job_call(self) -> JobCall | None:
+        """This step in a program, once its job is loaded (None before: its first call
+        loads it, or waits for the compile-ahead process)."""
+        fn = self._fn or self._jit.loaded_job(self._job)
+        if fn is None:
+            return None
+        self._fn = fn
+        arrays = (self._one, self._many, *(a for a in self._arrays if a is not None))
+        return JobCall(fn, (self._one, self._one_chunks), (self._many, self._many_chunks),
+                       shared=self._pool is not None, arrays=arrays)  # fmt: skip
 
 
 def _sibling_args(

@@ -71,6 +71,18 @@ class SpinPool:
             self._lock.release()
         return True
 
+    def run_program(self, n_threads: int, program: np.ndarray) -> int | None:
+        """Run a program's jobs (:func:`._numba_pool.run_program`) on this thread and
+        ``n_threads - 1`` helpers: -1, or the row of a job that refused its input; None,
+        having done nothing, while another thread's job holds the pool."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._wake(n_threads - 1)
+            return int(_pool.run_program(self.mailbox, program, n_threads - 1))
+        finally:
+            self._lock.release()
+
     def _wake(self, helpers: int) -> None:
         box = self.mailbox
         box[_pool.WANTED] = helpers

@@ -1,0 +1,273 @@
+"""A generation step's graph as one compiled call: the plan's steps lowered to jobs.
+
+A plan runs a Python call a node: ~140 calls a token for a 100M model, 514 for SmolLM2,
+each 1.5-3 µs of dispatch around a kernel that, for the few rows of a generation step,
+often computes in less (a 768-wide norm, a residual add). The products and attention
+already run as jobs of the spinning helpers (:mod:`.pool`): a compiled function by
+address over an argument block. Here the small steps become jobs as well
+(:mod:`._numba_jobs`), and a run of consecutive job steps becomes one
+:class:`Program`: a table of (function, block, chunks, flags) that
+:func:`._numba_pool.run_program` walks in one call, the helpers spinning from one
+product to the next. For the decoder graphs of the models we run, every node but the
+first (the token's embedding row) is a job, so a token is two calls into compiled code.
+
+What a program computes is what its steps compute, bit for bit: each job calls the
+step's kernel, or does numpy's float32 operation, and a product's job computes each group
+of weight rows as its driver does. So a program is used wherever it can be, and the steps
+run as before wherever it cannot:
+
+* a step with no job form (another op, another dtype, more than four axes) ends a
+  program and runs as itself;
+* a job numba's disk cache lacks (a first run) is not waited for: the compile-ahead
+  process makes it for the next plan or run (:meth:`.jit.JitKernels.ready_job`);
+* another thread's job holds the helpers (two models computing at once): the program's
+  steps run one by one, as each would then;
+* a job that refuses its input (:func:`._numba_jobs.set_rows_job`'s bad index) stops the
+  program there, and its step runs again to raise the error it raises.
+
+``TENSORPLUG_CPU_PROGRAM=0`` turns programs off (:mod:`..settings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .convert import SetRowsStep
+
+if TYPE_CHECKING:
+    from .jit import JitKernels
+
+__all__ = ["MIN_JOBS", "SMALL", "JobCall", "Program", "lower", "programs"]
+
+#: A run of fewer job steps stays as it is: one call saves little there, and a segment's
+#: table costs its own call.
+MIN_JOBS = 4
+#: The most elements a small step's array has to become a job (a generation step's few
+#: rows): a job runs on the caller alone, where a prompt's rows are split over threads
+#: or run in numpy's vector loops.
+SMALL = 1 << 16
+
+Step = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class JobCall:
+    """One step as a job (:mod:`._numba_pool`'s protocol): its function's address; its
+    argument block and chunk count on one thread and on more; whether its chunks are
+    shared with the helpers; whether its block's first field says it refused its input.
+    ``arrays``: what the blocks name by address, kept alive with the program."""
+
+    fn: int
+    one: tuple[np.ndarray, int]
+    many: tuple[np.ndarray, int]
+    shared: bool = False
+    checked: bool = False
+    arrays: tuple[np.ndarray, ...] = ()
+
+    @staticmethod
+    def alone(fn: int, block: np.ndarray, arrays: tuple[np.ndarray, ...],
+              checked: bool = False) -> JobCall:  # fmt: skip
+        """A small job: one chunk, run by the caller at any thread count."""
+        return JobCall(fn, (block, 1), (block, 1), False, checked, arrays)
+
+
+class Program:
+    """Consecutive steps of a plan as one call of :func:`._numba_pool.run_program`;
+    ``steps`` are kept to run instead where the program cannot run (module docstring)."""
+
+    def __init__(self, jit: JitKernels, steps: Sequence[Step], calls: Sequence[JobCall]) -> None:
+        from . import _numba_pool
+
+        self.steps = tuple(steps)
+        self._jit, self._pool = jit, jit.spin_pool()
+        self._run = _numba_pool.run_program
+        self._mailbox = np.zeros(_numba_pool.MAILBOX_SIZE, np.int64)  # one thread: unused
+        self._one = _table(calls, one=True)
+        self._many = _table(calls, one=False)
+        # what the tables name by address: the blocks, and the arrays the blocks name
+        self._keep = tuple((call.one[0], call.many[0], *call.arrays) for call in calls)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __call__(self) -> None:
+        n = self._jit.n_threads
+        ran: int | None
+        if n == 1:
+            ran = int(self._run(self._mailbox, self._one, 0))
+        else:  # None: no helpers here, or another thread's job holds them
+            ran = None if self._pool is None else self._pool.run_program(n, self._many)
+        if ran is None:
+            for step in self.steps:
+                step()
+        elif ran >= 0:  # a job refused its input: its step raises why, as it would alone
+            for step in self.steps[ran:]:
+                step()
+
+
+def _table(calls: Sequence[JobCall], one: bool) -> np.ndarray:
+    from ._numba_pool import CHECKED, PROGRAM_FIELDS, SHARED
+
+    table = np.zeros((len(calls), PROGRAM_FIELDS), np.int64)
+    for r, call in enumerate(calls):
+        block, chunks = call.one if one else call.many
+        flags = (SHARED if call.shared else 0) | (CHECKED if call.checked else 0)
+        table[r] = (call.fn, block.ctypes.data, chunks, flags)
+    return table
+
+
+def programs(steps: Sequence[Step], jit: JitKernels) -> list[tuple[Step, int]]:
+    """``steps`` with each run of at least :data:`MIN_JOBS` consecutive job steps
+    replaced by one :class:`Program`: ``(step, index of its first step in steps)``; the
+    steps themselves where the program runner is not ready yet (a first run)."""
+    runs: list[tuple[Step, int]] = []
+    if not jit.program_ready():
+        return [(step, i) for i, step in enumerate(steps)]
+    pending: list[tuple[Step, JobCall]] = []
+    start = 0
+
+    def flush() -> None:
+        if len(pending) >= MIN_JOBS:
+            runs.append((Program(jit, [s for s, _ in pending], [c for _, c in pending]), start))
+        else:
+            runs.extend((s, start + k) for k, (s, _) in enumerate(pending))
+        pending.clear()
+
+    for i, step in enumerate(steps):
+        call = lower(step, jit)
+        if call is None:
+            flush()
+            runs.append((step, i))
+            continue
+        if not pending:
+            start = i
+        pending.append((step, call))
+    flush()
+    return runs
+
+
+# -- lowering ---------------------------------------------------------------------------------
+
+_BINARY = {np.add: 0, np.subtract: 1, np.multiply: 2, np.divide: 3}  # _numba_jobs' codes
+
+
+def lower(step: Step, jit: JitKernels) -> JobCall | None:
+    """``step`` as a job, or None where it has no job form or its job is not ready."""
+    job_call = getattr(step, "job_call", None)
+    if job_call is not None:  # products, attention: jobs already
+        return job_call()  # type: ignore[no-any-return]
+    if isinstance(step, SetRowsStep):
+        return _set_rows(step, jit)
+    if not isinstance(step, partial) or step.keywords:
+        return None
+    func, args = step.func, step.args
+    if func in _BINARY:
+        return _binary(_BINARY[func], args, jit)
+    if func is np.copyto:
+        return _copy(args, jit)
+    if getattr(func, "__self__", None) is jit:
+        name = getattr(func, "__name__", "")
+        if name == "rms_norm_rows":
+            return _rms_norm(args, jit)
+        if name == "rope_rows":
+            return _rope(args, jit)
+        if name == "glu_rows":
+            return _glu(args, jit)
+    return None
+
+
+def _as4(a: Any, dtype: type = np.float32) -> np.ndarray | None:
+    """``a`` with leading axes up to four (a view), if it is a small C-contiguous array
+    of ``dtype`` (the jobs read their arrays as C-contiguous, as the steps' kernels did)."""
+    if (not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim > 4
+            or not a.flags.c_contiguous or a.size > SMALL):  # fmt: skip
+        return None
+    return a[(np.newaxis,) * (4 - a.ndim)]
+
+
+def _all4(*arrays: tuple[Any, type]) -> list[np.ndarray] | None:
+    """Each ``(array, dtype)`` as :func:`_as4` makes it, or None if any is not."""
+    made = [_as4(a, dtype) for a, dtype in arrays]
+    return None if any(a is None for a in made) else made  # type: ignore[return-value]
+
+
+def _job(jit: JitKernels, name: str, arrays: Sequence[np.ndarray], ints: Sequence[int] = (),
+         scalars: Sequence[float] = (), checked: bool = False) -> JobCall | None:  # fmt: skip
+    """The step job ``name`` (:mod:`._numba_jobs`) over 4-d ``arrays``, then ``ints``,
+    then ``scalars`` (float64 bits); None while the job is not ready."""
+    from ._numba_jobs import ARGS
+    from ._numba_pool import ARRAY4_FIELDS, describe4
+
+    fn = jit.ready_step_job(name)
+    if fn is None:
+        return None
+    at = ARGS + ARRAY4_FIELDS * len(arrays)
+    block = np.zeros(at + len(ints) + len(scalars), np.int64)
+    for k, a in enumerate(arrays):
+        describe4(block, ARGS + ARRAY4_FIELDS * k, a)
+    block[at : at + len(ints)] = ints
+    block.view(np.float64)[at + len(ints) :] = scalars
+    return JobCall.alone(fn, block, tuple(arrays), checked)
+
+
+def _binary(op: int, args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
+    arrays = _all4(*((a, np.float32) for a in args)) if len(args) == 3 else None
+    if arrays is None or not arrays[0].shape == arrays[1].shape == arrays[2].shape:
+        return None  # (a broadcast stays numpy's)
+    return _job(jit, "binary", arrays, ints=(op,))
+
+
+def _copy(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
+    arrays = _all4((args[1], np.float32), (args[0], np.float32)) if len(args) == 2 else None
+    if arrays is None or arrays[0].shape != arrays[1].shape:
+        return None
+    return _job(jit, "copy", arrays)
+
+
+def _rms_norm(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
+    x, out, eps = args
+    arrays = _all4((x, np.float32), (out, np.float32))
+    if arrays is None or x.ndim != 2:
+        return None
+    return _job(jit, "rms_norm", arrays, scalars=(float(eps),))
+
+
+def _rope(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
+    x, out, pos, factors, ramp, keep, neox, n_dims, theta_scale, freq_scale, mscale = args
+    arrays = _all4((x, np.float32), (out, np.float32), (pos, np.int32),
+                   (factors, np.float32), (ramp, np.float32), (keep, np.float32))  # fmt: skip
+    if arrays is None or x.ndim != 3 or any(a.ndim != 1 for a in args[2:6]):
+        return None
+    return _job(jit, "rope", arrays, ints=(int(bool(neox)), int(n_dims)),
+                scalars=(float(theta_scale), float(freq_scale), float(mscale)))  # fmt: skip
+
+
+def _glu(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
+    fn, x, g, out = args
+    kind = jit.glu_kind(fn)
+    arrays = _all4((x, np.float32), (g, np.float32), (out, np.float32))
+    if arrays is None or x.ndim != 2 or kind is None:
+        return None
+    table = jit.glu_table()[np.newaxis, np.newaxis, np.newaxis]  # larger than SMALL
+    return _job(jit, "glu", (*arrays, table), ints=(kind,))
+
+
+def _set_rows(step: SetRowsStep, jit: JitKernels) -> JobCall | None:
+    table, values, idx = step.table, step.values, step.idx
+    if (table.dtype not in (np.uint16, np.float32) or idx.dtype not in (np.int32, np.int64)
+            or table.ndim != 2 or idx.ndim != 1):  # fmt: skip
+        return None
+    arrays = _all4((values, np.float32), (idx, idx.dtype.type))
+    if arrays is None:
+        return None
+    if not table.flags.c_contiguous:
+        return None
+    table4 = table[np.newaxis, np.newaxis]  # a KV cache: larger than SMALL
+    return _job(jit, "set_rows", (table4, *arrays),
+                ints=(int(table.dtype == np.uint16), int(idx.dtype == np.int64)),
+                checked=True)  # fmt: skip
