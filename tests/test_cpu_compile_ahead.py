@@ -93,6 +93,41 @@ def test_a_child_that_fails_leaves_the_kernels_to_this_process(tmp_path: Path) -
     assert out[0] == "cached True" and out[1].startswith("seen 9 compiled") and out[2] == "rms True"
 
 
+_HANDED_AT_EXIT = """
+import numpy as np
+from tensorplug_cpu.kernels import _numba_rows as rows
+from tensorplug_cpu.kernels._numba_attention import visible_columns
+from tensorplug_cpu.kernels._numba_cache import is_cached
+from tensorplug_cpu.kernels.ahead import Ahead
+from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+
+mask = np.zeros((1, 1, 4, 16), np.float32)
+x = np.ones((3, 32), np.float32)
+a = Ahead()
+a.want(visible_columns, mask, table)
+a.start()
+a.want(rows.rms_norm_rows, x, x, 1e-5)  # while the child compiles: kept for later
+print("pending", len(a.jobs), a.running())
+a.hand_over()  # at exit (the CPU's kernels register it): a child of its own
+print("pending", len(a.jobs))
+assert a.child is not None
+a.child.wait(timeout=300)
+sig = tuple(rows.rms_norm_rows.typeof_pyval(v) for v in (x, x, 1e-5))
+print("cached", is_cached(rows.rms_norm_rows, sig))
+"""
+
+
+def test_what_is_wanted_while_the_child_compiles_is_handed_over_at_exit(tmp_path: Path) -> None:
+    """A short run binds no plan after its first: what its plan wanted while the child
+    was busy (the programs' jobs) goes to a child of its own at exit, or no run would
+    ever have it (each wanted it again while its own child was busy)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", _HANDED_AT_EXIT], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:3] == ["pending 1 True", "pending 0", "cached True"]
+
+
 def test_a_driver_and_a_module_kernel_are_found_again_by_their_origin() -> None:
     drivers = packed_kernels(frozenset({Type.Q4_1}))
     for kernel in (drivers.serial, drivers.siblings, visible_columns):

@@ -229,6 +229,16 @@ class Ahead:
     def running(self) -> bool:
         return self.child is not None and self.child.poll() is None
 
+    def hand_over(self) -> None:
+        """At exit: the kernels still wanted go to a child of their own, even while the
+        last child compiles (it goes on alone). This process binds no plan again to hand
+        them over at, and a short run's were otherwise never compiled: its plan's
+        programs' jobs (:mod:`.program`), wanted while the child compiled the kernels the
+        steps call, were wanted again by the next run, again too late, and so on."""
+        if self.jobs and self.running():
+            self.child = None
+        self.start()
+
     def wait_for(self, kernel: Any) -> None:
         """Before ``kernel`` is first called: if the child has it, wait until the child
         says it is done with it (it is then in the disk cache), or has ended. Meanwhile

@@ -15,6 +15,7 @@ dot products use float32 with reassociation allowed, like ggml's SIMD reductions
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
@@ -32,7 +33,7 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
-from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, PROGRAM, SPIN, THREADING_LAYER
+from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, SPIN, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
 from .attention import DOT_LANES
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
@@ -144,6 +145,8 @@ class JitKernels:
 
         #: the kernels a second process compiles meanwhile on a first run (:mod:`.ahead`)
         self._ahead = ahead.Ahead() if ahead.enabled() else None
+        if self._ahead is not None:
+            atexit.register(self._ahead.hand_over)
         #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
         #: products that have a serial kernel call it instead
         self.n_threads: int = numba.get_num_threads()
@@ -640,13 +643,9 @@ class JitKernels:
         return int(job.address) if self._job_ready(job) else None
 
     def program_ready(self) -> bool:
-        """Whether a plan's steps may run as programs (:mod:`.program`): they are not
-        turned off (``TENSORPLUG_CPU_PROGRAM=0``) and their runner
-        (:func:`._numba_pool.run_program`) is compiled or in numba's disk cache; where
-        it is not, the compile-ahead process makes it for later plans (where there is
-        none, it is compiled here)."""
-        if not PROGRAM.get():
-            return False
+        """Whether the programs' runner (:func:`._numba_pool.run_program`, :mod:`.program`)
+        is compiled or in numba's disk cache; where it is not, the compile-ahead process
+        makes it for later plans (where there is none, it is compiled here)."""
         from . import _numba_pool
         from ._numba_cache import is_cached
 
@@ -793,6 +792,8 @@ class JitKernels:
         if self._llvm_ran:
             self._llvm_ran = False
             release_llvm_pages()
+        if self._ahead is not None and self._ahead.jobs:  # wanted while the child was busy
+            self._ahead.start()
 
     def set_num_threads(self, n: int) -> None:
         self.n_threads = max(1, min(n, self.numba.config.NUMBA_NUM_THREADS))

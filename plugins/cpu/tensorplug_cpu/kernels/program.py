@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..settings import PROGRAM
 from .common import Step
 from .convert import SetRowsStep
 
@@ -123,10 +124,17 @@ def _table(calls: Sequence[JobCall], one: bool) -> np.ndarray:
 def programs(steps: Sequence[Step], jit: JitKernels) -> list[tuple[Step, int]]:
     """``steps`` with each run of at least :data:`MIN_JOBS` consecutive job steps
     replaced by one :class:`Program`: ``(step, index of its first step in steps)``; the
-    steps themselves where the program runner is not ready yet (a first run)."""
+    steps themselves where programs are off or their runner is not ready yet (a first
+    run: the jobs are lowered all the same, so that the compile-ahead process is asked
+    for those the disk cache lacks too, and the next run has them all)."""
+    plain = [(step, i) for i, step in enumerate(steps)]
+    if not PROGRAM.get():
+        return plain
+    ready = jit.program_ready()
+    calls = [lower(step, jit) for step in steps]
+    if not ready:
+        return plain
     runs: list[tuple[Step, int]] = []
-    if not jit.program_ready():
-        return [(step, i) for i, step in enumerate(steps)]
     pending: list[tuple[Step, JobCall]] = []
     start = 0
 
@@ -137,8 +145,7 @@ def programs(steps: Sequence[Step], jit: JitKernels) -> list[tuple[Step, int]]:
             runs.extend((s, start + k) for k, (s, _) in enumerate(pending))
         pending.clear()
 
-    for i, step in enumerate(steps):
-        call = lower(step, jit)
+    for i, (step, call) in enumerate(zip(steps, calls, strict=True)):
         if call is None:
             flush()
             runs.append((step, i))
