@@ -50,7 +50,7 @@ _ROPE, _GLU, _SET_ROWS = block_size(6, 5), block_size(4, 1), block_size(3, 2)
 
 
 @njit(inline="always")
-def _scalars(job: Any, at: int, n: int) -> Any:
+def _floats(job: Any, at: int, n: int) -> Any:
     """The block's ``n`` float64 scalars from field ``at``."""
     return carray(address(job + 8 * at), n, np.float64)
 
@@ -107,12 +107,12 @@ def _copy_job(job: Any, lo: Any, hi: Any) -> None:
 
 
 def _rms_norm_job(job: Any, lo: Any, hi: Any) -> None:
-    """:func:`._numba_rows.rms_norm_rows` over rows ``x[0, 0]`` (2-d); scalar: eps."""
+    """:func:`._numba_rows.rms_norm_rows` over rows ``x[0, 0]`` (2-d); float: eps."""
     if lo < 0:
         return
     b = _fields(job, _RMS_NORM)
     x, out = _c4(b, ARGS, np.float32), _c4(b, ARGS + A4, np.float32)
-    eps = _scalars(job, ARGS + 2 * A4, 1)[0]
+    eps = _floats(job, ARGS + 2 * A4, 1)[0]
     rms_norm_rows(x[0, 0], out[0, 0], eps)
 
 
@@ -129,7 +129,7 @@ def _rope_job(job: Any, lo: Any, hi: Any) -> None:
     ramp = _c4(b, ARGS + 4 * A4, np.float32)
     keep = _c4(b, ARGS + 5 * A4, np.float32)
     at = ARGS + 6 * A4
-    s = _scalars(job, at + 2, 3)
+    s = _floats(job, at + 2, 3)
     rope_rows(x[0], out[0], pos[0, 0, 0], factors[0, 0, 0], ramp[0, 0, 0], keep[0, 0, 0],
               b[at] != 0, b[at + 1], np.float32(s[0]), np.float32(s[1]),
               np.float32(s[2]))  # fmt: skip
