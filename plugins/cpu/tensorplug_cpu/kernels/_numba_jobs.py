@@ -45,7 +45,7 @@ def block_size(arrays: int, scalars: int) -> int:
 
 
 # each job's block size (a constant in its compiled code)
-_BINARY, _COPY, _RMS_NORM = block_size(3, 1), block_size(2, 0), block_size(2, 1)
+_BINARY, _COPY, _RMS_NORM = block_size(3, 2), block_size(2, 0), block_size(2, 1)
 _ROPE, _GLU, _SET_ROWS = block_size(6, 5), block_size(4, 1), block_size(3, 2)
 
 
@@ -74,26 +74,29 @@ def _flat(b: Any, at: int, dtype: Any) -> Any:
 
 
 def _binary_job(job: Any, lo: Any, hi: Any) -> None:
-    """``out = x (op) y`` over C-contiguous float32 arrays of one shape, as numpy's
-    float32 loop: one rounding each."""
+    """``out = x (op) y`` over C-contiguous float32 arrays, ``y`` of ``out``'s shape or
+    of its trailing axes (repeated over the leading ones: element ``i`` of ``out`` meets
+    ``y[i % y.size]``), as numpy's float32 loop: one rounding each; integers: the
+    operation, ``y.size``."""
     if lo < 0:
         return
     b = _fields(job, _BINARY)
     x, y = _flat(b, ARGS, np.float32), _flat(b, ARGS + A4, np.float32)
     out = _flat(b, ARGS + 2 * A4, np.float32)
-    op = b[ARGS + 3 * A4]
-    if op == ADD:
-        for i in range(out.size):
-            out[i] = x[i] + y[i]
-    elif op == SUB:
-        for i in range(out.size):
-            out[i] = x[i] - y[i]
-    elif op == MUL:
-        for i in range(out.size):
-            out[i] = x[i] * y[i]
-    else:
-        for i in range(out.size):
-            out[i] = x[i] / y[i]
+    op, m = b[ARGS + 3 * A4], b[ARGS + 3 * A4 + 1]
+    for r in range(0, out.size, m):
+        if op == ADD:
+            for i in range(m):
+                out[r + i] = x[r + i] + y[i]
+        elif op == SUB:
+            for i in range(m):
+                out[r + i] = x[r + i] - y[i]
+        elif op == MUL:
+            for i in range(m):
+                out[r + i] = x[r + i] * y[i]
+        else:
+            for i in range(m):
+                out[r + i] = x[r + i] / y[i]
 
 
 def _copy_job(job: Any, lo: Any, hi: Any) -> None:

@@ -229,6 +229,18 @@ class Ahead:
     def running(self) -> bool:
         return self.child is not None and self.child.poll() is None
 
+    def finish(self) -> None:
+        """Return once every kernel wanted so far is compiled by a child (those still
+        waiting handed over as the last child ends), or a child has failed."""
+        while True:
+            if self.child is not None:
+                self.child.wait()
+            if not self.jobs:
+                return
+            self.start()
+            if self.child is None or self.child.returncode is not None:
+                return  # no process to spare: the steps compile their own kernels
+
     def hand_over(self) -> None:
         """At exit: the kernels still wanted go to a child of their own, even while the
         last child compiles (it goes on alone). This process binds no plan again to hand

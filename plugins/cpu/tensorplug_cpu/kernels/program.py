@@ -223,9 +223,15 @@ def _job(jit: JitKernels, name: str, arrays: Sequence[np.ndarray], ints: Sequenc
 
 def _binary(op: int, args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
     arrays = _all4(*((a, np.float32) for a in args)) if len(args) == 3 else None
-    if arrays is None or not arrays[0].shape == arrays[1].shape == arrays[2].shape:
-        return None  # (a broadcast stays numpy's)
-    return _job(jit, "binary", arrays, ints=(op,))
+    if arrays is None or arrays[0].shape != arrays[2].shape:
+        return None
+    y, out = arrays[1], arrays[2]
+    # y the same shape, or repeated over out's leading axes (a norm's weight over a
+    # step's rows): element i of out meets y's element i % y.size
+    trailing = y.shape[next((k for k, d in enumerate(y.shape) if d != 1), 4) :]
+    if y.size == 0 or trailing != out.shape[4 - len(trailing) :]:
+        return None
+    return _job(jit, "binary", arrays, ints=(op, y.size))
 
 
 def _copy(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
