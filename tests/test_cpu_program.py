@@ -20,6 +20,7 @@ from tensorplug.quants import quantize
 pytest.importorskip("numba", reason="programs run numba-compiled jobs")
 
 from tensorplug_cpu.kernels import _numba_pool
+from tensorplug_cpu.kernels._numba_attention import attend_job
 from tensorplug_cpu.kernels._numba_jobs import jobs
 from tensorplug_cpu.kernels._numba_repack import packed_job
 from tensorplug_cpu.kernels.pool import spin_pool
@@ -33,7 +34,7 @@ N = 256
 def ready_jobs() -> None:
     """Every job compiled (or loaded) here: a plan does not wait for one the disk cache
     lacks, and the tests want programs from the first plan."""
-    for job in jobs().values():
+    for job in (*jobs().values(), attend_job()):
         job.compile()
     for ggml_order in (False, True):
         packed_job(frozenset({tp.Type.Q4_0}), ggml_order).compile()
@@ -51,8 +52,9 @@ def _backend(threads: int, program: bool, monkeypatch: pytest.MonkeyPatch) -> tp
 
 class Step:
     """A decoder-like graph of one token: a repacked product, then every kind of small
-    step a program has a job for, two KV caches' new rows, and a product of rows by a
-    weight vector (repeated over them, as a batch's norm weight)."""
+    step a program has a job for, two KV caches' new rows, a product of rows by a
+    weight vector (repeated over them, as a batch's norm weight), and attention of a
+    few rows whose queries are a permuted view (a batch's: copied, then attended)."""
 
     def __init__(self, weight: tp.Tensor, rows: tuple[int, int]) -> None:
         self.x = tp.new_tensor("f32", (1, N), "x")
@@ -66,6 +68,10 @@ class Step:
         self.rows32 = tp.new_tensor(tp.Type.I32, (1,), "rows32")
         self.wide = tp.new_tensor("f32", (3, N), "wide")  # a step of three sequences' rows
         self.weight = tp.new_tensor("f32", (N,), "weight")
+        self.queries = tp.new_tensor("f32", (1, 3, 4, 64), "queries")  # (B, rows, H, D)
+        self.k = tp.new_tensor(tp.Type.F16, (1, 2, 32, 64), "k")
+        self.v = tp.new_tensor(tp.Type.F16, (1, 2, 32, 64), "v")
+        self.mask = tp.new_tensor(tp.Type.F16, (1, 1, 3, 32), "mask")
         y = ops.mul_mat(weight, self.x)
         d = ops.div(ops.sub(y, self.b), self.b)  # b has a zero: inf, as numpy divides
         m = ops.mul(d, self.x)
@@ -79,7 +85,10 @@ class Step:
         w32 = ops.set_rows(self.cache32, g, self.rows32)
         # a norm's weight and a bias repeated over rows
         rows3 = ops.sub(ops.mul(self.wide, self.weight), self.b)
-        self.outs = [d, m, n, g, s, r1, r2, w16, w32, rows3]
+        # attention of three rows' queries, a permuted view: copied, then the job
+        q = ops.permute(self.queries, (0, 2, 1, 3))
+        attended = ops.flash_attn_ext(q, self.k, self.v, self.mask, scale=0.125)
+        self.outs = [d, m, n, g, s, r1, r2, w16, w32, rows3, attended]
         self.graph = tp.Graph(self.outs)
         tp.alloc_tensors([*self.graph.leafs, *self.graph.nodes], tp.host_buffer_type())
         rng = np.random.default_rng(7)  # the same inputs each time
@@ -97,6 +106,11 @@ class Step:
             self.rows32: np.array([rows[1]], np.int32),
             self.wide: rng.standard_normal((3, N)).astype(np.float32),
             self.weight: rng.standard_normal(N).astype(np.float32),
+            self.queries: rng.standard_normal((1, 3, 4, 64)).astype(np.float32),
+            self.k: rng.standard_normal((1, 2, 32, 64)).astype(np.float16),
+            self.v: rng.standard_normal((1, 2, 32, 64)).astype(np.float16),
+            self.mask: np.where(np.arange(32) < 29, 0, -np.inf).astype(np.float16)
+            * np.ones((1, 1, 3, 1), np.float16),
         }
         for t, v in inputs.items():
             tp.set_array(t, v)
@@ -116,10 +130,11 @@ def weight() -> Iterator[tp.Tensor]:
     yield w
 
 
-def _programs(backend: tp.Backend, graph: tp.Graph) -> list[Program]:
+def _programs(backend: tp.Backend, graph: tp.Graph) -> tuple[list[int], int]:
+    """The lengths of the programs of ``graph``'s plan, and its number of steps."""
     plan: Any = backend.graph_plan_create(graph)
     try:
-        return [step for step, _ in plan.runs if isinstance(step, Program)]
+        return [len(s) for s, _ in plan.runs if isinstance(s, Program)], len(plan.steps)
     finally:
         backend.graph_plan_free(plan)
 
@@ -136,13 +151,13 @@ def test_a_program_computes_its_steps_bits(
     for program in (False, True):
         backend = _backend(threads, program, monkeypatch)
         step = Step(weight, (3, 5))
-        found = _programs(backend, step.graph)
-        # every node is a job: one program of them all, or none when turned off
-        assert [len(p) for p in found] == ([len(step.graph.nodes)] if program else [])
+        found, n_steps = _programs(backend, step.graph)
+        # every step is a job: one program of them all, or none when turned off
+        assert found == ([n_steps] if program else [])
         jobs_before = _jobs_run()
         backend.graph_compute(step.graph)
-        if threads == 2:  # the product's chunks went to the helpers either way
-            assert _jobs_run() - jobs_before == 1
+        if threads == 2:  # the product's and attention's chunks went to the helpers
+            assert _jobs_run() - jobs_before == 2
         results.append(step.results())
     for off, on in zip(*results, strict=True):
         np.testing.assert_array_equal(on, off)
@@ -158,7 +173,7 @@ def test_the_steps_run_while_another_thread_holds_the_helpers(
     _backend(2, False, monkeypatch).graph_compute(expected.graph)
     step = Step(weight, (1, 2))
     backend = _backend(2, True, monkeypatch)
-    assert _programs(backend, step.graph)
+    assert _programs(backend, step.graph)[0]
     pool = spin_pool()
     assert pool._lock.acquire(blocking=False)  # as another thread's job holds it
     try:
@@ -174,7 +189,7 @@ def test_the_steps_run_while_another_thread_holds_the_helpers(
 def _error(weight: tp.Tensor, program: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Step]:
     step = Step(weight, (8, 2))  # row 8 of an 8-row cache
     backend = _backend(1, program, monkeypatch)
-    assert bool(_programs(backend, step.graph)) == program
+    assert bool(_programs(backend, step.graph)[0]) == program
     with pytest.raises(TensorplugError) as caught:
         backend.graph_compute(step.graph)
     return str(caught.value), step

@@ -12,10 +12,10 @@ These jobs are small (a few rows): one chunk each, run by the caller alone; ``lo
 (the prologue) does nothing.
 
 A block is ``int64``: field :data:`STATUS` first (nonzero when a job refused its input:
-:func:`_set_rows_job`'s bad index), then the arrays, each C-contiguous (as the step's
-kernel saw them, so its loops vectorize as they did), as :func:`._numba_pool.describe4`
-writes them, from :data:`ARGS` on, then its integers, then its floats (as float64
-bits): :func:`block_size` counts them.
+:func:`_set_rows_job`'s bad index), then the arrays as :func:`._numba_pool.describe4`
+writes them (C-contiguous, as the step's kernel saw them, so its loops vectorize as they
+did; a copy's source any strides), from :data:`ARGS` on, then its integers, then its
+floats (as float64 bits): :func:`block_size` counts them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from numba import carray, njit
 
 from ._numba_cache import job_function
 from ._numba_pool import ARRAY4_FIELDS as A4
-from ._numba_pool import address
+from ._numba_pool import address, view4
 from ._numba_rows import glu_rows, rms_norm_rows, rope_rows, set_rows
 
 __all__ = ["ADD", "ARGS", "DIV", "MUL", "STATUS", "SUB", "block_size", "jobs"]
@@ -100,13 +100,17 @@ def _binary_job(job: Any, lo: Any, hi: Any) -> None:
 
 
 def _copy_job(job: Any, lo: Any, hi: Any) -> None:
-    """``out = x`` over C-contiguous float32 arrays of one shape (``np.copyto``)."""
+    """``out = x`` (``np.copyto``) into C-contiguous float32 ``out`` from ``x`` of its
+    shape and any strides (a permuted view: a batch's queries for attention)."""
     if lo < 0:
         return
     b = _fields(job, _COPY)
-    x, out = _flat(b, ARGS, np.float32), _flat(b, ARGS + A4, np.float32)
-    for i in range(out.size):
-        out[i] = x[i]
+    x, out = view4(b, ARGS, np.float32), _c4(b, ARGS + A4, np.float32)
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            for k in range(out.shape[2]):
+                for m in range(out.shape[3]):
+                    out[i, j, k, m] = x[i, j, k, m]
 
 
 def _rms_norm_job(job: Any, lo: Any, hi: Any) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "F32",
     "ROWS_PARALLEL_MIN",
     "Step",
+    "StepSequence",
     "from_f32",
     "padded4",
     "reshape_view",
@@ -81,17 +82,26 @@ def split_rows(n_rows: int, n_values: int, bind: Callable[[slice], Step]) -> Ste
     return run
 
 
+class StepSequence:
+    """Steps run in order as one (:func:`sequence`); a program lowers each of them to its
+    job (:mod:`.program`)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: tuple[Step, ...]) -> None:
+        self.steps = steps
+
+    def __call__(self) -> None:
+        for s in self.steps:
+            s()
+
+
 def sequence(*steps: Step | None) -> Step:
     """One step running ``steps`` in order (``None`` entries are skipped)."""
     todo = tuple(s for s in steps if s is not None)
     if len(todo) == 1:
         return todo[0]
-
-    def run() -> None:
-        for s in todo:
-            s()
-
-    return run
+    return StepSequence(todo)
 
 
 def reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..settings import PROGRAM
-from .common import Step
+from .common import Step, StepSequence
 from .convert import SetRowsStep
 
 if TYPE_CHECKING:
@@ -80,17 +80,24 @@ class Program:
     """Consecutive steps of a plan as one call of :func:`._numba_pool.run_program`;
     ``steps`` are kept to run instead where the program cannot run (module docstring)."""
 
-    def __init__(self, jit: JitKernels, steps: Sequence[Step], calls: Sequence[JobCall]) -> None:
+    def __init__(
+        self, jit: JitKernels, steps: Sequence[Step], calls: Sequence[Sequence[JobCall]]
+    ) -> None:
+        """``calls``: each step's jobs, in order (a :class:`.common.StepSequence` has one
+        a part)."""
         from . import _numba_pool
 
         self.steps = tuple(steps)
+        #: the step each row of the tables runs a job of
+        self._step_of = [k for k, jobs in enumerate(calls) for _ in jobs]
+        rows = [call for jobs in calls for call in jobs]
         self._jit, self._pool = jit, jit.spin_pool()
         self._run = _numba_pool.run_program
         self._mailbox = np.zeros(_numba_pool.MAILBOX_SIZE, np.int64)  # one thread: unused
-        self._one = _table(calls, one=True)
-        self._many = _table(calls, one=False)
+        self._one = _table(rows, one=True)
+        self._many = _table(rows, one=False)
         # what the tables name by address: the blocks, and the arrays the blocks name
-        self._keep = tuple((call.one[0], call.many[0], *call.arrays) for call in calls)
+        self._keep = tuple((call.one[0], call.many[0], *call.arrays) for call in rows)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -106,7 +113,7 @@ class Program:
             for step in self.steps:
                 step()
         elif ran >= 0:  # a job refused its input: its step raises why, as it would alone
-            for step in self.steps[ran:]:
+            for step in self.steps[self._step_of[ran] :]:
                 step()
 
 
@@ -135,7 +142,7 @@ def programs(steps: Sequence[Step], jit: JitKernels) -> list[tuple[Step, int]]:
     if not ready:
         return plain
     runs: list[tuple[Step, int]] = []
-    pending: list[tuple[Step, JobCall]] = []
+    pending: list[tuple[Step, list[JobCall]]] = []
     start = 0
 
     def flush() -> None:
@@ -162,8 +169,22 @@ def programs(steps: Sequence[Step], jit: JitKernels) -> list[tuple[Step, int]]:
 _BINARY = {np.add: 0, np.subtract: 1, np.multiply: 2, np.divide: 3}  # _numba_jobs' codes
 
 
-def lower(step: Step, jit: JitKernels) -> JobCall | None:
-    """``step`` as a job, or None where it has no job form or its job is not ready."""
+def lower(step: Step, jit: JitKernels) -> list[JobCall] | None:
+    """``step`` as jobs (a :class:`.common.StepSequence`'s parts, in order; any other
+    step one), or None where it has no job form or its job is not ready."""
+    if not isinstance(step, StepSequence):
+        one = _lower_one(step, jit)
+        return None if one is None else [one]
+    calls: list[JobCall] = []
+    for part in step.steps:
+        jobs = lower(part, jit)
+        if jobs is None:
+            return None
+        calls += jobs
+    return calls
+
+
+def _lower_one(step: Step, jit: JitKernels) -> JobCall | None:
     job_call = getattr(step, "job_call", None)
     if job_call is not None:  # products, attention: jobs already
         return job_call()  # type: ignore[no-any-return]
@@ -187,11 +208,12 @@ def lower(step: Step, jit: JitKernels) -> JobCall | None:
     return None
 
 
-def _as4(a: Any, dtype: type = np.float32) -> np.ndarray | None:
-    """``a`` with leading axes up to four (a view), if it is a small C-contiguous array
-    of ``dtype`` (the jobs read their arrays as C-contiguous, as the steps' kernels did)."""
+def _as4(a: Any, dtype: type = np.float32, contiguous: bool = True) -> np.ndarray | None:
+    """``a`` with leading axes up to four (a view), if it is a small array of ``dtype``,
+    C-contiguous unless not asked to be (the jobs read their arrays as C-contiguous, as
+    the steps' kernels did; a copy's source has any strides)."""
     if (not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim > 4
-            or not a.flags.c_contiguous or a.size > SMALL):  # fmt: skip
+            or (contiguous and not a.flags.c_contiguous) or a.size > SMALL):  # fmt: skip
         return None
     return a[(np.newaxis,) * (4 - a.ndim)]
 
@@ -235,10 +257,12 @@ def _binary(op: int, args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
 
 
 def _copy(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
-    arrays = _all4((args[1], np.float32), (args[0], np.float32)) if len(args) == 2 else None
-    if arrays is None or arrays[0].shape != arrays[1].shape:
+    if len(args) != 2:
         return None
-    return _job(jit, "copy", arrays)
+    out, x = _as4(args[0]), _as4(args[1], contiguous=False)
+    if out is None or x is None or x.shape != out.shape:
+        return None
+    return _job(jit, "copy", (x, out))
 
 
 def _rms_norm(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
