@@ -8,8 +8,10 @@ address over an argument block. Here the small steps become jobs as well
 (:mod:`._numba_jobs`), and a run of consecutive job steps becomes one
 :class:`Program`: a table of (function, block, chunks, flags) that
 :func:`._numba_pool.run_program` walks in one call, the helpers spinning from one
-product to the next. For the decoder graphs of the models we run, every node but the
-first (the token's embedding row) is a job, so a token is two calls into compiled code.
+product to the next. In the llama-architecture models measured (SmolLM2, the benchmark's
+100M models), one sequence's step or a batch's, every node but the first (the token's
+embedding row, read from the file) is a job, so a token is two calls into compiled
+code; a node of another architecture without a job form splits its program in two.
 
 What a program computes is what its steps compute, bit for bit: each job calls the
 step's kernel, or does numpy's float32 operation, and a product's job computes each group
