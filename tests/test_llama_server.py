@@ -543,22 +543,39 @@ def test_64_streaming_clients_with_random_disconnects(served: Served) -> None:
 
 
 def test_embeddings_come_from_the_served_model_while_a_completion_runs(
-    served: Served, client: openai.OpenAI
+    served: Served, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """/v1/embeddings is computed by the engine's own model (no second copy), as
     sequences beside a completion that keeps running. Each equals ``Llama.embed`` on a
     separate model of the file, normalized: the engine's raw vectors are bit-identical
     (Q8_0, ``test_llama_engine``), so the only difference is the wire's float32
-    (base64): 1e-6 is 10x the rounding of a unit vector's entries."""
+    (base64): 1e-6 is 10x the rounding of a unit vector's entries.
+
+    The completion's generation steps wait for the embeddings' request and then go at
+    most 300 tokens/s: unpaced, the tiny model's 240 tokens (a few ms each, a
+    fraction of that with the CPU's programs) could all be generated before the
+    embeddings' round trip on a busy CI machine, and the test then failed though
+    nothing was wrong."""
     texts = ["the of", "and to", "hello tensor graph device"]
     long: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240,
                             "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    requested = threading.Event()
+    decode = served.llm.llama.decode
+
+    def paced(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("prompt") is False:  # a generation step
+            requested.wait(30)
+            time.sleep(0.003)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(served.llm.llama, "decode", paced)
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(lambda: client.completions.create(**long))
         deadline = time.monotonic() + 30
         while served.llm.stats().running == 0:
             assert time.monotonic() < deadline
             time.sleep(0.005)
+        requested.set()
         got = client.embeddings.create(model=MODEL, input=texts)  # base64 float32 on the wire
         still_running = served.llm.stats().running
         completion = running.result()
