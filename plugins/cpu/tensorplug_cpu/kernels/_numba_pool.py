@@ -294,6 +294,13 @@ def helper_loop(mailbox: Any, rank: int, spin_ns: int, rounds: int) -> None:
 
 
 @njit(inline="always")
+def _alone(fn: int, job: int, chunks: int) -> None:
+    """:func:`run_alone`'s work, inlined where a program runs its jobs too."""
+    call_job(fn, job, -1, -1)
+    call_job(fn, job, 0, chunks)
+
+
+@njit(inline="always")
 def _share(mailbox: Any, fn: int, job: int, chunks: int) -> None:
     """:func:`run_shared`'s work, inlined where a program runs its jobs too."""
     call_job(fn, job, -1, -1)
@@ -344,8 +351,7 @@ def run_program(mailbox: Any, program: Any, helpers: int) -> int:
         if helpers > 0 and flags & SHARED:
             _share(mailbox, fn, job, chunks)
         else:
-            call_job(fn, job, -1, -1)
-            call_job(fn, job, 0, chunks)
+            _alone(fn, job, chunks)
         if flags & CHECKED and carray(address(job), 1, np.int64)[0] != 0:
             return r
     return -1
@@ -355,8 +361,7 @@ def run_program(mailbox: Any, program: Any, helpers: int) -> int:
 def run_alone(fn: int, job: int, chunks: int) -> None:
     """A job on the calling thread alone: its prologue, then chunks ``0 .. chunks-1``
     in one call (a job function then sets up its scratch once)."""
-    call_job(fn, job, -1, -1)
-    call_job(fn, job, 0, chunks)
+    _alone(fn, job, chunks)
 
 
 @kernel(parallel=True)

@@ -635,11 +635,6 @@ class JitKernels:
         rows), or None where steps do not use them."""
         return self._pool(1)
 
-    def loaded_job(self, job: Any) -> int | None:
-        """The address of the job function ``job`` if it can be called now (compiled, or
-        loaded from numba's disk cache), else None; never compiles or waits."""
-        return int(job.address) if self._job_is_ready(job) else None
-
     def ready_step_job(self, name: str) -> int | None:
         """The address of the step job ``name`` (:func:`._numba_jobs.jobs`), or None
         while numba's disk cache lacks it: the compile-ahead process makes it meanwhile
@@ -671,11 +666,6 @@ class JitKernels:
     def glu_kind(self, fn: GluOp) -> int | None:
         """:func:`._numba_rows.glu_rows`'s code for ``fn`` (None: not one of its)."""
         return self._glu_kinds.get(fn)
-
-    @staticmethod
-    def glu_table() -> np.ndarray:
-        """The f16 GELU table :meth:`glu_rows` looks values up in."""
-        return GELU_F16_TABLE
 
     def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
         """:func:`._numba_rows.rms_norm_rows` on 2-d float32 rows."""
@@ -921,12 +911,12 @@ class _JobStep:
     def job_call(self) -> JobCall | None:
         """This step in a program, once its job is loaded (None before: its first call
         loads it, or waits for the compile-ahead process)."""
-        fn = self._fn or self._jit.loaded_job(self._job)
-        if fn is None:
-            return None
-        self._fn = fn
+        if not self._fn:
+            if not self._jit._job_is_ready(self._job):
+                return None
+            self._fn = int(self._job.address)
         arrays = (self._one, self._many, *(a for a in self._arrays if a is not None))
-        return JobCall(fn, (self._one, self._one_chunks), (self._many, self._many_chunks),
+        return JobCall(self._fn, (self._one, self._one_chunks), (self._many, self._many_chunks),
                        shared=self._pool is not None, arrays=arrays)  # fmt: skip
 
 

@@ -42,6 +42,7 @@ import numpy as np
 from ..settings import PROGRAM
 from .common import Step, StepSequence
 from .convert import SetRowsStep
+from .gelu_table import GELU_F16_TABLE
 
 if TYPE_CHECKING:
     from .jit import JitKernels
@@ -230,14 +231,14 @@ def _job(jit: JitKernels, name: str, arrays: Sequence[np.ndarray], ints: Sequenc
          scalars: Sequence[float] = (), checked: bool = False) -> JobCall | None:  # fmt: skip
     """The step job ``name`` (:mod:`._numba_jobs`) over 4-d ``arrays``, then ``ints``,
     then ``scalars`` (float64 bits); None while the job is not ready."""
-    from ._numba_jobs import ARGS
+    from ._numba_jobs import ARGS, block_size
     from ._numba_pool import ARRAY4_FIELDS, describe4
 
     fn = jit.ready_step_job(name)
     if fn is None:
         return None
     at = ARGS + ARRAY4_FIELDS * len(arrays)
-    block = np.zeros(at + len(ints) + len(scalars), np.int64)
+    block = np.zeros(block_size(len(arrays), len(ints) + len(scalars)), np.int64)
     for k, a in enumerate(arrays):
         describe4(block, ARGS + ARRAY4_FIELDS * k, a)
     block[at : at + len(ints)] = ints
@@ -291,7 +292,7 @@ def _glu(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
     arrays = _all4((x, np.float32), (g, np.float32), (out, np.float32))
     if arrays is None or x.ndim != 2 or kind is None:
         return None
-    table = jit.glu_table()[np.newaxis, np.newaxis, np.newaxis]  # larger than SMALL
+    table = GELU_F16_TABLE[np.newaxis, np.newaxis, np.newaxis]  # larger than SMALL
     return _job(jit, "glu", (*arrays, table), ints=(kind,))
 
 
