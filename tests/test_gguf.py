@@ -110,6 +110,17 @@ def test_whole_arrays_of_numbers_and_of_strings(tmp_path: Path) -> None:
         assert f.strings(key) is None, key
 
 
+def test_length_counts_an_arrays_items_without_reading_them(tmp_path: Path) -> None:
+    """``length`` is an array's item count as its header gives it (an array of arrays
+    counts the arrays), and None for a scalar or a missing key."""
+    f = GGUFFile(_odd_arrays(tmp_path / "odd.gguf"))
+    for key in ("a.strings", "a.floats", "a.bools"):
+        assert f.length(key) == len(f.get(key)), key
+    assert [f.length("a.nested"), f.length("a.nested_strings")] == [2, 3]
+    assert f.length("general.architecture") is None
+    assert f.length("missing") is None
+
+
 def test_a_string_array_item_that_is_not_utf8_names_its_key(tmp_path: Path) -> None:
     """Array items are decoded when read (not when the file opens), and a bad one is a
     GGUFError naming the key, as a bad single string is."""

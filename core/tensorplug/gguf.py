@@ -283,6 +283,15 @@ class GGUFFile:
             return None
         return np.array(items)  # the reader's view is of the mapped file
 
+    def length(self, key: str) -> int | None:
+        """How many items metadata array ``key`` holds, read from its header without
+        reading the items (None: missing, or not an array). A model's vocabulary size
+        needs no decoded tokens."""
+        field = self._reader.fields.get(key)
+        if field is None or not field.types or field.types[0] != _ARRAY or len(field.parts) < 5:
+            return None
+        return int(field.parts[4][0])  # the key's length and bytes, its type, the items' type
+
     def strings(self, key: str) -> list[str] | None:
         """Metadata array ``key`` of strings where it was read whole (every item is
         text by then: nothing to check item by item); else None, as :meth:`numbers`."""

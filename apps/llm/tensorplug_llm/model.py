@@ -221,8 +221,7 @@ class LlamaConfig:
         n_ctx_orig = f.value(f"{a}.rope.scaling.original_context_length", int, n_ctx_train)
         _check(f, f"{a}.rope.scaling.original_context_length", n_ctx_orig, n_ctx_orig >= 1,
                "at least 1")  # fmt: skip
-        tokens = f.get("tokenizer.ggml.tokens")
-        n_tokens = len(tokens) if isinstance(tokens, list) else None
+        n_tokens = f.length("tokenizer.ggml.tokens")  # not decoded: a count is all it takes
         n_vocab = f.value(
             f"{a}.vocab_size", int, n_tokens or f.tensor_info("token_embd.weight").shape[0]
         )
