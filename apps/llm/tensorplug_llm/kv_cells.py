@@ -176,7 +176,7 @@ class KVCells:
             return
         if positions:
             if self._n_used is not None:
-                self._n_used += int(np.unique(cells).size) if cells.size > 1 else 1
+                self._n_used += _distinct(cells)
             if self._used_max is not None:
                 self._used_max = max(self._used_max, int(cells.max()) + 1)
         known = self._pos_max
@@ -303,3 +303,12 @@ class KVCells:
 
 def _seq_ids(bits: int) -> list[int]:
     return [s for s in range(MAX_SEQUENCES) if bits >> s & 1]
+
+
+def _distinct(cells: np.ndarray) -> int:
+    """How many different cells ``cells`` names. Not ``np.unique``: its first call
+    imports ``numpy.ma`` (13 ms of every launch, for the warm-up's first step)."""
+    if cells.size <= 1:
+        return int(cells.size)
+    ordered = np.sort(cells, axis=None)
+    return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
