@@ -70,7 +70,8 @@ def twin_logits(path: Path, tokens: list[int]) -> np.ndarray:
     window, n_layer = int(meta["gemma3.attention.sliding_window"]), int(meta["gemma3.block_count"])
     T, emb = len(tokens), w["token_embd.weight"]
     x = emb[tokens] * np.sqrt(emb.shape[1])
-    hd, group = emb.shape[1] // n_head, n_head // n_kv_head
+    hd = int(meta.get("gemma3.attention.key_length", emb.shape[1] // n_head))
+    group = n_head // n_kv_head
     back = np.arange(T)[:, None] - np.arange(T)[None, :]
     rms = ref._rms
     for i in range(n_layer):
@@ -116,6 +117,21 @@ def test_gemma3_matches_its_float64_twin(model: Path) -> None:
         m.close()
     assert ref.rel_err(got, want) <= 1e-4  # float32 (ggml's GELU table) vs float64
     assert ref.rel_err(stepped, want) <= 1e-4
+
+
+def test_heads_wider_than_n_embd_over_n_head_match_the_twin(tmp_path: Path) -> None:
+    """Gemma 3 270M's heads are 256 wide with n_embd 640 and 4 heads (key_length); the
+    tiny writer's ``head_dim`` writes such a model (the benchmark's 270M size), and the
+    runner reads it as llama.cpp does: Q and the attention output n_head·256 wide."""
+    path = write_tiny_llama(tmp_path / "wide.gguf", "f32", 5, arch="gemma3",
+                            sliding_window=WINDOW, n_layer=6, head_dim=32)  # fmt: skip
+    m = Llama(path, placement=Placement.on(host_cpu(), 6), cache_type="f32", warmup=False)
+    try:
+        assert (m.config.head_dim, m.config.n_embd, m.config.n_head) == (32, 64, 4)
+        got = m.eval(TOKENS, all_logits=True)
+    finally:
+        m.close()
+    assert ref.rel_err(got, twin_logits(path, TOKENS)) <= 1e-4
 
 
 def test_without_the_window_the_result_changes(model: Path) -> None:

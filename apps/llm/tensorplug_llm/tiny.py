@@ -45,6 +45,7 @@ TINY_DIMS: dict[str, int] = {
     "n_ctx": 256,
     "n_expert": 0,  # > 0: a Mixtral-style mixture of experts in every layer
     "n_expert_used": 0,
+    "head_dim": 0,  # > 0: each head's size (attention.key_length); 0: n_embd / n_head
 }
 
 TINY_WORDS = """
@@ -65,8 +66,9 @@ def tiny_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     Ids 0-2 are ``<unk>``, ``<s>``, ``</s>``; 3-258 the byte tokens ``<0x00>`` ..
     ``<0xFF>``; then ``▁`` and the lowercase letters, common words with and without a
     leading ``▁`` and their prefixes (so that SentencePiece merges can reach them), the
-    other printable ASCII characters, then synthetic letter pairs and triples: a small
-    vocabulary spells capitals and punctuation with byte tokens. Scores fall with the
+    other printable ASCII characters, then synthetic letter pairs, triples and
+    quadruples (Gemma 3's 262,144 entries): a small vocabulary spells capitals and
+    punctuation with byte tokens. Scores fall with the
     id, as merge priority does.
     """
     if n_vocab < 259:
@@ -85,7 +87,8 @@ def tiny_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
         pairs = ("".join(p) for p in itertools.product(string.ascii_lowercase, repeat=2))
         triples = ("".join(p) for p in itertools.product(string.ascii_lowercase, repeat=3))
         spaced = (SPACE + "".join(p) for p in itertools.product(string.ascii_lowercase, repeat=3))
-        return itertools.chain(letters, prefixes, others, pairs, triples, spaced)
+        quads = ("".join(p) for p in itertools.product(string.ascii_lowercase, repeat=4))
+        return itertools.chain(letters, prefixes, others, pairs, triples, spaced, quads)
 
     for text in candidates():
         if len(tokens) == n_vocab:
@@ -119,8 +122,9 @@ def write_tiny_llama(
     """Write a random-weight llama GGUF file and return its path.
 
     ``dims`` override :data:`TINY_DIMS` (``n_vocab``, ``n_embd``, ``n_layer``,
-    ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``, and ``n_expert``/``n_expert_used`` for
-    a Mixtral-style mixture of experts in every layer). Matrices are stored as
+    ``n_head``, ``n_head_kv``, ``n_ff``, ``n_ctx``, ``head_dim`` where heads are not
+    ``n_embd / n_head`` wide, and ``n_expert``/``n_expert_used`` for a Mixtral-style
+    mixture of experts in every layer). Matrices are stored as
     ``weight_type`` (F32, F16, Q8_0, Q4_0, K-quants, IQ4_NL, IQ4_XS...; rows must be
     multiples of 32 for the quantized ones, of 256 for the K-quants and IQ4_XS: pass
     ``n_embd=256, n_ff=512``), norms as F32. ``tied`` leaves out ``output.weight`` so the
@@ -153,8 +157,8 @@ def write_tiny_llama(
     d = {**TINY_DIMS, **dims}
     wtype = Type.parse(weight_type)
     n_embd, n_head, n_head_kv, n_ff = d["n_embd"], d["n_head"], d["n_head_kv"], d["n_ff"]
-    head_dim = n_embd // n_head
-    n_kv = head_dim * n_head_kv
+    head_dim = d["head_dim"] or n_embd // n_head
+    n_q, n_kv = head_dim * n_head, head_dim * n_head_kv
     rng = np.random.default_rng(seed)
     path = Path(path)
 
@@ -176,6 +180,9 @@ def write_tiny_llama(
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
     writer.add_rope_dimension_count(head_dim)
+    if d["head_dim"]:  # Gemma 3's heads are larger than n_embd / n_head (270M: 256, not 160)
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_rope_freq_base(rope_base)
     writer.add_layer_norm_rms_eps(eps)
     if rope_scaling is not None:
@@ -244,16 +251,16 @@ def write_tiny_llama(
         if not olmo:
             norm(p + "attn_norm.weight")
         if fused:
-            matrix(p + "attn_qkv.weight", n_embd + 2 * n_kv, n_embd)
+            matrix(p + "attn_qkv.weight", n_q + 2 * n_kv, n_embd)
         else:
-            matrix(p + "attn_q.weight", n_embd, n_embd)
+            matrix(p + "attn_q.weight", n_q, n_embd)
             matrix(p + "attn_k.weight", n_kv, n_embd)
             matrix(p + "attn_v.weight", n_kv, n_embd)
-        matrix(p + "attn_output.weight", n_embd, n_embd)
+        matrix(p + "attn_output.weight", n_embd, n_q)
         if not olmo:  # (the order of the draws keeps every earlier tiny file as it was)
             norm(p + "ffn_norm.weight")
         if olmo:
-            norm(p + "attn_q_norm.weight", n_embd)
+            norm(p + "attn_q_norm.weight", n_q)
             norm(p + "attn_k_norm.weight", n_kv)
         if qk_norm:
             norm(p + "attn_q_norm.weight", head_dim)
@@ -262,7 +269,7 @@ def write_tiny_llama(
             norm(p + "post_attention_norm.weight")
             norm(p + "post_ffw_norm.weight")
         if arch == "qwen2":  # biases of the three projections, F32 as converters keep them
-            for name, n in (("attn_q", n_embd), ("attn_k", n_kv), ("attn_v", n_kv)):
+            for name, n in (("attn_q", n_q), ("attn_k", n_kv), ("attn_v", n_kv)):
                 writer.add_tensor(f"{p}{name}.bias", 0.5 * rng.standard_normal(n, np.float32))
         if n_expert:  # the router (F32, as converters keep it) and the stacked experts
             router = rng.standard_normal((n_expert, n_embd), dtype=np.float32)
