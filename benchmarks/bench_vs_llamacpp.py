@@ -6,9 +6,11 @@
 
 Models are written once into ``--cache`` by the tiny-model writer (random weights, a
 llama graph): ``100M`` (8 blocks, n_embd 768, 12 heads / 4 KV heads, n_ff 2048, vocab
-32000) and ``660M`` (TinyLlama's widths, 12 blocks: n_embd 2048, 32 / 4 heads, n_ff
-5632). Each entry is ``size:type``, or the path of a downloaded ``.gguf`` (a real model:
-SmolLM2, Gemma 3 …), measured as it is.
+32000), ``660M`` (TinyLlama's widths, 12 blocks: n_embd 2048, 32 / 4 heads, n_ff
+5632) and ``270M``, Gemma 3 270M's graph and shapes (``gemma3``: 18 blocks, n_embd 640,
+4 / 1 heads of 256, n_ff 2048, vocab 262,144, a 512-token window on 5 blocks of 6; every
+matrix of the one type, the token embeddings too). Each entry is ``size:type``, or the
+path of a downloaded ``.gguf`` (a real model: SmolLM2, Gemma 3 …), measured as it is.
 
 Every measurement is a fresh process — tensorplug's runner, or llama.cpp through
 llama-cpp-python (an interpreter that has it: this one, ``--llama-python``, or
@@ -72,7 +74,13 @@ SIZES: dict[str, dict[str, int]] = {
              "n_ff": 2048, "n_ctx": 512},
     "660M": {"n_vocab": 32000, "n_embd": 2048, "n_layer": 12, "n_head": 32, "n_head_kv": 4,
              "n_ff": 5632, "n_ctx": 512},
+    "270M": {"n_vocab": 262144, "n_embd": 640, "n_layer": 18, "n_head": 4, "n_head_kv": 1,
+             "head_dim": 256, "n_ff": 2048, "n_ctx": 2048},
 }  # fmt: skip
+#: sizes written in another architecture than llama's, with the writer's keywords for it
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "270M": {"arch": "gemma3", "sliding_window": 512, "rope_base": 1e6, "eps": 1e-6},
+}
 BUILD_HINT = (
     "llama.cpp is measured through llama-cpp-python, which is not installed for any "
     "interpreter found. Build it once, CPU-only (5-15 minutes), in a venv of its own:\n"
@@ -145,7 +153,7 @@ def model_path(spec: Spec, cache: Path) -> Path:
         print(f"writing {path.name} ...", file=sys.stderr, flush=True)
         partial = path.with_suffix(".partial")
         dims: dict[str, Any] = dict(SIZES[spec.size])  # the writer's **dims: ints
-        write_tiny_llama(partial, spec.type, seed=1, **dims)
+        write_tiny_llama(partial, spec.type, seed=1, **ARCHITECTURES.get(spec.size, {}), **dims)
         partial.rename(path)
     return path
 
