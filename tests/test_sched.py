@@ -550,3 +550,44 @@ def test_the_test_plugin_loads_through_the_registry() -> None:
     finally:
         registry.unload(reg)
     assert registry.dev_by_name("TestAccel1") is None
+
+
+def test_prepare_readies_every_split_on_its_backend_and_computes_nothing(
+    cpu: tp.Backend, acc: AccelBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Scheduler.prepare`` allocates the graph and hands each split's graph to its
+    backend's ``graph_prepare`` (TESTACCEL keeps the default: nothing), computing none;
+    the compute after it runs those very graphs, and the CPU backend binds no plan for
+    them again."""
+    m = schedkit.build_llama(**CFG)
+    wv, iv = m.weight_values(), m.input_values()
+    load_weights(m, wv, lambda _: acc.buffer_type())
+    sched = Scheduler([acc, cpu])
+    prepared: list[tuple[str, tp.Graph]] = []
+    computed: list[tuple[str, tp.Graph]] = []
+    for be in (acc, cpu):
+        for hook, seen in (("_graph_prepare", prepared), ("_graph_compute", computed)):
+            original = getattr(be, hook)
+
+            def record(graph, original=original, seen=seen, name=be.name):  # type: ignore[no-untyped-def]
+                seen.append((name, graph))
+                return original(graph)
+
+            monkeypatch.setattr(be, hook, record)
+    sched.prepare(m.graph)
+    assert computed == []
+    assert [(name, id(g)) for name, g in prepared] == [
+        (sched.backends[s.backend_id].name, id(s.graph)) for s in sched.splits
+    ]
+    assert {name for name, _ in prepared} == {acc.name, cpu.name}
+    bound = {id(plan) for plan in cpu._plans.values()}  # type: ignore[attr-defined]
+    ran: list[int] = []
+    run = cpu._run  # type: ignore[attr-defined]
+    monkeypatch.setattr(cpu, "_run", lambda plan: ran.append(id(plan)) or run(plan))
+    m.set_inputs(iv)
+    assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
+    assert [(name, id(g)) for name, g in computed] == [(n, id(g)) for n, g in prepared]
+    assert ran and set(ran) <= bound  # the plans prepare bound, none bound again
+    np.testing.assert_allclose(
+        tp.get_array(m.logits), schedkit.llama_reference(m, wv, iv), rtol=1e-4, atol=1e-4
+    )

@@ -129,6 +129,15 @@ class Backend(ABC):
         """The hook behind :meth:`cpy_tensor_async`; False (not supported) by default."""
         return False
 
+    def _graph_prepare(self, graph: Graph) -> None:
+        """Do now what the first ``graph_compute`` of a graph of this shape would do
+        before computing (bind kernels, build a plan, load compiled code), and keep it
+        for that compute; compute nothing. Nothing by default. A backend that keeps
+        such per-graph work behind ``graph_compute`` (the CPU's plans) implements it, so
+        that an application which knows its next graph's shape ahead (``tensorplug
+        run``, its prompt's length) has it done while loading instead of computing a
+        throw-away step of that shape."""
+
     def _graph_plan_create(self, graph: Graph) -> GraphPlan:
         """Prepare ``graph`` for repeated computation (bind kernels and arguments once).
         Optional: backends without plans raise UnsupportedError and callers use
@@ -156,6 +165,12 @@ class Backend(ABC):
         raise UnsupportedError(f"backend {self.name!r} does not support events")
 
     # -- public -------------------------------------------------------------------------
+
+    @public
+    def graph_prepare(self, graph: Graph) -> None:
+        """Get ready to compute ``graph`` without computing it (:meth:`_graph_prepare`);
+        its tensors must have their memory, as for ``graph_compute``."""
+        self._graph_prepare(graph)
 
     @public
     def graph_plan_create(self, graph: Graph) -> GraphPlan:

@@ -254,6 +254,19 @@ class Scheduler:
         self._allocated = graph
         self._allocated_size = (len(graph.nodes), len(graph.leafs))
 
+    def prepare(self, graph: Graph) -> None:
+        """Allocate ``graph`` and let each backend do, without computing, what its first
+        compute of a graph of this shape would do first (``Backend.graph_prepare``: the
+        CPU binds its plan, loading its products' kernels). A later :meth:`graph_compute` of this
+        graph, or of another of the same shape, finds that done; its inputs need no
+        values yet."""
+        if self._allocated is not graph:
+            self.alloc_graph(graph)
+        assert self._split is not None
+        for split in self._split.splits:
+            assert split.graph is not None
+            self.backends[split.backend_id].graph_prepare(split.graph)
+
     def graph_compute(self, graph: Graph) -> Status:
         """Compute ``graph`` (allocating it first if needed) and wait for it."""
         status = self.graph_compute_async(graph)

@@ -288,14 +288,22 @@ class CpuBackend(Backend):
 
     @property
     def _cached(self) -> CpuGraphPlan | None:
-        """The plan ``graph_compute`` ran last (None before the first, or after free)."""
+        """The plan ``graph_compute`` ran or ``graph_prepare`` bound last (None before
+        the first, or after free)."""
         return next(reversed(self._plans.values()), None)
 
     def _graph_compute(self, graph: Graph) -> Status:
+        return self._run(self._plan_for(graph))
+
+    def _graph_prepare(self, graph: Graph) -> None:
+        self._plan_for(graph)  # bound and kept, as its first compute would bind it
+
+    def _plan_for(self, graph: Graph) -> CpuGraphPlan:
+        """The kept plan of ``graph``'s shape, bound now if none is kept."""
         plan = self._cached
         epoch = placement_epoch()
         if plan is not None and plan.epoch == epoch and plan.node_list == graph.nodes:
-            return self._run(plan)  # nothing was placed or rewired since it last matched
+            return plan  # nothing was placed or rewired since it last matched
         key = graph_key(graph.nodes)
         if plan is None or plan.key != key:  # the cached hashes, then element by element
             self._drop_stale_plans()
@@ -309,7 +317,7 @@ class CpuBackend(Backend):
             else:
                 self._plans.move_to_end(key)
         plan.node_list, plan.epoch = list(graph.nodes), epoch
-        return self._run(plan)
+        return plan
 
     def _drop_stale_plans(self) -> None:
         """Forget kept plans that read a freed buffer: they can never run again, and
