@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,3 +88,41 @@ def test_a_warm_up_for_the_prompts_length_builds_the_plan_that_prompt_runs_on(
         np.testing.assert_array_equal(m.eval(list(range(1, 8))), first)
     finally:
         m.close()
+
+
+def test_a_long_prompts_step_is_prepared_not_computed(tmp_path: Path) -> None:
+    """A prompt longer than the warm-up's own prompt step is not computed in the warm-up
+    (that was the prompt's whole work twice): its step is built, allocated and its CPU
+    plan bound (``Llama.prepare``), the cache left empty, and the prompt then runs on
+    that plan with the numbers of a model that was never warmed up."""
+    from tensorplug_llm.runner import Llama
+
+    path = write_tiny_llama(tmp_path / "m.gguf", "q4_0")
+    prompt = list(range(1, 31))
+    assert len(prompt) > WARM_UP_STEPS[0]
+    cold = Llama(path, n_ctx=64, n_batch=32, n_threads=1, warmup=False)
+    try:
+        want = cold.eval(prompt)
+    finally:
+        cold.close()
+    m = Llama(path, n_ctx=64, n_batch=32, n_threads=1, warmup=False)
+    try:
+        cpu: Any = next(iter(m.sched_for(len(prompt)).backends))
+        reserved = m.timings.graphs_built
+        computed: list[int] = []  # the token counts of the steps computed
+        step = m._step
+        m._step = lambda batch, *a, **k: computed.append(len(batch)) or step(batch, *a, **k)  # type: ignore[method-assign]
+        m.warm_up(len(prompt))
+        built = m.timings.graphs_built
+        assert built == reserved + 2  # the prompt's step and the 24-token one
+        assert m.n_past == 0 and m.kv.n_used == 0
+        prepared = {id(plan) for plan in cpu._plans.values()}
+        ran: list[int] = []
+        run = cpu._run
+        cpu._run = lambda plan: ran.append(id(plan)) or run(plan)
+        assert computed == [WARM_UP_STEPS[0], 1]  # never the prompt's step
+        got = m.eval(prompt)
+        assert m.timings.graphs_built == built and len(ran) == 1 and ran[0] in prepared
+    finally:
+        m.close()
+    np.testing.assert_array_equal(got, want)

@@ -433,12 +433,15 @@ class Llama:
         The constructor does this unless told ``warmup=False``.
 
         ``n_prompt``: the length of the prompt the caller evaluates next, where it knows
-        it (``tensorplug run`` does). The prompt step is then that long (up to
-        ``n_batch``), so the prompt runs on the plan built here instead of building its
-        own after a 24-token plan that nothing uses again: a 13-token prompt of the 100M
+        it (``tensorplug run`` does), so that the prompt runs on a plan built here
+        instead of building its own. Up to the prompt step of :data:`WARM_UP_STEPS`
+        (24 tokens), that step is the prompt's length (a 13-token prompt of the 100M
         Q4_1 model, two threads, on the dev machine: load 0.40-0.45 → 0.34-0.36 s and
-        the prompt 23-32 → 9-10 ms. Without it, the prompt step of :data:`WARM_UP_STEPS`
-        loads every kernel a prompt of any length takes.
+        the prompt 23-32 → 9-10 ms). A longer prompt's step is prepared
+        (:meth:`prepare`: built, allocated, bound), not computed: computing it was the
+        whole prompt's work again (SmolLM2-135M, 128 tokens, two threads: ~0.2 s),
+        and binding does not load every kernel a step calls, which the 24-token step
+        does, for a prompt of any length.
 
         With a thread governor, the token step also runs at each thread count it may
         choose (the most last, where the governor starts): a backend may run other
@@ -446,9 +449,13 @@ class Llama:
         load from numba's cache (~17 ms) fell on the governor's first trial, a few
         tokens into the first generation. The governor times none of these steps."""
         started = time.perf_counter()
-        steps = (n_prompt, *WARM_UP_STEPS[1:]) if n_prompt else WARM_UP_STEPS
+        n_prompt = n_prompt or 0
+        short = n_prompt <= WARM_UP_STEPS[0]
+        steps = (n_prompt, *WARM_UP_STEPS[1:]) if n_prompt and short else WARM_UP_STEPS
         governor, self.governor = self.governor, None
         try:
+            if not short and (first := min(n_prompt, self.n_batch, self.n_ctx - self.n_past)) > 1:
+                self.prepare(first)  # the prompt's first step (of n_batch tokens at most)
             self._progress("warming up", 0, len(steps))
             for done, n in enumerate(steps, start=1):
                 n = min(n, self.n_batch, self.n_ctx - self.n_past)
@@ -650,27 +657,15 @@ class Llama:
         prompt already does)."""
         start = time.perf_counter()
         T = len(batch)
-        n_free = self.kv.n_ctx - self.kv.n_used
         pad = pad and self.config.causal and not embeddings
-        padded = min(self.step_rows(T), max(n_free, T)) if pad else T
-        cells = self.kv.find_slot(padded)
+        padded, cells, n_kv = self._shape(T, pad)
         self.kv.assign(cells[:T], batch.pos, batch.seq_ids)
-        rows_max = max(self.kv.used_max, int(cells[-1]) + 1)  # cells come ascending
-        n_kv = min(self.n_ctx, -(-rows_max // self.kv_pad) * self.kv_pad)
         flagged = np.flatnonzero(batch.logits)
         out_rows = flagged if flagged.size else np.array([T - 1])
-        n_outputs = out_rows.size
-        if pad:  # outputs rounded up too (at least 4: a prompt's last token beside
-            # 0-3 decoding ones is one shape), repeating real ones
-            n_out = min(self.step_rows(max(n_outputs, PADDED_OUTPUTS)), padded)
-            out_rows = np.resize(out_rows, n_out)
+        if pad:  # outputs rounded up too, repeating real ones (see _outputs)
+            out_rows = np.resize(out_rows, self._outputs(out_rows.size, padded, pad))
         is_prompt = T > 1 if prompt is None else prompt  # by size: llama.cpp's rule (see eval)
-        sg = self._graph(padded, n_kv, out_rows.size, embeddings)
-        sched = self._own_scheds.get(id(sg.graph)) or self.sched_for(padded)
-        if sched.allocated is not sg.graph:
-            sched.alloc_graph(sg.graph)
-            kind = "prompt" if padded > 1 else "generation"
-            self.split_summaries[kind] = self._summarize(sg, sched)
+        sg, sched = self._allocated(padded, n_kv, out_rows.size, embeddings)
         # an encoder's tokens all see each other: as if each were at the step's last position
         seen_from = batch.pos if self.config.causal else np.full_like(batch.pos, batch.pos.max())
         write = self._io.write
@@ -725,6 +720,53 @@ class Llama:
             else:
                 self.governor.step_done(total)
         return logits
+
+    def prepare(self, n_tokens: int, *, pad: bool = False) -> None:
+        """Build, allocate and bind (each backend's ``graph_prepare``: the CPU's plan) the
+        step a batch of ``n_tokens`` new tokens of one sequence runs on next, its last
+        token's logits read, without computing it or writing the cache: that batch then
+        starts computing at once. ``pad`` as for :meth:`decode`. Kernels that the step
+        calls only when it runs (the CPU's row kernels, its activations' quantizers)
+        load then, unless a computed step loaded them (:meth:`warm_up`).
+
+        The warm-up does this for a long prompt's length, where it computed a
+        throw-away step of that length: the whole prompt's work again."""
+        if not isinstance(n_tokens, int) or not 1 <= n_tokens <= self.n_batch:
+            raise RunError(f"prepare takes 1 to n_batch = {self.n_batch} tokens, got {n_tokens!r}")
+        pad = pad and self.config.causal
+        padded, _, n_kv = self._shape(n_tokens, pad)
+        sg, sched = self._allocated(padded, n_kv, self._outputs(1, padded, pad))
+        if self.governor is not None:  # the count the step will run at (as _step)
+            self._apply_threads(self.governor.counts[0] if n_tokens > 1 else self.governor.applied)
+        sched.prepare(sg.graph)
+
+    def _shape(self, n_tokens: int, pad: bool) -> tuple[int, np.ndarray, int]:
+        """A step of ``n_tokens`` new tokens (``pad``: at :meth:`step_rows`), now: its row
+        count, the free cells it takes (not taken yet), and the cache rows it reads
+        (``n_kv``: the used ones and its own, rounded up to ``kv_pad``)."""
+        n_free = self.kv.n_ctx - self.kv.n_used
+        padded = min(self.step_rows(n_tokens), max(n_free, n_tokens)) if pad else n_tokens
+        cells = self.kv.find_slot(padded)
+        rows_max = max(self.kv.used_max, int(cells[-1]) + 1)  # cells come ascending
+        return padded, cells, min(self.n_ctx, -(-rows_max // self.kv_pad) * self.kv_pad)
+
+    def _outputs(self, n_outputs: int, padded: int, pad: bool) -> int:
+        """The output rows of a step of ``padded`` rows reading ``n_outputs`` tokens'
+        logits: padded, rounded up too (at least 4: a prompt's last token beside 0-3
+        decoding ones is one shape)."""
+        return min(self.step_rows(max(n_outputs, PADDED_OUTPUTS)), padded) if pad else n_outputs
+
+    def _allocated(
+        self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False
+    ) -> tuple[StepGraph, Scheduler]:
+        """The step graph of this shape, allocated on the scheduler that runs it."""
+        sg = self._graph(n_tokens, n_kv, n_outputs, embeddings)
+        sched = self._own_scheds.get(id(sg.graph)) or self.sched_for(n_tokens)
+        if sched.allocated is not sg.graph:
+            sched.alloc_graph(sg.graph)
+            kind = "prompt" if n_tokens > 1 else "generation"
+            self.split_summaries[kind] = self._summarize(sg, sched)
+        return sg, sched
 
     def apply_shift(self) -> None:
         """Re-rope the K rows whose positions ``kv.seq_add`` moved (llama.cpp's K-shift);
