@@ -111,7 +111,12 @@ def test_a_long_prompts_step_is_prepared_not_computed(tmp_path: Path) -> None:
         reserved = m.timings.graphs_built
         computed: list[int] = []  # the token counts of the steps computed
         step = m._step
-        m._step = lambda batch, *a, **k: computed.append(len(batch)) or step(batch, *a, **k)  # type: ignore[method-assign]
+
+        def counted(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            computed.append(len(batch))
+            return step(batch, *args, **kwargs)
+
+        m._step = counted  # type: ignore[method-assign]
         m.warm_up(len(prompt))
         built = m.timings.graphs_built
         assert built == reserved + 2  # the prompt's step and the 24-token one
@@ -119,7 +124,12 @@ def test_a_long_prompts_step_is_prepared_not_computed(tmp_path: Path) -> None:
         prepared = {id(plan) for plan in cpu._plans.values()}
         ran: list[int] = []
         run = cpu._run
-        cpu._run = lambda plan: ran.append(id(plan)) or run(plan)
+
+        def recorded(plan: Any) -> Any:
+            ran.append(id(plan))
+            return run(plan)
+
+        cpu._run = recorded
         assert computed == [WARM_UP_STEPS[0], 1]  # never the prompt's step
         got = m.eval(prompt)
         assert m.timings.graphs_built == built and len(ran) == 1 and ran[0] in prepared
