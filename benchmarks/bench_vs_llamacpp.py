@@ -23,9 +23,11 @@ back its own argmax, as a generation does: each step reads a new token's embeddi
 then the same prompt ``--repeats`` times more from an empty context (llama-bench's way:
 steady throughput, the median of the repeats), all with an F16 KV cache, with
 ``--threads`` threads (tensorplug: its numba and worker-pool threads; llama.cpp:
-``n_threads``). The first prompt is what a user waits for; on tensorplug it includes
-building the plan of a batch of its length (tens of milliseconds on a small model: a new
-length, a new plan), which the repeats reuse. ``auto`` runs each engine as a user gets
+``n_threads``). The first prompt is what a user waits for. tensorplug's worker warms up
+as ``tensorplug run`` does, knowing the prompt's length: the plan of the prompt's first
+batch is built while loading (``Llama.warm_up(n_prompt)``), so the first prompt no
+longer includes it (tens of milliseconds on a small model: a new length, a new plan;
+until 2026-11-27 it did), and the launch column does. ``auto`` runs each engine as a user gets
 it without ``-t``: tensorplug's runner with its thread governor (every core, fewer for
 generation steps while timing shows other work holding the cores), llama.cpp with one
 thread per core (llama-cli's default on a machine without SMT). The table gives tokens/s
@@ -201,7 +203,8 @@ def worker_tensorplug(
     gc.collect(1)
     gc.freeze()
     m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch,
-              n_threads=None if threads == AUTO else threads)  # fmt: skip
+              n_threads=None if threads == AUTO else threads, warmup=False)  # fmt: skip
+    m.warm_up(n_prompt)  # as `tensorplug run` warms up: it knows its prompt's length
     gc.collect(1)
     gc.freeze()
     prompt = _tokens(n_prompt, m.config.n_vocab)

@@ -125,7 +125,8 @@ def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch:
     n_layer = int(file.value(f"{file.architecture}.block_count", int))
     placement = Placement.on(registry.dev_by_name("CPU"), n_layer)  # type: ignore[arg-type]
     m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch,
-              n_threads=None if threads == AUTO else threads)  # fmt: skip
+              n_threads=None if threads == AUTO else threads, warmup=False)  # fmt: skip
+    m.warm_up(n_prompt)  # as bench_vs_llamacpp.py (and `tensorplug run`) warm up
     prompt = _tokens(n_prompt, m.config.n_vocab)
     tok = int(m.eval(prompt).argmax())
     rec.mark(f"first prompt ({n_prompt} tokens)")
