@@ -34,6 +34,7 @@ from numba.core.caching import FunctionCache
 
 from . import _numba_ir as _ir
 from . import numba_runtime
+from .lazy_linking import LazyLinkingRebuild
 
 __all__ = [
     "SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "job_cached", "job_function",
@@ -62,8 +63,11 @@ def instruction_forms() -> tuple[bool, ...]:
 
 class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hints
     """A function's cache whose entries also depend on :data:`SOURCES_HASH` and the
-    instruction forms (:func:`instruction_forms`), and whose
-    unreadable entries are discarded (then compiled again) rather than raised."""
+    instruction forms (:func:`instruction_forms`), whose
+    unreadable entries are discarded (then compiled again) rather than raised, and whose
+    machine code loads without its linking bitcode (:mod:`.lazy_linking`)."""
+
+    _impl_class = LazyLinkingRebuild
 
     def _index_key(self, sig: Any, codegen: Any) -> Any:
         return (*super()._index_key(sig, codegen), SOURCES_HASH, instruction_forms())
