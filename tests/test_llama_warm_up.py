@@ -136,3 +136,21 @@ def test_a_long_prompts_step_is_prepared_not_computed(tmp_path: Path) -> None:
     finally:
         m.close()
     np.testing.assert_array_equal(got, want)
+
+
+def test_prepare_refuses_a_step_no_batch_could_be(tmp_path: Path) -> None:
+    from tensorplug.errors import RunError
+    from tensorplug_llm.runner import Llama
+
+    m = Llama(write_tiny_llama(tmp_path / "m.gguf", "q4_0"), n_ctx=64, n_batch=32,
+              n_threads=1, warmup=False)  # fmt: skip
+    try:
+        for n_tokens, n_outputs, words in [(0, 1, "1 to n_batch = 32"), (33, 1, "got 33"),
+                                           (4, 0, "n_outputs must be 1 to n_tokens = 4"),
+                                           (4, 5, "got 5")]:  # fmt: skip
+            with pytest.raises(RunError, match=words):
+                m.prepare(n_tokens, n_outputs)
+        m.prepare(4, 4)  # a decode step of four sequences
+        assert m.kv.n_used == 0
+    finally:
+        m.close()

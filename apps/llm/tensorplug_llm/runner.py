@@ -721,21 +721,26 @@ class Llama:
                 self.governor.step_done(total)
         return logits
 
-    def prepare(self, n_tokens: int, *, pad: bool = False) -> None:
+    def prepare(self, n_tokens: int, n_outputs: int = 1, *, pad: bool = False) -> None:
         """Build, allocate and bind (each backend's ``graph_prepare``: the CPU's plan) the
-        step a batch of ``n_tokens`` new tokens of one sequence runs on next, its last
-        token's logits read, without computing it or writing the cache: that batch then
-        starts computing at once. ``pad`` as for :meth:`decode`. Kernels that the step
-        calls only when it runs (the CPU's row kernels, its activations' quantizers)
-        load then, unless a computed step loaded them (:meth:`warm_up`).
+        step that a batch of ``n_tokens`` new tokens runs on next, ``n_outputs`` of them
+        flagged for logits (a prompt: its last; a decode step of several sequences:
+        each), without computing it or writing the cache: that batch then starts
+        computing at once. ``pad`` as for :meth:`decode`. Kernels that the step calls
+        only when it runs (the CPU's row kernels, its activations' quantizers) load then,
+        unless a computed step loaded them (:meth:`warm_up`).
 
         The warm-up does this for a long prompt's length, where it computed a
         throw-away step of that length: the whole prompt's work again."""
         if not isinstance(n_tokens, int) or not 1 <= n_tokens <= self.n_batch:
             raise RunError(f"prepare takes 1 to n_batch = {self.n_batch} tokens, got {n_tokens!r}")
+        if not isinstance(n_outputs, int) or not 1 <= n_outputs <= n_tokens:
+            raise RunError(
+                f"prepare: n_outputs must be 1 to n_tokens = {n_tokens}, got {n_outputs!r}"
+            )
         pad = pad and self.config.causal
         padded, _, n_kv = self._shape(n_tokens, pad)
-        sg, sched = self._allocated(padded, n_kv, self._outputs(1, padded, pad))
+        sg, sched = self._allocated(padded, n_kv, self._outputs(n_outputs, padded, pad))
         if self.governor is not None:  # the count the step will run at (as _step)
             self._apply_threads(self.governor.counts[0] if n_tokens > 1 else self.governor.applied)
         sched.prepare(sg.graph)
