@@ -4,14 +4,11 @@ fresh processes with their own cache folder: a kernel loads once a process."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from cached_kernels import kernel_folder, run_script
 
 pytest.importorskip("numba")
 
@@ -76,20 +73,12 @@ print(json.dumps(out))
 
 
 def _run(folder: Path, *args: str) -> dict:
-    path = os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(folder / "cache"), "PYTHONPATH": path}
-    done = subprocess.run(
-        [sys.executable, "-c", _RUN, *args], capture_output=True, text=True, env=env,
-        timeout=300, cwd=folder,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_script(folder, _RUN, *args)
 
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    (tmp_path / "user_kernels.py").write_text(textwrap.dedent(_KERNELS))
-    return tmp_path
+    return kernel_folder(tmp_path, _KERNELS)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the symbol table read is ELF's (Linux)")

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from plan_runs import kept_plans, record_runs
 
 from tensorplug.graph import Graph
 from tensorplug.sched import Scheduler
@@ -749,16 +750,9 @@ def test_warm_up_builds_the_first_steps_and_leaves_the_cache_empty(model_file: P
         engine.warm_up()
         assert m.kv.n_used == 0 and engine.cached_tokens() == 0
         built = m.timings.graphs_built
-        cpu: Any = next(iter(m.sched_for(1).backends))
-        bound = {id(plan) for plan in cpu._plans.values()}  # computed or only prepared
-        ran: list[int] = []
-        run = cpu._run
-
-        def recorded(plan: Any) -> Any:
-            ran.append(id(plan))
-            return run(plan)
-
-        cpu._run = recorded
+        cpu = next(iter(m.sched_for(1).backends))
+        bound = kept_plans(cpu)  # computed or only prepared
+        ran = record_runs(cpu)
         for p, tokens in zip(prompts, want, strict=True):
             assert engine.submit(Request(p, max_tokens=6, stop_tokens=NONE)).result() == tokens
         assert m.timings.graphs_built == built

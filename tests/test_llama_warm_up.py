@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from plan_runs import kept_plans, record_runs
 
 pytest.importorskip("numba")
 
@@ -121,15 +122,8 @@ def test_a_long_prompts_step_is_prepared_not_computed(tmp_path: Path) -> None:
         built = m.timings.graphs_built
         assert built == reserved + 2  # the prompt's step and the 24-token one
         assert m.n_past == 0 and m.kv.n_used == 0
-        prepared = {id(plan) for plan in cpu._plans.values()}
-        ran: list[int] = []
-        run = cpu._run
-
-        def recorded(plan: Any) -> Any:
-            ran.append(id(plan))
-            return run(plan)
-
-        cpu._run = recorded
+        prepared = kept_plans(cpu)
+        ran = record_runs(cpu)
         assert computed == [WARM_UP_STEPS[0], 1]  # never the prompt's step
         got = m.eval(prompt)
         assert m.timings.graphs_built == built and len(ran) == 1 and ran[0] in prepared

@@ -25,6 +25,7 @@ from tensorplug.testing.refbackend import ReferenceBackend, ReferenceDevice
 
 sys.path.insert(0, str(Path(__file__).parent / "plugins_sched"))
 import schedkit
+from plan_runs import kept_plans, record_runs
 from tensorplug_testaccel.device import AccelBackend
 
 WEIGHTS = tp.BufferUsage.WEIGHTS
@@ -580,15 +581,9 @@ def test_prepare_readies_every_split_on_its_backend_and_computes_nothing(
         (sched.backends[s.backend_id].name, id(s.graph)) for s in sched.splits
     ]
     assert {name for name, _ in prepared} == {acc.name, cpu.name}
-    bound = {id(plan) for plan in cpu._plans.values()}  # type: ignore[attr-defined]
-    ran: list[int] = []
-    run = cpu._run  # type: ignore[attr-defined]
-
-    def recorded(plan: object) -> tp.Status:
-        ran.append(id(plan))
-        return run(plan)  # type: ignore[no-any-return]
-
-    monkeypatch.setattr(cpu, "_run", recorded)
+    bound = kept_plans(cpu)
+    monkeypatch.setattr(cpu, "_run", cpu._run)  # type: ignore[attr-defined]  # put back after
+    ran = record_runs(cpu)
     m.set_inputs(iv)
     assert sched.graph_compute(m.graph) is tp.Status.SUCCESS
     assert [(name, id(g)) for name, g in computed] == [(n, id(g)) for n, g in prepared]
