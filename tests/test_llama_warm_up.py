@@ -91,16 +91,17 @@ def test_a_warm_up_for_the_prompts_length_builds_the_plan_that_prompt_runs_on(
         m.close()
 
 
-def test_a_long_prompts_step_is_prepared_not_computed(tmp_path: Path) -> None:
-    """A prompt longer than the warm-up's own prompt step is not computed in the warm-up
-    (that was the prompt's whole work twice): its step is built, allocated and its CPU
-    plan bound (``Llama.prepare``), the cache left empty, and the prompt then runs on
-    that plan with the numbers of a model that was never warmed up."""
+@pytest.mark.parametrize("n_prompt", [7, 30])
+def test_the_prompts_step_is_prepared_not_computed(tmp_path: Path, n_prompt: int) -> None:
+    """The warm-up computes no prompt-shaped step (that was a throw-away prompt, and for
+    a long one the prompt's whole work twice): the prompt's step is built, allocated,
+    its CPU plan bound and its kernels made ready (``Llama.prepare``), only a token's
+    step is computed, the cache is left empty, and the prompt then runs on that plan
+    with the numbers of a model that was never warmed up."""
     from tensorplug_llm.runner import Llama
 
     path = write_tiny_llama(tmp_path / "m.gguf", "q4_0")
-    prompt = list(range(1, 31))
-    assert len(prompt) > WARM_UP_STEPS[0]
+    prompt = list(range(1, n_prompt + 1))
     cold = Llama(path, n_ctx=64, n_batch=32, n_threads=1, warmup=False)
     try:
         want = cold.eval(prompt)
@@ -120,11 +121,11 @@ def test_a_long_prompts_step_is_prepared_not_computed(tmp_path: Path) -> None:
         m._step = counted  # type: ignore[method-assign]
         m.warm_up(len(prompt))
         built = m.timings.graphs_built
-        assert built == reserved + 2  # the prompt's step and the 24-token one
+        assert built == reserved + 1  # the prompt's step
         assert m.n_past == 0 and m.kv.n_used == 0
+        assert computed == [1]  # a token's step, never the prompt's
         prepared = kept_plans(cpu)
         ran = record_runs(cpu)
-        assert computed == [WARM_UP_STEPS[0], 1]  # never the prompt's step
         got = m.eval(prompt)
         assert m.timings.graphs_built == built and len(ran) == 1 and ran[0] in prepared
     finally:

@@ -252,7 +252,7 @@ def test_a_warm_up_after_loading_runs_each_count_and_is_no_governor_trial(
     with _cpu_model(tiny, warmup=False) as model:
         governor = model.governor
         assert governor is not None and ran == []
-        model.warm_up(7)
-        assert ran[0] == (7, 2) and (1, 1) in ran and ran[-1] == (1, 2)
+        model.warm_up(7)  # the prompt's step prepared (Llama.prepare), the token's run
+        assert {n for n, _ in ran} == {1} and (1, 1) in ran and ran[-1] == (1, 2)
         assert model.governor is governor and governor.applied == 2 and model.n_past == 0
         assert governor.explorations == 0 and governor.switches == 0

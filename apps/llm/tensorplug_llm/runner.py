@@ -428,20 +428,21 @@ class Llama:
         return next((b for b in bufts if b.accepts(weight)), None)
 
     def warm_up(self, n_prompt: int | None = None) -> None:
-        """Run prompt-shaped and token-shaped steps once and forget them: the first
-        computes build kernels, plans and caches, which is loading, not prompt time.
-        The constructor does this unless told ``warmup=False``.
+        """Prepare a prompt-shaped step (:meth:`prepare`: built, allocated, its plan bound
+        and every kernel it calls made ready) and run a token-shaped one once: the first
+        step of a shape builds kernels, plans and caches, which is loading, not prompt
+        time. The constructor does this unless told ``warmup=False``. The prompt step of
+        :data:`WARM_UP_STEPS` makes ready every kernel a prompt of any length takes.
+        It was computed until 2026-11-27 (SmolLM2-135M, two threads, Zen 4 dev machine:
+        112-150 ms of each load, 10-15 of them kernel loads that preparing does too).
 
         ``n_prompt``: the length of the prompt the caller evaluates next, where it knows
-        it (``tensorplug run`` does), so that the prompt runs on a plan built here
-        instead of building its own. Up to the prompt step of :data:`WARM_UP_STEPS`
-        (24 tokens), that step is the prompt's length (a 13-token prompt of the 100M
+        it (``tensorplug run`` does). The prompt step is then that long (up to
+        ``n_batch``), so the prompt runs on the plan built here instead of building its
+        own after a 24-token plan that nothing uses again (a 13-token prompt of the 100M
         Q4_1 model, two threads, on the dev machine: load 0.40-0.45 → 0.34-0.36 s and
-        the prompt 23-32 → 9-10 ms). A longer prompt's step is prepared
-        (:meth:`prepare`: built, allocated, bound), not computed: computing it was the
-        whole prompt's work again (SmolLM2-135M, 128 tokens, two threads: ~0.2 s),
-        and binding does not load every kernel a step calls, which the 24-token step
-        does, for a prompt of any length.
+        the prompt 23-32 → 9-10 ms, when that step was computed; computing a long
+        prompt's step was its whole work again).
 
         With a thread governor, the token step also runs at each thread count it may
         choose (the most last, where the governor starts): a backend may run other
@@ -449,18 +450,16 @@ class Llama:
         load from numba's cache (~17 ms) fell on the governor's first trial, a few
         tokens into the first generation. The governor times none of these steps."""
         started = time.perf_counter()
-        n_prompt = n_prompt or 0
-        short = n_prompt <= WARM_UP_STEPS[0]
-        steps = (n_prompt, *WARM_UP_STEPS[1:]) if n_prompt and short else WARM_UP_STEPS
+        steps = (n_prompt, *WARM_UP_STEPS[1:]) if n_prompt else WARM_UP_STEPS
         governor, self.governor = self.governor, None
         try:
-            if not short and (first := min(n_prompt, self.n_batch, self.n_ctx - self.n_past)) > 1:
-                self.prepare(first)  # the prompt's first step (of n_batch tokens at most)
             self._progress("warming up", 0, len(steps))
             for done, n in enumerate(steps, start=1):
                 n = min(n, self.n_batch, self.n_ctx - self.n_past)
-                if n > 0:
-                    self.eval([0] * n)
+                if n > 1:
+                    self.prepare(n)  # bound, its kernels made ready: no throw-away compute
+                elif n == 1:
+                    self.eval([0])
                 self._progress("warming up", done, len(steps))
             for count in reversed(governor.counts if governor is not None else []):
                 if self.n_past >= self.n_ctx:

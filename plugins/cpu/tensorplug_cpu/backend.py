@@ -272,7 +272,10 @@ class CpuBackend(Backend):
     # -- graphs ----------------------------------------------------------------------------
 
     def _graph_plan_create(self, graph: Graph) -> CpuGraphPlan:
-        return CpuGraphPlan(self, graph)
+        plan = CpuGraphPlan(self, graph)
+        if self.jit is not None:  # its first compute loads what it calls
+            self.jit.forget_expected()
+        return plan
 
     def _graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
         self._own(plan).bind(graph, self.jit, self.ggml_order)
@@ -293,10 +296,16 @@ class CpuBackend(Backend):
         return next(reversed(self._plans.values()), None)
 
     def _graph_compute(self, graph: Graph) -> Status:
-        return self._run(self._plan_for(graph))
+        plan = self._plan_for(graph)
+        if self.jit is not None:  # its first run loads what it calls
+            self.jit.forget_expected()
+        return self._run(plan)
 
     def _graph_prepare(self, graph: Graph) -> None:
         self._plan_for(graph)  # bound and kept, as its first compute would bind it
+        if self.jit is not None:  # and the kernels that its steps call as they run
+            self.jit.load_expected()
+            self.jit.settle()
 
     def _plan_for(self, graph: Graph) -> CpuGraphPlan:
         """The kept plan of ``graph``'s shape, bound now if none is kept."""

@@ -198,6 +198,7 @@ def _jit_rope(
     x3, out3 = x.reshape(shape), out.reshape(shape)  # leading 1s: views, never copies
     rest = (_NO_F32 if ff is None else ff, _NO_F32 if ramp is None else ramp,
             _NO_F32 if keep is None else keep, neox, n_dims, *scales)  # fmt: skip
+    jit.expect(jit.rope_rows, x3, out3, pos, *rest)
     return split_rows(shape[0], x3.size,
                       lambda r: partial(jit.rope_rows, x3[r], out3[r], pos[r], *rest))  # fmt: skip
 

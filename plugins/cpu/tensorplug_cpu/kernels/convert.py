@@ -182,6 +182,7 @@ class SetRowsStep:
     def __init__(self, node: Tensor, jit: JitKernels, table: np.ndarray, values: np.ndarray,
                  idx: np.ndarray) -> None:  # fmt: skip
         self.node, self.jit, self.table, self.values, self.idx = node, jit, table, values, idx
+        jit.expect(jit.set_rows, table, values, idx)
 
     def __call__(self) -> None:
         bad = self.jit.set_rows(self.table, self.values, self.idx)

@@ -266,6 +266,7 @@ def _jit_glu(
     if x2 is None or g2 is None or out2 is None:
         return None
     glu = ctx.jit.glu_rows
+    ctx.jit.expect(glu, fn, x2, g2, out2)  # (its row chunks are arrays of x2's kind)
     return split_rows(x2.shape[0], out2.size,
                       lambda r: partial(glu, fn, x2[r], g2[r], out2[r]))  # fmt: skip
 
@@ -310,6 +311,7 @@ def build_rms_norm(node: Tensor, ctx: BuildContext) -> Step:
     x2, out2 = reshape_view(x, (-1, n)), reshape_view(out, (-1, n))
     if jit is not None and x2 is not None and out2 is not None:
         e = float(eps)
+        jit.expect(jit.rms_norm_rows, x2, out2, e)
         norm = split_rows(x2.shape[0], x2.size,
                           lambda r: partial(jit.rms_norm_rows, x2[r], out2[r], e))  # fmt: skip
         return sequence(load, norm, store)

@@ -58,6 +58,11 @@ _state: dict[str, Any] = {}
 # f16 bits -> float32, exact: one table lookup per 32-element block is cheaper than
 # decoding the half-float by hand inside the kernels
 _F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+#: one kernel call as :meth:`JitKernels._call` takes it: what it is, the kernel, its arguments
+_Call = tuple[str, Any, tuple[Any, ...]]
+#: the widening kernel's name for F16 weights (the attention's F16 cache has another
+#: signature, and a name of its own: :meth:`JitKernels.load_expected` goes by name)
+_WIDEN_WEIGHTS = "f16 weight widening kernel"
 _F16_TO_F32 = _F16_TABLE.astype(np.float32)
 
 
@@ -135,6 +140,8 @@ class JitKernels:
         }  # fmt: skip
         #: the kernels (by what they are called in messages) that have run in this process
         self._called: set[str] = set()
+        #: first calls the plan being bound makes only when it runs (:meth:`expect`)
+        self._expected: list[tuple[str, Any, tuple[Any, ...]]] = []
         #: whether LLVM ran (a kernel loaded or compiled) since :meth:`settle` last looked:
         #: set by a kernel's first call, and by any compile (a known kernel typed anew)
         self._llvm_ran = False
@@ -260,6 +267,7 @@ class JitKernels:
             self._ahead.keep(quantize_rows)
         quantize = partial(self._call, "activation quantizing kernel", quantize_rows, x,
                            *quantized, _F16_TO_F32, int(t))  # fmt: skip
+        self._expect(*quantize.args)
 
         def quantized_first(what: str, kernel: Any, *args: Any) -> None:
             quantize()
@@ -287,9 +295,17 @@ class JitKernels:
         """``out[...] = src`` for 2-d float16 ``src`` into float32 ``out`` (unit-stride
         rows), eight values per ``vcvtph2ps`` where the CPU has F16C: numpy's conversion
         took ~2 ns a value, a prompt's F16 weights most of its time. Returns ``out``."""
-        self._call("f16 widening kernel", self._widen_f16_rows, src.view(np.uint16)[None, None],
+        self._call(_WIDEN_WEIGHTS, self._widen_f16_rows, src.view(np.uint16)[None, None],
                    out[None, None], src.shape[0], _F16_TO_F32)  # fmt: skip
         return out
+
+    def bind_widen_f16(self, src: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        """``widen(out)``: :meth:`widen_f16` of a plan's F16 weights ``src``, its kernel
+        expected (:meth:`expect`) for the float32 scratch of unit-stride rows it gets."""
+        scratch = np.empty((1, 1), np.float32)[None, None]  # the type of out[None, None]
+        self._expect(_WIDEN_WEIGHTS, self._widen_f16_rows, src.view(np.uint16)[None, None],
+                     scratch, src.shape[0], _F16_TO_F32)  # fmt: skip
+        return partial(self.widen_f16, src)
 
     def bind_matvec_siblings(
         self, x: np.ndarray, products: Sequence[tuple[Type, np.ndarray, np.ndarray]]
@@ -470,6 +486,7 @@ class JitKernels:
         if not isinstance(call, partial) or len(call.args) < 2:
             return
         kernel, args = call.args[1], call.args[2:]
+        self._expect(call.args[0], kernel, *args)
         if self._ahead is not None:
             self._ahead.will_call(kernel, *args)
         if self._attention_bound and kernel not in self._plan_kernels:
@@ -669,24 +686,76 @@ class JitKernels:
 
     def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None:
         """:func:`._numba_rows.rms_norm_rows` on 2-d float32 rows."""
-        self._call("rms_norm kernel", self._rms_norm_rows, x, out, eps)
+        self._resolved(self._rms_norm_call(x, out, eps))
+
+    def _rms_norm_call(self, x: np.ndarray, out: np.ndarray, eps: float) -> _Call:
+        return "rms_norm kernel", self._rms_norm_rows, (x, out, eps)
 
     def rope_rows(self, *args: Any) -> None:
         """:func:`._numba_rows.rope_rows` (a generation step's few tokens)."""
-        self._call("rope kernel", self._rope_rows, *args)
+        self._resolved(self._rope_call(*args))
+
+    def _rope_call(self, *args: Any) -> _Call:
+        return "rope kernel", self._rope_rows, args
 
     def has_glu(self, fn: GluOp) -> bool:
         return fn in self._glu_kinds
 
     def glu_rows(self, fn: GluOp, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
         """:func:`._numba_rows.glu_rows` on 2-d float32 rows (``fn``: :meth:`has_glu`)."""
-        self._call("gated activation kernel", self._glu_rows, x, g, out, self._glu_kinds[fn],
-                   GELU_F16_TABLE)  # fmt: skip
+        self._resolved(self._glu_call(fn, x, g, out))
+
+    def _glu_call(self, fn: GluOp, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> _Call:
+        args = (x, g, out, self._glu_kinds[fn], GELU_F16_TABLE)
+        return "gated activation kernel", self._glu_rows, args
 
     def set_rows(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> int:
         """:func:`._numba_rows.set_rows`: -1 when written, else the first bad index's
         position (nothing written)."""
-        return int(self._call("set_rows kernel", self._set_rows, table, values, idx))
+        return int(self._resolved(self._set_rows_call(table, values, idx)))
+
+    def _set_rows_call(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> _Call:
+        return "set_rows kernel", self._set_rows, (table, values, idx)
+
+    def _resolved(self, call: _Call) -> Any:
+        what, kernel, args = call
+        return self._call(what, kernel, *args)
+
+    def expect(self, method: Callable[..., Any], *args: Any) -> None:
+        """A step of the plan being bound calls ``method`` (:meth:`rms_norm_rows`,
+        :meth:`rope_rows`, :meth:`glu_rows` or :meth:`set_rows`) with arguments of the
+        types of ``args`` when it runs: noted, so that :meth:`load_expected` loads its
+        kernel when the plan is prepared rather than run."""
+        resolve = {self.rms_norm_rows: self._rms_norm_call, self.rope_rows: self._rope_call,
+                   self.glu_rows: self._glu_call, self.set_rows: self._set_rows_call}  # fmt: skip
+        what, kernel, kernel_args = resolve[method](*args)
+        self._expect(what, kernel, *kernel_args)
+
+    def _expect(self, what: str, kernel: Any, *args: Any) -> None:
+        if what not in self._called:
+            self._expected.append((what, kernel, args))
+
+    def load_expected(self) -> None:
+        """Make ready, without calling them, the kernels that the plan just bound calls
+        only when it runs (:meth:`expect`) and this process has not called yet, as
+        their first call would (:meth:`_call`: loaded from numba's disk cache, or
+        compiled after the second process is done with them): a prepared plan
+        (``graph_prepare``) then runs as one that ran once."""
+        expected, self._expected = self._expected, []
+        for what, kernel, args in expected:
+            if what in self._called or not hasattr(kernel, "typeof_pyval"):
+                continue  # called already, or no numba dispatcher (nothing to load)
+            sig = tuple(kernel.typeof_pyval(a) for a in args)
+            if sig not in kernel.overloads:
+                if self._ahead is not None:
+                    self._ahead.wait_for(kernel)
+                with self._first_use(what):
+                    kernel.compile(sig)
+            self._called.add(what)
+
+    def forget_expected(self) -> None:
+        """Drop what :meth:`expect` noted (a plan that runs loads its kernels itself)."""
+        self._expected = []
 
     def softmax_rows(
         self, s: np.ndarray, mask: np.ndarray, used: int, scale: float, row: np.ndarray
@@ -701,6 +770,7 @@ class JitKernels:
         if out.strides[-1] != out.itemsize:
             raise ValueError(f"widen_f16_rows: out's rows must be unit-stride, not {out.strides}")
         halves = raw.view(np.uint16)
+        self._expect("f16 widening kernel", self._widen_f16_rows, halves, out, 0, _F16_TO_F32)
 
         def widen(used: int) -> None:
             self._call("f16 widening kernel", self._widen_f16_rows, halves, out, used,
@@ -894,6 +964,10 @@ class _JobStep:
         self._pool = pool
         self._alone, self._region = _numba_pool.run_alone, _numba_pool.run_region
         self._arrays = arrays
+        if jit.n_threads == 1:  # (the numbers of its calls' kinds: addresses and a count)
+            jit._expect("job runner", self._alone, 0, 0, 0)
+        elif pool is None:
+            jit._expect("parallel job runner", self._region, 0, 0, 0)
 
     def __call__(self) -> None:
         fn = self._fn or self._load()

@@ -135,7 +135,7 @@ def _widen_bf16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def _decode_f16(t: Type, jit: JitKernels | None) -> Binder:
     assert jit is not None
-    return lambda src: partial(jit.widen_f16, src)
+    return jit.bind_widen_f16
 
 
 def _decode_numba(t: Type, jit: JitKernels | None) -> Binder:
