@@ -71,7 +71,7 @@ import numpy as np
 
 from tensorplug.errors import RunError
 
-from .batch import Batch, BatchBuilder
+from .batch import BatchBuilder
 from .kv_cells import MAX_SEQUENCES
 from .pooling import pool, pooling_kind
 from .request import (
@@ -84,7 +84,6 @@ from .request import (
     TokenEvent,
     TokenSampler,
 )
-from .runner import WARM_UP_STEPS
 from .tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
@@ -337,7 +336,7 @@ class Engine:
                 for level in range(WARM_UP_LEVELS):
                     if level and not self._reach_level(level):
                         break
-                    self._warm_steps(sizes, compute=not level)
+                    self._warm_steps(sizes)
             finally:
                 llama.kv.clear()
 
@@ -353,28 +352,17 @@ class Engine:
         kv.assign(np.array([cell]), np.array([0]), [(self.n_parallel,)])
         return True
 
-    def _warm_steps(self, sizes: list[int], compute: bool) -> None:
+    def _warm_steps(self, sizes: list[int]) -> None:
         """A prompt step of each of ``sizes`` and a decode step of 1 .. ``n_parallel``
-        requests, prepared (:meth:`Llama.prepare`: built, allocated, bound); with
-        ``compute``, the prompt step of :data:`~.runner.WARM_UP_STEPS`' length (or the
-        longest below it) and the one-request decode step are computed once, leaving the
-        cache as it found it, which loads the kernels a step calls only when it runs.
-        Computing them all (SmolLM2-135M, 2 cores: 26 steps, 2.2 s) was their bound
-        plans' cost and ~1 s of throw-away prompts on top."""
+        requests, prepared (:meth:`Llama.prepare`: built, allocated, their plans bound
+        and the kernels they call made ready), none computed: computing them all
+        (SmolLM2-135M, 2 cores: 26 steps, 2.2 s) was ~1 s of throw-away prompts on top
+        of their plans."""
         llama = self.llama
-        computed = max((n for n in sizes if n <= WARM_UP_STEPS[0]), default=0)
         for n in sizes:
-            if compute and n == computed:
-                llama.decode(Batch.single([0] * n, 0, 0), prompt=True, pad=True)
-                llama.kv.seq_rm(0)
-            else:
-                llama.prepare(n, pad=True)
+            llama.prepare(n, pad=True)
         for n in range(1, min(self.n_parallel, self.n_batch) + 1):
-            if compute and n == 1:
-                llama.decode(Batch.single([0], 0, 0), prompt=False)
-                llama.kv.seq_rm(0)
-            else:
-                llama.prepare(n, n_outputs=n)
+            llama.prepare(n, n_outputs=n)
 
     def wake(self) -> None:
         """Let the loop thread look for work (a cancel, a new request)."""
