@@ -315,7 +315,8 @@ class Engine:
         a prompt step of every padded size (:meth:`Llama.step_rows`) from 2 rows up to
         :data:`WARM_UP_ROWS` and a decode step of 1 .. ``n_parallel`` requests — at the
         first :data:`WARM_UP_LEVELS` context lengths a step reads (``n_kv``: the used
-        cells rounded up to ``kv_pad``), by evaluating them once in an empty cache.
+        cells rounded up to ``kv_pad``), by preparing them (:meth:`Llama.prepare`) in an
+        empty cache.
         Each new step shape otherwise costs its first request 40-80 ms (SmolLM2-135M, 2
         cores), most of a short prompt's time to first token; and the cache of a
         server with a few slots of chat-sized requests soon holds more than ``kv_pad``
