@@ -58,12 +58,12 @@ _state: dict[str, Any] = {}
 # f16 bits -> float32, exact: one table lookup per 32-element block is cheaper than
 # decoding the half-float by hand inside the kernels
 _F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+_F16_TO_F32 = _F16_TABLE.astype(np.float32)
 #: one kernel call as :meth:`JitKernels._call` takes it: what it is, the kernel, its arguments
 _Call = tuple[str, Any, tuple[Any, ...]]
 #: the widening kernel's name for F16 weights (the attention's F16 cache has another
 #: signature, and a name of its own: :meth:`JitKernels.load_expected` goes by name)
 _WIDEN_WEIGHTS = "f16 weight widening kernel"
-_F16_TO_F32 = _F16_TABLE.astype(np.float32)
 
 
 class JitKernels:
@@ -141,7 +141,11 @@ class JitKernels:
         #: the kernels (by what they are called in messages) that have run in this process
         self._called: set[str] = set()
         #: first calls the plan being bound makes only when it runs (:meth:`expect`)
-        self._expected: list[tuple[str, Any, tuple[Any, ...]]] = []
+        self._expected: list[_Call] = []
+        self._resolvers: dict[Callable[..., Any], Callable[..., _Call]] = {
+            self.rms_norm_rows: self._rms_norm_call, self.rope_rows: self._rope_call,
+            self.glu_rows: self._glu_call, self.set_rows: self._set_rows_call,
+        }  # fmt: skip
         #: whether LLVM ran (a kernel loaded or compiled) since :meth:`settle` last looked:
         #: set by a kernel's first call, and by any compile (a known kernel typed anew)
         self._llvm_ran = False
@@ -726,10 +730,10 @@ class JitKernels:
         :meth:`rope_rows`, :meth:`glu_rows` or :meth:`set_rows`) with arguments of the
         types of ``args`` when it runs: noted, so that :meth:`load_expected` loads its
         kernel when the plan is prepared rather than run."""
-        resolve = {self.rms_norm_rows: self._rms_norm_call, self.rope_rows: self._rope_call,
-                   self.glu_rows: self._glu_call, self.set_rows: self._set_rows_call}  # fmt: skip
-        what, kernel, kernel_args = resolve[method](*args)
-        self._expect(what, kernel, *kernel_args)
+        resolve = self._resolvers.get(method)
+        if resolve is not None:  # (another callable: its first call loads what it needs)
+            what, kernel, kernel_args = resolve(*args)
+            self._expect(what, kernel, *kernel_args)
 
     def _expect(self, what: str, kernel: Any, *args: Any) -> None:
         if what not in self._called:
