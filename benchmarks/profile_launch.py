@@ -42,6 +42,7 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("    zero the KV cache", "tensorplug/host.py", "_clear"),
     ("  warm-up steps", "tensorplug_llm/runner.py", "warm_up"),
     ("    CPU plans (bind)", "tensorplug_cpu/backend.py", "bind"),
+    ("    kernels a prepared plan calls", "tensorplug_cpu/kernels/jit.py", "load_expected"),
     ("    numba compiles and cache loads", "numba/core/dispatcher.py", "_compile_for_args"),
 )
 DEFAULT_RUN = ["run", "--plain", "-p", "The capital of France is", "-n", "1"]
