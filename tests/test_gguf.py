@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from tensorplug import registry
 from tensorplug.buffer import BufferUsage
 from tensorplug.errors import UnsupportedError
-from tensorplug.gguf import GGUFError, GGUFFile, populate_mapping, release_mapping
+from tensorplug.gguf import GGUFError, GGUFFile, GGUFStringError, populate_mapping, release_mapping
 from tensorplug.host import host_buffer_type
 from tensorplug.transfer import get_array, tensor_set
 from tensorplug.types import Type
@@ -123,14 +123,14 @@ def test_length_counts_an_arrays_items_without_reading_them(tmp_path: Path) -> N
 
 def test_a_string_array_item_that_is_not_utf8_names_its_key(tmp_path: Path) -> None:
     """Array items are decoded when read (not when the file opens), and a bad one is a
-    GGUFError naming the key, as a bad single string is."""
+    GGUFStringError (a damaged file) naming the key, as a bad single string is."""
     path = _odd_arrays(tmp_path / "odd.gguf")
     raw = path.read_bytes()
     assert raw.count("ü€".encode()) == 1
     path.write_bytes(raw.replace("ü€".encode(), b"\xff" * 5))
     f = GGUFFile(path)  # opens: nothing is decoded yet
     assert f.get("a.floats") == [1.5, -2.25]
-    with pytest.raises(GGUFError, match="'a.strings' holds a string that is not valid UTF-8"):
+    with pytest.raises(GGUFStringError, match="'a.strings' holds a string that is not valid UTF-8"):
         f.get("a.strings")
 
 

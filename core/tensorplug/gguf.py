@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GGUFError",
     "GGUFFile",
+    "GGUFStringError",
     "StringArray",
     "TensorInfo",
     "TensorSet",
@@ -83,6 +84,11 @@ TensorSet = Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]
 
 class GGUFError(TensorplugError, ValueError):
     """A GGUF file is malformed, or does not hold what the model needs."""
+
+
+class GGUFStringError(GGUFError):
+    """A metadata string of the file is not UTF-8, as every GGUF string is: the file is
+    damaged (never a feature that a reader lacks)."""
 
 
 @dataclass(frozen=True)
@@ -263,7 +269,7 @@ class GGUFFile:
                 return field.parts[-1].decode()
             return field.contents()
         except UnicodeDecodeError as e:
-            raise GGUFError(
+            raise GGUFStringError(
                 f"{self.path}: metadata key {key!r} holds a string that is not valid UTF-8 "
                 f"({e.reason} at byte {e.start}); GGUF strings are UTF-8, so the file is "
                 "damaged or was not written by a GGUF writer"
@@ -676,7 +682,9 @@ class _Walker:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise GGUFError(f"{self.path}: {what} is not valid UTF-8 ({raw[:40]!r})") from None
+            raise GGUFStringError(
+                f"{self.path}: {what} is not valid UTF-8 ({raw[:40]!r})"
+            ) from None
 
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if depth > _MAX_NESTING:

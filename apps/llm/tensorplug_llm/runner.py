@@ -44,7 +44,7 @@ from tensorplug.alloc import alloc_tensors
 from tensorplug.backend import Backend, Status
 from tensorplug.buffer import Buffer, BufferType, BufferUsage
 from tensorplug.errors import BackendNotFoundError, ComputeAbortedError, RunError
-from tensorplug.gguf import GGUFError, GGUFFile
+from tensorplug.gguf import GGUFError, GGUFFile, GGUFStringError
 from tensorplug.host import available_cores
 from tensorplug.sched import Scheduler
 from tensorplug.tensor import Tensor
@@ -241,6 +241,8 @@ class Llama:
         try:
             self.vocab: Vocab | None = Vocab.from_gguf(self.file)
             self.vocab_error = ""
+        except GGUFStringError:
+            raise  # a damaged file: refused, not run on token ids as one without a tokenizer
         except GGUFError as e:
             self.vocab, self.vocab_error = None, str(e)
         self.n_ctx = n_ctx or min(cfg.n_ctx_train, 512)
