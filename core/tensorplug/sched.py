@@ -257,9 +257,9 @@ class Scheduler:
     def prepare(self, graph: Graph) -> None:
         """Allocate ``graph`` and let each backend do, without computing, what its first
         compute of a graph of this shape would do first (``Backend.graph_prepare``: the
-        CPU binds its plan, loading its products' kernels). A later :meth:`graph_compute` of this
-        graph, or of another of the same shape, finds that done; its inputs need no
-        values yet."""
+        CPU binds its plan and makes ready every kernel the plan calls). A later
+        :meth:`graph_compute` of this graph, or of another of the same shape, finds that
+        done; its inputs need no values yet."""
         if self._allocated is not graph:
             self.alloc_graph(graph)
         assert self._split is not None
