@@ -129,6 +129,9 @@ class CpuGraphPlan(GraphPlan):
         self.freed = False
         #: whether a step calls numpy's BLAS (:attr:`BuildContext.uses_blas`)
         self.uses_blas = False
+        #: the kernel calls its steps make only as they run (``JitKernels.expect``): what
+        #: ``graph_prepare`` makes ready, where the first compute would load them
+        self.first_calls: list[Any] = []
         self.bind(graph, backend.jit, backend.ggml_order, key)
 
     def bind(
@@ -138,6 +141,8 @@ class CpuGraphPlan(GraphPlan):
         ``ggml_order``: the backend's arithmetic order (:attr:`CpuBackend.ggml_order`);
         ``key``: ``graph_key(graph.nodes)`` when the caller has it (~0.3 ms a prompt)."""
         ctx = BuildContext(jit, ggml_order)
+        if jit is not None:
+            jit.take_expected()  # what a binding that raised noted: not this plan's
         steps: list[Step] = []
         nodes: list[Tensor] = []
         buffers: dict[int, Buffer] = {}
@@ -183,6 +188,7 @@ class CpuGraphPlan(GraphPlan):
         self.runs = [(s, k) for k, s in enumerate(steps)] if jit is None else programs(steps, jit)
         if jit is not None:  # what numba lacks of the last steps' kernels, meanwhile
             jit.compile_ahead()
+            self.first_calls = jit.take_expected()
         self.graph = graph
         self.steps, self.nodes = steps, nodes
         self.uses_blas = ctx.uses_blas
@@ -193,7 +199,7 @@ class CpuGraphPlan(GraphPlan):
 
     def free(self) -> None:
         self.steps, self.nodes, self.buffers, self.node_list = [], [], (), []
-        self.runs = []
+        self.runs, self.first_calls = [], []
         self.freed = True
 
 
@@ -272,10 +278,7 @@ class CpuBackend(Backend):
     # -- graphs ----------------------------------------------------------------------------
 
     def _graph_plan_create(self, graph: Graph) -> CpuGraphPlan:
-        plan = CpuGraphPlan(self, graph)
-        if self.jit is not None:  # its first compute loads what it calls
-            self.jit.forget_expected()
-        return plan
+        return CpuGraphPlan(self, graph)
 
     def _graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
         self._own(plan).bind(graph, self.jit, self.ggml_order)
@@ -296,15 +299,13 @@ class CpuBackend(Backend):
         return next(reversed(self._plans.values()), None)
 
     def _graph_compute(self, graph: Graph) -> Status:
-        plan = self._plan_for(graph)
-        if self.jit is not None:  # its first run loads what it calls
-            self.jit.forget_expected()
-        return self._run(plan)
+        return self._run(self._plan_for(graph))
 
     def _graph_prepare(self, graph: Graph) -> None:
-        self._plan_for(graph)  # bound and kept, as its first compute would bind it
-        if self.jit is not None:  # and the kernels that its steps call as they run
-            self.jit.load_expected()
+        plan = self._plan_for(graph)  # bound and kept, as its first compute would bind it
+        if self.jit is not None and plan.first_calls:  # and what its steps call as they run
+            self.jit.load_expected(plan.first_calls)
+            plan.first_calls = []
             self.jit.settle()
 
     def _plan_for(self, graph: Graph) -> CpuGraphPlan:

@@ -739,13 +739,18 @@ class JitKernels:
         if what not in self._called:
             self._expected.append((what, kernel, args))
 
-    def load_expected(self) -> None:
-        """Make ready, without calling them, the kernels that the plan just bound calls
-        only when it runs (:meth:`expect`) and this process has not called yet, as
-        their first call would (:meth:`_call`: loaded from numba's disk cache, or
-        compiled after the second process is done with them): a prepared plan
-        (``graph_prepare``) then runs as one that ran once."""
+    def take_expected(self) -> list[_Call]:
+        """What :meth:`expect` noted since it was last taken (a plan takes what its
+        binding noted, and keeps it)."""
         expected, self._expected = self._expected, []
+        return expected
+
+    def load_expected(self, expected: Sequence[_Call]) -> None:
+        """Make ready, without calling them, the kernels of ``expected`` (a plan's first
+        calls, :meth:`take_expected`) that this process has not called yet, as their
+        first call would (:meth:`_call`: loaded from numba's disk cache, or compiled
+        after the second process is done with them): a prepared plan (``graph_prepare``)
+        then runs as one that ran once."""
         for what, kernel, args in expected:
             if what in self._called or not hasattr(kernel, "typeof_pyval"):
                 continue  # called already, or no numba dispatcher (nothing to load)
@@ -756,10 +761,6 @@ class JitKernels:
                 with self._first_use(what):
                     kernel.compile(sig)
             self._called.add(what)
-
-    def forget_expected(self) -> None:
-        """Drop what :meth:`expect` noted (a plan that runs loads its kernels itself)."""
-        self._expected = []
 
     def softmax_rows(
         self, s: np.ndarray, mask: np.ndarray, used: int, scale: float, row: np.ndarray
