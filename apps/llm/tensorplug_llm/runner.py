@@ -682,12 +682,7 @@ class Llama:
             write(sg.kv_order, self.kv.position_order(n_kv))
         if sg.out_ids is not None:
             write(sg.out_ids, out_rows.astype(np.int32))
-        if self.governor is not None:
-            # prompts on every core: their products split into many chunks that idle
-            # threads claim, so a busy core slows a prompt little; and a backend whose
-            # rounding depends on its thread count (BLAS's own threading does) still gives
-            # a prompt the same numbers however busy the machine was
-            self._apply_threads(self.governor.counts[0] if T > 1 else self.governor.applied)
+        self._governed_threads(T)
         if self._mapped:
             # a truncated file would be a SIGBUS in the kernels, which nothing can catch
             self.file.check_unchanged()
@@ -742,9 +737,17 @@ class Llama:
         pad = pad and self.config.causal
         padded, _, n_kv = self._shape(n_tokens, pad)
         sg, sched = self._allocated(padded, n_kv, self._outputs(n_outputs, padded, pad))
-        if self.governor is not None:  # the count the step will run at (as _step)
-            self._apply_threads(self.governor.counts[0] if n_tokens > 1 else self.governor.applied)
+        self._governed_threads(n_tokens)  # the count the step will run at
         sched.prepare(sg.graph)
+
+    def _governed_threads(self, n_tokens: int) -> None:
+        """Under a governor, the thread count a step of ``n_tokens`` runs at. Prompts
+        use every core: their products split into many chunks that idle threads claim,
+        so a busy core slows a prompt little; and a backend whose rounding depends on its
+        thread count (BLAS's own threading does) still gives a prompt the same numbers
+        however busy the machine was."""
+        if self.governor is not None:
+            self._apply_threads(self.governor.counts[0] if n_tokens > 1 else self.governor.applied)
 
     def _shape(self, n_tokens: int, pad: bool) -> tuple[int, np.ndarray, int]:
         """A step of ``n_tokens`` new tokens (``pad``: at :meth:`step_rows`), now: its row
