@@ -14,6 +14,11 @@ pytest.importorskip("numba")
 
 from tensorplug_cpu.kernels.lazy_linking import defined_symbols
 
+#: the symbol table read is ELF's; elsewhere kernels load numba's way
+ELF_ONLY = pytest.mark.skipif(
+    sys.platform != "linux", reason="the symbol table read is ELF's (Linux)"
+)
+
 _KERNELS = """
 import numpy as np
 from tensorplug_cpu.kernels._numba_cache import kernel
@@ -81,7 +86,7 @@ def folder(tmp_path: Path) -> Path:
     return kernel_folder(tmp_path, _KERNELS)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="the symbol table read is ELF's (Linux)")
+@ELF_ONLY
 def test_a_cached_kernel_loads_without_parsing_its_linking_bitcode(folder: Path) -> None:
     compiled = _run(folder)
     assert compiled["hits"] == 0 and compiled["classes"] == ["JITCodeLibrary"]
@@ -90,7 +95,7 @@ def test_a_cached_kernel_loads_without_parsing_its_linking_bitcode(folder: Path)
                       "classes": ["LazyLinkingLibrary"], "parsed": False}  # fmt: skip
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="the symbol table read is ELF's (Linux)")
+@ELF_ONLY
 def test_a_compile_that_calls_a_loaded_kernel_links_it(folder: Path) -> None:
     _run(folder)
     linked = _run(folder, "link")
@@ -98,7 +103,7 @@ def test_a_compile_that_calls_a_loaded_kernel_links_it(folder: Path) -> None:
     assert linked["caller"] == 10.0 and linked["parsed after"]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="the symbol table read is ELF's (Linux)")
+@ELF_ONLY
 def test_the_symbol_table_names_what_numba_reads_from_the_bitcode(folder: Path) -> None:
     _run(folder)
     assert _run(folder, "symbols")["same names"] == [True, True]
