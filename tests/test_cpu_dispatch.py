@@ -4,6 +4,7 @@ with the kernels that exist, and the README's copy of it."""
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -251,3 +252,60 @@ def test_without_llvm_the_probe_finds_nothing(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(sys.modules, "llvmlite", None)  # import llvmlite fails
     assert system.llvm_features() == frozenset()
     assert KernelFeatures().level == "portable"
+
+
+#: an AVX2 host's list as numba takes it (Haswell to Zen 3: no AVX-512, no VNNI)
+_AVX2_HOST = "+avx,+avx2,+fma,+f16c,+bmi2,-avx512f,-avx512vl,-avx512vnni,-avxvnni"
+
+
+def test_the_probe_follows_numbas_compile_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba compiles for ``NUMBA_CPU_FEATURES`` where it is set, and for no features with
+    ``NUMBA_CPU_NAME=generic`` alone (numba's advice for a portable cache): the kernels may
+    use only what it compiles for, else LLVM cannot select their instructions."""
+    from tensorplug_cpu import system
+
+    binding = pytest.importorskip("llvmlite.binding")
+    probe = system.kernel_features.__wrapped__  # the cached probe, asked afresh
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", _AVX2_HOST)
+    assert system.llvm_features() == {"avx", "avx2", "fma", "f16c", "bmi2"}
+    assert probe() == KernelFeatures(avx2=True, f16c=True) and probe().level == "avx2"
+    monkeypatch.setenv("NUMBA_CPU_NAME", "generic")
+    assert probe().level == "avx2"  # the features given win over the name
+    monkeypatch.delenv("NUMBA_CPU_FEATURES")
+    assert system.llvm_features() == frozenset() and probe() == KernelFeatures()
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "")
+    assert probe() == KernelFeatures()
+    monkeypatch.delenv("NUMBA_CPU_FEATURES")
+    monkeypatch.setenv("NUMBA_CPU_NAME", "haswell")  # a name alone: the host's features
+    flat = binding.get_host_cpu_features().flatten()
+    assert system.llvm_features() == {f[1:] for f in flat.split(",") if f.startswith("+")}
+
+
+_GENERIC_TARGET = """
+import numpy as np
+from numba import njit
+from tensorplug_cpu.kernels import _numba_ir as ir
+from tensorplug_cpu.kernels._numba_kint8 import _dot_q4
+
+@njit
+def dot(w, x):
+    return _dot_q4(w, 0, x, 0)
+
+rng = np.random.default_rng(5)
+w = rng.integers(0, 256, 16, dtype=np.uint8)
+x = rng.integers(-128, 128, 32, dtype=np.int8)
+nibbles = np.concatenate([w & 15, w >> 4]).astype(np.int64)
+print(ir.HAS_AVX2, ir.HAS_F16C, ir.HAS_VNNI, ir.HAS_32_REGS, dot(w, x) == nibbles @ x)
+"""
+
+
+def test_a_generic_target_compiles_the_portable_form(tmp_path: Path) -> None:
+    """``NUMBA_CPU_NAME=generic`` once aborted the process (LLVM could not select the
+    host's VNNI dot for a CPU without it); now its kernels take the portable form."""
+    pytest.importorskip("numba")
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path)}
+    env.pop("NUMBA_CPU_FEATURES", None)
+    done = subprocess.run([sys.executable, "-c", _GENERIC_TARGET], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "False", "False", "False", "True"]

@@ -18,6 +18,7 @@ runs on one thread while a backend computes a plan that calls it
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import threading
 from contextlib import AbstractContextManager
@@ -76,9 +77,18 @@ def simd_features() -> dict[str, bool]:
 
 
 def llvm_features() -> frozenset[str]:
-    """The features LLVM, numba's compiler, enables for this CPU (``"avx2"``, ``"f16c"``,
-    …); empty when llvmlite is not installed or LLVM cannot tell, so that kernels take
-    their portable form."""
+    """The features LLVM, numba's compiler, enables for the code it builds (``"avx2"``,
+    ``"f16c"``, …); empty when llvmlite is not installed or LLVM cannot tell, so that
+    kernels take their portable form.
+
+    numba compiles for ``NUMBA_CPU_FEATURES`` where it is set (with ``NUMBA_CPU_NAME=generic``
+    alone: none), else for the host's features, and the IR kernels may use only what it
+    compiles for. So setting ``NUMBA_CPU_FEATURES`` to another machine's list (an AVX2
+    host's ``+avx2,+fma,+f16c,-avx512f,…``) builds and runs that machine's forms here: a
+    numba cache for it, or its speed measured on this one."""
+    given = _numba_target_features()
+    if given is not None:
+        return _enabled(given)
     try:
         from llvmlite import binding
     except ImportError:
@@ -87,7 +97,20 @@ def llvm_features() -> frozenset[str]:
         flat = binding.get_host_cpu_features().flatten()
     except RuntimeError:  # features unknown on this host
         return frozenset()
-    return frozenset(f[1:] for f in flat.split(",") if f.startswith("+"))
+    return _enabled(flat)
+
+
+def _numba_target_features() -> str | None:
+    """The feature list numba's configuration gives its compiler, read as
+    ``numba.core.config`` reads it (without importing numba); None: the host's."""
+    given = os.environ.get("NUMBA_CPU_FEATURES")
+    if given is None and os.environ.get("NUMBA_CPU_NAME", "").lower() == "generic":
+        return ""
+    return given
+
+
+def _enabled(flat: str) -> frozenset[str]:
+    return frozenset(f.strip()[1:] for f in flat.split(",") if f.strip().startswith("+"))
 
 
 #: instruction levels of the IR kernels, best first (:attr:`KernelFeatures.level`)
