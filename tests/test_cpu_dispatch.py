@@ -15,7 +15,7 @@ import pytest
 import tensorplug as tp
 from tensorplug.quants import SUPPORTED_TYPES
 from tensorplug_cpu.kernels import dispatch as d
-from tensorplug_cpu.system import LEVELS, KernelFeatures, kernel_features
+from tensorplug_cpu.system import AVX2_FEATURES, LEVELS, KernelFeatures, kernel_features
 
 T = tp.Type
 QUANT = [t for t in SUPPORTED_TYPES if t.is_quantized]
@@ -254,10 +254,6 @@ def test_without_llvm_the_probe_finds_nothing(monkeypatch: pytest.MonkeyPatch) -
     assert KernelFeatures().level == "portable"
 
 
-#: an AVX2 host's list as numba takes it (Haswell to Zen 3: no AVX-512, no VNNI)
-_AVX2_HOST = "+avx,+avx2,+fma,+f16c,+bmi2,-avx512f,-avx512vl,-avx512vnni,-avxvnni"
-
-
 def test_the_probe_follows_numbas_compile_target(monkeypatch: pytest.MonkeyPatch) -> None:
     """numba compiles for ``NUMBA_CPU_FEATURES`` where it is set, and for no features with
     ``NUMBA_CPU_NAME=generic`` alone (numba's advice for a portable cache): the kernels may
@@ -266,7 +262,7 @@ def test_the_probe_follows_numbas_compile_target(monkeypatch: pytest.MonkeyPatch
 
     binding = pytest.importorskip("llvmlite.binding")
     probe = system.kernel_features.__wrapped__  # the cached probe, asked afresh
-    monkeypatch.setenv("NUMBA_CPU_FEATURES", _AVX2_HOST)
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", AVX2_FEATURES)
     assert system.llvm_features() == {"avx", "avx2", "fma", "f16c", "bmi2"}
     assert probe() == KernelFeatures(avx2=True, f16c=True) and probe().level == "avx2"
     monkeypatch.setenv("NUMBA_CPU_NAME", "generic")

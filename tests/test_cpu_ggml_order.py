@@ -12,6 +12,13 @@ each float32 step (``fmaf`` exactly, then float32 adds) where ggml takes it.
   ``32·(sc·bsum)`` over 16-value groups ``2c, 2c + 1``), then ``hsum_float_8``. From 8
   rows its tiled K-quant product (tiled/tiled-kernel.cpp) takes over: one sum a row,
   ``fmaf(f32(I)·d_w, d_x, sum)`` per super-block, ``I`` its exact integer.
+* Q8_0 and Q5_0: ``ggml_vec_dot_q8_0_q8_0`` and ``ggml_vec_dot_q5_0_q8_0`` (x86) keep
+  eight float sums a row, lane ``k`` taking ``fmaf(d_w·d_x, I, sum)`` once per block,
+  ``I`` the exact integer of the block's values ``4k..4k+3`` times the Q8_0 codes, then
+  ``hsum_float_8`` (llamafile's tinyBLAS, which takes llama.cpp's prompts, keeps that
+  order). Checked on this host's instructions and, in a second process, an AVX2
+  host's (16 vector registers: its tiles carry one sum a row through each pass over
+  the blocks).
 * Q4_K: ggml's repacked ``ggml_gemm_q4_K_8x8_q8_K`` takes a product's activation rows
   in groups of four from the first (one multiply-add per pair of sub-blocks) and its
   ``ggml_gemv_q4_K_8x8_q8_K`` the last ``n % 4`` (one per super-block): a row's bits
@@ -21,16 +28,21 @@ each float32 step (``fmaf`` exactly, then float32 adds) where ggml takes it.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 import pytest
-from test_cpu_helpers import q8_k_blocks
+from test_cpu_helpers import q8_0_blocks, q8_k_blocks
 
 import tensorplug as tp
 from tensorplug import ops
 from tensorplug.quants import quantize
+from tensorplug_cpu.system import AVX2_FEATURES
 
 RNG = np.random.default_rng(38)
 N_IN = 512  # two super-blocks
@@ -133,6 +145,29 @@ def ggml_q6_k_product(x: np.ndarray, raw: np.ndarray) -> np.ndarray:
     return hsum_float_8(acc)
 
 
+def ggml_lane_product(x: np.ndarray, raw: np.ndarray, t: tp.Type) -> np.ndarray:
+    """``out[t, o]`` as x86 ggml's ``vec_dot_q8_0_q8_0`` (or ``q5_0``) computes it: per
+    block, lane ``k``'s exact integer over values ``4k..4k+3``, converted and multiplied
+    into the lane by ``f32(d_w·d_x)`` (both scales f16) with one rounding, block after
+    block; then ``hsum_float_8``."""
+    n_out = raw.shape[0]
+    w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).reshape(n_out, -1, 32)
+    blocks = raw.reshape(n_out, w.shape[1], -1)
+    d_w = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # (O, B)
+    with np.errstate(invalid="ignore", divide="ignore"):  # d·q is exact: q = (d·q) / d
+        q = np.where(d_w[..., None] != 0, w / d_w[..., None], 0).astype(np.int64)
+    xq, d_x, _ = q8_0_blocks(x)
+    d_x16 = d_x[..., 0].astype(np.float16).astype(np.float32)  # (T, B): as block_q8_0 keeps it
+    lanes = np.einsum("obkj,tbkj->tobk", q.reshape(n_out, -1, 8, 4),
+                      xq.astype(np.int64).reshape(x.shape[0], -1, 8, 4))  # fmt: skip
+    acc = np.zeros((x.shape[0], n_out, 8), np.float32)
+    for b in range(w.shape[1]):
+        dd = (d_x16[:, None, b] * d_w[None, :, b]).astype(np.float32)  # (T, O)
+        acc = fma32(np.broadcast_to(dd[..., None], acc.shape), lanes[:, :, b].astype(np.float32),
+                    acc)  # fmt: skip
+    return hsum_float_8(acc)
+
+
 def ggml_q4_k_product(x: np.ndarray, raw: np.ndarray) -> np.ndarray:
     """``out[t, o]`` as x86 ggml's repacked Q4_K computes it for a product of ``x``'s rows:
     its gemm's order for rows in groups of four from the first, its gemv's for the
@@ -228,6 +263,51 @@ def test_q4_k_products_are_ggml_gemm_and_gemv_bits(ggml_order: None, n_tok: int)
     raw = _weights(tp.Type.Q4_K, 24)
     x = RNG.standard_normal((n_tok, N_IN)).astype(np.float32)
     np.testing.assert_array_equal(_cpu_product(tp.Type.Q4_K, raw, x), ggml_q4_k_product(x, raw))
+
+
+LANE_TYPES = [tp.Type.Q8_0, tp.Type.Q5_0]
+
+
+@pytest.mark.parametrize("t", LANE_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, 4, 8, 11])
+def test_q8_0_and_q5_0_products_are_ggml_vec_dot_bits(
+    ggml_order: None, t: tp.Type, n_tok: int
+) -> None:
+    raw = _weights(t, 24)
+    x = RNG.standard_normal((n_tok, N_IN)).astype(np.float32)
+    np.testing.assert_array_equal(_cpu_product(t, raw, x), ggml_lane_product(x, raw, t))
+
+
+_ON_AN_AVX2_HOST = """
+import sys
+import numpy as np
+import test_cpu_ggml_order as t
+from tensorplug_cpu.kernels import _numba_ir as ir
+assert (ir.HAS_AVX2, ir.HAS_VNNI, ir.HAS_32_REGS) == (True, False, False)
+data = np.load(sys.argv[1])
+for name in t.LANE_TYPES:
+    got = t._cpu_product(name, data[name.name], data["x"])
+    np.save(sys.argv[1] + "." + name.name + ".npy", got)
+"""
+
+
+def test_an_avx2_hosts_q8_0_and_q5_0_products_are_ggml_vec_dot_bits(
+    ggml_order: None, tmp_path: Path
+) -> None:
+    """The tiles an AVX2 host compiles (``NUMBA_CPU_FEATURES``: its instruction forms
+    here), 11 rows: tiles of four, then the rest."""
+    x = RNG.standard_normal((11, N_IN)).astype(np.float32)
+    raws = {t.name: _weights(t, 24) for t in LANE_TYPES}
+    data = tmp_path / "data.npz"
+    np.savez(data, x=x, Q8_0=raws["Q8_0"], Q5_0=raws["Q5_0"])
+    env = {**os.environ, "NUMBA_CPU_FEATURES": AVX2_FEATURES, "NUMBA_CACHE_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _ON_AN_AVX2_HOST, str(data)], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for t in LANE_TYPES:
+        got = np.load(f"{data}.{t.name}.npy")
+        np.testing.assert_array_equal(got, ggml_lane_product(x, raws[t.name], t), err_msg=t.name)
 
 
 @pytest.mark.parametrize("t", [tp.Type.Q6_K, tp.Type.Q4_K], ids=lambda t: t.name)

@@ -78,11 +78,11 @@ def q8_activations(b: np.ndarray) -> np.ndarray:
     codes are the same) before an integer dot product with 32-block weights: 32-value
     blocks, ``d = f16(amax/127)``, codes ``rint(x·(127/amax))`` in float32; returned as
     the float64 values ``d·code``."""
-    codes, d, _ = _q8_0_blocks(b)
+    codes, d, _ = q8_0_blocks(b)
     return (codes * d.astype(np.float16).astype(np.float64)).reshape(b.shape)
 
 
-def _q8_0_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def q8_0_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(codes float64 ``(..., n/32, 32)``, float32 scales ``amax/127`` ``(..., n/32, 1)``,
     the float32 rows)."""
     x = np.ascontiguousarray(b, np.float32)
@@ -159,7 +159,7 @@ def ggml_product(b: np.ndarray, w64: np.ndarray, t: tp.Type, raw: np.ndarray) ->
     out = ggml_activations(b, t) @ w64.T
     if t not in (tp.Type.Q4_1, tp.Type.Q5_1):
         return out
-    codes, d, _ = _q8_0_blocks(b)
+    codes, d, _ = q8_0_blocks(b)
     total = codes.sum(axis=-1)
     s = (d[..., 0] * total.astype(np.float32)).astype(np.float16).astype(np.float64)
     delta = s - d[..., 0].astype(np.float16).astype(np.float64) * total

@@ -32,6 +32,7 @@ from tensorplug.host import host_memory
 from .workers import POOL
 
 __all__ = [
+    "AVX2_FEATURES",
     "KernelFeatures",
     "NumbaThreads",
     "ThreadControl",
@@ -112,6 +113,10 @@ def _numba_target_features() -> str | None:
 def _enabled(flat: str) -> frozenset[str]:
     return frozenset(f.strip()[1:] for f in flat.split(",") if f.strip().startswith("+"))
 
+
+#: an AVX2 host's features as ``NUMBA_CPU_FEATURES`` takes them (Haswell to Zen 3: no
+#: AVX-512, no VNNI): set on an AVX-512 machine, the kernels compile that host's forms
+AVX2_FEATURES = "+avx,+avx2,+fma,+f16c,+bmi2,-avx512f,-avx512vl,-avx512vnni,-avxvnni"
 
 #: instruction levels of the IR kernels, best first (:attr:`KernelFeatures.level`)
 LEVELS = ("vnni", "avx2", "portable")

@@ -341,6 +341,14 @@ class _Block:
     table: Any  # float* of the f16 → f32 table
     #: the activation rows whose sums each accumulator holds (:func:`_units`)
     units: list[tuple[int, ...]]
+    #: ``<8 x float>*`` room for a vector per block and unit that a tile of passes keeps
+    #: from its first pass for the later ones (:func:`_tile`), else None
+    kept: Any = None
+
+    def kept_at(self, unit: int) -> Any:
+        """The ``<8 x float>*`` that unit ``unit`` keeps for this block."""
+        b = self.builder
+        return b.gep(self.kept, [b.add(b.mul(self.b, _I64(len(self.units))), _I64(unit))])
 
     def code_run(self, at: int) -> Any:
         """The 32 code bytes at ``at`` of the block."""
@@ -380,7 +388,11 @@ def _units(n_tok: int, paired: bool) -> list[tuple[int, ...]]:
     return [tuple(range(t, min(t + 2, n_tok))) for t in range(0, n_tok, 2)]
 
 
-def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int,
+#: a pass of a tile over its blocks: the body, and which of a unit's accumulators it updates
+Pass = tuple[Body, list[int]]
+
+
+def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish, n_accs: int,
           paired: bool = False, lanes: int = 8) -> Emit:  # fmt: skip
     """The IR of a tile, for arguments ``(packed, g, xq, xd, xs, table, t0, out, …)``:
     rows ``8g..8g+7`` of the repacked matrix ``packed`` (``(n_groups, blocks·block)``
@@ -390,8 +402,15 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
     vectors of floats carried from block to block per unit of activation rows
     (:func:`_units`; ``paired`` for bodies that sum two rows in one vector; ``lanes``
     floats in an accumulator of one row, 16 for bodies whose vector holds two of its
-    sums for each of the eight weight rows)."""
+    sums for each of the eight weight rows).
+
+    ``body`` may instead be a list of passes, each a loop over all the blocks that
+    carries only the accumulators it names (:func:`_lane_order_passes`): a tile whose
+    rows' accumulators outnumber the registers then keeps a pass's in them, the others
+    waiting outside the loop, rather than moving all of them through memory at every
+    block."""
     units = _units(n_tok, paired)
+    passes = body if isinstance(body, list) else [(body, list(range(n_accs)))]
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> None:
         arrays = [context.make_array(sig.args[i])(context, builder, args[i])
@@ -413,15 +432,41 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body, finish: Finish, n_accs: int
         widths = [lanes if len(u) == 1 else 8 * len(u) for u in units]
         zeros = [ir.Constant(ir.VectorType(_F32, w), [0.0] * w) for w in widths]
 
-        def block(b: Any, flat: list[Any]) -> list[Any]:
-            accs = [flat[n_accs * i : n_accs * (i + 1)] for i in range(len(units))]
-            base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
-            new = body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table, units),
-                       accs)  # fmt: skip
-            return [v for vals in new for v in vals]
+        kept, saved = None, None
+        if len(passes) > 1:  # room for what the first pass keeps, given back after the tile
+            i8p = _I8.as_pointer()
+            saved = builder.call(_fn(builder, "llvm.stacksave", i8p), [])
+            kept = builder.alloca(_V8F, size=builder.mul(n, _I64(len(units))))
+        flat = [z for z in zeros for _ in range(n_accs)]
+        for pass_body, which in passes:
+            carried = [n_accs * i + a for i in range(len(units)) for a in which]
+            before = flat
 
-        start = [z for z in zeros for _ in range(n_accs)]
-        flat = carried_loop(builder, "tile", _I64(0), n, 1, start, block)
+            def block(
+                b: Any,
+                values: list[Any],
+                pass_body: Body = pass_body,
+                carried: list[int] = carried,
+                before: list[Any] = before,
+            ) -> list[Any]:
+                full = list(before)
+                for at, v in zip(carried, values, strict=True):
+                    full[at] = v
+                accs = [full[n_accs * i : n_accs * (i + 1)] for i in range(len(units))]
+                base = builder.gep(group, [builder.mul(b, _I64(lay.block))])
+                new = pass_body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table,
+                                       units, kept), accs)  # fmt: skip
+                new_flat = [v for vals in new for v in vals]
+                return [new_flat[at] for at in carried]
+
+            ends = carried_loop(builder, "tile", _I64(0), n, 1, [before[at] for at in carried],
+                                block)  # fmt: skip
+            flat = list(before)
+            for at, v in zip(carried, ends, strict=True):
+                flat[at] = v
+        if saved is not None:
+            builder.call(_fn(builder, "llvm.stackrestore", ir.VoidType(), _I8.as_pointer()),
+                         [saved])  # fmt: skip
         finals: list[list[Any]] = []
         for i, unit in enumerate(units):
             accs = flat[n_accs * i : n_accs * (i + 1)]
@@ -561,7 +606,8 @@ def _vec_dot_order_body(lay: PackedLayout) -> Body:
     return body
 
 
-def _lane_order_body(lay: PackedLayout) -> Body:
+def _lane_order_body(lay: PackedLayout, chunks: Iterable[int] | None = None,
+                     keep: bool = False) -> Body:  # fmt: skip
     """Q5_0 and Q8_0 in the order of ggml's ``vec_dot_q5_0_q8_0`` and
     ``vec_dot_q8_0_q8_0`` (x86; llamafile's tinyBLAS, which takes llama.cpp's prompts,
     keeps the same order): each row keeps eight float sums, sum ``k`` taking
@@ -571,17 +617,25 @@ def _lane_order_body(lay: PackedLayout) -> Body:
     llama.cpp's Q5_0 and Q8_0 products in the last bits of 80-90% of the values, and
     Gemma 3 270M's 8-bit activation roundings grew that into logit differences of ~1.
     The codes are signed values (Q5_0's less 16) fed to the sums as ``|q|`` against
-    ``x`` with ``q``'s sign, so no offset is taken back out per block."""
+    ``x`` with ``q``'s sign, so no offset is taken back out per block. ``chunks``: only
+    those runs of codes (:func:`_lane_order_passes`), else all."""
+    runs_of_codes = list(range(lay.chunks) if chunks is None else chunks)
 
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
         builder, b = blk.builder, blk.b
         n_tok = len(accs)
         fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
-        d_w = _scales(builder, blk.base, blk.table)
-        scales = [_fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
-                  for t in range(n_tok)]  # fmt: skip
+        if blk.kept is not None and not keep:  # a later pass: the first one's scales
+            scales = [builder.load(blk.kept_at(t)) for t in range(n_tok)]
+        else:
+            d_w = _scales(builder, blk.base, blk.table)
+            scales = [_fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
+                      for t in range(n_tok)]  # fmt: skip
+        if blk.kept is not None and keep:
+            for t, scale in enumerate(scales):
+                builder.store(scale, blk.kept_at(t))
         new = [list(a) for a in accs]
-        for c in range(lay.chunks):
+        for c in runs_of_codes:
             q = blk.code_run(lay.codes_at + 32 * c)
             if lay.nibbles:  # Q5_0: low nibbles values 4c..4c+3, high 16+4c..
                 runs = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
@@ -611,6 +665,19 @@ def _less_16_unless_fifth(blk: _Block, runs: tuple[int, int]) -> Any:
     words = [b.zext(_fifth_word(blk, run), _I64) for run in runs]
     bits = b.bitcast(b.or_(words[0], b.shl(words[1], _I64(32))), ir.VectorType(ir.IntType(1), 64))
     return b.select(bits, _splat(_I8, 64, 0), _splat(_I8, 64, -blk.lay.offset & 0xFF))
+
+
+def _lane_order_passes(lay: PackedLayout) -> list[Pass]:
+    """:func:`_lane_order_body` as one pass over the blocks per run of codes, each
+    carrying the sums that run adds to (Q8_0: sum ``c``; Q5_0: ``c`` and ``4 + c``), the
+    first pass keeping each block's scales ``d_w·d_x`` for the others. For hosts with
+    16 vector registers (AVX2): a tile of four rows carries 32 sums, and the one loop
+    over the blocks moved most of them through memory at every block (11.7 instructions
+    a run and row, against 9.6 in passes). Each sum takes the same steps in the same
+    order, so the bits are the same. Zen 4 with only its AVX2 forms, one thread, a
+    Q8_0 product of 128 rows: 31-39 → 44-48 G multiply-adds/s."""
+    return [(_lane_order_body(lay, [c], keep=c == 0), [c, 4 + c] if lay.nibbles else [c])
+            for c in range(lay.chunks)]  # fmt: skip
 
 
 def _lane_pairs_body(lay: PackedLayout) -> Body:
@@ -1129,6 +1196,8 @@ def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False,
                      paired=True)  # fmt: skip
     if n_accs == 8 and _ir.HAS_VNNI and _ir.HAS_32_REGS:  # Q5_0, Q8_0 (Q6_K's came above)
         return _tile(lay, n_tok, _lane_pairs_body(lay), _hsum_8_of_pairs, 4, lanes=16)
+    if n_accs == 8 and not _ir.HAS_32_REGS:
+        return _tile(lay, n_tok, _lane_order_passes(lay), _hsum_8, n_accs)
     if n_accs == 8:
         return _tile(lay, n_tok, _lane_order_body(lay), _hsum_8, n_accs)
     return _tile(lay, n_tok, _block32_body(lay), lambda b, a: a[0], n_accs)
@@ -1182,8 +1251,10 @@ def tile_rows(lay: PackedLayout, ggml_order: bool = False) -> int:
     product of 64 rows in 592 µs in tiles of two against 829 in fours and 899 in eights
     (tiles of three: as four). The others keep four, measured there: Q2_K (eights: the
     same), Q4_1 and Q5_1 (eights: 1.5× slower; their nine sums a row take two rows at
-    once in 512-bit vectors, :func:`_vec_dot_order_body`). With 16 registers (AVX2;
-    not measured there) every layout keeps four: eight rows' sums would not fit."""
+    once in 512-bit vectors, :func:`_vec_dot_order_body`). With 16 registers (AVX2)
+    every layout keeps four: eight rows' sums would not fit. (Zen 4 with only its AVX2
+    forms, Q8_0 in ggml's order, one pass a run: tiles of two and eight took 3-12% longer
+    than fours.)"""
     if not _ir.HAS_32_REGS:
         return TILE
     if _accumulators(lay, ggml_order) == 1 or lay.type == Type.Q5_K:
