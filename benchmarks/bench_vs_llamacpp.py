@@ -2,7 +2,7 @@
 
     python benchmarks/bench_vs_llamacpp.py [--models 100M:q4_0,100M:q8_0,100M:q4_k]
         [--threads 1,2,auto] [--prompt 128] [--gen 32] [--batch 128] [--repeats 2]
-        [--rounds 3] [--cold 1] [--load N] [--llama-python PATH]
+        [--rounds 3] [--cold 1] [--load N] [--as-avx2] [--llama-python PATH]
 
 Models are written once into ``--cache`` by the tiny-model writer (random weights, a
 llama graph): ``100M`` (8 blocks, n_embd 768, 12 heads / 4 KV heads, n_ff 2048, vocab
@@ -51,6 +51,14 @@ uses (0: none; they take tens of seconds each).
 
 ``--load N`` starts N busy processes (a Python loop each) for the whole run, to see
 how each engine copes with a machine that is doing something else.
+
+``--as-avx2`` measures both engines as an AVX2 host (Haswell to Zen 3: no AVX-512, no
+VNNI) runs them, on a machine that has more: tensorplug's workers compile and run an
+AVX2 host's kernels (``NUMBA_CPU_FEATURES``, ``tensorplug_cpu.system.AVX2_FEATURES``)
+and OpenBLAS its Haswell ones, and llama.cpp must be a build without AVX-512 (the
+script refuses one whose system information names it, and says how to build one). The
+cores, caches and memory stay this machine's, so these are the AVX2 code paths' figures,
+not an AVX2 machine's. numpy's own loops still take what the CPU has.
 """
 
 from __future__ import annotations
@@ -91,6 +99,20 @@ BUILD_HINT = (
     "~/peers/bin/pip install llama-cpp-python==0.3.36\n"
     "then run this script again (it finds ~/peers/bin/python), or pass --llama-python."
 )
+
+AVX2_BUILD_HINT = (
+    "--as-avx2 compares the engines as an AVX2 host (no AVX-512, no VNNI) runs them, so "
+    "llama.cpp must be built without them too; {exe} reports: {info}\nBuild one once, "
+    "in a venv of its own:\n"
+    "  python3 -m venv ~/peers-avx2\n"
+    '  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON '
+    "-DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF "
+    '-DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF" ~/peers-avx2/bin/pip install --no-binary '
+    "llama-cpp-python llama-cpp-python==0.3.36\n"
+    "then pass --llama-python ~/peers-avx2/bin/python."
+)
+#: what llama.cpp's system information names for instructions an AVX2 host lacks
+_BEYOND_AVX2 = ("AVX512 = 1", "AVX512_VNNI = 1", "AVX_VNNI = 1", "AVX512_BF16 = 1", "AMX")
 
 
 @dataclass(frozen=True)
@@ -292,6 +314,24 @@ def find_llama_python(given: str | None) -> str | None:
     return None
 
 
+def llama_system_info(exe: str) -> str:
+    """llama.cpp's own line of the instructions its build uses (``AVX2 = 1 | …``)."""
+    code = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
+    done = subprocess.run([exe, "-c", code], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "(unknown)"
+
+
+def worker_env(engine: str, a: argparse.Namespace) -> dict[str, str]:
+    """The environment of a worker: ``--as-avx2`` gives tensorplug's an AVX2 host's
+    kernels (``NUMBA_CPU_FEATURES``) and OpenBLAS's (its Haswell kernels)."""
+    env = dict(os.environ)
+    if a.as_avx2 and engine == "tensorplug":
+        from tensorplug_cpu.system import AVX2_FEATURES
+
+        env.update(NUMBA_CPU_FEATURES=AVX2_FEATURES, OPENBLAS_CORETYPE="Haswell")
+    return env
+
+
 def measure(
     exe: str, engine: str, path: Path, threads: int, a: argparse.Namespace,
     numba_cache: str | None = None,
@@ -299,7 +339,7 @@ def measure(
     """One worker's figures, with ``launch``: seconds from starting it to its first
     generated token. ``numba_cache``: the folder numba's disk cache is read from and
     written to (a fresh one: a first run)."""
-    env = dict(os.environ)
+    env = worker_env(engine, a)
     if numba_cache is not None:
         env["NUMBA_CACHE_DIR"] = numba_cache
     if threads != AUTO:
@@ -398,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         help="tensorplug runs with numba's cache empty, per model and threads (1)",
     )
     p.add_argument("--load", type=int, default=0, help="busy processes during the run (0)")
+    p.add_argument("--as-avx2", action="store_true",
+                   help="both engines as an AVX2 host runs them (on an AVX-512 machine: "
+                   "tensorplug's AVX2 kernels, a llama.cpp built for AVX2)")  # fmt: skip
     a = p.parse_args(argv)
     a.threads = parse_counts(a.threads, "--threads")
     for name in ("prompt", "gen", "batch", "repeats", "rounds"):
@@ -413,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     if llama_python is None:
         print(BUILD_HINT, file=sys.stderr)
         return 2
+    info = llama_system_info(llama_python)
+    if a.as_avx2 and any(flag in info for flag in _BEYOND_AVX2):
+        print(AVX2_BUILD_HINT.format(exe=llama_python, info=info), file=sys.stderr)
+        return 2
     paths = {s: model_path(s, a.cache) for s in specs}
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.load)]
     try:
@@ -420,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
               f"batches of {a.batch} (first, then {a.repeats} more: 'again'), {a.gen} "
               f"generated; {a.rounds} interleaved rounds; tokens/s median (min-max), "
               "ratio: median of the rounds' ratios")  # fmt: skip
+        kernels = "an AVX2 host's (--as-avx2)" if a.as_avx2 else "this host's"
+        print(f"tensorplug: {kernels} kernels; llama.cpp: {info}")
         print(f"{'model':12} {'thr':>4}" + "".join(
             f" | {what + ' tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
             for what in ("prompt", "again", "gen")))  # fmt: skip

@@ -141,3 +141,32 @@ def test_a_worker_reports_its_own_peak_not_the_parents(bench: ModuleType) -> Non
                                  check=True).stdout)  # fmt: skip
     assert ballast.sum() > 0 and bench._peak_rss_mb() > 300
     assert 5 < child < 150  # the interpreter and numpy
+
+
+def test_as_avx2_gives_tensorplugs_workers_an_avx2_hosts_kernels(bench: ModuleType) -> None:
+    from tensorplug_cpu.system import AVX2_FEATURES
+
+    on, off = (bench.argparse.Namespace(as_avx2=v) for v in (True, False))
+    assert bench.worker_env("tensorplug", on)["NUMBA_CPU_FEATURES"] == AVX2_FEATURES
+    assert bench.worker_env("tensorplug", on)["OPENBLAS_CORETYPE"] == "Haswell"
+    for engine, a in [("llamacpp", on), ("tensorplug", off)]:
+        env = bench.worker_env(engine, a)
+        assert env.get("NUMBA_CPU_FEATURES") == bench.os.environ.get("NUMBA_CPU_FEATURES")
+
+
+def test_as_avx2_refuses_a_llama_cpp_built_with_avx512(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stand-in interpreter whose llama_cpp reports AVX-512: refused, with the build."""
+    (tmp_path / "llama_cpp.py").write_text(
+        "def llama_print_system_info():\n"
+        "    return b'CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 |'\n"
+    )
+    exe = tmp_path / "python"
+    exe.write_text(f'#!/bin/sh\nPYTHONPATH={tmp_path} exec {sys.executable} "$@"\n')
+    exe.chmod(0o755)
+    assert "AVX512 = 1" in bench.llama_system_info(str(exe))
+    code = bench.main(["--as-avx2", "--llama-python", str(exe), "--models", "100M:q4_0"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "-DGGML_AVX512=OFF" in err and "AVX512 = 1" in err
