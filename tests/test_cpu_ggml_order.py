@@ -278,6 +278,15 @@ def test_q8_0_and_q5_0_products_are_ggml_vec_dot_bits(
     np.testing.assert_array_equal(_cpu_product(t, raw, x), ggml_lane_product(x, raw, t))
 
 
+#: the types an AVX2 host's kernels are checked for, and their references
+AVX2_CHECKED = {
+    tp.Type.Q8_0: lambda x, raw: ggml_lane_product(x, raw, tp.Type.Q8_0),
+    tp.Type.Q5_0: lambda x, raw: ggml_lane_product(x, raw, tp.Type.Q5_0),
+    tp.Type.Q6_K: ggml_q6_k_product,
+    tp.Type.Q4_K: ggml_q4_k_product,
+}
+AVX2_ROWS = (1, 3, 11)
+
 _ON_AN_AVX2_HOST = """
 import sys
 import numpy as np
@@ -285,29 +294,33 @@ import test_cpu_ggml_order as t
 from tensorplug_cpu.kernels import _numba_ir as ir
 assert (ir.HAS_AVX2, ir.HAS_VNNI, ir.HAS_32_REGS) == (True, False, False)
 data = np.load(sys.argv[1])
-for name in t.LANE_TYPES:
-    got = t._cpu_product(name, data[name.name], data["x"])
-    np.save(sys.argv[1] + "." + name.name + ".npy", got)
+for kind in t.AVX2_CHECKED:
+    for n in t.AVX2_ROWS:
+        got = t._cpu_product(kind, data[kind.name], data["x"][:n])
+        np.save(f"{sys.argv[1]}.{kind.name}.{n}.npy", got)
 """
 
 
-def test_an_avx2_hosts_q8_0_and_q5_0_products_are_ggml_vec_dot_bits(
-    ggml_order: None, tmp_path: Path
-) -> None:
+def test_an_avx2_hosts_products_are_ggml_bits(ggml_order: None, tmp_path: Path) -> None:
     """The tiles an AVX2 host compiles (``NUMBA_CPU_FEATURES``: its instruction forms
-    here), 11 rows: tiles of four, then the rest."""
-    x = RNG.standard_normal((11, N_IN)).astype(np.float32)
-    raws = {t.name: _weights(t, 24) for t in LANE_TYPES}
+    here) for one row (a generated token's), three (a tile of their own) and 11 (tiles
+    of four, Q6_K's tiled product's order, then the rest): Q8_0 and Q5_0 in passes,
+    Q6_K's and Q4_K's 16-bit sums scaled as they are widened."""
+    x = RNG.standard_normal((max(AVX2_ROWS), N_IN)).astype(np.float32)
+    raws = {t.name: _weights(t, 24) for t in AVX2_CHECKED}
     data = tmp_path / "data.npz"
-    np.savez(data, x=x, Q8_0=raws["Q8_0"], Q5_0=raws["Q5_0"])
+    np.savez(data, x=x, Q8_0=raws["Q8_0"], Q5_0=raws["Q5_0"], Q6_K=raws["Q6_K"],
+             Q4_K=raws["Q4_K"])  # fmt: skip
     env = {**os.environ, "NUMBA_CPU_FEATURES": AVX2_FEATURES, "NUMBA_CACHE_DIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}  # fmt: skip
     done = subprocess.run([sys.executable, "-c", _ON_AN_AVX2_HOST, str(data)], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    for t in LANE_TYPES:
-        got = np.load(f"{data}.{t.name}.npy")
-        np.testing.assert_array_equal(got, ggml_lane_product(x, raws[t.name], t), err_msg=t.name)
+    for t, reference in AVX2_CHECKED.items():
+        for n in AVX2_ROWS:
+            got = np.load(f"{data}.{t.name}.{n}.npy")
+            want = reference(x[:n], raws[t.name])
+            np.testing.assert_array_equal(got, want, err_msg=f"{t.name}, {n} rows")
 
 
 @pytest.mark.parametrize("t", [tp.Type.Q6_K, tp.Type.Q4_K], ids=lambda t: t.name)
