@@ -425,7 +425,9 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
     carries only the accumulators it names (:func:`_lane_order_passes`): a tile whose
     rows' accumulators outnumber the registers then keeps a pass's in them, the others
     waiting outside the loop, rather than moving all of them through memory at every
-    block."""
+    block. What the first pass keeps for the others (a ``<8 x float>`` per block and
+    unit: 128 KiB for four rows of 32,768 values) lives on the stack for the tile's
+    call only (``llvm.stacksave``/``stackrestore``)."""
     units = _units(n_tok, paired)
     passes = body if isinstance(body, list) else [(body, list(range(n_accs)))]
 
