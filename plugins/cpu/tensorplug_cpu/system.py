@@ -2,9 +2,10 @@
 
 The CPU's features are asked in one place, here, from the two sources that matter:
 numpy's run-time detection (:func:`simd_features`: what its loops dispatch on, and what
-the plugin's score and ``get_features`` report) and LLVM's view of the host
-(:func:`kernel_features`: what numba compiles the IR kernels for, since those may use
-only instructions LLVM will emit here).
+the plugin's score and ``get_features`` report) and what numba's LLVM compiles for
+(:func:`kernel_features`: the host, unless numba's ``NUMBA_CPU_FEATURES`` or
+``NUMBA_CPU_NAME=generic`` name another target; the IR kernels may use only
+instructions LLVM will emit for it).
 
 Thread counts are process-wide in numba and in the worker pool, while ggml sets them per
 backend. Each backend therefore remembers the count it wants and :class:`ThreadControl`
@@ -143,8 +144,8 @@ class KernelFeatures:
 
 @functools.cache
 def kernel_features() -> KernelFeatures:
-    """This CPU's :class:`KernelFeatures`, as LLVM sees it; asked once per process (numba's
-    disk cache keys compiled code by the host CPU too)."""
+    """The :class:`KernelFeatures` of numba's compile target (:func:`llvm_features`);
+    asked once per process (numba's disk cache keys compiled code by that target too)."""
     found = llvm_features()
     vnni = {"avx512vnni", "avx512vl"} <= found or "avxvnni" in found
     return KernelFeatures(avx2="avx2" in found, f16c="f16c" in found, vnni=vnni,

@@ -8,10 +8,11 @@ constant and run-time splats, declarations of LLVM intrinsics, array data pointe
 unaligned vector loads, f16 scales as float vectors, the integer dot of 32 bytes, and
 :func:`carried_loop`, the loop whose accumulators live in phi nodes.
 
-The instruction forms follow the host: ``HAS_AVX2``, ``HAS_F16C``, ``HAS_VNNI`` and
-``HAS_32_REGS`` are read when a kernel is compiled (never when this module is imported),
-so a test may set them, in a fresh process and before anything is compiled, to build
-another host's form.
+The instruction forms follow numba's compile target (the host, or what
+``NUMBA_CPU_FEATURES`` names: :func:`..system.llvm_features`): ``HAS_AVX2``,
+``HAS_F16C``, ``HAS_VNNI`` and ``HAS_32_REGS`` are read when a kernel is compiled (never
+when this module is imported), so a test may set them, in a fresh process and before
+anything is compiled, to build another host's form.
 """
 
 from __future__ import annotations
