@@ -180,9 +180,9 @@ def _recount(kv: KVCells, seq: int) -> int:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int) -> None:
-    """seq_pos_max, has_shift, n_used, used_max and find_slot's hint are kept between
-    calls (a generated token asks them every step); after any mix of operations they
-    equal a recount from the cells."""
+    """seq_pos_max, has_shift, n_used, used_max, find_slot's hint and a sequence's mask
+    row are kept between calls (a generated token asks them every step); after any mix
+    of operations they equal a recount from the cells."""
     rng = np.random.default_rng(seed)
     kv = KVCells(48)
     for _ in range(300):
@@ -212,6 +212,11 @@ def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int
             pass  # a full cache or a shared cell that cannot move: nothing changed
         for s in range(4):
             assert kv.seq_pos_max(s) == _recount(kv, s), (seed, s)
+            # a next token's mask (kept between steps for one token of one sequence)
+            p, n_kv = kv.seq_pos_max(s) + int(rng.integers(0, 2)), int(rng.integers(1, 49))
+            want = ((kv.seqs[:n_kv] & np.uint64(1 << s)) != 0) & (kv.pos[:n_kv] <= p)
+            got = kv.mask(np.array([p]), [(s,)], n_kv)
+            assert np.array_equal(got, np.where(want, 0, -np.inf)[None]), (seed, s)
         assert kv.has_shift == bool((kv.shift != 0).any())
         used = np.flatnonzero(kv.pos >= 0)
         assert kv.n_used == used.size, seed

@@ -84,6 +84,10 @@ class KVCells:
         self._n_used: int | None = 0
         self._used_max: int | None = 0
         self._free_from = 0
+        # per sequence, while nothing but assign's taking of free cells changed since it
+        # was made: the F16 mask row of a token at or past the sequence's last position
+        # (0 at every cell the sequence holds, -inf elsewhere), kept up to date by assign
+        self._visible: dict[int, np.ndarray] = {}
 
     # -- what is where -------------------------------------------------------------------------
 
@@ -162,8 +166,12 @@ class KVCells:
     def assign(self, cells: np.ndarray, pos: np.ndarray, seq_ids: Sequence[Sequence[int]]) -> None:
         """Record that ``cells[i]`` now holds position ``pos[i]`` of the sequences
         ``seq_ids[i]`` (what a step's ``set_rows`` writes there)."""
-        if cells.size == 1:  # a generated token's cell: no numpy pass for one value
-            was_free = bool(self.pos[int(cells[0])] < 0)
+        if cells.size == 1 and len(seq_ids) == 1:  # a generated token's cell
+            cell, p = int(cells.reshape(-1)[0]), int(np.asarray(pos).reshape(-1)[0])
+            if self.pos[cell] < 0 and p >= 0:
+                self._take(cell, p, seq_ids[0])
+                return
+            was_free = bool(self.pos[cell] < 0)
         else:
             was_free = bool((self.pos[cells] < 0).all())
         self.pos[cells] = pos
@@ -174,6 +182,7 @@ class KVCells:
             # a sequence may have lost its last cell; a cell given no position is free
             self._forget_counts()
             return
+        self._visible.clear()  # (a batch's cells: made again when next asked for)
         if positions:
             if self._n_used is not None:
                 self._n_used += _distinct(cells)
@@ -185,6 +194,24 @@ class KVCells:
                 if s in known:
                     known[s] = max(known[s], p)
 
+    def _take(self, cell: int, p: int, ids: Sequence[int]) -> None:
+        """:meth:`assign` of one free cell, in Python scalars: what every generated token
+        does, with the caches cold after the model's step (no numpy call over the cells)."""
+        self.pos[cell] = p
+        self.seqs[cell] = seq_bits(ids)
+        self.shift[cell] = 0
+        if self._n_used is not None:
+            self._n_used += 1
+        if self._used_max is not None:
+            self._used_max = max(self._used_max, cell + 1)
+        known, visible = self._pos_max, self._visible
+        for s in ids:
+            if s in known:
+                known[s] = max(known[s], p)
+            row = visible.get(s)
+            if row is not None:
+                row[cell] = 0
+
     # -- llama.cpp's memory API ----------------------------------------------------------------
 
     def clear(self) -> None:
@@ -193,6 +220,7 @@ class KVCells:
         self.seqs[:] = 0
         self.shift[:] = 0
         self._pos_max.clear()
+        self._visible.clear()
         self._shifted = False
         self._n_used = self._used_max = self._free_from = 0
 
@@ -214,6 +242,7 @@ class KVCells:
             return
         self.seqs[self._in_range(src, p0, p1)] |= np.uint64(1 << dst)
         self._pos_max.pop(dst, None)
+        self._visible.pop(dst, None)
 
     def seq_keep(self, seq: int) -> None:
         """Free every cell ``seq`` does not hold; the cells it holds become its alone."""
@@ -273,6 +302,7 @@ class KVCells:
         """Forget every sequence's last position and the used-cell counts (cells were
         freed, or taken that were not free); the next question counts them again."""
         self._pos_max.clear()
+        self._visible.clear()
         self._n_used = self._used_max = None
         self._free_from = 0
 
@@ -292,6 +322,12 @@ class KVCells:
         ``seq_ids``: 0 where the token sees the cell (the cell holds one of its sequences
         at a position ``<=`` its own, fewer than ``window`` back when ``window > 0``:
         llama.cpp's standard SWA), -inf elsewhere."""
+        if len(seq_ids) == 1 and len(seq_ids[0]) == 1 and not window:
+            # one token of one sequence at or past its last position (a generated one)
+            # sees every cell the sequence holds: a kept row, not four passes over them
+            seq, p = seq_ids[0][0], int(np.asarray(pos).reshape(-1)[0])
+            if p >= self.seq_pos_max(seq):
+                return self._visible_row(seq)[None, :n_kv].copy()
         tok_bits = np.array([seq_bits(ids) for ids in seq_ids], dtype=np.uint64)
         cell_pos = self.pos[:n_kv]
         back = np.asarray(pos, dtype=np.int64)[:, None] - cell_pos[None, :]
@@ -299,6 +335,14 @@ class KVCells:
         if window:
             seen &= back < window
         return np.where(seen, np.float16(0), np.float16(-np.inf))
+
+    def _visible_row(self, seq: int) -> np.ndarray:
+        """The kept mask row of ``seq`` (``_visible``), made now if there is none."""
+        row = self._visible.get(seq)
+        if row is None:
+            row = np.where(self._held_by(seq), np.float16(0), np.float16(-np.inf))
+            self._visible[seq] = row
+        return row
 
 
 def _seq_ids(bits: int) -> list[int]:
