@@ -214,8 +214,11 @@ def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int
             assert kv.seq_pos_max(s) == _recount(kv, s), (seed, s)
             # a next token's mask (kept between steps for one token of one sequence)
             p, n_kv = kv.seq_pos_max(s) + int(rng.integers(0, 2)), int(rng.integers(1, 49))
+            window = int(rng.choice([0, 1, 3, 8]))
             want = ((kv.seqs[:n_kv] & np.uint64(1 << s)) != 0) & (kv.pos[:n_kv] <= p)
-            got = kv.mask(np.array([p]), [(s,)], n_kv)
+            if window:
+                want &= kv.pos[:n_kv] > p - window
+            got = kv.mask(np.array([p]), [(s,)], n_kv, window)
             assert np.array_equal(got, np.where(want, 0, -np.inf)[None]), (seed, s)
         assert kv.has_shift == bool((kv.shift != 0).any())
         used = np.flatnonzero(kv.pos >= 0)

@@ -322,12 +322,16 @@ class KVCells:
         ``seq_ids``: 0 where the token sees the cell (the cell holds one of its sequences
         at a position ``<=`` its own, fewer than ``window`` back when ``window > 0``:
         llama.cpp's standard SWA), -inf elsewhere."""
-        if len(seq_ids) == 1 and len(seq_ids[0]) == 1 and not window:
+        if len(seq_ids) == 1 and len(seq_ids[0]) == 1:
             # one token of one sequence at or past its last position (a generated one)
-            # sees every cell the sequence holds: a kept row, not four passes over them
+            # sees every cell the sequence holds, less those a window leaves behind: a
+            # kept row, not seven passes over the cells
             seq, p = seq_ids[0][0], int(np.asarray(pos).reshape(-1)[0])
             if p >= self.seq_pos_max(seq):
-                return self._visible_row(seq)[None, :n_kv].copy()
+                row = self._visible_row(seq)[None, :n_kv].copy()
+                if window:
+                    row[0, self.pos[:n_kv] <= p - window] = -np.inf
+                return row
         tok_bits = np.array([seq_bits(ids) for ids in seq_ids], dtype=np.uint64)
         cell_pos = self.pos[:n_kv]
         back = np.asarray(pos, dtype=np.int64)[:, None] - cell_pos[None, :]
