@@ -4,20 +4,21 @@
         [--as-avx2] [--json]
 
 loads each model as ``benchmarks/bench_vs_llamacpp.py`` does, evaluates a 16-token
-prompt and generates greedily, twice: once bare (the token time a user sees) and once
-with each function of :data:`PROBES` wrapped in a timer. Per function it prints the
-calls per token, the median of its time per token (itself and what it calls) and the
-median of its own time (without the probed functions it calls); then the Python time
-per token (the step's time outside the compiled program calls) and how many calls
-into compiled code a token's graph makes (a plan's runs: a program runs the graph's
-jobs in one call; the steps left between programs are calls of their own).
+prompt and generates greedily, in alternate blocks of :data:`BLOCK` tokens bare (the
+token time a user sees) and with each function of :data:`PROBES` wrapped in a timer,
+so that both kinds of token see the same minutes of a shared machine. Per function it
+prints the calls per token, the median of its time per token (itself and what it
+calls) and the median of its own time (without the probed functions it calls); then
+the Python time per token (the step's time outside the compiled program; less the
+probes' own cost, the probed tokens' extra over the bare ones) and how many calls into
+compiled code a token's graph makes (a plan's runs: a program runs the graph's jobs in
+one call; the steps left between programs are calls of their own).
 
 Medians of per-token records, not sums: on a shared VM one token in a few hundred
-stalls 10-20 ms, which would swamp a mean of ~1.4 ms tokens. The probes cost 1-3 us a
-call (about 15 calls a token), which lands in the own times of their callers: the
-Python time is therefore given twice, as profiled (eval outside the program) and as
-the bare token's median less the program's. cProfile is no use here: its overhead per
-Python call is larger than most of the functions it would time.
+stalls 10-20 ms, which would swamp a mean of ~1.4 ms tokens. A probe's cost lands in
+its caller's own time; the bare and probed token medians side by side show it whole.
+cProfile is no use here: its overhead per Python call is larger than most of the
+functions it would time.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ PROBES: tuple[tuple[int, str, str, str], ...] = (
 COMPILED = "Program.__call__"
 PROMPT = 16
 QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
+#: generated tokens in a row with the probes on, then off
+BLOCK = 25
 
 
 @dataclass
@@ -73,17 +76,19 @@ class Probe:
 
 
 class Timer:
-    """Wraps methods to add their time to a :class:`Probe`, and to their caller's."""
+    """Wraps methods to add their time to a :class:`Probe`, and to their caller's; the
+    wrappers are put in place by :meth:`on` and taken away by :meth:`off`."""
 
     def __init__(self) -> None:
         self.probes: list[Probe] = []
         self._children: list[float] = []  # per open call: the probed time of its callees
-        self._restore: list[tuple[type, str, Callable[..., Any]]] = []
+        self._swaps: list[tuple[type, str, Callable[..., Any], Callable[..., Any]]] = []
 
     def wrap(self, depth: int, module: str, cls_name: str, name: str) -> None:
+        """Probe ``module.cls_name.name`` (a method, looked up now) from the next :meth:`on`."""
         owner = getattr(importlib.import_module(module), cls_name, None)
         original = getattr(owner, name, None) if owner is not None else None
-        if original is None:
+        if owner is None or original is None:
             raise SystemExit(
                 f"{module}.{cls_name}.{name} is gone: update PROBES in {__file__} to the "
                 "functions a generated token now goes through"
@@ -104,10 +109,16 @@ class Timer:
                 if children:
                     children[-1] += spent
 
-        assert owner is not None
-        setattr(owner, name, timed)
         self.probes.append(probe)
-        self._restore.append((owner, name, original))
+        self._swaps.append((owner, name, original, timed))
+
+    def on(self) -> None:
+        for owner, name, _, timed in self._swaps:
+            setattr(owner, name, timed)
+
+    def off(self) -> None:
+        for owner, name, original, _ in reversed(self._swaps):
+            setattr(owner, name, original)
 
     def take(self) -> dict[str, tuple[int, float, float]]:
         """This token's (calls, total, own) per probe; the probes start again at zero."""
@@ -116,13 +127,8 @@ class Timer:
             p.calls, p.total, p.own = 0, 0.0, 0.0
         return record
 
-    def unwrap(self) -> None:
-        for owner, name, original in reversed(self._restore):
-            setattr(owner, name, original)
-        self._restore.clear()
 
-
-def _load(path: Path, threads: int) -> Any:
+def _load(path: Path, threads: int, tokens: int) -> Any:
     """The model as ``bench_vs_llamacpp.py`` loads it, its collector frozen the same way."""
     import gc
 
@@ -136,7 +142,7 @@ def _load(path: Path, threads: int) -> Any:
     placement = Placement.on(registry.dev_by_name("CPU"), n_layer)  # type: ignore[arg-type]
     gc.collect(1)
     gc.freeze()
-    m = Llama(file, placement=placement, n_ctx=PROMPT + 2 * 1024, n_batch=PROMPT,
+    m = Llama(file, placement=placement, n_ctx=PROMPT + 2 * tokens, n_batch=PROMPT,
               n_threads=None if threads == AUTO else threads, warmup=False)  # fmt: skip
     m.warm_up(PROMPT)
     gc.collect(1)
@@ -144,19 +150,13 @@ def _load(path: Path, threads: int) -> Any:
     return m
 
 
-def _generate(m: Any, n: int, after_each: Callable[[], object] | None = None) -> list[float]:
-    """Seconds of each of ``n`` greedy tokens after a fresh prompt."""
+def _warm(m: Any, n: int) -> None:
+    """``n`` greedy tokens after a prompt: the first tokens of a length build its graphs."""
     m.reset()
     vocab = m.config.n_vocab
     tok = int(m.eval([(7919 * i + 13) % (vocab - 3) + 3 for i in range(PROMPT)]).argmax())
-    times = []
     for _ in range(n):
-        start = time.perf_counter()
         tok = int(m.eval([tok]).argmax())
-        times.append(time.perf_counter() - start)
-        if after_each is not None:
-            after_each()
-    return times
 
 
 def _record_plans() -> tuple[list[Any], Callable[[], None]]:
@@ -193,19 +193,32 @@ def _plan_calls(plan: Any) -> dict[str, int]:
 
 
 def profile(path: Path, threads: int, tokens: int) -> dict[str, Any]:
-    m = _load(path, threads)
-    warm = max(8, tokens // 10)  # the first tokens of a length build and plan its graphs
-    _generate(m, warm)
-    bare = _generate(m, tokens)
-    plans, forget_plans = _record_plans()  # (inside the probe of _run: not timed)
+    m = _load(path, threads, tokens)
     timer = Timer()
     for probe in PROBES:
         timer.wrap(*probe)
+    plans, forget_plans = _record_plans()  # (inside the probe of _run: not timed)
+    _warm(m, max(8, tokens // 10))
+    # bare and probed tokens in alternate blocks, so that both see the same machine (on
+    # a shared VM, the speed of one minute is not the next one's)
+    bare: list[float] = []
+    probed: list[float] = []
     records: list[dict[str, tuple[int, float, float]]] = []
-    _generate(m, warm, timer.take)
-    records.clear()
-    profiled = _generate(m, tokens, lambda: records.append(timer.take()))
-    timer.unwrap()
+    m.reset()
+    vocab = m.config.n_vocab
+    tok = int(m.eval([(7919 * i + 13) % (vocab - 3) + 3 for i in range(PROMPT)]).argmax())
+    for block in range(2 * -(-tokens // BLOCK)):
+        on = block % 2 == 1
+        if on:
+            timer.on()
+        for _ in range(min(BLOCK, tokens - len(probed if on else bare))):
+            start = time.perf_counter()
+            tok = int(m.eval([tok]).argmax())
+            (probed if on else bare).append(time.perf_counter() - start)
+            if on:
+                records.append(timer.take())
+        timer.off()
+        timer.take()
     forget_plans()
     if not plans:
         raise SystemExit(f"{path.name}: no CPU plan computed its tokens (is the CPU plugin there?)")
@@ -220,14 +233,17 @@ def profile(path: Path, threads: int, tokens: int) -> dict[str, Any]:
             "own_us": 1e6 * statistics.median(r[p.label][2] for r in records),
         })  # fmt: skip
     top = timer.probes[0].label
+    token, token_probed = statistics.median(bare), statistics.median(probed)
+    # the probes' cost, which lands in their callers' own times: the probed tokens' extra
+    extra = max(0.0, token_probed - token)
     python = sorted(r[top][1] - r[COMPILED][1] for r in records)
+    quantiles = {q: 1e6 * python[int(f * (len(python) - 1))] for q, f in QUANTILES}
     return {
         "tokens": tokens,
-        "token_us": 1e6 * statistics.median(bare),
-        "profiled_token_us": 1e6 * statistics.median(profiled),
-        "python_bare_us": 1e6 * statistics.median(bare)
-        - 1e6 * statistics.median(r[COMPILED][1] for r in records),
-        "python_us": {q: 1e6 * python[int(f * (len(python) - 1))] for q, f in QUANTILES},
+        "token_us": 1e6 * token,
+        "profiled_token_us": 1e6 * token_probed,
+        "python_us": quantiles,
+        "python_bare_us": quantiles["p50"] - 1e6 * extra,
         "rows": rows,
         "plan": plan,
     }
@@ -238,7 +254,8 @@ def report(name: str, threads: int, result: dict[str, Any]) -> str:
     py, plan = result["python_us"], result["plan"]
     lines = [
         f"{name}, {t} threads, {result['tokens']} generated tokens: "
-        f"{result['token_us']:.0f} us a token (median; profiled {result['profiled_token_us']:.0f})",
+        f"{result['token_us']:.0f} us a token (median; "
+        f"{result['profiled_token_us']:.0f} probed, in alternate blocks of {BLOCK})",
         f"{'function':<38} {'calls':>6} {'median us':>10} {'own us':>8}",
     ]
     for r in result["rows"]:
@@ -246,8 +263,8 @@ def report(name: str, threads: int, result: dict[str, Any]) -> str:
         lines.append(f"{label:<38} {r['calls']:>6g} {r['total_us']:>10.1f} {r['own_us']:>8.1f}")
     lines.append(
         f"Python per token (eval outside {COMPILED}): {py['p50']:.0f} us median "
-        f"(p10 {py['p10']:.0f}, p90 {py['p90']:.0f}); "
-        f"unprofiled ~{result['python_bare_us']:.0f} us (the bare token less the program)"
+        f"(p10 {py['p10']:.0f}, p90 {py['p90']:.0f}) probed; "
+        f"~{result['python_bare_us']:.0f} us without the probes' cost"
     )
     lines.append(
         f"a token's graph: {plan['nodes']} nodes in {plan['steps']} steps, run as "

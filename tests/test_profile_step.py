@@ -42,6 +42,8 @@ def test_a_generated_token_is_profiled_down_to_the_compiled_program(tmp_path: Pa
     python = result["python_us"]
     assert 0 < python["p10"] <= python["p50"] <= python["p90"]
     assert python["p50"] < result["profiled_token_us"]
+    # the probes' cost comes off (the probed tokens' extra: noise can make it any size)
+    assert result["python_bare_us"] <= python["p50"]
     # the token's graph runs as one compiled program plus the steps no program can hold
     plan = result["plan"]
     assert plan["programs"] >= 1
@@ -77,10 +79,14 @@ def test_the_timer_splits_a_call_into_its_own_time_and_its_callees(
     timer = profile_step.Timer()
     timer.wrap(0, "fake_work", "Work", "outer")
     timer.wrap(1, "fake_work", "Work", "inner")
+    assert Work().outer() == "done"  # not yet probed
+    assert timer.take() == {"Work.outer": (0, 0.0, 0.0), "Work.inner": (0, 0.0, 0.0)}
+    timer.on()
     assert Work().outer() == "done"
     assert timer.take() == {"Work.outer": (1, 26.0, 6.0), "Work.inner": (2, 20.0, 20.0)}
     assert timer.take() == {"Work.outer": (0, 0.0, 0.0), "Work.inner": (0, 0.0, 0.0)}
-    timer.unwrap()
+    timer.off()
     assert Work.outer.__qualname__.endswith("Work.outer")  # the class's own methods again
+    assert Work().outer() == "done" and timer.take()["Work.outer"] == (0, 0.0, 0.0)
     with pytest.raises(SystemExit, match="fake_work.Work.gone is gone: update PROBES"):
         timer.wrap(0, "fake_work", "Work", "gone")
