@@ -147,6 +147,9 @@ def parse_models(text: str) -> list[Spec]:
     return specs
 
 
+#: where the written models are kept (``--cache``)
+MODEL_CACHE = Path.home() / ".cache" / "tensorplug-bench"
+
 #: ``--threads auto``: each engine's own choice (see the module's docstring)
 AUTO = 0
 
@@ -419,7 +422,7 @@ def add_run_arguments(
     p.add_argument("--gen", type=int, default=gen, help=f"generated tokens ({gen})")
     p.add_argument("--batch", type=int, default=128, help="prompt batch, both engines (128)")
     p.add_argument("--llama-python", help="interpreter with llama-cpp-python")
-    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tensorplug-bench")
+    p.add_argument("--cache", type=Path, default=MODEL_CACHE)
     p.add_argument("--worker", choices=["tensorplug", "llamacpp"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     return p

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vs_llamacpp import AUTO, model_path, parse_counts, parse_models
+from bench_vs_llamacpp import AUTO, MODEL_CACHE, model_path, parse_counts, parse_models
 
 #: (depth in the printed tree, module, class, method): a generated token's call path,
 #: from ``Llama.eval`` down to the compiled program, and the work of the step beside it
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="100M:q4_0")
     p.add_argument("--threads", default="2", help="thread counts (2); 'auto': the runner's")
     p.add_argument("--tokens", type=int, default=300, help="generated tokens timed (300)")
-    p.add_argument("--cache", default=str(Path.home() / ".cache" / "tensorplug-bench"))
+    p.add_argument("--cache", type=Path, default=MODEL_CACHE)
     p.add_argument("--as-avx2", action="store_true", help="an AVX2 host's kernels")
     p.add_argument("--json", action="store_true", help="one JSON line per model and threads")
     a = p.parse_args(argv)
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ["NUMBA_CPU_FEATURES"] = AVX2_FEATURES
     for spec in parse_models(a.models):
-        path = model_path(spec, Path(a.cache))
+        path = model_path(spec, a.cache)
         for threads in parse_counts(a.threads, "--threads"):
             result = profile(path, threads, a.tokens)
             if a.json:
