@@ -188,8 +188,9 @@ def model_path(spec: Spec, cache: Path) -> Path:
 # -- workers: one measurement per process ---------------------------------------------------
 
 
-def _tokens(n: int, n_vocab: int) -> list[int]:
-    return [(7919 * i + 13) % (n_vocab - 3) + 3 for i in range(n)]  # fixed, no special ids
+def prompt_tokens(n: int, n_vocab: int) -> list[int]:
+    """The benchmarks' prompt of ``n`` ids: fixed, and none of the first three (special)."""
+    return [(7919 * i + 13) % (n_vocab - 3) + 3 for i in range(n)]
 
 
 def _again(
@@ -208,9 +209,10 @@ def _again(
     return statistics.median(speeds)
 
 
-def worker_tensorplug(
-    path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int
-) -> dict:
+def load_tensorplug(path: str | Path, threads: int, n_ctx: int, n_batch: int, warm: int) -> Any:
+    """A ``tensorplug_llm.runner.Llama`` of the model at ``path`` on the CPU, loaded as
+    ``tensorplug run`` loads it and warmed up for ``warm``-token prompts, with the
+    collector's generations as the command leaves them."""
     from tensorplug import registry
     from tensorplug.gguf import GGUFFile
     from tensorplug_llm.placement import Placement
@@ -227,12 +229,19 @@ def worker_tensorplug(
     # (runner.Llama's docstring)
     gc.collect(1)
     gc.freeze()
-    m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch,
+    m = Llama(file, placement=placement, n_ctx=n_ctx, n_batch=n_batch,
               n_threads=None if threads == AUTO else threads, warmup=False)  # fmt: skip
-    m.warm_up(n_prompt)  # as `tensorplug run` warms up: it knows its prompt's length
+    m.warm_up(warm)  # as `tensorplug run` warms up: it knows its prompt's length
     gc.collect(1)
     gc.freeze()
-    prompt = _tokens(n_prompt, m.config.n_vocab)
+    return m
+
+
+def worker_tensorplug(
+    path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int
+) -> dict:
+    m = load_tensorplug(path, threads, n_prompt + n_gen + 8, batch, n_prompt)
+    prompt = prompt_tokens(n_prompt, m.config.n_vocab)
     m.reset()
     t0 = time.perf_counter()
     tok = int(m.eval(prompt).argmax())  # eval gives the last token's logits (n_vocab,)
@@ -258,9 +267,9 @@ def worker_llamacpp(
                           n_threads_batch=threads, n_batch=batch, n_ubatch=batch,
                           verbose=False)  # fmt: skip
     n_vocab = llm.n_vocab()
-    llm.eval(_tokens(8, n_vocab))  # warm-up, as tensorplug's runner does at load
+    llm.eval(prompt_tokens(8, n_vocab))  # warm-up, as tensorplug's runner does at load
     llm.reset()
-    prompt = _tokens(n_prompt, n_vocab)
+    prompt = prompt_tokens(n_prompt, n_vocab)
     t0 = time.perf_counter()
     llm.eval(prompt)
 

@@ -44,6 +44,7 @@ from bench_vs_llamacpp import (  # the benchmark's models and interpreters
     model_path,
     parse_counts,
     parse_models,
+    prompt_tokens,
 )
 
 #: ``/proc/self/status`` fields recorded at each stage
@@ -86,10 +87,6 @@ class Recorder:
         setattr(owner, name, marked)
 
 
-def _tokens(n: int, n_vocab: int) -> list[int]:
-    return [(7919 * i + 13) % (n_vocab - 3) + 3 for i in range(n)]  # bench_vs_llamacpp's
-
-
 def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch: int) -> list:
     rec = Recorder()
     rec.mark("interpreter")
@@ -127,7 +124,7 @@ def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch:
     m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch,
               n_threads=None if threads == AUTO else threads, warmup=False)  # fmt: skip
     m.warm_up(n_prompt)  # as bench_vs_llamacpp.py (and `tensorplug run`) warm up
-    prompt = _tokens(n_prompt, m.config.n_vocab)
+    prompt = prompt_tokens(n_prompt, m.config.n_vocab)
     tok = int(m.eval(prompt).argmax())
     rec.mark(f"first prompt ({n_prompt} tokens)")
     for _ in range(n_gen):
@@ -153,10 +150,10 @@ def worker_llamacpp(path: str, threads: int, n_prompt: int, n_gen: int, batch: i
                           verbose=False)  # fmt: skip
     rec.mark("model and context loaded")
     n_vocab = llm.n_vocab()
-    llm.eval(_tokens(8, n_vocab))
+    llm.eval(prompt_tokens(8, n_vocab))
     llm.reset()
     rec.mark("warm-up")
-    prompt = _tokens(n_prompt, n_vocab)
+    prompt = prompt_tokens(n_prompt, n_vocab)
     llm.eval(prompt)
     rec.mark(f"first prompt ({n_prompt} tokens)")
     for i in range(n_gen):

@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vs_llamacpp import AUTO, MODEL_CACHE, model_path, parse_counts, parse_models
+from bench_vs_llamacpp import (  # the benchmark's models, prompt and loader
+    AUTO,
+    MODEL_CACHE,
+    load_tensorplug,
+    model_path,
+    parse_counts,
+    parse_models,
+    prompt_tokens,
+)
 
 #: (depth in the printed tree, module, class, method): a generated token's call path,
 #: from ``Llama.eval`` down to the compiled program, and the work of the step beside it
@@ -128,33 +136,10 @@ class Timer:
         return record
 
 
-def _load(path: Path, threads: int, tokens: int) -> Any:
-    """The model as ``bench_vs_llamacpp.py`` loads it, its collector frozen the same way."""
-    import gc
-
-    from tensorplug import registry
-    from tensorplug.gguf import GGUFFile
-    from tensorplug_llm.placement import Placement
-    from tensorplug_llm.runner import Llama
-
-    file = GGUFFile(path)
-    n_layer = int(file.value(f"{file.architecture}.block_count", int))
-    placement = Placement.on(registry.dev_by_name("CPU"), n_layer)  # type: ignore[arg-type]
-    gc.collect(1)
-    gc.freeze()
-    m = Llama(file, placement=placement, n_ctx=PROMPT + 2 * tokens, n_batch=PROMPT,
-              n_threads=None if threads == AUTO else threads, warmup=False)  # fmt: skip
-    m.warm_up(PROMPT)
-    gc.collect(1)
-    gc.freeze()
-    return m
-
-
 def _warm(m: Any, n: int) -> None:
     """``n`` greedy tokens after a prompt: the first tokens of a length build its graphs."""
     m.reset()
-    vocab = m.config.n_vocab
-    tok = int(m.eval([(7919 * i + 13) % (vocab - 3) + 3 for i in range(PROMPT)]).argmax())
+    tok = int(m.eval(prompt_tokens(PROMPT, m.config.n_vocab)).argmax())
     for _ in range(n):
         tok = int(m.eval([tok]).argmax())
 
@@ -193,11 +178,12 @@ def _plan_calls(plan: Any) -> dict[str, int]:
 
 
 def profile(path: Path, threads: int, tokens: int) -> dict[str, Any]:
-    m = _load(path, threads, tokens)
+    m = load_tensorplug(path, threads, PROMPT + 2 * tokens, PROMPT, PROMPT)
+    # the recorder first, so that the probe of _run wraps it (and times it with _run)
+    plans, forget_plans = _record_plans()
     timer = Timer()
     for probe in PROBES:
         timer.wrap(*probe)
-    plans, forget_plans = _record_plans()  # (inside the probe of _run: not timed)
     _warm(m, max(8, tokens // 10))
     # bare and probed tokens in alternate blocks, so that both see the same machine (on
     # a shared VM, the speed of one minute is not the next one's)
@@ -205,8 +191,7 @@ def profile(path: Path, threads: int, tokens: int) -> dict[str, Any]:
     probed: list[float] = []
     records: list[dict[str, tuple[int, float, float]]] = []
     m.reset()
-    vocab = m.config.n_vocab
-    tok = int(m.eval([(7919 * i + 13) % (vocab - 3) + 3 for i in range(PROMPT)]).argmax())
+    tok = int(m.eval(prompt_tokens(PROMPT, m.config.n_vocab)).argmax())
     for block in range(2 * -(-tokens // BLOCK)):
         on = block % 2 == 1
         if on:
