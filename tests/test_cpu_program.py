@@ -5,6 +5,7 @@ KV index, ``TENSORPLUG_CPU_PROGRAM=0``) the steps run, with their errors."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,7 @@ from test_cpu_helpers import backend_for
 import tensorplug as tp
 from tensorplug import ops
 from tensorplug.errors import TensorplugError
-from tensorplug.quants import quantize
+from tensorplug.quants import bf16_to_f32, f32_to_bf16, quantize
 
 pytest.importorskip("numba", reason="programs run numba-compiled jobs")
 
@@ -166,6 +167,7 @@ def test_a_program_computes_its_steps_bits(
     assert np.count_nonzero(cache16.any(axis=1)) == 1 and cache16[3].any()  # row 3 only
 
 
+@pytest.mark.filterwarnings("error")  # the steps' division by zero stays silent, as ggml's
 def test_the_steps_run_while_another_thread_holds_the_helpers(
     weight: tp.Tensor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -233,9 +235,173 @@ def test_a_model_s_generation_step_is_one_program_with_the_steps_logits(
             backend = next(iter(model.sched_for(1).backends))
             plan = backend._cached
             found = [step for step, _ in plan.runs if isinstance(step, Program)]
-            # all but the token's embedding row, or nothing when turned off
-            assert [len(p) for p in found] == ([len(plan.steps) - 1] if program else [])
+            # every step, the token's embedding row read from the file included: one
+            # call a token; or nothing when turned off
+            assert [len(p) for p in found] == ([len(plan.steps)] if program else [])
         finally:
             model.close()
         logits.append(np.stack(rows))
     np.testing.assert_array_equal(logits[1], logits[0])
+
+
+# -- a token's embedding rows as a job --------------------------------------------------------
+
+ROW_JOB_TYPES = [tp.Type.F32, tp.Type.F16, tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0,
+                 tp.Type.Q5_1, tp.Type.Q8_0, tp.Type.Q4_K, tp.Type.Q5_K, tp.Type.Q6_K]  # fmt: skip
+ROWS = np.array([3, 0, 9, 3, 7], np.int32)
+
+
+def _table_bytes(t: tp.Type, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """A table of ``t`` as stored, and its values as gguf-py decodes them (an
+    implementation apart from tensorplug's and the job's)."""
+    import gguf
+
+    x = np.random.default_rng(11).standard_normal(shape).astype(np.float32)
+    if t == tp.Type.BF16:
+        return f32_to_bf16(x), bf16_to_f32(f32_to_bf16(x))
+    if not t.is_quantized:
+        raw = x.astype(t.numpy_dtype)
+        return raw, raw.astype(np.float32)
+    raw = quantize(x, t)
+    return raw, gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[t.name])
+
+
+class Embedding:
+    """A token's first steps in a model: its embedding rows (``get_rows``), scaled as
+    Gemma scales them, scaled with a bias, then added and normalized: every step a job
+    where the table's type has one."""
+
+    def __init__(self, table: tp.Tensor, rows: np.ndarray) -> None:
+        self.idx = tp.new_tensor(tp.Type.I32, rows.shape, "idx")
+        self.rows = ops.get_rows(table, self.idx)
+        scaled = ops.scale(ops.scale(self.rows, 0.37), 1.5, 0.25)
+        self.outs = [self.rows, scaled, ops.rms_norm(ops.add(scaled, self.rows), 1e-5)]
+        self.graph = tp.Graph(self.outs)
+        ours = [t for t in (*self.graph.leafs, *self.graph.nodes) if t is not table]
+        tp.alloc_tensors(ours, tp.host_buffer_type())
+        tp.set_array(self.idx, rows)
+
+    def results(self) -> list[np.ndarray]:
+        return [tp.get_array(o).copy() for o in self.outs]
+
+
+def _embedding_results(
+    table: tp.Tensor, rows: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[list[np.ndarray]], list[int], int]:
+    """The graph's results with programs off and on, and the on plan's program lengths
+    and step count."""
+    results = []
+    for program in (False, True):
+        backend = _backend(1, program, monkeypatch)
+        step = Embedding(table, rows)
+        found, n_steps = _programs(backend, step.graph)
+        backend.graph_compute(step.graph)
+        results.append(step.results())
+    return results, found, n_steps
+
+
+@pytest.mark.parametrize("t", [*ROW_JOB_TYPES, tp.Type.BF16], ids=lambda t: t.name)
+def test_embedding_rows_in_memory_are_a_job_with_the_steps_bits(
+    t: tp.Type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw, values = _table_bytes(t, (10, 256))
+    table = tp.new_tensor(t, (10, 256), "table")
+    tp.alloc_tensors([table], tp.host_buffer_type())
+    tp.set_array(table, raw)
+    (off, on), found, n_steps = _embedding_results(table, ROWS, monkeypatch)
+    # the rows a job too, where the type has a row decoder (BF16 has none: its step runs,
+    # then the rest as one program)
+    assert found == ([n_steps] if t != tp.Type.BF16 else [n_steps - 1])
+    np.testing.assert_array_equal(on[0], values[ROWS])
+    for a, b in zip(off, on, strict=True):
+        np.testing.assert_array_equal(b, a)
+
+
+def _file_table(path: Any, t: tp.Type, rows: int = 40) -> tuple[tp.Tensor, np.ndarray, Any]:
+    """A GGUF file holding one table of ``t``, mapped as a model's token embeddings are
+    (its rows read from the file: ``HostBuffer.file_rows``); the table, its values, and
+    the open file."""
+    import gguf
+
+    from tensorplug.gguf import GGUFFile
+    from tensorplug.host import HostBuffer
+
+    raw, values = _table_bytes(t, (rows, 256))
+    writer = gguf.GGUFWriter(str(path), "llama")
+    kind = gguf.GGMLQuantizationType[t.name]
+    writer.add_tensor("table", raw, raw_dtype=kind if t.is_quantized else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    file = GGUFFile(path)
+    table = file.new_tensor("table")
+    device = tp.registry.dev_by_name("CPU")
+    assert device is not None
+    (buf,) = file.map_tensors([("table", table)], device, sparse={"table"})
+    assert isinstance(buf, HostBuffer) and buf.file_rows is not None
+    return table, values, file
+
+
+@pytest.mark.parametrize("t", [tp.Type.F32, tp.Type.Q8_0, tp.Type.Q4_K], ids=lambda t: t.name)
+def test_embedding_rows_read_from_the_file_are_a_job_with_the_steps_bits(
+    t: tp.Type, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table, values, file = _file_table(tmp_path / "table.gguf", t)
+    rows = np.array([39, 0, 17, 17, 5], np.int32)
+    (off, on), found, n_steps = _embedding_results(table, rows, monkeypatch)
+    assert found == [n_steps]
+    np.testing.assert_array_equal(on[0], values[rows])
+    for a, b in zip(off, on, strict=True):
+        np.testing.assert_array_equal(b, a)
+    file.close()
+
+
+def _rows_error(table: tp.Tensor, rows: np.ndarray, program: bool,
+                monkeypatch: pytest.MonkeyPatch) -> tuple[Exception, np.ndarray]:  # fmt: skip
+    backend = _backend(1, program, monkeypatch)
+    step = Embedding(table, rows)
+    before = np.full(step.rows.shape, 7.0, np.float32)
+    tp.set_array(step.rows, before)
+    assert bool(_programs(backend, step.graph)[0]) == program
+    with pytest.raises((TensorplugError, OSError)) as caught:
+        backend.graph_compute(step.graph)
+    return caught.value, tp.get_array(step.rows)
+
+
+@pytest.mark.parametrize("in_file", [False, True])
+def test_a_bad_embedding_row_stops_the_program_with_the_steps_error(
+    in_file: bool, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if in_file:
+        table, _, file = _file_table(tmp_path / "table.gguf", tp.Type.Q8_0)
+    else:
+        table = tp.new_tensor(tp.Type.Q8_0, (40, 256), "table")
+        tp.alloc_tensors([table], tp.host_buffer_type())
+        tp.set_array(table, _table_bytes(tp.Type.Q8_0, (40, 256))[0])
+    rows = np.array([2, 40, 1], np.int32)  # row 40 of a 40-row table
+    (error, written), (expected, _) = (_rows_error(table, rows, p, monkeypatch)
+                                       for p in (True, False))  # fmt: skip
+    assert str(error) == str(expected)
+    assert "row index" in str(error) and "index 40 is out of bounds" in str(error)
+    # the job checks every index before it writes a row; the step, after it ran, wrote none
+    assert (written == 7.0).all()
+    if in_file:
+        file.close()
+
+
+def test_embedding_rows_of_a_file_cut_short_raise_the_steps_error(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "table.gguf"
+    table, _, file = _file_table(path, tp.Type.Q8_0)
+    info = file.tensors["table"]
+    # rows 30 on are gone: the file ends within row 29 (the rows are read with pread,
+    # never through the mapping, so no page past the end is touched)
+    os.truncate(path, info.offset + 29 * (info.nbytes // 40) + 100)
+    rows = np.array([1, 33], np.int32)
+    errors = [_rows_error(table, rows, p, monkeypatch)[0] for p in (True, False)]
+    assert all(isinstance(e, OSError) for e in errors), errors
+    assert str(errors[0]) == str(errors[1])
+    assert "changed or was truncated while in use" in str(errors[0])
+    file.close()

@@ -50,6 +50,11 @@ class FileRange:
         self._fd = os.dup(fd)
         self._close = weakref.finalize(self, os.close, self._fd)
 
+    def fileno(self) -> int:
+        """The range's own descriptor, open while this object lives: for readers outside
+        Python (a compiled kernel's ``pread``) that keep it alive meanwhile."""
+        return self._fd
+
     def read(self, into: memoryview, at: int) -> None:
         """Fill ``into`` (writable bytes) from byte ``at`` of the range; ``OSError`` when
         the file no longer holds them (it was cut short while in use)."""

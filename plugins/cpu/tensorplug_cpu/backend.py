@@ -46,7 +46,7 @@ from tensorplug.tensor import placement_epoch
 from .kernels import BuildContext, Step, build_step, supports
 from .kernels.jit import MAX_SIBLINGS, JitKernels, jit_status, load_jit
 from .kernels.matmul import build_sibling_products
-from .kernels.program import programs
+from .kernels.program import Program, programs
 from .kernels.siblings import sibling_groups
 from .repack import RepackBuffer
 from .settings import GGML_PRODUCT_ORDER
@@ -119,6 +119,9 @@ class CpuGraphPlan(GraphPlan):
         #: what a compute calls without an abort callback: the steps, with each run of job
         #: steps as one :class:`~.kernels.program.Program`, and the index of its first step
         self.runs: list[tuple[Step, int]] = []
+        #: whether the runs are all programs: compiled code, which leaves numpy's error
+        #: state alone (a program that falls back to its steps sets it itself)
+        self.compiled = False
         self.nodes: list[Tensor] = []
         self.buffers: tuple[Buffer, ...] = ()
         self.key = GraphKey(())
@@ -186,6 +189,7 @@ class CpuGraphPlan(GraphPlan):
                 nodes.append(node)
         # runs of job steps as one compiled call each (where the runner and jobs are ready)
         self.runs = [(s, k) for k, s in enumerate(steps)] if jit is None else programs(steps, jit)
+        self.compiled = all(isinstance(s, Program) for s, _ in self.runs)
         if jit is not None:  # what numba lacks of the last steps' kernels, meanwhile
             jit.compile_ahead()
             self.first_calls = jit.take_expected()
@@ -374,10 +378,14 @@ class CpuBackend(Backend):
         ThreadControl.apply(self.n_threads, self.jit)
         abort, steps, runs = self.abort_callback, plan.steps, plan.runs
         i = 0
-        # ggml's kernels produce inf/NaN silently; numpy's warnings would only be noise.
+        # ggml's kernels produce inf/NaN silently; numpy's warnings would only be noise
+        # (setting numpy's error state and back was 10-20 µs of a generated token, whose
+        # graph is one program: its compiled code needs none).
         # BLAS on one thread where a step calls it: the worker pool splits products instead.
+        quiet = plan.compiled and abort is None
+        errors = nullcontext() if quiet else np.errstate(all="ignore")
         blas = ThreadControl.blas_single() if plan.uses_blas else nullcontext()
-        with np.errstate(all="ignore"), blas:
+        with errors, blas:
             try:
                 if abort is None:
                     for step, i in runs:  # noqa: B007  (i is read on error)

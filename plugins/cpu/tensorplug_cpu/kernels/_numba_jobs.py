@@ -5,38 +5,64 @@ fn(int64 job, int64 lo, int64 hi)`` over an argument block at address ``job``. T
 products and attention already are jobs; here are the steps between them (the norm,
 its weight, rope, the KV cache's new rows, the gated activation, the residual adds),
 so that a decode graph can run as one compiled call (:func:`._numba_pool.run_program`)
-instead of a Python call a node. Each job calls the kernel the step calls, or does
-numpy's float32 operation, so the bits are the step's.
+instead of a Python call a node; and the token's embedding rows (:func:`_get_rows_job`),
+read from the model file with ``pread`` as the step reads them, so that a generated token
+is one call. Each job calls the kernel the step calls, or does numpy's float32 operation
+(or the exact widening the step's numpy does), so the bits are the step's.
 
 These jobs are small (a few rows): one chunk each, run by the caller alone; ``lo`` = -1
 (the prologue) does nothing.
 
 A block is ``int64``: field :data:`STATUS` first (nonzero when a job refused its input:
-:func:`_set_rows_job`'s bad index), then the arrays as :func:`._numba_pool.describe4`
-writes them (C-contiguous, as the step's kernel saw them, so its loops vectorize as they
-did; a copy's source any strides), from :data:`ARGS` on, then its integers, then its
-floats (as float64 bits): :func:`block_size` counts them.
+:func:`_set_rows_job`'s bad index; :func:`_get_rows_job`'s, or a file read that came up
+short), then the arrays as :func:`._numba_pool.describe4` writes them (C-contiguous, as
+the step's kernel saw them, so its loops vectorize as they did; a copy's source any
+strides), from :data:`ARGS` on, then its integers, then its floats (as float64 bits):
+:func:`block_size` counts them.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import numpy as np
-from numba import carray, njit
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ._numba_cache import job_function
+from ._numba_decode import (
+    dequantize_q4_k_rows,
+    dequantize_q5_k_rows,
+    dequantize_q6_k_rows,
+    dequantize_rows32,
+)
 from ._numba_pool import ARRAY4_FIELDS as A4
 from ._numba_pool import address, view4
 from ._numba_rows import glu_rows, rms_norm_rows, rope_rows, set_rows
 
-__all__ = ["ADD", "ARGS", "DIV", "MUL", "STATUS", "SUB", "block_size", "jobs"]
+__all__ = [
+    "ADD", "ARGS", "DIV", "HAS_PREAD", "MUL", "ROW_DECODERS", "ROWS_32", "ROWS_F16",
+    "ROWS_F32", "ROWS_Q4_K", "ROWS_Q5_K", "ROWS_Q6_K", "STATUS", "SUB", "block_size", "jobs",
+]  # fmt: skip
 
 #: the block's status field, and where its arrays start
 STATUS, ARGS = 0, 1
 #: :func:`binary_job`'s operations (field ``ARGS + 3·A4``)
 ADD, SUB, MUL, DIV = 0, 1, 2, 3
+#: :func:`_get_rows_job`'s decoders: how a table's byte rows become float32 (field
+#: ``ARGS + 5·A4 + 4``): copied, widened from f16, or a row decoder of
+#: :mod:`._numba_decode` (``ROWS_32``: :func:`~._numba_decode.dequantize_rows32`)
+ROWS_F32, ROWS_F16, ROWS_32, ROWS_Q4_K, ROWS_Q5_K, ROWS_Q6_K = range(6)
+#: the row decoders' codes, by decoder
+ROW_DECODERS = {dequantize_rows32: ROWS_32, dequantize_q4_k_rows: ROWS_Q4_K,
+                dequantize_q5_k_rows: ROWS_Q5_K, dequantize_q6_k_rows: ROWS_Q6_K}  # fmt: skip
+#: libc has ``pread`` where the OS is POSIX; elsewhere (Windows) a table in a file keeps
+#: its step, which reads the rows itself (:func:`.program._get_rows` lowers none there)
+HAS_PREAD = sys.platform != "win32"
 
 
 def block_size(arrays: int, scalars: int) -> int:
@@ -47,6 +73,7 @@ def block_size(arrays: int, scalars: int) -> int:
 # each job's block size (a constant in its compiled code)
 _BINARY, _COPY, _RMS_NORM = block_size(3, 2), block_size(2, 0), block_size(2, 1)
 _ROPE, _GLU, _SET_ROWS = block_size(6, 5), block_size(4, 1), block_size(3, 2)
+_GET_ROWS = block_size(5, 7)
 
 
 @njit(inline="always")
@@ -179,6 +206,95 @@ def _set_rows_job(job: Any, lo: Any, hi: Any) -> None:
     b[STATUS] = bad + 1
 
 
+@intrinsic
+def _pread(typingctx: Any, fd: Any, at: Any, n: Any, offset: Any) -> Any:
+    """libc's ``pread(fd, (void *) at, n, offset)``: the count read, or -1 (an error, or
+    no ``pread`` on this OS)."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        if not HAS_PREAD:
+            return ir.Constant(i64, -1)
+        fnty = ir.FunctionType(i64, [i32, cgutils.voidptr_t, i64, i64])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "pread")
+        fd, at, n, offset = args
+        return builder.call(fn, [builder.trunc(fd, i32), builder.inttoptr(at, cgutils.voidptr_t),
+                                 n, offset])  # fmt: skip
+
+    return types.int64(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@njit(inline="always")
+def _read_fully(fd: int, at: int, n: int, offset: int) -> bool:
+    """``n`` bytes of ``fd`` from ``offset`` to address ``at``; False where a read fails
+    or the file ends first (the step then reads again, and raises what it raises)."""
+    done = 0
+    while done < n:
+        got: int = _pread(fd, at + done, n - done, offset + done)  # type: ignore[call-arg]
+        if got <= 0:
+            return False
+        done += got
+    return True
+
+
+@njit(inline="always")
+def _decode_row(src: Any, dst: Any, f16: Any, decoder: int, kind: int) -> None:
+    """One byte row ``src (1, size)`` as float32 ``dst (1, n)``, as the step's decoding
+    (:meth:`.jit.JitKernels.bind_dequantize`'s row decoders; numpy's exact widening)."""
+    if decoder == ROWS_32:
+        dequantize_rows32(src, dst, f16, kind)
+    elif decoder == ROWS_Q4_K:
+        dequantize_q4_k_rows(src, dst, f16)
+    elif decoder == ROWS_Q5_K:
+        dequantize_q5_k_rows(src, dst, f16)
+    elif decoder == ROWS_Q6_K:
+        dequantize_q6_k_rows(src, dst, f16)
+    elif decoder == ROWS_F16:
+        for k in range(dst.shape[1]):
+            dst[0, k] = f16[np.int64(src[0, 2 * k]) | (np.int64(src[0, 2 * k + 1]) << 8)]
+    else:
+        out = dst.reshape(dst.size).view(np.uint8)
+        for k in range(out.size):
+            out[k] = src[0, k]
+
+
+def _get_rows_job(job: Any, lo: Any, hi: Any) -> None:
+    """Rows ``idx`` (uint32, 1-d) of a table as float32 ``out[0, 0]`` (2-d): each row's
+    bytes read from the file (integer ``fd`` ≥ 0: with ``pread`` at ``offset + i·stride``
+    into ``scratch[0, 0]``'s row, C-contiguous) or taken from the table's byte rows
+    ``table[0, 0]`` in memory (each row's bytes contiguous), then decoded (``decoder``,
+    ``kind``: :data:`ROWS_F32`…; ``f16[0, 0, 0]`` the half-float table). Integers: fd,
+    offset, stride, rows in the table, bytes a row, decoder, kind. An index past the
+    table, or a read that fails, sets :data:`STATUS` (the step then raises what it
+    raises); the indices are checked before a row is written."""
+    if lo < 0:
+        return
+    b = _fields(job, _GET_ROWS)
+    idx = _flat(b, ARGS + A4, np.uint32)
+    f16 = _flat(b, ARGS + 4 * A4, np.float32)
+    at = ARGS + 5 * A4
+    fd, offset, stride, n_rows = b[at], b[at + 1], b[at + 2], b[at + 3]
+    size, decoder, kind = b[at + 4], b[at + 5], b[at + 6]
+    n_out = b[ARGS + 3 * A4 + 4]  # out's last extent: a row's values
+    for r in range(idx.size):
+        if np.int64(idx[r]) >= n_rows:
+            b[STATUS] = r + 1
+            return
+    for r in range(idx.size):
+        i = np.int64(idx[r])
+        if fd >= 0:
+            row_at = b[ARGS + 2 * A4] + r * size
+            if not _read_fully(fd, row_at, size, offset + i * stride):
+                b[STATUS] = r + 1
+                return
+        else:
+            row_at = b[ARGS] + i * b[ARGS + 7]  # the table's row stride
+        src = carray(address(row_at), (1, size), np.uint8)
+        dst = carray(address(b[ARGS + 3 * A4] + 4 * r * n_out), (1, n_out), np.float32)
+        _decode_row(src, dst, f16, decoder, kind)
+    b[STATUS] = 0
+
+
 @functools.cache
 def jobs() -> dict[str, Any]:
     """The job functions by name (not compiled yet: :func:`._numba_cache.job_function`),
@@ -190,6 +306,7 @@ def jobs() -> dict[str, Any]:
         "rope": job_function(_rope_job, "step_rope_job"),
         "glu": job_function(_glu_job, "step_glu_job", error_model="numpy"),
         "set_rows": job_function(_set_rows_job, "step_set_rows_job"),
+        "get_rows": job_function(_get_rows_job, "step_get_rows_job"),
     }
     for name, job in made.items():
         job.tensorplug_origin = ("step_job", name)

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from .jit import JitKernels
 
 __all__ = [
-    "SetRowsStep", "build_copy", "build_get_rows", "build_pad", "build_repeat", "build_set_rows",
+    "GetRowsStep", "SetRowsStep", "build_copy", "build_get_rows", "build_pad", "build_repeat",
+    "build_set_rows",
 ]  # fmt: skip
 
 
@@ -141,7 +142,31 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
         except IndexError as e:
             raise _index_error(node, e) from e
 
-    return run
+    if len(batches) != 1:  # (a 2-d table: a model's embeddings)
+        return run
+    table, idx, dst = batches[0]
+    return GetRowsStep(run, a_t.type, table, idx, dst, taken_by.get(0), file_rows, a_t)
+
+
+class GetRowsStep:
+    """A 2-d table's rows gathered into float32 rows: the step (``run``, as
+    :func:`build_get_rows` builds it), and what a program's job needs to do the same
+    (:func:`.program._get_rows`: one compiled call for a token, its embedding row
+    included). ``table``: the table as numpy sees it (its file's pages, where
+    ``file_rows`` says where its bytes are: never read through memory then); ``taken``:
+    the scratch rows a file's rows are read into; ``first``, ``stride``: where row 0 is
+    in ``file_rows``, and the bytes from a row to the next."""
+
+    def __init__(self, run: Step, t: Type, table: np.ndarray, idx: np.ndarray,
+                 out: np.ndarray, taken: np.ndarray | None, file_rows: FileRange | None,
+                 table_tensor: Tensor) -> None:  # fmt: skip
+        self._run = run
+        self.type, self.table, self.idx, self.out, self.taken = t, table, idx, out, taken
+        self.file_rows = file_rows
+        self.first, self.stride = table_tensor.offset, table_tensor.strides[0]
+
+    def __call__(self) -> None:
+        self._run()
 
 
 def _file_rows(table: Tensor) -> FileRange | None:

@@ -138,6 +138,8 @@ class JitKernels:
                (getattr(dec, f"dequantize_{t.name.lower()}_rows"), ())
             for t in path(DECODE_VECTOR).types
         }  # fmt: skip
+        #: the half-float → float32 table the decoders take (every 16-bit pattern's value)
+        self.f16_to_f32 = _F16_TO_F32
         #: the kernels (by what they are called in messages) that have run in this process
         self._called: set[str] = set()
         #: first calls the plan being bound makes only when it runs (:meth:`expect`)
@@ -823,6 +825,25 @@ class JitKernels:
             return out
 
         return decode
+
+    def row_decoder(self, t: Type) -> tuple[int, int] | None:
+        """How a job decodes a ``t`` table's byte rows (:func:`._numba_jobs._get_rows_job`,
+        ``(decoder, kind)``) where that is what the get_rows step does: the vector
+        decoder :meth:`bind_dequantize` chooses for contiguous rows, or a float table's
+        copy or exact widening; None where the step decodes otherwise (a scalar loop)."""
+        from . import _numba_jobs as jobs
+
+        if t in (Type.F32, Type.F16):
+            return (jobs.ROWS_F32 if t == Type.F32 else jobs.ROWS_F16), 0
+        if t not in self._row_decoders or t not in self._kernels:
+            return None
+        if select(t, PLAIN, MANY, numba=True, blocks_contiguous=True).name != DECODE_VECTOR:
+            return None
+        vector, extra = self._row_decoders[t]
+        decoder = jobs.ROW_DECODERS.get(vector)
+        if decoder is None:
+            return None
+        return decoder, extra[0] if extra else 0  # rows32's argument: the type
 
     def _call(self, what: str, kernel: Callable[..., Any], *args: Any) -> Any:
         if what in self._called:

@@ -8,10 +8,12 @@ address over an argument block. Here the small steps become jobs as well
 (:mod:`._numba_jobs`), and a run of consecutive job steps becomes one
 :class:`Program`: a table of (function, block, chunks, flags) that
 :func:`._numba_pool.run_program` walks in one call, the helpers spinning from one
-product to the next. In the llama-architecture models measured (SmolLM2, the benchmark's
-100M models), one sequence's step or a batch's, every node but the first (the token's
-embedding row, read from the file) is a job, so a token is two calls into compiled
-code; a node of another architecture without a job form splits its program in two.
+product to the next. In the models measured (SmolLM2, the benchmark's 100M, 270M and
+660M models), one sequence's step or a batch's, every node is a job, the token's
+embedding row too (read from the file with ``pread`` inside the job, as the step reads
+it; Gemma's scaling of it a binary job by a one-element operand), so a token is one call
+into compiled code; a node of another architecture without a job form splits its
+program in two.
 
 What a program computes is what its steps compute, bit for bit: each job calls the
 step's kernel, or does numpy's float32 operation, and a product's job computes each group
@@ -41,7 +43,7 @@ import numpy as np
 
 from ..settings import PROGRAM
 from .common import Step, StepSequence
-from .convert import SetRowsStep
+from .convert import GetRowsStep, SetRowsStep
 from .gelu_table import GELU_F16_TABLE
 
 if TYPE_CHECKING:
@@ -113,10 +115,15 @@ class Program:
         else:  # None: no helpers here, or another thread's job holds them
             ran = None if self._pool is None else self._pool.run_program(n, self._many)
         if ran is None:
-            for step in self.steps:
-                step()
+            self._steps(0)
         elif ran >= 0:  # a job refused its input: its step raises why, as it would alone
-            for step in self.steps[self._step_of[ran] :]:
+            self._steps(self._step_of[ran])
+
+    def _steps(self, first: int) -> None:
+        """The steps from ``first`` on, as a plan runs them (numpy's warnings off: ggml's
+        kernels give inf and NaN silently)."""
+        with np.errstate(all="ignore"):
+            for step in self.steps[first:]:
                 step()
 
 
@@ -193,9 +200,17 @@ def _lower_one(step: Step, jit: JitKernels) -> JobCall | None:
         return job_call()  # type: ignore[no-any-return]
     if isinstance(step, SetRowsStep):
         return _set_rows(step, jit)
-    if not isinstance(step, partial) or step.keywords:
+    if isinstance(step, GetRowsStep):
+        return _get_rows(step, jit)
+    if not isinstance(step, partial):
         return None
     func, args = step.func, step.args
+    if step.keywords:  # x·s (+ b) of a scale step: numpy's float32 operation with a scalar
+        out = step.keywords.get("out")
+        if func not in _BINARY or len(args) != 2 or set(step.keywords) != {"out"}:
+            return None
+        y = _scalar_operand(args[1])
+        return None if y is None else _binary(_BINARY[func], (args[0], y, out), jit)
     if func in _BINARY:
         return _binary(_BINARY[func], args, jit)
     if func is np.copyto:
@@ -259,6 +274,15 @@ def _binary(op: int, args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
     return _job(jit, "binary", arrays, ints=(op, y.size))
 
 
+def _scalar_operand(y: Any) -> np.ndarray | None:
+    """A float32 scalar operand (``np.float32``, as :func:`.elementwise.build_scale`
+    gives it) as a one-element array, which the binary job repeats over ``x`` (the same
+    float32 operation numpy does with the scalar); None for anything else."""
+    if not isinstance(y, np.float32):
+        return None
+    return np.full(1, y, np.float32)
+
+
 def _copy(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
     if len(args) != 2:
         return None
@@ -310,3 +334,38 @@ def _set_rows(step: SetRowsStep, jit: JitKernels) -> JobCall | None:
     return _job(jit, "set_rows", (table4, *arrays),
                 ints=(int(table.dtype == np.uint16), int(idx.dtype == np.int64)),
                 checked=True)  # fmt: skip
+
+
+def _byte_rows(a: np.ndarray) -> np.ndarray | None:
+    """A table's rows (2-d values, or 3-d quantized blocks) as ``uint8`` rows of their
+    bytes (a view), where each row's bytes are contiguous; else None."""
+    if a.ndim == 3 and a.strides[2] == 1 and a.strides[1] == a.shape[2]:
+        return a.reshape(a.shape[0], -1)
+    if a.ndim == 2 and a.strides[1] == a.itemsize:
+        return a.view(np.uint8)
+    return None
+
+
+def _get_rows(step: GetRowsStep, jit: JitKernels) -> JobCall | None:
+    """The rows of a 2-d table as :func:`._numba_jobs._get_rows_job`, for a table whose
+    rows it decodes as the step does, in memory or read from its file. Not limited to
+    :data:`SMALL`: a prompt's rows are one thread's work as a step too."""
+    from ._numba_jobs import HAS_PREAD
+
+    decoder = jit.row_decoder(step.type)
+    idx, out = step.idx, step.out
+    table = _byte_rows(step.table)
+    if (decoder is None or table is None or idx.ndim != 1 or out.ndim != 2
+            or out.dtype != np.float32 or not idx.flags.c_contiguous
+            or not out.flags.c_contiguous):  # fmt: skip
+        return None
+    fd, offset, read_into = -1, 0, table  # (in memory: the job reads no scratch)
+    if step.file_rows is not None:
+        scratch = None if step.taken is None else _byte_rows(step.taken)
+        if not HAS_PREAD or scratch is None or not scratch.flags.c_contiguous:
+            return None
+        fd, offset, read_into = step.file_rows.fileno(), step.file_rows.offset + step.first, scratch
+    arrays = [a[(np.newaxis,) * (4 - a.ndim)] for a in
+              (table, idx, read_into, out, jit.f16_to_f32)]  # fmt: skip
+    ints = (fd, offset, step.stride, table.shape[0], table.shape[1], *decoder)
+    return _job(jit, "get_rows", arrays, ints=ints, checked=True)
