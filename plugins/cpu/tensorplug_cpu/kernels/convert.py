@@ -104,7 +104,7 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
         if decode_here or file_rows is not None:
             taken = taken_by[i] = ctx.scratch((idx.size, *table.shape[1:]), table.dtype)
             if jit is not None and decode_here:
-                decoders[i] = jit.bind_dequantize(t, taken)
+                decoders[i] = jit.bind_dequantize(t, taken, dst)
     # each batch's reader fills that batch's scratch (a table in a file is 2-d: one batch)
     readers = {} if file_rows is None else {
         i: _row_reader(file_rows, a_t, taken) for i, taken in taken_by.items()
@@ -142,15 +142,15 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
         except IndexError as e:
             raise _index_error(node, e) from e
 
-    if len(batches) != 1:  # (a 2-d table: a model's embeddings)
+    if len(batches) != 1:  # a table of several matrices: no job form
         return run
     table, idx, dst = batches[0]
     return GetRowsStep(run, a_t.type, table, idx, dst, taken_by.get(0), file_rows, a_t)
 
 
 class GetRowsStep:
-    """A 2-d table's rows gathered into float32 rows: the step (``run``, as
-    :func:`build_get_rows` builds it), and what a program's job needs to do the same
+    """A 2-d table's rows gathered (decoded, where the table is not float32): the step
+    (``run``, as :func:`build_get_rows` builds it), and what a program's job needs to do the same
     (:func:`.program._get_rows`: one compiled call for a token, its embedding row
     included). ``table``: the table as numpy sees it (its file's pages, where
     ``file_rows`` says where its bytes are: never read through memory then); ``taken``:

@@ -793,13 +793,21 @@ class JitKernels:
         """Decode ``(…, rows, nblocks, type_size)`` blocks into float32 ``out (…, rows, n)``."""
         self.bind_dequantize(t, blocks)(out)
 
-    def bind_dequantize(self, t: Type, blocks: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    def bind_dequantize(
+        self, t: Type, blocks: np.ndarray, out: np.ndarray | None = None
+    ) -> Callable[[np.ndarray], np.ndarray]:
         """``decode(out)`` of these blocks, returning ``out``, with everything that depends
         on the blocks alone chosen here, once (a plan binds each chunk of a prompt's
         product when it is built: chosen per call, this cost ~10 µs of Python with the
         GIL held). The table's decoding path says which kernel: vectors
         (:mod:`._numba_decode`) for the types that have them when each row's blocks lie
-        contiguous, scalar loops otherwise."""
+        contiguous, scalar loops otherwise.
+
+        ``out``: the array the step will decode into, where the caller knows it: the
+        kernel's first call is then noted (:meth:`expect`), so that preparing the plan
+        loads it. Loaded at a prompt's first call instead, it was ~5 ms of the first
+        prompt (numba's extension entry points, read at a dispatcher's first call by
+        arguments, and the kernel)."""
         if blocks.ndim > 3:  # one call per matrix
             parts = [(idx, self.bind_dequantize(t, blocks[idx])) for idx in
                      np.ndindex(blocks.shape[:-3])]  # fmt: skip
@@ -816,6 +824,10 @@ class JitKernels:
         vector, extra = self._row_decoders[t] if chosen == DECODE_VECTOR else (scalar, ())
         rows = rows if chosen == DECODE_VECTOR else None
         vector_what = f"row decoding kernel for {t.name}"
+        if out is not None and rows is not None and out.strides[-1] == 4:
+            self._expect(vector_what, vector, rows, out, _F16_TO_F32, *extra)
+        elif out is not None:
+            self._expect(what, scalar, blocks, out, _F16_TO_F32)
 
         def decode(out: np.ndarray) -> np.ndarray:
             if rows is not None and out.strides[-1] == 4:  # the vectors store unit-stride
