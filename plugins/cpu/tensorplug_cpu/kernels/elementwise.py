@@ -95,9 +95,12 @@ def build_scale(node: Tensor, ctx: BuildContext) -> Step:
     """``x·s + bias`` (``ggml_scale_bias``)."""
     x, load = ctx.f32_in(node.src[0])
     out, store = ctx.f32_out(node)
-    s, bias = F32.type(node.op_params["scale"]), F32.type(node.op_params.get("bias", 0.0))
-    mul = partial(np.multiply, x, s, out=out)
-    add = partial(np.add, out, bias, out=out) if bias else None
+    # the scalars as one-element float32 arrays: numpy's float32 operation as with a scalar,
+    # and the binary step form a program lowers to a job (Gemma's embedding scale)
+    s = np.full(1, node.op_params["scale"], F32)
+    bias = np.full(1, node.op_params.get("bias", 0.0), F32)
+    mul = partial(np.multiply, x, s, out)
+    add = partial(np.add, out, bias, out) if bias[0] else None
     return sequence(load, mul, add, store)
 
 

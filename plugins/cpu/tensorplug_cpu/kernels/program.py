@@ -202,15 +202,9 @@ def _lower_one(step: Step, jit: JitKernels) -> JobCall | None:
         return _set_rows(step, jit)
     if isinstance(step, GetRowsStep):
         return _get_rows(step, jit)
-    if not isinstance(step, partial):
+    if not isinstance(step, partial) or step.keywords:
         return None
     func, args = step.func, step.args
-    if step.keywords:  # x·s (+ b) of a scale step: numpy's float32 operation with a scalar
-        out = step.keywords.get("out")
-        if func not in _BINARY or len(args) != 2 or set(step.keywords) != {"out"}:
-            return None
-        y = _scalar_operand(args[1])
-        return None if y is None else _binary(_BINARY[func], (args[0], y, out), jit)
     if func in _BINARY:
         return _binary(_BINARY[func], args, jit)
     if func is np.copyto:
@@ -272,15 +266,6 @@ def _binary(op: int, args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
     if y.size == 0 or trailing != out.shape[4 - len(trailing) :]:
         return None
     return _job(jit, "binary", arrays, ints=(op, y.size))
-
-
-def _scalar_operand(y: Any) -> np.ndarray | None:
-    """A float32 scalar operand (``np.float32``, as :func:`.elementwise.build_scale`
-    gives it) as a one-element array, which the binary job repeats over ``x`` (the same
-    float32 operation numpy does with the scalar); None for anything else."""
-    if not isinstance(y, np.float32):
-        return None
-    return np.full(1, y, np.float32)
 
 
 def _copy(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
