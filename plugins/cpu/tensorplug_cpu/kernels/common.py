@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .jit import JitKernels
 
 __all__ = [
+    "block_rows",
     "BuildContext",
     "F32",
     "ROWS_PARALLEL_MIN",
@@ -102,6 +103,17 @@ def sequence(*steps: Step | None) -> Step:
     if len(todo) == 1:
         return todo[0]
     return StepSequence(todo)
+
+
+def block_rows(blocks: np.ndarray) -> np.ndarray | None:
+    """``(n_out, nblocks, type_size)`` blocks as ``(n_out, nblocks·type_size)`` byte rows
+    without copying, or None when a row's blocks are not contiguous."""
+    n_out, nblocks, size = blocks.shape
+    if blocks.strides[2] != 1 or blocks.strides[1] != size:
+        return None
+    # a view, since each row's bytes are contiguous (checked above); reshape is ~10× cheaper
+    # than as_strided, and a prompt's plan takes this for every chunk of every product
+    return blocks.reshape(n_out, nblocks * size)
 
 
 def reshape_view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:

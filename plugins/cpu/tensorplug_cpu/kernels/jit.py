@@ -36,6 +36,7 @@ from tensorplug.types import Type
 from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, SPIN, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
 from .attention import DOT_LANES
+from .common import block_rows
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .gelu_table import GELU_F16_TABLE
 from .llvm_pages import release as release_llvm_pages
@@ -183,7 +184,7 @@ class JitKernels:
         calls the result every compute (at ~40 µs of Python per call unbound, small
         matrices spent more time here than in their kernel). The kernel is the table's
         fused path for ``t`` (the caller keeps ``x``'s rows within its limit)."""
-        rows = _block_rows(blocks)
+        rows = block_rows(blocks)
         if rows is None or fused_path(t, blocks_contiguous=True) == FLOAT_FUSED:
             # float dot products with the activations ggml's rounding leaves
             kernel, what = self._kernels[t][0], f"matrix-vector kernel for {t.name}"
@@ -329,7 +330,7 @@ class JitKernels:
             return None
         rows, outs = [], []
         for t, blocks, out in products:
-            r = _block_rows(blocks)
+            r = block_rows(blocks)
             if r is None or fused_path(t, blocks_contiguous=True) != INT8:
                 return None
             if r.shape[0] < 4 or out.shape != (x.shape[0], r.shape[0]):
@@ -819,10 +820,10 @@ class JitKernels:
 
             return each
         scalar, what = self._kernels[t][1], f"decoding kernel for {t.name}"
-        rows = _block_rows(blocks)
-        chosen = select(t, PLAIN, MANY, numba=True, blocks_contiguous=rows is not None).name
-        vector, extra = self._row_decoders[t] if chosen == DECODE_VECTOR else (scalar, ())
-        rows = rows if chosen == DECODE_VECTOR else None
+        rows = block_rows(blocks)
+        found = self._vector_decoder(t, contiguous=rows is not None)
+        vector, extra = (scalar, ()) if found is None else found
+        rows = None if found is None else rows
         vector_what = f"row decoding kernel for {t.name}"
         if out is not None and rows is not None and out.strides[-1] == 4:
             self._expect(vector_what, vector, rows, out, _F16_TO_F32, *extra)
@@ -847,15 +848,20 @@ class JitKernels:
 
         if t in (Type.F32, Type.F16):
             return (jobs.ROWS_F32 if t == Type.F32 else jobs.ROWS_F16), 0
-        if t not in self._row_decoders or t not in self._kernels:
+        found = self._vector_decoder(t, contiguous=True) if t in self._kernels else None
+        if found is None or found[0] not in jobs.ROW_DECODERS:
             return None
-        if select(t, PLAIN, MANY, numba=True, blocks_contiguous=True).name != DECODE_VECTOR:
-            return None
-        vector, extra = self._row_decoders[t]
-        decoder = jobs.ROW_DECODERS.get(vector)
-        if decoder is None:
-            return None
-        return decoder, extra[0] if extra else 0  # rows32's argument: the type
+        vector, extra = found
+        return jobs.ROW_DECODERS[vector], extra[0] if extra else 0  # rows32's: the type
+
+    def _vector_decoder(
+        self, t: Type, contiguous: bool
+    ) -> tuple[Callable[..., None], tuple[int, ...]] | None:
+        """The vector row decoder that decoding ``t`` takes (the table's
+        ``DECODE_VECTOR`` path, for rows whose blocks are ``contiguous``) and its
+        arguments after ``(rows, out, f16 table)``; None where a scalar loop decodes."""
+        chosen = select(t, PLAIN, MANY, numba=True, blocks_contiguous=contiguous).name
+        return self._row_decoders[t] if chosen == DECODE_VECTOR else None
 
     def _call(self, what: str, kernel: Callable[..., Any], *args: Any) -> Any:
         if what in self._called:
@@ -1059,17 +1065,6 @@ def _packed_scratch(
     n_tok, n = x.shape
     return (scratch((n_tok, n), np.int8), scratch((n_tok, n // 32), np.float32),
             scratch((n_tok, n // per), np.int32))  # fmt: skip
-
-
-def _block_rows(blocks: np.ndarray) -> np.ndarray | None:
-    """``(n_out, nblocks, type_size)`` blocks as ``(n_out, nblocks·type_size)`` byte rows
-    without copying, or None when a row's blocks are not contiguous."""
-    n_out, nblocks, size = blocks.shape
-    if blocks.strides[2] != 1 or blocks.strides[1] != size:
-        return None
-    # a view, since each row's bytes are contiguous (checked above); reshape is ~10× cheaper
-    # than as_strided, and a prompt's plan takes this for every chunk of every product
-    return blocks.reshape(n_out, nblocks * size)
 
 
 def load_jit() -> JitKernels | None:

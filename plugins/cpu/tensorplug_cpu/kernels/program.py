@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..settings import PROGRAM
-from .common import Step, StepSequence
+from .common import Step, StepSequence, block_rows
 from .convert import GetRowsStep, SetRowsStep
 from .gelu_table import GELU_F16_TABLE
 
@@ -324,8 +324,8 @@ def _set_rows(step: SetRowsStep, jit: JitKernels) -> JobCall | None:
 def _byte_rows(a: np.ndarray) -> np.ndarray | None:
     """A table's rows (2-d values, or 3-d quantized blocks) as ``uint8`` rows of their
     bytes (a view), where each row's bytes are contiguous; else None."""
-    if a.ndim == 3 and a.strides[2] == 1 and a.strides[1] == a.shape[2]:
-        return a.reshape(a.shape[0], -1)
+    if a.ndim == 3:
+        return block_rows(a)
     if a.ndim == 2 and a.strides[1] == a.itemsize:
         return a.view(np.uint8)
     return None
