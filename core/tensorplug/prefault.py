@@ -35,6 +35,7 @@ _MADV_POPULATE_WRITE = 23
 #: slice it writes already done, large enough that calls cost nothing beside the faults
 SLICE_BYTES = 16 << 20
 
+
 @functools.cache
 def _libc_madvise() -> Any:
     """libc's ``madvise`` through ctypes (which drops the GIL around the call), or None
