@@ -479,6 +479,34 @@ def test_jit_can_be_switched_off_for_the_process() -> None:
     assert out.stdout.strip() == "disabled by TENSORPLUG_CPU_JIT"
 
 
+def test_numba_is_imported_without_coverage_unless_a_coverage_run_is_in_progress() -> None:
+    """numba imports ``coverage`` where it is installed, for a coverage run's sake only:
+    40-80 ms of each launch. Loading the kernels hides it from numba's import unless it is
+    imported already (a run in progress), and leaves it importable afterwards."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba")
+    pytest.importorskip("coverage")
+    code = (
+        "import sys\n"
+        "if 'running' in sys.argv: import coverage\n"
+        "from tensorplug_cpu.kernels.jit import load_jit\n"
+        "assert load_jit() is not None\n"
+        "from numba.misc import coverage_support\n"
+        "print(coverage_support.coverage_available, 'coverage' in sys.modules)\n"
+        "import coverage\n"
+        "print(coverage.Coverage.__name__)\n"
+    )
+    # the child starts no coverage run of its own (this suite's own subprocess patch)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COVERAGE_", "COV_CORE_"))}
+    for args, seen in (((), "False False"), (("running",), "True True")):
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                             text=True, env=env, check=True)  # fmt: skip
+        assert out.stdout.split("\n")[:2] == [seen, "Coverage"], out.stdout
+
+
 def test_a_jit_setting_it_cannot_read_is_refused_naming_the_valid_values() -> None:
     """``TENSORPLUG_CPU_JIT=maybe`` is not taken as on: asking for the kernels raises a
     SettingError that names the values the setting takes; blank means the default."""
