@@ -244,6 +244,88 @@ def test_a_model_s_generation_step_is_one_program_with_the_steps_logits(
     np.testing.assert_array_equal(logits[1], logits[0])
 
 
+# -- a prompt's row steps shared out as regions -----------------------------------------------
+
+PROMPT_ROWS = 96  # rows of 768: 73,728 values, more than a program's job takes
+
+
+class Prompt:
+    """A prompt-sized graph of every row step that has a row job: the binary operations
+    (same shapes, a weight repeated over rows, a scalar's scale), the norm, both gated
+    activations, and rope (plain, and with frequency factors and YaRN's ramp) at each
+    token's own position."""
+
+    def __init__(self) -> None:
+        rows, n = PROMPT_ROWS, 768
+        self.x = tp.new_tensor("f32", (rows, n), "x")
+        self.b = tp.new_tensor("f32", (rows, n), "b")
+        self.weight = tp.new_tensor("f32", (n,), "weight")
+        self.heads = tp.new_tensor("f32", (rows, 12, 64), "heads")
+        self.pos = tp.new_tensor(tp.Type.I32, (rows,), "pos")
+        self.factors = tp.new_tensor("f32", (16,), "factors")
+        a = ops.add(self.x, self.b)
+        m = ops.mul(a, self.weight)
+        d = ops.div(ops.sub(m, self.b), self.b)  # b has zeros: inf, as numpy divides
+        norm = ops.rms_norm(a, 1e-5)
+        g = ops.glu(norm, self.b, "geglu")
+        s = ops.swiglu(g, self.x)
+        scaled = ops.scale(s, 0.5, 0.25)
+        r1 = ops.rope(self.heads, self.pos, 64, tp.RopeMode.NEOX)
+        r2 = ops.rope(self.heads, self.pos, 32, freq_factors=self.factors, ext_factor=1.0,
+                      freq_scale=0.25, n_ctx_orig=4096)  # fmt: skip
+        self.outs = [a, m, d, norm, g, s, scaled, r1, r2]
+        self.graph = tp.Graph(self.outs)
+        tp.alloc_tensors([*self.graph.leafs, *self.graph.nodes], tp.host_buffer_type())
+        rng = np.random.default_rng(17)
+        bv = rng.standard_normal((rows, n)).astype(np.float32)
+        bv[::7, 5] = 0.0
+        for t, v in {
+            self.x: rng.standard_normal((rows, n)).astype(np.float32) * 4,
+            self.b: bv,
+            self.weight: rng.standard_normal(n).astype(np.float32),
+            self.heads: rng.standard_normal((rows, 12, 64)).astype(np.float32),
+            self.pos: rng.permutation(rows).astype(np.int32) * 3,
+            self.factors: rng.uniform(1, 4, 16).astype(np.float32),
+        }.items():
+            tp.set_array(t, v)
+
+    def results(self) -> list[np.ndarray]:
+        return [tp.get_array(o).copy() for o in self.outs]
+
+
+def test_a_prompt_s_row_steps_are_shared_out_with_the_steps_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On more than one thread each row step larger than a program's job runs its job's
+    rows in chunks as a numba region; each chunk computes its rows as the step does, so
+    the results are the one-thread step's, bit for bit (and the same plan on one thread
+    runs the steps themselves)."""
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    assert jit is not None
+    if jit.max_threads < 2:
+        pytest.skip("numba may use one thread here: no region to share rows out in")
+    results = []
+    for threads in (1, 2):
+        backend = _backend(2, True, monkeypatch)  # bound for two threads
+        prompt = Prompt()
+        plan: Any = backend.graph_plan_create(prompt.graph)
+        try:
+            parts = [p for s in plan.steps for p in getattr(s, "steps", (s,))]
+            kinds = [type(p).__name__ for p in parts]  # (the scale: a sequence of two)
+            # add, mul, sub, div, the norm, both gated units, the scale's two, both ropes
+            assert kinds == ["_RowsRegion"] * 11, kinds
+            tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
+            backend.graph_plan_compute(plan)
+        finally:
+            backend.graph_plan_free(plan)
+        results.append(prompt.results())
+    for one, two in zip(*results, strict=True):
+        np.testing.assert_array_equal(two, one)
+    assert np.isinf(results[1][2]).any()  # the division by zero, as numpy's
+
+
 # -- a token's embedding rows as a job --------------------------------------------------------
 
 ROW_JOB_TYPES = [tp.Type.F32, tp.Type.F16, tp.Type.Q4_0, tp.Type.Q4_1, tp.Type.Q5_0,

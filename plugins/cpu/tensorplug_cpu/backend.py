@@ -46,7 +46,7 @@ from tensorplug.tensor import placement_epoch
 from .kernels import BuildContext, Step, build_step, supports
 from .kernels.jit import MAX_SIBLINGS, JitKernels, jit_status, load_jit
 from .kernels.matmul import build_sibling_products
-from .kernels.program import Program, programs
+from .kernels.program import Program, programs, rows_regions
 from .kernels.siblings import sibling_groups
 from .repack import RepackBuffer
 from .settings import GGML_PRODUCT_ORDER
@@ -187,6 +187,8 @@ class CpuGraphPlan(GraphPlan):
             if step is not None:
                 steps.append(step)
                 nodes.append(node)
+        if jit is not None:  # a prompt's row steps shared out over threads
+            steps = rows_regions(steps, jit)
         # runs of job steps as one compiled call each (where the runner and jobs are ready)
         self.runs = [(s, k) for k, s in enumerate(steps)] if jit is None else programs(steps, jit)
         self.compiled = all(isinstance(s, Program) for s, _ in self.runs)

@@ -10,15 +10,21 @@ read from the model file with ``pread`` as the step reads them, so that a genera
 is one call. Each job calls the kernel the step calls, or does numpy's float32 operation
 (or the exact widening the step's numpy does), so the bits are the step's.
 
-These jobs are small (a few rows): one chunk each, run by the caller alone; ``lo`` = -1
-(the prologue) does nothing.
+In a generation step they are small (a few rows): one chunk, run by the caller alone.
+The row jobs (the binary operations, the norm, rope, the gated activation) also take a
+prompt's rows in chunks: chunk ``c`` is rows ``c·per .. (c+1)·per`` of the step
+(:data:`PER` rows a chunk; a row of a binary operation is one of ``out``'s last axis),
+so that a numba region can share a prompt's step out over threads
+(:meth:`.jit.JitKernels.rows_region`). A chunk computes its rows as the whole step
+would: the bits do not depend on the split. The others (copy, the KV cache's rows, the
+embedding rows) are one chunk always. ``lo`` = -1 (the prologue) does nothing.
 
 A block is ``int64``: field :data:`STATUS` first (nonzero when a job refused its input:
 :func:`_set_rows_job`'s bad index; :func:`_get_rows_job`'s, or a file read that came up
-short), then the arrays as :func:`._numba_pool.describe4` writes them (C-contiguous, as
-the step's kernel saw them, so its loops vectorize as they did; a copy's source any
-strides), from :data:`ARGS` on, then its integers, then its floats (as float64 bits):
-:func:`block_size` counts them.
+short), then :data:`PER`, then the arrays as :func:`._numba_pool.describe4` writes them
+(C-contiguous, as the step's kernel saw them, so its loops vectorize as they did; a
+copy's source any strides), from :data:`ARGS` on, then its integers, then its floats (as
+float64 bits): :func:`block_size` counts them, :func:`job_block` writes them.
 """
 
 from __future__ import annotations
@@ -45,12 +51,15 @@ from ._numba_pool import address, view4
 from ._numba_rows import glu_rows, rms_norm_rows, rope_rows, set_rows
 
 __all__ = [
-    "ADD", "ARGS", "DIV", "HAS_PREAD", "MUL", "ROW_DECODERS", "ROWS_32", "ROWS_F16",
-    "ROWS_F32", "ROWS_Q4_K", "ROWS_Q5_K", "ROWS_Q6_K", "STATUS", "SUB", "block_size", "jobs",
+    "ADD", "ARGS", "CHUNKED", "DIV", "HAS_PREAD", "MUL", "PER", "ROW_DECODERS", "ROWS_32",
+    "ROWS_F16", "ROWS_F32", "ROWS_Q4_K", "ROWS_Q5_K", "ROWS_Q6_K", "STATUS", "SUB",
+    "block_size", "job_block", "jobs",
 ]  # fmt: skip
 
-#: the block's status field, and where its arrays start
-STATUS, ARGS = 0, 1
+#: the block's status field, its rows a chunk (the row jobs'), and where its arrays start
+STATUS, PER, ARGS = 0, 1, 2
+#: the jobs that take their rows in chunks (the others run whole, as one chunk)
+CHUNKED = frozenset({"binary", "rms_norm", "rope", "glu"})
 #: :func:`binary_job`'s operations (field ``ARGS + 3·A4``)
 ADD, SUB, MUL, DIV = 0, 1, 2, 3
 #: :func:`_get_rows_job`'s decoders: how a table's byte rows become float32 (field
@@ -68,6 +77,29 @@ HAS_PREAD = sys.platform != "win32"
 def block_size(arrays: int, scalars: int) -> int:
     """The int64 fields of a block of ``arrays`` arrays and ``scalars`` numbers."""
     return ARGS + A4 * arrays + scalars
+
+
+def job_block(arrays: Any, ints: Any = (), scalars: Any = (), per: int = 0) -> np.ndarray:
+    """The argument block of a step job over 4-d ``arrays`` (which must outlive it), then
+    ``ints``, then ``scalars`` (float64 bits); ``per``: a row job's rows a chunk."""
+    from ._numba_pool import describe4
+
+    at = ARGS + A4 * len(arrays)
+    block = np.zeros(block_size(len(arrays), len(ints) + len(scalars)), np.int64)
+    block[PER] = per
+    for k, a in enumerate(arrays):
+        describe4(block, ARGS + A4 * k, a)
+    block[at : at + len(ints)] = ints
+    block.view(np.float64)[at + len(ints) :] = scalars
+    return block
+
+
+@njit(inline="always")
+def _chunk_rows(b: Any, lo: Any, hi: Any, rows: Any) -> Any:
+    """The rows chunks ``lo..hi`` of a row job cover: ``lo·per`` up to ``hi·per`` (or
+    the last row)."""
+    per = b[PER]
+    return min(lo * per, rows), min(hi * per, rows)
 
 
 # each job's block size (a constant in its compiled code)
@@ -104,26 +136,35 @@ def _binary_job(job: Any, lo: Any, hi: Any) -> None:
     """``out = x (op) y`` over C-contiguous float32 arrays, ``y`` of ``out``'s shape or
     of its trailing axes (repeated over the leading ones: element ``i`` of ``out`` meets
     ``y[i % y.size]``), as numpy's float32 loop: one rounding each; integers: the
-    operation, ``y.size``."""
+    operation, ``y.size``. A row is one of ``out``'s last axis; ``y.size`` is a multiple
+    of it, or 1 (a scalar's one-element array: read as a row of that value)."""
     if lo < 0:
         return
     b = _fields(job, _BINARY)
-    x, y = _flat(b, ARGS, np.float32), _flat(b, ARGS + A4, np.float32)
-    out = _flat(b, ARGS + 2 * A4, np.float32)
     op, m = b[ARGS + 3 * A4], b[ARGS + 3 * A4 + 1]
-    for r in range(0, out.size, m):
+    n = b[ARGS + 2 * A4 + 4]  # out's last extent: a row
+    rows = b[ARGS + 2 * A4 + 1] * b[ARGS + 2 * A4 + 2] * b[ARGS + 2 * A4 + 3]
+    x = carray(address(b[ARGS]), (rows, n), np.float32)
+    out = carray(address(b[ARGS + 2 * A4]), (rows, n), np.float32)
+    if m < n:  # one value: y as a row of it
+        y = np.full((1, n), carray(address(b[ARGS + A4]), 1, np.float32)[0], np.float32)
+    else:
+        y = carray(address(b[ARGS + A4]), (m // n, n), np.float32)
+    r0, r1 = _chunk_rows(b, lo, hi, rows)
+    for r in range(r0, r1):  # whole rows, each an inner loop from 0 that vectorizes
+        xr, yr, o = x[r], y[r % y.shape[0]], out[r]
         if op == ADD:
-            for i in range(m):
-                out[r + i] = x[r + i] + y[i]
+            for i in range(n):
+                o[i] = xr[i] + yr[i]
         elif op == SUB:
-            for i in range(m):
-                out[r + i] = x[r + i] - y[i]
+            for i in range(n):
+                o[i] = xr[i] - yr[i]
         elif op == MUL:
-            for i in range(m):
-                out[r + i] = x[r + i] * y[i]
+            for i in range(n):
+                o[i] = xr[i] * yr[i]
         else:
-            for i in range(m):
-                out[r + i] = x[r + i] / y[i]
+            for i in range(n):
+                o[i] = xr[i] / yr[i]
 
 
 def _copy_job(job: Any, lo: Any, hi: Any) -> None:
@@ -145,9 +186,10 @@ def _rms_norm_job(job: Any, lo: Any, hi: Any) -> None:
     if lo < 0:
         return
     b = _fields(job, _RMS_NORM)
-    x, out = _c4(b, ARGS, np.float32), _c4(b, ARGS + A4, np.float32)
+    x, out = _c4(b, ARGS, np.float32)[0, 0], _c4(b, ARGS + A4, np.float32)[0, 0]
     eps = _floats(job, ARGS + 2 * A4, 1)[0]
-    rms_norm_rows(x[0, 0], out[0, 0], eps)
+    r0, r1 = _chunk_rows(b, lo, hi, x.shape[0])
+    rms_norm_rows(x[r0:r1], out[r0:r1], eps)
 
 
 def _rope_job(job: Any, lo: Any, hi: Any) -> None:
@@ -164,8 +206,9 @@ def _rope_job(job: Any, lo: Any, hi: Any) -> None:
     keep = _c4(b, ARGS + 5 * A4, np.float32)
     at = ARGS + 6 * A4
     s = _floats(job, at + 2, 3)
-    rope_rows(x[0], out[0], pos[0, 0, 0], factors[0, 0, 0], ramp[0, 0, 0], keep[0, 0, 0],
-              b[at] != 0, b[at + 1], np.float32(s[0]), np.float32(s[1]),
+    r0, r1 = _chunk_rows(b, lo, hi, x.shape[1])  # tokens
+    rope_rows(x[0, r0:r1], out[0, r0:r1], pos[0, 0, 0, r0:r1], factors[0, 0, 0], ramp[0, 0, 0],
+              keep[0, 0, 0], b[at] != 0, b[at + 1], np.float32(s[0]), np.float32(s[1]),
               np.float32(s[2]))  # fmt: skip
 
 
@@ -178,7 +221,8 @@ def _glu_job(job: Any, lo: Any, hi: Any) -> None:
     x, g = _c4(b, ARGS, np.float32), _c4(b, ARGS + A4, np.float32)
     out, table = _c4(b, ARGS + 2 * A4, np.float32), _c4(b, ARGS + 3 * A4, np.float32)
     kind = b[ARGS + 4 * A4]
-    glu_rows(x[0, 0], g[0, 0], out[0, 0], kind, table[0, 0, 0])
+    r0, r1 = _chunk_rows(b, lo, hi, out.shape[2])
+    glu_rows(x[0, 0, r0:r1], g[0, 0, r0:r1], out[0, 0, r0:r1], kind, table[0, 0, 0])
 
 
 def _set_rows_job(job: Any, lo: Any, hi: Any) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "reshape_view",
     "sequence",
     "split_rows",
+    "SplitRows",
     "to_f32",
 ]
 
@@ -56,31 +57,41 @@ F32 = np.dtype(np.float32)
 #: sleeping helper takes tens of µs to wake on this 2-vCPU VM: a 100M model's 128-token
 #: prompt ran its SwiGLU (262,144 values) in 234 µs on 2 threads against 336 on one,
 #: but its rms_norm and rope (98,304 values, ~100 µs) no faster, so they stay whole.
+#: Where a step's row job is ready, a numba region shares its rows out instead, from
+#: fewer values (:func:`.program.rows_regions`); this is a first run's way meanwhile.
 ROWS_PARALLEL_MIN = 1 << 18
 
 
 def split_rows(n_rows: int, n_values: int, bind: Callable[[slice], Step]) -> Step:
     """A row kernel's step, its rows split in chunks over the worker pool when it has
-    work enough and the pool more than one thread; ``bind(rows)`` is the kernel on those
-    rows (bound once per chunk, here). The kernel must release the GIL (numba's
-    ``nogil``). Rows are independent, so a split changes no number."""
+    work enough and the pool more than one thread (a :class:`SplitRows`); ``bind(rows)``
+    is the kernel on those rows (bound once per chunk, here). The kernel must release
+    the GIL (numba's ``nogil``). Rows are independent, so a split changes no number."""
     whole = bind(slice(None))
     if n_values < ROWS_PARALLEL_MIN or n_rows < 2 or POOL.max_threads == 1:
         return whole
     n = min(n_rows, 2 * POOL.max_threads)
     per = -(-n_rows // n)
-    parts = [bind(slice(r, min(n_rows, r + per))) for r in range(0, n_rows, per)]
+    return SplitRows(whole, [bind(slice(r, min(n_rows, r + per))) for r in range(0, n_rows, per)])
 
-    def task(i: int, slot: int) -> None:
-        parts[i]()
 
-    def run() -> None:
+class SplitRows:
+    """A row kernel's step whose rows the worker pool shares out (:func:`split_rows`);
+    ``whole`` is the kernel on every row, what a job form is made of (:mod:`.program`)."""
+
+    __slots__ = ("_parts", "whole")
+
+    def __init__(self, whole: Step, parts: list[Step]) -> None:
+        self.whole, self._parts = whole, parts
+
+    def __call__(self) -> None:
         if POOL.n_threads == 1:  # the thread count at each run: it may change between runs
-            whole()
+            self.whole()
         else:
-            POOL.run(len(parts), task)
+            POOL.run(len(self._parts), self._task)
 
-    return run
+    def _task(self, i: int, slot: int) -> None:
+        self._parts[i]()
 
 
 class StepSequence:

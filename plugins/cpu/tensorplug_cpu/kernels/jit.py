@@ -36,11 +36,11 @@ from tensorplug.types import Type
 from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, SPIN, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
 from .attention import DOT_LANES
-from .common import block_rows
+from .common import Step, block_rows
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .gelu_table import GELU_F16_TABLE
 from .llvm_pages import release as release_llvm_pages
-from .program import JobCall
+from .program import JobCall, JobSpec
 from .threading_layer import preload_tbb
 
 __all__ = ["MAX_SIBLINGS", "JitKernels", "jit_status", "load_jit"]
@@ -49,6 +49,9 @@ _log = logging.getLogger("tensorplug_cpu")
 
 #: most products :meth:`JitKernels.bind_matvec_siblings` runs as one (a layer's Q, K, V)
 MAX_SIBLINGS = 3
+#: chunks a thread of a prompt's row step shared out as a region (:meth:`JitKernels.rows_region`):
+#: a few, so that a thread that finishes first takes another
+REGION_CHUNKS_PER_THREAD = 4
 #: what the parallel flash attention kernel is called in messages
 _ATTENTION = "flash attention kernel"
 #: A first kernel call still running after this many seconds is compiling: say so.
@@ -654,6 +657,43 @@ class JitKernels:
         if self._ahead is not None:
             self._ahead.finish()
 
+    @property
+    def max_threads(self) -> int:
+        """The most threads numba's kernels may use in this process
+        (``NUMBA_NUM_THREADS``): what a plan is bound for, whatever the count now."""
+        return int(self.numba.config.NUMBA_NUM_THREADS)
+
+    def rows_region(self, step: Step, spec: JobSpec) -> Step | None:
+        """``step``, a prompt's row job too large for a program (:func:`.program.rows_regions`),
+        with its rows shared out in :data:`REGION_CHUNKS_PER_THREAD` chunks a thread as a
+        numba region of its job on more than one thread, and run as it is on one; None
+        while numba's disk cache lacks the job (the compile-ahead process makes it).
+
+        Where it ran as one thread's loop, or numpy's (a 100M model's 128-token prompt
+        on two threads, dev machine: its norms, rope, SwiGLU and residual adds, 11 % of
+        the prompt, took as long as on one thread; the worker pool's sleeping threads
+        woke too late to help), the two threads now share them, each chunk computing its
+        rows as the step does."""
+        from . import _numba_pool
+        from ._numba_jobs import job_block, jobs
+
+        job = jobs()[spec.name]
+        if not self._job_ready(job):
+            return None
+        chunks = min(spec.rows, REGION_CHUNKS_PER_THREAD * self.max_threads)
+        per = -(-spec.rows // chunks)
+        block = job_block(spec.arrays, spec.ints, spec.scalars, per=per)
+        if self.n_threads > 1:
+            self._expect("parallel job runner", _numba_pool.run_region, 0, 0, 0)
+        return _RowsRegion(self, step, int(job.address), block, -(-spec.rows // per),
+                           spec.arrays)  # fmt: skip
+
+    def _run_region(self, fn: int, block: int, chunks: int) -> None:
+        """:func:`._numba_pool.run_region` of a job (loaded at its first call)."""
+        from . import _numba_pool
+
+        self._call("parallel job runner", _numba_pool.run_region, fn, block, chunks)
+
     def spin_pool(self) -> Any:
         """The spinning helpers a generation step's jobs share (:meth:`_pool` for its few
         rows), or None where steps do not use them."""
@@ -983,6 +1023,25 @@ class _ProductStep:
 
     def job_call(self) -> JobCall | None:
         return self._pooled.job_call() if isinstance(self._pooled, _PooledJob) else None
+
+
+class _RowsRegion:
+    """A prompt's row step (:meth:`JitKernels.rows_region`): ``step`` on one thread, its
+    job's ``chunks`` as a numba region on more. Holds the job's argument block and the
+    arrays it names by address, which must live as long as the step."""
+
+    def __init__(
+        self, jit: JitKernels, step: Step, fn: int, block: np.ndarray, chunks: int,
+        arrays: tuple[np.ndarray, ...],
+    ) -> None:  # fmt: skip
+        self._jit, self._step, self._fn = jit, step, fn
+        self._block, self._at, self._chunks, self._arrays = block, block.ctypes.data, chunks, arrays
+
+    def __call__(self) -> None:
+        if self._jit.n_threads == 1:
+            self._step()
+        else:
+            self._jit._run_region(self._fn, self._at, self._chunks)
 
 
 class _JobStep:

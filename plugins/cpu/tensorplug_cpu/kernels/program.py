@@ -30,6 +30,12 @@ run as before wherever it cannot:
   program there, and its step runs again to raise the error it raises.
 
 ``TENSORPLUG_CPU_PROGRAM=0`` turns programs off (:mod:`..settings`).
+
+A prompt's steps are too large for a job the caller runs alone (:data:`SMALL`); where
+they are row jobs (:data:`._numba_jobs.CHUNKED`: the norm, rope, the gated activation,
+the binary operations) :func:`rows_regions` makes each its job's rows shared out as a
+numba region on more than one thread, where each was one thread's loop or numpy's
+(:meth:`.jit.JitKernels.rows_region`).
 """
 
 from __future__ import annotations
@@ -42,14 +48,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..settings import PROGRAM
-from .common import Step, StepSequence, block_rows
+from .common import SplitRows, Step, StepSequence, block_rows
 from .convert import GetRowsStep, SetRowsStep
 from .gelu_table import GELU_F16_TABLE
 
 if TYPE_CHECKING:
     from .jit import JitKernels
 
-__all__ = ["MIN_JOBS", "SMALL", "JobCall", "Program", "lower", "programs"]
+__all__ = [
+    "MIN_JOBS",
+    "SMALL",
+    "JobCall",
+    "JobSpec",
+    "Program",
+    "job_spec",
+    "lower",
+    "programs",
+    "rows_regions",
+]
 
 #: A run of fewer job steps stays as it is: one call saves little there, and a segment's
 #: table costs its own call.
@@ -79,6 +95,22 @@ class JobCall:
               checked: bool = False) -> JobCall:  # fmt: skip
         """A small job: one chunk, run by the caller at any thread count."""
         return JobCall(fn, (block, 1), (block, 1), False, checked, arrays)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A step as the step job ``name`` (:func:`._numba_jobs.jobs`) runs it: its block's
+    4-d ``arrays``, integers and float scalars; ``values``: the elements the step
+    writes; ``rows``: a row job's rows (:data:`._numba_jobs.CHUNKED`), which chunks
+    share out; ``checked``: its block's status says whether it refused its input."""
+
+    name: str
+    arrays: tuple[np.ndarray, ...]
+    ints: tuple[int, ...] = ()
+    scalars: tuple[float, ...] = ()
+    values: int = 0
+    rows: int = 1
+    checked: bool = False
 
 
 class Program:
@@ -198,65 +230,88 @@ def _lower_one(step: Step, jit: JitKernels) -> JobCall | None:
     job_call = getattr(step, "job_call", None)
     if job_call is not None:  # products, attention: jobs already
         return job_call()  # type: ignore[no-any-return]
+    spec = job_spec(step, jit, SMALL)
+    return None if spec is None else _job(jit, spec)
+
+
+def job_spec(step: Step, jit: JitKernels, limit: int | None = None) -> JobSpec | None:
+    """``step`` as its step job would run it, or None where it has none (another op,
+    another dtype, more than four axes, arrays of more than ``limit`` elements)."""
+    if isinstance(step, SplitRows):
+        step = step.whole
     if isinstance(step, SetRowsStep):
-        return _set_rows(step, jit)
+        return _set_rows(step, limit)
     if isinstance(step, GetRowsStep):
         return _get_rows(step, jit)
     if not isinstance(step, partial) or step.keywords:
         return None
     func, args = step.func, step.args
     if func in _BINARY:
-        return _binary(_BINARY[func], args, jit)
+        return _binary(_BINARY[func], args, limit)
     if func is np.copyto:
-        return _copy(args, jit)
+        return _copy(args, limit)
     if getattr(func, "__self__", None) is jit:
         name = getattr(func, "__name__", "")
         if name == "rms_norm_rows":
-            return _rms_norm(args, jit)
+            return _rms_norm(args, limit)
         if name == "rope_rows":
-            return _rope(args, jit)
+            return _rope(args, limit)
         if name == "glu_rows":
-            return _glu(args, jit)
+            return _glu(args, jit, limit)
     return None
 
 
-def _as4(a: Any, dtype: type = np.float32, contiguous: bool = True) -> np.ndarray | None:
-    """``a`` with leading axes up to four (a view), if it is a small array of ``dtype``,
-    C-contiguous unless not asked to be (the jobs read their arrays as C-contiguous, as
-    the steps' kernels did; a copy's source has any strides)."""
+def rows_regions(steps: Sequence[Step], jit: JitKernels) -> list[Step]:
+    """``steps`` with each row job's step too large for a program (:data:`SMALL`) as
+    its rows shared out in a numba region on more than one thread
+    (:meth:`.jit.JitKernels.rows_region`; the step itself on one), where numba may use
+    more than one thread and the job is ready."""
+    from ._numba_jobs import CHUNKED
+
+    def region(step: Step) -> Step:
+        if isinstance(step, StepSequence):
+            parts = tuple(region(part) for part in step.steps)
+            return step if parts == step.steps else StepSequence(parts)
+        spec = job_spec(step, jit)
+        if spec is None or spec.name not in CHUNKED or spec.values <= SMALL or spec.rows < 2:
+            return step
+        return jit.rows_region(step, spec) or step
+
+    return [region(step) for step in steps] if jit.max_threads > 1 else list(steps)
+
+
+def _as4(a: Any, limit: int | None, dtype: type = np.float32,
+         contiguous: bool = True) -> np.ndarray | None:  # fmt: skip
+    """``a`` with leading axes up to four (a view), if it is an array of ``dtype`` of no
+    more than ``limit`` elements, C-contiguous unless not asked to be (the jobs read
+    their arrays as C-contiguous, as the steps' kernels did; a copy's source has any
+    strides)."""
     if (not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim > 4
-            or (contiguous and not a.flags.c_contiguous) or a.size > SMALL):  # fmt: skip
+            or (contiguous and not a.flags.c_contiguous)
+            or (limit is not None and a.size > limit)):  # fmt: skip
         return None
     return a[(np.newaxis,) * (4 - a.ndim)]
 
 
-def _all4(*arrays: tuple[Any, type]) -> list[np.ndarray] | None:
+def _all4(limit: int | None, *arrays: tuple[Any, type]) -> list[np.ndarray] | None:
     """Each ``(array, dtype)`` as :func:`_as4` makes it, or None if any is not."""
-    made = [_as4(a, dtype) for a, dtype in arrays]
+    made = [_as4(a, limit, dtype) for a, dtype in arrays]
     return None if any(a is None for a in made) else made  # type: ignore[return-value]
 
 
-def _job(jit: JitKernels, name: str, arrays: Sequence[np.ndarray], ints: Sequence[int] = (),
-         scalars: Sequence[float] = (), checked: bool = False) -> JobCall | None:  # fmt: skip
-    """The step job ``name`` (:mod:`._numba_jobs`) over 4-d ``arrays``, then ``ints``,
-    then ``scalars`` (float64 bits); None while the job is not ready."""
-    from ._numba_jobs import ARGS, block_size
-    from ._numba_pool import ARRAY4_FIELDS, describe4
+def _job(jit: JitKernels, spec: JobSpec) -> JobCall | None:
+    """``spec``'s job, run whole by the caller; None while the job is not ready."""
+    from ._numba_jobs import job_block
 
-    fn = jit.ready_step_job(name)
+    fn = jit.ready_step_job(spec.name)
     if fn is None:
         return None
-    at = ARGS + ARRAY4_FIELDS * len(arrays)
-    block = np.zeros(block_size(len(arrays), len(ints) + len(scalars)), np.int64)
-    for k, a in enumerate(arrays):
-        describe4(block, ARGS + ARRAY4_FIELDS * k, a)
-    block[at : at + len(ints)] = ints
-    block.view(np.float64)[at + len(ints) :] = scalars
-    return JobCall.alone(fn, block, tuple(arrays), checked)
+    block = job_block(spec.arrays, spec.ints, spec.scalars, per=spec.rows)
+    return JobCall.alone(fn, block, spec.arrays, spec.checked)
 
 
-def _binary(op: int, args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
-    arrays = _all4(*((a, np.float32) for a in args)) if len(args) == 3 else None
+def _binary(op: int, args: tuple[Any, ...], limit: int | None) -> JobSpec | None:
+    arrays = _all4(limit, *((a, np.float32) for a in args)) if len(args) == 3 else None
     if arrays is None or arrays[0].shape != arrays[2].shape:
         return None
     y, out = arrays[1], arrays[2]
@@ -265,60 +320,63 @@ def _binary(op: int, args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
     trailing = y.shape[next((k for k, d in enumerate(y.shape) if d != 1), 4) :]
     if y.size == 0 or trailing != out.shape[4 - len(trailing) :]:
         return None
-    return _job(jit, "binary", arrays, ints=(op, y.size))
+    return JobSpec("binary", tuple(arrays), ints=(op, y.size), values=out.size,
+                   rows=out.size // out.shape[3])  # fmt: skip
 
 
-def _copy(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
+def _copy(args: tuple[Any, ...], limit: int | None) -> JobSpec | None:
     if len(args) != 2:
         return None
-    out, x = _as4(args[0]), _as4(args[1], contiguous=False)
+    out, x = _as4(args[0], limit), _as4(args[1], limit, contiguous=False)
     if out is None or x is None or x.shape != out.shape:
         return None
-    return _job(jit, "copy", (x, out))
+    return JobSpec("copy", (x, out), values=out.size)
 
 
-def _rms_norm(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
+def _rms_norm(args: tuple[Any, ...], limit: int | None) -> JobSpec | None:
     x, out, eps = args
-    arrays = _all4((x, np.float32), (out, np.float32))
+    arrays = _all4(limit, (x, np.float32), (out, np.float32))
     if arrays is None or x.ndim != 2:
         return None
-    return _job(jit, "rms_norm", arrays, scalars=(float(eps),))
+    return JobSpec("rms_norm", tuple(arrays), scalars=(float(eps),), values=out.size,
+                   rows=x.shape[0])  # fmt: skip
 
 
-def _rope(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
+def _rope(args: tuple[Any, ...], limit: int | None) -> JobSpec | None:
     x, out, pos, factors, ramp, keep, neox, n_dims, theta_scale, freq_scale, mscale = args
-    arrays = _all4((x, np.float32), (out, np.float32), (pos, np.int32),
+    arrays = _all4(limit, (x, np.float32), (out, np.float32), (pos, np.int32),
                    (factors, np.float32), (ramp, np.float32), (keep, np.float32))  # fmt: skip
     if arrays is None or x.ndim != 3 or any(a.ndim != 1 for a in args[2:6]):
         return None
-    return _job(jit, "rope", arrays, ints=(int(bool(neox)), int(n_dims)),
-                scalars=(float(theta_scale), float(freq_scale), float(mscale)))  # fmt: skip
+    return JobSpec("rope", tuple(arrays), ints=(int(bool(neox)), int(n_dims)),
+                   scalars=(float(theta_scale), float(freq_scale), float(mscale)),
+                   values=out.size, rows=x.shape[0])  # fmt: skip
 
 
-def _glu(args: tuple[Any, ...], jit: JitKernels) -> JobCall | None:
+def _glu(args: tuple[Any, ...], jit: JitKernels, limit: int | None) -> JobSpec | None:
     fn, x, g, out = args
     kind = jit.glu_kind(fn)
-    arrays = _all4((x, np.float32), (g, np.float32), (out, np.float32))
+    arrays = _all4(limit, (x, np.float32), (g, np.float32), (out, np.float32))
     if arrays is None or x.ndim != 2 or kind is None:
         return None
     table = GELU_F16_TABLE[np.newaxis, np.newaxis, np.newaxis]  # larger than SMALL
-    return _job(jit, "glu", (*arrays, table), ints=(kind,))
+    return JobSpec("glu", (*arrays, table), ints=(kind,), values=out.size, rows=x.shape[0])
 
 
-def _set_rows(step: SetRowsStep, jit: JitKernels) -> JobCall | None:
+def _set_rows(step: SetRowsStep, limit: int | None) -> JobSpec | None:
     table, values, idx = step.table, step.values, step.idx
     if (table.dtype not in (np.uint16, np.float32) or idx.dtype not in (np.int32, np.int64)
             or table.ndim != 2 or idx.ndim != 1):  # fmt: skip
         return None
-    arrays = _all4((values, np.float32), (idx, idx.dtype.type))
+    arrays = _all4(limit, (values, np.float32), (idx, idx.dtype.type))
     if arrays is None:
         return None
     if not table.flags.c_contiguous:
         return None
     table4 = table[np.newaxis, np.newaxis]  # a KV cache: larger than SMALL
-    return _job(jit, "set_rows", (table4, *arrays),
-                ints=(int(table.dtype == np.uint16), int(idx.dtype == np.int64)),
-                checked=True)  # fmt: skip
+    return JobSpec("set_rows", (table4, *arrays),
+                   ints=(int(table.dtype == np.uint16), int(idx.dtype == np.int64)),
+                   values=values.size, checked=True)  # fmt: skip
 
 
 def _byte_rows(a: np.ndarray) -> np.ndarray | None:
@@ -331,7 +389,7 @@ def _byte_rows(a: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _get_rows(step: GetRowsStep, jit: JitKernels) -> JobCall | None:
+def _get_rows(step: GetRowsStep, jit: JitKernels) -> JobSpec | None:
     """The rows of a 2-d table as :func:`._numba_jobs._get_rows_job`, for a table whose
     rows it decodes as the step does, in memory or read from its file. Not limited to
     :data:`SMALL`: a prompt's rows are one thread's work as a step too."""
@@ -350,7 +408,7 @@ def _get_rows(step: GetRowsStep, jit: JitKernels) -> JobCall | None:
         if not HAS_PREAD or scratch is None or not scratch.flags.c_contiguous:
             return None
         fd, offset, read_into = step.file_rows.fileno(), step.file_rows.offset + step.first, scratch
-    arrays = [a[(np.newaxis,) * (4 - a.ndim)] for a in
-              (table, idx, read_into, out, jit.f16_to_f32)]  # fmt: skip
+    arrays = tuple(a[(np.newaxis,) * (4 - a.ndim)] for a in
+                   (table, idx, read_into, out, jit.f16_to_f32))  # fmt: skip
     ints = (fd, offset, step.stride, table.shape[0], table.shape[1], *decoder)
-    return _job(jit, "get_rows", arrays, ints=ints, checked=True)
+    return JobSpec("get_rows", arrays, ints=ints, values=out.size, checked=True)
