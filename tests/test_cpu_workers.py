@@ -274,13 +274,18 @@ def test_prompt_attention_is_the_same_at_any_thread_count() -> None:
     np.testing.assert_array_equal(one, two)
 
 
+@pytest.mark.parametrize("way", ["region", "pool"])
 @pytest.mark.parametrize("op", ["rms_norm", "swiglu", "rope"])
-def test_a_prompts_row_kernels_split_over_the_pool_and_agree_at_any_thread_count(
-    op: str, monkeypatch: pytest.MonkeyPatch
+def test_a_prompts_row_kernels_are_shared_out_and_agree_at_any_thread_count(
+    op: str, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Row kernels (numba) with a prompt's work are cut into chunks of rows on the pool."""
+    """Row kernels (numba) with a prompt's work are cut into chunks of rows on more than
+    one thread: their jobs' chunks as a numba region where the job is ready
+    (``program.rows_regions``), else chunks on the pool (a first run's way, until the
+    compile-ahead process has made the job; "pool" plays it by having no region)."""
     from tensorplug.testing import reference as ref
     from tensorplug_cpu.kernels import common
+    from tensorplug_cpu.kernels.jit import JitKernels
 
     pytest.importorskip("numba", reason="the row kernels are numba's (pip install numba)")
     n_tok, n_head, d = 160, 16, 128  # 327,680 values: over ROWS_PARALLEL_MIN
@@ -299,16 +304,28 @@ def test_a_prompts_row_kernels_split_over_the_pool_and_agree_at_any_thread_count
         pv = np.arange(7, 7 + n_tok, dtype=np.int32)
         out, inputs = ops.rope(x, pos, d, RopeMode.NEOX), {x: xv, pos: pv}
         expected = ref.rope(xv, pv, d, int(RopeMode.NEOX))
-    runs: list[int] = []
-    pool_run = POOL.run
+    runs: dict[str, list[int]] = {"pool": [], "region": []}
+    pool_run, run_region = POOL.run, JitKernels._run_region
 
     def counting_run(n: int, task: Task) -> None:
-        runs.append(n)
+        runs["pool"].append(n)
         pool_run(n, task)
 
+    def counting_region(jit: JitKernels, fn: int, block: int, chunks: int) -> None:
+        runs["region"].append(chunks)
+        run_region(jit, fn, block, chunks)
+
     monkeypatch.setattr(POOL, "run", counting_run)
+    monkeypatch.setattr(JitKernels, "_run_region", counting_region)
+    if way == "pool":
+        monkeypatch.setattr(JitKernels, "rows_region", lambda jit, step, spec: None)
+    else:
+        from tensorplug_cpu.kernels._numba_jobs import jobs
+
+        jobs()["glu" if op == "swiglu" else op].compile()  # ready, as a later run finds it
     one, two = _at_one_and_two_threads(out, inputs)
     if POOL.max_threads > 1:
-        assert runs and min(runs) > 1, "the rows were not split over the pool"
+        assert runs[way] and min(runs[way]) > 1, f"the rows were not shared out ({way})"
+        assert not runs["pool" if way == "region" else "region"]
     assert nmse(one, expected) < 1e-10  # rope's angles are float32 products, as ggml's
     np.testing.assert_array_equal(one, two)
