@@ -412,7 +412,7 @@ class JitKernels:
         job = self._repack.packed_job(frozenset(kinds), ggml_order)
         if not self._job_ready(job):
             return region
-        chunks = pool.chunks(self.numba.config.NUMBA_NUM_THREADS, sum(p.shape[0] for p in packs))
+        chunks = pool.chunks(self.max_threads, sum(p.shape[0] for p in packs))
         xq, xd, xs = quantized
         block = self._repack.packed_job_block(x, packs, outs, kinds, xq, xd, xs, _F16_TO_F32,
                                               chunks)  # fmt: skip
@@ -587,7 +587,7 @@ class JitKernels:
             self._ahead.want_job(job, rank=-1)  # before any kernel: a layer's first need
         blocks = [self._attend_job_block(q, k, v, visible, mask, order, scale, softcap, lanes,
                                          out, _F16_TO_F32, threads)
-                  for threads in (1, self.numba.config.NUMBA_NUM_THREADS)]  # fmt: skip
+                  for threads in (1, self.max_threads)]  # fmt: skip
         return _JobStep(self, job, "flash attention job", blocks, (q, *halves, order, out),
                         self._pool(q.shape[2]))  # fmt: skip
 
@@ -644,7 +644,7 @@ class JitKernels:
         Gemma 3, two threads: 1.0-1.5 ms on the helpers, as on one thread, against 0.8
         as a region and 0.6 on helpers called back to back)."""
         if (rows >= self._repack.QUANTIZE_APART_ROWS
-                or self.numba.config.NUMBA_NUM_THREADS < 2 or not SPIN.get()):  # fmt: skip
+                or self.max_threads < 2 or not SPIN.get()):  # fmt: skip
             return None
         from .pool import spin_pool
 
@@ -947,7 +947,7 @@ class JitKernels:
             self._ahead.start()
 
     def set_num_threads(self, n: int) -> None:
-        self.n_threads = max(1, min(n, self.numba.config.NUMBA_NUM_THREADS))
+        self.n_threads = max(1, min(n, self.max_threads))
         self.numba.set_num_threads(self.n_threads)
 
 
@@ -1079,7 +1079,7 @@ class _JobStep:
         if n == 1:
             jit._call("job runner", self._alone, fn, self._one_at, self._one_chunks)
         elif self._pool is None or not self._pool.run(n, fn, self._many_at, self._many_chunks):
-            jit._call("parallel job runner", self._region, fn, self._many_at, self._many_chunks)
+            jit._run_region(fn, self._many_at, self._many_chunks)
 
     def _load(self) -> int:
         self._fn = self._jit._job_address(self._job, self._what)
