@@ -161,6 +161,19 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def _os() -> list[str]:
+    """The OS, its kernel's release, the machine and the C library's version: what
+    ``platform.platform()`` says, without its reading the interpreter's executable for
+    the C library (2.7 ms of each launch with a GPU plugin installed, 2-core Zen 4)."""
+    uname = platform.uname()
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (AttributeError, ValueError, OSError):  # not glibc, not POSIX
+        libc = ""
+    mac = platform.mac_ver()[0] if uname.system == "Darwin" else ""
+    return [uname.system, uname.release, uname.machine, libc, mac]
+
+
 def _boot() -> str:
     """This boot's id on Linux (a new boot may bring other hardware), else nothing."""
     try:
@@ -197,7 +210,7 @@ def driver_key(
         "format": FORMAT,
         "runtime": runtime,
         "python": sys.version,
-        "os": [platform.platform(), _boot()],
+        "os": [*_os(), _boot()],
         "packages": {d: _version(d) for d in distributions},
         "manifests": _manifests(manifest_folders),
         "nodes": nodes,
