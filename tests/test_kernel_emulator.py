@@ -31,8 +31,9 @@ from tensorplug.host import HostBuffer, HostBufferType, host_memory
 from tensorplug.quants import dequantize, quantize
 from tensorplug.tensor import Tensor
 from tensorplug.testing import catalogue, run_cases
-from tensorplug_kernels import Limits, encode, scratch_bytes, scratch_capacity, supports
+from tensorplug_kernels import Limits, scratch_bytes, scratch_capacity, supports
 from tensorplug_kernels.emulate import HostRuntimeBuffers, PoclEmulator, pocl_emulator
+from tensorplug_kernels.encode import encode
 from tensorplug_kernels.encode_math import mm_variant
 from tensorplug_kernels.source import MMVQ_TYPES
 

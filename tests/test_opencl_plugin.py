@@ -531,7 +531,7 @@ def test_the_portable_build_computes_the_same(device: Any, backend: Any, weights
     import pyopencl as cl
 
     from tensorplug.quants import quantize
-    from tensorplug_kernels import encode
+    from tensorplug_kernels.encode import encode
     from tensorplug_opencl.device import build_options
     from tensorplug_opencl.program import KernelProgram
 

@@ -33,8 +33,9 @@ package first, and a ``tensorplug devices`` must not pay for the runner and toke
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tensorplug.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -73,18 +74,7 @@ _HOMES = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'tensorplug_llm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # once: later lookups do not come back here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
-
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
     "TINY_DIMS",

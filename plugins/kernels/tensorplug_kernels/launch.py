@@ -19,6 +19,7 @@ from tensorplug.tensor import Tensor
 from tensorplug.types import Type
 
 from .abi import TensorArg
+from .limits import Limits
 
 __all__ = [
     "Launch",
@@ -36,26 +37,6 @@ __all__ = [
 MAX_ROW_GROUPS = 8192
 
 _INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What encoders need to know about a device.
-
-    ``wg``: the work-group size the program was built with (``-DWG``, a power of two;
-    a multiple of 32 for CUDA and Metal); ``local_mem``: bytes of local (shared,
-    threadgroup) memory per work-group; ``gpu``: use the kernels written for GPUs
-    (local-memory tiles, a work-group per matrix-vector output) rather than the ones for
-    CPUs (long per-work-item dot products that rely on caches); ``scratch``: the runtime
-    supplies the ``scratch`` buffer launches may ask for (:attr:`Launch.scratch`), so
-    encoders may use kernels that take it (the 8-bit integer matrix-vector products). A
-    runtime that does not sets it False and never sees such a launch.
-    """
-
-    wg: int
-    local_mem: int
-    gpu: bool = False
-    scratch: bool = False
 
 
 @dataclass(frozen=True)

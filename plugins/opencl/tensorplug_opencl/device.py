@@ -10,6 +10,7 @@ what this plugin holds, unless the driver can say (AMD).
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import typing
 from dataclasses import dataclass
@@ -22,12 +23,12 @@ from tensorplug_kernels import Limits
 from tensorplug_kernels.runtime import OFFLOAD_MIN_BATCH, GPUDevice, pci_address
 from tensorplug_kernels.runtime.probe import Record
 
-from .backend import OpenCLBackend
 from .buffer import OpenCLBuffer
 from .errors import translate
-from .program import KernelProgram
 
 if TYPE_CHECKING:
+    from .backend import OpenCLBackend
+    from .program import KernelProgram
     from .reg import OpenCLReg
 
 __all__ = ["DeviceInfo", "OpenCLDevice", "build_options", "read_device_info"]
@@ -173,7 +174,6 @@ class OpenCLDevice(GPUDevice):
     and opened (asked of the driver) when first used."""
 
     reg: OpenCLReg
-    backend_class = OpenCLBackend
     buffer_class = OpenCLBuffer
     noun = "device"
 
@@ -266,7 +266,18 @@ class OpenCLDevice(GPUDevice):
 
         return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
 
+    # the backend and the program import the kernel library's encoders and texts: only
+    # when a device computes, not when discovery describes the devices
+
+    @property
+    def backend_class(self) -> builtins.type[OpenCLBackend]:  # (the class has a `type` property)
+        from .backend import OpenCLBackend
+
+        return OpenCLBackend
+
     def _build_program(self) -> KernelProgram:
+        from .program import KernelProgram
+
         return KernelProgram(self.context, self.cl_device, build_options(self.info))
 
     def translate(self, err: BaseException, what: str, kernel: str | None = None) -> Exception:

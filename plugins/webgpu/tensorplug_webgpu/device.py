@@ -16,6 +16,7 @@ for PoCL); it is used when named (``--device WebGPU0``).
 
 from __future__ import annotations
 
+import builtins
 import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -29,12 +30,12 @@ from tensorplug_kernels import Limits
 from tensorplug_kernels.runtime import OFFLOAD_MIN_BATCH, GPUDevice
 from tensorplug_kernels.runtime.probe import Record
 
-from .backend import WebGPUBackend
 from .buffer import WebGPUBuffer, word_span
 from .errors import translate
-from .program import WgslProgram
 
 if TYPE_CHECKING:
+    from .backend import WebGPUBackend
+    from .program import WgslProgram
     from .reg import WebGPUReg
 
 __all__ = ["WebGPUDevice", "adapter_type"]
@@ -71,7 +72,6 @@ class WebGPUDevice(GPUDevice):
     (adapter and device requested) when first used."""
 
     reg: WebGPUReg
-    backend_class = WebGPUBackend
     buffer_class = WebGPUBuffer
     noun = "device"
 
@@ -158,7 +158,18 @@ class WebGPUDevice(GPUDevice):
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         return self.gpu.create_buffer(size=(nbytes + 3) & ~3, usage=usage)
 
+    # the backend and the program import the kernel library's encoders and the WGSL
+    # ports: only when a device computes, not when discovery describes the devices
+
+    @property
+    def backend_class(self) -> builtins.type[WebGPUBackend]:  # (the class has a `type` property)
+        from .backend import WebGPUBackend
+
+        return WebGPUBackend
+
     def _build_program(self) -> WgslProgram:
+        from .program import WgslProgram
+
         return WgslProgram(self.name, self.gpu, self.limits.wg)
 
     def translate(self, err: BaseException, what: str, kernel: str | None = None) -> Exception:

@@ -34,13 +34,18 @@ hook that the runtime fills in.
 
 from __future__ import annotations
 
-from .backend import BoundLaunch, GPUBackend, GPUGraphPlan, Step
-from .device import OFFLOAD_MIN_BATCH, GPUDevice, GPUReg, pci_address, process_wide
-from .errors import BuildFailed, DeviceOutOfMemoryError, KernelBuildError, KernelLaunchError
-from .library import LibraryOp
-from .memory import DeviceBuffer, DeviceMemory, GPUBufferType, overlapping
-from .program import KernelProgram
-from .replay import CapturedPlan, GraphCache, ReplayingBackend
+from typing import TYPE_CHECKING
+
+from tensorplug.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .backend import BoundLaunch, GPUBackend, GPUGraphPlan, Step
+    from .device import OFFLOAD_MIN_BATCH, GPUDevice, GPUReg, pci_address, process_wide
+    from .errors import BuildFailed, DeviceOutOfMemoryError, KernelBuildError, KernelLaunchError
+    from .library import LibraryOp
+    from .memory import DeviceBuffer, DeviceMemory, GPUBufferType, overlapping
+    from .program import KernelProgram
+    from .replay import CapturedPlan, GraphCache, ReplayingBackend
 
 __all__ = [
     "OFFLOAD_MIN_BATCH",
@@ -66,3 +71,22 @@ __all__ = [
     "pci_address",
     "process_wide",
 ]
+
+#: Where each name above lives, imported on first use: a plugin's discovery describes its
+#: devices (:mod:`.device`, :mod:`.probe`) without importing the backends, programs and
+#: replay that only computing needs.
+_HOMES = {
+    "BoundLaunch": "backend", "GPUBackend": "backend", "GPUGraphPlan": "backend",
+    "Step": "backend",
+    "OFFLOAD_MIN_BATCH": "device", "GPUDevice": "device", "GPUReg": "device",
+    "pci_address": "device", "process_wide": "device",
+    "BuildFailed": "errors", "DeviceOutOfMemoryError": "errors", "KernelBuildError": "errors",
+    "KernelLaunchError": "errors",
+    "LibraryOp": "library",
+    "DeviceBuffer": "memory", "DeviceMemory": "memory", "GPUBufferType": "memory",
+    "overlapping": "memory",
+    "KernelProgram": "program",
+    "CapturedPlan": "replay", "GraphCache": "replay", "ReplayingBackend": "replay",
+}  # fmt: skip
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -29,9 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 from tensorplug.device import Device, Reg
 from tensorplug.opcodes import Op
 
-from ..encode import supports
 from .errors import KernelLaunchError
-from .mapped import MappedBuffer
 from .memory import GPUBufferType
 
 if TYPE_CHECKING:
@@ -71,9 +69,16 @@ class GPUDevice(Device):
     ``host_memory`` when its buffers are host memory the CPU reads in place (Metal).
     """
 
-    #: the runtime's backend and buffer classes
-    backend_class: ClassVar[type[GPUBackend]]
+    #: the runtime's buffer class
     buffer_class: ClassVar[BufferClass]
+
+    @property
+    @abstractmethod
+    def backend_class(self) -> type[GPUBackend]:
+        """The runtime's backend class: a class attribute, or a property that imports it
+        when first asked (OpenCL, WebGPU), so that describing the devices at discovery
+        imports no kernel code."""
+
     #: the exceptions the driver raises, which ``translate`` turns into tensorplug ones
     driver_errors: tuple[type[BaseException], ...] = ()
     #: what the device is called in messages ("this GPU's kernels cannot read ...")
@@ -188,11 +193,13 @@ class GPUDevice(Device):
     def owns(self, buf: Buffer | None, write: bool = False) -> bool:
         """True for a buffer of this device (``write``: one a queued copy may write,
         which a mapped file never is: it may be a read-only mapping)."""
-        return (
-            buf is not None
-            and buf.buft is self._buft
-            and not (write and isinstance(buf, MappedBuffer))
-        )
+        if buf is None or buf.buft is not self._buft:
+            return False
+        if not write:
+            return True
+        from .mapped import MappedBuffer  # (it imports the launch helpers: not at discovery)
+
+        return not isinstance(buf, MappedBuffer)
 
     def reaches(self, buf: Buffer) -> bool:
         """True when a device-side copy here can read ``buf`` (default: this device's
@@ -200,6 +207,8 @@ class GPUDevice(Device):
         return self.owns(buf)
 
     def _supports_op(self, op: Tensor) -> bool:
+        from ..encode import supports  # the encoders: imported once a device is asked
+
         return supports(op, self.limits)
 
     def supports_buft(self, buft: BufferType) -> bool:
