@@ -11,6 +11,11 @@ and numpy's (a prompt's), at one and two threads.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +24,7 @@ from test_cpu_helpers import backend_for, compute
 
 import tensorplug as tp
 from tensorplug import ops
-from tensorplug_cpu.kernels.gelu_table import GELU_F16_TABLE
+from tensorplug_cpu.kernels.gelu_table import gelu_f16_table
 
 GGML = np.load(Path(__file__).parent / "data" / "gelu_llamacpp.npz")
 #: every f16 value the lookup can meet: finite and inside ggml's clamps (-10, 10)
@@ -37,12 +42,12 @@ def _ggml_gelu(x: np.ndarray) -> np.ndarray:
 
 
 def test_the_table_is_ggmls_wherever_it_is_read() -> None:
-    ours = GELU_F16_TABLE[LOOKED_UP].astype(np.float16).view(np.uint16)
+    ours = gelu_f16_table()[LOOKED_UP].astype(np.float16).view(np.uint16)
     np.testing.assert_array_equal(ours, GGML["table"][LOOKED_UP])
     # and it is not the formula: f16 rounding moves most entries
     x = _F16[LOOKED_UP].astype(np.float64)
     formula = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
-    assert np.mean(GELU_F16_TABLE[LOOKED_UP] != formula.astype(np.float32)) > 0.5
+    assert np.mean(gelu_f16_table()[LOOKED_UP] != formula.astype(np.float32)) > 0.5
 
 
 def _run(
@@ -87,3 +92,40 @@ def test_gelu_and_geglu_look_every_value_up_as_ggml(rows: int, jit: bool) -> Non
     with np.errstate(invalid="ignore"):
         want = np.where(x <= -10, np.float32(0), _ggml_gelu(x) * g)
     np.testing.assert_array_equal(geglu, want)
+
+
+def test_the_table_is_built_only_for_a_gelu() -> None:
+    """A SwiGLU model's launch builds no table (1.8 ms on the dev machine): its gated
+    activations get a one-entry stand-in, which they never read; the first GeGLU builds
+    it. In a process of its own, where nothing has asked for the table yet."""
+    code = textwrap.dedent(
+        """
+        import json
+        import numpy as np
+        import tensorplug as tp
+        from tensorplug import ops
+        from tensorplug_cpu.kernels.gelu_table import gelu_f16_table
+        from test_cpu_helpers import backend_for, compute
+        x = np.linspace(-3, 3, 3 * 64, dtype=np.float32).reshape(3, 64)
+        g = np.full((3, 64), 2.0, np.float32)
+        found = {}
+        for op in (ops.swiglu, ops.geglu):
+            a, b = tp.new_tensor("f32", x.shape, "a"), tp.new_tensor("f32", g.shape, "b")
+            out = op(a, b)
+            compute(out, {a: x, b: g}, backend_for(jit=True))
+            found[op.__name__] = [gelu_f16_table.cache_info().currsize,
+                                  tp.get_array(out).tolist()]
+        print(json.dumps(found))
+        """
+    )
+    here = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    x = np.linspace(-3, 3, 3 * 64, dtype=np.float32).reshape(3, 64)
+    assert found["swiglu"][0] == 0 and found["geglu"][0] == 1
+    silu = x / (1 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(found["swiglu"][1], silu * 2, rtol=1e-6)
+    np.testing.assert_array_equal(found["geglu"][1], _ggml_gelu(x) * np.float32(2))

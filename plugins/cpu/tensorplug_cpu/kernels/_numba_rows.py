@@ -122,8 +122,8 @@ def glu_rows(x: Any, g: Any, out: Any, kind: int, gelu_table: Any) -> None:
     """``out = act(x)·g`` over 2-d float32 rows (views of any strides), in float32 as
     ggml: silu as ``x/(1 + e^-x)`` (with :func:`ggml_expf`, ggml's own vector ``expf``
     for SIMD lanes, bit for bit); gelu as ggml's CPU looks it up, in ``gelu_table``
-    (:data:`.gelu_table.GELU_F16_TABLE`) at x's f16 bits, with its clamps (0 for
-    x <= -10, whatever g is; x for x >= 10)."""
+    (:func:`.gelu_table.gelu_f16_table`; SwiGLU is given :data:`.gelu_table.NO_TABLE`)
+    at x's f16 bits, with its clamps (0 for x <= -10, whatever g is; x for x >= 10)."""
     one = np.float32(1)
     if kind == SWIGLU:  # a loop of its own, with no branch or call: it vectorizes
         for r in range(x.shape[0]):

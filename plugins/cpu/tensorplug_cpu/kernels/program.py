@@ -47,10 +47,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tensorplug.opcodes import GluOp
+
 from ..settings import PROGRAM
 from .common import SplitRows, Step, StepSequence, block_rows
 from .convert import GetRowsStep, SetRowsStep
-from .gelu_table import GELU_F16_TABLE
+from .gelu_table import NO_TABLE, gelu_f16_table
 
 if TYPE_CHECKING:
     from .jit import JitKernels
@@ -359,7 +361,8 @@ def _glu(args: tuple[Any, ...], jit: JitKernels, limit: int | None) -> JobSpec |
     arrays = _all4(limit, (x, np.float32), (g, np.float32), (out, np.float32))
     if arrays is None or x.ndim != 2 or kind is None:
         return None
-    table = GELU_F16_TABLE[np.newaxis, np.newaxis, np.newaxis]  # larger than SMALL
+    gelu = gelu_f16_table() if fn is GluOp.GEGLU else NO_TABLE
+    table = gelu[np.newaxis, np.newaxis, np.newaxis]  # the table: larger than SMALL
     return JobSpec("glu", (*arrays, table), ints=(kind,), values=out.size, rows=x.shape[0])
 
 
