@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = ("tensorplug_", "cupy", "pyopencl", "Metal", "objc", "gguf", "numba", "torch")
 
@@ -42,3 +43,22 @@ def test_the_application_package_loads_its_modules_on_first_use() -> None:
         "[] True True True",
         "module 'tensorplug_llm' has no attribute 'NoSuchName'",
     ]
+
+
+def test_regex_is_imported_by_the_first_bpe_text_not_by_a_model(tmp_path: Path) -> None:
+    """``regex`` (7 ms to import) cuts BPE text into words; a model whose tokenizer is
+    SentencePiece's (Llama 2, Gemma) loads and tokenizes without it."""
+    code = (
+        "import sys\n"
+        "from tensorplug.gguf import GGUFFile\n"
+        "from tensorplug_llm.tiny import write_tiny_llama\n"
+        "from tensorplug_llm.tokenizer import Vocab\n"
+        "from tensorplug_llm.tokenizer.pretokenize import pre_tokenizer\n"
+        f"path = write_tiny_llama({str(tmp_path / 'spm.gguf')!r})\n"
+        "vocab = Vocab.from_gguf(GGUFFile(path))\n"
+        "ids = vocab.encode('hello world')\n"
+        "print('regex' in sys.modules, len(ids) > 0)\n"
+        "print(pre_tokenizer('default').split('hello world!'), 'regex' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["False True", "['hello', ' world', '!'] True"]
