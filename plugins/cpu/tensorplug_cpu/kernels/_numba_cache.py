@@ -34,6 +34,7 @@ from numba.core.caching import FunctionCache
 
 from . import _numba_ir as _ir
 from . import numba_runtime
+from .deferred_envs import deferred_environments
 from .lazy_linking import LazyLinkingRebuild
 
 __all__ = [
@@ -75,10 +76,11 @@ class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hin
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         """numba's ``load_overload`` without its ``target_context.refresh()``: loading
         machine code needs numba's runtime only (:func:`.numba_runtime.ready`), not the
-        registries that a compile reads (and refreshes itself)."""
+        registries that a compile reads (and refreshes itself), nor the numba modules
+        whose code the kernel inlined (:mod:`.deferred_envs`)."""
         try:
             numba_runtime.ready(target_context, Path(self.cache_path))
-            with self._guard_against_spurious_io_errors():
+            with self._guard_against_spurious_io_errors(), deferred_environments():
                 return self._load_overload(sig, target_context)
         except Exception as e:  # any failure to read a cache entry: compile it instead
             self._discard(e)
