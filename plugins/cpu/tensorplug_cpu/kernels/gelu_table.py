@@ -21,7 +21,9 @@ import math
 
 import numpy as np
 
-__all__ = ["NO_TABLE", "gelu_f16_table", "gelu_table_into"]
+from tensorplug.opcodes import GluOp
+
+__all__ = ["NO_TABLE", "gelu_f16_table", "gelu_table_into", "glu_table"]
 
 _SQRT_2_OVER_PI = np.float32(math.sqrt(2.0 / math.pi))
 _GELU_COEF_A = np.float32(0.044715)
@@ -55,6 +57,12 @@ def gelu_f16_table() -> np.ndarray:
 #: once for both.
 NO_TABLE = np.zeros(1, np.float32)
 NO_TABLE.flags.writeable = False
+
+
+def glu_table(fn: GluOp) -> np.ndarray:
+    """The table the gated-activation kernels are given for ``fn``: GeGLU's is ggml's
+    (:func:`gelu_f16_table`), any other's :data:`NO_TABLE`."""
+    return gelu_f16_table() if fn is GluOp.GEGLU else NO_TABLE
 
 
 def gelu_table_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:

@@ -38,7 +38,7 @@ from .activations import round_rows, vec_dot_type
 from .attention import DOT_LANES
 from .common import Step, block_rows
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
-from .gelu_table import NO_TABLE, gelu_f16_table
+from .gelu_table import glu_table
 from .llvm_pages import release as release_llvm_pages
 from .program import JobCall, JobSpec
 from .threading_layer import preload_tbb
@@ -753,8 +753,7 @@ class JitKernels:
         self._resolved(self._glu_call(fn, x, g, out))
 
     def _glu_call(self, fn: GluOp, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> _Call:
-        table = gelu_f16_table() if fn is GluOp.GEGLU else NO_TABLE
-        args = (x, g, out, self._glu_kinds[fn], table)
+        args = (x, g, out, self._glu_kinds[fn], glu_table(fn))
         return "gated activation kernel", self._glu_rows, args
 
     def set_rows(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> int:

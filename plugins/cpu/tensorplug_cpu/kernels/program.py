@@ -47,12 +47,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tensorplug.opcodes import GluOp
-
 from ..settings import PROGRAM
 from .common import SplitRows, Step, StepSequence, block_rows
 from .convert import GetRowsStep, SetRowsStep
-from .gelu_table import NO_TABLE, gelu_f16_table
+from .gelu_table import glu_table
 
 if TYPE_CHECKING:
     from .jit import JitKernels
@@ -361,8 +359,7 @@ def _glu(args: tuple[Any, ...], jit: JitKernels, limit: int | None) -> JobSpec |
     arrays = _all4(limit, (x, np.float32), (g, np.float32), (out, np.float32))
     if arrays is None or x.ndim != 2 or kind is None:
         return None
-    gelu = gelu_f16_table() if fn is GluOp.GEGLU else NO_TABLE
-    table = gelu[np.newaxis, np.newaxis, np.newaxis]  # the table: larger than SMALL
+    table = glu_table(fn)[np.newaxis, np.newaxis, np.newaxis]  # GeGLU's: larger than SMALL
     return JobSpec("glu", (*arrays, table), ints=(kind,), values=out.size, rows=x.shape[0])
 
 
