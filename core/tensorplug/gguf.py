@@ -556,8 +556,7 @@ class StringArray:
         if count == 0:
             return []
         region = self.data[self.start : self.start + int(self.ends[-1])]
-        heads = np.empty(count, np.int64)
-        heads[0], heads[1:] = 0, self.ends[:-1]
+        heads = np.concatenate(([0], self.ends[:-1]))  # where each item's length starts
         keep = np.ones(region.size, bool)
         for byte in range(_LENGTH_BYTES - 1):
             keep[heads + byte] = False
