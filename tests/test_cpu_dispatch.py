@@ -262,9 +262,14 @@ def test_the_probe_follows_numbas_compile_target(monkeypatch: pytest.MonkeyPatch
 
     binding = pytest.importorskip("llvmlite.binding")
     probe = system.kernel_features.__wrapped__  # the cached probe, asked afresh
+    monkeypatch.delenv("NUMBA_CPU_NAME", raising=False)
+    assert system.llvm_cpu_name() == binding.get_host_cpu_name()
     monkeypatch.setenv("NUMBA_CPU_FEATURES", AVX2_FEATURES)
+    monkeypatch.setenv("NUMBA_CPU_NAME", "emeraldrapids")  # an Intel core
     assert system.llvm_features() == {"avx", "avx2", "fma", "f16c", "bmi2"}
     assert probe() == KernelFeatures(avx2=True, f16c=True) and probe().level == "avx2"
+    monkeypatch.setenv("NUMBA_CPU_NAME", "znver4")  # a Zen core: its own tile heights
+    assert probe() == KernelFeatures(avx2=True, f16c=True, zen=True)
     monkeypatch.setenv("NUMBA_CPU_NAME", "generic")
     assert probe().level == "avx2"  # the features given win over the name
     monkeypatch.delenv("NUMBA_CPU_FEATURES")

@@ -65,8 +65,11 @@ def test_the_index_key_holds_the_instruction_forms(monkeypatch: pytest.MonkeyPat
     sig, codegen = thrice.signatures[0], thrice.targetctx.codegen()
     here = thrice._cache._index_key(sig, codegen)
     assert here[-1] == (_numba_ir.HAS_AVX2, _numba_ir.HAS_F16C, _numba_ir.HAS_VNNI,
-                        _numba_ir.HAS_32_REGS)  # fmt: skip
+                        _numba_ir.HAS_32_REGS, _numba_ir.ON_ZEN)  # fmt: skip
     monkeypatch.setattr(_numba_ir, "HAS_VNNI", not _numba_ir.HAS_VNNI)
+    assert thrice._cache._index_key(sig, codegen) != here
+    monkeypatch.setattr(_numba_ir, "HAS_VNNI", not _numba_ir.HAS_VNNI)
+    monkeypatch.setattr(_numba_ir, "ON_ZEN", not _numba_ir.ON_ZEN)  # another core's tiles
     assert thrice._cache._index_key(sig, codegen) != here
 
 

@@ -368,7 +368,7 @@ from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 from tensorplug_cpu.repack import LAYOUTS
 
 # before anything is compiled in this process
-ir.HAS_VNNI, ir.HAS_AVX2, ir.HAS_F16C, ir.HAS_32_REGS = {flags}
+ir.HAS_VNNI, ir.HAS_AVX2, ir.HAS_F16C, ir.HAS_32_REGS, ir.ON_ZEN = {flags}
 rng = np.random.default_rng(7)
 N = rp.WIDE_TILE  # the widest tile: each activation row's sums and accumulators at once
 x = rng.standard_normal((N, 256)).astype(np.float32)
@@ -426,7 +426,7 @@ for name, ggml_order, tiled in [(n, False, False) for n in names] + ggml_ordered
 # a driver takes tiles of the layout's height on this host (rp.tile_rows: 8, 4 or 2), the
 # rest in tiles of up to four: 11 rows at once give each row's bits alone, and the right
 # values
-for t in (Type.Q8_0, Type.Q4_1, Type.Q4_K, Type.Q5_K):
+for t in (Type.Q8_0, Type.Q4_1, Type.Q4_K, Type.Q5_K, Type.Q6_K):
     lay = LAYOUTS[t]
     raw = np.ascontiguousarray(quantize(rng.standard_normal((16, 256)).astype(np.float32), t))
     w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(t))).astype(np.float64)
@@ -439,7 +439,8 @@ for t in (Type.Q8_0, Type.Q4_1, Type.Q4_K, Type.Q5_K):
     def product(x):  # (Q8_K's scale is written to each of its eight 32-value blocks)
         n = x.shape[0]
         q, d = np.empty((n, 256), np.int8), np.empty((n, 8), np.float32)
-        s, out = np.empty((n, 8), np.int32), np.empty((n, 16), np.float32)
+        s = np.empty((n, 256 // rp.sums_span(t)), np.int32)  # Q6_K: a sum per 16 values
+        out = np.empty((n, 16), np.float32)
         driver(x, packed.reshape(2, -1), q, d, s, out, table, int(t))
         return out, q, d
 
@@ -450,11 +451,15 @@ for t in (Type.Q8_0, Type.Q4_1, Type.Q4_K, Type.Q5_K):
     err = np.abs(out - expected).max() / np.abs(expected).max()
     assert err < (2e-6 if t == Type.Q8_0 else 1e-2), (t, err)  # Q4_1: less Q8_1's s term
     print("driver", t.name, rp.tile_rows(lay), "ok")
+# Q6_K's tiles: eight rows on a Zen core with 32 registers, else four
+assert rp.tile_rows(LAYOUTS[Type.Q6_K]) == (8 if ir.HAS_32_REGS and ir.ON_ZEN else 4)
 """
 
 
 @pytest.mark.parametrize(
-    "flags", [(False, True, True, True), (False, False, False, False)], ids=["avx2", "portable"]
+    "flags",
+    [(False, True, True, True, True), (False, False, False, False, False)],
+    ids=["avx2", "portable"],
 )
 def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bool, ...]) -> None:
     """Hosts without AVX512-VNNI get ``vpmaddubsw``/``vpmaddwd`` (16-bit partial sums,
@@ -462,7 +467,7 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     table-decoded scales. This machine compiles each form in a fresh process (the choice
     is made when a kernel is first compiled) and checks its widest tiles against the
     decoded weights, and its drivers' tile heights with 32 vector registers (an AVX-512
-    host without VNNI) and with 16."""
+    Zen core without VNNI: Q6_K's tiles of eight) and with 16."""
     pytest.importorskip("numba", reason="the repacked products are numba's")
     code = textwrap.dedent(_OTHER_HOSTS).format(flags=flags)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -41,6 +41,7 @@ __all__ = [
     "cpu_name",
     "features",
     "kernel_features",
+    "llvm_cpu_name",
     "llvm_features",
     "memory",
     "simd_features",
@@ -102,6 +103,20 @@ def llvm_features() -> frozenset[str]:
     return _enabled(flat)
 
 
+def llvm_cpu_name() -> str:
+    """The processor LLVM compiles numba's code for: ``NUMBA_CPU_NAME`` where it is set,
+    else the host's as LLVM names it (``"znver4"``, ``"emeraldrapids"``); ``"generic"``
+    when llvmlite is not installed."""
+    given = os.environ.get("NUMBA_CPU_NAME")
+    if given:
+        return given.lower()
+    try:
+        from llvmlite import binding
+    except ImportError:
+        return "generic"
+    return str(binding.get_host_cpu_name())
+
+
 def _numba_target_features() -> str | None:
     """The feature list numba's configuration gives its compiler, read as
     ``numba.core.config`` reads it (without importing numba); None: the host's."""
@@ -135,6 +150,9 @@ class KernelFeatures:
     vnni: bool = False
     #: 32 vector registers (AVX-512): room for eight activation rows of a repacked tile
     regs32: bool = False
+    #: an AMD Zen core (LLVM's target ``znver*``), where some repacked tiles are faster
+    #: eight activation rows high than on Intel's cores (:func:`._numba_repack.tile_rows`)
+    zen: bool = False
 
     @property
     def level(self) -> str:
@@ -149,7 +167,8 @@ def kernel_features() -> KernelFeatures:
     found = llvm_features()
     vnni = {"avx512vnni", "avx512vl"} <= found or "avxvnni" in found
     return KernelFeatures(avx2="avx2" in found, f16c="f16c" in found, vnni=vnni,
-                          regs32="avx512f" in found)  # fmt: skip
+                          regs32="avx512f" in found,
+                          zen=llvm_cpu_name().startswith("znver"))  # fmt: skip
 
 
 def blas_info() -> list[dict[str, Any]]:

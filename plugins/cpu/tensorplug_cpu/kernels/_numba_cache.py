@@ -59,7 +59,7 @@ def instruction_forms() -> tuple[bool, ...]:
     of every entry's key, because a process may set them to build another host's form
     (the tests do, to check it on this machine), and that machine code must never be
     what a later run on this host loads from the shared cache."""
-    return (_ir.HAS_AVX2, _ir.HAS_F16C, _ir.HAS_VNNI, _ir.HAS_32_REGS)
+    return (_ir.HAS_AVX2, _ir.HAS_F16C, _ir.HAS_VNNI, _ir.HAS_32_REGS, _ir.ON_ZEN)
 
 
 class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hints

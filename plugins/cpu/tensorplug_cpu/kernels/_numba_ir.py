@@ -10,7 +10,7 @@ unaligned vector loads, f16 scales as float vectors, the integer dot of 32 bytes
 
 The instruction forms follow numba's compile target (the host, or what
 ``NUMBA_CPU_FEATURES`` names: :func:`..system.llvm_features`): ``HAS_AVX2``,
-``HAS_F16C``, ``HAS_VNNI`` and ``HAS_32_REGS`` are read when a kernel is compiled (never
+``HAS_F16C``, ``HAS_VNNI``, ``HAS_32_REGS`` and ``ON_ZEN`` are read when a kernel is compiled (never
 when this module is imported), so a test may set them, in a fresh process and before
 anything is compiled, to build another host's form.
 """
@@ -37,6 +37,8 @@ _HOST = kernel_features()
 HAS_AVX2, HAS_F16C, HAS_VNNI = _HOST.avx2, _HOST.f16c, _HOST.vnni
 #: 32 vector registers, which wide tiles of repacked products need (:mod:`._numba_repack`)
 HAS_32_REGS = _HOST.regs32
+#: the target is an AMD Zen core: tile heights tuned per core (:mod:`._numba_repack`)
+ON_ZEN = _HOST.zen
 
 
 def _vec(ty: ir.IntType, n: int) -> ir.VectorType:

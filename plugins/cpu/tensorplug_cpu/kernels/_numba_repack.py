@@ -1277,8 +1277,16 @@ def tile_rows(lay: PackedLayout, ggml_order: bool = False) -> int:
     once in 512-bit vectors, :func:`_vec_dot_order_body`). With 16 registers (AVX2)
     every layout keeps four: eight rows' sums would not fit. (Zen 4 with only its AVX2
     forms, Q8_0 in ggml's order, one pass a run: tiles of two and eight took 3-12% longer
-    than fours.)"""
+    than fours.) Q6_K's eights are the Zen cores' (``_ir.ON_ZEN``): on an Intel Xeon
+    (Emerald Rapids, LLVM's ``emeraldrapids``) its products of 64 and 128 rows took
+    10-20% longer in eights than in fours (a 2048×768 matrix by 128 rows, one thread:
+    2.77-3.27 ms against 2.47-2.51, 2026-11-27), and as long when compiled for a Zen 4
+    (``NUMBA_CPU_NAME=znver4``): the core's doing, not LLVM's schedule. Q4_0's eights
+    (1.91 ms against 2.19), Q4_K's twos (2.44 against 2.67) and Q5_K's and Q8_0's eights
+    (as fours) hold there too."""
     if not _ir.HAS_32_REGS:
+        return TILE
+    if lay.type == Type.Q6_K and not _ir.ON_ZEN:
         return TILE
     if _accumulators(lay, ggml_order) == 1 or lay.type == Type.Q5_K:
         return WIDE_TILE
