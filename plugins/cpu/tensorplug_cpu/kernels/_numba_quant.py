@@ -279,19 +279,48 @@ def _f32_to_f16_bits(f: Any) -> Any:
     return (r | sign) & 0xFFFF
 
 
+#: 1.5·2^23: ``(y + _ROUNDER) − _ROUNDER`` is ``y`` rounded half to even for |y| < 2^22
+#: (ggml's ``nearest_int``), a vector add where ``np.rint`` was a call per value
+_ROUNDER = np.float32(12582912.0)
+
+
+@njit(inline="always")
+def _nearest(y: Any) -> Any:
+    """``y`` (|y| ≤ 127 and a little, or inf or NaN) rounded half to even, as an int32:
+    ``np.rint``'s value for every |y| < 2^22, and inf and NaN convert as they did."""
+    return np.int32((y + _ROUNDER) - _ROUNDER)
+
+
+@njit(inline="always")
+def _largest_magnitude(x: Any, t: int, start: int, n: int) -> Any:
+    """``max |x[t, start : start + n]|`` (``n`` a multiple of 4), NaN values skipped as a
+    running ``max(amax, |v|)`` skips them: four running maxima side by side, which the
+    compiler keeps in vector lanes where one was a chain of dependent compares (max is
+    exact, so the order of the comparisons changes nothing)."""
+    m0 = m1 = m2 = m3 = np.float32(0)
+    for j in range(start, start + n, 4):
+        m0 = max(m0, abs(x[t, j]))
+        m1 = max(m1, abs(x[t, j + 1]))
+        m2 = max(m2, abs(x[t, j + 2]))
+        m3 = max(m3, abs(x[t, j + 3]))
+    return max(max(m0, m1), max(m2, m3))
+
+
 @kernel()  # see _f32_to_f16_bits
 def quantize_q8_0(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     """Rows of ``x`` (T, n) float32 as ggml's Q8_0: int8 ``xq`` (T, n), the f16-rounded
-    scales ``xd`` (T, n/32) and each block's sum of codes ``xs`` (T, n/32)."""
+    scales ``xd`` (T, n/32) and each block's sum of codes ``xs`` (T, n/32). A row's
+    blocks' largest magnitudes first (kept in ``xd`` meanwhile), then its codes: in one
+    loop the compiler vectorized neither (1.9 ns a value on an Intel Xeon, 0.45 now)."""
     for t in range(x.shape[0]):
         for b in range(x.shape[1] // 32):
-            amax = np.float32(0)
-            for j in range(32):
-                amax = max(amax, abs(x[t, 32 * b + j]))
+            xd[t, b] = _largest_magnitude(x, t, 32 * b, 32)
+        for b in range(x.shape[1] // 32):
+            amax = xd[t, b]
             inv = np.float32(127) / amax if amax != 0 else np.float32(0)
             total = 0
             for j in range(32):
-                q = np.int32(np.rint(x[t, 32 * b + j] * inv))
+                q = _nearest(x[t, 32 * b + j] * inv)
                 xq[t, 32 * b + j] = q
                 total += q
             xs[t, b] = total
@@ -307,9 +336,7 @@ def quantize_q8_1(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     quantize_q8_0(x, xq, xd, xs, table)
     for t in range(x.shape[0]):
         for b in range(x.shape[1] // 32):
-            amax = np.float32(0)
-            for j in range(32):
-                amax = max(amax, abs(x[t, 32 * b + j]))
+            amax = _largest_magnitude(x, t, 32 * b, 32)
             s = (amax / np.float32(127)) * np.float32(xs[t, b])
             xs[t, b] = f32_bits(table[_f32_to_f16_bits(s)])  # type: ignore[call-arg]
 
@@ -321,20 +348,24 @@ def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     codes ``min(127, round-half-even(iscale·x))``, ``d = 1/iscale`` in float32. Written
     in the 32-value layout of the other activations: each of a super-block's eight
     blocks gets its ``d`` in ``xd`` and its code sum in ``xs`` (ggml's ``bsums`` are
-    the sums of 16, which the kernels take from these or from the codes)."""
+    the sums of 16, which the kernels take from these or from the codes). The largest
+    magnitude is found as :func:`quantize_q8_0` finds it, then its first value by a
+    scan (1.8 ns a value on an Intel Xeon in one loop of compares)."""
     for t in range(x.shape[0]):
         for sb in range(x.shape[1] // 256):
-            big, amax = np.float32(0), np.float32(0)
-            for j in range(256):
-                v = x[t, 256 * sb + j]
-                if abs(v) > amax:
-                    amax, big = abs(v), v
+            amax = _largest_magnitude(x, t, 256 * sb, 256)
+            big = np.float32(0)
+            if amax != 0:
+                j = 256 * sb
+                while abs(x[t, j]) != amax:
+                    j += 1
+                big = x[t, j]
             iscale = np.float32(-127) / big if amax != 0 else np.float32(0)
             d = np.float32(1) / iscale if amax != 0 else np.float32(0)
             for b in range(8 * sb, 8 * sb + 8):
                 total = 0
                 for j in range(32):
-                    q = min(np.int32(np.rint(iscale * x[t, 32 * b + j])), 127)
+                    q = min(_nearest(iscale * x[t, 32 * b + j]), 127)
                     xq[t, 32 * b + j] = q
                     total += q
                 xs[t, b] = total
