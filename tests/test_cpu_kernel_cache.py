@@ -86,3 +86,27 @@ def test_every_kernel_releases_the_gil() -> None:
     of tokens already sampled waited for the whole step."""
     holding = [name for name, d in _cached_kernels() if not d.targetoptions.get("nogil")]
     assert not holding, f"these kernels hold the GIL while they run: {holding}"
+
+
+def test_the_compile_ahead_process_takes_every_instruction_form_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child of ``kernels/ahead.py`` builds its parent's forms from the tuple it is
+    handed: each flag lands where the kernels read it, and a tuple of another length
+    (a parent of another version) is refused rather than half applied (four names
+    unpacked from five values failed every child at its start: each run compiled
+    nothing ahead, the helpers' jobs were never made, and two threads ran as one)."""
+    from tensorplug_cpu.kernels import _numba_ir
+    from tensorplug_cpu.kernels._numba_cache import (
+        FORM_FLAGS,
+        instruction_forms,
+        use_instruction_forms,
+    )
+
+    for name in FORM_FLAGS:
+        monkeypatch.setattr(_numba_ir, name, getattr(_numba_ir, name))  # restored after
+    flipped = tuple(not f for f in instruction_forms())
+    use_instruction_forms(flipped)
+    assert instruction_forms() == flipped
+    with pytest.raises(ValueError, match="instruction-form flags"):
+        use_instruction_forms(flipped[:-1])

@@ -38,8 +38,8 @@ from .deferred_envs import deferred_environments
 from .lazy_linking import LazyLinkingRebuild
 
 __all__ = [
-    "SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "job_cached", "job_function",
-    "job_ready", "kernel",
+    "FORM_FLAGS", "SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "job_cached",
+    "job_function", "job_ready", "kernel", "use_instruction_forms",
 ]  # fmt: skip
 
 _HERE = Path(__file__).parent
@@ -54,12 +54,25 @@ _log = logging.getLogger("tensorplug_cpu")
 _warned: list[bool] = []  # a bad cache is said once per process, not once per kernel
 
 
+#: the names of :mod:`._numba_ir`'s instruction-form flags, in :func:`instruction_forms`'s order
+FORM_FLAGS = ("HAS_AVX2", "HAS_F16C", "HAS_VNNI", "HAS_32_REGS", "ON_ZEN")
+
+
 def instruction_forms() -> tuple[bool, ...]:
-    """The IR kernels' instruction-form flags (:mod:`._numba_ir`) as they are now: part
-    of every entry's key, because a process may set them to build another host's form
-    (the tests do, to check it on this machine), and that machine code must never be
-    what a later run on this host loads from the shared cache."""
-    return (_ir.HAS_AVX2, _ir.HAS_F16C, _ir.HAS_VNNI, _ir.HAS_32_REGS, _ir.ON_ZEN)
+    """The IR kernels' instruction-form flags (:mod:`._numba_ir`, :data:`FORM_FLAGS`) as
+    they are now: part of every entry's key, because a process may set them to build
+    another host's form (the tests do, to check it on this machine), and that machine
+    code must never be what a later run on this host loads from the shared cache."""
+    return tuple(getattr(_ir, name) for name in FORM_FLAGS)
+
+
+def use_instruction_forms(forms: tuple[bool, ...]) -> None:
+    """Set the flags to ``forms`` (another process's :func:`instruction_forms`), before
+    anything is compiled here: the compile-ahead process builds its parent's forms."""
+    if len(forms) != len(FORM_FLAGS):
+        raise ValueError(f"{len(forms)} instruction-form flags given, {FORM_FLAGS} expected")
+    for name, value in zip(FORM_FLAGS, forms, strict=True):
+        setattr(_ir, name, value)
 
 
 class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hints

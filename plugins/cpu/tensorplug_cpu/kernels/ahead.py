@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..settings import COMPILE_AHEAD
-from . import _numba_ir as ir
-from ._numba_cache import instruction_forms, is_cached, job_cached
+from ._numba_cache import instruction_forms, is_cached, job_cached, use_instruction_forms
 
 __all__ = ["Ahead", "Job", "cached", "origin_of", "resolve"]
 
@@ -359,7 +358,7 @@ def enabled() -> bool:
 def main() -> None:
     """The child: compile each job into numba's disk cache, saying which is done."""
     forms, jobs = pickle.loads(sys.stdin.buffer.read())
-    ir.HAS_AVX2, ir.HAS_F16C, ir.HAS_VNNI, ir.HAS_32_REGS = forms
+    use_instruction_forms(forms)
     listening = True
     for i, job in enumerate(jobs):
         kernel = resolve(job.origin)
