@@ -107,9 +107,11 @@ AVX2_BUILD_HINT = (
     "  python3 -m venv ~/peers-avx2\n"
     '  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON '
     "-DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF "
-    '-DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF" ~/peers-avx2/bin/pip install --no-binary '
-    "llama-cpp-python llama-cpp-python==0.3.36\n"
-    "then pass --llama-python ~/peers-avx2/bin/python."
+    '-DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF" ~/peers-avx2/bin/pip install --no-cache-dir '
+    "--no-binary llama-cpp-python llama-cpp-python==0.3.36\n"
+    "(--no-cache-dir: pip's wheel cache, shared by every venv, would hand back a native "
+    "build made before, whatever CMAKE_ARGS say), then pass --llama-python "
+    "~/peers-avx2/bin/python."
 )
 #: what llama.cpp's system information names for instructions an AVX2 host lacks
 _BEYOND_AVX2 = ("AVX512 = 1", "AVX512_VNNI = 1", "AVX_VNNI = 1", "AVX512_BF16 = 1", "AMX")
