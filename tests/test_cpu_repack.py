@@ -486,6 +486,53 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     assert done.stdout.split() == [w for n in names for w in (n, "ok")] + drivers
 
 
+def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit() -> None:
+    """Where a driver multiplies two eight-row groups at once (``pairs_groups``: Q5_K on
+    an AVX-512 core with VNNI, off Zen), each lane must do what the one-group tile does
+    for its row: a row's bits may not depend on whether its group was paired (an odd
+    last group, and a chunk's edge between threads, are not)."""
+    pytest.importorskip("numba", reason="the repacked products are numba's")
+    from numba import njit
+
+    from tensorplug_cpu.kernels import _numba_repack as rp
+    from tensorplug_cpu.kernels._numba_quant import quantize_q8_k
+    from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+    from tensorplug_cpu.repack import LAYOUTS
+
+    lay = LAYOUTS[tp.Type.Q5_K]
+    if not rp.pairs_groups(lay):
+        pytest.skip("this CPU multiplies one group at a time (pairs_groups: AVX512-VNNI, "
+                    "32 registers, not a Zen core)")  # fmt: skip
+    n, groups = rp.tile_rows(lay), 3
+    raw, w64 = _weights(tp.Type.Q5_K, 8 * groups, 512)
+    blocks = np.empty((groups, 2, lay.block), np.uint8)
+    lay.pack(raw.reshape(8 * groups, 2, -1), blocks)
+    packed = blocks.reshape(groups, -1)
+    x = RNG.standard_normal((n, 512)).astype(np.float32)
+    xq, xd = np.empty((n, 512), np.int8), np.empty((n, 16), np.float32)
+    xs = np.empty((n, 16), np.int32)
+    quantize_q8_k(x, xq, xd, xs, table)
+    xs = (xd * xs.astype(np.float32)).view(np.int32)  # Q5_K's tiles take d_x·Σx (_scaled_sums)
+    one, two = rp.tile_kernel(lay, n, True), rp.tile_kernel(lay, n, True, rp.PAIRED_FORM)
+
+    @njit(cache=False)
+    def run(paired: bool, out: np.ndarray) -> None:
+        if paired:
+            two(packed, 1, xq, xd, xs, table, 0, out)  # groups 1 and 2
+        else:
+            for g in (1, 2):
+                one(packed, g, xq, xd, xs, table, 0, out)
+
+    outs = [np.full((n, 8 * groups), np.nan, np.float32) for _ in range(2)]
+    for paired, out in zip((False, True), outs, strict=True):
+        run(paired, out)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert np.isnan(outs[1][:, :8]).all()  # group 0 was not asked for
+    expected = (xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 32, axis=1)) @ w64.T
+    err = np.abs(outs[1][:, 8:] - expected[:, 8:]).max() / np.abs(expected).max()
+    assert err < 2e-6
+
+
 def test_a_driver_computes_only_the_types_it_was_made_for() -> None:
     """A first run compiles the tiles of its model's weight types only (issue 42: one
     switch over every layout was ~70 s of SmolLM2's first run): the drivers made for
