@@ -486,11 +486,13 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     assert done.stdout.split() == [w for n in names for w in (n, "ok")] + drivers
 
 
-def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit() -> None:
-    """Where a driver multiplies two eight-row groups at once (``pairs_groups``: Q5_K on
-    an AVX-512 core with VNNI, off Zen), each lane must do what the one-group tile does
-    for its row: a row's bits may not depend on whether its group was paired (an odd
-    last group, and a chunk's edge between threads, are not)."""
+@pytest.mark.parametrize("t", [tp.Type.Q5_K, tp.Type.Q6_K], ids=lambda t: t.name)
+def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit(t: tp.Type) -> None:
+    """Where a driver multiplies two eight-row groups at once (``pairs_groups``: Q5_K,
+    and Q6_K in ggml's tiled order, on an AVX-512 core with VNNI, off Zen), each lane
+    must do what the one-group tile does for its row: a row's bits may not depend on
+    whether its group was paired (an odd last group, and a chunk's edge between
+    threads, are not)."""
     pytest.importorskip("numba", reason="the repacked products are numba's")
     from numba import njit
 
@@ -499,12 +501,12 @@ def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit() -> None:
     from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
     from tensorplug_cpu.repack import LAYOUTS
 
-    lay = LAYOUTS[tp.Type.Q5_K]
+    lay = LAYOUTS[t]
     if not rp.pairs_groups(lay):
         pytest.skip("this CPU multiplies one group at a time (pairs_groups: AVX512-VNNI, "
                     "32 registers, not a Zen core)")  # fmt: skip
-    n, groups = rp.tile_rows(lay), 3
-    raw, w64 = _weights(tp.Type.Q5_K, 8 * groups, 512)
+    n, groups = rp.tile_rows(lay, True), 3
+    raw, w64 = _weights(t, 8 * groups, 512)
     blocks = np.empty((groups, 2, lay.block), np.uint8)
     lay.pack(raw.reshape(8 * groups, 2, -1), blocks)
     packed = blocks.reshape(groups, -1)
@@ -512,8 +514,12 @@ def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit() -> None:
     xq, xd = np.empty((n, 512), np.int8), np.empty((n, 16), np.float32)
     xs = np.empty((n, 16), np.int32)
     quantize_q8_k(x, xq, xd, xs, table)
-    xs = (xd * xs.astype(np.float32)).view(np.int32)  # Q5_K's tiles take d_x·Σx (_scaled_sums)
-    one, two = rp.tile_kernel(lay, n, True), rp.tile_kernel(lay, n, True, rp.PAIRED_FORM)
+    if t == tp.Type.Q5_K:  # the sums the tiles take: Q5_K d_x·Σx (_scaled_sums), Q6_K
+        xs = (xd * xs.astype(np.float32)).view(np.int32)  # −32·Σx over 16 (_sums_of_16)
+    else:
+        xs = xq.reshape(n, -1, 16).sum(-1, dtype=np.int32) * -rp.Q6_K_OFFSET
+    forms = (0, rp.PAIRED_FORM) if t == tp.Type.Q5_K else (rp.TILED_FORM, rp.PAIRED_TILED_FORM)
+    one, two = (rp.tile_kernel(lay, n, True, form) for form in forms)
 
     @njit(cache=False)
     def run(paired: bool, out: np.ndarray) -> None:

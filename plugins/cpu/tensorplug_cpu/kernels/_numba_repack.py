@@ -131,6 +131,8 @@ Q6_K_OFFSET = 32
 #: its four-row gemm's (Q4_K), and a layout's own for two groups at once, sixteen weight
 #: rows in each 512-bit vector (:func:`pairs_groups`)
 OWN_FORM, TILED_FORM, GEMM_FORM, PAIRED_FORM = 0, 1, 2, 3
+#: ... and ggml's tiled product's (Q6_K) for two groups at once
+PAIRED_TILED_FORM = 4
 # the type ids the drivers branch on (Q2_K's and Q6_K's code sums are over 16 values)
 Q2_K, Q4_K, Q5_K, Q6_K = int(Type.Q2_K), int(Type.Q4_K), int(Type.Q5_K), int(Type.Q6_K)
 
@@ -1075,20 +1077,21 @@ def _q6_k_codes(blk: _Block, n: int, c: int) -> list[Any]:
     top two from bits ``2k`` of ``qh`` run ``n`` (three 32-byte runs a chunk,
     ``repack.py``)."""
     builder = blk.builder
-    low, high = _splat(_I8, 32, 15), _splat(_I8, 32, 0x30)
     at = 144 + 96 * (8 * n + c)  # ql's low runs, its high runs, qh
     qa, qb, hh = (blk.code_run(at + 32 * i) for i in range(3))
+    width = qa.type.count  # 64 in a tile of two groups
+    low, high = _splat(_I8, width, 15), _splat(_I8, width, 0x30)
     tops = [
-        builder.shl(hh, _splat(_I8, 32, 4)),
-        builder.shl(hh, _splat(_I8, 32, 2)),
+        builder.shl(hh, _splat(_I8, width, 4)),
+        builder.shl(hh, _splat(_I8, width, 2)),
         hh,
-        builder.lshr(hh, _splat(_I8, 32, 2)),
+        builder.lshr(hh, _splat(_I8, width, 2)),
     ]  # bits 2k, 2k+1 at 4, 5
     lows = [
         builder.and_(qa, low),
         builder.and_(qb, low),
-        builder.lshr(qa, _splat(_I8, 32, 4)),
-        builder.lshr(qb, _splat(_I8, 32, 4)),
+        builder.lshr(qa, _splat(_I8, width, 4)),
+        builder.lshr(qb, _splat(_I8, width, 4)),
     ]
     return [builder.or_(lo, builder.and_(top, high)) for lo, top in zip(lows, tops, strict=True)]
 
@@ -1139,17 +1142,23 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
 
 
 def _q6_k_group_scales(blk: _Block, g: int) -> Any:
-    """The eight rows' signed scales of Q6_K's 16-value group ``g`` as ``<8 x i32>``."""
+    """The eight rows' signed scales of Q6_K's 16-value group ``g`` as ``<8 x i32>``
+    (both groups' sixteen in a tile of two, :meth:`_Block.rows`)."""
     b = blk.builder
-    at = b.gep(blk.base, [_I64(16 + 8 * g)])
-    return b.sext(b.load(b.bitcast(at, _vec(_I8, 8).as_pointer()), align=1), _V8I)
+
+    def load(base: Any) -> Any:
+        at = b.gep(base, [_I64(16 + 8 * g)])
+        return b.sext(b.load(b.bitcast(at, _vec(_I8, 8).as_pointer()), align=1), _V8I)
+
+    return blk.rows(load)
 
 
 def _q6_k_offset_share(blk: _Block, t: int, g: int) -> Any:
     """``−32·Σx`` over Q6_K's 16-value group ``g`` of this block for activation row ``t``
-    (what ``xs`` holds for Q6_K, :func:`_sums_of_16`), in each of eight lanes."""
+    (what ``xs`` holds for Q6_K, :func:`_sums_of_16`), in each of the tile's lanes."""
     b = blk.builder
-    return _splat_i(b, blk.load(blk.xs, t, b.add(b.mul(blk.b, _I64(16)), _I64(g))))
+    share = blk.load(blk.xs, t, b.add(b.mul(blk.b, _I64(16)), _I64(g)))
+    return _splat_scalar(b, share, blk.lanes)
 
 
 def _q6_k_offsets(blk: _Block, t: int, groups: Iterable[int]) -> Any:
@@ -1169,12 +1178,11 @@ def _q6_k_tiled_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     :data:`GGML_TILED_MIN_ROWS` activation rows or more: a super-block's
     ``Σ_g sc_g·(Σq·x − 32·bsum_g)`` over its sixteen 16-value groups as one exact integer,
     times ``d_w`` (rounded), then fused with ``d_x`` into the row's one sum."""
-    builder, b = blk.builder, blk.b
+    builder, b, lanes = blk.builder, blk.b, blk.lanes
     n_tok = len(accs)
-    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
-    d = _scales(builder, blk.base, blk.table)
+    d = blk.rows(lambda base: _scales(builder, base, blk.table))
     first = builder.mul(b, _I64(8))  # the block's first activation block
-    totals = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
+    totals = [ir.Constant(_vec(_I32, lanes), [0] * lanes) for _ in range(n_tok)]
     for n in range(2):
         for half in range(2):  # values 0-15 of each run, then 16-31: a scale each
             sums = _q6_k_half_sums(blk, n, half, n_tok)
@@ -1184,9 +1192,9 @@ def _q6_k_tiled_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
                     totals[t] = builder.add(totals[t], builder.mul(sc, sums[t][k]))
     new = []
     for t in range(n_tok):
-        scaled = _fixed_mul(builder, builder.sitofp(totals[t], _V8F), d)
-        d_x = _splat_f(builder, blk.load(blk.xd, t, first))  # Q8_K's one scale
-        new.append([builder.call(fma, [scaled, d_x, accs[t][0]])])
+        scaled = _fixed_mul(builder, builder.sitofp(totals[t], ir.VectorType(_F32, lanes)), d)
+        d_x = _splat_scalar(builder, blk.load(blk.xd, t, first), lanes)  # Q8_K's one scale
+        new.append([_fmuladd(builder, scaled, d_x, accs[t][0])])
     return new
 
 
@@ -1253,11 +1261,13 @@ def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False,
     :func:`pairs_groups` has them."""
     if form == TILED_FORM and lay.type == Type.Q6_K:
         return _tile(lay, n_tok, _q6_k_tiled_body, lambda b, a: a[0], 1)
-    if form == PAIRED_FORM and pairs_groups(lay):
+    if form == PAIRED_TILED_FORM and lay.type == Type.Q6_K and pairs_groups(lay):
+        return _tile(lay, n_tok, _q6_k_tiled_body, lambda b, a: a[0], 1, groups=2)
+    if form == PAIRED_FORM and lay.type == Type.Q5_K and pairs_groups(lay):
         return _tile(lay, n_tok, _q45_k_body(lay), lambda b, a: b.fsub(a[0], a[1]), 2,
                      groups=2)  # fmt: skip
-    if form == PAIRED_FORM:
-        raise ValueError(f"{lay.type.name} has no tile of two groups on this host")
+    if form in (PAIRED_FORM, PAIRED_TILED_FORM):
+        raise ValueError(f"{lay.type.name} has no such tile of two groups on this host")
     if form not in (OWN_FORM, GEMM_FORM) or (form == GEMM_FORM and lay.type != Type.Q4_K):
         kind = "tiled product's" if form == TILED_FORM else "gemm's"
         raise ValueError(f"ggml's {kind} order is not implemented for {lay.type.name}")
@@ -1356,17 +1366,20 @@ def tile_rows(lay: PackedLayout, ggml_order: bool = False) -> int:
 
 def pairs_groups(lay: PackedLayout) -> bool:
     """Whether a driver multiplies two groups of layout ``lay`` at once in its tiles of
-    :func:`tile_rows` rows (:data:`PAIRED_FORM`): Q5_K with AVX512-VNNI and 32
-    registers, off Zen cores. An AVX-512 Xeon's cores run a 512-bit ``vpdpbusd`` as
-    fast as a 256-bit one (Emerald Rapids: 12 independent chains, 0.17 ns an
-    instruction either way), and a group's eight rows fill 256 bits only: two groups'
+    :func:`tile_rows` rows: Q5_K (:data:`PAIRED_FORM`) and Q6_K in ggml's tiled order
+    (:data:`PAIRED_TILED_FORM`, the order of prompts with ``ggml_order``) with
+    AVX512-VNNI and 32 registers, off Zen cores. An AVX-512 Xeon's cores run a 512-bit
+    ``vpdpbusd`` as fast as a 256-bit one (Emerald Rapids: 12 independent chains, 0.17
+    ns an instruction either way), and a group's eight rows fill 256 bits only: two groups'
     rows side by side in one vector do twice the work per instruction, the codes of
     each run unpacked once for both. A 2048×768 Q5_K product of 128 rows, one thread,
-    took 1.70 ms against 2.34 in one group's tiles (2026-11-27). A Zen 4 core runs a
+    took 1.70 ms against 2.34 in one group's tiles, Q6_K's 1.83-1.94 against 2.36
+    (2026-11-27). A Zen 4 core runs a
     512-bit instruction as two 256-bit halves, so there it would only add the joining
     of both groups' codes; Zen cores are not measured, and keep one group a tile. The
     same integers and float steps lane by lane, so the same bits as a group alone."""
-    return lay.type == Type.Q5_K and _ir.HAS_VNNI and _ir.HAS_32_REGS and not _ir.ON_ZEN
+    paired = {Type.Q5_K, Type.Q6_K}
+    return lay.type in paired and _ir.HAS_VNNI and _ir.HAS_32_REGS and not _ir.ON_ZEN
 
 
 def _sizes(top: int) -> list[int]:
@@ -1393,17 +1406,20 @@ def _kinds_of_height(typingctx: Any, mask: Any, height: Any) -> Any:
 
 
 @intrinsic(prefer_literal=True)
-def _paired_kinds(typingctx: Any, mask: Any) -> Any:
+def _paired_kinds(typingctx: Any, mask: Any, form: Any) -> Any:
     """The bit set (as :func:`kinds_mask`) of the layouts in the constant ``mask`` whose
-    drivers multiply two groups at once on this host (:func:`pairs_groups`)."""
-    if not isinstance(mask, types.IntegerLiteral):
+    drivers have tiles of two groups in the constant ``form`` (:data:`PAIRED_FORM` or
+    :data:`PAIRED_TILED_FORM`; :func:`pairs_groups`, :func:`_forms`)."""
+    if not isinstance(mask, types.IntegerLiteral) or not isinstance(form, types.IntegerLiteral):
         return None
-    kinds = sum(1 << int(t) for t, lay in _chosen(mask.literal_value) if pairs_groups(lay))
+    ggml_order = bool(mask.literal_value & GGML_ORDER_BIT)
+    kinds = sum(1 << int(t) for t, _ in _chosen(mask.literal_value)
+                if form.literal_value in _forms(t, ggml_order))  # fmt: skip
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         return _I64(kinds)
 
-    return types.int64(mask), codegen
+    return types.int64(mask, form), codegen
 
 
 @njit(inline="always")
@@ -1424,6 +1440,8 @@ def _forms(t: Type, ggml_order: bool) -> tuple[int, ...]:
     """The tile forms a driver compiles for ``t`` weights: its own, and with ggml's order
     for Q6_K ggml's tiled product's too (:data:`GGML_TILED_MIN_ROWS`), for Q4_K its
     four-row gemm's (:data:`GGML_GEMM_ROWS`); two groups' where :func:`pairs_groups`."""
+    if pairs_groups(LAYOUTS[t]) and t == Type.Q6_K:
+        return (OWN_FORM, TILED_FORM, PAIRED_TILED_FORM) if ggml_order else (OWN_FORM,)
     if pairs_groups(LAYOUTS[t]):
         return (OWN_FORM, PAIRED_FORM)
     if ggml_order and t == Type.Q6_K:
@@ -1463,7 +1481,8 @@ def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, tab
         for t, lay in chosen:
             for form in _forms(t, ggml_order):
                 top = tile_rows(lay, ggml_order)
-                for size in [top] if form == PAIRED_FORM else _sizes(top):
+                paired = form in (PAIRED_FORM, PAIRED_TILED_FORM)
+                for size in [top] if paired else _sizes(top):
                     case = builder.append_basic_block(f"tile_of.{t.name}.{form}.{size}")
                     switch.add_case(_I64(_tile_key(form, int(t), size)), case)
                     builder.position_at_end(case)
@@ -1489,7 +1508,8 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
     as one.)"""
     n_tok = xq.shape[0]
     top = _top(mask, kind)
-    pairs = (_paired_kinds(mask) >> kind) & 1  # type: ignore[call-arg]
+    pairs_own = (_paired_kinds(mask, PAIRED_FORM) >> kind) & 1  # type: ignore[call-arg]
+    pairs_tiled = (_paired_kinds(mask, PAIRED_TILED_FORM) >> kind) & 1  # type: ignore[call-arg]
     rest = min(top, TILE)  # the heights below ``top`` that the switch has
     form = OWN_FORM  # ggml's tiled product where llama.cpp takes it (GGML_TILED_MIN_ROWS)
     if mask & GGML_ORDER_BIT and kind == Q6_K and n_tok >= GGML_TILED_MIN_ROWS:
@@ -1499,13 +1519,15 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
         gemm_rows = n_tok // GGML_GEMM_ROWS * GGML_GEMM_ROWS
     g = g0
     while g < g1:
-        two = pairs == 1 and g + 1 < g1
+        two = (pairs_own == 1 or pairs_tiled == 1) and g + 1 < g1
         t = 0
         while t < n_tok:
             end, f = (gemm_rows, GEMM_FORM) if t < gemm_rows else (n_tok, form)
             n = top if end - t >= top else min(rest, end - t)
-            if two and n == top and f == OWN_FORM:
+            if two and n == top and f == OWN_FORM and pairs_own == 1:
                 _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, PAIRED_FORM, mask)  # type: ignore[call-arg]
+            elif two and n == top and f == TILED_FORM and pairs_tiled == 1:
+                _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, PAIRED_TILED_FORM, mask)  # type: ignore[call-arg]
             else:
                 _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, f, mask)  # type: ignore[call-arg]
                 if two:
