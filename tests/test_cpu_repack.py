@@ -486,13 +486,17 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     assert done.stdout.split() == [w for n in names for w in (n, "ok")] + drivers
 
 
-@pytest.mark.parametrize("t", [tp.Type.Q5_K, tp.Type.Q6_K], ids=lambda t: t.name)
-def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit(t: tp.Type) -> None:
-    """Where a driver multiplies two eight-row groups at once (``pairs_groups``: Q5_K,
-    and Q6_K in ggml's tiled order, on an AVX-512 core with VNNI, off Zen), each lane
-    must do what the one-group tile does for its row: a row's bits may not depend on
-    whether its group was paired (an odd last group, and a chunk's edge between
-    threads, are not)."""
+@pytest.mark.parametrize(
+    ("t", "form"),
+    [(tp.Type.Q4_K, 0), (tp.Type.Q4_K, 2), (tp.Type.Q5_K, 0), (tp.Type.Q6_K, 1)],
+    ids=["Q4_K", "Q4_K-gemm", "Q5_K", "Q6_K-tiled"],
+)
+def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit(t: tp.Type, form: int) -> None:
+    """Where a driver multiplies two eight-row groups at once (``pairs_groups``: Q4_K,
+    also in ggml's gemm order, Q5_K, and Q6_K in ggml's tiled order, on an AVX-512 core
+    with VNNI, off Zen), each lane must do what the one-group tile does for its row: a
+    row's bits may not depend on whether its group was paired (an odd last group, and a
+    chunk's edge between threads, are not)."""
     pytest.importorskip("numba", reason="the repacked products are numba's")
     from numba import njit
 
@@ -502,7 +506,7 @@ def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit(t: tp.Type) -> None
     from tensorplug_cpu.repack import LAYOUTS
 
     lay = LAYOUTS[t]
-    if not rp.pairs_groups(lay):
+    if not rp.pairs_groups(lay, form):
         pytest.skip("this CPU multiplies one group at a time (pairs_groups: AVX512-VNNI, "
                     "32 registers, not a Zen core)")  # fmt: skip
     n, groups = rp.tile_rows(lay, True), 3
@@ -514,12 +518,11 @@ def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit(t: tp.Type) -> None
     xq, xd = np.empty((n, 512), np.int8), np.empty((n, 16), np.float32)
     xs = np.empty((n, 16), np.int32)
     quantize_q8_k(x, xq, xd, xs, table)
-    if t == tp.Type.Q5_K:  # the sums the tiles take: Q5_K d_x·Σx (_scaled_sums), Q6_K
-        xs = (xd * xs.astype(np.float32)).view(np.int32)  # −32·Σx over 16 (_sums_of_16)
-    else:
+    if t == tp.Type.Q5_K:  # the sums the tiles take: Q4_K Σx, Q5_K d_x·Σx (_scaled_sums),
+        xs = (xd * xs.astype(np.float32)).view(np.int32)  # Q6_K −32·Σx over 16 (_sums_of_16)
+    elif t == tp.Type.Q6_K:
         xs = xq.reshape(n, -1, 16).sum(-1, dtype=np.int32) * -rp.Q6_K_OFFSET
-    forms = (0, rp.PAIRED_FORM) if t == tp.Type.Q5_K else (rp.TILED_FORM, rp.PAIRED_TILED_FORM)
-    one, two = (rp.tile_kernel(lay, n, True, form) for form in forms)
+    one, two = (rp.tile_kernel(lay, n, True, form | paired) for paired in (0, rp.PAIRED))
 
     @njit(cache=False)
     def run(paired: bool, out: np.ndarray) -> None:

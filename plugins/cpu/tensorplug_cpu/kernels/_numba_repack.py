@@ -127,12 +127,12 @@ GGML_TILED_MIN_ROWS = 8
 #: what Q6_K's stored codes exceed their values by: its products' ``xs`` hold each
 #: 16-value group's activation sum times ``−Q6_K_OFFSET`` (:func:`_sums_of_16`)
 Q6_K_OFFSET = 32
-#: the tile forms of :func:`_tile_of`: a layout's own, ggml's tiled product's (Q6_K),
-#: its four-row gemm's (Q4_K), and a layout's own for two groups at once, sixteen weight
-#: rows in each 512-bit vector (:func:`pairs_groups`)
-OWN_FORM, TILED_FORM, GEMM_FORM, PAIRED_FORM = 0, 1, 2, 3
-#: ... and ggml's tiled product's (Q6_K) for two groups at once
-PAIRED_TILED_FORM = 4
+#: the tile forms of :func:`_tile_of`: a layout's own, ggml's tiled product's (Q6_K)
+#: and its four-row gemm's (Q4_K)
+OWN_FORM, TILED_FORM, GEMM_FORM = 0, 1, 2
+#: added to a form: its tile for two groups at once, sixteen weight rows in each 512-bit
+#: vector (:func:`pairs_groups`)
+PAIRED = 8
 # the type ids the drivers branch on (Q2_K's and Q6_K's code sums are over 16 values)
 Q2_K, Q4_K, Q5_K, Q6_K = int(Type.Q2_K), int(Type.Q4_K), int(Type.Q5_K), int(Type.Q6_K)
 
@@ -187,7 +187,7 @@ class _RowSums:
 
     def add(self, u: Any, s: Any, u_max: int) -> None:
         """``u`` and ``s`` of 32 bytes (eight weight rows), or of 64 with AVX512-VNNI
-        (sixteen: two groups', :data:`PAIRED_FORM`)."""
+        (sixteen: two groups', :data:`PAIRED`)."""
         b = self.builder
         if _ir.HAS_VNNI:
             bits = 8 * u.type.count
@@ -340,6 +340,11 @@ def _bytes_i(builder: ir.IRBuilder, at: Any) -> Any:
     return builder.zext(v8, _V8I)
 
 
+def _bytes_i_at(builder: ir.IRBuilder, offset: int, base: Any) -> Any:
+    """:func:`_bytes_i` of the eight bytes ``offset`` bytes past ``base``."""
+    return _bytes_i(builder, builder.gep(base, [_I64(offset)]))
+
+
 def _splat_i(builder: ir.IRBuilder, v: Any) -> Any:
     """The i32 ``v`` in each of eight lanes."""
     return _splat_scalar(builder, v, 8)
@@ -374,7 +379,7 @@ class _Block:
     #: ``<8 x float>*`` room for a vector per block and unit that a tile of passes keeps
     #: from its first pass for the later ones (:func:`_tile`), else None
     kept: Any = None
-    #: i8* of the next group's block in a tile of two groups (:data:`PAIRED_FORM`), else None
+    #: i8* of the next group's block in a tile of two groups (:data:`PAIRED`), else None
     base2: Any = None
 
     @property
@@ -450,7 +455,7 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
     (:func:`_units`; ``paired`` for bodies that sum two rows in one vector; ``lanes``
     floats in an accumulator of one row, 16 for bodies whose vector holds two of its
     sums for each of the eight weight rows). ``groups`` 2: groups ``g`` and ``g + 1`` at
-    once, their sixteen rows side by side in 512-bit vectors (:data:`PAIRED_FORM`), into
+    once, their sixteen rows side by side in 512-bit vectors (:data:`PAIRED`), into
     ``out[t0 + t, 8g:8g+16]``.
 
     ``body`` may instead be a list of passes, each a loop over all the blocks that
@@ -894,7 +899,7 @@ def _q5_k_body(blk: _Block, accs: list[list[Any]], codes_at: int) -> list[list[A
     The sub-blocks are summed one after another, each run's nibbles taken twice, rather
     than a pair's two at once: a tile of eight rows then keeps one integer sum a row
     live, not two, and spilled less (a 2048×768 product of 128 rows 4% faster on an
-    Intel Xeon, Emerald Rapids). In a tile of two groups (:data:`PAIRED_FORM`) every
+    Intel Xeon, Emerald Rapids). In a tile of two groups (:data:`PAIRED`) every
     vector holds both groups' sixteen rows, the same arithmetic lane by lane."""
     builder, b, lanes = blk.builder, blk.b, blk.lanes
     floats = ir.VectorType(_F32, lanes)
@@ -935,49 +940,50 @@ def _q4_k_body(
     pair of sub-blocks ``2p, 2p + 1`` instead, four a super-block, as ggml's repacked
     four-row ``ggml_gemm_q4_K_8x8_q8_K`` (x86, AVX2 and AVX-512 alike). Each 32-byte run
     of codes holds four values of pair ``p``'s two sub-blocks for each row: low nibbles
-    sub-block ``2p``, high ones ``2p + 1``."""
-    builder, b = blk.builder, blk.b
+    sub-block ``2p``, high ones ``2p + 1``. In a tile of two groups (:data:`PAIRED`)
+    every vector holds both groups' sixteen rows."""
+    builder, b, lanes = blk.builder, blk.b, blk.lanes
     n_tok = len(accs)
-    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
-    d = _scales(builder, blk.base, blk.table)
-    dmin = _scales(builder, builder.gep(blk.base, [_I64(16)]), blk.table)
+    floats, zero = ir.VectorType(_F32, lanes), ir.Constant(_vec(_I32, lanes), [0] * lanes)
+    d = blk.rows(lambda base: _scales(builder, base, blk.table))
+    dmin = blk.rows(lambda base: _scales(builder, builder.gep(base, [_I64(16)]), blk.table))
     first = builder.mul(b, _I64(8))  # the block's first activation block
     new = [list(a) for a in accs]
-    isums = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
-    imins = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
-    d_x = [_splat_f(builder, blk.load(blk.xd, t, first)) for t in range(n_tok)]  # Q8_K's
+    isums, imins = [zero] * n_tok, [zero] * n_tok
+    d_x = [_splat_scalar(builder, blk.load(blk.xd, t, first), lanes) for t in range(n_tok)]
     scales = [(_fixed_mul(builder, d, d_x[t]), _fixed_mul(builder, dmin, d_x[t]))
               for t in range(n_tok)]  # fmt: skip
     for p in range(4):
-        pair = [[_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(2)]
-                for _ in range(n_tok)]  # fmt: skip
+        pair = [[_RowSums(builder, zero) for _ in range(2)] for _ in range(n_tok)]
         ks = [builder.add(first, _I64(2 * p + h)) for h in range(2)]
         for c in range(8):
             q = blk.code_run(codes_at + 32 * (8 * p + c))
-            halves = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+            width = q.type.count
+            halves = [builder.and_(q, _splat(_I8, width, 15)),
+                      builder.lshr(q, _splat(_I8, width, 4))]  # fmt: skip
             for h, codes in enumerate(halves):
                 for t in range(n_tok):
                     pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 15)
         for h in range(2):
             s = 2 * p + h
-            scales_at, mins_at = (builder.gep(blk.base, [_I64(at + 8 * s)]) for at in (32, 96))
-            sc, mn = _bytes_i(builder, scales_at), _bytes_i(builder, mins_at)
+            sc, mn = (blk.rows(functools.partial(_bytes_i_at, builder, at + 8 * s))
+                      for at in (32, 96))  # fmt: skip
             for t in range(n_tok):
                 isums[t] = builder.add(isums[t], pair[t][h].scaled(sc))
                 x_sum = blk.load(blk.xs, t, ks[h])
-                imins[t] = builder.add(imins[t], builder.mul(mn, _splat_i(builder, x_sum)))
+                minimums = builder.mul(mn, _splat_scalar(builder, x_sum, lanes))
+                imins[t] = builder.add(imins[t], minimums)
         if by_pairs:  # the pair's two integers scaled now, and started afresh
             for t in range(n_tok):
-                isum, imin = (builder.sitofp(v, _V8F) for v in (isums[t], imins[t]))
-                new[t][0] = builder.call(fma, [isum, scales[t][0], new[t][0]])
-                new[t][1] = builder.call(fma, [imin, scales[t][1], new[t][1]])
-            isums = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
-            imins = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
+                isum, imin = (builder.sitofp(v, floats) for v in (isums[t], imins[t]))
+                new[t][0] = _fmuladd(builder, isum, scales[t][0], new[t][0])
+                new[t][1] = _fmuladd(builder, imin, scales[t][1], new[t][1])
+            isums, imins = [zero] * n_tok, [zero] * n_tok
     if not by_pairs:
         for t in range(n_tok):
-            isum, imin = (builder.sitofp(v, _V8F) for v in (isums[t], imins[t]))
-            new[t][0] = builder.call(fma, [isum, scales[t][0], new[t][0]])
-            new[t][1] = builder.call(fma, [imin, scales[t][1], new[t][1]])
+            isum, imin = (builder.sitofp(v, floats) for v in (isums[t], imins[t]))
+            new[t][0] = _fmuladd(builder, isum, scales[t][0], new[t][0])
+            new[t][1] = _fmuladd(builder, imin, scales[t][1], new[t][1])
     return new
 
 
@@ -1257,24 +1263,21 @@ def _emitter(lay: PackedLayout, n_tok: int, ggml_order: bool = False,
     :func:`_lane_order_body`) rather than Q4_0's order, Q6_K in its ``vec_dot``'s
     (:func:`_q6_k_lane_body`); ``form`` :data:`TILED_FORM`: Q6_K in ggml's tiled
     product's order (:func:`_q6_k_tiled_body`), :data:`GEMM_FORM`: Q4_K in its four-row
-    gemm's (else its gemv's, as always), :data:`PAIRED_FORM`: two groups at once, where
-    :func:`pairs_groups` has them."""
-    if form == TILED_FORM and lay.type == Type.Q6_K:
-        return _tile(lay, n_tok, _q6_k_tiled_body, lambda b, a: a[0], 1)
-    if form == PAIRED_TILED_FORM and lay.type == Type.Q6_K and pairs_groups(lay):
-        return _tile(lay, n_tok, _q6_k_tiled_body, lambda b, a: a[0], 1, groups=2)
-    if form == PAIRED_FORM and lay.type == Type.Q5_K and pairs_groups(lay):
-        return _tile(lay, n_tok, _q45_k_body(lay), lambda b, a: b.fsub(a[0], a[1]), 2,
-                     groups=2)  # fmt: skip
-    if form in (PAIRED_FORM, PAIRED_TILED_FORM):
+    gemm's (else its gemv's, as always); any of them plus :data:`PAIRED`: two groups at
+    once, where :func:`pairs_groups` has them."""
+    groups = 2 if form & PAIRED else 1
+    form &= ~PAIRED
+    if groups == 2 and not pairs_groups(lay, form):
         raise ValueError(f"{lay.type.name} has no such tile of two groups on this host")
+    if form == TILED_FORM and lay.type == Type.Q6_K:
+        return _tile(lay, n_tok, _q6_k_tiled_body, lambda b, a: a[0], 1, groups=groups)
     if form not in (OWN_FORM, GEMM_FORM) or (form == GEMM_FORM and lay.type != Type.Q4_K):
         kind = "tiled product's" if form == TILED_FORM else "gemm's"
         raise ValueError(f"ggml's {kind} order is not implemented for {lay.type.name}")
     n_accs = _accumulators(lay, ggml_order)
     if lay.type in (Type.Q4_K, Type.Q5_K):
         return _tile(lay, n_tok, _q45_k_body(lay, form == GEMM_FORM),
-                     lambda b, a: b.fsub(a[0], a[1]), n_accs)  # fmt: skip
+                     lambda b, a: b.fsub(a[0], a[1]), n_accs, groups=groups)  # fmt: skip
     if lay.type == Type.Q2_K:
         return _tile(lay, n_tok, _q2_k_body, lambda b, a: b.fsub(a[0], a[1]), n_accs)
     if lay.type == Type.Q6_K and n_accs == 8:
@@ -1364,22 +1367,25 @@ def tile_rows(lay: PackedLayout, ggml_order: bool = False) -> int:
     return TILE
 
 
-def pairs_groups(lay: PackedLayout) -> bool:
-    """Whether a driver multiplies two groups of layout ``lay`` at once in its tiles of
-    :func:`tile_rows` rows: Q5_K (:data:`PAIRED_FORM`) and Q6_K in ggml's tiled order
-    (:data:`PAIRED_TILED_FORM`, the order of prompts with ``ggml_order``) with
-    AVX512-VNNI and 32 registers, off Zen cores. An AVX-512 Xeon's cores run a 512-bit
-    ``vpdpbusd`` as fast as a 256-bit one (Emerald Rapids: 12 independent chains, 0.17
-    ns an instruction either way), and a group's eight rows fill 256 bits only: two groups'
+def pairs_groups(lay: PackedLayout, form: int = OWN_FORM) -> bool:
+    """Whether a driver multiplies two groups of layout ``lay`` at once in its full-height
+    tiles of ``form`` (that form plus :data:`PAIRED`): the K-quants whose products a
+    prompt spends its time in — Q4_K (its own form and ggml's four-row gemm's), Q5_K,
+    and Q6_K in ggml's tiled order (prompts with ``ggml_order``) — with AVX512-VNNI and
+    32 registers, off Zen cores. An AVX-512 Xeon's cores run a 512-bit ``vpdpbusd`` as
+    fast as a 256-bit one (Emerald Rapids: 12 independent chains, 0.17 ns an
+    instruction either way), and a group's eight rows fill 256 bits only: two groups'
     rows side by side in one vector do twice the work per instruction, the codes of
-    each run unpacked once for both. A 2048×768 Q5_K product of 128 rows, one thread,
-    took 1.70 ms against 2.34 in one group's tiles, Q6_K's 1.83-1.94 against 2.36
-    (2026-11-27). A Zen 4 core runs a
-    512-bit instruction as two 256-bit halves, so there it would only add the joining
-    of both groups' codes; Zen cores are not measured, and keep one group a tile. The
-    same integers and float steps lane by lane, so the same bits as a group alone."""
-    paired = {Type.Q5_K, Type.Q6_K}
-    return lay.type in paired and _ir.HAS_VNNI and _ir.HAS_32_REGS and not _ir.ON_ZEN
+    each run unpacked once for both. A 2048×768 product of 128 rows, one thread, Q5_K
+    took 1.70 ms against 2.34 in one group's tiles, Q6_K 1.83-1.94 against 2.36
+    (2026-11-27). A Zen 4 core runs a 512-bit instruction as two 256-bit halves, so
+    there it would only add the joining of both groups' codes; Zen cores are not
+    measured, and keep one group a tile. The same integers and float steps lane by
+    lane, so the same bits as a group alone."""
+    if not (_ir.HAS_VNNI and _ir.HAS_32_REGS) or _ir.ON_ZEN:
+        return False
+    return (lay.type, form) in {(Type.Q4_K, OWN_FORM), (Type.Q4_K, GEMM_FORM),
+                                (Type.Q5_K, OWN_FORM), (Type.Q6_K, TILED_FORM)}  # fmt: skip
 
 
 def _sizes(top: int) -> list[int]:
@@ -1408,13 +1414,13 @@ def _kinds_of_height(typingctx: Any, mask: Any, height: Any) -> Any:
 @intrinsic(prefer_literal=True)
 def _paired_kinds(typingctx: Any, mask: Any, form: Any) -> Any:
     """The bit set (as :func:`kinds_mask`) of the layouts in the constant ``mask`` whose
-    drivers have tiles of two groups in the constant ``form`` (:data:`PAIRED_FORM` or
-    :data:`PAIRED_TILED_FORM`; :func:`pairs_groups`, :func:`_forms`)."""
+    drivers have tiles of two groups in the constant ``form`` (:func:`pairs_groups`,
+    :func:`_forms`)."""
     if not isinstance(mask, types.IntegerLiteral) or not isinstance(form, types.IntegerLiteral):
         return None
     ggml_order = bool(mask.literal_value & GGML_ORDER_BIT)
     kinds = sum(1 << int(t) for t, _ in _chosen(mask.literal_value)
-                if form.literal_value in _forms(t, ggml_order))  # fmt: skip
+                if form.literal_value | PAIRED in _forms(t, ggml_order))  # fmt: skip
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         return _I64(kinds)
@@ -1439,16 +1445,14 @@ def _chosen(mask: int) -> list[tuple[Type, PackedLayout]]:
 def _forms(t: Type, ggml_order: bool) -> tuple[int, ...]:
     """The tile forms a driver compiles for ``t`` weights: its own, and with ggml's order
     for Q6_K ggml's tiled product's too (:data:`GGML_TILED_MIN_ROWS`), for Q4_K its
-    four-row gemm's (:data:`GGML_GEMM_ROWS`); two groups' where :func:`pairs_groups`."""
-    if pairs_groups(LAYOUTS[t]) and t == Type.Q6_K:
-        return (OWN_FORM, TILED_FORM, PAIRED_TILED_FORM) if ggml_order else (OWN_FORM,)
-    if pairs_groups(LAYOUTS[t]):
-        return (OWN_FORM, PAIRED_FORM)
+    four-row gemm's (:data:`GGML_GEMM_ROWS`); and each for two groups at once where
+    :func:`pairs_groups`."""
+    forms: tuple[int, ...] = (OWN_FORM,)
     if ggml_order and t == Type.Q6_K:
-        return (OWN_FORM, TILED_FORM)
+        forms = (OWN_FORM, TILED_FORM)
     if ggml_order and t == Type.Q4_K:
-        return (OWN_FORM, GEMM_FORM)
-    return (OWN_FORM,)
+        forms = (OWN_FORM, GEMM_FORM)
+    return forms + tuple(f | PAIRED for f in forms if pairs_groups(LAYOUTS[t], f))
 
 
 def _tile_key(form: int, kind: int, n: int) -> int:
@@ -1481,8 +1485,7 @@ def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, tab
         for t, lay in chosen:
             for form in _forms(t, ggml_order):
                 top = tile_rows(lay, ggml_order)
-                paired = form in (PAIRED_FORM, PAIRED_TILED_FORM)
-                for size in [top] if paired else _sizes(top):
+                for size in [top] if form & PAIRED else _sizes(top):
                     case = builder.append_basic_block(f"tile_of.{t.name}.{form}.{size}")
                     switch.add_case(_I64(_tile_key(form, int(t), size)), case)
                     builder.position_at_end(case)
@@ -1502,14 +1505,16 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
     :func:`tile_rows`, the remainder in tiles of up to four. With ggml's order, Q4_K's
     first ``4·⌊n/4⌋`` rows (ggml's gemm's groups, :data:`GGML_GEMM_ROWS`) and the rest
     are tiled apart, in their two forms. Where :func:`pairs_groups`, two groups at a
-    time take their full-height tiles together (:data:`PAIRED_FORM`), the rest of the
+    time take their full-height tiles together (:data:`PAIRED`), the rest of the
     rows and a last odd group alone.
     (Inlined before typing, so the caller's constant ``mask`` reaches :func:`_tile_of`
     as one.)"""
     n_tok = xq.shape[0]
     top = _top(mask, kind)
-    pairs_own = (_paired_kinds(mask, PAIRED_FORM) >> kind) & 1  # type: ignore[call-arg]
-    pairs_tiled = (_paired_kinds(mask, PAIRED_TILED_FORM) >> kind) & 1  # type: ignore[call-arg]
+    # whether this kind's tiles of each form take two groups (a bit per form)
+    pairs = ((_paired_kinds(mask, OWN_FORM) >> kind) & 1) << OWN_FORM  # type: ignore[call-arg]
+    pairs |= ((_paired_kinds(mask, TILED_FORM) >> kind) & 1) << TILED_FORM  # type: ignore[call-arg]
+    pairs |= ((_paired_kinds(mask, GEMM_FORM) >> kind) & 1) << GEMM_FORM  # type: ignore[call-arg]
     rest = min(top, TILE)  # the heights below ``top`` that the switch has
     form = OWN_FORM  # ggml's tiled product where llama.cpp takes it (GGML_TILED_MIN_ROWS)
     if mask & GGML_ORDER_BIT and kind == Q6_K and n_tok >= GGML_TILED_MIN_ROWS:
@@ -1519,15 +1524,13 @@ def _groups(packed: Any, g0: int, g1: int, xq: Any, xd: Any, xs: Any, table: Any
         gemm_rows = n_tok // GGML_GEMM_ROWS * GGML_GEMM_ROWS
     g = g0
     while g < g1:
-        two = (pairs_own == 1 or pairs_tiled == 1) and g + 1 < g1
+        two = pairs != 0 and g + 1 < g1
         t = 0
         while t < n_tok:
             end, f = (gemm_rows, GEMM_FORM) if t < gemm_rows else (n_tok, form)
             n = top if end - t >= top else min(rest, end - t)
-            if two and n == top and f == OWN_FORM and pairs_own == 1:
-                _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, PAIRED_FORM, mask)  # type: ignore[call-arg]
-            elif two and n == top and f == TILED_FORM and pairs_tiled == 1:
-                _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, PAIRED_TILED_FORM, mask)  # type: ignore[call-arg]
+            if two and n == top and (pairs >> f) & 1:
+                _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, f | PAIRED, mask)  # type: ignore[call-arg]
             else:
                 _tile_of(packed, g, xq, xd, xs, table, t, out, kind, n, f, mask)  # type: ignore[call-arg]
                 if two:
