@@ -1429,6 +1429,18 @@ def _paired_kinds(typingctx: Any, mask: Any, form: Any) -> Any:
 
 
 @njit(inline="always")
+def _chunk_unit(mask: int) -> int:
+    """The groups a parallel driver's chunks hold a multiple of: two where a kind in
+    ``mask`` pairs groups (:func:`pairs_groups`), else one. 64 chunks of a 96-group
+    product hold one or two groups each, and a chunk's odd group is multiplied alone:
+    a third of a 768-row product's groups were (which chunk a group is in changes no
+    bit)."""
+    paired = _paired_kinds(mask, OWN_FORM) | _paired_kinds(mask, TILED_FORM)  # type: ignore[call-arg]
+    paired |= _paired_kinds(mask, GEMM_FORM)  # type: ignore[call-arg]
+    return 2 if paired else 1
+
+
+@njit(inline="always")
 def _top(mask: int, kind: int) -> int:
     """The rows of the tiles of type id ``kind`` in a driver for ``mask`` (:func:`tile_rows`)."""
     if (_kinds_of_height(mask, WIDE_TILE) >> kind) & 1:  # type: ignore[call-arg]
@@ -1677,8 +1689,9 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
         if not quantized:
             _quantize(x, xq, xd, xs, table, kind)
         total = starts[len(packs)]
+        unit = _chunk_unit(mask)
         for c in prange(_CHUNKS):
-            lo, hi = chunk_span(c, total, 1)
+            lo, hi = chunk_span(c, total, unit)
             for m in range(len(packs)):
                 g0, g1 = max(lo, starts[m]) - starts[m], min(hi, starts[m + 1]) - starts[m]
                 if g0 < g1:
