@@ -345,11 +345,6 @@ def _bytes_i_at(builder: ir.IRBuilder, offset: int, base: Any) -> Any:
     return _bytes_i(builder, builder.gep(base, [_I64(offset)]))
 
 
-def _splat_i(builder: ir.IRBuilder, v: Any) -> Any:
-    """The i32 ``v`` in each of eight lanes."""
-    return _splat_scalar(builder, v, 8)
-
-
 def _bytes_at(builder: ir.IRBuilder, offset: int, base: Any) -> Any:
     """:func:`_bytes_f` of the eight bytes ``offset`` bytes past ``base``."""
     return _bytes_f(builder, builder.gep(base, [_I64(offset)]))
@@ -1435,7 +1430,7 @@ def _chunk_unit(mask: int) -> int:
     product hold one or two groups each, and a chunk's odd group is multiplied alone:
     a third of a 768-row product's groups were (which chunk a group is in changes no
     bit)."""
-    paired = _paired_kinds(mask, OWN_FORM) | _paired_kinds(mask, TILED_FORM)  # type: ignore[call-arg]
+    paired: int = _paired_kinds(mask, OWN_FORM) | _paired_kinds(mask, TILED_FORM)  # type: ignore[call-arg]
     paired |= _paired_kinds(mask, GEMM_FORM)  # type: ignore[call-arg]
     return 2 if paired else 1
 
