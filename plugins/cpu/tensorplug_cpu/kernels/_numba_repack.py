@@ -340,16 +340,6 @@ def _bytes_i(builder: ir.IRBuilder, at: Any) -> Any:
     return builder.zext(v8, _V8I)
 
 
-def _bytes_i_at(builder: ir.IRBuilder, offset: int, base: Any) -> Any:
-    """:func:`_bytes_i` of the eight bytes ``offset`` bytes past ``base``."""
-    return _bytes_i(builder, builder.gep(base, [_I64(offset)]))
-
-
-def _bytes_at(builder: ir.IRBuilder, offset: int, base: Any) -> Any:
-    """:func:`_bytes_f` of the eight bytes ``offset`` bytes past ``base``."""
-    return _bytes_f(builder, builder.gep(base, [_I64(offset)]))
-
-
 def _bytes_f(builder: ir.IRBuilder, at: Any) -> Any:
     """The eight unsigned bytes at ``at`` as ``<8 x float>``."""
     v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
@@ -382,12 +372,18 @@ class _Block:
         """The weight rows whose sums a vector of this tile holds side by side."""
         return 8 if self.base2 is None else 16
 
-    def rows(self, load: Callable[[Any], Any]) -> Any:
-        """``load(base)`` of the block's eight rows (``<8 x T>``), or in a tile of two
-        groups both groups' rows, the first's in the low lanes."""
-        if self.base2 is None:
-            return load(self.base)
-        return _concat(self.builder, load(self.base), load(self.base2))
+    def rows(self, offset: int, load: Callable[[ir.IRBuilder, Any], Any]) -> Any:
+        """``load(builder, at)`` of the block's eight rows' values at byte ``offset``
+        (``<8 x T>``, or the code bytes of a run), or in a tile of two groups both
+        groups', the first's in the low lanes."""
+        b = self.builder
+        bases = [self.base] if self.base2 is None else [self.base, self.base2]
+        loaded = [load(b, b.gep(base, [_I64(offset)])) for base in bases]
+        return loaded[0] if len(loaded) == 1 else _concat(b, *loaded)
+
+    def scales(self, offset: int) -> Any:
+        """The rows' f16 values at byte ``offset`` as floats (:func:`_scales`, :meth:`rows`)."""
+        return self.rows(offset, lambda b, at: _scales(b, at, self.table))
 
     def kept_at(self, unit: int) -> Any:
         """The ``<8 x float>*`` that unit ``unit`` keeps for this block."""
@@ -397,10 +393,7 @@ class _Block:
     def code_run(self, at: int) -> Any:
         """The 32 code bytes at ``at`` of the block (in a tile of two groups, 64: both
         groups' runs, as :meth:`rows`)."""
-        b = self.builder
-        return self.rows(
-            lambda base: b.load(b.bitcast(b.gep(base, [_I64(at)]), _V32B.as_pointer()), align=1)
-        )
+        return self.rows(at, lambda b, p: b.load(b.bitcast(p, _V32B.as_pointer()), align=1))
 
     def x_at(self, t: int, k: Any, at: int) -> Any:
         """The ``i8*`` of activation row ``t``'s code ``at`` of block ``k``."""
@@ -898,8 +891,7 @@ def _q5_k_body(blk: _Block, accs: list[list[Any]], codes_at: int) -> list[list[A
     vector holds both groups' sixteen rows, the same arithmetic lane by lane."""
     builder, b, lanes = blk.builder, blk.b, blk.lanes
     floats = ir.VectorType(_F32, lanes)
-    d = blk.rows(lambda base: _scales(builder, base, blk.table))
-    dmin = blk.rows(lambda base: _scales(builder, builder.gep(base, [_I64(16)]), blk.table))
+    d, dmin = blk.scales(0), blk.scales(16)
     first = builder.mul(b, _I64(8))  # the block's first activation block
     d_x = [_splat_scalar(builder, blk.load(blk.xd, t, first), lanes) for t in range(len(accs))]
     new = [list(a) for a in accs]
@@ -915,8 +907,8 @@ def _q5_k_body(blk: _Block, accs: list[list[Any]], codes_at: int) -> list[list[A
             codes = builder.or_(nibbles, _q5_k_fifth_bits(blk, c, s, codes_at))
             for t, row_sums in enumerate(sums):
                 row_sums.add(codes, blk.x_word(t, k, 4 * c), 31)
-        sc, mn = (_fixed_mul(builder, scale, blk.rows(functools.partial(_bytes_at, builder, at)))
-                  for scale, at in ((d, 32 + 8 * s), (dmin, 96 + 8 * s)))  # fmt: skip
+        sc = _fixed_mul(builder, d, blk.rows(32 + 8 * s, _bytes_f))
+        mn = _fixed_mul(builder, dmin, blk.rows(96 + 8 * s, _bytes_f))
         for t, row_sums in enumerate(sums):
             isum = builder.sitofp(row_sums.flush(), floats)
             new[t][0] = _fmuladd(builder, _fixed_mul(builder, sc, d_x[t]), isum, new[t][0])
@@ -940,8 +932,7 @@ def _q4_k_body(
     builder, b, lanes = blk.builder, blk.b, blk.lanes
     n_tok = len(accs)
     floats, zero = ir.VectorType(_F32, lanes), ir.Constant(_vec(_I32, lanes), [0] * lanes)
-    d = blk.rows(lambda base: _scales(builder, base, blk.table))
-    dmin = blk.rows(lambda base: _scales(builder, builder.gep(base, [_I64(16)]), blk.table))
+    d, dmin = blk.scales(0), blk.scales(16)
     first = builder.mul(b, _I64(8))  # the block's first activation block
     new = [list(a) for a in accs]
     isums, imins = [zero] * n_tok, [zero] * n_tok
@@ -961,8 +952,7 @@ def _q4_k_body(
                     pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 15)
         for h in range(2):
             s = 2 * p + h
-            sc, mn = (blk.rows(functools.partial(_bytes_i_at, builder, at + 8 * s))
-                      for at in (32, 96))  # fmt: skip
+            sc, mn = blk.rows(32 + 8 * s, _bytes_i), blk.rows(96 + 8 * s, _bytes_i)
             for t in range(n_tok):
                 isums[t] = builder.add(isums[t], pair[t][h].scaled(sc))
                 x_sum = blk.load(blk.xs, t, ks[h])
@@ -1145,13 +1135,11 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
 def _q6_k_group_scales(blk: _Block, g: int) -> Any:
     """The eight rows' signed scales of Q6_K's 16-value group ``g`` as ``<8 x i32>``
     (both groups' sixteen in a tile of two, :meth:`_Block.rows`)."""
-    b = blk.builder
 
-    def load(base: Any) -> Any:
-        at = b.gep(base, [_I64(16 + 8 * g)])
+    def load(b: ir.IRBuilder, at: Any) -> Any:
         return b.sext(b.load(b.bitcast(at, _vec(_I8, 8).as_pointer()), align=1), _V8I)
 
-    return blk.rows(load)
+    return blk.rows(16 + 8 * g, load)
 
 
 def _q6_k_offset_share(blk: _Block, t: int, g: int) -> Any:
@@ -1181,7 +1169,7 @@ def _q6_k_tiled_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     times ``d_w`` (rounded), then fused with ``d_x`` into the row's one sum."""
     builder, b, lanes = blk.builder, blk.b, blk.lanes
     n_tok = len(accs)
-    d = blk.rows(lambda base: _scales(builder, base, blk.table))
+    d = blk.scales(0)
     first = builder.mul(b, _I64(8))  # the block's first activation block
     totals = [ir.Constant(_vec(_I32, lanes), [0] * lanes) for _ in range(n_tok)]
     for n in range(2):
