@@ -32,10 +32,12 @@ Q8_0 with ``ggml_order``: eight float sums a row (and for Q4_1 and Q5_1 the mini
 The activations are rounded as ggml does for the type
 (:func:`._numba_quant.quantize_activations`: Q8_0, Q8_1, Q8_K).
 
-A repacked product is one sequential stream of bytes, which the hardware prefetchers
-follow: asking for the blocks ahead made Q4_K 25% slower from memory (59 → 43 G
-weights/s) and Q4_0 and Q8_0 no faster on the Zen 4 dev machine (32 4096×768 matrices,
-one core); the four-row kernels of the natural layout, four streams at once, needed it.
+A repacked product is one sequential stream of bytes, which a Zen 4 core's hardware
+prefetchers follow: asking for the blocks ahead made Q4_K 25% slower from memory there
+(59 → 43 G weights/s) and Q4_0 and Q8_0 no faster (32 4096×768 matrices, one core). An
+Intel Xeon's core did not keep up with the stream alone: off Zen cores each tile asks
+for the bytes 4 KiB ahead (:func:`prefetches`: one row's products 15-35% faster from
+memory there).
 The stream must also be read in order *within* a block: Q6_K's ``vec_dot``-order tile
 (:func:`_q6_k_lane_body`) once took its 1,680-byte block chunk by chunk across both
 halves (two streams 768 bytes apart, one step each) and from memory ran at 8 GB/s
@@ -88,11 +90,13 @@ __all__ = [
     "OWN_SUMS",
     "SUMS_OF_16",
     "PackedKernels",
+    "PREFETCH_AHEAD",
     "activation_form",
     "kinds_mask",
     "packed_job",
     "packed_job_block",
     "packed_kernels",
+    "prefetches",
     "quantize_rows",
     "sums_span",
     "tile_kernel",
@@ -432,6 +436,40 @@ def _units(n_tok: int, paired: bool) -> list[tuple[int, ...]]:
 Pass = tuple[Body, list[int]]
 
 
+#: how far ahead of the block it multiplies a tile asks for bytes (:func:`prefetches`):
+#: from 2 to 16 KiB alike on the Xeon measured, 1 KiB half as much gain, 512 B little
+PREFETCH_AHEAD = 4096
+
+
+def prefetches() -> bool:
+    """Whether a tile asks for the bytes :data:`PREFETCH_AHEAD` ahead of each block it
+    reads (one ``prefetcht0`` a cache line of the block): everywhere but Zen cores.
+
+    One core of an Intel Xeon (Emerald Rapids, a KVM guest) followed a repacked
+    matrix's one stream from memory at 10 GB/s alone, and at 14 with the prefetches,
+    where the file's layout, whose four-row kernels prefetch, ran at 12: a
+    262144×640 Q4_0 product by one row (Gemma 3's output) 9.35 → 6.63 ms, the AVX2 form
+    10.8 → 6.9; 32000×768 by one row Q4_1 1.68 → 1.13 ms, Q8_0 2.26 → 1.78, Q4_K 1.36
+    → 1.11, Q5_K 1.76 → 1.36, Q6_K 2.08 → 1.68, by two rows 12-38% less (one thread,
+    ``bench_repack.py --from-memory``, 2026-11-28). A 128-row prompt's products from
+    cache took as long either way. On a Zen 4 core asking for the blocks ahead made
+    Q4_K 25% slower from memory and Q4_0 and Q8_0 no faster (the hardware prefetchers
+    there keep up with one stream): Zen cores, not measured since, do not ask. The
+    values are the same either way: a prefetch reads nothing into a register."""
+    return not _ir.ON_ZEN
+
+
+def _ask_ahead(builder: ir.IRBuilder, bases: list[Any], nbytes: int) -> None:
+    """Prefetches into L1 each cache line of ``nbytes`` at each of ``bases``, moved
+    :data:`PREFETCH_AHEAD` bytes on: blocks lie back to back, so every line of the
+    stream is asked for by one block or the next."""
+    hint = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), _I8.as_pointer(), _I32, _I32, _I32)
+    for base in bases:
+        for offset in range(0, nbytes, 64):
+            at = builder.gep(base, [_I64(PREFETCH_AHEAD + offset)])
+            builder.call(hint, [at, _I32(0), _I32(3), _I32(1)])  # read, keep close, data
+
+
 def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish, n_accs: int,
           paired: bool = False, lanes: int = 8, groups: int = 1) -> Emit:  # fmt: skip
     """The IR of a tile, for arguments ``(packed, g, xq, xd, xs, table, t0, out, …)``:
@@ -455,6 +493,7 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
     call only (``llvm.stacksave``/``stackrestore``)."""
     units = _units(n_tok, paired)
     passes = body if isinstance(body, list) else [(body, list(range(n_accs)))]
+    prefetch = prefetches()
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> None:
         arrays = [context.make_array(sig.args[i])(context, builder, args[i])
@@ -501,6 +540,8 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
                 at = builder.mul(b, _I64(lay.block))
                 base = builder.gep(group, [at])
                 base2 = None if group2 is None else builder.gep(group2, [at])
+                if prefetch and pass_body is passes[0][0]:  # a later pass reads the same
+                    _ask_ahead(builder, [base] if base2 is None else [base, base2], lay.block)
                 new = pass_body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table,
                                        units, kept, base2), accs)  # fmt: skip
                 new_flat = [v for vals in new for v in vals]
