@@ -422,6 +422,8 @@ for name, ggml_order, tiled in [(n, False, False) for n in names] + ggml_ordered
     err = np.abs(out[computed] - expected[computed]).max() / np.abs(expected).max()
     assert err < 2e-6, (name, ggml_order, err)
     print(name + ("_tiled" if tiled else "_ggml" if ggml_order else ""), "ok")
+# the last tile's IR (Q4_K in ggml's order) asks for the stream ahead off Zen cores only
+print("prefetch", "llvm.prefetch" in "".join(run.inspect_llvm().values()))
 
 # a driver takes tiles of the layout's height on this host (rp.tile_rows: 8, 4 or 2), the
 # rest in tiles of up to four: 11 rows at once give each row's bits alone, and the right
@@ -467,7 +469,8 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     table-decoded scales. This machine compiles each form in a fresh process (the choice
     is made when a kernel is first compiled) and checks its widest tiles against the
     decoded weights, and its drivers' tile heights with 32 vector registers (an AVX-512
-    Zen core without VNNI: Q6_K's tiles of eight) and with 16."""
+    Zen core without VNNI: Q6_K's tiles of eight) and with 16, and that a tile
+    prefetches the stream ahead off Zen cores only."""
     pytest.importorskip("numba", reason="the repacked products are numba's")
     code = textwrap.dedent(_OTHER_HOSTS).format(flags=flags)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -483,7 +486,8 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
         "Q6_K": 8 if flags[3] and flags[4] else 4,  # eights on a Zen core (flags[4]) only
     }
     drivers = [w for t, n in rows.items() for w in ("driver", t, str(n), "ok")]
-    assert done.stdout.split() == [w for n in names for w in (n, "ok")] + drivers
+    prefetch = ["prefetch", str(not flags[4])]  # rp.prefetches: not on a Zen core
+    assert done.stdout.split() == [w for n in names for w in (n, "ok")] + prefetch + drivers
 
 
 @pytest.mark.parametrize(
