@@ -170,13 +170,9 @@ class _Block:
     def prefetch(self, at: Any, nbytes: int) -> None:
         """Ask for bytes ``at..at+nbytes`` of each row :data:`PREFETCH_ROWS` rows ahead."""
         builder = self.builder
-        hint = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), ir.IntType(8).as_pointer(),
-                   _I32, _I32, _I32)  # fmt: skip
-        ahead = builder.mul(_I64(PREFETCH_ROWS), self.stride)
+        ahead = builder.add(builder.mul(_I64(PREFETCH_ROWS), self.stride), at)
         for row in self.rows:
-            for off in range(0, nbytes, 64):
-                where = builder.gep(row, [builder.add(ahead, builder.add(at, _I64(off)))])
-                builder.call(hint, [where, _I32(0), _I32(3), _I32(1)])
+            _ir.prefetch_lines(builder, builder.gep(row, [ahead]), nbytes)
 
     def x_block(self, k: Any) -> Any:
         """Activation block ``k``'s 32 codes as ``<32 x i8>``."""

@@ -459,17 +459,6 @@ def prefetches() -> bool:
     return not _ir.ON_ZEN
 
 
-def _ask_ahead(builder: ir.IRBuilder, bases: list[Any], nbytes: int) -> None:
-    """Prefetches into L1 each cache line of ``nbytes`` at each of ``bases``, moved
-    :data:`PREFETCH_AHEAD` bytes on: blocks lie back to back, so every line of the
-    stream is asked for by one block or the next."""
-    hint = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), _I8.as_pointer(), _I32, _I32, _I32)
-    for base in bases:
-        for offset in range(0, nbytes, 64):
-            at = builder.gep(base, [_I64(PREFETCH_AHEAD + offset)])
-            builder.call(hint, [at, _I32(0), _I32(3), _I32(1)])  # read, keep close, data
-
-
 def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish, n_accs: int,
           paired: bool = False, lanes: int = 8, groups: int = 1) -> Emit:  # fmt: skip
     """The IR of a tile, for arguments ``(packed, g, xq, xd, xs, table, t0, out, …)``:
@@ -522,7 +511,8 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
             saved = builder.call(_fn(builder, "llvm.stacksave", i8p), [])
             kept = builder.alloca(_V8F, size=builder.mul(n, _I64(len(units))))
         flat = [z for z in zeros for _ in range(n_accs)]
-        for pass_body, which in passes:
+        for k, (pass_body, which) in enumerate(passes):
+            ask = prefetch and k == 0  # a later pass reads the bytes the first brought in
             carried = [n_accs * i + a for i in range(len(units)) for a in which]
             before = flat
 
@@ -532,6 +522,7 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
                 pass_body: Body = pass_body,
                 carried: list[int] = carried,
                 before: list[Any] = before,
+                ask: bool = ask,
             ) -> list[Any]:
                 full = list(before)
                 for at, v in zip(carried, values, strict=True):
@@ -540,8 +531,9 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
                 at = builder.mul(b, _I64(lay.block))
                 base = builder.gep(group, [at])
                 base2 = None if group2 is None else builder.gep(group2, [at])
-                if prefetch and pass_body is passes[0][0]:  # a later pass reads the same
-                    _ask_ahead(builder, [base] if base2 is None else [base, base2], lay.block)
+                for read in ([base] if base2 is None else [base, base2]) if ask else []:
+                    ahead = builder.gep(read, [_I64(PREFETCH_AHEAD)])
+                    _ir.prefetch_lines(builder, ahead, lay.block)
                 new = pass_body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table,
                                        units, kept, base2), accs)  # fmt: skip
                 new_flat = [v for vals in new for v in vals]
