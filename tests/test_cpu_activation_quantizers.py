@@ -4,7 +4,9 @@ and code sums, Q8_K's codes and scales. The kernels find each block's largest ma
 in four interleaved running maxima and round with ggml's ``nearest_int`` addition
 (``_numba_quant._nearest``); neither may change a bit: ties of exactly half, blocks of
 zeros, magnitudes from 1e-38 to 1e30, a largest magnitude met twice with both signs
-(Q8_K keeps the first), and a NaN, which every running maximum skips."""
+(Q8_K keeps the first), and a NaN, which every running maximum skips. A Q8_K super-block
+whose scale is zero (of NaNs only, or an infinite largest magnitude) is ggml's zeros and
+``d = 1/iscale``, where its division by a signed zero raised ZeroDivisionError."""
 
 from __future__ import annotations
 
@@ -84,3 +86,27 @@ def test_a_nan_is_skipped_by_the_largest_magnitude(fn: object) -> None:
     others = np.ones(x.shape, bool)
     others[1, 3] = False
     assert np.array_equal(xq[others], clean[0][others])
+
+
+@pytest.mark.parametrize(
+    ("bad", "d"), [(np.inf, -np.inf), (-np.inf, np.inf), (np.nan, 0.0)], ids=["inf", "-inf", "nan"]
+)
+def test_q8_k_of_a_super_block_scaled_by_zero_is_ggmls(bad: float, d: float) -> None:
+    """``iscale = −127/±inf`` is a signed zero: ggml's ``nearest_int`` makes 0 of every
+    ``0·x`` (the NaN ``0·inf`` too) and ``d = 1/iscale`` the opposite infinity; a
+    super-block of NaNs has ``amax`` 0, and ggml writes zeros with ``d = 0``. The other
+    super-blocks and rows keep their codes."""
+    x = _rows()[40:43].copy()
+    clean = _quantized(quantize_q8_k, x)
+    if np.isnan(bad):
+        x[1, 256:] = np.nan
+    else:
+        x[1, 300] = bad
+    xq, xd, xs = _quantized(quantize_q8_k, x)
+    assert not xq[1, 256:].any() and not xs[1, 8:].any()
+    assert np.array_equal(xd[1, 8:], np.full(8, d, np.float32))
+    kept = np.ones(x.shape, bool)
+    kept[1, 256:] = False
+    assert np.array_equal(xq[kept], clean[0][kept])
+    assert np.array_equal(xd[:, :8], clean[1][:, :8]) and np.array_equal(xs[:, :8], clean[2][:, :8])
+    assert np.array_equal(xd[[0, 2]], clean[1][[0, 2]])

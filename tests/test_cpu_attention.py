@@ -112,6 +112,31 @@ def _rope_ref(
     return out
 
 
+@pytest.mark.parametrize("tokens", [7, 300])  # a step's few rows, a prompt's chunks
+def test_a_zero_frequency_factor_gives_ggmls_nan_not_an_error(tokens: int) -> None:
+    """``θ / 0`` is inf (0/0 NaN at position 0), and its pair's rotation NaN, as ggml's
+    float division gives; numba's Python error model raised ZeroDivisionError from the
+    kernel instead (a model file's ``rope_freqs`` is untrusted). The other pairs are
+    the formula's."""
+    a = tp.new_tensor("f32", (1, tokens, 2, 8), "a")
+    pos = tp.new_tensor(tp.Type.I32, (tokens,), "pos")
+    ff = tp.new_tensor("f32", (4,), "ff")
+    params = {"freq_base": 10000.0, "freq_scale": 1.0, "ext_factor": 0.0, "attn_factor": 1.0}
+    out = ops.rope(a, pos, 8, tp.RopeMode.NEOX, freq_factors=ff, **params)  # type: ignore[arg-type]
+    # its own generator: the shared one's draws are the other tests' data
+    av = np.random.default_rng(7).standard_normal(a.shape).astype(np.float32)
+    pv = np.arange(tokens, dtype=np.int32)
+    ffv = np.array([1.0, 0.0, 2.0, 1.5], np.float32)
+    compute(out, {a: av, pos: pv, ff: ffv})
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = _rope_ref(av.astype(np.float64), pv.astype(np.float64), 8, True,
+                             ff=ffv.astype(np.float64), **params)  # fmt: skip
+    got = tp.get_array(out).astype(np.float64)
+    assert np.isnan(got[..., [1, 5]]).all()  # the pair of factor 0: dims 1 and 1 + half
+    kept = [0, 2, 3, 4, 6, 7]
+    assert nmse(got[..., kept], expected[..., kept]) < 1e-9
+
+
 @pytest.mark.parametrize("mode", [tp.RopeMode.NORMAL, tp.RopeMode.NEOX])
 @pytest.mark.parametrize("n_dims", [16, 12])
 @pytest.mark.parametrize("yarn", [False, True])

@@ -190,6 +190,23 @@ def test_norm_and_rms_norm_on_a_permuted_input(t: tp.Type) -> None:
     assert nmse(_as_f64(outs[1]), rms) < tol
 
 
+@pytest.mark.parametrize("shape", [(3, 64), (300, 768)])  # a step's rows, a prompt's chunks
+def test_rms_norm_of_zeros_with_eps_0_is_ggmls_nan_not_an_error(shape: tuple[int, int]) -> None:
+    """``1/sqrt(0 + 0)`` is inf and ``0·inf`` NaN in ggml; numba's Python error model
+    raised ZeroDivisionError from the kernel instead (a model file may say eps 0). Other
+    rows are normalized as with any eps."""
+    x = tp.new_tensor(tp.Type.F32, shape, "x")
+    out = ops.rms_norm(x, 0.0)
+    xv = np.random.default_rng(7).standard_normal(shape).astype(np.float32)  # RNG: others'
+    xv[1] = 0
+    compute([out], {x: xv})
+    got = tp.get_array(out).astype(np.float64)
+    assert np.isnan(got[1]).all()
+    rest = np.delete(xv, 1, axis=0).astype(np.float64)
+    expected = rest / np.sqrt((rest**2).mean(-1, keepdims=True))
+    assert nmse(np.delete(got, 1, axis=0), expected) < 1e-12
+
+
 def test_sum_rows_argmax_argsort() -> None:
     a = tp.new_tensor(tp.Type.F32, (3, 2, 9), "a")
     av = RNG.integers(-4, 5, a.shape).astype(np.float32)  # many ties

@@ -169,3 +169,25 @@ def test_quantizing_inside_a_fast_math_kernel_rounds_as_ggml(tmp_path) -> None: 
     assert done.returncode == 0, done.stderr[-3000:]
     got, want = done.stdout.split()
     assert got == want
+
+
+@pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q4_K, tp.Type.Q6_K], ids=lambda t: t.name)
+def test_an_infinite_activation_makes_its_rows_products_nan_as_ggmls(t: tp.Type) -> None:
+    """An activation row holding inf (a broken model's overflow) has NaN products, as
+    llama.cpp's do (its scale is infinite and its codes 0), and the other rows keep
+    their values: the K-quants' Q8_K quantizer raised ZeroDivisionError there. (Last
+    in the file: it draws from ``RNG`` after the other tests.)"""
+    from tensorplug_cpu.kernels.jit import load_jit
+
+    jit = load_jit()
+    if jit is None:
+        pytest.skip("numba kernels unavailable")
+    raw, _ = _weights(t, 64, 512)
+    x = RNG.standard_normal((3, 512)).astype(np.float32)
+    clean = np.zeros((3, 64), np.float32)
+    jit.matvec(t, raw.reshape(64, -1, t.type_size), x, clean)
+    x[1, 7] = np.inf
+    out = np.zeros((3, 64), np.float32)
+    jit.matvec(t, raw.reshape(64, -1, t.type_size), x, out)
+    assert np.isnan(out[1]).all()
+    assert np.array_equal(out[[0, 2]], clean[[0, 2]])

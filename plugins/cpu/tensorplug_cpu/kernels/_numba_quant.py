@@ -364,7 +364,16 @@ def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     blocks gets its ``d`` in ``xd`` and its code sum in ``xs`` (ggml's ``bsums`` are
     the sums of 16, which the kernels take from these or from the codes). The largest
     magnitude is found as :func:`quantize_q8_0` finds it, then its first value by a
-    scan (1.8 ns a value on an Intel Xeon in one loop of compares)."""
+    scan (1.8 ns a value on an Intel Xeon in one loop of compares).
+
+    A super-block whose ``iscale`` is zero has every code 0, as ggml's: one of zeros
+    and NaNs (``amax`` 0: ggml writes zeros and ``d = 0``), or one whose largest
+    magnitude is infinite (``−127/±inf`` is a signed zero: ggml's ``nearest_int``
+    makes 0 of each ``0·x``, and of the NaN ``0·inf``, and ``d = 1/iscale`` is an
+    infinity of the sign opposite to that value's, so the products are NaN as
+    llama.cpp's). Dividing by that zero raised ZeroDivisionError here (numba checks
+    float divisions as Python does), and an int32 conversion of NaN (INT32_MIN) went
+    into the code sums."""
     for t in range(x.shape[0]):
         for sb in range(x.shape[1] // 256):
             amax = _largest_magnitude(x, t, 256 * sb, 256)
@@ -375,7 +384,14 @@ def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
                     j += 1
                 big = x[t, j]
             iscale = np.float32(-127) / big if amax != 0 else np.float32(0)
-            d = np.float32(1) / iscale if amax != 0 else np.float32(0)
+            if iscale == 0:
+                d = np.float32(0) if amax == 0 else np.float32(-np.inf if big > 0 else np.inf)
+                for b in range(8 * sb, 8 * sb + 8):
+                    xq[t, 32 * b : 32 * b + 32] = 0
+                    xs[t, b] = 0
+                    xd[t, b] = d
+                continue
+            d = np.float32(1) / iscale
             for b in range(8 * sb, 8 * sb + 8):
                 total = 0
                 for j in range(32):

@@ -22,7 +22,10 @@ from ._numba_ir import f32_from_bits
 from ._numba_quant import _f32_to_f16_bits
 
 
-@kernel(nogil=True)  # a prompt's rows run in chunks on the worker pool
+# a prompt's rows run in chunks on the worker pool; IEEE division (error_model): a row of
+# zeros with eps 0 (a model file may say 0) is NaN, as ggml's 0·(1/0), where numba's
+# Python model raised ZeroDivisionError
+@kernel(nogil=True, error_model="numpy")
 def rms_norm_rows(x: Any, out: Any, eps: float) -> None:
     """``out[r] = x[r] / sqrt(mean(x[r]²) + eps)`` for 2-d float32 ``x`` and ``out``."""
     n = x.shape[1]
@@ -141,7 +144,7 @@ def glu_rows(x: Any, g: Any, out: Any, kind: int, gelu_table: Any) -> None:
                 out[r, i] = a * g[r, i]
 
 
-@kernel(nogil=True)
+@kernel(nogil=True, error_model="numpy")  # a frequency factor of 0 gives inf, as ggml's
 def rope_rows(
     x: Any, out: Any, pos: Any, freq_factors: Any, ramp: Any, keep: Any, neox: bool,
     n_dims: int, theta_scale: Any, freq_scale: Any, mscale: Any,
