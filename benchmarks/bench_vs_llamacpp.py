@@ -52,6 +52,17 @@ uses (0: none; they take tens of seconds each).
 ``--load N`` starts N busy processes (a Python loop each) for the whole run, to see
 how each engine copes with a machine that is doing something else.
 
+``--time-limit S`` ends any measurement process still running after S seconds (under
+load, llama.cpp's spinning threads made one 100M run take minutes, and SmolLM2's did not
+end within ten). A worker reports each part as it finishes (first prompt,
+generation, prompts again), so an ended one still gives what it finished, and for the
+first prompt or generation it was in a bound: it had not done their tokens in the time
+it had, so its tokens/s was below ``tokens / time`` (the prompts again, a median, and
+what it never began are unknown: ``-``). Such a cell is printed with ``<`` (every round's figure is
+a value or an upper bound, so their median bounds the true median from above), a ratio
+with ``>`` or ``<`` as the bounded engine makes it, ``?`` when both were; a launch that
+never reached its first token is ``>`` the limit, and a peak RSS is the peak so far.
+
 ``--as-avx2`` measures both engines as an AVX2 host (Haswell to Zen 3: no AVX-512, no
 VNNI) runs them, on a machine that has more: tensorplug's workers compile and run an
 AVX2 host's kernels (``NUMBA_CPU_FEATURES``, ``tensorplug_cpu.system.AVX2_FEATURES``)
@@ -239,19 +250,32 @@ def load_tensorplug(path: str | Path, threads: int, n_ctx: int, n_batch: int, wa
     return m
 
 
+#: a worker's report of what it has finished (:func:`_run_worker` prints each one)
+Report = Callable[[dict], None]
+
+
+def _no_report(part: dict) -> None:
+    """What a worker called in-process (the tests) does with its parts: nothing."""
+
+
 def worker_tensorplug(
-    path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int
-) -> dict:
+    path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int,
+    report: Report = _no_report,
+) -> dict:  # fmt: skip
     m = load_tensorplug(path, threads, n_prompt + n_gen + 8, batch, n_prompt)
     prompt = prompt_tokens(n_prompt, m.config.n_vocab)
     m.reset()
+    report({"prompt_from": time.time()})
     t0 = time.perf_counter()
     tok = int(m.eval(prompt).argmax())  # eval gives the last token's logits (n_vocab,)
     first_token_at = time.time()
     t1 = time.perf_counter()
+    report({"prompt": n_prompt / (t1 - t0), "first_token_at": first_token_at,
+            "gen_from": time.time(), "peak_rss_mb": _peak_rss_mb()})  # fmt: skip
     for _ in range(n_gen):
         tok = int(m.eval([tok]).argmax())
     t2 = time.perf_counter()
+    report({"gen": n_gen / (t2 - t1), "again_from": time.time(), "peak_rss_mb": _peak_rss_mb()})
     again = _again(m.reset, m.eval, prompt, repeats)
     m.close()
     return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again,
@@ -259,8 +283,9 @@ def worker_tensorplug(
 
 
 def worker_llamacpp(
-    path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int
-) -> dict:
+    path: str, threads: int, n_prompt: int, n_gen: int, batch: int, repeats: int,
+    report: Report = _no_report,
+) -> dict:  # fmt: skip
     import llama_cpp
     import numpy as np
 
@@ -272,6 +297,7 @@ def worker_llamacpp(
     llm.eval(prompt_tokens(8, n_vocab))  # warm-up, as tensorplug's runner does at load
     llm.reset()
     prompt = prompt_tokens(n_prompt, n_vocab)
+    report({"prompt_from": time.time()})
     t0 = time.perf_counter()
     llm.eval(prompt)
 
@@ -282,10 +308,13 @@ def worker_llamacpp(
     tok = last_argmax()  # the first token, as tensorplug's
     first_token_at = time.time()
     t1 = time.perf_counter()
+    report({"prompt": n_prompt / (t1 - t0), "first_token_at": first_token_at,
+            "gen_from": time.time(), "peak_rss_mb": _peak_rss_mb()})  # fmt: skip
     for _ in range(n_gen):  # greedy, as tensorplug's: each step reads a new token's row
         llm.eval([tok])
         tok = last_argmax()
     t2 = time.perf_counter()
+    report({"gen": n_gen / (t2 - t1), "again_from": time.time(), "peak_rss_mb": _peak_rss_mb()})
     again = _again(llm.reset, llm.eval, prompt, repeats)
     return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again,
             "first_token_at": first_token_at, "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
@@ -310,9 +339,15 @@ def _peak_rss_mb() -> float:
 
 
 def _run_worker(args: argparse.Namespace) -> None:
+    """One measurement, each finished part printed as a JSON line when it is done (what
+    the driver keeps of a process it ends at ``--time-limit``), then the whole."""
     fn = worker_tensorplug if args.worker == "tensorplug" else worker_llamacpp
-    print(json.dumps(fn(args.model, args.threads[0], args.prompt, args.gen, args.batch,
-                        args.repeats)))  # fmt: skip
+
+    def report(part: dict) -> None:
+        print(json.dumps(part), flush=True)
+
+    report(fn(args.model, args.threads[0], args.prompt, args.gen, args.batch, args.repeats,
+              report))  # fmt: skip
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -348,11 +383,12 @@ def worker_env(engine: str, a: argparse.Namespace) -> dict[str, str]:
 
 def measure(
     exe: str, engine: str, path: Path, threads: int, a: argparse.Namespace,
-    numba_cache: str | None = None,
+    numba_cache: str | None = None, limited: bool = True,
 ) -> dict:  # fmt: skip
     """One worker's figures, with ``launch``: seconds from starting it to its first
-    generated token. ``numba_cache``: the folder numba's disk cache is read from and
-    written to (a fresh one: a first run)."""
+    generated token, and ``bounds`` (:func:`bounded_result`: empty for a worker that
+    ended on its own). ``numba_cache``: the folder numba's disk cache is read from and
+    written to (a fresh one: a first run). ``limited``: ended at ``--time-limit``."""
     env = worker_env(engine, a)
     if numba_cache is not None:
         env["NUMBA_CACHE_DIR"] = numba_cache
@@ -364,11 +400,53 @@ def measure(
            "--threads", str(threads or "auto"), "--prompt", str(a.prompt), "--gen", str(a.gen),
            "--batch", str(a.batch), "--repeats", str(a.repeats)]  # fmt: skip
     started = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    limit = a.time_limit if limited and a.time_limit else None
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=limit)
+    except subprocess.TimeoutExpired as ended:  # killed by run(): what it had finished
+        out = ended.stdout.decode(errors="replace") if isinstance(ended.stdout, bytes) else ""
+        return bounded_result(out, started, a)
     if done.returncode != 0:
         raise SystemExit(f"{engine} failed on {path.name}:\n{done.stderr[-2000:]}")
     result: dict = json.loads(done.stdout.strip().splitlines()[-1])
     result["launch"] = result.pop("first_token_at") - started
+    result["bounds"] = {}
+    return result
+
+
+def bounded_result(out: str, started: float, a: argparse.Namespace) -> dict:
+    """A worker ended at ``--time-limit``, from the parts it printed (``out``): those it
+    finished as they are; the first prompt or the generation it was in as an upper bound,
+    its tokens over the time it had (``bounds[key] = "<"``); the prompts again, a median
+    of several, and what it never began unknown (None): a prompt's speed says nothing of
+    a generation's. ``launch`` is ``>`` the limit if no token
+    came; the peak RSS the last it printed (``>``), or None."""
+    parts: dict = {}
+    for line in out.splitlines():
+        try:
+            part = json.loads(line)
+        except ValueError:  # a line cut short by the kill
+            continue
+        if isinstance(part, dict):
+            parts.update(part)
+    deadline = started + a.time_limit
+    result: dict = {"bounds": {}, "peak_rss_mb": parts.get("peak_rss_mb")}
+    if result["peak_rss_mb"] is not None:
+        result["bounds"]["peak_rss_mb"] = ">"
+    if "first_token_at" in parts:
+        result["launch"] = parts["first_token_at"] - started
+    else:
+        result["launch"], result["bounds"]["launch"] = float(a.time_limit), ">"
+    for key, tokens in (("prompt", a.prompt), ("gen", a.gen)):
+        if key in parts:
+            result[key] = parts[key]
+        elif f"{key}_from" in parts:  # one timed stretch, unfinished when it was ended
+            result[key] = tokens / max(deadline - parts[f"{key}_from"], 1e-9)
+            result["bounds"][key] = "<"
+        else:
+            result[key] = None
+    # the median of several prompts: one unfinished bounds none of the others
+    result["again"] = parts.get("again")
     return result
 
 
@@ -403,8 +481,42 @@ def paired_ratio(ours: list[float], theirs: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
 
 
-def _stats(values: list[float]) -> str:
-    return f"{statistics.median(values):8.1f} ({min(values):.1f}-{max(values):.1f})"
+def _stats(values: list[float | None], mark: str = "") -> str:
+    """``median (min-max)`` of the known values, the median after ``mark`` (``<``, ``>``:
+    some are bounds that way, see ``--time-limit``); ``-`` if none is known."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return "-"
+    median = f"{mark}{statistics.median(known):.1f}"
+    return f"{median:>8} ({min(known):.1f}-{max(known):.1f})"
+
+
+def _mark(runs: list[dict], key: str) -> str:
+    """``<`` or ``>`` where some run's ``key`` is a bound that way (``bounds``), ``?``
+    if both ways, else nothing."""
+    marks = {r.get("bounds", {}).get(key) for r in runs if r.get(key) is not None} - {None}
+    return "?" if len(marks) > 1 else next(iter(marks), "")
+
+
+_OPPOSITE = {"<": ">", ">": "<", "": "", "?": "?"}
+
+
+def compared(ours: list[dict], theirs: list[dict], key: str) -> str:
+    """Both engines' ``key`` over the rounds, and the median of the rounds' ratios from
+    the rounds where both are known: a bound in ours bounds the ratio the same way, one
+    in llama.cpp's the other way (``?``: both ways, so neither)."""
+    rounds = [(m, t) for m, t in zip(ours, theirs, strict=True)
+              if m.get(key) is not None and t.get(key) is not None]  # fmt: skip
+    ratio = "-"
+    if rounds:
+        mine, ref = ([r[key] for r in runs] for runs in zip(*rounds, strict=True))
+        marks = {_mark([m for m, _ in rounds], key),
+                 _OPPOSITE[_mark([t for _, t in rounds], key)]} - {""}  # fmt: skip
+        ratio = (
+            "?" if len(marks) > 1 else next(iter(marks), "")
+        ) + f"{paired_ratio(mine, ref):.2f}"
+    engines = (_stats([r.get(key) for r in runs], _mark(runs, key)) for runs in (ours, theirs))
+    return " ".join(f"{cell:>24}" for cell in engines) + f" {ratio:>6}"
 
 
 def start_row(ours: list[dict], theirs: list[dict], cold: list[dict]) -> str:
@@ -412,11 +524,10 @@ def start_row(ours: list[dict], theirs: list[dict], cold: list[dict]) -> str:
     ratios tensorplug / llama.cpp (below 1.00 tensorplug is quicker, or smaller)."""
     cells = []
     for key in ("launch", "peak_rss_mb"):
-        mine, ref = [r[key] for r in ours], [r[key] for r in theirs]
-        cell = f"{_stats(mine):>24} {_stats(ref):>24} {paired_ratio(mine, ref):6.2f}"
+        cell = compared(ours, theirs, key)
         if key == "launch":
-            first = statistics.median(r["launch"] for r in cold) if cold else None
-            cell += f" {first:10.1f}" if first is not None else f" {'-':>10}"
+            first = _stats([r["launch"] for r in cold], _mark(cold, "launch")).split(" (")[0]
+            cell += f" {first.strip():>10}"
         cells.append(cell)
     return " | ".join(cells)
 
@@ -452,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         help="tensorplug runs with numba's cache empty, per model and threads (1)",
     )
     p.add_argument("--load", type=int, default=0, help="busy processes during the run (0)")
+    p.add_argument("--time-limit", type=float, default=0,
+                   help="seconds after which a measurement process is ended (0: none)")  # fmt: skip
     p.add_argument("--as-avx2", action="store_true",
                    help="both engines as an AVX2 host runs them (on an AVX-512 machine: "
                    "tensorplug's AVX2 kernels, a llama.cpp built for AVX2)")  # fmt: skip
@@ -460,8 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("prompt", "gen", "batch", "repeats", "rounds"):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name} must be >= 1")
-    if a.load < 0 or a.cold < 0:
-        raise SystemExit("--load and --cold must be >= 0")
+    if a.load < 0 or a.cold < 0 or not a.time_limit >= 0:
+        raise SystemExit("--load, --cold and --time-limit must be >= 0")
     if a.worker:
         _run_worker(a)
         return 0
@@ -489,8 +602,9 @@ def main(argv: list[str] | None = None) -> int:
         starts: list[str] = []
         for spec in specs:
             # untimed: numba's disk cache filled with what this model uses, so that no
-            # round's launch includes compiling (a first run is measured on its own)
-            measure(sys.executable, "tensorplug", paths[spec], a.threads[0], a)
+            # round's launch includes compiling (a first run is measured on its own);
+            # not ended at --time-limit: compiling takes what it takes
+            measure(sys.executable, "tensorplug", paths[spec], a.threads[0], a, limited=False)
             for threads in a.threads:
                 ours: list[dict] = []
                 theirs: list[dict] = []
@@ -498,11 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                     ours.append(measure(sys.executable, "tensorplug", paths[spec], threads, a))
                     theirs.append(measure(llama_python, "llamacpp", paths[spec], threads, a))
                 row = [f"{spec.name:12} {threads or 'auto':>4}"]
-                for key in ("prompt", "again", "gen"):
-                    mine = [r[key] for r in ours]
-                    ref = [r[key] for r in theirs]
-                    ratio = paired_ratio(mine, ref)
-                    row.append(f"{_stats(mine):>24} {_stats(ref):>24} {ratio:6.2f}")
+                row += [compared(ours, theirs, key) for key in ("prompt", "again", "gen")]
                 print(" | ".join(row), flush=True)
                 cold = [measure_cold(paths[spec], threads, a) for _ in range(a.cold)]
                 starts.append(f"{spec.name:12} {threads or 'auto':>4} | "

@@ -170,3 +170,56 @@ def test_as_avx2_refuses_a_llama_cpp_built_with_avx512(
     assert code == 2
     err = capsys.readouterr().err
     assert "-DGGML_AVX512=OFF" in err and "AVX512 = 1" in err
+
+
+def _namespace(bench: ModuleType, **given: object) -> object:
+    options = {"prompt": 128, "gen": 64, "batch": 128, "repeats": 2, "as_avx2": False,
+               "time_limit": 2.0} | given  # fmt: skip
+    return bench.argparse.Namespace(**options)
+
+
+def test_a_worker_ended_at_the_limit_gives_what_it_finished_and_a_bound(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """A stand-in worker that prints its first prompt's part and that it began generating,
+    then hangs: the driver ends it at ``--time-limit`` and keeps the prompt, bounds the
+    generation by its tokens over the time it had, and knows nothing of the rest."""
+    exe = tmp_path / "hanging"
+    exe.write_text(
+        "#!/bin/sh\n"
+        "now=$(date +%s.%N)\n"
+        'echo "{\\"prompt_from\\": $now}"\n'
+        'echo "{\\"prompt\\": 500.0, \\"first_token_at\\": $now, \\"gen_from\\": $now, '
+        '\\"peak_rss_mb\\": 99.0}"\n'
+        "exec sleep 30\n"
+    )
+    exe.chmod(0o755)
+    started = time.monotonic()
+    got = bench.measure(str(exe), "llamacpp", tmp_path / "m.gguf", 2, _namespace(bench))
+    assert time.monotonic() - started < 10  # ended at the limit, not after the sleep
+    assert got["prompt"] == 500.0 and "prompt" not in got["bounds"]
+    # 64 tokens not generated in the ~2 s it had: fewer than 32 a second, about that bound
+    assert 28 < got["gen"] < 34 and got["bounds"]["gen"] == "<"
+    assert got["again"] is None
+    assert 0 <= got["launch"] < 2 and "launch" not in got["bounds"]
+    assert got["peak_rss_mb"] == 99.0 and got["bounds"]["peak_rss_mb"] == ">"
+
+
+def test_a_worker_ended_while_loading_launched_later_than_the_limit(bench: ModuleType) -> None:
+    got = bench.bounded_result('{"prompt_fr', started=100.0, a=_namespace(bench, time_limit=60.0))
+    assert got["launch"] == 60.0 and got["bounds"]["launch"] == ">"
+    assert got["prompt"] is got["gen"] is got["again"] is got["peak_rss_mb"] is None
+
+
+def test_bounds_mark_the_cells_and_turn_the_ratio_the_way_they_bound_it(
+    bench: ModuleType,
+) -> None:
+    done = [{"gen": 100.0, "bounds": {}}, {"gen": 120.0, "bounds": {}}]
+    ended = [{"gen": 2.0, "bounds": {"gen": "<"}}, {"gen": 50.0, "bounds": {}}]
+    # llama.cpp's 2.0 is an upper bound: the rounds' ratios 50 and 2.4 are lower bounds
+    assert bench.compared(done, ended, "gen").split() == [
+        "110.0", "(100.0-120.0)", "<26.0", "(2.0-50.0)", ">26.20"]  # fmt: skip
+    assert bench.compared(ended, done, "gen").split()[-1] == "<0.22"
+    assert bench.compared(ended, ended, "gen").split()[-1] == "?1.00"  # bounded alike: no way
+    unknown: list[dict] = [{"gen": None, "bounds": {}}, {"gen": None, "bounds": {}}]
+    assert bench.compared(done, unknown, "gen").split()[-2:] == ["-", "-"]
