@@ -53,15 +53,16 @@ uses (0: none; they take tens of seconds each).
 how each engine copes with a machine that is doing something else.
 
 ``--time-limit S`` ends any measurement process still running after S seconds (under
-load, llama.cpp's spinning threads made one 100M run take minutes, and SmolLM2's did not
-end within ten). A worker reports each part as it finishes (first prompt,
+load, llama.cpp's spinning threads made one 100M run take minutes, and SmolLM2's did
+not end within ten). A worker reports each part as it finishes (first prompt,
 generation, prompts again), so an ended one still gives what it finished, and for the
-first prompt or generation it was in a bound: it had not done their tokens in the time
-it had, so its tokens/s was below ``tokens / time`` (the prompts again, a median, and
-what it never began are unknown: ``-``). Such a cell is printed with ``<`` (every round's figure is
-a value or an upper bound, so their median bounds the true median from above), a ratio
-with ``>`` or ``<`` as the bounded engine makes it, ``?`` when both were; a launch that
-never reached its first token is ``>`` the limit, and a peak RSS is the peak so far.
+first prompt or the generation it was in, a bound: it had not done their tokens in the
+time it had, so its tokens/s was below ``tokens / time`` (the prompts again, a median,
+and what it never began are unknown: ``-``). Such a cell is printed with ``<`` (each
+round's figure is a value or an upper bound, so their median bounds the true median
+from above), a ratio with ``>`` or ``<`` as the bounded engine turns it, ``?`` when
+both were bounded; a launch that never reached its first token is ``>`` the limit, and
+a peak RSS is the peak so far (``>``).
 
 ``--as-avx2`` measures both engines as an AVX2 host (Haswell to Zen 3: no AVX-512, no
 VNNI) runs them, on a machine that has more: tensorplug's workers compile and run an
@@ -275,7 +276,7 @@ def worker_tensorplug(
     for _ in range(n_gen):
         tok = int(m.eval([tok]).argmax())
     t2 = time.perf_counter()
-    report({"gen": n_gen / (t2 - t1), "again_from": time.time(), "peak_rss_mb": _peak_rss_mb()})
+    report({"gen": n_gen / (t2 - t1), "peak_rss_mb": _peak_rss_mb()})
     again = _again(m.reset, m.eval, prompt, repeats)
     m.close()
     return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again,
@@ -314,7 +315,7 @@ def worker_llamacpp(
         llm.eval([tok])
         tok = last_argmax()
     t2 = time.perf_counter()
-    report({"gen": n_gen / (t2 - t1), "again_from": time.time(), "peak_rss_mb": _peak_rss_mb()})
+    report({"gen": n_gen / (t2 - t1), "peak_rss_mb": _peak_rss_mb()})
     again = _again(llm.reset, llm.eval, prompt, repeats)
     return {"prompt": n_prompt / (t1 - t0), "gen": n_gen / (t2 - t1), "again": again,
             "first_token_at": first_token_at, "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
@@ -416,11 +417,11 @@ def measure(
 
 def bounded_result(out: str, started: float, a: argparse.Namespace) -> dict:
     """A worker ended at ``--time-limit``, from the parts it printed (``out``): those it
-    finished as they are; the first prompt or the generation it was in as an upper bound,
-    its tokens over the time it had (``bounds[key] = "<"``); the prompts again, a median
-    of several, and what it never began unknown (None): a prompt's speed says nothing of
-    a generation's. ``launch`` is ``>`` the limit if no token
-    came; the peak RSS the last it printed (``>``), or None."""
+    finished as they are; the first prompt or the generation it was in as an upper
+    bound, its tokens over the time it had (``bounds[key] = "<"``); the prompts again (a
+    median of several) and what it never began unknown, None (a prompt's speed says
+    nothing of a generation's). ``launch`` is ``>`` the limit if no token came; the peak
+    RSS is the last it printed (``>``), or None."""
     parts: dict = {}
     for line in out.splitlines():
         try:
@@ -512,9 +513,8 @@ def compared(ours: list[dict], theirs: list[dict], key: str) -> str:
         mine, ref = ([r[key] for r in runs] for runs in zip(*rounds, strict=True))
         marks = {_mark([m for m, _ in rounds], key),
                  _OPPOSITE[_mark([t for _, t in rounds], key)]} - {""}  # fmt: skip
-        ratio = (
-            "?" if len(marks) > 1 else next(iter(marks), "")
-        ) + f"{paired_ratio(mine, ref):.2f}"
+        mark = "?" if len(marks) > 1 else next(iter(marks), "")
+        ratio = f"{mark}{paired_ratio(mine, ref):.2f}"
     engines = (_stats([r.get(key) for r in runs], _mark(runs, key)) for runs in (ours, theirs))
     return " ".join(f"{cell:>24}" for cell in engines) + f" {ratio:>6}"
 
