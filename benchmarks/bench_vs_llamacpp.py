@@ -526,8 +526,10 @@ def start_row(ours: list[dict], theirs: list[dict], cold: list[dict]) -> str:
     for key in ("launch", "peak_rss_mb"):
         cell = compared(ours, theirs, key)
         if key == "launch":
-            first = _stats([r["launch"] for r in cold], _mark(cold, "launch")).split(" (")[0]
-            cell += f" {first.strip():>10}"
+            first = "-"
+            if cold:
+                first = f"{_mark(cold, key)}{statistics.median(r[key] for r in cold):.1f}"
+            cell += f" {first:>10}"
         cells.append(cell)
     return " | ".join(cells)
 
