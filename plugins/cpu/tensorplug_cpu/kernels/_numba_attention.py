@@ -629,7 +629,7 @@ def attend_serial(
                     n_hk, first, q.shape[1] // n_hk, first, n_q, *scratch)  # fmt: skip
 
 
-@kernel(nogil=True, error_model="numpy", fastmath={"reassoc"})  # pool threads
+@kernel(nogil=True, fastmath={"reassoc"})  # pool threads
 def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
     """A prompt's attention weights, in place: ``s[g, r, j] ← e^(s·scale + mask − max_r)``
     for ``j < used`` and ``row[g, r] ← 1/Σ_j`` (0 for a row that sees no column; its

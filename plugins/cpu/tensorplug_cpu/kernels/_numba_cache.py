@@ -147,9 +147,18 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     thread of the process while it ran. A server's threads then waited out each step
     of the model (its HTTP handlers, the streaming of tokens already sampled: a token
     reached its client a step or two late), and the step in turn waited for the GIL
-    back each time they had taken it."""
+    back each time they had taken it.
+
+    ``error_model`` is ``"numpy"`` unless given: float division as IEEE and ggml's C
+    divide, where numba's default (Python's) checks each divisor for zero and raises
+    ZeroDivisionError. A model file's values made those zeros (rms_norm's eps 0 over a
+    row of zeros, a rope frequency factor of 0, Q8_K's scale of an infinite activation)
+    and a request failed where llama.cpp computes NaN; the checks also kept the gated
+    activations' loop from vectorizing. Integer divisors here are shapes and constants
+    that a graph's ops have checked. A job (:func:`job_function`) cannot raise at all."""
     options.setdefault("fastmath", False)
     options.setdefault("nogil", True)
+    options.setdefault("error_model", "numpy")
 
     def compile_later(fn: Callable[..., Any]) -> Any:
         # cache=True would make numba's own cache for it first (~0.1 ms of the launch a
@@ -161,24 +170,21 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     return compile_later
 
 
-def job_function(
-    fn: Callable[..., None], name: str, fastmath: Any = False, error_model: str = "python"
-) -> Any:
+def job_function(fn: Callable[..., None], name: str, fastmath: Any = False) -> Any:
     """``fn(job, lo, hi)`` (three ``int64``) as the C function ``void(int64, int64,
     int64)`` that the spinning helpers call by address (:mod:`.pool`; a numba
     ``cfunc``, whose ``address`` it is once compiled), cached on disk as :func:`kernel`
     caches. Not compiled yet: :func:`job_ready` loads it from the cache, or its
     ``compile()`` compiles it. ``name``: its cache files' name (closures over different
-    constants need different ones). Its own ``fastmath`` as :func:`kernel`'s;
-    ``error_model="numpy"`` where a float division by zero must give inf or NaN, as numpy's
-    (a C function cannot raise numba's ``ZeroDivisionError``)."""
+    constants need different ones). Its own ``fastmath`` and its float division as
+    :func:`kernel`'s (a C function cannot raise numba's ``ZeroDivisionError``)."""
     from numba import types
     from numba.core.ccallback import CFunc
 
     fn.__qualname__ = name
     job = CFunc(fn, ((types.int64, types.int64, types.int64), types.void), locals={},
                 options={"nopython": True, "fastmath": fastmath,
-                         "error_model": error_model})  # fmt: skip
+                         "error_model": "numpy"})  # fmt: skip
     job._cache = KernelCache(fn)  # type: ignore[attr-defined]  # as kernel() sets numba's
     return job
 

@@ -344,11 +344,11 @@ def jobs() -> dict[str, Any]:
     """The job functions by name (not compiled yet: :func:`._numba_cache.job_function`),
     each tagged with its origin for the compile-ahead process (:mod:`.ahead`)."""
     made = {
-        "binary": job_function(_binary_job, "step_binary_job", error_model="numpy"),
+        "binary": job_function(_binary_job, "step_binary_job"),
         "copy": job_function(_copy_job, "step_copy_job"),
-        "rms_norm": job_function(_rms_norm_job, "step_rms_norm_job", error_model="numpy"),
-        "rope": job_function(_rope_job, "step_rope_job", error_model="numpy"),
-        "glu": job_function(_glu_job, "step_glu_job", error_model="numpy"),
+        "rms_norm": job_function(_rms_norm_job, "step_rms_norm_job"),
+        "rope": job_function(_rope_job, "step_rope_job"),
+        "glu": job_function(_glu_job, "step_glu_job"),
         "set_rows": job_function(_set_rows_job, "step_set_rows_job"),
         "get_rows": job_function(_get_rows_job, "step_get_rows_job"),
     }

@@ -371,9 +371,10 @@ def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     magnitude is infinite (``−127/±inf`` is a signed zero: ggml's ``nearest_int``
     makes 0 of each ``0·x``, and of the NaN ``0·inf``, and ``d = 1/iscale`` is an
     infinity of the sign opposite to that value's, so the products are NaN as
-    llama.cpp's). Dividing by that zero raised ZeroDivisionError here (numba checks
-    float divisions as Python does), and an int32 conversion of NaN (INT32_MIN) went
-    into the code sums."""
+    llama.cpp's). The codes are written as 0 there rather than rounded: this kernel's
+    int32 conversion of that NaN is INT32_MIN, which went into the code sums (and the
+    division by the zero raised ZeroDivisionError before kernels divided as IEEE does,
+    :func:`._numba_cache.kernel`)."""
     for t in range(x.shape[0]):
         for sb in range(x.shape[1] // 256):
             amax = _largest_magnitude(x, t, 256 * sb, 256)
@@ -384,14 +385,13 @@ def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
                     j += 1
                 big = x[t, j]
             iscale = np.float32(-127) / big if amax != 0 else np.float32(0)
-            if iscale == 0:
-                d = np.float32(0) if amax == 0 else np.float32(-np.inf if big > 0 else np.inf)
+            d = np.float32(1) / iscale if amax != 0 else np.float32(0)
+            if iscale == 0:  # zeros and NaNs only, or an infinite largest magnitude
                 for b in range(8 * sb, 8 * sb + 8):
                     xq[t, 32 * b : 32 * b + 32] = 0
                     xs[t, b] = 0
                     xd[t, b] = d
                 continue
-            d = np.float32(1) / iscale
             for b in range(8 * sb, 8 * sb + 8):
                 total = 0
                 for j in range(32):

@@ -22,10 +22,7 @@ from ._numba_ir import f32_from_bits
 from ._numba_quant import _f32_to_f16_bits
 
 
-# a prompt's rows run in chunks on the worker pool; IEEE division (error_model): a row of
-# zeros with eps 0 (a model file may say 0) is NaN, as ggml's 0·(1/0), where numba's
-# Python model raised ZeroDivisionError
-@kernel(nogil=True, error_model="numpy")
+@kernel(nogil=True)  # a prompt's rows run in chunks on the worker pool
 def rms_norm_rows(x: Any, out: Any, eps: float) -> None:
     """``out[r] = x[r] / sqrt(mean(x[r]²) + eps)`` for 2-d float32 ``x`` and ``out``."""
     n = x.shape[1]
@@ -120,7 +117,7 @@ def ggml_expf(x: Any) -> Any:
 SWIGLU, GEGLU = 0, 1
 
 
-@kernel(error_model="numpy", nogil=True)  # no zero check on division: it would not vectorize
+@kernel(nogil=True)
 def glu_rows(x: Any, g: Any, out: Any, kind: int, gelu_table: Any) -> None:
     """``out = act(x)·g`` over 2-d float32 rows (views of any strides), in float32 as
     ggml: silu as ``x/(1 + e^-x)`` (with :func:`ggml_expf`, ggml's own vector ``expf``
@@ -144,7 +141,7 @@ def glu_rows(x: Any, g: Any, out: Any, kind: int, gelu_table: Any) -> None:
                 out[r, i] = a * g[r, i]
 
 
-@kernel(nogil=True, error_model="numpy")  # a frequency factor of 0 gives inf, as ggml's
+@kernel(nogil=True)
 def rope_rows(
     x: Any, out: Any, pos: Any, freq_factors: Any, ramp: Any, keep: Any, neox: bool,
     n_dims: int, theta_scale: Any, freq_scale: Any, mscale: Any,
