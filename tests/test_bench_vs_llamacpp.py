@@ -223,3 +223,23 @@ def test_bounds_mark_the_cells_and_turn_the_ratio_the_way_they_bound_it(
     assert bench.compared(ended, ended, "gen").split()[-1] == "?1.00"  # bounded alike: no way
     unknown: list[dict] = [{"gen": None, "bounds": {}}, {"gen": None, "bounds": {}}]
     assert bench.compared(done, unknown, "gen").split()[-2:] == ["-", "-"]
+
+
+def test_bytecode_is_written_before_launches_are_timed(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package whose bytecode the environment forbids writing would compile from
+    source at every timed launch; the driver writes it first, as installing does."""
+    package = tmp_path / "launched_pkg"
+    (package / "inner").mkdir(parents=True)
+    (package / "__init__.py").write_text("X = 1\n")
+    (package / "inner" / "__init__.py").write_text("Y = 2\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    tag = sys.implementation.cache_tag
+    subprocess.run([sys.executable, "-c", "import launched_pkg.inner"], check=True)
+    assert not list(package.rglob("*.pyc"))  # the environment's own imports write none
+    bench.compile_bytecode(sys.executable, ["launched_pkg", "no_such_package"])
+    assert (package / "__pycache__" / f"__init__.{tag}.pyc").is_file()
+    assert (package / "inner" / "__pycache__" / f"__init__.{tag}.pyc").is_file()
+    assert {"tensorplug", "tensorplug_llm", "tensorplug_cpu"} <= set(bench.own_packages())
