@@ -634,9 +634,12 @@ def main(argv: list[str] | None = None) -> int:
         starts: list[str] = []
         for spec in specs:
             # untimed: numba's disk cache filled with what this model uses, so that no
-            # round's launch includes compiling (a first run is measured on its own);
-            # not ended at --time-limit: compiling takes what it takes
-            measure(sys.executable, "tensorplug", paths[spec], a.threads[0], a, limited=False)
+            # round's launch includes compiling (a first run is measured on its own); at
+            # each thread count, which may take kernels another does not (a 100M Q5_K
+            # round on two threads once compiled for 21 s after a fill on one); not
+            # ended at --time-limit: compiling takes what it takes
+            for threads in a.threads:
+                measure(sys.executable, "tensorplug", paths[spec], threads, a, limited=False)
             for threads in a.threads:
                 ours: list[dict] = []
                 theirs: list[dict] = []
