@@ -174,7 +174,12 @@ def test_rope_of_a_generation_step(
     mode: tp.RopeMode, n_dims: int, yarn: bool, with_ff: bool
 ) -> None:
     """A few tokens (numba's kernel where numba is there) and numpy's path: both within
-    float32 rounding of the float64 formula, and within an ulp or two of each other."""
+    float32 rounding of the float64 formula, and close to each other: within an ulp or
+    two without YaRN; with it, the kernel fuses YaRN's mix of θ as ggml's GCC build does
+    and numpy cannot, so a θ may round an ulp apart, which position 4095 turns into
+    ~50 ulps of a rotated value (60 seeds: at most 1.7e-7 and 6.5e-6 of the largest
+    input apart). The data is this test's own (a shared generator's draws shifted as
+    other tests were added, and a bound tuned to one draw failed on another)."""
     a = tp.new_tensor("f32", (1, 3, 4, 16), "a")
     pos = tp.new_tensor(tp.Type.I32, (3,), "pos")
     ff = tp.new_tensor("f32", (n_dims // 2,), "ff") if with_ff else None
@@ -185,9 +190,10 @@ def test_rope_of_a_generation_step(
         "attn_factor": 1.1,
         "n_ctx_orig": 8192,
     }
-    av = _f32(a.shape)
+    rng = np.random.default_rng(11)
+    av = rng.standard_normal(a.shape).astype(np.float32)
     pv = np.array([0, 37, 4095], np.int32)
-    ffv = (1 + RNG.random(n_dims // 2)).astype(np.float32)
+    ffv = (1 + rng.random(n_dims // 2)).astype(np.float32)
     inputs = {a: av, pos: pv} | ({ff: ffv} if ff is not None else {})
     expected = _rope_ref(av.astype(np.float64), pv.astype(np.float64), n_dims,
                          mode == tp.RopeMode.NEOX, ffv.astype(np.float64) if with_ff else None,
@@ -200,7 +206,8 @@ def test_rope_of_a_generation_step(
         assert nmse(got, expected) < 1e-9
         np.testing.assert_array_equal(got[..., n_dims:], av[..., n_dims:])
         results.append(got)
-    np.testing.assert_allclose(results[0], results[1], rtol=0, atol=4e-6 * np.abs(av).max())
+    apart = 1.5e-5 if yarn else 5e-7
+    np.testing.assert_allclose(results[0], results[1], rtol=0, atol=apart * np.abs(av).max())
 
 
 def test_rope_on_a_permuted_view() -> None:
