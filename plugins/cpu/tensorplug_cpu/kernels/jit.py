@@ -52,6 +52,9 @@ MAX_SIBLINGS = 3
 #: chunks a thread of a prompt's row step shared out as a region (:meth:`JitKernels.rows_region`):
 #: a few, so that a thread that finishes first takes another
 REGION_CHUNKS_PER_THREAD = 4
+#: the second process's rank of the kernels a run on more threads than this one calls:
+#: after every kernel and job of this run's (whose ranks go up to 4)
+MORE_THREADS_RANK = 5
 #: what the parallel flash attention kernel is called in messages
 _ATTENTION = "flash attention kernel"
 #: A first kernel call still running after this many seconds is compiling: say so.
@@ -432,6 +435,8 @@ class JitKernels:
         kernel, parallel_what = serial.args[1], parallel.args[0]
         if alone or self.n_threads == 1:  # (a joint step's products run on one thread only)
             self._will_call(serial if self.n_threads == 1 else parallel)
+        if alone:
+            self._want_for_more_threads(parallel)
         many = parallel if pooled is None else pooled
 
         def run() -> None:  # every token: the set is asked before the method is called
@@ -471,6 +476,7 @@ class JitKernels:
 
         if self.n_threads > 1:
             self._will_call(together)
+        self._want_for_more_threads(together)
         many = together if pooled is None else pooled
 
         def run() -> None:
@@ -502,6 +508,20 @@ class JitKernels:
         if self._attention_bound and kernel not in self._plan_kernels:
             self.want_ahead(kernel, *args, rank=0)
         self._plan_kernels.add(kernel)
+
+    def _want_for_more_threads(self, call: Callable[[], None]) -> None:
+        """A product step bound for one thread in a process that may run more
+        (``NUMBA_NUM_THREADS`` > 1): ``call``'s multi-thread kernel (a partial as
+        :meth:`_will_call` reads) goes to the second process after everything this run
+        calls (:data:`MORE_THREADS_RANK`), so that a later run on more threads loads it
+        rather than compiling it before its first token. A 100M Q5_K model's first run at
+        ``-t 2`` after one at ``-t 1`` compiled its sibling products kernel for 20 s
+        (2-core Emerald Rapids VM); the one-thread kernels a run on more threads needs
+        went ahead already (:meth:`bind_packed`)."""
+        if self.n_threads != 1 or self.max_threads < 2:
+            return
+        if isinstance(call, partial) and len(call.args) >= 2:
+            self.want_ahead(call.args[1], *call.args[2:], rank=MORE_THREADS_RANK)
 
     def want_ahead(self, kernel: Callable[..., Any], *args: Any, rank: int = 1) -> None:
         """Have ``kernel(*args)`` compiled by the second process if numba has not got it
