@@ -243,3 +243,35 @@ def test_bytecode_is_written_before_launches_are_timed(
     assert (package / "__pycache__" / f"__init__.{tag}.pyc").is_file()
     assert (package / "inner" / "__pycache__" / f"__init__.{tag}.pyc").is_file()
     assert {"tensorplug", "tensorplug_llm", "tensorplug_cpu"} <= set(bench.own_packages())
+
+
+def test_the_cache_is_filled_at_every_thread_count_before_any_round(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A run at one thread count may take kernels another does not: a 100M Q5_K round
+    on two threads compiled for 21 s after a fill on one. Each count gets its untimed
+    fill (not ended at --time-limit) before the model's first timed round, and the
+    bytecode of both engines is written before anything runs."""
+    calls: list[tuple[str, int, bool]] = []
+    result = {"prompt": 1.0, "again": 1.0, "gen": 1.0, "launch": 1.0, "peak_rss_mb": 1.0,
+              "bounds": {}}  # fmt: skip
+
+    def measure(exe: str, engine: str, path: Path, threads: int, a: object,
+                numba_cache: str | None = None, limited: bool = True) -> dict:  # fmt: skip
+        calls.append((engine, threads, limited))
+        return dict(result)
+
+    compiled: list[str] = []
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench, "find_llama_python", lambda given: sys.executable)
+    monkeypatch.setattr(bench, "llama_system_info", lambda exe: "CPU : AVX2 = 1 |")
+    monkeypatch.setattr(bench, "model_path", lambda spec, cache: tmp_path / "m.gguf")
+    monkeypatch.setattr(bench, "compile_bytecode", lambda exe, names: compiled.append(exe))
+    code = bench.main(["--models", "100M:q4_0,100M:q4_k", "--threads", "1,2", "--rounds", "2",
+                       "--cold", "0", "--time-limit", "5"])  # fmt: skip
+    assert code == 0 and len(compiled) == 2 and "100M:q4_k" in capsys.readouterr().out
+    fills = [("tensorplug", 1, False), ("tensorplug", 2, False)]
+    rounds = [(engine, threads, True) for threads in (1, 2) for _ in range(2)
+              for engine in ("tensorplug", "llamacpp")]  # fmt: skip
+    assert calls == (fills + rounds) * 2  # per model: its fills, then its rounds
