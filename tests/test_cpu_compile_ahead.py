@@ -270,7 +270,12 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     more, the multi-thread product goes ahead last, for a later run on more threads
     (which compiled it before its first token: 20 s for a 100M Q5_K model)."""
     from tensorplug_cpu.kernels import _numba_repack as repack
-    from tensorplug_cpu.kernels.jit import MORE_THREADS_RANK, JitKernels, load_jit
+    from tensorplug_cpu.kernels.jit import (
+        MORE_THREADS_RANK,
+        ONE_THREAD_RANK,
+        JitKernels,
+        load_jit,
+    )
     from tensorplug_cpu.repack import LAYOUTS
 
     jit = load_jit()
@@ -283,6 +288,7 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
         jit._ahead = recorder = _Wants()  # type: ignore[assignment]
         jit.n_threads = threads
         jit.bind_packed(Type.Q4_0, packed, x, np.empty((n_tok, 8), np.float32))
+        jit.bind_matvec_float(np.ones((8, 64), np.float32), x, np.empty((n_tok, 8), np.float32))
         q = np.ones((1, 4, n_tok, 64), np.float32)
         kv = np.ones((1, 2, 32, 64), np.float32)
         no_mask, out = np.zeros((0, 0, 0, 0), np.float32), np.empty((1, n_tok, 4, 64), np.float32)
@@ -295,7 +301,11 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     # the multi-thread driver: this run's own on two threads (compiled here), a later
     # run's on one, after everything this one calls
     assert wanted.get(drivers.siblings) == (MORE_THREADS_RANK if threads == 1 else None)
-    assert max(rank for kernel, rank in recorder.wanted if kernel is not drivers.siblings) \
+    # every product's kernels of the other count alike (the float one's too)
+    assert wanted.get(jit._fmatvec_serial) == (ONE_THREAD_RANK if threads > 1 else None)
+    assert wanted.get(jit._fmatvec) == (MORE_THREADS_RANK if threads == 1 else None)
+    later_runs = {drivers.siblings, jit._fmatvec}
+    assert max(rank for kernel, rank in recorder.wanted if kernel not in later_runs) \
         < MORE_THREADS_RANK  # fmt: skip
     names = [(rank, getattr(kernel, "__name__", "")) for kernel, rank in recorder.wanted]
     attention = sorted((rank, name) for rank, name in names if name.startswith("attend"))

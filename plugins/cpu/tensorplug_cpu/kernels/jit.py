@@ -52,9 +52,11 @@ MAX_SIBLINGS = 3
 #: chunks a thread of a prompt's row step shared out as a region (:meth:`JitKernels.rows_region`):
 #: a few, so that a thread that finishes first takes another
 REGION_CHUNKS_PER_THREAD = 4
-#: the second process's rank of the kernels a run on more threads than this one calls:
-#: after every kernel and job of this run's (whose ranks go up to 4)
-MORE_THREADS_RANK = 5
+#: the second process's ranks of the products' kernels of another thread count
+#: (:meth:`JitKernels._want_other_count`): the one-thread kernels a run on more threads
+#: reaches in its governor's trial steps; and those a later run on more threads than
+#: this one calls, after every kernel and job of this run's (whose ranks go up to 4)
+ONE_THREAD_RANK, MORE_THREADS_RANK = 1, 5
 #: what the parallel flash attention kernel is called in messages
 _ATTENTION = "flash attention kernel"
 #: A first kernel call still running after this many seconds is compiling: say so.
@@ -250,8 +252,6 @@ class JitKernels:
         drivers = self._repack.packed_kernels(frozenset((t,)), ggml_order)
         serial_args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
         serial = partial(self._call, f"one-thread {what}", drivers.serial, *serial_args)
-        if self.n_threads > 1:  # a one-thread step comes later (on one, this runs first)
-            self.want_ahead(drivers.serial, *serial_args)
         # many threads: the sibling driver, this matrix and two empty ones
         joint = _sibling_args([packed], [out], [t], lambda p: p.shape[0])
         parallel = self._quantized_apart(
@@ -435,8 +435,10 @@ class JitKernels:
         kernel, parallel_what = serial.args[1], parallel.args[0]
         if alone or self.n_threads == 1:  # (a joint step's products run on one thread only)
             self._will_call(serial if self.n_threads == 1 else parallel)
-        if alone:
-            self._want_for_more_threads(parallel)
+        if self.n_threads > 1:  # a one-thread step comes later (on one, it runs first)
+            self._want_other_count(serial, ONE_THREAD_RANK)
+        elif alone:
+            self._want_other_count(parallel, MORE_THREADS_RANK)
         many = parallel if pooled is None else pooled
 
         def run() -> None:  # every token: the set is asked before the method is called
@@ -476,7 +478,8 @@ class JitKernels:
 
         if self.n_threads > 1:
             self._will_call(together)
-        self._want_for_more_threads(together)
+        else:
+            self._want_other_count(together, MORE_THREADS_RANK)
         many = together if pooled is None else pooled
 
         def run() -> None:
@@ -509,19 +512,19 @@ class JitKernels:
             self.want_ahead(kernel, *args, rank=0)
         self._plan_kernels.add(kernel)
 
-    def _want_for_more_threads(self, call: Callable[[], None]) -> None:
-        """A product step bound for one thread in a process that may run more
-        (``NUMBA_NUM_THREADS`` > 1): ``call``'s multi-thread kernel (a partial as
-        :meth:`_will_call` reads) goes to the second process after everything this run
-        calls (:data:`MORE_THREADS_RANK`), so that a later run on more threads loads it
-        rather than compiling it before its first token. A 100M Q5_K model's first run at
-        ``-t 2`` after one at ``-t 1`` compiled its sibling products kernel for 20 s
-        (2-core Emerald Rapids VM); the one-thread kernels a run on more threads needs
-        went ahead already (:meth:`bind_packed`)."""
-        if self.n_threads != 1 or self.max_threads < 2:
+    def _want_other_count(self, call: Callable[[], None], rank: int) -> None:
+        """A product step's kernel for another thread count than this one's (``call``, a
+        partial as :meth:`_will_call` reads) goes to the second process at ``rank``, so
+        that a step or a later run at that count loads it rather than compiling it: on
+        more threads the one-thread kernel (the thread governor's trial steps), on one
+        thread of a process that may run more (``NUMBA_NUM_THREADS`` > 1) the multi-thread
+        one, after everything this run calls. A 100M Q5_K model's first run at ``-t 2``
+        after one at ``-t 1`` compiled its sibling products kernel for 20 s before its
+        first token (2-core Emerald Rapids VM)."""
+        if self.n_threads == 1 and self.max_threads < 2:
             return
         if isinstance(call, partial) and len(call.args) >= 2:
-            self.want_ahead(call.args[1], *call.args[2:], rank=MORE_THREADS_RANK)
+            self.want_ahead(call.args[1], *call.args[2:], rank=rank)
 
     def want_ahead(self, kernel: Callable[..., Any], *args: Any, rank: int = 1) -> None:
         """Have ``kernel(*args)`` compiled by the second process if numba has not got it
