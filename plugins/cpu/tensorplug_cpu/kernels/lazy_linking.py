@@ -25,7 +25,9 @@ from numba.core.caching import CompileResultCacheImpl
 from numba.core.codegen import JITCodeLibrary
 from numba.core.compiler_lock import global_compiler_lock
 
-__all__ = ["LazyLinkingLibrary", "LazyLinkingRebuild", "defined_symbols"]
+__all__ = [
+    "LazyLinkingLibrary", "LazyLinkingRebuild", "defined_symbols", "object_code", "symbols",
+]  # fmt: skip
 
 _ELF64_LITTLE = b"\x7fELF\x02\x01"
 _SECTION = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
@@ -35,28 +37,46 @@ _UNDEFINED = 0  # st_shndx of a symbol the object uses but does not define
 _SECTION_OR_FILE = (3, 4)  # st_info's type of a section's or the source file's symbol
 
 
-def defined_symbols(code: bytes) -> set[str] | None:
-    """The names of the functions and data a little-endian 64-bit ELF object defines;
-    None for anything else, or an object whose tables do not fit in it."""
+def _symbols(code: bytes) -> list[tuple[str, bool]] | None:
+    """The named symbols of a little-endian 64-bit ELF object's symbol tables, each with
+    whether the object defines it; None for anything else, or an object whose tables do
+    not fit in it."""
     if not code.startswith(_ELF64_LITTLE):
         return None
     try:
         (table_at,) = struct.unpack_from("<Q", code, 0x28)
         entry, count = struct.unpack_from("<HH", code, 0x3A)
         sections = [_SECTION.unpack_from(code, table_at + i * entry) for i in range(count)]
-        names: set[str] = set()
+        symbols: list[tuple[str, bool]] = []
         for _, kind, _, _, at, size, link, _, _, _ in sections:
             if kind != _SYMTAB:
                 continue
             strings = sections[link][4]
             for sym in range(at + _SYMBOL.size, at + size, _SYMBOL.size):  # 0: the null one
                 name, info, _, section, _, _ = _SYMBOL.unpack_from(code, sym)
-                if name and section != _UNDEFINED and info & 0xF not in _SECTION_OR_FILE:
+                if name and info & 0xF not in _SECTION_OR_FILE:
                     start = strings + name
-                    names.add(code[start : code.index(b"\0", start)].decode())
-        return names
+                    text = code[start : code.index(b"\0", start)].decode()
+                    symbols.append((text, section != _UNDEFINED))
+        return symbols
     except (struct.error, IndexError, ValueError, UnicodeDecodeError):
         return None
+
+
+def defined_symbols(code: bytes) -> set[str] | None:
+    """The names of the functions and data a little-endian 64-bit ELF object defines;
+    None for anything else, or an object whose tables do not fit in it."""
+    found = symbols(code)
+    return None if found is None else found[0]
+
+
+def symbols(code: bytes) -> tuple[set[str], set[str]] | None:
+    """The names a little-endian 64-bit ELF object defines, and those it uses without
+    defining them (what a loader must find elsewhere); None as :func:`defined_symbols`."""
+    table = _symbols(code)
+    if table is None:
+        return None
+    return {n for n, defined in table if defined}, {n for n, defined in table if not defined}
 
 
 class LazyLinkingLibrary(JITCodeLibrary):  # type: ignore[misc]  # numba has no type hints
@@ -64,6 +84,8 @@ class LazyLinkingLibrary(JITCodeLibrary):  # type: ignore[misc]  # numba has no 
     for (numba's ``_get_module_for_linking``: a compile that calls the kernel)."""
 
     _lazy_bitcode: bytes | None = None
+    #: the machine code loaded (numba's copy is handed to LLVM's loader and dropped)
+    object_code: bytes | None = None
 
     def _get_module_for_linking(self) -> Any:
         if self._shared_module is None and self._lazy_bitcode is not None:
@@ -86,10 +108,20 @@ def unserialize(codegen: Any, state: Any) -> Any:
     library.__class__ = LazyLinkingLibrary  # adds only the lazy parse to numba's class
     library.enable_object_caching()
     library._set_compiled_object(object_code)
+    library.object_code = object_code
     library._lazy_bitcode = bitcode
     library._finalize_final_module()  # the JIT takes the machine code (no compile)
     codegen._engine._defined_symbols |= names
     return library
+
+
+def object_code(library: Any) -> bytes | None:
+    """The machine code of a numba code library: what :func:`unserialize` loaded, or what
+    numba compiled with object caching on (a cached kernel's); None where neither."""
+    code = getattr(library, "object_code", None)
+    if code is None and getattr(library, "_object_caching_enabled", False):
+        code = getattr(library, "_compiled_object", None)
+    return code if isinstance(code, bytes) else None
 
 
 class LazyLinkingRebuild(CompileResultCacheImpl):  # type: ignore[misc]

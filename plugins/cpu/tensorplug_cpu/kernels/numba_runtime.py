@@ -36,7 +36,7 @@ from numba.core.runtime import nrtdynmod, rtsys
 
 from tensorplug.files import replace_file
 
-__all__ = ["ready", "runtime_file"]
+__all__ = ["ready", "runtime_code", "runtime_file"]
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -46,6 +46,26 @@ def runtime_file(folder: Path, target_context: Any) -> Path:
     kept in ``folder``."""
     key = repr((numba.__version__, llvmlite.__version__, target_context.codegen().magic_tuple()))
     return folder / f"nrt-{hashlib.sha256(key.encode()).hexdigest()[:16]}.nbo"
+
+
+#: the runtime library's machine code, once :func:`ready` has it (:mod:`.kept_code`
+#: loads it into its own JIT, before the kernels that call it)
+_code: list[bytes] = []
+
+
+def runtime_code(target_context: Any, folder: Path) -> bytes | None:
+    """The runtime library's machine code for kernels of the cache in ``folder``
+    (:func:`ready` first): as loaded or compiled here, or, where numba initialized its
+    runtime itself (a compile came first), as kept in the folder; None where neither."""
+    ready(target_context, folder)
+    if not _code:
+        data = _read(runtime_file(folder, target_context))
+        if data is not None:
+            try:
+                _keep_code(pickle.loads(data))
+            except Exception as e:  # another numba's layout: no code to hand out
+                _log.debug("numba runtime library unusable (%s)", e)
+    return _code[0] if _code else None
 
 
 def ready(target_context: Any, folder: Path) -> None:
@@ -71,7 +91,8 @@ def ready(target_context: Any, folder: Path) -> None:
 _DIGEST = hashlib.sha256().digest_size
 
 
-def _load(ctx: Any, path: Path) -> Any:
+def _read(path: Path) -> bytes | None:
+    """The payload of the file at ``path``, where it is whole (its digest matches)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -83,11 +104,29 @@ def _load(ctx: Any, path: Path) -> Any:
     if len(digest) < _DIGEST or hashlib.sha256(payload).digest() != digest:
         _log.debug("numba runtime library %s is not what was written; compiling it", path)
         return None
+    return payload
+
+
+def _load(ctx: Any, path: Path) -> Any:
+    payload = _read(path)
+    if payload is None:
+        return None
     try:
-        return ctx.codegen().unserialize_library(pickle.loads(payload))
+        state = pickle.loads(payload)
+        library = ctx.codegen().unserialize_library(state)
     except Exception as e:  # another numba's layout: compile it, the new file replaces it
         _log.debug("numba runtime library %s unusable (%s); compiling it", path, e)
         return None
+    _keep_code(state)
+    return library
+
+
+def _keep_code(state: Any) -> None:
+    """Note the machine code of a serialized runtime library (``(name, "object",
+    (code, bitcode))``, numba's ``serialize_using_object_code``)."""
+    _, kind, data = state
+    if kind == "object" and isinstance(data[0], bytes):
+        _code[:] = [data[0]]
 
 
 def _compile_and_keep(ctx: Any, path: Path) -> Any:
@@ -95,8 +134,10 @@ def _compile_and_keep(ctx: Any, path: Path) -> Any:
     library.enable_object_caching()
     library.add_ir_module(ir_module)
     library.finalize()
+    state = library.serialize_using_object_code()
+    _keep_code(state)
     try:
-        payload = pickle.dumps(library.serialize_using_object_code())
+        payload = pickle.dumps(state)
         replace_file(path, hashlib.sha256(payload).digest() + payload)
     except OSError as e:  # a read-only cache: the next process compiles it as well
         _log.debug("could not keep numba's runtime library in %s: %s", path, e)
