@@ -637,9 +637,11 @@ def test_a_prompt_and_its_tokens_share_one_compiled_attention_kernel(
     """numba compiles a kernel once per argument layout, and the exact attention kernel
     is most of a first run's compile (~30 s of CPU each): a prompt step and a generation
     step must call it with the same layouts (a fresh process, so that only this model's
-    calls are counted; one thread). An F16 cache (the runner's) runs the one job
-    function, whatever the step, through its runner, and no attention kernel compiles
-    at all; an F32 cache takes the one-thread kernel."""
+    calls are counted; one thread; numba loading every kernel, kept code or not). An
+    F16 cache (the runner's) runs the one job function, whatever the step, through its
+    runner, and no attention kernel compiles at all; an F32 cache takes the one-thread
+    kernel."""
+    import os
     import subprocess
     import sys
 
@@ -647,8 +649,10 @@ def test_a_prompt_and_its_tokens_share_one_compiled_attention_kernel(
 
     pytest.importorskip("numba", reason="the exact attention kernel is numba's")
     model = write_tiny_llama(tmp_path / "tiny.gguf")
+    # numba's dispatchers then hold every kernel that ran, not only those it loaded
+    env = {**os.environ, "TENSORPLUG_CPU_KEPT_CODE": "0"}
     done = subprocess.run([sys.executable, "-c", _ONE_LAYOUT, str(model), cache],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     names = [line.split(" ")[0] for line in done.stdout.split("\n") if line]
     assert len(names) == len(set(names)), done.stdout  # one layout each

@@ -26,6 +26,7 @@ _PROMPTS = """
 import importlib, json, pkgutil, sys
 from numba.core.registry import CPUDispatcher
 from tensorplug_cpu import kernels
+from tensorplug_cpu.kernels.kept_kernels import kept_loads
 from tensorplug_llm.runner import Llama
 
 def versions():
@@ -36,6 +37,7 @@ def versions():
             for name, value in vars(module).items():
                 if isinstance(value, CPUDispatcher):
                     found[f"{info.name}.{name}"] = len(value.overloads)
+    found["kept code"] = kept_loads()  # loaded without numba's overloads knowing
     return found
 
 m = Llama(sys.argv[1], n_ctx=64, n_batch=32, n_threads=int(sys.argv[2]))

@@ -39,7 +39,7 @@ from .lazy_linking import LazyLinkingRebuild
 
 __all__ = [
     "FORM_FLAGS", "SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "job_cached",
-    "job_function", "job_ready", "kernel", "use_instruction_forms",
+    "job_function", "kernel", "use_instruction_forms",
 ]  # fmt: skip
 
 _HERE = Path(__file__).parent
@@ -174,7 +174,7 @@ def job_function(fn: Callable[..., None], name: str, fastmath: Any = False) -> A
     """``fn(job, lo, hi)`` (three ``int64``) as the C function ``void(int64, int64,
     int64)`` that the spinning helpers call by address (:mod:`.pool`; a numba
     ``cfunc``, whose ``address`` it is once compiled), cached on disk as :func:`kernel`
-    caches. Not compiled yet: :func:`job_ready` loads it from the cache, or its
+    caches. Not compiled yet: :func:`.kept_kernels.job_ready` loads it, or its
     ``compile()`` compiles it. ``name``: its cache files' name (closures over different
     constants need different ones). Its own ``fastmath`` and its float division as
     :func:`kernel`'s (a C function cannot raise numba's ``ZeroDivisionError``)."""
@@ -197,14 +197,3 @@ def job_cached(job: Any) -> bool:
         return key in job._cache._cache_file._load_index()
     except Exception:  # an unreadable index holds nothing usable
         return False
-
-
-def job_ready(job: Any) -> bool:
-    """Whether ``job`` can be called: compiled in this process, or now loaded from the
-    disk cache (milliseconds); False, compiling nothing, when the cache lacks it."""
-    if job._wrapper_address is not None:
-        return True
-    if not job_cached(job):
-        return False
-    job.compile()  # a load: the cache has it
-    return True

@@ -132,9 +132,10 @@ class JitKernels:
 
         self._attend, self._attend_serial = attend, attend_serial
         self._attend_job, self._attend_job_block = attend_job, attend_job_block
-        from ._numba_cache import job_ready
+        from .kept_kernels import compile_job, job_ready, keep_overload, load_kept
 
-        self._job_is_ready = job_ready
+        self._job_is_ready, self._compile_job = job_ready, compile_job
+        self._load_kept, self._keep_overload = load_kept, keep_overload
         self._visible_columns = visible_columns
         self._softmax_rows = softmax_rows
         self._widen_f16_rows = widen_f16_rows
@@ -151,6 +152,8 @@ class JitKernels:
         self.f16_to_f32 = _F16_TO_F32
         #: the kernels (by what they are called in messages) that have run in this process
         self._called: set[str] = set()
+        #: dispatchers given kept code (:mod:`.kept_code`) that numba's overloads lack
+        self._kept_loaded: set[Any] = set()
         #: first calls the plan being bound makes only when it runs (:meth:`expect`)
         self._expected: list[_Call] = []
         self._resolvers: dict[Callable[..., Any], Callable[..., _Call]] = {
@@ -638,7 +641,7 @@ class JitKernels:
         if self._ahead is not None:
             self._ahead.wait_for(job)
         with self._first_use(what):
-            job.compile()  # from the disk cache if the second process put it there
+            self._compile_job(job)  # from the disk cache if the second process put it there
         return int(job.address)
 
     def _job_ready(self, job: Any) -> bool:
@@ -650,7 +653,7 @@ class JitKernels:
         if self._job_is_ready(job):
             return True
         if self._ahead is None:
-            job.compile()
+            self._compile_job(job)
             return True
         self._ahead.want_job(job, rank=4)  # after every kernel a step calls
         return False
@@ -739,15 +742,19 @@ class JitKernels:
         from ._numba_cache import is_cached
 
         runner = _numba_pool.run_program
-        if runner.overloads:
+        if runner.overloads or runner in self._kept_loaded:
             return True
         args = (np.zeros(_numba_pool.MAILBOX_SIZE, np.int64),
                 np.zeros((1, _numba_pool.PROGRAM_FIELDS), np.int64), 0)  # fmt: skip
+        if self._load_kept(runner, args):
+            self._kept_loaded.add(runner)
+            return True
         sig = tuple(runner.typeof_pyval(a) for a in args)
         if self._ahead is not None and not is_cached(runner, sig):
             self.want_ahead(runner, *args, rank=4)
             return False
         runner.compile(sig)
+        self._keep_overload(runner, args)
         return True
 
     def glu_kind(self, fn: GluOp) -> int | None:
@@ -820,12 +827,15 @@ class JitKernels:
         for what, kernel, args in expected:
             if what in self._called or not hasattr(kernel, "typeof_pyval"):
                 continue  # called already, or no numba dispatcher (nothing to load)
-            sig = tuple(kernel.typeof_pyval(a) for a in args)
-            if sig not in kernel.overloads:
-                if self._ahead is not None:
-                    self._ahead.wait_for(kernel)
-                with self._first_use(what):
-                    kernel.compile(sig)
+            self._llvm_ran = True  # LLVM's loader runs either way (:meth:`settle`)
+            if not self._load_kept(kernel, args):
+                sig = tuple(kernel.typeof_pyval(a) for a in args)
+                if sig not in kernel.overloads:
+                    if self._ahead is not None:
+                        self._ahead.wait_for(kernel)
+                    with self._first_use(what):
+                        kernel.compile(sig)
+                self._keep_overload(kernel, args)
             self._called.add(what)
 
     def softmax_rows(
@@ -929,10 +939,15 @@ class JitKernels:
     def _call(self, what: str, kernel: Callable[..., Any], *args: Any) -> Any:
         if what in self._called:
             return kernel(*args)
+        if self._load_kept(kernel, args):  # its code kept by an earlier process
+            self._called.add(what)
+            self._llvm_ran = True  # LLVM's loader ran (:meth:`settle`)
+            return kernel(*args)
         if self._ahead is not None:  # the second process may have it: let it finish
             self._ahead.wait_for(kernel)
         with self._first_use(what):
             result = kernel(*args)
+        self._keep_overload(kernel, args)
         self._called.add(what)
         return result
 

@@ -135,11 +135,11 @@ def _load_kernels() -> None:
     the pool is bound (a model's warm-up): a helper's first call loaded its loop on
     the helper's own thread, after the warm-up, whenever the first job ran then (a
     job the compile-ahead process had just made)."""
-    from numba import types
+    from .kept_kernels import ready_overload
 
-    sig = (types.Array(types.int64, 1, "C"), types.int64, types.int64, types.int64)
+    args = (np.zeros(_pool.MAILBOX_SIZE, np.int64), 0, 0, 0)
     for kernel in (_pool.helper_loop, _pool.run_shared):
-        kernel.compile(sig)
+        ready_overload(kernel, args)
 
 
 def spin_pool() -> SpinPool:

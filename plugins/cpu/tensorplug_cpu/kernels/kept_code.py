@@ -1,0 +1,256 @@
+"""Kernels' machine code kept by tensorplug itself, and loaded without numba's cache.
+
+numba loads a cached kernel by reading its index, unpickling the compile result (numba
+types, a function descriptor, an environment), rebuilding it and typing the call: about
+1.5 ms a kernel, ~30 ms of the ~20 kernels a 100M model's launch loads on the 2-core dev
+machine, and all of it needs numba's Python package, whose import is the largest part of
+a launch (issue 42). The machine code itself loads in LLVM's JIT in a fraction of that.
+
+So every kernel numba compiles or loads is also written here, as one file: its ELF object
+and the name of its entry point, under a name derived from the kernel's identity (the
+key numba's cache files it under, less the signature: its code, closure and sources,
+the target and the instruction forms), the numba types of its arguments (:func:`arg_key`)
+and :attr:`KeptCode.salt` (numba, llvmlite, Python, the kernels' sources). A later
+process loads it into an LLVM JIT of its own (:func:`load`): a Python-callable kernel as
+numba makes one (``_dynfunc.make_function`` of numba's CPython wrapper, an environment of
+its own), a job (a C function the spinning helpers call) as its address.
+
+What is loaded must be what was written, and must be able to run: a file is its sha256
+then its contents; an object is loaded only if every symbol it uses resolves (numba's
+runtime helpers, which the process has registered, the runtime library kept beside the
+kernels, Python's C API): LLVM's loader aborts the process on a symbol it cannot find.
+Anything else (a missing or unreadable file, another format, an environment with
+constants) leaves the kernel to numba, which compiles or loads it as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import sys
+import threading
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llvmlite.binding as ll
+import numpy as np
+
+from tensorplug.files import replace_file
+
+from .lazy_linking import defined_symbols, symbols
+
+__all__ = ["CALLABLE", "JOB", "Entry", "KeptCode", "arg_key", "entry_file", "load"]
+
+_log = logging.getLogger("tensorplug_cpu")
+
+#: an entry's kinds: numba's CPython wrapper of a kernel, or a C function (a job)
+CALLABLE, JOB = "callable", "job"
+#: what starts an entry's contents, after its digest
+_FORMAT = b"tensorplug kept kernel 1\n"
+_DIGEST = hashlib.sha256().digest_size
+#: the prefix of the globals that hold a numba function's environment
+_ENVIRONMENT = "_ZN08NumbaEnv"
+#: Python ints numba types as int64, and as uint64 above that
+_INT64 = (-(1 << 63), 1 << 63)
+_UINT64_END = 1 << 64
+_INT64_STR, _UINT64_STR = np.dtype(np.int64).str, np.dtype(np.uint64).str
+#: the numpy scalar type numba types each other Python number as
+_PYTHON_SCALARS = {bool: np.dtype(np.bool_).str, float: np.dtype(np.float64).str,
+                   complex: np.dtype(np.complex128).str}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A kept kernel: its ``kind`` (:data:`CALLABLE` or :data:`JOB`), the ``symbol`` of
+    its entry point in ``code`` (an ELF object), and the ``module`` and ``name`` its
+    Python function has (what its callable is called)."""
+
+    kind: str
+    symbol: str
+    module: str
+    name: str
+    code: bytes
+
+    def to_bytes(self) -> bytes:
+        head = json.dumps({"kind": self.kind, "symbol": self.symbol, "module": self.module,
+                           "name": self.name}).encode()  # fmt: skip
+        payload = _FORMAT + len(head).to_bytes(4, "little") + head + self.code
+        return hashlib.sha256(payload).digest() + payload
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Entry | None:
+        """The entry ``data`` holds, or None where it is not one whole."""
+        digest, payload = data[:_DIGEST], data[_DIGEST:]
+        if len(digest) < _DIGEST or hashlib.sha256(payload).digest() != digest:
+            return None
+        if not payload.startswith(_FORMAT):
+            return None
+        at = len(_FORMAT)
+        size = int.from_bytes(payload[at : at + 4], "little")
+        try:
+            head = json.loads(payload[at + 4 : at + 4 + size])
+            entry = cls(str(head["kind"]), str(head["symbol"]), str(head["module"]),
+                        str(head["name"]), payload[at + 4 + size :])  # fmt: skip
+        except (ValueError, KeyError, TypeError):
+            return None
+        return entry if entry.kind in (CALLABLE, JOB) else None
+
+
+def arg_key(args: Sequence[Any]) -> tuple[Any, ...] | None:
+    """What numba's ``typeof`` makes of ``args``, as a hashable value that tells every
+    two of its types apart and no more: an array's dtype, dimensions, layout (numba's:
+    C, else F, else A), whether it is writeable and aligned; a number's numpy type (a
+    Python number's as numba types it: an int by its range); a tuple's items. None where
+    an argument is anything else (records, strings, another byte order, a subclass of
+    ``ndarray``): that call is numba's to type, or to refuse."""
+    key: list[Any] = []
+    for a in args:
+        kind = type(a)
+        if kind is np.ndarray:
+            if a.dtype.kind not in "biufc" or not a.dtype.isnative:  # numba's to type, or refuse
+                return None
+            flags = a.flags
+            layout = "C" if flags.c_contiguous else "F" if flags.f_contiguous else "A"
+            key.append(("array", a.dtype.str, a.ndim, layout, flags.writeable, flags.aligned))
+        elif kind in _PYTHON_SCALARS:
+            key.append(("scalar", _PYTHON_SCALARS[kind]))
+        elif kind is int:
+            if _INT64[0] <= a < _INT64[1]:
+                key.append(("scalar", _INT64_STR))
+            elif 0 <= a < _UINT64_END:
+                key.append(("scalar", _UINT64_STR))
+            else:
+                return None
+        elif isinstance(a, np.generic) and a.dtype.kind in "biufc" and a.dtype.isnative:
+            key.append(("scalar", a.dtype.str))
+        elif kind is tuple:
+            items = arg_key(a)
+            if items is None:
+                return None
+            key.append(("tuple", items))
+        else:
+            return None
+    return tuple(key)
+
+
+def entry_file(folder: Path, identity: str, key: tuple[Any, ...], salt: str) -> Path:
+    """Where the kernel ``identity`` typed as ``key`` (:func:`arg_key`) is kept."""
+    name = hashlib.sha256(repr((identity, key, salt)).encode()).hexdigest()[:32]
+    return folder / f"kept-{name}.tpk"
+
+
+class KeptCode:
+    """The kept kernels of one process: where they are (``folder``, numba's cache folder
+    of the kernels), what they must match (``salt``), and numba's runtime library's
+    object code (``runtime``: what the kernels' reference counting calls)."""
+
+    def __init__(self, folder: Path, salt: str, runtime: Callable[[], bytes | None]) -> None:
+        self.folder, self.salt, self._runtime = folder, salt, runtime
+        #: what each entry loaded as, by its file (an object is never loaded twice:
+        #: LLVM's loader would find every symbol it defines defined already)
+        self.loaded: dict[Path, Any] = {}
+        #: the entries kept by this process: numba has their kernels here already
+        self._kept_here: set[Path] = set()
+
+    def path(self, identity: str, key: tuple[Any, ...]) -> Path:
+        return entry_file(self.folder, identity, key, self.salt)
+
+    def load(self, identity: str, key: tuple[Any, ...]) -> Any:
+        """The kernel kept as ``identity`` for arguments of ``key``: a callable, or a
+        job's address; None where none is kept, or it cannot be loaded."""
+        path = self.path(identity, key)
+        with _engine_lock:
+            if path in self.loaded or path in self._kept_here:
+                return self.loaded.get(path)
+            try:
+                data = path.read_bytes()
+            except OSError:
+                return None
+            entry = Entry.from_bytes(data)
+            if entry is None:
+                _log.debug("kept kernel %s is not what was written; numba loads it", path)
+                return None
+            loaded = load(entry, self._runtime)
+            if loaded is not None:
+                self.loaded[path] = loaded
+            return loaded
+
+    def keep(self, identity: str, key: tuple[Any, ...], entry: Entry) -> None:
+        """Write ``entry`` for a later process (nothing where the folder is read-only);
+        this one has the kernel from numba, and never loads the entry as well."""
+        path = self.path(identity, key)
+        with _engine_lock:
+            self._kept_here.add(path)
+        try:
+            replace_file(path, entry.to_bytes())
+        except OSError as e:
+            _log.debug("could not keep kernel %s.%s: %s", entry.module, entry.name, e)
+
+
+class _Engine:
+    """This process's LLVM JIT for kept kernels (numba's own is numba's), the runtime
+    library loaded first, and what the loaded code refers to, kept alive."""
+
+    def __init__(self, runtime: bytes) -> None:
+        ll.initialize_native_target()
+        ll.initialize_native_asmprinter()
+        target = ll.Target.from_triple(ll.get_process_triple())
+        machine = target.create_target_machine(codemodel="jitdefault", jit=True)
+        self.engine = ll.create_mcjit_compiler(ll.parse_assembly(""), machine)
+        self.runtime_symbols = defined_symbols(runtime) or set()
+        self.engine.add_object_file(ll.ObjectFileRef.from_data(runtime))
+        self.engine.finalize_object()
+        self.environments: list[Any] = []
+        #: symbols LLVM's loader found in this process (asked once each)
+        self.found: set[str] = set()
+
+    def resolves(self, used: set[str]) -> bool:
+        """Whether every symbol of ``used`` is defined by the runtime library or found
+        by LLVM's loader in this process."""
+        missing = used - self.runtime_symbols - self.found
+        for name in missing:
+            if not ll.address_of_symbol(name):
+                return False
+            self.found.add(name)
+        return True
+
+
+_engine_lock = threading.RLock()
+_engines: list[_Engine] = []
+
+
+def load(entry: Entry, runtime: Callable[[], bytes | None]) -> Any:
+    """``entry`` loaded into this process's JIT: a callable kernel, or a job's address;
+    None where its object is not ELF or uses a symbol nothing here defines."""
+    from numba import _dynfunc  # type: ignore[attr-defined]  # C: the wrappers' function type
+
+    with _engine_lock:
+        if not _engines:
+            code = runtime()
+            if code is None:
+                return None
+            _engines.append(_Engine(code))
+        jit = _engines[0]
+        table = symbols(entry.code)
+        if table is None or entry.symbol not in table[0] or not jit.resolves(table[1]):
+            return None
+        defined = table[0]
+        jit.engine.add_object_file(ll.ObjectFileRef.from_data(entry.code))
+        jit.engine.finalize_object()
+        environment = _dynfunc.Environment({"__name__": entry.module})
+        jit.environments.append(environment)
+        for name in defined:
+            if name.startswith(_ENVIRONMENT):
+                at = jit.engine.get_global_value_address(name)
+                (ctypes.c_void_p * 1).from_address(at)[0] = id(environment)
+        address = jit.engine.get_function_address(entry.symbol)
+    if entry.kind == JOB:
+        return address
+    module = sys.modules.get(entry.module) or types.ModuleType(entry.module)
+    return _dynfunc.make_function(module, entry.name, f"kept kernel {entry.name}", address,
+                                  environment, (jit,))  # fmt: skip

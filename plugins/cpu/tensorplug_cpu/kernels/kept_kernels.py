@@ -1,0 +1,158 @@
+"""numba's side of kept code (:mod:`.kept_code`): which kernel is which, keeping the
+machine code of what numba ran, and handing what was kept to numba's dispatchers.
+
+A kernel (:func:`._numba_cache.kernel`) or job (:func:`._numba_cache.job_function`) is
+kept under its identity: the key numba's disk cache files it under, less the signature
+(the target, its code and closure, :data:`._numba_cache.SOURCES_HASH` and the
+instruction forms, which :class:`._numba_cache.KernelCache` adds), and its cache files'
+name. Its machine code is what numba loaded (:func:`.lazy_linking.object_code`) or
+compiled with object caching on, as every kernel here is. A kernel loaded from kept
+code goes into numba's dispatch table for the types of its arguments, as numba's
+``add_overload`` puts a compiled one (numba's ``overloads`` do not list it: numba did
+not compile or load it); a job gets its address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import llvmlite
+import numba
+from numba.core.compiler_lock import global_compiler_lock
+
+from ..settings import KEPT_CODE
+from . import numba_runtime
+from ._numba_cache import SOURCES_HASH, KernelCache, job_cached
+from .kept_code import CALLABLE, JOB, Entry, KeptCode, arg_key
+from .lazy_linking import object_code
+
+__all__ = ["compile_job", "job_ready", "keep_overload", "kept_loads", "load_kept",
+           "ready_overload"]  # fmt: skip
+
+
+def job_ready(job: Any) -> bool:
+    """Whether ``job`` can be called: compiled in this process, or now loaded (its kept
+    code, :mod:`.kept_code`, else numba's disk cache: milliseconds); False, compiling
+    nothing, when neither has it."""
+    if job._wrapper_address is not None:
+        return True
+    if _load_kept_job(job):
+        return True
+    if not job_cached(job):
+        return False
+    compile_job(job)  # a load: the cache has it
+    return True
+
+
+def compile_job(job: Any) -> None:
+    """``job.compile()``, numba's load or compile of a job, its code then kept for later
+    processes (:mod:`.kept_code`)."""
+    job.compile()
+    kept = _kept(getattr(job, "_cache", None))
+    code = None if kept is None else object_code(job._library)
+    if kept is not None and code is not None:
+        identity = _identity(job, job._cache, job._targetdescr.target_context)
+        entry = Entry(JOB, job._wrapper_name, job._pyfunc.__module__, job.__name__, code)
+        kept.keep(identity, _JOB_KEY, entry)
+
+
+def _load_kept_job(job: Any) -> bool:
+    kept = _kept(getattr(job, "_cache", None))
+    if kept is None:
+        return False
+    context = job._targetdescr.target_context
+    address = kept.load(_identity(job, job._cache, context), _JOB_KEY)
+    if address is None:
+        return False
+    job._wrapper_address = address  # what ``job.address`` reads
+    return True
+
+
+#: a job's :func:`.kept_code.arg_key`: its C signature is always the same
+_JOB_KEY = ("job",)
+#: the kept code of each cache folder (:func:`_kept`)
+_kept_by_folder: dict[str, KeptCode | None] = {}
+#: where a kernel's identity (:func:`_identity`) is noted on it once computed
+_IDENTITY = "tensorplug_kept_identity"
+
+
+def kept_loads() -> int:
+    """How many kernels and jobs this process has loaded from kept code (numba's
+    dispatchers do not count them among their overloads)."""
+    return sum(len(kept.loaded) for kept in _kept_by_folder.values() if kept is not None)
+
+
+def _kept(cache: Any) -> KeptCode | None:
+    """The kept kernels beside ``cache``'s files (a :class:`KernelCache`; None for any
+    other cache, which keeps nothing, and where ``TENSORPLUG_CPU_KEPT_CODE=0``)."""
+    if not isinstance(cache, KernelCache) or not KEPT_CODE.get():
+        return None
+    folder = str(cache.cache_path)
+    if folder not in _kept_by_folder:
+        from numba.core.registry import cpu_target
+
+        context, path = cpu_target.target_context, Path(folder)
+        salt = repr((numba.__version__, llvmlite.__version__, sys.version, SOURCES_HASH))
+        _kept_by_folder[folder] = KeptCode(
+            path, salt, lambda: numba_runtime.runtime_code(context, path)
+        )
+    return _kept_by_folder[folder]
+
+
+def _identity(function: Any, cache: Any, context: Any) -> str:
+    """What tells ``function`` (a dispatcher or job) apart from every other in its
+    cache folder: its cache files' name and numba's index key less the signature
+    (target, code, closure; :data:`SOURCES_HASH` and the instruction forms)."""
+    known = getattr(function, _IDENTITY, None)
+    if known is None:
+        key = cache._index_key(None, context.codegen())[1:]
+        text = repr((cache._impl.filename_base, key))
+        known = hashlib.sha256(text.encode()).hexdigest()
+        setattr(function, _IDENTITY, known)
+    return str(known)
+
+
+def load_kept(kernel: Any, args: tuple[Any, ...]) -> bool:
+    """Make ``kernel(*args)`` (a :func:`kernel` dispatcher) run its kept code
+    (:mod:`.kept_code`), loaded now, without numba loading it from its cache; False
+    where none is kept for these arguments (numba's call loads or compiles it)."""
+    kept = _kept(getattr(kernel, "_cache", None))
+    key = arg_key(args) if kept is not None else None
+    if kept is None or key is None:
+        return False
+    function = kept.load(_identity(kernel, kernel._cache, kernel.targetctx), key)
+    if function is None:
+        return False
+    # numba's dispatch table, as its add_overload fills it (the types' codes), under the
+    # lock numba fills it under
+    with global_compiler_lock:
+        kernel._insert([kernel.typeof_pyval(a)._code for a in args], function, False)
+    return True
+
+
+def ready_overload(kernel: Any, args: tuple[Any, ...]) -> None:
+    """Make ``kernel(*args)`` ready to run without calling it: its kept code loaded, or
+    numba's load (or compile) of it, kept then."""
+    if not load_kept(kernel, args):
+        kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+        keep_overload(kernel, args)
+
+
+def keep_overload(kernel: Any, args: tuple[Any, ...]) -> None:
+    """After numba has run ``kernel(*args)``: keep the code it ran for later processes
+    (:mod:`.kept_code`), where it has its machine code and no environment constants."""
+    kept = _kept(getattr(kernel, "_cache", None))
+    key = arg_key(args) if kept is not None else None
+    if kept is None or key is None:
+        return
+    result = kernel.overloads.get(tuple(kernel.typeof_pyval(a) for a in args))
+    code = None if result is None else object_code(result.library)
+    if code is None or result.environment is None or len(result.environment.consts):
+        return
+    fndesc = result.fndesc
+    entry = Entry(CALLABLE, fndesc.llvm_cpython_wrapper_name, kernel.py_func.__module__,
+                  fndesc.qualname.split(".")[-1], code)  # fmt: skip
+    kept.keep(_identity(kernel, kernel._cache, kernel.targetctx), key, entry)
