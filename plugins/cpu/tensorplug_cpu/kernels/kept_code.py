@@ -21,6 +21,9 @@ runtime helpers, which the process has registered, the runtime library kept besi
 kernels, Python's C API): LLVM's loader aborts the process on a symbol it cannot find.
 Anything else (a missing or unreadable file, another format, an environment with
 constants) leaves the kernel to numba, which compiles or loads it as before.
+
+Nothing here imports numba's Python package: a kept kernel needs LLVM's JIT (llvmlite)
+and numba's C runtime (:mod:`.numba_extensions`) only.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ import numpy as np
 
 from tensorplug.files import replace_file
 
-from .lazy_linking import defined_symbols, symbols
+from .elf_symbols import defined_symbols, symbols
+from .numba_extensions import c_runtime
 
 __all__ = ["CALLABLE", "JOB", "Entry", "KeptCode", "arg_key", "entry_file", "load"]
 
@@ -227,7 +231,7 @@ _engines: list[_Engine] = []
 def load(entry: Entry, runtime: Callable[[], bytes | None]) -> Any:
     """``entry`` loaded into this process's JIT: a callable kernel, or a job's address;
     None where its object is not ELF or uses a symbol nothing here defines."""
-    from numba import _dynfunc  # type: ignore[attr-defined]  # C: the wrappers' function type
+    functions = c_runtime().functions  # the wrappers' Python type, numba's C helpers
 
     with _engine_lock:
         if not _engines:
@@ -242,7 +246,7 @@ def load(entry: Entry, runtime: Callable[[], bytes | None]) -> Any:
         defined = table[0]
         jit.engine.add_object_file(ll.ObjectFileRef.from_data(entry.code))
         jit.engine.finalize_object()
-        environment = _dynfunc.Environment({"__name__": entry.module})
+        environment = functions.Environment({"__name__": entry.module})
         jit.environments.append(environment)
         for name in defined:
             if name.startswith(_ENVIRONMENT):
@@ -252,5 +256,5 @@ def load(entry: Entry, runtime: Callable[[], bytes | None]) -> Any:
     if entry.kind == JOB:
         return address
     module = sys.modules.get(entry.module) or types.ModuleType(entry.module)
-    return _dynfunc.make_function(module, entry.name, f"kept kernel {entry.name}", address,
+    return functions.make_function(module, entry.name, f"kept kernel {entry.name}", address,
                                   environment, (jit,))  # fmt: skip

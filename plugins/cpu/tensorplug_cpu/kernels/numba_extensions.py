@@ -1,0 +1,99 @@
+"""numba's C runtime for kept kernels, without importing numba's Python package.
+
+A kernel's machine code calls a few of numba's C helpers (raising an exception, the
+reference counts and allocations of its runtime, NRT) and, if Python calls it, is
+wrapped as numba wraps it (``_dynfunc.make_function``). Those live in three of numba's
+C extension modules, which load in ~5 ms; ``import numba`` runs ~150 ms of Python
+before a kernel can run (issue 42: most of a 100M model's launch gap to llama.cpp).
+
+:func:`c_runtime` hands out numba's own modules where numba is imported, and otherwise
+loads the same files from numba's install, under their own names (a later ``import
+numba`` then uses these, so nothing in them is initialized twice), and registers their
+helpers with LLVM's symbol table as numba does when it starts its JIT (the names numba's
+compiled code calls them by; registering them again, as numba will, changes nothing).
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import llvmlite.binding as ll
+
+__all__ = ["CRuntime", "c_runtime"]
+
+#: the extension modules, by numba's name for them
+_HELPERS, _FUNCTIONS = "numba._helperlib", "numba._dynfunc"
+_RUNTIME = "numba.core.runtime._nrt_python"
+
+
+@dataclass(frozen=True)
+class CRuntime:
+    """numba's C helpers (``_helperlib``), its runtime (``_nrt_python``) and the
+    compiled functions' Python type (``_dynfunc``)."""
+
+    helpers: ModuleType
+    runtime: ModuleType
+    functions: ModuleType
+
+
+_lock = threading.Lock()
+_loaded: list[CRuntime] = []
+
+
+def c_runtime() -> CRuntime:
+    """numba's C runtime, loaded and its symbols registered (once a process). Raises
+    ``ImportError`` where numba is not installed or its files are not where its package
+    says."""
+    with _lock:
+        if not _loaded:
+            found = CRuntime(_module(_HELPERS), _module(_RUNTIME), _module(_FUNCTIONS))
+            _register(found)
+            _loaded.append(found)
+        return _loaded[0]
+
+
+def _module(name: str) -> ModuleType:
+    """numba's extension module ``name``: numba's, or loaded from its file."""
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("numba")  # finds it; runs none of it
+    if package is None or not package.submodule_search_locations:
+        raise ImportError(f"numba is not installed (looking for {name})", name=name)
+    folder = Path(next(iter(package.submodule_search_locations)))
+    *parents, stem = name.split(".")[1:]
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = folder.joinpath(*parents, stem + suffix)
+        if path.is_file():
+            loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+            spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+            assert spec is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # numba, imported later, takes this one
+            try:
+                loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+            return module
+    raise ImportError(f"numba's {name} is not in {folder}", name=name)
+
+
+def _register(found: CRuntime) -> None:
+    """The symbols numba's compiled code calls its helpers by, as numba's
+    ``_load_global_helpers`` and its runtime's ``initialize`` register them."""
+    ll.add_symbol("_Py_NoneStruct", id(None))
+    for helpers in (found.helpers.c_helpers, found.functions.c_helpers):
+        for name, address in helpers.items():
+            ll.add_symbol("numba_" + name, address)
+    for name, address in found.runtime.c_helpers.items():
+        ll.add_symbol(name if name.startswith("_") else "NRT_" + name, address)
+    for value in vars(builtins).values():
+        if isinstance(value, type) and issubclass(value, BaseException):
+            ll.add_symbol(f"PyExc_{value.__name__}", id(value))
