@@ -17,7 +17,7 @@ pytest.importorskip("numba")
 
 import numba
 
-from tensorplug_cpu.kernels.kept_code import CALLABLE, JOB, Entry, arg_key, entry_file
+from tensorplug_cpu.kernels.kept_code import CALLABLE, JOB, Entry, KeptCode, arg_key, entry_file
 
 #: the symbol tables read are ELF's; elsewhere numba loads every kernel itself
 ELF_ONLY = pytest.mark.skipif(
@@ -92,6 +92,15 @@ def test_an_entry_reads_back_whole_or_not_at_all(tmp_path: Path) -> None:
                 entry_file(tmp_path, "kernel", ("float",), "salt"),
                 entry_file(tmp_path, "kernel", ("int64",), "other salt")}) == 4  # fmt: skip
     assert JOB != CALLABLE
+
+
+def test_code_this_loader_cannot_read_is_not_kept(tmp_path: Path) -> None:
+    """Machine code that is not ELF (another platform's objects) is not written: no
+    later process could load it."""
+    kept = KeptCode(tmp_path, "salt", lambda: None)
+    kept.keep("kernel", ("int64",), Entry(CALLABLE, "f", "m", "f", b"\xcf\xfa\xed\xfe mach-o"))
+    assert list(tmp_path.iterdir()) == []
+    assert kept.load("kernel", ("int64",)) is None
 
 
 _KERNELS = """

@@ -185,11 +185,14 @@ class KeptCode:
             return loaded
 
     def keep(self, identity: str, key: tuple[Any, ...], entry: Entry) -> None:
-        """Write ``entry`` for a later process (nothing where the folder is read-only);
-        this one has the kernel from numba, and never loads the entry as well."""
+        """Write ``entry`` for a later process (nothing where the folder is read-only, nor
+        for machine code this loader does not read: not ELF); this one has the kernel
+        from numba, and never loads the entry as well."""
         path = self.path(identity, key)
         with _engine_lock:
             self._kept_here.add(path)
+        if defined_symbols(entry.code) is None:
+            return
         try:
             replace_file(path, entry.to_bytes())
         except OSError as e:
