@@ -149,6 +149,7 @@ kept = {}
 if sys.argv[1] == "load":
     kept["scaled_sum"] = load_kept(u.scaled_sum, (x, 2.0))
     kept["squares_into"] = load_kept(u.squares_into, (out,))
+    kept["scaled_sum again"] = load_kept(u.scaled_sum, (x, 2.0))  # given already
     kept["scaled_sum of int8"] = load_kept(u.scaled_sum, (x.astype(np.int8), 2.0))
     kept["fill"] = job_ready(u.fill)
 total = u.scaled_sum(x, 2.0)
@@ -169,6 +170,11 @@ print(json.dumps({"total": total, "out": out.tolist(), "block": block.tolist(),
 """
 
 
+def _results(run: dict) -> tuple[object, ...]:
+    """What a script computed: the sum, the squares, the job's block."""
+    return run["total"], run["out"], run["block"]
+
+
 @ELF_ONLY
 def test_a_kept_kernel_runs_in_the_next_process_without_numba_loading_it(
     tmp_path: Path,
@@ -186,10 +192,9 @@ def test_a_kept_kernel_runs_in_the_next_process_without_numba_loading_it(
     assert first["kept"] == {"again": False}
 
     second = run_script(folder, _RUN, "load")
-    assert second["kept"] == {"scaled_sum": True, "squares_into": True,
+    assert second["kept"] == {"scaled_sum": True, "squares_into": True, "scaled_sum again": True,
                               "scaled_sum of int8": False, "fill": True}  # fmt: skip
-    assert (second["total"], second["out"], second["block"]) == (
-        first["total"], first["out"], first["block"])  # fmt: skip
+    assert _results(second) == _results(first)
     assert second["numba"] == {"scaled_sum": 0, "squares_into": 0}
     assert second["job_hits"] == 0
 
@@ -206,9 +211,9 @@ def test_a_damaged_kept_file_is_left_to_numba(tmp_path: Path) -> None:
         path.write_bytes(bytes(data))
     second = run_script(folder, _RUN, "load")
     assert second["kept"] == {"scaled_sum": False, "squares_into": False,
-                              "scaled_sum of int8": False, "fill": True}  # fmt: skip
-    assert (second["total"], second["out"], second["block"]) == (
-        first["total"], first["out"], first["block"])  # fmt: skip
+                              "scaled_sum again": False, "scaled_sum of int8": False,
+                              "fill": True}  # fmt: skip
+    assert _results(second) == _results(first)
     assert second["numba"] == {"scaled_sum": 2, "squares_into": 2}
     assert second["job_hits"] == 1
 
@@ -257,8 +262,7 @@ def test_kept_code_runs_in_a_process_that_never_imports_numba(tmp_path: Path) ->
     first = run_script(folder, _RUN, "keep")
     runtime = run_script(folder, _RUNTIME_FILE)["path"]
     alone = run_script(folder, _WITHOUT_NUMBA, str(folder / "cache"), runtime)
-    assert (alone["total"], alone["out"], alone["block"]) == (
-        first["total"], first["out"], first["block"])  # fmt: skip
+    assert _results(alone) == _results(first)
     assert alone["numba"] == [
         "numba._dynfunc", "numba._helperlib", "numba.core.runtime._nrt_python",
     ]  # fmt: skip

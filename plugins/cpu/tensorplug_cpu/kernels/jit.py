@@ -152,8 +152,6 @@ class JitKernels:
         self.f16_to_f32 = _F16_TO_F32
         #: the kernels (by what they are called in messages) that have run in this process
         self._called: set[str] = set()
-        #: dispatchers given kept code (:mod:`.kept_code`) that numba's overloads lack
-        self._kept_loaded: set[Any] = set()
         #: first calls the plan being bound makes only when it runs (:meth:`expect`)
         self._expected: list[_Call] = []
         self._resolvers: dict[Callable[..., Any], Callable[..., _Call]] = {
@@ -742,12 +740,11 @@ class JitKernels:
         from ._numba_cache import is_cached
 
         runner = _numba_pool.run_program
-        if runner.overloads or runner in self._kept_loaded:
+        if runner.overloads:
             return True
         args = (np.zeros(_numba_pool.MAILBOX_SIZE, np.int64),
                 np.zeros((1, _numba_pool.PROGRAM_FIELDS), np.int64), 0)  # fmt: skip
-        if self._load_kept(runner, args):
-            self._kept_loaded.add(runner)
+        if self._load_kept(runner, args):  # (at once where it already was)
             return True
         sig = tuple(runner.typeof_pyval(a) for a in args)
         if self._ahead is not None and not is_cached(runner, sig):
@@ -827,8 +824,9 @@ class JitKernels:
         for what, kernel, args in expected:
             if what in self._called or not hasattr(kernel, "typeof_pyval"):
                 continue  # called already, or no numba dispatcher (nothing to load)
-            self._llvm_ran = True  # LLVM's loader runs either way (:meth:`settle`)
-            if not self._load_kept(kernel, args):
+            if self._load_kept(kernel, args):
+                self._llvm_ran = True  # LLVM's loader ran (:meth:`settle`)
+            else:
                 sig = tuple(kernel.typeof_pyval(a) for a in args)
                 if sig not in kernel.overloads:
                     if self._ahead is not None:

@@ -190,6 +190,8 @@ class KeptCode:
         from numba, and never loads the entry as well."""
         path = self.path(identity, key)
         with _engine_lock:
+            if path in self._kept_here:  # written already by this process
+                return
             self._kept_here.add(path)
         if defined_symbols(entry.code) is None:
             return

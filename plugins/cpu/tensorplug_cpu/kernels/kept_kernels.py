@@ -74,15 +74,16 @@ def _load_kept_job(job: Any) -> bool:
 #: a job's :func:`.kept_code.arg_key`: its C signature is always the same
 _JOB_KEY = ("job",)
 #: the kept code of each cache folder (:func:`_kept`)
-_kept_by_folder: dict[str, KeptCode | None] = {}
-#: where a kernel's identity (:func:`_identity`) is noted on it once computed
-_IDENTITY = "tensorplug_kept_identity"
+_kept_by_folder: dict[str, KeptCode] = {}
+#: where a kernel's identity (:func:`_identity`) is noted on it once computed, and the
+#: argument keys whose kept code its dispatch table was given (:func:`load_kept`)
+_IDENTITY, _GIVEN = "tensorplug_kept_identity", "tensorplug_kept_keys"
 
 
 def kept_loads() -> int:
     """How many kernels and jobs this process has loaded from kept code (numba's
     dispatchers do not count them among their overloads)."""
-    return sum(len(kept.loaded) for kept in _kept_by_folder.values() if kept is not None)
+    return sum(len(kept.loaded) for kept in _kept_by_folder.values())
 
 
 def _kept(cache: Any) -> KeptCode | None:
@@ -117,12 +118,16 @@ def _identity(function: Any, cache: Any, context: Any) -> str:
 
 def load_kept(kernel: Any, args: tuple[Any, ...]) -> bool:
     """Make ``kernel(*args)`` (a :func:`kernel` dispatcher) run its kept code
-    (:mod:`.kept_code`), loaded now, without numba loading it from its cache; False
-    where none is kept for these arguments (numba's call loads or compiles it)."""
+    (:mod:`.kept_code`), loaded now (or already), without numba loading it from its
+    cache; False where none is kept for these arguments (numba's call loads or compiles
+    it)."""
     kept = _kept(getattr(kernel, "_cache", None))
     key = arg_key(args) if kept is not None else None
     if kept is None or key is None:
         return False
+    given = getattr(kernel, _GIVEN, None)
+    if given is not None and key in given:
+        return True
     function = kept.load(_identity(kernel, kernel._cache, kernel.targetctx), key)
     if function is None:
         return False
@@ -130,6 +135,7 @@ def load_kept(kernel: Any, args: tuple[Any, ...]) -> bool:
     # lock numba fills it under
     with global_compiler_lock:
         kernel._insert([kernel.typeof_pyval(a)._code for a in args], function, False)
+        setattr(kernel, _GIVEN, (given or frozenset()) | {key})
     return True
 
 
