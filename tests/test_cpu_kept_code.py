@@ -218,51 +218,52 @@ def test_a_damaged_kept_file_is_left_to_numba(tmp_path: Path) -> None:
     assert second["job_hits"] == 1
 
 
-#: in a process that never imports numba: every kept entry of the folder loaded, and run
+#: in a process that never imports numba: the kernels and the job found as a launch
+#: finds them (their folder, identity and argument types, all computed without numba),
+#: loaded, and run
 _WITHOUT_NUMBA = """
-import ctypes, json, pickle, sys
+import ctypes, json, sys
 from pathlib import Path
 import numpy as np
-from tensorplug_cpu.kernels.kept_code import Entry, load
+from tensorplug_cpu.kernels.kept_code import KeptCode, arg_key
+from tensorplug_cpu.kernels.kernel_identity import cache_folder, identity, salt
+from tensorplug_cpu.kernels.runtime_library import stored_code
 
-folder, runtime_file = Path(sys.argv[1]), Path(sys.argv[2])
-runtime = pickle.loads(runtime_file.read_bytes()[32:])[2][0]  # numba_runtime's file
-loaded = {}
-for path in folder.rglob("kept-*.tpk"):
-    entry = Entry.from_bytes(path.read_bytes())
-    loaded[entry.name] = load(entry, lambda: runtime)
+folder = cache_folder(Path("user_kernels.py").resolve())
+kept = KeptCode(folder, salt(), lambda: stored_code(folder))
 x = np.arange(5, dtype=np.float32)
 out = np.zeros(6, np.float64)
-total = loaded["scaled_sum"](x, 2.0)
-loaded["squares_into"](out)
+scaled_sum = kept.load(identity(("module", "user_kernels", "scaled_sum")), arg_key((x, 2.0)))
+squares_into = kept.load(identity(("module", "user_kernels", "squares_into")), arg_key((out,)))
+fill = kept.load(identity(("job", "user_kernels", "user_fill_job")), ("job",))
+total = scaled_sum(x, 2.0)
+squares_into(out)
 block = np.array([0, 0, 0, 5], np.int64)
-ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(loaded["_fill"])(
+ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(fill)(
     block.ctypes.data, 0, 3)
 print(json.dumps({"total": total, "out": out.tolist(), "block": block.tolist(),
+                  "folder": str(folder),
                   "numba": sorted(m for m in sys.modules if m.split(".")[0] == "numba")}))
 """
 
-_RUNTIME_FILE = """
+_CACHE_FOLDER = """
 import json
-from pathlib import Path
 import user_kernels as u
-from numba.core.registry import cpu_target
-from tensorplug_cpu.kernels.numba_runtime import runtime_file
-print(json.dumps({"path": str(runtime_file(Path(u.scaled_sum._cache.cache_path),
-                                           cpu_target.target_context))}))
+print(json.dumps({"folder": u.scaled_sum._cache.cache_path}))
 """
 
 
 @ELF_ONLY
 def test_kept_code_runs_in_a_process_that_never_imports_numba(tmp_path: Path) -> None:
     """What a launch without numba's Python package will rest on: the kept kernels and
-    job, loaded with llvmlite and numba's C runtime alone, give the results numba's
-    compiled code gave, and the process has none of numba's Python modules."""
+    job, found (numba's cache folder, their identities) and loaded with llvmlite and
+    numba's C runtime alone, give the results numba's compiled code gave, and the
+    process has none of numba's Python modules."""
     folder = kernel_folder(tmp_path, _KERNELS)
     first = run_script(folder, _RUN, "keep")
-    runtime = run_script(folder, _RUNTIME_FILE)["path"]
-    alone = run_script(folder, _WITHOUT_NUMBA, str(folder / "cache"), runtime)
+    alone = run_script(folder, _WITHOUT_NUMBA)
     assert _results(alone) == _results(first)
+    assert alone["folder"] == run_script(folder, _CACHE_FOLDER)["folder"]
     assert alone["numba"] == [
         "numba._dynfunc", "numba._helperlib", "numba.core.runtime._nrt_python",
     ]  # fmt: skip

@@ -23,7 +23,6 @@ a kernel's entries instead, warns once per process, and numba compiles it again.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +34,7 @@ from numba.core.caching import FunctionCache
 from . import _numba_ir as _ir
 from . import numba_runtime
 from .deferred_envs import deferred_environments
+from .kernel_identity import FORM_FLAGS, SOURCES_HASH, instruction_forms
 from .lazy_linking import LazyLinkingRebuild
 
 __all__ = [
@@ -42,28 +42,8 @@ __all__ = [
     "job_function", "kernel", "use_instruction_forms",
 ]  # fmt: skip
 
-_HERE = Path(__file__).parent
-#: the kernel sources, in name order, the repacked layouts they read, and the dispatch
-#: table whose limits and row groups they compile in
-SOURCES = [*sorted(_HERE.glob("_numba_*.py")), _HERE.parent / "repack.py", _HERE / "dispatch.py"]
-#: sha256 of :data:`SOURCES`
-SOURCES_HASH = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()
-
-
 _log = logging.getLogger("tensorplug_cpu")
 _warned: list[bool] = []  # a bad cache is said once per process, not once per kernel
-
-
-#: the names of :mod:`._numba_ir`'s instruction-form flags, in :func:`instruction_forms`'s order
-FORM_FLAGS = ("HAS_AVX2", "HAS_F16C", "HAS_VNNI", "HAS_32_REGS", "ON_ZEN")
-
-
-def instruction_forms() -> tuple[bool, ...]:
-    """The IR kernels' instruction-form flags (:mod:`._numba_ir`, :data:`FORM_FLAGS`) as
-    they are now: part of every entry's key, because a process may set them to build
-    another host's form (the tests do, to check it on this machine), and that machine
-    code must never be what a later run on this host loads from the shared cache."""
-    return tuple(getattr(_ir, name) for name in FORM_FLAGS)
 
 
 def use_instruction_forms(forms: tuple[bool, ...]) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 from ..settings import COMPILE_AHEAD
 from ._numba_cache import instruction_forms, is_cached, job_cached, use_instruction_forms
+from .kernel_identity import origin_of
 
 __all__ = ["Ahead", "Job", "cached", "origin_of", "resolve"]
 
@@ -44,24 +45,6 @@ _log = logging.getLogger("tensorplug_cpu")
 
 #: the longest this process waits for the child before compiling a kernel itself
 WAIT_S = 300.0
-
-
-def origin_of(kernel: Any) -> tuple[Any, ...] | None:
-    """Where a child process finds ``kernel`` again: ``("module", name, attr)`` for a
-    module's kernel, the tag a factory put on the dispatchers it made (``packed_kernels``:
-    ``("packed", type ids, ggml order, field)``; the helpers' job functions:
-    ``("packed_job", type ids, ggml order)``, ``("attend_job",)``), or None (not a numba
-    dispatcher)."""
-    tag = getattr(kernel, "tensorplug_origin", None)
-    if tag is not None:
-        return tuple(tag)
-    py_func = getattr(kernel, "py_func", None)
-    if py_func is None or not hasattr(kernel, "compile"):
-        return None
-    module = sys.modules.get(py_func.__module__)
-    if module is None or getattr(module, py_func.__name__, None) is not kernel:
-        return None
-    return ("module", py_func.__module__, py_func.__name__)
 
 
 def resolve(origin: tuple[Any, ...]) -> Any:
@@ -89,6 +72,11 @@ def resolve(origin: tuple[Any, ...]) -> Any:
         from ._numba_jobs import jobs
 
         return _JobCompile(jobs()[origin[1]])
+    if origin[0] == "job":
+        module = importlib.import_module(origin[1])
+        for value in vars(module).values():
+            if origin_of(value) == origin:
+                return _JobCompile(value)
     raise ValueError(f"unknown kernel origin {origin!r}")
 
 

@@ -2,11 +2,10 @@
 machine code of what numba ran, and handing what was kept to numba's dispatchers.
 
 A kernel (:func:`._numba_cache.kernel`) or job (:func:`._numba_cache.job_function`) is
-kept under its identity: the key numba's disk cache files it under, less the signature
-(the target, its code and closure, :data:`._numba_cache.SOURCES_HASH` and the
-instruction forms, which :class:`._numba_cache.KernelCache` adds), and its cache files'
-name. Its machine code is what numba loaded (:func:`.lazy_linking.object_code`) or
-compiled with object caching on, as every kernel here is. A kernel loaded from kept
+kept under its identity (:func:`.kernel_identity.identity`: where it is defined, the
+sources, the instruction forms and the target, all known without numba). Its machine
+code is what numba loaded (:func:`.lazy_linking.object_code`) or compiled with object
+caching on, as every kernel here is. A kernel loaded from kept
 code goes into numba's dispatch table for the types of its arguments, as numba's
 ``add_overload`` puts a compiled one (numba's ``overloads`` do not list it: numba did
 not compile or load it); a job gets its address.
@@ -14,19 +13,16 @@ not compile or load it); a job gets its address.
 
 from __future__ import annotations
 
-import hashlib
-import sys
 from pathlib import Path
 from typing import Any
 
-import llvmlite
-import numba
 from numba.core.compiler_lock import global_compiler_lock
 
 from ..settings import KEPT_CODE
 from . import numba_runtime
-from ._numba_cache import SOURCES_HASH, KernelCache, job_cached
+from ._numba_cache import KernelCache, job_cached
 from .kept_code import CALLABLE, JOB, Entry, KeptCode, arg_key
+from .kernel_identity import identity, origin_of, salt
 from .lazy_linking import object_code
 
 __all__ = ["compile_job", "job_ready", "keep_overload", "kept_loads", "load_kept",
@@ -53,18 +49,18 @@ def compile_job(job: Any) -> None:
     job.compile()
     kept = _kept(getattr(job, "_cache", None))
     code = None if kept is None else object_code(job._library)
-    if kept is not None and code is not None:
-        identity = _identity(job, job._cache, job._targetdescr.target_context)
+    name = _identity(job)
+    if kept is not None and code is not None and name is not None:
         entry = Entry(JOB, job._wrapper_name, job._pyfunc.__module__, job.__name__, code)
-        kept.keep(identity, _JOB_KEY, entry)
+        kept.keep(name, _JOB_KEY, entry)
 
 
 def _load_kept_job(job: Any) -> bool:
     kept = _kept(getattr(job, "_cache", None))
-    if kept is None:
+    name = None if kept is None else _identity(job)
+    if kept is None or name is None:
         return False
-    context = job._targetdescr.target_context
-    address = kept.load(_identity(job, job._cache, context), _JOB_KEY)
+    address = kept.load(name, _JOB_KEY)
     if address is None:
         return False
     job._wrapper_address = address  # what ``job.address`` reads
@@ -96,24 +92,22 @@ def _kept(cache: Any) -> KeptCode | None:
         from numba.core.registry import cpu_target
 
         context, path = cpu_target.target_context, Path(folder)
-        salt = repr((numba.__version__, llvmlite.__version__, sys.version, SOURCES_HASH))
         _kept_by_folder[folder] = KeptCode(
-            path, salt, lambda: numba_runtime.runtime_code(context, path)
+            path, salt(), lambda: numba_runtime.runtime_code(context, path)
         )
     return _kept_by_folder[folder]
 
 
-def _identity(function: Any, cache: Any, context: Any) -> str:
-    """What tells ``function`` (a dispatcher or job) apart from every other in its
-    cache folder: its cache files' name and numba's index key less the signature
-    (target, code, closure; :data:`SOURCES_HASH` and the instruction forms)."""
+def _identity(function: Any) -> str | None:
+    """What tells ``function`` (a dispatcher or job) apart from every other kernel
+    (:func:`.kernel_identity.identity` of its origin), noted on it once computed; None
+    where it has no origin (nothing kept)."""
     known = getattr(function, _IDENTITY, None)
     if known is None:
-        key = cache._index_key(None, context.codegen())[1:]
-        text = repr((cache._impl.filename_base, key))
-        known = hashlib.sha256(text.encode()).hexdigest()
+        origin = origin_of(function)
+        known = "" if origin is None else identity(origin) or ""
         setattr(function, _IDENTITY, known)
-    return str(known)
+    return str(known) or None
 
 
 def load_kept(kernel: Any, args: tuple[Any, ...]) -> bool:
@@ -128,7 +122,8 @@ def load_kept(kernel: Any, args: tuple[Any, ...]) -> bool:
     given = getattr(kernel, _GIVEN, None)
     if given is not None and key in given:
         return True
-    function = kept.load(_identity(kernel, kernel._cache, kernel.targetctx), key)
+    name = _identity(kernel)
+    function = None if name is None else kept.load(name, key)
     if function is None:
         return False
     # numba's dispatch table, as its add_overload fills it (the types' codes), under the
@@ -152,7 +147,8 @@ def keep_overload(kernel: Any, args: tuple[Any, ...]) -> None:
     (:mod:`.kept_code`), where it has its machine code and no environment constants."""
     kept = _kept(getattr(kernel, "_cache", None))
     key = arg_key(args) if kept is not None else None
-    if kept is None or key is None:
+    name = None if kept is None else _identity(kernel)
+    if kept is None or key is None or name is None:
         return
     result = kernel.overloads.get(tuple(kernel.typeof_pyval(a) for a in args))
     code = None if result is None else object_code(result.library)
@@ -161,4 +157,4 @@ def keep_overload(kernel: Any, args: tuple[Any, ...]) -> None:
     fndesc = result.fndesc
     entry = Entry(CALLABLE, fndesc.llvm_cpython_wrapper_name, kernel.py_func.__module__,
                   fndesc.qualname.split(".")[-1], code)  # fmt: skip
-    kept.keep(_identity(kernel, kernel._cache, kernel.targetctx), key, entry)
+    kept.keep(name, key, entry)

@@ -13,12 +13,10 @@ readies two things first, and both cost more than the kernels themselves:
 
 :func:`ready` initializes the runtime alone (a compile still refreshes the registries
 itself: numba's ``compile_extra`` does), and keeps the runtime library's object code
-in the kernel cache's folder, keyed by numba's and llvmlite's versions and the code
-generator's target (``magic_tuple``: triple, CPU, features), so that later processes
-load it as they load a kernel: 3 ms and 10 MB. The file is the sha256 of its contents,
-then the contents: machine code that is not exactly what was written is never handed
-to LLVM's loader. A file that cannot be read, does not match its digest, or cannot be
-written only costs the compile.
+in the kernel cache's folder (:mod:`.runtime_library`: keyed by numba's and llvmlite's
+versions and the code generator's target, and read back without numba), so that later
+processes load it as they load a kernel: 3 ms and 10 MB. A file that cannot be read,
+does not match its digest, or cannot be written only costs the compile.
 """
 
 from __future__ import annotations
@@ -29,23 +27,16 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-import llvmlite
-import numba
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.runtime import nrtdynmod, rtsys
 
 from tensorplug.files import replace_file
 
-__all__ = ["ready", "runtime_code", "runtime_file"]
+from .runtime_library import object_code, read_payload, runtime_file, stored_code
+
+__all__ = ["ready", "runtime_code"]
 
 _log = logging.getLogger("tensorplug_cpu")
-
-
-def runtime_file(folder: Path, target_context: Any) -> Path:
-    """Where the runtime library's object code for this numba, llvmlite and target is
-    kept in ``folder``."""
-    key = repr((numba.__version__, llvmlite.__version__, target_context.codegen().magic_tuple()))
-    return folder / f"nrt-{hashlib.sha256(key.encode()).hexdigest()[:16]}.nbo"
 
 
 #: the runtime library's machine code, once :func:`ready` has it (:mod:`.kept_code`
@@ -59,12 +50,9 @@ def runtime_code(target_context: Any, folder: Path) -> bytes | None:
     runtime itself (a compile came first), as kept in the folder; None where neither."""
     ready(target_context, folder)
     if not _code:
-        data = _read(runtime_file(folder, target_context))
-        if data is not None:
-            try:
-                _keep_code(pickle.loads(data))
-            except Exception as e:  # another numba's layout: no code to hand out
-                _log.debug("numba runtime library unusable (%s)", e)
+        code = stored_code(folder)
+        if code is not None:
+            _code.append(code)
     return _code[0] if _code else None
 
 
@@ -73,7 +61,7 @@ def ready(target_context: Any, folder: Path) -> None:
     (once a process; later calls return at once)."""
     if getattr(rtsys, "_init", False):
         return
-    path = runtime_file(folder, target_context)
+    path = runtime_file(folder)
 
     def compile_or_load(ctx: Any) -> Any:
         return _load(ctx, path) or _compile_and_keep(ctx, path)
@@ -87,28 +75,8 @@ def ready(target_context: Any, folder: Path) -> None:
             nrtdynmod.compile_nrt_functions = compile_nrt_functions
 
 
-#: bytes of the digest that starts the file
-_DIGEST = hashlib.sha256().digest_size
-
-
-def _read(path: Path) -> bytes | None:
-    """The payload of the file at ``path``, where it is whole (its digest matches)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        _log.debug("numba runtime library %s unreadable (%s); compiling it", path, e)
-        return None
-    digest, payload = data[:_DIGEST], data[_DIGEST:]
-    if len(digest) < _DIGEST or hashlib.sha256(payload).digest() != digest:
-        _log.debug("numba runtime library %s is not what was written; compiling it", path)
-        return None
-    return payload
-
-
 def _load(ctx: Any, path: Path) -> Any:
-    payload = _read(path)
+    payload = read_payload(path)
     if payload is None:
         return None
     try:
@@ -122,11 +90,10 @@ def _load(ctx: Any, path: Path) -> Any:
 
 
 def _keep_code(state: Any) -> None:
-    """Note the machine code of a serialized runtime library (``(name, "object",
-    (code, bitcode))``, numba's ``serialize_using_object_code``)."""
-    _, kind, data = state
-    if kind == "object" and isinstance(data[0], bytes):
-        _code[:] = [data[0]]
+    """Note the machine code of a serialized runtime library."""
+    code = object_code(state)
+    if code is not None:
+        _code[:] = [code]
 
 
 def _compile_and_keep(ctx: Any, path: Path) -> Any:

@@ -1,0 +1,206 @@
+"""What a kernel's kept machine code (:mod:`.kept_code`) is filed under, known without
+importing numba.
+
+A launch that loads every kernel from kept code should not need numba's Python package
+at all (issue 42: its import is ~120 ms of a ~0.6 s launch on the 2-core dev machine).
+Until now an entry was named by numba's own cache key, which only numba computes. Here
+is the same information, computed the same way by the process that keeps an entry
+(numba imported) and by one that loads it (numba perhaps not):
+
+- the kernel's *origin* (:func:`origin_of`: a module's kernel by module and name,
+  a factory's by the tag it puts on what it makes), and the sha256 of the source file
+  of a module's kernel (what numba's key took as the function's bytecode);
+- :data:`SOURCES_HASH`, every kernel source of this package (the kernels inline code
+  from each other), and the instruction forms (:func:`instruction_forms`);
+- the compile target (:func:`compile_target`): LLVM's triple, the CPU and the feature
+  list numba's code generator is given (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``, else
+  the host's), and the environment's other settings of numba's code generation;
+- :func:`salt`: numba's, llvmlite's and Python's versions, as installed.
+
+:func:`cache_folder` finds, as numba does, the folder numba keeps a source file's
+kernels in: where kept code lives beside them.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..system import kernel_features
+
+__all__ = [
+    "CODEGEN_SETTINGS", "FORM_FLAGS", "SOURCES", "SOURCES_HASH", "cache_folder",
+    "compile_target", "identity", "instruction_forms", "origin_of", "salt", "source_hash",
+]  # fmt: skip
+
+_HERE = Path(__file__).parent
+#: the kernel sources, in name order, the repacked layouts they read, and the dispatch
+#: table whose limits and row groups they compile in
+SOURCES = [*sorted(_HERE.glob("_numba_*.py")), _HERE.parent / "repack.py", _HERE / "dispatch.py"]
+#: sha256 of :data:`SOURCES`
+SOURCES_HASH = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()
+
+#: the names of :mod:`._numba_ir`'s instruction-form flags, in :func:`instruction_forms`'s order
+FORM_FLAGS = ("HAS_AVX2", "HAS_F16C", "HAS_VNNI", "HAS_32_REGS", "ON_ZEN")
+_IR_MODULE = f"{__package__}._numba_ir"
+
+#: numba's settings (environment variables) that change the machine code it generates
+#: beyond the target's CPU and features; numba's own cache key leaves them out, a kept
+#: entry does not
+CODEGEN_SETTINGS = ("NUMBA_OPT", "NUMBA_ENABLE_AVX", "NUMBA_LOOP_VECTORIZE",
+                    "NUMBA_SLP_VECTORIZE", "NUMBA_BOUNDSCHECK", "NUMBA_FASTMATH",
+                    "NUMBA_DISABLE_INTEL_SVML", "NUMBA_DEBUGINFO")  # fmt: skip
+
+
+def origin_of(kernel: Any) -> tuple[Any, ...] | None:
+    """Where a process finds ``kernel`` again: ``("module", module, name)`` for a
+    module's kernel, the tag a factory put on the dispatchers it made
+    (``packed_kernels``: ``("packed", type ids, ggml order, field)``; the helpers' job
+    functions: ``("packed_job", type ids, ggml order)``, ``("attend_job",)``,
+    ``("step_job", name)``), ``("job", module, name)`` for another job function
+    (:func:`._numba_cache.job_function`, by the name its cache files have), or None
+    (not a numba dispatcher, or not one a module holds)."""
+    tag = getattr(kernel, "tensorplug_origin", None)
+    if tag is not None:
+        return tuple(tag)
+    py_func = getattr(kernel, "py_func", None)
+    if py_func is not None and hasattr(kernel, "compile"):
+        module = sys.modules.get(py_func.__module__)
+        if module is None or getattr(module, py_func.__name__, None) is not kernel:
+            return None
+        return ("module", py_func.__module__, py_func.__name__)
+    job_func = getattr(kernel, "_pyfunc", None)  # numba's cfunc, as job_function makes it
+    if job_func is not None and hasattr(kernel, "address"):
+        return ("job", job_func.__module__, job_func.__qualname__)
+    return None
+
+
+def instruction_forms() -> tuple[bool, ...]:
+    """The IR kernels' instruction-form flags (:mod:`._numba_ir`, :data:`FORM_FLAGS`) as
+    they are now: part of every entry's key, because a process may set them to build
+    another host's form (the tests do, to check it on this machine), and that machine
+    code must never be what a later run on this host loads from the shared cache.
+    Where :mod:`._numba_ir` is not imported (it imports numba), the flags are what its
+    import would set: the compile target's (:func:`..system.kernel_features`)."""
+    ir = sys.modules.get(_IR_MODULE)
+    if ir is not None:
+        return tuple(bool(getattr(ir, name)) for name in FORM_FLAGS)
+    host = kernel_features()
+    return (host.avx2, host.f16c, host.vnni, host.regs32, host.zen)
+
+
+@functools.cache
+def _host_target() -> tuple[str, str, str]:
+    import llvmlite.binding as ll
+
+    try:
+        features = ll.get_host_cpu_features().flatten()
+    except RuntimeError:  # LLVM does not know this host's: numba then gives none
+        features = ""
+    return ll.get_process_triple(), ll.get_host_cpu_name(), features
+
+
+def compile_target() -> tuple[str, ...]:
+    """What numba's code generator compiles for, as numba's configuration reads it from
+    the environment (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``: none where the CPU is
+    ``generic``), else the host's as LLVM sees it, and :data:`CODEGEN_SETTINGS`."""
+    triple, host_cpu, host_features = _host_target()
+    cpu = os.environ.get("NUMBA_CPU_NAME") or None
+    features = os.environ.get("NUMBA_CPU_FEATURES")
+    if features is None:
+        features = "" if str(cpu).lower() == "generic" else host_features
+    settings = tuple(f"{name}={os.environ.get(name, '')}" for name in CODEGEN_SETTINGS)
+    return (triple, cpu or host_cpu, features, *settings)
+
+
+@functools.cache
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def salt() -> str:
+    """What every kept entry must have been written under: numba's, llvmlite's and
+    Python's versions (installed: read without importing numba) and the sources."""
+    return repr((_version("numba"), _version("llvmlite"), sys.version, SOURCES_HASH))
+
+
+@functools.cache
+def source_hash(module: str) -> str | None:
+    """sha256 of the source file of ``module`` (found, not imported), or None where it
+    has none."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = None if spec is None else spec.origin
+    if origin is None or not origin.endswith(".py"):
+        return None
+    try:
+        return hashlib.sha256(Path(origin).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def identity(origin: tuple[Any, ...]) -> str | None:
+    """The name of the kernel ``origin`` (:func:`origin_of`) among kept entries,
+    for this target and these instruction forms; None where a module's kernel has no
+    source file to hash."""
+    source = None
+    if origin[0] in ("module", "job"):
+        source = source_hash(str(origin[1]))
+        if source is None:
+            return None
+    text = repr((tuple(origin), source, SOURCES_HASH, instruction_forms(), compile_target()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _writable_folder(path: Path) -> bool:
+    """Whether numba would take ``path`` for its cache (it makes it, then writes a
+    temporary file there): made here if missing, as numba would."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def _subfolder(source: Path) -> str:
+    """numba's name for a source folder inside a cache folder outside the source tree."""
+    folder = os.path.dirname(os.path.abspath(source))
+    return f"{os.path.split(folder)[-1]}_{hashlib.sha1(folder.encode()).hexdigest()}"
+
+
+def _user_cache_root() -> Path | None:
+    """numba's user-wide cache folder (its ``appdirs``' ``user_cache_dir`` for "numba")
+    on Linux and macOS; None elsewhere."""
+    if sys.platform == "darwin":
+        return Path("~/Library/Caches/numba").expanduser()
+    if sys.platform.startswith("linux"):
+        root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        return Path(root) / "numba"
+    return None
+
+
+def cache_folder(source: Path) -> Path | None:
+    """The folder numba's disk cache keeps the kernels of ``source`` in, found as numba
+    finds it: ``NUMBA_CACHE_DIR`` where it is set, else the source's ``__pycache__``
+    where it can be written, else the user's cache folder; None where none is usable."""
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    candidates = [Path(given) / _subfolder(source)] if given else []
+    candidates.append(source.parent / "__pycache__")
+    root = _user_cache_root()
+    if root is not None:
+        candidates.append(root / _subfolder(source))
+    for folder in candidates:
+        if _writable_folder(folder):
+            return folder
+    return None
