@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from cached_kernels import kernel_folder, run_script
 
 from tensorplug_cpu.kernels.threading_layer import (
     TBB_LIBRARY_NAMES,
+    default_thread_count,
     find_tbb_library,
     preload_tbb,
 )
@@ -68,3 +71,107 @@ def test_the_library_found_is_the_one_numba_asks_for() -> None:
     assert TBB is not None and TBB.is_file()
     assert TBB.name == TBB_LIBRARY_NAMES[sys.platform]
     assert preload_tbb("default") == TBB
+
+
+_PARALLEL_KERNELS = """
+import numpy as np
+from numba import prange
+from tensorplug_cpu.kernels._numba_cache import kernel
+
+@kernel(parallel=True)
+def halves_into(x, out):
+    for i in prange(x.shape[0]):
+        out[i] = x[i] * 0.5
+"""
+
+#: numba compiles the parallel kernel and keeps its code (numba starts its layer)
+_KEEP = """
+import json
+import numpy as np
+import user_kernels as u
+from tensorplug_cpu.kernels.kept_kernels import keep_overload
+x = np.arange(1000, dtype=np.float64)
+out = np.empty_like(x)
+u.halves_into(x, out)
+keep_overload(u.halves_into, (x, out))
+print(json.dumps({"sum": float(out.sum())}))
+"""
+
+#: the layer started without numba, the kept parallel kernel run on it at one and two
+#: threads, then numba imported and handed the layer, and a parallel kernel numba
+#: compiles here run on it
+_START_THEN_NUMBA = """
+import json, sys
+from pathlib import Path
+import numpy as np
+from tensorplug_cpu.kernels.kept_code import KeptCode, arg_key
+from tensorplug_cpu.kernels.kernel_identity import cache_folder, identity, salt
+from tensorplug_cpu.kernels.runtime_library import stored_code
+from tensorplug_cpu.kernels.threading_layer import preload_tbb, start_threads, tell_numba
+
+layer = sys.argv[1]
+preload_tbb(layer)
+threads = start_threads(layer)
+seen = {"layer": threads.layer, "count": threads.count, "numba": "numba" in sys.modules}
+folder = cache_folder(Path("user_kernels.py").resolve())
+kept = KeptCode(folder, salt(), lambda: stored_code(folder))
+x = np.arange(1000, dtype=np.float64)
+out = np.empty_like(x)
+halves = kept.load(identity(("module", "user_kernels", "halves_into")), arg_key((x, out)))
+sums = []
+for n in (1, min(2, threads.count)):
+    threads.set_num_threads(n)
+    out[:] = 0
+    halves(x, out)
+    sums.append(float(out.sum()))
+seen.update(sums=sums, numba_after_kernel="numba" in sys.modules)
+
+import numba
+tell_numba(threads)
+seen["numba_layer"] = numba.threading_layer()
+seen["numba_threads"] = numba.get_num_threads()
+numba.set_num_threads(1)
+seen["ours_after_numba_set"] = threads.get_num_threads()
+numba.set_num_threads(threads.count)
+
+@numba.njit(parallel=True)
+def total(v):
+    acc = 0.0
+    for i in numba.prange(v.shape[0]):
+        acc += v[i]
+    return acc
+
+seen["numba_total"] = total(x)
+print(json.dumps(seen))
+"""
+
+
+def _layers() -> list[str]:
+    return ["workqueue", "omp", *(["tbb"] if TBB is not None else [])]
+
+
+@pytest.mark.parametrize("layer", _layers())
+def test_a_layer_started_without_numba_runs_kept_kernels_and_is_numbas_later(
+    tmp_path: Path, layer: str
+) -> None:
+    """:func:`start_threads` in a process without numba: the kept parallel kernel runs
+    on the layer asked for (one thread and two give its result), and numba, imported
+    after, takes that layer as its own: its name, its thread count, its parallel code."""
+    folder = kernel_folder(tmp_path, _PARALLEL_KERNELS)
+    kept = run_script(folder, _KEEP)
+    seen = run_script(folder, _START_THEN_NUMBA, layer)
+    assert seen["layer"] == layer and seen["numba_layer"] == layer
+    assert not seen["numba"] and not seen["numba_after_kernel"]
+    assert seen["sums"] == [kept["sum"], kept["sum"]] == [0.5 * 999 * 1000 / 2] * 2
+    assert seen["count"] == seen["numba_threads"] == default_thread_count()
+    assert seen["ours_after_numba_set"] == 1
+    assert seen["numba_total"] == 999 * 1000 / 2
+
+
+def test_an_unknown_layer_is_refused() -> None:
+    code = ("from tensorplug_cpu.kernels.threading_layer import start_threads\n"
+            "start_threads('fastest')\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode != 0
+    assert "ValueError: The threading layer requested 'fastest' is unknown" in done.stderr

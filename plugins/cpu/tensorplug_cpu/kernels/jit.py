@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import importlib.util
 import logging
 import os
 import sys
@@ -41,7 +42,7 @@ from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path,
 from .gelu_table import glu_table
 from .llvm_pages import release as release_llvm_pages
 from .program import JobCall, JobSpec
-from .threading_layer import preload_tbb
+from .threading_layer import preload_tbb, start_threads, tell_numba
 
 __all__ = ["MAX_SIBLINGS", "JitKernels", "jit_status", "load_jit"]
 
@@ -1224,6 +1225,23 @@ def _try_load() -> tuple[JitKernels | None, str]:
     why_not = _numba_environment()
     if why_not is not None:
         return None, why_not
+    if importlib.util.find_spec("numba") is None:
+        return None, "numba not installed (pip install -e 'plugins/cpu[numba]')"
+    # the threads first (:mod:`.threading_layer`: without numba, as kept kernels need
+    # them; numba, imported by a user before, starts its own): the layer a user set in
+    # numba.config counts, and is checked here, not at the first parallel kernel, where
+    # numba's ValueError surfaced
+    numba_config = getattr(sys.modules.get("numba"), "config", None)
+    layer = THREADING_LAYER.get(
+        {THREADING_LAYER.env: str(getattr(numba_config, "THREADING_LAYER", "default"))}
+        if numba_config is not None else None
+    )  # fmt: skip
+    preload_tbb(layer)
+    try:
+        threads = start_threads(layer)
+    except ValueError as e:  # no layer loads (TBB asked for and missing, ...)
+        _log.warning("numba's threading layer failed to start, using numpy kernels: %s", e)
+        return None, f"numba's threading layer failed to start: {e}"
     try:
         with _no_idle_coverage():
             import numba
@@ -1234,12 +1252,7 @@ def _try_load() -> tuple[JitKernels | None, str]:
     except Exception as e:  # a numba build that does not match this numpy, etc.
         _log.warning("numba failed to import, using numpy kernels: %s", e)
         return None, f"numba failed to import: {type(e).__name__}: {e}"
-    # before JitKernels starts the threads; the layer a user set in numba.config counts
-    # (checked here, not at the first parallel kernel, where numba's ValueError surfaced)
-    layer = THREADING_LAYER.get(
-        {THREADING_LAYER.env: str(getattr(numba.config, "THREADING_LAYER", "default"))}
-    )
-    preload_tbb(layer)
+    tell_numba(threads)
     kernels = JitKernels(numba)
     release_llvm_pages()  # the import's LLVM code: its static initializers ran all over it
     return kernels, f"numba {numba.__version__}, {numba.threading_layer()} threading layer"

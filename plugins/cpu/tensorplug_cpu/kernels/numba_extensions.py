@@ -26,7 +26,7 @@ from types import ModuleType
 
 import llvmlite.binding as ll
 
-__all__ = ["CRuntime", "c_runtime"]
+__all__ = ["CRuntime", "c_runtime", "extension_module"]
 
 #: the extension modules, by numba's name for them
 _HELPERS, _FUNCTIONS = "numba._helperlib", "numba._dynfunc"
@@ -53,14 +53,15 @@ def c_runtime() -> CRuntime:
     says."""
     with _lock:
         if not _loaded:
-            found = CRuntime(_module(_HELPERS), _module(_RUNTIME), _module(_FUNCTIONS))
+            found = CRuntime(*map(extension_module, (_HELPERS, _RUNTIME, _FUNCTIONS)))
             _register(found)
             _loaded.append(found)
         return _loaded[0]
 
 
-def _module(name: str) -> ModuleType:
-    """numba's extension module ``name``: numba's, or loaded from its file."""
+def extension_module(name: str) -> ModuleType:
+    """numba's extension module ``name`` (``"numba._helperlib"``): numba's, or loaded
+    from its file, under that name. Raises ``ImportError`` where it is not there."""
     if name in sys.modules:
         return sys.modules[name]
     package = importlib.util.find_spec("numba")  # finds it; runs none of it

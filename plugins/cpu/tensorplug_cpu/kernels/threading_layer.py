@@ -1,4 +1,5 @@
-"""Lets numba find the TBB runtime that ``pip install tbb`` put into the environment.
+"""numba's threading layer: the TBB runtime that ``pip install tbb`` put into the
+environment found, and the layer started without importing numba.
 
 numba runs a parallel kernel's chunks on one of three threading layers and, unless told
 otherwise, takes the first that loads: TBB, then OpenMP, then its own workqueue. OpenMP
@@ -14,6 +15,16 @@ conda, so numba's ``CDLL("libtbb.so.12")`` fails and it falls back to OpenMP wit
 word. Loading the library by its full path first (``RTLD_GLOBAL``) makes that name
 resolve to the loaded copy. Where ``tbb`` is not installed, or the user named another
 layer (``NUMBA_THREADING_LAYER`` or ``numba.config.THREADING_LAYER``), this does nothing.
+
+A kept kernel (:mod:`.kept_code`) with a parallel loop calls the layer's C functions
+(``numba_parallel_for``, the scheduler's, the thread count's) by name, and runs in a
+process that need not import numba (issue 42: its import is ~120 ms of a launch).
+:func:`start_threads` starts the layer as numba's ``_launch_threads`` does, from the
+same extension module (loaded by its file, under numba's name for it), choosing it by
+numba's rules (``NUMBA_THREADING_LAYER``, ``NUMBA_THREADING_LAYER_PRIORITY``); where
+numba is imported, numba starts it. :func:`tell_numba` hands a layer started here to
+numba when it is imported later, so that numba neither starts a second one nor sees
+none.
 """
 
 from __future__ import annotations
@@ -21,10 +32,16 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import logging
+import os
 import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
-__all__ = ["TBB_LIBRARY_NAMES", "find_tbb_library", "preload_tbb"]
+__all__ = ["TBB_LIBRARY_NAMES", "Threads", "default_thread_count", "find_tbb_library",
+           "preload_tbb", "start_threads", "tell_numba"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -70,3 +87,150 @@ def preload_tbb(requested_layer: str) -> Path | None:
                      "layer): %s", path, e)  # fmt: skip
         return None
     return path
+
+
+#: the layers numba tries, in its order, for each value of ``NUMBA_THREADING_LAYER``
+#: other than a layer's name (numba/np/ufunc/parallel.py, Linux's and Windows' choices)
+_CHOICES = {"safe": ("tbb",), "threadsafe": ("tbb", "omp"), "forksafe": ("tbb", "workqueue")}
+#: the extension module of each layer
+_MODULES = {"tbb": "numba.np.ufunc.tbbpool", "omp": "numba.np.ufunc.omppool",
+            "workqueue": "numba.np.ufunc.workqueue"}  # fmt: skip
+#: TBB's oldest interface version numba's layer takes (2021 update 6)
+_TBB_INTERFACE = 12060
+#: the layer's C functions numba's compiled code calls, by the names it calls them
+_SYMBOLS = {"numba_parallel_for": "parallel_for", **{n: n for n in (
+    "do_scheduling_signed", "do_scheduling_unsigned", "allocate_sched", "deallocate_sched",
+    "get_num_threads", "set_num_threads", "get_thread_id", "set_parallel_chunksize",
+    "get_parallel_chunksize", "get_sched_size")}}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Threads:
+    """A started threading layer: its name, extension module and thread count (what
+    ``NUMBA_NUM_THREADS`` gives numba), and the thread count of the calling thread's
+    parallel regions (thread-local, as numba's ``set_num_threads``)."""
+
+    layer: str
+    module: ModuleType
+    count: int
+    set_num_threads: Callable[[int], None]
+    get_num_threads: Callable[[], int]
+
+
+_lock = threading.Lock()
+_started: list[Threads] = []
+
+
+def default_thread_count() -> int:
+    """``NUMBA_NUM_THREADS``, else the CPUs this process may run on: numba's count."""
+    given = os.environ.get("NUMBA_NUM_THREADS")
+    if given:
+        return int(given)
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return max(1, len(affinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def _tbb_usable() -> bool:
+    """Whether TBB's runtime loads and is new enough for numba's layer (numba's check)."""
+    name = TBB_LIBRARY_NAMES.get(sys.platform)
+    if name is None:
+        return False
+    try:
+        version = ctypes.CDLL(name).TBB_runtime_interface_version
+    except (OSError, AttributeError):
+        return False
+    version.argtypes, version.restype = [], ctypes.c_int
+    return int(version()) >= _TBB_INTERFACE
+
+
+def _layer_module(layer: str) -> ModuleType | None:
+    from .numba_extensions import extension_module
+
+    if layer == "tbb" and not _tbb_usable():
+        return None
+    try:
+        return extension_module(_MODULES[layer])
+    except ImportError:
+        return None
+
+
+def _choose(requested: str, priority: list[str]) -> tuple[str, ModuleType]:
+    """The layer numba would take for ``NUMBA_THREADING_LAYER=requested``: its module.
+    Raises ValueError, as numba does, where none loads."""
+    if requested in _MODULES:
+        names: tuple[str, ...] = (requested,)
+    elif requested == "default":
+        names = tuple(priority)
+    elif requested in _CHOICES:
+        names = _CHOICES[requested]
+    else:
+        raise ValueError(f"The threading layer requested '{requested}' is unknown to Numba.")
+    for name in names:
+        module = _layer_module(name)
+        if module is not None:
+            return name, module
+    raise ValueError(f"No threading layer could be loaded (NUMBA_THREADING_LAYER={requested})")
+
+
+def start_threads(requested_layer: str) -> Threads:
+    """The threading layer, started once a process: numba's where numba is imported
+    (it starts it), else started here as numba would (``requested_layer``: its
+    ``NUMBA_THREADING_LAYER``), its functions registered with LLVM under the names
+    compiled code calls. Raises ValueError where no layer loads."""
+    with _lock:
+        if _started:
+            return _started[0]
+        if "numba" in sys.modules:
+            threads = _numba_threads()
+        else:
+            threads = _start(requested_layer.strip().lower())
+        _started.append(threads)
+        return threads
+
+
+def _start(requested: str) -> Threads:
+    import llvmlite.binding as ll
+
+    priority = os.environ.get("NUMBA_THREADING_LAYER_PRIORITY", "tbb omp workqueue").split()
+    if sorted(priority) != sorted(_MODULES):
+        raise ValueError(f"NUMBA_THREADING_LAYER_PRIORITY={' '.join(priority)} must be a "
+                         f"permutation of {' '.join(_MODULES)}")  # fmt: skip
+    layer, module = _choose(requested, priority)
+    for symbol, name in _SYMBOLS.items():
+        ll.add_symbol(symbol, getattr(module, name))
+    count = default_thread_count()
+    ctypes.CFUNCTYPE(None, ctypes.c_int)(module.launch_threads)(count)
+    set_count = ctypes.CFUNCTYPE(None, ctypes.c_int)(module.set_num_threads)
+    set_count(count)
+    get_count = ctypes.CFUNCTYPE(ctypes.c_int)(module.get_num_threads)
+    return Threads(layer, module, count, set_count, get_count)
+
+
+def _numba_threads() -> Threads:
+    """numba's layer, started by numba (an imported numba starts its own)."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    parallel._launch_threads()
+    layer = str(parallel.threading_layer())
+    module = sys.modules[_MODULES[layer]]
+    count = int(getattr(numba.config, "NUMBA_NUM_THREADS", 1))
+    return Threads(layer, module, count, numba.set_num_threads, numba.get_num_threads)
+
+
+def tell_numba(threads: Threads) -> None:
+    """Hand the layer :func:`start_threads` started to numba, imported since: numba's
+    ``_launch_threads`` then finds it started (as it would have started it), and its
+    ``get_num_threads``/``set_num_threads`` and compiled parallel code use it."""
+    from numba.np.ufunc import parallel
+
+    with parallel._backend_init_thread_lock:
+        if parallel._is_initialized:
+            return
+        n = threads.get_num_threads()
+        parallel._load_threading_functions(threads.module)  # its globals, as numba sets them
+        threads.set_num_threads(n)  # (numba's loader reset this thread's count)
+        parallel._threading_layer = threads.layer  # type: ignore[assignment]
+        parallel._is_initialized = True
