@@ -270,12 +270,15 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     more, the multi-thread product goes ahead last, for a later run on more threads
     (which compiled it before its first token: 20 s for a 100M Q5_K model)."""
     from tensorplug_cpu.kernels import _numba_repack as repack
+    from tensorplug_cpu.kernels import jit as jit_module
     from tensorplug_cpu.kernels.jit import (
         MORE_THREADS_RANK,
         ONE_THREAD_RANK,
         JitKernels,
         load_jit,
     )
+    from tensorplug_cpu.kernels.kernel_identity import origin_of
+    from tensorplug_cpu.kernels.kernel_refs import KernelRef, kernel_ref
     from tensorplug_cpu.repack import LAYOUTS
 
     jit = load_jit()
@@ -283,6 +286,9 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     packed = np.zeros((1, 2 * LAYOUTS[Type.Q4_0].block), np.uint8)  # 8 rows of 64: bound only
     x = np.ones((n_tok, 64), np.float32)
     monkeypatch.setattr(JitKernels, "max_threads", property(lambda self: 2))
+    # as on a first run: nothing kept, nothing in numba's disk cache (else not wanted)
+    monkeypatch.setattr(KernelRef, "kept", lambda self, args: False)
+    monkeypatch.setattr(jit_module, "is_cached", lambda dispatcher, sig: False)
     saved = jit._ahead, jit.n_threads
     try:
         jit._ahead = recorder = _Wants()  # type: ignore[assignment]
@@ -295,23 +301,30 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
         jit.want_attend_ahead(q, kv, kv, no_mask, np.zeros(0, np.int32), out)
     finally:
         jit._ahead, jit.n_threads = saved
-    drivers = repack.packed_kernels(frozenset({Type.Q4_0}))
+
+    def ref(dispatcher: object) -> KernelRef:
+        origin = origin_of(dispatcher)
+        assert origin is not None
+        return kernel_ref(origin)
+
+    serial, siblings = (ref(d) for d in repack.packed_kernels(frozenset({Type.Q4_0})))
+    quantize_rows = ref(repack.quantize_rows)
     wanted = dict(recorder.wanted)
-    assert (drivers.serial in wanted) == (threads > 1)
+    assert (serial in wanted) == (threads > 1)
     # the multi-thread driver: this run's own on two threads (compiled here), a later
     # run's on one, after everything this one calls
-    assert wanted.get(drivers.siblings) == (MORE_THREADS_RANK if threads == 1 else None)
+    assert wanted.get(siblings) == (MORE_THREADS_RANK if threads == 1 else None)
     # every product's kernels of the other count alike (the float one's too)
     assert wanted.get(jit._fmatvec_serial) == (ONE_THREAD_RANK if threads > 1 else None)
     assert wanted.get(jit._fmatvec) == (MORE_THREADS_RANK if threads == 1 else None)
-    later_runs = {drivers.siblings, jit._fmatvec}
+    later_runs = {siblings, jit._fmatvec}
     assert max(rank for kernel, rank in recorder.wanted if kernel not in later_runs) \
         < MORE_THREADS_RANK  # fmt: skip
-    names = [(rank, getattr(kernel, "__name__", "")) for kernel, rank in recorder.wanted]
+    names = [(rank, str((origin_of(kernel) or ("",))[-1])) for kernel, rank in recorder.wanted]
     attention = sorted((rank, name) for rank, name in names if name.startswith("attend"))
     assert [name for _, name in attention] == ["attend_serial", "attend"]  # the sooner one
-    assert (repack.quantize_rows in recorder.kept) == (n_tok >= repack.QUANTIZE_APART_ROWS)
-    assert (repack.quantize_rows in wanted) == (n_tok < repack.QUANTIZE_APART_ROWS)
+    assert (quantize_rows in recorder.kept) == (n_tok >= repack.QUANTIZE_APART_ROWS)
+    assert (quantize_rows in wanted) == (n_tok < repack.QUANTIZE_APART_ROWS)
     # a spinning helpers' job the disk cache lacks goes after every kernel a step calls
     this_run = [rank for rank in wanted.values() if rank < MORE_THREADS_RANK]
     assert all(max(this_run) < rank < MORE_THREADS_RANK for _, rank in recorder.jobs)
@@ -331,8 +344,19 @@ def test_an_f16_cache_s_attention_job_goes_ahead_first_and_is_waited_for(
     events: list[str] = []
 
     class Uncompiled:
+        """A job that neither kept code nor numba's cache has (a JobRef's interface)."""
+
         tensorplug_origin = ("attend_job",)
         address = 0
+
+        def load_kept(self) -> bool:
+            return False
+
+        def ready(self) -> bool:
+            return self.address != 0
+
+        def job(self) -> Uncompiled:
+            return self
 
         def compile(self) -> None:
             events.append("compiled")
@@ -344,8 +368,7 @@ def test_an_f16_cache_s_attention_job_goes_ahead_first_and_is_waited_for(
 
     job, child = Uncompiled(), Child()
     monkeypatch.setattr(jit, "_ahead", child)
-    monkeypatch.setattr(jit, "_attend_job", lambda: job)
-    monkeypatch.setattr(jit, "_job_is_ready", lambda j: j.address != 0)
+    monkeypatch.setattr(jit, "_attend_job", job)
     monkeypatch.setattr(jit, "n_threads", 1)
     monkeypatch.setattr(jit, "_call", lambda what, kernel, *args: events.append(f"ran {args[0]}"))
     q, out = np.ones((1, 2, 1, 64), np.float32), np.empty((1, 1, 2, 64), np.float32)
@@ -426,7 +449,7 @@ def test_a_first_run_on_two_threads_runs_the_one_thread_attention_until_the_para
     args = (q, kv, kv, np.zeros((0, 0, 0, 0), np.float32), np.zeros(0, np.int32), 8, 1.0, 0.0,
             64, np.empty((1, 1, 2, 64), np.float32))  # fmt: skip
     try:
-        jit._attend, jit._attend_serial, jit.n_threads = parallel, serial, 2
+        jit._attend, jit._attend_serial, jit.n_threads = parallel, serial, 2  # type: ignore[assignment]
         jit._called.discard("flash attention kernel")
         jit._ahead = _Pending(parallel)  # type: ignore[assignment]
         jit.attend(*args)

@@ -6,6 +6,7 @@ their own cache folder: a kernel loads once a process."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -267,3 +268,52 @@ def test_kept_code_runs_in_a_process_that_never_imports_numba(tmp_path: Path) ->
     assert alone["numba"] == [
         "numba._dynfunc", "numba._helperlib", "numba.core.runtime._nrt_python",
     ]  # fmt: skip
+
+
+#: a model's launch, its prompt and a few tokens: what it computed, and whether numba's
+#: Python package was imported
+_LAUNCH = """
+import json, sys
+from tensorplug_llm.runner import Llama
+
+with Llama(sys.argv[1], n_ctx=64, n_batch=32, n_threads=int(sys.argv[2])) as m:
+    logits = m.eval(list(range(1, 12)))
+    tokens = [int(logits.argmax())]
+    for _ in range(3):
+        tokens.append(int(m.eval([tokens[-1]]).argmax()))
+print(json.dumps({"logits": logits[:32].tolist(), "tokens": tokens,
+                  "numba": "numba" in sys.modules}))
+"""
+
+
+@ELF_ONLY
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_launch_whose_kernels_are_kept_never_imports_numba(tmp_path: Path, threads: int) -> None:
+    """A model run once keeps every kernel and job its launch, prompt and tokens need;
+    the next process runs them all from kept code, numba's Python package never
+    imported, with the logits and tokens numba's kernels gave (and those of a process
+    where kept code is off). No compile-ahead process: the first run compiles or loads
+    everything itself, so that one run keeps all (with it, kernels the child made are
+    kept at the run after)."""
+    import os
+    import subprocess
+
+    from tensorplug_llm.tiny import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path / "m.gguf", "q4_0")
+    base = {**os.environ, "TENSORPLUG_CPU_COMPILE_AHEAD": "0"}
+
+    def launch(**env: str) -> dict:
+        done = subprocess.run([sys.executable, "-c", _LAUNCH, str(model), str(threads)],
+                              capture_output=True, text=True, timeout=600,
+                              env={**base, **env})  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        result: dict = json.loads(done.stdout.strip().splitlines()[-1])
+        return result
+
+    numba_only = launch(TENSORPLUG_CPU_KEPT_CODE="0")
+    first, second = launch(), launch()
+    assert numba_only["numba"] and not second["numba"]
+    for run in (first, second):
+        assert run["tokens"] == numba_only["tokens"]
+        assert run["logits"] == numba_only["logits"]

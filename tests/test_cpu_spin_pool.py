@@ -233,8 +233,9 @@ def test_attention_on_the_helpers_is_the_regions_bits(
     heads than threads (1, as Gemma 3's) are split by query heads for one run of rows;
     3 (SmolLM2's) and two runs of rows (20 rows: a prompt's step, whose attention runs
     as a numba region, as its products do) by whole KV heads."""
-    from tensorplug_cpu.kernels._numba_attention import attend_job, job_parts
+    from tensorplug_cpu.kernels._numba_attention import attend_job
     from tensorplug_cpu.kernels._numba_repack import QUANTIZE_APART_ROWS
+    from tensorplug_cpu.kernels.job_blocks import job_parts
 
     attend_job().compile()
     runs = -(-n_q // 16)
@@ -286,6 +287,7 @@ def test_the_attention_job_s_parts_of_query_heads_give_the_one_thread_bits(
     ``threads``: the one-thread kernel's bits, with ggml's cache layout (a cell's KV
     heads side by side) and a causal mask with padding."""
     from tensorplug_cpu.kernels import _numba_attention as attention
+    from tensorplug_cpu.kernels import job_blocks
     from tensorplug_cpu.kernels._numba_pool import run_alone
     from tensorplug_cpu.kernels.jit import _F16_TO_F32
 
@@ -302,9 +304,9 @@ def test_the_attention_job_s_parts_of_query_heads_give_the_one_thread_bits(
     mask[0, 0, 0, 32] = -np.inf
     raw = mask.view(np.uint16)
     order = np.zeros(0, np.int32)
-    assert attention.job_parts(Hkv, H // Hkv, 1, threads)[0] == 1  # query heads split
+    assert job_blocks.job_parts(Hkv, H // Hkv, 1, threads)[0] == 1  # query heads split
     out = np.full((1, n_q, H, D), np.nan, np.float32)
-    block, chunks = attention.attend_job_block(q, k, v, raw, raw, order, D**-0.5, 0.0, 64, out,
+    block, chunks = job_blocks.attend_job_block(q, k, v, raw, raw, order, D**-0.5, 0.0, 64, out,
                                                _F16_TO_F32, threads)  # fmt: skip
     run_alone(job.address, block.ctypes.data, chunks)
     alone = np.full_like(out, np.nan)
@@ -318,19 +320,30 @@ def test_a_job_the_cache_lacks_is_made_ahead_not_in_the_step(
     """Compiled while a plan is bound, the jobs doubled a first run's time to its first
     token; a job numba's cache lacks is handed to the compile-ahead process instead and
     the step runs its numba region meanwhile. With no such process it is compiled."""
-    from tensorplug_cpu.kernels import _numba_cache, ahead
+    from tensorplug_cpu.kernels import _numba_cache, ahead, kept_kernels
     from tensorplug_cpu.kernels.jit import load_jit
 
     class Uncompiled:
+        """A job neither kept nor in numba's cache (a JobRef's interface)."""
+
         tensorplug_origin = ("attend_job",)
         _wrapper_address = None
         compiled = False
+
+        def load_kept(self) -> bool:
+            return False
+
+        def ready(self) -> bool:
+            return bool(kept_kernels.job_ready(self))
+
+        def job(self) -> Uncompiled:
+            return self
 
         def compile(self) -> None:
             self.compiled = True
 
     monkeypatch.setattr(_numba_cache, "job_cached", lambda job: False)
-    monkeypatch.setattr(ahead, "job_cached", lambda job: False)
+    monkeypatch.setattr(kept_kernels, "job_cached", lambda job: False)
     jit = load_jit()
     assert jit is not None
     job = Uncompiled()

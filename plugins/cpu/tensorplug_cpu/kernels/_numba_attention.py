@@ -35,9 +35,29 @@ from ._numba_attention_ir import (
     weighted_lanes,
 )
 from ._numba_cache import job_function, kernel
-from ._numba_pool import ARRAY4_FIELDS, address, describe4, view4
+from ._numba_pool import address, view4
 from ._numba_rows import expf, ggml_expf
 from .attention import DOT_LANES
+from .job_blocks import (
+    ATTEND_FIELDS,
+    ATTEND_K,
+    ATTEND_LANES,
+    ATTEND_MASK,
+    ATTEND_ORDER,
+    ATTEND_ORDER_N,
+    ATTEND_OUT,
+    ATTEND_PARTS,
+    ATTEND_Q,
+    ATTEND_RUNS,
+    ATTEND_SCALE,
+    ATTEND_SOFTCAP,
+    ATTEND_TABLE,
+    ATTEND_UNIT,
+    ATTEND_USED,
+    ATTEND_V,
+    ATTEND_VISIBLE,
+    ROWS_PER_TASK,
+)
 
 
 def _value(a: Any, table: Any, i: int, j: int, r: int, d: int) -> Any:
@@ -539,10 +559,6 @@ def _kv_heads_per_task(n_hk: int, threads: int) -> int:
     return (n_hk + parts - 1) // parts
 
 
-#: Query rows per task of the parallel kernel (any split gives the same bits).
-ROWS_PER_TASK = 16
-
-
 @kernel(parallel=True)
 def attend(
     q: Any,
@@ -673,61 +689,6 @@ def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
             row[g, r] = np.float32(1) / total
 
 
-# The argument block of attend_job (int64): q, k, v, the mask its visible columns are
-# read from, the mask its biases are read from, and out, each as _numba_pool.describe4
-# writes it; then order, the scalars, and what the prologue finds.
-_Q, _K, _V, _VISIBLE, _MASK, _OUT = (i * ARRAY4_FIELDS for i in range(6))
-_ORDER, _ORDER_N, _SCALE, _SOFTCAP, _LANES, _TABLE, _RUNS, _UNIT, _PARTS, _USED = range(
-    6 * ARRAY4_FIELDS, 6 * ARRAY4_FIELDS + 10
-)
-_JOB_FIELDS = 6 * ARRAY4_FIELDS + 10
-
-
-def job_parts(n_hk: int, group: int, runs: int, threads: int) -> tuple[int, int]:
-    """How :func:`attend_job` shares a step's query heads among its tasks: ``(unit,
-    parts)``, each of the ``parts`` a run of whole units of ``unit`` query heads. Whole
-    KV heads (``unit = group``) wherever there is one for each thread, or the query rows
-    make at least as many runs as there are threads (the runs balance the tasks):
-    ggml's cache holds each cell's KV heads side by side, and a task that takes them
-    all reads it as it lies, a K or V row once for every query head of its group.
-    Single query heads (``unit = 1``) only where a thread would have no KV head at all:
-    Gemma 3 (1 KV head) on two threads ran its four query heads on one thread; now 2 :
-    2, both threads reading the head's rows (its generation at a 2000-cell context on
-    the dev machine, alternated processes: 80.8 against 75.0 tokens/s). Where the KV
-    heads are as many as the threads but do not divide among them, query heads split
-    the compute evenly but read the shared head's rows twice, from memory at a long
-    context: SmolLM2 (3 KV heads) on two threads, 86.5 against 94.6 tokens/s, so its
-    heads stay 1 : 2. Any split gives the same bits."""
-    if threads == 1:
-        return group, 1
-    if n_hk >= threads or runs >= threads:
-        return group, min(n_hk, threads)
-    return 1, min(threads, n_hk * group)
-
-
-def attend_job_block(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, mask: np.ndarray,
-    order: np.ndarray, scale: float, softcap: float, lanes: int, out: np.ndarray,
-    table: np.ndarray, threads: int,
-) -> tuple[np.ndarray, int]:  # fmt: skip
-    """The argument block of :func:`attend_job` for :func:`attend`'s arguments (F16 ``k``,
-    ``v`` and ``mask`` as raw ``uint16``; ``visible``: the mask as the step slices it,
-    whose last visible column the prologue finds), and the job's chunk count: its
-    tasks, as :func:`attend` has them on ``threads`` threads. The arrays must outlive
-    the block."""
-    block = np.zeros(_JOB_FIELDS, np.int64)
-    for at, a in zip((_Q, _K, _V, _VISIBLE, _MASK, _OUT), (q, k, v, visible, mask, out),
-                     strict=True):  # fmt: skip
-        describe4(block, at, a)
-    block[_ORDER], block[_ORDER_N] = order.ctypes.data, order.shape[0]
-    block[_SCALE : _SOFTCAP + 1] = np.array([scale, softcap], np.float64).view(np.int64)
-    block[_LANES], block[_TABLE] = lanes, table.ctypes.data
-    runs = (q.shape[2] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    unit, parts = job_parts(k.shape[1], q.shape[1] // k.shape[1], runs, threads)
-    block[_RUNS], block[_UNIT], block[_PARTS] = runs, unit, parts
-    return block, q.shape[0] * parts * runs
-
-
 #: :func:`attend_rows` inlined, for the job: one level of numba's linking less. numba
 #: links a callee's code into its caller and optimizes and compiles it to machine code
 #: again, at every level; the job compiled in 9.4 s calling :func:`attend_rows`, 7.3
@@ -740,16 +701,18 @@ def _attend_job(job: Any, lo: Any, hi: Any) -> None:
     (``used``, kept in the block for the chunks); chunk ``t`` takes a run of query rows
     of one batch and one part of the query heads (:func:`job_parts`), in rectangles of
     a KV head's query heads or of whole KV heads, with :func:`attend`'s arithmetic."""
-    j = carray(address(job), _JOB_FIELDS, np.int64)
-    table = carray(address(j[_TABLE]), 1 << 16, np.float32)
+    j = carray(address(job), ATTEND_FIELDS, np.int64)
+    table = carray(address(j[ATTEND_TABLE]), 1 << 16, np.float32)
     if lo < 0:
-        j[_USED] = visible_columns(view4(j, _VISIBLE, np.uint16), table)
+        j[ATTEND_USED] = visible_columns(view4(j, ATTEND_VISIBLE, np.uint16), table)
         return
-    q, out = view4(j, _Q, np.float32), view4(j, _OUT, np.float32)
-    k, v, mask = view4(j, _K, np.uint16), view4(j, _V, np.uint16), view4(j, _MASK, np.uint16)
-    order = carray(address(j[_ORDER]), j[_ORDER_N], np.int32)
-    scales = j[_SCALE : _SOFTCAP + 1].view(np.float64)
-    used, runs, unit, parts, n_q = j[_USED], j[_RUNS], j[_UNIT], j[_PARTS], q.shape[2]
+    q, out = view4(j, ATTEND_Q, np.float32), view4(j, ATTEND_OUT, np.float32)
+    k, v = view4(j, ATTEND_K, np.uint16), view4(j, ATTEND_V, np.uint16)
+    mask = view4(j, ATTEND_MASK, np.uint16)
+    order = carray(address(j[ATTEND_ORDER]), j[ATTEND_ORDER_N], np.int32)
+    scales = j[ATTEND_SCALE : ATTEND_SOFTCAP + 1].view(np.float64)
+    used, runs, n_q = j[ATTEND_USED], j[ATTEND_RUNS], q.shape[2]
+    unit, parts = j[ATTEND_UNIT], j[ATTEND_PARTS]
     group = q.shape[1] // k.shape[1]
     units = q.shape[1] // unit
     heads = unit * ((units + parts - 1) // parts)  # a part's most query heads
@@ -766,7 +729,8 @@ def _attend_job(job: Any, lo: Any, hi: Any) -> None:
             n_hk, n_g = 1, min(group - g, x1 - x)
             if g == 0 and x1 - x >= group:
                 n_hk, n_g = (x1 - x) // group, group
-            _attend_rows_inline(q, k, v, mask, order, used, scales[0], scales[1], j[_LANES], out,
+            lanes = j[ATTEND_LANES]
+            _attend_rows_inline(q, k, v, mask, order, used, scales[0], scales[1], lanes, out,
                                 table, bp // parts, hk, hk + n_hk, g, n_g, r0, r1, cols, biases,
                                 w, qs, block, acc, sees)  # fmt: skip
             x += n_hk * n_g

@@ -28,13 +28,12 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from tensorplug.types import Type
-
 from ._numba_cache import kernel
 from ._numba_introw import LAYOUTS, Layout, _codes
 from ._numba_ir import _I8, _I32, _data, _load_vec, _runtime_splat, _splat, _splat_scalar, _vec
 from ._numba_kquant import _scale_min_k4
 from ._numba_quant import _i8
+from .job_blocks import TYPES32
 
 __all__ = ["dequantize_q4_k_rows", "dequantize_q5_k_rows", "dequantize_q6_k_rows",
            "dequantize_rows32"]  # fmt: skip
@@ -114,8 +113,8 @@ def _scale(row: Any, at: int, table: Any) -> Any:
     return table[np.int32(row[at]) | (np.int32(row[at + 1]) << 8)]
 
 
-#: the 32-value block types decoded here, and their ids (which the driver branches on)
-TYPES32 = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0)
+#: the 32-value block types decoded here (:data:`.job_blocks.TYPES32`), and their ids
+#: (which the driver branches on)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in TYPES32)
 #: bytes per block, by type id (a constant array numba compiles in)
 _BLOCK_BYTES = np.zeros(max(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) + 1, np.int64)

@@ -30,7 +30,6 @@ float64 bits): :func:`block_size` counts them, :func:`job_block` writes them.
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 import numpy as np
@@ -46,9 +45,29 @@ from ._numba_decode import (
     dequantize_q6_k_rows,
     dequantize_rows32,
 )
-from ._numba_pool import ARRAY4_FIELDS as A4
 from ._numba_pool import address, view4
 from ._numba_rows import glu_rows, rms_norm_rows, rope_rows, set_rows
+from .job_blocks import (
+    ADD,
+    ARGS,
+    CHUNKED,
+    DIV,
+    HAS_PREAD,
+    MUL,
+    PER,
+    ROW_DECODER_CODES,
+    ROWS_32,
+    ROWS_F16,
+    ROWS_F32,
+    ROWS_Q4_K,
+    ROWS_Q5_K,
+    ROWS_Q6_K,
+    STATUS,
+    SUB,
+    block_size,
+    job_block,
+)
+from .job_blocks import ARRAY4_FIELDS as A4
 
 __all__ = [
     "ADD", "ARGS", "CHUNKED", "DIV", "HAS_PREAD", "MUL", "PER", "ROW_DECODERS", "ROWS_32",
@@ -56,42 +75,10 @@ __all__ = [
     "block_size", "job_block", "jobs",
 ]  # fmt: skip
 
-#: the block's status field, its rows a chunk (the row jobs'), and where its arrays start
-STATUS, PER, ARGS = 0, 1, 2
-#: the jobs that take their rows in chunks (the others run whole, as one chunk)
-CHUNKED = frozenset({"binary", "rms_norm", "rope", "glu"})
-#: :func:`binary_job`'s operations (field ``ARGS + 3·A4``)
-ADD, SUB, MUL, DIV = 0, 1, 2, 3
-#: :func:`_get_rows_job`'s decoders: how a table's byte rows become float32 (field
-#: ``ARGS + 5·A4 + 4``): copied, widened from f16, or a row decoder of
-#: :mod:`._numba_decode` (``ROWS_32``: :func:`~._numba_decode.dequantize_rows32`)
-ROWS_F32, ROWS_F16, ROWS_32, ROWS_Q4_K, ROWS_Q5_K, ROWS_Q6_K = range(6)
-#: the row decoders' codes, by decoder
-ROW_DECODERS = {dequantize_rows32: ROWS_32, dequantize_q4_k_rows: ROWS_Q4_K,
-                dequantize_q5_k_rows: ROWS_Q5_K, dequantize_q6_k_rows: ROWS_Q6_K}  # fmt: skip
-#: libc has ``pread`` where the OS is POSIX; elsewhere (Windows) a table in a file keeps
-#: its step, which reads the rows itself (:func:`.program._get_rows` lowers none there)
-HAS_PREAD = sys.platform != "win32"
-
-
-def block_size(arrays: int, scalars: int) -> int:
-    """The int64 fields of a block of ``arrays`` arrays and ``scalars`` numbers."""
-    return ARGS + A4 * arrays + scalars
-
-
-def job_block(arrays: Any, ints: Any = (), scalars: Any = (), per: int = 0) -> np.ndarray:
-    """The argument block of a step job over 4-d ``arrays`` (which must outlive it), then
-    ``ints``, then ``scalars`` (float64 bits); ``per``: a row job's rows a chunk."""
-    from ._numba_pool import describe4
-
-    at = ARGS + A4 * len(arrays)
-    block = np.zeros(block_size(len(arrays), len(ints) + len(scalars)), np.int64)
-    block[PER] = per
-    for k, a in enumerate(arrays):
-        describe4(block, ARGS + A4 * k, a)
-    block[at : at + len(ints)] = ints
-    block.view(np.float64)[at + len(ints) :] = scalars
-    return block
+#: the row decoders' codes, by decoder (the blocks' layouts: :mod:`.job_blocks`)
+ROW_DECODERS = {decoder: ROW_DECODER_CODES[decoder.py_func.__name__] for decoder in
+                (dequantize_rows32, dequantize_q4_k_rows, dequantize_q5_k_rows,
+                 dequantize_q6_k_rows)}  # fmt: skip
 
 
 @njit(inline="always")

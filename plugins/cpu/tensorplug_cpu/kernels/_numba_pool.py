@@ -48,6 +48,24 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._numba_cache import kernel
+from .job_blocks import (
+    ARRAY4_FIELDS,
+    AWAKE,
+    CHECKED,
+    CHUNKS,
+    DONE,
+    FN,
+    JOB,
+    MAILBOX_SIZE,
+    PROGRAM_FIELDS,
+    SHARED,
+    SPIN_NS,
+    SPIN_ROUNDS,
+    STOP,
+    TICKET,
+    WANTED,
+    describe4,
+)
 
 __all__ = [
     "ARRAY4_FIELDS", "AWAKE", "BUSY_NS", "CHUNKS", "DONE", "FN", "JOB", "MAILBOX_SIZE",
@@ -56,24 +74,11 @@ __all__ = [
     "run_shared", "view4",
 ]  # fmt: skip
 
-# mailbox fields (int64 indices), eight apart: one 64-byte cache line each for what the
-# helpers poll, what the caller writes per job, and what every chunk's end bumps
-TICKET = 0
-FN, JOB, CHUNKS = 8, 9, 10
-DONE = 16
-WANTED, STOP = 24, 25
-AWAKE = 32
-MAILBOX_SIZE = 40
+# the mailbox's fields, and the helpers' spin (:mod:`.job_blocks`)
 _CHUNK_BITS = 32
 _CHUNK_MASK = (1 << _CHUNK_BITS) - 1
 _SEQ_MASK = (1 << 31) - 1  # the sequence wraps in 31 bits: the ticket stays positive
 
-#: How long a helper spins after its last job before it sleeps: more than the Python
-#: between two tokens' steps (sampling, detokenizing), less than a person notices a
-#: core busy. Where there is no monotonic clock to read (Windows), ``SPIN_ROUNDS``
-#: idle rounds (a few ``pause`` s and a yield each) bound it instead.
-SPIN_NS = 2_000_000
-SPIN_ROUNDS = 4000
 #: A ``sched_yield`` that returns this much later ran another thread on this core: the
 #: machine is busy, and a helper that spins there takes the calling thread's share of
 #: it (SmolLM2 beside two busy processes: 88 tokens/s spinning on, 128 with numba's
@@ -224,18 +229,6 @@ def address(typingctx: Any, addr: Any) -> Any:
     return types.voidptr(types.int64), codegen
 
 
-#: int64 fields :func:`describe4` writes: the address, four extents, four byte strides
-ARRAY4_FIELDS = 9
-
-
-def describe4(block: np.ndarray, at: int, array: np.ndarray) -> None:
-    """Write 4-d ``array`` into a job's argument block from field ``at`` (as
-    :func:`view4` reads it back in the job, any strides)."""
-    block[at] = array.ctypes.data
-    block[at + 1 : at + 5] = array.shape
-    block[at + 5 : at + 9] = array.strides
-
-
 @njit(inline="always")
 def view4(block: Any, at: int, dtype: Any) -> Any:
     """The 4-d array of ``dtype`` that :func:`describe4` wrote at field ``at``."""
@@ -329,13 +322,6 @@ def run_shared(mailbox: Any, fn: int, job: int, chunks: int) -> None:
     chunks ``0 .. chunks-1`` to whoever claims them; returns when all are done. One
     caller at a time (:class:`.pool.SpinPool` holds a lock around this)."""
     _share(mailbox, fn, job, chunks)
-
-
-#: :func:`run_program`'s flags of a job: its chunks go to the helpers too; its block's
-#: first field says whether it refused its input (nonzero: the program stops there)
-SHARED, CHECKED = 1, 2
-#: a program's row: the job function, its block, its chunk count, its flags
-PROGRAM_FIELDS = 4
 
 
 @kernel(nogil=True)

@@ -79,7 +79,35 @@ from ._numba_ir import (
 )
 from ._numba_pool import address
 from ._numba_quant import _CHUNKS, _DOT, chunk_span, quantize_activations
-from .activations import vec_dot_type
+from .job_blocks import (
+    MAT_BYTES,
+    MAT_GROUPS,
+    MAT_KIND,
+    MAT_OUT,
+    MAT_OUT_COLS,
+    MAT_PACKED,
+    MAT_START,
+    OWN_SUMS,
+    PACKED_CHUNKS,
+    PACKED_COLS,
+    PACKED_HEAD,
+    PACKED_KIND,
+    PACKED_MAT_FIELDS,
+    PACKED_MATS,
+    PACKED_ROWS,
+    PACKED_TABLE,
+    PACKED_TOTAL,
+    PACKED_X,
+    PACKED_XD,
+    PACKED_XQ,
+    PACKED_XS,
+    PACKED_XS_COLS,
+    QUANTIZE_APART_ROWS,
+    SUMS_OF_16,
+    activation_form,
+    packed_job_block,
+    sums_span,
+)
 
 __all__ = [
     "GGML_ORDER_BIT",
@@ -1593,28 +1621,6 @@ def _scaled_sums(xd: Any, xs: Any) -> None:
             xs[t, j] = f32_bits(xd[t, j] * np.float32(xs[t, j]))  # type: ignore[call-arg]
 
 
-#: the weight types whose products read activation sums of their own making in ``xs``,
-#: which :func:`_quantize` makes after ggml's rounding: Q2_K's over 16 values, Q6_K's
-#: over 16 times ``−Q6_K_OFFSET``, Q5_K's scaled by their block's ``d`` (float bits)
-OWN_SUMS = frozenset({Type.Q2_K, Type.Q5_K, Type.Q6_K})
-#: ... of those, the types whose sums cover 16 values (``xs`` a column per 16), not 32
-SUMS_OF_16 = frozenset({Type.Q2_K, Type.Q6_K})
-
-
-def activation_form(t: Type) -> Type | str:
-    """What :func:`_quantize` makes of the activations for ``t`` weights: ``t`` itself
-    where its products read sums of their own (:data:`OWN_SUMS`), else its
-    ``vec_dot_type``, whose sums every such product reads alike. Products of one
-    activation share one quantization only when this is the same (Q4_K's integer sums
-    beside Q5_K's scaled ones would read float bits as integers)."""
-    return t if t in OWN_SUMS else vec_dot_type(t)
-
-
-def sums_span(t: Type) -> int:
-    """The activation values each of ``xs``'s sums covers for ``t`` weights."""
-    return 16 if t in SUMS_OF_16 else 32
-
-
 @njit(inline="always")
 def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
     """The activations as ggml rounds them for ``kind`` weights (Q8_0, Q8_1, or Q8_K for
@@ -1627,12 +1633,6 @@ def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
         _sums_of_16(xq, xs, 1)
     elif kind == Q6_K:
         _sums_of_16(xq, xs, -Q6_K_OFFSET)
-
-
-#: activation rows from which a repacked product's are quantized on numba's threads
-#: (:func:`quantize_rows`) rather than by the product's driver on one: a 128-token
-#: prompt took 3-6% longer on two threads with one thread quantizing
-QUANTIZE_APART_ROWS = 16
 
 
 @kernel(parallel=True)
@@ -1726,42 +1726,6 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
     return drivers
 
 
-# A job block of :func:`packed_job` (int64): the head, then one record per matrix.
-_JOB_MATS, _JOB_TOTAL, _JOB_X, _JOB_ROWS, _JOB_COLS = 0, 1, 2, 3, 4
-_JOB_XQ, _JOB_XD, _JOB_XS, _JOB_XS_COLS, _JOB_TABLE = 5, 6, 7, 8, 9
-_JOB_KIND, _JOB_CHUNKS = 10, 11
-_JOB_HEAD = 12
-# per matrix: its packed groups (address, groups, bytes a group), its result (address,
-# columns), its type id and the first of its groups in the range the matrices share
-_MAT_PACKED, _MAT_GROUPS, _MAT_BYTES, _MAT_OUT, _MAT_OUT_COLS, _MAT_KIND, _MAT_START = range(7)
-_MAT_FIELDS = 7
-
-
-def packed_job_block(
-    x: np.ndarray, packs: list[np.ndarray], outs: list[np.ndarray], kinds: list[Type],
-    xq: np.ndarray, xd: np.ndarray, xs: np.ndarray, table: np.ndarray, chunks: int,
-) -> np.ndarray:  # fmt: skip
-    """The argument block of :func:`packed_job` for the products ``packs[m] · x →
-    outs[m]`` (what ``matmul_packed_siblings`` takes as arrays, by address), their groups
-    shared out in ``chunks`` runs. Every array must be C-contiguous and outlive the
-    block: the caller keeps them."""
-    arrays = [x, xq, xd, xs, table, *packs, *outs]
-    if not all(a.flags.c_contiguous for a in arrays):
-        raise ValueError("packed_job_block: every array must be C-contiguous")
-    block = np.zeros(_JOB_HEAD + _MAT_FIELDS * len(packs), np.int64)
-    block[:_JOB_HEAD] = (len(packs), sum(p.shape[0] for p in packs), x.ctypes.data,
-                         x.shape[0], x.shape[1], xq.ctypes.data, xd.ctypes.data,
-                         xs.ctypes.data, xs.shape[1], table.ctypes.data, int(kinds[0]),
-                         chunks)  # fmt: skip
-    start = 0
-    for m, (packed, out, t) in enumerate(zip(packs, outs, kinds, strict=True)):
-        at = _JOB_HEAD + _MAT_FIELDS * m
-        block[at : at + _MAT_FIELDS] = (packed.ctypes.data, packed.shape[0], packed.shape[1],
-                                        out.ctypes.data, out.shape[1], int(t), start)  # fmt: skip
-        start += packed.shape[0]
-    return block
-
-
 def packed_job(kinds: frozenset[Type], ggml_order: bool = False) -> Any:
     """:func:`_packed_job`, made once per set of types and order (as
     :func:`packed_kernels`)."""
@@ -1781,29 +1745,29 @@ def _packed_job(kinds: frozenset[Type], ggml_order: bool) -> Any:
     suffix = "_".join(sorted(t.name.lower() for t in kinds)) + ("_ggml" if ggml_order else "")
 
     def packed_job(job: Any, lo: Any, hi: Any) -> None:
-        head = carray(address(job), _JOB_HEAD, np.int64)
-        rows, cols = head[_JOB_ROWS], head[_JOB_COLS]
-        table = carray(address(head[_JOB_TABLE]), 1 << 16, np.float32)
-        xq = carray(address(head[_JOB_XQ]), (rows, cols), np.int8)
-        xd = carray(address(head[_JOB_XD]), (rows, cols // 32), np.float32)
-        xs = carray(address(head[_JOB_XS]), (rows, head[_JOB_XS_COLS]), np.int32)
+        head = carray(address(job), PACKED_HEAD, np.int64)
+        rows, cols = head[PACKED_ROWS], head[PACKED_COLS]
+        table = carray(address(head[PACKED_TABLE]), 1 << 16, np.float32)
+        xq = carray(address(head[PACKED_XQ]), (rows, cols), np.int8)
+        xd = carray(address(head[PACKED_XD]), (rows, cols // 32), np.float32)
+        xs = carray(address(head[PACKED_XS]), (rows, head[PACKED_XS_COLS]), np.int32)
         if lo < 0:
-            x = carray(address(head[_JOB_X]), (rows, cols), np.float32)
-            _quantize(x, xq, xd, xs, table, head[_JOB_KIND])
+            x = carray(address(head[PACKED_X]), (rows, cols), np.float32)
+            _quantize(x, xq, xd, xs, table, head[PACKED_KIND])
             return
-        n_mats, total, chunks = head[_JOB_MATS], head[_JOB_TOTAL], head[_JOB_CHUNKS]
-        mats = carray(address(job + 8 * _JOB_HEAD), (n_mats, _MAT_FIELDS), np.int64)
+        n_mats, total, chunks = head[PACKED_MATS], head[PACKED_TOTAL], head[PACKED_CHUNKS]
+        mats = carray(address(job + 8 * PACKED_HEAD), (n_mats, PACKED_MAT_FIELDS), np.int64)
         for c in range(lo, hi):
             g_lo, g_hi = c * total // chunks, (c + 1) * total // chunks
             for m in range(n_mats):
-                start, groups = mats[m, _MAT_START], mats[m, _MAT_GROUPS]
+                start, groups = mats[m, MAT_START], mats[m, MAT_GROUPS]
                 g0, g1 = max(g_lo, start) - start, min(g_hi, start + groups) - start
                 if g0 < g1:
-                    packed = carray(address(mats[m, _MAT_PACKED]), (groups, mats[m, _MAT_BYTES]),
+                    packed = carray(address(mats[m, MAT_PACKED]), (groups, mats[m, MAT_BYTES]),
                                     np.uint8)  # fmt: skip
-                    out = carray(address(mats[m, _MAT_OUT]), (rows, mats[m, _MAT_OUT_COLS]),
+                    out = carray(address(mats[m, MAT_OUT]), (rows, mats[m, MAT_OUT_COLS]),
                                  np.float32)  # fmt: skip
-                    _groups(packed, g0, g1, xq, xd, xs, table, out, mats[m, _MAT_KIND], mask)
+                    _groups(packed, g0, g1, xq, xd, xs, table, out, mats[m, MAT_KIND], mask)
 
     job = job_function(packed_job, f"packed_job_{suffix}", _DOT)
     # how the compile-ahead process makes it again (.ahead)

@@ -20,6 +20,7 @@ from . import _numba_ir as _ir
 from ._numba_cache import kernel
 from ._numba_ir import f32_from_bits
 from ._numba_quant import _f32_to_f16_bits
+from .job_blocks import SWIGLU
 
 
 @kernel(nogil=True)  # a prompt's rows run in chunks on the worker pool
@@ -113,8 +114,7 @@ def ggml_expf(x: Any) -> Any:
     return huge if abs(n) > _VX_LIMIT else res
 
 
-#: ``glu_rows`` kinds
-SWIGLU, GEGLU = 0, 1
+#: ``glu_rows`` kinds: SWIGLU, GEGLU (:mod:`.job_blocks`)
 
 
 @kernel(nogil=True)

@@ -24,7 +24,6 @@ more threads reaches only after the multi-thread ones (the thread governor's tri
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import pickle
@@ -36,8 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..settings import COMPILE_AHEAD
-from ._numba_cache import instruction_forms, is_cached, job_cached, use_instruction_forms
-from .kernel_identity import origin_of
+from .kernel_identity import instruction_forms, origin_of
 
 __all__ = ["Ahead", "Job", "cached", "origin_of", "resolve"]
 
@@ -48,36 +46,15 @@ WAIT_S = 300.0
 
 
 def resolve(origin: tuple[Any, ...]) -> Any:
-    """The dispatcher :func:`origin_of` described."""
-    if origin[0] == "module":
-        return getattr(importlib.import_module(origin[1]), origin[2])
-    if origin[0] == "packed":
-        from tensorplug.types import Type
+    """The dispatcher :func:`origin_of` described (a job as :class:`_JobCompile`)."""
+    from .kernel_refs import resolve as numba_object
 
-        from ._numba_repack import packed_kernels
+    found = numba_object(origin)
+    return _JobCompile(found) if origin[0] in _JOB_ORIGINS else found
 
-        kinds = frozenset(Type(t) for t in origin[1])
-        return getattr(packed_kernels(kinds, origin[2]), origin[3])
-    if origin[0] == "packed_job":
-        from tensorplug.types import Type
 
-        from ._numba_repack import packed_job
-
-        return _JobCompile(packed_job(frozenset(Type(t) for t in origin[1]), origin[2]))
-    if origin[0] == "attend_job":
-        from ._numba_attention import attend_job
-
-        return _JobCompile(attend_job())
-    if origin[0] == "step_job":
-        from ._numba_jobs import jobs
-
-        return _JobCompile(jobs()[origin[1]])
-    if origin[0] == "job":
-        module = importlib.import_module(origin[1])
-        for value in vars(module).values():
-            if origin_of(value) == origin:
-                return _JobCompile(value)
-    raise ValueError(f"unknown kernel origin {origin!r}")
+#: the origins of job functions, which compile without a signature
+_JOB_ORIGINS = ("packed_job", "attend_job", "step_job", "job")
 
 
 @dataclass(frozen=True)
@@ -91,6 +68,8 @@ class _JobCompile:
         self.job.compile()
 
     def cached(self, signature: tuple[Any, ...]) -> bool:
+        from ._numba_cache import job_cached
+
         return job_cached(self.job)
 
 
@@ -99,6 +78,8 @@ def cached(kernel: Any, signature: tuple[Any, ...]) -> bool:
     ``signature``: the other process compiled it meanwhile."""
     if isinstance(kernel, _JobCompile):
         return kernel.cached(signature)
+    from ._numba_cache import is_cached
+
     return is_cached(kernel, signature)
 
 
@@ -146,6 +127,8 @@ class Ahead:
             return
         self.seen.add(origin)
         sig = tuple(kernel.typeof_pyval(a) for a in args)
+        from ._numba_cache import is_cached
+
         if sig in kernel.overloads or is_cached(kernel, sig):
             return
         self.jobs[Job(origin, sig, rank)] = None
@@ -159,6 +142,8 @@ class Ahead:
         if origin is None or origin in self.seen:
             return
         self.seen.add(origin)
+        from ._numba_cache import job_cached
+
         if not job_cached(job):
             self.jobs[Job(origin, (), rank)] = None
 
@@ -345,6 +330,8 @@ def enabled() -> bool:
 
 def main() -> None:
     """The child: compile each job into numba's disk cache, saying which is done."""
+    from ._numba_cache import use_instruction_forms
+
     forms, jobs = pickle.loads(sys.stdin.buffer.read())
     use_instruction_forms(forms)
     listening = True

@@ -199,8 +199,9 @@ def _jit_rope(
     rest = (_NO_F32 if ff is None else ff, _NO_F32 if ramp is None else ramp,
             _NO_F32 if keep is None else keep, neox, n_dims, *scales)  # fmt: skip
     jit.expect(jit.rope_rows, x3, out3, pos, *rest)
+    rope = jit.rope_rows
     return split_rows(shape[0], x3.size,
-                      lambda r: partial(jit.rope_rows, x3[r], out3[r], pos[r], *rest))  # fmt: skip
+                      lambda r: jit.bound(rope, x3[r], out3[r], pos[r], *rest))  # fmt: skip
 
 
 # -- flash attention ---------------------------------------------------------------------------

@@ -208,9 +208,10 @@ class SetRowsStep:
                  idx: np.ndarray) -> None:  # fmt: skip
         self.node, self.jit, self.table, self.values, self.idx = node, jit, table, values, idx
         jit.expect(jit.set_rows, table, values, idx)
+        self._set_rows = jit.bound(jit.set_rows, table, values, idx)
 
     def __call__(self) -> None:
-        bad = self.jit.set_rows(self.table, self.values, self.idx)
+        bad = int(self._set_rows())
         if bad >= 0:
             message = f"index {int(self.idx[bad])} with {self.table.shape[0]} rows"
             raise _index_error(self.node, IndexError(message))

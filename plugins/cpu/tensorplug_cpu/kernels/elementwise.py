@@ -268,10 +268,10 @@ def _jit_glu(
     x2, g2, out2 = (reshape_view(v, (-1, n)) for v in (x, g, out))
     if x2 is None or g2 is None or out2 is None:
         return None
-    glu = ctx.jit.glu_rows
-    ctx.jit.expect(glu, fn, x2, g2, out2)  # (its row chunks are arrays of x2's kind)
+    jit = ctx.jit
+    jit.expect(jit.glu_rows, fn, x2, g2, out2)  # (its row chunks are arrays of x2's kind)
     return split_rows(x2.shape[0], out2.size,
-                      lambda r: partial(glu, fn, x2[r], g2[r], out2[r]))  # fmt: skip
+                      lambda r: jit.bound(jit.glu_rows, fn, x2[r], g2[r], out2[r]))  # fmt: skip
 
 
 def _row_stats(ctx: BuildContext, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -316,7 +316,7 @@ def build_rms_norm(node: Tensor, ctx: BuildContext) -> Step:
         e = float(eps)
         jit.expect(jit.rms_norm_rows, x2, out2, e)
         norm = split_rows(x2.shape[0], x2.size,
-                          lambda r: partial(jit.rms_norm_rows, x2[r], out2[r], e))  # fmt: skip
+                          lambda r: jit.bound(jit.rms_norm_rows, x2[r], out2[r], e))  # fmt: skip
         return sequence(load, norm, store)
     acc, stat = _row_stats(ctx, node.shape)
     sq = ctx.scratch(node.shape)

@@ -4,9 +4,18 @@ numpy cannot multiply quantized blocks by a vector without first writing the dec
 float32 matrix to memory, which makes matrix × vector (one token of a language model)
 several times slower than reading the weights once. These kernels read each block,
 decode it in registers and accumulate the dot product directly, with the output rows
-split into chunks across threads. They are used only when numba imports; everything has a numpy
-fallback, and ``TENSORPLUG_CPU_JIT=0`` turns them off (:mod:`..settings`). Which kernel
-takes which type is the table of :mod:`.dispatch`: this module binds what it chooses.
+split into chunks across threads. They are used only where numba is installed (and
+imports, where it must: below); everything has a numpy fallback, and
+``TENSORPLUG_CPU_JIT=0`` turns them off (:mod:`..settings`). Which kernel takes which
+type is the table of :mod:`.dispatch`: this module binds what it chooses.
+
+The kernels are held by reference (:mod:`.kernel_refs`), and run from their kept
+machine code (:mod:`.kept_code`) where an earlier process kept it: where numba has run
+in this cache folder before with these versions (:func:`_kept_code_ready`), numba's
+Python package is not imported at all until a kernel is not kept (issue 42: a 100M
+model's launch to its first token, 2-core dev machine, ~0.6 → ~0.45 s); elsewhere (a
+first run) it is imported at once, as before, and a numba that fails to import leaves
+the numpy kernels, saying why.
 
 Decoding matches :mod:`tensorplug.quants` bit for bit (same float32 operations in the
 same order, no fast-math), so the batched path gives the same weights either way; the
@@ -18,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -25,7 +35,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,11 +51,32 @@ from .attention import DOT_LANES
 from .common import Step, block_rows
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .gelu_table import glu_table
+from .job_blocks import (
+    GEGLU,
+    MAILBOX_SIZE,
+    PROGRAM_FIELDS,
+    QUANTIZE_APART_ROWS,
+    ROW_DECODER_CODES,
+    ROWS_F16,
+    ROWS_F32,
+    SWIGLU,
+    TYPES32,
+    activation_form,
+    attend_job_block,
+    job_block,
+    packed_job_block,
+    sums_span,
+)
+from .kept_code import arg_key
+from .kernel_identity import cache_folder
+from .kernel_refs import KernelRef, job_ref, kept_code_on, kernel_ref, module_kernel
 from .llvm_pages import release as release_llvm_pages
+from .numba_import import numba_module, on_import
 from .program import JobCall, JobSpec
-from .threading_layer import preload_tbb, start_threads, tell_numba
+from .runtime_library import runtime_file
+from .threading_layer import Threads, preload_tbb, start_threads
 
-__all__ = ["MAX_SIBLINGS", "JitKernels", "jit_status", "load_jit"]
+__all__ = ["MAX_SIBLINGS", "JitKernels", "KernelCall", "RowsCall", "jit_status", "load_jit"]
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -77,76 +109,64 @@ _WIDEN_WEIGHTS = "f16 weight widening kernel"
 
 
 class JitKernels:
-    """The compiled kernels; each call compiles its type's kernel the first time."""
+    """The compiled kernels: each one's first call loads its kept code, or has numba load
+    or compile it (and keeps that code for later processes)."""
 
-    def __init__(self, numba: Any) -> None:
-        from . import _numba_iquant as iq
-        from . import _numba_kquant as kq
-        from . import _numba_quant as k
-
-        self.numba = numba
-        self.version: str = numba.__version__
+    def __init__(self, threads: Threads) -> None:
+        """The kernels by reference (:mod:`.kernel_refs`): their kept code where it is
+        kept, numba's dispatchers otherwise (numba imported at the first need of one),
+        on the threading layer ``threads``."""
+        quant, kquant, iquant = "_numba_quant", "_numba_kquant", "_numba_iquant"
+        self.version: str = _numba_version()
+        self._threads = threads
         # the float kernels of every type the table's fused float path takes: a matrix ×
         # a few rows, and decoding (one pair of drivers for every K-quant, told the type
         # by id; the IQ4 types' pairs in a module of their own)
         self._kernels: dict[Type, tuple[Callable[..., None], Callable[..., None]]] = {
-            t: (functools.partial(kq.matvec_k, kind=int(t)),
-                functools.partial(kq.dequantize_k, kind=int(t))) if t in K_TYPES else
-               (getattr(iq if t in IQ4_TYPES else k, f"matvec_{t.name.lower()}"),
-                getattr(iq if t in IQ4_TYPES else k, f"dequantize_{t.name.lower()}"))
+            t: (functools.partial(module_kernel(kquant, "matvec_k"), kind=int(t)),
+                functools.partial(module_kernel(kquant, "dequantize_k"), kind=int(t)))
+               if t in K_TYPES else
+               (module_kernel(iquant if t in IQ4_TYPES else quant, f"matvec_{t.name.lower()}"),
+                module_kernel(iquant if t in IQ4_TYPES else quant,
+                              f"dequantize_{t.name.lower()}"))
             for t in path(FLOAT_FUSED).types
         }  # fmt: skip
-
-        from . import _numba_kint8 as ki8
-
         # ggml's way (the table's INT8 path): activations quantized to the weight type's
         # vec_dot_type, integer dots; and those activations as floats for the other paths
-        self._round = k.round_activations
-        self._int8 = ki8.matvec_int8
-        self._int8_serial = ki8.matvec_int8_serial
-        self._int8_siblings = ki8.matvec_int8_siblings
-        from . import _numba_repack
-
+        self._round = module_kernel(quant, "round_activations")
+        self._int8 = module_kernel("_numba_kint8", "matvec_int8")
+        self._int8_serial = module_kernel("_numba_kint8", "matvec_int8_serial")
+        self._int8_siblings = module_kernel("_numba_kint8", "matvec_int8_siblings")
         # weights stored repacked (CPU_REPACK): eight rows at a time, any activation rows;
         # drivers per set of types, which compile those types' tiles only; many rows'
         # activations quantized apart, on every thread, for any driver
-        self._repack = _numba_repack
-        from . import _numba_fmatvec as fmatvec
-
+        self._quantize_rows = module_kernel("_numba_repack", "quantize_rows")
         # F32, F16 and BF16 weights times a few rows, each weight read once
-        self._fmatvec, self._fmatvec_serial = fmatvec.matvec_float, fmatvec.matvec_float_serial
-        from . import _numba_rows as rows
-        from ._numba_attention import (
-            attend,
-            attend_job,
-            attend_job_block,
-            attend_serial,
-            softmax_rows,
-            visible_columns,
-            widen_f16_rows,
-        )
-
-        self._rms_norm_rows, self._glu_rows = rows.rms_norm_rows, rows.glu_rows
-        self._set_rows = rows.set_rows
-        self._rope_rows = rows.rope_rows
-        self._glu_kinds = {GluOp.SWIGLU: rows.SWIGLU, GluOp.GEGLU: rows.GEGLU}
-
-        self._attend, self._attend_serial = attend, attend_serial
-        self._attend_job, self._attend_job_block = attend_job, attend_job_block
-        from .kept_kernels import compile_job, job_ready, keep_overload, load_kept
-
-        self._job_is_ready, self._compile_job = job_ready, compile_job
-        self._load_kept, self._keep_overload = load_kept, keep_overload
-        self._visible_columns = visible_columns
-        self._softmax_rows = softmax_rows
-        self._widen_f16_rows = widen_f16_rows
-        from . import _numba_decode as dec
-
+        self._fmatvec = module_kernel("_numba_fmatvec", "matvec_float")
+        self._fmatvec_serial = module_kernel("_numba_fmatvec", "matvec_float_serial")
+        rows = "_numba_rows"
+        self._rms_norm_rows = module_kernel(rows, "rms_norm_rows")
+        self._glu_rows = module_kernel(rows, "glu_rows")
+        self._set_rows = module_kernel(rows, "set_rows")
+        self._rope_rows = module_kernel(rows, "rope_rows")
+        self._glu_kinds = {GluOp.SWIGLU: SWIGLU, GluOp.GEGLU: GEGLU}
+        attention = "_numba_attention"
+        self._attend = module_kernel(attention, "attend")
+        self._attend_serial = module_kernel(attention, "attend_serial")
+        self._attend_job = job_ref(("attend_job",))
+        self._visible_columns = module_kernel(attention, "visible_columns")
+        self._softmax_rows = module_kernel(attention, "softmax_rows")
+        self._widen_f16_rows = module_kernel(attention, "widen_f16_rows")
+        #: what runs a program (:mod:`.program`): :func:`._numba_pool.run_program`
+        self.program_runner = module_kernel("_numba_pool", "run_program")
+        self._run_alone = module_kernel("_numba_pool", "run_alone")
+        self._run_in_region = module_kernel("_numba_pool", "run_region")
         # the vector decoders of whole byte rows (the table's DECODE_VECTOR path), and the
         # arguments after (rows, out, table)
+        decode = "_numba_decode"
         self._row_decoders: dict[Type, tuple[Callable[..., None], tuple[int, ...]]] = {
-            t: (dec.dequantize_rows32, (int(t),)) if t in dec.TYPES32 else
-               (getattr(dec, f"dequantize_{t.name.lower()}_rows"), ())
+            t: (module_kernel(decode, "dequantize_rows32"), (int(t),)) if t in TYPES32 else
+               (module_kernel(decode, f"dequantize_{t.name.lower()}_rows"), ())
             for t in path(DECODE_VECTOR).types
         }  # fmt: skip
         #: the half-float → float32 table the decoders take (every 16-bit pattern's value)
@@ -162,7 +182,8 @@ class JitKernels:
         #: whether LLVM ran (a kernel loaded or compiled) since :meth:`settle` last looked:
         #: set by a kernel's first call, and by any compile (a known kernel typed anew)
         self._llvm_ran = False
-        numba.core.event.register("numba:compile", _on_compile(numba, self._note_llvm_ran))
+        on_import(lambda numba: numba.core.event.register(
+            "numba:compile", _on_compile(numba, self._note_llvm_ran)))  # fmt: skip
         #: one-thread kernels now free to run (:meth:`_serial_ready`)
         self._serial_ok: set[Any] = set()
         from . import ahead
@@ -173,7 +194,7 @@ class JitKernels:
             atexit.register(self._ahead.hand_over)
         #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
         #: products that have a serial kernel call it instead
-        self.n_threads: int = numba.get_num_threads()
+        self.n_threads: int = threads.get_num_threads()
         #: the plan being bound (:meth:`compile_ahead` ends it): whether a step of it
         #: runs attention yet, and the kernels its steps call so far
         self._attention_bound = False
@@ -199,7 +220,7 @@ class JitKernels:
             # float dot products with the activations ggml's rounding leaves
             kernel, what = self._kernels[t][0], f"matrix-vector kernel for {t.name}"
             rounded = np.empty_like(x)
-            product = partial(self._call, what, kernel, blocks, rounded, out, _F16_TO_F32)
+            product = self._bind_call(what, kernel, blocks, rounded, out, _F16_TO_F32)
 
             def rounded_product() -> None:
                 round_rows(x, t, rounded)
@@ -211,8 +232,8 @@ class JitKernels:
         # a function that calls a parallel one crashed the process that loaded it)
         what = f"integer matrix-vector kernel for {t.name}"
         args = (x, rows, xq, xd, xs, out, _F16_TO_F32, int(t))
-        serial = partial(self._call, f"one-thread {what}", self._int8_serial, *args)
-        parallel = partial(self._call, what, self._int8, *args)
+        serial = self._bind_call(f"one-thread {what}", self._int8_serial, *args)
+        parallel = self._bind_call(what, self._int8, *args)
 
         if rows.shape[0] < 4:  # the one-row loops: one kernel, so the same bits at any -t
             return serial
@@ -228,7 +249,7 @@ class JitKernels:
         bit (tested)."""
         xq, xd, xs = _q8_scratch(x)
         args = (x, out, corr, xq, xd, xs, _F16_TO_F32, int(t))
-        return partial(self._call, "activation rounding kernel", self._round, *args)
+        return self._bind_call("activation rounding kernel", self._round, *args)
 
     def bind_packed(
         self,
@@ -249,15 +270,15 @@ class JitKernels:
         each group's sums are the same either way, so the bits are too."""
         if out.strides[-1] != 4 or x.strides[-1] != 4:
             raise ValueError("bind_packed: x's and out's rows must be unit-stride float32")
-        xq, xd, xs = _packed_scratch(x, self._repack.sums_span(t), scratch)
+        xq, xd, xs = _packed_scratch(x, sums_span(t), scratch)
         what = f"repacked {t.name} product kernel"
-        drivers = self._repack.packed_kernels(frozenset((t,)), ggml_order)
+        drivers = _packed_kernels(frozenset((t,)), ggml_order)
         serial_args = (x, packed, xq, xd, xs, out, _F16_TO_F32, int(t))
-        serial = partial(self._call, f"one-thread {what}", drivers.serial, *serial_args)
+        serial = self._bind_call(f"one-thread {what}", drivers.serial, *serial_args)
         # many threads: the sibling driver, this matrix and two empty ones
         joint = _sibling_args([packed], [out], [t], lambda p: p.shape[0])
         parallel = self._quantized_apart(
-            t, x, (xq, xd, xs), partial(self._call, what, drivers.siblings, x, *joint)
+            t, x, (xq, xd, xs), self._bind_call(what, drivers.siblings, x, *joint)
         )
         # a joint step's product runs on one thread only: the helpers never run it
         pooled = self._pooled(x, [(t, packed, out)], (xq, xd, xs), parallel, ggml_order) \
@@ -266,29 +287,25 @@ class JitKernels:
 
     def _quantized_apart(
         self, t: Type, x: np.ndarray, quantized: tuple[np.ndarray, ...],
-        driver: partial[Any],
-    ) -> partial[Any]:  # fmt: skip
+        driver: KernelCall,
+    ) -> KernelCall:  # fmt: skip
         """A sibling driver's call (``driver``: :meth:`_call` with all its arguments up
         to ``quantized``, the activations' codes, scales and sums), with ``x`` quantized
         by the driver, or first on every thread by :func:`._numba_repack.quantize_rows`
-        when it has many rows. A partial still, whose ``args[0]`` is the driver's name
-        (what :meth:`_serial_or_parallel` reads)."""
-        quantize_rows = self._repack.quantize_rows
-        if x.shape[0] < self._repack.QUANTIZE_APART_ROWS:
+        when it has many rows (then called first: ``before``). A :class:`KernelCall`
+        still, whose ``args[0]`` is the driver's name (what :meth:`_serial_or_parallel`
+        reads)."""
+        quantize_rows = self._quantize_rows
+        if x.shape[0] < QUANTIZE_APART_ROWS:
             # for a later prompt's plan: the second process may compile it meanwhile
             self.want_ahead(quantize_rows, x, *quantized, _F16_TO_F32, int(t), rank=2)
-            return partial(driver, *quantized, _F16_TO_F32, False)
+            return self._bind_call(*driver.args, *quantized, _F16_TO_F32, False)
         if self._ahead is not None:  # this plan calls it (before its few-row products)
             self._ahead.keep(quantize_rows)
-        quantize = partial(self._call, "activation quantizing kernel", quantize_rows, x,
-                           *quantized, _F16_TO_F32, int(t))  # fmt: skip
+        quantize = self._bind_call("activation quantizing kernel", quantize_rows, x,
+                                   *quantized, _F16_TO_F32, int(t))  # fmt: skip
         self._expect(*quantize.args)
-
-        def quantized_first(what: str, kernel: Any, *args: Any) -> None:
-            quantize()
-            self._call(what, kernel, *args)
-
-        return partial(quantized_first, *driver.args, *quantized, _F16_TO_F32, True)
+        return self._bind_call(*driver.args, *quantized, _F16_TO_F32, True, before=quantize)
 
     def bind_matvec_float(
         self, w: np.ndarray, x: np.ndarray, out: np.ndarray, t: Type = Type.F32
@@ -302,8 +319,8 @@ class JitKernels:
             raise ValueError("bind_matvec_float: rows must be unit-stride")
         args = (raw, x, out, _F16_TO_F32)
         what = f"float matrix-vector kernel for {t.name}"
-        serial = partial(self._call, f"one-thread {what}", self._fmatvec_serial, *args)
-        parallel = partial(self._call, what, self._fmatvec, *args)
+        serial = self._bind_call(f"one-thread {what}", self._fmatvec_serial, *args)
+        parallel = self._bind_call(what, self._fmatvec, *args)
         return self._serial_or_parallel(serial, parallel)
 
     def widen_f16(self, src: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -345,13 +362,12 @@ class JitKernels:
                 return None
             rows.append(r)
             outs.append(out)
-        typeof = self.numba.typeof
-        if len({typeof(r) for r in rows}) != 1 or len({typeof(o) for o in outs}) != 1:
+        if not (_typed_alike(rows) and _typed_alike(outs)):
             return None
         one_by_one = [self.bind_matvec(t, b, x, o) for t, b, o in products]
         joint = _sibling_args(rows, outs, [t for t, _, _ in products],
                               lambda r: -(-r.shape[0] // 4) * 4)  # fmt: skip
-        together = partial(self._call, "integer matrix-vector kernel for sibling products",
+        together = self._bind_call("integer matrix-vector kernel for sibling products",
                            self._int8_siblings, x, *joint, *_q8_scratch(x),
                            _F16_TO_F32)  # fmt: skip
         return self._one_by_one_or_together(one_by_one, together)
@@ -370,26 +386,24 @@ class JitKernels:
         products cannot go together (arrays numba would type differently)."""
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
             return None
-        form = self._repack.activation_form
-        if len({form(t) for t, _, _ in products}) != 1:  # x is quantized once, for all
+        if len({activation_form(t) for t, _, _ in products}) != 1:  # x is quantized once, for all
             return None
         packs = [packed for _, packed, _ in products]
         outs = [out for _, _, out in products]
         if any(o.strides[-1] != 4 or o.shape[0] != x.shape[0] for o in outs):
             return None
-        typeof = self.numba.typeof
-        if len({typeof(p) for p in packs}) != 1 or len({typeof(o) for o in outs}) != 1:
+        if not (_typed_alike(packs) and _typed_alike(outs)):
             return None
         one_by_one = [self.bind_packed(t, p, x, o, scratch, ggml_order, alone=False)
                       for t, p, o in products]  # fmt: skip
         joint = _sibling_args(packs, outs, [t for t, _, _ in products], lambda p: p.shape[0])
         kinds = frozenset(t for t, _, _ in products)
         what = f"repacked sibling products kernel for {'+'.join(sorted(t.name for t in kinds))}"
-        drivers = self._repack.packed_kernels(kinds, ggml_order)
+        drivers = _packed_kernels(kinds, ggml_order)
         first = products[0][0]
-        quantized = _packed_scratch(x, self._repack.sums_span(first), scratch)
+        quantized = _packed_scratch(x, sums_span(first), scratch)
         together = self._quantized_apart(
-            first, x, quantized, partial(self._call, what, drivers.siblings, x, *joint)
+            first, x, quantized, self._bind_call(what, drivers.siblings, x, *joint)
         )
         pooled = self._pooled(x, products, quantized, together, ggml_order)
         return self._one_by_one_or_together(one_by_one, together, pooled)
@@ -414,24 +428,23 @@ class JitKernels:
         if not all(a.flags.c_contiguous for a in (x, *quantized, *packs, *outs)):
             return region
         kinds = [t for t, _, _ in products]
-        job = self._repack.packed_job(frozenset(kinds), ggml_order)
+        job = job_ref(("packed_job", tuple(sorted({int(t) for t in kinds})), bool(ggml_order)))
         if not self._job_ready(job):
             return region
         chunks = pool.chunks(self.max_threads, sum(p.shape[0] for p in packs))
         xq, xd, xs = quantized
-        block = self._repack.packed_job_block(x, packs, outs, kinds, xq, xd, xs, _F16_TO_F32,
-                                              chunks)  # fmt: skip
+        block = packed_job_block(x, packs, outs, kinds, xq, xd, xs, _F16_TO_F32, chunks)
         return _PooledJob(self, pool, job.address, block, chunks, region,
                           (x, *quantized, *packs, *outs))  # fmt: skip
 
     def _serial_or_parallel(
-        self, serial: partial[Any], parallel: partial[Any],
+        self, serial: KernelCall, parallel: KernelCall,
         pooled: Callable[[], None] | None = None, alone: bool = True,
     ) -> Callable[[], None]:  # fmt: skip
         """A product's step: the serial kernel on one thread (no parallel region to open),
         else the parallel one (``pooled``, the same on the spinning helpers, where it is
         given); the count is read at each call, since ``set_num_threads`` may change it
-        after binding. Both are partials of :meth:`_call` (``what``, the kernel, its
+        after binding. Both are :class:`KernelCall` s (``args``: ``what``, the kernel, its
         arguments); ``alone`` as :meth:`bind_packed`'s."""
 
         kernel, parallel_what = serial.args[1], parallel.args[0]
@@ -504,7 +517,7 @@ class JitKernels:
         threads, first run: its output product's driver (Q6_K, 8 s) was compiled here
         after the wait for the attention job, while the second process compiled the
         one-thread drivers the run did not need yet; 25-26 s to the first token."""
-        if not isinstance(call, partial) or len(call.args) < 2:
+        if not isinstance(call, partial) or len(call.args) < 2:  # (a KernelCall is one)
             return
         kernel, args = call.args[1], call.args[2:]
         self._expect(call.args[0], kernel, *args)
@@ -531,8 +544,21 @@ class JitKernels:
     def want_ahead(self, kernel: Callable[..., Any], *args: Any, rank: int = 1) -> None:
         """Have ``kernel(*args)`` compiled by the second process if numba has not got it
         (:mod:`.ahead`; :meth:`compile_ahead` starts it); lower ``rank`` first."""
-        if self._ahead is not None:
-            self._ahead.want(kernel, *args, rank=rank)
+        if self._ahead is None:
+            return
+        if isinstance(kernel, KernelRef):
+            if kernel.kept(args):  # (known without numba)
+                return
+            dispatcher = kernel.dispatcher()
+            sig = tuple(dispatcher.typeof_pyval(a) for a in args)
+            if kept_code_on() and sig not in dispatcher.overloads and is_cached(dispatcher, sig):
+                # numba's cache has it (a second process made it): loaded and kept now,
+                # so a later launch finds it kept, and need not import numba to ask
+                dispatcher.compile(sig)
+                _keep(dispatcher, args)
+                self._llvm_ran = True
+                return
+        self._ahead.want(kernel, *args, rank=rank)
 
     def compile_ahead(self) -> None:
         """Start compiling what :meth:`want_ahead` gathered (after a plan is bound)."""
@@ -607,11 +633,11 @@ class JitKernels:
             return self._bind_attend_kernels(q, k, v, visible, mask, order, scale, softcap,
                                              lanes, out)  # fmt: skip
         assert visible is not None  # checked above; mypy does not follow any()
-        job = self._attend_job()
-        if not self._job_is_ready(job) and self._ahead is not None:
+        job = self._attend_job
+        if not job.load_kept() and self._ahead is not None and not job.ready():
             self._ahead.want_job(job, rank=-1)  # before any kernel: a layer's first need
-        blocks = [self._attend_job_block(q, k, v, visible, mask, order, scale, softcap, lanes,
-                                         out, _F16_TO_F32, threads)
+        blocks = [attend_job_block(q, k, v, visible, mask, order, scale, softcap, lanes, out,
+                                   _F16_TO_F32, threads)
                   for threads in (1, self.max_threads)]  # fmt: skip
         return _JobStep(self, job, "flash attention job", blocks, (q, *halves, order, out),
                         self._pool(q.shape[2]))  # fmt: skip
@@ -635,12 +661,12 @@ class JitKernels:
         """The address of the job function ``job`` (:func:`._numba_cache.job_function`),
         loaded from the disk cache or compiled, after the compile-ahead process, if it
         has the job, is done with it; ``what`` names it in the compile notice."""
-        if self._job_is_ready(job):
+        if job.ready():
             return int(job.address)
         if self._ahead is not None:
             self._ahead.wait_for(job)
         with self._first_use(what):
-            self._compile_job(job)  # from the disk cache if the second process put it there
+            _compile_job(job)  # from the disk cache if the second process put it there
         return int(job.address)
 
     def _job_ready(self, job: Any) -> bool:
@@ -649,10 +675,10 @@ class JitKernels:
         process makes it for later plans and runs, and this step runs its numba region
         (compiling the jobs here doubled a first run's time to its first token); with
         no such process (``TENSORPLUG_CPU_COMPILE_AHEAD=0``), it is compiled here."""
-        if self._job_is_ready(job):
+        if job.ready():
             return True
         if self._ahead is None:
-            self._compile_job(job)
+            _compile_job(job)
             return True
         self._ahead.want_job(job, rank=4)  # after every kernel a step calls
         return False
@@ -668,8 +694,7 @@ class JitKernels:
         after each, came too late to take a share (a 128-row prompt's attention of
         Gemma 3, two threads: 1.0-1.5 ms on the helpers, as on one thread, against 0.8
         as a region and 0.6 on helpers called back to back)."""
-        if (rows >= self._repack.QUANTIZE_APART_ROWS
-                or self.max_threads < 2 or not SPIN.get()):  # fmt: skip
+        if rows >= QUANTIZE_APART_ROWS or self.max_threads < 2 or not SPIN.get():
             return None
         from .pool import spin_pool
 
@@ -686,7 +711,7 @@ class JitKernels:
     def max_threads(self) -> int:
         """The most threads numba's kernels may use in this process
         (``NUMBA_NUM_THREADS``): what a plan is bound for, whatever the count now."""
-        return int(self.numba.config.NUMBA_NUM_THREADS)
+        return self._threads.count
 
     def rows_region(self, step: Step, spec: JobSpec) -> Step | None:
         """``step``, a prompt's row job too large for a program (:func:`.program.rows_regions`),
@@ -699,25 +724,20 @@ class JitKernels:
         the prompt, took as long as on one thread; the worker pool's sleeping threads
         woke too late to help), the two threads now share them, each chunk computing its
         rows as the step does."""
-        from . import _numba_pool
-        from ._numba_jobs import job_block, jobs
-
-        job = jobs()[spec.name]
+        job = job_ref(("step_job", spec.name))
         if not self._job_ready(job):
             return None
         chunks = min(spec.rows, REGION_CHUNKS_PER_THREAD * self.max_threads)
         per = -(-spec.rows // chunks)
         block = job_block(spec.arrays, spec.ints, spec.scalars, per=per)
         if self.n_threads > 1:
-            self._expect("parallel job runner", _numba_pool.run_region, 0, 0, 0)
+            self._expect("parallel job runner", self._run_in_region, 0, 0, 0)
         return _RowsRegion(self, step, int(job.address), block, -(-spec.rows // per),
                            spec.arrays)  # fmt: skip
 
     def _run_region(self, fn: int, block: int, chunks: int) -> None:
         """:func:`._numba_pool.run_region` of a job (loaded at its first call)."""
-        from . import _numba_pool
-
-        self._call("parallel job runner", _numba_pool.run_region, fn, block, chunks)
+        self._call("parallel job runner", self._run_in_region, fn, block, chunks)
 
     def spin_pool(self) -> Any:
         """The spinning helpers a generation step's jobs share (:meth:`_pool` for its few
@@ -728,31 +748,26 @@ class JitKernels:
         """The address of the step job ``name`` (:func:`._numba_jobs.jobs`), or None
         while numba's disk cache lacks it: the compile-ahead process makes it meanwhile
         (where there is none, it is compiled here)."""
-        from ._numba_jobs import jobs
-
-        job = jobs()[name]
+        job = job_ref(("step_job", name))
         return int(job.address) if self._job_ready(job) else None
 
     def program_ready(self) -> bool:
         """Whether the programs' runner (:func:`._numba_pool.run_program`, :mod:`.program`)
         is compiled or in numba's disk cache; where it is not, the compile-ahead process
         makes it for later plans (where there is none, it is compiled here)."""
-        from . import _numba_pool
-        from ._numba_cache import is_cached
-
-        runner = _numba_pool.run_program
-        if runner.overloads:
+        runner = self.program_runner
+        if runner.resolved and runner.overloads:
             return True
-        args = (np.zeros(_numba_pool.MAILBOX_SIZE, np.int64),
-                np.zeros((1, _numba_pool.PROGRAM_FIELDS), np.int64), 0)  # fmt: skip
-        if self._load_kept(runner, args):  # (at once where it already was)
+        args = (np.zeros(MAILBOX_SIZE, np.int64), np.zeros((1, PROGRAM_FIELDS), np.int64), 0)
+        if runner.load_kept(args):  # (at once where it already was)
             return True
-        sig = tuple(runner.typeof_pyval(a) for a in args)
-        if self._ahead is not None and not is_cached(runner, sig):
+        dispatcher = runner.dispatcher()
+        sig = tuple(dispatcher.typeof_pyval(a) for a in args)
+        if self._ahead is not None and not is_cached(dispatcher, sig):
             self.want_ahead(runner, *args, rank=4)
             return False
-        runner.compile(sig)
-        self._keep_overload(runner, args)
+        dispatcher.compile(sig)
+        _keep(dispatcher, args)
         return True
 
     def glu_kind(self, fn: GluOp) -> int | None:
@@ -796,6 +811,19 @@ class JitKernels:
         what, kernel, args = call
         return self._call(what, kernel, *args)
 
+    def _bind_call(
+        self, what: str, kernel: Any, *args: Any, before: Callable[[], Any] | None = None
+    ) -> KernelCall:
+        return KernelCall(self._call, what, kernel, *args, before=before)
+
+    def bound(self, method: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+        """``method(*args)`` (:meth:`rms_norm_rows`, :meth:`rope_rows`, :meth:`glu_rows`
+        or :meth:`set_rows`) as a plan's step calls it every compute, with these
+        arguments: a partial of ``method`` (:mod:`.program` reads a step as its job by
+        that), whose calls after the first go straight to the kernel's code for these
+        arguments' types (:class:`KernelCall`)."""
+        return RowsCall(method, *args, resolve=self._resolvers[method], run=self._call)
+
     def expect(self, method: Callable[..., Any], *args: Any) -> None:
         """A step of the plan being bound calls ``method`` (:meth:`rms_norm_rows`,
         :meth:`rope_rows`, :meth:`glu_rows` or :meth:`set_rows`) with arguments of the
@@ -823,18 +851,19 @@ class JitKernels:
         after the second process is done with them): a prepared plan (``graph_prepare``)
         then runs as one that ran once."""
         for what, kernel, args in expected:
-            if what in self._called or not hasattr(kernel, "typeof_pyval"):
-                continue  # called already, or no numba dispatcher (nothing to load)
-            if self._load_kept(kernel, args):
+            if what in self._called or not isinstance(kernel, KernelRef):
+                continue  # called already, or not a kernel (nothing to load)
+            if kernel.load_kept(args):
                 self._llvm_ran = True  # LLVM's loader ran (:meth:`settle`)
             else:
-                sig = tuple(kernel.typeof_pyval(a) for a in args)
-                if sig not in kernel.overloads:
+                dispatcher = kernel.dispatcher()
+                sig = tuple(dispatcher.typeof_pyval(a) for a in args)
+                if sig not in dispatcher.overloads:
                     if self._ahead is not None:
                         self._ahead.wait_for(kernel)
                     with self._first_use(what):
-                        kernel.compile(sig)
-                self._keep_overload(kernel, args)
+                        dispatcher.compile(sig)
+                _keep(dispatcher, args)
             self._called.add(what)
 
     def softmax_rows(
@@ -916,15 +945,14 @@ class JitKernels:
         ``(decoder, kind)``) where that is what the get_rows step does: the vector
         decoder :meth:`bind_dequantize` chooses for contiguous rows, or a float table's
         copy or exact widening; None where the step decodes otherwise (a scalar loop)."""
-        from . import _numba_jobs as jobs
-
         if t in (Type.F32, Type.F16):
-            return (jobs.ROWS_F32 if t == Type.F32 else jobs.ROWS_F16), 0
+            return (ROWS_F32 if t == Type.F32 else ROWS_F16), 0
         found = self._vector_decoder(t, contiguous=True) if t in self._kernels else None
-        if found is None or found[0] not in jobs.ROW_DECODERS:
+        name = None if found is None else str(found[0].tensorplug_origin[-1])  # type: ignore[attr-defined]
+        if found is None or name not in ROW_DECODER_CODES:
             return None
-        vector, extra = found
-        return jobs.ROW_DECODERS[vector], extra[0] if extra else 0  # rows32's: the type
+        extra = found[1]
+        return ROW_DECODER_CODES[name], extra[0] if extra else 0  # rows32's: the type
 
     def _vector_decoder(
         self, t: Type, contiguous: bool
@@ -938,15 +966,17 @@ class JitKernels:
     def _call(self, what: str, kernel: Callable[..., Any], *args: Any) -> Any:
         if what in self._called:
             return kernel(*args)
-        if self._load_kept(kernel, args):  # its code kept by an earlier process
+        ref = kernel if isinstance(kernel, KernelRef) else None
+        if ref is not None and ref.load_kept(args):  # its code kept by an earlier process
             self._called.add(what)
             self._llvm_ran = True  # LLVM's loader ran (:meth:`settle`)
             return kernel(*args)
         if self._ahead is not None:  # the second process may have it: let it finish
             self._ahead.wait_for(kernel)
+        dispatcher = kernel if ref is None else ref.dispatcher()
         with self._first_use(what):
-            result = kernel(*args)
-        self._keep_overload(kernel, args)
+            result = dispatcher(*args)
+        _keep(dispatcher, args)
         self._called.add(what)
         return result
 
@@ -961,9 +991,10 @@ class JitKernels:
             "numba is compiling the %s (once: it is cached on disk for later runs)", what
         ))  # fmt: skip
         notice.daemon = True
+        numba = numba_module()
         try:
-            with self.numba.core.event.install_listener(
-                "numba:compile", _on_first_compile(self.numba, notice.start)
+            with numba.core.event.install_listener(
+                "numba:compile", _on_first_compile(numba, notice.start)
             ):
                 yield
         finally:
@@ -985,7 +1016,7 @@ class JitKernels:
 
     def set_num_threads(self, n: int) -> None:
         self.n_threads = max(1, min(n, self.max_threads))
-        self.numba.set_num_threads(self.n_threads)
+        self._threads.set_num_threads(self.n_threads)
 
 
 def _on_first_compile(numba: Any, start: Callable[[], None]) -> Any:
@@ -1019,6 +1050,70 @@ def _q8_scratch(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n_tok, n = x.shape
     return (np.empty((n_tok, n), np.int8), np.empty((n_tok, n // 32), np.float32),
             np.empty((n_tok, n // 32), np.int32))  # fmt: skip
+
+
+class KernelCall(partial[Any]):
+    """``run(what, kernel, *arguments)`` (:meth:`JitKernels._call`) for a step whose
+    arguments are fixed, ``before`` called first where given: its first call is
+    ``_call``'s (the kernel loaded from kept code, or by numba, and kept), and later
+    ones call what runs these arguments' types at once (the kept code itself,
+    :meth:`.kernel_refs.KernelRef.for_types`), not the kernel's reference, which keys
+    every call by its arguments' types (1-4 µs: a 100M model's token on one thread makes
+    ~80 of them, ~10 % of its time, where numba's dispatcher took 0.5 µs). A partial,
+    whose ``args`` are ``(what, kernel, *arguments)``, for the binder to read."""
+
+    _run: Callable[..., Any] | None
+    _before: Callable[[], Any] | None
+
+    def __new__(
+        cls, run: Callable[..., Any], what: str, kernel: Any, *arguments: Any,
+        before: Callable[[], Any] | None = None,
+    ) -> KernelCall:  # fmt: skip
+        self = super().__new__(cls, run, what, kernel, *arguments)
+        self._run, self._before = None, before
+        return self
+
+    def __call__(self, /, *more: Any, **keywords: Any) -> Any:
+        if self._before is not None:
+            self._before()
+        run = self._run
+        if run is not None:
+            return run(*self.args[2:])
+        result = self.func(*self.args)
+        kernel = self.args[1]
+        self._run = kernel.for_types(*self.args[2:]) if isinstance(kernel, KernelRef) else kernel
+        return result
+
+
+class RowsCall(partial[Any]):
+    """A row kernel's method of :class:`JitKernels` (:meth:`JitKernels.rms_norm_rows`...)
+    with fixed arguments, as :meth:`JitKernels.bound` makes it: a partial of the method
+    (:mod:`.program` lowers it to its job by that), whose first call resolves the
+    method's kernel call (``resolve``: ``(what, kernel, arguments)``) and makes it
+    through ``run`` (:meth:`JitKernels._call`), and whose later calls go straight to the
+    code for these arguments' types, as :class:`KernelCall`'s do."""
+
+    _call: tuple[Callable[..., Any], tuple[Any, ...]] | None
+    _resolve: Callable[..., Any]
+    _first: Callable[..., Any]
+
+    def __new__(
+        cls, method: Callable[..., Any], *args: Any, resolve: Callable[..., Any],
+        run: Callable[..., Any],
+    ) -> RowsCall:  # fmt: skip
+        self = super().__new__(cls, method, *args)
+        self._call, self._resolve, self._first = None, resolve, run
+        return self
+
+    def __call__(self, /, *more: Any, **keywords: Any) -> Any:
+        call = self._call
+        if call is not None:
+            return call[0](*call[1])
+        what, kernel, arguments = self._resolve(*self.args)
+        result = self._first(what, kernel, *arguments)
+        direct = kernel.for_types(*arguments) if isinstance(kernel, KernelRef) else kernel
+        self._call = (direct, tuple(arguments))
+        return result
 
 
 class _PooledJob:
@@ -1096,13 +1191,11 @@ class _JobStep:
         blocks: Sequence[tuple[np.ndarray, int]], arrays: tuple[np.ndarray | None, ...],
         pool: Any,
     ) -> None:  # fmt: skip
-        from . import _numba_pool
-
         self._jit, self._job, self._what, self._fn = jit, job, what, 0
         (self._one, self._one_chunks), (self._many, self._many_chunks) = blocks
         self._one_at, self._many_at = self._one.ctypes.data, self._many.ctypes.data
         self._pool = pool
-        self._alone, self._region = _numba_pool.run_alone, _numba_pool.run_region
+        self._alone, self._region = jit._run_alone, jit._run_in_region
         self._arrays = arrays
         if jit.n_threads == 1:  # (the numbers of its calls' kinds: addresses and a count)
             jit._expect("job runner", self._alone, 0, 0, 0)
@@ -1126,7 +1219,7 @@ class _JobStep:
         """This step in a program, once its job is loaded (None before: its first call
         loads it, or waits for the compile-ahead process)."""
         if not self._fn:
-            if not self._jit._job_is_ready(self._job):
+            if not self._job.ready():
                 return None
             self._fn = int(self._job.address)
         arrays = (self._one, self._many, *(a for a in self._arrays if a is not None))
@@ -1197,28 +1290,6 @@ def _numba_environment() -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _no_idle_coverage() -> Iterator[None]:
-    """numba's import imports ``coverage`` wherever it is installed (a developer's or a
-    CI's environment), only to hand the lines it compiles to a coverage run in progress:
-    40-80 ms of every launch on the dev machine (numba's import: 175-220 ms with it,
-    136-141 without). No run can be in progress while ``coverage`` is not imported, so
-    for the length of numba's import it is not to be found (``sys.modules`` holding
-    None makes ``import coverage`` fail as if it were not installed). A run that
-    ``coverage`` or pytest-cov starts has imported it first, and numba sees it as ever;
-    one started later in the process would not see numba's compiled lines
-    (``NUMBA_JIT_COVERAGE``), which no launch of a model compiles anyway."""
-    if "coverage" in sys.modules:
-        yield
-        return
-    sys.modules["coverage"] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        if "coverage" in sys.modules and sys.modules["coverage"] is None:
-            del sys.modules["coverage"]
-
-
 def _try_load() -> tuple[JitKernels | None, str]:
     if not JIT.get():  # a value it cannot read raises SettingError, naming the valid ones
         return None, f"disabled by {JIT.env}"
@@ -1242,17 +1313,76 @@ def _try_load() -> tuple[JitKernels | None, str]:
     except ValueError as e:  # no layer loads (TBB asked for and missing, ...)
         _log.warning("numba's threading layer failed to start, using numpy kernels: %s", e)
         return None, f"numba's threading layer failed to start: {e}"
-    try:
-        with _no_idle_coverage():
-            import numba
+    if not _kept_code_ready():
+        try:  # numba now: what a launch needs is not all kept (a first run, ...)
+            numba_module()
+            from . import _numba_quant  # noqa: F401  (compiles nothing yet; checks numba works)
+        except ImportError:
+            return None, "numba not installed (pip install -e 'plugins/cpu[numba]')"
+        except Exception as e:  # a numba build that does not match this numpy, etc.
+            _log.warning("numba failed to import, using numpy kernels: %s", e)
+            return None, f"numba failed to import: {type(e).__name__}: {e}"
+    kernels = JitKernels(threads)
+    release_llvm_pages()  # llvmlite's (and numba's) import: static initializers all over LLVM
+    return kernels, f"numba {kernels.version}, {threads.layer} threading layer"
 
-        from . import _numba_quant  # noqa: F401  (compiles nothing yet; checks numba works)
-    except ImportError:
-        return None, "numba not installed (pip install -e 'plugins/cpu[numba]')"
-    except Exception as e:  # a numba build that does not match this numpy, etc.
-        _log.warning("numba failed to import, using numpy kernels: %s", e)
-        return None, f"numba failed to import: {type(e).__name__}: {e}"
-    tell_numba(threads)
-    kernels = JitKernels(numba)
-    release_llvm_pages()  # the import's LLVM code: its static initializers ran all over it
-    return kernels, f"numba {numba.__version__}, {numba.threading_layer()} threading layer"
+
+def _kept_code_ready() -> bool:
+    """Whether a launch may leave numba unimported until a kernel needs it: kept code
+    is on and numba has run in this folder before with this numba, llvmlite, Python,
+    these sources and this target (its runtime library is kept there:
+    :mod:`.runtime_library`). numba then imports at the first kernel that is not kept."""
+    if not kept_code_on():
+        return False
+    folder = cache_folder(Path(__file__).with_name("_numba_pool.py"))
+    return folder is not None and runtime_file(folder).is_file()
+
+
+def _numba_version() -> str:
+    """numba's version as installed (read without importing it)."""
+    try:
+        return importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:  # imported from a source tree
+        return str(getattr(numba_module(), "__version__", "unknown"))
+
+
+def _keep(dispatcher: Any, args: tuple[Any, ...]) -> None:
+    """After numba has run ``dispatcher(*args)``: its code kept (:mod:`.kept_kernels`)."""
+    from .kept_kernels import keep_overload
+
+    keep_overload(dispatcher, args)
+
+
+def is_cached(dispatcher: Any, sig: tuple[Any, ...]) -> bool:
+    """Whether numba's disk cache has ``dispatcher`` for ``sig`` (:mod:`._numba_cache`)."""
+    from ._numba_cache import is_cached as in_cache
+
+    return bool(in_cache(dispatcher, sig))
+
+
+def _compile_job(job: Any) -> None:
+    """numba's load or compile of the job ``job`` (a :class:`.kernel_refs.JobRef`), kept."""
+    from .kept_kernels import compile_job
+
+    compile_job(job.job())
+
+
+def _typed_alike(arrays: Sequence[np.ndarray]) -> bool:
+    """Whether numba types every array of ``arrays`` alike (one compiled kernel takes
+    them all, as a tuple)."""
+    keys = {arg_key((a,)) for a in arrays}
+    return len(keys) == 1 and None not in keys
+
+
+class _Drivers(NamedTuple):
+    """The repacked products' drivers for a set of types (:func:`._numba_repack.packed_kernels`)."""
+
+    serial: KernelRef
+    siblings: KernelRef
+
+
+def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> _Drivers:
+    """The drivers of repacked products of ``kinds``, by reference (their origins as
+    :func:`._numba_repack.packed_kernels` tags them)."""
+    ids, order = tuple(sorted(int(t) for t in kinds)), bool(ggml_order)
+    return _Drivers(*(kernel_ref(("packed", ids, order, name)) for name in _Drivers._fields))

@@ -32,6 +32,7 @@ import ctypes
 import hashlib
 import json
 import logging
+import os
 import sys
 import threading
 import types
@@ -48,7 +49,8 @@ from tensorplug.files import replace_file
 from .elf_symbols import defined_symbols, symbols
 from .numba_extensions import c_runtime
 
-__all__ = ["CALLABLE", "JOB", "Entry", "KeptCode", "arg_key", "entry_file", "load"]
+__all__ = ["CALLABLE", "JOB", "Entry", "KeptCode", "arg_key", "entry_file", "kept_in", "load",
+           "loaded_count"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -199,6 +201,27 @@ class KeptCode:
             replace_file(path, entry.to_bytes())
         except OSError as e:
             _log.debug("could not keep kernel %s.%s: %s", entry.module, entry.name, e)
+
+
+_folders_lock = threading.Lock()
+_by_folder: dict[str, KeptCode] = {}
+
+
+def kept_in(folder: Path, salt: str, runtime: Callable[[], bytes | None]) -> KeptCode:
+    """The one :class:`KeptCode` of this process for ``folder`` (made with ``salt`` and
+    ``runtime`` the first time): whoever asks, numba's side or a launch without numba,
+    an entry is loaded once, and never where this process kept it."""
+    name = os.path.realpath(folder)  # one folder, however it is spelled
+    with _folders_lock:
+        if name not in _by_folder:
+            _by_folder[name] = KeptCode(Path(name), salt, runtime)
+        return _by_folder[name]
+
+
+def loaded_count() -> int:
+    """How many kernels and jobs this process has loaded from kept code."""
+    with _folders_lock:
+        return sum(len(kept.loaded) for kept in _by_folder.values())
 
 
 class _Engine:

@@ -21,7 +21,7 @@ from numba.core.compiler_lock import global_compiler_lock
 from ..settings import KEPT_CODE
 from . import numba_runtime
 from ._numba_cache import KernelCache, job_cached
-from .kept_code import CALLABLE, JOB, Entry, KeptCode, arg_key
+from .kept_code import CALLABLE, JOB, Entry, KeptCode, arg_key, kept_in, loaded_count
 from .kernel_identity import identity, origin_of, salt
 from .lazy_linking import object_code
 
@@ -69,8 +69,6 @@ def _load_kept_job(job: Any) -> bool:
 
 #: a job's :func:`.kept_code.arg_key`: its C signature is always the same
 _JOB_KEY = ("job",)
-#: the kept code of each cache folder (:func:`_kept`)
-_kept_by_folder: dict[str, KeptCode] = {}
 #: where a kernel's identity (:func:`_identity`) is noted on it once computed, and the
 #: argument keys whose kept code its dispatch table was given (:func:`load_kept`)
 _IDENTITY, _GIVEN = "tensorplug_kept_identity", "tensorplug_kept_keys"
@@ -79,7 +77,7 @@ _IDENTITY, _GIVEN = "tensorplug_kept_identity", "tensorplug_kept_keys"
 def kept_loads() -> int:
     """How many kernels and jobs this process has loaded from kept code (numba's
     dispatchers do not count them among their overloads)."""
-    return sum(len(kept.loaded) for kept in _kept_by_folder.values())
+    return loaded_count()
 
 
 def _kept(cache: Any) -> KeptCode | None:
@@ -87,15 +85,10 @@ def _kept(cache: Any) -> KeptCode | None:
     other cache, which keeps nothing, and where ``TENSORPLUG_CPU_KEPT_CODE=0``)."""
     if not isinstance(cache, KernelCache) or not KEPT_CODE.get():
         return None
-    folder = str(cache.cache_path)
-    if folder not in _kept_by_folder:
-        from numba.core.registry import cpu_target
+    from numba.core.registry import cpu_target
 
-        context, path = cpu_target.target_context, Path(folder)
-        _kept_by_folder[folder] = KeptCode(
-            path, salt(), lambda: numba_runtime.runtime_code(context, path)
-        )
-    return _kept_by_folder[folder]
+    context, path = cpu_target.target_context, Path(cache.cache_path)
+    return kept_in(path, salt(), lambda: numba_runtime.runtime_code(context, path))
 
 
 def _identity(function: Any) -> str | None:

@@ -40,9 +40,10 @@ __all__ = [
 ]  # fmt: skip
 
 _HERE = Path(__file__).parent
-#: the kernel sources, in name order, the repacked layouts they read, and the dispatch
-#: table whose limits and row groups they compile in
-SOURCES = [*sorted(_HERE.glob("_numba_*.py")), _HERE.parent / "repack.py", _HERE / "dispatch.py"]
+#: the kernel sources, in name order, the repacked layouts they read, the dispatch
+#: table whose limits and row groups they compile in, and the jobs' block layouts
+SOURCES = [*sorted(_HERE.glob("_numba_*.py")), _HERE.parent / "repack.py", _HERE / "dispatch.py",
+           _HERE / "job_blocks.py"]  # fmt: skip
 #: sha256 of :data:`SOURCES`
 SOURCES_HASH = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()
 

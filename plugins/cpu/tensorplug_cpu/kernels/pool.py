@@ -21,13 +21,20 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import _numba_pool as _pool
+from .job_blocks import AWAKE, MAILBOX_SIZE, SPIN_NS, SPIN_ROUNDS, STOP, WANTED
+from .kernel_refs import module_kernel
 
 __all__ = ["SpinPool", "spin_pool"]
+
+#: the compiled side (:mod:`._numba_pool`), by reference (:mod:`.kernel_refs`)
+_HELPER_LOOP = module_kernel("_numba_pool", "helper_loop")
+_RUN_SHARED = module_kernel("_numba_pool", "run_shared")
+_RUN_PROGRAM = module_kernel("_numba_pool", "run_program")
 
 #: Chunks per thread of a job at least: enough that a late helper still finds work, few
 #: enough that claiming (a compare-and-swap on a line every core touches) stays cheap.
@@ -42,11 +49,14 @@ class SpinPool:
     """One process's spinning helpers (:mod:`._numba_pool` runs them), started lazily."""
 
     def __init__(self) -> None:
-        self.mailbox = np.zeros(_pool.MAILBOX_SIZE, np.int64)
+        self.mailbox = np.zeros(MAILBOX_SIZE, np.int64)
         self._lock = threading.Lock()  # one job at a time
         self._events: list[threading.Event] = []
         self._threads: list[threading.Thread] = []
         self._stopped = False
+        #: :func:`._numba_pool.run_shared` for this mailbox (its arguments' types are
+        #: always the same), found at the first job
+        self._run_shared: Callable[..., None] | None = None
 
     @property
     def helpers(self) -> int:
@@ -66,7 +76,10 @@ class SpinPool:
             return False
         try:
             self._wake(n_threads - 1)
-            _pool.run_shared(self.mailbox, fn, job, chunks)
+            run_shared = self._run_shared
+            if run_shared is None:
+                run_shared = self._run_shared = _RUN_SHARED.for_types(self.mailbox, 0, 0, 0)
+            run_shared(self.mailbox, fn, job, chunks)
         finally:
             self._lock.release()
         return True
@@ -79,14 +92,14 @@ class SpinPool:
             return None
         try:
             self._wake(n_threads - 1)
-            return int(_pool.run_program(self.mailbox, program, n_threads - 1))
+            return int(_RUN_PROGRAM(self.mailbox, program, n_threads - 1))
         finally:
             self._lock.release()
 
     def _wake(self, helpers: int) -> None:
         box = self.mailbox
-        box[_pool.WANTED] = helpers
-        if box[_pool.AWAKE] >= helpers or self._stopped:
+        box[WANTED] = helpers
+        if box[AWAKE] >= helpers or self._stopped:
             return
         while len(self._threads) < helpers:
             self._start(len(self._threads))
@@ -107,12 +120,12 @@ class SpinPool:
             event.clear()
             if self._stopped:
                 return
-            _pool.helper_loop(self.mailbox, rank, _pool.SPIN_NS, _pool.SPIN_ROUNDS)
+            _HELPER_LOOP(self.mailbox, rank, SPIN_NS, SPIN_ROUNDS)
 
     def stop(self) -> None:
         """End the helpers (at exit: none spins while the interpreter shuts down)."""
         self._stopped = True
-        self.mailbox[_pool.STOP] = 1
+        self.mailbox[STOP] = 1
         for event in self._events:
             event.set()
         for thread in self._threads:
@@ -135,11 +148,9 @@ def _load_kernels() -> None:
     the pool is bound (a model's warm-up): a helper's first call loaded its loop on
     the helper's own thread, after the warm-up, whenever the first job ran then (a
     job the compile-ahead process had just made)."""
-    from .kept_kernels import ready_overload
-
-    args = (np.zeros(_pool.MAILBOX_SIZE, np.int64), 0, 0, 0)
-    for kernel in (_pool.helper_loop, _pool.run_shared):
-        ready_overload(kernel, args)
+    args = (np.zeros(MAILBOX_SIZE, np.int64), 0, 0, 0)
+    for kernel in (_HELPER_LOOP, _RUN_SHARED):
+        kernel.ready(args)
 
 
 def spin_pool() -> SpinPool:

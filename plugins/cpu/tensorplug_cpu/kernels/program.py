@@ -51,6 +51,7 @@ from ..settings import PROGRAM
 from .common import SplitRows, Step, StepSequence, block_rows
 from .convert import GetRowsStep, SetRowsStep
 from .gelu_table import glu_table
+from .job_blocks import CHECKED, CHUNKED, HAS_PREAD, MAILBOX_SIZE, PROGRAM_FIELDS, SHARED, job_block
 
 if TYPE_CHECKING:
     from .jit import JitKernels
@@ -122,17 +123,15 @@ class Program:
     ) -> None:
         """``calls``: each step's jobs, in order (a :class:`.common.StepSequence` has one
         a part)."""
-        from . import _numba_pool
-
         self.steps = tuple(steps)
         #: the step each row of the tables runs a job of
         self._step_of = [k for k, jobs in enumerate(calls) for _ in jobs]
         rows = [call for jobs in calls for call in jobs]
         self._jit, self._pool = jit, jit.spin_pool()
-        self._run = _numba_pool.run_program
-        self._mailbox = np.zeros(_numba_pool.MAILBOX_SIZE, np.int64)  # one thread: unused
+        self._mailbox = np.zeros(MAILBOX_SIZE, np.int64)  # one thread: unused
         self._one = _table(rows, one=True)
         self._many = _table(rows, one=False)
+        self._run_alone = jit.program_runner.bound(self._mailbox, self._one, 0)
         # what the tables name by address: the blocks, and the arrays the blocks name
         self._keep = tuple((call.one[0], call.many[0], *call.arrays) for call in rows)
 
@@ -143,7 +142,7 @@ class Program:
         n = self._jit.n_threads
         ran: int | None
         if n == 1:
-            ran = int(self._run(self._mailbox, self._one, 0))
+            ran = int(self._run_alone())
         else:  # None: no helpers here, or another thread's job holds them
             ran = None if self._pool is None else self._pool.run_program(n, self._many)
         if ran is None:
@@ -160,8 +159,6 @@ class Program:
 
 
 def _table(calls: Sequence[JobCall], one: bool) -> np.ndarray:
-    from ._numba_pool import CHECKED, PROGRAM_FIELDS, SHARED
-
     table = np.zeros((len(calls), PROGRAM_FIELDS), np.int64)
     for r, call in enumerate(calls):
         block, chunks = call.one if one else call.many
@@ -266,7 +263,6 @@ def rows_regions(steps: Sequence[Step], jit: JitKernels) -> list[Step]:
     its rows shared out in a numba region on more than one thread
     (:meth:`.jit.JitKernels.rows_region`; the step itself on one), where numba may use
     more than one thread and the job is ready."""
-    from ._numba_jobs import CHUNKED
 
     def region(step: Step) -> Step:
         if isinstance(step, StepSequence):
@@ -301,7 +297,6 @@ def _all4(limit: int | None, *arrays: tuple[Any, type]) -> list[np.ndarray] | No
 
 def _job(jit: JitKernels, spec: JobSpec) -> JobCall | None:
     """``spec``'s job, run whole by the caller; None while the job is not ready."""
-    from ._numba_jobs import job_block
 
     fn = jit.ready_step_job(spec.name)
     if fn is None:
@@ -393,7 +388,6 @@ def _get_rows(step: GetRowsStep, jit: JitKernels) -> JobSpec | None:
     """The rows of a 2-d table as :func:`._numba_jobs._get_rows_job`, for a table whose
     rows it decodes as the step does, in memory or read from its file. Not limited to
     :data:`SMALL`: a prompt's rows are one thread's work as a step too."""
-    from ._numba_jobs import HAS_PREAD
 
     decoder = jit.row_decoder(step.type)
     idx, out = step.idx, step.out

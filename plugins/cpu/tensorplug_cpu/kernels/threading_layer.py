@@ -41,7 +41,7 @@ from pathlib import Path
 from types import ModuleType
 
 __all__ = ["TBB_LIBRARY_NAMES", "Threads", "default_thread_count", "find_tbb_library",
-           "preload_tbb", "start_threads", "tell_numba"]  # fmt: skip
+           "preload_tbb", "start_threads", "started", "tell_numba"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -188,6 +188,11 @@ def start_threads(requested_layer: str) -> Threads:
             threads = _start(requested_layer.strip().lower())
         _started.append(threads)
         return threads
+
+
+def started() -> Threads | None:
+    """The layer :func:`start_threads` started in this process, or None."""
+    return _started[0] if _started else None
 
 
 def _start(requested: str) -> Threads:

@@ -1,0 +1,360 @@
+"""The compiled kernels and jobs by where they are defined: callable before numba is
+imported, from the machine code kept for them (:mod:`.kept_code`).
+
+The kernels are numba dispatchers, made when their module (``_numba_*.py``) is imported,
+and that import is numba's (issue 42: ~120 ms of a ~0.6 s launch of a 100M model on
+the 2-core dev machine, where llama.cpp's whole launch is ~0.3 s). A :class:`KernelRef`
+names a kernel by its origin (:func:`.kernel_identity.origin_of`) and runs the code
+kept for the types of its arguments, loaded with llvmlite and numba's C runtime alone;
+asked for anything else (a call with types nothing was kept for, numba's attributes),
+it imports numba (:func:`.numba_import.numba_module`) and the kernel's module, and hands
+over to numba's dispatcher, to which it gives the code it loaded as it is called again.
+A :class:`JobRef` does the same for a job of the spinning helpers, whose address is
+what a step needs. There is one ref per origin (:func:`kernel_ref`, :func:`job_ref`), so
+a ref is the kernel's identity in sets and dicts, as the dispatcher was.
+
+A call through a ref whose numba dispatcher is not there costs the argument types'
+key (:func:`.kept_code.arg_key`, 1-4 µs) on top of the kernel; a step bound to fixed
+arguments pays it once (:meth:`KernelRef.bound`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..settings import KEPT_CODE
+from . import numba_import
+from .kept_code import KeptCode, arg_key, kept_in
+from .kernel_identity import cache_folder, identity, salt
+from .runtime_library import stored_code
+
+__all__ = ["JobRef", "KernelRef", "job_ref", "kept_code_on", "kernel_ref", "module_kernel",
+           "resolve"]  # fmt: skip
+
+_HERE = Path(__file__).parent
+#: a kernel source file of this package: their kernels share one cache folder
+_PACKAGE_SOURCE = _HERE / "_numba_pool.py"
+#: a job's kept code has one key: its C signature is always the same
+_JOB_KEY = ("job",)
+
+
+def resolve(origin: tuple[Any, ...]) -> Any:
+    """The numba dispatcher (or job function) that ``origin`` describes, its module
+    imported (and numba with it)."""
+    numba_import.numba_module()
+    kind = origin[0]
+    if kind == "module":
+        return getattr(importlib.import_module(origin[1]), origin[2])
+    if kind == "packed":
+        from tensorplug.types import Type
+
+        from ._numba_repack import packed_kernels
+
+        kinds = frozenset(Type(t) for t in origin[1])
+        return getattr(packed_kernels(kinds, origin[2]), origin[3])
+    if kind == "packed_job":
+        from tensorplug.types import Type
+
+        from ._numba_repack import packed_job
+
+        return packed_job(frozenset(Type(t) for t in origin[1]), origin[2])
+    if kind == "attend_job":
+        from ._numba_attention import attend_job
+
+        return attend_job()
+    if kind == "step_job":
+        from ._numba_jobs import jobs
+
+        return jobs()[origin[1]]
+    if kind == "job":
+        from .kernel_identity import origin_of
+
+        module = importlib.import_module(origin[1])
+        for value in vars(module).values():
+            if origin_of(value) == origin:
+                return value
+    raise ValueError(f"unknown kernel origin {origin!r}")
+
+
+def kept_code_on() -> bool:
+    """Whether kernels may run from kept code: ``TENSORPLUG_CPU_KEPT_CODE`` (on unless
+    0), and numba's JIT not disabled (``NUMBA_DISABLE_JIT``: a user debugging kernels as
+    Python gets Python, not machine code kept from another run)."""
+    return bool(KEPT_CODE.get()) and os.environ.get("NUMBA_DISABLE_JIT", "0") in ("", "0")
+
+
+def _source(origin: tuple[Any, ...]) -> Path | None:
+    """The source file whose cache folder holds ``origin``'s kept code."""
+    if origin[0] not in ("module", "job"):
+        return _PACKAGE_SOURCE
+    try:
+        spec = importlib.util.find_spec(str(origin[1]))
+    except (ImportError, ValueError):
+        return None
+    return None if spec is None or spec.origin is None else Path(spec.origin)
+
+
+def _runtime(folder: Path) -> Callable[[], bytes | None]:
+    """The runtime library's machine code for kept kernels of ``folder``: as kept there,
+    or numba's (where numba is imported here: it compiles or loads it)."""
+
+    def code() -> bytes | None:
+        found = stored_code(folder)
+        if found is None and numba_import.imported():
+            from numba.core.registry import cpu_target
+
+            from . import numba_runtime
+
+            found = numba_runtime.runtime_code(cpu_target.target_context, folder)
+        return found
+
+    return code
+
+
+class _Kept:
+    """Where one origin's kept code is (its folder's :class:`KeptCode` and its
+    identity), found once; ``kept`` is None where it has none, or kept code is off
+    (``TENSORPLUG_CPU_KEPT_CODE=0``)."""
+
+    def __init__(self, origin: tuple[Any, ...]) -> None:
+        self.kept: KeptCode | None = None
+        self.identity = identity(origin) if kept_code_on() else None
+        source = _source(origin)
+        folder = None if source is None or self.identity is None else cache_folder(source)
+        if folder is not None:
+            self.kept = kept_in(folder, salt(), _runtime(folder))
+
+    def load(self, key: tuple[Any, ...]) -> Any:
+        if self.kept is None or self.identity is None:
+            return None
+        return self.kept.load(self.identity, key)
+
+    def exists(self, key: tuple[Any, ...]) -> bool:
+        if self.kept is None or self.identity is None:
+            return False
+        return self.kept.path(self.identity, key).is_file()
+
+
+class KernelRef:
+    """A kernel by its origin: its kept code for the argument types loaded so far, and
+    numba's dispatcher once anything else was asked of it. Every attribute it lacks is
+    the dispatcher's (``overloads``, ``py_func``, ``typeof_pyval``...: numba imported)."""
+
+    def __init__(self, origin: tuple[Any, ...]) -> None:
+        #: the origin, under the name the compile-ahead process reads it by
+        self.tensorplug_origin = tuple(origin)
+        self._loaded: dict[tuple[Any, ...], Any] = {}
+        self._dispatcher: Any = None
+        self._where: _Kept | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"KernelRef{self.tensorplug_origin!r}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        dispatcher = self._dispatcher
+        if dispatcher is not None and not self._loaded:
+            return dispatcher(*args, **kwargs)
+        if not kwargs:
+            function = self._function(args)
+            if function is not None:
+                return function(*args)
+        return self.dispatcher()(*args, **kwargs)
+
+    def _function(self, args: tuple[Any, ...]) -> Any:
+        """The kept code for ``args``'s types, loaded now if need be (None: none is
+        kept); with numba's dispatcher there, it is given the code as well."""
+        key = arg_key(args)
+        if key is None:
+            return None
+        function = self._loaded.get(key)
+        if function is None and self._dispatcher is None:
+            function = self._load(key)
+        if function is not None and self._dispatcher is not None:
+            self._give(args, key)
+        return function
+
+    def _load(self, key: tuple[Any, ...]) -> Any:
+        with self._lock:
+            if key not in self._loaded:
+                function = self._kept().load(key)
+                if function is None:
+                    return None
+                self._loaded[key] = function
+            return self._loaded[key]
+
+    def _kept(self) -> _Kept:
+        if self._where is None:
+            self._where = _Kept(self.tensorplug_origin)
+        return self._where
+
+    def _give(self, args: tuple[Any, ...], key: tuple[Any, ...]) -> None:
+        """Give numba's dispatcher the code loaded here for ``args``'s types (its table
+        then calls it, and calls here go straight to numba)."""
+        from .kept_kernels import load_kept
+
+        load_kept(self._dispatcher, args)  # the same entry: loaded once, by the folder
+        with self._lock:
+            self._loaded.pop(key, None)
+
+    def load_kept(self, args: tuple[Any, ...]) -> bool:
+        """Make a call with ``args``'s types run kept code, loaded now (or already);
+        False where none is kept for them."""
+        if self._dispatcher is not None:
+            from .kept_kernels import load_kept
+
+            return bool(load_kept(self._dispatcher, args))
+        key = arg_key(args)
+        return key is not None and self._load(key) is not None
+
+    def kept(self, args: tuple[Any, ...]) -> bool:
+        """Whether code is kept for ``args``'s types (loaded or not: nothing is loaded)."""
+        key = arg_key(args)
+        if key is None:
+            return False
+        return key in self._loaded or self._kept().exists(key)
+
+    def ready(self, args: tuple[Any, ...]) -> None:
+        """Make a call with ``args``'s types ready without making it: its kept code
+        loaded, or numba's load (or compile) of it, kept then."""
+        if not self.load_kept(args):
+            from .kept_kernels import ready_overload
+
+            ready_overload(self.dispatcher(), args)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether numba's dispatcher is here (numba imported for this kernel)."""
+        return self._dispatcher is not None
+
+    def dispatcher(self) -> Any:
+        """numba's dispatcher of this kernel, numba and its module imported now if need
+        be; the code loaded here so far goes to its table as it is called."""
+        if self._dispatcher is None:
+            dispatcher = resolve(self.tensorplug_origin)
+            with self._lock:
+                if self._dispatcher is None:
+                    self._dispatcher = dispatcher
+        return self._dispatcher
+
+    def for_types(self, *args: Any) -> Callable[..., Any]:
+        """What to call with arguments of the types of ``args``, and only those: the
+        kept code for them, looked up (or loaded) now, else this kernel. A caller whose
+        arguments' types never change saves the key a call through here computes."""
+        if self._dispatcher is None:
+            function = self._function(args)
+            if function is not None:
+                return function  # type: ignore[no-any-return]
+        return self
+
+    def bound(self, *args: Any) -> Callable[[], Any]:
+        """``self(*args)`` as a call of no arguments, for a step whose arguments are
+        fixed: :meth:`for_types` of them, at the first call."""
+        return _BoundCall(self, args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("tensorplug_origin", "_dispatcher", "_loaded",
+                                             "_where", "_lock"):  # fmt: skip
+            raise AttributeError(name)
+        return getattr(self.dispatcher(), name)
+
+
+class _BoundCall:
+    """:meth:`KernelRef.bound`."""
+
+    def __init__(self, kernel: KernelRef, args: tuple[Any, ...]) -> None:
+        self._kernel, self._args = kernel, args
+        self._function: Any = None
+
+    def __call__(self) -> Any:
+        function = self._function
+        if function is None:
+            function = self._function = self._kernel.for_types(*self._args)
+        return function(*self._args)
+
+
+class JobRef:
+    """A job function of the spinning helpers by its origin: its address from kept code,
+    or numba's job once anything else was asked of it (every attribute it lacks is the
+    job's: numba imported)."""
+
+    def __init__(self, origin: tuple[Any, ...]) -> None:
+        self.tensorplug_origin = tuple(origin)
+        self._address: int | None = None
+        self._job: Any = None
+        self._where: _Kept | None = None
+
+    def __repr__(self) -> str:
+        return f"JobRef{self.tensorplug_origin!r}"
+
+    def load_kept(self) -> bool:
+        """Whether the job can be called from its kept code (loaded now, or already)."""
+        if self._address is None:
+            if self._where is None:
+                self._where = _Kept(self.tensorplug_origin)
+            address = self._where.load(_JOB_KEY)
+            if address is not None:
+                self._address = int(address)
+        return self._address is not None
+
+    def ready(self) -> bool:
+        """Whether the job can be called: its kept code loaded, else numba's
+        (:func:`.kept_kernels.job_ready`: compiled here, or in numba's cache)."""
+        if self.load_kept():
+            return True
+        from .kept_kernels import job_ready
+
+        return bool(job_ready(self.job()))
+
+    @property
+    def address(self) -> int:
+        """The job's address (it must be :meth:`ready`)."""
+        if self._address is not None or self.load_kept():
+            assert self._address is not None
+            return self._address
+        return int(self.job().address)
+
+    def job(self) -> Any:
+        """numba's job function, numba and its module imported now if need be."""
+        if self._job is None:
+            self._job = resolve(self.tensorplug_origin)
+        return self._job
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("tensorplug_origin", "_address", "_job",
+                                             "_where"):  # fmt: skip
+            raise AttributeError(name)
+        return getattr(self.job(), name)
+
+
+_refs_lock = threading.Lock()
+_refs: dict[tuple[Any, ...], Any] = {}
+
+
+def kernel_ref(origin: tuple[Any, ...]) -> KernelRef:
+    """The one :class:`KernelRef` of ``origin`` in this process."""
+    with _refs_lock:
+        ref = _refs.get(origin)
+        if ref is None:
+            ref = _refs[origin] = KernelRef(origin)
+        return ref  # type: ignore[no-any-return]
+
+
+def job_ref(origin: tuple[Any, ...]) -> JobRef:
+    """The one :class:`JobRef` of ``origin`` in this process."""
+    with _refs_lock:
+        ref = _refs.get(origin)
+        if ref is None:
+            ref = _refs[origin] = JobRef(origin)
+        return ref  # type: ignore[no-any-return]
+
+
+def module_kernel(module: str, name: str) -> KernelRef:
+    """The kernel ``name`` of this package's kernel module ``module`` (``"_numba_rows"``)."""
+    return kernel_ref(("module", f"{__package__}.{module}", name))

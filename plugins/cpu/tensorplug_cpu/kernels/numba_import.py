@@ -1,0 +1,80 @@
+"""numba's Python package, imported where the plugin first needs it.
+
+A launch whose kernels are all kept (:mod:`.kept_code`) runs them without numba's Python
+package (issue 42: its import is ~120 ms of a ~0.6 s launch on the 2-core dev machine);
+anything else (a kernel to compile or to load from numba's cache, a compile-ahead
+child to feed) imports it here, once, in the same way wherever it happens: ``coverage``
+hidden while it imports (:func:`_no_idle_coverage`), the threading layer the plugin
+started handed over (:func:`.threading_layer.tell_numba`), and whoever asked to be told
+(:func:`on_import`, the kernels' compile notices) told.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["imported", "numba_module", "on_import"]
+
+_lock = threading.RLock()
+_listeners: list[Callable[[Any], None]] = []
+_done: list[Any] = []
+
+
+def imported() -> bool:
+    """Whether :func:`numba_module` has run (numba imported and set up here)."""
+    return bool(_done)
+
+
+def on_import(listener: Callable[[Any], None]) -> None:
+    """Call ``listener(numba)`` once numba is imported here: now, if it is."""
+    with _lock:
+        if _done:
+            listener(_done[0])
+        else:
+            _listeners.append(listener)
+
+
+def numba_module() -> Any:
+    """numba, imported (once a process), the threading layer handed to it, the
+    listeners told. Raises what numba's import raises."""
+    with _lock:
+        if _done:
+            return _done[0]
+        with _no_idle_coverage():
+            import numba
+        from .threading_layer import started, tell_numba
+
+        threads = started()
+        if threads is not None:
+            tell_numba(threads)
+        _done.append(numba)
+        listeners, _listeners[:] = list(_listeners), []
+    for listener in listeners:
+        listener(numba)
+    return numba
+
+
+@contextlib.contextmanager
+def _no_idle_coverage() -> Iterator[None]:
+    """numba's import imports ``coverage`` wherever it is installed (a developer's or a
+    CI's environment), only to hand the lines it compiles to a coverage run in progress:
+    40-80 ms of every launch on the dev machine (numba's import: 175-220 ms with it,
+    136-141 without). No run can be in progress while ``coverage`` is not imported, so
+    for the length of numba's import it is not to be found (``sys.modules`` holding
+    None makes ``import coverage`` fail as if it were not installed). A run that
+    ``coverage`` or pytest-cov starts has imported it first, and numba sees it as ever;
+    one started later in the process would not see numba's compiled lines
+    (``NUMBA_JIT_COVERAGE``), which no launch of a model compiles anyway."""
+    if "coverage" in sys.modules:
+        yield
+        return
+    sys.modules["coverage"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if "coverage" in sys.modules and sys.modules["coverage"] is None:
+            del sys.modules["coverage"]
