@@ -55,7 +55,6 @@ from .job_blocks import (
     HAS_PREAD,
     MUL,
     PER,
-    ROW_DECODER_CODES,
     ROWS_32,
     ROWS_F16,
     ROWS_F32,
@@ -70,15 +69,10 @@ from .job_blocks import (
 from .job_blocks import ARRAY4_FIELDS as A4
 
 __all__ = [
-    "ADD", "ARGS", "CHUNKED", "DIV", "HAS_PREAD", "MUL", "PER", "ROW_DECODERS", "ROWS_32",
+    "ADD", "ARGS", "CHUNKED", "DIV", "HAS_PREAD", "MUL", "PER", "ROWS_32",
     "ROWS_F16", "ROWS_F32", "ROWS_Q4_K", "ROWS_Q5_K", "ROWS_Q6_K", "STATUS", "SUB",
     "block_size", "job_block", "jobs",
 ]  # fmt: skip
-
-#: the row decoders' codes, by decoder (the blocks' layouts: :mod:`.job_blocks`)
-ROW_DECODERS = {decoder: ROW_DECODER_CODES[decoder.py_func.__name__] for decoder in
-                (dequantize_rows32, dequantize_q4_k_rows, dequantize_q5_k_rows,
-                 dequantize_q6_k_rows)}  # fmt: skip
 
 
 @njit(inline="always")

@@ -69,7 +69,7 @@ from .job_blocks import (
 )
 from .kept_code import arg_key
 from .kernel_identity import cache_folder
-from .kernel_refs import KernelRef, job_ref, kept_code_on, kernel_ref, module_kernel
+from .kernel_refs import JobRef, KernelRef, job_ref, kept_code_on, kernel_ref, module_kernel
 from .llvm_pages import release as release_llvm_pages
 from .numba_import import numba_module, on_import
 from .program import JobCall, JobSpec
@@ -164,7 +164,7 @@ class JitKernels:
         # the vector decoders of whole byte rows (the table's DECODE_VECTOR path), and the
         # arguments after (rows, out, table)
         decode = "_numba_decode"
-        self._row_decoders: dict[Type, tuple[Callable[..., None], tuple[int, ...]]] = {
+        self._row_decoders: dict[Type, tuple[KernelRef, tuple[int, ...]]] = {
             t: (module_kernel(decode, "dequantize_rows32"), (int(t),)) if t in TYPES32 else
                (module_kernel(decode, f"dequantize_{t.name.lower()}_rows"), ())
             for t in path(DECODE_VECTOR).types
@@ -428,7 +428,7 @@ class JitKernels:
         if not all(a.flags.c_contiguous for a in (x, *quantized, *packs, *outs)):
             return region
         kinds = [t for t, _, _ in products]
-        job = job_ref(("packed_job", tuple(sorted({int(t) for t in kinds})), bool(ggml_order)))
+        job = _packed_job(frozenset(kinds), ggml_order)
         if not self._job_ready(job):
             return region
         chunks = pool.chunks(self.max_threads, sum(p.shape[0] for p in packs))
@@ -948,15 +948,15 @@ class JitKernels:
         if t in (Type.F32, Type.F16):
             return (ROWS_F32 if t == Type.F32 else ROWS_F16), 0
         found = self._vector_decoder(t, contiguous=True) if t in self._kernels else None
-        name = None if found is None else str(found[0].tensorplug_origin[-1])  # type: ignore[attr-defined]
-        if found is None or name not in ROW_DECODER_CODES:
+        if found is None:
             return None
-        extra = found[1]
-        return ROW_DECODER_CODES[name], extra[0] if extra else 0  # rows32's: the type
+        decoder, extra = found
+        code = ROW_DECODER_CODES.get(str(decoder.tensorplug_origin[-1]))
+        return None if code is None else (code, extra[0] if extra else 0)  # rows32's: the type
 
     def _vector_decoder(
         self, t: Type, contiguous: bool
-    ) -> tuple[Callable[..., None], tuple[int, ...]] | None:
+    ) -> tuple[KernelRef, tuple[int, ...]] | None:
         """The vector row decoder that decoding ``t`` takes (the table's
         ``DECODE_VECTOR`` path, for rows whose blocks are ``contiguous``) and its
         arguments after ``(rows, out, f16 table)``; None where a scalar loop decodes."""
@@ -1064,13 +1064,14 @@ class KernelCall(partial[Any]):
 
     _run: Callable[..., Any] | None
     _before: Callable[[], Any] | None
+    _arguments: tuple[Any, ...]
 
     def __new__(
         cls, run: Callable[..., Any], what: str, kernel: Any, *arguments: Any,
         before: Callable[[], Any] | None = None,
     ) -> KernelCall:  # fmt: skip
         self = super().__new__(cls, run, what, kernel, *arguments)
-        self._run, self._before = None, before
+        self._run, self._before, self._arguments = None, before, arguments
         return self
 
     def __call__(self, /, *more: Any, **keywords: Any) -> Any:
@@ -1078,10 +1079,10 @@ class KernelCall(partial[Any]):
             self._before()
         run = self._run
         if run is not None:
-            return run(*self.args[2:])
+            return run(*self._arguments)
         result = self.func(*self.args)
         kernel = self.args[1]
-        self._run = kernel.for_types(*self.args[2:]) if isinstance(kernel, KernelRef) else kernel
+        self._run = kernel.for_types(*self._arguments) if isinstance(kernel, KernelRef) else kernel
         return result
 
 
@@ -1386,3 +1387,9 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> _Drivers:
     :func:`._numba_repack.packed_kernels` tags them)."""
     ids, order = tuple(sorted(int(t) for t in kinds)), bool(ggml_order)
     return _Drivers(*(kernel_ref(("packed", ids, order, name)) for name in _Drivers._fields))
+
+
+def _packed_job(kinds: frozenset[Type], ggml_order: bool) -> JobRef:
+    """The job of repacked products of ``kinds`` on the spinning helpers, by reference
+    (its origin as :func:`._numba_repack.packed_job` tags it)."""
+    return job_ref(("packed_job", tuple(sorted(int(t) for t in kinds)), bool(ggml_order)))
