@@ -26,7 +26,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..settings import KEPT_CODE
 from . import numba_import
@@ -335,24 +335,27 @@ class JobRef:
 
 _refs_lock = threading.Lock()
 _refs: dict[tuple[Any, ...], Any] = {}
+_Ref = TypeVar("_Ref", KernelRef, JobRef)
+
+
+def _the_one(origin: tuple[Any, ...], make: type[_Ref]) -> _Ref:
+    with _refs_lock:
+        ref = _refs.get(origin)
+        if ref is None:
+            ref = _refs[origin] = make(origin)
+        if not isinstance(ref, make):
+            raise TypeError(f"{origin!r} names a {type(ref).__name__}, not a {make.__name__}")
+        return ref
 
 
 def kernel_ref(origin: tuple[Any, ...]) -> KernelRef:
     """The one :class:`KernelRef` of ``origin`` in this process."""
-    with _refs_lock:
-        ref = _refs.get(origin)
-        if ref is None:
-            ref = _refs[origin] = KernelRef(origin)
-        return ref  # type: ignore[no-any-return]
+    return _the_one(origin, KernelRef)
 
 
 def job_ref(origin: tuple[Any, ...]) -> JobRef:
     """The one :class:`JobRef` of ``origin`` in this process."""
-    with _refs_lock:
-        ref = _refs.get(origin)
-        if ref is None:
-            ref = _refs[origin] = JobRef(origin)
-        return ref  # type: ignore[no-any-return]
+    return _the_one(origin, JobRef)
 
 
 def module_kernel(module: str, name: str) -> KernelRef:
