@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import mmap
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -477,6 +478,45 @@ def test_jit_can_be_switched_off_for_the_process() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.strip() == "disabled by TENSORPLUG_CPU_JIT"
+
+
+def test_the_plugin_works_without_numba_or_llvmlite_installed() -> None:
+    """The ``[numba]`` extra is optional: where neither numba nor llvmlite imports (here
+    blocked as Python blocks a module, by ``None`` in ``sys.modules``), the plugin still
+    imports, says why it has no kernels, and computes with numpy's (a Q4_0 product,
+    against the float product of the decoded weights)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['numba'] = sys.modules['llvmlite'] = None\n"
+        "import numpy as np\n"
+        "import tensorplug as tp\n"
+        "from tensorplug import ops\n"
+        "from tensorplug.quants import dequantize, quantize\n"
+        "from tensorplug_cpu.device import create_reg\n"
+        "from tensorplug_cpu.kernels.jit import jit_status, load_jit\n"
+        "from test_cpu_helpers import q8_activations\n"
+        "backend = create_reg().device(0).init_backend()\n"
+        "assert load_jit() is None and backend.jit is None\n"
+        "rng = np.random.default_rng(0)\n"
+        "blocks = quantize(rng.standard_normal((8, 64)).astype(np.float32), tp.Type.Q4_0)\n"
+        "x = rng.standard_normal((3, 64)).astype(np.float32)\n"
+        "w, xt = tp.new_tensor(tp.Type.Q4_0, (8, 64)), tp.new_tensor('f32', (3, 64))\n"
+        "g = tp.Graph(ops.mul_mat(w, xt))\n"
+        "tp.alloc_tensors([*g.leafs, *g.nodes], tp.host_buffer_type())\n"
+        "tp.set_array(w, blocks)\n"
+        "tp.set_array(xt, x)\n"
+        "backend.graph_compute(g)\n"
+        "want = q8_activations(x) @ dequantize(blocks, tp.Type.Q4_0, 64).T  # ggml's rounding\n"
+        "got = tp.get_array(g.nodes[-1])\n"
+        "print(np.allclose(got, want, rtol=1e-5, atol=1e-4), jit_status())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parent)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "True numba not installed (pip install -e 'plugins/cpu[numba]')"
 
 
 def test_numba_is_imported_without_coverage_unless_a_coverage_run_is_in_progress() -> None:

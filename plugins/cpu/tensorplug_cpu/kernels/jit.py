@@ -1276,7 +1276,7 @@ def _numba_environment() -> str | None:
     cannot read raises SettingError; too many threads, which crash numba, are lowered
     in the environment. Returns why the kernels cannot be used, or None."""
     threads = NUMBA_THREADS.get()
-    if "numba" in sys.modules:  # imported by someone else: it has read them already
+    if sys.modules.get("numba") is not None:  # imported by someone else: read them already
         import numba
 
         n = int(getattr(numba.config, "NUMBA_NUM_THREADS", 1))

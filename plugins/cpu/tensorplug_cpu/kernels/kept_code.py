@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import llvmlite.binding as ll
 import numpy as np
 
 from tensorplug.files import replace_file
@@ -229,6 +228,9 @@ class _Engine:
     library loaded first, and what the loaded code refers to, kept alive."""
 
     def __init__(self, runtime: bytes) -> None:
+        import llvmlite.binding as ll  # here: the plugin imports without llvmlite (no numba)
+
+        self.ll = ll
         ll.initialize_native_target()
         ll.initialize_native_asmprinter()
         target = ll.Target.from_triple(ll.get_process_triple())
@@ -246,7 +248,7 @@ class _Engine:
         by LLVM's loader in this process."""
         missing = used - self.runtime_symbols - self.found
         for name in missing:
-            if not ll.address_of_symbol(name):
+            if not self.ll.address_of_symbol(name):
                 return False
             self.found.add(name)
         return True
@@ -272,7 +274,7 @@ def load(entry: Entry, runtime: Callable[[], bytes | None]) -> Any:
         if table is None or entry.symbol not in table[0] or not jit.resolves(table[1]):
             return None
         defined = table[0]
-        jit.engine.add_object_file(ll.ObjectFileRef.from_data(entry.code))
+        jit.engine.add_object_file(jit.ll.ObjectFileRef.from_data(entry.code))
         jit.engine.finalize_object()
         environment = functions.Environment({"__name__": entry.module})
         jit.environments.append(environment)

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-import llvmlite.binding as ll
-
 __all__ = ["CRuntime", "c_runtime", "extension_module"]
 
 #: the extension modules, by numba's name for them
@@ -89,6 +87,8 @@ def extension_module(name: str) -> ModuleType:
 def _register(found: CRuntime) -> None:
     """The symbols numba's compiled code calls its helpers by, as numba's
     ``_load_global_helpers`` and its runtime's ``initialize`` register them."""
+    import llvmlite.binding as ll  # here: the plugin imports without llvmlite (no numba)
+
     ll.add_symbol("_Py_NoneStruct", id(None))
     for helpers in (found.helpers.c_helpers, found.functions.c_helpers):
         for name, address in helpers.items():
