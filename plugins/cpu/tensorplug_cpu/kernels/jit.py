@@ -11,7 +11,7 @@ type is the table of :mod:`.dispatch`: this module binds what it chooses.
 
 The kernels are held by reference (:mod:`.kernel_refs`), and run from their kept
 machine code (:mod:`.kept_code`) where an earlier process kept it: where numba has run
-in this cache folder before with these versions (:func:`_kept_code_ready`), numba's
+in this cache folder before with these versions (:func:`.kernel_refs.kept_code_ready`), numba's
 Python package is not imported at all until a kernel is not kept (issue 42: a 100M
 model's launch to its first token, 2-core dev machine, ~0.6 → ~0.45 s); elsewhere (a
 first run) it is imported at once, as before, and a numba that fails to import leaves
@@ -35,7 +35,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -67,13 +66,11 @@ from .job_blocks import (
     packed_job_block,
     sums_span,
 )
-from .kept_code import arg_key
-from .kernel_identity import cache_folder
-from .kernel_refs import JobRef, KernelRef, job_ref, kept_code_on, kernel_ref, module_kernel
+from .kept_code import arg_key, kept_code_on
+from .kernel_refs import JobRef, KernelRef, job_ref, kept_code_ready, kernel_ref, module_kernel
 from .llvm_pages import release as release_llvm_pages
 from .numba_import import numba_module, on_import
 from .program import JobCall, JobSpec
-from .runtime_library import runtime_file
 from .threading_layer import Threads, preload_tbb, start_threads
 
 __all__ = ["MAX_SIBLINGS", "JitKernels", "KernelCall", "RowsCall", "jit_status", "load_jit"]
@@ -554,8 +551,7 @@ class JitKernels:
             if kept_code_on() and sig not in dispatcher.overloads and is_cached(dispatcher, sig):
                 # numba's cache has it (a second process made it): loaded and kept now,
                 # so a later launch finds it kept, and need not import numba to ask
-                dispatcher.compile(sig)
-                _keep(dispatcher, args)
+                kernel.ready(args)
                 self._llvm_ran = True
                 return
         self._ahead.want(kernel, *args, rank=rank)
@@ -766,8 +762,7 @@ class JitKernels:
         if self._ahead is not None and not is_cached(dispatcher, sig):
             self.want_ahead(runner, *args, rank=4)
             return False
-        dispatcher.compile(sig)
-        _keep(dispatcher, args)
+        runner.ready(args)  # numba's load (or compile) of it, kept
         return True
 
     def glu_kind(self, fn: GluOp) -> int | None:
@@ -1314,7 +1309,7 @@ def _try_load() -> tuple[JitKernels | None, str]:
     except ValueError as e:  # no layer loads (TBB asked for and missing, ...)
         _log.warning("numba's threading layer failed to start, using numpy kernels: %s", e)
         return None, f"numba's threading layer failed to start: {e}"
-    if not _kept_code_ready():
+    if not kept_code_ready():
         try:  # numba now: what a launch needs is not all kept (a first run, ...)
             numba_module()
             from . import _numba_quant  # noqa: F401  (compiles nothing yet; checks numba works)
@@ -1326,17 +1321,6 @@ def _try_load() -> tuple[JitKernels | None, str]:
     kernels = JitKernels(threads)
     release_llvm_pages()  # llvmlite's (and numba's) import: static initializers all over LLVM
     return kernels, f"numba {kernels.version}, {threads.layer} threading layer"
-
-
-def _kept_code_ready() -> bool:
-    """Whether a launch may leave numba unimported until a kernel needs it: kept code
-    is on and numba has run in this folder before with this numba, llvmlite, Python,
-    these sources and this target (its runtime library is kept there:
-    :mod:`.runtime_library`). numba then imports at the first kernel that is not kept."""
-    if not kept_code_on():
-        return False
-    folder = cache_folder(Path(__file__).with_name("_numba_pool.py"))
-    return folder is not None and runtime_file(folder).is_file()
 
 
 def _numba_version() -> str:

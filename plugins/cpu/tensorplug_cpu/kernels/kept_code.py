@@ -45,11 +45,14 @@ import numpy as np
 
 from tensorplug.files import replace_file
 
+from ..settings import KEPT_CODE
 from .elf_symbols import defined_symbols, symbols
+from .kernel_identity import salt
 from .numba_extensions import c_runtime
+from .runtime_library import runtime_code
 
-__all__ = ["CALLABLE", "JOB", "Entry", "KeptCode", "arg_key", "entry_file", "kept_in", "load",
-           "loaded_count"]  # fmt: skip
+__all__ = ["CALLABLE", "JOB", "Entry", "KeptCode", "arg_key", "entry_file", "kept_code_on",
+           "kept_in", "load", "loaded_count"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -206,14 +209,23 @@ _folders_lock = threading.Lock()
 _by_folder: dict[str, KeptCode] = {}
 
 
-def kept_in(folder: Path, salt: str, runtime: Callable[[], bytes | None]) -> KeptCode:
-    """The one :class:`KeptCode` of this process for ``folder`` (made with ``salt`` and
-    ``runtime`` the first time): whoever asks, numba's side or a launch without numba,
-    an entry is loaded once, and never where this process kept it."""
+def kept_code_on() -> bool:
+    """Whether kernels are kept and run from kept code: ``TENSORPLUG_CPU_KEPT_CODE`` (on
+    unless 0), and numba's JIT not disabled (``NUMBA_DISABLE_JIT``: a user debugging
+    kernels as Python gets Python, not machine code kept from another run)."""
+    return bool(KEPT_CODE.get()) and os.environ.get("NUMBA_DISABLE_JIT", "0") in ("", "0")
+
+
+def kept_in(folder: Path) -> KeptCode:
+    """The one :class:`KeptCode` of this process for ``folder`` (salted with
+    :func:`.kernel_identity.salt`, its runtime library :func:`.runtime_library.runtime_code`):
+    whoever asks, numba's side or a launch without numba, an entry is loaded once, and
+    never where this process kept it."""
     name = os.path.realpath(folder)  # one folder, however it is spelled
     with _folders_lock:
         if name not in _by_folder:
-            _by_folder[name] = KeptCode(Path(name), salt, runtime)
+            path = Path(name)
+            _by_folder[name] = KeptCode(path, salt(), lambda: runtime_code(path))
         return _by_folder[name]
 
 

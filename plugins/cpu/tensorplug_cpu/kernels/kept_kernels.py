@@ -18,11 +18,9 @@ from typing import Any
 
 from numba.core.compiler_lock import global_compiler_lock
 
-from ..settings import KEPT_CODE
-from . import numba_runtime
 from ._numba_cache import KernelCache, job_cached
-from .kept_code import CALLABLE, JOB, Entry, KeptCode, arg_key, kept_in, loaded_count
-from .kernel_identity import identity, origin_of, salt
+from .kept_code import CALLABLE, JOB, Entry, KeptCode, arg_key, kept_code_on, kept_in, loaded_count
+from .kernel_identity import identity, origin_of
 from .lazy_linking import object_code
 
 __all__ = ["compile_job", "job_ready", "keep_overload", "kept_loads", "load_kept",
@@ -83,12 +81,9 @@ def kept_loads() -> int:
 def _kept(cache: Any) -> KeptCode | None:
     """The kept kernels beside ``cache``'s files (a :class:`KernelCache`; None for any
     other cache, which keeps nothing, and where ``TENSORPLUG_CPU_KEPT_CODE=0``)."""
-    if not isinstance(cache, KernelCache) or not KEPT_CODE.get():
+    if not isinstance(cache, KernelCache) or not kept_code_on():
         return None
-    from numba.core.registry import cpu_target
-
-    context, path = cpu_target.target_context, Path(cache.cache_path)
-    return kept_in(path, salt(), lambda: numba_runtime.runtime_code(context, path))
+    return kept_in(Path(cache.cache_path))
 
 
 def _identity(function: Any) -> str | None:

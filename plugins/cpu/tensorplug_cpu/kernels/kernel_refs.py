@@ -15,26 +15,24 @@ a ref is the kernel's identity in sets and dicts, as the dispatcher was.
 
 A call through a ref whose numba dispatcher is not there costs the argument types'
 key (:func:`.kept_code.arg_key`, 1-4 µs) on top of the kernel; a step bound to fixed
-arguments pays it once (:meth:`KernelRef.bound`).
+arguments pays it once (:meth:`KernelRef.for_types`, :class:`.jit.KernelCall`).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..settings import KEPT_CODE
 from . import numba_import
-from .kept_code import KeptCode, arg_key, kept_in
-from .kernel_identity import cache_folder, identity, salt
-from .runtime_library import stored_code
+from .kept_code import KeptCode, arg_key, kept_code_on, kept_in
+from .kernel_identity import cache_folder, identity, origin_of
+from .runtime_library import runtime_file
 
-__all__ = ["JobRef", "KernelRef", "job_ref", "kept_code_on", "kernel_ref", "module_kernel",
+__all__ = ["JobRef", "KernelRef", "job_ref", "kept_code_ready", "kernel_ref", "module_kernel",
            "resolve"]  # fmt: skip
 
 _HERE = Path(__file__).parent
@@ -73,8 +71,6 @@ def resolve(origin: tuple[Any, ...]) -> Any:
 
         return jobs()[origin[1]]
     if kind == "job":
-        from .kernel_identity import origin_of
-
         module = importlib.import_module(origin[1])
         for value in vars(module).values():
             if origin_of(value) == origin:
@@ -82,11 +78,15 @@ def resolve(origin: tuple[Any, ...]) -> Any:
     raise ValueError(f"unknown kernel origin {origin!r}")
 
 
-def kept_code_on() -> bool:
-    """Whether kernels may run from kept code: ``TENSORPLUG_CPU_KEPT_CODE`` (on unless
-    0), and numba's JIT not disabled (``NUMBA_DISABLE_JIT``: a user debugging kernels as
-    Python gets Python, not machine code kept from another run)."""
-    return bool(KEPT_CODE.get()) and os.environ.get("NUMBA_DISABLE_JIT", "0") in ("", "0")
+def kept_code_ready() -> bool:
+    """Whether a launch may leave numba unimported until a kernel needs it: kept code is
+    on and numba has run in this package's cache folder before with this numba,
+    llvmlite, Python, these sources and this target (its runtime library is kept there:
+    :mod:`.runtime_library`)."""
+    if not kept_code_on():
+        return False
+    folder = cache_folder(_PACKAGE_SOURCE)
+    return folder is not None and runtime_file(folder).is_file()
 
 
 def _source(origin: tuple[Any, ...]) -> Path | None:
@@ -100,23 +100,6 @@ def _source(origin: tuple[Any, ...]) -> Path | None:
     return None if spec is None or spec.origin is None else Path(spec.origin)
 
 
-def _runtime(folder: Path) -> Callable[[], bytes | None]:
-    """The runtime library's machine code for kept kernels of ``folder``: as kept there,
-    or numba's (where numba is imported here: it compiles or loads it)."""
-
-    def code() -> bytes | None:
-        found = stored_code(folder)
-        if found is None and numba_import.imported():
-            from numba.core.registry import cpu_target
-
-            from . import numba_runtime
-
-            found = numba_runtime.runtime_code(cpu_target.target_context, folder)
-        return found
-
-    return code
-
-
 class _Kept:
     """Where one origin's kept code is (its folder's :class:`KeptCode` and its
     identity), found once; ``kept`` is None where it has none, or kept code is off
@@ -128,7 +111,7 @@ class _Kept:
         source = _source(origin)
         folder = None if source is None or self.identity is None else cache_folder(source)
         if folder is not None:
-            self.kept = kept_in(folder, salt(), _runtime(folder))
+            self.kept = kept_in(folder)
 
     def load(self, key: tuple[Any, ...]) -> Any:
         if self.kept is None or self.identity is None:
@@ -245,38 +228,20 @@ class KernelRef:
 
     def for_types(self, *args: Any) -> Callable[..., Any]:
         """What to call with arguments of the types of ``args``, and only those: the
-        kept code for them, looked up (or loaded) now, else this kernel. A caller whose
-        arguments' types never change saves the key a call through here computes."""
+                kept code for them, looked up (or loaded) now, else this kernel. A caller whose
+                arguments' types never change saves the key a call through here computes (a step
+        bound to fixed arguments: :class:`.jit.KernelCall`)."""
         if self._dispatcher is None:
             function = self._function(args)
             if function is not None:
                 return function  # type: ignore[no-any-return]
         return self
 
-    def bound(self, *args: Any) -> Callable[[], Any]:
-        """``self(*args)`` as a call of no arguments, for a step whose arguments are
-        fixed: :meth:`for_types` of them, at the first call."""
-        return _BoundCall(self, args)
-
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("tensorplug_origin", "_dispatcher", "_loaded",
                                              "_where", "_lock"):  # fmt: skip
             raise AttributeError(name)
         return getattr(self.dispatcher(), name)
-
-
-class _BoundCall:
-    """:meth:`KernelRef.bound`."""
-
-    def __init__(self, kernel: KernelRef, args: tuple[Any, ...]) -> None:
-        self._kernel, self._args = kernel, args
-        self._function: Any = None
-
-    def __call__(self) -> Any:
-        function = self._function
-        if function is None:
-            function = self._function = self._kernel.for_types(*self._args)
-        return function(*self._args)
 
 
 class JobRef:

@@ -17,16 +17,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["imported", "numba_module", "on_import"]
+__all__ = ["numba_module", "on_import"]
 
 _lock = threading.RLock()
 _listeners: list[Callable[[Any], None]] = []
 _done: list[Any] = []
-
-
-def imported() -> bool:
-    """Whether :func:`numba_module` has run (numba imported and set up here)."""
-    return bool(_done)
 
 
 def on_import(listener: Callable[[Any], None]) -> None:

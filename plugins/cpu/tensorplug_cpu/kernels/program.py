@@ -131,7 +131,8 @@ class Program:
         self._mailbox = np.zeros(MAILBOX_SIZE, np.int64)  # one thread: unused
         self._one = _table(rows, one=True)
         self._many = _table(rows, one=False)
-        self._run_alone = jit.program_runner.bound(self._mailbox, self._one, 0)
+        #: the runner for these arguments' types (made ready: :meth:`.jit.JitKernels.program_ready`)
+        self._run_alone = jit.program_runner.for_types(self._mailbox, self._one, 0)
         # what the tables name by address: the blocks, and the arrays the blocks name
         self._keep = tuple((call.one[0], call.many[0], *call.arrays) for call in rows)
 
@@ -142,7 +143,7 @@ class Program:
         n = self._jit.n_threads
         ran: int | None
         if n == 1:
-            ran = int(self._run_alone())
+            ran = int(self._run_alone(self._mailbox, self._one, 0))
         else:  # None: no helpers here, or another thread's job holds them
             ran = None if self._pool is None else self._pool.run_program(n, self._many)
         if ran is None:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
 from .kernel_identity import compile_target, salt
 
-__all__ = ["object_code", "read_payload", "runtime_file", "stored_code"]
+__all__ = ["object_code", "read_payload", "runtime_code", "runtime_file", "stored_code"]
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -60,6 +61,19 @@ def object_code(state: Any) -> bytes | None:
     except (TypeError, ValueError, IndexError, KeyError):
         return None
     return code if kind == "object" and isinstance(code, bytes) else None
+
+
+def runtime_code(folder: Path) -> bytes | None:
+    """The runtime library's machine code for kept kernels of ``folder``: as kept there,
+    else numba's, where numba is imported (it compiles or loads it, and keeps it here)."""
+    found = stored_code(folder)
+    if found is None and sys.modules.get("numba") is not None:
+        from numba.core.registry import cpu_target
+
+        from . import numba_runtime
+
+        found = numba_runtime.runtime_code(cpu_target.target_context, folder)
+    return found
 
 
 def stored_code(folder: Path) -> bytes | None:
