@@ -44,6 +44,7 @@ __all__ = [
     "llvm_cpu_name",
     "llvm_features",
     "memory",
+    "numba_target_features",
     "simd_features",
 ]
 
@@ -89,18 +90,27 @@ def llvm_features() -> frozenset[str]:
     compiles for. So setting ``NUMBA_CPU_FEATURES`` to another machine's list (an AVX2
     host's ``+avx2,+fma,+f16c,-avx512f,…``) builds and runs that machine's forms here: a
     numba cache for it, or its speed measured on this one."""
-    given = _numba_target_features()
+    return _enabled(numba_target_features())
+
+
+def numba_target_features() -> str:
+    """The feature list numba gives its compiler, as ``numba.core.config`` reads it
+    (without importing numba): ``NUMBA_CPU_FEATURES``, none with ``NUMBA_CPU_NAME=generic``
+    alone, else the host's as LLVM flattens them; empty where llvmlite is not installed
+    or LLVM cannot tell."""
+    given = os.environ.get("NUMBA_CPU_FEATURES")
     if given is not None:
-        return _enabled(given)
+        return given
+    if os.environ.get("NUMBA_CPU_NAME", "").lower() == "generic":
+        return ""
     try:
         from llvmlite import binding
     except ImportError:
-        return frozenset()
+        return ""
     try:
-        flat = binding.get_host_cpu_features().flatten()
+        return str(binding.get_host_cpu_features().flatten())
     except RuntimeError:  # features unknown on this host
-        return frozenset()
-    return _enabled(flat)
+        return ""
 
 
 def llvm_cpu_name() -> str:
@@ -115,15 +125,6 @@ def llvm_cpu_name() -> str:
     except ImportError:
         return "generic"
     return str(binding.get_host_cpu_name())
-
-
-def _numba_target_features() -> str | None:
-    """The feature list numba's configuration gives its compiler, read as
-    ``numba.core.config`` reads it (without importing numba); None: the host's."""
-    given = os.environ.get("NUMBA_CPU_FEATURES")
-    if given is None and os.environ.get("NUMBA_CPU_NAME", "").lower() == "generic":
-        return ""
-    return given
 
 
 def _enabled(flat: str) -> frozenset[str]:

@@ -34,13 +34,16 @@ from numba.core.caching import FunctionCache
 from . import _numba_ir as _ir
 from . import numba_runtime
 from .deferred_envs import deferred_environments
-from .kernel_identity import FORM_FLAGS, SOURCES_HASH, instruction_forms
+from .kernel_identity import FORM_FLAGS, instruction_forms, sources_hash
 from .lazy_linking import LazyLinkingRebuild
 
 __all__ = [
     "FORM_FLAGS", "SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "job_cached",
     "job_function", "kernel", "use_instruction_forms",
 ]  # fmt: skip
+
+#: sha256 of the kernels' sources (:func:`.kernel_identity.sources_hash`)
+SOURCES_HASH = sources_hash()
 
 _log = logging.getLogger("tensorplug_cpu")
 _warned: list[bool] = []  # a bad cache is said once per process, not once per kernel

@@ -10,7 +10,7 @@ is the same information, computed the same way by the process that keeps an entr
 - the kernel's *origin* (:func:`origin_of`: a module's kernel by module and name,
   a factory's by the tag it puts on what it makes), and the sha256 of the source file
   of a module's kernel (what numba's key took as the function's bytecode);
-- :data:`SOURCES_HASH`, every kernel source of this package (the kernels inline code
+- :func:`sources_hash`, every kernel source of this package (the kernels inline code
   from each other), and the instruction forms (:func:`instruction_forms`);
 - the compile target (:func:`compile_target`): LLVM's triple, the CPU and the feature
   list numba's code generator is given (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``, else
@@ -32,11 +32,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..system import kernel_features
+from ..system import kernel_features, llvm_cpu_name, numba_target_features
 
 __all__ = [
-    "CODEGEN_SETTINGS", "FORM_FLAGS", "SOURCES", "SOURCES_HASH", "cache_folder",
+    "CODEGEN_SETTINGS", "FORM_FLAGS", "SOURCES", "cache_folder",
     "compile_target", "identity", "instruction_forms", "origin_of", "salt", "source_hash",
+    "sources_hash",
 ]  # fmt: skip
 
 _HERE = Path(__file__).parent
@@ -44,8 +45,6 @@ _HERE = Path(__file__).parent
 #: table whose limits and row groups they compile in, and the jobs' block layouts
 SOURCES = [*sorted(_HERE.glob("_numba_*.py")), _HERE.parent / "repack.py", _HERE / "dispatch.py",
            _HERE / "job_blocks.py"]  # fmt: skip
-#: sha256 of :data:`SOURCES`
-SOURCES_HASH = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()
 
 #: the names of :mod:`._numba_ir`'s instruction-form flags, in :func:`instruction_forms`'s order
 FORM_FLAGS = ("HAS_AVX2", "HAS_F16C", "HAS_VNNI", "HAS_32_REGS", "ON_ZEN")
@@ -82,6 +81,13 @@ def origin_of(kernel: Any) -> tuple[Any, ...] | None:
     return None
 
 
+@functools.cache
+def sources_hash() -> str:
+    """sha256 of :data:`SOURCES` (read once a process, when a kernel's identity or
+    numba's cache first needs it: a process that computes nothing reads none of them)."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()
+
+
 def instruction_forms() -> tuple[bool, ...]:
     """The IR kernels' instruction-form flags (:mod:`._numba_ir`, :data:`FORM_FLAGS`) as
     they are now: part of every entry's key, because a process may set them to build
@@ -96,28 +102,21 @@ def instruction_forms() -> tuple[bool, ...]:
     return (host.avx2, host.f16c, host.vnni, host.regs32, host.zen)
 
 
-@functools.cache
-def _host_target() -> tuple[str, str, str]:
-    import llvmlite.binding as ll
-
-    try:
-        features = ll.get_host_cpu_features().flatten()
-    except RuntimeError:  # LLVM does not know this host's: numba then gives none
-        features = ""
-    return ll.get_process_triple(), ll.get_host_cpu_name(), features
-
-
 def compile_target() -> tuple[str, ...]:
     """What numba's code generator compiles for, as numba's configuration reads it from
-    the environment (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``: none where the CPU is
-    ``generic``), else the host's as LLVM sees it, and :data:`CODEGEN_SETTINGS`."""
-    triple, host_cpu, host_features = _host_target()
-    cpu = os.environ.get("NUMBA_CPU_NAME") or None
-    features = os.environ.get("NUMBA_CPU_FEATURES")
-    if features is None:
-        features = "" if str(cpu).lower() == "generic" else host_features
-    settings = tuple(f"{name}={os.environ.get(name, '')}" for name in CODEGEN_SETTINGS)
-    return (triple, cpu or host_cpu, features, *settings)
+    the environment, else the host's as LLVM sees it (:func:`..system.llvm_cpu_name`,
+    :func:`..system.numba_target_features`), and :data:`CODEGEN_SETTINGS`."""
+    names = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", *CODEGEN_SETTINGS)
+    return _compile_target(tuple(f"{name}={os.environ.get(name)!r}" for name in names))
+
+
+@functools.cache
+def _compile_target(environment: tuple[str, ...]) -> tuple[str, ...]:
+    """:func:`compile_target` for these settings (asked of LLVM once for each)."""
+    import llvmlite.binding as ll
+
+    triple = str(ll.get_process_triple())
+    return (triple, llvm_cpu_name(), numba_target_features(), *environment[2:])
 
 
 @functools.cache
@@ -131,7 +130,7 @@ def _version(distribution: str) -> str:
 def salt() -> str:
     """What every kept entry must have been written under: numba's, llvmlite's and
     Python's versions (installed: read without importing numba) and the sources."""
-    return repr((_version("numba"), _version("llvmlite"), sys.version, SOURCES_HASH))
+    return repr((_version("numba"), _version("llvmlite"), sys.version, sources_hash()))
 
 
 @functools.cache
@@ -160,7 +159,7 @@ def identity(origin: tuple[Any, ...]) -> str | None:
         source = source_hash(str(origin[1]))
         if source is None:
             return None
-    text = repr((tuple(origin), source, SOURCES_HASH, instruction_forms(), compile_target()))
+    text = repr((tuple(origin), source, sources_hash(), instruction_forms(), compile_target()))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

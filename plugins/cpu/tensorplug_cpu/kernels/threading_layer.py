@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from ..settings import NUMBA_THREADS
+
 __all__ = ["TBB_LIBRARY_NAMES", "Threads", "default_thread_count", "find_tbb_library",
            "preload_tbb", "start_threads", "started", "tell_numba"]  # fmt: skip
 
@@ -123,9 +125,9 @@ _started: list[Threads] = []
 
 def default_thread_count() -> int:
     """``NUMBA_NUM_THREADS``, else the CPUs this process may run on: numba's count."""
-    given = os.environ.get("NUMBA_NUM_THREADS")
-    if given:
-        return int(given)
+    given = NUMBA_THREADS.get()  # (a value it cannot read raises SettingError)
+    if given is not None:
+        return given
     affinity = getattr(os, "sched_getaffinity", None)
     if affinity is not None:
         return max(1, len(affinity(0)))
@@ -182,7 +184,7 @@ def start_threads(requested_layer: str) -> Threads:
     with _lock:
         if _started:
             return _started[0]
-        if "numba" in sys.modules:
+        if sys.modules.get("numba") is not None:
             threads = _numba_threads()
         else:
             threads = _start(requested_layer.strip().lower())
