@@ -65,6 +65,35 @@ def test_unpack_undoes_pack_for_any_bytes(t: tp.Type) -> None:
     assert np.array_equal(back, blocks)
 
 
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_the_compiled_repack_writes_numpys_bytes(t: tp.Type) -> None:
+    """The compiled moves (every move of a block at once, the K-quants' scale bytes
+    among them) against numpy's move-by-move pass, for shapes of one block to several
+    groups of several blocks; a source not aligned for the kernel's 16-bit words is
+    left to numpy, with the same bytes."""
+    pytest.importorskip("numba", reason="the compiled repack is numba's")
+    from tensorplug_cpu.kernels.jit import load_jit
+    from tensorplug_cpu.repack import LAYOUTS, pack_blocks
+
+    jit = load_jit()
+    assert jit is not None
+    lay = LAYOUTS[t]
+    for groups, nb in ((1, 1), (3, 2), (5, 7)):
+        blocks = RNG.integers(0, 256, (8 * groups, nb, t.type_size), dtype=np.uint8)
+        want = np.zeros((groups, nb, lay.block), np.uint8)
+        lay.pack(blocks, want)
+        got = np.zeros_like(want)
+        assert jit.repack_moves(lay, blocks, got)
+        lay.pack(blocks, got, moved=True)
+        assert np.array_equal(got, want)
+        odd = np.empty(blocks.nbytes + 1, np.uint8)[1:].reshape(blocks.shape)
+        odd[...] = blocks
+        assert not jit.repack_moves(lay, odd, np.zeros_like(want))
+        got = np.zeros_like(want)
+        pack_blocks(lay, odd, got)
+        assert np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.IQ4_NL], ids=lambda t: t.name)
 def test_a_32_value_block_is_a_reordering_of_the_eight_rows_bytes(t: tp.Type) -> None:
     from tensorplug_cpu.repack import LAYOUTS

@@ -24,6 +24,7 @@ in ordinary memory, as llama.cpp does.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -45,7 +46,10 @@ __all__ = [
     "RepackBuffer",
     "RepackBufferType",
     "layout_of",
+    "move_table",
+    "pack_blocks",
     "packed_rows",
+    "ready_packing",
 ]
 
 #: rows interleaved in one group
@@ -117,17 +121,21 @@ class PackedLayout:
         scales and, for Q5_1, the minimums)."""
         return self.codes_at - 8 * self.chunks
 
-    def pack(self, blocks: np.ndarray, out: np.ndarray) -> None:
+    def pack(self, blocks: np.ndarray, out: np.ndarray, *, moved: bool = False) -> None:
         """Rows of ggml blocks ``(8·G, nb, type_size)`` into ``out``, ``(G, nb, block)``
         (both C-contiguous). Scales and codes move as 16- and 32-bit words: byte by byte,
-        numpy packed at 0.5 GB/s, this way at 2 GB/s."""
-        self._move(blocks, out, packing=True)
+        numpy packed at 0.5 GB/s, this way at 2 GB/s. ``moved``: the :attr:`moves` are
+        done already (:func:`pack_blocks` has them compiled); only what else changes
+        shape is done here."""
+        self._move(blocks, out, packing=True, moved=moved)
 
     def unpack(self, packed: np.ndarray, out: np.ndarray) -> None:
         """:meth:`pack` undone: ``(G, nb, block)`` into ggml blocks ``(8·G, nb, type_size)``."""
         self._move(out, packed, packing=False)
 
-    def _move(self, natural: np.ndarray, packed: np.ndarray, packing: bool) -> None:
+    def _move(
+        self, natural: np.ndarray, packed: np.ndarray, packing: bool, moved: bool = False
+    ) -> None:
         groups, nb = packed.shape[:2]
         size, block = self.type.type_size, self.block
         if not (natural.flags.c_contiguous and packed.flags.c_contiguous):
@@ -144,7 +152,7 @@ class PackedLayout:
             return np.ndarray((groups, nb, count, GROUP_ROWS), dtype, packed, at,
                               (nb * block, block, every * GROUP_ROWS * item, item))  # fmt: skip
 
-        for move in self.moves:
+        for move in () if moved else self.moves:
             if packing:
                 lanes(move.dtype, move.to, move.words, move.every)[...] = rows(
                     move.dtype, move.at, move.words)  # fmt: skip
@@ -171,7 +179,11 @@ class PackedLayout:
             as_bytes = lanes(np.uint8, 32, 16)  # 8 scales, then 8 minimums
             if packing:
                 lanes64 = np.ndarray((groups, nb, 16), _LANES, packed, 32, (nb * block, block, 8))
-                _q4_k_scales_in_lanes(np.ascontiguousarray(scale_bytes), lanes64)
+                if moved:  # the compiled moves put the 12 bytes in place (:func:`move_table`)
+                    words = lanes64[..., :12]
+                else:
+                    words = np.ascontiguousarray(scale_bytes).view(_LANES)[..., 0]
+                _q4_k_scales_in_lanes(words, lanes64)
             else:
                 sc, mn = as_bytes[:, :, :8], as_bytes[:, :, 8:]
                 both = _q4_k_pack_scales(sc.transpose(0, 1, 3, 2), mn.transpose(0, 1, 3, 2))
@@ -230,21 +242,24 @@ def _bytes_each(value: int) -> np.uint64:
     return np.uint64(value * 0x0101010101010101)
 
 
-def _q4_k_scales_in_lanes(scale_bytes: np.ndarray, out: np.ndarray) -> None:
-    """Q4_K's 12 scale bytes of eight rows (``G, nb, 12, 8``, C-contiguous: byte ``j`` of
-    each row side by side) as the repacked block's 16 bytes (``out``: ``G, nb, 16`` words
-    of :data:`_LANES`, one per byte, its eight rows in its bytes): the eight 6-bit scales,
-    then the eight minimums (ggml's ``get_scale_min_k4``). A word holds one byte of each
-    of the eight rows, so the bit arithmetic runs on all eight at once: numpy's
-    byte-wise version, transposed into place, took two thirds of Q5_K's repacking."""
-    words = scale_bytes.view(_LANES)[..., 0]  # (G, nb, 12)
+def _q4_k_scales_in_lanes(words: np.ndarray, out: np.ndarray) -> None:
+    """Q4_K's 12 scale bytes of eight rows (``words``: ``G, nb, 12`` words of
+    :data:`_LANES`, byte ``j`` of the eight rows in word ``j``) as the repacked block's 16
+    bytes (``out``: ``G, nb, 16``, laid out the same): the eight 6-bit scales, then the
+    eight minimums (ggml's ``get_scale_min_k4``). A word holds one byte of each of the
+    eight rows, so the bit arithmetic runs on all eight at once: numpy's byte-wise
+    version, transposed into place, took two thirds of Q5_K's repacking. ``words`` may
+    be the first 12 words of ``out`` (each is read before it is written)."""
     lo, hi, mix = words[..., 0:4], words[..., 4:8], words[..., 8:12]
     six, four, two = _bytes_each(63), _bytes_each(15), _bytes_each(3)
     shift4, shift6 = np.uint64(4), np.uint64(6)
+    high_scales = (mix & four) | (((lo >> shift6) & two) << shift4)
+    high_mins = ((mix >> shift4) & four) | (((hi >> shift6) & two) << shift4)
+    low_mins = hi & six
     np.bitwise_and(lo, six, out=out[..., 0:4])
-    out[..., 4:8] = (mix & four) | (((lo >> shift6) & two) << shift4)
-    np.bitwise_and(hi, six, out=out[..., 8:12])
-    out[..., 12:16] = ((mix >> shift4) & four) | (((hi >> shift6) & two) << shift4)
+    out[..., 4:8] = high_scales
+    out[..., 8:12] = low_mins
+    out[..., 12:16] = high_mins
 
 
 def _q4_k_pack_scales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
@@ -304,6 +319,43 @@ LAYOUTS: dict[Type, PackedLayout] = {
 # fmt: on
 
 
+@functools.cache
+def move_table(lay: PackedLayout) -> np.ndarray:
+    """``lay``'s moves as the compiled repack reads them: a row ``(item, at, to, words,
+    every)`` a move, ``item`` the bytes of its words (:mod:`.kernels._numba_pack`)."""
+    rows = [(np.dtype(m.dtype).itemsize, m.at, m.to, m.words, m.every) for m in lay.moves]
+    if lay.regroup == "scales":  # Q4_K's 12 scale bytes, side by side where their 16 go
+        rows.append((1, 4, 32, 12, 1))
+    table = np.array(rows, dtype=np.int64)
+    table.flags.writeable = False
+    return table
+
+
+def pack_blocks(lay: PackedLayout, blocks: np.ndarray, out: np.ndarray) -> None:
+    """:meth:`PackedLayout.pack`, its word moves compiled where the CPU's compiled
+    kernels are there (:meth:`.kernels.jit.JitKernels.repack_moves`: a block's moves
+    all done while it is in the cache), in numpy elsewhere; the same bytes either way."""
+    from .kernels.jit import load_jit  # the kernels import this module's layouts
+
+    jit = load_jit()
+    lay.pack(blocks, out, moved=jit is not None and jit.repack_moves(lay, blocks, out))
+
+
+def ready_packing() -> None:
+    """Have :func:`pack_blocks`'s compiled moves loaded (or compiled) now, by repacking
+    one block. A buffer does this before its memory is allocated: a thread makes that
+    memory's pages resident while the loader fills it (:mod:`tensorplug.prefault`), and
+    holds the process's memory map meanwhile, which loading machine code waits for (the
+    first kept kernel of a launch, loaded at the first write, took 70-200 ms then)."""
+    from .kernels.jit import load_jit
+
+    jit = load_jit()
+    if jit is not None:
+        lay = LAYOUTS[Type.Q4_0]
+        blocks = np.zeros((GROUP_ROWS, 1, lay.type.type_size), np.uint8)
+        jit.repack_moves(lay, blocks, np.zeros((1, 1, lay.block), np.uint8))
+
+
 def layout_of(tensor: Tensor) -> PackedLayout | None:
     """How ``tensor`` is stored repacked, or None when it cannot be: a 2-d, contiguous
     matrix of a type in :data:`LAYOUTS` whose rows come in whole groups of eight."""
@@ -348,6 +400,7 @@ class RepackBufferType(BufferType):
         return tensor.nbytes if lay is None else packed_size(tensor, lay)
 
     def _alloc_buffer(self, size: int) -> RepackBuffer:
+        ready_packing()  # before the memory (see there)
         # weights, every byte written as they load: on huge pages they stream faster
         return RepackBuffer(self, aligned_bytes(size, self.name, huge_pages=True))
 
@@ -448,7 +501,7 @@ class RepackBuffer(Buffer):
             natural = self._natural(tensor, g0, g1)
             start = offset - g0 * group
             natural.reshape(-1)[start : start + size] = fill
-        lay.pack(natural, self.packed(tensor)[g0:g1])
+        pack_blocks(lay, natural, self.packed(tensor)[g0:g1])
 
     def _set_tensor(self, tensor: Tensor, data: memoryview, offset: int) -> None:
         self._write(tensor, offset, len(data), np.frombuffer(data, dtype=np.uint8))

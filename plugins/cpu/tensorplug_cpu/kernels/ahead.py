@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..settings import COMPILE_AHEAD
+from .kept_code import numba_jit_disabled
 from .kernel_identity import instruction_forms, origin_of
 
 __all__ = ["Ahead", "Job", "cached", "origin_of", "resolve"]
@@ -325,7 +326,7 @@ class Ahead:
 
 def enabled() -> bool:
     """Whether kernels may be compiled ahead (``TENSORPLUG_CPU_COMPILE_AHEAD``)."""
-    return bool(COMPILE_AHEAD.get()) and os.environ.get("NUMBA_DISABLE_JIT", "0") == "0"
+    return bool(COMPILE_AHEAD.get()) and not numba_jit_disabled()
 
 
 def main() -> None:

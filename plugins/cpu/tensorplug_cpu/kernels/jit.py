@@ -44,6 +44,7 @@ from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
 from tensorplug.types import Type
 
+from ..repack import PackedLayout, move_table
 from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, SPIN, THREADING_LAYER
 from .activations import round_rows, vec_dot_type
 from .attention import DOT_LANES
@@ -66,7 +67,7 @@ from .job_blocks import (
     packed_job_block,
     sums_span,
 )
-from .kept_code import arg_key, kept_code_on
+from .kept_code import arg_key, kept_code_on, numba_jit_disabled
 from .kernel_refs import JobRef, KernelRef, job_ref, kept_code_ready, kernel_ref, module_kernel
 from .llvm_pages import release as release_llvm_pages
 from .numba_import import numba_module, on_import
@@ -138,6 +139,7 @@ class JitKernels:
         # drivers per set of types, which compile those types' tiles only; many rows'
         # activations quantized apart, on every thread, for any driver
         self._quantize_rows = module_kernel("_numba_repack", "quantize_rows")
+        self._repack_moves = module_kernel("_numba_pack", "repack_moves")
         # F32, F16 and BF16 weights times a few rows, each weight read once
         self._fmatvec = module_kernel("_numba_fmatvec", "matvec_float")
         self._fmatvec_serial = module_kernel("_numba_fmatvec", "matvec_float_serial")
@@ -763,6 +765,23 @@ class JitKernels:
             self.want_ahead(runner, *args, rank=4)
             return False
         runner.ready(args)  # numba's load (or compile) of it, kept
+        return True
+
+    def repack_moves(self, lay: PackedLayout, natural: np.ndarray, packed: np.ndarray) -> bool:
+        """``lay``'s word moves of the ggml blocks ``natural`` into ``packed`` (as
+        :meth:`..repack.PackedLayout.pack` has them) by :func:`._numba_pack.repack_moves`;
+        False, nothing done, where it cannot: numba's JIT disabled (the kernel would
+        run as Python), or an array not C-contiguous or not aligned for its words (bytes
+        a caller passed from anywhere)."""
+        if numba_jit_disabled() or not (natural.flags.c_contiguous and packed.flags.c_contiguous):
+            return False
+        words, blocks = natural.reshape(-1), packed.reshape(-1)
+        if words.ctypes.data % 2 or blocks.ctypes.data % 4:
+            return False
+        groups, nb = packed.shape[:2]
+        self._call("repack kernel", self._repack_moves, words.view(np.uint16), words,
+                   blocks.view(np.uint32), blocks.view(np.uint16), blocks, groups, nb,
+                   lay.type.type_size, lay.block, move_table(lay))  # fmt: skip
         return True
 
     def glu_kind(self, fn: GluOp) -> int | None:

@@ -52,7 +52,7 @@ from .numba_extensions import c_runtime
 from .runtime_library import runtime_code
 
 __all__ = ["CALLABLE", "JOB", "Entry", "KeptCode", "arg_key", "entry_file", "kept_code_on",
-           "kept_in", "load", "loaded_count"]  # fmt: skip
+           "kept_in", "load", "loaded_count", "numba_jit_disabled"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -213,7 +213,13 @@ def kept_code_on() -> bool:
     """Whether kernels are kept and run from kept code: ``TENSORPLUG_CPU_KEPT_CODE`` (on
     unless 0), and numba's JIT not disabled (``NUMBA_DISABLE_JIT``: a user debugging
     kernels as Python gets Python, not machine code kept from another run)."""
-    return bool(KEPT_CODE.get()) and os.environ.get("NUMBA_DISABLE_JIT", "0") in ("", "0")
+    return bool(KEPT_CODE.get()) and not numba_jit_disabled()
+
+
+def numba_jit_disabled() -> bool:
+    """Whether numba's JIT is disabled (``NUMBA_DISABLE_JIT``): its kernels then run as
+    Python."""
+    return os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0")
 
 
 def kept_in(folder: Path) -> KeptCode:
