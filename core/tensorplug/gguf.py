@@ -511,8 +511,11 @@ class GGUFFile:
         return f"<GGUFFile {str(self.path)!r} v{self.version} {len(self.tensors)} tensors>"
 
 
-#: bytes of a tensor read from the file at a time while uploading it (whole rows)
-UPLOAD_CHUNK = 8 << 20
+#: bytes of a tensor read from the file at a time while uploading it (whole rows): about
+#: a core's L2 cache, where a buffer type that converts the bytes (the CPU's repack)
+#: then reads them; 8 MiB held 4-5 MB more at the peak of a 100M model's launch, the
+#: LLVM the CPU's compiled repack loads landing beside it, for no speed
+UPLOAD_CHUNK = 2 << 20
 #: rows a chunk holds a multiple of: a buffer type that stores rows interleaved in small
 #: groups (the CPU's repacked one: 8) then writes whole groups, never patches one
 CHUNK_ROWS = 64
