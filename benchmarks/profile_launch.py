@@ -39,7 +39,7 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     # run's own loader: the model, then the warm-up for the prompt's length
     ("load the model (all below)", "tensorplug_llm/run_cli.py", "_load"),
     ("  weights and KV cache", "tensorplug_llm/runner.py", "_load"),
-    ("    repack weights", "tensorplug_cpu/repack.py", "pack"),
+    ("    repack weights", "tensorplug_cpu/repack.py", "pack_blocks"),
     ("    zero the KV cache", "tensorplug/host.py", "_clear"),
     ("  warm-up steps", "tensorplug_llm/runner.py", "warm_up"),
     ("    CPU plans (bind)", "tensorplug_cpu/backend.py", "bind"),
