@@ -94,6 +94,29 @@ def test_the_compiled_repack_writes_numpys_bytes(t: tp.Type) -> None:
         assert np.array_equal(got, want)
 
 
+def test_a_layout_the_compiled_repack_would_read_unaligned_is_left_to_numpy() -> None:
+    """A move table is made only for layouts whose words the kernel reads aligned: a
+    16-bit move from an odd byte of a block (no layout today) gets none, and its blocks
+    are packed by numpy."""
+    pytest.importorskip("numba", reason="the compiled repack is numba's")
+    from tensorplug_cpu.kernels.jit import load_jit
+    from tensorplug_cpu.repack import LAYOUTS, Move, PackedLayout, move_table, pack_blocks
+
+    q4 = LAYOUTS[tp.Type.Q4_0]
+    assert move_table(q4) is not None
+    odd = PackedLayout(tp.Type.Q4_0, (Move(np.uint16, 1, 0, 1), Move(np.uint32, 2, 16, 4)), 16,
+                       chunks=4, offset=8)  # fmt: skip
+    assert move_table(odd) is None
+    jit = load_jit()
+    assert jit is not None
+    blocks = RNG.integers(0, 256, (16, 3, 18), dtype=np.uint8)
+    want, got = np.zeros((2, 3, odd.block), np.uint8), np.zeros((2, 3, odd.block), np.uint8)
+    odd.pack(blocks, want)
+    assert not jit.repack_moves(odd, blocks, got)
+    pack_blocks(odd, blocks, got)
+    assert np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q8_0, tp.Type.IQ4_NL], ids=lambda t: t.name)
 def test_a_32_value_block_is_a_reordering_of_the_eight_rows_bytes(t: tp.Type) -> None:
     from tensorplug_cpu.repack import LAYOUTS

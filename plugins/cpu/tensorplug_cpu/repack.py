@@ -320,12 +320,21 @@ LAYOUTS: dict[Type, PackedLayout] = {
 
 
 @functools.cache
-def move_table(lay: PackedLayout) -> np.ndarray:
+def move_table(lay: PackedLayout) -> np.ndarray | None:
     """``lay``'s moves as the compiled repack reads them: a row ``(item, at, to, words,
-    every)`` a move, ``item`` the bytes of its words (:mod:`.kernels._numba_pack`)."""
+    every)`` a move, ``item`` the bytes of its words (:mod:`.kernels._numba_pack`); None
+    for a layout whose words would not be aligned as that kernel reads them (a block or
+    a move at an odd byte, a 32-bit word of the repacked block off a multiple of 4)."""
     rows = [(np.dtype(m.dtype).itemsize, m.at, m.to, m.words, m.every) for m in lay.moves]
     if lay.regroup == "scales":  # Q4_K's 12 scale bytes, side by side where their 16 go
         rows.append((1, 4, 32, 12, 1))
+    aligned = (
+        lay.type.type_size % 2 == 0
+        and lay.block % 4 == 0
+        and all(item == 1 or (at % 2 == 0 and to % item == 0) for item, at, to, _, _ in rows)
+    )
+    if not aligned:
+        return None
     table = np.array(rows, dtype=np.int64)
     table.flags.writeable = False
     return table

@@ -771,9 +771,13 @@ class JitKernels:
         """``lay``'s word moves of the ggml blocks ``natural`` into ``packed`` (as
         :meth:`..repack.PackedLayout.pack` has them) by :func:`._numba_pack.repack_moves`;
         False, nothing done, where it cannot: numba's JIT disabled (the kernel would
-        run as Python), or an array not C-contiguous or not aligned for its words (bytes
-        a caller passed from anywhere)."""
-        if numba_jit_disabled() or not (natural.flags.c_contiguous and packed.flags.c_contiguous):
+        run as Python), a layout whose words it would read unaligned (:func:`move_table`),
+        or an array not C-contiguous or not aligned for its words (bytes a caller passed
+        from anywhere)."""
+        table = move_table(lay)
+        if table is None or numba_jit_disabled():
+            return False
+        if not (natural.flags.c_contiguous and packed.flags.c_contiguous):
             return False
         words, blocks = natural.reshape(-1), packed.reshape(-1)
         if words.ctypes.data % 2 or blocks.ctypes.data % 4:
@@ -781,7 +785,7 @@ class JitKernels:
         groups, nb = packed.shape[:2]
         self._call("repack kernel", self._repack_moves, words.view(np.uint16), words,
                    blocks.view(np.uint32), blocks.view(np.uint16), blocks, groups, nb,
-                   lay.type.type_size, lay.block, move_table(lay))  # fmt: skip
+                   lay.type.type_size, lay.block, table)  # fmt: skip
         return True
 
     def glu_kind(self, fn: GluOp) -> int | None:
