@@ -27,7 +27,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -68,6 +67,7 @@ from .job_blocks import (
     sums_span,
 )
 from .kept_code import arg_key, kept_code_on, numba_jit_disabled
+from .kernel_identity import installed_version
 from .kernel_refs import JobRef, KernelRef, job_ref, kept_code_ready, kernel_ref, module_kernel
 from .llvm_pages import release as release_llvm_pages
 from .numba_import import numba_module, on_import
@@ -1347,11 +1347,9 @@ def _try_load() -> tuple[JitKernels | None, str]:
 
 
 def _numba_version() -> str:
-    """numba's version as installed (read without importing it)."""
-    try:
-        return importlib.metadata.version("numba")
-    except importlib.metadata.PackageNotFoundError:  # imported from a source tree
-        return str(getattr(numba_module(), "__version__", "unknown"))
+    """numba's version as installed (read without importing it), else as imported (a
+    source tree)."""
+    return installed_version("numba") or str(getattr(numba_module(), "__version__", "unknown"))
 
 
 def _keep(dispatcher: Any, args: tuple[Any, ...]) -> None:

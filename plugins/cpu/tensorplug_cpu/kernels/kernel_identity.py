@@ -36,8 +36,8 @@ from ..system import kernel_features, llvm_cpu_name, numba_target_features
 
 __all__ = [
     "CODEGEN_SETTINGS", "FORM_FLAGS", "SOURCES", "cache_folder",
-    "compile_target", "identity", "instruction_forms", "origin_of", "salt", "source_hash",
-    "sources_hash",
+    "compile_target", "identity", "installed_version", "instruction_forms", "origin_of", "salt",
+    "source_hash", "sources_hash",
 ]  # fmt: skip
 
 _HERE = Path(__file__).parent
@@ -120,17 +120,20 @@ def _compile_target(environment: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @functools.cache
-def _version(distribution: str) -> str:
+def installed_version(distribution: str) -> str | None:
+    """``distribution``'s version as installed (read without importing it); None where
+    it is not installed (imported from a source tree, or missing)."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+        return None
 
 
 def salt() -> str:
     """What every kept entry must have been written under: numba's, llvmlite's and
     Python's versions (installed: read without importing numba) and the sources."""
-    return repr((_version("numba"), _version("llvmlite"), sys.version, sources_hash()))
+    numba, llvmlite = (installed_version(d) or "not installed" for d in ("numba", "llvmlite"))
+    return repr((numba, llvmlite, sys.version, sources_hash()))
 
 
 @functools.cache
