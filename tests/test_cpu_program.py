@@ -20,7 +20,7 @@ from tensorplug.quants import bf16_to_f32, f32_to_bf16, quantize
 
 pytest.importorskip("numba", reason="programs run numba-compiled jobs")
 
-from tensorplug_cpu.kernels import _numba_pool
+from tensorplug_cpu.kernels import _numba_pool, job_blocks
 from tensorplug_cpu.kernels._numba_attention import attend_job
 from tensorplug_cpu.kernels._numba_jobs import jobs
 from tensorplug_cpu.kernels._numba_repack import packed_job
@@ -40,7 +40,7 @@ def ready_jobs() -> None:
     for ggml_order in (False, True):
         packed_job(frozenset({tp.Type.Q4_0}), ggml_order).compile()
     runner = _numba_pool.run_program
-    args = (np.zeros(1, np.int64), np.zeros((1, _numba_pool.PROGRAM_FIELDS), np.int64), 0)
+    args = (np.zeros(1, np.int64), np.zeros((1, job_blocks.PROGRAM_FIELDS), np.int64), 0)
     runner.compile(tuple(runner.typeof_pyval(a) for a in args))
 
 
@@ -141,7 +141,7 @@ def _programs(backend: tp.Backend, graph: tp.Graph) -> tuple[list[int], int]:
 
 
 def _jobs_run() -> int:
-    return int(spin_pool().mailbox[_numba_pool.TICKET]) >> 32
+    return int(spin_pool().mailbox[job_blocks.TICKET]) >> 32
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -21,7 +21,8 @@ pytest.importorskip("numba", reason="the spinning helpers run numba-compiled cod
 
 from numba import carray
 
-from tensorplug_cpu.kernels import _numba_pool
+from tensorplug_cpu.kernels import _numba_pool, job_blocks
+from tensorplug_cpu.kernels import pool as pool_module
 from tensorplug_cpu.kernels._numba_cache import job_function
 from tensorplug_cpu.kernels._numba_pool import address
 from tensorplug_cpu.kernels.pool import SpinPool, spin_pool
@@ -67,10 +68,10 @@ def _awake(pool: SpinPool, n: int, fn: int) -> bool:
     small jobs meanwhile (each wakes the helpers that slept; a helper's first call loads
     or compiles the loop, and one that spun out its rounds alone goes back to sleep)."""
     deadline = time.monotonic() + 30
-    while pool.mailbox[_numba_pool.AWAKE] < n and time.monotonic() < deadline:
+    while pool.mailbox[job_blocks.AWAKE] < n and time.monotonic() < deadline:
         _jobs(pool, fn, 1, n + 1, 10)
         time.sleep(0.0005)
-    return bool(pool.mailbox[_numba_pool.AWAKE] >= n)
+    return bool(pool.mailbox[job_blocks.AWAKE] >= n)
 
 
 def test_every_chunk_runs_once_with_helpers_claiming(counting_job: Any) -> None:
@@ -108,7 +109,7 @@ def test_a_job_finishes_without_any_helper(counting_job: Any) -> None:
     blocks = np.vstack([blocks, _jobs(pool, counting_job.address, 5, 2, 10)])
     assert pool.helpers == 0  # a stopped pool starts none
     bare = np.zeros(BLOCK, np.int64)
-    _numba_pool.run_shared(np.zeros(_numba_pool.MAILBOX_SIZE, np.int64),
+    _numba_pool.run_shared(np.zeros(job_blocks.MAILBOX_SIZE, np.int64),
                            counting_job.address, bare.ctypes.data, CHUNKS)  # fmt: skip
     for b in [*blocks, bare]:
         assert b[0] == 1 and (b[2 : 2 + CHUNKS] == 1).all()
@@ -122,10 +123,10 @@ def test_a_busy_pool_says_so_and_does_nothing(counting_job: Any) -> None:
     long_job[1] = 10_000_000  # ~1 s of chunks on one thread
     first = threading.Thread(target=pool.run, args=(1, counting_job.address,
                                                     long_job.ctypes.data, CHUNKS))  # fmt: skip
-    seq = int(pool.mailbox[_numba_pool.TICKET]) >> 32
+    seq = int(pool.mailbox[job_blocks.TICKET]) >> 32
     first.start()
     deadline = time.monotonic() + 30
-    while int(pool.mailbox[_numba_pool.TICKET]) >> 32 == seq:  # until it is published
+    while int(pool.mailbox[job_blocks.TICKET]) >> 32 == seq:  # until it is published
         assert time.monotonic() < deadline
         time.sleep(0.001)
     block = np.zeros(BLOCK, np.int64)
@@ -146,10 +147,10 @@ def test_a_forked_child_starts_its_own_helpers(counting_job: Any) -> None:
     # this process's helper is real: let it spin out and sleep first, or its leaving the
     # loop (AWAKE - 1) lands after the clear below (seen once in CI: AWAKE was -1)
     deadline = time.monotonic() + 30
-    while pool.mailbox[_numba_pool.AWAKE] > 0:
+    while pool.mailbox[job_blocks.AWAKE] > 0:
         assert time.monotonic() < deadline, "the helper never went to sleep"
         time.sleep(0.001)
-    pool.mailbox[_numba_pool.AWAKE] = 5  # as the parent's helpers may have left it
+    pool.mailbox[job_blocks.AWAKE] = 5  # as the parent's helpers may have left it
     pool.after_fork()
     assert pool.helpers == 0 and not pool.mailbox.any()
     blocks = _jobs(pool, counting_job.address, 20, 2, 500)
@@ -160,13 +161,13 @@ def test_a_forked_child_starts_its_own_helpers(counting_job: Any) -> None:
 def test_idle_helpers_go_to_sleep(monkeypatch: pytest.MonkeyPatch, counting_job: Any) -> None:
     """A helper spins a while after its last job, then leaves the compiled loop (no core
     burned by an idle process) and is woken by the next job."""
-    monkeypatch.setattr(_numba_pool, "SPIN_ROUNDS", 50)
+    monkeypatch.setattr(pool_module, "SPIN_ROUNDS", 50)  # what the pool hands the loop
     pool = SpinPool()
     _jobs(pool, counting_job.address, 2, 2, 10)
     deadline = time.monotonic() + 5
-    while pool.mailbox[_numba_pool.AWAKE] and time.monotonic() < deadline:
+    while pool.mailbox[job_blocks.AWAKE] and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert pool.mailbox[_numba_pool.AWAKE] == 0
+    assert pool.mailbox[job_blocks.AWAKE] == 0
     assert (_jobs(pool, counting_job.address, 5, 2, 10)[:, 2 : 2 + CHUNKS] == 1).all()
     pool.stop()
 
@@ -176,7 +177,7 @@ def test_idle_helpers_go_to_sleep(monkeypatch: pytest.MonkeyPatch, counting_job:
 
 def _jobs_run() -> int:
     """Jobs published on the process's pool so far (the ticket's sequence)."""
-    return int(spin_pool().mailbox[_numba_pool.TICKET]) >> 32
+    return int(spin_pool().mailbox[job_blocks.TICKET]) >> 32
 
 
 def _on(threads: int, spin: bool, monkeypatch: pytest.MonkeyPatch) -> tp.Backend:

@@ -21,10 +21,11 @@ embedding rows) are one chunk always. ``lo`` = -1 (the prologue) does nothing.
 
 A block is ``int64``: field :data:`STATUS` first (nonzero when a job refused its input:
 :func:`_set_rows_job`'s bad index; :func:`_get_rows_job`'s, or a file read that came up
-short), then :data:`PER`, then the arrays as :func:`._numba_pool.describe4` writes them
+short), then :data:`PER`, then the arrays as :func:`.job_blocks.describe4` writes them
 (C-contiguous, as the step's kernel saw them, so its loops vectorize as they did; a
 copy's source any strides), from :data:`ARGS` on, then its integers, then its floats (as
-float64 bits): :func:`block_size` counts them, :func:`job_block` writes them.
+float64 bits): :func:`.job_blocks.block_size` counts them, :func:`.job_blocks.job_block`
+writes them.
 """
 
 from __future__ import annotations
@@ -50,29 +51,21 @@ from ._numba_rows import glu_rows, rms_norm_rows, rope_rows, set_rows
 from .job_blocks import (
     ADD,
     ARGS,
-    CHUNKED,
-    DIV,
     HAS_PREAD,
     MUL,
     PER,
     ROWS_32,
     ROWS_F16,
-    ROWS_F32,
     ROWS_Q4_K,
     ROWS_Q5_K,
     ROWS_Q6_K,
     STATUS,
     SUB,
     block_size,
-    job_block,
 )
 from .job_blocks import ARRAY4_FIELDS as A4
 
-__all__ = [
-    "ADD", "ARGS", "CHUNKED", "DIV", "HAS_PREAD", "MUL", "PER", "ROWS_32",
-    "ROWS_F16", "ROWS_F32", "ROWS_Q4_K", "ROWS_Q5_K", "ROWS_Q6_K", "STATUS", "SUB",
-    "block_size", "job_block", "jobs",
-]  # fmt: skip
+__all__ = ["jobs"]
 
 
 @njit(inline="always")

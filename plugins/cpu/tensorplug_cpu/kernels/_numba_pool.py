@@ -49,30 +49,20 @@ from numba.extending import intrinsic
 
 from ._numba_cache import kernel
 from .job_blocks import (
-    ARRAY4_FIELDS,
     AWAKE,
     CHECKED,
     CHUNKS,
     DONE,
     FN,
     JOB,
-    MAILBOX_SIZE,
-    PROGRAM_FIELDS,
     SHARED,
-    SPIN_NS,
-    SPIN_ROUNDS,
     STOP,
     TICKET,
     WANTED,
-    describe4,
 )
 
-__all__ = [
-    "ARRAY4_FIELDS", "AWAKE", "BUSY_NS", "CHUNKS", "DONE", "FN", "JOB", "MAILBOX_SIZE",
-    "CHECKED", "PROGRAM_FIELDS", "SHARED", "SPIN_NS", "SPIN_ROUNDS", "STOP", "TICKET",
-    "WANTED", "address", "describe4", "helper_loop", "run_alone", "run_program", "run_region",
-    "run_shared", "view4",
-]  # fmt: skip
+__all__ = ["BUSY_NS", "address", "helper_loop", "run_alone", "run_program", "run_region",
+           "run_shared", "view4"]  # fmt: skip
 
 # the mailbox's fields, and the helpers' spin (:mod:`.job_blocks`)
 _CHUNK_BITS = 32

@@ -32,7 +32,7 @@ run as before wherever it cannot:
 ``TENSORPLUG_CPU_PROGRAM=0`` turns programs off (:mod:`..settings`).
 
 A prompt's steps are too large for a job the caller runs alone (:data:`SMALL`); where
-they are row jobs (:data:`._numba_jobs.CHUNKED`: the norm, rope, the gated activation,
+they are row jobs (:data:`.job_blocks.CHUNKED`: the norm, rope, the gated activation,
 the binary operations) :func:`rows_regions` makes each its job's rows shared out as a
 numba region on more than one thread, where each was one thread's loop or numpy's
 (:meth:`.jit.JitKernels.rows_region`).
@@ -102,7 +102,7 @@ class JobCall:
 class JobSpec:
     """A step as the step job ``name`` (:func:`._numba_jobs.jobs`) runs it: its block's
     4-d ``arrays``, integers and float scalars; ``values``: the elements the step
-    writes; ``rows``: a row job's rows (:data:`._numba_jobs.CHUNKED`), which chunks
+    writes; ``rows``: a row job's rows (:data:`.job_blocks.CHUNKED`), which chunks
     share out; ``checked``: its block's status says whether it refused its input."""
 
     name: str
