@@ -277,6 +277,7 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
         JitKernels,
         load_jit,
     )
+    from tensorplug_cpu.kernels.job_blocks import QUANTIZE_APART_ROWS
     from tensorplug_cpu.kernels.kernel_identity import origin_of
     from tensorplug_cpu.kernels.kernel_refs import KernelRef, kernel_ref
     from tensorplug_cpu.repack import LAYOUTS
@@ -323,8 +324,8 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     names = [(rank, str((origin_of(kernel) or ("",))[-1])) for kernel, rank in recorder.wanted]
     attention = sorted((rank, name) for rank, name in names if name.startswith("attend"))
     assert [name for _, name in attention] == ["attend_serial", "attend"]  # the sooner one
-    assert (quantize_rows in recorder.kept) == (n_tok >= repack.QUANTIZE_APART_ROWS)
-    assert (quantize_rows in wanted) == (n_tok < repack.QUANTIZE_APART_ROWS)
+    assert (quantize_rows in recorder.kept) == (n_tok >= QUANTIZE_APART_ROWS)
+    assert (quantize_rows in wanted) == (n_tok < QUANTIZE_APART_ROWS)
     # a spinning helpers' job the disk cache lacks goes after every kernel a step calls
     this_run = [rank for rank in wanted.values() if rank < MORE_THREADS_RANK]
     assert all(max(this_run) < rank < MORE_THREADS_RANK for _, rank in recorder.jobs)

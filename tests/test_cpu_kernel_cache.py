@@ -97,11 +97,8 @@ def test_the_compile_ahead_process_takes_every_instruction_form_flag(
     unpacked from five values failed every child at its start: each run compiled
     nothing ahead, the helpers' jobs were never made, and two threads ran as one)."""
     from tensorplug_cpu.kernels import _numba_ir
-    from tensorplug_cpu.kernels._numba_cache import (
-        FORM_FLAGS,
-        instruction_forms,
-        use_instruction_forms,
-    )
+    from tensorplug_cpu.kernels._numba_cache import use_instruction_forms
+    from tensorplug_cpu.kernels.kernel_identity import FORM_FLAGS, instruction_forms
 
     for name in FORM_FLAGS:
         monkeypatch.setattr(_numba_ir, name, getattr(_numba_ir, name))  # restored after

@@ -415,6 +415,7 @@ from numba import njit
 from tensorplug.quants import quantize
 from tensorplug.types import Type
 from tensorplug_cpu.kernels import _numba_ir as ir, _numba_repack as rp
+from tensorplug_cpu.kernels.job_blocks import sums_span
 from tensorplug_cpu.kernels._numba_quant import quantize_q8_0, quantize_q8_1, quantize_q8_k
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 from tensorplug_cpu.repack import LAYOUTS
@@ -493,7 +494,7 @@ for t in (Type.Q8_0, Type.Q4_1, Type.Q4_K, Type.Q5_K, Type.Q6_K):
     def product(x):  # (Q8_K's scale is written to each of its eight 32-value blocks)
         n = x.shape[0]
         q, d = np.empty((n, 256), np.int8), np.empty((n, 8), np.float32)
-        s = np.empty((n, 256 // rp.sums_span(t)), np.int32)  # Q6_K: a sum per 16 values
+        s = np.empty((n, 256 // sums_span(t)), np.int32)  # Q6_K: a sum per 16 values
         out = np.empty((n, 16), np.float32)
         driver(x, packed.reshape(2, -1), q, d, s, out, table, int(t))
         return out, q, d

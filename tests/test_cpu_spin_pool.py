@@ -235,8 +235,7 @@ def test_attention_on_the_helpers_is_the_regions_bits(
     3 (SmolLM2's) and two runs of rows (20 rows: a prompt's step, whose attention runs
     as a numba region, as its products do) by whole KV heads."""
     from tensorplug_cpu.kernels._numba_attention import attend_job
-    from tensorplug_cpu.kernels._numba_repack import QUANTIZE_APART_ROWS
-    from tensorplug_cpu.kernels.job_blocks import job_parts
+    from tensorplug_cpu.kernels.job_blocks import QUANTIZE_APART_ROWS, job_parts
 
     attend_job().compile()
     runs = -(-n_q // 16)

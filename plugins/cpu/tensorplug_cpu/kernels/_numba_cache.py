@@ -37,10 +37,8 @@ from .deferred_envs import deferred_environments
 from .kernel_identity import FORM_FLAGS, instruction_forms, sources_hash
 from .lazy_linking import LazyLinkingRebuild
 
-__all__ = [
-    "FORM_FLAGS", "SOURCES_HASH", "KernelCache", "instruction_forms", "is_cached", "job_cached",
-    "job_function", "kernel", "use_instruction_forms",
-]  # fmt: skip
+__all__ = ["SOURCES_HASH", "KernelCache", "is_cached", "job_cached", "job_function", "kernel",
+           "use_instruction_forms"]  # fmt: skip
 
 #: sha256 of the kernels' sources (:func:`.kernel_identity.sources_hash`)
 SOURCES_HASH = sources_hash()

@@ -1269,7 +1269,7 @@ def _packed_scratch(
     x: np.ndarray, per: int, scratch: Callable[..., np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Room for ``x``'s rows quantized for a repacked product: codes, block scales, and
-    sums of the codes over ``per`` values (``_numba_repack.sums_span``)."""
+    sums of the codes over ``per`` values (:func:`.job_blocks.sums_span`)."""
     n_tok, n = x.shape
     return (scratch((n_tok, n), np.int8), scratch((n_tok, n // 32), np.float32),
             scratch((n_tok, n // per), np.int32))  # fmt: skip
