@@ -510,14 +510,14 @@ def paired_ratio(ours: list[float], theirs: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
 
 
-def _stats(values: list[float | None], mark: str = "") -> str:
+def _stats(values: list[float | None], mark: str = "", digits: int = 1) -> str:
     """``median (min-max)`` of the known values, the median after ``mark`` (``<``, ``>``:
     some are bounds that way, see ``--time-limit``); ``-`` if none is known."""
     known = [v for v in values if v is not None]
     if not known:
         return "-"
-    median = f"{mark}{statistics.median(known):.1f}"
-    return f"{median:>8} ({min(known):.1f}-{max(known):.1f})"
+    median = f"{mark}{statistics.median(known):.{digits}f}"
+    return f"{median:>8} ({min(known):.{digits}f}-{max(known):.{digits}f})"
 
 
 def _mark(runs: list[dict], key: str) -> str:
@@ -543,7 +543,10 @@ def compared(ours: list[dict], theirs: list[dict], key: str) -> str:
                  _OPPOSITE[_mark([t for _, t in rounds], key)]} - {""}  # fmt: skip
         mark = "?" if len(marks) > 1 else next(iter(marks), "")
         ratio = f"{mark}{paired_ratio(mine, ref):.2f}"
-    engines = (_stats([r.get(key) for r in runs], _mark(runs, key)) for runs in (ours, theirs))
+    # a launch of ~0.3 s in tenths would hide the differences the ratio is made of
+    digits = 2 if key == "launch" else 1
+    engines = (_stats([r.get(key) for r in runs], _mark(runs, key), digits)
+               for runs in (ours, theirs))  # fmt: skip
     return " ".join(f"{cell:>24}" for cell in engines) + f" {ratio:>6}"
 
 
@@ -556,7 +559,7 @@ def start_row(ours: list[dict], theirs: list[dict], cold: list[dict]) -> str:
         if key == "launch":
             first = "-"
             if cold:
-                first = f"{_mark(cold, key)}{statistics.median(r[key] for r in cold):.1f}"
+                first = f"{_mark(cold, key)}{statistics.median(r[key] for r in cold):.2f}"
             cell += f" {first:>10}"
         cells.append(cell)
     return " | ".join(cells)

@@ -117,8 +117,9 @@ def test_the_start_table_gives_medians_ratios_and_the_first_run(bench: ModuleTyp
               {"launch": 0.5, "peak_rss_mb": 100.0}]  # fmt: skip
     row = bench.start_row(ours, theirs, [{"launch": 14.25}])
     launch, rss = (cell.split() for cell in row.split(" | "))
-    # medians (min-max), then the median of the rounds' ratios 4.0, 3.0, 5.0
-    assert launch == ["2.5", "(2.0-3.0)", "0.5", "(0.5-1.0)", "4.00", "14.2"]
+    # medians (min-max) in hundredths of a second, then the median of the rounds' ratios
+    # 4.0, 3.0, 5.0, then the first run's
+    assert launch == ["2.50", "(2.00-3.00)", "0.50", "(0.50-1.00)", "4.00", "14.25"]
     assert rss == ["305.0", "(300.0-310.0)", "100.0", "(100.0-100.0)", "3.05"]
     assert bench.start_row(ours, theirs, []).split(" | ")[0].split()[-1] == "-"
 
