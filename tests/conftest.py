@@ -37,13 +37,20 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = tempfile.mkdtemp(prefix="tensorplug-devices-")
         _OWN_DEVICE_LISTS.append(folder)
         os.environ["TENSORPLUG_DEVICE_CACHE"] = folder
+    # the same for the kept metadata (tensorplug.installed): the tests' environments, each
+    # a key of its own, would push the developer's own keys out of their file
+    if "TENSORPLUG_METADATA_CACHE" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="tensorplug-metadata-")
+        _OWN_DEVICE_LISTS.append(folder)
+        os.environ["TENSORPLUG_METADATA_CACHE"] = folder
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     for folder in _OWN_DEVICE_LISTS:
         shutil.rmtree(folder, ignore_errors=True)
-        if os.environ.get("TENSORPLUG_DEVICE_CACHE") == folder:
-            del os.environ["TENSORPLUG_DEVICE_CACHE"]
+        for name in ("TENSORPLUG_DEVICE_CACHE", "TENSORPLUG_METADATA_CACHE"):
+            if os.environ.get(name) == folder:
+                del os.environ[name]
     _OWN_DEVICE_LISTS.clear()
 
 

@@ -32,6 +32,9 @@ GROUP = "tensorplug.backends"
 COMMANDS_GROUP = "tensorplug.commands"
 RESULT_MARK = "@@tensorplug-test-result@@"
 
+#: Settings the test processes keep: where the run keeps what it learns (conftest.py)
+KEPT_SETTINGS = ("TENSORPLUG_METADATA_CACHE",)
+
 
 #: In a test distribution's pyproject.toml: installed only by the tests about it, in an
 #: environment of their own, so that the registry tests' plugin set stays as they expect.
@@ -103,7 +106,8 @@ class PluginEnv:
         return cls(target=target, site=mirror_site_packages(root / "site-mirror"))
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORPLUG_", "TP_"))}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TENSORPLUG_", "TP_")) or k in KEPT_SETTINGS}  # fmt: skip
         env["PYTHONPATH"] = os.pathsep.join(map(str, (self.target, CORE, self.site)))
         env.setdefault("COLUMNS", "160")
         env.update(extra or {})

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from importlib import metadata
 
 import pytest
 from plugin_dists import PLUGINS, PluginEnv, listed
 
-from tensorplug import cli, commands
+from tensorplug import cli, commands, installed
 from tensorplug.commands import CommandRecord, CommandSpec, CommandStatus, discover
+from tensorplug.installed import EntryPointInfo
 
 BROKEN = "tp-cmd-broken 0.1.0"
 
@@ -165,8 +165,8 @@ def test_doctor_lists_every_command_and_why_one_is_missing(env: PluginEnv) -> No
 
 
 def _entry_points(monkeypatch: pytest.MonkeyPatch, *eps: tuple[str, str]) -> None:
-    found = [metadata.EntryPoint(n, v, commands.ENTRY_POINT_GROUP) for n, v in eps]
-    monkeypatch.setattr(metadata, "entry_points", lambda group: found)
+    found = [EntryPointInfo(n, v, commands.ENTRY_POINT_GROUP) for n, v in eps]
+    monkeypatch.setattr(installed, "entry_points", lambda group: found)
 
 
 GOOD = CommandSpec("good", "a good command", "json")
@@ -199,6 +199,21 @@ def test_clashes_go_to_the_first_by_name_and_origin(monkeypatch: pytest.MonkeyPa
         f"command 'good' from {me}:OTHER (entry point {me}:OTHER) was refused: "
         f"{me}:GOOD already adds a command 'good'"
     )
+
+
+def test_a_kept_command_whose_module_is_gone_is_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kept entry-point list (tensorplug.installed) naming a module removed unseen is
+    read again from importlib.metadata rather than reported as a broken command."""
+    group, good = commands.ENTRY_POINT_GROUP, EntryPointInfo("good", "test_commands:GOOD", "g")
+    lists = {"kept": [EntryPointInfo("gone", "tp_no_such_module:SPEC", group), good],
+             "fresh": [good]}  # fmt: skip
+    now = {"list": "kept"}
+    monkeypatch.setattr(installed, "entry_points", lambda group: lists[now["list"]])
+    monkeypatch.setattr(installed, "forget", lambda: now.update(list="fresh"))
+    assert [(r.name, r.status) for r in discover()] == [("good", CommandStatus.ADDED)]
+    assert now["list"] == "fresh"
 
 
 @pytest.mark.parametrize(

@@ -39,10 +39,10 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from importlib import metadata
+from . import installed
+from .installed import EntryPointInfo
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -120,7 +120,8 @@ class CommandRecord:
 
     entry_point: str
     value: str  # the entry point's "module:attr", or the module of a built-in command
-    dist: metadata.Distribution | None = field(default=None, repr=False)
+    #: the installed distribution declaring the entry point (None: built into the core)
+    dist_name: str | None = field(default=None, repr=False)
     spec: CommandSpec | None = None
     status: CommandStatus = CommandStatus.ADDED
     detail: str = ""  # why it was refused
@@ -129,10 +130,8 @@ class CommandRecord:
     import_ms: float = 0.0
 
     @cached_property
-    def _dist_meta(self) -> tuple[str | None, str | None]:
-        if self.dist is None:
-            return None, None
-        return self.dist.metadata["Name"], self.dist.metadata["Version"]
+    def version(self) -> str | None:
+        return None if self.dist_name is None else installed.version(self.dist_name)
 
     @property
     def name(self) -> str:
@@ -140,13 +139,13 @@ class CommandRecord:
 
     @property
     def distribution(self) -> str | None:
-        return self._dist_meta[0]
+        return self.dist_name
 
     @property
     def origin(self) -> str:
         """``tp-foo 1.2`` for an installed distribution, else the entry point's value."""
         if self.distribution:
-            return f"{self.distribution} {self._dist_meta[1]}"
+            return f"{self.distribution} {self.version}"
         return self.value
 
     def fail(self, exc: BaseException) -> None:
@@ -172,7 +171,7 @@ class CommandRecord:
         )
 
 
-def _read(ep: metadata.EntryPoint, record: CommandRecord) -> None:
+def _read(ep: EntryPointInfo, record: CommandRecord) -> None:
     t0 = time.perf_counter()
     try:
         spec = CommandSpec.coerce(ep.load())
@@ -194,12 +193,21 @@ def discover(reserved: Collection[str] = ()) -> list[CommandRecord]:
     ``reserved`` holds the core's own command names, which no entry point may take.
     Among entry points of one name the first in (name, distribution, value) order is
     added and the others are refused, so the outcome does not depend on install order.
+    An entry point that fails to import may come from a kept list that no longer holds
+    (:mod:`.installed`): the list is then read again, and judged again if it differs.
     """
-    from importlib import metadata
+    eps = installed.entry_points(ENTRY_POINT_GROUP)
+    records = _judge(eps, reserved)
+    if any(isinstance(r.exception, ImportError) for r in records):
+        installed.forget()
+        if (fresh := installed.entry_points(ENTRY_POINT_GROUP)) != eps:
+            records = _judge(fresh, reserved)
+    return records
 
+
+def _judge(eps: list[EntryPointInfo], reserved: Collection[str]) -> list[CommandRecord]:
     t0 = time.perf_counter()
-    eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
-    records = [CommandRecord(ep.name, ep.value, ep.dist) for ep in eps]
+    records = [CommandRecord(ep.name, ep.value, ep.distribution) for ep in eps]
     order = sorted(range(len(eps)), key=lambda i: (eps[i].name, records[i].origin, eps[i].value))
     taken: dict[str, CommandRecord] = {}
     for i in order:

@@ -22,13 +22,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import installed
 from .errors import PluginError
+from .installed import EntryPointInfo
 from .registration import Registration, api_compatible, check_api_version, resolve_object
 
 if TYPE_CHECKING:
-    # importlib.metadata costs tens of ms to import (its e-mail parser): only at first use
-    from importlib import metadata
-
     from .device import Reg
 
 __all__ = [
@@ -99,7 +98,8 @@ class PluginRecord:
     source: Source
     spec: str  # entry-point value, module:attr, file path, or repr of the registered Reg
     entry_point: str | None = None
-    dist: metadata.Distribution | None = field(default=None, repr=False)
+    #: the installed distribution declaring the entry point (None for files and code)
+    dist_name: str | None = field(default=None, repr=False)
     backend: str | None = None
     api_version: tuple[int, int] | None = None
     score: int | None = None
@@ -114,22 +114,15 @@ class PluginRecord:
     import_ms: float = 0.0
     warned: bool = False
 
-    @cached_property
-    def _dist_meta(self) -> tuple[str | None, str | None]:
-        # Parsing METADATA costs ~0.3 ms per plugin: done only when a message needs it.
-        if self.dist is None:
-            return None, None
-        meta = self.dist.metadata
-        return meta["Name"], meta["Version"]
-
     @property
     def distribution(self) -> str | None:
         """The installed distribution's name (``tensorplug-cpu``), None for files and code."""
-        return self._dist_meta[0]
+        return self.dist_name
 
-    @property
+    @cached_property
     def version(self) -> str | None:
-        return self._dist_meta[1]
+        # asked only when a message needs it
+        return None if self.dist_name is None else installed.version(self.dist_name)
 
     def __str__(self) -> str:
         return self.origin  # log lines pass the record, so the origin is built only if logged
@@ -188,12 +181,11 @@ class PluginRecord:
         return msg
 
 
-def read_entry_points() -> list[metadata.EntryPoint]:
-    """Every installed ``tensorplug.backends`` entry point, in a stable order."""
-    from importlib import metadata
-
+def read_entry_points() -> list[EntryPointInfo]:
+    """Every installed ``tensorplug.backends`` entry point, in a stable order (kept
+    between processes: :mod:`tensorplug.installed`)."""
     t0 = time.perf_counter()
-    eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    eps = installed.entry_points(ENTRY_POINT_GROUP)
     eps.sort(key=lambda ep: (ep.name, ep.value))
     _log.debug(
         "read %d entry points of group %r in %.1f ms: %s",
@@ -205,8 +197,10 @@ def read_entry_points() -> list[metadata.EntryPoint]:
     return eps
 
 
-def record_for_entry_point(ep: metadata.EntryPoint) -> PluginRecord:
-    return PluginRecord(source=Source.ENTRY_POINT, spec=ep.value, entry_point=ep.name, dist=ep.dist)
+def record_for_entry_point(ep: EntryPointInfo) -> PluginRecord:
+    return PluginRecord(
+        source=Source.ENTRY_POINT, spec=ep.value, entry_point=ep.name, dist_name=ep.distribution
+    )
 
 
 def records_from_path(path: Path) -> list[PluginRecord]:
@@ -252,7 +246,7 @@ def import_file(path: Path) -> Any:
     return module
 
 
-def _load_registration_object(record: PluginRecord, ep: metadata.EntryPoint | None) -> Any:
+def _load_registration_object(record: PluginRecord, ep: EntryPointInfo | None) -> Any:
     if ep is not None:
         return ep.load()
     if record.source is Source.FILE:
@@ -272,7 +266,7 @@ def _never(name: str) -> str | None:
 
 def prepare(
     record: PluginRecord,
-    ep: metadata.EntryPoint | None = None,
+    ep: EntryPointInfo | None = None,
     *,
     denied: Callable[[str], str | None] = _never,
     excluded: Callable[[str], str | None] = _never,
@@ -315,7 +309,7 @@ def prepare(
         try:
             check_api_version(
                 registration.api_version,
-                plugin=record.short_origin if record.dist else f"plugin {registration.name!r}",
+                plugin=record.short_origin if record.dist_name else f"plugin {registration.name!r}",
                 package=record.distribution,
             )
         except PluginError as e:

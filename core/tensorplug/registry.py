@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import discovery, settings
+from . import discovery, installed, settings
 from .device import Device, DeviceType, Reg, is_host_cpu
 from .discovery import PluginRecord, PluginStatus, Source
 from .errors import (
@@ -37,19 +37,18 @@ from .errors import (
     OutOfBoundsError,
     PluginError,
 )
+from .installed import EntryPointInfo
 from .registration import check_api_version
 from .signals import deferred_ctrl_c
 
 if TYPE_CHECKING:
-    from importlib import metadata
-
     import pluggy
 
     from .backend import Backend
     from .buffer import BufferType
 
     #: A plugin candidate: its record, and its entry point when it is installed.
-    Candidate = tuple[PluginRecord, metadata.EntryPoint | None]
+    Candidate = tuple[PluginRecord, EntryPointInfo | None]
 
 __all__ = [
     "dev_by_name",
@@ -104,7 +103,7 @@ class _State:
         self.devices: list[Device] = []
         self.hook_names: dict[int, list[str]] = {}
         self.records: list[PluginRecord] = []
-        self.entry_points: list[metadata.EntryPoint] | None = None
+        self.entry_points: list[EntryPointInfo] | None = None
         self.selection = settings.Selection()
         self.error: tuple[str, BaseException | None] | None = None
         self.pm: pluggy.PluginManager | None = None
@@ -134,7 +133,7 @@ def _ensure_loaded(raise_errors: bool = True) -> None:
         raise PluginError(message) from cause
 
 
-def _entry_points() -> list[metadata.EntryPoint]:
+def _entry_points() -> list[EntryPointInfo]:
     with _state.lock:
         if _state.entry_points is None:
             _state.entry_points = discovery.read_entry_points()
@@ -149,6 +148,29 @@ def _all_candidates(selection: settings.Selection) -> list[Candidate]:
     return found + [(discovery.record_for_entry_point(ep), ep) for ep in _entry_points()]
 
 
+def _prepare_all(candidates: Sequence[Candidate], selection: settings.Selection) -> None:
+    for rec, ep in candidates:
+        discovery.prepare(rec, ep, denied=selection.denied, excluded=selection.excluded)
+
+
+def _prepared(selection: settings.Selection) -> list[Candidate]:
+    """Every candidate, prepared (imported, checked, scored). An installed entry point
+    that fails to import may come from a kept list that no longer holds (a module
+    edited away without reinstalling: :mod:`.installed`): the entry points are then read
+    again from ``importlib.metadata``, and prepared again where they differ."""
+    candidates = _all_candidates(selection)
+    _prepare_all(candidates, selection)
+    if any(rec.failed and rec.stage == "import" and ep is not None for rec, ep in candidates):
+        with _state.lock:
+            kept, _state.entry_points = _state.entry_points, None
+            installed.forget()
+            if _entry_points() != kept:
+                _log.debug("the kept entry points were out of date; read them again")
+                candidates = _all_candidates(selection)
+                _prepare_all(candidates, selection)
+    return candidates
+
+
 def _load_all_locked() -> None:
     selection = settings.Selection.from_env()  # a bad variable raises before anything changes
     _log.debug("loading plugins with %s", selection)
@@ -158,7 +180,7 @@ def _load_all_locked() -> None:
         try:
             _state.selection = selection
             with deferred_ctrl_c():  # native libraries load badly when interrupted (see there)
-                _process(_all_candidates(selection), selection)
+                _process(_prepared(selection), selection)
             _state.error = _requested_error(selection)
             _warn_failures()
         except BaseException:
@@ -195,11 +217,9 @@ def _forget_load(
 
 
 def _process(candidates: Sequence[Candidate], selection: settings.Selection) -> list[Reg]:
-    """Prepare every candidate, then initialise the best variant of each backend."""
+    """Initialise the best variant of each backend among prepared candidates."""
     loaded: list[Reg] = []
-    for rec, ep in candidates:
-        _state.records.append(rec)
-        discovery.prepare(rec, ep, denied=selection.denied, excluded=selection.excluded)
+    _state.records.extend(rec for rec, _ in candidates)
     groups = discovery.group_variants(rec for rec, _ in candidates)
     for key in sorted(groups, key=selection.rank):
         winner: PluginRecord | None = None
@@ -400,11 +420,7 @@ def discover() -> list[PluginRecord]:
     Uses the environment's selection and the cached entry points; the registry itself
     is left untouched. Only plugins' registration modules are imported.
     """
-    selection = settings.Selection.from_env()
-    candidates = _all_candidates(selection)
-    for rec, ep in candidates:
-        discovery.prepare(rec, ep, denied=selection.denied, excluded=selection.excluded)
-    return [rec for rec, _ in candidates]
+    return [rec for rec, _ in _prepared(settings.Selection.from_env())]
 
 
 def load(spec: str | os.PathLike[str]) -> Reg:
@@ -419,6 +435,7 @@ def load(spec: str | os.PathLike[str]) -> Reg:
     """
     with _mutating():
         candidates = _candidates_for(spec)
+        _prepare_all(candidates, _NO_SELECTION)
         loaded = _process(candidates, _NO_SELECTION)
     if loaded:
         return loaded[0]
@@ -455,6 +472,7 @@ def load_all_from_path(path: str | os.PathLike[str]) -> list[Reg]:
         raise PluginError(f"load_all_from_path({str(path)!r}): not a folder")
     with _mutating():
         candidates = [(r, None) for r in discovery.records_from_path(folder)]
+        _prepare_all(candidates, _NO_SELECTION)
         loaded = _process(candidates, _NO_SELECTION)
         _warn_failures()
     failed = [rec for rec, _ in candidates if rec.failed]

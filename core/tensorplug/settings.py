@@ -38,6 +38,7 @@ __all__ = [
     "BACKENDS",
     "FALLBACK_BACKEND",
     "MAX_COPIES",
+    "METADATA_CACHE",
     "BACKEND_PATH",
     "DISABLE",
     "SCHED_COPIES",
@@ -213,6 +214,28 @@ SCHED_COPIES: Setting[int] = Setting(
 )
 
 
+def _folder(value: str) -> Path | bool:
+    """A flag's words (``0``: False; ``1``: True, the default folder), else a folder."""
+    try:
+        return parse_flag(value)
+    except ValueError:
+        return Path(value.strip()).expanduser()
+
+
+#: True (unset): the default folder; False: kept nowhere; a Path: that folder.
+METADATA_CACHE: Setting[Path | bool] = Setting(
+    "TENSORPLUG_METADATA_CACHE",
+    True,
+    _folder,
+    "The folder where tensorplug keeps what importlib.metadata said of the installed "
+    "plugins, commands and versions, so that a launch neither imports nor asks it (~20 ms); "
+    "asked again whenever a folder on sys.path changes (a distribution installed, upgraded "
+    "or removed). Unset: $XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); "
+    "0 to ask importlib.metadata in every process.",
+    example="0",
+)
+
+
 #: Every setting, in the order ``tensorplug doctor`` shows them.
 SETTINGS: tuple[Setting[Any], ...] = (
     BACKENDS,
@@ -221,6 +244,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     STRICT_PLUGINS,
     SCHED_DEBUG,
     SCHED_COPIES,
+    METADATA_CACHE,
 )
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import importlib.metadata
 import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from tensorplug import installed
 
 __all__ = ["VERIFIED_ON", "cupy_cuda_major", "load_libcuda", "probe_driver", "score"]
 
@@ -35,11 +36,8 @@ def cupy_cuda_major() -> int | None:
     """The CUDA major of the installed cupy wheel, None when it cannot be told (a cupy
     built from source, or none installed)."""
     for dist, major in CUPY_DISTRIBUTIONS.items():
-        try:
-            importlib.metadata.distribution(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        return major
+        if installed.version(dist) is not None:  # kept between processes where it can be
+            return major
     return None
 
 

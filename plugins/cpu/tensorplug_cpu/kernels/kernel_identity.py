@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import importlib.util
 import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from tensorplug import installed
 
 from ..system import kernel_features, llvm_cpu_name, numba_target_features
 
@@ -121,12 +122,10 @@ def _compile_target(environment: tuple[str, ...]) -> tuple[str, ...]:
 
 @functools.cache
 def installed_version(distribution: str) -> str | None:
-    """``distribution``'s version as installed (read without importing it); None where
-    it is not installed (imported from a source tree, or missing)."""
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """``distribution``'s version as installed (read without importing it, nor
+    ``importlib.metadata`` where it is kept: :mod:`tensorplug.installed`); None where it
+    is not installed (imported from a source tree, or missing)."""
+    return installed.version(distribution)
 
 
 def salt() -> str:

@@ -30,7 +30,6 @@ none.
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import logging
 import os
 import sys
@@ -39,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from tensorplug import installed
 
 from ..settings import NUMBA_THREADS
 
@@ -59,15 +60,9 @@ def find_tbb_library() -> Path | None:
     name = TBB_LIBRARY_NAMES.get(sys.platform)
     if name is None:
         return None
-    try:
-        dist = importlib.metadata.distribution("tbb")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for file in dist.files or ():
-        if file.name == name:
-            path = Path(str(dist.locate_file(file)))
-            return path if path.is_file() else None
-    return None
+    found = installed.locate("tbb", name)  # kept between processes where it can be
+    path = None if found is None else Path(found)
+    return path if path is not None and path.is_file() else None
 
 
 def preload_tbb(requested_layer: str) -> Path | None:

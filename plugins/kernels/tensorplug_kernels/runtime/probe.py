@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from tensorplug import installed
 from tensorplug.errors import TensorplugError
 from tensorplug.files import replace_file
 from tensorplug.settings import Setting, parse_flag
@@ -155,10 +155,7 @@ def _manifests(folders: Iterable[str]) -> list[Any]:
 
 
 def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return installed.version(distribution)  # kept between processes, as the device list
 
 
 def _os() -> list[str]:
