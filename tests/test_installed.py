@@ -167,8 +167,10 @@ def test_off_or_unwritable_asks_every_time(
     blocker.write_text("")
     monkeypatch.setenv("TENSORPLUG_METADATA_CACHE", str(blocker / "below"))
     assert installed.version("tp-thing") == "1.0"  # nothing raised, nothing kept
-    monkeypatch.setenv("TENSORPLUG_METADATA_CACHE", "maybe/../x")
-    assert installed.version("tp-thing") == "1.0"  # a folder's name, not a bad flag
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TENSORPLUG_METADATA_CACHE", "maybe")  # a folder's name, not a bad flag
+    assert installed.version("tp-thing") == "1.0"
+    assert [p.name[:9] for p in (tmp_path / "maybe").iterdir()] == ["metadata-"]
 
 
 def test_the_entry_point_loads_what_it_names() -> None:
