@@ -19,7 +19,19 @@ import os
 import weakref
 from pathlib import Path
 
-__all__ = ["FileRange", "pread_fully", "replace_file"]
+__all__ = ["FileRange", "cache_folder", "pread_fully", "replace_file"]
+
+
+def cache_folder(chosen: Path | bool) -> Path | None:
+    """Where a cache setting (:func:`tensorplug.settings.parse_folder`'s value) keeps its
+    files: None for off, the folder it names, else ``$XDG_CACHE_HOME/tensorplug`` (by
+    default ``~/.cache/tensorplug``), which every tensorplug cache shares."""
+    if chosen is False:
+        return None
+    if isinstance(chosen, Path):
+        return chosen
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tensorplug"
 
 
 def replace_file(path: Path, data: bytes) -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .files import replace_file
+from .files import cache_folder, replace_file
 from .settings import METADATA_CACHE
 
 __all__ = ["EntryPointInfo", "entry_points", "forget", "locate", "version"]
@@ -82,14 +82,9 @@ class EntryPointInfo:
 
 def _file() -> Path | None:
     """This interpreter's file (None: nothing is kept)."""
-    chosen = METADATA_CACHE.get()
-    if chosen is False:
+    folder = cache_folder(METADATA_CACHE.get())
+    if folder is None:
         return None
-    if isinstance(chosen, Path):
-        folder = chosen
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        folder = Path(base) / "tensorplug"
     who = hashlib.sha256(f"{sys.executable}\0{sys.prefix}".encode()).hexdigest()[:16]
     return folder / f"metadata-{who}.json"
 

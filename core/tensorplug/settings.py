@@ -49,6 +49,7 @@ __all__ = [
     "Setting",
     "SettingError",
     "parse_flag",
+    "parse_folder",
 ]
 
 T = TypeVar("T")
@@ -214,8 +215,10 @@ SCHED_COPIES: Setting[int] = Setting(
 )
 
 
-def _folder(value: str) -> Path | bool:
-    """A flag's words (``0``: False; ``1``: True, the default folder), else a folder."""
+def parse_folder(value: str) -> Path | bool:
+    """A cache setting's value: a flag's words (``0``, ``off``…: False, kept nowhere;
+    ``1``, ``on``…: True, the default folder), else a folder's path. Public so that a
+    plugin's own cache settings read the same words."""
     try:
         return parse_flag(value)
     except ValueError:
@@ -226,7 +229,7 @@ def _folder(value: str) -> Path | bool:
 METADATA_CACHE: Setting[Path | bool] = Setting(
     "TENSORPLUG_METADATA_CACHE",
     True,
-    _folder,
+    parse_folder,
     "The folder where tensorplug keeps what importlib.metadata said of the installed "
     "plugins, commands and versions, so that a launch neither imports nor asks it (~20 ms); "
     "asked again whenever a folder on sys.path changes (a distribution installed, upgraded "

@@ -39,10 +39,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from tensorplug import installed
+from tensorplug import files, installed
 from tensorplug.errors import TensorplugError
 from tensorplug.files import replace_file
-from tensorplug.settings import Setting, parse_flag
+from tensorplug.settings import Setting, parse_folder
 
 __all__ = [
     "DEVICE_CACHE",
@@ -71,31 +71,16 @@ COMMON_VARIABLES = ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")
 _DEVICE_NODES = ("/dev/dri", "/dev/kfd", "/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1")
 
 
-def _folder(value: str) -> Path | bool:
-    """A flag's words (``0``, ``off``…: False; ``1``, ``on``…: True, the default folder),
-    else a folder's path."""
-    try:
-        return parse_flag(value)
-    except ValueError:
-        return Path(value.strip()).expanduser()
-
-
 def cache_folder() -> Path | None:
     """Where the device lists are kept now (None: nowhere)."""
-    chosen = DEVICE_CACHE.get()
-    if chosen is False:
-        return None
-    if isinstance(chosen, Path):
-        return chosen
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tensorplug"
+    return files.cache_folder(DEVICE_CACHE.get())
 
 
 #: True (unset): the default folder; False: kept nowhere; a Path: that folder.
 DEVICE_CACHE: Setting[Path | bool] = Setting(
     "TENSORPLUG_DEVICE_CACHE",
     True,
-    _folder,
+    parse_folder,
     "the folder where GPU plugins (OpenCL, WebGPU) keep the list of devices their drivers "
     "gave, so that a process that does not use a device does not start its driver (PoCL's "
     "LLVM, Vulkan: about 0.4 s and 120 MB a launch on a machine with only software "
