@@ -188,7 +188,9 @@ def test_libcuda_is_loaded_by_its_own_names_and_looked_up_only_off_linux(
         return "/opt/nvidia/libcuda.so.550"
 
     monkeypatch.setattr(probe.ctypes, "CDLL", cdll)
-    monkeypatch.setattr(probe.ctypes.util, "find_library", find_library)
+    import ctypes.util  # the probe imports it only off Linux
+
+    monkeypatch.setattr(ctypes.util, "find_library", find_library)
     monkeypatch.setattr(probe.sys, "platform", "linux")
     assert probe.load_libcuda() == "libcuda.so.1"
     present = set()

@@ -10,7 +10,6 @@ the driver API needs no toolkit. Every "no" comes with the fix.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -52,7 +51,12 @@ def load_libcuda() -> Any:
     if sys.platform == "darwin":
         raise OSError("CUDA does not run on macOS (use the Metal backend)")
     names = ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so"]
-    found = None if sys.platform.startswith("linux") else ctypes.util.find_library("cuda")
+    found = None
+    if not sys.platform.startswith("linux"):
+        # with subprocess, tempfile and shutil: ~3 ms of every launch where imported above
+        from ctypes.util import find_library
+
+        found = find_library("cuda")
     if found and found not in names:
         names.append(found)
     errors = []
