@@ -166,7 +166,7 @@ def test_doctor_lists_every_command_and_why_one_is_missing(env: PluginEnv) -> No
 
 def _entry_points(monkeypatch: pytest.MonkeyPatch, *eps: tuple[str, str]) -> None:
     found = [EntryPointInfo(n, v, commands.ENTRY_POINT_GROUP) for n, v in eps]
-    monkeypatch.setattr(installed, "entry_points", lambda group: found)
+    monkeypatch.setattr(installed, "entry_points", lambda group, fresh=False: found)
 
 
 GOOD = CommandSpec("good", "a good command", "json")
@@ -209,11 +209,15 @@ def test_a_kept_command_whose_module_is_gone_is_read_again(
     group, good = commands.ENTRY_POINT_GROUP, EntryPointInfo("good", "test_commands:GOOD", "g")
     lists = {"kept": [EntryPointInfo("gone", "tp_no_such_module:SPEC", group), good],
              "fresh": [good]}  # fmt: skip
-    now = {"list": "kept"}
-    monkeypatch.setattr(installed, "entry_points", lambda group: lists[now["list"]])
-    monkeypatch.setattr(installed, "forget", lambda: now.update(list="fresh"))
+    asked: list[bool] = []
+
+    def entry_points(group: str, *, fresh: bool = False) -> list[EntryPointInfo]:
+        asked.append(fresh)
+        return lists["fresh" if fresh else "kept"]
+
+    monkeypatch.setattr(installed, "entry_points", entry_points)
     assert [(r.name, r.status) for r in discover()] == [("good", CommandStatus.ADDED)]
-    assert now["list"] == "fresh"
+    assert asked == [False, True]
 
 
 @pytest.mark.parametrize(

@@ -115,6 +115,19 @@ def test_answers_are_kept_under_the_key_they_were_asked_under(
     assert all(a == {"version:tp-thing": "1.0"} for a in entries.values())
 
 
+def test_fresh_asks_again_and_keeps_what_changed(site: Path) -> None:
+    """A change the key cannot see (a folder's time put back): the kept list stays
+    until asked ``fresh``, which also keeps the new list for the next caller."""
+    _write_dist(site, "tp-thing", "1.0", {"thing": "tp_thing:one"})
+    stamp = site.stat().st_mtime_ns
+    assert [e.value for e in installed.entry_points(GROUP)] == ["tp_thing:one"]
+    (site / "tp_thing-1.0.dist-info" / "entry_points.txt").write_text(f"[{GROUP}]\n")
+    os.utime(site, ns=(stamp, stamp))
+    assert [e.value for e in installed.entry_points(GROUP)] == ["tp_thing:one"]  # unseen
+    assert installed.entry_points(GROUP, fresh=True) == []
+    assert installed.entry_points(GROUP) == []
+
+
 def test_a_folder_changed_just_now_is_not_trusted(
     site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

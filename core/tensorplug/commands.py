@@ -198,10 +198,9 @@ def discover(reserved: Collection[str] = ()) -> list[CommandRecord]:
     """
     eps = installed.entry_points(ENTRY_POINT_GROUP)
     records = _judge(eps, reserved)
-    if any(isinstance(r.exception, ImportError) for r in records):
-        installed.forget()
-        if (fresh := installed.entry_points(ENTRY_POINT_GROUP)) != eps:
-            records = _judge(fresh, reserved)
+    gone = any(isinstance(r.exception, ImportError) for r in records)
+    if gone and (fresh := installed.entry_points(ENTRY_POINT_GROUP, fresh=True)) != eps:
+        records = _judge(fresh, reserved)
     return records
 
 

@@ -181,11 +181,11 @@ class PluginRecord:
         return msg
 
 
-def read_entry_points() -> list[EntryPointInfo]:
+def read_entry_points(*, fresh: bool = False) -> list[EntryPointInfo]:
     """Every installed ``tensorplug.backends`` entry point, in a stable order (kept
-    between processes: :mod:`tensorplug.installed`)."""
+    between processes: :mod:`tensorplug.installed`; ``fresh``: asked again)."""
     t0 = time.perf_counter()
-    eps = installed.entry_points(ENTRY_POINT_GROUP)
+    eps = installed.entry_points(ENTRY_POINT_GROUP, fresh=fresh)
     eps.sort(key=lambda ep: (ep.name, ep.value))
     _log.debug(
         "read %d entry points of group %r in %.1f ms: %s",

@@ -143,9 +143,10 @@ def _entries(path: Path) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def _kept(question: str, ask: Callable[[], Any]) -> Any:
+def _kept(question: str, ask: Callable[[], Any], fresh: bool = False) -> Any:
     """The answer to ``question`` (JSON values): from the kept file where it holds one
-    under the current key, else ``ask()``'s, then kept where the key has settled."""
+    under the current key (unless ``fresh``), else ``ask()``'s, then kept where the key
+    has settled and the answer is new."""
     path = _file()
     found = None if path is None else _key()
     if path is None or found is None:
@@ -153,10 +154,10 @@ def _kept(question: str, ask: Callable[[], Any]) -> Any:
     key, settled = found
     with _lock:
         answers = _entries(path).get(key, {})
-        if question in answers:
+        if question in answers and not fresh:
             return answers[question]
     answer = ask()
-    if settled:
+    if settled and (question not in answers or answers[question] != answer):
         with _lock:
             entries = dict(_entries(path))
             answers = {**entries.pop(key, {}), question: answer}  # the newest key last
@@ -177,10 +178,14 @@ def _ask_entry_points(group: str) -> list[list[str | None]]:
     return [[ep.name, ep.value, ep.dist.name if ep.dist is not None else None] for ep in found]
 
 
-def entry_points(group: str) -> list[EntryPointInfo]:
-    """Every installed entry point of ``group``, in ``importlib.metadata``'s order."""
+def entry_points(group: str, *, fresh: bool = False) -> list[EntryPointInfo]:
+    """Every installed entry point of ``group``, in ``importlib.metadata``'s order.
+    ``fresh``: asked of ``importlib.metadata`` whatever is kept (a kept entry point
+    failed to import: the list may be out of date in a way the key could not see), and
+    kept for the next process where it changed."""
+    ask = functools.partial(_ask_entry_points, group)
     try:
-        rows = _kept(f"entry_points:{group}", functools.partial(_ask_entry_points, group))
+        rows = _kept(f"entry_points:{group}", ask, fresh)
         return [EntryPointInfo(str(n), str(v), group, None if d is None else str(d))
                 for n, v, d in rows]  # fmt: skip
     except (TypeError, ValueError):  # a kept answer of another shape: ask again
@@ -222,11 +227,13 @@ def locate(distribution: str, name: str) -> str | None:
     The file itself may have gone since: the caller checks it before use."""
     answer = _kept(f"file:{distribution}:{name}",
                    functools.partial(_ask_location, distribution, name))  # fmt: skip
-    return answer if isinstance(answer, str) or answer is None else None
+    if isinstance(answer, str) or answer is None:
+        return answer
+    return _ask_location(distribution, name)  # a kept answer of another shape
 
 
 def forget() -> None:
-    """Drop the kept answers: one proved wrong (a kept entry point's module is gone)."""
+    """Drop every kept answer, this process's memory of them and the file."""
     path = _file()
     with _lock:
         _memo.clear()

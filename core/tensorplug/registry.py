@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import discovery, installed, settings
+from . import discovery, settings
 from .device import Device, DeviceType, Reg, is_host_cpu
 from .discovery import PluginRecord, PluginStatus, Source
 from .errors import (
@@ -162,9 +162,8 @@ def _prepared(selection: settings.Selection) -> list[Candidate]:
     _prepare_all(candidates, selection)
     if any(rec.failed and rec.stage == "import" and ep is not None for rec, ep in candidates):
         with _state.lock:
-            kept, _state.entry_points = _state.entry_points, None
-            installed.forget()
-            if _entry_points() != kept:
+            kept, _state.entry_points = _state.entry_points, discovery.read_entry_points(fresh=True)
+            if _state.entry_points != kept:
                 _log.debug("the kept entry points were out of date; read them again")
                 candidates = _all_candidates(selection)
                 _prepare_all(candidates, selection)
