@@ -37,18 +37,18 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = tempfile.mkdtemp(prefix="tensorplug-devices-")
         _OWN_DEVICE_LISTS.append(folder)
         os.environ["TENSORPLUG_DEVICE_CACHE"] = folder
-    # the same for the kept metadata (tensorplug.installed): the tests' environments, each
-    # a key of its own, would push the developer's own keys out of their file
-    if "TENSORPLUG_METADATA_CACHE" not in os.environ:
-        folder = tempfile.mkdtemp(prefix="tensorplug-metadata-")
+    # the same for what the core keeps (tensorplug.installed, the GGUF headers): the tests'
+    # environments and files, each a key of its own, would push the developer's out
+    if "TENSORPLUG_CACHE" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="tensorplug-cache-")
         _OWN_DEVICE_LISTS.append(folder)
-        os.environ["TENSORPLUG_METADATA_CACHE"] = folder
+        os.environ["TENSORPLUG_CACHE"] = folder
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     for folder in _OWN_DEVICE_LISTS:
         shutil.rmtree(folder, ignore_errors=True)
-        for name in ("TENSORPLUG_DEVICE_CACHE", "TENSORPLUG_METADATA_CACHE"):
+        for name in ("TENSORPLUG_DEVICE_CACHE", "TENSORPLUG_CACHE"):
             if os.environ.get(name) == folder:
                 del os.environ[name]
     _OWN_DEVICE_LISTS.clear()

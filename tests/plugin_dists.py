@@ -33,7 +33,7 @@ COMMANDS_GROUP = "tensorplug.commands"
 RESULT_MARK = "@@tensorplug-test-result@@"
 
 #: Settings the test processes keep: where the run keeps what it learns (conftest.py)
-KEPT_SETTINGS = ("TENSORPLUG_METADATA_CACHE",)
+KEPT_SETTINGS = ("TENSORPLUG_CACHE",)
 
 
 #: In a test distribution's pyproject.toml: installed only by the tests about it, in an

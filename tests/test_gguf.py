@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
-from tensorplug import registry
+from tensorplug import gguf_index, registry
 from tensorplug.buffer import BufferUsage
 from tensorplug.errors import UnsupportedError
 from tensorplug.gguf import (
@@ -88,17 +90,31 @@ def _odd_arrays(path: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize("opened", ["parsed", "kept"])
 @pytest.mark.parametrize("which", ["tiny", "odd arrays"])
-def test_metadata_equals_the_stock_readers(tiny: Path, tmp_path: Path, which: str) -> None:
-    """GGUFFile parses metadata arrays in bulk; every value must be what gguf's own
-    reader gives (this catches a gguf release that changes the reader's internals)."""
+def test_metadata_equals_the_stock_readers(
+    tiny: Path, tmp_path: Path, which: str, opened: str
+) -> None:
+    """GGUFFile parses metadata arrays in bulk, and a later open reads the header kept
+    by the first (tensorplug.gguf_index); every value must be what gguf's own reader
+    gives (this catches a gguf release that changes the reader's internals)."""
     path = tiny if which == "tiny" else _odd_arrays(tmp_path / "odd.gguf")
-    f, stock = GGUFFile(path), GGUFReader(path)
-    assert list(f._reader.fields) == list(stock.fields)
+    first = GGUFFile(path)
+    assert gguf_index.load(path, os.stat(path)) is not None  # kept for the next open
+    f, stock = (GGUFFile(path) if opened == "kept" else first), GGUFReader(path)
+    assert f.keys() == [k for k in stock.fields if not k.startswith("GGUF.")]
+    assert f.version == stock.fields["GGUF.version"].contents()
     for key, field in stock.fields.items():
         assert f.get(key) == field.contents(), key
-        assert f._reader.fields[key].types == field.types, key
-    assert [t.data_offset for t in f._reader.tensors] == [t.data_offset for t in stock.tensors]
+        numbers, strings = f.numbers(key), f.strings(key)
+        assert (f.length(key), strings) == (first.length(key), first.strings(key)), key
+        assert (numbers is None) == (first.numbers(key) is None), key
+        if numbers is not None:
+            assert numbers.dtype == first.numbers(key).dtype, key  # type: ignore[union-attr]
+            assert numbers.tolist() == field.contents(), key
+    assert [t.offset for t in f.tensors.values()] == [t.data_offset for t in stock.tensors]
+    assert f.tensors == first.tensors
+    assert (f.alignment, f.data_offset) == (stock.alignment, stock.data_offset)
 
 
 def test_whole_arrays_of_numbers_and_of_strings(tmp_path: Path) -> None:
@@ -168,6 +184,58 @@ def test_a_string_array_item_that_is_not_utf8_names_its_key(tmp_path: Path) -> N
     assert f.get("a.floats") == [1.5, -2.25]
     with pytest.raises(GGUFStringError, match="'a.strings' holds a string that is not valid UTF-8"):
         f.get("a.strings")
+
+
+def test_a_kept_header_is_of_the_file_as_it_is_now(tmp_path: Path) -> None:
+    """A file rewritten at the same path (new contents, same size) is parsed again,
+    never read through the header kept for its old contents; a file with a string
+    that is not UTF-8 is not kept, so a later open still names the key."""
+    path = tmp_path / "m.gguf"
+    for value in ("first", "other"):  # same length: only the identity tells them apart
+        w = GGUFWriter(str(path), "llama")
+        w.add_string("a.text", value)
+        w.add_tensor("t", np.arange(8, dtype=np.float32))
+        _finish(w)
+        assert GGUFFile(path).get("a.text") == GGUFFile(path).get("a.text") == value
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b"other", b"\xffther"))
+    for _ in range(2):
+        with pytest.raises(GGUFStringError, match="'a.text' holds a string that is not valid"):
+            GGUFFile(path).get("a.text")
+
+
+def test_a_damaged_kept_header_is_a_miss(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    GGUFFile(tiny)
+    (entry,) = [p for p in Path(os.environ["TENSORPLUG_CACHE"], "gguf").iterdir()
+                if json.loads(p.read_text())["head"] == tiny.read_bytes()[:24].hex()]  # fmt: skip
+    for damage in (
+        b"",
+        b"{}",
+        entry.read_bytes()[:-40],
+        entry.read_bytes().replace(b'"value"', b'"valu"'),
+    ):
+        entry.write_bytes(damage)
+        assert gguf_index.load(tiny, os.stat(tiny)) is None
+        assert GGUFFile(tiny).architecture == "llama"  # parsed, and kept again
+    assert gguf_index.load(tiny, os.stat(tiny)) is not None
+    monkeypatch.setenv("TENSORPLUG_CACHE", "0")
+    assert gguf_index.load(tiny, os.stat(tiny)) is None
+    assert GGUFFile(tiny).architecture == "llama"
+
+
+def test_a_kept_header_opens_without_the_gguf_package(tiny: Path, tmp_path: Path) -> None:
+    """The second process that opens a file neither imports ``gguf`` nor parses it."""
+    code = (
+        "import sys\nfrom tensorplug.gguf import GGUFFile\nf = GGUFFile(sys.argv[1])\n"
+        "print(f.architecture, len(f.tensors), f.strings('tokenizer.ggml.tokens')[:2], "
+        "'gguf' in sys.modules)"
+    )
+    env = {**os.environ, "TENSORPLUG_CACHE": str(tmp_path)}  # nothing kept yet
+    runs = [subprocess.run([sys.executable, "-c", code, str(tiny)], capture_output=True,
+                           text=True, check=True, env=env) for _ in range(2)]  # fmt: skip
+    first, second = (run.stdout.split() for run in runs)
+    assert first[-1] == "True" and second[-1] == "False"
+    assert first[:-1] == second[:-1]
 
 
 def test_string_arrays_cost_no_object_per_string(tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     folder = tmp_path / "site"
     folder.mkdir()
     monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setenv("TENSORPLUG_METADATA_CACHE", str(tmp_path / "kept"))
+    monkeypatch.setenv("TENSORPLUG_CACHE", str(tmp_path / "kept"))
     monkeypatch.setattr(installed, "SETTLE_NS", 0)
     installed.forget()
     yield folder
@@ -173,15 +173,15 @@ def test_off_or_unwritable_asks_every_time(
     site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _write_dist(site, "tp-thing", "1.0", {})
-    monkeypatch.setenv("TENSORPLUG_METADATA_CACHE", "0")
+    monkeypatch.setenv("TENSORPLUG_CACHE", "0")
     assert installed.version("tp-thing") == "1.0"
     assert not (tmp_path / "kept").exists()
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv("TENSORPLUG_METADATA_CACHE", str(blocker / "below"))
+    monkeypatch.setenv("TENSORPLUG_CACHE", str(blocker / "below"))
     assert installed.version("tp-thing") == "1.0"  # nothing raised, nothing kept
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TENSORPLUG_METADATA_CACHE", "maybe")  # a folder's name, not a bad flag
+    monkeypatch.setenv("TENSORPLUG_CACHE", "maybe")  # a folder's name, not a bad flag
     assert installed.version("tp-thing") == "1.0"
     assert [p.name[:9] for p in (tmp_path / "maybe").iterdir()] == ["metadata-"]
 
@@ -201,7 +201,7 @@ def _python(code: str, site: Path, kept: Path, cwd: Path) -> dict:
     os.utime(mirror, (OLD, OLD))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORPLUG_")}
     env.update(PYTHONPATH=os.pathsep.join(map(str, (site, CORE, mirror))),
-               TENSORPLUG_METADATA_CACHE=str(kept))  # fmt: skip
+               TENSORPLUG_CACHE=str(kept))  # fmt: skip
     script = textwrap.dedent(code) + "\nimport json\nprint(json.dumps(result))\n"
     proc = subprocess.run([sys.executable, "-S", "-c", script], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -28,9 +28,11 @@ no conversion either way. A file the reader rejects is walked again by a small h
 parser whose only job is to say precisely what is wrong — which key or tensor, which
 bytes are missing — instead of the reader's bare numpy error.
 
-``gguf`` is imported when a file is opened, never with :mod:`tensorplug` (it costs
-~190 ms at start-up). It is an optional dependency (``pip install 'tensorplug[gguf]'``):
-without it, opening a file raises :class:`~tensorplug.errors.MissingDependencyError`.
+``gguf`` is imported when a file is parsed, never with :mod:`tensorplug` (~30 ms of a
+launch). What the header held is kept for later processes (:mod:`.gguf_index`), which
+open the same unchanged file without importing ``gguf`` or parsing it again. ``gguf``
+is an optional dependency (``pip install 'tensorplug[gguf]'``): without it, parsing a
+file raises :class:`~tensorplug.errors.MissingDependencyError`.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import gguf_index
 from .alloc import alloc_tensors
 from .buffer import Buffer, BufferType, BufferUsage
 from .errors import TensorplugError
@@ -191,6 +194,28 @@ class GGUFFile:
         if self.path.exists() and not self.path.is_file():
             # a FIFO or device would block open() forever; a folder fails obscurely
             raise GGUFError(f"{self.path} is not a regular file; give the path of a .gguf file")
+        st = os.stat(self.path)  # before the header is read: what a kept header is of
+        kept = gguf_index.load(self.path, st)
+        if kept is None or not self._open_kept(kept):
+            kept = None
+            self._open_with_reader()
+        # the file itself, held open: size checks and reads see this inode even if the
+        # path is replaced
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        self._close_fd = weakref.finalize(self, os.close, self._fd)
+        self._size = int(self._data.size)
+        for info in self.tensors.values():
+            if len(info.shape) > 4:
+                raise GGUFError(
+                    f"{self.path}: tensor {info.describe()} has {len(info.shape)} dimensions; "
+                    "ggml tensors have at most 4"
+                )
+        self._check_layout()
+        if kept is None:
+            self._keep(st)
+
+    def _open_with_reader(self) -> None:
+        """The header parsed by the ``gguf`` package's reader (imported here)."""
         reader_class = _reader_class()  # outside the try: a missing gguf is no bad file
         try:
             reader = reader_class(self.path, "r")
@@ -203,22 +228,46 @@ class GGUFFile:
                 f"{self.path}: the file is big-endian; tensorplug uses little-endian GGUF "
                 "files (convert it again without --bigendian)"
             )
-        self._reader: Any = reader
-        # the file itself, held open: size checks and reads see this inode even if the
-        # path is replaced
-        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        self._close_fd = weakref.finalize(self, os.close, self._fd)
-        self._size = int(reader.data.size)
+        self._data: np.ndarray = reader.data
+        self._fields: dict[str, _ReaderField | _KeptFieldView] = {
+            k: _ReaderField(f) for k, f in reader.fields.items()
+        }
         self.alignment: int = int(reader.alignment)
         self.data_offset: int = int(reader.data_offset)
         self.tensors: dict[str, TensorInfo] = {t.name: _info(t) for t in reader.tensors}
-        for info in self.tensors.values():
-            if len(info.shape) > 4:
-                raise GGUFError(
-                    f"{self.path}: tensor {info.describe()} has {len(info.shape)} dimensions; "
-                    "ggml tensors have at most 4"
-                )
-        self._check_layout()
+
+    def _open_kept(self, kept: gguf_index.HeaderIndex) -> bool:
+        """The header as an earlier process's reader parsed it (:mod:`.gguf_index`);
+        False where the file mapped now does not start as it did, or is too short for
+        the kept tensors (changed between the two looks): the reader parses it then."""
+        data = np.memmap(self.path, mode="r")
+        tensors = {t[0]: TensorInfo(*t) for t in kept.tensors}
+        if bytes(data[: gguf_index.HEAD_BYTES]) != kept.head or any(
+            i.offset + i.nbytes > data.size for i in tensors.values()
+        ):
+            return False
+        self._data = data
+        self._fields = {k: _KeptFieldView(f, data) for k, f in kept.fields.items()}
+        self.alignment = kept.alignment
+        self.data_offset = kept.data_offset
+        self.tensors = tensors
+        return True
+
+    def _keep(self, st: os.stat_result) -> None:
+        """Keep this header for the next process that opens the file (where every
+        metadata string is UTF-8: a damaged one keeps its error for when it is read)."""
+        fields: dict[str, gguf_index.KeptField] = {}
+        try:
+            for key, field in self._fields.items():
+                assert isinstance(field, _ReaderField)
+                fields[key] = field.kept(self._data)
+        except UnicodeDecodeError:
+            return
+        tensors = tuple((i.name, i.type_id, i.type_name, i.shape, i.offset, i.nbytes)
+                        for i in self.tensors.values())  # fmt: skip
+        head = bytes(self._data[: gguf_index.HEAD_BYTES])
+        index = gguf_index.HeaderIndex(head, self.alignment, self.data_offset, tensors, fields)
+        gguf_index.save(self.path, st, index)
 
     def _check_layout(self) -> None:
         """Every tensor's data aligned and apart from the others' (a damaged or hostile
@@ -245,28 +294,25 @@ class GGUFFile:
     @property
     def data(self) -> np.ndarray:
         """The whole file, memory-mapped, as read-only ``uint8``."""
-        data: np.ndarray = self._reader.data
-        return data
+        return self._data
 
     @property
     def version(self) -> int:
-        return int(self._reader.fields["GGUF.version"].contents())
+        return int(self._fields["GGUF.version"].contents())
 
     def keys(self) -> list[str]:
-        return [k for k in self._reader.fields if not k.startswith("GGUF.")]
+        return [k for k in self._fields if not k.startswith("GGUF.")]
 
     def __contains__(self, key: object) -> bool:
-        return key in self._reader.fields
+        return key in self._fields
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value of metadata ``key`` (str, int, float, bool or list), or ``default``."""
-        field = self._reader.fields.get(key)
+        field = self._fields.get(key)
         return default if field is None else self._contents(key, field)
 
-    def _contents(self, key: str, field: Any) -> Any:
+    def _contents(self, key: str, field: _ReaderField | _KeptFieldView) -> Any:
         try:
-            if field.parts and isinstance(field.parts[-1], StringArray):
-                return field.parts[-1].decode()
             return field.contents()
         except UnicodeDecodeError as e:
             raise GGUFStringError(
@@ -281,28 +327,22 @@ class GGUFFile:
         anything else: :meth:`get` reads it item by item). A vocabulary's scores and
         token types as lists held an object an item (Gemma 3's 262,144 scores: 6 MB of
         floats) and took a pass of their own to be checked."""
-        field = self._reader.fields.get(key)
-        if field is None or len(field.data) != 1 or len(field.types) != 2:
-            return None
-        items = field.parts[field.data[0]]
-        if not isinstance(items, np.ndarray) or items.dtype.kind not in "iuf":
-            return None
-        return np.array(items)  # the reader's view is of the mapped file
+        field = self._fields.get(key)
+        items = None if field is None else field.numbers()
+        return None if items is None else np.array(items)  # a view of the mapped file
 
     def length(self, key: str) -> int | None:
         """How many items metadata array ``key`` holds, read from its header without
         reading the items (None: missing, or not an array). A model's vocabulary size
         needs no decoded tokens."""
-        field = self._reader.fields.get(key)
-        if field is None or not field.types or field.types[0] != _ARRAY or len(field.parts) < 5:
-            return None
-        return int(field.parts[4][0])  # the key's length and bytes, its type, the items' type
+        field = self._fields.get(key)
+        return None if field is None else field.length()
 
     def strings(self, key: str) -> list[str] | None:
         """Metadata array ``key`` of strings where it was read whole (every item is
         text by then: nothing to check item by item); else None, as :meth:`numbers`."""
-        field = self._reader.fields.get(key)
-        if field is None or not field.parts or not isinstance(field.parts[-1], StringArray):
+        field = self._fields.get(key)
+        if field is None or field.string_array() is None:
             return None
         strings: list[str] = self._contents(key, field)
         return strings
@@ -310,7 +350,7 @@ class GGUFFile:
     def value(self, key: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
         """The value of ``key``, checked to be of ``kind``; a missing key without a
         ``default`` is a :class:`GGUFError` naming it."""
-        field = self._reader.fields.get(key)
+        field = self._fields.get(key)
         if field is None:
             if default is not _MISSING:
                 return default
@@ -503,8 +543,8 @@ class GGUFFile:
 
     def close(self) -> None:
         """Drop this object's reference to the mapping (mapped buffers keep their own)."""
-        self.tensors = {}
-        self._reader = None
+        self.tensors, self._fields = {}, {}
+        self._data = np.empty(0, np.uint8)
         self._close_fd()
 
     def __repr__(self) -> str:
@@ -582,6 +622,111 @@ class StringArray:
         return out
 
 
+def string_array(data: np.ndarray, start: int, count: int) -> StringArray:
+    """The ``count`` strings from byte ``start`` of ``data`` (the file), where each item
+    ends found by walking the lengths; ``ValueError`` where the file ends first."""
+    raw, size, offs = data.data, data.size, start  # the memoryview over the file's bytes
+    # the one loop an item that reading a vocabulary cannot avoid (each length says
+    # where the next is), kept to a lookup and an append: bounds are checked by
+    # ``unpack_from`` for each length and once for the last item's end
+    length = struct.Struct("<Q").unpack_from
+    ends = array.array("q")
+    append = ends.append
+    try:
+        for _ in range(count):
+            offs += _LENGTH_BYTES + length(raw, offs)[0]
+            append(offs)
+    except struct.error:
+        raise ValueError("truncated string length") from None
+    if offs > size:
+        raise ValueError("truncated string")
+    return StringArray(data, start, np.frombuffer(ends, np.int64) - start)
+
+
+class _ReaderField:
+    """A metadata key as the ``gguf`` reader parsed it (:func:`_reader_class`'s parts)."""
+
+    def __init__(self, field: Any) -> None:
+        self.field = field
+
+    def contents(self) -> Any:
+        parts = self.field.parts
+        if parts and isinstance(parts[-1], StringArray):
+            return parts[-1].decode()
+        return self.field.contents()
+
+    def numbers(self) -> np.ndarray | None:
+        """An array of numbers read whole: the reader's view of the file's items."""
+        field = self.field
+        if len(field.data) != 1 or len(field.types) != 2:
+            return None
+        items = field.parts[field.data[0]]
+        if not isinstance(items, np.ndarray) or items.dtype.kind not in "iuf":
+            return None
+        return items
+
+    def length(self) -> int | None:
+        field = self.field
+        if not field.types or field.types[0] != _ARRAY or len(field.parts) < 5:
+            return None
+        return int(field.parts[4][0])  # the key's length and bytes, its type, the items' type
+
+    def string_array(self) -> StringArray | None:
+        parts = self.field.parts
+        return parts[-1] if parts and isinstance(parts[-1], StringArray) else None
+
+    def kept(self, data: np.ndarray) -> gguf_index.KeptField:
+        """What :class:`_KeptFieldView` needs to read this key again without the reader
+        (``UnicodeDecodeError`` for a string value that is not UTF-8; an array's items
+        are decoded as they are read, where a bad one raises as from the reader)."""
+        if (strings := self.string_array()) is not None:
+            return gguf_index.KeptField(strings=True, offset=strings.start,
+                                        length=len(strings.ends))  # fmt: skip
+        if (items := self.numbers()) is not None:
+            offset = int(items.ctypes.data) - int(data.ctypes.data)
+            return gguf_index.KeptField(dtype=items.dtype.str, offset=offset, length=items.size)
+        return gguf_index.KeptField(value=self.contents(), length=self.length())
+
+
+class _KeptFieldView:
+    """A metadata key as :mod:`.gguf_index` kept it, read from the mapped file."""
+
+    def __init__(self, kept: gguf_index.KeptField, data: np.ndarray) -> None:
+        self.kept, self.data = kept, data
+        self._strings: StringArray | None = None
+
+    def contents(self) -> Any:
+        if (strings := self.string_array()) is not None:
+            return strings.decode()
+        items = self.numbers()
+        return self.kept.value if items is None else items.tolist()
+
+    def numbers(self) -> np.ndarray | None:
+        kept = self.kept
+        if not kept.dtype:
+            return None
+        dtype = np.dtype(kept.dtype)
+        count = int(kept.length or 0)
+        items = self.data[kept.offset : kept.offset + count * dtype.itemsize].view(dtype)
+        if items.size != count:
+            raise GGUFError("the file is shorter than when its header was kept")
+        return items
+
+    def length(self) -> int | None:
+        return self.kept.length
+
+    def string_array(self) -> StringArray | None:
+        if not self.kept.strings:
+            return None
+        if self._strings is None:
+            try:
+                data = self.data.view(np.ndarray)
+                self._strings = string_array(data, self.kept.offset, int(self.kept.length or 0))
+            except ValueError as e:
+                raise GGUFError(f"the file is shorter than when its header was kept: {e}") from e
+        return self._strings
+
+
 def _reader_class() -> type:
     """``gguf.GGUFReader`` with metadata arrays parsed in bulk (made on first use, since
     ``gguf`` is imported lazily).
@@ -639,25 +784,10 @@ def _reader_class() -> type:
                 # (a string array inside an array keeps the stock parts, which the outer
                 # array's contents() flattens: rare enough to cost what it costs)
                 return super()._get_field_parts(orig_offs, raw_type)
-            data = self.data.view(np.ndarray)
-            raw, size = data.data, data.size  # the memoryview over its bytes
-            # the one loop an item that reading a vocabulary cannot avoid (each length
-            # says where the next is), kept to a lookup and an append: bounds are checked
-            # by ``unpack_from`` for each length and once for the last item's end
-            length = struct.Struct("<Q").unpack_from
-            start, ends = offs, array.array("q")
-            append = ends.append
-            try:
-                for _ in range(count):
-                    offs += _LENGTH_BYTES + length(raw, offs)[0]
-                    append(offs)
-            except struct.error:
-                raise ValueError("truncated string length") from None
-            if offs > size:
-                raise ValueError("truncated string")
-            strings = StringArray(data, start, np.frombuffer(ends, np.int64) - start)
+            strings = string_array(self.data.view(np.ndarray), offs, count)
             types = [GGUFValueType.ARRAY, GGUFValueType.STRING]
-            return offs - orig_offs, [raw_itype, alen, strings], [2], types
+            end = offs + (int(strings.ends[-1]) if count else 0)
+            return end - orig_offs, [raw_itype, alen, strings], [2], types
 
     _READER = BulkArrayReader
     return _READER

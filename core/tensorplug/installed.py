@@ -22,7 +22,7 @@ What the key cannot see: a metadata file edited in place, without reinstalling i
 distribution (its folder stays, and so does the time of the folder holding it), and
 distributions that a finder other than the standard path finder provides (then nothing
 is kept). The registry asks again without the file when a kept entry point fails to
-import (:func:`forget`); ``TENSORPLUG_METADATA_CACHE=0`` asks in every process.
+import (:func:`forget`); ``TENSORPLUG_CACHE=0`` asks in every process.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import cache_folder, replace_file
-from .settings import METADATA_CACHE
+from .settings import CACHE
 
 __all__ = ["EntryPointInfo", "entry_points", "forget", "locate", "version"]
 
@@ -82,7 +82,7 @@ class EntryPointInfo:
 
 def _file() -> Path | None:
     """This interpreter's file (None: nothing is kept)."""
-    folder = cache_folder(METADATA_CACHE.get())
+    folder = cache_folder(CACHE.get())
     if folder is None:
         return None
     who = hashlib.sha256(f"{sys.executable}\0{sys.prefix}".encode()).hexdigest()[:16]

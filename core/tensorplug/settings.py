@@ -38,7 +38,7 @@ __all__ = [
     "BACKENDS",
     "FALLBACK_BACKEND",
     "MAX_COPIES",
-    "METADATA_CACHE",
+    "CACHE",
     "BACKEND_PATH",
     "DISABLE",
     "SCHED_COPIES",
@@ -226,15 +226,16 @@ def parse_folder(value: str) -> Path | bool:
 
 
 #: True (unset): the default folder; False: kept nowhere; a Path: that folder.
-METADATA_CACHE: Setting[Path | bool] = Setting(
-    "TENSORPLUG_METADATA_CACHE",
+CACHE: Setting[Path | bool] = Setting(
+    "TENSORPLUG_CACHE",
     True,
     parse_folder,
-    "The folder where tensorplug keeps what importlib.metadata said of the installed "
-    "plugins, commands and versions, so that a launch neither imports nor asks it (~20 ms); "
-    "asked again whenever a folder on sys.path changes (a distribution installed, upgraded "
-    "or removed). Unset: $XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); "
-    "0 to ask importlib.metadata in every process.",
+    "The folder where tensorplug keeps, between processes, what it learnt of the "
+    "installation (what importlib.metadata said of the plugins, commands and versions) and "
+    "of the GGUF files it opened (their headers), so that a launch neither imports "
+    "importlib.metadata and gguf nor parses the header again (~60 ms). Each is asked again "
+    "when what it came from changes (a folder on sys.path, the file). Unset: "
+    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to keep nothing.",
     example="0",
 )
 
@@ -247,7 +248,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     STRICT_PLUGINS,
     SCHED_DEBUG,
     SCHED_COPIES,
-    METADATA_CACHE,
+    CACHE,
 )
 
 
