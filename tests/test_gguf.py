@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
@@ -204,10 +203,12 @@ def test_a_kept_header_is_of_the_file_as_it_is_now(tmp_path: Path) -> None:
             GGUFFile(path).get("a.text")
 
 
-def test_a_damaged_kept_header_is_a_miss(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_damaged_kept_header_is_a_miss(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TENSORPLUG_CACHE", str(tmp_path))  # only this test's entry
     GGUFFile(tiny)
-    (entry,) = [p for p in Path(os.environ["TENSORPLUG_CACHE"], "gguf").iterdir()
-                if json.loads(p.read_text())["head"] == tiny.read_bytes()[:24].hex()]  # fmt: skip
+    (entry,) = (tmp_path / "gguf").iterdir()
     for damage in (
         b"",
         b"{}",

@@ -194,7 +194,11 @@ class GGUFFile:
         if self.path.exists() and not self.path.is_file():
             # a FIFO or device would block open() forever; a folder fails obscurely
             raise GGUFError(f"{self.path} is not a regular file; give the path of a .gguf file")
-        st = os.stat(self.path)  # before the header is read: what a kept header is of
+        try:
+            st = os.stat(self.path)  # before the header is read: what a kept header is of
+        except OSError:
+            _reader_class()  # without gguf, that is said first (whatever the path)
+            raise
         kept = gguf_index.load(self.path, st)
         if kept is None or not self._open_kept(kept):
             kept = None
