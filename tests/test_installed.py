@@ -128,6 +128,21 @@ def test_fresh_asks_again_and_keeps_what_changed(site: Path) -> None:
     assert installed.entry_points(GROUP) == []
 
 
+def test_paths_and_bytes_on_sys_path_are_keyed_too(
+    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application may append a Path or bytes to sys.path: the answers are still
+    kept (a key that could not be written down dropped the file at every question)."""
+    _write_dist(site, "tp-thing", "1.0", {})
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, other, os.fsencode(other)])
+    assert installed.version("tp-thing") == "1.0"
+    assert installed.version("tp-thing") == "1.0"
+    (answers,) = _kept_file(tmp_path)["entries"].values()
+    assert answers == {"version:tp-thing": "1.0"}
+
+
 def test_a_folder_changed_just_now_is_not_trusted(
     site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

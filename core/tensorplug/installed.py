@@ -109,12 +109,15 @@ def _key() -> tuple[str, bool] | None:
     settled = True
     seen: list[Any] = []
     for entry in sys.path:
+        # an application may put a Path or bytes there: named by their text
+        name = entry if isinstance(entry, str) else repr(entry)
         try:
             st = os.stat(entry or ".")
-        except (OSError, ValueError):  # not a path (a path hook's name), or gone
-            seen.append([entry])
+            where = os.fsdecode(os.path.abspath(entry or "."))
+        except (OSError, ValueError, TypeError):  # not a path (a path hook's name), gone
+            seen.append([name])
             continue
-        seen.append([entry, os.path.abspath(entry or "."), st.st_mtime_ns])
+        seen.append([name, where, st.st_mtime_ns])
         settled = settled and st.st_mtime_ns < now - SETTLE_NS
     parts = [FORMAT, sys.version, sys.executable, seen]
     digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
