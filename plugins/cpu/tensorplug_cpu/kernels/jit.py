@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tensorplug import installed
 from tensorplug.iquants import IQ4_TYPES
 from tensorplug.kquants import K_TYPES
 from tensorplug.opcodes import GluOp
@@ -67,7 +68,6 @@ from .job_blocks import (
     sums_span,
 )
 from .kept_code import arg_key, kept_code_on, numba_jit_disabled
-from .kernel_identity import installed_version
 from .kernel_refs import JobRef, KernelRef, job_ref, kept_code_ready, kernel_ref, module_kernel
 from .llvm_pages import release as release_llvm_pages
 from .numba_import import numba_module, on_import
@@ -1349,7 +1349,7 @@ def _try_load() -> tuple[JitKernels | None, str]:
 def _numba_version() -> str:
     """numba's version as installed (read without importing it), else as imported (a
     source tree)."""
-    return installed_version("numba") or str(getattr(numba_module(), "__version__", "unknown"))
+    return installed.version("numba") or str(getattr(numba_module(), "__version__", "unknown"))
 
 
 def _keep(dispatcher: Any, args: tuple[Any, ...]) -> None:

@@ -37,8 +37,8 @@ from ..system import kernel_features, llvm_cpu_name, numba_target_features
 
 __all__ = [
     "CODEGEN_SETTINGS", "FORM_FLAGS", "SOURCES", "cache_folder",
-    "compile_target", "identity", "installed_version", "instruction_forms", "origin_of", "salt",
-    "source_hash", "sources_hash",
+    "compile_target", "identity", "instruction_forms", "origin_of", "salt", "source_hash",
+    "sources_hash",
 ]  # fmt: skip
 
 _HERE = Path(__file__).parent
@@ -120,18 +120,11 @@ def _compile_target(environment: tuple[str, ...]) -> tuple[str, ...]:
     return (triple, llvm_cpu_name(), numba_target_features(), *environment[2:])
 
 
-@functools.cache
-def installed_version(distribution: str) -> str | None:
-    """``distribution``'s version as installed (read without importing it, nor
-    ``importlib.metadata`` where it is kept: :mod:`tensorplug.installed`); None where it
-    is not installed (imported from a source tree, or missing)."""
-    return installed.version(distribution)
-
-
 def salt() -> str:
     """What every kept entry must have been written under: numba's, llvmlite's and
     Python's versions (installed: read without importing numba) and the sources."""
-    numba, llvmlite = (installed_version(d) or "not installed" for d in ("numba", "llvmlite"))
+    # installed versions, read without importing them (kept: tensorplug.installed)
+    numba, llvmlite = (installed.version(d) or "not installed" for d in ("numba", "llvmlite"))
     return repr((numba, llvmlite, sys.version, sources_hash()))
 
 

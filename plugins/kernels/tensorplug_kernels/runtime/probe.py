@@ -139,10 +139,6 @@ def _manifests(folders: Iterable[str]) -> list[Any]:
     return seen
 
 
-def _version(distribution: str) -> str | None:
-    return installed.version(distribution)  # kept between processes, as the device list
-
-
 def _os() -> list[str]:
     """The OS, its kernel's release, the machine and the C library's version: what
     ``platform.platform()`` says, without its reading the interpreter's executable for
@@ -193,7 +189,7 @@ def driver_key(
         "runtime": runtime,
         "python": sys.version,
         "os": [*_os(), _boot()],
-        "packages": {d: _version(d) for d in distributions},
+        "packages": {d: installed.version(d) for d in distributions},  # kept, as the list
         "manifests": _manifests(manifest_folders),
         "nodes": nodes,
         "variables": sorted((k, v) for k, v in env.items() if k.startswith(prefixes)),
