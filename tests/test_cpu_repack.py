@@ -410,6 +410,7 @@ def test_the_scheduler_names_what_cannot_read_repacked_weights() -> None:
 # -- the IR on other hosts -----------------------------------------------------------------------
 
 _OTHER_HOSTS = """
+import re
 import gguf, numpy as np
 from numba import njit
 from tensorplug.quants import quantize
@@ -477,6 +478,9 @@ for name, ggml_order, tiled in [(n, False, False) for n in names] + ggml_ordered
     print(name + ("_tiled" if tiled else "_ggml" if ggml_order else ""), "ok")
 # the last tile's IR (Q4_K in ggml's order) asks for the stream ahead off Zen cores only
 print("prefetch", "llvm.prefetch" in "".join(run.inspect_llvm().values()))
+# ... and realigns its stack on entry (ir.align_stack): no spilled vector straddles a line
+print("aligned", "alignstack(64)" in "".join(run.inspect_llvm().values()),
+      bool(re.search(r"andq\\s+\\$-64, %rsp", "".join(run.inspect_asm().values()))))
 
 # a driver takes tiles of the layout's height on this host (rp.tile_rows: 8, 4 or 2), the
 # rest in tiles of up to four: 11 rows at once give each row's bits alone, and the right
@@ -522,8 +526,10 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     table-decoded scales. This machine compiles each form in a fresh process (the choice
     is made when a kernel is first compiled) and checks its widest tiles against the
     decoded weights, and its drivers' tile heights with 32 vector registers (an AVX-512
-    Zen core without VNNI: Q6_K's tiles of eight) and with 16, and that a tile
-    prefetches the stream ahead off Zen cores only."""
+    Zen core without VNNI: Q6_K's tiles of eight) and with 16, that a tile
+    prefetches the stream ahead off Zen cores only, and that the function holding a tile
+    realigns its stack (``_numba_ir.align_stack``: its spills then never straddle a
+    cache line, whatever stack a thread entered it with)."""
     pytest.importorskip("numba", reason="the repacked products are numba's")
     code = textwrap.dedent(_OTHER_HOSTS).format(flags=flags)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -540,7 +546,10 @@ def test_the_ir_for_hosts_without_vnni_or_avx2_computes_the_same(flags: tuple[bo
     }
     drivers = [w for t, n in rows.items() for w in ("driver", t, str(n), "ok")]
     prefetch = ["prefetch", str(not flags[4])]  # rp.prefetches: not on a Zen core
-    assert done.stdout.split() == [w for n in names for w in (n, "ok")] + prefetch + drivers
+    aligned = ["aligned", "True", "True"]
+    assert done.stdout.split() == [w for n in names for w in (n, "ok")] + prefetch + aligned + (
+        drivers
+    )
 
 
 @pytest.mark.parametrize(

@@ -501,6 +501,7 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
     prefetch = prefetches()
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> None:
+        _ir.align_stack(builder)  # the rows' sums spill
         arrays = [context.make_array(sig.args[i])(context, builder, args[i])
                   for i in (0, 2, 3, 4, 7)]  # fmt: skip
         pk, xqa, xda, xsa, outa = arrays
