@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -222,6 +223,34 @@ def test_a_damaged_kept_header_is_a_miss(
     monkeypatch.setenv("TENSORPLUG_CACHE", "0")
     assert gguf_index.load(tiny, os.stat(tiny)) is None
     assert GGUFFile(tiny).architecture == "llama"
+
+
+def test_writing_a_kept_header_drops_those_of_deleted_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries of model files that are gone, of another format, or damaged are removed
+    when another entry is written; those of files still there stay."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TENSORPLUG_CACHE", str(cache))
+    paths = []
+    for name in ("a", "b", "c"):
+        w = GGUFWriter(str(tmp_path / f"{name}.gguf"), "llama")
+        w.add_tensor("t", np.arange(8, dtype=np.float32))
+        _finish(w)
+        paths.append(tmp_path / f"{name}.gguf")
+    for path in paths[:2]:
+        GGUFFile(path)
+    folder = cache / "gguf"
+    by_model = {json.loads(e.read_text())["path"]: e for e in folder.iterdir()}
+    kept = {p: by_model[os.path.realpath(p)] for p in paths[:2]}
+    older = folder / "older.json"  # as the first format wrote them: no path
+    older.write_text(json.dumps({"format": gguf_index.FORMAT - 1}))
+    (folder / "damaged.json").write_text("{")
+    paths[0].unlink()  # a model deleted
+    GGUFFile(paths[2])  # a new model's entry is written
+    left = sorted(e.name for e in folder.iterdir())
+    assert len(left) == 2 and kept[paths[1]].name in left and kept[paths[0]].name not in left
+    assert gguf_index.load(paths[1], os.stat(paths[1])) is not None  # still a hit
 
 
 def test_a_kept_header_opens_without_the_gguf_package(tiny: Path, tmp_path: Path) -> None:

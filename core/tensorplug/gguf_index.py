@@ -15,7 +15,10 @@ whose string values are UTF-8, is kept (a string array's items are decoded when 
 either way): a damaged file keeps its precise errors.
 
 The folder is ``TENSORPLUG_CACHE``'s (:data:`tensorplug.settings.CACHE`), ``gguf/``
-below it; ``TENSORPLUG_CACHE=0`` keeps nothing.
+below it; ``TENSORPLUG_CACHE=0`` keeps nothing. An entry (8-22 KB for the models the
+benchmarks use: a vocabulary's strings are kept as where they lie, not as text) names
+the model file it was made for; writing one drops the entries of files that are gone,
+or of another format, so that downloading and deleting models does not fill the folder.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ __all__ = ["HEAD_BYTES", "HeaderIndex", "KeptField", "load", "save"]
 _log = logging.getLogger(__name__)
 
 #: Bumped when what an entry holds changes shape: an older entry is then a miss.
-FORMAT = 1
+FORMAT = 2
 
 #: The header's fixed start: magic, version, tensor count, key count.
 HEAD_BYTES = 24
@@ -109,6 +112,7 @@ def save(path: Path, st: os.stat_result, index: HeaderIndex) -> None:
         return
     data = {
         "format": FORMAT,
+        "path": os.path.realpath(path),
         "identity": _identity(st),
         "head": index.head.hex(),
         "alignment": index.alignment,
@@ -120,3 +124,28 @@ def save(path: Path, st: os.stat_result, index: HeaderIndex) -> None:
         replace_file(entry, json.dumps(data).encode())
     except (OSError, ValueError, TypeError) as e:  # a read-only home; a value JSON refuses
         _log.debug("could not keep the header of %s in %s: %s", path, entry, e)
+        return
+    _prune(entry.parent, keep=entry)
+
+
+def _prune(folder: Path, keep: Path) -> None:
+    """Remove the entries in ``folder`` (but ``keep``) whose model file is gone, or that
+    another format wrote: neither can be a hit again. Done when an entry is written,
+    which a launch does only for a file it has not opened before."""
+    try:
+        entries = [e for e in folder.glob("*.json") if e != keep]
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            data = json.loads(entry.read_bytes())
+            stale = data.get("format") != FORMAT or not os.path.exists(data["path"])
+        except FileNotFoundError:  # another process pruned it first
+            continue
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            stale = True  # damaged: a miss for its file, rewritten on its next open
+        if stale:
+            try:
+                entry.unlink()
+            except OSError as e:
+                _log.debug("could not remove the stale kept header %s: %s", entry, e)
