@@ -146,10 +146,12 @@ def _entries(path: Path) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def _kept(question: str, ask: Callable[[], Any], fresh: bool = False) -> Any:
+def _kept(question: str, ask: Callable[[], Any], valid: Callable[[Any], bool],
+          fresh: bool = False) -> Any:  # fmt: skip
     """The answer to ``question`` (JSON values): from the kept file where it holds one
-    under the current key (unless ``fresh``), else ``ask()``'s, then kept where the key
-    has settled and the answer is new."""
+    under the current key that ``valid`` accepts (unless ``fresh``), else ``ask()``'s,
+    then kept where the key has settled and the answer is new (a kept answer of another
+    shape, written by hand or by another version, is replaced)."""
     path = _file()
     found = None if path is None else _key()
     if path is None or found is None:
@@ -157,7 +159,7 @@ def _kept(question: str, ask: Callable[[], Any], fresh: bool = False) -> Any:
     key, settled = found
     with _lock:
         answers = _entries(path).get(key, {})
-        if question in answers and not fresh:
+        if question in answers and not fresh and valid(answers[question]):
             return answers[question]
     answer = ask()
     if settled and (question not in answers or answers[question] != answer):
@@ -174,6 +176,19 @@ def _kept(question: str, ask: Callable[[], Any], fresh: bool = False) -> Any:
     return answer
 
 
+def _text_or_none(answer: Any) -> bool:
+    return answer is None or isinstance(answer, str)
+
+
+def _entry_point_rows(answer: Any) -> bool:
+    """Whether ``answer`` is what :func:`_ask_entry_points` gives: [name, value, dist] rows."""
+    return isinstance(answer, list) and all(
+        isinstance(row, list) and len(row) == 3 and isinstance(row[0], str)
+        and isinstance(row[1], str) and _text_or_none(row[2])
+        for row in answer
+    )  # fmt: skip
+
+
 def _ask_entry_points(group: str) -> list[list[str | None]]:
     from importlib import metadata
 
@@ -187,14 +202,8 @@ def entry_points(group: str, *, fresh: bool = False) -> list[EntryPointInfo]:
     failed to import: the list may be out of date in a way the key could not see), and
     kept for the next process where it changed."""
     ask = functools.partial(_ask_entry_points, group)
-    try:
-        rows = _kept(f"entry_points:{group}", ask, fresh)
-        return [EntryPointInfo(str(n), str(v), group, None if d is None else str(d))
-                for n, v, d in rows]  # fmt: skip
-    except (TypeError, ValueError):  # a kept answer of another shape: ask again
-        forget()
-        rows = _ask_entry_points(group)
-        return [EntryPointInfo(str(n), str(v), group, d) for n, v, d in rows]
+    rows = _kept(f"entry_points:{group}", ask, _entry_point_rows, fresh)
+    return [EntryPointInfo(name, value, group, dist) for name, value, dist in rows]
 
 
 def _ask_version(distribution: str) -> str | None:
@@ -209,8 +218,9 @@ def _ask_version(distribution: str) -> str | None:
 def version(distribution: str) -> str | None:
     """``distribution``'s installed version (read without importing it), None where it
     is not installed."""
-    answer = _kept(f"version:{distribution}", functools.partial(_ask_version, distribution))
-    return answer if isinstance(answer, str) or answer is None else _ask_version(distribution)
+    ask = functools.partial(_ask_version, distribution)
+    answer: str | None = _kept(f"version:{distribution}", ask, _text_or_none)
+    return answer
 
 
 def _ask_location(distribution: str, name: str) -> str | None:
@@ -228,11 +238,9 @@ def locate(distribution: str, name: str) -> str | None:
     """The path of the file called ``name`` (a base name) that ``distribution``
     installed, by its record; None where it is not installed or lists no such file.
     The file itself may have gone since: the caller checks it before use."""
-    answer = _kept(f"file:{distribution}:{name}",
-                   functools.partial(_ask_location, distribution, name))  # fmt: skip
-    if isinstance(answer, str) or answer is None:
-        return answer
-    return _ask_location(distribution, name)  # a kept answer of another shape
+    ask = functools.partial(_ask_location, distribution, name)
+    answer: str | None = _kept(f"file:{distribution}:{name}", ask, _text_or_none)
+    return answer
 
 
 def forget() -> None:
