@@ -121,7 +121,7 @@ class CommandRecord:
     entry_point: str
     value: str  # the entry point's "module:attr", or the module of a built-in command
     #: the installed distribution declaring the entry point (None: built into the core)
-    dist_name: str | None = field(default=None, repr=False)
+    distribution: str | None = field(default=None, repr=False)
     spec: CommandSpec | None = None
     status: CommandStatus = CommandStatus.ADDED
     detail: str = ""  # why it was refused
@@ -131,15 +131,11 @@ class CommandRecord:
 
     @cached_property
     def version(self) -> str | None:
-        return None if self.dist_name is None else installed.version(self.dist_name)
+        return None if self.distribution is None else installed.version(self.distribution)
 
     @property
     def name(self) -> str:
         return self.spec.name if self.spec is not None else self.entry_point
-
-    @property
-    def distribution(self) -> str | None:
-        return self.dist_name
 
     @property
     def origin(self) -> str:

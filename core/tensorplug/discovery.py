@@ -98,8 +98,8 @@ class PluginRecord:
     source: Source
     spec: str  # entry-point value, module:attr, file path, or repr of the registered Reg
     entry_point: str | None = None
-    #: the installed distribution declaring the entry point (None for files and code)
-    dist_name: str | None = field(default=None, repr=False)
+    #: the installed distribution's name (``tensorplug-cpu``), None for files and code
+    distribution: str | None = field(default=None, repr=False)
     backend: str | None = None
     api_version: tuple[int, int] | None = None
     score: int | None = None
@@ -114,15 +114,10 @@ class PluginRecord:
     import_ms: float = 0.0
     warned: bool = False
 
-    @property
-    def distribution(self) -> str | None:
-        """The installed distribution's name (``tensorplug-cpu``), None for files and code."""
-        return self.dist_name
-
     @cached_property
     def version(self) -> str | None:
         # asked only when a message needs it
-        return None if self.dist_name is None else installed.version(self.dist_name)
+        return None if self.distribution is None else installed.version(self.distribution)
 
     def __str__(self) -> str:
         return self.origin  # log lines pass the record, so the origin is built only if logged
@@ -199,7 +194,7 @@ def read_entry_points(*, fresh: bool = False) -> list[EntryPointInfo]:
 
 def record_for_entry_point(ep: EntryPointInfo) -> PluginRecord:
     return PluginRecord(
-        source=Source.ENTRY_POINT, spec=ep.value, entry_point=ep.name, dist_name=ep.distribution
+        source=Source.ENTRY_POINT, spec=ep.value, entry_point=ep.name, distribution=ep.distribution
     )
 
 
@@ -307,10 +302,11 @@ def prepare(
         return
     if not api_compatible(registration.api_version):
         try:
+            package = record.distribution
             check_api_version(
                 registration.api_version,
-                plugin=record.short_origin if record.dist_name else f"plugin {registration.name!r}",
-                package=record.distribution,
+                plugin=record.short_origin if package else f"plugin {registration.name!r}",
+                package=package,
             )
         except PluginError as e:
             record.fail("api", e)
