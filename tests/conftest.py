@@ -24,8 +24,8 @@ def missing_in_ci(environ: dict[str, str] | os._Environ[str], opencl_score: tupl
     )
 
 
-#: the device-list folder this run made (pytest_configure), removed when it ends
-_OWN_DEVICE_LISTS: list[str] = []
+#: the cache folders this run made (device lists, the core's), removed when it ends
+_OWN_CACHE_FOLDERS: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,23 +35,23 @@ def pytest_configure(config: pytest.Config) -> None:
     next ``tensorplug run`` start every GPU driver again (+0.3 s, +60 MB, once)."""
     if "TENSORPLUG_DEVICE_CACHE" not in os.environ:
         folder = tempfile.mkdtemp(prefix="tensorplug-devices-")
-        _OWN_DEVICE_LISTS.append(folder)
+        _OWN_CACHE_FOLDERS.append(folder)
         os.environ["TENSORPLUG_DEVICE_CACHE"] = folder
     # the same for what the core keeps (tensorplug.installed, the GGUF headers): the tests'
     # environments and files, each a key of its own, would push the developer's out
     if "TENSORPLUG_CACHE" not in os.environ:
         folder = tempfile.mkdtemp(prefix="tensorplug-cache-")
-        _OWN_DEVICE_LISTS.append(folder)
+        _OWN_CACHE_FOLDERS.append(folder)
         os.environ["TENSORPLUG_CACHE"] = folder
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for folder in _OWN_DEVICE_LISTS:
+    for folder in _OWN_CACHE_FOLDERS:
         shutil.rmtree(folder, ignore_errors=True)
         for name in ("TENSORPLUG_DEVICE_CACHE", "TENSORPLUG_CACHE"):
             if os.environ.get(name) == folder:
                 del os.environ[name]
-    _OWN_DEVICE_LISTS.clear()
+    _OWN_CACHE_FOLDERS.clear()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
