@@ -35,7 +35,7 @@ are of medians.
 
 Without ``--model`` the model is written by ``tensorplug_llm.tiny.write_tiny_llama``
 (``--size tiny``: the test model; ``100M``: 8 blocks, n_embd 768, vocab 32000, Q8_0).
-The model goes where ``Llama`` puts it by default (the best GPU, else the CPU).
+The model goes where ``ModelRunner`` puts it by default (the best GPU, else the CPU).
 Figures are only meaningful on an otherwise idle machine.
 """
 
@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from tensorplug_llm.engine import Engine, Request
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 SIZES: dict[str, dict[str, int]] = {
@@ -73,7 +73,7 @@ class Figures:
     graphs: int  # built during the run
 
 
-def run(llama: Llama, streams: int, prompt: int, gen: int, seed: int = 0) -> Figures:
+def run(llama: ModelRunner, streams: int, prompt: int, gen: int, seed: int = 0) -> Figures:
     """The figures of ``streams`` concurrent requests."""
     rng = np.random.default_rng([streams, seed])
     n_vocab = llama.config.n_vocab
@@ -114,7 +114,7 @@ def main() -> None:
         if path is None:
             path = write_tiny_llama(Path(tmp) / "model.gguf", "q8_0", 0, **SIZES[args.size])  # type: ignore[arg-type]
         n_ctx = max(counts) * (args.prompt + args.gen) + 64
-        with Llama(path, n_ctx=n_ctx, n_threads=args.threads) as llama:
+        with ModelRunner(path, n_ctx=n_ctx, n_threads=args.threads) as llama:
             rounds: dict[int, list[Figures]] = {n: [] for n in counts}
             for r in range(1 if args.cold else args.rounds):
                 for n in counts:

@@ -46,7 +46,7 @@ from tensorplug import registry
 from tensorplug.gguf import GGUFFile
 from tensorplug.quants import dequantize
 from tensorplug_llm.placement import Placement
-from tensorplug_llm.runner import Llama, Timings
+from tensorplug_llm.runner import ModelRunner, Timings
 from tensorplug_llm.tiny import write_tiny_llama
 
 
@@ -90,7 +90,7 @@ def model_options(p: argparse.ArgumentParser, prompt: int = 32, runs: int = 2) -
 
 
 def timed_runs(
-    m: Llama, n_prompt: int, n_gen: int, runs: int, before: Callable[[], None] | None = None
+    m: ModelRunner, n_prompt: int, n_gen: int, runs: int, before: Callable[[], None] | None = None
 ) -> list[Timings]:
     """``runs`` fresh prompt + greedy generations of ``m``, each one's timings; ``before``
     runs first each time (to reset a counter of one's own)."""
@@ -112,7 +112,7 @@ def run_model(path: Path, device: str, n_prompt: int, n_gen: int, runs: int) -> 
     assert dev is not None
     f = GGUFFile(path)
     n_layer = f.value("llama.block_count", int)
-    m = Llama(f, placement=Placement.on(dev, n_layer), n_ctx=n_prompt + n_gen, n_batch=CHUNK)
+    m = ModelRunner(f, placement=Placement.on(dev, n_layer), n_ctx=n_prompt + n_gen, n_batch=CHUNK)
     results = []
     try:
         for t in timed_runs(m, n_prompt, n_gen, runs):

@@ -37,7 +37,7 @@ def _inner(path: str, mode: str, n_prompt: int, n_gen: int, runs: int) -> dict[s
     from tensorplug.meta import MetaBackend
     from tensorplug_llm.placement import Placement
     from tensorplug_llm.row_split import row_split_device
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     f = GGUFFile(path)
     n_layer = f.value("llama.block_count", int)
@@ -47,7 +47,7 @@ def _inner(path: str, mode: str, n_prompt: int, n_gen: int, runs: int) -> dict[s
         second = tp.dev_by_name("OpenCL1")
         assert second is not None
         dev = row_split_device(f, [dev, second])
-    m = Llama(f, placement=Placement.on(dev, n_layer), n_ctx=n_prompt + n_gen, n_batch=CHUNK)
+    m = ModelRunner(f, placement=Placement.on(dev, n_layer), n_ctx=n_prompt + n_gen, n_batch=CHUNK)
     meta = next((b for b in m.backends if isinstance(b, MetaBackend)), None)
 
     def reset() -> None:

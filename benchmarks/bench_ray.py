@@ -70,13 +70,13 @@ def tokens_per_s(
 ) -> tuple[float, float]:
     from tensorplug.gguf import GGUFFile
     from tensorplug_llm.placement import Placement
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     f = GGUFFile(path)
     n_layer = f.value("llama.block_count", int)
     placement = (Placement.on(devices[0], n_layer) if len(devices) == 1
                  else Placement.spread(devices, n_layer))  # fmt: skip
-    m = Llama(f, placement=placement, n_ctx=n_prompt + n_gen, n_batch=CHUNK, cache_type="f32")
+    m = ModelRunner(f, placement=placement, n_ctx=n_prompt + n_gen, n_batch=CHUNK, cache_type="f32")
     try:
         runs_ = timed_runs(m, n_prompt, n_gen, runs)
     finally:

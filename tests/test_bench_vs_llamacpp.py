@@ -88,20 +88,22 @@ def test_a_tensorplug_worker_feeds_back_its_own_greedy_tokens(
     # took a scalar's argmax, 0, and fed token 0 to every step)
     import numpy as np
 
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
     from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", "q8_0", n_embd=64, n_ff=128, n_layer=2,
                             n_head=4, n_head_kv=2, n_vocab=320)  # fmt: skip
     steps: list[tuple[list[int], int]] = []
-    real_eval = Llama.eval
+    real_eval = ModelRunner.eval
 
-    def eval_noting(self: Llama, tokens: list[int], *args: object, **kw: object) -> np.ndarray:
+    def eval_noting(
+        self: ModelRunner, tokens: list[int], *args: object, **kw: object
+    ) -> np.ndarray:
         out = real_eval(self, tokens, *args, **kw)  # type: ignore[arg-type]
         steps.append((list(tokens), int(out.argmax())))
         return out
 
-    monkeypatch.setattr(Llama, "eval", eval_noting)
+    monkeypatch.setattr(ModelRunner, "eval", eval_noting)
     bench.worker_tensorplug(str(path), 1, n_prompt=12, n_gen=4, batch=8, repeats=1)
     prompt_at = next(i for i, (toks, _) in enumerate(steps) if len(toks) == 12)
     chain = steps[prompt_at : prompt_at + 5]  # the prompt, then the 4 generated steps

@@ -22,7 +22,7 @@ from tensorplug_llm.context import (
 )
 from tensorplug_llm.model import LlamaConfig
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.sampling import Sampler
 from tensorplug_llm.tiny import write_tiny_llama
 
@@ -151,7 +151,7 @@ def test_minus_one_runs_until_the_context_is_full_and_says_so(
 
 
 def test_context_shift_keeps_the_first_tokens_and_drops_half_of_the_rest(small: Path) -> None:
-    m = Llama(small, placement=Placement.on(host_cpu(), 2), n_ctx=32, warmup=False)
+    m = ModelRunner(small, placement=Placement.on(host_cpu(), 2), n_ctx=32, warmup=False)
     try:
         prompt = [1, 300, 301, 302, 303]
         shifts: list[tuple[int, int]] = []

@@ -616,9 +616,9 @@ import sys
 from tensorplug_cpu.kernels import _numba_attention as attention
 from tensorplug_cpu.kernels import _numba_pool as pool
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 
-with Llama(sys.argv[1], placement=Placement.on(host_cpu(), 2), warmup=False,
+with ModelRunner(sys.argv[1], placement=Placement.on(host_cpu(), 2), warmup=False,
            cache_type=sys.argv[2], n_threads=1) as m:
     m.eval(list(range(1, 12)))  # a prompt: its q is a permuted, strided view
     for t in (5, 6, 7):  # generated tokens: their q is contiguous

@@ -274,9 +274,9 @@ def test_kept_code_runs_in_a_process_that_never_imports_numba(tmp_path: Path) ->
 #: Python package was imported
 _LAUNCH = """
 import json, sys
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 
-with Llama(sys.argv[1], n_ctx=64, n_batch=32, n_threads=int(sys.argv[2])) as m:
+with ModelRunner(sys.argv[1], n_ctx=64, n_batch=32, n_threads=int(sys.argv[2])) as m:
     logits = m.eval(list(range(1, 12)))
     tokens = [int(logits.argmax())]
     for _ in range(3):

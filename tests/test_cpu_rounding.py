@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 DATA = Path(__file__).parent / "data"
@@ -77,7 +77,7 @@ def _errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 def _logits(model: Path, batch_invariant: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The prompt's logits at every position, evaluated whole and token by token."""
-    with Llama(model, placement=Placement.on(host_cpu(), 2), cache_type="f32", warmup=False,
+    with ModelRunner(model, placement=Placement.on(host_cpu(), 2), cache_type="f32", warmup=False,
                batch_invariant=batch_invariant) as m:  # fmt: skip
         whole = m.eval(TOKENS, all_logits=True)
         m.reset()

@@ -297,14 +297,14 @@ def test_a_tiny_model_decodes_through_replayed_graphs(
     """The model runner and its scheduler on the fake GPU: decode steps after the first
     are replays, and the logits are exactly those of kernel-by-kernel launches."""
     from tensorplug_llm.placement import Placement
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
     from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny-q4_0.gguf", "q4_0", 1)
 
     def run() -> tuple[list[np.ndarray], list[int]]:
         dev = CUDAReg(FakeCupy(emulator)).devices()[0]
-        with Llama(path, placement=Placement.on(dev, 2), n_ctx=32, kv_pad=32) as m:
+        with ModelRunner(path, placement=Placement.on(dev, 2), n_ctx=32, kv_pad=32) as m:
             gpu = m.backends[0]
             assert isinstance(gpu, CUDABackend)
             logits, replays = [m.eval([1, 2, 3])], []

@@ -31,7 +31,7 @@ from tensorplug.transfer import get_array, tensor_set
 from tensorplug.types import Type
 from tensorplug_llm.model import LlamaConfig, LlamaWeights
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import COPIED_BELOW, Llama
+from tensorplug_llm.runner import COPIED_BELOW, ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 
@@ -397,11 +397,11 @@ def test_repacked_weights_read_in_small_chunks_compute_the_same(
 
     path = write_tiny_llama(tmp_path / "q4.gguf", "q4_0", 5, n_ff=384)
     placement = Placement.on(host_cpu(), 2)
-    with Llama(path, placement=placement, n_ctx=16) as whole:
+    with ModelRunner(path, placement=placement, n_ctx=16) as whole:
         want = whole.eval([1, 300, 290, 260])
     monkeypatch.setattr(gguf_module, "UPLOAD_CHUNK", 1)  # one step of 64 rows per read
     assert len(gguf_module.row_chunks(GGUFFile(path).tensors["blk.0.ffn_up.weight"])) == 6
-    with Llama(path, placement=placement, n_ctx=16) as chunked:
+    with ModelRunner(path, placement=placement, n_ctx=16) as chunked:
         assert chunked.memory[host_cpu()].extra  # the products' weights were repacked
         assert np.array_equal(chunked.eval([1, 300, 290, 260]), want)
 
@@ -468,7 +468,7 @@ def test_token_embeddings_only_get_rows_reads_are_not_mapped_in_ahead(
     is mapped in."""
     path = write_tiny_llama(tmp_path / "tied.gguf", "q8_0", 3, tied=True, n_vocab=32768)
     tokens = [1, 300, 7000, 4242, 9000, 15000, 22000, 32000]
-    m = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, repack=repack)
+    m = ModelRunner(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, repack=repack)
     try:
         info = m.file.tensors["token_embd.weight"]  # 2.2 MB: 544 pages
         resident = _resident_bytes(m.file.data, info.offset, info.offset + info.nbytes)
@@ -486,7 +486,7 @@ def test_token_embeddings_only_get_rows_reads_are_not_mapped_in_ahead(
     finally:
         m.close()
     placement = Placement.on(host_cpu(), 2)
-    with Llama(path, placement=placement, n_ctx=16, use_mmap=False, repack=repack) as copy:
+    with ModelRunner(path, placement=placement, n_ctx=16, use_mmap=False, repack=repack) as copy:
         assert np.array_equal(logits, copy.eval(tokens))  # the same, read either way
 
 
@@ -495,7 +495,7 @@ def test_small_weights_are_copied_and_large_ones_mapped(tmp_path: Path) -> None:
     out of the file instead: mapping its few KiB mapped in the cached large folios
     around it (~1 MiB a norm seen). The large ones are the file's own memory."""
     path = write_tiny_llama(tmp_path / "m.gguf", "f32", 3, n_vocab=8192)
-    with Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, repack=False) as m:
+    with ModelRunner(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, repack=False) as m:
         sizes = {False: [], True: []}  # type: dict[bool, list[int]]
         for t in m.weights.by_name:
             memory = t.require_allocated().host_array()
@@ -503,7 +503,7 @@ def test_small_weights_are_copied_and_large_ones_mapped(tmp_path: Path) -> None:
         assert sizes[False] and max(sizes[False]) < COPIED_BELOW
         assert sizes[True] and min(sizes[True]) >= COPIED_BELOW
         logits = m.eval([1, 2, 3])
-    with Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, use_mmap=False) as copy:
+    with ModelRunner(path, placement=Placement.on(host_cpu(), 2), n_ctx=16, use_mmap=False) as copy:
         np.testing.assert_array_equal(logits, copy.eval([1, 2, 3]))
 
 
@@ -589,8 +589,8 @@ def _rewrite(
     return dst
 
 
-def _open_llama(path: Path) -> Llama:
-    return Llama(path, placement=Placement.on(host_cpu(), 2))
+def _open_llama(path: Path) -> ModelRunner:
+    return ModelRunner(path, placement=Placement.on(host_cpu(), 2))
 
 
 def test_rewrite_helper_keeps_a_good_file_good(tiny: Path, tmp_path: Path) -> None:

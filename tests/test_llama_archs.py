@@ -33,7 +33,7 @@ from tensorplug.gguf import GGUFError
 from tensorplug.opcodes import RopeMode
 from tensorplug_llm.model import LlamaWeights
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 DATA = Path(__file__).parent / "data"
@@ -56,9 +56,9 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return write_tiny_llama(tmp_path_factory.mktemp(name) / f"{name}.gguf", **FILES[name])  # type: ignore[arg-type]
 
 
-def _open(path: Path, n_ctx: int | None = None, use_mmap: bool = True) -> Llama:
+def _open(path: Path, n_ctx: int | None = None, use_mmap: bool = True) -> ModelRunner:
     n_layer = int(FILES[path.stem].get("n_layer", 2))  # type: ignore[call-overload]
-    return Llama(
+    return ModelRunner(
         path,
         placement=Placement.on(host_cpu(), n_layer),
         n_ctx=n_ctx or N_CTX.get(path.stem, 64),
@@ -88,7 +88,7 @@ def test_the_logits_are_llama_cpps_on_opencl_too(model: Path) -> None:
     if dev is None:
         pytest.skip("no OpenCL device (pip install pocl-binary-distribution)")
     n_layer = int(FILES[model.stem].get("n_layer", 2))  # type: ignore[call-overload]
-    with Llama(model, placement=Placement.on(dev, n_layer), n_ctx=N_CTX.get(model.stem, 64),
+    with ModelRunner(model, placement=Placement.on(dev, n_layer), n_ctx=N_CTX.get(model.stem, 64),
                cache_type="f32", warmup=False) as m:  # fmt: skip
         got = m.eval(TOKENS, all_logits=True)
         assert [split[0] for split in m.split_summaries["prompt"].splits] == ["OpenCL0"]
@@ -159,11 +159,11 @@ def test_olmo3s_sliding_window_is_refused_not_ignored(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "olmo3.gguf", "f32", arch="olmo2",
                             metadata={"olmo2.attention.sliding_window": 4})  # fmt: skip
     with pytest.raises(GGUFError, match="OLMo 3 is not supported yet"):
-        Llama(path, warmup=False)
+        ModelRunner(path, warmup=False)
 
 
 def test_llama4_temperature_tuning_is_refused_not_ignored(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "m3.gguf", "f32", arch="mistral3",
                             metadata={"mistral3.attention.temperature_scale": 0.1})  # fmt: skip
     with pytest.raises(GGUFError, match="temperature_scale is set"):
-        Llama(path, warmup=False)
+        ModelRunner(path, warmup=False)

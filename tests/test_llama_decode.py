@@ -1,4 +1,4 @@
-"""``Llama.decode``: several sequences in one batch, each as if it ran alone.
+"""``ModelRunner.decode``: several sequences in one batch, each as if it ran alone.
 
 The tiny model on the CPU. A sequence's logits must not depend on which other
 sequences share its steps (their tokens are masked out of its attention) nor on which
@@ -17,7 +17,7 @@ import pytest
 from tensorplug.errors import RunError
 from tensorplug_llm.batch import Batch, BatchBuilder
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import ContextFullError, Llama
+from tensorplug_llm.runner import ContextFullError, ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 A = [1, 259, 288, 300, 270, 265, 280, 290]
@@ -38,15 +38,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def opened() -> Iterator[list[Llama]]:
-    models: list[Llama] = []
+def opened() -> Iterator[list[ModelRunner]]:
+    models: list[ModelRunner] = []
     yield models
     for m in models:
         m.close()
 
 
-def _llama(opened: list[Llama], path: Path, **kw: object) -> Llama:
-    m = Llama(path, placement=Placement.on(host_cpu(), 2), n_threads=1, **kw)  # type: ignore[arg-type]
+def _llama(opened: list[ModelRunner], path: Path, **kw: object) -> ModelRunner:
+    m = ModelRunner(path, placement=Placement.on(host_cpu(), 2), n_threads=1, **kw)  # type: ignore[arg-type]
     opened.append(m)
     return m
 
@@ -57,7 +57,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.mark.parametrize("kind", ["q8_0", "f32"])
 def test_interleaved_sequences_match_each_alone(
-    files: dict[str, Path], opened: list[Llama], kind: str
+    files: dict[str, Path], opened: list[ModelRunner], kind: str
 ) -> None:
     """A and B's prompts interleaved token by token in one batch (so their cells
     alternate), then two decode steps of both together: every logit row equals the
@@ -102,7 +102,7 @@ def test_interleaved_sequences_match_each_alone(
 
 
 def test_a_forked_prefix_is_shared_not_recomputed(
-    files: dict[str, Path], opened: list[Llama]
+    files: dict[str, Path], opened: list[ModelRunner]
 ) -> None:
     """seq_cp gives sequence 1 sequence 0's prompt cells; its continuation reads them
     and equals sequence 0's own continuation, with no cell added for the prefix."""
@@ -122,7 +122,7 @@ def test_a_forked_prefix_is_shared_not_recomputed(
     ("kind", "cache", "tol"), [("f32", "f32", 2e-6), ("f32", "f16", 2e-3), ("yarn", "f32", 2e-6)]
 )
 def test_shifted_sequence_reads_as_fresh_at_its_new_positions(
-    files: dict[str, Path], opened: list[Llama], kind: str, cache: str, tol: float
+    files: dict[str, Path], opened: list[ModelRunner], kind: str, cache: str, tol: float
 ) -> None:
     """Positions 0..7 moved to 5..12 (seq_add): the K rows are re-roped by 5, so the
     next token at 13 gets the logits of the same tokens evaluated at 5..12. Without
@@ -145,7 +145,9 @@ def test_shifted_sequence_reads_as_fresh_at_its_new_positions(
     assert fresh_prompt.shape == (1, m.config.n_vocab)
 
 
-def test_positions_must_continue_a_sequence(files: dict[str, Path], opened: list[Llama]) -> None:
+def test_positions_must_continue_a_sequence(
+    files: dict[str, Path], opened: list[ModelRunner]
+) -> None:
     m = _llama(opened, files["q8_0"], n_ctx=16, kv_pad=16)
     m.decode(Batch.single(A, 0))
     with pytest.raises(RunError, match="sequence 0 already holds positions up to 7"):
@@ -161,7 +163,7 @@ def test_positions_must_continue_a_sequence(files: dict[str, Path], opened: list
 
 
 def test_graph_shapes_repeat_without_rebuilding(
-    files: dict[str, Path], opened: list[Llama]
+    files: dict[str, Path], opened: list[ModelRunner]
 ) -> None:
     """Decode steps of two sequences reuse one graph per (tokens, rows, outputs)."""
     m = _llama(opened, files["q8_0"], kv_pad=64)
@@ -181,7 +183,7 @@ def test_graph_shapes_repeat_without_rebuilding(
 
 
 def test_cells_out_of_position_order_change_nothing(
-    files: dict[str, Path], opened: list[Llama]
+    files: dict[str, Path], opened: list[ModelRunner]
 ) -> None:
     """Sequence 0's prompt lands after another sequence's cells; once those are freed,
     its next tokens take the lower cells: its cells are no longer in position order.
@@ -200,9 +202,9 @@ def test_cells_out_of_position_order_change_nothing(
 
 
 def test_padded_steps_give_the_real_rows_of_unpadded_ones(
-    files: dict[str, Path], opened: list[Llama]
+    files: dict[str, Path], opened: list[ModelRunner]
 ) -> None:
-    """``decode(pad=True)`` runs a 21-token step at 24 rows (:meth:`Llama.step_rows`),
+    """``decode(pad=True)`` runs a 21-token step at 24 rows (:meth:`ModelRunner.step_rows`),
     beside another sequence's cells: the 3 padding rows write only free cells and see
     only their own, so every real logit row is the unpadded step's, bit for bit with
     the repacked Q8_0 kernels; nothing is recorded for them in the cells, and the

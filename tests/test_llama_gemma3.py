@@ -21,7 +21,7 @@ from gguf import GGUFReader
 from tensorplug import registry
 from tensorplug.gguf import GGUFError
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 WINDOW = 4
@@ -105,7 +105,7 @@ def twin_logits(path: Path, tokens: list[int]) -> np.ndarray:
 
 def test_gemma3_matches_its_float64_twin(model: Path) -> None:
     want = twin_logits(model, TOKENS)
-    m = Llama(model, placement=Placement.on(host_cpu(), 6), cache_type="f32", warmup=False)
+    m = ModelRunner(model, placement=Placement.on(host_cpu(), 6), cache_type="f32", warmup=False)
     try:
         assert m.config.arch.name == "gemma3" and m.config.n_swa == WINDOW
         assert [m.config.is_swa(i) for i in range(6)] == [True] * 5 + [False]
@@ -125,7 +125,7 @@ def test_heads_wider_than_n_embd_over_n_head_match_the_twin(tmp_path: Path) -> N
     runner reads it as llama.cpp does: Q and the attention output n_head·256 wide."""
     path = write_tiny_llama(tmp_path / "wide.gguf", "f32", 5, arch="gemma3",
                             sliding_window=WINDOW, n_layer=6, head_dim=32)  # fmt: skip
-    m = Llama(path, placement=Placement.on(host_cpu(), 6), cache_type="f32", warmup=False)
+    m = ModelRunner(path, placement=Placement.on(host_cpu(), 6), cache_type="f32", warmup=False)
     try:
         assert (m.config.head_dim, m.config.n_embd, m.config.n_head) == (32, 64, 4)
         got = m.eval(TOKENS, all_logits=True)
@@ -137,7 +137,7 @@ def test_heads_wider_than_n_embd_over_n_head_match_the_twin(tmp_path: Path) -> N
 def test_without_the_window_the_result_changes(model: Path) -> None:
     """The window really masks: a twin that ignores it differs (guards the test)."""
     want = twin_logits(model, TOKENS)
-    m = Llama(model, placement=Placement.on(host_cpu(), 6), cache_type="f32", warmup=False)
+    m = ModelRunner(model, placement=Placement.on(host_cpu(), 6), cache_type="f32", warmup=False)
     try:
         object.__setattr__(m.config, "n_swa", 0)  # every block global
         m._graphs.clear()
@@ -158,5 +158,5 @@ def test_an_unknown_architecture_is_refused_naming_the_known_ones(tmp_path: Path
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(GGUFError, match=r"'falcon'.*'llama'.*'gemma3'"):
-        Llama(path, warmup=False)
+        ModelRunner(path, warmup=False)
     assert registry.dev_by_name("CPU") is not None

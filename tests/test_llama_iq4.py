@@ -23,7 +23,7 @@ import pytest
 import test_llama_reference as ref
 
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 DATA = Path(__file__).parent / "data"
@@ -62,12 +62,12 @@ def test_the_runner_computes_the_reference_logits(model: Path) -> None:
     reference. Repacked (the runner's default), one integer kernel computes every row
     count: the prompt and one token at a time both give llama.cpp's logits."""
     want = ref.logits(ref.load(model), TOKENS, q8=True)  # activations rounded as ggml's
-    with Llama(model, placement=Placement.on(host_cpu(), 2), cache_type="f32",
+    with ModelRunner(model, placement=Placement.on(host_cpu(), 2), cache_type="f32",
                warmup=False, repack=False) as m:  # fmt: skip
         plain = m.eval(TOKENS, all_logits=True)
     # measured: 9.2e-8 (IQ4_NL), 2.0e-7 (IQ4_XS) of the largest logit, float32 rounding
     assert ref.rel_err(plain, want) <= 1e-5
-    with Llama(model, placement=Placement.on(host_cpu(), 2), cache_type="f32",
+    with ModelRunner(model, placement=Placement.on(host_cpu(), 2), cache_type="f32",
                warmup=False) as m:  # fmt: skip
         got = m.eval(TOKENS, all_logits=True)
         m.reset()
@@ -81,7 +81,7 @@ def test_the_runner_computes_the_reference_logits(model: Path) -> None:
 
 def test_the_logits_are_llama_cpps_within_its_activation_rounding(model: Path) -> None:
     want = FIXTURE[model.stem]
-    with Llama(model, placement=Placement.on(host_cpu(), 2), cache_type="f32",
+    with ModelRunner(model, placement=Placement.on(host_cpu(), 2), cache_type="f32",
                warmup=False) as m:  # fmt: skip
         got = m.eval(TOKENS, all_logits=True)
     # measured with the repacked integer kernels (Q8_K activations for IQ4_XS, Q8_0 for

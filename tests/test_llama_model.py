@@ -35,7 +35,7 @@ from tensorplug import registry
 from tensorplug.device import Device
 from tensorplug_llm.model import LlamaWeights
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import ContextFullError, Llama
+from tensorplug_llm.runner import ContextFullError, ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 TYPES = ["f32", "f16", "q8_0", "q4_0"]
@@ -65,20 +65,22 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def run() -> Iterator[list[Llama]]:
-    opened: list[Llama] = []
+def run() -> Iterator[list[ModelRunner]]:
+    opened: list[ModelRunner] = []
     yield opened
     for m in opened:
         m.close()
 
 
-def _llama(opened: list[Llama], path: Path, placement: Placement, **kw: object) -> Llama:
-    m = Llama(path, placement=placement, **kw)  # type: ignore[arg-type]
+def _llama(
+    opened: list[ModelRunner], path: Path, placement: Placement, **kw: object
+) -> ModelRunner:
+    m = ModelRunner(path, placement=placement, **kw)  # type: ignore[arg-type]
     opened.append(m)
     return m
 
 
-def _repacked(m: Llama) -> bool:
+def _repacked(m: ModelRunner) -> bool:
     """Whether the model's matrices are stored repacked (products with Q8_0 activations)."""
     names = {t.require_allocated().name for t in m.weights.product_weights()}
     assert len(names) == 1, f"matrices in several kinds of memory: {names}"
@@ -88,7 +90,7 @@ def _repacked(m: Llama) -> bool:
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
 @pytest.mark.parametrize("wtype", TYPES)
 def test_logits_match_reference(
-    models: dict[str, Path], run: list[Llama], wtype: str, device: str
+    models: dict[str, Path], run: list[ModelRunner], wtype: str, device: str
 ) -> None:
     dev = _device(device)
     m = _llama(run, models[wtype], Placement.on(dev, 2), cache_type="f32")
@@ -107,7 +109,7 @@ def test_logits_match_reference(
 
 @pytest.mark.parametrize("wtype", ["q8_0", "q4_0"])
 def test_cpu_prompt_products_without_repacking_round_as_ggml(
-    models: dict[str, Path], run: list[Llama], wtype: str
+    models: dict[str, Path], run: list[ModelRunner], wtype: str
 ) -> None:
     m = _llama(run, models[wtype], Placement.on(host_cpu(), 2), cache_type="f32", repack=False)
     assert not _repacked(m)
@@ -121,7 +123,7 @@ def test_cpu_prompt_products_without_repacking_round_as_ggml(
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
 @pytest.mark.parametrize("wtype", ["f32", "q4_0"])
 def test_f16_cache_matches_reference_rounding_kv(
-    models: dict[str, Path], run: list[Llama], wtype: str, device: str
+    models: dict[str, Path], run: list[ModelRunner], wtype: str, device: str
 ) -> None:
     m = _llama(run, models[wtype], Placement.on(_device(device), 2))  # default: F16 cache
     got = m.eval(TOKENS, all_logits=True)
@@ -134,7 +136,7 @@ def test_f16_cache_matches_reference_rounding_kv(
 
 @pytest.mark.parametrize("wtype", ["f16", "q8_0", "q4_0"])
 def test_quantization_error_stays_near_the_weights_error(
-    models: dict[str, Path], run: list[Llama], wtype: str
+    models: dict[str, Path], run: list[ModelRunner], wtype: str
 ) -> None:
     master, stored = ref.load(models["f32"]), ref.load(models[wtype])
     weight_err = np.mean(
@@ -152,7 +154,9 @@ def test_quantization_error_stays_near_the_weights_error(
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 4 * weight_err
 
 
-def test_tied_output_uses_the_token_embeddings(models: dict[str, Path], run: list[Llama]) -> None:
+def test_tied_output_uses_the_token_embeddings(
+    models: dict[str, Path], run: list[ModelRunner]
+) -> None:
     m = _llama(run, models["tied"], Placement.on(host_cpu(), 2), cache_type="f32", repack=False)
     assert "output.weight" not in m.file.tensors
     assert isinstance(m.weights, LlamaWeights)
@@ -162,7 +166,7 @@ def test_tied_output_uses_the_token_embeddings(models: dict[str, Path], run: lis
 
 
 def test_tied_output_is_repacked_beside_the_mapped_embeddings(
-    models: dict[str, Path], run: list[Llama]
+    models: dict[str, Path], run: list[ModelRunner]
 ) -> None:
     """As llama.cpp: get_rows reads the embeddings from the file's mapping, the output
     layer's products read a repacked copy of the same bytes."""
@@ -179,7 +183,7 @@ def test_tied_output_is_repacked_beside_the_mapped_embeddings(
 
 
 def test_tied_output_on_another_device_gets_its_own_copy(
-    models: dict[str, Path], run: list[Llama]
+    models: dict[str, Path], run: list[ModelRunner]
 ) -> None:
     gpu = _device("OpenCL0")
     m = _llama(run, models["tied"], Placement.offload(2, 3, gpu=gpu), cache_type="f32")
@@ -191,7 +195,9 @@ def test_tied_output_on_another_device_gets_its_own_copy(
 
 
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
-def test_rope_frequency_factors(models: dict[str, Path], run: list[Llama], device: str) -> None:
+def test_rope_frequency_factors(
+    models: dict[str, Path], run: list[ModelRunner], device: str
+) -> None:
     """Llama 3.1's rope_freqs.weight divides each pair's angle; every block reads it."""
     m = _llama(run, models["freqs"], Placement.on(_device(device), 2), cache_type="f32")
     assert isinstance(m.weights, LlamaWeights)
@@ -208,7 +214,7 @@ def test_rope_frequency_factors(models: dict[str, Path], run: list[Llama], devic
 @pytest.mark.parametrize("device", ["CPU", "OpenCL0"])
 @pytest.mark.parametrize("kind", ["linear", "yarn"])
 def test_rope_scaling_for_longer_contexts(
-    models: dict[str, Path], run: list[Llama], device: str, kind: str
+    models: dict[str, Path], run: list[ModelRunner], device: str, kind: str
 ) -> None:
     """``llama.rope.scaling.*``: linear divides every frequency by the factor, YaRN
     interpolates only the slow pairs and scales attention; the reference implements both."""
@@ -242,7 +248,7 @@ def _placements() -> list[tuple[str, Placement]]:
     ("label", "placement"), _placements(), ids=lambda v: v if isinstance(v, str) else ""
 )
 def test_incremental_decoding_matches_whole_sequence(
-    models: dict[str, Path], run: list[Llama], label: str, placement: Placement, cache: str
+    models: dict[str, Path], run: list[ModelRunner], label: str, placement: Placement, cache: str
 ) -> None:
     """One token at a time through the KV cache (and odd-sized chunks, with a small
     kv_pad so that the step graphs change shape on the way) gives the logits of the
@@ -265,7 +271,7 @@ def test_incremental_decoding_matches_whole_sequence(
 
 
 def test_offloaded_blocks_split_the_graph_and_match(
-    models: dict[str, Path], run: list[Llama]
+    models: dict[str, Path], run: list[ModelRunner]
 ) -> None:
     gpu = _device("OpenCL0")
     m = _llama(run, models["f32"], Placement.offload(2, 1, gpu=gpu), cache_type="f32")
@@ -278,7 +284,9 @@ def test_offloaded_blocks_split_the_graph_and_match(
     assert m.memory[host_cpu()].mapped
 
 
-def test_greedy_generation_follows_the_reference(models: dict[str, Path], run: list[Llama]) -> None:
+def test_greedy_generation_follows_the_reference(
+    models: dict[str, Path], run: list[ModelRunner]
+) -> None:
     m = _llama(run, models["f32"], Placement.on(host_cpu(), 2), cache_type="f32")
     gen = m.generate(TOKENS[:6], 8, stop_at_eos=False)
     model = ref.load(models["f32"])
@@ -289,7 +297,9 @@ def test_greedy_generation_follows_the_reference(models: dict[str, Path], run: l
     assert m.n_past == len(seq) - 1  # the last sampled token is not evaluated
 
 
-def test_context_full_and_bad_ids_are_refused(models: dict[str, Path], run: list[Llama]) -> None:
+def test_context_full_and_bad_ids_are_refused(
+    models: dict[str, Path], run: list[ModelRunner]
+) -> None:
     m = _llama(run, models["q4_0"], Placement.on(host_cpu(), 2), n_ctx=16)
     with pytest.raises(ContextFullError, match="n_ctx = 16"):
         m.eval(list(range(3, 20)))
@@ -301,7 +311,7 @@ def test_context_full_and_bad_ids_are_refused(models: dict[str, Path], run: list
 
 
 def test_partial_offload_pins_every_node_and_copy(
-    models: dict[str, Path], run: list[Llama]
+    models: dict[str, Path], run: list[ModelRunner]
 ) -> None:
     """-ngl 2 on the 2-block model: both blocks on OpenCL0, embeddings and output on the
     CPU. The CPU takes nothing it does not have to (ggml spreads the other backends'

@@ -11,7 +11,7 @@ import test_llama_reference as ref
 
 import tensorplug as tp
 from tensorplug_llm.placement import Placement
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 TOKENS = [1, 37, 5, 212, 90, 9, 33, 70, 2, 100, 7, 140]
@@ -28,7 +28,7 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("wtype", ["f32", "q8_0"])
 def test_moe_logits_match_the_reference(moe: dict[str, Path], wtype: str) -> None:
-    m = Llama(moe[wtype], n_ctx=64, cache_type="f32")
+    m = ModelRunner(moe[wtype], n_ctx=64, cache_type="f32")
     assert (m.config.n_expert, m.config.n_expert_used) == (4, 2)
     got = m.eval(TOKENS, all_logits=True)
     # the CPU rounds every product's activations as ggml does for the weight type (Q8_0
@@ -50,8 +50,8 @@ def test_moe_runs_on_opencl_too(moe: dict[str, Path]) -> None:
     dev = tp.dev_by_name("OpenCL0")
     if dev is None:
         pytest.skip("no OpenCL device (pip install pocl-binary-distribution)")
-    n_layer = Llama(moe["q8_0"], n_ctx=32, warmup=False).config.n_layer
-    m = Llama(moe["q8_0"], n_ctx=64, cache_type="f32", placement=Placement.on(dev, n_layer))
+    n_layer = ModelRunner(moe["q8_0"], n_ctx=32, warmup=False).config.n_layer
+    m = ModelRunner(moe["q8_0"], n_ctx=64, cache_type="f32", placement=Placement.on(dev, n_layer))
     got = m.eval(TOKENS, all_logits=True)
     assert ref.rel_err(got, ref.logits(ref.load(moe["q8_0"]), TOKENS)) <= 2e-5
 

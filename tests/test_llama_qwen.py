@@ -20,7 +20,7 @@ import test_llama_reference as ref
 import tensorplug as tp
 from tensorplug_llm.model import LlamaWeights
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 DATA = Path(__file__).parent / "data"
@@ -36,8 +36,8 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return write_tiny_llama(tmp_path_factory.mktemp(name) / f"{name}.gguf", **FILES[name])  # type: ignore[arg-type]
 
 
-def _open(path: Path, use_mmap: bool = True) -> Llama:
-    return Llama(
+def _open(path: Path, use_mmap: bool = True) -> ModelRunner:
+    return ModelRunner(
         path,
         placement=Placement.on(host_cpu(), 3),
         cache_type="f32",

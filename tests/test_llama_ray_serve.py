@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.sampling import Sampler, SamplerParams
 from tensorplug_llm.serve_cli import TINY_CHAT_TEMPLATE, add_arguments
 from tensorplug_llm.tiny import write_tiny_llama
@@ -60,7 +60,7 @@ def route(model: Path) -> Iterator[str]:
 
 
 def test_two_replicas_behind_one_route_answer_as_the_model(model: Path, route: str) -> None:
-    llama = Llama(model, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
+    llama = ModelRunner(model, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
     assert llama.vocab is not None
     ids = llama.vocab.encode(PROMPT)
     greedy = llama.generate(ids, 8, Sampler(SamplerParams(0.0)), stop_at_eos=False).tokens

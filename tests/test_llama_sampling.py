@@ -381,14 +381,14 @@ def test_calling_samples_and_accepts() -> None:
 
 
 def test_generate_with_a_token_sampler(tmp_path: Path) -> None:
-    from tensorplug_llm import Llama
+    from tensorplug_llm import ModelRunner
     from tensorplug_llm.placement import Placement, host_cpu
     from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", "f32", 3)
     params = SamplingParams(temperature=1.0, top_k=0, min_p=0.0, repeat_penalty=1.3, seed=5)
     runs = []
-    with Llama(path, placement=Placement.on(host_cpu(), 2)) as m:
+    with ModelRunner(path, placement=Placement.on(host_cpu(), 2)) as m:
         for _ in range(2):
             m.reset()
             runs.append(m.generate([1, 300, 301], 8, TokenSampler(params), stop_at_eos=False))

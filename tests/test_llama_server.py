@@ -1,8 +1,8 @@
 """``tensorplug serve``'s HTTP API driven by the real ``openai`` client (and httpx for
 what the client will not send: malformed JSON, disconnects), against 127.0.0.1 only.
 
-Expected texts and logprobs come from the runner itself (greedy ``Llama.generate``,
-``Llama.eval`` logits and an independent log-softmax), computed before the server
+Expected texts and logprobs come from the runner itself (greedy ``ModelRunner.generate``,
+``ModelRunner.eval`` logits and an independent log-softmax), computed before the server
 starts; the server must give exactly those.
 """
 
@@ -34,7 +34,7 @@ from uvicorn_thread import UvicornThread
 from tensorplug_llm.api import LLM, Stream
 from tensorplug_llm.generation import GenerationJob
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.sampling import Sampler, SamplerParams
 from tensorplug_llm.serve_cli import TINY_CHAT_TEMPLATE
 from tensorplug_llm.server import ServerConfig, create_app
@@ -61,7 +61,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         tmp_path_factory.mktemp("serve") / MODEL, "q8_0", 0,
         metadata={"tokenizer.chat_template": TINY_CHAT_TEMPLATE},
     )  # fmt: skip
-    llama = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
+    llama = ModelRunner(path, placement=Placement.on(host_cpu(), 2), n_ctx=256, warmup=False)
     assert llama.vocab is not None
     ids = llama.vocab.encode(PROMPT)
     logits = llama.eval(ids)
@@ -546,7 +546,7 @@ def test_embeddings_come_from_the_served_model_while_a_completion_runs(
     served: Served, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """/v1/embeddings is computed by the engine's own model (no second copy), as
-    sequences beside a completion that keeps running. Each equals ``Llama.embed`` on a
+    sequences beside a completion that keeps running. Each equals ``ModelRunner.embed`` on a
     separate model of the file, normalized: the engine's raw vectors are bit-identical
     (Q8_0, ``test_llama_engine``), so the only difference is the wire's float32
     (base64): 1e-6 is 10x the rounding of a unit vector's entries.
@@ -583,7 +583,7 @@ def test_embeddings_come_from_the_served_model_while_a_completion_runs(
     assert completion.choices[0].text.startswith(served.greedy_text)  # and is unchanged
     vectors = [np.asarray(d.embedding) for d in got.data]
     assert got.usage.prompt_tokens == sum(len(served.llm.tokenize(t)) for t in texts)
-    with Llama(served.llm.llama.file.path, placement=Placement.on(host_cpu(), 2), n_ctx=256,
+    with ModelRunner(served.llm.llama.file.path, placement=Placement.on(host_cpu(), 2), n_ctx=256,
                warmup=False) as other:  # fmt: skip
         for text, v in zip(texts, vectors, strict=True):
             raw = other.embed(served.llm.tokenize(text)).astype(np.float64)
@@ -611,9 +611,9 @@ def test_serve_loads_the_model_once_for_completions_and_embeddings(
     from tensorplug_llm import runner
 
     loads: list[object] = []
-    load = runner.Llama.__init__
+    load = runner.ModelRunner.__init__
 
-    def counted(self: Llama, *args: Any, **kwargs: Any) -> None:
+    def counted(self: ModelRunner, *args: Any, **kwargs: Any) -> None:
         loads.append(args[0])
         load(self, *args, **kwargs)
 
@@ -628,7 +628,7 @@ def test_serve_loads_the_model_once_for_completions_and_embeddings(
             for route, body in requests:
                 answers[route] = http.post(route, json={"model": "tiny-llama.gguf", **body})
 
-    monkeypatch.setattr(runner.Llama, "__init__", counted)
+    monkeypatch.setattr(runner.ModelRunner, "__init__", counted)
     monkeypatch.setattr(uvicorn, "run", run)
     for flags in (["--embeddings"], []):
         loads.clear()
@@ -645,7 +645,7 @@ def test_an_encoder_serves_embeddings_and_completions_are_400(tmp_path: Path) ->
     from tensorplug_llm.tiny_bert import write_tiny_bert
 
     path = write_tiny_bert(tmp_path / "bert.gguf", 2)
-    with Llama(path, placement=Placement.on(host_cpu(), 2), warmup=False) as bert:
+    with ModelRunner(path, placement=Placement.on(host_cpu(), 2), warmup=False) as bert:
         assert bert.vocab is not None
         ids = bert.vocab.encode("hello world")
         want = bert.embed(ids, normalize=True)

@@ -27,7 +27,7 @@ from uvicorn_thread import UvicornThread  # noqa: E402
 from tensorplug_llm.api import LLM, Stream  # noqa: E402
 from tensorplug_llm.generation import GeneratorStats  # noqa: E402
 from tensorplug_llm.placement import Placement, host_cpu  # noqa: E402
-from tensorplug_llm.runner import Llama  # noqa: E402
+from tensorplug_llm.runner import ModelRunner  # noqa: E402
 from tensorplug_llm.server import ServerConfig, create_app  # noqa: E402
 from tensorplug_llm.tiny import write_tiny_llama  # noqa: E402
 from tensorplug_llm.tool_spec import tool_spec  # noqa: E402
@@ -81,7 +81,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         tmp_path_factory.mktemp("tools") / MODEL, "q8_0", 0, n_ctx=2048,
         metadata={"tokenizer.chat_template": QWEN25},
     )  # fmt: skip
-    llama = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=2048, warmup=False)
+    llama = ModelRunner(path, placement=Placement.on(host_cpu(), 2), n_ctx=2048, warmup=False)
     llm = LLM(llama, n_parallel=2, model_name=MODEL)
     server = UvicornThread(create_app(llm, ServerConfig()))
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -295,7 +295,7 @@ def test_a_marker_that_is_a_control_token_begins_a_call(tmp_path: Path) -> None:
         metadata={"tokenizer.chat_template": nemo, "tokenizer.ggml.tokens": tokens,
                   "tokenizer.ggml.token_type": types},
     )  # fmt: skip
-    llama = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=2048, warmup=False)
+    llama = ModelRunner(path, placement=Placement.on(host_cpu(), 2), n_ctx=2048, warmup=False)
     llm = LLM(llama, n_parallel=1)
     generated: list[int] = []
     submit = llm.generator.submit

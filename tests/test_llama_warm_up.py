@@ -27,7 +27,7 @@ import importlib, json, pkgutil, sys
 from numba.core.registry import CPUDispatcher
 from tensorplug_cpu import kernels
 from tensorplug_cpu.kernels.kept_kernels import kept_loads
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 
 def versions():
     found = {}
@@ -40,7 +40,7 @@ def versions():
     found["kept code"] = kept_loads()  # loaded without numba's overloads knowing
     return found
 
-m = Llama(sys.argv[1], n_ctx=64, n_batch=32, n_threads=int(sys.argv[2]))
+m = ModelRunner(sys.argv[1], n_ctx=64, n_batch=32, n_threads=int(sys.argv[2]))
 before = versions()
 for n in (2, 3, 5, 9, 16, 17, 32):
     m.reset()
@@ -71,9 +71,9 @@ def test_a_warm_up_for_the_prompts_length_builds_the_plan_that_prompt_runs_on(
 ) -> None:
     """``tensorplug run`` knows its prompt before it warms up: the warm-up's prompt step
     is then that prompt's length, and the prompt builds no graph of its own."""
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
-    m = Llama(write_tiny_llama(tmp_path / "m.gguf", "q4_0"), n_ctx=64, n_batch=32,
+    m = ModelRunner(write_tiny_llama(tmp_path / "m.gguf", "q4_0"), n_ctx=64, n_batch=32,
               n_threads=1, warmup=False)  # fmt: skip
     try:
         reserved = m.timings.graphs_built  # the largest steps', which size the buffers
@@ -97,19 +97,19 @@ def test_a_warm_up_for_the_prompts_length_builds_the_plan_that_prompt_runs_on(
 def test_the_prompts_step_is_prepared_not_computed(tmp_path: Path, n_prompt: int) -> None:
     """The warm-up computes no prompt-shaped step (that was a throw-away prompt, and for
     a long one the prompt's whole work twice): the prompt's step is built, allocated,
-    its CPU plan bound and its kernels made ready (``Llama.prepare``), only a token's
+    its CPU plan bound and its kernels made ready (``ModelRunner.prepare``), only a token's
     step is computed, the cache is left empty, and the prompt then runs on that plan
     with the numbers of a model that was never warmed up."""
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     path = write_tiny_llama(tmp_path / "m.gguf", "q4_0")
     prompt = list(range(1, n_prompt + 1))
-    cold = Llama(path, n_ctx=64, n_batch=32, n_threads=1, warmup=False)
+    cold = ModelRunner(path, n_ctx=64, n_batch=32, n_threads=1, warmup=False)
     try:
         want = cold.eval(prompt)
     finally:
         cold.close()
-    m = Llama(path, n_ctx=64, n_batch=32, n_threads=1, warmup=False)
+    m = ModelRunner(path, n_ctx=64, n_batch=32, n_threads=1, warmup=False)
     try:
         cpu: Any = next(iter(m.sched_for(len(prompt)).backends))
         reserved = m.timings.graphs_built
@@ -137,9 +137,9 @@ def test_the_prompts_step_is_prepared_not_computed(tmp_path: Path, n_prompt: int
 
 def test_prepare_refuses_a_step_no_batch_could_be(tmp_path: Path) -> None:
     from tensorplug.errors import RunError
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
-    m = Llama(write_tiny_llama(tmp_path / "m.gguf", "q4_0"), n_ctx=64, n_batch=32,
+    m = ModelRunner(write_tiny_llama(tmp_path / "m.gguf", "q4_0"), n_ctx=64, n_batch=32,
               n_threads=1, warmup=False)  # fmt: skip
     try:
         for n_tokens, n_outputs, words in [(0, 1, "1 to n_batch = 32"), (33, 1, "got 33"),

@@ -228,9 +228,9 @@ def _assert_agree(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def _logits(path: Path, placement: object) -> tuple[np.ndarray, np.ndarray]:
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
-    m = Llama(path, placement=placement, cache_type="f32", warmup=False)  # type: ignore[arg-type]
+    m = ModelRunner(path, placement=placement, cache_type="f32", warmup=False)  # type: ignore[arg-type]
     try:
         return m.eval(TOKENS, all_logits=True), m.eval([300])
     finally:

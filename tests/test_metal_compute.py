@@ -99,7 +99,7 @@ def test_the_tiny_model_runs_on_the_fake_metal_device_like_on_the_cpu(
     KV cache in shared buffers, the scheduler splitting between Metal and the CPU."""
     from tensorplug_llm.placement import Placement
     from tensorplug_llm.run_cli import DEMO_MAX_NMSE
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
     from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", "q8_0", 3)
@@ -109,7 +109,7 @@ def test_the_tiny_model_runs_on_the_fake_metal_device_like_on_the_cpu(
     assert cpu is not None
     logits = {}
     for name, where in (("Metal", dev), ("CPU", cpu)):
-        with Llama(path, placement=Placement.on(where, 2), n_ctx=32, warmup=False) as m:
+        with ModelRunner(path, placement=Placement.on(where, 2), n_ctx=32, warmup=False) as m:
             if where is dev:
                 assert all(mem.mapped for d, mem in m.memory.items() if d is dev)
             logits[name] = m.eval(tokens, all_logits=True)

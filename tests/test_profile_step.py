@@ -28,13 +28,14 @@ def test_a_generated_token_is_profiled_down_to_the_compiled_program(tmp_path: Pa
     result = json.loads(done.stdout.strip().splitlines()[-1])
     rows = {r["function"]: r for r in result["rows"]}
     # one token: one eval, one decode, one step, one graph compute, one compiled program
-    for name in ("Llama.eval", "Llama.decode", "Llama._step", "Scheduler.graph_compute",
-                 "CpuBackend._run", "Program.__call__", "StepIO.read"):  # fmt: skip
+    for name in ("ModelRunner.eval", "ModelRunner.decode", "ModelRunner._step",
+                 "Scheduler.graph_compute", "CpuBackend._run", "Program.__call__",
+                 "StepIO.read"):  # fmt: skip
         assert rows[name]["calls"] == 1, name
     assert rows["KVCells.mask"]["calls"] == 1  # no sliding window in this model
     # each level holds the one below it; own times are what is left
-    chain = ["Llama.eval", "Llama.decode", "Llama._step", "Scheduler.graph_compute",
-             "CpuBackend._run", "Program.__call__"]  # fmt: skip
+    chain = ["ModelRunner.eval", "ModelRunner.decode", "ModelRunner._step",
+             "Scheduler.graph_compute", "CpuBackend._run", "Program.__call__"]  # fmt: skip
     for outer, inner in itertools.pairwise(chain):
         assert rows[outer]["total_us"] >= rows[inner]["total_us"] > 0, (outer, inner)
     program = rows["Program.__call__"]

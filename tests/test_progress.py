@@ -111,12 +111,12 @@ def test_check_prints_a_row_per_op_and_lines_a_person_can_read() -> None:
 
 
 def test_loading_a_model_reports_each_weight_and_the_warm_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
     from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "m.gguf")
     seen: list[tuple[str, int, int]] = []
-    Llama(path, use_mmap=False, on_progress=lambda *a: seen.append(a))
+    ModelRunner(path, use_mmap=False, on_progress=lambda *a: seen.append(a))
     weights = [s for s in seen if s[0] == "loading weights"]
     assert weights[-1][1] == weights[-1][2] > 3  # every weight tensor, counted once
     assert [d for _, d, _ in weights] == list(range(1, len(weights) + 1))

@@ -197,7 +197,7 @@ def test_tiny_llama_over_two_remote_devices_matches_a_local_run(
     backends: list[tp.Backend], tmp_path: Any
 ) -> None:
     from tensorplug_llm.placement import Placement, host_cpu
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
     from tensorplug_llm.tiny import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", "f32", 3)
@@ -205,7 +205,7 @@ def test_tiny_llama_over_two_remote_devices_matches_a_local_run(
     logits = []
     for placement in (Placement.on(host_cpu(), 2),
                       Placement.spread([b.device for b in backends], 2)):  # fmt: skip
-        m = Llama(path, placement=placement, cache_type="f32")
+        m = ModelRunner(path, placement=placement, cache_type="f32")
         try:
             logits.append(m.eval(tokens, all_logits=True))
             logits.append(m.eval([300]))  # one decode step through the cache

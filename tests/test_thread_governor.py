@@ -15,7 +15,7 @@ import pytest
 import tensorplug as tp
 from tensorplug.errors import RunError
 from tensorplug_llm.placement import Placement
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.threads import ThreadGovernor, thread_counts
 from tensorplug_llm.tiny import write_tiny_llama
 
@@ -135,12 +135,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _cpu_model(path: Path, **kwargs: object) -> Llama:
+def _cpu_model(path: Path, **kwargs: object) -> ModelRunner:
     placement = Placement.on(tp.registry.dev_by_name("CPU"), 2)  # type: ignore[arg-type]
-    return Llama(path, placement=placement, n_ctx=64, **kwargs)  # type: ignore[arg-type]
+    return ModelRunner(path, placement=placement, n_ctx=64, **kwargs)  # type: ignore[arg-type]
 
 
-def _threads_seen(model: Llama) -> Callable[[], list[int]]:
+def _threads_seen(model: ModelRunner) -> Callable[[], list[int]]:
     seen: list[int] = []
     for i, (backend, setter) in enumerate(model._thread_setters):
 
@@ -213,13 +213,13 @@ def test_the_warm_up_runs_a_token_step_at_every_count_the_governor_may_choose(
     mat×vec at one); their first load must be loading time, not the first trial's."""
     monkeypatch.setattr("tensorplug_llm.runner.available_cores", lambda: 2)
     applied: list[int] = []
-    real = Llama._apply_threads
+    real = ModelRunner._apply_threads
 
-    def record(self: Llama, n: int) -> None:
+    def record(self: ModelRunner, n: int) -> None:
         applied.append(n)
         real(self, n)
 
-    monkeypatch.setattr(Llama, "_apply_threads", record)
+    monkeypatch.setattr(ModelRunner, "_apply_threads", record)
     with _cpu_model(tiny) as model:
         # the governor starts on every core; the warm-up's token steps run on one thread,
         # then every core, where the governor starts (it may ask for it again)
@@ -235,24 +235,24 @@ def test_the_warm_up_runs_a_token_step_at_every_count_the_governor_may_choose(
 def test_a_warm_up_after_loading_runs_each_count_and_is_no_governor_trial(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``tensorplug run`` warms up once it knows its prompt (``Llama.warm_up``), when
+    """``tensorplug run`` warms up once it knows its prompt (``ModelRunner.warm_up``), when
     the governor already exists: its token steps still run at every count, which the
     governor's own choice (applied at each token step) must not override, and the
     governor times none of them."""
     monkeypatch.setattr("tensorplug_llm.runner.available_cores", lambda: 2)
     ran: list[tuple[int, int | None]] = []  # (tokens, the thread count they ran at)
-    real = Llama.eval
+    real = ModelRunner.eval
 
-    def record(self: Llama, tokens: Any, *args: Any, **kwargs: Any) -> Any:
+    def record(self: ModelRunner, tokens: Any, *args: Any, **kwargs: Any) -> Any:
         out = real(self, tokens, *args, **kwargs)
         ran.append((len(tokens), self._threads))
         return out
 
-    monkeypatch.setattr(Llama, "eval", record)
+    monkeypatch.setattr(ModelRunner, "eval", record)
     with _cpu_model(tiny, warmup=False) as model:
         governor = model.governor
         assert governor is not None and ran == []
-        model.warm_up(7)  # the prompt's step prepared (Llama.prepare), the token's run
+        model.warm_up(7)  # the prompt's step prepared (ModelRunner.prepare), the token's run
         assert {n for n, _ in ran} == {1} and (1, 1) in ran and ran[-1] == (1, 2)
         assert model.governor is governor and governor.applied == 2 and model.n_past == 0
         assert governor.explorations == 0 and governor.switches == 0

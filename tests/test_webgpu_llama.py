@@ -1,4 +1,4 @@
-"""Llama on WebGPU0 (CI: lavapipe): logits against the independent float64 numpy llama,
+"""ModelRunner on WebGPU0 (CI: lavapipe): logits against the independent float64 numpy llama,
 a row split over CPU and WebGPU0, and SmolLM2's greedy text against the CPU backend's.
 
 Tolerances are test_llama_model.py's (the WGSL kernels dequantize exactly and multiply
@@ -30,7 +30,7 @@ from tensorplug import registry
 from tensorplug.device import Device
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.run_cli import installed_model
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 from tensorplug_webgpu import score
 
@@ -56,7 +56,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _logits(path: Path, placement: Placement, **kw: object) -> np.ndarray:
-    m = Llama(path, placement=placement, warmup=False, **kw)  # type: ignore[arg-type]
+    m = ModelRunner(path, placement=placement, warmup=False, **kw)  # type: ignore[arg-type]
     try:
         return m.eval(TOKENS, all_logits=True)
     finally:

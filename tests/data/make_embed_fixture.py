@@ -1,10 +1,10 @@
 """Writes embed_llamacpp.npz: llama.cpp's embeddings (llama-cpp-python's
-``Llama(embedding=True).embed(text)``, raw, not normalised) of a few texts for a tiny
+``ModelRunner(embedding=True).embed(text)``, raw, not normalised) of a few texts for a tiny
 random-weight BERT encoder (pooled as its file says, mean, and by its CLS token) and a
 tiny llama decoder (mean and last pooling of the normed final hidden states; F32 KV
 cache), with the
 token ids llama.cpp's tokenizer gave each text, so that tests/test_llama_embed.py holds
-``Llama.embed`` and the WordPiece tokenizer to llama.cpp without llama.cpp in CI.
+``ModelRunner.embed`` and the WordPiece tokenizer to llama.cpp without llama.cpp in CI.
 
 The files are written by ``tensorplug_llm.tiny_bert.write_tiny_bert`` and
 ``tensorplug_llm.tiny.write_tiny_llama`` with the arguments in :data:`FILES`; the test

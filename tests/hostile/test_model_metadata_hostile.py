@@ -12,14 +12,14 @@ import pytest
 
 from tensorplug.gguf import GGUFError, GGUFFile
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 NAN = float("nan")
 
 
 def _load(path: Path) -> None:
-    with Llama(path, placement=Placement.on(host_cpu(), 2), warmup=True) as model:
+    with ModelRunner(path, placement=Placement.on(host_cpu(), 2), warmup=True) as model:
         model.eval([1, 5, 6])  # never reached: it would run on the bad value
 
 

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from tensorplug_llm.api import LLM
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.serve_cli import TINY_CHAT_TEMPLATE
 from tensorplug_llm.server import ServerConfig, create_app
 from tensorplug_llm.tiny import write_tiny_llama
@@ -32,7 +32,7 @@ def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         tmp_path_factory.mktemp("hostile-serve") / MODEL, "q8_0", 0,
         metadata={"tokenizer.chat_template": TINY_CHAT_TEMPLATE},
     )  # fmt: skip
-    llama = Llama(path, placement=Placement.on(host_cpu(), 2), n_ctx=N_CTX, warmup=False)
+    llama = ModelRunner(path, placement=Placement.on(host_cpu(), 2), n_ctx=N_CTX, warmup=False)
     llm = LLM(llama, n_parallel=2, model_name=MODEL)
     try:
         with TestClient(create_app(llm, ServerConfig(max_body_bytes=BODY_LIMIT))) as client:

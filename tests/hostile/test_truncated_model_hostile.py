@@ -21,19 +21,19 @@ CHILD = """
 import os, sys
 from tensorplug.gguf import GGUFError, GGUFFile
 from tensorplug_llm.placement import Placement, host_cpu
-from tensorplug_llm.runner import Llama
+from tensorplug_llm.runner import ModelRunner
 
 path, mode = sys.argv[1], sys.argv[2]
 f = GGUFFile(path)
 keep = f.data_offset + 64  # the metadata stays; the weights are gone
 try:
     if mode == "mapped":  # the CPU computes from the file's mapping
-        model = Llama(f, placement=Placement.on(host_cpu(), 2), warmup=False)
+        model = ModelRunner(f, placement=Placement.on(host_cpu(), 2), warmup=False)
         os.truncate(path, keep)
         model.eval([1, 5, 6])
     elif mode == "no-mmap":  # copies: loading must read the file, not the mapping
         os.truncate(path, keep)
-        Llama(f, placement=Placement.on(host_cpu(), 2), warmup=False, use_mmap=False)
+        ModelRunner(f, placement=Placement.on(host_cpu(), 2), warmup=False, use_mmap=False)
     else:  # the bytes of one tensor
         os.truncate(path, keep)
         f.tensor_bytes("output.weight").sum()
@@ -57,7 +57,7 @@ def test_no_mmap_loads_with_file_reads(tmp_path: Path) -> None:
     """use_mmap=False copies the weights with file reads; the mapping is not read."""
     from tensorplug.gguf import GGUFFile
     from tensorplug_llm.placement import Placement, host_cpu
-    from tensorplug_llm.runner import Llama
+    from tensorplug_llm.runner import ModelRunner
 
     f = GGUFFile(write_tiny_llama(tmp_path / "t.gguf", "f32", 0))
     read: list[str] = []
@@ -69,6 +69,6 @@ def test_no_mmap_loads_with_file_reads(tmp_path: Path) -> None:
 
     f.read_into = read_into  # type: ignore[method-assign, assignment]
     f.tensor_bytes = None  # type: ignore[assignment, method-assign]  # the mapping: not used
-    with Llama(f, placement=Placement.on(host_cpu(), 2), warmup=False, use_mmap=False) as m:
+    with ModelRunner(f, placement=Placement.on(host_cpu(), 2), warmup=False, use_mmap=False) as m:
         m.eval([1, 5, 6])
     assert "token_embd.weight" in read and "blk.1.ffn_down.weight" in read

@@ -24,11 +24,11 @@ if str(PLUGIN_ROOT) not in sys.path:
 
 from tensorplug_testaccel.device import TestAccelReg  # noqa: E402
 
-__all__ = ["PLUGIN_PACKAGE", "Llama", "TestAccelReg", "build_llama", "llama_reference"]
+__all__ = ["PLUGIN_PACKAGE", "ModelRunner", "TestAccelReg", "build_llama", "llama_reference"]
 
 
 @dataclass
-class Llama:
+class ModelRunner:
     """A built llama-style graph, its weights (name -> tensor) and its input tensors."""
 
     graph: tp.Graph
@@ -74,7 +74,7 @@ def build_llama(
     n_vocab: int = 96,
     wtype: Type = Type.F32,
     weights: dict[str, tp.Tensor] | None = None,
-) -> Llama:
+) -> ModelRunner:
     """A llama-style decoder graph: 33 nodes per layer, matrix weights of ``wtype``.
 
     Pass the ``weights`` of an earlier model of the same shape to share them (a new
@@ -120,11 +120,11 @@ def build_llama(
         "n_tokens": n_tokens, "n_vocab": n_vocab, "n_embd": n_embd, "n_layer": n_layer,
         "n_head": n_head, "n_head_kv": n_head_kv,
     }  # fmt: skip
-    return Llama(tp.Graph(logits), weights, tokens, pos, mask, logits, config)
+    return ModelRunner(tp.Graph(logits), weights, tokens, pos, mask, logits, config)
 
 
 def llama_reference(
-    model: Llama, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
+    model: ModelRunner, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]
 ) -> np.ndarray:
     """The logits of :func:`build_llama`'s graph computed with plain numpy (float64)."""
     cfg = model.config

@@ -5,10 +5,10 @@ cache, the scheduler, sampling and chat.
 
 ::
 
-    from tensorplug_llm import Llama, Placement, SamplingParams, TokenSampler
+    from tensorplug_llm import ModelRunner, Placement, SamplingParams, TokenSampler
 
-    model = Llama("model.gguf", n_ctx=2048)  # every block on the best device by default
-    # or: Llama("model.gguf", placement=Placement.offload(n_layer=32, n_gpu_layers=20))
+    model = ModelRunner("model.gguf", n_ctx=2048)  # every block on the best device by default
+    # or: ModelRunner("model.gguf", placement=Placement.offload(n_layer=32, n_gpu_layers=20))
     ids = model.vocab.encode("Once upon a time")
     gen = model.generate(ids, 32, TokenSampler(SamplingParams(temperature=0.8, seed=1)))
     print(model.vocab.decode(ids + gen.tokens), model.timings.gen_tps)
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .placement import Placement
     from .request import Request, RequestError, RequestHandle, TokenEvent
     from .run_cli import demo_model
-    from .runner import ContextFullError, Generation, Llama, SplitSummary, Timings
+    from .runner import ContextFullError, Generation, ModelRunner, SplitSummary, Timings
     from .sampling import SampledToken, Sampler, SamplerParams, SamplingParams, TokenSampler
     from .tiny import TINY_DIMS, tiny_vocab, write_tiny_llama
     from .tiny_bert import write_tiny_bert
@@ -64,7 +64,7 @@ _HOMES = {
     "StepGraph": "model", "build_step": "model",
     "Placement": "placement",
     "demo_model": "run_cli",
-    "ContextFullError": "runner", "Generation": "runner", "Llama": "runner",
+    "ContextFullError": "runner", "Generation": "runner", "ModelRunner": "runner",
     "SplitSummary": "runner", "Timings": "runner",
     "Sampler": "sampling", "SamplerParams": "sampling", "SampledToken": "sampling",
     "SamplingParams": "sampling", "TokenSampler": "sampling",
@@ -86,7 +86,7 @@ __all__ = [
     "Generation",
     "KVCache",
     "KVCells",
-    "Llama",
+    "ModelRunner",
     "LlamaConfig",
     "LlamaWeights",
     "Placement",

@@ -40,7 +40,7 @@ from .tool_prompt import prepare_messages, takes_tools
 from .tool_spec import ToolSpec, ToolSpecError, tool_spec
 
 if TYPE_CHECKING:
-    from .runner import Llama
+    from .runner import ModelRunner
     from .tokenizer import Vocab
 
 __all__ = ["LLM", "InvalidRequestError", "Stream"]
@@ -98,7 +98,7 @@ class LLM:
 
     def __init__(
         self,
-        llama: Llama,
+        llama: ModelRunner,
         generator: Generator | None = None,
         *,
         n_parallel: int = 1,
@@ -529,7 +529,7 @@ class LLM:
     # -- embeddings ---------------------------------------------------------------------------
 
     def embed(self, texts: str | Sequence[str]) -> list[list[float]]:
-        """One pooled embedding per text (pooled as ``Llama.embed`` pools: the file's
+        """One pooled embedding per text (pooled as ``ModelRunner.embed`` pools: the file's
         ``pooling_type``, else mean), normalized to unit length as OpenAI's are."""
         one = isinstance(texts, str)
         items = [texts] if isinstance(texts, str) else list(texts)

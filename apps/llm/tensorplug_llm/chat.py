@@ -11,7 +11,7 @@ until an end-of-generation token (EOS, ``<end_of_turn>``, ``<|im_end|>``...).
 
 The conversation is rendered in full for every turn, so it is always what the template
 says, but only what the cache does not already hold is evaluated: the tokens the cache
-holds are kept, the common prefix with the new rendering stays (``Llama.n_past``), the
+holds are kept, the common prefix with the new rendering stays (``ModelRunner.n_past``), the
 rest is evaluated. A turn costs its own tokens, not the whole conversation's. Turns are
 dropped from the front when the context would overflow.
 
@@ -41,7 +41,7 @@ from .template import ChatTemplateError, prompt_ids, render
 from .terminal import printable
 
 if TYPE_CHECKING:
-    from .runner import Llama
+    from .runner import ModelRunner
     from .sampling import Sampler
 
 __all__ = [
@@ -111,7 +111,7 @@ class ChatTemplate:
     warning: str = ""
 
 
-def _template(model: Llama, path: str | None = None) -> ChatTemplate:
+def _template(model: ModelRunner, path: str | None = None) -> ChatTemplate:
     """The template given with ``--chat-template``, else the model file's, else Gemma's
     (Gemma 3 files without one), else ChatML with a warning: a file without a chat
     template was most likely trained to continue text, not to answer."""
@@ -236,7 +236,7 @@ def _command(line: str, conv: Conversation, log: TextIO) -> bool:
 
 
 def chat(
-    model: Llama, args: argparse.Namespace, lines: Iterable[str], out: TextIO, log: TextIO
+    model: ModelRunner, args: argparse.Namespace, lines: Iterable[str], out: TextIO, log: TextIO
 ) -> int:
     """Answer each line of ``lines`` in turn (``/`` lines are commands); an exit code."""
     from .run_cli import n_predict_of
@@ -279,7 +279,7 @@ def chat(
 
 
 def _turn(
-    model: Llama,
+    model: ModelRunner,
     args: argparse.Namespace,
     conv: Conversation,
     template: str,

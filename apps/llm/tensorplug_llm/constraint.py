@@ -96,7 +96,7 @@ class Constraint(Protocol):
 
 
 class HasVocab(Protocol):
-    """A loaded model (:class:`~.runner.Llama`): its vocabulary, maybe absent."""
+    """A loaded model (:class:`~.runner.ModelRunner`): its vocabulary, maybe absent."""
 
     @property
     def vocab(self) -> Vocab | None: ...

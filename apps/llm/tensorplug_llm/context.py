@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from .model import LlamaConfig
     from .placement import Placement
-    from .runner import Generation, Llama
+    from .runner import Generation, ModelRunner
     from .sampling import Sampler
 
 __all__ = [
@@ -150,7 +150,7 @@ def _weights_by_device(f: GGUFFile, placement: Placement) -> dict[Device, int]:
 
 
 def generate_with_shift(
-    model: Llama,
+    model: ModelRunner,
     prompt: Sequence[int],
     n_predict: int,
     sampler: Sampler,
@@ -162,7 +162,7 @@ def generate_with_shift(
     prompt_logits: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Generation:
-    """:meth:`Llama.generate` that, at the end of the context, keeps the first ``n_keep``
+    """:meth:`ModelRunner.generate` that, at the end of the context, keeps the first ``n_keep``
     tokens, drops half of the rest and goes on (llama.cpp's context shift), until
     ``n_predict`` tokens, an end-of-generation token, or a context too small to shift
     (``n_keep`` leaves less than two positions to drop). ``on_shift(n_kept, n_dropped)``

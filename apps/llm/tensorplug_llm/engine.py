@@ -2,7 +2,7 @@
 
 llama-server's design in our names. The :class:`Engine` owns ``n_parallel`` *slots*,
 sequence ids ``0 .. n_parallel - 1`` of the model's one KV cache. Each step is one
-:meth:`Llama.decode <tensorplug_llm.runner.Llama.decode>` carrying the next token of
+:meth:`ModelRunner.decode <tensorplug_llm.runner.ModelRunner.decode>` carrying the next token of
 every generating request plus chunks of waiting prompts, up to a token budget
 (``n_batch``, vLLM's idea: decode tokens first, so a long prompt never stalls the
 streams already running). Requests join and leave between steps; a batched decode
@@ -27,7 +27,7 @@ oldest request is never preempted for a younger one, so one request always progr
 Embeddings (``Request(tokens, embed=True)``): the tokens are a sequence of their own
 in a slot, evaluated in chunks within the same token budget as the prompts beside
 them (a second decode of the step asks for the chunks' final hidden states rather
-than logits), pooled as :meth:`Llama.embed <tensorplug_llm.runner.Llama.embed>` pools
+than logits), pooled as :meth:`ModelRunner.embed <tensorplug_llm.runner.ModelRunner.embed>` pools
 (:mod:`pooling`), and their cells removed (``seq_rm``). So one loaded model serves
 completions and embeddings at once. An encoder (BERT) is served the same way, each
 text in one step (its attention sees the whole text); it generates nothing, so a
@@ -44,8 +44,8 @@ Sampling and constraints are the request's own (``request.py``'s protocols
 constraint's token mask is computed on a helper thread while the step's decode runs,
 so structured output does not stall the other sequences.
 
-Arithmetic: the engine makes its model batch-invariant (:meth:`Llama.set_batch_invariant
-<tensorplug_llm.runner.Llama.set_batch_invariant>`): every row of a step is summed as
+Arithmetic: the engine makes its model batch-invariant (:meth:`ModelRunner.set_batch_invariant
+<tensorplug_llm.runner.ModelRunner.set_batch_invariant>`): every row of a step is summed as
 if it were alone, so a request's numbers depend neither on the requests decoded beside
 it nor on how much of its prompt was found cached, and a seeded request reproduces its
 choices on a busy server. A model used on its own (``tensorplug run``, ``chat``) keeps
@@ -87,7 +87,7 @@ from .request import (
 from .tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
-    from .runner import Llama
+    from .runner import ModelRunner
 
 __all__ = [
     "Constraint",
@@ -194,7 +194,7 @@ class _Waiting:
 
 
 class Engine:
-    """Continuous batching over ``n_parallel`` slots of one :class:`Llama`.
+    """Continuous batching over ``n_parallel`` slots of one :class:`ModelRunner`.
 
     ``n_batch`` is the token budget of a step (default: the model's ``n_batch``).
     ``similarity``: the share of a prompt a slot's cached prefix must cover for the
@@ -205,7 +205,7 @@ class Engine:
 
     def __init__(
         self,
-        llama: Llama,
+        llama: ModelRunner,
         n_parallel: int = 4,
         n_batch: int | None = None,
         *,
@@ -219,7 +219,7 @@ class Engine:
             raise RunError(f"similarity is a share of the prompt, 0..1; got {similarity}")
         self.llama = llama
         # a request's numbers depend on neither the requests decoded beside it nor the
-        # prefix it found cached (Llama.set_batch_invariant)
+        # prefix it found cached (ModelRunner.set_batch_invariant)
         llama.set_batch_invariant(True)
         self.n_parallel = n_parallel
         self.n_batch = n_batch or llama.n_batch
@@ -312,10 +312,10 @@ class Engine:
 
     def warm_up(self) -> None:
         """Build the graphs, allocations and CPU plans of the steps a server runs first —
-        a prompt step of every padded size (:meth:`Llama.step_rows`) from 2 rows up to
+        a prompt step of every padded size (:meth:`ModelRunner.step_rows`) from 2 rows up to
         :data:`WARM_UP_ROWS` and a decode step of 1 .. ``n_parallel`` requests — at the
         first :data:`WARM_UP_LEVELS` context lengths a step reads (``n_kv``: the used
-        cells rounded up to ``kv_pad``), by preparing them (:meth:`Llama.prepare`) in an
+        cells rounded up to ``kv_pad``), by preparing them (:meth:`ModelRunner.prepare`) in an
         empty cache.
         Each new step shape otherwise costs its first request 40-80 ms (SmolLM2-135M, 2
         cores), most of a short prompt's time to first token; and the cache of a
@@ -355,7 +355,7 @@ class Engine:
 
     def _warm_steps(self, sizes: list[int]) -> None:
         """A prompt step of each of ``sizes`` and a decode step of 1 .. ``n_parallel``
-        requests, prepared (:meth:`Llama.prepare`: built, allocated, their plans bound
+        requests, prepared (:meth:`ModelRunner.prepare`: built, allocated, their plans bound
         and the kernels they call made ready), none computed: computing them all
         (SmolLM2-135M, 2 cores: 26 steps, 2.2 s) was ~1 s of throw-away prompts on top
         of their plans."""
@@ -809,7 +809,7 @@ class Engine:
 
     def _embed(self, batch: BatchBuilder, embedded: list[tuple[_Job, list[int]]]) -> None:
         """The step's embedding chunks: their hidden states kept; a finished embedding
-        is pooled as ``Llama.embed`` pools and its cells removed."""
+        is pooled as ``ModelRunner.embed`` pools and its cells removed."""
         try:
             hidden = self.llama.decode(batch.build(), prompt=True, embeddings=True)
         except Exception as e:

@@ -17,7 +17,7 @@ as the one-sequence runner did (row = position).
 Shifting a sequence's positions (``seq_add``, llama.cpp's context shift) changes only
 numbers here; the K rows, roped at their old positions, must be rotated by the same
 delta before the next step reads them. The cells remember the pending delta
-(``take_shift``) and the runner applies it with a small graph (``Llama.apply_shift``).
+(``take_shift``) and the runner applies it with a small graph (``ModelRunner.apply_shift``).
 """
 
 from __future__ import annotations

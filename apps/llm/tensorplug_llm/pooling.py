@@ -1,7 +1,7 @@
 """Pooling a sequence's final hidden states into one embedding (llama.cpp's pooling types).
 
-One function for both ways an embedding is computed, :meth:`Llama.embed
-<tensorplug_llm.runner.Llama.embed>` (a model of its own, the context cleared) and the
+One function for both ways an embedding is computed, :meth:`ModelRunner.embed
+<tensorplug_llm.runner.ModelRunner.embed>` (a model of its own, the context cleared) and the
 engine's embedding requests (a sequence beside others in the shared cache), so that the
 two pool the same rows the same way, bit for bit.
 """

@@ -109,7 +109,7 @@ class Request:
 
     ``embed``: compute the prompt's embedding instead of generating (the handle's
     ``embedding``, pooled by ``pooling``: ``mean``, ``cls``, ``last``, None for the
-    model file's own, as :meth:`Llama.embed <tensorplug_llm.runner.Llama.embed>`)."""
+    model file's own, as :meth:`ModelRunner.embed <tensorplug_llm.runner.ModelRunner.embed>`)."""
 
     prompt: Sequence[int]
     max_tokens: int | None = None

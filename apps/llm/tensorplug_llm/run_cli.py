@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from .context import ContextChoice
     from .placement import Placement
-    from .runner import Generation, Llama
+    from .runner import Generation, ModelRunner
 
 __all__ = [
     "add_arguments",
@@ -433,17 +433,17 @@ def _load(
     encoder_ok: bool = False,
     batch_invariant: bool = False,
     for_prompt: bool = False,
-) -> Llama:
+) -> ModelRunner:
     """The model of ``args``; ``place(n_layer)`` (default: from the options) places it.
     An encoder (embeddings only) is refused unless ``encoder_ok``; ``batch_invariant``
-    as :class:`Llama` takes it. ``for_prompt``: the warm-up's prompt step is as long as
-    the prompt of ``args`` (:meth:`Llama.warm_up`), whose first step then runs on the
+    as :class:`ModelRunner` takes it. ``for_prompt``: the warm-up's prompt step is as long as
+    the prompt of ``args`` (:meth:`ModelRunner.warm_up`), whose first step then runs on the
     plan it built; the prompt is encoded once, here (``args.tokens`` holds its ids)."""
     from tensorplug.gguf import GGUFFile
 
     from .context import choose_context
     from .model import LlamaConfig
-    from .runner import Llama, embedding_model_message
+    from .runner import ModelRunner, embedding_model_message
 
     f = GGUFFile(args.model)
     cfg = LlamaConfig.from_gguf(f)
@@ -457,7 +457,7 @@ def _load(
     else:
         placement = place(n_layer) if place is not None else _placement(args, n_layer)
     cache_type = Type.parse(args.cache_type)
-    n_ctx = args.ctx_size  # a negative one is Llama's to refuse
+    n_ctx = args.ctx_size  # a negative one is ModelRunner's to refuse
     if n_ctx >= 0:
         choice = choose_context(f, cfg, placement, cache_type, args.batch_size, n_ctx)
         args.context_choice, n_ctx = choice, choice.n_ctx
@@ -468,7 +468,7 @@ def _load(
     if getattr(args, "own_process", False):
         _freeze_long_lived()  # the imports' objects, before loading makes more
     with Progress(f"loading {f.path.name}", total=0) as progress:
-        model = Llama(
+        model = ModelRunner(
             f,
             placement=placement,
             n_ctx=n_ctx,
@@ -543,7 +543,7 @@ def _save(name: str, logits: np.ndarray, log: TextIO) -> None:
 
 
 def _session(
-    model: Llama, args: argparse.Namespace, log: TextIO, text: TextIO, keep_logits: bool
+    model: ModelRunner, args: argparse.Namespace, log: TextIO, text: TextIO, keep_logits: bool
 ) -> tuple[list[int], Generation] | None:
     """Describe the model, encode the prompt, stream the generated text; the prompt's
     ids and the generation, or None when there is no way to encode the prompt."""
@@ -626,7 +626,7 @@ def _session(
     return prompt, gen
 
 
-def _prompt_ids(model: Llama, args: argparse.Namespace) -> list[int] | None:
+def _prompt_ids(model: ModelRunner, args: argparse.Namespace) -> list[int] | None:
     """The prompt of ``args`` as token ids (``--tokens``, else ``-p`` encoded), or None
     when the model has no vocabulary to encode it with."""
     if args.tokens is not None:
@@ -642,7 +642,7 @@ def context_full_message(n_ctx: int) -> str:
     )
 
 
-def _bos_count(model: Llama, prompt: Sequence[int]) -> int:
+def _bos_count(model: ModelRunner, prompt: Sequence[int]) -> int:
     """1 when ``prompt`` starts with BOS: llama.cpp's ``--keep`` counts it on top."""
     bos = model.vocab.bos if model.vocab is not None else None
     return int(bool(prompt) and bos is not None and prompt[0] == bos)
@@ -663,7 +663,7 @@ def _ids(ids: Sequence[int]) -> str:
     return f"[{shown}{',...' if len(ids) > 16 else ''}]"
 
 
-def _describe(model: Llama, log: TextIO, context: ContextChoice | None = None) -> None:
+def _describe(model: ModelRunner, log: TextIO, context: ContextChoice | None = None) -> None:
     f, cfg = model.file, model.config
     n_params = sum(int(np.prod(t.shape)) for t in f.tensors.values())
     types: dict[str, int] = {}
@@ -709,7 +709,7 @@ def _describe(model: Llama, log: TextIO, context: ContextChoice | None = None) -
         )
 
 
-def _report(model: Llama, log: TextIO, generated: int | None = None) -> None:
+def _report(model: ModelRunner, log: TextIO, generated: int | None = None) -> None:
     """The splits, buffers and timings; ``generated``: how many tokens were sampled."""
     for kind, s in model.split_summaries.items():
         print(
@@ -782,7 +782,7 @@ def demo_model(
     from tensorplug import registry
 
     from .placement import Placement, by_priority, device_named, host_cpu, selected_devices
-    from .runner import Llama
+    from .runner import ModelRunner
     from .tiny import write_tiny_llama
 
     out = out or sys.stdout
@@ -818,7 +818,7 @@ def demo_model(
                 _save(ns.logits_out, got, log)
         finally:
             model.close()
-        cpu_only = Llama(
+        cpu_only = ModelRunner(
             model.file,
             placement=Placement.on(host_cpu(), model.config.n_layer),
             n_ctx=model.n_ctx,
@@ -849,10 +849,10 @@ def demo_model(
 
 def load_model(
     args: argparse.Namespace, *, encoder_ok: bool = False, batch_invariant: bool = False
-) -> Llama:
+) -> ModelRunner:
     """The model ``args`` (run's options) names, placed as they say: for commands that
     take run's options and use the model otherwise (``chat``, ``serve``). ``encoder_ok``:
     an embedding model (BERT) is loaded too (``serve``: embeddings only).
-    ``batch_invariant``: for the serving engine, which asks for it (:class:`Llama`),
+    ``batch_invariant``: for the serving engine, which asks for it (:class:`ModelRunner`),
     so that the warm-up builds the kernels it will run."""
     return _load(args, encoder_ok=encoder_ok, batch_invariant=batch_invariant)

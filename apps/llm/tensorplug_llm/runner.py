@@ -1,6 +1,6 @@
 """Running a llama GGUF model: weights on devices, a KV cache, and replayed step graphs.
 
-:class:`Llama` loads a model the way llama.cpp does: weights the host CPU computes on
+:class:`ModelRunner` loads a model the way llama.cpp does: weights the host CPU computes on
 are the file's own memory map (no copy), weights of other devices are uploaded into
 their buffers, each block's KV cache is allocated (and zeroed) on the block's device.
 Two :class:`~tensorplug.Scheduler` over those devices, with the host CPU backend last,
@@ -16,9 +16,9 @@ kind, and a graph that is already allocated is computed again with new inputs, s
 decoding token after token costs one set of input writes, one compute and one read of
 the logits.
 
-Several sequences share the one KV cache (llama.cpp's unified cache): ``Llama.kv``
+Several sequences share the one KV cache (llama.cpp's unified cache): ``ModelRunner.kv``
 (:class:`~tensorplug_llm.kv_cells.KVCells`) says which cache rows hold which sequences
-at which positions, :meth:`Llama.decode` evaluates a :class:`~tensorplug_llm.batch.Batch`
+at which positions, :meth:`ModelRunner.decode` evaluates a :class:`~tensorplug_llm.batch.Batch`
 whose tokens may belong to different sequences (the mask comes from the cells), and
 ``eval``/``generate``/``n_past`` are sequence 0 on top of it. The engine
 (``engine.py``) schedules many requests over those sequences.
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ContextFullError",
     "Generation",
-    "Llama",
+    "ModelRunner",
     "SplitSummary",
     "Timings",
     "embedding_model_message",
@@ -98,7 +98,7 @@ COPIED_BELOW = 1 << 20
 #: (a server's steps: ``engine.WARM_UP_ROWS``); its compute buffer holds a few rows'
 #: activations (1.3 MiB at 64 rows for SmolLM2-135M; about 9x that for a 7B model).
 OWN_SCHEDULER_ROWS = 64
-#: The token counts (and output counts) :meth:`Llama.step_rows` rounds a padded step up
+#: The token counts (and output counts) :meth:`ModelRunner.step_rows` rounds a padded step up
 #: to, before the powers of two and one and a half times them: up to 4 a step runs at its
 #: own size, then at the row counts where the CPU switches kernels (numba attention and
 #: most fused products up to 8 rows, Q4_1/Q8_0/Q6_K's fused products up to 12,
@@ -181,7 +181,7 @@ class _DeviceMemory:
     buffers: list[Buffer] = field(default_factory=list)
 
 
-class Llama:
+class ModelRunner:
     """A llama model ready to evaluate tokens.
 
     ``placement`` says where blocks live (default: every block and the output layer on
@@ -907,7 +907,7 @@ class Llama:
         """Each backend's compute memory: the schedulers' buffers."""
         return [(be.name, sum(s.buffer_size(be) for s in self._scheds)) for be in self.backends]
 
-    def __enter__(self) -> Llama:
+    def __enter__(self) -> ModelRunner:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -950,7 +950,7 @@ def embedding_model_message(path: object, arch: str) -> str:
     return (
         f"{path}: '{arch}' is an embedding model (a bidirectional encoder with no output "
         "layer), so it cannot generate text; compute embeddings with "
-        "tensorplug_llm.Llama(path).embed(tokens)"
+        "tensorplug_llm.ModelRunner(path).embed(tokens)"
     )
 
 

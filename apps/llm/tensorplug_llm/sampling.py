@@ -145,7 +145,7 @@ class TokenSampler:
     ``sample(logits, allowed)`` draws a token; ``accept(token)`` records it in the
     history the penalties read (feed the prompt with :meth:`accept_prompt` first, as
     llama-server does). Calling the sampler does both and returns the id, which is what
-    :meth:`Llama.generate` needs. ``n_vocab`` None takes the size of the first logits.
+    :meth:`ModelRunner.generate` needs. ``n_vocab`` None takes the size of the first logits.
     Not thread-safe: one sampler per sequence.
     """
 
