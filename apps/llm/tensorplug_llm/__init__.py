@@ -41,6 +41,16 @@ if TYPE_CHECKING:
     from .batch import Batch
     from .constraint import Constraint, ConstraintError, constraint_for
     from .engine import Engine
+    from .highlevel.cache import LlamaCache, LlamaDiskCache, LlamaRAMCache
+    from .highlevel.grammar import LlamaGrammar
+    from .highlevel.llama import Llama
+    from .highlevel.processors import (
+        LogitsProcessor,
+        LogitsProcessorList,
+        StoppingCriteria,
+        StoppingCriteriaList,
+    )
+    from .highlevel.state import LlamaState
     from .kv_cells import KVCells
     from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
     from .placement import Placement
@@ -56,6 +66,11 @@ if TYPE_CHECKING:
 _HOMES = {
     "Batch": "batch",
     "Engine": "engine",
+    "Llama": "highlevel.llama", "LlamaState": "highlevel.state",
+    "LlamaCache": "highlevel.cache", "LlamaRAMCache": "highlevel.cache",
+    "LlamaDiskCache": "highlevel.cache", "LlamaGrammar": "highlevel.grammar",
+    "LogitsProcessor": "highlevel.processors", "LogitsProcessorList": "highlevel.processors",
+    "StoppingCriteria": "highlevel.processors", "StoppingCriteriaList": "highlevel.processors",
     "Request": "request", "RequestError": "request", "RequestHandle": "request",
     "TokenEvent": "request",
     "KVCells": "kv_cells",
@@ -86,9 +101,17 @@ __all__ = [
     "Generation",
     "KVCache",
     "KVCells",
-    "ModelRunner",
+    "Llama",
+    "LlamaCache",
     "LlamaConfig",
+    "LlamaDiskCache",
+    "LlamaGrammar",
+    "LlamaRAMCache",
+    "LlamaState",
     "LlamaWeights",
+    "LogitsProcessor",
+    "LogitsProcessorList",
+    "ModelRunner",
     "Placement",
     "Request",
     "RequestError",
@@ -99,6 +122,8 @@ __all__ = [
     "SamplingParams",
     "SplitSummary",
     "StepGraph",
+    "StoppingCriteria",
+    "StoppingCriteriaList",
     "StreamDecoder",
     "Timings",
     "TokenEvent",

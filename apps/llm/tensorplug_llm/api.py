@@ -269,9 +269,13 @@ class LLM:
         logit_bias: Mapping[str, float] | None = None,
         ignore_eos: bool = False,
         n: int = 1,
+        *,
+        prompt_ids: list[int] | None = None,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``chat.completion`` (a dict), or with ``stream`` a :class:`Stream` of
         ``chat.completion.chunk`` dicts; ``n`` choices as for :meth:`create_completion`.
+        ``prompt_ids``: the conversation already rendered (by a named chat format of
+        the Python API) instead of by the chat template.
 
         ``tools`` (OpenAI's function tools) are rendered by the model's template and the
         reply is read for calls in the template's syntax (:mod:`tool_calls`): they come
@@ -288,7 +292,7 @@ class LLM:
             spec = tool_spec(tools, tool_choice, parallel_tool_calls)
         except ToolSpecError as e:
             raise InvalidRequestError(str(e), e.param) from None
-        ids = self.chat_prompt(messages, spec)
+        ids = self.chat_prompt(messages, spec) if prompt_ids is None else prompt_ids
         n_probs = (top_logprobs or 0) if logprobs else 0
         job = self._job(
             ids, max_tokens, n_probs, response_format, temperature=temperature, top_p=top_p,

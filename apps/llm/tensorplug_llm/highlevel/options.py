@@ -1,0 +1,209 @@
+"""llama-cpp-python's constructor keywords, checked and mapped onto what loads a model.
+
+``Llama(model_path, **keywords)`` takes every keyword llama-cpp-python's does. Each one
+either does what llama-cpp-python documents, or — where it names a llama.cpp feature
+tensorplug does not have (LoRA adapters, a draft model, mlock, KV overrides, a quantized
+KV cache) — is refused with an error that names it and says why, so that no setting is
+silently ignored. Settings that only tune llama.cpp's own machinery and change no
+result (``no_perf``, ``numa=False``, ``offload_kqv=True``) are accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tensorplug.types import Type
+
+__all__ = ["LLAMA_DEFAULT_SEED", "LoadOptions", "load_options"]
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
+# llama.cpp's enumerations, by their values in llama-cpp-python
+LLAMA_SPLIT_MODE_NONE, LLAMA_SPLIT_MODE_LAYER, LLAMA_SPLIT_MODE_ROW = 0, 1, 2
+_POOLING = {-1: None, 0: "none", 1: "mean", 2: "cls", 3: "last"}
+_RANK_POOLING = 4
+
+#: every keyword of llama-cpp-python 0.3's ``Llama.__init__`` after ``model_path``,
+#: with its default there
+DEFAULTS: dict[str, Any] = {
+    "n_gpu_layers": 0, "split_mode": LLAMA_SPLIT_MODE_LAYER, "main_gpu": 0,
+    "tensor_split": None, "vocab_only": False, "use_mmap": True, "use_mlock": False,
+    "kv_overrides": None, "seed": LLAMA_DEFAULT_SEED, "n_ctx": 512, "n_batch": 512,
+    "n_ubatch": 512, "n_threads": None, "n_threads_batch": None, "rope_scaling_type": -1,
+    "pooling_type": -1, "attention_type": -1, "rope_freq_base": 0.0,
+    "rope_freq_scale": 0.0, "yarn_ext_factor": -1.0, "yarn_attn_factor": 1.0,
+    "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0, "yarn_orig_ctx": 0,
+    "logits_all": False, "embedding": False, "offload_kqv": True, "flash_attn": False,
+    "op_offload": None, "swa_full": None, "no_perf": False, "last_n_tokens_size": 64,
+    "lora_base": None, "lora_scale": 1.0, "lora_path": None, "numa": False,
+    "chat_format": None, "chat_handler": None, "draft_model": None, "tokenizer": None,
+    "type_k": None, "type_v": None, "spm_infill": False, "verbose": True,
+}  # fmt: skip
+
+#: keywords whose only accepted value is their default, and why another is refused
+_UNSUPPORTED = {
+    "use_mlock": "tensorplug does not lock model memory (mlock)",
+    "kv_overrides": "overriding the model file's metadata is not supported",
+    "rope_scaling_type": "the model file's RoPE scaling is always used",
+    "attention_type": "the model's own attention (causal or not) is always used",
+    "rope_freq_base": "the model file's RoPE base frequency is always used",
+    "rope_freq_scale": "the model file's RoPE frequency scale is always used",
+    "yarn_ext_factor": "the model file's YaRN settings are always used",
+    "yarn_attn_factor": "the model file's YaRN settings are always used",
+    "yarn_beta_fast": "the model file's YaRN settings are always used",
+    "yarn_beta_slow": "the model file's YaRN settings are always used",
+    "yarn_orig_ctx": "the model file's YaRN settings are always used",
+    "offload_kqv": "the KV cache always lives beside its block",
+    "op_offload": "there is no host-operation offload switch",
+    "swa_full": "a sliding-window cache is always sized by the model",
+    "lora_base": "LoRA adapters are not supported",
+    "lora_path": "LoRA adapters are not supported",
+    "lora_scale": "LoRA adapters are not supported",
+    "numa": "there is no NUMA placement switch",
+    "draft_model": "speculative decoding with a draft model is not supported",
+    "tokenizer": "the model file's own tokenizer is always used",
+}
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The checked keywords, in the terms the model runner takes."""
+
+    model_path: str
+    n_gpu_layers: int
+    split_mode: int
+    main_gpu: int
+    tensor_split: tuple[float, ...] | None
+    vocab_only: bool
+    use_mmap: bool
+    seed: int
+    n_ctx: int  # 0: the model's trained length
+    n_batch: int
+    n_ubatch: int
+    n_threads: int | None
+    n_threads_batch: int | None
+    pooling: str | None  # None: the file's
+    logits_all: bool
+    embedding: bool
+    flash_attn: bool
+    last_n_tokens_size: int
+    chat_format: str | None
+    chat_handler: Any
+    cache_type: Type
+    spm_infill: bool
+    verbose: bool
+
+    @property
+    def step_tokens(self) -> int:
+        """The runner's prompt chunk: llama.cpp evaluates a batch in micro-batches of
+        ``n_ubatch``, and the rows of a step decide how ggml sums them."""
+        return min(self.n_batch, self.n_ubatch)
+
+
+def load_options(model_path: Any, given: Mapping[str, Any]) -> LoadOptions:
+    """``given`` checked against llama-cpp-python's keywords (TypeError for one it does
+    not take, ValueError for a value tensorplug cannot honour)."""
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(
+            f"Llama() got an unexpected keyword argument {unknown[0]!r} "
+            "(the keywords are llama-cpp-python's: see docs/python-api.md)"
+        )
+    o = {**DEFAULTS, **given}
+    for name, why in _UNSUPPORTED.items():
+        value = o[name]
+        if value != DEFAULTS[name] and not (name == "op_offload" and value is True):
+            if name == "offload_kqv" and not o["n_gpu_layers"]:
+                continue  # nothing is offloaded: where the cache lives does not change
+            raise ValueError(f"{name}={value!r} is not supported: {why}; leave it out")
+    if o["split_mode"] not in (LLAMA_SPLIT_MODE_NONE, LLAMA_SPLIT_MODE_LAYER, LLAMA_SPLIT_MODE_ROW):
+        raise ValueError(
+            f"split_mode must be 0 (none), 1 (layer) or 2 (row), got {o['split_mode']!r}"
+        )
+    if o["split_mode"] == LLAMA_SPLIT_MODE_ROW or o["tensor_split"] is not None or o["main_gpu"]:
+        raise ValueError(
+            "split_mode=2 (row), tensor_split and main_gpu are not supported by the Python "
+            "API yet: the blocks go to the best accelerator (n_gpu_layers); `tensorplug run "
+            "--split-mode row` splits rows over devices"
+        )
+    pooling = o["pooling_type"]
+    if pooling == _RANK_POOLING:
+        raise ValueError("pooling_type=4 (rank) is not supported: no reranking models yet")
+    if pooling not in _POOLING:
+        raise ValueError(
+            f"pooling_type must be -1 (the model's), 0 (none), 1 (mean), 2 (cls) or "
+            f"3 (last), got {pooling!r}"
+        )
+    type_k, type_v = o["type_k"], o["type_v"]
+    cache = _cache_type(type_k, type_v)
+    for name in ("n_ctx", "n_batch", "n_ubatch", "last_n_tokens_size"):
+        _count(name, o[name], minimum=0 if name in ("n_ctx", "last_n_tokens_size") else 1)
+    for name in ("n_threads", "n_threads_batch"):
+        if o[name] is not None:
+            _count(name, o[name], minimum=-1)
+    _count("n_gpu_layers", o["n_gpu_layers"], minimum=-1)
+    seed = o["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -1 <= seed <= 0xFFFFFFFF:
+        raise ValueError(f"seed must be an integer from 0 to 2**32-1 (or -1), got {seed!r}")
+    split = o["tensor_split"]
+    return LoadOptions(
+        model_path=str(model_path),
+        n_gpu_layers=o["n_gpu_layers"],
+        split_mode=o["split_mode"],
+        main_gpu=o["main_gpu"],
+        tensor_split=tuple(float(x) for x in split) if split is not None else None,
+        vocab_only=bool(o["vocab_only"]),
+        use_mmap=bool(o["use_mmap"]),
+        seed=LLAMA_DEFAULT_SEED if seed == -1 else seed,
+        n_ctx=o["n_ctx"],
+        n_batch=o["n_batch"],
+        n_ubatch=o["n_ubatch"],
+        n_threads=_threads(o["n_threads"]),
+        n_threads_batch=_threads(o["n_threads_batch"]),
+        pooling=_POOLING[pooling],
+        logits_all=bool(o["logits_all"]),
+        embedding=bool(o["embedding"]),
+        flash_attn=bool(o["flash_attn"]),
+        last_n_tokens_size=o["last_n_tokens_size"],
+        chat_format=o["chat_format"],
+        chat_handler=o["chat_handler"],
+        cache_type=cache,
+        spm_infill=bool(o["spm_infill"]),
+        verbose=bool(o["verbose"]),
+    )
+
+
+def _count(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _threads(value: int | None) -> int | None:
+    """llama.cpp reads a thread count of 0 or less as "pick one": the runner then picks."""
+    return value if value is not None and value > 0 else None
+
+
+def _cache_type(type_k: Any, type_v: Any) -> Type:
+    """The KV cache's one element type, from llama.cpp's ``ggml_type`` ids."""
+    types = []
+    for name, value in (("type_k", type_k), ("type_v", type_v)):
+        if value is None:
+            types.append(Type.F16)
+            continue
+        try:
+            t = Type(value)
+        except ValueError:
+            raise ValueError(f"{name}={value!r} is not a ggml type id") from None
+        if t not in (Type.F16, Type.F32):
+            raise ValueError(
+                f"{name}={value!r} ({t.name}) is not supported: the KV cache is F16 (1) or F32 (0)"
+            )
+        types.append(t)
+    if types[0] != types[1]:
+        raise ValueError(
+            f"type_k and type_v must be the same (got {types[0].name} and {types[1].name}): "
+            "the KV cache has one element type"
+        )
+    return types[0]

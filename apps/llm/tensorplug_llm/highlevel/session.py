@@ -1,0 +1,324 @@
+"""One sequence's state as llama-cpp-python keeps it: the tokens evaluated, their logits,
+and the sampler that continues them.
+
+llama-cpp-python's ``Llama`` is a single conversation over one KV cache: ``eval(tokens)``
+appends to ``input_ids`` (and, with ``logits_all``, their rows of ``scores``),
+``sample()`` draws the next token from the last logits, and ``generate(tokens)`` reuses
+the longest prefix the cache already holds before evaluating the rest. Programs read
+``n_tokens``, ``input_ids`` and ``scores`` directly, so :class:`Session` keeps exactly
+those arrays, and keeps the runner's sequence 0 (``ModelRunner.n_past``) in step with
+``n_tokens``.
+
+Sampling follows llama-cpp-python's chain (``Llama._init_sampler``): logits processors
+first, then the repetition penalties over the tokens sampled in this generation (not
+the prompt), the grammar, and top-k → typical → top-p → min-p → temperature → draw (or
+greedy at temperature 0, or mirostat). The draw uses numpy's generator seeded from the
+``seed`` given; a seeded run repeats itself, but cannot reproduce llama.cpp's own
+random draws (a different generator), only its greedy choices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..sampling import SamplingParams, TokenSampler
+
+if TYPE_CHECKING:
+    from ..constraint import Constraint
+    from ..runner import ModelRunner
+    from .processors import LogitsProcessorList, StoppingCriteriaList
+
+__all__ = ["SampleSettings", "Session", "longest_prefix"]
+
+#: llama-cpp-python's ``LLAMA_DEFAULT_SEED``: "pick a random seed".
+DEFAULT_SEED = 0xFFFFFFFF
+
+#: The candidates mirostat 1.0 estimates the distribution's shape from (llama.cpp's m).
+_MIROSTAT_M = 100
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    """The keyword arguments of llama-cpp-python's ``sample``/``generate``, as one value.
+
+    ``tfs_z`` is accepted and has no effect, as in llama-cpp-python 0.3 (llama.cpp
+    removed tail-free sampling); ``penalize_nl`` likewise.
+    """
+
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    temp: float = 0.80
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    tfs_z: float = 1.0
+    mirostat_mode: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    penalize_nl: bool = True
+    logits_processor: LogitsProcessorList | None = None
+    grammar: Any = None  # a LlamaGrammar, a response_format dict or a Constraint
+    logit_bias: Mapping[int, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mirostat_mode not in (0, 1, 2):
+            raise ValueError(
+                f"mirostat_mode must be 0 (off), 1 (mirostat) or 2 (mirostat 2.0), "
+                f"got {self.mirostat_mode!r}"
+            )
+
+    def chain(self, seed: int | None, last_n: int, n_vocab: int) -> TokenSampler:
+        """The sampler chain of these settings (mirostat aside: :class:`_Mirostat`)."""
+        if self.temp < 0.0:  # llama-cpp-python: a plain draw from the distribution
+            top_k, top_p, min_p, typical_p, temperature = 0, 1.0, 0.0, 1.0, 1.0
+        else:
+            top_k, top_p, min_p = self.top_k, self.top_p, self.min_p
+            typical_p, temperature = self.typical_p, self.temp
+        params = SamplingParams(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            typical_p=typical_p,
+            repeat_penalty=self.repeat_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            penalty_last_n=last_n,
+            logit_bias=self.logit_bias or {},
+            seed=seed,
+        )
+        return TokenSampler(params, n_vocab)
+
+
+class _Mirostat:
+    """llama.cpp's mirostat samplers (1.0 with m = 100, and 2.0): the candidates are
+    cut where their surprise passes ``mu``, and ``mu`` follows the target ``tau``."""
+
+    def __init__(self, settings: SampleSettings, rng: np.random.Generator, n_vocab: int) -> None:
+        self.version = settings.mirostat_mode
+        self.tau, self.eta = settings.mirostat_tau, settings.mirostat_eta
+        self.mu = 2.0 * self.tau
+        self.rng = rng
+        self.n_vocab = n_vocab
+
+    def draw(self, z: np.ndarray) -> int:
+        finite = np.flatnonzero(z > -np.inf)
+        order = finite[np.lexsort((finite, -z[finite]))]  # logit descending, ties by id
+        p = _softmax(z[order])
+        if self.version == 1:
+            m = min(_MIROSTAT_M, p.size)
+            i = np.arange(m - 1)
+            t = np.log((i + 2) / (i + 1))
+            b = np.log(p[:-1][: m - 1] / p[1:][: m - 1])
+            s_hat = float((t * b).sum() / (t * t).sum()) if m > 1 else 1.0
+            eps = s_hat - 1.0
+            k = (eps * 2.0**self.mu / (1.0 - self.n_vocab ** (-eps))) ** (1.0 / s_hat)
+            keep = max(int(k) if math.isfinite(k) else p.size, 1)
+        else:
+            over = np.flatnonzero(-np.log2(p) > self.mu)
+            keep = max(int(over[0]) if over.size else p.size, 1)
+        order, p = order[:keep], _softmax(z[order[:keep]])
+        pick = int(np.searchsorted(np.cumsum(p), self.rng.random() * p.sum()))
+        pick = min(pick, p.size - 1)
+        self.mu -= self.eta * (-math.log2(p[pick]) - self.tau)
+        return int(order[pick])
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+@dataclass
+class _Draw:
+    """The sampler of one generation: its chain, the grammar's matcher, mirostat."""
+
+    settings: SampleSettings
+    chain: TokenSampler
+    constraint: Constraint | None
+    mirostat: _Mirostat | None = None
+    extra: list[Callable[[np.ndarray, np.ndarray], np.ndarray]] = field(default_factory=list)
+
+
+class Session:
+    """llama-cpp-python's evaluation state over sequence 0 of a :class:`ModelRunner`.
+
+    ``input_ids`` (int32, ``n_ctx``) and ``scores`` (float32: ``(n_ctx, n_vocab)`` with
+    ``logits_all``, else ``(n_batch, n_vocab)`` and left unwritten, as llama-cpp-python
+    0.3 leaves it) are the arrays programs read; ``n_tokens`` how many are valid.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        n_batch: int,
+        logits_all: bool,
+        last_n_tokens_size: int,
+        seed: int,
+        constraint_for: Callable[[Any], Constraint],
+        threads: Callable[[int], None] | None = None,
+    ) -> None:
+        self.runner = runner
+        self.n_ctx = runner.n_ctx
+        self.n_vocab = runner.config.n_vocab
+        self.n_batch = n_batch
+        self.logits_all = logits_all
+        self.last_n_tokens_size = last_n_tokens_size
+        self.seed = seed
+        self._constraint_for = constraint_for
+        self._threads = threads
+        self.input_ids: npt.NDArray[np.intc] = np.zeros(self.n_ctx, dtype=np.intc)
+        rows = self.n_ctx if logits_all else n_batch
+        self.scores: npt.NDArray[np.single] = np.zeros((rows, self.n_vocab), dtype=np.single)
+        self.n_tokens = 0
+        #: the logits of the last token evaluated (None after a reset or a restored state)
+        self.last_logits: np.ndarray | None = None
+        self._draw: _Draw | None = None
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.n_tokens = 0
+        self.last_logits = None
+        self.runner.reset()
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (the cache's rows past them are dropped)."""
+        self.n_tokens = n
+        self.last_logits = None
+        if n == 0:
+            self.runner.reset()
+        elif self.runner.n_past > n:
+            self.runner.n_past = n
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Evaluate ``tokens`` after the first ``n_tokens``, in chunks of ``n_batch``."""
+        ids = [int(t) for t in tokens]
+        if not ids:
+            return
+        if self.n_tokens + len(ids) > self.n_ctx:
+            raise ValueError(
+                f"Requested tokens ({self.n_tokens + len(ids)}) exceed context window of "
+                f"{self.n_ctx}"
+            )
+        bad = [t for t in ids if not 0 <= t < self.n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+        self.truncate(self.n_tokens)  # what the cache holds past n_tokens is stale
+        for start in range(0, len(ids), self.n_batch):
+            chunk = ids[start : start + self.n_batch]
+            if self._threads is not None:
+                self._threads(len(chunk))
+            n_past = self.n_tokens
+            logits = self.runner.eval(chunk, all_logits=self.logits_all)
+            self.input_ids[n_past : n_past + len(chunk)] = chunk
+            if self.logits_all:
+                self.scores[n_past : n_past + len(chunk)] = logits
+                self.last_logits = self.scores[n_past + len(chunk) - 1]
+            else:
+                self.last_logits = np.asarray(logits, dtype=np.single)
+            self.n_tokens += len(chunk)
+
+    def logits_at(self, idx: int | None) -> np.ndarray:
+        """The logits that predict token ``idx + 1`` (None: the last evaluated)."""
+        if idx is not None and idx != self.n_tokens - 1:
+            if not self.logits_all:
+                raise ValueError(
+                    "sampling at an earlier position needs its logits: create the model "
+                    "with logits_all=True"
+                )
+            return self.scores[idx]
+        if self.last_logits is None:
+            raise ValueError("no logits to sample from: evaluate tokens first (eval)")
+        return self.last_logits
+
+    # -- sampling -----------------------------------------------------------------------------
+
+    def start(self, settings: SampleSettings, seed: int | None = None) -> None:
+        """Begin a generation: a fresh sampler (its penalties see only what it samples)."""
+        self._draw = self._new_draw(settings, self.seed if seed is None else seed)
+
+    def _new_draw(self, settings: SampleSettings, seed: int) -> _Draw:
+        chain = settings.chain(
+            None if seed == DEFAULT_SEED else seed, self.last_n_tokens_size, self.n_vocab
+        )
+        constraint = None if settings.grammar is None else self._constraint_for(settings.grammar)
+        mirostat = _Mirostat(settings, chain.rng, self.n_vocab) if settings.mirostat_mode else None
+        return _Draw(settings, chain, constraint, mirostat)
+
+    def sample(self, settings: SampleSettings, idx: int | None = None) -> int:
+        """Draw the next token from the logits at ``idx`` and accept it (the grammar
+        and the penalties move on); without a generation begun, a one-off sampler."""
+        draw = self._draw or self._new_draw(settings, self.seed)
+        logits = np.array(self.logits_at(idx), dtype=np.single)
+        processors = draw.settings.logits_processor
+        if processors:
+            logits = np.asarray(processors(self.input_ids[: self.n_tokens], logits))
+        allowed = draw.constraint.allowed() if draw.constraint is not None else None
+        if draw.mirostat is not None:
+            token = draw.mirostat.draw(draw.chain.adjusted_logits(logits, allowed))
+        else:
+            token = draw.chain.sample(logits, allowed).token
+        draw.chain.accept(token)
+        if draw.constraint is not None:
+            draw.constraint.accept(token)
+        return token
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        settings: SampleSettings,
+        *,
+        reset: bool = True,
+        stopping_criteria: StoppingCriteriaList | None = None,
+        seed: int | None = None,
+    ) -> Generator[int, Sequence[int] | None, None]:
+        """llama-cpp-python's ``generate``: reuse the cached prefix of ``tokens``,
+        evaluate the rest, then sample, yield and evaluate token by token for ever (the
+        caller stops); a value sent back is evaluated after the yielded token."""
+        self.start(settings, seed)
+        pending = list(tokens)
+        if reset and self.n_tokens > 0:
+            prefix = longest_prefix(self.input_ids[: self.n_tokens], pending)
+            if prefix == len(pending) == self.n_tokens and self.last_logits is not None:
+                pending = []  # the whole prompt is cached with its logits
+            else:
+                # a prompt the cache holds entirely is evaluated again from its last
+                # token, so that its logits are fresh
+                keep = prefix - 1 if prefix == len(pending) else prefix
+                self.truncate(max(keep, 0))
+                pending = pending[max(keep, 0) :]
+        elif reset:
+            self.reset()
+        if not pending and self.last_logits is None:
+            raise ValueError("generate needs at least one token to evaluate")
+        sample_at = self.n_tokens + len(pending) - 1
+        while True:
+            self.eval(pending)
+            token = self.sample(settings, sample_at)
+            sample_at += 1
+            if stopping_criteria is not None and stopping_criteria(
+                self.input_ids[:sample_at], self.logits_at(sample_at - 1)
+            ):
+                return
+            sent = yield token
+            pending = [token, *(sent or ())]
+
+
+def longest_prefix(a: Iterable[int], b: Iterable[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
