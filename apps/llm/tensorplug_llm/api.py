@@ -459,8 +459,8 @@ class LLM:
             if lazy:
                 return None  # auto without llguidance: the reply is only read for calls
             raise InvalidRequestError(
-                f"tool_choice {spec.choice!r} needs llguidance: "
-                "pip install 'tensorplug-llm[structured]'",
+                f"tool_choice {spec.choice!r} needs llguidance, a dependency of "
+                "tensorplug-llm missing here: pip install 'llguidance>=1.9'",
                 "tool_choice",
             ) from None
         except ConstraintError as e:  # a parameters schema llguidance cannot follow
@@ -606,8 +606,8 @@ class LLM:
             return constraint_for(self.vocab, dict(response_format), self.llama.config.n_vocab)
         except ImportError:
             raise InvalidRequestError(
-                "structured output (response_format) needs llguidance: "
-                "pip install 'tensorplug-llm[structured]'",
+                "structured output (response_format) needs llguidance, a dependency of "
+                "tensorplug-llm missing here: pip install 'llguidance>=1.9'",
                 "response_format",
             ) from None
         except (RunError, ValueError) as e:

@@ -107,8 +107,8 @@ def _llguidance() -> Any:
         import llguidance
     except ImportError:
         raise MissingDependencyError(
-            "structured output (response_format) needs llguidance: "
-            "pip install 'tensorplug-llm[structured]'"
+            "structured output (response_format, grammars) needs llguidance, a dependency "
+            "of tensorplug-llm that is missing from this environment: pip install 'llguidance>=1.9'"
         ) from None
     return llguidance
 
