@@ -2,13 +2,14 @@
 layer.
 
 The conversation is rendered by the named ``chat_format`` when one was given
-(:mod:`.chat_formats`, llama-cpp-python's formats, byte for byte), else by the model
-file's own Jinja template with tools and control-token checks as the server renders
-it. A model without a template and without a ``chat_format`` is refused, naming both
-ways out: llama-cpp-python falls back to the llama-2 format there, whose markup such
-a model has never seen. llama-cpp-python's own spellings are read too: the legacy
-``functions``/``function_call``, and ``response_format`` ``{"type": "json_object",
-"schema": {...}}`` beside OpenAI's ``{"type": "json_schema", "json_schema": {...}}``.
+(:mod:`.chat_formats`: llama-cpp-python's formats byte for byte, and the file's named
+templates ``chat_template.NAME``), else by the model file's own Jinja template with
+tools and control-token checks, as the server renders it. A model with neither is
+refused, naming both ways out: llama-cpp-python falls back to the llama-2 format
+there, whose markup such a model has never seen. llama-cpp-python's own spellings are
+read too: the legacy ``functions``/``function_call``, and ``response_format``
+``{"type": "json_object", "schema": {...}}`` beside OpenAI's ``{"type": "json_schema",
+"json_schema": {...}}``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ def answer(llama: Llama, call: dict[str, Any]) -> dict[str, Any] | Iterator[dict
     stop = call["stop"]
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     prompt_ids = None
-    if llama.chat_format is not None:
-        from .chat_formats import format_messages
+    if llama.chat_format not in (None, "chat_template.default"):
+        from .chat_formats import format_chat, template_choices
 
-        formatted = format_messages(llama.chat_format, call["messages"])
+        templates = template_choices(llama.metadata)
+        formatted = format_chat(llama.chat_format, call["messages"], templates=templates)
         prompt_ids = llama.tokenize(
             formatted.prompt.encode("utf-8"), add_bos=not formatted.added_special, special=True
         )

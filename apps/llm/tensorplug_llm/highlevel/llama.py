@@ -284,7 +284,8 @@ class Llama:
         chunks = self._cached_after(complete(session, settings, request, self._vocab), tokens)
         if stream:
             return chunks
-        return next(iter(chunks))
+        (result,) = chunks  # all of it: the prompt cache is written at the end
+        return result
 
     def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> Any:
         """:meth:`create_completion`."""
