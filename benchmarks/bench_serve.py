@@ -60,6 +60,18 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import perf_docs  # docs/performance.md's tables (--write-docs)
+
+#: docs/performance.md's table of this benchmark: a row per server, model, slots and
+#: client count on each machine (``--write-docs``)
+DOCS_TABLE = perf_docs.Table(
+    "bench_serve",
+    ("server", "model", "run", "clients", "gen tok/s", "TTFT p50 / p99, ms",
+     "ITL p50 / p99, ms", "errors"),
+    key_columns=4,
+)  # fmt: skip
+
 SYSTEM = (
     "You are a careful assistant. Answer in plain words, keep to the facts you are "
     "given, say when you do not know, and never invent names, numbers or dates. "
@@ -206,6 +218,21 @@ def _table(results: dict[str, list[Level]]) -> str:
     return "\n".join(rows)
 
 
+def docs_rows(
+    results: dict[str, list[Level]], model: str, args: argparse.Namespace
+) -> list[list[str]]:
+    """The page's rows: one per server and client count, as the printed table has them."""
+    run = (f"-np {args.np}, -c {args.ctx}, -t {args.threads}, {args.requests} requests "
+           f"of {args.max_tokens} tokens")  # fmt: skip
+    return [
+        [name, model, run, str(lv.clients), f"{lv.tps:.1f}",
+         f"{_pct(lv.ttft, 50) * 1e3:.0f} / {_pct(lv.ttft, 99) * 1e3:.0f}",
+         f"{_pct(lv.itl, 50) * 1e3:.1f} / {_pct(lv.itl, 99) * 1e3:.1f}", str(lv.errors)]
+        for name, levels in results.items()
+        for lv in levels
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", help="a GGUF file (default: SmolLM2-135M-Instruct)")
@@ -222,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--tiny", action="store_true", help="the tiny random model: a quick check")
     p.add_argument("--json", help="also write the figures to this file")
+    perf_docs.add_argument(p)
     args = p.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
+    if args.tiny and args.write_docs is not None:
+        raise SystemExit("--write-docs takes a real model's figures: leave out --tiny "
+                         "(the tiny random model only checks that the script runs)")  # fmt: skip
+    write_docs = perf_docs.checked_writer(DOCS_TABLE, args.write_docs)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         if args.tiny:
             from tensorplug_llm.serve_cli import TINY_CHAT_TEMPLATE
@@ -261,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmodel {model.name}, -np {args.np}, -c {args.ctx}, -t {args.threads}, "
           f"{args.requests} requests per client, {args.max_tokens} tokens each")  # fmt: skip
     print(_table(results))
+    if write_docs is not None:
+        print(write_docs(docs_rows(results, model.name, args)))
     if args.json:
         out = {
             name: [

@@ -94,6 +94,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import perf_docs  # docs/performance.md's tables (--write-docs)
+
 SIZES: dict[str, dict[str, int]] = {
     "100M": {"n_vocab": 32000, "n_embd": 768, "n_layer": 8, "n_head": 12, "n_head_kv": 4,
              "n_ff": 2048, "n_ctx": 512},
@@ -530,19 +533,25 @@ def _mark(runs: list[dict], key: str) -> str:
 _OPPOSITE = {"<": ">", ">": "<", "": "", "?": "?"}
 
 
-def compared(ours: list[dict], theirs: list[dict], key: str) -> str:
-    """Both engines' ``key`` over the rounds, and the median of the rounds' ratios from
-    the rounds where both are known: a bound in ours bounds the ratio the same way, one
-    in llama.cpp's the other way (``?``: both ways, so neither)."""
+def _ratio(ours: list[dict], theirs: list[dict], key: str) -> str:
+    """The median of the rounds' ratios of ``key``, from the rounds where both are known:
+    a bound in ours bounds the ratio the same way, one in llama.cpp's the other way
+    (``?``: both ways, so neither); ``-`` when no round knows both."""
     rounds = [(m, t) for m, t in zip(ours, theirs, strict=True)
               if m.get(key) is not None and t.get(key) is not None]  # fmt: skip
-    ratio = "-"
-    if rounds:
-        mine, ref = ([r[key] for r in runs] for runs in zip(*rounds, strict=True))
-        marks = {_mark([m for m, _ in rounds], key),
-                 _OPPOSITE[_mark([t for _, t in rounds], key)]} - {""}  # fmt: skip
-        mark = "?" if len(marks) > 1 else next(iter(marks), "")
-        ratio = f"{mark}{paired_ratio(mine, ref):.2f}"
+    if not rounds:
+        return "-"
+    mine, ref = ([r[key] for r in runs] for runs in zip(*rounds, strict=True))
+    marks = {_mark([m for m, _ in rounds], key),
+             _OPPOSITE[_mark([t for _, t in rounds], key)]} - {""}  # fmt: skip
+    mark = "?" if len(marks) > 1 else next(iter(marks), "")
+    return f"{mark}{paired_ratio(mine, ref):.2f}"
+
+
+def compared(ours: list[dict], theirs: list[dict], key: str) -> str:
+    """Both engines' ``key`` over the rounds, and the median of the rounds' ratios
+    (:func:`_ratio`)."""
+    ratio = _ratio(ours, theirs, key)
     # a launch of ~0.3 s in tenths would hide the differences the ratio is made of
     digits = 2 if key == "launch" else 1
     engines = (_stats([r.get(key) for r in runs], _mark(runs, key), digits)
@@ -563,6 +572,49 @@ def start_row(ours: list[dict], theirs: list[dict], cold: list[dict]) -> str:
             cell += f" {first:>10}"
         cells.append(cell)
     return " | ".join(cells)
+
+
+#: docs/performance.md's table of this benchmark: a row per model, thread count and
+#: run settings on each machine (``--write-docs``)
+DOCS_TABLE_NAME = "bench_vs_llamacpp"
+DOCS_COLUMNS = (
+    "model", "threads", "run", "prompt tok/s: tensorplug / llama.cpp (ratio)",
+    "generation tok/s: tensorplug / llama.cpp (ratio)",
+    "launch to first token, s: tensorplug / llama.cpp (ratio)",
+    "peak RSS, MB: tensorplug / llama.cpp (ratio)", "tensorplug's first run, s",
+)  # fmt: skip
+
+
+def docs_settings(a: argparse.Namespace) -> str:
+    """The run's settings as the page's ``run`` column says them: rows measured with
+    other settings are other rows."""
+    words = [f"prompt {a.prompt}, gen {a.gen}, batch {a.batch}, {a.rounds} rounds"]
+    if a.load:
+        words.append(f"--load {a.load}")
+    if a.as_avx2:
+        words.append("--as-avx2")
+    return ", ".join(words)
+
+
+def _median_cell(runs: list[dict], key: str, digits: int) -> str:
+    known = [r[key] for r in runs if r.get(key) is not None]
+    if not known:
+        return "-"
+    return f"{_mark(runs, key)}{statistics.median(known):.{digits}f}"
+
+
+def docs_row(
+    model: str, threads: int, a: argparse.Namespace,
+    ours: list[dict], theirs: list[dict], cold: list[dict],
+) -> list[str]:  # fmt: skip
+    """One row of the page's table: each engine's median over the rounds and the
+    median of the rounds' ratios, marked as the printed tables mark bounds."""
+    cells = [model, str(threads or "auto"), docs_settings(a)]
+    for key, digits in (("prompt", 1), ("gen", 1), ("launch", 2), ("peak_rss_mb", 0)):
+        cells.append(f"{_median_cell(ours, key, digits)} / {_median_cell(theirs, key, digits)}"
+                     f" ({_ratio(ours, theirs, key)})")  # fmt: skip
+    cells.append(_median_cell(cold, "launch", 1))
+    return cells
 
 
 def add_run_arguments(
@@ -601,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--as-avx2", action="store_true",
                    help="both engines as an AVX2 host runs them (on an AVX-512 machine: "
                    "tensorplug's AVX2 kernels, a llama.cpp built for AVX2)")  # fmt: skip
+    perf_docs.add_argument(p)
     a = p.parse_args(argv)
     a.threads = parse_counts(a.threads, "--threads")
     for name in ("prompt", "gen", "batch", "repeats", "rounds"):
@@ -612,6 +665,8 @@ def main(argv: list[str] | None = None) -> int:
         _run_worker(a)
         return 0
     specs = parse_models(a.models)
+    table = perf_docs.Table(DOCS_TABLE_NAME, DOCS_COLUMNS, key_columns=3)
+    write_docs = perf_docs.checked_writer(table, a.write_docs)
     llama_python = find_llama_python(a.llama_python)
     if llama_python is None:
         print(BUILD_HINT, file=sys.stderr)
@@ -635,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
             f" | {what + ' tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
             for what in ("prompt", "again", "gen")))  # fmt: skip
         starts: list[str] = []
+        doc_rows: list[list[str]] = []
         for spec in specs:
             # untimed: numba's disk cache filled with what this model uses, so that no
             # round's launch includes compiling (a first run is measured on its own); at
@@ -655,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
                 cold = [measure_cold(paths[spec], threads, a) for _ in range(a.cold)]
                 starts.append(f"{spec.name:12} {threads or 'auto':>4} | "
                               + start_row(ours, theirs, cold))  # fmt: skip
+                doc_rows.append(docs_row(spec.name, threads, a, ours, theirs, cold))
         print("\nlaunch to first token, s (warm caches; tensorplug's first run: numba's cache "
               "empty), and peak RSS, MB: median (min-max)")  # fmt: skip
         print(
@@ -662,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{'first run':>10} | {'RSS tensorplug':>24} {'llama.cpp':>24} {'ratio':>6}"
         )
         print("\n".join(starts))
+        if write_docs is not None:
+            print("\n" + write_docs(doc_rows))
     finally:
         for proc in busy:
             proc.kill()
