@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         StoppingCriteriaList,
     )
     from .highlevel.state import LlamaState
+    from .highlevel.tokenizer import LlamaTokenizer
     from .kv_cells import KVCells
     from .model import KVCache, LlamaConfig, LlamaWeights, StepGraph, build_step
     from .placement import Placement
@@ -69,6 +70,7 @@ _HOMES = {
     "Llama": "highlevel.llama", "LlamaState": "highlevel.state",
     "LlamaCache": "highlevel.cache", "LlamaRAMCache": "highlevel.cache",
     "LlamaDiskCache": "highlevel.cache", "LlamaGrammar": "highlevel.grammar",
+    "LlamaTokenizer": "highlevel.tokenizer",
     "LogitsProcessor": "highlevel.processors", "LogitsProcessorList": "highlevel.processors",
     "StoppingCriteria": "highlevel.processors", "StoppingCriteriaList": "highlevel.processors",
     "Request": "request", "RequestError": "request", "RequestHandle": "request",
@@ -108,6 +110,7 @@ __all__ = [
     "LlamaGrammar",
     "LlamaRAMCache",
     "LlamaState",
+    "LlamaTokenizer",
     "LlamaWeights",
     "LogitsProcessor",
     "LogitsProcessorList",

@@ -32,6 +32,7 @@ from .direct import CallOptions, DirectGenerator
 from .options import LLAMA_DEFAULT_SEED, LoadOptions, load_options
 from .session import SampleSettings, Session, longest_prefix
 from .state import LlamaState, cache_bytes, restore_cache
+from .tokenizer import LlamaTokenizer
 
 __all__ = ["Llama"]
 
@@ -187,6 +188,10 @@ class Llama:
                 return whole[len(head) :]
             text = self._vocab.decode(ids, special=special)
         return text.encode("utf-8")
+
+    def tokenizer(self) -> LlamaTokenizer:
+        """The vocabulary as llama-cpp-python's tokenizer object."""
+        return LlamaTokenizer(self)
 
     def reset(self) -> None:
         """Forget the evaluated tokens (the next prompt is evaluated from the start)."""
