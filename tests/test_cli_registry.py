@@ -108,6 +108,17 @@ def test_a_terminal_table_keeps_every_column_readable(
             assert f" {word}" in f" {text}", header
 
 
+def test_a_bad_option_is_the_commands_error_with_its_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["devices", "--nosuch", "x"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: tensorplug devices [-h] [--plain] [-v]")
+    assert err.rstrip().endswith("tensorplug devices: error: unrecognized arguments: --nosuch x")
+
+
 def test_verbose_logs_each_discovery_step(plugin_env: PluginEnv) -> None:
     proc = tp(plugin_env, "-v", "devices", "--plain")
     assert proc.returncode == 0

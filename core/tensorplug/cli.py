@@ -596,8 +596,19 @@ def build_parser(
         _common(p, argparse.SUPPRESS)
         if cmd.add_arguments is not None and (not cmd.lazy_arguments or cmd.name == chosen):
             cmd.add_arguments(p)
-        p.set_defaults(_run=cmd.run)
+        p.set_defaults(_run=cmd.run, _parser=p)
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that an unknown option is the chosen
+    command's error, with its usage (argparse leaves options a subcommand does not know
+    to the top-level parser, whose usage lists commands and no options)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        owner: argparse.ArgumentParser = getattr(args, "_parser", parser)
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def _short(rec: CommandRecord) -> str:
@@ -673,7 +684,7 @@ def _main(argv: list[str], own_process: bool) -> int:
         logging.basicConfig(format="%(name)s: %(message)s")
         logging.getLogger("tensorplug").setLevel(logging.DEBUG)
     records = _discover()
-    args = build_parser(argv, records).parse_args(argv)
+    args = _parse(build_parser(argv, records), argv)
     _warn(records, args.command)
     args.own_process = own_process
     args.command_records = records
