@@ -415,7 +415,9 @@ def _plugin_row(rec: PluginRecord) -> list[str]:
         where = f"{rec.distribution or '?'} {rec.version or ''}".strip()
     else:
         where = f"{rec.source.value}: {rec.spec}"
-    status = rec.status.value + (f" ({rec.stage})" if rec.stage else "")
+    status = ("timed out" if rec.timed_out else rec.status.value) + (
+        f" ({rec.stage})" if rec.stage else ""
+    )
     score = "-" if rec.score is None else str(rec.score)
     why = "; ".join(x for x in (rec.reason, rec.detail) if x)
     if rec.failed and rec.exception is not None:  # the Failures section has the rest
