@@ -302,11 +302,11 @@ def _overrun_error(
     record: PluginRecord, stage: str, overrun: Overrun, what: dict[str, str], *, again: bool
 ) -> PluginTimeoutError:
     when = "an earlier attempt's " if again else ""
+    env = (settings.PLUGIN_INIT_TIMEOUT if stage == "init" else settings.PLUGIN_TIMEOUT).env
     err = PluginTimeoutError(
         f"its {when}{what.get(stage, stage)} did not return within {overrun.seconds:g} s "
-        f"({settings.PLUGIN_TIMEOUT.env}) and was left running in the background; the "
-        f"plugin is skipped. If it is only slow here, allow it more time, e.g. "
-        f"{settings.PLUGIN_TIMEOUT.env}=60"
+        f"({env}) and was left running in the background; the plugin is skipped. If it is "
+        f"only slow here, allow it more time, e.g. {env}={max(60, 4 * overrun.seconds):g}"
     )
     err.stack = overrun.stack
     return err

@@ -10,6 +10,9 @@ It is ggml's registry (``ggml_backend_load_all``, ``ggml_backend_dev_by_type``,
 * Loading is serialised by one re-entrant lock: another thread waits for it, while a
   plugin that calls back into the registry from its own ``init()`` sees what is
   registered so far instead of starting a second load.
+* A plugin's registration import, ``score()`` and ``init()`` each run under a time
+  budget (:mod:`tensorplug.budget`, ``TENSORPLUG_PLUGIN_TIMEOUT`` and
+  ``TENSORPLUG_PLUGIN_INIT_TIMEOUT``): one that never returns cannot hang discovery.
 * A plugin that fails is recorded (:func:`plugin_records`) and skipped, with one
   warning; the failure is raised only for backends the user named
   (``TENSORPLUG_BACKENDS``, :func:`init_by_name`) or under ``TENSORPLUG_STRICT_PLUGINS``.
@@ -87,7 +90,9 @@ BEST_TYPES = (DeviceType.GPU, DeviceType.IGPU, DeviceType.CPU)
 def _no_selection() -> settings.Selection:
     """What :func:`load` and :func:`load_all_from_path` apply: the caller chose which
     plugins, not the environment; the time budget is the environment's still."""
-    return settings.Selection(timeout=settings.PLUGIN_TIMEOUT.get())
+    return settings.Selection(
+        timeout=settings.PLUGIN_TIMEOUT.get(), init_timeout=settings.PLUGIN_INIT_TIMEOUT.get()
+    )
 
 
 _Named = TypeVar("_Named", Reg, Device)
@@ -241,7 +246,7 @@ def _process(candidates: Sequence[Candidate], selection: settings.Selection) -> 
             elif winner is not None:
                 rec.status = PluginStatus.NOT_SELECTED
                 rec.detail = f"{winner.short_origin} scored higher ({winner.score} > {rec.score})"
-            elif _init(rec, selection.timeout):
+            elif _init(rec, selection.init_timeout):
                 winner = rec
                 assert rec.reg is not None
                 loaded.append(rec.reg)

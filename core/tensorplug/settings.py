@@ -41,6 +41,7 @@ __all__ = [
     "CACHE",
     "BACKEND_PATH",
     "DISABLE",
+    "PLUGIN_INIT_TIMEOUT",
     "PLUGIN_TIMEOUT",
     "SCHED_COPIES",
     "SCHED_DEBUG",
@@ -185,10 +186,21 @@ PLUGIN_TIMEOUT: Setting[float] = Setting(
     "TENSORPLUG_PLUGIN_TIMEOUT",
     10.0,
     _seconds,
-    "Seconds a plugin's registration import, score() and init() may each take; a plugin "
-    "past them is left running in the background, recorded as timed out (`tensorplug "
-    "doctor`) and skipped, so that a driver that never answers cannot hang discovery.",
+    "Seconds a plugin's registration import and its score() may each take (both are meant "
+    "to be cheap); a plugin past them is left running in the background, recorded as timed "
+    "out (`tensorplug doctor`) and skipped, so that a driver that never answers cannot "
+    "hang discovery.",
     example="30",
+)
+
+PLUGIN_INIT_TIMEOUT: Setting[float] = Setting(
+    "TENSORPLUG_PLUGIN_INIT_TIMEOUT",
+    180.0,
+    _seconds,
+    "Seconds the winning plugin's init() may take (it may start a driver, or a cluster: "
+    "the Ray plugin waits up to TENSORPLUG_RAY_START_TIMEOUT for its actors); past them it "
+    "is left running in the background, recorded as timed out and skipped.",
+    example="600",
 )
 
 
@@ -269,6 +281,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     BACKEND_PATH,
     STRICT_PLUGINS,
     PLUGIN_TIMEOUT,
+    PLUGIN_INIT_TIMEOUT,
     SCHED_DEBUG,
     SCHED_COPIES,
     CACHE,
@@ -284,6 +297,7 @@ class Selection:
     paths: tuple[Path, ...] = ()
     strict: bool = False
     timeout: float = PLUGIN_TIMEOUT.default
+    init_timeout: float = PLUGIN_INIT_TIMEOUT.default
 
     @classmethod
     def from_env(cls) -> Selection:
@@ -293,6 +307,7 @@ class Selection:
             paths=BACKEND_PATH.get(),
             strict=STRICT_PLUGINS.get(),
             timeout=PLUGIN_TIMEOUT.get(),
+            init_timeout=PLUGIN_INIT_TIMEOUT.get(),
         )
 
     def denied(self, name: str) -> str | None:

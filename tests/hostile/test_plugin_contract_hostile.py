@@ -20,7 +20,7 @@ from tensorplug.device import Device, Reg
 from tensorplug.discovery import PluginRecord, PluginStatus, Source
 from tensorplug.errors import ApiVersionFormatError, PluginError, PluginTimeoutError
 from tensorplug.registration import Registration, check_api_version
-from tensorplug.settings import PLUGIN_TIMEOUT, SettingError
+from tensorplug.settings import PLUGIN_INIT_TIMEOUT, PLUGIN_TIMEOUT, Setting, SettingError
 
 MALFORMED = ["1.3", None, (1,), (1, -1), (1, -5), True, (1, True), (1, 10**21), (1.0, 3), (1, 2, 3)]
 
@@ -137,18 +137,23 @@ def test_an_init_that_never_returns_is_skipped_under_the_settings_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _stuck(tmp_path / "plugins", "STUCKINIT", "init")
-    monkeypatch.setenv(PLUGIN_TIMEOUT.env, "0.05")
+    monkeypatch.setenv(PLUGIN_INIT_TIMEOUT.env, "0.05")
     assert registry.load_all_from_path(tmp_path / "plugins") == []
     record = next(r for r in registry.plugin_records() if r.backend == "STUCKINIT")
     assert record.timed_out and record.stage == "init"
-    assert "its init() did not return within 0.05 s" in str(record.exception)
+    assert "its init() did not return within 0.05 s (TENSORPLUG_PLUGIN_INIT_TIMEOUT)" in str(
+        record.exception
+    )
     assert registry.reg_by_name("STUCKINIT") is None
 
 
-def test_the_budget_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("setting", [PLUGIN_TIMEOUT, PLUGIN_INIT_TIMEOUT], ids=lambda s: s.env)
+def test_the_budget_settings_are_checked(
+    monkeypatch: pytest.MonkeyPatch, setting: Setting[float]
+) -> None:
     for bad in ("0", "-1", "soon", "nan"):
-        monkeypatch.setenv(PLUGIN_TIMEOUT.env, bad)
-        with pytest.raises(SettingError, match=f"TENSORPLUG_PLUGIN_TIMEOUT='{bad}'"):
-            PLUGIN_TIMEOUT.get()
-    monkeypatch.setenv(PLUGIN_TIMEOUT.env, "2.5")
-    assert PLUGIN_TIMEOUT.get() == 2.5
+        monkeypatch.setenv(setting.env, bad)
+        with pytest.raises(SettingError, match=f"{setting.env}='{bad}'"):
+            setting.get()
+    monkeypatch.setenv(setting.env, "2.5")
+    assert setting.get() == 2.5
