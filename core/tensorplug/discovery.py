@@ -152,7 +152,8 @@ class PluginRecord:
 
     @property
     def timed_out(self) -> bool:
-        """Failed by running past its time budget (``TENSORPLUG_PLUGIN_TIMEOUT``)."""
+        """Failed by running past its time budget (``TENSORPLUG_PLUGIN_TIMEOUT``, or
+        ``TENSORPLUG_PLUGIN_INIT_TIMEOUT`` for ``init()``)."""
         return isinstance(self.exception, PluginTimeoutError)
 
     def matches(self, name: str) -> bool:
