@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
+import pytest
 from plugin_dists import PluginEnv, on_a_terminal
 
 from tensorplug import cli
@@ -35,7 +37,7 @@ def test_doctor_reports_every_plugin(plugin_env: PluginEnv) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "plugin API {}.{}".format(*API_VERSION) in out.splitlines()[0]
-    assert "TENSORPLUG_BACKENDS        (unset)" in out
+    assert re.search(r"^TENSORPLUG_BACKENDS +\(unset\)", out, re.M)
     plugins = out.split("Plugins (10 found)")[1].split("Failures")[0]
     rows = plugins.splitlines()
     row = next(line for line in rows if line.startswith("VARIANT ") and "basic" in line)
@@ -68,6 +70,53 @@ def test_rich_tables_on_a_terminal(plugin_env: PluginEnv) -> None:
     )
     assert "┃" in screen or "│" in screen  # rich's box drawing
     assert "VARIANT0" in screen
+
+
+#: doctor's device table as a new user's machine fills it: short columns and prose ones
+_DEVICE_TABLE = (
+    [*cli._DEVICE_HEADERS[:-1], "smoke test", "note"],
+    [
+        ["CPU", "CPU", "cpu", "AMD EPYC 7B13 64-Core Processor", "22.4 / 23.5 GiB",
+         "from_host_ptr", "ok: computed (a+b)*a and mul_mat (23.0 ms; 29.4 ms in all)",
+         "extra memory: CPU_REPACK"],
+        ["OpenCL", "OpenCL0", "cpu", "pthread-AMD EPYC 7B13 64-Core Processor (Portable "
+         "Computing Language)", "5.0 / 5.0 GiB", "async, events",
+         "ok: computed (a+b)*a and mul_mat (234.4 ms; 376.4 ms in all)", ""],
+    ],
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_a_terminal_table_keeps_every_column_readable(
+    columns: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("rich")
+    monkeypatch.setenv("COLUMNS", str(columns))
+    headers, rows = _DEVICE_TABLE
+    cli.Output(plain=False).table(headers, rows)
+    screen = capsys.readouterr().out
+    assert max(len(line) for line in screen.splitlines()) <= columns
+    text = re.sub(r"[\s│┃┏┓┗┛┡┩┢┪╇╈┳┻┣┫━─└┘┌┐├┤┴┬┼]+", " ", screen)
+    for row in rows:
+        for cell in row[:3] + row[4:5]:  # names and figures: whole, never cut or squeezed
+            assert re.search(rf"(?<![\w/.]){re.escape(cell)}(?![\w/])", screen), cell
+        for cell in row:  # prose: wrapped at spaces, every word whole
+            for word in cell.split():
+                assert f" {word} " in f" {text} ", (word, screen)
+    for header in headers:
+        for word in header.split():
+            assert f" {word}" in f" {text}", header
+
+
+def test_a_bad_option_is_the_commands_error_with_its_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["devices", "--nosuch", "x"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: tensorplug devices [-h] [--plain] [-v]")
+    assert err.rstrip().endswith("tensorplug devices: error: unrecognized arguments: --nosuch x")
 
 
 def test_verbose_logs_each_discovery_step(plugin_env: PluginEnv) -> None:

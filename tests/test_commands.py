@@ -44,7 +44,7 @@ def test_the_application_adds_its_commands_to_help() -> None:
     assert list(got) == [
         "devices", "doctor", "check", "bench", "chat", "demo", "run", "serve", "tokenize",
     ]  # fmt: skip
-    assert got["run"] == "run a GGUF model (llama, Qwen 2/3, Gemma 3)"
+    assert got["run"].startswith("run a GGUF model: prompt in, text out")
     assert got["tokenize"] == "show the tokens of a text (llama-tokenize)"
     assert got["chat"].startswith("chat with a GGUF model")
     assert "could not be added" not in proc.stdout and proc.stderr == ""

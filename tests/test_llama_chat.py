@@ -15,6 +15,8 @@ from tensorplug.errors import RunError
 from tensorplug_llm.chat import (
     CHATML_TEMPLATE,
     GEMMA_TEMPLATE,
+    ReplyInterrupted,
+    _ReplyStop,
     chat,
     load_messages,
     prompt_ids,
@@ -159,6 +161,32 @@ def test_a_turn_evaluates_only_what_the_cache_lacks_and_answers_as_from_scratch(
         assert len(ids) == n2
         want = [t for t in m.generate(ids, 6).tokens if t not in m.vocab.eog]
         assert messages[3]["content"] == m.vocab.decode(want)
+    finally:
+        m.close()
+
+
+def test_a_reply_stopped_by_ctrl_c_counts_only_the_prompt_as_evaluated(
+    chatml: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary's "evaluated" is the prompt's share: the reply's tokens, fed back
+    through the model before the Ctrl-C, are the reply's count, not the prompt's."""
+    checks: list[None] = []
+
+    def ctrl_c_after_a_few_tokens(self: object) -> None:  # what the first Ctrl-C does
+        checks.append(None)
+        if len(checks) > 12:
+            raise ReplyInterrupted
+
+    monkeypatch.setattr(_ReplyStop, "check", ctrl_c_after_a_few_tokens)
+    m = ModelRunner(chatml, placement=Placement.on(host_cpu(), 2), warmup=False)
+    try:
+        out, log = io.StringIO(), io.StringIO()
+        chat(m, _args(n_predict=40, ignore_eos=True), ["hello the world"], out, log)
+        stopped = re.search(r"reply stopped after (\d+) tokens", log.getvalue())
+        assert stopped is not None and int(stopped[1]) >= 5, log.getvalue()
+        [(prompt, evaluated)] = _evaluated(log.getvalue())
+        assert evaluated == prompt  # the first turn reads its whole prompt, and only it
+        assert m.n_past > prompt  # while the cache holds the reply's tokens too
     finally:
         m.close()
 

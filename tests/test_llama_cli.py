@@ -118,6 +118,29 @@ def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "no device named 'NoSuchDevice'" in capsys.readouterr().err
 
 
+def test_a_bad_option_shows_the_commands_usage_and_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--nosuch"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: tensorplug run ") and "[--tiny]" in err  # run's options
+    assert err.rstrip().endswith("tensorplug run: error: unrecognized arguments: --nosuch")
+
+
+def test_run_help_lists_every_architecture_of_the_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tensorplug_llm.arch import ARCHITECTURES
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for arch in ARCHITECTURES.values():
+        assert f"{arch.name} ({arch.models})" in text
+
+
 def test_threads_go_to_backends_with_the_extension(
     model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -252,6 +252,38 @@ def test_row_split_llama_matches_one_device(tiny_gqa: Path, shares: list[float] 
         _assert_agree(g, w)
 
 
+def test_memory_shared_by_members_is_counted_once() -> None:
+    """The host CPU backend and an OpenCL CPU driver both report the host's RAM; two
+    members with one device_id are one GPU: the row split's header said 36.2 GiB."""
+    from tensorplug.testing.refbackend import ReferenceDevice
+
+    gib = 1 << 30
+
+    class Fake(ReferenceDevice):
+        def __init__(self, kind: tp.DeviceType, free: int, total: int, did: str | None) -> None:
+            super().__init__()
+            self.kind, self.figures, self.did = kind, (free * gib, total * gib), did
+
+        @property
+        def type(self) -> tp.DeviceType:
+            return self.kind
+
+        @property
+        def device_id(self) -> str | None:
+            return self.did
+
+        def memory(self) -> tuple[int, int]:
+            return self.figures
+
+    cpu, pocl = Fake(tp.DeviceType.CPU, 20, 24, None), Fake(tp.DeviceType.CPU, 5, 12, None)
+    assert MetaDevice([cpu, pocl]).memory() == (20 * gib, 24 * gib)
+    gpu = Fake(tp.DeviceType.GPU, 6, 16, "pci:0000:01:00.0")
+    same_gpu = Fake(tp.DeviceType.GPU, 7, 16, "pci:0000:01:00.0")
+    other_gpu = Fake(tp.DeviceType.GPU, 1, 8, None)
+    meta = MetaDevice([cpu, gpu, same_gpu, other_gpu, pocl])
+    assert meta.memory() == ((20 + 7 + 1) * gib, (24 + 16 + 8) * gib)
+
+
 def test_row_split_is_refused_clearly_when_it_cannot_work(tiny_gqa: Path) -> None:
     from tensorplug.gguf import GGUFFile
     from tensorplug_llm.row_split import row_split_device

@@ -127,9 +127,11 @@ class Output:
             self.console.print(text, style=style or None, markup=False, soft_wrap=True)
 
     def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        """One line per row however long: cells come from drivers and exceptions, whose
-        text may hold newlines or tabs, and a row split over lines breaks ``grep`` and
-        ``cut`` on plain output (rich folds only the last column, on a terminal)."""
+        """One line per row however long on plain output: cells come from drivers and
+        exceptions, whose text may hold newlines or tabs, and a row split over lines
+        breaks ``grep`` and ``cut``. On a terminal a row may take several lines: short
+        columns (names, numbers, statuses) keep their width and the prose ones wrap into
+        what is left, so that a narrow terminal never squeezes a column to nothing."""
         rows = [[_one_line(str(c)) for c in row] for row in rows]
         if self.plain:
             widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
@@ -137,15 +139,63 @@ class Output:
                 cells = (str(c).ljust(w) for c, w in zip(row, widths, strict=True))
                 print("  ".join(cells).rstrip())
             return
+        fitted = _column_widths(headers, rows, self.console.width)
+        if fitted is None:  # too narrow for the columns side by side: one record a row
+            self._records(headers, rows)
+            return
         from rich.table import Table
 
         table = Table(header_style="bold")
-        for i, header in enumerate(headers):  # only the last column wraps: it holds prose
-            last = i == len(headers) - 1
-            table.add_column(header, no_wrap=not last, overflow="fold" if last else "ellipsis")
+        for header, width in zip(headers, fitted, strict=True):
+            table.add_column(header, width=width, overflow="fold")
         for row in rows:
             table.add_row(*(_styled(str(c)) for c in row))
         self.console.print(table)
+
+    def _records(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        """Each row as ``header: value`` lines, its first one flush left, the others
+        indented under it; empty cells are left out."""
+        from rich.text import Text
+
+        for row in rows:
+            for i, (header, cell) in enumerate(zip(headers, row, strict=True)):
+                if cell or i == 0:
+                    line = Text(f"{'  ' if i else ''}{header}: ", style="bold")
+                    self.console.print(line.append_text(_styled(cell)), overflow="fold")
+
+
+#: On a terminal, a column whose cells all fit this many characters is kept whole; a
+#: wider one holds prose and wraps, but not narrower than its longest word up to
+#: ``_WORD`` characters (a name or a path cut anywhere is hard to read), nor ``_PROSE_MIN``.
+_SHORT_COLUMN = 16
+_PROSE_MIN = 12
+_WORD = 20
+
+
+def _column_widths(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], width: int
+) -> list[int] | None:
+    """Each column's width in a rich table ``width`` characters wide, or None when the
+    columns do not fit side by side at their narrowest.
+
+    Short columns get their longest cell (a header wraps at its spaces). The room left
+    goes to the prose columns as water fills a vessel: the narrow ones get all they
+    need, the widest share the rest."""
+    needs, floors = [], []
+    for i, header in enumerate(headers):
+        column = [row[i] for row in rows]
+        longest_cell = max((len(c) for c in column), default=0)
+        need = max(longest_cell, *(len(w) for w in header.split()), 1)
+        words = [len(w) for c in (header, *column) for w in c.split()]
+        needs.append(need)
+        floors.append(need if need <= _SHORT_COLUMN else max(_PROSE_MIN, min(max(words), _WORD)))
+    room = width - (3 * len(headers) + 1)  # a space either side of a cell, and the rules
+    if sum(floors) > room:
+        return None
+    level = max(needs)  # lowered until the table fits; no column goes below its floor
+    while sum(max(f, min(n, level)) for n, f in zip(needs, floors, strict=True)) > room:
+        level -= 1
+    return [max(f, min(n, level)) for n, f in zip(needs, floors, strict=True)]
 
 
 def _one_line(text: str) -> str:
@@ -214,7 +264,7 @@ def _caps(dev: Device) -> str:
         ("from_host_ptr", caps.buffer_from_host_ptr),
         ("events", caps.events),
     ]
-    return ",".join(n for n, on in names if on) or "-"
+    return ", ".join(n for n, on in names if on) or "-"  # spaced: a terminal wraps it
 
 
 def _device_rows(devs: Sequence[Device]) -> list[list[str]]:
@@ -365,7 +415,9 @@ def _plugin_row(rec: PluginRecord) -> list[str]:
         where = f"{rec.distribution or '?'} {rec.version or ''}".strip()
     else:
         where = f"{rec.source.value}: {rec.spec}"
-    status = rec.status.value + (f" ({rec.stage})" if rec.stage else "")
+    status = ("timed out" if rec.timed_out else rec.status.value) + (
+        f" ({rec.stage})" if rec.stage else ""
+    )
     score = "-" if rec.score is None else str(rec.score)
     why = "; ".join(x for x in (rec.reason, rec.detail) if x)
     if rec.failed and rec.exception is not None:  # the Failures section has the rest
@@ -546,8 +598,19 @@ def build_parser(
         _common(p, argparse.SUPPRESS)
         if cmd.add_arguments is not None and (not cmd.lazy_arguments or cmd.name == chosen):
             cmd.add_arguments(p)
-        p.set_defaults(_run=cmd.run)
+        p.set_defaults(_run=cmd.run, _parser=p)
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that an unknown option is the chosen
+    command's error, with its usage (argparse leaves options a subcommand does not know
+    to the top-level parser, whose usage lists commands and no options)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        owner: argparse.ArgumentParser = getattr(args, "_parser", parser)
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def _short(rec: CommandRecord) -> str:
@@ -623,7 +686,7 @@ def _main(argv: list[str], own_process: bool) -> int:
         logging.basicConfig(format="%(name)s: %(message)s")
         logging.getLogger("tensorplug").setLevel(logging.DEBUG)
     records = _discover()
-    args = build_parser(argv, records).parse_args(argv)
+    args = _parse(build_parser(argv, records), argv)
     _warn(records, args.command)
     args.own_process = own_process
     args.command_records = records

@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import installed
-from .errors import PluginError
+from . import installed, settings
+from .budget import Overrun, OwnerLock, run_within
+from .errors import ApiVersionError, PluginError, PluginTimeoutError
 from .installed import EntryPointInfo
 from .registration import Registration, api_compatible, check_api_version, resolve_object
 
@@ -43,9 +44,12 @@ __all__ = [
     "prepare",
     "read_entry_points",
     "records_from_path",
+    "within_budget",
 ]
 
 ENTRY_POINT_GROUP = "tensorplug.backends"
+
+T = TypeVar("T")
 
 _log = logging.getLogger("tensorplug.registry")
 
@@ -146,6 +150,12 @@ class PluginRecord:
     def failed(self) -> bool:
         return self.status is PluginStatus.FAILED
 
+    @property
+    def timed_out(self) -> bool:
+        """Failed by running past its time budget (``TENSORPLUG_PLUGIN_TIMEOUT``, or
+        ``TENSORPLUG_PLUGIN_INIT_TIMEOUT`` for ``init()``)."""
+        return isinstance(self.exception, PluginTimeoutError)
+
     def matches(self, name: str) -> bool:
         """True when the user's ``name`` means this plugin: its backend or entry-point
         name, or one of its device names (``JAX0`` for backend ``JAX``)."""
@@ -158,6 +168,8 @@ class PluginRecord:
         self.stage = stage
         self.exception = exc
         self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        if isinstance(exc, PluginTimeoutError) and exc.stack:
+            self.traceback += f"where the plugin's thread was:\n{exc.stack}"
         _log.debug("%s: failed at %s: %s", self, stage, self.traceback.rstrip())
 
     def error_message(self) -> str:
@@ -259,19 +271,64 @@ def _never(name: str) -> str | None:
     return None
 
 
+#: Plugin code that overran its budget, by the record's spec, while its thread runs: it
+#: is not started again (a stuck import holds the module's import lock for ever).
+_left_behind: dict[str, tuple[str, Overrun]] = {}
+
+
+def within_budget(
+    record: PluginRecord,
+    stage: str,
+    fn: Callable[[], T],
+    seconds: float,
+    *,
+    lock: OwnerLock | None = None,
+) -> T:
+    """``fn()``, a plugin's code for ``stage`` (import, score, init), run in a worker
+    thread for at most ``seconds``: past them, :class:`PluginTimeoutError` naming the
+    plugin and the fix, with the stuck thread's stack as the record's traceback (set
+    when the record fails). Code still stuck from an earlier attempt is not run again."""
+    what = {"import": "import of its registration", "score": "score()", "init": "init()"}
+    earlier = _left_behind.get(record.spec)
+    if earlier is not None and earlier[1].thread.is_alive():
+        raise _overrun_error(record, earlier[0], earlier[1], what, again=True)
+    try:
+        return run_within(fn, seconds, name=f"tensorplug plugin {record.label} {stage}", lock=lock)
+    except Overrun as overrun:
+        _left_behind[record.spec] = (stage, overrun)
+        raise _overrun_error(record, stage, overrun, what, again=False) from None
+
+
+def _overrun_error(
+    record: PluginRecord, stage: str, overrun: Overrun, what: dict[str, str], *, again: bool
+) -> PluginTimeoutError:
+    when = "an earlier attempt's " if again else ""
+    env = (settings.PLUGIN_INIT_TIMEOUT if stage == "init" else settings.PLUGIN_TIMEOUT).env
+    err = PluginTimeoutError(
+        f"its {when}{what.get(stage, stage)} did not return within {overrun.seconds:g} s "
+        f"({env}) and was left running in the background; the plugin is skipped. If it is "
+        f"only slow here, allow it more time, e.g. {env}={max(60, 4 * overrun.seconds):g}"
+    )
+    err.stack = overrun.stack
+    return err
+
+
 def prepare(
     record: PluginRecord,
     ep: EntryPointInfo | None = None,
     *,
     denied: Callable[[str], str | None] = _never,
     excluded: Callable[[str], str | None] = _never,
+    timeout: float = settings.PLUGIN_TIMEOUT.default,
+    lock: OwnerLock | None = None,
 ) -> None:
     """Import the registration, check its API version and score it, recording failures.
 
     ``denied(entry_point_name)`` and ``excluded(backend_name)`` return why a plugin is
     left out (e.g. ``TENSORPLUG_DISABLE``), or None. A plugin denied by its entry-point
-    name is not even imported; an excluded backend is neither checked nor scored.
-    Leaves the record SCORED, or FAILED / UNSUPPORTED / DISABLED.
+    name is not even imported; an excluded backend is neither checked nor scored. The
+    import and the score each get ``timeout`` seconds (:func:`within_budget`), with
+    ``lock`` lent to them. Leaves the record SCORED, or FAILED / UNSUPPORTED / DISABLED.
     """
     if record.entry_point and (why := denied(record.entry_point)):
         record.status, record.detail = PluginStatus.DISABLED, why
@@ -279,8 +336,14 @@ def prepare(
         return
     t0 = time.perf_counter()
     try:
-        reg_obj = _load_registration_object(record, ep)
+        reg_obj = within_budget(
+            record, "import", lambda: _load_registration_object(record, ep), timeout, lock=lock
+        )
         registration = Registration.coerce(reg_obj)
+    except ApiVersionError as e:  # a malformed api_version: its message has the fix
+        record.import_ms = (time.perf_counter() - t0) * 1e3
+        record.fail("api", e)
+        return
     except (Exception, SystemExit) as e:  # a plugin calling sys.exit() must not end the app
         record.import_ms = (time.perf_counter() - t0) * 1e3
         record.fail("import", e)
@@ -312,7 +375,9 @@ def prepare(
             record.fail("api", e)
             return
     try:
-        record.score, record.reason = registration.evaluate_score()
+        record.score, record.reason = within_budget(
+            record, "score", registration.evaluate_score, timeout, lock=lock
+        )
     except (Exception, SystemExit) as e:  # as at import: a sys.exit() must not end the app
         record.fail("score", e)
         return

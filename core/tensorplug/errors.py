@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AllocationError",
     "ApiVersionError",
+    "ApiVersionFormatError",
     "BackendNotFoundError",
     "BackendUnavailableError",
     "BufferFreedError",
@@ -20,6 +21,7 @@ __all__ = [
     "InvalidArgumentError",
     "OutOfBoundsError",
     "PluginError",
+    "PluginTimeoutError",
     "GraphError",
     "OpParamError",
     "RunError",
@@ -81,6 +83,19 @@ class PluginError(TensorplugError, RuntimeError):
 
 class ApiVersionError(PluginError):
     """A plugin was built against an incompatible tensorplug API version."""
+
+
+class ApiVersionFormatError(ApiVersionError, TypeError):
+    """A plugin declares an ``api_version`` that is not a ``(major, minor)`` pair of
+    small non-negative integers."""
+
+
+class PluginTimeoutError(PluginError, TimeoutError):
+    """A plugin's import, score or initialisation ran past its time budget and was
+    left behind (``TENSORPLUG_PLUGIN_TIMEOUT``)."""
+
+    #: where the plugin's thread was when its budget ran out, as traceback.format_stack
+    stack: str = ""
 
 
 class BackendNotFoundError(TensorplugError, LookupError):

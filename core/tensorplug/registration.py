@@ -31,19 +31,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
-from .errors import ApiVersionError, PluginError
+from .errors import ApiVersionError, ApiVersionFormatError, PluginError
 from .version import API_VERSION, __version__
 
 if TYPE_CHECKING:
     from .device import Reg
 
-__all__ = ["Registration", "ScoreFn", "api_compatible", "check_api_version", "resolve_object"]
+__all__ = [
+    "Registration",
+    "ScoreFn",
+    "api_compatible",
+    "api_version_of",
+    "check_api_version",
+    "resolve_object",
+]
 
 #: What ``score`` may be: a number, or a function returning a number or ``(number, reason)``.
 ScoreFn = Union[int, Callable[[], Union[int, tuple[int, str]]]]  # noqa: UP007 (runtime alias)
 
 #: Backend names appear in comma-separated environment variables and CLI tables.
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]*$")
+
+#: Each part of an ``api_version`` is below this: a larger one is a mistake (a date, a
+#: build number) that no release of tensorplug will match.
+API_PART_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -77,16 +88,8 @@ class Registration:
                 f"Registration.name must be a backend name such as 'CPU' or 'OpenCL' (a letter, "
                 f"then letters, digits, '_', '.', '+' or '-'), got {self.name!r}"
             )
-        version = self.api_version
-        if (
-            not isinstance(version, tuple)
-            or len(version) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in version)
-        ):
-            raise TypeError(
-                f"Registration {self.name!r}: api_version must be a (major, minor) tuple of "
-                f"ints such as {API_VERSION}, got {version!r}"
-            )
+        version = api_version_of(self.api_version, plugin=f"Registration {self.name!r}")
+        object.__setattr__(self, "api_version", version)  # a list from a duck type: a tuple
         if isinstance(self.init, str):
             if self.init.count(":") != 1 or not all(self.init.split(":")):
                 raise ValueError(
@@ -122,7 +125,7 @@ class Registration:
             )
         return cls(
             name=obj.name,
-            api_version=tuple(obj.api_version),
+            api_version=obj.api_version,  # checked, with the plugin's name, by __post_init__
             init=obj.init,
             score=getattr(obj, "score", 1),
             description=getattr(obj, "description", ""),
@@ -170,9 +173,30 @@ def resolve_object(spec: str) -> Any:
     return obj
 
 
+def api_version_of(value: object, *, plugin: str) -> tuple[int, int]:
+    """``value`` as a ``(major, minor)`` pair of ints from 0 to ``API_PART_LIMIT - 1``
+    (a tuple or a list), else :class:`ApiVersionFormatError` naming ``plugin`` and the
+    fix. Every declaration passes here: a Registration's, a duck-typed one's, a Reg's."""
+    parts = value if isinstance(value, (tuple, list)) else ()
+    if len(parts) == 2 and all(_is_int(p) and 0 <= p < API_PART_LIMIT for p in parts):
+        return (int(parts[0]), int(parts[1]))
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise ApiVersionFormatError(
+        f"{plugin}: api_version must be a (major, minor) pair of whole numbers from 0 to "
+        f"{API_PART_LIMIT - 1}, got {shown} (a {type(value).__name__}). Fix: declare the "
+        f"plugin API the plugin was written against, e.g. api_version={API_VERSION} (what "
+        f"tensorplug {__version__} provides) or an older ({API_VERSION[0]}, minor)"
+    )
+
+
 def api_compatible(found: tuple[int, int]) -> bool:
-    """Same major as core's and a minor that is not newer."""
-    return found[0] == API_VERSION[0] and found[1] <= API_VERSION[1]
+    """Same major as core's and a minor that is not newer (False for a malformed pair:
+    :func:`check_api_version` says what is wrong with it)."""
+    try:
+        major, minor = api_version_of(found, plugin="")
+    except ApiVersionFormatError:
+        return False
+    return major == API_VERSION[0] and minor <= API_VERSION[1]
 
 
 def check_api_version(found: tuple[int, int], *, plugin: str, package: str | None) -> None:
@@ -181,7 +205,9 @@ def check_api_version(found: tuple[int, int], *, plugin: str, package: str | Non
     Minors only add optional members with defaults, so a plugin written for an older
     minor runs on a newer core, never the other way round. ``plugin`` says which plugin
     this is in the message, ``package`` is the distribution to upgrade (if known).
+    A malformed ``found`` is refused by :func:`api_version_of`.
     """
+    found = api_version_of(found, plugin=plugin)
     if api_compatible(found):
         return
     major, minor = found

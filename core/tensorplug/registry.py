@@ -10,6 +10,9 @@ It is ggml's registry (``ggml_backend_load_all``, ``ggml_backend_dev_by_type``,
 * Loading is serialised by one re-entrant lock: another thread waits for it, while a
   plugin that calls back into the registry from its own ``init()`` sees what is
   registered so far instead of starting a second load.
+* A plugin's registration import, ``score()`` and ``init()`` each run under a time
+  budget (:mod:`tensorplug.budget`, ``TENSORPLUG_PLUGIN_TIMEOUT`` and
+  ``TENSORPLUG_PLUGIN_INIT_TIMEOUT``): one that never returns cannot hang discovery.
 * A plugin that fails is recorded (:func:`plugin_records`) and skipped, with one
   warning; the failure is raised only for backends the user named
   (``TENSORPLUG_BACKENDS``, :func:`init_by_name`) or under ``TENSORPLUG_STRICT_PLUGINS``.
@@ -21,13 +24,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import discovery, settings
+from .budget import OwnerLock
 from .device import Device, DeviceType, Reg, is_host_cpu
 from .discovery import PluginRecord, PluginStatus, Source
 from .errors import (
@@ -38,7 +41,7 @@ from .errors import (
     PluginError,
 )
 from .installed import EntryPointInfo
-from .registration import check_api_version
+from .registration import api_version_of, check_api_version
 from .signals import deferred_ctrl_c
 
 if TYPE_CHECKING:
@@ -83,8 +86,14 @@ _log = logging.getLogger("tensorplug.registry")
 #: ``init_best``'s order of preference (ggml: GPU, then integrated GPU, then CPU).
 BEST_TYPES = (DeviceType.GPU, DeviceType.IGPU, DeviceType.CPU)
 
-#: What :func:`load` and :func:`load_all_from_path` apply: the caller chose, not the environment.
-_NO_SELECTION = settings.Selection()
+
+def _no_selection() -> settings.Selection:
+    """What :func:`load` and :func:`load_all_from_path` apply: the caller chose which
+    plugins, not the environment; the time budget is the environment's still."""
+    return settings.Selection(
+        timeout=settings.PLUGIN_TIMEOUT.get(), init_timeout=settings.PLUGIN_INIT_TIMEOUT.get()
+    )
+
 
 _Named = TypeVar("_Named", Reg, Device)
 
@@ -93,7 +102,7 @@ class _State:
     """Everything the registry holds; one instance, guarded by ``lock``."""
 
     def __init__(self) -> None:
-        self.lock = threading.RLock()
+        self.lock = OwnerLock()  # lent to the plugin code it waits for (budget.py)
         self.clear()
 
     def clear(self) -> None:
@@ -150,7 +159,14 @@ def _all_candidates(selection: settings.Selection) -> list[Candidate]:
 
 def _prepare_all(candidates: Sequence[Candidate], selection: settings.Selection) -> None:
     for rec, ep in candidates:
-        discovery.prepare(rec, ep, denied=selection.denied, excluded=selection.excluded)
+        discovery.prepare(
+            rec,
+            ep,
+            denied=selection.denied,
+            excluded=selection.excluded,
+            timeout=selection.timeout,
+            lock=_state.lock,
+        )
 
 
 def _prepared(selection: settings.Selection) -> list[Candidate]:
@@ -230,7 +246,7 @@ def _process(candidates: Sequence[Candidate], selection: settings.Selection) -> 
             elif winner is not None:
                 rec.status = PluginStatus.NOT_SELECTED
                 rec.detail = f"{winner.short_origin} scored higher ({winner.score} > {rec.score})"
-            elif _init(rec):
+            elif _init(rec, selection.init_timeout):
                 winner = rec
                 assert rec.reg is not None
                 loaded.append(rec.reg)
@@ -238,11 +254,14 @@ def _process(candidates: Sequence[Candidate], selection: settings.Selection) -> 
     return loaded
 
 
-def _init(rec: PluginRecord) -> bool:
-    assert rec.registration is not None
+def _init(rec: PluginRecord, timeout: float) -> bool:
+    registration = rec.registration
+    assert registration is not None
     _log.debug("%s: initialising backend %r", rec, rec.backend)
     try:
-        reg = rec.registration.create_reg()
+        reg = discovery.within_budget(
+            rec, "init", registration.create_reg, timeout, lock=_state.lock
+        )
     except (Exception, SystemExit) as e:
         rec.fail("init", e)
         return False
@@ -271,8 +290,9 @@ def _register(reg: Reg, rec: PluginRecord) -> None:
         )
     if (other := _find_reg(name)) is not None:
         raise PluginError(f"a backend named {name!r} is already registered ({other!r}); unload it")
-    check_api_version(reg.api_version, plugin=f"Reg {name!r}", package=rec.distribution)
-    declared = _declared_version(reg, rec)
+    own = api_version_of(reg.api_version, plugin=f"Reg {name!r} ({type(reg).__qualname__})")
+    check_api_version(own, plugin=f"Reg {name!r}", package=rec.distribution)
+    declared = _declared_version(own, rec)
     devs = list(reg.devices())
     taken = {d.name.casefold(): d for d in _state.devices}
     for dev in devs:
@@ -300,6 +320,7 @@ def _register(reg: Reg, rec: PluginRecord) -> None:
     hook_names = hooks.register_reg(_pm(), reg)
     if declared != reg.api_version:
         reg.api_version = declared  # what its devices' supports_op is filtered by
+    rec.api_version = rec.api_version or declared
     _state.regs.append(reg)
     _state.devices.extend(devs)
     _state.hook_names[id(reg)] = hook_names
@@ -315,14 +336,13 @@ def _register(reg: Reg, rec: PluginRecord) -> None:
             )
 
 
-def _declared_version(reg: Reg, rec: PluginRecord) -> tuple[int, int]:
-    """The plugin API (and op contract) ``reg`` is held to: its Registration's
-    ``api_version``, the plugin's declaration, or the Reg's own when that is older
-    (a Reg registered in code declares through its ``api_version`` alone)."""
-    version = tuple(reg.api_version)
+def _declared_version(own: tuple[int, int], rec: PluginRecord) -> tuple[int, int]:
+    """The plugin API (and op contract) a Reg is held to: its Registration's
+    ``api_version``, the plugin's declaration, or the Reg's own (``own``) when that is
+    older (a Reg registered in code declares through its ``api_version`` alone)."""
     if rec.registration is not None:
-        version = min(version, rec.registration.api_version)
-    return (int(version[0]), int(version[1]))
+        return min(own, rec.registration.api_version)
+    return own
 
 
 def _pm() -> pluggy.PluginManager:
@@ -434,8 +454,9 @@ def load(spec: str | os.PathLike[str]) -> Reg:
     """
     with _mutating():
         candidates = _candidates_for(spec)
-        _prepare_all(candidates, _NO_SELECTION)
-        loaded = _process(candidates, _NO_SELECTION)
+        chosen = _no_selection()
+        _prepare_all(candidates, chosen)
+        loaded = _process(candidates, chosen)
     if loaded:
         return loaded[0]
     found = discovery.explain([rec for rec, _ in candidates], f"load({os.fspath(spec)!r}):")
@@ -471,8 +492,9 @@ def load_all_from_path(path: str | os.PathLike[str]) -> list[Reg]:
         raise PluginError(f"load_all_from_path({str(path)!r}): not a folder")
     with _mutating():
         candidates = [(r, None) for r in discovery.records_from_path(folder)]
-        _prepare_all(candidates, _NO_SELECTION)
-        loaded = _process(candidates, _NO_SELECTION)
+        chosen = _no_selection()
+        _prepare_all(candidates, chosen)
+        loaded = _process(candidates, chosen)
         _warn_failures()
     failed = [rec for rec, _ in candidates if rec.failed]
     if failed and settings.STRICT_PLUGINS.get():
@@ -486,7 +508,7 @@ def register(reg: Reg) -> Reg:
     This does not trigger discovery. Registering before the registry's first use makes
     this Reg take precedence over an installed plugin with the same backend name.
     """
-    rec = PluginRecord(source=Source.CODE, spec=repr(reg), api_version=reg.api_version)
+    rec = PluginRecord(source=Source.CODE, spec=repr(reg))  # its api_version, once checked
     with _mutating():
         _register(reg, rec)
         _state.records.append(rec)

@@ -41,6 +41,8 @@ __all__ = [
     "CACHE",
     "BACKEND_PATH",
     "DISABLE",
+    "PLUGIN_INIT_TIMEOUT",
+    "PLUGIN_TIMEOUT",
     "SCHED_COPIES",
     "SCHED_DEBUG",
     "SETTINGS",
@@ -170,6 +172,38 @@ STRICT_PLUGINS: Setting[bool] = Setting(
 )
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError("expected a number of seconds") from None
+    if not 0 < seconds < 1e6:  # NaN fails both
+        raise ValueError("must be a number of seconds above 0")
+    return seconds
+
+
+PLUGIN_TIMEOUT: Setting[float] = Setting(
+    "TENSORPLUG_PLUGIN_TIMEOUT",
+    10.0,
+    _seconds,
+    "Seconds a plugin's registration import and its score() may each take (both are meant "
+    "to be cheap); a plugin past them is left running in the background, recorded as timed "
+    "out (`tensorplug doctor`) and skipped, so that a driver that never answers cannot "
+    "hang discovery.",
+    example="30",
+)
+
+PLUGIN_INIT_TIMEOUT: Setting[float] = Setting(
+    "TENSORPLUG_PLUGIN_INIT_TIMEOUT",
+    180.0,
+    _seconds,
+    "Seconds the winning plugin's init() may take (it may start a driver, or a cluster: "
+    "the Ray plugin waits up to TENSORPLUG_RAY_START_TIMEOUT for its actors); past them it "
+    "is left running in the background, recorded as timed out and skipped.",
+    example="600",
+)
+
+
 def _whole(value: str) -> int:
     try:
         return int(value)
@@ -246,6 +280,8 @@ SETTINGS: tuple[Setting[Any], ...] = (
     DISABLE,
     BACKEND_PATH,
     STRICT_PLUGINS,
+    PLUGIN_TIMEOUT,
+    PLUGIN_INIT_TIMEOUT,
     SCHED_DEBUG,
     SCHED_COPIES,
     CACHE,
@@ -260,6 +296,8 @@ class Selection:
     deny: tuple[str, ...] = ()
     paths: tuple[Path, ...] = ()
     strict: bool = False
+    timeout: float = PLUGIN_TIMEOUT.default
+    init_timeout: float = PLUGIN_INIT_TIMEOUT.default
 
     @classmethod
     def from_env(cls) -> Selection:
@@ -268,6 +306,8 @@ class Selection:
             deny=DISABLE.get(),
             paths=BACKEND_PATH.get(),
             strict=STRICT_PLUGINS.get(),
+            timeout=PLUGIN_TIMEOUT.get(),
+            init_timeout=PLUGIN_INIT_TIMEOUT.get(),
         )
 
     def denied(self, name: str) -> str | None:

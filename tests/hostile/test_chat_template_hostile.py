@@ -15,6 +15,7 @@ import pytest
 
 from tensorplug.errors import RunError
 from tensorplug_llm.chat import render
+from tensorplug_llm.template import Limits
 from tensorplug_llm.tiny import write_tiny_llama
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -154,9 +155,11 @@ def test_templates_stay_sandboxed(template: str) -> None:
 
 
 def test_the_bookkeeping_cannot_be_undone_by_the_template() -> None:
+    """The output limit holds though the template ticks a negative count. The time limit
+    is out of reach here: on a busy machine it fired first and hid what is checked."""
     text = "{% for i in range(100000) %}{{ _tp_tick(-10**9) }}{{ 'x' * 100 }}{% endfor %}"
     with pytest.raises(RunError, match="it wrote more than 4194304 characters"):
-        render(text, MESSAGES)
+        render(text, MESSAGES, limits=Limits(seconds=3600))
 
 
 def test_real_templates_still_render() -> None:

@@ -341,9 +341,10 @@ def _turn(
             interrupted, full = True, False
     seconds = time.perf_counter() - start
     # the cache holds the prompt and the reply up to n_past (the last token sampled is
-    # not evaluated; an interrupted prompt stopped between chunks)
+    # not evaluated; an interrupted prompt stopped between chunks); of it, the prompt's
+    # evaluated part is what the summary counts, the reply's tokens are counted as reply
     conv.cached = (ids + sampled)[: model.n_past]
-    evaluated = max(len(conv.cached) - common, 0) if interrupted else len(ids) - common
+    evaluated = max(min(len(conv.cached), len(ids)) - common, 0)
     out.write(printable(dec.flush()) + "\n")
     out.flush()
     conv.turns.append({"role": "assistant", "content": vocab.decode(reply)})

@@ -12,7 +12,11 @@ from tensorplug.commands import CommandSpec
 
 __all__ = ["chat", "demo", "run", "serve", "tokenize"]
 
-run = CommandSpec("run", "run a GGUF model (llama, Qwen 2/3, Gemma 3)", "tensorplug_llm.run_cli")
+run = CommandSpec(
+    "run",
+    "run a GGUF model: prompt in, text out (--help lists the architectures)",
+    "tensorplug_llm.run_cli",
+)
 chat = CommandSpec(
     "chat", "chat with a GGUF model through its chat template", "tensorplug_llm.chat"
 )

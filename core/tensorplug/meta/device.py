@@ -82,11 +82,16 @@ class MetaDevice(Device):
         return min((d.type for d in self.members), key=lambda t: _TYPE_RANK.get(t, 9))
 
     def memory(self) -> tuple[int, int]:
-        free = total = 0
+        """The members' memory, each pool of it once: the host CPU backend and an OpenCL
+        CPU driver (or an integrated GPU) both report the host's RAM, and two members
+        with one ``device_id`` are one device. A pool counts as its largest report."""
+        pools: dict[object, tuple[int, int]] = {}
         for d in self.members:
             f, t = d.memory()
-            free, total = free + f, total + t
-        return free, total
+            key = _memory_pool(d)
+            seen_free, seen_total = pools.get(key, (0, 0))
+            pools[key] = (max(seen_free, f), max(seen_total, t))
+        return sum(f for f, _ in pools.values()), sum(t for _, t in pools.values())
 
     @property
     def caps(self) -> DeviceCaps:
@@ -295,6 +300,14 @@ class MetaBuffer(Buffer):
     def _free(self) -> None:
         for b in self.members:
             b.free()
+
+
+def _memory_pool(dev: Device) -> object:
+    """What ``dev``'s memory is: the host's RAM for CPU-type devices and integrated
+    GPUs, else the device itself (its ``device_id`` when it has one)."""
+    if dev.type in (DeviceType.CPU, DeviceType.IGPU):
+        return "host"
+    return dev.device_id or id(dev)
 
 
 def meta_device(devices: Sequence[Device], split_state: SplitStateFn | None = None) -> MetaDevice:
