@@ -30,9 +30,11 @@ def test_the_application_package_loads_its_modules_on_first_use() -> None:
     code = (
         "import sys, tensorplug_llm as app\n"
         "before = sorted(m for m in sys.modules if m.startswith(('tensorplug_llm.', 'regex')))\n"
-        "llama = app.Llama\n"
+        "runner = app.ModelRunner\n"
         "from tensorplug_llm.runner import ModelRunner\n"
-        "print(before, llama is ModelRunner, 'ModelRunner' in dir(app), 'runner' in vars(app))\n"
+        "print(before, runner is ModelRunner, 'ModelRunner' in dir(app), 'runner' in vars(app))\n"
+        "from tensorplug_llm.highlevel.llama import Llama\n"
+        "print(app.Llama is Llama)\n"
         "try:\n"
         "    app.NoSuchName\n"
         "except AttributeError as e:\n"
@@ -41,6 +43,7 @@ def test_the_application_package_loads_its_modules_on_first_use() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [
         "[] True True True",
+        "True",
         "module 'tensorplug_llm' has no attribute 'NoSuchName'",
     ]
 
