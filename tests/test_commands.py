@@ -36,13 +36,14 @@ def tp(env: PluginEnv, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_application_adds_its_commands_to_help() -> None:
-    """`pip install -e apps/llm` (the README's set-up) adds run, chat, serve, tokenize, demo."""
+    """`pip install -e apps/llm` (the README's set-up) adds run, chat, serve, tokenize, embed,
+    demo."""
     proc = subprocess.run(
         [sys.executable, "-m", "tensorplug", "--help"], capture_output=True, text=True, check=True
     )
     got = listed(proc.stdout)
     assert list(got) == [
-        "devices", "doctor", "check", "bench", "chat", "demo", "run", "serve", "tokenize",
+        "devices", "doctor", "check", "bench", "chat", "demo", "embed", "run", "serve", "tokenize",
     ]  # fmt: skip
     assert got["run"].startswith("run a GGUF model: prompt in, text out")
     assert got["tokenize"] == "show the tokens of a text (llama-tokenize)"
@@ -52,7 +53,7 @@ def test_the_application_adds_its_commands_to_help() -> None:
 
 def test_the_application_is_found_through_its_entry_points() -> None:
     records = {r.name: r for r in discover(reserved=[c.name for c in cli.COMMANDS])}
-    assert {"run", "chat", "serve", "tokenize", "demo"} <= set(records)
+    assert {"run", "chat", "serve", "tokenize", "embed", "demo"} <= set(records)
     run = records["run"]
     assert run.status is CommandStatus.ADDED and run.distribution == "tensorplug-llm"
     assert run.spec is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tensorplug.commands import CommandSpec
 
-__all__ = ["chat", "demo", "run", "serve", "tokenize"]
+__all__ = ["chat", "demo", "embed", "run", "serve", "tokenize"]
 
 run = CommandSpec(
     "run",
@@ -32,4 +32,9 @@ demo = CommandSpec(
     "demo",
     "a llama-style block against numpy, then a tiny model over every device",
     "tensorplug_llm.demo",
+)
+embed = CommandSpec(
+    "embed",
+    "the embeddings of texts from a GGUF model (llama-embedding)",
+    "tensorplug_llm.embed_cli",
 )
