@@ -21,30 +21,42 @@ from .direct import CallOptions
 from .session import SampleSettings
 
 if TYPE_CHECKING:
-    from .llama import Llama
+    from ..api import LLM
+    from .direct import DirectGenerator
+    from .tokenizer import LlamaTokenizer
 
 __all__ = ["answer"]
 
 
-def answer(llama: Llama, call: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str, Any]]:
-    """The reply to one ``create_chat_completion`` call (its arguments in ``call``)."""
-    layer = llama._chat_layer()
+def answer(
+    call: dict[str, Any],
+    *,
+    layer: LLM,
+    generator: DirectGenerator,
+    chat_format: str | None,
+    metadata: Mapping[str, str],
+    tokenizer: LlamaTokenizer,
+    seed: int,
+) -> dict[str, Any] | Iterator[dict[str, Any]]:
+    """The reply to one ``create_chat_completion`` call (its arguments in ``call``),
+    answered by the server's chat ``layer`` over the model's own sequence
+    (``generator``), with ``seed`` unless the call names one."""
     tools, tool_choice = _legacy_functions(call)
     stop = call["stop"]
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     prompt_ids = None
-    if llama.chat_format not in (None, "chat_template.default"):
+    if chat_format not in (None, "chat_template.default"):
         from .chat_formats import format_chat, template_choices
 
-        templates = template_choices(llama.metadata)
-        formatted = format_chat(llama.chat_format, call["messages"], templates=templates)
-        prompt_ids = llama.tokenize(
+        templates = template_choices(metadata)
+        formatted = format_chat(chat_format, call["messages"], templates=templates)
+        prompt_ids = tokenizer.tokenize(
             formatted.prompt.encode("utf-8"), add_bos=not formatted.added_special, special=True
         )
         stops += _list(formatted.stop)
     elif layer.chat_template is None:
         raise ValueError(
-            f"{llama.model_path} has no chat template (tokenizer.chat_template): pass "
+            f"{layer.model_name} has no chat template (tokenizer.chat_template): pass "
             "chat_format='chatml' (or another format name) or a chat_handler to Llama(), "
             "or use create_completion"
         )
@@ -58,7 +70,7 @@ def answer(llama: Llama, call: dict[str, Any]) -> dict[str, Any] | Iterator[dict
         grammar=call["grammar"],
     )
     max_tokens = call["max_tokens"]
-    with llama._chat_options(CallOptions(settings)):
+    with generator.options(CallOptions(settings)):
         result = layer.create_chat_completion(
             call["messages"],
             tools=tools,
@@ -72,7 +84,7 @@ def answer(llama: Llama, call: dict[str, Any]) -> dict[str, Any] | Iterator[dict
             stream=call["stream"],
             logprobs=bool(call["logprobs"]),
             top_logprobs=call["top_logprobs"],
-            seed=llama._call_seed(call["seed"]),
+            seed=call["seed"] if call["seed"] is not None else seed,
             response_format=_response_format(call["response_format"]),
             repeat_penalty=call["repeat_penalty"],
             frequency_penalty=call["frequency_penalty"],
@@ -84,7 +96,7 @@ def answer(llama: Llama, call: dict[str, Any]) -> dict[str, Any] | Iterator[dict
     if isinstance(result, dict):
         if model is not None:
             result["model"] = model
-        if llama._chat_generator().ended_uncounted:  # llama-cpp-python's count
+        if generator.ended_uncounted:  # llama-cpp-python's count
             result["usage"]["completion_tokens"] -= 1
             result["usage"]["total_tokens"] -= 1
         return result

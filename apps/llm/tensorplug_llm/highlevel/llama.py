@@ -28,7 +28,7 @@ from ..api import LLM
 from ..constraint import constraint_for
 from ..tokenizer import Vocab
 from .completion import CompletionRequest, complete, logits_to_logprobs, prompt_tokens
-from .direct import CallOptions, DirectGenerator
+from .direct import DirectGenerator
 from .options import LLAMA_DEFAULT_SEED, LoadOptions, load_options
 from .session import SampleSettings, Session, longest_prefix
 from .state import LlamaState, cache_bytes, restore_cache
@@ -60,6 +60,7 @@ class Llama:
         self.metadata: dict[str, str] = _metadata(self._file)
         self._config = cfg = LlamaConfig.from_gguf(self._file)
         self._vocab: Vocab = Vocab.from_gguf(self._file)
+        self.tokenizer_ = LlamaTokenizer(self._vocab)
         self.n_batch = min(o.n_batch, o.n_ctx or cfg.n_ctx_train)
         self._runner: Any = None
         self._session: Session | None = None
@@ -164,34 +165,17 @@ class Llama:
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of the UTF-8 ``text``; ``add_bos`` adds what the model asks for
         (BOS where it wants one), ``special`` parses control tokens written in it."""
-        if isinstance(text, str):
-            raise TypeError("tokenize takes bytes (text.encode('utf-8')), as llama-cpp-python")
-        return self._vocab.encode(
-            bytes(text).decode("utf-8", errors="replace"),
-            add_bos=None if add_bos else False,
-            parse_special=special,
-        )
+        return self.tokenizer_.tokenize(text, add_bos, special)
 
     def detokenize(
         self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None, special: bool = False
     ) -> bytes:
-        """The bytes of ``tokens``; ``prev_tokens`` (what comes before them) decides
-        whether a leading space belongs to them, ``special`` writes control tokens."""
-        ids = [int(t) for t in tokens]
-        if prev_tokens is None:
-            text = self._vocab.decode(ids, special=special)
-        else:
-            before = [int(t) for t in prev_tokens]
-            whole = self._vocab.decode(before + ids, special=special).encode("utf-8")
-            head = self._vocab.decode(before, special=special).encode("utf-8")
-            if whole.startswith(head):
-                return whole[len(head) :]
-            text = self._vocab.decode(ids, special=special)
-        return text.encode("utf-8")
+        """The bytes of ``tokens`` (control tokens written only with ``special``)."""
+        return self.tokenizer_.detokenize(tokens, prev_tokens, special)
 
     def tokenizer(self) -> LlamaTokenizer:
         """The vocabulary as llama-cpp-python's tokenizer object."""
-        return LlamaTokenizer(self)
+        return self.tokenizer_
 
     def reset(self) -> None:
         """Forget the evaluated tokens (the next prompt is evaluated from the start)."""
@@ -335,7 +319,16 @@ class Llama:
             return self.chat_handler(llama=self, **call)
         from .chat import answer
 
-        return answer(self, call)
+        generator = self._chat_generator()
+        return answer(
+            call,
+            layer=self._chat_layer(),
+            generator=generator,
+            chat_format=self.chat_format,
+            metadata=self.metadata,
+            tokenizer=self.tokenizer_,
+            seed=self._call_seed(None),
+        )
 
     def _chat_layer(self) -> LLM:
         """The server's chat layer over this model's own sequence."""
@@ -354,9 +347,6 @@ class Llama:
         generator = self._chat_layer().generator
         assert isinstance(generator, DirectGenerator)
         return generator
-
-    def _chat_options(self, options: CallOptions) -> Any:
-        return self._chat_generator().options(options)
 
     # -- embeddings -----------------------------------------------------------------------------
 

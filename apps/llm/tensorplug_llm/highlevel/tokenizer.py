@@ -1,4 +1,5 @@
-"""``Llama.tokenizer()``: llama-cpp-python's ``LlamaTokenizer`` over a model's vocabulary."""
+"""Text to token ids and back in bytes, as llama-cpp-python's ``LlamaTokenizer`` does
+(``Llama.tokenize``/``detokenize`` and ``Llama.tokenizer()`` are this)."""
 
 from __future__ import annotations
 
@@ -6,26 +7,41 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .llama import Llama
+    from ..tokenizer import Vocab
 
 __all__ = ["LlamaTokenizer"]
 
 
 class LlamaTokenizer:
-    """Text to token ids and back, as the model's own ``tokenize``/``detokenize``;
-    ``encode``/``decode`` take and give ``str`` (and parse control tokens by default,
-    as llama-cpp-python's tokenizer object does)."""
+    """A model's vocabulary in llama-cpp-python's terms: ``tokenize`` takes UTF-8 bytes,
+    ``detokenize`` gives bytes (a token may hold part of a character); ``encode`` and
+    ``decode`` take and give ``str``."""
 
-    def __init__(self, llama: Llama) -> None:
-        self._model = llama
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:
-        return self._model.tokenize(text, add_bos=add_bos, special=special)
+        """``add_bos``: what the model asks for at the start (BOS where it wants one);
+        ``special``: control tokens written in the text are parsed."""
+        if isinstance(text, str):
+            raise TypeError("tokenize takes bytes (text.encode('utf-8')), as llama-cpp-python")
+        return self.vocab.encode(
+            bytes(text).decode("utf-8", errors="replace"),
+            add_bos=None if add_bos else False,
+            parse_special=special,
+        )
 
     def detokenize(
         self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None, special: bool = False
     ) -> bytes:
-        return self._model.detokenize(tokens, prev_tokens=prev_tokens, special=special)
+        """The tokens' bytes, control tokens written only with ``special``; the space a
+        sentencepiece model puts after BOS is dropped, as llama.cpp does.
+        ``prev_tokens`` is accepted and, as in llama-cpp-python, not needed."""
+        ids = [int(t) for t in tokens]
+        out = b"".join(self.vocab.piece(t, special) for t in ids)
+        if ids and ids[0] == self.vocab.bos and out[:1] == b" ":
+            return out[1:]
+        return out
 
     def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
         return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos, special)
@@ -35,6 +51,9 @@ class LlamaTokenizer:
 
     @classmethod
     def from_ggml_file(cls, path: str) -> LlamaTokenizer:
-        from .llama import Llama
+        """The vocabulary of the GGUF file at ``path``, without its weights."""
+        from tensorplug.gguf import GGUFFile
 
-        return cls(Llama(model_path=path, vocab_only=True, verbose=False))
+        from ..tokenizer import Vocab
+
+        return cls(Vocab.from_gguf(GGUFFile(path)))
