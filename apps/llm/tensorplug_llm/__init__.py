@@ -3,15 +3,18 @@ SmolLM2, Mixtral), Qwen 2/3, Qwen 3 MoE, Phi-3, Gemma 2/3, SmolLM3, Granite, OLM
 Mistral 3 over one block builder, BERT encoders for embeddings, their tokenizers, a KV
 cache, the scheduler, sampling and chat.
 
-::
+``Llama`` is llama-cpp-python's class (:mod:`.highlevel`: a program written for
+llama-cpp-python runs with its import changed); :class:`ModelRunner` is the runner
+underneath, for programs that want the steps themselves::
 
-    from tensorplug_llm import ModelRunner, Placement, SamplingParams, TokenSampler
+    from tensorplug_llm import Llama, ModelRunner
 
-    model = ModelRunner("model.gguf", n_ctx=2048)  # every block on the best device by default
-    # or: ModelRunner("model.gguf", placement=Placement.offload(n_layer=32, n_gpu_layers=20))
+    llm = Llama(model_path="model.gguf", n_ctx=2048)
+    print(llm("Once upon a time", max_tokens=32)["choices"][0]["text"])
+
+    model = ModelRunner("model.gguf", n_ctx=2048)  # every block on the best device
     ids = model.vocab.encode("Once upon a time")
-    gen = model.generate(ids, 32, TokenSampler(SamplingParams(temperature=0.8, seed=1)))
-    print(model.vocab.decode(ids + gen.tokens), model.timings.gen_tps)
+    print(model.vocab.decode(ids + model.generate(ids, 32).tokens))
 
 Modules: :mod:`.arch` (the architectures, as switches of one block builder),
 :mod:`.model` (hyper-parameters, weights, KV cache, step graphs), :mod:`.encoder` (the
@@ -21,10 +24,10 @@ BERT family's weights and graph),
 :mod:`.sampling` (llama.cpp's sampler chain, logprobs), :mod:`.constraint` (structured
 output through llguidance), :mod:`.placement`, :mod:`.tiny` (random-weight GGUF models
 for demos and tests; :mod:`.tiny_bert` the same for BERT), :mod:`.chat` (``tensorplug
-chat``), :mod:`.run_cli` (``tensorplug run``, :func:`~.run_cli.demo_model`) and
-:mod:`.demo` (``tensorplug demo``); :mod:`.commands` adds those four to the
-``tensorplug`` command. Nothing here imports the ``gguf`` package until a file is read
-or written.
+chat``), :mod:`.run_cli` (``tensorplug run``, :func:`~.run_cli.demo_model`),
+:mod:`.demo` (``tensorplug demo``) and :mod:`.embed_cli` (``tensorplug embed``);
+:mod:`.commands` adds them to the ``tensorplug`` command. Nothing here imports the
+``gguf`` package until a file is read or written.
 
 The names below are imported on first use (PEP 562), not with the package: the
 ``tensorplug`` command imports :mod:`.commands` each time it starts, which imports this
