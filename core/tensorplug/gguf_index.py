@@ -48,7 +48,9 @@ from .files import cache_folder
 from .settings import CACHE
 from .types import Type
 
-__all__ = ["HEAD_BYTES", "HeaderIndex", "KeptField", "digest", "load", "matches", "save"]
+__all__ = [
+    "HEAD_BYTES", "HeaderIndex", "KeptField", "digest", "index_of", "load", "matches", "save",
+]  # fmt: skip
 
 _log = logging.getLogger(__name__)
 
@@ -136,7 +138,7 @@ def _entry_path(path: Path) -> Path | None:
     return folder / "gguf" / f"{name}.json"
 
 
-def _index_of(data: Any, st: os.stat_result) -> HeaderIndex | None:
+def index_of(data: Any, st: os.stat_result) -> HeaderIndex | None:
     """The index a parsed entry holds for the file ``st`` describes (None: another
     format's, or of another state of the file); raises where it is not what
     :func:`save` writes, or its values are out of range."""
@@ -178,7 +180,7 @@ def load(path: Path, st: os.stat_result) -> HeaderIndex | None:
     entry = _entry_path(path)
     if folder is None or entry is None:
         return None
-    return kept_files.load_json(folder, entry, MAX_BYTES, lambda data: _index_of(data, st))
+    return kept_files.load_json(folder, entry, MAX_BYTES, lambda data: index_of(data, st))
 
 
 def matches(index: HeaderIndex, data: Any) -> bool:

@@ -144,7 +144,7 @@ _lock = threading.Lock()
 _memo: dict[str, Any] = {}
 
 
-def _entries_of(data: Any) -> dict[str, dict[str, Any]]:
+def entries_of(data: Any) -> dict[str, dict[str, Any]]:
     """The answers by key a parsed file holds (empty for another format's); raises
     where it is not what this module writes."""
     if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
@@ -164,7 +164,7 @@ def _entries(root: Path, path: Path) -> dict[str, dict[str, Any]]:
     if _memo.get("path") == path:
         memo: dict[str, dict[str, Any]] = _memo["entries"]
         return memo
-    entries = kept.load_json(root, path, MAX_BYTES, _entries_of) or {}
+    entries = kept.load_json(root, path, MAX_BYTES, entries_of) or {}
     _memo.update(path=path, entries=entries)
     return entries
 

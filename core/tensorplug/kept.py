@@ -39,6 +39,7 @@ __all__ = [
     "load",
     "load_json",
     "parse_json",
+    "read",
     "read_regular",
     "save",
     "warn_once",
@@ -197,35 +198,41 @@ def read_regular(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def load(root: Path, path: Path, limit: int, parse: Callable[[bytes], T]) -> T | None:
-    """What ``parse`` makes of the kept file ``path`` (below the cache folder ``root``),
-    or None: the file is absent, unsafe (see the module), larger than ``limit`` bytes,
-    or ``parse`` raised one of :data:`PARSE_ERRORS`; all but absence warn once."""
+def read(
+    root: Path, path: Path, limit: int, parse: Callable[[bytes], T]
+) -> tuple[T | None, str | None]:
+    """What ``parse`` makes of the kept file ``path`` (below the cache folder ``root``)
+    and None, or None and why it is not used: unsafe (see the module), larger than
+    ``limit`` bytes, or ``parse`` raised one of :data:`PARSE_ERRORS`. A file that is
+    not there is ``(None, None)``. Nothing is logged (:func:`load` warns)."""
     try:
         fd = _open(root, path)
     except FileNotFoundError:
-        return None
+        return None, None
     except _Unsafe as e:
-        warn_once(path, str(e))
-        return None
+        return None, str(e)
     except (OSError, ValueError) as e:
-        warn_once(path, f"it cannot be opened ({e})")
-        return None
+        return None, f"it cannot be opened ({e})"
     try:
         data = _read_bounded(fd, limit)
     except _Unsafe as e:
-        warn_once(path, str(e))
-        return None
+        return None, str(e)
     except OSError as e:
-        warn_once(path, f"it cannot be read ({e})")
-        return None
+        return None, f"it cannot be read ({e})"
     finally:
         os.close(fd)
     try:
-        return parse(data)
+        return parse(data), None
     except PARSE_ERRORS as e:
-        warn_once(path, f"it does not hold what tensorplug writes ({type(e).__name__}: {e})")
-        return None
+        return None, f"it does not hold what tensorplug writes ({type(e).__name__}: {e})"
+
+
+def load(root: Path, path: Path, limit: int, parse: Callable[[bytes], T]) -> T | None:
+    """:func:`read`'s value; where it is not used, one warning per file and process."""
+    value, why = read(root, path, limit, parse)
+    if why is not None:
+        warn_once(path, why)
+    return value
 
 
 def _depth(value: Any) -> int:

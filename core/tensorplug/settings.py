@@ -39,6 +39,7 @@ __all__ = [
     "FALLBACK_BACKEND",
     "MAX_COPIES",
     "CACHE",
+    "DEVICE_CACHE",
     "BACKEND_PATH",
     "DISABLE",
     "SCHED_COPIES",
@@ -240,6 +241,24 @@ CACHE: Setting[Path | bool] = Setting(
 )
 
 
+#: True (unset): the default folder; False: kept nowhere; a Path: that folder. Read by
+#: the GPU plugins (``tensorplug_kernels.runtime.probe``); declared here with the core's
+#: cache so that ``tensorplug cache`` finds both folders without importing a plugin.
+DEVICE_CACHE: Setting[Path | bool] = Setting(
+    "TENSORPLUG_DEVICE_CACHE",
+    True,
+    parse_folder,
+    "the folder where GPU plugins (OpenCL, WebGPU) keep the list of devices their drivers "
+    "gave, so that a process that does not use a device does not start its driver (PoCL's "
+    "LLVM, Vulkan: about 0.4 s and 120 MB a launch on a machine with only software "
+    "devices). The list is asked again when a driver package, manifest, device node or "
+    "driver variable changes, and checked when a device is first used. Unset: "
+    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to ask the drivers "
+    "in every process.",
+    example="0",
+)
+
+
 #: Every setting, in the order ``tensorplug doctor`` shows them.
 SETTINGS: tuple[Setting[Any], ...] = (
     BACKENDS,
@@ -249,6 +268,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     SCHED_DEBUG,
     SCHED_COPIES,
     CACHE,
+    DEVICE_CACHE,
 )
 
 

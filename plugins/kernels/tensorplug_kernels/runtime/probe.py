@@ -46,7 +46,7 @@ from typing import Any, Generic, TypeVar
 
 from tensorplug import files, installed, kept
 from tensorplug.errors import TensorplugError
-from tensorplug.settings import Setting, parse_folder
+from tensorplug.settings import DEVICE_CACHE
 
 __all__ = [
     "DEVICE_CACHE",
@@ -84,22 +84,6 @@ _DEVICE_NODES = ("/dev/dri", "/dev/kfd", "/dev/nvidiactl", "/dev/nvidia0", "/dev
 def cache_folder() -> Path | None:
     """Where the device lists are kept now (None: nowhere)."""
     return files.cache_folder(DEVICE_CACHE.get())
-
-
-#: True (unset): the default folder; False: kept nowhere; a Path: that folder.
-DEVICE_CACHE: Setting[Path | bool] = Setting(
-    "TENSORPLUG_DEVICE_CACHE",
-    True,
-    parse_folder,
-    "the folder where GPU plugins (OpenCL, WebGPU) keep the list of devices their drivers "
-    "gave, so that a process that does not use a device does not start its driver (PoCL's "
-    "LLVM, Vulkan: about 0.4 s and 120 MB a launch on a machine with only software "
-    "devices). The list is asked again when a driver package, manifest, device node or "
-    "driver variable changes, and checked when a device is first used. Unset: "
-    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to ask the drivers "
-    "in every process.",
-    example="0",
-)
 
 
 class DeviceListChangedError(TensorplugError, RuntimeError):
