@@ -24,14 +24,19 @@ from . import gguf_index, installed, kept
 from .files import cache_folder
 from .settings import CACHE, DEVICE_CACHE
 
-__all__ = ["KINDS", "Kept", "Kind", "add_arguments", "find", "main"]
+__all__ = ["KINDS", "Kept", "Kind", "Stale", "add_arguments", "find", "main"]
+
+
+class Stale(str):
+    """What a kept file is of, where it is of another state of it or another version:
+    a miss, harmless, replaced when next needed (not counted as a problem)."""
 
 
 @dataclass(frozen=True)
 class Kind:
     """One kind of kept file: where it lies below its folder, what it is, and how it is
     checked (``verify(root, path)``: None where it is what tensorplug would use, else
-    what is wrong)."""
+    what is wrong, a :class:`Stale` where it is merely out of date)."""
 
     folder: str  # "" for the cache folder itself
     prefix: str
@@ -54,11 +59,11 @@ def _verify_header(root: Path, path: Path) -> str | None:
     try:
         index = gguf_index.index_of(data, os.stat(model))
     except OSError:
-        return f"its model {model} is gone (a miss; removed when another header is kept)"
+        return Stale(f"stale: its model {model} is gone (removed when another is kept)")
     except kept.PARSE_ERRORS as e:
         return f"it does not hold what tensorplug writes ({type(e).__name__}: {e})"
     if index is None:
-        return f"it was kept for another state of {model} or another version (a miss)"
+        return Stale(f"stale: kept for another state of {model}, or by another version")
     import numpy as np
 
     if not gguf_index.matches(index, np.memmap(model, mode="r")):
@@ -166,13 +171,14 @@ def main(args: argparse.Namespace) -> int:
     if action == "show":
         out.table(["file", "size", "what"], rows)
         return 0
-    problems = [i.kind.verify(i.root, i.path) for i in items]
-    for row, problem in zip(rows, problems, strict=True):
-        row.append("ok" if problem is None else problem)
+    checked = [i.kind.verify(i.root, i.path) for i in items]
+    for row, found in zip(rows, checked, strict=True):
+        row.append("ok" if found is None else found)
     out.table(["file", "size", "what", "check"], rows)
-    if any(problems):
-        out.text(f"{sum(map(bool, problems))} kept file(s) would not be used (each is "
-                 "computed again instead); `tensorplug cache clear` removes them")  # fmt: skip
+    problems = [c for c in checked if c is not None and not isinstance(c, Stale)]
+    if problems:
+        out.text(f"{len(problems)} kept file(s) would not be used (each is computed again "
+                 "instead); `tensorplug cache clear` removes them")  # fmt: skip
         return 1
     return 0
 

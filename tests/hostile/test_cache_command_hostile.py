@@ -70,6 +70,17 @@ def test_verify_names_what_would_not_be_used(
     assert "2 kept file(s) would not be used" in out
 
 
+def test_verify_tells_a_stale_header_from_a_damaged_one(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A header kept for an older state of its model is a harmless miss, not a problem."""
+    (tmp_path / "tiny.gguf").unlink()
+    status, out = _run(capsys, "verify")
+    assert status == 0
+    (header,) = (folder / "gguf").iterdir()
+    assert "stale: its model" in next(ln for ln in out.splitlines() if str(header) in ln)
+
+
 def test_clear_removes_kept_files_only_and_never_follows_a_link(
     folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
