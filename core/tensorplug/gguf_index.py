@@ -306,28 +306,28 @@ def save(path: Path, st: os.stat_result, index: HeaderIndex) -> None:
         _log.debug("could not keep the header of %s in %s: %s", path, entry, e)
         return
     if kept_files.save(folder, entry, text):
-        _prune(entry.parent, keep=entry)
+        _prune(folder, entry.parent, keep=entry)
 
 
-def _prune(folder: Path, keep: Path) -> None:
-    """Remove the entries in ``folder`` (but ``keep``) whose model file is gone, or that
-    another format wrote: neither can be a hit again. Done when an entry is written,
-    which a launch does only for a file it has not opened before."""
+def _prune(root: Path, folder: Path, keep: Path) -> None:
+    """Remove the entries in ``folder`` (but ``keep``) whose model file is gone, that
+    another format wrote, or that are not what :func:`save` writes (a FIFO, a link, a
+    damaged file: read as every kept file is, so never waited on): none can be a hit
+    again. Done when an entry is written, which a launch does only for a file it has
+    not opened before."""
     try:
         entries = [e for e in folder.glob("*.json") if e != keep]
     except OSError:
         return
     for entry in entries:
-        try:
-            if entry.is_symlink() or not entry.is_file():
-                raise ValueError("not a regular file")
-            data = json.loads(entry.read_bytes())
-            stale = data.get("format") != FORMAT or not os.path.exists(data["path"])
-        except FileNotFoundError:  # another process pruned it first
+        data, why = kept_files.read(root, entry, MAX_BYTES, kept_files.parse_json)
+        if why is None and not os.path.lexists(entry):  # another process pruned it first
             continue
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            stale = True  # damaged: a miss for its file, rewritten on its next open
-        if stale:
+        # damaged (why is not None) or another format's: a miss for its file, rewritten
+        # on its next open
+        model = data.get("path") if isinstance(data, dict) else None
+        stale = data.get("format") != FORMAT if isinstance(data, dict) else True
+        if stale or not isinstance(model, str) or not os.path.exists(model):
             try:
                 entry.unlink()
             except OSError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,19 @@ def test_a_header_changed_under_the_same_identity_is_caught(model: Path) -> None
     at = bytes(data).index(b"llama", gguf_index.HEAD_BYTES)
     data[at] = ord("L")
     assert not gguf_index.matches(index, data)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX's")
+def test_keeping_a_header_beside_a_fifo_neither_blocks_nor_keeps_it(
+    model: Path, tmp_path: Path
+) -> None:
+    """Writing an entry prunes the others: a FIFO among them is removed, not read."""
+    fifo = tmp_path / "kept" / "gguf" / "0123456789abcdef01234567.json"
+    os.mkfifo(fifo)
+    other = write_tiny_llama(tmp_path / "other.gguf", "f32", 1)
+    done: list[GGUFFile] = []
+    worker = threading.Thread(target=lambda: done.append(GGUFFile(other)), daemon=True)
+    worker.start()
+    worker.join(60)  # milliseconds unless blocked for ever on the FIFO
+    assert not worker.is_alive(), "keeping a header blocked on a FIFO beside it"
+    assert not os.path.lexists(fifo) and len(list(fifo.parent.iterdir())) == 2
