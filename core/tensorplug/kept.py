@@ -3,8 +3,8 @@
 A kept file (installed metadata, a GGUF header, a GPU plugin's device list) only saves
 time: whatever it holds, the answer must be the one computed without it. So a kept
 file is read only where every folder from the cache folder down to it is a real folder
-(no link) that only the user can write, owned by the user, as ssh requires of
-``~/.ssh``; only if it is a regular file (opened without following a link and without
+(no link) that only the user can write, owned by the user (or root), as ssh
+requires of ``~/.ssh``; only if it is a regular file (opened without following a link and without
 blocking, so a FIFO or a device is refused, not waited on), no larger than its reader's
 bound; and only as what the reader's check accepts. Anything else is a miss: the
 caller computes the answer as if nothing were kept and may write the file anew. The
@@ -90,7 +90,7 @@ def _check_folder(st: os.stat_result, where: Path) -> None:
         raise _Unsafe(f"{where} is not a folder")
     if not _POSIX:
         return
-    if st.st_uid != os.getuid():
+    if st.st_uid not in (os.getuid(), 0):  # root's, as ssh allows: none but root writes
         raise _Unsafe(f"the folder {where} belongs to another user (uid {st.st_uid})")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise _Unsafe(
@@ -167,7 +167,7 @@ def _read_bounded(fd: int, limit: int) -> bytes:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise _Unsafe("it is not a regular file (a FIFO, a device or a folder)")
-    if _POSIX and st.st_uid != os.getuid():
+    if _POSIX and st.st_uid not in (os.getuid(), 0):
         raise _Unsafe(f"it belongs to another user (uid {st.st_uid})")
     if st.st_size > limit:
         raise _Unsafe(f"it holds {st.st_size} bytes, more than the {limit} it may")

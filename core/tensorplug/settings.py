@@ -235,8 +235,10 @@ CACHE: Setting[Path | bool] = Setting(
     "installation (what importlib.metadata said of the plugins, commands and versions) and "
     "of the GGUF files it opened (their headers), so that a launch neither imports "
     "importlib.metadata and gguf nor parses the header again (~60 ms). Each is asked again "
-    "when what it came from changes (a folder on sys.path, the file). Unset: "
-    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to keep nothing.",
+    "when what it came from changes (a folder on sys.path, the file), and used only where "
+    "it checks out (a damaged or foreign file is a miss, with a warning). Unset: "
+    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to keep nothing. "
+    "`tensorplug cache` shows, verifies and clears what is kept.",
     example="0",
 )
 

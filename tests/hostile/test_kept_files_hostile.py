@@ -188,3 +188,18 @@ def test_a_cache_folder_others_can_write_is_ignored(
     assert path.read_bytes() == before  # nor written there
     warned = [m for m in _clear_hint(caplog, path) if "can be written by others" in m]
     assert len(warned) == 1 and "chmod 700" in warned[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
+                    reason="giving a folder to another user needs root")  # fmt: skip
+def test_a_cache_folder_of_another_user_is_ignored(
+    site: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    installed.entry_points(GROUP)
+    path = _kept_path(tmp_path)
+    row = ["evil", "tp_evil:anything", "tp-thing"]
+    _edit(tmp_path, lambda answers: answers[f"entry_points:{GROUP}"].insert(0, row))
+    os.chown(tmp_path / "kept", 12345, 12345)
+    assert [e.name for e in installed.entry_points(GROUP)] == ["thing"]
+    warned = [m for m in _clear_hint(caplog, path) if "belongs to another user" in m]
+    assert len(warned) == 1
