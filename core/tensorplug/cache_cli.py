@@ -72,7 +72,8 @@ def _verify_header(root: Path, path: Path) -> str | None:
 
 
 def _verify_devices(root: Path, path: Path) -> str | None:
-    """The list's shape (each plugin checks its records, and its key, when it reads it)."""
+    """The list's shape (each plugin checks its records, and its key, when it reads it);
+    the bounds are ``tensorplug_kernels.runtime.probe``'s, which the core cannot import."""
 
     def check(data: Any) -> None:
         if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
