@@ -126,10 +126,10 @@ def test_verbose_logs_each_discovery_step(plugin_env: PluginEnv) -> None:
     assert "registered device TEST1 (igpu) of backend TEST" in proc.stderr
 
 
-def test_the_core_brings_four_commands() -> None:
+def test_the_core_brings_five_commands() -> None:
     """The application's (run, chat, tokenize, demo) come through entry points:
     tests/test_commands.py."""
-    assert [c.name for c in cli.COMMANDS] == ["devices", "doctor", "check", "bench"]
+    assert [c.name for c in cli.COMMANDS] == ["devices", "doctor", "check", "bench", "cache"]
 
 
 def test_doctor_smoke_test_computes_and_catches_a_broken_backend() -> None:

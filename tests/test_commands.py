@@ -43,7 +43,8 @@ def test_the_application_adds_its_commands_to_help() -> None:
     )
     got = listed(proc.stdout)
     assert list(got) == [
-        "devices", "doctor", "check", "bench", "chat", "demo", "embed", "run", "serve", "tokenize",
+        "devices", "doctor", "check", "bench", "cache", "chat", "demo", "embed", "run", "serve",
+        "tokenize",
     ]  # fmt: skip
     assert got["run"].startswith("run a GGUF model: prompt in, text out")
     assert got["tokenize"] == "show the tokens of a text (llama-tokenize)"
@@ -149,8 +150,8 @@ def test_doctor_lists_every_command_and_why_one_is_missing(env: PluginEnv) -> No
     proc = tp(env, "doctor", "--plain")
     assert proc.returncode == 0, proc.stderr
     assert "could not be added" not in proc.stderr  # doctor shows them itself
-    section = proc.stdout.split("Commands (8)")[1]  # the core's 4, the test dists' 4
-    table = section.splitlines()[3:11]
+    section = proc.stdout.split("Commands (9)")[1]  # the core's 5, the test dists' 4
+    table = section.splitlines()[3:12]
     rows = {ln.split()[0]: ln.split() for ln in table}
     assert rows["hello"][1:5] == ["tp-cmd-hello", "0.1.0", "tp_cmd_hello.hello_cli", "added"]
     assert rows["lazy-broken"][4] == "added"  # its module fails only when it runs

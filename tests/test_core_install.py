@@ -75,8 +75,10 @@ print(json.dumps({"version": tensorplug.__version__, "gguf": extras.available("g
 def test_the_command_without_a_backend(venv: Venv) -> None:
     helped = venv.run("tensorplug", "--help")
     assert helped.returncode == 0, helped.stderr
-    core = ["devices", "doctor", "check", "bench"]
+    core = ["devices", "doctor", "check", "bench", "cache"]
     assert list(listed(helped.stdout)) == core  # no run, chat...: no application installed
+    kept = venv.run("tensorplug", "cache")  # reads, and removes nothing
+    assert kept.returncode == 0 and "kept in " in kept.stdout, kept.stderr
 
     devices = venv.run("tensorplug", "devices")
     assert devices.returncode == 1 and devices.stdout == ""
@@ -85,7 +87,7 @@ def test_the_command_without_a_backend(venv: Venv) -> None:
     doctor = venv.run("tensorplug", "doctor")
     assert doctor.returncode == 1
     assert "Plugins (0 found)" in doctor.stdout and "Devices (0)" in doctor.stdout
-    assert "Commands (4)" in doctor.stdout  # the core's own, nothing broken
+    assert "Commands (5)" in doctor.stdout  # the core's own, nothing broken
 
     check = venv.run("tensorplug", "check", "--op", "add")
     assert check.returncode == 2

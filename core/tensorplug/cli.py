@@ -2,7 +2,7 @@
 
 Each subcommand is a :class:`Command`: a name, a help line, a function
 ``run(args) -> int`` and optionally ``add_arguments(parser)``. The core's own are in
-:data:`COMMANDS`: ``devices`` and ``doctor`` here, ``check`` and ``bench`` as
+:data:`COMMANDS`: ``devices`` and ``doctor`` here, ``check``, ``bench`` and ``cache`` as
 :class:`~tensorplug.commands.CommandSpec` s naming their modules, which are imported only
 when their subcommand runs. Other distributions add theirs through the entry-point group
 ``tensorplug.commands`` (:mod:`tensorplug.commands`), found each time the command starts.
@@ -537,6 +537,13 @@ COMMANDS: list[Command] = [
     ),
     Command.from_spec(
         CommandSpec("bench", "time ops on a backend next to numpy", "tensorplug.testing.bench_cli")
+    ),
+    Command.from_spec(
+        CommandSpec(
+            "cache",
+            "show, verify or clear what tensorplug keeps between runs",
+            "tensorplug.cache_cli",
+        )
     ),
 ]
 

@@ -246,9 +246,7 @@ class GGUFFile:
         the kept tensors (changed between the two looks): the reader parses it then."""
         data = np.memmap(self.path, mode="r")
         tensors = {t[0]: TensorInfo(*t) for t in kept.tensors}
-        if bytes(data[: gguf_index.HEAD_BYTES]) != kept.head or any(
-            i.offset + i.nbytes > data.size for i in tensors.values()
-        ):
+        if len(tensors) != len(kept.tensors) or not gguf_index.matches(kept, data):
             return False
         self._data = data
         self._fields = {k: _KeptFieldView(f, data) for k, f in kept.fields.items()}
@@ -270,7 +268,10 @@ class GGUFFile:
         tensors = tuple((i.name, i.type_id, i.type_name, i.shape, i.offset, i.nbytes)
                         for i in self.tensors.values())  # fmt: skip
         head = bytes(self._data[: gguf_index.HEAD_BYTES])
-        index = gguf_index.HeaderIndex(head, self.alignment, self.data_offset, tensors, fields)
+        header = gguf_index.digest(self._data.data[: self.data_offset])
+        index = gguf_index.HeaderIndex(
+            head, self.alignment, self.data_offset, tensors, fields, header
+        )
         gguf_index.save(self.path, st, index)
 
     def _check_layout(self) -> None:
@@ -684,8 +685,9 @@ class _ReaderField:
         (``UnicodeDecodeError`` for a string value that is not UTF-8; an array's items
         are decoded as they are read, where a bad one raises as from the reader)."""
         if (strings := self.string_array()) is not None:
+            end = strings.start + (int(strings.ends[-1]) if len(strings.ends) else 0)
             return gguf_index.KeptField(strings=True, offset=strings.start,
-                                        length=len(strings.ends))  # fmt: skip
+                                        length=len(strings.ends), end=end)  # fmt: skip
         if (items := self.numbers()) is not None:
             offset = int(items.ctypes.data) - int(data.ctypes.data)
             return gguf_index.KeptField(dtype=items.dtype.str, offset=offset, length=items.size)

@@ -39,6 +39,7 @@ __all__ = [
     "FALLBACK_BACKEND",
     "MAX_COPIES",
     "CACHE",
+    "DEVICE_CACHE",
     "BACKEND_PATH",
     "DISABLE",
     "PLUGIN_INIT_TIMEOUT",
@@ -268,8 +269,28 @@ CACHE: Setting[Path | bool] = Setting(
     "installation (what importlib.metadata said of the plugins, commands and versions) and "
     "of the GGUF files it opened (their headers), so that a launch neither imports "
     "importlib.metadata and gguf nor parses the header again (~60 ms). Each is asked again "
-    "when what it came from changes (a folder on sys.path, the file). Unset: "
-    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to keep nothing.",
+    "when what it came from changes (a folder on sys.path, the file), and used only where "
+    "it checks out (a damaged or foreign file is a miss, with a warning). Unset: "
+    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to keep nothing. "
+    "`tensorplug cache` shows, verifies and clears what is kept.",
+    example="0",
+)
+
+
+#: True (unset): the default folder; False: kept nowhere; a Path: that folder. Read by
+#: the GPU plugins (``tensorplug_kernels.runtime.probe``); declared here with the core's
+#: cache so that ``tensorplug cache`` finds both folders without importing a plugin.
+DEVICE_CACHE: Setting[Path | bool] = Setting(
+    "TENSORPLUG_DEVICE_CACHE",
+    True,
+    parse_folder,
+    "the folder where GPU plugins (OpenCL, WebGPU) keep the list of devices their drivers "
+    "gave, so that a process that does not use a device does not start its driver (PoCL's "
+    "LLVM, Vulkan: about 0.4 s and 120 MB a launch on a machine with only software "
+    "devices). The list is asked again when a driver package, manifest, device node or "
+    "driver variable changes, and checked when a device is first used. Unset: "
+    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to ask the drivers "
+    "in every process.",
     example="0",
 )
 
@@ -285,6 +306,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     SCHED_DEBUG,
     SCHED_COPIES,
     CACHE,
+    DEVICE_CACHE,
 )
 
 

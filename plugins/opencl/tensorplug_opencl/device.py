@@ -179,6 +179,11 @@ class OpenCLDevice(GPUDevice):
 
     def __init__(self, reg: OpenCLReg, index: int, info: DeviceInfo) -> None:
         super().__init__(reg, index)
+        self._describe(info)
+        self._allocated = 0
+
+    def _describe(self, info: DeviceInfo) -> None:
+        """Take ``info`` (as listed, then as the driver says once opened) as this device's."""
         self.info = info
         self.limits = Limits(
             wg=info.wg,
@@ -189,7 +194,6 @@ class OpenCLDevice(GPUDevice):
             scratch=True,
         )
         self.alignment, self.max_alloc = info.alignment, info.max_alloc
-        self._allocated = 0
 
     def _open_driver(self) -> _Opened:
         """The driver's device, a context and a transfer queue."""
@@ -200,6 +204,7 @@ class OpenCLDevice(GPUDevice):
         # TypeError, ValueError: what pyopencl raises for arguments it cannot set
         self.driver_errors = (cl.Error, TypeError, ValueError)
         cl_device = DEVICES.open(self.index)
+        self._describe(DeviceInfo.from_record(DEVICES.record_now(self.index)))
         context = cl.Context([cl_device])
         return _Opened(cl_device, context, cl.CommandQueue(context, cl_device))
 

@@ -19,7 +19,7 @@ from tensorplug_kernels.runtime.probe import DeviceProbe, Record, driver_key
 
 from .device import DeviceInfo, read_device_info
 
-__all__ = ["DEVICES", "ICD_FOLDERS", "VARIABLES", "probe"]
+__all__ = ["DEVICES", "ICD_FOLDERS", "VARIABLES", "identity", "probe"]
 
 #: Where ICD loaders find OpenCL drivers (Khronos' and ocl-icd's defaults).
 ICD_FOLDERS = ("/etc/OpenCL/vendors", "/usr/local/etc/OpenCL/vendors")
@@ -47,9 +47,13 @@ def _key() -> str:
     return driver_key("OpenCL", _DISTRIBUTIONS, folders, VARIABLES)
 
 
-#: The process's OpenCL device list. PoCL's CPU device reports a memory total that
-#: follows the host's memory (it read 6,537,031,680 then 6,671,249,408 bytes in two
-#: processes minutes apart on the 2-core dev machine): a state, not which device it is.
+def identity(record: Record) -> object:
+    """Which device a record describes: what else it says may change between processes
+    (PoCL's memory total and largest allocation follow the host's free memory)."""
+    return [record.get(k) for k in ("name", "platform", "vendor", "type", "device_id")]
+
+
+#: The process's OpenCL device list.
 DEVICES: DeviceProbe[Any] = DeviceProbe(
-    "OpenCL", probe, _key, check=DeviceInfo.from_record, volatile=("memory_total",)
+    "OpenCL", probe, _key, check=DeviceInfo.from_record, identity=identity
 )

@@ -77,6 +77,13 @@ class WebGPUDevice(GPUDevice):
 
     def __init__(self, reg: WebGPUReg, index: int, record: Record) -> None:
         super().__init__(reg, index)
+        self._describe(record)
+        self._allocated = 0
+        self._alloc_lock = threading.Lock()
+
+    def _describe(self, record: Record) -> None:
+        """Take ``record`` (as listed, then as the driver says once opened) as this
+        device's description."""
         self.info: dict[str, Any] = dict(record["info"])
         self.features: frozenset[str] = frozenset(record["features"])
         self.wgpu_limits: dict[str, int] = dict(record["limits"])
@@ -89,8 +96,6 @@ class WebGPUDevice(GPUDevice):
         # the largest binding, in whole 256-byte units, and where bindings may start
         self.binding_window = self.wgpu_limits["max-storage-buffer-binding-size"] & ~255
         self.binding_alignment = self.wgpu_limits["min-storage-buffer-offset-alignment"]
-        self._allocated = 0
-        self._alloc_lock = threading.Lock()
 
     def _open_driver(self) -> _Opened:
         """The adapter, its device and the fence word."""
@@ -100,6 +105,7 @@ class WebGPUDevice(GPUDevice):
 
         self.driver_errors = (wgpu.GPUError,)
         adapter, gpu = DEVICES.open(self.index)
+        self._describe(DEVICES.record_now(self.index))
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
         return _Opened(adapter, gpu, gpu.create_buffer(size=4, usage=usage))
 

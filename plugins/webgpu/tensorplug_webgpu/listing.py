@@ -21,7 +21,8 @@ from tensorplug_kernels.runtime.probe import DeviceProbe, Record, driver_key
 from .adapters import compute_adapters
 
 __all__ = [
-    "DEVICES", "RAISED_LIMITS", "VARIABLES", "VULKAN_FOLDERS", "check", "probe", "request_device",
+    "DEVICES", "RAISED_LIMITS", "VARIABLES", "VULKAN_FOLDERS", "check", "identity", "probe",
+    "request_device",
 ]  # fmt: skip
 
 #: Limits asked of the device at the adapter's own values (WebGPU starts at defaults).
@@ -71,17 +72,31 @@ def probe() -> list[tuple[Record, Any]]:
     return found
 
 
+#: The limits a device reads from its record (:class:`~.device.WebGPUDevice`).
+_USED_LIMITS = (
+    *RAISED_LIMITS,
+    "max-compute-invocations-per-workgroup",
+    "max-compute-workgroup-storage-size",
+    "min-storage-buffer-offset-alignment",
+)
+
+
 def check(record: Record) -> None:
     """Raise where a kept record is not what :func:`probe` writes."""
     info, features, limits = record["info"], record["features"], record["limits"]
     if not (
         isinstance(info, dict)
+        and all(isinstance(info.get(k), str) for k in ("device", "backend_type", "adapter_type"))
         and isinstance(features, list)
         and all(isinstance(f, str) for f in features)
         and isinstance(limits, dict)
-        and all(isinstance(v, int) for v in limits.values())
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in limits.values())
+        and all(limits.get(k, -1) >= 0 for k in _USED_LIMITS)
     ):
-        raise TypeError("a WebGPU record holds info (dict), features (list), limits (dict)")
+        raise TypeError(
+            "a WebGPU record holds info (device, backend_type, adapter_type), features "
+            f"(a list) and limits (counts, with {', '.join(_USED_LIMITS)})"
+        )
 
 
 def _key() -> str:
@@ -92,5 +107,11 @@ def _key() -> str:
     return driver_key("WebGPU", ("wgpu",), folders, VARIABLES)
 
 
+def identity(record: Record) -> object:
+    """Which adapter a record describes (its limits and driver strings may change)."""
+    info = record["info"]
+    return [info.get(k) for k in ("vendor", "device", "backend_type", "adapter_type")]
+
+
 #: The process's WebGPU device list.
-DEVICES: DeviceProbe[Any] = DeviceProbe("WebGPU", probe, _key, check=check)
+DEVICES: DeviceProbe[Any] = DeviceProbe("WebGPU", probe, _key, check=check, identity=identity)

@@ -15,14 +15,19 @@ drivers would say: the versions of the binding and driver packages, the driver
 manifests (ICD files) and the libraries they name, the device nodes (``/dev/dri``,
 ``/dev/nvidia*``, ``/dev/kfd``), the boot, and the variables the drivers read. A device
 is opened (its driver asked in this process) when it is first used, and its record
-is checked against what the driver says then: a list that changed in a way the key
-could not see (a driver library replaced in place) is rewritten for the next process,
-and a device that is no longer what it was said to be refuses with
-:class:`DeviceListChangedError` rather than run as something else.
+is checked against what the driver says then. The list only saves time, it never
+decides a run: a device the drivers still give (the same ``identity``: its name,
+platform...) is opened with what they say now, whatever else changed (PoCL's memory
+and largest allocation follow the machine's free memory), and the list is rewritten
+for the next process. Only a device the drivers no longer give at all refuses, with
+:class:`DeviceListChangedError`, rather than run as another.
 
 ``TENSORPLUG_DEVICE_CACHE`` names the folder (default ``$XDG_CACHE_HOME/tensorplug``,
-else ``~/.cache/tensorplug``), or ``0`` to ask the drivers in every process. A file
-that cannot be read or written is ignored: the drivers are asked, as without one.
+else ``~/.cache/tensorplug``), or ``0`` to ask the drivers in every process. The file
+is read as every kept file is (:mod:`tensorplug.kept`: a regular file in a folder only
+the user can write, bounded, validated): one that is not what this module writes, or
+lists more than :data:`MAX_DEVICES` devices, is a miss with a warning, and the drivers
+are asked, as without one.
 """
 
 from __future__ import annotations
@@ -35,14 +40,13 @@ import os
 import platform
 import sys
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from tensorplug import files, installed
+from tensorplug import files, installed, kept
 from tensorplug.errors import TensorplugError
-from tensorplug.files import replace_file
-from tensorplug.settings import Setting, parse_folder
+from tensorplug.settings import DEVICE_CACHE
 
 __all__ = [
     "DEVICE_CACHE",
@@ -64,6 +68,12 @@ Live = TypeVar("Live")
 #: Bumped when what a file holds changes shape: an older file is then a miss.
 FORMAT = 1
 
+#: The most devices one runtime's list may hold (a machine has a few; 16 GPUs is large).
+MAX_DEVICES = 256
+
+#: The largest list file read (a device's record is ~1 KB).
+MAX_BYTES = 4 << 20
+
 #: Variables that steer every runtime's drivers: where the dynamic loader finds them.
 COMMON_VARIABLES = ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")
 
@@ -76,26 +86,14 @@ def cache_folder() -> Path | None:
     return files.cache_folder(DEVICE_CACHE.get())
 
 
-#: True (unset): the default folder; False: kept nowhere; a Path: that folder.
-DEVICE_CACHE: Setting[Path | bool] = Setting(
-    "TENSORPLUG_DEVICE_CACHE",
-    True,
-    parse_folder,
-    "the folder where GPU plugins (OpenCL, WebGPU) keep the list of devices their drivers "
-    "gave, so that a process that does not use a device does not start its driver (PoCL's "
-    "LLVM, Vulkan: about 0.4 s and 120 MB a launch on a machine with only software "
-    "devices). The list is asked again when a driver package, manifest, device node or "
-    "driver variable changes, and checked when a device is first used. Unset: "
-    "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to ask the drivers "
-    "in every process.",
-    example="0",
-)
-
-
 class DeviceListChangedError(TensorplugError, RuntimeError):
-    """A device opened for use is not the one the kept list described (a driver was
-    replaced in place): the list has been rewritten, and the next process sees the
-    devices as they are now."""
+    """A device opened for use is no longer given by the drivers at all (it was removed,
+    or a driver replaced in place no longer lists it): the list has been rewritten, and
+    the next process sees the devices as they are now."""
+
+
+def _by_name(record: Record) -> object:
+    return record.get("name")
 
 
 def _stat(path: str) -> list[Any]:
@@ -207,11 +205,10 @@ class DeviceProbe(Generic[Live]):
     its device). ``key`` computes the driver key (:func:`driver_key`) and is called once.
     ``check`` reads a kept record as the runtime will (raising KeyError, TypeError or
     ValueError where it cannot): a file written by another version of the plugin, or
-    edited, is then a miss rather than a device described wrongly. ``volatile`` names
-    the fields that describe a device's state rather than which device it is: a device
-    whose kept record differs from the driver's only there is the same device (opened,
-    and the list rewritten with the new values). PoCL's CPU reports a memory total that
-    follows the host's memory, so a second process refused PoCL's device now and then.
+    edited, is then a miss rather than a device described wrongly. ``identity`` gives
+    what tells one device from another in a record (by default its ``name``): a device
+    the drivers still give under the same identity is the same device, opened with the
+    record the drivers give now (:meth:`record_now`), whatever else changed.
     """
 
     def __init__(
@@ -220,16 +217,17 @@ class DeviceProbe(Generic[Live]):
         probe: Callable[[], Sequence[tuple[Record, Live]]],
         key: Callable[[], str],
         check: Callable[[Record], object] = lambda record: None,
-        volatile: Collection[str] = (),
+        identity: Callable[[Record], object] = _by_name,
     ) -> None:
         self.runtime = runtime
         self._probe = probe
         self._key_of = key
         self._check = check
-        self.volatile = frozenset(volatile)
+        self.identity = identity
         self._key: str | None = None
         self._records: list[Record] | None = None
         self._live: list[tuple[Record, Live]] | None = None
+        self._opened: dict[int, int] = {}  # a listed device's index -> the drivers' now
         self._lock = threading.RLock()
 
     @property
@@ -255,41 +253,55 @@ class DeviceProbe(Generic[Live]):
 
     def open(self, index: int) -> Live:
         """The live object of device ``index``: the drivers are asked now if they were not
-        yet in this process. Raises :class:`DeviceListChangedError` when that device is not
-        the one :meth:`records` described."""
+        yet in this process. The device the drivers give under the identity the list
+        described is opened, whatever else of its record changed (then the list is
+        rewritten); :class:`DeviceListChangedError` where they no longer give it."""
         described = self.records()
         with self._lock:
             if self._live is None:
                 self._ask()
             assert self._live is not None
-            now = [r for r, _ in self._live]
-            if index < len(now) and self._same(now[index], described[index]):
-                return self._live[index][1]
-        was = described[index].get("name", f"device {index}")
-        is_now = now[index].get("name", f"device {index}") if index < len(now) else "no device"
-        if index < len(now) and is_now == was:  # the same device, described otherwise
-            old, new = described[index], now[index]
-            changed = [k for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
-            is_now += " with " + ", ".join(
-                f"{k} {new.get(k)!r} (was {old.get(k)!r})" for k in changed[:3]
-            )
+            if (found := self._find(described[index])) is not None:
+                self._opened[index] = found
+                return self._live[found][1]
+        was = self._name(described[index], index)
+        now = self._name(self._live[index][0], index) if index < len(self._live) else "no device"
         raise DeviceListChangedError(
-            f"{self.runtime}{index}: the drivers now give {is_now}, not {was} as the device "
-            f"list kept in {self.path} said: a driver changed since the list was made. The "
-            "list is rewritten; start the process again to see the devices as they are"
+            f"{self.runtime}{index}: the drivers no longer give {was} (device {index} is "
+            f"now {now}), as the device list kept in {self.path} said: a device or driver "
+            "was removed or replaced. The list is rewritten; start the process again to "
+            "see the devices as they are"
         )
 
-    def _same(self, a: Record, b: Record) -> bool:
-        """Whether two records describe the same device (they differ at most in the
-        ``volatile`` fields)."""
-        keys = {*a, *b} - self.volatile
-        return all(a.get(k) == b.get(k) for k in keys)
+    def record_now(self, index: int) -> Record:
+        """The record of device ``index`` as the drivers gave it in this process (after
+        :meth:`open`; before, as listed): what a device describes itself by once open."""
+        with self._lock:
+            if self._live is not None and index in self._opened:
+                return self._live[self._opened[index]][0]
+        return self.records()[index]
+
+    def _find(self, described: Record) -> int | None:
+        """The index of the device the drivers give now under ``described``'s identity
+        (the one at the same index first), or None."""
+        assert self._live is not None
+        try:
+            wanted = self.identity(described)
+            now = [self.identity(r) for r, _ in self._live]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        return next((i for i, identity in enumerate(now) if identity == wanted), None)
+
+    @staticmethod
+    def _name(record: Record, index: int) -> str:
+        return str(record.get("name", f"device {index}"))[:200]
 
     def forget(self) -> None:
         """Forget what this process was told: the next :meth:`records` reads the file or
         asks the drivers again (devices already opened keep what they opened)."""
         with self._lock:
             self._key = self._records = self._live = None
+            self._opened = {}
 
     # -- the file ---------------------------------------------------------------------------
 
@@ -299,32 +311,27 @@ class DeviceProbe(Generic[Live]):
         return self._key
 
     def _read(self) -> list[Record] | None:
-        path = self.path
-        if path is None:
+        folder, path = cache_folder(), self.path
+        if folder is None or path is None:
             return None
-        try:
-            with open(path, encoding="utf-8") as f:
-                kept = json.load(f)
-        except FileNotFoundError:
+        return kept.load_json(folder, path, MAX_BYTES, self._kept_records)
+
+    def _kept_records(self, kept_list: Any) -> list[Record] | None:
+        """The records a parsed file holds, None where they are of another format or
+        key (kept before something changed: a miss without a word); raises where the
+        file is not what :meth:`_write` writes."""
+        if not isinstance(kept_list, dict) or not isinstance(kept_list.get("devices"), list):
+            raise ValueError("expected an object with a list of 'devices'")
+        if kept_list.get("format") != FORMAT or kept_list.get("key") != self._key_now():
             return None
-        except (OSError, ValueError) as e:
-            _log.debug("%s: ignoring the kept device list %s (%s)", self.runtime, path, e)
-            return None
-        if not (
-            isinstance(kept, dict)
-            and kept.get("format") == FORMAT
-            and kept.get("key") == self._key_now()
-            and isinstance(kept.get("devices"), list)
-            and all(isinstance(r, dict) for r in kept["devices"])
-        ):
-            return None
-        try:
-            for record in kept["devices"]:
-                self._check(record)
-        except (KeyError, TypeError, ValueError) as e:
-            _log.debug("%s: the kept device list %s does not read (%r)", self.runtime, path, e)
-            return None
-        return list(kept["devices"])
+        devices = kept_list["devices"]
+        if len(devices) > MAX_DEVICES:
+            raise ValueError(f"it lists {len(devices)} devices, more than {MAX_DEVICES}")
+        for record in devices:
+            if not isinstance(record, dict):
+                raise TypeError(f"a device is described by {type(record).__name__}")
+            self._check(record)
+        return list(devices)
 
     def _ask(self) -> list[Record]:
         """Ask the drivers (once per process) and keep what they said."""
@@ -338,12 +345,14 @@ class DeviceProbe(Generic[Live]):
             return [r for r, _ in self._live]
 
     def _write(self, records: list[Record]) -> None:
-        path = self.path
-        if path is None:
+        folder, path = cache_folder(), self.path
+        if folder is None or path is None or len(records) > MAX_DEVICES:
             return
-        kept = {"format": FORMAT, "runtime": self.runtime, "key": self._key_now(),
-                "devices": records}  # fmt: skip
+        listing = {"format": FORMAT, "runtime": self.runtime, "key": self._key_now(),
+                   "devices": records}  # fmt: skip
         try:
-            replace_file(path, json.dumps(kept, indent=1).encode())
-        except (OSError, TypeError, ValueError) as e:
+            data = json.dumps(listing, indent=1).encode()
+        except (TypeError, ValueError) as e:
             _log.debug("%s: could not keep the device list in %s (%s)", self.runtime, path, e)
+            return
+        kept.save(folder, path, data)
