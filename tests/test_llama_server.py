@@ -635,10 +635,10 @@ def test_serve_loads_the_model_once_for_completions_and_embeddings(
                 answers[route] = http.post(route, json={"model": "tiny-llama.gguf", **body})
 
     monkeypatch.setattr(runner.ModelRunner, "__init__", counted)
-    monkeypatch.setattr(uvicorn, "run", run)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets: run(server.config.app))
     for flags in (["--embeddings"], []):
         loads.clear()
-        assert main(["serve", "--tiny", "-c", "128", "-np", "2", *flags]) == 0
+        assert main(["serve", "--tiny", "-c", "128", "-np", "2", "--port", "0", *flags]) == 0
         assert len(loads) == 1
         assert answers["/v1/embeddings"].status_code == 200
         assert len(answers["/v1/embeddings"].json()["data"]) == 2
