@@ -113,6 +113,8 @@ def test_n_predict_defaults_to_the_servers_n(model: TinyModel) -> None:
     ("body", "param"),
     [
         ({"prompt": [1, 10**6]}, "prompt[1]"),
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"prompt": [[1, 2], [3]]}, "prompt"),
         ({"prompt": PROMPT, "mirostat": 2}, "mirostat"),
         ({"prompt": PROMPT, "samplers": ["top_k", "banana"]}, "samplers"),
         ({"prompt": PROMPT, "id_slot": 7}, "id_slot"),

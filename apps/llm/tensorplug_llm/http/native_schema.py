@@ -87,6 +87,22 @@ class NativeCompletionRequest(BaseModel):
     ) -> dict[str, float] | list[list[Any]] | None:
         return _logit_bias(bias)
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        """llama-server reads a list of texts (or of lists) as several prompts; this
+        server answers one prompt a request, and says so rather than joining them."""
+        if not isinstance(prompt, list):
+            return prompt
+        several = [p for p in prompt if isinstance(p, list | dict)]
+        texts = [p for p in prompt if isinstance(p, str)]
+        if several or (len(texts) > 1 and len(texts) == len(prompt)):
+            raise ValueError(
+                f"{len(prompt)} prompts in one request: send one request per prompt (a text, "
+                "token ids, or both mixed in one list)"
+            )
+        return texts[0] if len(prompt) == 1 and texts else prompt
+
     @field_validator("samplers")
     @classmethod
     def _known_samplers(cls, samplers: list[str] | str | None) -> list[str] | None:
