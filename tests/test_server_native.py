@@ -68,6 +68,23 @@ def test_token_ids_and_mixed_prompts_read_as_the_text(model: TinyModel, http: Te
     assert mixed["content"] == model.greedy_text and mixed["tokens_evaluated"] == len(ids)
 
 
+def test_several_prompts_are_answered_as_a_list_in_their_order(
+    model: TinyModel, http: TestClient
+) -> None:
+    got = http.post("/completion", json={"prompt": [model.ids, PROMPT, "the"], "n_predict": 24,
+                                         "temperature": 0}).json()  # fmt: skip
+    assert [r["index"] for r in got] == [0, 1, 2]
+    assert got[0]["content"] == got[1]["content"] == model.greedy_text
+    assert got[2]["tokens_evaluated"] == len(model.llm.tokenize("the"))
+    r = http.post("/completion", json={"prompt": [PROMPT, PROMPT], "n_predict": 24,
+                                       "temperature": 0, "stream": True})  # fmt: skip
+    events = _events(r.text)
+    for i in (0, 1):
+        mine = [e for e in events if e["index"] == i]
+        assert "".join(e["content"] for e in mine) == model.greedy_text
+        assert [e["stop"] for e in mine][-1] is True
+
+
 def test_a_stop_word_ends_the_text_before_it(model: TinyModel, http: TestClient) -> None:
     text = model.greedy_text
     word = text[len(text) // 2 : len(text) // 2 + 2]
@@ -113,8 +130,8 @@ def test_n_predict_defaults_to_the_servers_n(model: TinyModel) -> None:
     ("body", "param"),
     [
         ({"prompt": [1, 10**6]}, "prompt[1]"),
-        ({"prompt": ["one", "two"]}, "prompt"),
-        ({"prompt": [[1, 2], [3]]}, "prompt"),
+        ({"prompt": [PROMPT, [1, 10**6]]}, "prompt[1][1]"),
+        ({"prompt": [{"prompt_string": "x"}]}, "prompt"),
         ({"prompt": PROMPT, "mirostat": 2}, "mirostat"),
         ({"prompt": PROMPT, "samplers": ["top_k", "banana"]}, "samplers"),
         ({"prompt": PROMPT, "id_slot": 7}, "id_slot"),

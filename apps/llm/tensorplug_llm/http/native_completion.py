@@ -13,7 +13,7 @@ from typing import Any
 from ..api import LLM, InvalidRequestError, Stream
 from .native_schema import NativeCompletionRequest, Prompt
 
-__all__ = ["NativeCompletion", "generation_settings", "prompt_ids", "token_piece"]
+__all__ = ["Canceller", "NativeCompletion", "generation_settings", "prompt_ids", "token_piece"]
 
 #: the chain this engine runs, in its order (llama.cpp's default, less DRY and XTC)
 DEFAULT_SAMPLERS = ("penalties", "top_k", "typ_p", "top_p", "min_p", "temperature")
@@ -92,8 +92,17 @@ class NativeCompletion:
     """One ``/completion`` request: :meth:`start` submits it, the returned stream yields
     llama-server's chunks (``stream``) or its one response."""
 
-    def __init__(self, llm: LLM, body: NativeCompletionRequest, defaults: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        llm: LLM,
+        body: NativeCompletionRequest,
+        defaults: dict[str, Any],
+        prompt: Prompt | None = None,
+        index: int = 0,
+    ) -> None:
         self.llm, self.body = llm, body
+        self.prompt = body.prompts()[0] if prompt is None else prompt
+        self.index = index
         given = body.model_fields_set
         self.budget = body.budget()
         if "n_predict" not in given and "max_tokens" not in given:
@@ -112,7 +121,8 @@ class NativeCompletion:
         self.finish: dict[str, Any] = {}
 
     def start(self) -> Stream:
-        self.ids = prompt_ids(self.llm, self.body.prompt)
+        param = "prompt" if len(self.body.prompts()) == 1 else f"prompt[{self.index}]"
+        self.ids = prompt_ids(self.llm, self.prompt, param)
         b = self.body
         stream = self.llm.stream_tokens(
             self.ids,
@@ -123,7 +133,7 @@ class NativeCompletion:
             ignore_eos=b.ignore_eos,
             **self.sampling,
         )
-        return Stream(self._chunks(stream), [_Canceller(stream)])
+        return Stream(self._chunks(stream), [Canceller(stream)])
 
     def _chunks(self, pieces: Stream) -> Iterator[dict[str, Any]]:
         for piece in pieces:
@@ -137,7 +147,7 @@ class NativeCompletion:
                 self.finish = piece
             if self.body.stream and (piece["text"] or piece["tokens"]):
                 chunk: dict[str, Any] = {
-                    "index": 0,
+                    "index": self.index,
                     "content": piece["text"],
                     "tokens": piece["tokens"],
                     "stop": False,
@@ -157,7 +167,7 @@ class NativeCompletion:
         text = "".join(self.text)
         stop_type = self.finish.get("finish") or "none"
         out: dict[str, Any] = {
-            "index": 0,
+            "index": self.index,
             "content": "" if streamed else text,
             "tokens": [] if streamed or not self.body.return_tokens else self.tokens,
             "id_slot": self.body.id_slot,
@@ -217,7 +227,7 @@ class NativeCompletion:
         return {**entry(token, logprob), key: [entry(t, lp) for t, lp in top]}
 
 
-class _Canceller:
+class Canceller:
     """Cancels the inner stream (the generation) when the outer one is cancelled."""
 
     def __init__(self, stream: Stream) -> None:

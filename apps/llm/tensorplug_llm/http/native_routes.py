@@ -12,9 +12,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 
+from ..api import Stream
 from ..openai_schema import CONSTRAINT_PARAMS
 from .errors import ApiError
-from .native_completion import NativeCompletion, generation_settings, prompt_ids, token_piece
+from .native_completion import (
+    Canceller,
+    NativeCompletion,
+    generation_settings,
+    prompt_ids,
+    token_piece,
+)
 from .native_schema import (
     ApplyTemplateRequest,
     DetokenizeRequest,
@@ -47,11 +54,39 @@ async def completion(body: NativeCompletionRequest, request: Request, svc: Servi
     if body.id_slot >= n_slots:
         raise ApiError(400, f"id_slot {body.id_slot} does not exist: the server has {n_slots} "
                        "slots (0 to -np - 1; -1 for any)", param="id_slot")  # fmt: skip
-    job = NativeCompletion(svc.llm, body, svc.config.defaults)
+    prompts = body.prompts()
+    jobs = [NativeCompletion(svc.llm, body, svc.config.defaults, p, i)
+            for i, p in enumerate(prompts)]  # fmt: skip
+    if len(jobs) == 1:
+        return await svc.answer(
+            request, body.stream, jobs[0].start, merge=lambda chunks: chunks[-1], done=None,
+            rename=CONSTRAINT_PARAMS,
+        )  # fmt: skip
     return await svc.answer(
-        request, body.stream, job.start, merge=lambda chunks: chunks[-1], done=None,
+        request, body.stream, lambda: _start_all(jobs), merge=_results, done=None,
         rename=CONSTRAINT_PARAMS,
     )  # fmt: skip
+
+
+def _start_all(jobs: list[NativeCompletion]) -> Stream:
+    """Every prompt's generation submitted at once (they run side by side in the
+    engine), their chunks one prompt after the other; a prompt refused cancels those
+    submitted before it."""
+    streams: list[Stream] = []
+    try:
+        for job in jobs:
+            streams.append(job.start())
+    except BaseException:
+        for stream in streams:
+            stream.cancel()
+        raise
+    chunks = (chunk for stream in streams for chunk in stream)
+    return Stream(chunks, [Canceller(s) for s in streams])
+
+
+def _results(chunks: list[dict[str, Any]]) -> Any:
+    """Several prompts' responses: a list, in the prompts' order."""
+    return sorted((c for c in chunks if c["stop"]), key=lambda c: int(c["index"]))
 
 
 @router.post("/tokenize")

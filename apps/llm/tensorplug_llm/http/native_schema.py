@@ -34,7 +34,9 @@ class NativeCompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    prompt: Prompt = ""
+    #: one prompt, or several (a list of texts, of lists, or of both): llama-server's
+    #: "multiple prompts", answered as a list (streamed: chunks tagged by ``index``)
+    prompt: Prompt | list[Prompt] = ""
     n_predict: int = Field(-1, ge=-1)
     #: the OpenAI name of ``n_predict``, which llama-server takes too
     max_tokens: int | None = Field(None, ge=-1)
@@ -89,19 +91,25 @@ class NativeCompletionRequest(BaseModel):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, prompt: Any) -> Any:
-        """llama-server reads a list of texts (or of lists) as several prompts; this
-        server answers one prompt a request, and says so rather than joining them."""
-        if not isinstance(prompt, list):
-            return prompt
-        several = [p for p in prompt if isinstance(p, list | dict)]
-        texts = [p for p in prompt if isinstance(p, str)]
-        if several or (len(texts) > 1 and len(texts) == len(prompt)):
+    def _no_objects(cls, prompt: Any) -> Any:
+        if isinstance(prompt, list) and any(isinstance(p, dict) for p in prompt):
             raise ValueError(
-                f"{len(prompt)} prompts in one request: send one request per prompt (a text, "
-                "token ids, or both mixed in one list)"
+                "a prompt object ({'prompt_string', 'multimodal_data'}) is multimodal input, "
+                "which these models do not read: send the text"
             )
-        return texts[0] if len(prompt) == 1 and texts else prompt
+        return prompt
+
+    def prompts(self) -> list[Prompt]:
+        """The prompts, as llama-server tells one from several: a list holding lists,
+        or only texts (more than one), is several; a list of ids and texts is one."""
+        p = self.prompt
+        if not isinstance(p, list):
+            return [p]
+        if any(isinstance(x, list) for x in p) or (
+            len(p) > 1 and all(isinstance(x, str) for x in p)
+        ):
+            return [x if isinstance(x, list | str) else [x] for x in p]  # type: ignore[misc]
+        return [p]  # type: ignore[list-item]
 
     @field_validator("samplers")
     @classmethod

@@ -77,7 +77,7 @@ class Service:
         stream: bool,
         start: Callable[[], dict[str, Any] | Stream],
         *,
-        merge: Callable[[list[dict[str, Any]]], dict[str, Any]] = merge_chunks,
+        merge: Callable[[list[dict[str, Any]]], Any] = merge_chunks,
         done: bytes | None = b"data: [DONE]\n\n",
         rename: dict[str, str] | None = None,
     ) -> Response:
