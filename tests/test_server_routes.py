@@ -53,6 +53,17 @@ def test_completions_without_v1_is_llama_servers_own(model: TinyModel, http: Tes
     assert native["content"] == openai["choices"][0]["text"] == model.greedy_text
 
 
+def test_a_streamed_chat_begins_with_the_role_and_null_content(http: TestClient) -> None:
+    r = http.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH)
+    lines = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(line) for line in lines[:-1]]
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    whole = http.post("/v1/chat/completions", json=CHAT, headers=AUTH).json()
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+    assert text == whole["choices"][0]["message"]["content"]
+
+
 def test_any_model_name_or_none_is_the_served_model(http: TestClient) -> None:
     for extra in ({}, {"model": "gpt-3.5-turbo"}):
         r = http.post("/v1/chat/completions", json={**CHAT, **extra}, headers=AUTH)
@@ -83,7 +94,7 @@ def test_an_alias_names_the_model(model: TinyModel) -> None:
 # -- keys -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("route", ["/health", "/v1/health", "/models", "/v1/models"])
+@pytest.mark.parametrize("route", ["/health", "/v1/health", "/models", "/v1/models", "/api/tags"])
 def test_public_routes_need_no_key(http: TestClient, route: str) -> None:
     r = http.get(route)
     assert r.status_code == 200 and "error" not in r.json()

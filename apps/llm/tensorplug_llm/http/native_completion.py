@@ -12,8 +12,9 @@ from typing import Any
 
 from ..api import LLM, InvalidRequestError, Stream
 from .native_schema import NativeCompletionRequest, Prompt
+from .relay import Canceller
 
-__all__ = ["Canceller", "NativeCompletion", "generation_settings", "prompt_ids", "token_piece"]
+__all__ = ["NativeCompletion", "generation_settings", "prompt_ids", "token_piece"]
 
 #: the chain this engine runs, in its order (llama.cpp's default, less DRY and XTC)
 DEFAULT_SAMPLERS = ("penalties", "top_k", "typ_p", "top_p", "min_p", "temperature")
@@ -225,16 +226,3 @@ class NativeCompletion:
 
         key = "top_probs" if post else "top_logprobs"
         return {**entry(token, logprob), key: [entry(t, lp) for t, lp in top]}
-
-
-class Canceller:
-    """Cancels the inner stream (the generation) when the outer one is cancelled."""
-
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(())
-
-    def cancel(self) -> None:
-        self.stream.cancel()

@@ -15,8 +15,8 @@ from prometheus_client import generate_latest
 from ..api import Stream
 from ..openai_schema import CONSTRAINT_PARAMS
 from .errors import ApiError
+from .model_info import model_list
 from .native_completion import (
-    Canceller,
     NativeCompletion,
     generation_settings,
     prompt_ids,
@@ -29,6 +29,7 @@ from .native_schema import (
     NativeEmbeddingRequest,
     TokenizeRequest,
 )
+from .relay import Canceller
 from .service import Service, ServiceDep
 
 __all__ = ["router"]
@@ -39,6 +40,12 @@ router = APIRouter()
 def not_supported(message: str) -> ApiError:
     """llama-server's 501 for a route its command line left off."""
     return ApiError(501, message, "not_supported_error")
+
+
+@router.get("/api/tags")
+async def ollama_tags(svc: ServiceDep) -> dict[str, Any]:
+    """Ollama's model list, which llama-server serves too (public, as /models)."""
+    return model_list(svc.llm)
 
 
 @router.get("/health")

@@ -5,14 +5,17 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..api import Stream
 from ..openai_schema import CONSTRAINT_PARAMS, ChatRequest, CompletionRequest, EmbeddingRequest
 from .model_info import model_list
+from .relay import Canceller
 from .service import ServiceDep
 
 __all__ = ["both", "v1_only"]
@@ -65,18 +68,38 @@ async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response
     return await svc.answer(
         request,
         body.stream,
-        lambda: llm.create_chat_completion(
-            messages,
-            tools=body.tools,
-            tool_choice=body.tool_choice,
-            parallel_tool_calls=body.parallel_tool_calls,
-            max_tokens=_budget(max_tokens),
-            logprobs=body.logprobs,
-            top_logprobs=body.top_logprobs,
-            **kwargs,
+        lambda: _role_first(
+            llm.create_chat_completion(
+                messages,
+                tools=body.tools,
+                tool_choice=body.tool_choice,
+                parallel_tool_calls=body.parallel_tool_calls,
+                max_tokens=_budget(max_tokens),
+                logprobs=body.logprobs,
+                top_logprobs=body.top_logprobs,
+                **kwargs,
+            )
         ),
         rename=CONSTRAINT_PARAMS,
     )
+
+
+def _role_first(result: dict[str, Any] | Stream) -> dict[str, Any] | Stream:
+    """A chat stream whose first delta of each choice, the role, has ``content`` null,
+    as llama-server sends it (clients test for it)."""
+    if isinstance(result, dict):
+        return result
+    stream = result
+
+    def chunks() -> Iterator[dict[str, Any]]:
+        for chunk in stream:
+            for choice in chunk["choices"]:
+                delta = choice["delta"]
+                if delta.get("role") == "assistant" and delta.get("content") == "":
+                    choice["delta"] = {**delta, "content": None}
+            yield chunk
+
+    return Stream(chunks(), Canceller(stream))
 
 
 @v1_only.post("/embeddings")

@@ -12,7 +12,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from fastapi import Request
@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from ..api import InvalidRequestError, Stream
 from .errors import ApiError, error_body, refused
 
-__all__ = ["EventStream", "Relay", "in_thread"]
+__all__ = ["Canceller", "EventStream", "Relay", "in_thread"]
 
 _DONE = object()
 
@@ -169,3 +169,17 @@ async def _watch_disconnect(request: Request, stream: Stream) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     stream.cancel()
+
+
+class Canceller:
+    """The handle of a :class:`Stream` made over another: cancelling it cancels the
+    inner one (the generation)."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def cancel(self) -> None:
+        self.stream.cancel()
