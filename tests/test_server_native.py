@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +19,7 @@ pytest.importorskip("fastapi", reason="the server needs tensorplug-llm[serve]")
 from fastapi.testclient import TestClient
 from tiny_server import PROMPT, TinyModel, tiny_model
 
+from tensorplug_llm.generation import GenerationJob
 from tensorplug_llm.server import ServerConfig, create_app
 
 
@@ -195,10 +198,50 @@ def test_slots_are_listed_unless_turned_off(model: TinyModel, http: TestClient) 
     slots = http.get("/slots").json()
     assert [s["id"] for s in slots] == [0, 1]
     assert all(s["n_ctx"] == 256 and "params" not in s for s in slots)
+    assert http.get("/slots?fail_on_no_slot=1").status_code == 200  # both idle
     off = TestClient(create_app(model.llm, ServerConfig(slots=False)))
     assert off.get("/slots").status_code == 501
     saved = http.post("/slots/0?action=save", json={"filename": "x.bin"})
     assert saved.status_code == 501 and "not supported" in saved.json()["error"]["message"]
+
+
+class _Gate:
+    """A constraint that holds its sequence until the test opens it."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.open = threading.Event()
+        self.n_vocab = n_vocab
+
+    def allowed(self) -> np.ndarray:
+        assert self.open.wait(30)
+        return np.ones(self.n_vocab, dtype=bool)
+
+    def accept(self, token: int) -> None:
+        pass
+
+    def done(self) -> bool:
+        return False
+
+
+def test_busy_slots_are_shown_and_fail_on_no_slot_is_503(
+    model: TinyModel, http: TestClient
+) -> None:
+    gate = _Gate(model.llama.config.n_vocab)
+    # choices of one prompt are admitted together, one slot each
+    job = GenerationJob(model.ids, 2, {"temperature": 0.0}, constraint=gate)
+    handles = list(model.llm.generator.submit_choices([job, job]))
+    try:
+        deadline = time.monotonic() + 30
+        while model.llm.stats().running < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert [s["is_processing"] for s in http.get("/slots").json()] == [True, True]
+        r = http.get("/slots?fail_on_no_slot=1")
+        assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+    finally:
+        gate.open.set()
+        for h in handles:
+            list(h)
 
 
 def test_metrics_only_with_metrics_under_llama_servers_names(

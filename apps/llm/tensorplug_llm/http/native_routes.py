@@ -187,11 +187,15 @@ def _next_token() -> dict[str, Any]:
 
 
 @router.get("/slots")
-async def slots(svc: ServiceDep) -> list[dict[str, Any]]:
+async def slots(svc: ServiceDep, fail_on_no_slot: bool = False) -> list[dict[str, Any]]:
+    """Each slot's state; ``?fail_on_no_slot=1``: 503 when every slot is busy (a load
+    balancer's probe, as llama-server's)."""
     if not svc.config.slots:
         raise not_supported("this server does not list its slots: start it without --no-slots")
     llm = svc.llm
     busy = _busy_slots(svc)
+    if fail_on_no_slot and all(busy):
+        raise ApiError(503, "no slot available: every slot runs a request", "unavailable_error")
     return [
         {
             "id": i,
