@@ -627,6 +627,10 @@ def test_serve_loads_the_model_once_for_completions_and_embeddings(
 
     def run(app: Any, **_: Any) -> None:
         with TestClient(app) as http:
+            deadline = time.monotonic() + 120
+            while http.get("/health").status_code == 503:  # the model is loading
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
             requests: list[tuple[str, dict[str, Any]]] = [
                 ("/v1/embeddings", {"input": ["a b c", "d"]}),
                 ("/v1/completions", {"prompt": "a b", "max_tokens": 3}),

@@ -9,6 +9,7 @@ import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from tensorplug.cli import main
+from tensorplug.errors import RunError
 from tensorplug_llm import run_cli
 from tensorplug_llm.serve_cli import _resolve, add_arguments, bind
 from tensorplug_llm.serve_flags import api_keys, chat_template, request_defaults
@@ -49,6 +51,46 @@ def test_a_missing_model_file_is_one_line(
     assert main(["serve", "nosuch.gguf"]) == 1
     err = capsys.readouterr().err
     assert err == "tensorplug serve: error: nosuch.gguf: no such model file (a .gguf path)\n"
+
+
+def test_health_is_503_loading_until_the_model_is_ready(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server listens from the start and says it is loading (llama-server's
+    ``/health`` states); a load that fails then stops it, in one line."""
+    loading = threading.Event()
+
+    def slow_load(*args: Any, **kwargs: Any) -> Any:
+        loading.wait(60)
+        raise RunError("the file is not a model")
+
+    monkeypatch.setattr(run_cli, "load_model", slow_load)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    done: list[int] = []
+    thread = threading.Thread(
+        target=lambda: done.append(main(["serve", "--tiny", "--port", str(port)]))
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, "the server did not answer while loading"
+            with contextlib.suppress(httpx.HTTPError):
+                r = httpx.get(f"http://127.0.0.1:{port}/health")
+                break
+            time.sleep(0.05)
+        assert r.status_code == 503
+        assert r.json()["error"] == {"message": "Loading model", "type": "unavailable_error",
+                                     "param": None, "code": None}  # fmt: skip
+    finally:
+        loading.set()
+        thread.join(60)
+    assert done == [1]
+    assert capsys.readouterr().err.endswith("tensorplug serve: error: the file is not a model\n")
+    with socket.socket() as again:  # the port is free again
+        again.bind(("127.0.0.1", port))
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import errno
 import ipaddress
+import signal
 import socket
 import sys
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 from tensorplug.cli import count_argument
 from tensorplug.errors import RunError, TensorplugError
@@ -158,7 +161,7 @@ def _resolve(args: argparse.Namespace) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (checked here, used by _Listening)
 
         from .server import ServerConfig, create_app
     except ImportError as e:
@@ -184,7 +187,10 @@ def _serve(args: argparse.Namespace) -> int:
         return serve_with_ray(args)
     sockets = bind(args.host, args.port)  # before the model loads: a busy port fails now
     try:
-        with tempfile.TemporaryDirectory(prefix="tensorplug-serve-") as tmp:
+        with (
+            tempfile.TemporaryDirectory(prefix="tensorplug-serve-") as tmp,
+            _Listening(sockets) as listening,
+        ):
             if args.model is None and not args.tiny:
                 installed = installed_model()
                 args.model = str(installed) if installed is not None else None
@@ -216,7 +222,7 @@ def _serve(args: argparse.Namespace) -> int:
                     cors_origins=_origins(args.cors_origins), metrics=args.metrics,
                     slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
                 )  # fmt: skip
-                app = create_app(llm, config)
+                listening.ready(create_app(llm, config))
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]
                 if hosts and not keys:
                     print(f"warning: listening on {','.join(hosts)} without --api-key: anyone who "
@@ -224,15 +230,66 @@ def _serve(args: argparse.Namespace) -> int:
                 where = ", ".join(_url(s) for s in sockets)
                 print(f"serving {llm.model_name} on {where} (-np {args.parallel}, context "
                       f"{llama.n_ctx})", file=sys.stderr)  # fmt: skip
-                server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-                server.run(sockets=sockets)
+                listening.wait()
             finally:
+                listening.stop()  # no request left on the model before it goes
                 llm.close()
                 llama.close()
     finally:
         for sock in sockets:
             sock.close()
     return 0
+
+
+class _Listening:
+    """uvicorn on the bound sockets from the start, on a thread of its own, answering
+    every request 503 "Loading model" until :meth:`ready` (llama-server's loading
+    state); the main thread keeps the signals: Ctrl-C or SIGTERM stops the server as
+    uvicorn's own handlers do, a second Ctrl-C ends it at once."""
+
+    def __init__(self, sockets: list[socket.socket]) -> None:
+        import uvicorn
+
+        from .http.loading import Switch
+
+        self.switch = Switch()
+        config = uvicorn.Config(self.switch, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": sockets}, name="uvicorn", daemon=True
+        )
+
+    def __enter__(self) -> _Listening:
+        self.thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.stop(force=kind is KeyboardInterrupt)
+
+    def ready(self, app: Any) -> None:
+        self.switch.app = app
+
+    def wait(self) -> None:
+        """Until the server stops (Ctrl-C, SIGTERM)."""
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, self._exit) if main else None
+        try:
+            while self.thread.is_alive():
+                self.thread.join(0.5)
+        except KeyboardInterrupt:
+            self.server.should_exit = True
+            self.thread.join()  # a second Ctrl-C lands here: the command's one line
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    def stop(self, force: bool = False) -> None:
+        self.server.should_exit = True
+        self.server.force_exit = self.server.force_exit or force
+        self.thread.join(5 if force else 30)
+
+    def _exit(self, signum: int, frame: Any) -> None:
+        self.server.should_exit = True
 
 
 def bind(hosts: str, port: int) -> list[socket.socket]:
