@@ -74,7 +74,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     dec = StreamDecoder(llama.vocab)
     text = "".join(dec.feed(t) for t in greedy) + dec.flush()
     llm = LLM(llama, n_parallel=4, model_name=MODEL)
-    server = UvicornThread(create_app(llm, ServerConfig(api_key=KEY)))
+    server = UvicornThread(create_app(llm, ServerConfig(api_key=KEY, metrics=True)))
     try:
         yield Served(llm, server.url, greedy, text, first_logp)
     finally:
@@ -325,11 +325,16 @@ def test_n_beyond_the_slots_is_400_naming_it(client: openai.OpenAI) -> None:
 # -- errors ---------------------------------------------------------------------------------------
 
 
-def test_a_wrong_model_name_is_404_naming_it(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.NotFoundError) as e:
-        client.completions.create(model="gpt-17", prompt="x", max_tokens=2)
-    assert e.value.code == "model_not_found"
-    assert "gpt-17" in e.value.message
+def test_any_model_name_is_answered_by_the_served_model(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """llama-server holds one model and answers every name with it (clients send
+    "gpt-3.5-turbo", or nothing at all)."""
+    got = client.completions.create(model="gpt-17", prompt=PROMPT, max_tokens=24, temperature=0)
+    assert (got.choices[0].text, got.model) == (served.greedy_text, MODEL)
+    r = httpx.post(served.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"prompt": PROMPT, "max_tokens": 24, "temperature": 0})  # fmt: skip
+    assert r.json()["choices"][0]["text"] == served.greedy_text
 
 
 def test_max_tokens_minus_one_is_400_naming_the_field(client: openai.OpenAI) -> None:
@@ -364,13 +369,14 @@ def test_malformed_json_is_400_with_an_openai_error_body(served: Served) -> None
     assert error["type"] == "invalid_request_error" and "not valid JSON" in error["message"]
 
 
-def test_the_api_key_guards_every_route_but_health(served: Served) -> None:
+def test_the_api_key_guards_every_route_but_health_and_models(served: Served) -> None:
     wrong = openai.OpenAI(base_url=served.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as e:
-        wrong.models.list()
+        wrong.completions.create(model=MODEL, prompt="x", max_tokens=1)
     assert e.value.code == "invalid_api_key"
     assert httpx.get(served.url + "/metrics").status_code == 401
     assert httpx.get(served.url + "/health").json() == {"status": "ok"}
+    assert [m.id for m in wrong.models.list()] == [MODEL]  # public, as llama-server's
 
 
 def test_models_and_metrics(served: Served, client: openai.OpenAI) -> None:
@@ -621,6 +627,10 @@ def test_serve_loads_the_model_once_for_completions_and_embeddings(
 
     def run(app: Any, **_: Any) -> None:
         with TestClient(app) as http:
+            deadline = time.monotonic() + 120
+            while http.get("/health").status_code == 503:  # the model is loading
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
             requests: list[tuple[str, dict[str, Any]]] = [
                 ("/v1/embeddings", {"input": ["a b c", "d"]}),
                 ("/v1/completions", {"prompt": "a b", "max_tokens": 3}),
@@ -629,10 +639,10 @@ def test_serve_loads_the_model_once_for_completions_and_embeddings(
                 answers[route] = http.post(route, json={"model": "tiny-llama.gguf", **body})
 
     monkeypatch.setattr(runner.ModelRunner, "__init__", counted)
-    monkeypatch.setattr(uvicorn, "run", run)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets: run(server.config.app))
     for flags in (["--embeddings"], []):
         loads.clear()
-        assert main(["serve", "--tiny", "-c", "128", "-np", "2", *flags]) == 0
+        assert main(["serve", "--tiny", "-c", "128", "-np", "2", "--port", "0", *flags]) == 0
         assert len(loads) == 1
         assert answers["/v1/embeddings"].status_code == 200
         assert len(answers["/v1/embeddings"].json()["data"]) == 2

@@ -14,14 +14,16 @@ def test_serve_help_lists_placement_not_a_prompt(capsys: pytest.CaptureFixture[s
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     for shared in ("--device", "--ctx-size", "--threads", "--cache-type", "--no-repack"):
         assert shared in text
-    for per_request in ("--prompt", "--tokens", "--n-predict", "--temp", "--top-k", "--top-p",
-                        "--ignore-eos", "--logits-out", "--context-shift", "--keep"):  # fmt: skip
+    for per_request in ("--prompt", "--tokens", "--ignore-eos", "--logits-out", "--keep"):
         assert per_request not in text
+    # llama-server's: the defaults of requests that leave them out
+    for default in ("--n-predict", "--temp", "--top-k", "--top-p", "--min-p"):
+        assert default in text
     # every architecture the loader knows is named, not the four of an older help text
     assert all(name in text for name in ARCHITECTURES)
 
 
-@pytest.mark.parametrize("option", [["-p", "hello"], ["--temp", "0.5"], ["-n", "8"]])
+@pytest.mark.parametrize("option", [["-p", "hello"], ["--tokens", "1,2"]])
 def test_a_per_request_option_is_a_usage_error(
     option: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

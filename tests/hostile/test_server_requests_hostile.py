@@ -42,20 +42,31 @@ def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         llama.close()
 
 
-def _error(response: Any, status: int, param: str) -> str:
+def _error(response: Any, status: int, param: str, kind: str = "invalid_request_error") -> str:
     assert response.status_code == status, response.text
     body = response.json()["error"]
-    assert body["type"] == "invalid_request_error" and body["param"] == param
+    assert body["type"] == kind and body["param"] == param
     return str(body["message"])
 
 
-def test_a_prompt_longer_than_the_context_is_a_400_saying_so(http: TestClient) -> None:
+OVERFLOW = "exceed_context_size_error"
+
+
+def test_a_prompt_longer_than_the_context_is_a_400_saying_so_as_llama_server_does(
+    http: TestClient,
+) -> None:
     body = {"model": MODEL, "prompt": list(range(1, N_CTX + 10)), "max_tokens": 2}
-    message = _error(http.post("/v1/completions", json=body), 400, "prompt")
-    assert f"the context holds {N_CTX}" in message
+    response = http.post("/v1/completions", json=body)
+    message = _error(response, 400, "prompt", OVERFLOW)
+    assert message.startswith(
+        f"request ({N_CTX + 9} tokens) exceeds the available context size ({N_CTX} tokens)"
+    )
+    error = response.json()["error"]
+    assert (error["n_prompt_tokens"], error["n_ctx"]) == (N_CTX + 9, N_CTX)
     chat = {"model": MODEL, "max_tokens": 2,
             "messages": [{"role": "user", "content": "word " * (4 * N_CTX)}]}  # fmt: skip
-    assert "n_ctx" in _error(http.post("/v1/chat/completions", json=chat), 400, "messages")
+    message = _error(http.post("/v1/chat/completions", json=chat), 400, "messages", OVERFLOW)
+    assert "n_ctx" in message
 
 
 def test_a_text_that_cannot_fit_is_refused_before_it_is_tokenized(
@@ -71,10 +82,10 @@ def test_a_text_that_cannot_fit_is_refused_before_it_is_tokenized(
     monkeypatch.setattr(llm.vocab, "encode_parts", no_tokenizing)
     text = "a" * (N_CTX * longest + 1)
     body = {"model": MODEL, "prompt": text, "max_tokens": 1}
-    message = _error(http.post("/v1/completions", json=body), 400, "prompt")
+    message = _error(http.post("/v1/completions", json=body), 400, "prompt", OVERFLOW)
     assert f"{len(text)} characters" in message and f"holds {N_CTX}" in message
     chat = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
-    _error(http.post("/v1/chat/completions", json=chat), 400, "messages")
+    _error(http.post("/v1/chat/completions", json=chat), 400, "messages", OVERFLOW)
 
 
 def test_a_token_id_outside_the_vocabulary_is_a_400_naming_it(http: TestClient) -> None:

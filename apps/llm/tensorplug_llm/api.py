@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .runner import ModelRunner
     from .tokenizer import Vocab
 
-__all__ = ["LLM", "InvalidRequestError", "Stream"]
+__all__ = ["LLM", "ContextSizeError", "InvalidRequestError", "Stream"]
 
 
 class InvalidRequestError(RunError):
@@ -54,13 +54,36 @@ class InvalidRequestError(RunError):
         self.param = param
 
 
+class ContextSizeError(InvalidRequestError):
+    """A prompt that cannot fit the context: llama-server's ``exceed_context_size_error``
+    in its words, with the two numbers a client needs to shorten it. ``n_chars``: the
+    text's length where the tokens are a lower bound found without tokenizing it."""
+
+    def __init__(
+        self, n_prompt_tokens: int, n_ctx: int, param: str, n_chars: int | None = None
+    ) -> None:
+        size = f"{n_prompt_tokens} tokens"
+        if n_chars is not None:
+            size = f"at least {size}: the {param} has {n_chars} characters"
+        super().__init__(
+            f"request ({size}) exceeds the available context size ({n_ctx} tokens), try "
+            f"increasing it: the context holds {n_ctx} (n_ctx); shorten the {param} or start "
+            "the server with a larger context (-c)",
+            param,
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
 @dataclass(frozen=True)
 class _Piece:
-    """Text that may be sent, with the token events it came from."""
+    """Text that may be sent, with the token events it came from; ``stop_word``: the
+    stop string that ended it."""
 
     text: str
     events: list[TokenEvent]
     finish_reason: str | None = None
+    stop_word: str | None = None
 
 
 class Stream:
@@ -94,6 +117,8 @@ class LLM:
     Embeddings come from the same model through the generator (the engine evaluates
     them as sequences of their own beside the generations): no second copy of the
     weights. An encoder (BERT) file serves embeddings only; a completion is refused.
+    ``pooling`` replaces the file's ``pooling_type`` (llama-server's ``--pooling``;
+    ``none``: every token's row, which only :meth:`embed_tokens` gives).
     """
 
     def __init__(
@@ -104,6 +129,7 @@ class LLM:
         n_parallel: int = 1,
         model_name: str | None = None,
         chat_template: str | None = None,
+        pooling: str | None = None,
     ) -> None:
         from .engine import Engine
         from .generation import EngineGenerator
@@ -116,13 +142,27 @@ class LLM:
         self.model_name = model_name or llama.file.path.name
         template = chat_template or llama.file.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template.strip() else None
+        if pooling is not None:
+            from .pooling import pooling_kind
+
+            pooling_kind(pooling, "none")  # a RunError naming the kinds
+        self.pooling = pooling
         self._longest_token: int | None = None
         self._markers: frozenset[int] | None = None
 
     # -- tokens -------------------------------------------------------------------------------
 
-    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
-        return self.vocab.encode(text, add_bos=add_bos)
+    def tokenize(
+        self, text: str, add_bos: bool | None = None, parse_special: bool = False
+    ) -> list[int]:
+        """``text``'s ids; ``parse_special``: control tokens written in it become theirs
+        (llama-server's ``/tokenize`` and ``/completion`` read prompts so)."""
+        return self.vocab.encode(text, add_bos=add_bos, parse_special=parse_special)
+
+    def check_fits(self, text: str, param: str) -> None:
+        """Refuse (:class:`ContextSizeError`), before tokenizing it, a text too long for
+        the context whatever its tokens."""
+        self._refuse_unfittable(len(text), param)
 
     def _refuse_unfittable(self, n_chars: int, param: str) -> None:
         """Refuse, before tokenizing it, a text that cannot fit the context: no token
@@ -133,12 +173,7 @@ class LLM:
             self._longest_token = max(1, max(len(t) for t in self.vocab.tokens))
         n_ctx = self.llama.n_ctx
         if n_chars > n_ctx * self._longest_token:
-            raise InvalidRequestError(
-                f"the {param} has {n_chars} characters: at least "
-                f"{n_chars // self._longest_token} tokens, and the context holds {n_ctx} "
-                "(n_ctx): shorten it",
-                param,
-            )
+            raise ContextSizeError(n_chars // self._longest_token, n_ctx, param, n_chars)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.vocab.decode(list(tokens))
@@ -243,6 +278,50 @@ class LLM:
             ],
             "text_offset": offsets,
         }
+
+    def stream_tokens(
+        self,
+        ids: list[int],
+        max_tokens: int | None = None,
+        *,
+        n_probs: int = 0,
+        stop: str | list[str] | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        ignore_eos: bool = False,
+        **sampling: Any,
+    ) -> Stream:
+        """One generation as llama-server's ``/completion`` reports it: a :class:`Stream`
+        of dicts, one per piece of text, with ``text``, ``tokens`` (its ids), ``probs``
+        (``(id, logprob, [(id, logprob), ...])`` per token, ``n_probs`` most likely),
+        ``finish`` (None, then ``"eos"``, ``"limit"`` or ``"word"``) and
+        ``stopping_word``; the last one also ``prompt_tokens_reused`` (cells taken
+        from the cache). ``sampling``: :class:`~.sampling.SamplingParams`' fields."""
+        self._check_generates("prompt")
+        job = self._job(ids, max_tokens, n_probs, response_format, **sampling)
+        job.ignore_eos = ignore_eos
+        stops = _stops(stop)
+        [handle] = self._submit(job, 1, lambda: None)
+
+        def chunks() -> Iterator[dict[str, Any]]:
+            for piece in self._pieces(handle, stops):
+                finish = None
+                if piece.finish_reason is not None:
+                    finish = "limit" if piece.finish_reason == "length" else "eos"
+                    finish = "word" if piece.stop_word is not None else finish
+                chunk: dict[str, Any] = {
+                    "text": piece.text,
+                    "tokens": [e.token for e in piece.events],
+                    "probs": [
+                        (e.token, e.logprob, list(e.top_logprobs or [])) for e in piece.events
+                    ],
+                    "finish": finish,
+                    "stopping_word": piece.stop_word or "",
+                }
+                if finish is not None:
+                    chunk["prompt_tokens_reused"] = getattr(handle, "prompt_tokens_reused", 0)
+                yield chunk
+
+        return Stream(chunks(), handle)
 
     # -- chat ---------------------------------------------------------------------------------
 
@@ -532,15 +611,19 @@ class LLM:
 
     # -- embeddings ---------------------------------------------------------------------------
 
-    def embed(self, texts: str | Sequence[str]) -> list[list[float]]:
-        """One pooled embedding per text (pooled as ``ModelRunner.embed`` pools: the file's
-        ``pooling_type``, else mean), normalized to unit length as OpenAI's are."""
+    def embed(self, texts: str | Sequence[str] | Sequence[Sequence[int]]) -> list[list[float]]:
+        """One pooled embedding per text or token id list (pooled as ``ModelRunner.embed``
+        pools: the file's ``pooling_type``, else mean), normalized to unit length as
+        OpenAI's are."""
+        if self.pooling == "none":
+            raise InvalidRequestError(
+                "the server pools with 'none' (a row per token), which OpenAI's embeddings "
+                "cannot carry: use /embeddings, or start the server with another --pooling",
+                "input",
+            )
         one = isinstance(texts, str)
-        items = [texts] if isinstance(texts, str) else list(texts)
-        try:
-            vectors = self.generator.embed([self.tokenize(text) for text in items])
-        except RequestError as e:  # an empty text, one longer than the context
-            raise InvalidRequestError(str(e), "input") from None
+        items: list[str | Sequence[int]] = [texts] if isinstance(texts, str) else list(texts)
+        vectors = self.embed_tokens([self._embedding_ids(item) for item in items])
         out = []
         for vector in vectors:
             v = np.asarray(vector, dtype=np.float64)
@@ -548,11 +631,42 @@ class LLM:
             out.append((v / norm if norm > 0 else v).tolist())
         return out[:1] if one else out
 
-    def create_embedding(self, input: str | Sequence[str]) -> dict[str, Any]:
-        """OpenAI's ``/v1/embeddings`` response."""
-        items = [input] if isinstance(input, str) else list(input)
+    def embed_tokens(
+        self, ids: Sequence[Sequence[int]], pooling: str | None = None
+    ) -> list[np.ndarray]:
+        """Each id list's embedding as the model gives it, not normalized: pooled by
+        ``pooling`` (default: the server's, else the file's), ``(n_tokens, n_embd)`` rows
+        with ``none``."""
+        try:
+            return self.generator.embed([list(t) for t in ids], pooling or self.pooling)
+        except RequestError as e:  # an empty text, one longer than the context
+            raise InvalidRequestError(str(e), "input") from None
+
+    def _embedding_ids(self, item: str | Sequence[int]) -> list[int]:
+        if isinstance(item, str):
+            return self.tokenize(item)
+        n_vocab = len(self.vocab.tokens)
+        bad = next((t for t in item if not isinstance(t, int) or not 0 <= t < n_vocab), None)
+        if bad is not None or not item:
+            raise InvalidRequestError(
+                f"a token id list must hold ids from 0 to {n_vocab - 1}"
+                + (f", got {bad!r}" if bad is not None else ", got an empty list"),
+                "input",
+            )
+        return list(item)
+
+    def create_embedding(
+        self, input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
+    ) -> dict[str, Any]:
+        """OpenAI's ``/v1/embeddings`` response; ``input``: a text, texts, a list of token
+        ids or lists of them (OpenAI takes all four)."""
+        items: list[Any]
+        if isinstance(input, str) or (input and all(isinstance(t, int) for t in input)):
+            items = [input]
+        else:
+            items = list(input)
         vectors = self.embed(items)
-        n = sum(len(self.tokenize(t)) for t in items)
+        n = sum(len(self._embedding_ids(t)) for t in items)
         return {
             "object": "list",
             "data": [
@@ -636,7 +750,7 @@ class LLM:
                 got = matcher.feed(text)
                 if got.stopped:
                     handle.cancel()
-                    yield _Piece(got.text, [event], "stop")
+                    yield _Piece(got.text, [event], "stop", matcher.matched)
                     return
                 finish = event.finish_reason
                 if finish is not None:
@@ -677,6 +791,8 @@ class LLM:
                 f"got {n!r}",
                 "n",
             )
+        if len(job.prompt) > self.llama.n_ctx:
+            raise ContextSizeError(len(job.prompt), self.llama.n_ctx, field)
         try:
             if n == 1:
                 return [self.generator.submit(job)]

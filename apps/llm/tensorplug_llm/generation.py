@@ -106,8 +106,9 @@ class GeneratorStats:
 class Generator(Protocol):
     def submit(self, job: GenerationJob) -> GenerationHandle: ...
 
-    def embed(self, texts: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        """Each token list's pooled embedding (float32, not normalized)."""
+    def embed(self, texts: Sequence[Sequence[int]], pooling: str | None = None) -> list[np.ndarray]:
+        """Each token list's pooled embedding (float32, not normalized); ``pooling``
+        overrides the file's (``none``: every token's row)."""
         ...
 
     def submit_choices(self, jobs: Sequence[GenerationJob]) -> Sequence[GenerationHandle]:
@@ -141,7 +142,7 @@ class EngineGenerator:
     def submit(self, job: GenerationJob) -> RequestHandle:
         return self.engine.submit(self._request(job))
 
-    def embed(self, texts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    def embed(self, texts: Sequence[Sequence[int]], pooling: str | None = None) -> list[np.ndarray]:
         """Embeddings computed by the engine beside the generations: every text is
         submitted at once (they run side by side, up to the slots), then collected."""
         from .request import Request
@@ -150,7 +151,7 @@ class EngineGenerator:
         out = []
         try:
             for t in texts:  # a text refused at submit cancels those queued before it
-                handles.append(self.engine.submit(Request(list(t), embed=True)))
+                handles.append(self.engine.submit(Request(list(t), embed=True, pooling=pooling)))
             for handle in handles:
                 handle.result()
                 assert handle.embedding is not None

@@ -6,21 +6,55 @@ Validation happens here, before anything reaches the model, so that a bad field 
 ``stream_options``...) are accepted and ignored, as llama-server does: clients and
 frameworks send them routinely. Sampling defaults are llama.cpp's, not OpenAI's
 (temperature 0.8, top_k 40, min_p 0.05), as llama-server's are.
+
+``model`` may be left out or name anything: a server holds one model, and llama-server
+answers any name with it. llama-server's top-level ``grammar`` (GBNF or Lark) and
+``json_schema`` constrain the reply as ``response_format`` does.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["ChatMessage", "ChatRequest", "CompletionRequest", "EmbeddingRequest"]
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "CompletionRequest",
+    "EmbeddingRequest",
+    "constraint_format",
+]
+
+
+def constraint_format(
+    response_format: dict[str, Any] | None, grammar: str | None, json_schema: Any
+) -> dict[str, Any] | None:
+    """The ``response_format`` a request asks for, from OpenAI's field or llama-server's
+    ``grammar`` / ``json_schema`` (one of them at most: 400 naming the second)."""
+    given = [
+        name
+        for name, value in (("response_format", response_format), ("grammar", grammar),
+                            ("json_schema", json_schema))
+        if value is not None
+    ]  # fmt: skip
+    if len(given) > 1:
+        raise ValueError(f"give one of {' and '.join(given)}: each constrains the whole reply")
+    if grammar is not None:
+        return {"type": "grammar", "grammar": grammar}
+    if json_schema is not None:
+        return {"type": "json_object", "schema": json_schema}
+    return response_format
+
+
+#: the API's field names in errors, as llama-server's requests spell them
+CONSTRAINT_PARAMS = {"response_format.grammar": "grammar", "response_format.schema": "json_schema"}
 
 
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: str = Field(min_length=1)
+    model: str | None = None
     temperature: float = Field(0.8, ge=0.0, le=100.0)
     top_p: float = Field(0.95, ge=0.0, le=1.0)
     top_k: int = Field(40, ge=0)
@@ -37,16 +71,26 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1)
     #: llama-server's: keep generating past the end-of-generation token
     ignore_eos: bool = False
+    #: llama-server's: a GBNF (or Lark) grammar the reply follows
+    grammar: str | None = None
+    #: llama-server's: a JSON schema the reply follows
+    json_schema: dict[str, Any] | bool | None = None
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> _Sampling:
+        constraint_format(self.response_format, self.grammar, self.json_schema)
+        return self
 
     def sampling(self) -> dict[str, Any]:
         """The keyword arguments :class:`~tensorplug_llm.api.LLM` takes."""
         return self.model_dump(
             include={
                 "temperature", "top_p", "top_k", "min_p", "stop", "stream", "seed",
-                "response_format", "repeat_penalty", "frequency_penalty", "presence_penalty",
-                "logit_bias", "ignore_eos", "n",
+                "repeat_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
+                "ignore_eos", "n",
             }
-        )  # fmt: skip
+        ) | {"response_format": constraint_format(self.response_format, self.grammar,
+                                                  self.json_schema)}  # fmt: skip
 
 
 class CompletionRequest(_Sampling):
@@ -113,6 +157,7 @@ class ChatRequest(_Sampling):
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: str = Field(min_length=1)
-    input: str | list[str] = Field(min_length=1)
+    model: str | None = None
+    #: a text, texts, token ids or lists of token ids (OpenAI takes all four)
+    input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
     encoding_format: Literal["float", "base64"] = "float"

@@ -1,23 +1,33 @@
-"""``tensorplug serve MODEL.gguf``: an OpenAI-compatible HTTP server (llama-server's job).
+"""``tensorplug serve MODEL.gguf``: llama-server's HTTP API (OpenAI's and its own routes).
 
 The model options are ``run``'s (``--device``, ``-ngl``, ``-sm``, ``-ts``, ``-c``, ``-b``,
 ``-t``, ``--cache-type``...: :func:`run_cli.add_arguments`), so a model placed for
-``run`` is placed the same way here; ``run``'s prompt and sampling options are not
-offered (each request brings its own). It binds 127.0.0.1 unless told otherwise: a model server
-on every interface without ``--api-key`` is a machine anyone nearby can use.
+``run`` is placed the same way here; llama-server's own flags (``-m``, ``-np``, ``-a``,
+``--api-key-file``, ``--metrics``, ``-n``, ``--temp``...) are :mod:`serve_flags`'. It
+binds 127.0.0.1 unless told otherwise: a model server on every interface without
+``--api-key`` is a machine anyone nearby can use.
+
+The addresses are bound before the model loads (and held until the server takes them),
+so a port in use fails at once, not after a minute of loading.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
+import signal
+import socket
 import sys
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 from tensorplug.cli import count_argument
 from tensorplug.errors import RunError, TensorplugError
 
+from .serve_flags import add_llama_server_flags, api_keys, chat_template, request_defaults
 from .terminal import printable
 
 __all__ = ["TINY_CHAT_TEMPLATE", "add_arguments", "main"]
@@ -43,7 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from .run_cli import add_arguments as run_arguments
 
     run_arguments(p, "serve")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on, several with commas (127.0.0.1,::1) (127.0.0.1)",
+    )
     p.add_argument("--port", type=_port, default=8080, help="port to listen on (8080)")
     p.add_argument(
         "-np",
@@ -55,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--api-key",
-        help="require 'Authorization: Bearer KEY' on every route but /health",
+        help="require this key ('Authorization: Bearer KEY' or 'x-api-key: KEY'), several "
+        "with commas, on every route but /health, /models and the page at /",
     )
     p.add_argument(
         "--max-queue",
@@ -77,13 +92,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="largest request body read, in MiB; past it: 413 (16)",
     )
     p.add_argument(
+        "-a",
         "--alias",
         help="the model's name in the API (default: the GGUF file's name)",
     )
     p.add_argument(
         "--chat-template",
-        metavar="FILE",
-        help="a Jinja chat template to use instead of the model file's",
+        metavar="JINJA",
+        help="a Jinja chat template's text (or a file) to use instead of the model file's",
     )
     p.add_argument(
         "--embeddings",
@@ -108,19 +124,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ray-address",
         help="with --ray: the cluster to join (default: start a local one)",
     )
+    add_llama_server_flags(p)
+    # run's --seed seeds the tiny model's weights; given here, it seeds requests too
+    p.set_defaults(seed=None)
 
 
 def main(args: argparse.Namespace) -> int:
+    from tensorplug.gguf import GGUFError
+
     try:
         return _serve(args)
-    except TensorplugError as e:
+    except (TensorplugError, GGUFError, OSError) as e:
         print(f"tensorplug serve: error: {printable(str(e))}", file=sys.stderr)
         return 1
 
 
+def _resolve(args: argparse.Namespace) -> None:
+    """llama-server's spellings onto run's options, checked before anything loads."""
+    if args.model_flag is not None:
+        if args.model is not None and args.model != args.model_flag:
+            raise RunError(f"two models given ({args.model} and -m {args.model_flag}): give one")
+        args.model = args.model_flag
+    if args.model is not None and not Path(args.model).is_file():
+        raise RunError(f"{args.model}: no such model file (a .gguf path)")
+    args.request_seed = args.seed if args.seed is not None and args.seed >= 0 else None
+    if args.seed is None:
+        args.seed = 0  # the tiny model's weights
+    if args.ubatch_size is not None:
+        args.batch_size = args.ubatch_size
+    k, v = args.cache_type_k, args.cache_type_v
+    if k is not None and v is not None and k != v:
+        raise RunError(f"-ctk {k} and -ctv {v} differ: the KV cache has one type for both")
+    if k or v:
+        args.cache_type = k or v
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (checked here, used by _Listening)
 
         from .server import ServerConfig, create_app
     except ImportError as e:
@@ -135,58 +176,171 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 0 or args.timeout <= 0:
         raise RunError("--max-queue must be >= 0 and --timeout > 0")
+    _resolve(args)
+    keys = api_keys(args)
+    template = chat_template(args)
     if args.ray:
         from .ray_serve import serve_with_ray
 
+        if template is not None and not (args.chat_template and Path(args.chat_template).is_file()):
+            raise RunError("with --ray, give the chat template as a file every node can read")
         return serve_with_ray(args)
-    template = _read(args.chat_template) if args.chat_template else None
-    with tempfile.TemporaryDirectory(prefix="tensorplug-serve-") as tmp:
-        if args.model is None and not args.tiny:
-            installed = installed_model()
-            args.model = str(installed) if installed is not None else None
-        if args.model is None:
-            from .tiny import write_tiny_llama
+    sockets = bind(args.host, args.port)  # before the model loads: a busy port fails now
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="tensorplug-serve-") as tmp,
+            _Listening(sockets) as listening,
+        ):
+            if args.model is None and not args.tiny:
+                installed = installed_model()
+                args.model = str(installed) if installed is not None else None
+            if args.model is None:
+                from .tiny import write_tiny_llama
 
-            args.model = str(
-                write_tiny_llama(
-                    Path(tmp) / "tiny-llama.gguf", args.weights, args.seed,
-                    metadata={"tokenizer.chat_template": TINY_CHAT_TEMPLATE},
-                )
-            )  # fmt: skip
-            print("no MODEL: serving a tiny random-weight model (its text is gibberish)",
-                  file=sys.stderr)  # fmt: skip
-        llama = load_model(args, encoder_ok=True, batch_invariant=True)
-        engine = Engine(llama, args.parallel)
-        engine.warm_up()  # the first requests' step shapes, built before serving
-        llm = LLM(
-            llama,
-            EngineGenerator(engine),
-            model_name=args.alias or Path(args.model).name,
-            chat_template=template,
-        )
-        try:
-            config = ServerConfig(
-                args.api_key, args.max_queue, args.timeout,
-                max_body_bytes=args.max_request_size * 2**20,
-            )  # fmt: skip
-            app = create_app(llm, config)
-            if not _loopback(args.host) and args.api_key is None:
-                print(f"warning: listening on {args.host} without --api-key: anyone who can "
-                      "reach it can use the model", file=sys.stderr)  # fmt: skip
-            print(f"serving {llm.model_name} on http://{args.host}:{args.port}/v1 "
-                  f"(-np {args.parallel}, context {llama.n_ctx})", file=sys.stderr)  # fmt: skip
-            uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
-        finally:
-            llm.close()
-            llama.close()
+                args.model = str(
+                    write_tiny_llama(
+                        Path(tmp) / "tiny-llama.gguf", args.weights, args.seed,
+                        metadata={"tokenizer.chat_template": TINY_CHAT_TEMPLATE},
+                    )
+                )  # fmt: skip
+                print("no MODEL: serving a tiny random-weight model (its text is gibberish)",
+                      file=sys.stderr)  # fmt: skip
+            llama = load_model(args, encoder_ok=True, batch_invariant=True)
+            engine = Engine(llama, args.parallel)
+            engine.warm_up()  # the first requests' step shapes, built before serving
+            llm = LLM(
+                llama,
+                EngineGenerator(engine),
+                model_name=args.alias or Path(args.model).name,
+                chat_template=template,
+                pooling=args.pooling,
+            )
+            try:
+                config = ServerConfig(
+                    keys, args.max_queue, args.timeout,
+                    max_body_bytes=args.max_request_size * 2**20,
+                    cors_origins=_origins(args.cors_origins), metrics=args.metrics,
+                    slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
+                )  # fmt: skip
+                listening.ready(create_app(llm, config))
+                hosts = [h for h in args.host.split(",") if not _loopback(h)]
+                if hosts and not keys:
+                    print(f"warning: listening on {','.join(hosts)} without --api-key: anyone who "
+                          "can reach it can use the model", file=sys.stderr)  # fmt: skip
+                where = ", ".join(_url(s) for s in sockets)
+                print(f"serving {llm.model_name} on {where} (-np {args.parallel}, context "
+                      f"{llama.n_ctx})", file=sys.stderr)  # fmt: skip
+                listening.wait()
+            finally:
+                listening.stop()  # no request left on the model before it goes
+                llm.close()
+                llama.close()
+    finally:
+        for sock in sockets:
+            sock.close()
     return 0
 
 
-def _read(path: str) -> str:
+class _Listening:
+    """uvicorn on the bound sockets from the start, on a thread of its own, answering
+    every request 503 "Loading model" until :meth:`ready` (llama-server's loading
+    state); the main thread keeps the signals: Ctrl-C or SIGTERM stops the server as
+    uvicorn's own handlers do, a second Ctrl-C ends it at once."""
+
+    def __init__(self, sockets: list[socket.socket]) -> None:
+        import uvicorn
+
+        from .http.loading import Switch
+
+        self.switch = Switch()
+        config = uvicorn.Config(self.switch, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": sockets}, name="uvicorn", daemon=True
+        )
+
+    def __enter__(self) -> _Listening:
+        self.thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.stop(force=kind is KeyboardInterrupt)
+
+    def ready(self, app: Any) -> None:
+        self.switch.app = app
+
+    def wait(self) -> None:
+        """Until the server stops (Ctrl-C, SIGTERM)."""
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, self._exit) if main else None
+        try:
+            while self.thread.is_alive():
+                self.thread.join(0.5)
+        except KeyboardInterrupt:
+            self.server.should_exit = True
+            self.thread.join()  # a second Ctrl-C lands here: the command's one line
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    def stop(self, force: bool = False) -> None:
+        self.server.should_exit = True
+        self.server.force_exit = self.server.force_exit or force
+        self.thread.join(5 if force else 30)
+
+    def _exit(self, signum: int, frame: Any) -> None:
+        self.server.should_exit = True
+
+
+def bind(hosts: str, port: int) -> list[socket.socket]:
+    """Listening sockets on each of ``hosts`` (commas between them) at ``port``, or a
+    RunError naming the address that cannot be had."""
+    sockets: list[socket.socket] = []
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise RunError(f"cannot read the chat template {path}: {e}") from None
+        for host in [h.strip() for h in hosts.split(",") if h.strip()]:
+            sockets.append(_bind_one(host, port))
+    except BaseException:
+        for s in sockets:
+            s.close()
+        raise
+    if not sockets:
+        raise RunError("--host names no address")
+    return sockets
+
+
+def _bind_one(host: str, port: int) -> socket.socket:
+    name = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise RunError(f"--host {host}: not an address this machine knows ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        hint = " (another server holds it: stop it, or pick another --port)"
+        raise RunError(
+            f"cannot listen on {host}:{port}: {e.strerror}"
+            + (hint if e.errno == errno.EADDRINUSE else "")
+        ) from None
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _origins(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [o.strip() for o in text.split(",") if o.strip()]
 
 
 def _loopback(host: str) -> bool:

@@ -32,16 +32,16 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        #: the stop string that ended the text (llama-server's ``stopping_word``)
+        self.matched: str | None = None
 
     def feed(self, piece: str) -> StopResult:
         if self.stopped:
             return StopResult("", True)
         text = self._held + piece
-        first = min(
-            (i for i in (text.find(s) for s in self.stops) if i >= 0),
-            default=-1,
-        )
-        if first >= 0:
+        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if found:
+            first, self.matched = min(found, key=lambda f: f[0])
             self._held = ""
             self.stopped = True
             return StopResult(text[:first], True)

@@ -1,0 +1,43 @@
+"""The FastAPI app: the routers, the error handlers and the middleware, in the order a
+request meets them: CORS (a preflight is answered before any key is asked for), then
+the key, the body limit and the counters, then the route."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from ..api import LLM
+from .config import ServerConfig
+from .cors import Cors
+from .errors import install_error_handlers
+from .guard import Guard
+from .native_routes import router as native
+from .openai_routes import both, v1_only
+from .service import Service
+
+__all__ = ["create_app"]
+
+
+def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
+    """The FastAPI app serving ``llm`` under ``config``'s limits."""
+    cfg = config or ServerConfig()
+    app = FastAPI(title="tensorplug", docs_url=None, redoc_url=None, openapi_url=None)
+    svc = Service(llm, cfg)
+    app.state.service = svc
+    app.state.llm = llm
+    app.state.metrics = svc.metrics
+    install_error_handlers(app)
+    routes: set[str] = set()  # the paths metrics name (any other is counted as "other")
+    for router, prefix in ((native, ""), (both, ""), (both, "/v1"), (v1_only, "/v1")):
+        app.include_router(router, prefix=prefix)
+        routes |= {
+            prefix + path
+            for r in router.routes
+            if isinstance(path := getattr(r, "path", None), str)
+        }
+    app.add_middleware(
+        Guard, api_keys=cfg.api_keys, metrics=svc.metrics, max_body_bytes=cfg.max_body_bytes,
+        routes=routes,
+    )  # fmt: skip
+    app.add_middleware(Cors, origins=cfg.cors_origins)
+    return app

@@ -1,0 +1,67 @@
+"""The server's settings: limits, keys, CORS, which of llama-server's optional routes
+are on, and the defaults a request that leaves a field out gets (``-n``, ``--temp``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tensorplug.errors import RunError
+
+__all__ = ["ServerConfig"]
+
+
+class ServerConfig:
+    """``api_key``: one key or several (llama-server's ``--api-key a,b`` and
+    ``--api-key-file``), None for an open server. ``max_queue``: requests admitted
+    beyond the generator's ``n_parallel`` slots (waiting for one); ``request_timeout``:
+    seconds a request may run; ``retry_after``: the seconds a 503 tells a client to
+    wait; ``max_body_bytes``: the largest request body read (a 413 past it: a 50 MB
+    prompt once held a tiny model's server for minutes and 0.9 GB while it was parsed
+    and tokenized).
+
+    ``cors_origins``: the origins a browser page may call from (None: every origin,
+    reflected back with credentials allowed, as llama-server's default); ``metrics``:
+    serve ``/metrics`` (llama-server's ``--metrics``); ``slots``: serve ``/slots``
+    (``--no-slots`` turns it off); ``props_writable``: accept ``POST /props``
+    (``--props``); ``slot_save_path``: the folder of ``/slots/{id}?action=save``;
+    ``defaults``: request fields' values where a request leaves them out
+    (``n_predict``, ``temperature``...)."""
+
+    def __init__(
+        self,
+        api_key: str | Sequence[str] | None = None,
+        max_queue: int = 64,
+        request_timeout: float = 600.0,
+        retry_after: int = 1,
+        max_body_bytes: int = 16 * 2**20,
+        *,
+        cors_origins: Sequence[str] | None = None,
+        metrics: bool = False,
+        slots: bool = True,
+        props_writable: bool = False,
+        slot_save_path: Path | None = None,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> None:
+        if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1:
+            raise RunError("max_queue must be >= 0, request_timeout > 0 and max_body_bytes >= 1")
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+        if any(not k for k in keys):
+            raise RunError("an API key is empty: give a non-empty key (or none for an open server)")
+        self.api_keys: tuple[str, ...] = tuple(keys)
+        self.max_queue = max_queue
+        self.request_timeout = request_timeout
+        self.retry_after = retry_after
+        self.max_body_bytes = max_body_bytes
+        self.cors_origins = tuple(cors_origins) if cors_origins is not None else None
+        self.metrics = metrics
+        self.slots = slots
+        self.props_writable = props_writable
+        self.slot_save_path = slot_save_path
+        self.defaults: dict[str, Any] = dict(defaults or {})
+
+    @property
+    def api_key(self) -> str | None:
+        """The first key (None for an open server)."""
+        return self.api_keys[0] if self.api_keys else None

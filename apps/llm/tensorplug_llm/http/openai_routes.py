@@ -1,0 +1,117 @@
+"""OpenAI's routes. ``/chat/completions`` and ``/models`` answer with and without
+``/v1``; ``/v1/completions`` and ``/v1/embeddings`` only under it, since llama-server's
+``/completions`` and ``/embeddings`` are its own native routes (:mod:`native_routes`)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..api import Stream
+from ..openai_schema import CONSTRAINT_PARAMS, ChatRequest, CompletionRequest, EmbeddingRequest
+from .model_info import model_list
+from .relay import Canceller
+from .service import ServiceDep
+
+__all__ = ["both", "v1_only"]
+
+#: routes served with and without /v1
+both = APIRouter()
+#: routes served under /v1 only
+v1_only = APIRouter()
+
+
+@both.get("/models")
+async def models(svc: ServiceDep) -> dict[str, Any]:
+    return model_list(svc.llm)
+
+
+@v1_only.post("/completions")
+async def completions(body: CompletionRequest, request: Request, svc: ServiceDep) -> Response:
+    kwargs = body.sampling()
+    kwargs["stream"] = True  # the server streams internally; non-stream gathers
+    given = body.model_fields_set
+    kwargs["temperature"] = svc.default("temperature", body.temperature, "temperature" in given)
+    kwargs["seed"] = svc.default("seed", body.seed, "seed" in given)
+    max_tokens = svc.default("n_predict", body.max_tokens, "max_tokens" in given)
+    llm = svc.llm
+    return await svc.answer(
+        request,
+        body.stream,
+        lambda: llm.create_completion(
+            body.prompt,
+            max_tokens=_budget(max_tokens),
+            logprobs=body.logprobs,
+            echo=body.echo,
+            **kwargs,
+        ),
+        rename=CONSTRAINT_PARAMS,
+    )
+
+
+@both.post("/chat/completions")
+async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response:
+    kwargs = body.sampling()
+    kwargs["stream"] = True
+    given = body.model_fields_set
+    kwargs["temperature"] = svc.default("temperature", body.temperature, "temperature" in given)
+    kwargs["seed"] = svc.default("seed", body.seed, "seed" in given)
+    asked = body.max_completion_tokens or body.max_tokens
+    max_tokens = asked if asked is not None else svc.config.defaults.get("n_predict")
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    llm = svc.llm
+    return await svc.answer(
+        request,
+        body.stream,
+        lambda: _role_first(
+            llm.create_chat_completion(
+                messages,
+                tools=body.tools,
+                tool_choice=body.tool_choice,
+                parallel_tool_calls=body.parallel_tool_calls,
+                max_tokens=_budget(max_tokens),
+                logprobs=body.logprobs,
+                top_logprobs=body.top_logprobs,
+                **kwargs,
+            )
+        ),
+        rename=CONSTRAINT_PARAMS,
+    )
+
+
+def _role_first(result: dict[str, Any] | Stream) -> dict[str, Any] | Stream:
+    """A chat stream whose first delta of each choice, the role, has ``content`` null,
+    as llama-server sends it (clients test for it)."""
+    if isinstance(result, dict):
+        return result
+    stream = result
+
+    def chunks() -> Iterator[dict[str, Any]]:
+        for chunk in stream:
+            for choice in chunk["choices"]:
+                delta = choice["delta"]
+                if delta.get("role") == "assistant" and delta.get("content") == "":
+                    choice["delta"] = {**delta, "content": None}
+            yield chunk
+
+    return Stream(chunks(), Canceller(stream))
+
+
+@v1_only.post("/embeddings")
+async def embeddings(body: EmbeddingRequest, svc: ServiceDep) -> Response:
+    result = await svc.call(lambda: svc.llm.create_embedding(body.input))
+    if body.encoding_format == "base64":
+        for item in result["data"]:
+            raw = np.asarray(item["embedding"], dtype="<f4").tobytes()
+            item["embedding"] = base64.b64encode(raw).decode()
+    return JSONResponse(result)
+
+
+def _budget(n: int | None) -> int | None:
+    """A token budget: llama-server's -1 (or any negative) is no limit."""
+    return None if n is None or n < 0 else n

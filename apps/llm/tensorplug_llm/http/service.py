@@ -1,0 +1,146 @@
+"""What every route shares: the model, the settings, admission to the bounded queue,
+and answering a generation as one JSON body or as server-sent events.
+
+At most ``n_parallel + max_queue`` requests are admitted; the next gets 503 with
+``Retry-After`` (clients back off instead of piling up)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..api import LLM, InvalidRequestError, Stream
+from .config import ServerConfig
+from .errors import ApiError, refused
+from .merge import merge_chunks
+from .metrics import Metrics
+from .relay import EventStream, Relay, in_thread
+
+__all__ = ["Service", "ServiceDep", "service"]
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class Service:
+    def __init__(self, llm: LLM, config: ServerConfig) -> None:
+        self.llm, self.config = llm, config
+        self.in_flight = 0
+        self.metrics = Metrics(llm, lambda: self.in_flight)
+
+    def admit(self) -> Callable[[], None]:
+        """A place in the queue, or 503; returns its release (idempotent)."""
+        limit = self.llm.stats().n_parallel + self.config.max_queue
+        if self.in_flight >= limit:
+            self.metrics.rejected.inc()
+            retry = self.config.retry_after
+            raise ApiError(
+                503,
+                f"the server is busy ({self.in_flight} requests admitted, at most {limit}); "
+                f"retry after {retry} s",
+                "server_overloaded",
+                headers={"Retry-After": str(retry)},
+            )
+        self.in_flight += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.in_flight -= 1
+
+        return release
+
+    async def call(self, fn: Callable[[], Any], rename: dict[str, str] | None = None) -> Any:
+        """``fn()`` on a thread, admitted to the queue like a generation."""
+        release = self.admit()
+        try:
+            return await in_thread(fn)
+        except InvalidRequestError as e:
+            raise refused(e, rename) from None
+        finally:
+            release()
+
+    def default(self, name: str, given: Any, is_set: bool) -> Any:
+        """A request field's value: ``given`` if the request set it, else the server's
+        default for ``name`` (``n_predict``: ``-n``, ``temperature``: ``--temp``...), else
+        ``given`` (the field's own default)."""
+        return given if is_set else self.config.defaults.get(name, given)
+
+    async def answer(
+        self,
+        request: Request,
+        stream: bool,
+        start: Callable[[], dict[str, Any] | Stream],
+        *,
+        merge: Callable[[list[dict[str, Any]]], Any] = merge_chunks,
+        done: bytes | None = b"data: [DONE]\n\n",
+        rename: dict[str, str] | None = None,
+    ) -> Response:
+        """Run ``start`` (it submits the request and returns a :class:`Stream`) and
+        answer with server-sent events ending with ``done``, or with ``stream`` false
+        the chunks joined by ``merge``. ``rename``: the API's field names in errors
+        mapped to the route's."""
+        release = self.admit()
+        try:
+            result = await in_thread(start)
+        except InvalidRequestError as e:
+            release()
+            raise refused(e, rename) from None
+        except BaseException:
+            release()
+            raise
+        if isinstance(result, dict):
+            release()
+            return JSONResponse(result)
+        relay = Relay(result, time.monotonic() + self.config.request_timeout)
+        finished = False
+
+        def finish() -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            release()
+            prompt_s, predicted_s = relay.seconds()
+            self.metrics.timings.add(prompt_s, predicted_s, _n_tokens(relay.last))
+
+        if not stream:
+            try:
+                return JSONResponse(merge(await relay.gather(request)))
+            finally:
+                finish()
+
+        def close() -> None:
+            result.cancel()
+            finish()
+
+        return EventStream(
+            relay.events(request, finish, done),
+            on_close=close,
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+
+
+def _n_tokens(chunk: dict[str, Any] | None) -> int:
+    """The sequence's length (prompt and generated tokens) that its last chunk reports."""
+    if not chunk:
+        return 0
+    usage = chunk.get("usage") or {}
+    if "total_tokens" in usage:
+        return int(usage["total_tokens"])
+    return int(chunk.get("tokens_evaluated", 0)) + int(chunk.get("tokens_predicted", 0))
+
+
+def service(request: Request) -> Service:
+    """The app's :class:`Service` (a FastAPI dependency)."""
+    found: Service = request.app.state.service
+    return found
+
+
+ServiceDep = Annotated[Service, Depends(service)]

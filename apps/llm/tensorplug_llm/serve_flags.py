@@ -1,0 +1,239 @@
+"""llama-server's command-line flags on ``tensorplug serve``: the ones that map onto
+what tensorplug has, with the same meaning, and a refusal naming each common one it
+does not (a flag silently ignored would leave a user believing it took effect).
+
+Kept apart from :mod:`serve_cli` (which runs the server) so the table of what is and
+is not supported reads in one place."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tensorplug.cli import count_argument
+from tensorplug.errors import RunError
+
+__all__ = ["add_llama_server_flags", "api_keys", "chat_template", "request_defaults"]
+
+#: llama-server flags tensorplug does not have, with why (each refused by name)
+UNSUPPORTED = {
+    ("--lora", "--lora-scaled"): "LoRA adapters are not supported",
+    ("--mmproj", "-mm", "--mmproj-url"): "multimodal projectors are not supported (text only)",
+    ("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"): (
+        "downloading models is not supported: download the .gguf and pass its path"
+    ),
+    ("-md", "--model-draft", "--spec-type", "--draft-max", "--draft-min"): (
+        "speculative decoding is not supported"
+    ),
+    ("--reranking", "--rerank"): "reranking is not supported",
+    ("--cache-reuse",): "KV shifting for cache reuse is not supported (prefixes are reused)",
+    ("--context-shift",): "context shifting is not supported by the server",
+    ("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale"): (
+        "RoPE overrides are not supported (the file's values are used)"
+    ),
+    ("--mlock", "--numa", "--override-kv", "--override-tensor", "-ot"): (
+        "this loading option is not supported"
+    ),
+    ("--grammar", "--grammar-file", "-j", "--json-schema"): (
+        "a server-wide grammar is not supported: send grammar or json_schema per request"
+    ),
+    ("--no-jinja",): "chat templates are always Jinja here",
+    ("--slot-save-path",): (
+        "saving slots is not supported: the slots share one KV cache and a prompt's prefix "
+        "is found in any slot, so there is no per-slot state to save"
+    ),
+    ("--no-webui", "--path", "--api-prefix", "--ssl-key-file", "--ssl-cert-file"): (
+        "this HTTP option is not supported"
+    ),
+}
+
+POOLINGS = ("none", "mean", "cls", "last")
+
+
+class _Refuse(argparse.Action):
+    """A flag refused as a usage error naming it, its optional value swallowed."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, reason: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kw)
+        self.reason = reason
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(f"{option_string}: {self.reason}")
+
+
+def _cache_type(text: str) -> str:
+    if text not in ("f16", "f32"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the KV cache holds f16 or f32 (no quantized cache)"
+        )
+    return text
+
+
+def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
+    """The flags ``serve`` takes besides ``run``'s model options (which already give
+    ``-c``, ``-b``, ``-t``, ``-ngl``, ``-sm``, ``-ts``, ``--device``)."""
+    p.add_argument(
+        "-m",
+        "--model",
+        dest="model_flag",
+        metavar="FNAME",
+        help="the GGUF model file (as the positional MODEL.gguf)",
+    )
+    p.add_argument(
+        "-ub",
+        "--ubatch-size",
+        type=count_argument("a batch size"),
+        metavar="N",
+        help="prompt tokens evaluated in one step (llama-server's physical batch; "
+        "overrides -b, which is the same chunk here)",
+    )
+    p.add_argument(
+        "-fa",
+        "--flash-attn",
+        nargs="?",
+        const="on",
+        choices=["on", "off", "auto"],
+        help="accepted for llama-server's command lines: each backend runs its own "
+        "attention kernel",
+    )
+    p.add_argument(
+        "-ctk",
+        "--cache-type-k",
+        type=_cache_type,
+        metavar="TYPE",
+        help="KV cache type of K (f16 or f32; as --cache-type)",
+    )
+    p.add_argument(
+        "-ctv",
+        "--cache-type-v",
+        type=_cache_type,
+        metavar="TYPE",
+        help="KV cache type of V (the same as K's: one type for both)",
+    )
+    p.add_argument(
+        "--jinja",
+        action="store_true",
+        help="accepted for llama-server's command lines: templates are always Jinja",
+    )
+    p.add_argument(
+        "--chat-template-file",
+        metavar="FILE",
+        help="a Jinja chat template file to use instead of the model file's",
+    )
+    p.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        help="how embeddings are pooled (default: the file's pooling_type, else "
+        "mean); 'none' gives a row per token on /embeddings",
+    )
+    p.add_argument(
+        "--metrics",
+        action="store_true",
+        help="serve Prometheus metrics at /metrics (llamacpp:* names)",
+    )
+    p.add_argument(
+        "--slots",
+        dest="slots",
+        action="store_true",
+        default=True,
+        help="serve the slots' state at /slots (the default)",
+    )
+    p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve /slots")
+    p.add_argument("--props", action="store_true", help="accept POST /props")
+    p.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="a file of API keys, one a line (with or without --api-key)",
+    )
+    p.add_argument(
+        "--cors-origins",
+        metavar="ORIGIN[,ORIGIN...]",
+        help="origins a browser page may call from: https://app.example or a bare "
+        "host (localhost: any port); default: every origin, as llama-server's",
+    )
+    p.add_argument(
+        "-n",
+        "--n-predict",
+        type=int,
+        metavar="N",
+        help="tokens a request generates at most where it does not say "
+        "(default -1: until the end of the reply or the context)",
+    )
+    p.add_argument(
+        "--temp",
+        "--temperature",
+        dest="temp",
+        type=float,
+        metavar="T",
+        help="temperature where a request does not say (0.8)",
+    )
+    p.add_argument("--top-k", type=int, metavar="N", help="top-k where a request does not say (40)")
+    p.add_argument(
+        "--top-p", type=float, metavar="P", help="top-p where a request does not say (0.95)"
+    )
+    p.add_argument(
+        "--min-p", type=float, metavar="P", help="min-p where a request does not say (0.05)"
+    )
+    for flags, reason in UNSUPPORTED.items():
+        p.add_argument(*flags, action=_Refuse, reason=reason, dest="unsupported")
+
+
+def request_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """What a request gets for a field it leaves out, from ``-n``, ``--temp``... and
+    ``--seed`` when it was given (llama-server's ``--seed``: sampling's)."""
+    given = {
+        "n_predict": args.n_predict,
+        "temperature": args.temp,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "seed": args.request_seed,
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def api_keys(args: argparse.Namespace) -> list[str]:
+    """``--api-key`` (several with commas, as llama-server's) and ``--api-key-file``'s
+    lines."""
+    keys = [k.strip() for k in (args.api_key or "").split(",") if k.strip()]
+    if args.api_key_file:
+        try:
+            text = Path(args.api_key_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise RunError(f"cannot read --api-key-file {args.api_key_file}: {e}") from None
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if not lines:
+            raise RunError(f"--api-key-file {args.api_key_file} holds no key (one a line)")
+        keys += lines
+    return keys
+
+
+def chat_template(args: argparse.Namespace) -> str | None:
+    """The template ``--chat-template`` (Jinja text, as llama-server's; or a file, as
+    tensorplug's earlier option) or ``--chat-template-file`` gives, None for the file's."""
+    value, file = args.chat_template, args.chat_template_file
+    if value is not None and file is not None:
+        raise RunError("give --chat-template or --chat-template-file, not both")
+    if value is not None and ("{%" in value or "{{" in value):
+        return str(value)
+    path = file or value
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        if file is None:
+            raise RunError(
+                f"--chat-template {value}: neither Jinja text nor a readable file ({e}); "
+                "tensorplug has no built-in templates by name: give the template's text, or "
+                "--chat-template-file FILE"
+            ) from None
+        raise RunError(f"cannot read the chat template {path}: {e}") from None

@@ -1,0 +1,206 @@
+"""``tensorplug serve``'s command line as llama-server's: its flags mean the same, the
+ones tensorplug lacks are refused by name, and a mistake (a busy port, a missing file)
+is one line at once, before a model loads."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tensorplug.cli import main
+from tensorplug.errors import RunError
+from tensorplug_llm import run_cli
+from tensorplug_llm.serve_cli import _resolve, add_arguments, bind
+from tensorplug_llm.serve_flags import api_keys, chat_template, request_defaults
+
+
+def _no_loading(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the model was loaded")
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_cli, "load_model", _no_loading)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--tiny", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"tensorplug serve: error: cannot listen on 127.0.0.1:{port}" in err
+    assert "pick another --port" in err
+
+
+def test_a_missing_model_file_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_cli, "load_model", _no_loading)
+    assert main(["serve", "nosuch.gguf"]) == 1
+    err = capsys.readouterr().err
+    assert err == "tensorplug serve: error: nosuch.gguf: no such model file (a .gguf path)\n"
+
+
+def test_health_is_503_loading_until_the_model_is_ready(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server listens from the start and says it is loading (llama-server's
+    ``/health`` states); a load that fails then stops it, in one line."""
+    loading = threading.Event()
+
+    def slow_load(*args: Any, **kwargs: Any) -> Any:
+        loading.wait(60)
+        raise RunError("the file is not a model")
+
+    monkeypatch.setattr(run_cli, "load_model", slow_load)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    done: list[int] = []
+    thread = threading.Thread(
+        target=lambda: done.append(main(["serve", "--tiny", "--port", str(port)]))
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, "the server did not answer while loading"
+            with contextlib.suppress(httpx.HTTPError):
+                r = httpx.get(f"http://127.0.0.1:{port}/health")
+                break
+            time.sleep(0.05)
+        assert r.status_code == 503
+        assert r.json()["error"] == {"message": "Loading model", "type": "unavailable_error",
+                                     "param": None, "code": None}  # fmt: skip
+    finally:
+        loading.set()
+        thread.join(60)
+    assert done == [1]
+    assert capsys.readouterr().err.endswith("tensorplug serve: error: the file is not a model\n")
+    with socket.socket() as again:  # the port is free again
+        again.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(
+    ("flag", "why"),
+    [(["--lora", "a.gguf"], "LoRA adapters"), (["-hf", "org/repo"], "downloading models"),
+     (["--slot-save-path", "/tmp"], "saving slots"), (["--no-jinja"], "always Jinja"),
+     (["-ctk", "q8_0"], "f16 or f32")],
+)  # fmt: skip
+def test_a_llama_server_flag_tensorplug_lacks_is_refused_by_name(
+    flag: list[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--tiny", *flag])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"tensorplug serve: error: argument {flag[0]}") or flag[0] in err
+    assert why in err
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(argv)
+    _resolve(args)
+    return args
+
+
+def test_llama_servers_common_flags_mean_the_same(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    args = _parse(["-m", str(model), "-c", "512", "-np", "3", "-b", "64", "-ub", "32", "-t", "2",
+                   "-ngl", "0", "--host", "0.0.0.0", "--port", "9000", "-a", "gpt", "--jinja",
+                   "-fa", "on", "-ctk", "f32", "-ctv", "f32", "--embeddings", "--pooling",
+                   "cls", "--metrics", "--no-slots", "-n", "16", "--temp", "0.5", "--seed",
+                   "7", "--timeout", "30"])  # fmt: skip
+    assert args.model == str(model)
+    assert (args.ctx_size, args.parallel, args.batch_size, args.threads) == (512, 3, 32, 2)
+    assert (args.n_gpu_layers, args.host, args.port, args.alias) == (0, "0.0.0.0", 9000, "gpt")
+    assert (args.cache_type, args.pooling, args.metrics, args.slots) == ("f32", "cls", True, False)
+    assert args.timeout == 30
+    assert request_defaults(args) == {"n_predict": 16, "temperature": 0.5, "seed": 7}
+    plain = _parse([str(model)])
+    assert request_defaults(plain) == {} and plain.seed == 0 and plain.slots
+    with pytest.raises(Exception, match="one type for both"):
+        _parse([str(model), "-ctk", "f16", "-ctv", "f32"])
+
+
+def test_keys_come_from_the_flag_and_the_file(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("k3\n\n  k4  \n")
+    args = argparse.Namespace(api_key="k1,k2", api_key_file=str(keys))
+    assert api_keys(args) == ["k1", "k2", "k3", "k4"]
+    keys.write_text("\n")
+    with pytest.raises(Exception, match="holds no key"):
+        api_keys(args)
+
+
+def test_a_chat_template_is_jinja_text_or_a_file(tmp_path: Path) -> None:
+    text = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    file = tmp_path / "t.jinja"
+    file.write_text(text)
+    for value, path in ((text, None), (str(file), None), (None, str(file))):
+        assert chat_template(argparse.Namespace(chat_template=value,
+                                                chat_template_file=path)) == text  # fmt: skip
+    with pytest.raises(Exception, match="no built-in templates"):
+        chat_template(argparse.Namespace(chat_template="chatml", chat_template_file=None))
+
+
+def test_several_hosts_are_all_bound() -> None:
+    sockets = bind("127.0.0.1,127.0.0.1", 0)
+    try:
+        assert len(sockets) == 2
+        assert len({s.getsockname()[1] for s in sockets}) == 2
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    keys = tmp_path / "keys"
+    keys.write_text("sekrit\n")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tensorplug", "serve", "--tiny", "-c", "128", "--port",
+         str(port), "--api-key-file", str(keys), "--metrics", "-n", "3", "-a", "tiny"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert child.poll() is None, child.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not answer"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield port
+    finally:
+        child.terminate()
+        child.communicate(timeout=60)
+
+
+def test_serve_wires_the_flags_to_the_server(served: int) -> None:
+    url = f"http://127.0.0.1:{served}"
+    assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["tiny"]
+    assert httpx.get(url + "/metrics").status_code == 401
+    key = {"x-api-key": "sekrit"}
+    assert "llamacpp:prompt_tokens_total" in httpx.get(url + "/metrics", headers=key).text
+    got = httpx.post(url + "/completion", json={"prompt": "the of"}, headers=key).json()
+    assert got["tokens_predicted"] == 3  # -n 3
