@@ -245,7 +245,8 @@ class _Listening:
     """uvicorn on the bound sockets from the start, on a thread of its own, answering
     every request 503 "Loading model" until :meth:`ready` (llama-server's loading
     state); the main thread keeps the signals: Ctrl-C or SIGTERM stops the server as
-    uvicorn's own handlers do, a second Ctrl-C ends it at once."""
+    uvicorn's own handlers do, a second Ctrl-C forces the stop (open connections are
+    not waited for)."""
 
     def __init__(self, sockets: list[socket.socket]) -> None:
         import uvicorn
@@ -278,7 +279,10 @@ class _Listening:
                 self.thread.join(0.5)
         except KeyboardInterrupt:
             self.server.should_exit = True
-            self.thread.join()  # a second Ctrl-C lands here: the command's one line
+            if main:  # a second Ctrl-C, at any moment until the process ends, forces the
+                # stop rather than interrupting the shutdown (or the interpreter's exit)
+                signal.signal(signal.SIGINT, self._force)
+            self.thread.join()
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -290,6 +294,9 @@ class _Listening:
 
     def _exit(self, signum: int, frame: Any) -> None:
         self.server.should_exit = True
+
+    def _force(self, signum: int, frame: Any) -> None:
+        self.server.should_exit = self.server.force_exit = True
 
 
 def bind(hosts: str, port: int) -> list[socket.socket]:
