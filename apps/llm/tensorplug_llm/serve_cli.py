@@ -274,6 +274,13 @@ class _Listening:
         """Until the server stops (Ctrl-C, SIGTERM)."""
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, self._exit) if main else None
+        if main:
+            # Python's Ctrl-C handler again: a driver that made a context while the
+            # model loaded (PoCL) may have put its own in place, one that resets itself
+            # to the default after a first Ctrl-C, so that a second killed the process
+            signal.signal(
+                signal.SIGINT, signal.getsignal(signal.SIGINT) or signal.default_int_handler
+            )
         try:
             while self.thread.is_alive():
                 self.thread.join(0.5)
