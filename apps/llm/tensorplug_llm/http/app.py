@@ -14,6 +14,7 @@ from .guard import Guard
 from .native_routes import router as native
 from .openai_routes import both, v1_only
 from .service import Service
+from .web_page import add_web_page
 
 __all__ = ["create_app"]
 
@@ -35,6 +36,7 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
             for r in router.routes
             if isinstance(path := getattr(r, "path", None), str)
         }
+    add_web_page(app)
     app.add_middleware(
         Guard, api_keys=cfg.api_keys, metrics=svc.metrics, max_body_bytes=cfg.max_body_bytes,
         routes=routes,

@@ -5,7 +5,7 @@ for ever (its request never released its place in the queue).
 
 The key is read from ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's
 header, which llama-server takes too); the routes llama-server leaves public (health,
-the model list, the page at ``/``) need none."""
+the model list, the page at ``/`` and its files) need none."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_response
 from .metrics import Metrics
+from .web_page import ASSETS
 
 __all__ = ["PUBLIC_ROUTES", "Guard", "given_key"]
 
@@ -62,7 +63,8 @@ class Guard:
         path = scope["path"]
         route = path if path in self.routes else "other"
         headers = Headers(scope=scope)
-        if self.keys and path not in PUBLIC_ROUTES and not self._key_ok(headers):
+        public = path in PUBLIC_ROUTES or path.startswith(ASSETS)
+        if self.keys and not public and not self._key_ok(headers):
             self.metrics.http.labels(route, "401").inc()
             response = error_response(
                 401,
