@@ -12,6 +12,7 @@ from .config import ServerConfig
 from .cors import Cors
 from .errors import install_error_handlers
 from .guard import Guard
+from .infill import router as infill
 from .native_routes import router as native
 from .openai_routes import both, v1_only
 from .service import Service
@@ -30,7 +31,8 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     install_error_handlers(app)
     routes: set[str] = set()  # the paths metrics name (any other is counted as "other")
     for router, prefix in (
-        (native, ""), (both, ""), (both, "/v1"), (v1_only, "/v1"), (anthropic, "/v1"),
+        (native, ""), (infill, ""), (both, ""), (both, "/v1"), (v1_only, "/v1"),
+        (anthropic, "/v1"),
     ):  # fmt: skip
         app.include_router(router, prefix=prefix)
         routes |= {
