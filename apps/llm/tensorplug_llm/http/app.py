@@ -15,6 +15,7 @@ from .guard import Guard
 from .infill import router as infill
 from .native_routes import router as native
 from .openai_routes import both, v1_only
+from .responses_routes import router as responses
 from .service import Service
 
 __all__ = ["create_app"]
@@ -32,7 +33,7 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     routes: set[str] = set()  # the paths metrics name (any other is counted as "other")
     for router, prefix in (
         (native, ""), (infill, ""), (both, ""), (both, "/v1"), (v1_only, "/v1"),
-        (anthropic, "/v1"),
+        (anthropic, "/v1"), (responses, ""), (responses, "/v1"),
     ):  # fmt: skip
         app.include_router(router, prefix=prefix)
         routes |= {
