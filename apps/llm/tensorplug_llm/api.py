@@ -350,11 +350,14 @@ class LLM:
         n: int = 1,
         *,
         prompt_ids: list[int] | None = None,
+        stop_sequence: bool = False,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``chat.completion`` (a dict), or with ``stream`` a :class:`Stream` of
         ``chat.completion.chunk`` dicts; ``n`` choices as for :meth:`create_completion`.
         ``prompt_ids``: the conversation already rendered (by a named chat format of
-        the Python API) instead of by the chat template.
+        the Python API) instead of by the chat template. ``stop_sequence``: a streamed
+        choice that a stop string ended carries it as ``stop_sequence`` in its finishing
+        chunk's choice (Anthropic's API reports it; OpenAI's has no such field).
 
         ``tools`` (OpenAI's function tools) are rendered by the model's template and the
         reply is read for calls in the template's syntax (:mod:`tool_calls`): they come
@@ -395,7 +398,7 @@ class LLM:
         ]
         meta = _meta("chatcmpl", "chat.completion", self.model_name)
         if stream:
-            chunks = self._chat_chunks(pieces, meta, logprobs, len(ids), parsers)
+            chunks = self._chat_chunks(pieces, meta, logprobs, len(ids), parsers, stop_sequence)
             return Stream(chunks, handles)
         choices, n_generated = [], 0
         for i, (choice, parser) in enumerate(zip(pieces, parsers, strict=True)):
@@ -559,6 +562,7 @@ class LLM:
         logprobs: bool,
         n_prompt: int,
         parsers: list[ToolCallParser | None],
+        stop_sequence: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """Chunks of a streamed chat reply, each choice's under its index: the role
         first, the last chunk carrying ``usage`` (the prompt counted once). With tools,
@@ -594,6 +598,8 @@ class LLM:
                 }  # fmt: skip
                 if last and last_piece:
                     chunk["usage"] = _usage(n_prompt, n)
+                if last and stop_sequence and piece.stop_word is not None:
+                    chunk["choices"][0]["stop_sequence"] = piece.stop_word
                 yield chunk
 
     def _chat_logprobs(self, events: list[TokenEvent]) -> list[dict[str, Any]]:

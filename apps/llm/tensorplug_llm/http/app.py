@@ -7,12 +7,15 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from ..api import LLM
+from .anthropic_routes import router as anthropic
 from .config import ServerConfig
 from .cors import Cors
 from .errors import install_error_handlers
 from .guard import Guard
+from .infill import router as infill
 from .native_routes import router as native
 from .openai_routes import both, v1_only
+from .responses_routes import router as responses
 from .service import Service
 from .web_page import add_web_page
 
@@ -29,7 +32,10 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     app.state.metrics = svc.metrics
     install_error_handlers(app)
     routes: set[str] = set()  # the paths metrics name (any other is counted as "other")
-    for router, prefix in ((native, ""), (both, ""), (both, "/v1"), (v1_only, "/v1")):
+    for router, prefix in (
+        (native, ""), (infill, ""), (both, ""), (both, "/v1"), (v1_only, "/v1"),
+        (anthropic, "/v1"), (responses, ""), (responses, "/v1"),
+    ):  # fmt: skip
         app.include_router(router, prefix=prefix)
         routes |= {
             prefix + path

@@ -22,9 +22,14 @@ from starlette.types import Receive, Scope, Send
 from ..api import InvalidRequestError, Stream
 from .errors import ApiError, error_body, refused
 
-__all__ = ["Canceller", "EventStream", "Relay", "in_thread"]
+__all__ = ["Canceller", "Encoder", "EventStream", "Relay", "data_event", "in_thread"]
 
 _DONE = object()
+
+#: how a stream's item (a chunk, or an error body ``{"error": ...}``) is written as a
+#: server-sent event: OpenAI's and llama-server's are ``data:`` lines, Anthropic's and the
+#: Responses API's carry an ``event:`` name too
+Encoder = Callable[[dict[str, Any]], bytes]
 
 
 async def in_thread(fn: Callable[[], Any]) -> Any:
@@ -135,29 +140,32 @@ class Relay:
         request: Request,
         release: Callable[[], None],
         done: bytes | None = b"data: [DONE]\n\n",
+        encode: Encoder | None = None,
     ) -> AsyncIterator[bytes]:
-        """Server-sent events, ending with ``done``; a client that disconnects cancels
+        """Server-sent events written by ``encode`` (``data:`` lines by default), ending
+        with ``done``; a client that disconnects cancels
         the request, as does the deadline. Sending to a client that went away fails,
         but a request still waiting for a slot sends nothing: the watcher notices the
         disconnect meanwhile."""
+        write = encode or data_event
         watcher = asyncio.create_task(_watch_disconnect(request, self.stream))
         try:
             while (item := await self._next()) is not _DONE:
-                yield _event(item)
+                yield write(item)
             if done is not None:
                 yield done
         except TimeoutError:
             self.stream.cancel()
-            yield _event(error_body("the request ran past the server's --timeout", "timeout"))
+            yield write(error_body("the request ran past the server's --timeout", "timeout"))
         except InvalidRequestError as e:
-            yield _event(refused(e).body())
+            yield write(refused(e).body())
         finally:
             watcher.cancel()
             self.stream.cancel()
             release()
 
 
-def _event(item: dict[str, Any]) -> bytes:
+def data_event(item: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(item)}\n\n".encode()
 
 

@@ -18,7 +18,7 @@ from .config import ServerConfig
 from .errors import ApiError, refused
 from .merge import merge_chunks
 from .metrics import Metrics
-from .relay import EventStream, Relay, in_thread
+from .relay import Encoder, EventStream, Relay, in_thread
 
 __all__ = ["Service", "ServiceDep", "service"]
 
@@ -80,11 +80,12 @@ class Service:
         merge: Callable[[list[dict[str, Any]]], Any] = merge_chunks,
         done: bytes | None = b"data: [DONE]\n\n",
         rename: dict[str, str] | None = None,
+        encode: Encoder | None = None,
     ) -> Response:
         """Run ``start`` (it submits the request and returns a :class:`Stream`) and
-        answer with server-sent events ending with ``done``, or with ``stream`` false
-        the chunks joined by ``merge``. ``rename``: the API's field names in errors
-        mapped to the route's."""
+        answer with server-sent events (written by ``encode``) ending with ``done``, or
+        with ``stream`` false the chunks joined by ``merge``. ``rename``: the API's field
+        names in errors mapped to the route's."""
         release = self.admit()
         try:
             result = await in_thread(start)
@@ -120,7 +121,7 @@ class Service:
             finish()
 
         return EventStream(
-            relay.events(request, finish, done),
+            relay.events(request, finish, done, encode),
             on_close=close,
             media_type="text/event-stream",
             headers=SSE_HEADERS,
