@@ -10,6 +10,7 @@ import pickle
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -234,6 +235,7 @@ def test_a_model_without_a_chat_template_asks_for_a_chat_format(llm: Llama) -> N
 def test_a_named_chat_format_chats_with_a_template_less_model(tiny_path: Path) -> None:
     chat = Llama(model_path=str(tiny_path), chat_format="chatml", n_ctx=256, verbose=False)
     r = chat.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4)
+    assert isinstance(r, dict)
     assert r["object"] == "chat.completion" and r["choices"][0]["message"]["role"] == "assistant"
     with pytest.raises(ValueError, match="Invalid chat handler"):
         Llama(model_path=str(tiny_path), chat_format="nope", verbose=False).create_chat_completion(
@@ -258,7 +260,7 @@ def test_embeddings_need_embedding_true(llm: Llama) -> None:
         llm.embed("x")
 
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",

@@ -102,9 +102,9 @@ class DirectGenerator:
             raise ValueError("n > 1 needs several sequences: the Python API runs one (n=1)")
         return [self.submit(jobs[0])]
 
-    def embed(self, texts: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    def embed(self, texts: Sequence[Sequence[int]], pooling: str | None = None) -> list[np.ndarray]:
         runner = self.session.runner
-        out = [np.asarray(runner.embed(list(t)), dtype=np.float32) for t in texts]
+        out = [np.asarray(runner.embed(list(t), pooling), dtype=np.float32) for t in texts]
         self.session.n_tokens = 0  # embedding cleared the cache
         self.session.last_logits = None
         return out
