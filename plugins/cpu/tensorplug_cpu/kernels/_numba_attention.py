@@ -84,6 +84,26 @@ def _value_impl(a, table, i, j, r, d):  # type: ignore[no-untyped-def]  # numba:
     return direct
 
 
+def _half(x: Any, table: Any) -> Any:
+    """float32 ``x`` rounded to f16 and back (compiled per CPU, see the overload)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(_half, inline="always")
+def _half_impl(x, table):  # type: ignore[no-untyped-def]  # numba: names only
+    if _ir.HAS_F16C:
+
+        def f16c(x, table):  # type: ignore[no-untyped-def]
+            return _ir.f16_rounded(x)
+
+        return f16c
+
+    def bits(x, table):  # type: ignore[no-untyped-def]
+        return table[_f32_to_f16_bits(x)]
+
+    return bits
+
+
 def _hidden(a: Any, i: int, j: int, r: int, d: int) -> bool:
     """Whether mask value ``a[i, j, r, d]`` is -inf (compiled per dtype, see the
     overload)."""
@@ -262,7 +282,7 @@ def _softmax_ggml(w: Any, m: int, block: Any, half: bool, table: Any) -> Any:
         w[c] = w[c] * inv
     if half:
         for c in range(m):
-            w[c] = table[_f32_to_f16_bits(w[c])]
+            w[c] = _half(w[c], table)
     return True
 
 
@@ -497,7 +517,7 @@ def _attend_heads(q: Any, keys: Any, values: Any, table: Any, lanes: int, out: A
             for d in range(qs.shape[1]):
                 value = q[b, hk * group + g0 + g, r, d]
                 if half:
-                    value = table[_f32_to_f16_bits(value)]
+                    value = _half(value, table)
                 qs[(hk - hk0) * n_g + g, d] = value
     _scores(keys, values, table, hk0, hk1, n_g, qs, cols, biases, m, sc, cap, w, narrow, half)
     if fetch:
