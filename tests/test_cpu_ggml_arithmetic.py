@@ -29,16 +29,18 @@ HEADS, KV_HEADS, DIM = 9, 3, 64
 def _attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
     threads: int = 2, jit: bool = True, order: np.ndarray | None = None,
-    batch_invariant: bool = False,
+    batch_invariant: bool = False, cache: str = "f32",
 ) -> np.ndarray:  # fmt: skip
-    """flash_attn_ext on the CPU backend: q (B, H, n_q, D), k/v (B, H_kv, n_kv, D) F32,
-    the cells summed in ``order`` when given; ``batch_invariant`` as the engine asks
-    (every row in one token's order, whatever the step's rows)."""
+    """flash_attn_ext on the CPU backend: q (B, H, n_q, D), k/v (B, H_kv, n_kv, D) of
+    type ``cache`` (rounded to it here), the cells summed in ``order`` when given;
+    ``batch_invariant`` as the engine asks (every row in one token's order, whatever
+    the step's rows)."""
     tq = tp.new_tensor("f32", q.shape, "q")
-    tk = tp.new_tensor("f32", k.shape, "k")
-    tv = tp.new_tensor("f32", v.shape, "v")
+    tk = tp.new_tensor(cache, k.shape, "k")
+    tv = tp.new_tensor(cache, v.shape, "v")
     tm = tp.new_tensor("f32", mask.shape, "mask")
-    inputs = {tq: q, tk: k, tv: v, tm: mask}
+    kv_type = tk.type.numpy_dtype
+    inputs = {tq: q, tk: k.astype(kv_type), tv: v.astype(kv_type), tm: mask}
     to = None
     if order is not None:
         to = tp.new_tensor("i32", order.shape, "order")
@@ -159,18 +161,27 @@ def _halve(lanes: np.ndarray) -> np.float32:
     return lanes[0]
 
 
-def _vec_dot(x: np.ndarray, y: np.ndarray) -> np.float32:
+def _vec_dot(x: np.ndarray, y: np.ndarray, width: int = 64, half: bool = False) -> np.float32:
     """``ggml_vec_dot_f32`` on AVX-512: 64 fused lanes per run of 64, halved, then the
-    leftover terms fused one by one."""
+    leftover terms fused one by one; ``half``: ``ggml_vec_dot_f16``, whose leftover
+    terms are float32 products added to a float64 sum. ``width`` 16: tinyBLAS's order
+    (16 fused lanes per run of 16, then ``_mm512_reduce_add_ps``)."""
     n = x.size
-    whole = n - n % 64
-    lanes = np.zeros(64, np.float32)
-    for i0 in range(0, whole, 64):
-        lanes = _fma(x[i0 : i0 + 64], y[i0 : i0 + 64], lanes)
+    whole = n - n % width
+    lanes = np.zeros(width, np.float32)
+    for i0 in range(0, whole, width):
+        lanes = _fma(x[i0 : i0 + width], y[i0 : i0 + width], lanes)
     s = np.array(_halve(lanes), np.float32)
+    if half:
+        return np.float32(float(s) + sum(float(np.float32(x[i] * y[i])) for i in range(whole, n)))
     for i in range(whole, n):
         s = _fma(x[i], y[i], s)
     return np.float32(s)
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to f16 (to nearest even), as float32."""
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
 
 
 def _ggml_expf(x: np.ndarray) -> np.ndarray:
@@ -192,20 +203,31 @@ def _ggml_expf(x: np.ndarray) -> np.ndarray:
 
 
 def _ggml_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,
-                    scale: float) -> np.ndarray:  # fmt: skip
+                    scale: float, half: bool = False, rows: int = 1) -> np.ndarray:  # fmt: skip
     """One query row ``q`` (D,) over the visible rows of ``k`` (n, D) and ``v`` (n, Dv), as
-    llama.cpp's ``mul_mat(k, q)``, ``soft_max_ext``, ``mul_mat(v, kq)`` (one token), the
-    visible rows in cache order packed to the front (as one sequence's cells are)."""
+    llama.cpp's ``mul_mat(k, q)``, ``soft_max_ext``, ``mul_mat(v, kq)`` in a step of
+    ``rows`` query rows, the visible rows in cache order packed to the front (as one
+    sequence's cells are). ``half``: an F16 cache (``k`` and ``v`` already rounded to
+    it), whose products ggml takes on f16 operands (``vec_dot_type``): the query and the
+    weights rounded to f16, ``ggml_vec_dot_f16`` for one row, tinyBLAS's 16 lanes for
+    two rows or more (K·Q, and weights·V as with a float32 cache)."""
     ks, vs = k[visible], v[visible]
     m = ks.shape[0]
-    s = np.array([_vec_dot(kj, q) for kj in ks], np.float32) * np.float32(scale)
+    if half:
+        q = _f16(q)
+    score_lanes = 16 if half and rows > 1 else 64
+    s = [_vec_dot(kj, q, score_lanes, half) for kj in ks]
+    s = np.array(s, np.float32) * np.float32(scale)
     e = _ggml_expf((s - s.max()).astype(np.float32))
     padded = np.concatenate([e, np.zeros(-m % 16, np.float32)])
     total = sum(float(_halve(blk)) for blk in padded.reshape(-1, 16))  # float64 sum
     p = (e * np.float32(1.0 / total)).astype(np.float32)
-    p = np.concatenate([p, np.zeros(-m % 64, np.float32)])
-    vp = np.concatenate([vs, np.zeros((-m % 64, vs.shape[1]), np.float32)])
-    return np.array([_vec_dot(vp[:, d], p) for d in range(vs.shape[1])], np.float32)
+    if half:
+        p = _f16(p)
+    lanes = 16 if rows > 1 else 64
+    p = np.concatenate([p, np.zeros(-m % lanes, np.float32)])
+    vp = np.concatenate([vs, np.zeros((-m % lanes, vs.shape[1]), np.float32)])
+    return np.array([_vec_dot(vp[:, d], p, lanes, half) for d in range(vs.shape[1])], np.float32)
 
 
 @pytest.mark.parametrize(("dim", "n_kv"), [(64, 150), (80, 70), (40, 9)])
@@ -227,6 +249,35 @@ def test_attention_follows_ggmls_order(dim: int, n_kv: int) -> None:
         visible = np.flatnonzero(mask[0, 0, r] == 0)
         for head in range(h):
             want = _ggml_attention(q[0, head, r], k[0, head // 2], v[0, head // 2], visible, 0.3)
+            np.testing.assert_array_equal(got[0, r, head], want, err_msg=f"row {r} head {head}")
+
+
+@pytest.mark.parametrize("ggml_order", [False, True], ids=["invariant", "ggml-order"])
+@pytest.mark.parametrize(("dim", "n_kv", "rows"), [(64, 150, 1), (64, 70, 3), (80, 40, 1)])
+def test_attention_over_an_f16_cache_follows_ggmls_order(
+    dim: int, n_kv: int, rows: int, ggml_order: bool
+) -> None:
+    """An F16 cache (both libraries' default) against the restatement: the query and the
+    weights rounded to f16 as ggml's products round them, ``ggml_vec_dot_f16``'s float64
+    leftover terms (head size 80), and in ggml's order a step of several rows in
+    tinyBLAS's order for K·Q and weights·V (batch-invariant: one token's, for any step).
+    Without the roundings a row was up to ~1e-3 off, and SmolLM2's logits differed from
+    llama.cpp's by up to 1.4 at the defaults."""
+    rng = np.random.default_rng(dim + n_kv + rows)
+    h, hk = 4, 2
+    q = rng.standard_normal((1, h, rows, dim)).astype(np.float32)
+    k = _f16(rng.standard_normal((1, hk, n_kv, dim)))
+    v = _f16(rng.standard_normal((1, hk, n_kv, dim)))
+    mask = np.zeros((1, 1, rows, n_kv), np.float32)
+    mask[0, 0, :, 3::5] = -np.inf  # cells of other sequences
+    mask[0, 0, rows - 1, n_kv // 2 :] = -np.inf  # a row that sees fewer
+    got = _attention(q, k, v, mask, 0.3, batch_invariant=not ggml_order, cache="f16")
+    step = rows if ggml_order else 1
+    for r in range(rows):
+        visible = np.flatnonzero(mask[0, 0, r] == 0)
+        for head in range(h):
+            want = _ggml_attention(q[0, head, r], k[0, head // 2], v[0, head // 2], visible,
+                                   0.3, half=True, rows=step)  # fmt: skip
             np.testing.assert_array_equal(got[0, r, head], want, err_msg=f"row {r} head {head}")
 
 

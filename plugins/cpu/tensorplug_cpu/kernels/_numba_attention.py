@@ -27,17 +27,21 @@ from . import _numba_ir as _ir
 from ._numba_attention_ir import (
     CELLS,
     MAX_HEADS,
+    NARROW_SCORE_LANES,
     SCORE_LANES,
     score_row,
+    score_row_narrow,
     scores16,
+    scores16_narrow,
     touch_cells,
     value_width,
     weighted_lanes,
 )
 from ._numba_cache import job_function, kernel
 from ._numba_pool import address, view4
+from ._numba_quant import _f32_to_f16_bits
 from ._numba_rows import expf, ggml_expf
-from .attention import DOT_LANES
+from .attention import DOT_LANES, HALF_PRODUCTS, LANES_MASK, NARROW_SCORES
 from .job_blocks import (
     ATTEND_FIELDS,
     ATTEND_K,
@@ -78,6 +82,26 @@ def _value_impl(a, table, i, j, r, d):  # type: ignore[no-untyped-def]  # numba:
         return a[i, j, r, d]
 
     return direct
+
+
+def _half(x: Any, table: Any) -> Any:
+    """float32 ``x`` rounded to f16 and back (compiled per CPU, see the overload)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(_half, inline="always")
+def _half_impl(x, table):  # type: ignore[no-untyped-def]  # numba: names only
+    if _ir.HAS_F16C:
+
+        def f16c(x, table):  # type: ignore[no-untyped-def]
+            return _ir.f16_rounded(x)
+
+        return f16c
+
+    def bits(x, table):  # type: ignore[no-untyped-def]
+        return table[_f32_to_f16_bits(x)]
+
+    return bits
 
 
 def _hidden(a: Any, i: int, j: int, r: int, d: int) -> bool:
@@ -220,14 +244,16 @@ def _halve(lanes: Any, n: int) -> Any:
 
 
 @njit(inline="always")
-def _softmax_ggml(w: Any, m: int, block: Any) -> Any:
+def _softmax_ggml(w: Any, m: int, block: Any, half: bool, table: Any) -> Any:
     """Turn the scores ``w[:m]`` into softmax weights in place and return their float64
     sum's float32 reciprocal's product form, as ``ggml_compute_forward_soft_max_f32``
     with ``ggml_vec_soft_max_f32``: ``e = ggml_v_expf(w − max)`` per 16 lanes, each run of
     16 summed by the 8-4-2-1 tree in float32 and added to a float64 total, then every
     ``e`` multiplied by ``float(1/total)``. Runs are counted in visible columns (the
-    hidden ones are 0 in ggml and add nothing). Returns False for a row with no
-    finite score (left as is for the caller to zero)."""
+    hidden ones are 0 in ggml and add nothing). With ``half`` each weight is then
+    rounded to f16 (read back through ``table``), as ggml converts them for the product
+    with an F16 V. Returns False for a row with no finite score (left as is for the
+    caller to zero)."""
     best = np.float32(-np.inf)
     for c in range(m):
         best = w[c] if w[c] > best else best
@@ -254,6 +280,9 @@ def _softmax_ggml(w: Any, m: int, block: Any) -> Any:
     inv = np.float32(1.0 / total)  # NaN for a NaN score: the row comes out NaN, as ggml's
     for c in range(m):
         w[c] = w[c] * inv
+    if half:
+        for c in range(m):
+            w[c] = _half(w[c], table)
     return True
 
 
@@ -345,21 +374,33 @@ _LANES_1, _LANES_2, _LANES_3, _LANES_4 = (weighted_lanes(h) for h in range(1, MA
 
 @njit
 def _scores(keys: Any, values: Any, table: Any, hk0: int, hk1: int, n_g: int, qs: Any,
-            cols: Any, biases: Any, m: int, sc: Any, cap: Any, w: Any) -> None:  # fmt: skip
+            cols: Any, biases: Any, m: int, sc: Any, cap: Any, w: Any, narrow: bool,
+            half: bool) -> None:  # fmt: skip
     """``w[x, c]`` for the query heads ``x = (hk − hk0)·n_g + g`` of KV heads
     ``[hk0, hk1)`` (their rows in ``qs``) and the ``m`` visible cells ``cols``: q·k
     (ggml's KQ product, ``ggml_vec_dot_f32``: :func:`scores16`, then the terms past the
-    last run of 64 fused on one by one), ·scale (its softmax's), soft-capped, + mask
-    (``biases``). Sixteen cells at a time for every KV head, so that ggml's cache
+    last run of 64 fused on one by one; with ``half``, ``ggml_vec_dot_f16``, whose terms
+    past the last run are float32 products added to a float64 sum; with ``narrow``,
+    tinyBLAS's 16 lanes, :func:`scores16_narrow`), ·scale (its softmax's), soft-capped,
+    + mask (``biases``). Sixteen cells at a time for every KV head, so that ggml's cache
     (each cell's heads side by side) is read as it lies, once."""
     n_d = qs.shape[1]
-    runs = n_d // SCORE_LANES
-    whole = runs * SCORE_LANES
+    width = NARROW_SCORE_LANES if narrow else SCORE_LANES
+    runs = n_d // width
+    whole = runs * width
     blocks = m - m % CELLS
     for c0 in range(0, blocks, CELLS):
         for hk in range(hk0, hk1):
             for g in range(n_g):
                 x = (hk - hk0) * n_g + g
+                if narrow:  # head sizes 64 and 256 as constants, as below
+                    if runs == 4:
+                        scores16_narrow(keys, hk, cols, c0, qs, x, 4, w)  # type: ignore[call-arg]  # numba
+                    elif runs == 16:
+                        scores16_narrow(keys, hk, cols, c0, qs, x, 16, w)  # type: ignore[call-arg]  # numba
+                    else:
+                        scores16_narrow(keys, hk, cols, c0, qs, x, runs, w)  # type: ignore[call-arg]  # numba
+                    continue
                 # the common head sizes (64, 128, 256) as constants: straight-line code that
                 # LLVM schedules across the sixteen cells (a loop of one run per cell took
                 # twice as long)
@@ -375,7 +416,10 @@ def _scores(keys: Any, values: Any, table: Any, hk0: int, hk1: int, n_g: int, qs
         for hk in range(hk0, hk1):
             for g in range(n_g):
                 x = (hk - hk0) * n_g + g
-                w[x, c] = score_row(keys, hk, cols[c], qs, x, runs)  # type: ignore[call-arg]  # numba
+                if narrow:
+                    w[x, c] = score_row_narrow(keys, hk, cols[c], qs, x, runs)  # type: ignore[call-arg]  # numba
+                else:
+                    w[x, c] = score_row(keys, hk, cols[c], qs, x, runs)  # type: ignore[call-arg]  # numba
     for hk in range(hk0, hk1):
         for g in range(n_g):
             x = (hk - hk0) * n_g + g
@@ -386,8 +430,15 @@ def _scores(keys: Any, values: Any, table: Any, hk0: int, hk1: int, n_g: int, qs
                 continue
             for c in range(m):
                 s = row[c]
-                for d in range(whole, n_d):
-                    s = _ir.fmaf(_cell_value(keys, table, hk, cols[c], d), qs[x, d], s)
+                if half:
+                    wide = np.float64(s)
+                    for d in range(whole, n_d):
+                        term = _cell_value(keys, table, hk, cols[c], d) * qs[x, d]
+                        wide += np.float64(term)
+                    s = np.float32(wide)
+                else:
+                    for d in range(whole, n_d):
+                        s = _ir.fmaf(_cell_value(keys, table, hk, cols[c], d), qs[x, d], s)
                 s = s * sc
                 if cap != 0:
                     s = cap * np.float32(math.tanh(s))
@@ -454,24 +505,32 @@ def _attend_heads(q: Any, keys: Any, values: Any, table: Any, lanes: int, out: A
                   fetch: bool) -> None:  # fmt: skip
     """Query row ``r`` of the query heads ``hk·group + g0 + g`` (``hk0 ≤ hk < hk1``,
     ``g < n_g``), which all see the ``m`` cells ``cols``, into ``out[b, r]``; with
-    ``fetch``, V's cells ``[0, m)`` read through first (:func:`touch_cells`)."""
+    ``fetch``, V's cells ``[0, m)`` read through first (:func:`touch_cells`). ``lanes``
+    as :func:`attend`'s: with :data:`.attention.HALF_PRODUCTS` the query and the weights
+    are rounded to f16 before their products."""
     group = q.shape[1] // keys.shape[0]
+    half = (lanes & HALF_PRODUCTS) != 0
+    narrow = (lanes & NARROW_SCORES) != 0
+    v_lanes = lanes & LANES_MASK
     for hk in range(hk0, hk1):
         for g in range(n_g):
             for d in range(qs.shape[1]):
-                qs[(hk - hk0) * n_g + g, d] = q[b, hk * group + g0 + g, r, d]
-    _scores(keys, values, table, hk0, hk1, n_g, qs, cols, biases, m, sc, cap, w)
+                value = q[b, hk * group + g0 + g, r, d]
+                if half:
+                    value = _half(value, table)
+                qs[(hk - hk0) * n_g + g, d] = value
+    _scores(keys, values, table, hk0, hk1, n_g, qs, cols, biases, m, sc, cap, w, narrow, half)
     if fetch:
         touch_cells(values, hk0, hk1, m)  # type: ignore[call-arg]  # numba: typingctx
     for x in range((hk1 - hk0) * n_g):
-        sees[x] = _softmax_ggml(w[x], m, block)
+        sees[x] = _softmax_ggml(w[x], m, block, half, table)
     for hk in range(hk0, hk1):
         x0 = (hk - hk0) * n_g
-        _weights_v(values, table, hk, cols, w, x0, n_g, m, lanes, acc)
+        _weights_v(values, table, hk, cols, w, x0, n_g, m, v_lanes, acc)
         for g in range(n_g):
             x, h = x0 + g, hk * group + g0 + g
             if sees[x]:
-                _sum_lanes(acc, x, m, lanes, out, b, r, h)
+                _sum_lanes(acc, x, m, v_lanes, out, b, r, h)
                 continue
             nan = np.float32(0)  # sees nothing: zeros, as ggml's (NaN stays NaN)
             for c in range(m):
@@ -599,7 +658,12 @@ def attend(
     query rows or more (llamafile ``sgemm``: 16 lanes over the cells, ``n_kv`` a
     multiple of 16 as llama.cpp pads it, then the 8-4-2-1 tree); ``lanes`` =
     :data:`.attention.TINYBLAS_LANES` reproduces it (the same as 64 up to 16 visible cells), for
-    ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER``. Fused multiply-adds are exact ``llvm.fma``
+    ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER``. ``lanes`` carries two flags beside them
+    (:func:`.attention.products`): :data:`.attention.HALF_PRODUCTS`, what an F16 cache
+    makes ggml do (``vec_dot_type`` F16: the query and the softmax's weights rounded to
+    f16 before their products, ``ggml_vec_dot_f16``), and
+    :data:`.attention.NARROW_SCORES`, the scores in tinyBLAS's 16 lanes (ggml's F16 K·Q
+    product of two query rows or more). Fused multiply-adds are exact ``llvm.fma``
     calls and no fast-math reorders them. Tasks are (batch, KV heads, run of query rows)
     on numba's threads, each with scratch of its own (:func:`attend_rows`), the KV heads
     shared evenly by ``threads`` (:func:`_kv_heads_per_task`).

@@ -6,11 +6,14 @@ values per ``vcvtph2ps``, or float32), so no widened copy of K or V is made: at 
 to and read back from L3. They keep ggml's arithmetic to the bit:
 
 - :func:`scores16` takes sixteen cells' scores at once. A score is
-  ``ggml_vec_dot_f32``'s: 64 lanes that fused multiply-adds accumulate over runs of
-  64, halved down to one. The first two halvings are whole-register adds per cell; the
-  last four (within one register: latency-bound shuffles for one cell) are made across
-  the sixteen cells, pairing cells' halves so that every addition is the one the
-  halving tree makes, sixteen at a time.
+  ``ggml_vec_dot_f32``'s (and ``ggml_vec_dot_f16``'s, whose halves are widened to
+  float32 first): 64 lanes that fused multiply-adds accumulate over runs of 64, halved
+  down to one. The first two halvings are whole-register adds per cell; the last four
+  (within one register: latency-bound shuffles for one cell) are made across the
+  sixteen cells, pairing cells' halves so that every addition is the one the halving
+  tree makes, sixteen at a time. :func:`scores16_narrow` is tinyBLAS's order, which
+  ggml's F16 K·Q product of two query rows or more takes: 16 lanes over runs of 16,
+  then the same last four halvings (``_mm512_reduce_add_ps``).
 - :func:`weighted_lanes` is the weights·V product's lane ``i`` (cells ``i``,
   ``i + lanes``, …) for up to four query heads that share a KV head: each V row is
   loaded and widened once for all of them, and their accumulators stay in registers
@@ -37,6 +40,9 @@ from . import _numba_ir as _ir
 
 #: Lanes of one score (``ggml_vec_dot_f32`` on AVX-512: four registers of 16 floats).
 SCORE_LANES = 64
+#: Lanes of one score in tinyBLAS's order (one ``__m512``): ggml's F16 K·Q product of
+#: two query rows or more (llamafile ``sgemm`` on the F16 query it rounds to)
+NARROW_SCORE_LANES = 16
 #: Cells whose scores :func:`scores16` takes at once (one register of their sums).
 CELLS = 16
 #: Query heads one :func:`weighted_lanes` chain serves at most (their accumulators,
@@ -89,34 +95,70 @@ def _halves(builder: ir.IRBuilder, vec: Any, n: int) -> tuple[Any, Any]:
 
 
 def _lanes(context: Any, builder: ir.IRBuilder, k: tuple[Any, Any], head: Any, cell: Any,
-           q: tuple[Any, Any], g: Any, runs: Any) -> Any:  # fmt: skip
-    """One score's 64 lanes, halved twice: ``<16 x float>``, for cache row ``k[head,
-    cell]`` and query row ``q[g]`` (each an (array type, value) pair)."""
+           q: tuple[Any, Any], g: Any, runs: Any, width: int) -> Any:  # fmt: skip
+    """One score's ``width`` lanes (64 or 16) over ``runs`` runs of ``width`` values,
+    halved down to ``<16 x float>``, for cache row ``k[head, cell]`` and query row
+    ``q[g]`` (each an (array type, value) pair)."""
     row, elem = _row(context, builder, *k, head, cell)
     qa = context.make_array(q[0])(context, builder, q[1])
     q_at = builder.mul(builder.sext(g, _I64), builder.extract_value(qa.strides, 0))
     qp = builder.bitcast(builder.gep(builder.bitcast(qa.data, ir.IntType(8).as_pointer()),
                                      [q_at]), _F32.as_pointer())  # fmt: skip
-    fma = _fma(builder, SCORE_LANES)
-    v64 = ir.VectorType(_F32, SCORE_LANES)
+    fma = _fma(builder, width)
+    vec = ir.VectorType(_F32, width)
 
     def run(at: Any, acc: list[Any]) -> list[Any]:
-        k = _floats(builder, row, elem, at, SCORE_LANES)
-        x = builder.load(builder.bitcast(builder.gep(qp, [at]), v64.as_pointer()), align=4)
+        k = _floats(builder, row, elem, at, width)
+        x = builder.load(builder.bitcast(builder.gep(qp, [at]), vec.as_pointer()), align=4)
         return [builder.call(fma, [k, x, acc[0]])]
 
-    zero = ir.Constant(v64, [0.0] * SCORE_LANES)
+    zero = ir.Constant(vec, [0.0] * width)
     if isinstance(runs, ir.Constant):  # straight-line code LLVM schedules across the cells
         acc = zero
-        for at in range(0, runs.constant * SCORE_LANES, SCORE_LANES):
+        for at in range(0, runs.constant * width, width):
             [acc] = run(ir.Constant(_I64, at), [acc])
     else:
-        end = builder.mul(builder.sext(runs, _I64), ir.Constant(_I64, SCORE_LANES))
-        [acc] = _ir.carried_loop(builder, "score", ir.Constant(_I64, 0), end, SCORE_LANES,
-                                 [zero], run)  # fmt: skip
-    for n in (SCORE_LANES, SCORE_LANES // 2):
+        end = builder.mul(builder.sext(runs, _I64), ir.Constant(_I64, width))
+        [acc] = _ir.carried_loop(builder, "score", ir.Constant(_I64, 0), end, width, [zero],
+                                 run)  # fmt: skip
+    n = width
+    while n > CELLS:
         acc = builder.fadd(*_halves(builder, acc, n))
+        n //= 2
     return acc
+
+
+def _scores16_ir(width: int, context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+    """The code of :func:`scores16` for lanes of ``width`` (64 or 16)."""
+    colp = context.make_array(sig.args[2])(context, builder, args[2]).data
+    c0 = builder.sext(args[3], _I64)
+    keys, query = (sig.args[0], args[0]), (sig.args[4], args[4])
+    sums = []
+    for t in range(CELLS):
+        cell = builder.load(builder.gep(colp, [builder.add(c0, ir.Constant(_I64, t))]))
+        sums.append(_lanes(context, builder, keys, args[1], cell, query, args[5], args[6], width))
+    size = CELLS  # each vector holds CELLS // size cells' lanes, `size` each
+    while size > 1:
+        half = size // 2
+        paired = []
+        for a, b in zip(sums[0::2], sums[1::2], strict=True):
+            groups = CELLS // size  # cells per vector before this step
+            lo = [s * size + i for s in range(groups) for i in range(half)]
+            hi = [s * size + half + i for s in range(groups) for i in range(half)]
+            lo += [CELLS + i for i in lo]  # b's lanes follow a's in the shuffle
+            hi += [CELLS + i for i in hi]
+            pick = [ir.Constant(ir.VectorType(_I32, CELLS), sel) for sel in (lo, hi)]
+            paired.append(builder.fadd(builder.shuffle_vector(a, b, pick[0]),
+                                       builder.shuffle_vector(a, b, pick[1])))  # fmt: skip
+        sums, size = paired, half
+    out = context.make_array(sig.args[7])(context, builder, args[7])
+    at = builder.add(builder.mul(builder.sext(args[5], _I64),
+                                 builder.extract_value(out.strides, 0)),
+                     builder.mul(c0, ir.Constant(_I64, 4)))  # fmt: skip
+    dst = builder.gep(builder.bitcast(out.data, ir.IntType(8).as_pointer()), [at])
+    builder.store(sums[0], builder.bitcast(dst, ir.VectorType(_F32, CELLS).as_pointer()),
+                  align=4)  # fmt: skip
+    return context.get_dummy_value()
 
 
 @intrinsic
@@ -126,55 +168,42 @@ def scores16(typingctx: Any, k: Any, hk: Any, cols: Any, c0: Any, q: Any, g: Any
     each sum in ``ggml_vec_dot_f32``'s order (the module's docstring); ``k`` 3-d (KV
     head, cell, D) float32 or raw f16 with unit-stride rows, ``cols`` int64, ``q``
     (heads, D) and ``w`` (heads, ≥ c0 + 16) float32 with unit-stride rows."""
+    sig = types.void(k, hk, cols, c0, q, g, runs, w)
+    return sig, functools.partial(_scores16_ir, SCORE_LANES)
 
-    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        colp = context.make_array(sig.args[2])(context, builder, args[2]).data
-        c0 = builder.sext(args[3], _I64)
-        keys, query = (sig.args[0], args[0]), (sig.args[4], args[4])
-        sums = []
-        for t in range(CELLS):
-            cell = builder.load(builder.gep(colp, [builder.add(c0, ir.Constant(_I64, t))]))
-            sums.append(_lanes(context, builder, keys, args[1], cell, query, args[5], args[6]))
-        size = CELLS  # each vector holds CELLS // size cells' lanes, `size` each
-        while size > 1:
-            half = size // 2
-            paired = []
-            for a, b in zip(sums[0::2], sums[1::2], strict=True):
-                groups = CELLS // size  # cells per vector before this step
-                lo = [s * size + i for s in range(groups) for i in range(half)]
-                hi = [s * size + half + i for s in range(groups) for i in range(half)]
-                lo += [CELLS + i for i in lo]  # b's lanes follow a's in the shuffle
-                hi += [CELLS + i for i in hi]
-                pick = [ir.Constant(ir.VectorType(_I32, CELLS), sel) for sel in (lo, hi)]
-                paired.append(builder.fadd(builder.shuffle_vector(a, b, pick[0]),
-                                           builder.shuffle_vector(a, b, pick[1])))  # fmt: skip
-            sums, size = paired, half
-        out = context.make_array(sig.args[7])(context, builder, args[7])
-        at = builder.add(builder.mul(builder.sext(args[5], _I64),
-                                     builder.extract_value(out.strides, 0)),
-                         builder.mul(c0, ir.Constant(_I64, 4)))  # fmt: skip
-        dst = builder.gep(builder.bitcast(out.data, ir.IntType(8).as_pointer()), [at])
-        builder.store(sums[0], builder.bitcast(dst, ir.VectorType(_F32, CELLS).as_pointer()),
-                      align=4)  # fmt: skip
-        return context.get_dummy_value()
 
-    return types.void(k, hk, cols, c0, q, g, runs, w), codegen
+@intrinsic
+def scores16_narrow(typingctx: Any, k: Any, hk: Any, cols: Any, c0: Any, q: Any, g: Any,
+                    runs: Any, w: Any) -> Any:  # fmt: skip
+    """:func:`scores16` in tinyBLAS's order: ``Σ k[hk, cols[c0 + t], :16·runs]·q[g,
+    :16·runs]``, 16 fused lanes over runs of 16, then halved down to one."""
+    sig = types.void(k, hk, cols, c0, q, g, runs, w)
+    return sig, functools.partial(_scores16_ir, NARROW_SCORE_LANES)
+
+
+def _score_row_ir(width: int, context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+    """The code of :func:`score_row` for lanes of ``width`` (64 or 16)."""
+    acc = _lanes(context, builder, (sig.args[0], args[0]), args[1], args[2],
+                 (sig.args[3], args[3]), args[4], args[5], width)  # fmt: skip
+    n = CELLS
+    while n > 1:
+        acc = builder.fadd(*_halves(builder, acc, n))
+        n //= 2
+    return builder.extract_element(acc, ir.Constant(_I32, 0))
 
 
 @intrinsic
 def score_row(typingctx: Any, k: Any, hk: Any, cell: Any, q: Any, g: Any, runs: Any) -> Any:
     """One cell's :func:`scores16` sum, returned: ``Σ k[hk, cell, :64·runs]·q[g, :64·runs]``."""
+    return types.float32(k, hk, cell, q, g, runs), functools.partial(_score_row_ir, SCORE_LANES)
 
-    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        acc = _lanes(context, builder, (sig.args[0], args[0]), args[1], args[2],
-                     (sig.args[3], args[3]), args[4], args[5])  # fmt: skip
-        n = CELLS
-        while n > 1:
-            acc = builder.fadd(*_halves(builder, acc, n))
-            n //= 2
-        return builder.extract_element(acc, ir.Constant(_I32, 0))
 
-    return types.float32(k, hk, cell, q, g, runs), codegen
+@intrinsic
+def score_row_narrow(typingctx: Any, k: Any, hk: Any, cell: Any, q: Any, g: Any,
+                     runs: Any) -> Any:  # fmt: skip
+    """One cell's :func:`scores16_narrow` sum, returned."""
+    sig = types.float32(k, hk, cell, q, g, runs)
+    return sig, functools.partial(_score_row_ir, NARROW_SCORE_LANES)
 
 
 @functools.cache

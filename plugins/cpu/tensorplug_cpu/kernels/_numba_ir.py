@@ -234,3 +234,16 @@ def fmaf(a: Any, b: Any, c: Any) -> Any:
     where the CPU has FMA, libm's exact ``fmaf`` where not), as ggml's SIMD code and
     GCC's contracted expressions compute; a loop of them still vectorizes."""
     return _fma_f32(a, b, c)  # type: ignore[call-arg]  # numba supplies typingctx
+
+
+@intrinsic
+def f16_rounded(typingctx: Any, f: Any) -> Any:
+    """float32 ``f`` rounded to f16 (to nearest even) and back: ``fptrunc`` to half then
+    ``fpext``, one ``vcvtps2ph``/``vcvtph2ps`` pair with F16C, as ggml's
+    ``GGML_CPU_FP32_TO_FP16`` rounds (a loop of them vectorizes). Only where
+    :data:`HAS_F16C`: without it LLVM would call a runtime function numba does not link."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.float32), codegen

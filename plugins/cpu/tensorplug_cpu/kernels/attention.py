@@ -225,6 +225,18 @@ DOT_LANES = 64
 TINYBLAS_LANES = 16
 
 
+#: The exact kernel's ``lanes`` (:func:`products`): the weights·V lanes in its low byte,
+#: and two flags above them
+LANES_MASK = 0xFF
+#: The scores in tinyBLAS's order (16 fused lanes, then the 8-4-2-1 tree), as ggml's
+#: F16 K·Q product of two query rows or more (llamafile ``sgemm`` on the F16 query)
+NARROW_SCORES = 1 << 8
+#: The query and the softmax's weights rounded to f16 before their products with K and
+#: V, as an F16 cache makes ggml do (``vec_dot_type`` F16: ``mul_mat`` converts its
+#: float32 operand to F16 first)
+HALF_PRODUCTS = 1 << 9
+
+
 def weights_v_lanes(n_q: int, ggml_order: bool) -> int:
     """The lanes the exact kernel sums a row's weights·V product in: with ``ggml_order``
     (``CpuBackend.ggml_order``) ggml's own choice for a step of ``n_q`` query rows,
@@ -233,6 +245,23 @@ def weights_v_lanes(n_q: int, ggml_order: bool) -> int:
     if ggml_order and n_q >= 2:
         return TINYBLAS_LANES
     return DOT_LANES
+
+
+def products(n_q: int, ggml_order: bool, half: bool, head_dim: int) -> int:
+    """The exact kernel's ``lanes`` for a step of ``n_q`` query rows over a cache whose
+    K and V are F16 (``half``) or float32: llama.cpp's products as llama-cpp-python runs
+    them (no flash attention). A float32 cache: K·Q by ``ggml_vec_dot_f32`` and
+    weights·V by :func:`weights_v_lanes`. An F16 cache (both libraries' default): ggml
+    rounds the query and the weights to f16 (:data:`HALF_PRODUCTS`), and with
+    ``ggml_order`` from two rows on takes tinyBLAS for K·Q as well
+    (:data:`NARROW_SCORES`, where the head size is a multiple of its 16 lanes; else
+    ``ggml_vec_dot_f16``). The roundings depend on nothing but the row, so a
+    batch-invariant backend keeps them and only the orders stay one token's."""
+    lanes = weights_v_lanes(n_q, ggml_order)
+    if not half:
+        return lanes
+    narrow = ggml_order and n_q >= 2 and head_dim % TINYBLAS_LANES == 0
+    return lanes | HALF_PRODUCTS | (NARROW_SCORES if narrow else 0)
 
 
 def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
@@ -283,7 +312,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
         if bias.dtype == np.float16:
             bias = bias.view(np.uint16)  # read in place through the f16 table
         copy_q = None if q_in is q4 else partial(np.copyto, q_in, q4)
-        lanes = weights_v_lanes(n_q, ctx.ggml_order)
+        lanes = products(n_q, ctx.ggml_order, k_t.type == Type.F16, q4.shape[3])
         attend = jit.bind_attend(q_in, k_in, v_in, raw_mask, bias, order, float(scale),
                                  float(softcap), lanes, out4)  # fmt: skip
         return sequence(prep, copy_q, attend)
@@ -294,6 +323,11 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
     ctx.uses_blas = True
     k4, widen_k = _widened(ctx, k_t, jit)
     v4, widen_v = _widened(ctx, v_t, jit)
+    half = k_t.type == Type.F16  # the query and the weights in f16, as HALF_PRODUCTS
+    if half:
+        q16, q4 = ctx.scratch(q4.shape, np.float16), ctx.scratch(q4.shape)
+        q_rounded = (partial(np.copyto, q16, padded4(ctx.view(q_t))), partial(np.copyto, q4, q16))
+        prep = sequence(prep, *q_rounded)
     h_kv, d_v = k4.shape[1], v4.shape[3]
     g = H // h_kv
     kT5 = k4.swapaxes(-1, -2)[:, :, None]  # (B, H_kv, 1, D, n_kv)
@@ -344,7 +378,7 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None
         kT, v = kT5[..., :used], v5[:, :, :, :used]
         for chunk in chunks:
             # one task per KV head (its group of query heads batched), on the worker pool
-            POOL.run(h_kv, partial(_attend_group, chunk, kT, v, used, scale, softcap, jit))
+            POOL.run(h_kv, partial(_attend_group, chunk, kT, v, used, scale, softcap, half, jit))
 
     return sequence(prep, run)
 
@@ -356,14 +390,16 @@ def _attend_group(
     used: int,
     scale: np.float32,
     softcap: np.float32,
+    half: bool,
     jit: JitKernels | None,
     h: int,
     slot: int,
 ) -> None:
     """KV head ``h`` and its query heads for a chunk of query rows: scores, softmax,
-    times V (5-d operands ``(B, H_kv, g, …)``; a mask term may have 1 for head axes).
-    The softmax is numba's one-pass kernel where it applies (one sequence, no softcap,
-    a float32 mask), else numpy's whole-block passes."""
+    times V (5-d operands ``(B, H_kv, g, …)``; a mask term may have 1 for head axes),
+    with ``half`` the weights rounded to f16 before their product with V. The softmax
+    is numba's one-pass kernel where it applies (one sequence, no softcap, a float32
+    mask), else numpy's whole-block passes."""
     q5, s_all, m_all, row_all, o_all, dst_all = chunk
     head = slice(h, h + 1)
     s = s_all[:, head, :, :, :used]
@@ -374,8 +410,7 @@ def _attend_group(
         # whole rows of the scratch and the mask (unit stride), `used` columns read
         mask3 = _NO_MASK3 if m_all is None else m_all[0, h if m_all.shape[1] > 1 else 0]
         jit.softmax_rows(s_all[0, h], mask3, used, float(scale), row[0, 0, :, :, 0])
-        np.matmul(s, v[:, head], out=o)
-        o *= row
+        _weighted(s, row, v[:, head], o, half)
         np.copyto(dst_all[:, head], o)
         return
     s *= scale
@@ -391,9 +426,21 @@ def _attend_group(
     np.exp(s, out=s)
     np.sum(s, axis=-1, keepdims=True, out=row)
     np.divide(1, row, out=row, where=row != 0)
-    np.matmul(s, v[:, head], out=o)
-    o *= row
+    _weighted(s, row, v[:, head], o, half)
     np.copyto(dst_all[:, head], o)
+
+
+def _weighted(e: np.ndarray, inv: np.ndarray, v: np.ndarray, o: np.ndarray, half: bool) -> None:
+    """``o = (e·inv)·v`` for exponentials ``e`` and their rows' reciprocal sums ``inv``:
+    with ``half`` the weights ``e·inv`` rounded to f16 first (as ggml's product with an
+    F16 V), else the normalization applied to the product."""
+    if half:
+        e *= inv
+        np.copyto(e, e.astype(np.float16))
+        np.matmul(e, v, out=o)
+        return
+    np.matmul(e, v, out=o)
+    o *= inv
 
 
 _NO_MASK3 = np.zeros((0, 0, 0), np.float32)
