@@ -313,7 +313,12 @@ def test_legacy_functions_are_read_as_tools(smollm2: Llama) -> None:
 
 
 def test_openai_json_schema_is_honoured(smollm2: Llama) -> None:
-    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
     r = smollm2.create_chat_completion(
         messages=[{"role": "user", "content": "Give a person."}],
         response_format={"type": "json_schema", "json_schema": {"schema": schema}},

@@ -28,11 +28,6 @@ HERE = Path(__file__).parent
 PROGRAMS = sorted((HERE / "llama_cpp_programs").glob("*.py"))
 RECORDED: dict[str, Any] = json.loads((HERE / "data" / "llama_cpp_programs.json").read_text())
 
-#: programs whose greedy text depends on llama.cpp's F16 KV cache rounding, which
-#: tensorplug's default F16 cache does not reproduce yet (logits differ by ~1e-2 there,
-#: and these prompts have near-ties); each must start passing once it does
-F16_ROUNDING = {"completion_logprobs", "logits_processor", "prompt_cache"}
-
 
 def run_swapped(program: Path, model: Path) -> Any:
     """``program`` with its llama_cpp import changed, run here; its last printed line."""
@@ -66,18 +61,6 @@ def test_every_program_was_recorded() -> None:
     assert RECORDED["llama_cpp_python"] == "0.3.36"
 
 
-@pytest.mark.parametrize(
-    "program",
-    [
-        pytest.param(
-            p,
-            id=p.stem,
-            marks=[pytest.mark.xfail(strict=True, reason="F16 KV cache rounding (issue 80)")]
-            if p.stem in F16_ROUNDING
-            else [],
-        )
-        for p in PROGRAMS
-    ],
-)
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])
 def test_prints_what_llama_cpp_python_printed(program: Path, model: Path) -> None:
     assert run_swapped(program, model) == RECORDED["outputs"][program.stem]
