@@ -161,3 +161,5 @@ class EmbeddingRequest(BaseModel):
     #: a text, texts, token ids or lists of token ids (OpenAI takes all four)
     input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
     encoding_format: Literal["float", "base64"] = "float"
+    #: OpenAI's shortened embeddings: only the model's own size is served (checked by the route)
+    dimensions: int | None = Field(None, strict=True, ge=1)

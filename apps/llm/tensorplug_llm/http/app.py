@@ -4,10 +4,11 @@ the key, the body limit and the counters, then the route."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from ..api import LLM
 from .anthropic_routes import router as anthropic
+from .body_check import check_body
 from .config import ServerConfig
 from .cors import Cors
 from .errors import install_error_handlers
@@ -25,7 +26,10 @@ __all__ = ["create_app"]
 def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI app serving ``llm`` under ``config``'s limits."""
     cfg = config or ServerConfig()
-    app = FastAPI(title="tensorplug", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="tensorplug", docs_url=None, redoc_url=None, openapi_url=None,
+        dependencies=[Depends(check_body)],
+    )  # fmt: skip
     svc = Service(llm, cfg)
     app.state.service = svc
     app.state.llm = llm
