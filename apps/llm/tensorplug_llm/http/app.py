@@ -1,6 +1,7 @@
 """The FastAPI app: the routers, the error handlers and the middleware, in the order a
-request meets them: CORS (a preflight is answered before any key is asked for), then
-the key, the body limit and the counters, then the route."""
+request meets them: the transport's limits (the HTTP version, the body's read deadline),
+CORS (a preflight is answered before any key is asked for), then the key, the body
+limit and the counters, then the route."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .native_routes import router as native
 from .openai_routes import both, v1_only
 from .responses_routes import router as responses
 from .service import Service
+from .transport import Transport
 from .web_page import add_web_page
 
 __all__ = ["create_app"]
@@ -52,4 +54,5 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         routes=routes,
     )  # fmt: skip
     app.add_middleware(Cors, origins=cfg.cors_origins)
+    app.add_middleware(Transport, body_timeout=cfg.body_timeout)
     return app

@@ -110,7 +110,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else None
-        return error_response(exc.status_code, str(exc.detail), code=code)
+        headers = dict(exc.headers or {})  # a 408's Connection: close
+        return error_response(exc.status_code, str(exc.detail), code=code, headers=headers)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
