@@ -143,3 +143,36 @@ def test_the_server_still_answers_after_every_refusal(http: TestClient) -> None:
     body = {"model": MODEL, "prompt": "a b", "max_tokens": 3, "temperature": 0}
     got = http.post("/v1/completions", json=body)
     assert got.status_code == 200 and got.json()["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize(
+    ("route", "field", "value"),
+    [
+        ("/v1/completions", "stream", "yes"),
+        ("/v1/completions", "echo", "yes"),
+        ("/v1/completions", "max_tokens", "10"),
+        ("/v1/completions", "n", "2"),
+        ("/v1/completions", "temperature", "0.5"),
+        ("/v1/chat/completions", "logprobs", "yes"),
+        ("/v1/chat/completions", "parallel_tool_calls", "no"),
+        ("/completion", "n_predict", "10"),
+        ("/completion", "stream", "yes"),
+    ],
+)
+def test_a_string_is_not_taken_for_a_number_or_a_boolean(
+    http: TestClient, route: str, field: str, value: str
+) -> None:
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2, field: value}
+    if route == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "a b"
+    response = http.post(route, json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field
+
+
+def test_booleans_are_not_token_ids(http: TestClient) -> None:
+    body = {"model": MODEL, "prompt": [True], "max_tokens": 2}
+    message = _error(http.post("/v1/completions", json=body), 400, "prompt.0")
+    assert "valid integer" in message

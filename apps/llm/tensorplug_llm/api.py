@@ -704,6 +704,12 @@ class LLM:
         if not 0 <= n_probs <= 20:
             raise InvalidRequestError(f"at most 20 top logprobs (got {n_probs})", "logprobs")
         sampling = {k: v for k, v in sampling.items() if v is not None}
+        if response_format is not None and "type" not in response_format:
+            raise InvalidRequestError(
+                "response_format must name its type: text, json_object, json_schema, regex "
+                f"or grammar (got {dict(response_format)!r})",
+                "response_format.type",
+            )
         if (
             constraint is None
             and response_format is not None
@@ -764,6 +770,13 @@ class LLM:
                     return
                 yield _Piece(got.text, [event])
             # the handle ended without a finish: the request was cancelled
+        except RequestError as e:
+            from .constraint import ConstraintError
+
+            cause = e.__cause__
+            if isinstance(cause, ConstraintError):  # a grammar past its budget mid-reply
+                raise InvalidRequestError(str(cause), cause.param) from None
+            raise
         finally:
             if finish is None:
                 handle.cancel()

@@ -69,6 +69,16 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema", "regex", "grammar")
 # compact JSON, as json.dumps writes it; a schema's "x-guidance" may say otherwise
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
+#: the largest grammar (llguidance's text of it, after a schema or a regex is turned
+#: into one) a request may ask for: llguidance builds a lexer for every literal, so
+#: building time grows with the grammar's size, and a request's grammar is built before
+#: it is admitted, on the request's own thread, where it must cost milliseconds
+MAX_GRAMMAR_BYTES = 64 * 1024
+#: llguidance's own budgets (lexer fuel, items per step, grammar symbols) bound the work
+#: of one grammar and of each mask; errors without the parser's dump, which is noise to
+#: a client
+LIMITS = {"max_grammar_size": 100_000, "verbose_errors": False}
+
 
 class ConstraintError(RunError):
     """A ``response_format`` that cannot be followed; ``param`` names the field (as an
@@ -219,6 +229,7 @@ def grammar_for(response_format: Mapping[str, Any] | None) -> str | None:
         text = response_format.get(kind)
         if not isinstance(text, str) or not text:
             raise ConstraintError(f"response_format.{kind}", "must be a non-empty string")
+        _check_size(f"response_format.{kind}", len(text.encode("utf-8", "surrogatepass")))
         if kind == "regex":
             return str(matcher.grammar_from_regex(text))
         try:  # Lark as it is; GBNF converted to Lark (a ValueError names what is wrong)
@@ -235,10 +246,21 @@ def _json_grammar(matcher: Any, schema: object, param: str) -> str:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, Mapping):
         raise ConstraintError(param, f"must be a JSON schema object, got {type(schema).__name__}")
+    text = json.dumps(schema)
+    _check_size(param, len(text))
     try:
-        return str(matcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS))
+        return str(matcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS))
     except (TypeError, ValueError) as e:
         raise ConstraintError(param, str(e)) from None
+
+
+def _check_size(param: str, n_bytes: int) -> None:
+    if n_bytes > MAX_GRAMMAR_BYTES:
+        raise ConstraintError(
+            param,
+            f"is {n_bytes} bytes, past the limit of {MAX_GRAMMAR_BYTES}: use a smaller "
+            "schema, regex or grammar",
+        )
 
 
 # -- the constraint ---------------------------------------------------------------------------
@@ -261,22 +283,33 @@ class GrammarConstraint:
         llg = _llguidance()
         self._n_tokens = int(tokenizer.vocab_size)
         self.n_vocab = max(n_vocab or 0, self._n_tokens)
-        self._matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
+        _check_size(param, len(grammar))
+        limits = llg.LLParserLimits(**LIMITS)
+        self._matcher = llg.LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
         self._mask: np.ndarray | None = None
         self._check(param)
+        self._param = param
+        self.allowed()  # a grammar that accepts nothing, or is past a budget, fails here
 
     def allowed(self) -> np.ndarray:
         if self._mask is None:
             bits = np.frombuffer(self._matcher.compute_bitmask(), np.uint8)
             mask = np.zeros(self.n_vocab, bool)
             mask[: self._n_tokens] = np.unpackbits(bits, bitorder="little")[: self._n_tokens]
-            self._check("response_format")
+            self._check(self._param)
             self._mask = mask
         return self._mask
 
     def accept(self, token: int) -> None:
-        self._mask = None
+        mask, self._mask = self._mask, None
         if not self._matcher.consume_token(int(token)):
+            if mask is not None and 0 <= token < len(mask) and mask[token]:
+                # an allowed token refused: the grammar went past one of llguidance's budgets
+                raise ConstraintError(
+                    self._param,
+                    f"stopped the reply at token {token}: "
+                    f"{_short(self._matcher.get_error())} (simplify it)",
+                )
             raise RunError(
                 f"token {token} does not fit the response format: "
                 f"{_short(self._matcher.get_error()) or 'it was not allowed'}"
@@ -287,7 +320,13 @@ class GrammarConstraint:
 
     def _check(self, param: str) -> None:
         if self._matcher.is_error():
-            raise ConstraintError(param, _short(self._matcher.get_error()))
+            error = self._matcher.get_error()
+            if "NoExtensionBias" in error:  # llguidance's word for "no text can follow"
+                error = (
+                    "no text can match it (it accepts nothing): look for a rule or a $ref "
+                    "that never ends, or an empty character class"
+                )
+            raise ConstraintError(param, _short(error))
 
 
 class LazyGrammarConstraint:

@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "ChatMessage",
@@ -55,26 +64,26 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    temperature: float = Field(0.8, ge=0.0, le=100.0)
-    top_p: float = Field(0.95, ge=0.0, le=1.0)
-    top_k: int = Field(40, ge=0)
-    min_p: float = Field(0.05, ge=0.0, le=1.0)
+    temperature: StrictFloat = Field(0.8, ge=0.0, le=100.0)
+    top_p: StrictFloat = Field(0.95, ge=0.0, le=1.0)
+    top_k: StrictInt = Field(40, ge=0)
+    min_p: StrictFloat = Field(0.05, ge=0.0, le=1.0)
     stop: str | list[str] | None = None
-    stream: bool = False
-    seed: int | None = None
+    stream: StrictBool = False
+    seed: StrictInt | None = None
     response_format: dict[str, Any] | None = None
-    repeat_penalty: float = Field(1.0, ge=0.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    repeat_penalty: StrictFloat = Field(1.0, ge=0.0)
+    frequency_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: StrictFloat = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, StrictFloat] | None = None
     #: choices of the prompt, at most the server's -np (the API checks: 400 naming "n")
-    n: int = Field(1, ge=1)
+    n: StrictInt = Field(1, ge=1)
     #: llama-server's: keep generating past the end-of-generation token
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     #: llama-server's: a GBNF (or Lark) grammar the reply follows
     grammar: str | None = None
     #: llama-server's: a JSON schema the reply follows
-    json_schema: dict[str, Any] | bool | None = None
+    json_schema: dict[str, Any] | StrictBool | None = None
 
     @model_validator(mode="after")
     def _one_constraint(self) -> _Sampling:
@@ -94,7 +103,7 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int]
+    prompt: str | list[StrictInt]
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -110,9 +119,9 @@ class CompletionRequest(_Sampling):
             )
         return prompt
 
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
+    max_tokens: StrictInt | None = Field(16, ge=1)
+    logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    echo: StrictBool = False
 
 
 class ChatMessage(BaseModel):
@@ -144,14 +153,14 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     #: checked by :func:`~tensorplug_llm.tool_spec.tool_spec`, whose errors name the field
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: StrictBool = True
 
 
 class EmbeddingRequest(BaseModel):
@@ -159,5 +168,7 @@ class EmbeddingRequest(BaseModel):
 
     model: str | None = None
     #: a text, texts, token ids or lists of token ids (OpenAI takes all four)
-    input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
+    input: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(min_length=1)
     encoding_format: Literal["float", "base64"] = "float"
+    #: OpenAI's shortened embeddings: only the model's own size is served (checked by the route)
+    dimensions: StrictInt | None = Field(None, strict=True, ge=1)

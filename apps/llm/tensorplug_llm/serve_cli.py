@@ -242,19 +242,23 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 class _Listening:
-    """uvicorn on the bound sockets from the start, on a thread of its own, answering
+    """uvicorn on the bound sockets from the start (with :mod:`.http.transport`'s limits,
+    ``transport``: its :func:`~.http.transport.uvicorn_settings`), on a thread of its own, answering
     every request 503 "Loading model" until :meth:`ready` (llama-server's loading
     state); the main thread keeps the signals: Ctrl-C or SIGTERM stops the server as
     uvicorn's own handlers do, a second Ctrl-C forces the stop (open connections are
     not waited for)."""
 
-    def __init__(self, sockets: list[socket.socket]) -> None:
+    def __init__(self, sockets: list[socket.socket], **transport: Any) -> None:
         import uvicorn
 
         from .http.loading import Switch
+        from .http.transport import uvicorn_settings
 
         self.switch = Switch()
-        config = uvicorn.Config(self.switch, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            self.switch, log_level="warning", lifespan="off", **uvicorn_settings(**transport)
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": sockets}, name="uvicorn", daemon=True

@@ -29,6 +29,9 @@ from .tool_spec import Function, ToolSpecError
 
 __all__ = ["GENERIC_INSTRUCTIONS", "generic_system_text", "prepare_messages", "takes_tools"]
 
+#: how deep an earlier call's arguments may nest (a real call's are a few levels)
+MAX_NESTING = 64
+
 #: What a model whose template has no tool support is told (``{tools}``: the functions
 #: as a JSON list of ``{"name", "description", "parameters"}``).
 GENERIC_INSTRUCTIONS = (
@@ -143,7 +146,28 @@ def _call(call: Any, where: str) -> dict[str, Any]:
             raise ToolSpecError(
                 f"{where}.function.arguments", f"is not valid JSON ({e.msg} at {e.pos})"
             ) from None
+        except RecursionError:
+            args = None
+        if args is None or _deeper_than(args, MAX_NESTING):
+            raise ToolSpecError(
+                f"{where}.function.arguments",
+                f"is nested more than {MAX_NESTING} levels deep: flatten the arguments",
+            )
     return {**call, "function": {**fn, "arguments": args}}
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` deep (the template
+    writes them recursively)."""
+    level: list[Any] = [value] if isinstance(value, Mapping | list) else []
+    for _ in range(limit):
+        level = [
+            v
+            for item in level
+            for v in (item.values() if isinstance(item, Mapping) else item)
+            if isinstance(v, Mapping | list)
+        ]
+    return bool(level)
 
 
 def _call_names(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:

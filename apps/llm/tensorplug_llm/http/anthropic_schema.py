@@ -13,7 +13,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+)
 
 __all__ = ["CountTokensRequest", "MessagesRequest"]
 
@@ -47,7 +55,7 @@ class ToolResultBlock(BaseModel):
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[TextBlock] = ""
-    is_error: bool = False
+    is_error: StrictBool = False
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -97,7 +105,7 @@ class ToolChoice(BaseModel):
 
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
-    disable_parallel_tool_use: bool = False
+    disable_parallel_tool_use: StrictBool = False
 
 
 class CountTokensRequest(BaseModel):
@@ -172,10 +180,10 @@ class CountTokensRequest(BaseModel):
 class MessagesRequest(CountTokensRequest):
     """``/v1/messages``: ``max_tokens`` is required, as Anthropic's API has it."""
 
-    max_tokens: int = Field(ge=1)
+    max_tokens: StrictInt = Field(ge=1)
     stop_sequences: list[str] | None = None
-    temperature: float | None = Field(None, ge=0.0)
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    stream: bool = False
+    temperature: StrictFloat | None = Field(None, ge=0.0)
+    top_p: StrictFloat | None = Field(None, ge=0.0, le=1.0)
+    top_k: StrictInt | None = Field(None, ge=0)
+    stream: StrictBool = False
     metadata: dict[str, Any] | None = None

@@ -1,13 +1,15 @@
 """The FastAPI app: the routers, the error handlers and the middleware, in the order a
-request meets them: CORS (a preflight is answered before any key is asked for), then
-the key, the body limit and the counters, then the route."""
+request meets them: the transport's limits (the HTTP version, the body's read deadline),
+CORS (a preflight is answered before any key is asked for), then the key, the body
+limit and the counters, then the route."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from ..api import LLM
 from .anthropic_routes import router as anthropic
+from .body_check import check_body
 from .config import ServerConfig
 from .cors import Cors
 from .errors import install_error_handlers
@@ -17,6 +19,7 @@ from .native_routes import router as native
 from .openai_routes import both, v1_only
 from .responses_routes import router as responses
 from .service import Service
+from .transport import Transport
 from .web_page import add_web_page
 
 __all__ = ["create_app"]
@@ -25,7 +28,10 @@ __all__ = ["create_app"]
 def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI app serving ``llm`` under ``config``'s limits."""
     cfg = config or ServerConfig()
-    app = FastAPI(title="tensorplug", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="tensorplug", docs_url=None, redoc_url=None, openapi_url=None,
+        dependencies=[Depends(check_body)],
+    )  # fmt: skip
     svc = Service(llm, cfg)
     app.state.service = svc
     app.state.llm = llm
@@ -48,4 +54,5 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         routes=routes,
     )  # fmt: skip
     app.add_middleware(Cors, origins=cfg.cors_origins)
+    app.add_middleware(Transport, body_timeout=cfg.body_timeout)
     return app

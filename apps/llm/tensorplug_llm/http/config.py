@@ -27,7 +27,8 @@ class ServerConfig:
     (``--no-slots`` turns it off); ``props_writable``: accept ``POST /props``
     (``--props``); ``slot_save_path``: the folder of ``/slots/{id}?action=save``;
     ``defaults``: request fields' values where a request leaves them out
-    (``n_predict``, ``temperature``...)."""
+    (``n_predict``, ``temperature``...); ``body_timeout``: seconds a client may take to
+    send each piece of a request body (a 408 after)."""
 
     def __init__(
         self,
@@ -43,9 +44,13 @@ class ServerConfig:
         props_writable: bool = False,
         slot_save_path: Path | None = None,
         defaults: Mapping[str, Any] | None = None,
+        body_timeout: float = 30.0,
     ) -> None:
-        if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1:
-            raise RunError("max_queue must be >= 0, request_timeout > 0 and max_body_bytes >= 1")
+        if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1 or body_timeout <= 0:
+            raise RunError(
+                "max_queue must be >= 0, request_timeout and body_timeout > 0 and "
+                "max_body_bytes >= 1"
+            )
         keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
         if any(not k for k in keys):
             raise RunError("an API key is empty: give a non-empty key (or none for an open server)")
@@ -60,6 +65,7 @@ class ServerConfig:
         self.props_writable = props_writable
         self.slot_save_path = slot_save_path
         self.defaults: dict[str, Any] = dict(defaults or {})
+        self.body_timeout = body_timeout
 
     @property
     def api_key(self) -> str | None:

@@ -86,11 +86,19 @@ def refused(e: InvalidRequestError, rename: dict[str, str] | None = None) -> Api
     return ApiError(400, str(e), param=param)
 
 
+def _type_tag(part: str) -> bool:
+    """Whether a pydantic error location's part names a union's member (``str``,
+    ``list[int]``), not a field."""
+    return "[" in part or part in ("str", "int", "float", "bool", "bytes", "none", "dict", "list")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        errors = exc.errors()
+        # a union's members each report: the one that got furthest says what is wrong
+        first = max(errors, key=lambda e: len(e.get("loc", ()))) if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _type_tag(str(p))]
         if first.get("type") == "json_invalid":
             return error_response(
                 400, f"the request body is not valid JSON: {first.get('msg', '')}"
@@ -102,7 +110,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else None
-        return error_response(exc.status_code, str(exc.detail), code=code)
+        headers = dict(exc.headers or {})  # a 408's Connection: close
+        return error_response(exc.status_code, str(exc.detail), code=code, headers=headers)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:

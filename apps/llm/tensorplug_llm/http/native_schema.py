@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from ..openai_schema import ChatMessage, constraint_format
 
@@ -37,41 +46,41 @@ class NativeCompletionRequest(BaseModel):
     #: one prompt, or several (a list of texts, of lists, or of both): llama-server's
     #: "multiple prompts", answered as a list (streamed: chunks tagged by ``index``)
     prompt: Prompt | list[Prompt] = ""
-    n_predict: int = Field(-1, ge=-1)
+    n_predict: StrictInt = Field(-1, ge=-1)
     #: the OpenAI name of ``n_predict``, which llama-server takes too
-    max_tokens: int | None = Field(None, ge=-1)
-    temperature: float = Field(0.8, ge=-100.0, le=100.0)
-    top_k: int = 40
-    top_p: float = Field(0.95, ge=0.0, le=1.0)
-    min_p: float = Field(0.05, ge=0.0, le=1.0)
-    typical_p: float = Field(1.0, ge=0.0, le=1.0)
-    repeat_penalty: float = Field(1.0, gt=0.0)
-    repeat_last_n: int = Field(64, ge=-1)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int = -1
+    max_tokens: StrictInt | None = Field(None, ge=-1)
+    temperature: StrictFloat = Field(0.8, ge=-100.0, le=100.0)
+    top_k: StrictInt = 40
+    top_p: StrictFloat = Field(0.95, ge=0.0, le=1.0)
+    min_p: StrictFloat = Field(0.05, ge=0.0, le=1.0)
+    typical_p: StrictFloat = Field(1.0, ge=0.0, le=1.0)
+    repeat_penalty: StrictFloat = Field(1.0, gt=0.0)
+    repeat_last_n: StrictInt = Field(64, ge=-1)
+    presence_penalty: StrictFloat = 0.0
+    frequency_penalty: StrictFloat = 0.0
+    seed: StrictInt = -1
     stop: str | list[str] = Field(default_factory=list)
-    stream: bool = False
-    n_probs: int = Field(0, ge=0, le=20)
-    post_sampling_probs: bool = False
+    stream: StrictBool = False
+    n_probs: StrictInt = Field(0, ge=0, le=20)
+    post_sampling_probs: StrictBool = False
     grammar: str | None = None
-    json_schema: dict[str, Any] | bool | None = None
+    json_schema: dict[str, Any] | StrictBool | None = None
     response_format: dict[str, Any] | None = None
-    logit_bias: dict[str, float] | list[list[Any]] | None = None
-    ignore_eos: bool = False
+    logit_bias: dict[str, StrictFloat] | list[list[Any]] | None = None
+    ignore_eos: StrictBool = False
     #: prefixes are always reused (the engine looks them up in every slot); accepted
-    cache_prompt: bool = True
+    cache_prompt: StrictBool = True
     #: -1: any slot; a slot number is checked against -np (the engine picks the slot that
     #: holds the longest prefix of the prompt either way)
-    id_slot: int = Field(-1, ge=-1)
+    id_slot: StrictInt = Field(-1, ge=-1)
     return_tokens: bool = False
-    timings_per_token: bool = False
+    timings_per_token: StrictBool = False
     samplers: list[str] | str | None = None
-    n_keep: int = Field(0, ge=-1)
-    min_keep: int = Field(0, ge=0)
-    mirostat: int = 0
-    dry_multiplier: float = 0.0
-    xtc_probability: float = 0.0
+    n_keep: StrictInt = Field(0, ge=-1)
+    min_keep: StrictInt = Field(0, ge=0)
+    mirostat: StrictInt = 0
+    dry_multiplier: StrictFloat = 0.0
+    xtc_probability: StrictFloat = 0.0
 
     @field_validator("mirostat", "dry_multiplier", "xtc_probability")
     @classmethod
@@ -172,7 +181,7 @@ def _logit_bias(bias: dict[str, float] | list[list[Any]] | None) -> dict[str, fl
     """llama-server's ``[[id, bias], ...]`` (``false``: never) or OpenAI's object."""
     if bias is None or isinstance(bias, dict):
         return bias
-    out: dict[str, float] = {}
+    out: dict[str, StrictFloat] = {}
     for i, pair in enumerate(bias):
         if len(pair) != 2 or not isinstance(pair[0], int) or isinstance(pair[0], bool):
             raise ValueError(f"logit_bias[{i}] must be [token_id, bias], got {pair!r}")
@@ -185,15 +194,15 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
+    add_special: StrictBool = False
+    parse_special: StrictBool = True
+    with_pieces: StrictBool = False
 
 
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    tokens: list[int]
+    tokens: list[StrictInt]
 
 
 class ApplyTemplateRequest(BaseModel):
@@ -209,9 +218,9 @@ class NativeEmbeddingRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    content: str | list[str] | list[int] | list[list[int]] | None = None
-    input: str | list[str] | list[int] | list[list[int]] | None = None
-    embd_normalize: int = Field(2, ge=-1)
+    content: str | list[str] | list[StrictInt] | list[list[StrictInt]] | None = None
+    input: str | list[str] | list[StrictInt] | list[list[StrictInt]] | None = None
+    embd_normalize: StrictInt = Field(2, ge=-1)
 
     @model_validator(mode="after")
     def _some_content(self) -> NativeEmbeddingRequest:

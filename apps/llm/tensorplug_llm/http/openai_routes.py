@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..api import Stream
 from ..openai_schema import CONSTRAINT_PARAMS, ChatRequest, CompletionRequest, EmbeddingRequest
+from .errors import ApiError
 from .model_info import model_list
 from .relay import Canceller
 from .service import ServiceDep
@@ -104,6 +105,15 @@ def _role_first(result: dict[str, Any] | Stream) -> dict[str, Any] | Stream:
 
 @v1_only.post("/embeddings")
 async def embeddings(body: EmbeddingRequest, svc: ServiceDep) -> Response:
+    size = svc.llm.llama.config.n_embd
+    if body.dimensions is not None and body.dimensions != size:
+        raise ApiError(
+            400,
+            f"dimensions: {svc.llm.model_name}'s embeddings have {size} dimensions and it "
+            f"cannot shorten them to {body.dimensions} (it was not trained to): leave "
+            "dimensions out",
+            param="dimensions",
+        )
     result = await svc.call(lambda: svc.llm.create_embedding(body.input))
     if body.encoding_format == "base64":
         for item in result["data"]:

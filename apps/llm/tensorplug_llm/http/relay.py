@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..api import InvalidRequestError, Stream
-from .errors import ApiError, error_body, refused
+from .errors import ApiError, error_body, log, refused
 
 __all__ = ["Canceller", "Encoder", "EventStream", "Relay", "data_event", "in_thread"]
 
@@ -143,22 +143,26 @@ class Relay:
         encode: Encoder | None = None,
     ) -> AsyncIterator[bytes]:
         """Server-sent events written by ``encode`` (``data:`` lines by default), ending
-        with ``done``; a client that disconnects cancels
-        the request, as does the deadline. Sending to a client that went away fails,
-        but a request still waiting for a slot sends nothing: the watcher notices the
-        disconnect meanwhile."""
+        with ``done``, after an error event too (a client reads to it); a client that
+        disconnects cancels the request, as does the deadline. Sending to a client that
+        went away fails, but a request still waiting for a slot sends nothing: the
+        watcher notices the disconnect meanwhile."""
         write = encode or data_event
         watcher = asyncio.create_task(_watch_disconnect(request, self.stream))
         try:
-            while (item := await self._next()) is not _DONE:
-                yield write(item)
-            if done is not None:
+            try:
+                while (item := await self._next()) is not _DONE:
+                    yield write(item)
+            except TimeoutError:
+                self.stream.cancel()
+                yield write(error_body("the request ran past the server's --timeout", "timeout"))
+            except InvalidRequestError as e:
+                yield write(refused(e).body())
+            except Exception as e:  # the headers are sent: the error can only be an event
+                log.exception("a stream failed")
+                yield write(error_body(f"internal error: {type(e).__name__}", "server_error"))
+            if done is not None:  # a client reads to the end marker, error or not
                 yield done
-        except TimeoutError:
-            self.stream.cancel()
-            yield write(error_body("the request ran past the server's --timeout", "timeout"))
-        except InvalidRequestError as e:
-            yield write(refused(e).body())
         finally:
             watcher.cancel()
             self.stream.cancel()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 __all__ = ["ResponsesRequest"]
 
@@ -65,13 +65,13 @@ class ResponsesRequest(BaseModel):
     model: str | None = None
     input: str | list[FunctionCallItem | FunctionCallOutputItem | MessageItem]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
-    stream: bool = False
+    max_output_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: StrictFloat | None = Field(None, ge=0.0, le=2.0)
+    top_p: StrictFloat | None = Field(None, ge=0.0, le=1.0)
+    stream: StrictBool = False
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["auto", "required", "none"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: StrictBool = True
     #: refused: the server keeps no conversations (llama-server refuses it too)
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None

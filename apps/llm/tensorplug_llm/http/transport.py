@@ -1,0 +1,142 @@
+"""The connection's limits, where uvicorn has none: a client must send a request's
+head within :data:`HEADER_TIMEOUT` seconds of connecting (or of the previous response)
+and each piece of its body within the body timeout, only HTTP/1.0 and 1.1 are spoken,
+and at most :data:`MAX_CONNECTIONS` connections are open at once (uvicorn's
+``limit_concurrency``: the next request is answered 503).
+
+uvicorn arms its keep-alive timer only after a response, and any byte received
+cancels it: a client that connects and sends nothing, or one header byte every few
+seconds, held its connection for ever. :func:`timed_h11` adds a deadline for the
+whole head to uvicorn's h11 protocol; :class:`Transport` (ASGI) gives each body read a
+deadline (a 408 after it: a Content-Length larger than the body sent no longer holds
+the connection) and refuses unknown HTTP versions (505)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .errors import error_response
+
+__all__ = [
+    "BODY_TIMEOUT",
+    "HEADER_TIMEOUT",
+    "IDLE_TIMEOUT",
+    "MAX_CONNECTIONS",
+    "MAX_HEADER_BYTES",
+    "Transport",
+    "timed_h11",
+    "uvicorn_settings",
+]
+
+#: seconds a client has to send a request's head (request line and headers)
+HEADER_TIMEOUT = 10.0
+#: seconds a client may take to send each piece of a request's body
+BODY_TIMEOUT = 30.0
+#: seconds an idle keep-alive connection stays open between requests
+IDLE_TIMEOUT = 5.0
+#: connections open at once; past it a request is answered 503
+MAX_CONNECTIONS = 256
+#: the largest request head h11 buffers (a longer one is a 400)
+MAX_HEADER_BYTES = 64 * 1024
+
+VERSIONS = ("1.0", "1.1")
+
+
+def timed_h11(header_timeout: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection whose request head has not all
+    come ``header_timeout`` seconds after the connection opened or the previous
+    response ended."""
+
+    class TimedH11(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(header_timeout, self._head_timeout)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            # no request under way (one has its own deadlines): the next one's head is late
+            idle = self.cycle is None or self.cycle.response_complete
+            if idle and not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11
+
+
+def uvicorn_settings(
+    header_timeout: float = HEADER_TIMEOUT,
+    idle_timeout: float = IDLE_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
+) -> dict[str, Any]:
+    """The keyword arguments of ``uvicorn.Config`` that bound a connection."""
+    return {
+        "http": timed_h11(header_timeout),
+        "timeout_keep_alive": idle_timeout,
+        "limit_concurrency": max_connections,
+        "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
+    }
+
+
+class Transport:
+    """ASGI middleware: 505 for an HTTP version other than 1.0 and 1.1, and a 408 when
+    a piece of the body does not come within ``body_timeout`` seconds (raised from the
+    body's read, answered by the app's error handler as the body limit's 413 is)."""
+
+    def __init__(self, app: ASGIApp, body_timeout: float = BODY_TIMEOUT) -> None:
+        self.app, self.body_timeout = app, body_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        version = scope.get("http_version", "1.1")
+        if version not in VERSIONS:
+            response = error_response(
+                505, f"HTTP/{version} is not supported: send HTTP/1.1 (or 1.0)"
+            )
+            await response(scope, receive, send)
+            return
+        body_done = False
+
+        async def timed() -> Message:
+            nonlocal body_done
+            if body_done:  # after the body only a disconnect can come: no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout)
+            except TimeoutError:
+                raise StarletteHTTPException(
+                    408,
+                    f"the request body did not arrive: nothing came for {self.body_timeout:g} "
+                    "s (is its Content-Length larger than the body sent?)",
+                    headers={"Connection": "close"},  # the rest of the body is not awaited
+                ) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        await self.app(scope, timed, send)
