@@ -50,7 +50,12 @@ VERSIONS = ("1.0", "1.1")
 def timed_h11(header_timeout: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol, closing a connection whose request head has not all
     come ``header_timeout`` seconds after the connection opened or the previous
-    response ended."""
+    response ended. The deadline follows uvicorn's h11 protocol class (the ``http``
+    setting uvicorn documents takes a class) through two of its members, a request's
+    ``cycle`` and ``on_response_complete``; a uvicorn without them gets its own class
+    back, without the head deadline (the body and idle ones stand)."""
+    if not hasattr(H11Protocol, "on_response_complete"):
+        return H11Protocol
 
     class TimedH11(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
@@ -80,7 +85,8 @@ def timed_h11(header_timeout: float) -> type[H11Protocol]:
         def _head_timeout(self) -> None:
             self._head_timer = None
             # no request under way (one has its own deadlines): the next one's head is late
-            idle = self.cycle is None or self.cycle.response_complete
+            cycle = getattr(self, "cycle", None)
+            idle = cycle is None or cycle.response_complete
             if idle and not self.transport.is_closing():
                 self.transport.close()
 
