@@ -29,6 +29,10 @@
 #   SUITE_JOBS          build jobs (default 2)
 #   TENSORPLUG_SUITE_UNKNOWN_FLAGS=drop   leave out flags `tensorplug serve` refuses, to
 #                       see the routes beneath (scripts/llama_server_argv.py)
+#   SUITE_SHARED_SERVER=1   one server for every test (the suite's DEBUG_EXTERNAL mode):
+#                       a quick look where starting a server per test costs too much; the
+#                       tests' own server options (--api-key, -c, --embeddings...) are not
+#                       applied, so its table approximates, never replaces, a full run
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -104,16 +108,35 @@ print(installed_model() or "")')"
     mkdir -p "$CACHE/results"
     : >"$results"
     echo "llama-server-suite: $server ($bin) on $TENSORPLUG_SUITE_MODEL → $results" >&2
-    local file rc=0
+    local port="${SUITE_PORT:-18080}" file rc=0
+    if [[ "${SUITE_SHARED_SERVER:-0}" == 1 ]]; then
+        shared "$bin" "$port" "${results%.jsonl}.server.log"
+    fi
     for file in "${files[@]}"; do
         echo "== $file" >&2
-        (cd "$TESTS" && LLAMA_SERVER_BIN_PATH="$bin" PORT="${SUITE_PORT:-18080}" \
+        (cd "$TESTS" && LLAMA_SERVER_BIN_PATH="$bin" PORT="$port" \
             TENSORPLUG_PYTHON="$PY" TENSORPLUG_SUITE_MODEL="$TENSORPLUG_SUITE_MODEL" \
             TENSORPLUG_SUITE_RESULTS="$results" PYTHONPATH="$HERE" \
             timeout -k 30 "${SUITE_FILE_TIMEOUT:-1800}" "$VENV/bin/python" -m pytest -q \
             -p no:cacheprovider -p llama_suite_plugin "${args[@]}" "$file" | tail -n 3) || rc=1
     done
     return $rc
+}
+
+# one server on the shared file, as the tinyllama2 preset starts it, for every test
+shared() {
+    local bin="$1" port="$2" log="$3" i
+    TENSORPLUG_PYTHON="$PY" "$bin" --port "$port" --host 127.0.0.1 --temp 0.8 --seed 42 \
+        --model "$TENSORPLUG_SUITE_MODEL" --alias tinyllama-2 --ctx-size 2048 --parallel 2 \
+        >"$log" 2>&1 &
+    SHARED_PID=$!
+    trap 'kill "$SHARED_PID" 2>/dev/null || true' EXIT
+    for ((i = 0; i < 600; i++)); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+        kill -0 "$SHARED_PID" 2>/dev/null || die "the shared server ended: see $log"
+        sleep 0.5
+    done
+    export DEBUG_EXTERNAL=1
 }
 
 table() {

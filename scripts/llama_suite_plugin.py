@@ -10,9 +10,9 @@ reason. ``ServerPreset.load_all`` (the session's download of every preset) does 
 
 For the comparison table, each test's outcome is appended as a JSON line to the file
 ``$TENSORPLUG_SUITE_RESULTS`` (when set): passed, failed or skipped, the skip's reason, and
-a failure's first cause: the first HTTP answer outside 2xx the test got (method, path,
-status, error message), the server's last output line when it died while starting, else
-the assertion that failed.
+a failure's first cause: the first HTTP answer outside 2xx the test got, through the
+suite's helpers or an ``openai`` client (method, path, status, error message), the
+server's last output line when it died while starting, else the assertion that failed.
 """
 
 from __future__ import annotations
@@ -114,6 +114,25 @@ def _stream(original: Callable[..., Any]) -> Callable[..., Any]:
     return make_stream_request
 
 
+def _send(original: Callable[..., Any]) -> Callable[..., Any]:
+    """httpx's ``Client.send``, noting answers outside 2xx: the suite's ``openai`` clients."""
+
+    @functools.wraps(original)
+    def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        response = original(self, request, *args, **kwargs)
+        if not 200 <= response.status_code < 300:
+            response.read()  # an error's body, read once and kept for its caller
+            try:
+                body = response.json()
+            except ValueError:
+                body = response.text
+            path = request.url.raw_path.decode("ascii", "replace")
+            _note(f"{request.method} {path} → {response.status_code} {_message(body)}")
+        return response
+
+    return send
+
+
 def _message(body: Any) -> str:
     if isinstance(body, dict):
         error = body.get("error", body.get("detail", body))
@@ -140,6 +159,11 @@ def pytest_configure(config: pytest.Config) -> None:
     utils.ServerProcess.make_request = _request(utils.ServerProcess.make_request)
     utils.ServerProcess.make_stream_request = _stream(utils.ServerProcess.make_stream_request)
     utils.download_file = _no_download
+    try:
+        import httpx
+    except ImportError:  # the suite's requirements bring it with openai
+        return
+    httpx.Client.send = _send(httpx.Client.send)  # type: ignore[method-assign]
 
 
 @pytest.hookimpl(hookwrapper=True)

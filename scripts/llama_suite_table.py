@@ -36,12 +36,13 @@ def read(path: Path) -> Run:
 
 def cause_group(cause: str) -> str:
     """``cause`` with what differs between tests of one cause folded away: the values of
-    refused flags, quoted text, and the numbers an assertion compared."""
+    refused flags, the numbers an assertion compared, quoted text in a server's message."""
     cause = re.sub(r" \(Server process died with return code \d+\)", "", cause)
     cause = re.sub(r"unrecognized arguments: .*", lambda m: _flags(m.group(0)), cause)
-    cause = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", cause)
     if cause.startswith("assertion:"):  # the values compared differ from test to test
-        cause = re.sub(r"\d+(\.\d+)?", "N", cause)
+        cause = re.sub(r"\b0x[0-9a-f]+\b|\d+(\.\d+)?", "N", cause)
+    else:  # a server's message naming what the request held
+        cause = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", cause)
     return cause.strip()[:140]
 
 

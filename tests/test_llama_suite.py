@@ -126,3 +126,16 @@ def test_the_table_compares_by_file_and_groups_first_causes(tmp_path: Path) -> N
     cause = "server did not start: tensorplug: error: unrecognized arguments: --temp --no-jinja"
     assert f"| 2 | {cause} |" in text
     assert "| 1 | vision |" in text
+
+
+def test_the_first_answer_outside_2xx_is_the_cause() -> None:
+    httpx = pytest.importorskip("httpx")
+    plugin = _load("llama_suite_plugin")
+    answers = iter([httpx.Response(200, json={}), httpx.Response(404, json={"error": {
+        "message": "no  such\nroute", "type": "not_found"}}), httpx.Response(500, text="x")]
+    )  # fmt: skip
+    send = plugin._send(httpx.Client.send)
+    with httpx.Client(transport=httpx.MockTransport(lambda request: next(answers))) as client:
+        for path in ("/v1/models", "/completion?x=1", "/tokenize"):
+            send(client, client.build_request("POST", f"http://h{path}"))
+    assert plugin._cause == {"cause": "POST /completion?x=1 → 404 no such route"}
