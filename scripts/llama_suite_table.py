@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-__all__ = ["Run", "cause_group", "read", "render"]
+__all__ = ["Run", "cause_group", "read", "refused_flags", "render"]
 
 Run = dict[str, dict[str, str]]  # node id → its record
 
@@ -48,8 +48,13 @@ def cause_group(cause: str) -> str:
 
 
 def _flags(text: str) -> str:
-    flags = [word for word in text.split()[2:] if word.startswith("-")]
-    return "unrecognized arguments: " + " ".join(flags)
+    return "unrecognized arguments: " + " ".join(refused_flags(text))
+
+
+def refused_flags(cause: str) -> list[str]:
+    """The flags an argparse refusal in ``cause`` names, without their values."""
+    _, found, rest = cause.partition("unrecognized arguments: ")
+    return [w for w in rest.split() if found and re.fullmatch(r"--?[A-Za-z][\w-]*", w)]
 
 
 def render(reference: Run, candidate: Run, names: tuple[str, str]) -> str:
@@ -84,6 +89,14 @@ def render(reference: Run, candidate: Run, names: tuple[str, str]) -> str:
     lines += ["", f"First causes of every failure on {cand}:", ""]
     lines += ["| tests | first cause |", "|---:|---|"]
     lines += [f"| {n} | {_cell(cause)} |" for cause, n in failures.most_common()]
+    refused = Counter(
+        flag for record in candidate.values() if record["outcome"] == "failed"
+        for flag in refused_flags(record.get("cause", ""))
+    )  # fmt: skip
+    if refused:
+        lines += ["", f"Flags {cand} refused, by the tests whose server they stopped:", ""]
+        lines += ["| tests | flag |", "|---:|---|"]
+        lines += [f"| {n} | `{flag}` |" for flag, n in refused.most_common()]
     reasons = Counter(
         record.get("reason", "")
         for record in candidate.values()

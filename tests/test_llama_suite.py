@@ -109,7 +109,7 @@ def test_the_table_compares_by_file_and_groups_first_causes(tmp_path: Path) -> N
         "llama": [("a::t1", "passed", ""), ("a::t2", "passed", ""), ("b::t3", "skipped", "")],
         "ours": [
             ("a::t1", "failed", refused + "error: unrecognized arguments: --temp 0.8 --no-jinja"),
-            ("a::t2", "failed", refused + "error: unrecognized arguments: --temp 0.1 --no-jinja"),
+            ("a::t2", "failed", refused + "error: unrecognized arguments: --temp -1 --no-jinja"),
             ("b::t3", "skipped", ""),
         ],
     }
@@ -125,6 +125,7 @@ def test_the_table_compares_by_file_and_groups_first_causes(tmp_path: Path) -> N
     assert "| b | 1 | 1 | 0 | 0 | 0 |" in text
     cause = "server did not start: tensorplug: error: unrecognized arguments: --temp --no-jinja"
     assert f"| 2 | {cause} |" in text
+    assert "| 2 | `--temp` |\n| 2 | `--no-jinja` |" in text
     assert "| 1 | vision |" in text
 
 
