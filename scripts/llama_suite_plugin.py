@@ -79,12 +79,17 @@ def _start(original: Callable[..., None]) -> Callable[..., None]:
         if self.log_path is None:  # kept to say why a server died while starting
             fd, self.log_path = tempfile.mkstemp(prefix="llama-suite-server-", suffix=".log")
             os.close(fd)
+        before = _cause.get("cause")
         try:
             original(self, *args, **kwargs)
         except (RuntimeError, TimeoutError) as e:
             lines = Path(self.log_path).read_text(errors="replace").strip().splitlines()
+            if before is None:
+                _cause.pop("cause", None)
             _note(f"server did not start ({e}): {lines[-1] if lines else 'no output'}")
             raise
+        if before is None:  # /health's 503 while the model loads is how starting looks
+            _cause.pop("cause", None)
 
     return start
 

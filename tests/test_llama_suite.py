@@ -140,3 +140,18 @@ def test_the_first_answer_outside_2xx_is_the_cause() -> None:
         for path in ("/v1/models", "/completion?x=1", "/tokenize"):
             send(client, client.build_request("POST", f"http://h{path}"))
     assert plugin._cause == {"cause": "POST /completion?x=1 → 404 no such route"}
+
+
+def test_the_health_polls_of_a_start_are_not_a_cause(tmp_path: Path) -> None:
+    plugin = _load("llama_suite_plugin")
+
+    class Server:  # what the wrapper reads of the suite's ServerProcess
+        model_hf_repo = model_url = mmproj_url = None
+        log_path = str(tmp_path / "server.log")
+
+        def start(self) -> None:
+            plugin._note("GET /health → 503 Loading model")  # polled until the model loads
+
+    plugin._cause.clear()
+    plugin._start(Server.start)(Server())
+    assert plugin._cause == {}
