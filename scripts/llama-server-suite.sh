@@ -131,6 +131,7 @@ shared() {
         >"$log" 2>&1 &
     SHARED_PID=$!
     trap 'kill "$SHARED_PID" 2>/dev/null || true' EXIT
+    trap 'exit 143' TERM INT  # through the EXIT trap: the server must not outlive the run
     for ((i = 0; i < 600; i++)); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
         kill -0 "$SHARED_PID" 2>/dev/null || die "the shared server ended: see $log"
