@@ -96,8 +96,7 @@ def test_health_is_503_loading_until_the_model_is_ready(
 @pytest.mark.parametrize(
     ("flag", "why"),
     [(["--lora", "a.gguf"], "LoRA adapters"), (["-hf", "org/repo"], "downloading models"),
-     (["--slot-save-path", "/tmp"], "saving slots"), (["--no-jinja"], "always Jinja"),
-     (["-ctk", "q8_0"], "f16 or f32")],
+     (["--slot-save-path", "/tmp"], "saving slots"), (["-ctk", "q8_0"], "f16 or f32")],
 )  # fmt: skip
 def test_a_llama_server_flag_tensorplug_lacks_is_refused_by_name(
     flag: list[str], why: str, capsys: pytest.CaptureFixture[str]
@@ -108,6 +107,13 @@ def test_a_llama_server_flag_tensorplug_lacks_is_refused_by_name(
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith(f"tensorplug serve: error: argument {flag[0]}") or flag[0] in err
     assert why in err
+
+
+def test_the_flags_every_llama_server_preset_passes_are_accepted() -> None:
+    """llama.cpp's server tests start every server with --offline and most with
+    --no-jinja: both change nothing here (nothing is downloaded; templates are Jinja)."""
+    args = _parse(["--offline", "--no-jinja", "--jinja"])
+    assert args.offline and args.jinja
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

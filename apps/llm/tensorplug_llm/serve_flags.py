@@ -39,7 +39,6 @@ UNSUPPORTED = {
     ("--grammar", "--grammar-file", "-j", "--json-schema"): (
         "a server-wide grammar is not supported: send grammar or json_schema per request"
     ),
-    ("--no-jinja",): "chat templates are always Jinja here",
     ("--slot-save-path",): (
         "saving slots is not supported: the slots share one KV cache and a prompt's prefix "
         "is found in any slot, so there is no per-slot state to save"
@@ -120,8 +119,15 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--jinja",
+        "--no-jinja",
         action="store_true",
-        help="accepted for llama-server's command lines: templates are always Jinja",
+        help="accepted for llama-server's command lines: the file's template is rendered "
+        "by Jinja either way (llama.cpp's built-in templates give the same text)",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="accepted for llama-server's command lines: the server never downloads",
     )
     p.add_argument(
         "--chat-template-file",
