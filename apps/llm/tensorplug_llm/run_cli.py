@@ -835,12 +835,15 @@ def demo_model(
         finally:
             cpu_only.close()
     # Backends may round differently (the CPU multiplies Q4_0/Q8_0 weights with Q8_0
-    # activations for a few tokens, as ggml does; GPU kernels use float32), so agreement
-    # is judged as ggml's test-backend-ops judges mul_mat: NMSE within 5e-4 — and the
-    # most likely token equal at every position.
+    # activations and rounds an F16 cache's query to f16, as ggml does; GPU kernels use
+    # float32), so agreement is judged as ggml's test-backend-ops judges mul_mat: NMSE
+    # within 5e-4 — and the most likely token equal wherever the CPU's top two are
+    # further apart than the two runs (a random model's near-ties can go either way).
     err = float(np.abs(got - want).max() / np.abs(want).max())
     nmse = float(np.sum((got - want) ** 2) / np.sum(want**2))
-    differ = int((got.argmax(-1) != want.argmax(-1)).sum())
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    decided = (top2[:, 1] - top2[:, 0]) > 2 * np.abs(got - want).max(axis=-1)
+    differ = int(((got.argmax(-1) != want.argmax(-1)) & decided).sum())
     ok = nmse <= DEMO_MAX_NMSE and differ == 0
     verdict = "agree with" if ok else "DIFFER from"
     tops = f"top token differs at {differ} positions" if differ else "same top tokens"
