@@ -37,6 +37,7 @@ from tensorplug.errors import RunError
 from tensorplug.signals import HeldCtrlC
 
 from .chat_input import PromptReader
+from .prefix import common_prefix
 from .template import ChatTemplateError, prompt_ids, render
 from .terminal import printable
 
@@ -133,16 +134,6 @@ def _template(model: ModelRunner, path: str | None = None) -> ChatTemplate:
         "which continues text rather than answers; using ChatML (--chat-template FILE "
         "gives another, `tensorplug run -p TEXT` continues text)",
     )
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens ``a`` and ``b`` share from the start."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def load_messages(path: str) -> list[dict[str, str]]:

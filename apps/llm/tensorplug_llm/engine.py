@@ -74,6 +74,7 @@ from tensorplug.errors import RunError
 from .batch import BatchBuilder
 from .kv_cells import MAX_SEQUENCES
 from .pooling import pool, pooling_kind
+from .prefix import common_prefix
 from .request import (
     Constraint,
     GreedySampler,
@@ -515,13 +516,13 @@ class Engine:
                 continue
             slot = self._best_slot(idle, prompt)
             limit = len(prompt) - 1  # the last prompt token is evaluated: its logits
-            own = min(_common_prefix(slot.cached, prompt), limit)
+            own = min(common_prefix(slot.cached, prompt), limit)
             donor = max(
                 (s for s in self.slots if s is not slot),
-                key=lambda s: _common_prefix(s.cached, prompt),
+                key=lambda s: common_prefix(s.cached, prompt),
                 default=None,
             )
-            shared = min(_common_prefix(donor.cached, prompt), limit) if donor else 0
+            shared = min(common_prefix(donor.cached, prompt), limit) if donor else 0
             use_donor = donor is not None and shared > own
             reuse = shared if use_donor else own
             if self._prefix_coming(prompt, reuse):
@@ -599,7 +600,7 @@ class Engine:
         once, the others share it a step or a few later."""
         for s in self.slots:
             if s.job is not None and s.job.pending and not s.job.embed:
-                n = min(_common_prefix(s.cached + s.job.pending, prompt), len(prompt) - 1)
+                n = min(common_prefix(s.cached + s.job.pending, prompt), len(prompt) - 1)
                 if n > reuse and n >= self.similarity * len(prompt):
                     return True
         return False
@@ -622,7 +623,7 @@ class Engine:
         cache another conversation will want."""
 
         def useful(slot: _Slot) -> int:
-            n = _common_prefix(slot.cached, prompt)
+            n = common_prefix(slot.cached, prompt)
             return n if n >= self.similarity * len(prompt) else 0
 
         return max(idle, key=lambda s: (useful(s), -s.last_used))
@@ -900,10 +901,3 @@ class Engine:
         slot.job = None
         slot.last_used = next(self._tick)
         job.handle.end(reason, error)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n

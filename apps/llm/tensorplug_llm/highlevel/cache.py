@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .session import longest_prefix
+from ..prefix import common_prefix
 from .state import LlamaState
 
 __all__ = ["BaseLlamaCache", "LlamaCache", "LlamaDiskCache", "LlamaRAMCache"]
@@ -43,7 +43,7 @@ class BaseLlamaCache(ABC):
     def _find_longest_prefix_key(self, key: tuple[int, ...]) -> tuple[int, ...] | None:
         best, best_len = None, 0
         for k in self._keys():
-            n = longest_prefix(k, key)
+            n = common_prefix(k, key)
             if n > best_len:
                 best, best_len = k, n
         return best

@@ -26,11 +26,12 @@ import numpy.typing as npt
 
 from ..api import LLM
 from ..constraint import constraint_for
+from ..prefix import common_prefix
 from ..tokenizer import Vocab
 from .completion import CompletionRequest, complete, logits_to_logprobs, prompt_tokens
 from .direct import DirectGenerator
 from .options import LLAMA_DEFAULT_SEED, LoadOptions, load_options
-from .session import SampleSettings, Session, longest_prefix
+from .session import SampleSettings, Session
 from .state import LlamaState, cache_bytes, restore_cache
 from .tokenizer import LlamaTokenizer
 
@@ -424,8 +425,8 @@ class Llama:
             state = self.cache[tokens]
         except KeyError:
             return
-        held = longest_prefix(self._input_ids.tolist(), tokens)
-        if longest_prefix(state.input_ids[: state.n_tokens].tolist(), tokens) > held:
+        held = common_prefix(self._input_ids.tolist(), tokens)
+        if common_prefix(state.input_ids[: state.n_tokens].tolist(), tokens) > held:
             self.load_state(state)
 
     def _cached_after(
@@ -443,7 +444,7 @@ class Llama:
 
     @staticmethod
     def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-        return longest_prefix(a, b)
+        return common_prefix(a, b)
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None, **kwargs: Any) -> Llama:

@@ -20,13 +20,14 @@ random draws (a different generator), only its greedy choices.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ..prefix import common_prefix
 from ..sampling import SamplingParams, TokenSampler
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from ..runner import ModelRunner
     from .processors import LogitsProcessorList, StoppingCriteriaList
 
-__all__ = ["SampleSettings", "Session", "longest_prefix"]
+__all__ = ["SampleSettings", "Session"]
 
 #: llama-cpp-python's ``LLAMA_DEFAULT_SEED``: "pick a random seed".
 DEFAULT_SEED = 0xFFFFFFFF
@@ -288,7 +289,7 @@ class Session:
         self.start(settings, seed)
         pending = list(tokens)
         if reset and self.n_tokens > 0:
-            prefix = longest_prefix(self.input_ids[: self.n_tokens], pending)
+            prefix = common_prefix(self.input_ids[: self.n_tokens], pending)
             if prefix == len(pending) == self.n_tokens and self.last_logits is not None:
                 pending = []  # the whole prompt is cached with its logits
             else:
@@ -312,13 +313,3 @@ class Session:
                 return
             sent = yield token
             pending = [token, *(sent or ())]
-
-
-def longest_prefix(a: Iterable[int], b: Iterable[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
