@@ -272,7 +272,9 @@ def test_prompt_attention_is_the_same_at_any_thread_count() -> None:
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     weights = (p / p.sum(axis=-1, keepdims=True)).astype(np.float16).astype(np.float64)
     ref = weights @ v64  # (h, n_q, d)
-    assert nmse(one[0], ref.transpose(1, 0, 2)) < 1e-10
+    # a weight near an f16 boundary may round to the other neighbour from float32 than
+    # from float64 (~1e-10); without the roundings the error is ~6e-8
+    assert nmse(one[0], ref.transpose(1, 0, 2)) < 5e-9
     np.testing.assert_array_equal(one, two)
 
 

@@ -278,22 +278,26 @@ class _Listening:
         """Until the server stops (Ctrl-C, SIGTERM)."""
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, self._exit) if main else None
-        if main:
-            # Python's Ctrl-C handler again: a driver that made a context while the
-            # model loaded (PoCL) may have put its own in place, one that resets itself
-            # to the default after a first Ctrl-C, so that a second killed the process
-            signal.signal(
-                signal.SIGINT, signal.getsignal(signal.SIGINT) or signal.default_int_handler
-            )
         try:
             while self.thread.is_alive():
-                self.thread.join(0.5)
+                if main:
+                    # Python's Ctrl-C handler again, every tenth of a second: a driver that
+                    # makes a context (PoCL, when a device is first used) puts its own in
+                    # place, one that resets itself to the default at a first Ctrl-C, so
+                    # that a second one killed the process
+                    signal.signal(
+                        signal.SIGINT,
+                        signal.getsignal(signal.SIGINT) or signal.default_int_handler,
+                    )
+                self.thread.join(0.1)
         except KeyboardInterrupt:
             self.server.should_exit = True
-            if main:  # a second Ctrl-C, at any moment until the process ends, forces the
-                # stop rather than interrupting the shutdown (or the interpreter's exit)
+            if main:  # a second Ctrl-C during the shutdown forces it rather than cutting it
                 signal.signal(signal.SIGINT, self._force)
             self.thread.join()
+            # then the command ends as every interrupted one does (tensorplug.cli: one
+            # line, status 130, and no Python left to run a handler for a third press)
+            raise
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
