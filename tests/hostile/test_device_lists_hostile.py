@@ -80,7 +80,12 @@ def test_a_list_that_is_no_list_is_a_miss_with_one_warning(
     worker.join(60)  # a miss takes milliseconds: only a read blocked for ever waits
     assert not worker.is_alive(), "reading the kept device list blocked"
     assert found == [[{"name": "gpu a", "memory": 1024}]] and drivers.asked == 2
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # the kept file's warnings (a first run also tells of a kernel numba compiles)
+    warned = [
+        m
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "numba is compiling" not in (m := r.getMessage())
+    ]
     assert len(warned) == 1 and str(kept) in warned[0]
     assert "tensorplug cache clear" in warned[0]
 
