@@ -3,10 +3,10 @@
 Building a step's graph, splitting and allocating it and binding a backend's plan make
 tens of thousands of objects that all live as long as the plan (SmolLM2-135M: ~850
 tensors and their kernels' views a step). Every 700 new objects set off a young
-collection, which walks them again, and every few of those an older one: 7-13 ms of
-the 44 ms a new prompt length cost SmolLM2 on the dev machine, with the process's older
-objects frozen (``gc.freeze()``) or not. Held off, the collector walks them once, at
-its first collection after the plan.
+collection, which walks them again, and every few of those an older one: a large share
+of what a new prompt length costs, whether the process's older objects are frozen
+(``gc.freeze()``) or not. Held off, the collector walks them once, at its first
+collection after the plan.
 
 Only the collector's schedule changes: nothing is kept alive that would have been
 freed by reference counting, and the garbage of the cycles made meanwhile is collected

@@ -8,8 +8,8 @@ sees the old file or the new one, never half of either.
 A :class:`FileRange` reads a few bytes of a file that is also mapped into memory
 without touching the mapping: Linux maps in the cached pages around every byte read
 through a mapping (fault-around, and whole large folios), 64 KiB to 2 MiB a read, so a
-128-token prompt's rows of Gemma 3's 178 MB token embeddings made ~85 MB of the file
-resident in the process (kernel 6.18); read with ``pread`` they stay in the page cache.
+short prompt's rows of a large vocabulary's token embeddings could make most of them
+resident in the process; read with ``pread`` they stay in the page cache.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def cache_folder(chosen: Path | bool) -> Path | None:
 def replace_file(path: Path, data: bytes) -> None:
     """Make ``path`` hold ``data``, whole or not at all (its folder is made if needed).
     Raises ``OSError`` where it cannot be written; nothing is left behind then."""
-    import tempfile  # with shutil, bz2, lzma and random: ~3 ms a launch that writes nothing
+    import tempfile  # imports shutil, bz2, lzma and random: not for a launch that writes nothing
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)

@@ -28,11 +28,12 @@ no conversion either way. A file the reader rejects is walked again by a small h
 parser whose only job is to say precisely what is wrong — which key or tensor, which
 bytes are missing — instead of the reader's bare numpy error.
 
-``gguf`` is imported when a file is parsed, never with :mod:`tensorplug` (~30 ms of a
-launch). What the header held is kept for later processes (:mod:`.gguf_index`), which
-open the same unchanged file without importing ``gguf`` or parsing it again. ``gguf``
-is an optional dependency (``pip install 'tensorplug[gguf]'``): without it, parsing a
-file raises :class:`~tensorplug.errors.MissingDependencyError`.
+``gguf`` is imported when a file is parsed, never with :mod:`tensorplug` (its import is
+a noticeable share of a launch). What the header held is kept for later processes
+(:mod:`.gguf_index`), which open the same unchanged file without importing ``gguf`` or
+parsing it again. ``gguf`` is an optional dependency
+(``pip install 'tensorplug[gguf]'``): without it, parsing a file raises
+:class:`~tensorplug.errors.MissingDependencyError`.
 """
 
 from __future__ import annotations
@@ -138,14 +139,12 @@ def populate_mapping(data: np.ndarray, start: int, end: int) -> bool:
     system call, as llama.cpp's ``MAP_POPULATE`` does for the models it maps.
 
     Otherwise the first computation that reads the weights takes a page fault per 4 KiB
-    page. Measured on the 2-core dev machine, four fresh processes each: the first
-    128-token prompt after loading a 100M Q4_0 model ran 1–42 ms longer than the same
-    prompt again, and 18–25 ms longer with the pages mapped first (about 20 ms of it is
-    building the prompt's plan); the call took 3–4 ms, and 16–21 ms for a 370 MB file
-    whose pages were cached. Where it is missing or refused (older kernels, other
-    systems), the pages fault in on first use as before; returns whether they were
-    mapped. A range larger than the memory available now is left alone too: reading a
-    model that cannot stay in memory ahead of time would only read it twice.
+    page, and the first prompt after loading runs longer than the same prompt again, by
+    an amount that varies from launch to launch; one system call over the whole range
+    costs less than those faults, and always the same. Where it is missing or refused
+    (older kernels, other systems), the pages fault in on first use; returns whether
+    they were mapped. A range larger than the memory available now is left alone too:
+    reading a model that cannot stay in memory ahead of time would only read it twice.
     """
     mem = getattr(data, "_mmap", None)  # numpy.memmap's mapping; it maps from offset 0 here
     if MADV_POPULATE_READ is None or mem is None or getattr(data, "offset", 0) != 0:
@@ -478,9 +477,8 @@ class GGUFFile:
         wraps host memory in a :class:`~tensorplug.host.HostBuffer`), so that a backend
         reads its rows with ``pread`` and never maps its pages in: Linux maps in the
         cached pages around each row read through a mapping (fault-around, and whole
-        large folios: 64 KiB to 2 MiB a read), which made Gemma 3's 178 MB of token
-        embeddings 9 MB resident after a 128-token prompt on one dev machine and 85 MB
-        on another (kernel 6.18), and 11 of the 100M model's 14 MB.
+        large folios: 64 KiB to 2 MiB a read), so a prompt of a hundred tokens could make
+        most of a large vocabulary's token embeddings resident, depending on the kernel.
         """
         self.check_unchanged()
         order = sorted(self._pairs(tensors), key=lambda kv: self.tensors[kv[0]].offset)
@@ -529,8 +527,8 @@ class GGUFFile:
         peak of its load. The scratch buffer is allocated before the tensors' memory:
         a weights buffer's pages are made resident by a thread of its own as soon as it
         is allocated (:mod:`.prefault`), and a new allocation meanwhile waits for the
-        process's memory map that thread holds: the 100M Q5_K model's upload took 15-25
-        ms more in about half the launches (2-core VM), now in none of them."""
+        process's memory map that thread holds, which would slow the upload in some
+        launches and not others."""
         pairs = self._pairs(tensors)
         infos = [self.tensors[name] for name, _ in pairs]
         longest = max((end - start for i in infos for start, end in row_chunks(i)), default=0)
@@ -558,8 +556,8 @@ class GGUFFile:
 
 #: bytes of a tensor read from the file at a time while uploading it (whole rows): about
 #: a core's L2 cache, where a buffer type that converts the bytes (the CPU's repack)
-#: then reads them; 8 MiB held 4-5 MB more at the peak of a 100M model's launch, the
-#: LLVM the CPU's compiled repack loads landing beside it, for no speed
+#: then reads them; a larger chunk only raises the peak of a launch's memory (the LLVM
+#: the CPU's compiled repack loads lands beside it), for no speed
 UPLOAD_CHUNK = 2 << 20
 #: rows a chunk holds a multiple of: a buffer type that stores rows interleaved in small
 #: groups (the CPU's repacked one: 8) then writes whole groups, never patches one
@@ -600,10 +598,9 @@ class StringArray:
 
         Decoded in one pass: each item's length but its last byte is dropped, and that
         byte, zero in any file under 2^56 bytes, is left as the separator of a single
-        text that is split at zeros. Decoding item by item took twice as long (SmolLM2's
-        49,152 tokens: 9.4 → 4.3 ms on the 2-core Zen 4 dev machine; Gemma 3's 262,144
-        are every launch's). An item holding a zero itself, or one that is not UTF-8, is
-        read item by item, so the error names the item as before."""
+        text that is split at zeros. Decoding item by item takes about twice as long, and
+        a vocabulary is decoded at every launch. An item holding a zero itself, or one
+        that is not UTF-8, is read item by item, so the error names the item as before."""
         count = len(self.ends)
         if count == 0:
             return []
@@ -738,12 +735,11 @@ def _reader_class() -> type:
     ``gguf`` is imported lazily).
 
     The stock reader parses every array item on its own through several numpy views,
-    ~20 µs an item: the three arrays of a 32,000-token vocabulary take 2 s to open, and
-    a 128k vocabulary with its merges half a minute. Here a scalar array is one numpy
-    view, and a string array one pass that reads the lengths with ``struct`` into a
-    :class:`StringArray` (where each item ends), decoded from the file when asked for:
-    SmolLM2's 49,152 tokens and 48,900 merges opened in 0.23 s and were read in 0.12 s
-    more; now the whole file opens in 0.07 s and the tokens read in 0.01 s. A scalar
+    so a vocabulary's tens of thousands of tokens, scores and merges take seconds to
+    open, and a 128k vocabulary far longer. Here a scalar array is one numpy view, and a
+    string array one pass that reads the lengths with ``struct`` into a
+    :class:`StringArray` (where each item ends), decoded from the file when asked for,
+    which makes opening a file a small fraction of what it was. A scalar
     array's field is a single part rather than one part per item, and a string array's
     single part is its :class:`StringArray` (``GGUFFile.get`` reads both;
     ``ReaderField.contents()`` no longer would).

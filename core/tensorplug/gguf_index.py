@@ -1,14 +1,14 @@
 """A GGUF file's header as the reader parsed it, kept between processes.
 
-Opening a GGUF file imported the ``gguf`` package (~30 ms, its ``yaml`` alone 10) and
-parsed the header (~10 ms for a 100M model's 32,000-token vocabulary): a tenth of
-launching a 100M model on the 2-core Zen 4 dev machine, the same work every time the same
-file is opened. So what :class:`~tensorplug.gguf.GGUFFile` reads of a header (the
-alignment, where the data starts, the tensors, and each metadata key: its value, or
-where its array lies in the file) is kept in a small JSON file per model path, under
-the file's identity (device, inode, size, modification and change times) and a hash
-of its header's bytes. A later open that finds both unchanged maps the file without
-the reader; a file replaced or rewritten in place has another identity or header.
+Opening a GGUF file means importing the ``gguf`` package (and its ``yaml``) and parsing
+the header, a vocabulary of tens of thousands of tokens included: a noticeable share of
+launching a small model, and the same work every time the same file is opened. So what
+:class:`~tensorplug.gguf.GGUFFile` reads of a header (the alignment, where the data
+starts, the tensors, and each metadata key: its value, or where its array lies in the
+file) is kept in a small JSON file per model path, under the file's identity (device,
+inode, size, modification and change times) and a hash of its header's bytes. A later
+open that finds both unchanged maps the file without the reader; a file replaced or
+rewritten in place has another identity or header.
 
 The entry is a cache, not an authority (:mod:`tensorplug.kept` reads it: a regular
 file, bounded, nested at most a few levels): its values are checked in shape and range
@@ -26,10 +26,10 @@ kept (a string array's items are decoded when read, either way): a damaged file 
 its precise errors.
 
 The folder is ``TENSORPLUG_CACHE``'s (:data:`tensorplug.settings.CACHE`), ``gguf/``
-below it; ``TENSORPLUG_CACHE=0`` keeps nothing. An entry (8-22 KB for the models the
-benchmarks use: a vocabulary's strings are kept as where they lie, not as text) names
-the model file it was made for; writing one drops the entries of files that are gone,
-or of another format, so that downloading and deleting models does not fill the folder.
+below it; ``TENSORPLUG_CACHE=0`` keeps nothing. An entry (a few kilobytes: a
+vocabulary's strings are kept as where they lie, not as text) names the model file it
+was made for; writing one drops the entries of files that are gone, or of another
+format, so that downloading and deleting models does not fill the folder.
 """
 
 from __future__ import annotations

@@ -183,26 +183,24 @@ def aligned_bytes(size: int, owner: str, *, huge_pages: bool = False) -> np.ndar
     and become resident only when first written, where ``np.empty`` and a later clear
     wrote every one.
 
-    Blocks of :data:`MAPPED_MIN` or more are an anonymous mapping of their own, as ggml's
-    are plain allocations: numpy's ``zeros`` advises the kernel to back such blocks with
-    2 MiB huge pages (``madvise(MADV_HUGEPAGE)``, Linux), so writing one row into each
-    layer's part of a KV cache made 2 MiB of it resident. SmolLM2 with its 8192-token
-    cache held 118 MiB more after its first token (425 against 309 MiB in all); its
-    prompt and generation speeds did not change. The system's own huge-page policy
-    still applies (``/sys/kernel/mm/transparent_hugepage/enabled``).
+    Blocks of :data:`MAPPED_MIN` or more are an anonymous mapping of their own, as
+    ggml's are plain allocations: numpy's ``zeros`` advises the kernel to back such
+    blocks with 2 MiB huge pages (``madvise(MADV_HUGEPAGE)``, Linux), so writing one row
+    into each layer's part of a KV cache made 2 MiB of it resident: a small model's long
+    cache held a large share of the process's memory after its first token, for no
+    speed. The system's own huge-page policy still applies
+    (``/sys/kernel/mm/transparent_hugepage/enabled``).
 
     ``huge_pages`` asks for them after all, for memory written whole as soon as it is
-    allocated and then read through again and again: weights. A generated token streams
-    every weight from memory, and with 4 KiB pages a core walks the page tables every
-    4 KiB (in a virtual machine, two levels of them). On 2 MiB pages, one AMD EPYC Zen 4
-    core of a KVM guest, alternated runs: a generated token of the 100M Q8_0 model took
-    4.0–4.1 ms instead of 4.9, of the 660M Q4_0 model 13.9–14.2 instead of 16.4–17.2;
-    repacked 32000×768 products by one row (eight matrices in turn) read Q4_0 at 22–28
-    GB/s instead of 20–21, Q8_0 at 27–31 instead of 24–25. Peak memory is the same (the
-    pages are all written anyway). Only advice: where the system gives none, the memory
-    is what it was. Such memory's pages are also made resident by a thread of their own
-    as the caller starts writing (:mod:`.prefault`): finding 2 MiB pages was most of
-    the time a large model took to load."""
+    allocated and then read through again and again: weights. A generated token
+    streams every weight from memory, and with 4 KiB pages a core walks the page
+    tables every 4 KiB (in a virtual machine, two levels of them). On 2 MiB pages
+    those walks are rare, so a generated token takes less time and a product by one
+    row reads its weights faster (``docs/performance.md`` has the figures). Peak
+    memory is the same (the pages are all written anyway). Only advice: where the
+    system gives none, the memory is what it was. Such memory's pages are also made
+    resident by a thread of their own as the caller starts writing (:mod:`.prefault`):
+    finding 2 MiB pages is otherwise most of the time a large model takes to load."""
     try:
         if size >= MAPPED_MIN:  # page-aligned, which HOST_ALIGNMENT divides
             mapping = _anonymous_mapping(size)

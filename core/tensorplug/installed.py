@@ -4,10 +4,9 @@ environment stays the same.
 Every launch asks which plugins and commands are installed (entry points) and a few
 distributions' versions (numba's and llvmlite's, which key the CPU's kept kernels; the
 GPU bindings', which key their device lists). ``importlib.metadata`` answers by
-importing its e-mail parser, ``zipfile`` and ``csv`` (~17 ms) and reading the folder of
-every installed distribution (~5 ms for 270 of them): ~6 % of launching a 100M model on
-the 2-core Zen 4 dev machine, for answers that change only when something is installed
-or removed.
+importing its e-mail parser, ``zipfile`` and ``csv`` and reading the folder of every
+installed distribution: a noticeable share of launching a small model, for answers
+that change only when something is installed or removed.
 
 So the answers asked for are kept in a small JSON file, one per interpreter, under
 keys of what ``importlib.metadata`` reads: the interpreter, ``sys.path``, and the

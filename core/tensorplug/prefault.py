@@ -4,14 +4,13 @@ A model's repacked weights are hundreds of megabytes of new memory that the load
 writes front to back as it reads the file. Each first write of a page stops the writer
 in the kernel, which must find, zero and map a page; for the 2 MiB pages weights are
 advised (:func:`.host.aligned_bytes`) it may first have to compact memory to find one.
-On the 2-vCPU dev machine (AMD EPYC Zen 4, KVM, Linux 6.18) the first touch of 370 MB
-of such memory took 46-570 ms, varying with how fragmented memory was, and repacking
-the 660M Q4_0 model's weights took 420-750 ms of which ~110 were the copies.
+Those faults, not the copies, are most of the time repacking a model's weights takes,
+and how long they last varies with how fragmented memory is.
 
 :func:`populate_in_background` asks the kernel for every page of a block at once
 (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+) from a thread of its own, in slices from
 the front, so the pages are there, or being made, by the time the loader reaches them,
-and the two cores share the work. The call goes through ``ctypes``, which releases the
+and two cores share the work. The call goes through ``ctypes``, which releases the
 GIL around it (Python's ``mmap.madvise`` holds it). The memory becomes resident no
 sooner than it would anyway: the loader writes every byte of it. Where the call is not
 available (another OS, an older kernel) nothing happens and the writer faults the pages

@@ -1,11 +1,12 @@
 """Vectorised numpy codecs for ggml's float and block-quantized element types.
 
 These functions produce and consume the exact bytes ggml keeps in memory and GGUF keeps
-on disk, bit for bit the same as ``gguf.quants`` (itself a port of the reference C code in
-``ggml-quants.c``), so a tensor quantized here and one quantized by llama.cpp's tooling are
-interchangeable. ``gguf`` is deliberately not imported: it costs ~190 ms at start-up and
-the core package must stay light, so the rounding rules are re-implemented here on plain
-numpy and checked against ``gguf`` by the test-suite.
+on disk, bit for bit the same as ``gguf.quants`` (itself a port of the reference C code
+in ``ggml-quants.c``), so a tensor quantized here and one quantized by llama.cpp's
+tooling are interchangeable. ``gguf`` is deliberately not imported: its import would be
+a large share of every launch and the core package must stay light, so the rounding
+rules are re-implemented here on plain numpy and checked against ``gguf`` by the
+test-suite.
 
 Layouts (``ggml-common.h``); every field is little-endian, ``d`` and ``m`` are f16:
 
@@ -60,7 +61,7 @@ _U32 = np.dtype("<u4")
 
 # Blocks per chunk. 8192 blocks of 32 elements make a 1 MiB float32 chunk: large enough
 # that numpy's per-call overhead is amortised, small enough that the temporaries a kernel
-# creates stay in cache (measured best of 512..16384 on 4096x4096 matrices).
+# creates stay in cache (chunks several times smaller or larger are slower).
 _CHUNK_BLOCKS = 8192
 
 _FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
@@ -168,8 +169,8 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 # scratch memory
 #
 # A kernel's temporaries are up to 1 MiB each. Allocated afresh per chunk they come from
-# mmap and every chunk pays their page faults again, which measured 1.5-8x slower than
-# the arithmetic itself, depending on the allocator's state.
+# mmap and every chunk pays their page faults again, which can cost more than the
+# arithmetic itself, depending on the allocator's state.
 # Each thread therefore keeps one set of scratch buffers (a few MiB, bounded by the chunk
 # size) and the kernels write into them with ``out=``. Nothing returned to a caller is
 # ever a view of scratch memory.
@@ -202,8 +203,8 @@ _scratch = _Scratch()
 # overhead. The kernels therefore transpose each chunk of ``m`` blocks into "slot-major"
 # order, ``X[k, 4*c + p] = block_c[4*k + p]`` (8 slots of 4 consecutive elements), so that
 # every per-block operation becomes a handful of long contiguous loops over the chunk.
-# The transposes move 16-byte (or, for packed bytes, 4-byte) units, which is 3x cheaper
-# than moving single floats, and they only move bits, so values are untouched.
+# The transposes move 16-byte (or, for packed bytes, 4-byte) units, which is several times
+# cheaper than moving single floats, and they only move bits, so values are untouched.
 #
 # In slot order element ``j`` of a block lives in slot ``j // 4`` at lane ``j % 4``, so the
 # two nibbles of packed byte ``j`` (elements ``j`` and ``j + 16``) are slots ``k`` and
@@ -257,8 +258,8 @@ def _lanes(v: np.ndarray, name: str) -> np.ndarray:
     return lanes.reshape(-1)
 
 
-# numpy 2's minimum/maximum against a scalar miss the SIMD path (10x slower than against
-# an array), so the caps are rows of constants broadcast over the 8 slots.
+# numpy 2's minimum/maximum against a scalar miss the SIMD path (many times slower than
+# against an array), so the caps are rows of constants broadcast over the 8 slots.
 _CAP15 = np.full(4 * _CHUNK_BLOCKS, 15, np.uint8)
 _CAP31 = np.full(4 * _CHUNK_BLOCKS, 31, np.uint8)
 
@@ -484,7 +485,7 @@ def _quant_q5_1(x: np.ndarray, out: np.ndarray) -> None:
 
 def _dequant_q8_0(b: np.ndarray, out: np.ndarray) -> None:
     # Nothing to unpack, so the two transposes of the slot layout would cost more than
-    # the per-block overhead they save (measured ~15% slower); work on rows directly.
+    # the per-block overhead they save; work on rows directly.
     np.copyto(out, b[:, 2:].view(np.int8))
     out *= _f16_column(b, 0)[:, None]
 

@@ -268,7 +268,7 @@ CACHE: Setting[Path | bool] = Setting(
     "The folder where tensorplug keeps, between processes, what it learnt of the "
     "installation (what importlib.metadata said of the plugins, commands and versions) and "
     "of the GGUF files it opened (their headers), so that a launch neither imports "
-    "importlib.metadata and gguf nor parses the header again (~60 ms). Each is asked again "
+    "importlib.metadata and gguf nor parses the header again. Each is asked again "
     "when what it came from changes (a folder on sys.path, the file), and used only where "
     "it checks out (a damaged or foreign file is a miss, with a warning). Unset: "
     "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to keep nothing. "
@@ -286,9 +286,9 @@ DEVICE_CACHE: Setting[Path | bool] = Setting(
     parse_folder,
     "the folder where GPU plugins (OpenCL, WebGPU) keep the list of devices their drivers "
     "gave, so that a process that does not use a device does not start its driver (PoCL's "
-    "LLVM, Vulkan: about 0.4 s and 120 MB a launch on a machine with only software "
-    "devices). The list is asked again when a driver package, manifest, device node or "
-    "driver variable changes, and checked when a device is first used. Unset: "
+    "LLVM, Vulkan: a large part of a short launch's time and memory on a machine with "
+    "only software devices). The list is asked again when a driver package, manifest, "
+    "device node or driver variable changes, and checked when a device is first used. Unset: "
     "$XDG_CACHE_HOME/tensorplug, else ~/.cache/tensorplug (also 1); 0 to ask the drivers "
     "in every process.",
     example="0",

@@ -6,10 +6,10 @@ in-place writes into views of larger tensors (``cpy``, ``set_rows``), and the qu
 ``mul_mat`` matrix: every weight type × token batches of 1, 7, 32 and 129.
 
 :func:`catalogue` returns the quick subset by default — representative cases that run in
-a few seconds on two cores — and everything with ``full=True``. The families live in
-modules of their own, which this one only gathers: elementwise math, norms and
-reductions in :mod:`.families_math`; the attention-shaped ops (matrix products, softmax,
-rope, flash attention) in :mod:`.families_nn`; copies, views, gathers and scatters in
+seconds — and everything with ``full=True``. The families live in modules of their own,
+which this one only gathers: elementwise math, norms and reductions in
+:mod:`.families_math`; the attention-shaped ops (matrix products, softmax, rope, flash
+attention) in :mod:`.families_nn`; copies, views, gathers and scatters in
 :mod:`.families_copy`; repeat, pad and mixtures of experts in :mod:`.families_moe`; the
 K-quants in :mod:`.families_kquants`; IQ4_NL and IQ4_XS in :mod:`.families_iquants`; the
 operand layouts they share in :mod:`.operands`.
