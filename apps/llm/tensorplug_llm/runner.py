@@ -6,8 +6,8 @@ their buffers, each block's KV cache is allocated (and zeroed) on the block's de
 Two :class:`~tensorplug.Scheduler` over those devices, with the host CPU backend last,
 run the steps: one the batches of a prompt, one single tokens. Each keeps its last
 graph split and allocated, so going from a prompt to generation and back does not
-split and allocate the other's graph again (a generation's first token paid 2–4.5 ms
-of Python for that on the 2-core dev machine, 100M model).
+split and allocate the other's graph again (for a small model, that Python is a
+visible share of a generation's first token).
 
 A step is a graph of fixed shape — ``n_tokens`` new tokens attending to ``n_kv`` cache
 rows, ``n_kv`` the used context rounded up to ``kv_pad`` — kept in a small cache of
@@ -91,8 +91,8 @@ GRAPH_CACHE = 40
 #: Tensors below this many bytes are copied out of the file rather than mapped (where
 #: weights are mapped): Linux maps in the page cache's whole large folios around the
 #: pages of a mapping it is asked for, so the few KiB of each layer's norms, interleaved
-#: with the repacked products' bytes, made ~1 MiB each resident (100M Q8_0, kernel
-#: 6.18: 19.5 MB for its 17 norms; Gemma 3: 33 MB).
+#: with the repacked products' bytes, could make up to a folio each resident: tens of
+#: megabytes for a model's norms, where copying them costs their own few KiB.
 COPIED_BELOW = 1 << 20
 #: The largest step graph that gets a scheduler of its own, which keeps it allocated
 #: (a server's steps: ``engine.WARM_UP_ROWS``); its compute buffer holds a few rows'
@@ -117,8 +117,8 @@ AFTER_BATCH_SECONDS = 0.15
 #: Token counts of the warm-up's steps: a prompt (the prompt path: kernels, threads and
 #: their buffers) and one token. Between them they load every kernel a prompt of any
 #: length takes (the CPU's fused few-row kernels are the token step's; a test checks it),
-#: so a third, short prompt step only built the plan of its own length: 50 ms of
-#: SmolLM2-135M's launch on the 2-core dev machine, for a prompt of exactly 2 tokens
+#: so a third, short prompt step would only build the plan of its own length: a
+#: noticeable share of a small model's launch, for prompts of exactly that length
 WARM_UP_STEPS = (24, 1)
 
 
@@ -209,11 +209,12 @@ class ModelRunner:
     like ggml's depend on how many rows a step holds (:meth:`set_batch_invariant`).
 
     Each new prompt length builds a step graph and plan that are kept; every few of them
-    Python's cyclic collector walks the whole process (~150,000 objects with numba
-    loaded: 65–80 ms on the dev machine). An application that owns its process can
-    call ``gc.collect(1); gc.freeze()`` once the model is loaded, as ``tensorplug
-    run``/``chat``/``serve`` do, so that collections walk only what came after (a full
-    ``gc.collect()`` first also frees older garbage, and takes ~50 ms).
+    Python's cyclic collector walks the whole process (over a hundred thousand objects
+    with numba loaded, as long as many of a small model's tokens). An application that owns its
+    process can call ``gc.collect(1); gc.freeze()`` once the model is loaded, as
+    ``tensorplug run``/``chat``/``serve`` do, so that collections walk only what came
+    after (a full ``gc.collect()`` first also frees older garbage, and takes as long as
+    such a walk).
     """
 
     def __init__(
@@ -281,7 +282,7 @@ class ModelRunner:
         #: own (``_own_scheds``, by ``id(graph)``), which keeps it allocated: a server
         #: alternates prompt steps of a few padded sizes with decode steps of
         #: 2..``-np`` sequences, at a few ``n_kv``, and allocating a graph again at each
-        #: switch cost 5-13 ms on an idle machine (SmolLM2-135M, 2 cores; 10-30 busy),
+        #: switch would cost several small-model tokens' time (more on a busy machine),
         #: most of it the scheduler's split, a few times for every request.
         self.sched = Scheduler(self.backends)
         self.token_sched = Scheduler(self.backends)
@@ -435,22 +436,22 @@ class ModelRunner:
         step of a shape builds kernels, plans and caches, which is loading, not prompt
         time. The constructor does this unless told ``warmup=False``. The prompt step of
         :data:`WARM_UP_STEPS` makes ready every kernel a prompt of any length takes.
-        It was computed until 2026-11-27 (SmolLM2-135M, two threads, Zen 4 dev machine:
-        112-150 ms of each load, 10-15 of them kernel loads that preparing does too).
+        It is prepared, not computed: computing it would add a large share of a small
+        model's load, and the kernel loads that computing would do, preparing does too.
 
         ``n_prompt``: the length of the prompt the caller evaluates next, where it knows
         it (``tensorplug run`` does). The prompt step is then that long (up to
         ``n_batch``), so the prompt runs on the plan built here instead of building its
-        own after a 24-token plan that nothing uses again (a 13-token prompt of the 100M
-        Q4_1 model, two threads, on the dev machine: load 0.40-0.45 → 0.34-0.36 s and
-        the prompt 23-32 → 9-10 ms, when that step was computed; computing a long
-        prompt's step was its whole work again).
+        own after a 24-token plan that nothing uses again: both the load and a short
+        prompt take less time. The step is prepared, not computed, since computing a
+        long prompt's step would be its whole work again.
 
         With a thread governor, the token step also runs at each thread count it may
         choose (the most last, where the governor starts): a backend may run other
         kernels at another count (the CPU's serial ones at one thread), and their first
-        load from numba's cache (~17 ms) fell on the governor's first trial, a few
-        tokens into the first generation. The governor times none of these steps."""
+        load from numba's cache would otherwise fall on the governor's first trial, a
+        few tokens into the first generation, and skew its timing. The governor times
+        none of these steps."""
         started = time.perf_counter()
         steps = (n_prompt, *WARM_UP_STEPS[1:]) if n_prompt else WARM_UP_STEPS
         governor, self.governor = self.governor, None
@@ -624,9 +625,9 @@ class ModelRunner:
         """The token count a padded step of ``n_tokens`` runs at: itself up to 4, else
         the next of :data:`STEP_SIZES`, 24, 32, 48, 64, 96... (at most ``n_batch``). Prompt
         chunks come in every length; rounded up, their steps repeat a few shapes whose
-        graphs, allocations and plans are kept, where each new length cost a graph
-        build, an allocation and a CPU plan (40-80 ms for SmolLM2-135M on 2 busy
-        cores, more than computing a short chunk)."""
+        graphs, allocations and plans are kept, where each new length costs a graph
+        build, an allocation and a CPU plan (for a small model, more than computing a
+        short chunk)."""
         if n_tokens <= 4:
             return n_tokens
         size = next((s for s in STEP_SIZES if n_tokens <= s), 0)

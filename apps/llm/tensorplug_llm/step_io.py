@@ -1,9 +1,9 @@
 """Writing a step graph's inputs and reading its outputs through kept numpy views.
 
 ``set_array`` and ``get_array`` check and convert everything they are given, and reach
-host memory through the buffer's byte interface: ~6 µs each with the caches cold after
-a step of the model, and a generated token writes five inputs and reads its logits
-(~35 µs of a 100M model's 2.7 ms token on the 2-core dev machine). A step graph's
+host memory through the buffer's byte interface, with the caches cold after a step of
+the model; a generated token writes five inputs and reads its logits, and for a small
+model those calls add up to a visible share of the token's time. A step graph's
 inputs and outputs live in the same place from one step to the next, so for those in
 host memory this keeps the typed numpy view of each (what ``set_array`` writes a
 strided host tensor through) and copies into and out of it directly.

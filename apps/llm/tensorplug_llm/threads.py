@@ -2,10 +2,10 @@
 
 Which count is fastest depends on what else the machine runs, and on how a backend's
 threads share work. A parallel kernel whose threads each own a fixed share ends when the
-last of them has run: on a 2-core machine with two busy processes beside it, numba's
-OpenMP layer kept 16% of a step's idle speed on two threads and 67% on one. A layer
+last of them has run: with busy processes beside it on a machine of few cores, numba's
+OpenMP layer lost most of a step's idle speed on two threads, and less on one. A layer
 whose calling thread takes the work of a descheduled one (numba's TBB, which the CPU
-backend now uses) kept 96% on two threads in such a run and 62% on one
+backend uses) kept nearly all of it on two threads, and lost a part of it on one
 (``plugins/cpu/README.md``). Nothing outside the loop can tell which holds: load
 averages lag by a minute and do not say whose load it is. So the loop measures. It times
 its steps at the current thread count, now and then runs a few at a neighbouring count,
@@ -118,11 +118,12 @@ class ThreadGovernor:
 
         The runner calls this after a prompt batch, whose after-effects would otherwise
         be blamed on the thread count: the first step switches graphs, and a library
-        that threads large products itself may leave its workers spinning for ~0.1 s
-        (OpenBLAS does; a parallel kernel started then waits for the cores they hold, and
-        on a 2-core machine the steps of that window ran 2–5× slower). tensorplug's CPU
-        backend keeps BLAS on one thread for that reason, but another backend may not.
-        The pause is measured in time, not steps, because that is how spinning ends.
+        that threads large products itself may leave its workers spinning for a while
+        (OpenBLAS does; a parallel kernel started then waits for the cores they hold, so
+        on a machine of few cores the steps of that window run several times slower).
+        tensorplug's CPU backend keeps BLAS on one thread for that reason, but another
+        backend may not. The pause is measured in time, not steps, because that is how
+        spinning ends.
         """
         if self._trial is not None:  # a trial cut by a prompt is dropped, to be run again
             self._trial = None

@@ -17,9 +17,9 @@ class ServerConfig:
     ``--api-key-file``), None for an open server. ``max_queue``: requests admitted
     beyond the generator's ``n_parallel`` slots (waiting for one); ``request_timeout``:
     seconds a request may run; ``retry_after``: the seconds a 503 tells a client to
-    wait; ``max_body_bytes``: the largest request body read (a 413 past it: a 50 MB
-    prompt once held a tiny model's server for minutes and 0.9 GB while it was parsed
-    and tokenized).
+    wait; ``max_body_bytes``: the largest request body read (a 413 past it: a prompt of
+    tens of megabytes holds even a tiny model's server for minutes, and about a gigabyte,
+    while it is parsed and tokenized).
 
     ``cors_origins``: the origins a browser page may call from (None: every origin,
     reflected back with credentials allowed, as llama-server's default); ``metrics``:

@@ -176,8 +176,9 @@ def data_event(item: dict[str, Any]) -> bytes:
 async def _watch_disconnect(request: Request, stream: Stream) -> None:
     """Cancel ``stream`` when its client goes away. It waits for the connection's
     ``http.disconnect`` (the body is read by then, so nothing else can come), where
-    polling ``is_disconnected`` every 0.25 s per request took a fifth of the event
-    loop's time with 16 clients: time the engine's thread waits for the GIL."""
+    polling ``is_disconnected`` a few times a second per request takes a large share of
+    the event loop's time with many clients: time the engine's thread waits for the
+    GIL."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
     stream.cancel()

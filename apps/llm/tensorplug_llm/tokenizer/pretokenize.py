@@ -99,7 +99,7 @@ class PreTokenizer:
 
     @cached_property
     def _compiled(self) -> tuple[regex.Pattern[str], ...]:
-        # compiled on first use: importing the table must stay cheap, and ``regex`` (7 ms
+        # compiled on first use: importing the table must stay cheap, and ``regex`` (slow
         # to import) is imported by the first BPE text, not by every model's launch
         import regex
 
