@@ -20,9 +20,9 @@ from tensorplug import installed
 __all__ = ["VERIFIED_ON", "cupy_cuda_major", "load_libcuda", "probe_driver", "score"]
 
 #: Said wherever the plugin presents itself: the GPUs scripts/gpu-check.sh has passed on
-#: (2026-11-26: an H200 and an H100, both sm_90, driver 580 for CUDA 13.0, cupy-cuda13x
-#: 14.2), and how to check any other. CUDA 12 wheels and other architectures have not
-#: run on a GPU.
+#: (an H200 and an H100, both sm_90, driver 580 for CUDA 13.0, cupy-cuda13x 14.2; the
+#: plugin's README says when), and how to check any other. CUDA 12 wheels and other
+#: architectures have not run on a GPU.
 VERIFIED_ON = "verified on an NVIDIA H200 and H100 with CUDA 13; other GPUs: scripts/gpu-check.sh"
 
 #: cupy distributions by the CUDA major version their wheels need.
@@ -46,14 +46,14 @@ def load_libcuda() -> Any:
     The names the driver installs; elsewhere than Linux also what
     ``ctypes.util.find_library`` finds. On Linux that asks ``ldconfig -p`` in a
     subprocess for what loading ``libcuda.so.1`` already searched (the loader's cache,
-    ``LD_LIBRARY_PATH``): 10-13 ms of every process that loads the plugins on a machine
-    with cupy and no driver (the dev machine's launch), for nothing."""
+    ``LD_LIBRARY_PATH``): a noticeable share of the launch of every process that loads
+    the plugins on a machine with cupy and no driver, for nothing."""
     if sys.platform == "darwin":
         raise OSError("CUDA does not run on macOS (use the Metal backend)")
     names = ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so"]
     found = None
     if not sys.platform.startswith("linux"):
-        # with subprocess, tempfile and shutil: ~3 ms of every launch where imported above
+        # imports subprocess, tempfile and shutil: here, so that a Linux launch never pays it
         from ctypes.util import find_library
 
         found = find_library("cuda")

@@ -47,8 +47,8 @@ __all__ = [
 
 #: Where each name above lives. They are imported on first use (PEP 562): a GPU plugin's
 #: registration imports this package for :mod:`.limits` and :mod:`.runtime.probe`, and
-#: the encoders, the calling convention and the kernel texts took 8.6 ms of every
-#: tensorplug process's launch where the plugin is installed (2-core Zen 4 dev machine),
+#: importing the encoders, the calling convention and the kernel texts would be a
+#: noticeable share of every tensorplug process's launch where the plugin is installed,
 #: whether or not a GPU computes anything. ``encode`` is the module (:mod:`.encode`); its
 #: function is ``tensorplug_kernels.encode.encode``.
 _HOMES = {

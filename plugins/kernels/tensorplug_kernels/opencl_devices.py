@@ -28,7 +28,7 @@ def opencl_devices() -> list[Any]:
     The host CPU reached through two PoCL platforms is one device, listed once: through
     the newest PoCL (the platforms' other devices, PoCL's GPU drivers, all stay).
     pyopencl's wheel bundles PoCL 3.0 on LLVM 14, which refuses to build for a CPU newer
-    than itself (a Zen 5 EPYC), and the distribution's PoCL beside it can; listing both,
+    than that LLVM knows, and the distribution's PoCL beside it can; listing both,
     a model placed on OpenCL took the bundled one and failed, and two devices on the same
     cores only add copies."""
     import pyopencl as cl

@@ -2,7 +2,7 @@
 
 Importing this module is cheap and works on every platform: it defines the
 registration the ``tensorplug.backends`` entry point names. :func:`score` imports no
-pyobjc (which takes a second and exists only on macOS): it asks Metal itself, through
+pyobjc (which is slow to import and exists only on macOS): it asks Metal itself, through
 ``ctypes``, whether a device exists (:mod:`.probe`).
 
 Not verified on Apple hardware: see the plugin README.

@@ -5,7 +5,9 @@ object the caller owns (+1). pyobjc applies the rule to class methods only; Meta
 creates every resource through *instance* methods of protocols
 (``-[MTLDevice newBufferWithLength:options:]``), which pyobjc takes as +0 and retains
 once more — so every MTLBuffer, library, pipeline and queue would leak for the life of
-the process (pyobjc issue 690; dipy issue 4190 measured 16 GB). The fix is metadata:
+the process, gigabytes for a long job (pyobjc's bug report,
+https://github.com/ronaldoussoren/pyobjc/issues/690, and dipy's, which hit it:
+https://github.com/dipy/dipy/issues/4190). The fix is metadata:
 :func:`register_ownership` tells pyobjc, for each ``new*`` selector this plugin calls,
 that the result is already retained. ``registerMetaDataForSelector`` *replaces* the
 metadata pyobjc inferred, so the out-arguments (``NSError **``) and the pointer

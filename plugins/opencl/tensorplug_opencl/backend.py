@@ -6,10 +6,10 @@ backends, graph computation, event markers. Only ``synchronize`` and the blockin
 until then. Plans, scratch memory and the error word are the base's
 (:mod:`tensorplug_kernels.runtime.backend`).
 
-A ``cl.Kernel`` carries its arguments and costs ~100 µs to create on PoCL, so an eager
-launch sets its arguments on the backend's own kernel object of that name just before
-it is enqueued (the enqueue captures them), while a graph plan's launch gets a kernel
-object of its own with its arguments set once.
+A ``cl.Kernel`` carries its arguments and is slow to create on PoCL (longer than many a
+launch), so an eager launch sets its arguments on the backend's own kernel object of
+that name just before it is enqueued (the enqueue captures them), while a graph plan's
+launch gets a kernel object of its own with its arguments set once.
 
 pyopencl returns a transfer's event as a "nanny" that owns a reference to the host
 memory and, when it is garbage-collected, waits for the transfer to finish. Dropping

@@ -1,12 +1,13 @@
 """The OpenCL devices, kept between processes (a
 :class:`~tensorplug_kernels.runtime.probe.DeviceProbe`).
 
-Asking for OpenCL's platforms loads every installed driver: with PoCL, LLVM, about 90 MB
-of memory and 0.06 s, in every process that loads the plugins, although PoCL's device
-is the host CPU, which no default placement puts a model on. :data:`DEVICES` describes
-the devices from the kept list while nothing a driver depends on has changed (the ICD
-files and the libraries they name, pyopencl's and the PoCL wheel's versions, the
-device nodes, the boot, the driver variables); a device is opened when first used.
+Asking for OpenCL's platforms loads every installed driver: with PoCL, LLVM, tens of
+megabytes of memory and a visible share of a launch, in every process that loads the
+plugins, although PoCL's device is the host CPU, which no default placement puts a model
+on. :data:`DEVICES` describes the devices from the kept list while nothing a driver
+depends on has changed (the ICD files and the libraries they name, pyopencl's and the
+PoCL wheel's versions, the device nodes, the boot, the driver variables); a device is
+opened when first used.
 """
 
 from __future__ import annotations

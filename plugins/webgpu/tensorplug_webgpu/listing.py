@@ -1,14 +1,15 @@
 """The WebGPU devices, kept between processes (a
 :class:`~tensorplug_kernels.runtime.probe.DeviceProbe`).
 
-Listing wgpu's adapters imports wgpu-native (0.16 s, most of it cffi parsing wgpu's C
-declarations) and starts every Vulkan driver; requesting a device of each, to learn its
-limits, starts the device. That was 0.37 s and 30–70 MB in every process that loaded the
-plugins, although on most machines without a GPU the one adapter is lavapipe, a software
-device no default placement uses. :data:`DEVICES` describes the devices from the kept
-list while nothing the drivers depend on has changed (the Vulkan manifests and the
-libraries they name, wgpu's version, the device nodes, the boot, the driver variables);
-a device is opened, its adapter and device requested again, when first used.
+Listing wgpu's adapters imports wgpu-native (slowly: cffi parses wgpu's C declarations)
+and starts every Vulkan driver; requesting a device of each, to learn its limits, starts
+the device. Done in every process that loads the plugins, that would be a large share of
+a launch's time and tens of megabytes, although on most machines without a GPU the one
+adapter is lavapipe, a software device no default placement uses. :data:`DEVICES`
+describes the devices from the kept list while nothing the drivers depend on has changed
+(the Vulkan manifests and the libraries they name, wgpu's version, the device nodes, the
+boot, the driver variables); a device is opened, its adapter and device requested again,
+when first used.
 """
 
 from __future__ import annotations

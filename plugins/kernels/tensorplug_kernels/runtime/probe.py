@@ -1,12 +1,12 @@
 """A GPU runtime's device list, kept on disk so that a process that never uses a device
 never starts its driver.
 
-Asking OpenCL for its platforms loads every installed driver (PoCL brings LLVM: 90 MB
-of memory and 0.06 s), and asking wgpu for its adapters imports wgpu-native and starts
-Vulkan (0.37 s, 30 MB). Every tensorplug process asked, to learn whether there is a GPU
-to place a model on; on a machine whose only such devices are software ones (PoCL,
-lavapipe), which no default placement uses, that was a third of launching a small model
-and a quarter of its memory.
+Asking OpenCL for its platforms loads every installed driver (PoCL brings LLVM, tens of
+megabytes of it), and asking wgpu for its adapters imports wgpu-native and starts
+Vulkan. Every tensorplug process would ask, to learn whether there is a GPU to place a
+model on; on a machine whose only such devices are software ones (PoCL, lavapipe), which
+no default placement uses, that is a large share of launching a small model, and of its
+memory.
 
 So a runtime describes each device as a record of plain JSON values (what placement,
 ``supports_op`` and ``tensorplug devices`` need: name, type, limits), and
@@ -140,7 +140,7 @@ def _manifests(folders: Iterable[str]) -> list[Any]:
 def _os() -> list[str]:
     """The OS, its kernel's release, the machine and the C library's version: what
     ``platform.platform()`` says, without its reading the interpreter's executable for
-    the C library (2.7 ms of each launch with a GPU plugin installed, 2-core Zen 4)."""
+    the C library, which would be paid by each launch with a GPU plugin installed."""
     uname = platform.uname()
     try:
         libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
