@@ -37,7 +37,7 @@ def cache_folder(chosen: Path | bool) -> Path | None:
 def replace_file(path: Path, data: bytes) -> None:
     """Make ``path`` hold ``data``, whole or not at all (its folder is made if needed).
     Raises ``OSError`` where it cannot be written; nothing is left behind then."""
-    import tempfile  # imports shutil, bz2, lzma and random: not for a launch that writes nothing
+    import tempfile  # imports shutil, bz2, lzma and random: unpaid by launches writing nothing
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
