@@ -105,8 +105,8 @@ def bench_quant(repeat: int, bandwidth: float) -> None:
             print(f"  {wtype.name} batch 512 [{label}]  {2 * 512 * n * n / best / 1e9:7.1f} GFLOP/s"
                   f"  (median {2 * 512 * n * n / med / 1e9:.1f}; target >= 60)")  # fmt: skip
             run, nbytes = mul_mat_plan(backend, wtype, n, 1)
-            # one thread too: a fork-join kernel stalls whenever another process holds a
-            # core of a 2-core machine, so both counts tell what this machine delivers
+            # one thread too: a fork-join kernel stalls whenever another process holds one
+            # of a few cores, so both counts tell what this machine delivers
             for n_threads in sorted({1, threads}):
                 backend.set_n_threads(n_threads)  # type: ignore[attr-defined]
                 best, med = timeit(run, repeat * 5)

@@ -32,7 +32,7 @@ import numpy as np
 from bench_opencl import best_time  # fastest of repeated runs within a time budget
 from device_bench import mul_mat_plan, parse_device_args, plan_step, run_and_report
 
-#: The goals the CUDA issue sets, printed next to the measurements.
+#: The goals the CUDA backend is held to, printed next to the measurements.
 MATMUL_RATIO_GOAL = 0.9
 REPLAY_US_GOAL = 5.0
 

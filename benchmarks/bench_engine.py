@@ -14,7 +14,7 @@ slots. Reported per stream count, each with its speed-up over one stream:
   (``B·TG / T_TG``): the tokens the decode steps generate over the wall time from the
   end of the prompts to the last token, the engine's own work between steps (sampling,
   scheduling, building each step's inputs) included. This is what batching the decode
-  changes, and what the serving issue's "8 streams ≥ 3× one stream" measures.
+  changes, and what the serving goal "8 streams ≥ 3× one stream" measures.
 - ``all``: every generated token over the time from the first submit to the last
   token, the prompts included (batched-bench's ``T``, counting generated tokens only).
   The prompts' cost grows with the streams however they are batched (each is its own
@@ -23,15 +23,14 @@ slots. Reported per stream count, each with its speed-up over one stream:
 
 Each stream count first runs once untimed (other prompts of the same lengths), as a
 server's warm-up builds its step shapes before it serves: otherwise the timed run pays
-for building its prompt and decode graphs (a graph, its allocation and its CPU plan:
-tens of ms each, a fifth of the 8-stream run of 32 tokens on 2 cores), which is loading,
-not generation. ``--cold`` times the first run instead.
+for building its prompt and decode graphs (a graph, its allocation and its CPU plan
+each, a large share of a short run), which is loading, not generation. ``--cold`` times
+the first run instead.
 
-A run of 8 streams and 32 tokens lasts a third of a second, and on the 2-core dev VM
-one such run of 8 streams measured anywhere from 2.4× to 4.4× one stream's rate. So the
-stream counts are run ``--rounds`` times, round after round (each round every count
-once: drift hits them alike), and each figure is the median of its rounds; the ratios
-are of medians.
+A run of 8 streams and 32 tokens is short, and on a small shared machine one such run
+can measure anywhere within a wide range of one stream's rate. So the stream counts are
+run ``--rounds`` times, round after round (each round every count once: drift hits them
+alike), and each figure is the median of its rounds; the ratios are of medians.
 
 Without ``--model`` the model is written by ``tensorplug_llm.tiny.write_tiny_llama``
 (``--size tiny``: the test model; ``100M``: 8 blocks, n_embd 768, vocab 32000, Q8_0).

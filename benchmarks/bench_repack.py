@@ -14,11 +14,11 @@ per type, shape and row count the best time of each and their ratio (plain / rep
 above 1, repacked is faster), with the path the plain layout took.
 
 A matrix multiplied again and again stays in the CPU's caches (a 32000×768 Q6_K matrix,
-20 MB, fits an EPYC's 32 MiB L3), so by default this times products from cache. A
-generated token reads every weight from memory once: ``--from-memory`` multiplies
-copies of each matrix in turn, enough to fill :data:`FROM_MEMORY_BYTES`, and prints
-the time of one product. Run that way, Q6_K's repacked product once read 8 GB/s where
-Q4_K read 21, which the cached figures had hidden (``plugins/cpu/README.md``).
+20 MB, fits a server CPU's L3), so by default this times products from cache. A
+generated token reads every weight from memory once: ``--from-memory`` multiplies copies
+of each matrix in turn, enough to fill :data:`FROM_MEMORY_BYTES`, and prints the time of
+one product. Run that way, a type's repacked product can read its weights far slower
+than another type's, which the cached figures hide (``plugins/cpu/README.md``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _product(backend: tp.Backend, w: tp.Tensor, n_in: int, rows: int) -> Callabl
     """A compute of ``w`` times ``rows`` activation rows, its plan built once. The plan
     is the product's own: ``--from-memory`` runs hundreds of graphs in turn, more than
     the backend keeps plans for, and through ``graph_compute`` each call rebuilt one
-    (a 768×768 product then read 135 µs where the model's takes ~20)."""
+    (a small product then takes several times what the model's takes)."""
     x = tp.new_tensor("f32", (rows, n_in), "x")
     y = ops.mul_mat(w, x)
     g = tp.Graph(y)

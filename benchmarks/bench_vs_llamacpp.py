@@ -25,10 +25,10 @@ steady throughput, the median of the repeats), all with an F16 KV cache, with
 ``--threads`` threads (tensorplug: its numba and worker-pool threads; llama.cpp:
 ``n_threads``). The first prompt is what a user waits for. tensorplug's worker warms up
 as ``tensorplug run`` does, knowing the prompt's length: the plan of the prompt's first
-batch is built while loading (``ModelRunner.warm_up(n_prompt)``), so the first prompt no
-longer includes it (tens of milliseconds on a small model: a new length, a new plan;
-until 2026-11-27 it did), and the launch column does. ``auto`` runs each engine as a user gets
-it without ``-t``: tensorplug's runner with its thread governor (every core, fewer for
+batch is built while loading (``ModelRunner.warm_up(n_prompt)``), so the first prompt
+does not include it (a new length, a new plan: a noticeable share of a small model's
+first prompt), and the launch column does. ``auto`` runs each engine as a user gets it
+without ``-t``: tensorplug's runner with its thread governor (every core, fewer for
 generation steps while timing shows other work holding the cores), llama.cpp with one
 thread per core (llama-cli's default on a machine without SMT). The table gives tokens/s
 as median (min–max) per engine, and the ratio tensorplug / llama.cpp (above 1.00
@@ -244,7 +244,7 @@ def load_tensorplug(path: str | Path, threads: int, n_ctx: int, n_batch: int, wa
     # as `tensorplug run` does before and after loading its model (the process is the
     # command's): the ~150,000 long-lived objects of the imports and the model leave the
     # collector's generations, or loading and the first prompt's new graph set off full
-    # collections walking them all (60-80 ms of SmolLM2's 128-token prompt on a Zen 5).
+    # collections walking them all (a large share of a small model's first prompt).
     # ModelRunner itself never freezes, so a program's own objects stay collectable
     # (runner.ModelRunner's docstring)
     gc.collect(1)
@@ -330,10 +330,10 @@ def worker_llamacpp(
 def _peak_rss_mb() -> float:
     """This process's peak resident memory in MB: Linux's ``VmHWM``, the high-water mark
     of this process's own address space. Not ``ru_maxrss``: Linux carries that across
-    ``exec`` from the process that forked it (``exec_mmap`` keeps the old address space's
-    mark), so every worker reported at least the driver's own resident size (342 MB after
-    it wrote the 100M models, for either engine). Elsewhere ``ru_maxrss`` (macOS counts
-    it in bytes)."""
+    ``exec`` from the process that forked it (``exec_mmap`` keeps the old address
+    space's mark), so every worker would report at least the driver's own resident size
+    (hundreds of MB once it has written the test models, for either engine). Elsewhere
+    ``ru_maxrss`` (macOS counts it in bytes)."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
@@ -391,8 +391,8 @@ def compile_bytecode(exe: str, packages: Sequence[str]) -> None:
     """Write the bytecode of ``packages`` (top-level names, as ``exe`` imports them)
     before any launch is timed, as installing them does: a checkout's files edited
     since their last import, where ``PYTHONDONTWRITEBYTECODE`` is set (or the folder is
-    read-only), were compiled from source at every launch (45 ms of tensorplug's on the
-    dev machine), which no installed package does. What cannot be written stays as
+    read-only), were compiled from source at every launch (a noticeable share of
+    tensorplug's), which no installed package does. What cannot be written stays as
     it is."""
     code = ("import compileall, importlib.util, sys\n"
             "for name in sys.argv[1:]:\n"
@@ -486,8 +486,8 @@ def measure_cold(path: Path, threads: int, a: argparse.Namespace) -> dict:
     """A tensorplug worker whose numba cache starts empty: a new install's first run.
     Its compile-ahead process (``tensorplug_cpu/kernels/ahead.py``) outlives it, to finish
     the cache for a next run; this cache is thrown away, so it is ended here: left to
-    run, it took a core from the measurements after it (a two-thread prompt at the speed
-    of one)."""
+    run, it would take a core from the measurements after it (a two-thread prompt at the
+    speed of one)."""
     with tempfile.TemporaryDirectory(prefix="tensorplug-cold-numba-") as cache:
         try:
             return measure(sys.executable, "tensorplug", path, threads, a, numba_cache=cache)
@@ -552,7 +552,7 @@ def compared(ours: list[dict], theirs: list[dict], key: str) -> str:
     """Both engines' ``key`` over the rounds, and the median of the rounds' ratios
     (:func:`_ratio`)."""
     ratio = _ratio(ours, theirs, key)
-    # a launch of ~0.3 s in tenths would hide the differences the ratio is made of
+    # a launch of a few tenths of a second, in tenths, would hide what the ratio is made of
     digits = 2 if key == "launch" else 1
     engines = (_stats([r.get(key) for r in runs], _mark(runs, key), digits)
                for runs in (ours, theirs))  # fmt: skip
@@ -694,8 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             # untimed: numba's disk cache filled with what this model uses, so that no
             # round's launch includes compiling (a first run is measured on its own); at
-            # each thread count, which may take kernels another does not (a 100M Q5_K
-            # round on two threads once compiled for 21 s after a fill on one); not
+            # each thread count, which may take kernels another does not (a round on two
+            # threads could otherwise compile for many seconds after a fill on one); not
             # ended at --time-limit: compiling takes what it takes
             for threads in a.threads:
                 measure(sys.executable, "tensorplug", paths[spec], threads, a, limited=False)

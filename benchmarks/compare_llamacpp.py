@@ -16,8 +16,8 @@ largest logit), and how far the greedy continuations agree. Where they part, the
 shows llama.cpp's gap between its two best logits at that step: ggml rounds activations
 to 8 bits before quantized dot products (tensorplug's CPU does too, with other block
 sizes for K-quants), so a gap smaller than the engines' logit difference is a near-tie
-that either could break either way. The last lines are the verdict on the goal of
-issue 38 (greedy identical for all ``--gen`` tokens on every prompt where llama.cpp's
+that either could break either way. The last lines are the verdict on the goal
+(greedy identical for all ``--gen`` tokens on every prompt where llama.cpp's
 top-2 gap at the first difference exceeds 0.05) and one markdown table row per prompt
 (``--label`` names the engine build, e.g. "before" and "after": run the script once
 with each build's interpreter and put the rows together).

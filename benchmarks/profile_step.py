@@ -14,11 +14,11 @@ probes' own cost, the probed tokens' extra over the bare ones) and how many call
 compiled code a token's graph makes (a plan's runs: a program runs the graph's jobs in
 one call; the steps left between programs are calls of their own).
 
-Medians of per-token records, not sums: on a shared VM one token in a few hundred
-stalls 10-20 ms, which would swamp a mean of ~1.4 ms tokens. A probe's cost lands in
-its caller's own time; the bare and probed token medians side by side show it whole.
-cProfile is no use here: its overhead per Python call is larger than most of the
-functions it would time.
+Medians of per-token records, not sums: on a shared VM one token in a few hundred stalls
+for many tokens' time, which would swamp a mean. A probe's cost lands in its caller's
+own time; the bare and probed token medians side by side show it whole. cProfile is no
+use here: its overhead per Python call is larger than most of the functions it would
+time.
 """
 
 from __future__ import annotations
