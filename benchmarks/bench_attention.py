@@ -5,8 +5,8 @@ prompt, F32 and F16 caches, on one thread and two.
 
 Uses only tensorplug's public API, so the same file times any build: run it with each
 build's interpreter one after the other on a quiet machine and compare, e.g.
-``/work/main/.venv/bin/python benchmarks/bench_attention.py`` (before) and
-``.venv/bin/python benchmarks/bench_attention.py`` (after). The cases: 9 query heads
+``../baseline/.venv/bin/python benchmarks/bench_attention.py`` (a baseline checkout) and
+``.venv/bin/python benchmarks/bench_attention.py`` (this one). The cases: 9 query heads
 over 3 KV heads of 64, a causal mask over a cache padded to a multiple of 256 with
 -inf (as the runner pads it); times are the best of several graph replays, medians
 beside them (other processes only ever make a run slower). ``--paths`` times each case
