@@ -41,3 +41,38 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     assert ci == commands[1]
     for command in commands:  # both install the application: its tests and `tensorplug run`
         assert re.search(r' -e (\.|"\.\[test\]") -e (apps/llm|"apps/llm\[[\w,]+\]") ', command)
+
+
+#: Folders whose Python sources must say why, never when or on which machine: a figure
+#: belongs in docs/performance.md beside its machine and date, history in git log.
+WHY_NOT_WHEN_SCOPE = (
+    "core",
+    "apps/llm",
+    "plugins/kernels",
+    "plugins/opencl",
+    "plugins/cuda",
+    "plugins/webgpu",
+    "plugins/metal",
+    "plugins/ray",
+    "benchmarks",
+    "scripts",
+)
+#: Phrases that are never a reason: the machine a figure came from, or a ticket's number
+#: (a phrase may wrap onto the next line, of a docstring or of a ``#`` / ``#:`` comment).
+_WRAP = r"(?:\s|#:?)+"
+HISTORY = re.compile(
+    rf"\b(?:dev{_WRAP}machine|Emerald{_WRAP}Rapids|Sapphire{_WRAP}Rapids|Zen{_WRAP}[45]\b"
+    rf"|issue\s+\d+|2-core)",
+    re.IGNORECASE,
+)
+
+
+def test_sources_carry_no_machine_or_ticket_history() -> None:
+    hits = []
+    for folder in WHY_NOT_WHEN_SCOPE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            for m in HISTORY.finditer(text):
+                line = text.count("\n", 0, m.start()) + 1
+                hits.append(f"{path.relative_to(ROOT)}:{line}: {m.group()!r}")
+    assert not hits, "say why in words, not where or when it was measured:\n" + "\n".join(hits)
