@@ -44,7 +44,7 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("  warm-up steps", "tensorplug_llm/runner.py", "warm_up"),
     ("    CPU plans (bind)", "tensorplug_cpu/backend.py", "bind"),
     ("    kernels a prepared plan calls", "tensorplug_cpu/kernels/jit.py", "load_expected"),
-    ("    kept kernels loaded", "tensorplug_cpu/kernels/kept_code.py", "load"),
+    ("    kept kernels loaded", "tensorplug_cpu/kernels/numba_internals/kept_code.py", "load"),
     ("    numba compiles and cache loads", "numba/core/dispatcher.py", "_compile_for_args"),
 )
 DEFAULT_RUN = ["run", "--plain", "-p", "The capital of France is", "-n", "1"]

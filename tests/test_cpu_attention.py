@@ -661,7 +661,7 @@ def test_a_prompt_and_its_tokens_share_one_compiled_attention_kernel(
     pytest.importorskip("numba", reason="the exact attention kernel is numba's")
     model = write_tiny_llama(tmp_path / "tiny.gguf")
     # numba's dispatchers then hold every kernel that ran, not only those it loaded
-    env = {**os.environ, "TENSORPLUG_CPU_KEPT_CODE": "0"}
+    env = {**os.environ, "TENSORPLUG_CPU_NUMBA_INTERNALS": "0"}
     done = subprocess.run([sys.executable, "-c", _ONE_LAYOUT, str(model), cache],
                           capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

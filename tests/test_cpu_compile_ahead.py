@@ -30,7 +30,7 @@ import numpy as np
 from numba.core import event
 from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels._numba_attention import visible_columns
-from tensorplug_cpu.kernels._numba_cache import is_cached
+from tensorplug_cpu.kernels.compiled import is_cached
 from tensorplug_cpu.kernels.ahead import Ahead, Job
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
@@ -97,7 +97,7 @@ _HANDED_AT_EXIT = """
 import numpy as np
 from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels._numba_attention import visible_columns
-from tensorplug_cpu.kernels._numba_cache import is_cached
+from tensorplug_cpu.kernels.compiled import is_cached
 from tensorplug_cpu.kernels.ahead import Ahead
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
@@ -270,7 +270,7 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     more, the multi-thread product goes ahead last, for a later run on more threads
     (which compiled it before its first token: 20 s for a 100M Q5_K model)."""
     from tensorplug_cpu.kernels import _numba_repack as repack
-    from tensorplug_cpu.kernels import jit as jit_module
+    from tensorplug_cpu.kernels import compiled
     from tensorplug_cpu.kernels.jit import (
         MORE_THREADS_RANK,
         ONE_THREAD_RANK,
@@ -289,7 +289,7 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     monkeypatch.setattr(JitKernels, "max_threads", property(lambda self: 2))
     # as on a first run: nothing kept, nothing in numba's disk cache (else not wanted)
     monkeypatch.setattr(KernelRef, "kept", lambda self, args: False)
-    monkeypatch.setattr(jit_module, "is_cached", lambda dispatcher, sig: False)
+    monkeypatch.setattr(compiled, "is_cached", lambda dispatcher, sig: False)
     saved = jit._ahead, jit.n_threads
     try:
         jit._ahead = recorder = _Wants()  # type: ignore[assignment]

@@ -1,7 +1,7 @@
 """A kernel loaded from numba's disk cache does not import the numba modules whose code
-it inlined (tensorplug_cpu.kernels.deferred_envs): their environments are rebuilt with
-the module's name alone. Each case runs in fresh processes with their own cache folder:
-a kernel loads once a process."""
+it inlined (tensorplug_cpu.kernels.numba_internals.deferred_envs): their environments
+are rebuilt with the module's name alone. Each case runs in fresh processes with their
+own cache folder: a kernel loads once a process."""
 
 from __future__ import annotations
 
@@ -63,7 +63,10 @@ def test_a_cached_kernel_loads_without_the_numba_modules_it_inlined(tmp_path: Pa
 _UNIT = """
 import json, pickle, sys
 from numba.core import environment
-from tensorplug_cpu.kernels.deferred_envs import deferred_environments, rebuild_environment
+from tensorplug_cpu.kernels.numba_internals.deferred_envs import (
+    deferred_environments,
+    rebuild_environment,
+)
 
 numbas = environment._rebuild_env
 out = {}

@@ -1,5 +1,5 @@
 """Kernels' machine code kept by tensorplug and loaded without numba's cache
-(tensorplug_cpu.kernels.kept_code): the key tells numba's types apart as numba does,
+(tensorplug_cpu.kernels.numba_internals.kept_code): the key tells numba's types apart as numba does,
 an entry is what was written or nothing, and a kernel or job kept by one process runs
 in the next without numba loading it. The end-to-end cases run in fresh processes with
 their own cache folder: a kernel loads once a process."""
@@ -18,7 +18,14 @@ pytest.importorskip("numba")
 
 import numba
 
-from tensorplug_cpu.kernels.kept_code import CALLABLE, JOB, Entry, KeptCode, arg_key, entry_file
+from tensorplug_cpu.kernels.arg_types import arg_key
+from tensorplug_cpu.kernels.numba_internals.kept_code import (
+    CALLABLE,
+    JOB,
+    Entry,
+    KeptCode,
+    entry_file,
+)
 
 #: the symbol tables read are ELF's; elsewhere numba loads every kernel itself
 ELF_ONLY = pytest.mark.skipif(
@@ -140,7 +147,7 @@ _RUN = """
 import ctypes, json, sys
 import numpy as np
 import user_kernels as u
-from tensorplug_cpu.kernels.kept_kernels import (
+from tensorplug_cpu.kernels.numba_internals.kept_kernels import (
     compile_job, job_ready, keep_overload, load_kept,
 )
 
@@ -166,7 +173,7 @@ ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(u.fill.ad
 numba_loads = {k: sum(getattr(u, k).stats.cache_hits.values()) + len(getattr(u, k).overloads)
                for k in ("scaled_sum", "squares_into")}
 print(json.dumps({"total": total, "out": out.tolist(), "block": block.tolist(),
-                  "kept": kept, "numba": numba_loads, "job_hits": u.fill._cache_hits,
+                  "kept": kept, "numba": numba_loads, "job_hits": u.fill.numba_function._cache_hits,
                   "modules": sorted(m for m in sys.modules if m.startswith("user"))}))
 """
 
@@ -226,12 +233,11 @@ _WITHOUT_NUMBA = """
 import ctypes, json, sys
 from pathlib import Path
 import numpy as np
-from tensorplug_cpu.kernels.kept_code import KeptCode, arg_key
-from tensorplug_cpu.kernels.kernel_identity import cache_folder, identity, salt
-from tensorplug_cpu.kernels.runtime_library import stored_code
+from tensorplug_cpu.kernels.arg_types import arg_key
+from tensorplug_cpu.kernels.kernel_identity import identity
+from tensorplug_cpu.kernels.numba_internals.kept_code import kept_in
 
-folder = cache_folder(Path("user_kernels.py").resolve())
-kept = KeptCode(folder, salt(), lambda: stored_code(folder))
+kept = kept_in()
 x = np.arange(5, dtype=np.float32)
 out = np.zeros(6, np.float64)
 scaled_sum = kept.load(identity(("module", "user_kernels", "scaled_sum")), arg_key((x, 2.0)))
@@ -243,14 +249,14 @@ block = np.array([0, 0, 0, 5], np.int64)
 ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(fill)(
     block.ctypes.data, 0, 3)
 print(json.dumps({"total": total, "out": out.tolist(), "block": block.tolist(),
-                  "folder": str(folder),
+                  "folder": str(kept.folder),
                   "numba": sorted(m for m in sys.modules if m.split(".")[0] == "numba")}))
 """
 
 _CACHE_FOLDER = """
 import json
 import user_kernels as u
-print(json.dumps({"folder": u.scaled_sum._cache.cache_path}))
+print(json.dumps({"folder": u.scaled_sum.stats.cache_path}))
 """
 
 
@@ -264,7 +270,8 @@ def test_kept_code_runs_in_a_process_that_never_imports_numba(tmp_path: Path) ->
     first = run_script(folder, _RUN, "keep")
     alone = run_script(folder, _WITHOUT_NUMBA)
     assert _results(alone) == _results(first)
-    assert alone["folder"] == run_script(folder, _CACHE_FOLDER)["folder"]
+    numba_folder = Path(run_script(folder, _CACHE_FOLDER)["folder"])
+    assert Path(alone["folder"]).parent == numba_folder.parent  # the same kernel cache
     assert alone["numba"] == [
         "numba._dynfunc", "numba._helperlib", "numba.core.runtime._nrt_python",
     ]  # fmt: skip
@@ -311,7 +318,7 @@ def test_a_launch_whose_kernels_are_kept_never_imports_numba(tmp_path: Path, thr
         result: dict = json.loads(done.stdout.strip().splitlines()[-1])
         return result
 
-    numba_only = launch(TENSORPLUG_CPU_KEPT_CODE="0")
+    numba_only = launch(TENSORPLUG_CPU_NUMBA_INTERNALS="0")
     first, second = launch(), launch()
     assert numba_only["numba"] and not second["numba"]
     for run in (first, second):

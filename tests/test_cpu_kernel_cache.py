@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,11 @@ from numba.core.caching import FunctionCache
 from numba.core.registry import CPUDispatcher
 
 from tensorplug_cpu import kernels
-from tensorplug_cpu.kernels._numba_cache import SOURCES_HASH, KernelCache, kernel
+from tensorplug_cpu.kernels import cache_folder, numba_internals
+from tensorplug_cpu.kernels._numba_cache import SOURCES_HASH, kernel
+
+#: the fast launch's cache is checked where the fast launch is on (an allowed numba)
+fast_launch = pytest.mark.skipif(not numba_internals.enabled(), reason="fast launch off here")
 
 
 def _cached_kernels() -> list[tuple[str, CPUDispatcher]]:
@@ -23,21 +28,50 @@ def _cached_kernels() -> list[tuple[str, CPUDispatcher]]:
         if info.name.startswith("_numba_"):
             module = importlib.import_module(f"{kernels.__name__}.{info.name}")
             for name, value in vars(module).items():
-                cache = getattr(value, "_cache", None)
+                cache = getattr(value, "_cache", None)  # numba's: a helper has none
                 if isinstance(value, CPUDispatcher) and isinstance(cache, FunctionCache):
                     found.append((f"{info.name}.{name}", value))
     return found
 
 
-def test_every_cached_kernel_is_keyed_on_all_kernel_sources() -> None:
+def test_every_kernel_is_cached_in_the_folder_of_these_sources() -> None:
     cached = _cached_kernels()
     assert len(cached) >= 20  # the quantized, int8, row, attention and decoding kernels
-    # read as _cached_kernels reads it (numba's typing does not declare _cache); every
-    # dispatcher listed has one, a FunctionCache
-    plain = [n for n, d in cached if not isinstance(getattr(d, "_cache", None), KernelCache)]
+    folder = cache_folder.kernel_folder()
+    assert folder is not None
+    elsewhere = [n for n, d in cached if not Path(d.stats.cache_path).is_relative_to(folder)]
+    assert not elsewhere, f"use _numba_cache.kernel(...), not njit(cache=True): {elsewhere}"
+
+
+def test_the_folder_is_named_by_the_sources_and_the_instruction_forms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An edit to any kernel source, or another host's instruction forms (as the tests
+    build, setting the flags before compiling), is a folder of its own: the shared cache
+    never hands stale code, or another form, to a later run here."""
+    from tensorplug_cpu.kernels import _numba_ir
+
+    here = cache_folder.folder_key()
+    assert here == cache_folder.folder_key()
+    monkeypatch.setattr(cache_folder, "sources_hash", lambda: "0" * 64)
+    assert cache_folder.folder_key() != here
+    monkeypatch.undo()
+    monkeypatch.setattr(_numba_ir, "HAS_VNNI", not _numba_ir.HAS_VNNI)
+    assert cache_folder.folder_key() != here
+    monkeypatch.setattr(_numba_ir, "HAS_VNNI", not _numba_ir.HAS_VNNI)
+    monkeypatch.setattr(_numba_ir, "ON_ZEN", not _numba_ir.ON_ZEN)  # another core's tiles
+    assert cache_folder.folder_key() != here
+
+
+@fast_launch
+def test_every_kernel_caches_through_the_fast_launch_where_it_is_on() -> None:
+    from tensorplug_cpu.kernels.numba_internals.kernel_cache import uses_kernel_cache
+
+    plain = [n for n, d in _cached_kernels() if not uses_kernel_cache(d)]
     assert not plain, f"use _numba_cache.kernel(...), not njit(cache=True): {plain}"
 
 
+@fast_launch
 def test_the_index_key_holds_the_hash_of_the_sources() -> None:
     @kernel()
     def twice(x: float) -> float:
@@ -51,10 +85,10 @@ def test_the_index_key_holds_the_hash_of_the_sources() -> None:
     assert key[:-2] == plain  # numba's own key, with the hash and the forms added
 
 
+@fast_launch
 def test_the_index_key_holds_the_instruction_forms(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process that builds another host's form (as the tests do, setting the flags
-    before compiling) keys what it compiles apart from this host's kernels, so the shared
-    cache never hands that form to a later run here."""
+    """A process that builds another host's form keys what it compiles apart from this
+    host's kernels, so the shared cache never hands that form to a later run here."""
     from tensorplug_cpu.kernels import _numba_ir
 
     @kernel()

@@ -1,6 +1,6 @@
 """What kept machine code is filed under, computed without numba
 (:mod:`tensorplug_cpu.kernels.kernel_identity`), checked against what numba itself
-computes: its cache folder, its code generator's target, the kernels' origins."""
+computes: its code generator's target, the kernels' origins."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -39,24 +38,6 @@ def test_the_target_is_what_numba_compiles_for(env: dict[str, str]) -> None:
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["ours"] == seen["numba"]
-
-
-def test_the_cache_folder_is_numbas() -> None:
-    from tensorplug_cpu.kernels import _numba_rows
-
-    source = Path(_numba_rows.__file__)
-    assert ki.cache_folder(source) == Path(_numba_rows.rms_norm_rows._cache.cache_path)
-
-
-def test_numba_cache_dir_moves_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    source = tmp_path / "src" / "kernels.py"
-    source.parent.mkdir()
-    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
-    folder = ki.cache_folder(source)
-    assert folder is not None and folder.parent == tmp_path / "cache"
-    assert folder.name.startswith("src_") and folder.is_dir()
-    monkeypatch.delenv("NUMBA_CACHE_DIR")
-    assert ki.cache_folder(source) == source.parent / "__pycache__"
 
 
 def test_the_identity_changes_with_what_the_code_depends_on(

@@ -1,6 +1,6 @@
 """A kernel loaded from numba's disk cache does not parse the bitcode kept for linking
-it, until a compile links it (tensorplug_cpu.kernels.lazy_linking). Each case runs in
-fresh processes with their own cache folder: a kernel loads once a process."""
+it, until a compile links it (tensorplug_cpu.kernels.numba_internals.lazy_linking). Each
+case runs in fresh processes with their own cache folder: a kernel loads once a process."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cached_kernels import kernel_folder, run_script
 
 pytest.importorskip("numba")
 
-from tensorplug_cpu.kernels.elf_symbols import defined_symbols
+from tensorplug_cpu.kernels.numba_internals.elf_symbols import defined_symbols
 
 #: the symbol table read is ELF's; elsewhere kernels load numba's way
 ELF_ONLY = pytest.mark.skipif(
@@ -43,7 +43,7 @@ import json, sys
 import numba
 import llvmlite.binding as ll
 import user_kernels
-from tensorplug_cpu.kernels.elf_symbols import defined_symbols
+from tensorplug_cpu.kernels.numba_internals.elf_symbols import defined_symbols
 
 def library(kernel):
     [result] = kernel.overloads.values()

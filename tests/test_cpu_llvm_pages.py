@@ -1,5 +1,5 @@
 """LLVM's code pages given back after numba's import and after kernels load
-(``tensorplug_cpu.kernels.llvm_pages``): the resident pages go, the ones the dynamic
+(``tensorplug_cpu.kernels.numba_internals.llvm_pages``): the resident pages go, the ones the dynamic
 loader wrote stay, and numba still compiles and runs afterwards."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from test_cpu_helpers import backend_for, place
 
 import tensorplug as tp
 from tensorplug import ops
-from tensorplug_cpu.kernels import jit, llvm_pages
+from tensorplug_cpu.kernels import jit
+from tensorplug_cpu.kernels.numba_internals import llvm_pages
 
 LINUX = sys.platform.startswith("linux")
 
@@ -77,7 +78,7 @@ def test_nothing_is_done_off_linux(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_after_numbas_import_llvm_pages_go_and_numba_still_compiles() -> None:
     code = textwrap.dedent("""
         import re, numba
-        from tensorplug_cpu.kernels import llvm_pages
+        from tensorplug_cpu.kernels.numba_internals import llvm_pages
         def llvm():  # (resident KiB, of them anonymous) of libllvmlite's mappings
             rows, cur = [], None
             for line in open("/proc/self/smaps"):
@@ -115,7 +116,7 @@ def test_a_compute_that_loaded_a_kernel_gives_llvms_pages_back(
         calls.append(1)
         return 0
 
-    monkeypatch.setattr(jit, "release_llvm_pages", counted)
+    monkeypatch.setattr(jit, "_release_llvm_pages", counted)
     be = backend_for()
     x = tp.new_tensor("f32", (4, 32), "x")
     y = ops.rms_norm(x, 1e-6)

@@ -73,7 +73,8 @@ def test_the_compiled_repack_writes_numpys_bytes(t: tp.Type) -> None:
     left to numpy, with the same bytes."""
     pytest.importorskip("numba", reason="the compiled repack is numba's")
     from tensorplug_cpu.kernels.jit import load_jit
-    from tensorplug_cpu.repack import LAYOUTS, pack_blocks
+    from tensorplug_cpu.repack import LAYOUTS
+    from tensorplug_cpu.repack_buffer import pack_blocks
 
     jit = load_jit()
     assert jit is not None
@@ -90,7 +91,7 @@ def test_the_compiled_repack_writes_numpys_bytes(t: tp.Type) -> None:
         odd[...] = blocks
         assert not jit.repack_moves(lay, odd, np.zeros_like(want))
         got = np.zeros_like(want)
-        pack_blocks(lay, odd, got)
+        pack_blocks(lay, odd, got, jit.repack_moves)
         assert np.array_equal(got, want)
 
 
@@ -100,7 +101,8 @@ def test_a_layout_the_compiled_repack_would_read_unaligned_is_left_to_numpy() ->
     are packed by numpy."""
     pytest.importorskip("numba", reason="the compiled repack is numba's")
     from tensorplug_cpu.kernels.jit import load_jit
-    from tensorplug_cpu.repack import LAYOUTS, Move, PackedLayout, move_table, pack_blocks
+    from tensorplug_cpu.repack import LAYOUTS, Move, PackedLayout, move_table
+    from tensorplug_cpu.repack_buffer import pack_blocks
 
     q4 = LAYOUTS[tp.Type.Q4_0]
     assert move_table(q4) is not None
@@ -113,7 +115,7 @@ def test_a_layout_the_compiled_repack_would_read_unaligned_is_left_to_numpy() ->
     want, got = np.zeros((2, 3, odd.block), np.uint8), np.zeros((2, 3, odd.block), np.uint8)
     odd.pack(blocks, want)
     assert not jit.repack_moves(odd, blocks, got)
-    pack_blocks(odd, blocks, got)
+    pack_blocks(odd, blocks, got, jit.repack_moves)
     assert np.array_equal(got, want)
 
 
@@ -614,7 +616,7 @@ def test_a_driver_computes_only_the_types_it_was_made_for() -> None:
     Q4_0 give the backend's bits, those made for Q8_0 have no Q4_0 tile to run."""
     pytest.importorskip("numba", reason="the repacked products are numba's")
     from tensorplug_cpu.kernels import _numba_repack as rp
-    from tensorplug_cpu.repack import packed_rows
+    from tensorplug_cpu.repack_buffer import packed_rows
 
     backend, buft = _cpu()
     raw, _ = _weights(tp.Type.Q4_0, 16, 64)

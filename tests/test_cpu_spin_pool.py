@@ -320,21 +320,22 @@ def test_a_job_the_cache_lacks_is_made_ahead_not_in_the_step(
     """Compiled while a plan is bound, the jobs doubled a first run's time to its first
     token; a job numba's cache lacks is handed to the compile-ahead process instead and
     the step runs its numba region meanwhile. With no such process it is compiled."""
-    from tensorplug_cpu.kernels import _numba_cache, ahead, kept_kernels
+    from tensorplug_cpu.kernels import ahead
+    from tensorplug_cpu.kernels import compiled as compiled_kernels
     from tensorplug_cpu.kernels.jit import load_jit
 
     class Uncompiled:
         """A job neither kept nor in numba's cache (a JobRef's interface)."""
 
         tensorplug_origin = ("attend_job",)
-        _wrapper_address = None
+        address = None
         compiled = False
 
         def load_kept(self) -> bool:
             return False
 
         def ready(self) -> bool:
-            return bool(kept_kernels.job_ready(self))
+            return compiled_kernels.job_ready(self)
 
         def job(self) -> Uncompiled:
             return self
@@ -342,8 +343,8 @@ def test_a_job_the_cache_lacks_is_made_ahead_not_in_the_step(
         def compile(self) -> None:
             self.compiled = True
 
-    monkeypatch.setattr(_numba_cache, "job_cached", lambda job: False)
-    monkeypatch.setattr(kept_kernels, "job_cached", lambda job: False)
+    monkeypatch.setattr(compiled_kernels, "job_cached", lambda job: False)
+    monkeypatch.setattr(compiled_kernels, "note_compiled", lambda job, sig: None)  # not a real job
     jit = load_jit()
     assert jit is not None
     job = Uncompiled()

@@ -51,14 +51,28 @@ def _fresh_process(**env: str) -> list[str]:
 def test_installed_tbb_is_the_layer_the_kernels_run_on() -> None:
     layer, status, _ = _fresh_process()
     assert layer == "tbb"
-    assert status.endswith(", tbb threading layer")
+    assert ", tbb threading layer, " in status
 
 
 @needs_tbb
 def test_a_layer_the_user_names_is_kept() -> None:
     layer, status, _ = _fresh_process(NUMBA_THREADING_LAYER="workqueue")
     assert layer == "workqueue"
-    assert status.endswith(", workqueue threading layer")
+    assert ", workqueue threading layer, " in status
+
+
+@needs_tbb
+def test_the_public_path_starts_the_layer_through_numba() -> None:
+    """With the fast launch off, numba starts its own threads, on the layer asked for
+    (through ``numba.config``), and the status says which path loads the kernels."""
+    layer, status, _ = _fresh_process(TENSORPLUG_CPU_NUMBA_INTERNALS="0")
+    assert layer == "tbb"
+    assert status.endswith(
+        ", tbb threading layer, numba's public API only (TENSORPLUG_CPU_NUMBA_INTERNALS=0)"
+    )
+    layer, status, _ = _fresh_process(TENSORPLUG_CPU_NUMBA_INTERNALS="0",
+                                      NUMBA_THREADING_LAYER="workqueue")  # fmt: skip
+    assert layer == "workqueue" and ", workqueue threading layer, " in status
 
 
 def test_nothing_is_loaded_for_a_layer_that_is_not_tbb() -> None:
@@ -89,7 +103,7 @@ _KEEP = """
 import json
 import numpy as np
 import user_kernels as u
-from tensorplug_cpu.kernels.kept_kernels import keep_overload
+from tensorplug_cpu.kernels.numba_internals.kept_kernels import keep_overload
 x = np.arange(1000, dtype=np.float64)
 out = np.empty_like(x)
 u.halves_into(x, out)
@@ -104,17 +118,17 @@ _START_THEN_NUMBA = """
 import json, sys
 from pathlib import Path
 import numpy as np
-from tensorplug_cpu.kernels.kept_code import KeptCode, arg_key
-from tensorplug_cpu.kernels.kernel_identity import cache_folder, identity, salt
-from tensorplug_cpu.kernels.runtime_library import stored_code
-from tensorplug_cpu.kernels.threading_layer import preload_tbb, start_threads, tell_numba
+from tensorplug_cpu.kernels.arg_types import arg_key
+from tensorplug_cpu.kernels.kernel_identity import identity
+from tensorplug_cpu.kernels.numba_internals.kept_code import kept_in
+from tensorplug_cpu.kernels.numba_internals.threads import tell_numba
+from tensorplug_cpu.kernels.threading_layer import preload_tbb, start_threads
 
 layer = sys.argv[1]
 preload_tbb(layer)
 threads = start_threads(layer)
 seen = {"layer": threads.layer, "count": threads.count, "numba": "numba" in sys.modules}
-folder = cache_folder(Path("user_kernels.py").resolve())
-kept = KeptCode(folder, salt(), lambda: stored_code(folder))
+kept = kept_in()
 x = np.arange(1000, dtype=np.float64)
 out = np.empty_like(x)
 halves = kept.load(identity(("module", "user_kernels", "halves_into")), arg_key((x, out)))
@@ -127,7 +141,7 @@ for n in (1, min(2, threads.count)):
 seen.update(sums=sums, numba_after_kernel="numba" in sys.modules)
 
 import numba
-tell_numba(threads)
+tell_numba()
 seen["numba_layer"] = numba.threading_layer()
 seen["numba_threads"] = numba.get_num_threads()
 numba.set_num_threads(1)

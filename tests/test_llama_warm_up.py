@@ -26,7 +26,7 @@ _PROMPTS = """
 import importlib, json, pkgutil, sys
 from numba.core.registry import CPUDispatcher
 from tensorplug_cpu import kernels
-from tensorplug_cpu.kernels.kept_kernels import kept_loads
+from tensorplug_cpu.kernels.numba_internals.kept_kernels import kept_loads
 from tensorplug_llm.runner import ModelRunner
 
 def versions():

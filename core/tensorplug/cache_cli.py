@@ -5,8 +5,8 @@ the next launch computes it again. The folders are ``TENSORPLUG_CACHE``'s (insta
 metadata, GGUF headers) and ``TENSORPLUG_DEVICE_CACHE``'s (the GPU plugins' device
 lists), by default both ``~/.cache/tensorplug``. Only files of the kinds listed in
 :data:`KINDS` are read or removed; a link is removed, never followed, and nothing
-outside those folders is touched. The CPU plugin's compiled kernels live in numba's
-cache folders and are not listed here.
+outside those folders is touched. The CPU plugin's compiled kernels live in its own
+folder of numba's caches (``cpu-kernels/``: ``docs/caches.md``) and are not listed here.
 """
 
 from __future__ import annotations

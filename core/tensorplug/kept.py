@@ -39,6 +39,7 @@ __all__ = [
     "load",
     "load_json",
     "parse_json",
+    "prepare_folder",
     "read",
     "read_regular",
     "save",
@@ -273,6 +274,19 @@ def _make_folders(root: Path, folder: Path) -> None:
         where = where / name
         with contextlib.suppress(FileExistsError):
             os.mkdir(where, 0o700)
+
+
+def prepare_folder(root: Path, folder: Path) -> str | None:
+    """Make ``folder`` (``root`` or below it) and the folders above it, user-only where
+    they are made; None where it is then safe to keep files in, else why not (it could
+    not be made, or :func:`folder_problem`)."""
+    try:
+        if folder != root:
+            _parts(root, folder / "x")
+        _make_folders(root, folder)
+    except (OSError, ValueError) as e:
+        return f"it cannot be made ({e})"
+    return folder_problem(root, folder)
 
 
 def save(root: Path, path: Path, data: bytes) -> bool:

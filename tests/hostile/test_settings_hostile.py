@@ -63,7 +63,8 @@ def test_a_setting_numba_cannot_use_is_refused_when_the_backend_starts(
 
 def _kernel_module(folder: Path) -> ModuleType:
     """A module with one cached kernel, loaded afresh (a new dispatcher, as in a new
-    run): its cache lives in ``folder/__pycache__``."""
+    run): its cache lives in the plugin's kernel cache (``NUMBA_CACHE_DIR`` set to
+    ``folder/cache`` by the caller)."""
     path = folder / "kmod.py"
     if not path.exists():
         path.write_text(
@@ -77,23 +78,38 @@ def _kernel_module(folder: Path) -> ModuleType:
     return module
 
 
+@pytest.mark.parametrize("path", ["fast launch", "public API"])
 @pytest.mark.parametrize("damage", ["index zeroed", "data truncated", "both emptied"])
 def test_a_damaged_numba_cache_is_discarded_and_compiled_again(
-    tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    from tensorplug_cpu.kernels import _numba_cache
+    tmp_path: Path, damage: str, path: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    from tensorplug_cpu.kernels import cache_folder, compiled, numba_internals
+    from tensorplug_cpu.kernels.numba_internals import kernel_cache
 
-    monkeypatch.setattr(_numba_cache, "_warned", [])
-    assert _kernel_module(tmp_path).add_one(1) == 2  # compiled, written to the cache
-    index = next((tmp_path / "__pycache__").glob("*.nbi"))
-    data = next((tmp_path / "__pycache__").glob("*.nbc"))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    if path == "public API":
+        monkeypatch.setenv("TENSORPLUG_CPU_NUMBA_INTERNALS", "0")
+    else:
+        assert numba_internals.enabled(), numba_internals.why_off()
+    monkeypatch.setattr(kernel_cache, "_warned", [])
+    monkeypatch.setattr(cache_folder, "_warned_damage", [])
+
+    def add_one(x: int) -> int:  # as the plugin makes a kernel's first call
+        kmod = _kernel_module(tmp_path)
+        compiled.guarded(kmod.add_one.compile, (kmod.add_one.typeof_pyval(x),))
+        return int(kmod.add_one(x))
+
+    assert add_one(1) == 2  # compiled, written to the cache
+    index = next((tmp_path / "cache").rglob("*.nbi"))
+    data = next((tmp_path / "cache").rglob("*.nbc"))
     if damage in ("index zeroed", "both emptied"):
         index.write_bytes(bytes(index.stat().st_size) if damage == "index zeroed" else b"")
     if damage in ("data truncated", "both emptied"):
         data.write_bytes(data.read_bytes()[: 0 if damage == "both emptied" else 40])
     with caplog.at_level(logging.WARNING, "tensorplug_cpu"):
-        assert _kernel_module(tmp_path).add_one(2) == 3  # the next run: compiled again
-        assert _kernel_module(tmp_path).add_one(3) == 4  # and the one after: cached
+        assert add_one(2) == 3  # the next run: compiled again
+        assert add_one(3) == 4  # and the one after: cached
     said = [r.getMessage() for r in caplog.records if "kernel cache" in r.getMessage()]
     assert len(said) == 1 and "discarded" in said[0]
 

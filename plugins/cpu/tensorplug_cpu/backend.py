@@ -48,7 +48,7 @@ from .kernels.jit import MAX_SIBLINGS, JitKernels, jit_status, load_jit
 from .kernels.matmul import build_sibling_products
 from .kernels.program import Program, programs, rows_regions
 from .kernels.siblings import sibling_groups
-from .repack import RepackBuffer
+from .repack_buffer import RepackBuffer
 from .settings import GGML_PRODUCT_ORDER
 from .system import ThreadControl, features
 

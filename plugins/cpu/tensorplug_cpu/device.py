@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tensorplug.device import Device, DeviceCaps, DeviceType, Reg
 from tensorplug.hooks import hookimpl
 from tensorplug.host import host_buffer_type
@@ -18,7 +20,8 @@ from . import system
 from .backend import EXTENSIONS, CpuBackend, get_features
 from .kernels import supports
 from .kernels.jit import load_jit
-from .repack import RepackBufferType
+from .repack import PackedLayout
+from .repack_buffer import RepackBufferType
 
 if TYPE_CHECKING:
     from tensorplug.buffer import Buffer, BufferType
@@ -65,7 +68,7 @@ class CpuDevice(Device):
 
     def __init__(self, reg: Reg | None = None) -> None:
         super().__init__(reg)
-        self._repack = RepackBufferType(self)
+        self._repack = RepackBufferType(self, _compiled_moves)
 
     @property
     def name(self) -> str:
@@ -145,3 +148,10 @@ class CpuReg(Reg):
 def create_reg() -> CpuReg:
     """Entry for :class:`tensorplug.registration.Registration`'s ``init``."""
     return CpuReg()
+
+
+def _compiled_moves(lay: PackedLayout, blocks: np.ndarray, out: np.ndarray) -> bool:
+    """The compiled kernels' block moves into ``lay`` (False, nothing done, where there
+    are no compiled kernels or they cannot: numpy moves them)."""
+    jit = load_jit()
+    return jit is not None and jit.repack_moves(lay, blocks, out)

@@ -17,8 +17,8 @@ __all__ = [
     "EXACT_ATTENTION_ROWS",
     "GGML_PRODUCT_ORDER",
     "JIT",
-    "KEPT_CODE",
     "MAX_NUMBA_THREADS",
+    "NUMBA_INTERNALS",
     "NUMBA_LAYERS",
     "NUMBA_THREADS",
     "PROGRAM",
@@ -70,13 +70,14 @@ COMPILE_AHEAD: Setting[bool] = Setting(
     example="0",
 )
 
-KEPT_CODE: Setting[bool] = Setting(
-    "TENSORPLUG_CPU_KEPT_CODE",
+NUMBA_INTERNALS: Setting[bool] = Setting(
+    "TENSORPLUG_CPU_NUMBA_INTERNALS",
     True,
     parse_flag,
-    "0 to load every numba kernel through numba's own disk cache; by default the machine "
-    "code of each kernel numba has run is also kept beside that cache, and a later run "
-    "loads it directly (~3 ms less a kernel at launch: numba neither unpickles nor types it).",
+    "0 to load and run every numba kernel through numba's public API alone; by default, "
+    "where numba and llvmlite are versions the plugin was tested with, the machine code "
+    "of each kernel numba has run is kept and a later launch loads it without importing "
+    "numba (a faster launch, the same results).",
     example="0",
 )
 
@@ -170,7 +171,7 @@ THREADING_LAYER: Setting[str] = Setting(
 SETTINGS = (
     JIT,
     COMPILE_AHEAD,
-    KEPT_CODE,
+    NUMBA_INTERNALS,
     EXACT_ATTENTION_ROWS,
     GGML_PRODUCT_ORDER,
     NUMBA_THREADS,

@@ -16,14 +16,15 @@ from tensorplug.opcodes import VIEW_OPS, GluOp, Op, RopeMode, SortOrder, UnaryOp
 from tensorplug.quants import SUPPORTED_TYPES
 from tensorplug.types import Type
 
-from ..repack import RepackBuffer, layout_of
+from ..repack import layout_of
+from ..repack_buffer import RepackBuffer
 from . import attention, convert, elementwise, matmul
 from .common import BuildContext, Step
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-    from .jit import JitKernels
+    from .provider import CompiledKernels
 
 __all__ = ["JIT_KERNELS", "KERNELS", "BuildContext", "Step", "build_step", "supports"]
 
@@ -32,7 +33,7 @@ QUANT = frozenset(t for t in SUPPORTED_TYPES if t.is_quantized)
 INDEX = frozenset({Type.I32, Type.I64})
 
 _Builder = Callable[["Tensor", BuildContext], Step]
-_JitBuilder = Callable[["Tensor", BuildContext, "JitKernels | None"], Step]
+_JitBuilder = Callable[["Tensor", BuildContext, "CompiledKernels | None"], Step]
 
 #: op → kernel builder (those that use the JIT kernels find them in the context)
 KERNELS: dict[Op, _Builder] = {
@@ -70,7 +71,7 @@ JIT_KERNELS: dict[Op, _JitBuilder] = {
 }
 
 
-def build_step(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step | None:
+def build_step(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None) -> Step | None:
     """The step computing ``node``, or None for ops that only re-describe memory."""
     if node.op in VIEW_OPS:
         return None

@@ -41,7 +41,6 @@ from ._numba_cache import job_function, kernel
 from ._numba_pool import address, view4
 from ._numba_quant import _f32_to_f16_bits
 from ._numba_rows import expf, ggml_expf
-from .attention import DOT_LANES, HALF_PRODUCTS, LANES_MASK, NARROW_SCORES
 from .job_blocks import (
     ATTEND_FIELDS,
     ATTEND_K,
@@ -62,6 +61,7 @@ from .job_blocks import (
     ATTEND_VISIBLE,
     ROWS_PER_TASK,
 )
+from .kernel_shapes import DOT_LANES, HALF_PRODUCTS, LANES_MASK, NARROW_SCORES
 
 
 def _value(a: Any, table: Any, i: int, j: int, r: int, d: int) -> Any:
@@ -506,7 +506,7 @@ def _attend_heads(q: Any, keys: Any, values: Any, table: Any, lanes: int, out: A
     """Query row ``r`` of the query heads ``hk·group + g0 + g`` (``hk0 ≤ hk < hk1``,
     ``g < n_g``), which all see the ``m`` cells ``cols``, into ``out[b, r]``; with
     ``fetch``, V's cells ``[0, m)`` read through first (:func:`touch_cells`). ``lanes``
-    as :func:`attend`'s: with :data:`.attention.HALF_PRODUCTS` the query and the weights
+    as :func:`attend`'s: with :data:`.kernel_shapes.HALF_PRODUCTS` the query and the weights
     are rounded to f16 before their products."""
     group = q.shape[1] // keys.shape[0]
     half = (lanes & HALF_PRODUCTS) != 0
@@ -653,16 +653,16 @@ def attend(
     ``c mod 64``: the same for one sequence in cells ``0…n`` (how llama.cpp fills its
     cache), and a row's bits then depend on nothing it cannot see (where its cells lie,
     other sequences' cells, how many query rows share the step). That is ``lanes`` =
-    :data:`.attention.DOT_LANES` (64), which holds for any number of rows, so batching changes
+    :data:`.kernel_shapes.DOT_LANES` (64), which holds for any number of rows, so batching changes
     nothing. ggml itself switches the weights·V product to tinyBLAS's order for two
     query rows or more (llamafile ``sgemm``: 16 lanes over the cells, ``n_kv`` a
     multiple of 16 as llama.cpp pads it, then the 8-4-2-1 tree); ``lanes`` =
-    :data:`.attention.TINYBLAS_LANES` reproduces it (the same as 64 up to 16 visible cells), for
+    :data:`.kernel_shapes.TINYBLAS_LANES` reproduces it (the same as 64 up to 16 visible cells), for
     ``TENSORPLUG_CPU_GGML_PRODUCT_ORDER``. ``lanes`` carries two flags beside them
-    (:func:`.attention.products`): :data:`.attention.HALF_PRODUCTS`, what an F16 cache
+    (:func:`.attention.products`): :data:`.kernel_shapes.HALF_PRODUCTS`, what an F16 cache
     makes ggml do (``vec_dot_type`` F16: the query and the softmax's weights rounded to
     f16 before their products, ``ggml_vec_dot_f16``), and
-    :data:`.attention.NARROW_SCORES`, the scores in tinyBLAS's 16 lanes (ggml's F16 K·Q
+    :data:`.kernel_shapes.NARROW_SCORES`, the scores in tinyBLAS's 16 lanes (ggml's F16 K·Q
     product of two query rows or more). Fused multiply-adds are exact ``llvm.fma``
     calls and no fast-math reorders them. Tasks are (batch, KV heads, run of query rows)
     on numba's threads, each with scratch of its own (:func:`attend_rows`), the KV heads

@@ -1,50 +1,30 @@
-"""numba's disk cache for the CPU kernels, keyed on every kernel source file.
+"""How the CPU kernels are made numba functions: :func:`kernel` and :func:`job_function`,
+cached on disk in the plugin's folder (:mod:`.cache_folder`).
 
-numba keys a cached function by its own file's time stamp and bytecode only. Most of
-these kernels inline code from other files (the LLVM IR of :mod:`._numba_introw`, the
-f16 helpers of :mod:`._numba_ir`, :func:`._numba_rows.expf`, the repacked layouts of
-:mod:`..repack`), so after an edit to one of those, or a ``git checkout`` of an older
-one, the cached machine code of the kernels that inline it ran on: stale numbers, or a
-crash (this happened while bisecting). :func:`kernel` is ``njit(cache=True)`` whose
-index key also holds a hash of every ``_numba_*.py`` here, of ``repack.py`` and of
-``dispatch.py`` (the weight rows each integer kernel takes at a time), so a change to
-any of them recompiles all of them once (seconds). An installed wheel changes
-nothing: its files' time stamps already did.
-
-The hook is numba's ``FunctionCache._index_key``, what a cache entry depends on (a
-numba without it would fail this import, and the backend would use its numpy kernels,
-saying why in ``get_features``).
-
-A cache file that cannot be read (a disk that filled up, a copy cut short, a file of
-zeros) made numba raise ``UnpicklingError`` from every later run's first call of that
-kernel, and only deleting the cache by hand helped. :class:`KernelCache` discards such
-a kernel's entries instead, warns once per process, and numba compiles it again.
+Through numba's public API (``njit(cache=True)``, ``cfunc(cache=True)``) by default;
+where the fast launch is on (:mod:`.numba_internals`), each kernel's cache is
+:class:`.numba_internals.kernel_cache.KernelCache`, beside which the launch keeps
+machine code, and which can say what it holds without loading it (:mod:`.compiled`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import numba
 from numba import njit
-from numba.core.caching import FunctionCache
 
 from . import _numba_ir as _ir
-from . import numba_runtime
-from .deferred_envs import deferred_environments
-from .kernel_identity import FORM_FLAGS, instruction_forms, sources_hash
-from .lazy_linking import LazyLinkingRebuild
+from . import numba_internals
+from .cache_folder import numba_cache_dir
+from .job_function import JobFunction
+from .kernel_identity import FORM_FLAGS, sources_hash
 
-__all__ = ["SOURCES_HASH", "KernelCache", "is_cached", "job_cached", "job_function", "kernel",
-           "use_instruction_forms"]  # fmt: skip
+__all__ = ["SOURCES_HASH", "job_function", "kernel", "use_instruction_forms"]
 
 #: sha256 of the kernels' sources (:func:`.kernel_identity.sources_hash`)
 SOURCES_HASH = sources_hash()
-
-_log = logging.getLogger("tensorplug_cpu")
-_warned: list[bool] = []  # a bad cache is said once per process, not once per kernel
 
 
 def use_instruction_forms(forms: tuple[bool, ...]) -> None:
@@ -56,67 +36,10 @@ def use_instruction_forms(forms: tuple[bool, ...]) -> None:
         setattr(_ir, name, value)
 
 
-class KernelCache(FunctionCache):  # type: ignore[misc]  # numba has no type hints
-    """A function's cache whose entries also depend on :data:`SOURCES_HASH` and the
-    instruction forms (:func:`instruction_forms`), whose
-    unreadable entries are discarded (then compiled again) rather than raised, and whose
-    machine code loads without its linking bitcode (:mod:`.lazy_linking`)."""
-
-    _impl_class = LazyLinkingRebuild
-
-    def _index_key(self, sig: Any, codegen: Any) -> Any:
-        return (*super()._index_key(sig, codegen), SOURCES_HASH, instruction_forms())
-
-    def load_overload(self, sig: Any, target_context: Any) -> Any:
-        """numba's ``load_overload`` without its ``target_context.refresh()``: loading
-        machine code needs numba's runtime only (:func:`.numba_runtime.ready`), not the
-        registries that a compile reads (and refreshes itself), nor the numba modules
-        whose code the kernel inlined (:mod:`.deferred_envs`)."""
-        try:
-            numba_runtime.ready(target_context, Path(self.cache_path))
-            with self._guard_against_spurious_io_errors(), deferred_environments():
-                return self._load_overload(sig, target_context)
-        except Exception as e:  # any failure to read a cache entry: compile it instead
-            self._discard(e)
-            return None
-
-    def save_overload(self, sig: Any, data: Any) -> None:
-        try:  # numba reads the index again to add an entry to it
-            super().save_overload(sig, data)
-        except Exception as e:  # the kernel is compiled: it runs, uncached this time
-            self._discard(e)
-
-    def _discard(self, error: Exception) -> None:
-        """Delete this function's index and data files (what cannot be read cannot be
-        trusted either) and say so once."""
-        folder = Path(self.cache_path)
-        base = self._impl.filename_base
-        for path in [folder / f"{base}.nbi", *folder.glob(f"{base}.*.nbc")]:
-            path.unlink(missing_ok=True)
-        if not _warned:
-            _warned.append(True)
-            _log.warning(
-                "numba's kernel cache in %s had an unreadable entry (%s: %s); discarded, "
-                "the kernels it held compile again (seconds, once)",
-                folder, type(error).__name__, error,
-            )  # fmt: skip
-
-
-def is_cached(dispatcher: Any, sig: tuple[Any, ...]) -> bool:
-    """Whether numba's disk cache holds ``dispatcher`` compiled for ``sig`` (numba
-    types), without loading it: its index has the entry."""
-    cache = getattr(dispatcher, "_cache", None)
-    if not isinstance(cache, FunctionCache):
-        return False
-    try:
-        key = cache._index_key(sig, dispatcher.targetctx.codegen())
-        return key in cache._cache_file._load_index()
-    except Exception:  # an unreadable index holds nothing usable
-        return False
-
-
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
-    """``numba.njit(cache=True, **options)``, cached under :data:`SOURCES_HASH` too.
+    """``numba.njit(cache=True, **options)``, cached in the plugin's folder
+    (:mod:`.cache_folder`; numba's cache reached into by the fast launch where it is on,
+    :mod:`.numba_internals.kernel_cache`).
 
     ``fastmath`` is ``False`` unless given: numba compiles a callee that sets none with
     its caller's flags (and keeps that version for direct calls as well), and the
@@ -141,40 +64,30 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     options.setdefault("nogil", True)
     options.setdefault("error_model", "numpy")
 
-    def compile_later(fn: Callable[..., Any]) -> Any:
-        # cache=True would make numba's own cache for it first (~0.1 ms of the launch a
-        # kernel, ~100 of them defined at import), only for this one to replace it
-        dispatcher = njit(**options)(fn)
-        dispatcher._cache = KernelCache(dispatcher.py_func)
-        return dispatcher
+    def decorate(fn: Callable[..., Any]) -> Any:
+        with numba_cache_dir(numba) as folder:
+            if folder is not None and numba_internals.enabled():
+                dispatcher = njit(**options)(fn)
+                if numba_internals.attempt("caching a kernel", _with_kernel_cache, dispatcher, fn):
+                    return dispatcher
+            return njit(cache=folder is not None, **options)(fn)
 
-    return compile_later
+    return decorate
 
 
-def job_function(fn: Callable[..., None], name: str, fastmath: Any = False) -> Any:
+def job_function(fn: Callable[..., None], name: str, fastmath: Any = False) -> JobFunction:
     """``fn(job, lo, hi)`` (three ``int64``) as the C function ``void(int64, int64,
-    int64)`` that the spinning helpers call by address (:mod:`.pool`; a numba
-    ``cfunc``, whose ``address`` it is once compiled), cached on disk as :func:`kernel`
-    caches. Not compiled yet: :func:`.kept_kernels.job_ready` loads it, or its
-    ``compile()`` compiles it. ``name``: its cache files' name (closures over different
-    constants need different ones). Its own ``fastmath`` and its float division as
-    :func:`kernel`'s (a C function cannot raise numba's ``ZeroDivisionError``)."""
-    from numba import types
-    from numba.core.ccallback import CFunc
-
-    fn.__qualname__ = name
-    job = CFunc(fn, ((types.int64, types.int64, types.int64), types.void), locals={},
-                options={"nopython": True, "fastmath": fastmath,
-                         "error_model": "numpy"})  # fmt: skip
-    job._cache = KernelCache(fn)  # type: ignore[attr-defined]  # as kernel() sets numba's
-    return job
+    int64)`` that the spinning helpers call by address (:mod:`.pool`), cached on disk as
+    :func:`kernel` caches. Not compiled yet (:class:`.job_function.JobFunction`).
+    ``name``: its cache files' name (closures over different constants need different
+    ones). Its own ``fastmath`` and its float division as :func:`kernel`'s (a C function
+    cannot raise numba's ``ZeroDivisionError``)."""
+    return JobFunction(fn, name, {"nopython": True, "fastmath": fastmath,
+                                  "error_model": "numpy"})  # fmt: skip
 
 
-def job_cached(job: Any) -> bool:
-    """Whether numba's disk cache holds the :func:`job_function` ``job``, without
-    loading it."""
-    try:
-        key = job._cache._index_key(job._sig, job._targetdescr.target_context.codegen())
-        return key in job._cache._cache_file._load_index()
-    except Exception:  # an unreadable index holds nothing usable
-        return False
+def _with_kernel_cache(function: Any, fn: Callable[..., Any]) -> bool:
+    from .numba_internals.kernel_cache import install
+
+    install(function, fn)
+    return True

@@ -57,7 +57,7 @@ from ._numba_ir import (
     _vec,
     carried_loop,
 )
-from .dispatch import INT8_ROWS
+from .kernel_shapes import INT8_ROWS
 
 __all__ = ["GROUP", "LAYOUTS", "PREFETCH_ROWS", "rows1_dot_q6_k", "rows1_dot_q8_0",
            "rows4_dot_q4_0", "rows4_dot_q4_1", "rows4_dot_q4_k", "rows4_dot_q5_0",
@@ -149,7 +149,7 @@ PREFETCH_ROWS = 8
 #: rows a kernel takes at a time unless it is told otherwise
 ROWS = 4
 #: rows each type's kernel takes at a time (``rows{n}_dot_{type}``), by type name: the
-#: dispatch table's :data:`~.dispatch.INT8_ROWS` (one for the types whose bytes stream
+#: dispatch table's :data:`~.kernel_shapes.INT8_ROWS` (one for the types whose bytes stream
 #: faster one row after another, see the module's docstring)
 GROUP = {t.name.lower(): n for t, n in INT8_ROWS.items()}
 

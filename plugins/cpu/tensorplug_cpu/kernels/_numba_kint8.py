@@ -46,14 +46,14 @@ from ._numba_introw import (
 from ._numba_ir import _I8, _I32, _dot_i8, _load, _runtime_splat, _splat, _vec, f32_from_bits
 from ._numba_kquant import _scale_min_k4
 from ._numba_quant import _CHUNKS, _DOT, _f16, chunk_span, quantize_activations
-from .dispatch import INT8_ROWS
+from .kernel_shapes import INT8_ROWS
 
 # the type ids the driver branches on
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = (
     int(t) for t in (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K)
 )
 #: the ids of the types whose kernel takes one weight row at a time (the dispatch table's
-#: :data:`~.dispatch.INT8_ROWS`), the others' four
+#: :data:`~.kernel_shapes.INT8_ROWS`), the others' four
 _ONE_ROW = tuple(int(t) for t, n in INT8_ROWS.items() if n == 1)
 
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..settings import COMPILE_AHEAD
-from .kept_code import numba_jit_disabled
 from .kernel_identity import instruction_forms, origin_of
+from .numba_internals import numba_jit_disabled
 
 __all__ = ["Ahead", "Job", "cached", "origin_of", "resolve"]
 
@@ -66,10 +66,13 @@ class _JobCompile:
     job: Any
 
     def compile(self, signature: tuple[Any, ...]) -> None:
+        from .compiled import note_compiled
+
         self.job.compile()
+        note_compiled(self.job, ())
 
     def cached(self, signature: tuple[Any, ...]) -> bool:
-        from ._numba_cache import job_cached
+        from .compiled import job_cached
 
         return job_cached(self.job)
 
@@ -79,9 +82,21 @@ def cached(kernel: Any, signature: tuple[Any, ...]) -> bool:
     ``signature``: the other process compiled it meanwhile."""
     if isinstance(kernel, _JobCompile):
         return kernel.cached(signature)
-    from ._numba_cache import is_cached
+    from .compiled import is_cached
 
     return is_cached(kernel, signature)
+
+
+def _compile(kernel: Any, signature: tuple[Any, ...]) -> None:
+    """numba's load or compile of ``kernel`` (a dispatcher, or a job as
+    :class:`_JobCompile`) for ``signature``, noted as cached (:mod:`.compiled`)."""
+    if isinstance(kernel, _JobCompile):
+        kernel.compile(signature)
+        return
+    from .compiled import guarded, note_compiled
+
+    guarded(kernel.compile, signature)
+    note_compiled(kernel, signature)
 
 
 @dataclass(frozen=True)
@@ -128,7 +143,7 @@ class Ahead:
             return
         self.seen.add(origin)
         sig = tuple(kernel.typeof_pyval(a) for a in args)
-        from ._numba_cache import is_cached
+        from .compiled import is_cached
 
         if sig in kernel.overloads or is_cached(kernel, sig):
             return
@@ -143,7 +158,7 @@ class Ahead:
         if origin is None or origin in self.seen:
             return
         self.seen.add(origin)
-        from ._numba_cache import job_cached
+        from .compiled import job_cached
 
         if not job_cached(job):
             self.jobs[Job(origin, (), rank)] = None
@@ -262,7 +277,7 @@ class Ahead:
             if i is None:
                 continue
             job = self.queue[i]
-            resolve(job.origin).compile(job.signature)
+            _compile(resolve(job.origin), job.signature)
             self.taken.add(i)
             return True
         return False
@@ -277,7 +292,7 @@ class Ahead:
                 continue
             if sig in kernel.overloads:
                 continue
-            kernel.compile(sig)
+            _compile(kernel, sig)
             return True
         return False
 
@@ -339,7 +354,7 @@ def main() -> None:
     for i, job in enumerate(jobs):
         kernel = resolve(job.origin)
         if not cached(kernel, job.signature):  # else the parent took it back (done)
-            kernel.compile(job.signature)
+            _compile(kernel, job.signature)
         if listening:
             try:
                 print(i, flush=True)

@@ -24,11 +24,12 @@ from ..settings import EXACT_ATTENTION_ROWS
 from ..workers import POOL
 from .common import F32, BuildContext, Step, padded4, sequence, split_rows
 from .elementwise import tiled_operands
+from .kernel_shapes import DOT_LANES, HALF_PRODUCTS, NARROW_SCORES, TINYBLAS_LANES
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-    from .jit import JitKernels
+    from .provider import CompiledKernels
 
 __all__ = ["build_flash_attn_ext", "build_rope", "build_soft_max"]
 
@@ -218,25 +219,6 @@ def exact_rows_limit() -> int:
     return EXACT_ATTENTION_ROWS.get()
 
 
-#: Lanes of ggml's ``ggml_vec_dot_f32`` on AVX-512: four registers of 16 floats.
-DOT_LANES = 64
-#: Lanes of tinyBLAS's AVX-512 float product (one ``__m512``), which ggml takes for the
-#: weights·V product of two query rows or more (llamafile ``sgemm``, ``n ≥ 2``)
-TINYBLAS_LANES = 16
-
-
-#: The exact kernel's ``lanes`` (:func:`products`): the weights·V lanes in its low byte,
-#: and two flags above them
-LANES_MASK = 0xFF
-#: The scores in tinyBLAS's order (16 fused lanes, then the 8-4-2-1 tree), as ggml's
-#: F16 K·Q product of two query rows or more (llamafile ``sgemm`` on the F16 query)
-NARROW_SCORES = 1 << 8
-#: The query and the softmax's weights rounded to f16 before their products with K and
-#: V, as an F16 cache makes ggml do (``vec_dot_type`` F16: ``mul_mat`` converts its
-#: float32 operand to F16 first)
-HALF_PRODUCTS = 1 << 9
-
-
 def weights_v_lanes(n_q: int, ggml_order: bool) -> int:
     """The lanes the exact kernel sums a row's weights·V product in: with ``ggml_order``
     (``CpuBackend.ggml_order``) ggml's own choice for a step of ``n_q`` query rows,
@@ -264,7 +246,9 @@ def products(n_q: int, ggml_order: bool, half: bool, head_dim: int) -> int:
     return lanes | HALF_PRODUCTS | (NARROW_SCORES if narrow else 0)
 
 
-def build_flash_attn_ext(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
+def build_flash_attn_ext(
+    node: Tensor, ctx: BuildContext, jit: CompiledKernels | None = None
+) -> Step:
     """``softmax(q·kᵀ·scale (softcapped) + slope·mask)·v``; result ``(B, n_q, H, D_v)``.
 
     Query heads are grouped onto their KV head by splitting the head axis (a view), so
@@ -391,7 +375,7 @@ def _attend_group(
     scale: np.float32,
     softcap: np.float32,
     half: bool,
-    jit: JitKernels | None,
+    jit: CompiledKernels | None,
     h: int,
     slot: int,
 ) -> None:
@@ -456,7 +440,7 @@ def _visible_columns(mask4: np.ndarray) -> int:
 
 
 def _widened(
-    ctx: BuildContext, t: Tensor, jit: JitKernels | None
+    ctx: BuildContext, t: Tensor, jit: CompiledKernels | None
 ) -> tuple[np.ndarray, Callable[[int], None] | None]:
     """K or V as float32 ``(B, H, n_kv, D)`` and, for F16/BF16, a function widening the
     first ``used`` rows into it (the rest of the scratch is never read)."""

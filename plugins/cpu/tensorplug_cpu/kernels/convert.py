@@ -26,7 +26,7 @@ from .common import BuildContext, Step, from_f32, reshape_view, to_f32
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-    from .jit import JitKernels
+    from .provider import CompiledKernels
 
 __all__ = [
     "GetRowsStep", "SetRowsStep", "build_copy", "build_get_rows", "build_pad", "build_repeat",
@@ -201,10 +201,10 @@ def _row_reader(
 
 class SetRowsStep:
     """A KV cache's new rows: every index checked, then the rows written, in one kernel
-    call (:meth:`.jit.JitKernels.set_rows`); a job of a program too (:mod:`.program`),
+    call (:meth:`.provider.CompiledKernels.set_rows`); a job of a program too (:mod:`.program`),
     which reads ``table`` (float32, or f16 as ``uint16``), ``values`` and ``idx``."""
 
-    def __init__(self, node: Tensor, jit: JitKernels, table: np.ndarray, values: np.ndarray,
+    def __init__(self, node: Tensor, jit: CompiledKernels, table: np.ndarray, values: np.ndarray,
                  idx: np.ndarray) -> None:  # fmt: skip
         self.node, self.jit, self.table, self.values, self.idx = node, jit, table, values, idx
         jit.expect(jit.set_rows, table, values, idx)

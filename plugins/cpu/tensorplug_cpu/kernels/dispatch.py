@@ -36,6 +36,7 @@ from tensorplug.types import Type
 
 from ..repack import LAYOUTS as PACKED_LAYOUTS
 from ..system import LEVELS, KernelFeatures, kernel_features
+from .kernel_shapes import INT8_ROWS
 
 __all__ = [
     "FACTS",
@@ -104,16 +105,6 @@ MATVEC_MAX_TOKENS_BY_TYPE: Mapping[Type, int] = {
 #: the most rows any type's fused kernel takes (and the most a joint product of one
 #: activation by several matrices, :mod:`.siblings`, takes)
 MATVEC_MOST_TOKENS = max(MATVEC_MAX_TOKENS, *MATVEC_MAX_TOKENS_BY_TYPE.values())
-
-#: Weight rows each integer kernel takes at a time (``rows{n}_dot_{type}`` of
-#: :mod:`._numba_introw`); its keys are the types that have one. Q8_0 and Q6_K carry the
-#: most bytes per value and the least unpacking: four rows streamed side by side came
-#: from memory slower than one row read straight through (thirty-two 4096×768 Q8_0
-#: matrices on one core: 11.2 ms four at a time, 7.2 one at a time).
-INT8_ROWS: Mapping[Type, int] = {
-    Type.Q4_0: 4, Type.Q4_1: 4, Type.Q5_0: 4, Type.Q5_1: 4, Type.Q8_0: 1, Type.Q4_K: 4,
-    Type.Q6_K: 1,
-}  # fmt: skip
 
 
 def matvec_max_tokens(t: Type) -> int:

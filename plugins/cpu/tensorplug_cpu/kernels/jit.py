@@ -46,9 +46,9 @@ from tensorplug.types import Type
 
 from ..repack import PackedLayout, move_table
 from ..settings import JIT, MAX_NUMBA_THREADS, NUMBA_THREADS, SPIN, THREADING_LAYER
+from . import compiled, numba_internals
 from .activations import round_rows, vec_dot_type
-from .attention import DOT_LANES
-from .common import Step, block_rows
+from .arg_types import arg_key
 from .dispatch import DECODE_VECTOR, FLOAT_FUSED, INT8, MANY, PLAIN, fused_path, path, select
 from .gelu_table import glu_table
 from .job_blocks import (
@@ -67,11 +67,12 @@ from .job_blocks import (
     packed_job_block,
     sums_span,
 )
-from .kept_code import arg_key, kept_code_on, numba_jit_disabled
+from .job_calls import JobCall, JobSpec
 from .kernel_refs import JobRef, KernelRef, job_ref, kept_code_ready, kernel_ref, module_kernel
-from .llvm_pages import release as release_llvm_pages
+from .kernel_shapes import DOT_LANES
 from .numba_import import numba_module, on_import
-from .program import JobCall, JobSpec
+from .numba_internals import numba_jit_disabled
+from .steps import Step, block_rows
 from .threading_layer import Threads, preload_tbb, start_threads
 
 __all__ = ["MAX_SIBLINGS", "JitKernels", "KernelCall", "RowsCall", "jit_status", "load_jit"]
@@ -550,7 +551,8 @@ class JitKernels:
                 return
             dispatcher = kernel.dispatcher()
             sig = tuple(dispatcher.typeof_pyval(a) for a in args)
-            if kept_code_on() and sig not in dispatcher.overloads and is_cached(dispatcher, sig):
+            if (numba_internals.enabled() and sig not in dispatcher.overloads
+                    and compiled.is_cached(dispatcher, sig)):  # fmt: skip
                 # numba's cache has it (a second process made it): loaded and kept now,
                 # so a later launch finds it kept, and need not import numba to ask
                 kernel.ready(args)
@@ -664,7 +666,7 @@ class JitKernels:
         if self._ahead is not None:
             self._ahead.wait_for(job)
         with self._first_use(what):
-            _compile_job(job)  # from the disk cache if the second process put it there
+            compiled.compile_job(job.job())  # from the disk cache if the other process put it
         return int(job.address)
 
     def _job_ready(self, job: Any) -> bool:
@@ -676,7 +678,7 @@ class JitKernels:
         if job.ready():
             return True
         if self._ahead is None:
-            _compile_job(job)
+            compiled.compile_job(job.job())
             return True
         self._ahead.want_job(job, rank=4)  # after every kernel a step calls
         return False
@@ -761,7 +763,7 @@ class JitKernels:
             return True
         dispatcher = runner.dispatcher()
         sig = tuple(dispatcher.typeof_pyval(a) for a in args)
-        if self._ahead is not None and not is_cached(dispatcher, sig):
+        if self._ahead is not None and not compiled.is_cached(dispatcher, sig):
             self.want_ahead(runner, *args, rank=4)
             return False
         runner.ready(args)  # numba's load (or compile) of it, kept
@@ -880,8 +882,8 @@ class JitKernels:
                     if self._ahead is not None:
                         self._ahead.wait_for(kernel)
                     with self._first_use(what):
-                        dispatcher.compile(sig)
-                _keep(dispatcher, args)
+                        compiled.guarded(dispatcher.compile, sig)
+                compiled.keep_overload(dispatcher, args)
             self._called.add(what)
 
     def softmax_rows(
@@ -992,9 +994,9 @@ class JitKernels:
         if self._ahead is not None:  # the second process may have it: let it finish
             self._ahead.wait_for(kernel)
         dispatcher = kernel if ref is None else ref.dispatcher()
-        with self._first_use(what):
-            result = dispatcher(*args)
-        _keep(dispatcher, args)
+        with self._first_use(what):  # (a load from a damaged cache raises before it runs)
+            result = compiled.guarded(dispatcher, *args)
+        compiled.keep_overload(dispatcher, args)
         self._called.add(what)
         return result
 
@@ -1028,7 +1030,7 @@ class JitKernels:
         per load, which a process with its kernels loaded does not run."""
         if self._llvm_ran:
             self._llvm_ran = False
-            release_llvm_pages()
+            _release_llvm_pages()
         if self._ahead is not None and self._ahead.jobs:  # wanted while the child was busy
             self._ahead.start()
 
@@ -1342,8 +1344,10 @@ def _try_load() -> tuple[JitKernels | None, str]:
             _log.warning("numba failed to import, using numpy kernels: %s", e)
             return None, f"numba failed to import: {type(e).__name__}: {e}"
     kernels = JitKernels(threads)
-    release_llvm_pages()  # llvmlite's (and numba's) import: static initializers all over LLVM
-    return kernels, f"numba {kernels.version}, {threads.layer} threading layer"
+    _release_llvm_pages()  # llvmlite's (and numba's) import: static initializers all over LLVM
+    why_public = numba_internals.why_off()
+    launch = "fast launch" if why_public is None else f"numba's public API only ({why_public})"
+    return kernels, f"numba {kernels.version}, {threads.layer} threading layer, {launch}"
 
 
 def _numba_version() -> str:
@@ -1352,25 +1356,13 @@ def _numba_version() -> str:
     return installed.version("numba") or str(getattr(numba_module(), "__version__", "unknown"))
 
 
-def _keep(dispatcher: Any, args: tuple[Any, ...]) -> None:
-    """After numba has run ``dispatcher(*args)``: its code kept (:mod:`.kept_kernels`)."""
-    from .kept_kernels import keep_overload
+def _release_llvm_pages() -> None:
+    """Where the fast launch is on, LLVM's code pages this process has no more use for
+    given back (:mod:`.numba_internals.llvm_pages`)."""
+    if numba_internals.enabled():
+        from .numba_internals.llvm_pages import release
 
-    keep_overload(dispatcher, args)
-
-
-def is_cached(dispatcher: Any, sig: tuple[Any, ...]) -> bool:
-    """Whether numba's disk cache has ``dispatcher`` for ``sig`` (:mod:`._numba_cache`)."""
-    from ._numba_cache import is_cached as in_cache
-
-    return bool(in_cache(dispatcher, sig))
-
-
-def _compile_job(job: Any) -> None:
-    """numba's load or compile of the job ``job`` (a :class:`.kernel_refs.JobRef`), kept."""
-    from .kept_kernels import compile_job
-
-    compile_job(job.job())
+        numba_internals.attempt("giving back LLVM's pages", release)
 
 
 def _typed_alike(arrays: Sequence[np.ndarray]) -> bool:

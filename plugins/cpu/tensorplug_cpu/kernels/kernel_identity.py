@@ -16,9 +16,6 @@ is the same information, computed the same way by the process that keeps an entr
   list numba's code generator is given (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``, else
   the host's), and the environment's other settings of numba's code generation;
 - :func:`salt`: numba's, llvmlite's and Python's versions, as installed.
-
-:func:`cache_folder` finds, as numba does, the folder numba keeps a source file's
-kernels in: where kept code lives beside them.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from tensorplug import installed
 from ..system import kernel_features, llvm_cpu_name, numba_target_features
 
 __all__ = [
-    "CODEGEN_SETTINGS", "FORM_FLAGS", "SOURCES", "cache_folder",
+    "CODEGEN_SETTINGS", "FORM_FLAGS", "SOURCES",
     "compile_target", "identity", "instruction_forms", "origin_of", "salt", "source_hash",
     "sources_hash",
 ]  # fmt: skip
@@ -45,7 +42,7 @@ _HERE = Path(__file__).parent
 #: the kernel sources, in name order, the repacked layouts they read, the dispatch
 #: table whose limits and row groups they compile in, and the jobs' block layouts
 SOURCES = [*sorted(_HERE.glob("_numba_*.py")), _HERE.parent / "repack.py", _HERE / "dispatch.py",
-           _HERE / "job_blocks.py"]  # fmt: skip
+           _HERE / "job_blocks.py", _HERE / "kernel_shapes.py"]  # fmt: skip
 
 #: the names of :mod:`._numba_ir`'s instruction-form flags, in :func:`instruction_forms`'s order
 FORM_FLAGS = ("HAS_AVX2", "HAS_F16C", "HAS_VNNI", "HAS_32_REGS", "ON_ZEN")
@@ -70,15 +67,14 @@ def origin_of(kernel: Any) -> tuple[Any, ...] | None:
     tag = getattr(kernel, "tensorplug_origin", None)
     if tag is not None:
         return tuple(tag)
+    if getattr(kernel, "tensorplug_job", False):  # a :class:`.job_function.JobFunction`
+        return ("job", kernel.py_func.__module__, kernel.py_func.__qualname__)
     py_func = getattr(kernel, "py_func", None)
     if py_func is not None and hasattr(kernel, "compile"):
         module = sys.modules.get(py_func.__module__)
         if module is None or getattr(module, py_func.__name__, None) is not kernel:
             return None
         return ("module", py_func.__module__, py_func.__name__)
-    job_func = getattr(kernel, "_pyfunc", None)  # numba's cfunc, as job_function makes it
-    if job_func is not None and hasattr(kernel, "address"):
-        return ("job", job_func.__module__, job_func.__qualname__)
     return None
 
 
@@ -156,46 +152,3 @@ def identity(origin: tuple[Any, ...]) -> str | None:
             return None
     text = repr((tuple(origin), source, sources_hash(), instruction_forms(), compile_target()))
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _writable_folder(path: Path) -> bool:
-    """Whether numba would take ``path`` for its cache (it makes it, then writes a
-    temporary file there): made here if missing, as numba would."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(path, os.W_OK | os.X_OK)
-
-
-def _subfolder(source: Path) -> str:
-    """numba's name for a source folder inside a cache folder outside the source tree."""
-    folder = os.path.dirname(os.path.abspath(source))
-    return f"{os.path.split(folder)[-1]}_{hashlib.sha1(folder.encode()).hexdigest()}"
-
-
-def _user_cache_root() -> Path | None:
-    """numba's user-wide cache folder (its ``appdirs``' ``user_cache_dir`` for "numba")
-    on Linux and macOS; None elsewhere."""
-    if sys.platform == "darwin":
-        return Path("~/Library/Caches/numba").expanduser()
-    if sys.platform.startswith("linux"):
-        root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        return Path(root) / "numba"
-    return None
-
-
-def cache_folder(source: Path) -> Path | None:
-    """The folder numba's disk cache keeps the kernels of ``source`` in, found as numba
-    finds it: ``NUMBA_CACHE_DIR`` where it is set, else the source's ``__pycache__``
-    where it can be written, else the user's cache folder; None where none is usable."""
-    given = os.environ.get("NUMBA_CACHE_DIR")
-    candidates = [Path(given) / _subfolder(source)] if given else []
-    candidates.append(source.parent / "__pycache__")
-    root = _user_cache_root()
-    if root is not None:
-        candidates.append(root / _subfolder(source))
-    for folder in candidates:
-        if _writable_folder(folder):
-            return folder
-    return None

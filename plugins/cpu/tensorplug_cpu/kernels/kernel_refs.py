@@ -21,23 +21,17 @@ arguments pays it once (:meth:`KernelRef.for_types`, :class:`.jit.KernelCall`).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
-from . import numba_import
-from .kept_code import KeptCode, arg_key, kept_code_on, kept_in
-from .kernel_identity import cache_folder, identity, origin_of
-from .runtime_library import runtime_file
+from . import numba_import, numba_internals
+from .arg_types import arg_key
+from .kernel_identity import identity, origin_of
 
 __all__ = ["JobRef", "KernelRef", "job_ref", "kept_code_ready", "kernel_ref", "module_kernel",
            "resolve"]  # fmt: skip
 
-_HERE = Path(__file__).parent
-#: a kernel source file of this package: their kernels share one cache folder
-_PACKAGE_SOURCE = _HERE / "_numba_pool.py"
 #: a job's kept code has one key: its C signature is always the same
 _JOB_KEY = ("job",)
 
@@ -79,49 +73,43 @@ def resolve(origin: tuple[Any, ...]) -> Any:
 
 
 def kept_code_ready() -> bool:
-    """Whether a launch may leave numba unimported until a kernel needs it: kept code is
-    on and numba has run in this package's cache folder before with this numba,
+    """Whether a launch may leave numba unimported until a kernel needs it: the fast
+    launch is on and numba has run in this cache folder before with this numba,
     llvmlite, Python, these sources and this target (its runtime library is kept there:
-    :mod:`.runtime_library`)."""
-    if not kept_code_on():
-        return False
-    folder = cache_folder(_PACKAGE_SOURCE)
-    return folder is not None and runtime_file(folder).is_file()
+    :mod:`.numba_internals.runtime_library`)."""
+    return bool(numba_internals.attempt("finding kept code", _kept_code_ready))
 
 
-def _source(origin: tuple[Any, ...]) -> Path | None:
-    """The source file whose cache folder holds ``origin``'s kept code."""
-    if origin[0] not in ("module", "job"):
-        return _PACKAGE_SOURCE
-    try:
-        spec = importlib.util.find_spec(str(origin[1]))
-    except (ImportError, ValueError):
-        return None
-    return None if spec is None or spec.origin is None else Path(spec.origin)
+def _kept_code_ready() -> bool:
+    from .numba_internals.kept_code import kept_in
+    from .numba_internals.runtime_library import runtime_file
+
+    kept = kept_in()
+    return kept is not None and runtime_file(kept.folder).is_file()
 
 
 class _Kept:
-    """Where one origin's kept code is (its folder's :class:`KeptCode` and its
-    identity), found once; ``kept`` is None where it has none, or kept code is off
-    (``TENSORPLUG_CPU_KEPT_CODE=0``)."""
+    """Where one origin's kept code is (the process's kept code and the origin's
+    identity), found once; ``kept`` is None where the fast launch is off."""
 
     def __init__(self, origin: tuple[Any, ...]) -> None:
-        self.kept: KeptCode | None = None
-        self.identity = identity(origin) if kept_code_on() else None
-        source = _source(origin)
-        folder = None if source is None or self.identity is None else cache_folder(source)
-        if folder is not None:
-            self.kept = kept_in(folder)
+        self.kept: Any = None
+        self.identity: str | None = None
+        if numba_internals.enabled():
+            from .numba_internals.kept_code import kept_in
+
+            self.identity = identity(origin)
+            self.kept = numba_internals.attempt("finding kept code", kept_in)
 
     def load(self, key: tuple[Any, ...]) -> Any:
         if self.kept is None or self.identity is None:
             return None
-        return self.kept.load(self.identity, key)
+        return numba_internals.attempt("loading kept code", self.kept.load, self.identity, key)
 
     def exists(self, key: tuple[Any, ...]) -> bool:
         if self.kept is None or self.identity is None:
             return False
-        return self.kept.path(self.identity, key).is_file()
+        return bool(self.kept.path(self.identity, key).is_file())
 
 
 class KernelRef:
@@ -180,7 +168,7 @@ class KernelRef:
     def _give(self, args: tuple[Any, ...], key: tuple[Any, ...]) -> None:
         """Give numba's dispatcher the code loaded here for ``args``'s types (its table
         then calls it, and calls here go straight to numba)."""
-        from .kept_kernels import load_kept
+        from .compiled import load_kept
 
         load_kept(self._dispatcher, args)  # the same entry: loaded once, by the folder
         with self._lock:
@@ -190,9 +178,9 @@ class KernelRef:
         """Make a call with ``args``'s types run kept code, loaded now (or already);
         False where none is kept for them."""
         if self._dispatcher is not None:
-            from .kept_kernels import load_kept
+            from .compiled import load_kept
 
-            return bool(load_kept(self._dispatcher, args))
+            return load_kept(self._dispatcher, args)
         key = arg_key(args)
         return key is not None and self._load(key) is not None
 
@@ -207,7 +195,7 @@ class KernelRef:
         """Make a call with ``args``'s types ready without making it: its kept code
         loaded, or numba's load (or compile) of it, kept then."""
         if not self.load_kept(args):
-            from .kept_kernels import ready_overload
+            from .compiled import ready_overload
 
             ready_overload(self.dispatcher(), args)
 
@@ -273,9 +261,9 @@ class JobRef:
         (:func:`.kept_kernels.job_ready`: compiled here, or in numba's cache)."""
         if self.load_kept():
             return True
-        from .kept_kernels import job_ready
+        from .compiled import job_ready
 
-        return bool(job_ready(self.job()))
+        return job_ready(self.job())
 
     @property
     def address(self) -> int:

@@ -40,7 +40,8 @@ from tensorplug.errors import OutOfBoundsError
 from tensorplug.quants import dequantize_blocks
 from tensorplug.types import Type
 
-from ..repack import RepackBuffer, layout_of, packed_rows
+from ..repack import layout_of
+from ..repack_buffer import RepackBuffer, packed_rows
 from ..workers import POOL
 from .activations import Q8_1, q8_1_offset_correction, round_rows, vec_dot_type
 from .common import BuildContext, Step, padded4, reshape_view, sequence
@@ -65,7 +66,7 @@ from .dispatch import (
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-    from .jit import JitKernels
+    from .provider import CompiledKernels
 
 __all__ = [
     "CHUNK_ELEMS",
@@ -133,23 +134,23 @@ def _widen_bf16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _decode_f16(t: Type, jit: JitKernels | None) -> Binder:
+def _decode_f16(t: Type, jit: CompiledKernels | None) -> Binder:
     assert jit is not None
     return jit.bind_widen_f16
 
 
-def _decode_numba(t: Type, jit: JitKernels | None) -> Binder:
+def _decode_numba(t: Type, jit: CompiledKernels | None) -> Binder:
     assert jit is not None
     return partial(jit.bind_dequantize, t)  # vector or scalar: the table, per blocks
 
 
-def _decode_numpy(t: Type, jit: JitKernels | None) -> Binder:
+def _decode_numpy(t: Type, jit: CompiledKernels | None) -> Binder:
     # numpy's decoder allocates its result: use it as is rather than copy it again
     return lambda src: lambda out: dequantize_blocks(src, t)
 
 
 #: the decoding paths of the table (:mod:`.dispatch`) → ``(t, jit)`` → their binder
-_DECODERS: dict[str, Callable[[Type, JitKernels | None], Binder]] = {
+_DECODERS: dict[str, Callable[[Type, CompiledKernels | None], Binder]] = {
     F16_WIDEN: _decode_f16,
     F16_NUMPY: lambda t, jit: lambda src: partial(_copy_f16, src),
     BF16_SHIFT: lambda t, jit: lambda src: partial(_widen_bf16, src),
@@ -159,7 +160,7 @@ _DECODERS: dict[str, Callable[[Type, JitKernels | None], Binder]] = {
 }
 
 
-def _binder(t: Type, jit: JitKernels | None) -> Binder | None:
+def _binder(t: Type, jit: CompiledKernels | None) -> Binder | None:
     """How weights of type ``t`` decode for BLAS, as the table's decoding paths say
     (None: F32, read in place). ``src`` is ``(…, rows, n)`` (raw blocks
     ``(…, rows, nblocks, type_size)`` if quantized), the scratch float32 ``(…, rows, n)``;
@@ -175,7 +176,7 @@ def _binder(t: Type, jit: JitKernels | None) -> Binder | None:
     return lambda src: by_shape[src.ndim == 2](src)
 
 
-def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
+def build_mul_mat(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None = None) -> Step:
     a_t, b_t = node.src
     if isinstance(a_t.buffer, RepackBuffer):
         return _repacked(node, ctx, jit)
@@ -204,7 +205,7 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None
 
 
 def _rounded(
-    ctx: BuildContext, t: Type, load_b: Step | None, b4: np.ndarray, jit: JitKernels | None
+    ctx: BuildContext, t: Type, load_b: Step | None, b4: np.ndarray, jit: CompiledKernels | None
 ) -> tuple[Step | None, np.ndarray, np.ndarray | None]:
     """``b4`` rounded as ggml rounds activations for ``t`` weights (:mod:`.activations`)
     into a scratch array after ``load_b`` (by numba where it can: numpy's rounding cost
@@ -255,7 +256,7 @@ def _unrounded_product(
     b4: np.ndarray,
     out4: np.ndarray,
     plain: bool,
-    jit: JitKernels | None,
+    jit: CompiledKernels | None,
 ) -> Step:
     """``out4 = b4 @ a4ᵀ`` by ``path`` for activations ``b4`` already rounded."""
     a_batch = (a4.shape[0], a4.shape[1])
@@ -295,7 +296,7 @@ def _unrounded_product(
     return tiled
 
 
-def _repacked(node: Tensor, ctx: BuildContext, jit: JitKernels | None) -> Step:
+def _repacked(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None) -> Step:
     """A product of weights stored repacked, by every activation row of ``b`` (its batch
     axes are rows too: the weights are one matrix). Without numba the matrix is
     unpacked and decoded at each compute (a backend made with ``jit=0`` beside weights
@@ -398,7 +399,7 @@ def _fused_matvec(
     a4: np.ndarray,
     b4: np.ndarray,
     out4: np.ndarray,
-    jit: JitKernels,
+    jit: CompiledKernels,
 ) -> Step:
     """Quantized weights × a few rows: the fused numba kernel, per batch of ``b``."""
     r0, r1 = b4.shape[0] // a4.shape[0], b4.shape[1] // a4.shape[1]
@@ -420,7 +421,7 @@ def _fused_matvec(
 
 
 def build_sibling_products(
-    nodes: Sequence[Tensor], staged: Sequence[bool], ctx: BuildContext, jit: JitKernels
+    nodes: Sequence[Tensor], staged: Sequence[bool], ctx: BuildContext, jit: CompiledKernels
 ) -> tuple[Step, list[Step | None]] | None:
     """Products of one activation by several quantized matrices as one step (the
     groups of :func:`.siblings.sibling_groups`), and for each product the step its own
@@ -450,7 +451,7 @@ def build_sibling_products(
     return None if step is None else (step, places)
 
 
-def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: JitKernels | None = None) -> Step:
+def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None = None) -> Step:
     """Mixture of experts (``ggml_mul_mat_id``): the (token, slot) pairs are grouped by
     the expert they selected, and each used expert's weights are decoded once and
     multiplied with all its rows in one BLAS call; decoding is mul_mat's (numba where

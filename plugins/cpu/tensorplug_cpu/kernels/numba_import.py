@@ -5,7 +5,7 @@ package (issue 42: its import is ~120 ms of a ~0.6 s launch on the 2-core dev ma
 anything else (a kernel to compile or to load from numba's cache, a compile-ahead
 child to feed) imports it here, once, in the same way wherever it happens: ``coverage``
 hidden while it imports (:func:`_no_idle_coverage`), the threading layer the plugin
-started handed over (:func:`.threading_layer.tell_numba`), and whoever asked to be told
+started handed over (:func:`.numba_internals.threads.tell_numba`), and whoever asked to be told
 (:func:`on_import`, the kernels' compile notices) told.
 """
 
@@ -16,6 +16,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from . import numba_internals
 
 __all__ = ["numba_module", "on_import"]
 
@@ -41,11 +43,10 @@ def numba_module() -> Any:
             return _done[0]
         with _no_idle_coverage():
             import numba
-        from .threading_layer import started, tell_numba
+        if numba_internals.enabled():  # a layer the fast launch started, handed over
+            from .numba_internals.threads import tell_numba
 
-        threads = started()
-        if threads is not None:
-            tell_numba(threads)
+            numba_internals.attempt("handing the threads to numba", tell_numba)
         _done.append(numba)
         listeners, _listeners[:] = list(_listeners), []
     for listener in listeners:

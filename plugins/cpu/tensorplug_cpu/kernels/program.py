@@ -23,7 +23,7 @@ run as before wherever it cannot:
 * a step with no job form (another op, another dtype, more than four axes) ends a
   program and runs as itself;
 * a job numba's disk cache lacks (a first run) is not waited for: the compile-ahead
-  process makes it for the next plan or run (:meth:`.jit.JitKernels.ready_step_job`);
+  process makes it for the next plan or run (:meth:`.provider.CompiledKernels.ready_step_job`);
 * another thread's job holds the helpers (two models computing at once): the program's
   steps run one by one, as each would then;
 * a job that refuses its input (:func:`._numba_jobs._set_rows_job`'s bad index) stops the
@@ -35,13 +35,12 @@ A prompt's steps are too large for a job the caller runs alone (:data:`SMALL`); 
 they are row jobs (:data:`.job_blocks.CHUNKED`: the norm, rope, the gated activation,
 the binary operations) :func:`rows_regions` makes each its job's rows shared out as a
 numba region on more than one thread, where each was one thread's loop or numpy's
-(:meth:`.jit.JitKernels.rows_region`).
+(:meth:`.provider.CompiledKernels.rows_region`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -52,9 +51,10 @@ from .common import SplitRows, Step, StepSequence, block_rows
 from .convert import GetRowsStep, SetRowsStep
 from .gelu_table import glu_table
 from .job_blocks import CHECKED, CHUNKED, HAS_PREAD, MAILBOX_SIZE, PROGRAM_FIELDS, SHARED, job_block
+from .job_calls import JobCall, JobSpec
 
 if TYPE_CHECKING:
-    from .jit import JitKernels
+    from .provider import CompiledKernels
 
 __all__ = [
     "MIN_JOBS",
@@ -77,49 +77,12 @@ MIN_JOBS = 4
 SMALL = 1 << 16
 
 
-@dataclass(frozen=True)
-class JobCall:
-    """One step as a job (:mod:`._numba_pool`'s protocol): its function's address; its
-    argument block and chunk count on one thread and on more; whether its chunks are
-    shared with the helpers; whether its block's first field says it refused its input.
-    ``arrays``: what the blocks name by address, kept alive with the program."""
-
-    fn: int
-    one: tuple[np.ndarray, int]
-    many: tuple[np.ndarray, int]
-    shared: bool = False
-    checked: bool = False
-    arrays: tuple[np.ndarray, ...] = ()
-
-    @staticmethod
-    def alone(fn: int, block: np.ndarray, arrays: tuple[np.ndarray, ...],
-              checked: bool = False) -> JobCall:  # fmt: skip
-        """A small job: one chunk, run by the caller at any thread count."""
-        return JobCall(fn, (block, 1), (block, 1), False, checked, arrays)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A step as the step job ``name`` (:func:`._numba_jobs.jobs`) runs it: its block's
-    4-d ``arrays``, integers and float scalars; ``values``: the elements the step
-    writes; ``rows``: a row job's rows (:data:`.job_blocks.CHUNKED`), which chunks
-    share out; ``checked``: its block's status says whether it refused its input."""
-
-    name: str
-    arrays: tuple[np.ndarray, ...]
-    ints: tuple[int, ...] = ()
-    scalars: tuple[float, ...] = ()
-    values: int = 0
-    rows: int = 1
-    checked: bool = False
-
-
 class Program:
     """Consecutive steps of a plan as one call of :func:`._numba_pool.run_program`;
     ``steps`` are kept to run instead where the program cannot run (module docstring)."""
 
     def __init__(
-        self, jit: JitKernels, steps: Sequence[Step], calls: Sequence[Sequence[JobCall]]
+        self, jit: CompiledKernels, steps: Sequence[Step], calls: Sequence[Sequence[JobCall]]
     ) -> None:
         """``calls``: each step's jobs, in order (a :class:`.common.StepSequence` has one
         a part)."""
@@ -131,7 +94,7 @@ class Program:
         self._mailbox = np.zeros(MAILBOX_SIZE, np.int64)  # one thread: unused
         self._one = _table(rows, one=True)
         self._many = _table(rows, one=False)
-        #: the runner for these arguments' types (made ready: :meth:`.jit.JitKernels.program_ready`)
+        #: the runner for these arguments' types (made ready: ``program_ready``)
         self._run_alone = jit.program_runner.for_types(self._mailbox, self._one, 0)
         # what the tables name by address: the blocks, and the arrays the blocks name
         self._keep = tuple((call.one[0], call.many[0], *call.arrays) for call in rows)
@@ -168,7 +131,7 @@ def _table(calls: Sequence[JobCall], one: bool) -> np.ndarray:
     return table
 
 
-def programs(steps: Sequence[Step], jit: JitKernels) -> list[tuple[Step, int]]:
+def programs(steps: Sequence[Step], jit: CompiledKernels) -> list[tuple[Step, int]]:
     """``steps`` with each run of at least :data:`MIN_JOBS` consecutive job steps
     replaced by one :class:`Program`: ``(step, index of its first step in steps)``; the
     steps themselves where programs are off or their runner is not ready yet (a first
@@ -209,7 +172,7 @@ def programs(steps: Sequence[Step], jit: JitKernels) -> list[tuple[Step, int]]:
 _BINARY = {np.add: 0, np.subtract: 1, np.multiply: 2, np.divide: 3}  # _numba_jobs' codes
 
 
-def lower(step: Step, jit: JitKernels) -> list[JobCall] | None:
+def lower(step: Step, jit: CompiledKernels) -> list[JobCall] | None:
     """``step`` as jobs (a :class:`.common.StepSequence`'s parts, in order; any other
     step one), or None where it has no job form or its job is not ready."""
     if not isinstance(step, StepSequence):
@@ -224,7 +187,7 @@ def lower(step: Step, jit: JitKernels) -> list[JobCall] | None:
     return calls
 
 
-def _lower_one(step: Step, jit: JitKernels) -> JobCall | None:
+def _lower_one(step: Step, jit: CompiledKernels) -> JobCall | None:
     job_call = getattr(step, "job_call", None)
     if job_call is not None:  # products, attention: jobs already
         return job_call()  # type: ignore[no-any-return]
@@ -232,7 +195,7 @@ def _lower_one(step: Step, jit: JitKernels) -> JobCall | None:
     return None if spec is None else _job(jit, spec)
 
 
-def job_spec(step: Step, jit: JitKernels, limit: int | None = None) -> JobSpec | None:
+def job_spec(step: Step, jit: CompiledKernels, limit: int | None = None) -> JobSpec | None:
     """``step`` as its step job would run it, or None where it has none (another op,
     another dtype, more than four axes, arrays of more than ``limit`` elements)."""
     if isinstance(step, SplitRows):
@@ -259,10 +222,10 @@ def job_spec(step: Step, jit: JitKernels, limit: int | None = None) -> JobSpec |
     return None
 
 
-def rows_regions(steps: Sequence[Step], jit: JitKernels) -> list[Step]:
+def rows_regions(steps: Sequence[Step], jit: CompiledKernels) -> list[Step]:
     """``steps`` with each row job's step too large for a program (:data:`SMALL`) as
     its rows shared out in a numba region on more than one thread
-    (:meth:`.jit.JitKernels.rows_region`; the step itself on one), where numba may use
+    (:meth:`.provider.CompiledKernels.rows_region`; the step itself on one), where numba may use
     more than one thread and the job is ready."""
 
     def region(step: Step) -> Step:
@@ -296,7 +259,7 @@ def _all4(limit: int | None, *arrays: tuple[Any, type]) -> list[np.ndarray] | No
     return None if any(a is None for a in made) else made  # type: ignore[return-value]
 
 
-def _job(jit: JitKernels, spec: JobSpec) -> JobCall | None:
+def _job(jit: CompiledKernels, spec: JobSpec) -> JobCall | None:
     """``spec``'s job, run whole by the caller; None while the job is not ready."""
 
     fn = jit.ready_step_job(spec.name)
@@ -349,7 +312,7 @@ def _rope(args: tuple[Any, ...], limit: int | None) -> JobSpec | None:
                    values=out.size, rows=x.shape[0])  # fmt: skip
 
 
-def _glu(args: tuple[Any, ...], jit: JitKernels, limit: int | None) -> JobSpec | None:
+def _glu(args: tuple[Any, ...], jit: CompiledKernels, limit: int | None) -> JobSpec | None:
     fn, x, g, out = args
     kind = jit.glu_kind(fn)
     arrays = _all4(limit, (x, np.float32), (g, np.float32), (out, np.float32))
@@ -385,7 +348,7 @@ def _byte_rows(a: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _get_rows(step: GetRowsStep, jit: JitKernels) -> JobSpec | None:
+def _get_rows(step: GetRowsStep, jit: CompiledKernels) -> JobSpec | None:
     """The rows of a 2-d table as :func:`._numba_jobs._get_rows_job`, for a table whose
     rows it decodes as the step does, in memory or read from its file. Not limited to
     :data:`SMALL`: a prompt's rows are one thread's work as a step too."""

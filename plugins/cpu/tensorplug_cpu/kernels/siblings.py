@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from tensorplug.opcodes import VIEW_OPS, Op
 from tensorplug.types import Type
 
-from ..repack import RepackBuffer, layout_of
+from ..repack import layout_of
+from ..repack_buffer import RepackBuffer
 from .activations import vec_dot_type
 from .dispatch import INT8, MATVEC_MOST_TOKENS, PLAIN, select
 

@@ -1,7 +1,7 @@
 """numba's side of kept code (:mod:`.kept_code`): which kernel is which, keeping the
 machine code of what numba ran, and handing what was kept to numba's dispatchers.
 
-A kernel (:func:`._numba_cache.kernel`) or job (:func:`._numba_cache.job_function`) is
+A kernel (:func:`.._numba_cache.kernel`) or job (:func:`.._numba_cache.job_function`) is
 kept under its identity (:func:`.kernel_identity.identity`: where it is defined, the
 sources, the instruction forms and the target, all known without numba). Its machine
 code is what numba loaded (:func:`.lazy_linking.object_code`) or compiled with object
@@ -13,14 +13,14 @@ not compile or load it); a job gets its address.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from numba.core.compiler_lock import global_compiler_lock
 
-from ._numba_cache import KernelCache, job_cached
-from .kept_code import CALLABLE, JOB, Entry, KeptCode, arg_key, kept_code_on, kept_in, loaded_count
-from .kernel_identity import identity, origin_of
+from ..arg_types import arg_key
+from ..kernel_identity import identity, origin_of
+from .kept_code import CALLABLE, JOB, Entry, KeptCode, kept_in, loaded_count
+from .kernel_cache import KernelCache, job_cached
 from .lazy_linking import object_code
 
 __all__ = ["compile_job", "job_ready", "keep_overload", "kept_loads", "load_kept",
@@ -28,10 +28,10 @@ __all__ = ["compile_job", "job_ready", "keep_overload", "kept_loads", "load_kept
 
 
 def job_ready(job: Any) -> bool:
-    """Whether ``job`` can be called: compiled in this process, or now loaded (its kept
-    code, :mod:`.kept_code`, else numba's disk cache: milliseconds); False, compiling
-    nothing, when neither has it."""
-    if job._wrapper_address is not None:
+    """Whether ``job`` (a :class:`..job_function.JobFunction`) can be called: compiled in
+    this process, or now loaded (its kept code, :mod:`.kept_code`, else numba's disk
+    cache: milliseconds); False, compiling nothing, when neither has it."""
+    if job.address is not None:
         return True
     if _load_kept_job(job):
         return True
@@ -41,27 +41,30 @@ def job_ready(job: Any) -> bool:
     return True
 
 
-def compile_job(job: Any) -> None:
-    """``job.compile()``, numba's load or compile of a job, its code then kept for later
-    processes (:mod:`.kept_code`)."""
-    job.compile()
-    kept = _kept(getattr(job, "_cache", None))
-    code = None if kept is None else object_code(job._library)
+def compile_job(job: Any) -> bool:
+    """numba's load or compile of ``job``, its code then kept for later processes
+    (:mod:`.kept_code`); True."""
+    function = job.internal_function()
+    function.compile()
+    job.use_address(function.address)
+    kept = _kept(getattr(function, "_cache", None))
+    code = None if kept is None else object_code(function._library)
     name = _identity(job)
     if kept is not None and code is not None and name is not None:
-        entry = Entry(JOB, job._wrapper_name, job._pyfunc.__module__, job.__name__, code)
+        entry = Entry(JOB, function._wrapper_name, job.py_func.__module__, job.name, code)
         kept.keep(name, _JOB_KEY, entry)
+    return True
 
 
 def _load_kept_job(job: Any) -> bool:
-    kept = _kept(getattr(job, "_cache", None))
+    kept = _kept(getattr(job.internal_function(), "_cache", None))
     name = None if kept is None else _identity(job)
     if kept is None or name is None:
         return False
     address = kept.load(name, _JOB_KEY)
     if address is None:
         return False
-    job._wrapper_address = address  # what ``job.address`` reads
+    job.use_address(address)
     return True
 
 
@@ -80,10 +83,10 @@ def kept_loads() -> int:
 
 def _kept(cache: Any) -> KeptCode | None:
     """The kept kernels beside ``cache``'s files (a :class:`KernelCache`; None for any
-    other cache, which keeps nothing, and where ``TENSORPLUG_CPU_KEPT_CODE=0``)."""
-    if not isinstance(cache, KernelCache) or not kept_code_on():
+    other cache, which keeps nothing)."""
+    if not isinstance(cache, KernelCache):
         return None
-    return kept_in(Path(cache.cache_path))
+    return kept_in()
 
 
 def _identity(function: Any) -> str | None:

@@ -36,23 +36,21 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from tensorplug import kept
 
-from tensorplug.files import replace_file
-
-from ..settings import KEPT_CODE
+from ..cache_folder import cache_root, kernel_folder
+from ..kernel_identity import salt
 from .elf_symbols import defined_symbols, symbols
-from .kernel_identity import salt
 from .numba_extensions import c_runtime
-from .runtime_library import runtime_code
+from .runtime_library import stored_code
 
-__all__ = ["CALLABLE", "JOB", "Entry", "KeptCode", "arg_key", "entry_file", "kept_code_on",
-           "kept_in", "load", "loaded_count", "numba_jit_disabled"]  # fmt: skip
+__all__ = ["CALLABLE", "JOB", "MAX_BYTES", "Entry", "KeptCode", "entry_file", "kept_in", "load",
+           "loaded_count", "runtime_code"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -61,15 +59,10 @@ CALLABLE, JOB = "callable", "job"
 #: what starts an entry's contents, after its digest
 _FORMAT = b"tensorplug kept kernel 1\n"
 _DIGEST = hashlib.sha256().digest_size
+#: the largest entry read back (a kernel's object is tens to hundreds of KiB)
+MAX_BYTES = 64 << 20
 #: the prefix of the globals that hold a numba function's environment
 _ENVIRONMENT = "_ZN08NumbaEnv"
-#: Python ints numba types as int64, and as uint64 above that
-_INT64 = (-(1 << 63), 1 << 63)
-_UINT64_END = 1 << 64
-_INT64_STR, _UINT64_STR = np.dtype(np.int64).str, np.dtype(np.uint64).str
-#: the numpy scalar type numba types each other Python number as
-_PYTHON_SCALARS = {bool: np.dtype(np.bool_).str, float: np.dtype(np.float64).str,
-                   complex: np.dtype(np.complex128).str}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -109,43 +102,6 @@ class Entry:
         return entry if entry.kind in (CALLABLE, JOB) else None
 
 
-def arg_key(args: Sequence[Any]) -> tuple[Any, ...] | None:
-    """What numba's ``typeof`` makes of ``args``, as a hashable value that tells every
-    two of its types apart and no more: an array's dtype, dimensions, layout (numba's:
-    C, else F, else A), whether it is writeable and aligned; a number's numpy type (a
-    Python number's as numba types it: an int by its range); a tuple's items. None where
-    an argument is anything else (records, strings, another byte order, a subclass of
-    ``ndarray``): that call is numba's to type, or to refuse."""
-    key: list[Any] = []
-    for a in args:
-        kind = type(a)
-        if kind is np.ndarray:
-            if a.dtype.kind not in "biufc" or not a.dtype.isnative:  # numba's to type, or refuse
-                return None
-            flags = a.flags
-            layout = "C" if flags.c_contiguous else "F" if flags.f_contiguous else "A"
-            key.append(("array", a.dtype.str, a.ndim, layout, flags.writeable, flags.aligned))
-        elif kind in _PYTHON_SCALARS:
-            key.append(("scalar", _PYTHON_SCALARS[kind]))
-        elif kind is int:
-            if _INT64[0] <= a < _INT64[1]:
-                key.append(("scalar", _INT64_STR))
-            elif 0 <= a < _UINT64_END:
-                key.append(("scalar", _UINT64_STR))
-            else:
-                return None
-        elif isinstance(a, np.generic) and a.dtype.kind in "biufc" and a.dtype.isnative:
-            key.append(("scalar", a.dtype.str))
-        elif kind is tuple:
-            items = arg_key(a)
-            if items is None:
-                return None
-            key.append(("tuple", items))
-        else:
-            return None
-    return tuple(key)
-
-
 def entry_file(folder: Path, identity: str, key: tuple[Any, ...], salt: str) -> Path:
     """Where the kernel ``identity`` typed as ``key`` (:func:`arg_key`) is kept."""
     name = hashlib.sha256(repr((identity, key, salt)).encode()).hexdigest()[:32]
@@ -175,11 +131,7 @@ class KeptCode:
         with _engine_lock:
             if path in self.loaded or path in self._kept_here:
                 return self.loaded.get(path)
-            try:
-                data = path.read_bytes()
-            except OSError:
-                return None
-            entry = Entry.from_bytes(data)
+            entry = kept.load(cache_root(), path, MAX_BYTES, Entry.from_bytes)
             if entry is None:
                 _log.debug("kept kernel %s is not what was written; numba loads it", path)
                 return None
@@ -199,38 +151,40 @@ class KeptCode:
             self._kept_here.add(path)
         if defined_symbols(entry.code) is None:
             return
-        try:
-            replace_file(path, entry.to_bytes())
-        except OSError as e:
-            _log.debug("could not keep kernel %s.%s: %s", entry.module, entry.name, e)
+        if not kept.save(cache_root(), path, entry.to_bytes()):
+            _log.debug("could not keep kernel %s.%s", entry.module, entry.name)
+
+
+def runtime_code(folder: Path) -> bytes | None:
+    """The runtime library's machine code for kept kernels of ``folder``: as kept there,
+    else numba's, where numba is imported (it compiles or loads it, and keeps it here)."""
+    found = stored_code(folder)
+    if found is None and sys.modules.get("numba") is not None:
+        from numba.core.registry import cpu_target
+
+        from . import numba_runtime
+
+        found = numba_runtime.runtime_code(cpu_target.target_context, folder)
+    return found
 
 
 _folders_lock = threading.Lock()
 _by_folder: dict[str, KeptCode] = {}
 
 
-def kept_code_on() -> bool:
-    """Whether kernels are kept and run from kept code: ``TENSORPLUG_CPU_KEPT_CODE`` (on
-    unless 0), and numba's JIT not disabled (``NUMBA_DISABLE_JIT``: a user debugging
-    kernels as Python gets Python, not machine code kept from another run)."""
-    return bool(KEPT_CODE.get()) and not numba_jit_disabled()
-
-
-def numba_jit_disabled() -> bool:
-    """Whether numba's JIT is disabled (``NUMBA_DISABLE_JIT``): its kernels then run as
-    Python."""
-    return os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0")
-
-
-def kept_in(folder: Path) -> KeptCode:
-    """The one :class:`KeptCode` of this process for ``folder`` (salted with
-    :func:`.kernel_identity.salt`, its runtime library :func:`.runtime_library.runtime_code`):
-    whoever asks, numba's side or a launch without numba, an entry is loaded once, and
-    never where this process kept it."""
-    name = os.path.realpath(folder)  # one folder, however it is spelled
+def kept_in() -> KeptCode | None:
+    """The one :class:`KeptCode` of this process (salted with
+    :func:`.kernel_identity.salt`, its runtime library :func:`runtime_code`),
+    in the ``kept`` folder of the kernels' cache (:func:`.cache_folder.kernel_folder`);
+    None where there is no safe one. Whoever asks, numba's side or a launch without
+    numba, an entry is loaded once, and never where this process kept it."""
+    folder = kernel_folder()
+    if folder is None:
+        return None
+    path = folder / "kept"
+    name = os.path.realpath(path)  # one folder, however it is spelled
     with _folders_lock:
         if name not in _by_folder:
-            path = Path(name)
             _by_folder[name] = KeptCode(path, salt(), lambda: runtime_code(path))
         return _by_folder[name]
 

@@ -21,18 +21,24 @@ does not match its digest, or cannot be written only costs the compile.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import pickle
 from pathlib import Path
 from typing import Any
 
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.runtime import nrtdynmod, rtsys
 
-from tensorplug.files import replace_file
+from tensorplug import kept
 
-from .runtime_library import object_code, read_payload, runtime_file, stored_code
+from ..cache_folder import cache_root
+from .runtime_library import (
+    from_bytes,
+    object_code,
+    read_payload,
+    runtime_file,
+    stored_code,
+    to_bytes,
+)
 
 __all__ = ["ready", "runtime_code"]
 
@@ -77,10 +83,10 @@ def ready(target_context: Any, folder: Path) -> None:
 
 def _load(ctx: Any, path: Path) -> Any:
     payload = read_payload(path)
-    if payload is None:
+    state = None if payload is None else from_bytes(payload)
+    if state is None:
         return None
     try:
-        state = pickle.loads(payload)
         library = ctx.codegen().unserialize_library(state)
     except Exception as e:  # another numba's layout: compile it, the new file replaces it
         _log.debug("numba runtime library %s unusable (%s); compiling it", path, e)
@@ -103,9 +109,7 @@ def _compile_and_keep(ctx: Any, path: Path) -> Any:
     library.finalize()
     state = library.serialize_using_object_code()
     _keep_code(state)
-    try:
-        payload = pickle.dumps(state)
-        replace_file(path, hashlib.sha256(payload).digest() + payload)
-    except OSError as e:  # a read-only cache: the next process compiles it as well
-        _log.debug("could not keep numba's runtime library in %s: %s", path, e)
+    data = to_bytes(state)
+    if data is not None and not kept.save(cache_root(), path, data):
+        _log.debug("could not keep numba's runtime library in %s", path)
     return library

@@ -1,0 +1,137 @@
+"""numba's threading layer started without importing numba, for kernels loaded from
+kept machine code (:mod:`.kept_code`), and handed to numba when it is imported later.
+
+A kept kernel with a parallel loop calls the layer's C functions (``numba_parallel_for``,
+the scheduler's, the thread count's) by name, in a process that need not import numba.
+:func:`start` starts the layer as numba's ``_launch_threads`` does, from the same
+extension module (loaded by its file, under numba's name for it), choosing it by numba's
+rules (``NUMBA_THREADING_LAYER``, ``NUMBA_THREADING_LAYER_PRIORITY``). :func:`tell_numba`
+hands that layer to numba when it is imported later, so that numba neither starts a
+second one nor sees none: numba's private ``parallel`` globals, set as numba sets them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+
+__all__ = ["start", "tell_numba"]
+
+#: the layers numba tries, in its order, for each value of ``NUMBA_THREADING_LAYER``
+#: other than a layer's name (numba/np/ufunc/parallel.py, Linux's and Windows' choices)
+_CHOICES = {"safe": ("tbb",), "threadsafe": ("tbb", "omp"), "forksafe": ("tbb", "workqueue")}
+#: the extension module of each layer
+_MODULES = {"tbb": "numba.np.ufunc.tbbpool", "omp": "numba.np.ufunc.omppool",
+            "workqueue": "numba.np.ufunc.workqueue"}  # fmt: skip
+#: TBB's oldest interface version numba's layer takes (2021 update 6)
+_TBB_INTERFACE = 12060
+#: the layer's C functions numba's compiled code calls, by the names it calls them
+_SYMBOLS = {"numba_parallel_for": "parallel_for", **{n: n for n in (
+    "do_scheduling_signed", "do_scheduling_unsigned", "allocate_sched", "deallocate_sched",
+    "get_num_threads", "set_num_threads", "get_thread_id", "set_parallel_chunksize",
+    "get_parallel_chunksize", "get_sched_size")}}  # fmt: skip
+
+
+_lock = threading.Lock()
+#: the layer started here: its name and extension module
+_started: list[tuple[str, ModuleType]] = []
+#: the file numba asks the loader for, per platform (numba/np/ufunc/parallel.py)
+_TBB_NAMES = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}
+
+
+def _tbb_usable() -> bool:
+    """Whether TBB's runtime loads and is new enough for numba's layer (numba's check)."""
+    name = _TBB_NAMES.get(sys.platform)
+    if name is None:
+        return False
+    try:
+        version = ctypes.CDLL(name).TBB_runtime_interface_version
+    except (OSError, AttributeError):
+        return False
+    version.argtypes, version.restype = [], ctypes.c_int
+    return int(version()) >= _TBB_INTERFACE
+
+
+def _layer_module(layer: str) -> ModuleType | None:
+    from .numba_extensions import extension_module
+
+    if layer == "tbb" and not _tbb_usable():
+        return None
+    try:
+        return extension_module(_MODULES[layer])
+    except ImportError:
+        return None
+
+
+def _choose(requested: str, priority: list[str]) -> tuple[str, ModuleType]:
+    """The layer numba would take for ``NUMBA_THREADING_LAYER=requested``: its module.
+    Raises ValueError, as numba does, where none loads."""
+    if requested in _MODULES:
+        names: tuple[str, ...] = (requested,)
+    elif requested == "default":
+        names = tuple(priority)
+    elif requested in _CHOICES:
+        names = _CHOICES[requested]
+    else:
+        raise ValueError(f"The threading layer requested '{requested}' is unknown to Numba.")
+    for name in names:
+        module = _layer_module(name)
+        if module is not None:
+            return name, module
+    raise ValueError(f"No threading layer could be loaded (NUMBA_THREADING_LAYER={requested})")
+
+
+def start(
+    requested: str, count: int
+) -> tuple[str, Callable[[int], None], Callable[[], int]] | None:
+    """The layer numba would take for ``NUMBA_THREADING_LAYER=requested``, started with
+    ``count`` threads, its functions registered with LLVM under the names compiled code
+    calls: its name and the calling thread's thread-count setter and getter. None where
+    numba is imported (numba starts its own). Raises ValueError where no layer loads."""
+    import llvmlite.binding as ll
+
+    with _lock:
+        if sys.modules.get("numba") is not None and not _started:
+            return None
+        if _started:
+            layer, module = _started[0]
+        else:
+            priority = os.environ.get("NUMBA_THREADING_LAYER_PRIORITY", "tbb omp workqueue").split()
+            if sorted(priority) != sorted(_MODULES):
+                raise ValueError(f"NUMBA_THREADING_LAYER_PRIORITY={' '.join(priority)} must be a "
+                                 f"permutation of {' '.join(_MODULES)}")  # fmt: skip
+            layer, module = _choose(requested, priority)
+            for symbol, name in _SYMBOLS.items():
+                ll.add_symbol(symbol, getattr(module, name))
+            ctypes.CFUNCTYPE(None, ctypes.c_int)(module.launch_threads)(count)
+            _started.append((layer, module))
+    set_count = ctypes.CFUNCTYPE(None, ctypes.c_int)(module.set_num_threads)
+    set_count(count)
+    get_count = ctypes.CFUNCTYPE(ctypes.c_int)(module.get_num_threads)
+    return layer, set_count, get_count
+
+
+def tell_numba() -> None:
+    """Hand the layer :func:`start` started to numba, imported since: numba's
+    ``_launch_threads`` then finds it started (as it would have started it), and its
+    ``get_num_threads``/``set_num_threads`` and compiled parallel code use it. Nothing
+    where this process started no layer here."""
+    if not _started:
+        return
+    layer, module = _started[0]
+    from numba.np.ufunc import parallel
+
+    with parallel._backend_init_thread_lock:
+        if parallel._is_initialized:
+            return
+        get_count = ctypes.CFUNCTYPE(ctypes.c_int)(module.get_num_threads)
+        set_count = ctypes.CFUNCTYPE(None, ctypes.c_int)(module.set_num_threads)
+        n = int(get_count())
+        parallel._load_threading_functions(module)  # its globals, as numba sets them
+        set_count(n)  # (numba's loader reset this thread's count)
+        parallel._threading_layer = layer  # type: ignore[assignment]
+        parallel._is_initialized = True

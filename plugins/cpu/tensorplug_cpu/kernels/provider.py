@@ -1,0 +1,119 @@
+"""The seam between the CPU plan's builders and the compiled kernels.
+
+The builders (:mod:`.matmul`, :mod:`.attention`, :mod:`.convert`, :mod:`.elementwise`)
+and the job programs (:mod:`.program`) turn a graph's nodes into steps. Each has a numpy
+way to do its node, and asks the compiled kernels, where there are any
+(``BuildContext.jit``), for a faster one: a kernel bound to the node's arrays by what it
+computes and its argument types (``bind_matvec(t, blocks, x, out)``), or a row job by
+name. :class:`CompiledKernels` is everything they may ask; numba's kernels
+(:class:`.jit.JitKernels`) are one provider of it, and another (a compiled library, a
+future JIT) needs only to provide the same, without a builder changing. The builders
+import this protocol, never the provider, so the kernels' modules import downward only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tensorplug.opcodes import GluOp
+    from tensorplug.types import Type
+
+    from .job_calls import JobSpec
+    from .steps import Step
+
+__all__ = ["CompiledKernels"]
+
+
+class CompiledKernels(Protocol):
+    """What a plan's builders may ask of compiled kernels (see the module). A ``bind_*``
+    does everything but the arithmetic once, when the plan is built, and returns the
+    step; a row method runs now; :meth:`expect` and :meth:`bound` let a plan name the
+    row kernels it will call so that they are made ready before its first step."""
+
+    #: threads a step's kernels run on now, and the most they may
+    n_threads: int
+    #: what runs a program of row jobs (a kernel reference)
+    program_runner: Any
+    #: every f16 bit pattern's float32 value (the row jobs' decoding table)
+    f16_to_f32: np.ndarray
+
+    @property
+    def max_threads(self) -> int: ...
+
+    def supports(self, t: Type) -> bool: ...
+
+    def bind_matvec(
+        self, t: Type, blocks: np.ndarray, x: np.ndarray, out: np.ndarray
+    ) -> Callable[[], None]: ...
+
+    def bind_matvec_siblings(
+        self, x: np.ndarray, products: Sequence[tuple[Type, np.ndarray, np.ndarray]]
+    ) -> Callable[[], None] | None: ...
+
+    def bind_matvec_float(
+        self, w: np.ndarray, x: np.ndarray, out: np.ndarray, t: Type = ...
+    ) -> Callable[[], None]: ...
+
+    def bind_packed(
+        self, t: Type, packed: np.ndarray, x: np.ndarray, out: np.ndarray,
+        scratch: Callable[..., np.ndarray] = ..., ggml_order: bool = ..., alone: bool = ...,
+    ) -> Callable[[], None]: ...  # fmt: skip
+
+    def bind_packed_siblings(
+        self, x: np.ndarray, products: Sequence[tuple[Type, np.ndarray, np.ndarray]],
+        scratch: Callable[..., np.ndarray] = ..., ggml_order: bool = ...,
+    ) -> Callable[[], None] | None: ...  # fmt: skip
+
+    def bind_round_rows(
+        self, t: Type, x: np.ndarray, out: np.ndarray, corr: np.ndarray
+    ) -> Callable[[], None]: ...
+
+    def bind_widen_f16(self, src: np.ndarray) -> Callable[[np.ndarray], np.ndarray]: ...
+
+    def bind_widen_f16_rows(self, raw: np.ndarray, out: np.ndarray) -> Callable[[int], None]: ...
+
+    def bind_dequantize(
+        self, t: Type, blocks: np.ndarray, out: np.ndarray | None = ...
+    ) -> Callable[[np.ndarray], np.ndarray]: ...
+
+    def bind_attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray | None,
+        mask: np.ndarray, order: np.ndarray, scale: float, softcap: float, lanes: int,
+        out: np.ndarray,
+    ) -> Callable[[], None]: ...  # fmt: skip
+
+    def visible_columns(self, mask: np.ndarray) -> int: ...
+
+    def softmax_rows(
+        self, s: np.ndarray, mask: np.ndarray, used: int, scale: float, row: np.ndarray
+    ) -> None: ...
+
+    def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None: ...
+
+    def rope_rows(self, *args: Any) -> None: ...
+
+    def has_glu(self, fn: GluOp) -> bool: ...
+
+    def glu_kind(self, fn: GluOp) -> int | None: ...
+
+    def glu_rows(self, fn: GluOp, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None: ...
+
+    def set_rows(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> int: ...
+
+    def row_decoder(self, t: Type) -> tuple[int, int] | None: ...
+
+    def expect(self, method: Callable[..., Any], *args: Any) -> None: ...
+
+    def bound(self, method: Callable[..., Any], *args: Any) -> Callable[[], Any]: ...
+
+    def spin_pool(self) -> Any: ...
+
+    def program_ready(self) -> bool: ...
+
+    def ready_step_job(self, name: str) -> int | None: ...
+
+    def rows_region(self, step: Step, spec: JobSpec) -> Step | None: ...
