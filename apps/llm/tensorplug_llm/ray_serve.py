@@ -30,13 +30,16 @@ class ServeReplica:
 
     def __init__(self, options: dict[str, Any]) -> None:
         from .api import LLM
+        from .engine import Engine
+        from .generation import EngineGenerator
         from .run_cli import load_model
 
         self.args = args = argparse.Namespace(**options)
         self.llama = load_model(args, encoder_ok=True, batch_invariant=True)
+        prefill = getattr(args, "max_prefill_tokens", None)
         self.llm = LLM(
             self.llama,
-            n_parallel=args.parallel,
+            EngineGenerator(Engine(self.llama, args.parallel, max_prefill_tokens=prefill)),
             model_name=args.alias or Path(args.model).name,
             chat_template=Path(args.chat_template).read_text() if args.chat_template else None,
         )

@@ -206,7 +206,7 @@ def _serve(args: argparse.Namespace) -> int:
                 print("no MODEL: serving a tiny random-weight model (its text is gibberish)",
                       file=sys.stderr)  # fmt: skip
             llama = load_model(args, encoder_ok=True, batch_invariant=True)
-            engine = Engine(llama, args.parallel)
+            engine = Engine(llama, args.parallel, max_prefill_tokens=args.max_prefill_tokens)
             engine.warm_up()  # the first requests' step shapes, built before serving
             llm = LLM(
                 llama,

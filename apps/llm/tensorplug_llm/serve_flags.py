@@ -95,6 +95,14 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         "overrides -b, which is the same chunk here)",
     )
     p.add_argument(
+        "--max-prefill-tokens",
+        type=count_argument("a number of prompt tokens"),
+        metavar="N",
+        help="prompt tokens a step may carry beside the running requests' next tokens "
+        "(chunked prefill: a smaller N keeps their token gaps short while a long prompt "
+        "is evaluated, and delays its first token); default: all that -b leaves",
+    )
+    p.add_argument(
         "-fa",
         "--flash-attn",
         nargs="?",

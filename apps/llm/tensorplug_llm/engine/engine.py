@@ -1,0 +1,328 @@
+"""Many requests on one model: continuous batching over slots, with prefix reuse.
+
+llama-server's design in our names, split as vLLM v1 splits its engine. The
+:class:`Engine` owns ``n_parallel`` *slots*, sequence ids ``0 .. n_parallel - 1`` of the
+model's one KV cache. Each step is three parts: the :class:`~.scheduler.Scheduler` turns
+the queue, the slots and the cells into a plan (which requests decode, which prompt
+chunks are evaluated, within the step's token budget: its module docstring is the
+policy), the :class:`~.executor.StepExecutor` runs the plan as one
+:meth:`ModelRunner.decode <tensorplug_llm.runner.ModelRunner.decode>` carrying the next
+token of every generating request plus the chunks, and the
+:class:`~.update.StepUpdate` applies the results (tokens sampled and streamed, requests
+ended). Requests join and leave between steps; a batched decode reads each weight once
+for all of its streams, which is where the throughput comes from.
+
+Prefix reuse: a slot remembers the tokens its cells hold after its request ends. A new
+request takes the idle slot whose tokens share the longest prefix with its prompt (ties:
+the least recently used), keeps those cells and evaluates only the rest (at least the
+last prompt token, whose logits it needs). When the cache runs out of cells, idle slots
+give theirs back, least recently used first.
+
+Preemption (vLLM's recompute preemption): when the running requests themselves need
+more cells than the cache has, the most recently admitted one gives way: its slot goes
+idle (its cells evictable like any idle slot's) and it goes back to the head of the
+queue with everything that decides its continuation (sampler and its generator,
+constraint, text decoder, the tokens it generated). Its cells are evicted last, and
+from the tail, only as many as needed. Resumed, it evaluates its prompt plus those
+tokens again (less the prefix still cached) and goes on exactly where it was. The
+oldest request is never preempted for a younger one, so one request always progresses.
+
+Embeddings (``Request(tokens, embed=True)``): the tokens are a sequence of their own
+in a slot, evaluated in chunks within the same token budget as the prompts beside
+them (a second decode of the step asks for the chunks' final hidden states rather
+than logits), pooled as :meth:`ModelRunner.embed <tensorplug_llm.runner.ModelRunner.embed>` pools
+(:mod:`~tensorplug_llm.pooling`), and their cells removed (``seq_rm``). So one loaded model serves
+completions and embeddings at once. An encoder (BERT) is served the same way, each
+text in one step (its attention sees the whole text); it generates nothing, so a
+generation request to it is refused at ``submit``.
+
+Several choices of one prompt (OpenAI's ``n``, :meth:`Engine.submit_group`): the
+requests are admitted together into as many slots; the first evaluates the prompt, and
+when its last token's logits come out the others share its cells (``seq_cp``: nothing
+computed twice) and each samples its first token from those same logits with its own
+sampler. From there they are independent sequences.
+
+Sampling and constraints are the request's own (``request.py``'s protocols
+``TokenSampler`` and ``Constraint``); without a sampler a request is greedy. A
+constraint's token mask is computed on a helper thread while the step's decode runs,
+so structured output does not stall the other sequences.
+
+Arithmetic: the engine makes its model batch-invariant (:meth:`ModelRunner.set_batch_invariant
+<tensorplug_llm.runner.ModelRunner.set_batch_invariant>`): every row of a step is summed as
+if it were alone, so a request's numbers depend neither on the requests decoded beside
+it nor on how much of its prompt was found cached, and a seeded request reproduces its
+choices on a busy server. A model used on its own (``tensorplug run``, ``chat``) keeps
+ggml's orders, llama.cpp's logits to the bit, whose last bits depend on a step's row
+count as llama.cpp's do.
+
+Threads: :meth:`Engine.submit` may be called from any thread. Either a loop thread runs
+the steps (:meth:`Engine.start`), or whoever iterates a :class:`RequestHandle` drives
+:meth:`Engine.step` itself while no loop thread runs (tests, scripts).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tensorplug.errors import RunError
+
+from ..kv_cells import MAX_SEQUENCES
+from ..pooling import pooling_kind
+from ..request import Request, RequestError, RequestHandle
+from .executor import StepExecutor
+from .scheduler import Scheduler
+from .state import EngineStats, Slot, Waiting
+from .update import StepUpdate
+
+if TYPE_CHECKING:
+    from ..runner import ModelRunner
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """Continuous batching over ``n_parallel`` slots of one :class:`ModelRunner`.
+
+    ``n_batch`` is the token budget of a step (default: the model's ``n_batch``).
+    ``max_prefill_tokens``: prompt tokens a step may carry beside running decodes (None:
+    what ``n_batch`` leaves; see :mod:`~tensorplug_llm.engine.scheduler`).
+    ``similarity``: the share of a prompt a slot's cached prefix must cover for the
+    request to prefer that slot (llama-server's ``--slot-prompt-similarity``, 0.5).
+    The engine owns the model's cache: do not call ``eval``/``generate`` on the same
+    model while it runs.
+    """
+
+    def __init__(
+        self,
+        llama: ModelRunner,
+        n_parallel: int = 4,
+        n_batch: int | None = None,
+        *,
+        similarity: float = 0.5,
+        max_prefill_tokens: int | None = None,
+    ) -> None:
+        if not 1 <= n_parallel <= MAX_SEQUENCES:
+            raise RunError(f"n_parallel must be 1..{MAX_SEQUENCES}, got {n_parallel}")
+        if n_batch is not None and n_batch < 1:
+            raise RunError(f"n_batch must be at least 1, got {n_batch}")
+        if not 0.0 <= similarity <= 1.0:
+            raise RunError(f"similarity is a share of the prompt, 0..1; got {similarity}")
+        self.llama = llama
+        # a request's numbers depend on neither the requests decoded beside it nor the
+        # prefix it found cached (ModelRunner.set_batch_invariant)
+        llama.set_batch_invariant(True)
+        self.n_parallel = n_parallel
+        self.n_batch = n_batch or llama.n_batch
+        self.similarity = similarity
+        self.stats = EngineStats()
+        self.scheduler = Scheduler(
+            llama.kv,
+            n_parallel,
+            self.n_batch,
+            max_prefill_tokens=max_prefill_tokens,
+            similarity=similarity,
+            encoder=llama.config.arch.encoder,
+            vocab=llama.vocab,
+            stats=self.stats,
+        )
+        self.executor = StepExecutor(llama)
+        self.update = StepUpdate(self.scheduler, llama.n_ctx, llama.config.pooling)
+        self._lock = self.scheduler.lock  # guards the queue
+        self._step_lock = threading.Lock()  # one step at a time
+        self._wakeup = threading.Condition(self._lock)
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        llama.reset()
+
+    @property
+    def slots(self) -> list[Slot]:
+        """The slots, in sequence-id order (``job`` None: idle)."""
+        return self.scheduler.slots
+
+    @property
+    def max_prefill_tokens(self) -> int | None:
+        return self.scheduler.max_prefill_tokens
+
+    # -- submitting --------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue ``request``; thread-safe. A request that can never run (no prompt, a
+        token outside the vocabulary, longer than the context, a bad ``max_tokens``)
+        raises :class:`RequestError` here, naming what is wrong."""
+        self._check(request)
+        handle = RequestHandle(self, request, next(self._ids))
+        self.scheduler.enqueue(Waiting(handle))
+        self.wake()
+        return handle
+
+    def submit_group(self, requests: Sequence[Request]) -> list[RequestHandle]:
+        """Queue requests with one prompt (choices of it, OpenAI's ``n``): they are
+        admitted together, the prompt is evaluated once and its cells shared by all
+        (``seq_cp``), each samples with its own sampler from the same logits. At most
+        ``n_parallel`` requests (they run side by side); thread-safe."""
+        if not 1 <= len(requests) <= self.n_parallel:
+            raise RequestError(
+                f"a group runs its {len(requests)} requests side by side: 1 to n_parallel = "
+                f"{self.n_parallel} of them"
+            )
+        for r in requests:
+            self._check(r)
+        prompt = [int(t) for t in requests[0].prompt]
+        if any([int(t) for t in r.prompt] != prompt for r in requests[1:]):
+            raise RequestError("the requests of a group must have the same prompt")
+        handles = [RequestHandle(self, r, next(self._ids)) for r in requests]
+        self.scheduler.enqueue(Waiting(handles[0], followers=handles[1:]))
+        self.wake()
+        return handles
+
+    def _check(self, request: Request) -> None:
+        try:
+            prompt = np.asarray(request.prompt, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError, OverflowError):
+            raise RequestError(
+                f"the prompt must be a list of token ids (ints), got {request.prompt!r:.80}"
+            ) from None
+        n_vocab, n_ctx = self.llama.config.n_vocab, self.llama.n_ctx
+        if prompt.size == 0:
+            raise RequestError("the prompt is empty: a request needs at least one token")
+        bad = prompt[(prompt < 0) | (prompt >= n_vocab)]
+        if bad.size:
+            raise RequestError(
+                f"prompt token id {int(bad[0])} is outside the vocabulary (0..{n_vocab - 1})"
+            )
+        if prompt.size > n_ctx:
+            raise RequestError(
+                f"the prompt has {prompt.size} tokens; the context holds {n_ctx} (n_ctx): "
+                "shorten the prompt or load the model with a larger context (-c / --ctx-size)"
+            )
+        if request.max_tokens is not None and request.max_tokens < 1:
+            raise RequestError(f"max_tokens must be at least 1 (or None), got {request.max_tokens}")
+        if request.n_probs < 0:
+            raise RequestError(f"n_probs must be >= 0, got {request.n_probs}")
+        cfg = self.llama.config
+        if request.embed:
+            try:
+                pooling_kind(request.pooling, cfg.pooling)
+            except RunError as e:
+                raise RequestError(str(e)) from None
+        elif cfg.arch.encoder:
+            raise RequestError(
+                f"{self.llama.file.path.name} is an embedding model ('{cfg.arch.name}', a "
+                "bidirectional encoder with no output layer): it computes embeddings "
+                "(/v1/embeddings, LLM.embed), it cannot generate text"
+            )
+
+    def warm_up(self) -> None:
+        """Build the steps a server runs first (:meth:`StepExecutor.warm_up
+        <tensorplug_llm.engine.executor.StepExecutor.warm_up>`) before serving. Does
+        nothing once the engine holds anything."""
+        with self._step_lock:
+            if self.scheduler.has_work() or self.llama.kv.n_used:
+                return
+            self.executor.warm_up(self.n_parallel, self.n_batch)
+
+    def wake(self) -> None:
+        """Let the loop thread look for work (a cancel, a new request)."""
+        with self._lock:
+            self._wakeup.notify()
+
+    # -- the loop thread ---------------------------------------------------------------------
+
+    @property
+    def loop_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Run steps on a daemon thread until :meth:`close`."""
+        if self.loop_running:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="tensorplug-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self.scheduler.has_work():
+                    self._wakeup.wait()
+                if self._stop:
+                    return
+            try:
+                self.step()
+            except Exception as e:  # a fault of the engine itself: its requests end
+                self._fail_running(e)
+
+    def _fail_running(self, cause: Exception) -> None:
+        """Fail every running request (their cells are dropped: what a failed step
+        left there is unknown); queued requests stay queued."""
+        with self._step_lock:
+            for slot in self.slots:
+                self.llama.kv.seq_rm(slot.seq)
+                slot.cached.clear()
+                if slot.job is not None:
+                    error = RequestError(f"the engine's step failed: {cause}")
+                    self.update.fail(slot.job, error, cause)
+
+    def close(self) -> None:
+        """Stop the loop thread; requests still queued or running end "cancelled"."""
+        with self._lock:
+            self._stop = True
+            self._wakeup.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._step_lock:
+            for slot in self.slots:  # first: a leader ending requeues its choices
+                if slot.job is not None:
+                    self.stats.requests_cancelled += 1
+                    self.update.finish(slot.job, "cancelled")
+            for entry in self.scheduler.drain():
+                for handle in entry.handles:
+                    self.stats.requests_cancelled += 1
+                    handle.end("cancelled")
+        self.update.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what the cache holds ------------------------------------------------------------------
+
+    @property
+    def n_running(self) -> int:
+        return self.scheduler.n_running
+
+    @property
+    def n_waiting(self) -> int:
+        """Requests queued; thread-safe (the server asks it for every request while
+        other threads submit)."""
+        return self.scheduler.n_waiting()
+
+    def cached_tokens(self) -> int:
+        """Tokens idle slots hold for prefix reuse (a cell shared by two counts twice)."""
+        return sum(len(s.cached) for s in self.slots if s.job is None)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One step: plan it (cancelled requests leave, waiting ones are admitted, the
+        decodes and prompt chunks chosen), run it, apply its results (sample, emit
+        events, end requests). Returns whether there was anything to do."""
+        with self._step_lock:
+            plan = self.scheduler.schedule()
+            self.update.dropped(plan)
+            if not plan.busy:
+                return False
+            masks = self.update.masks(plan)
+            out = self.executor.execute(plan)
+            self.update.apply(plan, out, masks)
+            self.stats.steps += 1
+            return True

@@ -1,0 +1,129 @@
+"""Running a step's plan on the model: the batches it describes, decoded.
+
+The executor knows no policy: it turns a :class:`~.scheduler.StepPlan` into at most two
+:meth:`ModelRunner.decode <tensorplug_llm.runner.ModelRunner.decode>` calls — one for the
+generation tokens (decodes and prompt chunks, logits for the flagged rows), one for
+the embedding chunks (their final hidden states) — and returns what came out, or the
+error each raised. It also builds the first steps' graphs before serving (warm-up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..batch import Batch, BatchBuilder
+from ..kv_cells import MAX_SEQUENCES
+from .scheduler import Chunk, StepPlan
+
+if TYPE_CHECKING:
+    from ..runner import ModelRunner
+
+__all__ = ["WARM_UP_LEVELS", "WARM_UP_ROWS", "StepExecutor", "StepOutput"]
+
+
+#: The largest prompt step :meth:`StepExecutor.warm_up` prepares: a chat turn's new
+#: tokens, once a shared prefix is reused, are fewer; longer prompts pay for their graph
+#: once, and computing a larger step costs more than building its graph.
+WARM_UP_ROWS = 64
+#: How many context lengths (``n_kv``, in steps of the model's ``kv_pad``) the warm-up
+#: builds its steps at: the graph cache (``runner.GRAPH_CACHE``) and the CPU's plan cache
+#: hold two levels of a 4-slot server's steps.
+WARM_UP_LEVELS = 2
+
+
+@dataclass
+class StepOutput:
+    """What a step's decodes returned: ``logits`` one row per flagged generation token
+    (decodes first, then prompts' last chunks, in the plan's order), ``hidden`` one row
+    per embedding token; ``error``/``embed_error`` what the decode raised instead."""
+
+    logits: np.ndarray | None = None
+    hidden: np.ndarray | None = None
+    error: Exception | None = None
+    embed_error: Exception | None = None
+
+
+def build_batch(chunks: Sequence[Chunk], *, every_row: bool = False) -> Batch:
+    """The chunks' tokens at their positions and sequences; logits for each flagged
+    chunk's last token (``every_row``: for every token)."""
+    batch = BatchBuilder()
+    for c in chunks:
+        last = len(c.tokens) - 1
+        for i, tok in enumerate(c.tokens):
+            batch.add(tok, c.pos0 + i, (c.seq,), logits=every_row or (c.logits and i == last))
+    return batch.build()
+
+
+class StepExecutor:
+    """Executes plans on ``llama`` (whose ``kv`` the scheduler plans over)."""
+
+    def __init__(self, llama: ModelRunner) -> None:
+        self.llama = llama
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Decode the plan's generation tokens, then its embedding chunks."""
+        out = StepOutput()
+        generation = [*plan.decodes, *plan.prefills]
+        if generation:
+            # a step with prompt tokens counts as prompt time, decode steps as generation;
+            # it is padded to a few sizes, so that prompt chunks of every length replay
+            # kept graphs (decode steps take one size per number of running requests)
+            prompt = bool(plan.prefills)
+            try:
+                out.logits = self.llama.decode(build_batch(generation), prompt=prompt, pad=prompt)
+            except Exception as e:  # the step's requests fail, the engine goes on
+                out.error = e
+        if plan.embeds:
+            try:
+                out.hidden = self.llama.decode(
+                    build_batch(plan.embeds, every_row=True), prompt=True, embeddings=True
+                )
+            except Exception as e:
+                out.embed_error = e
+        return out
+
+    # -- warm-up ------------------------------------------------------------------------------
+
+    def warm_up(self, n_parallel: int, n_batch: int) -> None:
+        """Build the graphs, allocations and CPU plans of the steps a server runs first —
+        a prompt step of every padded size (:meth:`ModelRunner.step_rows`) from 2 rows up
+        to :data:`WARM_UP_ROWS` and a decode step of 1 .. ``n_parallel`` requests — at
+        the first :data:`WARM_UP_LEVELS` context lengths a step reads (``n_kv``: the used
+        cells rounded up to ``kv_pad``), by preparing them (:meth:`ModelRunner.prepare`)
+        in an empty cache, which it leaves empty. Each new step shape otherwise costs
+        its first request a graph build, most of a short prompt's time to first token;
+        and a server with a few slots of chat-sized requests soon holds more than
+        ``kv_pad`` cells, where every shape is built again. Nothing for an encoder (it
+        has no logits to decode; its embedding steps are not padded)."""
+        llama = self.llama
+        if llama.config.arch.encoder:
+            return
+        top = min(n_batch, WARM_UP_ROWS)
+        # from 2 rows: a new request's last prompt token beside a few decoding ones
+        sizes = sorted({llama.step_rows(n) for n in range(2, top + 1)})
+        try:
+            for level in range(WARM_UP_LEVELS):
+                if level and not self._reach_level(level, n_parallel):
+                    break
+                for n in sizes:
+                    llama.prepare(n, pad=True)
+                for n in range(1, min(n_parallel, n_batch) + 1):
+                    llama.prepare(n, n_outputs=n)
+        finally:
+            llama.kv.clear()
+
+    def _reach_level(self, level: int, n_parallel: int) -> bool:
+        """Make steps read ``level + 1`` times ``kv_pad`` cells: a placeholder sequence
+        (no slot's) takes the first cell past ``level`` times ``kv_pad``, without
+        computing anything there (no token attends to it). False when the context is
+        not that long or every sequence id is a slot's."""
+        llama, kv = self.llama, self.llama.kv
+        cell = level * llama.kv_pad
+        if cell >= kv.n_ctx or n_parallel >= MAX_SEQUENCES:
+            return False
+        kv.assign(np.array([cell]), np.array([0]), [(n_parallel,)])
+        return True
