@@ -42,7 +42,7 @@ np.save(sys.argv[1], np.frombuffer(bytes(table), np.uint16))
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).parents[1]))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "llm"))
     from test_real_models import gemma3_file
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
