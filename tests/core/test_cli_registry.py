@@ -128,7 +128,7 @@ def test_verbose_logs_each_discovery_step(plugin_env: PluginEnv) -> None:
 
 def test_the_core_brings_five_commands() -> None:
     """The application's (run, chat, tokenize, demo) come through entry points:
-    tests/test_commands.py."""
+    tests/core/test_commands.py."""
     assert [c.name for c in cli.COMMANDS] == ["devices", "doctor", "check", "bench", "cache"]
 
 

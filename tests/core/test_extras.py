@@ -1,6 +1,6 @@
 """tensorplug.extras: an optional package that is missing is named with its extra; one
 that is installed but broken keeps its own error. (A whole core-only install, with
-gguf and rich really missing, is tests/test_core_install.py.)"""
+gguf and rich really missing, is tests/core/test_core_install.py.)"""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ TINY = np.load(DATA / "embed_llamacpp.npz")
 TINY_TOKENS: dict[str, list[list[int]]] = json.loads(str(TINY["tokens"]))
 SMOL = np.load(DATA / "embed_cli_llamacpp.npz")
 SMOL_TOKENS: list[list[int]] = json.loads(str(SMOL["tokens"]))
-#: as tests/test_llama_embed.py: BERT's GELU comes from ggml's F16 table
+#: as tests/llm/test_llama_embed.py: BERT's GELU comes from ggml's F16 table
 TOLERANCE = {"bert": 1e-3, "llama": 1e-5}
 #: SmolLM2 (Q4_1) with an F32 cache: 5e-8 of the largest value measured (float32 rounding)
 SMOL_TOLERANCE = 1e-5
