@@ -207,6 +207,7 @@ def test_a_bad_kv_row_stops_the_program_with_the_steps_error(
     assert not tp.get_array(step.cache32).any()  # nor after: the program stopped there
 
 
+@pytest.mark.real_model
 def test_a_model_s_generation_step_is_one_program_with_the_steps_logits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -92,6 +92,7 @@ def test_bert_by_its_cls_token_raw(
     assert ref.rel_err(np.load(out), TINY["bert-2"]) <= TOLERANCE["bert"]
 
 
+@pytest.mark.real_model
 def test_smollm2_token_rows_are_llama_cpps(
     smollm2: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -110,6 +111,7 @@ def test_smollm2_token_rows_are_llama_cpps(
     assert ref.rel_err(saved["embeddings"], SMOL["none"]) <= SMOL_TOLERANCE
 
 
+@pytest.mark.real_model
 def test_smollm2_mean_pooled_and_normalized_as_json(
     smollm2: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -129,6 +131,7 @@ def test_smollm2_mean_pooled_and_normalized_as_json(
     assert np.abs(sim - want @ want.T).max() <= 0.005 + 1e-6
 
 
+@pytest.mark.real_model
 def test_smollm2_max_abs_normalization_prints_whole_numbers(
     smollm2: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -286,6 +286,7 @@ def smollm2() -> Iterator[Llama]:
     model.close()
 
 
+@pytest.mark.real_model
 def test_a_named_tool_choice_returns_a_call_with_valid_arguments(smollm2: Llama) -> None:
     r = smollm2.create_chat_completion(
         messages=[{"role": "user", "content": "What's the weather in Paris?"}],
@@ -301,6 +302,7 @@ def test_a_named_tool_choice_returns_a_call_with_valid_arguments(smollm2: Llama)
     assert set(json.loads(call["function"]["arguments"])) == {"city"}
 
 
+@pytest.mark.real_model
 def test_legacy_functions_are_read_as_tools(smollm2: Llama) -> None:
     r = smollm2.create_chat_completion(
         messages=[{"role": "user", "content": "Weather in Rome?"}],
@@ -312,6 +314,7 @@ def test_legacy_functions_are_read_as_tools(smollm2: Llama) -> None:
     assert r["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
+@pytest.mark.real_model
 def test_openai_json_schema_is_honoured(smollm2: Llama) -> None:
     schema = {
         "type": "object",

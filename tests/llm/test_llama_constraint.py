@@ -33,7 +33,9 @@ from tensorplug_llm.tiny import tiny_vocab  # noqa: E402
 from tensorplug_llm.tokenizer import Vocab  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+@pytest.fixture(
+    scope="module", params=["tiny", pytest.param("smollm2", marks=pytest.mark.real_model)]
+)
 def vocab(request: pytest.FixtureRequest) -> Vocab:
     if request.param == "tiny":
         return Vocab(*tiny_vocab(320))
@@ -276,6 +278,7 @@ def test_bad_formats_name_the_field(vocab: Vocab, fmt: Any, param: str, says: st
     assert err.value.param == param
 
 
+@pytest.mark.real_model
 def test_smollm2_writes_valid_json_under_the_schema() -> None:
     """The real model's own (greedy) logits, through the whole loop an engine runs."""
     from tensorplug_llm.placement import Placement, host_cpu

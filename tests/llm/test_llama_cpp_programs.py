@@ -61,6 +61,7 @@ def test_every_program_was_recorded() -> None:
     assert RECORDED["llama_cpp_python"] == "0.3.36"
 
 
+@pytest.mark.real_model
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])
 def test_prints_what_llama_cpp_python_printed(program: Path, model: Path) -> None:
     assert run_swapped(program, model) == RECORDED["outputs"][program.stem]

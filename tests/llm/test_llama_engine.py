@@ -104,6 +104,7 @@ SMOLLM2_PROMPTS = [
 ]  # fmt: skip
 
 
+@pytest.mark.real_model
 def test_smollm2_matrices_take_the_row_count_invariant_kernels(smollm2: ModelRunner) -> None:
     """SmolLM2's Q4_1 layers and its Q8_0 output are stored repacked, so every product
     computes a token's row by one kernel whatever the step's row count (the CPU tests
@@ -113,6 +114,7 @@ def test_smollm2_matrices_take_the_row_count_invariant_kernels(smollm2: ModelRun
     assert names == {"CPU_REPACK"}
 
 
+@pytest.mark.real_model
 def test_smollm2_concurrent_greedy_requests_equal_one_at_a_time(
     smollm2: ModelRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -147,6 +149,7 @@ def _greedy_logits(
     return np.concatenate(rows)
 
 
+@pytest.mark.real_model
 def test_smollm2_a_sequence_in_scattered_cells_gives_the_bits_of_a_compact_one(
     smollm2: ModelRunner,
 ) -> None:
@@ -179,6 +182,7 @@ def _logprob_events(engine: Engine, prompt: list[int], n: int) -> list[tuple[obj
     return [(e.token, e.logprob, e.top_logprobs) for e in events]
 
 
+@pytest.mark.real_model
 def test_smollm2_a_reused_prefix_in_a_fragmented_cache_gives_a_cold_runs_logprobs(
     smollm2: ModelRunner,
 ) -> None:

@@ -29,6 +29,8 @@ from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.run_cli import installed_model
 from tensorplug_llm.runner import ModelRunner
 
+pytestmark = pytest.mark.real_model
+
 LLAMA_CPP = {
     "The capital of France is": (
         [504, 3575, 282, 4649, 314],
