@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_mypy_is_clean_at_the_python_floor() -> None:
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[test]')")
     # [tool.mypy] in pyproject.toml names the files and python_version = "3.10"

@@ -498,6 +498,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("f16c", "strided"), [(True, False), (True, True), (False, False)])
 def test_f16_cache_rows_are_read_right_on_every_path(f16c: bool, strided: bool) -> None:
     """The exact kernel reads F16 cache rows in place, widened in registers, where the
@@ -554,6 +555,7 @@ np.savez(sys.argv[2], **outs)
 """
 
 
+@pytest.mark.slow
 def test_both_cpu_forms_of_the_attention_kernel_give_the_same_bits(tmp_path: Path) -> None:
     """The weights·V chains carry 64 values a head where the CPU has 32 vector registers
     (AVX-512) and 32 where it has 16 (AVX2): both forms, each compiled in a fresh
@@ -604,6 +606,7 @@ print(len(attention.attend_rows.signatures))
 """
 
 
+@pytest.mark.slow
 def test_both_attention_kernels_share_one_compiled_body(tmp_path: Path) -> None:
     """The parallel and the one-thread attention kernels call one compiled body
     (``attend_rows``, most of a first run's compile): both must call it with the same

@@ -301,6 +301,7 @@ for kind in t.AVX2_CHECKED:
 """
 
 
+@pytest.mark.slow
 def test_an_avx2_hosts_products_are_ggml_bits(ggml_order: None, tmp_path: Path) -> None:
     """The tiles an AVX2 host compiles (``NUMBA_CPU_FEATURES``: its instruction forms
     here) for one row (a generated token's), three (a tile of their own) and 11 (tiles

@@ -515,6 +515,7 @@ assert rp.tile_rows(LAYOUTS[Type.Q6_K]) == (8 if ir.HAS_32_REGS and ir.ON_ZEN el
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [(False, True, True, True, True), (False, False, False, False, False)],

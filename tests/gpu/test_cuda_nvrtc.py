@@ -20,6 +20,8 @@ from tensorplug_cuda.device import DEFAULT_WG
 from tensorplug_cuda.program import compile_options
 from tensorplug_kernels import kernel_abis, render
 
+pytestmark = pytest.mark.slow
+
 #: What cupy's compile_using_nvrtc adds to the options (cupy/cuda/compiler.py), with
 #: the architecture as PTX rather than sm_90 (see above).
 CUPY_ADDS = ("-arch=compute_90", "--device-as-default-execution-space")

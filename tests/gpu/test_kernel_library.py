@@ -163,6 +163,7 @@ def test_every_kernel_builds_on_opencl_as_shipped_and_portable() -> None:
     assert len(results) == len(kernel_abis())
 
 
+@pytest.mark.slow
 def test_every_kernel_compiles_with_nvrtc_for_every_architecture_without_warnings() -> None:
     results = check_cuda()
     _require_or_skip(results, "CUDA (NVRTC)")

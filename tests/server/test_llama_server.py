@@ -417,6 +417,7 @@ class _Gate:
         return False
 
 
+@pytest.mark.slow
 def test_a_full_queue_is_503_with_retry_after_and_a_waiting_client_that_leaves_is_dropped(
     served: Served,
 ) -> None:
@@ -526,6 +527,7 @@ async def _clients(url: str, seconds: float, seed: int) -> tuple[int, int]:
     return finished, disconnected
 
 
+@pytest.mark.slow
 def test_64_streaming_clients_with_random_disconnects(served: Served) -> None:
     # warm as long as the measured run: the step shapes a run meets (kept, bounded, in the
     # graph and plan caches) depend on how many requests the machine finishes in that
