@@ -8,7 +8,7 @@ importing it imports nothing from tensorplug; no plugin is discovered or loaded.
 
 A backend author adds one test to their plugin's suite::
 
-    # tests/test_conformance.py
+    # tests/conformance/test_conformance.py
     def test_conformance(tensorplug_case, tensorplug_check):
         tensorplug_check(tensorplug_case, backend="OpenCL0")
 

@@ -34,8 +34,8 @@
 # summary.txt go; default $OUT when set, else ./gpu-check-out), PYTHON (default
 # python3), VENV (default ./.venv-gpu), DEVICE (default CUDA0); MODEL, LLAMA_DEVICES and
 # LIMIT for the steps every device script shares (scripts/device-check-lib.sh). TESTS: the
-# CUDA test files to run (default all five; on a short lease tests/test_cuda_gpu.py and
-# tests/test_cuda_nvrtc.py, the ones a fake of cupy cannot stand in for).
+# CUDA test files to run (default all five; on a short lease tests/gpu/test_cuda_gpu.py and
+# tests/gpu/test_cuda_nvrtc.py, the ones a fake of cupy cannot stand in for).
 # TARGET=DIR installs into DIR with `pip --target` instead of making a venv, and runs
 # $PYTHON itself with DIR on PYTHONPATH: for a python that is already a venv holding
 # cupy and numba (a venv made from it would not see them), e.g. a GPU image's own. Every
@@ -120,9 +120,9 @@ step_tests() {
     local gate=$?
     tail -3 "$OUT/kernel-gate.log"
     # shellcheck disable=SC2086  # TESTS is a list of files
-    limited "$PY" -m pytest -q -rs -p no:cacheprovider ${TESTS:-tests/test_cuda_gpu.py \
-        tests/test_cuda_plugin.py tests/test_cuda_compute.py tests/test_cuda_nvrtc.py \
-        tests/test_bench_cuda.py} 2>&1 | tee "$OUT/tests.log" | tail -15
+    limited "$PY" -m pytest -q -rs -p no:cacheprovider ${TESTS:-tests/gpu/test_cuda_gpu.py \
+        tests/gpu/test_cuda_plugin.py tests/gpu/test_cuda_compute.py tests/gpu/test_cuda_nvrtc.py \
+        tests/gpu/test_bench_cuda.py} 2>&1 | tee "$OUT/tests.log" | tail -15
     local rc=${PIPESTATUS[0]}
     grep -q "skipped" "$OUT/tests.log" && grep "no usable NVIDIA GPU" "$OUT/tests.log" | head -1
     step_webgpu
@@ -148,8 +148,8 @@ step_webgpu() {  # the WebGPU plugin on this GPU through Vulkan: its tests and t
     "$PY" -c "import sys, tensorplug_webgpu as m; s = m.score(); print('webgpu score', s); sys.exit(s[0] == 0)" \
         2>&1 | tee -a "$OUT/webgpu.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || return 1
-    limited "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_webgpu_plugin.py \
-        tests/test_webgpu_conformance.py tests/test_webgpu_llama.py 2>&1 | tee -a "$OUT/webgpu.log" | tail -5
+    limited "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu/test_webgpu_plugin.py \
+        tests/gpu/test_webgpu_conformance.py tests/gpu/test_webgpu_llama.py 2>&1 | tee -a "$OUT/webgpu.log" | tail -5
     local rc=${PIPESTATUS[0]}
     limited "$TP" check --backend "$dev" --plain --jobs "$(check_jobs)" 2>&1 | tail -1 \
         | tee -a "$OUT/webgpu.log"

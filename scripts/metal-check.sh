@@ -37,8 +37,8 @@ step_install() {
 }
 
 step_tests() {
-    "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_metal_hw.py tests/test_metal_plugin.py \
-        tests/test_metal_compute.py tests/test_bench_metal.py 2>&1 | tee "$OUT/tests.log" | tail -15
+    "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu/test_metal_hw.py tests/gpu/test_metal_plugin.py \
+        tests/gpu/test_metal_compute.py tests/gpu/test_bench_metal.py 2>&1 | tee "$OUT/tests.log" | tail -15
     return "${PIPESTATUS[0]}"
 }
 

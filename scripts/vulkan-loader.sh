@@ -7,7 +7,7 @@
 # this way the same files gave WebGPU the H100 (unpacked by hand into /, the H200).
 # Unpacking needs no root and leaves the system's packages alone. scripts/gpu-check.sh
 # sources this;
-# tests/test_device_scripts.py drives it with a stand-in ldconfig.
+# tests/gpu/test_device_scripts.py drives it with a stand-in ldconfig.
 
 has_vulkan_loader() { ldconfig -p 2>/dev/null | grep -q "libvulkan.so.1"; }
 

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
+
+# The shared helpers (plugin_dists, tiny_server, fake_cupy, test_cpu_helpers...) live
+# beside this file and the tests, one folder down by subject, import them by module name.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from plugin_dists import PluginEnv
 
 

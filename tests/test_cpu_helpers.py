@@ -144,7 +144,7 @@ _GELU_TABLE = (
 def ggml_gelu(x: np.ndarray) -> np.ndarray:
     """GELU as ggml's CPU computes it (``GGML_GELU_FP16``), float64: 0 at or below -10,
     x at or above 10, else ggml's table at the f16 bits of float32 ``x`` (within an f16
-    rounding of the tanh formula; ``tests/test_cpu_gelu_table.py`` says why)."""
+    rounding of the tanh formula; ``tests/cpu/test_cpu_gelu_table.py`` says why)."""
     x32 = np.asarray(x, np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         looked = _GELU_TABLE[x32.astype(np.float16).view(np.uint16)]

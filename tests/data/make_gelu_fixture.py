@@ -1,5 +1,5 @@
 """Writes gelu_llamacpp.npz: ggml's GELU table and one row of Gemma 3's GeGLU as
-llama.cpp computed them, so that tests/test_cpu_gelu_table.py holds the CPU's GELU to
+llama.cpp computed them, so that tests/cpu/test_cpu_gelu_table.py holds the CPU's GELU to
 ggml's bit for bit without llama.cpp or the model in CI.
 
 ggml's CPU looks GELU up (``GGML_GELU_FP16``): ``ggml_table_gelu_f16``, 65536 f16
@@ -42,7 +42,7 @@ np.save(sys.argv[1], np.frombuffer(bytes(table), np.uint16))
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).parents[1]))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "llm"))
     from test_real_models import gemma3_file
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

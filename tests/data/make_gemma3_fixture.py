@@ -3,7 +3,7 @@
 cache, no flash attention), in the form of ``make_smollm2_fixture.py``'s files: per
 prompt the token ids, 32 greedy tokens and the gaps between llama.cpp's two best
 logits at each, and llama.cpp's 64 best logits at every prompt position. Held by
-tests/test_real_models.py where the model is installed. Regenerate (a developer step)
+tests/llm/test_real_models.py where the model is installed. Regenerate (a developer step)
 with a Python that has llama-cpp-python::
 
     python tests/data/make_gemma3_fixture.py --llama-python ~/peers/bin/python \\

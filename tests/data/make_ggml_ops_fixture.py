@@ -1,5 +1,5 @@
 """Writes ggml_ops_llamacpp.npz: llama.cpp's own inputs and outputs of the attention,
-rope and SwiGLU of one SmolLM2 layer, so that tests/test_cpu_ggml_arithmetic.py holds the
+rope and SwiGLU of one SmolLM2 layer, so that tests/cpu/test_cpu_ggml_arithmetic.py holds the
 CPU kernels to ggml's float32 arithmetic bit for bit, one operation at a time, without
 llama.cpp or the model in CI.
 

@@ -2,7 +2,7 @@
 IQ4_NL and IQ4_XS quantizers make of them (``quantize_iq4_nl`` / ``quantize_iq4_xs``
 without an importance matrix, reached through ``ggml_quantize_chunk``: what
 llama.cpp's ``llama-quantize`` writes). gguf has no IQ4 encoder, so these bytes are
-what tests/test_iquants.py holds tensorplug's encoder to.
+what tests/core/test_iquants.py holds tensorplug's encoder to.
 
 ggml is the libggml-base shipped inside llama-cpp-python, called through ctypes.
 Regenerate (a developer step, not part of the tests) with llama-cpp-python installed::

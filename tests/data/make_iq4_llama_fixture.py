@@ -1,6 +1,6 @@
 """Writes iq4_llamacpp.npz: llama.cpp's logits at every position of a prompt for tiny
 random-weight llama files whose matrices are IQ4_NL and IQ4_XS, so that
-tests/test_llama_iq4.py holds the runner to llama.cpp on those weight types without
+tests/llm/test_llama_iq4.py holds the runner to llama.cpp on those weight types without
 llama.cpp in CI.
 
 The files are written by ``tensorplug_llm.tiny.write_tiny_llama`` (its weights encoded

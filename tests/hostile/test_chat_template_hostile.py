@@ -42,9 +42,10 @@ def _limit_memory() -> None:
 @pytest.mark.parametrize(
     ("template", "reason"),
     [
-        (
+        pytest.param(
             "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
             "it ran for more than 5 s",
+            marks=pytest.mark.slow,
         ),
         ("{% macro f(n) %}{{ f(n) }}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursed too deeply"),
         ("{{ 10 ** 100000000 }}", "bits, more than the 14000"),

@@ -113,7 +113,7 @@ def gguf_encode(values: np.ndarray, t: Type) -> np.ndarray:
     rows = np.ascontiguousarray(values, dtype=np.float32)
     if t in K_TYPES or t in IQ4_TYPES:
         # gguf has no K-quant or IQ4 encoder; tensorplug's are checked byte for byte
-        # against bytes ggml's quantizers wrote (tests/test_kquants.py, test_iquants.py)
+        # against bytes ggml's quantizers wrote (tests/core/test_kquants.py, test_iquants.py)
         from ..quants import quantize
 
         return quantize(rows, t)

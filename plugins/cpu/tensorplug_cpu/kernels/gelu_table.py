@@ -11,7 +11,7 @@ Gemma 3 270M, which its later 8-bit activation rounding grew to a 1.9 logit diff
 The table here is built the way ``ggml_cpu_init`` builds it, in float32 as GCC compiles
 ``ggml_gelu_f32`` (``1 + 0.044715·x·x`` fused into one multiply-add) with a correctly
 rounded ``tanhf``; it equals the table of llama-cpp-python 0.3.36's ggml in all 65536
-entries (``tests/test_cpu_gelu_table.py`` holds it to that table's recorded digest).
+entries (``tests/cpu/test_cpu_gelu_table.py`` holds it to that table's recorded digest).
 """
 
 from __future__ import annotations

