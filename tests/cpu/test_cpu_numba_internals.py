@@ -14,7 +14,7 @@ pytest.importorskip("numba")
 
 from tensorplug_cpu.kernels import numba_internals
 
-PLUGIN = Path(__file__).parents[1] / "plugins" / "cpu" / "tensorplug_cpu"
+PLUGIN = Path(__file__).parents[2] / "plugins" / "cpu" / "tensorplug_cpu"
 INTERNALS = PLUGIN / "kernels" / "numba_internals"
 
 #: numba's public modules the kernels may use: the documented extension API
