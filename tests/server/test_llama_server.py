@@ -472,6 +472,95 @@ def test_a_request_past_the_timeout_is_cancelled_with_504(served: Served) -> Non
         server.stop()
 
 
+class _HeldGate(_Gate):
+    """:class:`_Gate` that also says when the engine's step reached it: from then on
+    every step waits, and nothing queued can run until the test opens it."""
+
+    def __init__(self, n_vocab: int) -> None:
+        super().__init__(n_vocab)
+        self.entered = threading.Event()
+
+    def allowed(self) -> np.ndarray:
+        self.entered.set()
+        return super().allowed()
+
+
+@contextlib.contextmanager
+def _engine_held(llm: LLM) -> Iterator[_HeldGate]:
+    """The engine stopped inside a step (a generation held by a gate) until the block
+    ends: requests submitted meanwhile wait in the queue."""
+    gate = _HeldGate(llm.llama.config.n_vocab)
+    held = llm.generator.submit(GenerationJob(llm.tokenize(PROMPT), 2, {"temperature": 0.0},
+                                              constraint=gate))  # fmt: skip
+    try:
+        assert gate.entered.wait(30)
+        yield gate
+    finally:
+        gate.open.set()
+        list(held)
+
+
+def _until(condition: Any, what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/embeddings"])
+def test_embeddings_past_the_timeout_are_504_and_leave_the_queue(
+    served: Served, route: str
+) -> None:
+    """Embeddings are computed by the engine, so they wait for it as a generation does;
+    past the server's ``--timeout`` the answer is a 504 and the texts are cancelled
+    before they run (here the engine is held: they could never run in time)."""
+    llm = served.llm
+    engine = llm.generator.engine
+    server = UvicornThread(create_app(llm, ServerConfig(request_timeout=0.5)))
+    try:
+        with _engine_held(llm):
+            cancelled = engine.stats.requests_cancelled
+            texts = ["the", "of and", "the of"]
+            body = {"model": MODEL, "input": texts} if route == "/v1/embeddings" else {
+                "content": texts}  # fmt: skip
+            r = httpx.post(server.url + route, json=body, timeout=30)
+            assert r.status_code == 504
+            assert r.json()["error"]["type"] == "timeout"
+            assert engine.n_waiting == 3  # cancelled, and gone at the next step
+        _until(lambda: engine.n_waiting == 0, "the cancelled texts leave the queue")
+        assert engine.stats.requests_cancelled == cancelled + 3
+    finally:
+        server.stop()
+
+
+def test_an_embeddings_client_that_leaves_frees_its_place(served: Served) -> None:
+    """A client that hangs up while its embeddings wait releases its place in the
+    server's queue and cancels its texts: they never run."""
+    import socket
+
+    llm = served.llm
+    engine = llm.generator.engine
+    app = create_app(llm, ServerConfig())
+    server = UvicornThread(app)
+    try:
+        with _engine_held(llm):
+            cancelled = engine.stats.requests_cancelled
+            body = json.dumps({"model": MODEL, "input": ["the", "of and"]}).encode()
+            host, port = server.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: test\r\n"
+                             b"Content-Type: application/json\r\n"
+                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+                             + body)  # fmt: skip
+                _until(lambda: engine.n_waiting == 2, "the texts are queued")
+            _until(lambda: app.state.service.in_flight == 0, "the request is released")
+            assert engine.n_waiting == 2  # cancelled, and gone at the next step
+        _until(lambda: engine.n_waiting == 0, "the cancelled texts leave the queue")
+        assert engine.stats.requests_cancelled == cancelled + 2
+    finally:
+        server.stop()
+
+
 def _rss() -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024

@@ -31,7 +31,7 @@ import numpy as np
 from tensorplug.errors import RunError
 
 from .generation import GenerationHandle, GenerationJob, Generator, GeneratorStats, TokenEvent
-from .request import RequestError
+from .request import RequestError, RequestStopped
 from .stop_strings import StopMatcher
 from .template import ChatTemplateError, prompt_ids
 from .terminal import printable
@@ -617,10 +617,14 @@ class LLM:
 
     # -- embeddings ---------------------------------------------------------------------------
 
-    def embed(self, texts: str | Sequence[str] | Sequence[Sequence[int]]) -> list[list[float]]:
+    def embed(
+        self,
+        texts: str | Sequence[str] | Sequence[Sequence[int]],
+        stopped: Callable[[], bool] | None = None,
+    ) -> list[list[float]]:
         """One pooled embedding per text or token id list (pooled as ``ModelRunner.embed``
         pools: the file's ``pooling_type``, else mean), normalized to unit length as
-        OpenAI's are."""
+        OpenAI's are. ``stopped``: as :meth:`embed_tokens`'s."""
         if self.pooling == "none":
             raise InvalidRequestError(
                 "the server pools with 'none' (a row per token), which OpenAI's embeddings "
@@ -629,7 +633,7 @@ class LLM:
             )
         one = isinstance(texts, str)
         items: list[str | Sequence[int]] = [texts] if isinstance(texts, str) else list(texts)
-        vectors = self.embed_tokens([self._embedding_ids(item) for item in items])
+        vectors = self.embed_tokens([self._embedding_ids(item) for item in items], stopped=stopped)
         out = []
         for vector in vectors:
             v = np.asarray(vector, dtype=np.float64)
@@ -638,13 +642,20 @@ class LLM:
         return out[:1] if one else out
 
     def embed_tokens(
-        self, ids: Sequence[Sequence[int]], pooling: str | None = None
+        self,
+        ids: Sequence[Sequence[int]],
+        pooling: str | None = None,
+        stopped: Callable[[], bool] | None = None,
     ) -> list[np.ndarray]:
         """Each id list's embedding as the model gives it, not normalized: pooled by
         ``pooling`` (default: the server's, else the file's), ``(n_tokens, n_embd)`` rows
-        with ``none``."""
+        with ``none``. ``stopped``: asked while they wait or run; once true they are
+        cancelled and :class:`~tensorplug_llm.request.RequestStopped` raised (a server's
+        client that left, its deadline)."""
         try:
-            return self.generator.embed([list(t) for t in ids], pooling or self.pooling)
+            return self.generator.embed([list(t) for t in ids], pooling or self.pooling, stopped)
+        except RequestStopped:
+            raise
         except RequestError as e:  # an empty text, one longer than the context
             raise InvalidRequestError(str(e), "input") from None
 
@@ -662,16 +673,19 @@ class LLM:
         return list(item)
 
     def create_embedding(
-        self, input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]]
+        self,
+        input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+        stopped: Callable[[], bool] | None = None,
     ) -> dict[str, Any]:
         """OpenAI's ``/v1/embeddings`` response; ``input``: a text, texts, a list of token
-        ids or lists of them (OpenAI takes all four)."""
+        ids or lists of them (OpenAI takes all four). ``stopped``: as
+        :meth:`embed_tokens`'s."""
         items: list[Any]
         if isinstance(input, str) or (input and all(isinstance(t, int) for t in input)):
             items = [input]
         else:
             items = list(input)
-        vectors = self.embed(items)
+        vectors = self.embed(items, stopped=stopped)
         n = sum(len(self._embedding_ids(t)) for t in items)
         return {
             "object": "list",

@@ -14,7 +14,7 @@ that went away) and ends the iteration at the next step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,6 +34,10 @@ __all__ = [
     "EngineGenerator",
     "TokenEvent",
 ]
+
+#: seconds between two looks at an embedding's ``stopped`` while it waits or runs: how
+#: late a client that left, or a deadline, frees its slots at most
+STOP_POLL_S = 0.1
 
 
 class Constraint(Protocol):
@@ -106,9 +110,16 @@ class GeneratorStats:
 class Generator(Protocol):
     def submit(self, job: GenerationJob) -> GenerationHandle: ...
 
-    def embed(self, texts: Sequence[Sequence[int]], pooling: str | None = None) -> list[np.ndarray]:
+    def embed(
+        self,
+        texts: Sequence[Sequence[int]],
+        pooling: str | None = None,
+        stopped: Callable[[], bool] | None = None,
+    ) -> list[np.ndarray]:
         """Each token list's pooled embedding (float32, not normalized); ``pooling``
-        overrides the file's (``none``: every token's row)."""
+        overrides the file's (``none``: every token's row). ``stopped``: asked while
+        the texts wait or run; once true, they are cancelled and
+        :class:`~tensorplug_llm.request.RequestStopped` raised."""
         ...
 
     def submit_choices(self, jobs: Sequence[GenerationJob]) -> Sequence[GenerationHandle]:
@@ -142,10 +153,16 @@ class EngineGenerator:
     def submit(self, job: GenerationJob) -> RequestHandle:
         return self.engine.submit(self._request(job))
 
-    def embed(self, texts: Sequence[Sequence[int]], pooling: str | None = None) -> list[np.ndarray]:
+    def embed(
+        self,
+        texts: Sequence[Sequence[int]],
+        pooling: str | None = None,
+        stopped: Callable[[], bool] | None = None,
+    ) -> list[np.ndarray]:
         """Embeddings computed by the engine beside the generations: every text is
-        submitted at once (they run side by side, up to the slots), then collected."""
-        from .request import Request
+        submitted at once (they run side by side, up to the slots), then collected,
+        ``stopped`` asked every :data:`STOP_POLL_S` meanwhile."""
+        from .request import Request, RequestStopped
 
         handles = []
         out = []
@@ -153,6 +170,9 @@ class EngineGenerator:
             for t in texts:  # a text refused at submit cancels those queued before it
                 handles.append(self.engine.submit(Request(list(t), embed=True, pooling=pooling)))
             for handle in handles:
+                while stopped is not None and not handle.wait(STOP_POLL_S):
+                    if stopped():
+                        raise RequestStopped("the embeddings were stopped before they were done")
                 handle.result()
                 assert handle.embedding is not None
                 out.append(handle.embedding)

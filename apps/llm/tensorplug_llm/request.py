@@ -28,6 +28,7 @@ __all__ = [
     "Request",
     "RequestError",
     "RequestHandle",
+    "RequestStopped",
     "SampledToken",
     "Stepper",
     "TokenEvent",
@@ -38,6 +39,11 @@ __all__ = [
 class RequestError(RunError):
     """A request that cannot run (bad tokens, too long) or failed while running; the
     engine and the other requests go on."""
+
+
+class RequestStopped(RequestError):
+    """A request its caller stopped before it finished (a client that left, a deadline):
+    not the request's fault, and nothing to report to anyone."""
 
 
 # -- what a request carries -------------------------------------------------------------------
@@ -185,6 +191,11 @@ class RequestHandle:
     @property
     def done(self) -> bool:
         return self._finished.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the request ends, at most ``timeout`` seconds (the engine's loop
+        thread must be running it); whether it has ended."""
+        return self._finished.wait(timeout)
 
     def __iter__(self) -> Iterator[TokenEvent]:
         return self

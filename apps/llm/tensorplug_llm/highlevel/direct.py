@@ -13,7 +13,7 @@ processors, a grammar, stopping criteria), handed over per call with :meth:`opti
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -102,7 +102,14 @@ class DirectGenerator:
             raise ValueError("n > 1 needs several sequences: the Python API runs one (n=1)")
         return [self.submit(jobs[0])]
 
-    def embed(self, texts: Sequence[Sequence[int]], pooling: str | None = None) -> list[np.ndarray]:
+    def embed(
+        self,
+        texts: Sequence[Sequence[int]],
+        pooling: str | None = None,
+        stopped: Callable[[], bool] | None = None,
+    ) -> list[np.ndarray]:
+        """Each text's embedding, in this thread (a program's own sequence; ``stopped``
+        is for a server's requests, which never come here)."""
         runner = self.session.runner
         out = [np.asarray(runner.embed(list(t), pooling), dtype=np.float32) for t in texts]
         self.session.n_tokens = 0  # embedding cleared the cache

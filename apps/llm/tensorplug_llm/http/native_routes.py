@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -243,15 +244,15 @@ async def metrics(svc: ServiceDep) -> PlainTextResponse:
 
 @router.post("/embedding")
 @router.post("/embeddings")
-async def embedding(body: NativeEmbeddingRequest, svc: ServiceDep) -> Response:
+async def embedding(body: NativeEmbeddingRequest, request: Request, svc: ServiceDep) -> Response:
     llm = svc.llm
 
-    def run() -> list[np.ndarray]:
+    def run(stopped: Callable[[], bool]) -> list[np.ndarray]:
         items = body.items()
         ids = [prompt_ids(llm, item, f"content[{i}]") for i, item in enumerate(items)]
-        return llm.embed_tokens(ids)
+        return llm.embed_tokens(ids, stopped=stopped)
 
-    vectors = await svc.call(run)
+    vectors = await svc.call_watched(request, run)
     out = []
     for i, v in enumerate(vectors):
         rows = np.atleast_2d(np.asarray(v, dtype=np.float64))

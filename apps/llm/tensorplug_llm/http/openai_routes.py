@@ -104,7 +104,7 @@ def _role_first(result: dict[str, Any] | Stream) -> dict[str, Any] | Stream:
 
 
 @v1_only.post("/embeddings")
-async def embeddings(body: EmbeddingRequest, svc: ServiceDep) -> Response:
+async def embeddings(body: EmbeddingRequest, request: Request, svc: ServiceDep) -> Response:
     size = svc.llm.llama.config.n_embd
     if body.dimensions is not None and body.dimensions != size:
         raise ApiError(
@@ -114,7 +114,9 @@ async def embeddings(body: EmbeddingRequest, svc: ServiceDep) -> Response:
             "dimensions out",
             param="dimensions",
         )
-    result = await svc.call(lambda: svc.llm.create_embedding(body.input))
+    result = await svc.call_watched(
+        request, lambda stopped: svc.llm.create_embedding(body.input, stopped)
+    )
     if body.encoding_format == "base64":
         for item in result["data"]:
             raw = np.asarray(item["embedding"], dtype="<f4").tobytes()

@@ -22,7 +22,8 @@ from starlette.types import Receive, Scope, Send
 from ..api import InvalidRequestError, Stream
 from .errors import ApiError, error_body, log, refused
 
-__all__ = ["Canceller", "Encoder", "EventStream", "Relay", "data_event", "in_thread"]
+__all__ = ["Canceller", "Encoder", "EventStream", "Relay", "data_event", "in_thread",
+           "watch_disconnect"]  # fmt: skip
 
 _DONE = object()
 
@@ -121,7 +122,7 @@ class Relay:
     async def gather(self, request: Request) -> list[dict[str, Any]]:
         """Every chunk; the request is cancelled if the client goes away or the
         deadline passes."""
-        watcher = asyncio.create_task(_watch_disconnect(request, self.stream))
+        watcher = asyncio.create_task(watch_disconnect(request, self.stream.cancel))
         got: list[dict[str, Any]] = []
         try:
             while (item := await self._next()) is not _DONE:
@@ -148,7 +149,7 @@ class Relay:
         went away fails, but a request still waiting for a slot sends nothing: the
         watcher notices the disconnect meanwhile."""
         write = encode or data_event
-        watcher = asyncio.create_task(_watch_disconnect(request, self.stream))
+        watcher = asyncio.create_task(watch_disconnect(request, self.stream.cancel))
         try:
             try:
                 while (item := await self._next()) is not _DONE:
@@ -173,15 +174,15 @@ def data_event(item: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(item)}\n\n".encode()
 
 
-async def _watch_disconnect(request: Request, stream: Stream) -> None:
-    """Cancel ``stream`` when its client goes away. It waits for the connection's
+async def watch_disconnect(request: Request, gone: Callable[[], None]) -> None:
+    """Call ``gone()`` when ``request``'s client goes away. It waits for the connection's
     ``http.disconnect`` (the body is read by then, so nothing else can come), where
     polling ``is_disconnected`` a few times a second per request takes a large share of
     the event loop's time with many clients: time the engine's thread waits for the
     GIL."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    stream.cancel()
+    gone()
 
 
 class Canceller:

@@ -6,6 +6,9 @@ At most ``n_parallel + max_queue`` requests are admitted; the next gets 503 with
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -14,11 +17,12 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..api import LLM, InvalidRequestError, Stream
+from ..request import RequestStopped
 from .config import ServerConfig
 from .errors import ApiError, refused
 from .merge import merge_chunks
 from .metrics import Metrics
-from .relay import Encoder, EventStream, Relay, in_thread
+from .relay import Encoder, EventStream, Relay, in_thread, watch_disconnect
 
 __all__ = ["Service", "ServiceDep", "service"]
 
@@ -63,6 +67,38 @@ class Service:
         except InvalidRequestError as e:
             raise refused(e, rename) from None
         finally:
+            release()
+
+    async def call_watched(
+        self,
+        request: Request,
+        fn: Callable[[Callable[[], bool]], Any],
+        rename: dict[str, str] | None = None,
+    ) -> Any:
+        """``fn(stopped)`` on a thread, admitted to the queue like a generation, for work
+        the engine does on the request's behalf (embeddings): ``stopped()`` turns true
+        when the client goes away or the server's ``--timeout`` passes, and ``fn`` stops
+        its work then (raising :class:`~tensorplug_llm.request.RequestStopped`). Past
+        the deadline the answer is a 504, as a generation's."""
+        release = self.admit()
+        stop = threading.Event()
+        watcher = asyncio.create_task(watch_disconnect(request, stop.set))
+        work = asyncio.ensure_future(in_thread(lambda: fn(stop.is_set)))
+        try:
+            await asyncio.wait({work}, timeout=self.config.request_timeout)
+            if not work.done():  # past the deadline: answered once the work has stopped
+                stop.set()
+                with contextlib.suppress(Exception):
+                    await work
+                raise ApiError(504, "the request ran past the server's --timeout", "timeout")
+            return work.result()
+        except RequestStopped:  # the client left: nobody reads this
+            raise ApiError(499, "the client closed the request", "cancelled") from None
+        except InvalidRequestError as e:
+            raise refused(e, rename) from None
+        finally:
+            stop.set()
+            watcher.cancel()
             release()
 
     def default(self, name: str, given: Any, is_set: bool) -> Any:
