@@ -54,10 +54,9 @@ from .system import ThreadControl, features
 
 if TYPE_CHECKING:
     from tensorplug.buffer import Buffer
+    from tensorplug.device import Device
     from tensorplug.graph import Graph
     from tensorplug.tensor import Tensor
-
-    from .device import CpuDevice
 
 __all__ = ["EXTENSIONS", "CpuBackend", "CpuGraphPlan", "AbortCallback"]
 
@@ -228,7 +227,7 @@ class CpuBackend(Backend):
     """A CPU stream: synchronous, computes graphs with numpy/BLAS (and numba if present)."""
 
     def __init__(
-        self, device: CpuDevice, *, n_threads: int | None = None, use_jit: bool = True
+        self, device: Device, *, n_threads: int | None = None, use_jit: bool = True
     ) -> None:
         super().__init__(device)
         self.jit: JitKernels | None = load_jit() if use_jit else None
