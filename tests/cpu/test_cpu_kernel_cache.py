@@ -39,7 +39,7 @@ def test_every_kernel_is_cached_in_the_folder_of_these_sources() -> None:
     assert len(cached) >= 20  # the quantized, int8, row, attention and decoding kernels
     folder = cache_folder.kernel_folder()
     assert folder is not None
-    elsewhere = [n for n, d in cached if not Path(d.stats.cache_path).is_relative_to(folder)]
+    elsewhere = [n for n, d in cached if not Path(str(d.stats.cache_path)).is_relative_to(folder)]
     assert not elsewhere, f"use _numba_cache.kernel(...), not njit(cache=True): {elsewhere}"
 
 
