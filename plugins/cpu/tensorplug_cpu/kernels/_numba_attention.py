@@ -699,7 +699,7 @@ def attend_serial(
     cache, a thread woken for its share cost more than the share), every KV head in
     one task."""
     n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
-    first = n_q - n_q  # 0, typed int64 as in attend: a literal 0 was a second compile
+    first = n_q - n_q  # 0, typed int64 as in attend: a literal 0 would be a second compile
     scratch = _scratch(used, q.shape[1], q.shape[3], v.shape[3])
     for b in range(n_b):
         attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table, b, first,

@@ -280,7 +280,7 @@ def _f32_to_f16_bits(f: Any) -> Any:
 
 
 #: 1.5·2^23: ``(y + _ROUNDER) − _ROUNDER`` is ``y`` rounded half to even for |y| < 2^22
-#: (ggml's ``nearest_int``), a vector add where ``np.rint`` was a call per value
+#: (ggml's ``nearest_int``), a vector add where ``np.rint`` is a call per value
 _ROUNDER = np.float32(12582912.0)
 
 

@@ -157,10 +157,10 @@ Q2_K, Q4_K, Q5_K, Q6_K = int(Type.Q2_K), int(Type.Q4_K), int(Type.Q5_K), int(Typ
 
 def _fixed_mul(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
     """``a·b`` that the kernels' fast math may not regroup. numba gives every float
-    instruction without flags the kernel's ``reassoc``, and LLVM then regrouped Q4_K's
-    and Q6_K's three-factor scales (``d·sc·d_x``) one way in a tile of one activation
-    row and another in a tile of two: a row's bits depended on how many rows were
-    multiplied beside it. ``contract`` alone allows no regrouping."""
+    instruction without flags the kernel's ``reassoc``, and LLVM would then regroup
+    Q4_K's and Q6_K's three-factor scales (``d·sc·d_x``) one way in a tile of one
+    activation row and another in a tile of two: a row's bits would depend on how many
+    rows were multiplied beside it. ``contract`` alone allows no regrouping."""
     product = builder.fmul(a, b)
     product.flags.append("contract")
     return product
@@ -1457,8 +1457,8 @@ def _chunk_unit(mask: int) -> int:
     """The groups a parallel driver's chunks hold a multiple of: two where a kind in
     ``mask`` pairs groups (:func:`pairs_groups`), else one. 64 chunks of a 96-group
     product hold one or two groups each, and a chunk's odd group is multiplied alone:
-    a third of a 768-row product's groups were (which chunk a group is in changes no
-    bit)."""
+    with a unit of one, a third of a 768-row product's groups would be (which chunk a
+    group is in changes no bit)."""
     paired: int = _paired_kinds(mask, OWN_FORM) | _paired_kinds(mask, TILED_FORM)  # type: ignore[call-arg]
     paired |= _paired_kinds(mask, GEMM_FORM)  # type: ignore[call-arg]
     return 2 if paired else 1

@@ -33,7 +33,7 @@ run as before wherever it cannot:
 A prompt's steps are too large for a job the caller runs alone (:data:`SMALL`); where
 they are row jobs (:data:`.job_blocks.CHUNKED`: the norm, rope, the gated activation,
 the binary operations) :func:`rows_regions` makes each its job's rows shared out as a
-numba region on more than one thread, where each was one thread's loop or numpy's
+numba region on more than one thread, rather than one thread's loop or numpy's
 (:meth:`.provider.CompiledKernels.rows_region`).
 """
 
