@@ -65,11 +65,11 @@ __all__ = ["EXTENSIONS", "CpuBackend", "CpuGraphPlan", "AbortCallback"]
 AbortCallback = Callable[[], bool]
 #: Plans ``graph_compute`` keeps, most recent first: building one costs about as much as
 #: computing a small language model's generation step, and without a cache it would be
-#: paid again at every prompt/token switch. A server cycles through more: its decode steps (one
-#: size per number of running requests), its padded prompt-step sizes, each at a few
-#: context lengths (the LLM server runs 26 graphs for 4 slots after its warm-up, 34 for
-#: 8). A plan holds views and its nodes' scratch, and only graphs that were computed have
-#: one.
+#: paid again at every prompt/token switch. A server cycles through more: its decode
+#: steps (one size per number of running requests), its padded prompt-step sizes, each at
+#: a few context lengths (the LLM server runs 26 graphs for 4 slots after its warm-up, 34
+#: for 8). A plan holds views and its nodes' scratch, and only graphs that were computed
+#: have one.
 PLAN_CACHE = 40
 
 

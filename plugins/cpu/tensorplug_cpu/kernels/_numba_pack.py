@@ -7,8 +7,8 @@ over the whole matrix, in loops of eight words: each pass writes a part of every
 line of the destination again (Q6_K's codes are six moves, each a third of every 96
 bytes), and numpy's cost per loop comes every eight words. Repacking that way runs at a
 fraction of a copy's speed, and would be most of what a launch of a model of Q6_K or
-Q8_0 weights does beyond llama.cpp's. Here a block's bytes are written once, while they are
-in the cache, which takes a good part off each matrix's moves.
+Q8_0 weights does beyond llama.cpp's. Here a block's bytes are written once, while they
+are in the cache, which takes a good part off each matrix's moves.
 
 The moves come as a table, one row a move: ``(item, at, to, words, every)`` (bytes of
 a word: 1, 2 or 4; its meaning is :class:`..repack.Move`'s). The arrays come as the

@@ -1,16 +1,15 @@
 """Integer products of repacked weights: eight rows interleaved, as llama.cpp's CPU_REPACK.
 
-In a weight matrix's own layout each row's blocks lie one after another, so a kernel
-that takes several rows at once sums each row's products across the lanes of a vector
-and folds the rows together with horizontal adds, block after block: that fold holds
-the four-row Q4_0 kernel to about half the speed in cache that its multiply-adds allow.
-Repacked,
-eight rows share each block (:mod:`tensorplug_cpu.repack` writes the layout): their
-scales side by side, then their codes in 4-byte chunks, row after row. A 32-byte load
-then holds four codes of each of the eight rows, and one multiply-add against the same
-four activation codes broadcast to every lane (``vpdpbusd`` with AVX512-VNNI, else
-``vpmaddubsw`` then ``vpmaddwd``) leaves each row's sum in its own 32-bit lane: no
-fold at all. Q4_0 so runs about twice as fast in cache as the four-row kernel, with
+In a weight matrix's own layout each row's blocks lie one after another, so a kernel that
+takes several rows at once sums each row's products across the lanes of a vector and
+folds the rows together with horizontal adds, block after block: that fold holds the
+four-row Q4_0 kernel to about half the speed in cache that its multiply-adds allow.
+Repacked, eight rows share each block (:mod:`tensorplug_cpu.repack` writes the layout):
+their scales side by side, then their codes in 4-byte chunks, row after row. A 32-byte
+load then holds four codes of each of the eight rows, and one multiply-add against the
+same four activation codes broadcast to every lane (``vpdpbusd`` with AVX512-VNNI, else
+``vpmaddubsw`` then ``vpmaddwd``) leaves each row's sum in its own 32-bit lane: no fold
+at all. Q4_0 so runs about twice as fast in cache as the four-row kernel, with
 VNNI or AVX2, and faster from memory too.
 
 A tile is one group of eight rows times 1–4 activation rows (:func:`tile_kernel`): the
