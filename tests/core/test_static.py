@@ -49,6 +49,7 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
 WHY_NOT_WHEN_SCOPE = (
     "core",
     "apps/llm",
+    "plugins/cpu",
     "plugins/kernels",
     "plugins/opencl",
     "plugins/cuda",

@@ -62,20 +62,21 @@ __all__ = ["EXTENSIONS", "CpuBackend", "CpuGraphPlan", "AbortCallback"]
 
 #: Called between nodes; a true result cancels the computation.
 AbortCallback = Callable[[], bool]
-#: Plans ``graph_compute`` keeps, most recent first (building one costs 10-20 ms for a
-#: small language model's step on an idle machine, paid again at every prompt/token switch
-#: without it). A server cycles through more: its decode steps (one size per number of
-#: running requests), its padded prompt-step sizes, each at a few context lengths (the
-#: LLM server has run 26 graphs for 4 slots after its warm-up, 34 for 8). A plan holds views and
-#: its nodes' scratch, and only graphs that were computed have one.
+#: Plans ``graph_compute`` keeps, most recent first: building one costs about as much as
+#: computing a small language model's generation step, and without a cache it would be
+#: paid again at every prompt/token switch. A server cycles through more: its decode
+#: steps (one size per number of running requests), its padded prompt-step sizes, each at
+#: a few context lengths (the LLM server runs 26 graphs for 4 slots after its warm-up, 34
+#: for 8). A plan holds views and its nodes' scratch, and only graphs that were computed
+#: have one.
 PLAN_CACHE = 40
 
 
 class GraphKey:
     """:func:`graph_key`'s items with their hash computed once. A key is ~1,000 items
     for a small language model's step, and an ``OrderedDict`` hashes its keys again to
-    iterate (its last value is the last plan run, asked at every compute): ~19 µs a
-    compute with a plain tuple."""
+    iterate (its last value is the last plan run, asked at every compute): with a plain
+    tuple that rehashing is a visible share of a generation step."""
 
     __slots__ = ("_hash", "items")
 
@@ -141,7 +142,8 @@ class CpuGraphPlan(GraphPlan):
     ) -> None:
         """(Re)build every step for ``graph``; views and scratch are made here, once.
         ``ggml_order``: the backend's arithmetic order (:attr:`CpuBackend.ggml_order`);
-        ``key``: ``graph_key(graph.nodes)`` when the caller has it (~0.3 ms a prompt)."""
+        ``key``: ``graph_key(graph.nodes)`` when the caller has it (it walks every node:
+        once is enough)."""
         ctx = BuildContext(jit, ggml_order)
         if jit is not None:
             jit.take_expected()  # what a binding that raised noted: not this plan's
@@ -303,8 +305,8 @@ class CpuBackend(Backend):
     def _cached(self) -> CpuGraphPlan | None:
         """The plan ``graph_compute`` ran or ``graph_prepare`` bound last (None before
         the first, or after free). Kept as ``_last`` too: the ``OrderedDict``'s last
-        value, asked at every compute, cost ~25 µs with the caches cold after a step of
-        a model (measured, 2-core Zen 4), where an attribute costs ~1. Every plan leaves
+        value, asked at every compute, walks the dict's links, which a model's step has
+        pushed out of the CPU's caches, where an attribute is one lookup. Every plan leaves
         ``_plans`` freed, so ``_last`` is the last value while it is not."""
         last = self._last
         if last is not None and not last.freed:
@@ -380,8 +382,8 @@ class CpuBackend(Backend):
         abort, steps, runs = self.abort_callback, plan.steps, plan.runs
         i = 0
         # ggml's kernels produce inf/NaN silently; numpy's warnings would only be noise
-        # (setting numpy's error state and back was 10-20 µs of a generated token, whose
-        # graph is one program: its compiled code needs none).
+        # (setting numpy's error state and back is a visible share of a generated token,
+        # whose graph is one program: its compiled code needs none).
         # BLAS on one thread where a step calls it: the worker pool splits products instead.
         quiet = plan.compiled and abort is None
         errors = nullcontext() if quiet else np.errstate(all="ignore")

@@ -76,14 +76,13 @@ class PackedLayout:
     the minimums and the codes (1440 bytes a block for 1408). Q2_K: the eight ``d``,
     the eight ``dmin``, each 16-value group's eight scale bytes (scale and minimum
     nibbles, as stored), then its 2-bit ``qs`` as sixteen runs of 32 bytes, the
-    natural size. Q6_K: the eight
-    ``d``, the sixteen int8 scales of each row (scale-major), then the 4-bit ``ql`` and
-    the 2-bit ``qh`` as runs of 32 bytes in the order its kernel reads them (read in the
-    rows' own order, three streams at once, they came from memory at a third of the
-    speed). IQ4_XS: the eight ``d``, each sub-block's eight scales as signed bytes
-    (``ls − 32``, 1104 bytes a block for 1088), then the codes as Q4_K's (sub-block
-    ``s``: chunks ``4s..4s+3``, low nibbles its values 0-15, high 16-31), nibbles that
-    index ``levels``."""
+    natural size. Q6_K: the eight ``d``, the sixteen int8 scales of each row
+    (scale-major), then the 4-bit ``ql`` and the 2-bit ``qh`` as runs of 32 bytes in the
+    order its kernel reads them (read in the rows' own order, three streams at once,
+    they come from memory much slower). IQ4_XS: the eight ``d``, each sub-block's eight
+    scales as signed bytes (``ls − 32``, 1104 bytes a block for 1088), then the codes
+    as Q4_K's (sub-block ``s``: chunks ``4s..4s+3``, low nibbles its values 0-15, high
+    16-31), nibbles that index ``levels``."""
 
     type: Type
     moves: tuple[Move, ...]
@@ -112,8 +111,9 @@ class PackedLayout:
 
     def pack(self, blocks: np.ndarray, out: np.ndarray, *, moved: bool = False) -> None:
         """Rows of ggml blocks ``(8·G, nb, type_size)`` into ``out``, ``(G, nb, block)``
-        (both C-contiguous). Scales and codes move as 16- and 32-bit words: byte by byte,
-        numpy packed at 0.5 GB/s, this way at 2 GB/s. ``moved``: the :attr:`moves` are
+        (both C-contiguous). Scales and codes move as 16- and 32-bit words: numpy pays
+        its per-element cost once a word rather than once a byte, so this packs several
+        times faster than moving bytes. ``moved``: the :attr:`moves` are
         done already (:func:`pack_blocks` has them compiled); only what else changes
         shape is done here."""
         self._move(blocks, out, packing=True, moved=moved)
@@ -237,7 +237,7 @@ def _q4_k_scales_in_lanes(words: np.ndarray, out: np.ndarray) -> None:
     bytes (``out``: ``G, nb, 16``, laid out the same): the eight 6-bit scales, then the
     eight minimums (ggml's ``get_scale_min_k4``). A word holds one byte of each of the
     eight rows, so the bit arithmetic runs on all eight at once: numpy's byte-wise
-    version, transposed into place, took two thirds of Q5_K's repacking. ``words`` may
+    version, transposed into place, would be most of Q5_K's repacking. ``words`` may
     be the first 12 words of ``out`` (each is read before it is written)."""
     lo, hi, mix = words[..., 0:4], words[..., 4:8], words[..., 8:12]
     six, four, two = _bytes_each(63), _bytes_each(15), _bytes_each(3)

@@ -86,9 +86,9 @@ SPIN: Setting[bool] = Setting(
     True,
     parse_flag,
     "0 to run a generation step's products and attention on more than one thread as "
-    "numba parallel regions, whose worker threads sleep between regions (5-10 µs to "
-    "wake each, ~50 times a token), rather than on helper threads that spin for ~2 ms "
-    "after each job and sleep after that (kernels/pool.py).",
+    "numba parallel regions, whose worker threads sleep between regions (microseconds "
+    "to wake each, dozens of times a token), rather than on helper threads that spin "
+    "for ~2 ms after each job and sleep after that (kernels/pool.py).",
     example="0",
 )
 
@@ -99,7 +99,7 @@ PROGRAM: Setting[bool] = Setting(
     "0 to run a generation step's graph as one Python call a node; by default each run "
     "of consecutive nodes that have a compiled job (products, attention, norms, rope, "
     "the KV cache's new rows, activations, adds) runs as one call into compiled code "
-    "(kernels/program.py): the same numbers, without ~1.5-3 µs of Python a node.",
+    "(kernels/program.py): the same numbers, without a Python call's overhead a node.",
     example="0",
 )
 
@@ -123,8 +123,8 @@ EXACT_ATTENTION_ROWS: Setting[int] = Setting(
     "query rows up to which attention runs llama.cpp's arithmetic, each row on its own "
     "(so a row's numbers do not depend on the rows beside it and batching changes no "
     "bit); steps with more rows use BLAS, which rounds by the step's row count. Default "
-    "'all'; a number lowers it (a 128-token prompt's attention costs about 2x BLAS's "
-    "in the exact kernel).",
+    "'all'; a number lowers it (on a prompt's many rows the exact kernel is slower "
+    "than BLAS).",
     example="16",
 )
 
@@ -141,14 +141,14 @@ GGML_PRODUCT_ORDER: Setting[bool | None] = Setting(
     "(the set_batch_invariant extension, which the LLM engine behind tensorplug serve "
     "asks for), where each block's sum is one exact integer and a row's bits never "
     "depend on the rows beside it. 1: ggml's orders everywhere; 0: batch-invariant "
-    "everywhere (Q5_0 and Q8_0 products then cost a tenth to a third less from 4 "
-    "activation rows, a few percent less for one).",
+    "everywhere (Q5_0 and Q8_0 products are then cheaper from 4 activation rows, and "
+    "slightly cheaper for one).",
     example="0",
 )
 
 # numba's own variables, read by numba when it is imported: declared here so that they
-# are checked before it reads them (a bad value crashed the process or failed at the
-# first parallel kernel, deep in numba) and listed with the plugin's settings
+# are checked before it reads them (numba crashes the process on a bad value, or fails
+# at the first parallel kernel, deep in its own code) and listed with the plugin's settings
 NUMBA_THREADS: Setting[int | None] = Setting(
     "NUMBA_NUM_THREADS",
     None,

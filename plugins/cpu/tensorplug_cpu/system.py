@@ -232,8 +232,9 @@ class ThreadControl:
     def blas_single(cls) -> AbstractContextManager[object]:
         """Within it, numpy's BLAS runs on one thread; after it, on as many as before
         (so the application's own numpy products keep their threads). It wraps every
-        compute: threadpoolctl's ``limit`` re-read every library's info there, ~13 µs a
-        generation step; this asks and sets each BLAS library's count directly (~1.5 µs)."""
+        compute: threadpoolctl's ``limit`` re-reads every library's info there, a
+        visible share of a generation step; this asks and sets each BLAS library's count
+        directly, several times cheaper."""
         if cls._blas_libs is None:
             from threadpoolctl import ThreadpoolController
 

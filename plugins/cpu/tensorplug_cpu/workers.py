@@ -3,8 +3,8 @@
 numpy's BLAS (OpenBLAS) threads a large product itself, and that served badly:
 
 * its workers keep spinning for up to a few hundred milliseconds after each call, and a
-  numba kernel started meanwhile waits for the cores they hold: the first generation
-  step after a prompt took 25× its time on 2 cores;
+  numba kernel started meanwhile waits for the cores they hold: on a machine with few
+  cores, the first generation step after a prompt takes many times its own time;
 * its result depends on its thread count, so a prompt's logits changed with ``-t``;
 * it partitions statically: one descheduled thread on a busy machine holds up the call.
 
@@ -111,7 +111,7 @@ class _Run:
     two bytecodes, including inside a ``with`` on a ``threading.Condition`` before its
     lock is released (CPython bpo-29988): the lock stayed held, the helpers blocked on it
     for ever, and the interpreter, which joins the pool's threads at exit, never ended
-    (a CI run waited 120 s for an interrupted ``tensorplug run``). So nothing here is a
+    (an interrupted ``tensorplug run`` hung until it was killed). So nothing here is a
     lock the caller holds: chunks are claimed and counted with ``itertools.count``
     (atomic under the GIL), the caller waits on a plain lock that the thread finishing
     the last chunk releases, and an interrupt is raised only once no helper is still

@@ -6,9 +6,8 @@ bit, which a server needs. A task (batch, some KV heads, a run of query rows) re
 cache where it lies (an F16 cache as raw ``uint16``, widened in registers, or F32),
 takes every KV head's scores sixteen cells at a time, ggml's softmax, and each KV
 head's weights·V lanes with their accumulators in registers: the inner loops are LLVM
-IR (:mod:`._numba_attention_ir`). A 100M model's generated token at a 2000-cell
-context: ~200 µs a layer warm, 322 in the model on one thread of a Zen 4 (575 for the
-kernel before it, which widened the cells to float32 first).
+IR (:mod:`._numba_attention_ir`): widening the cells to float32 first, as a separate
+pass, would make a generated token's attention at a long context much slower.
 """
 
 from __future__ import annotations
@@ -202,10 +201,9 @@ def _widen_rows_impl(a, table, i, j, used, dst):  # type: ignore[no-untyped-def]
 def widen_f16_rows(raw: Any, out: Any, used: int, table: Any) -> None:
     """``out[b, h, j] = raw[b, h, j]`` as float32 for ``j < used``: raw f16 (``uint16``)
     K, V or mask ``(B, H, n, D)`` into a float32 scratch whose rows are unit-stride, for
-    the prompt's BLAS products. numpy converts f16 at ~2 ns a value: with eight per
+    the prompt's BLAS products. numpy's f16 conversion is slow: with eight values per
     ``vcvtph2ps`` here, and :func:`visible_columns` in place of numpy's scan of the
-    mask, a 100M model's 128-token attention went from 2.2 to 1.6 ms a layer on one
-    core of the dev machine (widening its K, V and mask: ~17 µs each)."""
+    mask, a prompt's attention takes markedly less time a layer."""
     for b in range(raw.shape[0]):
         for h in range(raw.shape[1]):
             _widen_rows(raw, table, b, h, used, out[b, h])
@@ -402,8 +400,8 @@ def _scores(keys: Any, values: Any, table: Any, hk0: int, hk1: int, n_g: int, qs
                         scores16_narrow(keys, hk, cols, c0, qs, x, runs, w)  # type: ignore[call-arg]  # numba
                     continue
                 # the common head sizes (64, 128, 256) as constants: straight-line code that
-                # LLVM schedules across the sixteen cells (a loop of one run per cell took
-                # twice as long)
+                # LLVM schedules across the sixteen cells (a loop of one run per cell takes
+                # about twice as long)
                 if runs == 1:
                     scores16(keys, hk, cols, c0, qs, x, 1, w)  # type: ignore[call-arg]  # numba
                 elif runs == 2:
@@ -559,10 +557,10 @@ def attend_rows(
     ``sees`` (those heads).
 
     A kernel of its own, called by both :func:`attend` and :func:`attend_serial`:
-    inlined into each, it was two compiles of the whole body (and numba's parallel
-    passes walked all of it), 13.3 and 6.1 s of a first run's CPU for SmolLM2 on a
-    Zen 4; now 8.0 and 1.1, since the body compiles once for both (so both must call it
-    with the same argument types: a test counts its signatures). The job that runs an F16
+    inlined into each, it would be two compiles of the whole body (and numba's parallel
+    passes would walk all of it), a large share of a first run's CPU; a kernel of its
+    own, the body compiles once for both (so both must call it with the same argument
+    types: a test counts its signatures). The job that runs an F16
     cache's attention at every thread count (:func:`attend_job`) inlines it instead."""
     group = q.shape[1] // k.shape[1]
     has_mask = mask.shape[0] > 0
@@ -573,11 +571,10 @@ def attend_rows(
     # K, then V (for a task's first row), read through once as they lie before the
     # passes that read them in the arithmetic's order: V's lanes are cells 64 apart (32
     # KB in ggml's cache at a 2000-cell context, across pages, where no hardware
-    # prefetcher follows). A generated token of the 100M model at a 2000-cell context,
-    # one thread of the dev machine's Zen 4, this kernel against itself without the
-    # reads on alternate tokens of one process: a layer's attention 369 against 541 us
-    # (89 us of it the reads: 2 MB at 23 GB/s); reading V just before its pass, not
-    # with K, saved another 5-15 %; software prefetches of V beside K's reads did not
+    # prefetcher follows). At a long context, reading the cells through first makes a
+    # generated token's attention markedly faster, far more than the reads themselves
+    # cost; reading V just before its pass, not with K, is faster still; software
+    # prefetches of V beside K's reads do not help.
     touch_cells(keys, hk0, hk1, used)  # type: ignore[call-arg]  # numba: typingctx
     sc, cap = np.float32(scale), np.float32(softcap)
     # 0 and 1 typed int64: a literal argument is a compile of its own for each helper
@@ -702,7 +699,7 @@ def attend_serial(
     cache, a thread woken for its share cost more than the share), every KV head in
     one task."""
     n_b, n_hk, n_q = q.shape[0], k.shape[1], q.shape[2]
-    first = n_q - n_q  # 0, typed int64 as in attend: a literal 0 was a second compile
+    first = n_q - n_q  # 0, typed int64 as in attend: a literal 0 would be a second compile
     scratch = _scratch(used, q.shape[1], q.shape[3], v.shape[3])
     for b in range(n_b):
         attend_rows(q, k, v, mask, order, used, scale, softcap, lanes, out, table, b, first,
@@ -717,7 +714,7 @@ def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
     (1 or G, ≥N, ≥used), or shape (0, 0, 0) for none; rows unit-stride (C-contiguous
     arrays let LLVM vectorize). One pass for scale, mask and maximum, one for the
     exponentials (:func:`expf`) and their sum: numpy's eight whole-block passes, with
-    temporaries, took 2.4 ms of a 100M model's 128-token attention per layer."""
+    temporaries, would be a large share of a prompt's attention per layer."""
     n_g, n_r = s.shape[0], s.shape[1]
     has_mask = mask.shape[0] > 0
     sc = np.float32(scale)
@@ -755,8 +752,9 @@ def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
 
 #: :func:`attend_rows` inlined, for the job: one level of numba's linking less. numba
 #: links a callee's code into its caller and optimizes and compiles it to machine code
-#: again, at every level; the job compiled in 9.4 s calling :func:`attend_rows`, 7.3
-#: inlining it (dev machine; inlining :func:`_attend_heads` as well: 12.0, two copies).
+#: again, at every level; the job compiles faster inlining it than calling
+#: :func:`attend_rows` (inlining :func:`_attend_heads` as well would be slower again:
+#: two copies).
 _attend_rows_inline = njit(inline="always")(attend_rows.py_func)
 
 

@@ -1,8 +1,8 @@
 """The inner loops of the exact attention kernel (:mod:`._numba_attention`), as LLVM IR.
 
 They read cache rows where they lie (F16 as raw ``uint16`` widened in registers, sixteen
-values per ``vcvtph2ps``, or float32), so no widened copy of K or V is made: at a
-2000-cell context those copies were a fifth of a generated token's attention, written
+values per ``vcvtph2ps``, or float32), so no widened copy of K or V is made: at a long
+context those copies would be a large share of a generated token's attention, written
 to and read back from L3. They keep ggml's arithmetic to the bit:
 
 - :func:`scores16` takes sixteen cells' scores at once. A score is

@@ -1,17 +1,16 @@
 """Decoding whole rows of quantized blocks to float32, as vectors: Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0, Q4_K, Q5_K and Q6_K.
 
-A prompt multiplies quantized weights by decoding them a chunk at a time and calling
-BLAS (:mod:`.matmul`). numba's scalar decoding loop (:mod:`._numba_quant`) is not
-vectorized by LLVM (a block's 16 nibble bytes become 32 floats in two halves) and
-cost 0.5 ns a weight: 29 ms of a 100M Q4_0 model's 206 ms 128-token prompt on one
-core of the dev machine. Here each block is one load of its codes, integer unpacking,
-one conversion and one multiply by its scale, as ``<16 x float>`` or ``<32 x float>``
-vectors (AVX2: ``vpmovzxbd``, ``vcvtdq2ps``, ``vmulps``); a K-quant sub-block (32 or
-16 values) likewise, its scale and minimum unpacked in scalar code. Q5_0 and Q6_K took
-the scalar loops until a real Q4_K_M model (most of its layers Q5_0, its ``attn_v`` and
-half its ``ffn_down`` Q6_K) showed them: a 768×2048 Q6_K matrix times 9 rows took
-2.7 ms on one core, where Q4_K's took 1.1.
+A prompt multiplies quantized weights by decoding them a chunk at a time and calling BLAS
+(:mod:`.matmul`). numba's scalar decoding loop (:mod:`._numba_quant`) is not vectorized
+by LLVM (a block's 16 nibble bytes become 32 floats in two halves), and its decoding is a
+large share of a small Q4_0 model's prompt. Here each block is one load of its codes,
+integer unpacking, one conversion and one multiply by its scale, as ``<16 x float>`` or
+``<32 x float>`` vectors (AVX2: ``vpmovzxbd``, ``vcvtdq2ps``, ``vmulps``); a K-quant
+sub-block (32 or 16 values) likewise, its scale and minimum unpacked in scalar code. Q5_0
+and Q6_K are here too: a Q4_K_M model has most of its layers Q5_0, its ``attn_v`` and
+half its ``ffn_down`` Q6_K, and through the scalar loops its Q6_K products take more than
+twice as long as its Q4_K ones of the same shape.
 
 The arithmetic is the scalar kernels' (``d·(q − 8)``, ``d·q + m``, ``d·q``,
 ``(d·sc)·q − dmin·m``: exact integers converted, then float32 multiplies, additions and

@@ -1,12 +1,12 @@
 """Float weights (F32, F16, BF16) times a few activation rows, reading each weight once.
 
-Through BLAS, an F16 matrix had to be widened to float32 before every product: numpy
-converts at ~2 ns a value, so a 100M F16 model's generation step spent ~130 ms widening
-(7.5 tokens/s, against llama.cpp's 181 on the same machine). Here each row is read in
+Through BLAS, an F16 matrix has to be widened to float32 before every product, and
+numpy's conversion is slow enough that a small F16 model's generation step would be
+nearly all widening, many times slower than llama.cpp's. Here each row is read in
 runs of eight values, widened in registers (``vcvtph2ps`` with F16C) and multiplied into
 four vector accumulators, so the product streams the weights from memory once. F32
-weights take the same loop without the conversion (OpenBLAS's ``sgemv`` on one thread
-read them at ~16 GB/s here).
+weights take the same loop without the conversion, which reads them faster than
+OpenBLAS's ``sgemv`` on one thread.
 
 numba has no float16 type on the CPU, so the row loop is LLVM IR (:func:`_row_dot`); F16
 weights arrive as their raw ``uint16`` bits. Without F16C, each half is looked up in the

@@ -8,20 +8,18 @@ float vector, scaled by ``d_w·d_x`` and added into that row's vector accumulato
 lanes are summed once per row); the activation block, its scale and the rows' four f16
 scales (one ``vcvtph2ps``) are loaded once for the four rows, and the four accumulators
 are four independent chains of additions. Every block iteration also asks the cache for
-the same block :data:`PREFETCH_ROWS` rows ahead: measured on the 2-core dev machine, a
-32000×768 Q4_0 mat×vec from memory went from 3.8 to 2.6 ms (5.2 GB/s) with it, where
-the hardware prefetcher alone left the core waiting.
+the same block :data:`PREFETCH_ROWS` rows ahead: with it a mat×vec of a matrix larger
+than the caches runs markedly faster, where the hardware prefetcher alone leaves the
+core waiting.
 
 Four rows at a time pays where a block costs more work than its bytes take to arrive
 (nibbles to unpack, Q4_0's and Q4_K's folding). Q8_0 and Q6_K carry more bytes per
-value and little unpacking, and there four rows streamed side by side ran slower than
-one row after another: thirty-two 4096×768 matrices (more than the caches hold) on one
-core of the 2-core Zen 2 dev machine, one process, best of 30, took 11.2 ms four rows
-at a time, 7.2 ms one row at a time with the same prefetching, and 10.1 ms through
-ggml's own ``vec_dot`` (llama-cpp-python's library, same process); Q6_K 12.1 → 8.3
-(ggml 8.8). Q4_0, Q4_K and the other 32-value types stayed faster four at a time (Q4_0
-4.5 against 5.9 ms). Each row's sums are the same either way, so these two types'
-kernels take one row (:data:`GROUP`) and give the same bits as before.
+value and little unpacking, and there four rows streamed side by side read memory
+slower than one row after another (with the same prefetching), and slower than ggml's
+own ``vec_dot``, for matrices larger than the caches; one row at a time is faster than
+both. Q4_0, Q4_K and the other 32-value types are faster four at a time. Each row's
+sums are the same either way, so these two types' kernels take one row (:data:`GROUP`)
+and give the bits a four-row kernel would.
 
 Codes: Q4_1/Q5_1/Q4_0/Q5_0 feed AVX2's ``vpmaddubsw`` as unsigned values; the offset of
 Q4_0/Q5_0 (8, 16) comes back as ``−offset·Σx``, an exact integer added to lane 0, and
@@ -29,7 +27,7 @@ the minimum of Q4_1/Q5_1 as ``m_w·d_x·Σx`` in a vector beside the accumulator
 signed codes go through ``vpsignb`` as in ggml. Scales are f16, converted by the CPU
 (F16C) where it has the instruction, else read from the f16 → f32 table. Without AVX2
 the same loop is written with portable widening vector arithmetic that LLVM lowers for
-the host's SIMD (measured only on this AVX2 machine).
+the host's SIMD (its speed has been measured only on AVX2 hosts).
 """
 
 from __future__ import annotations
@@ -95,8 +93,8 @@ def _codes(builder: ir.IRBuilder, lay: Layout, row: Any, at: Any) -> tuple[Any, 
         return _load_vec(builder, row, builder.add(at, _I64(lay.qs)), v32), True
     # the 16 bytes in both halves (one vbroadcasti128), the upper half's 32-bit words
     # shifted right by 4 (one vpsrlvd), one mask: low nibbles, then high ones. Splitting
-    # the bytes in 128-bit halves and joining them cost a shift, a mask and a
-    # vinserti128 more per row; Q4_0's kernel ran 8-10% faster without them.
+    # the bytes in 128-bit halves and joining them would cost a shift, a mask and a
+    # vinserti128 more per row, which slows Q4_0's kernel measurably.
     q = _load_vec(builder, row, builder.add(at, _I64(lay.qs)), _vec(_I8, 16))
     both = builder.shuffle_vector(q, q, ir.Constant(_vec(_I32, 32), list(range(16)) * 2))
     shift = ir.Constant(_vec(_I32, 8), [0] * 4 + [4] * 4)
@@ -142,7 +140,7 @@ def _hsum(builder: ir.IRBuilder, v: Any) -> Any:
 
 
 #: rows ahead that each block iteration asks the cache for (the same distance for one-row
-#: and four-row kernels; 4 to 32 rows measured alike on this machine, none was 1.4× slower)
+#: and four-row kernels; any distance from 4 to 32 rows reads memory about as fast)
 PREFETCH_ROWS = 8
 
 
@@ -252,10 +250,10 @@ def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
     is one exact integer ``Σ(q − 8)·x`` times ``d_w·d_x``, as in llama.cpp's repacked
     Q4_0 kernel (which is what llama.cpp runs for Q4_0 on AVX2), and a block costs one
     ``vpmaddwd``, one conversion and one multiply-add for the four rows, not four of
-    each plus four scale broadcasts. The layer matrices of a 100M Q4_0 model streamed
-    from memory on one core of this machine went from 9.7 to 10.7 GB/s. The other
+    each plus four scale broadcasts, so a model's layer matrices stream from memory
+    faster. The other
     types keep ggml's ``vec_dot`` order, which llama.cpp runs for them: each row keeps
-    eight float partial sums (a different order of roundings moved SmolLM2's Q4_1
+    eight float partial sums (a different order of roundings moves SmolLM2's Q4_1
     logits by ~0.2 and its greedy text away from llama.cpp's).
     """
     vr = ir.VectorType(_F32, n_rows)

@@ -75,15 +75,14 @@ def align_stack(builder: ir.IRBuilder) -> None:
     slot that far aligned with an unaligned move: where a slot lies on a line boundary
     depends on the stack pointer the function was entered with, which differs between
     threads. A repacked Q5_K tile of eight activation rows spills a dozen vectors a
-    block; in a two-thread 128-row product (Zen 4 dev machine, TBB) the worker thread
-    entered with its stack 32 bytes off the caller's, and stalled on the store and reload
-    of one slot that straddled a line — a quarter of its samples (``perf``) on five
-    instructions after that one store, none in the caller — so the caller waited: a
-    2048×768 product took 1.08 ms on two threads against 1.80 on one (1.67×), and
-    0.91-0.92 ms aligned (2.0×); a 100M Q5_K model's 128-token prompt 44.3-44.7 →
-    40.4-41.3 ms. It costs a frame pointer and an ``and`` a call. (llvmlite writes a
-    function's attributes only where it has a named one: ``nounwind``, true of every
-    kernel, which returns errors rather than unwinding.)"""
+    block; in a two-thread 128-row product (TBB) a worker thread can enter with its
+    stack 32 bytes off the caller's and stall on the store and reload of one slot that
+    straddles a line (``perf`` puts a large share of its samples on the few
+    instructions after that one store, none in the caller), so the caller waits and two
+    threads fall well short of twice one thread's speed; aligned, they reach it, and a
+    Q5_K model's prompt runs faster. It costs a frame pointer and an ``and`` a call.
+    (llvmlite writes a function's attributes only where it has a named one: ``nounwind``,
+    true of every kernel, which returns errors rather than unwinding.)"""
     attrs = builder.function.attributes
     attrs.alignstack = max(attrs.alignstack, STACK_ALIGN)
     attrs.add("nounwind")

@@ -6,9 +6,8 @@ blocks of int8 with an f16 scale (Q8_0, "the vec_dot type",
 :func:`._numba_quant.quantize_q8_0`) — and summing products of 8-bit integers per
 block, scaling once per block. That reads the weights as bytes and does 32
 multiply-adds in two instructions on AVX2 (``vpmaddubsw`` then ``vpmaddwd``), where
-decoding to float32 first costs a conversion and a float FMA per weight: on one core of
-the 2-core dev machine, a 4096×4096 Q4_0 product took 5.5 ms through float32 and 1.8 ms
-this way. The rows go four (or one) at a time through the IR loops of
+decoding to float32 first costs a conversion and a float FMA per weight, several times
+slower. The rows go four (or one) at a time through the IR loops of
 :mod:`._numba_introw`; the few rows left over take the loops below, whose per-block
 integer dot (:func:`._numba_ir._dot_i8`) is ``pmaddubsw``/``pmaddwd`` where the host has
 AVX2, a portable widening multiply and vector reduction elsewhere. They read a row of
@@ -263,8 +262,8 @@ def matvec_int8_serial(
     x: Any, rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
 ) -> None:
     """:func:`matvec_int8` on the calling thread, without a parallel region: on one
-    thread the parallel kernel still opened one (~1.5 µs a product on this machine,
-    where the 56 layer products of a 100M model's token take ~4 ms in all)."""
+    thread the parallel kernel still opens one, a cost paid for each of a token's many
+    layer products, each of which takes only tens of microseconds."""
     quantize_activations(x, xq, xd, xs, table, kind)
     _matvec_range(rows, 0, rows.shape[0], xq, xd, xs, out, table, kind)
 

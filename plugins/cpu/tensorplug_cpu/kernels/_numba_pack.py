@@ -2,14 +2,13 @@
 done before the next block.
 
 A repacked block is the eight rows' blocks transposed, a word of each row side by side
-(:class:`..repack.PackedLayout`). numpy made each of a layout's moves a pass of its own
-over the whole matrix, in loops of eight words: each pass wrote a part of every cache
+(:class:`..repack.PackedLayout`). numpy makes each of a layout's moves a pass of its own
+over the whole matrix, in loops of eight words: each pass writes a part of every cache
 line of the destination again (Q6_K's codes are six moves, each a third of every 96
-bytes), and numpy's cost per loop came every eight words. Repacking ran at 1.6-2 GB/s
-where a copy runs at 10 and more, and was most of what a launch of a model of Q6_K or
-Q8_0 weights did beyond llama.cpp's (2-core Emerald Rapids VM). Here a block's bytes
-are written once, while they are in the cache (the moves of a 14 MB Q6_K matrix: 9.0 ms
-in numpy, 5.2 here; Q8_0's 18 MB: 9.1 and 5.7).
+bytes), and numpy's cost per loop comes every eight words. Repacking that way runs at a
+fraction of a copy's speed, and would be most of what a launch of a model of Q6_K or
+Q8_0 weights does beyond llama.cpp's. Here a block's bytes are written once, while they
+are in the cache, which takes a good part off each matrix's moves.
 
 The moves come as a table, one row a move: ``(item, at, to, words, every)`` (bytes of
 a word: 1, 2 or 4; its meaning is :class:`..repack.Move`'s). The arrays come as the

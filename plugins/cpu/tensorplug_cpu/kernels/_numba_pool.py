@@ -2,11 +2,11 @@
 caller's share of a job, over one shared ``int64`` mailbox.
 
 Why not numba's parallel regions for a generation step: a TBB region wakes its worker
-each time, 2.4 µs called back to back, 5 µs after 10 µs of other work and 9.7 µs after
-50 µs (dev machine, Zen 4), and a 100M model's token opens ~50 of them between short
-serial steps, so its second core made a token ~12 % faster where llama.cpp's spinning
-threads make it ~50 % faster. Here a helper spins on the mailbox for a while after
-each job (:data:`SPIN_NS`), so the next one reaches it in well under a microsecond.
+each time, which takes microseconds, longer the more other work came between two
+regions, and a small model's token opens dozens of them between short serial steps, so
+a second core speeds a token up far less than llama.cpp's spinning threads do. Here a
+helper spins on the mailbox for a while after each job (:data:`SPIN_NS`), so the next one
+reaches it in well under a microsecond.
 
 A job is a C function ``void fn(int64 job, int64 lo, int64 hi)`` (a numba ``cfunc``, by
 address) and ``job``, the address of its argument block: ``fn(job, c, c + 1)`` computes
@@ -71,8 +71,8 @@ _SEQ_MASK = (1 << 31) - 1  # the sequence wraps in 31 bits: the ticket stays pos
 
 #: A ``sched_yield`` that returns this much later ran another thread on this core: the
 #: machine is busy, and a helper that spins there takes the calling thread's share of
-#: it (SmolLM2 beside two busy processes: 88 tokens/s spinning on, 128 with numba's
-#: sleeping workers). The helper sleeps instead, and the next job wakes it.
+#: it (SmolLM2 beside two busy processes generates markedly slower spinning on than
+#: with numba's sleeping workers). The helper sleeps instead, and the next job wakes it.
 BUSY_NS = 100_000
 _PAUSES = 16
 

@@ -63,7 +63,7 @@ def _u32(blk: Any, off: int) -> Any:
 #
 # Each row keeps 32 float32 partial sums, one per position in a block, in a small
 # scratch row: LLVM then turns the block loop into a handful of 8-wide FMAs per block
-# with no horizontal reduction until the row is done (measured 3-5x faster than a
+# with no horizontal reduction until the row is done (several times faster than a
 # scalar sum per block). Rows are split into chunks, one scratch row per chunk.
 
 _CHUNKS = 64
@@ -75,10 +75,10 @@ def chunk_span(c: int, n: int, unit: int) -> tuple[int, int]:
     rows (the last chunk's end excepted): ⌊units/64⌋ or one more units each.
 
     numba splits a ``prange`` statically, in equal runs of iterations a thread. With
-    ``ceil(n / 64)`` rows a chunk, the chunks past the rows' end were empty: a 768-row
-    product (96 groups of eight) filled chunks 0-47, so of two threads the first took 64
-    groups and the second 32, and a 256-row one gave the second thread nothing (the
-    repacked Q4_0 products of a 100M model at 2 threads: 1.15-1.5x their 1-thread
+    ``ceil(n / 64)`` rows a chunk, the chunks past the rows' end would be empty: a
+    768-row product (96 groups of eight) would fill chunks 0-47, so of two threads the
+    first would take 64 groups and the second 32, and a 256-row one would give the
+    second thread nothing (two threads then fall well short of twice one thread's
     speed). Any split gives the same bits: a row is computed alone."""
     units = (n + unit - 1) // unit
     return min(n, c * units // _CHUNKS * unit), min(n, (c + 1) * units // _CHUNKS * unit)
@@ -280,7 +280,7 @@ def _f32_to_f16_bits(f: Any) -> Any:
 
 
 #: 1.5·2^23: ``(y + _ROUNDER) − _ROUNDER`` is ``y`` rounded half to even for |y| < 2^22
-#: (ggml's ``nearest_int``), a vector add where ``np.rint`` was a call per value
+#: (ggml's ``nearest_int``), a vector add where ``np.rint`` is a call per value
 _ROUNDER = np.float32(12582912.0)
 
 
@@ -295,9 +295,8 @@ def _nearest(y: Any) -> Any:
 def _largest_magnitude(x: Any, t: int, start: int, n: int) -> Any:
     """``max |x[t, start : start + n]|`` (``n`` a multiple of 8), NaN values skipped as a
     running ``max(amax, |v|)`` skips them: eight running maxima side by side, where one
-    was a chain of dependent compares (max is exact, so the order of the comparisons
-    changes nothing; a 128×768 Q8_K quantization 31 µs of this with four, 23 with eight,
-    on an Intel Xeon)."""
+    would be a chain of dependent compares, and eight run faster than four (max is
+    exact, so the order of the comparisons changes nothing)."""
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(0)
     for j in range(start, start + n, 8):
         m0 = max(m0, abs(x[t, j]))
@@ -315,8 +314,8 @@ def _largest_magnitude(x: Any, t: int, start: int, n: int) -> Any:
 def _q8_0_codes(x: Any, t: int, xq: Any, xd: Any, xs: Any) -> None:
     """Row ``t`` of ``x`` as Q8_0's codes ``xq`` and code sums ``xs``, each block's
     largest magnitude left in ``xd`` (for the caller's scales): the magnitudes first,
-    then the codes; in one loop the compiler vectorized neither (1.9 ns a value on an
-    Intel Xeon, 0.45 now)."""
+    then the codes; in one loop the compiler vectorizes neither, several times
+    slower."""
     for b in range(x.shape[1] // 32):
         xd[t, b] = _largest_magnitude(x, t, 32 * b, 32)
     for b in range(x.shape[1] // 32):
@@ -364,7 +363,8 @@ def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     blocks gets its ``d`` in ``xd`` and its code sum in ``xs`` (ggml's ``bsums`` are
     the sums of 16, which the kernels take from these or from the codes). The largest
     magnitude is found as :func:`quantize_q8_0` finds it, then its first value by a
-    scan (1.8 ns a value on an Intel Xeon in one loop of compares).
+    scan (in one loop of compares, the compiler vectorizes nothing, several times
+    slower).
 
     A super-block whose ``iscale`` is zero has every code 0, as ggml's: one of zeros
     and NaNs (``amax`` 0: ggml writes zeros and ``d = 0``), or one whose largest
@@ -421,7 +421,8 @@ def round_activations(
 ) -> None:
     """``out = d·code`` of rows ``x`` quantized by :func:`quantize_activations` for weight
     type id ``kind``, for the paths that multiply float32 decoded weights (the same
-    values as :func:`.activations.round_rows`, which numpy computes ~5× slower); for
+    values as :func:`.activations.round_rows`, which numpy computes several times
+    slower); for
     Q8_1 also ``corr[t, b] = s − d·Σcode`` (:func:`.activations.q8_1_offset_correction`)."""
     quantize_activations(x, xq, xd, xs, table, kind)
     q8_1 = kind in (_Q4_1, _Q5_1)

@@ -1,16 +1,16 @@
 """Integer products of repacked weights: eight rows interleaved, as llama.cpp's CPU_REPACK.
 
-In a weight matrix's own layout each row's blocks lie one after another, so a kernel
-that takes several rows at once sums each row's products across the lanes of a vector
-and folds the rows together with horizontal adds, block after block: on the Zen 4 dev
-machine that fold held the four-row Q4_0 kernel to ~32 G weights/s in cache. Repacked,
-eight rows share each block (:mod:`tensorplug_cpu.repack` writes the layout): their
-scales side by side, then their codes in 4-byte chunks, row after row. A 32-byte load
-then holds four codes of each of the eight rows, and one multiply-add against the same
-four activation codes broadcast to every lane (``vpdpbusd`` with AVX512-VNNI, else
-``vpmaddubsw`` then ``vpmaddwd``) leaves each row's sum in its own 32-bit lane: no
-fold at all. One core, one thread: Q4_0 ran 68 (VNNI) and 62 (AVX2) G weights/s in
-cache against 32 for the four-row kernel, and 48 from memory against 32.
+In a weight matrix's own layout each row's blocks lie one after another, so a kernel that
+takes several rows at once sums each row's products across the lanes of a vector and
+folds the rows together with horizontal adds, block after block: that fold holds the
+four-row Q4_0 kernel to about half the speed in cache that its multiply-adds allow.
+Repacked, eight rows share each block (:mod:`tensorplug_cpu.repack` writes the layout):
+their scales side by side, then their codes in 4-byte chunks, row after row. A 32-byte
+load then holds four codes of each of the eight rows, and one multiply-add against the
+same four activation codes broadcast to every lane (``vpdpbusd`` with AVX512-VNNI, else
+``vpmaddubsw`` then ``vpmaddwd``) leaves each row's sum in its own 32-bit lane: no fold
+at all. Q4_0 so runs about twice as fast in cache as the four-row kernel, with
+VNNI or AVX2, and faster from memory too.
 
 A tile is one group of eight rows times 1–4 activation rows (:func:`tile_kernel`): the
 weight block is unpacked once and multiplied into every activation row of the tile, so
@@ -32,20 +32,17 @@ Q8_0 with ``ggml_order``: eight float sums a row (and for Q4_1 and Q5_1 the mini
 The activations are rounded as ggml does for the type
 (:func:`._numba_quant.quantize_activations`: Q8_0, Q8_1, Q8_K).
 
-A repacked product is one sequential stream of bytes, which a Zen 4 core's hardware
-prefetchers follow: asking for the blocks ahead made Q4_K 25% slower from memory there
-(59 → 43 G weights/s) and Q4_0 and Q8_0 no faster (32 4096×768 matrices, one core). An
-Intel Xeon's core did not keep up with the stream alone: off Zen cores each tile asks
-for the bytes 4 KiB ahead (:func:`prefetches`: one row's products 15-35% faster from
-memory there).
+A repacked product is one sequential stream of bytes, which a Zen core's hardware
+prefetchers follow: asking for the blocks ahead makes Q4_K slower from memory there and
+Q4_0 and Q8_0 no faster. An Intel Xeon's core does not keep up with the stream alone:
+off Zen cores each tile asks for the bytes 4 KiB ahead (:func:`prefetches`), and a
+product by one row runs markedly faster from memory for it.
 The stream must also be read in order *within* a block: Q6_K's ``vec_dot``-order tile
-(:func:`_q6_k_lane_body`) once took its 1,680-byte block chunk by chunk across both
-halves (two streams 768 bytes apart, one step each) and from memory ran at 8 GB/s
-where Q4_K runs at 21 (a 32000×768 product by one row, eight such matrices in turn, AMD
-EPYC Zen 4, one core); asking for the blocks two groups ahead brought it to 10.
-Taking each half's chunks in turn (the same integers, so the same bits) and asking for
-nothing ahead: 26–30 GB/s, and the 100M Q6_K model's generated token 8.7–9.0 → 3.4–3.6
-ms (one thread).
+(:func:`_q6_k_lane_body`) taking its 1,680-byte block chunk by chunk across both halves
+(two streams 768 bytes apart, one step each) reads memory at well under half Q4_K's
+rate, even asking for the blocks ahead. Taking each half's chunks in turn (the same
+integers, so the same bits) and asking for nothing ahead, it reads at Q4_K's rate or
+better, and a small Q6_K model's generated token takes less than half the time.
 """
 
 from __future__ import annotations
@@ -159,10 +156,10 @@ Q2_K, Q4_K, Q5_K, Q6_K = int(Type.Q2_K), int(Type.Q4_K), int(Type.Q5_K), int(Typ
 
 def _fixed_mul(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
     """``a·b`` that the kernels' fast math may not regroup. numba gives every float
-    instruction without flags the kernel's ``reassoc``, and LLVM then regrouped Q4_K's
-    and Q6_K's three-factor scales (``d·sc·d_x``) one way in a tile of one activation
-    row and another in a tile of two: a row's bits depended on how many rows were
-    multiplied beside it. ``contract`` alone allows no regrouping."""
+    instruction without flags the kernel's ``reassoc``, and LLVM would then regroup
+    Q4_K's and Q6_K's three-factor scales (``d·sc·d_x``) one way in a tile of one
+    activation row and another in a tile of two: a row's bits would depend on how many
+    rows were multiplied beside it. ``contract`` alone allows no regrouping."""
     product = builder.fmul(a, b)
     product.flags.append("contract")
     return product
@@ -453,7 +450,8 @@ Pass = tuple[Body, list[int]]
 
 
 #: how far ahead of the block it multiplies a tile asks for bytes (:func:`prefetches`):
-#: from 2 to 16 KiB alike on the Xeon measured, 1 KiB half as much gain, 512 B little
+#: any distance from 2 to 16 KiB gains alike on an Intel Xeon, 1 KiB half as much, 512 B
+#: little
 PREFETCH_AHEAD = 4096
 
 
@@ -461,17 +459,15 @@ def prefetches() -> bool:
     """Whether a tile asks for the bytes :data:`PREFETCH_AHEAD` ahead of each block it
     reads (one ``prefetcht0`` a cache line of the block): everywhere but Zen cores.
 
-    One core of an Intel Xeon (Emerald Rapids, a KVM guest) followed a repacked
-    matrix's one stream from memory at 10 GB/s alone, and at 14 with the prefetches,
-    where the file's layout, whose four-row kernels prefetch, ran at 12: a
-    262144×640 Q4_0 product by one row (Gemma 3's output) 9.35 → 6.63 ms, the AVX2 form
-    10.8 → 6.9; 32000×768 by one row Q4_1 1.68 → 1.13 ms, Q8_0 2.26 → 1.78, Q4_K 1.36
-    → 1.11, Q5_K 1.76 → 1.36, Q6_K 2.08 → 1.68, by two rows 12-38% less (one thread,
-    ``bench_repack.py --from-memory``, 2026-11-28). A 128-row prompt's products from
-    cache took as long either way. On a Zen 4 core asking for the blocks ahead made
-    Q4_K 25% slower from memory and Q4_0 and Q8_0 no faster (the hardware prefetchers
-    there keep up with one stream): Zen cores, not measured since, do not ask. The
-    values are the same either way: a prefetch reads nothing into a register."""
+    One core of an Intel Xeon follows a repacked matrix's one stream from memory
+    slower alone than the file's layout, whose four-row kernels prefetch, and faster
+    than it with the prefetches: products by one or two rows of every repacked type,
+    Gemma 3's large output matrix among them, take markedly less time
+    (``bench_repack.py --from-memory``; docs/performance.md has the figures). A
+    prompt's products from cache take as long either way. On a Zen core asking for the
+    blocks ahead makes Q4_K slower from memory and Q4_0 and Q8_0 no faster (the hardware
+    prefetchers there keep up with one stream), so Zen cores do not ask. The values are
+    the same either way: a prefetch reads nothing into a register."""
     return not _ir.ON_ZEN
 
 
@@ -653,15 +649,15 @@ def _vec_dot_order_body(lay: PackedLayout) -> Body:
     f16-rounded ``d·Σcode``, whose float32 bits ``xs`` holds), joined once per row by
     :func:`_vec_dot_finish`. The products are then llama.cpp's to the bit, and those of
     the unrepacked four-row kernel (tested). Summing each block's eight partial sums as
-    one exact integer first (the other layouts' order) is ~3× less arithmetic, but
-    moved SmolLM2's logits by up to 0.45 from llama.cpp's at the first positions, where
-    they had been equal to the bit. Run ``c`` of codes holds values ``4c..4c+3`` (low
-    nibbles) and ``16 + 4c..`` (high): sums ``c`` and ``4 + c``.
+    one exact integer first (the other layouts' order) is about a third of the
+    arithmetic, but moves SmolLM2's logits by up to 0.45 from llama.cpp's at the first
+    positions, where this order keeps them equal to the bit. Run ``c`` of codes holds
+    values ``4c..4c+3`` (low nibbles) and ``16 + 4c..`` (high): sums ``c`` and ``4 + c``.
 
     Each 4-value group costs a row an integer sum, a conversion and a fused multiply-add
     of its own, so the tile takes its activation rows in pairs (:func:`_units`): one
     512-bit ``vpdpbusd``, conversion and multiply-add for both rows' eight lanes
-    (:func:`_pair_sums`), where 256-bit vectors took two of each. Every lane computes
+    (:func:`_pair_sums`), where 256-bit vectors take two of each. Every lane computes
     what it did alone, so the bits are the same."""
 
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
@@ -710,9 +706,9 @@ def _lane_order_body(lay: PackedLayout, chunks: Iterable[int] | None = None,
     keeps the same order): each row keeps eight float sums, sum ``k`` taking
     ``d_w·d_x·Σ q·x`` over values ``4k..4k+3`` of every block by a fused multiply-add,
     joined once per row as ``hsum_float_8`` (:func:`_hsum_8`). Each block's sum as one
-    exact integer first (Q4_0's order, whose repacked ggml kernel has it) differed from
-    llama.cpp's Q5_0 and Q8_0 products in the last bits of 80-90% of the values, and
-    Gemma 3 270M's 8-bit activation roundings grew that into logit differences of ~1.
+    exact integer first (Q4_0's order, whose repacked ggml kernel has it) differs from
+    llama.cpp's Q5_0 and Q8_0 products in the last bits of most values, and Gemma 3
+    270M's 8-bit activation roundings grow that into logit differences of ~1.
     The codes are signed values (Q5_0's less 16) fed to the sums as ``|q|`` against
     ``x`` with ``q``'s sign, so no offset is taken back out per block. ``chunks``: only
     those runs of codes (:func:`_lane_order_passes`), else all."""
@@ -769,14 +765,13 @@ def _lane_order_passes(lay: PackedLayout) -> list[Pass]:
     carrying the sums that run adds to (Q8_0: sum ``c``; Q5_0: ``c`` and ``4 + c``), the
     first pass keeping each block's scales ``d_w·d_x`` for the others. For tiles of
     more than one row on hosts with 16 vector registers (AVX2): a tile of four rows
-    carries 32 sums, and the one loop over the blocks moved most of them through memory
-    at every block (11.7 instructions a run and row, against 9.6 in passes). Each sum
-    takes the same steps in the same order, so the bits are the same. Zen 4 with only
-    its AVX2 forms, one thread, a Q8_0 product of 128 rows: 31-39 → 44-48 G
-    multiply-adds/s. A tile of one row (a generated token's) keeps its eight sums in
-    registers in one pass: passes read the weights, which then come from memory, in
-    32-byte pieces 272 bytes apart, and the 100M Q8_0 model's generation fell from 238
-    to 101 tokens/s."""
+    carries 32 sums, and one loop over the blocks would move most of them through
+    memory at every block (more instructions a run and row than in passes, and a
+    prompt's Q8_0 products markedly slower). Each sum takes the same steps in the same
+    order, so the bits are the same. A tile of one row (a generated token's) keeps its
+    eight sums in registers in one pass: passes would read the weights, which then come
+    from memory, in 32-byte pieces 272 bytes apart, and a small Q8_0 model would
+    generate at less than half the speed."""
     return [(_lane_order_body(lay, [c], keep=c == 0), [c, 4 + c] if lay.nibbles else [c])
             for c in range(lay.chunks)]  # fmt: skip
 
@@ -793,10 +788,9 @@ def _lane_pairs_body(lay: PackedLayout) -> Body:
     ``−128·Σq`` (computed once a block for every row of the tile). A row then costs a
     block one load and four ``vpdpbusd``, ``vpermd``, conversions and fused
     multiply-adds, the count of Q8_0's own order (:func:`_block32_body`), where
-    :func:`_lane_order_body` takes eight of each. On the Zen 5 dev machine, one thread,
-    640×2048 products of 64 rows: Q8_0 574 µs, against 1098 in
-    :func:`_lane_order_body`'s rows one by one and 517 in Q8_0's own order; Q5_0 693,
-    against 1234 and 534 (its codes' fifth bits cost it the rest). Every sum
+    :func:`_lane_order_body` takes eight of each. A prompt's Q8_0 and Q5_0 products so
+    take little more than half the time of :func:`_lane_order_body`'s rows one by one,
+    not far behind Q8_0's own order (Q5_0's codes' fifth bits cost it the rest). Every sum
     takes the same integers and fused multiply-adds in the same order as ggml's, so the
     bits are the same."""
     v16i, v16f = _vec(_I32, 16), ir.VectorType(_F32, 16)
@@ -936,8 +930,8 @@ def _q5_k_body(blk: _Block, accs: list[list[Any]], codes_at: int) -> list[list[A
 
     The sub-blocks are summed one after another, each run's nibbles taken twice, rather
     than a pair's two at once: a tile of eight rows then keeps one integer sum a row
-    live, not two, and spilled less (a 2048×768 product of 128 rows 4% faster on an
-    Intel Xeon, Emerald Rapids). In a tile of two groups (:data:`PAIRED`) every
+    live, not two, and spills less (a prompt's products run slightly faster on an
+    Intel Xeon). In a tile of two groups (:data:`PAIRED`) every
     vector holds both groups' sixteen rows, the same arithmetic lane by lane."""
     builder, b, lanes = blk.builder, blk.b, blk.lanes
     floats = ir.VectorType(_F32, lanes)
@@ -1248,7 +1242,8 @@ def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     by :func:`_hsum_8`. Its arithmetic per super-block: eight integer scalings a run
     where :func:`_q6_k_body` scales each 16 values in floats. The eight integers are
     built half by half, each half's chunks in turn, so the block is read in order (the
-    module's docstring: from memory, 3x faster than chunk by chunk across the halves)."""
+    module's docstring: from memory, several times faster than chunk by chunk across
+    the halves)."""
     builder, b = blk.builder, blk.b
     n_tok = len(accs)
     fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
@@ -1370,25 +1365,21 @@ def tile_rows(lay: PackedLayout, ggml_order: bool = False) -> int:
     """The most activation rows a tile of layout ``lay`` takes on this host. With 32
     vector registers (AVX-512), eight rows of the layouts that carry one accumulator a
     row (Q4_0, Q5_0, Q8_0, IQ4_NL, Q6_K, IQ4_XS) and of Q5_K: each weight block is then
-    unpacked once for eight rows, not twice (on the Zen 4 dev machine Q8_0 and Q6_K times
-    8 and 16 rows took ~10% less time; on a Zen 5 EPYC, one thread, a 2048×768 Q5_K
-    product of 64 rows 704 µs against 909 in fours). Q4_K, there, two: a tile of four
-    rows keeps each row's two pair sums, two super-block integers and two float sums live
-    through a super-block's 64 ``vpdpbusd`` per row, and LLVM, hoisting the super-block's
-    code loads, spilled ~300 values a super-block; the same Zen 5 took a 2048×768
-    product of 64 rows in 592 µs in tiles of two against 829 in fours and 899 in eights
-    (tiles of three: as four). The others keep four, measured there: Q2_K (eights: the
-    same), Q4_1 and Q5_1 (eights: 1.5× slower; their nine sums a row take two rows at
-    once in 512-bit vectors, :func:`_vec_dot_order_body`). With 16 registers (AVX2)
-    every layout keeps four: eight rows' sums would not fit. (Zen 4 with only its AVX2
-    forms, Q8_0 in ggml's order, one pass a run: tiles of two and eight took 3-12% longer
-    than fours.) Q6_K's eights are the Zen cores' (``_ir.ON_ZEN``): on an Intel Xeon
-    (Emerald Rapids, LLVM's ``emeraldrapids``) its products of 64 and 128 rows took
-    10-20% longer in eights than in fours (a 2048×768 matrix by 128 rows, one thread:
-    2.77-3.27 ms against 2.47-2.51, 2026-11-27), and as long when compiled for a Zen 4
-    (``NUMBA_CPU_NAME=znver4``): the core's doing, not LLVM's schedule. Q4_0's eights
-    (1.91 ms against 2.19), Q4_K's twos (2.44 against 2.67) and Q5_K's and Q8_0's eights
-    (as fours) hold there too."""
+    unpacked once for eight rows, not twice, and a prompt's products take less time
+    than in fours. Q4_K, there, two: a tile of four rows keeps each row's two pair
+    sums, two super-block integers and two float sums live through a super-block's 64
+    ``vpdpbusd`` per row, and LLVM, hoisting the super-block's code loads, spills
+    hundreds of values a super-block; tiles of two run markedly faster than fours or
+    eights (tiles of three: as four). The others keep four, as fast or faster there:
+    Q2_K (eights: the same), Q4_1 and Q5_1 (eights: much slower; their nine sums a row
+    take two rows at once in 512-bit vectors, :func:`_vec_dot_order_body`). With 16
+    registers (AVX2) every layout keeps four: eight rows' sums would not fit. (With
+    only the AVX2 forms, Q8_0 in ggml's order, one pass a run, tiles of two and eight
+    are slower than fours too.) Q6_K's eights are the Zen cores' (``_ir.ON_ZEN``): on an
+    Intel Xeon (LLVM's ``emeraldrapids``) its products of 64 and 128 rows take longer in
+    eights than in fours, and as long when compiled for a Zen core
+    (``NUMBA_CPU_NAME=znver4``): the core's doing, not LLVM's schedule. Q4_0's eights,
+    Q4_K's twos and Q5_K's and Q8_0's eights (as fast as fours) hold there too."""
     if not _ir.HAS_32_REGS:
         return TILE
     if lay.type == Type.Q6_K and not _ir.ON_ZEN:
@@ -1406,15 +1397,14 @@ def pairs_groups(lay: PackedLayout, form: int = OWN_FORM) -> bool:
     prompt spends its time in — Q4_K (its own form and ggml's four-row gemm's), Q5_K,
     and Q6_K in ggml's tiled order (prompts with ``ggml_order``) — with AVX512-VNNI and
     32 registers, off Zen cores. An AVX-512 Xeon's cores run a 512-bit ``vpdpbusd`` as
-    fast as a 256-bit one (Emerald Rapids: 12 independent chains, 0.17 ns an
-    instruction either way), and a group's eight rows fill 256 bits only: two groups'
-    rows side by side in one vector do twice the work per instruction, the codes of
-    each run unpacked once for both. A 2048×768 product of 128 rows, one thread, Q5_K
-    took 1.70 ms against 2.34 in one group's tiles, Q6_K 1.83-1.94 against 2.36
-    (2026-11-27). A Zen 4 core runs a 512-bit instruction as two 256-bit halves, so
-    there it would only add the joining of both groups' codes; Zen cores are not
-    measured, and keep one group a tile. The same integers and float steps lane by
-    lane, so the same bits as a group alone."""
+    fast as a 256-bit one (independent chains of either issue at the same rate), and a
+    group's eight rows fill 256 bits only: two groups' rows side by side in one vector
+    do twice the work per instruction, the codes of each run unpacked once for both,
+    and a prompt's Q5_K and Q6_K products take markedly less time than in one group's
+    tiles. Zen cores keep one group a tile: the first of them with AVX-512 run a 512-bit
+    instruction as two 256-bit halves, where pairing would only add the joining of both
+    groups' codes, and pairing has not been measured on the others. The same integers
+    and float steps lane by lane, so the same bits as a group alone."""
     if not (_ir.HAS_VNNI and _ir.HAS_32_REGS) or _ir.ON_ZEN:
         return False
     return (lay.type, form) in {(Type.Q4_K, OWN_FORM), (Type.Q4_K, GEMM_FORM),
@@ -1466,8 +1456,8 @@ def _chunk_unit(mask: int) -> int:
     """The groups a parallel driver's chunks hold a multiple of: two where a kind in
     ``mask`` pairs groups (:func:`pairs_groups`), else one. 64 chunks of a 96-group
     product hold one or two groups each, and a chunk's odd group is multiplied alone:
-    a third of a 768-row product's groups were (which chunk a group is in changes no
-    bit)."""
+    with a unit of one, a third of a 768-row product's groups would be (which chunk a
+    group is in changes no bit)."""
     paired: int = _paired_kinds(mask, OWN_FORM) | _paired_kinds(mask, TILED_FORM)  # type: ignore[call-arg]
     paired |= _paired_kinds(mask, GEMM_FORM)  # type: ignore[call-arg]
     return 2 if paired else 1
@@ -1514,7 +1504,7 @@ def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, tab
     ``form`` (:data:`OWN_FORM`, or :data:`TILED_FORM` where :func:`_forms` has it): one
     ``switch`` over the tiles of each size of the layouts in ``mask``
     (:func:`kinds_mask`, a compile-time constant) only. Every layout's tiles in one
-    switch made each driver ~20 layout × 4 size bodies, ~70 s of a first run's compile
+    switch would make each driver ~20 layout × 4 size bodies, a long first-run compile
     for a model that uses one of them."""
     if not isinstance(mask, types.IntegerLiteral):  # numba then says no match was found
         return None
@@ -1590,8 +1580,8 @@ def _sums_of_16(xq: Any, xs: Any, factor: int) -> None:
     values, so their products take the activation codes' sums over 16. Q6_K's take
     them times ``−32`` (:data:`Q6_K_OFFSET`): each group's integer sum starts from that
     share of the codes' offset, and the code products add onto it
-    (:func:`_q6_k_half_sums`), where multiplying it in took every activation row 16
-    multiplications a block in ggml's tiled order."""
+    (:func:`_q6_k_half_sums`), where multiplying it in would take every activation row
+    16 multiplications a block in ggml's tiled order."""
     for t in range(xq.shape[0]):
         for j in range(xq.shape[1] // 16):
             total = 0
@@ -1629,8 +1619,8 @@ def quantize_rows(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> N
     """:func:`_quantize` of the rows of ``x``, row by row on numba's threads: a prompt's
     activations for the repacked products (:data:`QUANTIZE_APART_ROWS`). One kernel for
     every driver, called before one, not a parallel loop inside each: every sibling
-    driver compiled its own, ~2 s of a first run's CPU each (SmolLM2's two drivers: 4
-    of the ~14 s to its first token on two threads, Zen 4)."""
+    driver would compile its own, seconds of a first run's CPU each (a large share of
+    SmolLM2's first run)."""
     for t in prange(x.shape[0]):
         _quantize(x[t : t + 1], xq[t : t + 1], xd[t : t + 1], xs[t : t + 1], table, kind)
 
@@ -1663,9 +1653,9 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
     set under a name of its own. ``ggml_order``: Q5_0 and Q8_0 tiles sum in ggml's
     order (:func:`_emitter`).
 
-    Two drivers, not three: a parallel driver for one matrix was one more compile of
-    every tile (~4 s of CPU of SmolLM2's first run on the dev machine) for what the
-    sibling driver does with the other two matrices empty, 0.85 µs slower a call."""
+    Two drivers, not three: a parallel driver for one matrix would be one more compile
+    of every tile, seconds of a first run's CPU, for what the sibling driver does with
+    the other two matrices empty, at most a microsecond slower a call."""
     mask = kinds_mask(kinds) | (GGML_ORDER_BIT if ggml_order else 0)
     suffix = "_".join(sorted(t.name.lower() for t in kinds)) + ("_ggml" if ggml_order else "")
 

@@ -1,7 +1,7 @@
 """numba row kernels for the small per-token ops a generation step runs many times.
 
 A generation step normalises a handful of 576- to 2048-wide rows per block: numpy
-spends ~40 µs of call overhead on a few microseconds of arithmetic (eight calls per
+spends many times the arithmetic's few microseconds on call overhead (eight calls per
 ``rms_norm``). Arithmetic follows ggml's: the sum of float32 squares accumulated in
 float64, the mean rounded to float32, ``1/sqrtf(mean + eps)`` in float32 (no fast-math).
 """
@@ -56,8 +56,8 @@ def _pow2(k: Any) -> Any:
 @njit(inline="always")
 def expf(x: Any) -> Any:
     """e^x for float32 ``x`` with no libm call and no branch, so a loop over it
-    vectorizes (LLVM cannot vectorize ``math.exp``: a call per element, ~4 ns, was most
-    of a generation step's SwiGLU). ``x = n·ln 2 + r``, ``e^r`` by a degree-7
+    vectorizes (LLVM cannot vectorize ``math.exp``: a call per element would be most of
+    a generation step's SwiGLU). ``x = n·ln 2 + r``, ``e^r`` by a degree-7
     polynomial, ``2^n`` built in the exponent bits of two factors (so ``2^128`` and
     ``2^-126`` need no special case). Within 3 ulp of numpy's ``exp`` where float32's
     result is normal (x in [−87.3, 88.7]); +inf above, 0 below (where it is subnormal,
@@ -152,7 +152,7 @@ def rope_rows(
     ``ramp`` is not empty) or ``·freq_scale``, then the rotation of each head's pairs;
     dimensions past ``n_dims`` are copied. ``out`` may alias ``x``. Products are fused
     where the GCC build of ggml fuses them (checked against llama.cpp's roped Q and K:
-    unfused, 15% of the values were an ulp off from the second position on)."""
+    unfused, 15% of the values are an ulp off from the second position on)."""
     half = n_dims // 2
     cos = np.empty(half, np.float32)
     sin = np.empty(half, np.float32)
@@ -223,8 +223,8 @@ def _stored_impl(table, v):  # type: ignore[no-untyped-def]  # numba: names only
 @kernel()
 def set_rows(table: Any, values: Any, idx: Any) -> int:
     """``table[idx[k]] = values[k]`` for float32 ``values`` (k, n) and a float32 or raw
-    f16 (``uint16``) ``table``: a KV cache's new rows (a generation step's one row took
-    numpy's fancy indexing and bounds checks several microseconds). Every index is checked
+    f16 (``uint16``) ``table``: a KV cache's new rows (for a generation step's one row,
+    numpy's fancy indexing and bounds checks cost several microseconds). Every index is checked
     before anything is written; returns the position of the first bad one (the table
     untouched), or -1."""
     for k in range(idx.size):

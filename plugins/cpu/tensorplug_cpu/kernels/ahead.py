@@ -1,7 +1,7 @@
 """Kernels compiled ahead, in a second process, while this one compiles the others.
 
-A first run on a new install compiles every numba kernel its model needs (issue 42:
-~20 s of one core for SmolLM2 on the dev machine), one after another, since numba
+A first run on a new install compiles every numba kernel its model needs (tens of
+seconds of one core for SmolLM2), one after another, since numba
 compiles under a global lock: threads would only take turns. Most of those kernels are
 known before the first is called: a CPU plan binds every step of its graph, with its
 arrays, before it runs one. So after a plan is bound, the kernels that its steps will
@@ -122,7 +122,8 @@ class Ahead:
     ended: bool = False
     #: kernels already looked at, at their first signature only: a plan binds a kernel
     #: once per layer, with arrays of the same types, and typing the arguments of
-    #: every bind (numba's typeof, ~2 µs an array) cost a warm launch ~50 ms. A kernel
+    #: every bind (numba's typeof, array by array) would cost a warm launch a visible
+    #: share of its time. A kernel
     #: that later meets another signature compiles it here, as without this module.
     seen: set[tuple[Any, ...]] = field(default_factory=set)
     #: kernels this process's plans call, in the order bound, with the numba types of
@@ -153,7 +154,8 @@ class Ahead:
         """Ask for a job function of the spinning helpers (:mod:`.pool`) ahead, if the
         disk cache lacks it: made by the child for the next plan, or the next run,
         while this one runs its steps as numba regions (compiled here, the products'
-        and attention's jobs took SmolLM2's first run on two threads from 13 to 26 s)."""
+        and attention's jobs would make SmolLM2's first run on two threads take about
+        twice as long)."""
         origin = origin_of(job)
         if origin is None or origin in self.seen:
             return
@@ -198,7 +200,8 @@ class Ahead:
             # its own session: a Ctrl-C at the terminal is this process's to handle; the
             # child prints nothing a user would see, and outlives this process if it must
             # (what it compiles is the next run's: a child killed at a short run's exit
-            # left that run's one-thread kernels to compile in the next, 4 s of its start)
+            # would leave that run's one-thread kernels to compile in the next, seconds of
+            # its start)
             child = subprocess.Popen(
                 [sys.executable, "-m", __name__],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -232,9 +235,9 @@ class Ahead:
     def hand_over(self) -> None:
         """At exit: the kernels still wanted go to a child of their own, even while the
         last child compiles (it goes on alone). This process binds no plan again to hand
-        them over at, and a short run's were otherwise never compiled: its plan's
-        programs' jobs (:mod:`.program`), wanted while the child compiled the kernels the
-        steps call, were wanted again by the next run, again too late, and so on."""
+        them over at, and a short run's would otherwise never be compiled: its plan's
+        programs' jobs (:mod:`.program`), wanted while the child compiles the kernels the
+        steps call, would be wanted again by the next run, again too late, and so on."""
         if self.jobs and self.running():
             self.child = None
         self.start()
@@ -243,10 +246,10 @@ class Ahead:
         """Before ``kernel`` is first called: if the child has it, wait until the child
         says it is done with it (it is then in the disk cache), or has ended. Meanwhile
         this process compiles the kernels its plans call later (:meth:`will_call`) that
-        neither it nor the child has yet: SmolLM2's first run on two threads (Zen 4)
-        waits ~1.8 s for the attention kernels, time in which it now compiles its output
-        product's driver (~1.9 s), which it had compiled after the wait; then the
-        child's jobs it calls that the child has not started (:meth:`_take_back`)."""
+        neither it nor the child has yet: SmolLM2's first run on two threads waits for
+        the attention kernels about as long as its output product's driver takes to
+        compile, so it compiles that driver meanwhile rather than after the wait; then
+        the child's jobs it calls that the child has not started (:meth:`_take_back`)."""
         origin, child = origin_of(kernel), self.child
         if origin is None or child is None or child.stdout is None:
             return
@@ -266,9 +269,9 @@ class Ahead:
         process's plans call: the awaited kernel itself, else the one they call first
         (:attr:`calls`). The child skips a job whose kernel the disk cache has by the
         time it gets there. False when there is none (the child's other jobs are for
-        later plans or runs: one of them compiled here could outlast the wait). Gemma 3
-        on one thread, first run: this process waited 8.5 s for the attention job and
-        two product drivers queued behind it, idle."""
+        later plans or runs: one of them compiled here could outlast the wait). Without
+        it, Gemma 3's first run on one thread would wait seconds, idle, for the attention
+        job and two product drivers queued behind it."""
         busy = self.reported  # the job the child is compiling (it reports in order)
         first = {self.queue[i].origin: i for i in range(len(self.queue) - 1, busy, -1)
                  if i not in self.taken}  # fmt: skip

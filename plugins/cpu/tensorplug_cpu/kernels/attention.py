@@ -188,8 +188,8 @@ def _jit_rope(
     n_dims: int, scales: tuple[np.float32, np.float32, np.float32],
 ) -> Step | None:  # fmt: skip
     """The numba rope step, or None where numpy runs it (no numba, or more than one
-    sequence). numpy's ~15 calls cost ~50 µs on a generation step's one token, twice
-    per block; on a 128-token prompt of a 100M model numba took 80 µs to numpy's 215."""
+    sequence). numpy's ~15 calls are a visible cost on a generation step's one token,
+    twice per block, and numba's one loop is faster on a prompt's rows too."""
     jit = ctx.jit
     if jit is None or x.ndim < 3:
         return None
@@ -211,8 +211,8 @@ def _jit_rope(
 def exact_rows_limit() -> int:
     """The query rows up to which flash attention runs in the numba kernel when there is
     one: llama.cpp's arithmetic to the bit (``_numba_attention.attend``), the same bits
-    for a row whatever the other rows of the step. By default every step (a 128-token
-    prompt's attention costs about 2x BLAS's there); the setting
+    for a row whatever the other rows of the step. By default every step (though on a
+    prompt's many rows the exact kernel is slower than BLAS); the setting
     ``TENSORPLUG_CPU_EXACT_ATTENTION_ROWS`` lowers it, and steps above it take BLAS's
     batched products, an ulp from ggml's sums and rounded by the step's row count. Read
     when a graph's plan is built."""
@@ -289,7 +289,7 @@ def build_flash_attn_ext(
         no_mask = np.zeros((0, 0, 0, 0), np.float32)
         # One array layout for every step, so numba compiles the kernel once: a prompt's
         # q (a permuted view) is strided where a generated token's is contiguous, and
-        # each layout was a compile of its own (~30 s of a first run's CPU each). The
+        # each layout would be a compile of its own, a long one in a first run. The
         # kernel reads mask columns below ``used`` only, so the mask goes unsliced.
         q_in = q4 if q4.flags.c_contiguous else ctx.scratch(q4.shape)
         bias = no_mask if term is None else term
@@ -302,8 +302,9 @@ def build_flash_attn_ext(
         return sequence(prep, copy_q, attend)
 
     # the batched products below, on K and V widened to float32 (only here: the exact
-    # kernel above reads the cache as it is, and a new plan of SmolLM2 bound the widening
-    # of every layer's K and V for nothing, 30 × 2 views, scratch and kernel bindings)
+    # kernel above reads the cache as it is; otherwise a new plan of SmolLM2 would bind
+    # the widening of every layer's K and V for nothing, 30 × 2 views, scratch and kernel
+    # bindings)
     ctx.uses_blas = True
     k4, widen_k = _widened(ctx, k_t, jit)
     v4, widen_v = _widened(ctx, v_t, jit)

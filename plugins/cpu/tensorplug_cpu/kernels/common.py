@@ -79,8 +79,8 @@ class BuildContext:
         self._pool: list[np.ndarray] = []
         self._slot = 0
         #: whether a step calls numpy's BLAS (a builder that binds one says so): only
-        #: then does a compute pin BLAS to one thread around the plan (~4 µs a compute,
-        #: more with the caches cold, every generated token)
+        #: then does a compute pin BLAS to one thread around the plan (a cost paid at
+        #: every compute, every generated token, higher with the caches cold)
         self.uses_blas = False
 
     def begin_node(self) -> None:
@@ -90,7 +90,7 @@ class BuildContext:
     def scratch(self, shape: tuple[int, ...], dtype: np.dtype | type = F32) -> np.ndarray:
         """An uninitialised array for temporaries of the current node's step."""
         dt = np.dtype(dtype)
-        count = math.prod(shape)  # np.prod costs ~10 µs a call, and plans make hundreds
+        count = math.prod(shape)  # np.prod is far slower on a tuple, and plans make hundreds
         need = max(1, count * dt.itemsize)
         if self._slot == len(self._pool):
             self._pool.append(np.empty(0, np.uint8))
@@ -98,8 +98,8 @@ class BuildContext:
         if raw.size < need:
             # a bigger array for this slot from now on; earlier views keep the old one.
             # It is kept cache-line aligned, like host tensors: its start is cut to a
-            # multiple of 64 here, once (``ctypes.data`` per call cost ~1 µs, three
-            # times a product, of every new plan)
+            # multiple of 64 here, once (``ctypes.data`` is slow to ask, and a call would
+            # ask it three times a product, of every new plan)
             spare = np.empty(need + 64, np.uint8)
             skip = -spare.ctypes.data % 64
             raw = self._pool[self._slot] = spare[skip : skip + need]

@@ -90,12 +90,12 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
         (a[i], rows_u[i], out[i]) for i in itertools.product(*(range(d) for d in a_t.shape[:-2]))
     ]
     t = a_t.type
-    # numba decodes a token's embedding row in microseconds; the numpy codec spends
-    # ~200 µs setting up for one row, every generated token
+    # numba decodes a token's embedding row in microseconds; the numpy codec spends far
+    # longer setting up for one row, every generated token
     jit = ctx.jit if ctx.jit is not None and ctx.jit.supports(t) else None
     file_rows = _file_rows(a_t)
     # the rows are gathered into a scratch array of each batch's where numba decodes them
-    # (its decoder bound once here: at each call it was ~10 µs of every generated token)
+    # (its decoder bound once here: bound at each call, it would cost every generated token)
     # or where they are read from the file
     taken_by: dict[int, np.ndarray] = {}
     decoders: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
@@ -256,8 +256,8 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
             return SetRowsStep(node, jit, raw, values, signed)
 
     def run_few() -> None:
-        # a generation step's one row per cache: Python ints beat numpy's masks
-        # (~12 -> ~4 µs); the same check-everything-first rule as run()
+        # a generation step's one row per cache: Python ints beat numpy's masks on so few
+        # values; the same check-everything-first rule as run()
         lists = [(idx.astype(np.int64) if signed64 else idx.view(np.int32)).tolist()
                  for _, _, idx in batches]  # fmt: skip
         for (table, _, _), ids in zip(batches, lists, strict=True):

@@ -18,7 +18,7 @@ one this CPU gets. The IR modules choose that form themselves when they compile
 (``_numba_ir.HAS_*``), from the same probe.
 
 The row limits are here too: :data:`MATVEC_MAX_TOKENS_BY_TYPE` and
-:data:`FLOAT_MATVEC_MAX_TOKENS`, measured where the fused kernels stop beating
+:data:`FLOAT_MATVEC_MAX_TOKENS`, set where the fused kernels stop beating
 decoding and BLAS, and :data:`INT8_ROWS`, the weight rows each integer kernel takes at
 a time (the numba kernels compile these in, so the kernel cache hashes this file).
 """
@@ -86,19 +86,18 @@ FLOATS = (Type.F32, Type.F16, Type.BF16)
 # -- the limits -------------------------------------------------------------------------------
 
 #: Up to this many activation rows, F32, F16 and BF16 weights take the numba kernels that
-#: read each weight once (:mod:`._numba_fmatvec`): on one Zen 4 core, sixteen 4096×768
-#: matrices streamed at 33 GB/s for one row against 17 for BLAS's sgemv (F16: 1.2,
-#: widened first), 7 against 5 at eight rows.
+#: read each weight once (:mod:`._numba_fmatvec`): they stream the weights faster than
+#: BLAS's sgemv, about twice as fast for one row and still ahead at eight, and far faster
+#: for F16, which BLAS takes only widened first.
 FLOAT_MATVEC_MAX_TOKENS = 8
 #: Up to this many activation rows, quantized weights use the fused matvec kernels...
 MATVEC_MAX_TOKENS = 8
 #: ... and up to these many for the types whose integer kernels stay ahead of decoding
 #: the matrix and calling BLAS for longer. A fused kernel's cost grows with each row, a
-#: decode's is paid once; on the 2-core dev machine (768×2048 and 2048×768, 1 and 2
-#: threads), the fused kernel took 0.62–0.88 of the time at 12 and 16 rows for Q4_0 and
-#: Q4_K, about 1.0 at 24; 0.74–1.00 at 12 rows for Q4_1, Q8_0 and Q6_K, 0.9–1.2 at 16;
-#: Q5_0 and Q5_1 were already 1.01–1.15 at 12. Short prompts (a chat turn) gain most:
-#: a Q4_K product of 12 rows went from 1.03 to 0.74 ms on one core.
+#: decode's is paid once: for Q4_0 and Q4_K the fused kernel is clearly ahead at 12 and
+#: 16 rows and even at about 24; for Q4_1, Q8_0 and Q6_K it is ahead or even at 12 rows
+#: and even or behind at 16; Q5_0 and Q5_1 are already behind at 12, so they keep
+#: :data:`MATVEC_MAX_TOKENS`. Short prompts (a chat turn) gain most.
 MATVEC_MAX_TOKENS_BY_TYPE: Mapping[Type, int] = {
     Type.Q4_0: 16, Type.Q4_K: 16, Type.Q4_1: 12, Type.Q8_0: 12, Type.Q6_K: 12,
 }  # fmt: skip
@@ -194,8 +193,7 @@ TABLE: tuple[Path, ...] = (
         "one activation by several matrices; only the model's types compiled): tiles of 8 "
         "weight rows × 1–8 activation rows (`tile_rows`)",
         "eight rows' codes in one 32-byte load, each row's sum in a lane of its own: "
-        "faster than decoding and BLAS even for prompts (a 128-token prompt's Q4_0 "
-        "products 1.6–1.9× on one Zen 4 core, Q8_0 1.4–1.6×)",
+        "faster than decoding and BLAS even for a prompt's products",
         {"vnni": "`vpdpbusd`",
          "avx2": "`vpmaddubsw` + `vpmaddwd` (16-bit sums widened before they overflow)",
          "portable": "widening vector IR LLVM lowers for the host"},
@@ -219,7 +217,7 @@ TABLE: tuple[Path, ...] = (
         "activations quantized as ggml does for the type (Q8_0, Q8_1, Q8_K: see the "
         "rounding table) and integer dot products, each block "
         "decoded in registers, the matrix read once: ahead of decoding and BLAS up to the "
-        "row limit (a Q4_K product of 12 rows: 0.74 ms against 1.03 on one core)",
+        "row limit",
         _INT8_FORMS,
     ),
     Path(
@@ -234,8 +232,8 @@ TABLE: tuple[Path, ...] = (
         FLOAT_MATVEC, FLOATS, PLAIN, FLOAT_MATVEC_MAX_TOKENS,
         frozenset({NUMBA, MATRIX, UNIT_STRIDE}),
         "`_numba_fmatvec.matvec_float` (`_serial` on one thread)",
-        "each weight read once, F16 and BF16 widened in registers: 33 GB/s for one row "
-        "against 17 for OpenBLAS's sgemv, where F16 weights had to be widened first",
+        "each weight read once, F16 and BF16 widened in registers: faster than OpenBLAS's "
+        "sgemv, which takes F16 weights only widened first",
         {"*": f"8-wide float IR; {_F16}"},
     ),
     Path(
@@ -246,7 +244,7 @@ TABLE: tuple[Path, ...] = (
     Path(
         F16_WIDEN, (Type.F16,), PLAIN, None, frozenset({NUMBA, MATRIX}),
         "`JitKernels.widen_f16` per chunk of weight rows, then BLAS",
-        "numpy widened F16 at ~2 ns a value, most of a prompt's time",
+        "numpy's widening of F16 would be most of a prompt's time",
         {"*": _F16},
     ),
     Path(
@@ -265,8 +263,8 @@ TABLE: tuple[Path, ...] = (
         PLAIN, None, frozenset({NUMBA, CONTIGUOUS}),
         "`_numba_decode.dequantize_rows32`, `dequantize_{type}_rows` per chunk of weight "
         "rows, then BLAS",
-        "one load, integer unpacking, one conversion and one multiply a block (a 128×768 "
-        "Q4_0 chunk: 19 µs, 49 in scalar loops), bit-identical to `tensorplug.quants`",
+        "one load, integer unpacking, one conversion and one multiply a block (more than "
+        "twice as fast as scalar loops), bit-identical to `tensorplug.quants`",
         {"*": "LLVM vectors of 16 or 32 floats"},
     ),
     Path(
@@ -321,7 +319,8 @@ def _first(t: Type, layout: str, rows: int, facts: frozenset[str]) -> Path:
     )
 
 
-@functools.lru_cache(maxsize=4096)  # plans ask per chunk of a prompt's weights: ~0.3 µs, not 3
+# plans ask per chunk of a prompt's weights: a hit skips walking the table
+@functools.lru_cache(maxsize=4096)
 def select(
     t: Type,
     layout: str,

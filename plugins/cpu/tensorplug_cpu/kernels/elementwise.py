@@ -258,10 +258,9 @@ def _jit_glu(
 ) -> Step | None:
     """The numba step for swiglu and geglu, any row count, or None where numpy runs it.
     Both loops are numba's for prompts too: SwiGLU's is vectorised (its exp is a
-    polynomial), a 100M model's 128-token prompt (128×2048 values) took 0.73 ms in numpy
-    and takes 0.35; geglu's f16-table lookup took numpy ~1.1 ms there (its f16 rounding
-    alone 0.64, then a gather through int64 indices and the clamps' masks, each a pass
-    over the values) against numba's 0.21 in one pass (one Zen 4 core)."""
+    polynomial), about twice as fast as numpy's on a prompt; geglu's f16-table lookup is
+    several passes over the values in numpy (its f16 rounding, the costliest, then a
+    gather through int64 indices and the clamps' masks) against numba's one."""
     fn, n = GluOp(node.op_params["fn"]), node.shape[-1]
     if ctx.jit is None or not ctx.jit.has_glu(fn):
         return None

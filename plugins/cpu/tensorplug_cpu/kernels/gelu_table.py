@@ -45,8 +45,8 @@ def _build_table() -> np.ndarray:
 @functools.cache
 def gelu_f16_table() -> np.ndarray:
     """``ggml_table_gelu_f16`` widened to float32, indexed by an f16 value's bits (read
-    only). Built when first asked for, by a model with GELU: building it took 1.8 ms of
-    every launch (2-core Zen 4) when it was made with the module."""
+    only). Built when first asked for, by a model with GELU: built with the module, it
+    would cost every launch its building time, with GELU or without."""
     table = _build_table()
     table.flags.writeable = False
     return table

@@ -12,9 +12,9 @@ type is the table of :mod:`.dispatch`: this module binds what it chooses.
 The kernels are held by reference (:mod:`.kernel_refs`), and run from their kept
 machine code (:mod:`.kept_code`) where an earlier process kept it: where numba has run
 in this cache folder before with these versions (:func:`.kernel_refs.kept_code_ready`), numba's
-Python package is not imported at all until a kernel is not kept (issue 42: a 100M
-model's launch to its first token, 2-core dev machine, ~0.6 → ~0.45 s); elsewhere (a
-first run) it is imported at once, as before, and a numba that fails to import leaves
+Python package is not imported at all until a kernel is not kept (its import is a
+large share of a small model's launch to its first token); elsewhere (a first run) it
+is imported at once, and a numba that fails to import leaves
 the numpy kernels, saying why.
 
 Decoding matches :mod:`tensorplug.quants` bit for bit (same float32 operations in the
@@ -212,8 +212,8 @@ class JitKernels:
         self, t: Type, blocks: np.ndarray, x: np.ndarray, out: np.ndarray
     ) -> Callable[[], None]:
         """:meth:`matvec` with everything but the arithmetic done once: a graph plan
-        calls the result every compute (at ~40 µs of Python per call unbound, small
-        matrices spent more time here than in their kernel). The kernel is the table's
+        calls the result every compute (unbound, each call's Python would take small
+        matrices longer than their kernel). The kernel is the table's
         fused path for ``t`` (the caller keeps ``x``'s rows within its limit)."""
         rows = block_rows(blocks)
         if rows is None or fused_path(t, blocks_contiguous=True) == FLOAT_FUSED:
@@ -326,7 +326,7 @@ class JitKernels:
     def widen_f16(self, src: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out[...] = src`` for 2-d float16 ``src`` into float32 ``out`` (unit-stride
         rows), eight values per ``vcvtph2ps`` where the CPU has F16C: numpy's conversion
-        took ~2 ns a value, a prompt's F16 weights most of its time. Returns ``out``."""
+        would be most of the time of a prompt on F16 weights. Returns ``out``."""
         self._call(_WIDEN_WEIGHTS, self._widen_f16_rows, src.view(np.uint16)[None, None],
                    out[None, None], src.shape[0], _F16_TO_F32)  # fmt: skip
         return out
@@ -344,9 +344,9 @@ class JitKernels:
     ) -> Callable[[], None] | None:
         """:meth:`bind_matvec` for up to :data:`MAX_SIBLINGS` products ``(t, blocks, out)``
         of the same ``x``, run as one: ``x`` is quantized once and, on more than one
-        thread, every row of every matrix is shared out in one parallel region (on the
-        2-core dev machine a 100M model's Q, K and V took 26 µs so instead of 40 one by
-        one). Each row is computed as :meth:`bind_matvec` computes it, to the bit. None
+        thread, every row of every matrix is shared out in one parallel region (one
+        wake-up and one quantization, not three: a layer's Q, K and V run markedly
+        faster so). Each row is computed as :meth:`bind_matvec` computes it, to the bit. None
         when the products cannot go together: a type or layout the integer kernels do not
         take, a matrix of fewer than four rows, or arrays numba would type differently."""
         if not 2 <= len(products) <= MAX_SIBLINGS or x.dtype != np.float32:
@@ -414,7 +414,8 @@ class JitKernels:
     ) -> Callable[[], None]:  # fmt: skip
         """Repacked products of a few rows ``x`` on more than one thread: a job of the
         spinning helpers (:mod:`.pool`), which starts in well under a microsecond where
-        the numba ``region`` woke its worker in 5-10 µs (~50 products a token). Each
+        the numba ``region`` takes microseconds to wake its worker (dozens of products a
+        token). Each
         group is computed as the drivers compute it, so the bits are theirs. ``region``
         itself when the step is not one for them: many rows (a prompt's products are
         long, and their activations are quantized apart), numba on one thread,
@@ -473,8 +474,8 @@ class JitKernels:
 
         On a first run the second process compiles the one-thread kernels (:mod:`.ahead`)
         after the parallel ones this process needs first; the thread governor's
-        one-thread warm-up step then waited for them, 4.5 s of SmolLM2's first run on the
-        dev machine (18.6 s to the first token, 14.1 with ``-t 2``). So while the child
+        one-thread warm-up step would then wait for them, a large share of SmolLM2's
+        first run. So while the child
         has ``serial`` still to finish and ``parallel`` has run here, ``parallel`` runs."""
         if serial in self._serial_ok:
             return True
@@ -513,10 +514,10 @@ class JitKernels:
         (:meth:`.ahead.Ahead.will_call`). A kernel the plan first calls after its first
         attention goes to the second process (rank 0: after the attention job, before
         the kernels of other thread counts): this process compiles in the order the
-        steps call, so the second one takes what they call last. Gemma 3 on two
-        threads, first run: its output product's driver (Q6_K, 8 s) was compiled here
-        after the wait for the attention job, while the second process compiled the
-        one-thread drivers the run did not need yet; 25-26 s to the first token."""
+        steps call, so the second one takes what they call last. Otherwise Gemma 3's
+        first run on two threads would compile its output product's driver (Q6_K, a
+        long compile) here after the wait for the attention job, while the second
+        process compiles the one-thread drivers the run does not need yet."""
         if not isinstance(call, partial) or len(call.args) < 2:  # (a KernelCall is one)
             return
         kernel, args = call.args[1], call.args[2:]
@@ -533,9 +534,9 @@ class JitKernels:
         that a step or a later run at that count loads it rather than compiling it: on
         more threads the one-thread kernel (the thread governor's trial steps), on one
         thread of a process that may run more (``NUMBA_NUM_THREADS`` > 1) the multi-thread
-        one, after everything this run calls. A 100M Q5_K model's first run at ``-t 2``
-        after one at ``-t 1`` compiled its sibling products kernel for 20 s before its
-        first token (2-core Emerald Rapids VM)."""
+        one, after everything this run calls. Otherwise a small Q5_K model's first run
+        at ``-t 2`` after one at ``-t 1`` would compile its sibling products kernel, tens
+        of seconds, before its first token."""
         if self.n_threads == 1 and self.max_threads < 2:
             return
         if isinstance(call, partial) and len(call.args) >= 2:
@@ -573,9 +574,9 @@ class JitKernels:
         """:meth:`want_ahead` for both attention kernels with :meth:`attend`'s arguments:
         a layer reaches attention after its first products, and those compile here
         meanwhile. The one-thread kernel goes first at any thread count: it compiles
-        sooner (8 s against 13 for the parallel one, stop 57's kernel on the dev
-        machine), and :meth:`attend` runs it on more threads too until the parallel one
-        is done (the same bits), so a first two-thread run waits for the shorter."""
+        sooner than the parallel one, and :meth:`attend` runs it on more threads too until
+        the parallel one is done (the same bits), so a first two-thread run waits for the
+        shorter."""
         args = (q, k, v, mask, order, 0, 1.0, 0.0, DOT_LANES, out, _F16_TO_F32)
         self.want_ahead(self._attend_serial, *args, rank=-1)
         self.want_ahead(self._attend, *args, self.n_threads, rank=0)
@@ -587,9 +588,9 @@ class JitKernels:
     ) -> None:  # fmt: skip
         """Flash attention for a few query rows (:func:`._numba_attention.attend`); on
         one thread the serial kernel, which opens no parallel region. (Serial on two
-        threads as well, a 100M model's short-context attention was slower in the
-        model, not faster: 25 µs a layer at best, as in isolation, but 61 µs median
-        against 28 when shared, its cache rows often evicted by the products.)"""
+        threads as well, a small model's short-context attention is slower in the
+        model, not faster: as fast as shared in isolation, but far slower in a step,
+        its cache rows often evicted by the products.)"""
         serial = self._attend_serial
         if (self.n_threads == 1 and (
             serial in self._serial_ok or self._serial_ready(serial, _ATTENTION)
@@ -620,11 +621,11 @@ class JitKernels:
         ``out``: the job function :func:`._numba_attention.attend_job` at every thread
         count, alone on one thread, else shared with the spinning helpers (:mod:`.pool`),
         else as a numba region. One compiled body for all three: numba links a callee's
-        code into each caller and optimizes it again, so the one-thread and the
-        parallel kernels each compiled the whole body once more (8 and 13 s of a first
-        run's CPU on the dev machine, beside the job's 9; 7 now), and each was a
-        disk-cache load at every launch. Anything else (an F32 cache, no mask): :meth:`attend`.
-        The same tasks and arithmetic either way, so the same bits."""
+        code into each caller and optimizes it again, so separate one-thread and
+        parallel kernels would each compile the whole body once more, each about as long
+        as the job itself, and each be a disk-cache load at every launch. Anything else
+        (an F32 cache, no mask): :meth:`attend`. The same tasks and arithmetic either
+        way, so the same bits."""
         self._attention_bound = True
         halves = (k, v, visible, mask)
         if (any(a is None or a.dtype != np.uint16 or a.ndim != 4 for a in halves)
@@ -691,9 +692,9 @@ class JitKernels:
         None. Only a generation step's few rows: a prompt's steps (from
         ``QUANTIZE_APART_ROWS``) are numba regions, products and attention alike, since
         a helper woken between TBB's regions, whose worker spins on the other core
-        after each, came too late to take a share (a 128-row prompt's attention of
-        Gemma 3, two threads: 1.0-1.5 ms on the helpers, as on one thread, against 0.8
-        as a region and 0.6 on helpers called back to back)."""
+        after each, comes too late to take a share (a prompt's attention of Gemma 3 on
+        two threads runs no faster on the helpers than on one thread, and faster as a
+        region)."""
         if rows >= QUANTIZE_APART_ROWS or self.max_threads < 2 or not SPIN.get():
             return None
         from .pool import spin_pool
@@ -719,11 +720,11 @@ class JitKernels:
         numba region of its job on more than one thread, and run as it is on one; None
         while numba's disk cache lacks the job (the compile-ahead process makes it).
 
-        Where it ran as one thread's loop, or numpy's (a 100M model's 128-token prompt
-        on two threads, dev machine: its norms, rope, SwiGLU and residual adds, 11 % of
-        the prompt, took as long as on one thread; the worker pool's sleeping threads
-        woke too late to help), the two threads now share them, each chunk computing its
-        rows as the step does."""
+        As one thread's loop, or numpy's, a small model's prompt on two threads would run
+        its norms, rope, SwiGLU and residual adds, a noticeable share of the prompt, as
+        slowly as on one thread (the worker pool's sleeping threads wake too late to
+        help); here the threads share them, each chunk computing its rows as the step
+        does."""
         job = job_ref(("step_job", spec.name))
         if not self._job_ready(job):
             return None
@@ -920,16 +921,16 @@ class JitKernels:
     ) -> Callable[[np.ndarray], np.ndarray]:
         """``decode(out)`` of these blocks, returning ``out``, with everything that depends
         on the blocks alone chosen here, once (a plan binds each chunk of a prompt's
-        product when it is built: chosen per call, this cost ~10 µs of Python with the
-        GIL held). The table's decoding path says which kernel: vectors
-        (:mod:`._numba_decode`) for the types that have them when each row's blocks lie
-        contiguous, scalar loops otherwise.
+        product when it is built: chosen per call, this would cost microseconds of Python
+        with the GIL held, at every call). The table's decoding path says which kernel:
+        vectors (:mod:`._numba_decode`) for the types that have them when each row's
+        blocks lie contiguous, scalar loops otherwise.
 
         ``out``: the array the step will decode into, where the caller knows it: the
         kernel's first call is then noted (:meth:`expect`), so that preparing the plan
-        loads it. Loaded at a prompt's first call instead, it was ~5 ms of the first
-        prompt (numba's extension entry points, read at a dispatcher's first call by
-        arguments, and the kernel)."""
+        loads it. Loaded at a prompt's first call instead, it would add its loading time
+        to the first prompt (numba's extension entry points, read at a dispatcher's first
+        call by arguments, and the kernel)."""
         if blocks.ndim > 3:  # one call per matrix
             parts = [(idx, self.bind_dequantize(t, blocks[idx])) for idx in
                      np.ndindex(blocks.shape[:-3])]  # fmt: skip
@@ -1026,8 +1027,8 @@ class JitKernels:
 
     def settle(self) -> None:
         """After a compute: if a kernel was loaded or compiled during it, LLVM's code
-        that doing so paged in is dropped again (:mod:`.llvm_pages`): 20-45 MB of RSS
-        per load, which a process with its kernels loaded does not run."""
+        that doing so paged in is dropped again (:mod:`.llvm_pages`): tens of megabytes
+        of RSS per load, which a process with its kernels loaded does not run."""
         if self._llvm_ran:
             self._llvm_ran = False
             _release_llvm_pages()
@@ -1078,8 +1079,9 @@ class KernelCall(partial[Any]):
     ``_call``'s (the kernel loaded from kept code, or by numba, and kept), and later
     ones call what runs these arguments' types at once (the kept code itself,
     :meth:`.kernel_refs.KernelRef.for_types`), not the kernel's reference, which keys
-    every call by its arguments' types (1-4 µs: a 100M model's token on one thread makes
-    ~80 of them, ~10 % of its time, where numba's dispatcher took 0.5 µs). A partial,
+    every call by its arguments' types (a few microseconds, several times numba's
+    dispatcher, and a small model's token on one thread makes ~80 such calls, a
+    noticeable share of its time). A partial,
     whose ``args`` are ``(what, kernel, *arguments)``, for the binder to read."""
 
     _run: Callable[..., Any] | None

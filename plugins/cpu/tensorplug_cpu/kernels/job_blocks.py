@@ -5,7 +5,7 @@ A job of the spinning helpers (:mod:`._numba_pool`) reads an ``int64`` block by 
 a program (:mod:`.program`) is rows of jobs; the helpers poll a mailbox. Binding a plan
 writes those blocks, and needs their layouts, but not numba: with every kernel kept
 (:mod:`.kept_code`), a launch binds its plans and runs them without importing numba's
-Python package (issue 42: its import is ~120 ms of a ~0.6 s launch). So the layouts
+Python package, whose import is a large share of a small model's launch. So the layouts
 live here, and the compiled modules (:mod:`._numba_pool`, :mod:`._numba_jobs`,
 :mod:`._numba_repack`, :mod:`._numba_attention`) take them from here; this file is one
 of the kernels' sources (:data:`.kernel_identity.SOURCES`), since their machine code
@@ -127,8 +127,8 @@ OWN_SUMS = frozenset({Type.Q2_K, Type.Q5_K, Type.Q6_K})
 #: ... of those, the types whose sums cover 16 values (``xs`` a column per 16), not 32
 SUMS_OF_16 = frozenset({Type.Q2_K, Type.Q6_K})
 #: activation rows from which a repacked product's are quantized on numba's threads
-#: (:func:`._numba_repack.quantize_rows`) rather than by the product's driver on one: a
-#: 128-token prompt took 3-6% longer on two threads with one thread quantizing
+#: (:func:`._numba_repack.quantize_rows`) rather than by the product's driver on one:
+#: with one thread quantizing, a 128-token prompt on two threads is slower
 QUANTIZE_APART_ROWS = 16
 
 
@@ -207,13 +207,13 @@ def job_parts(n_hk: int, group: int, runs: int, threads: int) -> tuple[int, int]
     ggml's cache holds each cell's KV heads side by side, and a task that takes them
     all reads it as it lies, a K or V row once for every query head of its group.
     Single query heads (``unit = 1``) only where a thread would have no KV head at all:
-    Gemma 3 (1 KV head) on two threads ran its four query heads on one thread; now 2 :
-    2, both threads reading the head's rows (its generation at a 2000-cell context on
-    the dev machine, alternated processes: 80.8 against 75.0 tokens/s). Where the KV
-    heads are as many as the threads but do not divide among them, query heads split
-    the compute evenly but read the shared head's rows twice, from memory at a long
-    context: SmolLM2 (3 KV heads) on two threads, 86.5 against 94.6 tokens/s, so its
-    heads stay 1 : 2. Any split gives the same bits."""
+    Gemma 3 (1 KV head) on two threads would run its four query heads on one thread;
+    split 2 : 2, both threads read the head's rows, and its generation at a long context
+    is faster for it. Where the KV heads are as many as the threads but do not divide
+    among them, query heads would split the compute evenly but read the shared head's
+    rows twice, from memory at a long context, which costs more than the uneven split:
+    SmolLM2 (3 KV heads) on two threads generates faster with its heads 1 : 2, so they
+    stay so. Any split gives the same bits."""
     if threads == 1:
         return group, 1
     if n_hk >= threads or runs >= threads:

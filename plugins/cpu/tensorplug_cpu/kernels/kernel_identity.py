@@ -1,11 +1,11 @@
 """What a kernel's kept machine code (:mod:`.kept_code`) is filed under, known without
 importing numba.
 
-A launch that loads every kernel from kept code should not need numba's Python package
-at all (issue 42: its import is ~120 ms of a ~0.6 s launch on the 2-core dev machine).
-Until now an entry was named by numba's own cache key, which only numba computes. Here
-is the same information, computed the same way by the process that keeps an entry
-(numba imported) and by one that loads it (numba perhaps not):
+A launch that loads every kernel from kept code should not need numba's Python package at
+all: its import is a large share of a small model's launch. numba's own cache key would
+name an entry, but only numba computes it. Here is the same information, computed the
+same way by the process that keeps an entry (numba imported) and by one that loads it
+(numba perhaps not):
 
 - the kernel's *origin* (:func:`origin_of`: a module's kernel by module and name,
   a factory's by the tag it puts on what it makes), and the sha256 of the source file

@@ -2,8 +2,8 @@
 imported, from the machine code kept for them (:mod:`.kept_code`).
 
 The kernels are numba dispatchers, made when their module (``_numba_*.py``) is imported,
-and that import is numba's (issue 42: ~120 ms of a ~0.6 s launch of a 100M model on
-the 2-core dev machine, where llama.cpp's whole launch is ~0.3 s). A :class:`KernelRef`
+and that import is numba's: a large share of a small model's launch, where llama.cpp
+reaches its first token sooner (docs/performance.md has the figures). A :class:`KernelRef`
 names a kernel by its origin (:func:`.kernel_identity.origin_of`) and runs the code
 kept for the types of its arguments, loaded with llvmlite and numba's C runtime alone;
 asked for anything else (a call with types nothing was kept for, numba's attributes),
@@ -14,7 +14,7 @@ what a step needs. There is one ref per origin (:func:`kernel_ref`, :func:`job_r
 a ref is the kernel's identity in sets and dicts, as the dispatcher was.
 
 A call through a ref whose numba dispatcher is not there costs the argument types'
-key (:func:`.kept_code.arg_key`, 1-4 µs) on top of the kernel; a step bound to fixed
+key (:func:`.kept_code.arg_key`, a few microseconds) on top of the kernel; a step bound to fixed
 arguments pays it once (:meth:`KernelRef.for_types`, :class:`.jit.KernelCall`).
 """
 

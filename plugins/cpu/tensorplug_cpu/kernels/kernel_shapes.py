@@ -36,9 +36,8 @@ HALF_PRODUCTS = 1 << 9
 
 #: Weight rows each integer kernel takes at a time (``rows{n}_dot_{type}`` of
 #: :mod:`._numba_introw`); its keys are the types that have one. Q8_0 and Q6_K carry the
-#: most bytes per value and the least unpacking: four rows streamed side by side came
-#: from memory slower than one row read straight through (thirty-two 4096×768 Q8_0
-#: matrices on one core: 11.2 ms four at a time, 7.2 one at a time).
+#: most bytes per value and the least unpacking: four rows streamed side by side come
+#: from memory slower than one row read straight through, so their kernels take one.
 INT8_ROWS: Mapping[Type, int] = {
     Type.Q4_0: 4, Type.Q4_1: 4, Type.Q5_0: 4, Type.Q5_1: 4, Type.Q8_0: 1, Type.Q4_K: 4,
     Type.Q6_K: 1,

@@ -19,8 +19,8 @@ BLAS through ``numpy.matmul`` on float32, on one thread per call:
   :data:`TILE_ELEMS`) and run one BLAS call per batch entry on the pool.
 * Weights stored repacked (``CPU_REPACK``, :mod:`..repack`) take the integer kernels of
   :mod:`._numba_repack` for any number of activation rows, prompts too: eight rows at a
-  time against up to four activation rows, faster than decoding and BLAS (a 128-token
-  prompt's Q4_0 products ran 1.6–1.9× faster on one Zen 4 core, Q8_0 1.4–1.6×).
+  time against up to four activation rows, faster than decoding and BLAS even for a
+  prompt's products.
 
 Batch broadcasting: ``b``'s batch extents are multiples of ``a``'s and batch ``j`` of
 ``b`` uses batch ``j // ratio`` of ``a``. Splitting each of ``b``'s batch axes into
@@ -84,10 +84,9 @@ TILE_ELEMS = 1 << 22
 #: elements (512 KiB: a core's L2, so the BLAS call after the decoding reads from cache).
 CHUNK_ELEMS = 1 << 17
 #: ... but no fewer weight rows than this while each thread still gets two chunks: BLAS
-#: runs a narrow product slowly. On one core of the dev machine, decoding and multiplying
-#: a 128-token prompt by a 2048×5632 Q4_K matrix in chunks of 32 rows (what the element
-#: count alone gave) ran at 49 GFLOP/s, in chunks of 64 at 67 and of 128 at 60–72 over
-#: four shapes, Q4_0 and Q4_K alike (a chunk then outgrows L2; L3 still holds it).
+#: runs a narrow product slowly. Decoding and multiplying a prompt by a Q4_0 or Q4_K
+#: matrix in chunks of the 32 rows that the element count alone gives runs markedly
+#: slower than in chunks of 64 or 128 (a chunk then outgrows L2; L3 still holds it).
 MIN_CHUNK_ROWS = 128
 #: Below this many multiply-adds (plus decoded weights) a 2-d product is one chunk: the
 #: pool's hand-off (tens of microseconds) would cost more than it saves.
@@ -208,8 +207,8 @@ def _rounded(
     ctx: BuildContext, t: Type, load_b: Step | None, b4: np.ndarray, jit: CompiledKernels | None
 ) -> tuple[Step | None, np.ndarray, np.ndarray | None]:
     """``b4`` rounded as ggml rounds activations for ``t`` weights (:mod:`.activations`)
-    into a scratch array after ``load_b`` (by numba where it can: numpy's rounding cost
-    a 128-token prompt's Q4_1 products ~0.2 ms each): that step, the array (``b4``
+    into a scratch array after ``load_b`` (by numba where it can: numpy's rounding is a
+    visible share of a prompt's Q4_1 products): that step, the array (``b4``
     itself for F32 weights, which take the activations as they are), and for Q4_1/Q5_1
     the array that holds Q8_1's :func:`~.activations.q8_1_offset_correction` once the
     step has run (None for the other types)."""

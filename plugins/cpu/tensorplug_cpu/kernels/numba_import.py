@@ -1,7 +1,7 @@
 """numba's Python package, imported where the plugin first needs it.
 
 A launch whose kernels are all kept (:mod:`.kept_code`) runs them without numba's Python
-package (issue 42: its import is ~120 ms of a ~0.6 s launch on the 2-core dev machine);
+package, whose import is a large share of a small model's launch;
 anything else (a kernel to compile or to load from numba's cache, a compile-ahead
 child to feed) imports it here, once, in the same way wherever it happens: ``coverage``
 hidden while it imports (:func:`_no_idle_coverage`), the threading layer the plugin
@@ -58,8 +58,8 @@ def numba_module() -> Any:
 def _no_idle_coverage() -> Iterator[None]:
     """numba's import imports ``coverage`` wherever it is installed (a developer's or a
     CI's environment), only to hand the lines it compiles to a coverage run in progress:
-    40-80 ms of every launch on the dev machine (numba's import: 175-220 ms with it,
-    136-141 without). No run can be in progress while ``coverage`` is not imported, so
+    importing ``coverage`` makes numba's import markedly slower, at every launch.
+    No run can be in progress while ``coverage`` is not imported, so
     for the length of numba's import it is not to be found (``sys.modules`` holding
     None makes ``import coverage`` fail as if it were not installed). A run that
     ``coverage`` or pytest-cov starts has imported it first, and numba sees it as ever;

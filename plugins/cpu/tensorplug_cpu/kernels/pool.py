@@ -3,11 +3,11 @@
 A generation step on more than one thread runs its few-row products as jobs here
 rather than as numba parallel regions: the helpers (the thread count less one) spin on
 a shared mailbox for ~2 ms after each job, so the next product reaches them in under a
-microsecond where a TBB region took 5-10 µs to wake its sleeping worker, ~50 times a
-token (:mod:`._numba_pool` has the protocol and the figures). After that they sleep on
+microsecond where a TBB region takes microseconds to wake its sleeping worker, dozens of
+times a token (:mod:`._numba_pool` has the protocol and the reasons). After that they sleep on
 an event until the next job wakes them, so an idle process burns no core; and sooner
 where a yield shows that another thread wanted their core (a busy machine: spinning
-there took the calling thread's share of it).
+there takes the calling thread's share of it).
 
 The protocol is claim-based: the caller computes every chunk nobody else has claimed,
 and waits only for chunks a helper has started. A helper descheduled by a busy machine,
@@ -40,8 +40,8 @@ _RUN_PROGRAM = module_kernel("_numba_pool", "run_program")
 #: enough that claiming (a compare-and-swap on a line every core touches) stays cheap.
 CHUNKS_PER_THREAD = 4
 #: Work units (groups of eight weight rows) per chunk at least, and chunks at most: a
-#: large product (the output layer's 4,000 groups) in chunks of ~5 µs, so the thread
-#: that finishes first waits for at most one of them.
+#: large product (the output layer's 4,000 groups) in chunks of a few microseconds, so
+#: the thread that finishes first waits for at most one of them.
 UNITS_PER_CHUNK, MAX_CHUNKS = 32, 64
 
 

@@ -1,19 +1,18 @@
 """A generation step's graph as one compiled call: the plan's steps lowered to jobs.
 
 A plan runs a Python call a node: ~140 calls a token for a 100M model, 514 for SmolLM2,
-each 1.5-3 µs of dispatch around a kernel that, for the few rows of a generation step,
-often computes in less (a 768-wide norm, a residual add). The products and attention
-already run as jobs of the spinning helpers (:mod:`.pool`): a compiled function by
-address over an argument block. Here the small steps become jobs as well
-(:mod:`._numba_jobs`), and a run of consecutive job steps becomes one
-:class:`Program`: a table of (function, block, chunks, flags) that
-:func:`._numba_pool.run_program` walks in one call, the helpers spinning from one
-product to the next. In the models measured (SmolLM2, the benchmark's 100M, 270M and
-660M models), one sequence's step or a batch's, every node is a job, the token's
-embedding row too (read from the file with ``pread`` inside the job, as the step reads
-it; Gemma's scaling of it a binary job by a one-element operand), so a token is one call
-into compiled code; a node of another architecture without a job form splits its
-program in two.
+each Python's dispatch around a kernel that, for the few rows of a generation step, often
+computes in less time than that dispatch (a 768-wide norm, a residual add). The products
+and attention already run as jobs of the spinning helpers (:mod:`.pool`): a compiled
+function by address over an argument block. Here the small steps become jobs as well
+(:mod:`._numba_jobs`), and a run of consecutive job steps becomes one :class:`Program`: a
+table of (function, block, chunks, flags) that :func:`._numba_pool.run_program` walks in
+one call, the helpers spinning from one product to the next. In the models checked
+(SmolLM2, the benchmark's 100M, 270M and 660M models), one sequence's step or a batch's,
+every node is a job, the token's embedding row too (read from the file with ``pread``
+inside the job, as the step reads it; Gemma's scaling of it a binary job by a one-element
+operand), so a token is one call into compiled code; a node of another architecture
+without a job form splits its program in two.
 
 What a program computes is what its steps compute, bit for bit: each job calls the
 step's kernel, or does numpy's float32 operation, and a product's job computes each group
@@ -34,7 +33,7 @@ run as before wherever it cannot:
 A prompt's steps are too large for a job the caller runs alone (:data:`SMALL`); where
 they are row jobs (:data:`.job_blocks.CHUNKED`: the norm, rope, the gated activation,
 the binary operations) :func:`rows_regions` makes each its job's rows shared out as a
-numba region on more than one thread, where each was one thread's loop or numpy's
+numba region on more than one thread, rather than one thread's loop or numpy's
 (:meth:`.provider.CompiledKernels.rows_region`).
 """
 

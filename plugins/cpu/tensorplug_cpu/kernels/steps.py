@@ -24,9 +24,10 @@ F32 = np.dtype(np.float32)
 
 
 #: Values a row kernel must touch before its rows are split over the worker pool. A
-#: sleeping helper takes tens of µs to wake on this 2-vCPU VM: a 100M model's 128-token
-#: prompt ran its SwiGLU (262,144 values) in 234 µs on 2 threads against 336 on one,
-#: but its rms_norm and rope (98,304 values, ~100 µs) no faster, so they stay whole.
+#: sleeping helper takes tens of microseconds to wake, about what a small row job takes:
+#: a small model's 128-token prompt runs its SwiGLU (262,144 values) faster on two
+#: threads than on one, but its rms_norm and rope (98,304 values) no faster, so they stay
+#: whole.
 #: Where a step's row job is ready, a numba region shares its rows out instead, from
 #: fewer values (:func:`.program.rows_regions`); this is a first run's way meanwhile.
 ROWS_PARALLEL_MIN = 1 << 18
@@ -92,7 +93,7 @@ def block_rows(blocks: np.ndarray) -> np.ndarray | None:
     n_out, nblocks, size = blocks.shape
     if blocks.strides[2] != 1 or blocks.strides[1] != size:
         return None
-    # a view, since each row's bytes are contiguous (checked above); reshape is ~10× cheaper
+    # a view, since each row's bytes are contiguous (checked above); reshape is much cheaper
     # than as_strided, and a prompt's plan takes this for every chunk of every product
     return blocks.reshape(n_out, nblocks * size)
 

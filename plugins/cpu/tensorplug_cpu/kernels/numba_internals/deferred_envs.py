@@ -4,9 +4,9 @@ A compiled function keeps an environment per function it inlined: the module's
 globals and the Python constants its code may need. Loading a cached kernel rebuilds
 each one (``numba.core.environment._rebuild_env``), importing its module for the
 globals. The kernels inline numba's own ``np.empty``, ``carray`` and list code, so the
-first load of every launch imported ``numba.np.arrayobj`` and ``numba.cpython.listobj``
-with their string and hashing modules: 17-19 ms of a 100M model's launch on the 2-core
-dev machine, for globals that only object-mode code reads (``PyLower``'s global loads;
+first load of every launch would import ``numba.np.arrayobj`` and
+``numba.cpython.listobj`` with their string and hashing modules, a noticeable share of a
+small model's launch, for globals that only object-mode code reads (``PyLower``'s global loads;
 nopython code reads an environment's constants, never its globals), and none of these
 kernels is object mode.
 

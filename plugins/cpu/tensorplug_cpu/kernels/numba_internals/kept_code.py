@@ -1,10 +1,10 @@
 """Kernels' machine code kept by tensorplug itself, and loaded without numba's cache.
 
 numba loads a cached kernel by reading its index, unpickling the compile result (numba
-types, a function descriptor, an environment), rebuilding it and typing the call: about
-1.5 ms a kernel, ~30 ms of the ~20 kernels a 100M model's launch loads on the 2-core dev
-machine, and all of it needs numba's Python package, whose import is the largest part of
-a launch (issue 42). The machine code itself loads in LLVM's JIT in a fraction of that.
+types, a function descriptor, an environment), rebuilding it and typing the call, for
+each of the ~20 kernels a small model's launch loads, and all of it needs numba's Python
+package, whose import is the largest part of a launch. The machine code itself loads in
+LLVM's JIT in a fraction of that time.
 
 So every kernel numba compiles or loads is also written here, as one file: its ELF object
 and the name of its entry point, under a name derived from the kernel's identity (the

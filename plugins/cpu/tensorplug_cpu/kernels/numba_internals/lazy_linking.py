@@ -2,14 +2,14 @@
 
 numba caches a compiled function as its machine code (an ELF object on Linux) and the
 LLVM bitcode of its module, which a later compile needs only to link the function into
-a caller of its own. Loading parsed that bitcode at once and walked its functions and
-globals for their names (numba's JIT keeps the set of names it defines, to look entry
-points up): 40 ms and 12 ms of the ~100 ms that a 100M Q4_0 model's 19 kernel loads
-took at every launch (2-core Zen 4 dev machine), for bitcode that no launch links.
+a caller of its own. numba's loading parses that bitcode at once and walks its
+functions and globals for their names (its JIT keeps the set of names it defines, to
+look entry points up): about half of what a small model's kernel loads take at every
+launch, for bitcode that no launch links.
 
 :class:`LazyLinkingRebuild`, the rebuild of :class:`._numba_cache.KernelCache`, loads
 the machine code as numba does and takes the names from the object's own symbol table,
-which holds the same ones (every kernel of the dev machine's cache compared equal); the
+which holds the same ones (they compare equal for the kernels of this package); the
 bitcode is parsed, and its names added, only if a compile links the kernel
 (:meth:`LazyLinkingLibrary._get_module_for_linking`). Machine code of another format,
 or a numba whose code libraries are not the ones written for here, loads numba's way.

@@ -1,15 +1,15 @@
 """Gives back the pages of LLVM's code that this process has no more use for.
 
-``import numba`` loads ``libllvmlite.so`` (LLVM: ~80 MB of code and ~70 MB of read-only
-data on x86-64 Linux) and runs its static initializers, which touch pages all over it;
-loading a kernel from numba's cache or compiling one touches more. On the Zen 4 dev
-machine 35 MB of it was resident after the import alone: a quarter of a 100M model's
-whole footprint, counted in the process's RSS and peak RSS, for code that runs only
-while a kernel is loaded or compiled.
+``import numba`` loads ``libllvmlite.so`` (LLVM: tens of megabytes of code and of
+read-only data) and runs its static initializers, which touch pages all over it;
+loading a kernel from numba's cache or compiling one touches more. Tens of megabytes of
+it are resident after the import alone, a large share of a small model's whole
+footprint, counted in the process's RSS and peak RSS, for code that runs only while a
+kernel is loaded or compiled.
 
 Those pages are unmodified copies of the file. ``madvise(MADV_DONTNEED)`` drops them from
 this process, and any LLVM code that runs again is mapped back from the page cache at its
-first touch (a minor fault per 4 KiB page: 1-2 ms for all of it). Only what this process
+first touch (a minor fault per 4 KiB page, cheap beside a compile). Only what this process
 can never have written is dropped: mappings that are not writable and lie outside every
 writable ``PT_LOAD`` segment of the library. The dynamic loader writes relocations into
 the start of such a segment (RELRO) before making it read-only; dropped, those pages would

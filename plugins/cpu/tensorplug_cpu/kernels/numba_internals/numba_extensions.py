@@ -3,8 +3,9 @@
 A kernel's machine code calls a few of numba's C helpers (raising an exception, the
 reference counts and allocations of its runtime, NRT) and, if Python calls it, is
 wrapped as numba wraps it (``_dynfunc.make_function``). Those live in three of numba's
-C extension modules, which load in ~5 ms; ``import numba`` runs ~150 ms of Python
-before a kernel can run (issue 42: most of a 100M model's launch gap to llama.cpp).
+C extension modules, which load quickly; ``import numba`` runs many times longer in
+Python before a kernel can run, most of what a small model's launch takes beyond
+llama.cpp's.
 
 :func:`c_runtime` hands out numba's own modules where numba is imported, and otherwise
 loads the same files from numba's install, under their own names (a later ``import

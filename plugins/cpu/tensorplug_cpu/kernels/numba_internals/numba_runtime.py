@@ -5,18 +5,19 @@ readies two things first, and both cost more than the kernels themselves:
 
 - its typing and lowering registries (``BaseContext.refresh``: importing numba's
   implementations of numpy, random, typed containers, cffi...), which only a compile
-  reads. 0.10 s and 15 MB of a 100M model's launch on the 2-core dev machine;
+  reads: a large share of a small model's launch time and memory;
 - its runtime library, a few reference-counting and atomic helpers that the kernels
   call, which numba builds from LLVM IR in every process
   (``nrtdynmod.compile_nrt_functions``): running LLVM's optimizer and code generator
-  once made 28 MB of ``libllvmlite``'s code resident, 0.02 s.
+  makes tens of megabytes of ``libllvmlite``'s code resident.
 
 :func:`ready` initializes the runtime alone (a compile still refreshes the registries
 itself: numba's ``compile_extra`` does), and keeps the runtime library's object code
 in the kernel cache's folder (:mod:`.runtime_library`: keyed by numba's and llvmlite's
 versions and the code generator's target, and read back without numba), so that later
-processes load it as they load a kernel: 3 ms and 10 MB. A file that cannot be read,
-does not match its digest, or cannot be written only costs the compile.
+processes load it as they load a kernel, in a fraction of the time and memory. A file
+that cannot be read, does not match its digest, or cannot be written only costs the
+compile.
 """
 
 from __future__ import annotations
