@@ -29,6 +29,9 @@ class RefModel:
     scaling: str = "none"  # llama.rope.scaling.type: none, linear or yarn
     factor: float = 1.0  # llama.rope.scaling.factor: how much longer the context is
     n_ctx_orig: int = 0  # the context length the model was trained at (YaRN's ramp)
+    beta_fast: float = 32.0  # YaRN's ramp: pairs turning more often than this are kept
+    beta_slow: float = 1.0  # ... and pairs turning less often are interpolated
+    yarn_log_mul: float = 0.0  # YaRN's mscale_all_dim (rope.scaling.yarn_log_multiplier)
     n_expert_used: int = 0  # llama.expert_used_count: experts per token (Mixtral)
     quantized: frozenset[str] = frozenset()  # the tensors stored in a block-quantized type
     types: dict[str, str] = field(default_factory=dict)  # each tensor's ggml type name
@@ -37,6 +40,9 @@ class RefModel:
 def load(path: str | Path) -> RefModel:
     r = GGUFReader(path)
     meta = {name: f.contents() for name, f in r.fields.items()}
+    a = meta["general.architecture"]  # llama's block under another name (Mistral 3)
+    meta = {k.replace(f"{a}.", "llama.", 1) if k.startswith(f"{a}.") else k: v
+            for k, v in meta.items()}  # fmt: skip
     w, quantized, types = {}, set(), {}
     for t in r.tensors:
         types[t.name] = t.tensor_type.name
@@ -58,6 +64,9 @@ def load(path: str | Path) -> RefModel:
         n_ctx_orig=meta.get(
             "llama.rope.scaling.original_context_length", meta["llama.context_length"]
         ),
+        beta_fast=meta.get("llama.rope.scaling.yarn_beta_fast", 32.0),
+        beta_slow=meta.get("llama.rope.scaling.yarn_beta_slow", 1.0),
+        yarn_log_mul=meta.get("llama.rope.scaling.yarn_log_multiplier", 0.0),
         n_expert_used=meta.get("llama.expert_used_count", 0),
         quantized=frozenset(quantized),
         types=types,
@@ -69,16 +78,24 @@ def _rms(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 def _scaled_freqs(
-    freqs: np.ndarray, n_rot: int, base: float, scaling: str, factor: float, n_ctx_orig: int
-) -> tuple[np.ndarray, float]:
+    freqs: np.ndarray, n_rot: int, base: float, scaling: str, factor: float, n_ctx_orig: int,
+    beta_fast: float = 32.0, beta_slow: float = 1.0, log_mul: float = 0.0,
+) -> tuple[np.ndarray, float]:  # fmt: skip
     """Per-pair frequencies after context-extension scaling, and the attention scale.
 
     linear (position interpolation): every frequency divided by ``factor``. YaRN
     (Peng et al. 2023, "NTK-by-parts" + temperature): pairs that turn fewer than
-    ``beta_slow`` = 1 times over the original context are interpolated, pairs turning
-    more than ``beta_fast`` = 32 times are kept, a linear ramp in between; cos and sin
-    are scaled by ``1 + 0.1·ln(factor)``.
+    ``beta_slow`` (1) times over the original context are interpolated, pairs turning
+    more than ``beta_fast`` (32) times are kept, a linear ramp in between; cos and sin
+    are scaled by transformers' ``attention_factor``: ``mscale(factor)`` =
+    ``1 + 0.1·ln(factor)`` (1 for a factor <= 1), divided by
+    ``mscale(factor, log_mul)`` = ``1 + 0.1·log_mul·ln(factor)`` when the file gives
+    ``log_mul`` (DeepSeek's and Mistral 3's ``mscale_all_dim``).
     """
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 1.0 + 0.1 * m * float(np.log(scale))
+
     if scaling == "linear":
         return freqs / factor, 1.0
     if scaling != "yarn":
@@ -87,16 +104,18 @@ def _scaled_freqs(
     def pair_turning(turns: float) -> float:  # the pair index doing `turns` rotations
         return n_rot * np.log(n_ctx_orig / (turns * 2 * np.pi)) / (2 * np.log(base))
 
-    low = max(np.floor(pair_turning(32.0)), 0.0)
-    high = min(np.ceil(pair_turning(1.0)), n_rot - 1.0)
+    low = max(np.floor(pair_turning(beta_fast)), 0.0)
+    high = min(np.ceil(pair_turning(beta_slow)), n_rot - 1.0)
     i = np.arange(len(freqs), dtype=np.float64)
     keep = 1.0 - np.clip((i - low) / max(high - low, 0.001), 0.0, 1.0)
-    return freqs / factor * (1.0 - keep) + freqs * keep, 1.0 + 0.1 * np.log(factor)
+    attention = mscale(factor) / mscale(factor, log_mul) if log_mul else mscale(factor)
+    return freqs / factor * (1.0 - keep) + freqs * keep, attention
 
 
 def _rope(
     x: np.ndarray, n_rot: int, base: float, factors: np.ndarray | None = None,
     scaling: str = "none", factor: float = 1.0, n_ctx_orig: int = 0,
+    yarn: tuple[float, float, float] = (32.0, 1.0, 0.0),
 ) -> np.ndarray:  # fmt: skip
     """x (T, H, D): rotate pairs (2i, 2i+1), i < n_rot/2, of token t by
     t·base^(-2i/n_rot) / factors[i] (Llama 3.1's rope_freqs; 1 without), the
@@ -105,7 +124,7 @@ def _rope(
     freqs = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     if factors is not None:
         freqs = freqs / factors
-    freqs, mscale = _scaled_freqs(freqs, n_rot, base, scaling, factor, n_ctx_orig)
+    freqs, mscale = _scaled_freqs(freqs, n_rot, base, scaling, factor, n_ctx_orig, *yarn)
     angle = t * freqs
     c, s = mscale * np.cos(angle), mscale * np.sin(angle)
     out = x.copy()
@@ -184,7 +203,9 @@ def logits(
         h = _rms(x, m.eps) * w[p + "attn_norm.weight"]
         q = product(h, p + "attn_q.weight").reshape(T, m.n_head, hd)
         k = product(h, p + "attn_k.weight").reshape(T, m.n_head_kv, hd)
-        q, k = (_rope(t, m.n_rot, m.base, ff, m.scaling, m.factor, m.n_ctx_orig) for t in (q, k))
+        yarn = (m.beta_fast, m.beta_slow, m.yarn_log_mul)
+        q, k = (_rope(t, m.n_rot, m.base, ff, m.scaling, m.factor, m.n_ctx_orig, yarn)
+                for t in (q, k))  # fmt: skip
         v = product(h, p + "attn_v.weight").reshape(T, m.n_head_kv, hd)
         if kv_dtype is not None:
             k = k.astype(kv_dtype).astype(np.float64)

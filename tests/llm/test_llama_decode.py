@@ -34,6 +34,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "yarn": write_tiny_llama(
             folder / "tiny-yarn.gguf", "f32", SEED, rope_scaling=("yarn", 4.0)
         ),
+        # rope's magnitude from the file (as Phi-3's LongRoPE files have) on top of YaRN's
+        "yarn-attn": write_tiny_llama(
+            folder / "tiny-yarn-attn.gguf",
+            "f32",
+            SEED,
+            rope_scaling=("yarn", 4.0),
+            metadata={"llama.rope.scaling.attn_factor": 1.5},
+        ),
     }
 
 
@@ -119,14 +127,16 @@ def test_a_forked_prefix_is_shared_not_recomputed(
 
 
 @pytest.mark.parametrize(
-    ("kind", "cache", "tol"), [("f32", "f32", 2e-6), ("f32", "f16", 2e-3), ("yarn", "f32", 2e-6)]
+    ("kind", "cache", "tol"),
+    [("f32", "f32", 2e-6), ("f32", "f16", 2e-3), ("yarn", "f32", 2e-6), ("yarn-attn", "f32", 2e-6)],
 )
 def test_shifted_sequence_reads_as_fresh_at_its_new_positions(
     files: dict[str, Path], opened: list[ModelRunner], kind: str, cache: str, tol: float
 ) -> None:
     """Positions 0..7 moved to 5..12 (seq_add): the K rows are re-roped by 5, so the
     next token at 13 gets the logits of the same tokens evaluated at 5..12. Without
-    the re-rope the logits are far off (the test can tell)."""
+    the re-rope the logits are far off (the test can tell). The re-rope only rotates:
+    the rows keep the magnitude the rope gave them (the file's attn_factor)."""
     m = _llama(opened, files[kind], cache_type=cache, kv_pad=16)
     fresh_prompt = m.decode(Batch.single(A, 5))
     fresh = m.decode(Batch.single([300], 5 + len(A)))

@@ -21,8 +21,10 @@ import pytest
 from tensorplug.cli import main
 from tensorplug.errors import RunError
 from tensorplug_llm import run_cli
+from tensorplug_llm.rope import RopeOverrides
 from tensorplug_llm.serve_cli import _resolve, add_arguments, bind
 from tensorplug_llm.serve_flags import api_keys, chat_template, request_defaults
+from tensorplug_llm.tiny import write_tiny_llama
 
 
 def _no_loading(*args: Any, **kwargs: Any) -> Any:
@@ -96,7 +98,9 @@ def test_health_is_503_loading_until_the_model_is_ready(
 @pytest.mark.parametrize(
     ("flag", "why"),
     [(["--lora", "a.gguf"], "LoRA adapters"), (["-hf", "org/repo"], "downloading models"),
-     (["--slot-save-path", "/tmp"], "saving slots"), (["-ctk", "q8_0"], "f16 or f32")],
+     (["--slot-save-path", "/tmp"], "saving slots"), (["-ctk", "q8_0"], "f16 or f32"),
+     (["--rope-freq-base", "-1"], "not a base frequency"), (["--rope-scale", "0"], "> 0"),
+     (["--rope-scaling", "ntk"], "invalid choice"), (["--yarn-beta-fast", "nan"], "finite")],
 )  # fmt: skip
 def test_a_llama_server_flag_tensorplug_lacks_is_refused_by_name(
     flag: list[str], why: str, capsys: pytest.CaptureFixture[str]
@@ -114,6 +118,29 @@ def test_the_flags_every_llama_server_preset_passes_are_accepted() -> None:
     --no-jinja: both change nothing here (nothing is downloaded; templates are Jinja)."""
     args = _parse(["--offline", "--no-jinja", "--jinja"])
     assert args.offline and args.jinja
+
+
+def test_llama_servers_rope_flags_override_the_files(tmp_path: Path) -> None:
+    """--rope-scaling, --rope-scale (1/N as --rope-freq-scale), --rope-freq-base and the
+    --yarn-* flags reach the model as llama.cpp's context parameters; left out, the
+    file's rope applies."""
+    model = write_tiny_llama(tmp_path / "m.gguf", "f32", 3)
+    args = _parse(["-m", str(model), "-c", "64", "--rope-scaling", "yarn", "--rope-scale", "4",
+                   "--rope-freq-base", "500", "--yarn-orig-ctx", "16", "--yarn-beta-fast",
+                   "16"])  # fmt: skip
+    assert args.rope == RopeOverrides(scaling_type=2, freq_base=500.0, freq_scale=0.25,
+                                      orig_ctx=16, beta_fast=16.0)  # fmt: skip
+    m = run_cli.load_model(args)
+    try:
+        c = m.config
+        assert (c.rope_base, c.rope_scale, c.rope_ext_factor) == (500.0, 0.25, 1.0)
+        assert (c.rope_n_ctx_orig, c.rope_beta_fast, c.rope_beta_slow) == (16, 16.0, 1.0)
+    finally:
+        m.close()
+    assert _parse(["-m", str(model), "--rope-scale", "2", "--rope-freq-scale", "0.25"]).rope == (
+        RopeOverrides(freq_scale=0.25)  # the last of the two scale flags, as llama-server
+    )
+    assert _parse(["-m", str(model)]).rope is None
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

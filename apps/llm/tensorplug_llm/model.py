@@ -35,6 +35,7 @@ from tensorplug.tensor import Tensor, new_tensor
 from tensorplug.types import Type
 
 from .arch import ARCHITECTURES, Architecture, architecture
+from .rope import RopeOverrides, RopeTrain, resolve, yarn_mscale
 
 __all__ = [
     "POOLING_TYPES",
@@ -65,16 +66,26 @@ class LlamaConfig:
     head_dim: int
     n_rot: int
     eps: float
+    #: rope as the op receives it (``ggml_rope_ext``'s parameters), the file's settings
+    #: with a context's overrides applied as llama.cpp applies them (``rope.resolve``)
     rope_base: float = 10000.0
     rope_scale: float = 1.0  # ggml's freq_scale: 1 / the scaling factor
     rope_ext_factor: float = 0.0  # 1 for YaRN: mix extrapolated and interpolated pairs
     rope_n_ctx_orig: int = 0  # YaRN's original training context (0: n_ctx_train)
+    rope_beta_fast: float = 32.0  # YaRN's ramp: the correction dims' betas
+    rope_beta_slow: float = 1.0
+    #: the sliding-window layers' base and scale: the file's or the architecture's, never
+    #: a context's overrides (llama.cpp's ``rope_freq_base_train_swa``)
+    rope_base_swa: float = 10000.0
+    rope_scale_swa: float = 1.0
     n_expert: int = 0  # mixture of experts (Mixtral): experts per layer, 0 for a dense FFN
     n_expert_used: int = 0  # experts each token goes through
     expert_weights_norm: bool = True  # the chosen experts' probabilities renormalised to 1
     arch: Architecture = ARCHITECTURES["llama"]
     n_swa: int = 0  # sliding window (positions a token sees, itself included); 0: none
-    rope_attn_factor: float = 1.0  # rope's magnitude scale (Phi-3's LongRoPE attn_factor)
+    #: rope's magnitude (ggml's attn_factor): the file's ``rope.scaling.attn_factor``
+    #: (Phi-3's LongRoPE) times llama.cpp's YaRN correction, or a context's override
+    rope_attn_factor: float = 1.0
     attn_softcap: float = 0.0  # attention logits -> c·tanh(logits/c) (Gemma 2); 0: none
     final_softcap: float = 0.0  # the same on the output logits
     attn_scale: float = 0.0  # the attention logits' scale; 0: 1/sqrt(head_dim)
@@ -110,9 +121,10 @@ class LlamaConfig:
         return self.n_head_kv * self.head_dim
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile) -> LlamaConfig:
+    def from_gguf(cls, f: GGUFFile, rope: RopeOverrides | None = None) -> LlamaConfig:
         """Read and check the hyper-parameters; a missing or inconsistent key is a
-        :class:`~tensorplug.gguf.GGUFError` naming it."""
+        :class:`~tensorplug.gguf.GGUFError` naming it. ``rope``: a context's overrides
+        of the file's rope (llama-cpp-python's ``rope_*``/``yarn_*`` keywords)."""
         arch = architecture(f.architecture, str(f.path))
         a = arch.name  # the metadata keys' prefix
         n_embd = f.value(f"{a}.embedding_length", int)
@@ -157,13 +169,16 @@ class LlamaConfig:
                 f"{f.path}: {a}.pooling_type = {pooling_id}; this runner pools by 0-3 "
                 f"({', '.join(POOLING_TYPES[:4])})"
             )
-        scaling = f.value(f"{a}.rope.scaling.type", str, "none")
+        scaling = f.value(f"{a}.rope.scaling.type", str, "linear")  # llama.cpp's default
         if scaling not in ("none", "linear", "yarn"):
             raise GGUFError(
                 f"{f.path}: {a}.rope.scaling.type {scaling!r} is not supported (none, linear, yarn)"
             )
-        factor = f.value(f"{a}.rope.scaling.factor", float, 1.0) if scaling != "none" else 1.0
-        _check(f, f"{a}.rope.scaling.factor", factor, _finite(factor) and factor >= 0,
+        factor_key = f"{a}.rope.scaling.factor"
+        if factor_key not in f:
+            factor_key = f"{a}.rope.scale_linear"  # the older key, as llama.cpp reads it
+        factor = f.value(factor_key, float, 0.0)
+        _check(f, factor_key, factor, _finite(factor) and factor >= 0,
                "a finite number >= 0 (the context's stretch, e.g. 4; 0: no scaling)")  # fmt: skip
         n_expert = f.value(f"{a}.expert_count", int, 0)
         n_expert_used = f.value(f"{a}.expert_used_count", int, 0)
@@ -221,6 +236,16 @@ class LlamaConfig:
         n_ctx_orig = f.value(f"{a}.rope.scaling.original_context_length", int, n_ctx_train)
         _check(f, f"{a}.rope.scaling.original_context_length", n_ctx_orig, n_ctx_orig >= 1,
                "at least 1")  # fmt: skip
+        train = RopeTrain(
+            scaling=scaling,
+            freq_base=rope_base,
+            freq_scale=1.0 / factor if factor else 1.0,
+            attn_factor=attn_factor,
+            n_ctx_orig=n_ctx_orig,
+            **_yarn_keys(f, a),
+        )
+        params = resolve(train, rope)
+        swa_base = arch.swa_rope_base
         n_tokens = f.length("tokenizer.ggml.tokens")  # not decoded: a count is all it takes
         n_vocab = f.value(
             f"{a}.vocab_size", int, n_tokens or f.tensor_info("token_embd.weight").shape[0]
@@ -236,16 +261,20 @@ class LlamaConfig:
             head_dim=head_dim,
             n_rot=n_rot,
             eps=eps,
-            rope_base=rope_base,
-            rope_scale=1.0 / factor if factor else 1.0,
-            rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
-            rope_n_ctx_orig=n_ctx_orig,
+            rope_base=params.freq_base,
+            rope_scale=params.freq_scale,
+            rope_ext_factor=params.ext_factor,
+            rope_n_ctx_orig=params.n_ctx_orig,
+            rope_beta_fast=params.beta_fast,
+            rope_beta_slow=params.beta_slow,
+            rope_base_swa=rope_base if swa_base is None else swa_base,
+            rope_scale_swa=train.freq_scale if swa_base is None else 1.0,
             n_expert=n_expert,
             n_expert_used=n_expert_used if n_expert else 0,
             expert_weights_norm=f.value(f"{a}.expert_weights_norm", bool, True),
             arch=arch,
             n_swa=n_swa,
-            rope_attn_factor=attn_factor,
+            rope_attn_factor=params.attn_factor,
             attn_softcap=caps["attn_logit_softcapping"],
             final_softcap=caps["final_logit_softcapping"],
             attn_scale=attn_scale,
@@ -270,6 +299,21 @@ HEAD_DIMS = f"between 1 and {MAX_HEAD_DIM} (a head size; 64-256 in real models)"
 
 def _finite(x: float) -> bool:
     return math.isfinite(x)
+
+
+def _yarn_keys(f: GGUFFile, a: str) -> dict[str, float]:
+    """The YaRN keys llama.cpp reads for an architecture (only Mistral 3's, of ours):
+    the ramp's betas and ``yarn_log_multiplier`` (DeepSeek's ``mscale_all_dim``)."""
+    if a != "mistral3":
+        return {}
+    keys = {"beta_fast": ("yarn_beta_fast", 32.0), "beta_slow": ("yarn_beta_slow", 1.0),
+            "yarn_log_mul": ("yarn_log_multiplier", 0.0)}  # fmt: skip
+    out = {}
+    for field, (name, default) in keys.items():
+        key = f"{a}.rope.scaling.{name}"
+        out[field] = value = f.value(key, float, default)
+        _check(f, key, value, _finite(value), "a finite number")
+    return out
 
 
 def _check(f: GGUFFile, key: str, value: object, ok: bool, valid: str) -> None:
@@ -593,23 +637,25 @@ def _rope(
     cfg: LlamaConfig, x: Tensor, pos: Tensor, layer: LayerWeights, swa: bool, shift: bool = False
 ) -> Tensor:
     """The architecture's rope (llama: NORMAL, as llama.cpp's converter permutes Q/K rows
-    so adjacent pairs rotate); sliding-window layers use their own base (Gemma 3's), or
-    the file's (Gemma 2's), unscaled.
+    so adjacent pairs rotate) with the config's parameters; sliding-window layers take
+    their own base and scale (Gemma 3's fixed base, Gemma 2's file's) and the rest as the
+    other layers, as llama.cpp's graphs do.
 
     ``shift``: rotate already-roped rows by ``pos`` more (a K-shift). The rows already
-    carry the magnitude the rope gave them (the file's ``attn_factor``, and YaRN's
-    ``1 + 0.1 ln(1/freq_scale)``), so a shift asks for the inverse and only rotates."""
+    carry the magnitude the rope gave them, so a shift divides out the magnitude ggml's
+    rope applies on its own (YaRN's ``1 + 0.1 ln(1/freq_scale)``) and only rotates."""
+    base, scale = cfg.rope_base, cfg.rope_scale
     if swa:
-        base = cfg.arch.swa_rope_base or cfg.rope_base
-        return ops.rope(x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=base)
+        base, scale = cfg.rope_base_swa, cfg.rope_scale_swa
     attn_factor = cfg.rope_attn_factor
     if shift:
-        yarn = 1.0 + 0.1 * math.log(1.0 / cfg.rope_scale) if cfg.rope_ext_factor else 1.0
-        attn_factor = 1.0 / (cfg.rope_attn_factor * yarn)
+        attn_factor = 1.0 / yarn_mscale(scale, cfg.rope_ext_factor)
     return ops.rope(
-        x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=cfg.rope_base,
-        freq_scale=cfg.rope_scale, ext_factor=cfg.rope_ext_factor, attn_factor=attn_factor,
-        n_ctx_orig=cfg.rope_n_ctx_orig or cfg.n_ctx_train, freq_factors=layer.rope_freqs,
+        x, pos, cfg.n_rot, cfg.arch.rope_mode, freq_base=base, freq_scale=scale,
+        ext_factor=cfg.rope_ext_factor, attn_factor=attn_factor,
+        beta_fast=cfg.rope_beta_fast, beta_slow=cfg.rope_beta_slow,
+        n_ctx_orig=cfg.rope_n_ctx_orig or cfg.n_ctx_train,
+        freq_factors=None if swa else layer.rope_freqs,
     )  # fmt: skip
 
 

@@ -488,6 +488,7 @@ def _load(
             n_threads=getattr(args, "threads", None),
             batch_invariant=batch_invariant,
             warmup=not for_prompt,
+            rope=getattr(args, "rope", None),  # serve's RoPE/YaRN flags
         )
         if for_prompt:
             args.tokens = _prompt_ids(model, args)

@@ -64,6 +64,7 @@ from .model import (
 )  # fmt: skip
 from .placement import Placement, by_priority, host_cpu
 from .pooling import pool, pooling_kind
+from .rope import RopeOverrides
 from .sampling import Sampler, TokenSampler
 from .step_io import StepIO
 from .threads import ThreadGovernor
@@ -207,6 +208,8 @@ class ModelRunner:
     numbers never depend on the sequences decoded beside it, as the server's engine
     needs; left False, the CPU sums as ggml does, llama.cpp's logits to the bit, which
     like ggml's depend on how many rows a step holds (:meth:`set_batch_invariant`).
+    ``rope`` overrides the file's rope settings as a llama.cpp context's parameters do
+    (llama-cpp-python's ``rope_freq_base``, ``rope_scaling_type``, ``yarn_*``).
 
     Each new prompt length builds a step graph and plan that are kept; every few of them
     Python's cyclic collector walks the whole process (over a hundred thousand objects
@@ -232,13 +235,14 @@ class ModelRunner:
         n_threads: int | None = None,
         repack: bool = True,
         batch_invariant: bool = False,
+        rope: RopeOverrides | None = None,
     ) -> None:
         start = time.perf_counter()
         self.repack = repack
         self._extra_bufts: dict[Device, list[BufferType]] = {}  # by _extra_buft
         self._progress = on_progress or (lambda stage, done, total: None)
         self.file = model if isinstance(model, GGUFFile) else GGUFFile(model)
-        self.config = cfg = LlamaConfig.from_gguf(self.file)
+        self.config = cfg = LlamaConfig.from_gguf(self.file, rope)
         try:
             self.vocab: Vocab | None = Vocab.from_gguf(self.file)
             self.vocab_error = ""

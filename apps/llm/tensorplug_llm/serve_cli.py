@@ -27,7 +27,13 @@ from typing import Any
 from tensorplug.cli import count_argument
 from tensorplug.errors import RunError, TensorplugError
 
-from .serve_flags import add_llama_server_flags, api_keys, chat_template, request_defaults
+from .serve_flags import (
+    add_llama_server_flags,
+    api_keys,
+    chat_template,
+    request_defaults,
+    rope_overrides,
+)
 from .terminal import printable
 
 __all__ = ["TINY_CHAT_TEMPLATE", "add_arguments", "main"]
@@ -157,6 +163,7 @@ def _resolve(args: argparse.Namespace) -> None:
         raise RunError(f"-ctk {k} and -ctv {v} differ: the KV cache has one type for both")
     if k or v:
         args.cache_type = k or v
+    args.rope = rope_overrides(args)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -8,14 +8,25 @@ is not supported reads in one place."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tensorplug.cli import count_argument
 from tensorplug.errors import RunError
 
-__all__ = ["add_llama_server_flags", "api_keys", "chat_template", "request_defaults"]
+from .rope import RopeOverrides
+
+__all__ = [
+    "add_llama_server_flags",
+    "api_keys",
+    "chat_template",
+    "request_defaults",
+    "rope_overrides",
+]
 
 #: llama-server flags tensorplug does not have, with why (each refused by name)
 UNSUPPORTED = {
@@ -30,9 +41,6 @@ UNSUPPORTED = {
     ("--reranking", "--rerank"): "reranking is not supported",
     ("--cache-reuse",): "KV shifting for cache reuse is not supported (prefixes are reused)",
     ("--context-shift",): "context shifting is not supported by the server",
-    ("--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale"): (
-        "RoPE overrides are not supported (the file's values are used)"
-    ),
     ("--mlock", "--numa", "--override-kv", "--override-tensor", "-ot"): (
         "this loading option is not supported"
     ),
@@ -76,9 +84,108 @@ def _cache_type(text: str) -> str:
     return text
 
 
+#: ``--rope-scaling``'s words -> llama.cpp's ``llama_rope_scaling_type``
+_SCALINGS = {"none": 0, "linear": 1, "yarn": 2}
+#: the RoPE/YaRN flags' destinations -> :class:`RopeOverrides`' fields
+_ROPE_FIELDS = {
+    "rope_scaling": "scaling_type", "rope_freq_base": "freq_base",
+    "rope_freq_scale": "freq_scale", "yarn_orig_ctx": "orig_ctx",
+    "yarn_ext_factor": "ext_factor", "yarn_attn_factor": "attn_factor",
+    "yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow",
+}  # fmt: skip
+
+
+def _number(what: str, minimum: float | None = None) -> Any:
+    """An argparse ``type`` for a finite number (``>= minimum`` when given)."""
+
+    def number(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if not math.isfinite(x) or (minimum is not None and x < minimum):
+            at_least = f" >= {minimum:g}" if minimum is not None else ""
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} (a finite number{at_least})")
+        return x
+
+    return number
+
+
+def _rope_scale(text: str) -> float:
+    """``--rope-scale N``: the context stretched N times, i.e. ``--rope-freq-scale 1/N``
+    (in float32, as llama.cpp's ``1.0f / stof(N)``)."""
+    n = _number("a context scaling factor", 0)(text)
+    if n == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a context scaling factor (> 0)")
+    return float(np.float32(1) / np.float32(n))
+
+
+def _orig_ctx(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n < 2**32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a context length (an integer >= 0)")
+    return n
+
+
+def _add_rope_flags(p: argparse.ArgumentParser) -> None:
+    """llama-server's RoPE/YaRN flags, with its defaults (each: the model file's)."""
+    g = p.add_argument_group("RoPE and YaRN (llama-server's; left out: the model file's)")
+    g.add_argument(
+        "--rope-scaling",
+        choices=sorted(_SCALINGS),
+        help="RoPE frequency scaling method (a file that names none: linear)",
+    )
+    g.add_argument(
+        "--rope-scale",
+        dest="rope_freq_scale",
+        type=_rope_scale,
+        metavar="N",
+        help="expand the context by a factor of N (--rope-freq-scale 1/N)",
+    )
+    g.add_argument(
+        "--rope-freq-base",
+        type=_number("a base frequency", 0),
+        metavar="N",
+        help="RoPE base frequency (0: the file's)",
+    )
+    g.add_argument(
+        "--rope-freq-scale",
+        type=_number("a frequency scale", 0),
+        metavar="N",
+        help="RoPE frequency scale: expands the context by 1/N (0: the file's)",
+    )
+    g.add_argument(
+        "--yarn-orig-ctx",
+        type=_orig_ctx,
+        metavar="N",
+        help="YaRN: the model's original context (0: the file's)",
+    )
+    for flag, what in (
+        ("--yarn-ext-factor", "extrapolation mix (negative: 1 for YaRN)"),
+        ("--yarn-attn-factor", "magnitude while the mix is 0 (negative: 1)"),
+        ("--yarn-beta-slow", "high correction dim (negative: the file's)"),
+        ("--yarn-beta-fast", "low correction dim (negative: the file's)"),
+    ):
+        g.add_argument(flag, type=_number("a number"), metavar="N", help=f"YaRN: {what}")
+
+
+def rope_overrides(args: argparse.Namespace) -> RopeOverrides | None:
+    """The RoPE/YaRN flags given, as llama.cpp's context takes them; None when none is."""
+    given: dict[str, Any] = {}
+    for dest, name in _ROPE_FIELDS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            given[name] = _SCALINGS[value] if dest == "rope_scaling" else value
+    return RopeOverrides(**given) if given else None
+
+
 def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     """The flags ``serve`` takes besides ``run``'s model options (which already give
     ``-c``, ``-b``, ``-t``, ``-ngl``, ``-sm``, ``-ts``, ``--device``)."""
+    _add_rope_flags(p)
     p.add_argument(
         "-m",
         "--model",

@@ -59,7 +59,7 @@ class Llama:
             raise ValueError(f"Model path does not exist: {o.model_path}")
         self._file = GGUFFile(o.model_path)
         self.metadata: dict[str, str] = _metadata(self._file)
-        self._config = cfg = LlamaConfig.from_gguf(self._file)
+        self._config = cfg = LlamaConfig.from_gguf(self._file, o.rope)
         self._vocab: Vocab = Vocab.from_gguf(self._file)
         self.tokenizer_ = LlamaTokenizer(self._vocab)
         self.n_batch = min(o.n_batch, o.n_ctx or cfg.n_ctx_train)
@@ -82,6 +82,7 @@ class Llama:
             cache_type=o.cache_type,
             use_mmap=o.use_mmap,
             n_threads=o.n_threads,
+            rope=o.rope,
         )
         self._runner = runner
         threads = None

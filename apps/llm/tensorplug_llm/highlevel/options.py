@@ -4,17 +4,21 @@
 either does what llama-cpp-python documents, or — where it names a llama.cpp feature
 tensorplug does not have (LoRA adapters, a draft model, mlock, KV overrides, a quantized
 KV cache) — is refused with an error that names it and says why, so that no setting is
-silently ignored. Settings that only tune llama.cpp's own machinery and change no
-result (``no_perf``, ``numa=False``, ``offload_kqv=True``) are accepted.
+silently ignored. The RoPE and YaRN keywords override the model file's rope as
+llama.cpp's context does (:mod:`tensorplug_llm.rope`). Settings that only tune
+llama.cpp's own machinery and change no result (``no_perf``, ``numa=False``,
+``offload_kqv=True``) are accepted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tensorplug.types import Type
+
+from ..rope import RopeOverrides
 
 __all__ = ["LLAMA_DEFAULT_SEED", "LoadOptions", "load_options"]
 
@@ -46,15 +50,7 @@ DEFAULTS: dict[str, Any] = {
 _UNSUPPORTED = {
     "use_mlock": "tensorplug does not lock model memory (mlock)",
     "kv_overrides": "overriding the model file's metadata is not supported",
-    "rope_scaling_type": "the model file's RoPE scaling is always used",
     "attention_type": "the model's own attention (causal or not) is always used",
-    "rope_freq_base": "the model file's RoPE base frequency is always used",
-    "rope_freq_scale": "the model file's RoPE frequency scale is always used",
-    "yarn_ext_factor": "the model file's YaRN settings are always used",
-    "yarn_attn_factor": "the model file's YaRN settings are always used",
-    "yarn_beta_fast": "the model file's YaRN settings are always used",
-    "yarn_beta_slow": "the model file's YaRN settings are always used",
-    "yarn_orig_ctx": "the model file's YaRN settings are always used",
     "offload_kqv": "the KV cache always lives beside its block",
     "op_offload": "there is no host-operation offload switch",
     "swa_full": "a sliding-window cache is always sized by the model",
@@ -94,6 +90,7 @@ class LoadOptions:
     cache_type: Type
     spm_infill: bool
     verbose: bool
+    rope: RopeOverrides = field(default_factory=RopeOverrides)  # the file's unless overridden
 
     @property
     def step_tokens(self) -> int:
@@ -172,7 +169,35 @@ def load_options(model_path: Any, given: Mapping[str, Any]) -> LoadOptions:
         cache_type=cache,
         spm_infill=bool(o["spm_infill"]),
         verbose=bool(o["verbose"]),
+        rope=_rope(o),
     )
+
+
+#: llama-cpp-python's rope keywords -> :class:`RopeOverrides`' fields
+_ROPE_KEYWORDS = {
+    "rope_freq_base": "freq_base", "rope_freq_scale": "freq_scale",
+    "yarn_ext_factor": "ext_factor", "yarn_attn_factor": "attn_factor",
+    "yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow",
+}  # fmt: skip
+
+
+def _rope(o: Mapping[str, Any]) -> RopeOverrides:
+    """The rope keywords, typed as llama.cpp's context parameters (its float32 fields and
+    enumeration; None for the scaling type is llama-cpp-python's "unspecified")."""
+    kind = -1 if o["rope_scaling_type"] is None else o["rope_scaling_type"]
+    if isinstance(kind, bool) or not isinstance(kind, int):
+        raise ValueError(
+            f"rope_scaling_type must be an integer (-1: the model's, 0 none, 1 linear, "
+            f"2 yarn, 3 longrope), got {kind!r}"
+        )
+    numbers = {}
+    for name, attr in _ROPE_KEYWORDS.items():
+        value = o[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        numbers[attr] = float(value)
+    _count("yarn_orig_ctx", o["yarn_orig_ctx"], minimum=0)
+    return RopeOverrides(scaling_type=kind, orig_ctx=o["yarn_orig_ctx"], **numbers)
 
 
 def _count(name: str, value: Any, minimum: int) -> None:
