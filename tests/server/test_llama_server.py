@@ -32,7 +32,8 @@ from terminal_signals import sigint_as_a_terminal_sends_it
 from uvicorn_thread import UvicornThread
 
 from tensorplug_llm.api import LLM, Stream
-from tensorplug_llm.generation import GenerationJob
+from tensorplug_llm.engine import Engine
+from tensorplug_llm.generation import EngineGenerator, GenerationJob
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.runner import ModelRunner
 from tensorplug_llm.sampling import Sampler, SamplerParams
@@ -500,6 +501,12 @@ def _engine_held(llm: LLM) -> Iterator[_HeldGate]:
         list(held)
 
 
+def _engine(llm: LLM) -> Engine:
+    """The batching engine behind ``llm`` (the server's generator)."""
+    assert isinstance(llm.generator, EngineGenerator)
+    return llm.generator.engine
+
+
 def _until(condition: Any, what: str, seconds: float = 30.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -515,7 +522,7 @@ def test_embeddings_past_the_timeout_are_504_and_leave_the_queue(
     past the server's ``--timeout`` the answer is a 504 and the texts are cancelled
     before they run (here the engine is held: they could never run in time)."""
     llm = served.llm
-    engine = llm.generator.engine
+    engine = _engine(llm)
     server = UvicornThread(create_app(llm, ServerConfig(request_timeout=0.5)))
     try:
         with _engine_held(llm):
@@ -539,7 +546,7 @@ def test_an_embeddings_client_that_leaves_frees_its_place(served: Served) -> Non
     import socket
 
     llm = served.llm
-    engine = llm.generator.engine
+    engine = _engine(llm)
     app = create_app(llm, ServerConfig())
     server = UvicornThread(app)
     try:
