@@ -19,6 +19,7 @@ from tensorplug.priority import by_priority, host_cpu
 
 __all__ = [
     "Placement",
+    "accelerators",
     "best_accelerator",
     "by_priority",
     "host_cpu",
@@ -36,6 +37,13 @@ def best_accelerator() -> Device | None:
     never chosen by default — as ``init_best`` never chooses them — only when named."""
     gpus = (DeviceType.GPU, DeviceType.IGPU)
     return next((d for d in by_priority(registry.devices()) if d.type in gpus), None)
+
+
+def accelerators() -> list[Device]:
+    """Every registered GPU and integrated GPU, best first (:func:`best_accelerator`'s
+    candidates): llama.cpp's GPU indices ``main_gpu`` and ``tensor_split`` count them."""
+    gpus = (DeviceType.GPU, DeviceType.IGPU)
+    return [d for d in by_priority(registry.devices()) if d.type in gpus]
 
 
 def selected_devices() -> list[Device]:
@@ -87,6 +95,32 @@ class Placement:
         first_gpu = n_layer - min(n, n_layer)
         layers = tuple(gpu if i >= first_gpu else cpu for i in range(n_layer))
         return cls(cpu, layers, gpu if n > n_layer else cpu)
+
+    @classmethod
+    def offload_split(
+        cls, n_layer: int, n_gpu_layers: int, gpus: Sequence[Device], shares: Sequence[float]
+    ) -> Placement:
+        """llama.cpp's layer split (``split_mode`` layer with ``tensor_split``): the last
+        ``n_gpu_layers`` blocks over ``gpus`` in consecutive runs sized by ``shares``
+        (the first accelerator takes the first of them), the output layer on the one the
+        split gives position ``n_layer`` when ``n_gpu_layers > n_layer``; the rest and the
+        token embeddings on the CPU."""
+        cpu = host_cpu()
+        n = max(0, min(n_gpu_layers, n_layer + 1))  # offloaded: blocks, the output last
+        first = n_layer - min(n, n_layer)
+        total = sum(shares)
+        bounds, run = [], 0.0
+        for share in shares:
+            run += share / total
+            bounds.append(run)
+
+        def device(i: int) -> Device:  # llama.cpp: upper_bound over the cumulative shares
+            at = (i - first) / max(n, 1)
+            k = next((j for j, b in enumerate(bounds) if b > at), len(bounds) - 1)
+            return gpus[k]
+
+        layers = tuple(device(i) if i >= first else cpu for i in range(n_layer))
+        return cls(cpu, layers, device(n_layer) if n > n_layer else cpu)
 
     @classmethod
     def spread(cls, devices: Sequence[Device], n_layer: int) -> Placement:

@@ -30,7 +30,13 @@ from ..prefix import common_prefix
 from ..tokenizer import Vocab
 from .completion import CompletionRequest, complete, logits_to_logprobs, prompt_tokens
 from .direct import DirectGenerator
-from .options import LLAMA_DEFAULT_SEED, LoadOptions, load_options
+from .options import (
+    LLAMA_DEFAULT_SEED,
+    LLAMA_SPLIT_MODE_NONE,
+    LLAMA_SPLIT_MODE_ROW,
+    LoadOptions,
+    load_options,
+)
 from .session import SampleSettings, Session
 from .state import LlamaState, cache_bytes, restore_cache
 from .tokenizer import LlamaTokenizer
@@ -76,7 +82,7 @@ class Llama:
         n_ctx = o.n_ctx or cfg.n_ctx_train
         runner = ModelRunner(
             self._file,
-            placement=_placement(o, cfg.n_layer),
+            placement=_placement(o, cfg.n_layer, self._file),
             n_ctx=n_ctx,
             n_batch=min(o.step_tokens, n_ctx),
             cache_type=o.cache_type,
@@ -501,13 +507,48 @@ class Llama:
         self.__init__(**state)  # type: ignore[misc]
 
 
-def _placement(o: LoadOptions, n_layer: int) -> Any:
-    """Where the blocks go: ``n_gpu_layers`` of them on the best accelerator (-1: all,
-    with the output layer), or spread over the accelerators by ``tensor_split``."""
-    from ..placement import Placement
+def _placement(o: LoadOptions, n_layer: int, file: Any) -> Any:
+    """Where the blocks go, as llama.cpp places them: ``n_gpu_layers`` of them (-1: all,
+    with the output layer) on the accelerators, counted best first (``main_gpu`` and
+    ``tensor_split`` index them). ``split_mode`` 0 (none): all on ``main_gpu``; 1
+    (layer, the default): consecutive runs over the accelerators by ``tensor_split``
+    (default: by their free memory); 2 (row): every block's rows shared over them (a
+    meta device: :mod:`..row_split`), which needs every block offloaded."""
+    from ..placement import Placement, accelerators
 
+    gpus = accelerators()
     n = n_layer + 1 if o.n_gpu_layers < 0 else o.n_gpu_layers
-    return Placement.offload(n_layer, n)  # load_options refused the splits it cannot do
+    if gpus and o.main_gpu >= len(gpus):
+        names = ", ".join(f"{i}: {d.name}" for i, d in enumerate(gpus))
+        raise ValueError(f"main_gpu={o.main_gpu}: there are {len(gpus)} accelerators ({names})")
+    if not gpus or n == 0:
+        return Placement.offload(n_layer, 0)
+    if o.split_mode == LLAMA_SPLIT_MODE_NONE or len(gpus) == 1:
+        return Placement.offload(n_layer, n, gpu=gpus[o.main_gpu])
+    shares = _shares(o.tensor_split, gpus)
+    used = [(g, s) for g, s in zip(gpus, shares, strict=True) if s > 0]
+    if o.split_mode == LLAMA_SPLIT_MODE_ROW:
+        if n <= n_layer:
+            raise ValueError(
+                "split_mode=2 (row) shares every block's rows over the accelerators: set "
+                f"n_gpu_layers=-1 (got {o.n_gpu_layers}), or use split_mode=1 (layer)"
+            )
+        if len(used) == 1:
+            return Placement.offload(n_layer, n, gpu=used[0][0])
+        from ..row_split import row_split_device
+
+        meta = row_split_device(file, [g for g, _ in used], [s for _, s in used])
+        return Placement.on(meta, n_layer)
+    return Placement.offload_split(n_layer, n, [g for g, _ in used], [s for _, s in used])
+
+
+def _shares(split: tuple[float, ...] | None, gpus: Sequence[Any]) -> list[float]:
+    """Each accelerator's share: ``tensor_split`` (missing entries 0), or where it gives
+    none, each one's free memory, as llama.cpp splits by default."""
+    if split is not None and any(split[: len(gpus)]):
+        return [split[i] if i < len(split) else 0.0 for i in range(len(gpus))]
+    free = [float(d.memory()[0]) for d in gpus]
+    return free if any(free) else [1.0] * len(gpus)
 
 
 def _fim_tokens(file: Any) -> tuple[int, int, int] | None:

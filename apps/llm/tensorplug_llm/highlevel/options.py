@@ -12,6 +12,7 @@ llama.cpp's own machinery and change no result (``no_perf``, ``numa=False``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,12 +120,10 @@ def load_options(model_path: Any, given: Mapping[str, Any]) -> LoadOptions:
         raise ValueError(
             f"split_mode must be 0 (none), 1 (layer) or 2 (row), got {o['split_mode']!r}"
         )
-    if o["split_mode"] == LLAMA_SPLIT_MODE_ROW or o["tensor_split"] is not None or o["main_gpu"]:
-        raise ValueError(
-            "split_mode=2 (row), tensor_split and main_gpu are not supported by the Python "
-            "API yet: the blocks go to the best accelerator (n_gpu_layers); `tensorplug run "
-            "--split-mode row` splits rows over devices"
-        )
+    main_gpu = o["main_gpu"]
+    if isinstance(main_gpu, bool) or not isinstance(main_gpu, int) or main_gpu < 0:
+        raise ValueError(f"main_gpu must be an accelerator's index (0, 1, ...), got {main_gpu!r}")
+    _split_shares(o["tensor_split"])
     pooling = o["pooling_type"]
     if pooling == _RANK_POOLING:
         raise ValueError("pooling_type=4 (rank) is not supported: no reranking models yet")
@@ -198,6 +197,29 @@ def _rope(o: Mapping[str, Any]) -> RopeOverrides:
         numbers[attr] = float(value)
     _count("yarn_orig_ctx", o["yarn_orig_ctx"], minimum=0)
     return RopeOverrides(scaling_type=kind, orig_ctx=o["yarn_orig_ctx"], **numbers)
+
+
+#: the most accelerators ``tensor_split`` may name (llama.cpp's ``LLAMA_MAX_DEVICES``)
+MAX_DEVICES = 16
+
+
+def _split_shares(split: Any) -> None:
+    """``tensor_split``: None, or each accelerator's share of the split (finite, >= 0,
+    at least one above 0; at most :data:`MAX_DEVICES`), as llama.cpp takes it."""
+    if split is None:
+        return
+    try:
+        shares = [float(x) for x in split]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"tensor_split must be a list of numbers (each accelerator's share), got {split!r}"
+        ) from None
+    if len(shares) > MAX_DEVICES or not all(math.isfinite(x) and x >= 0 for x in shares):
+        raise ValueError(
+            f"tensor_split must hold at most {MAX_DEVICES} finite shares >= 0, got {split!r}"
+        )
+    if not any(shares):
+        raise ValueError(f"tensor_split must give some accelerator a share above 0, got {split!r}")
 
 
 def _count(name: str, value: Any, minimum: int) -> None:
