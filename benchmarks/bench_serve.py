@@ -321,6 +321,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="llama.cpp's server binary (see the docstring for its build)",
     )
     p.add_argument("--tiny", action="store_true", help="the tiny random model: a quick check")
+    p.add_argument(
+        "--serve-option", action="append", default=[], metavar="OPTION",
+        help="an option for tensorplug serve only, e.g. --serve-option=--max-prefill-tokens=64 "
+             "(repeat for several)",
+    )  # fmt: skip
     p.add_argument("--json", help="also write the figures to this file")
     perf_docs.add_argument(p)
     args = p.parse_args(argv)
@@ -369,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             common = ["-np", str(np_), "-c", str(args.ctx), "-t", str(args.threads)]
             port = _free_port()
             ours = [sys.executable, "-m", "tensorplug", "serve", str(model), "--port", str(port)]
-            results[np_] = {OURS: _run_server(OURS, ours + common, port, args)}
+            results[np_] = {OURS: _run_server(OURS, ours + common + args.serve_option, port, args)}
             if server.is_file():
                 port = _free_port()
                 theirs = [str(server), "-m", str(model), "--port", str(port),
