@@ -45,6 +45,8 @@ __all__ = ["cache_root", "folder_key", "guarded", "kernel_folder", "numba_cache_
 _log = logging.getLogger("tensorplug_cpu")
 _lock = threading.RLock()
 _warned: set[str] = set()
+#: the folders found safe in this process
+_checked: set[Path] = set()
 #: a damaged cache is said once a process, not once a kernel
 _warned_damage: list[bool] = []
 T = TypeVar("T")
@@ -68,11 +70,17 @@ def folder_key() -> str:
 
 def kernel_folder() -> Path | None:
     """This process's kernel cache folder, made user-only if it was missing; None (with
-    one warning) where it cannot be made or is not safe to read."""
+    one warning) where it cannot be made or is not safe to read. Checked once a process
+    for each root and key: every kernel's decoration asks."""
     root = cache_root()
     folder = root / folder_key()
+    with _lock:
+        if folder in _checked:
+            return folder
     problem = kept.prepare_folder(root, folder)
     if problem is None:
+        with _lock:
+            _checked.add(folder)
         return folder
     with _lock:
         if str(folder) not in _warned:

@@ -28,6 +28,7 @@ plugin's sources); the modules here are imported only once :func:`enabled` said 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -55,8 +56,10 @@ _given_up: list[str] = []
 _warned: set[str] = set()
 
 
+@functools.cache
 def installed_versions() -> tuple[str | None, str | None]:
-    """numba's and llvmlite's installed versions, read without importing them."""
+    """numba's and llvmlite's installed versions, read without importing them (once a
+    process: the gate is asked at every kernel's decoration)."""
     return installed.version("numba"), installed.version("llvmlite")
 
 
