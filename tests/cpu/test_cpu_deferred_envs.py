@@ -1,6 +1,7 @@
 """A kernel loaded from numba's disk cache does not import the numba modules whose code
-it inlined (tensorplug_cpu.kernels.numba_internals.deferred_envs): their environments
-are rebuilt with the module's name alone. Each case runs in fresh processes with their
+it inlined (``deferred_environments`` of
+tensorplug_cpu.kernels.numba_internals.numba_private): their environments are rebuilt
+with the module's name alone. Each case runs in fresh processes with their
 own cache folder: a kernel loads once a process."""
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def test_a_cached_kernel_loads_without_the_numba_modules_it_inlined(tmp_path: Pa
 _UNIT = """
 import json, pickle, sys
 from numba.core import environment
-from tensorplug_cpu.kernels.numba_internals.deferred_envs import (
+from tensorplug_cpu.kernels.numba_internals.numba_private import (
     deferred_environments,
     rebuild_environment,
 )

@@ -114,7 +114,8 @@ def test_code_this_loader_cannot_read_is_not_kept(tmp_path: Path) -> None:
 _KERNELS = """
 import numpy as np
 from numba import carray
-from tensorplug_cpu.kernels._numba_cache import job_function, kernel
+from tensorplug_cpu.kernels._numba_cache import kernel
+from tensorplug_cpu.kernels.job_function import job_function
 from tensorplug_cpu.kernels._numba_pool import address
 
 @kernel()

@@ -65,7 +65,7 @@ def test_the_folder_is_named_by_the_sources_and_the_instruction_forms(
 
 @fast_launch
 def test_every_kernel_caches_through_the_fast_launch_where_it_is_on() -> None:
-    from tensorplug_cpu.kernels.numba_internals.kernel_cache import uses_kernel_cache
+    from tensorplug_cpu.kernels.numba_internals.numba_private import uses_kernel_cache
 
     plain = [n for n, d in _cached_kernels() if not uses_kernel_cache(d)]
     assert not plain, f"use _numba_cache.kernel(...), not njit(cache=True): {plain}"

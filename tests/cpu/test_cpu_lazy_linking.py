@@ -1,6 +1,7 @@
 """A kernel loaded from numba's disk cache does not parse the bitcode kept for linking
-it, until a compile links it (tensorplug_cpu.kernels.numba_internals.lazy_linking). Each
-case runs in fresh processes with their own cache folder: a kernel loads once a process."""
+it, until a compile links it (``lazy_linking_classes`` of
+tensorplug_cpu.kernels.numba_internals.numba_private). Each case runs in fresh processes
+with their own cache folder: a kernel loads once a process."""
 
 from __future__ import annotations
 

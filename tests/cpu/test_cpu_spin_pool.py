@@ -23,8 +23,8 @@ from numba import carray
 
 from tensorplug_cpu.kernels import _numba_pool, job_blocks
 from tensorplug_cpu.kernels import pool as pool_module
-from tensorplug_cpu.kernels._numba_cache import job_function
 from tensorplug_cpu.kernels._numba_pool import address
+from tensorplug_cpu.kernels.job_function import job_function
 from tensorplug_cpu.kernels.pool import SpinPool, spin_pool
 
 RNG = np.random.default_rng(77)

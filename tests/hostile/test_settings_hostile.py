@@ -85,14 +85,14 @@ def test_a_damaged_numba_cache_is_discarded_and_compiled_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     from tensorplug_cpu.kernels import cache_folder, compiled, numba_internals
-    from tensorplug_cpu.kernels.numba_internals import kernel_cache
+    from tensorplug_cpu.kernels.numba_internals import numba_private
 
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
     if path == "public API":
         monkeypatch.setenv("TENSORPLUG_CPU_NUMBA_INTERNALS", "0")
     else:
         assert numba_internals.enabled(), numba_internals.why_off()
-    monkeypatch.setattr(kernel_cache, "_warned", [])
+    monkeypatch.setattr(numba_private, "_warned", [])
     monkeypatch.setattr(cache_folder, "_warned_damage", [])
 
     def add_one(x: int) -> int:  # as the plugin makes a kernel's first call

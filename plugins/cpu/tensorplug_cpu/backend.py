@@ -50,7 +50,8 @@ from .kernels.program import Program, programs, rows_regions
 from .kernels.siblings import sibling_groups
 from .repack_buffer import RepackBuffer
 from .settings import GGML_PRODUCT_ORDER
-from .system import ThreadControl, features
+from .system import features
+from .thread_control import ThreadControl
 
 if TYPE_CHECKING:
     from tensorplug.buffer import Buffer

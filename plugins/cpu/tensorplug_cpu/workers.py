@@ -9,7 +9,7 @@ numpy's BLAS (OpenBLAS) threads a large product itself, and that served badly:
 * it partitions statically: one descheduled thread on a busy machine holds up the call.
 
 So while the backend computes, BLAS runs on the calling thread only
-(:meth:`~.system.ThreadControl.blas_single`), and a product is cut into chunks of
+(:meth:`~.thread_control.ThreadControl.blas_single`), and a product is cut into chunks of
 output rows fixed by its shape alone. :class:`WorkerPool` runs the chunks: the caller
 and ``n_threads - 1`` helpers claim them one at a time until none is left. Chunks are
 the same at any thread count, so the numbers are too; an idle helper sleeps on a lock

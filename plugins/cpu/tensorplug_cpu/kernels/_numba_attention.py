@@ -36,7 +36,7 @@ from ._numba_attention_ir import (
     value_width,
     weighted_lanes,
 )
-from ._numba_cache import job_function, kernel
+from ._numba_cache import kernel
 from ._numba_pool import address, view4
 from ._numba_quant import _f32_to_f16_bits
 from ._numba_rows import expf, ggml_expf
@@ -60,6 +60,7 @@ from .job_blocks import (
     ATTEND_VISIBLE,
     ROWS_PER_TASK,
 )
+from .job_function import job_function
 from .kernel_shapes import DOT_LANES, HALF_PRODUCTS, LANES_MASK, NARROW_SCORES
 
 
@@ -801,7 +802,7 @@ def _attend_job(job: Any, lo: Any, hi: Any) -> None:
 @functools.cache
 def attend_job() -> Any:
     """:func:`_attend_job` as a C function for :mod:`.pool`, made once (not compiled
-    yet: :func:`._numba_cache.job_function`)."""
+    yet: :func:`.job_function.job_function`)."""
     job = job_function(_attend_job, "attend_job_f16")
     job.tensorplug_origin = ("attend_job",)  # how the compile-ahead process makes it
     return job

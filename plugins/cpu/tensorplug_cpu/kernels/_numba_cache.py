@@ -1,9 +1,10 @@
-"""How the CPU kernels are made numba functions: :func:`kernel` and :func:`job_function`,
-cached on disk in the plugin's folder (:mod:`.cache_folder`).
+"""How the CPU kernels are made numba functions (:func:`kernel`; the spinning helpers'
+jobs: :func:`.job_function.job_function`), cached on disk in the plugin's folder
+(:mod:`.cache_folder`).
 
 Through numba's public API (``njit(cache=True)``, ``cfunc(cache=True)``) by default;
-where the fast launch is on (:mod:`.numba_internals`), each kernel's cache is
-:class:`.numba_internals.kernel_cache.KernelCache`, beside which the launch keeps
+where the fast launch is on (:mod:`.numba_internals`), each kernel's cache is its
+:func:`~.numba_internals.numba_private.kernel_cache_class`, beside which the launch keeps
 machine code, and which can say what it holds without loading it (:mod:`.compiled`).
 """
 
@@ -18,10 +19,11 @@ from numba import njit
 from . import _numba_ir as _ir
 from . import numba_internals
 from .cache_folder import numba_cache_dir
-from .job_function import JobFunction
 from .kernel_identity import FORM_FLAGS, sources_hash
+from .numba_internals import numba_private
+from .numba_internals.runtime_library import ready_beside_kernels
 
-__all__ = ["SOURCES_HASH", "job_function", "kernel", "use_instruction_forms"]
+__all__ = ["SOURCES_HASH", "kernel", "use_instruction_forms"]
 
 #: sha256 of the kernels' sources (:func:`.kernel_identity.sources_hash`)
 SOURCES_HASH = sources_hash()
@@ -39,7 +41,7 @@ def use_instruction_forms(forms: tuple[bool, ...]) -> None:
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     """``numba.njit(cache=True, **options)``, cached in the plugin's folder
     (:mod:`.cache_folder`; numba's cache reached into by the fast launch where it is on,
-    :mod:`.numba_internals.kernel_cache`).
+    :mod:`.numba_internals.numba_private`).
 
     ``fastmath`` is ``False`` unless given: numba compiles a callee that sets none with
     its caller's flags (and keeps that version for direct calls as well), and the
@@ -75,19 +77,6 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     return decorate
 
 
-def job_function(fn: Callable[..., None], name: str, fastmath: Any = False) -> JobFunction:
-    """``fn(job, lo, hi)`` (three ``int64``) as the C function ``void(int64, int64,
-    int64)`` that the spinning helpers call by address (:mod:`.pool`), cached on disk as
-    :func:`kernel` caches. Not compiled yet (:class:`.job_function.JobFunction`).
-    ``name``: its cache files' name (closures over different constants need different
-    ones). Its own ``fastmath`` and its float division as :func:`kernel`'s (a C function
-    cannot raise numba's ``ZeroDivisionError``)."""
-    return JobFunction(fn, name, {"nopython": True, "fastmath": fastmath,
-                                  "error_model": "numpy"})  # fmt: skip
-
-
 def _with_kernel_cache(function: Any, fn: Callable[..., Any]) -> bool:
-    from .numba_internals.kernel_cache import install
-
-    install(function, fn)
+    numba_private.install_kernel_cache(function, fn, ready_beside_kernels)
     return True

@@ -39,7 +39,6 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._numba_cache import job_function
 from ._numba_decode import (
     dequantize_q4_k_rows,
     dequantize_q5_k_rows,
@@ -64,6 +63,7 @@ from .job_blocks import (
     block_size,
 )
 from .job_blocks import ARRAY4_FIELDS as A4
+from .job_function import job_function
 
 __all__ = ["jobs"]
 
@@ -315,7 +315,7 @@ def _get_rows_job(job: Any, lo: Any, hi: Any) -> None:
 
 @functools.cache
 def jobs() -> dict[str, Any]:
-    """The job functions by name (not compiled yet: :func:`._numba_cache.job_function`),
+    """The job functions by name (not compiled yet: :func:`.job_function.job_function`),
     each tagged with its origin for the compile-ahead process (:mod:`.ahead`)."""
     made = {
         "binary": job_function(_binary_job, "step_binary_job"),

@@ -61,7 +61,7 @@ from tensorplug.types import Type
 
 from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
 from . import _numba_ir as _ir
-from ._numba_cache import job_function, kernel
+from ._numba_cache import kernel
 from ._numba_ir import (
     _I8,
     _I16,
@@ -99,6 +99,7 @@ from .job_blocks import (
     PACKED_XS,
     PACKED_XS_COLS,
 )
+from .job_function import job_function
 
 __all__ = [
     "GGML_ORDER_BIT",

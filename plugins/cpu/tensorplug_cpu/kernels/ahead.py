@@ -60,7 +60,7 @@ _JOB_ORIGINS = ("packed_job", "attend_job", "step_job", "job")
 
 @dataclass(frozen=True)
 class _JobCompile:
-    """A job function of the spinning helpers (:func:`._numba_cache.job_function`) as
+    """A job function of the spinning helpers (:func:`.job_function.job_function`) as
     the child compiles kernels: ``compile(signature)`` (it has one signature)."""
 
     job: Any

@@ -40,7 +40,8 @@ from tensorplug.files import cache_folder
 from . import numba_internals
 from .kernel_identity import instruction_forms, sources_hash
 
-__all__ = ["cache_root", "folder_key", "guarded", "kernel_folder", "numba_cache_dir"]
+__all__ = ["cache_root", "folder_key", "guarded", "kept_code_folder", "kernel_folder",
+           "numba_cache_dir"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 _lock = threading.RLock()
@@ -91,6 +92,14 @@ def kernel_folder() -> Path | None:
                 folder, problem,
             )  # fmt: skip
     return None
+
+
+def kept_code_folder() -> Path | None:
+    """Where the fast launch keeps machine code (:mod:`.numba_internals.kept_code`) and
+    numba's runtime library: inside :func:`kernel_folder`, so that it is keyed and
+    checked as that is; None where there is no safe kernel folder."""
+    folder = kernel_folder()
+    return None if folder is None else folder / "kept"
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import compiled_ledger, numba_internals
 from .cache_folder import guarded
+from .numba_internals import numba_private
 
 __all__ = ["compile_job", "guarded", "is_cached", "job_cached", "job_ready", "keep_overload",
            "load_kept", "note_compiled", "ready_overload"]  # fmt: skip
@@ -25,31 +26,29 @@ def _internal(function: Any) -> bool:
     """Whether ``function`` caches through the fast launch's cache (and it is still on)."""
     if not numba_internals.enabled():
         return False
-    from .numba_internals.kernel_cache import uses_kernel_cache
-
     if getattr(function, "tensorplug_job", False):  # a JobFunction: its numba function
         function = function.internal_function()
-    return uses_kernel_cache(function)
+    return numba_private.uses_kernel_cache(function)
 
 
 def is_cached(dispatcher: Any, sig: tuple[Any, ...]) -> bool:
     """Whether numba's disk cache holds ``dispatcher`` compiled for ``sig`` (numba
     types), without loading it."""
     if _internal(dispatcher):
-        from .numba_internals.kernel_cache import is_cached as in_index
-
-        return bool(numba_internals.attempt("reading numba's cache index", in_index, dispatcher,
-                                            sig))  # fmt: skip
+        return bool(numba_internals.attempt("reading numba's cache index",
+                                            numba_private.is_cached, dispatcher, sig))  # fmt: skip
     return compiled_ledger.holds(dispatcher, sig)
 
 
 def job_cached(job: Any) -> bool:
-    """Whether numba's disk cache holds the job ``job`` (:func:`._numba_cache.job_function`),
+    """Whether numba's disk cache holds the job ``job`` (:func:`.job_function.job_function`),
     without loading it."""
     if _internal(job):
-        from .numba_internals.kernel_cache import job_cached as in_index
-
-        return bool(numba_internals.attempt("reading numba's cache index", in_index, job))
+        return bool(
+            numba_internals.attempt(
+                "reading numba's cache index", numba_private.job_cached, job.internal_function()
+            )
+        )
     return compiled_ledger.holds(job, ())
 
 

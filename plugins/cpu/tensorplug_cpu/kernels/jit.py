@@ -659,7 +659,7 @@ class JitKernels:
         return run
 
     def _job_address(self, job: Any, what: str) -> int:
-        """The address of the job function ``job`` (:func:`._numba_cache.job_function`),
+        """The address of the job function ``job`` (:func:`.job_function.job_function`),
         loaded from the disk cache or compiled, after the compile-ahead process, if it
         has the job, is done with it; ``what`` names it in the compile notice."""
         if job.ready():

@@ -20,8 +20,10 @@ import numba
 
 from . import numba_internals
 from .cache_folder import guarded, numba_cache_dir
+from .numba_internals import numba_private
+from .numba_internals.runtime_library import ready_beside_kernels
 
-__all__ = ["JobFunction"]
+__all__ = ["JobFunction", "job_function"]
 
 #: the C signature every job has
 SIGNATURE = numba.types.void(numba.types.int64, numba.types.int64, numba.types.int64)
@@ -66,11 +68,11 @@ class JobFunction:
         cache, which can say what it holds before it compiles."""
         with self._lock:
             if self.numba_function is None:
-                from .numba_internals.kernel_cache import make_job
-
                 with numba_cache_dir(numba) as folder:
-                    self.numba_function = make_job(self.py_func, SIGNATURE, self.options,
-                                                   folder is not None)  # fmt: skip
+                    ready = ready_beside_kernels if folder is not None else None
+                    self.numba_function = numba_private.make_job(
+                        self.py_func, SIGNATURE, self.options, ready
+                    )
             return self.numba_function
 
     def compile(self) -> None:
@@ -93,3 +95,14 @@ class JobFunction:
         function.compile()
         self._address = int(function.address)
         return True
+
+
+def job_function(fn: Callable[..., None], name: str, fastmath: Any = False) -> JobFunction:
+    """``fn(job, lo, hi)`` (three ``int64``) as the C function ``void(int64, int64,
+    int64)`` that the spinning helpers call by address (:mod:`.pool`), cached on disk as
+    :func:`._numba_cache.kernel` caches. Not compiled yet (:class:`JobFunction`).
+    ``name``: its cache files' name (closures over different constants need different
+    ones). Its own ``fastmath`` and its float division as :func:`._numba_cache.kernel`'s
+    (a C function cannot raise numba's ``ZeroDivisionError``)."""
+    return JobFunction(fn, name, {"nopython": True, "fastmath": fastmath,
+                                  "error_model": "numpy"})  # fmt: skip

@@ -62,7 +62,7 @@ def origin_of(kernel: Any) -> tuple[Any, ...] | None:
     (``packed_kernels``: ``("packed", type ids, ggml order, field)``; the helpers' job
     functions: ``("packed_job", type ids, ggml order)``, ``("attend_job",)``,
     ``("step_job", name)``), ``("job", module, name)`` for another job function
-    (:func:`._numba_cache.job_function`, by the name its cache files have), or None
+    (:func:`.job_function.job_function`, by the name its cache files have), or None
     (not a numba dispatcher, or not one a module holds)."""
     tag = getattr(kernel, "tensorplug_origin", None)
     if tag is not None:

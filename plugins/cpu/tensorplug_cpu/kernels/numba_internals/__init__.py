@@ -7,10 +7,9 @@ typing of each cached kernel, its runtime library built from IR in every process
 LLVM's code left resident. The modules of this package take those out of a launch by
 reaching into numba: kernels' machine code kept beside numba's cache and loaded into an
 LLVM JIT of the plugin's own (:mod:`.kept_code`, :mod:`.kept_kernels`), numba's runtime
-readied without its registries (:mod:`.numba_runtime`, :mod:`.runtime_library`), cached
-code loaded without its bitcode (:mod:`.lazy_linking`) or its environments' modules
-(:mod:`.deferred_envs`), the threading layer started without numba (:mod:`.threads`),
-LLVM's pages given back (:mod:`.llvm_pages`).
+readied without its registries and its library kept (:mod:`.runtime_library`), cached
+code loaded without its bitcode or its environments' modules, the threading layer
+started without numba (:mod:`.threads`), LLVM's pages given back (:mod:`.llvm_pages`).
 
 None of that is numba's promise, so it runs only where it was tested: numba and
 llvmlite at a pair of versions in :data:`ALLOWED_VERSIONS` (the tests check that the
@@ -22,8 +21,9 @@ the gate for the rest of the process, with one warning, and the public path take
 never a crash. Kept files are read only from folders only the user can write
 (:mod:`tensorplug.kept`).
 
-No module outside this package names a private numba or llvmlite name (a test reads the
-plugin's sources); the modules here are imported only once :func:`enabled` said yes.
+Every private numba or llvmlite name these modules need is in one module,
+:mod:`.numba_private`, and no other module of the plugin names one (a test reads the
+plugin's sources); the modules here are used only once :func:`enabled` said yes.
 """
 
 from __future__ import annotations

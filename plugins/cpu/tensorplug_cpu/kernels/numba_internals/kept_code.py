@@ -28,7 +28,6 @@ and numba's C runtime (:mod:`.numba_extensions`) only.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import logging
@@ -43,14 +42,15 @@ from typing import Any
 
 from tensorplug import kept
 
-from ..cache_folder import cache_root, kernel_folder
+from ..cache_folder import cache_root, kept_code_folder
 from ..kernel_identity import salt
+from . import numba_private
 from .elf_symbols import defined_symbols, symbols
 from .numba_extensions import c_runtime
-from .runtime_library import stored_code
+from .runtime_library import runtime_code, stored_code
 
 __all__ = ["CALLABLE", "JOB", "MAX_BYTES", "Entry", "KeptCode", "entry_file", "kept_in", "load",
-           "loaded_count", "runtime_code"]  # fmt: skip
+           "loaded_count", "runtime_code_of"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -61,8 +61,6 @@ _FORMAT = b"tensorplug kept kernel 1\n"
 _DIGEST = hashlib.sha256().digest_size
 #: the largest entry read back (a kernel's object is tens to hundreds of KiB)
 MAX_BYTES = 64 << 20
-#: the prefix of the globals that hold a numba function's environment
-_ENVIRONMENT = "_ZN08NumbaEnv"
 
 
 @dataclass(frozen=True)
@@ -155,16 +153,12 @@ class KeptCode:
             _log.debug("could not keep kernel %s.%s", entry.module, entry.name)
 
 
-def runtime_code(folder: Path) -> bytes | None:
+def runtime_code_of(folder: Path) -> bytes | None:
     """The runtime library's machine code for kept kernels of ``folder``: as kept there,
     else numba's, where numba is imported (it compiles or loads it, and keeps it here)."""
     found = stored_code(folder)
     if found is None and sys.modules.get("numba") is not None:
-        from numba.core.registry import cpu_target
-
-        from . import numba_runtime
-
-        found = numba_runtime.runtime_code(cpu_target.target_context, folder)
+        found = runtime_code(numba_private.cpu_target_context(), folder)
     return found
 
 
@@ -174,18 +168,17 @@ _by_folder: dict[str, KeptCode] = {}
 
 def kept_in() -> KeptCode | None:
     """The one :class:`KeptCode` of this process (salted with
-    :func:`.kernel_identity.salt`, its runtime library :func:`runtime_code`),
+    :func:`.kernel_identity.salt`, its runtime library :func:`runtime_code_of`),
     in the ``kept`` folder of the kernels' cache (:func:`.cache_folder.kernel_folder`);
     None where there is no safe one. Whoever asks, numba's side or a launch without
     numba, an entry is loaded once, and never where this process kept it."""
-    folder = kernel_folder()
-    if folder is None:
+    path = kept_code_folder()
+    if path is None:
         return None
-    path = folder / "kept"
     name = os.path.realpath(path)  # one folder, however it is spelled
     with _folders_lock:
         if name not in _by_folder:
-            _by_folder[name] = KeptCode(path, salt(), lambda: runtime_code(path))
+            _by_folder[name] = KeptCode(path, salt(), lambda: runtime_code_of(path))
         return _by_folder[name]
 
 
@@ -248,15 +241,15 @@ def load(entry: Entry, runtime: Callable[[], bytes | None]) -> Any:
         defined = table[0]
         jit.engine.add_object_file(jit.ll.ObjectFileRef.from_data(entry.code))
         jit.engine.finalize_object()
-        environment = functions.Environment({"__name__": entry.module})
+        environment = numba_private.new_environment(functions, entry.module)
         jit.environments.append(environment)
         for name in defined:
-            if name.startswith(_ENVIRONMENT):
-                at = jit.engine.get_global_value_address(name)
-                (ctypes.c_void_p * 1).from_address(at)[0] = id(environment)
+            if name.startswith(numba_private.ENVIRONMENT_PREFIX):
+                numba_private.set_environment(jit.engine.get_global_value_address(name),
+                                              environment)  # fmt: skip
         address = jit.engine.get_function_address(entry.symbol)
     if entry.kind == JOB:
         return address
     module = sys.modules.get(entry.module) or types.ModuleType(entry.module)
-    return functions.make_function(module, entry.name, f"kept kernel {entry.name}", address,
-                                  environment, (jit,))  # fmt: skip
+    return numba_private.make_kept_function(functions, module, entry.name, address,
+                                            environment, (jit,))  # fmt: skip

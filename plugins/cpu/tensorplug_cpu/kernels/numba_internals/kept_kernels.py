@@ -1,10 +1,10 @@
 """numba's side of kept code (:mod:`.kept_code`): which kernel is which, keeping the
 machine code of what numba ran, and handing what was kept to numba's dispatchers.
 
-A kernel (:func:`.._numba_cache.kernel`) or job (:func:`.._numba_cache.job_function`) is
+A kernel (:func:`.._numba_cache.kernel`) or job (:func:`..job_function.job_function`) is
 kept under its identity (:func:`.kernel_identity.identity`: where it is defined, the
 sources, the instruction forms and the target, all known without numba). Its machine
-code is what numba loaded (:func:`.lazy_linking.object_code`) or compiled with object
+code is what numba loaded (:func:`.numba_private.code_library_object`) or compiled with object
 caching on, as every kernel here is. A kernel loaded from kept
 code goes into numba's dispatch table for the types of its arguments, as numba's
 ``add_overload`` puts a compiled one (numba's ``overloads`` do not list it: numba did
@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from numba.core.compiler_lock import global_compiler_lock
-
 from ..arg_types import arg_key
 from ..kernel_identity import identity, origin_of
+from . import numba_private
 from .kept_code import CALLABLE, JOB, Entry, KeptCode, kept_in, loaded_count
-from .kernel_cache import KernelCache, job_cached
-from .lazy_linking import object_code
 
 __all__ = ["compile_job", "job_ready", "keep_overload", "kept_loads", "load_kept",
            "ready_overload"]  # fmt: skip
@@ -35,7 +32,7 @@ def job_ready(job: Any) -> bool:
         return True
     if _load_kept_job(job):
         return True
-    if not job_cached(job):
+    if not numba_private.job_cached(job.internal_function()):
         return False
     compile_job(job)  # a load: the cache has it
     return True
@@ -47,17 +44,18 @@ def compile_job(job: Any) -> bool:
     function = job.internal_function()
     function.compile()
     job.use_address(function.address)
-    kept = _kept(getattr(function, "_cache", None))
-    code = None if kept is None else object_code(function._library)
+    kept = _kept(function)
+    if kept is None:
+        return True
+    symbol, code = numba_private.job_symbol(function)
     name = _identity(job)
-    if kept is not None and code is not None and name is not None:
-        entry = Entry(JOB, function._wrapper_name, job.py_func.__module__, job.name, code)
-        kept.keep(name, _JOB_KEY, entry)
+    if code is not None and name is not None:
+        kept.keep(name, _JOB_KEY, Entry(JOB, symbol, job.py_func.__module__, job.name, code))
     return True
 
 
 def _load_kept_job(job: Any) -> bool:
-    kept = _kept(getattr(job.internal_function(), "_cache", None))
+    kept = _kept(job.internal_function())
     name = None if kept is None else _identity(job)
     if kept is None or name is None:
         return False
@@ -81,10 +79,11 @@ def kept_loads() -> int:
     return loaded_count()
 
 
-def _kept(cache: Any) -> KeptCode | None:
-    """The kept kernels beside ``cache``'s files (a :class:`KernelCache`; None for any
-    other cache, which keeps nothing)."""
-    if not isinstance(cache, KernelCache):
+def _kept(function: Any) -> KeptCode | None:
+    """The kept kernels beside the cache files of ``function`` (numba's dispatcher or C
+    function): None where it does not cache through the fast launch's cache, which
+    alone keeps code."""
+    if not numba_private.uses_kernel_cache(function):
         return None
     return kept_in()
 
@@ -106,7 +105,7 @@ def load_kept(kernel: Any, args: tuple[Any, ...]) -> bool:
     (:mod:`.kept_code`), loaded now (or already), without numba loading it from its
     cache; False where none is kept for these arguments (numba's call loads or compiles
     it)."""
-    kept = _kept(getattr(kernel, "_cache", None))
+    kept = _kept(kernel)
     key = arg_key(args) if kept is not None else None
     if kept is None or key is None:
         return False
@@ -117,11 +116,8 @@ def load_kept(kernel: Any, args: tuple[Any, ...]) -> bool:
     function = None if name is None else kept.load(name, key)
     if function is None:
         return False
-    # numba's dispatch table, as its add_overload fills it (the types' codes), under the
-    # lock numba fills it under
-    with global_compiler_lock:
-        kernel._insert([kernel.typeof_pyval(a)._code for a in args], function, False)
-        setattr(kernel, _GIVEN, (given or frozenset()) | {key})
+    numba_private.add_to_dispatch_table(kernel, args, function)
+    setattr(kernel, _GIVEN, (given or frozenset()) | {key})
     return True
 
 
@@ -136,16 +132,13 @@ def ready_overload(kernel: Any, args: tuple[Any, ...]) -> None:
 def keep_overload(kernel: Any, args: tuple[Any, ...]) -> None:
     """After numba has run ``kernel(*args)``: keep the code it ran for later processes
     (:mod:`.kept_code`), where it has its machine code and no environment constants."""
-    kept = _kept(getattr(kernel, "_cache", None))
+    kept = _kept(kernel)
     key = arg_key(args) if kept is not None else None
     name = None if kept is None else _identity(kernel)
     if kept is None or key is None or name is None:
         return
-    result = kernel.overloads.get(tuple(kernel.typeof_pyval(a) for a in args))
-    code = None if result is None else object_code(result.library)
-    if code is None or result.environment is None or len(result.environment.consts):
-        return
-    fndesc = result.fndesc
-    entry = Entry(CALLABLE, fndesc.llvm_cpython_wrapper_name, kernel.py_func.__module__,
-                  fndesc.qualname.split(".")[-1], code)  # fmt: skip
-    kept.keep(name, key, entry)
+    found = numba_private.cached_overload(kernel, args)
+    if found is not None:
+        symbol, function_name, code = found
+        kept.keep(name, key, Entry(CALLABLE, symbol, kernel.py_func.__module__, function_name,
+                                   code))  # fmt: skip

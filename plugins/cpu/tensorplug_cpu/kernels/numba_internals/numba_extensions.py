@@ -16,7 +16,6 @@ compiled code calls them by; registering them again, as numba will, changes noth
 
 from __future__ import annotations
 
-import builtins
 import importlib.machinery
 import importlib.util
 import sys
@@ -25,11 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["CRuntime", "c_runtime", "extension_module"]
+from . import numba_private
 
-#: the extension modules, by numba's name for them
-_HELPERS, _FUNCTIONS = "numba._helperlib", "numba._dynfunc"
-_RUNTIME = "numba.core.runtime._nrt_python"
+__all__ = ["CRuntime", "c_runtime", "extension_module"]
 
 
 @dataclass(frozen=True)
@@ -52,8 +49,10 @@ def c_runtime() -> CRuntime:
     says."""
     with _lock:
         if not _loaded:
-            found = CRuntime(*map(extension_module, (_HELPERS, _RUNTIME, _FUNCTIONS)))
-            _register(found)
+            names = numba_private.EXTENSION_MODULES
+            found = CRuntime(*(extension_module(names[k]) for k in ("helpers", "runtime",
+                                                                    "functions")))  # fmt: skip
+            numba_private.register_c_helpers(found.helpers, found.functions, found.runtime)
             _loaded.append(found)
         return _loaded[0]
 
@@ -83,19 +82,3 @@ def extension_module(name: str) -> ModuleType:
                 raise
             return module
     raise ImportError(f"numba's {name} is not in {folder}", name=name)
-
-
-def _register(found: CRuntime) -> None:
-    """The symbols numba's compiled code calls its helpers by, as numba's
-    ``_load_global_helpers`` and its runtime's ``initialize`` register them."""
-    import llvmlite.binding as ll  # here: the plugin imports without llvmlite (no numba)
-
-    ll.add_symbol("_Py_NoneStruct", id(None))
-    for helpers in (found.helpers.c_helpers, found.functions.c_helpers):
-        for name, address in helpers.items():
-            ll.add_symbol("numba_" + name, address)
-    for name, address in found.runtime.c_helpers.items():
-        ll.add_symbol(name if name.startswith("_") else "NRT_" + name, address)
-    for value in vars(builtins).values():
-        if isinstance(value, type) and issubclass(value, BaseException):
-            ll.add_symbol(f"PyExc_{value.__name__}", id(value))

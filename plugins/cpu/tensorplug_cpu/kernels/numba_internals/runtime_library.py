@@ -1,10 +1,22 @@
-"""Where numba's runtime library's machine code is kept beside the kernels, and reading
-it back, without importing numba.
+"""numba's runtime (NRT) made ready for cached kernels without compiling anything, its
+library's machine code kept beside the kernels and read back without importing numba.
 
-numba builds its runtime library (a few reference-counting and atomic helpers that the
-kernels call) from LLVM IR in every process; :mod:`.numba_runtime` keeps its object
-code in the kernel cache's folder instead, and :mod:`.kept_code` loads it into its own
-JIT before any kept kernel. The file is named by :func:`.kernel_identity.salt` and the
+A kernel that numba loads from its disk cache is machine code already, but numba
+readies two things first, and both cost more than the kernels themselves:
+
+- its typing and lowering registries (``BaseContext.refresh``: importing numba's
+  implementations of numpy, random, typed containers, cffi...), which only a compile
+  reads: a large share of a small model's launch time and memory;
+- its runtime library, a few reference-counting and atomic helpers that the kernels
+  call, which numba builds from LLVM IR in every process: running LLVM's optimizer and
+  code generator makes tens of megabytes of ``libllvmlite``'s code resident.
+
+:func:`ready` initializes the runtime alone (a compile still refreshes the registries
+itself: numba's ``compile_extra`` does), and keeps the runtime library's object code
+in the kernel cache's folder, so that later processes load it as they load a kernel,
+and :mod:`.kept_code` loads it into its own JIT before any kept kernel. A file that
+cannot be read, does not match its digest, or cannot be written only costs the
+compile. The file is named by :func:`.kernel_identity.salt` and the
 compile target (:func:`.kernel_identity.compile_target`), and holds the sha256 of its
 contents, then the contents: the library's name, machine code and bitcode (what numba's
 ``serialize_using_object_code`` gives, in a layout of the plugin's own: nothing is
@@ -22,11 +34,13 @@ from typing import Any
 
 from tensorplug import kept
 
-from ..cache_folder import cache_root
+from ..cache_folder import cache_root, kept_code_folder
 from ..kernel_identity import compile_target, salt
+from . import numba_private
 
-__all__ = ["MAX_BYTES", "from_bytes", "object_code", "read_payload", "runtime_file",
-           "stored_code", "to_bytes"]  # fmt: skip
+__all__ = ["MAX_BYTES", "from_bytes", "object_code", "read_payload", "ready",
+           "ready_beside_kernels", "runtime_code", "runtime_file", "stored_code",
+           "to_bytes"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -108,3 +122,71 @@ def stored_code(folder: Path) -> bytes | None:
     payload = read_payload(runtime_file(folder))
     state = None if payload is None else from_bytes(payload)
     return None if state is None else object_code(state)
+
+
+#: the runtime library's machine code, once :func:`ready` has it (:mod:`.kept_code`
+#: loads it into its own JIT, before the kernels that call it)
+_code: list[bytes] = []
+
+
+def runtime_code(target_context: Any, folder: Path) -> bytes | None:
+    """The runtime library's machine code for kernels of the cache in ``folder``
+    (:func:`ready` first): as loaded or compiled here, or, where numba initialized its
+    runtime itself (a compile came first), as kept in the folder; None where neither."""
+    ready(target_context, folder)
+    if not _code:
+        code = stored_code(folder)
+        if code is not None:
+            _code.append(code)
+    return _code[0] if _code else None
+
+
+def ready(target_context: Any, folder: Path) -> None:
+    """Initialize numba's runtime for kernels loaded from the cache in ``folder``
+    (once a process; later calls return at once)."""
+    if numba_private.runtime_initialized():
+        return
+    path = runtime_file(folder)
+
+    def load_or_compile(context: Any) -> Any:
+        return _load(context, path) or _compile_and_keep(context, path)
+
+    numba_private.initialize_runtime(target_context, load_or_compile)
+
+
+def ready_beside_kernels(target_context: Any) -> None:
+    """:func:`ready`, its library kept in the kept-code folder of the kernels' cache
+    (where the kept kernels look for it); nothing where there is no safe cache."""
+    folder = kept_code_folder()
+    if folder is not None:
+        ready(target_context, folder)
+
+
+def _load(context: Any, path: Path) -> Any:
+    payload = read_payload(path)
+    state = None if payload is None else from_bytes(payload)
+    if state is None:
+        return None
+    try:
+        library = numba_private.load_serialized_library(context, state)
+    except Exception as e:  # another numba's layout: compile it, the new file replaces it
+        _log.debug("numba runtime library %s unusable (%s); compiling it", path, e)
+        return None
+    _keep_code(state)
+    return library
+
+
+def _keep_code(state: Any) -> None:
+    """Note the machine code of a serialized runtime library."""
+    code = object_code(state)
+    if code is not None:
+        _code[:] = [code]
+
+
+def _compile_and_keep(context: Any, path: Path) -> Any:
+    library, state = numba_private.compile_runtime_library(context)
+    _keep_code(state)
+    data = to_bytes(state)
+    if data is not None and not kept.save(cache_root(), path, data):
+        _log.debug("could not keep numba's runtime library in %s", path)
+    return library

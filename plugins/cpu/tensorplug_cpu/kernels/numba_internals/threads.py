@@ -19,21 +19,18 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 
+from . import numba_private
+from .numba_extensions import extension_module
+
 __all__ = ["start", "tell_numba"]
 
 #: the layers numba tries, in its order, for each value of ``NUMBA_THREADING_LAYER``
 #: other than a layer's name (numba/np/ufunc/parallel.py, Linux's and Windows' choices)
 _CHOICES = {"safe": ("tbb",), "threadsafe": ("tbb", "omp"), "forksafe": ("tbb", "workqueue")}
 #: the extension module of each layer
-_MODULES = {"tbb": "numba.np.ufunc.tbbpool", "omp": "numba.np.ufunc.omppool",
-            "workqueue": "numba.np.ufunc.workqueue"}  # fmt: skip
+_MODULES = numba_private.THREADING_MODULES
 #: TBB's oldest interface version numba's layer takes (2021 update 6)
 _TBB_INTERFACE = 12060
-#: the layer's C functions numba's compiled code calls, by the names it calls them
-_SYMBOLS = {"numba_parallel_for": "parallel_for", **{n: n for n in (
-    "do_scheduling_signed", "do_scheduling_unsigned", "allocate_sched", "deallocate_sched",
-    "get_num_threads", "set_num_threads", "get_thread_id", "set_parallel_chunksize",
-    "get_parallel_chunksize", "get_sched_size")}}  # fmt: skip
 
 
 _lock = threading.Lock()
@@ -57,8 +54,6 @@ def _tbb_usable() -> bool:
 
 
 def _layer_module(layer: str) -> ModuleType | None:
-    from .numba_extensions import extension_module
-
     if layer == "tbb" and not _tbb_usable():
         return None
     try:
@@ -92,8 +87,6 @@ def start(
     ``count`` threads, its functions registered with LLVM under the names compiled code
     calls: its name and the calling thread's thread-count setter and getter. None where
     numba is imported (numba starts its own). Raises ValueError where no layer loads."""
-    import llvmlite.binding as ll
-
     with _lock:
         if sys.modules.get("numba") is not None and not _started:
             return None
@@ -105,13 +98,10 @@ def start(
                 raise ValueError(f"NUMBA_THREADING_LAYER_PRIORITY={' '.join(priority)} must be a "
                                  f"permutation of {' '.join(_MODULES)}")  # fmt: skip
             layer, module = _choose(requested, priority)
-            for symbol, name in _SYMBOLS.items():
-                ll.add_symbol(symbol, getattr(module, name))
-            ctypes.CFUNCTYPE(None, ctypes.c_int)(module.launch_threads)(count)
+            numba_private.start_threading_layer(module, count)
             _started.append((layer, module))
-    set_count = ctypes.CFUNCTYPE(None, ctypes.c_int)(module.set_num_threads)
+    set_count, get_count = numba_private.layer_counts(module)
     set_count(count)
-    get_count = ctypes.CFUNCTYPE(ctypes.c_int)(module.get_num_threads)
     return layer, set_count, get_count
 
 
@@ -120,18 +110,5 @@ def tell_numba() -> None:
     ``_launch_threads`` then finds it started (as it would have started it), and its
     ``get_num_threads``/``set_num_threads`` and compiled parallel code use it. Nothing
     where this process started no layer here."""
-    if not _started:
-        return
-    layer, module = _started[0]
-    from numba.np.ufunc import parallel
-
-    with parallel._backend_init_thread_lock:
-        if parallel._is_initialized:
-            return
-        get_count = ctypes.CFUNCTYPE(ctypes.c_int)(module.get_num_threads)
-        set_count = ctypes.CFUNCTYPE(None, ctypes.c_int)(module.set_num_threads)
-        n = int(get_count())
-        parallel._load_threading_functions(module)  # its globals, as numba sets them
-        set_count(n)  # (numba's loader reset this thread's count)
-        parallel._threading_layer = layer  # type: ignore[assignment]
-        parallel._is_initialized = True
+    if _started:
+        numba_private.hand_layer_to_numba(*_started[0])
