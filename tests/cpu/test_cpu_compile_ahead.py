@@ -1,6 +1,6 @@
-"""A first run's kernels compiled by a second process (``tensorplug_cpu.kernels.ahead``):
-what it compiles lands in numba's disk cache, so this process loads it instead of
-compiling it, and a child that fails costs only its wait."""
+"""A first run's kernels compiled by a second process (``tensorplug_cpu.kernels.ahead``;
+the child is ``ahead_child``): what it compiles lands in numba's disk cache, so this
+process loads it instead of compiling it, and a child that fails costs only its wait."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels import ahead
 from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels._numba_repack import packed_kernels
+from tensorplug_cpu.kernels.kernel_refs import resolve
 
 # in a fresh process with an empty cache (numba reads NUMBA_CACHE_DIR when imported)
 _CHILD_COMPILES = """
@@ -32,13 +33,14 @@ from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels.compiled import is_cached
 from tensorplug_cpu.kernels.ahead import Ahead, Job
+from tensorplug_cpu.kernels.kernel_refs import resolve
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
 mask = np.zeros((1, 1, 4, 16), np.float32)
 mask[0, 0, :, 9:] = -np.inf
 x = np.linspace(-1, 1, 3 * 32, dtype=np.float32).reshape(3, 32)
 out = np.empty_like(x)
-a = Ahead()
+a = Ahead(resolve)
 a.want(visible_columns, mask, table)
 a.want(rows.rms_norm_rows, x, out, 1e-5)
 {extra}
@@ -99,11 +101,12 @@ from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels.compiled import is_cached
 from tensorplug_cpu.kernels.ahead import Ahead
+from tensorplug_cpu.kernels.kernel_refs import resolve
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
 mask = np.zeros((1, 1, 4, 16), np.float32)
 x = np.ones((3, 32), np.float32)
-a = Ahead()
+a = Ahead(resolve)
 a.want(visible_columns, mask, table)
 a.start()
 a.want(rows.rms_norm_rows, x, x, 1e-5)  # while the child compiles: kept for later
@@ -132,7 +135,7 @@ def test_a_driver_and_a_module_kernel_are_found_again_by_their_origin() -> None:
     drivers = packed_kernels(frozenset({Type.Q4_1}))
     for kernel in (drivers.serial, drivers.siblings, visible_columns):
         origin = ahead.origin_of(kernel)
-        assert origin is not None and ahead.resolve(origin) is kernel
+        assert origin is not None and resolve(origin) is kernel
     assert ahead.origin_of(len) is None
 
 
@@ -152,11 +155,12 @@ from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels import ahead
 from tensorplug_cpu.kernels.ahead import Ahead
+from tensorplug_cpu.kernels.kernel_refs import resolve
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
 mask = np.zeros((1, 1, 4, 16), np.float32)
 x = np.ones((3, 32), np.float32)
-a = Ahead()
+a = Ahead(resolve)
 a.want(visible_columns, mask, table)
 a.want(rows.rms_norm_rows, x, np.empty_like(x), 1e-5)
 a.start()
@@ -227,7 +231,7 @@ def test_a_kernel_kept_here_is_not_handed_to_the_child() -> None:
     """A plan that calls a kernel itself (a prompt's activation quantizer) keeps it
     from the child, even where a later step of the plan asked for it ahead: this
     process would otherwise wait for the child at its first product."""
-    a = ahead.Ahead()
+    a = ahead.Ahead(resolve)
     x = np.ones((3, 32), np.float32)
     a.want(rows.rms_norm_rows, x, np.empty_like(x), 1e-5)
     a.keep(rows.rms_norm_rows)
@@ -347,7 +351,7 @@ def test_an_f16_cache_s_attention_job_goes_ahead_first_and_is_waited_for(
     class Uncompiled:
         """A job that neither kept code nor numba's cache has (a JobRef's interface)."""
 
-        tensorplug_origin = ("attend_job",)
+        tensorplug_origin = ("made_job", "tensorplug_cpu.kernels._numba_attention", "attend_job")
         address = 0
 
         def load_kept(self) -> bool:
@@ -467,11 +471,12 @@ import numpy as np
 from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels.ahead import Ahead, Job, origin_of
+from tensorplug_cpu.kernels.kernel_refs import resolve
 from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
 
 x = np.ones((3, 32), np.float32)
 mask = np.zeros((1, 1, 4, 16), np.float32)
-a = Ahead()
+a = Ahead(resolve)
 a.will_call(rows.rms_norm_rows, x, np.empty_like(x), 1e-5)
 print(len(a.later))  # nothing wanted ahead, no child: nothing to do while waiting
 a.want(visible_columns, mask, table)

@@ -47,9 +47,8 @@ def test_the_identity_changes_with_what_the_code_depends_on(
     base = ki.identity(origin)
     assert base is not None and base == ki.identity(origin)
     assert ki.identity(("module", "tensorplug_cpu.kernels._numba_rows", "rope_rows")) != base
-    assert ki.identity(("packed", (2,), False, "serial")) != ki.identity(
-        ("packed", (2,), True, "serial")
-    )
+    packed = ("made", "tensorplug_cpu.kernels._numba_repack", "packed_driver", (2,))
+    assert ki.identity((*packed, False, "serial")) != ki.identity((*packed, True, "serial"))
     monkeypatch.setenv("NUMBA_OPT", "0")
     assert ki.identity(origin) != base
     monkeypatch.delenv("NUMBA_OPT")
@@ -82,5 +81,10 @@ def test_origins_of_kernels_and_jobs() -> None:
         "tensorplug_cpu.kernels._numba_rows",
         "rms_norm_rows",
     )
-    assert ki.origin_of(_numba_jobs.jobs()["rms_norm"]) == ("step_job", "rms_norm")
+    assert ki.origin_of(_numba_jobs.jobs()["rms_norm"]) == (
+        "made_job",
+        "tensorplug_cpu.kernels._numba_jobs",
+        "step_job",
+        "rms_norm",
+    )
     assert ki.origin_of(len) is None

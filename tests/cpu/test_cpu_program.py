@@ -24,6 +24,7 @@ from tensorplug_cpu.kernels import _numba_pool, job_blocks
 from tensorplug_cpu.kernels._numba_attention import attend_job
 from tensorplug_cpu.kernels._numba_jobs import jobs
 from tensorplug_cpu.kernels._numba_repack import packed_job
+from tensorplug_cpu.kernels.jit import pool_kernels
 from tensorplug_cpu.kernels.pool import spin_pool
 from tensorplug_cpu.kernels.program import Program
 
@@ -141,7 +142,7 @@ def _programs(backend: tp.Backend, graph: tp.Graph) -> tuple[list[int], int]:
 
 
 def _jobs_run() -> int:
-    return int(spin_pool().mailbox[job_blocks.TICKET]) >> 32
+    return int(spin_pool(pool_kernels()).mailbox[job_blocks.TICKET]) >> 32
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -176,7 +177,7 @@ def test_the_steps_run_while_another_thread_holds_the_helpers(
     step = Step(weight, (1, 2))
     backend = _backend(2, True, monkeypatch)
     assert _programs(backend, step.graph)[0]
-    pool = spin_pool()
+    pool = spin_pool(pool_kernels())
     assert pool._lock.acquire(blocking=False)  # as another thread's job holds it
     try:
         jobs_before = _jobs_run()

@@ -24,6 +24,7 @@ from numba import carray
 from tensorplug_cpu.kernels import _numba_pool, job_blocks
 from tensorplug_cpu.kernels import pool as pool_module
 from tensorplug_cpu.kernels._numba_pool import address
+from tensorplug_cpu.kernels.jit import pool_kernels
 from tensorplug_cpu.kernels.job_function import job_function
 from tensorplug_cpu.kernels.pool import SpinPool, spin_pool
 
@@ -75,7 +76,7 @@ def _awake(pool: SpinPool, n: int, fn: int) -> bool:
 
 
 def test_every_chunk_runs_once_with_helpers_claiming(counting_job: Any) -> None:
-    pool = SpinPool()
+    pool = SpinPool(pool_kernels())
     try:
         first = _jobs(pool, counting_job.address, 1, 3, 2000)
         assert _awake(pool, 2, counting_job.address)
@@ -90,7 +91,7 @@ def test_back_to_back_jobs_never_share_a_chunk(counting_job: Any) -> None:
     """Thousands of tiny jobs published one after another while the helpers spin: a
     helper that read one job's ticket must never run a chunk of the next (it would run
     twice, and the caller could return before the other run ended)."""
-    pool = SpinPool()
+    pool = SpinPool(pool_kernels())
     try:
         assert _awake(pool, 2, counting_job.address)
         blocks = _jobs(pool, counting_job.address, 4000, 3, 1)
@@ -102,7 +103,7 @@ def test_back_to_back_jobs_never_share_a_chunk(counting_job: Any) -> None:
 def test_a_job_finishes_without_any_helper(counting_job: Any) -> None:
     """The caller claims what nobody else has: no helper started (one thread), stopped
     helpers, or the bare compiled call with no pool around it."""
-    pool = SpinPool()
+    pool = SpinPool(pool_kernels())
     blocks = _jobs(pool, counting_job.address, 5, 1, 10)
     assert pool.helpers == 0
     pool.stop()
@@ -118,7 +119,7 @@ def test_a_job_finishes_without_any_helper(counting_job: Any) -> None:
 def test_a_busy_pool_says_so_and_does_nothing(counting_job: Any) -> None:
     """Two Python threads: the one that finds the pool running the other's job is told
     so (it runs its own numba region instead), and its job is left untouched."""
-    pool = SpinPool()
+    pool = SpinPool(pool_kernels())
     long_job = np.zeros(BLOCK, np.int64)
     long_job[1] = 10_000_000  # ~1 s of chunks on one thread
     first = threading.Thread(target=pool.run, args=(1, counting_job.address,
@@ -141,7 +142,7 @@ def test_a_forked_child_starts_its_own_helpers(counting_job: Any) -> None:
     (registered for the process's pool) clears it, and the next job starts helpers of
     the child's own (called here directly: a forked numba process is not something a
     test should make)."""
-    pool = SpinPool()
+    pool = SpinPool(pool_kernels())
     _jobs(pool, counting_job.address, 3, 2, 10)
     assert pool.helpers == 1
     # this process's helper is real: let it spin out and sleep first, or its leaving the
@@ -162,7 +163,7 @@ def test_idle_helpers_go_to_sleep(monkeypatch: pytest.MonkeyPatch, counting_job:
     """A helper spins a while after its last job, then leaves the compiled loop (no core
     burned by an idle process) and is woken by the next job."""
     monkeypatch.setattr(pool_module, "SPIN_ROUNDS", 50)  # what the pool hands the loop
-    pool = SpinPool()
+    pool = SpinPool(pool_kernels())
     _jobs(pool, counting_job.address, 2, 2, 10)
     deadline = time.monotonic() + 120  # a bound against a hang, not a speed: a busy
     while pool.mailbox[job_blocks.AWAKE] and time.monotonic() < deadline:
@@ -177,7 +178,7 @@ def test_idle_helpers_go_to_sleep(monkeypatch: pytest.MonkeyPatch, counting_job:
 
 def _jobs_run() -> int:
     """Jobs published on the process's pool so far (the ticket's sequence)."""
-    return int(spin_pool().mailbox[job_blocks.TICKET]) >> 32
+    return int(spin_pool(pool_kernels()).mailbox[job_blocks.TICKET]) >> 32
 
 
 def _on(threads: int, spin: bool, monkeypatch: pytest.MonkeyPatch) -> tp.Backend:
@@ -323,6 +324,7 @@ def test_a_job_the_cache_lacks_is_made_ahead_not_in_the_step(
     from tensorplug_cpu.kernels import ahead
     from tensorplug_cpu.kernels import compiled as compiled_kernels
     from tensorplug_cpu.kernels.jit import load_jit
+    from tensorplug_cpu.kernels.kernel_refs import resolve
 
     class Uncompiled:
         """A job neither kept nor in numba's cache (a JobRef's interface)."""
@@ -348,7 +350,7 @@ def test_a_job_the_cache_lacks_is_made_ahead_not_in_the_step(
     jit = load_jit()
     assert jit is not None
     job = Uncompiled()
-    child = ahead.Ahead()
+    child = ahead.Ahead(resolve)
     monkeypatch.setattr(jit, "_ahead", child)
     assert not jit._job_ready(job) and not job.compiled
     assert [j.origin for j in child.jobs] == [("attend_job",)]

@@ -44,13 +44,11 @@ from tensorplug.opcodes import VIEW_OPS
 from tensorplug.tensor import placement_epoch
 
 from .kernels import BuildContext, Step, build_step, supports
-from .kernels.jit import MAX_SIBLINGS, JitKernels, jit_status, load_jit
 from .kernels.matmul import build_sibling_products
 from .kernels.program import Program, programs, rows_regions
 from .kernels.siblings import sibling_groups
 from .repack_buffer import RepackBuffer
 from .settings import GGML_PRODUCT_ORDER
-from .system import features
 from .thread_control import ThreadControl
 
 if TYPE_CHECKING:
@@ -59,7 +57,9 @@ if TYPE_CHECKING:
     from tensorplug.graph import Graph
     from tensorplug.tensor import Tensor
 
-__all__ = ["EXTENSIONS", "CpuBackend", "CpuGraphPlan", "AbortCallback"]
+    from .kernels.provider import CompiledKernels
+
+__all__ = ["BACKEND_CALLS", "CpuBackend", "CpuGraphPlan", "AbortCallback"]
 
 #: Called between nodes; a true result cancels the computation.
 AbortCallback = Callable[[], bool]
@@ -133,14 +133,15 @@ class CpuGraphPlan(GraphPlan):
         self.freed = False
         #: whether a step calls numpy's BLAS (:attr:`BuildContext.uses_blas`)
         self.uses_blas = False
-        #: the kernel calls its steps make only as they run (``JitKernels.expect``): what
+        #: the kernel calls its steps make only as they run (``CompiledKernels.expect``): what
         #: ``graph_prepare`` makes ready, where the first compute would load them
         self.first_calls: list[Any] = []
         self.bind(graph, backend.jit, backend.ggml_order, key)
 
     def bind(
-        self, graph: Graph, jit: JitKernels | None, ggml_order: bool, key: GraphKey | None = None
-    ) -> None:
+        self, graph: Graph, jit: CompiledKernels | None, ggml_order: bool,
+        key: GraphKey | None = None,
+    ) -> None:  # fmt: skip
         """(Re)build every step for ``graph``; views and scratch are made here, once.
         ``ggml_order``: the backend's arithmetic order (:attr:`CpuBackend.ggml_order`);
         ``key``: ``graph_key(graph.nodes)`` when the caller has it (it walks every node:
@@ -151,7 +152,7 @@ class CpuGraphPlan(GraphPlan):
         steps: list[Step] = []
         nodes: list[Tensor] = []
         buffers: dict[int, Buffer] = {}
-        groups = {} if jit is None else sibling_groups(graph.nodes, MAX_SIBLINGS)
+        groups = {} if jit is None else sibling_groups(graph.nodes, jit.max_siblings)
         # products computed with an earlier one of their group → what is left at their place
         joined: dict[int, Step | None] = {}
         for i, node in enumerate(graph.nodes):
@@ -227,13 +228,15 @@ def _check_writable(node: Tensor) -> None:
 
 
 class CpuBackend(Backend):
-    """A CPU stream: synchronous, computes graphs with numpy/BLAS (and numba if present)."""
+    """A CPU stream: synchronous, computes graphs with numpy/BLAS and the compiled
+    kernels it is given (``kernels``: numba's, where the device has them; None: numpy
+    alone)."""
 
     def __init__(
-        self, device: Device, *, n_threads: int | None = None, use_jit: bool = True
+        self, device: Device, *, kernels: CompiledKernels | None, n_threads: int | None = None
     ) -> None:
         super().__init__(device)
-        self.jit: JitKernels | None = load_jit() if use_jit else None
+        self.jit = kernels
         self.n_threads: int | None = None
         self.abort_callback: AbortCallback | None = None
         self.batch_invariant = False  # as an application asked (set_batch_invariant)
@@ -444,13 +447,9 @@ def set_batch_invariant(backend: Backend, invariant: bool) -> None:
     _backend(backend, "set_batch_invariant").set_batch_invariant(invariant)
 
 
-def get_features(reg: Any = None) -> dict[str, str]:
-    """``ggml_backend_get_features``: BLAS vendor, numpy's SIMD flags, JIT status."""
-    return features(jit_status())
-
-
-EXTENSIONS: dict[str, Callable[..., Any]] = {}
-for _fn in (set_n_threads, set_abort_callback, get_features):
-    EXTENSIONS[_fn.__name__] = _fn
-    EXTENSIONS["ggml_backend_" + _fn.__name__] = _fn
-EXTENSIONS[set_batch_invariant.__name__] = set_batch_invariant  # ggml has no such call
+#: the backend's calls by name (``get_proc_address``), ggml's names beside its own
+BACKEND_CALLS: dict[str, Callable[..., Any]] = {}
+for _fn in (set_n_threads, set_abort_callback):
+    BACKEND_CALLS[_fn.__name__] = _fn
+    BACKEND_CALLS["ggml_backend_" + _fn.__name__] = _fn
+BACKEND_CALLS[set_batch_invariant.__name__] = set_batch_invariant  # ggml has no such call

@@ -17,9 +17,9 @@ from tensorplug.hooks import hookimpl
 from tensorplug.host import host_buffer_type
 
 from . import system
-from .backend import EXTENSIONS, CpuBackend, get_features
+from .backend import BACKEND_CALLS, CpuBackend
 from .kernels import supports
-from .kernels.jit import load_jit
+from .kernels.jit import jit_status, load_jit
 from .repack import PackedLayout
 from .repack_buffer import RepackBufferType
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from tensorplug.buffer import Buffer, BufferType
     from tensorplug.tensor import Tensor
 
-__all__ = ["CpuDevice", "CpuReg", "create_reg", "parse_params"]
+__all__ = ["EXTENSIONS", "CpuDevice", "CpuReg", "create_reg", "get_features", "parse_params"]
 
 
 def parse_params(params: str | None) -> dict[str, Any]:
@@ -92,7 +92,9 @@ class CpuDevice(Device):
         )
 
     def _init_backend(self, params: str | None) -> CpuBackend:
-        return CpuBackend(self, **parse_params(params))
+        options = parse_params(params)
+        kernels = load_jit() if options.pop("use_jit", True) else None
+        return CpuBackend(self, kernels=kernels, **options)
 
     def buffer_type(self) -> BufferType:
         return host_buffer_type()
@@ -143,6 +145,19 @@ class CpuReg(Reg):
         if not isinstance(device, CpuDevice) or device.reg is not self or load_jit() is None:
             return None
         return [device.repack_buffer_type()]
+
+
+def get_features(reg: Any = None) -> dict[str, str]:
+    """``ggml_backend_get_features``: BLAS vendor, numpy's SIMD flags, JIT status."""
+    return system.features(jit_status())
+
+
+#: ``get_proc_address``'s names: the backend's calls and the features
+EXTENSIONS: dict[str, Callable[..., Any]] = {
+    **BACKEND_CALLS,
+    "get_features": get_features,
+    "ggml_backend_get_features": get_features,
+}
 
 
 def create_reg() -> CpuReg:

@@ -804,5 +804,5 @@ def attend_job() -> Any:
     """:func:`_attend_job` as a C function for :mod:`.pool`, made once (not compiled
     yet: :func:`.job_function.job_function`)."""
     job = job_function(_attend_job, "attend_job_f16")
-    job.tensorplug_origin = ("attend_job",)  # how the compile-ahead process makes it
+    job.tensorplug_origin = ("made_job", __name__, "attend_job")  # how another process makes it
     return job

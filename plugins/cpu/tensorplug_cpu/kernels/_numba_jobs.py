@@ -327,5 +327,10 @@ def jobs() -> dict[str, Any]:
         "get_rows": job_function(_get_rows_job, "step_get_rows_job"),
     }
     for name, job in made.items():
-        job.tensorplug_origin = ("step_job", name)
+        job.tensorplug_origin = ("made_job", __name__, "step_job", name)
     return made
+
+
+def step_job(name: str) -> Any:
+    """The job function ``name`` of :func:`jobs` (what its origin names)."""
+    return jobs()[name]

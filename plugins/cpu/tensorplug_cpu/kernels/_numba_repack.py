@@ -109,7 +109,9 @@ __all__ = [
     "PackedKernels",
     "PREFETCH_AHEAD",
     "kinds_mask",
+    "packed_driver",
     "packed_job",
+    "packed_job_of",
     "packed_kernels",
     "prefetches",
     "quantize_rows",
@@ -1702,8 +1704,19 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
     ids = tuple(sorted(int(t) for t in kinds))
     for name, driver in zip(PackedKernels._fields, drivers, strict=True):
         # how another process makes this driver again (.ahead: compiled ahead there)
-        driver.tensorplug_origin = ("packed", ids, ggml_order, name)
+        driver.tensorplug_origin = ("made", __name__, "packed_driver", ids, ggml_order, name)
     return drivers
+
+
+def packed_driver(ids: tuple[int, ...], ggml_order: bool, field: str) -> Any:
+    """The driver ``field`` of :func:`packed_kernels` for the types of ids ``ids`` (what
+    its origin names)."""
+    return getattr(packed_kernels(frozenset(Type(t) for t in ids), ggml_order), field)
+
+
+def packed_job_of(ids: tuple[int, ...], ggml_order: bool) -> Any:
+    """:func:`packed_job` for the types of ids ``ids`` (what its origin names)."""
+    return packed_job(frozenset(Type(t) for t in ids), ggml_order)
 
 
 def packed_job(kinds: frozenset[Type], ggml_order: bool = False) -> Any:
@@ -1751,5 +1764,6 @@ def _packed_job(kinds: frozenset[Type], ggml_order: bool) -> Any:
 
     job = job_function(packed_job, f"packed_job_{suffix}", _DOT)
     # how the compile-ahead process makes it again (.ahead)
-    job.tensorplug_origin = ("packed_job", tuple(sorted(int(t) for t in kinds)), ggml_order)
+    ids = tuple(sorted(int(t) for t in kinds))
+    job.tensorplug_origin = ("made_job", __name__, "packed_job_of", ids, ggml_order)
     return job

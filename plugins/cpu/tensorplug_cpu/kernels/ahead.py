@@ -6,7 +6,7 @@ compiles under a global lock: threads would only take turns. Most of those kerne
 known before the first is called: a CPU plan binds every step of its graph, with its
 arrays, before it runs one. So after a plan is bound, the kernels that its steps will
 call last, and that numba's disk cache does not hold yet, are handed to a child process
-(``python -m tensorplug_cpu.kernels.ahead``, the numba signatures pickled on its
+(``python -m tensorplug_cpu.kernels.ahead_child``, the numba signatures pickled on its
 stdin), which compiles them into the same disk cache on the other core while this
 process compiles the rest in the order the graph needs them. The child says on its
 stdout which job it has finished; when this process reaches a kernel the child has, it
@@ -31,6 +31,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ from ..settings import COMPILE_AHEAD
 from .kernel_identity import instruction_forms, origin_of
 from .numba_internals import numba_jit_disabled
 
-__all__ = ["Ahead", "Job", "cached", "origin_of", "resolve"]
+__all__ = ["CHILD", "Ahead", "Job", "cached", "compile_kernel", "compile_target", "origin_of"]
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -46,16 +47,19 @@ _log = logging.getLogger("tensorplug_cpu")
 WAIT_S = 300.0
 
 
-def resolve(origin: tuple[Any, ...]) -> Any:
-    """The dispatcher :func:`origin_of` described (a job as :class:`_JobCompile`)."""
-    from .kernel_refs import resolve as numba_object
+#: the child's module (``python -m``), which finds kernels by their origins
+CHILD = f"{__package__}.ahead_child"
 
-    found = numba_object(origin)
+
+def compile_target(resolve: Callable[[tuple[Any, ...]], Any], origin: tuple[Any, ...]) -> Any:
+    """What is compiled for ``origin`` (:func:`origin_of`): the dispatcher ``resolve``
+    finds for it, a job as :class:`_JobCompile`."""
+    found = resolve(origin)
     return _JobCompile(found) if origin[0] in _JOB_ORIGINS else found
 
 
 #: the origins of job functions, which compile without a signature
-_JOB_ORIGINS = ("packed_job", "attend_job", "step_job", "job")
+_JOB_ORIGINS = ("made_job", "job")
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class _JobCompile:
 
 
 def cached(kernel: Any, signature: tuple[Any, ...]) -> bool:
-    """Whether numba's disk cache already holds :func:`resolve`'s ``kernel`` for
+    """Whether numba's disk cache already holds :func:`compile_target`'s ``kernel`` for
     ``signature``: the other process compiled it meanwhile."""
     if isinstance(kernel, _JobCompile):
         return kernel.cached(signature)
@@ -87,7 +91,7 @@ def cached(kernel: Any, signature: tuple[Any, ...]) -> bool:
     return is_cached(kernel, signature)
 
 
-def _compile(kernel: Any, signature: tuple[Any, ...]) -> None:
+def compile_kernel(kernel: Any, signature: tuple[Any, ...]) -> None:
     """numba's load or compile of ``kernel`` (a dispatcher, or a job as
     :class:`_JobCompile`) for ``signature``, noted as cached (:mod:`.compiled`)."""
     if isinstance(kernel, _JobCompile):
@@ -110,8 +114,11 @@ class Job:
 
 @dataclass
 class Ahead:
-    """The kernels this process wants compiled ahead, and the child compiling them."""
+    """The kernels this process wants compiled ahead, and the child compiling them;
+    ``resolve`` finds a kernel by its origin (:func:`.kernel_refs.resolve`), for the
+    jobs this process takes back from the child."""
 
+    resolve: Callable[[tuple[Any, ...]], Any]
     jobs: dict[Job, None] = field(default_factory=dict)  # wanted, not yet handed over
     #: the child's jobs, in its order; how many it has said are done (it takes them in
     #: order, so the next is the one it is compiling); those this process took back;
@@ -203,7 +210,7 @@ class Ahead:
             # would leave that run's one-thread kernels to compile in the next, seconds of
             # its start)
             child = subprocess.Popen(
-                [sys.executable, "-m", __name__],
+                [sys.executable, "-m", CHILD],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
@@ -280,7 +287,7 @@ class Ahead:
             if i is None:
                 continue
             job = self.queue[i]
-            _compile(resolve(job.origin), job.signature)
+            compile_kernel(compile_target(self.resolve, job.origin), job.signature)
             self.taken.add(i)
             return True
         return False
@@ -295,7 +302,7 @@ class Ahead:
                 continue
             if sig in kernel.overloads:
                 continue
-            _compile(kernel, sig)
+            compile_kernel(kernel, sig)
             return True
         return False
 
@@ -345,25 +352,3 @@ class Ahead:
 def enabled() -> bool:
     """Whether kernels may be compiled ahead (``TENSORPLUG_CPU_COMPILE_AHEAD``)."""
     return bool(COMPILE_AHEAD.get()) and not numba_jit_disabled()
-
-
-def main() -> None:
-    """The child: compile each job into numba's disk cache, saying which is done."""
-    from ._numba_cache import use_instruction_forms
-
-    forms, jobs = pickle.loads(sys.stdin.buffer.read())
-    use_instruction_forms(forms)
-    listening = True
-    for i, job in enumerate(jobs):
-        kernel = resolve(job.origin)
-        if not cached(kernel, job.signature):  # else the parent took it back (done)
-            _compile(kernel, job.signature)
-        if listening:
-            try:
-                print(i, flush=True)
-            except OSError:  # the parent has ended: finish the cache for its next run
-                listening = False
-
-
-if __name__ == "__main__":
-    main()

@@ -68,10 +68,19 @@ from .job_blocks import (
     sums_span,
 )
 from .job_calls import JobCall, JobSpec
-from .kernel_refs import JobRef, KernelRef, job_ref, kept_code_ready, kernel_ref, module_kernel
+from .kernel_refs import (
+    JobRef,
+    KernelRef,
+    kept_code_ready,
+    made_job,
+    made_kernel,
+    module_kernel,
+    resolve,
+)
 from .kernel_shapes import DOT_LANES
 from .numba_import import numba_module, on_import
 from .numba_internals import numba_jit_disabled
+from .pool import PoolKernels, spin_pool
 from .steps import Step, block_rows
 from .threading_layer import Threads, preload_tbb, start_threads
 
@@ -110,6 +119,8 @@ _WIDEN_WEIGHTS = "f16 weight widening kernel"
 class JitKernels:
     """The compiled kernels: each one's first call loads its kept code, or has numba load
     or compile it (and keeps that code for later processes)."""
+
+    max_siblings = MAX_SIBLINGS
 
     def __init__(self, threads: Threads) -> None:
         """The kernels by reference (:mod:`.kernel_refs`): their kept code where it is
@@ -153,7 +164,7 @@ class JitKernels:
         attention = "_numba_attention"
         self._attend = module_kernel(attention, "attend")
         self._attend_serial = module_kernel(attention, "attend_serial")
-        self._attend_job = job_ref(("attend_job",))
+        self._attend_job = made_job(attention, "attend_job")
         self._visible_columns = module_kernel(attention, "visible_columns")
         self._softmax_rows = module_kernel(attention, "softmax_rows")
         self._widen_f16_rows = module_kernel(attention, "widen_f16_rows")
@@ -189,7 +200,7 @@ class JitKernels:
         from . import ahead
 
         #: the kernels a second process compiles meanwhile on a first run (:mod:`.ahead`)
-        self._ahead = ahead.Ahead() if ahead.enabled() else None
+        self._ahead = ahead.Ahead(resolve) if ahead.enabled() else None
         if self._ahead is not None:
             atexit.register(self._ahead.hand_over)
         #: threads of the parallel kernels (:meth:`set_num_threads`); at one, the
@@ -697,9 +708,7 @@ class JitKernels:
         region)."""
         if rows >= QUANTIZE_APART_ROWS or self.max_threads < 2 or not SPIN.get():
             return None
-        from .pool import spin_pool
-
-        return spin_pool()
+        return spin_pool(pool_kernels())
 
     def finish_ahead(self) -> None:
         """Wait until the compile-ahead process has made every kernel and job wanted so
@@ -725,7 +734,7 @@ class JitKernels:
         slowly as on one thread (the worker pool's sleeping threads wake too late to
         help); here the threads share them, each chunk computing its rows as the step
         does."""
-        job = job_ref(("step_job", spec.name))
+        job = made_job("_numba_jobs", "step_job", spec.name)
         if not self._job_ready(job):
             return None
         chunks = min(spec.rows, REGION_CHUNKS_PER_THREAD * self.max_threads)
@@ -749,7 +758,7 @@ class JitKernels:
         """The address of the step job ``name`` (:func:`._numba_jobs.jobs`), or None
         while numba's disk cache lacks it: the compile-ahead process makes it meanwhile
         (where there is none, it is compiled here)."""
-        job = job_ref(("step_job", name))
+        job = made_job("_numba_jobs", "step_job", name)
         return int(job.address) if self._job_ready(job) else None
 
     def program_ready(self) -> bool:
@@ -1279,6 +1288,12 @@ def _packed_scratch(
             scratch((n_tok, n // per), np.int32))  # fmt: skip
 
 
+@functools.cache
+def pool_kernels() -> PoolKernels:
+    """The spinning helpers' kernels (:class:`.pool.PoolKernels`), by reference."""
+    return PoolKernels(*(module_kernel("_numba_pool", name) for name in PoolKernels._fields))
+
+
 def load_jit() -> JitKernels | None:
     """The numba kernels, or None when numba is missing, broken or disabled; cached."""
     with _lock:
@@ -1385,10 +1400,12 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> _Drivers:
     """The drivers of repacked products of ``kinds``, by reference (their origins as
     :func:`._numba_repack.packed_kernels` tags them)."""
     ids, order = tuple(sorted(int(t) for t in kinds)), bool(ggml_order)
-    return _Drivers(*(kernel_ref(("packed", ids, order, name)) for name in _Drivers._fields))
+    return _Drivers(*(made_kernel("_numba_repack", "packed_driver", ids, order, name)
+                      for name in _Drivers._fields))  # fmt: skip
 
 
 def _packed_job(kinds: frozenset[Type], ggml_order: bool) -> JobRef:
     """The job of repacked products of ``kinds`` on the spinning helpers, by reference
     (its origin as :func:`._numba_repack.packed_job` tags it)."""
-    return job_ref(("packed_job", tuple(sorted(int(t) for t in kinds)), bool(ggml_order)))
+    ids = tuple(sorted(int(t) for t in kinds))
+    return made_job("_numba_repack", "packed_job_of", ids, bool(ggml_order))

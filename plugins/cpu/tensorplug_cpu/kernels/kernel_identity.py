@@ -58,11 +58,11 @@ CODEGEN_SETTINGS = ("NUMBA_OPT", "NUMBA_ENABLE_AVX", "NUMBA_LOOP_VECTORIZE",
 
 def origin_of(kernel: Any) -> tuple[Any, ...] | None:
     """Where a process finds ``kernel`` again: ``("module", module, name)`` for a
-    module's kernel, the tag a factory put on the dispatchers it made
-    (``packed_kernels``: ``("packed", type ids, ggml order, field)``; the helpers' job
-    functions: ``("packed_job", type ids, ggml order)``, ``("attend_job",)``,
-    ``("step_job", name)``), ``("job", module, name)`` for another job function
-    (:func:`.job_function.job_function`, by the name its cache files have), or None
+    module's kernel, the tag a factory put on what it made (``("made", module,
+    factory, *args)`` for a dispatcher, ``("made_job", module, factory, *args)`` for a
+    job function: ``factory(*args)`` makes it again), ``("job", module, name)`` for
+    another job function (:func:`.job_function.job_function`, by the name its cache
+    files have), or None
     (not a numba dispatcher, or not one a module holds)."""
     tag = getattr(kernel, "tensorplug_origin", None)
     if tag is not None:
@@ -146,7 +146,7 @@ def identity(origin: tuple[Any, ...]) -> str | None:
     for this target and these instruction forms; None where a module's kernel has no
     source file to hash."""
     source = None
-    if origin[0] in ("module", "job"):
+    if origin[0] in ("module", "job", "made", "made_job"):
         source = source_hash(str(origin[1]))
         if source is None:
             return None

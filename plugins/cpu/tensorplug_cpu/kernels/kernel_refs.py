@@ -29,8 +29,8 @@ from . import numba_import, numba_internals
 from .arg_types import arg_key
 from .kernel_identity import identity, origin_of
 
-__all__ = ["JobRef", "KernelRef", "job_ref", "kept_code_ready", "kernel_ref", "module_kernel",
-           "resolve"]  # fmt: skip
+__all__ = ["JobRef", "KernelRef", "job_ref", "kept_code_ready", "kernel_ref", "made_job",
+           "made_kernel", "module_kernel", "resolve"]  # fmt: skip
 
 #: a job's kept code has one key: its C signature is always the same
 _JOB_KEY = ("job",)
@@ -43,27 +43,8 @@ def resolve(origin: tuple[Any, ...]) -> Any:
     kind = origin[0]
     if kind == "module":
         return getattr(importlib.import_module(origin[1]), origin[2])
-    if kind == "packed":
-        from tensorplug.types import Type
-
-        from ._numba_repack import packed_kernels
-
-        kinds = frozenset(Type(t) for t in origin[1])
-        return getattr(packed_kernels(kinds, origin[2]), origin[3])
-    if kind == "packed_job":
-        from tensorplug.types import Type
-
-        from ._numba_repack import packed_job
-
-        return packed_job(frozenset(Type(t) for t in origin[1]), origin[2])
-    if kind == "attend_job":
-        from ._numba_attention import attend_job
-
-        return attend_job()
-    if kind == "step_job":
-        from ._numba_jobs import jobs
-
-        return jobs()[origin[1]]
+    if kind in ("made", "made_job"):
+        return getattr(importlib.import_module(origin[1]), origin[2])(*origin[3:])
     if kind == "job":
         module = importlib.import_module(origin[1])
         for value in vars(module).values():
@@ -314,3 +295,15 @@ def job_ref(origin: tuple[Any, ...]) -> JobRef:
 def module_kernel(module: str, name: str) -> KernelRef:
     """The kernel ``name`` of this package's kernel module ``module`` (``"_numba_rows"``)."""
     return kernel_ref(("module", f"{__package__}.{module}", name))
+
+
+def made_kernel(module: str, factory: str, *args: Any) -> KernelRef:
+    """The kernel that ``factory(*args)`` of this package's kernel module ``module``
+    makes (``args``: plain values, part of the kernel's identity)."""
+    return kernel_ref(("made", f"{__package__}.{module}", factory, *args))
+
+
+def made_job(module: str, factory: str, *args: Any) -> JobRef:
+    """The job function that ``factory(*args)`` of this package's kernel module
+    ``module`` makes."""
+    return job_ref(("made_job", f"{__package__}.{module}", factory, *args))

@@ -22,19 +22,23 @@ import atexit
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .job_blocks import AWAKE, MAILBOX_SIZE, SPIN_NS, SPIN_ROUNDS, STOP, WANTED
-from .kernel_refs import module_kernel
 
-__all__ = ["SpinPool", "spin_pool"]
+__all__ = ["PoolKernels", "SpinPool", "spin_pool"]
 
-#: the compiled side (:mod:`._numba_pool`), by reference (:mod:`.kernel_refs`)
-_HELPER_LOOP = module_kernel("_numba_pool", "helper_loop")
-_RUN_SHARED = module_kernel("_numba_pool", "run_shared")
-_RUN_PROGRAM = module_kernel("_numba_pool", "run_program")
+
+class PoolKernels(NamedTuple):
+    """The compiled side of the pool (:mod:`._numba_pool`'s kernels of these names), by
+    reference (:class:`.kernel_refs.KernelRef`: callable before numba is imported)."""
+
+    helper_loop: Any
+    run_shared: Any
+    run_program: Any
+
 
 #: Chunks per thread of a job at least: enough that a late helper still finds work, few
 #: enough that claiming (a compare-and-swap on a line every core touches) stays cheap.
@@ -48,7 +52,8 @@ UNITS_PER_CHUNK, MAX_CHUNKS = 32, 64
 class SpinPool:
     """One process's spinning helpers (:mod:`._numba_pool` runs them), started lazily."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernels: PoolKernels) -> None:
+        self.kernels = kernels
         self.mailbox = np.zeros(MAILBOX_SIZE, np.int64)
         self._lock = threading.Lock()  # one job at a time
         self._events: list[threading.Event] = []
@@ -78,7 +83,9 @@ class SpinPool:
             self._wake(n_threads - 1)
             run_shared = self._run_shared
             if run_shared is None:
-                run_shared = self._run_shared = _RUN_SHARED.for_types(self.mailbox, 0, 0, 0)
+                run_shared = self._run_shared = self.kernels.run_shared.for_types(
+                    self.mailbox, 0, 0, 0
+                )
             run_shared(self.mailbox, fn, job, chunks)
         finally:
             self._lock.release()
@@ -92,7 +99,7 @@ class SpinPool:
             return None
         try:
             self._wake(n_threads - 1)
-            return int(_RUN_PROGRAM(self.mailbox, program, n_threads - 1))
+            return int(self.kernels.run_program(self.mailbox, program, n_threads - 1))
         finally:
             self._lock.release()
 
@@ -120,7 +127,7 @@ class SpinPool:
             event.clear()
             if self._stopped:
                 return
-            _HELPER_LOOP(self.mailbox, rank, SPIN_NS, SPIN_ROUNDS)
+            self.kernels.helper_loop(self.mailbox, rank, SPIN_NS, SPIN_ROUNDS)
 
     def stop(self) -> None:
         """End the helpers (at exit: none spins while the interpreter shuts down)."""
@@ -143,23 +150,23 @@ _state: dict[str, Any] = {}
 _state_lock = threading.Lock()
 
 
-def _load_kernels() -> None:
+def _load_kernels(kernels: PoolKernels) -> None:
     """Load (or compile) the pool's two kernels now, while the first plan that may use
     the pool is bound (a model's warm-up): a helper's first call loaded its loop on
     the helper's own thread, after the warm-up, whenever the first job ran then (a
     job the compile-ahead process had just made)."""
     args = (np.zeros(MAILBOX_SIZE, np.int64), 0, 0, 0)
-    for kernel in (_HELPER_LOOP, _RUN_SHARED):
+    for kernel in (kernels.helper_loop, kernels.run_shared):
         kernel.ready(args)
 
 
-def spin_pool() -> SpinPool:
-    """The process's pool, made at first use, started afresh in a forked child, and
-    stopped at exit."""
+def spin_pool(kernels: PoolKernels) -> SpinPool:
+    """The process's pool, made at first use (running ``kernels``), started afresh in a
+    forked child, and stopped at exit."""
     with _state_lock:
         if "pool" not in _state:
-            _load_kernels()
-            pool = SpinPool()
+            _load_kernels(kernels)
+            pool = SpinPool(kernels)
             atexit.register(pool.stop)
             if hasattr(os, "register_at_fork"):  # POSIX
                 os.register_at_fork(after_in_child=pool.after_fork)

@@ -5,7 +5,8 @@ and the job programs (:mod:`.program`) turn a graph's nodes into steps. Each has
 way to do its node, and asks the compiled kernels, where there are any
 (``BuildContext.jit``), for a faster one: a kernel bound to the node's arrays by what it
 computes and its argument types (``bind_matvec(t, blocks, x, out)``), or a row job by
-name. :class:`CompiledKernels` is everything they may ask; numba's kernels
+name. :class:`CompiledKernels` is everything they, and the backend that runs the plan,
+may ask; numba's kernels
 (:class:`.jit.JitKernels`) are one provider of it, and another (a compiled library, a
 future JIT) needs only to provide the same, without a builder changing. The builders
 import this protocol, never the provider, so the kernels' modules import downward only.
@@ -36,6 +37,8 @@ class CompiledKernels(Protocol):
 
     #: threads a step's kernels run on now, and the most they may
     n_threads: int
+    #: most products of one activation :meth:`bind_matvec_siblings` runs as one
+    max_siblings: int
     #: what runs a program of row jobs (a kernel reference)
     program_runner: Any
     #: every f16 bit pattern's float32 value (the row jobs' decoding table)
@@ -107,6 +110,25 @@ class CompiledKernels(Protocol):
     def row_decoder(self, t: Type) -> tuple[int, int] | None: ...
 
     def expect(self, method: Callable[..., Any], *args: Any) -> None: ...
+
+    def compile_ahead(self) -> None:
+        """A plan is bound: start readying the kernels its later steps call."""
+        ...
+
+    def take_expected(self) -> list[Any]:
+        """What :meth:`expect` noted since it was last taken (a plan keeps what its
+        binding noted)."""
+        ...
+
+    def load_expected(self, expected: Sequence[Any]) -> None:
+        """Make the kernels of ``expected`` (:meth:`take_expected`) ready to run."""
+        ...
+
+    def settle(self) -> None:
+        """After a compute: give back what readying kernels during it took."""
+        ...
+
+    def set_num_threads(self, n: int) -> None: ...
 
     def bound(self, method: Callable[..., Any], *args: Any) -> Callable[[], Any]: ...
 
