@@ -85,6 +85,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="requests that may wait for a slot; past that: 503 with Retry-After (64)",
     )
     p.add_argument(
+        "--max-connections",
+        type=count_argument("a number of connections"),
+        metavar="N",
+        help="connections served at once; a request on one past it: 503 with Retry-After (256)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=600.0,
@@ -196,7 +202,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         with (
             tempfile.TemporaryDirectory(prefix="tensorplug-serve-") as tmp,
-            _Listening(sockets) as listening,
+            _Listening(sockets, max_connections=args.max_connections) as listening,
         ):
             if args.model is None and not args.tiny:
                 installed = installed_model()
@@ -249,22 +255,29 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 class _Listening:
-    """uvicorn on the bound sockets from the start (with :mod:`.http.transport`'s limits,
-    ``transport``: its :func:`~.http.transport.uvicorn_settings`), on a thread of its own, answering
+    """uvicorn on the bound sockets from the start, with :mod:`.http.transport`'s limits
+    (``max_connections``, None for its default, and ``transport``: the timeouts of
+    :func:`~.http.transport.uvicorn_settings`), on a thread of its own, answering
     every request 503 "Loading model" until :meth:`ready` (llama-server's loading
     state); the main thread keeps the signals: Ctrl-C or SIGTERM stops the server as
     uvicorn's own handlers do, a second Ctrl-C forces the stop (open connections are
     not waited for)."""
 
-    def __init__(self, sockets: list[socket.socket], **transport: Any) -> None:
+    def __init__(
+        self, sockets: list[socket.socket], max_connections: int | None = None, **transport: Any
+    ) -> None:
         import uvicorn
 
         from .http.loading import Switch
-        from .http.transport import uvicorn_settings
+        from .http.transport import MAX_CONNECTIONS, ConnectionCap, Connections, uvicorn_settings
 
         self.switch = Switch()
+        connections = Connections(max_connections or MAX_CONNECTIONS)
         config = uvicorn.Config(
-            self.switch, log_level="warning", lifespan="off", **uvicorn_settings(**transport)
+            ConnectionCap(self.switch, connections),
+            log_level="warning",
+            lifespan="off",
+            **uvicorn_settings(connections, **transport),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
