@@ -173,6 +173,19 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def test_aliases_and_tags_are_sorted_sets_whose_first_alias_names_the_model() -> None:
+    args = _parse(["--tiny", "-a", "tinyllama-2,fim,code,fim", "--tags", "small, chat"])
+    assert (args.aliases, args.alias, args.tags) == (["code", "fim", "tinyllama-2"], "code",
+                                                     ["chat", "small"])  # fmt: skip
+    bare = _parse(["--tiny"])
+    assert (bare.aliases, bare.alias, bare.tags, bare.ui) == ([], None, [], True)
+
+
+def test_no_ui_and_kv_unified_are_taken() -> None:
+    args = _parse(["--tiny", "--no-ui", "--kv-unified"])
+    assert (args.ui, args.kv_unified) == (False, True)
+
+
 def test_llama_servers_common_flags_mean_the_same(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"")

@@ -31,6 +31,7 @@ from .serve_flags import (
     add_llama_server_flags,
     api_keys,
     chat_template,
+    names,
     request_defaults,
     rope_overrides,
 )
@@ -106,7 +107,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-a",
         "--alias",
-        help="the model's name in the API (default: the GGUF file's name)",
+        metavar="NAME[,NAME...]",
+        help="the model's names in the API, several with commas (as llama-server's: "
+        "listed as aliases, the first in sorted order is its id; default: the GGUF "
+        "file's name)",
     )
     p.add_argument(
         "--chat-template",
@@ -170,6 +174,8 @@ def _resolve(args: argparse.Namespace) -> None:
     if k or v:
         args.cache_type = k or v
     args.rope = rope_overrides(args)
+    args.aliases, args.tags = names(args.alias), names(args.tags)
+    args.alias = args.aliases[0] if args.aliases else None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -234,6 +240,7 @@ def _serve(args: argparse.Namespace) -> int:
                     max_body_bytes=args.max_request_size * 2**20,
                     cors_origins=_origins(args.cors_origins), metrics=args.metrics,
                     slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
+                    aliases=args.aliases, tags=args.tags, web_page=args.ui,
                 )  # fmt: skip
                 listening.ready(create_app(llm, config))
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]

@@ -48,7 +48,8 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
             for r in router.routes
             if isinstance(path := getattr(r, "path", None), str)
         }
-    add_web_page(app)
+    if cfg.web_page:
+        add_web_page(app)
     app.add_middleware(
         Guard, api_keys=cfg.api_keys, metrics=svc.metrics, max_body_bytes=cfg.max_body_bytes,
         routes=routes,
