@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import errno
 import ipaddress
+import os
 import signal
 import socket
 import sys
@@ -174,6 +175,11 @@ def _resolve(args: argparse.Namespace) -> None:
     if k or v:
         args.cache_type = k or v
     args.rope = rope_overrides(args)
+    if os.environ.get("AIP_MODE") == "PREDICTION" and os.environ.get("AIP_HTTP_PORT"):
+        try:  # Vertex AI's port wins over --port, as llama-server's does
+            args.port = _port(os.environ["AIP_HTTP_PORT"])
+        except argparse.ArgumentTypeError as e:
+            raise RunError(f"AIP_HTTP_PORT: {e}") from None
     args.aliases, args.tags = names(args.alias), names(args.tags)
     args.alias = args.aliases[0] if args.aliases else None
 
@@ -182,6 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn  # noqa: F401  (checked here, used by _Listening)
 
+        from .http.vertex import VertexRoutes
         from .server import ServerConfig, create_app
     except ImportError as e:
         raise RunError(
@@ -241,6 +248,7 @@ def _serve(args: argparse.Namespace) -> int:
                     cors_origins=_origins(args.cors_origins), metrics=args.metrics,
                     slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
                     aliases=args.aliases, tags=args.tags, web_page=args.ui,
+                    vertex=VertexRoutes.from_environment(),
                 )  # fmt: skip
                 listening.ready(create_app(llm, config))
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorplug.errors import RunError
+
+if TYPE_CHECKING:
+    from .vertex import VertexRoutes
 
 __all__ = ["ServerConfig"]
 
@@ -30,7 +33,8 @@ class ServerConfig:
     (``n_predict``, ``temperature``...); ``body_timeout``: seconds a client may take to
     send each piece of a request body (a 408 after); ``aliases`` and ``tags``: the
     model's names and labels listed by ``/v1/models`` (llama-server's ``--alias a,b``
-    and ``--tags``); ``web_page``: serve the chat page at ``/`` (``--no-ui``: a 404)."""
+    and ``--tags``); ``web_page``: serve the chat page at ``/`` (``--no-ui``: a 404);
+    ``vertex``: Vertex AI's prediction routes (``AIP_MODE=PREDICTION``), None for none."""
 
     def __init__(
         self,
@@ -50,6 +54,7 @@ class ServerConfig:
         aliases: Sequence[str] = (),
         tags: Sequence[str] = (),
         web_page: bool = True,
+        vertex: VertexRoutes | None = None,
     ) -> None:
         if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1 or body_timeout <= 0:
             raise RunError(
@@ -74,6 +79,7 @@ class ServerConfig:
         self.aliases = tuple(aliases)
         self.tags = tuple(tags)
         self.web_page = web_page
+        self.vertex = vertex
 
     @property
     def api_key(self) -> str | None:
