@@ -116,7 +116,7 @@ print(installed_model() or "")')"
         echo "== $file" >&2
         (cd "$TESTS" && LLAMA_SERVER_BIN_PATH="$bin" PORT="$port" \
             TENSORPLUG_PYTHON="$PY" TENSORPLUG_SUITE_MODEL="$TENSORPLUG_SUITE_MODEL" \
-            TENSORPLUG_SUITE_RESULTS="$results" PYTHONPATH="$HERE" \
+            TENSORPLUG_SUITE_RESULTS="$results" PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" \
             timeout -k 30 "${SUITE_FILE_TIMEOUT:-1800}" "$VENV/bin/python" -m pytest -q \
             -p no:cacheprovider -p llama_suite_plugin "${args[@]}" "$file" | tail -n 3) || rc=1
     done

@@ -125,20 +125,51 @@ def test_a_body_shorter_than_its_length_is_a_408_and_the_connection_is_closed(
         assert _closed(sock)
 
 
-def test_connections_past_the_limit_are_answered_503(llm: LLM) -> None:
+def test_connections_past_the_limit_are_answered_503_in_openais_shape(llm: LLM) -> None:
     with serving(llm, max_connections=3, header_timeout=LONG, idle_timeout=LONG) as port:
-        held = [_connect(port) for _ in range(2)]
+        held = [_connect(port) for _ in range(3)]
         try:
             for sock in held:  # each answered: the server has counted it
                 sock.sendall(GET_HEALTH)
                 assert _response(sock)[0] == 200
-            with _connect(port) as third:
-                third.sendall(GET_HEALTH)
-                assert _response(third)[0] == 503
+            with _connect(port) as fourth:
+                fourth.sendall(GET_HEALTH)
+                status, error = _response(fourth)
+                assert status == 503 and error is not None
+                assert error["error"]["type"] == "unavailable_error"
+                assert error["error"]["code"] == 503
+                message = error["error"]["message"]
+                assert "connection limit (3 open at once)" in message
+                assert "retry after 1 s" in message and "--max-connections" in message
+                assert _closed(fourth)  # past the cap, the connection is not kept
             held.pop().close()
+            # once the server has seen that close, a new connection is served again
+            for _ in range(int(BOUND / 0.05)):
+                with _connect(port) as again:
+                    again.sendall(GET_HEALTH)
+                    if _response(again)[0] == 200:
+                        break
+            else:
+                pytest.fail("a connection closed under the cap did not free its place")
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_the_connection_cap_holds_while_the_model_loads(llm: LLM) -> None:
+    sockets = bind("127.0.0.1", 0)
+    port = sockets[0].getsockname()[1]
+    limits = {"max_connections": 1, "header_timeout": LONG, "idle_timeout": LONG}
+    with _Listening(sockets, **limits), _connect(port) as first:
+        first.sendall(GET_HEALTH)
+        status, error = _response(first)  # answered: the server has counted it
+        assert status == 503 and error is not None
+        assert error["error"]["message"] == "Loading model"
+        with _connect(port) as second:
+            second.sendall(GET_HEALTH)
+            status, error = _response(second)
+            assert status == 503 and error is not None
+            assert "connection limit (1 open at once)" in error["error"]["message"]
 
 
 def test_an_unknown_http_version_is_refused(llm: LLM) -> None:

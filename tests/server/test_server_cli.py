@@ -55,6 +55,28 @@ def test_a_missing_model_file_is_one_line(
     assert err == "tensorplug serve: error: nosuch.gguf: no such model file (a .gguf path)\n"
 
 
+def test_max_connections_reaches_the_listener(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensorplug_llm import serve_cli
+
+    caps: list[int] = []
+
+    class Recorded(serve_cli._Listening):
+        def __enter__(self) -> serve_cli._Listening:
+            caps.append(self.server.config.app.connections.limit)
+            raise RunError("stopped before the model loads")
+
+    monkeypatch.setattr(serve_cli, "_Listening", Recorded)
+    monkeypatch.setattr(run_cli, "load_model", _no_loading)
+    assert main(["serve", "--tiny", "--port", "0", "--max-connections", "5"]) == 1
+    assert main(["serve", "--tiny", "--port", "0"]) == 1
+    assert caps == [5, 256]  # given, then the default
+    with pytest.raises(SystemExit):
+        main(["serve", "--tiny", "--max-connections", "0"])
+    assert "--max-connections" in capsys.readouterr().err
+
+
 def test_health_is_503_loading_until_the_model_is_ready(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,6 +171,19 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     _resolve(args)
     return args
+
+
+def test_aliases_and_tags_are_sorted_sets_whose_first_alias_names_the_model() -> None:
+    args = _parse(["--tiny", "-a", "tinyllama-2,fim,code,fim", "--tags", "small, chat"])
+    assert (args.aliases, args.alias, args.tags) == (["code", "fim", "tinyllama-2"], "code",
+                                                     ["chat", "small"])  # fmt: skip
+    bare = _parse(["--tiny"])
+    assert (bare.aliases, bare.alias, bare.tags, bare.ui) == ([], None, [], True)
+
+
+def test_no_ui_and_kv_unified_are_taken() -> None:
+    args = _parse(["--tiny", "--no-ui", "--kv-unified"])
+    assert (args.ui, args.kv_unified) == (False, True)
 
 
 def test_llama_servers_common_flags_mean_the_same(tmp_path: Path) -> None:

@@ -62,6 +62,18 @@ def test_completion_is_the_runners_greedy_continuation(model: TinyModel, http: T
     assert timings["prompt_n"] + timings["cache_n"] == len(model.ids)
 
 
+def test_generation_settings_echo_the_logit_bias_and_ignore_eos_end_tokens(
+    model: TinyModel, http: TestClient
+) -> None:
+    eog = sorted(model.llm.vocab.eog)
+    assert eog  # the tiny model has an end token
+    got = _complete(http, prompt=PROMPT, n_predict=2, ignore_eos=True, logit_bias=[[5, -2.5]])
+    biases = got["generation_settings"]["logit_bias"]
+    assert biases == [{"bias": -2.5, "token": 5}] + [{"bias": None, "token": t} for t in eog]
+    plain = _complete(http, prompt=PROMPT, n_predict=2)
+    assert plain["generation_settings"]["logit_bias"] == []
+
+
 def test_token_ids_and_mixed_prompts_read_as_the_text(model: TinyModel, http: TestClient) -> None:
     ids = model.ids
     assert _complete(http, prompt=ids, n_predict=24)["content"] == model.greedy_text

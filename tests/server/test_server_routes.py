@@ -91,6 +91,22 @@ def test_an_alias_names_the_model(model: TinyModel) -> None:
         model.llm.model_name = before
 
 
+def test_models_lists_the_aliases_and_tags(model: TinyModel) -> None:
+    config = ServerConfig(aliases=["code", "fim"], tags=["chat", "small"])
+    app = TestClient(create_app(model.llm, config))
+    [entry] = app.get("/v1/models").json()["data"]
+    assert (entry["aliases"], entry["tags"]) == (["code", "fim"], ["chat", "small"])
+    [bare] = TestClient(create_app(model.llm)).get("/v1/models").json()["data"]
+    assert (bare["aliases"], bare["tags"]) == ([], [])
+
+
+def test_without_the_web_page_slash_is_404(model: TinyModel) -> None:
+    app = TestClient(create_app(model.llm, ServerConfig(web_page=False)))
+    assert app.get("/").status_code == 404
+    assert app.get("/web/index.html").status_code == 404
+    assert app.get("/health").status_code == 200
+
+
 # -- keys -------------------------------------------------------------------------------------
 
 

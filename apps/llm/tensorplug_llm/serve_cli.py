@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import errno
 import ipaddress
+import os
 import signal
 import socket
 import sys
@@ -31,6 +32,7 @@ from .serve_flags import (
     add_llama_server_flags,
     api_keys,
     chat_template,
+    names,
     request_defaults,
     rope_overrides,
 )
@@ -85,6 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="requests that may wait for a slot; past that: 503 with Retry-After (64)",
     )
     p.add_argument(
+        "--max-connections",
+        type=count_argument("a number of connections"),
+        metavar="N",
+        help="connections served at once; a request on one past it: 503 with Retry-After (256)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=600.0,
@@ -100,7 +108,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-a",
         "--alias",
-        help="the model's name in the API (default: the GGUF file's name)",
+        metavar="NAME[,NAME...]",
+        help="the model's names in the API, several with commas (as llama-server's: "
+        "listed as aliases, the first in sorted order is its id; default: the GGUF "
+        "file's name)",
     )
     p.add_argument(
         "--chat-template",
@@ -164,12 +175,20 @@ def _resolve(args: argparse.Namespace) -> None:
     if k or v:
         args.cache_type = k or v
     args.rope = rope_overrides(args)
+    if os.environ.get("AIP_MODE") == "PREDICTION" and os.environ.get("AIP_HTTP_PORT"):
+        try:  # Vertex AI's port wins over --port, as llama-server's does
+            args.port = _port(os.environ["AIP_HTTP_PORT"])
+        except argparse.ArgumentTypeError as e:
+            raise RunError(f"AIP_HTTP_PORT: {e}") from None
+    args.aliases, args.tags = names(args.alias), names(args.tags)
+    args.alias = args.aliases[0] if args.aliases else None
 
 
 def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn  # noqa: F401  (checked here, used by _Listening)
 
+        from .http.vertex import VertexRoutes
         from .server import ServerConfig, create_app
     except ImportError as e:
         raise RunError(
@@ -196,7 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         with (
             tempfile.TemporaryDirectory(prefix="tensorplug-serve-") as tmp,
-            _Listening(sockets) as listening,
+            _Listening(sockets, max_connections=args.max_connections) as listening,
         ):
             if args.model is None and not args.tiny:
                 installed = installed_model()
@@ -228,6 +247,8 @@ def _serve(args: argparse.Namespace) -> int:
                     max_body_bytes=args.max_request_size * 2**20,
                     cors_origins=_origins(args.cors_origins), metrics=args.metrics,
                     slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
+                    aliases=args.aliases, tags=args.tags, web_page=args.ui,
+                    vertex=VertexRoutes.from_environment(),
                 )  # fmt: skip
                 listening.ready(create_app(llm, config))
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]
@@ -249,22 +270,29 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 class _Listening:
-    """uvicorn on the bound sockets from the start (with :mod:`.http.transport`'s limits,
-    ``transport``: its :func:`~.http.transport.uvicorn_settings`), on a thread of its own, answering
+    """uvicorn on the bound sockets from the start, with :mod:`.http.transport`'s limits
+    (``max_connections``, None for its default, and ``transport``: the timeouts of
+    :func:`~.http.transport.uvicorn_settings`), on a thread of its own, answering
     every request 503 "Loading model" until :meth:`ready` (llama-server's loading
     state); the main thread keeps the signals: Ctrl-C or SIGTERM stops the server as
     uvicorn's own handlers do, a second Ctrl-C forces the stop (open connections are
     not waited for)."""
 
-    def __init__(self, sockets: list[socket.socket], **transport: Any) -> None:
+    def __init__(
+        self, sockets: list[socket.socket], max_connections: int | None = None, **transport: Any
+    ) -> None:
         import uvicorn
 
         from .http.loading import Switch
-        from .http.transport import uvicorn_settings
+        from .http.transport import MAX_CONNECTIONS, ConnectionCap, Connections, uvicorn_settings
 
         self.switch = Switch()
+        connections = Connections(max_connections or MAX_CONNECTIONS)
         config = uvicorn.Config(
-            self.switch, log_level="warning", lifespan="off", **uvicorn_settings(**transport)
+            ConnectionCap(self.switch, connections),
+            log_level="warning",
+            lifespan="off",
+            **uvicorn_settings(connections, **transport),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(

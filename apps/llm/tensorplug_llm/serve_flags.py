@@ -24,6 +24,7 @@ __all__ = [
     "add_llama_server_flags",
     "api_keys",
     "chat_template",
+    "names",
     "request_defaults",
     "rope_overrides",
 ]
@@ -270,6 +271,23 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve /slots")
     p.add_argument("--props", action="store_true", help="accept POST /props")
     p.add_argument(
+        "--tags",
+        metavar="TAG[,TAG...]",
+        help="labels listed with the model by /v1/models (informational, as llama-server's)",
+    )
+    p.add_argument(
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        help="do not serve the chat page at / (a 404 there)",
+    )
+    p.add_argument(
+        "--kv-unified",
+        action="store_true",
+        help="accepted for llama-server's command lines: the slots always share one KV "
+        "cache of -c cells here (llama-server's --kv-unified), a request may use all of it",
+    )
+    p.add_argument(
         "--api-key-file",
         metavar="FILE",
         help="a file of API keys, one a line (with or without --api-key)",
@@ -319,6 +337,12 @@ def request_defaults(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.request_seed,
     }
     return {k: v for k, v in given.items() if v is not None}
+
+
+def names(text: str | None) -> list[str]:
+    """``--alias a,b`` and ``--tags x,y``: the names given, sorted and each once (the
+    order llama-server keeps them in, whose first alias is the model's id)."""
+    return sorted({n.strip() for n in (text or "").split(",") if n.strip()})
 
 
 def api_keys(args: argparse.Namespace) -> list[str]:

@@ -1,11 +1,13 @@
 """The FastAPI app: the routers, the error handlers and the middleware, in the order a
 request meets them: the transport's limits (the HTTP version, the body's read deadline),
 CORS (a preflight is answered before any key is asked for), then the key, the body
-limit and the counters, then the route."""
+limit and the counters, then the route (Vertex AI's ``/predict`` sends each of its
+instances through all of it again)."""
 
 from __future__ import annotations
 
 from fastapi import Depends, FastAPI
+from fastapi.routing import APIRoute
 
 from ..api import LLM
 from .anthropic_routes import router as anthropic
@@ -13,13 +15,15 @@ from .body_check import check_body
 from .config import ServerConfig
 from .cors import Cors
 from .errors import install_error_handlers
-from .guard import Guard
+from .guard import PUBLIC_ROUTES, Guard
 from .infill import router as infill
+from .native_routes import health
 from .native_routes import router as native
 from .openai_routes import both, v1_only
 from .responses_routes import router as responses
 from .service import Service
 from .transport import Transport
+from .vertex import add_predict_route
 from .web_page import add_web_page
 
 __all__ = ["create_app"]
@@ -38,6 +42,7 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     app.state.metrics = svc.metrics
     install_error_handlers(app)
     routes: set[str] = set()  # the paths metrics name (any other is counted as "other")
+    posts: list[str] = []  # the POST routes, which Vertex AI's /predict dispatches to
     for router, prefix in (
         (native, ""), (infill, ""), (both, ""), (both, "/v1"), (v1_only, "/v1"),
         (anthropic, "/v1"), (responses, ""), (responses, "/v1"),
@@ -48,10 +53,21 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
             for r in router.routes
             if isinstance(path := getattr(r, "path", None), str)
         }
-    add_web_page(app)
+        posts += [
+            prefix + r.path
+            for r in router.routes
+            if isinstance(r, APIRoute) and "POST" in (r.methods or ())
+        ]
+    if cfg.web_page:
+        add_web_page(app)
+    if cfg.vertex is not None:
+        add_predict_route(app, cfg.vertex, posts, health)
+    public = set(PUBLIC_ROUTES)
+    if cfg.vertex is not None and cfg.vertex.health is not None:
+        public.add(cfg.vertex.health)  # a health check, as /health
     app.add_middleware(
         Guard, api_keys=cfg.api_keys, metrics=svc.metrics, max_body_bytes=cfg.max_body_bytes,
-        routes=routes,
+        routes=routes, public=public,
     )  # fmt: skip
     app.add_middleware(Cors, origins=cfg.cors_origins)
     app.add_middleware(Transport, body_timeout=cfg.body_timeout)

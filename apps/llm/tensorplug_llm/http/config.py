@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorplug.errors import RunError
+
+if TYPE_CHECKING:
+    from .vertex import VertexRoutes
 
 __all__ = ["ServerConfig"]
 
@@ -28,7 +31,10 @@ class ServerConfig:
     (``--props``); ``slot_save_path``: the folder of ``/slots/{id}?action=save``;
     ``defaults``: request fields' values where a request leaves them out
     (``n_predict``, ``temperature``...); ``body_timeout``: seconds a client may take to
-    send each piece of a request body (a 408 after)."""
+    send each piece of a request body (a 408 after); ``aliases`` and ``tags``: the
+    model's names and labels listed by ``/v1/models`` (llama-server's ``--alias a,b``
+    and ``--tags``); ``web_page``: serve the chat page at ``/`` (``--no-ui``: a 404);
+    ``vertex``: Vertex AI's prediction routes (``AIP_MODE=PREDICTION``), None for none."""
 
     def __init__(
         self,
@@ -45,6 +51,10 @@ class ServerConfig:
         slot_save_path: Path | None = None,
         defaults: Mapping[str, Any] | None = None,
         body_timeout: float = 30.0,
+        aliases: Sequence[str] = (),
+        tags: Sequence[str] = (),
+        web_page: bool = True,
+        vertex: VertexRoutes | None = None,
     ) -> None:
         if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1 or body_timeout <= 0:
             raise RunError(
@@ -66,6 +76,10 @@ class ServerConfig:
         self.slot_save_path = slot_save_path
         self.defaults: dict[str, Any] = dict(defaults or {})
         self.body_timeout = body_timeout
+        self.aliases = tuple(aliases)
+        self.tags = tuple(tags)
+        self.web_page = web_page
+        self.vertex = vertex
 
     @property
     def api_key(self) -> str | None:

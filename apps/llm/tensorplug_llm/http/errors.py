@@ -1,4 +1,5 @@
-"""Every error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""Every error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``
+(``code``: a string naming the error, or the HTTP status as llama-server's carry it).
 
 One place turns what went wrong into that body: pydantic's validation errors, malformed
 JSON, unknown routes, the API's own refusals (:class:`~tensorplug_llm.api.InvalidRequestError`,
@@ -33,7 +34,7 @@ class ApiError(Exception):
         message: str,
         kind: str = "invalid_request_error",
         param: str | None = None,
-        code: str | None = None,
+        code: str | int | None = None,
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
@@ -53,7 +54,7 @@ def error_body(
     message: str,
     kind: str = "invalid_request_error",
     param: str | None = None,
-    code: str | None = None,
+    code: str | int | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
@@ -66,7 +67,7 @@ def error_response(
     message: str,
     kind: str = "invalid_request_error",
     param: str | None = None,
-    code: str | None = None,
+    code: str | int | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     return ApiError(status, message, kind, param, code, headers).response()

@@ -41,8 +41,9 @@ class Guard:
         metrics: Metrics,
         max_body_bytes: int,
         routes: Collection[str],
+        public: Collection[str] = PUBLIC_ROUTES,
     ) -> None:
-        self.app, self.metrics = app, metrics
+        self.app, self.metrics, self.public = app, metrics, public
         self.keys = [k.encode() for k in api_keys]
         self.max_body_bytes = max_body_bytes
         self.routes = routes
@@ -63,7 +64,7 @@ class Guard:
         path = scope["path"]
         route = path if path in self.routes else "other"
         headers = Headers(scope=scope)
-        public = path in PUBLIC_ROUTES or path.startswith(ASSETS)
+        public = path in self.public or path.startswith(ASSETS)
         if self.keys and not public and not self._key_ok(headers):
             self.metrics.http.labels(route, "401").inc()
             response = error_response(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..api import LLM
@@ -29,9 +30,10 @@ def model_meta(llm: LLM) -> dict[str, Any]:
     }
 
 
-def model_list(llm: LLM) -> dict[str, Any]:
-    """``/v1/models``: OpenAI's list with llama-server's ``meta``, and the same model in
-    Ollama's ``models`` shape (llama-server answers both at once)."""
+def model_list(llm: LLM, aliases: Sequence[str] = (), tags: Sequence[str] = ()) -> dict[str, Any]:
+    """``/v1/models``: OpenAI's list with llama-server's ``aliases``, ``tags`` and
+    ``meta``, and the same model in Ollama's ``models`` shape (llama-server answers both
+    at once)."""
     name = llm.model_name
     capabilities = ["embedding"] if llm.llama.config.arch.encoder else ["completion"]
     return {
@@ -39,6 +41,8 @@ def model_list(llm: LLM) -> dict[str, Any]:
         "data": [
             {
                 "id": name,
+                "aliases": list(aliases),
+                "tags": list(tags),
                 "object": "model",
                 "created": _STARTED,
                 "owned_by": "llamacpp",

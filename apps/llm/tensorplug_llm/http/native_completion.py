@@ -76,6 +76,7 @@ def generation_settings(llm: LLM, body: NativeCompletionRequest) -> dict[str, An
         "max_tokens": body.budget(),
         "n_keep": body.n_keep,
         "n_discard": 0,
+        "logit_bias": logit_biases(llm, body),
         "ignore_eos": body.ignore_eos,
         "stream": body.stream,
         "n_probs": body.n_probs,
@@ -87,6 +88,19 @@ def generation_settings(llm: LLM, body: NativeCompletionRequest) -> dict[str, An
         "model": llm.model_name,
         "n_ctx": llm.llama.n_ctx,
     }
+
+
+def logit_biases(llm: LLM, body: NativeCompletionRequest) -> list[dict[str, Any]]:
+    """``logit_bias`` as llama-server echoes it: ``[{"bias", "token"}]``, the request's
+    then, with ``ignore_eos``, every end-of-generation token's ``-inf`` (as JSON
+    ``null``, as its JSON library writes an infinity)."""
+    request = body.logit_bias if isinstance(body.logit_bias, dict) else {}  # validated: a dict
+    given = [
+        {"bias": b if math.isfinite(b) else None, "token": int(t) if t.isdigit() else t}
+        for t, b in request.items()
+    ]
+    eog = sorted(llm.vocab.eog) if body.ignore_eos else []
+    return given + [{"bias": None, "token": t} for t in eog]
 
 
 class NativeCompletion:

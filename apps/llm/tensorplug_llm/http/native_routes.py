@@ -46,7 +46,7 @@ def not_supported(message: str) -> ApiError:
 @router.get("/api/tags")
 async def ollama_tags(svc: ServiceDep) -> dict[str, Any]:
     """Ollama's model list, which llama-server serves too (public, as /models)."""
-    return model_list(svc.llm)
+    return model_list(svc.llm, svc.config.aliases, svc.config.tags)
 
 
 @router.get("/health")

@@ -29,7 +29,7 @@ v1_only = APIRouter()
 
 @both.get("/models")
 async def models(svc: ServiceDep) -> dict[str, Any]:
-    return model_list(svc.llm)
+    return model_list(svc.llm, svc.config.aliases, svc.config.tags)
 
 
 @v1_only.post("/completions")

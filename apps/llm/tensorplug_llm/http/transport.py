@@ -1,15 +1,19 @@
 """The connection's limits, where uvicorn has none: a client must send a request's
 head within :data:`HEADER_TIMEOUT` seconds of connecting (or of the previous response)
 and each piece of its body within the body timeout, only HTTP/1.0 and 1.1 are spoken,
-and at most :data:`MAX_CONNECTIONS` connections are open at once (uvicorn's
-``limit_concurrency``: the next request is answered 503).
+and at most :data:`MAX_CONNECTIONS` connections are served at once: a request on a
+connection past the cap is answered 503 in OpenAI's error shape by
+:class:`ConnectionCap` (uvicorn's own ``limit_concurrency`` answers a plain-text 503,
+which an OpenAI client cannot read: it stays only as a backstop, twice higher).
 
 uvicorn arms its keep-alive timer only after a response, and any byte received
 cancels it: a client that connects and sends nothing, or one header byte every few
 seconds, held its connection for ever. :func:`timed_h11` adds a deadline for the
 whole head to uvicorn's h11 protocol; :class:`Transport` (ASGI) gives each body read a
 deadline (a 408 after it: a Content-Length larger than the body sent no longer holds
-the connection) and refuses unknown HTTP versions (505)."""
+the connection) and refuses unknown HTTP versions (505). The protocol counts the open
+connections (:class:`Connections`) for :class:`ConnectionCap`, which sits outside every
+other part of the app, so that the 503 is given while the model loads too."""
 
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ from .errors import error_response
 
 __all__ = [
     "BODY_TIMEOUT",
+    "ConnectionCap",
+    "Connections",
     "HEADER_TIMEOUT",
     "IDLE_TIMEOUT",
     "MAX_CONNECTIONS",
@@ -39,7 +45,7 @@ HEADER_TIMEOUT = 10.0
 BODY_TIMEOUT = 30.0
 #: seconds an idle keep-alive connection stays open between requests
 IDLE_TIMEOUT = 5.0
-#: connections open at once; past it a request is answered 503
+#: connections served at once; a request on one past it is answered 503
 MAX_CONNECTIONS = 256
 #: the largest request head h11 buffers (a longer one is a 400)
 MAX_HEADER_BYTES = 64 * 1024
@@ -47,24 +53,39 @@ MAX_HEADER_BYTES = 64 * 1024
 VERSIONS = ("1.0", "1.1")
 
 
-def timed_h11(header_timeout: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing a connection whose request head has not all
-    come ``header_timeout`` seconds after the connection opened or the previous
-    response ended. The deadline follows uvicorn's h11 protocol class (the ``http``
-    setting uvicorn documents takes a class) through two of its members, a request's
-    ``cycle`` and ``on_response_complete``; a uvicorn without them gets its own class
-    back, without the head deadline (the body and idle ones stand)."""
-    if not hasattr(H11Protocol, "on_response_complete"):
-        return H11Protocol
+class Connections:
+    """The connections open now (kept by :func:`timed_h11`'s protocol) and the cap on
+    them (``tensorplug serve --max-connections``)."""
+
+    __slots__ = ("limit", "open")
+
+    def __init__(self, limit: int = MAX_CONNECTIONS) -> None:
+        if limit < 1:
+            raise ValueError(f"max_connections is {limit}: give at least 1")
+        self.limit, self.open = limit, 0
+
+
+def timed_h11(header_timeout: float, connections: Connections | None = None) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, counting its open connections in ``connections`` and
+    closing a connection whose request head has not all come ``header_timeout``
+    seconds after the connection opened or the previous response ended. The deadline
+    follows uvicorn's h11 protocol class (the ``http`` setting uvicorn documents takes a
+    class) through two of its members, a request's ``cycle`` and
+    ``on_response_complete``; a uvicorn without them gets no head deadline (the body
+    and idle ones stand)."""
+    counted = connections if connections is not None else Connections()
+    timed = hasattr(H11Protocol, "on_response_complete")
 
     class TimedH11(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            counted.open += 1  # first: a request on it is parsed after this returns
             super().connection_made(transport)
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            counted.open -= 1
             self._disarm()
             super().connection_lost(exc)
 
@@ -75,7 +96,8 @@ def timed_h11(header_timeout: float) -> type[H11Protocol]:
 
         def _arm(self) -> None:
             self._disarm()
-            self._head_timer = self.loop.call_later(header_timeout, self._head_timeout)
+            if timed:
+                self._head_timer = self.loop.call_later(header_timeout, self._head_timeout)
 
         def _disarm(self) -> None:
             if self._head_timer is not None:
@@ -94,17 +116,44 @@ def timed_h11(header_timeout: float) -> type[H11Protocol]:
 
 
 def uvicorn_settings(
+    connections: Connections,
     header_timeout: float = HEADER_TIMEOUT,
     idle_timeout: float = IDLE_TIMEOUT,
-    max_connections: int = MAX_CONNECTIONS,
 ) -> dict[str, Any]:
-    """The keyword arguments of ``uvicorn.Config`` that bound a connection."""
+    """The keyword arguments of ``uvicorn.Config`` that bound a connection; the app
+    given to uvicorn is wrapped in :class:`ConnectionCap` over the same ``connections``."""
     return {
-        "http": timed_h11(header_timeout),
+        "http": timed_h11(header_timeout, connections),
         "timeout_keep_alive": idle_timeout,
-        "limit_concurrency": max_connections,
+        # uvicorn's plain-text 503: a backstop past ours (it counts running requests too)
+        "limit_concurrency": 2 * connections.limit + 1,
         "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
     }
+
+
+class ConnectionCap:
+    """ASGI middleware: a request on a connection past ``connections.limit`` is answered
+    503 with ``Retry-After``, in OpenAI's error shape, and its connection is closed (an
+    open connection past the cap would go on counting against it)."""
+
+    def __init__(self, app: ASGIApp, connections: Connections, retry_after: int = 1) -> None:
+        self.app, self.connections, self.retry_after = app, connections, retry_after
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cap = self.connections
+        if scope["type"] != "http" or cap.open <= cap.limit:
+            await self.app(scope, receive, send)
+            return
+        response = error_response(
+            503,
+            f"the server is at its connection limit ({cap.limit} open at once): retry "
+            f"after {self.retry_after} s, or raise the limit (tensorplug serve "
+            "--max-connections)",
+            "unavailable_error",
+            code=503,
+            headers={"Retry-After": str(self.retry_after), "Connection": "close"},
+        )
+        await response(scope, receive, send)
 
 
 class Transport:
