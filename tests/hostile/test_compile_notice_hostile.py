@@ -19,12 +19,12 @@ numba = pytest.importorskip("numba")
 
 from numba.core import event  # noqa: E402
 
-from tensorplug_cpu.kernels import jit  # noqa: E402
+from tensorplug_cpu.kernels import jit, jit_calls  # noqa: E402
 from tensorplug_cpu.kernels.threading_layer import start_threads  # noqa: E402
 
 
 def _kernels(monkeypatch: pytest.MonkeyPatch) -> jit.JitKernels:
-    monkeypatch.setattr(jit, "COMPILE_NOTICE_S", 0.01)
+    monkeypatch.setattr(jit_calls, "COMPILE_NOTICE_S", 0.01)
     return jit.JitKernels(start_threads("default"))
 
 
