@@ -263,6 +263,12 @@ def build_flash_attn_ext(
     The exact kernel sums a row's visible cells in the op's ``order`` (src 4) when it has
     one, by position in the engine's cache; BLAS's products have their own order.
     """
+    if node.op_params.get("online"):  # ggml's own flash attention kernel's arithmetic
+        from .flash import build_online_attention
+
+        online = build_online_attention(node, ctx, jit)
+        if online is not None:
+            return online
     q_t, k_t, v_t = node.src[:3]
     mask_t = node.src[3] if len(node.src) > 3 else None
     order = ctx.view(node.src[4]) if len(node.src) > 4 else _CACHE_ORDER
