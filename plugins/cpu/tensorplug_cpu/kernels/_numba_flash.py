@@ -7,13 +7,14 @@ and output at each new maximum, libm's ``expf``, and for an F16 V an output accu
 in f16. Two of its ways are reproduced here, chosen as ggml chooses them:
 
 - a row at a time (``one_chunk``; a generation step, a prompt of fewer than
-  :data:`.flash.TILE_Q` rows, or a cache that is neither F16 nor F32): the query rounded to K's
-  ``vec_dot_type`` and each score by K's ``vec_dot`` (``ggml_vec_dot_f16`` or
-  ``ggml_vec_dot_f32``), a cell at a time;
-- in tiles (``tiled``; a step of :data:`.flash.TILE_Q` query rows or more over an F16 or F32
-  cache): the float32 query, scores by ``simd_gemm`` (one fused chain a score), each
-  tile of :data:`TILE_KV` cells softmaxed by ``ggml_vec_soft_max_f32`` against the
-  running maximum, and its weights·V by ``simd_gemm`` onto the float32 output.
+  :data:`~.kernel_shapes.FLASH_TILE_Q` rows, or a cache that is neither F16 nor F32):
+  the query rounded to K's ``vec_dot_type`` and each score by K's ``vec_dot``
+  (``ggml_vec_dot_f16`` or ``ggml_vec_dot_f32``), a cell at a time;
+- in tiles (``tiled``; a step of :data:`~.kernel_shapes.FLASH_TILE_Q` query rows or
+  more over an F16 or F32 cache): the float32 query, scores by ``simd_gemm`` (one fused
+  chain a score), each tile of :data:`~.kernel_shapes.FLASH_TILE_KV` cells softmaxed by
+  ``ggml_vec_soft_max_f32`` against the running maximum, and its weights·V by
+  ``simd_gemm`` onto the float32 output.
 
 A row's visible cells are taken in ``order`` (cache order when empty) and its ``c``-th
 visible cell stands where ggml's cell ``c`` does: the same for one sequence in cells
@@ -30,11 +31,18 @@ import numpy as np
 from numba import njit, prange
 
 from . import _numba_ir as _ir
-from ._numba_attention import EXP_LANES, _cell_rows, _cell_value, _half, _halve, _visible
+from ._numba_attention import (
+    EXP_LANES,
+    cell_rows,
+    cell_value,
+    halving_sum,
+    round_to_f16,
+    visible_cells,
+)
 from ._numba_attention_ir import SCORE_LANES, score_row
 from ._numba_cache import kernel
 from ._numba_rows import ggml_expf
-from .flash import TILE_KV
+from .kernel_shapes import FLASH_TILE_KV
 
 
 @njit(inline="always")
@@ -53,10 +61,10 @@ def _dot(keys: Any, table: Any, hk: int, col: int, qs: Any, half: bool) -> Any:
     if half:
         wide = np.float64(s)
         for d in range(whole, n_d):
-            wide += np.float64(_cell_value(keys, table, hk, col, d) * qs[0, d])
+            wide += np.float64(cell_value(keys, table, hk, col, d) * qs[0, d])
         return np.float32(wide)
     for d in range(whole, n_d):
-        s = _ir.fmaf(_cell_value(keys, table, hk, col, d), qs[0, d], s)
+        s = _ir.fmaf(cell_value(keys, table, hk, col, d), qs[0, d], s)
     return s
 
 
@@ -82,13 +90,13 @@ def _online_row(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: Any,
             ms = np.float32(math.exp(big - s))
             big = s
             for d in range(n_dv):
-                acc[d] = _half(acc[d] * ms, table) if half_v else acc[d] * ms
+                acc[d] = round_to_f16(acc[d] * ms, table) if half_v else acc[d] * ms
         else:
             vs = np.float32(math.exp(s - big))
         col = cols[c]
         for d in range(n_dv):
-            a = _ir.fmaf(_cell_value(values, table, hk, col, d), vs, acc[d])
-            acc[d] = _half(a, table) if half_v else a
+            a = _ir.fmaf(cell_value(values, table, hk, col, d), vs, acc[d])
+            acc[d] = round_to_f16(a, table) if half_v else a
         total = _ir.fmaf(total, ms, vs)
     return total
 
@@ -104,14 +112,14 @@ def _tiled_row(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: Any,
         acc[d] = np.float32(0)
     big = np.float32(-np.inf)
     total = np.float32(0)
-    for c0 in range(0, m, TILE_KV):
-        n = min(TILE_KV, m - c0)
+    for c0 in range(0, m, FLASH_TILE_KV):
+        n = min(FLASH_TILE_KV, m - c0)
         best = np.float32(-np.inf)
         for t in range(n):
             col = cols[c0 + t]
             a = np.float32(0)
             for d in range(n_d):
-                a = _ir.fmaf(qs[0, d], _cell_value(keys, table, hk, col, d), a)
+                a = _ir.fmaf(qs[0, d], cell_value(keys, table, hk, col, d), a)
             a = a * sc
             if cap != 0:
                 a = np.float32(math.tanh(a)) * cap
@@ -128,18 +136,18 @@ def _tiled_row(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: Any,
             total = total * ms
         big = new
         wide = 0.0
-        for b0 in range(0, TILE_KV, EXP_LANES):
+        for b0 in range(0, FLASH_TILE_KV, EXP_LANES):
             for i in range(EXP_LANES):
                 t = b0 + i
                 e = ggml_expf(kq[t] - big) if t < n else np.float32(0)
                 kq[t] = e
                 block[i] = e
-            wide += np.float64(_halve(block, EXP_LANES))
+            wide += np.float64(halving_sum(block, EXP_LANES))
         total = np.float32(np.float64(total) + wide)
         for d in range(n_dv):
             a = acc[d]
             for t in range(n):
-                a = _ir.fmaf(kq[t], _cell_value(values, table, hk, cols[c0 + t], d), a)
+                a = _ir.fmaf(kq[t], cell_value(values, table, hk, cols[c0 + t], d), a)
             acc[d] = a
     return total
 
@@ -150,8 +158,8 @@ def flash_attend(q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale
                  table: Any) -> None:  # fmt: skip
     """``out[b, r, h] = softmax_j(s_j)·v_j`` over cache rows ``j < used`` as ggml's CPU
     flash attention kernel computes it (see the module): the ``tiled`` way where
-    ``tiled`` (ggml takes it for an F16 or F32 cache and :data:`.flash.TILE_Q` query rows or
-    more), else ``one_chunk``.
+    ``tiled`` (ggml takes it for an F16 or F32 cache and
+    :data:`~.kernel_shapes.FLASH_TILE_Q` query rows or more), else ``one_chunk``.
 
     q (B, H, n_q, D) float32; k (Bk, Hkv, n_kv, D) and v (Bk, Hkv, n_kv, Dv) float32,
     or uint16 holding f16 (read through ``table``: ``half``); ``mask`` the term added to the
@@ -171,15 +179,15 @@ def flash_attend(q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale
         kb = b if k.shape[0] > 1 else 0
         mb = b if has_mask and mask.shape[0] > 1 else 0
         mh = h if has_mask and mask.shape[1] > 1 else 0
-        keys, values = _cell_rows(k, table, kb, used), _cell_rows(v, table, kb, used)
+        keys, values = cell_rows(k, table, kb, used), cell_rows(v, table, kb, used)
         cols, biases = np.empty(width, np.int64), np.empty(width, np.float32)
         qs, acc = np.empty((1, n_d), np.float32), np.empty(n_dv, np.float32)
-        kq, block = np.empty(TILE_KV, np.float32), np.empty(EXP_LANES, np.float32)
+        kq, block = np.empty(FLASH_TILE_KV, np.float32), np.empty(EXP_LANES, np.float32)
         for r in range(n_q):
-            m = _visible(mask, table, mb, mh, r, used, has_mask, order, cols, biases)
+            m = visible_cells(mask, table, mb, mh, r, used, has_mask, order, cols, biases)
             for d in range(n_d):
                 x = q[b, h, r, d]
-                qs[0, d] = _half(x, table) if half and not tiled else x
+                qs[0, d] = round_to_f16(x, table) if half and not tiled else x
             if tiled:
                 total = _tiled_row(keys, values, table, hk, qs, cols, biases, m, sc, cap,
                                    acc, kq, block)  # fmt: skip

@@ -9,20 +9,17 @@ import numpy as np
 
 from tensorplug.types import Type
 
+from .attention_mask import masked_logits
 from .common import F32, BuildContext, Step, padded4, sequence
-from .kernel_refs import module_kernel
+from .kernel_shapes import FLASH_TILE_Q
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
     from .provider import CompiledKernels
 
-__all__ = ["TILE_KV", "TILE_Q", "build_online_attention"]
+__all__ = ["ONLINE_TYPES", "build_online_attention"]
 
-#: Query rows from which ggml takes its tiled way (``GGML_FA_TILE_Q``).
-TILE_Q = 64
-#: Cells of one tile of the tiled way (``GGML_FA_TILE_KV``).
-TILE_KV = 64
 #: the cache types whose cells the kernel reads
 ONLINE_TYPES = (Type.F16, Type.F32)
 
@@ -36,8 +33,6 @@ def build_online_attention(
     """The step of an ``online`` flash_attn_ext, or None where the numba kernel does not
     take it (no numba, K and V of other types): the caller's arithmetic then runs, the
     same function up to rounding."""
-    from .attention import _masked_logits
-
     q_t, k_t, v_t = node.src[:3]
     if jit is None or k_t.type != v_t.type or k_t.type not in ONLINE_TYPES:
         return None
@@ -50,7 +45,7 @@ def build_online_attention(
     q4 = padded4(ctx.view(q_t))
     B, H, n_q, _ = q4.shape
     n_kv = k_t.shape[-2]
-    term, prep = _masked_logits(ctx, mask_t, n_q, (B, H, n_q, n_kv), p.get("max_bias", 0.0))
+    term, prep = masked_logits(ctx, mask_t, n_q, (B, H, n_q, n_kv), p.get("max_bias", 0.0))
     k_in, v_in = padded4(ctx.view(k_t)), padded4(ctx.view(v_t))
     casts = None
     if k_t.type == Type.F32:
@@ -69,11 +64,9 @@ def build_online_attention(
     out4 = padded4(ctx.view(node))
     # one layout for every step (a prompt's q is a permuted view): one compile
     q_in = q4 if q4.flags.c_contiguous else ctx.scratch(q4.shape)
-    kernel = module_kernel("_numba_flash", "flash_attend")
-    table = jit.f16_to_f32
     scale_f, softcap_f = float(scale), float(softcap)
     # ggml's tiles for a prompt's many rows; a batch-invariant backend keeps one row's way
-    tiled = ctx.ggml_order and n_q >= TILE_Q
+    tiled = ctx.ggml_order and n_q >= FLASH_TILE_Q
 
     def run() -> None:
         if q_in is not q4:
@@ -82,7 +75,6 @@ def build_online_attention(
         if casts is not None:
             for dst, src in casts:
                 np.copyto(dst[:, :, :used], src[:, :, :used])
-        kernel(q_in, k_in, v_in, bias, order, used, scale_f, softcap_f, True, tiled, out4,
-               table)  # fmt: skip
+        jit.online_attend(q_in, k_in, v_in, bias, order, used, scale_f, softcap_f, tiled, out4)
 
     return sequence(prep, run)

@@ -31,6 +31,18 @@ class AttentionKernels(Binding):
     _visible_columns = module_kernel(_MODULE, "visible_columns")
     _softmax_rows = module_kernel(_MODULE, "softmax_rows")
     _widen_f16_rows = module_kernel(_MODULE, "widen_f16_rows")
+    _online_attend = module_kernel("_numba_flash", "flash_attend")
+
+    def online_attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+        order: np.ndarray, used: int, scale: float, softcap: float, tiled: bool,
+        out: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Attention in the arithmetic of ggml's own flash attention kernel
+        (:func:`._numba_flash.flash_attend`: raw f16 ``k`` and ``v``; ``tiled``: its way
+        for many query rows), what llama.cpp computes with flash attention on."""
+        self.call("ggml's flash attention kernel", self._online_attend, q, k, v, mask, order,
+                  used, scale, softcap, True, tiled, out, F16_TO_F32)  # fmt: skip
 
     def want_attend_ahead(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
