@@ -9,8 +9,7 @@ import numpy as np
 
 from tensorplug.opmath import alibi_slopes
 
-from .common import BuildContext, Step, padded4
-from .elementwise import tiled_operands
+from .common import BuildContext, Step, padded4, tiled_operands
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
