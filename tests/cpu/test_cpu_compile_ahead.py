@@ -275,12 +275,8 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     (which compiled it before its first token: 20 s for a 100M Q5_K model)."""
     from tensorplug_cpu.kernels import _numba_repack as repack
     from tensorplug_cpu.kernels import compiled
-    from tensorplug_cpu.kernels.jit import (
-        MORE_THREADS_RANK,
-        ONE_THREAD_RANK,
-        JitKernels,
-        load_jit,
-    )
+    from tensorplug_cpu.kernels.jit import JitKernels, load_jit
+    from tensorplug_cpu.kernels.jit_calls import MORE_THREADS_RANK, ONE_THREAD_RANK
     from tensorplug_cpu.kernels.job_blocks import QUANTIZE_APART_ROWS
     from tensorplug_cpu.kernels.kernel_identity import origin_of
     from tensorplug_cpu.kernels.kernel_refs import KernelRef, kernel_ref
