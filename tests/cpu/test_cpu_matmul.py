@@ -213,7 +213,7 @@ def test_a_slow_first_kernel_call_says_it_is_compiling(
 
     monkeypatch.setattr(jit_calls, "COMPILE_NOTICE_S", 0.05)
     monkeypatch.setitem(kernels._kernels, tp.Type.Q2_K, (slow_kernel, slow_kernel))
-    monkeypatch.setattr(kernels, "_called", set())
+    monkeypatch.setattr(kernels, "called", set())
     handler = Said()
     logging.getLogger("tensorplug_cpu").addHandler(handler)
     try:

@@ -65,7 +65,7 @@ def test_kept_code_in_a_folder_others_can_write_is_never_loaded(
     keeps it from running is where it lies."""
     loaded: list[Entry] = []
     monkeypatch.setattr(kept_code, "load", lambda entry, runtime: loaded.append(entry) or None)
-    monkeypatch.setattr(kept_code, "_by_folder", {})
+    monkeypatch.setattr(kept_kernels, "_by_folder", {})
     kept = kept_kernels.kept_in()
     assert kept is not None
     entry = Entry(CALLABLE, "_ZN7cpython4evil", "evil", "evil", b"\x7fELF not really")
@@ -74,7 +74,7 @@ def test_kept_code_in_a_folder_others_can_write_is_never_loaded(
     path.write_bytes(entry.to_bytes())
     assert kept.load("identity", ("int64",)) is None and len(loaded) == 1  # safe: read
 
-    monkeypatch.setattr(kept_code, "_by_folder", {})
+    monkeypatch.setattr(kept_kernels, "_by_folder", {})
     kept = kept_kernels.kept_in()
     assert kept is not None
     kept.folder.chmod(0o777)
