@@ -233,6 +233,12 @@ CONTRACT: dict[Op, OpSpec] = {
                 _SCALE,
                 _MAX_BIAS,
                 Param("logit_softcap", float, "softcap * tanh(s / softcap) on the scores; 0: off"),
+                Param(
+                    "online",
+                    bool,
+                    "round as ggml's flash attention kernel (online softmax) rather than as "
+                    "llama.cpp's graph without it; rounding only",
+                ),
             ),
             "softmax(q·kᵀ·scale + mask)·v: F32 (..., n_q, n_head, Dv)",
         ),

@@ -62,7 +62,15 @@ BUILDERS: dict[Op, Builder] = {
         freq_factors=_opt(s, 2),
     ),
     Op.FLASH_ATTN_EXT: lambda s, p, sh, st: ops.flash_attn_ext(
-        s[0], s[1], s[2], _opt(s, 3), p["scale"], p["max_bias"], p["logit_softcap"], _opt(s, 4)
+        s[0],
+        s[1],
+        s[2],
+        _opt(s, 3),
+        p["scale"],
+        p["max_bias"],
+        p["logit_softcap"],
+        _opt(s, 4),
+        p.get("online", False),
     ),
     Op.CPY: lambda s, p, sh, st: ops.cpy(s[0], s[1]),
     Op.DUP: lambda s, p, sh, st: ops.dup(s[0]),

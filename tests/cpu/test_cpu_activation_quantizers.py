@@ -21,7 +21,7 @@ from tensorplug_cpu.kernels._numba_quant import (
     quantize_q8_1,
     quantize_q8_k,
 )
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as TABLE
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as TABLE
 
 
 def _rows() -> np.ndarray:

@@ -472,7 +472,7 @@ _F16_CACHE_ROWS = """
 import numba
 import numpy as np
 from tensorplug_cpu.kernels import _numba_attention as attention, _numba_ir as ir
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
 ir.HAS_F16C = {f16c}  # then compiled afresh (the disk cache does not know it)
 attend = numba.njit(parallel=True)(attention.attend.py_func)
@@ -523,7 +523,7 @@ _FORM_CASES = """
 import sys
 import numpy as np
 from tensorplug_cpu.kernels import _numba_attention as attention, _numba_ir as ir
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
 if sys.argv[1] == "16-registers":  # an AVX2 CPU's form, before anything is compiled here
     ir.HAS_32_REGS = False
@@ -589,7 +589,7 @@ def test_both_cpu_forms_of_the_attention_kernel_give_the_same_bits(tmp_path: Pat
 _ONE_BODY = """
 import numpy as np
 from tensorplug_cpu.kernels import _numba_attention as attention
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
 rng = np.random.default_rng(5)
 q = rng.standard_normal((1, 6, 3, 32)).astype(np.float32)

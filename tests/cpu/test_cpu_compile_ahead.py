@@ -34,7 +34,7 @@ from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels.compiled import is_cached
 from tensorplug_cpu.kernels.ahead import Ahead, Job
 from tensorplug_cpu.kernels.kernel_refs import resolve
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
 mask = np.zeros((1, 1, 4, 16), np.float32)
 mask[0, 0, :, 9:] = -np.inf
@@ -102,7 +102,7 @@ from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels.compiled import is_cached
 from tensorplug_cpu.kernels.ahead import Ahead
 from tensorplug_cpu.kernels.kernel_refs import resolve
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
 mask = np.zeros((1, 1, 4, 16), np.float32)
 x = np.ones((3, 32), np.float32)
@@ -156,7 +156,7 @@ from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels import ahead
 from tensorplug_cpu.kernels.ahead import Ahead
 from tensorplug_cpu.kernels.kernel_refs import resolve
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
 mask = np.zeros((1, 1, 4, 16), np.float32)
 x = np.ones((3, 32), np.float32)
@@ -207,24 +207,24 @@ def test_one_thread_runs_the_parallel_kernel_while_the_child_compiles_the_serial
     jit = load_jit()
     assert jit is not None
     serial, parallel = object(), "a parallel kernel"
-    saved = jit._ahead, set(jit._called), set(jit._serial_ok)
+    saved = jit.ahead, set(jit.called), set(jit.serial_ok)
     try:
         child = _Child(serial)
-        jit._ahead = child  # type: ignore[assignment]
-        assert jit._serial_ready(serial, parallel)  # the parallel one has not run: wait
-        jit._serial_ok.discard(serial)
-        jit._called.add(parallel)
-        assert not jit._serial_ready(serial, parallel)  # the child has it: parallel
-        assert not jit._serial_ready(serial, parallel)
+        jit.ahead = child  # type: ignore[assignment]
+        assert jit.serial_ready(serial, parallel)  # the parallel one has not run: wait
+        jit.serial_ok.discard(serial)
+        jit.called.add(parallel)
+        assert not jit.serial_ready(serial, parallel)  # the child has it: parallel
+        assert not jit.serial_ready(serial, parallel)
         child.unfinished.clear()  # the child is done
-        assert jit._serial_ready(serial, parallel)
+        assert jit.serial_ready(serial, parallel)
         child.unfinished.add(serial)
-        assert jit._serial_ready(serial, parallel)  # once free, always
-        jit._ahead = None
+        assert jit.serial_ready(serial, parallel)  # once free, always
+        jit.ahead = None
         other = object()
-        assert jit._serial_ready(other, parallel)  # no child: the serial kernel
+        assert jit.serial_ready(other, parallel)  # no child: the serial kernel
     finally:
-        jit._ahead, jit._called, jit._serial_ok = saved
+        jit.ahead, jit.called, jit.serial_ok = saved
 
 
 def test_a_kernel_kept_here_is_not_handed_to_the_child() -> None:
@@ -275,12 +275,8 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     (which compiled it before its first token: 20 s for a 100M Q5_K model)."""
     from tensorplug_cpu.kernels import _numba_repack as repack
     from tensorplug_cpu.kernels import compiled
-    from tensorplug_cpu.kernels.jit import (
-        MORE_THREADS_RANK,
-        ONE_THREAD_RANK,
-        JitKernels,
-        load_jit,
-    )
+    from tensorplug_cpu.kernels.jit import JitKernels, load_jit
+    from tensorplug_cpu.kernels.jit_calls import MORE_THREADS_RANK, ONE_THREAD_RANK
     from tensorplug_cpu.kernels.job_blocks import QUANTIZE_APART_ROWS
     from tensorplug_cpu.kernels.kernel_identity import origin_of
     from tensorplug_cpu.kernels.kernel_refs import KernelRef, kernel_ref
@@ -294,9 +290,9 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     # as on a first run: nothing kept, nothing in numba's disk cache (else not wanted)
     monkeypatch.setattr(KernelRef, "kept", lambda self, args: False)
     monkeypatch.setattr(compiled, "is_cached", lambda dispatcher, sig: False)
-    saved = jit._ahead, jit.n_threads
+    saved = jit.ahead, jit.n_threads
     try:
-        jit._ahead = recorder = _Wants()  # type: ignore[assignment]
+        jit.ahead = recorder = _Wants()  # type: ignore[assignment]
         jit.n_threads = threads
         jit.bind_packed(Type.Q4_0, packed, x, np.empty((n_tok, 8), np.float32))
         jit.bind_matvec_float(np.ones((8, 64), np.float32), x, np.empty((n_tok, 8), np.float32))
@@ -305,7 +301,7 @@ def test_what_goes_ahead_is_what_this_many_threads_needs_later(
         no_mask, out = np.zeros((0, 0, 0, 0), np.float32), np.empty((1, n_tok, 4, 64), np.float32)
         jit.want_attend_ahead(q, kv, kv, no_mask, np.zeros(0, np.int32), out)
     finally:
-        jit._ahead, jit.n_threads = saved
+        jit.ahead, jit.n_threads = saved
 
     def ref(dispatcher: object) -> KernelRef:
         origin = origin_of(dispatcher)
@@ -372,10 +368,10 @@ def test_an_f16_cache_s_attention_job_goes_ahead_first_and_is_waited_for(
             events.append("waited")
 
     job, child = Uncompiled(), Child()
-    monkeypatch.setattr(jit, "_ahead", child)
+    monkeypatch.setattr(jit, "ahead", child)
     monkeypatch.setattr(jit, "_attend_job", job)
     monkeypatch.setattr(jit, "n_threads", 1)
-    monkeypatch.setattr(jit, "_call", lambda what, kernel, *args: events.append(f"ran {args[0]}"))
+    monkeypatch.setattr(jit, "call", lambda what, kernel, *args: events.append(f"ran {args[0]}"))
     q, out = np.ones((1, 2, 1, 64), np.float32), np.empty((1, 1, 2, 64), np.float32)
     halves = np.ones((1, 1, 8, 64), np.uint16)
     mask = np.zeros((1, 1, 1, 8), np.uint16)
@@ -400,21 +396,21 @@ def test_a_kernel_a_plan_first_calls_after_its_attention_goes_ahead(
     jit = load_jit()
     assert jit is not None
     recorder = _Wants()
-    monkeypatch.setattr(jit, "_ahead", recorder)
+    monkeypatch.setattr(jit, "ahead", recorder)
     monkeypatch.setattr(jit, "_plan_kernels", set())
-    monkeypatch.setattr(jit, "_attention_bound", False)
+    monkeypatch.setattr(jit, "attention_bound", False)
     before, after = (lambda *a: None), (lambda *a: None)
-    jit._will_call(partial(jit._call, "before", before, 1))
+    jit.will_call(partial(jit.call, "before", before, 1))
     q, out = np.ones((1, 2, 1, 64), np.float32), np.empty((1, 1, 2, 64), np.float32)
     kv, mask = np.ones((1, 1, 8, 64), np.float32), np.zeros((1, 1, 1, 8), np.float32)
     jit.bind_attend(q, kv, kv, mask, mask, np.zeros(0, np.int32), 0.125, 0.0, 64, out)
     recorder.wanted.clear()  # the F32 cache's attention kernels
     for kernel in (before, after, after):
-        jit._will_call(partial(jit._call, "a product", kernel, 2))
+        jit.will_call(partial(jit.call, "a product", kernel, 2))
     assert recorder.wanted == [(after, 0)]
-    monkeypatch.setattr(jit, "_ahead", None)
+    monkeypatch.setattr(jit, "ahead", None)
     jit.compile_ahead()  # the plan is bound
-    assert not jit._attention_bound and not jit._plan_kernels
+    assert not jit.attention_bound and not jit._plan_kernels
 
 
 class _Pending:
@@ -448,21 +444,21 @@ def test_a_first_run_on_two_threads_runs_the_one_thread_attention_until_the_para
     def serial(*args: object) -> None:
         ran.append("serial")
 
-    saved = jit._ahead, jit.n_threads, jit._attend, jit._attend_serial, set(jit._called)
+    saved = jit.ahead, jit.n_threads, jit._attend, jit._attend_serial, set(jit.called)
     q = np.ones((1, 2, 1, 64), np.float32)
     kv = np.ones((1, 1, 8, 64), np.float32)
     args = (q, kv, kv, np.zeros((0, 0, 0, 0), np.float32), np.zeros(0, np.int32), 8, 1.0, 0.0,
             64, np.empty((1, 1, 2, 64), np.float32))  # fmt: skip
     try:
         jit._attend, jit._attend_serial, jit.n_threads = parallel, serial, 2  # type: ignore[assignment]
-        jit._called.discard("flash attention kernel")
-        jit._ahead = _Pending(parallel)  # type: ignore[assignment]
+        jit.called.discard("flash attention kernel")
+        jit.ahead = _Pending(parallel)  # type: ignore[assignment]
         jit.attend(*args)
-        jit._ahead = _Pending(None)  # type: ignore[assignment]  # the child is done
+        jit.ahead = _Pending(None)  # type: ignore[assignment]  # the child is done
         jit.attend(*args)
         jit.attend(*args)
     finally:
-        jit._ahead, jit.n_threads, jit._attend, jit._attend_serial, jit._called = saved
+        jit.ahead, jit.n_threads, jit._attend, jit._attend_serial, jit.called = saved
     assert ran == ["serial", "parallel", "parallel"]
 
 
@@ -472,7 +468,7 @@ from tensorplug_cpu.kernels import _numba_rows as rows
 from tensorplug_cpu.kernels._numba_attention import visible_columns
 from tensorplug_cpu.kernels.ahead import Ahead, Job, origin_of
 from tensorplug_cpu.kernels.kernel_refs import resolve
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
 x = np.ones((3, 32), np.float32)
 mask = np.zeros((1, 1, 4, 16), np.float32)

@@ -183,7 +183,7 @@ def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(what)
         return -1
 
-    monkeypatch.setattr(JitKernels, "_call", record)
+    monkeypatch.setattr(JitKernels, "call", record)
     return calls
 
 

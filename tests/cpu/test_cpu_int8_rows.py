@@ -87,7 +87,7 @@ from numba import njit
 from tensorplug.types import Type
 from tensorplug_cpu.kernels import _numba_introw as rows, _numba_ir as ir
 from tensorplug_cpu.kernels._numba_quant import quantize_activations
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
 ir.HAS_AVX2 = ir.HAS_F16C = False  # before anything is compiled in this process
 cases = np.load(sys.argv[1])
@@ -142,7 +142,7 @@ _FAST_CALLER = """
 import numpy as np
 from numba import njit
 from tensorplug_cpu.kernels._numba_quant import _DOT, quantize_q8_0
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
 @njit(fastmath=_DOT, cache=False)  # like the mat×vec kernels, which quantize first
 def fast_caller(x, xq, xd, xs):

@@ -236,7 +236,7 @@ from pathlib import Path
 import numpy as np
 from tensorplug_cpu.kernels.arg_types import arg_key
 from tensorplug_cpu.kernels.kernel_identity import identity
-from tensorplug_cpu.kernels.numba_internals.kept_code import kept_in
+from tensorplug_cpu.kernels.numba_internals.kept_kernels import kept_in
 
 kept = kept_in()
 x = np.arange(5, dtype=np.float32)

@@ -16,7 +16,7 @@ from test_cpu_helpers import backend_for, place
 
 import tensorplug as tp
 from tensorplug import ops
-from tensorplug_cpu.kernels import jit
+from tensorplug_cpu.kernels import jit, jit_calls
 from tensorplug_cpu.kernels.numba_internals import llvm_pages
 
 LINUX = sys.platform.startswith("linux")
@@ -116,7 +116,7 @@ def test_a_compute_that_loaded_a_kernel_gives_llvms_pages_back(
         calls.append(1)
         return 0
 
-    monkeypatch.setattr(jit, "_release_llvm_pages", counted)
+    monkeypatch.setattr(jit_calls, "release_llvm_pages", counted)
     be = backend_for()
     x = tp.new_tensor("f32", (4, 32), "x")
     y = ops.rms_norm(x, 1e-6)
@@ -124,7 +124,7 @@ def test_a_compute_that_loaded_a_kernel_gives_llvms_pages_back(
     place(g)
     values = np.linspace(-1, 1, 128, dtype=np.float32).reshape(4, 32)
     tp.set_array(x, values)
-    kernels._called.discard("rms_norm kernel")  # as if this process had not run it yet
+    kernels.called.discard("rms_norm kernel")  # as if this process had not run it yet
     be.graph_compute(g)
     assert calls == [1]
     be.graph_compute(g)  # nothing loaded this time

@@ -189,6 +189,7 @@ def test_a_slow_first_kernel_call_says_it_is_compiling(
     from numba.core import event
 
     from tensorplug_cpu.kernels import jit as jit_module
+    from tensorplug_cpu.kernels import jit_calls
 
     kernels = jit_module.load_jit()
     if kernels is None:
@@ -210,9 +211,9 @@ def test_a_slow_first_kernel_call_says_it_is_compiling(
             with event.trigger_event("numba:compile", data={"dispatcher": None, "args": ()}):
                 said.wait(300)
 
-    monkeypatch.setattr(jit_module, "COMPILE_NOTICE_S", 0.05)
+    monkeypatch.setattr(jit_calls, "COMPILE_NOTICE_S", 0.05)
     monkeypatch.setitem(kernels._kernels, tp.Type.Q2_K, (slow_kernel, slow_kernel))
-    monkeypatch.setattr(kernels, "_called", set())
+    monkeypatch.setattr(kernels, "called", set())
     handler = Said()
     logging.getLogger("tensorplug_cpu").addHandler(handler)
     try:
@@ -295,7 +296,7 @@ def test_float_kernels_without_f16c_read_halves_through_the_table() -> None:
         import numpy as np
         from numba import njit
         from tensorplug_cpu.kernels import _numba_fmatvec as fm, _numba_ir as ir
-        from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+        from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
         ir.HAS_F16C = False  # before anything is compiled in this process
         rng = np.random.default_rng(3)

@@ -317,7 +317,7 @@ def test_a_prompt_s_row_steps_are_shared_out_with_the_steps_bits(
             parts = [p for s in plan.steps for p in getattr(s, "steps", (s,))]
             kinds = [type(p).__name__ for p in parts]  # (the scale: a sequence of two)
             # add, mul, sub, div, the norm, both gated units, the scale's two, both ropes
-            assert kinds == ["_RowsRegion"] * 11, kinds
+            assert kinds == ["RowsRegion"] * 11, kinds
             tp.get_proc("CPU", "set_n_threads")(backend, threads)  # type: ignore[misc]
             backend.graph_plan_compute(plan)
         finally:

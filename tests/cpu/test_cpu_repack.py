@@ -420,7 +420,7 @@ from tensorplug.types import Type
 from tensorplug_cpu.kernels import _numba_ir as ir, _numba_repack as rp
 from tensorplug_cpu.kernels.job_blocks import sums_span
 from tensorplug_cpu.kernels._numba_quant import quantize_q8_0, quantize_q8_1, quantize_q8_k
-from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 from tensorplug_cpu.repack import LAYOUTS
 
 # before anything is compiled in this process
@@ -571,7 +571,7 @@ def test_a_tile_of_two_groups_is_each_groups_tile_to_the_bit(t: tp.Type, form: i
 
     from tensorplug_cpu.kernels import _numba_repack as rp
     from tensorplug_cpu.kernels._numba_quant import quantize_q8_k
-    from tensorplug_cpu.kernels.jit import _F16_TO_F32 as table
+    from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
     from tensorplug_cpu.repack import LAYOUTS
 
     lay = LAYOUTS[t]

@@ -268,13 +268,13 @@ def test_attention_on_the_helpers_is_the_regions_bits(
     # and the one-thread kernel's, every query head of a KV head in one task
     from tensorplug_cpu.kernels._numba_attention import attend_serial
     from tensorplug_cpu.kernels.attention import products
-    from tensorplug_cpu.kernels.jit import _F16_TO_F32
+    from tensorplug_cpu.kernels.jit import F16_TO_F32
 
     alone = np.full((B, n_q, H, D), np.nan, np.float32)
     halves = [a.view(np.uint16) for a in (kv_, vv, mv)]
     lanes = products(n_q, backend.ggml_order, True, D)  # type: ignore[attr-defined]
     attend_serial(qv, *halves, np.zeros(0, np.int32), 37, D**-0.5, 0.0, lanes, alone,
-                  _F16_TO_F32)  # fmt: skip
+                  F16_TO_F32)  # fmt: skip
     np.testing.assert_array_equal(results[0], alone)
 
 
@@ -290,7 +290,7 @@ def test_the_attention_job_s_parts_of_query_heads_give_the_one_thread_bits(
     from tensorplug_cpu.kernels import _numba_attention as attention
     from tensorplug_cpu.kernels import job_blocks
     from tensorplug_cpu.kernels._numba_pool import run_alone
-    from tensorplug_cpu.kernels.jit import _F16_TO_F32
+    from tensorplug_cpu.kernels.jit import F16_TO_F32
 
     job = attention.attend_job()
     job.compile()
@@ -308,10 +308,10 @@ def test_the_attention_job_s_parts_of_query_heads_give_the_one_thread_bits(
     assert job_blocks.job_parts(Hkv, H // Hkv, 1, threads)[0] == 1  # query heads split
     out = np.full((1, n_q, H, D), np.nan, np.float32)
     block, chunks = job_blocks.attend_job_block(q, k, v, raw, raw, order, D**-0.5, 0.0, 64, out,
-                                               _F16_TO_F32, threads)  # fmt: skip
+                                               F16_TO_F32, threads)  # fmt: skip
     run_alone(job.address, block.ctypes.data, chunks)
     alone = np.full_like(out, np.nan)
-    attention.attend_serial(q, k, v, raw, order, 33, D**-0.5, 0.0, 64, alone, _F16_TO_F32)
+    attention.attend_serial(q, k, v, raw, order, 33, D**-0.5, 0.0, 64, alone, F16_TO_F32)
     np.testing.assert_array_equal(out, alone)
 
 
@@ -351,8 +351,8 @@ def test_a_job_the_cache_lacks_is_made_ahead_not_in_the_step(
     assert jit is not None
     job = Uncompiled()
     child = ahead.Ahead(resolve)
-    monkeypatch.setattr(jit, "_ahead", child)
-    assert not jit._job_ready(job) and not job.compiled
+    monkeypatch.setattr(jit, "ahead", child)
+    assert not jit.job_ready(job) and not job.compiled
     assert [j.origin for j in child.jobs] == [("attend_job",)]
-    monkeypatch.setattr(jit, "_ahead", None)
-    assert jit._job_ready(job) and job.compiled
+    monkeypatch.setattr(jit, "ahead", None)
+    assert jit.job_ready(job) and job.compiled

@@ -120,7 +120,7 @@ from pathlib import Path
 import numpy as np
 from tensorplug_cpu.kernels.arg_types import arg_key
 from tensorplug_cpu.kernels.kernel_identity import identity
-from tensorplug_cpu.kernels.numba_internals.kept_code import kept_in
+from tensorplug_cpu.kernels.numba_internals.kept_kernels import kept_in
 from tensorplug_cpu.kernels.numba_internals.threads import tell_numba
 from tensorplug_cpu.kernels.threading_layer import preload_tbb, start_threads
 

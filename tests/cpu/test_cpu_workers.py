@@ -309,7 +309,7 @@ def test_a_prompts_row_kernels_are_shared_out_and_agree_at_any_thread_count(
         out, inputs = ops.rope(x, pos, d, RopeMode.NEOX), {x: xv, pos: pv}
         expected = ref.rope(xv, pv, d, int(RopeMode.NEOX))
     runs: dict[str, list[int]] = {"pool": [], "region": []}
-    pool_run, run_region = POOL.run, JitKernels._run_region
+    pool_run, run_region = POOL.run, JitKernels.run_region
 
     def counting_run(n: int, task: Task) -> None:
         runs["pool"].append(n)
@@ -320,7 +320,7 @@ def test_a_prompts_row_kernels_are_shared_out_and_agree_at_any_thread_count(
         run_region(jit, fn, block, chunks)
 
     monkeypatch.setattr(POOL, "run", counting_run)
-    monkeypatch.setattr(JitKernels, "_run_region", counting_region)
+    monkeypatch.setattr(JitKernels, "run_region", counting_region)
     if way == "pool":
         monkeypatch.setattr(JitKernels, "rows_region", lambda jit, step, spec: None)
     else:

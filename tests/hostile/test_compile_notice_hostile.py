@@ -19,12 +19,12 @@ numba = pytest.importorskip("numba")
 
 from numba.core import event  # noqa: E402
 
-from tensorplug_cpu.kernels import jit  # noqa: E402
+from tensorplug_cpu.kernels import jit, jit_calls  # noqa: E402
 from tensorplug_cpu.kernels.threading_layer import start_threads  # noqa: E402
 
 
 def _kernels(monkeypatch: pytest.MonkeyPatch) -> jit.JitKernels:
-    monkeypatch.setattr(jit, "COMPILE_NOTICE_S", 0.01)
+    monkeypatch.setattr(jit_calls, "COMPILE_NOTICE_S", 0.01)
     return jit.JitKernels(start_threads("default"))
 
 
@@ -65,7 +65,7 @@ def test_a_slow_first_call_that_compiles_nothing_says_nothing(
 ) -> None:
     kernels = _kernels(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="tensorplug_cpu"):
-        assert kernels._call("cached kernel", _slow_cached_load) == 1
+        assert kernels.call("cached kernel", _slow_cached_load) == 1
         time.sleep(0.05)  # a timer that was started would have fired by now
     assert not [r for r in caplog.records if "compiling" in r.getMessage()]
 
@@ -79,8 +79,8 @@ def test_a_first_call_that_compiles_says_so_once(
     compiles = _compiling_until_said(handler.said)
     try:
         with caplog.at_level(logging.WARNING, logger="tensorplug_cpu"):
-            assert kernels._call("Q4_0 kernel", compiles) == 2
-            assert kernels._call("Q4_0 kernel", compiles) == 2  # not the first call: silent
+            assert kernels.call("Q4_0 kernel", compiles) == 2
+            assert kernels.call("Q4_0 kernel", compiles) == 2  # not the first call: silent
     finally:
         logging.getLogger("tensorplug_cpu").removeHandler(handler)
     assert handler.notices == [

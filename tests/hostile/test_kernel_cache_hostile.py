@@ -18,7 +18,7 @@ pytest.importorskip("numba")
 
 from tensorplug_cpu.kernels import cache_folder
 from tensorplug_cpu.kernels._numba_cache import kernel
-from tensorplug_cpu.kernels.numba_internals import kept_code, runtime_library
+from tensorplug_cpu.kernels.numba_internals import kept_code, kept_kernels, runtime_library
 from tensorplug_cpu.kernels.numba_internals.kept_code import CALLABLE, Entry
 
 POSIX_ONLY = pytest.mark.skipif(os.name != "posix", reason="folder modes are POSIX")
@@ -65,8 +65,8 @@ def test_kept_code_in_a_folder_others_can_write_is_never_loaded(
     keeps it from running is where it lies."""
     loaded: list[Entry] = []
     monkeypatch.setattr(kept_code, "load", lambda entry, runtime: loaded.append(entry) or None)
-    monkeypatch.setattr(kept_code, "_by_folder", {})
-    kept = kept_code.kept_in()
+    monkeypatch.setattr(kept_kernels, "_by_folder", {})
+    kept = kept_kernels.kept_in()
     assert kept is not None
     entry = Entry(CALLABLE, "_ZN7cpython4evil", "evil", "evil", b"\x7fELF not really")
     path = kept.path("identity", ("int64",))
@@ -74,8 +74,8 @@ def test_kept_code_in_a_folder_others_can_write_is_never_loaded(
     path.write_bytes(entry.to_bytes())
     assert kept.load("identity", ("int64",)) is None and len(loaded) == 1  # safe: read
 
-    monkeypatch.setattr(kept_code, "_by_folder", {})
-    kept = kept_code.kept_in()
+    monkeypatch.setattr(kept_kernels, "_by_folder", {})
+    kept = kept_kernels.kept_in()
     assert kept is not None
     kept.folder.chmod(0o777)
     with caplog.at_level(logging.WARNING):

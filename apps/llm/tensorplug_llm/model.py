@@ -97,6 +97,9 @@ class LlamaConfig:
     embd_multiplier: float = 0.0  # token embeddings times this (Granite); 0: none
     residual_scale: float = 0.0  # each block's branches times this before the add; 0: none
     logit_scale: float = 0.0  # output logits divided by this (Granite); 0: none
+    #: attention in the arithmetic of ggml's flash attention kernel (llama.cpp's
+    #: ``flash_attn``), not of its graph without it: a context's choice, not the file's
+    flash_attn: bool = False
 
     def uses_rope(self, layer: int) -> bool:
         """Whether ``layer`` ropes Q and K (not SmolLM3's every fourth, llama.cpp's NoPE)."""
@@ -756,7 +759,14 @@ def attend(
     V = ops.permute(ops.view(v_all.set_name(f"v_store-{i}"), kv_shape), (1, 0, 2))
     Q = ops.permute(q.set_name(f"Qcur-{i}"), (1, 0, 2))
     attn = ops.flash_attn_ext(
-        Q, K, V, mask, scale=cfg.kq_scale, logit_softcap=cfg.attn_softcap, order=order
+        Q,
+        K,
+        V,
+        mask,
+        scale=cfg.kq_scale,
+        logit_softcap=cfg.attn_softcap,
+        order=order,
+        online=cfg.flash_attn,
     ).set_name(f"attn-{i}")
     return ops.reshape(attn, (T, cfg.n_embd_q))
 

@@ -489,6 +489,8 @@ def _load(
             batch_invariant=batch_invariant,
             warmup=not for_prompt,
             rope=getattr(args, "rope", None),  # serve's RoPE/YaRN flags
+            # serve's -fa: llama.cpp resolves auto to on for a CPU
+            flash_attn=getattr(args, "flash_attn", None) in ("on", "auto"),
         )
         if for_prompt:
             args.tokens = _prompt_ids(model, args)

@@ -31,6 +31,7 @@ allocating graphs, writing inputs, reading logits).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -210,6 +211,8 @@ class ModelRunner:
     like ggml's depend on how many rows a step holds (:meth:`set_batch_invariant`).
     ``rope`` overrides the file's rope settings as a llama.cpp context's parameters do
     (llama-cpp-python's ``rope_freq_base``, ``rope_scaling_type``, ``yarn_*``).
+    ``flash_attn`` computes attention as ggml's flash attention kernel does (llama.cpp's
+    ``flash_attn``), not as its graph without it.
 
     Each new prompt length builds a step graph and plan that are kept; every few of them
     Python's cyclic collector walks the whole process (over a hundred thousand objects
@@ -236,13 +239,16 @@ class ModelRunner:
         repack: bool = True,
         batch_invariant: bool = False,
         rope: RopeOverrides | None = None,
+        flash_attn: bool = False,
     ) -> None:
         start = time.perf_counter()
         self.repack = repack
         self._extra_bufts: dict[Device, list[BufferType]] = {}  # by _extra_buft
         self._progress = on_progress or (lambda stage, done, total: None)
         self.file = model if isinstance(model, GGUFFile) else GGUFFile(model)
-        self.config = cfg = LlamaConfig.from_gguf(self.file, rope)
+        self.config = cfg = dataclasses.replace(
+            LlamaConfig.from_gguf(self.file, rope), flash_attn=flash_attn
+        )
         try:
             self.vocab: Vocab | None = Vocab.from_gguf(self.file)
             self.vocab_error = ""

@@ -216,8 +216,9 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         nargs="?",
         const="on",
         choices=["on", "off", "auto"],
-        help="accepted for llama-server's command lines: each backend runs its own "
-        "attention kernel",
+        help="on (or auto, which llama.cpp resolves to on for a CPU): attention rounds as "
+        "ggml's flash attention kernel, llama.cpp's flash path; off (the default): as its "
+        "graph without flash attention",
     )
     p.add_argument(
         "-ctk",

@@ -222,6 +222,7 @@ def flash_attn_ext(
     max_bias: float = 0.0,
     logit_softcap: float = 0.0,
     order: Tensor | None = None,
+    online: bool = False,
 ) -> Tensor:
     """Fused attention ``softmax(q·kᵀ·scale + mask)·v`` (``ggml_flash_attn_ext``).
 
@@ -239,6 +240,11 @@ def flash_attn_ext(
     their terms (the CPU's exact kernel; others may ignore it: the sum is the same up
     to rounding). A unified cache passes its cells sorted by position, so a row's bits
     do not depend on where its cells lie.
+
+    ``online`` (tensorplug's) asks a backend that follows one of ggml's arithmetics for
+    that of ggml's own flash attention kernel (an online softmax; an F16 V accumulated
+    in f16) rather than that of llama.cpp's graph without flash attention
+    (``mul_mat``, ``soft_max_ext``, ``mul_mat``): the same function up to rounding.
     """
     _check_type("flash_attn_ext", "q", q, {Type.F32})
     _check_type("flash_attn_ext", "k", k, FLOAT_TYPES)
@@ -283,5 +289,5 @@ def flash_attn_ext(
         src = (*src, order)
     out_shape = (*pq[:-3], pq[-2], pq[-3], pv[-1])[-q.ndim :]
     params = {"scale": float(scale), "max_bias": float(max_bias),
-              "logit_softcap": float(logit_softcap)}  # fmt: skip
+              "logit_softcap": float(logit_softcap), "online": bool(online)}  # fmt: skip
     return _new(Type.F32, out_shape, Op.FLASH_ATTN_EXT, src, params)

@@ -89,6 +89,7 @@ class Llama:
             use_mmap=o.use_mmap,
             n_threads=o.n_threads,
             rope=o.rope,
+            flash_attn=o.flash_attn,
         )
         self._runner = runner
         threads = None

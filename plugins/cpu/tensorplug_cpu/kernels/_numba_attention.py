@@ -84,12 +84,12 @@ def _value_impl(a, table, i, j, r, d):  # type: ignore[no-untyped-def]  # numba:
     return direct
 
 
-def _half(x: Any, table: Any) -> Any:
+def round_to_f16(x: Any, table: Any) -> Any:
     """float32 ``x`` rounded to f16 and back (compiled per CPU, see the overload)."""
     raise NotImplementedError  # only ever called from compiled code
 
 
-@overload(_half, inline="always")
+@overload(round_to_f16, inline="always")
 def _half_impl(x, table):  # type: ignore[no-untyped-def]  # numba: names only
     if _ir.HAS_F16C:
 
@@ -229,7 +229,7 @@ EXP_LANES = 16
 
 
 @njit(inline="always")
-def _halve(lanes: Any, n: int) -> Any:
+def halving_sum(lanes: Any, n: int) -> Any:
     """``lanes[0] + … + lanes[n−1]`` (n a power of two, the array overwritten) by adding
     the top half onto the bottom until one is left: ggml's reduction of its four
     accumulators (``x0+x2``, ``x1+x3``, then ``x0+x1``) followed by
@@ -265,7 +265,7 @@ def _softmax_ggml(w: Any, m: int, block: Any, half: bool, table: Any) -> Any:
             e = ggml_expf(w[c0 + i] - best)
             w[c0 + i] = e
             block[i] = e
-        total += np.float64(_halve(block, EXP_LANES))
+        total += np.float64(halving_sum(block, EXP_LANES))
     if whole < m:
         for i in range(EXP_LANES):
             c = whole + i
@@ -275,18 +275,18 @@ def _softmax_ggml(w: Any, m: int, block: Any, half: bool, table: Any) -> Any:
                 block[i] = e
             else:
                 block[i] = np.float32(0)
-        total += np.float64(_halve(block, EXP_LANES))
+        total += np.float64(halving_sum(block, EXP_LANES))
     inv = np.float32(1.0 / total)  # NaN for a NaN score: the row comes out NaN, as ggml's
     for c in range(m):
         w[c] = w[c] * inv
     if half:
         for c in range(m):
-            w[c] = _half(w[c], table)
+            w[c] = round_to_f16(w[c], table)
     return True
 
 
 @njit(inline="always")
-def _visible(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, has_mask: bool,
+def visible_cells(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, has_mask: bool,
              order: Any, cols: Any, biases: Any) -> int:  # fmt: skip
     """The cells row ``r`` of mask head ``mh`` sees, in ``order`` (cell indices, all
     ``n_kv`` of them; cache order when empty), into ``cols`` (their indices) and
@@ -309,12 +309,12 @@ def _visible(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, has_mas
     return m
 
 
-def _cell_value(a: Any, table: Any, h: int, j: int, d: int) -> Any:
+def cell_value(a: Any, table: Any, h: int, j: int, d: int) -> Any:
     """``a[h, j, d]`` of 3-d cache rows as float32 (compiled per dtype, see the overload)."""
     raise NotImplementedError  # only ever called from compiled code
 
 
-@overload(_cell_value, inline="always")
+@overload(cell_value, inline="always")
 def _cell_value_impl(a, table, h, j, d):  # type: ignore[no-untyped-def]  # numba: names only
     if isinstance(a, types.Array) and a.dtype == types.uint16:
 
@@ -329,7 +329,7 @@ def _cell_value_impl(a, table, h, j, d):  # type: ignore[no-untyped-def]  # numb
     return direct
 
 
-def _cell_rows(a: Any, table: Any, b: int, used: int) -> Any:
+def cell_rows(a: Any, table: Any, b: int, used: int) -> Any:
     """Batch ``b`` of a 4-d cache ``a`` as the 3-d (KV head, cell, value) rows the inner
     loops (:mod:`._numba_attention_ir`) read: the cache itself where its rows are
     unit-stride float32, or raw f16 on a CPU with F16C (widened in registers); else the
@@ -338,7 +338,7 @@ def _cell_rows(a: Any, table: Any, b: int, used: int) -> Any:
     raise NotImplementedError  # only ever called from compiled code
 
 
-@overload(_cell_rows)
+@overload(cell_rows)
 def _cell_rows_impl(a, table, b, used):  # type: ignore[no-untyped-def]  # numba: names only
     in_registers = isinstance(a, types.Array) and (
         a.dtype == types.float32 or (a.dtype == types.uint16 and _ir.HAS_F16C)
@@ -432,12 +432,12 @@ def _scores(keys: Any, values: Any, table: Any, hk0: int, hk1: int, n_g: int, qs
                 if half:
                     wide = np.float64(s)
                     for d in range(whole, n_d):
-                        term = _cell_value(keys, table, hk, cols[c], d) * qs[x, d]
+                        term = cell_value(keys, table, hk, cols[c], d) * qs[x, d]
                         wide += np.float64(term)
                     s = np.float32(wide)
                 else:
                     for d in range(whole, n_d):
-                        s = _ir.fmaf(_cell_value(keys, table, hk, cols[c], d), qs[x, d], s)
+                        s = _ir.fmaf(cell_value(keys, table, hk, cols[c], d), qs[x, d], s)
                 s = s * sc
                 if cap != 0:
                     s = cap * np.float32(math.tanh(s))
@@ -475,7 +475,7 @@ def _weights_v(values: Any, table: Any, hk: int, cols: Any, w: Any, x0: int, hea
                 for t in range(n):
                     c = i + t * lanes
                     if w[x, c] != 0:
-                        a = _ir.fmaf(_cell_value(values, table, hk, cols[c], d), w[x, c], a)
+                        a = _ir.fmaf(cell_value(values, table, hk, cols[c], d), w[x, c], a)
                 acc[x, i, d] = a
 
 
@@ -516,7 +516,7 @@ def _attend_heads(q: Any, keys: Any, values: Any, table: Any, lanes: int, out: A
             for d in range(qs.shape[1]):
                 value = q[b, hk * group + g0 + g, r, d]
                 if half:
-                    value = _half(value, table)
+                    value = round_to_f16(value, table)
                 qs[(hk - hk0) * n_g + g, d] = value
     _scores(keys, values, table, hk0, hk1, n_g, qs, cols, biases, m, sc, cap, w, narrow, half)
     if fetch:
@@ -568,7 +568,7 @@ def attend_rows(
     per_head_mask = has_mask and mask.shape[1] > 1
     kb = b if k.shape[0] > 1 else 0
     mb = b if has_mask and mask.shape[0] > 1 else 0
-    keys, values = _cell_rows(k, table, kb, used), _cell_rows(v, table, kb, used)
+    keys, values = cell_rows(k, table, kb, used), cell_rows(v, table, kb, used)
     # K, then V (for a task's first row), read through once as they lie before the
     # passes that read them in the arithmetic's order: V's lanes are cells 64 apart (32
     # KB in ggml's cache at a 2000-cell context, across pages, where no hardware
@@ -585,13 +585,13 @@ def attend_rows(
         if per_head_mask:  # each query head sees cells of its own
             for hk in range(hk0, hk1):
                 for g in range(g0, g0 + n_g):
-                    m = _visible(mask, table, mb, hk * group + g, r, used, True, order, cols,
+                    m = visible_cells(mask, table, mb, hk * group + g, r, used, True, order, cols,
                                  biases)  # fmt: skip
                     _attend_heads(q, keys, values, table, lanes, out, b, r, hk, hk + one, g, one,
                                   cols, biases, m, sc, cap, w, qs, block, acc, sees,
                                   r == r0 and g == g0)  # fmt: skip
         else:
-            m = _visible(mask, table, mb, zero, r, used, has_mask, order, cols, biases)
+            m = visible_cells(mask, table, mb, zero, r, used, has_mask, order, cols, biases)
             _attend_heads(q, keys, values, table, lanes, out, b, r, hk0, hk1, g0, n_g, cols,
                           biases, m, sc, cap, w, qs, block, acc, sees, r == r0)  # fmt: skip
 

@@ -19,14 +19,20 @@ from numba import njit
 from . import _numba_ir as _ir
 from . import numba_internals
 from .cache_folder import numba_cache_dir
-from .kernel_identity import FORM_FLAGS, sources_hash
+from .kernel_identity import FORM_FLAGS, instruction_forms, sources_hash
 from .numba_internals import numba_private
 from .numba_internals.runtime_library import ready_beside_kernels
 
-__all__ = ["SOURCES_HASH", "kernel", "use_instruction_forms"]
+__all__ = ["CACHE_RULES", "SOURCES_HASH", "kernel", "use_instruction_forms"]
 
 #: sha256 of the kernels' sources (:func:`.kernel_identity.sources_hash`)
 SOURCES_HASH = sources_hash()
+#: the fast launch's rules for numba's cache of every kernel and job: entries keyed by
+#: the sources and the instruction forms too, numba's runtime readied from the library
+#: kept beside the kernels
+CACHE_RULES = numba_private.CacheRules(
+    key=lambda: (sources_hash(), instruction_forms()), ready_runtime=ready_beside_kernels
+)
 
 
 def use_instruction_forms(forms: tuple[bool, ...]) -> None:
@@ -78,5 +84,5 @@ def kernel(**options: Any) -> Callable[[Callable[..., Any]], Any]:
 
 
 def _with_kernel_cache(function: Any, fn: Callable[..., Any]) -> bool:
-    numba_private.install_kernel_cache(function, fn, ready_beside_kernels)
+    numba_private.install_kernel_cache(function, fn, CACHE_RULES)
     return True

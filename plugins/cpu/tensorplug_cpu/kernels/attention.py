@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tensorplug.opcodes import RopeMode
-from tensorplug.opmath import alibi_slopes, rope_yarn_corr_dims
+from tensorplug.opmath import rope_yarn_corr_dims
 from tensorplug.types import Type
 
 from ..settings import EXACT_ATTENTION_ROWS
 from ..workers import POOL
+from .attention_mask import masked_logits
 from .common import F32, BuildContext, Step, padded4, sequence, split_rows
-from .elementwise import tiled_operands
+from .flash import build_online_attention
 from .kernel_shapes import DOT_LANES, HALF_PRODUCTS, NARROW_SCORES, TINYBLAS_LANES
 
 if TYPE_CHECKING:
@@ -37,41 +38,6 @@ __all__ = ["build_flash_attn_ext", "build_rope", "build_soft_max"]
 SCORE_ELEMS = 1 << 23
 
 
-def _masked_logits(
-    ctx: BuildContext,
-    mask_t: Tensor | None,
-    rows: int,
-    shape4: tuple[int, ...],
-    max_bias: float,
-) -> tuple[np.ndarray | None, Step | None]:
-    """The term ``slope·mask`` to add to 4-d logits of ``shape4`` (and its step)."""
-    if mask_t is None:
-        return None, None
-    m4 = padded4(ctx.view(mask_t))[:, :, :rows, :]
-    tiles = any(dm not in (1, da) for da, dm in zip(shape4[:2], m4.shape[:2], strict=True))
-    if max_bias <= 0 and not tiles:
-        return m4, None  # numpy widens an F16 mask exactly while adding
-    slopes = alibi_slopes(shape4[1], max_bias).reshape(1, -1, 1, 1)
-    # a mask with fewer heads (or batches) than a is tiled: head h uses mask head h % n
-    outer = tuple(da if dm != 1 else 1 for da, dm in zip(shape4[:2], m4.shape[:2], strict=True))
-    term = ctx.scratch(np.broadcast_shapes((*outer, *m4.shape[2:]), slopes.shape))
-    full = ctx.scratch((*outer, *m4.shape[2:])) if tiles else None
-    if full is not None:
-        dst, src, _ = tiled_operands(full, m4, full)
-
-    def scaled() -> None:
-        m = m4
-        if full is not None:
-            np.copyto(dst, src)
-            m = full
-        if max_bias > 0:
-            np.multiply(m, slopes, out=term)
-        else:
-            np.copyto(term, m)
-
-    return term, scaled
-
-
 def build_soft_max(node: Tensor, ctx: BuildContext) -> Step:
     """``softmax(a·scale + slope·mask)`` per row, as ``ggml_compute_forward_soft_max_f32``."""
     a_t = node.src[0]
@@ -79,7 +45,7 @@ def build_soft_max(node: Tensor, ctx: BuildContext) -> Step:
     scale = F32.type(node.op_params["scale"])
     max_bias = node.op_params.get("max_bias", 0.0)
     mask_t = node.src[1] if len(node.src) > 1 else None
-    term, prep = _masked_logits(ctx, mask_t, a4.shape[2], a4.shape, max_bias)
+    term, prep = masked_logits(ctx, mask_t, a4.shape[2], a4.shape, max_bias)
     w = ctx.scratch(a4.shape)
     rows = (*a4.shape[:-1], 1)
     peak, acc, inv = ctx.scratch(rows), ctx.scratch(rows, np.float64), ctx.scratch(rows)
@@ -263,6 +229,10 @@ def build_flash_attn_ext(
     The exact kernel sums a row's visible cells in the op's ``order`` (src 4) when it has
     one, by position in the engine's cache; BLAS's products have their own order.
     """
+    if node.op_params.get("online"):  # ggml's own flash attention kernel's arithmetic
+        online = build_online_attention(node, ctx, jit)
+        if online is not None:
+            return online
     q_t, k_t, v_t = node.src[:3]
     mask_t = node.src[3] if len(node.src) > 3 else None
     order = ctx.view(node.src[4]) if len(node.src) > 4 else _CACHE_ORDER
@@ -274,7 +244,7 @@ def build_flash_attn_ext(
     q4 = padded4(ctx.view(q_t))
     B, H, n_q, _ = q4.shape
     n_kv = k_t.shape[-2]
-    term, prep = _masked_logits(ctx, mask_t, n_q, (B, H, n_q, n_kv), max_bias)
+    term, prep = masked_logits(ctx, mask_t, n_q, (B, H, n_q, n_kv), max_bias)
     mask4 = padded4(ctx.view(mask_t))[:, :, :n_q, :n_kv] if mask_t is not None else None
     # the mask as the numba kernels read it: raw halves, in place
     raw_mask = None

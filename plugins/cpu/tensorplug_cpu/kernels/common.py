@@ -54,6 +54,7 @@ __all__ = [
     "sequence",
     "split_rows",
     "SplitRows",
+    "tiled_operands",
     "to_f32",
 ]
 
@@ -162,3 +163,32 @@ def from_f32(values: np.ndarray, t: Type) -> np.ndarray:
     if t == Type.BF16:
         return f32_to_bf16(values)
     return values.astype(t.numpy_dtype, copy=False)
+
+
+def tiled_operands(
+    a: np.ndarray, b: np.ndarray, out: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Views that turn ggml's tiling broadcast into numpy broadcasting.
+
+    Wherever ``b``'s extent ``B`` divides ``a``'s ``A`` without being 1 or ``A``, that
+    axis of ``a`` and ``out`` becomes ``(A/B, B)`` and ``b``'s becomes ``(1, B)``:
+    element ``i`` then meets ``b[i % B]``. Splitting an axis never copies.
+    """
+    bp = b.reshape((1,) * (a.ndim - b.ndim) + b.shape)
+    pairs: list[tuple[int, int]] = list(zip(a.shape, bp.shape, strict=True))
+    if all(db in (1, da) for da, db in pairs):
+        return a, bp, out
+    ashape: list[int] = []
+    bshape: list[int] = []
+    for da, db in pairs:
+        if db in (1, da):
+            ashape.append(da)
+            bshape.append(db)
+        else:
+            ashape += [da // db, db]
+            bshape += [1, db]
+    av, bv, ov = (
+        reshape_view(x, tuple(sh)) for x, sh in ((a, ashape), (bp, bshape), (out, ashape))
+    )
+    assert av is not None and bv is not None and ov is not None  # splits are always views
+    return av, bv, ov

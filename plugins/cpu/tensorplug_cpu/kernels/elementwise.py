@@ -18,7 +18,7 @@ import numpy as np
 from tensorplug.opcodes import GluOp, Op, SortOrder, UnaryOp
 from tensorplug.types import Type
 
-from .common import F32, BuildContext, Step, reshape_view, sequence, split_rows
+from .common import F32, BuildContext, Step, reshape_view, sequence, split_rows, tiled_operands
 from .gelu_table import gelu_table_into
 
 if TYPE_CHECKING:
@@ -38,40 +38,10 @@ __all__ = [
     "build_sum_rows",
     "build_top_k",
     "build_unary",
-    "tiled_operands",
 ]
 
 _UFUNCS = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 _NUMPY_NATIVE = (Type.F32, Type.F16)
-
-
-def tiled_operands(
-    a: np.ndarray, b: np.ndarray, out: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Views that turn ggml's tiling broadcast into numpy broadcasting.
-
-    Wherever ``b``'s extent ``B`` divides ``a``'s ``A`` without being 1 or ``A``, that
-    axis of ``a`` and ``out`` becomes ``(A/B, B)`` and ``b``'s becomes ``(1, B)``:
-    element ``i`` then meets ``b[i % B]``. Splitting an axis never copies.
-    """
-    bp = b.reshape((1,) * (a.ndim - b.ndim) + b.shape)
-    pairs: list[tuple[int, int]] = list(zip(a.shape, bp.shape, strict=True))
-    if all(db in (1, da) for da, db in pairs):
-        return a, bp, out
-    ashape: list[int] = []
-    bshape: list[int] = []
-    for da, db in pairs:
-        if db in (1, da):
-            ashape.append(da)
-            bshape.append(db)
-        else:
-            ashape += [da // db, db]
-            bshape += [1, db]
-    av, bv, ov = (
-        reshape_view(x, tuple(sh)) for x, sh in ((a, ashape), (bp, bshape), (out, ashape))
-    )
-    assert av is not None and bv is not None and ov is not None  # splits are always views
-    return av, bv, ov
 
 
 def build_binary(node: Tensor, ctx: BuildContext) -> Step:

@@ -19,9 +19,9 @@ from typing import Any
 import numba
 
 from . import numba_internals
+from ._numba_cache import CACHE_RULES
 from .cache_folder import guarded, numba_cache_dir
 from .numba_internals import numba_private
-from .numba_internals.runtime_library import ready_beside_kernels
 
 __all__ = ["JobFunction", "job_function"]
 
@@ -69,9 +69,9 @@ class JobFunction:
         with self._lock:
             if self.numba_function is None:
                 with numba_cache_dir(numba) as folder:
-                    ready = ready_beside_kernels if folder is not None else None
+                    rules = CACHE_RULES if folder is not None else None
                     self.numba_function = numba_private.make_job(
-                        self.py_func, SIGNATURE, self.options, ready
+                        self.py_func, SIGNATURE, self.options, rules
                     )
             return self.numba_function
 

@@ -62,7 +62,7 @@ def kept_code_ready() -> bool:
 
 
 def _kept_code_ready() -> bool:
-    from .numba_internals.kept_code import kept_in
+    from .numba_internals.kept_kernels import kept_in
     from .numba_internals.runtime_library import runtime_file
 
     kept = kept_in()
@@ -77,7 +77,7 @@ class _Kept:
         self.kept: Any = None
         self.identity: str | None = None
         if numba_internals.enabled():
-            from .numba_internals.kept_code import kept_in
+            from .numba_internals.kept_kernels import kept_in
 
             self.identity = identity(origin)
             self.kept = numba_internals.attempt("finding kept code", kept_in)

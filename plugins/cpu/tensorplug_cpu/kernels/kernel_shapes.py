@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from tensorplug.types import Type
 
-__all__ = ["DOT_LANES", "HALF_PRODUCTS", "INT8_ROWS", "LANES_MASK", "NARROW_SCORES",
-           "TINYBLAS_LANES"]  # fmt: skip
+__all__ = ["DOT_LANES", "FLASH_TILE_KV", "FLASH_TILE_Q", "HALF_PRODUCTS", "INT8_ROWS",
+           "LANES_MASK", "NARROW_SCORES", "TINYBLAS_LANES"]  # fmt: skip
 
 #: Lanes of ggml's ``ggml_vec_dot_f32`` on AVX-512: four registers of 16 floats.
 DOT_LANES = 64
@@ -32,6 +32,11 @@ NARROW_SCORES = 1 << 8
 #: V, as an F16 cache makes ggml do (``vec_dot_type`` F16: ``mul_mat`` converts its
 #: float32 operand to F16 first)
 HALF_PRODUCTS = 1 << 9
+
+
+#: Query rows from which ggml's flash attention takes its tiled way (``GGML_FA_TILE_Q``),
+#: and the cells of one of its tiles (``GGML_FA_TILE_KV``)
+FLASH_TILE_Q, FLASH_TILE_KV = 64, 64
 
 
 #: Weight rows each integer kernel takes at a time (``rows{n}_dot_{type}`` of

@@ -91,6 +91,12 @@ class CompiledKernels(Protocol):
 
     def visible_columns(self, mask: np.ndarray) -> int: ...
 
+    def online_attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+        order: np.ndarray, used: int, scale: float, softcap: float, tiled: bool,
+        out: np.ndarray,
+    ) -> None: ...  # fmt: skip
+
     def softmax_rows(
         self, s: np.ndarray, mask: np.ndarray, used: int, scale: float, row: np.ndarray
     ) -> None: ...

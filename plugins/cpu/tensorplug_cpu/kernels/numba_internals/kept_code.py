@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sys
 import threading
 import types
@@ -42,15 +41,12 @@ from typing import Any
 
 from tensorplug import kept
 
-from ..cache_folder import cache_root, kept_code_folder
-from ..kernel_identity import salt
+from ..cache_folder import cache_root
 from . import numba_private
 from .elf_symbols import defined_symbols, symbols
 from .numba_extensions import c_runtime
-from .runtime_library import runtime_code, stored_code
 
-__all__ = ["CALLABLE", "JOB", "MAX_BYTES", "Entry", "KeptCode", "entry_file", "kept_in", "load",
-           "loaded_count", "runtime_code_of"]  # fmt: skip
+__all__ = ["CALLABLE", "JOB", "MAX_BYTES", "Entry", "KeptCode", "entry_file", "load"]
 
 _log = logging.getLogger("tensorplug_cpu")
 
@@ -151,41 +147,6 @@ class KeptCode:
             return
         if not kept.save(cache_root(), path, entry.to_bytes()):
             _log.debug("could not keep kernel %s.%s", entry.module, entry.name)
-
-
-def runtime_code_of(folder: Path) -> bytes | None:
-    """The runtime library's machine code for kept kernels of ``folder``: as kept there,
-    else numba's, where numba is imported (it compiles or loads it, and keeps it here)."""
-    found = stored_code(folder)
-    if found is None and sys.modules.get("numba") is not None:
-        found = runtime_code(numba_private.cpu_target_context(), folder)
-    return found
-
-
-_folders_lock = threading.Lock()
-_by_folder: dict[str, KeptCode] = {}
-
-
-def kept_in() -> KeptCode | None:
-    """The one :class:`KeptCode` of this process (salted with
-    :func:`.kernel_identity.salt`, its runtime library :func:`runtime_code_of`),
-    in the ``kept`` folder of the kernels' cache (:func:`.cache_folder.kernel_folder`);
-    None where there is no safe one. Whoever asks, numba's side or a launch without
-    numba, an entry is loaded once, and never where this process kept it."""
-    path = kept_code_folder()
-    if path is None:
-        return None
-    name = os.path.realpath(path)  # one folder, however it is spelled
-    with _folders_lock:
-        if name not in _by_folder:
-            _by_folder[name] = KeptCode(path, salt(), lambda: runtime_code_of(path))
-        return _by_folder[name]
-
-
-def loaded_count() -> int:
-    """How many kernels and jobs this process has loaded from kept code."""
-    with _folders_lock:
-        return sum(len(kept.loaded) for kept in _by_folder.values())
 
 
 class _Engine:

@@ -13,15 +13,21 @@ not compile or load it); a job gets its address.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 from ..arg_types import arg_key
-from ..kernel_identity import identity, origin_of
+from ..cache_folder import kept_code_folder
+from ..kernel_identity import identity, origin_of, salt
 from . import numba_private
-from .kept_code import CALLABLE, JOB, Entry, KeptCode, kept_in, loaded_count
+from .kept_code import CALLABLE, JOB, Entry, KeptCode
+from .runtime_library import runtime_code, stored_code
 
-__all__ = ["compile_job", "job_ready", "keep_overload", "kept_loads", "load_kept",
-           "ready_overload"]  # fmt: skip
+__all__ = ["compile_job", "job_ready", "keep_overload", "kept_in", "kept_loads", "load_kept",
+           "loaded_count", "ready_overload", "runtime_code_of"]  # fmt: skip
 
 
 def job_ready(job: Any) -> bool:
@@ -142,3 +148,38 @@ def keep_overload(kernel: Any, args: tuple[Any, ...]) -> None:
         symbol, function_name, code = found
         kept.keep(name, key, Entry(CALLABLE, symbol, kernel.py_func.__module__, function_name,
                                    code))  # fmt: skip
+
+
+def runtime_code_of(folder: Path) -> bytes | None:
+    """The runtime library's machine code for kept kernels of ``folder``: as kept there,
+    else numba's, where numba is imported (it compiles or loads it, and keeps it here)."""
+    found = stored_code(folder)
+    if found is None and sys.modules.get("numba") is not None:
+        found = runtime_code(numba_private.cpu_target_context(), folder)
+    return found
+
+
+_folders_lock = threading.Lock()
+_by_folder: dict[str, KeptCode] = {}
+
+
+def kept_in() -> KeptCode | None:
+    """The one :class:`KeptCode` of this process (salted with
+    :func:`.kernel_identity.salt`, its runtime library :func:`runtime_code_of`),
+    in the ``kept`` folder of the kernels' cache (:func:`.cache_folder.kernel_folder`);
+    None where there is no safe one. Whoever asks, numba's side or a launch without
+    numba, an entry is loaded once, and never where this process kept it."""
+    path = kept_code_folder()
+    if path is None:
+        return None
+    name = os.path.realpath(path)  # one folder, however it is spelled
+    with _folders_lock:
+        if name not in _by_folder:
+            _by_folder[name] = KeptCode(path, salt(), lambda: runtime_code_of(path))
+        return _by_folder[name]
+
+
+def loaded_count() -> int:
+    """How many kernels and jobs this process has loaded from kept code."""
+    with _folders_lock:
+        return sum(len(kept.loaded) for kept in _by_folder.values())

@@ -23,13 +23,12 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..kernel_identity import instruction_forms, sources_hash
 from .elf_symbols import defined_symbols
 
 __all__ = [
-    "ENVIRONMENT_PREFIX", "EXTENSION_MODULES", "THREADING_MODULES",
+    "ENVIRONMENT_PREFIX", "EXTENSION_MODULES", "THREADING_MODULES", "CacheRules",
     "add_to_dispatch_table", "cached_overload", "code_library_object", "compile_lock",
     "compile_runtime_library", "cpu_target_context", "deferred_environments",
     "hand_layer_to_numba", "initialize_runtime", "install_kernel_cache", "is_cached",
@@ -298,13 +297,24 @@ def code_library_object(library: Any) -> bytes | None:
 _warned: list[bool] = []  # a bad cache is said once per process, not once per kernel
 
 
+class CacheRules(NamedTuple):
+    """What the plugin adds to numba's cache of a kernel: ``key()``, more of each
+    entry's index key (the kernels' sources and the instruction forms at the lookup: a
+    process may switch forms to build another host's code), and
+    ``ready_runtime(context)``, numba's runtime readied before an entry loads."""
+
+    key: Callable[[], tuple[Any, ...]]
+    ready_runtime: Callable[[Any], None]
+
+
 @functools.cache
 def kernel_cache_class() -> Any:
     """numba's ``FunctionCache``, subclassed: its entries also depend on the kernels'
     sources hash and the instruction forms at each lookup (a process may switch forms
     to build another host's code), its unreadable entries are discarded and compiled
     again rather than raised, and its machine code loads without its linking bitcode,
-    numba's registries or the modules of its environments: ``ready_runtime(context)``
+    numba's registries or the modules of its environments (``rules``,
+    :class:`CacheRules`): ``ready_runtime(context)``
     readies numba's runtime instead of numba's refresh of the registries, which only a
     compile reads (and refreshes itself)."""
     from numba.core.caching import FunctionCache
@@ -312,16 +322,16 @@ def kernel_cache_class() -> Any:
     class KernelCache(FunctionCache):  # type: ignore[misc, valid-type]
         _impl_class = lazy_linking_classes()[1]
 
-        def __init__(self, py_func: Any, ready_runtime: Callable[[Any], None]) -> None:
+        def __init__(self, py_func: Any, rules: CacheRules) -> None:
             super().__init__(py_func)
-            self.ready_runtime = ready_runtime
+            self.rules = rules
 
         def _index_key(self, sig: Any, codegen: Any) -> Any:
-            return (*super()._index_key(sig, codegen), sources_hash(), instruction_forms())
+            return (*super()._index_key(sig, codegen), *self.rules.key())
 
         def load_overload(self, sig: Any, target_context: Any) -> Any:
             try:
-                self.ready_runtime(target_context)
+                self.rules.ready_runtime(target_context)
                 with self._guard_against_spurious_io_errors(), deferred_environments():
                     return self._load_overload(sig, target_context)
             except Exception as e:  # any failure to read a cache entry: compile it instead
@@ -352,10 +362,10 @@ def kernel_cache_class() -> Any:
     return KernelCache
 
 
-def install_kernel_cache(function: Any, py_func: Any, ready_runtime: Callable[[Any], None]) -> None:
+def install_kernel_cache(function: Any, py_func: Any, rules: CacheRules) -> None:
     """Make ``function`` (numba's dispatcher or cfunc of ``py_func``, made without a
     cache) cache through :func:`kernel_cache_class`."""
-    function._cache = kernel_cache_class()(py_func, ready_runtime)
+    function._cache = kernel_cache_class()(py_func, rules)
 
 
 def uses_kernel_cache(function: Any) -> bool:
@@ -379,16 +389,16 @@ def is_cached(dispatcher: Any, sig: tuple[Any, ...]) -> bool:
 
 
 def make_job(py_func: Any, signature: Any, options: dict[str, Any],
-             ready_runtime: Callable[[Any], None] | None) -> Any:  # fmt: skip
+             rules: CacheRules | None) -> Any:  # fmt: skip
     """numba's C function of ``py_func`` for ``signature``, not compiled yet (numba's
     public ``cfunc`` compiles as it decorates), caching through
-    :func:`kernel_cache_class` where ``ready_runtime`` is given."""
+    :func:`kernel_cache_class` where ``rules`` are given."""
     from numba.core.ccallback import CFunc
 
     function = CFunc(py_func, (signature.args, signature.return_type), locals={},
                      options=options)  # fmt: skip
-    if ready_runtime is not None:
-        install_kernel_cache(function, py_func, ready_runtime)
+    if rules is not None:
+        install_kernel_cache(function, py_func, rules)
     return function
 
 

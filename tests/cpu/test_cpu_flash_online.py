@@ -1,0 +1,97 @@
+"""flash_attn_ext with ``online`` set: ggml's own flash attention kernel's arithmetic
+(``kernels/_numba_flash.py``) against a float64 formula, by the way ggml takes for the
+step (a row at a time, or in tiles for 64 query rows or more). The bits are held to
+llama.cpp's in ``tests/llm/test_flash_attn.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+from test_cpu_helpers import compute, nmse
+
+import tensorplug as tp
+from tensorplug import ops
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="the online arithmetic is numba's"
+)
+
+RNG = np.random.default_rng(7)
+
+
+def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+               scale: float, softcap: float) -> np.ndarray:  # fmt: skip
+    """softmax(q·kᵀ·scale (soft-capped) + mask)·v in float64, (B, n_q, H, Dv); a row
+    that sees nothing gives zeros."""
+    B, H, n_q, _ = q.shape
+    g = H // k.shape[1]
+    out = np.zeros((B, n_q, H, v.shape[-1]))
+    for b in range(B):
+        for h in range(H):
+            s = q[b, h] @ k[b, h // g].T * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            s = s + mask[0, 0, :n_q]
+            for r in range(n_q):
+                if np.isneginf(s[r]).all():
+                    continue
+                e = np.exp(s[r] - s[r].max())
+                out[b, r, h] = (e / e.sum()) @ v[b, h // g]
+    return out
+
+
+def _run(kv_type: tp.Type, n_q: int, softcap: float) -> tuple[np.ndarray, np.ndarray]:
+    """The online op's output over a causal cache of ``n_q + 11`` cells (GQA, two
+    batches, the last query row masked everywhere) and the float64 reference on the
+    cache's own values (and, for F16, the query rounded as ggml's one-row way does)."""
+    B, H, Hkv, D, Dv = 2, 4, 2, 64, 32
+    n_kv = n_q + 11
+    q = tp.new_tensor("f32", (B, H, n_q, D), "q")
+    k = tp.new_tensor(kv_type, (B, Hkv, n_kv, D), "k")
+    v = tp.new_tensor(kv_type, (B, Hkv, n_kv, Dv), "v")
+    mask = tp.new_tensor(tp.Type.F16, (1, 1, n_q, n_kv), "mask")
+    qv = RNG.standard_normal(q.shape).astype(np.float32)
+    kv_ = RNG.standard_normal(k.shape).astype(kv_type.numpy_dtype)
+    vv = RNG.standard_normal(v.shape).astype(kv_type.numpy_dtype)
+    mv = np.triu(np.full((n_q, n_kv), -np.inf, np.float16), 12)[None, None]
+    mv[..., -1, :] = -np.inf
+    out = ops.flash_attn_ext(q, k, v, mask, scale=D**-0.5, logit_softcap=softcap, online=True)
+    compute(out, {q: qv, k: kv_, v: vv, mask: mv})
+    q64 = qv.astype(np.float64)
+    if n_q < 64:  # one row at a time: the query rounded to F16, K's vec_dot type
+        q64 = qv.astype(np.float16).astype(np.float64)
+    # an F32 cache is rounded to F16 first, as llama.cpp casts it for flash attention
+    k64 = kv_.astype(np.float16).astype(np.float64)
+    v64 = vv.astype(np.float16).astype(np.float64)
+    ref = _reference(q64, k64, v64, mv.astype(np.float64), D**-0.5, softcap)
+    return tp.get_array(out), ref
+
+
+@pytest.mark.parametrize("kv_type", [tp.Type.F16, tp.Type.F32])
+@pytest.mark.parametrize("softcap", [0.0, 20.0])
+def test_one_row_at_a_time_accumulates_v_in_f16(kv_type: tp.Type, softcap: float) -> None:
+    """A few query rows: each row's output summed in f16 as ggml's ``ggml_vec_mad_f16``
+    does: near the float64 value, and only as near as f16 lets it be."""
+    got, ref = _run(kv_type, 5, softcap)
+    assert nmse(got, ref) < 1e-5
+    assert nmse(got, ref) > 1e-9  # f16 sums, not float32 ones
+    np.testing.assert_array_equal(got[:, -1], 0)
+
+
+@pytest.mark.parametrize("kv_type", [tp.Type.F16, tp.Type.F32])
+def test_a_prompt_of_64_rows_is_tiled_in_float32(kv_type: tp.Type) -> None:
+    """64 query rows or more: ggml's tiles, float32 query and sums (tiles of 64 cells
+    rescaled at each new maximum): float32-close to the float64 value."""
+    got, ref = _run(kv_type, 70, 0.0)
+    assert nmse(got, ref) < 1e-10
+    np.testing.assert_array_equal(got[:, -1], 0)
+
+
+def test_the_op_records_online_and_defaults_to_off() -> None:
+    q = tp.new_tensor("f32", (1, 2, 3, 8), "q")
+    k = tp.new_tensor("f16", (1, 1, 4, 8), "k")
+    v = tp.new_tensor("f16", (1, 1, 4, 8), "v")
+    assert ops.flash_attn_ext(q, k, v).op_params["online"] is False
+    assert ops.flash_attn_ext(q, k, v, online=True).op_params["online"] is True
