@@ -59,12 +59,15 @@ def test_max_connections_reaches_the_listener(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tensorplug_llm import serve_cli
+    from tensorplug_llm.http.transport import ConnectionCap
 
     caps: list[int] = []
 
     class Recorded(serve_cli._Listening):
         def __enter__(self) -> serve_cli._Listening:
-            caps.append(self.server.config.app.connections.limit)
+            app = self.server.config.app
+            assert isinstance(app, ConnectionCap)  # the cap wraps the whole app
+            caps.append(app.connections.limit)
             raise RunError("stopped before the model loads")
 
     monkeypatch.setattr(serve_cli, "_Listening", Recorded)
