@@ -1,7 +1,7 @@
 """The symbols of a kernel's machine code, read from its ELF object's symbol tables.
 
 What an object defines are the names LLVM's JIT finds in it (numba's engine keeps them
-to look entry points up: :mod:`.lazy_linking`); what it uses without defining must be
+to look entry points up: :func:`.numba_private.unserialize`); what it uses without defining must be
 found elsewhere before LLVM's loader is given it, which aborts the process on a symbol
 it cannot resolve (:mod:`.kept_code`). Little-endian 64-bit ELF only: the objects numba
 writes on Linux; anything else reads as None, and its kernels load numba's way.
