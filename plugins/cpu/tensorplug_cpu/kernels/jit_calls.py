@@ -152,8 +152,8 @@ class KernelCalls(Binding):
 
     def will_call(self, call: Callable[[], None]) -> None:
         """A step of the plan being bound calls ``call`` at this thread count (a partial
-        of :meth:`call`, or of :meth:`_quantized_apart`'s: ``args`` ``(what, kernel,
-        *kernel's arguments)``): noted for the waits for the second process
+        of :meth:`call`, or a repacked product's quantizing call: ``args`` ``(what,
+        kernel, *kernel's arguments)``): noted for the waits for the second process
         (:meth:`.ahead.Ahead.will_call`). A kernel the plan first calls after its first
         attention goes to the second process (rank 0: after the attention job, before
         the kernels of other thread counts): this process compiles in the order the
