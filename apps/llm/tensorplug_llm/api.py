@@ -159,6 +159,12 @@ class LLM:
         (llama-server's ``/tokenize`` and ``/completion`` read prompts so)."""
         return self.vocab.encode(text, add_bos=add_bos, parse_special=parse_special)
 
+    @property
+    def n_ctx(self) -> int:
+        """The tokens one request may hold, prompt and reply (llama-server's context of
+        a slot): the generator's per-sequence context, else the model's."""
+        return self.generator.stats().n_ctx_seq or self.llama.n_ctx
+
     def check_fits(self, text: str, param: str) -> None:
         """Refuse (:class:`ContextSizeError`), before tokenizing it, a text too long for
         the context whatever its tokens."""
@@ -171,7 +177,7 @@ class LLM:
         thread for about a minute only to be refused for its length)."""
         if self._longest_token is None:
             self._longest_token = max(1, max(len(t) for t in self.vocab.tokens))
-        n_ctx = self.llama.n_ctx
+        n_ctx = self.n_ctx
         if n_chars > n_ctx * self._longest_token:
             raise ContextSizeError(n_chars // self._longest_token, n_ctx, param, n_chars)
 
@@ -824,8 +830,9 @@ class LLM:
                 f"got {n!r}",
                 "n",
             )
-        if len(job.prompt) > self.llama.n_ctx:
-            raise ContextSizeError(len(job.prompt), self.llama.n_ctx, field)
+        n_ctx = self.n_ctx
+        if len(job.prompt) >= n_ctx:  # as llama-server's: no room left for a token
+            raise ContextSizeError(len(job.prompt), n_ctx, field)
         try:
             if n == 1:
                 return [self.generator.submit(job)]

@@ -27,6 +27,7 @@ __all__ = [
     "names",
     "request_defaults",
     "rope_overrides",
+    "slot_context",
 ]
 
 #: llama-server flags tensorplug does not have, with why (each refused by name)
@@ -282,10 +283,20 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         help="do not serve the chat page at / (a 404 there)",
     )
     p.add_argument(
+        "-kvu",
         "--kv-unified",
         action="store_true",
-        help="accepted for llama-server's command lines: the slots always share one KV "
-        "cache of -c cells here (llama-server's --kv-unified), a request may use all of it",
+        default=None,
+        help="every slot may use the whole context of -c tokens (the default without -np); "
+        "without it, -np N gives each slot -c / N of them, as llama-server's",
+    )
+    p.add_argument(
+        "-no-kvu",
+        "--no-kv-unified",
+        dest="kv_unified",
+        action="store_false",
+        help="with -np N: each slot gets -c / N tokens of context (the default); without "
+        "-np the 4 slots share the context either way, as llama-server's",
     )
     p.add_argument(
         "--api-key-file",
@@ -323,6 +334,21 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     )
     for flags, reason in UNSUPPORTED.items():
         p.add_argument(*flags, action=_Refuse, reason=reason, dest="unsupported")
+
+
+def slot_context(n_ctx: int, n_parallel: int, unified: bool, n_ctx_train: int) -> int:
+    """The tokens one slot's request may hold, as llama-server computes it: the whole
+    context when the cache is unified, else its share ``n_ctx / n_parallel``; at most the
+    model's training context (``n_ctx_train``, where the file gives one). llama.cpp also
+    rounds the share up to a multiple of 256 and grows the cache to match; tensorplug's
+    cache keeps the size asked for, so the share is ``n_ctx // n_parallel``."""
+    n = n_ctx if unified else n_ctx // n_parallel
+    if n < 1:
+        raise RunError(
+            f"a context of {n_ctx} tokens split over {n_parallel} slots leaves none per slot: "
+            "give a larger -c, fewer slots (-np) or --kv-unified"
+        )
+    return min(n, n_ctx_train) if n_ctx_train > 0 else n
 
 
 def request_defaults(args: argparse.Namespace) -> dict[str, Any]:

@@ -86,7 +86,7 @@ def generation_settings(llm: LLM, body: NativeCompletionRequest) -> dict[str, An
         "timings_per_token": body.timings_per_token,
         "post_sampling_probs": body.post_sampling_probs,
         "model": llm.model_name,
-        "n_ctx": llm.llama.n_ctx,
+        "n_ctx": llm.n_ctx,
     }
 
 

@@ -146,7 +146,7 @@ async def props(svc: ServiceDep) -> dict[str, Any]:
         "default_generation_settings": {
             "id": 0,
             "id_task": -1,
-            "n_ctx": llm.llama.n_ctx,
+            "n_ctx": llm.n_ctx,
             "speculative": False,
             "is_processing": False,
             "params": generation_settings(llm, _defaults(svc)),
@@ -201,7 +201,7 @@ async def slots(svc: ServiceDep, fail_on_no_slot: bool = False) -> list[dict[str
         {
             "id": i,
             "id_task": -1,
-            "n_ctx": llm.llama.n_ctx,
+            "n_ctx": llm.n_ctx,
             "speculative": False,
             "is_processing": processing,
             "next_token": _next_token(),
