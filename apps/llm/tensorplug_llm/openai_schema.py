@@ -84,6 +84,8 @@ class _Sampling(BaseModel):
     grammar: str | None = None
     #: llama-server's: a JSON schema the reply follows
     json_schema: dict[str, Any] | StrictBool | None = None
+    #: llama-server's: the response carries ``__verbose`` (the prompt as the model read it)
+    verbose: StrictBool = False
 
     @model_validator(mode="after")
     def _one_constraint(self) -> _Sampling:

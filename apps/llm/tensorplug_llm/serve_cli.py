@@ -259,6 +259,7 @@ def _serve(args: argparse.Namespace) -> int:
                     slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
                     aliases=args.aliases, tags=args.tags, web_page=args.ui,
                     vertex=VertexRoutes.from_environment(),
+                    verbose=bool(getattr(args, "verbose", False)),  # -v: as llama-server's
                 )  # fmt: skip
                 listening.ready(create_app(llm, config))
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ from prometheus_client import generate_latest
 from ..api import Stream
 from ..openai_schema import CONSTRAINT_PARAMS
 from .errors import ApiError
-from .model_info import model_list
+from .model_info import build_info, model_list
 from .native_completion import (
     NativeCompletion,
     generation_settings,
@@ -161,7 +160,7 @@ async def props(svc: ServiceDep) -> dict[str, Any]:
         "bos_token": vocab.tokens[vocab.bos] if vocab.bos is not None else "",
         "eos_token": vocab.tokens[vocab.eos] if vocab.eos is not None else "",
         "modalities": {"vision": False, "audio": False},
-        "build_info": _build_info(),
+        "build_info": build_info(),
         "is_sleeping": False,
     }
 
@@ -173,13 +172,6 @@ async def change_props(svc: ServiceDep) -> dict[str, Any]:
             "this server does not change its properties: start it with --props to allow POST /props"
         )
     return {"success": True}
-
-
-def _build_info() -> str:
-    try:
-        return f"tensorplug-llm {version('tensorplug-llm')}"
-    except PackageNotFoundError:
-        return "tensorplug-llm"
 
 
 def _next_token() -> dict[str, Any]:

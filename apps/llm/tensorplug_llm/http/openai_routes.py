@@ -14,8 +14,10 @@ from fastapi.responses import JSONResponse, Response
 
 from ..api import Stream
 from ..openai_schema import CONSTRAINT_PARAMS, ChatRequest, CompletionRequest, EmbeddingRequest
+from ..tool_spec import tool_spec
 from .errors import ApiError
 from .model_info import model_list
+from .oai_extras import Verbose, stamped
 from .relay import Canceller
 from .service import ServiceDep
 
@@ -41,18 +43,20 @@ async def completions(body: CompletionRequest, request: Request, svc: ServiceDep
     kwargs["seed"] = svc.default("seed", body.seed, "seed" in given)
     max_tokens = svc.default("n_predict", body.max_tokens, "max_tokens" in given)
     llm = svc.llm
-    return await svc.answer(
-        request,
-        body.stream,
-        lambda: llm.create_completion(
-            body.prompt,
-            max_tokens=_budget(max_tokens),
-            logprobs=body.logprobs,
-            echo=body.echo,
-            **kwargs,
-        ),
-        rename=CONSTRAINT_PARAMS,
-    )
+    verbose = body.verbose or svc.config.verbose
+
+    def start() -> dict[str, Any] | Stream:
+        result = llm.create_completion(
+            body.prompt, max_tokens=_budget(max_tokens), logprobs=body.logprobs,
+            echo=body.echo, **kwargs,
+        )  # fmt: skip
+        if not verbose:
+            return stamped(result, None)
+        prompt = body.prompt
+        ids = llm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return stamped(result, Verbose.of(llm, ids))
+
+    return await svc.answer(request, body.stream, start, rename=CONSTRAINT_PARAMS)
 
 
 @both.post("/chat/completions")
@@ -66,23 +70,24 @@ async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response
     max_tokens = asked if asked is not None else svc.config.defaults.get("n_predict")
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     llm = svc.llm
-    return await svc.answer(
-        request,
-        body.stream,
-        lambda: _role_first(
+    verbose = body.verbose or svc.config.verbose
+
+    def start() -> dict[str, Any] | Stream:
+        result = _role_first(
             llm.create_chat_completion(
-                messages,
-                tools=body.tools,
-                tool_choice=body.tool_choice,
-                parallel_tool_calls=body.parallel_tool_calls,
-                max_tokens=_budget(max_tokens),
-                logprobs=body.logprobs,
-                top_logprobs=body.top_logprobs,
-                **kwargs,
+                messages, tools=body.tools, tool_choice=body.tool_choice,
+                parallel_tool_calls=body.parallel_tool_calls, max_tokens=_budget(max_tokens),
+                logprobs=body.logprobs, top_logprobs=body.top_logprobs, **kwargs,
             )
-        ),
-        rename=CONSTRAINT_PARAMS,
-    )
+        )  # fmt: skip
+        if not verbose:
+            return stamped(result, None)
+        # the request was checked above: its tools and messages render again as they did
+        spec = tool_spec(body.tools, body.tool_choice, body.parallel_tool_calls)
+        ids = llm.chat_prompt(messages, spec)
+        return stamped(result, Verbose.of(llm, ids))
+
+    return await svc.answer(request, body.stream, start, rename=CONSTRAINT_PARAMS)
 
 
 def _role_first(result: dict[str, Any] | Stream) -> dict[str, Any] | Stream:

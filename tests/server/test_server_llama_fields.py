@@ -1,0 +1,93 @@
+"""What llama-server adds to OpenAI's responses: ``system_fingerprint`` on every
+response and chunk, and ``__verbose`` (the prompt as the model read it, the reply in
+``/completion``'s fields) for a request with ``"verbose": true`` or a server with
+``--verbose``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server needs tensorplug-llm[serve]")
+
+from fastapi.testclient import TestClient
+from tiny_server import PROMPT, TinyModel, tiny_model
+
+from tensorplug_llm.http.model_info import system_fingerprint
+from tensorplug_llm.server import ServerConfig, create_app
+
+CHAT = {
+    "messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "hello"}],
+    "max_tokens": 4,
+    "temperature": 0,
+}
+#: the tiny model's template is ChatML
+CHAT_PROMPT = (
+    "<|im_start|>system\nBook<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyModel]:
+    m = tiny_model(tmp_path_factory.mktemp("llama_fields"))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def http(model: TinyModel) -> TestClient:
+    return TestClient(create_app(model.llm, ServerConfig()))
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    lines = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_the_fingerprint_is_llama_servers_shape() -> None:
+    fingerprint = system_fingerprint()
+    assert fingerprint.startswith("b") and fingerprint.endswith("-tensorplug-llm")
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [("/v1/chat/completions", CHAT), ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4})],
+)
+def test_every_response_and_chunk_has_the_fingerprint(
+    http: TestClient, route: str, body: dict[str, Any]
+) -> None:
+    got = http.post(route, json=body).json()
+    assert got["system_fingerprint"] == system_fingerprint()
+    events = _events(http.post(route, json={**body, "stream": True}).text)
+    assert len(events) > 1
+    assert all(e["system_fingerprint"] == system_fingerprint() for e in events)
+
+
+def test_verbose_gives_the_prompt_as_the_model_read_it(model: TinyModel, http: TestClient) -> None:
+    got = http.post("/v1/chat/completions", json={**CHAT, "verbose": True}).json()
+    verbose = got["__verbose"]
+    assert verbose["prompt"] == "<s> " + CHAT_PROMPT  # BOS, as llama-server writes it
+    assert verbose["content"] == got["choices"][0]["message"]["content"]
+    assert verbose["tokens_evaluated"] == got["usage"]["prompt_tokens"]
+    assert verbose["tokens_predicted"] == got["usage"]["completion_tokens"] == 4
+    assert verbose["stop_type"] == "limit"
+    assert "__verbose" not in http.post("/v1/chat/completions", json=CHAT).json()
+    # a stream: on the chunk that finishes the reply
+    events = _events(
+        http.post("/v1/chat/completions", json={**CHAT, "verbose": True, "stream": True}).text
+    )
+    marked = [e for e in events if "__verbose" in e]
+    assert len(marked) == 1 and marked[0]["choices"][0]["finish_reason"] == "length"
+    assert marked[0]["__verbose"]["prompt"] == "<s> " + CHAT_PROMPT
+
+
+def test_a_verbose_server_answers_every_request_so(model: TinyModel) -> None:
+    http = TestClient(create_app(model.llm, ServerConfig(verbose=True)))
+    got = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}).json()
+    assert got["__verbose"]["prompt"] == model.llm.vocab.decode(model.ids, special=True)
+    assert got["__verbose"]["tokens_evaluated"] == len(model.ids)
+    assert got["__verbose"]["content"] == got["choices"][0]["text"]
