@@ -117,7 +117,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chat-template",
         metavar="JINJA",
-        help="a Jinja chat template's text (or a file) to use instead of the model file's",
+        help="the chat template instead of the model file's: one of llama.cpp's built-in "
+        "names (chatml, llama3, gemma, command-r, phi3, zephyr, mistral-v7), Jinja text, "
+        "or a file",
     )
     p.add_argument(
         "--embeddings",

@@ -388,11 +388,21 @@ def api_keys(args: argparse.Namespace) -> list[str]:
 
 
 def chat_template(args: argparse.Namespace) -> str | None:
-    """The template ``--chat-template`` (Jinja text, as llama-server's; or a file, as
-    tensorplug's earlier option) or ``--chat-template-file`` gives, None for the file's."""
+    """The template ``--chat-template`` (one of llama.cpp's built-in names, Jinja text,
+    or a file, as tensorplug's earlier option) or ``--chat-template-file`` gives, None for
+    the file's."""
+    from .builtin_templates import BUILTIN_TEMPLATES, UnsupportedTemplateName, builtin_template
+
     value, file = args.chat_template, args.chat_template_file
     if value is not None and file is not None:
         raise RunError("give --chat-template or --chat-template-file, not both")
+    if value is not None:
+        try:
+            named = builtin_template(value)
+        except UnsupportedTemplateName as e:
+            raise RunError(f"--chat-template {value}: {e}") from None
+        if named is not None:
+            return named
     if value is not None and ("{%" in value or "{{" in value):
         return str(value)
     path = file or value
@@ -403,8 +413,8 @@ def chat_template(args: argparse.Namespace) -> str | None:
     except (OSError, UnicodeDecodeError) as e:
         if file is None:
             raise RunError(
-                f"--chat-template {value}: neither Jinja text nor a readable file ({e}); "
-                "tensorplug has no built-in templates by name: give the template's text, or "
-                "--chat-template-file FILE"
+                f"--chat-template {value}: neither a built-in template's name "
+                f"({', '.join(BUILTIN_TEMPLATES)}), Jinja text nor a readable file ({e}); "
+                "or give --chat-template-file FILE"
             ) from None
         raise RunError(f"cannot read the chat template {path}: {e}") from None
