@@ -19,8 +19,9 @@ from tiny_server import PROMPT, TinyModel, tiny_model
 from tensorplug_llm.http.model_info import system_fingerprint
 from tensorplug_llm.server import ServerConfig, create_app
 
-CHAT = {
-    "messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "hello"}],
+MESSAGES = [{"role": "system", "content": "Book"}, {"role": "user", "content": "hello"}]
+CHAT: dict[str, Any] = {
+    "messages": MESSAGES,
     "max_tokens": 4,
     "temperature": 0,
 }
@@ -91,3 +92,36 @@ def test_a_verbose_server_answers_every_request_so(model: TinyModel) -> None:
     assert got["__verbose"]["prompt"] == model.llm.vocab.decode(model.ids, special=True)
     assert got["__verbose"]["tokens_evaluated"] == len(model.ids)
     assert got["__verbose"]["content"] == got["choices"][0]["text"]
+
+
+# -- continuing the assistant's message ---------------------------------------------------------
+
+PREFILL = [*MESSAGES, {"role": "assistant", "content": "Once upon"}]
+
+
+def test_a_final_assistant_message_is_continued(http: TestClient) -> None:
+    """llama-server's assistant prefill: the prompt is the conversation before it, ready
+    for the reply, then the reply begun (no end of turn, no new turn)."""
+    got = http.post("/v1/chat/completions", json={**CHAT, "messages": PREFILL,
+                                                   "verbose": True}).json()  # fmt: skip
+    assert got["__verbose"]["prompt"] == "<s> " + CHAT_PROMPT + "Once upon"
+    vllm = {**CHAT, "messages": PREFILL, "verbose": True, "add_generation_prompt": False,
+            "continue_final_message": True}  # fmt: skip
+    same = http.post("/v1/chat/completions", json=vllm).json()
+    assert same["__verbose"]["prompt"] == got["__verbose"]["prompt"]
+    assert same["choices"][0]["message"] == got["choices"][0]["message"]  # greedy, same prompt
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [({"messages": PREFILL, "continue_final_message": True}, "are both true"),
+     ({"messages": [*PREFILL, {"role": "assistant", "content": "x"}]}, "two assistant messages"),
+     ({"messages": CHAT["messages"], "continue_final_message": True,
+       "add_generation_prompt": False}, "only an assistant message")],
+)  # fmt: skip
+def test_a_continuation_that_cannot_be_is_400(
+    http: TestClient, body: dict[str, Any], says: str
+) -> None:
+    r = http.post("/v1/chat/completions", json={**CHAT, **body})
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"]

@@ -357,6 +357,7 @@ class LLM:
         *,
         prompt_ids: list[int] | None = None,
         stop_sequence: bool = False,
+        continue_final_message: bool = False,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``chat.completion`` (a dict), or with ``stream`` a :class:`Stream` of
         ``chat.completion.chunk`` dicts; ``n`` choices as for :meth:`create_completion`.
@@ -380,7 +381,10 @@ class LLM:
             spec = tool_spec(tools, tool_choice, parallel_tool_calls)
         except ToolSpecError as e:
             raise InvalidRequestError(str(e), e.param) from None
-        ids = self.chat_prompt(messages, spec) if prompt_ids is None else prompt_ids
+        if prompt_ids is None:
+            ids = self.chat_prompt(messages, spec, continue_final=continue_final_message)
+        else:
+            ids = prompt_ids
         n_probs = (top_logprobs or 0) if logprobs else 0
         job = self._job(
             ids, max_tokens, n_probs, response_format, temperature=temperature, top_p=top_p,
@@ -430,11 +434,30 @@ class LLM:
         return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated)}
 
     def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: ToolSpec | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: ToolSpec | None = None,
+        *,
+        continue_final: bool = False,
     ) -> list[int]:
         """The conversation's tokens: the template's markup with control tokens parsed,
         the messages' text without (so a message cannot forge a turn). ``tools``: the
-        request's tools, rendered as the template does (:mod:`tool_prompt`)."""
+        request's tools, rendered as the template does (:mod:`tool_prompt`).
+        ``continue_final``: the last message is the assistant's reply begun, which the
+        model continues: the messages before it are rendered ready for the reply and its
+        text follows, as llama.cpp continues a final message (an "assistant prefill")."""
+        continued = ""
+        if continue_final:
+            last = messages[-1] if messages else {}
+            text = last.get("content") or ""
+            assistant = last.get("role") == "assistant" and not last.get("tool_calls")
+            if not assistant or not isinstance(text, str):
+                raise InvalidRequestError(
+                    "only an assistant message of text can be continued: make the last "
+                    "message the assistant's reply begun, or do not ask to continue it",
+                    "messages",
+                )
+            continued, messages = text, messages[:-1]
         if self.chat_template is None:
             raise InvalidRequestError(
                 f"{self.model_name} has no chat template (tokenizer.chat_template): use "
@@ -449,7 +472,8 @@ class LLM:
                 raise InvalidRequestError(
                     "only text content is supported (a string)", f"messages[{i}].content"
                 )
-        self._refuse_unfittable(sum(len(m.get("content") or "") for m in messages), "messages")
+        n_chars = sum(len(m.get("content") or "") for m in messages) + len(continued)
+        self._refuse_unfittable(n_chars, "messages")
         shown = tools.functions if tools is not None and tools.active else ()
         native = takes_tools(self.chat_template)
         try:
@@ -464,7 +488,9 @@ class LLM:
         bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
         eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
         try:
-            return prompt_ids(vocab, self.chat_template, prepared, bos, eos, template_tools)
+            return prompt_ids(
+                vocab, self.chat_template, prepared, bos, eos, template_tools, continued
+            )
         except ChatTemplateError as e:  # a message that would forge a control token
             raise InvalidRequestError(str(e), "messages") from e
 

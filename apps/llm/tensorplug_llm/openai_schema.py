@@ -163,6 +163,34 @@ class ChatRequest(_Sampling):
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool = True
+    #: llama-server's (and vLLM's): end the prompt ready for the reply; a conversation
+    #: whose last message is the assistant's continues it instead
+    add_generation_prompt: StrictBool = True
+    #: vLLM's: continue the last message, the assistant's (with add_generation_prompt false)
+    continue_final_message: StrictBool = False
+
+    @model_validator(mode="after")
+    def _one_continuation(self) -> ChatRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "add_generation_prompt and continue_final_message are both true: the prompt "
+                "cannot both open a new reply and continue the last one (set "
+                "add_generation_prompt to false)"
+            )
+        if [m.role for m in self.messages[-2:]] == ["assistant", "assistant"]:
+            raise ValueError(
+                "the conversation ends with two assistant messages: the reply continues the "
+                "last one, so join them into one"
+            )
+        return self
+
+    def continues(self) -> bool:
+        """Whether the reply continues the last message, by llama-server's rule: asked
+        (``continue_final_message``), or the conversation ends with the assistant's text
+        (its "assistant prefill"; a message of tool calls is answered, not continued)."""
+        last = self.messages[-1]
+        calls = (last.model_extra or {}).get("tool_calls")
+        return self.continue_final_message or (last.role == "assistant" and not calls)
 
 
 class EmbeddingRequest(BaseModel):

@@ -526,17 +526,20 @@ def prompt_ids(
     bos: str,
     eos: str,
     tools: list[dict[str, Any]] | None = None,
+    continuation: str = "",
 ) -> list[int]:
     """The conversation's tokens: the template's markup with control tokens parsed, the
-    messages without. A template that changes message text so that the two cannot be
-    told apart is still used when no message writes a control token (there is nothing
-    to forge); when one does, the conversation is refused rather than let it through.
+    messages without; ``continuation``: the reply begun, message text after the
+    conversation (rendered ready for the reply), tokenized with it as one text. A template
+    that changes message text so that the two cannot be told apart is still used when no
+    message writes a control token (there is nothing to forge); when one does, the
+    conversation is refused rather than let it through.
     ``tools`` and the messages' ``tool_calls`` are written by the template as markup: the
     caller must keep control tokens out of them (:meth:`~.api.LLM.chat_prompt` does)."""
     text, parts = render_parts(template, messages, bos, eos, tools=tools)
     if parts is not None:
-        return _ids(vocab, parts)
-    for m in messages:
+        return _ids(vocab, [*parts, (continuation, False)] if continuation else parts)
+    for m in [*messages, {"role": "assistant", "content": continuation}]:
         token = vocab.control_text_in(str(m.get("content", "")))
         if token is not None:
             raise ChatTemplateError(
@@ -545,4 +548,4 @@ def prompt_ids(
                 "keep it from acting as one; remove it from the message, or "
                 "use --chat-template FILE with a template that inserts messages unchanged"
             )
-    return _ids(vocab, text)
+    return _ids(vocab, text + continuation)

@@ -71,20 +71,22 @@ async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     llm = svc.llm
     verbose = body.verbose or svc.config.verbose
+    continues = body.continues()
 
     def start() -> dict[str, Any] | Stream:
         result = _role_first(
             llm.create_chat_completion(
                 messages, tools=body.tools, tool_choice=body.tool_choice,
                 parallel_tool_calls=body.parallel_tool_calls, max_tokens=_budget(max_tokens),
-                logprobs=body.logprobs, top_logprobs=body.top_logprobs, **kwargs,
+                logprobs=body.logprobs, top_logprobs=body.top_logprobs,
+                continue_final_message=continues, **kwargs,
             )
         )  # fmt: skip
         if not verbose:
             return stamped(result, None)
         # the request was checked above: its tools and messages render again as they did
         spec = tool_spec(body.tools, body.tool_choice, body.parallel_tool_calls)
-        ids = llm.chat_prompt(messages, spec)
+        ids = llm.chat_prompt(messages, spec, continue_final=continues)
         return stamped(result, Verbose.of(llm, ids))
 
     return await svc.answer(request, body.stream, start, rename=CONSTRAINT_PARAMS)
