@@ -125,3 +125,42 @@ def test_a_continuation_that_cannot_be_is_400(
     r = http.post("/v1/chat/completions", json={**CHAT, **body})
     assert r.status_code == 400, r.text
     assert says in r.json()["error"]["message"]
+
+
+def test_a_continued_messages_parts_are_joined_by_a_blank_line(http: TestClient) -> None:
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    messages = [*MESSAGES, {"role": "assistant", "content": parts}]
+    got = http.post("/v1/chat/completions", json={**CHAT, "messages": messages, "verbose": True})
+    assert got.json()["__verbose"]["prompt"].endswith("<|im_start|>assistant\nWh\n\nill")
+
+
+# -- llama-server's stream ----------------------------------------------------------------------
+
+
+def test_a_chat_stream_finishes_in_a_chunk_of_its_own(http: TestClient) -> None:
+    events = _events(http.post("/v1/chat/completions", json={**CHAT, "stream": True}).text)
+    finishing = [e for e in events if e["choices"][0]["finish_reason"] is not None]
+    assert len(finishing) == 1 and finishing[0] is events[-1]
+    assert finishing[0]["choices"][0]["delta"] == {} and finishing[0]["usage"]["completion_tokens"]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+    whole = http.post("/v1/chat/completions", json=CHAT).json()
+    assert text == whole["choices"][0]["message"]["content"] != ""
+    assert whole["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_include_usage_ends_the_stream_with_usage_and_timings(http: TestClient, route: str) -> None:
+    body = CHAT if "chat" in route else {"prompt": PROMPT, "max_tokens": 4}
+    events = _events(
+        http.post(route, json={**body, "stream": True,
+                               "stream_options": {"include_usage": True}}).text
+    )  # fmt: skip
+    last = events[-1]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 4
+    assert last["timings"]["predicted_n"] == 4
+    assert last["timings"]["prompt_n"] == last["usage"]["prompt_tokens"]
+    assert all("usage" not in e and "timings" not in e for e in events[:-1])
+    per_token = _events(
+        http.post(route, json={**body, "stream": True, "timings_per_token": True}).text
+    )
+    assert all("predicted_per_second" in e["timings"] for e in per_token)

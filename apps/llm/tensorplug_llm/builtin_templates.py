@@ -3,15 +3,15 @@
 llama.cpp writes these conversations in C++ (``src/llama-chat.cpp``); here each one
 tensorplug has is a Jinja template that renders the same text, so a named template goes
 the one way every template goes (:mod:`.template`: message text kept apart from the
-markup, tools, a continued final message). ChatML, Llama 3 and Gemma are the templates
-the chat and the Python API already hold; the others are written here. A name llama.cpp
-has and tensorplug does not is refused naming the ones it has.
+markup, tools, a continued final message). ChatML and Gemma are the chat's templates
+(Gemma's without its ``bos_token``: llama.cpp's C++ writes none, the tokenizer adds BOS
+where the model wants one); the others are written here. A name llama.cpp has and
+tensorplug does not is refused naming the ones it has.
 """
 
 from __future__ import annotations
 
 from .chat import CHATML_TEMPLATE, GEMMA_TEMPLATE
-from .highlevel.chat_formats import LLAMA3_INSTRUCT_CHAT_TEMPLATE
 
 __all__ = ["BUILTIN_TEMPLATES", "LLAMA_CPP_TEMPLATE_NAMES", "builtin_template"]
 
@@ -30,6 +30,10 @@ def _turns(head: dict[str, str], tail: str, reply: str, trim: bool = False) -> s
     )
 
 
+_LLAMA3 = _turns(
+    {r: f"<|start_header_id|>{r}<|end_header_id|>\n\n" for r in ("system", "user", "assistant")},
+    "<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\n\n", trim=True,
+)  # fmt: skip
 _COMMAND_R = _turns(
     {r: f"<|START_OF_TURN_TOKEN|><|{t}_TOKEN|>" for r, t in
      (("system", "SYSTEM"), ("user", "USER"), ("assistant", "CHATBOT"))},
@@ -52,8 +56,8 @@ _MISTRAL_V7 = (
 #: llama.cpp's template names tensorplug has, with their Jinja
 BUILTIN_TEMPLATES: dict[str, str] = {
     "chatml": CHATML_TEMPLATE,
-    "llama3": LLAMA3_INSTRUCT_CHAT_TEMPLATE,
-    "gemma": GEMMA_TEMPLATE,
+    "llama3": _LLAMA3,
+    "gemma": GEMMA_TEMPLATE.removeprefix("{{ bos_token }}"),
     "command-r": _COMMAND_R,
     "phi3": _PHI3,
     "zephyr": _ZEPHYR,

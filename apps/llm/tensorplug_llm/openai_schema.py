@@ -86,6 +86,14 @@ class _Sampling(BaseModel):
     json_schema: dict[str, Any] | StrictBool | None = None
     #: llama-server's: the response carries ``__verbose`` (the prompt as the model read it)
     verbose: StrictBool = False
+    #: OpenAI's: ``{"include_usage": true}`` ends a stream with a chunk of usage only
+    stream_options: dict[str, Any] | None = None
+    #: llama-server's: every streamed chunk carries ``timings``
+    timings_per_token: StrictBool = False
+
+    def usage_apart(self) -> bool:
+        """Whether a stream ends with its usage in a chunk of its own."""
+        return bool(self.stream and (self.stream_options or {}).get("include_usage"))
 
     @model_validator(mode="after")
     def _one_constraint(self) -> _Sampling:
@@ -168,6 +176,27 @@ class ChatRequest(_Sampling):
     add_generation_prompt: StrictBool = True
     #: vLLM's: continue the last message, the assistant's (with add_generation_prompt false)
     continue_final_message: StrictBool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _continued_parts(cls, data: Any) -> Any:
+        """A final assistant message of text parts, which the reply continues, has its
+        parts joined by a blank line, as llama.cpp joins a continued message's parts
+        (elsewhere by one newline: :meth:`ChatMessage._text_parts`)."""
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if not isinstance(messages, list) or not messages:
+            return data
+        last = messages[-1]
+        if not isinstance(last, dict) or last.get("role") != "assistant" or last.get("tool_calls"):
+            return data
+        parts = last.get("content")
+        if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in parts
+        ):
+            return data  # left to ChatMessage, which names what is wrong
+        joined = {**last, "content": "\n\n".join(p["text"] for p in parts)}
+        return {**data, "messages": [*messages[:-1], joined]}
 
     @model_validator(mode="after")
     def _one_continuation(self) -> ChatRequest:

@@ -50,11 +50,11 @@ async def completions(body: CompletionRequest, request: Request, svc: ServiceDep
             body.prompt, max_tokens=_budget(max_tokens), logprobs=body.logprobs,
             echo=body.echo, **kwargs,
         )  # fmt: skip
-        if not verbose:
-            return stamped(result, None)
-        prompt = body.prompt
-        ids = llm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return stamped(result, Verbose.of(llm, ids))
+        info = None
+        if verbose:
+            prompt = body.prompt
+            info = Verbose.of(llm, llm.tokenize(prompt) if isinstance(prompt, str) else prompt)
+        return _stamped(result, info, body)
 
     return await svc.answer(request, body.stream, start, rename=CONSTRAINT_PARAMS)
 
@@ -82,19 +82,29 @@ async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response
                 continue_final_message=continues, **kwargs,
             )
         )  # fmt: skip
-        if not verbose:
-            return stamped(result, None)
-        # the request was checked above: its tools and messages render again as they did
-        spec = tool_spec(body.tools, body.tool_choice, body.parallel_tool_calls)
-        ids = llm.chat_prompt(messages, spec, continue_final=continues)
-        return stamped(result, Verbose.of(llm, ids))
+        info = None
+        if verbose:  # the request was checked above: it renders again as it did
+            spec = tool_spec(body.tools, body.tool_choice, body.parallel_tool_calls)
+            info = Verbose.of(llm, llm.chat_prompt(messages, spec, continue_final=continues))
+        return _stamped(result, info, body)
 
     return await svc.answer(request, body.stream, start, rename=CONSTRAINT_PARAMS)
 
 
+def _stamped(
+    result: dict[str, Any] | Stream, verbose: Verbose | None, body: CompletionRequest | ChatRequest
+) -> Stream:
+    """The generation's stream with llama-server's additions (:mod:`.oai_extras`)."""
+    assert isinstance(result, Stream)  # the routes always ask the API for a stream
+    return stamped(
+        result, verbose, usage_apart=body.usage_apart(), timings_per_token=body.timings_per_token
+    )
+
+
 def _role_first(result: dict[str, Any] | Stream) -> dict[str, Any] | Stream:
-    """A chat stream whose first delta of each choice, the role, has ``content`` null,
-    as llama-server sends it (clients test for it)."""
+    """A chat stream in llama-server's chunks: the first delta of each choice, the role,
+    has ``content`` null (clients test for it), and a choice finishes in a chunk of its
+    own whose delta is empty (the text before it in the chunk that carried it)."""
     if isinstance(result, dict):
         return result
     stream = result
@@ -105,9 +115,24 @@ def _role_first(result: dict[str, Any] | Stream) -> dict[str, Any] | Stream:
                 delta = choice["delta"]
                 if delta.get("role") == "assistant" and delta.get("content") == "":
                     choice["delta"] = {**delta, "content": None}
-            yield chunk
+            yield from _finish_apart(chunk)
 
     return Stream(chunks(), Canceller(stream))
+
+
+def _finish_apart(chunk: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``chunk``, or where its one choice both carries text (or calls) and finishes: that
+    text with no finish, then the finish with an empty delta (and the chunk's usage)."""
+    choices = chunk["choices"]
+    said = len(choices) == 1 and any(v for k, v in choices[0]["delta"].items() if k != "role")
+    if not said or choices[0]["finish_reason"] is None:
+        yield chunk
+        return
+    choice = choices[0]
+    head = {k: v for k, v in chunk.items() if k != "usage"}
+    text = {k: v for k, v in choice.items() if k != "stop_sequence"}
+    yield {**head, "choices": [{**text, "finish_reason": None}]}
+    yield {**chunk, "choices": [{**choice, "delta": {}, "logprobs": None}]}
 
 
 @v1_only.post("/embeddings")
