@@ -164,3 +164,18 @@ def test_include_usage_ends_the_stream_with_usage_and_timings(http: TestClient, 
         http.post(route, json={**body, "stream": True, "timings_per_token": True}).text
     )
     assert all("predicted_per_second" in e["timings"] for e in per_token)
+
+
+@pytest.mark.parametrize("prefix", ["", "/v1"])
+def test_input_tokens_counts_the_chat_prompt(
+    model: TinyModel, http: TestClient, prefix: str
+) -> None:
+    got = http.post(f"{prefix}/chat/completions/input_tokens", json={"messages": MESSAGES})
+    assert got.status_code == 200, got.text
+    n = len(model.llm.chat_prompt(MESSAGES))
+    assert got.json() == {"input_tokens": n, "object": "response.input_tokens"}
+    continued = http.post(
+        "/chat/completions/input_tokens",
+        json={"messages": [*MESSAGES, {"role": "assistant", "content": "Once upon"}]},
+    ).json()
+    assert continued["input_tokens"] > n

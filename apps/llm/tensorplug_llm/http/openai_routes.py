@@ -12,9 +12,9 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..api import Stream
+from ..api import InvalidRequestError, Stream
 from ..openai_schema import CONSTRAINT_PARAMS, ChatRequest, CompletionRequest, EmbeddingRequest
-from ..tool_spec import tool_spec
+from ..tool_spec import ToolSpecError, tool_spec
 from .errors import ApiError
 from .model_info import model_list
 from .oai_extras import Verbose, stamped
@@ -89,6 +89,25 @@ async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response
         return _stamped(result, info, body)
 
     return await svc.answer(request, body.stream, start, rename=CONSTRAINT_PARAMS)
+
+
+@both.post("/chat/completions/input_tokens")
+async def chat_input_tokens(body: ChatRequest, svc: ServiceDep) -> dict[str, Any]:
+    """llama-server's count of a chat request's prompt tokens, as the chat route would
+    render them (tools and a continued final message included)."""
+    llm = svc.llm
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    continues = body.continues()
+
+    def count() -> int:
+        try:
+            spec = tool_spec(body.tools, body.tool_choice, body.parallel_tool_calls)
+        except ToolSpecError as e:
+            raise InvalidRequestError(str(e), e.param) from None
+        return len(llm.chat_prompt(messages, spec, continue_final=continues))
+
+    n: int = await svc.call(count)
+    return {"input_tokens": n, "object": "response.input_tokens"}
 
 
 def _stamped(
