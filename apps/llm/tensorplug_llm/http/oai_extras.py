@@ -88,7 +88,8 @@ def stamped(
     """``stream``'s chunks with ``system_fingerprint`` on each and, with ``verbose``,
     ``__verbose`` on the chunk that finishes the first choice. ``usage_apart`` (OpenAI's
     ``stream_options.include_usage``): the usage comes last in a chunk of its own, with no
-    choices and llama-server's ``timings``; ``timings_per_token``: every chunk has them."""
+    choices and llama-server's ``timings``; ``timings_per_token``: every chunk from the
+    first text on has them."""
     fingerprint = system_fingerprint()
     clock = _Clock()
 
@@ -116,7 +117,7 @@ def stamped(
             usage = chunk.pop("usage", None) if usage_apart else chunk.get("usage")
             if usage:
                 last, n_prompt = {**chunk, "choices": [], "usage": usage}, usage["prompt_tokens"]
-            if timings_per_token:
+            if timings_per_token and clock.first is not None:  # not on the role's chunk
                 chunk["timings"] = clock.timings(n_prompt, n_chunks)
             yield chunk
         if usage_apart and last is not None:
