@@ -358,6 +358,7 @@ class LLM:
         prompt_ids: list[int] | None = None,
         stop_sequence: bool = False,
         continue_final_message: bool = False,
+        template_context: Mapping[str, Any] | None = None,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``chat.completion`` (a dict), or with ``stream`` a :class:`Stream` of
         ``chat.completion.chunk`` dicts; ``n`` choices as for :meth:`create_completion`.
@@ -382,7 +383,9 @@ class LLM:
         except ToolSpecError as e:
             raise InvalidRequestError(str(e), e.param) from None
         if prompt_ids is None:
-            ids = self.chat_prompt(messages, spec, continue_final=continue_final_message)
+            ids = self.chat_prompt(
+                messages, spec, continue_final=continue_final_message, context=template_context
+            )
         else:
             ids = prompt_ids
         n_probs = (top_logprobs or 0) if logprobs else 0
@@ -439,13 +442,16 @@ class LLM:
         tools: ToolSpec | None = None,
         *,
         continue_final: bool = False,
+        context: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """The conversation's tokens: the template's markup with control tokens parsed,
         the messages' text without (so a message cannot forge a turn). ``tools``: the
         request's tools, rendered as the template does (:mod:`tool_prompt`).
         ``continue_final``: the last message is the assistant's reply begun, which the
         model continues: the messages before it are rendered ready for the reply and its
-        text follows, as llama.cpp continues a final message (an "assistant prefill")."""
+        text follows, as llama.cpp continues a final message (an "assistant prefill").
+        ``context``: more of the template's variables (``enable_thinking``,
+        ``add_generation_prompt``, ``date_string``...: :func:`~.template.render`)."""
         continued = ""
         if continue_final:
             last = messages[-1] if messages else {}
@@ -458,6 +464,7 @@ class LLM:
                     "messages",
                 )
             continued, messages = text, messages[:-1]
+            context = {**(context or {}), "add_generation_prompt": True}
         if self.chat_template is None:
             raise InvalidRequestError(
                 f"{self.model_name} has no chat template (tokenizer.chat_template): use "
@@ -489,7 +496,7 @@ class LLM:
         eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
         try:
             return prompt_ids(
-                vocab, self.chat_template, prepared, bos, eos, template_tools, continued
+                vocab, self.chat_template, prepared, bos, eos, template_tools, continued, context
             )
         except ChatTemplateError as e:  # a message that would forge a control token
             raise InvalidRequestError(str(e), "messages") from e

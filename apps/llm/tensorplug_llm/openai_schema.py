@@ -176,6 +176,8 @@ class ChatRequest(_Sampling):
     add_generation_prompt: StrictBool = True
     #: vLLM's: continue the last message, the assistant's (with add_generation_prompt false)
     continue_final_message: StrictBool = False
+    #: llama-server's: more of the chat template's variables (``{"enable_thinking": false}``)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -262,6 +262,7 @@ def _serve(args: argparse.Namespace) -> int:
                     aliases=args.aliases, tags=args.tags, web_page=args.ui,
                     vertex=VertexRoutes.from_environment(),
                     verbose=bool(getattr(args, "verbose", False)),  # -v: as llama-server's
+                    enable_thinking=args.reasoning != "off",
                 )  # fmt: skip
                 listening.ready(create_app(llm, config))
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]

@@ -272,6 +272,14 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve /slots")
     p.add_argument("--props", action="store_true", help="accept POST /props")
     p.add_argument(
+        "-rea",
+        "--reasoning",
+        choices=["on", "off", "auto"],
+        default="auto",
+        help="the chat template's enable_thinking: off makes it false (auto, on: true, as "
+        "llama-server gives it)",
+    )
+    p.add_argument(
         "--tags",
         metavar="TAG[,TAG...]",
         help="labels listed with the model by /v1/models (informational, as llama-server's)",

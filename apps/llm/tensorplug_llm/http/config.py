@@ -36,7 +36,9 @@ class ServerConfig:
     and ``--tags``); ``web_page``: serve the chat page at ``/`` (``--no-ui``: a 404);
     ``vertex``: Vertex AI's prediction routes (``AIP_MODE=PREDICTION``), None for none;
     ``verbose``: every completion and chat response carries ``__verbose`` (llama-server's
-    ``--verbose``; a request asks for it alone with ``"verbose": true``)."""
+    ``--verbose``; a request asks for it alone with ``"verbose": true``);
+    ``enable_thinking``: the chat template's ``enable_thinking`` (``--reasoning off``:
+    false)."""
 
     def __init__(
         self,
@@ -58,6 +60,7 @@ class ServerConfig:
         web_page: bool = True,
         vertex: VertexRoutes | None = None,
         verbose: bool = False,
+        enable_thinking: bool = True,
     ) -> None:
         if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1 or body_timeout <= 0:
             raise RunError(
@@ -84,6 +87,7 @@ class ServerConfig:
         self.web_page = web_page
         self.vertex = vertex
         self.verbose = verbose
+        self.enable_thinking = enable_thinking
 
     @property
     def api_key(self) -> str | None:

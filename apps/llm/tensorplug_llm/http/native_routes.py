@@ -12,8 +12,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 
-from ..api import Stream
+from ..api import InvalidRequestError, Stream
 from ..openai_schema import CONSTRAINT_PARAMS
+from ..tool_spec import ToolSpecError, tool_spec
 from .errors import ApiError
 from .model_info import build_info, model_list
 from .native_completion import (
@@ -29,6 +30,7 @@ from .native_schema import (
     NativeEmbeddingRequest,
     TokenizeRequest,
 )
+from .oai_extras import template_context
 from .relay import Canceller
 from .service import Service, ServiceDep
 
@@ -125,7 +127,19 @@ async def detokenize(body: DetokenizeRequest, svc: ServiceDep) -> dict[str, Any]
 async def apply_template(body: ApplyTemplateRequest, svc: ServiceDep) -> dict[str, Any]:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     llm = svc.llm
-    ids: list[int] = await svc.call(lambda: llm.chat_prompt(messages))
+    continues = body.continues()
+    context = template_context(
+        svc.config.enable_thinking, body.add_generation_prompt, body.chat_template_kwargs
+    )
+
+    def run() -> list[int]:
+        try:
+            spec = tool_spec(body.tools, body.tool_choice, body.parallel_tool_calls)
+        except ToolSpecError as e:
+            raise InvalidRequestError(str(e), e.param) from None
+        return llm.chat_prompt(messages, spec, continue_final=continues, context=context)
+
+    ids: list[int] = await svc.call(run)
     return {"prompt": llm.vocab.decode(ids, special=True)}
 
 

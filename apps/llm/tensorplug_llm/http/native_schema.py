@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..openai_schema import ChatMessage, constraint_format
+from ..openai_schema import ChatRequest, constraint_format
 
 __all__ = [
     "ApplyTemplateRequest",
@@ -205,10 +205,10 @@ class DetokenizeRequest(BaseModel):
     tokens: list[StrictInt]
 
 
-class ApplyTemplateRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    messages: list[ChatMessage] = Field(min_length=1)
+class ApplyTemplateRequest(ChatRequest):
+    """``/apply-template``: a chat request, whose prompt is answered rather than run
+    (tools, a continued final message, ``add_generation_prompt`` and
+    ``chat_template_kwargs`` as the chat route renders them)."""
 
 
 class NativeEmbeddingRequest(BaseModel):

@@ -8,15 +8,16 @@ fields) when the request asks for it with ``"verbose": true`` or the server runs
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from ..api import LLM, Stream
 from .model_info import system_fingerprint
 from .relay import Canceller
 
-__all__ = ["Verbose", "stamped"]
+__all__ = ["Verbose", "stamped", "template_context"]
 
 #: OpenAI's finish reasons as llama-server's ``stop_type``
 _STOP_TYPES = {"length": "limit", "stop": "eos", "tool_calls": "eos"}
@@ -51,6 +52,24 @@ class Verbose:
             "stop_type": _STOP_TYPES.get(finish or "", "none"),
             "stopping_word": "",
         }
+
+
+def template_context(
+    enable_thinking: bool,
+    add_generation_prompt: bool = True,
+    kwargs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The chat template's variables as llama-server gives them: ``enable_thinking``
+    (``--reasoning``), today's ``datetime`` ("Nov 29 2026") and ``date_string`` ("29 Nov
+    2026"), ``add_generation_prompt``, then the request's ``chat_template_kwargs``."""
+    now = datetime.now()
+    return {
+        "enable_thinking": enable_thinking,
+        "datetime": now.strftime("%b %d %Y"),
+        "date_string": now.strftime("%d %b %Y"),
+        "add_generation_prompt": add_generation_prompt,
+        **(kwargs or {}),
+    }
 
 
 @dataclass

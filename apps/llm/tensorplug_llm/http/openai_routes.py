@@ -17,7 +17,7 @@ from ..openai_schema import CONSTRAINT_PARAMS, ChatRequest, CompletionRequest, E
 from ..tool_spec import ToolSpecError, tool_spec
 from .errors import ApiError
 from .model_info import model_list
-from .oai_extras import Verbose, stamped
+from .oai_extras import Verbose, stamped, template_context
 from .relay import Canceller
 from .service import ServiceDep
 
@@ -72,6 +72,9 @@ async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response
     llm = svc.llm
     verbose = body.verbose or svc.config.verbose
     continues = body.continues()
+    context = template_context(
+        svc.config.enable_thinking, body.add_generation_prompt, body.chat_template_kwargs
+    )
 
     def start() -> dict[str, Any] | Stream:
         result = _role_first(
@@ -79,13 +82,14 @@ async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response
                 messages, tools=body.tools, tool_choice=body.tool_choice,
                 parallel_tool_calls=body.parallel_tool_calls, max_tokens=_budget(max_tokens),
                 logprobs=body.logprobs, top_logprobs=body.top_logprobs,
-                continue_final_message=continues, **kwargs,
+                continue_final_message=continues, template_context=context, **kwargs,
             )
         )  # fmt: skip
         info = None
         if verbose:  # the request was checked above: it renders again as it did
             spec = tool_spec(body.tools, body.tool_choice, body.parallel_tool_calls)
-            info = Verbose.of(llm, llm.chat_prompt(messages, spec, continue_final=continues))
+            ids = llm.chat_prompt(messages, spec, continue_final=continues, context=context)
+            info = Verbose.of(llm, ids)
         return _stamped(result, info, body)
 
     return await svc.answer(request, body.stream, start, rename=CONSTRAINT_PARAMS)
@@ -98,13 +102,16 @@ async def chat_input_tokens(body: ChatRequest, svc: ServiceDep) -> dict[str, Any
     llm = svc.llm
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     continues = body.continues()
+    context = template_context(
+        svc.config.enable_thinking, body.add_generation_prompt, body.chat_template_kwargs
+    )
 
     def count() -> int:
         try:
             spec = tool_spec(body.tools, body.tool_choice, body.parallel_tool_calls)
         except ToolSpecError as e:
             raise InvalidRequestError(str(e), e.param) from None
-        return len(llm.chat_prompt(messages, spec, continue_final=continues))
+        return len(llm.chat_prompt(messages, spec, continue_final=continues, context=context))
 
     n: int = await svc.call(count)
     return {"input_tokens": n, "object": "response.input_tokens"}
