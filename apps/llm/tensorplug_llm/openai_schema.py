@@ -224,6 +224,25 @@ class ChatRequest(_Sampling):
         return self.continue_final_message or (last.role == "assistant" and not calls)
 
 
+def _content_text(item: dict[str, Any], i: int) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if (
+        isinstance(content, list)
+        and content
+        and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        )
+    ):
+        return "".join(p["text"] for p in content)
+    raise ValueError(
+        f"input[{i}] must be a text, token ids, or {{'content': text or text parts "
+        "([{'type': 'text', 'text': ...}])}: these models embed text only"
+    )
+
+
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -231,5 +250,15 @@ class EmbeddingRequest(BaseModel):
     #: a text, texts, token ids or lists of token ids (OpenAI takes all four)
     input: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(min_length=1)
     encoding_format: Literal["float", "base64"] = "float"
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _content_objects(cls, value: Any) -> Any:
+        """llama-server's ``{"content": TEXT or text parts}`` items in a list of inputs:
+        the text, parts joined as they are (``"hello "`` + ``"world"``)."""
+        if not isinstance(value, list) or not any(isinstance(v, dict) for v in value):
+            return value
+        return [_content_text(v, i) if isinstance(v, dict) else v for i, v in enumerate(value)]
+
     #: OpenAI's shortened embeddings: only the model's own size is served (checked by the route)
     dimensions: StrictInt | None = Field(None, strict=True, ge=1)
