@@ -242,6 +242,14 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         "by Jinja either way (llama.cpp's built-in templates give the same text)",
     )
     p.add_argument(
+        "-bs",
+        "--backend-sampling",
+        "--backend_sampling",
+        action="store_true",
+        help="accepted for llama-server's command lines: tensorplug samples on the host, "
+        "with the same results",
+    )
+    p.add_argument(
         "--offline",
         action="store_true",
         help="accepted for llama-server's command lines: the server never downloads",
