@@ -69,3 +69,16 @@ def test_reasoning_off_makes_enable_thinking_false(llm: LLM) -> None:
     http = TestClient(create_app(llm, ServerConfig(enable_thinking=False)))
     assert "|False|" in _prompt(http)
     assert "|True|" in _prompt(http, chat_template_kwargs={"enable_thinking": True})
+
+
+def test_loop_controls_render_as_llama_cpps_jinja_does() -> None:
+    """``{% break %}`` and ``{% continue %}`` (Command R7B's template uses them)."""
+    from tensorplug_llm.template import render
+
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
+        "{{ m['content'] }}{% if m['content'] == 'stop' %}{% break %}{% endif %}{% endfor %}"
+    )
+    messages = [{"role": r, "content": c} for r, c in
+                (("system", "S"), ("user", "a"), ("user", "stop"), ("user", "b"))]  # fmt: skip
+    assert render(template, messages) == "astop"

@@ -335,7 +335,12 @@ def _environment(budget: _Budget) -> Any:
         budget.fits(sum(map(len, texts)), "~ (joining strings)")
         return "".join(texts)
 
-    env = Environment(trim_blocks=True, lstrip_blocks=True, finalize=finalize)
+    # loopcontrols: {% break %} and {% continue %}, which templates (Command R7B) use and
+    # llama.cpp's and transformers' Jinja both run
+    env = Environment(
+        trim_blocks=True, lstrip_blocks=True, finalize=finalize,
+        extensions=["jinja2.ext.loopcontrols"],
+    )  # fmt: skip
     env.policies["json.dumps_function"] = dumps
     _filters(budget, env.filters)
     env.globals.pop("lipsum", None)  # lipsum(10**9) writes that many paragraphs
