@@ -238,8 +238,38 @@ def test_a_chat_template_is_jinja_text_or_a_file(tmp_path: Path) -> None:
     for value, path in ((text, None), (str(file), None), (None, str(file))):
         assert chat_template(argparse.Namespace(chat_template=value,
                                                 chat_template_file=path)) == text  # fmt: skip
-    with pytest.raises(Exception, match="no built-in templates"):
-        chat_template(argparse.Namespace(chat_template="chatml", chat_template_file=None))
+    with pytest.raises(Exception, match="neither a built-in template's name"):
+        chat_template(argparse.Namespace(chat_template="no-such", chat_template_file=None))
+
+
+def test_a_chat_template_may_be_named_as_llama_cpps_built_in_ones() -> None:
+    """llama-server's ``--chat-template llama3``: the Jinja of that name renders the text
+    llama.cpp's C++ writes; a name llama.cpp has and tensorplug lacks is refused by name."""
+    from tensorplug_llm.template import render
+
+    def named(name: str) -> str | None:
+        return chat_template(argparse.Namespace(chat_template=name, chat_template_file=None))
+
+    messages = [{"role": "system", "content": "You are a test."},
+                {"role": "user", "content": "Hi there"}]  # fmt: skip
+    command_r = named("command-r")
+    assert command_r is not None
+    assert render(command_r, messages) == (
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+    )  # llama.cpp's test_apply_chat_template
+    llama3 = named("llama3")
+    assert llama3 is not None
+    assert render(llama3, messages) == (
+        "<|start_header_id|>system<|end_header_id|>\n\nYou are a test.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    chatml = named("chatml")
+    assert chatml is not None and render(chatml, messages).endswith("<|im_start|>assistant\n")
+    with pytest.raises(RunError, match="'deepseek3' is not one tensorplug has"):
+        named("deepseek3")
 
 
 def test_several_hosts_are_all_bound() -> None:

@@ -146,7 +146,7 @@ def test_n_predict_defaults_to_the_servers_n(model: TinyModel) -> None:
     [
         ({"prompt": [1, 10**6]}, "prompt[1]"),
         ({"prompt": [PROMPT, [1, 10**6]]}, "prompt[1][1]"),
-        ({"prompt": [{"prompt_string": "x"}]}, "prompt"),
+        ({"prompt": [{"prompt_string": "x", "multimodal_data": "AAAA"}]}, "prompt"),
         ({"prompt": PROMPT, "mirostat": 2}, "mirostat"),
         ({"prompt": PROMPT, "samplers": ["top_k", "banana"]}, "samplers"),
         ({"prompt": PROMPT, "id_slot": 7}, "id_slot"),
@@ -296,3 +296,22 @@ def test_pooling_none_gives_a_row_per_token(model: TinyModel, http: TestClient) 
         assert refused.status_code == 400 and "--pooling" in refused.json()["error"]["message"]
     finally:
         model.llm.pooling = None
+
+
+def test_llama_servers_prompt_objects_and_text_biases(model: TinyModel, http: TestClient) -> None:
+    """``{"prompt_string": TEXT}`` is that text (one with multimodal data is 400); a
+    ``logit_bias`` keyed by text biases each of its tokens, as llama-server's does."""
+    want = _complete(http, prompt=PROMPT, n_predict=4)["content"]
+    assert _complete(http, prompt={"prompt_string": PROMPT}, n_predict=4)["content"] == want
+    both = http.post("/completion", json={"prompt": [model.ids, {"prompt_string": PROMPT}],
+                                          "n_predict": 4, "temperature": 0}).json()  # fmt: skip
+    assert [r["content"] for r in both] == [want, want]
+    bad = http.post("/completion", json={"prompt": {"prompt_string": "x", "multimodal_data": "A"}})
+    assert bad.status_code == 400 and "multimodal" in bad.json()["error"]["message"]
+    first = model.greedy[0]
+    text = model.llm.detokenize([first])
+    ids = model.llm.tokenize(text, add_bos=False)
+    assert first in ids
+    for bias in ([[text, -100]], {text: -100}):
+        got = _complete(http, prompt=PROMPT, n_predict=1, logit_bias=bias, return_tokens=True)
+        assert got["tokens"][0] not in ids

@@ -220,3 +220,17 @@ def test_embeddings_take_token_ids_as_openai_does(model: TinyModel, http: TestCl
     assert len(embed([ids, ids])) == 2
     bad = http.post("/v1/embeddings", json={"input": [10**6]}, headers=AUTH)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+
+
+def test_embeddings_take_llama_servers_content_objects(http: TestClient) -> None:
+    """``{"content": text or text parts}`` in a list of inputs is that text, the parts
+    joined as they are; a part that is not text is 400."""
+
+    def post(value: Any) -> Any:
+        return http.post("/v1/embeddings", json={"input": value}, headers=AUTH)
+
+    parts = [{"type": "text", "text": "the "}, {"type": "text", "text": "of"}]
+    got = post(["the of", {"content": parts}, {"content": "the of"}]).json()["data"]
+    assert got[0]["embedding"] == got[1]["embedding"] == got[2]["embedding"]
+    bad = post([{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    assert bad.status_code == 400 and "text only" in bad.json()["error"]["message"]

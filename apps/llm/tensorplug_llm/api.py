@@ -159,6 +159,12 @@ class LLM:
         (llama-server's ``/tokenize`` and ``/completion`` read prompts so)."""
         return self.vocab.encode(text, add_bos=add_bos, parse_special=parse_special)
 
+    @property
+    def n_ctx(self) -> int:
+        """The tokens one request may hold, prompt and reply (llama-server's context of
+        a slot): the generator's per-sequence context, else the model's."""
+        return self.generator.stats().n_ctx_seq or self.llama.n_ctx
+
     def check_fits(self, text: str, param: str) -> None:
         """Refuse (:class:`ContextSizeError`), before tokenizing it, a text too long for
         the context whatever its tokens."""
@@ -171,7 +177,7 @@ class LLM:
         thread for about a minute only to be refused for its length)."""
         if self._longest_token is None:
             self._longest_token = max(1, max(len(t) for t in self.vocab.tokens))
-        n_ctx = self.llama.n_ctx
+        n_ctx = self.n_ctx
         if n_chars > n_ctx * self._longest_token:
             raise ContextSizeError(n_chars // self._longest_token, n_ctx, param, n_chars)
 
@@ -351,6 +357,8 @@ class LLM:
         *,
         prompt_ids: list[int] | None = None,
         stop_sequence: bool = False,
+        continue_final_message: bool = False,
+        template_context: Mapping[str, Any] | None = None,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``chat.completion`` (a dict), or with ``stream`` a :class:`Stream` of
         ``chat.completion.chunk`` dicts; ``n`` choices as for :meth:`create_completion`.
@@ -374,7 +382,12 @@ class LLM:
             spec = tool_spec(tools, tool_choice, parallel_tool_calls)
         except ToolSpecError as e:
             raise InvalidRequestError(str(e), e.param) from None
-        ids = self.chat_prompt(messages, spec) if prompt_ids is None else prompt_ids
+        if prompt_ids is None:
+            ids = self.chat_prompt(
+                messages, spec, continue_final=continue_final_message, context=template_context
+            )
+        else:
+            ids = prompt_ids
         n_probs = (top_logprobs or 0) if logprobs else 0
         job = self._job(
             ids, max_tokens, n_probs, response_format, temperature=temperature, top_p=top_p,
@@ -424,11 +437,34 @@ class LLM:
         return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated)}
 
     def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: ToolSpec | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: ToolSpec | None = None,
+        *,
+        continue_final: bool = False,
+        context: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """The conversation's tokens: the template's markup with control tokens parsed,
         the messages' text without (so a message cannot forge a turn). ``tools``: the
-        request's tools, rendered as the template does (:mod:`tool_prompt`)."""
+        request's tools, rendered as the template does (:mod:`tool_prompt`).
+        ``continue_final``: the last message is the assistant's reply begun, which the
+        model continues: the messages before it are rendered ready for the reply and its
+        text follows, as llama.cpp continues a final message (an "assistant prefill").
+        ``context``: more of the template's variables (``enable_thinking``,
+        ``add_generation_prompt``, ``date_string``...: :func:`~.template.render`)."""
+        continued = ""
+        if continue_final:
+            last = messages[-1] if messages else {}
+            text = last.get("content") or ""
+            assistant = last.get("role") == "assistant" and not last.get("tool_calls")
+            if not assistant or not isinstance(text, str):
+                raise InvalidRequestError(
+                    "only an assistant message of text can be continued: make the last "
+                    "message the assistant's reply begun, or do not ask to continue it",
+                    "messages",
+                )
+            continued, messages = text, messages[:-1]
+            context = {**(context or {}), "add_generation_prompt": True}
         if self.chat_template is None:
             raise InvalidRequestError(
                 f"{self.model_name} has no chat template (tokenizer.chat_template): use "
@@ -443,7 +479,8 @@ class LLM:
                 raise InvalidRequestError(
                     "only text content is supported (a string)", f"messages[{i}].content"
                 )
-        self._refuse_unfittable(sum(len(m.get("content") or "") for m in messages), "messages")
+        n_chars = sum(len(m.get("content") or "") for m in messages) + len(continued)
+        self._refuse_unfittable(n_chars, "messages")
         shown = tools.functions if tools is not None and tools.active else ()
         native = takes_tools(self.chat_template)
         try:
@@ -458,7 +495,9 @@ class LLM:
         bos = vocab.tokens[vocab.bos] if vocab.bos is not None else ""
         eos = vocab.tokens[vocab.eos] if vocab.eos is not None else ""
         try:
-            return prompt_ids(vocab, self.chat_template, prepared, bos, eos, template_tools)
+            return prompt_ids(
+                vocab, self.chat_template, prepared, bos, eos, template_tools, continued, context
+            )
         except ChatTemplateError as e:  # a message that would forge a control token
             raise InvalidRequestError(str(e), "messages") from e
 
@@ -824,8 +863,9 @@ class LLM:
                 f"got {n!r}",
                 "n",
             )
-        if len(job.prompt) > self.llama.n_ctx:
-            raise ContextSizeError(len(job.prompt), self.llama.n_ctx, field)
+        n_ctx = self.n_ctx
+        if len(job.prompt) >= n_ctx:  # as llama-server's: no room left for a token
+            raise ContextSizeError(len(job.prompt), n_ctx, field)
         try:
             if n == 1:
                 return [self.generator.submit(job)]

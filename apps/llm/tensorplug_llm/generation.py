@@ -105,6 +105,8 @@ class GeneratorStats:
     requests_total: int
     #: running requests that gave their cells up when the cache was full (resumed later)
     preemptions: int = 0
+    #: the tokens one request's sequence may hold (a slot's context); None: every cell
+    n_ctx_seq: int | None = None
 
 
 class Generator(Protocol):
@@ -211,6 +213,7 @@ class EngineGenerator:
             generated_tokens_total=e.stats.generated_tokens,
             requests_total=e.stats.requests_submitted,
             preemptions=e.stats.preemptions,
+            n_ctx_seq=e.n_ctx_seq,
         )
 
     def close(self) -> None:

@@ -84,6 +84,16 @@ class _Sampling(BaseModel):
     grammar: str | None = None
     #: llama-server's: a JSON schema the reply follows
     json_schema: dict[str, Any] | StrictBool | None = None
+    #: llama-server's: the response carries ``__verbose`` (the prompt as the model read it)
+    verbose: StrictBool = False
+    #: OpenAI's: ``{"include_usage": true}`` ends a stream with a chunk of usage only
+    stream_options: dict[str, Any] | None = None
+    #: llama-server's: every streamed chunk carries ``timings``
+    timings_per_token: StrictBool = False
+
+    def usage_apart(self) -> bool:
+        """Whether a stream ends with its usage in a chunk of its own."""
+        return bool(self.stream and (self.stream_options or {}).get("include_usage"))
 
     @model_validator(mode="after")
     def _one_constraint(self) -> _Sampling:
@@ -161,6 +171,76 @@ class ChatRequest(_Sampling):
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool = True
+    #: llama-server's (and vLLM's): end the prompt ready for the reply; a conversation
+    #: whose last message is the assistant's continues it instead
+    add_generation_prompt: StrictBool = True
+    #: vLLM's: continue the last message, the assistant's (with add_generation_prompt false)
+    continue_final_message: StrictBool = False
+    #: llama-server's: more of the chat template's variables (``{"enable_thinking": false}``)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _continued_parts(cls, data: Any) -> Any:
+        """A final assistant message of text parts, which the reply continues, has its
+        parts joined by a blank line, as llama.cpp joins a continued message's parts
+        (elsewhere by one newline: :meth:`ChatMessage._text_parts`)."""
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if not isinstance(messages, list) or not messages:
+            return data
+        last = messages[-1]
+        if not isinstance(last, dict) or last.get("role") != "assistant" or last.get("tool_calls"):
+            return data
+        parts = last.get("content")
+        if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in parts
+        ):
+            return data  # left to ChatMessage, which names what is wrong
+        joined = {**last, "content": "\n\n".join(p["text"] for p in parts)}
+        return {**data, "messages": [*messages[:-1], joined]}
+
+    @model_validator(mode="after")
+    def _one_continuation(self) -> ChatRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "add_generation_prompt and continue_final_message are both true: the prompt "
+                "cannot both open a new reply and continue the last one (set "
+                "add_generation_prompt to false)"
+            )
+        if [m.role for m in self.messages[-2:]] == ["assistant", "assistant"]:
+            raise ValueError(
+                "the conversation ends with two assistant messages: the reply continues the "
+                "last one, so join them into one"
+            )
+        return self
+
+    def continues(self) -> bool:
+        """Whether the reply continues the last message, by llama-server's rule: asked
+        (``continue_final_message``), or the conversation ends with the assistant's text
+        (its "assistant prefill"; a message of tool calls is answered, not continued)."""
+        last = self.messages[-1]
+        calls = (last.model_extra or {}).get("tool_calls")
+        return self.continue_final_message or (last.role == "assistant" and not calls)
+
+
+def _content_text(item: dict[str, Any], i: int) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if (
+        isinstance(content, list)
+        and content
+        and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        )
+    ):
+        return "".join(p["text"] for p in content)
+    raise ValueError(
+        f"input[{i}] must be a text, token ids, or {{'content': text or text parts "
+        "([{'type': 'text', 'text': ...}])}: these models embed text only"
+    )
 
 
 class EmbeddingRequest(BaseModel):
@@ -170,5 +250,15 @@ class EmbeddingRequest(BaseModel):
     #: a text, texts, token ids or lists of token ids (OpenAI takes all four)
     input: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(min_length=1)
     encoding_format: Literal["float", "base64"] = "float"
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _content_objects(cls, value: Any) -> Any:
+        """llama-server's ``{"content": TEXT or text parts}`` items in a list of inputs:
+        the text, parts joined as they are (``"hello "`` + ``"world"``)."""
+        if not isinstance(value, list) or not any(isinstance(v, dict) for v in value):
+            return value
+        return [_content_text(v, i) if isinstance(v, dict) else v for i, v in enumerate(value)]
+
     #: OpenAI's shortened embeddings: only the model's own size is served (checked by the route)
     dimensions: StrictInt | None = Field(None, strict=True, ge=1)

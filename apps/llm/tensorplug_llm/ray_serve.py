@@ -33,13 +33,19 @@ class ServeReplica:
         from .engine import Engine
         from .generation import EngineGenerator
         from .run_cli import load_model
+        from .serve_flags import slot_context
 
         self.args = args = argparse.Namespace(**options)
         self.llama = load_model(args, encoder_ok=True, batch_invariant=True)
         prefill = getattr(args, "max_prefill_tokens", None)
+        unified = getattr(args, "kv_unified", True)
+        n_ctx_seq = slot_context(
+            self.llama.n_ctx, args.parallel, unified, self.llama.config.n_ctx_train
+        )
+        engine = Engine(self.llama, args.parallel, max_prefill_tokens=prefill, n_ctx_seq=n_ctx_seq)
         self.llm = LLM(
             self.llama,
-            EngineGenerator(Engine(self.llama, args.parallel, max_prefill_tokens=prefill)),
+            EngineGenerator(engine),
             model_name=args.alias or Path(args.model).name,
             chat_template=Path(args.chat_template).read_text() if args.chat_template else None,
         )

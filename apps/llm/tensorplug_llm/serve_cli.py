@@ -35,6 +35,7 @@ from .serve_flags import (
     names,
     request_defaults,
     rope_overrides,
+    slot_context,
 )
 from .terminal import printable
 
@@ -71,9 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-np",
         "--parallel",
         type=count_argument("a number of slots"),
-        default=4,
-        help="requests decoded together (slots, as llama-server's -np; 4); each slot keeps "
-        "its last prompt's cells for prefix reuse",
+        help="requests decoded together (slots, as llama-server's -np; default 4, which "
+        "share the whole context); given, each slot has -c / N tokens of context unless "
+        "--kv-unified; each slot keeps its last prompt's cells for prefix reuse",
     )
     p.add_argument(
         "--api-key",
@@ -116,7 +117,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chat-template",
         metavar="JINJA",
-        help="a Jinja chat template's text (or a file) to use instead of the model file's",
+        help="the chat template instead of the model file's: one of llama.cpp's built-in "
+        "names (chatml, llama3, gemma, command-r, phi3, zephyr, mistral-v7), Jinja text, "
+        "or a file",
     )
     p.add_argument(
         "--embeddings",
@@ -180,6 +183,9 @@ def _resolve(args: argparse.Namespace) -> None:
             args.port = _port(os.environ["AIP_HTTP_PORT"])
         except argparse.ArgumentTypeError as e:
             raise RunError(f"AIP_HTTP_PORT: {e}") from None
+    if args.parallel is None:  # llama-server's "auto": 4 slots sharing one context
+        args.parallel, args.kv_unified = 4, True
+    args.kv_unified = bool(args.kv_unified)
     args.aliases, args.tags = names(args.alias), names(args.tags)
     args.alias = args.aliases[0] if args.aliases else None
 
@@ -232,7 +238,13 @@ def _serve(args: argparse.Namespace) -> int:
                 print("no MODEL: serving a tiny random-weight model (its text is gibberish)",
                       file=sys.stderr)  # fmt: skip
             llama = load_model(args, encoder_ok=True, batch_invariant=True)
-            engine = Engine(llama, args.parallel, max_prefill_tokens=args.max_prefill_tokens)
+            n_ctx_seq = slot_context(
+                llama.n_ctx, args.parallel, args.kv_unified, llama.config.n_ctx_train
+            )
+            engine = Engine(
+                llama, args.parallel, max_prefill_tokens=args.max_prefill_tokens,
+                n_ctx_seq=n_ctx_seq,
+            )  # fmt: skip
             engine.warm_up()  # the first requests' step shapes, built before serving
             llm = LLM(
                 llama,
@@ -249,6 +261,8 @@ def _serve(args: argparse.Namespace) -> int:
                     slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
                     aliases=args.aliases, tags=args.tags, web_page=args.ui,
                     vertex=VertexRoutes.from_environment(),
+                    verbose=bool(getattr(args, "verbose", False)),  # -v: as llama-server's
+                    enable_thinking=args.reasoning != "off",
                 )  # fmt: skip
                 listening.ready(create_app(llm, config))
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]
@@ -256,8 +270,9 @@ def _serve(args: argparse.Namespace) -> int:
                     print(f"warning: listening on {','.join(hosts)} without --api-key: anyone who "
                           "can reach it can use the model", file=sys.stderr)  # fmt: skip
                 where = ", ".join(_url(s) for s in sockets)
+                share = "shared" if args.kv_unified else "per slot"
                 print(f"serving {llm.model_name} on {where} (-np {args.parallel}, context "
-                      f"{llama.n_ctx})", file=sys.stderr)  # fmt: skip
+                      f"{n_ctx_seq} {share})", file=sys.stderr)  # fmt: skip
                 listening.wait()
             finally:
                 listening.stop()  # no request left on the model before it goes

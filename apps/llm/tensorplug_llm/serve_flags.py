@@ -27,6 +27,7 @@ __all__ = [
     "names",
     "request_defaults",
     "rope_overrides",
+    "slot_context",
 ]
 
 #: llama-server flags tensorplug does not have, with why (each refused by name)
@@ -242,6 +243,14 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         "by Jinja either way (llama.cpp's built-in templates give the same text)",
     )
     p.add_argument(
+        "-bs",
+        "--backend-sampling",
+        "--backend_sampling",
+        action="store_true",
+        help="accepted for llama-server's command lines: tensorplug samples on the host, "
+        "with the same results",
+    )
+    p.add_argument(
         "--offline",
         action="store_true",
         help="accepted for llama-server's command lines: the server never downloads",
@@ -272,6 +281,14 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-slots", dest="slots", action="store_false", help="do not serve /slots")
     p.add_argument("--props", action="store_true", help="accept POST /props")
     p.add_argument(
+        "-rea",
+        "--reasoning",
+        choices=["on", "off", "auto"],
+        default="auto",
+        help="the chat template's enable_thinking: off makes it false (auto, on: true, as "
+        "llama-server gives it)",
+    )
+    p.add_argument(
         "--tags",
         metavar="TAG[,TAG...]",
         help="labels listed with the model by /v1/models (informational, as llama-server's)",
@@ -283,10 +300,20 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         help="do not serve the chat page at / (a 404 there)",
     )
     p.add_argument(
+        "-kvu",
         "--kv-unified",
         action="store_true",
-        help="accepted for llama-server's command lines: the slots always share one KV "
-        "cache of -c cells here (llama-server's --kv-unified), a request may use all of it",
+        default=None,
+        help="every slot may use the whole context of -c tokens (the default without -np); "
+        "without it, -np N gives each slot -c / N of them, as llama-server's",
+    )
+    p.add_argument(
+        "-no-kvu",
+        "--no-kv-unified",
+        dest="kv_unified",
+        action="store_false",
+        help="with -np N: each slot gets -c / N tokens of context (the default); without "
+        "-np the 4 slots share the context either way, as llama-server's",
     )
     p.add_argument(
         "--api-key-file",
@@ -326,6 +353,21 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument(*flags, action=_Refuse, reason=reason, dest="unsupported")
 
 
+def slot_context(n_ctx: int, n_parallel: int, unified: bool, n_ctx_train: int) -> int:
+    """The tokens one slot's request may hold, as llama-server computes it: the whole
+    context when the cache is unified, else its share ``n_ctx / n_parallel``; at most the
+    model's training context (``n_ctx_train``, where the file gives one). llama.cpp also
+    rounds the share up to a multiple of 256 and grows the cache to match; tensorplug's
+    cache keeps the size asked for, so the share is ``n_ctx // n_parallel``."""
+    n = n_ctx if unified else n_ctx // n_parallel
+    if n < 1:
+        raise RunError(
+            f"a context of {n_ctx} tokens split over {n_parallel} slots leaves none per slot: "
+            "give a larger -c, fewer slots (-np) or --kv-unified"
+        )
+    return min(n, n_ctx_train) if n_ctx_train > 0 else n
+
+
 def request_defaults(args: argparse.Namespace) -> dict[str, Any]:
     """What a request gets for a field it leaves out, from ``-n``, ``--temp``... and
     ``--seed`` when it was given (llama-server's ``--seed``: sampling's)."""
@@ -363,11 +405,21 @@ def api_keys(args: argparse.Namespace) -> list[str]:
 
 
 def chat_template(args: argparse.Namespace) -> str | None:
-    """The template ``--chat-template`` (Jinja text, as llama-server's; or a file, as
-    tensorplug's earlier option) or ``--chat-template-file`` gives, None for the file's."""
+    """The template ``--chat-template`` (one of llama.cpp's built-in names, Jinja text,
+    or a file, as tensorplug's earlier option) or ``--chat-template-file`` gives, None for
+    the file's."""
+    from .builtin_templates import BUILTIN_TEMPLATES, UnsupportedTemplateName, builtin_template
+
     value, file = args.chat_template, args.chat_template_file
     if value is not None and file is not None:
         raise RunError("give --chat-template or --chat-template-file, not both")
+    if value is not None:
+        try:
+            named = builtin_template(value)
+        except UnsupportedTemplateName as e:
+            raise RunError(f"--chat-template {value}: {e}") from None
+        if named is not None:
+            return named
     if value is not None and ("{%" in value or "{{" in value):
         return str(value)
     path = file or value
@@ -378,8 +430,8 @@ def chat_template(args: argparse.Namespace) -> str | None:
     except (OSError, UnicodeDecodeError) as e:
         if file is None:
             raise RunError(
-                f"--chat-template {value}: neither Jinja text nor a readable file ({e}); "
-                "tensorplug has no built-in templates by name: give the template's text, or "
-                "--chat-template-file FILE"
+                f"--chat-template {value}: neither a built-in template's name "
+                f"({', '.join(BUILTIN_TEMPLATES)}), Jinja text nor a readable file ({e}); "
+                "or give --chat-template-file FILE"
             ) from None
         raise RunError(f"cannot read the chat template {path}: {e}") from None

@@ -31,7 +31,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import wraps
@@ -335,7 +335,12 @@ def _environment(budget: _Budget) -> Any:
         budget.fits(sum(map(len, texts)), "~ (joining strings)")
         return "".join(texts)
 
-    env = Environment(trim_blocks=True, lstrip_blocks=True, finalize=finalize)
+    # loopcontrols: {% break %} and {% continue %}, which templates (Command R7B) use and
+    # llama.cpp's and transformers' Jinja both run
+    env = Environment(
+        trim_blocks=True, lstrip_blocks=True, finalize=finalize,
+        extensions=["jinja2.ext.loopcontrols"],
+    )  # fmt: skip
     env.policies["json.dumps_function"] = dumps
     _filters(budget, env.filters)
     env.globals.pop("lipsum", None)  # lipsum(10**9) writes that many paragraphs
@@ -402,11 +407,14 @@ def render(
     *,
     limits: Limits | None = None,
     tools: list[dict[str, Any]] | None = None,
+    context: Mapping[str, Any] | None = None,
 ) -> str:
     """The conversation as the template renders it, ready for the model's reply
     (``add_generation_prompt``); any failure is a :class:`ChatTemplateError`. ``tools``:
     the functions the model may call (OpenAI's list), the ``tools`` variable of templates
-    that render them (left undefined when None, as templates test ``tools is defined``)."""
+    that render them (left undefined when None, as templates test ``tools is defined``).
+    ``context``: more of the template's variables, or other values of these
+    (``add_generation_prompt``, ``enable_thinking``, ``date_string``...)."""
     import jinja2
 
     budget = _Budget(limits or Limits())
@@ -422,13 +430,14 @@ def render(
         # transformers' helper, which templates of Mistral and Llama 3.x use for the date
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt))
         compiled = env.from_string(_bounded_tree(env, template))
-        context: dict[str, Any] = {
+        variables: dict[str, Any] = {
             "messages": messages, "add_generation_prompt": True, "bos_token": bos,
             "eos_token": eos,
         }  # fmt: skip
         if tools is not None:
-            context["tools"] = tools
-        chunks: Iterator[str] = compiled.generate(**context)
+            variables["tools"] = tools
+        variables.update(context or {})
+        chunks: Iterator[str] = compiled.generate(**variables)
         out = []
         for chunk in chunks:
             budget.tick()
@@ -459,6 +468,7 @@ def render_parts(
     *,
     limits: Limits | None = None,
     tools: list[dict[str, Any]] | None = None,
+    context: Mapping[str, Any] | None = None,
 ) -> tuple[str, list[tuple[str, bool]] | None]:
     """The rendered conversation, and the same text cut into ``(text, is_markup)`` parts:
     the template's own text, whose control tokens (``<|im_start|>``) are to be parsed,
@@ -475,7 +485,7 @@ def render_parts(
     template cut or changed the content (``content[0]``, ``split``, ``length`` checks) —
     the parts are None: the caller must then treat all of the text alike.
     """
-    plain = render(template, messages, bos, eos, limits=limits, tools=tools)
+    plain = render(template, messages, bos, eos, limits=limits, tools=tools, context=context)
     nonce = secrets.token_hex(8)
     start, end = f"\ue000{nonce}\ue001", f"\ue001{nonce}\ue000"
 
@@ -492,7 +502,7 @@ def render_parts(
         for m in messages
     ]
     try:
-        text = render(template, wrapped, bos, eos, limits=limits, tools=tools)
+        text = render(template, wrapped, bos, eos, limits=limits, tools=tools, context=context)
     except ChatTemplateError:
         return plain, None
     parts: list[tuple[str, bool]] = []
@@ -526,17 +536,22 @@ def prompt_ids(
     bos: str,
     eos: str,
     tools: list[dict[str, Any]] | None = None,
+    continuation: str = "",
+    context: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """The conversation's tokens: the template's markup with control tokens parsed, the
-    messages without. A template that changes message text so that the two cannot be
-    told apart is still used when no message writes a control token (there is nothing
-    to forge); when one does, the conversation is refused rather than let it through.
+    messages without; ``continuation``: the reply begun, message text after the
+    conversation (rendered ready for the reply), tokenized with it as one text;
+    ``context``: more template variables (:func:`render`). A template
+    that changes message text so that the two cannot be told apart is still used when no
+    message writes a control token (there is nothing to forge); when one does, the
+    conversation is refused rather than let it through.
     ``tools`` and the messages' ``tool_calls`` are written by the template as markup: the
     caller must keep control tokens out of them (:meth:`~.api.LLM.chat_prompt` does)."""
-    text, parts = render_parts(template, messages, bos, eos, tools=tools)
+    text, parts = render_parts(template, messages, bos, eos, tools=tools, context=context)
     if parts is not None:
-        return _ids(vocab, parts)
-    for m in messages:
+        return _ids(vocab, [*parts, (continuation, False)] if continuation else parts)
+    for m in [*messages, {"role": "assistant", "content": continuation}]:
         token = vocab.control_text_in(str(m.get("content", "")))
         if token is not None:
             raise ChatTemplateError(
@@ -545,4 +560,4 @@ def prompt_ids(
                 "keep it from acting as one; remove it from the message, or "
                 "use --chat-template FILE with a template that inserts messages unchanged"
             )
-    return _ids(vocab, text)
+    return _ids(vocab, text + continuation)

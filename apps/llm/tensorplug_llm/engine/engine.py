@@ -93,6 +93,9 @@ class Engine:
     what ``n_batch`` leaves; see :mod:`~tensorplug_llm.engine.scheduler`).
     ``similarity``: the share of a prompt a slot's cached prefix must cover for the
     request to prefer that slot (llama-server's ``--slot-prompt-similarity``, 0.5).
+    ``n_ctx_seq``: the tokens one request's sequence may hold (llama-server's context
+    per slot; None: the whole cache, ``n_ctx``); a prompt longer is refused and a
+    generation that fills it ends "length".
     The engine owns the model's cache: do not call ``eval``/``generate`` on the same
     model while it runs.
     """
@@ -105,6 +108,7 @@ class Engine:
         *,
         similarity: float = 0.5,
         max_prefill_tokens: int | None = None,
+        n_ctx_seq: int | None = None,
     ) -> None:
         if not 1 <= n_parallel <= MAX_SEQUENCES:
             raise RunError(f"n_parallel must be 1..{MAX_SEQUENCES}, got {n_parallel}")
@@ -112,6 +116,8 @@ class Engine:
             raise RunError(f"n_batch must be at least 1, got {n_batch}")
         if not 0.0 <= similarity <= 1.0:
             raise RunError(f"similarity is a share of the prompt, 0..1; got {similarity}")
+        if n_ctx_seq is not None and not 1 <= n_ctx_seq <= llama.n_ctx:
+            raise RunError(f"n_ctx_seq must be 1..n_ctx = {llama.n_ctx}, got {n_ctx_seq}")
         self.llama = llama
         # a request's numbers depend on neither the requests decoded beside it nor the
         # prefix it found cached (ModelRunner.set_batch_invariant)
@@ -119,6 +125,7 @@ class Engine:
         self.n_parallel = n_parallel
         self.n_batch = n_batch or llama.n_batch
         self.similarity = similarity
+        self.n_ctx_seq = n_ctx_seq or llama.n_ctx
         self.stats = EngineStats()
         self.scheduler = Scheduler(
             llama.kv,
@@ -131,7 +138,7 @@ class Engine:
             stats=self.stats,
         )
         self.executor = StepExecutor(llama)
-        self.update = StepUpdate(self.scheduler, llama.n_ctx, llama.config.pooling)
+        self.update = StepUpdate(self.scheduler, self.n_ctx_seq, llama.config.pooling)
         self._lock = self.scheduler.lock  # guards the queue
         self._step_lock = threading.Lock()  # one step at a time
         self._wakeup = threading.Condition(self._lock)
@@ -188,7 +195,7 @@ class Engine:
             raise RequestError(
                 f"the prompt must be a list of token ids (ints), got {request.prompt!r:.80}"
             ) from None
-        n_vocab, n_ctx = self.llama.config.n_vocab, self.llama.n_ctx
+        n_vocab, n_ctx = self.llama.config.n_vocab, self.n_ctx_seq
         if prompt.size == 0:
             raise RequestError("the prompt is empty: a request needs at least one token")
         bad = prompt[(prompt < 0) | (prompt >= n_vocab)]

@@ -34,7 +34,11 @@ class ServerConfig:
     send each piece of a request body (a 408 after); ``aliases`` and ``tags``: the
     model's names and labels listed by ``/v1/models`` (llama-server's ``--alias a,b``
     and ``--tags``); ``web_page``: serve the chat page at ``/`` (``--no-ui``: a 404);
-    ``vertex``: Vertex AI's prediction routes (``AIP_MODE=PREDICTION``), None for none."""
+    ``vertex``: Vertex AI's prediction routes (``AIP_MODE=PREDICTION``), None for none;
+    ``verbose``: every completion and chat response carries ``__verbose`` (llama-server's
+    ``--verbose``; a request asks for it alone with ``"verbose": true``);
+    ``enable_thinking``: the chat template's ``enable_thinking`` (``--reasoning off``:
+    false)."""
 
     def __init__(
         self,
@@ -55,6 +59,8 @@ class ServerConfig:
         tags: Sequence[str] = (),
         web_page: bool = True,
         vertex: VertexRoutes | None = None,
+        verbose: bool = False,
+        enable_thinking: bool = True,
     ) -> None:
         if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1 or body_timeout <= 0:
             raise RunError(
@@ -80,6 +86,8 @@ class ServerConfig:
         self.tags = tuple(tags)
         self.web_page = web_page
         self.vertex = vertex
+        self.verbose = verbose
+        self.enable_thinking = enable_thinking
 
     @property
     def api_key(self) -> str | None:

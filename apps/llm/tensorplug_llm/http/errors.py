@@ -83,7 +83,7 @@ def refused(e: InvalidRequestError, rename: dict[str, str] | None = None) -> Api
             break
     if isinstance(e, ContextSizeError):
         extra = {"n_prompt_tokens": e.n_prompt_tokens, "n_ctx": e.n_ctx}
-        return ApiError(400, str(e), "exceed_context_size_error", param, extra=extra)
+        return ApiError(400, str(e), "exceed_context_size_error", param, 400, extra=extra)
     return ApiError(400, str(e), param=param)
 
 

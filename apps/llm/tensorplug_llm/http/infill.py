@@ -133,7 +133,7 @@ def infill_ids(llm: LLM, body: InfillRequest) -> list[int]:
     prefix = _mixed(llm, body.input_prefix, "input_prefix")
     suffix = _mixed(llm, body.input_suffix, "input_suffix")
     prompt = vocab.encode(body.prompt, add_bos=False, parse_special=True)
-    n_batch, n_ctx = llm.llama.n_batch, llm.llama.n_ctx
+    n_batch, n_ctx = llm.llama.n_batch, llm.n_ctx
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
     n_extra = min(max(0, n_ctx - n_batch - 2 * body.budget()), len(extra))

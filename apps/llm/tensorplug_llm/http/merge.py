@@ -27,7 +27,11 @@ def merge_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         head["object"] = "chat.completion"
     merge = _merge_text if completion else _merge_message
     choices = [merge(i, by_index[i]) for i in sorted(by_index)]
-    return {**head, "choices": choices, "usage": usage}
+    merged = {**head, "choices": choices, "usage": usage}
+    verbose = next((c["__verbose"] for c in chunks if "__verbose" in c), None)
+    if verbose is not None:  # llama-server's debugging fields (oai_extras)
+        merged["__verbose"] = verbose
+    return merged
 
 
 def _finish(choices: list[dict[str, Any]]) -> str | None:

@@ -5,16 +5,39 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from ..api import LLM
 
-__all__ = ["model_list"]
+__all__ = ["build_info", "model_list", "system_fingerprint"]
 
 #: llama.cpp's ``llama_vocab_type`` by the GGUF's ``tokenizer.ggml.model``
 VOCAB_TYPES = {"llama": 1, "gpt2": 2, "bert": 3, "t5": 4, "rwkv": 5}
 
 _STARTED = int(time.time())
+
+
+@cache
+def _version() -> str | None:
+    try:
+        return version("tensorplug-llm")
+    except PackageNotFoundError:
+        return None
+
+
+def build_info() -> str:
+    """``/props``' ``build_info``: the distribution and its version."""
+    v = _version()
+    return f"tensorplug-llm {v}" if v else "tensorplug-llm"
+
+
+def system_fingerprint() -> str:
+    """OpenAI's ``system_fingerprint`` in llama-server's shape (its ``b<build>-<commit>``):
+    ``b<version>-tensorplug-llm``, which changes with the server's code as llama-server's
+    does."""
+    return f"b{_version() or 0}-tensorplug-llm"
 
 
 def model_meta(llm: LLM) -> dict[str, Any]:

@@ -86,8 +86,20 @@ def generation_settings(llm: LLM, body: NativeCompletionRequest) -> dict[str, An
         "timings_per_token": body.timings_per_token,
         "post_sampling_probs": body.post_sampling_probs,
         "model": llm.model_name,
-        "n_ctx": llm.llama.n_ctx,
+        "n_ctx": llm.n_ctx,
     }
+
+
+def token_biases(llm: LLM, bias: dict[str, float] | None) -> dict[str, float] | None:
+    """``logit_bias`` by token id: a key that is a text (llama-server's ``[" the ", -100]``)
+    gives its bias to each of the text's tokens, as llama-server does."""
+    if not bias:
+        return bias
+    out: dict[str, float] = {}
+    for key, value in bias.items():
+        ids = [key] if key.isdigit() else [str(t) for t in llm.tokenize(key, add_bos=False)]
+        out.update(dict.fromkeys(ids, value))
+    return out
 
 
 def logit_biases(llm: LLM, body: NativeCompletionRequest) -> list[dict[str, Any]]:
@@ -123,6 +135,7 @@ class NativeCompletion:
         if "n_predict" not in given and "max_tokens" not in given:
             self.budget = int(defaults.get("n_predict", self.budget))
         self.sampling = body.sampling()
+        self.sampling["logit_bias"] = token_biases(llm, self.sampling.get("logit_bias"))
         if "temperature" not in given and "temperature" in defaults:
             self.sampling["temperature"] = defaults["temperature"]
         if "seed" not in given and defaults.get("seed", -1) >= 0:

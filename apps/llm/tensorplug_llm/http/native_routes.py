@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
@@ -13,10 +12,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 
-from ..api import Stream
+from ..api import InvalidRequestError, Stream
 from ..openai_schema import CONSTRAINT_PARAMS
+from ..tool_spec import ToolSpecError, tool_spec
 from .errors import ApiError
-from .model_info import model_list
+from .model_info import build_info, model_list
 from .native_completion import (
     NativeCompletion,
     generation_settings,
@@ -30,6 +30,7 @@ from .native_schema import (
     NativeEmbeddingRequest,
     TokenizeRequest,
 )
+from .oai_extras import template_context
 from .relay import Canceller
 from .service import Service, ServiceDep
 
@@ -126,7 +127,19 @@ async def detokenize(body: DetokenizeRequest, svc: ServiceDep) -> dict[str, Any]
 async def apply_template(body: ApplyTemplateRequest, svc: ServiceDep) -> dict[str, Any]:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     llm = svc.llm
-    ids: list[int] = await svc.call(lambda: llm.chat_prompt(messages))
+    continues = body.continues()
+    context = template_context(
+        svc.config.enable_thinking, body.add_generation_prompt, body.chat_template_kwargs
+    )
+
+    def run() -> list[int]:
+        try:
+            spec = tool_spec(body.tools, body.tool_choice, body.parallel_tool_calls)
+        except ToolSpecError as e:
+            raise InvalidRequestError(str(e), e.param) from None
+        return llm.chat_prompt(messages, spec, continue_final=continues, context=context)
+
+    ids: list[int] = await svc.call(run)
     return {"prompt": llm.vocab.decode(ids, special=True)}
 
 
@@ -146,7 +159,7 @@ async def props(svc: ServiceDep) -> dict[str, Any]:
         "default_generation_settings": {
             "id": 0,
             "id_task": -1,
-            "n_ctx": llm.llama.n_ctx,
+            "n_ctx": llm.n_ctx,
             "speculative": False,
             "is_processing": False,
             "params": generation_settings(llm, _defaults(svc)),
@@ -161,7 +174,7 @@ async def props(svc: ServiceDep) -> dict[str, Any]:
         "bos_token": vocab.tokens[vocab.bos] if vocab.bos is not None else "",
         "eos_token": vocab.tokens[vocab.eos] if vocab.eos is not None else "",
         "modalities": {"vision": False, "audio": False},
-        "build_info": _build_info(),
+        "build_info": build_info(),
         "is_sleeping": False,
     }
 
@@ -173,13 +186,6 @@ async def change_props(svc: ServiceDep) -> dict[str, Any]:
             "this server does not change its properties: start it with --props to allow POST /props"
         )
     return {"success": True}
-
-
-def _build_info() -> str:
-    try:
-        return f"tensorplug-llm {version('tensorplug-llm')}"
-    except PackageNotFoundError:
-        return "tensorplug-llm"
 
 
 def _next_token() -> dict[str, Any]:
@@ -201,7 +207,7 @@ async def slots(svc: ServiceDep, fail_on_no_slot: bool = False) -> list[dict[str
         {
             "id": i,
             "id_task": -1,
-            "n_ctx": llm.llama.n_ctx,
+            "n_ctx": llm.n_ctx,
             "speculative": False,
             "is_processing": processing,
             "next_token": _next_token(),

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..openai_schema import ChatMessage, constraint_format
+from ..openai_schema import ChatRequest, constraint_format
 
 __all__ = [
     "ApplyTemplateRequest",
@@ -101,11 +101,12 @@ class NativeCompletionRequest(BaseModel):
     @field_validator("prompt", mode="before")
     @classmethod
     def _no_objects(cls, prompt: Any) -> Any:
+        """llama-server's prompt objects ``{"prompt_string": TEXT}`` are that text (alone
+        or in a list of prompts); one with ``multimodal_data`` is refused."""
+        if isinstance(prompt, dict):
+            return _prompt_string(prompt)
         if isinstance(prompt, list) and any(isinstance(p, dict) for p in prompt):
-            raise ValueError(
-                "a prompt object ({'prompt_string', 'multimodal_data'}) is multimodal input, "
-                "which these models do not read: send the text"
-            )
+            return [_prompt_string(p) if isinstance(p, dict) else p for p in prompt]
         return prompt
 
     def prompts(self) -> list[Prompt]:
@@ -178,13 +179,20 @@ class NativeCompletionRequest(BaseModel):
 
 
 def _logit_bias(bias: dict[str, float] | list[list[Any]] | None) -> dict[str, float] | None:
-    """llama-server's ``[[id, bias], ...]`` (``false``: never) or OpenAI's object."""
+    """llama-server's ``[[id or text, bias], ...]`` (``false``: never) or OpenAI's object
+    (a key that is not a token id is a text, each of whose tokens gets the bias:
+    :func:`~.native_completion.token_biases`)."""
     if bias is None or isinstance(bias, dict):
         return bias
     out: dict[str, StrictFloat] = {}
     for i, pair in enumerate(bias):
-        if len(pair) != 2 or not isinstance(pair[0], int) or isinstance(pair[0], bool):
-            raise ValueError(f"logit_bias[{i}] must be [token_id, bias], got {pair!r}")
+        if (
+            len(pair) != 2
+            or not isinstance(pair[0], int | str)
+            or isinstance(pair[0], bool)
+            or not isinstance(pair[1], int | float)
+        ):
+            raise ValueError(f"logit_bias[{i}] must be [token_id or text, bias], got {pair!r}")
         value = pair[1]
         out[str(pair[0])] = float("-inf") if value is False else float(value)
     return out
@@ -205,10 +213,20 @@ class DetokenizeRequest(BaseModel):
     tokens: list[StrictInt]
 
 
-class ApplyTemplateRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+def _prompt_string(prompt: dict[str, Any]) -> str:
+    text = prompt.get("prompt_string")
+    if prompt.get("multimodal_data") or not isinstance(text, str):
+        raise ValueError(
+            "a prompt object ({'prompt_string', 'multimodal_data'}) with multimodal data is "
+            "input these models do not read: send the text ({'prompt_string': TEXT})"
+        )
+    return text
 
-    messages: list[ChatMessage] = Field(min_length=1)
+
+class ApplyTemplateRequest(ChatRequest):
+    """``/apply-template``: a chat request, whose prompt is answered rather than run
+    (tools, a continued final message, ``add_generation_prompt`` and
+    ``chat_template_kwargs`` as the chat route renders them)."""
 
 
 class NativeEmbeddingRequest(BaseModel):
