@@ -46,6 +46,14 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 #: Ray Serve's own start waits a fixed 60 s for its HTTP proxy actor, which a 2-core
 #: machine with other work on it can take longer to start: it is started again
 SERVE_STARTS = 3
+#: Ray Serve's health and readiness checks of its proxy and replicas (its documented
+#: environment settings), seconds: at its defaults (5 to 10 s) a starved machine had its
+#: controller kill a proxy that was still starting, and every start failed alike
+SERVE_CHECKS_S = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120",
+    "RAY_SERVE_DEPLOYMENT_ACTOR_HEALTH_CHECK_TIMEOUT_S": "120",
+}
 
 
 def _start_serve(port: int) -> None:
@@ -70,15 +78,18 @@ def route(model: Path) -> Iterator[str]:
     add_arguments(parser)
     args = parser.parse_args([str(model), "-c", "256", "-np", "2", "-t", "1", "--device", "CPU"])
     port = _free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        _start_serve(port)
-        serve.run(deployment(replica_options(args), replicas=2), name="tensorplug",
-                  route_prefix="/")  # fmt: skip
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in SERVE_CHECKS_S.items():  # read by Ray's processes as they start
+            env.setenv(name, value)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            _start_serve(port)
+            serve.run(deployment(replica_options(args), replicas=2), name="tensorplug",
+                      route_prefix="/")  # fmt: skip
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            serve.shutdown()
+            ray.shutdown()
 
 
 def test_two_replicas_behind_one_route_answer_as_the_model(model: Path, route: str) -> None:
