@@ -150,7 +150,9 @@ def test_a_chat_stream_finishes_in_a_chunk_of_its_own(http: TestClient) -> None:
 
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
 def test_include_usage_ends_the_stream_with_usage_and_timings(http: TestClient, route: str) -> None:
-    body = CHAT if "chat" in route else {"prompt": PROMPT, "max_tokens": 4}
+    # greedy, and past the end token, so that every stream carries its four tokens
+    body = {**(CHAT if "chat" in route else {"prompt": PROMPT, "max_tokens": 4}),
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
     events = _events(
         http.post(route, json={**body, "stream": True,
                                "stream_options": {"include_usage": True}}).text

@@ -107,8 +107,8 @@ def stamped(
     """``stream``'s chunks with ``system_fingerprint`` on each and, with ``verbose``,
     ``__verbose`` on the chunk that finishes the first choice. ``usage_apart`` (OpenAI's
     ``stream_options.include_usage``): the usage comes last in a chunk of its own, with no
-    choices and llama-server's ``timings``; ``timings_per_token``: every chunk from the
-    first text on has them."""
+    choices and llama-server's ``timings``; ``timings_per_token``: every chunk but a chat
+    stream's opening role has them."""
     fingerprint = system_fingerprint()
     clock = _Clock()
 
@@ -120,7 +120,7 @@ def stamped(
         for chunk in stream:
             chunk["system_fingerprint"] = fingerprint
             said = [_said(c) for c in chunk["choices"]]
-            if any(said) and clock.first is None:
+            if clock.first is None and not all(_role_only(c) for c in chunk["choices"]):
                 clock.first = time.monotonic()
             n_chunks += any(said)
             if wanted is not None:
@@ -145,6 +145,16 @@ def stamped(
             yield {**last, "timings": clock.timings(last["usage"]["prompt_tokens"], n)}
 
     return Stream(chunks(), Canceller(stream))
+
+
+def _role_only(choice: dict[str, Any]) -> bool:
+    """Whether a chunk's choice is a chat stream's opening delta: the role, with no text
+    or call yet (it carries no timings in llama-server's stream; every later chunk, and
+    every chunk of a completion's, does, whether or not its token showed text yet)."""
+    delta = choice.get("delta")
+    if delta is None or "role" not in delta or choice.get("finish_reason") is not None:
+        return False
+    return not any(delta.get(k) for k in ("content", "reasoning_content", "tool_calls"))
 
 
 def _said(choice: dict[str, Any]) -> str:
