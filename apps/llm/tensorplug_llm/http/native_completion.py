@@ -13,6 +13,7 @@ from typing import Any
 from ..api import LLM, InvalidRequestError, Stream
 from .native_schema import NativeCompletionRequest, Prompt
 from .relay import Canceller
+from .timings import llama_timings
 
 __all__ = ["NativeCompletion", "generation_settings", "prompt_ids", "token_piece"]
 
@@ -220,21 +221,8 @@ class NativeCompletion:
         now = time.monotonic()
         first = self.first if self.first is not None else now
         cache_n = int(self.finish.get("prompt_tokens_reused", 0))
-        prompt_n = len(self.ids) - cache_n
-        prompt_ms = (first - self.started) * 1000
-        predicted_ms = (now - first) * 1000
-        n = len(self.tokens)
-        return {
-            "cache_n": cache_n,
-            "prompt_n": prompt_n,
-            "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
-            "predicted_n": n,
-            "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / n if n else 0.0,
-            "predicted_per_second": n / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
-        }
+        return llama_timings(self.started, first, now, len(self.ids) - cache_n, len(self.tokens),
+                             cache_n)  # fmt: skip
 
     def _probs(
         self, token: int, logprob: float | None, top: list[tuple[int, float]]

@@ -16,6 +16,7 @@ from typing import Any
 from ..api import LLM, Stream
 from .model_info import system_fingerprint
 from .relay import Canceller
+from .timings import llama_timings
 
 __all__ = ["Verbose", "stamped", "template_context"]
 
@@ -83,18 +84,7 @@ class _Clock:
     def timings(self, n_prompt: int, n_predicted: int) -> dict[str, Any]:
         now = time.monotonic()
         first = self.first if self.first is not None else now
-        prompt_ms, predicted_ms = (first - self.started) * 1000, (now - first) * 1000
-        return {
-            "cache_n": 0,
-            "prompt_n": n_prompt,
-            "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
-            "prompt_per_second": n_prompt / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
-            "predicted_n": n_predicted,
-            "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / n_predicted if n_predicted else 0.0,
-            "predicted_per_second": n_predicted / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
-        }
+        return llama_timings(self.started, first, now, n_prompt, n_predicted)
 
 
 def stamped(
