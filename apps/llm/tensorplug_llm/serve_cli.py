@@ -28,6 +28,7 @@ from typing import Any
 from tensorplug.cli import count_argument
 from tensorplug.errors import RunError, TensorplugError
 
+from .chat import CHATML_TEMPLATE
 from .serve_flags import (
     add_llama_server_flags,
     api_keys,
@@ -42,10 +43,7 @@ from .terminal import printable
 __all__ = ["TINY_CHAT_TEMPLATE", "add_arguments", "main"]
 
 #: The chat template given to ``--tiny``'s random model (ChatML, as SmolLM2's).
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+TINY_CHAT_TEMPLATE = CHATML_TEMPLATE
 
 
 def _port(text: str) -> int:
