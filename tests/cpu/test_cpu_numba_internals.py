@@ -19,10 +19,9 @@ INTERNALS = PLUGIN / "kernels" / "numba_internals"
 #: the one module that may name them
 PRIVATE_MODULE = INTERNALS / "numba_private.py"
 
-#: numba's public modules the kernels may use: the documented extension API
-#: (``numba.extending``, ``numba.core.cgutils`` of its low-level examples), types and the
-#: documented event API
-_PUBLIC_CORE = ("cgutils", "event", "types")
+#: numba's public modules the kernels may use: its types and the documented event API
+#: (the IR the intrinsics emit is llvmlite's, not numba's ``cgutils`` helpers)
+_PUBLIC_CORE = ("event", "types")
 #: what only code that reaches into numba or llvmlite names
 PRIVATE = [
     re.compile(rf"numba\.core\.(?!(?:{'|'.join(_PUBLIC_CORE)})\b)\w+"),

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import _numba_ir as _ir
@@ -150,18 +149,25 @@ def _widen_f16_at(typingctx: Any, a: Any, i: Any, j: Any, r: Any, dst: Any, row:
         dst = builder.bitcast(builder.gep(builder.bitcast(out.data, i8p), [row_at]),
                               ir.FloatType().as_pointer())  # fmt: skip
         n = builder.extract_value(arr.shape, 3)
-        zero, one, eight = (ir.Constant(i64, c) for c in (0, 1, 8))
+        zero, eight = ir.Constant(i64, 0), ir.Constant(i64, 8)
         v8h, v8f = ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.FloatType(), 8)
         whole = builder.sdiv(n, eight)  # runs of eight
-        with cgutils.for_range_slice(builder, zero, whole, one) as (k, _):
+
+        def eights(k: Any, carried: list[Any]) -> list[Any]:
             at = builder.mul(k, eight)
             halves = builder.load(builder.bitcast(builder.gep(src, [at]), v8h.as_pointer()),
                                   align=2)  # fmt: skip
             target = builder.bitcast(builder.gep(dst, [at]), v8f.as_pointer())
             builder.store(builder.fpext(halves, v8f), target, align=4)
-        with cgutils.for_range_slice(builder, builder.mul(whole, eight), n, one) as (k, _):
+            return carried
+
+        def rest(k: Any, carried: list[Any]) -> list[Any]:
             value = builder.fpext(builder.load(builder.gep(src, [k])), ir.FloatType())
             builder.store(value, builder.gep(dst, [k]))
+            return carried
+
+        _ir.carried_loop(builder, "widen8", zero, whole, 1, [], eights)
+        _ir.carried_loop(builder, "widen1", builder.mul(whole, eight), n, 1, [], rest)
         return context.get_dummy_value()
 
     return types.void(a, i, j, r, dst, row), codegen

@@ -22,7 +22,6 @@ from typing import Any
 
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..system import kernel_features
@@ -49,8 +48,19 @@ def _splat(ty: ir.IntType, n: int, v: int) -> ir.Constant:
     return ir.Constant(_vec(ty, n), [v] * n)
 
 
+#: C's ``void *``
+VOID_PTR = ir.IntType(8).as_pointer()
+
+
+def declare(module: ir.Module, fnty: ir.FunctionType, name: str) -> ir.Function:
+    """The function ``name`` of ``module``, declared with ``fnty`` where it is not yet
+    (llvmlite's public IR API: numba's own helper for this is not its promise)."""
+    found = module.globals.get(name)
+    return found if isinstance(found, ir.Function) else ir.Function(module, fnty, name)
+
+
 def _fn(builder: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Type) -> ir.Function:
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+    return declare(builder.module, ir.FunctionType(ret, args), name)
 
 
 def prefetch_lines(builder: ir.IRBuilder, at: Any, nbytes: int) -> None:

@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import _numba_ir as _ir
 from ._numba_decode import (
     dequantize_q4_k_rows,
     dequantize_q5_k_rows,
@@ -233,10 +233,10 @@ def _pread(typingctx: Any, fd: Any, at: Any, n: Any, offset: Any) -> Any:
         i32, i64 = ir.IntType(32), ir.IntType(64)
         if not HAS_PREAD:
             return ir.Constant(i64, -1)
-        fnty = ir.FunctionType(i64, [i32, cgutils.voidptr_t, i64, i64])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "pread")
+        fnty = ir.FunctionType(i64, [i32, _ir.VOID_PTR, i64, i64])
+        fn = _ir.declare(builder.module, fnty, "pread")
         fd, at, n, offset = args
-        return builder.call(fn, [builder.trunc(fd, i32), builder.inttoptr(at, cgutils.voidptr_t),
+        return builder.call(fn, [builder.trunc(fd, i32), builder.inttoptr(at, _ir.VOID_PTR),
                                  n, offset])  # fmt: skip
 
     return types.int64(types.int64, types.int64, types.int64, types.int64), codegen

@@ -44,10 +44,10 @@ import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._numba_cache import kernel
+from ._numba_ir import VOID_PTR, declare
 from .job_blocks import (
     AWAKE,
     CHECKED,
@@ -91,9 +91,8 @@ def _intrinsic(fn: Any) -> Any:
 
 def _slot(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
     """The address of ``mailbox[i]`` (``args[0]``, ``args[1]``)."""
-    aryty = sig.args[0]
-    ary = context.make_array(aryty)(context, builder, args[0])
-    return cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    return builder.gep(ary.data, [args[1]])  # the mailbox: one C-contiguous row of int64
 
 
 @_intrinsic
@@ -150,9 +149,8 @@ def spin_pause(typingctx: Any) -> Any:
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         if _X86:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"
-            )
+            fn = declare(builder.module, ir.FunctionType(ir.VoidType(), []),
+                         "llvm.x86.sse2.pause")  # fmt: skip
             builder.call(fn, [])
         return context.get_dummy_value()
 
@@ -166,9 +164,7 @@ def yield_cpu(typingctx: Any) -> Any:
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         if _YIELD:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield"
-            )
+            fn = declare(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
             builder.call(fn, [])
         return context.get_dummy_value()
 
@@ -184,9 +180,10 @@ def now_ns(typingctx: Any) -> Any:
         i32, i64 = ir.IntType(32), ir.IntType(64)
         if _CLOCK is None:
             return ir.Constant(i64, 0)
-        spec = cgutils.alloca_once(builder, ir.ArrayType(i64, 2))  # struct timespec
+        with builder.goto_entry_block():  # once a call, not once an iteration
+            spec = builder.alloca(ir.ArrayType(i64, 2))  # struct timespec
         fnty = ir.FunctionType(i32, [i32, i64.as_pointer()])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
+        fn = declare(builder.module, fnty, "clock_gettime")
         builder.call(fn, [ir.Constant(i32, _CLOCK), builder.bitcast(spec, i64.as_pointer())])
         sec, nsec = (builder.load(builder.gep(spec, [ir.Constant(i32, 0), ir.Constant(i32, i)]))
                      for i in (0, 1))  # fmt: skip
@@ -214,7 +211,7 @@ def address(typingctx: Any, addr: Any) -> Any:
     function sees the arrays its argument block names."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], cgutils.voidptr_t)
+        return builder.inttoptr(args[0], VOID_PTR)
 
     return types.voidptr(types.int64), codegen
 
