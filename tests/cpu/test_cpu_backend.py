@@ -132,8 +132,7 @@ def test_every_op_the_kernels_support_has_one_builder() -> None:
     from tensorplug_cpu import kernels
 
     supported = set(kernels._SUPPORT)
-    assert set(kernels.KERNELS) | set(kernels.JIT_KERNELS) == supported
-    assert not set(kernels.KERNELS) & set(kernels.JIT_KERNELS)
+    assert set(kernels.KERNELS) == supported
 
 
 def test_unsupported_node_is_refused_with_a_clear_error() -> None:

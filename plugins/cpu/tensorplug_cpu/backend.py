@@ -45,6 +45,7 @@ from tensorplug.tensor import placement_epoch
 
 from .kernels import BuildContext, Step, build_step, supports
 from .kernels.matmul import build_sibling_products
+from .kernels.numpy_kernels import NUMPY_KERNELS
 from .kernels.program import Program, programs, rows_regions
 from .kernels.siblings import sibling_groups
 from .repack_buffer import RepackBuffer
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from tensorplug.graph import Graph
     from tensorplug.tensor import Tensor
 
-    from .kernels.provider import CompiledKernels
+    from .kernels.provider import CompiledKernels, Kernels
 
 __all__ = ["BACKEND_CALLS", "CpuBackend", "CpuGraphPlan", "AbortCallback"]
 
@@ -136,17 +137,17 @@ class CpuGraphPlan(GraphPlan):
         #: the kernel calls its steps make only as they run (``CompiledKernels.expect``): what
         #: ``graph_prepare`` makes ready, where the first compute would load them
         self.first_calls: list[Any] = []
-        self.bind(graph, backend.jit, backend.ggml_order, key)
+        self.bind(graph, backend.kernels, backend.ggml_order, key)
 
     def bind(
-        self, graph: Graph, jit: CompiledKernels | None, ggml_order: bool,
-        key: GraphKey | None = None,
-    ) -> None:  # fmt: skip
-        """(Re)build every step for ``graph``; views and scratch are made here, once.
-        ``ggml_order``: the backend's arithmetic order (:attr:`CpuBackend.ggml_order`);
-        ``key``: ``graph_key(graph.nodes)`` when the caller has it (it walks every node:
-        once is enough)."""
-        ctx = BuildContext(jit, ggml_order)
+        self, graph: Graph, kernels: Kernels, ggml_order: bool, key: GraphKey | None = None
+    ) -> None:
+        """(Re)build every step for ``graph`` with the provider ``kernels``; views and
+        scratch are made here, once. ``ggml_order``: the backend's arithmetic order
+        (:attr:`CpuBackend.ggml_order`); ``key``: ``graph_key(graph.nodes)`` when the
+        caller has it (it walks every node: once is enough)."""
+        ctx = BuildContext(kernels, ggml_order)
+        jit = kernels.compiled  # the paths only compiled kernels have: siblings, programs
         if jit is not None:
             jit.take_expected()  # what a binding that raised noted: not this plan's
         steps: list[Step] = []
@@ -186,7 +187,7 @@ class CpuGraphPlan(GraphPlan):
                     step, places = built
                     joined.update(zip(indices[1:], places[1:], strict=True))
             if step is None and i not in joined:
-                step = build_step(node, ctx, jit)
+                step = build_step(node, ctx)
             if step is not None:
                 steps.append(step)
                 nodes.append(node)
@@ -228,15 +229,17 @@ def _check_writable(node: Tensor) -> None:
 
 
 class CpuBackend(Backend):
-    """A CPU stream: synchronous, computes graphs with numpy/BLAS and the compiled
-    kernels it is given (``kernels``: numba's, where the device has them; None: numpy
-    alone)."""
+    """A CPU stream: synchronous, computes graphs with the kernels of the provider it is
+    given (``kernels``, :mod:`.kernels.provider`: numba's where the device has them,
+    numpy's otherwise)."""
 
     def __init__(
-        self, device: Device, *, kernels: CompiledKernels | None, n_threads: int | None = None
+        self, device: Device, *, kernels: Kernels = NUMPY_KERNELS, n_threads: int | None = None
     ) -> None:
         super().__init__(device)
-        self.jit = kernels
+        self.kernels = kernels
+        #: the provider's compiled kernels (None: numpy's paths alone)
+        self.jit: CompiledKernels | None = kernels.compiled
         self.n_threads: int | None = None
         self.abort_callback: AbortCallback | None = None
         self.batch_invariant = False  # as an application asked (set_batch_invariant)
@@ -294,7 +297,7 @@ class CpuBackend(Backend):
         return CpuGraphPlan(self, graph)
 
     def _graph_plan_update(self, plan: GraphPlan, graph: Graph) -> None:
-        self._own(plan).bind(graph, self.jit, self.ggml_order)
+        self._own(plan).bind(graph, self.kernels, self.ggml_order)
 
     def _graph_plan_compute(self, plan: GraphPlan) -> Status:
         return self._run(self._own(plan))

@@ -20,6 +20,7 @@ from . import system
 from .backend import BACKEND_CALLS, CpuBackend
 from .kernels import supports
 from .kernels.jit import jit_status, load_jit
+from .kernels.numpy_kernels import NUMPY_KERNELS
 from .repack import PackedLayout
 from .repack_buffer import RepackBufferType
 
@@ -93,8 +94,8 @@ class CpuDevice(Device):
 
     def _init_backend(self, params: str | None) -> CpuBackend:
         options = parse_params(params)
-        kernels = load_jit() if options.pop("use_jit", True) else None
-        return CpuBackend(self, kernels=kernels, **options)
+        jit = load_jit() if options.pop("use_jit", True) else None
+        return CpuBackend(self, kernels=NUMPY_KERNELS if jit is None else jit, **options)
 
     def buffer_type(self) -> BufferType:
         return host_buffer_type()

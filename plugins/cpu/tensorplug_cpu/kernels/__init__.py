@@ -24,18 +24,15 @@ from .common import BuildContext, Step
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-    from .provider import CompiledKernels
-
-__all__ = ["JIT_KERNELS", "KERNELS", "BuildContext", "Step", "build_step", "supports"]
+__all__ = ["KERNELS", "BuildContext", "Step", "build_step", "supports"]
 
 FLOAT = frozenset({Type.F32, Type.F16, Type.BF16})
 QUANT = frozenset(t for t in SUPPORTED_TYPES if t.is_quantized)
 INDEX = frozenset({Type.I32, Type.I64})
 
 _Builder = Callable[["Tensor", BuildContext], Step]
-_JitBuilder = Callable[["Tensor", BuildContext, "CompiledKernels | None"], Step]
 
-#: op → kernel builder (those that use the JIT kernels find them in the context)
+#: op → kernel builder (each asks the context's provider for its kernels)
 KERNELS: dict[Op, _Builder] = {
     Op.ADD: elementwise.build_binary,
     Op.SUB: elementwise.build_binary,
@@ -61,24 +58,17 @@ KERNELS: dict[Op, _Builder] = {
     Op.SET_ROWS: convert.build_set_rows,
     Op.SOFT_MAX: attention.build_soft_max,
     Op.ROPE: attention.build_rope,
-}
-#: op → kernel builder that is handed the JIT kernels; every op has one builder, in one of
-#: the two tables (:func:`build_step` looks here first)
-JIT_KERNELS: dict[Op, _JitBuilder] = {
     Op.MUL_MAT: matmul.build_mul_mat,
     Op.MUL_MAT_ID: matmul.build_mul_mat_id,
     Op.FLASH_ATTN_EXT: attention.build_flash_attn_ext,
 }
 
 
-def build_step(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None) -> Step | None:
+def build_step(node: Tensor, ctx: BuildContext) -> Step | None:
     """The step computing ``node``, or None for ops that only re-describe memory."""
     if node.op in VIEW_OPS:
         return None
     ctx.begin_node()
-    with_jit = JIT_KERNELS.get(node.op)
-    if with_jit is not None:
-        return with_jit(node, ctx, jit)
     return KERNELS[node.op](node, ctx)
 
 

@@ -23,14 +23,15 @@ from tensorplug.types import Type
 from ..settings import EXACT_ATTENTION_ROWS
 from ..workers import POOL
 from .attention_mask import masked_logits
-from .common import F32, BuildContext, Step, padded4, sequence, split_rows
+from .common import F32, BuildContext, Step, padded4, sequence
 from .flash import build_online_attention
 from .kernel_shapes import DOT_LANES, HALF_PRODUCTS, NARROW_SCORES, TINYBLAS_LANES
+from .numpy_kernels import scaled_softmax
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-    from .provider import CompiledKernels
+    from .provider import Kernels
 
 __all__ = ["build_flash_attn_ext", "build_rope", "build_soft_max"]
 
@@ -69,7 +70,9 @@ def build_soft_max(node: Tensor, ctx: BuildContext) -> Step:
 
 
 def build_rope(node: Tensor, ctx: BuildContext) -> Step:
-    """Rotary embedding over ``(…, n_tokens, n_head, head_dim)``, ggml's ``rope_f32``."""
+    """Rotary embedding over ``(…, n_tokens, n_head, head_dim)``, ggml's ``rope_f32``:
+    the op's scalars in float32 as ggml derives them (YaRN's ramp from
+    ``ggml_rope_yarn_corr_dims``), the rotation the provider's."""
     a_t, pos_t = node.src[0], node.src[1]
     p = node.op_params
     n_dims = p["n_dims"]
@@ -78,7 +81,6 @@ def build_rope(node: Tensor, ctx: BuildContext) -> Step:
     out, store = ctx.f32_out(node)
     pos = ctx.view(pos_t)
     ff = ctx.view(node.src[2]) if len(node.src) > 2 else None
-    n_tok = a_t.shape[-3]
 
     f = F32.type
     theta_scale = f(p["freq_base"]) ** f(-2.0 / n_dims)
@@ -95,80 +97,9 @@ def build_rope(node: Tensor, ctx: BuildContext) -> Step:
         mscale = mscale * (f(1) + f(0.1) * np.log(f(1) / freq_scale))
 
     neox = RopeMode(p["mode"]) == RopeMode.NEOX
-    fast = _jit_rope(ctx, x, out, pos, ff, ramp_mix, keep, neox, n_dims,
-                     (theta_scale, freq_scale, mscale))  # fmt: skip
-    if fast is not None:
-        return sequence(load, fast, store)
-    # theta[t, i] = pos[t]·theta_scale^i, accumulated by repeated float32 multiplication
-    factors = np.full((n_tok, half), theta_scale, F32)
-    theta, extrap = ctx.scratch((n_tok, half)), ctx.scratch((n_tok, half))
-    cos, sin = ctx.scratch((n_tok, 1, half)), ctx.scratch((n_tok, 1, half))
-    if neox:
-        x0, x1, o0, o1 = x[..., :half], x[..., half:n_dims], out[..., :half], out[..., half:n_dims]
-    else:
-        x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
-        o0, o1 = out[..., 0:n_dims:2], out[..., 1:n_dims:2]
-    shape = x0.shape
-    t0, t1, t2 = ctx.scratch(shape), ctx.scratch(shape), ctx.scratch(shape)
-    rest = (x[..., n_dims:], out[..., n_dims:]) if n_dims < a_t.shape[-1] else None
-
-    def run() -> None:
-        factors[:, 0] = pos
-        np.multiply.accumulate(factors, axis=1, out=theta)
-        if ff is not None:
-            np.divide(theta, ff, out=theta)
-        if ramp_mix is not None and keep is not None:
-            # theta_interp·(1 - ramp) + theta_extrap·ramp
-            np.multiply(theta, ramp_mix, out=extrap)
-            np.multiply(theta, freq_scale, out=theta)
-            np.multiply(theta, keep, out=theta)
-            np.add(theta, extrap, out=theta)
-        else:
-            np.multiply(theta, freq_scale, out=theta)
-        c, s = cos[:, 0, :], sin[:, 0, :]
-        np.cos(theta, out=c)
-        np.sin(theta, out=s)
-        c *= mscale
-        s *= mscale
-        # (x0·cos - x1·sin, x0·sin + x1·cos); staged so that out may alias x
-        np.multiply(x0, cos, out=t0)
-        np.multiply(x1, sin, out=t2)
-        np.subtract(t0, t2, out=t0)
-        np.multiply(x0, sin, out=t1)
-        np.multiply(x1, cos, out=t2)
-        np.add(t1, t2, out=t1)
-        np.copyto(o0, t0)
-        np.copyto(o1, t1)
-        if rest is not None:
-            np.copyto(rest[1], rest[0])
-
-    return sequence(load, run, store)
-
-
-_NO_F32 = np.empty(0, F32)
-
-
-def _jit_rope(
-    ctx: BuildContext, x: np.ndarray, out: np.ndarray, pos: np.ndarray,
-    ff: np.ndarray | None, ramp: np.ndarray | None, keep: np.ndarray | None, neox: bool,
-    n_dims: int, scales: tuple[np.float32, np.float32, np.float32],
-) -> Step | None:  # fmt: skip
-    """The numba rope step, or None where numpy runs it (no numba, or more than one
-    sequence). numpy's ~15 calls are a visible cost on a generation step's one token,
-    twice per block, and numba's one loop is faster on a prompt's rows too."""
-    jit = ctx.jit
-    if jit is None or x.ndim < 3:
-        return None
-    shape = x.shape[-3:]
-    if any(d != 1 for d in x.shape[:-3]) or pos.ndim != 1:
-        return None
-    x3, out3 = x.reshape(shape), out.reshape(shape)  # leading 1s: views, never copies
-    rest = (_NO_F32 if ff is None else ff, _NO_F32 if ramp is None else ramp,
-            _NO_F32 if keep is None else keep, neox, n_dims, *scales)  # fmt: skip
-    jit.expect(jit.rope_rows, x3, out3, pos, *rest)
-    rope = jit.rope_rows
-    return split_rows(shape[0], x3.size,
-                      lambda r: jit.bound(rope, x3[r], out3[r], pos[r], *rest))  # fmt: skip
+    rope = ctx.kernels.bind_rope(x, out, pos, ff, ramp_mix, keep, neox, n_dims,
+                                 (theta_scale, freq_scale, mscale), ctx.scratch)  # fmt: skip
+    return sequence(load, rope, store)
 
 
 # -- flash attention ---------------------------------------------------------------------------
@@ -212,9 +143,7 @@ def products(n_q: int, ggml_order: bool, half: bool, head_dim: int) -> int:
     return lanes | HALF_PRODUCTS | (NARROW_SCORES if narrow else 0)
 
 
-def build_flash_attn_ext(
-    node: Tensor, ctx: BuildContext, jit: CompiledKernels | None = None
-) -> Step:
+def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
     """``softmax(q·kᵀ·scale (softcapped) + slope·mask)·v``; result ``(B, n_q, H, D_v)``.
 
     Query heads are grouped onto their KV head by splitting the head axis (a view), so
@@ -230,7 +159,7 @@ def build_flash_attn_ext(
     one, by position in the engine's cache; BLAS's products have their own order.
     """
     if node.op_params.get("online"):  # ggml's own flash attention kernel's arithmetic
-        online = build_online_attention(node, ctx, jit)
+        online = build_online_attention(node, ctx)
         if online is not None:
             return online
     q_t, k_t, v_t = node.src[:3]
@@ -250,7 +179,8 @@ def build_flash_attn_ext(
     raw_mask = None
     if mask4 is not None:
         raw_mask = mask4.view(np.uint16) if mask4.dtype == np.float16 else mask4
-    if jit is not None and n_q <= exact_rows_limit() and k_t.type == v_t.type != Type.BF16:
+    compiled, kernels = ctx.compiled, ctx.kernels
+    if compiled is not None and n_q <= exact_rows_limit() and k_t.type == v_t.type != Type.BF16:
         # F16 caches are read in place as raw halves: no widening step at all
         k_in, v_in = padded4(ctx.view(k_t)), padded4(ctx.view(v_t))
         if k_t.type == Type.F16:
@@ -267,8 +197,8 @@ def build_flash_attn_ext(
             bias = bias.view(np.uint16)  # read in place through the f16 table
         copy_q = None if q_in is q4 else partial(np.copyto, q_in, q4)
         lanes = products(n_q, ctx.ggml_order, k_t.type == Type.F16, q4.shape[3])
-        attend = jit.bind_attend(q_in, k_in, v_in, raw_mask, bias, order, float(scale),
-                                 float(softcap), lanes, out4)  # fmt: skip
+        attend = compiled.bind_attend(q_in, k_in, v_in, raw_mask, bias, order, float(scale),
+                                      float(softcap), lanes, out4)  # fmt: skip
         return sequence(prep, copy_q, attend)
 
     # the batched products below, on K and V widened to float32 (only here: the exact
@@ -276,8 +206,8 @@ def build_flash_attn_ext(
     # the widening of every layer's K and V for nothing, 30 × 2 views, scratch and kernel
     # bindings)
     ctx.uses_blas = True
-    k4, widen_k = _widened(ctx, k_t, jit)
-    v4, widen_v = _widened(ctx, v_t, jit)
+    k4, widen_k = _widened(ctx, k_t)
+    v4, widen_v = _widened(ctx, v_t)
     half = k_t.type == Type.F16  # the query and the weights in f16, as HALF_PRODUCTS
     if half:
         q16, q4 = ctx.scratch(q4.shape, np.float16), ctx.scratch(q4.shape)
@@ -292,10 +222,9 @@ def build_flash_attn_ext(
     if term is not None and term.dtype != F32:
         # an F16 mask added as is costs numpy a slow mixed-type loop per chunk: widen once
         raw_term, term = term, ctx.scratch(term.shape)
-        widen = partial(np.copyto, term, raw_term)
-        if jit is not None:  # term is the mask itself here: 4-d
-            widen = partial(jit.bind_widen_f16_rows(raw_term, term), raw_term.shape[2])
-        prep = sequence(prep, widen)
+        # term is the mask itself here: 4-d, all its rows
+        prep = sequence(prep, partial(kernels.bind_widen_f16_rows(raw_term, term),
+                                      raw_term.shape[2]))  # fmt: skip
     step = max(1, min(n_q, SCORE_ELEMS // max(1, B * H * n_kv)))
     s_full = ctx.scratch((B, h_kv, g, step, n_kv))
     o_full = ctx.scratch((B, h_kv, g, step, d_v))
@@ -317,12 +246,10 @@ def build_flash_attn_ext(
             (q5, s5, mterm, row_full[:, :, :, :n], o_full[:, :, :, :n], out5[:, :, :, r0:r1])
         )
 
-    if mask4 is None or raw_mask is None:  # both or neither: mypy does not know
+    if raw_mask is None:
         visible: Callable[[], int] = lambda: n_kv  # noqa: E731
-    elif jit is not None:  # the last columns first
-        visible = partial(jit.visible_columns, raw_mask)
     else:
-        visible = partial(_visible_columns, mask4)
+        visible = partial(kernels.visible_columns, raw_mask)
 
     def run() -> None:
         used = visible()
@@ -333,7 +260,8 @@ def build_flash_attn_ext(
         kT, v = kT5[..., :used], v5[:, :, :, :used]
         for chunk in chunks:
             # one task per KV head (its group of query heads batched), on the worker pool
-            POOL.run(h_kv, partial(_attend_group, chunk, kT, v, used, scale, softcap, half, jit))
+            POOL.run(h_kv, partial(_attend_group, chunk, kT, v, used, scale, softcap, half,
+                                   kernels))  # fmt: skip
 
     return sequence(prep, run)
 
@@ -346,41 +274,30 @@ def _attend_group(
     scale: np.float32,
     softcap: np.float32,
     half: bool,
-    jit: CompiledKernels | None,
+    kernels: Kernels,
     h: int,
     slot: int,
 ) -> None:
     """KV head ``h`` and its query heads for a chunk of query rows: scores, softmax,
     times V (5-d operands ``(B, H_kv, g, …)``; a mask term may have 1 for head axes),
     with ``half`` the weights rounded to f16 before their product with V. The softmax
-    is numba's one-pass kernel where it applies (one sequence, no softcap, a float32
-    mask), else numpy's whole-block passes."""
+    is the provider's by rows where its contract takes the block (one sequence, no
+    softcap, a float32 mask: numba's is one pass), else numpy's whole-block passes."""
     q5, s_all, m_all, row_all, o_all, dst_all = chunk
     head = slice(h, h + 1)
     s = s_all[:, head, :, :, :used]
     row, o = row_all[:, head], o_all[:, head]
     np.matmul(q5[:, head], kT[:, head], out=s)
     mask_ok = m_all is None or (m_all.shape[0] == 1 and m_all.dtype == np.float32)
-    if jit is not None and softcap == 0 and s.shape[0] == 1 and mask_ok:
+    if softcap == 0 and s.shape[0] == 1 and mask_ok:
         # whole rows of the scratch and the mask (unit stride), `used` columns read
         mask3 = _NO_MASK3 if m_all is None else m_all[0, h if m_all.shape[1] > 1 else 0]
-        jit.softmax_rows(s_all[0, h], mask3, used, float(scale), row[0, 0, :, :, 0])
-        _weighted(s, row, v[:, head], o, half)
-        np.copyto(dst_all[:, head], o)
-        return
-    s *= scale
-    if softcap != 0:
-        np.tanh(s, out=s)
-        s *= softcap
-    if m_all is not None:
-        s += m_all[:, head if m_all.shape[1] > 1 else slice(None), ..., :used]
-    np.max(s, axis=-1, keepdims=True, out=row)
-    # a row masked everywhere has max -inf: ggml skips every entry and outputs 0
-    np.copyto(row, 0, where=np.isneginf(row))
-    s -= row
-    np.exp(s, out=s)
-    np.sum(s, axis=-1, keepdims=True, out=row)
-    np.divide(1, row, out=row, where=row != 0)
+        kernels.softmax_rows(s_all[0, h], mask3, used, float(scale), row[0, 0, :, :, 0])
+    else:
+        term = None
+        if m_all is not None:
+            term = m_all[:, head if m_all.shape[1] > 1 else slice(None), ..., :used]
+        scaled_softmax(s, term, row, scale, softcap)
     _weighted(s, row, v[:, head], o, half)
     np.copyto(dst_all[:, head], o)
 
@@ -403,16 +320,7 @@ _NO_MASK3 = np.zeros((0, 0, 0), np.float32)
 _CACHE_ORDER = np.zeros(0, np.int32)
 
 
-def _visible_columns(mask4: np.ndarray) -> int:
-    """1 + the last mask column that is not -inf for some query (at least 1: a row
-    masked everywhere still needs a column to come out as zeros)."""
-    seen = np.asarray(~np.isneginf(mask4).all(axis=(0, 1, 2)))
-    return seen.size - int(np.argmax(seen[::-1])) if seen.any() else 1
-
-
-def _widened(
-    ctx: BuildContext, t: Tensor, jit: CompiledKernels | None
-) -> tuple[np.ndarray, Callable[[int], None] | None]:
+def _widened(ctx: BuildContext, t: Tensor) -> tuple[np.ndarray, Callable[[int], None] | None]:
     """K or V as float32 ``(B, H, n_kv, D)`` and, for F16/BF16, a function widening the
     first ``used`` rows into it (the rest of the scratch is never read)."""
     raw = padded4(ctx.view(t))
@@ -420,9 +328,7 @@ def _widened(
         return raw, None
     buf = padded4(ctx.scratch(t.shape))
     if t.type == Type.F16:
-        if jit is not None:
-            return buf, jit.bind_widen_f16_rows(raw, buf)
-        return buf, lambda used: np.copyto(buf[:, :, :used], raw[:, :, :used])
+        return buf, ctx.kernels.bind_widen_f16_rows(raw, buf)
     if t.type == Type.BF16:
         bits = buf.view(np.uint32)
         return buf, lambda used: np.left_shift(

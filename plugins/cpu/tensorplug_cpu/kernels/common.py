@@ -23,6 +23,7 @@ from tensorplug.host import tensor_array
 from tensorplug.quants import bf16_to_f32, f32_to_bf16
 from tensorplug.types import Type
 
+from .numpy_kernels import NUMPY_KERNELS
 from .steps import (
     F32,
     ROWS_PARALLEL_MIN,
@@ -39,7 +40,7 @@ from .steps import (
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-    from .provider import CompiledKernels
+    from .provider import CompiledKernels, Kernels
 
 __all__ = [
     "block_rows",
@@ -66,9 +67,11 @@ def _store_bf16(dst: np.ndarray, src: np.ndarray) -> None:
 class BuildContext:
     """Numpy views of a plan's tensors (made once each) and float32 staging buffers."""
 
-    def __init__(self, jit: CompiledKernels | None = None, ggml_order: bool = False) -> None:
-        #: the numba kernels, for builders that have a compiled variant (None: numpy only)
-        self.jit = jit
+    def __init__(self, kernels: Kernels = NUMPY_KERNELS, ggml_order: bool = False) -> None:
+        #: the provider the builders ask for their steps' kernels (:mod:`.provider`)
+        self.kernels = kernels
+        #: its compiled kernels, for the paths only they take (None: numpy's paths)
+        self.compiled: CompiledKernels | None = kernels.compiled
         #: sum in ggml's orders, whose bits depend on a step's row count, rather than
         #: each row as if alone (``CpuBackend.ggml_order``)
         self.ggml_order = ggml_order

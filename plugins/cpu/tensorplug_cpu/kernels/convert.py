@@ -90,21 +90,20 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
         (a[i], rows_u[i], out[i]) for i in itertools.product(*(range(d) for d in a_t.shape[:-2]))
     ]
     t = a_t.type
-    # numba decodes a token's embedding row in microseconds; the numpy codec spends far
-    # longer setting up for one row, every generated token
-    jit = ctx.jit if ctx.jit is not None and ctx.jit.supports(t) else None
+    # the provider's decoder, bound once here (numba's decodes a token's embedding row in
+    # microseconds; bound at each call, it would cost every generated token)
+    decodes = ctx.kernels.supports(t)
     file_rows = _file_rows(a_t)
-    # the rows are gathered into a scratch array of each batch's where numba decodes them
-    # (its decoder bound once here: bound at each call, it would cost every generated token)
-    # or where they are read from the file
+    # the rows are gathered into a scratch array of each batch's where they are decoded
+    # after, or where they are read from the file
     taken_by: dict[int, np.ndarray] = {}
     decoders: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
     for i, (table, idx, dst) in enumerate(batches):
-        decode_here = jit is not None and dst.flags.c_contiguous
+        decode_here = decodes and dst.flags.c_contiguous
         if decode_here or file_rows is not None:
             taken = taken_by[i] = ctx.scratch((idx.size, *table.shape[1:]), table.dtype)
-            if jit is not None and decode_here:
-                decoders[i] = jit.bind_dequantize(t, taken, dst)
+            if decode_here:
+                decoders[i] = ctx.kernels.bind_dequantize(t, taken, dst)
     # each batch's reader fills that batch's scratch (a table in a file is 2-d: one batch)
     readers = {} if file_rows is None else {
         i: _row_reader(file_rows, a_t, taken) for i, taken in taken_by.items()
@@ -124,7 +123,9 @@ def build_get_rows(node: Tensor, ctx: BuildContext) -> Step:
     def gather(i: int, table: np.ndarray, idx: np.ndarray, dst: np.ndarray) -> None:
         if i in decoders:
             take(i, table, idx)
-            decoders[i](dst)
+            decoded = decoders[i](dst)
+            if decoded is not dst:  # numpy's codec makes its own array
+                np.copyto(dst, decoded)
         elif t in (Type.F32, Type.I32):
             if i in taken_by:
                 np.copyto(dst, take(i, table, idx))
@@ -204,11 +205,11 @@ class SetRowsStep:
     call (:meth:`.provider.CompiledKernels.set_rows`); a job of a program too (:mod:`.program`),
     which reads ``table`` (float32, or f16 as ``uint16``), ``values`` and ``idx``."""
 
-    def __init__(self, node: Tensor, jit: CompiledKernels, table: np.ndarray, values: np.ndarray,
-                 idx: np.ndarray) -> None:  # fmt: skip
-        self.node, self.jit, self.table, self.values, self.idx = node, jit, table, values, idx
-        jit.expect(jit.set_rows, table, values, idx)
-        self._set_rows = jit.bound(jit.set_rows, table, values, idx)
+    def __init__(self, node: Tensor, compiled: CompiledKernels, table: np.ndarray,
+                 values: np.ndarray, idx: np.ndarray) -> None:  # fmt: skip
+        self.node, self.table, self.values, self.idx = node, table, values, idx
+        compiled.expect(compiled.set_rows, table, values, idx)
+        self._set_rows = compiled.bound(compiled.set_rows, table, values, idx)
 
     def __call__(self) -> None:
         bad = int(self._set_rows())
@@ -247,13 +248,13 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
             table[idx] = quantize(values, t).reshape(values.shape[0], *table.shape[1:])
 
     few = all(idx.size <= FEW_ROWS for _, _, idx in batches) and t in (Type.F32, Type.F16)
-    jit = ctx.jit
-    if jit is not None and t in (Type.F32, Type.F16) and len(batches) == 1:
+    compiled = ctx.compiled  # its one kernel for a cache's rows (a job of a program too)
+    if compiled is not None and t in (Type.F32, Type.F16) and len(batches) == 1:
         table, values, idx = batches[0]
         if values.dtype == np.float32 and table.ndim == values.ndim == 2:
             raw = table.view(np.uint16) if t == Type.F16 else table
             signed = idx if signed64 else idx.view(np.int32)
-            return SetRowsStep(node, jit, raw, values, signed)
+            return SetRowsStep(node, compiled, raw, values, signed)
 
     def run_few() -> None:
         # a generation step's one row per cache: Python ints beat numpy's masks on so few

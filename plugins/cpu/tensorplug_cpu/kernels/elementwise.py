@@ -8,8 +8,6 @@ order of float32 operations follow ggml's CPU kernels (``ggml-cpu/ops.cpp``,
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -18,8 +16,8 @@ import numpy as np
 from tensorplug.opcodes import GluOp, Op, SortOrder, UnaryOp
 from tensorplug.types import Type
 
-from .common import F32, BuildContext, Step, reshape_view, sequence, split_rows, tiled_operands
-from .gelu_table import gelu_table_into
+from .common import F32, BuildContext, Step, sequence, tiled_operands
+from .unary import NEEDS_TMP, UNARY_FNS
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -74,107 +72,11 @@ def build_scale(node: Tensor, ctx: BuildContext) -> Step:
     return sequence(load, mul, add, store)
 
 
-def _silu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """``x / (1 + e^-x)`` as ggml writes it (so silu(-inf) is NaN, as in ggml); ``out``
-    may alias ``x`` or ``tmp``."""
-    np.negative(x, out=tmp)
-    with np.errstate(over="ignore"):
-        np.exp(tmp, out=tmp)
-    tmp += 1
-    with np.errstate(invalid="ignore"):
-        np.divide(x, tmp, out=out)
-
-
-def _sigmoid_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    np.negative(x, out=tmp)
-    np.exp(tmp, out=tmp)
-    tmp += 1
-    np.divide(1, tmp, out=out)
-
-
-def _gelu_quick_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """``x·σ(1.702·x)`` = ``x / (1 + exp(-1.702·x))``, ggml's ``ggml_gelu_quick_f32``."""
-    with np.errstate(over="ignore"):
-        np.multiply(x, np.float32(-1.702), out=tmp)
-        np.exp(tmp, out=tmp)
-    tmp += 1
-    np.divide(x, tmp, out=out)
-
-
-#: Coefficients of Numerical Recipes' erfc (fractional error below 1.2e-7 everywhere).
-_ERFC_C = tuple(np.float32(c) for c in (
-    -1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
-    0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277,
-))  # fmt: skip
-
-
-def one_plus_erf(x: np.ndarray) -> np.ndarray:
-    """``1 + erf(x)`` in float32 without cancellation: ``erfc(-x)`` for x < 0 and
-    ``2 - erfc(x)`` for x >= 0, erfc from a rational fit (numpy has no erf). The GPU
-    kernels compute the same expression (``tp_one_plus_erf``)."""
-    z = np.abs(x).astype(np.float32)
-    t = np.float32(1) / (np.float32(1) + np.float32(0.5) * z)
-    poly = _ERFC_C[-1]
-    for c in reversed(_ERFC_C[1:-1]):
-        poly = c + t * poly
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        erfc = t * np.exp(-z * z + _ERFC_C[0] + t * poly)
-    return np.where(x < 0, erfc, np.float32(2) - erfc).astype(np.float32)
-
-
-def _gelu_erf_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    """``0.5·x·(1 + erf(x/√2))``, ggml's ``ggml_gelu_erf``."""
-    tmp[...] = one_plus_erf(x * np.float32(1 / math.sqrt(2)))
-    tmp *= 0.5
-    with np.errstate(invalid="ignore"):
-        np.multiply(tmp, x, out=out)
-
-
-def _relu_into(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-    # fmax ignores NaN, giving 0 for NaN like ggml's ``x > 0 ? x : 0``
-    np.fmax(x, 0, out=out)
-
-
-UnaryFn = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
-
-
-def _direct(fn: np.ufunc) -> UnaryFn:
-    def run(x: np.ndarray, tmp: np.ndarray, out: np.ndarray) -> None:
-        fn(x, out=out)
-
-    return run
-
-
-#: Unary functions on float32 arrays: ``fn(x, tmp, out)`` with a scratch ``tmp``.
-UNARY_FNS: dict[UnaryOp, UnaryFn] = {
-    UnaryOp.ABS: _direct(np.abs),
-    UnaryOp.NEG: _direct(np.negative),
-    UnaryOp.RELU: _relu_into,
-    UnaryOp.GELU: gelu_table_into,  # ggml's f16 table, as its CPU computes gelu
-    UnaryOp.SILU: _silu_into,
-    UnaryOp.EXP: _direct(np.exp),
-    UnaryOp.TANH: _direct(np.tanh),
-    UnaryOp.SIGMOID: _sigmoid_into,
-    UnaryOp.GELU_QUICK: _gelu_quick_into,
-    UnaryOp.GELU_ERF: _gelu_erf_into,
-}
-_NEEDS_TMP = {UnaryOp.GELU, UnaryOp.SILU, UnaryOp.SIGMOID, UnaryOp.GELU_QUICK, UnaryOp.GELU_ERF}
-
-#: The activation of each gated unit (:class:`~tensorplug.GluOp`).
-_GLU_ACTIVATIONS: dict[GluOp, UnaryFn] = {
-    GluOp.SWIGLU: _silu_into,
-    GluOp.REGLU: _relu_into,
-    GluOp.GEGLU: gelu_table_into,
-    GluOp.GEGLU_ERF: _gelu_erf_into,
-    GluOp.GEGLU_QUICK: _gelu_quick_into,
-}
-
-
 def build_unary(node: Tensor, ctx: BuildContext) -> Step:
     fn = UnaryOp(node.op_params["fn"])
     x, load = ctx.f32_in(node.src[0])
     out, store = ctx.f32_out(node)
-    tmp = ctx.scratch(node.shape) if fn in _NEEDS_TMP else out
+    tmp = ctx.scratch(node.shape) if fn in NEEDS_TMP else out
     return sequence(load, partial(UNARY_FNS[fn], x, tmp, out), store)
 
 
@@ -196,7 +98,6 @@ def build_glu(node: Tensor, ctx: BuildContext) -> Step:
     """``act(x)·g``; without ``b`` the halves of ``a``'s rows are ``x`` and ``g``. geglu
     is 0 wherever x <= -10, whatever g is, as ggml's loop sets it."""
     fn = GluOp(node.op_params["fn"])
-    act = _GLU_ACTIVATIONS[fn]
     a, load_a = ctx.f32_in(node.src[0])
     load_b = None
     if len(node.src) == 2:
@@ -208,39 +109,7 @@ def build_glu(node: Tensor, ctx: BuildContext) -> Step:
         if node.op_params.get("swapped"):
             x, g = g, x
     out, store = ctx.f32_out(node)
-    fused = _jit_glu(node, ctx, x, g, out)
-    if fused is not None:
-        return sequence(load_a, load_b, fused, store)
-    tmp = ctx.scratch(node.shape)
-
-    def run() -> None:
-        act(x, tmp, tmp)
-        with np.errstate(invalid="ignore"):
-            np.multiply(tmp, g, out=out)
-        if fn is GluOp.GEGLU:
-            out[x <= -10] = 0
-
-    return sequence(load_a, load_b, run, store)
-
-
-def _jit_glu(
-    node: Tensor, ctx: BuildContext, x: np.ndarray, g: np.ndarray, out: np.ndarray
-) -> Step | None:
-    """The numba step for swiglu and geglu, any row count, or None where numpy runs it.
-    Both loops are numba's for prompts too: SwiGLU's is vectorised (its exp is a
-    polynomial), about twice as fast as numpy's on a prompt; geglu's f16-table lookup is
-    several passes over the values in numpy (its f16 rounding, the costliest, then a
-    gather through int64 indices and the clamps' masks) against numba's one."""
-    fn, n = GluOp(node.op_params["fn"]), node.shape[-1]
-    if ctx.jit is None or not ctx.jit.has_glu(fn):
-        return None
-    x2, g2, out2 = (reshape_view(v, (-1, n)) for v in (x, g, out))
-    if x2 is None or g2 is None or out2 is None:
-        return None
-    jit = ctx.jit
-    jit.expect(jit.glu_rows, fn, x2, g2, out2)  # (its row chunks are arrays of x2's kind)
-    return split_rows(x2.shape[0], out2.size,
-                      lambda r: jit.bound(jit.glu_rows, fn, x2[r], g2[r], out2[r]))  # fmt: skip
+    return sequence(load_a, load_b, ctx.kernels.bind_glu(fn, x, g, out, ctx.scratch), store)
 
 
 def _row_stats(ctx: BuildContext, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -278,29 +147,8 @@ def build_rms_norm(node: Tensor, ctx: BuildContext) -> Step:
     """``x / sqrt(mean(x²) + eps)``: the sum of squares in float64, as ggml."""
     x, load = ctx.f32_in(node.src[0])
     out, store = ctx.f32_out(node)
-    n, eps = node.shape[-1], F32.type(node.op_params["eps"])
-    jit = ctx.jit
-    x2, out2 = reshape_view(x, (-1, n)), reshape_view(out, (-1, n))
-    if jit is not None and x2 is not None and out2 is not None:
-        e = float(eps)
-        jit.expect(jit.rms_norm_rows, x2, out2, e)
-        norm = split_rows(x2.shape[0], x2.size,
-                          lambda r: jit.bound(jit.rms_norm_rows, x2[r], out2[r], e))  # fmt: skip
-        return sequence(load, norm, store)
-    acc, stat = _row_stats(ctx, node.shape)
-    sq = ctx.scratch(node.shape)
-
-    def run() -> None:
-        np.multiply(x, x, out=sq)
-        np.sum(sq, axis=-1, keepdims=True, dtype=np.float64, out=acc)
-        np.divide(acc, n, out=acc)
-        np.copyto(stat, acc, casting="same_kind")
-        np.add(stat, eps, out=stat)
-        np.sqrt(stat, out=stat)
-        np.divide(1, stat, out=stat)
-        np.multiply(x, stat, out=out)
-
-    return sequence(load, run, store)
+    eps = F32.type(node.op_params["eps"])
+    return sequence(load, ctx.kernels.bind_rms_norm(x, out, eps, ctx.scratch), store)
 
 
 def build_sum_rows(node: Tensor, ctx: BuildContext) -> Step:

@@ -16,7 +16,6 @@ from .kernel_shapes import FLASH_TILE_Q
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-    from .provider import CompiledKernels
 
 __all__ = ["ONLINE_TYPES", "build_online_attention"]
 
@@ -27,14 +26,13 @@ _NO_MASK = np.zeros((0, 0, 0, 0), np.float32)
 _CACHE_ORDER = np.zeros(0, np.int32)
 
 
-def build_online_attention(
-    node: Tensor, ctx: BuildContext, jit: CompiledKernels | None
-) -> Step | None:
-    """The step of an ``online`` flash_attn_ext, or None where the numba kernel does not
-    take it (no numba, K and V of other types): the caller's arithmetic then runs, the
-    same function up to rounding."""
+def build_online_attention(node: Tensor, ctx: BuildContext) -> Step | None:
+    """The step of an ``online`` flash_attn_ext, or None where no compiled kernel takes
+    it (numpy's provider, K and V of other types): the caller's arithmetic then runs,
+    the same function up to rounding."""
     q_t, k_t, v_t = node.src[:3]
-    if jit is None or k_t.type != v_t.type or k_t.type not in ONLINE_TYPES:
+    compiled = ctx.compiled
+    if compiled is None or k_t.type != v_t.type or k_t.type not in ONLINE_TYPES:
         return None
     mask_t = node.src[3] if len(node.src) > 3 else None
     order = ctx.view(node.src[4]) if len(node.src) > 4 else _CACHE_ORDER
@@ -71,10 +69,11 @@ def build_online_attention(
     def run() -> None:
         if q_in is not q4:
             np.copyto(q_in, q4)
-        used = n_kv if raw_mask is None else jit.visible_columns(raw_mask)
+        used = n_kv if raw_mask is None else compiled.visible_columns(raw_mask)
         if casts is not None:
             for dst, src in casts:
                 np.copyto(dst[:, :, :used], src[:, :, :used])
-        jit.online_attend(q_in, k_in, v_in, bias, order, used, scale_f, softcap_f, tiled, out4)
+        compiled.online_attend(q_in, k_in, v_in, bias, order, used, scale_f, softcap_f, tiled,
+                               out4)  # fmt: skip
 
     return sequence(prep, run)

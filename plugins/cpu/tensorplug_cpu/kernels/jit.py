@@ -75,6 +75,11 @@ class JitKernels(ProductKernels, AttentionKernels, RowKernels, KernelCalls):
         super().__init__(threads, compile_ahead)
         self.version: str = _numba_version()
 
+    @property
+    def compiled(self) -> JitKernels:
+        """Itself: every compiled path is numba's here (:class:`.provider.Kernels`)."""
+        return self
+
 
 def load_jit() -> JitKernels | None:
     """The numba kernels, or None when numba is missing, broken or disabled; cached."""

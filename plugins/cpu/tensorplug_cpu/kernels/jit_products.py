@@ -37,7 +37,8 @@ from .job_blocks import (
 )
 from .kernel_refs import JobRef, KernelRef, made_job, made_kernel, module_kernel
 from .numba_internals import numba_jit_disabled
-from .steps import block_rows
+from .numpy_kernels import NUMPY_KERNELS
+from .steps import Step, block_rows, reshape_view
 
 __all__ = ["MAX_SIBLINGS", "ProductKernels"]
 
@@ -131,14 +132,22 @@ class ProductKernels(Binding):
         return self.serial_or_parallel(serial, parallel)
 
     def bind_round_rows(
-        self, t: Type, x: np.ndarray, out: np.ndarray, corr: np.ndarray
-    ) -> Callable[[], None]:
-        """``out[...] = round_rows(x, t)`` (:mod:`.activations`) for 2-d float32 ``x`` of
-        a quantized type's product, in numba; for Q4_1/Q5_1 also ``corr`` ``(T, n/32)``
-        = :func:`~.activations.q8_1_offset_correction`. The values are numpy's, bit for
-        bit (tested)."""
-        xq, xd, xs = _q8_scratch(x)
-        args = (x, out, corr, xq, xd, xs, F16_TO_F32, int(t))
+        self, t: Type, x: np.ndarray, out: np.ndarray, corr: np.ndarray | None
+    ) -> Step:
+        """``out[...] = round_rows(x, t)`` (:mod:`.activations`) for float32 ``x`` of a
+        quantized type's product, in numba where ``x`` is C-contiguous (numpy's
+        otherwise, and for the float types' rounding); for Q4_1/Q5_1 also ``corr`` ``(…,
+        n/32)`` = :func:`~.activations.q8_1_offset_correction`. The values are numpy's,
+        bit for bit (tested)."""
+        n = x.shape[-1]
+        x2, out2 = reshape_view(x, (-1, n)), reshape_view(out, (-1, n))
+        spare = np.empty((1, 1), np.float32)  # what the types without offsets are given
+        corr2 = spare if corr is None else reshape_view(corr, (-1, corr.shape[-1]))
+        taken = t.is_quantized and x.flags.c_contiguous
+        if not taken or x2 is None or out2 is None or corr2 is None:
+            return NUMPY_KERNELS.bind_round_rows(t, x, out, corr)
+        xq, xd, xs = _q8_scratch(x2)
+        args = (x2, out2, corr2, xq, xd, xs, F16_TO_F32, int(t))
         return self.bind_call("activation rounding kernel", self._round, *args)
 
     def bind_packed(

@@ -62,11 +62,12 @@ from .dispatch import (
     REPACKED_DECODE,
     select,
 )
+from .numpy_kernels import NUMPY_KERNELS
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-    from .provider import CompiledKernels
+    from .provider import CompiledKernels, Kernels
 
 __all__ = [
     "CHUNK_ELEMS",
@@ -123,62 +124,44 @@ def _split_batches(x: np.ndarray, a_batch: tuple[int, int]) -> np.ndarray:
 Binder = Callable[[np.ndarray], Callable[[np.ndarray], np.ndarray]]
 
 
-def _copy_f16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
-    np.copyto(out, src)
-    return out
-
-
 def _widen_bf16(src: np.ndarray, out: np.ndarray) -> np.ndarray:
     np.left_shift(src, 16, out=out.view(np.uint32), dtype=np.uint32)
     return out
 
 
-def _decode_f16(t: Type, jit: CompiledKernels | None) -> Binder:
-    assert jit is not None
-    return jit.bind_widen_f16
-
-
-def _decode_numba(t: Type, jit: CompiledKernels | None) -> Binder:
-    assert jit is not None
-    return partial(jit.bind_dequantize, t)  # vector or scalar: the table, per blocks
-
-
-def _decode_numpy(t: Type, jit: CompiledKernels | None) -> Binder:
-    # numpy's decoder allocates its result: use it as is rather than copy it again
-    return lambda src: lambda out: dequantize_blocks(src, t)
-
-
-#: the decoding paths of the table (:mod:`.dispatch`) → ``(t, jit)`` → their binder
-_DECODERS: dict[str, Callable[[Type, CompiledKernels | None], Binder]] = {
-    F16_WIDEN: _decode_f16,
-    F16_NUMPY: lambda t, jit: lambda src: partial(_copy_f16, src),
-    BF16_SHIFT: lambda t, jit: lambda src: partial(_widen_bf16, src),
-    DECODE_VECTOR: _decode_numba,
-    DECODE_SCALAR: _decode_numba,
-    DECODE_NUMPY: _decode_numpy,
+#: the decoding paths of the table (:mod:`.dispatch`) → ``(t, kernels)`` → their binder:
+#: the provider's, except numpy's own decoding, which the table names for whole batched
+#: weights with numba too, and bf16's shift (a view and one ufunc)
+_DECODERS: dict[str, Callable[[Type, Kernels], Binder]] = {
+    F16_WIDEN: lambda t, kernels: kernels.bind_widen_f16,
+    F16_NUMPY: lambda t, kernels: NUMPY_KERNELS.bind_widen_f16,
+    BF16_SHIFT: lambda t, kernels: lambda src: partial(_widen_bf16, src),
+    DECODE_VECTOR: lambda t, kernels: partial(kernels.bind_dequantize, t),
+    DECODE_SCALAR: lambda t, kernels: partial(kernels.bind_dequantize, t),
+    DECODE_NUMPY: lambda t, kernels: partial(NUMPY_KERNELS.bind_dequantize, t),
 }
 
 
-def _binder(t: Type, jit: CompiledKernels | None) -> Binder | None:
+def _binder(t: Type, kernels: Kernels) -> Binder | None:
     """How weights of type ``t`` decode for BLAS, as the table's decoding paths say
     (None: F32, read in place). ``src`` is ``(…, rows, n)`` (raw blocks
     ``(…, rows, nblocks, type_size)`` if quantized), the scratch float32 ``(…, rows, n)``;
     a 2-d ``src`` (a chunk, or a tile) may take a kernel that whole batched weights do
     not."""
-    numba = jit is not None
+    numba = kernels.compiled is not None
     by_shape = {}
     for matrix in (True, False):
         name = select(t, PLAIN, MANY, numba=numba, matrix=matrix).name
         if name == BLAS:
             return None
-        by_shape[matrix] = _DECODERS[name](t, jit)
+        by_shape[matrix] = _DECODERS[name](t, kernels)
     return lambda src: by_shape[src.ndim == 2](src)
 
 
-def build_mul_mat(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None = None) -> Step:
+def build_mul_mat(node: Tensor, ctx: BuildContext) -> Step:
     a_t, b_t = node.src
     if isinstance(a_t.buffer, RepackBuffer):
-        return _repacked(node, ctx, jit)
+        return _repacked(node, ctx)
     t = a_t.type
     b32, load_b = ctx.f32_in(b_t)
     b4, out4 = padded4(b32), padded4(ctx.view(node))
@@ -189,47 +172,35 @@ def build_mul_mat(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None =
     # the facts the table's paths may need (each entry of a4 has its strides)
     contiguous = not t.is_quantized or (a4.strides[-1] == 1 and a4.strides[-2] == t.type_size)
     unit = plain and all(v.strides[-1] == v.itemsize for v in (a4[0, 0], b4[0, 0], out4[0, 0]))
-    path = select(t, PLAIN, n_tok, numba=jit is not None, blocks_contiguous=contiguous,
+    compiled = ctx.compiled
+    path = select(t, PLAIN, n_tok, numba=compiled is not None, blocks_contiguous=contiguous,
                   matrix=plain, unit_stride=unit).name  # fmt: skip
 
     if path in (INT8, FLOAT_FUSED):  # their kernels round the activations themselves
-        assert jit is not None
-        return sequence(load_b, _fused_matvec(ctx, t, a4, b4, out4, jit))
+        assert compiled is not None
+        return sequence(load_b, _fused_matvec(ctx, t, a4, b4, out4, compiled))
     # the other paths multiply by the activations ggml's rounding leaves, as float32
     ctx.uses_blas = True
-    load_b, rounded, corr = _rounded(ctx, t, load_b, b4, jit)
-    product = _unrounded_product(ctx, t, path, a4, rounded, out4, plain, jit)
+    load_b, rounded, corr = _rounded(ctx, t, load_b, b4)
+    product = _unrounded_product(ctx, t, path, a4, rounded, out4, plain)
     offsets = _offset_correction(a4, corr, out4) if corr is not None else None
     return sequence(load_b, product, offsets)
 
 
 def _rounded(
-    ctx: BuildContext, t: Type, load_b: Step | None, b4: np.ndarray, jit: CompiledKernels | None
+    ctx: BuildContext, t: Type, load_b: Step | None, b4: np.ndarray
 ) -> tuple[Step | None, np.ndarray, np.ndarray | None]:
     """``b4`` rounded as ggml rounds activations for ``t`` weights (:mod:`.activations`)
-    into a scratch array after ``load_b`` (by numba where it can: numpy's rounding is a
-    visible share of a prompt's Q4_1 products): that step, the array (``b4``
-    itself for F32 weights, which take the activations as they are), and for Q4_1/Q5_1
-    the array that holds Q8_1's :func:`~.activations.q8_1_offset_correction` once the
-    step has run (None for the other types)."""
+    into a scratch array after ``load_b``: that step, the array (``b4`` itself for F32
+    weights, which take the activations as they are), and for Q4_1/Q5_1 the array that
+    holds Q8_1's :func:`~.activations.q8_1_offset_correction` once the step has run
+    (None for the other types)."""
     kind = vec_dot_type(t)
     if kind == vec_dot_type(Type.F32):
         return load_b, b4, None
     rounded = ctx.scratch(b4.shape)
     corr = ctx.scratch((*b4.shape[:-1], b4.shape[-1] // 32)) if kind == Q8_1 else None
-    n_in = b4.shape[-1]
-    if jit is not None and t.is_quantized and b4.flags.c_contiguous:
-        spare = corr if corr is not None else ctx.scratch((1, 1))
-        step: Step = jit.bind_round_rows(t, b4.reshape(-1, n_in), rounded.reshape(-1, n_in),
-                                         spare.reshape(-1, spare.shape[-1]))  # fmt: skip
-    else:
-
-        def step() -> None:
-            round_rows(b4, t, rounded)
-            if corr is not None:
-                np.copyto(corr, q8_1_offset_correction(b4))
-
-    return sequence(load_b, step), rounded, corr
+    return sequence(load_b, ctx.kernels.bind_round_rows(t, b4, rounded, corr)), rounded, corr
 
 
 def _offset_correction(a4: np.ndarray, corr: np.ndarray, out4: np.ndarray) -> Step:
@@ -255,17 +226,15 @@ def _unrounded_product(
     b4: np.ndarray,
     out4: np.ndarray,
     plain: bool,
-    jit: CompiledKernels | None,
 ) -> Step:
     """``out4 = b4 @ a4ᵀ`` by ``path`` for activations ``b4`` already rounded."""
     a_batch = (a4.shape[0], a4.shape[1])
     n_out, n_in = out4.shape[3], b4.shape[3]
     if path == FLOAT_MATVEC:
-        assert jit is not None
-        step = jit.bind_matvec_float(a4[0, 0], b4[0, 0], out4[0, 0], t)
-        return step
+        assert ctx.compiled is not None
+        return ctx.compiled.bind_matvec_float(a4[0, 0], b4[0, 0], out4[0, 0], t)
 
-    bind = _binder(t, jit)  # the decoding paths, which may differ chunk by chunk
+    bind = _binder(t, ctx.kernels)  # the decoding paths, which may differ chunk by chunk
     if plain:
         return _by_rows(ctx, b4[0, 0], a4[0, 0], out4[0, 0], bind)
     if bind is None:
@@ -295,14 +264,15 @@ def _unrounded_product(
     return tiled
 
 
-def _repacked(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None) -> Step:
+def _repacked(node: Tensor, ctx: BuildContext) -> Step:
     """A product of weights stored repacked, by every activation row of ``b`` (its batch
     axes are rows too: the weights are one matrix). Without numba the matrix is
     unpacked and decoded at each compute (a backend made with ``jit=0`` beside weights
     repacked for another; slow, but the same products)."""
     a_t, b_t = node.src
     n_out, n_in = a_t.shape
-    path = select(a_t.type, REPACKED, b_t.nelements // n_in, numba=jit is not None).name
+    compiled = ctx.compiled
+    path = select(a_t.type, REPACKED, b_t.nelements // n_in, numba=compiled is not None).name
     b32, load_b = ctx.f32_in(b_t)
     x = reshape_view(b32, (-1, n_in)) if b32.flags.c_contiguous else None
     if x is None:  # a strided activation: its rows staged, unit-stride, at each compute
@@ -331,8 +301,9 @@ def _repacked(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None) -> S
                 np.add(out, q8_1_offset_correction(x) @ m.T, out=out)
 
         return sequence(load_b, unpacked, store)
-    assert jit is not None
-    product = jit.bind_packed(a_t.type, packed_rows(a_t), x, out, ctx.scratch, ctx.ggml_order)
+    assert compiled is not None
+    product = compiled.bind_packed(a_t.type, packed_rows(a_t), x, out, ctx.scratch,
+                                   ctx.ggml_order)  # fmt: skip
     return sequence(load_b, product, store)
 
 
@@ -398,7 +369,7 @@ def _fused_matvec(
     a4: np.ndarray,
     b4: np.ndarray,
     out4: np.ndarray,
-    jit: CompiledKernels,
+    compiled: CompiledKernels,
 ) -> Step:
     """Quantized weights × a few rows: the fused numba kernel, per batch of ``b``."""
     r0, r1 = b4.shape[0] // a4.shape[0], b4.shape[1] // a4.shape[1]
@@ -406,8 +377,8 @@ def _fused_matvec(
     for j0, j1 in itertools.product(range(b4.shape[0]), range(b4.shape[1])):
         x = b4[j0, j1]
         staged = ctx.scratch(x.shape) if x.strides[-1] != 4 else None  # unit-stride rows
-        product = jit.bind_matvec(t, a4[j0 // r0, j1 // r1], x if staged is None else staged,
-                                  out4[j0, j1])  # fmt: skip
+        product = compiled.bind_matvec(t, a4[j0 // r0, j1 // r1],
+                                       x if staged is None else staged, out4[j0, j1])  # fmt: skip
         work.append((x, staged, product))
 
     def run() -> None:
@@ -420,7 +391,7 @@ def _fused_matvec(
 
 
 def build_sibling_products(
-    nodes: Sequence[Tensor], staged: Sequence[bool], ctx: BuildContext, jit: CompiledKernels
+    nodes: Sequence[Tensor], staged: Sequence[bool], ctx: BuildContext, compiled: CompiledKernels
 ) -> tuple[Step, list[Step | None]] | None:
     """Products of one activation by several quantized matrices as one step (the
     groups of :func:`.siblings.sibling_groups`), and for each product the step its own
@@ -444,13 +415,13 @@ def build_sibling_products(
         a = node.src[0]
         products.append((a.type, packed_rows(a) if repacked[0] else ctx.view(a), out))
     if repacked[0]:
-        step = jit.bind_packed_siblings(x, products, ctx.scratch, ctx.ggml_order)
+        step = compiled.bind_packed_siblings(x, products, ctx.scratch, ctx.ggml_order)
     else:
-        step = jit.bind_matvec_siblings(x, products)
+        step = compiled.bind_matvec_siblings(x, products)
     return None if step is None else (step, places)
 
 
-def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: CompiledKernels | None = None) -> Step:
+def build_mul_mat_id(node: Tensor, ctx: BuildContext) -> Step:
     """Mixture of experts (``ggml_mul_mat_id``): the (token, slot) pairs are grouped by
     the expert they selected, and each used expert's weights are decoded once and
     multiplied with all its rows in one BLAS call; decoding is mul_mat's (numba where
@@ -461,10 +432,11 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: CompiledKernels | Non
     raw, ids, out = ctx.view(as_t), ctx.view(ids_t), ctx.view(node)
     n_expert, n_out, n_in = as_t.shape
     n_b = b_t.shape[1]
-    bind = _binder(as_t.type, jit)  # decoded as a prompt's product decodes
+    bind = _binder(as_t.type, ctx.kernels)  # decoded as a prompt's product decodes
     w32 = ctx.scratch((1, n_out, n_in)) if bind is not None else None
     # each expert's decoder bound once, with the plan (binding chooses kernels and views)
     decoders = [bind(raw[ex : ex + 1]) for ex in range(n_expert)] if bind is not None else []
+    load_b, rounded, corr = _rounded(ctx, as_t.type, load_b, b32)  # as ggml rounds them
 
     def run() -> None:
         bad = (ids < 0) | (ids >= n_expert)
@@ -474,8 +446,6 @@ def build_mul_mat_id(node: Tensor, ctx: BuildContext, jit: CompiledKernels | Non
                 f"mul_mat_id {node.describe()}: ids[{t}, {e}] = {int(ids[t, e])} is not an "
                 f"expert of a (0..{n_expert - 1}); nothing was computed"
             )
-        rounded = round_rows(b32, as_t.type)  # as ggml rounds them for these weights
-        corr = q8_1_offset_correction(b32) if vec_dot_type(as_t.type) == Q8_1 else None
         for ex in np.unique(ids):
             tok, slot = np.nonzero(ids == ex)
             w = raw[ex] if w32 is None else decoders[ex](w32)[0]

@@ -1,15 +1,19 @@
-"""The seam between the CPU plan's builders and the compiled kernels.
+"""The seam between the CPU plan's builders and the kernels that compute their steps.
 
 The builders (:mod:`.matmul`, :mod:`.attention`, :mod:`.convert`, :mod:`.elementwise`)
-and the job programs (:mod:`.program`) turn a graph's nodes into steps. Each has a numpy
-way to do its node, and asks the compiled kernels, where there are any
-(``BuildContext.jit``), for a faster one: a kernel bound to the node's arrays by what it
-computes and its argument types (``bind_matvec(t, blocks, x, out)``), or a row job by
-name. :class:`CompiledKernels` is everything they, and the backend that runs the plan,
-may ask; numba's kernels
-(:class:`.jit.JitKernels`) are one provider of it, and another (a compiled library, a
-future JIT) needs only to provide the same, without a builder changing. The builders
-import this protocol, never the provider, so the kernels' modules import downward only.
+and the job programs (:mod:`.program`) turn a graph's nodes into steps. What they ask
+of kernels goes through a provider (``BuildContext.kernels``), by what a kernel computes
+and its arguments: ``bind_round_rows(t, x, out, corr)`` returns the step that computes
+it for these arrays. :class:`Kernels` is what every provider computes; numpy's
+(:class:`.numpy_kernels.NumpyKernels`) is always there, numba's
+(:class:`.jit.JitKernels`) computes the same faster where its kernels take the arrays
+and hands numpy's the rest. :class:`CompiledKernels` adds what only compiled code does
+well enough to be worth a path of its own (fused products of a few rows, llama.cpp's
+exact attention, row programs on a spinning pool): a provider offers it as
+``compiled``, and the builders take those paths (through :mod:`.dispatch`'s table for
+the products) only where it is there. Another provider (a compiled library, a future
+JIT) provides the same protocols without a builder changing. The builders import these
+protocols, never a provider, so the kernels' modules import downward only.
 """
 
 from __future__ import annotations
@@ -24,16 +28,62 @@ if TYPE_CHECKING:
     from tensorplug.types import Type
 
     from .job_calls import JobSpec
-    from .steps import Step
+    from .steps import Scratch, Step
 
-__all__ = ["CompiledKernels"]
+__all__ = ["CompiledKernels", "Kernels"]
 
 
-class CompiledKernels(Protocol):
-    """What a plan's builders may ask of compiled kernels (see the module). A ``bind_*``
-    does everything but the arithmetic once, when the plan is built, and returns the
-    step; a row method runs now; :meth:`expect` and :meth:`bound` let a plan name the
-    row kernels it will call so that they are made ready before its first step."""
+class Kernels(Protocol):
+    """What every provider computes (see the module). A ``bind_*`` does everything but
+    the arithmetic once, when the plan is built, and returns the step."""
+
+    #: the provider's compiled kernels, where it has them (None: numpy's paths only)
+    @property
+    def compiled(self) -> CompiledKernels | None: ...
+
+    def supports(self, t: Type) -> bool:
+        """Whether the provider's decoding (and, compiled, its fused products) takes
+        ``t`` blocks."""
+        ...
+
+    def bind_round_rows(
+        self, t: Type, x: np.ndarray, out: np.ndarray, corr: np.ndarray | None
+    ) -> Step: ...
+
+    def bind_widen_f16(self, src: np.ndarray) -> Callable[[np.ndarray], np.ndarray]: ...
+
+    def bind_dequantize(
+        self, t: Type, blocks: np.ndarray, out: np.ndarray | None = ...
+    ) -> Callable[[np.ndarray], np.ndarray]: ...
+
+    def bind_widen_f16_rows(self, raw: np.ndarray, out: np.ndarray) -> Callable[[int], None]: ...
+
+    def visible_columns(self, mask: np.ndarray) -> int: ...
+
+    def softmax_rows(
+        self, s: np.ndarray, mask: np.ndarray, used: int, scale: float, row: np.ndarray
+    ) -> None: ...
+
+    def bind_rms_norm(
+        self, x: np.ndarray, out: np.ndarray, eps: np.float32, scratch: Scratch
+    ) -> Step: ...
+
+    def bind_glu(
+        self, fn: GluOp, x: np.ndarray, g: np.ndarray, out: np.ndarray, scratch: Scratch
+    ) -> Step: ...
+
+    def bind_rope(
+        self, x: np.ndarray, out: np.ndarray, pos: np.ndarray, ff: np.ndarray | None,
+        ramp: np.ndarray | None, keep: np.ndarray | None, neox: bool, n_dims: int,
+        scales: tuple[np.float32, np.float32, np.float32], scratch: Scratch,
+    ) -> Step: ...  # fmt: skip
+
+
+class CompiledKernels(Kernels, Protocol):
+    """What compiled kernels add to :class:`Kernels` (see the module): the paths of their
+    own, and what the backend and its row programs (:mod:`.program`) ask of them. A row
+    method runs now; :meth:`expect` and :meth:`bound` let a plan name the row kernels it
+    will call so that they are made ready before its first step."""
 
     #: threads a step's kernels run on now, and the most they may
     n_threads: int
@@ -46,8 +96,6 @@ class CompiledKernels(Protocol):
 
     @property
     def max_threads(self) -> int: ...
-
-    def supports(self, t: Type) -> bool: ...
 
     def bind_matvec(
         self, t: Type, blocks: np.ndarray, x: np.ndarray, out: np.ndarray
@@ -71,25 +119,11 @@ class CompiledKernels(Protocol):
         scratch: Callable[..., np.ndarray] = ..., ggml_order: bool = ...,
     ) -> Callable[[], None] | None: ...  # fmt: skip
 
-    def bind_round_rows(
-        self, t: Type, x: np.ndarray, out: np.ndarray, corr: np.ndarray
-    ) -> Callable[[], None]: ...
-
-    def bind_widen_f16(self, src: np.ndarray) -> Callable[[np.ndarray], np.ndarray]: ...
-
-    def bind_widen_f16_rows(self, raw: np.ndarray, out: np.ndarray) -> Callable[[int], None]: ...
-
-    def bind_dequantize(
-        self, t: Type, blocks: np.ndarray, out: np.ndarray | None = ...
-    ) -> Callable[[np.ndarray], np.ndarray]: ...
-
     def bind_attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray | None,
         mask: np.ndarray, order: np.ndarray, scale: float, softcap: float, lanes: int,
         out: np.ndarray,
     ) -> Callable[[], None]: ...  # fmt: skip
-
-    def visible_columns(self, mask: np.ndarray) -> int: ...
 
     def online_attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
@@ -97,19 +131,7 @@ class CompiledKernels(Protocol):
         out: np.ndarray,
     ) -> None: ...  # fmt: skip
 
-    def softmax_rows(
-        self, s: np.ndarray, mask: np.ndarray, used: int, scale: float, row: np.ndarray
-    ) -> None: ...
-
-    def rms_norm_rows(self, x: np.ndarray, out: np.ndarray, eps: float) -> None: ...
-
-    def rope_rows(self, *args: Any) -> None: ...
-
-    def has_glu(self, fn: GluOp) -> bool: ...
-
     def glu_kind(self, fn: GluOp) -> int | None: ...
-
-    def glu_rows(self, fn: GluOp, x: np.ndarray, g: np.ndarray, out: np.ndarray) -> None: ...
 
     def set_rows(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> int: ...
 

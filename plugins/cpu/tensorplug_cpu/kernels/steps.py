@@ -14,11 +14,14 @@ import numpy as np
 
 from ..workers import POOL
 
-__all__ = ["F32", "ROWS_PARALLEL_MIN", "SplitRows", "Step", "StepSequence", "block_rows",
+__all__ = ["F32", "ROWS_PARALLEL_MIN", "Scratch", "SplitRows", "Step", "StepSequence", "block_rows",
            "padded4", "reshape_view", "sequence", "split_rows"]  # fmt: skip
 
 #: A prepared unit of work: call it to run (part of) one node.
 Step = Callable[[], object]
+#: ``scratch(shape, dtype=float32)``: a plan's temporaries for the node being bound
+#: (:meth:`.common.BuildContext.scratch`), as a builder hands them to a provider
+Scratch = Callable[..., np.ndarray]
 
 F32 = np.dtype(np.float32)
 
