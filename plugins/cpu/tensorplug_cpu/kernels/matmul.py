@@ -37,13 +37,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tensorplug.errors import OutOfBoundsError
-from tensorplug.quants import dequantize_blocks
 from tensorplug.types import Type
 
-from ..repack import layout_of
 from ..repack_buffer import RepackBuffer, packed_rows
 from ..workers import POOL
-from .activations import Q8_1, q8_1_offset_correction, round_rows, vec_dot_type
+from .activations import Q8_1, vec_dot_type
 from .common import BuildContext, Step, padded4, reshape_view, sequence
 from .dispatch import (
     BF16_SHIFT,
@@ -266,9 +264,9 @@ def _unrounded_product(
 
 def _repacked(node: Tensor, ctx: BuildContext) -> Step:
     """A product of weights stored repacked, by every activation row of ``b`` (its batch
-    axes are rows too: the weights are one matrix). Without numba the matrix is
-    unpacked and decoded at each compute (a backend made with ``jit=0`` beside weights
-    repacked for another; slow, but the same products)."""
+    axes are rows too: the weights are one matrix). The provider's product: without
+    compiled kernels the matrix is unpacked and decoded at each compute (a backend made
+    with ``jit=0`` beside weights repacked for another; slow, but the same products)."""
     a_t, b_t = node.src
     n_out, n_in = a_t.shape
     compiled = ctx.compiled
@@ -284,26 +282,10 @@ def _repacked(node: Tensor, ctx: BuildContext) -> Step:
     if out is None:
         out = ctx.scratch((x.shape[0], n_out))
         store = partial(np.copyto, out_view, out.reshape(out_view.shape))
-    lay = layout_of(a_t)
-    assert lay is not None  # supports() checked it
-    buf = a_t.require_allocated()
-    assert isinstance(buf, RepackBuffer)
-    if path == REPACKED_DECODE:
+    if path == REPACKED_DECODE:  # numpy's provider: unpacked, decoded and BLAS's
         ctx.uses_blas = True
-        blocks = ctx.scratch((n_out, n_in // a_t.type.block_size, a_t.type.type_size), np.uint8)
-
-        def unpacked() -> None:
-            lay.unpack(buf.packed(a_t), blocks)
-            w = dequantize_blocks(blocks, a_t.type).reshape(n_out, n_in)
-            np.matmul(round_rows(x, a_t.type), w.T, out=out)
-            if vec_dot_type(a_t.type) == Q8_1:  # see _offset_correction
-                m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-                np.add(out, q8_1_offset_correction(x) @ m.T, out=out)
-
-        return sequence(load_b, unpacked, store)
-    assert compiled is not None
-    product = compiled.bind_packed(a_t.type, packed_rows(a_t), x, out, ctx.scratch,
-                                   ctx.ggml_order)  # fmt: skip
+    product = ctx.kernels.bind_packed(a_t.type, packed_rows(a_t), x, out, ctx.scratch,
+                                      ctx.ggml_order)  # fmt: skip
     return sequence(load_b, product, store)
 
 

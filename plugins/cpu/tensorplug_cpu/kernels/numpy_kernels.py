@@ -24,7 +24,8 @@ from tensorplug.opcodes import GluOp
 from tensorplug.quants import dequantize_blocks
 from tensorplug.types import Type
 
-from .activations import q8_1_offset_correction, round_rows
+from ..repack import GROUP_ROWS, LAYOUTS
+from .activations import Q8_1, q8_1_offset_correction, round_rows, vec_dot_type
 from .unary import GLU_ACTIVATIONS
 
 if TYPE_CHECKING:
@@ -105,6 +106,32 @@ class NumpyKernels:
         ``out`` left as it is (a caller that needs the values in ``out`` copies them
         when the result is not ``out``), rather than copied once more for nothing."""
         return lambda into: dequantize_blocks(blocks, t)
+
+    def bind_packed(
+        self, t: Type, packed: np.ndarray, x: np.ndarray, out: np.ndarray,
+        scratch: Scratch = np.empty, ggml_order: bool = False, alone: bool = True,
+    ) -> Step:  # fmt: skip
+        """``out[t, o] = W[o]·x[t]`` for weights stored repacked (:mod:`..repack`), rows
+        of eight as ``packed`` ``(groups, bytes)``, by every activation row ``x``: the
+        matrix unpacked into ggml's blocks, decoded and multiplied by BLAS at each
+        compute, with the activations ggml's rounding leaves (and Q8_1's offsets for
+        Q4_1/Q5_1, as :func:`.matmul` corrects them). Slow, the same products; only a
+        backend without compiled kernels beside weights repacked for another runs it."""
+        lay = LAYOUTS[t]
+        n_out = packed.shape[0] * GROUP_ROWS
+        nb = packed.shape[1] // lay.block
+        grouped = packed.reshape(packed.shape[0], nb, lay.block)
+        blocks = scratch((n_out, nb, t.type_size), np.uint8)
+
+        def unpacked() -> None:
+            lay.unpack(grouped, blocks)
+            w = dequantize_blocks(blocks, t).reshape(n_out, -1)
+            np.matmul(round_rows(x, t), w.T, out=out)
+            if vec_dot_type(t) == Q8_1:  # Q8_1's f16-rounded sums times the offsets
+                m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+                np.add(out, q8_1_offset_correction(x) @ m.T, out=out)
+
+        return unpacked
 
     # -- attention ----------------------------------------------------------------------
 

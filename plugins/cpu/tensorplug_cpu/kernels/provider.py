@@ -56,6 +56,11 @@ class Kernels(Protocol):
         self, t: Type, blocks: np.ndarray, out: np.ndarray | None = ...
     ) -> Callable[[np.ndarray], np.ndarray]: ...
 
+    def bind_packed(
+        self, t: Type, packed: np.ndarray, x: np.ndarray, out: np.ndarray,
+        scratch: Scratch = ..., ggml_order: bool = ..., alone: bool = ...,
+    ) -> Step: ...  # fmt: skip
+
     def bind_widen_f16_rows(self, raw: np.ndarray, out: np.ndarray) -> Callable[[int], None]: ...
 
     def visible_columns(self, mask: np.ndarray) -> int: ...
@@ -108,11 +113,6 @@ class CompiledKernels(Kernels, Protocol):
     def bind_matvec_float(
         self, w: np.ndarray, x: np.ndarray, out: np.ndarray, t: Type = ...
     ) -> Callable[[], None]: ...
-
-    def bind_packed(
-        self, t: Type, packed: np.ndarray, x: np.ndarray, out: np.ndarray,
-        scratch: Callable[..., np.ndarray] = ..., ggml_order: bool = ..., alone: bool = ...,
-    ) -> Callable[[], None]: ...  # fmt: skip
 
     def bind_packed_siblings(
         self, x: np.ndarray, products: Sequence[tuple[Type, np.ndarray, np.ndarray]],
