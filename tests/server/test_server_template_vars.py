@@ -82,3 +82,19 @@ def test_loop_controls_render_as_llama_cpps_jinja_does() -> None:
     messages = [{"role": r, "content": c} for r, c in
                 (("system", "S"), ("user", "a"), ("user", "stop"), ("user", "b"))]  # fmt: skip
     assert render(template, messages) == "astop"
+
+
+def test_text_plus_an_unset_variable_renders_as_llama_cpps_jinja_does() -> None:
+    """firefunction-v2's template adds ``functions``, which llama.cpp never sets, to its
+    system text: llama.cpp's engine reads an undefined value (or None) beside a string
+    as "", where jinja2 alone refuses the ``+``. Other sums are left as jinja2's."""
+    from tensorplug_llm.template import ChatTemplateError, render
+
+    template = (
+        "{% set s = 'Functions:' + '\\n' + functions %}{% set s = s + '\\nToday is ' + datetime %}"
+        "{{ s }}|{{ none_value + 'x' }}|{{ 'y' + none_value }}"
+    )
+    out = render(template, USER, context={"datetime": "Nov 29 2026", "none_value": None})
+    assert out == "Functions:\n\nToday is Nov 29 2026|x|y"
+    with pytest.raises(ChatTemplateError, match="undefined"):
+        render("{{ 1 + functions }}", USER)

@@ -264,6 +264,22 @@ def _filters(budget: _Budget, filters: dict[str, Callable[..., Any]]) -> None:
         filters[name] = bounded(name, f)
 
 
+def _joined_as_text(left: Any, right: Any) -> tuple[Any, Any]:
+    """``+``'s operands, with an undefined value or None beside a string read as "", as
+    llama.cpp's template engine reads them: templates written for it add variables it
+    never sets (firefunction-v2's ``functions``) to text, which jinja2 refuses."""
+    import jinja2
+
+    def missing(value: Any) -> bool:
+        return value is None or isinstance(value, jinja2.Undefined)
+
+    if isinstance(left, str) and missing(right):
+        return left, ""
+    if isinstance(right, str) and missing(left):
+        return "", right
+    return left, right
+
+
 def _environment(budget: _Budget) -> Any:
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
@@ -287,6 +303,8 @@ def _environment(budget: _Budget) -> Any:
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             budget.tick()
+            if operator == "+":
+                left, right = _joined_as_text(left, right)
             budget.binop(operator, left, right)
             return budget.checked(super().call_binop(context, operator, left, right))
 
