@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tensorplug_llm.sampling import (
+    LlamaDraws,
     Sampler,
     SamplerParams,
     SamplingParamError,
@@ -85,17 +86,42 @@ def test_draws_follow_the_distribution_and_the_seed() -> None:
     assert [other(LOGITS) for _ in range(50)] != draws[:50].tolist()
 
 
-def test_sampler_draws_what_it_drew_before_the_chain_grew() -> None:
-    """Recorded from the four-knob Sampler this chain replaced (same seeds, same logits)."""
-    big = _random_logits(5)
-    s = Sampler(SamplerParams(0.8, 40, 0.95, 7))
-    drawn = [871, 861, 185, 639, 803, 58, 639, 615, 185, 803, 803, 639]
-    assert [s(big) for _ in range(12)] == drawn
-    s = Sampler(SamplerParams(1.3, 5, 0.5, 3))
-    assert [s(LOGITS) for _ in range(12)] == [1, 1, 3, 3, 1, 1, 1, 1, 3, 1, 1, 3]
-    s = Sampler(SamplerParams(0.7, 0, 1.0, 42))
-    drawn = [220, 803, 816, 871, 639, 722, 220, 220, 639, 803, 803, 632]
-    assert [s(big) for _ in range(12)] == drawn
+#: llama.cpp's own chain (top-k, top-p, min-p, temp, dist) on these logits, 12 draws a
+#: seed, recorded through llama-cpp-python 0.3.36 by tests/data/record_llama_draws.py:
+#: (logits, seed, temperature, top_k, top_p, min_p) → tokens
+LLAMA_CPP_DRAWS = [
+    ("small", 42, 1.0, 0, 1.0, 0.0, [3, 1, 3, 3, 3, 1, 3, 1, 1, 3, 1, 3]),
+    ("small", 3, 1.3, 5, 0.5, 0.0, [1, 3, 1, 3, 1, 1, 1, 1, 1, 3, 1, 1]),
+    ("big", 7, 0.8, 40, 0.95, 0.05, [639, 803, 944, 803, 803, 639, 639, 803, 639, 803, 185, 803]),
+    ("big", 42, 0.7, 0, 1.0, 0.0, [816, 493, 803, 803, 639, 220, 639, 639, 220, 803, 185, 803]),
+]
+
+
+@pytest.mark.parametrize("name,seed,temperature,top_k,top_p,min_p,drawn", LLAMA_CPP_DRAWS)
+def test_a_seed_draws_what_llama_cpp_draws(
+    name: str, seed: int, temperature: float, top_k: int, top_p: float, min_p: float,
+    drawn: list[int],
+) -> None:  # fmt: skip
+    """The generator, the draw and the order the candidates are walked in (by id where
+    no stage sorted them) are llama.cpp's, so a seed picks llama.cpp's tokens."""
+    logits = LOGITS if name == "small" else _random_logits(5)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            typical_p=1.0, seed=seed)  # fmt: skip
+    s = TokenSampler(params)
+    assert [s(logits) for _ in range(12)] == drawn
+
+
+def test_llama_draws_are_libstdcpps_uniform_doubles_of_mt19937() -> None:
+    """``std::uniform_real_distribution<double>(0, 1)`` over ``std::mt19937(seed)``, as
+    libstdc++ computes them (printed by a C++ program), and llama.cpp's default seed
+    (0xFFFFFFFF) is a random one."""
+    draws = LlamaDraws(42)
+    assert [draws.random() for _ in range(3)] == [
+        0.79654298428784598, 0.18343478789336848, 0.77969099761266125,
+    ]  # fmt: skip
+    assert LlamaDraws(42 + (1 << 32)).random() == 0.79654298428784598  # the low 32 bits
+    firsts = {LlamaDraws(0xFFFFFFFF).random() for _ in range(4)}
+    assert len(firsts) == 4  # four random seeds (a clash has probability ~2**-30)
 
 
 def test_bad_top_p() -> None:
@@ -364,7 +390,8 @@ def test_mask_restricts_draws_and_a_dead_end_is_an_error() -> None:
     allowed = np.zeros(64, bool)
     allowed[[5, 9, 60]] = True
     s = TokenSampler(SamplingParams(**OFF, seed=0), 64)
-    assert {s.sample(z, allowed).token for _ in range(200)} == {5, 9, 60}
+    # 5 has p = 0.0085: 2000 draws miss it with probability e**-17
+    assert {s.sample(z, allowed).token for _ in range(2000)} == {5, 9, 60}
     with pytest.raises(ValueError, match="no token can be sampled"):
         s.sample(z, np.zeros(64, bool))
     with pytest.raises(ValueError, match="no token can be sampled"):

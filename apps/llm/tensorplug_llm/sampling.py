@@ -14,12 +14,15 @@
    is at least ``min_p`` times the best one's — each on the softmax of the survivors at
    temperature 1;
 8. **temperature** divides the survivors' logits; 9. **dist** draws one from their
-   softmax with a generator seeded by ``seed``.
+   softmax as llama.cpp's does, with llama.cpp's generator seeded by ``seed``
+   (:class:`LlamaDraws`): the same seed and logits give llama.cpp's choice.
 
 A temperature of 0 or less, or ``top_k == 1``, is greedy: the first maximum of the logits
 after steps 1-3, so with no bias, penalty or mask it is ``argmax(logits)``, bit for bit
-what :class:`Sampler` always did. Every number is computed in float64, which is why the
-thresholds can differ from llama.cpp's float32 ones only in the last bits.
+what :class:`Sampler` always did. The chain's thresholds are computed in float64, which
+is why they can differ from llama.cpp's float32 ones only in the last bits; the draw is
+llama.cpp's float32 softmax and double running sum, so a seeded draw picks llama.cpp's
+token unless the logits themselves differ.
 
 Logprobs (``n_probs``, OpenAI's ``logprobs``/``top_logprobs``) are those of the model's
 own distribution, the full softmax of the raw logits before bias, penalties, mask and
@@ -32,6 +35,7 @@ four-knob sampler the CLI uses; it is this chain with min-p, typical-p and penal
 from __future__ import annotations
 
 import math
+import secrets
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,9 +50,33 @@ __all__ = [
     "Sampler",
     "SamplerParams",
     "SamplingParamError",
+    "LlamaDraws",
     "SamplingParams",
     "TokenSampler",
 ]
+
+#: llama.cpp's ``LLAMA_DEFAULT_SEED``: a seed of "pick one at random"
+RANDOM_SEED = 0xFFFFFFFF
+
+
+class LlamaDraws:
+    """Uniform draws in [0, 1) as llama.cpp's samplers make them, so that a seed gives
+    llama.cpp's choices (llama-server's, llama-cpp-python's): ``std::mt19937`` seeded
+    with the seed's low 32 bits (numpy's ``RandomState`` seeds its Mersenne Twister the
+    same way), read through libstdc++'s ``std::uniform_real_distribution<double>``: two
+    32-bit outputs, the second the high word, summed in double and scaled by 2⁻⁶⁴.
+    None, a negative seed or :data:`RANDOM_SEED` draws a seed at random, as llama.cpp
+    does for its default seed."""
+
+    def __init__(self, seed: int | None) -> None:
+        if seed is None or seed < 0 or seed & 0xFFFFFFFF == RANDOM_SEED:
+            seed = secrets.randbits(32)
+        self._twister = np.random.RandomState(seed & 0xFFFFFFFF)
+
+    def random(self) -> float:
+        low, high = self._twister.randint(0, 1 << 32, size=2, dtype=np.uint32)
+        value = (float(low) + float(high) * 4294967296.0) / 18446744073709551616.0
+        return value if value < 1.0 else math.nextafter(1.0, 0.0)
 
 
 class SamplingParamError(RunError):
@@ -161,9 +189,8 @@ class TokenSampler:
         self._bias = np.fromiter(self.params.logit_bias.values(), np.float64)
         self.rng = self._new_rng()
 
-    def _new_rng(self) -> np.random.Generator:
-        seed = self.params.seed
-        return np.random.default_rng(None if seed is None or seed < 0 else seed)
+    def _new_rng(self) -> LlamaDraws:
+        return LlamaDraws(self.params.seed)
 
     def _check_bias(self, n_vocab: int) -> None:
         bad = [tid for tid in self.params.logit_bias if tid >= n_vocab]
@@ -229,13 +256,23 @@ class TokenSampler:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ids that survive the chain, by logit descending (ties: lower id first),
         and the probabilities the draw gives them."""
+        ids, zs = self._survivors(logits, allowed)
+        if self.params.greedy:
+            return ids, np.ones(1)
+        return ids, _softmax(zs / self.params.temperature)
+
+    def _survivors(
+        self, logits: np.ndarray, allowed: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ids that survive steps 1-7, by logit descending (ties: lower id first),
+        and their logits (float64, before the temperature)."""
         z = self.adjusted_logits(logits, allowed)
         p = self.params
         if p.greedy:
             best = int(np.argmax(z))
             if z[best] == -np.inf:
                 raise _nothing_left()
-            return np.array([best]), np.ones(1)
+            return np.array([best]), z[best : best + 1]
         n_finite = int(np.count_nonzero(z > -np.inf))
         if n_finite == 0:
             raise _nothing_left()
@@ -255,17 +292,33 @@ class TokenSampler:
         if p.min_p > 0.0:
             n = int(np.count_nonzero(zs >= zs[0] + math.log(p.min_p)))
             ids, zs = ids[:n], zs[:n]
-        return ids, _softmax(zs / p.temperature)
+        return ids, zs
 
     def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> SampledToken:
         """Draw the next token (not yet accepted: call :meth:`accept` with it)."""
-        ids, probs = self.candidates(logits, allowed)
-        if ids.size == 1:
-            token = int(ids[0])
-        else:
-            choice = int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum()))
-            token = int(ids[min(choice, ids.size - 1)])
+        ids, zs = self._survivors(logits, allowed)
+        token = int(ids[0]) if self.params.greedy else int(ids[self._draw(ids, zs)])
         return self._with_logprobs(token, logits)
+
+    def _draw(self, ids: np.ndarray, zs: np.ndarray) -> int:
+        """llama.cpp's ``dist`` over the survivors: their float32 logits divided by the
+        temperature, ``expf(logit - max)`` each, summed in double; the first whose
+        running sum reaches ``sum·u`` is chosen, ``u`` from :class:`LlamaDraws`. A draw
+        is made even for one survivor, as llama.cpp keeps its generator in step so. The
+        survivors are walked best first, as llama.cpp's sorted candidates are, or by
+        id where no step of its chain sorted them (no top-k, typical-p or top-p)."""
+        p = self.params
+        u = self.rng.random()
+        if ids.size == 1:
+            return 0
+        scaled = zs.astype(np.float32) / np.float32(p.temperature)
+        walk = np.arange(ids.size)
+        if p.top_k <= 0 and p.typical_p >= 1.0 and p.top_p >= 1.0:
+            walk = np.argsort(ids)
+        weights = np.exp(scaled[walk] - scaled.max())
+        running = np.cumsum(weights, dtype=np.float64)
+        chosen = min(int(np.searchsorted(running, running[-1] * u)), ids.size - 1)
+        return int(walk[chosen])
 
     def __call__(self, logits: np.ndarray) -> int:
         """Sample and accept: the id of the next token."""
@@ -401,8 +454,8 @@ class SamplerParams:
 
 
 class Sampler(TokenSampler):
-    """The CLI's sampler: temperature, top-k, top-p and seed, greedy by default; the same
-    seed and logits give the same tokens as before the chain grew."""
+    """The CLI's sampler: temperature, top-k, top-p and seed, greedy by default; a seed
+    draws what llama.cpp's chain of those stages draws."""
 
     def __init__(self, params: SamplerParams | None = None) -> None:
         p = params or SamplerParams()

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..prefix import common_prefix
-from ..sampling import SamplingParams, TokenSampler
+from ..sampling import LlamaDraws, SamplingParams, TokenSampler
 
 if TYPE_CHECKING:
     from ..constraint import Constraint
@@ -103,7 +103,7 @@ class _Mirostat:
     """llama.cpp's mirostat samplers (1.0 with m = 100, and 2.0): the candidates are
     cut where their surprise passes ``mu``, and ``mu`` follows the target ``tau``."""
 
-    def __init__(self, settings: SampleSettings, rng: np.random.Generator, n_vocab: int) -> None:
+    def __init__(self, settings: SampleSettings, rng: LlamaDraws, n_vocab: int) -> None:
         self.version = settings.mirostat_mode
         self.tau, self.eta = settings.mirostat_tau, settings.mirostat_eta
         self.mu = 2.0 * self.tau
