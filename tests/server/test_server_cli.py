@@ -209,6 +209,19 @@ def test_llama_servers_common_flags_mean_the_same(tmp_path: Path) -> None:
         _parse([str(model), "-ctk", "f16", "-ctv", "f32"])
 
 
+def test_flash_attention_is_on_unless_turned_off_as_llama_servers_auto(tmp_path: Path) -> None:
+    """llama-server's ``-fa`` defaults to auto, which llama.cpp resolves to on for a CPU:
+    serve's model rounds attention as ggml's flash kernel unless ``-fa off``."""
+    model = write_tiny_llama(tmp_path / "t.gguf", "q8_0", 0)
+    for argv, on in (([], True), (["-fa"], True), (["-fa", "auto"], True), (["-fa", "off"], False)):
+        args = _parse([str(model), "-c", "64", "-t", "1", *argv])
+        loaded = run_cli.load_model(args, batch_invariant=True)
+        try:
+            assert loaded.config.flash_attn is on, argv
+        finally:
+            loaded.close()
+
+
 def test_max_prefill_tokens_is_a_count_and_defaults_to_what_the_batch_leaves(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

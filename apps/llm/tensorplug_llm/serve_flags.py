@@ -216,10 +216,11 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         "--flash-attn",
         nargs="?",
         const="on",
+        default="auto",
         choices=["on", "off", "auto"],
-        help="on (or auto, which llama.cpp resolves to on for a CPU): attention rounds as "
-        "ggml's flash attention kernel, llama.cpp's flash path; off (the default): as its "
-        "graph without flash attention",
+        help="on, or auto (the default, as llama-server's, which llama.cpp resolves to on "
+        "for a CPU): attention rounds as ggml's flash attention kernel, llama-server's "
+        "numbers; off: as llama.cpp's graph without flash attention",
     )
     p.add_argument(
         "-ctk",
