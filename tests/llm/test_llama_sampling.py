@@ -462,3 +462,22 @@ def test_logit_bias_outside_the_vocabulary() -> None:
     late = TokenSampler(SamplingParams(logit_bias={8: 1.0}))  # checked at the first logits
     with pytest.raises(SamplingParamError, match="outside the vocabulary"):
         late.sample(LOGITS)
+
+
+def test_post_sampling_probs_are_the_draws_own_distribution() -> None:
+    """llama-server's ``post_sampling_probs``: the survivors of the chain, normalized as
+    the draw leaves them, in the order it walks them; a greedy chain lists its one
+    token at probability 1."""
+    z = _random_logits(11, 200, 2.0)
+    params = SamplingParams(temperature=0.7, top_k=5, top_p=1.0, min_p=0.0, seed=3,
+                            n_probs=10, post_sampling_probs=True)  # fmt: skip
+    ids, probs = TokenSampler(params).candidates(z)
+    got = TokenSampler(params).sample(z)
+    assert got.top_logprobs is not None and len(got.top_logprobs) == 5  # 5 survive top-k
+    assert [i for i, _ in got.top_logprobs] == ids.tolist()
+    np.testing.assert_allclose([math.exp(lp) for _, lp in got.top_logprobs], probs, rtol=1e-6)
+    assert got.logprob == dict(got.top_logprobs)[got.token]
+    raw = TokenSampler(dataclasses.replace(params, post_sampling_probs=False)).sample(z)
+    assert raw.token == got.token and raw.logprob is not None and raw.logprob < got.logprob
+    greedy = TokenSampler(dataclasses.replace(params, temperature=0.0)).sample(z)
+    assert greedy.top_logprobs == [(int(np.argmax(z)), 0.0)] and greedy.logprob == 0.0

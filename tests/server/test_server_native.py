@@ -120,6 +120,24 @@ def test_n_probs_are_the_models_log_softmax(model: TinyModel, http: TestClient) 
     assert (first["token"], first["bytes"]) == (piece, list(piece.encode()))
 
 
+def test_post_sampling_probs_are_the_draws_distribution(model: TinyModel, http: TestClient) -> None:
+    """``post_sampling_probs``: each token's ``prob`` and ``top_probs`` are of what the
+    chain left (here top-k 3 at temperature 1: three tokens summing to 1), not the
+    model's softmax; at temperature 0 the one token at probability 1."""
+    got = _complete(http, prompt=PROMPT, n_predict=4, n_probs=5, top_k=3, min_p=0.0,
+                    top_p=1.0, temperature=1.0, seed=5, post_sampling_probs=True)  # fmt: skip
+    for token in got["completion_probabilities"]:
+        top = token["top_probs"]
+        assert len(top) == 3 and sum(t["prob"] for t in top) == pytest.approx(1.0, abs=1e-6)
+        assert token["prob"] == pytest.approx({t["id"]: t["prob"] for t in top}[token["id"]])
+    first = got["completion_probabilities"][0]
+    best3 = np.argsort(model.first_logp)[::-1][:3]
+    assert [t["id"] for t in first["top_probs"]] == best3.tolist()
+    greedy = _complete(http, prompt=PROMPT, n_predict=1, n_probs=5, post_sampling_probs=True)
+    [only] = greedy["completion_probabilities"]
+    assert only["prob"] == 1.0 and [t["id"] for t in only["top_probs"]] == [model.greedy[0]]
+
+
 def test_a_stream_is_llama_servers_chunks_then_the_totals(
     model: TinyModel, http: TestClient
 ) -> None:

@@ -98,7 +98,9 @@ class SamplingParams:
     penalties are off, -1: every accepted token). ``logit_bias`` maps token ids (ints, or
     their decimal strings as in OpenAI's JSON) to an added logit. ``seed``: None or -1
     draws a random one. ``n_probs``: how many of the most likely tokens each
-    :class:`SampledToken` lists with their logprobs (0: none).
+    :class:`SampledToken` lists with their logprobs (0: none). ``post_sampling_probs``:
+    those logprobs are of the draw's own distribution, the chain's survivors (llama-server's
+    ``post_sampling_probs``), not the model's full softmax.
     """
 
     temperature: float = 0.8
@@ -113,6 +115,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     seed: int | None = None
     n_probs: int = 0
+    post_sampling_probs: bool = False
 
     def __post_init__(self) -> None:
         _finite("temperature", self.temperature)
@@ -297,28 +300,32 @@ class TokenSampler:
     def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> SampledToken:
         """Draw the next token (not yet accepted: call :meth:`accept` with it)."""
         ids, zs = self._survivors(logits, allowed)
-        token = int(ids[0]) if self.params.greedy else int(ids[self._draw(ids, zs)])
-        return self._with_logprobs(token, logits)
+        if self.params.greedy:
+            return self._with_logprobs(int(ids[0]), logits, ids[:1], np.ones(1))
+        walk, probs, chosen = self._draw(ids, zs)
+        return self._with_logprobs(int(ids[walk[chosen]]), logits, ids[walk], probs)
 
-    def _draw(self, ids: np.ndarray, zs: np.ndarray) -> int:
+    def _draw(self, ids: np.ndarray, zs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """llama.cpp's ``dist`` over the survivors: their float32 logits divided by the
         temperature, ``expf(logit - max)`` each, summed in double; the first whose
         running sum reaches ``sum·u`` is chosen, ``u`` from :class:`LlamaDraws`. A draw
         is made even for one survivor, as llama.cpp keeps its generator in step so. The
         survivors are walked best first, as llama.cpp's sorted candidates are, or by
-        id where no step of its chain sorted them (no top-k, typical-p or top-p)."""
+        id where no step of its chain sorted them (no top-k, typical-p or top-p).
+        Returns the walk (positions in ``ids``), each survivor's probability in that
+        order (float32, as llama.cpp leaves them) and the chosen one's place in it."""
         p = self.params
         u = self.rng.random()
-        if ids.size == 1:
-            return 0
-        scaled = zs.astype(np.float32) / np.float32(p.temperature)
         walk = np.arange(ids.size)
+        if ids.size == 1:
+            return walk, np.ones(1, np.float32), 0
+        scaled = zs.astype(np.float32) / np.float32(p.temperature)
         if p.top_k <= 0 and p.typical_p >= 1.0 and p.top_p >= 1.0:
             walk = np.argsort(ids)
         weights = np.exp(scaled[walk] - scaled.max())
         running = np.cumsum(weights, dtype=np.float64)
         chosen = min(int(np.searchsorted(running, running[-1] * u)), ids.size - 1)
-        return int(walk[chosen])
+        return walk, (weights / running[-1]).astype(np.float32), chosen
 
     def __call__(self, logits: np.ndarray) -> int:
         """Sample and accept: the id of the next token."""
@@ -335,7 +342,19 @@ class TokenSampler:
             raise RunError(f"got {v.size} logits for a vocabulary of {self.n_vocab} tokens")
         return v
 
-    def _with_logprobs(self, token: int, logits: np.ndarray) -> SampledToken:
+    def _with_logprobs(
+        self, token: int, logits: np.ndarray, drawn: np.ndarray, probs: np.ndarray
+    ) -> SampledToken:
+        """``token`` with its logprob and the ``n_probs`` best: the model's full softmax,
+        or with ``post_sampling_probs`` the draw's (``drawn`` ids with ``probs``, in the
+        order the draw walked them; the zeros a greedy chain leaves are not listed)."""
+        if self.params.post_sampling_probs:
+            with np.errstate(divide="ignore"):  # log(0): -inf
+                logs = np.log(probs.astype(np.float64))
+            own = float(logs[np.flatnonzero(drawn == token)[0]])
+            kept = np.flatnonzero(probs > 0)[: self.params.n_probs]
+            survivors = [(int(drawn[i]), float(logs[i])) for i in kept]
+            return SampledToken(token, own, survivors or None)
         x = np.asarray(logits).reshape(-1)
         top = x.max()
         lse = float(top) + math.log(float(np.exp(x - top).sum(dtype=np.float64)))

@@ -163,6 +163,7 @@ class NativeCompletionRequest(BaseModel):
             "frequency_penalty": self.frequency_penalty,
             "seed": None if self.seed < 0 else self.seed,
             "logit_bias": self.logit_bias,
+            "post_sampling_probs": self.post_sampling_probs,
         }
         if self.samplers is not None:
             chain = set(self.samplers)
