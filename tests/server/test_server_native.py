@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the server needs tensorplug-llm[serve]")
 
 from fastapi.testclient import TestClient
-from tiny_server import PROMPT, TinyModel, tiny_model
+from tiny_server import PROMPT, TINY_CHAT_TEMPLATE, TinyModel, tiny_model
 
 from tensorplug_llm.generation import GenerationJob
 from tensorplug_llm.server import ServerConfig, create_app
@@ -333,3 +333,57 @@ def test_llama_servers_prompt_objects_and_text_biases(model: TinyModel, http: Te
     for bias in ([[text, -100]], {text: -100}):
         got = _complete(http, prompt=PROMPT, n_predict=1, logit_bias=bias, return_tokens=True)
         assert got["tokens"][0] not in ids
+
+
+def test_return_progress_reports_each_prompt_chunk_before_the_text(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """llama-server's ``return_progress``: a stream reports its prompt's evaluation
+    (``total``, ``cache``, ``processed``, ``time_ms``) when admitted and after each chunk
+    of ``n_batch`` tokens, before any text; the same prompt again finds all but its last
+    token cached. On the chat route too, as role deltas with ``prompt_progress``."""
+    from tensorplug_llm.api import LLM
+    from tensorplug_llm.engine import Engine
+    from tensorplug_llm.generation import EngineGenerator
+    from tensorplug_llm.placement import Placement, host_cpu
+    from tensorplug_llm.runner import ModelRunner
+    from tensorplug_llm.tiny import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path_factory.mktemp("progress") / "t.gguf", "q8_0", 0,
+                            metadata={"tokenizer.chat_template": TINY_CHAT_TEMPLATE})  # fmt: skip
+    llama = ModelRunner(path, placement=Placement.on(host_cpu(), 2), n_ctx=128, warmup=False)
+    llm = LLM(llama, generator=EngineGenerator(Engine(llama, 1, n_batch=8)))
+    http = TestClient(create_app(llm, ServerConfig()))
+    try:
+        prompt = list(range(1, 21))  # 20 tokens: chunks of 8, 8 and 4
+
+        def progress(route: str, body: dict[str, Any]) -> list[dict[str, int]]:
+            r = http.post(route, json={"stream": True, "return_progress": True, **body})
+            events = [json.loads(line[6:]) for line in r.text.splitlines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+            reports = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+
+            def text(e: dict[str, Any]) -> Any:
+                return e.get("content") or (e.get("choices") or [{}])[0].get("delta", {}).get(
+                    "content"
+                )
+
+            first_text = next(i for i, e in enumerate(events) if text(e))
+            assert all("prompt_progress" not in e for e in events[first_text:])
+            return reports
+
+        cold = progress("/completion", {"prompt": prompt, "n_predict": 2, "temperature": 0})
+        assert [(p["total"], p["cache"], p["processed"]) for p in cold] == [
+            (20, 0, 0), (20, 0, 8), (20, 0, 16), (20, 0, 20)]  # fmt: skip
+        assert all(p["time_ms"] >= 0 for p in cold)
+        warm = progress("/completion", {"prompt": prompt, "n_predict": 2, "temperature": 0})
+        assert [(p["cache"], p["processed"]) for p in warm] == [(19, 19), (19, 20)]
+        chat = progress("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 2, "temperature": 0})  # fmt: skip
+        assert chat and chat[-1]["processed"] == chat[-1]["total"]
+        plain = http.post("/completion", json={"prompt": prompt, "n_predict": 2,
+                                               "return_progress": True})  # fmt: skip
+        assert "prompt_progress" not in plain.json()  # reported on streams only
+    finally:
+        llm.close()
+        llama.close()

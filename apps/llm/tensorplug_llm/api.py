@@ -31,7 +31,7 @@ import numpy as np
 from tensorplug.errors import RunError
 
 from .generation import GenerationHandle, GenerationJob, Generator, GeneratorStats, TokenEvent
-from .request import RequestError, RequestStopped
+from .request import PromptProgress, RequestError, RequestStopped
 from .stop_strings import StopMatcher
 from .template import ChatTemplateError, prompt_ids
 from .terminal import printable
@@ -84,6 +84,8 @@ class _Piece:
     events: list[TokenEvent]
     finish_reason: str | None = None
     stop_word: str | None = None
+    #: a report of the prompt's evaluation (no text, no events), where it was asked for
+    progress: PromptProgress | None = None
 
 
 class Stream:
@@ -294,6 +296,7 @@ class LLM:
         stop: str | list[str] | None = None,
         response_format: Mapping[str, Any] | None = None,
         ignore_eos: bool = False,
+        return_progress: bool = False,
         **sampling: Any,
     ) -> Stream:
         """One generation as llama-server's ``/completion`` reports it: a :class:`Stream`
@@ -301,15 +304,22 @@ class LLM:
         (``(id, logprob, [(id, logprob), ...])`` per token, ``n_probs`` most likely),
         ``finish`` (None, then ``"eos"``, ``"limit"`` or ``"word"``) and
         ``stopping_word``; the last one also ``prompt_tokens_reused`` (cells taken
-        from the cache). ``sampling``: :class:`~.sampling.SamplingParams`' fields."""
+        from the cache). ``return_progress``: before the text, a dict with ``progress``
+        (llama-server's ``prompt_progress``) when the request is admitted and after
+        each chunk of its prompt. ``sampling``: :class:`~.sampling.SamplingParams`'
+        fields."""
         self._check_generates("prompt")
         job = self._job(ids, max_tokens, n_probs, response_format, **sampling)
-        job.ignore_eos = ignore_eos
+        job.ignore_eos, job.report_progress = ignore_eos, return_progress
         stops = _stops(stop)
         [handle] = self._submit(job, 1, lambda: None)
 
         def chunks() -> Iterator[dict[str, Any]]:
             for piece in self._pieces(handle, stops):
+                if piece.progress is not None:
+                    yield {"text": "", "tokens": [], "probs": [], "finish": None,
+                           "stopping_word": "", "progress": _progress(piece.progress)}  # fmt: skip
+                    continue
                 finish = None
                 if piece.finish_reason is not None:
                     finish = "limit" if piece.finish_reason == "length" else "eos"
@@ -359,6 +369,7 @@ class LLM:
         stop_sequence: bool = False,
         continue_final_message: bool = False,
         template_context: Mapping[str, Any] | None = None,
+        return_progress: bool = False,
     ) -> dict[str, Any] | Stream:
         """OpenAI's ``chat.completion`` (a dict), or with ``stream`` a :class:`Stream` of
         ``chat.completion.chunk`` dicts; ``n`` choices as for :meth:`create_completion`.
@@ -366,6 +377,9 @@ class LLM:
         the Python API) instead of by the chat template. ``stop_sequence``: a streamed
         choice that a stop string ended carries it as ``stop_sequence`` in its finishing
         chunk's choice (Anthropic's API reports it; OpenAI's has no such field).
+        ``return_progress``: a streamed reply's prompt evaluation is reported as
+        llama-server reports it, a chunk with an assistant role delta and
+        ``prompt_progress`` when the request is admitted and after each prompt chunk.
 
         ``tools`` (OpenAI's function tools) are rendered by the model's template and the
         reply is read for calls in the template's syntax (:mod:`tool_calls`): they come
@@ -395,7 +409,7 @@ class LLM:
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             logit_bias=logit_bias, constraint=self._tool_constraint(spec, response_format),
         )  # fmt: skip
-        job.ignore_eos = ignore_eos
+        job.ignore_eos, job.report_progress = ignore_eos, return_progress and stream
         stops = _stops(stop)  # checked before anything runs
 
         def fresh_constraint() -> Any:
@@ -614,6 +628,12 @@ class LLM:
         n = 0
         n_calls = [0] * len(pieces)
         for i, piece, last_piece in _interleave(pieces):
+            if piece.progress is not None:
+                role = {"role": "assistant", "content": None}
+                progress = _progress(piece.progress)
+                yield {**meta, "choices": [_choice_delta(role, None, None, i)],
+                       "prompt_progress": progress}  # fmt: skip
+                continue
             parser = parsers[i]
             lp = {"content": self._chat_logprobs(piece.events)} if logprobs else None
             text, calls = piece.text, list[Call]()
@@ -804,8 +824,14 @@ class LLM:
         matcher = StopMatcher(stops)
         eog = self.vocab.eog
         finish: str | None = None
+        events: Callable[[], Iterator[TokenEvent | PromptProgress]] | None = getattr(
+            handle, "events", None
+        )  # a handle that can report its prompt's progress (the engine's)
         try:
-            for event in handle:
+            for event in handle if events is None else events():
+                if isinstance(event, PromptProgress):
+                    yield _Piece("", [], progress=event)
+                    continue
                 if event.token in shown:
                     text = decoder.flush() + self.vocab.tokens[event.token]
                 else:
@@ -897,6 +923,11 @@ class LLM:
 
     def _token_text(self, token: int) -> str:
         return self.vocab.piece(token).decode("utf-8", errors="replace")
+
+
+def _progress(p: PromptProgress) -> dict[str, int]:
+    """llama-server's ``prompt_progress`` object."""
+    return {"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": p.time_ms}
 
 
 def _stops(stop: str | list[str] | None) -> list[str]:

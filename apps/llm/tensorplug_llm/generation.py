@@ -80,6 +80,10 @@ class GenerationJob:
     constraint: Constraint | None = None
     #: keep generating past end-of-generation tokens (llama-server's ``ignore_eos``)
     ignore_eos: bool = False
+    #: report the prompt's evaluation among the handle's events (llama-server's
+    #: ``return_progress``), where the generator can: :meth:`RequestHandle.events
+    #: <tensorplug_llm.request.RequestHandle.events>`
+    report_progress: bool = False
 
 
 class GenerationHandle(Protocol):
@@ -197,6 +201,7 @@ class EngineGenerator:
             stop_tokens=frozenset() if job.ignore_eos else None,
             constraint=job.constraint,
             n_probs=job.n_probs,
+            report_progress=job.report_progress,
         )
 
     def stats(self) -> GeneratorStats:

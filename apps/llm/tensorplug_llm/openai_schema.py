@@ -90,6 +90,8 @@ class _Sampling(BaseModel):
     stream_options: dict[str, Any] | None = None
     #: llama-server's: every streamed chunk carries ``timings``
     timings_per_token: StrictBool = False
+    #: llama-server's: a stream reports its prompt's evaluation (``prompt_progress``)
+    return_progress: StrictBool = False
 
     def usage_apart(self) -> bool:
         """Whether a stream ends with its usage in a chunk of its own."""

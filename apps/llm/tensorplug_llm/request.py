@@ -3,7 +3,9 @@
 :class:`Request` is what a caller asks for (prompt, limits, the sampler and constraint
 that pick its tokens); :class:`RequestHandle` is what it gets back: an iterator of
 :class:`TokenEvent` s, fed by the engine's thread, that can be cancelled from any
-thread. The sampler and the constraint are seen through protocols
+thread (and, where the request asks, :class:`PromptProgress` reports while its prompt
+is evaluated: :meth:`RequestHandle.events`). The sampler and the constraint are seen
+through protocols
 (:class:`TokenSampler`, :class:`Constraint`): ``sampling.TokenSampler`` and the
 structured-output constraints implement them; :class:`GreedySampler` is the default.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -25,6 +28,7 @@ __all__ = [
     "Constraint",
     "GreedySampler",
     "GreedyToken",
+    "PromptProgress",
     "Request",
     "RequestError",
     "RequestHandle",
@@ -126,6 +130,22 @@ class Request:
     n_probs: int = 0
     embed: bool = False
     pooling: str | None = None
+    #: report the prompt's evaluation (:class:`PromptProgress`) among the events
+    report_progress: bool = False
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a request's prompt is evaluated (llama-server's ``prompt_progress``):
+    ``total`` prompt tokens, ``cache`` of them found in cached cells, ``processed`` in
+    the cache now (the cached ones included), ``time_ms`` since the request was
+    admitted. One when it is admitted (``processed == cache``), one after each chunk
+    of its prompt the engine evaluates; the last has ``processed == total``."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
 
 
 @dataclass(frozen=True)
@@ -174,7 +194,10 @@ class RequestHandle:
         self.error: RequestError | None = None
         #: an ``embed`` request's pooled vector (float32, not normalized), once done
         self.embedding: np.ndarray | None = None
-        self._events: queue.SimpleQueue[TokenEvent | object] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[TokenEvent | PromptProgress | object] = (
+            queue.SimpleQueue()
+        )
+        self._admitted_at: float | None = None
         self._cancelled = threading.Event()
         self._finished = threading.Event()
 
@@ -202,6 +225,21 @@ class RequestHandle:
 
     def __next__(self) -> TokenEvent:
         while True:
+            item = self._next_item()
+            if isinstance(item, TokenEvent):
+                return item
+
+    def events(self) -> Iterator[TokenEvent | PromptProgress]:
+        """The tokens, and the prompt's :class:`PromptProgress` reports before them
+        where the request asked for them (``report_progress``)."""
+        while True:
+            try:
+                yield self._next_item()
+            except StopIteration:
+                return
+
+    def _next_item(self) -> TokenEvent | PromptProgress:
+        while True:
             try:
                 item = self._events.get_nowait()
             except queue.Empty:
@@ -215,7 +253,7 @@ class RequestHandle:
                 if self.error is not None:
                     raise self.error
                 raise StopIteration
-            assert isinstance(item, TokenEvent)
+            assert isinstance(item, TokenEvent | PromptProgress)
             return item
 
     def result(self) -> list[int]:
@@ -232,6 +270,17 @@ class RequestHandle:
         self._events.put(event)
         if self.request.on_event is not None:
             self.request.on_event(event)
+
+    def progress(self, cache: int, processed: int) -> None:
+        """The prompt holds ``processed`` tokens in the cache, ``cache`` of them found
+        there: reported where the request asked (:class:`PromptProgress`)."""
+        if not self.request.report_progress:
+            return
+        now = time.monotonic()
+        if self._admitted_at is None:
+            self._admitted_at = now
+        elapsed = int((now - self._admitted_at) * 1000)
+        self._events.put(PromptProgress(len(self.request.prompt), cache, processed, elapsed))
 
     def end(self, reason: str, error: RequestError | None = None) -> None:
         """No more events: the reader's iteration stops (raising ``error`` if given)."""

@@ -322,6 +322,7 @@ class Scheduler:
                 continue
             handle.prompt_tokens_reused = reuse
             self.stats.prompt_tokens_reused += reuse
+            handle.progress(reuse, reuse)
             slot.job = leader = self._new_job(handle, slot, prompt[reuse:])
             for other in entry.followers:  # the other choices: cells shared at the fork
                 free = [s for s in self.slots if s.job is None]

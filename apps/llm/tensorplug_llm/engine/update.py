@@ -102,6 +102,10 @@ class StepUpdate:
         assert out.logits is not None
         for c in chunks:
             c.job.slot.cached.extend(c.tokens)
+        for c in plan.prefills:  # a first evaluation's prompt (not a preempted one's redo)
+            handle = c.job.handle
+            if not handle.tokens:
+                handle.progress(handle.prompt_tokens_reused, len(c.job.slot.cached))
         for c in chunks:
             job = c.job
             if not c.logits:

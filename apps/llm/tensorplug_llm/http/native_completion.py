@@ -160,12 +160,19 @@ class NativeCompletion:
             stop=b.stop or None,
             response_format=b.constraint(),
             ignore_eos=b.ignore_eos,
+            return_progress=b.return_progress and b.stream,
             **self.sampling,
         )
         return Stream(self._chunks(stream), [Canceller(stream)])
 
     def _chunks(self, pieces: Stream) -> Iterator[dict[str, Any]]:
         for piece in pieces:
+            if "progress" in piece:  # the prompt's evaluation, before any text
+                yield {"index": self.index, "content": "", "tokens": [], "stop": False,
+                       "id_slot": self.body.id_slot, "tokens_predicted": 0,
+                       "tokens_evaluated": len(self.ids),
+                       "prompt_progress": piece["progress"]}  # fmt: skip
+                continue
             if self.first is None:
                 self.first = time.monotonic()
             probs = [self._probs(*p) for p in piece["probs"]] if self.body.n_probs else []

@@ -75,6 +75,8 @@ class NativeCompletionRequest(BaseModel):
     id_slot: StrictInt = Field(-1, ge=-1)
     return_tokens: bool = False
     timings_per_token: StrictBool = False
+    #: a stream reports the prompt's evaluation before the text (``prompt_progress``)
+    return_progress: StrictBool = False
     samplers: list[str] | str | None = None
     n_keep: StrictInt = Field(0, ge=-1)
     min_keep: StrictInt = Field(0, ge=0)

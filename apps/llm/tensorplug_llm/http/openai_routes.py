@@ -82,7 +82,8 @@ async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response
                 messages, tools=body.tools, tool_choice=body.tool_choice,
                 parallel_tool_calls=body.parallel_tool_calls, max_tokens=_budget(max_tokens),
                 logprobs=body.logprobs, top_logprobs=body.top_logprobs,
-                continue_final_message=continues, template_context=context, **kwargs,
+                continue_final_message=continues, template_context=context,
+                return_progress=body.return_progress and body.stream, **kwargs,
             )
         )  # fmt: skip
         info = None
