@@ -140,9 +140,11 @@ def test_a_llama_server_flag_tensorplug_lacks_is_refused_by_name(
 
 def test_the_flags_every_llama_server_preset_passes_are_accepted() -> None:
     """llama.cpp's server tests start every server with --offline and most with
-    --no-jinja: both change nothing here (nothing is downloaded; templates are Jinja)."""
+    --no-jinja: --offline changes nothing here (nothing is downloaded); --no-jinja turns
+    Jinja off as llama-server's does, the last of the two flags winning."""
     args = _parse(["--offline", "--no-jinja", "--jinja"])
     assert args.offline and args.jinja
+    assert not _parse(["--jinja", "--no-jinja"]).jinja and _parse([]).jinja
 
 
 def test_llama_servers_rope_flags_override_the_files(tmp_path: Path) -> None:

@@ -98,3 +98,16 @@ def test_text_plus_an_unset_variable_renders_as_llama_cpps_jinja_does() -> None:
     assert out == "Functions:\n\nToday is Nov 29 2026|x|y"
     with pytest.raises(ChatTemplateError, match="undefined"):
         render("{{ 1 + functions }}", USER)
+
+
+def test_without_jinja_a_chat_with_tools_is_refused(llm: LLM) -> None:
+    """As llama-server ``--no-jinja``: its built-in templates render no tools, so a chat
+    that brings tools (or a tool_choice other than auto) is a 400 naming the flag."""
+    http = TestClient(create_app(llm, ServerConfig(jinja=False)))
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for extra, param in (({"tools": [tool]}, "tools"), ({"tool_choice": "none"}, "tool_choice")):
+        r = http.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 1, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+        assert "--no-jinja" in r.json()["error"]["message"]
+    r = http.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 1})
+    assert r.status_code == 200

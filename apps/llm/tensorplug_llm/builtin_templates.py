@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from .chat import CHATML_TEMPLATE, GEMMA_TEMPLATE
 
-__all__ = ["BUILTIN_TEMPLATES", "LLAMA_CPP_TEMPLATE_NAMES", "builtin_template"]
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "LLAMA_CPP_TEMPLATE_NAMES",
+    "builtin_template",
+    "detected_name",
+    "legacy_template",
+]
 
 
 def _turns(head: dict[str, str], tail: str, reply: str, trim: bool = False) -> str:
@@ -93,3 +99,114 @@ def builtin_template(name: str) -> str | None:
             "(--chat-template-file FILE)"
         )
     return None
+
+
+def detected_name(source: str) -> str | None:
+    """The built-in template llama.cpp writes a conversation with when it runs without
+    Jinja (llama-server's ``--no-jinja``): the name ``source`` is, or the one
+    ``llm_chat_detect_template`` finds by the markers in it (the same tests, in the
+    same order); None where it finds none (llama-server then refuses chat requests)."""
+    if source in LLAMA_CPP_TEMPLATE_NAMES:
+        return source
+
+    def has(*markers: str) -> bool:
+        return all(m in source for m in markers)
+
+    if has("<|im_start|>"):
+        return "phi4" if has("<|im_sep|>") else "smolvlm" if has("<end_of_utterance>") else "chatml"
+    if source.startswith("mistral") or has("[INST]"):
+        if has("[SYSTEM_PROMPT]"):
+            return "mistral-v7"
+        if has("' [INST] ' + system_message") or has("[AVAILABLE_TOOLS]"):
+            if has(" [INST]"):
+                return "mistral-v1"
+            return "mistral-v3-tekken" if has('"[INST]"') else "mistral-v3"
+        if has("content.strip()"):
+            return "llama2-sys-strip"
+        if has("bos_token + '[INST]"):
+            return "llama2-sys-bos"
+        return "llama2-sys" if has("<<SYS>>") else "llama2"
+    rules: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("phi3", ("<|assistant|>", "<|end|>")),
+        ("chatglm4", ("[gMASK]<sop>",)),
+    )
+    for name, markers in rules:
+        if has(*markers):
+            return name
+    if has("<|assistant|>", "<|user|>"):
+        if has("<|tool_declare|>"):
+            return "exaone-moe"
+        return "falcon3" if has("</s>") else "glmedge"
+    later: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("glmedge", ("<|{{ item['role'] }}|>", "<|begin_of_image|>")),
+        ("zephyr", ("<|user|>", "<|endoftext|>")),
+        ("monarch", ("bos_token + message['role']",)),
+        ("gemma", ("<start_of_turn>",)),
+        ("orion", ("'\\n\\nAssistant: ' + eos_token",)),
+        ("openchat", ("GPT4 Correct ",)),
+        ("vicuna-orca", ("USER: ", "ASSISTANT: ", "SYSTEM: ")),
+        ("vicuna", ("USER: ", "ASSISTANT: ")),
+        ("deepseek", ("### Instruction:", "<|EOT|>")),
+        ("command-r", ("<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>")),
+        ("llama3", ("<|start_header_id|>", "<|end_header_id|>")),
+        ("chatglm3", ("[gMASK]sop",)),
+        ("minicpm", ("<用户>",)),
+        ("deepseek2", ("'Assistant: ' + message['content'] + eos_token",)),
+        ("deepseek3", ("<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>")),
+        ("exaone4", ("[|system|]", "[|assistant|]", "[|endofturn|]", "[|tool|]")),
+        ("exaone3", ("[|system|]", "[|assistant|]", "[|endofturn|]")),
+    )
+    for name, markers in later:
+        if has(*markers):
+            return name
+    if has("rwkv-world") or has("{{- 'User: ' + message['content']|trim + '\\n\\n' -}}"):
+        return "rwkv-world"
+    if has("<|start_of_role|>"):
+        if has("<tool_call>") or has("<tools>"):
+            return "granite-4.0" if has("g4_default_system_message") else "granite-4.1"
+        return "granite"
+    last: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("gigachat", ("message['role'] + additional_special_tokens[0] + message['content'] + "
+                      "additional_special_tokens[1]",)),
+        ("megrez", ("<|role_start|>",)),
+        ("yandex", (" Ассистент:",)),
+        ("bailing", ("<role>ASSISTANT</role>", "'HUMAN'")),
+        ("bailing-think", ("<role>ASSISTANT</role>", '"HUMAN"', "<think>")),
+        ("bailing2", ("<role>ASSISTANT</role>", "<role>HUMAN</role>", "<|role_end|>")),
+        ("llama4", ("<|header_start|>", "<|header_end|>")),
+        ("dots1", ("<|endofuserprompt|>",)),
+        ("hunyuan-moe", ("<|extra_0|>", "<|extra_4|>")),
+        ("gpt-oss", ("<|start|>", "<|channel|>")),
+        ("hunyuan-vl", ("<｜hy_Assistant｜>", "<｜hy_begin▁of▁sentence｜>")),
+        ("hunyuan-dense", ("<｜hy_Assistant｜>", "<｜hy_place▁holder▁no▁3｜>")),
+        ("kimi-k2", ("<|im_assistant|>assistant<|im_middle|>",)),
+        ("seed_oss", ("<seed:bos>",)),
+        ("grok-2", ("'Assistant: '  + message['content'] + '<|separator|>",)),
+        ("pangu-embedded", ("[unused9]系统：[unused10]",)),
+        ("solar-open", ("<|begin|>", "<|end|>", "<|content|>")),
+    )  # fmt: skip
+    for name, markers in last:
+        if has(*markers):
+            return name
+    return None
+
+
+def legacy_template(source: object) -> tuple[str | None, str]:
+    """The template serve renders with under ``--no-jinja``, and what to tell the user:
+    the Jinja of the built-in template llama.cpp would detect in the model's ``source``
+    (:func:`detected_name`) where tensorplug has it; else None (the model's own template
+    stays) with the reason."""
+    if not isinstance(source, str):
+        return None, "the model has no chat template: --no-jinja changes nothing"
+    name = detected_name(source)
+    if name is None:
+        return None, (
+            "llama.cpp finds no built-in template in the model's chat template (llama-server "
+            "--no-jinja would refuse chats): its Jinja template is used"
+        )
+    if name not in BUILTIN_TEMPLATES:
+        return None, (
+            f"the model's chat template is llama.cpp's built-in {name!r}, which tensorplug "
+            f"does not have (it has {', '.join(BUILTIN_TEMPLATES)}): its Jinja template is used"
+        )
+    return BUILTIN_TEMPLATES[name], f"chat template: llama.cpp's built-in {name!r} (--no-jinja)"

@@ -200,6 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
             "pip install 'tensorplug-llm[serve]'"
         ) from None
     from .api import LLM
+    from .builtin_templates import legacy_template
     from .engine import Engine
     from .generation import EngineGenerator
     from .run_cli import installed_model, load_model
@@ -236,6 +237,9 @@ def _serve(args: argparse.Namespace) -> int:
                 print("no MODEL: serving a tiny random-weight model (its text is gibberish)",
                       file=sys.stderr)  # fmt: skip
             llama = load_model(args, encoder_ok=True, batch_invariant=True)
+            if template is None and not args.jinja:
+                template, said = legacy_template(llama.file.get("tokenizer.chat_template"))
+                print(said if template is not None else f"warning: {said}", file=sys.stderr)
             n_ctx_seq = slot_context(
                 llama.n_ctx, args.parallel, args.kv_unified, llama.config.n_ctx_train
             )
@@ -260,7 +264,7 @@ def _serve(args: argparse.Namespace) -> int:
                     aliases=args.aliases, tags=args.tags, web_page=args.ui,
                     vertex=VertexRoutes.from_environment(),
                     verbose=bool(getattr(args, "verbose", False)),  # -v: as llama-server's
-                    enable_thinking=args.reasoning != "off",
+                    enable_thinking=args.reasoning != "off", jinja=args.jinja,
                 )  # fmt: skip
                 listening.ready(create_app(llm, config))
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]

@@ -238,10 +238,17 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--jinja",
-        "--no-jinja",
         action="store_true",
-        help="accepted for llama-server's command lines: the file's template is rendered "
-        "by Jinja either way (llama.cpp's built-in templates give the same text)",
+        default=True,
+        help="render the model's chat template with Jinja (the default, as llama-server's)",
+    )
+    p.add_argument(
+        "--no-jinja",
+        dest="jinja",
+        action="store_false",
+        help="as llama-server without Jinja: chats are written by the built-in template "
+        "llama.cpp detects in the model's (where tensorplug has it; else the model's is "
+        "used, with a warning), and tools are refused",
     )
     p.add_argument(
         "-bs",

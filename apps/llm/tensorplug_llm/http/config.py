@@ -38,7 +38,8 @@ class ServerConfig:
     ``verbose``: every completion and chat response carries ``__verbose`` (llama-server's
     ``--verbose``; a request asks for it alone with ``"verbose": true``);
     ``enable_thinking``: the chat template's ``enable_thinking`` (``--reasoning off``:
-    false)."""
+    false); ``jinja``: False as llama-server's ``--no-jinja``, which refuses a chat
+    request's tools (its built-in templates render none)."""
 
     def __init__(
         self,
@@ -61,6 +62,7 @@ class ServerConfig:
         vertex: VertexRoutes | None = None,
         verbose: bool = False,
         enable_thinking: bool = True,
+        jinja: bool = True,
     ) -> None:
         if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1 or body_timeout <= 0:
             raise RunError(
@@ -88,6 +90,7 @@ class ServerConfig:
         self.vertex = vertex
         self.verbose = verbose
         self.enable_thinking = enable_thinking
+        self.jinja = jinja
 
     @property
     def api_key(self) -> str | None:

@@ -61,6 +61,15 @@ async def completions(body: CompletionRequest, request: Request, svc: ServiceDep
 
 @both.post("/chat/completions")
 async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response:
+    if not svc.config.jinja:  # as llama-server --no-jinja: its built-in templates show no tools
+        for param, used in (("tools", bool(body.tools)),
+                            ("tool_choice", body.tool_choice not in (None, "auto"))):  # fmt: skip
+            if used:
+                raise InvalidRequestError(
+                    f"{param} needs the model's Jinja chat template: the server was started "
+                    "with --no-jinja (start it without)",
+                    param,
+                )
     kwargs = body.sampling()
     kwargs["stream"] = True
     given = body.model_fields_set
