@@ -30,6 +30,7 @@ class ServeReplica:
 
     def __init__(self, options: dict[str, Any]) -> None:
         from .api import LLM
+        from .builtin_templates import legacy_template
         from .engine import Engine
         from .generation import EngineGenerator
         from .run_cli import load_model
@@ -43,11 +44,14 @@ class ServeReplica:
             self.llama.n_ctx, args.parallel, unified, self.llama.config.n_ctx_train
         )
         engine = Engine(self.llama, args.parallel, max_prefill_tokens=prefill, n_ctx_seq=n_ctx_seq)
+        template = Path(args.chat_template).read_text() if args.chat_template else None
+        if template is None and not getattr(args, "jinja", True):  # as serve's --no-jinja
+            template, _ = legacy_template(self.llama.file.get("tokenizer.chat_template"))
         self.llm = LLM(
             self.llama,
             EngineGenerator(engine),
             model_name=args.alias or Path(args.model).name,
-            chat_template=Path(args.chat_template).read_text() if args.chat_template else None,
+            chat_template=template,
         )
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -55,8 +59,9 @@ class ServeReplica:
 
         a = self.args
         config = ServerConfig(
-            a.api_key, a.max_queue, a.timeout, max_body_bytes=a.max_request_size * 2**20
-        )
+            a.api_key, a.max_queue, a.timeout, max_body_bytes=a.max_request_size * 2**20,
+            jinja=getattr(a, "jinja", True),
+        )  # fmt: skip
         return create_app(self.llm, config)
 
 
