@@ -15,11 +15,13 @@ __all__ = ["UvicornThread"]
 class UvicornThread:
     """Starts at once, waits until it listens; :meth:`stop` shuts it down."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **settings: Any) -> None:
+        """``settings``: more of ``uvicorn.Config``'s (``http="h11"``: serve's protocol)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error")
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                **settings)  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

@@ -194,9 +194,7 @@ class RequestHandle:
         self.error: RequestError | None = None
         #: an ``embed`` request's pooled vector (float32, not normalized), once done
         self.embedding: np.ndarray | None = None
-        self._events: queue.SimpleQueue[TokenEvent | PromptProgress | object] = (
-            queue.SimpleQueue()
-        )
+        self._events: queue.SimpleQueue[TokenEvent | PromptProgress | object] = queue.SimpleQueue()
         self._admitted_at: float | None = None
         self._cancelled = threading.Event()
         self._finished = threading.Event()

@@ -1,5 +1,6 @@
 """The FastAPI app: the routers, the error handlers and the middleware, in the order a
-request meets them: the transport's limits (the HTTP version, the body's read deadline),
+request meets them: the response headers' case (:mod:`.header_case`), the transport's
+limits (the HTTP version, the body's read deadline),
 CORS (a preflight is answered before any key is asked for), then the key, the body
 limit and the counters, then the route (Vertex AI's ``/predict`` sends each of its
 instances through all of it again)."""
@@ -16,6 +17,7 @@ from .config import ServerConfig
 from .cors import Cors
 from .errors import install_error_handlers
 from .guard import PUBLIC_ROUTES, Guard
+from .header_case import CanonicalHeaderCase
 from .infill import router as infill
 from .native_routes import health
 from .native_routes import router as native
@@ -71,4 +73,5 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     )  # fmt: skip
     app.add_middleware(Cors, origins=cfg.cors_origins)
     app.add_middleware(Transport, body_timeout=cfg.body_timeout)
+    app.add_middleware(CanonicalHeaderCase)  # outermost: every response, errors too
     return app

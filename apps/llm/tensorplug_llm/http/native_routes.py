@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,8 @@ from .service import Service, ServiceDep
 
 __all__ = ["router"]
 
+#: when this process loaded the server (Unix seconds): /metrics' ``Process-Start-Time-Unix``
+PROCESS_START = int(time.time())
 router = APIRouter()
 
 
@@ -245,6 +248,8 @@ async def metrics(svc: ServiceDep) -> PlainTextResponse:
     return PlainTextResponse(
         generate_latest(svc.metrics.registry).decode(),
         media_type="text/plain; version=0.0.4; charset=utf-8",
+        # as llama-server's: when the process started (a restart resets the counters)
+        headers={"Process-Start-Time-Unix": str(PROCESS_START)},
     )
 
 
