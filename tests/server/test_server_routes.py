@@ -166,7 +166,9 @@ def test_cors_origins_narrow_who_may_call(model: TinyModel) -> None:
     app = TestClient(create_app(model.llm, ServerConfig(cors_origins=["https://app.example",
                                                                       "localhost"])))  # fmt: skip
     for origin, allowed in (("https://app.example", True), ("http://localhost:5173", True),
-                            ("https://evil.example", False)):  # fmt: skip
+                            ("http://127.0.0.1:3000", True), ("http://[::1]", True),
+                            ("https://evil.example", False), ("http://localhost.evil", False),
+                            ("http://[::1", False)):  # fmt: skip
         r = app.options("/completion", headers={"Origin": origin, **PREFLIGHT})
         assert r.status_code == 200
         assert ("Access-Control-Allow-Origin" in r.headers) is allowed

@@ -332,7 +332,8 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         "--cors-origins",
         metavar="ORIGIN[,ORIGIN...]",
         help="origins a browser page may call from: https://app.example or a bare "
-        "host (localhost: any port); default: every origin, as llama-server's",
+        "host, any port (localhost: also 127.0.0.1 and [::1], as llama-server's); "
+        "default: every origin, as llama-server's",
     )
     p.add_argument(
         "-n",

@@ -16,14 +16,25 @@ __all__ = ["Cors", "origin_allowed"]
 METHODS = "GET, POST"
 
 
+#: the hosts ``localhost`` stands for, as llama-server's ``--cors-origins localhost``
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
 def origin_allowed(origin: str, allowed: Sequence[str] | None) -> bool:
     """``allowed`` None or holding ``*``: every origin. An entry with a scheme is one
-    origin (``https://app.example``); a bare host (``localhost``) allows that host on
-    any scheme and port."""
+    origin (``https://app.example``); a bare host allows that host on any scheme and
+    port, and ``localhost`` every loopback name (``127.0.0.1``, ``[::1]``), as
+    llama-server's."""
     if allowed is None or "*" in allowed:
         return True
-    host = urlsplit(origin).hostname or origin
-    return any(origin == a or ("://" not in a and host == a) for a in allowed)
+    try:
+        host = urlsplit(origin).hostname or origin
+    except ValueError:  # not a URL (an unclosed "[", say): only an exact entry matches
+        host = origin
+    return any(
+        origin == a or ("://" not in a and (host == a or (a == "localhost" and host in LOOPBACK)))
+        for a in allowed
+    )
 
 
 class Cors:
