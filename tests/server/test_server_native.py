@@ -231,6 +231,9 @@ def test_slots_are_listed_unless_turned_off(model: TinyModel, http: TestClient) 
     assert http.get("/slots?fail_on_no_slot=1").status_code == 200  # both idle
     off = TestClient(create_app(model.llm, ServerConfig(slots=False)))
     assert off.get("/slots").status_code == 501
+    # an idle slot's next token, as llama-server lists it: no budget left over
+    assert slots[0]["next_token"] == [{"has_next_token": True, "has_new_line": False,
+                                       "n_remain": -1, "n_decoded": 0}]  # fmt: skip
     saved = http.post("/slots/0?action=save", json={"filename": "x.bin"})
     assert saved.status_code == 501 and "not supported" in saved.json()["error"]["message"]
 
@@ -286,6 +289,10 @@ def test_metrics_only_with_metrics_under_llama_servers_names(
     assert values["llamacpp:tokens_predicted_total"] == stats.generated_tokens_total > 0
     assert values["llamacpp:tokens_predicted_seconds_total"] > 0
     assert values["llamacpp:n_tokens_max"] >= len(model.ids) + 4
+    assert values["llamacpp:prompt_tokens_cached_total"] == stats.prompt_tokens_reused
+    assert values["llamacpp:n_decode_total"] == stats.decode_steps >= 4  # the prompt's, 3 more
+    assert values["llamacpp:spec_decode_num_drafts_total"] == 0  # nothing is drafted
+    assert 1 <= values["llamacpp:n_busy_slots_per_decode"] <= 2
     off = TestClient(create_app(model.llm))
     assert off.get("/metrics").status_code == 501
 
@@ -378,6 +385,14 @@ def test_return_progress_reports_each_prompt_chunk_before_the_text(
         assert all(p["time_ms"] >= 0 for p in cold)
         warm = progress("/completion", {"prompt": prompt, "n_predict": 2, "temperature": 0})
         assert [(p["cache"], p["processed"]) for p in warm] == [(19, 19), (19, 20)]
+        timed = http.post("/completion", json={"prompt": prompt[::-1], "n_predict": 1,
+                                               "stream": True, "return_progress": True,
+                                               "timings_per_token": True})  # fmt: skip
+        reports = [json.loads(line[6:]) for line in timed.text.splitlines()
+                   if line.startswith("data: ") and "prompt_progress" in line]  # fmt: skip
+        first = reports[0]["timings"]
+        assert (first["prompt_n"], first["prompt_ms"], first["predicted_n"]) == (0, 0.0, 0)
+        assert [r["timings"]["prompt_n"] for r in reports] == [0, 8, 16, 20]
         chat = progress("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                  "max_tokens": 2, "temperature": 0})  # fmt: skip
         assert chat and chat[-1]["processed"] == chat[-1]["total"]

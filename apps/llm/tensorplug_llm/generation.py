@@ -111,6 +111,9 @@ class GeneratorStats:
     preemptions: int = 0
     #: the tokens one request's sequence may hold (a slot's context); None: every cell
     n_ctx_seq: int | None = None
+    #: steps the model computed (llama-server's decodes), and the slots they held on average
+    decode_steps: int = 0
+    busy_slots_per_step: float = 0.0
 
 
 class Generator(Protocol):
@@ -219,6 +222,8 @@ class EngineGenerator:
             requests_total=e.stats.requests_submitted,
             preemptions=e.stats.preemptions,
             n_ctx_seq=e.n_ctx_seq,
+            decode_steps=e.stats.steps,
+            busy_slots_per_step=e.stats.slot_steps / e.stats.steps if e.stats.steps else 0.0,
         )
 
     def close(self) -> None:

@@ -332,4 +332,6 @@ class Engine:
             out = self.executor.execute(plan)
             self.update.apply(plan, out, masks)
             self.stats.steps += 1
+            chunks = (*plan.decodes, *plan.prefills, *plan.embeds)
+            self.stats.slot_steps += len({c.job.slot.seq for c in chunks})
             return True

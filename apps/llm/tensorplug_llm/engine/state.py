@@ -34,6 +34,8 @@ class EngineStats:
     preemptions: int = 0
     #: tokens evaluated again to resume preempted requests (not in prompt_tokens_evaluated)
     tokens_recomputed: int = 0
+    #: the slots each step computed for, summed over the steps
+    slot_steps: int = 0
 
 
 @dataclass

@@ -81,6 +81,14 @@ class _GeneratorCollector:
             "llamacpp:tokens_predicted_seconds": (
                 "Predict process time in seconds.", t.predicted_seconds
             ),
+            "llamacpp:prompt_tokens_cached": (
+                "Number of prompt tokens taken from the cache.", s.prompt_tokens_reused
+            ),
+            "llamacpp:n_decode": ("Number of llama_decode() calls.", s.decode_steps),
+            # tensorplug drafts nothing (no speculative decoding): always 0
+            "llamacpp:spec_decode_num_draft_tokens": ("Number of draft tokens generated.", 0),
+            "llamacpp:spec_decode_num_accepted_tokens": ("Number of draft tokens accepted.", 0),
+            "llamacpp:spec_decode_num_drafts": ("Number of drafts generated.", 0),
             "tensorplug_prompt_tokens": ("prompt tokens evaluated", s.prompt_tokens_total),
             "tensorplug_generated_tokens": ("tokens generated", s.generated_tokens_total),
             "tensorplug_requests": ("requests given to the generator", s.requests_total),
@@ -105,6 +113,9 @@ class _GeneratorCollector:
             "llamacpp:requests_deferred": ("Number of requests deferred.", s.waiting),
             "llamacpp:n_tokens_max": (
                 "High watermark of the context size observed.", t.n_tokens_max
+            ),
+            "llamacpp:n_busy_slots_per_decode": (
+                "Average number of busy slots per llama_decode() call.", s.busy_slots_per_step
             ),
             "llamacpp:kv_cache_usage_ratio": ("KV-cache usage. 1 means 100 percent usage.", usage),
             "llamacpp:kv_cache_tokens": ("KV-cache tokens.", s.kv_cells_used),

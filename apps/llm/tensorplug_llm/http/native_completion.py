@@ -168,10 +168,18 @@ class NativeCompletion:
     def _chunks(self, pieces: Stream) -> Iterator[dict[str, Any]]:
         for piece in pieces:
             if "progress" in piece:  # the prompt's evaluation, before any text
-                yield {"index": self.index, "content": "", "tokens": [], "stop": False,
-                       "id_slot": self.body.id_slot, "tokens_predicted": 0,
-                       "tokens_evaluated": len(self.ids),
-                       "prompt_progress": piece["progress"]}  # fmt: skip
+                progress = piece["progress"]
+                report: dict[str, Any] = {
+                    "index": self.index, "content": "", "tokens": [], "stop": False,
+                    "id_slot": self.body.id_slot, "tokens_predicted": 0,
+                    "tokens_evaluated": len(self.ids), "prompt_progress": progress,
+                }  # fmt: skip
+                if self.body.timings_per_token:  # the prompt's so far; no reply yet
+                    so_far = progress["time_ms"] / 1000
+                    report["timings"] = llama_timings(0.0, so_far, so_far,
+                                                      progress["processed"] - progress["cache"], 0,
+                                                      progress["cache"])  # fmt: skip
+                yield report
                 continue
             if self.first is None:
                 self.first = time.monotonic()

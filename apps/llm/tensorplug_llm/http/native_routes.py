@@ -191,9 +191,9 @@ async def change_props(svc: ServiceDep) -> dict[str, Any]:
     return {"success": True}
 
 
-def _next_token() -> dict[str, Any]:
-    return {"has_next_token": True, "has_new_line": False, "n_remain": -1, "n_decoded": 0,
-            "stopping_word": ""}  # fmt: skip
+def _next_token() -> list[dict[str, Any]]:
+    """An idle slot's ``next_token``, as llama-server lists it: no budget left over."""
+    return [{"has_next_token": True, "has_new_line": False, "n_remain": -1, "n_decoded": 0}]
 
 
 @router.get("/slots")
