@@ -238,7 +238,7 @@ class LLM:
         meta = _meta("cmpl", "text_completion", self.model_name)
         want_lp = logprobs is not None
         if stream:
-            chunks = self._completion_chunks(pieces, meta, head, want_lp, len(ids))
+            chunks = self._completion_chunks(pieces, meta, head, want_lp, len(ids), handles)
             return Stream(chunks, handles)
         choices, n_generated = [], 0
         for i, choice in enumerate(pieces):
@@ -246,7 +246,7 @@ class LLM:
             n_generated += len(events)
             lp = self._completion_logprobs(events, len(head)) if want_lp else None
             choices.append(_choice_text(head + text, lp, finish, i))
-        return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated)}
+        return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated, handles)}
 
     def _completion_chunks(
         self,
@@ -255,6 +255,7 @@ class LLM:
         head: str,
         want_lp: bool,
         n_prompt: int,
+        handles: Sequence[GenerationHandle],
     ) -> Iterator[dict[str, Any]]:
         """Chunks of a streamed completion, each choice's under its index; the last one
         carries ``usage`` (the prompt counted once)."""
@@ -268,7 +269,7 @@ class LLM:
             n += len(piece.events)
             chunk = {**meta, "choices": [_choice_text(piece.text, lp, piece.finish_reason, i)]}
             if last:
-                chunk["usage"] = _usage(n_prompt, n)
+                chunk["usage"] = _usage(n_prompt, n, handles)
             yield chunk
 
     def _completion_logprobs(self, events: list[TokenEvent], offset: int) -> dict[str, Any]:
@@ -425,7 +426,8 @@ class LLM:
         ]
         meta = _meta("chatcmpl", "chat.completion", self.model_name)
         if stream:
-            chunks = self._chat_chunks(pieces, meta, logprobs, len(ids), parsers, stop_sequence)
+            chunks = self._chat_chunks(pieces, meta, logprobs, len(ids), parsers, stop_sequence,
+                                       handles)  # fmt: skip
             return Stream(chunks, handles)
         choices, n_generated = [], 0
         for i, (choice, parser) in enumerate(zip(pieces, parsers, strict=True)):
@@ -448,7 +450,7 @@ class LLM:
                     "finish_reason": _finish(finish, bool(calls)),
                 }
             )
-        return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated)}
+        return {**meta, "choices": choices, "usage": _usage(len(ids), n_generated, handles)}
 
     def chat_prompt(
         self,
@@ -616,6 +618,7 @@ class LLM:
         n_prompt: int,
         parsers: list[ToolCallParser | None],
         stop_sequence: bool = False,
+        handles: Sequence[GenerationHandle] = (),
     ) -> Iterator[dict[str, Any]]:
         """Chunks of a streamed chat reply, each choice's under its index: the role
         first, the last chunk carrying ``usage`` (the prompt counted once). With tools,
@@ -656,7 +659,7 @@ class LLM:
                                               finish if last else None, i)],
                 }  # fmt: skip
                 if last and last_piece:
-                    chunk["usage"] = _usage(n_prompt, n)
+                    chunk["usage"] = _usage(n_prompt, n, handles)
                 if last and stop_sequence and piece.stop_word is not None:
                     chunk["choices"][0]["stop_sequence"] = piece.stop_word
                 yield chunk
@@ -948,12 +951,22 @@ def _meta(prefix: str, kind: str, model: str) -> dict[str, Any]:
     }
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {
+def _usage(
+    prompt: int, completion: int, handles: Sequence[GenerationHandle] = ()
+) -> dict[str, Any]:
+    """OpenAI's ``usage``; where the generator says how many prompt tokens it found in
+    the cache (the engine's handles do), also ``prompt_tokens_details.cached_tokens``,
+    as llama-server and OpenAI report them (llama-cpp-python's in-process calls have
+    no such field, and keep its shape)."""
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    cached = getattr(handles[0], "prompt_tokens_reused", None) if handles else None
+    if isinstance(cached, int):
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def _interleave(choices: list[Iterator[_Piece]]) -> Iterator[tuple[int, _Piece, bool]]:

@@ -154,6 +154,16 @@ def _input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
+def _usage(end: End) -> dict[str, int]:
+    """Anthropic's ``usage``: the prompt tokens read from the cache apart from the others
+    (``input_tokens``), as Anthropic's prompt caching and llama-server report them."""
+    return {
+        "cache_read_input_tokens": end.cached_tokens,
+        "input_tokens": end.prompt_tokens - end.cached_tokens,
+        "output_tokens": end.completion_tokens,
+    }
+
+
 def _head(model: str) -> dict[str, Any]:
     return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
             "model": model}  # fmt: skip
@@ -172,7 +182,7 @@ def _message(model: str, reply: Reply) -> dict[str, Any]:
         "content": content,
         "stop_reason": _stop_reason(end, bool(reply.calls)),
         "stop_sequence": end.stop_sequence,
-        "usage": {"input_tokens": end.prompt_tokens, "output_tokens": end.completion_tokens},
+        "usage": _usage(end),
     }
 
 
@@ -182,7 +192,8 @@ def _events(model: str, n_prompt: int, events: Iterable[ChatEvent]) -> Iterator[
     ``message_stop``."""
     yield {"type": "message_start", "message": {
         **_head(model), "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": n_prompt, "output_tokens": 0}}}  # fmt: skip
+        "usage": {"input_tokens": n_prompt, "cache_read_input_tokens": 0,
+                  "output_tokens": 0}}}  # fmt: skip
     yield {"type": "ping"}
     index, open_kind, called = -1, "", False
     for e in events:
@@ -207,9 +218,11 @@ def _events(model: str, n_prompt: int, events: Iterable[ChatEvent]) -> Iterator[
             if open_kind:
                 yield {"type": "content_block_stop", "index": index}
             reason = _stop_reason(e, called)
-            yield {"type": "message_delta",
-                   "delta": {"stop_reason": reason, "stop_sequence": e.stop_sequence},
-                   "usage": {"output_tokens": e.completion_tokens}}  # fmt: skip
+            yield {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": e.stop_sequence},
+                "usage": _usage(e),
+            }  # cumulative: the cache's share known by now
             yield {"type": "message_stop"}
 
 

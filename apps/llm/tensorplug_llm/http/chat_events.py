@@ -39,6 +39,8 @@ class End:
     stop_sequence: str | None
     prompt_tokens: int
     completion_tokens: int
+    #: of the prompt tokens, those found in the cache
+    cached_tokens: int = 0
 
 
 ChatEvent = Text | CallStart | CallArgs | End
@@ -49,7 +51,7 @@ def read_chat(chunks: Iterable[dict[str, Any]]) -> Iterator[ChatEvent]:
     with one :class:`End`."""
     finish: str | None = None
     stop: str | None = None
-    usage: dict[str, int] = {}
+    usage: dict[str, Any] = {}
     for chunk in chunks:
         usage = chunk.get("usage") or usage
         for choice in chunk["choices"]:
@@ -64,7 +66,9 @@ def read_chat(chunks: Iterable[dict[str, Any]]) -> Iterator[ChatEvent]:
                     yield CallArgs(fn["arguments"])
             finish = choice.get("finish_reason") or finish
             stop = choice.get("stop_sequence") or stop
-    yield End(finish, stop, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    yield End(finish, stop, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
+              cached)  # fmt: skip
 
 
 @dataclass
