@@ -65,8 +65,9 @@ def _response(sock: socket.socket) -> tuple[int, dict[str, Any] | None]:
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
-    headers = dict(line.split(": ", 1) for line in lines[1:])
-    length = int(headers.get("content-length", headers.get("Content-Length", "0")))
+    # names compared without case, as HTTP says (serve writes them capitalized)
+    headers = {name.lower(): value for name, value in (line.split(": ", 1) for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
     while len(body) < length:
         got = sock.recv(65536)
         assert got, "the server closed the connection within the body"
