@@ -101,6 +101,55 @@ def builtin_template(name: str) -> str | None:
     return None
 
 
+#: llm_chat_detect_template's later tests, in its order: a name and the markers that
+#: must all be in the template (a test of "a or b" is two rows)
+_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("glmedge", ("<|{{ item['role'] }}|>", "<|begin_of_image|>")),
+    ("zephyr", ("<|user|>", "<|endoftext|>")),
+    ("monarch", ("bos_token + message['role']",)),
+    ("gemma", ("<start_of_turn>",)),
+    ("orion", ("'\\n\\nAssistant: ' + eos_token",)),
+    ("openchat", ("GPT4 Correct ",)),
+    ("vicuna-orca", ("USER: ", "ASSISTANT: ", "SYSTEM: ")),
+    ("vicuna", ("USER: ", "ASSISTANT: ")),
+    ("deepseek", ("### Instruction:", "<|EOT|>")),
+    ("command-r", ("<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>")),
+    ("llama3", ("<|start_header_id|>", "<|end_header_id|>")),
+    ("chatglm3", ("[gMASK]sop",)),
+    ("minicpm", ("<用户>",)),
+    ("deepseek2", ("'Assistant: ' + message['content'] + eos_token",)),
+    ("deepseek3", ("<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>")),
+    ("exaone4", ("[|system|]", "[|assistant|]", "[|endofturn|]", "[|tool|]")),
+    ("exaone3", ("[|system|]", "[|assistant|]", "[|endofturn|]")),
+    ("rwkv-world", ("rwkv-world",)),
+    ("rwkv-world", ("{{- 'User: ' + message['content']|trim + '\\n\\n' -}}",)),
+    # granite: with tools (either marker) 4.0 where it names g4's system message
+    ("granite-4.0", ("<|start_of_role|>", "<tool_call>", "g4_default_system_message")),
+    ("granite-4.0", ("<|start_of_role|>", "<tools>", "g4_default_system_message")),
+    ("granite-4.1", ("<|start_of_role|>", "<tool_call>")),
+    ("granite-4.1", ("<|start_of_role|>", "<tools>")),
+    ("granite", ("<|start_of_role|>",)),
+    ("gigachat", ("message['role'] + additional_special_tokens[0] + message['content'] + "
+                  "additional_special_tokens[1]",)),
+    ("megrez", ("<|role_start|>",)),
+    ("yandex", (" Ассистент:",)),
+    ("bailing", ("<role>ASSISTANT</role>", "'HUMAN'")),
+    ("bailing-think", ("<role>ASSISTANT</role>", '"HUMAN"', "<think>")),
+    ("bailing2", ("<role>ASSISTANT</role>", "<role>HUMAN</role>", "<|role_end|>")),
+    ("llama4", ("<|header_start|>", "<|header_end|>")),
+    ("dots1", ("<|endofuserprompt|>",)),
+    ("hunyuan-moe", ("<|extra_0|>", "<|extra_4|>")),
+    ("gpt-oss", ("<|start|>", "<|channel|>")),
+    ("hunyuan-vl", ("<｜hy_Assistant｜>", "<｜hy_begin▁of▁sentence｜>")),
+    ("hunyuan-dense", ("<｜hy_Assistant｜>", "<｜hy_place▁holder▁no▁3｜>")),
+    ("kimi-k2", ("<|im_assistant|>assistant<|im_middle|>",)),
+    ("seed_oss", ("<seed:bos>",)),
+    ("grok-2", ("'Assistant: '  + message['content'] + '<|separator|>",)),
+    ("pangu-embedded", ("[unused9]系统：[unused10]",)),
+    ("solar-open", ("<|begin|>", "<|end|>", "<|content|>")),
+)  # fmt: skip
+
+
 def detected_name(source: str) -> str | None:
     """The built-in template llama.cpp writes a conversation with when it runs without
     Jinja (llama-server's ``--no-jinja``): the name ``source`` is, or the one
@@ -137,55 +186,8 @@ def detected_name(source: str) -> str | None:
         if has("<|tool_declare|>"):
             return "exaone-moe"
         return "falcon3" if has("</s>") else "glmedge"
-    later: tuple[tuple[str, tuple[str, ...]], ...] = (
-        ("glmedge", ("<|{{ item['role'] }}|>", "<|begin_of_image|>")),
-        ("zephyr", ("<|user|>", "<|endoftext|>")),
-        ("monarch", ("bos_token + message['role']",)),
-        ("gemma", ("<start_of_turn>",)),
-        ("orion", ("'\\n\\nAssistant: ' + eos_token",)),
-        ("openchat", ("GPT4 Correct ",)),
-        ("vicuna-orca", ("USER: ", "ASSISTANT: ", "SYSTEM: ")),
-        ("vicuna", ("USER: ", "ASSISTANT: ")),
-        ("deepseek", ("### Instruction:", "<|EOT|>")),
-        ("command-r", ("<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>")),
-        ("llama3", ("<|start_header_id|>", "<|end_header_id|>")),
-        ("chatglm3", ("[gMASK]sop",)),
-        ("minicpm", ("<用户>",)),
-        ("deepseek2", ("'Assistant: ' + message['content'] + eos_token",)),
-        ("deepseek3", ("<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>")),
-        ("exaone4", ("[|system|]", "[|assistant|]", "[|endofturn|]", "[|tool|]")),
-        ("exaone3", ("[|system|]", "[|assistant|]", "[|endofturn|]")),
-    )
-    for name, markers in later:
-        if has(*markers):
-            return name
-    if has("rwkv-world") or has("{{- 'User: ' + message['content']|trim + '\\n\\n' -}}"):
-        return "rwkv-world"
-    if has("<|start_of_role|>"):
-        if has("<tool_call>") or has("<tools>"):
-            return "granite-4.0" if has("g4_default_system_message") else "granite-4.1"
-        return "granite"
-    last: tuple[tuple[str, tuple[str, ...]], ...] = (
-        ("gigachat", ("message['role'] + additional_special_tokens[0] + message['content'] + "
-                      "additional_special_tokens[1]",)),
-        ("megrez", ("<|role_start|>",)),
-        ("yandex", (" Ассистент:",)),
-        ("bailing", ("<role>ASSISTANT</role>", "'HUMAN'")),
-        ("bailing-think", ("<role>ASSISTANT</role>", '"HUMAN"', "<think>")),
-        ("bailing2", ("<role>ASSISTANT</role>", "<role>HUMAN</role>", "<|role_end|>")),
-        ("llama4", ("<|header_start|>", "<|header_end|>")),
-        ("dots1", ("<|endofuserprompt|>",)),
-        ("hunyuan-moe", ("<|extra_0|>", "<|extra_4|>")),
-        ("gpt-oss", ("<|start|>", "<|channel|>")),
-        ("hunyuan-vl", ("<｜hy_Assistant｜>", "<｜hy_begin▁of▁sentence｜>")),
-        ("hunyuan-dense", ("<｜hy_Assistant｜>", "<｜hy_place▁holder▁no▁3｜>")),
-        ("kimi-k2", ("<|im_assistant|>assistant<|im_middle|>",)),
-        ("seed_oss", ("<seed:bos>",)),
-        ("grok-2", ("'Assistant: '  + message['content'] + '<|separator|>",)),
-        ("pangu-embedded", ("[unused9]系统：[unused10]",)),
-        ("solar-open", ("<|begin|>", "<|end|>", "<|content|>")),
-    )  # fmt: skip
-    for name, markers in last:
+    # the rest, each name's markers all present, first match wins
+    for name, markers in _MARKERS:
         if has(*markers):
             return name
     return None
