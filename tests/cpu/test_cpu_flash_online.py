@@ -95,3 +95,38 @@ def test_the_op_records_online_and_defaults_to_off() -> None:
     v = tp.new_tensor("f16", (1, 1, 4, 8), "v")
     assert ops.flash_attn_ext(q, k, v).op_params["online"] is False
     assert ops.flash_attn_ext(q, k, v, online=True).op_params["online"] is True
+
+
+@pytest.mark.parametrize(("n_q", "softcap"), [(1, 0.0), (5, 0.0), (5, 30.0), (70, 0.0)])
+def test_an_f16_cache_gives_the_bits_of_the_same_values_in_an_f32_one(
+    n_q: int, softcap: float
+) -> None:
+    """An F16 cache is read in place by the compiled program's job (a KV head's query
+    heads together where one mask serves them all), an F32 one is cast to F16 and read
+    by the parallel kernel: the same values, so the same bits, however the rows and
+    cells lie (two batches, GQA 3:1, each row seeing cells of its own, in a cell order
+    that is not the cache's)."""
+    B, H, Hkv, D, Dv, n_kv = 2, 6, 2, 64, 64, n_q + 40
+    qv = RNG.standard_normal((B, H, n_q, D)).astype(np.float32)
+    kv16 = RNG.standard_normal((B, Hkv, n_kv, D)).astype(np.float16)
+    vv16 = RNG.standard_normal((B, Hkv, n_kv, Dv)).astype(np.float16)
+    seen = RNG.random((n_q, n_kv)) < 0.6
+    seen[:, 0] = True
+    mv = np.where(seen, 0, -np.inf).astype(np.float16)[None, None]
+    mv[..., n_kv - 7 :] = -np.inf  # cells no row sees: the padding of a runner's step
+    order = RNG.permutation(n_kv).astype(np.int32)
+    outs = []
+    for kv_type in (tp.Type.F16, tp.Type.F32):
+        q = tp.new_tensor("f32", qv.shape, "q")
+        k = tp.new_tensor(kv_type, kv16.shape, "k")
+        v = tp.new_tensor(kv_type, vv16.shape, "v")
+        mask = tp.new_tensor(tp.Type.F16, mv.shape, "mask")
+        cells = tp.new_tensor(tp.Type.I32, order.shape, "order")
+        out = ops.flash_attn_ext(q, k, v, mask, scale=D**-0.5, logit_softcap=softcap,
+                                 order=cells, online=True)  # fmt: skip
+        dtype = kv_type.numpy_dtype
+        compute(out, {q: qv, k: kv16.astype(dtype), v: vv16.astype(dtype), mask: mv,
+                      cells: order})  # fmt: skip
+        outs.append(tp.get_array(out).copy())
+    assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0.1
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -315,6 +315,46 @@ def visible_cells(mask: Any, table: Any, mb: int, mh: int, r: int, used: int, ha
     return m
 
 
+def widen_f16(bits: Any, table: Any) -> Any:
+    """The f16 of ``bits`` (uint16) as float32 (compiled per CPU, see the overload)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(widen_f16, inline="always")
+def _widen_f16_impl(bits, table):  # type: ignore[no-untyped-def]  # numba: names only
+    if _ir.HAS_F16C:  # converted in a register: a loop of them vectorizes
+
+        def converted(bits, table):  # type: ignore[no-untyped-def]
+            return _ir.f16_widened(bits)
+
+        return converted
+
+    def looked_up(bits, table):  # type: ignore[no-untyped-def]
+        return table[bits]
+
+    return looked_up
+
+
+def value_of(row: Any, table: Any, d: int) -> Any:
+    """``row[d]`` of a 1-d cache row as float32 (compiled per dtype, see the overload)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(value_of, inline="always")
+def _value_of_impl(row, table, d):  # type: ignore[no-untyped-def]  # numba: names only
+    if isinstance(row, types.Array) and row.dtype == types.uint16:
+
+        def widened(row, table, d):  # type: ignore[no-untyped-def]
+            return widen_f16(row[d], table)
+
+        return widened
+
+    def direct(row, table, d):  # type: ignore[no-untyped-def]
+        return row[d]
+
+    return direct
+
+
 def cell_value(a: Any, table: Any, h: int, j: int, d: int) -> Any:
     """``a[h, j, d]`` of 3-d cache rows as float32 (compiled per dtype, see the overload)."""
     raise NotImplementedError  # only ever called from compiled code
@@ -325,7 +365,7 @@ def _cell_value_impl(a, table, h, j, d):  # type: ignore[no-untyped-def]  # numb
     if isinstance(a, types.Array) and a.dtype == types.uint16:
 
         def widened(a, table, h, j, d):  # type: ignore[no-untyped-def]
-            return table[a[h, j, d]]
+            return widen_f16(a[h, j, d], table)
 
         return widened
 
@@ -378,7 +418,7 @@ _LANES_1, _LANES_2, _LANES_3, _LANES_4 = (weighted_lanes(h) for h in range(1, MA
 
 
 @njit
-def _scores(keys: Any, values: Any, table: Any, hk0: int, hk1: int, n_g: int, qs: Any,
+def head_scores(keys: Any, values: Any, table: Any, hk0: int, hk1: int, n_g: int, qs: Any,
             cols: Any, biases: Any, m: int, sc: Any, cap: Any, w: Any, narrow: bool,
             half: bool) -> None:  # fmt: skip
     """``w[x, c]`` for the query heads ``x = (hk − hk0)·n_g + g`` of KV heads
@@ -524,7 +564,7 @@ def _attend_heads(q: Any, keys: Any, values: Any, table: Any, lanes: int, out: A
                 if half:
                     value = round_to_f16(value, table)
                 qs[(hk - hk0) * n_g + g, d] = value
-    _scores(keys, values, table, hk0, hk1, n_g, qs, cols, biases, m, sc, cap, w, narrow, half)
+    head_scores(keys, values, table, hk0, hk1, n_g, qs, cols, biases, m, sc, cap, w, narrow, half)
     if fetch:
         touch_cells(values, hk0, hk1, m)  # type: ignore[call-arg]  # numba: typingctx
     for x in range((hk1 - hk0) * n_g):

@@ -24,11 +24,14 @@ step beyond 512 cells (whose chunks follow its thread count) is not reproduced.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import carray, njit, prange
+from numba.extending import overload
+from numba.np import numpy_support
 
 from . import _numba_ir as _ir
 from ._numba_attention import (
@@ -36,18 +39,42 @@ from ._numba_attention import (
     cell_rows,
     cell_value,
     halving_sum,
+    head_scores,
     round_to_f16,
+    value_of,
     visible_cells,
+    visible_columns,
 )
 from ._numba_attention_ir import SCORE_LANES, score_row
 from ._numba_cache import kernel
+from ._numba_pool import address, view4
 from ._numba_rows import ggml_expf
+from .job_blocks import (
+    FLASH_FIELDS,
+    FLASH_GROUPED,
+    FLASH_K,
+    FLASH_MASK,
+    FLASH_ORDER,
+    FLASH_ORDER_N,
+    FLASH_OUT,
+    FLASH_Q,
+    FLASH_RUNS,
+    FLASH_SCALE,
+    FLASH_SOFTCAP,
+    FLASH_TABLE,
+    FLASH_TILED,
+    FLASH_USED,
+    FLASH_V,
+    FLASH_VISIBLE,
+    ROWS_PER_TASK,
+)
+from .job_function import job_function
 from .kernel_shapes import FLASH_TILE_KV
 
 
 @njit(inline="always")
-def _dot(keys: Any, table: Any, hk: int, col: int, qs: Any, half: bool) -> Any:
-    """``k[hk, col]·q`` as K's ``vec_dot``: ``ggml_vec_dot_f16`` (``half``; ``qs``
+def _dot(keys: Any, table: Any, hk: int, col: int, qs: Any, g: int, half: bool) -> Any:
+    """``k[hk, col]·qs[g]`` as K's ``vec_dot``: ``ggml_vec_dot_f16`` (``half``; ``qs``
     already rounded to f16) or ``ggml_vec_dot_f32``, in their 64 lanes, the terms past
     the last run of 64 added after (to a float64 sum for f16, fused for float32)."""
     n_d = qs.shape[1]
@@ -55,16 +82,16 @@ def _dot(keys: Any, table: Any, hk: int, col: int, qs: Any, half: bool) -> Any:
     whole = runs * SCORE_LANES
     s = np.float32(0)
     if runs > 0:
-        s = score_row(keys, hk, col, qs, 0, runs)  # type: ignore[call-arg]  # numba
+        s = score_row(keys, hk, col, qs, g, runs)  # type: ignore[call-arg]  # numba
     if whole == n_d:
         return s
     if half:
         wide = np.float64(s)
         for d in range(whole, n_d):
-            wide += np.float64(cell_value(keys, table, hk, col, d) * qs[0, d])
+            wide += np.float64(cell_value(keys, table, hk, col, d) * qs[g, d])
         return np.float32(wide)
     for d in range(whole, n_d):
-        s = _ir.fmaf(cell_value(keys, table, hk, col, d), qs[0, d], s)
+        s = _ir.fmaf(cell_value(keys, table, hk, col, d), qs[g, d], s)
     return s
 
 
@@ -81,7 +108,7 @@ def _online_row(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: Any,
     big = np.float32(-np.inf)
     total = np.float32(0)
     for c in range(m):
-        s = _dot(keys, table, hk, cols[c], qs, half_k) * sc
+        s = _dot(keys, table, hk, cols[c], qs, 0, half_k) * sc
         if cap != 0:
             s = cap * np.float32(math.tanh(s))
         s = s + biases[c]
@@ -99,6 +126,68 @@ def _online_row(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: Any,
             acc[d] = round_to_f16(a, table) if half_v else a
         total = _ir.fmaf(total, ms, vs)
     return total
+
+
+def unit_row(a: Any, h: int, j: int) -> Any:
+    """Row ``a[h, j]`` of 3-d cache rows whose last axis is unit-stride, as a
+    C-contiguous 1-d array (compiled per dtype, see the overload): the cache reaches a
+    job through strided views (any layout, to numba), where a loop over a row can be
+    neither assumed unit-stride nor vectorized."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(unit_row, inline="always")
+def _unit_row_impl(a, h, j):  # type: ignore[no-untyped-def]  # numba: names only
+    dtype = numpy_support.as_dtype(a.dtype)
+
+    def impl(a, h, j):  # type: ignore[no-untyped-def]
+        return carray(address(a[h, j].ctypes.data), a.shape[2], dtype)
+
+    return impl
+
+
+@njit(inline="always")
+def _online_group(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: Any,
+                  biases: Any, m: int, sc: Any, cap: Any, acc: Any, big: Any, total: Any,
+                  weight: Any, w: Any) -> None:  # fmt: skip
+    """:func:`_online_row` for the query heads of KV head ``hk`` at once (``qs`` their
+    rows, rounded to f16; an F16 cache), over the ``m`` cells they all see: ``acc[g]``
+    ← head ``g``'s unnormalised output (f16 values), ``total[g]`` its running sum.
+
+    Each head's arithmetic is :func:`_online_row`'s, term for term, in another order of
+    work: every score first (``w``, by :func:`._numba_attention.head_scores`, the exact
+    kernel's sixteen cells at a time: ``ggml_vec_dot_f16``'s lanes, ·scale,
+    soft-capped, + mask, as :func:`_dot` and :func:`_online_row` take them one by one),
+    then the cells in order, each V row read once for the group, the heads' f16
+    accumulations (each a chain of latencies: a fused multiply-add, a rounding to f16
+    and back, a store the next cell loads) side by side instead of one after another."""
+    n_g, n_dv = acc.shape[0], acc.shape[1]
+    head_scores(keys, values, table, hk, hk + 1, n_g, qs, cols, biases, m, sc, cap, w, False,
+            True)  # fmt: skip
+    for g in range(n_g):
+        for d in range(n_dv):
+            acc[g, d] = np.float32(0)
+        big[g] = np.float32(-np.inf)
+        total[g] = np.float32(0)
+    for c in range(m):
+        for g in range(n_g):
+            s = w[g, c]
+            ms, vs = np.float32(1), np.float32(1)
+            if s > big[g]:
+                ms = np.float32(math.exp(big[g] - s))
+                big[g] = s
+                for d in range(n_dv):
+                    acc[g, d] = round_to_f16(acc[g, d] * ms, table)
+            else:
+                vs = np.float32(math.exp(s - big[g]))
+            weight[g] = vs
+            total[g] = _ir.fmaf(total[g], ms, vs)
+        row = unit_row(values, hk, cols[c])
+        for g in range(n_g):
+            vs = weight[g]
+            for d in range(n_dv):
+                a = _ir.fmaf(value_of(row, table, d), vs, acc[g, d])
+                acc[g, d] = round_to_f16(a, table)
 
 
 @njit(inline="always")
@@ -152,6 +241,31 @@ def _tiled_row(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: Any,
     return total
 
 
+@njit(inline="always")
+def _attend_row(q: Any, keys: Any, values: Any, mask: Any, order: Any, table: Any, b: int,
+                h: int, hk: int, r: int, used: int, has_mask: bool, sc: Any, cap: Any,
+                half: bool, tiled: bool, out: Any, cols: Any, biases: Any, qs: Any,
+                acc: Any, kq: Any, block: Any) -> None:  # fmt: skip
+    """``out[b, r, h]``: query row ``r`` of head ``h`` (KV head ``hk``) over the cells
+    ``keys`` and ``values`` of its batch, the ``tiled`` way or a row at a time."""
+    n_d, n_dv = q.shape[3], acc.shape[0]
+    mb = b if has_mask and mask.shape[0] > 1 else 0
+    mh = h if has_mask and mask.shape[1] > 1 else 0
+    m = visible_cells(mask, table, mb, mh, r, used, has_mask, order, cols, biases)
+    for d in range(n_d):
+        x = q[b, h, r, d]
+        qs[0, d] = round_to_f16(x, table) if half and not tiled else x
+    if tiled:
+        total = _tiled_row(keys, values, table, hk, qs, cols, biases, m, sc, cap, acc, kq,
+                           block)  # fmt: skip
+    else:
+        total = _online_row(keys, values, table, hk, qs, cols, biases, m, sc, cap, half, half,
+                            acc)  # fmt: skip
+    inv = np.float32(0) if total == 0 else np.float32(1) / total
+    for d in range(n_dv):
+        out[b, r, h, d] = acc[d] * inv
+
+
 @kernel(parallel=True)
 def flash_attend(q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale: float,
                  softcap: float, half: bool, tiled: bool, out: Any,
@@ -167,33 +281,89 @@ def flash_attend(q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale
     (0, 0, 0, 0) for none; ``order`` int32 (n_kv,) or (0,); out (B, n_q, H, Dv). A
     query that sees no cell gets zeros, as ggml's. One task per (batch, query head)."""
     n_b, n_h, n_q, n_d = q.shape
-    n_hk, n_dv = k.shape[1], v.shape[3]
-    group = n_h // n_hk
+    group = n_h // k.shape[1]
+    n_dv = v.shape[3]
     has_mask = mask.shape[0] > 0
     sc, cap = np.float32(scale), np.float32(softcap)
     width = max(used, 1)
     for task in prange(n_b * n_h):
         t = np.int64(task)
         b, h = t // n_h, t % n_h
-        hk = h // group
         kb = b if k.shape[0] > 1 else 0
-        mb = b if has_mask and mask.shape[0] > 1 else 0
-        mh = h if has_mask and mask.shape[1] > 1 else 0
         keys, values = cell_rows(k, table, kb, used), cell_rows(v, table, kb, used)
         cols, biases = np.empty(width, np.int64), np.empty(width, np.float32)
         qs, acc = np.empty((1, n_d), np.float32), np.empty(n_dv, np.float32)
         kq, block = np.empty(FLASH_TILE_KV, np.float32), np.empty(EXP_LANES, np.float32)
         for r in range(n_q):
-            m = visible_cells(mask, table, mb, mh, r, used, has_mask, order, cols, biases)
-            for d in range(n_d):
-                x = q[b, h, r, d]
-                qs[0, d] = round_to_f16(x, table) if half and not tiled else x
-            if tiled:
-                total = _tiled_row(keys, values, table, hk, qs, cols, biases, m, sc, cap,
-                                   acc, kq, block)  # fmt: skip
-            else:
-                total = _online_row(keys, values, table, hk, qs, cols, biases, m, sc, cap,
-                                    half, half, acc)  # fmt: skip
-            inv = np.float32(0) if total == 0 else np.float32(1) / total
-            for d in range(n_dv):
-                out[b, r, h, d] = acc[d] * inv
+            _attend_row(q, keys, values, mask, order, table, b, h, h // group, r, used,
+                        has_mask, sc, cap, half, tiled, out, cols, biases, qs, acc, kq,
+                        block)  # fmt: skip
+
+
+def _flash_job(job: Any, lo: Any, hi: Any) -> None:
+    """:func:`flash_attend` over an F16 cache and mask as a job of :mod:`.pool` (a step
+    of the compiled program, on the spinning helpers): the prologue finds the visible
+    columns (``used``, kept in the block for the chunks). Where every query head sees
+    the same cells (one mask for all heads) and rows go one at a time, chunk ``t`` takes
+    one query row of one KV head's query heads (:func:`_online_group`); otherwise a run
+    of :data:`~.job_blocks.ROWS_PER_TASK` query rows of one query head. Either way each
+    row's arithmetic is :func:`flash_attend`'s."""
+    j = carray(address(job), FLASH_FIELDS, np.int64)
+    table = carray(address(j[FLASH_TABLE]), 1 << 16, np.float32)
+    if lo < 0:
+        j[FLASH_USED] = visible_columns(view4(j, FLASH_VISIBLE, np.uint16), table)
+        return
+    q, out = view4(j, FLASH_Q, np.float32), view4(j, FLASH_OUT, np.float32)
+    k, v = view4(j, FLASH_K, np.uint16), view4(j, FLASH_V, np.uint16)
+    mask = view4(j, FLASH_MASK, np.uint16)
+    order = carray(address(j[FLASH_ORDER]), j[FLASH_ORDER_N], np.int32)
+    scales = j[FLASH_SCALE : FLASH_SOFTCAP + 1].view(np.float64)
+    sc, cap = np.float32(scales[0]), np.float32(scales[1])
+    tiled = j[FLASH_TILED] != 0
+    used, runs, grouped = j[FLASH_USED], j[FLASH_RUNS], j[FLASH_GROUPED] != 0
+    n_h, n_q, n_d, n_dv = q.shape[1], q.shape[2], q.shape[3], v.shape[3]
+    n_hk = k.shape[1]
+    group = n_h // n_hk
+    width = max(used, 1)
+    cols, biases = np.empty(width, np.int64), np.empty(width, np.float32)
+    kq, block = np.empty(FLASH_TILE_KV, np.float32), np.empty(EXP_LANES, np.float32)
+    if grouped:
+        qs, acc = np.empty((group, n_d), np.float32), np.empty((group, n_dv), np.float32)
+        big, total = np.empty(group, np.float32), np.empty(group, np.float32)
+        weight, w = np.empty(group, np.float32), np.empty((group, width), np.float32)
+        for t in range(lo, hi):
+            bk, r = t // n_q, t % n_q
+            b, hk = bk // n_hk, bk % n_hk
+            kb = b if k.shape[0] > 1 else 0
+            mb = b if mask.shape[0] > 1 else 0
+            keys, values = cell_rows(k, table, kb, used), cell_rows(v, table, kb, used)
+            m = visible_cells(mask, table, mb, 0, r, used, True, order, cols, biases)
+            for g in range(group):
+                for d in range(n_d):
+                    qs[g, d] = round_to_f16(q[b, hk * group + g, r, d], table)
+            _online_group(keys, values, table, hk, qs, cols, biases, m, sc, cap, acc, big,
+                          total, weight, w)  # fmt: skip
+            for g in range(group):
+                inv = np.float32(0) if total[g] == 0 else np.float32(1) / total[g]
+                for d in range(n_dv):
+                    out[b, r, hk * group + g, d] = acc[g, d] * inv
+        return
+    qs, acc = np.empty((1, n_d), np.float32), np.empty(n_dv, np.float32)
+    for t in range(lo, hi):
+        bh, run = t // runs, t % runs
+        b, h = bh // n_h, bh % n_h
+        kb = b if k.shape[0] > 1 else 0
+        keys, values = cell_rows(k, table, kb, used), cell_rows(v, table, kb, used)
+        for r in range(run * ROWS_PER_TASK, min(n_q, (run + 1) * ROWS_PER_TASK)):
+            _attend_row(q, keys, values, mask, order, table, b, h, h // group, r, used, True,
+                        sc, cap, True, tiled, out, cols, biases, qs, acc, kq,
+                        block)  # fmt: skip
+
+
+@functools.cache
+def flash_job() -> Any:
+    """:func:`_flash_job` as a C function for :mod:`.pool`, made once (not compiled yet:
+    :func:`.job_function.job_function`)."""
+    job = job_function(_flash_job, "flash_job_f16")
+    job.tensorplug_origin = ("made_job", __name__, "flash_job")  # how another process makes it
+    return job

@@ -246,6 +246,19 @@ def fmaf(a: Any, b: Any, c: Any) -> Any:
 
 
 @intrinsic
+def f16_widened(typingctx: Any, bits: Any) -> Any:
+    """The f16 whose bits are the uint16 ``bits`` as float32: a ``bitcast`` to half then
+    ``fpext``, one ``vcvtph2ps`` with F16C (a loop of them vectorizes, where a lookup in
+    the f16 table is a gather). Exact, so the same value as the table's. Only where
+    :data:`HAS_F16C`, as :func:`f16_rounded`."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
 def f16_rounded(typingctx: Any, f: Any) -> Any:
     """float32 ``f`` rounded to f16 (to nearest even) and back: ``fptrunc`` to half then
     ``fpext``, one ``vcvtps2ph``/``vcvtph2ps`` pair with F16C, as ggml's

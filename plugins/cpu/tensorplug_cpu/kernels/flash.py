@@ -60,11 +60,17 @@ def build_online_attention(node: Tensor, ctx: BuildContext) -> Step | None:
         mask4 = padded4(ctx.view(mask_t))[:, :, :n_q, :n_kv]
         raw_mask = mask4.view(np.uint16) if mask4.dtype == np.float16 else mask4
     out4 = padded4(ctx.view(node))
-    # one layout for every step (a prompt's q is a permuted view): one compile
-    q_in = q4 if q4.flags.c_contiguous else ctx.scratch(q4.shape)
     scale_f, softcap_f = float(scale), float(softcap)
     # ggml's tiles for a prompt's many rows; a batch-invariant backend keeps one row's way
     tiled = ctx.ggml_order and n_q >= FLASH_TILE_Q
+    if casts is None and raw_mask is not None and raw_mask.dtype == bias.dtype == np.uint16:
+        # an F16 cache and mask (what the runner keeps): a job of the compiled program,
+        # which reads q and out in any layout
+        attend = compiled.bind_online_attend(q4, k_in, v_in, raw_mask, bias, order, scale_f,
+                                             softcap_f, tiled, out4)  # fmt: skip
+        return sequence(prep, attend)
+    # one layout for every step (a prompt's q is a permuted view): one compile
+    q_in = q4 if q4.flags.c_contiguous else ctx.scratch(q4.shape)
 
     def run() -> None:
         if q_in is not q4:

@@ -11,7 +11,7 @@ import numpy as np
 
 from .jit_binding import F16_TO_F32, Binding
 from .jit_steps import JobStep
-from .job_blocks import attend_job_block
+from .job_blocks import attend_job_block, flash_job_block
 from .kernel_refs import made_job, module_kernel
 from .kernel_shapes import DOT_LANES
 
@@ -32,6 +32,7 @@ class AttentionKernels(Binding):
     _softmax_rows = module_kernel(_MODULE, "softmax_rows")
     _widen_f16_rows = module_kernel(_MODULE, "widen_f16_rows")
     _online_attend = module_kernel("_numba_flash", "flash_attend")
+    _online_job = made_job("_numba_flash", "flash_job")
 
     def online_attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
@@ -43,6 +44,28 @@ class AttentionKernels(Binding):
         for many query rows), what llama.cpp computes with flash attention on."""
         self.call("ggml's flash attention kernel", self._online_attend, q, k, v, mask, order,
                   used, scale, softcap, True, tiled, out, F16_TO_F32)  # fmt: skip
+
+    def bind_online_attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,
+        mask: np.ndarray, order: np.ndarray, scale: float, softcap: float, tiled: bool,
+        out: np.ndarray,
+    ) -> JobStep:  # fmt: skip
+        """:meth:`online_attend` over an F16 cache and mask (raw ``uint16`` ``k``, ``v``,
+        ``visible`` and ``mask``, as :meth:`bind_attend` takes them) as a step of the
+        compiled program: the job :func:`._numba_flash.flash_job`, on the spinning
+        helpers for a generation step's few rows, else alone on one thread or as a numba
+        region. A call of the parallel kernel from Python between two parts of the
+        program left the helpers spinning beside numba's own workers, two threads
+        fighting for each core while attention ran. The same rows with the same
+        arithmetic, so the same bits as :meth:`online_attend`."""
+        job = self._online_job
+        if not job.load_kept() and self.ahead is not None and not job.ready():
+            self.ahead.want_job(job, rank=-1)  # before any kernel: a layer's first need
+        block = flash_job_block(q, k, v, visible, mask, order, scale, softcap, tiled, out,
+                                F16_TO_F32)  # fmt: skip
+        arrays = (q, k, v, visible, mask, order, out)
+        return JobStep(self, job, "ggml's flash attention job", [block, block], arrays,
+                       self.pool_for(q.shape[2]))  # fmt: skip
 
     def want_attend_ahead(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,

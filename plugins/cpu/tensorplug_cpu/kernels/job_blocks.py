@@ -37,6 +37,9 @@ __all__ = [
     "ROWS_32", "ROWS_F16", "ROWS_F32", "ROWS_PER_TASK", "ROWS_Q4_K", "ROWS_Q5_K",
     "ROWS_Q6_K", "ROW_DECODER_CODES", "SHARED", "SPIN_NS", "SPIN_ROUNDS", "STATUS", "STOP",
     "SUB", "SUMS_OF_16", "SWIGLU", "TICKET", "TYPES32", "WANTED", "activation_form",
+    "FLASH_FIELDS", "FLASH_GROUPED", "FLASH_K", "FLASH_MASK", "FLASH_ORDER", "FLASH_ORDER_N",
+    "FLASH_OUT", "FLASH_Q", "FLASH_RUNS", "FLASH_SCALE", "FLASH_SOFTCAP", "FLASH_TABLE",
+    "FLASH_TILED", "FLASH_USED", "FLASH_V", "FLASH_VISIBLE", "flash_job_block",
     "attend_job_block", "block_size", "describe4", "job_block", "job_parts",
     "packed_job_block", "sums_span",
 ]  # fmt: skip
@@ -243,3 +246,45 @@ def attend_job_block(
     unit, parts = job_parts(k.shape[1], q.shape[1] // k.shape[1], runs, threads)
     block[ATTEND_RUNS], block[ATTEND_UNIT], block[ATTEND_PARTS] = runs, unit, parts
     return block, q.shape[0] * parts * runs
+
+
+# --- ggml's flash attention kernel's arithmetic (:mod:`._numba_flash`) ------------------
+#: The block of :func:`._numba_flash.flash_job` (int64): q, k, v, the mask its visible
+#: columns are read from, the mask its biases are read from, and out, each as
+#: :func:`describe4` writes it; then order, the scalars, the way (tiled or a row at a
+#: time), the f16 table, the runs of query rows, whether a chunk takes a KV head's query
+#: heads together, and what the prologue finds.
+FLASH_Q, FLASH_K, FLASH_V, FLASH_VISIBLE, FLASH_MASK, FLASH_OUT = (
+    i * ARRAY4_FIELDS for i in range(6)
+)
+(FLASH_ORDER, FLASH_ORDER_N, FLASH_SCALE, FLASH_SOFTCAP, FLASH_TILED, FLASH_TABLE, FLASH_RUNS,
+ FLASH_GROUPED, FLASH_USED) = range(6 * ARRAY4_FIELDS, 6 * ARRAY4_FIELDS + 9)  # fmt: skip
+FLASH_FIELDS = 6 * ARRAY4_FIELDS + 9
+
+
+def flash_job_block(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, mask: np.ndarray,
+    order: np.ndarray, scale: float, softcap: float, tiled: bool, out: np.ndarray,
+    table: np.ndarray,
+) -> tuple[np.ndarray, int]:  # fmt: skip
+    """The argument block of :func:`._numba_flash.flash_job` (F16 ``k``, ``v`` and
+    ``mask`` as raw ``uint16``; ``visible``: the mask as the step slices it, whose last
+    visible column the prologue finds; ``q`` and ``out`` of any strides), and its chunk
+    count: one query row of one KV head's query heads a chunk where rows go one at a
+    time and one mask serves every head, else a run of :data:`ROWS_PER_TASK` query rows
+    of one query head (every row is computed alone, so any split gives the same bits).
+    The arrays must outlive the block."""
+    block = np.zeros(FLASH_FIELDS, np.int64)
+    arrays = (q, k, v, visible, mask, out)
+    fields = (FLASH_Q, FLASH_K, FLASH_V, FLASH_VISIBLE, FLASH_MASK, FLASH_OUT)
+    for at, a in zip(fields, arrays, strict=True):
+        describe4(block, at, a)
+    block[FLASH_ORDER], block[FLASH_ORDER_N] = order.ctypes.data, order.shape[0]
+    block[FLASH_SCALE : FLASH_SOFTCAP + 1] = np.array([scale, softcap], np.float64).view(np.int64)
+    block[FLASH_TILED], block[FLASH_TABLE] = int(tiled), table.ctypes.data
+    runs = (q.shape[2] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    grouped = not tiled and mask.shape[1] == 1
+    block[FLASH_RUNS], block[FLASH_GROUPED] = runs, int(grouped)
+    if grouped:
+        return block, q.shape[0] * k.shape[1] * q.shape[2]
+    return block, q.shape[0] * q.shape[1] * runs

@@ -131,6 +131,12 @@ class CompiledKernels(Kernels, Protocol):
         out: np.ndarray,
     ) -> None: ...  # fmt: skip
 
+    def bind_online_attend(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,
+        mask: np.ndarray, order: np.ndarray, scale: float, softcap: float, tiled: bool,
+        out: np.ndarray,
+    ) -> Callable[[], None]: ...  # fmt: skip
+
     def glu_kind(self, fn: GluOp) -> int | None: ...
 
     def set_rows(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> int: ...
