@@ -18,13 +18,15 @@ import numpy as np
 import pytest
 from plan_runs import kept_plans, record_runs
 
+from tensorplug.errors import RunError
 from tensorplug.graph import Graph
 from tensorplug.sched import Scheduler
+from tensorplug_cpu.backend import CpuBackend
 from tensorplug_llm.batch import Batch
 from tensorplug_llm.engine import Engine, Request, RequestError, TokenEvent
 from tensorplug_llm.placement import Placement, host_cpu
 from tensorplug_llm.run_cli import installed_model
-from tensorplug_llm.runner import ModelRunner
+from tensorplug_llm.runner import GRAPH_CACHE, ModelRunner
 from tensorplug_llm.tiny import write_tiny_llama
 
 SEED = 3
@@ -810,6 +812,41 @@ def test_warm_up_builds_the_steps_past_the_first_kv_pad_rows_too(model_file: Pat
         _no_leak(engine)
     finally:
         m.close()
+
+
+def test_many_slots_keep_every_step_the_warm_up_prepared(model_file: Path) -> None:
+    """Sixteen slots prepare more step shapes (prompt sizes and 16 decode sizes at two
+    context lengths) than a runner kept by default: the first requests built the
+    evicted shapes again. The warm-up asks the runner and the CPU backend to keep
+    them all: preparing them again builds no graph and binds no plan."""
+    m = _tiny(model_file, kv_pad=64)
+    try:
+        engine = Engine(m, n_parallel=16)
+        engine.warm_up()
+        built = m.timings.graphs_built
+        assert built > GRAPH_CACHE
+        cpu = next(iter(m.sched_for(1).backends))
+        bound = kept_plans(cpu)
+        assert len(bound) > GRAPH_CACHE
+        engine.warm_up()  # the same shapes, prepared again
+        assert m.timings.graphs_built == built
+        assert kept_plans(cpu) == bound
+    finally:
+        m.close()
+
+
+def test_keep_graphs_takes_a_count_and_never_keeps_fewer_than_the_default(
+    llama: ModelRunner,
+) -> None:
+    cpu = next(iter(llama.sched_for(1).backends))
+    assert isinstance(cpu, CpuBackend)
+    llama.keep_graphs(3)
+    assert cpu.plan_cache == GRAPH_CACHE
+    llama.keep_graphs(GRAPH_CACHE + 9)
+    assert cpu.plan_cache == GRAPH_CACHE + 9
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(RunError, match="keep_graphs: n must be an int >= 1"):
+            llama.keep_graphs(bad)  # type: ignore[arg-type]
 
 
 def test_a_prompt_step_between_decode_steps_allocates_no_graph(

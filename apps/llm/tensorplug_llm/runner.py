@@ -85,10 +85,11 @@ __all__ = [
     "embedding_model_message",
 ]
 
-#: Built step graphs kept for replay (step sizes x context lengths x outputs): a server
-#: cycles through the bucketed prompt sizes, its decode sizes and a few ``n_kv``; its
-#: warm-up builds 10 prompt sizes and 1..``-np`` decode sizes at two ``n_kv``
-#: (``engine.WARM_UP_LEVELS``): with the loader's, 26 graphs for ``-np 4``, 34 for 8.
+#: Built step graphs kept for replay (step sizes x context lengths x outputs), at the
+#: least: a server cycles through the bucketed prompt sizes, its decode sizes and a few
+#: ``n_kv``; its warm-up builds 10 prompt sizes and 1..``-np`` decode sizes at two
+#: ``n_kv`` (``engine.WARM_UP_LEVELS``) and asks to keep them all
+#: (:meth:`ModelRunner.keep_graphs`: 52 graphs for ``-np 16``).
 GRAPH_CACHE = 40
 #: Tensors below this many bytes are copied out of the file rather than mapped (where
 #: weights are mapped): Linux maps in the page cache's whole large folios around the
@@ -298,6 +299,7 @@ class ModelRunner:
         self.token_sched = Scheduler(self.backends)
         self._own_scheds: dict[int, Scheduler] = {}
         self._graphs: OrderedDict[tuple[int, int, int, bool], StepGraph] = OrderedDict()
+        self._keep_graphs = GRAPH_CACHE  # how many of them (keep_graphs)
         #: which cache rows hold which sequences at which positions
         self.kv = KVCells(self.n_ctx)
         #: the step graphs' inputs and outputs, written and read through kept host views
@@ -349,6 +351,21 @@ class ModelRunner:
             if setter is not None:
                 setter(backend, invariant)
         self.batch_invariant = invariant
+
+    def keep_graphs(self, n: int) -> None:
+        """Keep at least ``n`` built step graphs for replay (:data:`GRAPH_CACHE` at the
+        least), and the plans a backend binds for them, on every backend whose
+        registration offers ``keep_plans`` (the CPU's): a server that cycles through
+        more step shapes than are kept builds each again when it comes back to it, a
+        graph build, an allocation and a plan on a request's first token (the engine's
+        warm-up asks for every shape it prepares)."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise RunError(f"keep_graphs: n must be an int >= 1, got {n!r}")
+        self._keep_graphs = max(GRAPH_CACHE, n)
+        for backend in self.backends:
+            keep = _extension(backend, "keep_plans")
+            if keep is not None:
+                keep(backend, self._keep_graphs)
 
     def _apply_threads(self, n_threads: int) -> None:
         if n_threads == self._threads:
@@ -621,7 +638,7 @@ class ModelRunner:
             if 1 < n_tokens <= OWN_SCHEDULER_ROWS:
                 self._own_scheds[id(sg.graph)] = Scheduler(self.backends)
             self.timings.graphs_built += 1
-            if len(self._graphs) > GRAPH_CACHE:
+            if len(self._graphs) > self._keep_graphs:
                 held = {id(self.sched.allocated), id(self.token_sched.allocated)}
                 old = next(k for k, g in self._graphs.items() if id(g.graph) not in held)
                 gone = self._graphs.pop(old)

@@ -10,7 +10,7 @@ node's ``op_params`` in place, call ``graph_plan_update`` (or compute a new grap
 
 Extensions (``get_proc`` names, as in ggml): ``set_n_threads``,
 ``set_abort_callback`` and ``get_features``, also under their ``ggml_backend_`` names,
-and ``set_batch_invariant`` (tensorplug's own).
+and ``set_batch_invariant`` and ``keep_plans`` (tensorplug's own).
 
 Arithmetic order: by default a backend sums as ggml's CPU code does, llama.cpp's bits
 to the last one, and like ggml's some of those orders depend on how many rows a step
@@ -243,6 +243,9 @@ class CpuBackend(Backend):
         self.n_threads: int | None = None
         self.abort_callback: AbortCallback | None = None
         self.batch_invariant = False  # as an application asked (set_batch_invariant)
+        #: how many plans ``graph_compute`` keeps (:data:`PLAN_CACHE`, or what
+        #: :meth:`keep_plans` asked)
+        self.plan_cache = PLAN_CACHE
         # graph_compute's plans by graph_key, the one it ran last at the end
         self._plans: OrderedDict[GraphKey, CpuGraphPlan] = OrderedDict()
         self._last: CpuGraphPlan | None = None  # that plan, while it is not freed
@@ -268,6 +271,14 @@ class CpuBackend(Backend):
                 f"set_abort_callback: expected a callable or None, got {callback!r}"
             )
         self.abort_callback = callback
+
+    def keep_plans(self, n: int) -> None:
+        """Keep the plans of at least ``n`` graphs (:data:`PLAN_CACHE` at the least): an
+        application that cycles through more step shapes than that (a server's many
+        slots) would otherwise bind a plan again at each shape it comes back to."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidArgumentError(f"keep_plans: n must be an int >= 1, got {n!r}")
+        self.plan_cache = max(PLAN_CACHE, n)
 
     def set_batch_invariant(self, invariant: bool) -> None:
         """Whether a row's bits may depend on the rows computed beside it: False (the
@@ -345,7 +356,7 @@ class CpuBackend(Backend):
                 with collector.paused():  # its steps' views and kernels stay with it
                     plan = CpuGraphPlan(self, graph, key)  # kept only once built
                 self._plans[key] = plan
-                if len(self._plans) > PLAN_CACHE:
+                if len(self._plans) > self.plan_cache:
                     self._plans.popitem(last=False)[1].free()
             else:
                 self._plans.move_to_end(key)
@@ -450,9 +461,14 @@ def set_batch_invariant(backend: Backend, invariant: bool) -> None:
     _backend(backend, "set_batch_invariant").set_batch_invariant(invariant)
 
 
+def keep_plans(backend: Backend, n: int) -> None:
+    """tensorplug's own: keep the plans of at least ``n`` graphs."""
+    _backend(backend, "keep_plans").keep_plans(n)
+
+
 #: the backend's calls by name (``get_proc_address``), ggml's names beside its own
 BACKEND_CALLS: dict[str, Callable[..., Any]] = {}
 for _fn in (set_n_threads, set_abort_callback):
     BACKEND_CALLS[_fn.__name__] = _fn
     BACKEND_CALLS["ggml_backend_" + _fn.__name__] = _fn
-BACKEND_CALLS[set_batch_invariant.__name__] = set_batch_invariant  # ggml has no such call
+BACKEND_CALLS.update(set_batch_invariant=set_batch_invariant, keep_plans=keep_plans)  # not ggml's

@@ -105,13 +105,17 @@ class StepExecutor:
         top = min(n_batch, WARM_UP_ROWS)
         # from 2 rows: a new request's last prompt token beside a few decoding ones
         sizes = sorted({llama.step_rows(n) for n in range(2, top + 1)})
+        decodes = min(n_parallel, n_batch)
+        # every shape prepared stays built, and the steps of a later context length
+        # beside them (many slots' shapes outnumber what a runner keeps by default)
+        llama.keep_graphs((WARM_UP_LEVELS + 1) * (len(sizes) + decodes))
         try:
             for level in range(WARM_UP_LEVELS):
                 if level and not self._reach_level(level, n_parallel):
                     break
                 for n in sizes:
                     llama.prepare(n, pad=True)
-                for n in range(1, min(n_parallel, n_batch) + 1):
+                for n in range(1, decodes + 1):
                     llama.prepare(n, n_outputs=n)
         finally:
             llama.kv.clear()
