@@ -193,6 +193,7 @@ def _serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401  (checked here, used by _Listening)
 
         from .http.vertex import VertexRoutes
+        from .http.warm import warm_up_app
         from .server import ServerConfig, create_app
     except ImportError as e:
         raise RunError(
@@ -243,30 +244,42 @@ def _serve(args: argparse.Namespace) -> int:
             n_ctx_seq = slot_context(
                 llama.n_ctx, args.parallel, args.kv_unified, llama.config.n_ctx_train
             )
-            engine = Engine(
-                llama, args.parallel, max_prefill_tokens=args.max_prefill_tokens,
-                n_ctx_seq=n_ctx_seq,
+            config = ServerConfig(
+                keys, args.max_queue, args.timeout,
+                max_body_bytes=args.max_request_size * 2**20,
+                cors_origins=_origins(args.cors_origins), metrics=args.metrics,
+                slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
+                aliases=args.aliases, tags=args.tags, web_page=args.ui,
+                vertex=VertexRoutes.from_environment(),
+                verbose=bool(getattr(args, "verbose", False)),  # -v: as llama-server's
+                enable_thinking=args.reasoning != "off", jinja=args.jinja,
             )  # fmt: skip
-            engine.warm_up()  # the first requests' step shapes, built before serving
-            llm = LLM(
-                llama,
-                EngineGenerator(engine),
-                model_name=args.alias or Path(args.model).name,
-                chat_template=template,
-                pooling=args.pooling,
-            )
-            try:
-                config = ServerConfig(
-                    keys, args.max_queue, args.timeout,
-                    max_body_bytes=args.max_request_size * 2**20,
-                    cors_origins=_origins(args.cors_origins), metrics=args.metrics,
-                    slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
-                    aliases=args.aliases, tags=args.tags, web_page=args.ui,
-                    vertex=VertexRoutes.from_environment(),
-                    verbose=bool(getattr(args, "verbose", False)),  # -v: as llama-server's
-                    enable_thinking=args.reasoning != "off", jinja=args.jinja,
+
+            def serving() -> tuple[Engine, LLM, Any]:
+                """A fresh engine on the model, its API and their app."""
+                engine = Engine(
+                    llama, args.parallel, max_prefill_tokens=args.max_prefill_tokens,
+                    n_ctx_seq=n_ctx_seq,
                 )  # fmt: skip
-                listening.ready(create_app(llm, config))
+                llm = LLM(
+                    llama,
+                    EngineGenerator(engine),
+                    model_name=args.alias or Path(args.model).name,
+                    chat_template=template,
+                    pooling=args.pooling,
+                )
+                return engine, llm, create_app(llm, config)
+
+            engine, llm, app = serving()
+            engine.warm_up()  # the step shapes, built before serving
+            if not llama.config.arch.encoder:  # the first requests' one-time work, done
+                try:
+                    warm_up_app(app, keys[0] if keys else None)
+                finally:
+                    llm.close()
+                engine, llm, app = serving()  # afresh: no count or cache of the warm-up
+            try:
+                listening.ready(app)
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]
                 if hosts and not keys:
                     print(f"warning: listening on {','.join(hosts)} without --api-key: anyone who "
