@@ -128,11 +128,11 @@ def test_errors_are_in_anthropics_shape(client: Any, server: Any) -> None:
     r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": "sk-test"}, json={
         "model": "any", "messages": ASK}, timeout=60)  # fmt: skip
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("max_tokens")
-    image = {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}
+    document = {"type": "document", "source": {"type": "text", "data": "x"}}
     with pytest.raises(anthropic.BadRequestError) as refused:
         client.messages.create(model="any", max_tokens=4,
-                               messages=[{"role": "user", "content": [image]}])  # fmt: skip
-    assert "type 'image'" in refused.value.body["error"]["message"]
+                               messages=[{"role": "user", "content": [document]}])  # fmt: skip
+    assert "type 'document'" in refused.value.body["error"]["message"]
     wrong = anthropic.Anthropic(base_url=server.url, api_key="sk-wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         wrong.messages.create(model="any", max_tokens=4, messages=ASK)
@@ -185,3 +185,38 @@ def test_a_forced_tool_call_is_a_tool_use_block(tools_client: Any) -> None:
     assert reply.usage.output_tokens == 2
     counted = tools_client.messages.count_tokens(model="any", messages=turn, tools=[WEATHER])
     assert counted.input_tokens == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
+
+
+def test_an_image_is_refused_as_llama_server_refuses_it_without_a_projector(
+    client: Any,
+) -> None:
+    """llama-server answers an image to a model without a multimodal projector with a
+    500 saying the input is not supported, in a message or in a tool's result; clients
+    match that text."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}  # fmt: skip
+    use = {"type": "tool_use", "id": "t1", "name": "read", "input": {"file": "a.png"}}
+    result = {"type": "tool_result", "tool_use_id": "t1",
+              "content": [{"type": "text", "text": "a.png"}, image]}  # fmt: skip
+    for messages in (
+        [{"role": "user", "content": [image, {"type": "text", "text": "what is it?"}]}],
+        [*ASK, {"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}],
+    ):
+        with pytest.raises(anthropic.InternalServerError) as refused:
+            client.messages.create(model="any", max_tokens=4, messages=messages)
+        error = refused.value.body["error"]
+        assert error["type"] == "api_error"
+        assert error["message"].startswith("image input is not supported")
+
+
+def test_an_empty_conversation_is_answered_and_a_missing_one_refused(
+    client: Any, server: Any
+) -> None:
+    """llama-server accepts no messages at all (the reply to an empty chat), and refuses
+    a request without the field."""
+    reply = client.messages.create(model="any", max_tokens=3, messages=[], **GREEDY)
+    assert reply.type == "message" and reply.role == "assistant"
+    assert reply.usage.output_tokens >= 1
+    r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": "sk-test"},
+                   json={"model": "any", "max_tokens": 3}, timeout=60)  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages")

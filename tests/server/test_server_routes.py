@@ -236,3 +236,26 @@ def test_embeddings_take_llama_servers_content_objects(http: TestClient) -> None
     assert got[0]["embedding"] == got[1]["embedding"] == got[2]["embedding"]
     bad = post([{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
     assert bad.status_code == 400 and "text only" in bad.json()["error"]["message"]
+
+
+def test_a_chats_image_or_audio_part_is_llama_servers_500_and_another_part_a_400(
+    http: TestClient,
+) -> None:
+    """An image or audio part is answered as llama-server answers it for a model without
+    a multimodal projector (500, "... input is not supported", on every route that reads
+    a chat); a part of a kind nobody reads is the request's own error (400)."""
+    text = {"type": "text", "text": "what is it?"}
+    for part, kind in (
+        ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "image"),
+        ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "audio"),
+    ):
+        messages = [{"role": "user", "content": [text, part]}]
+        for path in ("/v1/chat/completions", "/apply-template"):
+            r = http.post(path, json={"messages": messages, "max_tokens": 2}, headers=AUTH)
+            assert r.status_code == 500, r.text
+            error = r.json()["error"]
+            assert error["message"].startswith(f"{kind} input is not supported")
+            assert error["type"] == "server_error"
+    odd = [{"role": "user", "content": [text, {"type": "hologram"}]}]
+    r = http.post("/v1/chat/completions", json={"messages": odd}, headers=AUTH)
+    assert r.status_code == 400 and "type 'hologram'" in r.json()["error"]["message"]

@@ -136,6 +136,32 @@ class CompletionRequest(_Sampling):
     echo: StrictBool = False
 
 
+#: content parts of the media kinds llama-server reads with a multimodal projector, by
+#: the word its refusal names them by
+MEDIA_PARTS = {"image_url": "image", "image": "image", "input_audio": "audio",
+               "input_video": "video"}  # fmt: skip
+
+
+class MediaInputError(Exception):
+    """A message holds an image, audio or video, which these models cannot read.
+
+    Not a ``ValueError``, so pydantic does not make it a field's validation error: the
+    server answers it as llama-server does a model without a multimodal projector, a 500
+    whose message says which input ``is not supported`` (clients match that text)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(
+            f"{kind} input is not supported - hint: tensorplug runs a model's text only "
+            "(it loads no multimodal projector, mmproj)"
+        )
+
+
+def refuse_media(kind: object) -> None:
+    """Raise :class:`MediaInputError` if a content part's ``type`` is a media kind."""
+    if isinstance(kind, str) and kind in MEDIA_PARTS:
+        raise MediaInputError(MEDIA_PARTS[kind])
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -147,13 +173,15 @@ class ChatMessage(BaseModel):
     def _text_parts(cls, content: Any) -> Any:
         """OpenAI's content parts (``[{"type": "text", "text": ...}]``, what LangChain and
         Open WebUI send) become one text, the parts joined by newlines as llama-server
-        joins them; a part of another type (an image) is refused by name, since these
-        models read text only."""
+        joins them; an image, audio or video part is refused as llama-server refuses
+        it without a multimodal projector (:class:`MediaInputError`), a part of another
+        type by name, since these models read text only."""
         if not isinstance(content, list):
             return content
         texts = []
         for i, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
+            refuse_media(kind)
             if kind != "text" or not isinstance(part.get("text"), str):
                 raise ValueError(
                     f"part {i} is not a text part ({{'type': 'text', 'text': ...}}), got "

@@ -5,8 +5,11 @@ into OpenAI's chat messages, tools and tool choice, as llama-server turns them
 
 Content blocks are text, ``tool_use`` and ``tool_result`` (a ``thinking`` block of an
 earlier reply is accepted and left out of the prompt, as chat templates leave out
-earlier reasoning); an image or a document is refused by name, since
-these models read text only."""
+earlier reasoning); an image, in a message or a tool's result, is refused as
+llama-server refuses it without a multimodal projector
+(:class:`~tensorplug_llm.openai_schema.MediaInputError`), a document by name, since
+these models read text only. An empty conversation is accepted, as llama-server
+accepts it: the prompt is the system prompt, if any, and the reply's start."""
 
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from pydantic import (
     StrictInt,
     field_validator,
 )
+
+from ..openai_schema import refuse_media
 
 __all__ = ["CountTokensRequest", "MessagesRequest"]
 
@@ -57,6 +62,14 @@ class ToolResultBlock(BaseModel):
     content: str | list[TextBlock] = ""
     is_error: StrictBool = False
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _no_media(cls, content: Any) -> Any:
+        if isinstance(content, list):
+            for block in content:
+                refuse_media(block.get("type") if isinstance(block, dict) else None)
+        return content
+
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
@@ -75,6 +88,7 @@ def _known_blocks(content: Any) -> Any:
     if isinstance(content, list):
         for i, block in enumerate(content):
             kind = block.get("type") if isinstance(block, dict) else None
+            refuse_media(kind)
             if kind not in _KNOWN:
                 raise ValueError(
                     f"block {i} has type {kind!r}: this server reads content blocks of type "
@@ -115,7 +129,7 @@ class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message]  # required, and may be empty (llama-server takes both so)
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api import ContextSizeError, InvalidRequestError
+from ..openai_schema import MediaInputError
 
 __all__ = ["ApiError", "error_body", "error_response", "install_error_handlers", "refused"]
 
@@ -121,6 +122,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequestError)
     async def api_refused(_: Request, exc: InvalidRequestError) -> JSONResponse:
         return refused(exc).response()
+
+    @app.exception_handler(MediaInputError)
+    async def media(_: Request, exc: MediaInputError) -> JSONResponse:
+        # llama-server's answer to an image without a projector: a 500, its text matched
+        return error_response(500, str(exc), "server_error", code=500)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
