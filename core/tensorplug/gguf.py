@@ -232,7 +232,7 @@ class GGUFFile:
                 "files (convert it again without --bigendian)"
             )
         self._data: np.ndarray = reader.data
-        self._fields: dict[str, _ReaderField | _KeptFieldView] = {
+        self._fields: dict[str, _ReaderField | _KeptFieldView | _OverrideField] = {
             k: _ReaderField(f) for k, f in reader.fields.items()
         }
         self.alignment: int = int(reader.alignment)
@@ -307,6 +307,38 @@ class GGUFFile:
     def keys(self) -> list[str]:
         return [k for k in self._fields if not k.startswith("GGUF.")]
 
+    def override(self, values: Mapping[str, bool | int | float | str]) -> None:
+        """Answer ``values`` for their keys from now on (llama.cpp's metadata overrides,
+        llama-cpp-python's ``kv_overrides``): every reader of this object's metadata
+        sees them, the file is not touched. A value is a bool, an int, a float or a
+        string, the kinds llama.cpp overrides; a key the file holds keeps its kind (an
+        integer for an integer key...), as llama.cpp's loader checks an override against
+        the key it replaces. Raises :class:`GGUFError` naming a key whose value cannot
+        stand for it."""
+        checked: dict[str, _OverrideField] = {}
+        for key, value in values.items():
+            if not isinstance(key, str) or not key or len(key.encode()) >= 128:
+                raise GGUFError(f"override key {key!r}: a metadata key is a non-empty string "
+                                "of at most 127 bytes")  # fmt: skip
+            kind = _override_kind(value)
+            if kind is None:
+                raise GGUFError(
+                    f"override {key!r} = {_short(value)}: the value must be a bool, int, float "
+                    f"or str, not {type(value).__name__}"
+                )
+            if kind == "str" and len(str(value).encode()) >= 128:
+                raise GGUFError(f"override {key!r}: a string value has at most 127 bytes")
+            field = self._fields.get(key)
+            if field is not None and not isinstance(field, _OverrideField):
+                held = _override_kind(self._contents(key, field))
+                if held != kind:
+                    raise GGUFError(
+                        f"override {key!r} = {_short(value)} is {_a(kind)}, but the file's "
+                        f"{key!r} is {_a(held or 'array')}: an override keeps the key's kind"
+                    )
+            checked[key] = _OverrideField(value)
+        self._fields.update(checked)
+
     def __contains__(self, key: object) -> bool:
         return key in self._fields
 
@@ -315,7 +347,7 @@ class GGUFFile:
         field = self._fields.get(key)
         return default if field is None else self._contents(key, field)
 
-    def _contents(self, key: str, field: _ReaderField | _KeptFieldView) -> Any:
+    def _contents(self, key: str, field: _ReaderField | _KeptFieldView | _OverrideField) -> Any:
         try:
             return field.contents()
         except UnicodeDecodeError as e:
@@ -643,6 +675,39 @@ def string_array(data: np.ndarray, start: int, count: int) -> StringArray:
     if offs > size:
         raise ValueError("truncated string")
     return StringArray(data, start, np.frombuffer(ends, np.int64) - start)
+
+
+def _a(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
+def _override_kind(value: Any) -> str | None:
+    """The kind of an override's (or a file value's) scalar: ``bool``, ``int``,
+    ``float``, ``str``, or None (an array, or anything else)."""
+    for kind in (bool, int, float, str):  # bool first: a bool is an int too
+        if isinstance(value, kind):
+            return kind.__name__
+    return None
+
+
+class _OverrideField:
+    """A metadata key's value given by :meth:`GGUFFile.override`, answered as a field
+    of the file is."""
+
+    def __init__(self, value: bool | int | float | str) -> None:
+        self.value = value
+
+    def contents(self) -> Any:
+        return self.value
+
+    def numbers(self) -> np.ndarray | None:
+        return None  # a scalar
+
+    def length(self) -> int | None:
+        return None
+
+    def string_array(self) -> StringArray | None:
+        return None
 
 
 class _ReaderField:

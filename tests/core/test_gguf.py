@@ -78,6 +78,31 @@ def test_metadata_and_tensor_descriptions(tiny: Path) -> None:
     assert f.tensors["blk.0.attn_norm.weight"].type == Type.F32
 
 
+def test_overrides_stand_for_the_files_values_of_their_kind(tiny: Path) -> None:
+    """llama.cpp's metadata overrides: every reader sees them (get, value, keys, in),
+    the file does not change, a new key is added, and a value of another kind than the
+    key it replaces is refused naming both."""
+    f = GGUFFile(tiny)
+    f.override({"llama.embedding_length": 32, "llama.rope.freq_base": 5e5,
+                "general.name": "renamed", "tokenizer.ggml.add_bos_token": False,
+                "my.own.key": True})  # fmt: skip
+    assert f.value("llama.embedding_length", int) == 32
+    assert f.get("llama.rope.freq_base") == 5e5 and f.get("general.name") == "renamed"
+    assert f.get("tokenizer.ggml.add_bos_token") is False
+    assert "my.own.key" in f and f.keys().count("my.own.key") == 1 and f.get("my.own.key")
+    assert f.numbers("llama.embedding_length") is None and f.length("general.name") is None
+    assert GGUFFile(tiny).value("llama.embedding_length", int) == 64  # the file is as it was
+    for values, said in [
+        ({"llama.embedding_length": 32.0}, "a float, but the file's '.*' is an int"),
+        ({"llama.embedding_length": True}, "is a bool, but the file's"),
+        ({"tokenizer.ggml.tokens": "x"}, "is an array"),
+        ({"general.name": None}, "must be a bool, int, float or str"),
+        ({"": 1}, "non-empty string"),
+    ]:  # fmt: skip
+        with pytest.raises(GGUFError, match=said):
+            GGUFFile(tiny).override(values)  # type: ignore[arg-type]
+
+
 def _odd_arrays(path: Path) -> Path:
     w = GGUFWriter(str(path), "llama")
     w.add_array("a.strings", ["x", "", "ü€", "tab\tnewline\n"])

