@@ -12,9 +12,13 @@ those arrays, and keeps the runner's sequence 0 (``ModelRunner.n_past``) in step
 Sampling follows llama-cpp-python's chain (``Llama._init_sampler``): logits processors
 first, then the repetition penalties over the tokens sampled in this generation (not
 the prompt), the grammar, and top-k → typical → top-p → min-p → temperature → draw (or
-greedy at temperature 0, or mirostat). The draw uses numpy's generator seeded from the
-``seed`` given; a seeded run repeats itself, but cannot reproduce llama.cpp's own
-random draws (a different generator), only its greedy choices.
+greedy at temperature 0, or mirostat). The draw is llama.cpp's ``dist``, on its
+generator (:class:`~tensorplug_llm.sampling.LlamaDraws`: ``std::mt19937`` and libstdc++'s
+uniform doubles), so a seeded run draws llama.cpp's tokens wherever the chain's
+probabilities agree. Mirostat draws with the same generator, but its arithmetic is
+numpy's in float64 and its draw a search of the running sum, where llama.cpp's is float32
+and ``std::discrete_distribution``: a seeded mirostat run repeats itself, and may part
+from llama.cpp's.
 """
 
 from __future__ import annotations
