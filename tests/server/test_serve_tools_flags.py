@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,31 @@ def test_the_tools_flags_are_parsed() -> None:
     args = _parse(argv)
     assert (args.tools, args.tools_runtime) == ("all", "docker:busybox")
     assert (args.mcp_servers_json, args.mcp_servers_config) == ('{"mcpServers": {}}', "m.json")
+
+
+def test_the_toolbox_starts_before_and_closes_after_the_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``serve`` starts the tools with the listener, registers their shutdown as a stop
+    hook (MCP calls in flight return at once) and closes them when it ends."""
+    from mcp_fake import write_server
+
+    from tensorplug_llm.serve_cli import _tools
+    from tensorplug_llm.server_tools import McpServerConfig
+
+    class Listening:
+        def __init__(self) -> None:
+            self.on_stop: list[Any] = []
+
+    fake = McpServerConfig("fake", sys.executable, (str(write_server(tmp_path)),))
+    listening = Listening()
+    with _tools(["read_file"], [fake], "", listening) as box:  # type: ignore[arg-type]
+        assert box is not None and box.mcp is not None
+        assert [t.name for t in box.tools][:2] == ["read_file", "fake_echo"]
+        assert listening.on_stop == [box.shutdown]
+        assert box.mcp.call("fake", "add", {"a": 1, "b": 1}) == {"plain_text_response": "2"}
+        sessions = list(box.mcp.sessions.values())
+    assert box.mcp.stopping.is_set() and not any(s.alive() for s in sessions)
+    with _tools([], [], "docker:x", Listening()) as none:  # type: ignore[arg-type]
+        assert none is None  # a runtime alone serves nothing, as llama-server's
+    assert "--tools-runtime without --tools" in capsys.readouterr().err
