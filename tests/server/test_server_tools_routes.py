@@ -107,6 +107,8 @@ def test_post_runs_a_tool_with_the_headers_cwd(http: TestClient, tmp_path: Path)
         ({"tool": "read_file", "params": []}, 400, "params: must be an object"),
         ({"tool": "read_file", "stream": "yes"}, 400, "stream: must be a boolean"),
         ({"tool": "read_file", "params": {}}, 400, "params.path is required"),
+        ({"tool": "edit_file", "params": {"path": "x", "edits": [{"new_text": "a"}]}}, 400,
+         "params.edits[0].old_text is required"),
         ({"tool": "nope"}, 404, 'unknown tool "nope"'),
         ({"tool": "read_file", "stream": True}, 404,
          'tool "read_file" does not support stream = true'),

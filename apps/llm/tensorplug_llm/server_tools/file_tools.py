@@ -160,7 +160,10 @@ class EditFile(Tool):
         for i, e in enumerate(given):
             if not isinstance(e, dict):
                 raise ParamError(f"params.edits[{i}] must be an object")
-            edit = Edit(required_str(e, "old_text"), required_str(e, "new_text"))
+            try:
+                edit = Edit(required_str(e, "old_text"), required_str(e, "new_text"))
+            except ParamError as err:  # named where it is: params.edits[i].old_text
+                raise ParamError(str(err).replace("params.", f"params.edits[{i}].")) from None
             if not edit.old_text:
                 return {"error": f"edits[{i}].old_text must not be empty"}
             edits.append(edit)
