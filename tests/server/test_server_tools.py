@@ -358,6 +358,7 @@ def test_a_spawned_container_is_the_runtime_of_every_call(fake_bin: Path) -> Non
         assert box.call_params({}, {}) == {"runtime": "docker-container:fakecontainer123"}
         # a request's own runtime wins
         assert box.call_params({}, {"x-tool-runtime": "ssh:h"}) == {"runtime": "ssh:h"}
+        assert box.call_params({}, {}, in_runtime=False) == {}  # an MCP server's tool
         got = call(box, "exec_shell_command", {"command": "echo in"})
         assert got == {"plain_text_response": "in\n\n[exit code: 0]"}
         assert runtime.proc is not None

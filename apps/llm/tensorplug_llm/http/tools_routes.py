@@ -53,7 +53,7 @@ async def call_tool(request: Request) -> Response:
     name, params, stream = _call(await request.body())
     try:
         tool = tools.find(name, stream)
-        params = tools.call_params(params, request.headers)
+        params = tools.call_params(params, request.headers, tool.kind == "server")
     except UnknownTool as e:
         raise ApiError(404, str(e), code="not_found") from None
     except ToolRuntimeError as e:  # --tools-runtime's container could not be started again

@@ -106,14 +106,18 @@ class ToolBox:
                 return t
         raise UnknownTool(f'unknown tool "{name}"')
 
-    def call_params(self, params: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    def call_params(
+        self, params: Mapping[str, Any], headers: Mapping[str, str], in_runtime: bool = True
+    ) -> dict[str, Any]:
         """The model's ``params`` with the request's own (from ``headers``, whose names
-        are lowercase) in place of any it gave."""
+        are lowercase) in place of any it gave; ``--tools-runtime``'s runtime where the
+        request names none and the tool runs in one (``in_runtime``: a built-in tool,
+        not an MCP server's)."""
         out = {k: v for k, v in params.items() if k not in HEADER_PARAMS}
         for key, header in HEADER_PARAMS.items():
             if headers.get(header):
                 out[key] = headers[header]
-        if "runtime" not in out and self.runtime is not None:
+        if in_runtime and "runtime" not in out and self.runtime is not None:
             out["runtime"] = self.runtime.spec()
         return out
 
