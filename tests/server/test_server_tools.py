@@ -94,6 +94,10 @@ def test_read_file_limits_and_base64(box: ToolBox, tmp_path: Path) -> None:
     raw.write_bytes(b"\x00\xff\x10")
     got = call(box, "read_file", {"path": str(raw)}, x_resp_type="base64")
     assert got == {"base64": base64.b64encode(b"\x00\xff\x10").decode(), "size_bytes": 3}
+    assert call(box, "read_file", {"path": "a\x00b"}) == {"error": "cannot stat file: a\x00b"}
+    assert call(box, "write_file", {"path": "a\x00b", "content": ""}) == {
+        "error": "failed to write file: a\x00b"
+    }
     missing = str(tmp_path / "missing")
     assert call(box, "read_file", {"path": missing}) == {"error": f"cannot stat file: {missing}"}
     with pytest.raises(ParamError, match="params.path is required"):

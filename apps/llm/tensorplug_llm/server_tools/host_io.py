@@ -47,13 +47,13 @@ class HostIO(ToolIO):
     def file_size(self, path: str) -> int | None:
         try:
             return os.path.getsize(self.resolve(path))
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the path
             return None
 
     def read(self, path: str) -> bytes | None:
         try:
             return Path(self.resolve(path)).read_bytes()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the path
             return None
 
     def write(self, path: str, content: bytes) -> bool:
@@ -61,7 +61,7 @@ class HostIO(ToolIO):
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
-        except OSError:
+        except (OSError, ValueError):
             return False
         return True
 
