@@ -82,6 +82,16 @@ def test_the_serve_parser_takes_its_own_flags(argv: ModuleType) -> None:
     assert not known("--no-such-flag")
 
 
+def test_the_tools_flags_pass_through_with_their_values(argv: ModuleType) -> None:
+    """``--tools``, ``--tools-runtime`` and the MCP flags are serve's own, spelled as
+    llama-server's: passed as they came, values and all."""
+    line = ["--tools", "all", "--tools-runtime", "docker:busybox", "--mcp-servers-json",
+            '{"mcpServers": {}}', "--mcp-servers-config", "m.json", "--no-ui"]  # fmt: skip
+    assert argv.serve_argv(line) == line
+    known = argv.known_to(argv._serve_parser())
+    assert all(known(f) for f in line if f.startswith("--"))
+
+
 def test_main_refuses_an_unknown_mode(
     argv: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,6 +14,7 @@ so a port in use fails at once, not after a minute of loading.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import ipaddress
 import os
@@ -22,8 +23,9 @@ import socket
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorplug.cli import count_argument
 from tensorplug.errors import RunError, TensorplugError
@@ -33,12 +35,17 @@ from .serve_flags import (
     add_llama_server_flags,
     api_keys,
     chat_template,
+    cors_origins,
     names,
     request_defaults,
     rope_overrides,
     slot_context,
+    tools_settings,
 )
 from .terminal import printable
+
+if TYPE_CHECKING:
+    from .server_tools import McpServerConfig, ToolBox
 
 __all__ = ["TINY_CHAT_TEMPLATE", "add_arguments", "main"]
 
@@ -211,17 +218,23 @@ def _serve(args: argparse.Namespace) -> int:
     _resolve(args)
     keys = api_keys(args)
     template = chat_template(args)
+    tool_names, mcp_configs = tools_settings(args)
     if args.ray:
         from .ray_serve import serve_with_ray
 
+        if tool_names or mcp_configs:
+            raise RunError("--tools and MCP servers are not supported with --ray (the Ray "
+                           "Serve replicas serve no /tools)")  # fmt: skip
         if template is not None and not (args.chat_template and Path(args.chat_template).is_file()):
             raise RunError("with --ray, give the chat template as a file every node can read")
         return serve_with_ray(args)
+    cors = cors_origins(args.cors_origins, bool(tool_names or mcp_configs))
     sockets = bind(args.host, args.port)  # before the model loads: a busy port fails now
     try:
         with (
             tempfile.TemporaryDirectory(prefix="tensorplug-serve-") as tmp,
             _Listening(sockets, max_connections=args.max_connections) as listening,
+            _tools(tool_names, mcp_configs, args.tools_runtime or "", listening) as tools,
         ):
             if args.model is None and not args.tiny:
                 installed = installed_model()
@@ -247,7 +260,7 @@ def _serve(args: argparse.Namespace) -> int:
             config = ServerConfig(
                 keys, args.max_queue, args.timeout,
                 max_body_bytes=args.max_request_size * 2**20,
-                cors_origins=_origins(args.cors_origins), metrics=args.metrics,
+                cors_origins=cors, metrics=args.metrics, tools=tools,
                 slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
                 aliases=args.aliases, tags=args.tags, web_page=args.ui,
                 vertex=VertexRoutes.from_environment(),
@@ -280,6 +293,11 @@ def _serve(args: argparse.Namespace) -> int:
                 engine, llm, app = serving()  # afresh: no count or cache of the warm-up
             try:
                 listening.ready(app)
+                if tools is not None:
+                    print("warning: /tools is on (server tools, MCP servers): any client "
+                          "that can reach the server can run commands and write files with "
+                          "its rights; do not expose it to untrusted networks",
+                          file=sys.stderr)  # fmt: skip
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]
                 if hosts and not keys:
                     print(f"warning: listening on {','.join(hosts)} without --api-key: anyone who "
@@ -297,6 +315,34 @@ def _serve(args: argparse.Namespace) -> int:
         for sock in sockets:
             sock.close()
     return 0
+
+
+@contextlib.contextmanager
+def _tools(
+    names: list[str], mcp_configs: list[McpServerConfig], runtime: str, listening: _Listening
+) -> Iterator[ToolBox | None]:
+    """The ToolBox of ``--tools``, ``--tools-runtime`` and the MCP servers (None without
+    any), started before the model loads (as llama-server's: a bad runtime or
+    configuration stops the server now) and closed after the HTTP server stopped: its
+    container removed, its MCP servers ended. A stop signal makes every tool call in
+    flight return at once, so the HTTP server does not wait for a slow one."""
+    if not names and not mcp_configs:
+        if runtime:
+            print("warning: --tools-runtime without --tools or MCP servers: no tool to run",
+                  file=sys.stderr)  # fmt: skip
+        yield None
+        return
+    from .server_tools import ToolBox, ToolRuntimeError
+
+    try:
+        box = ToolBox.start(names, mcp_configs, runtime)
+    except (ValueError, ToolRuntimeError) as e:
+        raise RunError(f"tools setup failed: {e}") from None
+    listening.on_stop.append(box.shutdown)
+    try:
+        yield box
+    finally:
+        box.close()
 
 
 class _Listening:
@@ -317,6 +363,9 @@ class _Listening:
         from .http.transport import MAX_CONNECTIONS, ConnectionCap, Connections, uvicorn_settings
 
         self.switch = Switch()
+        #: called when the server is told to stop (a signal, Ctrl-C), before it waits for
+        #: the requests in flight
+        self.on_stop: list[Callable[[], None]] = []
         connections = Connections(max_connections or MAX_CONNECTIONS)
         config = uvicorn.Config(
             ConnectionCap(self.switch, connections),
@@ -356,7 +405,7 @@ class _Listening:
                     )
                 self.thread.join(0.1)
         except KeyboardInterrupt:
-            self.server.should_exit = True
+            self._stopping()
             if main:  # a second Ctrl-C during the shutdown forces it rather than cutting it
                 signal.signal(signal.SIGINT, self._force)
             self.thread.join()
@@ -368,15 +417,21 @@ class _Listening:
                 signal.signal(signal.SIGTERM, previous)
 
     def stop(self, force: bool = False) -> None:
-        self.server.should_exit = True
+        self._stopping()
         self.server.force_exit = self.server.force_exit or force
         self.thread.join(5 if force else 30)
 
-    def _exit(self, signum: int, frame: Any) -> None:
+    def _stopping(self) -> None:
         self.server.should_exit = True
+        for hook in self.on_stop:
+            hook()
+
+    def _exit(self, signum: int, frame: Any) -> None:
+        self._stopping()
 
     def _force(self, signum: int, frame: Any) -> None:
-        self.server.should_exit = self.server.force_exit = True
+        self._stopping()
+        self.server.force_exit = True
 
 
 def bind(hosts: str, port: int) -> list[socket.socket]:
@@ -422,12 +477,6 @@ def _bind_one(host: str, port: int) -> socket.socket:
 def _url(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def _origins(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    return [o.strip() for o in text.split(",") if o.strip()]
 
 
 def _loopback(host: str) -> bool:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,14 +21,19 @@ from tensorplug.errors import RunError
 
 from .rope import RopeOverrides
 
+if TYPE_CHECKING:
+    from .server_tools import McpServerConfig
+
 __all__ = [
     "add_llama_server_flags",
     "api_keys",
     "chat_template",
+    "cors_origins",
     "names",
     "request_defaults",
     "rope_overrides",
     "slot_context",
+    "tools_settings",
 ]
 
 #: llama-server flags tensorplug does not have, with why (each refused by name)
@@ -358,8 +364,76 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--min-p", type=float, metavar="P", help="min-p where a request does not say (0.05)"
     )
+    _add_tools_flags(p)
     for flags, reason in UNSUPPORTED.items():
         p.add_argument(*flags, action=_Refuse, reason=reason, dest="unsupported")
+
+
+def _add_tools_flags(p: argparse.ArgumentParser) -> None:
+    """llama-server's server tools and MCP servers: /tools, off by default."""
+    g = p.add_argument_group(
+        "server tools (llama-server's /tools): they run commands and write files with the "
+        "server's rights for any client that can reach it; do not enable on an untrusted "
+        "network, and give --api-key"
+    )
+    g.add_argument(
+        "--tools",
+        metavar="TOOL1,TOOL2,...",
+        help="serve these built-in tools at /tools ('all': every one; read_file, "
+        "file_glob_search, grep_search, exec_shell_command, write_file, edit_file, "
+        "get_info); --cors-origins then defaults to localhost",
+    )
+    g.add_argument(
+        "--tools-runtime",
+        metavar="OPTION",
+        help="where the tools run (default: this machine): docker:IMAGE or podman:IMAGE (a "
+        "container started for them, removed when the server stops), docker-container:ID "
+        "or podman-container:ID (a running container), ssh:TARGET (a host over ssh, "
+        "key-based, its host key already trusted)",
+    )
+    g.add_argument(
+        "--mcp-servers-config",
+        metavar="PATH",
+        help='a JSON file of MCP servers ({"mcpServers": {NAME: {"command", "args", "env", '
+        '"cwd", "timeout_ms"}}}, as Cursor\'s): their tools are served at /tools as '
+        "NAME_TOOL; --cors-origins then defaults to localhost",
+    )
+    g.add_argument(
+        "--mcp-servers-json",
+        metavar="JSON",
+        help="the same MCP servers' JSON, given inline",
+    )
+
+
+def cors_origins(text: str | None, tools_on: bool) -> list[str] | None:
+    """``--cors-origins``' origins (None: every one). Where the server runs tools
+    (``--tools``, MCP servers) and none are given, only ``localhost``, as llama-server's:
+    a page anywhere could otherwise have a browser run commands on this machine."""
+    if text is not None:
+        return [o.strip() for o in text.split(",") if o.strip()]
+    if tools_on:
+        print("warning: server tools or MCP servers are enabled: --cors-origins defaults to "
+              "localhost (give --cors-origins to change it)", file=sys.stderr)  # fmt: skip
+        return ["localhost"]
+    return None
+
+
+def tools_settings(args: argparse.Namespace) -> tuple[list[str], list[McpServerConfig]]:
+    """``--tools``' names and the MCP servers of ``--mcp-servers-config`` and
+    ``--mcp-servers-json``, checked before anything loads (a RunError naming what is
+    wrong: the server does not start on half its configuration)."""
+    from .server_tools import BUILTIN_TOOLS, McpConfigError, load_configs
+
+    names = [n.strip() for n in (args.tools or "").split(",") if n.strip()]
+    known = [t.name for t in BUILTIN_TOOLS]
+    for name in names:
+        if name != "all" and name not in known:
+            raise RunError(f'--tools: unknown tool "{name}". available tools: {", ".join(known)}')
+    try:
+        configs = load_configs(args.mcp_servers_config, args.mcp_servers_json)
+    except McpConfigError as e:
+        raise RunError(str(e)) from None
+    return names, configs
 
 
 def slot_context(n_ctx: int, n_parallel: int, unified: bool, n_ctx_train: int) -> int:

@@ -24,6 +24,7 @@ from .native_routes import router as native
 from .openai_routes import both, v1_only
 from .responses_routes import router as responses
 from .service import Service
+from .tools_routes import router as tools
 from .transport import Transport
 from .vertex import add_predict_route
 from .web_page import add_web_page
@@ -42,12 +43,13 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     app.state.service = svc
     app.state.llm = llm
     app.state.metrics = svc.metrics
+    app.state.tools = cfg.tools  # /tools: 403 without (--tools, MCP servers)
     install_error_handlers(app)
     routes: set[str] = set()  # the paths metrics name (any other is counted as "other")
     posts: list[str] = []  # the POST routes, which Vertex AI's /predict dispatches to
     for router, prefix in (
         (native, ""), (infill, ""), (both, ""), (both, "/v1"), (v1_only, "/v1"),
-        (anthropic, "/v1"), (responses, ""), (responses, "/v1"),
+        (anthropic, "/v1"), (responses, ""), (responses, "/v1"), (tools, ""),
     ):  # fmt: skip
         app.include_router(router, prefix=prefix)
         routes |= {

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tensorplug.errors import RunError
 
 if TYPE_CHECKING:
+    from ..server_tools import ToolBox
     from .vertex import VertexRoutes
 
 __all__ = ["ServerConfig"]
@@ -39,7 +40,9 @@ class ServerConfig:
     ``--verbose``; a request asks for it alone with ``"verbose": true``);
     ``enable_thinking``: the chat template's ``enable_thinking`` (``--reasoning off``:
     false); ``jinja``: False as llama-server's ``--no-jinja``, which refuses a chat
-    request's tools (its built-in templates render none)."""
+    request's tools (its built-in templates render none); ``tools``: the tools
+    ``/tools`` lists and runs (``--tools``, MCP servers), None for none (a 403 there):
+    whoever can call the server can then run commands and write files with its rights."""
 
     def __init__(
         self,
@@ -63,6 +66,7 @@ class ServerConfig:
         verbose: bool = False,
         enable_thinking: bool = True,
         jinja: bool = True,
+        tools: ToolBox | None = None,
     ) -> None:
         if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1 or body_timeout <= 0:
             raise RunError(
@@ -91,6 +95,7 @@ class ServerConfig:
         self.verbose = verbose
         self.enable_thinking = enable_thinking
         self.jinja = jinja
+        self.tools = tools
 
     @property
     def api_key(self) -> str | None:
