@@ -14,7 +14,7 @@ from tiny_server import TinyModel, tiny_model
 
 from tensorplug_llm.engine.state import EngineStats
 from tensorplug_llm.generation import EngineGenerator
-from tensorplug_llm.http.warm import WARM_REQUESTS, WarmUpError, warm_up_app
+from tensorplug_llm.http.warm import WARM_REQUESTS, warm_up_app
 from tensorplug_llm.server import ServerConfig, create_app
 
 
@@ -34,13 +34,18 @@ def _engine_stats(m: TinyModel) -> EngineStats:
 def test_each_warm_up_request_generates_one_token_through_the_app(model: TinyModel) -> None:
     stats = _engine_stats(model)
     finished, generated = stats.requests_finished, stats.generated_tokens
-    warm_up_app(create_app(model.llm, ServerConfig()))
+    assert warm_up_app(create_app(model.llm, ServerConfig())) == []
     assert stats.requests_finished - finished == len(WARM_REQUESTS) == 3
     assert stats.generated_tokens - generated == len(WARM_REQUESTS)
 
 
-def test_the_warm_up_sends_the_servers_key(model: TinyModel) -> None:
+def test_the_warm_up_sends_the_servers_key_and_a_refusal_is_no_failure(
+    model: TinyModel,
+) -> None:
+    """A refused warm-up request (here: no key) is reported, never raised: the server
+    serves all the same (a chat template's preamble may outgrow a small context)."""
     app = create_app(model.llm, ServerConfig("sesame"))
-    with pytest.raises(WarmUpError, match=r"POST /v1/chat/completions was answered 401"):
-        warm_up_app(app)
-    warm_up_app(app, "sesame")
+    refused = warm_up_app(app)
+    assert len(refused) == len(WARM_REQUESTS)
+    assert refused[0].startswith("POST /v1/chat/completions was answered 401")
+    assert warm_up_app(app, "sesame") == []

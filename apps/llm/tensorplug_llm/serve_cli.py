@@ -287,9 +287,12 @@ def _serve(args: argparse.Namespace) -> int:
             engine.warm_up()  # the step shapes, built before serving
             if not llama.config.arch.encoder:  # the first requests' one-time work, done
                 try:
-                    warm_up_app(app, keys[0] if keys else None)
+                    refused = warm_up_app(app, keys[0] if keys else None)
                 finally:
                     llm.close()
+                if getattr(args, "verbose", False):
+                    for line in refused:  # served all the same: a client's would be too
+                        print(f"warm-up: {line}", file=sys.stderr)
                 engine, llm, app = serving()  # afresh: no count or cache of the warm-up
             try:
                 listening.ready(app)
