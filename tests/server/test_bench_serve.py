@@ -139,12 +139,22 @@ def test_docs_rows_go_into_performance_md_between_the_markers(
     assert [r[2:4] for r in rows] == [["4", "1"], ["4", "16"], ["8", "8"]]
     page = tmp_path / "performance.md"
     page.write_text((ROOT / "docs" / "performance.md").read_text(encoding="utf-8"))
+
+    def table() -> list[str]:
+        text = page.read_text(encoding="utf-8")
+        start, end = (
+            text.index("<!-- perf:bench_serve -->"),
+            text.index("<!-- /perf:bench_serve -->"),
+        )
+        return text[start:end].splitlines()[1:]
+
+    before = table()  # header, rule, and the rows of the machines measured so far
     bench.perf_docs.write_rows(bench.DOCS_TABLE, rows, page, "Some CPU", datetime.date(2025, 1, 2))
-    text = page.read_text(encoding="utf-8")
-    body = text[text.index("<!-- perf:bench_serve -->") : text.index("<!-- /perf:bench_serve -->")]
-    lines = body.splitlines()[1:]
-    assert len(lines) == 2 + 3  # header, rule, a row per -np and client count
-    assert lines[2] == (
+    lines = table()
+    ours = [line for line in lines if "| Some CPU |" in line]
+    assert len(lines) == len(before) + 3 and lines[: len(before)] == before  # others kept
+    assert len(ours) == 3  # a row per -np and client count
+    assert ours[0] == (
         f"| SmolLM2.gguf | {run} | 4 | 1 | 96.0 / 74.0 (1.30) | 45 / 54 (0.83) | "
         "90 / 108 (0.83) | 10.0 / 20.0 (0.50) | 30.0 / 60.0 (0.50) | 0 / 0 | Some CPU | "
         "2025-01-02 |"
