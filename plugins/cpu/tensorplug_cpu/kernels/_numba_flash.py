@@ -29,9 +29,8 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import carray, njit, prange
+from numba import carray, njit, prange, types
 from numba.extending import overload
-from numba.np import numpy_support
 
 from . import _numba_ir as _ir
 from ._numba_attention import (
@@ -138,7 +137,8 @@ def unit_row(a: Any, h: int, j: int) -> Any:
 
 @overload(unit_row, inline="always")
 def _unit_row_impl(a, h, j):  # type: ignore[no-untyped-def]  # numba: names only
-    dtype = numpy_support.as_dtype(a.dtype)
+    # the two dtypes a cache row has here: raw f16, or float32 (widened or F32)
+    dtype = np.uint16 if a.dtype == types.uint16 else np.float32
 
     def impl(a, h, j):  # type: ignore[no-untyped-def]
         return carray(address(a[h, j].ctypes.data), a.shape[2], dtype)
