@@ -805,6 +805,18 @@ def softmax_rows(s: Any, mask: Any, used: int, scale: float, row: Any) -> None:
 _attend_rows_inline = njit(inline="always")(attend_rows.py_func)
 
 
+@njit(inline="always")
+def attention_views(j: Any) -> Any:
+    """What both attention jobs' blocks hold at the same fields
+    (:func:`.job_blocks._attention_block`): ``(q, out, k, v, mask, order, scales)``,
+    the cache and mask as raw f16, ``scales`` the scale and the softcap."""
+    q, out = view4(j, ATTEND_Q, np.float32), view4(j, ATTEND_OUT, np.float32)
+    k, v = view4(j, ATTEND_K, np.uint16), view4(j, ATTEND_V, np.uint16)
+    mask = view4(j, ATTEND_MASK, np.uint16)
+    order = carray(address(j[ATTEND_ORDER]), j[ATTEND_ORDER_N], np.int32)
+    return q, out, k, v, mask, order, j[ATTEND_SCALE : ATTEND_SOFTCAP + 1].view(np.float64)
+
+
 def _attend_job(job: Any, lo: Any, hi: Any) -> None:
     """:func:`attend` as a job of :mod:`.pool`: the prologue finds the visible columns
     (``used``, kept in the block for the chunks); chunk ``t`` takes a run of query rows
@@ -815,11 +827,7 @@ def _attend_job(job: Any, lo: Any, hi: Any) -> None:
     if lo < 0:
         j[ATTEND_USED] = visible_columns(view4(j, ATTEND_VISIBLE, np.uint16), table)
         return
-    q, out = view4(j, ATTEND_Q, np.float32), view4(j, ATTEND_OUT, np.float32)
-    k, v = view4(j, ATTEND_K, np.uint16), view4(j, ATTEND_V, np.uint16)
-    mask = view4(j, ATTEND_MASK, np.uint16)
-    order = carray(address(j[ATTEND_ORDER]), j[ATTEND_ORDER_N], np.int32)
-    scales = j[ATTEND_SCALE : ATTEND_SOFTCAP + 1].view(np.float64)
+    q, out, k, v, mask, order, scales = attention_views(j)
     used, runs, n_q = j[ATTEND_USED], j[ATTEND_RUNS], q.shape[2]
     unit, parts = j[ATTEND_UNIT], j[ATTEND_PARTS]
     group = q.shape[1] // k.shape[1]

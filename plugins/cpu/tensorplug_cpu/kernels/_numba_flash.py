@@ -35,6 +35,7 @@ from numba.extending import overload
 from . import _numba_ir as _ir
 from ._numba_attention import (
     EXP_LANES,
+    attention_views,
     cell_rows,
     cell_value,
     halving_sum,
@@ -51,19 +52,10 @@ from ._numba_rows import ggml_expf
 from .job_blocks import (
     FLASH_FIELDS,
     FLASH_GROUPED,
-    FLASH_K,
-    FLASH_MASK,
-    FLASH_ORDER,
-    FLASH_ORDER_N,
-    FLASH_OUT,
-    FLASH_Q,
     FLASH_RUNS,
-    FLASH_SCALE,
-    FLASH_SOFTCAP,
     FLASH_TABLE,
     FLASH_TILED,
     FLASH_USED,
-    FLASH_V,
     FLASH_VISIBLE,
     ROWS_PER_TASK,
 )
@@ -313,11 +305,7 @@ def _flash_job(job: Any, lo: Any, hi: Any) -> None:
     if lo < 0:
         j[FLASH_USED] = visible_columns(view4(j, FLASH_VISIBLE, np.uint16), table)
         return
-    q, out = view4(j, FLASH_Q, np.float32), view4(j, FLASH_OUT, np.float32)
-    k, v = view4(j, FLASH_K, np.uint16), view4(j, FLASH_V, np.uint16)
-    mask = view4(j, FLASH_MASK, np.uint16)
-    order = carray(address(j[FLASH_ORDER]), j[FLASH_ORDER_N], np.int32)
-    scales = j[FLASH_SCALE : FLASH_SOFTCAP + 1].view(np.float64)
+    q, out, k, v, mask, order, scales = attention_views(j)
     sc, cap = np.float32(scales[0]), np.float32(scales[1])
     tiled = j[FLASH_TILED] != 0
     used, runs, grouped = j[FLASH_USED], j[FLASH_RUNS], j[FLASH_GROUPED] != 0

@@ -234,14 +234,9 @@ def attend_job_block(
     ``visible``: the mask as the step slices it, whose last visible column the prologue
     finds), and the job's chunk count: its tasks, as the parallel kernel has them on
     ``threads`` threads. The arrays must outlive the block."""
-    block = np.zeros(ATTEND_FIELDS, np.int64)
-    arrays = (q, k, v, visible, mask, out)
-    fields = (ATTEND_Q, ATTEND_K, ATTEND_V, ATTEND_VISIBLE, ATTEND_MASK, ATTEND_OUT)
-    for at, a in zip(fields, arrays, strict=True):
-        describe4(block, at, a)
-    block[ATTEND_ORDER], block[ATTEND_ORDER_N] = order.ctypes.data, order.shape[0]
-    block[ATTEND_SCALE : ATTEND_SOFTCAP + 1] = np.array([scale, softcap], np.float64).view(np.int64)
-    block[ATTEND_LANES], block[ATTEND_TABLE] = lanes, table.ctypes.data
+    block = _attention_block(ATTEND_FIELDS, q, k, v, visible, mask, order, scale, softcap,
+                             out, table)  # fmt: skip
+    block[ATTEND_LANES] = lanes
     runs = (q.shape[2] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     unit, parts = job_parts(k.shape[1], q.shape[1] // k.shape[1], runs, threads)
     block[ATTEND_RUNS], block[ATTEND_UNIT], block[ATTEND_PARTS] = runs, unit, parts
@@ -254,12 +249,13 @@ def attend_job_block(
 #: :func:`describe4` writes it; then order, the scalars, the way (tiled or a row at a
 #: time), the f16 table, the runs of query rows, whether a chunk takes a KV head's query
 #: heads together, and what the prologue finds.
-FLASH_Q, FLASH_K, FLASH_V, FLASH_VISIBLE, FLASH_MASK, FLASH_OUT = (
-    i * ARRAY4_FIELDS for i in range(6)
-)
-(FLASH_ORDER, FLASH_ORDER_N, FLASH_SCALE, FLASH_SOFTCAP, FLASH_TILED, FLASH_TABLE, FLASH_RUNS,
- FLASH_GROUPED, FLASH_USED) = range(6 * ARRAY4_FIELDS, 6 * ARRAY4_FIELDS + 9)  # fmt: skip
-FLASH_FIELDS = 6 * ARRAY4_FIELDS + 9
+# the attention block's fields, where both blocks have them (_attention_block)
+FLASH_Q, FLASH_K, FLASH_V, FLASH_VISIBLE = ATTEND_Q, ATTEND_K, ATTEND_V, ATTEND_VISIBLE
+FLASH_MASK, FLASH_OUT, FLASH_ORDER = ATTEND_MASK, ATTEND_OUT, ATTEND_ORDER
+FLASH_ORDER_N, FLASH_SCALE, FLASH_SOFTCAP = ATTEND_ORDER_N, ATTEND_SCALE, ATTEND_SOFTCAP
+FLASH_TILED, FLASH_TABLE = ATTEND_LANES, ATTEND_TABLE  # the way where the other has lanes
+FLASH_RUNS, FLASH_GROUPED, FLASH_USED = range(ATTEND_TABLE + 1, ATTEND_TABLE + 4)
+FLASH_FIELDS = FLASH_USED + 1
 
 
 def flash_job_block(
@@ -274,17 +270,30 @@ def flash_job_block(
     time and one mask serves every head, else a run of :data:`ROWS_PER_TASK` query rows
     of one query head (every row is computed alone, so any split gives the same bits).
     The arrays must outlive the block."""
-    block = np.zeros(FLASH_FIELDS, np.int64)
-    arrays = (q, k, v, visible, mask, out)
-    fields = (FLASH_Q, FLASH_K, FLASH_V, FLASH_VISIBLE, FLASH_MASK, FLASH_OUT)
-    for at, a in zip(fields, arrays, strict=True):
-        describe4(block, at, a)
-    block[FLASH_ORDER], block[FLASH_ORDER_N] = order.ctypes.data, order.shape[0]
-    block[FLASH_SCALE : FLASH_SOFTCAP + 1] = np.array([scale, softcap], np.float64).view(np.int64)
-    block[FLASH_TILED], block[FLASH_TABLE] = int(tiled), table.ctypes.data
+    block = _attention_block(FLASH_FIELDS, q, k, v, visible, mask, order, scale, softcap, out,
+                             table)  # fmt: skip
+    block[FLASH_TILED] = int(tiled)
     runs = (q.shape[2] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     grouped = not tiled and mask.shape[1] == 1
     block[FLASH_RUNS], block[FLASH_GROUPED] = runs, int(grouped)
     if grouped:
         return block, q.shape[0] * k.shape[1] * q.shape[2]
     return block, q.shape[0] * q.shape[1] * runs
+
+
+def _attention_block(
+    size: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,
+    mask: np.ndarray, order: np.ndarray, scale: float, softcap: float, out: np.ndarray,
+    table: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """A block of ``size`` fields with what both attention jobs read at the same places
+    (the six arrays, order, scale and softcap, the f16 table); the caller adds its own."""
+    block = np.zeros(size, np.int64)
+    arrays = (q, k, v, visible, mask, out)
+    fields = (ATTEND_Q, ATTEND_K, ATTEND_V, ATTEND_VISIBLE, ATTEND_MASK, ATTEND_OUT)
+    for at, a in zip(fields, arrays, strict=True):
+        describe4(block, at, a)
+    block[ATTEND_ORDER], block[ATTEND_ORDER_N] = order.ctypes.data, order.shape[0]
+    block[ATTEND_SCALE : ATTEND_SOFTCAP + 1] = np.array([scale, softcap], np.float64).view(np.int64)
+    block[ATTEND_TABLE] = table.ctypes.data
+    return block
