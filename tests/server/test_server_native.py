@@ -293,6 +293,18 @@ def test_metrics_only_with_metrics_under_llama_servers_names(
     assert values["llamacpp:n_decode_total"] == stats.decode_steps >= 4  # the prompt's, 3 more
     assert values["llamacpp:spec_decode_num_drafts_total"] == 0  # nothing is drafted
     assert 1 <= values["llamacpp:n_busy_slots_per_decode"] <= 2
+    # llama-server's types: the watermark is a counter under its own name (no _total)
+    assert "# TYPE llamacpp:n_tokens_max counter" in text.splitlines()
+    # the throughput gauges cover the time since the previous scrape: the request's
+    # rates once, then an idle server's zeros
+    assert values["llamacpp:predicted_tokens_seconds"] > 0
+    assert values["llamacpp:prompt_tokens_seconds"] > 0
+    again = {line.split()[0]: float(line.split()[1])
+             for line in http.get("/metrics").text.splitlines()
+             if line and not line.startswith("#")}  # fmt: skip
+    assert again["llamacpp:predicted_tokens_seconds"] == 0.0
+    assert again["llamacpp:prompt_tokens_seconds"] == 0.0
+    assert again["llamacpp:tokens_predicted_total"] == values["llamacpp:tokens_predicted_total"]
     off = TestClient(create_app(model.llm))
     assert off.get("/metrics").status_code == 501
 

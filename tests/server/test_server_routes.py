@@ -155,7 +155,7 @@ def test_a_preflight_is_answered_before_the_key_with_the_origin_reflected(
     assert r.status_code == 200
     assert r.headers["Access-Control-Allow-Origin"] == "https://web.example"
     assert r.headers["Access-Control-Allow-Credentials"] == "true"
-    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST"
+    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
     assert r.headers["Access-Control-Allow-Headers"] == "*"
     got = http.post("/tokenize", json={"content": "the"},
                     headers={"Origin": "https://web.example", **AUTH})  # fmt: skip

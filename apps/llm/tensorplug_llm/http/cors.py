@@ -13,7 +13,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["Cors", "origin_allowed"]
 
-METHODS = "GET, POST"
+#: llama-server's list, verbatim (its router mode deletes models): a page written for it
+#: checks the methods it calls are listed, and a method no route takes is still a 405
+METHODS = "GET, POST, DELETE, OPTIONS"
 
 
 #: the hosts ``localhost`` stands for, as llama-server's ``--cors-origins localhost``

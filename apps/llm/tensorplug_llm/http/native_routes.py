@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import generate_latest
 
 from ..api import InvalidRequestError, Stream
 from ..openai_schema import CONSTRAINT_PARAMS
@@ -246,7 +245,7 @@ async def metrics(svc: ServiceDep) -> PlainTextResponse:
     if not svc.config.metrics:
         raise not_supported("this server does not export metrics: start it with --metrics")
     return PlainTextResponse(
-        generate_latest(svc.metrics.registry).decode(),
+        svc.metrics.exposition(),
         media_type="text/plain; version=0.0.4; charset=utf-8",
         # as llama-server's: when the process started (a restart resets the counters)
         headers={"Process-Start-Time-Unix": str(PROCESS_START)},

@@ -21,7 +21,7 @@ from ..request import RequestStopped
 from .config import ServerConfig
 from .errors import ApiError, refused
 from .merge import merge_chunks
-from .metrics import Metrics
+from .metrics import Metrics, RequestCounts
 from .relay import Encoder, EventStream, Relay, in_thread, watch_disconnect
 
 __all__ = ["Service", "ServiceDep", "service"]
@@ -144,7 +144,7 @@ class Service:
             finished = True
             release()
             prompt_s, predicted_s = relay.seconds()
-            self.metrics.timings.add(prompt_s, predicted_s, _n_tokens(relay.last))
+            self.metrics.timings.add(prompt_s, predicted_s, RequestCounts.of(relay.last))
 
         if not stream:
             try:
@@ -162,16 +162,6 @@ class Service:
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
-
-
-def _n_tokens(chunk: dict[str, Any] | None) -> int:
-    """The sequence's length (prompt and generated tokens) that its last chunk reports."""
-    if not chunk:
-        return 0
-    usage = chunk.get("usage") or {}
-    if "total_tokens" in usage:
-        return int(usage["total_tokens"])
-    return int(chunk.get("tokens_evaluated", 0)) + int(chunk.get("tokens_predicted", 0))
 
 
 def service(request: Request) -> Service:
