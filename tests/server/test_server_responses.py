@@ -4,9 +4,11 @@ is the chat route's reply to the same conversation, streamed as the Responses ev
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from tiny_server import TinyModel, tiny_model
@@ -91,3 +93,34 @@ def test_bad_requests_are_400_naming_the_field(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         client.responses.create(model="any", input="hi", max_output_tokens=0)
     assert "max_output_tokens" in str(bad.value)
+
+
+def test_a_stream_carries_llama_servers_telemetry_when_asked(client: openai.OpenAI) -> None:
+    """``return_progress``: the prompt's evaluation as ``response.in_progress`` events;
+    ``timings_per_token``: timings on the text deltas and on ``response.completed``,
+    as llama-server streams them; the text is the plain stream's."""
+    body = {"input": "the of and to " * 6, "max_output_tokens": 6, "temperature": 0,
+            "stream": True}  # fmt: skip
+    plain = _sse_events(client, body)
+    events = _sse_events(client, {**body, "timings_per_token": True, "return_progress": True})
+    progress = [e for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" for e in progress)
+    last = progress[-1]["prompt_progress"]
+    assert last["processed"] == last["total"] > 0 and last["processed"] >= last["cache"]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("predicted_per_second" in e["timings"] for e in deltas)
+    completed = events[-1]
+    assert completed["type"] == "response.completed"
+    assert completed["timings"]["predicted_n"] == completed["response"]["usage"]["output_tokens"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    text = "".join(e["delta"] for e in deltas)
+    assert text == "".join(e["delta"] for e in plain if e["type"] == "response.output_text.delta")
+    assert not any("timings" in e or "prompt_progress" in e for e in plain)
+
+
+def _sse_events(client: openai.OpenAI, body: dict[str, Any]) -> list[dict[str, Any]]:
+    url = str(client.base_url).rstrip("/") + "/responses"
+    with httpx.stream("POST", url, json=body, timeout=120) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    return [json.loads(line.removeprefix("data: ")) for line in lines]

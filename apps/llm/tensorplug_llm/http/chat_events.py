@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CallArgs", "CallStart", "End", "Reply", "Text", "read_chat"]
+__all__ = ["CallArgs", "CallStart", "End", "Reply", "Telemetry", "Text", "read_chat"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,17 @@ class End:
     cached_tokens: int = 0
 
 
-ChatEvent = Text | CallStart | CallArgs | End
+@dataclass(frozen=True)
+class Telemetry:
+    """What llama-server adds to a chunk beside its text: ``timings`` (the request's
+    ``timings_per_token``) and ``progress`` (``prompt_progress``, with
+    ``return_progress``). It follows the events of the chunk that carried it."""
+
+    timings: dict[str, Any] | None
+    progress: dict[str, Any] | None
+
+
+ChatEvent = Text | CallStart | CallArgs | End | Telemetry
 
 
 def read_chat(chunks: Iterable[dict[str, Any]]) -> Iterator[ChatEvent]:
@@ -66,6 +76,8 @@ def read_chat(chunks: Iterable[dict[str, Any]]) -> Iterator[ChatEvent]:
                     yield CallArgs(fn["arguments"])
             finish = choice.get("finish_reason") or finish
             stop = choice.get("stop_sequence") or stop
+        if "timings" in chunk or "prompt_progress" in chunk:
+            yield Telemetry(chunk.get("timings"), chunk.get("prompt_progress"))
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     yield End(finish, stop, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
               cached)  # fmt: skip

@@ -127,7 +127,9 @@ def stamped(
             if usage:
                 last, n_prompt = {**chunk, "choices": [], "usage": usage}, usage["prompt_tokens"]
             if timings_per_token and clock.first is not None:  # not on the role's chunk
-                chunk["timings"] = clock.timings(n_prompt, n_chunks)
+                # the last chunk's usage counts every token (some show no text)
+                n = usage["completion_tokens"] if usage else n_chunks
+                chunk["timings"] = clock.timings(n_prompt, n)
             yield chunk
         if usage_apart and last is not None:
             last.pop("__verbose", None)

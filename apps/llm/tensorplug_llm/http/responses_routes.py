@@ -2,7 +2,12 @@
 ``/responses``) over the chat route's generation, answered as a ``response`` object
 (``message`` items of ``output_text``, ``function_call`` items) or as its event stream
 (``response.created`` ... ``response.output_text.delta`` ... ``response.completed``).
-Nothing is stored: ``previous_response_id`` is refused."""
+Nothing is stored: ``previous_response_id`` is refused.
+
+llama-server's telemetry rides on the stream as it writes it: with ``return_progress``
+the prompt's evaluation comes as ``response.in_progress`` events carrying
+``prompt_progress``; with ``timings_per_token`` the last event of each generated piece
+carries ``timings``, and ``response.completed`` the whole reply's."""
 
 from __future__ import annotations
 
@@ -16,8 +21,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from ..api import Stream
-from .chat_events import CallArgs, CallStart, ChatEvent, End, Reply, Text, read_chat
+from .chat_events import CallArgs, CallStart, ChatEvent, End, Reply, Telemetry, Text, read_chat
 from .errors import ApiError
+from .oai_extras import stamped
 from .relay import Canceller
 from .responses_schema import ResponsesRequest
 from .service import ServiceDep
@@ -54,12 +60,15 @@ async def responses(body: ResponsesRequest, request: Request, svc: ServiceDep) -
             parallel_tool_calls=body.parallel_tool_calls,
             max_tokens=None if max_tokens is None or max_tokens < 0 else max_tokens,
             stream=True,
+            return_progress=body.return_progress and body.stream,
             **sampling,
         )
         assert isinstance(chat, Stream)
         if not body.stream:
             return chat
-        events = _events(base, read_chat(chat))
+        if body.timings_per_token:
+            chat = stamped(chat, None, timings_per_token=True)
+        events = _with_telemetry(_events(base, read_chat(chat)), base)
         numbered = ({**e, "sequence_number": i} for i, e in enumerate(events))
         return Stream(numbered, Canceller(chat))
 
@@ -176,6 +185,42 @@ def _events(base: dict[str, Any], events: Iterable[ChatEvent]) -> Iterator[dict[
         elif isinstance(e, End):
             yield from close()
             yield {"type": "response.completed", "response": _finished(base, output, e)}
+        elif isinstance(e, Telemetry):
+            yield {_TELEMETRY: e}
+
+
+#: the key of :func:`_events`' telemetry marks, which :func:`_with_telemetry` replaces
+_TELEMETRY = "__telemetry"
+
+
+def _with_telemetry(
+    events: Iterable[dict[str, Any]], base: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """The event stream with each telemetry mark applied as llama-server applies it:
+    progress as a ``response.in_progress`` event of its own (with the timings so far),
+    timings on the last event before the mark, and the last timings seen on
+    ``response.completed``."""
+    held: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    for event in events:
+        mark = event.get(_TELEMETRY)
+        if not isinstance(mark, Telemetry):
+            if held is not None:
+                yield held
+            held = event
+            if event["type"] == "response.completed" and timings is not None:
+                held = {**event, "timings": timings}
+            continue
+        timings = mark.timings or timings
+        if mark.progress is not None:
+            if held is not None:
+                yield held
+            held = {"type": "response.in_progress", "response": base,
+                    "prompt_progress": mark.progress}  # fmt: skip
+        if held is not None and mark.timings is not None:
+            held = {**held, "timings": mark.timings}
+    if held is not None:
+        yield held
 
 
 def _sse(item: dict[str, Any]) -> bytes:

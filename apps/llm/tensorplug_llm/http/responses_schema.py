@@ -75,6 +75,11 @@ class ResponsesRequest(BaseModel):
     #: refused: the server keeps no conversations (llama-server refuses it too)
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
+    #: llama-server's: a stream's events carry ``timings``, the last its whole reply's
+    timings_per_token: StrictBool = False
+    #: llama-server's: a stream reports its prompt's evaluation (``prompt_progress``) in
+    #: ``response.in_progress`` events
+    return_progress: StrictBool = False
 
     def messages(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
