@@ -12,8 +12,9 @@ import pytest
 
 from tensorplug.errors import RunError
 from tensorplug_llm.engine import Scheduler, StepOutput, StepPlan, StepUpdate
+from tensorplug_llm.engine.prompt_cache import PromptCache
 from tensorplug_llm.engine.state import Waiting
-from tensorplug_llm.kv_cells import KVCells
+from tensorplug_llm.kv_cells import MAX_SEQUENCES, KVCells
 from tensorplug_llm.request import Request, RequestHandle
 
 TOKEN = 9
@@ -37,16 +38,34 @@ class _Bench:
     """A scheduler and its update over a cache of ``n_ctx`` cells."""
 
     def __init__(
-        self, n_parallel: int, n_ctx: int, n_batch: int, max_prefill_tokens: int | None = None
+        self,
+        n_parallel: int,
+        n_ctx: int,
+        n_batch: int,
+        max_prefill_tokens: int | None = None,
+        *,
+        cache_cells: int | None = 0,
+        cache_idle_slots: bool = False,
     ) -> None:
         cells = KVCells(n_ctx)
-        self.sched = Scheduler(cells, n_parallel, n_batch, max_prefill_tokens=max_prefill_tokens)
+        cache = (
+            PromptCache(cells, range(n_parallel, MAX_SEQUENCES), cache_cells)
+            if cache_cells != 0
+            else None
+        )
+        self.sched = Scheduler(
+            cells, n_parallel, n_batch, max_prefill_tokens=max_prefill_tokens,
+            prompt_cache=cache, cache_idle_slots=cache_idle_slots,
+        )  # fmt: skip
         self.update = StepUpdate(self.sched, n_ctx, "none")
         self._ids = 0
 
     def submit(self, n_prompt: int, max_tokens: int = 50) -> RequestHandle:
         # distinct first tokens: no prompt shares a prefix with another
         prompt = [self._ids % N_VOCAB, *(1 + i % 5 for i in range(n_prompt - 1))]
+        return self.submit_prompt(prompt, max_tokens)
+
+    def submit_prompt(self, prompt: list[int], max_tokens: int = 50) -> RequestHandle:
         handle = RequestHandle(_Caller(), Request(prompt, max_tokens, stop_tokens=NONE), self._ids)
         self._ids += 1
         self.sched.enqueue(Waiting(handle))
@@ -168,3 +187,92 @@ def test_a_plan_with_nothing_to_run_is_not_busy() -> None:
 def test_max_prefill_tokens_below_one_is_refused_with_the_fix() -> None:
     with pytest.raises(RunError, match="max_prefill_tokens must be at least 1"):
         Scheduler(KVCells(8), 1, 8, max_prefill_tokens=0)
+
+
+# -- the prompt cache ----------------------------------------------------------------------------
+
+#: three prompts with no common prefix, of 12 tokens each
+PROMPT_A = [1, *range(2, 13)]
+PROMPT_B = [2, *range(2, 13)]
+PROMPT_C = [3, *range(2, 13)]
+
+
+def _run(bench: _Bench, prompt: list[int], max_tokens: int = 2) -> RequestHandle:
+    """``prompt`` submitted and stepped to its end; its handle."""
+    handle = bench.submit_prompt(prompt, max_tokens)
+    while bench.sched.has_work():
+        bench.step()
+    assert handle.tokens == [TOKEN] * max_tokens
+    return handle
+
+
+def test_without_a_prompt_cache_one_slot_keeps_only_its_last_prompt() -> None:
+    bench = _Bench(n_parallel=1, n_ctx=256, n_batch=64)
+    _run(bench, PROMPT_A), _run(bench, PROMPT_B)
+    again = _run(bench, PROMPT_A)
+    assert again.prompt_tokens_reused == 0 and again.prompt_tokens_evaluated == 12
+
+
+def test_the_prompt_cache_finds_a_prompt_the_slot_let_go_of() -> None:
+    bench = _Bench(n_parallel=1, n_ctx=256, n_batch=64, cache_cells=None)
+    first = _run(bench, PROMPT_A)
+    _run(bench, PROMPT_B), _run(bench, PROMPT_C)  # A's slot overwritten twice
+    cache = bench.sched.cache
+    assert cache is not None and sorted(e.cached[0] for e in cache.entries) == [1, 2]
+    again = _run(bench, PROMPT_A)
+    # everything but the last prompt token (its logits are needed) comes from the cache
+    assert again.prompt_tokens_reused == 11 and again.prompt_tokens_evaluated == 1
+    assert first.prompt_tokens_evaluated == 12
+    # a longer prompt that begins with a cached one takes that prefix too
+    longer = _run(bench, [*PROMPT_B, *range(5, 10)])
+    assert longer.prompt_tokens_reused == 12
+
+
+def test_an_entry_holding_a_prompt_the_slot_extends_is_replaced_by_it() -> None:
+    bench = _Bench(n_parallel=1, n_ctx=256, n_batch=64, cache_cells=None)
+    _run(bench, PROMPT_A)
+    _run(bench, PROMPT_B)  # A (and its 2 generated tokens) saved
+    _run(bench, [*PROMPT_A, TOKEN, TOKEN, 4, 4])  # a conversation's next turn
+    _run(bench, PROMPT_C)
+    cache = bench.sched.cache
+    assert cache is not None
+    held = sorted(len(e.cached) for e in cache.entries if e.cached[0] == 1)
+    assert held == [17]  # the longer A replaced the shorter: one entry per conversation
+
+
+def test_the_prompt_cache_keeps_at_most_its_cells_dropping_the_least_recently_used() -> None:
+    # each finished request holds 12 + 2 - 1 = 13 cells (its last token is not evaluated)
+    bench = _Bench(n_parallel=1, n_ctx=256, n_batch=64, cache_cells=30)
+    for prompt in (PROMPT_A, PROMPT_B, PROMPT_C, [4, *range(2, 13)]):
+        _run(bench, prompt)
+    cache = bench.sched.cache
+    assert cache is not None and cache.cells_alone() <= 30
+    assert sorted(e.cached[0] for e in cache.entries) == [2, 3]  # A went first
+    assert _run(bench, PROMPT_A).prompt_tokens_reused == 0
+    assert _run(bench, PROMPT_C).prompt_tokens_reused == 11
+
+
+def test_running_requests_evict_the_prompt_cache_before_they_wait() -> None:
+    bench = _Bench(n_parallel=2, n_ctx=40, n_batch=64, cache_cells=None)
+    for prompt in (PROMPT_A, PROMPT_B, PROMPT_C):
+        _run(bench, prompt)
+    kv = bench.sched.kv
+    assert kv.n_used == 39  # three prompts of 13 cells each, two cached, one in a slot
+    long = bench.submit_prompt([5, *range(2, 30)], max_tokens=4)
+    plan = bench.step()
+    assert [(c.job.handle.id, len(c.tokens)) for c in plan.prefills] == [(long.id, 29)]
+    while bench.sched.has_work():
+        bench.step()
+    assert long.tokens == [TOKEN] * 4
+
+
+def test_idle_slots_move_to_the_prompt_cache_when_a_request_starts() -> None:
+    bench = _Bench(n_parallel=2, n_ctx=256, n_batch=64, cache_cells=None, cache_idle_slots=True)
+    _run(bench, PROMPT_A)
+    a_slot = next(s for s in bench.sched.slots if s.cached)
+    _run(bench, PROMPT_B)  # starts in the other slot: A's is saved and cleared
+    assert a_slot.cached == []
+    cache = bench.sched.cache
+    assert cache is not None and [e.cached[:12] for e in cache.entries] == [PROMPT_A]
+    again = _run(bench, PROMPT_A)
+    assert again.prompt_tokens_reused == 11

@@ -23,7 +23,12 @@ from tensorplug.errors import RunError
 from tensorplug_llm import run_cli
 from tensorplug_llm.rope import RopeOverrides
 from tensorplug_llm.serve_cli import _resolve, add_arguments, bind
-from tensorplug_llm.serve_flags import api_keys, chat_template, request_defaults
+from tensorplug_llm.serve_flags import (
+    api_keys,
+    chat_template,
+    prompt_cache_cells,
+    request_defaults,
+)
 from tensorplug_llm.tiny import write_tiny_llama
 
 
@@ -184,6 +189,19 @@ def test_aliases_and_tags_are_sorted_sets_whose_first_alias_names_the_model() ->
                                                      ["chat", "small"])  # fmt: skip
     bare = _parse(["--tiny"])
     assert (bare.aliases, bare.alias, bare.tags, bare.ui) == ([], None, [], True)
+
+
+def test_the_prompt_cache_and_the_idle_sleep_flags_are_llama_servers() -> None:
+    args = _parse(["--tiny"])
+    assert (args.cache_ram, args.cache_idle_slots, args.sleep_idle_seconds) == (8192, True, -1)
+    args = _parse(["--tiny", "--cache-ram", "100", "--no-cache-idle-slots",
+                   "--sleep-idle-seconds", "1.5"])  # fmt: skip
+    assert (args.cache_ram, args.cache_idle_slots, args.sleep_idle_seconds) == (100, False, 1.5)
+    # MiB as KV cells: 1 MiB of 4 KiB cells is 256 of them; -1 no bound, 0 no cache
+    assert prompt_cache_cells(1, 4096) == 256
+    assert prompt_cache_cells(-1, 4096) is None and prompt_cache_cells(0, 4096) == 0
+    with pytest.raises(RunError, match="--cache-ram -2"):
+        prompt_cache_cells(-2, 4096)
 
 
 def test_no_ui_and_kv_unified_are_taken() -> None:

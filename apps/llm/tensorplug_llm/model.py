@@ -602,6 +602,11 @@ class KVCache:
     def layer_tensors(self, i: int) -> list[Tensor]:
         return [self.k[i], self.v[i]]
 
+    @property
+    def bytes_per_cell(self) -> int:
+        """What one cell (a position's K and V rows in every block) takes."""
+        return sum(t.nbytes for t in (*self.k, *self.v)) // self.n_ctx
+
 
 # -- step graphs --------------------------------------------------------------------------------
 

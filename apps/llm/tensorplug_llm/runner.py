@@ -32,6 +32,7 @@ allocating graphs, writing inputs, reading logits).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -243,6 +244,15 @@ class ModelRunner:
         flash_attn: bool = False,
     ) -> None:
         start = time.perf_counter()
+        #: the runner again, on the same file and settings, its memory taken anew
+        #: (:meth:`restore`)
+        self._again = functools.partial(
+            ModelRunner, placement=placement, n_ctx=n_ctx, n_batch=n_batch,
+            cache_type=cache_type, kv_pad=kv_pad, use_mmap=use_mmap, warmup=False,
+            n_threads=n_threads, repack=repack, batch_invariant=batch_invariant, rope=rope,
+            flash_attn=flash_attn,
+        )  # fmt: skip
+        self.released = False
         self.repack = repack
         self._extra_bufts: dict[Device, list[BufferType]] = {}  # by _extra_buft
         self._progress = on_progress or (lambda stage, done, total: None)
@@ -940,6 +950,38 @@ class ModelRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def release(self) -> None:
+        """Give the model's memory back (weights, KV cache, compute buffers, backends)
+        and keep what describes it (the file, its settings, config, vocabulary, the
+        cells' bookkeeping, emptied): a server asleep (``--sleep-idle-seconds``).
+        Nothing may run until :meth:`restore`. What the cache held is lost."""
+        if self.released:
+            return
+        self.close()
+        self.kv.clear()
+        self._graphs.clear()
+        self._own_scheds = {}
+        self.released = True
+
+    def restore(self) -> None:
+        """Take the memory :meth:`release` gave back: the weights loaded as at first,
+        with the threads, the row order and the graphs kept as they were set."""
+        if not self.released:
+            return
+        again = self._again(self.file)
+        kept = {"kv": self.kv, "timings": self.timings, "_again": self._again}
+        threads, keep, invariant = (
+            self._threads if self.governor is None else None,
+            self._keep_graphs,
+            self.batch_invariant,
+        )
+        vars(self).update({k: v for k, v in vars(again).items() if k not in kept})
+        self.keep_graphs(keep)
+        self.set_batch_invariant(invariant)
+        if threads is not None:
+            self.set_n_threads(threads)
+        self.released = False
 
     def close(self) -> None:
         """Free the scheduler, the buffers and the backends."""

@@ -37,6 +37,7 @@ from .serve_flags import (
     chat_template,
     cors_origins,
     names,
+    prompt_cache_cells,
     request_defaults,
     rope_overrides,
     slot_context,
@@ -199,6 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn  # noqa: F401  (checked here, used by _Listening)
 
+        from .http.sleep import IdleSleep
         from .http.vertex import VertexRoutes
         from .http.warm import warm_up_app
         from .server import ServerConfig, create_app
@@ -229,6 +231,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise RunError("with --ray, give the chat template as a file every node can read")
         return serve_with_ray(args)
     cors = cors_origins(args.cors_origins, bool(tool_names or mcp_configs))
+    prompt_cache_cells(args.cache_ram, 1)  # a bad --cache-ram fails before the model loads
     sockets = bind(args.host, args.port)  # before the model loads: a busy port fails now
     try:
         with (
@@ -254,6 +257,7 @@ def _serve(args: argparse.Namespace) -> int:
             if template is None and not args.jinja:
                 template, said = legacy_template(llama.file.get("tokenizer.chat_template"))
                 print(said if template is not None else f"warning: {said}", file=sys.stderr)
+            cache_cells = prompt_cache_cells(args.cache_ram, llama.cache.bytes_per_cell)
             n_ctx_seq = slot_context(
                 llama.n_ctx, args.parallel, args.kv_unified, llama.config.n_ctx_train
             )
@@ -268,11 +272,13 @@ def _serve(args: argparse.Namespace) -> int:
                 enable_thinking=args.reasoning != "off", jinja=args.jinja,
             )  # fmt: skip
 
-            def serving() -> tuple[Engine, LLM, Any]:
-                """A fresh engine on the model, its API and their app."""
+            def serving(sleeps: bool) -> tuple[Engine, LLM, Any, IdleSleep | None]:
+                """A fresh engine on the model, its API and their app (``sleeps``: its
+                model sleeps after ``--sleep-idle-seconds``, and the sleep comes back)."""
                 engine = Engine(
                     llama, args.parallel, max_prefill_tokens=args.max_prefill_tokens,
-                    n_ctx_seq=n_ctx_seq,
+                    n_ctx_seq=n_ctx_seq, prompt_cache=cache_cells,
+                    cache_idle_slots=args.cache_idle_slots,
                 )  # fmt: skip
                 llm = LLM(
                     llama,
@@ -281,21 +287,30 @@ def _serve(args: argparse.Namespace) -> int:
                     chat_template=template,
                     pooling=args.pooling,
                 )
-                return engine, llm, create_app(llm, config)
+                sleep = (
+                    IdleSleep(args.sleep_idle_seconds, engine.unload, engine.reload, llm.stats)
+                    if sleeps and args.sleep_idle_seconds > 0
+                    else None
+                )
+                return engine, llm, create_app(llm, config, sleep), sleep
 
-            engine, llm, app = serving()
+            engine, llm, app, _ = serving(False)
             engine.warm_up()  # the step shapes, built before serving
-            if not llama.config.arch.encoder:  # the first requests' one-time work, done
-                try:
+            refused: list[str] = []
+            try:
+                if not llama.config.arch.encoder:  # the first requests' one-time work, done
                     refused = warm_up_app(app, keys[0] if keys else None)
-                finally:
-                    llm.close()
-                if getattr(args, "verbose", False):
-                    for line in refused:  # served all the same: a client's would be too
-                        print(f"warm-up: {line}", file=sys.stderr)
-                engine, llm, app = serving()  # afresh: no count or cache of the warm-up
+            finally:
+                llm.close()
+            if getattr(args, "verbose", False):
+                for line in refused:  # served all the same: a client's would be too
+                    print(f"warm-up: {line}", file=sys.stderr)
+            engine, llm, app, sleep = serving(True)  # afresh: no count or cache of the warm-up
             try:
                 listening.ready(app)
+                if sleep is not None:
+                    sleep.start()
+                    listening.on_stop.append(sleep.stop)
                 if tools is not None:
                     print("warning: /tools is on (server tools, MCP servers): any client "
                           "that can reach the server can run commands and write files with "

@@ -30,6 +30,7 @@ __all__ = [
     "chat_template",
     "cors_origins",
     "names",
+    "prompt_cache_cells",
     "request_defaults",
     "rope_overrides",
     "slot_context",
@@ -364,6 +365,32 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--min-p", type=float, metavar="P", help="min-p where a request does not say (0.05)"
     )
+    p.add_argument(
+        "-cram",
+        "--cache-ram",
+        type=int,
+        default=8192,
+        metavar="MiB",
+        help="the prompt cache: prompts slots let go of stay in the KV cache's spare cells, "
+        "found again by later requests; at most this many MiB of cells beyond the slots' "
+        "(8192, as llama-server's; -1: no bound but the cache's size; 0: off)",
+    )
+    p.add_argument(
+        "--sleep-idle-seconds",
+        type=_number("a number of seconds", -1),
+        default=-1,
+        metavar="N",
+        help="after N seconds with no request for the model, give its memory back (weights, "
+        "KV cache); the next request loads it again (-1, the default: never, as "
+        "llama-server's)",
+    )
+    p.add_argument(
+        "--cache-idle-slots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with the prompt cache: a request that starts moves every other idle slot's "
+        "tokens into it and clears the slot (on, as llama-server's)",
+    )
     _add_tools_flags(p)
     for flags, reason in UNSUPPORTED.items():
         p.add_argument(*flags, action=_Refuse, reason=reason, dest="unsupported")
@@ -449,6 +476,15 @@ def slot_context(n_ctx: int, n_parallel: int, unified: bool, n_ctx_train: int) -
             "give a larger -c, fewer slots (-np) or --kv-unified"
         )
     return min(n, n_ctx_train) if n_ctx_train > 0 else n
+
+
+def prompt_cache_cells(mib: int, bytes_per_cell: int) -> int | None:
+    """``--cache-ram``'s MiB as KV cells (None: no bound; 0: no prompt cache)."""
+    if mib < -1:
+        raise RunError(f"--cache-ram {mib}: give MiB, -1 (no bound) or 0 (off)")
+    if mib == -1:
+        return None
+    return mib * 2**20 // max(bytes_per_cell, 1)
 
 
 def request_defaults(args: argparse.Namespace) -> dict[str, Any]:

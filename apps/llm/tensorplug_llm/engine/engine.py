@@ -16,7 +16,10 @@ Prefix reuse: a slot remembers the tokens its cells hold after its request ends.
 request takes the idle slot whose tokens share the longest prefix with its prompt (ties:
 the least recently used), keeps those cells and evaluates only the rest (at least the
 last prompt token, whose logits it needs). When the cache runs out of cells, idle slots
-give theirs back, least recently used first.
+give theirs back, least recently used first. With a prompt cache (``prompt_cache``,
+:mod:`~tensorplug_llm.engine.prompt_cache`) the prompts a slot let go of stay in cells
+of their own sequence ids beyond the slots', and a request takes its longest prefix
+from them or from any slot.
 
 Preemption (vLLM's recompute preemption): when the running requests themselves need
 more cells than the cache has, the most recently admitted one gives way: its slot goes
@@ -63,6 +66,7 @@ the steps (:meth:`Engine.start`), or whoever iterates a :class:`RequestHandle` d
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -75,6 +79,7 @@ from ..kv_cells import MAX_SEQUENCES
 from ..pooling import pooling_kind
 from ..request import Request, RequestError, RequestHandle
 from .executor import StepExecutor
+from .prompt_cache import PromptCache
 from .scheduler import Scheduler
 from .state import EngineStats, Slot, Waiting
 from .update import StepUpdate
@@ -83,6 +88,8 @@ if TYPE_CHECKING:
     from ..runner import ModelRunner
 
 __all__ = ["Engine"]
+
+log = logging.getLogger("tensorplug.engine")
 
 
 class Engine:
@@ -96,6 +103,11 @@ class Engine:
     ``n_ctx_seq``: the tokens one request's sequence may hold (llama-server's context
     per slot; None: the whole cache, ``n_ctx``); a prompt longer is refused and a
     generation that fills it ends "length".
+    ``prompt_cache``: the cells the prompt cache's entries may hold beyond the slots'
+    (:mod:`~tensorplug_llm.engine.prompt_cache`; 0: no prompt cache, None: as many as
+    the KV cache has spare). ``cache_idle_slots``: with a prompt cache, a request that
+    starts moves every other idle slot's tokens into it (llama-server's
+    ``--cache-idle-slots``).
     The engine owns the model's cache: do not call ``eval``/``generate`` on the same
     model while it runs.
     """
@@ -109,6 +121,8 @@ class Engine:
         similarity: float = 0.5,
         max_prefill_tokens: int | None = None,
         n_ctx_seq: int | None = None,
+        prompt_cache: int | None = 0,
+        cache_idle_slots: bool = False,
     ) -> None:
         if not 1 <= n_parallel <= MAX_SEQUENCES:
             raise RunError(f"n_parallel must be 1..{MAX_SEQUENCES}, got {n_parallel}")
@@ -126,7 +140,21 @@ class Engine:
         self.n_batch = n_batch or llama.n_batch
         self.similarity = similarity
         self.n_ctx_seq = n_ctx_seq or llama.n_ctx
+        if prompt_cache is not None and prompt_cache < 0:
+            raise RunError(f"prompt_cache is a number of cells (0: none), got {prompt_cache}")
         self.stats = EngineStats()
+        cache = (
+            PromptCache(llama.kv, range(n_parallel, MAX_SEQUENCES), prompt_cache)
+            if prompt_cache != 0 and n_parallel < MAX_SEQUENCES
+            else None
+        )
+        if cache is not None:
+            bound = "no bound" if prompt_cache is None else f"at most {prompt_cache} cells"
+            n_entries = MAX_SEQUENCES - n_parallel
+            log.debug("prompt cache: %d entries, %s beyond the slots'", n_entries, bound)
+            if cache_idle_slots:  # llama-server's suite looks for this tag in its debug log
+                log.debug("idle slots will be saved to the prompt cache and cleared when a "
+                          "request starts (__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__)")  # fmt: skip
         self.scheduler = Scheduler(
             llama.kv,
             n_parallel,
@@ -136,6 +164,8 @@ class Engine:
             encoder=llama.config.arch.encoder,
             vocab=llama.vocab,
             stats=self.stats,
+            prompt_cache=cache,
+            cache_idle_slots=cache_idle_slots,
         )
         self.executor = StepExecutor(llama)
         self.update = StepUpdate(self.scheduler, self.n_ctx_seq, llama.config.pooling)
@@ -234,6 +264,32 @@ class Engine:
                 return
             self.executor.warm_up(self.n_parallel, self.n_batch)
 
+    # -- asleep ----------------------------------------------------------------------------------
+
+    @property
+    def unloaded(self) -> bool:
+        """Whether the model's memory is given back (:meth:`unload`)."""
+        return self.llama.released
+
+    def unload(self) -> bool:
+        """Give the model's memory back while nothing runs or waits (a server asleep,
+        llama-server's ``--sleep-idle-seconds``): the weights, the KV cache and what the
+        slots and the prompt cache held. Returns False, changing nothing, when some
+        request is queued or running. The next step loads the model again
+        (:meth:`reload`), so a request submitted meanwhile is served all the same."""
+        with self._step_lock:
+            with self._lock:
+                if self.scheduler.has_work():
+                    return False
+            self.scheduler.forget_cached()
+            self.llama.release()
+            return True
+
+    def reload(self) -> None:
+        """Take the model's memory again after :meth:`unload` (nothing if it has it)."""
+        with self._step_lock:
+            self.llama.restore()
+
     def wake(self) -> None:
         """Let the loop thread look for work (a cancel, a new request)."""
         with self._lock:
@@ -314,8 +370,11 @@ class Engine:
         return self.scheduler.n_waiting()
 
     def cached_tokens(self) -> int:
-        """Tokens idle slots hold for prefix reuse (a cell shared by two counts twice)."""
-        return sum(len(s.cached) for s in self.slots if s.job is None)
+        """Tokens idle slots and the prompt cache hold for prefix reuse (a cell shared
+        by two counts twice)."""
+        cache = self.scheduler.cache
+        held = cache.n_tokens() if cache is not None else 0
+        return held + sum(len(s.cached) for s in self.slots if s.job is None)
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -324,6 +383,7 @@ class Engine:
         decodes and prompt chunks chosen), run it, apply its results (sample, emit
         events, end requests). Returns whether there was anything to do."""
         with self._step_lock:
+            self.llama.restore()  # after unload: the model first (nothing when loaded)
             plan = self.scheduler.schedule()
             self.update.dropped(plan)
             if not plan.busy:

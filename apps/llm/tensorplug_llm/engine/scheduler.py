@@ -14,7 +14,10 @@ The policy, in the order a step applies it:
 2. **Admission, first come first served.** The request at the head of the queue takes
    an idle slot (the one whose cached tokens share the longest prefix with its prompt,
    at least ``similarity`` of it; ties: least recently used) and shares a longer
-   prefix another slot holds (``seq_cp``). It *waits*, and every request behind it
+   prefix another slot or the prompt cache holds (``seq_cp``). What the slot held
+   beyond the prefix it keeps goes to the prompt cache (when there is one); with
+   ``cache_idle_slots`` so does every other idle slot's, and those slots are cleared.
+   It *waits*, and every request behind it
    with it (no overtaking: first come first served), while
    - no slot is idle (a group of choices waits for as many idle slots as it has),
    - a running request is still evaluating a longer prefix of its prompt (it shares
@@ -23,7 +26,8 @@ The policy, in the order a step applies it:
      theirs (cells of idle slots count as free: they are evicted, least recently used
      first).
 3. **Room for the step.** Every decoding request needs one cell. If the running
-   requests outgrow the cache, idle slots give their cells up first, then the most
+   requests outgrow the cache, the prompt cache's entries and idle slots give their
+   cells up first (least recently used first), then the most
    recently admitted running request is *preempted* (vLLM's recompute preemption): it
    goes back to the head of the queue with its state and resumes later from what
    stayed cached. The oldest request is never preempted for a younger one, so one
@@ -51,6 +55,7 @@ each ``-np``.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -62,12 +67,15 @@ from ..kv_cells import KVCells
 from ..prefix import common_prefix
 from ..request import GreedySampler, RequestError, RequestHandle
 from ..tokenizer import StreamDecoder
+from .prompt_cache import PromptCache
 from .state import EngineStats, Job, Slot, Waiting
 
 if TYPE_CHECKING:
     from ..tokenizer import Vocab
 
 __all__ = ["Chunk", "Scheduler", "StepPlan"]
+
+log = logging.getLogger("tensorplug.engine")
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,8 @@ class Scheduler:
         encoder: bool = False,
         vocab: Vocab | None = None,
         stats: EngineStats | None = None,
+        prompt_cache: PromptCache | None = None,
+        cache_idle_slots: bool = False,
     ) -> None:
         if max_prefill_tokens is not None and max_prefill_tokens < 1:
             raise RunError(
@@ -146,6 +156,8 @@ class Scheduler:
         self.vocab = vocab
         self.stats = stats if stats is not None else EngineStats()
         self.slots = [Slot(i) for i in range(n_parallel)]
+        self.cache = prompt_cache
+        self.cache_idle_slots = cache_idle_slots and prompt_cache is not None
         self.waiting: deque[Waiting] = deque()
         #: guards ``waiting`` (submitting threads append, the step thread takes)
         self.lock = threading.Lock()
@@ -178,6 +190,17 @@ class Scheduler:
     def has_work(self) -> bool:
         """Whether a step has anything to do (the caller holds ``lock`` or does not care)."""
         return bool(self.waiting) or any(s.job is not None for s in self.slots)
+
+    def forget_cached(self) -> None:
+        """Idle slots and the prompt cache let go of every cell (the model's memory is
+        about to go); only while nothing runs."""
+        assert not any(s.job is not None for s in self.slots), "a request is running"
+        for slot in self.slots:
+            self.kv.seq_rm(slot.seq)
+            slot.cached.clear()
+            slot.preempted = False
+        if self.cache is not None:
+            self.cache.clear()
 
     # -- the plan ---------------------------------------------------------------------------
 
@@ -291,7 +314,7 @@ class Scheduler:
             limit = len(prompt) - 1  # the last prompt token is evaluated: its logits
             own = min(common_prefix(slot.cached, prompt), limit)
             donor = max(
-                (s for s in self.slots if s is not slot),
+                (s for s in (*self.slots, *self._entries()) if s is not slot),
                 key=lambda s: common_prefix(s.cached, prompt),
                 default=None,
             )
@@ -307,6 +330,11 @@ class Scheduler:
             with self.lock:
                 self.waiting.popleft()
             kv = self.kv
+            loaded = donor is not None and use_donor and self._is_entry(donor)
+            if loaded:  # the most recently used now: saving the slot's cannot evict it
+                assert donor is not None
+                donor.last_used = next(self._tick)
+            self._keep_in_cache(slot, 0 if use_donor else own, reuse if loaded else 0)
             if use_donor:
                 assert donor is not None
                 kv.seq_rm(slot.seq)
@@ -315,10 +343,13 @@ class Scheduler:
             else:
                 kv.seq_rm(slot.seq, reuse)
                 del slot.cached[reuse:]
+            if self.cache is not None:
+                self.cache.trim()
             if entry.resumed is not None:
                 job = entry.resumed
                 job.slot, job.pending, job.next_token = slot, prompt[reuse:], None
                 slot.job = job
+                self._cache_idle_slots()
                 continue
             handle.prompt_tokens_reused = reuse
             self.stats.prompt_tokens_reused += reuse
@@ -334,6 +365,54 @@ class Scheduler:
                 leader.followers.append(job)
                 other.prompt_tokens_reused = len(prompt)
                 self.stats.prompt_tokens_reused += len(prompt)
+            self._cache_idle_slots()
+
+    def _is_entry(self, record: Slot) -> bool:
+        """Whether ``record`` is a prompt cache entry rather than a slot."""
+        return self.cache is not None and self.cache.holds(record)
+
+    def _entries(self) -> list[Slot]:
+        """The prompt cache's entries (none without a cache)."""
+        return self.cache.entries if self.cache is not None else []
+
+    def _keep_in_cache(self, slot: Slot, kept: int, loaded: int) -> None:
+        """The prompt cache's part in a request's admission into ``slot``: before the
+        slot drops what it holds past its first ``kept`` tokens, the cache keeps it (the
+        conversation it held may come back); ``loaded``: the request's prefix the cache
+        gave it (0: none)."""
+        if self.cache is None:
+            return
+        saved = len(slot.cached) > kept and self.cache.save(slot)
+        if len(slot.cached) <= kept and not loaded:
+            return
+        log.debug(
+            "updating prompt cache: slot %d's %d tokens %s, %d prompt tokens loaded; %d "
+            "entries hold %d tokens (%d cells no slot holds)",
+            slot.seq, len(slot.cached), "saved" if saved else "not saved", loaded,
+            len(self.cache), self.cache.n_tokens(), self.cache.cells_alone(),
+        )  # fmt: skip
+
+    def _cache_idle_slots(self) -> None:
+        """A request has started: every other idle slot's tokens go to the prompt cache
+        and the slot is cleared (llama-server's ``--cache-idle-slots``). The tokens stay
+        where they were, in the entry's cells; the next request finds them there
+        whichever slot it takes. A preempted request's slot keeps its cells (they are
+        evicted from the tail, for it to resume from the rest)."""
+        if not self.cache_idle_slots:
+            return
+        assert self.cache is not None
+        for slot in self.slots:
+            if slot.job is not None or slot.preempted or not slot.cached:
+                continue
+            if self.cache.save(slot):
+                # llama-server's suite looks for this tag in the server's debug log
+                log.debug(
+                    "slot %d: idle, its %d tokens saved to the prompt cache and cleared "
+                    "(__TEST_TAG_CACHE_IDLE_SLOT__)", slot.seq, len(slot.cached),
+                )  # fmt: skip
+            self.kv.seq_rm(slot.seq)
+            slot.cached.clear()
+        self.cache.trim()
 
     def _admit_embedding(self, entry: Waiting, idle: list[Slot], tokens: list[int]) -> bool:
         """An embedding into the idle slot whose cache matters least (empty, else least
@@ -385,7 +464,11 @@ class Scheduler:
         evicted), the slot's own beyond ``kept``; less what the running requests'
         unevaluated prompts and next tokens will take."""
         kv = self.kv
-        others = [s.seq for s in self.slots if s.job is None and s is not slot and s is not donor]
+        others = [
+            s.seq
+            for s in (*self.slots, *self._entries())
+            if s.job is None and s is not slot and s is not donor
+        ]
         spare = kv.n_ctx - kv.n_used + kv.n_held_only_by(others)
         spare += kv.n_held_only_by([slot.seq], kept)
         return spare - sum(len(s.job.pending) + 1 for s in self.slots if s.job is not None)
@@ -405,15 +488,18 @@ class Scheduler:
     # -- 3. room for the step -----------------------------------------------------------------
 
     def _make_room(self, needed: int) -> None:
-        """Free cells for ``needed`` tokens: idle slots give up theirs, least recently
-        used first (a preempted job's slot, the most recent, only its tail: as many
-        cells as are missing). Running requests are never touched here."""
+        """Free cells for ``needed`` tokens: the prompt cache's entries and idle slots
+        give up theirs, least recently used first (a preempted job's slot, the most
+        recent, only its tail: as many cells as are missing). Running requests are never
+        touched here."""
         kv = self.kv
-        for slot in sorted(self.slots, key=lambda s: s.last_used):
+        for slot in sorted((*self.slots, *self._entries()), key=lambda s: s.last_used):
             short = needed - (kv.n_ctx - kv.n_used)
             if short <= 0:
                 return
-            if slot.job is None and slot.cached:
+            if self.cache is not None and self._is_entry(slot):
+                self.cache.drop(slot)
+            elif slot.job is None and slot.cached:
                 keep = self._tail_kept(slot, short) if slot.preempted else 0
                 kv.seq_rm(slot.seq, keep)
                 del slot.cached[keep:]

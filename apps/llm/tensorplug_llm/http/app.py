@@ -1,8 +1,8 @@
 """The FastAPI app: the routers, the error handlers and the middleware, in the order a
 request meets them: the response headers' case (:mod:`.header_case`), the transport's
-limits (the HTTP version, the body's read deadline),
-CORS (a preflight is answered before any key is asked for), then the key, the body
-limit and the counters, then the route (Vertex AI's ``/predict`` sends each of its
+limits (the HTTP version, the body's read deadline), CORS (a preflight is answered
+before any key is asked for), then the key, the body limit and the counters, then the
+model woken if it sleeps, then the route (Vertex AI's ``/predict`` sends each of its
 instances through all of it again)."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .native_routes import router as native
 from .openai_routes import both, v1_only
 from .responses_routes import router as responses
 from .service import Service
+from .sleep import IdleSleep, SleepGuard
 from .tools_routes import router as tools
 from .transport import Transport
 from .vertex import add_predict_route
@@ -32,14 +33,17 @@ from .web_page import add_web_page
 __all__ = ["create_app"]
 
 
-def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
-    """The FastAPI app serving ``llm`` under ``config``'s limits."""
+def create_app(
+    llm: LLM, config: ServerConfig | None = None, sleep: IdleSleep | None = None
+) -> FastAPI:
+    """The FastAPI app serving ``llm`` under ``config``'s limits; ``sleep``: its model
+    sleeps when idle (:mod:`.sleep`; its watcher is the caller's to start)."""
     cfg = config or ServerConfig()
     app = FastAPI(
         title="tensorplug", docs_url=None, redoc_url=None, openapi_url=None,
         dependencies=[Depends(check_body)],
     )  # fmt: skip
-    svc = Service(llm, cfg)
+    svc = Service(llm, cfg, sleep)
     app.state.service = svc
     app.state.llm = llm
     app.state.metrics = svc.metrics
@@ -66,6 +70,8 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         add_web_page(app)
     if cfg.vertex is not None:
         add_predict_route(app, cfg.vertex, posts, health)
+    if sleep is not None:  # innermost: a request the key refuses wakes nothing
+        app.add_middleware(SleepGuard, sleep=sleep)
     public = set(PUBLIC_ROUTES)
     if cfg.vertex is not None and cfg.vertex.health is not None:
         public.add(cfg.vertex.health)  # a health check, as /health

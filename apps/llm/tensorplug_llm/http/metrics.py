@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..api import LLM
+from ..generation import GeneratorStats
 
 __all__ = ["Bucket", "Metrics", "RequestCounts", "Timings"]
 
@@ -54,9 +54,7 @@ class Timings:
         self._prompt_bucket = Bucket()
         self._predict_bucket = Bucket()
 
-    def add(
-        self, prompt_seconds: float, predicted_seconds: float, counts: RequestCounts
-    ) -> None:
+    def add(self, prompt_seconds: float, predicted_seconds: float, counts: RequestCounts) -> None:
         """A request ended: its prompt took ``prompt_seconds``, its reply
         ``predicted_seconds``; ``counts``: its tokens."""
         with self._lock:
@@ -105,7 +103,11 @@ class RequestCounts:
 
 
 class Metrics:
-    def __init__(self, llm: LLM, in_flight: Callable[[], int]) -> None:
+    """The registry of one app: ``stats`` gives the generator's counters at a scrape
+    (an asleep server's as they were, :mod:`.sleep`), ``in_flight`` the requests
+    admitted."""
+
+    def __init__(self, stats: Callable[[], GeneratorStats], in_flight: Callable[[], int]) -> None:
         self.timings = Timings()
         self.registry = CollectorRegistry()
         self.http = Counter(
@@ -123,7 +125,7 @@ class Metrics:
             "tensorplug_http_in_flight", "requests admitted and not yet answered",
             registry=self.registry,
         ).set_function(lambda: in_flight())  # fmt: skip
-        self.registry.register(_GeneratorCollector(llm, self.timings))  # type: ignore[arg-type]
+        self.registry.register(_GeneratorCollector(stats, self.timings))  # type: ignore[arg-type]
 
     def exposition(self) -> str:
         """The scrape, in Prometheus' text format: the registry's metrics, then
@@ -141,12 +143,12 @@ class Metrics:
 class _GeneratorCollector:
     """The generator's counters, and generation tokens/s since the previous scrape."""
 
-    def __init__(self, llm: LLM, timings: Timings) -> None:
-        self.llm, self.timings = llm, timings
+    def __init__(self, stats: Callable[[], GeneratorStats], timings: Timings) -> None:
+        self.stats, self.timings = stats, timings
         self._last = (time.monotonic(), 0)
 
     def collect(self) -> Iterator[Any]:
-        s = self.llm.stats()
+        s = self.stats()
         t = self.timings
         prompt_bucket, predict_bucket = t.take_buckets()
         now = time.monotonic()

@@ -177,7 +177,7 @@ async def props(svc: ServiceDep) -> dict[str, Any]:
         "eos_token": vocab.tokens[vocab.eos] if vocab.eos is not None else "",
         "modalities": {"vision": False, "audio": False},
         "build_info": build_info(),
-        "is_sleeping": False,
+        "is_sleeping": svc.asleep,
     }
 
 

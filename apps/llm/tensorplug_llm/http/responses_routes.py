@@ -2,7 +2,8 @@
 ``/responses``) over the chat route's generation, answered as a ``response`` object
 (``message`` items of ``output_text``, ``function_call`` items) or as its event stream
 (``response.created`` ... ``response.output_text.delta`` ... ``response.completed``).
-Nothing is stored: ``previous_response_id`` is refused.
+Nothing is stored: ``previous_response_id`` is refused. ``/responses/input_tokens``
+counts a request's prompt tokens, as llama-server's.
 
 llama-server's telemetry rides on the stream as it writes it: with ``return_progress``
 the prompt's evaluation comes as ``response.in_progress`` events carrying
@@ -20,7 +21,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ..api import Stream
+from ..api import InvalidRequestError, Stream
+from ..tool_spec import ToolSpecError, tool_spec
 from .chat_events import CallArgs, CallStart, ChatEvent, End, Reply, Telemetry, Text, read_chat
 from .errors import ApiError
 from .oai_extras import stamped
@@ -80,6 +82,23 @@ async def responses(body: ResponsesRequest, request: Request, svc: ServiceDep) -
         done=None,
         encode=_sse,
     )
+
+
+@router.post("/responses/input_tokens")
+async def responses_input_tokens(body: ResponsesRequest, svc: ServiceDep) -> dict[str, Any]:
+    """llama-server's count of a Responses request's prompt tokens, as ``/responses``
+    would render its conversation (instructions and tools included)."""
+    llm = svc.llm
+
+    def count() -> int:
+        try:
+            spec = tool_spec(body.chat_tools(), body.chat_tool_choice(), body.parallel_tool_calls)
+        except ToolSpecError as e:
+            raise InvalidRequestError(str(e), e.param) from None
+        return len(llm.chat_prompt(body.messages(), spec))
+
+    n: int = await svc.call(count)
+    return {"input_tokens": n, "object": "response.input_tokens"}
 
 
 def _base(model: str, body: ResponsesRequest) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from .errors import ApiError, refused
 from .merge import merge_chunks
 from .metrics import Metrics, RequestCounts
 from .relay import Encoder, EventStream, Relay, in_thread, watch_disconnect
+from .sleep import IdleSleep
 
 __all__ = ["Service", "ServiceDep", "service"]
 
@@ -30,10 +31,17 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class Service:
-    def __init__(self, llm: LLM, config: ServerConfig) -> None:
-        self.llm, self.config = llm, config
+    """``sleep``: the server's idle sleep (``--sleep-idle-seconds``), None without."""
+
+    def __init__(self, llm: LLM, config: ServerConfig, sleep: IdleSleep | None = None) -> None:
+        self.llm, self.config, self.sleep = llm, config, sleep
         self.in_flight = 0
-        self.metrics = Metrics(llm, lambda: self.in_flight)
+        self.metrics = Metrics(sleep.stats if sleep is not None else llm.stats,
+                               lambda: self.in_flight)  # fmt: skip
+
+    @property
+    def asleep(self) -> bool:
+        return self.sleep is not None and self.sleep.asleep
 
     def admit(self) -> Callable[[], None]:
         """A place in the queue, or 503; returns its release (idempotent)."""
