@@ -171,6 +171,10 @@ def _resolve(args: argparse.Namespace) -> None:
         if args.model is not None and args.model != args.model_flag:
             raise RunError(f"two models given ({args.model} and -m {args.model_flag}): give one")
         args.model = args.model_flag
+    if args.hf_repo is not None and args.model is not None:
+        raise RunError(f"two models given ({args.model} and -hf {args.hf_repo}): give one")
+    if args.hf_file is not None and args.hf_repo is None:
+        raise RunError("--hf-file names a file of the repository -hf USER/MODEL gives: add -hf")
     if args.model is not None and not Path(args.model).is_file():
         raise RunError(f"{args.model}: no such model file (a .gguf path)")
     args.request_seed = args.seed if args.seed is not None and args.seed >= 0 else None
@@ -224,13 +228,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ray:
         from .ray_serve import serve_with_ray
 
-        if tool_names or mcp_configs:
-            raise RunError("--tools and MCP servers are not supported with --ray (the Ray "
-                           "Serve replicas serve no /tools)")  # fmt: skip
+        if tool_names or mcp_configs or args.ui_mcp_proxy:
+            raise RunError(
+                "--tools, MCP servers and --ui-mcp-proxy are not supported with --ray (the "
+                "Ray Serve replicas serve no /tools, no /cors-proxy)"
+            )
         if template is not None and not (args.chat_template and Path(args.chat_template).is_file()):
             raise RunError("with --ray, give the chat template as a file every node can read")
         return serve_with_ray(args)
-    cors = cors_origins(args.cors_origins, bool(tool_names or mcp_configs))
+    cors_proxy = bool(args.ui_mcp_proxy or args.agent)
+    cors = cors_origins(args.cors_origins, bool(tool_names or mcp_configs or cors_proxy))
     prompt_cache_cells(args.cache_ram, 1)  # a bad --cache-ram fails before the model loads
     sockets = bind(args.host, args.port)  # before the model loads: a busy port fails now
     try:
@@ -239,6 +246,8 @@ def _serve(args: argparse.Namespace) -> int:
             _Listening(sockets, max_connections=args.max_connections) as listening,
             _tools(tool_names, mcp_configs, args.tools_runtime or "", listening) as tools,
         ):
+            if args.hf_repo is not None:
+                args.model = _from_hub(args)
             if args.model is None and not args.tiny:
                 installed = installed_model()
                 args.model = str(installed) if installed is not None else None
@@ -264,7 +273,7 @@ def _serve(args: argparse.Namespace) -> int:
             config = ServerConfig(
                 keys, args.max_queue, args.timeout,
                 max_body_bytes=args.max_request_size * 2**20,
-                cors_origins=cors, metrics=args.metrics, tools=tools,
+                cors_origins=cors, metrics=args.metrics, tools=tools, cors_proxy=cors_proxy,
                 slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
                 aliases=args.aliases, tags=args.tags, web_page=args.ui,
                 vertex=VertexRoutes.from_environment(),
@@ -316,6 +325,10 @@ def _serve(args: argparse.Namespace) -> int:
                           "that can reach the server can run commands and write files with "
                           "its rights; do not expose it to untrusted networks",
                           file=sys.stderr)  # fmt: skip
+                if cors_proxy:
+                    print("warning: /cors-proxy is on: any client that can reach the server "
+                          "can make HTTP requests from its network; do not expose it to "
+                          "untrusted networks", file=sys.stderr)  # fmt: skip
                 hosts = [h for h in args.host.split(",") if not _loopback(h)]
                 if hosts and not keys:
                     print(f"warning: listening on {','.join(hosts)} without --api-key: anyone who "
@@ -333,6 +346,20 @@ def _serve(args: argparse.Namespace) -> int:
         for sock in sockets:
             sock.close()
     return 0
+
+
+def _from_hub(args: argparse.Namespace) -> str:
+    """``-hf``'s file, downloaded (or found in the Hub's cache), its name printed."""
+    from .hub import HubError, download_quant
+
+    print(f"fetching {args.hf_repo}{' ' + args.hf_file if args.hf_file else ''} from the "
+          "Hugging Face Hub", file=sys.stderr)  # fmt: skip
+    try:
+        path = download_quant(args.hf_repo, args.hf_file, args.hf_token)
+    except HubError as e:
+        raise RunError(f"-hf {args.hf_repo}: {e}") from None
+    print(f"model: {path}", file=sys.stderr)
+    return path
 
 
 @contextlib.contextmanager

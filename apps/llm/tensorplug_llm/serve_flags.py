@@ -41,8 +41,9 @@ __all__ = [
 UNSUPPORTED = {
     ("--lora", "--lora-scaled"): "LoRA adapters are not supported",
     ("--mmproj", "-mm", "--mmproj-url"): "multimodal projectors are not supported (text only)",
-    ("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"): (
-        "downloading models is not supported: download the .gguf and pass its path"
+    ("-mu", "--model-url"): (
+        "downloading from a URL is not supported: give -hf USER/MODEL[:QUANT] (the Hugging "
+        "Face Hub) or the .gguf's path"
     ),
     ("-md", "--model-draft", "--spec-type", "--draft-max", "--draft-min"): (
         "speculative decoding is not supported"
@@ -376,6 +377,27 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         "(8192, as llama-server's; -1: no bound but the cache's size; 0: off)",
     )
     p.add_argument(
+        "-hf",
+        "-hfr",
+        "--hf-repo",
+        metavar="USER/MODEL[:QUANT]",
+        help="serve a GGUF file of this Hugging Face repository, downloaded into the Hub's "
+        "cache (HF_HUB_OFFLINE=1: from the cache alone): the file of QUANT (any case; "
+        "default Q4_K_M, else the repository's first GGUF file), every shard of a split one",
+    )
+    p.add_argument(
+        "-hff",
+        "--hf-file",
+        metavar="FILE",
+        help="with -hf: this file of the repository instead of a quantization's",
+    )
+    p.add_argument(
+        "-hft",
+        "--hf-token",
+        metavar="TOKEN",
+        help="with -hf: the Hub token (default: HF_TOKEN, or huggingface-cli login's)",
+    )
+    p.add_argument(
         "--sleep-idle-seconds",
         type=_number("a number of seconds", -1),
         default=-1,
@@ -430,6 +452,21 @@ def _add_tools_flags(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="the same MCP servers' JSON, given inline",
     )
+    g.add_argument(
+        "--ui-mcp-proxy",
+        "--webui-mcp-proxy",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="serve /cors-proxy?url=..., through which a page reaches HTTP services (MCP "
+        "servers) its origin may not call: its callers make requests from this server's "
+        "network; --cors-origins then defaults to localhost (off)",
+    )
+    g.add_argument(
+        "-ag",
+        "--agent",
+        action="store_true",
+        help="every built-in tool (--tools all) and --ui-mcp-proxy",
+    )
 
 
 def cors_origins(text: str | None, tools_on: bool) -> list[str] | None:
@@ -439,8 +476,9 @@ def cors_origins(text: str | None, tools_on: bool) -> list[str] | None:
     if text is not None:
         return [o.strip() for o in text.split(",") if o.strip()]
     if tools_on:
-        print("warning: server tools or MCP servers are enabled: --cors-origins defaults to "
-              "localhost (give --cors-origins to change it)", file=sys.stderr)  # fmt: skip
+        print("warning: server tools, MCP servers or the CORS proxy are enabled: "
+              "--cors-origins defaults to localhost (give --cors-origins to change it)",
+              file=sys.stderr)  # fmt: skip
         return ["localhost"]
     return None
 
@@ -452,6 +490,8 @@ def tools_settings(args: argparse.Namespace) -> tuple[list[str], list[McpServerC
     from .server_tools import BUILTIN_TOOLS, McpConfigError, load_configs
 
     names = [n.strip() for n in (args.tools or "").split(",") if n.strip()]
+    if getattr(args, "agent", False) and not names:
+        names = ["all"]
     known = [t.name for t in BUILTIN_TOOLS]
     for name in names:
         if name != "all" and name not in known:

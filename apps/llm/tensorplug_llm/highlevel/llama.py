@@ -463,7 +463,7 @@ class Llama:
     def from_pretrained(cls, repo_id: str, filename: str | None, **kwargs: Any) -> Llama:
         """Download ``filename`` (a name or a glob pattern) of the Hugging Face repository
         ``repo_id`` through ``huggingface_hub`` (or find it in its cache) and load it."""
-        from .hub import download
+        from ..hub import download
 
         keys = ("additional_files", "local_dir", "local_dir_use_symlinks", "cache_dir")
         hub = {k: kwargs.pop(k) for k in keys if k in kwargs}

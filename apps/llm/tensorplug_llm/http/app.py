@@ -15,6 +15,7 @@ from .anthropic_routes import router as anthropic
 from .body_check import check_body
 from .config import ServerConfig
 from .cors import Cors
+from .cors_proxy import router as cors_proxy
 from .errors import install_error_handlers
 from .guard import PUBLIC_ROUTES, Guard
 from .header_case import CanonicalHeaderCase
@@ -48,12 +49,13 @@ def create_app(
     app.state.llm = llm
     app.state.metrics = svc.metrics
     app.state.tools = cfg.tools  # /tools: 403 without (--tools, MCP servers)
+    app.state.cors_proxy = cfg.cors_proxy  # /cors-proxy: 403 without --ui-mcp-proxy
     install_error_handlers(app)
     routes: set[str] = set()  # the paths metrics name (any other is counted as "other")
     posts: list[str] = []  # the POST routes, which Vertex AI's /predict dispatches to
     for router, prefix in (
         (native, ""), (infill, ""), (both, ""), (both, "/v1"), (v1_only, "/v1"),
-        (anthropic, "/v1"), (responses, ""), (responses, "/v1"), (tools, ""),
+        (anthropic, "/v1"), (responses, ""), (responses, "/v1"), (tools, ""), (cors_proxy, ""),
     ):  # fmt: skip
         app.include_router(router, prefix=prefix)
         routes |= {

@@ -42,7 +42,9 @@ class ServerConfig:
     false); ``jinja``: False as llama-server's ``--no-jinja``, which refuses a chat
     request's tools (its built-in templates render none); ``tools``: the tools
     ``/tools`` lists and runs (``--tools``, MCP servers), None for none (a 403 there):
-    whoever can call the server can then run commands and write files with its rights."""
+    whoever can call the server can then run commands and write files with its rights;
+    ``cors_proxy``: serve ``/cors-proxy`` (``--ui-mcp-proxy``), whose callers make
+    requests from the server's network."""
 
     def __init__(
         self,
@@ -67,6 +69,7 @@ class ServerConfig:
         enable_thinking: bool = True,
         jinja: bool = True,
         tools: ToolBox | None = None,
+        cors_proxy: bool = False,
     ) -> None:
         if max_queue < 0 or request_timeout <= 0 or max_body_bytes < 1 or body_timeout <= 0:
             raise RunError(
@@ -96,6 +99,7 @@ class ServerConfig:
         self.enable_thinking = enable_thinking
         self.jinja = jinja
         self.tools = tools
+        self.cors_proxy = cors_proxy
 
     @property
     def api_key(self) -> str | None:
