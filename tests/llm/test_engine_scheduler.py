@@ -276,3 +276,20 @@ def test_idle_slots_move_to_the_prompt_cache_when_a_request_starts() -> None:
     assert cache is not None and [e.cached[:12] for e in cache.entries] == [PROMPT_A]
     again = _run(bench, PROMPT_A)
     assert again.prompt_tokens_reused == 11
+
+
+def test_a_request_naming_its_slot_runs_there_and_the_queue_passes_it_while_busy() -> None:
+    bench = _Bench(n_parallel=2, n_ctx=256, n_batch=64)
+    first = bench.submit_prompt(PROMPT_A, max_tokens=3)
+    bench.step()
+    (busy,) = [s.seq for s in bench.sched.slots if s.job is not None]
+    pinned = RequestHandle(_Caller(), Request(PROMPT_B, 2, stop_tokens=NONE, slot=busy), 100)
+    bench.sched.enqueue(Waiting(pinned))
+    later = bench.submit_prompt(PROMPT_C, max_tokens=2)
+    plan = bench.step()  # the named slot is busy: the request behind goes first
+    assert [c.job.handle for c in plan.prefills] == [later]
+    assert [e.handle for e in bench.sched.waiting] == [pinned]
+    while bench.sched.has_work():
+        bench.step()
+    assert first.tokens == [TOKEN] * 3 and pinned.tokens == [TOKEN] * 2
+    assert bench.sched.slots[busy].cached[: len(PROMPT_B)] == PROMPT_B  # it ran there

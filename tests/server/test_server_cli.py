@@ -128,7 +128,7 @@ def test_health_is_503_loading_until_the_model_is_ready(
 @pytest.mark.parametrize(
     ("flag", "why"),
     [(["--lora", "a.gguf"], "LoRA adapters"), (["-mu", "https://x/m.gguf"], "from a URL"),
-     (["--slot-save-path", "/tmp"], "saving slots"), (["-ctk", "q8_0"], "f16 or f32"),
+     (["-ctk", "q8_0"], "f16 or f32"),
      (["--rope-freq-base", "-1"], "not a base frequency"), (["--rope-scale", "0"], "> 0"),
      (["--rope-scaling", "ntk"], "invalid choice"), (["--yarn-beta-fast", "nan"], "finite")],
 )  # fmt: skip

@@ -298,6 +298,7 @@ class LLM:
         response_format: Mapping[str, Any] | None = None,
         ignore_eos: bool = False,
         return_progress: bool = False,
+        slot: int | None = None,
         **sampling: Any,
     ) -> Stream:
         """One generation as llama-server's ``/completion`` reports it: a :class:`Stream`
@@ -307,11 +308,12 @@ class LLM:
         ``stopping_word``; the last one also ``prompt_tokens_reused`` (cells taken
         from the cache). ``return_progress``: before the text, a dict with ``progress``
         (llama-server's ``prompt_progress``) when the request is admitted and after
-        each chunk of its prompt. ``sampling``: :class:`~.sampling.SamplingParams`'
+        each chunk of its prompt. ``slot``: the engine's slot it runs in (llama-server's
+        ``id_slot``; None: whichever suits). ``sampling``: :class:`~.sampling.SamplingParams`'
         fields."""
         self._check_generates("prompt")
         job = self._job(ids, max_tokens, n_probs, response_format, **sampling)
-        job.ignore_eos, job.report_progress = ignore_eos, return_progress
+        job.ignore_eos, job.report_progress, job.slot = ignore_eos, return_progress, slot
         stops = _stops(stop)
         [handle] = self._submit(job, 1, lambda: None)
 

@@ -84,6 +84,8 @@ class GenerationJob:
     #: ``return_progress``), where the generator can: :meth:`RequestHandle.events
     #: <tensorplug_llm.request.RequestHandle.events>`
     report_progress: bool = False
+    #: the slot it must run in (llama-server's ``id_slot``; None: whichever suits)
+    slot: int | None = None
 
 
 class GenerationHandle(Protocol):
@@ -205,6 +207,7 @@ class EngineGenerator:
             constraint=job.constraint,
             n_probs=job.n_probs,
             report_progress=job.report_progress,
+            slot=job.slot,
         )
 
     def stats(self) -> GeneratorStats:

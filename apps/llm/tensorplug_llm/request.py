@@ -132,6 +132,8 @@ class Request:
     pooling: str | None = None
     #: report the prompt's evaluation (:class:`PromptProgress`) among the events
     report_progress: bool = False
+    #: the slot it must run in (llama-server's ``id_slot``; None: whichever suits)
+    slot: int | None = None
 
 
 @dataclass(frozen=True)

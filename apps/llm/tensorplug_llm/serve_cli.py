@@ -239,6 +239,7 @@ def _serve(args: argparse.Namespace) -> int:
     cors_proxy = bool(args.ui_mcp_proxy or args.agent)
     cors = cors_origins(args.cors_origins, bool(tool_names or mcp_configs or cors_proxy))
     prompt_cache_cells(args.cache_ram, 1)  # a bad --cache-ram fails before the model loads
+    save_folder = _save_folder(args.slot_save_path)
     sockets = bind(args.host, args.port)  # before the model loads: a busy port fails now
     try:
         with (
@@ -275,6 +276,7 @@ def _serve(args: argparse.Namespace) -> int:
                 max_body_bytes=args.max_request_size * 2**20,
                 cors_origins=cors, metrics=args.metrics, tools=tools, cors_proxy=cors_proxy,
                 slots=args.slots, props_writable=args.props, defaults=request_defaults(args),
+                slot_save_path=save_folder,
                 aliases=args.aliases, tags=args.tags, web_page=args.ui,
                 vertex=VertexRoutes.from_environment(),
                 verbose=bool(getattr(args, "verbose", False)),  # -v: as llama-server's
@@ -346,6 +348,20 @@ def _serve(args: argparse.Namespace) -> int:
         for sock in sockets:
             sock.close()
     return 0
+
+
+def _save_folder(text: str | None) -> Path | None:
+    """``--slot-save-path``'s folder, made if missing (None without the flag)."""
+    if text is None:
+        return None
+    folder = Path(text).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"--slot-save-path {text}: cannot make the folder: {e.strerror}") from None
+    if not folder.is_dir():
+        raise RunError(f"--slot-save-path {text}: not a folder")
+    return folder
 
 
 def _from_hub(args: argparse.Namespace) -> str:

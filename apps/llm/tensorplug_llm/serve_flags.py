@@ -57,10 +57,6 @@ UNSUPPORTED = {
     ("--grammar", "--grammar-file", "-j", "--json-schema"): (
         "a server-wide grammar is not supported: send grammar or json_schema per request"
     ),
-    ("--slot-save-path",): (
-        "saving slots is not supported: the slots share one KV cache and a prompt's prefix "
-        "is found in any slot, so there is no per-slot state to save"
-    ),
     ("--no-webui", "--path", "--api-prefix", "--ssl-key-file", "--ssl-cert-file"): (
         "this HTTP option is not supported"
     ),
@@ -375,6 +371,12 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         help="the prompt cache: prompts slots let go of stay in the KV cache's spare cells, "
         "found again by later requests; at most this many MiB of cells beyond the slots' "
         "(8192, as llama-server's; -1: no bound but the cache's size; 0: off)",
+    )
+    p.add_argument(
+        "--slot-save-path",
+        metavar="FOLDER",
+        help="the folder of POST /slots/ID?action=save|restore's files (made if missing; "
+        "without it, slot actions are 501, as llama-server's)",
     )
     p.add_argument(
         "-hf",

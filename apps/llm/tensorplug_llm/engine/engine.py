@@ -65,10 +65,13 @@ the steps (:meth:`Engine.start`), or whoever iterates a :class:`RequestHandle` d
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -81,6 +84,14 @@ from ..request import Request, RequestError, RequestHandle
 from .executor import StepExecutor
 from .prompt_cache import PromptCache
 from .scheduler import Scheduler
+from .slot_file import (
+    SlotFileError,
+    SlotState,
+    read_rows,
+    read_slot_file,
+    write_rows,
+    write_slot_file,
+)
 from .state import EngineStats, Slot, Waiting
 from .update import StepUpdate
 
@@ -210,6 +221,8 @@ class Engine:
             )
         for r in requests:
             self._check(r)
+        if len(requests) > 1 and any(r.slot is not None for r in requests):
+            raise RequestError("a group runs in several slots: its requests cannot name one")
         prompt = [int(t) for t in requests[0].prompt]
         if any([int(t) for t in r.prompt] != prompt for r in requests[1:]):
             raise RequestError("the requests of a group must have the same prompt")
@@ -242,6 +255,10 @@ class Engine:
             raise RequestError(f"max_tokens must be at least 1 (or None), got {request.max_tokens}")
         if request.n_probs < 0:
             raise RequestError(f"n_probs must be >= 0, got {request.n_probs}")
+        if request.slot is not None and not 0 <= request.slot < self.n_parallel:
+            raise RequestError(
+                f"slot {request.slot} does not exist: the slots are 0..{self.n_parallel - 1}"
+            )
         cfg = self.llama.config
         if request.embed:
             try:
@@ -263,6 +280,68 @@ class Engine:
             if self.scheduler.has_work() or self.llama.kv.n_used:
                 return
             self.executor.warm_up(self.n_parallel, self.n_batch)
+
+    # -- a slot's state in a file ------------------------------------------------------------------
+
+    def save_slot(self, index: int, path: Path, timeout: float = 600.0) -> tuple[int, int]:
+        """Write slot ``index``'s tokens and their K/V rows to ``path``
+        (:mod:`~tensorplug_llm.engine.slot_file`), once the slot is idle (waiting at most
+        ``timeout`` seconds); the tokens saved and the bytes written."""
+        with self._idle_slot(index, timeout) as slot:
+            if not slot.cached:
+                raise RequestError(f"slot {index} holds no tokens: there is nothing to save")
+            cells = self.scheduler.cells_of(slot)
+            k, v = read_rows(self.llama, cells)
+            state = SlotState(np.asarray(slot.cached, dtype=np.int32), k, v)
+            return len(slot.cached), write_slot_file(path, self.llama, state)
+
+    def restore_slot(self, index: int, path: Path, timeout: float = 600.0) -> tuple[int, int]:
+        """Load the state :meth:`save_slot` wrote into slot ``index`` (once idle), its
+        tokens' cells taken from the free ones, then the prompt cache's and idle slots'
+        (least recently used first); the tokens restored and the bytes read. A file that
+        does not fit this model or the slot raises :class:`RequestError` and leaves the
+        slot empty."""
+        with self._idle_slot(index, timeout) as slot:
+            self.scheduler.clear_slot(slot)
+            try:
+                state, size = read_slot_file(path, self.llama, self.n_ctx_seq)
+            except SlotFileError as e:
+                raise RequestError(f"{path.name}: {e}") from None
+            n = int(state.tokens.size)
+            cells = self.scheduler.take_cells(n)
+            if cells is None:
+                raise RequestError(
+                    f"the KV cache has no room for the {n} tokens of {path.name} beside the "
+                    "running requests: retry when they end, or use a larger context (-c)"
+                )
+            write_rows(self.llama, cells, state.k, state.v)
+            self.scheduler.fill_slot(slot, cells, [int(t) for t in state.tokens])
+            return n, size
+
+    def erase_slot(self, index: int, timeout: float = 600.0) -> int:
+        """Empty slot ``index`` (once idle); the tokens it held."""
+        with self._idle_slot(index, timeout) as slot:
+            n = len(slot.cached)
+            self.scheduler.clear_slot(slot)
+            return n
+
+    @contextlib.contextmanager
+    def _idle_slot(self, index: int, timeout: float) -> Iterator[Slot]:
+        """Slot ``index``, held idle between steps (the step lock taken) for the caller;
+        waits while a request runs in it, as llama-server defers a slot action."""
+        if not 0 <= index < self.n_parallel:
+            raise RequestError(f"Invalid slot ID: {index} (the slots are 0..{self.n_parallel - 1})")
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._step_lock:
+                slot = self.slots[index]
+                if slot.job is None:
+                    self.llama.restore()  # asleep: the model first
+                    yield slot
+                    return
+            if time.monotonic() > deadline:
+                raise RequestError(f"slot {index} stayed busy for {timeout:g} s")
+            time.sleep(0.01)
 
     # -- asleep ----------------------------------------------------------------------------------
 

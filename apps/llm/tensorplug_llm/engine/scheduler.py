@@ -17,7 +17,9 @@ The policy, in the order a step applies it:
    prefix another slot or the prompt cache holds (``seq_cp``). What the slot held
    beyond the prefix it keeps goes to the prompt cache (when there is one); with
    ``cache_idle_slots`` so does every other idle slot's, and those slots are cleared.
-   It *waits*, and every request behind it
+   A request that names its slot (``Request.slot``, llama-server's ``id_slot``) takes
+   that one, and while it is busy the requests behind pass it. It *waits*, and every
+   request behind it
    with it (no overtaking: first come first served), while
    - no slot is idle (a group of choices waits for as many idle slots as it has),
    - a running request is still evaluating a longer prefix of its prompt (it shares
@@ -60,6 +62,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tensorplug.errors import RunError
 
@@ -191,6 +195,42 @@ class Scheduler:
         """Whether a step has anything to do (the caller holds ``lock`` or does not care)."""
         return bool(self.waiting) or any(s.job is not None for s in self.slots)
 
+    # -- a slot's cells, for its state in a file ------------------------------------------------
+
+    def cells_of(self, slot: Slot) -> np.ndarray:
+        """The cells of ``slot``'s tokens, in position order (position ``p``'s at ``p``)."""
+        kv = self.kv
+        held = np.flatnonzero((kv.seqs & np.uint64(1 << slot.seq)) != 0)
+        cells = held[np.argsort(kv.pos[held], kind="stable")]
+        if cells.size != len(slot.cached) or not np.array_equal(
+            kv.pos[cells], np.arange(cells.size)
+        ):
+            last = len(slot.cached) - 1
+            raise RunError(f"slot {slot.seq}'s cells do not hold positions 0..{last}")
+        return cells
+
+    def clear_slot(self, slot: Slot) -> None:
+        """``slot`` (idle) lets go of its cells."""
+        self.kv.seq_rm(slot.seq)
+        slot.cached.clear()
+        slot.preempted = False
+
+    def take_cells(self, n: int) -> np.ndarray | None:
+        """``n`` free cells, made free as a step's are (the prompt cache's entries and
+        idle slots give theirs, least recently used first) beside what the running
+        requests will need; None when they cannot be."""
+        needed = n + sum(len(s.job.pending) + 1 for s in self.slots if s.job is not None)
+        self._make_room(needed)
+        if self.kv.n_ctx - self.kv.n_used < needed:
+            return None
+        return self.kv.find_slot(n)
+
+    def fill_slot(self, slot: Slot, cells: np.ndarray, tokens: list[int]) -> None:
+        """``slot`` (emptied) now holds ``tokens`` at positions 0.., in ``cells``."""
+        self.kv.assign(cells, np.arange(len(tokens)), [(slot.seq,)] * len(tokens))
+        slot.cached[:] = tokens
+        slot.last_used = next(self._tick)
+
     def forget_cached(self) -> None:
         """Idle slots and the prompt cache let go of every cell (the model's memory is
         about to go); only while nothing runs."""
@@ -298,9 +338,9 @@ class Scheduler:
         it had in the cache plus its last sampled token."""
         while True:
             with self.lock:
-                if not self.waiting:
+                entry = self._next_entry()
+                if entry is None:
                     return
-                entry = self.waiting[0]
             idle = [s for s in self.slots if s.job is None]
             if len(idle) < len(entry.handles):
                 return  # a group is admitted whole: its choices share one prompt step
@@ -310,7 +350,8 @@ class Scheduler:
                 if not self._admit_embedding(entry, idle, prompt):
                     return
                 continue
-            slot = self._best_slot(idle, prompt)
+            pinned = handle.request.slot
+            slot = self.slots[pinned] if pinned is not None else self._best_slot(idle, prompt)
             limit = len(prompt) - 1  # the last prompt token is evaluated: its logits
             own = min(common_prefix(slot.cached, prompt), limit)
             donor = max(
@@ -328,7 +369,7 @@ class Scheduler:
             ):
                 return  # wait for running requests to end
             with self.lock:
-                self.waiting.popleft()
+                self.waiting.remove(entry)
             kv = self.kv
             loaded = donor is not None and use_donor and self._is_entry(donor)
             if loaded:  # the most recently used now: saving the slot's cannot evict it
@@ -370,6 +411,16 @@ class Scheduler:
     def _is_entry(self, record: Slot) -> bool:
         """Whether ``record`` is a prompt cache entry rather than a slot."""
         return self.cache is not None and self.cache.holds(record)
+
+    def _next_entry(self) -> Waiting | None:
+        """The request admission considers (the caller holds ``lock``): the head of the
+        queue, passing over requests that must run in a slot still busy (llama-server's
+        ``id_slot``; they keep their place, and go first once it is idle)."""
+        for entry in self.waiting:
+            pinned = entry.handle.request.slot
+            if pinned is None or self.slots[pinned].job is None:
+                return entry
+        return None
 
     def _entries(self) -> list[Slot]:
         """The prompt cache's entries (none without a cache)."""
@@ -422,7 +473,7 @@ class Scheduler:
         if self.n_running and self._spare(slot, None, 0) < len(tokens):
             return False
         with self.lock:
-            self.waiting.popleft()
+            self.waiting.remove(entry)
         self.kv.seq_rm(slot.seq)
         slot.cached.clear()
         job = entry.resumed or self._new_job(entry.handle, slot, [])

@@ -15,10 +15,10 @@ the prompt), the grammar, and top-k → typical → top-p → min-p → temperat
 greedy at temperature 0, or mirostat). The draw is llama.cpp's ``dist``, on its
 generator (:class:`~tensorplug_llm.sampling.LlamaDraws`: ``std::mt19937`` and libstdc++'s
 uniform doubles), so a seeded run draws llama.cpp's tokens wherever the chain's
-probabilities agree. Mirostat draws with the same generator, but its arithmetic is
-numpy's in float64 and its draw a search of the running sum, where llama.cpp's is float32
-and ``std::discrete_distribution``: a seeded mirostat run repeats itself, and may part
-from llama.cpp's.
+probabilities agree. Mirostat (at a positive temperature, which it does not apply, as
+llama-cpp-python's chain) draws with the same generator in llama.cpp's float32
+arithmetic and ``std::discrete_distribution``'s draw, so a seeded mirostat run draws
+llama.cpp's tokens too.
 """
 
 from __future__ import annotations
@@ -104,37 +104,103 @@ class SampleSettings:
 
 
 class _Mirostat:
-    """llama.cpp's mirostat samplers (1.0 with m = 100, and 2.0): the candidates are
-    cut where their surprise passes ``mu``, and ``mu`` follows the target ``tau``."""
+    """llama.cpp's mirostat samplers (1.0 with m = 100, and 2.0) in its float32
+    arithmetic: the candidates are sorted and cut where their surprise passes ``mu``
+    (2.0) or to the ``k`` that 1.0 estimates from the distribution's shape, and drawn as
+    ``std::discrete_distribution`` draws; ``mu`` follows the target ``tau``. With the
+    same logits and seed, the draws are llama.cpp's."""
 
     def __init__(self, settings: SampleSettings, rng: LlamaDraws, n_vocab: int) -> None:
         self.version = settings.mirostat_mode
-        self.tau, self.eta = settings.mirostat_tau, settings.mirostat_eta
-        self.mu = 2.0 * self.tau
+        self.tau = np.float32(settings.mirostat_tau)
+        self.eta = np.float32(settings.mirostat_eta)
+        self.mu = np.float32(2.0) * self.tau
         self.rng = rng
         self.n_vocab = n_vocab
 
     def draw(self, z: np.ndarray) -> int:
-        finite = np.flatnonzero(z > -np.inf)
-        order = finite[np.lexsort((finite, -z[finite]))]  # logit descending, ties by id
-        p = _softmax(z[order])
+        logits = z.astype(np.float32)
+        finite = np.flatnonzero(logits > -np.inf)
+        order = finite[np.lexsort((finite, -logits[finite]))]  # descending, ties by id
+        logits = logits[order]
+        p = _softmax32(logits)
         if self.version == 1:
-            m = min(_MIROSTAT_M, p.size)
-            i = np.arange(m - 1)
-            t = np.log((i + 2) / (i + 1))
-            b = np.log(p[:-1][: m - 1] / p[1:][: m - 1])
-            s_hat = float((t * b).sum() / (t * t).sum()) if m > 1 else 1.0
-            eps = s_hat - 1.0
-            k = (eps * 2.0**self.mu / (1.0 - self.n_vocab ** (-eps))) ** (1.0 / s_hat)
-            keep = max(int(k) if math.isfinite(k) else p.size, 1)
+            keep = _top_k_int(self._k(p))
         else:
-            over = np.flatnonzero(-np.log2(p) > self.mu)
-            keep = max(int(over[0]) if over.size else p.size, 1)
-        order, p = order[:keep], _softmax(z[order[:keep]])
-        pick = int(np.searchsorted(np.cumsum(p), self.rng.random() * p.sum()))
-        pick = min(pick, p.size - 1)
-        self.mu -= self.eta * (-math.log2(p[pick]) - self.tau)
+            over = np.flatnonzero(-np.log2(p.astype(np.float64)).astype(np.float32) > self.mu)
+            keep = int(over[0]) if over.size else p.size
+        keep = min(max(keep, 1), p.size)
+        p = _softmax32(logits[:keep])
+        pick = _discrete(p, self.rng)
+        surprise = -np.float32(math.log2(float(p[pick])))
+        self.mu = np.float32(self.mu - self.eta * np.float32(surprise - self.tau))
         return int(order[pick])
+
+    def _k(self, p: np.ndarray) -> np.float32:
+        """Mirostat 1.0's ``k``: the Zipf exponent ``s_hat`` estimated from the first
+        ``m`` probabilities, then the k whose expected surprise is ``mu``."""
+        f32 = np.float32
+        sum_tb, sum_tt = f32(0.0), f32(0.0)
+        for i in range(min(_MIROSTAT_M - 1, p.size - 1)):
+            t = _logf(f32(i + 2) / f32(i + 1))
+            b = _logf(p[i] / p[i + 1])
+            sum_tb = f32(sum_tb + f32(t * b))
+            sum_tt = f32(sum_tt + f32(t * t))
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            s_hat = f32(sum_tb / sum_tt)
+            eps = f32(s_hat - f32(1.0))
+            top = f32(eps * _powf(f32(2.0), self.mu))
+            bottom = f32(f32(1.0) - _powf(f32(self.n_vocab), -eps))
+            return _powf(f32(top / bottom), f32(1.0) / s_hat)
+
+
+def _logf(x: np.float32) -> np.float32:
+    """``logf`` (the float64 logarithm rounded to float32; non-positive: -inf or NaN)."""
+    v = float(x)
+    if v > 0.0:
+        return np.float32(math.log(v))
+    return np.float32(-np.inf if v == 0.0 else np.nan)
+
+
+def _powf(x: np.float32, y: np.float32) -> np.float32:
+    """``powf`` (the float64 power rounded to float32): NaN for a negative base and a
+    fractional exponent, inf past float32's range."""
+    try:
+        return np.float32(math.pow(float(x), float(y)))
+    except ValueError:
+        return np.float32(np.nan)
+    except OverflowError:
+        return np.float32(np.inf)
+
+
+def _top_k_int(k: np.float32) -> int:
+    """C's ``int(k)`` on x86: truncation, and INT_MIN where the value is NaN or out of
+    int's range (llama.cpp then keeps one candidate)."""
+    v = float(k)
+    if not math.isfinite(v) or not -(2.0**31) <= v < 2.0**31:
+        return -(2**31)
+    return int(v)
+
+
+def _softmax32(logits: np.ndarray) -> np.ndarray:
+    """llama.cpp's softmax of sorted float32 logits: ``expf`` of each less the first,
+    summed in order, each divided by the sum (all in float32)."""
+    e = np.exp((logits - logits[0]).astype(np.float64)).astype(np.float32)
+    total = np.cumsum(e, dtype=np.float32)[-1]
+    return (e / total).astype(np.float32)
+
+
+def _discrete(p: np.ndarray, rng: LlamaDraws) -> int:
+    """libstdc++'s ``std::discrete_distribution<int>(p)(rng)``: the weights as doubles,
+    normalised by their running sum, cumulated, the last set to 1, and the first whose
+    cumulated weight reaches one uniform draw (none drawn for a single weight)."""
+    if p.size < 2:
+        return 0
+    w = p.astype(np.float64)
+    w = w / np.cumsum(w)[-1]
+    cumulated = np.cumsum(w)
+    cumulated[-1] = 1.0
+    return int(np.searchsorted(cumulated, rng.random(), side="left"))
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -257,7 +323,10 @@ class Session:
             None if seed == DEFAULT_SEED else seed, self.last_n_tokens_size, self.n_vocab
         )
         constraint = None if settings.grammar is None else self._constraint_for(settings.grammar)
-        mirostat = _Mirostat(settings, chain.rng, self.n_vocab) if settings.mirostat_mode else None
+        # llama-cpp-python's chain: temperature 0 is greedy and below 0 a plain draw,
+        # whatever the mirostat mode
+        miro = settings.mirostat_mode and settings.temp > 0.0
+        mirostat = _Mirostat(settings, chain.rng, self.n_vocab) if miro else None
         return _Draw(settings, chain, constraint, mirostat)
 
     def sample(self, settings: SampleSettings, idx: int | None = None) -> int:

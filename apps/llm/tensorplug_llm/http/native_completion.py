@@ -161,6 +161,7 @@ class NativeCompletion:
             response_format=b.constraint(),
             ignore_eos=b.ignore_eos,
             return_progress=b.return_progress and b.stream,
+            slot=b.id_slot if b.id_slot >= 0 else None,
             **self.sampling,
         )
         return Stream(self._chunks(stream), [Canceller(stream)])

@@ -13,7 +13,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ..api import InvalidRequestError, Stream
+from ..engine import Engine
 from ..openai_schema import CONSTRAINT_PARAMS
+from ..request import RequestError
 from ..tool_spec import ToolSpecError, tool_spec
 from .errors import ApiError
 from .model_info import build_info, model_list
@@ -230,14 +232,70 @@ def _busy_slots(svc: Service) -> list[bool]:
 
 
 @router.post("/slots/{id_slot}")
-async def slot_action(id_slot: int, action: str | None = None) -> None:
+async def slot_action(
+    id_slot: int, request: Request, svc: ServiceDep, action: str | None = None
+) -> dict[str, Any]:
+    """llama-server's slot actions under ``--slot-save-path``: ``save`` a slot's tokens
+    and K/V rows to ``{"filename"}`` in that folder, ``restore`` them into a slot,
+    ``erase`` a slot (each once the slot is idle)."""
+    folder = svc.config.slot_save_path
+    if folder is None:
+        raise not_supported(
+            "This server does not support slots action. Start it with `--slot-save-path`"
+        )
     if action not in ("save", "restore", "erase"):
-        raise ApiError(400, f"action must be save, restore or erase, got {action!r}",
-                       param="action")  # fmt: skip
-    raise not_supported(
-        f"slot {action} is not supported: the slots share one KV cache, and a prompt's "
-        "cached prefix is found in any slot without saving it (send the prompt again)"
-    )
+        raise ApiError(400, f"Invalid action {action!r}: save, restore or erase", param="action")
+    engine = getattr(svc.llm.generator, "engine", None)
+    if not isinstance(engine, Engine):
+        raise not_supported("slot actions need the server's engine")
+
+    async def run(fn: Callable[[], Any], failed: str) -> Any:
+        try:
+            return await svc.call(fn)
+        except RequestError as e:
+            raise ApiError(400, f"{failed}: {e}") from None
+
+    if action == "erase":
+        n = await run(lambda: engine.erase_slot(id_slot), "Unable to erase slot")
+        return {"id_slot": id_slot, "n_erased": n}
+    filename = await _slot_filename(request)
+    path = folder / filename
+    started = time.perf_counter()
+    if action == "save":
+        n, size = await run(lambda: engine.save_slot(id_slot, path), "Unable to save slot")
+        ms = (time.perf_counter() - started) * 1000
+        return {"id_slot": id_slot, "filename": filename, "n_saved": n, "n_written": size,
+                "timings": {"save_ms": ms}}  # fmt: skip
+    if not path.is_file():
+        raise ApiError(400, f"Unable to restore slot: no file {filename!r} in the save folder",
+                       param="filename")  # fmt: skip
+    n, size = await run(lambda: engine.restore_slot(id_slot, path), "Unable to restore slot")
+    ms = (time.perf_counter() - started) * 1000
+    return {"id_slot": id_slot, "filename": filename, "n_restored": n, "n_read": size,
+            "timings": {"restore_ms": ms}}  # fmt: skip
+
+
+async def _slot_filename(request: Request) -> str:
+    """The body's ``filename``: a plain name in the save folder (no folder part, no
+    ``..``, no control character), as llama-server's ``fs_validate_filename``."""
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    name = body.get("filename") if isinstance(body, dict) else None
+    if not isinstance(name, str):
+        raise ApiError(400, 'give the file as {"filename": "NAME"}', param="filename")
+    if (
+        not name.strip()
+        or name in (".", "..")
+        or len(name.encode()) > 255
+        or any(c in name for c in "/\\:")
+        or any(ord(c) < 32 or ord(c) == 127 for c in name)
+        or name.startswith(".")
+    ):
+        raise ApiError(400, f"Invalid filename {name[:80]!r}: a plain file name, no folder",
+                       param="filename")  # fmt: skip
+    return name
 
 
 @router.get("/metrics")
