@@ -380,3 +380,38 @@ def test_kv_overrides_answer_as_llama_cpp_python_does(
         assert llm.metadata["llama.context_length"] == "8192"
     finally:
         llm.close()
+
+
+def test_prompt_lookup_proposes_what_followed_the_first_earlier_occurrence() -> None:
+    from tensorplug_llm import LlamaPromptLookupDecoding
+
+    find = LlamaPromptLookupDecoding.find_candidate_pred_tokens
+    ids = np.array([5, 6, 7, 8, 9, 5, 6], dtype=np.intc)
+    assert find(ids, 2, 3).tolist() == [7, 8, 9]  # after the first "5 6"
+    assert find(ids, 2, 10).tolist() == [7, 8, 9, 5, 6]  # up to the end
+    assert find(np.array([1, 2, 3], dtype=np.intc), 2, 3).tolist() == []  # no repeat
+    with pytest.raises(ValueError, match="num_pred_tokens"):
+        LlamaPromptLookupDecoding(num_pred_tokens=0)
+
+
+def test_a_draft_model_changes_the_steps_not_the_greedy_text(tiny_path: Path) -> None:
+    from tensorplug_llm import LlamaPromptLookupDecoding
+
+    calls: list[int] = []
+
+    class Counting(LlamaPromptLookupDecoding):
+        def __call__(self, input_ids: np.ndarray, /, **kwargs: object) -> np.ndarray:
+            calls.append(len(input_ids))
+            return super().__call__(input_ids)
+
+    plain = Llama(model_path=str(tiny_path), n_ctx=128, verbose=False)
+    drafted = Llama(model_path=str(tiny_path), n_ctx=128, draft_model=Counting(), verbose=False)
+    prompt = "the of and to in the of and to in the of"
+    want = plain(prompt, max_tokens=24, temperature=0)["choices"][0]["text"]
+    got = drafted(prompt, max_tokens=24, temperature=0)["choices"][0]["text"]
+    assert got == want and calls  # the draft was asked, the text is the same
+    assert drafted.scores.shape[0] == 128  # logits of every row: llama-cpp-python's logits_all
+    with pytest.raises(ValueError, match="draft_model must be a LlamaDraftModel"):
+        Llama(model_path=str(tiny_path), draft_model="prompt-lookup", verbose=False)
+    plain.close()
+    drafted.close()

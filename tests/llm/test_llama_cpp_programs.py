@@ -5,7 +5,7 @@ Each program of ``llama_cpp_programs/`` is the kind its README and API reference
 (completions with stop, echo, logprobs and streaming; chat with the model's template
 and a named format; grammars; logits processors and stopping criteria; eval, sample
 and generate; states; embeddings; a prompt cache). It is run here with
-``from llama_cpp import`` replaced by ``from tensorplug_llm import`` and nothing else,
+``from llama_cpp`` replaced by ``from tensorplug_llm`` and nothing else,
 on the shipped SmolLM2 file at llama-cpp-python's default settings, and its printed
 JSON must equal what llama-cpp-python 0.3.36 printed
 (``data/record_llama_cpp_programs.py`` recorded ``data/llama_cpp_programs.json``).
@@ -31,7 +31,11 @@ RECORDED: dict[str, Any] = json.loads((TESTS / "data" / "llama_cpp_programs.json
 
 def run_swapped(program: Path, model: Path) -> Any:
     """``program`` with its llama_cpp import changed, run here; its last printed line."""
-    source = program.read_text().replace("from llama_cpp import", "from tensorplug_llm import")
+    source = (
+        program.read_text()
+        .replace("from llama_cpp import", "from tensorplug_llm import")
+        .replace("from llama_cpp.", "from tensorplug_llm.")  # a submodule: llama_speculative
+    )
     assert "llama_cpp" not in source.replace("llama-cpp-python", ""), "one import only"
     out = io.StringIO()
     old = os.environ.get("MODEL")

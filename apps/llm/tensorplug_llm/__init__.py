@@ -53,6 +53,7 @@ if TYPE_CHECKING:
         StoppingCriteria,
         StoppingCriteriaList,
     )
+    from .highlevel.speculative import LlamaDraftModel, LlamaPromptLookupDecoding
     from .highlevel.state import LlamaState
     from .highlevel.tokenizer import LlamaTokenizer
     from .kv_cells import KVCells
@@ -74,6 +75,8 @@ _HOMES = {
     "LlamaCache": "highlevel.cache", "LlamaRAMCache": "highlevel.cache",
     "LlamaDiskCache": "highlevel.cache", "LlamaGrammar": "highlevel.grammar",
     "LlamaTokenizer": "highlevel.tokenizer",
+    "LlamaDraftModel": "highlevel.speculative",
+    "LlamaPromptLookupDecoding": "highlevel.speculative",
     "LogitsProcessor": "highlevel.processors", "LogitsProcessorList": "highlevel.processors",
     "StoppingCriteria": "highlevel.processors", "StoppingCriteriaList": "highlevel.processors",
     "Request": "request", "RequestError": "request", "RequestHandle": "request",
@@ -110,7 +113,9 @@ __all__ = [
     "LlamaCache",
     "LlamaConfig",
     "LlamaDiskCache",
+    "LlamaDraftModel",
     "LlamaGrammar",
+    "LlamaPromptLookupDecoding",
     "LlamaRAMCache",
     "LlamaState",
     "LlamaTokenizer",

@@ -57,6 +57,7 @@ class Llama:
         self.verbose = o.verbose
         self.chat_format = o.chat_format
         self.chat_handler = o.chat_handler
+        self.draft_model = o.draft_model
         self.last_n_tokens_size = o.last_n_tokens_size
         self.spm_infill = o.spm_infill
         self.cache: Any = None
@@ -112,6 +113,7 @@ class Llama:
             seed=o.seed,
             constraint_for=self._constraint,
             threads=threads,
+            draft_model=o.draft_model,
         )
         if self.verbose:
             print(
@@ -606,6 +608,7 @@ def _given(o: LoadOptions) -> dict[str, Any]:
         "n_threads": o.n_threads, "n_threads_batch": o.n_threads_batch,
         "logits_all": o.logits_all, "embedding": o.embedding, "flash_attn": o.flash_attn,
         "last_n_tokens_size": o.last_n_tokens_size, "chat_format": o.chat_format,
-        "chat_handler": o.chat_handler, "type_k": int(o.cache_type),
+        "chat_handler": o.chat_handler, "draft_model": o.draft_model,
+        "type_k": int(o.cache_type),
         "type_v": int(o.cache_type), "spm_infill": o.spm_infill, "verbose": o.verbose,
     }  # fmt: skip

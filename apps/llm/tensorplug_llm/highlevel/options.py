@@ -2,7 +2,7 @@
 
 ``Llama(model_path, **keywords)`` takes every keyword llama-cpp-python's does. Each one
 either does what llama-cpp-python documents, or — where it names a llama.cpp feature
-tensorplug does not have (LoRA adapters, a draft model, mlock, a quantized KV cache) —
+tensorplug does not have (LoRA adapters, mlock, a quantized KV cache) —
 is refused with an error that names it and says why, so that no setting is
 silently ignored. The RoPE and YaRN keywords override the model file's rope as
 llama.cpp's context does (:mod:`tensorplug_llm.rope`). Settings that only tune
@@ -58,7 +58,6 @@ _UNSUPPORTED = {
     "lora_path": "LoRA adapters are not supported",
     "lora_scale": "LoRA adapters are not supported",
     "numa": "there is no NUMA placement switch",
-    "draft_model": "speculative decoding with a draft model is not supported",
     "tokenizer": "the model file's own tokenizer is always used",
 }
 
@@ -87,6 +86,9 @@ class LoadOptions:
     last_n_tokens_size: int
     chat_format: str | None
     chat_handler: Any
+    #: proposes tokens for generate to check in one step (llama-cpp-python's
+    #: ``LlamaDraftModel``: a callable of the ids so far); None: one token a step
+    draft_model: Any
     cache_type: Type
     spm_infill: bool
     verbose: bool
@@ -99,6 +101,15 @@ class LoadOptions:
         """The runner's prompt chunk: llama.cpp evaluates a batch in micro-batches of
         ``n_ubatch``, and the rows of a step decide how ggml sums them."""
         return min(self.n_batch, self.n_ubatch)
+
+
+def _draft_model(draft: Any) -> Any:
+    if draft is not None and not callable(draft):
+        raise ValueError(
+            f"draft_model must be a LlamaDraftModel (a callable of the token ids so far), got "
+            f"{type(draft).__name__}"
+        )
+    return draft
 
 
 def load_options(model_path: Any, given: Mapping[str, Any]) -> LoadOptions:
@@ -160,12 +171,14 @@ def load_options(model_path: Any, given: Mapping[str, Any]) -> LoadOptions:
         n_threads=_threads(o["n_threads"]),
         n_threads_batch=_threads(o["n_threads_batch"]),
         pooling=_POOLING[pooling],
-        logits_all=bool(o["logits_all"]),
+        # a draft's tokens are checked against their own rows' logits, as llama-cpp-python
+        logits_all=bool(o["logits_all"]) or o["draft_model"] is not None,
         embedding=bool(o["embedding"]),
         flash_attn=bool(o["flash_attn"]),
         last_n_tokens_size=o["last_n_tokens_size"],
         chat_format=o["chat_format"],
         chat_handler=o["chat_handler"],
+        draft_model=_draft_model(o["draft_model"]),
         cache_type=cache,
         spm_infill=bool(o["spm_infill"]),
         verbose=bool(o["verbose"]),

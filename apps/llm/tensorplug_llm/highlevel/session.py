@@ -237,8 +237,10 @@ class Session:
         seed: int,
         constraint_for: Callable[[Any], Constraint],
         threads: Callable[[int], None] | None = None,
+        draft_model: Callable[[npt.NDArray[np.intc]], Any] | None = None,
     ) -> None:
         self.runner = runner
+        self.draft_model = draft_model
         self.n_ctx = runner.n_ctx
         self.n_vocab = runner.config.n_vocab
         self.n_batch = n_batch
@@ -378,11 +380,30 @@ class Session:
         sample_at = self.n_tokens + len(pending) - 1
         while True:
             self.eval(pending)
-            token = self.sample(settings, sample_at)
-            sample_at += 1
-            if stopping_criteria is not None and stopping_criteria(
-                self.input_ids[:sample_at], self.logits_at(sample_at - 1)
-            ):
-                return
-            sent = yield token
-            pending = [token, *(sent or ())]
+            # each evaluated row is sampled in turn: past the prompt, a row beyond the
+            # sampled token's is a draft's, kept while sampling agrees with it
+            while sample_at < self.n_tokens:
+                token = self.sample(settings, sample_at)
+                sample_at += 1
+                if stopping_criteria is not None and stopping_criteria(
+                    self.input_ids[:sample_at], self.logits_at(sample_at - 1)
+                ):
+                    return
+                sent = yield token
+                pending = [token, *(sent or ())]
+                if sample_at < self.n_tokens and token != self.input_ids[sample_at]:
+                    self.truncate(sample_at)  # the draft parts here: the rest is dropped
+                    break
+            if self.draft_model is not None:
+                self._propose(pending)
+
+    def _propose(self, pending: list[int]) -> None:
+        """The draft model's tokens after ``pending`` (the tokens about to be
+        evaluated), appended to it, as many as the context has room for."""
+        assert self.draft_model is not None
+        so_far = np.concatenate(
+            [self.input_ids[: self.n_tokens], np.asarray(pending, dtype=np.intc)]
+        )
+        room = self.n_ctx - self.n_tokens - len(pending)
+        drafts = np.asarray(self.draft_model(so_far)).astype(int)[: max(room, 0)]
+        pending.extend(int(t) for t in drafts)
