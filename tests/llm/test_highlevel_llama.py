@@ -39,7 +39,7 @@ def test_an_unknown_keyword_is_refused_by_name(tiny_path: Path) -> None:
 @pytest.mark.parametrize(
     ("keywords", "named"),
     [
-        ({"use_mlock": True}, "use_mlock"),
+        ({"numa": True}, "numa"),
         ({"kv_overrides": {"general.name": ["a"]}}, "Unknown value type for general.name"),
         ({"kv_overrides": [("general.name", "a")]}, "kv_overrides must be a dict"),
         ({"kv_overrides": {"llama.context_length": "long"}}, "is a str, but the file's"),
@@ -415,3 +415,28 @@ def test_a_draft_model_changes_the_steps_not_the_greedy_text(tiny_path: Path) ->
         Llama(model_path=str(tiny_path), draft_model="prompt-lookup", verbose=False)
     plain.close()
     drafted.close()
+
+
+def test_use_mlock_locks_the_loaded_model_or_warns_why_not(tiny_path: Path) -> None:
+    """In a process of its own: the lock holds every page mapped at the time."""
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, sys\n"
+        "from tensorplug_llm import Llama\n"
+        "with warnings.catch_warnings(record=True) as said:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    llm = Llama(model_path={str(tiny_path)!r}, n_ctx=32, use_mlock=True, verbose=False)\n"
+        "locked = [l for l in open('/proc/self/status') if l.startswith('VmLck')]\n"
+        "print(int(locked[0].split()[1]) if locked else -1, [str(w.message) for w in said])\n"
+        "print(llm('a', max_tokens=2, temperature=0)['usage']['completion_tokens'])\n"
+    )
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the lock is Linux's mlockall")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    first, second = run.stdout.strip().splitlines()[-2:]
+    locked_kb = int(first.split()[0])
+    assert locked_kb > 0 or "ulimit -l" in first  # locked, or the limit named in a warning
+    assert int(second) >= 1

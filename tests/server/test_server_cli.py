@@ -127,7 +127,7 @@ def test_health_is_503_loading_until_the_model_is_ready(
 
 @pytest.mark.parametrize(
     ("flag", "why"),
-    [(["--lora", "a.gguf"], "LoRA adapters"), (["-mu", "https://x/m.gguf"], "from a URL"),
+    [(["-mu", "https://x/m.gguf"], "from a URL"),
      (["-ctk", "q8_0"], "f16 or f32"),
      (["--rope-freq-base", "-1"], "not a base frequency"), (["--rope-scale", "0"], "> 0"),
      (["--rope-scaling", "ntk"], "invalid choice"), (["--yarn-beta-fast", "nan"], "finite")],
@@ -202,6 +202,29 @@ def test_the_prompt_cache_and_the_idle_sleep_flags_are_llama_servers() -> None:
     assert prompt_cache_cells(-1, 4096) is None and prompt_cache_cells(0, 4096) == 0
     with pytest.raises(RunError, match="--cache-ram -2"):
         prompt_cache_cells(-2, 4096)
+
+
+def test_lora_flags_name_adapters_and_their_scales(tmp_path: Path) -> None:
+    one, two = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    one.write_bytes(b"x")
+    two.write_bytes(b"x")
+    args = _parse(["--tiny", "--lora", str(one), "--lora-scaled", str(two), "0.25"])
+    assert run_cli.lora_adapters(args) == [(str(one), 1.0), (str(two), 0.25)]
+    with pytest.raises(RunError, match="no such LoRA adapter file"):
+        run_cli.lora_adapters(_parse(["--lora", str(tmp_path / "absent.gguf")]))
+    with pytest.raises(RunError, match="finite number"):
+        run_cli.lora_adapters(_parse(["--lora-scaled", str(one), "lots"]))
+
+
+def test_override_kv_reads_llama_cpps_form() -> None:
+    assert run_cli.kv_overrides(
+        ["tokenizer.ggml.add_bos_token=bool:false", "llama.context_length=int:1024",
+         "llama.rope.freq_base=float:5e4", "general.name=str:a=b:c"]
+    ) == {"tokenizer.ggml.add_bos_token": False, "llama.context_length": 1024,
+          "llama.rope.freq_base": 50000.0, "general.name": "a=b:c"}  # fmt: skip
+    for bad in ("novalue", "k=int", "k=int:x", "k=list:1", "k=bool:yes", "=int:1"):
+        with pytest.raises(RunError, match="KEY=TYPE:VALUE"):
+            run_cli.kv_overrides([bad])
 
 
 def test_no_ui_and_kv_unified_are_taken() -> None:

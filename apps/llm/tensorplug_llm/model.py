@@ -23,7 +23,7 @@ A step graph has a fixed shape — ``n_tokens`` new tokens attending to the firs
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from tensorplug.tensor import Tensor, new_tensor
 from tensorplug.types import Type
 
 from .arch import ARCHITECTURES, Architecture, architecture
+from .lora import ADAPTED, LoraAdapter, LoraPair
 from .rope import RopeOverrides, RopeTrain, resolve, yarn_mscale
 
 __all__ = [
@@ -312,9 +313,9 @@ def _yarn_keys(f: GGUFFile, a: str) -> dict[str, float]:
     keys = {"beta_fast": ("yarn_beta_fast", 32.0), "beta_slow": ("yarn_beta_slow", 1.0),
             "yarn_log_mul": ("yarn_log_multiplier", 0.0)}  # fmt: skip
     out = {}
-    for field, (name, default) in keys.items():
+    for setting, (name, default) in keys.items():
         key = f"{a}.rope.scaling.{name}"
-        out[field] = value = f.value(key, float, default)
+        out[setting] = value = f.value(key, float, default)
         _check(f, key, value, _finite(value), "a finite number")
     return out
 
@@ -391,6 +392,8 @@ class LayerWeights:
     bv: Tensor | None = None
     post_attn_norm: Tensor | None = None  # sandwich norms (n_embd,): Gemma 3
     post_ffn_norm: Tensor | None = None
+    #: LoRA adapters' pairs by the field they adapt ("wq", "w_up", ...: :mod:`.lora`)
+    lora: dict[str, list[LoraPair]] = field(default_factory=dict, init=False)
 
     def norms(self) -> list[Tensor]:
         """The vectors of the layer: norm weights and biases (kept in F32)."""
@@ -412,6 +415,34 @@ class LlamaWeights:
     output_norm: Tensor
     output: Tensor
     by_name: dict[Tensor, str]
+    #: LoRA adapters' pairs for the output layer (:mod:`.lora`)
+    output_lora: list[LoraPair] = field(default_factory=list)
+
+    def adaptable(self) -> set[Tensor]:
+        """The weights a LoRA adapter may adapt: the blocks' attention and dense FFN
+        matrices and the output layer (not a mixture of experts' stacked ones)."""
+        out = {self.output}
+        for L in self.layers:
+            if L.ffn_gate_inp is not None:  # experts: their matrices are stacked
+                names: tuple[str, ...] = ("wq", "wk", "wv", "wqkv", "wo")
+                out |= {t for n in names if (t := getattr(L, n)) is not None}
+            else:
+                out |= {t for n in ADAPTED if (t := getattr(L, n)) is not None}
+        return out
+
+    def attach(self, adapter: LoraAdapter) -> None:
+        """Apply ``adapter``'s pairs to the products of the weights they adapt."""
+        by_gguf = {name: t for t, name in self.by_name.items()}
+        for name, pair in adapter.pairs.items():
+            w = by_gguf[name]
+            if w is self.output:
+                self.output_lora.append(pair)
+                continue
+            for L in self.layers:
+                field_name = next((n for n in ADAPTED if getattr(L, n) is w), None)
+                if field_name is not None:
+                    L.lora.setdefault(field_name, []).append(pair)
+                    break
 
     @classmethod
     def from_gguf(
@@ -446,7 +477,7 @@ class LlamaWeights:
         layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
-            ffn = (
+            ffn: dict[str, Tensor] = (
                 {
                     "w_gate": get(p + "ffn_gate_exps.weight", (E, ff, d)),
                     "w_up": get(p + "ffn_up_exps.weight", (E, ff, d)),
@@ -466,7 +497,7 @@ class LlamaWeights:
                 }
             )
             arch = cfg.arch
-            qkv = (
+            qkv: dict[str, Tensor] = (
                 {"wqkv": get(p + "attn_qkv.weight", (q + 2 * kv, d))}
                 if arch.fused
                 else {
@@ -475,7 +506,7 @@ class LlamaWeights:
                     "wv": get(p + "attn_v.weight", (kv, d)),
                 }
             )
-            norms = {}
+            norms: dict[str, Tensor] = {}
             if arch.pre_norms:
                 norms["attn_norm"] = get(p + "attn_norm.weight", (d,))
                 norms["ffn_norm"] = get(p + "ffn_norm.weight", (d,))
@@ -684,16 +715,31 @@ def _biased(x: Tensor, bias: Tensor | None) -> Tensor:
     return x if bias is None else ops.add(x, bias)
 
 
+def _adapted(w: Tensor, x: Tensor, pairs: list[LoraPair]) -> Tensor:
+    """``w·x``, plus each LoRA pair's ``scale·B·(A·x)`` (llama.cpp's ``build_lora_mm``)."""
+    out = ops.mul_mat(w, x)
+    for pair in pairs:
+        out = ops.add(out, ops.scale(ops.mul_mat(pair.b, ops.mul_mat(pair.a, x)), pair.scale))
+    return out
+
+
+def _product(L: LayerWeights, name: str, x: Tensor) -> Tensor:
+    """The block's product by its weight ``name`` ("wq", "w_up", ...), LoRA applied."""
+    w = getattr(L, name)
+    assert w is not None
+    return _adapted(w, x, L.lora.get(name, []))
+
+
 def _qkv(cfg: LlamaConfig, L: LayerWeights, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The Q, K and V projections (T, n_embd_q) and (T, n_embd_kv) x 2, with their biases:
     three products, or one fused product whose rows are cut into the three by views
     (contiguous copies: rope and the cache writes read whole rows)."""
     if L.wqkv is None:
         assert L.wq is not None and L.wk is not None and L.wv is not None
-        q = _biased(ops.mul_mat(L.wq, h), L.bq)
-        k = _biased(ops.mul_mat(L.wk, h), L.bk)
-        return q, k, _biased(ops.mul_mat(L.wv, h), L.bv)
-    qkv = ops.mul_mat(L.wqkv, h)  # (T, n_embd_q + 2·n_embd_kv), F32
+        q = _biased(_product(L, "wq", h), L.bq)
+        k = _biased(_product(L, "wk", h), L.bk)
+        return q, k, _biased(_product(L, "wv", h), L.bv)
+    qkv = _product(L, "wqkv", h)  # (T, n_embd_q + 2·n_embd_kv), F32
     row, f32 = qkv.strides[0], qkv.type.type_size
     q_end, k_end = cfg.n_embd_q, cfg.n_embd_q + cfg.n_embd_kv
     cut = [(0, q_end), (q_end, k_end), (k_end, k_end + cfg.n_embd_kv)]
@@ -705,10 +751,10 @@ def _dense_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, i: int) -> Tensor:
     """The gated FFN: ``act(h·gateᵀ)·(h·upᵀ)`` then down; with a fused gate-up matrix the
     gate is the first half of one product's rows (ggml's split GLU, as Phi-3's)."""
     glu = ops.geglu if cfg.arch.ffn == "geglu" else ops.swiglu
-    up = ops.mul_mat(L.w_up, h).set_name(f"ffn_up-{i}")  # llama.cpp's names, for dumps
-    gate = None if L.w_gate is None else ops.mul_mat(L.w_gate, h).set_name(f"ffn_gate-{i}")
+    up = _product(L, "w_up", h).set_name(f"ffn_up-{i}")  # llama.cpp's names, for dumps
+    gate = None if L.w_gate is None else _product(L, "w_gate", h).set_name(f"ffn_gate-{i}")
     g = glu(up) if gate is None else glu(gate, up)
-    return ops.mul_mat(L.w_down, g.set_name(f"ffn_glu-{i}")).set_name(f"ffn_out-{i}")
+    return _product(L, "w_down", g.set_name(f"ffn_glu-{i}")).set_name(f"ffn_out-{i}")
 
 
 def _moe_ffn(cfg: LlamaConfig, L: LayerWeights, h: Tensor, T: int, i: int) -> Tensor:
@@ -808,7 +854,7 @@ def decoder_block(
     if cfg.uses_rope(i):
         q, k = _rope(cfg, q, pos, L, swa), _rope(cfg, k, pos, L, swa)
     attn = attend(cfg, q, k, v, kv_idx, mask, k_cache, v_cache, n_kv, i, order)
-    attn = ops.mul_mat(L.wo, attn).set_name(f"attn_out-{i}")
+    attn = _product(L, "wo", attn).set_name(f"attn_out-{i}")
     x = ops.add(x, _branch(cfg, attn, L.post_attn_norm)).set_name(f"ffn_inp-{i}")
     h = _pre_normed(cfg, x, L.ffn_norm, f"ffn_norm-{i}")
     ffn = _moe_ffn(cfg, L, h, T, i) if L.ffn_gate_inp is not None else _dense_ffn(cfg, L, h, i)
@@ -872,7 +918,7 @@ def build_step(
     if embeddings:
         logits = x.set_output()
     else:
-        logits = ops.mul_mat(w.output, x)
+        logits = _adapted(w.output, x, w.output_lora)
         if cfg.final_softcap:  # Gemma 2: c·tanh(logits / c)
             c = cfg.final_softcap
             logits = ops.scale(ops.tanh(ops.scale(logits, 1.0 / c)), c)

@@ -92,6 +92,9 @@ class _Sampling(BaseModel):
     timings_per_token: StrictBool = False
     #: llama-server's: a stream reports its prompt's evaluation (``prompt_progress``)
     return_progress: StrictBool = False
+    #: llama-server's per-request LoRA scales, ``[{"id": 0, "scale": 0.5}]`` (the HTTP
+    #: routes take them when they are the server's)
+    lora: list[dict[str, Any]] | None = None
 
     def usage_apart(self) -> bool:
         """Whether a stream ends with its usage in a chunk of its own."""

@@ -241,6 +241,36 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
         help="keep matrices in the file's layout instead of the CPU's repacked one "
         "(CPU_REPACK: faster products, the weights copied in at load)",
     )
+    p.add_argument(
+        "--mlock",
+        action="store_true",
+        help="keep the model in RAM (mlock): never paged out; bounded by ulimit -l, a warning "
+        "when the limit is too small",
+    )
+    p.add_argument(
+        "--override-kv",
+        action="append",
+        default=[],
+        metavar="KEY=TYPE:VALUE",
+        help="a metadata value that stands for the file's, as llama.cpp's (types int, float, "
+        "bool, str: tokenizer.ggml.add_bos_token=bool:false); may be repeated",
+    )
+    p.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="FNAME",
+        help="apply this LoRA adapter (GGUF, llama.cpp's convert_lora_to_gguf.py) at scale 1; "
+        "may be repeated",
+    )
+    p.add_argument(
+        "--lora-scaled",
+        action="append",
+        nargs=2,
+        default=[],
+        metavar=("FNAME", "SCALE"),
+        help="apply this LoRA adapter at this scale; may be repeated",
+    )
     if chat or serve:  # the other options are run's
         return
     p.add_argument(
@@ -444,13 +474,19 @@ def _load(
     as :class:`ModelRunner` takes it. ``for_prompt``: the warm-up's prompt step is as long as
     the prompt of ``args`` (:meth:`ModelRunner.warm_up`), whose first step then runs on the
     plan it built; the prompt is encoded once, here (``args.tokens`` holds its ids)."""
-    from tensorplug.gguf import GGUFFile
+    from tensorplug.gguf import GGUFError, GGUFFile
 
     from .context import choose_context
     from .model import LlamaConfig
     from .runner import ModelRunner, embedding_model_message
 
     f = GGUFFile(args.model)
+    overrides = kv_overrides(getattr(args, "override_kv", []))
+    if overrides:
+        try:
+            f.override(overrides)
+        except GGUFError as e:
+            raise RunError(f"--override-kv: {e}") from None
     cfg = LlamaConfig.from_gguf(f)
     if (
         cfg.arch.encoder and not encoder_ok
@@ -491,10 +527,16 @@ def _load(
             rope=getattr(args, "rope", None),  # serve's RoPE/YaRN flags
             # serve's -fa: llama.cpp resolves auto to on for a CPU
             flash_attn=getattr(args, "flash_attn", None) in ("on", "auto"),
+            lora=lora_adapters(args),
         )
         if for_prompt:
             args.tokens = _prompt_ids(model, args)
             model.warm_up(len(args.tokens) if args.tokens is not None else None)
+    if getattr(args, "mlock", False):
+        from .memory_lock import lock_memory
+
+        if (why := lock_memory()) is not None:  # llama.cpp warns and runs on
+            print(f"warning: {why}", file=sys.stderr)
     if getattr(args, "own_process", False):
         _freeze_long_lived()
     return model
@@ -856,6 +898,54 @@ def demo_model(
         file=log,
     )
     return 0 if ok else 1
+
+
+#: ``--override-kv``'s types and how their text reads (llama.cpp's ``string_parse_kv_override``)
+_KV_TYPES: dict[str, Callable[[str], bool | int | float | str]] = {
+    "int": int, "float": float, "str": str,
+    "bool": lambda text: {"true": True, "false": False}[text.lower()],
+}  # fmt: skip
+
+
+def kv_overrides(given: list[str]) -> dict[str, bool | int | float | str]:
+    """``--override-kv KEY=TYPE:VALUE``s as the metadata values they stand for; a bad one
+    is a RunError naming it and the form."""
+    out: dict[str, bool | int | float | str] = {}
+    for text in given:
+        key, eq, rest = text.partition("=")
+        kind, colon, value = rest.partition(":")
+        parse = _KV_TYPES.get(kind)
+        try:
+            if not (key and eq and colon and parse is not None):
+                raise ValueError
+            out[key] = parse(value)
+        except (ValueError, KeyError):
+            raise RunError(
+                f"--override-kv {text}: give KEY=TYPE:VALUE, TYPE one of int, float, bool, "
+                "str (tokenizer.ggml.add_bos_token=bool:false)"
+            ) from None
+        if isinstance(out[key], str) and len(str(out[key]).encode()) > 127:
+            raise RunError(f"--override-kv {key}: a str value holds at most 127 bytes")
+    return out
+
+
+def lora_adapters(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """``--lora`` and ``--lora-scaled``'s adapters with their scales, checked (a missing
+    file or a scale that is not a number is a RunError naming it)."""
+    given = [(path, "1") for path in getattr(args, "lora", [])]
+    given += [tuple(pair) for pair in getattr(args, "lora_scaled", [])]
+    out: list[tuple[str, float]] = []
+    for path, text in given:
+        try:
+            scale = float(text)
+        except ValueError:
+            scale = math.nan
+        if not math.isfinite(scale):
+            raise RunError(f"--lora-scaled {path} {text}: the scale must be a finite number")
+        if not Path(path).is_file():
+            raise RunError(f"--lora {path}: no such LoRA adapter file (a .gguf adapter)")
+        out.append((path, scale))
+    return out
 
 
 def load_model(

@@ -56,6 +56,7 @@ from tensorplug.types import Type
 from .batch import Batch
 from .encoder import EncoderWeights, build_encoder_step
 from .kv_cells import ContextFullError, KVCells
+from .lora import LoraAdapter
 from .model import (
     KVCache,
     LlamaConfig,
@@ -215,6 +216,8 @@ class ModelRunner:
     (llama-cpp-python's ``rope_freq_base``, ``rope_scaling_type``, ``yarn_*``).
     ``flash_attn`` computes attention as ggml's flash attention kernel does (llama.cpp's
     ``flash_attn``), not as its graph without it.
+    ``lora``: LoRA adapter files and their scales, applied at run time beside the
+    products they adapt, as llama.cpp applies them (:mod:`.lora`).
 
     Each new prompt length builds a step graph and plan that are kept; every few of them
     Python's cyclic collector walks the whole process (over a hundred thousand objects
@@ -242,6 +245,7 @@ class ModelRunner:
         batch_invariant: bool = False,
         rope: RopeOverrides | None = None,
         flash_attn: bool = False,
+        lora: Sequence[tuple[str | PathLike[str], float]] = (),
     ) -> None:
         start = time.perf_counter()
         #: the runner again, on the same file and settings, its memory taken anew
@@ -250,7 +254,7 @@ class ModelRunner:
             ModelRunner, placement=placement, n_ctx=n_ctx, n_batch=n_batch,
             cache_type=cache_type, kv_pad=kv_pad, use_mmap=use_mmap, warmup=False,
             n_threads=n_threads, repack=repack, batch_invariant=batch_invariant, rope=rope,
-            flash_attn=flash_attn,
+            flash_attn=flash_attn, lora=lora,
         )  # fmt: skip
         self.released = False
         self.repack = repack
@@ -291,6 +295,14 @@ class ModelRunner:
             if w.output is w.tok_embd and self._extra_buft(p.output, w.output) is not None:
                 # get_rows reads the embeddings, products the output layer: two copies
                 self.weights = LlamaWeights.from_gguf(self.file, cfg, False, self.n_ctx)
+        #: the LoRA adapters applied to the products (:mod:`.lora`), in the order given
+        self.adapters: list[LoraAdapter] = []
+        for path, scale in lora:
+            if not isinstance(self.weights, LlamaWeights):
+                raise RunError(f"{self.file.path.name}: LoRA adapters apply to decoder models")
+            adapter = LoraAdapter.open(path, self.weights, cfg.arch.name, scale)
+            self.weights.attach(adapter)
+            self.adapters.append(adapter)
         self.cache = KVCache.describe(cfg, self.n_ctx, Type.parse(cache_type))
         self.memory: dict[Device, _DeviceMemory] = {}
         self._load(use_mmap)
@@ -377,6 +389,18 @@ class ModelRunner:
             if keep is not None:
                 keep(backend, self._keep_graphs)
 
+    def set_lora_scales(self, scales: Sequence[float]) -> None:
+        """Apply each LoRA adapter at its scale of ``scales`` (in the order they were
+        given; 0 switches one off): the step graphs are built again with them."""
+        if len(scales) != len(self.adapters):
+            raise RunError(f"{len(scales)} scales for {len(self.adapters)} LoRA adapters")
+        for adapter, scale in zip(self.adapters, scales, strict=True):
+            adapter.rescale(float(scale))
+        for sg in self._graphs.values():
+            if (own := self._own_scheds.pop(id(sg.graph), None)) is not None:
+                own.free()
+        self._graphs.clear()
+
     def _apply_threads(self, n_threads: int) -> None:
         if n_threads == self._threads:
             return
@@ -401,6 +425,7 @@ class ModelRunner:
                 group.setdefault(id(t), t)
         for i, dev in enumerate(p.layers):
             caches.setdefault(dev, []).extend(self.cache.layer_tensors(i))
+        self._load_adapters(weights)
         n_tensors, done = sum(len(g) for g in weights.values()), 0
         products = {id(t) for t in w.product_weights()}
         # token embeddings that only get_rows reads (the output layer is a matrix of its
@@ -455,6 +480,27 @@ class ModelRunner:
                 mem = self.memory.setdefault(dev, _DeviceMemory())
                 mem.buffers.append(buf)
                 mem.kv_cache += buf.size
+
+    def _load_adapters(self, weights: dict[Device, dict[int, Tensor]]) -> None:
+        """Each LoRA pair beside the weight it adapts, in the device's plain buffer type
+        (never a repacked layout: llama.cpp keeps them out of extra buffer types too)."""
+        if not self.adapters:
+            return
+        device_of = {id(t): dev for dev, group in weights.items() for t in group.values()}
+        by_gguf = {name: t for t, name in self.weights.by_name.items()}
+        for adapter in self.adapters:
+            per_device: dict[Device, list[tuple[str, Tensor]]] = {}
+            for name, pair in adapter.pairs.items():
+                dev = device_of[id(by_gguf[name])]
+                per_device.setdefault(dev, []).extend(
+                    [(pair.a.name, pair.a), (pair.b.name, pair.b)]
+                )
+            for dev, pairs in per_device.items():
+                buf = adapter.file.upload_tensors(pairs, dev.buffer_type())
+                if buf is not None:
+                    mem = self.memory.setdefault(dev, _DeviceMemory())
+                    mem.buffers.append(buf)
+                    mem.weights += sum(t.nbytes for _, t in pairs)
 
     def _extra_buft(self, dev: Device, weight: Tensor) -> BufferType | None:
         """The first extra buffer type of ``dev`` that takes ``weight`` (a matrix that

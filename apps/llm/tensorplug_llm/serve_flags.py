@@ -39,7 +39,6 @@ __all__ = [
 
 #: llama-server flags tensorplug does not have, with why (each refused by name)
 UNSUPPORTED = {
-    ("--lora", "--lora-scaled"): "LoRA adapters are not supported",
     ("--mmproj", "-mm", "--mmproj-url"): "multimodal projectors are not supported (text only)",
     ("-mu", "--model-url"): (
         "downloading from a URL is not supported: give -hf USER/MODEL[:QUANT] (the Hugging "
@@ -51,9 +50,7 @@ UNSUPPORTED = {
     ("--reranking", "--rerank"): "reranking is not supported",
     ("--cache-reuse",): "KV shifting for cache reuse is not supported (prefixes are reused)",
     ("--context-shift",): "context shifting is not supported by the server",
-    ("--mlock", "--numa", "--override-kv", "--override-tensor", "-ot"): (
-        "this loading option is not supported"
-    ),
+    ("--numa", "--override-tensor", "-ot"): ("this loading option is not supported"),
     ("--grammar", "--grammar-file", "-j", "--json-schema"): (
         "a server-wide grammar is not supported: send grammar or json_schema per request"
     ),

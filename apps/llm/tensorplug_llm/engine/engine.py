@@ -343,6 +343,35 @@ class Engine:
                 raise RequestError(f"slot {index} stayed busy for {timeout:g} s")
             time.sleep(0.01)
 
+    # -- LoRA ------------------------------------------------------------------------------------
+
+    def set_lora_scales(self, scales: Sequence[float], timeout: float = 600.0) -> None:
+        """Apply the model's LoRA adapters at ``scales`` to the requests admitted from
+        now on (llama-server's ``POST /lora-adapters``). A request keeps the scales it
+        started with, as on llama-server: admission pauses until the running requests
+        end (at most ``timeout`` seconds), then the scales change and what the slots and
+        the prompt cache held is dropped (its K/V were computed with the old ones)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self.scheduler.paused = True
+        try:
+            while True:
+                with self._step_lock:
+                    if self.scheduler.n_running == 0:
+                        self.llama.set_lora_scales(scales)
+                        self.scheduler.forget_cached()
+                        return
+                if time.monotonic() > deadline:
+                    raise RequestError(
+                        f"requests were still running after {timeout:g} s: the LoRA scales "
+                        "are unchanged"
+                    )
+                time.sleep(0.01)
+        finally:
+            with self._lock:
+                self.scheduler.paused = False
+            self.wake()
+
     # -- asleep ----------------------------------------------------------------------------------
 
     @property

@@ -162,6 +162,8 @@ class Scheduler:
         self.slots = [Slot(i) for i in range(n_parallel)]
         self.cache = prompt_cache
         self.cache_idle_slots = cache_idle_slots and prompt_cache is not None
+        #: admission held (the engine changes what every new request runs with)
+        self.paused = False
         self.waiting: deque[Waiting] = deque()
         #: guards ``waiting`` (submitting threads append, the step thread takes)
         self.lock = threading.Lock()
@@ -193,7 +195,8 @@ class Scheduler:
 
     def has_work(self) -> bool:
         """Whether a step has anything to do (the caller holds ``lock`` or does not care)."""
-        return bool(self.waiting) or any(s.job is not None for s in self.slots)
+        waiting = bool(self.waiting) and not self.paused
+        return waiting or any(s.job is not None for s in self.slots)
 
     # -- a slot's cells, for its state in a file ------------------------------------------------
 
@@ -338,7 +341,7 @@ class Scheduler:
         it had in the cache plus its last sampled token."""
         while True:
             with self.lock:
-                entry = self._next_entry()
+                entry = None if self.paused else self._next_entry()
                 if entry is None:
                     return
             idle = [s for s in self.slots if s.job is None]

@@ -17,6 +17,7 @@ import contextlib
 import os
 import random
 import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ class Llama:
         self.chat_format = o.chat_format
         self.chat_handler = o.chat_handler
         self.draft_model = o.draft_model
+        self.lora_path, self.lora_scale, self.lora_base = o.lora_path, o.lora_scale, o.lora_base
         self.last_n_tokens_size = o.last_n_tokens_size
         self.spm_infill = o.spm_infill
         self.cache: Any = None
@@ -83,20 +85,27 @@ class Llama:
         self._load(o, cfg)
 
     def _load(self, o: LoadOptions, cfg: Any) -> None:
+        from ..lora import LoraError
         from ..runner import ModelRunner
 
         n_ctx = o.n_ctx or cfg.n_ctx_train
-        runner = ModelRunner(
-            self._file,
-            placement=_placement(o, cfg.n_layer, self._file),
-            n_ctx=n_ctx,
-            n_batch=min(o.step_tokens, n_ctx),
-            cache_type=o.cache_type,
-            use_mmap=o.use_mmap,
-            n_threads=o.n_threads,
-            rope=o.rope,
-            flash_attn=o.flash_attn,
-        )
+        try:
+            runner = ModelRunner(
+                self._file,
+                placement=_placement(o, cfg.n_layer, self._file),
+                n_ctx=n_ctx,
+                n_batch=min(o.step_tokens, n_ctx),
+                cache_type=o.cache_type,
+                use_mmap=o.use_mmap,
+                n_threads=o.n_threads,
+                rope=o.rope,
+                flash_attn=o.flash_attn,
+                lora=o.lora,
+            )
+        except LoraError as e:  # llama-cpp-python's exception, with llama.cpp's reason
+            raise ValueError(
+                f"Failed to initialize LoRA adapter from lora path: {o.lora_path}: {e}"
+            ) from None
         self._runner = runner
         threads = None
         if o.n_threads is not None and o.n_threads_batch not in (None, o.n_threads):
@@ -121,6 +130,12 @@ class Llama:
                 f"{cfg.n_layer} blocks; {runner.placement.describe()}; n_ctx = {n_ctx})",
                 file=sys.stderr,
             )
+        if o.use_mlock:
+            from ..memory_lock import lock_memory
+
+            why = lock_memory()
+            if why is not None:  # llama.cpp warns and runs on
+                warnings.warn(why, RuntimeWarning, stacklevel=3)
 
     # -- what the model is ------------------------------------------------------------------------
 
@@ -609,6 +624,8 @@ def _given(o: LoadOptions) -> dict[str, Any]:
         "logits_all": o.logits_all, "embedding": o.embedding, "flash_attn": o.flash_attn,
         "last_n_tokens_size": o.last_n_tokens_size, "chat_format": o.chat_format,
         "chat_handler": o.chat_handler, "draft_model": o.draft_model,
+        "lora_path": o.lora_path, "lora_scale": o.lora_scale, "lora_base": o.lora_base,
+        "use_mlock": o.use_mlock,
         "type_k": int(o.cache_type),
         "type_v": int(o.cache_type), "spm_infill": o.spm_infill, "verbose": o.verbose,
     }  # fmt: skip

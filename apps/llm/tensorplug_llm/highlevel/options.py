@@ -2,7 +2,7 @@
 
 ``Llama(model_path, **keywords)`` takes every keyword llama-cpp-python's does. Each one
 either does what llama-cpp-python documents, or — where it names a llama.cpp feature
-tensorplug does not have (LoRA adapters, mlock, a quantized KV cache) —
+tensorplug does not have (NUMA placement, a quantized KV cache) —
 is refused with an error that names it and says why, so that no setting is
 silently ignored. The RoPE and YaRN keywords override the model file's rope as
 llama.cpp's context does (:mod:`tensorplug_llm.rope`). Settings that only tune
@@ -13,6 +13,7 @@ llama.cpp's own machinery and change no result (``no_perf``, ``numa=False``,
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,14 +50,10 @@ DEFAULTS: dict[str, Any] = {
 
 #: keywords whose only accepted value is their default, and why another is refused
 _UNSUPPORTED = {
-    "use_mlock": "tensorplug does not lock model memory (mlock)",
     "attention_type": "the model's own attention (causal or not) is always used",
     "offload_kqv": "the KV cache always lives beside its block",
     "op_offload": "there is no host-operation offload switch",
     "swa_full": "a sliding-window cache is always sized by the model",
-    "lora_base": "LoRA adapters are not supported",
-    "lora_path": "LoRA adapters are not supported",
-    "lora_scale": "LoRA adapters are not supported",
     "numa": "there is no NUMA placement switch",
     "tokenizer": "the model file's own tokenizer is always used",
 }
@@ -86,9 +83,17 @@ class LoadOptions:
     last_n_tokens_size: int
     chat_format: str | None
     chat_handler: Any
+    #: lock the loaded model in RAM (:mod:`tensorplug_llm.memory_lock`)
+    use_mlock: bool
     #: proposes tokens for generate to check in one step (llama-cpp-python's
     #: ``LlamaDraftModel``: a callable of the ids so far); None: one token a step
     draft_model: Any
+    #: a LoRA adapter file, applied at ``lora_scale`` (:mod:`tensorplug_llm.lora`)
+    lora_path: str | None
+    lora_scale: float
+    #: llama-cpp-python's ``lora_base``, kept as given: llama.cpp's adapter API has no
+    #: base model, and llama-cpp-python 0.3 uses it nowhere either
+    lora_base: str | None
     cache_type: Type
     spm_infill: bool
     verbose: bool
@@ -97,10 +102,29 @@ class LoadOptions:
     kv_overrides: dict[str, bool | int | float | str] = field(default_factory=dict)
 
     @property
+    def lora(self) -> tuple[tuple[str, float], ...]:
+        """The adapters for the runner: ``(path, scale)`` of each."""
+        return () if self.lora_path is None else ((self.lora_path, self.lora_scale),)
+
+    @property
     def step_tokens(self) -> int:
         """The runner's prompt chunk: llama.cpp evaluates a batch in micro-batches of
         ``n_ubatch``, and the rows of a step decide how ggml sums them."""
         return min(self.n_batch, self.n_ubatch)
+
+
+def _lora_scale(scale: Any) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"lora_scale must be a finite number, got {scale!r}")
+    return float(scale)
+
+
+def _lora_path(path: Any) -> str | None:
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        raise ValueError(f"lora_path: no such LoRA adapter file: {path!r} (a .gguf adapter)")
+    return os.fspath(path)
 
 
 def _draft_model(draft: Any) -> Any:
@@ -179,6 +203,10 @@ def load_options(model_path: Any, given: Mapping[str, Any]) -> LoadOptions:
         chat_format=o["chat_format"],
         chat_handler=o["chat_handler"],
         draft_model=_draft_model(o["draft_model"]),
+        use_mlock=bool(o["use_mlock"]),
+        lora_path=_lora_path(o["lora_path"]),
+        lora_scale=_lora_scale(o["lora_scale"]),
+        lora_base=None if o["lora_base"] is None else str(o["lora_base"]),
         cache_type=cache,
         spm_infill=bool(o["spm_infill"]),
         verbose=bool(o["verbose"]),

@@ -20,6 +20,7 @@ from .errors import install_error_handlers
 from .guard import PUBLIC_ROUTES, Guard
 from .header_case import CanonicalHeaderCase
 from .infill import router as infill
+from .lora_routes import router as lora
 from .native_routes import health
 from .native_routes import router as native
 from .openai_routes import both, v1_only
@@ -56,6 +57,7 @@ def create_app(
     for router, prefix in (
         (native, ""), (infill, ""), (both, ""), (both, "/v1"), (v1_only, "/v1"),
         (anthropic, "/v1"), (responses, ""), (responses, "/v1"), (tools, ""), (cors_proxy, ""),
+        (lora, ""),
     ):  # fmt: skip
         app.include_router(router, prefix=prefix)
         routes |= {

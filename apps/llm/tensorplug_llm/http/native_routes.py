@@ -18,6 +18,7 @@ from ..openai_schema import CONSTRAINT_PARAMS
 from ..request import RequestError
 from ..tool_spec import ToolSpecError, tool_spec
 from .errors import ApiError
+from .lora_routes import check_request_lora
 from .model_info import build_info, model_list
 from .native_completion import (
     NativeCompletion,
@@ -63,6 +64,7 @@ async def health() -> dict[str, str]:
 @router.post("/completion")
 @router.post("/completions")
 async def completion(body: NativeCompletionRequest, request: Request, svc: ServiceDep) -> Response:
+    check_request_lora(svc, body.lora)
     n_slots = svc.llm.stats().n_parallel
     if body.id_slot >= n_slots:
         raise ApiError(400, f"id_slot {body.id_slot} does not exist: the server has {n_slots} "

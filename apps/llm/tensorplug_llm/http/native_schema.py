@@ -70,9 +70,10 @@ class NativeCompletionRequest(BaseModel):
     ignore_eos: StrictBool = False
     #: prefixes are always reused (the engine looks them up in every slot); accepted
     cache_prompt: StrictBool = True
-    #: -1: any slot; a slot number is checked against -np (the engine picks the slot that
-    #: holds the longest prefix of the prompt either way)
+    #: -1: the slot that holds the longest prefix of the prompt; else the slot it runs in
     id_slot: StrictInt = Field(-1, ge=-1)
+    #: llama-server's per-request LoRA scales (taken when they are the server's)
+    lora: list[dict[str, Any]] | None = None
     return_tokens: bool = False
     timings_per_token: StrictBool = False
     #: a stream reports the prompt's evaluation before the text (``prompt_progress``)

@@ -16,6 +16,7 @@ from ..api import InvalidRequestError, Stream
 from ..openai_schema import CONSTRAINT_PARAMS, ChatRequest, CompletionRequest, EmbeddingRequest
 from ..tool_spec import ToolSpecError, tool_spec
 from .errors import ApiError
+from .lora_routes import check_request_lora
 from .model_info import model_list
 from .oai_extras import Verbose, stamped, template_context
 from .relay import Canceller
@@ -36,6 +37,7 @@ async def models(svc: ServiceDep) -> dict[str, Any]:
 
 @v1_only.post("/completions")
 async def completions(body: CompletionRequest, request: Request, svc: ServiceDep) -> Response:
+    check_request_lora(svc, body.lora)
     kwargs = body.sampling()
     kwargs["stream"] = True  # the server streams internally; non-stream gathers
     given = body.model_fields_set
@@ -61,6 +63,7 @@ async def completions(body: CompletionRequest, request: Request, svc: ServiceDep
 
 @both.post("/chat/completions")
 async def chat(body: ChatRequest, request: Request, svc: ServiceDep) -> Response:
+    check_request_lora(svc, body.lora)
     if not svc.config.jinja:  # as llama-server --no-jinja: its built-in templates show no tools
         for param, used in (("tools", bool(body.tools)),
                             ("tool_choice", body.tool_choice not in (None, "auto"))):  # fmt: skip
