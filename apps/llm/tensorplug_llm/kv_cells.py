@@ -130,6 +130,19 @@ class KVCells:
             known = self._pos_max[seq] = int(pos.max()) if pos.size else -1
         return known
 
+    def extent(self, seqs: Iterable[int]) -> int:
+        """One past the last cell any of ``seqs`` holds (0: none): the rows a step of
+        theirs reads. Searched down from :attr:`used_max` a block at a time (the
+        sequences that run are mostly near the top), not over every cell."""
+        bits, top = seq_bits(seqs), self.used_max
+        block = 256
+        for end in range(top, 0, -block):
+            start = max(end - block, 0)
+            held = np.flatnonzero(self.seqs[start:end] & bits)
+            if held.size:
+                return start + int(held[-1]) + 1
+        return 0
+
     def seq_n_cells(self, seq: int) -> int:
         """How many cells ``seq`` holds (shared ones included)."""
         return int(np.count_nonzero(self._held_by(seq)))

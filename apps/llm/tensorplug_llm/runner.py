@@ -743,7 +743,7 @@ class ModelRunner:
         start = time.perf_counter()
         T = len(batch)
         pad = pad and self.config.causal and not embeddings
-        padded, cells, n_kv = self._shape(T, pad)
+        padded, cells, n_kv = self._shape(T, pad, {s for ids in batch.seq_ids for s in ids})
         self.kv.assign(cells[:T], batch.pos, batch.seq_ids)
         flagged = np.flatnonzero(batch.logits)
         out_rows = flagged if flagged.size else np.array([T - 1])
@@ -833,14 +833,20 @@ class ModelRunner:
         if self.governor is not None:
             self._apply_threads(self.governor.counts[0] if n_tokens > 1 else self.governor.applied)
 
-    def _shape(self, n_tokens: int, pad: bool) -> tuple[int, np.ndarray, int]:
-        """A step of ``n_tokens`` new tokens (``pad``: at :meth:`step_rows`), now: its row
-        count, the free cells it takes (not taken yet), and the cache rows it reads
-        (``n_kv``: the used ones and its own, rounded up to ``kv_pad``)."""
+    def _shape(
+        self, n_tokens: int, pad: bool, seqs: set[int] | None = None
+    ) -> tuple[int, np.ndarray, int]:
+        """A step of ``n_tokens`` new tokens (``pad``: at :meth:`step_rows`) of the
+        sequences ``seqs``, now: its row count, the free cells it takes (not taken yet),
+        and the cache rows it reads (``n_kv``: up to the last cell those sequences hold
+        and its own, rounded up to ``kv_pad``; None: every used cell). Cells past them
+        that only other sequences hold (idle slots, the prompt cache) are never read: a
+        step's width, and with it its attention and its graph, is its own sequences'."""
         n_free = self.kv.n_ctx - self.kv.n_used
         padded = min(self.step_rows(n_tokens), max(n_free, n_tokens)) if pad else n_tokens
         cells = self.kv.find_slot(padded)
-        rows_max = max(self.kv.used_max, int(cells[-1]) + 1)  # cells come ascending
+        held = self.kv.used_max if seqs is None else self.kv.extent(seqs)
+        rows_max = max(held, int(cells[-1]) + 1)  # cells come ascending
         return padded, cells, min(self.n_ctx, -(-rows_max // self.kv_pad) * self.kv_pad)
 
     def _outputs(self, n_outputs: int, padded: int, pad: bool) -> int:

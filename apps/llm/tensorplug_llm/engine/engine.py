@@ -279,7 +279,10 @@ class Engine:
         with self._step_lock:
             if self.scheduler.has_work() or self.llama.kv.n_used:
                 return
-            self.executor.warm_up(self.n_parallel, self.n_batch)
+            llama = self.llama
+            # a prompt cache fills the cache: steps of every context length come back
+            levels = -(-llama.n_ctx // llama.kv_pad) + 1 if self.scheduler.cache else 0
+            self.executor.warm_up(self.n_parallel, self.n_batch, levels)
 
     # -- a slot's state in a file ------------------------------------------------------------------
 

@@ -88,7 +88,7 @@ class StepExecutor:
 
     # -- warm-up ------------------------------------------------------------------------------
 
-    def warm_up(self, n_parallel: int, n_batch: int) -> None:
+    def warm_up(self, n_parallel: int, n_batch: int, levels_kept: int = WARM_UP_LEVELS + 1) -> None:
         """Build the graphs, allocations and CPU plans of the steps a server runs first —
         a prompt step of every padded size (:meth:`ModelRunner.step_rows`) from 2 rows up
         to :data:`WARM_UP_ROWS` and a decode step of 1 .. ``n_parallel`` requests — at
@@ -97,8 +97,10 @@ class StepExecutor:
         in an empty cache, which it leaves empty. Each new step shape otherwise costs
         its first request a graph build, most of a short prompt's time to first token;
         and a server with a few slots of chat-sized requests soon holds more than
-        ``kv_pad`` cells, where every shape is built again. Nothing for an encoder (it
-        has no logits to decode; its embedding steps are not padded)."""
+        ``kv_pad`` cells, where every shape is built again. ``levels_kept``: the context
+        lengths whose steps stay built once a request has built them (a prompt cache
+        spreads the slots' cells over the whole cache). Nothing for an encoder (it has
+        no logits to decode; its embedding steps are not padded)."""
         llama = self.llama
         if llama.config.arch.encoder:
             return
@@ -108,7 +110,7 @@ class StepExecutor:
         decodes = min(n_parallel, n_batch)
         # every shape prepared stays built, and the steps of a later context length
         # beside them (many slots' shapes outnumber what a runner keeps by default)
-        llama.keep_graphs((WARM_UP_LEVELS + 1) * (len(sizes) + decodes))
+        llama.keep_graphs(max(levels_kept, WARM_UP_LEVELS + 1) * (len(sizes) + decodes))
         try:
             for level in range(WARM_UP_LEVELS):
                 if level and not self._reach_level(level, n_parallel):
