@@ -46,6 +46,8 @@ class _Bench:
         *,
         cache_cells: int | None = 0,
         cache_idle_slots: bool = False,
+        n_ctx_seq: int | None = None,
+        context_shift: bool = False,
     ) -> None:
         cells = KVCells(n_ctx)
         cache = (
@@ -57,7 +59,7 @@ class _Bench:
             cells, n_parallel, n_batch, max_prefill_tokens=max_prefill_tokens,
             prompt_cache=cache, cache_idle_slots=cache_idle_slots,
         )  # fmt: skip
-        self.update = StepUpdate(self.sched, n_ctx, "none")
+        self.update = StepUpdate(self.sched, n_ctx_seq or n_ctx, "none", context_shift)
         self._ids = 0
 
     def submit(self, n_prompt: int, max_tokens: int = 50) -> RequestHandle:
@@ -293,3 +295,24 @@ def test_a_request_naming_its_slot_runs_there_and_the_queue_passes_it_while_busy
         bench.step()
     assert first.tokens == [TOKEN] * 3 and pinned.tokens == [TOKEN] * 2
     assert bench.sched.slots[busy].cached[: len(PROMPT_B)] == PROMPT_B  # it ran there
+
+
+def test_a_full_slot_shifts_its_context_and_goes_on_when_asked() -> None:
+    for shift in (False, True):
+        bench = _Bench(n_parallel=1, n_ctx=64, n_batch=64, n_ctx_seq=16, context_shift=shift)
+        handle = RequestHandle(
+            _Caller(), Request(list(range(1, 9)), 20, stop_tokens=NONE, n_keep=2), 0
+        )
+        bench.sched.enqueue(Waiting(handle))
+        while bench.sched.has_work():
+            bench.step()
+        slot = bench.sched.slots[0]
+        if not shift:  # the slot's 16 cells hold 8 prompt tokens and 8 generated
+            assert len(handle.tokens) == 9 and handle.finish_reason == "length"
+            continue
+        assert handle.tokens == [TOKEN] * 20 and handle.finish_reason == "length"
+        assert bench.sched.stats.context_shifts >= 1
+        # the first n_keep tokens survive every shift, and the cells hold positions 0..
+        assert slot.cached[:2] == [1, 2] and len(slot.cached) < 16
+        assert bench.sched.kv.seq_pos_max(slot.seq) == len(slot.cached) - 1
+        assert handle.prompt_tokens_evaluated == 8  # the tail evaluated again is not prompt

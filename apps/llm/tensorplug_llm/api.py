@@ -299,6 +299,7 @@ class LLM:
         ignore_eos: bool = False,
         return_progress: bool = False,
         slot: int | None = None,
+        n_keep: int = 0,
         **sampling: Any,
     ) -> Stream:
         """One generation as llama-server's ``/completion`` reports it: a :class:`Stream`
@@ -309,11 +310,13 @@ class LLM:
         from the cache). ``return_progress``: before the text, a dict with ``progress``
         (llama-server's ``prompt_progress``) when the request is admitted and after
         each chunk of its prompt. ``slot``: the engine's slot it runs in (llama-server's
-        ``id_slot``; None: whichever suits). ``sampling``: :class:`~.sampling.SamplingParams`'
-        fields."""
+        ``id_slot``; None: whichever suits). ``n_keep``: the first tokens a context
+        shift keeps (-1: the prompt; the engine's ``context_shift``).
+        ``sampling``: :class:`~.sampling.SamplingParams`' fields."""
         self._check_generates("prompt")
         job = self._job(ids, max_tokens, n_probs, response_format, **sampling)
         job.ignore_eos, job.report_progress, job.slot = ignore_eos, return_progress, slot
+        job.n_keep = n_keep
         stops = _stops(stop)
         [handle] = self._submit(job, 1, lambda: None)
 

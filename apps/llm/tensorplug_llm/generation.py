@@ -86,6 +86,8 @@ class GenerationJob:
     report_progress: bool = False
     #: the slot it must run in (llama-server's ``id_slot``; None: whichever suits)
     slot: int | None = None
+    #: with the engine's context shift: the first tokens a shift keeps (-1: the prompt)
+    n_keep: int = 0
 
 
 class GenerationHandle(Protocol):
@@ -208,6 +210,7 @@ class EngineGenerator:
             n_probs=job.n_probs,
             report_progress=job.report_progress,
             slot=job.slot,
+            n_keep=job.n_keep,
         )
 
     def stats(self) -> GeneratorStats:

@@ -134,6 +134,8 @@ class Request:
     report_progress: bool = False
     #: the slot it must run in (llama-server's ``id_slot``; None: whichever suits)
     slot: int | None = None
+    #: with the engine's context shift: the first tokens a shift keeps (-1: the prompt)
+    n_keep: int = 0
 
 
 @dataclass(frozen=True)

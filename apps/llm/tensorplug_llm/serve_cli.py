@@ -289,7 +289,7 @@ def _serve(args: argparse.Namespace) -> int:
                 engine = Engine(
                     llama, args.parallel, max_prefill_tokens=args.max_prefill_tokens,
                     n_ctx_seq=n_ctx_seq, prompt_cache=cache_cells,
-                    cache_idle_slots=args.cache_idle_slots,
+                    cache_idle_slots=args.cache_idle_slots, context_shift=args.context_shift,
                 )  # fmt: skip
                 llm = LLM(
                     llama,

@@ -49,7 +49,6 @@ UNSUPPORTED = {
     ),
     ("--reranking", "--rerank"): "reranking is not supported",
     ("--cache-reuse",): "KV shifting for cache reuse is not supported (prefixes are reused)",
-    ("--context-shift",): "context shifting is not supported by the server",
     ("--numa", "--override-tensor", "-ot"): ("this loading option is not supported"),
     ("--grammar", "--grammar-file", "-j", "--json-schema"): (
         "a server-wide grammar is not supported: send grammar or json_schema per request"
@@ -368,6 +367,13 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         help="the prompt cache: prompts slots let go of stay in the KV cache's spare cells, "
         "found again by later requests; at most this many MiB of cells beyond the slots' "
         "(8192, as llama-server's; -1: no bound but the cache's size; 0: off)",
+    )
+    p.add_argument(
+        "--context-shift",
+        action="store_true",
+        help="a request whose slot's context is full drops half of its tokens after its "
+        "n_keep first (/completion's n_keep; -1: its prompt) and goes on generating (off: "
+        "it ends with finish_reason length, as llama-server's default)",
     )
     p.add_argument(
         "--slot-save-path",

@@ -118,7 +118,9 @@ class Engine:
     (:mod:`~tensorplug_llm.engine.prompt_cache`; 0: no prompt cache, None: as many as
     the KV cache has spare). ``cache_idle_slots``: with a prompt cache, a request that
     starts moves every other idle slot's tokens into it (llama-server's
-    ``--cache-idle-slots``).
+    ``--cache-idle-slots``). ``context_shift``: a request whose slot is full drops half
+    of its tokens past its ``n_keep`` first and goes on, as llama-server's
+    ``--context-shift`` (else it ends "length").
     The engine owns the model's cache: do not call ``eval``/``generate`` on the same
     model while it runs.
     """
@@ -134,6 +136,7 @@ class Engine:
         n_ctx_seq: int | None = None,
         prompt_cache: int | None = 0,
         cache_idle_slots: bool = False,
+        context_shift: bool = False,
     ) -> None:
         if not 1 <= n_parallel <= MAX_SEQUENCES:
             raise RunError(f"n_parallel must be 1..{MAX_SEQUENCES}, got {n_parallel}")
@@ -179,7 +182,9 @@ class Engine:
             cache_idle_slots=cache_idle_slots,
         )
         self.executor = StepExecutor(llama)
-        self.update = StepUpdate(self.scheduler, self.n_ctx_seq, llama.config.pooling)
+        self.update = StepUpdate(
+            self.scheduler, self.n_ctx_seq, llama.config.pooling, context_shift
+        )
         self._lock = self.scheduler.lock  # guards the queue
         self._step_lock = threading.Lock()  # one step at a time
         self._wakeup = threading.Condition(self._lock)

@@ -36,6 +36,8 @@ class EngineStats:
     tokens_recomputed: int = 0
     #: the slots each step computed for, summed over the steps
     slot_steps: int = 0
+    #: times a full slot dropped half of its tokens and went on (context shift)
+    context_shifts: int = 0
 
 
 @dataclass

@@ -26,14 +26,19 @@ __all__ = ["StepUpdate"]
 
 class StepUpdate:
     """Applies plans' results to ``scheduler``'s slots and the requests' handles.
-    ``n_ctx``: a request whose slot holds that many tokens ends ("length");
-    ``pooling``: the model file's pooling type (an embedding's default)."""
+    ``n_ctx``: a request whose slot holds that many tokens ends ("length"), or with
+    ``context_shift`` drops half of what it holds past its ``n_keep`` first tokens and
+    goes on (llama-server's ``--context-shift``); ``pooling``: the model file's pooling
+    type (an embedding's default)."""
 
-    def __init__(self, scheduler: Scheduler, n_ctx: int, pooling: str) -> None:
+    def __init__(
+        self, scheduler: Scheduler, n_ctx: int, pooling: str, context_shift: bool = False
+    ) -> None:
         self.scheduler = scheduler
         self.stats = scheduler.stats
         self.n_ctx = n_ctx
         self.pooling = pooling
+        self.context_shift = context_shift
         self._masks: ThreadPoolExecutor | None = None
 
     # -- ending requests ----------------------------------------------------------------------
@@ -158,8 +163,11 @@ class StepUpdate:
         finish = None
         if token in job.stop_tokens or constraint_done:
             finish = "stop"
-        elif job.n_generated == request.max_tokens or len(job.slot.cached) >= self.n_ctx:
+        elif job.n_generated == request.max_tokens:
             finish = "length"
+        elif len(job.slot.cached) >= self.n_ctx:
+            shifted = self.context_shift and self._shift(job)  # else the slot is full
+            finish = None if shifted else "length"
         text = None
         if job.decoder is not None:
             text = "" if token in job.stop_tokens else job.decoder.feed(token)
@@ -174,8 +182,30 @@ class StepUpdate:
         if finish is not None:
             self.stats.requests_finished += 1
             self.finish(job, finish)
+        elif job.pending:  # shifted: the kept tail is evaluated again, then this token
+            job.pending.append(token)
         else:
             job.next_token = token
+
+    def _shift(self, job: Job) -> bool:
+        """llama.cpp's context shift of ``job``'s full slot: keep its first ``n_keep``
+        tokens, drop half of the rest, and evaluate the remaining tail again at its new
+        positions (as ``tensorplug run --context-shift``: the same numbers as a prompt of
+        those tokens). False when there is nothing to drop."""
+        request, slot = job.handle.request, job.slot
+        held = len(slot.cached)
+        keep = len(request.prompt) if request.n_keep < 0 else request.n_keep
+        keep = min(max(keep, 0), held)
+        n_discard = (held - keep) // 2
+        if n_discard < 1:
+            return False
+        tail = slot.cached[keep + n_discard :]
+        self.scheduler.kv.seq_rm(slot.seq, keep)
+        del slot.cached[keep:]
+        job.evaluated = max(job.evaluated, held)  # evaluated again, not new prompt
+        job.pending = tail
+        self.stats.context_shifts += 1
+        return True
 
     def close(self) -> None:
         """Stop the mask helper thread."""

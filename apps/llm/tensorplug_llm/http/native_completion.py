@@ -162,6 +162,7 @@ class NativeCompletion:
             ignore_eos=b.ignore_eos,
             return_progress=b.return_progress and b.stream,
             slot=b.id_slot if b.id_slot >= 0 else None,
+            n_keep=b.n_keep,
             **self.sampling,
         )
         return Stream(self._chunks(stream), [Canceller(stream)])
