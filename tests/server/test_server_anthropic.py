@@ -220,3 +220,25 @@ def test_an_empty_conversation_is_answered_and_a_missing_one_refused(
     r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": "sk-test"},
                    json={"model": "any", "max_tokens": 3}, timeout=60)  # fmt: skip
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages")
+
+
+def test_a_thinking_block_of_an_earlier_reply_is_its_reasoning_content() -> None:
+    """As llama-server converts it: the template renders it where it keeps reasoning."""
+    from tensorplug_llm.http.anthropic_schema import MessagesRequest
+
+    body = MessagesRequest.model_validate({
+        "model": "m", "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "look first", "signature": "s"},
+                {"type": "tool_use", "id": "c1", "name": "ls", "input": {"path": "."}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "c1", "content": "main.py"},
+            ]},
+        ],
+    })  # fmt: skip
+    assistant = body.oai_messages()[1]
+    assert assistant["reasoning_content"] == "look first"
+    assert assistant["content"] is None and assistant["tool_calls"][0]["id"] == "c1"

@@ -3,9 +3,10 @@
 into OpenAI's chat messages, tools and tool choice, as llama-server turns them
 (``convert_anthropic_to_oai``).
 
-Content blocks are text, ``tool_use`` and ``tool_result`` (a ``thinking`` block of an
-earlier reply is accepted and left out of the prompt, as chat templates leave out
-earlier reasoning); an image, in a message or a tool's result, is refused as
+Content blocks are text, ``tool_use`` and ``tool_result``; a ``thinking`` block of an
+earlier reply becomes the message's ``reasoning_content``, as llama-server converts it,
+which a chat template renders where it keeps earlier reasoning (Qwen 3's, within a turn
+of tool calls); an image, in a message or a tool's result, is refused as
 llama-server refuses it without a multimodal projector
 (:class:`~tensorplug_llm.openai_schema.MediaInputError`), a document by name, since
 these models read text only. An empty conversation is accepted, as llama-server
@@ -146,10 +147,12 @@ class CountTokensRequest(BaseModel):
             if isinstance(m.content, str):
                 out.append({"role": m.role, "content": m.content})
                 continue
-            texts, calls, results = [], [], []
+            texts, calls, results, thoughts = [], [], [], []
             for b in m.content:
                 if isinstance(b, TextBlock):
                     texts.append(b.text)
+                elif isinstance(b, ThinkingBlock) and b.thinking:
+                    thoughts.append(b.thinking)
                 elif isinstance(b, ToolUseBlock):
                     calls.append({"id": b.id, "type": "function", "function": {
                         "name": b.name, "arguments": json.dumps(b.input)}})  # fmt: skip
@@ -157,11 +160,13 @@ class CountTokensRequest(BaseModel):
                     results.append(
                         {"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
                     )
-            if texts or calls:
+            if texts or calls or thoughts:
                 text = "\n".join(texts)
                 msg: dict[str, Any] = {"role": m.role, "content": text or None if calls else text}
                 if calls:
                     msg["tool_calls"] = calls
+                if thoughts:  # the template renders it where it keeps earlier reasoning
+                    msg["reasoning_content"] = "\n".join(thoughts)
                 out.append(msg)
             out += results
         return out
