@@ -218,9 +218,14 @@ CONTRACT: dict[Op, OpSpec] = {
             (
                 Operand("q", "F32 (..., n_head, n_q, D)"),
                 Operand(
-                    "k", "F32/F16/BF16 (..., n_head_kv, n_kv, D); n_head a multiple of n_head_kv"
+                    "k",
+                    "F32/F16/BF16, or a cache type (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL) "
+                    "(..., n_head_kv, n_kv, D); n_head a multiple of n_head_kv",
                 ),
-                Operand("v", "k's type, (..., n_head_kv, n_kv, Dv)"),
+                Operand(
+                    "v",
+                    "k's type, or any of k's when k or v is quantized, (..., n_head_kv, n_kv, Dv)",
+                ),
                 Operand("mask", "F32/F16 (..., >= n_q, n_kv) added to the scores", optional=True),
                 Operand(
                     "order",
@@ -320,6 +325,14 @@ CONTRACT: dict[Op, OpSpec] = {
                 Param("max", float, "the upper bound (not NaN)"),
             ),
             "MAX(MIN(x, max), min) as ggml writes it (NaN gives max): a's type and shape",
+        ),
+        _spec(
+            Op.HADAMARD,
+            "hadamard",
+            (Operand("a", "F32, any layout"),),
+            (Param("n", int, "the rotation's size: a power of two from 2 dividing a's rows"),),
+            "each run of n values of a's rows times H_n/√n (Walsh–Hadamard, Sylvester's "
+            "order): F32 of a's shape, contiguous",
         ),
         _spec(
             Op.PAD,
@@ -423,7 +436,10 @@ def _new_op(op: Op, summary: str) -> Feature:
 #: Every feature since 1.0, oldest first. Versions group what an old plugin is hurt by:
 #: 1.1 changed which shapes an op it already accepted takes (it raises or tiles wrong),
 #: 1.2 fixed results a 1.0 plugin computes differently only on special values, 1.3 added
-#: ops and enum values that a plugin accepting "every UNARY" would compute wrongly.
+#: ops and enum values that a plugin accepting "every UNARY" would compute wrongly, 1.4
+#: added the rotation llama.cpp applies to a quantized KV cache. (flash_attn_ext's
+#: quantized K and V are new storage types, which raise no version: a plugin's
+#: ``_supports_op`` checks the types it reads.)
 FEATURES: tuple[Feature, ...] = (
     Feature(
         "tiled_broadcast",
@@ -470,6 +486,14 @@ FEATURES: tuple[Feature, ...] = (
     _new_op(Op.REPEAT, "tiling to a larger shape (ggml_repeat)"),
     _new_op(Op.CLAMP, "clamping to [min, max] as ggml writes it"),
     _new_op(Op.PAD, "zeros appended at the end of each axis"),
+    Feature(
+        "hadamard",
+        (1, 4),
+        (Op.HADAMARD,),
+        _is_op(Op.HADAMARD),
+        "new op: a Walsh–Hadamard rotation of each run of n values, what llama.cpp applies "
+        "to the queries, keys and values of a quantized KV cache",
+    ),
 )
 
 #: Every contract version, oldest first, and the newest: what ``API_VERSION`` provides.
@@ -617,6 +641,8 @@ _VERSION_NOTES: dict[tuple[int, int], str] = {
     "only there, but nothing on a node says when",
     (1, 3): "new ops and new functions of existing ops: a plugin that accepts every "
     "UNARY or GLU node whatever its fn would compute them wrongly",
+    (1, 4): "a new op, for a quantized KV cache: a plugin that accepts every op would "
+    "compute it wrongly",
 }
 
 

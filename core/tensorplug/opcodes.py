@@ -51,6 +51,7 @@ class Op(enum.Enum):
     REPEAT = "repeat"
     CLAMP = "clamp"
     PAD = "pad"
+    HADAMARD = "hadamard"
     VIEW = "view"
     RESHAPE = "reshape"
     PERMUTE = "permute"

@@ -85,6 +85,7 @@ BUILDERS: dict[Op, Builder] = {
     Op.REPEAT: lambda s, p, sh, st: ops.repeat(s[0], sh),
     Op.CLAMP: lambda s, p, sh, st: ops.clamp(s[0], p["min"], p["max"]),
     Op.PAD: lambda s, p, sh, st: ops.pad(s[0], p["after"]),
+    Op.HADAMARD: lambda s, p, sh, st: ops.hadamard(s[0], p["n"]),
     Op.VIEW: lambda s, p, sh, st: ops.view(s[0], sh, st, p["offset"]),
     Op.RESHAPE: lambda s, p, sh, st: ops.reshape(s[0], sh),
     Op.PERMUTE: lambda s, p, sh, st: ops.permute(s[0], p["axes"]),

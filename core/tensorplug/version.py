@@ -8,4 +8,4 @@ __version__ = "0.1.0"
 
 #: The plugin API (major, minor). A plugin must have the same major and a minor that is
 #: lower or equal: minors only add optional members with defaults.
-API_VERSION: tuple[int, int] = (1, 3)
+API_VERSION: tuple[int, int] = (1, 4)

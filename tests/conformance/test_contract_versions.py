@@ -263,15 +263,23 @@ def test_installed_as_written_tensorplug_check_passes(jaxlike_env: PluginEnv) ->
 def test_doctor_names_what_the_plugin_does_not_declare(jaxlike_env: PluginEnv) -> None:
     proc = jaxlike_env.run(["-m", "tensorplug", "doctor", "--plain"])
     assert proc.returncode == 0, proc.stderr
-    section = proc.stdout.split("Op contract (newest 1.3)")[1].split("Devices (")[0]
+    section = proc.stdout.split("Op contract (newest 1.4)")[1].split("Devices (")[0]
     assert "JAXLIKE (tp-jaxlike 0.1.0) declares op contract 1.0" in section
     assert "- 1.1 tiled_broadcast (add, sub, mul, div): b is repeated onto a" in section
     assert "- 1.2 special_values (unary, argmax)" in section
-    assert "Fix: its authors implement them and declare api_version=(1, 3)" in section
+    assert "Fix: its authors implement them and declare api_version=(1, 4)" in section
     assert "users: pip install -U tp-jaxlike once they have" in section
 
 
-@pytest.mark.parametrize("package", ["cpu", "opencl", "cuda", "metal", "ray"])
-def test_in_tree_plugins_declare_the_newest_contract(package: str) -> None:
+#: what each in-tree plugin leaves to others: the features after the contract it declares
+#: (the GPU plugins have no Hadamard rotation yet: a quantized KV cache runs on the CPU)
+_LEFT_TO_OTHERS = {"cpu": set(), "opencl": {"hadamard"}, "cuda": {"hadamard"},
+                   "metal": {"hadamard"}, "ray": {"hadamard"}}  # fmt: skip
+
+
+@pytest.mark.parametrize("package", sorted(_LEFT_TO_OTHERS))
+def test_in_tree_plugins_declare_what_they_implement(package: str) -> None:
     module = pytest.importorskip(f"tensorplug_{package}")
-    assert module.registration.api_version == tp.API_VERSION  # they implement every op
+    declared = module.registration.api_version
+    left = {f.name for f in features_after(declared)}
+    assert left == _LEFT_TO_OTHERS[package]

@@ -64,6 +64,7 @@ from .elementwise import (
 )
 from .nn import (
     flash_attn_ext,
+    hadamard,
     layer_norm,
     mul_mat,
     mul_mat_id,
@@ -100,6 +101,7 @@ __all__ = [
     "gelu_erf",
     "gelu_quick",
     "get_rows",
+    "hadamard",
     "glu",
     "layer_norm",
     "mul",

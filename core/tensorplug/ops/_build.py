@@ -17,6 +17,11 @@ INDEX_TYPES = frozenset({Type.I32, Type.I64})
 #: what a matrix product's weights may be (made once: a set built per call walked every
 #: type for each product of a graph, a visible share of building a new prompt length's)
 WEIGHT_TYPES = FLOAT_TYPES | frozenset(t for t in Type if t.is_quantized)
+#: what flash attention's K and V may be stored in: the types llama.cpp keeps a KV cache
+#: in (``-ctk``/``-ctv``), whose 32-value blocks fit any head
+CACHE_TYPES = FLOAT_TYPES | frozenset(
+    {Type.Q8_0, Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.IQ4_NL}
+)
 
 
 # -- validation helpers ------------------------------------------------------------------

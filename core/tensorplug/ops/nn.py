@@ -4,9 +4,11 @@ softmax, rope and fused attention."""
 from __future__ import annotations
 
 from ..opcodes import Op, RopeMode
+from ..errors import OpParamError
 from ..tensor import Tensor
 from ..types import Type
 from ._build import (
+    CACHE_TYPES,
     FLOAT_TYPES,
     WEIGHT_TYPES,
     _check_type,
@@ -227,7 +229,10 @@ def flash_attn_ext(
     """Fused attention ``softmax(q·kᵀ·scale + mask)·v`` (``ggml_flash_attn_ext``).
 
     ``q`` ``(B, H, n_q, D)`` F32; ``k`` ``(B, H_kv, n_kv, D)`` and ``v``
-    ``(B, H_kv, n_kv, D_v)`` in F32 or F16, ``H`` a multiple of ``H_kv`` (query head
+    ``(B, H_kv, n_kv, D_v)`` in F32, F16 or BF16, the same type, or a quantized cache
+    (contract 1.4: either in Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL, each in its own
+    type, as llama.cpp's ``-ctk``/``-ctv`` store them; the query is rounded as K's type
+    rounds a product's activations), ``H`` a multiple of ``H_kv`` (query head
     ``h`` uses KV head ``h // (H/H_kv)``); ``mask`` F16 or F32 ``(…, >= n_q, n_kv)``
     with outer axes 1 or matching. With ``logit_softcap`` ``c > 0`` the logits are
     ``c·tanh(logits/c)`` before the mask; ``max_bias`` applies ALiBi as in
@@ -247,8 +252,10 @@ def flash_attn_ext(
     (``mul_mat``, ``soft_max_ext``, ``mul_mat``): the same function up to rounding.
     """
     _check_type("flash_attn_ext", "q", q, {Type.F32})
-    _check_type("flash_attn_ext", "k", k, FLOAT_TYPES)
-    _check_type("flash_attn_ext", "v", v, {k.type})
+    _check_type("flash_attn_ext", "k", k, CACHE_TYPES)
+    _check_type("flash_attn_ext", "v", v, CACHE_TYPES)
+    if not (k.type.is_quantized or v.type.is_quantized):
+        _check_type("flash_attn_ext", "v (as k is not quantized)", v, {k.type})
     if not 3 <= q.ndim == k.ndim == v.ndim:
         raise _fail(
             "flash_attn_ext",
@@ -291,3 +298,23 @@ def flash_attn_ext(
     params = {"scale": float(scale), "max_bias": float(max_bias),
               "logit_softcap": float(logit_softcap), "online": bool(online)}  # fmt: skip
     return _new(Type.F32, out_shape, Op.FLASH_ATTN_EXT, src, params)
+
+
+def hadamard(a: Tensor, n: int) -> Tensor:
+    """Each run of ``n`` values along ``a``'s rows times the orthonormal Walsh–Hadamard
+    matrix ``H_n/√n`` (Sylvester's order: entry ``(i, j)`` is ``(−1)^popcount(i & j)/√n``).
+
+    llama.cpp rotates the queries, keys and values of a quantized KV cache by this matrix
+    (``llama_mul_mat_hadamard``: a ``mul_mat`` its CPU computes as a fast transform),
+    which spreads each head's outliers before the cache quantizes it; the matrix is its
+    own inverse, so a second rotation of the attention output undoes V's. ``a`` F32 of
+    any layout, ``n`` a power of two from 2 dividing ``a``'s last extent. The result is
+    F32 of ``a``'s shape, contiguous. ggml's arithmetic: each value times
+    ``1/sqrtf(n)``, then the butterflies ``(u + v, u − v)`` over spans 1, 2, 4… n/2.
+    """
+    _check_type("hadamard", "a", a, {Type.F32})
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2 or n & (n - 1):
+        raise OpParamError(f"hadamard: n must be a power of two from 2, got {n!r}")
+    if a.shape[-1] % n:
+        raise _fail("hadamard", f"n={n} must divide the rows of {a.describe()}")
+    return _new(Type.F32, a.shape, Op.HADAMARD, (a,), {"n": n})

@@ -213,26 +213,37 @@ def _fa_build(
     kv_heads: int,
     n_kv: int,
     d_v: int,
-    kv_type: Type,
+    kv_type: Type | tuple[Type, Type],
     mask: tuple[Type, Shape, str] | None,
     softcap: float,
     max_bias: float,
-    views: bool,
+    views: bool | str,
     ins: Inputs,
 ) -> Tensor:
     """Attention operands; with ``views`` laid out as llama.cpp makes them: q permuted from
-    ``(B, n_q, H, D)`` and k/v the first ``n_kv`` rows of a longer cache."""
+    ``(B, n_q, H, D)`` and k/v the first ``n_kv`` rows of a longer cache; with
+    ``views="rows"`` that cache is one row per cell, every head's values side by side
+    (a KV cache's own rows, seen per head through a permuted view). ``kv_type``: one
+    type for both, or K's and V's (a quantized cache's may differ)."""
     *batch, n_head, n_q, dim = q_shape
-    if views:
+    k_type, v_type = kv_type if isinstance(kv_type, tuple) else (kv_type, kv_type)
+    if views == "rows":
+        cells = (0, 2, 1, 3) if batch else (1, 0, 2)
+        q = ops.permute(ins.new(Type.F32, (*batch, n_q, n_head, dim)), cells)
+        cache_k = ins.new(k_type, (*batch, n_kv + 31, kv_heads * dim))
+        cache_v = ins.new(v_type, (*batch, n_kv + 31, kv_heads * d_v))
+        k = ops.permute(ops.view(cache_k, (*batch, n_kv, kv_heads, dim)), cells)
+        v = ops.permute(ops.view(cache_v, (*batch, n_kv, kv_heads, d_v)), cells)
+    elif views:
         q = ops.permute(ins.new(Type.F32, (*batch, n_q, n_head, dim)), (0, 2, 1, 3))
-        cache_k = ins.new(kv_type, (*batch, kv_heads, n_kv + 31, dim))
-        cache_v = ins.new(kv_type, (*batch, kv_heads, n_kv + 31, d_v))
+        cache_k = ins.new(k_type, (*batch, kv_heads, n_kv + 31, dim))
+        cache_v = ins.new(v_type, (*batch, kv_heads, n_kv + 31, d_v))
         k = ops.view(cache_k, (*batch, kv_heads, n_kv, dim), cache_k.strides)
         v = ops.view(cache_v, (*batch, kv_heads, n_kv, d_v), cache_v.strides)
     else:
         q = ins.new(Type.F32, q_shape)
-        k = ins.new(kv_type, (*batch, kv_heads, n_kv, dim))
-        v = ins.new(kv_type, (*batch, kv_heads, n_kv, d_v))
+        k = ins.new(k_type, (*batch, kv_heads, n_kv, dim))
+        v = ins.new(v_type, (*batch, kv_heads, n_kv, d_v))
     m = None
     if mask is not None:
         init = causal_mask(n_kv - n_q) if mask[2] == "causal" else random_mask()
@@ -244,7 +255,9 @@ def _fa_build(
 def _flash_attn() -> Iterator[Case]:
     f16, f32 = Type.F16, Type.F32
     Mask = tuple[Type, Shape, str] | None
-    variants: list[tuple[bool, Shape, int, int, int, Type, Mask, float, float, bool]] = [
+    q8, q4, q5_1 = Type.Q8_0, Type.Q4_0, Type.Q5_1
+    KV = Type | tuple[Type, Type]
+    variants: list[tuple[bool, Shape, int, int, int, KV, Mask, float, float, bool | str]] = [
         (True, (1, 4, 7, 32), 4, 33, 32, f16, (f16, (1, 1, 7, 33), "causal"), 0.0, 0.0, False),
         (True, (1, 4, 7, 32), 4, 33, 32, f32, (f32, (1, 1, 8, 33), "random"), 0.0, 0.0, False),
         (True, (1, 4, 1, 32), 2, 33, 32, f16, (f16, (1, 1, 1, 33), "causal"), 0.0, 0.0, False),
@@ -258,13 +271,23 @@ def _flash_attn() -> Iterator[Case]:
         (False, (1, 6, 9, 40), 3, 67, 40, f16, (f32, (1, 1, 9, 67), "random"), 0.0, 8.0, False),
         (False, (1, 4, 7, 32), 2, 33, 32, Type.BF16, (f16, (1, 1, 7, 33), "causal"), 0, 0, False),
         (False, (1, 4, 32, 64), 4, 129, 64, f32, (f16, (1, 1, 32, 129), "causal"), 5.0, 0, True),
+        # quantized caches (llama.cpp's -ctk/-ctv): both Q8_0, K and V apart, Q8_1 keys
+        (True, (1, 4, 1, 64), 2, 33, 64, q8, (f16, (1, 1, 1, 33), "causal"), 0.0, 0.0, True),
+        (True, (4, 5, 64), 2, 33, 64, q8, (f16, (5, 33), "causal"), 0.0, 0.0, "rows"),
+        (True, (6, 1, 32), 3, 40, 32, (q8, q4), (f16, (1, 40), "causal"), 0, 0, "rows"),
+        (True, (1, 4, 7, 64), 2, 33, 64, (q4, f16), (f16, (1, 1, 7, 33), "causal"), 0, 0, False),
+        (False, (1, 4, 7, 32), 4, 40, 32, q5_1, (f16, (1, 1, 7, 40), "random"), 0.0, 8.0, True),
     ]
     for quick, q_shape, kv_heads, n_kv, d_v, kv_type, mask, softcap, max_bias, views in variants:
         extra: dict[str, Any] = {}
         if mask:
             extra.update(mask=mask[0], mask_shape=mask[1], mask_kind=mask[2])
         if views:
-            extra.update(q="permuted", kv="cache_view")
+            extra.update(q="permuted", kv="cache_rows" if views == "rows" else "cache_view")
+        if isinstance(kv_type, tuple):
+            extra.update(type_k=kv_type[0], type_v=kv_type[1])
+        else:
+            extra.update(type_kv=kv_type)
         build = partial(
             _fa_build, q_shape, kv_heads, n_kv, d_v, kv_type, mask, softcap, max_bias, views
         )
@@ -276,13 +299,34 @@ def _flash_attn() -> Iterator[Case]:
             kv_heads=kv_heads,
             n_kv=n_kv,
             d_v=d_v,
-            type_kv=kv_type,
             softcap=float(softcap),
             max_bias=float(max_bias),
             **extra,
         )
 
 
+# -- hadamard --------------------------------------------------------------------------------------
+
+
+def _hadamard_build(a: Layout, shape: Shape, n: int, ins: Inputs) -> Tensor:
+    return ops.hadamard(a(ins, Type.F32, shape, uniform(-2, 2)), n)
+
+
+def _hadamard() -> Iterator[Case]:
+    """A head's rotation (64), the larger ones llama.cpp takes for K (128, 256), the
+    smallest, and rows reached through strided and transposed views."""
+    cases: list[tuple[bool, Layout, Shape, int]] = [
+        (True, leaf, (5, 3, 64), 64),
+        (True, leaf, (4, 256), 128),
+        (True, strided, (3, 7, 128), 64),
+        (True, transposed, (2, 16, 64), 2),
+        (False, leaf, (2, 512), 256),
+    ]
+    for quick, layout, shape, n in cases:
+        yield make(Op.HADAMARD, partial(_hadamard_build, layout, shape, n), quick,
+                   shape=shape, n=n, layout=layout.__name__)  # fmt: skip
+
+
 FAMILIES: list[Callable[[], Iterator[Case]]] = [
-    _mul_mat, _soft_max, _rope, _flash_attn,
+    _mul_mat, _soft_max, _rope, _flash_attn, _hadamard,
 ]  # fmt: skip

@@ -196,6 +196,7 @@ _FORMULAS: dict[Op, Formula] = {
     Op.CLAMP: lambda n, v: ref.clamp(v[0], n.op_params["min"], n.op_params["max"]),
     Op.REPEAT: lambda n, v: ref.repeat(v[0], n.shape),
     Op.PAD: lambda n, v: ref.pad(v[0], n.op_params["after"]),
+    Op.HADAMARD: lambda n, v: ref.hadamard(v[0], n.op_params["n"]),
 }
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 __all__ = [
     "add", "argmax", "argsort", "clamp", "concat", "div", "flash_attn_ext", "get_rows",
-    "glu", "mul", "mul_mat", "mul_mat_id", "norm", "pad", "repeat", "rms_norm", "rope",
+    "glu", "hadamard", "mul", "mul_mat", "mul_mat_id", "norm", "pad", "repeat", "rms_norm", "rope",
     "rope_yarn_corr_dims", "scale", "set_rows", "soft_max", "sub", "sum_rows", "tile_to",
     "top_k", "UNARY",
 ]  # fmt: skip
@@ -58,6 +58,16 @@ def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a / tile_to(b, a.shape)
+
+
+def hadamard(a: np.ndarray, n: int) -> np.ndarray:
+    """Each run of ``n`` values of ``a``'s rows times ``H_n/√n`` (Sylvester's order)."""
+    signs = np.ones((1, 1))
+    while signs.shape[0] < n:  # Sylvester's doubling: [[H, H], [H, −H]]
+        signs = np.block([[signs, signs], [signs, -signs]])
+    h = signs.astype(a.dtype) / np.sqrt(a.dtype.type(n))
+    runs = a.reshape(*a.shape[:-1], a.shape[-1] // n, n)
+    return (runs @ h.T).reshape(a.shape)
 
 
 def clamp(a: np.ndarray, lo: float, hi: float) -> np.ndarray:

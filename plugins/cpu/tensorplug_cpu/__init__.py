@@ -47,7 +47,7 @@ def _score() -> tuple[int, str]:
 
 registration = Registration(
     name="CPU",
-    api_version=(1, 3),
+    api_version=(1, 4),
     init="tensorplug_cpu.device:create_reg",
     score=_score,
     description="numpy/BLAS kernels for every tensorplug op, with graph plans",

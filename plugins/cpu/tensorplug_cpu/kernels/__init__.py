@@ -18,7 +18,7 @@ from tensorplug.types import Type
 
 from ..repack import layout_of
 from ..repack_buffer import RepackBuffer
-from . import attention, convert, elementwise, matmul
+from . import attention, convert, elementwise, matmul, rotation
 from .common import BuildContext, Step
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ KERNELS: dict[Op, _Builder] = {
     Op.MUL_MAT: matmul.build_mul_mat,
     Op.MUL_MAT_ID: matmul.build_mul_mat_id,
     Op.FLASH_ATTN_EXT: attention.build_flash_attn_ext,
+    Op.HADAMARD: rotation.build_hadamard,
 }
 
 
@@ -150,10 +151,11 @@ def _rope(node: Tensor) -> bool:
 def _flash_attn(node: Tensor) -> bool:
     q, k, v = node.src[:3]
     mask_ok = len(node.src) < 4 or node.src[3].type in (Type.F32, Type.F16)
-    return (
-        q.type == Type.F32 and k.type in FLOAT and v.type == k.type
-        and node.type == Type.F32 and mask_ok
-    )  # fmt: skip
+    # K and V of one float type, or a quantized cache (either of them quantized, each
+    # decoded on its own: llama.cpp's -ctk and -ctv differ)
+    floats = k.type in FLOAT and v.type == k.type
+    cache = {k.type, v.type} <= FLOAT | QUANT and bool({k.type, v.type} & QUANT)
+    return q.type == Type.F32 and (floats or cache) and node.type == Type.F32 and mask_ok
 
 
 def _convertible(src: Type, dst: Type) -> bool:
@@ -211,6 +213,7 @@ _SUPPORT: dict[Op, Callable[[Tensor], bool]] = {
     Op.CLAMP: _float_same,
     Op.REPEAT: lambda n: n.type == n.src[0].type and n.type not in QUANT,
     Op.PAD: lambda n: n.type == n.src[0].type and n.type in FLOAT,
+    Op.HADAMARD: lambda n: n.type == n.src[0].type == Type.F32,
 }  # fmt: skip
 
 

@@ -235,3 +235,26 @@ def set_rows(table: Any, values: Any, idx: Any) -> int:
         for i in range(values.shape[1]):
             table[row, i] = _stored(table, values[k, i])
     return -1
+
+
+@kernel(nogil=True)
+def hadamard_rows(x: Any, out: Any, n: int) -> None:
+    """Each run of ``n`` values of 2-d float32 ``x``'s rows times ``H_n/√n`` into
+    ``out`` (C-contiguous, ``x``'s shape): ggml's fast Walsh–Hadamard transform, each
+    value times ``1/sqrtf(n)`` first, then the butterflies ``(u + v, u − v)`` over spans
+    1, 2, 4… n/2 (every output the same chain of float32 additions as ggml's, whatever
+    order its vectors take them in)."""
+    scale = np.float32(1) / np.float32(math.sqrt(np.float32(n)))
+    width = x.shape[1]
+    for r in range(x.shape[0]):
+        for j in range(width):
+            out[r, j] = x[r, j] * scale
+        for c in range(0, width, n):
+            span = 1
+            while span < n:
+                for i in range(c, c + n, 2 * span):
+                    for j in range(i, i + span):
+                        u, v = out[r, j], out[r, j + span]
+                        out[r, j] = u + v
+                        out[r, j + span] = u - v
+                span *= 2

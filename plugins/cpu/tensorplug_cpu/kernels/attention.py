@@ -22,7 +22,9 @@ from tensorplug.types import Type
 
 from ..settings import EXACT_ATTENTION_ROWS
 from ..workers import POOL
+from .activations import round_rows
 from .attention_mask import masked_logits
+from .cache_decode import decoded_cells, is_quantized_cache
 from .common import F32, BuildContext, Step, padded4, sequence
 from .flash import build_online_attention
 from .kernel_shapes import DOT_LANES, HALF_PRODUCTS, NARROW_SCORES, TINYBLAS_LANES
@@ -158,11 +160,14 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
     The exact kernel sums a row's visible cells in the op's ``order`` (src 4) when it has
     one, by position in the engine's cache; BLAS's products have their own order.
     """
-    if node.op_params.get("online"):  # ggml's own flash attention kernel's arithmetic
+    q_t, k_t, v_t = node.src[:3]
+    quantized = is_quantized_cache(k_t, v_t)
+    if node.op_params.get("online") or quantized:
+        # ggml's own flash attention kernel's arithmetic (the only one a quantized V
+        # has in llama.cpp, whose graph without it refuses one)
         online = build_online_attention(node, ctx)
         if online is not None:
             return online
-    q_t, k_t, v_t = node.src[:3]
     mask_t = node.src[3] if len(node.src) > 3 else None
     order = ctx.view(node.src[4]) if len(node.src) > 4 else _CACHE_ORDER
     p = node.op_params
@@ -180,7 +185,8 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
     if mask4 is not None:
         raw_mask = mask4.view(np.uint16) if mask4.dtype == np.float16 else mask4
     compiled, kernels = ctx.compiled, ctx.kernels
-    if compiled is not None and n_q <= exact_rows_limit() and k_t.type == v_t.type != Type.BF16:
+    exact_ok = k_t.type == v_t.type and k_t.type in (Type.F32, Type.F16)
+    if compiled is not None and n_q <= exact_rows_limit() and exact_ok:
         # F16 caches are read in place as raw halves: no widening step at all
         k_in, v_in = padded4(ctx.view(k_t)), padded4(ctx.view(v_t))
         if k_t.type == Type.F16:
@@ -208,11 +214,14 @@ def build_flash_attn_ext(node: Tensor, ctx: BuildContext) -> Step:
     ctx.uses_blas = True
     k4, widen_k = _widened(ctx, k_t)
     v4, widen_v = _widened(ctx, v_t)
-    half = k_t.type == Type.F16  # the query and the weights in f16, as HALF_PRODUCTS
+    half = k_t.type == v_t.type == Type.F16  # the query and the weights in f16, as HALF_PRODUCTS
     if half:
         q16, q4 = ctx.scratch(q4.shape, np.float16), ctx.scratch(q4.shape)
         q_rounded = (partial(np.copyto, q16, padded4(ctx.view(q_t))), partial(np.copyto, q4, q16))
         prep = sequence(prep, *q_rounded)
+    elif quantized:  # the query as K's vec_dot_type has it (cache_decode)
+        q_raw, q4 = q4, ctx.scratch(q4.shape)
+        prep = sequence(prep, partial(round_rows, q_raw, k_t.type, q4))
     h_kv, d_v = k4.shape[1], v4.shape[3]
     g = H // h_kv
     kT5 = k4.swapaxes(-1, -2)[:, :, None]  # (B, H_kv, 1, D, n_kv)
@@ -322,7 +331,15 @@ _CACHE_ORDER = np.zeros(0, np.int32)
 
 def _widened(ctx: BuildContext, t: Tensor) -> tuple[np.ndarray, Callable[[int], None] | None]:
     """K or V as float32 ``(B, H, n_kv, D)`` and, for F16/BF16, a function widening the
-    first ``used`` rows into it (the rest of the scratch is never read)."""
+    first ``used`` rows into it (the rest of the scratch is never read); a quantized
+    cache's function decodes every cell (:mod:`.cache_decode`)."""
+    if t.type.is_quantized:
+        decoded, decode = decoded_cells(ctx, t)
+
+        def every_cell(used: int) -> None:
+            decode()
+
+        return decoded, every_cell
     raw = padded4(ctx.view(t))
     if t.type == Type.F32:
         return raw, None

@@ -218,6 +218,25 @@ class SetRowsStep:
             raise _index_error(self.node, IndexError(message))
 
 
+class BlockRowsStep:
+    """New rows of a quantized KV cache (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), encoded as
+    ggml's ``from_float`` encodes them (:mod:`._numba_encode`) straight into the raw
+    rows ``table`` (rows, bytes): every index checked, then the rows written."""
+
+    def __init__(self, node: Tensor, compiled: CompiledKernels, table: np.ndarray,
+                 values: np.ndarray, idx: np.ndarray) -> None:  # fmt: skip
+        self.node, self.table, self.idx = node, table, idx
+        self._write = compiled.bind_set_rows_blocks(table, values, idx, int(node.type))
+
+    def __call__(self) -> None:
+        bad = int(self._write())
+        if bad >= 0:
+            message = f"index {int(self.idx[bad])} with {self.table.shape[0]} rows"
+            raise _index_error(self.node, IndexError(message))
+
+
+#: the quantized types whose rows :class:`BlockRowsStep` encodes
+ENCODED = frozenset({Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.IQ4_NL})
 #: Up to this many rows per batch, set_rows checks and writes them one by one.
 FEW_ROWS = 8
 
@@ -255,6 +274,13 @@ def build_set_rows(node: Tensor, ctx: BuildContext) -> Step:
             raw = table.view(np.uint16) if t == Type.F16 else table
             signed = idx if signed64 else idx.view(np.int32)
             return SetRowsStep(node, compiled, raw, values, signed)
+
+    if compiled is not None and t in ENCODED and len(batches) == 1:
+        table, values, idx = batches[0]
+        rows2 = reshape_view(table, (table.shape[0], -1)) if table.ndim == 3 else None
+        if rows2 is not None and values.dtype == np.float32 and values.ndim == 2:
+            signed = idx if signed64 else idx.view(np.int32)
+            return BlockRowsStep(node, compiled, rows2, values, signed)
 
     def run_few() -> None:
         # a generation step's one row per cache: Python ints beat numpy's masks on so few

@@ -33,17 +33,33 @@ class AttentionKernels(Binding):
     _widen_f16_rows = module_kernel(_MODULE, "widen_f16_rows")
     _online_attend = module_kernel("_numba_flash", "flash_attend")
     _online_job = made_job("_numba_flash", "flash_job")
+    _blocks_attend = module_kernel("_numba_flash_blocks", "flash_attend_blocks")
 
     def online_attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
         order: np.ndarray, used: int, scale: float, softcap: float, tiled: bool,
-        out: np.ndarray,
+        out: np.ndarray, half: bool = True,
     ) -> None:  # fmt: skip
         """Attention in the arithmetic of ggml's own flash attention kernel
-        (:func:`._numba_flash.flash_attend`: raw f16 ``k`` and ``v``; ``tiled``: its way
-        for many query rows), what llama.cpp computes with flash attention on."""
+        (:func:`._numba_flash.flash_attend`: raw f16 ``k`` and ``v`` where ``half``, else
+        float32 ones, a quantized cache decoded; ``tiled``: its way for many query rows),
+        what llama.cpp computes with flash attention on."""
         self.call("ggml's flash attention kernel", self._online_attend, q, k, v, mask, order,
-                  used, scale, softcap, True, tiled, out, F16_TO_F32)  # fmt: skip
+                  used, scale, softcap, half, tiled, out, F16_TO_F32)  # fmt: skip
+
+    def blocks_attend(
+        self, q: np.ndarray, quantized: tuple[np.ndarray, np.ndarray, np.ndarray],
+        k: np.ndarray, v: np.ndarray, mask: np.ndarray, order: np.ndarray, used: int,
+        scale: float, softcap: float, kind: int, half_v: bool, out: np.ndarray,
+    ) -> None:  # fmt: skip
+        """:meth:`online_attend` over a quantized K cache (ggml type id ``kind``; ``k``
+        each head's raw blocks of a cell), scores by K's own ``vec_dot``
+        (:func:`._numba_flash_blocks.flash_attend_blocks`); ``quantized`` the room for
+        the query's Q8 codes, scales and sums."""
+        xq, xd, xs = quantized
+        self.call("ggml's flash attention kernel over quantized keys", self._blocks_attend, q,
+                  xq, xd, xs, k, v, mask, order, used, scale, softcap, kind, half_v, out,
+                  F16_TO_F32)  # fmt: skip
 
     def bind_online_attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray,

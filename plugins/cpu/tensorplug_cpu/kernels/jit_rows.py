@@ -42,6 +42,8 @@ class RowKernels(Binding):
     _glu_rows = module_kernel(_MODULE, "glu_rows")
     _set_rows = module_kernel(_MODULE, "set_rows")
     _rope_rows = module_kernel(_MODULE, "rope_rows")
+    _set_rows_blocks = module_kernel("_numba_encode", "set_rows_blocks")
+    _hadamard_rows = module_kernel(_MODULE, "hadamard_rows")
     _glu_kinds: ClassVar[dict[GluOp, int]] = {GluOp.SWIGLU: SWIGLU, GluOp.GEGLU: GEGLU}
 
     @property
@@ -136,6 +138,21 @@ class RowKernels(Binding):
 
     def _set_rows_call(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> _Call:
         return "set_rows kernel", self._set_rows, (table, values, idx)
+
+    def bind_hadamard(self, x: np.ndarray, out: np.ndarray, n: int) -> Callable[[], Any]:
+        """:func:`._numba_rows.hadamard_rows` of 2-d float32 ``x`` into ``out`` as a step."""
+        self.expect_call("Hadamard rotation kernel", self._hadamard_rows, x, out, n)
+        return self.bind_call("Hadamard rotation kernel", self._hadamard_rows, x, out, n)
+
+    def bind_set_rows_blocks(
+        self, table: np.ndarray, values: np.ndarray, idx: np.ndarray, kind: int
+    ) -> Callable[[], Any]:
+        """:func:`._numba_encode.set_rows_blocks` of raw rows ``table`` (rows, bytes) of
+        ggml type id ``kind`` as a step: -1 when written, else the first bad index's
+        position (nothing written)."""
+        args = (table, values, idx, kind)
+        self.expect_call("quantized set_rows kernel", self._set_rows_blocks, *args)
+        return self.bind_call("quantized set_rows kernel", self._set_rows_blocks, *args)
 
     def bound(self, method: Callable[..., Any], *args: Any) -> Callable[[], Any]:
         """``method(*args)`` (:meth:`rms_norm_rows`, :meth:`rope_rows`, :meth:`glu_rows`

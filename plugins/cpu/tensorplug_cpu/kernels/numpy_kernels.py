@@ -16,6 +16,7 @@ the softmax's order of operations), or the documented difference of a vectorised
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,7 +32,7 @@ from .unary import GLU_ACTIVATIONS
 if TYPE_CHECKING:
     from .steps import Scratch, Step
 
-__all__ = ["NUMPY_KERNELS", "NumpyKernels", "scaled_softmax"]
+__all__ = ["NUMPY_KERNELS", "NumpyKernels", "hadamard_rows", "scaled_softmax"]
 
 F32 = np.dtype(np.float32)
 
@@ -88,6 +89,10 @@ class NumpyKernels:
                 np.copyto(corr, q8_1_offset_correction(x))
 
         return rounded
+
+    def bind_hadamard(self, x: np.ndarray, out: np.ndarray, n: int) -> Step:
+        """:func:`hadamard_rows` of 2-d float32 ``x`` into ``out`` as a step."""
+        return partial(hadamard_rows, x, out, n)
 
     def bind_widen_f16(self, src: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         """``widen(out)``: float16 ``src`` into float32 ``out``, returned."""
@@ -261,3 +266,19 @@ class NumpyKernels:
 
 #: the one numpy provider (it keeps no state)
 NUMPY_KERNELS = NumpyKernels()
+
+
+def hadamard_rows(x: np.ndarray, out: np.ndarray, n: int) -> None:
+    """numpy's :func:`._numba_rows.hadamard_rows`: the same additions, a round of
+    butterflies at a time over every row."""
+    scale = np.float32(1) / np.float32(np.sqrt(np.float32(n)))
+    np.multiply(x, scale, out=out)
+    runs = out.reshape(-1, n)
+    span = 1
+    while span < n:
+        pairs = runs.reshape(runs.shape[0], n // (2 * span), 2, span)
+        first, second = pairs[:, :, 0, :], pairs[:, :, 1, :]
+        kept = first.copy()
+        first += second
+        np.subtract(kept, second, out=second)
+        span *= 2

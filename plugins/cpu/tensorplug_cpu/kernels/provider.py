@@ -52,6 +52,8 @@ class Kernels(Protocol):
 
     def bind_widen_f16(self, src: np.ndarray) -> Callable[[np.ndarray], np.ndarray]: ...
 
+    def bind_hadamard(self, x: np.ndarray, out: np.ndarray, n: int) -> Step: ...
+
     def bind_dequantize(
         self, t: Type, blocks: np.ndarray, out: np.ndarray | None = ...
     ) -> Callable[[np.ndarray], np.ndarray]: ...
@@ -128,7 +130,13 @@ class CompiledKernels(Kernels, Protocol):
     def online_attend(
         self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
         order: np.ndarray, used: int, scale: float, softcap: float, tiled: bool,
-        out: np.ndarray,
+        out: np.ndarray, half: bool = ...,
+    ) -> None: ...  # fmt: skip
+
+    def blocks_attend(
+        self, q: np.ndarray, quantized: tuple[np.ndarray, np.ndarray, np.ndarray],
+        k: np.ndarray, v: np.ndarray, mask: np.ndarray, order: np.ndarray, used: int,
+        scale: float, softcap: float, kind: int, half_v: bool, out: np.ndarray,
     ) -> None: ...  # fmt: skip
 
     def bind_online_attend(
@@ -140,6 +148,10 @@ class CompiledKernels(Kernels, Protocol):
     def glu_kind(self, fn: GluOp) -> int | None: ...
 
     def set_rows(self, table: np.ndarray, values: np.ndarray, idx: np.ndarray) -> int: ...
+
+    def bind_set_rows_blocks(
+        self, table: np.ndarray, values: np.ndarray, idx: np.ndarray, kind: int
+    ) -> Callable[[], Any]: ...
 
     def row_decoder(self, t: Type) -> tuple[int, int] | None: ...
 
