@@ -36,10 +36,17 @@ N_CTX = 256
 N_GEN = 8
 TOP = 64
 #: name -> llama-cpp-python keywords beyond the context (llama.cpp casts an F32 cache
-#: to F16 for its flash attention)
+#: to F16 for its flash attention; it rotates a quantized cache's rows, reads quantized
+#: keys by their own ``vec_dot`` and every quantized V decoded): every cache type once,
+#: K and V of one type and apart
 SETTINGS: dict[str, dict[str, object]] = {
     "f16": {"flash_attn": True},
     "f32": {"flash_attn": True, "type_k": 0, "type_v": 0},
+    "q8_0": {"flash_attn": True, "type_k": 8, "type_v": 8},
+    "q4_0": {"flash_attn": True, "type_k": 2, "type_v": 2},
+    "q5_1-q4_1": {"flash_attn": True, "type_k": 7, "type_v": 3},
+    "iq4_nl-f16": {"flash_attn": True, "type_k": 20, "type_v": 1},
+    "f16-q5_0": {"flash_attn": True, "type_k": 1, "type_v": 6},
 }
 
 _LLAMA_CPP = """

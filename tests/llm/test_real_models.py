@@ -139,7 +139,7 @@ def _is_llama_cpp_at_its_defaults(model: ModelRunner, recorded: Mapping[str, np.
     tokens."""
     if importlib.util.find_spec("numba") is None:
         pytest.skip("ggml's arithmetic is the numba kernels' (numpy computes the same functions)")
-    assert model.cache.type == Type.F16
+    assert model.cache.type_k == model.cache.type_v == Type.F16
     ids = [int(t) for t in recorded[f"ids{i}"]]
     model.reset()
     got = model.eval(ids, all_logits=True)

@@ -20,8 +20,10 @@ import pytest
 
 from tensorplug.cli import main
 from tensorplug.errors import RunError
+from tensorplug.types import Type
 from tensorplug_llm import run_cli
 from tensorplug_llm.rope import RopeOverrides
+from tensorplug_llm.run_cli import cache_types
 from tensorplug_llm.serve_cli import _resolve, add_arguments, bind
 from tensorplug_llm.serve_flags import (
     api_keys,
@@ -128,7 +130,7 @@ def test_health_is_503_loading_until_the_model_is_ready(
 @pytest.mark.parametrize(
     ("flag", "why"),
     [(["-mu", "https://x/m.gguf"], "from a URL"),
-     (["-ctk", "q8_0"], "f16 or f32"),
+     (["-ctk", "q4_k"], "not a KV cache type"),
      (["--rope-freq-base", "-1"], "not a base frequency"), (["--rope-scale", "0"], "> 0"),
      (["--rope-scaling", "ntk"], "invalid choice"), (["--yarn-beta-fast", "nan"], "finite")],
 )  # fmt: skip
@@ -243,13 +245,18 @@ def test_llama_servers_common_flags_mean_the_same(tmp_path: Path) -> None:
     assert args.model == str(model)
     assert (args.ctx_size, args.parallel, args.batch_size, args.threads) == (512, 3, 32, 2)
     assert (args.n_gpu_layers, args.host, args.port, args.alias) == (0, "0.0.0.0", 9000, "gpt")
-    assert (args.cache_type, args.pooling, args.metrics, args.slots) == ("f32", "cls", True, False)
+    assert cache_types(args) == (Type.F32, Type.F32)
+    assert (args.pooling, args.metrics, args.slots) == ("cls", True, False)
     assert args.timeout == 30
     assert request_defaults(args) == {"n_predict": 16, "temperature": 0.5, "seed": 7}
     plain = _parse([str(model)])
     assert request_defaults(plain) == {} and plain.seed == 0 and plain.slots
-    with pytest.raises(Exception, match="one type for both"):
-        _parse([str(model), "-ctk", "f16", "-ctv", "f32"])
+    # K and V each their own type, as llama-server's
+    assert cache_types(_parse([str(model), "-ctk", "q8_0", "-ctv", "q4_0"])) == (
+        Type.Q8_0,
+        Type.Q4_0,
+    )
+    assert cache_types(_parse([str(model), "-ctv", "Q5_1"])) == (Type.F16, Type.Q5_1)
 
 
 def test_flash_attention_is_on_unless_turned_off_as_llama_servers_auto(tmp_path: Path) -> None:

@@ -62,12 +62,15 @@ class ContextChoice:
     reason: str
 
 
-def bytes_per_position(cfg: LlamaConfig, cache_type: Type, n_layer: int, n_batch: int) -> int:
+def bytes_per_position(
+    cfg: LlamaConfig, cache_type: Type, n_layer: int, n_batch: int, type_v: Type | None = None
+) -> int:
     """What one more context position costs on a device holding ``n_layer`` blocks: K and
-    V rows in the cache type, and the prompt step's attention scores and softmax
-    (float32, one layer at a time: the allocator reuses them) and mask (float16) for a
-    batch of ``n_batch`` tokens."""
-    kv = 2 * n_layer * row_size(cache_type, cfg.n_embd_kv)
+    V rows in the cache type (V's ``type_v`` when it has its own), and the prompt step's
+    attention scores and softmax (float32, one layer at a time: the allocator reuses
+    them) and mask (float16) for a batch of ``n_batch`` tokens."""
+    v = cache_type if type_v is None else type_v
+    kv = n_layer * (row_size(cache_type, cfg.n_embd_kv) + row_size(v, cfg.n_embd_kv))
     scores = n_batch * (2 * cfg.n_head * 4 + 2) if n_layer else 0
     return kv + scores
 
@@ -80,6 +83,7 @@ def choose_context(
     n_batch: int,
     requested: int = 0,
     margin: int = FIT_MARGIN,
+    type_v: Type | None = None,
 ) -> ContextChoice:
     """``requested`` (``-c``) when given, else the trained length capped by what fits
     on every device that holds blocks."""
@@ -97,7 +101,7 @@ def choose_context(
         free, _total = dev.memory()
         if free <= 0:  # the device cannot say: nothing to fit against
             continue
-        per = bytes_per_position(cfg, cache_type, n_layer, min(max(n_batch, 1), trained))
+        per = bytes_per_position(cfg, cache_type, n_layer, min(max(n_batch, 1), trained), type_v)
         room = free - weights.get(dev, 0) - margin
         fits = max(room, 0) // per
         if fits < n_ctx:

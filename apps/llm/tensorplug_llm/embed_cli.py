@@ -36,6 +36,7 @@ import numpy as np
 from tensorplug.cli import count_argument
 from tensorplug.errors import RunError
 
+from .run_cli import CACHE_TYPE_NAMES, cache_type_name
 from .terminal import printable
 
 if TYPE_CHECKING:
@@ -158,7 +159,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="put every block on this device, or spread the blocks over several",
     )
     p.add_argument(
-        "--cache-type", choices=["f16", "f32"], default="f16", help="KV cache element type (f16)"
+        "--cache-type",
+        type=cache_type_name,
+        default="f16",
+        metavar="TYPE",
+        help=f"the KV cache's type ({CACHE_TYPE_NAMES}; default f16)",
     )
     p.add_argument(
         "--no-mmap",

@@ -35,6 +35,7 @@ from tensorplug.tensor import Tensor, new_tensor
 from tensorplug.types import Type
 
 from .arch import ARCHITECTURES, Architecture, architecture
+from .kv_types import CACHE_TYPES
 from .lora import ADAPTED, LoraAdapter, LoraPair
 from .rope import RopeOverrides, RopeTrain, resolve, yarn_mscale
 
@@ -614,29 +615,66 @@ def _check_weight_type(f: GGUFFile, name: str, t: Tensor) -> None:
 
 @dataclass
 class KVCache:
-    """Per block, K and V rows ``(n_ctx, n_embd_kv)``; row ``p`` holds position ``p``."""
+    """Per block, K and V rows ``(n_ctx, n_embd_kv)``; row ``p`` holds position ``p``.
+
+    K and V each have their type (llama.cpp's ``type_k`` and ``type_v``): a float, or a
+    quantized type whose blocks a row stores head after head, written as each step's
+    rows are quantized and read by flash attention decoded (ggml's way)."""
 
     n_ctx: int
-    type: Type
+    type_k: Type
+    type_v: Type
     k: list[Tensor]
     v: list[Tensor]
 
     @classmethod
-    def describe(cls, cfg: LlamaConfig, n_ctx: int, type: Type = Type.F16) -> KVCache:
-        if type not in (Type.F32, Type.F16):
-            raise RunError(f"KV cache type must be F32 or F16, got {type.name}")
+    def describe(
+        cls, cfg: LlamaConfig, n_ctx: int, type_k: Type = Type.F16, type_v: Type | None = None
+    ) -> KVCache:
+        type_v = type_k if type_v is None else type_v
+        for name, t in (("K", type_k), ("V", type_v)):
+            if t not in CACHE_TYPES:
+                raise RunError(
+                    f"the KV cache's {name} type cannot be {t.name}: it is one of "
+                    f"{', '.join(c.name.lower() for c in CACHE_TYPES)}"
+                )
+            if t.is_quantized and cfg.head_dim % t.block_size:
+                raise RunError(
+                    f"a {t.name} KV cache needs heads of a multiple of {t.block_size} "
+                    f"values; this model's have {cfg.head_dim}: use f16"
+                )
         shape = (n_ctx, cfg.n_embd_kv)
-        k = [new_tensor(type, shape, f"cache_k_l{i}") for i in range(cfg.n_layer)]
-        v = [new_tensor(type, shape, f"cache_v_l{i}") for i in range(cfg.n_layer)]
-        return cls(n_ctx, type, k, v)
+        k = [new_tensor(type_k, shape, f"cache_k_l{i}") for i in range(cfg.n_layer)]
+        v = [new_tensor(type_v, shape, f"cache_v_l{i}") for i in range(cfg.n_layer)]
+        return cls(n_ctx, type_k, type_v, k, v)
 
     def layer_tensors(self, i: int) -> list[Tensor]:
         return [self.k[i], self.v[i]]
 
     @property
+    def type_names(self) -> str:
+        """``f16``, or ``q8_0/f16`` when K and V are kept apart (K's first)."""
+        k, v = self.type_k.name.lower(), self.type_v.name.lower()
+        return k if k == v else f"{k}/{v}"
+
+    @property
     def bytes_per_cell(self) -> int:
         """What one cell (a position's K and V rows in every block) takes."""
         return sum(t.nbytes for t in (*self.k, *self.v)) // self.n_ctx
+
+
+def kv_rotation(t: Type, head_dim: int, widest: bool) -> int:
+    """The size of llama.cpp's Walsh–Hadamard rotation of a cache's rows kept in ``t``
+    (0: none): a quantized cache of heads of a multiple of 64 values is rotated, which
+    spreads a head's outliers over its blocks before they are quantized. K's rotation is
+    the widest power of two dividing the head, V's is 64 (llama.cpp measured smaller
+    ones better for V)."""
+    if not t.is_quantized or head_dim % 64:
+        return 0
+    n = 64
+    while widest and head_dim % (2 * n) == 0:
+        n *= 2
+    return n
 
 
 # -- step graphs --------------------------------------------------------------------------------
@@ -800,8 +838,16 @@ def attend(
     ``[0, n_kv)`` read under ``mask`` (grouped-query flash attention, with the
     architecture's scale and soft-cap), their terms summed in ``order`` (the rows by
     position) when given. Returns (T, n_embd_q), before the output projection. Decoders
-    and encoders alike attend here; only their masks differ."""
+    and encoders alike attend here; only their masks differ. A quantized cache's rows
+    are rotated as llama.cpp rotates them (:func:`kv_rotation`): Q and K by K's rotation,
+    V by V's, and the output rotated back."""
     T, hd = q.shape[0], cfg.head_dim
+    rot_k = kv_rotation(k_cache.type, hd, widest=True)
+    rot_v = kv_rotation(v_cache.type, hd, widest=False)
+    if rot_k:  # scores unchanged (the rotation is orthonormal), K quantized rotated
+        q, k = ops.hadamard(q, rot_k), ops.hadamard(k, rot_k)
+    if rot_v:
+        v = ops.hadamard(v, rot_v)
     v = v.set_name(f"Vcur-{i}")
     k_all = ops.set_rows(k_cache, ops.reshape(k.set_name(f"Kcur-{i}"), (T, cfg.n_embd_kv)), kv_idx)
     v_all = ops.set_rows(v_cache, v, kv_idx)
@@ -819,7 +865,8 @@ def attend(
         order=order,
         online=cfg.flash_attn,
     ).set_name(f"attn-{i}")
-    return ops.reshape(attn, (T, cfg.n_embd_q))
+    out = ops.reshape(attn, (T, cfg.n_embd_q))
+    return ops.hadamard(out, rot_v) if rot_v else out  # V's rotation undone
 
 
 def decoder_block(
@@ -953,6 +1000,11 @@ def build_k_shift(cfg: LlamaConfig, w: LlamaWeights, cache: KVCache, n: int) -> 
         if not cfg.uses_rope(i):  # SmolLM3's NoPE blocks: their keys carry no position
             continue
         rows = ops.reshape(ops.get_rows(cache.k[i], cells), (n, cfg.n_head_kv, cfg.head_dim))
+        rot = kv_rotation(cache.type_k, cfg.head_dim, widest=True)
+        if rot:  # the rows as roped (the rotation is its own inverse), then rotated again
+            rows = ops.hadamard(rows, rot)
         roped = _rope(cfg, rows, delta, L, cfg.is_swa(i), shift=True)
+        if rot:
+            roped = ops.hadamard(roped, rot)
         outs.append(ops.set_rows(cache.k[i], ops.reshape(roped, (n, cfg.n_embd_kv)), cells))
     return ShiftGraph(Graph(outs), cells, delta)

@@ -28,6 +28,7 @@ from tensorplug.cli import count_argument, format_bytes, format_bytes_of
 from tensorplug.errors import RunError
 from tensorplug.types import Type
 
+from .kv_types import CACHE_TYPES
 from .terminal import printable
 
 if TYPE_CHECKING:
@@ -91,6 +92,27 @@ def _at_least_minus_one(what: str, minus_one: str) -> Callable[[str], int]:
 _seed = _at_least_minus_one("a seed", "a random one, printed on stderr")
 _layer_count = _at_least_minus_one("a layer count", "all of them")
 _token_count = _at_least_minus_one("a token count", "until the end of generation or a full context")
+
+
+#: the KV cache types a command line names (llama.cpp's ``-ctk``/``-ctv`` values)
+CACHE_TYPE_NAMES = ", ".join(t.name.lower() for t in CACHE_TYPES)
+
+
+def cache_type_name(text: str) -> str:
+    """A KV cache type's name as llama.cpp's flags spell it (``q8_0``), checked."""
+    if text.lower() not in {t.name.lower() for t in CACHE_TYPES}:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a KV cache type: use one of {CACHE_TYPE_NAMES}"
+        )
+    return text.lower()
+
+
+def cache_types(args: argparse.Namespace) -> tuple[Type, Type]:
+    """K's and V's types from ``--cache-type`` and ``-ctk``/``-ctv`` (each its own)."""
+    both = getattr(args, "cache_type", "f16")
+    k = getattr(args, "cache_type_k", None) or both
+    v = getattr(args, "cache_type_v", None) or both
+    return Type.parse(k), Type.parse(v)
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
@@ -228,7 +250,26 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
             help="keep generating after the end of the turn (EOS and the like)",
         )
     p.add_argument(
-        "--cache-type", choices=["f16", "f32"], default="f16", help="KV cache element type (f16)"
+        "--cache-type",
+        type=cache_type_name,
+        default="f16",
+        metavar="TYPE",
+        help=f"the KV cache's type, K's and V's ({CACHE_TYPE_NAMES}; default f16): a "
+        "quantized cache is rotated and read as llama.cpp's",
+    )
+    p.add_argument(
+        "-ctk",
+        "--cache-type-k",
+        type=cache_type_name,
+        metavar="TYPE",
+        help="K's type in the KV cache (default: --cache-type's)",
+    )
+    p.add_argument(
+        "-ctv",
+        "--cache-type-v",
+        type=cache_type_name,
+        metavar="TYPE",
+        help="V's type in the KV cache (default: --cache-type's)",
     )
     p.add_argument(
         "--no-mmap",
@@ -497,10 +538,12 @@ def _load(
         placement = _row_placement(args, f, n_layer)
     else:
         placement = place(n_layer) if place is not None else _placement(args, n_layer)
-    cache_type = Type.parse(args.cache_type)
+    cache_type, type_v = cache_types(args)
     n_ctx = args.ctx_size  # a negative one is ModelRunner's to refuse
     if n_ctx >= 0:
-        choice = choose_context(f, cfg, placement, cache_type, args.batch_size, n_ctx)
+        choice = choose_context(
+            f, cfg, placement, cache_type, args.batch_size, n_ctx, type_v=type_v
+        )
         args.context_choice, n_ctx = choice, choice.n_ctx
         if args.ctx_size > cfg.n_ctx_train:
             print(f"warning: {choice.reason}", file=sys.stderr)
@@ -515,6 +558,7 @@ def _load(
             n_ctx=n_ctx,
             n_batch=args.batch_size,
             cache_type=cache_type,
+            cache_type_v=type_v,
             use_mmap=not args.no_mmap,
             repack=not getattr(args, "no_repack", False),
             on_progress=lambda stage, done, total: progress.update(
@@ -734,7 +778,7 @@ def _describe(model: ModelRunner, log: TextIO, context: ContextChoice | None = N
     why = f" ({context.reason})" if context is not None and context.n_ctx == model.n_ctx else ""
     print(
         f"context: {model.n_ctx} tokens{why}, prompt batches of {model.n_batch}, KV cache "
-        f"{model.cache.type.name}",
+        f"{model.cache.type_names}",
         file=log,
     )
     print("devices (scheduler order):", file=log)
@@ -873,7 +917,8 @@ def demo_model(
             placement=Placement.on(host_cpu(), model.config.n_layer),
             n_ctx=model.n_ctx,
             n_batch=model.n_batch,
-            cache_type=model.cache.type,
+            cache_type=model.cache.type_k,
+            cache_type_v=model.cache.type_v,
         )
         try:
             want = cpu_only.eval(prompt_ids, all_logits=True)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tensorplug import collector, registry
+from tensorplug import collector, ops, registry
 from tensorplug.alloc import alloc_tensors
 from tensorplug.backend import Backend, Status
 from tensorplug.buffer import Buffer, BufferType, BufferUsage
@@ -49,7 +49,7 @@ from tensorplug.errors import BackendNotFoundError, ComputeAbortedError, RunErro
 from tensorplug.gguf import GGUFError, GGUFFile, GGUFStringError
 from tensorplug.host import available_cores
 from tensorplug.sched import Scheduler
-from tensorplug.tensor import Tensor
+from tensorplug.tensor import Tensor, new_tensor
 from tensorplug.transfer import set_array
 from tensorplug.types import Type
 
@@ -64,6 +64,7 @@ from .model import (
     StepGraph,
     build_k_shift,
     build_step,
+    kv_rotation,
 )  # fmt: skip
 from .placement import Placement, by_priority, host_cpu
 from .pooling import pool, pooling_kind
@@ -186,6 +187,28 @@ class _DeviceMemory:
     buffers: list[Buffer] = field(default_factory=list)
 
 
+def _check_cache_devices(cache: KVCache, cfg: LlamaConfig, placement: Placement) -> None:
+    """Refuse a quantized cache on a device that cannot read it: its attention (and the
+    cache's rotation) would go to another device every step, with the whole cache."""
+    if not (cache.type_k.is_quantized or cache.type_v.is_quantized):
+        return
+    hd = cfg.head_dim
+    q = new_tensor(Type.F32, (1, 1, hd), "probe_q")
+    k = new_tensor(cache.type_k, (1, 1, hd), "probe_k")
+    v = new_tensor(cache.type_v, (1, 1, hd), "probe_v")
+    probes = [ops.flash_attn_ext(q, k, v, scale=1.0, online=True)]
+    rot = kv_rotation(cache.type_k, hd, widest=True) or kv_rotation(cache.type_v, hd, False)
+    if rot:
+        probes.append(ops.hadamard(new_tensor(Type.F32, (1, hd), "probe_rows"), rot))
+    for dev in dict.fromkeys(placement.layers):
+        if not all(dev.supports_op(node) for node in probes):
+            raise RunError(
+                f"a {cache.type_names} KV cache is read by the CPU backend only, and "
+                f"{dev.name} holds blocks: keep the cache f16 (-ctk f16 -ctv f16), or put "
+                "the blocks on the CPU (-ngl 0)"
+            )
+
+
 class ModelRunner:
     """A llama model ready to evaluate tokens.
 
@@ -216,6 +239,9 @@ class ModelRunner:
     (llama-cpp-python's ``rope_freq_base``, ``rope_scaling_type``, ``yarn_*``).
     ``flash_attn`` computes attention as ggml's flash attention kernel does (llama.cpp's
     ``flash_attn``), not as its graph without it.
+    ``cache_type`` is the KV cache's type, K's when ``cache_type_v`` gives V's (llama.cpp's
+    ``type_k``/``type_v``): F16, F32, BF16, or Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1, which
+    attention reads as ggml's flash attention kernel does whatever ``flash_attn`` says.
     ``lora``: LoRA adapter files and their scales, applied at run time beside the
     products they adapt, as llama.cpp applies them (:mod:`.lora`).
 
@@ -236,6 +262,7 @@ class ModelRunner:
         n_ctx: int | None = None,
         n_batch: int = 256,
         cache_type: Type | str = Type.F16,
+        cache_type_v: Type | str | None = None,
         kv_pad: int = 256,
         use_mmap: bool = True,
         warmup: bool = True,
@@ -252,7 +279,8 @@ class ModelRunner:
         #: (:meth:`restore`)
         self._again = functools.partial(
             ModelRunner, placement=placement, n_ctx=n_ctx, n_batch=n_batch,
-            cache_type=cache_type, kv_pad=kv_pad, use_mmap=use_mmap, warmup=False,
+            cache_type=cache_type, cache_type_v=cache_type_v, kv_pad=kv_pad, use_mmap=use_mmap,
+            warmup=False,
             n_threads=n_threads, repack=repack, batch_invariant=batch_invariant, rope=rope,
             flash_attn=flash_attn, lora=lora,
         )  # fmt: skip
@@ -303,7 +331,9 @@ class ModelRunner:
             adapter = LoraAdapter.open(path, self.weights, cfg.arch.name, scale)
             self.weights.attach(adapter)
             self.adapters.append(adapter)
-        self.cache = KVCache.describe(cfg, self.n_ctx, Type.parse(cache_type))
+        type_v = None if cache_type_v is None else Type.parse(cache_type_v)
+        self.cache = KVCache.describe(cfg, self.n_ctx, Type.parse(cache_type), type_v)
+        _check_cache_devices(self.cache, cfg, self.placement)
         self.memory: dict[Device, _DeviceMemory] = {}
         self._load(use_mmap)
         #: whether some weights are the file's mapping (checked before each step)

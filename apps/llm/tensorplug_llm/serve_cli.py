@@ -182,11 +182,6 @@ def _resolve(args: argparse.Namespace) -> None:
         args.seed = 0  # the tiny model's weights
     if args.ubatch_size is not None:
         args.batch_size = args.ubatch_size
-    k, v = args.cache_type_k, args.cache_type_v
-    if k is not None and v is not None and k != v:
-        raise RunError(f"-ctk {k} and -ctv {v} differ: the KV cache has one type for both")
-    if k or v:
-        args.cache_type = k or v
     args.rope = rope_overrides(args)
     if os.environ.get("AIP_MODE") == "PREDICTION" and os.environ.get("AIP_HTTP_PORT"):
         try:  # Vertex AI's port wins over --port, as llama-server's does

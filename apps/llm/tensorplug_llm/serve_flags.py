@@ -78,14 +78,6 @@ class _Refuse(argparse.Action):
         parser.error(f"{option_string}: {self.reason}")
 
 
-def _cache_type(text: str) -> str:
-    if text not in ("f16", "f32"):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: the KV cache holds f16 or f32 (no quantized cache)"
-        )
-    return text
-
-
 #: ``--rope-scaling``'s words -> llama.cpp's ``llama_rope_scaling_type``
 _SCALINGS = {"none": 0, "linear": 1, "yarn": 2}
 #: the RoPE/YaRN flags' destinations -> :class:`RopeOverrides`' fields
@@ -221,20 +213,6 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         help="on, or auto (the default, as llama-server's, which llama.cpp resolves to on "
         "for a CPU): attention rounds as ggml's flash attention kernel, llama-server's "
         "numbers; off: as llama.cpp's graph without flash attention",
-    )
-    p.add_argument(
-        "-ctk",
-        "--cache-type-k",
-        type=_cache_type,
-        metavar="TYPE",
-        help="KV cache type of K (f16 or f32; as --cache-type)",
-    )
-    p.add_argument(
-        "-ctv",
-        "--cache-type-v",
-        type=_cache_type,
-        metavar="TYPE",
-        help="KV cache type of V (the same as K's: one type for both)",
     )
     p.add_argument(
         "--jinja",

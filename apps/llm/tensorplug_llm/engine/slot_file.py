@@ -4,9 +4,10 @@ once can be served again after a restart.
 
 The file is numpy's ``.npz`` (uncompressed): ``format`` (:data:`FORMAT`), ``model`` (what
 the rows belong to: the architecture, the file's name and size, the blocks, the row
-width, the vocabulary and the cache's element type), ``tokens`` (int32), ``k`` and ``v``
-(``(n_layer, n_tokens, n_embd_kv)`` of the cache's type). It is not llama.cpp's state
-file: the two servers' files do not load into each other.
+width, the vocabulary and the cache's types), ``tokens`` (int32), ``k`` and ``v``
+(``(n_layer, n_tokens, n_embd_kv)`` of an F16 or F32 cache's dtype; a BF16 or quantized
+cache's raw rows, ``(n_layer, n_tokens, row_bytes)`` of uint8). It is not llama.cpp's
+state file: the two servers' files do not load into each other.
 
 A file under the save folder is untrusted: it is read with ``allow_pickle=False`` (no
 code runs), each member's size is checked against what the model allows before it is
@@ -27,6 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tensorplug import tensor_get, tensor_set
+from tensorplug.quants import row_size
+from tensorplug.types import Type
 
 if TYPE_CHECKING:
     from ..runner import ModelRunner
@@ -58,10 +61,23 @@ def model_key(llama: ModelRunner) -> str:
     """What a state's rows belong to; a file made for another model is refused."""
     cfg, cache = llama.config, llama.cache
     path = llama.file.path
+    types = cache.type_k.name
+    if cache.type_v != cache.type_k:
+        types += f"/{cache.type_v.name}"
     return (
         f"{cfg.arch.name};{path.name};{path.stat().st_size};n_layer={cfg.n_layer};"
-        f"n_embd_kv={cfg.n_embd_kv};n_vocab={cfg.n_vocab};cache={cache.type.name}"
+        f"n_embd_kv={cfg.n_embd_kv};n_vocab={cfg.n_vocab};cache={types}"
     )
+
+
+def row_layout(t: Type, n_embd_kv: int) -> tuple[np.dtype, int]:
+    """How a cache row of type ``t`` is kept in a file: F16 and F32 as their values, any
+    other type as its raw bytes; and the row's width in that dtype."""
+    if t == Type.F16:
+        return np.dtype(np.float16), n_embd_kv
+    if t == Type.F32:
+        return np.dtype(np.float32), n_embd_kv
+    return np.dtype(np.uint8), row_size(t, n_embd_kv)
 
 
 def _runs(cells: np.ndarray) -> list[tuple[int, int, int]]:
@@ -78,10 +94,9 @@ def _runs(cells: np.ndarray) -> list[tuple[int, int, int]]:
 def read_rows(llama: ModelRunner, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The K and V rows of ``cells`` (in that order), every block's."""
     cache = llama.cache
-    dtype = np.float16 if cache.type.name == "F16" else np.float32
-    width = llama.config.n_embd_kv
     out = []
-    for tensors in (cache.k, cache.v):
+    for tensors, kind in ((cache.k, cache.type_k), (cache.v, cache.type_v)):
+        dtype, width = row_layout(kind, llama.config.n_embd_kv)
         rows = np.empty((len(tensors), cells.size, width), dtype=dtype)
         for layer, t in enumerate(tensors):
             row_bytes = t.nbytes // cache.n_ctx
@@ -123,11 +138,13 @@ def read_slot_file(path: Path, llama: ModelRunner, max_tokens: int) -> tuple[Slo
     """The state in ``path`` (at most ``max_tokens`` tokens), checked against the model;
     and the file's size."""
     cache, cfg = llama.cache, llama.config
-    dtype = np.dtype(np.float16 if cache.type.name == "F16" else np.float32)
-    rows_bytes = cfg.n_layer * max_tokens * cfg.n_embd_kv * dtype.itemsize
+    layouts = {"k": row_layout(cache.type_k, cfg.n_embd_kv),
+               "v": row_layout(cache.type_v, cfg.n_embd_kv)}  # fmt: skip
+    rows_bytes = {name: cfg.n_layer * max_tokens * width * dtype.itemsize
+                  for name, (dtype, width) in layouts.items()}  # fmt: skip
     limits = {"format": _HEADER_BYTES, "model": _HEADER_BYTES,
-              "tokens": _HEADER_BYTES + 4 * max_tokens, "k": _HEADER_BYTES + rows_bytes,
-              "v": _HEADER_BYTES + rows_bytes}  # fmt: skip
+              "tokens": _HEADER_BYTES + 4 * max_tokens, "k": _HEADER_BYTES + rows_bytes["k"],
+              "v": _HEADER_BYTES + rows_bytes["v"]}  # fmt: skip
     try:
         size = path.stat().st_size
         with np.load(path, allow_pickle=False) as npz:
@@ -151,12 +168,13 @@ def read_slot_file(path: Path, llama: ModelRunner, max_tokens: int) -> tuple[Slo
             raise
         raise SlotFileError(f"unreadable: {e}") from None
     n = tokens.size
-    shape = (cfg.n_layer, n, cfg.n_embd_kv)
     if tokens.dtype != np.int32 or tokens.ndim != 1 or not 0 < n <= max_tokens:
         raise SlotFileError(f"its tokens must be 1 to {max_tokens} int32 ids")
     if tokens.min() < 0 or tokens.max() >= cfg.n_vocab:
         raise SlotFileError(f"a token id is outside the vocabulary (0..{cfg.n_vocab - 1})")
     for name, rows in (("k", k), ("v", v)):
+        dtype, width = layouts[name]
+        shape = (cfg.n_layer, n, width)
         if rows.dtype != dtype or rows.shape != shape:
             raise SlotFileError(f"its {name} rows are {rows.dtype}{rows.shape}, not {dtype}{shape}")
     return SlotState(tokens, k, v), size

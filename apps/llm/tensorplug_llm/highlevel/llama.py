@@ -95,7 +95,8 @@ class Llama:
                 placement=_placement(o, cfg.n_layer, self._file),
                 n_ctx=n_ctx,
                 n_batch=min(o.step_tokens, n_ctx),
-                cache_type=o.cache_type,
+                cache_type=o.type_k,
+                cache_type_v=o.type_v,
                 use_mmap=o.use_mmap,
                 n_threads=o.n_threads,
                 rope=o.rope,
@@ -626,6 +627,6 @@ def _given(o: LoadOptions) -> dict[str, Any]:
         "chat_handler": o.chat_handler, "draft_model": o.draft_model,
         "lora_path": o.lora_path, "lora_scale": o.lora_scale, "lora_base": o.lora_base,
         "use_mlock": o.use_mlock,
-        "type_k": int(o.cache_type),
-        "type_v": int(o.cache_type), "spm_infill": o.spm_infill, "verbose": o.verbose,
+        "type_k": int(o.type_k),
+        "type_v": int(o.type_v), "spm_infill": o.spm_infill, "verbose": o.verbose,
     }  # fmt: skip

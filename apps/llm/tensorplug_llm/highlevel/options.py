@@ -20,6 +20,7 @@ from typing import Any
 
 from tensorplug.types import Type
 
+from ..kv_types import CACHE_TYPES
 from ..rope import RopeOverrides
 
 __all__ = ["LLAMA_DEFAULT_SEED", "LoadOptions", "load_options"]
@@ -94,7 +95,9 @@ class LoadOptions:
     #: llama-cpp-python's ``lora_base``, kept as given: llama.cpp's adapter API has no
     #: base model, and llama-cpp-python 0.3 uses it nowhere either
     lora_base: str | None
-    cache_type: Type
+    #: the KV cache's K and V types (llama.cpp's ``type_k``/``type_v``; F16 by default)
+    type_k: Type
+    type_v: Type
     spm_infill: bool
     verbose: bool
     rope: RopeOverrides = field(default_factory=RopeOverrides)  # the file's unless overridden
@@ -168,8 +171,7 @@ def load_options(model_path: Any, given: Mapping[str, Any]) -> LoadOptions:
             f"pooling_type must be -1 (the model's), 0 (none), 1 (mean), 2 (cls) or "
             f"3 (last), got {pooling!r}"
         )
-    type_k, type_v = o["type_k"], o["type_v"]
-    cache = _cache_type(type_k, type_v)
+    type_k, type_v = _cache_type("type_k", o["type_k"]), _cache_type("type_v", o["type_v"])
     for name in ("n_ctx", "n_batch", "n_ubatch", "last_n_tokens_size"):
         _count(name, o[name], minimum=0 if name in ("n_ctx", "last_n_tokens_size") else 1)
     for name in ("n_threads", "n_threads_batch"):
@@ -207,7 +209,8 @@ def load_options(model_path: Any, given: Mapping[str, Any]) -> LoadOptions:
         lora_path=_lora_path(o["lora_path"]),
         lora_scale=_lora_scale(o["lora_scale"]),
         lora_base=None if o["lora_base"] is None else str(o["lora_base"]),
-        cache_type=cache,
+        type_k=type_k,
+        type_v=type_v,
         spm_infill=bool(o["spm_infill"]),
         verbose=bool(o["verbose"]),
         rope=_rope(o),
@@ -290,25 +293,15 @@ def _threads(value: int | None) -> int | None:
     return value if value is not None and value > 0 else None
 
 
-def _cache_type(type_k: Any, type_v: Any) -> Type:
-    """The KV cache's one element type, from llama.cpp's ``ggml_type`` ids."""
-    types = []
-    for name, value in (("type_k", type_k), ("type_v", type_v)):
-        if value is None:
-            types.append(Type.F16)
-            continue
-        try:
-            t = Type(value)
-        except ValueError:
-            raise ValueError(f"{name}={value!r} is not a ggml type id") from None
-        if t not in (Type.F16, Type.F32):
-            raise ValueError(
-                f"{name}={value!r} ({t.name}) is not supported: the KV cache is F16 (1) or F32 (0)"
-            )
-        types.append(t)
-    if types[0] != types[1]:
-        raise ValueError(
-            f"type_k and type_v must be the same (got {types[0].name} and {types[1].name}): "
-            "the KV cache has one element type"
-        )
-    return types[0]
+def _cache_type(name: str, value: Any) -> Type:
+    """K's or V's type in the KV cache, from llama.cpp's ``ggml_type`` ids (None: F16)."""
+    if value is None:
+        return Type.F16
+    try:
+        t = Type(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a ggml type id") from None
+    if t not in CACHE_TYPES:
+        ids = ", ".join(f"{int(c)} ({c.name.lower()})" for c in CACHE_TYPES)
+        raise ValueError(f"{name}={value!r} ({t.name}) is not a KV cache type: use one of {ids}")
+    return t
