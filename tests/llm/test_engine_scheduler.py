@@ -48,6 +48,7 @@ class _Bench:
         cache_idle_slots: bool = False,
         n_ctx_seq: int | None = None,
         context_shift: bool = False,
+        cache_reuse: int = 0,
     ) -> None:
         cells = KVCells(n_ctx)
         cache = (
@@ -57,7 +58,7 @@ class _Bench:
         )
         self.sched = Scheduler(
             cells, n_parallel, n_batch, max_prefill_tokens=max_prefill_tokens,
-            prompt_cache=cache, cache_idle_slots=cache_idle_slots,
+            prompt_cache=cache, cache_idle_slots=cache_idle_slots, cache_reuse=cache_reuse,
         )  # fmt: skip
         self.update = StepUpdate(self.sched, n_ctx_seq or n_ctx, "none", context_shift)
         self._ids = 0
@@ -316,3 +317,47 @@ def test_a_full_slot_shifts_its_context_and_goes_on_when_asked() -> None:
         assert slot.cached[:2] == [1, 2] and len(slot.cached) < 16
         assert bench.sched.kv.seq_pos_max(slot.seq) == len(slot.cached) - 1
         assert handle.prompt_tokens_evaluated == 8  # the tail evaluated again is not prompt
+
+
+def test_cache_reuse_moves_cached_runs_to_their_place_in_an_edited_prompt() -> None:
+    """llama-server's ``--cache-reuse 4``: a conversation with a part cut out keeps the
+    runs of at least 4 cached tokens that follow the cut; they move to their new
+    positions (a K-shift the runner applies), the cells between are let go, and only
+    the rest is evaluated. (As llama-server's, the search moves through the cache, not
+    the prompt: text inserted before a run hides it.)"""
+    old = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    edited = [1, 2, 3, 8, 9, 10, 11, 12, 13, 99, 15, 16, 17]  # 4..7 cut out, 14 edited
+    for reuse, evaluated in ((0, 10), (4, 4)):
+        bench = _Bench(n_parallel=1, n_ctx=64, n_batch=64, cache_reuse=reuse)
+        bench.submit_prompt(old, max_tokens=1)
+        while bench.sched.has_work():
+            bench.step()
+        kv, slot = bench.sched.kv, bench.sched.slots[0]
+        bench.submit_prompt(edited, max_tokens=1)
+        first = bench.sched.schedule()
+        (chunk,) = first.prefills
+        assert len(chunk.tokens) == evaluated, reuse
+        if reuse:
+            # 8..13 (6 tokens) moved from positions 7..12 to 3..8; the run 15, 16 is
+            # shorter than 4: evaluated again, after 99
+            assert chunk.pos0 == 9 and chunk.tokens == [99, 15, 16, 17]
+            assert slot.cached[:9] == edited[:9]
+            assert kv.seq_pos_max(slot.seq) == 8 and kv.has_shift
+            cells, deltas = kv.take_shift()
+            assert cells.size == 6 and deltas.tolist() == [-4] * 6
+            assert first.prefills[0].job.handle.prompt_tokens_reused == 9
+
+
+def test_cache_reuse_leaves_cells_another_sequence_shares() -> None:
+    """A run whose cells the prompt cache also holds cannot move for one sequence: the
+    prompt is evaluated past the common prefix, as without reuse."""
+    bench = _Bench(n_parallel=1, n_ctx=64, n_batch=64, cache_cells=None, cache_reuse=2)
+    old = [1, 2, 3, 4, 5, 6, 7, 8]
+    bench.submit_prompt(old, max_tokens=1)
+    while bench.sched.has_work():
+        bench.step()
+    slot = bench.sched.slots[0]
+    bench.sched.kv.seq_cp(slot.seq, 5)  # another sequence shares every cell
+    bench.submit_prompt([1, 2, 30, 4, 5, 6, 7, 8, 9], max_tokens=1)
+    (chunk,) = bench.sched.schedule().prefills
+    assert chunk.pos0 == 2 and len(chunk.tokens) == 7

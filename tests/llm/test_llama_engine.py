@@ -21,6 +21,7 @@ from plan_runs import kept_plans, record_runs
 from tensorplug.errors import RunError
 from tensorplug.graph import Graph
 from tensorplug.sched import Scheduler
+from tensorplug.transfer import get_array
 from tensorplug_cpu.backend import CpuBackend
 from tensorplug_llm.batch import Batch
 from tensorplug_llm.engine import Engine, Request, RequestError, TokenEvent
@@ -907,3 +908,35 @@ def test_the_queue_length_can_be_read_while_other_threads_submit(llama: ModelRun
             t.join()
     assert not errors and engine.n_waiting == 3000
     engine.close()
+
+
+def test_cache_reuse_moves_the_run_after_a_cut_to_its_new_positions(model_file: Path) -> None:
+    """``cache_reuse``: a prompt with a part of the cached one cut out takes the run after
+    the cut from the cache and evaluates only the rest. The run's cells now stand at
+    the positions the prompt gives them, their K rows re-roped there: the first block's
+    rows (which depend on the token and its position alone) are a fresh evaluation's up
+    to one f16 rounding. (The later blocks' rows keep what the cut-out text put in them,
+    as llama-server's reuse does: an approximation for text edited a little.)"""
+    old = [1, *range(40, 80)]
+    cut = [1, *range(40, 50), *range(60, 80)]  # 50..59 cut out
+    fresh = _tiny(model_file, kv_pad=32)
+    llama = _tiny(model_file, kv_pad=32)
+    try:
+        fresh.eval(cut)
+        want_k = get_array(fresh.cache.k[0])[: len(cut)].astype(np.float32)
+        want_v = get_array(fresh.cache.v[0])[: len(cut)]
+        engine = Engine(llama, n_parallel=1, cache_reuse=8)
+        engine.submit(Request(old, max_tokens=2, stop_tokens=NONE)).result()
+        handle = engine.submit(Request(cut, max_tokens=8, stop_tokens=NONE))
+        assert len(handle.result()) == 8
+        assert handle.prompt_tokens_reused == len(cut) - 1  # 11 kept, 19 moved
+        assert engine.stats.prompt_tokens_evaluated == len(old) + 1
+        kv = llama.kv
+        for p in range(11, len(cut) - 1):  # the moved run
+            (cell,) = np.flatnonzero((kv.pos == p) & (kv.seqs != 0))
+            got_k = get_array(llama.cache.k[0])[cell].astype(np.float32)
+            np.testing.assert_allclose(got_k, want_k[p], atol=4e-3)
+            np.testing.assert_array_equal(get_array(llama.cache.v[0])[cell], want_v[p])
+    finally:
+        fresh.close()
+        llama.close()

@@ -131,6 +131,7 @@ def test_health_is_503_loading_until_the_model_is_ready(
     ("flag", "why"),
     [(["-mu", "https://x/m.gguf"], "from a URL"),
      (["-ctk", "q4_k"], "not a KV cache type"),
+     (["--cache-reuse", "-1"], "not a number of tokens"),
      (["--rope-freq-base", "-1"], "not a base frequency"), (["--rope-scale", "0"], "> 0"),
      (["--rope-scaling", "ntk"], "invalid choice"), (["--yarn-beta-fast", "nan"], "finite")],
 )  # fmt: skip
@@ -241,13 +242,13 @@ def test_llama_servers_common_flags_mean_the_same(tmp_path: Path) -> None:
                    "-ngl", "0", "--host", "0.0.0.0", "--port", "9000", "-a", "gpt", "--jinja",
                    "-fa", "on", "-ctk", "f32", "-ctv", "f32", "--embeddings", "--pooling",
                    "cls", "--metrics", "--no-slots", "-n", "16", "--temp", "0.5", "--seed",
-                   "7", "--timeout", "30"])  # fmt: skip
+                   "7", "--timeout", "30", "--cache-reuse", "256"])  # fmt: skip
     assert args.model == str(model)
     assert (args.ctx_size, args.parallel, args.batch_size, args.threads) == (512, 3, 32, 2)
     assert (args.n_gpu_layers, args.host, args.port, args.alias) == (0, "0.0.0.0", 9000, "gpt")
     assert cache_types(args) == (Type.F32, Type.F32)
     assert (args.pooling, args.metrics, args.slots) == ("cls", True, False)
-    assert args.timeout == 30
+    assert args.timeout == 30 and args.cache_reuse == 256
     assert request_defaults(args) == {"n_predict": 16, "temperature": 0.5, "seed": 7}
     plain = _parse([str(model)])
     assert request_defaults(plain) == {} and plain.seed == 0 and plain.slots

@@ -415,3 +415,17 @@ def test_return_progress_reports_each_prompt_chunk_before_the_text(
     finally:
         llm.close()
         llama.close()
+
+
+def test_n_cache_reuse_takes_the_cached_run_after_a_cut(http: TestClient) -> None:
+    """llama-server's ``n_cache_reuse`` (the server's ``--cache-reuse`` per request):
+    after a cut in a prompt the slot held, the run that follows comes from the cache,
+    moved to its new positions, rather than being evaluated again."""
+    old = [1, *range(40, 80)]
+    cut = [1, *range(40, 50), *range(60, 80)]
+    for reuse, cached in ((0, 11), (8, len(cut) - 1)):
+        _complete(http, prompt=old, n_predict=1, id_slot=0)
+        got = _complete(http, prompt=cut, n_predict=1, id_slot=0, n_cache_reuse=reuse)
+        assert (got["timings"]["cache_n"], got["timings"]["prompt_n"]) == (cached, len(cut) - cached)
+    r = http.post("/completion", json={"prompt": cut, "n_cache_reuse": -1})
+    assert r.status_code == 400 and "n_cache_reuse" in r.text

@@ -300,6 +300,7 @@ class LLM:
         return_progress: bool = False,
         slot: int | None = None,
         n_keep: int = 0,
+        cache_reuse: int | None = None,
         **sampling: Any,
     ) -> Stream:
         """One generation as llama-server's ``/completion`` reports it: a :class:`Stream`
@@ -311,12 +312,14 @@ class LLM:
         (llama-server's ``prompt_progress``) when the request is admitted and after
         each chunk of its prompt. ``slot``: the engine's slot it runs in (llama-server's
         ``id_slot``; None: whichever suits). ``n_keep``: the first tokens a context
-        shift keeps (-1: the prompt; the engine's ``context_shift``).
+        shift keeps (-1: the prompt; the engine's ``context_shift``). ``cache_reuse``: the
+        shortest run of the slot's cached tokens moved to where the prompt has them
+        (llama-server's ``n_cache_reuse``; None: the engine's ``cache_reuse``).
         ``sampling``: :class:`~.sampling.SamplingParams`' fields."""
         self._check_generates("prompt")
         job = self._job(ids, max_tokens, n_probs, response_format, **sampling)
         job.ignore_eos, job.report_progress, job.slot = ignore_eos, return_progress, slot
-        job.n_keep = n_keep
+        job.n_keep, job.cache_reuse = n_keep, cache_reuse
         stops = _stops(stop)
         [handle] = self._submit(job, 1, lambda: None)
 

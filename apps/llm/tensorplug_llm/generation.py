@@ -88,6 +88,9 @@ class GenerationJob:
     slot: int | None = None
     #: with the engine's context shift: the first tokens a shift keeps (-1: the prompt)
     n_keep: int = 0
+    #: the shortest cached run moved to the prompt's place (llama-server's
+    #: ``n_cache_reuse``; None: the engine's)
+    cache_reuse: int | None = None
 
 
 class GenerationHandle(Protocol):
@@ -211,6 +214,7 @@ class EngineGenerator:
             report_progress=job.report_progress,
             slot=job.slot,
             n_keep=job.n_keep,
+            cache_reuse=job.cache_reuse,
         )
 
     def stats(self) -> GeneratorStats:

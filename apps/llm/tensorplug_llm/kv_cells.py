@@ -288,6 +288,12 @@ class KVCells:
         self.seqs[gone] = 0
         self._free_empty()
 
+    def is_shared(self, seq: int, p0: int, p1: int | None) -> bool:
+        """Whether another sequence holds one of ``seq``'s cells of positions
+        ``[p0, p1)``: such cells cannot move for ``seq`` alone (:meth:`seq_add`)."""
+        cells = self._in_range(check_seq(seq), p0, p1)
+        return bool((cells & (self.seqs != np.uint64(1 << seq))).any())
+
     def take_shift(self) -> tuple[np.ndarray, np.ndarray]:
         """The cells whose K rows still need re-roping and by how much (int64 each),
         forgotten here: the caller applies them now."""

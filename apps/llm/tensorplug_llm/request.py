@@ -136,6 +136,9 @@ class Request:
     slot: int | None = None
     #: with the engine's context shift: the first tokens a shift keeps (-1: the prompt)
     n_keep: int = 0
+    #: the shortest run of cached tokens moved to where the prompt has them (llama-server's
+    #: ``n_cache_reuse``; 0: none; None: the engine's ``cache_reuse``)
+    cache_reuse: int | None = None
 
 
 @dataclass(frozen=True)

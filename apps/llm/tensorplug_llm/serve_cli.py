@@ -285,6 +285,7 @@ def _serve(args: argparse.Namespace) -> int:
                     llama, args.parallel, max_prefill_tokens=args.max_prefill_tokens,
                     n_ctx_seq=n_ctx_seq, prompt_cache=cache_cells,
                     cache_idle_slots=args.cache_idle_slots, context_shift=args.context_shift,
+                    cache_reuse=args.cache_reuse,
                 )  # fmt: skip
                 llm = LLM(
                     llama,

@@ -48,7 +48,6 @@ UNSUPPORTED = {
         "speculative decoding is not supported"
     ),
     ("--reranking", "--rerank"): "reranking is not supported",
-    ("--cache-reuse",): "KV shifting for cache reuse is not supported (prefixes are reused)",
     ("--numa", "--override-tensor", "-ot"): ("this loading option is not supported"),
     ("--grammar", "--grammar-file", "-j", "--json-schema"): (
         "a server-wide grammar is not supported: send grammar or json_schema per request"
@@ -76,6 +75,17 @@ class _Refuse(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         parser.error(f"{option_string}: {self.reason}")
+
+
+def _tokens(text: str) -> int:
+    """A number of tokens, 0 included (``--cache-reuse``: 0 is off)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens (an integer >= 0)")
+    return n
 
 
 #: ``--rope-scaling``'s words -> llama.cpp's ``llama_rope_scaling_type``
@@ -352,6 +362,16 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
         help="a request whose slot's context is full drops half of its tokens after its "
         "n_keep first (/completion's n_keep; -1: its prompt) and goes on generating (off: "
         "it ends with finish_reason length, as llama-server's default)",
+    )
+    p.add_argument(
+        "--cache-reuse",
+        type=_tokens,
+        default=0,
+        metavar="N",
+        help="past the prefix a prompt shares with its slot, move runs of at least N cached "
+        "tokens the prompt has next to their new positions, their K rows re-roped, rather "
+        "than evaluate them again (llama-server's KV shifting; /completion's "
+        "n_cache_reuse overrides it; default 0: off)",
     )
     p.add_argument(
         "--slot-save-path",

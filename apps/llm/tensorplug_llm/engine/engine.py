@@ -120,7 +120,10 @@ class Engine:
     starts moves every other idle slot's tokens into it (llama-server's
     ``--cache-idle-slots``). ``context_shift``: a request whose slot is full drops half
     of its tokens past its ``n_keep`` first and goes on, as llama-server's
-    ``--context-shift`` (else it ends "length").
+    ``--context-shift`` (else it ends "length"). ``cache_reuse``: past the prefix a
+    prompt shares with its slot, runs of at least this many cached tokens that the
+    prompt has next move to their place, their K rows re-roped (llama-server's
+    ``--cache-reuse``; 0: off; a request's ``cache_reuse`` wins).
     The engine owns the model's cache: do not call ``eval``/``generate`` on the same
     model while it runs.
     """
@@ -137,6 +140,7 @@ class Engine:
         prompt_cache: int | None = 0,
         cache_idle_slots: bool = False,
         context_shift: bool = False,
+        cache_reuse: int = 0,
     ) -> None:
         if not 1 <= n_parallel <= MAX_SEQUENCES:
             raise RunError(f"n_parallel must be 1..{MAX_SEQUENCES}, got {n_parallel}")
@@ -144,6 +148,8 @@ class Engine:
             raise RunError(f"n_batch must be at least 1, got {n_batch}")
         if not 0.0 <= similarity <= 1.0:
             raise RunError(f"similarity is a share of the prompt, 0..1; got {similarity}")
+        if cache_reuse < 0:
+            raise RunError(f"cache_reuse is a number of tokens (0: off), got {cache_reuse}")
         if n_ctx_seq is not None and not 1 <= n_ctx_seq <= llama.n_ctx:
             raise RunError(f"n_ctx_seq must be 1..n_ctx = {llama.n_ctx}, got {n_ctx_seq}")
         self.llama = llama
@@ -180,6 +186,7 @@ class Engine:
             stats=self.stats,
             prompt_cache=cache,
             cache_idle_slots=cache_idle_slots,
+            cache_reuse=cache_reuse,
         )
         self.executor = StepExecutor(llama)
         self.update = StepUpdate(

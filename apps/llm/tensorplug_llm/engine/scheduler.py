@@ -18,7 +18,13 @@ The policy, in the order a step applies it:
    beyond the prefix it keeps goes to the prompt cache (when there is one); with
    ``cache_idle_slots`` so does every other idle slot's, and those slots are cleared.
    A request that names its slot (``Request.slot``, llama-server's ``id_slot``) takes
-   that one, and while it is busy the requests behind pass it. It *waits*, and every
+   that one, and while it is busy the requests behind pass it. With ``cache_reuse``
+   (llama-server's ``--cache-reuse N``) the slot's cached tokens past the common prefix
+   are searched for runs of at least N tokens the prompt has next, in order: each moves
+   to its place in the prompt (its cells' positions shift; the runner re-ropes their K
+   rows before the next step reads them), the cells between are let go, and the prompt
+   is evaluated from the end of the last run moved. A conversation edited in its middle
+   keeps what follows the edit. It *waits*, and every
    request behind it
    with it (no overtaking: first come first served), while
    - no slot is idle (a group of choices waits for as many idle slots as it has),
@@ -146,6 +152,7 @@ class Scheduler:
         stats: EngineStats | None = None,
         prompt_cache: PromptCache | None = None,
         cache_idle_slots: bool = False,
+        cache_reuse: int = 0,
     ) -> None:
         if max_prefill_tokens is not None and max_prefill_tokens < 1:
             raise RunError(
@@ -162,6 +169,8 @@ class Scheduler:
         self.slots = [Slot(i) for i in range(n_parallel)]
         self.cache = prompt_cache
         self.cache_idle_slots = cache_idle_slots and prompt_cache is not None
+        #: the shortest run of cached tokens moved to its place in a new prompt (0: none)
+        self.cache_reuse = cache_reuse
         #: admission held (the engine changes what every new request runs with)
         self.paused = False
         self.waiting: deque[Waiting] = deque()
@@ -374,6 +383,14 @@ class Scheduler:
             with self.lock:
                 self.waiting.remove(entry)
             kv = self.kv
+            size = handle.request.cache_reuse
+            size = self.cache_reuse if size is None else size
+            if not use_donor and size > 0 and not self.encoder:
+                moved = self._reuse_chunks(slot, prompt, own, limit, size)
+                if moved > own:  # the slot's content is the prompt's now: nothing to save
+                    reuse = own = moved
+                    kv.seq_rm(slot.seq, reuse)
+                    del slot.cached[reuse:]
             loaded = donor is not None and use_donor and self._is_entry(donor)
             if loaded:  # the most recently used now: saving the slot's cannot evict it
                 assert donor is not None
@@ -410,6 +427,34 @@ class Scheduler:
                 other.prompt_tokens_reused = len(prompt)
                 self.stats.prompt_tokens_reused += len(prompt)
             self._cache_idle_slots()
+
+    def _reuse_chunks(self, slot: Slot, prompt: list[int], n_past: int, limit: int,
+                      size: int) -> int:  # fmt: skip
+        """llama-server's cache reuse past the common prefix ``n_past``: runs of at least
+        ``size`` of the slot's cached tokens that the prompt has next move there (the
+        cells between let go), as ``slot.cached`` records; returns where the prompt's
+        evaluation starts. A run whose cells another sequence shares (a prompt cache
+        entry, a fork) cannot move for this slot alone: the search ends there."""
+        cached, kv = slot.cached, self.kv
+        head_c = head_p = n_past
+        while head_c < len(cached) and head_p < limit:
+            n = 0
+            while (head_c + n < len(cached) and head_p + n < limit
+                   and cached[head_c + n] == prompt[head_p + n]):  # fmt: skip
+                n += 1
+            if n < size:
+                head_c += 1
+                continue
+            if kv.is_shared(slot.seq, head_c, head_c + n):
+                break
+            log.debug("slot %d: reusing a chunk of %d tokens, shifting the KV cache [%d, %d) "
+                      "-> [%d, %d)", slot.seq, n, head_c, head_c + n, head_p,
+                      head_p + n)  # fmt: skip
+            kv.seq_rm(slot.seq, head_p, head_c)
+            kv.seq_add(slot.seq, head_c, head_c + n, head_p - head_c)
+            cached[head_p : head_p + n] = cached[head_c : head_c + n]
+            head_c, head_p = head_c + n, head_p + n
+        return head_p
 
     def _is_entry(self, record: Slot) -> bool:
         """Whether ``record`` is a prompt cache entry rather than a slot."""

@@ -163,6 +163,7 @@ class NativeCompletion:
             return_progress=b.return_progress and b.stream,
             slot=b.id_slot if b.id_slot >= 0 else None,
             n_keep=b.n_keep,
+            cache_reuse=b.n_cache_reuse,
             **self.sampling,
         )
         return Stream(self._chunks(stream), [Canceller(stream)])

@@ -80,6 +80,9 @@ class NativeCompletionRequest(BaseModel):
     return_progress: StrictBool = False
     samplers: list[str] | str | None = None
     n_keep: StrictInt = Field(0, ge=-1)
+    #: the shortest cached run moved to its place in the prompt (None: the server's
+    #: ``--cache-reuse``; 0: none)
+    n_cache_reuse: StrictInt | None = Field(None, ge=0)
     min_keep: StrictInt = Field(0, ge=0)
     mirostat: StrictInt = 0
     dry_multiplier: StrictFloat = 0.0
