@@ -426,6 +426,7 @@ def test_n_cache_reuse_takes_the_cached_run_after_a_cut(http: TestClient) -> Non
     for reuse, cached in ((0, 11), (8, len(cut) - 1)):
         _complete(http, prompt=old, n_predict=1, id_slot=0)
         got = _complete(http, prompt=cut, n_predict=1, id_slot=0, n_cache_reuse=reuse)
-        assert (got["timings"]["cache_n"], got["timings"]["prompt_n"]) == (cached, len(cut) - cached)
+        timings = got["timings"]
+        assert (timings["cache_n"], timings["prompt_n"]) == (cached, len(cut) - cached)
     r = http.post("/completion", json={"prompt": cut, "n_cache_reuse": -1})
     assert r.status_code == 400 and "n_cache_reuse" in r.text

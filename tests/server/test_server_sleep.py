@@ -103,6 +103,26 @@ def test_metrics_while_asleep_are_the_figures_at_the_sleep(served: _Served) -> N
     assert served.metrics()["llamacpp:tokens_predicted_total"] == 2 * 8
 
 
+def test_an_asleep_servers_scrapes_are_the_text_it_gave_before_whatever_polls_it(
+    served: _Served,
+) -> None:
+    """llama-server's suite compares an asleep server's whole ``/metrics`` text with the
+    last scrape before the sleep: the health checks and props a monitor polls, and the
+    scrapes themselves, count in no metric; the API's requests do."""
+    served.complete()
+    served.http.get("/metrics")  # the first scrape empties the per-scrape buckets
+    awake = served.http.get("/metrics").text
+    for route in ("/health", "/props", "/slots", "/metrics"):
+        assert served.http.get(route).status_code == 200
+    assert served.sleep.sleep()
+    assert served.http.get("/metrics").text == awake
+    assert served.asleep()
+    served.http.get("/v1/models")
+    assert 'tensorplug_http_requests_total{route="/v1/models",status="200"}' in (
+        served.http.get("/metrics").text
+    )
+
+
 def test_a_request_in_flight_keeps_the_model_awake(served: _Served) -> None:
     served.sleep.begin()
     try:

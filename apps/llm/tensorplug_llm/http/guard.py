@@ -23,6 +23,11 @@ from .web_page import ASSETS
 __all__ = ["PUBLIC_ROUTES", "Guard", "given_key"]
 
 PUBLIC_ROUTES = frozenset({"/", "/health", "/v1/health", "/models", "/v1/models", "/api/tags"})
+#: what monitors poll (a health check, a metrics scrape, the props and slots a page
+#: refreshes): answered, and not counted in ``tensorplug_http_requests_total``, whose
+#: figures are the API's use (a scrape would count itself; an asleep server's scrapes
+#: give what it gave when it fell asleep, as llama-server's)
+MONITORING_ROUTES = frozenset({"/health", "/v1/health", "/metrics", "/props", "/slots"})
 
 
 def given_key(headers: Headers) -> str:
@@ -91,8 +96,10 @@ class Guard:
                 raise StarletteHTTPException(413, too_large)
             return message
 
+        monitoring = scope["method"] in ("GET", "HEAD") and path in MONITORING_ROUTES
+
         async def counted(message: Message) -> None:
-            if message["type"] == "http.response.start":
+            if message["type"] == "http.response.start" and not monitoring:
                 self.metrics.http.labels(route, str(message["status"])).inc()
             await send(message)
 
