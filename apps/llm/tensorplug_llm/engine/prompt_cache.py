@@ -35,13 +35,17 @@ class PromptCache:
         #: ``last_used``), so the scheduler ranks them beside idle slots
         self.entries: list[Slot] = []
         self._free_seqs = sorted(seqs, reverse=True)
+        #: the sequence ids entries hold now (none of them a slot's)
+        self._held: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def holds(self, record: Slot) -> bool:
-        """Whether ``record`` is one of this cache's entries (not a slot)."""
-        return any(e is record for e in self.entries)
+        """Whether ``record`` is one of this cache's entries (not a slot): its sequence
+        id is an entry's (asked for every candidate at each admission: a set, not a
+        walk over the entries)."""
+        return record.seq in self._held
 
     def n_tokens(self) -> int:
         """Tokens the entries hold (a cell two entries share counts twice)."""
@@ -70,11 +74,13 @@ class PromptCache:
         entry = Slot(self._free_seqs.pop(), list(tokens), last_used=slot.last_used)
         self.kv.seq_cp(slot.seq, entry.seq)
         self.entries.append(entry)
+        self._held.add(entry.seq)
         return True
 
     def drop(self, entry: Slot) -> None:
         """Forget ``entry``: its cells no other sequence holds are free."""
         self.entries.remove(entry)
+        self._held.discard(entry.seq)
         self.kv.seq_rm(entry.seq)
         entry.cached.clear()
         self._free_seqs.append(entry.seq)

@@ -14,7 +14,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, ValidationError
 
-from ..engine import Engine
 from ..request import RequestError
 from .errors import ApiError
 from .service import Service, ServiceDep
@@ -31,11 +30,6 @@ class LoraScale(BaseModel):
 
     id: StrictInt
     scale: StrictFloat | StrictInt = 0.0
-
-
-def _engine(svc: Service) -> Engine | None:
-    engine = getattr(svc.llm.generator, "engine", None)
-    return engine if isinstance(engine, Engine) else None
 
 
 def _scales(n: int, entries: list[LoraScale], param: str) -> list[float]:
@@ -66,7 +60,7 @@ async def set_adapters(request: Request, svc: ServiceDep) -> dict[str, Any]:
     if not isinstance(body, list):
         raise ApiError(400, 'Request body must be an array of {"id", "scale"}')
     scales = _scales(len(svc.llm.llama.adapters), _entries(body, "body"), "body")
-    engine = _engine(svc)
+    engine = svc.engine
     if engine is None:
         raise ApiError(501, "LoRA scales change on the server's engine only",
                        "not_supported_error")  # fmt: skip

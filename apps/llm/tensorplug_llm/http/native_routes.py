@@ -13,7 +13,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ..api import InvalidRequestError, Stream
-from ..engine import Engine
 from ..openai_schema import CONSTRAINT_PARAMS
 from ..request import RequestError
 from ..tool_spec import ToolSpecError, tool_spec
@@ -225,10 +224,9 @@ async def slots(svc: ServiceDep, fail_on_no_slot: bool = False) -> list[dict[str
 def _busy_slots(svc: Service) -> list[bool]:
     """Whether each slot runs a request: the engine's own slots where the generator has
     an engine, else the first ``running`` of ``n_parallel``."""
-    engine = getattr(svc.llm.generator, "engine", None)
-    engine_slots = getattr(engine, "slots", None)
-    if engine_slots is not None:
-        return [getattr(s, "job", None) is not None for s in engine_slots]
+    engine = svc.engine
+    if engine is not None:
+        return [s.job is not None for s in engine.slots]
     s = svc.llm.stats()
     return [i < s.running for i in range(s.n_parallel)]
 
@@ -247,8 +245,8 @@ async def slot_action(
         )
     if action not in ("save", "restore", "erase"):
         raise ApiError(400, f"Invalid action {action!r}: save, restore or erase", param="action")
-    engine = getattr(svc.llm.generator, "engine", None)
-    if not isinstance(engine, Engine):
+    engine = svc.engine
+    if engine is None:
         raise not_supported("slot actions need the server's engine")
 
     async def run(fn: Callable[[], Any], failed: str) -> Any:

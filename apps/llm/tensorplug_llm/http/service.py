@@ -17,6 +17,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..api import LLM, InvalidRequestError, Stream
+from ..engine import Engine
 from ..request import RequestStopped
 from .config import ServerConfig
 from .errors import ApiError, refused
@@ -42,6 +43,13 @@ class Service:
     @property
     def asleep(self) -> bool:
         return self.sleep is not None and self.sleep.asleep
+
+    @property
+    def engine(self) -> Engine | None:
+        """The server's engine, where the generator has one (None for another
+        generator, which the routes that act on slots and adapters refuse)."""
+        engine = getattr(self.llm.generator, "engine", None)
+        return engine if isinstance(engine, Engine) else None
 
     def admit(self) -> Callable[[], None]:
         """A place in the queue, or 503; returns its release (idempotent)."""
