@@ -72,21 +72,29 @@ def _truncated(v: Any) -> Any:
 
 
 @njit(inline="always")
-def _q4(x: Any, k: int, start: int, row: Any, at: int, offset: bool) -> None:
-    """Q4_0 (``offset`` False: ``d = max/−8``, codes ``min(15, x/d + 8.5)``) or Q4_1
-    (``d = (max − min)/15`` and ``m = min``, codes ``min(15, (x − min)/d + 0.5)``)."""
+def _scales(x: Any, k: int, start: int, row: Any, at: int, offset: bool,
+            top: int) -> tuple[Any, Any, int]:  # fmt: skip
+    """A Q4/Q5 block's scale written at ``row[at]``, ``top`` its largest code: with
+    ``offset`` ``d = (max − min)/top`` and the minimum ``m`` after it, else ``d`` the
+    value of largest magnitude over ``−(top + 1)/2``. Returns ``(m, 1/d, bytes written)``
+    (``1/d`` 0 for a block of zeros)."""
     lo = np.float32(0)
     if offset:
         lo, hi = _range(x, k, start)
-        d = (hi - lo) / np.float32(15)
+        d = (hi - lo) / np.float32(top)
     else:
-        d = _signed_largest(x, k, start) / np.float32(-8)
-    inv = np.float32(1) / d if d != 0 else np.float32(0)
+        d = _signed_largest(x, k, start) / np.float32(-((top + 1) // 2))
     _put_f16(row, at, d)
-    head = 2
     if offset:
         _put_f16(row, at + 2, lo)
-        head = 4
+    return lo, np.float32(1) / d if d != 0 else np.float32(0), 4 if offset else 2
+
+
+@njit(inline="always")
+def _q4(x: Any, k: int, start: int, row: Any, at: int, offset: bool) -> None:
+    """Q4_0 (``offset`` False: ``d = max/−8``, codes ``min(15, x/d + 8.5)``) or Q4_1
+    (``d = (max − min)/15`` and ``m = min``, codes ``min(15, (x − min)/d + 0.5)``)."""
+    lo, inv, head = _scales(x, k, start, row, at, offset, 15)
     add = np.float32(0.5) if offset else np.float32(8.5)
     for j in range(16):
         a = min(15, _truncated((x[k, start + j] - lo) * inv + add))
@@ -99,18 +107,7 @@ def _q5(x: Any, k: int, start: int, row: Any, at: int, offset: bool) -> None:
     """Q5_0 (``d = max/−16``, codes ``min(31, x/d + 16.5)``) or Q5_1 (``d = (max −
     min)/31``, ``m = min``, codes ``(x − min)/d + 0.5``): low nibbles in ``qs``, the
     fifth bits in the 32-bit ``qh``."""
-    lo = np.float32(0)
-    if offset:
-        lo, hi = _range(x, k, start)
-        d = (hi - lo) / np.float32(31)
-    else:
-        d = _signed_largest(x, k, start) / np.float32(-16)
-    inv = np.float32(1) / d if d != 0 else np.float32(0)
-    _put_f16(row, at, d)
-    head = 2
-    if offset:
-        _put_f16(row, at + 2, lo)
-        head = 4
+    lo, inv, head = _scales(x, k, start, row, at, offset, 31)
     qh = np.uint32(0)
     for j in range(16):
         if offset:

@@ -93,30 +93,39 @@ def _online_row(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: Any,
     """One query row (``qs[0]``) over its ``m`` visible cells the ``one_chunk`` way:
     ``acc`` ← the unnormalised output (float32; f16 values where ``half_v``), returns
     the running sum ``S``."""
-    n_dv = acc.shape[0]
-    for d in range(n_dv):
+    for d in range(acc.shape[0]):
         acc[d] = np.float32(0)
     big = np.float32(-np.inf)
     total = np.float32(0)
     for c in range(m):
         s = _dot(keys, table, hk, cols[c], qs, 0, half_k) * sc
-        if cap != 0:
-            s = cap * np.float32(math.tanh(s))
-        s = s + biases[c]
-        ms, vs = np.float32(1), np.float32(1)
-        if s > big:
-            ms = np.float32(math.exp(big - s))
-            big = s
-            for d in range(n_dv):
-                acc[d] = round_to_f16(acc[d] * ms, table) if half_v else acc[d] * ms
-        else:
-            vs = np.float32(math.exp(s - big))
-        col = cols[c]
-        for d in range(n_dv):
-            a = _ir.fmaf(cell_value(values, table, hk, col, d), vs, acc[d])
-            acc[d] = round_to_f16(a, table) if half_v else a
-        total = _ir.fmaf(total, ms, vs)
+        big, total = online_cell(values, table, hk, cols[c], s, cap, biases[c], big, total,
+                                 half_v, acc)  # fmt: skip
     return total
+
+
+@njit(inline="always")
+def online_cell(values: Any, table: Any, hk: int, col: int, s: Any, cap: Any, bias: Any,
+                big: Any, total: Any, half_v: bool, acc: Any) -> tuple[Any, Any]:  # fmt: skip
+    """One visible cell of ``one_chunk`` after its score ``s`` (scaled): soft-capped,
+    masked, then the running maximum ``big``, the output ``acc`` (f16 values where
+    ``half_v``) and the running sum ``total`` moved on by cell ``col``'s V row; returns
+    the new ``(big, total)``."""
+    if cap != 0:
+        s = cap * np.float32(math.tanh(s))
+    s = s + bias
+    ms, vs = np.float32(1), np.float32(1)
+    if s > big:
+        ms = np.float32(math.exp(big - s))
+        big = s
+        for d in range(acc.shape[0]):
+            acc[d] = round_to_f16(acc[d] * ms, table) if half_v else acc[d] * ms
+    else:
+        vs = np.float32(math.exp(s - big))
+    for d in range(acc.shape[0]):
+        a = _ir.fmaf(cell_value(values, table, hk, col, d), vs, acc[d])
+        acc[d] = round_to_f16(a, table) if half_v else a
+    return big, _ir.fmaf(total, ms, vs)
 
 
 def unit_row(a: Any, h: int, j: int) -> Any:

@@ -11,15 +11,15 @@ accumulated in f16, any other V decoded to float32 and accumulated in float32.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 from numba import njit, prange
 
 from . import _numba_ir as _ir
-from ._numba_attention import cell_rows, cell_value, round_to_f16, visible_cells
+from ._numba_attention import cell_rows, visible_cells
 from ._numba_cache import kernel
+from ._numba_flash import online_cell
 from ._numba_ir import f32_from_bits
 from ._numba_quant import _f16, quantize_activations
 
@@ -183,21 +183,8 @@ def flash_attend_blocks(q: Any, xq: Any, xd: Any, xs: Any, k: Any, v: Any, mask:
                 col = cols[c]
                 s = _vec_dot(k[kb, hk, col], xq[row], xd[row], xs[row], kind, n_blocks, table,
                              lanes, codes) * sc  # fmt: skip
-                if cap != 0:
-                    s = cap * np.float32(math.tanh(s))
-                s = s + biases[c]
-                ms, vs = np.float32(1), np.float32(1)
-                if s > big:
-                    ms = np.float32(math.exp(big - s))
-                    big = s
-                    for d in range(n_dv):
-                        acc[d] = round_to_f16(acc[d] * ms, table) if half_v else acc[d] * ms
-                else:
-                    vs = np.float32(math.exp(s - big))
-                for d in range(n_dv):
-                    a = _ir.fmaf(cell_value(values, table, hk, col, d), vs, acc[d])
-                    acc[d] = round_to_f16(a, table) if half_v else a
-                total = _ir.fmaf(total, ms, vs)
+                big, total = online_cell(values, table, hk, col, s, cap, biases[c], big, total,
+                                         half_v, acc)  # fmt: skip
             inv = np.float32(0) if total == 0 else np.float32(1) / total
             for d in range(n_dv):
                 out[b, r, h, d] = acc[d] * inv
