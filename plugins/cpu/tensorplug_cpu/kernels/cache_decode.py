@@ -1,14 +1,10 @@
 """flash_attn_ext's K and V from a quantized KV cache, decoded to float32.
 
-ggml's flash attention reads a quantized cache block by block: each score is K's
-``vec_dot`` of a key row with the query rounded to K's ``vec_dot_type``
-(:mod:`.activations`: Q8_0 for Q8_0, Q4_0, Q5_0 and IQ4_NL keys, Q8_1 for Q4_1 and
-Q5_1), and each value row is decoded to float32 and accumulated in float32. Here a
-step decodes the cells to float32 and rounds the query as ggml rounds it, and the
-kernels for a float32 cache then sum the same terms. Two roundings differ: a score's
-terms are summed as a float32 dot product, not block by block in integers (the last
-bits of a score), and Q8_1's ``s`` (the f16-rounded offset term of Q4_1 and Q5_1 keys)
-is taken at full precision.
+Quantized keys are read in their blocks (:mod:`._numba_flash_blocks`); what is decoded
+here is the rest: a quantized V beside float keys (ggml decodes each value row to
+float32 and accumulates in float32, as the float32 kernels then do), and both K and V
+for numpy's provider, which computes the same function from the decoded rows with the
+query rounded as K's ``vec_dot_type`` rounds it (:func:`.activations.round_rows`).
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import numpy as np
 
 from tensorplug.quants import dequantize_blocks
 
-from .activations import Q8_1, round_rows, vec_dot_type
+from .activations import round_rows
 from .common import BuildContext, Step, padded4
 from .steps import reshape_view
 
@@ -63,14 +59,10 @@ def decoded_cells(ctx: BuildContext, t: Tensor) -> tuple[np.ndarray, Step]:
 
 
 def rounded_query(ctx: BuildContext, q: np.ndarray, k: Tensor) -> tuple[np.ndarray, Step]:
-    """Float32 ``q`` as ggml rounds it for a product with K's type (its ``vec_dot_type``:
-    Q8 codes times their scale, or f16), in a scratch, and the step that rounds it."""
+    """Float32 ``q`` as ggml rounds it for float keys of ``k``'s type (f16, or as it is
+    for F32), in a scratch, and the step that rounds it."""
     out = ctx.scratch(q.shape)
-    if not k.type.is_quantized:
-        return out, partial(round_rows, q, k.type, out)
-    # the offsets' correction of Q8_1 (Q4_1, Q5_1 keys) is computed, and left unused
-    corr = ctx.scratch((*q.shape[:-1], q.shape[-1] // 32)) if vec_dot_type(k.type) == Q8_1 else None
-    return out, ctx.kernels.bind_round_rows(k.type, q, out, corr)
+    return out, partial(round_rows, q, k.type, out)
 
 
 def _numpy_decode(rows: np.ndarray, t: Tensor, out: np.ndarray) -> None:
