@@ -443,9 +443,9 @@ def test_repeated_step_shapes_reuse_their_graphs(llama: ModelRunner) -> None:
     for h in handles:
         h.result()
     # 1 prompt step + 23 decode steps of 4 tokens, over 24 .. 116 cache rows: one graph
-    # for the prompt, one per kv_pad of 32 rows for the decode steps (32, 64, 96, 128)
+    # for the prompt, one per width of the decode steps (kv_pad 32 doubled: 32, 64, 128)
     assert engine.stats.steps == 24
-    assert llama.timings.graphs_built - built == 5
+    assert llama.timings.graphs_built - built == 4
 
 
 def test_requests_that_outgrow_the_cache_the_newest_is_preempted_and_resumes(
@@ -813,6 +813,76 @@ def test_warm_up_builds_the_steps_past_the_first_kv_pad_rows_too(model_file: Pat
         _no_leak(engine)
     finally:
         m.close()
+
+
+def test_a_warm_server_builds_no_graph_whatever_its_load(model_file: Path) -> None:
+    """Ten slots: each new prompt's step beside 0 to 9 decoding requests, while the
+    cells grow past three widths (64, 128, 256 of a ``kv_pad`` of 64). Every step runs on
+    a graph the warm-up built: the widths double (a width per ``kv_pad`` was a graph per
+    shape at 192 too), and a prompt step beside more than 3 decodes computes one output
+    per slot (one shape, where 5 to 8 outputs and 9 to 12 were two)."""
+    m = _tiny(model_file, kv_pad=64, n_ctx=512)
+    try:
+        prompts = [p[:12] + [5] * (12 - len(p[:12])) for p in _prompts(10, seed=21)]
+        want = [_reference(m, p, 16) for p in prompts]
+        engine = Engine(m, n_parallel=10)
+        engine.warm_up()
+        built = m.timings.graphs_built
+        handles = []
+        for p in prompts:  # its prompt beside the decodes of every request before it
+            handles.append(engine.submit(Request(p, max_tokens=16, stop_tokens=NONE)))
+            engine.step()
+            engine.step()
+        assert [h.result() for h in handles] == want
+        assert m.kv.used_max > 256  # the steps read the widest width
+        assert m.timings.graphs_built == built
+        _no_leak(engine)
+    finally:
+        m.close()
+
+
+def test_step_widths_double_from_kv_pad_up_to_the_context(model_file: Path) -> None:
+    m = _tiny(model_file, kv_pad=32, n_ctx=200, warmup=False)
+    try:
+        assert m.kv_widths() == [32, 64, 128, 200]
+        assert [m.kv_width(n) for n in (0, 1, 32, 33, 64, 65, 129, 200)] == [
+            32, 32, 32, 64, 64, 128, 200, 200
+        ]  # fmt: skip
+    finally:
+        m.close()
+
+
+def test_token_steps_at_two_widths_keep_both_graphs_allocated(
+    llama: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One sequence's tokens read 32 cells, another's 64: a one-token step has a
+    scheduler of its own at each width, so going from one to the other allocates
+    nothing (they shared one, and each switch split and allocated a graph again)."""
+    filler, short, long = [1, *range(3, 13)], [1, 5, 6, 7], [1, *range(3, 43)]
+    for seq, tokens in enumerate((long, short, filler)[::-1]):  # cells 0-10, 11-14, 15-55
+        llama.decode(Batch.single(tokens, 0, seq=2 - seq))
+    llama.kv.seq_rm(2)  # the new tokens take cells 0, 1, 2...: the short one's stay low
+    schedulers = set()
+
+    def token(seq: int, pos: int) -> None:
+        llama.decode(Batch.single([9], pos, seq=seq))
+        schedulers.add(id(llama.last_scheduler))
+
+    token(0, len(long))
+    token(1, len(short))
+    assert len(schedulers) == 2  # two widths, two graphs
+    allocated: list[Graph] = []
+    alloc_graph = Scheduler.alloc_graph
+
+    def counted(sched: Scheduler, graph: Graph) -> None:
+        allocated.append(graph)
+        alloc_graph(sched, graph)
+
+    monkeypatch.setattr(Scheduler, "alloc_graph", counted)
+    for k in range(1, 4):
+        token(0, len(long) + k)
+        token(1, len(short) + k)
+    assert allocated == []
 
 
 def test_many_slots_keep_every_step_the_warm_up_prepared(model_file: Path) -> None:

@@ -329,7 +329,7 @@ def test_partial_offload_pins_every_node_and_copy(
         ("CPU", ("rms_norm",)),
     ]
     assert summary.n_copies == 6
-    sched = m.sched_for(1)
+    sched = m.last_scheduler
     step = sched.allocated
     assert step is not None
     where = {t.name: sched.get_tensor_backend(t) for t in step.nodes if t.name}

@@ -79,7 +79,7 @@ def test_a_warm_up_for_the_prompts_length_builds_the_plan_that_prompt_runs_on(
         reserved = m.timings.graphs_built  # the largest steps', which size the buffers
         m.warm_up(7)
         built = m.timings.graphs_built
-        assert built == reserved + 1 and m.timings.load_s > 0 and m.n_past == 0
+        assert built == reserved + 2 and m.timings.load_s > 0 and m.n_past == 0
         first = m.eval(list(range(1, 8)))
         assert m.timings.graphs_built == built  # the warm-up's step graph
         m.eval([1])
@@ -123,7 +123,7 @@ def test_the_prompts_step_is_prepared_not_computed(tmp_path: Path, n_prompt: int
         m._step = counted  # type: ignore[method-assign]
         m.warm_up(len(prompt))
         built = m.timings.graphs_built
-        assert built == reserved + 1  # the prompt's step
+        assert built == reserved + 2  # the prompt's step and the token's
         assert m.n_past == 0 and m.kv.n_used == 0
         assert computed == [1]  # a token's step, never the prompt's
         prepared = kept_plans(cpu)

@@ -19,16 +19,17 @@ def test_a_tensorplug_worker_reports_every_stage_in_order(tmp_path: Path) -> Non
     path = write_tiny_llama(tmp_path / "tiny.gguf", "q8_0", n_embd=64, n_ff=128, n_layer=2,
                             n_head=4, n_head_kv=2, n_vocab=320)  # fmt: skip
     cmd = [sys.executable, str(SCRIPT), "--worker", "tensorplug", "--model", str(path),
-           "--threads", "1", "--prompt", "12", "--gen", "2", "--batch", "8"]  # fmt: skip
+           "--threads", "1", "--prompt", "72", "--gen", "2", "--batch", "96"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     stages = json.loads(done.stdout.strip().splitlines()[-1])
     labels = [label for label, _ in stages]
-    # the worker patches the loader to mark each stage: they all ran, in this order
+    # the worker patches the loader to mark each stage: they all ran, in this order (the
+    # shared scheduler's buffers are reserved for batches of more than 64 tokens only)
     order = ["interpreter", "import numpy", "import numba (llvmlite)", "plugin discovery",
              "GGUF opened (metadata)", "vocabulary", "weights copied (repacked)",
              "weights mapped", "KV cache", "compute buffers reserved",
-             "warm-up (numba cache loads)", "first prompt (12 tokens)",
+             "warm-up (numba cache loads)", "first prompt (72 tokens)",
              "generation (2 tokens)"]  # fmt: skip
     assert [label for label in labels if label in order] == [
         label for label in order for _ in range(labels.count(label))

@@ -3,18 +3,18 @@
 :class:`ModelRunner` loads a model the way llama.cpp does: weights the host CPU computes on
 are the file's own memory map (no copy), weights of other devices are uploaded into
 their buffers, each block's KV cache is allocated (and zeroed) on the block's device.
-Two :class:`~tensorplug.Scheduler` over those devices, with the host CPU backend last,
-run the steps: one the batches of a prompt, one single tokens. Each keeps its last
-graph split and allocated, so going from a prompt to generation and back does not
-split and allocate the other's graph again (for a small model, that Python is a
-visible share of a generation's first token).
+:class:`~tensorplug.Scheduler` over those devices, with the host CPU backend last,
+run the steps: a step graph of up to :data:`OWN_SCHEDULER_ROWS` rows (a token, a
+server's decode step, a short prompt chunk) has a scheduler of its own that keeps it
+split and allocated, so going from a prompt to generation and back, or from one
+context length to the next, does not split and allocate a graph again (for a small
+model, that Python is a visible share of a token); longer prompt steps share one.
 
 A step is a graph of fixed shape — ``n_tokens`` new tokens attending to ``n_kv`` cache
-rows, ``n_kv`` the used context rounded up to ``kv_pad`` — kept in a small cache of
-built graphs. The schedulers' buffers are reserved once, for the largest step of each
-kind, and a graph that is already allocated is computed again with new inputs, so
-decoding token after token costs one set of input writes, one compute and one read of
-the logits.
+rows, ``n_kv`` the used context rounded up to ``kv_pad`` times a power of two
+(:meth:`ModelRunner.kv_width`) — kept in a small cache of built graphs. A graph that is
+already allocated is computed again with new inputs, so decoding token after token
+costs one set of input writes, one compute and one read of the logits.
 
 Several sequences share the one KV cache (llama.cpp's unified cache): ``ModelRunner.kv``
 (:class:`~tensorplug_llm.kv_cells.KVCells`) says which cache rows hold which sequences
@@ -340,15 +340,16 @@ class ModelRunner:
         self._mapped = any(mem.mapped for mem in self.memory.values())
         devices = by_priority([*p.devices(), host_cpu()])
         self.backends: list[Backend] = [d.init_backend() for d in devices]
-        #: runs batches of several tokens (prompts); ``token_sched`` runs single tokens.
-        #: A step graph of 2 to :data:`OWN_SCHEDULER_ROWS` rows runs on a scheduler of its
-        #: own (``_own_scheds``, by ``id(graph)``), which keeps it allocated: a server
-        #: alternates prompt steps of a few padded sizes with decode steps of
-        #: 2..``-np`` sequences, at a few ``n_kv``, and allocating a graph again at each
-        #: switch would cost several small-model tokens' time (more on a busy machine),
-        #: most of it the scheduler's split, a few times for every request.
+        #: runs the prompt steps of more than :data:`OWN_SCHEDULER_ROWS` rows. A step graph
+        #: of up to that many rows runs on a scheduler of its own (``_own_scheds``, by
+        #: ``id(graph)``), which keeps it allocated: a server alternates prompt steps of a
+        #: few padded sizes with decode steps of 1..``-np`` sequences, at a few ``n_kv``,
+        #: and allocating a graph again at each switch would cost several small-model
+        #: tokens' time (more on a busy machine), most of it the scheduler's split, a few
+        #: times for every request.
         self.sched = Scheduler(self.backends)
-        self.token_sched = Scheduler(self.backends)
+        #: the scheduler of the step computed last, its graph split and allocated there
+        self.last_scheduler = self.sched
         self._own_scheds: dict[int, Scheduler] = {}
         self._graphs: OrderedDict[tuple[int, int, int, bool], StepGraph] = OrderedDict()
         self._keep_graphs = GRAPH_CACHE  # how many of them (keep_graphs)
@@ -360,8 +361,7 @@ class ModelRunner:
         #: the splits of the prompt and generation graphs the schedulers hold, as they
         #: made them (the warm-up's, until a step of another shape)
         self.split_summaries: dict[str, SplitSummary] = {}
-        self.token_sched.reserve(self._graph(1, self.n_ctx, 1).graph)
-        if self.n_batch > 1:
+        if self.n_batch > OWN_SCHEDULER_ROWS:
             self.sched.reserve(self._graph(self.n_batch, self.n_ctx, self.n_batch).graph)
         #: picks the thread count of generation steps while no count is fixed
         self.governor: ThreadGovernor | None = None
@@ -373,6 +373,7 @@ class ModelRunner:
             self.set_n_threads(n_threads)
         self.batch_invariant = False
         self.set_batch_invariant(batch_invariant)
+        self._most_outputs: int | None = None  # set_step_outputs
         governed = n_threads is None and bool(self._thread_setters) and available_cores() > 1
         if governed:
             self.governor = ThreadGovernor(self._apply_threads, available_cores())
@@ -389,6 +390,19 @@ class ModelRunner:
             raise RunError(f"n_threads must be an integer >= 1, got {n_threads!r}")
         self.governor = None
         self._apply_threads(n_threads)
+
+    def set_step_outputs(self, most: int | None) -> None:
+        """The output rows of a padded step with more than :data:`PADDED_OUTPUTS`
+        outputs: ``most`` (rounded up by :meth:`step_rows`, at most the step's rows)
+        where it has at most ``most``, else its own count rounded up; None: always its
+        own count rounded up. A server whose steps carry one output per slot gives its
+        slot count: a prompt step then has two shapes (beside a few decodes, beside
+        many), where each count of decodes beside it would be one more graph to build,
+        on the request that first meets it."""
+        if most is not None and (not isinstance(most, int) or isinstance(most, bool)
+                                 or most < 1):  # fmt: skip
+            raise RunError(f"set_step_outputs: most must be an int >= 1 or None, got {most!r}")
+        self._most_outputs = most
 
     def set_batch_invariant(self, invariant: bool) -> None:
         """Sum each row as if it were alone (True: a sequence's numbers never depend on
@@ -709,7 +723,7 @@ class ModelRunner:
     def _graph(
         self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False
     ) -> StepGraph:
-        """The step graph of this shape, built once (with a scheduler of its own for 2
+        """The step graph of this shape, built once (with a scheduler of its own for up
         to :data:`OWN_SCHEDULER_ROWS` rows)."""
         key = (n_tokens, n_kv, n_outputs, embeddings)
         sg = self._graphs.get(key)
@@ -721,11 +735,11 @@ class ModelRunner:
                 else:
                     sg = build_step(cfg, w, cache, n_tokens, n_kv, n_outputs, embeddings)
             self._graphs[key] = sg
-            if 1 < n_tokens <= OWN_SCHEDULER_ROWS:
+            if n_tokens <= OWN_SCHEDULER_ROWS:
                 self._own_scheds[id(sg.graph)] = Scheduler(self.backends)
             self.timings.graphs_built += 1
             if len(self._graphs) > self._keep_graphs:
-                held = {id(self.sched.allocated), id(self.token_sched.allocated)}
+                held = {id(self.sched.allocated)}
                 old = next(k for k, g in self._graphs.items() if id(g.graph) not in held)
                 gone = self._graphs.pop(old)
                 if (own := self._own_scheds.pop(id(gone.graph), None)) is not None:
@@ -781,6 +795,7 @@ class ModelRunner:
             out_rows = np.resize(out_rows, self._outputs(out_rows.size, padded, pad))
         is_prompt = T > 1 if prompt is None else prompt  # by size: llama.cpp's rule (see eval)
         sg, sched = self._allocated(padded, n_kv, out_rows.size, embeddings)
+        self.last_scheduler = sched
         # an encoder's tokens all see each other: as if each were at the step's last position
         seen_from = batch.pos if self.config.causal else np.full_like(batch.pos, batch.pos.max())
         write = self._io.write
@@ -877,13 +892,41 @@ class ModelRunner:
         cells = self.kv.find_slot(padded)
         held = self.kv.used_max if seqs is None else self.kv.extent(seqs)
         rows_max = max(held, int(cells[-1]) + 1)  # cells come ascending
-        return padded, cells, min(self.n_ctx, -(-rows_max // self.kv_pad) * self.kv_pad)
+        return padded, cells, self.kv_width(rows_max)
+
+    def kv_width(self, rows: int) -> int:
+        """The ``n_kv`` of a step that reads the first ``rows`` cache rows: ``kv_pad``
+        times the smallest power of two that holds them, at most ``n_ctx``.
+
+        Each width is a graph of its own for every step shape, and a new graph costs a
+        build, an allocation and a plan (tens of milliseconds of Python for a small
+        model: a server's stream stalls that long on it). Widths that double keep them
+        to a handful however long the context grows (4 for 2048 cells of 256), where
+        steps of ``kv_pad`` would be 8, or 128 for 32768 cells. What a wider step costs
+        is its mask, whose hidden columns the CPU's attention never reads (it stops at
+        the last column a row sees), so its numbers are the same at any width; a
+        backend whose attention reads every column reads at most twice the columns it
+        needs."""
+        level = max(1, -(-rows // self.kv_pad))
+        return min(self.n_ctx, self.kv_pad << (level - 1).bit_length())
+
+    def kv_widths(self) -> list[int]:
+        """Every ``n_kv`` a step can have (:meth:`kv_width`), narrowest first."""
+        widths = [min(self.n_ctx, self.kv_pad)]
+        while widths[-1] < self.n_ctx:
+            widths.append(self.kv_width(widths[-1] + 1))
+        return widths
 
     def _outputs(self, n_outputs: int, padded: int, pad: bool) -> int:
         """The output rows of a step of ``padded`` rows reading ``n_outputs`` tokens'
         logits: padded, rounded up too (at least 4: a prompt's last token beside 0-3
-        decoding ones is one shape)."""
-        return min(self.step_rows(max(n_outputs, PADDED_OUTPUTS)), padded) if pad else n_outputs
+        decoding ones is one shape; more, :meth:`set_step_outputs`)."""
+        if not pad:
+            return n_outputs
+        most = self._most_outputs
+        if n_outputs > PADDED_OUTPUTS and most is not None and n_outputs <= most:
+            n_outputs = most
+        return min(self.step_rows(max(n_outputs, PADDED_OUTPUTS)), padded)
 
     def _allocated(
         self, n_tokens: int, n_kv: int, n_outputs: int, embeddings: bool = False
@@ -1003,13 +1046,13 @@ class ModelRunner:
     # -- reporting ------------------------------------------------------------------------------
 
     def sched_for(self, n_tokens: int) -> Scheduler:
-        """The shared scheduler that runs steps of ``n_tokens`` tokens (a graph of 2 to
+        """The shared scheduler that runs steps of ``n_tokens`` tokens (a graph of up to
         :data:`OWN_SCHEDULER_ROWS` rows has its own, in ``_own_scheds``)."""
-        return self.token_sched if n_tokens == 1 else self.sched
+        return self.sched
 
     @property
     def _scheds(self) -> list[Scheduler]:
-        return [self.sched, self.token_sched, *self._own_scheds.values()]
+        return [self.sched, *self._own_scheds.values()]
 
     def _summarize(self, sg: StepGraph, sched: Scheduler) -> SplitSummary:
         splits = tuple(

@@ -156,6 +156,9 @@ class Engine:
         # a request's numbers depend on neither the requests decoded beside it nor the
         # prefix it found cached (ModelRunner.set_batch_invariant)
         llama.set_batch_invariant(True)
+        # a step has at most one output per slot: prompt steps beside a few decodes or
+        # many are two shapes, not one per count (ModelRunner.set_step_outputs)
+        llama.set_step_outputs(n_parallel)
         self.n_parallel = n_parallel
         self.n_batch = n_batch or llama.n_batch
         self.similarity = similarity
@@ -293,7 +296,7 @@ class Engine:
                 return
             llama = self.llama
             # a prompt cache fills the cache: steps of every context length come back
-            levels = -(-llama.n_ctx // llama.kv_pad) + 1 if self.scheduler.cache else 0
+            levels = len(llama.kv_widths()) + 1 if self.scheduler.cache else 0
             self.executor.warm_up(self.n_parallel, self.n_batch, levels)
 
     # -- a slot's state in a file ------------------------------------------------------------------

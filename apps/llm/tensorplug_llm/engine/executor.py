@@ -17,6 +17,7 @@ import numpy as np
 
 from ..batch import Batch, BatchBuilder
 from ..kv_cells import MAX_SEQUENCES
+from ..runner import PADDED_OUTPUTS
 from .scheduler import Chunk, StepPlan
 
 if TYPE_CHECKING:
@@ -29,10 +30,13 @@ __all__ = ["WARM_UP_LEVELS", "WARM_UP_ROWS", "StepExecutor", "StepOutput"]
 #: tokens, once a shared prefix is reused, are fewer; longer prompts pay for their graph
 #: once, and computing a larger step costs more than building its graph.
 WARM_UP_ROWS = 64
-#: How many context lengths (``n_kv``, in steps of the model's ``kv_pad``) the warm-up
-#: builds its steps at: the graph cache (``runner.GRAPH_CACHE``) and the CPU's plan cache
-#: hold two levels of a 4-slot server's steps.
-WARM_UP_LEVELS = 2
+#: How many context widths (``n_kv``: :meth:`ModelRunner.kv_width
+#: <tensorplug_llm.runner.ModelRunner.kv_width>`, the model's ``kv_pad`` doubled) the
+#: warm-up builds its steps at: four reach 2048 cells of 256. A server's slots spread
+#: their cells (and its prompt cache fills the cache) well before its requests are
+#: long, so its steps soon read the widest widths; a width left out costs each step
+#: shape a graph build on the first request that reaches it.
+WARM_UP_LEVELS = 4
 
 
 @dataclass
@@ -89,18 +93,19 @@ class StepExecutor:
     # -- warm-up ------------------------------------------------------------------------------
 
     def warm_up(self, n_parallel: int, n_batch: int, levels_kept: int = WARM_UP_LEVELS + 1) -> None:
-        """Build the graphs, allocations and CPU plans of the steps a server runs first —
+        """Build the graphs, allocations and CPU plans of the steps a server runs —
         a prompt step of every padded size (:meth:`ModelRunner.step_rows`) from 2 rows up
-        to :data:`WARM_UP_ROWS` and a decode step of 1 .. ``n_parallel`` requests — at
-        the first :data:`WARM_UP_LEVELS` context lengths a step reads (``n_kv``: the used
-        cells rounded up to ``kv_pad``), by preparing them (:meth:`ModelRunner.prepare`)
+        to :data:`WARM_UP_ROWS`, beside a few decodes and beside many
+        (:meth:`ModelRunner.set_step_outputs`), and a decode step of 1 .. ``n_parallel``
+        requests — at
+        the first :data:`WARM_UP_LEVELS` widths a step reads (``n_kv``,
+        :meth:`ModelRunner.kv_widths`), by preparing them (:meth:`ModelRunner.prepare`)
         in an empty cache, which it leaves empty. Each new step shape otherwise costs
-        its first request a graph build, most of a short prompt's time to first token;
-        and a server with a few slots of chat-sized requests soon holds more than
-        ``kv_pad`` cells, where every shape is built again. ``levels_kept``: the context
-        lengths whose steps stay built once a request has built them (a prompt cache
-        spreads the slots' cells over the whole cache). Nothing for an encoder (it has
-        no logits to decode; its embedding steps are not padded)."""
+        the request that meets it a graph build: most of a short prompt's time to first
+        token, and a stall of every running stream. ``levels_kept``: the widths whose
+        steps stay built once a request has built them (a prompt cache spreads the
+        slots' cells over the whole cache). Nothing for an encoder (it has no logits to
+        decode; its embedding steps are not padded)."""
         llama = self.llama
         if llama.config.arch.encoder:
             return
@@ -110,26 +115,29 @@ class StepExecutor:
         decodes = min(n_parallel, n_batch)
         # every shape prepared stays built, and the steps of a later context length
         # beside them (many slots' shapes outnumber what a runner keeps by default)
-        llama.keep_graphs(max(levels_kept, WARM_UP_LEVELS + 1) * (len(sizes) + decodes))
+        llama.keep_graphs(max(levels_kept, WARM_UP_LEVELS + 1) * (2 * len(sizes) + decodes))
         try:
-            for level in range(WARM_UP_LEVELS):
-                if level and not self._reach_level(level, n_parallel):
+            widths = llama.kv_widths()[:WARM_UP_LEVELS]
+            for level in range(len(widths)):
+                if level and not self._reach_width(widths[level - 1], n_parallel):
                     break
                 for n in sizes:
-                    llama.prepare(n, pad=True)
+                    llama.prepare(n, pad=True)  # beside up to 3 decodes
+                    if n > PADDED_OUTPUTS and n_parallel > PADDED_OUTPUTS:  # beside more
+                        llama.prepare(n, n_outputs=min(n, n_parallel), pad=True)
                 for n in range(1, decodes + 1):
                     llama.prepare(n, n_outputs=n)
         finally:
             llama.kv.clear()
 
-    def _reach_level(self, level: int, n_parallel: int) -> bool:
-        """Make steps read ``level + 1`` times ``kv_pad`` cells: a placeholder sequence
-        (no slot's) takes the first cell past ``level`` times ``kv_pad``, without
-        computing anything there (no token attends to it). False when the context is
-        not that long or every sequence id is a slot's."""
-        llama, kv = self.llama, self.llama.kv
-        cell = level * llama.kv_pad
-        if cell >= kv.n_ctx or n_parallel >= MAX_SEQUENCES:
+    def _reach_width(self, narrower: int, n_parallel: int) -> bool:
+        """Make steps read the width after ``narrower`` cells: a placeholder sequence
+        (no slot's) takes the first cell past them, without computing anything there
+        (no token attends to it). False when the context is not that long or every
+        sequence id is a slot's."""
+        kv = self.llama.kv
+        if narrower >= kv.n_ctx or n_parallel >= MAX_SEQUENCES:
             return False
-        kv.assign(np.array([cell]), np.array([0]), [(n_parallel,)])
+        kv.seq_rm(n_parallel, 0, -1)  # one placeholder cell, the last width's gone
+        kv.assign(np.array([narrower]), np.array([0]), [(n_parallel,)])
         return True
