@@ -135,6 +135,43 @@ def test_the_prompts_step_is_prepared_not_computed(tmp_path: Path, n_prompt: int
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("n_prompt", [7, 30])
+def test_a_prepared_steps_first_compute_does_what_its_next_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n_prompt: int
+) -> None:
+    """``prepare`` settles the plan's calls (``jit_steps.settle``): its first compute
+    looks up no kernel code by its arguments' types that later computes do not, where
+    each call's first run keyed its arguments twice (a server's first request of each
+    step shape paid several milliseconds for it)."""
+    from tensorplug_cpu.kernels import kernel_refs
+    from tensorplug_llm.runner import ModelRunner
+
+    keyed: list[int] = []
+    arg_key = kernel_refs.arg_key
+
+    def counted(args: Any) -> Any:
+        keyed.append(1)
+        return arg_key(args)
+
+    m = ModelRunner(write_tiny_llama(tmp_path / "m.gguf", "q4_0"), n_ctx=64, n_batch=32,
+              n_threads=1, warmup=False)  # fmt: skip
+    try:
+        prompt = list(range(1, n_prompt + 1))
+        m.eval(prompt[:-1])  # another step shape: every kernel called once, loaded
+        m.reset()
+        m.prepare(n_prompt)
+        monkeypatch.setattr(kernel_refs, "arg_key", counted)
+        runs = []
+        for _ in range(2):
+            keyed.clear()
+            m.eval(prompt)
+            m.reset()
+            runs.append(len(keyed))
+        assert runs[0] == runs[1], runs
+    finally:
+        m.close()
+
+
 def test_prepare_refuses_a_step_no_batch_could_be(tmp_path: Path) -> None:
     from tensorplug.errors import RunError
     from tensorplug_llm.runner import ModelRunner

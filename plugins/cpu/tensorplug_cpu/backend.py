@@ -44,6 +44,7 @@ from tensorplug.opcodes import VIEW_OPS
 from tensorplug.tensor import placement_epoch
 
 from .kernels import BuildContext, Step, build_step, supports
+from .kernels.jit_steps import settle
 from .kernels.matmul import build_sibling_products
 from .kernels.numpy_kernels import NUMPY_KERNELS
 from .kernels.program import Program, programs, rows_regions
@@ -341,6 +342,9 @@ class CpuBackend(Backend):
             self.jit.load_expected(plan.first_calls)
             plan.first_calls = []
             self.jit.settle()
+        if self.jit is not None:  # their calls go straight to the code: a first compute
+            for step in plan.steps:  # as fast as the next
+                settle(step, self.jit.called)
 
     def _plan_for(self, graph: Graph) -> CpuGraphPlan:
         """The kept plan of ``graph``'s shape, bound now if none is kept."""

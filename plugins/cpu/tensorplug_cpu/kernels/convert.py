@@ -9,7 +9,7 @@ encoded row by row with :func:`tensorplug.quants.quantize`, byte-identical to GG
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from tensorplug.quants import dequantize_blocks, quantize
 from tensorplug.types import Type
 
 from .common import BuildContext, Step, from_f32, reshape_view, to_f32
+from .jit_steps import settle
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
@@ -211,6 +212,9 @@ class SetRowsStep:
         compiled.expect(compiled.set_rows, table, values, idx)
         self._set_rows = compiled.bound(compiled.set_rows, table, values, idx)
 
+    def settle(self, called: Collection[str]) -> None:
+        settle(self._set_rows, called)
+
     def __call__(self) -> None:
         bad = int(self._set_rows())
         if bad >= 0:
@@ -227,6 +231,9 @@ class BlockRowsStep:
                  values: np.ndarray, idx: np.ndarray) -> None:  # fmt: skip
         self.node, self.table, self.idx = node, table, idx
         self._write = compiled.bind_set_rows_blocks(table, values, idx, int(node.type))
+
+    def settle(self, called: Collection[str]) -> None:
+        settle(self._write, called)
 
     def __call__(self) -> None:
         bad = int(self._write())

@@ -108,7 +108,7 @@ class KernelCalls(Binding):
             else:
                 many()
 
-        return ProductStep(run, pooled)
+        return ProductStep(run, pooled, (serial, parallel))
 
     def serial_ready(self, serial: Any, parallel: str) -> bool:
         """Whether one thread runs the one-thread kernel ``serial`` now, rather than the
@@ -148,7 +148,7 @@ class KernelCalls(Binding):
             else:
                 many()
 
-        return ProductStep(run, pooled)
+        return ProductStep(run, pooled, (*one_by_one, together))
 
     def will_call(self, call: Callable[[], None]) -> None:
         """A step of the plan being bound calls ``call`` at this thread count (a partial

@@ -8,7 +8,7 @@ bound, and keeps the arrays the compiled code reads by address alive as long as 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import Any, Protocol
 
@@ -18,7 +18,25 @@ from .job_calls import JobCall
 from .steps import Step
 
 __all__ = ["JobStep", "KernelCall", "PooledJob", "ProductStep", "RowsCall", "RowsRegion",
-           "StepRunner"]  # fmt: skip
+           "StepRunner", "settle"]  # fmt: skip
+
+
+def settle(step: Any, called: Collection[str]) -> None:
+    """Make ``step``'s calls go straight to their code now, as its first compute would
+    (:meth:`KernelCall.settle`), for the kernels in ``called`` (loaded: a prepared plan's
+    kernels are). A plan that ``graph_prepare`` settled runs its first compute as fast as
+    its later ones: a server prepares every step shape before it serves, and a shape's
+    first compute otherwise keyed each of its calls by type twice (several milliseconds
+    on the request that first met it). Steps that resolve nothing are left as they are."""
+    own = getattr(step, "settle", None)
+    if own is not None:
+        own(called)
+
+
+def _direct(kernel: Any, arguments: Sequence[Any]) -> Any:
+    """What calls with ``arguments``'s types, and only those, call: the kept code for
+    them (:meth:`.kernel_refs.KernelRef.for_types`), or ``kernel`` itself."""
+    return kernel.for_types(*arguments) if hasattr(kernel, "for_types") else kernel
 
 
 class StepRunner(Protocol):
@@ -70,8 +88,15 @@ class KernelCall(partial[Any]):
             return run(*self._arguments)
         result = self.func(*self.args)
         kernel = self.args[1]
-        self._run = kernel.for_types(*self._arguments) if hasattr(kernel, "for_types") else kernel
+        self._run = _direct(kernel, self._arguments)
         return result
+
+    def settle(self, called: Collection[str]) -> None:
+        """What later calls call, resolved now where the kernel was called (or made
+        ready) already: the first call would then go straight there too."""
+        what, kernel = self.args[0], self.args[1]
+        if self._run is None and what in called:
+            self._run = _direct(kernel, self._arguments)
 
 
 class RowsCall(partial[Any]):
@@ -100,9 +125,17 @@ class RowsCall(partial[Any]):
             return call[0](*call[1])
         what, kernel, arguments = self._resolve(*self.args)
         result = self._first(what, kernel, *arguments)
-        direct = kernel.for_types(*arguments) if hasattr(kernel, "for_types") else kernel
+        direct = _direct(kernel, arguments)
         self._call = (direct, tuple(arguments))
         return result
+
+    def settle(self, called: Collection[str]) -> None:
+        """As :meth:`KernelCall.settle`."""
+        if self._call is None:
+            what, kernel, arguments = self._resolve(*self.args)
+            if what in called:
+                direct = _direct(kernel, arguments)
+                self._call = (direct, tuple(arguments))
 
 
 class PooledJob:
@@ -136,11 +169,19 @@ class ProductStep:
     :meth:`.jit_calls.KernelCalls.one_by_one_or_together`): ``run``, which picks its kernel at each
     call; a program's job (:mod:`.program`) where it has one on the helpers."""
 
-    def __init__(self, run: Callable[[], None], pooled: Callable[[], None] | None) -> None:
-        self._run, self._pooled = run, pooled
+    def __init__(
+        self, run: Callable[[], None], pooled: Callable[[], None] | None,
+        calls: Sequence[Callable[[], None]] = (),
+    ) -> None:  # fmt: skip
+        self._run, self._pooled, self._calls = run, pooled, tuple(calls)
 
     def __call__(self) -> None:
         self._run()
+
+    def settle(self, called: Collection[str]) -> None:
+        """Its kernels' calls (``calls``: those ``run`` picks from), settled."""
+        for call in self._calls:
+            settle(call, called)
 
     def job_call(self) -> JobCall | None:
         return self._pooled.job_call() if isinstance(self._pooled, PooledJob) else None
@@ -163,6 +204,9 @@ class RowsRegion:
             self._step()
         else:
             self._jit.run_region(self._fn, self._at, self._chunks)
+
+    def settle(self, called: Collection[str]) -> None:
+        settle(self._step, called)
 
 
 class JobStep:

@@ -8,7 +8,7 @@ compiled kernels and the job programs all build on it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 
@@ -80,6 +80,13 @@ class StepSequence:
     def __call__(self) -> None:
         for s in self.steps:
             s()
+
+    def settle(self, called: Collection[str]) -> None:
+        """Each of its steps' ``settle`` (:func:`.jit_steps.settle`), where it has one."""
+        for s in self.steps:
+            own = getattr(s, "settle", None)
+            if own is not None:
+                own(called)
 
 
 def sequence(*steps: Step | None) -> Step:
