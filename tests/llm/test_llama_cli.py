@@ -184,8 +184,8 @@ from tensorplug.cli import main
 from tensorplug_llm import run_cli
 
 counts = []
-freeze = run_cli._freeze_long_lived
-run_cli._freeze_long_lived = lambda: (freeze(), counts.append(gc.get_freeze_count()))
+freeze = run_cli.freeze_long_lived
+run_cli.freeze_long_lived = lambda: (freeze(), counts.append(gc.get_freeze_count()))
 assert main(["run", sys.argv[1], "-n", "2", "--device", "CPU"]) == 0
 assert counts == [] and gc.get_freeze_count() == 0, "a caller's main([...]) froze its objects"
 sys.argv = ["tensorplug", "run", sys.argv[1], "-n", "2", "--device", "CPU"]
@@ -207,6 +207,47 @@ def test_the_command_freezes_its_long_lived_objects_a_caller_keeps_its_own(model
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
+
+
+_SERVE_FREEZE_PROBE = """
+import gc, os, sys
+import uvicorn
+from tensorplug.cli import main
+from tensorplug_llm import run_cli
+
+counts = []
+freeze = run_cli.freeze_long_lived
+
+def recorded():
+    freeze()
+    counts.append(gc.get_freeze_count())
+    if len(counts) == 3:  # the server would listen now
+        print("frozen", *counts, flush=True)
+        os._exit(0)
+
+run_cli.freeze_long_lived = recorded
+uvicorn.Server.run = lambda self, sockets=None: None  # nothing served: main() returns
+sys.argv = ["tensorplug", "serve", sys.argv[1], "--device", "CPU", "-np", "4", "-c", "512",
+            "--port", "0"]
+main()
+print("served without a freeze after its warm-up", counts, flush=True)
+os._exit(1)
+"""
+
+
+def test_serve_freezes_the_graphs_its_warm_up_built(model: Path) -> None:
+    """`tensorplug serve` builds every step shape it serves before it listens: hundreds
+    of thousands of objects, which its first full collection walked while every stream
+    waited (~0.5 s with 16 slots on SmolLM2). It freezes them as `run` freezes the
+    model, once more, after the warm-up."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SERVE_FREEZE_PROBE, str(model)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    imports, loaded, warm = map(int, done.stdout.split("frozen")[1].split())
+    assert imports < loaded < warm - 10_000, (imports, loaded, warm)
 
 
 @pytest.mark.parametrize(

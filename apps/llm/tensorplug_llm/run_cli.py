@@ -42,6 +42,7 @@ __all__ = [
     "add_arguments",
     "check_usage",
     "demo_model",
+    "freeze_long_lived",
     "load_model",
     "main",
     "resolve_seed",
@@ -550,7 +551,7 @@ def _load(
     from tensorplug.progress import Progress
 
     if getattr(args, "own_process", False):
-        _freeze_long_lived()  # the imports' objects, before loading makes more
+        freeze_long_lived()  # the imports' objects, before loading makes more
     with Progress(f"loading {f.path.name}", total=0) as progress:
         model = ModelRunner(
             f,
@@ -582,11 +583,11 @@ def _load(
         if (why := lock_memory()) is not None:  # llama.cpp warns and runs on
             print(f"warning: {why}", file=sys.stderr)
     if getattr(args, "own_process", False):
-        _freeze_long_lived()
+        freeze_long_lived()
     return model
 
 
-def _freeze_long_lived() -> None:
+def freeze_long_lived() -> None:
     """Move every object alive now out of the cyclic collector's generations.
 
     The modules, numba's compiler and the model are over a hundred thousand tracked
@@ -603,7 +604,10 @@ def _freeze_long_lived() -> None:
 
     Called twice: once the imports are done, before the model loads (the collections
     that loading and the warm-up set off then walk only what they made, a noticeable
-    share of a small model's launch), and once it is loaded."""
+    share of a small model's launch), and once it is loaded; ``serve`` once more, after
+    its warm-up has built the step graphs of every shape it serves (hundreds of
+    thousands of objects more: a full collection walking them stalls every stream for
+    a few hundred milliseconds)."""
     gc.collect(1)
     gc.freeze()
 

@@ -212,7 +212,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .builtin_templates import legacy_template
     from .engine import Engine
     from .generation import EngineGenerator
-    from .run_cli import installed_model, load_model
+    from .run_cli import freeze_long_lived, installed_model, load_model
 
     if args.max_queue < 0 or args.timeout <= 0:
         raise RunError("--max-queue must be >= 0 and --timeout > 0")
@@ -313,6 +313,8 @@ def _serve(args: argparse.Namespace) -> int:
                 for line in refused:  # served all the same: a client's would be too
                     print(f"warm-up: {line}", file=sys.stderr)
             engine, llm, app, sleep = serving(True)  # afresh: no count or cache of the warm-up
+            if getattr(args, "own_process", False):
+                freeze_long_lived()  # the warm-up's graphs and plans, never walked again
             try:
                 listening.ready(app)
                 if sleep is not None:
