@@ -211,6 +211,27 @@ def test_cells_out_of_position_order_change_nothing(
     np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
 
 
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_a_step_wider_than_its_cells_gives_the_same_bits(
+    files: dict[str, Path], opened: list[ModelRunner], flash_attn: bool
+) -> None:
+    """A step's width (``n_kv``) only rounds up the cells it reads: at a width of 256
+    for 30 cells the logits equal those at 32, bit for bit (the CPU's attention stops
+    at the last column a row sees, and its walk of the position order stops before
+    the cells no row sees), with the cells out of position order too."""
+    steps = [300, 301, 302, 303, 304]
+    runs = []
+    for kv_pad in (16, 256):
+        m = _llama(opened, files["q8_0"], kv_pad=kv_pad, n_ctx=256, flash_attn=flash_attn,
+                   batch_invariant=True)  # fmt: skip
+        m.decode(Batch.single(list(range(10, 20)), 0, seq=1))
+        got = [m.decode(Batch.single(A, 0))]
+        m.kv.seq_rm(1)
+        got += [m.decode(Batch.single([t], len(A) + i)) for i, t in enumerate(steps)]
+        runs.append(np.concatenate(got))
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
 def test_padded_steps_give_the_real_rows_of_unpadded_ones(
     files: dict[str, Path], opened: list[ModelRunner]
 ) -> None:

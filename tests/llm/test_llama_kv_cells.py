@@ -228,3 +228,15 @@ def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int
         for n in (1, 3):  # the lowest free cells, whatever the hint says
             if free.size >= n:
                 assert kv.find_slot(n).tolist() == free[:n].tolist(), seed
+
+
+def test_position_order_puts_the_cells_past_a_steps_sequences_last() -> None:
+    """Cells by position (free ones first, ties in cell order); with ``end``, the cells
+    from ``end`` on, which the step's tokens cannot see, after all of them in cell
+    order, so a walk of the order stops before them."""
+    kv = KVCells(10)
+    kv.assign(np.array([0, 1, 2, 5, 6, 8]), np.array([3, 0, 1, 2, 0, 1]),
+              [(0,), (1,), (1,), (0,), (2,), (2,)])  # fmt: skip
+    assert kv.position_order(10).tolist() == [3, 4, 7, 9, 1, 6, 2, 8, 5, 0]
+    assert kv.position_order(10, end=6).tolist() == [3, 4, 1, 2, 5, 0, 6, 7, 8, 9]
+    assert kv.position_order(8, end=8).tolist() == kv.position_order(8).tolist()

@@ -327,12 +327,19 @@ class KVCells:
 
     # -- attention ---------------------------------------------------------------------------
 
-    def position_order(self, n_kv: int) -> np.ndarray:
+    def position_order(self, n_kv: int, end: int | None = None) -> np.ndarray:
         """Cells ``[0, n_kv)`` sorted by position (I32; free cells first, ties in cell
-        order): the order attention sums a token's visible cells in. A token sees at
+        order), the cells from ``end`` on (which no token of the step sees) last, in
+        cell order: the order attention sums a token's visible cells in. A token sees at
         most one cell per position, so its cells come in position order however the
-        cache is fragmented, and one sequence in cells ``0…n`` keeps cache order."""
-        return np.argsort(self.pos[:n_kv], kind="stable").astype(np.int32)
+        cache is fragmented, and one sequence in cells ``0…n`` keeps cache order. With
+        the hidden cells last, attention's walk of the order stops before them (the
+        CPU's flash attention does): a step wider than its sequences costs no more."""
+        pos = self.pos[:n_kv]
+        if end is not None and end < n_kv:
+            pos = pos.copy()
+            pos[end:] = np.iinfo(pos.dtype).max
+        return np.argsort(pos, kind="stable").astype(np.int32)
 
     def mask(
         self, pos: np.ndarray, seq_ids: Sequence[Sequence[int]], n_kv: int, window: int = 0

@@ -787,7 +787,8 @@ class ModelRunner:
         start = time.perf_counter()
         T = len(batch)
         pad = pad and self.config.causal and not embeddings
-        padded, cells, n_kv = self._shape(T, pad, {s for ids in batch.seq_ids for s in ids})
+        seqs = {s for ids in batch.seq_ids for s in ids}
+        padded, cells, n_kv = self._shape(T, pad, seqs)
         self.kv.assign(cells[:T], batch.pos, batch.seq_ids)
         flagged = np.flatnonzero(batch.logits)
         out_rows = flagged if flagged.size else np.array([T - 1])
@@ -808,7 +809,9 @@ class ModelRunner:
             mask = self.kv.mask(batch.pos, batch.seq_ids, n_kv, self.config.n_swa)
             write(sg.mask_swa, _padded_mask(mask, cells[T:]))
         if sg.kv_order is not None:
-            write(sg.kv_order, self.kv.position_order(n_kv))
+            # the cells past the step's own sequences last: a row's walk stops before them
+            end = max(self.kv.extent(seqs), int(cells[-1]) + 1)
+            write(sg.kv_order, self.kv.position_order(n_kv, end))
         if sg.out_ids is not None:
             write(sg.out_ids, out_rows.astype(np.int32))
         self._governed_threads(T)

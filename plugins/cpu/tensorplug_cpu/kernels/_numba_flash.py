@@ -52,6 +52,7 @@ from ._numba_rows import ggml_expf
 from .job_blocks import (
     FLASH_FIELDS,
     FLASH_GROUPED,
+    FLASH_ORDER_SEEN,
     FLASH_RUNS,
     FLASH_TABLE,
     FLASH_TILED,
@@ -304,7 +305,9 @@ def flash_attend(q: Any, k: Any, v: Any, mask: Any, order: Any, used: int, scale
 def _flash_job(job: Any, lo: Any, hi: Any) -> None:
     """:func:`flash_attend` over an F16 cache and mask as a job of :mod:`.pool` (a step
     of the compiled program, on the spinning helpers): the prologue finds the visible
-    columns (``used``, kept in the block for the chunks). Where every query head sees
+    columns (``used``, kept in the block for the chunks) and the shortest start of
+    ``order`` that holds every cell before them (:func:`_order_seen`), which is all a
+    row walks. Where every query head sees
     the same cells (one mask for all heads) and rows go one at a time, chunk ``t`` takes
     one query row of one KV head's query heads (:func:`_online_group`); otherwise a run
     of :data:`~.job_blocks.ROWS_PER_TASK` query rows of one query head. Either way each
@@ -312,9 +315,12 @@ def _flash_job(job: Any, lo: Any, hi: Any) -> None:
     j = carray(address(job), FLASH_FIELDS, np.int64)
     table = carray(address(j[FLASH_TABLE]), 1 << 16, np.float32)
     if lo < 0:
-        j[FLASH_USED] = visible_columns(view4(j, FLASH_VISIBLE, np.uint16), table)
+        used = visible_columns(view4(j, FLASH_VISIBLE, np.uint16), table)
+        j[FLASH_USED] = used
+        j[FLASH_ORDER_SEEN] = _order_seen(attention_views(j)[5], used)
         return
     q, out, k, v, mask, order, scales = attention_views(j)
+    order = order[: j[FLASH_ORDER_SEEN]]
     sc, cap = np.float32(scales[0]), np.float32(scales[1])
     tiled = j[FLASH_TILED] != 0
     used, runs, grouped = j[FLASH_USED], j[FLASH_RUNS], j[FLASH_GROUPED] != 0
@@ -355,6 +361,19 @@ def _flash_job(job: Any, lo: Any, hi: Any) -> None:
             _attend_row(q, keys, values, mask, order, table, b, h, h // group, r, used, True,
                         sc, cap, True, tiled, out, cols, biases, qs, acc, kq,
                         block)  # fmt: skip
+
+
+@njit(inline="always")
+def _order_seen(order: Any, used: int) -> int:
+    """1 + the last place of ``order`` that holds a cell before ``used`` (0 for an empty
+    order: cache order). The cells after it are hidden from every row: a row's walk
+    stops there, in the same order, where it would otherwise step over each of them
+    (the runner puts the cells past its step's sequences last, so a wide step's rows
+    walk only its own cells)."""
+    n = order.shape[0]
+    while n > 0 and order[n - 1] >= used:
+        n -= 1
+    return n
 
 
 @functools.cache

@@ -38,6 +38,7 @@ __all__ = [
     "ROWS_Q6_K", "ROW_DECODER_CODES", "SHARED", "SPIN_NS", "SPIN_ROUNDS", "STATUS", "STOP",
     "SUB", "SUMS_OF_16", "SWIGLU", "TICKET", "TYPES32", "WANTED", "activation_form",
     "FLASH_FIELDS", "FLASH_GROUPED", "FLASH_K", "FLASH_MASK", "FLASH_ORDER", "FLASH_ORDER_N",
+    "FLASH_ORDER_SEEN",
     "FLASH_OUT", "FLASH_Q", "FLASH_RUNS", "FLASH_SCALE", "FLASH_SOFTCAP", "FLASH_TABLE",
     "FLASH_TILED", "FLASH_USED", "FLASH_V", "FLASH_VISIBLE", "flash_job_block",
     "attend_job_block", "block_size", "describe4", "job_block", "job_parts",
@@ -248,14 +249,15 @@ def attend_job_block(
 #: columns are read from, the mask its biases are read from, and out, each as
 #: :func:`describe4` writes it; then order, the scalars, the way (tiled or a row at a
 #: time), the f16 table, the runs of query rows, whether a chunk takes a KV head's query
-#: heads together, and what the prologue finds.
+#: heads together, and what the prologue finds: the visible columns, and how much of
+#: order holds them (the cells past it are hidden from every row: none reads them).
 # the attention block's fields, where both blocks have them (_attention_block)
 FLASH_Q, FLASH_K, FLASH_V, FLASH_VISIBLE = ATTEND_Q, ATTEND_K, ATTEND_V, ATTEND_VISIBLE
 FLASH_MASK, FLASH_OUT, FLASH_ORDER = ATTEND_MASK, ATTEND_OUT, ATTEND_ORDER
 FLASH_ORDER_N, FLASH_SCALE, FLASH_SOFTCAP = ATTEND_ORDER_N, ATTEND_SCALE, ATTEND_SOFTCAP
 FLASH_TILED, FLASH_TABLE = ATTEND_LANES, ATTEND_TABLE  # the way where the other has lanes
-FLASH_RUNS, FLASH_GROUPED, FLASH_USED = range(ATTEND_TABLE + 1, ATTEND_TABLE + 4)
-FLASH_FIELDS = FLASH_USED + 1
+FLASH_RUNS, FLASH_GROUPED, FLASH_USED, FLASH_ORDER_SEEN = range(ATTEND_TABLE + 1, ATTEND_TABLE + 5)
+FLASH_FIELDS = FLASH_ORDER_SEEN + 1
 
 
 def flash_job_block(
