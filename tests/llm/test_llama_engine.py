@@ -75,6 +75,19 @@ def _no_leak(engine: Engine) -> None:
         assert kv.seq_pos_max(slot.seq) == len(slot.cached) - 1
 
 
+def _allocations(monkeypatch: pytest.MonkeyPatch) -> list[Graph]:
+    """The graphs every scheduler allocates from now on, in order."""
+    allocated: list[Graph] = []
+    alloc_graph = Scheduler.alloc_graph
+
+    def counted(sched: Scheduler, graph: Graph) -> None:
+        allocated.append(graph)
+        alloc_graph(sched, graph)
+
+    monkeypatch.setattr(Scheduler, "alloc_graph", counted)
+    return allocated
+
+
 def test_concurrent_greedy_requests_equal_one_at_a_time(llama: ModelRunner) -> None:
     prompts = _prompts(8)
     want = [_reference(llama, p, 10) for p in prompts]
@@ -871,14 +884,7 @@ def test_token_steps_at_two_widths_keep_both_graphs_allocated(
     token(0, len(long))
     token(1, len(short))
     assert len(schedulers) == 2  # two widths, two graphs
-    allocated: list[Graph] = []
-    alloc_graph = Scheduler.alloc_graph
-
-    def counted(sched: Scheduler, graph: Graph) -> None:
-        allocated.append(graph)
-        alloc_graph(sched, graph)
-
-    monkeypatch.setattr(Scheduler, "alloc_graph", counted)
+    allocated = _allocations(monkeypatch)
     for k in range(1, 4):
         token(0, len(long) + k)
         token(1, len(short) + k)
@@ -934,14 +940,7 @@ def test_a_prompt_step_between_decode_steps_allocates_no_graph(
     hb = engine.submit(Request(b, max_tokens=8, stop_tokens=NONE))
     for _ in range(3):  # the prompts, then decode steps of both
         engine.step()
-    allocated: list[Graph] = []
-    alloc_graph = Scheduler.alloc_graph
-
-    def counted(sched: Scheduler, graph: Graph) -> None:
-        allocated.append(graph)
-        alloc_graph(sched, graph)
-
-    monkeypatch.setattr(Scheduler, "alloc_graph", counted)
+    allocated = _allocations(monkeypatch)
     hc = engine.submit(Request(c, max_tokens=1, stop_tokens=NONE))
     engine.step()  # c's prompt beside a's and b's next tokens: a prompt step
     engine.step()  # a's and b's next tokens again: their decode step's graph is still there
