@@ -170,6 +170,10 @@ class CompiledKernels(Kernels, Protocol):
         """Make the kernels of ``expected`` (:meth:`take_expected`) ready to run."""
         ...
 
+    #: the names of the kernel calls made (or made ready) in this process: a step's
+    #: call of one of them goes straight to its code (:func:`.jit_steps.settle`)
+    called: set[str]
+
     def settle(self) -> None:
         """After a compute: give back what readying kernels during it took."""
         ...
