@@ -788,7 +788,7 @@ class ModelRunner:
         T = len(batch)
         pad = pad and self.config.causal and not embeddings
         seqs = {s for ids in batch.seq_ids for s in ids}
-        padded, cells, n_kv = self._shape(T, pad, seqs)
+        padded, cells, end, n_kv = self._shape(T, pad, seqs)
         self.kv.assign(cells[:T], batch.pos, batch.seq_ids)
         flagged = np.flatnonzero(batch.logits)
         out_rows = flagged if flagged.size else np.array([T - 1])
@@ -810,7 +810,6 @@ class ModelRunner:
             write(sg.mask_swa, _padded_mask(mask, cells[T:]))
         if sg.kv_order is not None:
             # the cells past the step's own sequences last: a row's walk stops before them
-            end = max(self.kv.extent(seqs), int(cells[-1]) + 1)
             write(sg.kv_order, self.kv.position_order(n_kv, end))
         if sg.out_ids is not None:
             write(sg.out_ids, out_rows.astype(np.int32))
@@ -867,7 +866,7 @@ class ModelRunner:
                 f"prepare: n_outputs must be 1 to n_tokens = {n_tokens}, got {n_outputs!r}"
             )
         pad = pad and self.config.causal
-        padded, _, n_kv = self._shape(n_tokens, pad)
+        padded, _, _, n_kv = self._shape(n_tokens, pad)
         sg, sched = self._allocated(padded, n_kv, self._outputs(n_outputs, padded, pad))
         self._governed_threads(n_tokens)  # the count the step will run at
         sched.prepare(sg.graph)
@@ -883,11 +882,12 @@ class ModelRunner:
 
     def _shape(
         self, n_tokens: int, pad: bool, seqs: set[int] | None = None
-    ) -> tuple[int, np.ndarray, int]:
+    ) -> tuple[int, np.ndarray, int, int]:
         """A step of ``n_tokens`` new tokens (``pad``: at :meth:`step_rows`) of the
         sequences ``seqs``, now: its row count, the free cells it takes (not taken yet),
-        and the cache rows it reads (``n_kv``: up to the last cell those sequences hold
-        and its own, rounded up to ``kv_pad``; None: every used cell). Cells past them
+        the end of the cells it can see (one past the last cell those sequences hold
+        and its own; ``seqs`` None: every used cell) and the cache rows it reads
+        (``n_kv``: that end rounded up by :meth:`kv_width`). Cells past them
         that only other sequences hold (idle slots, the prompt cache) are never read: a
         step's width, and with it its attention and its graph, is its own sequences'."""
         n_free = self.kv.n_ctx - self.kv.n_used
@@ -895,7 +895,7 @@ class ModelRunner:
         cells = self.kv.find_slot(padded)
         held = self.kv.used_max if seqs is None else self.kv.extent(seqs)
         rows_max = max(held, int(cells[-1]) + 1)  # cells come ascending
-        return padded, cells, self.kv_width(rows_max)
+        return padded, cells, rows_max, self.kv_width(rows_max)
 
     def kv_width(self, rows: int) -> int:
         """The ``n_kv`` of a step that reads the first ``rows`` cache rows: ``kv_pad``
