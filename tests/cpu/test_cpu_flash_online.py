@@ -130,3 +130,47 @@ def test_an_f16_cache_gives_the_bits_of_the_same_values_in_an_f32_one(
         outs.append(tp.get_array(out).copy())
     assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0.1
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_chunk_of_every_kv_head_gives_the_bits_of_a_chunk_a_kv_head() -> None:
+    """The flash job's chunks take one query row of one KV head's query heads, or, from
+    ``WHOLE_ROW_CHUNKS`` rows a thread, of every KV head's (the row's visible cells then
+    found once for all its heads): the same bits either way. Sixteen decoding rows, each
+    of its own sequence, their cells interleaved in the cache as a server's slots lie."""
+    import ctypes
+
+    from tensorplug_cpu.kernels._numba_flash import flash_job
+    from tensorplug_cpu.kernels.jit import F16_TO_F32
+    from tensorplug_cpu.kernels.job_blocks import (
+        FLASH_KV_SPAN,
+        WHOLE_ROW_CHUNKS,
+        flash_job_block,
+    )
+
+    rows, hkv, group, d, held = 16, 3, 3, 64, 9
+    n_kv = 256
+    seq = np.full(n_kv, -1)
+    seq[: rows * held] = np.tile(np.arange(rows), held)  # cell c: sequence c % 16
+    pos = np.full(n_kv, n_kv)
+    pos[: rows * held] = np.repeat(np.arange(held), rows)
+    k = RNG.standard_normal((1, hkv, n_kv, d)).astype(np.float16).view(np.uint16)
+    v = RNG.standard_normal((1, hkv, n_kv, d)).astype(np.float16).view(np.uint16)
+    q = RNG.standard_normal((1, hkv * group, rows, d)).astype(np.float32)
+    seen = seq[None, :] == np.arange(rows)[:, None]
+    mask = np.where(seen, 0, -np.inf).astype(np.float16)[None, None].view(np.uint16)
+    order = np.argsort(pos, kind="stable").astype(np.int32)
+    job = flash_job()
+    job.compile()
+    call = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)(job.address)
+    outs, spans = [], []
+    for threads in (rows // WHOLE_ROW_CHUNKS, rows // WHOLE_ROW_CHUNKS + 1):
+        out = np.full((1, rows, hkv * group, d), np.nan, np.float32)
+        block, chunks = flash_job_block(q, k, v, mask, mask, order, d**-0.5, 0.0, False, out,
+                                        F16_TO_F32, threads)  # fmt: skip
+        call(block.ctypes.data, -1, 0)
+        call(block.ctypes.data, 0, chunks)
+        spans.append((int(block[FLASH_KV_SPAN]), chunks))
+        outs.append(out)
+    assert spans == [(hkv, rows), (1, rows * hkv)]
+    assert np.isfinite(outs[0]).all() and np.abs(outs[0]).max() > 0.1
+    np.testing.assert_array_equal(outs[0], outs[1])

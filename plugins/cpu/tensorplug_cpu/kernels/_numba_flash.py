@@ -52,6 +52,7 @@ from ._numba_rows import ggml_expf
 from .job_blocks import (
     FLASH_FIELDS,
     FLASH_GROUPED,
+    FLASH_KV_SPAN,
     FLASH_ORDER_SEEN,
     FLASH_RUNS,
     FLASH_TABLE,
@@ -309,9 +310,11 @@ def _flash_job(job: Any, lo: Any, hi: Any) -> None:
     ``order`` that holds every cell before them (:func:`_order_seen`), which is all a
     row walks. Where every query head sees
     the same cells (one mask for all heads) and rows go one at a time, chunk ``t`` takes
-    one query row of one KV head's query heads (:func:`_online_group`); otherwise a run
-    of :data:`~.job_blocks.ROWS_PER_TASK` query rows of one query head. Either way each
-    row's arithmetic is :func:`flash_attend`'s."""
+    one query row of one KV head's query heads (:func:`_online_group`), or of every KV
+    head's (``FLASH_KV_SPAN``: a step of many rows, whose row then finds its visible
+    cells once for all heads); otherwise a run of :data:`~.job_blocks.ROWS_PER_TASK`
+    query rows of one query head. Either way each row's arithmetic is
+    :func:`flash_attend`'s."""
     j = carray(address(job), FLASH_FIELDS, np.int64)
     table = carray(address(j[FLASH_TABLE]), 1 << 16, np.float32)
     if lo < 0:
@@ -334,22 +337,25 @@ def _flash_job(job: Any, lo: Any, hi: Any) -> None:
         qs, acc = np.empty((group, n_d), np.float32), np.empty((group, n_dv), np.float32)
         big, total = np.empty(group, np.float32), np.empty(group, np.float32)
         weight, w = np.empty(group, np.float32), np.empty((group, width), np.float32)
+        span = j[FLASH_KV_SPAN]  # the KV heads of a chunk: 1, or all
+        parts = n_hk // span
         for t in range(lo, hi):
-            bk, r = t // n_q, t % n_q
-            b, hk = bk // n_hk, bk % n_hk
+            bp, r = t // n_q, t % n_q
+            b, part = bp // parts, bp % parts
             kb = b if k.shape[0] > 1 else 0
             mb = b if mask.shape[0] > 1 else 0
             keys, values = cell_rows(k, table, kb, used), cell_rows(v, table, kb, used)
             m = visible_cells(mask, table, mb, 0, r, used, True, order, cols, biases)
-            for g in range(group):
-                for d in range(n_d):
-                    qs[g, d] = round_to_f16(q[b, hk * group + g, r, d], table)
-            _online_group(keys, values, table, hk, qs, cols, biases, m, sc, cap, acc, big,
-                          total, weight, w)  # fmt: skip
-            for g in range(group):
-                inv = np.float32(0) if total[g] == 0 else np.float32(1) / total[g]
-                for d in range(n_dv):
-                    out[b, r, hk * group + g, d] = acc[g, d] * inv
+            for hk in range(part * span, (part + 1) * span):
+                for g in range(group):
+                    for d in range(n_d):
+                        qs[g, d] = round_to_f16(q[b, hk * group + g, r, d], table)
+                _online_group(keys, values, table, hk, qs, cols, biases, m, sc, cap, acc, big,
+                              total, weight, w)  # fmt: skip
+                for g in range(group):
+                    inv = np.float32(0) if total[g] == 0 else np.float32(1) / total[g]
+                    for d in range(n_dv):
+                        out[b, r, hk * group + g, d] = acc[g, d] * inv
         return
     qs, acc = np.empty((1, n_d), np.float32), np.empty(n_dv, np.float32)
     for t in range(lo, hi):

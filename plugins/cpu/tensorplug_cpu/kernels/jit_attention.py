@@ -78,7 +78,7 @@ class AttentionKernels(Binding):
         if not job.load_kept() and self.ahead is not None and not job.ready():
             self.ahead.want_job(job, rank=-1)  # before any kernel: a layer's first need
         block = flash_job_block(q, k, v, visible, mask, order, scale, softcap, tiled, out,
-                                F16_TO_F32)  # fmt: skip
+                                F16_TO_F32, self.n_threads)  # fmt: skip
         arrays = (q, k, v, visible, mask, order, out)
         return JobStep(self, job, "ggml's flash attention job", [block, block], arrays,
                        self.pool_for(q.shape[2]))  # fmt: skip

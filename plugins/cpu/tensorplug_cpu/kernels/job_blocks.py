@@ -40,7 +40,8 @@ __all__ = [
     "FLASH_FIELDS", "FLASH_GROUPED", "FLASH_K", "FLASH_MASK", "FLASH_ORDER", "FLASH_ORDER_N",
     "FLASH_ORDER_SEEN",
     "FLASH_OUT", "FLASH_Q", "FLASH_RUNS", "FLASH_SCALE", "FLASH_SOFTCAP", "FLASH_TABLE",
-    "FLASH_TILED", "FLASH_USED", "FLASH_V", "FLASH_VISIBLE", "flash_job_block",
+    "FLASH_KV_SPAN", "FLASH_TILED", "FLASH_USED", "FLASH_V", "FLASH_VISIBLE", "WHOLE_ROW_CHUNKS",
+    "flash_job_block",
     "attend_job_block", "block_size", "describe4", "job_block", "job_parts",
     "packed_job_block", "sums_span",
 ]  # fmt: skip
@@ -250,36 +251,50 @@ def attend_job_block(
 #: :func:`describe4` writes it; then order, the scalars, the way (tiled or a row at a
 #: time), the f16 table, the runs of query rows, whether a chunk takes a KV head's query
 #: heads together, and what the prologue finds: the visible columns, and how much of
-#: order holds them (the cells past it are hidden from every row: none reads them).
+#: order holds them (the cells past it are hidden from every row: none reads them); then
+#: how many KV heads a chunk of query heads taken together takes (:data:`WHOLE_ROW_CHUNKS`).
 # the attention block's fields, where both blocks have them (_attention_block)
 FLASH_Q, FLASH_K, FLASH_V, FLASH_VISIBLE = ATTEND_Q, ATTEND_K, ATTEND_V, ATTEND_VISIBLE
 FLASH_MASK, FLASH_OUT, FLASH_ORDER = ATTEND_MASK, ATTEND_OUT, ATTEND_ORDER
 FLASH_ORDER_N, FLASH_SCALE, FLASH_SOFTCAP = ATTEND_ORDER_N, ATTEND_SCALE, ATTEND_SOFTCAP
 FLASH_TILED, FLASH_TABLE = ATTEND_LANES, ATTEND_TABLE  # the way where the other has lanes
-FLASH_RUNS, FLASH_GROUPED, FLASH_USED, FLASH_ORDER_SEEN = range(ATTEND_TABLE + 1, ATTEND_TABLE + 5)
-FLASH_FIELDS = FLASH_ORDER_SEEN + 1
+FLASH_RUNS, FLASH_GROUPED, FLASH_USED, FLASH_ORDER_SEEN, FLASH_KV_SPAN = range(
+    ATTEND_TABLE + 1, ATTEND_TABLE + 6
+)
+FLASH_FIELDS = FLASH_KV_SPAN + 1
+#: The chunks per thread from which a flash job whose chunks take a KV head's query heads
+#: together takes a query row's every KV head in one chunk: its visible cells (a walk of
+#: the cells of every sequence in the step: with 16 decoding sequences, sixteen times
+#: its own) are then found once for the row, not once per KV head. Fewer rows (one
+#: generated token's) keep a KV head a chunk, so that their attention still splits over
+#: the threads.
+WHOLE_ROW_CHUNKS = 2
 
 
 def flash_job_block(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, mask: np.ndarray,
     order: np.ndarray, scale: float, softcap: float, tiled: bool, out: np.ndarray,
-    table: np.ndarray,
+    table: np.ndarray, threads: int = 1,
 ) -> tuple[np.ndarray, int]:  # fmt: skip
     """The argument block of :func:`._numba_flash.flash_job` (F16 ``k``, ``v`` and
     ``mask`` as raw ``uint16``; ``visible``: the mask as the step slices it, whose last
     visible column the prologue finds; ``q`` and ``out`` of any strides), and its chunk
-    count: one query row of one KV head's query heads a chunk where rows go one at a
-    time and one mask serves every head, else a run of :data:`ROWS_PER_TASK` query rows
-    of one query head (every row is computed alone, so any split gives the same bits).
-    The arrays must outlive the block."""
+    count: where rows go one at a time and one mask serves every head, one query row
+    of one KV head's query heads a chunk, or of every KV head's from
+    :data:`WHOLE_ROW_CHUNKS` rows per thread of ``threads``; else a run of
+    :data:`ROWS_PER_TASK` query rows of one query head (every row is computed alone, so
+    any split gives the same bits). The arrays must outlive the block."""
     block = _attention_block(FLASH_FIELDS, q, k, v, visible, mask, order, scale, softcap, out,
                              table)  # fmt: skip
     block[FLASH_TILED] = int(tiled)
     runs = (q.shape[2] + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     grouped = not tiled and mask.shape[1] == 1
     block[FLASH_RUNS], block[FLASH_GROUPED] = runs, int(grouped)
+    rows, n_kv_heads = q.shape[0] * q.shape[2], k.shape[1]
+    span = n_kv_heads if rows >= WHOLE_ROW_CHUNKS * max(threads, 1) else 1
+    block[FLASH_KV_SPAN] = span
     if grouped:
-        return block, q.shape[0] * k.shape[1] * q.shape[2]
+        return block, rows * (n_kv_heads // span)
     return block, q.shape[0] * q.shape[1] * runs
 
 
