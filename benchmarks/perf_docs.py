@@ -59,7 +59,11 @@ class Table:
 
 def cpu_model(lscpu_output: str | None = None) -> str:
     """The CPU's model name as ``lscpu`` prints it ("Model name:"), else as
-    ``/proc/cpuinfo`` does; ``lscpu_output`` stands in for running ``lscpu``."""
+    ``/proc/cpuinfo`` does, with its family and model numbers and its widest vector
+    instructions where those say them: ``AMD EPYC (family 25 model 1, AVX2)``. A VM's
+    CPU is often named only "AMD EPYC" or "Intel(R) Xeon(R) Processor", which would make
+    a Zen 3 and a Zen 4 guest one machine, and one's rows replace the other's.
+    ``lscpu_output`` stands in for running ``lscpu``."""
     if lscpu_output is None:
         try:
             lscpu_output = subprocess.run(
@@ -68,22 +72,46 @@ def cpu_model(lscpu_output: str | None = None) -> str:
             ).stdout  # fmt: skip
         except (OSError, subprocess.TimeoutExpired):
             lscpu_output = ""
-    for line in lscpu_output.splitlines():
-        label, _, value = line.partition(":")
-        if label.strip() == "Model name" and value.strip():
-            return " ".join(value.split())
+    named = _described(_fields(lscpu_output), "Model name", "CPU family", "Model", "Flags")
+    if named:
+        return named
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         cpuinfo = ""
-    for line in cpuinfo.splitlines():
-        label, _, value = line.partition(":")
-        if label.strip() == "model name" and value.strip():
-            return " ".join(value.split())
+    first = cpuinfo.split("\n\n")[0]  # the first processor's lines
+    named = _described(_fields(first), "model name", "cpu family", "model", "flags")
+    if named:
+        return named
     raise PerfDocsError(
         "cannot name this machine's CPU: neither `lscpu` (util-linux) nor /proc/cpuinfo "
         "gave a model name; install util-linux, or run the benchmark without --write-docs"
     )
+
+
+def _fields(text: str) -> dict[str, str]:
+    """``label: value`` lines as a dict (the first of each label), values' runs of
+    blanks made one."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        label, sep, value = line.partition(":")
+        if sep and value.strip():
+            out.setdefault(label.strip(), " ".join(value.split()))
+    return out
+
+
+def _described(fields: dict[str, str], name: str, family: str, model: str, flags: str) -> str:
+    """:func:`cpu_model`'s text from one source's fields (empty without a model name)."""
+    if not fields.get(name):
+        return ""
+    details = []
+    if fields.get(family) and fields.get(model):
+        details.append(f"family {fields[family]} model {fields[model]}")
+    present = set(fields.get(flags, "").split())
+    widest = "AVX-512" if "avx512f" in present else "AVX2" if "avx2" in present else ""
+    if widest:
+        details.append(widest)
+    return fields[name] + (f" ({', '.join(details)})" if details else "")
 
 
 def _cell(text: str) -> str:

@@ -49,6 +49,27 @@ def test_the_machine_is_lscpus_model_name(pd: ModuleType) -> None:
     assert pd.cpu_model(LSCPU) == "INTEL(R) XEON(R) PLATINUM 8581C CPU @ 2.10GHz"
 
 
+def _vm_lscpu(model: int, flags: str) -> str:
+    return (f"Vendor ID:   AuthenticAMD\nModel name:  AMD EPYC\nCPU family:  25\n"
+            f"Model:       {model}\nFlags:       fpu sse2 {flags} fma\n")  # fmt: skip
+
+
+def test_two_vms_named_alike_are_two_machines(pd: ModuleType) -> None:
+    """A VM's CPU is often named "AMD EPYC" whatever its core: the family and model
+    numbers and the widest vector instructions tell a Zen 3 guest from a Zen 4 one, so
+    one's rows do not replace the other's."""
+    zen3 = pd.cpu_model(_vm_lscpu(1, "avx avx2"))
+    zen4 = pd.cpu_model(_vm_lscpu(17, "avx avx2 avx512f avx512_vnni"))
+    assert zen3 == "AMD EPYC (family 25 model 1, AVX2)"
+    assert zen4 == "AMD EPYC (family 25 model 17, AVX-512)"
+    page = PAGE
+    for machine, speed in ((zen3, "100.0"), (zen4, "200.0")):
+        page = pd.merge_rows(page, pd.Table("t", ("model", "tok/s"), key_columns=1),
+                             [["SmolLM2", speed]], machine, DAY)  # fmt: skip
+    assert "| SmolLM2 | 100.0 | AMD EPYC (family 25 model 1, AVX2) |" in page
+    assert "| SmolLM2 | 200.0 | AMD EPYC (family 25 model 17, AVX-512) |" in page
+
+
 def test_rows_carry_machine_and_date(pd: ModuleType, table: object) -> None:
     text = pd.merge_rows(PAGE, table, [["100M:q4_0", "2", "412.5"]], "AMD EPYC", DAY)
     assert text.startswith("# figures\n\nintro\n\n<!-- perf:t -->\n")
@@ -135,3 +156,16 @@ def test_the_benchmarks_rows_fit_the_pages_tables(pd: ModuleType) -> None:
     vs_table = pd.Table(vs.DOCS_TABLE_NAME, vs.DOCS_COLUMNS, key_columns=3)
     for tab, new in ((vs_table, [row]), (serve.DOCS_TABLE, rows)):
         assert "| M | 2026-11-29 |" in pd.merge_rows(text, tab, new, "M", DAY)
+
+
+def test_without_lscpu_the_machine_is_proc_cpuinfos_first_processor(
+    pd: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"
+        "model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx2 avx512f\n\n"
+        "processor\t: 1\nmodel name\t: another\n"
+    )
+    monkeypatch.setattr(pd, "Path", lambda _: cpuinfo)
+    assert pd.cpu_model("") == "Intel(R) Xeon(R) Processor (family 6 model 207, AVX-512)"
