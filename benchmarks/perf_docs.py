@@ -62,7 +62,7 @@ def cpu_model(lscpu_output: str | None = None) -> str:
     ``/proc/cpuinfo`` does, with its family and model numbers and its widest vector
     instructions where those say them: ``AMD EPYC (family 25 model 1, AVX2)``. A VM's
     CPU is often named only "AMD EPYC" or "Intel(R) Xeon(R) Processor", which would make
-    a Zen 3 and a Zen 4 guest one machine, and one's rows replace the other's.
+    guests of two generations of cores one machine, and one's rows replace the other's.
     ``lscpu_output`` stands in for running ``lscpu``."""
     if lscpu_output is None:
         try:
