@@ -175,13 +175,25 @@ def ggml_rounded(x: np.ndarray, type_name: str) -> np.ndarray:
 
 
 def logits(
-    m: RefModel, tokens: list[int], kv_dtype: type | None = None, q8: bool = False
+    m: RefModel,
+    tokens: list[int],
+    kv_dtype: type | None = None,
+    q8: bool = False,
+    kv_cache: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    kv_seen: list[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> np.ndarray:
     """Logits of every position, (len(tokens), n_vocab). ``kv_dtype`` rounds K and V to
     the cache's element type, as storing them in an F16 cache does. ``q8`` rounds the
     activations of every product as ggml's CPU does for the matrix's type first
     (:func:`ggml_rounded`), as llama.cpp's CPU does, and tensorplug's: with an F16
-    cache, the query before K·Q and the attention weights before weights·V too."""
+    cache, the query before K·Q and the attention weights before weights·V too.
+
+    ``kv_cache`` gives each block's K and V rows as a runner stored them (position ``p``
+    in row ``p``), and attention reads those instead of the reference's own: a value that
+    float32 and float64 round to neighbouring halves then stays in its own position's
+    logits, as :func:`rounded_err` expects, rather than reaching every later position
+    through the cache. ``kv_seen`` collects the reference's own K and V rows (float64,
+    before rounding), to hold the cache that was read to them."""
     w = m.w
 
     def product(x: np.ndarray, name: str) -> np.ndarray:
@@ -207,7 +219,12 @@ def logits(
         q, k = (_rope(t, m.n_rot, m.base, ff, m.scaling, m.factor, m.n_ctx_orig, yarn)
                 for t in (q, k))  # fmt: skip
         v = product(h, p + "attn_v.weight").reshape(T, m.n_head_kv, hd)
-        if kv_dtype is not None:
+        if kv_seen is not None:
+            kv_seen.append((k.reshape(T, -1), v.reshape(T, -1)))
+        if kv_cache is not None:
+            k, v = (np.asarray(c[:T], np.float64).reshape(T, m.n_head_kv, hd)
+                    for c in kv_cache[i])  # fmt: skip
+        elif kv_dtype is not None:
             k = k.astype(kv_dtype).astype(np.float64)
             v = v.astype(kv_dtype).astype(np.float64)
         out = np.empty((T, m.n_head, hd))
