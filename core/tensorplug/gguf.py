@@ -108,7 +108,7 @@ class TensorInfo:
 
     @property
     def supported(self) -> bool:
-        return self.type_id in Type._value2member_map_
+        return Type.known(self.type_id)
 
     @property
     def type(self) -> Type:

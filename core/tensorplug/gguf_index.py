@@ -224,7 +224,7 @@ def _walk(index: HeaderIndex, header: memoryview) -> bool:
         read = (got, kind, tuple(reversed(dims)), index.data_offset + rel)
         if read != (name, type_id, shape, offset):
             return False
-        if type_id in Type._value2member_map_:
+        if Type.known(type_id):
             t = Type(type_id)
             elements = 1
             for d in shape:

@@ -69,6 +69,11 @@ class Type(enum.IntEnum):
         """The numpy dtype of one element; BF16 is stored as raw ``uint16``."""
         return _TRAITS[self].numpy_dtype
 
+    @staticmethod
+    def known(type_id: int) -> bool:
+        """Whether ``type_id`` (a ggml type id read from a file) is one of these types."""
+        return type_id in _IDS
+
     @classmethod
     def parse(cls, value: Type | str | int) -> Type:
         """Accept a :class:`Type`, its name in any case (``"q8_0"``) or its ggml id."""
@@ -86,6 +91,10 @@ class Type(enum.IntEnum):
                 pass
         known = ", ".join(t.name for t in cls)
         raise TypeMismatchError(f"unknown tensor type {value!r}; known types are {known}")
+
+
+#: every type's ggml id
+_IDS = frozenset(t.value for t in Type)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ Python exception (``1/0``, ``'a' + 1``, a recursive macro), a limit — is one
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -112,8 +113,6 @@ class _Budget:
         return x
 
     def _measure(self, x: Any) -> tuple[int, bool]:
-        from jinja2.utils import Namespace
-
         if isinstance(x, (str, bytes, bytearray)):
             return len(x), True
         if isinstance(x, int) and not isinstance(x, bool):
@@ -124,8 +123,8 @@ class _Budget:
                     "a chat template may"
                 )
             return 1 + bits // 3, True  # about its decimal digits
-        if isinstance(x, Namespace):  # mutable: measured anew each time, never cached
-            items: Any = x._Namespace__attrs.values()  # type: ignore[attr-defined]
+        if isinstance(x, _namespace_class()):  # mutable: measured anew each time, never cached
+            items: Any = object.__getattribute__(x, "values_set").values()
             cacheable = False
         elif isinstance(x, (list, tuple, dict, set, frozenset)):
             hit = self._sizes.get(id(x))
@@ -215,17 +214,47 @@ class _Budget:
             self.fits(len(s) + n * max(len(new) - len(old), 0), "replace")
 
 
+@functools.cache
+def _namespace_class() -> type:
+    """The ``namespace()`` a template makes: jinja2's, whose values the budget can walk.
+    jinja2 keeps a namespace's values private, so each value set is also kept in
+    ``values_set`` (which a template cannot read: a namespace's attributes are its
+    values)."""
+    from jinja2.utils import Namespace
+
+    class MeasuredNamespace(Namespace):
+        def __init__(*args: Any, **kwargs: Any) -> None:  # as jinja2's: a value may be "self"
+            Namespace.__init__(*args, **kwargs)
+            object.__setattr__(args[0], "values_set", dict(*args[1:], **kwargs))
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            super().__setitem__(name, value)
+            object.__getattribute__(self, "values_set")[name] = value
+
+    return MeasuredNamespace
+
+
+@functools.cache
+def _passed_objects() -> tuple[type, ...]:
+    """What jinja2 hands a filter before its value when the filter asks for it
+    (``pass_context``, ``pass_eval_context``, ``pass_environment``)."""
+    import jinja2
+    from jinja2.nodes import EvalContext
+    from jinja2.runtime import Context
+
+    return Context, EvalContext, jinja2.Environment
+
+
 def _filters(budget: _Budget, filters: dict[str, Callable[..., Any]]) -> None:
     """Every filter checked: its arguments' sizes before, its result after, and the ones
     that multiply sizes by an argument refused before they run."""
-    from jinja2.utils import _PassArg
+    passed = _passed_objects()
 
     def bounded(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
-        skip = 1 if _PassArg.from_obj(f) is not None else 0  # the context/env argument
-
-        @wraps(f)
+        @wraps(f)  # keeps jinja2's mark of the filters it hands a context to
         def run(*args: Any, **kwargs: Any) -> Any:
             budget.tick()
+            skip = 1 if args and isinstance(args[0], passed) else 0  # context/environment
             value, params = (args[skip] if len(args) > skip else None), list(args[skip + 1 :])
             for a in (*args[skip:], *kwargs.values()):
                 budget.size(a)
@@ -362,6 +391,7 @@ def _environment(budget: _Budget) -> Any:
     env.policies["json.dumps_function"] = dumps
     _filters(budget, env.filters)
     env.globals.pop("lipsum", None)  # lipsum(10**9) writes that many paragraphs
+    env.globals["namespace"] = _namespace_class()
     env.globals.update(
         _tp_tick=budget.tick,
         _tp_value=lambda v: v,  # a call: the checks of Environment.call apply to it
