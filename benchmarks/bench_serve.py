@@ -326,7 +326,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an option for tensorplug serve only, e.g. --serve-option=--max-prefill-tokens=64 "
              "(repeat for several)",
     )  # fmt: skip
-    p.add_argument("--json", help="also write the figures, and every TTFT and ITL sample, to this file")
+    p.add_argument(
+        "--json", help="also write the figures, and every TTFT and ITL sample, to this file"
+    )
     perf_docs.add_argument(p)
     args = p.parse_args(argv)
     if args.requests < 1 or args.max_tokens < 1:

@@ -456,7 +456,7 @@ def in_place_parent(
         blk = mem.get(k)
         if blk is None or last[k] != i or bbuf[blk] != b:
             continue
-        if (vs is not None and p.view_offs) or not _same_layout(t, p):
+        if (vs is not None and p.view_offs) or not same_layout(t, p):
             continue
         if _reads(src, k) != 1:
             continue
@@ -604,5 +604,6 @@ _BLOCK = {t: t.block_size for t in Type}
 _TYPE_SIZE = {t: t.type_size for t in Type}
 
 
-def _same_layout(a: Tensor, b: Tensor) -> bool:
+def same_layout(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` lay out the same elements in the same bytes."""
     return a.type is b.type and a.shape == b.shape and a.strides == b.strides

@@ -207,14 +207,14 @@ class Backend(ABC):
         """Queue a write of ``data`` into ``tensor`` at byte ``offset``; ``data`` must stay
         alive and unchanged until ``synchronize``."""
         buf = tensor.require_allocated()
-        buf._check_range(tensor, offset, len(data), "set_tensor_async")
+        buf.check_range(tensor, offset, len(data), "set_tensor_async")
         self._set_tensor_async(tensor, data, offset)
 
     def get_tensor_async(self, tensor: Tensor, out: memoryview, offset: int = 0) -> None:
         """Queue a read of ``tensor`` from byte ``offset`` into ``out``, complete after
         ``synchronize``."""
         buf = tensor.require_allocated()
-        buf._check_range(tensor, offset, len(out), "get_tensor_async")
+        buf.check_range(tensor, offset, len(out), "get_tensor_async")
         self._get_tensor_async(tensor, out, offset)
 
     def graph_compute_async(self, graph: Graph) -> Status:

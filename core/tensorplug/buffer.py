@@ -233,7 +233,9 @@ class Buffer(ABC):
                 f"buffer {self.name!r} ({self.size} bytes) was freed; allocate a new one"
             )
 
-    def _check_range(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
+    def check_range(self, tensor: Tensor, offset: int, size: int, what: str) -> None:
+        """Raise unless the buffer is live and ``size`` bytes at ``offset`` lie within
+        ``tensor``, allocated here; ``what`` names the call in the message."""
         self.check_live()
         if tensor.buffer is not self:
             raise OutOfBoundsError(
@@ -252,12 +254,12 @@ class Buffer(ABC):
 
     def set_tensor(self, tensor: Tensor, data: memoryview, offset: int = 0) -> None:
         """Write ``data`` into ``tensor`` (in this buffer) from byte ``offset``."""
-        self._check_range(tensor, offset, len(data), "set_tensor")
+        self.check_range(tensor, offset, len(data), "set_tensor")
         self._set_tensor(tensor, data, offset)
 
     def get_tensor(self, tensor: Tensor, out: memoryview, offset: int = 0) -> None:
         """Read ``len(out)`` bytes of ``tensor`` from byte ``offset`` into ``out``."""
-        self._check_range(tensor, offset, len(out), "get_tensor")
+        self.check_range(tensor, offset, len(out), "get_tensor")
         self._get_tensor(tensor, out, offset)
 
     def memset_tensor(
@@ -270,7 +272,7 @@ class Buffer(ABC):
             size = tensor.nbytes - offset
         if not 0 <= value <= 255:
             raise InvalidArgumentError(f"memset_tensor: value must be a byte (0..255), got {value}")
-        self._check_range(tensor, offset, size, "memset_tensor")
+        self.check_range(tensor, offset, size, "memset_tensor")
         self._memset_tensor(tensor, value, offset, size)
 
     def init_tensor(self, tensor: Tensor) -> None:

@@ -84,7 +84,9 @@ class Graph:
         return self
 
     @classmethod
-    def _from_parts(cls, nodes: Sequence[Tensor], leafs: Sequence[Tensor]) -> Graph:
+    def from_parts(cls, nodes: Sequence[Tensor], leafs: Sequence[Tensor]) -> Graph:
+        """A graph of exactly these nodes and leafs, in this order, their sources not
+        walked: a part of a graph already ordered (a split, a view, a copy)."""
         g = cls()
         g.nodes = list(nodes)
         g.leafs = list(leafs)
@@ -97,7 +99,7 @@ class Graph:
             raise OutOfBoundsError(
                 f"graph view [{start}, {stop}) is outside the graph's {len(self.nodes)} nodes"
             )
-        view = Graph._from_parts(self.nodes[start:stop], ())
+        view = Graph.from_parts(self.nodes[start:stop], ())
         view._parent = (self, stop)
         return view
 

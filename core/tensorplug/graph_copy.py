@@ -105,7 +105,7 @@ def _clone(graph: Graph) -> tuple[Graph, dict[int, Tensor], list[tuple[Tensor, T
 
     leafs = [dup(t) for t in graph.leafs]
     nodes = [dup(t) for t in graph.nodes]
-    return Graph._from_parts(nodes, leafs), copies, order
+    return Graph.from_parts(nodes, leafs), copies, order
 
 
 def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:

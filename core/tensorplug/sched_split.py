@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .alloc_plan import Use, _same_layout
+from .alloc_plan import Use, same_layout
 from .buffer import BufferType, BufferUsage
 from .errors import UnsupportedError
 from .opcodes import Op
@@ -491,7 +491,7 @@ class _CopyMaker:
         i = len(self.used)
         entry = self.pool[i] if i < len(self.pool) else None
         name = f"{self.names[b]}#{s.name or s.op.value}#"
-        if entry is not None and _same_layout(entry[0][0], s):
+        if entry is not None and same_layout(entry[0][0], s):
             made = entry[0]
             if entry[1] != s.name or entry[2] is not s.op or entry[3] != b:
                 for c, t in enumerate(made):

@@ -1,4 +1,5 @@
-"""Static checks that belong to the suite: the code type-checks at our Python floor (3.10)."""
+"""Static checks that belong to the suite: the code type-checks at our Python floor (3.10)
+and passes ruff's lint and format checks."""
 
 from __future__ import annotations
 
@@ -19,6 +20,18 @@ def test_mypy_is_clean_at_the_python_floor() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True, text=True
     )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("check", [["check"], ["format", "--check"]], ids=["lint", "format"])
+def test_ruff_is_clean(check: list[str]) -> None:
+    pytest.importorskip("ruff", reason="ruff is not installed (pip install -e '.[test]')")
+    # [tool.ruff] in pyproject.toml holds the rules; every Python file of the repository
+    # (ruff also formats Markdown's code blocks in newer versions: the docs' are prose)
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", *check, "--extend-exclude", "*.md", "."],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 

@@ -65,7 +65,7 @@ def _int_at_least(low: int, what: str) -> Callable[[str], int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .model import POOLING_TYPES
-    from .run_cli import _layer_count
+    from .run_cli import layer_count
 
     p.add_argument(
         "model", metavar="MODEL.gguf", help="a GGUF file: an encoder (BERT) or a decoder"
@@ -148,7 +148,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-ngl",
         "--n-gpu-layers",
-        type=_layer_count,
+        type=layer_count,
         metavar="N",
         help="put the last N blocks on the best GPU (or --device), the rest on the CPU; "
         "-1: all of them (default)",

@@ -91,7 +91,8 @@ def _at_least_minus_one(what: str, minus_one: str) -> Callable[[str], int]:
 
 
 _seed = _at_least_minus_one("a seed", "a random one, printed on stderr")
-_layer_count = _at_least_minus_one("a layer count", "all of them")
+#: ``--n-gpu-layers``' parser (``run``'s and ``embed``'s): a count, or -1 for every layer
+layer_count = _at_least_minus_one("a layer count", "all of them")
 _token_count = _at_least_minus_one("a token count", "until the end of generation or a full context")
 
 
@@ -185,7 +186,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "run") -> None:
     p.add_argument(
         "-ngl",
         "--n-gpu-layers",
-        type=_layer_count,
+        type=layer_count,
         metavar="N",
         help="put the last N blocks on the best GPU (or --device) and the rest on the CPU; "
         "N > blocks (or -1) puts all of them and the output layer there; default: all of them",

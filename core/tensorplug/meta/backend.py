@@ -73,7 +73,7 @@ class MetaBackend(Backend):
         for piece in pieces:
             for b, nodes in zip(self.members, piece.nodes, strict=True):
                 if nodes:
-                    status = b.graph_compute_async(Graph._from_parts(nodes, ()))
+                    status = b.graph_compute_async(Graph.from_parts(nodes, ()))
                     if status is not Status.SUCCESS:
                         return status
             if piece.reduce is not None:
@@ -194,7 +194,7 @@ class MetaBackend(Backend):
             tensor_copy_async(b, b0, p, scratch)
             total = ops.add(first, scratch)
             total.buffer, total.offset = first.buffer, first.offset  # in place
-            b0.graph_compute(Graph._from_parts([total], ()))  # this node alone
+            b0.graph_compute(Graph.from_parts([total], ()))  # this node alone
         for p, b in zip(partials[1:], self.members[1:], strict=True):
             tensor_copy_async(b0, b, first, p)
         self.synchronize()

@@ -27,7 +27,7 @@ CACHE_TYPES = FLOAT_TYPES | frozenset(
 # -- validation helpers ------------------------------------------------------------------
 
 
-def _tensor(op: str, what: str, t: object) -> Tensor:
+def tensor_arg(op: str, what: str, t: object) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeMismatchError(
             f"{op}: {what} must be a Tensor, got {type(t).__name__} {t!r}; scalars go through "
@@ -36,21 +36,21 @@ def _tensor(op: str, what: str, t: object) -> Tensor:
     return t
 
 
-def _check_type(op: str, what: str, t: Tensor, allowed: frozenset[Type] | set[Type]) -> None:
-    _tensor(op, what, t)
+def check_type(op: str, what: str, t: Tensor, allowed: frozenset[Type] | set[Type]) -> None:
+    tensor_arg(op, what, t)
     if t.type not in allowed:
         names = ", ".join(sorted(a.name for a in allowed))
         raise TypeMismatchError(f"{op}: {what} {t.describe()} must be one of {names}")
 
 
-def _eps(op: str, eps: float) -> float:
+def checked_eps(op: str, eps: float) -> float:
     value = float(eps)
     if not value >= 0 or math.isinf(value):  # NaN fails too
         raise OpParamError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
     return value
 
 
-def _member(op: str, param: str, enum: Any, value: Any) -> Any:
+def enum_member(op: str, param: str, enum: Any, value: Any) -> Any:
     """``value`` as a member of ``enum``, or an OpParamError listing the choices."""
     try:
         return enum(value)
@@ -59,11 +59,11 @@ def _member(op: str, param: str, enum: Any, value: Any) -> Any:
         raise OpParamError(f"{op}: {param} {value!r} is not one of {choices}") from None
 
 
-def _fail(op: str, message: str) -> ShapeError:
+def fail(op: str, message: str) -> ShapeError:
     return ShapeError(f"{op}: {message}")
 
 
-def _padded(shape: Sequence[int], ndim: int = MAX_DIMS) -> tuple[int, ...]:
+def padded(shape: Sequence[int], ndim: int = MAX_DIMS) -> tuple[int, ...]:
     return (1,) * (ndim - len(shape)) + tuple(shape)
 
 
@@ -73,27 +73,27 @@ def can_repeat(small: Sequence[int], big: Sequence[int]) -> bool:
     ``big``)."""
     if len(small) > len(big):
         return False
-    ps, pb = _padded(small, len(big)), tuple(big)
+    ps, pb = padded(small, len(big)), tuple(big)
     if 0 in ps:
         return 0 in pb
     return all(db % ds == 0 for ds, db in zip(ps, pb, strict=True))
 
 
-def _check_broadcast(op: str, a: Tensor, b: Tensor) -> None:
+def check_broadcast(op: str, a: Tensor, b: Tensor) -> None:
     """ggml's ``ggml_can_repeat``: every extent of ``b`` divides ``a``'s, so ``b`` is
     repeated (tiled) to ``a``'s shape — 1 broadcasts, equal matches."""
     if b.ndim > a.ndim or any(
         db != da and (db == 0 or da % db)
-        for da, db in zip(_padded(a.shape), _padded(b.shape), strict=True)
+        for da, db in zip(padded(a.shape), padded(b.shape), strict=True)
     ):
-        raise _fail(
+        raise fail(
             op,
             f"b {b.describe()} does not repeat onto a {a.describe()}: each dimension of b "
             "(aligned from the right) must divide a's (1 broadcasts; a divisor is tiled)",
         )
 
 
-def _new(
+def new_result(
     t: Type,
     shape: Sequence[int],
     op: Op,
@@ -103,14 +103,14 @@ def _new(
     return Tensor(t, shape, op=op, src=src, op_params=params or {})
 
 
-def _view_like(
+def view_like(
     a: Tensor, shape: Sequence[int], strides: Sequence[int], offset: int, op: Op,
     params: dict[str, Any] | None = None,
 ) -> Tensor:  # fmt: skip
-    _tensor(op.value, "a", a)
+    tensor_arg(op.value, "a", a)
     if offset % a.type.type_size:  # an element (or quant block) never starts mid-way
         unit = "block" if a.type.block_size > 1 else "element"
-        raise _fail(
+        raise fail(
             op.value,
             f"byte offset {offset} does not start a {a.type.name} {unit} "
             f"({a.type.type_size} bytes each)",
@@ -121,7 +121,7 @@ def _view_like(
     )  # fmt: skip
     base = out.base
     if out.view_offs + out.nbytes > base.nbytes:
-        raise _fail(
+        raise fail(
             op.value,
             f"the view (offset {out.view_offs}, {out.nbytes} bytes) reaches past the end of "
             f"{base.describe()}, which has {base.nbytes} bytes",

@@ -14,13 +14,13 @@ from ._build import (
     WEIGHT_TYPES,
     OpParamError,
     TypeMismatchError,
-    _check_type,
-    _fail,
-    _member,
-    _new,
-    _padded,
-    _tensor,
     can_repeat,
+    check_type,
+    enum_member,
+    fail,
+    new_result,
+    padded,
+    tensor_arg,
 )
 from .views import view
 
@@ -42,7 +42,7 @@ def cpy(a: Tensor, b: Tensor) -> Tensor:
     to a quantized one (rows are quantized as GGUF does) and back, or a type to itself.
     """
     if a.nelements != b.nelements:
-        raise _fail(
+        raise fail(
             "cpy", f"a {a.describe()} and b {b.describe()} must have the same number of elements"
         )
     if not _convertible(a.type, b.type):
@@ -53,7 +53,7 @@ def cpy(a: Tensor, b: Tensor) -> Tensor:
 
 def dup(a: Tensor) -> Tensor:
     """A contiguous copy of ``a`` with the same type and shape."""
-    return _new(a.type, a.shape, Op.DUP, (a,))
+    return new_result(a.type, a.shape, Op.DUP, (a,))
 
 
 def cont(a: Tensor, shape: Sequence[int] | None = None) -> Tensor:
@@ -63,8 +63,8 @@ def cont(a: Tensor, shape: Sequence[int] | None = None) -> Tensor:
     for d in new_shape:
         count *= d
     if count != a.nelements:
-        raise _fail("cont", f"cannot lay out {a.describe()} as shape {new_shape}")
-    return _new(a.type, new_shape, Op.CONT, (a,))
+        raise fail("cont", f"cannot lay out {a.describe()} as shape {new_shape}")
+    return new_result(a.type, new_shape, Op.CONT, (a,))
 
 
 def get_rows(a: Tensor, rows: Tensor) -> Tensor:
@@ -74,17 +74,17 @@ def get_rows(a: Tensor, rows: Tensor) -> Tensor:
     equal ``a``'s outer axes (those before ``n_rows``). ``out[…, j, :] = a[…, rows[…, j],
     :]``, shape ``rows.shape + (n,)``; F32 unless ``a`` is I32 (then I32).
     """
-    _check_type("get_rows", "rows", rows, {Type.I32})
+    check_type("get_rows", "rows", rows, {Type.I32})
     if a.ndim < 2:
-        raise _fail("get_rows", f"a {a.describe()} must be at least 2-d (…, n_rows, n)")
+        raise fail("get_rows", f"a {a.describe()} must be at least 2-d (…, n_rows, n)")
     if rows.ndim != a.ndim - 1 or rows.shape[:-1] != a.shape[:-2]:
-        raise _fail(
+        raise fail(
             "get_rows",
             f"rows {rows.describe()} must have shape (*{list(a.shape[:-2])}, k) to index "
             f"a {a.describe()}",
         )
     out_type = Type.I32 if a.type == Type.I32 else Type.F32
-    return _new(out_type, (*rows.shape, a.shape[-1]), Op.GET_ROWS, (a, rows))
+    return new_result(out_type, (*rows.shape, a.shape[-1]), Op.GET_ROWS, (a, rows))
 
 
 def set_rows(a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
@@ -95,21 +95,21 @@ def set_rows(a: Tensor, b: Tensor, rows: Tensor) -> Tensor:
     ``(…, k)`` with outer axes 1 or equal to ``b``'s. ``a[…, rows[…, j], :] = b[…, j, :]``
     converted to ``a``'s type. This is how a KV cache is written.
     """
-    _check_type("set_rows", "b", b, {Type.F32})
-    _check_type("set_rows", "rows", rows, INDEX_TYPES)
+    check_type("set_rows", "b", b, {Type.F32})
+    check_type("set_rows", "rows", rows, INDEX_TYPES)
     if not _convertible(Type.F32, a.type):
         raise TypeMismatchError(f"set_rows: cannot store F32 rows into {a.describe()}")
     if a.ndim < 2 or b.ndim != a.ndim or b.shape[:-2] != a.shape[:-2] or b.shape[-1] != a.shape[-1]:
-        raise _fail(
+        raise fail(
             "set_rows", f"b {b.describe()} must be (*{list(a.shape[:-2])}, k, {a.shape[-1]})"
         )
-    pr, pb = _padded(rows.shape, b.ndim - 1), _padded(b.shape[:-1], b.ndim - 1)
+    pr, pb = padded(rows.shape, b.ndim - 1), padded(b.shape[:-1], b.ndim - 1)
     if (
         rows.ndim > b.ndim - 1
         or pr[-1] != pb[-1]
         or any(dr not in (1, db) for dr, db in zip(pr[:-1], pb[:-1], strict=True))
     ):
-        raise _fail(
+        raise fail(
             "set_rows", f"rows {rows.describe()} must be (…, {b.shape[-2]}) to index b's rows"
         )
     return Tensor(a.type, a.shape, strides=a.strides, op=Op.SET_ROWS, src=(a, b, rows), view_src=a)
@@ -120,18 +120,18 @@ def concat(a: Tensor, b: Tensor, axis: int) -> Tensor:
     if a.type != b.type:
         raise TypeMismatchError(f"concat: {a.describe()} and {b.describe()} differ in type")
     if a.ndim != b.ndim:
-        raise _fail("concat", f"{a.describe()} and {b.describe()} differ in rank")
+        raise fail("concat", f"{a.describe()} and {b.describe()} differ in rank")
     if not -a.ndim <= axis < a.ndim:
-        raise _fail("concat", f"axis {axis} is out of range for {a.ndim}-d tensors")
+        raise fail("concat", f"axis {axis} is out of range for {a.ndim}-d tensors")
     axis %= a.ndim
     if a.type.is_quantized:
         raise TypeMismatchError(f"concat: quantized tensors are not supported ({a.describe()})")
     for i, (da, db) in enumerate(zip(a.shape, b.shape, strict=True)):
         if i != axis and da != db:
-            raise _fail("concat", f"{a.describe()} and {b.describe()} differ outside axis {axis}")
+            raise fail("concat", f"{a.describe()} and {b.describe()} differ outside axis {axis}")
     shape = list(a.shape)
     shape[axis] += b.shape[axis]
-    return _new(a.type, shape, Op.CONCAT, (a, b), {"axis": axis})
+    return new_result(a.type, shape, Op.CONCAT, (a, b), {"axis": axis})
 
 
 # -- reductions ----------------------------------------------------------------------------------
@@ -139,8 +139,8 @@ def concat(a: Tensor, b: Tensor, axis: int) -> Tensor:
 
 def sum_rows(a: Tensor) -> Tensor:
     """Sum of each row: shape ``(*a.shape[:-1], 1)``, same float type."""
-    _check_type("sum_rows", "a", a, FLOAT_TYPES)
-    return _new(a.type, (*a.shape[:-1], 1), Op.SUM_ROWS, (a,))
+    check_type("sum_rows", "a", a, FLOAT_TYPES)
+    return new_result(a.type, (*a.shape[:-1], 1), Op.SUM_ROWS, (a,))
 
 
 def argmax(a: Tensor) -> Tensor:
@@ -151,8 +151,8 @@ def argmax(a: Tensor) -> Tensor:
     gives 0). Every tensorplug backend and the conformance kit agree on this. A 1-d
     input gives shape ``(1,)``.
     """
-    _check_type("argmax", "a", a, {Type.F32})
-    return _new(Type.I32, a.shape[:-1] or (1,), Op.ARGMAX, (a,))
+    check_type("argmax", "a", a, {Type.F32})
+    return new_result(Type.I32, a.shape[:-1] or (1,), Op.ARGMAX, (a,))
 
 
 def argsort(a: Tensor, order: SortOrder | str = SortOrder.ASC) -> Tensor:
@@ -163,13 +163,13 @@ def argsort(a: Tensor, order: SortOrder | str = SortOrder.ASC) -> Tensor:
     ``std::sort``), so this is a stricter promise: results are reproducible and every
     backend must agree bit for bit, ties included.
     """
-    _check_type("argsort", "a", a, {Type.F32})
-    return _new(
+    check_type("argsort", "a", a, {Type.F32})
+    return new_result(
         Type.I32,
         a.shape,
         Op.ARGSORT,
         (a,),
-        {"order": _member("argsort", "order", SortOrder, order)},
+        {"order": enum_member("argsort", "order", SortOrder, order)},
     )
 
 
@@ -183,10 +183,10 @@ def top_k(a: Tensor, k: int) -> Tensor:
     that is right here is right for ggml's users, and backends can be compared exactly.
     ``1 <= k <= a.shape[-1]``.
     """
-    _check_type("top_k", "a", a, {Type.F32})
+    check_type("top_k", "a", a, {Type.F32})
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= a.shape[-1]:
         raise OpParamError(f"top_k: k must be an int in [1, {a.shape[-1]}], got {k!r}")
-    return _new(Type.I32, (*a.shape[:-1], k), Op.TOP_K, (a,), {"k": k})
+    return new_result(Type.I32, (*a.shape[:-1], k), Op.TOP_K, (a,), {"k": k})
 
 
 def argsort_top_k(a: Tensor, k: int) -> Tensor:
@@ -207,17 +207,17 @@ def repeat(a: Tensor, shape: Sequence[int] | Tensor) -> Tensor:
     Aligned from the right, each of ``a``'s dimensions must divide the target's;
     ``out[i] = a[i % a.shape]`` axis by axis. Any non-quantized type; same type as ``a``.
     """
-    _tensor("repeat", "a", a)
+    tensor_arg("repeat", "a", a)
     target = tuple(shape.shape) if isinstance(shape, Tensor) else tuple(int(d) for d in shape)
     if a.type.is_quantized:
         raise TypeMismatchError(f"repeat: quantized tensors are not supported ({a.describe()})")
     if not 1 <= len(target) <= MAX_DIMS or not can_repeat(a.shape, target):
-        raise _fail(
+        raise fail(
             "repeat",
             f"a {a.describe()} does not tile onto shape {target}: each dimension of a "
             "(aligned from the right) must divide the target's",
         )
-    return _new(a.type, target, Op.REPEAT, (a,))
+    return new_result(a.type, target, Op.REPEAT, (a,))
 
 
 def pad(a: Tensor, after: Sequence[int]) -> Tensor:
@@ -227,7 +227,7 @@ def pad(a: Tensor, after: Sequence[int]) -> Tensor:
     ``after[-1]``). Result ``a.shape[i] + after[i]``; ``a``'s values at the start, 0
     everywhere else. Float types; same type as ``a``.
     """
-    _check_type("pad", "a", a, FLOAT_TYPES)
+    check_type("pad", "a", a, FLOAT_TYPES)
     widths = tuple(after)
     if len(widths) != a.ndim or any(
         isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in widths
@@ -237,4 +237,4 @@ def pad(a: Tensor, after: Sequence[int]) -> Tensor:
             f"got {after!r}"
         )
     shape = tuple(d + w for d, w in zip(a.shape, widths, strict=True))
-    return _new(a.type, shape, Op.PAD, (a,), {"after": widths})
+    return new_result(a.type, shape, Op.PAD, (a,), {"after": widths})

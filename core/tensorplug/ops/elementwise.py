@@ -10,21 +10,21 @@ from ..tensor import Tensor
 from ._build import (
     FLOAT_TYPES,
     OpParamError,
-    _check_broadcast,
-    _check_type,
-    _fail,
-    _member,
-    _new,
+    check_broadcast,
+    check_type,
+    enum_member,
+    fail,
+    new_result,
 )
 
 # -- elementwise arithmetic ----------------------------------------------------------------
 
 
 def _binary(op: Op, a: Tensor, b: Tensor) -> Tensor:
-    _check_type(op.value, "a", a, FLOAT_TYPES)
-    _check_type(op.value, "b", b, FLOAT_TYPES)
-    _check_broadcast(op.value, a, b)
-    return _new(a.type, a.shape, op, (a, b))
+    check_type(op.value, "a", a, FLOAT_TYPES)
+    check_type(op.value, "b", b, FLOAT_TYPES)
+    check_broadcast(op.value, a, b)
+    return new_result(a.type, a.shape, op, (a, b))
 
 
 def add(a: Tensor, b: Tensor) -> Tensor:
@@ -49,8 +49,8 @@ def div(a: Tensor, b: Tensor) -> Tensor:
 
 def scale(a: Tensor, s: float, bias: float = 0.0) -> Tensor:
     """``a * s + bias`` elementwise (``ggml_scale_bias``); same type and shape as ``a``."""
-    _check_type("scale", "a", a, FLOAT_TYPES)
-    return _new(a.type, a.shape, Op.SCALE, (a,), {"scale": float(s), "bias": float(bias)})
+    check_type("scale", "a", a, FLOAT_TYPES)
+    return new_result(a.type, a.shape, Op.SCALE, (a,), {"scale": float(s), "bias": float(bias)})
 
 
 def unary(a: Tensor, fn: UnaryOp | str) -> Tensor:
@@ -62,9 +62,9 @@ def unary(a: Tensor, fn: UnaryOp | str) -> Tensor:
     gelu_erf ``0.5·x·(1 + erf(x/√2))``; silu ``x·σ(x)``; exp ``eˣ``;
     tanh; sigmoid ``σ(x) = 1/(1 + e⁻ˣ)``.
     """
-    fn = UnaryOp(_member("unary", "fn", UnaryOp, fn))
-    _check_type(f"unary({fn.value})", "a", a, FLOAT_TYPES)
-    return _new(a.type, a.shape, Op.UNARY, (a,), {"fn": fn})
+    fn = UnaryOp(enum_member("unary", "fn", UnaryOp, fn))
+    check_type(f"unary({fn.value})", "a", a, FLOAT_TYPES)
+    return new_result(a.type, a.shape, Op.UNARY, (a,), {"fn": fn})
 
 
 def abs(a: Tensor) -> Tensor:
@@ -117,11 +117,11 @@ def clamp(a: Tensor, min: float, max: float) -> Tensor:
     (ggml's ``ggml_clamp`` returns a view of ``a``; the allocator's in-place reuse gives
     the same memory saving here without aliasing surprises).
     """
-    _check_type("clamp", "a", a, FLOAT_TYPES)
+    check_type("clamp", "a", a, FLOAT_TYPES)
     lo, hi = float(min), float(max)
     if math.isnan(lo) or math.isnan(hi):
         raise OpParamError(f"clamp: bounds must not be NaN, got min={min!r}, max={max!r}")
-    return _new(a.type, a.shape, Op.CLAMP, (a,), {"min": lo, "max": hi})
+    return new_result(a.type, a.shape, Op.CLAMP, (a,), {"min": lo, "max": hi})
 
 
 def glu(
@@ -136,20 +136,20 @@ def glu(
     ``x = a[..., :n]`` and ``g = a[..., n:]`` and the result is ``act(x) * g`` with
     last axis ``n`` (``swapped`` exchanges the roles of the halves). Same type as ``a``.
     """
-    fn = GluOp(_member("glu", "fn", GluOp, fn))
+    fn = GluOp(enum_member("glu", "fn", GluOp, fn))
     name = fn.value
-    _check_type(name, "a", a, FLOAT_TYPES)
+    check_type(name, "a", a, FLOAT_TYPES)
     params = {"fn": fn, "swapped": bool(swapped)}
     if b is not None:
         if swapped:
-            raise _fail(name, "swapped applies to the split form only; with b, swap the operands")
-        _check_type(name, "b", b, {a.type})
+            raise fail(name, "swapped applies to the split form only; with b, swap the operands")
+        check_type(name, "b", b, {a.type})
         if b.shape != a.shape:
-            raise _fail(name, f"b {b.describe()} must have the shape of a {a.describe()}")
-        return _new(a.type, a.shape, Op.GLU, (a, b), params)
+            raise fail(name, f"b {b.describe()} must have the shape of a {a.describe()}")
+        return new_result(a.type, a.shape, Op.GLU, (a, b), params)
     if a.shape[-1] % 2:
-        raise _fail(name, f"a {a.describe()} needs an even last dimension to split in halves")
-    return _new(a.type, (*a.shape[:-1], a.shape[-1] // 2), Op.GLU, (a,), params)
+        raise fail(name, f"a {a.describe()} needs an even last dimension to split in halves")
+    return new_result(a.type, (*a.shape[:-1], a.shape[-1] // 2), Op.GLU, (a,), params)
 
 
 def swiglu(a: Tensor, b: Tensor | None = None, *, swapped: bool = False) -> Tensor:

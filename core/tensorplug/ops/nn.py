@@ -3,20 +3,20 @@ softmax, rope and fused attention."""
 
 from __future__ import annotations
 
-from ..opcodes import Op, RopeMode
 from ..errors import OpParamError
+from ..opcodes import Op, RopeMode
 from ..tensor import Tensor
 from ..types import Type
 from ._build import (
     CACHE_TYPES,
     FLOAT_TYPES,
     WEIGHT_TYPES,
-    _check_type,
-    _eps,
-    _fail,
-    _member,
-    _new,
-    _padded,
+    check_type,
+    checked_eps,
+    enum_member,
+    fail,
+    new_result,
+    padded,
 )
 from .elementwise import add, mul
 
@@ -25,8 +25,8 @@ from .elementwise import add, mul
 
 def norm(a: Tensor, eps: float) -> Tensor:
     """Per row: ``(x - mean(x)) / sqrt(var(x) + eps)`` (population variance)."""
-    _check_type("norm", "a", a, FLOAT_TYPES)
-    return _new(a.type, a.shape, Op.NORM, (a,), {"eps": _eps("norm", eps)})
+    check_type("norm", "a", a, FLOAT_TYPES)
+    return new_result(a.type, a.shape, Op.NORM, (a,), {"eps": checked_eps("norm", eps)})
 
 
 def layer_norm(a: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
@@ -46,8 +46,8 @@ def layer_norm(a: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
 
 def rms_norm(a: Tensor, eps: float) -> Tensor:
     """Per row: ``x / sqrt(mean(x²) + eps)``, as llama's RMSNorm before its weight."""
-    _check_type("rms_norm", "a", a, FLOAT_TYPES)
-    return _new(a.type, a.shape, Op.RMS_NORM, (a,), {"eps": _eps("rms_norm", eps)})
+    check_type("rms_norm", "a", a, FLOAT_TYPES)
+    return new_result(a.type, a.shape, Op.RMS_NORM, (a,), {"eps": checked_eps("rms_norm", eps)})
 
 
 # -- matrix products and attention -----------------------------------------------------------
@@ -64,24 +64,24 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     ``a`` (consecutive query heads share a KV head, as grouped-query attention needs).
     ``a`` must have dense rows (quantized rows are read block by block).
     """
-    _check_type("mul_mat", "a", a, WEIGHT_TYPES)
-    _check_type("mul_mat", "b", b, FLOAT_TYPES)
+    check_type("mul_mat", "a", a, WEIGHT_TYPES)
+    check_type("mul_mat", "b", b, FLOAT_TYPES)
     if a.shape[-1] != b.shape[-1]:
-        raise _fail(
+        raise fail(
             "mul_mat",
             f"a {a.describe()} and b {b.describe()} must share their last (n_in) dimension",
         )
     if a.type.is_quantized and not a.rows_contiguous:
-        raise _fail("mul_mat", f"quantized a {a.describe()} must have dense rows")
+        raise fail("mul_mat", f"quantized a {a.describe()} must have dense rows")
     ndim = max(a.ndim, b.ndim, 2)
-    pa, pb = _padded(a.shape, ndim), _padded(b.shape, ndim)
+    pa, pb = padded(a.shape, ndim), padded(b.shape, ndim)
     for da, db in zip(pa[:-2], pb[:-2], strict=True):
         if db % da:
-            raise _fail(
+            raise fail(
                 "mul_mat",
                 f"batch dimensions of b {b.describe()} must be multiples of a's {a.describe()}",
             )
-    return _new(Type.F32, (*pb[:-2], pb[-2], pa[-2])[-ndim:], Op.MUL_MAT, (a, b))
+    return new_result(Type.F32, (*pb[:-2], pb[-2], pa[-2])[-ndim:], Op.MUL_MAT, (a, b))
 
 
 def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
@@ -96,32 +96,32 @@ def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
     n_used, n_out)`` with ``out[t, e, :] = a[ids[t, e]] · b[t, e % n_b, :]``. An index
     outside ``[0, n_expert)`` is an :class:`~tensorplug.OutOfBoundsError` when computed.
     """
-    _check_type("mul_mat_id", "a", a, WEIGHT_TYPES)
-    _check_type("mul_mat_id", "b", b, FLOAT_TYPES)
-    _check_type("mul_mat_id", "ids", ids, {Type.I32})
+    check_type("mul_mat_id", "a", a, WEIGHT_TYPES)
+    check_type("mul_mat_id", "b", b, FLOAT_TYPES)
+    check_type("mul_mat_id", "ids", ids, {Type.I32})
     if a.ndim != 3 or b.ndim != 3 or ids.ndim != 2:
-        raise _fail(
+        raise fail(
             "mul_mat_id",
             f"expected a (n_expert, n_out, n_in), b (n_tokens, n_b, n_in) and ids (n_tokens, "
             f"n_used); got a {a.describe()}, b {b.describe()}, ids {ids.describe()}",
         )
     if a.shape[-1] != b.shape[-1]:
-        raise _fail(
+        raise fail(
             "mul_mat_id", f"a {a.describe()} and b {b.describe()} must share their last (n_in) axis"
         )
     if ids.shape[0] != b.shape[0]:
-        raise _fail(
+        raise fail(
             "mul_mat_id", f"ids {ids.describe()} needs one row per token of b {b.describe()}"
         )
     if ids.shape[1] % b.shape[1]:
-        raise _fail(
+        raise fail(
             "mul_mat_id",
             f"b's rows per token ({b.shape[1]}) must divide the experts used per token "
             f"({ids.shape[1]})",
         )
     if not a.rows_contiguous:
-        raise _fail("mul_mat_id", f"a {a.describe()} must have dense rows")
-    return _new(Type.F32, (b.shape[0], ids.shape[1], a.shape[1]), Op.MUL_MAT_ID, (a, b, ids))
+        raise fail("mul_mat_id", f"a {a.describe()} must have dense rows")
+    return new_result(Type.F32, (b.shape[0], ids.shape[1], a.shape[1]), Op.MUL_MAT_ID, (a, b, ids))
 
 
 def soft_max(
@@ -138,24 +138,24 @@ def soft_max(
     ``slope = 2^(-max_bias/m)^(h+1)`` for ``h < m`` else
     ``2^(-max_bias/(2m))^(2(h-m)+1)``. ``-inf`` mask entries give weight 0.
     """
-    _check_type("soft_max", "a", a, {Type.F32})
+    check_type("soft_max", "a", a, {Type.F32})
     params = {"scale": float(scale), "max_bias": float(max_bias)}
     if mask is None:
         if max_bias > 0:
-            raise _fail("soft_max", "max_bias (ALiBi) needs a mask to add the bias to")
-        return _new(Type.F32, a.shape, Op.SOFT_MAX, (a,), params)
-    _check_type("soft_max", "mask", mask, {Type.F32, Type.F16})
-    if mask.ndim < 2 or mask.shape[-1] != a.shape[-1] or mask.shape[-2] < _padded(a.shape)[-2]:
-        raise _fail(
+            raise fail("soft_max", "max_bias (ALiBi) needs a mask to add the bias to")
+        return new_result(Type.F32, a.shape, Op.SOFT_MAX, (a,), params)
+    check_type("soft_max", "mask", mask, {Type.F32, Type.F16})
+    if mask.ndim < 2 or mask.shape[-1] != a.shape[-1] or mask.shape[-2] < padded(a.shape)[-2]:
+        raise fail(
             "soft_max",
-            f"mask {mask.describe()} must be (…, >= {_padded(a.shape)[-2]}, {a.shape[-1]}) "
+            f"mask {mask.describe()} must be (…, >= {padded(a.shape)[-2]}, {a.shape[-1]}) "
             f"for a {a.describe()}",
         )
     if mask.ndim > max(a.ndim, 2) or any(
-        da % dm for da, dm in zip(_padded(a.shape)[:-2], _padded(mask.shape)[:-2], strict=True)
+        da % dm for da, dm in zip(padded(a.shape)[:-2], padded(mask.shape)[:-2], strict=True)
     ):
-        raise _fail("soft_max", f"mask {mask.describe()} outer axes must divide a's {a.describe()}")
-    return _new(Type.F32, a.shape, Op.SOFT_MAX, (a, mask), params)
+        raise fail("soft_max", f"mask {mask.describe()} outer axes must divide a's {a.describe()}")
+    return new_result(Type.F32, a.shape, Op.SOFT_MAX, (a, mask), params)
 
 
 def rope(
@@ -187,24 +187,22 @@ def rope(
     ``attn_factor``. NORMAL mode pairs ``(x[2i], x[2i+1])``; NEOX mode pairs
     ``(x[i], x[i + n_dims/2])``. Rotation: ``(x0·cos - x1·sin, x0·sin + x1·cos)·mscale``.
     """
-    _check_type("rope", "a", a, {Type.F32, Type.F16})
-    _check_type("rope", "pos", pos, {Type.I32})
-    mode = _member("rope", "mode", RopeMode, mode)
+    check_type("rope", "a", a, {Type.F32, Type.F16})
+    check_type("rope", "pos", pos, {Type.I32})
+    mode = enum_member("rope", "mode", RopeMode, mode)
     if a.ndim < 3:
-        raise _fail("rope", f"a {a.describe()} must be (…, n_tokens, n_head, head_dim)")
+        raise fail("rope", f"a {a.describe()} must be (…, n_tokens, n_head, head_dim)")
     if pos.ndim != 1 or pos.shape[0] != a.shape[-3]:
-        raise _fail(
-            "rope", f"pos {pos.describe()} must be ({a.shape[-3]},): one position per token"
-        )
+        raise fail("rope", f"pos {pos.describe()} must be ({a.shape[-3]},): one position per token")
     if n_dims <= 0 or n_dims % 2 or n_dims > a.shape[-1]:
-        raise _fail(
+        raise fail(
             "rope", f"n_dims={n_dims} must be even, positive and at most head_dim={a.shape[-1]}"
         )
     src: tuple[Tensor, ...] = (a, pos)
     if freq_factors is not None:
-        _check_type("rope", "freq_factors", freq_factors, {Type.F32})
+        check_type("rope", "freq_factors", freq_factors, {Type.F32})
         if freq_factors.shape != (n_dims // 2,):
-            raise _fail("rope", f"freq_factors {freq_factors.describe()} must be ({n_dims // 2},)")
+            raise fail("rope", f"freq_factors {freq_factors.describe()} must be ({n_dims // 2},)")
         src = (a, pos, freq_factors)
     params = {
         "n_dims": int(n_dims), "mode": mode, "freq_base": float(freq_base),
@@ -212,7 +210,7 @@ def rope(
         "attn_factor": float(attn_factor), "beta_fast": float(beta_fast),
         "beta_slow": float(beta_slow), "n_ctx_orig": int(n_ctx_orig),
     }  # fmt: skip
-    return _new(a.type, a.shape, Op.ROPE, src, params)
+    return new_result(a.type, a.shape, Op.ROPE, src, params)
 
 
 def flash_attn_ext(
@@ -251,53 +249,53 @@ def flash_attn_ext(
     in f16) rather than that of llama.cpp's graph without flash attention
     (``mul_mat``, ``soft_max_ext``, ``mul_mat``): the same function up to rounding.
     """
-    _check_type("flash_attn_ext", "q", q, {Type.F32})
-    _check_type("flash_attn_ext", "k", k, CACHE_TYPES)
-    _check_type("flash_attn_ext", "v", v, CACHE_TYPES)
+    check_type("flash_attn_ext", "q", q, {Type.F32})
+    check_type("flash_attn_ext", "k", k, CACHE_TYPES)
+    check_type("flash_attn_ext", "v", v, CACHE_TYPES)
     if not (k.type.is_quantized or v.type.is_quantized):
-        _check_type("flash_attn_ext", "v (as k is not quantized)", v, {k.type})
+        check_type("flash_attn_ext", "v (as k is not quantized)", v, {k.type})
     if not 3 <= q.ndim == k.ndim == v.ndim:
-        raise _fail(
+        raise fail(
             "flash_attn_ext",
             f"q, k and v must all be 3-d or 4-d (…, heads, tokens, dim); got {q.describe()}, "
             f"{k.describe()}, {v.describe()}",
         )
-    pq, pk, pv = _padded(q.shape), _padded(k.shape), _padded(v.shape)
+    pq, pk, pv = padded(q.shape), padded(k.shape), padded(v.shape)
     if pk[-1] != pq[-1] or pk[-2] != pv[-2] or pk[:-3] != pq[:-3] or pv[:-2] != pk[:-2]:
-        raise _fail(
+        raise fail(
             "flash_attn_ext",
             f"shapes do not agree: q {q.describe()}, k {k.describe()}, v {v.describe()} "
             "(q/k share head dim; k/v share batch, heads and n_kv)",
         )
     if pq[-3] % pk[-3]:
-        raise _fail("flash_attn_ext", f"q heads {pq[-3]} must be a multiple of k/v heads {pk[-3]}")
+        raise fail("flash_attn_ext", f"q heads {pq[-3]} must be a multiple of k/v heads {pk[-3]}")
     src: tuple[Tensor, ...] = (q, k, v)
     if mask is not None:
-        _check_type("flash_attn_ext", "mask", mask, {Type.F32, Type.F16})
-        pm = _padded(mask.shape)
+        check_type("flash_attn_ext", "mask", mask, {Type.F32, Type.F16})
+        pm = padded(mask.shape)
         if mask.shape[-1] != pk[-2] or pm[-2] < pq[-2]:
-            raise _fail(
+            raise fail(
                 "flash_attn_ext",
                 f"mask {mask.describe()} must be (…, >= {pq[-2]}, {pk[-2]})",
             )
         if any(dm not in (1, dq) for dq, dm in zip(pq[:-2], pm[:-2], strict=True)):
-            raise _fail("flash_attn_ext", f"mask {mask.describe()} outer axes must be 1 or match q")
+            raise fail("flash_attn_ext", f"mask {mask.describe()} outer axes must be 1 or match q")
         src = (q, k, v, mask)
     elif max_bias > 0:
-        raise _fail("flash_attn_ext", "max_bias (ALiBi) needs a mask")
+        raise fail("flash_attn_ext", "max_bias (ALiBi) needs a mask")
     if order is not None:
         if mask is None:
-            raise _fail("flash_attn_ext", "an order needs a mask (pass one of zeros)")
-        _check_type("flash_attn_ext", "order", order, {Type.I32})
+            raise fail("flash_attn_ext", "an order needs a mask (pass one of zeros)")
+        check_type("flash_attn_ext", "order", order, {Type.I32})
         if order.shape != (pk[-2],):
-            raise _fail(
+            raise fail(
                 "flash_attn_ext", f"order {order.describe()} must be ({pk[-2]},): one per k row"
             )
         src = (*src, order)
     out_shape = (*pq[:-3], pq[-2], pq[-3], pv[-1])[-q.ndim :]
     params = {"scale": float(scale), "max_bias": float(max_bias),
               "logit_softcap": float(logit_softcap), "online": bool(online)}  # fmt: skip
-    return _new(Type.F32, out_shape, Op.FLASH_ATTN_EXT, src, params)
+    return new_result(Type.F32, out_shape, Op.FLASH_ATTN_EXT, src, params)
 
 
 def hadamard(a: Tensor, n: int) -> Tensor:
@@ -312,9 +310,9 @@ def hadamard(a: Tensor, n: int) -> Tensor:
     F32 of ``a``'s shape, contiguous. ggml's arithmetic: each value times
     ``1/sqrtf(n)``, then the butterflies ``(u + v, u − v)`` over spans 1, 2, 4… n/2.
     """
-    _check_type("hadamard", "a", a, {Type.F32})
+    check_type("hadamard", "a", a, {Type.F32})
     if isinstance(n, bool) or not isinstance(n, int) or n < 2 or n & (n - 1):
         raise OpParamError(f"hadamard: n must be a power of two from 2, got {n!r}")
     if a.shape[-1] % n:
-        raise _fail("hadamard", f"n={n} must divide the rows of {a.describe()}")
-    return _new(Type.F32, a.shape, Op.HADAMARD, (a,), {"n": n})
+        raise fail("hadamard", f"n={n} must divide the rows of {a.describe()}")
+    return new_result(Type.F32, a.shape, Op.HADAMARD, (a,), {"n": n})

@@ -169,7 +169,7 @@ class DeviceServer:
         else:
             raise KeyError(f"graph {key} is not cached on this device; the client must resend it")
         self.graphs.move_to_end(key)
-        status = self.backend.graph_compute(Graph._from_parts(nodes, ()))
+        status = self.backend.graph_compute(Graph.from_parts(nodes, ()))
         return str(status.value)
 
     def run(self, calls: Any) -> None:
