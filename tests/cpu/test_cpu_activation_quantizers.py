@@ -2,7 +2,7 @@
 formulas of ggml's rounding (``test_cpu_helpers``): Q8_0's and Q8_1's codes, f16 scales
 and code sums, Q8_K's codes and scales. The kernels find each block's largest magnitude
 in four interleaved running maxima and round with ggml's ``nearest_int`` addition
-(``_numba_quant._nearest``); neither may change a bit: ties of exactly half, blocks of
+(``_numba_quant.nearest_int``); neither may change a bit: ties of exactly half, blocks of
 zeros, magnitudes from 1e-38 to 1e30, a largest magnitude met twice with both signs
 (Q8_K keeps the first), and a NaN, which every running maximum skips. A Q8_K super-block
 whose scale is zero (of NaNs only, or an infinite largest magnitude) is ggml's zeros and

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("numba", reason="numba is not installed: the CPU backend's numpy kernels run")
 
-from tensorplug_cpu.kernels._numba_quant import _CHUNKS, chunk_span
+from tensorplug_cpu.kernels._numba_quant import ROW_CHUNKS, chunk_span
 
 
 @pytest.mark.parametrize("unit", [1, 4])
@@ -22,13 +22,13 @@ from tensorplug_cpu.kernels._numba_quant import _CHUNKS, chunk_span
 def test_chunks_cover_the_rows_once_in_whole_units_and_as_evenly_as_units_allow(
     n: int, unit: int
 ) -> None:
-    spans = [tuple(chunk_span(c, n, unit)) for c in range(_CHUNKS)]
+    spans = [tuple(chunk_span(c, n, unit)) for c in range(ROW_CHUNKS)]
     assert spans[0][0] == 0 and spans[-1][1] == n
     assert all(a[1] == b[0] for a, b in pairwise(spans))  # once, in order
     assert all(lo % unit == 0 and lo <= hi for lo, hi in spans)
     units = [-(-(hi - lo) // unit) for lo, hi in spans]
     assert max(units) - min(units) <= 1
     for threads in (2, 4, 8):  # numba's static split of the 64 chunks
-        run = _CHUNKS // threads
-        shares = [sum(units[i : i + run]) for i in range(0, _CHUNKS, run)]
+        run = ROW_CHUNKS // threads
+        shares = [sum(units[i : i + run]) for i in range(0, ROW_CHUNKS, run)]
         assert max(shares) - min(shares) <= 1, shares

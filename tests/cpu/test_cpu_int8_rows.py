@@ -141,10 +141,10 @@ def test_the_portable_ir_computes_the_same_products(tmp_path) -> None:  # type: 
 _FAST_CALLER = """
 import numpy as np
 from numba import njit
-from tensorplug_cpu.kernels._numba_quant import _DOT, quantize_q8_0
+from tensorplug_cpu.kernels._numba_quant import DOT_FASTMATH, quantize_q8_0
 from tensorplug_cpu.kernels.jit import F16_TO_F32 as table
 
-@njit(fastmath=_DOT, cache=False)  # like the mat×vec kernels, which quantize first
+@njit(fastmath=DOT_FASTMATH, cache=False)  # like the mat×vec kernels, which quantize first
 def fast_caller(x, xq, xd, xs):
     quantize_q8_0(x, xq, xd, xs, table)
 

@@ -37,7 +37,7 @@ from ._numba_attention_ir import (
 )
 from ._numba_cache import kernel
 from ._numba_pool import address, view4
-from ._numba_quant import _f32_to_f16_bits
+from ._numba_quant import f32_to_f16_bits
 from ._numba_rows import expf, ggml_expf
 from .job_blocks import (
     ATTEND_FIELDS,
@@ -98,7 +98,7 @@ def _half_impl(x, table):  # type: ignore[no-untyped-def]  # numba: names only
         return f16c
 
     def bits(x, table):  # type: ignore[no-untyped-def]
-        return table[_f32_to_f16_bits(x)]
+        return table[f32_to_f16_bits(x)]
 
     return bits
 

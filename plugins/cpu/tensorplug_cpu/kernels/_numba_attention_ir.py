@@ -49,7 +49,7 @@ CELLS = 16
 #: four registers of 16 each, stay in registers beside the V row's).
 MAX_HEADS = 4
 
-_F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+_F32, I32, I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 
 
 def value_dims() -> int:
@@ -66,8 +66,8 @@ def _row(context: Any, builder: ir.IRBuilder, aryty: Any, ary: Any, head: Any,
     as its elements (half or float), and that element type."""
     arr = context.make_array(aryty)(context, builder, ary)
     strides = [builder.extract_value(arr.strides, axis) for axis in (0, 1)]
-    at = builder.add(builder.mul(builder.sext(head, _I64), strides[0]),
-                     builder.mul(builder.sext(cell, _I64), strides[1]))  # fmt: skip
+    at = builder.add(builder.mul(builder.sext(head, I64), strides[0]),
+                     builder.mul(builder.sext(cell, I64), strides[1]))  # fmt: skip
     elem = ir.HalfType() if aryty.dtype == types.uint16 else _F32
     base = builder.gep(builder.bitcast(arr.data, ir.IntType(8).as_pointer()), [at])
     return builder.bitcast(base, elem.as_pointer()), elem
@@ -84,12 +84,12 @@ def _floats(builder: ir.IRBuilder, ptr: Any, elem: Any, at: Any, n: int) -> Any:
 def _fma(builder: ir.IRBuilder, n: int) -> Any:
     """``llvm.fma`` on ``<n x float>``: each lane rounded once, whatever the register width."""
     vec = ir.VectorType(_F32, n)
-    return _ir._fn(builder, f"llvm.fma.v{n}f32", vec, vec, vec, vec)
+    return _ir.llvm_fn(builder, f"llvm.fma.v{n}f32", vec, vec, vec, vec)
 
 
 def _halves(builder: ir.IRBuilder, vec: Any, n: int) -> tuple[Any, Any]:
     """The low and high halves of an ``n``-lane vector."""
-    lo, hi = (ir.Constant(ir.VectorType(_I32, n // 2), list(range(a, a + n // 2)))
+    lo, hi = (ir.Constant(ir.VectorType(I32, n // 2), list(range(a, a + n // 2)))
               for a in (0, n // 2))  # fmt: skip
     return builder.shuffle_vector(vec, vec, lo), builder.shuffle_vector(vec, vec, hi)
 
@@ -101,7 +101,7 @@ def _lanes(context: Any, builder: ir.IRBuilder, k: tuple[Any, Any], head: Any, c
     ``q[g]`` (each an (array type, value) pair)."""
     row, elem = _row(context, builder, *k, head, cell)
     qa = context.make_array(q[0])(context, builder, q[1])
-    q_at = builder.mul(builder.sext(g, _I64), builder.extract_value(qa.strides, 0))
+    q_at = builder.mul(builder.sext(g, I64), builder.extract_value(qa.strides, 0))
     qp = builder.bitcast(builder.gep(builder.bitcast(qa.data, ir.IntType(8).as_pointer()),
                                      [q_at]), _F32.as_pointer())  # fmt: skip
     fma = _fma(builder, width)
@@ -116,10 +116,10 @@ def _lanes(context: Any, builder: ir.IRBuilder, k: tuple[Any, Any], head: Any, c
     if isinstance(runs, ir.Constant):  # straight-line code LLVM schedules across the cells
         acc = zero
         for at in range(0, runs.constant * width, width):
-            [acc] = run(ir.Constant(_I64, at), [acc])
+            [acc] = run(ir.Constant(I64, at), [acc])
     else:
-        end = builder.mul(builder.sext(runs, _I64), ir.Constant(_I64, width))
-        [acc] = _ir.carried_loop(builder, "score", ir.Constant(_I64, 0), end, width, [zero],
+        end = builder.mul(builder.sext(runs, I64), ir.Constant(I64, width))
+        [acc] = _ir.carried_loop(builder, "score", ir.Constant(I64, 0), end, width, [zero],
                                  run)  # fmt: skip
     n = width
     while n > CELLS:
@@ -131,11 +131,11 @@ def _lanes(context: Any, builder: ir.IRBuilder, k: tuple[Any, Any], head: Any, c
 def _scores16_ir(width: int, context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
     """The code of :func:`scores16` for lanes of ``width`` (64 or 16)."""
     colp = context.make_array(sig.args[2])(context, builder, args[2]).data
-    c0 = builder.sext(args[3], _I64)
+    c0 = builder.sext(args[3], I64)
     keys, query = (sig.args[0], args[0]), (sig.args[4], args[4])
     sums = []
     for t in range(CELLS):
-        cell = builder.load(builder.gep(colp, [builder.add(c0, ir.Constant(_I64, t))]))
+        cell = builder.load(builder.gep(colp, [builder.add(c0, ir.Constant(I64, t))]))
         sums.append(_lanes(context, builder, keys, args[1], cell, query, args[5], args[6], width))
     size = CELLS  # each vector holds CELLS // size cells' lanes, `size` each
     while size > 1:
@@ -147,14 +147,14 @@ def _scores16_ir(width: int, context: Any, builder: ir.IRBuilder, sig: Any, args
             hi = [s * size + half + i for s in range(groups) for i in range(half)]
             lo += [CELLS + i for i in lo]  # b's lanes follow a's in the shuffle
             hi += [CELLS + i for i in hi]
-            pick = [ir.Constant(ir.VectorType(_I32, CELLS), sel) for sel in (lo, hi)]
+            pick = [ir.Constant(ir.VectorType(I32, CELLS), sel) for sel in (lo, hi)]
             paired.append(builder.fadd(builder.shuffle_vector(a, b, pick[0]),
                                        builder.shuffle_vector(a, b, pick[1])))  # fmt: skip
         sums, size = paired, half
     out = context.make_array(sig.args[7])(context, builder, args[7])
-    at = builder.add(builder.mul(builder.sext(args[5], _I64),
+    at = builder.add(builder.mul(builder.sext(args[5], I64),
                                  builder.extract_value(out.strides, 0)),
-                     builder.mul(c0, ir.Constant(_I64, 4)))  # fmt: skip
+                     builder.mul(c0, ir.Constant(I64, 4)))  # fmt: skip
     dst = builder.gep(builder.bitcast(out.data, ir.IntType(8).as_pointer()), [at])
     builder.store(sums[0], builder.bitcast(dst, ir.VectorType(_F32, CELLS).as_pointer()),
                   align=4)  # fmt: skip
@@ -189,7 +189,7 @@ def _score_row_ir(width: int, context: Any, builder: ir.IRBuilder, sig: Any, arg
     while n > 1:
         acc = builder.fadd(*_halves(builder, acc, n))
         n //= 2
-    return builder.extract_element(acc, ir.Constant(_I32, 0))
+    return builder.extract_element(acc, ir.Constant(I32, 0))
 
 
 @intrinsic
@@ -232,11 +232,11 @@ def weighted_lanes(heads: int) -> Callable[..., None]:
             wa = context.make_array(sig.args[3])(context, builder, w)
             w_rows = []
             for h in range(heads):
-                head = builder.add(builder.sext(g0, _I64), ir.Constant(_I64, h))
+                head = builder.add(builder.sext(g0, I64), ir.Constant(I64, h))
                 at = builder.mul(head, builder.extract_value(wa.strides, 0))
                 w_rows.append(builder.bitcast(builder.gep(builder.bitcast(wa.data, i8p), [at]),
                                               _F32.as_pointer()))  # fmt: skip
-            d0 = builder.sext(d0, _I64)
+            d0 = builder.sext(d0, I64)
             zero, no_weight = ir.Constant(vec, [0.0] * width), ir.Constant(_F32, 0.0)
 
             def term(c: Any, accs: list[Any]) -> list[Any]:
@@ -244,7 +244,7 @@ def weighted_lanes(heads: int) -> Callable[..., None]:
                                  builder.load(builder.gep(colp, [c])))  # fmt: skip
                 values = _floats(builder, row, elem, d0, width)
                 weights = [builder.load(builder.gep(wp, [c])) for wp in w_rows]
-                fused = [builder.call(fma, [values, _ir._splat_scalar(builder, p, width), a])
+                fused = [builder.call(fma, [values, _ir.splat_scalar(builder, p, width), a])
                          for p, a in zip(weights, accs, strict=True)]  # fmt: skip
                 # a zero weight is rare (an exponential that underflowed): one branch, seldom
                 # taken, keeps the lanes it would touch, where a select per head and term
@@ -265,20 +265,20 @@ def weighted_lanes(heads: int) -> Callable[..., None]:
                     out.append(phi)
                 return out
 
-            first = builder.sext(i, _I64)
-            stride = builder.sext(step, _I64)
+            first = builder.sext(i, I64)
+            stride = builder.sext(step, I64)
             accs = term(first, [zero] * heads)
 
             def later(t: Any, accs: list[Any]) -> list[Any]:
                 return term(builder.add(first, builder.mul(t, stride)), accs)
 
-            accs = _ir.carried_loop(builder, "lane", ir.Constant(_I64, 1),
-                                    builder.sext(n, _I64), 1, accs, later)  # fmt: skip
+            accs = _ir.carried_loop(builder, "lane", ir.Constant(I64, 1),
+                                    builder.sext(n, I64), 1, accs, later)  # fmt: skip
             out = context.make_array(sig.args[9])(context, builder, acc)
             s0, s1 = (builder.extract_value(out.strides, a) for a in (0, 1))
-            lane_at = builder.add(builder.mul(first, s1), builder.mul(d0, ir.Constant(_I64, 4)))
+            lane_at = builder.add(builder.mul(first, s1), builder.mul(d0, ir.Constant(I64, 4)))
             for h, a in enumerate(accs):
-                head = builder.add(builder.sext(g0, _I64), ir.Constant(_I64, h))
+                head = builder.add(builder.sext(g0, I64), ir.Constant(I64, h))
                 at = builder.add(builder.mul(head, s0), lane_at)
                 dst = builder.gep(builder.bitcast(out.data, i8p), [at])
                 builder.store(a, builder.bitcast(dst, vec.as_pointer()), align=4)
@@ -295,7 +295,7 @@ def value_width(typingctx: Any) -> Any:
     """:func:`value_dims` as a compile-time constant of compiled code."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        return ir.Constant(_I64, value_dims())
+        return ir.Constant(I64, value_dims())
 
     return types.int64(), codegen
 
@@ -312,7 +312,7 @@ def touch_cells(typingctx: Any, a: Any, h0: Any, h1: Any, n: Any) -> Any:
         head_stride, cell_stride = (builder.extract_value(arr.strides, axis) for axis in (0, 1))
         base = builder.bitcast(arr.data, i8.as_pointer())
         size = builder.mul(builder.extract_value(arr.shape, 2),
-                           ir.Constant(_I64, sig.args[0].dtype.bitwidth // 8))  # fmt: skip
+                           ir.Constant(I64, sig.args[0].dtype.bitwidth // 8))  # fmt: skip
 
         def cell(c: Any, _: list[Any]) -> list[Any]:
             row0 = builder.gep(base, [builder.mul(c, cell_stride)])
@@ -327,14 +327,14 @@ def touch_cells(typingctx: Any, a: Any, h0: Any, h1: Any, n: Any) -> Any:
                                 side_effect=True)  # fmt: skip
                     return []
 
-                _ir.carried_loop(builder, "line", ir.Constant(_I64, 0), size, 64, [], line)
+                _ir.carried_loop(builder, "line", ir.Constant(I64, 0), size, 64, [], line)
                 return []
 
-            _ir.carried_loop(builder, "head", builder.sext(args[1], _I64),
-                             builder.sext(args[2], _I64), 1, [], head)  # fmt: skip
+            _ir.carried_loop(builder, "head", builder.sext(args[1], I64),
+                             builder.sext(args[2], I64), 1, [], head)  # fmt: skip
             return []
 
-        _ir.carried_loop(builder, "cell", ir.Constant(_I64, 0), builder.sext(args[3], _I64), 1,
+        _ir.carried_loop(builder, "cell", ir.Constant(I64, 0), builder.sext(args[3], I64), 1,
                          [], cell)  # fmt: skip
         return context.get_dummy_value()
 

@@ -28,10 +28,10 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ._numba_cache import kernel
-from ._numba_introw import LAYOUTS, Layout, _codes
-from ._numba_ir import _I8, _I32, _data, _load_vec, _runtime_splat, _splat, _splat_scalar, _vec
-from ._numba_kquant import _scale_min_k4
-from ._numba_quant import _i8
+from ._numba_introw import LAYOUTS, Layout, block_codes
+from ._numba_ir import I8, I32, array_data, load_vec, runtime_splat, splat, splat_scalar, vec_of
+from ._numba_kquant import scale_min_k4
+from ._numba_quant import as_int8
 from .job_blocks import TYPES32
 
 __all__ = ["dequantize_q4_k_rows", "dequantize_q5_k_rows", "dequantize_q6_k_rows",
@@ -46,9 +46,9 @@ def _store_scaled(
     """``dst[at:at+n] = d·codes`` (``+ m`` if given) for ``<n x i32>`` codes."""
     n = codes.type.count
     vf = ir.VectorType(_F32, n)
-    values = builder.fmul(builder.sitofp(codes, vf), _splat_scalar(builder, d, n))
+    values = builder.fmul(builder.sitofp(codes, vf), splat_scalar(builder, d, n))
     if m is not None:  # only then: adding 0 would turn a −0 into +0
-        values = builder.fadd(values, _splat_scalar(builder, m, n))
+        values = builder.fadd(values, splat_scalar(builder, m, n))
     builder.store(values, builder.bitcast(builder.gep(dst, [at]), vf.as_pointer()), align=4)
 
 
@@ -57,11 +57,11 @@ def _block32_codegen(lay: Layout) -> Any:
     type has a minimum; the codes are unpacked as the integer kernels unpack them."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        s, t = (_data(context, builder, sig.args[i], args[i]) for i in (0, 2))
-        codes, signed = _codes(builder, lay, s, args[1])
-        wide = (builder.sext if signed else builder.zext)(codes, _vec(_I32, 32))
+        s, t = (array_data(context, builder, sig.args[i], args[i]) for i in (0, 2))
+        codes, signed = block_codes(builder, lay, s, args[1])
+        wide = (builder.sext if signed else builder.zext)(codes, vec_of(I32, 32))
         if lay.offset and not signed:  # signed codes come with the offset taken off
-            wide = builder.sub(wide, _splat(_I32, 32, lay.offset))
+            wide = builder.sub(wide, splat(I32, 32, lay.offset))
         _store_scaled(builder, wide, args[4], t, args[3], args[5] if lay.m >= 0 else None)
         return context.get_dummy_value()
 
@@ -91,13 +91,13 @@ def _nibbles32(typingctx: Any, src: Any, at: Any, shift: Any, dst: Any, o: Any, 
     """``dst[o:o+32] = d·q − m`` for ``q = (src[at:at+32] >> shift) & 15``."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        s, t = (_data(context, builder, sig.args[i], args[i]) for i in (0, 3))
-        q = _load_vec(builder, s, args[1], _vec(_I8, 32))
-        by = _splat_scalar(builder, builder.trunc(args[2], _I8), 32)
-        nibbles = builder.and_(builder.lshr(q, by), _splat(_I8, 32, 15))
+        s, t = (array_data(context, builder, sig.args[i], args[i]) for i in (0, 3))
+        q = load_vec(builder, s, args[1], vec_of(I8, 32))
+        by = splat_scalar(builder, builder.trunc(args[2], I8), 32)
+        nibbles = builder.and_(builder.lshr(q, by), splat(I8, 32, 15))
         vf = ir.VectorType(_F32, 32)
-        scaled = builder.fmul(_splat_scalar(builder, args[5], 32), builder.uitofp(nibbles, vf))
-        values = builder.fsub(scaled, _splat_scalar(builder, args[6], 32))
+        scaled = builder.fmul(splat_scalar(builder, args[5], 32), builder.uitofp(nibbles, vf))
+        values = builder.fsub(scaled, splat_scalar(builder, args[6], 32))
         where = builder.bitcast(builder.gep(t, [args[4]]), vf.as_pointer())
         builder.store(values, where, align=4)
         return context.get_dummy_value()
@@ -156,7 +156,7 @@ def dequantize_q4_k_rows(rows: Any, out: Any, table: Any) -> None:
             blk = src[144 * b : 144 * (b + 1)]
             d, dmin = _scale(blk, 0, table), _scale(blk, 2, table)
             for s in range(8):
-                sc, mn = _scale_min_k4(blk, s)
+                sc, mn = scale_min_k4(blk, s)
                 d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
                 _nibbles32(blk, 16 + 32 * (s >> 1), 4 * (s & 1), dst, 256 * b + 32 * s,
                            d1, m1)  # type: ignore[call-arg]  # fmt: skip
@@ -169,18 +169,18 @@ def _nibbles32_high(typingctx: Any, src: Any, at: Any, shift: Any, high_at: Any,
     ``h`` bit ``bit`` of ``src[high_at:high_at+32]`` (a Q5_K sub-block)."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        s, t = (_data(context, builder, sig.args[i], args[i]) for i in (0, 5))
-        v32 = _vec(_I8, 32)
-        q = _load_vec(builder, s, args[1], v32)
-        nibbles = builder.and_(builder.lshr(q, _runtime_splat(builder, args[2], 32)),
-                               _splat(_I8, 32, 15))  # fmt: skip
-        h = _load_vec(builder, s, args[3], v32)
-        high = builder.and_(builder.lshr(h, _runtime_splat(builder, args[4], 32)),
-                            _splat(_I8, 32, 1))  # fmt: skip
-        codes = builder.or_(nibbles, builder.shl(high, _splat(_I8, 32, 4)))
+        s, t = (array_data(context, builder, sig.args[i], args[i]) for i in (0, 5))
+        v32 = vec_of(I8, 32)
+        q = load_vec(builder, s, args[1], v32)
+        nibbles = builder.and_(builder.lshr(q, runtime_splat(builder, args[2], 32)),
+                               splat(I8, 32, 15))  # fmt: skip
+        h = load_vec(builder, s, args[3], v32)
+        high = builder.and_(builder.lshr(h, runtime_splat(builder, args[4], 32)),
+                            splat(I8, 32, 1))  # fmt: skip
+        codes = builder.or_(nibbles, builder.shl(high, splat(I8, 32, 4)))
         vf = ir.VectorType(_F32, 32)
-        scaled = builder.fmul(_splat_scalar(builder, args[7], 32), builder.uitofp(codes, vf))
-        values = builder.fsub(scaled, _splat_scalar(builder, args[8], 32))
+        scaled = builder.fmul(splat_scalar(builder, args[7], 32), builder.uitofp(codes, vf))
+        values = builder.fsub(scaled, splat_scalar(builder, args[8], 32))
         builder.store(values, builder.bitcast(builder.gep(t, [args[6]]), vf.as_pointer()),
                       align=4)  # fmt: skip
         return context.get_dummy_value()
@@ -197,16 +197,16 @@ def _q6_k_run(typingctx: Any, src: Any, low_at: Any, low_shift: Any, high_at: An
     ``q = ((src[low_at+i] >> low_shift) & 15) | ((src[high_at+i] >> high_shift) & 3) << 4``."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        s, t = (_data(context, builder, sig.args[i], args[i]) for i in (0, 5))
-        v16 = _vec(_I8, 16)
-        low = _load_vec(builder, s, args[1], v16)
-        low = builder.and_(builder.lshr(low, _runtime_splat(builder, args[2], 16)),
-                           _splat(_I8, 16, 15))  # fmt: skip
-        high = _load_vec(builder, s, args[3], v16)
-        high = builder.and_(builder.lshr(high, _runtime_splat(builder, args[4], 16)),
-                            _splat(_I8, 16, 3))  # fmt: skip
-        codes = builder.or_(low, builder.shl(high, _splat(_I8, 16, 4)))
-        wide = builder.sub(builder.zext(codes, _vec(_I32, 16)), _splat(_I32, 16, 32))
+        s, t = (array_data(context, builder, sig.args[i], args[i]) for i in (0, 5))
+        v16 = vec_of(I8, 16)
+        low = load_vec(builder, s, args[1], v16)
+        low = builder.and_(builder.lshr(low, runtime_splat(builder, args[2], 16)),
+                           splat(I8, 16, 15))  # fmt: skip
+        high = load_vec(builder, s, args[3], v16)
+        high = builder.and_(builder.lshr(high, runtime_splat(builder, args[4], 16)),
+                            splat(I8, 16, 3))  # fmt: skip
+        codes = builder.or_(low, builder.shl(high, splat(I8, 16, 4)))
+        wide = builder.sub(builder.zext(codes, vec_of(I32, 16)), splat(I32, 16, 32))
         _store_scaled(builder, wide, args[7], t, args[6])
         return context.get_dummy_value()
 
@@ -226,7 +226,7 @@ def dequantize_q5_k_rows(rows: Any, out: Any, table: Any) -> None:
             blk = src[176 * b : 176 * (b + 1)]
             d, dmin = _scale(blk, 0, table), _scale(blk, 2, table)
             for s in range(8):
-                sc, mn = _scale_min_k4(blk, s)
+                sc, mn = scale_min_k4(blk, s)
                 d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
                 _nibbles32_high(blk, 48 + 32 * (s >> 1), 4 * (s & 1), 16, s, dst,
                                 256 * b + 32 * s, d1, m1)  # type: ignore[call-arg]  # fmt: skip
@@ -243,7 +243,7 @@ def dequantize_q6_k_rows(rows: Any, out: Any, table: Any) -> None:
             blk = src[210 * b : 210 * (b + 1)]
             d = _scale(blk, 208, table)
             for s in range(16):
-                dl = d * np.float32(_i8(blk[192 + s]))
+                dl = d * np.float32(as_int8(blk[192 + s]))
                 half, pair, l0 = s >> 3, (s >> 1) & 3, (s & 1) * 16
                 _q6_k_run(blk, 64 * half + 32 * (pair & 1) + l0, 4 * (pair >> 1),
                           128 + 32 * half + l0, 2 * pair, dst, 256 * b + 16 * s,

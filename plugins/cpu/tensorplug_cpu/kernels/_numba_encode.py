@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from ._numba_cache import kernel
-from ._numba_quant import _f32_to_f16_bits, _largest_magnitude, _nearest
+from ._numba_quant import f32_to_f16_bits, largest_magnitude, nearest_int
 
 #: ggml's type ids of the types encoded here
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 2, 3, 6, 7, 8, 20
@@ -32,7 +32,7 @@ _IQ4_NL_VALUES = np.array(
 @njit(inline="always")
 def _put_f16(row: Any, at: int, f: Any) -> None:
     """The f16 of ``f`` (nearest even), little-endian at ``row[at:at + 2]``."""
-    bits = _f32_to_f16_bits(np.float32(f))
+    bits = f32_to_f16_bits(np.float32(f))
     row[at] = np.uint8(bits & 0xFF)
     row[at + 1] = np.uint8((bits >> 8) & 0xFF)
 
@@ -58,11 +58,11 @@ def _range(x: Any, k: int, start: int) -> tuple[Any, Any]:
 
 @njit(inline="always")
 def _q8_0(x: Any, k: int, start: int, row: Any, at: int) -> None:
-    amax = _largest_magnitude(x, k, start, 32)
+    amax = largest_magnitude(x, k, start, 32)
     _put_f16(row, at, amax / np.float32(127))
     inv = np.float32(127) / amax if amax != 0 else np.float32(0)
     for j in range(32):
-        row[at + 2 + j] = np.uint8(_nearest(x[k, start + j] * inv) & 0xFF)
+        row[at + 2 + j] = np.uint8(nearest_int(x[k, start + j] * inv) & 0xFF)
 
 
 @njit(inline="always")

@@ -21,7 +21,7 @@ from ._numba_attention import cell_rows, visible_cells
 from ._numba_cache import kernel
 from ._numba_flash import online_cell
 from ._numba_ir import f32_from_bits
-from ._numba_quant import _f16, quantize_activations
+from ._numba_quant import f16_at, quantize_activations
 
 #: ggml's type ids of the key types read here
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 2, 3, 6, 7, 8, 20
@@ -114,7 +114,7 @@ def _vec_dot(row: Any, xr: Any, xd: Any, xs: Any, kind: int, n_blocks: int, tabl
             for k in range(2):
                 at = (b + k) * size
                 _block_codes(row, at, kind, codes)
-                d = xd[b + k] * _f16(row, at, table)
+                d = xd[b + k] * f16_at(row, at, table)
                 _block_lanes(codes, xr, 32 * (b + k), d, lanes, 8 * k)
             b += 2
         for lane in range(8):
@@ -126,7 +126,7 @@ def _vec_dot(row: Any, xr: Any, xd: Any, xs: Any, kind: int, n_blocks: int, tabl
             isum = np.int32(0)
             for i in range(32):
                 isum += codes[i] * np.int32(xr[32 * b + i])
-            total = _ir.fmaf(xd[b] * _f16(row, at, table), np.float32(isum), total)
+            total = _ir.fmaf(xd[b] * f16_at(row, at, table), np.float32(isum), total)
             b += 1
         return total
     offsets = kind in (Q4_1, Q5_1)
@@ -135,9 +135,9 @@ def _vec_dot(row: Any, xr: Any, xd: Any, xs: Any, kind: int, n_blocks: int, tabl
         at = b * size
         if offsets:
             s = f32_from_bits(xs[b])  # type: ignore[call-arg, var-annotated]  # numba intrinsic
-            summs = _ir.fmaf(_f16(row, at + 2, table), s, summs)
+            summs = _ir.fmaf(f16_at(row, at + 2, table), s, summs)
         _block_codes(row, at, kind, codes)
-        _block_lanes(codes, xr, 32 * b, _f16(row, at, table) * xd[b], lanes, 0)
+        _block_lanes(codes, xr, 32 * b, f16_at(row, at, table) * xd[b], lanes, 0)
     total = _hsum8(lanes)
     return total + summs if offsets else total
 

@@ -25,12 +25,12 @@ from numba.extending import intrinsic
 
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
-from ._numba_ir import _I32, _fn, carried_loop
-from ._numba_quant import _CHUNKS, chunk_span
+from ._numba_ir import I32, I64, carried_loop, llvm_fn
+from ._numba_quant import ROW_CHUNKS, chunk_span
 
 __all__ = ["matvec_float", "matvec_float_serial"]
 
-_I64, _F32 = ir.IntType(64), ir.FloatType()
+_F32 = ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
 #: vector accumulators of a row's dot product (their additions are independent chains)
 ACCUMULATORS = 4
@@ -42,8 +42,8 @@ def _eight(builder: ir.IRBuilder, ptr: Any, half: bool | str, table: Any) -> Any
     if half == "bf16":  # the top half of a float32
         bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 8).as_pointer()),
                             align=2)  # fmt: skip
-        wide = builder.zext(bits, ir.VectorType(_I32, 8))
-        return builder.bitcast(builder.shl(wide, ir.Constant(ir.VectorType(_I32, 8), [16] * 8)),
+        wide = builder.zext(bits, ir.VectorType(I32, 8))
+        return builder.bitcast(builder.shl(wide, ir.Constant(ir.VectorType(I32, 8), [16] * 8)),
                                _V8F)  # fmt: skip
     if not half:
         return builder.load(builder.bitcast(ptr, _V8F.as_pointer()), align=4)
@@ -53,9 +53,9 @@ def _eight(builder: ir.IRBuilder, ptr: Any, half: bool | str, table: Any) -> Any
                              _V8F)  # fmt: skip
     v = ir.Constant(_V8F, None)
     for i in range(8):
-        bits = builder.load(builder.gep(ptr, [_I64(i)]), align=2)
-        value = builder.load(builder.gep(table, [builder.zext(bits, _I64)]))
-        v = builder.insert_element(v, value, _I32(i))
+        bits = builder.load(builder.gep(ptr, [I64(i)]), align=2)
+        value = builder.load(builder.gep(table, [builder.zext(bits, I64)]))
+        v = builder.insert_element(v, value, I32(i))
     return v
 
 
@@ -65,10 +65,10 @@ def _one(builder: ir.IRBuilder, ptr: Any, half: bool | str, table: Any) -> Any:
         return builder.load(ptr)
     bits = builder.load(ptr, align=2)
     if half == "bf16":
-        return builder.bitcast(builder.shl(builder.zext(bits, _I32), _I32(16)), _F32)
+        return builder.bitcast(builder.shl(builder.zext(bits, I32), I32(16)), _F32)
     if _ir.HAS_F16C:
         return builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
-    return builder.load(builder.gep(table, [builder.zext(bits, _I64)]))
+    return builder.load(builder.gep(table, [builder.zext(bits, I64)]))
 
 
 @intrinsic
@@ -91,7 +91,7 @@ def _row_dot(typingctx: Any, w: Any, o: Any, x: Any, t: Any, table: Any) -> Any:
                                             [builder.mul(args[3], builder.extract_value(
                                                 xa.strides, 0))]), _F32.as_pointer())  # fmt: skip
         n = builder.extract_value(wa.shape, 1)
-        fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+        fma = llvm_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
         zero = ir.Constant(_V8F, [0.0] * 8)
 
         def loop(name: str, start: Any, end: Any, step: int, accs: list[Any], emit: Any) -> Any:
@@ -100,17 +100,17 @@ def _row_dot(typingctx: Any, w: Any, o: Any, x: Any, t: Any, table: Any) -> Any:
         def runs(count: int) -> Any:
             def emit(i: Any, accs: list[Any]) -> list[Any]:
                 return [builder.call(fma, [
-                    _eight(builder, builder.gep(w_row, [builder.add(i, _I64(8 * j))]), half, tab),
-                    builder.load(builder.bitcast(builder.gep(x_row, [builder.add(i, _I64(8 * j))]),
+                    _eight(builder, builder.gep(w_row, [builder.add(i, I64(8 * j))]), half, tab),
+                    builder.load(builder.bitcast(builder.gep(x_row, [builder.add(i, I64(8 * j))]),
                                                  _V8F.as_pointer()), align=4),
                     accs[j]]) for j in range(count)]  # fmt: skip
 
             return emit
 
         wide = ACCUMULATORS * 8
-        n_wide = builder.mul(builder.sdiv(n, _I64(wide)), _I64(wide))
-        n_eight = builder.mul(builder.sdiv(n, _I64(8)), _I64(8))
-        accs = loop("wide", _I64(0), n_wide, wide, [zero] * ACCUMULATORS, runs(ACCUMULATORS))
+        n_wide = builder.mul(builder.sdiv(n, I64(wide)), I64(wide))
+        n_eight = builder.mul(builder.sdiv(n, I64(8)), I64(8))
+        accs = loop("wide", I64(0), n_wide, wide, [zero] * ACCUMULATORS, runs(ACCUMULATORS))
         (first,) = loop("eight", n_wide, n_eight, 8, [accs[0]], runs(1))
         total = builder.fadd(builder.fadd(first, accs[1]), builder.fadd(accs[2], accs[3]))
 
@@ -121,12 +121,12 @@ def _row_dot(typingctx: Any, w: Any, o: Any, x: Any, t: Any, table: Any) -> Any:
         (rest,) = loop("one", n_eight, n, 1, [ir.Constant(_F32, 0.0)], single)
         for width in (4, 2, 1):  # the lanes, pairwise
             hi = builder.shuffle_vector(
-                total, total, ir.Constant(ir.VectorType(_I32, width), list(range(width, 2 * width)))
+                total, total, ir.Constant(ir.VectorType(I32, width), list(range(width, 2 * width)))
             )
-            lo = builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(_I32, width),
+            lo = builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(I32, width),
                                                                   list(range(width))))  # fmt: skip
             total = builder.fadd(lo, hi)
-        return builder.fadd(builder.extract_element(total, _I32(0)), rest)
+        return builder.fadd(builder.extract_element(total, I32(0)), rest)
 
     return types.float32(w, o, x, t, table), codegen
 
@@ -137,7 +137,7 @@ def matvec_float(w: Any, x: Any, out: Any, table: Any) -> None:
     (``int16``) ``w`` (``(n_out, n)``, unit-stride rows), the output rows shared out in
     chunks across threads."""
     n = w.shape[0]
-    for c in prange(_CHUNKS):
+    for c in prange(ROW_CHUNKS):
         for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
                 out[t, o] = _row_dot(w, o, x, t, table)  # type: ignore[call-arg]

@@ -1,7 +1,7 @@
 """Weight rows, four at a time or one, times one row of Q8_0 activations, each as one
 loop of LLVM IR: ggml's ``ggml_vec_dot_q*_q8_0`` on x86, widened to several rows.
 
-The per-block integer dot of :func:`._numba_ir._dot_i8` returns a scalar, so every block paid
+The per-block integer dot of :func:`._numba_ir.dot_i8` returns a scalar, so every block paid
 a horizontal sum of eight lanes, a scalar multiply-add and its own load of the
 activation block. Here each row keeps the eight 32-bit partial sums of a block as a
 float vector, scaled by ``d_w·d_x`` and added into that row's vector accumulator (the
@@ -42,18 +42,19 @@ from numba.extending import intrinsic
 
 from . import _numba_ir as _ir
 from ._numba_ir import (
-    _I8,
-    _I16,
-    _I32,
-    _data,
-    _f16x,
-    _fn,
-    _load_vec,
-    _splat,
-    _splat_scalar,
-    _splat_vf,
-    _vec,
+    I8,
+    I16,
+    I32,
+    I64,
+    array_data,
     carried_loop,
+    f16x,
+    llvm_fn,
+    load_vec,
+    splat,
+    splat_lane,
+    splat_scalar,
+    vec_of,
 )
 from .kernel_shapes import INT8_ROWS
 
@@ -61,7 +62,7 @@ __all__ = ["GROUP", "LAYOUTS", "PREFETCH_ROWS", "rows1_dot_q6_k", "rows1_dot_q8_
            "rows4_dot_q4_0", "rows4_dot_q4_1", "rows4_dot_q4_k", "rows4_dot_q5_0",
            "rows4_dot_q5_1"]  # fmt: skip
 
-_I64, _F32 = ir.IntType(64), ir.FloatType()
+_F32 = ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
 
 
@@ -86,45 +87,45 @@ LAYOUTS = {
 }
 
 
-def _codes(builder: ir.IRBuilder, lay: Layout, row: Any, at: Any) -> tuple[Any, bool]:
+def block_codes(builder: ir.IRBuilder, lay: Layout, row: Any, at: Any) -> tuple[Any, bool]:
     """The block's 32 codes as ``<32 x i8>``, and whether they are signed."""
-    v32 = _vec(_I8, 32)
+    v32 = vec_of(I8, 32)
     if lay.int8:
-        return _load_vec(builder, row, builder.add(at, _I64(lay.qs)), v32), True
+        return load_vec(builder, row, builder.add(at, I64(lay.qs)), v32), True
     # the 16 bytes in both halves (one vbroadcasti128), the upper half's 32-bit words
     # shifted right by 4 (one vpsrlvd), one mask: low nibbles, then high ones. Splitting
     # the bytes in 128-bit halves and joining them would cost a shift, a mask and a
     # vinserti128 more per row, which slows Q4_0's kernel measurably.
-    q = _load_vec(builder, row, builder.add(at, _I64(lay.qs)), _vec(_I8, 16))
-    both = builder.shuffle_vector(q, q, ir.Constant(_vec(_I32, 32), list(range(16)) * 2))
-    shift = ir.Constant(_vec(_I32, 8), [0] * 4 + [4] * 4)
-    words = builder.lshr(builder.bitcast(both, _vec(_I32, 8)), shift)
-    codes = builder.and_(builder.bitcast(words, v32), _splat(_I8, 32, 15))
+    q = load_vec(builder, row, builder.add(at, I64(lay.qs)), vec_of(I8, 16))
+    both = builder.shuffle_vector(q, q, ir.Constant(vec_of(I32, 32), list(range(16)) * 2))
+    shift = ir.Constant(vec_of(I32, 8), [0] * 4 + [4] * 4)
+    words = builder.lshr(builder.bitcast(both, vec_of(I32, 8)), shift)
+    codes = builder.and_(builder.bitcast(words, v32), splat(I8, 32, 15))
     if lay.qh >= 0:  # byte j // 8 of qh holds bit j: spread the bytes, test one bit each
-        four = _load_vec(builder, row, builder.add(at, _I64(lay.qh)), _vec(_I8, 4))
-        byte_of = ir.Constant(_vec(_I32, 32), [j // 8 for j in range(32)])
+        four = load_vec(builder, row, builder.add(at, I64(lay.qh)), vec_of(I8, 4))
+        byte_of = ir.Constant(vec_of(I32, 32), [j // 8 for j in range(32)])
         spread = builder.shuffle_vector(four, four, byte_of)
         mask = ir.Constant(v32, [1 << (j % 8) for j in range(32)])
-        bit = builder.icmp_unsigned("!=", builder.and_(spread, mask), _splat(_I8, 32, 0))
-        codes = builder.or_(codes, builder.shl(builder.zext(bit, v32), _splat(_I8, 32, 4)))
+        bit = builder.icmp_unsigned("!=", builder.and_(spread, mask), splat(I8, 32, 0))
+        codes = builder.or_(codes, builder.shl(builder.zext(bit, v32), splat(I8, 32, 4)))
     if lay.offset and not _ir.HAS_AVX2:
-        return builder.sub(codes, _splat(_I8, 32, lay.offset)), True
+        return builder.sub(codes, splat(I8, 32, lay.offset)), True
     return codes, False
 
 
 def _partial_sums(builder: ir.IRBuilder, w: Any, signed: bool, x: Any) -> Any:
     """Eight i32 partial sums of Σ_j w_j·x_j (each over four neighbouring j)."""
-    v32, v16, v8 = _vec(_I8, 32), _vec(_I16, 16), _vec(_I32, 8)
+    v32, v16, v8 = vec_of(I8, 32), vec_of(I16, 16), vec_of(I32, 8)
     if _ir.HAS_AVX2:
         if signed:  # |w| · (x with w's sign): vpmaddubsw wants its first operand unsigned
-            sign = _fn(builder, "llvm.x86.avx2.psign.b", v32, v32, v32)
+            sign = llvm_fn(builder, "llvm.x86.avx2.psign.b", v32, v32, v32)
             w, x = builder.call(sign, [w, w]), builder.call(sign, [x, w])
-        pairs = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32), [w, x])
-        return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16),
-                            [pairs, _splat(_I16, 16, 1)])  # fmt: skip
-    wide = (builder.sext if signed else builder.zext)(w, _vec(_I32, 32))
-    prod = builder.mul(wide, builder.sext(x, _vec(_I32, 32)))
-    lanes = [ir.Constant(_vec(_I32, 8), [4 * k + q for k in range(8)]) for q in range(4)]
+        pairs = builder.call(llvm_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32), [w, x])
+        return builder.call(llvm_fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16),
+                            [pairs, splat(I16, 16, 1)])  # fmt: skip
+    wide = (builder.sext if signed else builder.zext)(w, vec_of(I32, 32))
+    prod = builder.mul(wide, builder.sext(x, vec_of(I32, 32)))
+    lanes = [ir.Constant(vec_of(I32, 8), [4 * k + q for k in range(8)]) for q in range(4)]
     quarters = [builder.shuffle_vector(prod, prod, lane) for lane in lanes]
     return builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
 
@@ -132,11 +133,11 @@ def _partial_sums(builder: ir.IRBuilder, w: Any, signed: bool, x: Any) -> Any:
 def _hsum(builder: ir.IRBuilder, v: Any) -> Any:
     """The eight lanes of ``v`` added pairwise (a fixed order, as ggml's hsum)."""
     for width in (4, 2, 1):
-        hi = builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, width),
+        hi = builder.shuffle_vector(v, v, ir.Constant(vec_of(I32, width),
                                                       list(range(width, 2 * width))))  # fmt: skip
-        lo = builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, width), list(range(width))))
+        lo = builder.shuffle_vector(v, v, ir.Constant(vec_of(I32, width), list(range(width))))
         v = builder.fadd(lo, hi)
-    return builder.extract_element(v, _I32(0))
+    return builder.extract_element(v, I32(0))
 
 
 #: rows ahead that each block iteration asks the cache for (the same distance for one-row
@@ -168,13 +169,13 @@ class _Block:
     def prefetch(self, at: Any, nbytes: int) -> None:
         """Ask for bytes ``at..at+nbytes`` of each row :data:`PREFETCH_ROWS` rows ahead."""
         builder = self.builder
-        ahead = builder.add(builder.mul(_I64(PREFETCH_ROWS), self.stride), at)
+        ahead = builder.add(builder.mul(I64(PREFETCH_ROWS), self.stride), at)
         for row in self.rows:
             _ir.prefetch_lines(builder, builder.gep(row, [ahead]), nbytes)
 
     def x_block(self, k: Any) -> Any:
         """Activation block ``k``'s 32 codes as ``<32 x i8>``."""
-        return _load_vec(self.builder, self.x, self.builder.mul(k, _I64(32)), _vec(_I8, 32))
+        return load_vec(self.builder, self.x, self.builder.mul(k, I64(32)), vec_of(I8, 32))
 
 
 #: a kernel body: (block, the accumulators, ROWS·per_row of them) -> their new values
@@ -202,16 +203,16 @@ def _rows_kernel(
             arr = context.make_array(sig.args[0])(context, builder, args[0])
             stride = builder.extract_value(arr.strides, 0)
             base = builder.gep(arr.data, [builder.mul(args[1], stride)])
-            row_ps = [builder.gep(base, [builder.mul(_I64(i), stride)]) for i in range(n_rows)]
+            row_ps = [builder.gep(base, [builder.mul(I64(i), stride)]) for i in range(n_rows)]
             xr_p, xd_p, xs_p, table_p = (
-                _data(context, builder, sig.args[i], args[i]) for i in (2, 3, 4, 5)
+                array_data(context, builder, sig.args[i], args[i]) for i in (2, 3, 4, 5)
             )
-            n = builder.sdiv(args[6], _I64(per_block))
+            n = builder.sdiv(args[6], I64(per_block))
 
             def block(b: Any, accs: list[Any]) -> list[Any]:
                 return body(_Block(builder, row_ps, xr_p, xd_p, xs_p, table_p, b, stride), accs)
 
-            finals = carried_loop(builder, "rows_dot", _I64(0), n, 1, list(accumulators), block)
+            finals = carried_loop(builder, "rows_dot", I64(0), n, 1, list(accumulators), block)
             return context.make_tuple(builder, sig.return_type, finish(builder, finals))
 
         return types.UniTuple(types.float32, n_rows)(rows, o, xr, xd, xs, table, nb), codegen
@@ -223,18 +224,18 @@ _ZERO8 = ir.Constant(_V8F, [0.0] * 8)
 
 
 def _fmuladd8(builder: ir.IRBuilder, a: Any, b: Any, c: Any) -> Any:
-    return builder.call(_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F), [a, b, c])
+    return builder.call(llvm_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F), [a, b, c])
 
 
 def _fold_rows(builder: ir.IRBuilder, pairs: list[Any]) -> Any:
     """The four rows' 16 ``i16`` pair sums (``vpmaddubsw``) summed within each 128-bit
     half by two rounds of ``vphaddw`` and one ``vpmaddwd``: ``i32`` lanes
     ``[r0 r1 r2 r3 | r0 r1 r2 r3]``."""
-    v16 = _vec(_I16, 16)
-    hadd = _fn(builder, "llvm.x86.avx2.phadd.w", v16, v16, v16)
+    v16 = vec_of(I16, 16)
+    hadd = llvm_fn(builder, "llvm.x86.avx2.phadd.w", v16, v16, v16)
     folded = builder.call(hadd, [builder.call(hadd, pairs[:2]), builder.call(hadd, pairs[2:])])
-    return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), v16, v16),
-                        [folded, _splat(_I16, 16, 1)])  # fmt: skip
+    return builder.call(llvm_fn(builder, "llvm.x86.avx2.pmadd.wd", vec_of(I32, 8), v16, v16),
+                        [folded, splat(I16, 16, 1)])  # fmt: skip
 
 
 def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
@@ -257,7 +258,7 @@ def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
     logits by ~0.2 and its greedy text away from llama.cpp's).
     """
     vr = ir.VectorType(_F32, n_rows)
-    v32, v16 = _vec(_I8, 32), _vec(_I16, 16)
+    v32, v16 = vec_of(I8, 32), vec_of(I16, 16)
 
     def folds() -> bool:  # read when compiled (tests turn AVX2 off)
         return _ir.HAS_AVX2 and lay == LAYOUTS["q4_0"] and n_rows == 4
@@ -265,47 +266,47 @@ def _block32_kernel(lay: Layout, n_rows: int = ROWS) -> Any:
     def body(blk: _Block, accs: list[Any]) -> list[Any]:
         folded = folds()
         builder, b = blk.builder, blk.b
-        at = builder.mul(b, _I64(lay.block))
+        at = builder.mul(b, I64(lay.block))
         blk.prefetch(at, lay.block)
         x = blk.x_block(b)
-        dx = _splat_scalar(builder, builder.load(builder.gep(blk.xd, [b])), n_rows)
-        scales = builder.fmul(_f16x(builder, blk.rows, at, blk.table), dx)
+        dx = splat_scalar(builder, builder.load(builder.gep(blk.xd, [b])), n_rows)
+        scales = builder.fmul(f16x(builder, blk.rows, at, blk.table), dx)
         xsum = builder.load(builder.gep(blk.xs, [b]))
-        codes = [_codes(builder, lay, row, at) for row in blk.rows]
-        fma = _fn(builder, f"llvm.fmuladd.v{n_rows}f32", vr, vr, vr, vr)
+        codes = [block_codes(builder, lay, row, at) for row in blk.rows]
+        fma = llvm_fn(builder, f"llvm.fmuladd.v{n_rows}f32", vr, vr, vr, vr)
         if folded:
-            madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
+            madd = llvm_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
             halves = _fold_rows(builder, [builder.call(madd, [c, x]) for c, _ in codes])
-            lo, hi = (builder.shuffle_vector(halves, halves, ir.Constant(_vec(_I32, 4), lanes))
+            lo, hi = (builder.shuffle_vector(halves, halves, ir.Constant(vec_of(I32, 4), lanes))
                       for lanes in (list(range(4)), list(range(4, 8))))  # fmt: skip
-            back = _splat_scalar(builder, builder.mul(xsum, _I32(-lay.offset)), n_rows)
+            back = splat_scalar(builder, builder.mul(xsum, I32(-lay.offset)), n_rows)
             isums = builder.add(builder.add(lo, hi), back)  # exact: Σ(q − 8)·x per row
             total = builder.call(fma, [scales, builder.sitofp(isums, vr), accs[n_rows]])
             return [*accs[:n_rows], total]
         corr = None
         if lay.offset and _ir.HAS_AVX2:
-            back = builder.mul(xsum, _I32(-lay.offset))
-            corr = builder.insert_element(ir.Constant(_vec(_I32, 8), [0] * 8), back, _I32(0))
+            back = builder.mul(xsum, I32(-lay.offset))
+            corr = builder.insert_element(ir.Constant(vec_of(I32, 8), [0] * 8), back, I32(0))
         new = []
         for i, (c, signed) in enumerate(codes):
             isums = _partial_sums(builder, c, signed, x)
             if corr is not None:
                 isums = builder.add(isums, corr)
             sums = builder.sitofp(isums, _V8F)
-            new.append(_fmuladd8(builder, _splat_vf(builder, scales, 8, i), sums, accs[i]))
+            new.append(_fmuladd8(builder, splat_lane(builder, scales, 8, i), sums, accs[i]))
         mins = accs[n_rows]
         if lay.m >= 0:
             # Q8_1 activations: ``xs`` holds each block's ``s`` as float32 bits
-            m_w = _f16x(builder, blk.rows, builder.add(at, _I64(lay.m)), blk.table)
-            s_x = _splat_scalar(builder, builder.bitcast(xsum, _F32), n_rows)
+            m_w = f16x(builder, blk.rows, builder.add(at, I64(lay.m)), blk.table)
+            s_x = splat_scalar(builder, builder.bitcast(xsum, _F32), n_rows)
             mins = builder.call(fma, [m_w, s_x, mins])
         return [*new, mins]
 
     def finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
         mins = finals[n_rows]
         if folds():  # the folded rows' totals
-            return [builder.extract_element(mins, _I32(i)) for i in range(n_rows)]
-        return [builder.fadd(_hsum(builder, finals[i]), builder.extract_element(mins, _I32(i)))
+            return [builder.extract_element(mins, I32(i)) for i in range(n_rows)]
+        return [builder.fadd(_hsum(builder, finals[i]), builder.extract_element(mins, I32(i)))
                 for i in range(n_rows)]  # fmt: skip
 
     zeros = [_ZERO8] * n_rows + [ir.Constant(vr, [0.0] * n_rows)]
@@ -322,17 +323,17 @@ rows4_dot_q5_1 = _block32_kernel(LAYOUTS["q5_1"])
 def _q4_k_scales_mins(builder: ir.IRBuilder, row: Any, at: Any) -> tuple[Any, Any]:
     """The eight 6-bit scales and mins of the Q4_K block at ``at`` (ggml's
     ``get_scale_min_k4``) as two ``<8 x i8>``, unpacked with byte shuffles."""
-    v8 = _vec(_I8, 8)
-    q = _load_vec(builder, row, builder.add(at, _I64(4)), _vec(_I8, 16))
+    v8 = vec_of(I8, 8)
+    q = load_vec(builder, row, builder.add(at, I64(4)), vec_of(I8, 16))
 
     def pick(idx: list[int]) -> Any:
-        return builder.shuffle_vector(q, q, ir.Constant(_vec(_I32, 8), idx))
+        return builder.shuffle_vector(q, q, ir.Constant(vec_of(I32, 8), idx))
 
     def consts(lo: int, hi: int) -> ir.Constant:
         return ir.Constant(v8, [lo] * 4 + [hi] * 4)
 
     def top_bits(v: Any) -> Any:  # bits 6-7 of v as bits 4-5, in the upper four lanes
-        return builder.and_(builder.shl(builder.lshr(v, _splat(_I8, 8, 6)), _splat(_I8, 8, 4)),
+        return builder.and_(builder.shl(builder.lshr(v, splat(I8, 8, 6)), splat(I8, 8, 4)),
                             consts(0, 48))  # fmt: skip
 
     sc = builder.or_(builder.and_(pick([0, 1, 2, 3, 8, 9, 10, 11]), consts(63, 15)),
@@ -347,28 +348,28 @@ def _q4_k_rows_body(blk: _Block, accs: list[Any]) -> list[Any]:
     activation blocks (each with its own scale, so each sub-block's sums are scaled in
     float), and ``dmin·Σ_s m_s·d_x·Σx`` beside them."""
     builder = blk.builder
-    at = builder.mul(blk.b, _I64(144))
+    at = builder.mul(blk.b, I64(144))
     blk.prefetch(at, 144)
-    first = builder.mul(blk.b, _I64(8))  # the block's first activation block
-    dxv = _load_vec(builder, blk.xd, first, _V8F)
-    dxs = builder.fmul(dxv, builder.sitofp(_load_vec(builder, blk.xs, first, _vec(_I32, 8)),
+    first = builder.mul(blk.b, I64(8))  # the block's first activation block
+    dxv = load_vec(builder, blk.xd, first, _V8F)
+    dxs = builder.fmul(dxv, builder.sitofp(load_vec(builder, blk.xs, first, vec_of(I32, 8)),
                                            _V8F))  # fmt: skip
-    d = _f16x(builder, blk.rows, at, blk.table)
-    dmin = _f16x(builder, blk.rows, builder.add(at, _I64(2)), blk.table)
-    xs = [blk.x_block(builder.add(first, _I64(s))) for s in range(8)]
+    d = f16x(builder, blk.rows, at, blk.table)
+    dmin = f16x(builder, blk.rows, builder.add(at, I64(2)), blk.table)
+    xs = [blk.x_block(builder.add(first, I64(s))) for s in range(8)]
     new = []
     for i, row in enumerate(blk.rows):
         scales, mins = (builder.uitofp(v, _V8F) for v in _q4_k_scales_mins(builder, row, at))
-        factors = builder.fmul(builder.fmul(scales, _splat_vf(builder, d, 8, i)), dxv)
+        factors = builder.fmul(builder.fmul(scales, splat_lane(builder, d, 8, i)), dxv)
         acc = accs[3 * i : 3 * i + 2]  # even and odd sub-blocks: two chains of additions
         for pair in range(4):
-            q = _load_vec(builder, row, builder.add(at, _I64(16 + 32 * pair)), _vec(_I8, 32))
-            nibbles = (builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4)))
+            q = load_vec(builder, row, builder.add(at, I64(16 + 32 * pair)), vec_of(I8, 32))
+            nibbles = (builder.and_(q, splat(I8, 32, 15)), builder.lshr(q, splat(I8, 32, 4)))
             for h, nib in enumerate(nibbles):
                 s = 2 * pair + h
                 sums = builder.sitofp(_partial_sums(builder, nib, False, xs[s]), _V8F)
-                acc[h] = _fmuladd8(builder, _splat_vf(builder, factors, 8, s), sums, acc[h])
-        mins_term = builder.fmul(mins, _splat_vf(builder, dmin, 8, i))
+                acc[h] = _fmuladd8(builder, splat_lane(builder, factors, 8, s), sums, acc[h])
+        mins_term = builder.fmul(mins, splat_lane(builder, dmin, 8, i))
         new += [*acc, _fmuladd8(builder, mins_term, dxs, accs[3 * i + 2])]
     return new
 
@@ -386,49 +387,49 @@ def _q4_k_folded_body(blk: _Block, accs: list[Any]) -> list[Any]:
     16·15·127 = 30,480), the halves are widened and added, and one multiply-add applies
     the eight scales, transposed once per block from the rows' unpacked 6-bit ones."""
     builder = blk.builder
-    v32, v16 = _vec(_I8, 32), _vec(_I16, 16)
-    at = builder.mul(blk.b, _I64(144))
+    v32, v16 = vec_of(I8, 32), vec_of(I16, 16)
+    at = builder.mul(blk.b, I64(144))
     blk.prefetch(at, 144)
-    first = builder.mul(blk.b, _I64(8))
-    dxv = _load_vec(builder, blk.xd, first, _V8F)
-    dxs = builder.fmul(dxv, builder.sitofp(_load_vec(builder, blk.xs, first, _vec(_I32, 8)),
+    first = builder.mul(blk.b, I64(8))
+    dxv = load_vec(builder, blk.xd, first, _V8F)
+    dxs = builder.fmul(dxv, builder.sitofp(load_vec(builder, blk.xs, first, vec_of(I32, 8)),
                                            _V8F))  # fmt: skip
-    d = _f16x(builder, blk.rows, at, blk.table)
-    dmin = _f16x(builder, blk.rows, builder.add(at, _I64(2)), blk.table)
-    d_twice = builder.shuffle_vector(d, d, ir.Constant(_vec(_I32, 8), [0, 1, 2, 3] * 2))
-    xs = [blk.x_block(builder.add(first, _I64(s))) for s in range(8)]
-    madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
-    hadd = _fn(builder, "llvm.x86.avx2.phadd.w", v16, v16, v16)
+    d = f16x(builder, blk.rows, at, blk.table)
+    dmin = f16x(builder, blk.rows, builder.add(at, I64(2)), blk.table)
+    d_twice = builder.shuffle_vector(d, d, ir.Constant(vec_of(I32, 8), [0, 1, 2, 3] * 2))
+    xs = [blk.x_block(builder.add(first, I64(s))) for s in range(8)]
+    madd = llvm_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
+    hadd = llvm_fn(builder, "llvm.x86.avx2.phadd.w", v16, v16, v16)
     scale_bytes, new = [], list(accs)
     for i, row in enumerate(blk.rows):
         scales, mins = _q4_k_scales_mins(builder, row, at)
         scale_bytes.append(scales)
-        mins_term = builder.fmul(builder.uitofp(mins, _V8F), _splat_vf(builder, dmin, 8, i))
+        mins_term = builder.fmul(builder.uitofp(mins, _V8F), splat_lane(builder, dmin, 8, i))
         new[3 * i + 2] = _fmuladd8(builder, mins_term, dxs, accs[3 * i + 2])
     # the 4×8 scales, sub-block major: byte 4·s + r is row r's scale of sub-block s
     rows01 = builder.shuffle_vector(scale_bytes[0], scale_bytes[1],
-                                    ir.Constant(_vec(_I32, 16), list(range(16))))  # fmt: skip
+                                    ir.Constant(vec_of(I32, 16), list(range(16))))  # fmt: skip
     rows23 = builder.shuffle_vector(scale_bytes[2], scale_bytes[3],
-                                    ir.Constant(_vec(_I32, 16), list(range(16))))  # fmt: skip
+                                    ir.Constant(vec_of(I32, 16), list(range(16))))  # fmt: skip
     by_sub = builder.shuffle_vector(rows01, rows23, ir.Constant(
-        _vec(_I32, 32), [8 * r + s for s in range(8) for r in range(4)]))  # fmt: skip
+        vec_of(I32, 32), [8 * r + s for s in range(8) for r in range(4)]))  # fmt: skip
     for pair in range(4):
         lo_s, hi_s = 2 * pair, 2 * pair + 1
-        quad = builder.shuffle_vector(by_sub, by_sub, ir.Constant(_vec(_I32, 8),
+        quad = builder.shuffle_vector(by_sub, by_sub, ir.Constant(vec_of(I32, 8),
                                       list(range(8 * pair, 8 * pair + 8))))  # fmt: skip
-        dx_pair = builder.shuffle_vector(dxv, dxv, ir.Constant(_vec(_I32, 8),
+        dx_pair = builder.shuffle_vector(dxv, dxv, ir.Constant(vec_of(I32, 8),
                                          [lo_s] * 4 + [hi_s] * 4))  # fmt: skip
         factors = builder.fmul(builder.fmul(builder.uitofp(quad, _V8F), d_twice), dx_pair)
         lows, highs = [], []
         for row in blk.rows:
-            q = _load_vec(builder, row, builder.add(at, _I64(16 + 32 * pair)), v32)
-            lows.append(builder.call(madd, [builder.and_(q, _splat(_I8, 32, 15)), xs[lo_s]]))
-            highs.append(builder.call(madd, [builder.lshr(q, _splat(_I8, 32, 4)), xs[hi_s]]))
+            q = load_vec(builder, row, builder.add(at, I64(16 + 32 * pair)), v32)
+            lows.append(builder.call(madd, [builder.and_(q, splat(I8, 32, 15)), xs[lo_s]]))
+            highs.append(builder.call(madd, [builder.lshr(q, splat(I8, 32, 4)), xs[hi_s]]))
         folded = [builder.call(hadd, [builder.call(hadd, part[:2]), builder.call(hadd, part[2:])])
                   for part in (lows, highs)]  # fmt: skip
         both = builder.call(hadd, folded)  # per half: r0..r3 of the low, then of the high
         halves = [builder.sext(builder.shuffle_vector(both, both, ir.Constant(
-            _vec(_I32, 8), list(range(h, h + 8)))), _vec(_I32, 8)) for h in (0, 8)]  # fmt: skip
+            vec_of(I32, 8), list(range(h, h + 8)))), vec_of(I32, 8)) for h in (0, 8)]  # fmt: skip
         sums = builder.sitofp(builder.add(halves[0], halves[1]), _V8F)
         new[pair & 1] = _fmuladd8(builder, factors, sums, new[pair & 1])
     return new
@@ -436,10 +437,10 @@ def _q4_k_folded_body(blk: _Block, accs: list[Any]) -> list[Any]:
 
 def _q4_k_folded_finish(builder: ir.IRBuilder, finals: list[Any]) -> list[Any]:
     acc = builder.fadd(finals[0], finals[1])
-    halves = [builder.shuffle_vector(acc, acc, ir.Constant(_vec(_I32, 4), list(lanes)))
+    halves = [builder.shuffle_vector(acc, acc, ir.Constant(vec_of(I32, 4), list(lanes)))
               for lanes in (range(4), range(4, 8))]  # fmt: skip
     total = builder.fadd(halves[0], halves[1])
-    return [builder.fsub(builder.extract_element(total, _I32(i)), _hsum(builder, finals[3 * i + 2]))
+    return [builder.fsub(builder.extract_element(total, I32(i)), _hsum(builder, finals[3 * i + 2]))
             for i in range(ROWS)]  # fmt: skip
 
 
@@ -458,9 +459,9 @@ rows4_dot_q4_k = _rows_kernel(_q4_k_body, _q4_k_finish, [_ZERO8] * (3 * ROWS), 2
 def _widen_pair(builder: ir.IRBuilder, two: Any, ty: ir.IntType, n: int) -> Any:
     """``<2 x i8>`` (two signed scales) as ``n`` lanes of ``ty``: the first scale in the
     lower half, the second in the upper (the lanes of 16 values each)."""
-    wide = builder.sext(two, _vec(ty, 2))
-    halves = ir.Constant(_vec(_I32, n), [0] * (n // 2) + [1] * (n // 2))
-    return builder.shuffle_vector(wide, ir.Constant(_vec(ty, 2), None), halves)
+    wide = builder.sext(two, vec_of(ty, 2))
+    halves = ir.Constant(vec_of(I32, n), [0] * (n // 2) + [1] * (n // 2))
+    return builder.shuffle_vector(wide, ir.Constant(vec_of(ty, 2), None), halves)
 
 
 def _q6_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
@@ -469,40 +470,40 @@ def _q6_k_body(blk: _Block, accs: list[Any]) -> list[Any]:
     int8 scales of 16 values; ``Σ(q − 32)·x`` as ``Σq·x − Σ32·x``, the second shared by
     the four rows, and the scales multiplied in by ``vpmaddwd`` in place of ones."""
     builder = blk.builder
-    v32, v16, v8 = _vec(_I8, 32), _vec(_I16, 16), _vec(_I32, 8)
-    at = builder.mul(blk.b, _I64(210))
+    v32, v16, v8 = vec_of(I8, 32), vec_of(I16, 16), vec_of(I32, 8)
+    at = builder.mul(blk.b, I64(210))
     blk.prefetch(at, 210)
-    first = builder.mul(blk.b, _I64(8))
-    dxv = _load_vec(builder, blk.xd, first, _V8F)
-    d = _f16x(builder, blk.rows, builder.add(at, _I64(208)), blk.table)
-    xs = [blk.x_block(builder.add(first, _I64(r))) for r in range(8)]
+    first = builder.mul(blk.b, I64(8))
+    dxv = load_vec(builder, blk.xd, first, _V8F)
+    d = f16x(builder, blk.rows, builder.add(at, I64(208)), blk.table)
+    xs = [blk.x_block(builder.add(first, I64(r))) for r in range(8)]
     if _ir.HAS_AVX2:
-        madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
-        wd = _fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16)
-        offsets = [builder.call(madd, [_splat(_I8, 32, 32), x]) for x in xs]
+        madd = llvm_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32)
+        wd = llvm_fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16)
+        offsets = [builder.call(madd, [splat(I8, 32, 32), x]) for x in xs]
     new = []
     for i, row in enumerate(blk.rows):
-        factors = builder.fmul(dxv, _splat_vf(builder, d, 8, i))
+        factors = builder.fmul(dxv, splat_lane(builder, d, 8, i))
         acc = accs[2 * i : 2 * i + 2]
         for r in range(8):
             hb, pair = r >> 2, r & 3
-            ql = _load_vec(builder, row, builder.add(at, _I64(64 * hb + 32 * (pair & 1))), v32)
-            qh = _load_vec(builder, row, builder.add(at, _I64(128 + 32 * hb)), v32)
-            low = builder.and_(builder.lshr(ql, _splat(_I8, 32, 4 * (pair >> 1))),
-                               _splat(_I8, 32, 15))  # fmt: skip
-            high = builder.and_(builder.lshr(qh, _splat(_I8, 32, 2 * pair)), _splat(_I8, 32, 3))
-            codes = builder.or_(low, builder.shl(high, _splat(_I8, 32, 4)))
-            two = _load_vec(builder, row, builder.add(at, _I64(192 + 2 * r)), _vec(_I8, 2))
+            ql = load_vec(builder, row, builder.add(at, I64(64 * hb + 32 * (pair & 1))), v32)
+            qh = load_vec(builder, row, builder.add(at, I64(128 + 32 * hb)), v32)
+            low = builder.and_(builder.lshr(ql, splat(I8, 32, 4 * (pair >> 1))),
+                               splat(I8, 32, 15))  # fmt: skip
+            high = builder.and_(builder.lshr(qh, splat(I8, 32, 2 * pair)), splat(I8, 32, 3))
+            codes = builder.or_(low, builder.shl(high, splat(I8, 32, 4)))
+            two = load_vec(builder, row, builder.add(at, I64(192 + 2 * r)), vec_of(I8, 2))
             if _ir.HAS_AVX2:
                 pairs = builder.sub(builder.call(madd, [codes, xs[r]]), offsets[r])
-                scales = _widen_pair(builder, two, _I16, 16)
+                scales = _widen_pair(builder, two, I16, 16)
                 isums = builder.call(wd, [pairs, scales])
             else:
-                signed = builder.sub(codes, _splat(_I8, 32, 32))
-                scales = _widen_pair(builder, two, _I32, 8)
+                signed = builder.sub(codes, splat(I8, 32, 32))
+                scales = _widen_pair(builder, two, I32, 8)
                 isums = builder.mul(_partial_sums(builder, signed, True, xs[r]), scales)
             sums = builder.sitofp(isums, _V8F)
-            acc[r & 1] = _fmuladd8(builder, _splat_vf(builder, factors, 8, r), sums, acc[r & 1])
+            acc[r & 1] = _fmuladd8(builder, splat_lane(builder, factors, 8, r), sums, acc[r & 1])
         new += acc
     return new
 

@@ -21,13 +21,13 @@ from numba import njit, prange
 from tensorplug.iquants import KVALUES_IQ4NL
 
 from ._numba_cache import kernel
-from ._numba_quant import _CHUNKS, _DOT, chunk_span
+from ._numba_quant import DOT_FASTMATH, ROW_CHUNKS, chunk_span
 
 _LEVELS = KVALUES_IQ4NL.astype(np.float32)  # a global array: numba freezes it in
 
 
 @njit(inline="always")
-def _f16(blk: Any, off: int, table: Any) -> Any:
+def f16_at(blk: Any, off: int, table: Any) -> Any:
     return table[np.int32(blk[off]) | (np.int32(blk[off + 1]) << 8)]
 
 
@@ -37,14 +37,14 @@ def _xs_scale(blk: Any, ib: int, table: Any) -> Any:
     scales_h = np.int32(blk[2]) | (np.int32(blk[3]) << 8)
     low = (np.int32(blk[4 + ib // 2]) >> (4 * (ib % 2))) & 15
     ls = low | (((scales_h >> (2 * ib)) & 3) << 4)
-    return _f16(blk, 0, table) * np.float32(ls - 32)
+    return f16_at(blk, 0, table) * np.float32(ls - 32)
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_iq4_nl(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
-    scratch = np.empty((_CHUNKS, 32), np.float32)
-    for c in prange(_CHUNKS):
+    scratch = np.empty((ROW_CHUNKS, 32), np.float32)
+    for c in prange(ROW_CHUNKS):
         acc = scratch[c]
         for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
@@ -52,7 +52,7 @@ def matvec_iq4_nl(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 xr = x[t]
                 for b in range(blocks.shape[1]):
                     blk = blocks[o, b]
-                    d = _f16(blk, 0, table)
+                    d = f16_at(blk, 0, table)
                     for j in range(16):
                         q = np.int32(blk[2 + j])
                         acc[j] += d * _LEVELS[q & 15] * xr[b * 32 + j]
@@ -60,11 +60,11 @@ def matvec_iq4_nl(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 out[t, o] = acc.sum()
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_iq4_xs(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
-    scratch = np.empty((_CHUNKS, 32), np.float32)
-    for c in prange(_CHUNKS):
+    scratch = np.empty((ROW_CHUNKS, 32), np.float32)
+    for c in prange(ROW_CHUNKS):
         acc = scratch[c]
         for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
@@ -87,7 +87,7 @@ def dequantize_iq4_nl(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
             blk = blocks[r, b]
-            d = _f16(blk, 0, table)
+            d = f16_at(blk, 0, table)
             for j in range(16):
                 q = np.int32(blk[2 + j])
                 out[r, b * 32 + j] = d * _LEVELS[q & 15]

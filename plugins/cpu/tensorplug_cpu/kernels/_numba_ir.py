@@ -26,7 +26,8 @@ from numba.extending import intrinsic
 
 from ..system import kernel_features
 
-_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+#: LLVM's integer types the kernels' IR is written in
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32 = ir.FloatType()
 
 
@@ -40,12 +41,14 @@ HAS_32_REGS = _HOST.regs32
 ON_ZEN = _HOST.zen
 
 
-def _vec(ty: ir.IntType, n: int) -> ir.VectorType:
+def vec_of(ty: ir.IntType, n: int) -> ir.VectorType:
+    """The type ``<n x ty>``."""
     return ir.VectorType(ty, n)
 
 
-def _splat(ty: ir.IntType, n: int, v: int) -> ir.Constant:
-    return ir.Constant(_vec(ty, n), [v] * n)
+def splat(ty: ir.IntType, n: int, v: int) -> ir.Constant:
+    """The constant ``<n x ty>`` of ``v`` in every lane."""
+    return ir.Constant(vec_of(ty, n), [v] * n)
 
 
 #: C's ``void *``
@@ -59,7 +62,9 @@ def declare(module: ir.Module, fnty: ir.FunctionType, name: str) -> ir.Function:
     return found if isinstance(found, ir.Function) else ir.Function(module, fnty, name)
 
 
-def _fn(builder: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Type) -> ir.Function:
+def llvm_fn(builder: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Type) -> ir.Function:
+    """The function (an LLVM intrinsic, mostly) ``name`` returning ``ret`` from ``args``,
+    declared in the module being built."""
     return declare(builder.module, ir.FunctionType(ret, args), name)
 
 
@@ -67,7 +72,7 @@ def prefetch_lines(builder: ir.IRBuilder, at: Any, nbytes: int) -> None:
     """Asks the cache (into L1, for reading) for each 64-byte line of ``nbytes`` from the
     ``i8*`` ``at``: the kernels' software prefetch, which changes no value."""
     i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-    hint = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), i8p, i32, i32, i32)
+    hint = llvm_fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), i8p, i32, i32, i32)
     for offset in range(0, nbytes, 64):
         where = builder.gep(at, [ir.Constant(ir.IntType(64), offset)])
         builder.call(hint, [where, i32(0), i32(3), i32(1)])  # read, keep close, data
@@ -138,40 +143,40 @@ def carried_loop(
     return finals
 
 
-def _data(context: Any, builder: ir.IRBuilder, aryty: Any, ary: Any) -> Any:
+def array_data(context: Any, builder: ir.IRBuilder, aryty: Any, ary: Any) -> Any:
     """The data pointer of array ``ary`` (numba type ``aryty``)."""
     return context.make_array(aryty)(context, builder, ary).data
 
 
-def _load(builder: ir.IRBuilder, context: Any, aryty: Any, ary: Any, off: Any, n: int) -> Any:
+def load_array(builder: ir.IRBuilder, context: Any, aryty: Any, ary: Any, off: Any, n: int) -> Any:
     """``n`` bytes of array ``ary`` from element ``off``, as an ``<n x i8>`` vector."""
     data = context.make_array(aryty)(context, builder, ary).data
-    ptr = builder.bitcast(builder.gep(data, [off]), _vec(_I8, n).as_pointer())
+    ptr = builder.bitcast(builder.gep(data, [off]), vec_of(I8, n).as_pointer())
     return builder.load(ptr, align=1)
 
 
-def _load_vec(builder: ir.IRBuilder, base: Any, off: Any, ty: ir.Type) -> Any:
+def load_vec(builder: ir.IRBuilder, base: Any, off: Any, ty: ir.Type) -> Any:
     """A ``ty`` from element ``off`` of pointer ``base``, unaligned."""
     return builder.load(builder.bitcast(builder.gep(base, [off]), ty.as_pointer()), align=1)
 
 
-def _splat_vf(builder: ir.IRBuilder, v: Any, n: int, lane: int = 0) -> Any:
+def splat_lane(builder: ir.IRBuilder, v: Any, n: int, lane: int = 0) -> Any:
     """Lane ``lane`` of vector ``v`` in all ``n`` lanes."""
-    return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [lane] * n))
+    return builder.shuffle_vector(v, v, ir.Constant(vec_of(I32, n), [lane] * n))
 
 
-def _splat_scalar(builder: ir.IRBuilder, v: Any, n: int) -> Any:
+def splat_scalar(builder: ir.IRBuilder, v: Any, n: int) -> Any:
     """Scalar ``v`` in all ``n`` lanes."""
-    return _splat_vf(builder, builder.insert_element(ir.Constant(ir.VectorType(v.type, n), None),
-                                                     v, _I32(0)), n)  # fmt: skip
+    first = builder.insert_element(ir.Constant(ir.VectorType(v.type, n), None), v, I32(0))
+    return splat_lane(builder, first, n)
 
 
-def _runtime_splat(builder: ir.IRBuilder, value: Any, n: int) -> Any:
+def runtime_splat(builder: ir.IRBuilder, value: Any, n: int) -> Any:
     """An ``<n x i8>`` vector of a runtime integer (a shift amount)."""
-    return _splat_scalar(builder, builder.trunc(value, _I8), n)
+    return splat_scalar(builder, builder.trunc(value, I8), n)
 
 
-def _f16x(builder: ir.IRBuilder, bases: list[Any], off: Any, table: Any) -> Any:
+def f16x(builder: ir.IRBuilder, bases: list[Any], off: Any, table: Any) -> Any:
     """The f16 at byte ``off`` of each of ``bases`` as one ``<R x float>``: converted by
     the CPU (F16C) where it can, else looked up in the f16 → f32 ``table``."""
     r = len(bases)
@@ -180,29 +185,29 @@ def _f16x(builder: ir.IRBuilder, bases: list[Any], off: Any, table: Any) -> Any:
     if HAS_F16C:
         v = ir.Constant(ir.VectorType(ir.IntType(16), r), None)
         for i, bi in enumerate(bits):
-            v = builder.insert_element(v, bi, _I32(i))
+            v = builder.insert_element(v, bi, I32(i))
         return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), r)),
                              ir.VectorType(_F32, r))  # fmt: skip
     v = ir.Constant(ir.VectorType(_F32, r), None)
     for i, bi in enumerate(bits):
-        v = builder.insert_element(v, builder.load(builder.gep(table, [builder.zext(bi, _I64)])),
-                                   _I32(i))  # fmt: skip
+        v = builder.insert_element(v, builder.load(builder.gep(table, [builder.zext(bi, I64)])),
+                                   I32(i))  # fmt: skip
     return v
 
 
-def _dot_i8(builder: ir.IRBuilder, u: Any, s: Any) -> Any:
+def dot_i8(builder: ir.IRBuilder, u: Any, s: Any) -> Any:
     """Σ u_j·s_j over 32 lanes, ``u`` unsigned (< 128 on the portable path), ``s`` signed."""
     if HAS_AVX2:
-        v32, v16, v8 = _vec(_I8, 32), _vec(_I16, 16), _vec(_I32, 8)
-        pairs = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32), [u, s])
+        v32, v16, v8 = vec_of(I8, 32), vec_of(I16, 16), vec_of(I32, 8)
+        pairs = builder.call(llvm_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", v16, v32, v32), [u, s])
         quads = builder.call(
-            _fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16), [pairs, _splat(_I16, 16, 1)]
+            llvm_fn(builder, "llvm.x86.avx2.pmadd.wd", v8, v16, v16), [pairs, splat(I16, 16, 1)]
         )
-        return builder.call(_fn(builder, "llvm.vector.reduce.add.v8i32", _I32, v8), [quads])
-    wide = builder.mul(builder.zext(u, _vec(_I16, 32)), builder.sext(s, _vec(_I16, 32)))
-    total = builder.sext(wide, _vec(_I32, 32))
+        return builder.call(llvm_fn(builder, "llvm.vector.reduce.add.v8i32", I32, v8), [quads])
+    wide = builder.mul(builder.zext(u, vec_of(I16, 32)), builder.sext(s, vec_of(I16, 32)))
+    total = builder.sext(wide, vec_of(I32, 32))
     return builder.call(
-        _fn(builder, "llvm.vector.reduce.add.v32i32", _I32, _vec(_I32, 32)), [total]
+        llvm_fn(builder, "llvm.vector.reduce.add.v32i32", I32, vec_of(I32, 32)), [total]
     )
 
 
@@ -211,7 +216,7 @@ def f32_bits(typingctx: Any, f: Any) -> Any:
     """The bits of float32 ``f`` as an int32 (a bit cast: no array, no allocation)."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        return builder.bitcast(args[0], _I32)
+        return builder.bitcast(args[0], I32)
 
     return types.int32(types.float32), codegen
 
@@ -232,7 +237,7 @@ def _fma_f32(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         f32 = ir.FloatType()
-        return builder.call(_fn(builder, "llvm.fma.f32", f32, f32, f32, f32), list(args))
+        return builder.call(llvm_fn(builder, "llvm.fma.f32", f32, f32, f32, f32), list(args))
 
     return types.float32(types.float32, types.float32, types.float32), codegen
 

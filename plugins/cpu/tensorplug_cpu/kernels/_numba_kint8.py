@@ -9,7 +9,7 @@ multiply-adds in two instructions on AVX2 (``vpmaddubsw`` then ``vpmaddwd``), wh
 decoding to float32 first costs a conversion and a float FMA per weight, several times
 slower. The rows go four (or one) at a time through the IR loops of
 :mod:`._numba_introw`; the few rows left over take the loops below, whose per-block
-integer dot (:func:`._numba_ir._dot_i8`) is ``pmaddubsw``/``pmaddwd`` where the host has
+integer dot (:func:`._numba_ir.dot_i8`) is ``pmaddubsw``/``pmaddwd`` where the host has
 AVX2, a portable widening multiply and vector reduction elsewhere. They read a row of
 blocks through the row's data pointer, so rows must hold their blocks contiguously (the
 table of :mod:`.dispatch` sends other layouts to the float32 kernels).
@@ -42,9 +42,9 @@ from ._numba_introw import (
     rows4_dot_q5_0,
     rows4_dot_q5_1,
 )
-from ._numba_ir import _I8, _I32, _dot_i8, _load, _runtime_splat, _splat, _vec, f32_from_bits
-from ._numba_kquant import _scale_min_k4
-from ._numba_quant import _CHUNKS, _DOT, _f16, chunk_span, quantize_activations
+from ._numba_ir import I8, I32, dot_i8, f32_from_bits, load_array, runtime_splat, splat, vec_of
+from ._numba_kquant import scale_min_k4
+from ._numba_quant import DOT_FASTMATH, ROW_CHUNKS, chunk_span, f16_at, quantize_activations
 from .kernel_shapes import INT8_ROWS
 
 # the type ids the driver branches on
@@ -62,10 +62,10 @@ def _dot_nibbles(typingctx: Any, w: Any, wo: Any, shift: Any, x: Any, xo: Any) -
     sub-block, high nibbles the next)."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        q = _load(builder, context, sig.args[0], args[0], args[1], 32)
-        nib = builder.and_(builder.lshr(q, _runtime_splat(builder, args[2], 32)),
-                           _splat(_I8, 32, 15))  # fmt: skip
-        return _dot_i8(builder, nib, _load(builder, context, sig.args[3], args[3], args[4], 32))
+        q = load_array(builder, context, sig.args[0], args[0], args[1], 32)
+        nib = builder.and_(builder.lshr(q, runtime_splat(builder, args[2], 32)),
+                           splat(I8, 32, 15))  # fmt: skip
+        return dot_i8(builder, nib, load_array(builder, context, sig.args[3], args[3], args[4], 32))
 
     return types.int32(w, wo, shift, x, xo), codegen
 
@@ -79,12 +79,14 @@ def _dot_q4(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
     elements 0-15), ``x[xo:xo+32]`` int8. The -8 offset is the caller's (Σx per block)."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        q = _load(builder, context, sig.args[0], args[0], args[1], 16)
-        lo = builder.and_(q, _splat(_I8, 16, 15))
-        hi = builder.lshr(q, _splat(_I8, 16, 4))
-        order = ir.Constant(_vec(_I32, 32), list(range(32)))
+        q = load_array(builder, context, sig.args[0], args[0], args[1], 16)
+        lo = builder.and_(q, splat(I8, 16, 15))
+        hi = builder.lshr(q, splat(I8, 16, 4))
+        order = ir.Constant(vec_of(I32, 32), list(range(32)))
         nibbles = builder.shuffle_vector(lo, hi, order)
-        return _dot_i8(builder, nibbles, _load(builder, context, sig.args[2], args[2], args[3], 32))
+        return dot_i8(
+            builder, nibbles, load_array(builder, context, sig.args[2], args[2], args[3], 32)
+        )
 
     return types.int32(w, wo, x, xo), codegen
 
@@ -96,19 +98,21 @@ def _dot_q5(typingctx: Any, w: Any, wo: Any, x: Any, xo: Any) -> Any:
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         # byte j // 8 of qh holds bit j: spread each byte over 8 lanes, test one bit each
-        four = _load(builder, context, sig.args[0], args[0], args[1], 4)
-        order = ir.Constant(_vec(_I32, 32), [j // 8 for j in range(32)])
+        four = load_array(builder, context, sig.args[0], args[0], args[1], 4)
+        order = ir.Constant(vec_of(I32, 32), [j // 8 for j in range(32)])
         spread = builder.shuffle_vector(four, four, order)
-        mask = ir.Constant(_vec(_I8, 32), [1 << (j % 8) for j in range(32)])
-        set_ = builder.icmp_unsigned("!=", builder.and_(spread, mask), _splat(_I8, 32, 0))
-        high = builder.shl(builder.zext(set_, _vec(_I8, 32)), _splat(_I8, 32, 4))
+        mask = ir.Constant(vec_of(I8, 32), [1 << (j % 8) for j in range(32)])
+        set_ = builder.icmp_unsigned("!=", builder.and_(spread, mask), splat(I8, 32, 0))
+        high = builder.shl(builder.zext(set_, vec_of(I8, 32)), splat(I8, 32, 4))
         qs_at = builder.add(args[1], ir.Constant(args[1].type, 4))
-        q = _load(builder, context, sig.args[0], args[0], qs_at, 16)
-        lo = builder.and_(q, _splat(_I8, 16, 15))
-        hi = builder.lshr(q, _splat(_I8, 16, 4))
-        nibbles = builder.shuffle_vector(lo, hi, ir.Constant(_vec(_I32, 32), list(range(32))))
+        q = load_array(builder, context, sig.args[0], args[0], qs_at, 16)
+        lo = builder.and_(q, splat(I8, 16, 15))
+        hi = builder.lshr(q, splat(I8, 16, 4))
+        nibbles = builder.shuffle_vector(lo, hi, ir.Constant(vec_of(I32, 32), list(range(32))))
         codes = builder.or_(nibbles, high)
-        return _dot_i8(builder, codes, _load(builder, context, sig.args[2], args[2], args[3], 32))
+        return dot_i8(
+            builder, codes, load_array(builder, context, sig.args[2], args[2], args[3], 32)
+        )
 
     return types.int32(w, wo, x, xo), codegen
 
@@ -119,7 +123,7 @@ def row_q4_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
     total = np.float32(0)
     for b in range(xd.size):
         isum: int = _dot_q4(row, 18 * b + 2, xr, 32 * b) - 8 * xs[b]  # type: ignore[call-arg]
-        total += _f16(row, 18 * b, table) * xd[b] * np.float32(isum)
+        total += f16_at(row, 18 * b, table) * xd[b] * np.float32(isum)
     return total
 
 
@@ -130,9 +134,9 @@ def row_q4_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
     total = np.float32(0)
     for b in range(xd.size):
         isum: int = _dot_q4(row, 20 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
-        dm = _f16(row, 20 * b, table) * np.float32(isum)
+        dm = f16_at(row, 20 * b, table) * np.float32(isum)
         s = f32_from_bits(xs[b])  # type: ignore[call-arg]
-        total += xd[b] * dm + _f16(row, 20 * b + 2, table) * s
+        total += xd[b] * dm + f16_at(row, 20 * b + 2, table) * s
     return total
 
 
@@ -142,7 +146,7 @@ def row_q5_0(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
     total = np.float32(0)
     for b in range(xd.size):
         isum: int = _dot_q5(row, 22 * b + 2, xr, 32 * b) - 16 * xs[b]  # type: ignore[call-arg]
-        total += _f16(row, 22 * b, table) * xd[b] * np.float32(isum)
+        total += f16_at(row, 22 * b, table) * xd[b] * np.float32(isum)
     return total
 
 
@@ -153,9 +157,9 @@ def row_q5_1(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
     total = np.float32(0)
     for b in range(xd.size):
         isum: int = _dot_q5(row, 24 * b + 4, xr, 32 * b)  # type: ignore[call-arg]
-        dm = _f16(row, 24 * b, table) * np.float32(isum)
+        dm = f16_at(row, 24 * b, table) * np.float32(isum)
         s = f32_from_bits(xs[b])  # type: ignore[call-arg]
-        total += xd[b] * dm + _f16(row, 24 * b + 2, table) * s
+        total += xd[b] * dm + f16_at(row, 24 * b + 2, table) * s
     return total
 
 
@@ -165,9 +169,9 @@ def _row_q4_k(row: Any, xr: Any, xd: Any, xs: Any, table: Any) -> Any:
     total = np.float32(0)
     for b in range(xd.size // 8):
         at = 144 * b
-        d, dmin = _f16(row, at, table), _f16(row, at + 2, table)
+        d, dmin = f16_at(row, at, table), f16_at(row, at + 2, table)
         for s in range(8):
-            sc, mn = _scale_min_k4(row, s, at)
+            sc, mn = scale_min_k4(row, s, at)
             qs, k = at + 16 + 32 * (s >> 1), 8 * b + s
             isum: int = _dot_nibbles(row, qs, 4 * (s & 1), xr, 32 * k)  # type: ignore[call-arg]
             total += xd[k] * (d * np.float32(sc * isum) - dmin * np.float32(mn * xs[k]))
@@ -242,7 +246,7 @@ def _matvec_range(
                 out[t, left] = row_q5_1(row, xr, xdt, xst, table)
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_int8(
     x: Any, rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
 ) -> None:
@@ -252,12 +256,12 @@ def matvec_int8(
     groups of four) across threads."""
     quantize_activations(x, xq, xd, xs, table, kind)
     n = rows.shape[0]
-    for c in prange(_CHUNKS):
+    for c in prange(ROW_CHUNKS):
         lo, hi = chunk_span(c, n, 4)
         _matvec_range(rows, lo, hi, xq, xd, xs, out, table, kind)
 
 
-@kernel(nogil=True, fastmath=_DOT)
+@kernel(nogil=True, fastmath=DOT_FASTMATH)
 def matvec_int8_serial(
     x: Any, rows: Any, xq: Any, xd: Any, xs: Any, out: Any, table: Any, kind: int
 ) -> None:
@@ -268,7 +272,7 @@ def matvec_int8_serial(
     _matvec_range(rows, 0, rows.shape[0], xq, xd, xs, out, table, kind)
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_int8_siblings(
     x: Any, rows: Any, outs: Any, kinds: Any, starts: Any, xq: Any, xd: Any, xs: Any, table: Any
 ) -> None:
@@ -280,7 +284,7 @@ def matvec_int8_siblings(
     kernel, and its bits are those of :func:`matvec_int8`)."""
     quantize_activations(x, xq, xd, xs, table, kinds[0])
     total = starts[len(rows)]
-    for c in prange(_CHUNKS):
+    for c in prange(ROW_CHUNKS):
         lo, hi = chunk_span(c, total, 4)
         for m in range(len(rows)):
             o, end = max(lo, starts[m]) - starts[m], min(hi, starts[m] + rows[m].shape[0])

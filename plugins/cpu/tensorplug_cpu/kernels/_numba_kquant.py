@@ -19,7 +19,7 @@ from numba import njit, prange
 from tensorplug.kquants import K_TYPES
 
 from ._numba_cache import kernel
-from ._numba_quant import _CHUNKS, _DOT, _f16, _i8, chunk_span
+from ._numba_quant import DOT_FASTMATH, ROW_CHUNKS, as_int8, chunk_span, f16_at
 
 # the type ids the drivers branch on
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in K_TYPES)
@@ -27,7 +27,7 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in K_TYPES)
 
 @njit(inline="always")
 def _q2_k(blk: Any, table: Any, vals: Any) -> None:
-    d, dmin = _f16(blk, 80, table), _f16(blk, 82, table)
+    d, dmin = f16_at(blk, 80, table), f16_at(blk, 82, table)
     for s in range(16):
         sc = np.int32(blk[s])
         dl, ml = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
@@ -47,7 +47,7 @@ def _q3_scale(blk: Any, s: int) -> Any:
 
 @njit(inline="always")
 def _q3_k(blk: Any, table: Any, vals: Any) -> None:
-    d = _f16(blk, 108, table)
+    d = f16_at(blk, 108, table)
     for s in range(16):
         dl = d * np.float32(_q3_scale(blk, s))
         hb, pair, l0 = s >> 3, (s >> 1) & 3, (s & 1) * 16
@@ -58,7 +58,7 @@ def _q3_k(blk: Any, table: Any, vals: Any) -> None:
 
 
 @njit(inline="always")
-def _scale_min_k4(blk: Any, s: int, at: int = 0) -> tuple[Any, Any]:
+def scale_min_k4(blk: Any, s: int, at: int = 0) -> tuple[Any, Any]:
     """Sub-block ``s``'s 6-bit scale and min (ggml's ``get_scale_min_k4``) of the Q4_K or
     Q5_K block at byte ``at`` of ``blk``: the decoders pass a block, the integer row
     kernels a whole row and the block's offset."""
@@ -72,10 +72,10 @@ def _scale_min_k4(blk: Any, s: int, at: int = 0) -> tuple[Any, Any]:
 
 @njit(inline="always")
 def _q45_k(blk: Any, table: Any, vals: Any, five: bool) -> None:
-    d, dmin = _f16(blk, 0, table), _f16(blk, 2, table)
+    d, dmin = f16_at(blk, 0, table), f16_at(blk, 2, table)
     base = 48 if five else 16
     for s in range(8):
-        sc, mn = _scale_min_k4(blk, s)
+        sc, mn = scale_min_k4(blk, s)
         d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
         shift = 4 * (s & 1)
         for i in range(32):
@@ -87,9 +87,9 @@ def _q45_k(blk: Any, table: Any, vals: Any, five: bool) -> None:
 
 @njit(inline="always")
 def _q6_k(blk: Any, table: Any, vals: Any) -> None:
-    d = _f16(blk, 208, table)
+    d = f16_at(blk, 208, table)
     for s in range(16):
-        dl = d * np.float32(_i8(blk[192 + s]))
+        dl = d * np.float32(as_int8(blk[192 + s]))
         hb, pair, l0 = s >> 3, (s >> 1) & 3, (s & 1) * 16
         for i in range(16):
             nib = (np.int32(blk[64 * hb + 32 * (pair & 1) + l0 + i]) >> (4 * (pair >> 1))) & 15
@@ -120,7 +120,7 @@ def _decode(kind: int, blk: Any, table: Any, vals: Any) -> None:
 
 @njit(inline="always")
 def _dot_q2_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
-    d, dmin = _f16(blk, 80, table), _f16(blk, 82, table)
+    d, dmin = f16_at(blk, 80, table), f16_at(blk, 82, table)
     for r in range(8):  # runs of 32: two 16-element sub-blocks
         hb, shift = r >> 2, 2 * (r & 3)
         s0, s1 = np.int32(blk[2 * r]), np.int32(blk[2 * r + 1])
@@ -134,7 +134,7 @@ def _dot_q2_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
 
 @njit(inline="always")
 def _dot_q3_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
-    d = _f16(blk, 108, table)
+    d = f16_at(blk, 108, table)
     for r in range(8):  # runs of 32: two 16-element sub-blocks
         shift = 2 * (r & 3)
         d0 = d * np.float32(_q3_scale(blk, 2 * r))
@@ -148,9 +148,9 @@ def _dot_q3_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
 
 @njit(inline="always")
 def _dot_q4_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
-    d, dmin = _f16(blk, 0, table), _f16(blk, 2, table)
+    d, dmin = f16_at(blk, 0, table), f16_at(blk, 2, table)
     for s in range(8):
-        sc, mn = _scale_min_k4(blk, s)
+        sc, mn = scale_min_k4(blk, s)
         d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
         base, shift = 16 + 32 * (s >> 1), 4 * (s & 1)
         for i in range(32):
@@ -160,9 +160,9 @@ def _dot_q4_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
 
 @njit(inline="always")
 def _dot_q5_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
-    d, dmin = _f16(blk, 0, table), _f16(blk, 2, table)
+    d, dmin = f16_at(blk, 0, table), f16_at(blk, 2, table)
     for s in range(8):
-        sc, mn = _scale_min_k4(blk, s)
+        sc, mn = scale_min_k4(blk, s)
         d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
         base, shift = 48 + 32 * (s >> 1), 4 * (s & 1)
         for i in range(32):
@@ -175,11 +175,11 @@ def _dot_q5_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
 @njit(inline="always")
 def _dot_q6_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
     # runs of 32 (two 16-element sub-blocks, two scales): one vectorisable loop each
-    d = _f16(blk, 208, table)
+    d = f16_at(blk, 208, table)
     for r in range(8):
         hb, pair = r >> 2, r & 3
-        d0 = d * np.float32(_i8(blk[192 + 2 * r]))
-        d1 = d * np.float32(_i8(blk[193 + 2 * r]))
+        d0 = d * np.float32(as_int8(blk[192 + 2 * r]))
+        d1 = d * np.float32(as_int8(blk[193 + 2 * r]))
         ql, qh = 64 * hb + 32 * (pair & 1), 128 + 32 * hb
         nshift, hshift = 4 * (pair >> 1), 2 * pair
         for i in range(32):
@@ -189,12 +189,12 @@ def _dot_q6_k(blk: Any, table: Any, x: Any, acc: Any) -> None:
             acc[i] += dl * np.float32((nib | (high << 4)) - 32) * x[32 * r + i]
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_k(blocks: Any, x: Any, out: Any, table: Any, kind: int) -> None:
     """``out[t, o] = Σᵢ x[t, i]·W[o, i]``, output rows split in chunks across threads."""
     n = blocks.shape[0]
-    scratch = np.empty((_CHUNKS, 32), np.float32)
-    for c in prange(_CHUNKS):
+    scratch = np.empty((ROW_CHUNKS, 32), np.float32)
+    for c in prange(ROW_CHUNKS):
         acc = scratch[c]
         for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):

@@ -30,7 +30,8 @@ from tensorplug.types import Type
 from ._numba_cache import kernel
 from ._numba_ir import f32_bits, f32_from_bits
 
-_DOT = {"reassoc", "contract", "nsz", "arcp"}
+#: the fast-math flags of the kernels whose sums may be reordered (a dot product's)
+DOT_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 # the weight type ids whose activations are not Q8_0 (:mod:`.activations`)
 _Q4_1, _Q5_1 = int(Type.Q4_1), int(Type.Q5_1)
@@ -38,12 +39,13 @@ _SUPER_BLOCK = tuple(int(t) for t in Type if t.is_quantized and t.block_size == 
 
 
 @njit(inline="always")
-def _f16(blk: Any, off: int, table: Any) -> Any:
+def f16_at(blk: Any, off: int, table: Any) -> Any:
+    """The f16 at byte ``off`` of bytes ``blk``, widened by the f16 → f32 ``table``."""
     return table[np.int32(blk[off]) | (np.int32(blk[off + 1]) << 8)]
 
 
 @njit(inline="always")
-def _i8(u: Any) -> Any:
+def as_int8(u: Any) -> Any:
     """A uint8 byte read as int8."""
     return (np.int32(u) ^ 0x80) - 0x80
 
@@ -66,12 +68,13 @@ def _u32(blk: Any, off: int) -> Any:
 # with no horizontal reduction until the row is done (several times faster than a
 # scalar sum per block). Rows are split into chunks, one scratch row per chunk.
 
-_CHUNKS = 64
+#: the chunks a product's rows are split into (:func:`chunk_span`)
+ROW_CHUNKS = 64
 
 
 @njit(inline="always")
 def chunk_span(c: int, n: int, unit: int) -> tuple[int, int]:
-    """Rows ``[lo, hi)`` of chunk ``c`` of ``_CHUNKS`` over ``n`` rows, in whole ``unit``
+    """Rows ``[lo, hi)`` of chunk ``c`` of ``ROW_CHUNKS`` over ``n`` rows, in whole ``unit``
     rows (the last chunk's end excepted): ⌊units/64⌋ or one more units each.
 
     numba splits a ``prange`` statically, in equal runs of iterations a thread. With
@@ -81,14 +84,14 @@ def chunk_span(c: int, n: int, unit: int) -> tuple[int, int]:
     second thread nothing (two threads then fall well short of twice one thread's
     speed). Any split gives the same bits: a row is computed alone."""
     units = (n + unit - 1) // unit
-    return min(n, c * units // _CHUNKS * unit), min(n, (c + 1) * units // _CHUNKS * unit)
+    return min(n, c * units // ROW_CHUNKS * unit), min(n, (c + 1) * units // ROW_CHUNKS * unit)
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_q8_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
-    scratch = np.empty((_CHUNKS, 32), np.float32)
-    for c in prange(_CHUNKS):
+    scratch = np.empty((ROW_CHUNKS, 32), np.float32)
+    for c in prange(ROW_CHUNKS):
         acc = scratch[c]
         for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
@@ -96,17 +99,17 @@ def matvec_q8_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 xr = x[t]
                 for b in range(blocks.shape[1]):
                     blk = blocks[o, b]
-                    d = _f16(blk, 0, table)
+                    d = f16_at(blk, 0, table)
                     for j in range(32):
-                        acc[j] += d * np.float32(_i8(blk[2 + j])) * xr[b * 32 + j]
+                        acc[j] += d * np.float32(as_int8(blk[2 + j])) * xr[b * 32 + j]
                 out[t, o] = acc.sum()
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_q4_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
-    scratch = np.empty((_CHUNKS, 32), np.float32)
-    for c in prange(_CHUNKS):
+    scratch = np.empty((ROW_CHUNKS, 32), np.float32)
+    for c in prange(ROW_CHUNKS):
         acc = scratch[c]
         for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
@@ -114,7 +117,7 @@ def matvec_q4_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 xr = x[t]
                 for b in range(blocks.shape[1]):
                     blk = blocks[o, b]
-                    d = _f16(blk, 0, table)
+                    d = f16_at(blk, 0, table)
                     for j in range(16):
                         q = np.int32(blk[2 + j])
                         acc[j] += d * np.float32((q & 15) - 8) * xr[b * 32 + j]
@@ -122,11 +125,11 @@ def matvec_q4_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 out[t, o] = acc.sum()
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_q4_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
-    scratch = np.empty((_CHUNKS, 32), np.float32)
-    for c in prange(_CHUNKS):
+    scratch = np.empty((ROW_CHUNKS, 32), np.float32)
+    for c in prange(ROW_CHUNKS):
         acc = scratch[c]
         for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
@@ -134,7 +137,7 @@ def matvec_q4_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 xr = x[t]
                 for b in range(blocks.shape[1]):
                     blk = blocks[o, b]
-                    d, m = _f16(blk, 0, table), _f16(blk, 2, table)
+                    d, m = f16_at(blk, 0, table), f16_at(blk, 2, table)
                     for j in range(16):
                         q = np.int32(blk[4 + j])
                         acc[j] += (d * np.float32(q & 15) + m) * xr[b * 32 + j]
@@ -142,11 +145,11 @@ def matvec_q4_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 out[t, o] = acc.sum()
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_q5_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
-    scratch = np.empty((_CHUNKS, 32), np.float32)
-    for c in prange(_CHUNKS):
+    scratch = np.empty((ROW_CHUNKS, 32), np.float32)
+    for c in prange(ROW_CHUNKS):
         acc = scratch[c]
         for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
@@ -154,7 +157,7 @@ def matvec_q5_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 xr = x[t]
                 for b in range(blocks.shape[1]):
                     blk = blocks[o, b]
-                    d = _f16(blk, 0, table)
+                    d = f16_at(blk, 0, table)
                     qh = _u32(blk, 2)
                     for j in range(16):
                         q = np.int64(blk[6 + j])
@@ -165,11 +168,11 @@ def matvec_q5_0(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 out[t, o] = acc.sum()
 
 
-@kernel(parallel=True, fastmath=_DOT)
+@kernel(parallel=True, fastmath=DOT_FASTMATH)
 def matvec_q5_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
     n = blocks.shape[0]
-    scratch = np.empty((_CHUNKS, 32), np.float32)
-    for c in prange(_CHUNKS):
+    scratch = np.empty((ROW_CHUNKS, 32), np.float32)
+    for c in prange(ROW_CHUNKS):
         acc = scratch[c]
         for o in range(*chunk_span(c, n, 1)):
             for t in range(x.shape[0]):
@@ -177,7 +180,7 @@ def matvec_q5_1(blocks: Any, x: Any, out: Any, table: Any) -> None:
                 xr = x[t]
                 for b in range(blocks.shape[1]):
                     blk = blocks[o, b]
-                    d, m = _f16(blk, 0, table), _f16(blk, 2, table)
+                    d, m = f16_at(blk, 0, table), f16_at(blk, 2, table)
                     qh = _u32(blk, 4)
                     for j in range(16):
                         q = np.int64(blk[8 + j])
@@ -199,9 +202,9 @@ def dequantize_q8_0(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
             blk = blocks[r, b]
-            d = _f16(blk, 0, table)
+            d = f16_at(blk, 0, table)
             for j in range(32):
-                out[r, b * 32 + j] = d * np.float32(_i8(blk[2 + j]))
+                out[r, b * 32 + j] = d * np.float32(as_int8(blk[2 + j]))
 
 
 @kernel(nogil=True)
@@ -209,7 +212,7 @@ def dequantize_q4_0(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
             blk = blocks[r, b]
-            d = _f16(blk, 0, table)
+            d = f16_at(blk, 0, table)
             for j in range(16):
                 q = np.int32(blk[2 + j])
                 out[r, b * 32 + j] = d * np.float32((q & 15) - 8)
@@ -221,7 +224,7 @@ def dequantize_q4_1(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
             blk = blocks[r, b]
-            d, m = _f16(blk, 0, table), _f16(blk, 2, table)
+            d, m = f16_at(blk, 0, table), f16_at(blk, 2, table)
             for j in range(16):
                 q = np.int32(blk[4 + j])
                 out[r, b * 32 + j] = d * np.float32(q & 15) + m
@@ -233,7 +236,7 @@ def dequantize_q5_0(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
             blk = blocks[r, b]
-            d = _f16(blk, 0, table)
+            d = f16_at(blk, 0, table)
             qh = _u32(blk, 2)
             for j in range(16):
                 q = np.int64(blk[6 + j])
@@ -248,7 +251,7 @@ def dequantize_q5_1(blocks: Any, out: Any, table: Any) -> None:
     for r in range(blocks.shape[0]):
         for b in range(blocks.shape[1]):
             blk = blocks[r, b]
-            d, m = _f16(blk, 0, table), _f16(blk, 2, table)
+            d, m = f16_at(blk, 0, table), f16_at(blk, 2, table)
             qh = _u32(blk, 4)
             for j in range(16):
                 q = np.int64(blk[8 + j])
@@ -264,7 +267,7 @@ def dequantize_q5_1(blocks: Any, out: Any, table: Any) -> None:
 
 
 @kernel()
-def _f32_to_f16_bits(f: Any) -> Any:
+def f32_to_f16_bits(f: Any) -> Any:
     """IEEE f16 bits of ``f`` rounded to nearest even (``GGML_FP32_TO_FP16``)."""
     a = np.int64(f32_bits(np.float32(f))) & 0xFFFFFFFF  # type: ignore[call-arg]
     sign = (a >> 16) & 0x8000
@@ -285,14 +288,14 @@ _ROUNDER = np.float32(12582912.0)
 
 
 @njit(inline="always")
-def _nearest(y: Any) -> Any:
+def nearest_int(y: Any) -> Any:
     """``y`` (|y| ≤ 127 and a little, or inf or NaN) rounded half to even, as an int32:
     ``np.rint``'s value for every |y| < 2^22, and inf and NaN convert as they did."""
     return np.int32((y + _ROUNDER) - _ROUNDER)
 
 
 @njit(inline="always")
-def _largest_magnitude(x: Any, t: int, start: int, n: int) -> Any:
+def largest_magnitude(x: Any, t: int, start: int, n: int) -> Any:
     """``max |x[t, start : start + n]|`` (``n`` a multiple of 8), NaN values skipped as a
     running ``max(amax, |v|)`` skips them: eight running maxima side by side, where one
     would be a chain of dependent compares, and eight run faster than four (max is
@@ -317,29 +320,29 @@ def _q8_0_codes(x: Any, t: int, xq: Any, xd: Any, xs: Any) -> None:
     then the codes; in one loop the compiler vectorizes neither, several times
     slower."""
     for b in range(x.shape[1] // 32):
-        xd[t, b] = _largest_magnitude(x, t, 32 * b, 32)
+        xd[t, b] = largest_magnitude(x, t, 32 * b, 32)
     for b in range(x.shape[1] // 32):
         amax = xd[t, b]
         inv = np.float32(127) / amax if amax != 0 else np.float32(0)
         total = 0
         for j in range(32):
-            q = _nearest(x[t, 32 * b + j] * inv)
+            q = nearest_int(x[t, 32 * b + j] * inv)
             xq[t, 32 * b + j] = q
             total += q
         xs[t, b] = total
 
 
-@kernel()  # see _f32_to_f16_bits
+@kernel()  # see f32_to_f16_bits
 def quantize_q8_0(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     """Rows of ``x`` (T, n) float32 as ggml's Q8_0: int8 ``xq`` (T, n), the f16-rounded
     scales ``xd`` (T, n/32) and each block's sum of codes ``xs`` (T, n/32)."""
     for t in range(x.shape[0]):
         _q8_0_codes(x, t, xq, xd, xs)
         for b in range(x.shape[1] // 32):
-            xd[t, b] = table[_f32_to_f16_bits(xd[t, b] / np.float32(127))]
+            xd[t, b] = table[f32_to_f16_bits(xd[t, b] / np.float32(127))]
 
 
-@kernel()  # see _f32_to_f16_bits
+@kernel()  # see f32_to_f16_bits
 def quantize_q8_1(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     """Rows of ``x`` as ggml's Q8_1 (x86's ``quantize_row_q8_1``): Q8_0's codes and
     scales, and in ``xs`` the float32 bits of each block's ``s = f16(d·Σcode)`` (``d``
@@ -350,11 +353,11 @@ def quantize_q8_1(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
         for b in range(x.shape[1] // 32):
             d = xd[t, b] / np.float32(127)
             s = d * np.float32(xs[t, b])
-            xs[t, b] = f32_bits(table[_f32_to_f16_bits(s)])  # type: ignore[call-arg]
-            xd[t, b] = table[_f32_to_f16_bits(d)]
+            xs[t, b] = f32_bits(table[f32_to_f16_bits(s)])  # type: ignore[call-arg]
+            xd[t, b] = table[f32_to_f16_bits(d)]
 
 
-@kernel()  # see _f32_to_f16_bits
+@kernel()  # see f32_to_f16_bits
 def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     """Rows of ``x`` as ggml's Q8_K (``quantize_row_q8_K_ref``, which x86 runs): per 256
     values, ``iscale = −127/max`` with ``max`` the first value of largest magnitude,
@@ -377,7 +380,7 @@ def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
     :func:`._numba_cache.kernel`)."""
     for t in range(x.shape[0]):
         for sb in range(x.shape[1] // 256):
-            amax = _largest_magnitude(x, t, 256 * sb, 256)
+            amax = largest_magnitude(x, t, 256 * sb, 256)
             big = np.float32(0)
             if amax != 0:
                 j = 256 * sb
@@ -395,14 +398,14 @@ def quantize_q8_k(x: Any, xq: Any, xd: Any, xs: Any, table: Any) -> None:
             for b in range(8 * sb, 8 * sb + 8):
                 total = 0
                 for j in range(32):
-                    q = min(_nearest(iscale * x[t, 32 * b + j]), 127)
+                    q = min(nearest_int(iscale * x[t, 32 * b + j]), 127)
                     xq[t, 32 * b + j] = q
                     total += q
                 xs[t, b] = total
                 xd[t, b] = d
 
 
-@kernel()  # see _f32_to_f16_bits
+@kernel()  # see f32_to_f16_bits
 def quantize_activations(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
     """Rows of ``x`` quantized to the ``vec_dot_type`` ggml uses for weights of type id
     ``kind`` (:func:`.activations.vec_dot_type`): Q8_1 for Q4_1 and Q5_1, Q8_K for the

@@ -63,19 +63,20 @@ from ..repack import GROUP_ROWS, LAYOUTS, PackedLayout
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
 from ._numba_ir import (
-    _I8,
-    _I16,
-    _I32,
-    _f16x,
-    _fn,
-    _splat,
-    _splat_scalar,
-    _vec,
+    I8,
+    I16,
+    I32,
+    I64,
     carried_loop,
+    f16x,
     f32_bits,
+    llvm_fn,
+    splat,
+    splat_scalar,
+    vec_of,
 )
 from ._numba_pool import address
-from ._numba_quant import _CHUNKS, _DOT, chunk_span, quantize_activations
+from ._numba_quant import DOT_FASTMATH, ROW_CHUNKS, chunk_span, quantize_activations
 from .job_blocks import (
     MAT_BYTES,
     MAT_GROUPS,
@@ -119,10 +120,10 @@ __all__ = [
     "tile_rows",
 ]
 
-_I64, _F32 = ir.IntType(64), ir.FloatType()
+_F32 = ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
-_V8I = _vec(_I32, 8)
-_V32B = _vec(_I8, 32)
+_V8I = vec_of(I32, 8)
+_V32B = vec_of(I8, 32)
 
 
 #: activation rows of most layouts' tiles (:func:`tile_rows`)
@@ -170,18 +171,18 @@ def _fixed_mul(builder: ir.IRBuilder, a: Any, b: Any) -> Any:
 
 def _word(builder: ir.IRBuilder, ptr: Any) -> Any:
     """The 4 bytes at ``ptr`` as an ``i32``."""
-    return builder.load(builder.bitcast(ptr, _I32.as_pointer()), align=1)
+    return builder.load(builder.bitcast(ptr, I32.as_pointer()), align=1)
 
 
 def _broadcast_i32(builder: ir.IRBuilder, ptr: Any, lanes: int = 8) -> Any:
     """The 4 bytes at ``ptr`` in each of ``lanes`` 32-bit lanes, as ``<4·lanes x i8>``."""
-    words = _splat_scalar(builder, _word(builder, ptr), lanes)
-    return builder.bitcast(words, _vec(_I8, 4 * lanes))
+    words = splat_scalar(builder, _word(builder, ptr), lanes)
+    return builder.bitcast(words, vec_of(I8, 4 * lanes))
 
 
 def _splat_f(builder: ir.IRBuilder, v: Any) -> Any:
     """The float ``v`` in each of eight lanes."""
-    return _splat_scalar(builder, v, 8)
+    return splat_scalar(builder, v, 8)
 
 
 def _quads(builder: ir.IRBuilder, prod: Any) -> Any:
@@ -211,20 +212,20 @@ class _RowSums:
         b = self.builder
         if _ir.HAS_VNNI:
             bits = 8 * u.type.count
-            lanes = _vec(_I32, bits // 32)
-            dp = _fn(b, f"llvm.x86.avx512.vpdpbusd.{bits}", lanes, lanes, lanes, lanes)
+            lanes = vec_of(I32, bits // 32)
+            dp = llvm_fn(b, f"llvm.x86.avx512.vpdpbusd.{bits}", lanes, lanes, lanes, lanes)
             self.sums = b.call(dp, [self.sums, b.bitcast(u, lanes), b.bitcast(s, lanes)])
         elif _ir.HAS_AVX2:
             bound = 2 * u_max * 128  # two products of a u8 by an s8 of at most 128
             if self.pairs is not None and self.bound + bound > 32767:
                 self.flush()
-            madd = _fn(b, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), _V32B, _V32B)
+            madd = llvm_fn(b, "llvm.x86.avx2.pmadd.ub.sw", vec_of(I16, 16), _V32B, _V32B)
             pairs = b.call(madd, [u, s])
             self.pairs = pairs if self.pairs is None else b.add(self.pairs, pairs)
             self.bound += bound
         else:
             self.sums = b.add(
-                self.sums, _quads(b, b.mul(b.zext(u, _vec(_I32, 32)), b.sext(s, _vec(_I32, 32))))
+                self.sums, _quads(b, b.mul(b.zext(u, vec_of(I32, 32)), b.sext(s, vec_of(I32, 32))))
             )
 
     def add_signed(self, q: Any, x: Any) -> None:
@@ -232,7 +233,7 @@ class _RowSums:
         caller starts the sums at ``−128·Σx``, :func:`_offset`), to AVX2 as ``|q|``
         against ``x`` with ``q``'s sign (``vpsignb``, as ggml), else widened signed."""
         if _ir.HAS_VNNI:
-            self.add(self.builder.xor(q, _splat(_I8, 32, 128)), x, 255)
+            self.add(self.builder.xor(q, splat(I8, 32, 128)), x, 255)
         else:
             self.add_sign_folded(q, x)
 
@@ -242,11 +243,11 @@ class _RowSums:
         included), else widened signed. Each sum is exact, group by group."""
         b = self.builder
         if _ir.HAS_AVX2:
-            sign = _fn(b, "llvm.x86.avx2.psign.b", _V32B, _V32B, _V32B)
+            sign = llvm_fn(b, "llvm.x86.avx2.psign.b", _V32B, _V32B, _V32B)
             self.add(b.call(sign, [q, q]), b.call(sign, [x, q]), 128)
         else:
             self.sums = b.add(
-                self.sums, _quads(b, b.mul(b.sext(q, _vec(_I32, 32)), b.sext(x, _vec(_I32, 32))))
+                self.sums, _quads(b, b.mul(b.sext(q, vec_of(I32, 32)), b.sext(x, vec_of(I32, 32))))
             )
 
     def scaled(self, scale: Any) -> Any:
@@ -258,9 +259,9 @@ class _RowSums:
         b = self.builder
         if self.pairs is None:
             return b.mul(self.flush(), scale)
-        wd = _fn(b, "llvm.x86.avx2.pmadd.wd", _V8I, _vec(_I16, 16), _vec(_I16, 16))
-        halves = b.bitcast(scale, _vec(_I16, 16))  # each row's scale in both of its halves
-        low_halves = ir.Constant(_vec(_I32, 16), [i & ~1 for i in range(16)])
+        wd = llvm_fn(b, "llvm.x86.avx2.pmadd.wd", _V8I, vec_of(I16, 16), vec_of(I16, 16))
+        halves = b.bitcast(scale, vec_of(I16, 16))  # each row's scale in both of its halves
+        low_halves = ir.Constant(vec_of(I32, 16), [i & ~1 for i in range(16)])
         both = b.shuffle_vector(halves, halves, low_halves)
         widened = b.call(wd, [self.pairs, both])
         self.pairs, self.bound = None, 0
@@ -270,8 +271,8 @@ class _RowSums:
         """The sums, with AVX2's 16-bit lanes widened into them."""
         if self.pairs is not None:
             b = self.builder
-            wd = _fn(b, "llvm.x86.avx2.pmadd.wd", _V8I, _vec(_I16, 16), _vec(_I16, 16))
-            self.sums = b.add(self.sums, b.call(wd, [self.pairs, _splat(_I16, 16, 1)]))
+            wd = llvm_fn(b, "llvm.x86.avx2.pmadd.wd", _V8I, vec_of(I16, 16), vec_of(I16, 16))
+            self.sums = b.add(self.sums, b.call(wd, [self.pairs, splat(I16, 16, 1)]))
             self.pairs, self.bound = None, 0
         return self.sums
 
@@ -279,14 +280,14 @@ class _RowSums:
 def _concat(builder: ir.IRBuilder, low: Any, high: Any) -> Any:
     """Two vectors of one type as one of twice the lanes, ``low`` first."""
     n = low.type.count
-    return builder.shuffle_vector(low, high, ir.Constant(_vec(_I32, 2 * n), list(range(2 * n))))
+    return builder.shuffle_vector(low, high, ir.Constant(vec_of(I32, 2 * n), list(range(2 * n))))
 
 
 def _half(builder: ir.IRBuilder, v: Any, which: int) -> Any:
     """Lanes ``0…n/2−1`` (``which`` 0) or ``n/2…n−1`` (1) of ``v``."""
     h = v.type.count // 2
     return builder.shuffle_vector(
-        v, v, ir.Constant(_vec(_I32, h), list(range(which * h, (which + 1) * h)))
+        v, v, ir.Constant(vec_of(I32, h), list(range(which * h, (which + 1) * h)))
     )
 
 
@@ -300,11 +301,11 @@ def _pair_sums(builder: ir.IRBuilder, u: Any, x0: Any, x1: Any, u_max: int) -> A
     :class:`_RowSums` makes them, side by side. Either way each lane is the same exact
     integer."""
     if _ir.HAS_VNNI and _ir.HAS_32_REGS:
-        v16i = _vec(_I32, 16)
-        words = [_splat_scalar(builder, _word(builder, x), 16) for x in (x0, x1)]
+        v16i = vec_of(I32, 16)
+        words = [splat_scalar(builder, _word(builder, x), 16) for x in (x0, x1)]
         upper = ir.Constant(ir.VectorType(ir.IntType(1), 16), [i >= 8 for i in range(16)])
         both_x = builder.select(upper, words[1], words[0])
-        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, v16i, v16i, v16i)
+        dp = llvm_fn(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, v16i, v16i, v16i)
         both_u = builder.bitcast(_concat(builder, u, u), v16i)
         return builder.call(dp, [ir.Constant(v16i, [0] * 16), both_u, both_x])
     halves = []
@@ -318,7 +319,7 @@ def _pair_sums(builder: ir.IRBuilder, u: Any, x0: Any, x1: Any, u_max: int) -> A
 def _fmuladd(builder: ir.IRBuilder, a: Any, b: Any, c: Any) -> Any:
     """``a·b + c`` fused, for float vectors of any width."""
     ty = a.type
-    return builder.call(_fn(builder, f"llvm.fmuladd.v{ty.count}f32", ty, ty, ty, ty), [a, b, c])
+    return builder.call(llvm_fn(builder, f"llvm.fmuladd.v{ty.count}f32", ty, ty, ty, ty), [a, b, c])
 
 
 def _offset(lay: PackedLayout) -> int:
@@ -336,12 +337,12 @@ def _levels(builder: ir.IRBuilder, codes: Any, levels: tuple[int, ...]) -> Any:
     level, portable IR LLVM lowers for the host."""
     if _ir.HAS_AVX2:
         table = ir.Constant(_V32B, [v & 0xFF for v in levels] * 2)
-        shuffle = _fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, _V32B, _V32B)
+        shuffle = llvm_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, _V32B, _V32B)
         return builder.call(shuffle, [table, codes])
-    out = _splat(_I8, 32, levels[0] & 0xFF)
+    out = splat(I8, 32, levels[0] & 0xFF)
     for i, v in enumerate(levels[1:], start=1):
-        hit = builder.icmp_unsigned("==", codes, _splat(_I8, 32, i))
-        out = builder.select(hit, _splat(_I8, 32, v & 0xFF), out)
+        hit = builder.icmp_unsigned("==", codes, splat(I8, 32, i))
+        out = builder.select(hit, splat(I8, 32, v & 0xFF), out)
     return out
 
 
@@ -351,18 +352,18 @@ def _scales(builder: ir.IRBuilder, at: Any, table: Any) -> Any:
     if _ir.HAS_F16C:
         halves = ir.VectorType(ir.HalfType(), 8)
         return builder.fpext(builder.load(builder.bitcast(at, halves.as_pointer()), align=1), _V8F)
-    return _f16x(builder, [builder.gep(at, [_I64(2 * r)]) for r in range(8)], _I64(0), table)
+    return f16x(builder, [builder.gep(at, [I64(2 * r)]) for r in range(8)], I64(0), table)
 
 
 def _bytes_i(builder: ir.IRBuilder, at: Any) -> Any:
     """The eight unsigned bytes at ``at`` as ``<8 x i32>``."""
-    v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+    v8 = builder.load(builder.bitcast(at, vec_of(I8, 8).as_pointer()), align=1)
     return builder.zext(v8, _V8I)
 
 
 def _bytes_f(builder: ir.IRBuilder, at: Any) -> Any:
     """The eight unsigned bytes at ``at`` as ``<8 x float>``."""
-    v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+    v8 = builder.load(builder.bitcast(at, vec_of(I8, 8).as_pointer()), align=1)
     return builder.uitofp(v8, _V8F)
 
 
@@ -398,7 +399,7 @@ class _Block:
         groups', the first's in the low lanes."""
         b = self.builder
         bases = [self.base] if self.base2 is None else [self.base, self.base2]
-        loaded = [load(b, b.gep(base, [_I64(offset)])) for base in bases]
+        loaded = [load(b, b.gep(base, [I64(offset)])) for base in bases]
         return loaded[0] if len(loaded) == 1 else _concat(b, *loaded)
 
     def scales(self, offset: int) -> Any:
@@ -408,7 +409,7 @@ class _Block:
     def kept_at(self, unit: int) -> Any:
         """The ``<8 x float>*`` that unit ``unit`` keeps for this block."""
         b = self.builder
-        return b.gep(self.kept, [b.add(b.mul(self.b, _I64(len(self.units))), _I64(unit))])
+        return b.gep(self.kept, [b.add(b.mul(self.b, I64(len(self.units))), I64(unit))])
 
     def code_run(self, at: int) -> Any:
         """The 32 code bytes at ``at`` of the block (in a tile of two groups, 64: both
@@ -418,7 +419,7 @@ class _Block:
     def x_at(self, t: int, k: Any, at: int) -> Any:
         """The ``i8*`` of activation row ``t``'s code ``at`` of block ``k``."""
         b = self.builder
-        return b.gep(self.x[t], [b.add(b.mul(k, _I64(32)), _I64(at))])
+        return b.gep(self.x[t], [b.add(b.mul(k, I64(32)), I64(at))])
 
     def x_word(self, t: int, k: Any, at: int) -> Any:
         """Four codes of activation row ``t``, block ``k``, from value ``at``, in every lane."""
@@ -508,24 +509,24 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
         stride = [builder.extract_value(a.strides, 0) for a in arrays]
         group = builder.gep(pk.data, [builder.mul(args[1], stride[0])])
         group2 = builder.gep(group, [stride[0]]) if groups == 2 else None
-        n = builder.sdiv(builder.extract_value(pk.shape, 1), _I64(lay.block))
-        rows = [builder.add(args[6], _I64(t)) for t in range(n_tok)]
+        n = builder.sdiv(builder.extract_value(pk.shape, 1), I64(lay.block))
+        rows = [builder.add(args[6], I64(t)) for t in range(n_tok)]
 
         def row_of(a: Any, s: Any, r: Any, ty: ir.Type) -> Any:
-            byte = builder.bitcast(a.data, _I8.as_pointer())
+            byte = builder.bitcast(a.data, I8.as_pointer())
             return builder.bitcast(builder.gep(byte, [builder.mul(r, s)]), ty.as_pointer())
 
-        x_rows = [row_of(xqa, stride[1], r, _I8) for r in rows]
+        x_rows = [row_of(xqa, stride[1], r, I8) for r in rows]
         xd_rows = [row_of(xda, stride[2], r, _F32) for r in rows]
-        xs_rows = [row_of(xsa, stride[3], r, _I32) for r in rows]
+        xs_rows = [row_of(xsa, stride[3], r, I32) for r in rows]
         widths = [groups * (lanes if len(u) == 1 else 8 * len(u)) for u in units]
         zeros = [ir.Constant(ir.VectorType(_F32, w), [0.0] * w) for w in widths]
 
         kept, saved = None, None
         if len(passes) > 1:  # room for what the first pass keeps, given back after the tile
-            i8p = _I8.as_pointer()
-            saved = builder.call(_fn(builder, "llvm.stacksave", i8p), [])
-            kept = builder.alloca(_V8F, size=builder.mul(n, _I64(len(units))))
+            i8p = I8.as_pointer()
+            saved = builder.call(llvm_fn(builder, "llvm.stacksave", i8p), [])
+            kept = builder.alloca(_V8F, size=builder.mul(n, I64(len(units))))
         flat = [z for z in zeros for _ in range(n_accs)]
         for k, (pass_body, which) in enumerate(passes):
             ask = prefetch and k == 0  # a later pass reads the bytes the first brought in
@@ -544,24 +545,24 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
                 for at, v in zip(carried, values, strict=True):
                     full[at] = v
                 accs = [full[n_accs * i : n_accs * (i + 1)] for i in range(len(units))]
-                at = builder.mul(b, _I64(lay.block))
+                at = builder.mul(b, I64(lay.block))
                 base = builder.gep(group, [at])
                 base2 = None if group2 is None else builder.gep(group2, [at])
                 for read in ([base] if base2 is None else [base, base2]) if ask else []:
-                    ahead = builder.gep(read, [_I64(PREFETCH_AHEAD)])
+                    ahead = builder.gep(read, [I64(PREFETCH_AHEAD)])
                     _ir.prefetch_lines(builder, ahead, lay.block)
                 new = pass_body(_Block(builder, lay, base, b, x_rows, xd_rows, xs_rows, table,
                                        units, kept, base2), accs)  # fmt: skip
                 new_flat = [v for vals in new for v in vals]
                 return [new_flat[at] for at in carried]
 
-            ends = carried_loop(builder, "tile", _I64(0), n, 1, [before[at] for at in carried],
+            ends = carried_loop(builder, "tile", I64(0), n, 1, [before[at] for at in carried],
                                 block)  # fmt: skip
             flat = list(before)
             for at, v in zip(carried, ends, strict=True):
                 flat[at] = v
         if saved is not None:
-            builder.call(_fn(builder, "llvm.stackrestore", ir.VoidType(), _I8.as_pointer()),
+            builder.call(llvm_fn(builder, "llvm.stackrestore", ir.VoidType(), I8.as_pointer()),
                          [saved])  # fmt: skip
         finals: list[list[Any]] = []
         for i, unit in enumerate(units):
@@ -570,10 +571,10 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
                 finals.append(accs)
             else:
                 finals.extend([_half(builder, a, h) for a in accs] for h in range(2))
-        col = builder.mul(args[1], _I64(GROUP_ROWS * 4))  # byte offset of column 8g
+        col = builder.mul(args[1], I64(GROUP_ROWS * 4))  # byte offset of column 8g
         for t in range(n_tok):
             row = builder.gep(
-                builder.bitcast(outa.data, _I8.as_pointer()),
+                builder.bitcast(outa.data, I8.as_pointer()),
                 [builder.add(builder.mul(rows[t], stride[4]), col)],
             )
             sums = finish(builder, finals[t])
@@ -585,7 +586,7 @@ def _tile(lay: PackedLayout, n_tok: int, body: Body | list[Pass], finish: Finish
 def _fifth_word(blk: _Block, run: int) -> Any:
     """The ``i32`` of a Q5_0 or Q5_1 block's fifth bits for its code run ``run``."""
     b = blk.builder
-    return _word(b, b.gep(blk.base, [_I64(blk.lay.bits_at + 4 * run)]))
+    return _word(b, b.gep(blk.base, [I64(blk.lay.bits_at + 4 * run)]))
 
 
 def _fifth_bits(blk: _Block, run: int) -> Any:
@@ -593,7 +594,7 @@ def _fifth_bits(blk: _Block, run: int) -> Any:
     byte ``i`` (LLVM lowers the ``<32 x i1>`` to one ``vpmovm2b`` with AVX512-BW)."""
     b = blk.builder
     bits = b.bitcast(_fifth_word(blk, run), ir.VectorType(ir.IntType(1), 32))
-    return b.shl(b.zext(bits, _V32B), _splat(_I8, 32, 4))
+    return b.shl(b.zext(bits, _V32B), splat(I8, 32, 4))
 
 
 def _block32_body(lay: PackedLayout) -> Body:
@@ -609,14 +610,14 @@ def _block32_body(lay: PackedLayout) -> Body:
             if _offset(lay) == 0:  # nothing to take back out
                 sums.append(_RowSums(builder, ir.Constant(_V8I, [0] * 8)))
                 continue
-            back = builder.mul(blk.load(blk.xs, t, b), _I32(-_offset(lay)))
-            start = builder.insert_element(ir.Constant(_V8I, None), back, _I32(0))
+            back = builder.mul(blk.load(blk.xs, t, b), I32(-_offset(lay)))
+            start = builder.insert_element(ir.Constant(_V8I, None), back, I32(0))
             sums.append(_RowSums(builder, builder.shuffle_vector(
                 start, start, ir.Constant(_V8I, [0] * 8))))  # fmt: skip
         for c in range(lay.chunks):
             q = blk.code_run(lay.codes_at + 32 * c)
             if lay.nibbles:  # low nibbles: values 4c..4c+3, high: 16+4c..
-                runs = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+                runs = [builder.and_(q, splat(I8, 32, 15)), builder.lshr(q, splat(I8, 32, 4))]
                 if lay.regroup == "fifth bits":  # each code's fifth bit from its run's word
                     runs = [builder.or_(codes, _fifth_bits(blk, 2 * c + h))
                             for h, codes in enumerate(runs)]  # fmt: skip
@@ -633,7 +634,7 @@ def _block32_body(lay: PackedLayout) -> Body:
                 for t in range(n_tok):
                     sums[t].add_signed(q, blk.x_word(t, b, 4 * c))
         d_w = _scales(builder, blk.base, blk.table)
-        fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+        fma = llvm_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
         new = []
         for t in range(n_tok):
             scale = _fixed_mul(builder, d_w, _splat_f(builder, blk.load(blk.xd, t, b)))
@@ -666,7 +667,7 @@ def _vec_dot_order_body(lay: PackedLayout) -> Body:
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
         builder, b = blk.builder, blk.b
         d_w = _scales(builder, blk.base, blk.table)
-        m_w = _scales(builder, builder.gep(blk.base, [_I64(lay.minimum_at)]), blk.table)
+        m_w = _scales(builder, builder.gep(blk.base, [I64(lay.minimum_at)]), blk.table)
 
         def joined(vectors: list[Any]) -> Any:
             return vectors[0] if len(vectors) == 1 else _concat(builder, *vectors)
@@ -677,7 +678,7 @@ def _vec_dot_order_body(lay: PackedLayout) -> Body:
         u_max = 31 if lay.regroup == "fifth bits" else 15
         for c in range(lay.chunks):
             q = blk.code_run(lay.codes_at + 32 * c)
-            runs = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+            runs = [builder.and_(q, splat(I8, 32, 15)), builder.lshr(q, splat(I8, 32, 4))]
             if lay.regroup == "fifth bits":
                 runs = [builder.or_(codes, _fifth_bits(blk, 2 * c + h))
                         for h, codes in enumerate(runs)]  # fmt: skip
@@ -720,7 +721,7 @@ def _lane_order_body(lay: PackedLayout, chunks: Iterable[int] | None = None,
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
         builder, b = blk.builder, blk.b
         n_tok = len(accs)
-        fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+        fma = llvm_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
         if blk.kept is not None and not keep:  # a later pass: the first one's scales
             scales = [builder.load(blk.kept_at(t)) for t in range(n_tok)]
         else:
@@ -734,9 +735,9 @@ def _lane_order_body(lay: PackedLayout, chunks: Iterable[int] | None = None,
         for c in runs_of_codes:
             q = blk.code_run(lay.codes_at + 32 * c)
             if lay.nibbles:  # Q5_0: low nibbles values 4c..4c+3, high 16+4c..
-                runs = [builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4))]
+                runs = [builder.and_(q, splat(I8, 32, 15)), builder.lshr(q, splat(I8, 32, 4))]
                 runs = [builder.sub(builder.or_(codes, _fifth_bits(blk, 2 * c + h)),
-                                    _splat(_I8, 32, lay.offset))
+                                    splat(I8, 32, lay.offset))
                         for h, codes in enumerate(runs)]  # fmt: skip
                 parts = [(runs[0], 4 * c, c), (runs[1], 16 + 4 * c, 4 + c)]
             else:  # Q8_0: values 4c..4c+3
@@ -758,9 +759,9 @@ def _less_16_unless_fifth(blk: _Block, runs: tuple[int, int]) -> Any:
     (bytes 0–31) and ``runs[1]`` (32–63) of the block's fifth bits (as
     :func:`_fifth_bits`, with the offset of 16 folded in: one masked move)."""
     b = blk.builder
-    words = [b.zext(_fifth_word(blk, run), _I64) for run in runs]
-    bits = b.bitcast(b.or_(words[0], b.shl(words[1], _I64(32))), ir.VectorType(ir.IntType(1), 64))
-    return b.select(bits, _splat(_I8, 64, 0), _splat(_I8, 64, -blk.lay.offset & 0xFF))
+    words = [b.zext(_fifth_word(blk, run), I64) for run in runs]
+    bits = b.bitcast(b.or_(words[0], b.shl(words[1], I64(32))), ir.VectorType(ir.IntType(1), 64))
+    return b.select(bits, splat(I8, 64, 0), splat(I8, 64, -blk.lay.offset & 0xFF))
 
 
 def _lane_order_passes(lay: PackedLayout) -> list[Pass]:
@@ -796,27 +797,27 @@ def _lane_pairs_body(lay: PackedLayout) -> Body:
     not far behind Q8_0's own order (Q5_0's codes' fifth bits cost it the rest). Every sum
     takes the same integers and fused multiply-adds in the same order as ggml's, so the
     bits are the same."""
-    v16i, v16f = _vec(_I32, 16), ir.VectorType(_F32, 16)
+    v16i, v16f = vec_of(I32, 16), ir.VectorType(_F32, 16)
 
     def operands(blk: _Block) -> list[tuple[Any, int, int]]:
         """(signed codes, the first of their two activation words, accumulator)"""
         builder = blk.builder
         out = []
         for j in range(lay.chunks // 2):
-            at = builder.gep(blk.base, [_I64(lay.codes_at + 64 * j)])
-            q = builder.load(builder.bitcast(at, _vec(_I8, 64).as_pointer()), align=1)
+            at = builder.gep(blk.base, [I64(lay.codes_at + 64 * j)])
+            q = builder.load(builder.bitcast(at, vec_of(I8, 64).as_pointer()), align=1)
             if not lay.nibbles:  # Q8_0: values 8j ..
                 out.append((q, 2 * j, j))
                 continue
-            for h, codes in enumerate((builder.and_(q, _splat(_I8, 64, 15)),
-                                       builder.lshr(q, _splat(_I8, 64, 4)))):  # fmt: skip
+            for h, codes in enumerate((builder.and_(q, splat(I8, 64, 15)),
+                                       builder.lshr(q, splat(I8, 64, 4)))):  # fmt: skip
                 values = builder.add(codes, _less_16_unless_fifth(blk, (4 * j + h, 4 * j + 2 + h)))
                 out.append((values, 2 * j + 4 * h, j + 2 * h))
         return out
 
     def body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
         builder, b = blk.builder, blk.b
-        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, v16i, v16i, v16i)
+        dp = llvm_fn(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, v16i, v16i, v16i)
         zero = ir.Constant(v16i, [0] * 16)
         d_w = _scales(builder, blk.base, blk.table)
         d_w2 = builder.shuffle_vector(d_w, d_w, ir.Constant(v16i, list(range(8)) * 2))
@@ -825,14 +826,14 @@ def _lane_pairs_body(lay: PackedLayout) -> Body:
         parts = []
         for values, word, m in operands(blk):
             q = builder.bitcast(values, v16i)
-            ones = builder.bitcast(_splat(_I8, 64, 128), v16i)
+            ones = builder.bitcast(splat(I8, 64, 128), v16i)
             bias = builder.sub(zero, builder.call(dp, [zero, ones, q]))
             parts.append((q, bias, word, m))
         new = []
         for t, acc in enumerate(accs):
             at = builder.bitcast(blk.x_at(t, b, 0), _V8I.as_pointer())
-            x8 = builder.xor(builder.load(at, align=1), _splat(_I32, 8, -0x7F7F7F80))  # x+128
-            scale = _fixed_mul(builder, d_w2, _splat_scalar(builder, blk.load(blk.xd, t, b), 16))
+            x8 = builder.xor(builder.load(at, align=1), splat(I32, 8, -0x7F7F7F80))  # x+128
+            scale = _fixed_mul(builder, d_w2, splat_scalar(builder, blk.load(blk.xd, t, b), 16))
             sums = list(acc)
             for q, bias, word, m in parts:
                 words = builder.shuffle_vector(
@@ -850,17 +851,17 @@ def _lane_pairs_body(lay: PackedLayout) -> Body:
         spread by the ``vpermd`` that spreads the words), where a taller tile shares
         ``−128·Σq`` among its rows: one ``vpdpbusd`` a 64-byte load instead of two."""
         builder, b = blk.builder, blk.b
-        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, v16i, v16i, v16i)
-        dp8 = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I, _V8I, _V8I, _V8I)
+        dp = llvm_fn(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, v16i, v16i, v16i)
+        dp8 = llvm_fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I, _V8I, _V8I, _V8I)
         x8 = builder.load(builder.bitcast(blk.x_at(0, b, 0), _V8I.as_pointer()), align=1)
-        ones = builder.bitcast(_splat(_I8, 32, 128), _V8I)
+        ones = builder.bitcast(splat(I8, 32, 128), _V8I)
         sums_x = builder.call(dp8, [ir.Constant(_V8I, [0] * 8), ones, x8])  # 128·Σx a word
         back = builder.sub(ir.Constant(_V8I, [0] * 8), sums_x)
-        scale = _fixed_mul(builder, d_w2, _splat_scalar(builder, blk.load(blk.xd, 0, b), 16))
+        scale = _fixed_mul(builder, d_w2, splat_scalar(builder, blk.load(blk.xd, 0, b), 16))
         sums = list(acc)
         for values, word, m in operands(blk):
             spread = ir.Constant(v16i, [word] * 8 + [word + 1] * 8)
-            u = builder.bitcast(builder.xor(values, _splat(_I8, 64, 128)), v16i)  # q + 128
+            u = builder.bitcast(builder.xor(values, splat(I8, 64, 128)), v16i)  # q + 128
             start = builder.shuffle_vector(back, back, spread)
             words = builder.shuffle_vector(x8, x8, spread)
             part = builder.sitofp(builder.call(dp, [start, u, words]), v16f)
@@ -918,8 +919,8 @@ def _q5_k_fifth_bits(blk: _Block, c: int, s: int, codes_at: int) -> Any:
     b = blk.builder
     qh = blk.code_run(codes_at - 256 + 32 * c)
     n = qh.type.count
-    moved = b.shl(qh, _splat(_I8, n, 4 - s)) if s <= 4 else b.lshr(qh, _splat(_I8, n, s - 4))
-    return b.and_(moved, _splat(_I8, n, 16))
+    moved = b.shl(qh, splat(I8, n, 4 - s)) if s <= 4 else b.lshr(qh, splat(I8, n, s - 4))
+    return b.and_(moved, splat(I8, n, 16))
 
 
 def _q5_k_body(blk: _Block, accs: list[list[Any]], codes_at: int) -> list[list[Any]]:
@@ -939,17 +940,17 @@ def _q5_k_body(blk: _Block, accs: list[list[Any]], codes_at: int) -> list[list[A
     builder, b, lanes = blk.builder, blk.b, blk.lanes
     floats = ir.VectorType(_F32, lanes)
     d, dmin = blk.scales(0), blk.scales(16)
-    first = builder.mul(b, _I64(8))  # the block's first activation block
-    d_x = [_splat_scalar(builder, blk.load(blk.xd, t, first), lanes) for t in range(len(accs))]
+    first = builder.mul(b, I64(8))  # the block's first activation block
+    d_x = [splat_scalar(builder, blk.load(blk.xd, t, first), lanes) for t in range(len(accs))]
     new = [list(a) for a in accs]
     for s in range(8):
         p, h = divmod(s, 2)
-        k = builder.add(first, _I64(s))
-        sums = [_RowSums(builder, ir.Constant(_vec(_I32, lanes), [0] * lanes)) for _ in accs]
+        k = builder.add(first, I64(s))
+        sums = [_RowSums(builder, ir.Constant(vec_of(I32, lanes), [0] * lanes)) for _ in accs]
         for c in range(8):
             q = blk.code_run(codes_at + 32 * (8 * p + c))
             n = q.type.count
-            shift, mask = _splat(_I8, n, 4), _splat(_I8, n, 15)
+            shift, mask = splat(I8, n, 4), splat(I8, n, 15)
             nibbles = builder.lshr(q, shift) if h else builder.and_(q, mask)
             codes = builder.or_(nibbles, _q5_k_fifth_bits(blk, c, s, codes_at))
             for t, row_sums in enumerate(sums):
@@ -960,7 +961,7 @@ def _q5_k_body(blk: _Block, accs: list[list[Any]], codes_at: int) -> list[list[A
             isum = builder.sitofp(row_sums.flush(), floats)
             new[t][0] = _fmuladd(builder, _fixed_mul(builder, sc, d_x[t]), isum, new[t][0])
             x_sum = builder.bitcast(blk.load(blk.xs, t, k), _F32)  # d_x·Σx, made ahead
-            new[t][1] = _fmuladd(builder, mn, _splat_scalar(builder, x_sum, lanes), new[t][1])
+            new[t][1] = _fmuladd(builder, mn, splat_scalar(builder, x_sum, lanes), new[t][1])
     return new
 
 
@@ -978,22 +979,22 @@ def _q4_k_body(
     every vector holds both groups' sixteen rows."""
     builder, b, lanes = blk.builder, blk.b, blk.lanes
     n_tok = len(accs)
-    floats, zero = ir.VectorType(_F32, lanes), ir.Constant(_vec(_I32, lanes), [0] * lanes)
+    floats, zero = ir.VectorType(_F32, lanes), ir.Constant(vec_of(I32, lanes), [0] * lanes)
     d, dmin = blk.scales(0), blk.scales(16)
-    first = builder.mul(b, _I64(8))  # the block's first activation block
+    first = builder.mul(b, I64(8))  # the block's first activation block
     new = [list(a) for a in accs]
     isums, imins = [zero] * n_tok, [zero] * n_tok
-    d_x = [_splat_scalar(builder, blk.load(blk.xd, t, first), lanes) for t in range(n_tok)]
+    d_x = [splat_scalar(builder, blk.load(blk.xd, t, first), lanes) for t in range(n_tok)]
     scales = [(_fixed_mul(builder, d, d_x[t]), _fixed_mul(builder, dmin, d_x[t]))
               for t in range(n_tok)]  # fmt: skip
     for p in range(4):
         pair = [[_RowSums(builder, zero) for _ in range(2)] for _ in range(n_tok)]
-        ks = [builder.add(first, _I64(2 * p + h)) for h in range(2)]
+        ks = [builder.add(first, I64(2 * p + h)) for h in range(2)]
         for c in range(8):
             q = blk.code_run(codes_at + 32 * (8 * p + c))
             width = q.type.count
-            halves = [builder.and_(q, _splat(_I8, width, 15)),
-                      builder.lshr(q, _splat(_I8, width, 4))]  # fmt: skip
+            halves = [builder.and_(q, splat(I8, width, 15)),
+                      builder.lshr(q, splat(I8, width, 4))]  # fmt: skip
             for h, codes in enumerate(halves):
                 for t in range(n_tok):
                     pair[t][h].add(codes, blk.x_word(t, ks[h], 4 * c), 15)
@@ -1003,7 +1004,7 @@ def _q4_k_body(
             for t in range(n_tok):
                 isums[t] = builder.add(isums[t], pair[t][h].scaled(sc))
                 x_sum = blk.load(blk.xs, t, ks[h])
-                minimums = builder.mul(mn, _splat_scalar(builder, x_sum, lanes))
+                minimums = builder.mul(mn, splat_scalar(builder, x_sum, lanes))
                 imins[t] = builder.add(imins[t], minimums)
         if by_pairs:  # the pair's two integers scaled now, and started afresh
             for t in range(n_tok):
@@ -1027,26 +1028,26 @@ def _iq4_xs_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     lanes, not by rows)."""
     builder, b = blk.builder, blk.b
     n_tok = len(accs)
-    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    fma = llvm_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
     d = _scales(builder, blk.base, blk.table)
-    first = builder.mul(b, _I64(8))  # the block's first activation block
+    first = builder.mul(b, I64(8))  # the block's first activation block
     totals = [ir.Constant(_V8I, [0] * 8) for _ in range(n_tok)]
     for s in range(8):
-        k = builder.add(first, _I64(s))
-        at = builder.gep(blk.base, [_I64(16 + 8 * s)])
-        v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+        k = builder.add(first, I64(s))
+        at = builder.gep(blk.base, [I64(16 + 8 * s)])
+        v8 = builder.load(builder.bitcast(at, vec_of(I8, 8).as_pointer()), align=1)
         scale = builder.sext(v8, _V8I)
         sums = []
         for t in range(n_tok):
             start = ir.Constant(_V8I, [0] * 8)
             if _offset(blk.lay):  # VNNI's ``q + 128``: take 128·Σx back out
-                back = builder.mul(blk.load(blk.xs, t, k), _I32(-_offset(blk.lay)))
-                one = builder.insert_element(ir.Constant(_V8I, None), back, _I32(0))
+                back = builder.mul(blk.load(blk.xs, t, k), I32(-_offset(blk.lay)))
+                one = builder.insert_element(ir.Constant(_V8I, None), back, I32(0))
                 start = builder.shuffle_vector(one, one, ir.Constant(_V8I, [0] * 8))
             sums.append(_RowSums(builder, start))
         for c in range(4):
             q = blk.code_run(80 + 32 * (4 * s + c))
-            halves = (builder.and_(q, _splat(_I8, 32, 15)), builder.lshr(q, _splat(_I8, 32, 4)))
+            halves = (builder.and_(q, splat(I8, 32, 15)), builder.lshr(q, splat(I8, 32, 4)))
             for h, codes in enumerate(halves):
                 values = _levels(builder, codes, blk.lay.levels)
                 for t in range(n_tok):
@@ -1069,34 +1070,34 @@ def _q2_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     scale byte, kept as stored."""
     builder, b = blk.builder, blk.b
     n_tok = len(accs)
-    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    fma = llvm_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
     d = _scales(builder, blk.base, blk.table)
-    dmin = _scales(builder, builder.gep(blk.base, [_I64(16)]), blk.table)
-    first = builder.mul(b, _I64(8))  # the block's first activation block
+    dmin = _scales(builder, builder.gep(blk.base, [I64(16)]), blk.table)
+    first = builder.mul(b, I64(8))  # the block's first activation block
     new = [list(a) for a in accs]
     for n in range(2):
         runs = [blk.code_run(160 + 32 * (8 * n + w)) for w in range(8)]
         for j in range(4):
-            k = builder.add(first, _I64(4 * n + j))
+            k = builder.add(first, I64(4 * n + j))
             for half in range(2):
                 g = 8 * n + 2 * j + half
                 sums = [_RowSums(builder, ir.Constant(_V8I, [0] * 8)) for _ in range(n_tok)]
                 for w in range(4 * half, 4 * half + 4):
-                    shifted = builder.lshr(runs[w], _splat(_I8, 32, 2 * j))
-                    codes = builder.and_(shifted, _splat(_I8, 32, 3))
+                    shifted = builder.lshr(runs[w], splat(I8, 32, 2 * j))
+                    codes = builder.and_(shifted, splat(I8, 32, 3))
                     for t in range(n_tok):
                         sums[t].add(codes, blk.x_word(t, k, 4 * w), 3)
-                at = builder.gep(blk.base, [_I64(32 + 8 * g)])
-                packed = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
-                sc = builder.uitofp(builder.and_(packed, _splat(_I8, 8, 15)), _V8F)
-                mn = builder.uitofp(builder.lshr(packed, _splat(_I8, 8, 4)), _V8F)
+                at = builder.gep(blk.base, [I64(32 + 8 * g)])
+                packed = builder.load(builder.bitcast(at, vec_of(I8, 8).as_pointer()), align=1)
+                sc = builder.uitofp(builder.and_(packed, splat(I8, 8, 15)), _V8F)
+                mn = builder.uitofp(builder.lshr(packed, splat(I8, 8, 4)), _V8F)
                 d_sc, dmin_m = _fixed_mul(builder, d, sc), _fixed_mul(builder, dmin, mn)
                 for t in range(n_tok):
                     d_x = blk.load(blk.xd, t, k)
                     scale = _fixed_mul(builder, d_sc, _splat_f(builder, d_x))
                     isum = builder.sitofp(sums[t].flush(), _V8F)
                     new[t][0] = builder.call(fma, [scale, isum, new[t][0]])
-                    x16 = blk.load(blk.xs, t, builder.add(builder.mul(k, _I64(2)), _I64(half)))
+                    x16 = blk.load(blk.xs, t, builder.add(builder.mul(k, I64(2)), I64(half)))
                     x_sum = _fixed_mul(builder, d_x, builder.sitofp(x16, _F32))
                     new[t][1] = builder.call(fma, [dmin_m, _splat_f(builder, x_sum), new[t][1]])
     return new
@@ -1104,7 +1105,7 @@ def _q2_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
 
 def _signed_byte_scales(builder: ir.IRBuilder, at: Any) -> Any:
     """The eight signed bytes at ``at`` as ``<8 x float>``."""
-    v8 = builder.load(builder.bitcast(at, _vec(_I8, 8).as_pointer()), align=1)
+    v8 = builder.load(builder.bitcast(at, vec_of(I8, 8).as_pointer()), align=1)
     return builder.sitofp(v8, _V8F)
 
 
@@ -1118,18 +1119,18 @@ def _q6_k_codes(blk: _Block, n: int, c: int) -> list[Any]:
     at = 144 + 96 * (8 * n + c)  # ql's low runs, its high runs, qh
     qa, qb, hh = (blk.code_run(at + 32 * i) for i in range(3))
     width = qa.type.count  # 64 in a tile of two groups
-    low, high = _splat(_I8, width, 15), _splat(_I8, width, 0x30)
+    low, high = splat(I8, width, 15), splat(I8, width, 0x30)
     tops = [
-        builder.shl(hh, _splat(_I8, width, 4)),
-        builder.shl(hh, _splat(_I8, width, 2)),
+        builder.shl(hh, splat(I8, width, 4)),
+        builder.shl(hh, splat(I8, width, 2)),
         hh,
-        builder.lshr(hh, _splat(_I8, width, 2)),
+        builder.lshr(hh, splat(I8, width, 2)),
     ]  # bits 2k, 2k+1 at 4, 5
     lows = [
         builder.and_(qa, low),
         builder.and_(qb, low),
-        builder.lshr(qa, _splat(_I8, width, 4)),
-        builder.lshr(qb, _splat(_I8, width, 4)),
+        builder.lshr(qa, splat(I8, width, 4)),
+        builder.lshr(qb, splat(I8, width, 4)),
     ]
     return [builder.or_(lo, builder.and_(top, high)) for lo, top in zip(lows, tops, strict=True)]
 
@@ -1141,8 +1142,8 @@ def _q6_k_half_sums(blk: _Block, n: int, half: int, n_tok: int) -> list[list[Any
     each sum starts at the group's ``−32·Σx`` (``xs``, :data:`Q6_K_OFFSET`) and the code
     products add onto it, no instruction of their own for the offset."""
     builder = blk.builder
-    first = builder.mul(blk.b, _I64(8))  # the block's first activation block
-    ks = [builder.add(first, _I64(4 * n + k)) for k in range(4)]
+    first = builder.mul(blk.b, I64(8))  # the block's first activation block
+    ks = [builder.add(first, I64(4 * n + k)) for k in range(4)]
     sums = [[_RowSums(builder, _q6_k_offset_share(blk, t, 8 * n + 2 * k + half))
              for k in range(4)] for t in range(n_tok)]  # fmt: skip
     for c in range(4 * half, 4 * half + 4):
@@ -1161,16 +1162,16 @@ def _q6_k_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     (:func:`_q6_k_half_sums`) is scaled by ``d·sc·d_x`` into the row's sum."""
     builder, b = blk.builder, blk.b
     n_tok = len(accs)
-    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    fma = llvm_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
     d = _scales(builder, blk.base, blk.table)
-    first = builder.mul(b, _I64(8))  # the block's first activation block
+    first = builder.mul(b, I64(8))  # the block's first activation block
     new = [list(a) for a in accs]
     for n in range(2):
-        ks = [builder.add(first, _I64(4 * n + k)) for k in range(4)]
+        ks = [builder.add(first, I64(4 * n + k)) for k in range(4)]
         for half in range(2):  # values 0-15 of each run, then 16-31: a scale each
             sums = _q6_k_half_sums(blk, n, half, n_tok)
             for k in range(4):
-                at = builder.gep(blk.base, [_I64(16 + 8 * (8 * n + 2 * k + half))])
+                at = builder.gep(blk.base, [I64(16 + 8 * (8 * n + 2 * k + half))])
                 sc = _fixed_mul(builder, d, _signed_byte_scales(builder, at))
                 for t in range(n_tok):
                     isum = builder.sitofp(sums[t][k], _V8F)
@@ -1184,7 +1185,7 @@ def _q6_k_group_scales(blk: _Block, g: int) -> Any:
     (both groups' sixteen in a tile of two, :meth:`_Block.rows`)."""
 
     def load(b: ir.IRBuilder, at: Any) -> Any:
-        return b.sext(b.load(b.bitcast(at, _vec(_I8, 8).as_pointer()), align=1), _V8I)
+        return b.sext(b.load(b.bitcast(at, vec_of(I8, 8).as_pointer()), align=1), _V8I)
 
     return blk.rows(16 + 8 * g, load)
 
@@ -1193,8 +1194,8 @@ def _q6_k_offset_share(blk: _Block, t: int, g: int) -> Any:
     """``−32·Σx`` over Q6_K's 16-value group ``g`` of this block for activation row ``t``
     (what ``xs`` holds for Q6_K, :func:`_sums_of_16`), in each of the tile's lanes."""
     b = blk.builder
-    share = blk.load(blk.xs, t, b.add(b.mul(blk.b, _I64(16)), _I64(g)))
-    return _splat_scalar(b, share, blk.lanes)
+    share = blk.load(blk.xs, t, b.add(b.mul(blk.b, I64(16)), I64(g)))
+    return splat_scalar(b, share, blk.lanes)
 
 
 def _q6_k_offsets(blk: _Block, t: int, groups: Iterable[int]) -> Any:
@@ -1217,8 +1218,8 @@ def _q6_k_tiled_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     builder, b, lanes = blk.builder, blk.b, blk.lanes
     n_tok = len(accs)
     d = blk.scales(0)
-    first = builder.mul(b, _I64(8))  # the block's first activation block
-    totals = [ir.Constant(_vec(_I32, lanes), [0] * lanes) for _ in range(n_tok)]
+    first = builder.mul(b, I64(8))  # the block's first activation block
+    totals = [ir.Constant(vec_of(I32, lanes), [0] * lanes) for _ in range(n_tok)]
     for n in range(2):
         for half in range(2):  # values 0-15 of each run, then 16-31: a scale each
             sums = _q6_k_half_sums(blk, n, half, n_tok)
@@ -1229,7 +1230,7 @@ def _q6_k_tiled_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     new = []
     for t in range(n_tok):
         scaled = _fixed_mul(builder, builder.sitofp(totals[t], ir.VectorType(_F32, lanes)), d)
-        d_x = _splat_scalar(builder, blk.load(blk.xd, t, first), lanes)  # Q8_K's one scale
+        d_x = splat_scalar(builder, blk.load(blk.xd, t, first), lanes)  # Q8_K's one scale
         new.append([_fmuladd(builder, scaled, d_x, accs[t][0])])
     return new
 
@@ -1249,9 +1250,9 @@ def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
     the halves)."""
     builder, b = blk.builder, blk.b
     n_tok = len(accs)
-    fma = _fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
+    fma = llvm_fn(builder, "llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
     d = _scales(builder, blk.base, blk.table)
-    first = builder.mul(b, _I64(8))  # the block's first activation block
+    first = builder.mul(b, I64(8))  # the block's first activation block
     factors = [_fixed_mul(builder, d, _splat_f(builder, blk.load(blk.xd, t, first)))
                for t in range(n_tok)]  # fmt: skip
 
@@ -1263,7 +1264,7 @@ def _q6_k_lane_body(blk: _Block, accs: list[list[Any]]) -> list[list[Any]]:
             codes = _q6_k_codes(blk, n, c)
             for k in range(4):
                 sc = _q6_k_group_scales(blk, 8 * n + 2 * k + half)
-                x_block = builder.add(first, _I64(4 * n + k))
+                x_block = builder.add(first, I64(4 * n + k))
                 for t in range(n_tok):
                     run = _RowSums(builder, ir.Constant(_V8I, [0] * 8))
                     run.add(codes[k], blk.x_word(t, x_block, 4 * c), 63)
@@ -1432,7 +1433,7 @@ def _kinds_of_height(typingctx: Any, mask: Any, height: Any) -> Any:
                 if tile_rows(lay, ggml_order) == height.literal_value)  # fmt: skip
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        return _I64(kinds)
+        return I64(kinds)
 
     return types.int64(mask, height), codegen
 
@@ -1449,7 +1450,7 @@ def _paired_kinds(typingctx: Any, mask: Any, form: Any) -> Any:
                 if form.literal_value | PAIRED in _forms(t, ggml_order))  # fmt: skip
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        return _I64(kinds)
+        return I64(kinds)
 
     return types.int64(mask, form), codegen
 
@@ -1515,9 +1516,9 @@ def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, tab
     ggml_order = bool(mask.literal_value & GGML_ORDER_BIT)
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        kind_key = builder.add(builder.mul(builder.sext(args[10], _I64), _I64(64)),
-                               builder.sext(args[8], _I64))  # fmt: skip
-        key = builder.add(builder.mul(kind_key, _I64(16)), builder.sext(args[9], _I64))
+        kind_key = builder.add(builder.mul(builder.sext(args[10], I64), I64(64)),
+                               builder.sext(args[8], I64))  # fmt: skip
+        key = builder.add(builder.mul(kind_key, I64(16)), builder.sext(args[9], I64))
         done = builder.append_basic_block("tile_of.done")
         switch = builder.switch(key, done)
         for t, lay in chosen:
@@ -1525,7 +1526,7 @@ def _tile_of(typingctx: Any, packed: Any, g: Any, xq: Any, xd: Any, xs: Any, tab
                 top = tile_rows(lay, ggml_order)
                 for size in [top] if form & PAIRED else _sizes(top):
                     case = builder.append_basic_block(f"tile_of.{t.name}.{form}.{size}")
-                    switch.add_case(_I64(_tile_key(form, int(t), size)), case)
+                    switch.add_case(I64(_tile_key(form, int(t), size)), case)
                     builder.position_at_end(case)
                     emit = _emitter(lay, size, ggml_order, form)
                     emit(context, builder, sig, args)
@@ -1688,7 +1689,7 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
             _quantize(x, xq, xd, xs, table, kind)
         total = starts[len(packs)]
         unit = _chunk_unit(mask)
-        for c in prange(_CHUNKS):
+        for c in prange(ROW_CHUNKS):
             lo, hi = chunk_span(c, total, unit)
             for m in range(len(packs)):
                 g0, g1 = max(lo, starts[m]) - starts[m], min(hi, starts[m + 1]) - starts[m]
@@ -1698,8 +1699,8 @@ def _packed_kernels(kinds: frozenset[Type], ggml_order: bool) -> PackedKernels:
     for fn in (matmul_packed_serial, matmul_packed_siblings):
         fn.__qualname__ = f"{fn.__name__}_{suffix}"  # the name of its cache files
     drivers = PackedKernels(
-        kernel(nogil=True, fastmath=_DOT)(matmul_packed_serial),
-        kernel(parallel=True, fastmath=_DOT)(matmul_packed_siblings),
+        kernel(nogil=True, fastmath=DOT_FASTMATH)(matmul_packed_serial),
+        kernel(parallel=True, fastmath=DOT_FASTMATH)(matmul_packed_siblings),
     )
     ids = tuple(sorted(int(t) for t in kinds))
     for name, driver in zip(PackedKernels._fields, drivers, strict=True):
@@ -1762,7 +1763,7 @@ def _packed_job(kinds: frozenset[Type], ggml_order: bool) -> Any:
                                  np.float32)  # fmt: skip
                     _groups(packed, g0, g1, xq, xd, xs, table, out, mats[m, MAT_KIND], mask)
 
-    job = job_function(packed_job, f"packed_job_{suffix}", _DOT)
+    job = job_function(packed_job, f"packed_job_{suffix}", DOT_FASTMATH)
     # how the compile-ahead process makes it again (.ahead)
     ids = tuple(sorted(int(t) for t in kinds))
     job.tensorplug_origin = ("made_job", __name__, "packed_job_of", ids, ggml_order)

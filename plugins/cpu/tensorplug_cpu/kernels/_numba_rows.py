@@ -19,7 +19,7 @@ from numba.extending import intrinsic, overload
 from . import _numba_ir as _ir
 from ._numba_cache import kernel
 from ._numba_ir import f32_from_bits
-from ._numba_quant import _f32_to_f16_bits
+from ._numba_quant import f32_to_f16_bits
 from .job_blocks import SWIGLU
 
 
@@ -208,7 +208,7 @@ def _f16_bits(v: Any) -> Any:
 def _f16_bits_impl(v):  # type: ignore[no-untyped-def]  # numba: names only
     if _ir.HAS_F16C:
         return lambda v: _f16_bits_f16c(v)
-    return lambda v: _f32_to_f16_bits(v)  # the same rounding, in integers
+    return lambda v: f32_to_f16_bits(v)  # the same rounding, in integers
 
 
 @overload(_stored, inline="always")
@@ -216,7 +216,7 @@ def _stored_impl(table, v):  # type: ignore[no-untyped-def]  # numba: names only
     if isinstance(table, types.Array) and table.dtype == types.uint16:
         if _ir.HAS_F16C:
             return lambda table, v: _f16_bits_f16c(v)
-        return lambda table, v: _f32_to_f16_bits(v)  # the same rounding, in integers
+        return lambda table, v: f32_to_f16_bits(v)  # the same rounding, in integers
     return lambda table, v: v
 
 
