@@ -19,6 +19,9 @@ to and read back from L3. They keep ggml's arithmetic to the bit:
   loaded and widened once for all of them, and their accumulators stay in registers
   for the lane's whole chain (in memory, one load and store each per cell, they cost
   three times as much).
+- :func:`online_values` is ggml's flash attention's output for an F16 V, a row at a
+  time: each value rounded to f16 after every cell, for up to four query heads that
+  share a KV head, their accumulators in registers across the cells.
 - :func:`touch_cells` reads K and V through once, in the order they lie, before the
   passes that read them in the arithmetic's order.
 
@@ -287,6 +290,105 @@ def weighted_lanes(heads: int) -> Callable[..., None]:
         return types.void(v, hk, cols, w, g0, i, n, step, d0, acc), codegen
 
     typer.__name__ = typer.__qualname__ = f"weighted_lanes_{heads}"
+    return intrinsic(typer)  # type: ignore[no-any-return]  # numba's decorator is untyped
+
+
+#: Values of a V row one :func:`online_values` walk carries per head (a SmolLM2 head's).
+ONLINE_DIMS = 64
+#: Query heads one :func:`online_values` walk serves: four where the CPU has 32 vector
+#: registers (their 16 accumulators beside the row's values), else one (its 8 beside
+#: them: two heads' 16 leave LLVM no register for a value, and it spills; one head a
+#: walk, each cell's values read again per head from L1, measured fastest on AVX2)
+ONLINE_HEADS = MAX_HEADS if _ir.HAS_32_REGS else 1
+
+
+def _head_rows(context: Any, builder: ir.IRBuilder, aryty: Any, ary: Any, g0: Any,
+               heads: int) -> list[Any]:  # fmt: skip
+    """``float*`` pointers to rows ``g0 … g0 + heads - 1`` of a 2-d float32 array."""
+    arr = context.make_array(aryty)(context, builder, ary)
+    i8p = ir.IntType(8).as_pointer()
+    rows = []
+    for h in range(heads):
+        at = builder.mul(builder.add(builder.sext(g0, I64), ir.Constant(I64, h)),
+                         builder.extract_value(arr.strides, 0))  # fmt: skip
+        rows.append(builder.bitcast(builder.gep(builder.bitcast(arr.data, i8p), [at]),
+                                    _F32.as_pointer()))  # fmt: skip
+    return rows
+
+
+@functools.cache
+def online_values(heads: int) -> Callable[..., None]:
+    """The intrinsic for ``heads`` query heads (1 to :data:`MAX_HEADS`):
+    ``(v, hk, cols, m, weights, rescales, g0, d0, acc)`` sets ``acc[g0 + h, d0:d0 + W]``
+    (W = :data:`ONLINE_DIMS`) for ``h < heads`` to ggml's ``one_chunk`` output in f16:
+    from +0, for each cell ``c < m`` in turn, the output scaled by ``rescales[g0 + h,
+    c]`` and rounded to f16 where some head's is not 1 (a new maximum), then
+    ``f16(fma(v[hk, cols[c], d0:d0 + W], weights[g0 + h, c], ·))``. Every value is
+    rounded to f16 after each step, so scaling by 1 changes none: one branch per cell
+    serves all the heads. The accumulators stay in registers for the whole walk, where
+    in memory each cell would load and store them. ``v`` 3-d (KV head, cell, value) raw
+    f16 with unit-stride rows, ``cols`` int64, ``weights``, ``rescales`` and ``acc``
+    2-d float32 with unit-stride rows; only where the CPU has F16C (the rounding is one
+    ``vcvtps2ph``/``vcvtph2ps`` pair)."""
+    if not 1 <= heads <= MAX_HEADS:
+        raise ValueError(f"online_values serves 1 to {MAX_HEADS} heads, not {heads}")
+
+    def typer(typingctx: Any, v: Any, hk: Any, cols: Any, m: Any, weights: Any,
+              rescales: Any, g0: Any, d0: Any, acc: Any) -> Any:  # fmt: skip
+        def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            width = ONLINE_DIMS
+            vec, halves = ir.VectorType(_F32, width), ir.VectorType(ir.HalfType(), width)
+            fma = _fma(builder, width)
+            v, hk, cols, m, weights, rescales, g0, d0, acc = args
+            colp = context.make_array(sig.args[2])(context, builder, cols).data
+            w_rows = _head_rows(context, builder, sig.args[4], weights, g0, heads)
+            r_rows = _head_rows(context, builder, sig.args[5], rescales, g0, heads)
+            d0 = builder.sext(d0, I64)
+            one = ir.Constant(_F32, 1.0)
+
+            def f16(x: Any) -> Any:
+                return builder.fpext(builder.fptrunc(x, halves), vec)
+
+            def cell(c: Any, accs: list[Any]) -> list[Any]:
+                row, elem = _row(context, builder, sig.args[0], v, hk,
+                                 builder.load(builder.gep(colp, [c])))  # fmt: skip
+                values = _floats(builder, row, elem, d0, width)
+                scales = [builder.load(builder.gep(rp, [c])) for rp in r_rows]
+                new_max = builder.fcmp_unordered("!=", scales[0], one)
+                for s in scales[1:]:
+                    new_max = builder.or_(new_max, builder.fcmp_unordered("!=", s, one))
+                before = builder.block
+                with builder.if_then(new_max, likely=False):
+                    scaled = [f16(builder.fmul(a, _ir.splat_scalar(builder, s, width)))
+                              for s, a in zip(scales, accs, strict=True)]  # fmt: skip
+                    inside = builder.block
+                kept = []
+                for a, sa in zip(accs, scaled, strict=True):
+                    phi = builder.phi(vec)
+                    phi.add_incoming(a, before)
+                    phi.add_incoming(sa, inside)
+                    kept.append(phi)
+                weights = [_ir.splat_scalar(builder, builder.load(builder.gep(wp, [c])), width)
+                           for wp in w_rows]  # fmt: skip
+                return [f16(builder.call(fma, [values, p, a]))
+                        for p, a in zip(weights, kept, strict=True)]  # fmt: skip
+
+            zero = ir.Constant(vec, [0.0] * width)
+            accs = _ir.carried_loop(builder, "cell", ir.Constant(I64, 0), builder.sext(m, I64),
+                                    1, [zero] * heads, cell)  # fmt: skip
+            out = context.make_array(sig.args[8])(context, builder, acc)
+            i8p = ir.IntType(8).as_pointer()
+            lane_at = builder.mul(d0, ir.Constant(I64, 4))
+            for h, a in enumerate(accs):
+                head = builder.add(builder.sext(g0, I64), ir.Constant(I64, h))
+                at = builder.add(builder.mul(head, builder.extract_value(out.strides, 0)), lane_at)
+                dst = builder.gep(builder.bitcast(out.data, i8p), [at])
+                builder.store(a, builder.bitcast(dst, vec.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(v, hk, cols, m, weights, rescales, g0, d0, acc), codegen
+
+    typer.__name__ = typer.__qualname__ = f"online_values_{heads}"
     return intrinsic(typer)  # type: ignore[no-any-return]  # numba's decorator is untyped
 
 

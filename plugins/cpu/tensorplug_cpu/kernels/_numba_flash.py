@@ -45,7 +45,14 @@ from ._numba_attention import (
     visible_cells,
     visible_columns,
 )
-from ._numba_attention_ir import SCORE_LANES, score_row
+from ._numba_attention_ir import (
+    MAX_HEADS,
+    ONLINE_DIMS,
+    ONLINE_HEADS,
+    SCORE_LANES,
+    online_values,
+    score_row,
+)
 from ._numba_cache import kernel
 from ._numba_pool import address, view4
 from ._numba_rows import ggml_expf
@@ -63,6 +70,8 @@ from .job_blocks import (
 )
 from .job_function import job_function
 from .kernel_shapes import FLASH_TILE_KV
+
+_ONLINE_1, _ONLINE_2, _ONLINE_3, _ONLINE_4 = (online_values(h) for h in range(1, MAX_HEADS + 1))
 
 
 @njit(inline="always")
@@ -151,8 +160,8 @@ def _unit_row_impl(a, h, j):  # type: ignore[no-untyped-def]  # numba: names onl
 
 @njit(inline="always")
 def _online_group(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: Any,
-                  biases: Any, m: int, sc: Any, cap: Any, acc: Any, big: Any, total: Any,
-                  weight: Any, w: Any) -> None:  # fmt: skip
+                  biases: Any, m: int, sc: Any, cap: Any, acc: Any, total: Any, rescale: Any,
+                  w: Any) -> None:  # fmt: skip
     """:func:`_online_row` for the query heads of KV head ``hk`` at once (``qs`` their
     rows, rounded to f16; an F16 cache), over the ``m`` cells they all see: ``acc[g]``
     ← head ``g``'s unnormalised output (f16 values), ``total[g]`` its running sum.
@@ -160,35 +169,81 @@ def _online_group(keys: Any, values: Any, table: Any, hk: int, qs: Any, cols: An
     Each head's arithmetic is :func:`_online_row`'s, term for term, in another order of
     work: every score first (``w``, by :func:`._numba_attention.head_scores`, the exact
     kernel's sixteen cells at a time: ``ggml_vec_dot_f16``'s lanes, ·scale,
-    soft-capped, + mask, as :func:`_dot` and :func:`_online_row` take them one by one),
-    then the cells in order, each V row read once for the group, the heads' f16
-    accumulations (each a chain of latencies: a fused multiply-add, a rounding to f16
-    and back, a store the next cell loads) side by side instead of one after another."""
-    n_g, n_dv = acc.shape[0], acc.shape[1]
-    head_scores(keys, values, table, hk, hk + 1, n_g, qs, cols, biases, m, sc, cap, w, False,
-            True)  # fmt: skip
-    for g in range(n_g):
-        for d in range(n_dv):
-            acc[g, d] = np.float32(0)
-        big[g] = np.float32(-np.inf)
-        total[g] = np.float32(0)
-    for c in range(m):
-        for g in range(n_g):
+    soft-capped, + mask, as :func:`_dot` and :func:`_online_row` take them one by one);
+    then the running maximum and sum cell by cell, each cell's weight (``w``) and the
+    factor it rescales the output by (``rescale``: 1 where the maximum stays); then the
+    f16 output, value by value over the cells (:func:`_online_outputs`)."""
+    head_scores(keys, values, table, hk, hk + 1, acc.shape[0], qs, cols, biases, m, sc, cap,
+                w, False, True)  # fmt: skip
+    for g in range(acc.shape[0]):
+        top, run = np.float32(-np.inf), np.float32(0)
+        for c in range(m):
             s = w[g, c]
             ms, vs = np.float32(1), np.float32(1)
-            if s > big[g]:
-                ms = np.float32(math.exp(big[g] - s))
-                big[g] = s
-                for d in range(n_dv):
-                    acc[g, d] = round_to_f16(acc[g, d] * ms, table)
+            if s > top:
+                ms = np.float32(math.exp(top - s))
+                top = s
             else:
-                vs = np.float32(math.exp(s - big[g]))
-            weight[g] = vs
-            total[g] = _ir.fmaf(total[g], ms, vs)
+                vs = np.float32(math.exp(s - top))
+            run = _ir.fmaf(run, ms, vs)
+            w[g, c], rescale[g, c] = vs, ms
+        total[g] = run
+    _online_outputs(values, table, hk, cols, m, w, rescale, acc)
+
+
+def _online_outputs(values: Any, table: Any, hk: int, cols: Any, m: int, w: Any,
+                    rescale: Any, acc: Any) -> None:  # fmt: skip
+    """``acc[g]`` ← the f16 output of :func:`_online_group`'s heads: from +0, cell by
+    cell, rounded to f16 after a rescale (``rescale[g, c]`` not 1) and after each fused
+    term ``v·w[g, c]``, as ggml's ``one_chunk`` accumulates an F16 V (compiled per CPU,
+    see the overload)."""
+    raise NotImplementedError  # only ever called from compiled code
+
+
+@overload(_online_outputs, inline="always")
+def _online_outputs_impl(values, table, hk, cols, m, w, rescale, acc):  # type: ignore[no-untyped-def]  # numba: names only
+    if _ir.HAS_F16C:  # runs of ONLINE_DIMS values, ONLINE_HEADS heads, in registers
+
+        def in_registers(values, table, hk, cols, m, w, rescale, acc):  # type: ignore[no-untyped-def]
+            n_g, n_dv = acc.shape[0], acc.shape[1]
+            whole = n_dv - n_dv % ONLINE_DIMS
+            for d0 in range(0, whole, ONLINE_DIMS):
+                for g0 in range(0, n_g, ONLINE_HEADS):
+                    left = min(n_g - g0, ONLINE_HEADS)
+                    if left >= 4:
+                        _ONLINE_4(values, hk, cols, m, w, rescale, g0, d0, acc)
+                    elif left == 3:
+                        _ONLINE_3(values, hk, cols, m, w, rescale, g0, d0, acc)
+                    elif left == 2:
+                        _ONLINE_2(values, hk, cols, m, w, rescale, g0, d0, acc)
+                    else:
+                        _ONLINE_1(values, hk, cols, m, w, rescale, g0, d0, acc)
+            _outputs_from(values, table, hk, cols, m, w, rescale, acc, whole)
+
+        return in_registers
+
+    def in_memory(values, table, hk, cols, m, w, rescale, acc):  # type: ignore[no-untyped-def]
+        _outputs_from(values, table, hk, cols, m, w, rescale, acc, 0)
+
+    return in_memory
+
+
+@njit(inline="always")
+def _outputs_from(values: Any, table: Any, hk: int, cols: Any, m: int, w: Any, rescale: Any,
+                  acc: Any, d0: int) -> None:  # fmt: skip
+    """:func:`_online_outputs` for values ``d0`` on, a cell at a time, in memory."""
+    n_g, n_dv = acc.shape[0], acc.shape[1]
+    for g in range(n_g):
+        for d in range(d0, n_dv):
+            acc[g, d] = np.float32(0)
+    for c in range(m):
         row = unit_row(values, hk, cols[c])
         for g in range(n_g):
-            vs = weight[g]
-            for d in range(n_dv):
+            ms, vs = rescale[g, c], w[g, c]
+            if ms != 1:
+                for d in range(d0, n_dv):
+                    acc[g, d] = round_to_f16(acc[g, d] * ms, table)
+            for d in range(d0, n_dv):
                 a = _ir.fmaf(value_of(row, table, d), vs, acc[g, d])
                 acc[g, d] = round_to_f16(a, table)
 
@@ -335,8 +390,8 @@ def _flash_job(job: Any, lo: Any, hi: Any) -> None:
     kq, block = np.empty(FLASH_TILE_KV, np.float32), np.empty(EXP_LANES, np.float32)
     if grouped:
         qs, acc = np.empty((group, n_d), np.float32), np.empty((group, n_dv), np.float32)
-        big, total = np.empty(group, np.float32), np.empty(group, np.float32)
-        weight, w = np.empty(group, np.float32), np.empty((group, width), np.float32)
+        total = np.empty(group, np.float32)
+        rescale, w = np.empty((group, width), np.float32), np.empty((group, width), np.float32)
         span = j[FLASH_KV_SPAN]  # the KV heads of a chunk: 1, or all
         parts = n_hk // span
         for t in range(lo, hi):
@@ -350,8 +405,8 @@ def _flash_job(job: Any, lo: Any, hi: Any) -> None:
                 for g in range(group):
                     for d in range(n_d):
                         qs[g, d] = round_to_f16(q[b, hk * group + g, r, d], table)
-                _online_group(keys, values, table, hk, qs, cols, biases, m, sc, cap, acc, big,
-                              total, weight, w)  # fmt: skip
+                _online_group(keys, values, table, hk, qs, cols, biases, m, sc, cap, acc, total,
+                              rescale, w)  # fmt: skip
                 for g in range(group):
                     inv = np.float32(0) if total[g] == 0 else np.float32(1) / total[g]
                     for d in range(n_dv):
