@@ -19,9 +19,10 @@ INTERNALS = PLUGIN / "kernels" / "numba_internals"
 #: the one module that may name them
 PRIVATE_MODULE = INTERNALS / "numba_private.py"
 
-#: numba's public modules the kernels may use: its types and the documented event API
-#: (the IR the intrinsics emit is llvmlite's, not numba's ``cgutils`` helpers)
-_PUBLIC_CORE = ("event", "types")
+#: numba's public module the kernels may use: its types (the IR the intrinsics emit is
+#: llvmlite's, not numba's ``cgutils`` helpers; its compile events, documented for
+#: developers, are asked of the one module like the rest)
+_PUBLIC_CORE = ("types",)
 #: what only code that reaches into numba or llvmlite names
 PRIVATE = [
     re.compile(rf"numba\.core\.(?!(?:{'|'.join(_PUBLIC_CORE)})\b)\w+"),

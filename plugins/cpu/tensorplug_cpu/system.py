@@ -80,7 +80,7 @@ def llvm_features() -> frozenset[str]:
 
 
 def numba_target_features() -> str:
-    """The feature list numba gives its compiler, as ``numba.core.config`` reads it
+    """The feature list numba gives its compiler, as numba's configuration reads it
     (without importing numba): ``NUMBA_CPU_FEATURES``, none with ``NUMBA_CPU_NAME=generic``
     alone, else the host's as LLVM flattens them; empty where llvmlite is not installed
     or LLVM cannot tell."""

@@ -29,6 +29,7 @@ from .job_blocks import MAILBOX_SIZE, PROGRAM_FIELDS, QUANTIZE_APART_ROWS, job_b
 from .job_calls import JobSpec
 from .kernel_refs import KernelRef, made_job, module_kernel
 from .numba_import import numba_module, on_import
+from .numba_internals import numba_private
 from .pool import PoolKernels, spin_pool
 from .steps import Step
 from .threading_layer import Threads
@@ -68,8 +69,9 @@ class KernelCalls(Binding):
         #: whether LLVM ran (a kernel loaded or compiled) since :meth:`settle` last looked:
         #: set by a kernel's first call, and by any compile (a known kernel typed anew)
         self._llvm_ran = False
-        on_import(lambda numba: numba.core.event.register(
-            "numba:compile", _on_compile(numba, self.note_llvm_ran)))  # fmt: skip
+        on_import(lambda numba: numba_internals.attempt(
+            "listening for numba's compiles", numba_private.listen_for_compiles, numba,
+            self.note_llvm_ran))  # fmt: skip
         self.serial_ok: set[Any] = set()
         #: the kernels a second process compiles meanwhile on a first run (:mod:`.ahead`)
         self.ahead = ahead
@@ -382,18 +384,24 @@ class KernelCalls(Binding):
     def first_use(self, what: str) -> Iterator[None]:
         """Around a kernel's first call, which compiles it (seconds) unless numba's disk
         cache has it (milliseconds, more on a busy machine): say so if a compile runs
-        long, so a first run does not look hung. The clock starts at numba's own
-        "compile" event, which a load from the cache never raises: a slow cache read is
-        not announced."""
+        long, so a first run does not look hung. Where the fast launch is on, the clock
+        starts at numba's own "compile" event, which a load from the cache never raises
+        (a slow cache read is not announced); elsewhere at the call, and the notice says
+        either may be running."""
+        watched = numba_internals.enabled()  # numba's events are not its public API
+        doing = "compiling" if watched else "loading or compiling"
         notice = threading.Timer(COMPILE_NOTICE_S, _log.warning, (
-            "numba is compiling the %s (once: it is cached on disk for later runs)", what
+            "numba is %s the %s (once: it is cached on disk for later runs)", doing, what
         ))  # fmt: skip
         notice.daemon = True
         numba = numba_module()
+        watch: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if watched:
+            watch = numba_private.first_compile_noticed(numba, notice.start)
+        else:
+            notice.start()
         try:
-            with numba.core.event.install_listener(
-                "numba:compile", _on_first_compile(numba, notice.start)
-            ):
+            with watch:
                 yield
         finally:
             notice.cancel()
@@ -421,32 +429,6 @@ class KernelCalls(Binding):
 def pool_kernels() -> PoolKernels:
     """The spinning helpers' kernels (:class:`.pool.PoolKernels`), by reference."""
     return PoolKernels(*(module_kernel("_numba_pool", name) for name in PoolKernels._fields))
-
-
-def _on_first_compile(numba: Any, start: Callable[[], None]) -> Any:
-    """A numba event listener that calls ``start`` when the first compile begins (nested
-    compiles of the kernel's callees raise the event again; ``start`` runs once)."""
-    started: list[bool] = []
-
-    def once() -> None:
-        if not started:
-            started.append(True)
-            start()
-
-    return _on_compile(numba, once)
-
-
-def _on_compile(numba: Any, note: Callable[[], None]) -> Any:
-    """A numba event listener that calls ``note`` whenever a compile begins."""
-
-    class Compile(numba.core.event.Listener):  # type: ignore[misc, name-defined]
-        def on_start(self, event: Any) -> None:
-            note()
-
-        def on_end(self, event: Any) -> None:
-            pass
-
-    return Compile()
 
 
 def release_llvm_pages() -> None:

@@ -58,8 +58,9 @@ def c_runtime() -> CRuntime:
 
 
 def extension_module(name: str) -> ModuleType:
-    """numba's extension module ``name`` (``"numba._helperlib"``): numba's, or loaded
-    from its file, under that name. Raises ``ImportError`` where it is not there."""
+    """numba's extension module ``name`` (a value of
+    :data:`.numba_private.EXTENSION_MODULES`): numba's, or loaded from its file, under
+    that name. Raises ``ImportError`` where it is not there."""
     if name in sys.modules:
         return sys.modules[name]
     package = importlib.util.find_spec("numba")  # finds it; runs none of it

@@ -1,4 +1,4 @@
-"""Every private name of numba and llvmlite the fast launch reaches for, in one module.
+"""Every private name of numba and llvmlite the plugin reaches for, in one module.
 
 The other modules of :mod:`.numba_internals` decide what to keep, where, and when to
 load it; whatever they need of numba beyond its public API they ask of this module, by
@@ -30,6 +30,7 @@ from .elf_symbols import defined_symbols
 __all__ = [
     "ENVIRONMENT_PREFIX", "EXTENSION_MODULES", "THREADING_MODULES", "CacheRules",
     "add_to_dispatch_table", "cached_overload", "code_library_object", "compile_lock",
+    "first_compile_noticed", "listen_for_compiles",
     "compile_runtime_library", "cpu_target_context", "deferred_environments",
     "hand_layer_to_numba", "initialize_runtime", "install_kernel_cache", "is_cached",
     "job_cached", "job_symbol", "kernel_cache_class", "lazy_linking_classes", "make_job",
@@ -152,6 +153,44 @@ def cpu_target_context() -> Any:
     from numba.core.registry import cpu_target
 
     return cpu_target.target_context
+
+
+# ---- numba's compile events ------------------------------------------------------------
+
+
+def listen_for_compiles(numba: ModuleType, note: Callable[[], None]) -> None:
+    """Call ``note`` whenever ``numba`` (imported) begins a compile, for the rest of the
+    process: a listener of its ``numba:compile`` event (``numba.core.event``)."""
+    numba.core.event.register("numba:compile", _compile_listener(numba, note))
+
+
+@contextlib.contextmanager
+def first_compile_noticed(numba: ModuleType, start: Callable[[], None]) -> Iterator[None]:
+    """Within the block, call ``start`` once when ``numba`` begins its first compile (a
+    load from its disk cache raises no such event; nested compiles of a kernel's
+    callees raise it again)."""
+    started: list[bool] = []
+
+    def once() -> None:
+        if not started:
+            started.append(True)
+            start()
+
+    with numba.core.event.install_listener("numba:compile", _compile_listener(numba, once)):
+        yield
+
+
+def _compile_listener(numba: ModuleType, note: Callable[[], None]) -> Any:
+    """A numba event listener that calls ``note`` whenever a compile begins."""
+
+    class Compile(numba.core.event.Listener):  # type: ignore[misc, name-defined]
+        def on_start(self, event: Any) -> None:
+            note()
+
+        def on_end(self, event: Any) -> None:
+            pass
+
+    return Compile()
 
 
 # ---- environments of numba modules not imported yet ------------------------------------
