@@ -85,6 +85,13 @@ _q4_0_block, _q4_1_block, _q5_0_block, _q5_1_block, _q8_0_block = (
 )
 
 
+def _bits(builder: ir.IRBuilder, src: Any, at: Any, shift: Any, n: int, mask: int) -> Any:
+    """``(src[at:at+n] >> shift) & mask`` as ``<n x i8>``: ``src`` a byte pointer, ``shift``
+    a runtime integer."""
+    q = load_vec(builder, src, at, vec_of(I8, n))
+    return builder.and_(builder.lshr(q, runtime_splat(builder, shift, n)), splat(I8, n, mask))
+
+
 @intrinsic
 def _nibbles32(typingctx: Any, src: Any, at: Any, shift: Any, dst: Any, o: Any, d: Any,
                m: Any) -> Any:  # fmt: skip
@@ -92,9 +99,7 @@ def _nibbles32(typingctx: Any, src: Any, at: Any, shift: Any, dst: Any, o: Any, 
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         s, t = (array_data(context, builder, sig.args[i], args[i]) for i in (0, 3))
-        q = load_vec(builder, s, args[1], vec_of(I8, 32))
-        by = splat_scalar(builder, builder.trunc(args[2], I8), 32)
-        nibbles = builder.and_(builder.lshr(q, by), splat(I8, 32, 15))
+        nibbles = _bits(builder, s, args[1], args[2], 32, 15)
         vf = ir.VectorType(_F32, 32)
         scaled = builder.fmul(splat_scalar(builder, args[5], 32), builder.uitofp(nibbles, vf))
         values = builder.fsub(scaled, splat_scalar(builder, args[6], 32))
@@ -170,13 +175,8 @@ def _nibbles32_high(typingctx: Any, src: Any, at: Any, shift: Any, high_at: Any,
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         s, t = (array_data(context, builder, sig.args[i], args[i]) for i in (0, 5))
-        v32 = vec_of(I8, 32)
-        q = load_vec(builder, s, args[1], v32)
-        nibbles = builder.and_(builder.lshr(q, runtime_splat(builder, args[2], 32)),
-                               splat(I8, 32, 15))  # fmt: skip
-        h = load_vec(builder, s, args[3], v32)
-        high = builder.and_(builder.lshr(h, runtime_splat(builder, args[4], 32)),
-                            splat(I8, 32, 1))  # fmt: skip
+        nibbles = _bits(builder, s, args[1], args[2], 32, 15)
+        high = _bits(builder, s, args[3], args[4], 32, 1)
         codes = builder.or_(nibbles, builder.shl(high, splat(I8, 32, 4)))
         vf = ir.VectorType(_F32, 32)
         scaled = builder.fmul(splat_scalar(builder, args[7], 32), builder.uitofp(codes, vf))
@@ -198,13 +198,8 @@ def _q6_k_run(typingctx: Any, src: Any, low_at: Any, low_shift: Any, high_at: An
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
         s, t = (array_data(context, builder, sig.args[i], args[i]) for i in (0, 5))
-        v16 = vec_of(I8, 16)
-        low = load_vec(builder, s, args[1], v16)
-        low = builder.and_(builder.lshr(low, runtime_splat(builder, args[2], 16)),
-                           splat(I8, 16, 15))  # fmt: skip
-        high = load_vec(builder, s, args[3], v16)
-        high = builder.and_(builder.lshr(high, runtime_splat(builder, args[4], 16)),
-                            splat(I8, 16, 3))  # fmt: skip
+        low = _bits(builder, s, args[1], args[2], 16, 15)
+        high = _bits(builder, s, args[3], args[4], 16, 3)
         codes = builder.or_(low, builder.shl(high, splat(I8, 16, 4)))
         wide = builder.sub(builder.zext(codes, vec_of(I32, 16)), splat(I32, 16, 32))
         _store_scaled(builder, wide, args[7], t, args[6])
