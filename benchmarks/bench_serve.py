@@ -2,17 +2,24 @@
 same clients, same run.
 
     python benchmarks/bench_serve.py [MODEL.gguf] [--np 1,4,8,16] [--clients 1,4,16,64]
-        [--requests 4] [--max-tokens 64] [--ctx 2048] [--threads N]
+        [--requests 2] [--rounds 2] [--sequential] [--max-tokens 64] [--ctx 2048] [--threads N]
         [--llama-server ~/peers/bin/llama-server] [--tiny] [--json FILE]
         [--write-docs [docs/performance.md]]
 
-For each ``-np`` of ``--np`` each server runs as its own process on 127.0.0.1
+For each ``-np`` of ``--np`` both servers run, each as its own process on 127.0.0.1
 (tensorplug's with ``-np``, ``-c``, ``-t``; llama-server with the same ``-np``, ``-c``,
-``-t`` and ``--cont-batching``); one at a time, so they never share the cores.
+``-t`` and ``--cont-batching``), and are measured in turns, never at once, so they never
+share the cores: for each client count, ``--rounds`` rounds in which both servers serve
+the level, the first server of a round going second in the next (A B, B A, A B...). A
+shared or throttled machine's speed moves by more than the difference measured, even
+minutes apart; measured in alternating turns of a few seconds to a minute, both servers
+meet the same machine, and a drift over a level's rounds moves both alike. A level's
+figures pool its rounds. (``--sequential`` runs one server, then the other: for a model
+too large for the machine to hold twice.)
 (llama-server splits ``-c`` over its slots, ``-c / -np`` each; tensorplug's slots share
 one cache of ``-c`` cells: ``-c`` must hold the largest ``-np`` times a prompt plus
 ``--max-tokens``, which the script checks.) For each client count C, C clients each send
-``--requests`` streaming ``/v1/completions`` requests one after another: fixed prompts
+``--requests`` streaming ``/v1/completions`` requests one after another (each round): fixed prompts
 (half of them share a long system-style prefix, which exercises prefix reuse),
 ``temperature 0``, ``max_tokens`` with ``ignore_eos`` (both servers honour it), so every
 request generates exactly ``--max-tokens`` tokens on either server. Measured per level:
@@ -62,7 +69,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,8 +173,9 @@ async def _one(http: httpx.AsyncClient, prompt: str, args: argparse.Namespace, l
     lv.tokens += args.max_tokens
 
 
-async def _level(url: str, clients: int, args: argparse.Namespace) -> Level:
-    lv = Level(clients)
+async def _level(url: str, args: argparse.Namespace, lv: Level) -> None:
+    """One round of ``lv.clients`` clients on the server at ``url``, added to ``lv``."""
+    clients = lv.clients
 
     async def client(i: int) -> None:
         for k in range(args.requests):
@@ -179,8 +188,7 @@ async def _level(url: str, clients: int, args: argparse.Namespace) -> Level:
         await _one(http, PROMPTS[0], args, Level(1))  # warm: first graphs, first plans
         start = time.perf_counter()
         await asyncio.gather(*(client(i) for i in range(clients)))
-        lv.wall_s = time.perf_counter() - start
-    return lv
+        lv.wall_s += time.perf_counter() - start
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], seconds: float = 900) -> None:
@@ -197,14 +205,17 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], seconds: float = 900)
     raise SystemExit(f"{url} did not become healthy in {seconds:.0f} s")
 
 
-def _run_server(name: str, cmd: list[str], port: int, args: argparse.Namespace) -> list[Level]:
+@contextmanager
+def _server(name: str, cmd: list[str], port: int) -> Iterator[str]:
+    """A server started from ``cmd`` (listening on ``port``), its URL once healthy;
+    stopped on the way out (its log shown if it failed)."""
     url = f"http://127.0.0.1:{port}"
     print(f"\n== {name}: {' '.join(cmd)}", file=sys.stderr)
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_healthy(url, proc)
-            return [asyncio.run(_level(url, c, args)) for c in args.clients]
+            yield url
         finally:
             proc.send_signal(signal.SIGINT)
             try:
@@ -214,6 +225,27 @@ def _run_server(name: str, cmd: list[str], port: int, args: argparse.Namespace) 
             if proc.returncode not in (0, -2, 130, None):
                 log.seek(0)
                 sys.stderr.write(log.read().decode(errors="replace")[-2000:])
+
+
+def turns(names: list[str], clients: list[int], rounds: int) -> list[tuple[int, str]]:
+    """The order of the measurements: per client count, ``rounds`` rounds in which every
+    server serves the level, a round's order the previous one's reversed (A B, B A...):
+    a drift in the machine's speed during a level then moves every server's figures
+    alike."""
+    order: list[tuple[int, str]] = []
+    for count in clients:
+        for r in range(rounds):
+            order += [(count, name) for name in (names if r % 2 == 0 else names[::-1])]
+    return order
+
+
+def _measure(urls: dict[str, str], args: argparse.Namespace) -> dict[str, list[Level]]:
+    """Every client count on each server of ``urls``, in :func:`turns`; a server's
+    level per client count, its rounds pooled."""
+    levels = {name: {c: Level(c) for c in args.clients} for name in urls}
+    for clients, name in turns(list(urls), args.clients, args.rounds):
+        asyncio.run(_level(urls[name], args, levels[name][clients]))
+    return {name: list(by_count.values()) for name, by_count in levels.items()}
 
 
 #: What the measurements are: per ``-np``, per server, a Level per client count.
@@ -279,8 +311,9 @@ def table(results: Results) -> str:
 
 def docs_rows(results: Results, model: str, args: argparse.Namespace) -> list[list[str]]:
     """The page's rows: one per ``-np`` and client count, as the printed table has them."""
-    run = (f"-c {args.ctx}, -t {args.threads}, {args.requests} requests of "
-           f"{args.max_tokens} tokens a client")  # fmt: skip
+    order = "one server, then the other" if args.sequential else "in turns"
+    run = (f"-c {args.ctx}, -t {args.threads}, {args.rounds} x {args.requests} requests of "
+           f"{args.max_tokens} tokens a client, {order}")  # fmt: skip
     return [[model, run, str(r.np), str(r.clients), *figures(r)] for r in rows(results)]
 
 
@@ -311,7 +344,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="slot counts, a server of each kind per value (1,4,8,16)")  # fmt: skip
     p.add_argument("--clients", type=_counts("client counts"), default=[1, 4, 16, 64],
                    help="concurrent client counts (1,4,16,64)")  # fmt: skip
-    p.add_argument("--requests", type=int, default=4, help="requests per client (4)")
+    p.add_argument("--requests", type=int, default=2,
+                   help="requests per client and round (2)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of each client count on each server, in turns (2)")  # fmt: skip
+    p.add_argument(
+        "--sequential", action="store_true",
+        help="run the servers one after the other, not side by side: for a model the "
+             "machine cannot hold twice (figures then move with the machine between them)",
+    )  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (64)")
     p.add_argument("--ctx", type=int, default=2048, help="context of each server (2048)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads")
@@ -331,8 +372,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     perf_docs.add_argument(p)
     args = p.parse_args(argv)
-    if args.requests < 1 or args.max_tokens < 1:
-        p.error("--requests and --max-tokens must be at least 1")
+    if args.requests < 1 or args.max_tokens < 1 or args.rounds < 1:
+        p.error("--requests, --rounds and --max-tokens must be at least 1")
     need = max(args.np) * (PROMPT_TOKENS + args.max_tokens)
     if args.ctx < need:
         p.error(f"--ctx {args.ctx} gives each of llama-server's {max(args.np)} slots "
@@ -374,16 +415,28 @@ def main(argv: list[str] | None = None) -> int:
                   "build it)", file=sys.stderr)  # fmt: skip
         for np_ in args.np:
             common = ["-np", str(np_), "-c", str(args.ctx), "-t", str(args.threads)]
+            commands: dict[str, tuple[list[str], int]] = {}
             port = _free_port()
-            ours = [sys.executable, "-m", "tensorplug", "serve", str(model), "--port", str(port)]
-            results[np_] = {OURS: _run_server(OURS, ours + common + args.serve_option, port, args)}
+            commands[OURS] = (
+                [sys.executable, "-m", "tensorplug", "serve", str(model), "--port", str(port),
+                 *common, *args.serve_option],
+                port,
+            )  # fmt: skip
             if server.is_file():
                 port = _free_port()
-                theirs = [str(server), "-m", str(model), "--port", str(port),
-                          "--host", "127.0.0.1", "--alias", model.name, "--cont-batching",
-                          *common]  # fmt: skip
-                results[np_][THEIRS] = _run_server(THEIRS, theirs, port, args)
-    print(f"\nmodel {model.name}, -c {args.ctx}, -t {args.threads}, "
+                commands[THEIRS] = (
+                    [str(server), "-m", str(model), "--port", str(port), "--host", "127.0.0.1",
+                     "--alias", model.name, "--cont-batching", *common],
+                    port,
+                )  # fmt: skip
+            groups = [[name] for name in commands] if args.sequential else [list(commands)]
+            results[np_] = {}
+            for group in groups:  # the servers of a group run side by side, measured in turns
+                with ExitStack() as running:
+                    urls = {name: running.enter_context(_server(name, *commands[name]))
+                            for name in group}  # fmt: skip
+                    results[np_].update(_measure(urls, args))
+    print(f"\nmodel {model.name}, -c {args.ctx}, -t {args.threads}, {args.rounds} rounds of "
           f"{args.requests} requests per client, {args.max_tokens} tokens each")  # fmt: skip
     print(table(results))
     if write_docs is not None:

@@ -35,6 +35,25 @@ def test_slot_and_client_counts_are_lists_with_the_issues_grid_by_default(
     assert (args.np, args.clients) == ([8, 4], [2])  # each once, in the order given
 
 
+def test_servers_take_turns_at_each_client_count_the_order_reversed_every_round(
+    bench: ModuleType,
+) -> None:
+    order = bench.turns(["ours", "theirs"], [1, 16], 3)
+    assert order == [
+        (1, "ours"), (1, "theirs"), (1, "theirs"), (1, "ours"), (1, "ours"), (1, "theirs"),
+        (16, "ours"), (16, "theirs"), (16, "theirs"), (16, "ours"), (16, "ours"), (16, "theirs"),
+    ]  # fmt: skip
+    assert bench.turns(["alone"], [4], 2) == [(4, "alone"), (4, "alone")]
+
+
+def test_a_sequential_run_says_so_in_the_docs_rows(
+    bench: ModuleType, results: dict[int, dict[str, list[object]]]
+) -> None:
+    args = bench.parse_args(["--sequential", "--rounds", "1", "--requests", "4", "--threads", "2"])
+    run = bench.docs_rows(results, "SmolLM2.gguf", args)[0][1]
+    assert run == "-c 2048, -t 2, 1 x 4 requests of 64 tokens a client, one server, then the other"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -44,7 +63,8 @@ def test_slot_and_client_counts_are_lists_with_the_issues_grid_by_default(
         (["--clients", "1,,4"], "--clients: '1,,4': give client counts"),
         (["--np", "32"], "--ctx 2048 gives each of llama-server's 32 slots 64 cells"),
         (["--np", "32"], "use --ctx 4096 or more"),
-        (["--requests", "0"], "--requests and --max-tokens must be at least 1"),
+        (["--requests", "0"], "--requests, --rounds and --max-tokens must be at least 1"),
+        (["--rounds", "0"], "--requests, --rounds and --max-tokens must be at least 1"),
         (["--tiny", "--write-docs"], "--write-docs takes a real model's figures"),
     ],
 )
@@ -123,7 +143,7 @@ def test_docs_rows_go_into_performance_md_between_the_markers(
 ) -> None:
     args = bench.parse_args(["--np", "4,8", "--threads", "2"])
     rows = bench.docs_rows(results, "SmolLM2.gguf", args)
-    run = "-c 2048, -t 2, 4 requests of 64 tokens a client"
+    run = "-c 2048, -t 2, 2 x 2 requests of 64 tokens a client, in turns"
     assert rows[0] == [
         "SmolLM2.gguf",
         run,
