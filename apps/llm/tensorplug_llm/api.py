@@ -980,20 +980,23 @@ def _usage(
 def _interleave(choices: list[Iterator[_Piece]]) -> Iterator[tuple[int, _Piece, bool]]:
     """``(index, piece, last)`` from every choice in turn until each has finished
     (``last``: no choice has more). The choices advance in the same engine steps, so
-    taking one piece of each in turn keeps the stream in step with the generation."""
+    taking one piece of each in turn keeps the stream in step with the generation.
+
+    A piece goes out as soon as it comes: a choice's piece with a finish reason is its
+    last, so ``last`` is known without waiting for another piece (which would send
+    every token a step late: the first one after the second step, not the first). A
+    choice that ends without a finish (cancelled) leaves no last piece; when it is the
+    last one, an empty piece carries ``last``."""
     live = list(enumerate(choices))
-    pending: tuple[int, _Piece] | None = None
     while live:
         for i, it in list(live):
             piece = next(it, None)
-            if piece is None:
+            if piece is None or piece.finish_reason is not None:
                 live.remove((i, it))
-                continue
-            if pending is not None:
-                yield (*pending, False)
-            pending = (i, piece)
-    if pending is not None:
-        yield (*pending, True)
+            if piece is not None:
+                yield i, piece, not live and piece.finish_reason is not None
+            elif not live:
+                yield i, _Piece("", []), True
 
 
 def _choice_text(text: str, logprobs: Any, finish: str | None, index: int = 0) -> dict[str, Any]:

@@ -1,0 +1,120 @@
+"""A streamed completion or chat sends each token's chunk as soon as the token comes,
+never waiting for the next one: a chunk held until the next token arrives reaches the
+client a whole engine step late, the first token included (its time to first token
+one decode step longer than llama-server's)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from tiny_server import PROMPT, TinyModel, tiny_model
+
+from tensorplug_llm.api import LLM, Stream
+from tensorplug_llm.generation import GeneratorStats
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyModel]:
+    m = tiny_model(tmp_path_factory.mktemp("stream"))
+    yield m
+    m.close()
+
+
+@dataclass
+class _Event:
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None
+
+
+class _Counted:
+    """A generator that answers with ``tokens`` and counts how many the stream took;
+    ``finish``: the last token's finish reason (None: it ends as a cancelled request
+    does, without one)."""
+
+    def __init__(self, tokens: list[int], finish: str | None = "length") -> None:
+        self.tokens, self.finish, self.taken = tokens, finish, 0
+
+    def submit(self, job: Any) -> Any:
+        counted = self
+        last = len(self.tokens) - 1
+
+        class Handle:
+            def __iter__(self) -> Iterator[_Event]:
+                for k, token in enumerate(counted.tokens):
+                    counted.taken += 1
+                    yield _Event(token, finish_reason=counted.finish if k == last else None)
+
+            def cancel(self) -> None:
+                pass
+
+        return Handle()
+
+    def stats(self) -> GeneratorStats:  # what admission reads: one idle slot
+        return GeneratorStats(1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    def close(self) -> None:
+        pass
+
+
+def _llm(model: TinyModel, generator: _Counted) -> LLM:
+    return LLM(model.llama, generator, model_name="tiny.gguf")  # type: ignore[arg-type]
+
+
+def test_a_completion_chunk_goes_out_before_the_next_token_is_asked_for(
+    model: TinyModel,
+) -> None:
+    generator = _Counted(model.greedy[:5])
+    stream = _llm(model, generator).create_completion(PROMPT, max_tokens=5, stream=True)
+    assert isinstance(stream, Stream)
+    texts = []
+    for n, chunk in enumerate(stream, start=1):
+        assert generator.taken == n  # this token's chunk, and no token after it, yet
+        texts.append(chunk["choices"][0]["text"])
+    assert "".join(texts) == _text(model, model.greedy[:5])
+    assert chunk["choices"][0]["finish_reason"] == "length"
+    assert chunk["usage"]["completion_tokens"] == 5
+
+
+def test_a_chat_chunk_goes_out_before_the_next_token_is_asked_for(model: TinyModel) -> None:
+    generator = _Counted(model.greedy[:4])
+    messages = [{"role": "user", "content": PROMPT}]
+    stream = _llm(model, generator).create_chat_completion(messages, max_tokens=4, stream=True)
+    assert isinstance(stream, Stream)
+    chunks = iter(stream)
+    assert next(chunks)["choices"][0]["delta"]["role"] == "assistant"
+    assert generator.taken == 0
+    rest = []
+    for n, chunk in enumerate(chunks, start=1):
+        assert generator.taken == n
+        rest.append(chunk)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in rest) == _text(
+        model, model.greedy[:4]
+    )
+    assert rest[-1]["choices"][0]["finish_reason"] == "length"
+    assert rest[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_a_stream_that_ends_without_a_finish_still_ends_with_the_usage(
+    model: TinyModel,
+) -> None:
+    generator = _Counted(model.greedy[:3], finish=None)  # as a cancelled request ends
+    stream = _llm(model, generator).create_completion(PROMPT, max_tokens=8, stream=True)
+    assert isinstance(stream, Stream)
+    chunks = list(stream)
+    assert [c["choices"][0]["text"] for c in chunks[-1:]] == [""]
+    assert "usage" in chunks[-1] and all("usage" not in c for c in chunks[:-1])
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+    assert "".join(c["choices"][0]["text"] for c in chunks) == _text(model, model.greedy[:3])
+
+
+def _text(model: TinyModel, tokens: list[int]) -> str:
+    from tensorplug_llm.tokenizer import StreamDecoder
+
+    assert model.llama.vocab is not None
+    decoder = StreamDecoder(model.llama.vocab)
+    return "".join(decoder.feed(t) for t in tokens) + decoder.flush()
