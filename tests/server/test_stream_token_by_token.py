@@ -6,7 +6,6 @@ one decode step longer than llama-server's)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from tiny_server import PROMPT, TinyModel, tiny_model
 
 from tensorplug_llm.api import LLM, Stream
 from tensorplug_llm.generation import GeneratorStats
+from tensorplug_llm.request import TokenEvent
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +21,6 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyModel]:
     m = tiny_model(tmp_path_factory.mktemp("stream"))
     yield m
     m.close()
-
-
-@dataclass
-class _Event:
-    token: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-    finish_reason: str | None = None
 
 
 class _Counted:
@@ -44,10 +36,11 @@ class _Counted:
         last = len(self.tokens) - 1
 
         class Handle:
-            def __iter__(self) -> Iterator[_Event]:
+            def __iter__(self) -> Iterator[TokenEvent]:
                 for k, token in enumerate(counted.tokens):
                     counted.taken += 1
-                    yield _Event(token, finish_reason=counted.finish if k == last else None)
+                    finish = counted.finish if k == last else None
+                    yield TokenEvent(token, None, None, None, finish)
 
             def cancel(self) -> None:
                 pass
