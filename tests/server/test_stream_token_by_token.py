@@ -5,15 +5,19 @@ one decode step longer than llama-server's)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
+from starlette.types import Message, Receive, Scope, Send
 from tiny_server import PROMPT, TinyModel, tiny_model
 
 from tensorplug_llm.api import LLM, Stream
 from tensorplug_llm.generation import GeneratorStats
 from tensorplug_llm.request import TokenEvent
+from tensorplug_llm.server import ServerConfig, create_app
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +115,57 @@ def _text(model: TinyModel, tokens: list[int]) -> str:
     assert model.llama.vocab is not None
     decoder = StreamDecoder(model.llama.vocab)
     return "".join(decoder.feed(t) for t in tokens) + decoder.flush()
+
+
+class _Gated(_Counted):
+    """A :class:`_Counted` that gives its next token only once the client was sent the
+    delta of the one before (or fails the request after ``WAIT_S``): a stream that
+    held a delta back until the next token came would never send it."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__(tokens)
+        self.sent = [threading.Event() for _ in tokens]
+
+    def submit(self, job: Any) -> Any:
+        inner = super().submit(job)
+        gated = self
+
+        class Handle:
+            def __iter__(self) -> Iterator[TokenEvent]:
+                for k, event in enumerate(inner):
+                    if k and not gated.sent[k - 1].wait(WAIT_S):
+                        raise AssertionError(f"delta {k - 1} was not sent before token {k}")
+                    yield event
+
+            def cancel(self) -> None:
+                pass
+
+        return Handle()
+
+
+#: how long a gated token waits for the delta before it (reached only when it never comes)
+WAIT_S = 30.0
+
+
+def test_a_responses_stream_sends_each_delta_before_the_next_token(model: TinyModel) -> None:
+    generator = _Gated(model.ids[1:5])  # words of the prompt: each token's delta has text
+    app = create_app(_llm(model, generator), ServerConfig())
+    deltas = 0
+
+    async def watched(scope: Scope, receive: Receive, send: Send) -> None:
+        async def sending(message: Message) -> None:
+            nonlocal deltas
+            await send(message)
+            for line in message.get("body", b"").decode().splitlines():
+                if line.startswith("data: ") and '"response.output_text.delta"' in line:
+                    generator.sent[deltas].set()
+                    deltas += 1
+
+        await app(scope, receive, sending)
+
+    body = {"model": "tiny.gguf", "input": PROMPT, "stream": True, "max_output_tokens": 4}
+    with TestClient(watched) as http:
+        r = http.post("/v1/responses", json=body)
+    assert r.status_code == 200, r.text
+    assert deltas == 4 and generator.taken == 4
+    assert '"response.completed"' in r.text

@@ -70,7 +70,11 @@ async def responses(body: ResponsesRequest, request: Request, svc: ServiceDep) -
             return chat
         if body.timings_per_token:
             chat = stamped(chat, None, timings_per_token=True)
-        events = _with_telemetry(_events(base, read_chat(chat)), base)
+        events = _events(base, read_chat(chat))
+        if body.timings_per_token or body.return_progress:
+            # an event waits for the telemetry that may follow it; without telemetry (no
+            # marks come) each goes out as it comes, a token's delta not a step late
+            events = _with_telemetry(events, base)
         numbered = ({**e, "sequence_number": i} for i, e in enumerate(events))
         return Stream(numbered, Canceller(chat))
 
