@@ -31,7 +31,7 @@ __all__ = [
 #: numba itself crashes the process (a segfault, no exception) starting 100000 of them.
 MAX_NUMBA_THREADS = max(256, 4 * (os.cpu_count() or 1))
 
-#: the values of ``NUMBA_THREADING_LAYER`` numba knows (numba/np/ufunc/parallel.py)
+#: the values of ``NUMBA_THREADING_LAYER`` numba knows (its documented ones)
 NUMBA_LAYERS = ("default", "safe", "threadsafe", "forksafe", "tbb", "omp", "workqueue")
 
 

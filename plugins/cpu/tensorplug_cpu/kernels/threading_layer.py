@@ -36,14 +36,15 @@ from tensorplug import installed
 from ..settings import NUMBA_THREADS
 from . import numba_internals
 from .numba_import import numba_module
+from .numba_internals import numba_private
 
 __all__ = ["TBB_LIBRARY_NAMES", "Threads", "default_thread_count", "find_tbb_library",
            "preload_tbb", "start_threads", "started"]  # fmt: skip
 
 _log = logging.getLogger("tensorplug_cpu")
 
-#: the file numba asks the loader for, per platform (numba/np/ufunc/parallel.py)
-TBB_LIBRARY_NAMES = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}
+#: the TBB runtime file numba asks the loader for, per platform
+TBB_LIBRARY_NAMES = numba_private.TBB_LIBRARY_NAMES
 
 #: the values of ``NUMBA_THREADING_LAYER`` under which numba would take TBB if it loads
 _LAYERS_THAT_TRY_TBB = ("default", "tbb", "safe", "threadsafe")

@@ -12,7 +12,7 @@ key numba's cache files it under, less the signature: its code, closure and sour
 the target and the instruction forms), the numba types of its arguments (:func:`arg_key`)
 and :attr:`KeptCode.salt` (numba, llvmlite, Python, the kernels' sources). A later
 process loads it into an LLVM JIT of its own (:func:`load`): a Python-callable kernel as
-numba makes one (``_dynfunc.make_function`` of numba's CPython wrapper, an environment of
+numba makes one (through numba's C function-wrapper type and CPython wrapper, an environment of
 its own), a job (a C function the spinning helpers call) as its address.
 
 What is loaded must be what was written, and must be able to run: a file is its sha256

@@ -2,7 +2,7 @@
 
 A kernel's machine code calls a few of numba's C helpers (raising an exception, the
 reference counts and allocations of its runtime, NRT) and, if Python calls it, is
-wrapped as numba wraps it (``_dynfunc.make_function``). Those live in three of numba's
+wrapped as numba wraps it. Those live in three of numba's
 C extension modules, which load quickly; ``import numba`` runs many times longer in
 Python before a kernel can run, most of what a small model's launch takes beyond
 llama.cpp's.
@@ -31,8 +31,8 @@ __all__ = ["CRuntime", "c_runtime", "extension_module"]
 
 @dataclass(frozen=True)
 class CRuntime:
-    """numba's C helpers (``_helperlib``), its runtime (``_nrt_python``) and the
-    compiled functions' Python type (``_dynfunc``)."""
+    """numba's C helpers, its runtime and the compiled functions' Python type (their
+    module names: :data:`numba_private.EXTENSION_MODULES`)."""
 
     helpers: ModuleType
     runtime: ModuleType

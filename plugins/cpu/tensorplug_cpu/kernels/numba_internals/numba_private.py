@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 from .elf_symbols import defined_symbols
 
 __all__ = [
-    "ENVIRONMENT_PREFIX", "EXTENSION_MODULES", "THREADING_MODULES", "CacheRules",
+    "ENVIRONMENT_PREFIX", "EXTENSION_MODULES", "LAYER_CHOICES", "TBB_LIBRARY_NAMES",
+    "THREADING_MODULES", "CacheRules",
     "add_to_dispatch_table", "cached_overload", "code_library_object", "compile_lock",
     "first_compile_noticed", "listen_for_compiles",
     "compile_runtime_library", "cpu_target_context", "deferred_environments",
@@ -50,6 +51,12 @@ EXTENSION_MODULES = {"helpers": "numba._helperlib", "functions": "numba._dynfunc
 #: the extension module of each threading layer
 THREADING_MODULES = {"tbb": "numba.np.ufunc.tbbpool", "omp": "numba.np.ufunc.omppool",
                      "workqueue": "numba.np.ufunc.workqueue"}  # fmt: skip
+#: the layers numba tries, in its order, for each value of ``NUMBA_THREADING_LAYER``
+#: other than a layer's name (Linux's and Windows' choices)
+LAYER_CHOICES = {"safe": ("tbb",), "threadsafe": ("tbb", "omp"),
+                 "forksafe": ("tbb", "workqueue")}  # fmt: skip
+#: the TBB runtime file numba's TBB layer asks the loader for, per platform
+TBB_LIBRARY_NAMES = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}
 #: the prefix of the globals that hold a numba function's environment
 ENVIRONMENT_PREFIX = "_ZN08NumbaEnv"
 #: a threading layer's C functions numba's compiled code calls, by the names it calls them

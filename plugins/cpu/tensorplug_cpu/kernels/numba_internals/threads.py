@@ -24,9 +24,6 @@ from .numba_extensions import extension_module
 
 __all__ = ["start", "tell_numba"]
 
-#: the layers numba tries, in its order, for each value of ``NUMBA_THREADING_LAYER``
-#: other than a layer's name (numba/np/ufunc/parallel.py, Linux's and Windows' choices)
-_CHOICES = {"safe": ("tbb",), "threadsafe": ("tbb", "omp"), "forksafe": ("tbb", "workqueue")}
 #: the extension module of each layer
 _MODULES = numba_private.THREADING_MODULES
 #: TBB's oldest interface version numba's layer takes (2021 update 6)
@@ -36,13 +33,11 @@ _TBB_INTERFACE = 12060
 _lock = threading.Lock()
 #: the layer started here: its name and extension module
 _started: list[tuple[str, ModuleType]] = []
-#: the file numba asks the loader for, per platform (numba/np/ufunc/parallel.py)
-_TBB_NAMES = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}
 
 
 def _tbb_usable() -> bool:
     """Whether TBB's runtime loads and is new enough for numba's layer (numba's check)."""
-    name = _TBB_NAMES.get(sys.platform)
+    name = numba_private.TBB_LIBRARY_NAMES.get(sys.platform)
     if name is None:
         return False
     try:
@@ -69,8 +64,8 @@ def _choose(requested: str, priority: list[str]) -> tuple[str, ModuleType]:
         names: tuple[str, ...] = (requested,)
     elif requested == "default":
         names = tuple(priority)
-    elif requested in _CHOICES:
-        names = _CHOICES[requested]
+    elif requested in numba_private.LAYER_CHOICES:
+        names = numba_private.LAYER_CHOICES[requested]
     else:
         raise ValueError(f"The threading layer requested '{requested}' is unknown to Numba.")
     for name in names:
