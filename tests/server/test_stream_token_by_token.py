@@ -5,6 +5,7 @@ one decode step longer than llama-server's)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -147,7 +148,18 @@ class _Gated(_Counted):
 WAIT_S = 30.0
 
 
-def test_a_responses_stream_sends_each_delta_before_the_next_token(model: TinyModel) -> None:
+TELEMETRY = {
+    "none": {},
+    "progress": {"return_progress": True},
+    "timings": {"timings_per_token": True},
+    "both": {"timings_per_token": True, "return_progress": True},
+}
+
+
+@pytest.mark.parametrize("telemetry", TELEMETRY.values(), ids=TELEMETRY.keys())
+def test_a_responses_stream_sends_each_delta_before_the_next_token(
+    model: TinyModel, telemetry: dict[str, bool]
+) -> None:
     generator = _Gated(model.ids[1:5])  # words of the prompt: each token's delta has text
     app = create_app(_llm(model, generator), ServerConfig())
     deltas = 0
@@ -163,9 +175,14 @@ def test_a_responses_stream_sends_each_delta_before_the_next_token(model: TinyMo
 
         await app(scope, receive, sending)
 
-    body = {"model": "tiny.gguf", "input": PROMPT, "stream": True, "max_output_tokens": 4}
+    body = {"model": "tiny.gguf", "input": PROMPT, "stream": True, "max_output_tokens": 4,
+            **telemetry}  # fmt: skip
     with TestClient(watched) as http:
         r = http.post("/v1/responses", json=body)
     assert r.status_code == 200, r.text
     assert deltas == 4 and generator.taken == 4
-    assert '"response.completed"' in r.text
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "response.completed"
+    delta_timings = [("timings" in e) for e in events if e["type"] == "response.output_text.delta"]
+    # with per-token timings each delta carries its token's, as on llama-server
+    assert delta_timings == [bool(telemetry.get("timings_per_token"))] * 4

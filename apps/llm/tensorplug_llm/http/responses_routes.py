@@ -72,9 +72,7 @@ async def responses(body: ResponsesRequest, request: Request, svc: ServiceDep) -
             chat = stamped(chat, None, timings_per_token=True)
         events = _events(base, read_chat(chat))
         if body.timings_per_token or body.return_progress:
-            # an event waits for the telemetry that may follow it; without telemetry (no
-            # marks come) each goes out as it comes, a token's delta not a step late
-            events = _with_telemetry(events, base)
+            events = _with_telemetry(events, base, per_token=body.timings_per_token)
         numbered = ({**e, "sequence_number": i} for i, e in enumerate(events))
         return Stream(numbered, Canceller(chat))
 
@@ -217,12 +215,17 @@ _TELEMETRY = "__telemetry"
 
 
 def _with_telemetry(
-    events: Iterable[dict[str, Any]], base: dict[str, Any]
+    events: Iterable[dict[str, Any]], base: dict[str, Any], per_token: bool
 ) -> Iterator[dict[str, Any]]:
     """The event stream with each telemetry mark applied as llama-server applies it:
     progress as a ``response.in_progress`` event of its own (with the timings so far),
     timings on the last event before the mark, and the last timings seen on
-    ``response.completed``."""
+    ``response.completed``.
+
+    ``per_token``: every token's chunk ends with a mark of its timings, so an event is
+    held until its chunk's mark comes (right behind it, the same chunk's), never until
+    the next token. Without, no mark comes after a token (progress comes before the
+    first): each event goes out as it comes."""
     held: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     for event in events:
@@ -230,9 +233,13 @@ def _with_telemetry(
         if not isinstance(mark, Telemetry):
             if held is not None:
                 yield held
-            held = event
+                held = None
             if event["type"] == "response.completed" and timings is not None:
-                held = {**event, "timings": timings}
+                event = {**event, "timings": timings}
+            if per_token:
+                held = event
+            else:
+                yield event
             continue
         timings = mark.timings or timings
         if mark.progress is not None:
@@ -240,8 +247,9 @@ def _with_telemetry(
                 yield held
             held = {"type": "response.in_progress", "response": base,
                     "prompt_progress": mark.progress}  # fmt: skip
-        if held is not None and mark.timings is not None:
-            held = {**held, "timings": mark.timings}
+        if held is not None:  # the mark's chunk has ended: nothing more lands on it
+            yield held if mark.timings is None else {**held, "timings": mark.timings}
+            held = None
     if held is not None:
         yield held
 
