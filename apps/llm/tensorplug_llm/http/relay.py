@@ -1,8 +1,8 @@
 """Carrying a generation from its thread to the event loop, and on to the client.
 
-Generation runs on the generator's thread; each request's chunks are carried to the
-event loop by a thread of its own (so 64 waiting clients do not exhaust a shared
-pool). A client that disconnects cancels its request, so its sequence stops taking a
+Generation runs on the generator's thread; each request is submitted and its chunks
+carried to the event loop by a thread of its own (so 64 waiting clients do not exhaust a
+shared pool). A client that disconnects cancels its request, so its sequence stops taking a
 slot; a request running past its deadline is cancelled too (504, or an error event on
 a stream)."""
 
@@ -59,6 +59,11 @@ def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -
         fut.set_result(value)
 
 
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 class EventStream(StreamingResponse):
     """A streamed response that cleans up however it ends: the event generator's own
     ``finally`` does not run if the client is gone before the first event is sent (a
@@ -77,22 +82,44 @@ class EventStream(StreamingResponse):
 
 
 class Relay:
-    """A stream's chunks carried into an asyncio queue by a thread of their own, ending
-    with a marker (or an exception); ``started``, ``first`` and ``ended`` are when the
-    request began, its first chunk came and its last (monotonic seconds)."""
+    """``start()`` (it submits a request: a whole answer as a dict, or a :class:`Stream`)
+    run on a thread of its own, and the stream's chunks carried by that same thread into
+    an asyncio queue, ending with a marker (or an exception): one thread and one hand-over
+    to the event loop per request, where a thread for ``start`` and another for the
+    chunks would put two between the request and its first token. ``started``,
+    ``first`` and ``ended`` are when the stream began (``start`` returned), its first
+    chunk came and its last (monotonic seconds)."""
 
-    def __init__(self, stream: Stream, deadline: float) -> None:
-        self.stream, self.deadline = stream, deadline
+    def __init__(self, start: Callable[[], dict[str, Any] | Stream], deadline: float) -> None:
+        self.deadline = deadline
+        self.stream: Stream | None = None
         self.started = time.monotonic()
         self.first: float | None = None
         self.ended: float | None = None
         self.last: dict[str, Any] | None = None
+        self._abandoned = threading.Event()
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._begun: asyncio.Future[dict[str, Any] | None] = loop.create_future()
 
-        def pump() -> None:
+        def begin(answer: dict[str, Any] | None, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, self._begun, answer, error)
+
+        def run() -> None:
             try:
-                for chunk in stream:
+                result = start()
+            except BaseException as e:  # re-raised on the loop
+                begin(None, e)
+                return
+            if isinstance(result, dict):
+                begin(result, None)
+                return
+            self.stream, self.started = result, time.monotonic()
+            begin(None, None)
+            if self._abandoned.is_set():  # nobody waits for it any more
+                result.cancel()
+            try:
+                for chunk in result:
                     if self.first is None:
                         self.first = time.monotonic()
                     self.last = chunk
@@ -102,7 +129,24 @@ class Relay:
             self.ended = time.monotonic()
             loop.call_soon_threadsafe(self.queue.put_nowait, _DONE)
 
-        threading.Thread(target=pump, daemon=True).start()
+        threading.Thread(target=run, daemon=True).start()
+
+    async def begun(self) -> dict[str, Any] | None:
+        """Waits for ``start()``: its whole answer, or None when it returned a stream
+        (its chunks come by :meth:`gather` or :meth:`events`); raises what it raised. A
+        caller cancelled meanwhile leaves the stream cancelled as soon as it exists."""
+        try:
+            return await asyncio.shield(self._begun)
+        except asyncio.CancelledError:
+            self.cancel()
+            self._begun.add_done_callback(_retrieved)  # what start raised, read by nobody
+            raise
+
+    def cancel(self) -> None:
+        """Stop the generation (now, or as soon as ``start()`` has submitted it)."""
+        self._abandoned.set()
+        if self.stream is not None:
+            self.stream.cancel()
 
     def seconds(self) -> tuple[float, float]:
         """Seconds until the first chunk (the prompt), and from there to the end."""
@@ -122,13 +166,13 @@ class Relay:
     async def gather(self, request: Request) -> list[dict[str, Any]]:
         """Every chunk; the request is cancelled if the client goes away or the
         deadline passes."""
-        watcher = asyncio.create_task(watch_disconnect(request, self.stream.cancel))
+        watcher = asyncio.create_task(watch_disconnect(request, self.cancel))
         got: list[dict[str, Any]] = []
         try:
             while (item := await self._next()) is not _DONE:
                 got.append(item)
         except TimeoutError:
-            self.stream.cancel()
+            self.cancel()
             raise ApiError(504, "the request ran past the server's --timeout", "timeout") from None
         except InvalidRequestError as e:
             raise refused(e) from None
@@ -149,13 +193,13 @@ class Relay:
         went away fails, but a request still waiting for a slot sends nothing: the
         watcher notices the disconnect meanwhile."""
         write = encode or data_event
-        watcher = asyncio.create_task(watch_disconnect(request, self.stream.cancel))
+        watcher = asyncio.create_task(watch_disconnect(request, self.cancel))
         try:
             try:
                 while (item := await self._next()) is not _DONE:
                     yield write(item)
             except TimeoutError:
-                self.stream.cancel()
+                self.cancel()
                 yield write(error_body("the request ran past the server's --timeout", "timeout"))
             except InvalidRequestError as e:
                 yield write(refused(e).body())
@@ -166,7 +210,7 @@ class Relay:
                 yield done
         finally:
             watcher.cancel()
-            self.stream.cancel()
+            self.cancel()
             release()
 
 

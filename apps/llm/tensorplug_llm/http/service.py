@@ -139,18 +139,18 @@ class Service:
         with ``stream`` false the chunks joined by ``merge``. ``rename``: the API's field
         names in errors mapped to the route's."""
         release = self.admit()
+        relay = Relay(start, time.monotonic() + self.config.request_timeout)
         try:
-            result = await in_thread(start)
+            answer = await relay.begun()
         except InvalidRequestError as e:
             release()
             raise refused(e, rename) from None
         except BaseException:
             release()
             raise
-        if isinstance(result, dict):
+        if answer is not None:
             release()
-            return JSONResponse(result)
-        relay = Relay(result, time.monotonic() + self.config.request_timeout)
+            return JSONResponse(answer)
         finished = False
 
         def finish() -> None:
@@ -169,7 +169,7 @@ class Service:
                 finish()
 
         def close() -> None:
-            result.cancel()
+            relay.cancel()
             finish()
 
         return EventStream(
@@ -180,7 +180,7 @@ class Service:
         )
 
 
-def service(request: Request) -> Service:
+async def service(request: Request) -> Service:
     """The app's :class:`Service` (a FastAPI dependency)."""
     found: Service = request.app.state.service
     return found
