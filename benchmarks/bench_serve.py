@@ -2,7 +2,8 @@
 same clients, same run.
 
     python benchmarks/bench_serve.py [MODEL.gguf] [--np 1,4,8,16] [--clients 1,4,16,64]
-        [--requests 2] [--rounds 2] [--sequential] [--max-tokens 64] [--ctx 2048] [--threads N]
+        [--requests 2] [--min-requests 16] [--rounds 2] [--sequential] [--max-tokens 64]
+        [--ctx 2048] [--threads N]
         [--llama-server ~/peers/bin/llama-server] [--tiny] [--json FILE]
         [--write-docs [docs/performance.md]]
 
@@ -19,7 +20,9 @@ too large for the machine to hold twice.)
 (llama-server splits ``-c`` over its slots, ``-c / -np`` each; tensorplug's slots share
 one cache of ``-c`` cells: ``-c`` must hold the largest ``-np`` times a prompt plus
 ``--max-tokens``, which the script checks.) For each client count C, C clients each send
-``--requests`` streaming ``/v1/completions`` requests one after another (each round): fixed prompts
+streaming ``/v1/completions`` requests one after another (each round): ``--requests``
+each, or more where a round of C clients would send fewer than ``--min-requests`` in all
+(a level of one client still gives its p99 from enough samples). Fixed prompts
 (half of them share a long system-style prefix, which exercises prefix reuse),
 ``temperature 0``, ``max_tokens`` with ``ignore_eos`` (both servers honour it), so every
 request generates exactly ``--max-tokens`` tokens on either server. Measured per level:
@@ -173,12 +176,19 @@ async def _one(http: httpx.AsyncClient, prompt: str, args: argparse.Namespace, l
     lv.tokens += args.max_tokens
 
 
+def per_client(clients: int, requests: int, min_requests: int) -> int:
+    """Requests each of ``clients`` clients sends in a round: ``requests``, or as many
+    more as make ``min_requests`` in all."""
+    return max(requests, -(-min_requests // clients))
+
+
 async def _level(url: str, args: argparse.Namespace, lv: Level) -> None:
     """One round of ``lv.clients`` clients on the server at ``url``, added to ``lv``."""
     clients = lv.clients
+    n = per_client(clients, args.requests, args.min_requests)
 
     async def client(i: int) -> None:
-        for k in range(args.requests):
+        for k in range(n):
             await _one(http, PROMPTS[(i + k) % len(PROMPTS)], args, lv)
 
     # a connection per request: llama-server (cpp-httplib) closes idle keep-alive
@@ -309,11 +319,20 @@ def table(results: Results) -> str:
     return "\n".join([f"each figure: {RATIO_NOTE}", *lines])
 
 
+def docs_run(args: argparse.Namespace) -> str:
+    """How the levels were run, as the page's "run" column says it."""
+    order = "one server, then the other" if args.sequential else "in turns"
+    each = f"{args.requests} requests a client"
+    if args.min_requests > args.requests:
+        each += f", at least {args.min_requests} in all"
+    rounds = f"{args.rounds} round{'s' if args.rounds != 1 else ''}"
+    return (f"-c {args.ctx}, -t {args.threads}, {rounds} of {each}, "
+            f"{args.max_tokens} tokens each, {order}")  # fmt: skip
+
+
 def docs_rows(results: Results, model: str, args: argparse.Namespace) -> list[list[str]]:
     """The page's rows: one per ``-np`` and client count, as the printed table has them."""
-    order = "one server, then the other" if args.sequential else "in turns"
-    run = (f"-c {args.ctx}, -t {args.threads}, {args.rounds} x {args.requests} requests of "
-           f"{args.max_tokens} tokens a client, {order}")  # fmt: skip
+    run = docs_run(args)
     return [[model, run, str(r.np), str(r.clients), *figures(r)] for r in rows(results)]
 
 
@@ -346,6 +365,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="concurrent client counts (1,4,16,64)")  # fmt: skip
     p.add_argument("--requests", type=int, default=2,
                    help="requests per client and round (2)")  # fmt: skip
+    p.add_argument("--min-requests", type=int, default=16,
+                   help="requests a round sends at least, over its clients (16): a level "
+                        "of few clients still gives its p99 from enough samples")  # fmt: skip
     p.add_argument("--rounds", type=int, default=2,
                    help="rounds of each client count on each server, in turns (2)")  # fmt: skip
     p.add_argument(
@@ -374,6 +396,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.requests < 1 or args.max_tokens < 1 or args.rounds < 1:
         p.error("--requests, --rounds and --max-tokens must be at least 1")
+    if args.min_requests < 0:
+        p.error("--min-requests must be 0 or more")
     need = max(args.np) * (PROMPT_TOKENS + args.max_tokens)
     if args.ctx < need:
         p.error(f"--ctx {args.ctx} gives each of llama-server's {max(args.np)} slots "
@@ -436,8 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                     urls = {name: running.enter_context(_server(name, *commands[name]))
                             for name in group}  # fmt: skip
                     results[np_].update(_measure(urls, args))
-    print(f"\nmodel {model.name}, -c {args.ctx}, -t {args.threads}, {args.rounds} rounds of "
-          f"{args.requests} requests per client, {args.max_tokens} tokens each")  # fmt: skip
+    print(f"\nmodel {model.name}, {docs_run(args)}")
     print(table(results))
     if write_docs is not None:
         print(write_docs(docs_rows(results, model.name, args)))

@@ -149,10 +149,17 @@ def test_the_benchmarks_rows_fit_the_pages_tables(pd: ModuleType) -> None:
                    "160 / 150 (1.07)", "9.6"]  # fmt: skip
     level = serve.Level(4, wall_s=2.0, tokens=512, ttft=[0.05, 0.06], itl=[0.01, 0.02])
     args = argparse.Namespace(
-        ctx=2048, threads=2, requests=2, rounds=2, max_tokens=64, sequential=False
+        ctx=2048,
+        threads=2,
+        requests=2,
+        min_requests=16,
+        rounds=2,
+        max_tokens=64,
+        sequential=False,
     )
     rows = serve.docs_rows({4: {"tensorplug": [level]}}, "SmolLM2.gguf", args)
-    run = "-c 2048, -t 2, 2 x 2 requests of 64 tokens a client, in turns"
+    run = ("-c 2048, -t 2, 2 rounds of 2 requests a client, at least 16 in all, 64 tokens each, "
+           "in turns")  # fmt: skip
     assert rows == [["SmolLM2.gguf", run, "4", "4", "256.0", "50", "60", "10.0", "20.0",
                      "0"]]  # fmt: skip
     text = pd.PERFORMANCE_MD.read_text(encoding="utf-8")

@@ -49,9 +49,16 @@ def test_servers_take_turns_at_each_client_count_the_order_reversed_every_round(
 def test_a_sequential_run_says_so_in_the_docs_rows(
     bench: ModuleType, results: dict[int, dict[str, list[object]]]
 ) -> None:
-    args = bench.parse_args(["--sequential", "--rounds", "1", "--requests", "4", "--threads", "2"])
-    run = bench.docs_rows(results, "SmolLM2.gguf", args)[0][1]
-    assert run == "-c 2048, -t 2, 1 x 4 requests of 64 tokens a client, one server, then the other"
+    argv = ["--sequential", "--rounds", "1", "--requests", "4", "--min-requests", "0",
+            "--threads", "2"]  # fmt: skip
+    run = bench.docs_rows(results, "SmolLM2.gguf", bench.parse_args(argv))[0][1]
+    assert run == ("-c 2048, -t 2, 1 round of 4 requests a client, 64 tokens each, "
+                   "one server, then the other")  # fmt: skip
+
+
+def test_a_round_of_few_clients_sends_at_least_min_requests(bench: ModuleType) -> None:
+    assert [bench.per_client(c, 2, 16) for c in (1, 3, 4, 8, 16, 64)] == [16, 6, 4, 2, 2, 2]
+    assert [bench.per_client(c, 2, 0) for c in (1, 64)] == [2, 2]
 
 
 @pytest.mark.parametrize(
@@ -65,6 +72,7 @@ def test_a_sequential_run_says_so_in_the_docs_rows(
         (["--np", "32"], "use --ctx 4096 or more"),
         (["--requests", "0"], "--requests, --rounds and --max-tokens must be at least 1"),
         (["--rounds", "0"], "--requests, --rounds and --max-tokens must be at least 1"),
+        (["--min-requests", "-1"], "--min-requests must be 0 or more"),
         (["--tiny", "--write-docs"], "--write-docs takes a real model's figures"),
     ],
 )
@@ -143,7 +151,8 @@ def test_docs_rows_go_into_performance_md_between_the_markers(
 ) -> None:
     args = bench.parse_args(["--np", "4,8", "--threads", "2"])
     rows = bench.docs_rows(results, "SmolLM2.gguf", args)
-    run = "-c 2048, -t 2, 2 x 2 requests of 64 tokens a client, in turns"
+    run = ("-c 2048, -t 2, 2 rounds of 2 requests a client, at least 16 in all, 64 tokens each, "
+           "in turns")  # fmt: skip
     assert rows[0] == [
         "SmolLM2.gguf",
         run,
