@@ -47,12 +47,23 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     own; no folder is too new to be trusted."""
     folder = tmp_path / "site"
     folder.mkdir()
-    monkeypatch.syspath_prepend(str(folder))
+    # beside it only the interpreter's and the venv's folders, which nothing writes to
+    # during the run: the working directory (where coverage's subprocesses leave their
+    # data files) or a source folder could change between two questions of a test and
+    # give them two keys
+    prefixes = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    stable = [p for p in sys.path if isinstance(p, str) and p and _under(Path(p), prefixes)]
+    monkeypatch.setattr(sys, "path", [str(folder), *stable])
     monkeypatch.setenv("TENSORPLUG_CACHE", str(tmp_path / "kept"))
     monkeypatch.setattr(installed, "SETTLE_NS", 0)
     installed.forget()
     yield folder
     installed.forget()
+
+
+def _under(path: Path, prefixes: set[Path]) -> bool:
+    resolved = path.resolve()
+    return any(resolved.is_relative_to(prefix) for prefix in prefixes)
 
 
 def _kept_file(tmp_path: Path) -> dict:
