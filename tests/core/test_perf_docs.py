@@ -148,15 +148,7 @@ def test_the_benchmarks_rows_fit_the_pages_tables(pd: ModuleType) -> None:
                    "400.0 / 500.0 (0.80)", "200.0 / 250.0 (0.80)", "0.50 / 0.40 (1.25)",
                    "160 / 150 (1.07)", "9.6"]  # fmt: skip
     level = serve.Level(4, wall_s=2.0, tokens=512, ttft=[0.05, 0.06], itl=[0.01, 0.02])
-    args = argparse.Namespace(
-        ctx=2048,
-        threads=2,
-        requests=2,
-        min_requests=16,
-        rounds=2,
-        max_tokens=64,
-        sequential=False,
-    )
+    args = serve.parse_args(["--threads", "2"])  # the defaults, as a run has them
     rows = serve.docs_rows({4: {"tensorplug": [level]}}, "SmolLM2.gguf", args)
     run = ("-c 2048, -t 2, 2 rounds of 2 requests a client, at least 16 in all, 64 tokens each, "
            "in turns")  # fmt: skip
