@@ -312,7 +312,10 @@ def test_an_avx2_hosts_products_are_ggml_bits(ggml_order: None, tmp_path: Path) 
     data = tmp_path / "data.npz"
     np.savez(data, x=x, Q8_0=raws["Q8_0"], Q5_0=raws["Q5_0"], Q6_K=raws["Q6_K"],
              Q4_K=raws["Q4_K"])  # fmt: skip
+    # compile-ahead off: its child would outlive the process, compiling into this
+    # throwaway cache under the tests that come next
     env = {**os.environ, "NUMBA_CPU_FEATURES": AVX2_FEATURES, "NUMBA_CACHE_DIR": str(tmp_path),
+           "TENSORPLUG_CPU_COMPILE_AHEAD": "0",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}  # fmt: skip
     done = subprocess.run([sys.executable, "-c", _ON_AN_AVX2_HOST, str(data)], env=env,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
