@@ -618,7 +618,8 @@ def test_both_attention_kernels_share_one_compiled_body(tmp_path: Path) -> None:
     import sys
 
     pytest.importorskip("numba", reason="the exact attention kernel is numba's")
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    # no compile-ahead child: it would outlive the process, compiling into this throwaway cache
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "TENSORPLUG_CPU_COMPILE_AHEAD": "0"}
     done = subprocess.run([sys.executable, "-c", _ONE_BODY], capture_output=True, text=True,
                           timeout=600, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
