@@ -47,18 +47,34 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     own; no folder is too new to be trusted."""
     folder = tmp_path / "site"
     folder.mkdir()
-    # beside it only the interpreter's and the venv's folders, which nothing writes to
-    # during the run: the working directory (where coverage's subprocesses leave their
-    # data files) or a source folder could change between two questions of a test and
-    # give them two keys
-    prefixes = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
-    stable = [p for p in sys.path if isinstance(p, str) and p and _under(Path(p), prefixes)]
-    monkeypatch.setattr(sys, "path", [str(folder), *stable])
+    _only_stable_beside(folder, monkeypatch)
     monkeypatch.setenv("TENSORPLUG_CACHE", str(tmp_path / "kept"))
     monkeypatch.setattr(installed, "SETTLE_NS", 0)
     installed.forget()
     yield folder
     installed.forget()
+
+
+def _only_stable_beside(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sys.path``: ``folder``, and beside it only the interpreter's and the venv's
+    folders, which nothing writes to during the run: the working directory (where
+    coverage's subprocesses leave their data files) or a source folder could change
+    between two questions of a test and give them two keys. The whole path comes back
+    at the monkeypatch's undo, the tests' own prepends too."""
+    prefixes = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    stable = [p for p in sys.path if isinstance(p, str) and p and _under(Path(p), prefixes)]
+    monkeypatch.syspath_prepend(str(folder))  # first: its undo puts the whole path back
+    sys.path[:] = [str(folder), *stable]
+
+
+def test_the_whole_path_comes_back_after_a_test(tmp_path: Path) -> None:
+    before = list(sys.path)
+    with pytest.MonkeyPatch.context() as mp:
+        _only_stable_beside(tmp_path / "site", mp)
+        mp.syspath_prepend(str(tmp_path))  # as a test does
+        mp.setattr(sys, "path", [*sys.path, str(tmp_path / "more")])  # and another
+        assert str(Path.cwd()) not in sys.path[1:]
+    assert sys.path == before
 
 
 def _under(path: Path, prefixes: set[Path]) -> bool:
