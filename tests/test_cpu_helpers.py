@@ -8,6 +8,7 @@ written from the op contracts, never calls into the backend's kernels.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from tensorplug_cpu.backend import CpuBackend
 
 __all__ = [
+    "throwaway_cache_env",
     "backend_for",
     "compute",
     "ggml_activations",
@@ -179,3 +181,12 @@ def int8_path(t: tp.Type, n_tokens: int, jit: bool = True) -> bool:
     from tensorplug_cpu.kernels.jit import load_jit
 
     return jit and load_jit() is not None and t in INT8_TYPES and n_tokens <= matvec_max_tokens(t)
+
+
+def throwaway_cache_env(cache: Path, **more: str) -> dict[str, str]:
+    """This process's environment for a subprocess that compiles into ``cache``, a
+    folder the test throws away: without a compile-ahead child, which is made to outlive
+    its process (finishing the cache for a next run) and would go on compiling into it
+    under the tests that come next."""
+    return {**os.environ, "NUMBA_CACHE_DIR": str(cache), "TENSORPLUG_CPU_COMPILE_AHEAD": "0",
+            **more}  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from test_cpu_helpers import backend_for, compute, nmse
+from test_cpu_helpers import backend_for, compute, nmse, throwaway_cache_env
 
 import tensorplug as tp
 from tensorplug import ops
@@ -613,13 +613,11 @@ def test_both_attention_kernels_share_one_compiled_body(tmp_path: Path) -> None:
     argument types, or numba compiles it twice. A fresh process with an empty numba
     cache, so that the body is compiled here and its signatures counted; the two
     kernels' outputs are the same bits."""
-    import os
     import subprocess
     import sys
 
     pytest.importorskip("numba", reason="the exact attention kernel is numba's")
-    # no compile-ahead child: it would outlive the process, compiling into this throwaway cache
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "TENSORPLUG_CPU_COMPILE_AHEAD": "0"}
+    env = throwaway_cache_env(tmp_path)
     done = subprocess.run([sys.executable, "-c", _ONE_BODY], capture_output=True, text=True,
                           timeout=600, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -4,13 +4,13 @@ with the kernels that exist, and the README's copy of it."""
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cpu_helpers import throwaway_cache_env
 
 import tensorplug as tp
 from tensorplug.quants import SUPPORTED_TYPES
@@ -304,12 +304,7 @@ def test_a_generic_target_compiles_the_portable_form(tmp_path: Path) -> None:
     """``NUMBA_CPU_NAME=generic`` once aborted the process (LLVM could not select the
     host's VNNI dot for a CPU without it); now its kernels take the portable form."""
     pytest.importorskip("numba")
-    env = {
-        **os.environ,
-        "NUMBA_CPU_NAME": "generic",
-        "NUMBA_CACHE_DIR": str(tmp_path),
-        "TENSORPLUG_CPU_COMPILE_AHEAD": "0",
-    }  # no child left compiling into tmp_path
+    env = throwaway_cache_env(tmp_path, NUMBA_CPU_NAME="generic")
     env.pop("NUMBA_CPU_FEATURES", None)
     done = subprocess.run([sys.executable, "-c", _GENERIC_TARGET], capture_output=True,
                           text=True, env=env, timeout=300)  # fmt: skip

@@ -37,7 +37,7 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
-from test_cpu_helpers import q8_0_blocks, q8_k_blocks
+from test_cpu_helpers import q8_0_blocks, q8_k_blocks, throwaway_cache_env
 
 import tensorplug as tp
 from tensorplug import ops
@@ -312,11 +312,8 @@ def test_an_avx2_hosts_products_are_ggml_bits(ggml_order: None, tmp_path: Path) 
     data = tmp_path / "data.npz"
     np.savez(data, x=x, Q8_0=raws["Q8_0"], Q5_0=raws["Q5_0"], Q6_K=raws["Q6_K"],
              Q4_K=raws["Q4_K"])  # fmt: skip
-    # compile-ahead off: its child would outlive the process, compiling into this
-    # throwaway cache under the tests that come next
-    env = {**os.environ, "NUMBA_CPU_FEATURES": AVX2_FEATURES, "NUMBA_CACHE_DIR": str(tmp_path),
-           "TENSORPLUG_CPU_COMPILE_AHEAD": "0",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}  # fmt: skip
+    path = os.pathsep.join([str(Path(__file__).parent), *sys.path])
+    env = throwaway_cache_env(tmp_path, NUMBA_CPU_FEATURES=AVX2_FEATURES, PYTHONPATH=path)
     done = subprocess.run([sys.executable, "-c", _ON_AN_AVX2_HOST, str(data)], env=env,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -17,7 +17,7 @@ import textwrap
 import gguf
 import numpy as np
 import pytest
-from test_cpu_helpers import ggml_product
+from test_cpu_helpers import ggml_product, throwaway_cache_env
 
 import tensorplug as tp
 from tensorplug.quants import quantize
@@ -163,11 +163,7 @@ def test_quantizing_inside_a_fast_math_kernel_rounds_as_ggml(tmp_path) -> None: 
     lower than ggml's (a Gemma 3 prompt's logits moved by up to 0.9). Compiled afresh
     (an empty numba cache) and first from such a caller, the scale must still be
     ggml's ``f16(amax / 127)``."""
-    env = {
-        **__import__("os").environ,
-        "NUMBA_CACHE_DIR": str(tmp_path),
-        "TENSORPLUG_CPU_COMPILE_AHEAD": "0",
-    }  # no child left compiling into tmp_path
+    env = throwaway_cache_env(tmp_path)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(_FAST_CALLER)],
                           capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
