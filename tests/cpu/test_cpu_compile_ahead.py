@@ -262,7 +262,7 @@ class _Wants:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n_tok", [1, 24])
+@pytest.mark.parametrize("n_tok", [1, 24, 128])
 def test_what_goes_ahead_is_what_this_many_threads_needs_later(
     threads: int, n_tok: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

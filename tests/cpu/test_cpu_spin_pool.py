@@ -189,14 +189,18 @@ def _on(threads: int, spin: bool, monkeypatch: pytest.MonkeyPatch) -> tp.Backend
 
 
 @pytest.mark.parametrize("t", [tp.Type.Q4_0, tp.Type.Q4_K, tp.Type.Q6_K], ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tok", [1, 3])
+@pytest.mark.parametrize("n_tok", [1, 3, 40, 128])
 def test_repacked_products_on_the_helpers_are_the_regions_bits(
     t: tp.Type, n_tok: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A layer's Q, K and V (one joint job) and a lone product, as a generation step has
-    them: the helpers' bits are those of numba's region and of one thread."""
+    them: the helpers' bits are those of numba's region and of one thread. 40 rows (a
+    step of sixteen busy slots and a prompt's chunk) still run on the helpers; 128 (a
+    long prompt's step) as regions, the activations quantized apart first."""
     from tensorplug_cpu.device import create_reg
     from tensorplug_cpu.kernels._numba_repack import packed_job
+    from tensorplug_cpu.kernels.dispatch import MATVEC_MOST_TOKENS
+    from tensorplug_cpu.kernels.job_blocks import QUANTIZE_APART_ROWS
 
     for ggml_order in (False, True):  # a step runs a job the cache has (see below)
         packed_job(frozenset({t}), ggml_order).compile()
@@ -219,22 +223,28 @@ def test_repacked_products_on_the_helpers_are_the_regions_bits(
         jobs = _jobs_run()
         backend.graph_compute(tp.Graph(outs))
         ran = _jobs_run() - jobs
-        assert ran == (2 if threads == 2 and spin else 0)  # the joint job and the lone one
+        on_helpers = threads == 2 and spin and n_tok < QUANTIZE_APART_ROWS
+        # the joint job and the lone one; past MATVEC_MOST_TOKENS rows Q, K and V apart
+        jobs_of_step = 2 if n_tok <= MATVEC_MOST_TOKENS else 4
+        assert ran == (jobs_of_step if on_helpers else 0)
         results.append([tp.get_array(o) for o in outs])
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize(("H", "Hkv", "n_q"), [(12, 4, 2), (9, 3, 1), (4, 1, 1), (9, 3, 20)])
+@pytest.mark.parametrize(
+    ("H", "Hkv", "n_q"), [(12, 4, 2), (9, 3, 1), (4, 1, 1), (9, 3, 20), (9, 3, 128)]
+)
 def test_attention_on_the_helpers_is_the_regions_bits(
     monkeypatch: pytest.MonkeyPatch, H: int, Hkv: int, n_q: int
 ) -> None:
     """A generation step's flash attention over an F16 cache and mask, with a padded
     cache: the helpers' tasks are the region's, to the bit, and one thread's. Fewer KV
     heads than threads (1, as Gemma 3's) are split by query heads for one run of rows;
-    3 (SmolLM2's) and two runs of rows (20 rows: a prompt's step, whose attention runs
-    as a numba region, as its products do) by whole KV heads."""
+    3 (SmolLM2's) and two runs of rows (20 rows: sixteen slots' step with a short
+    prompt's chunk) by whole KV heads; 128 rows (a long prompt's step) run as a numba
+    region, as their products do."""
     from tensorplug_cpu.kernels._numba_attention import attend_job
     from tensorplug_cpu.kernels.job_blocks import QUANTIZE_APART_ROWS, job_parts
 

@@ -1620,8 +1620,8 @@ def _quantize(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
 
 @kernel(parallel=True)
 def quantize_rows(x: Any, xq: Any, xd: Any, xs: Any, table: Any, kind: int) -> None:
-    """:func:`_quantize` of the rows of ``x``, row by row on numba's threads: a prompt's
-    activations for the repacked products (:data:`QUANTIZE_APART_ROWS`). One kernel for
+    """:func:`_quantize` of the rows of ``x``, row by row on numba's threads: a long
+    prompt's activations for the repacked products (:data:`QUANTIZE_APART_ROWS`). One kernel for
     every driver, called before one, not a parallel loop inside each: every sibling
     driver would compile its own, seconds of a first run's CPU each (a large share of
     SmolLM2's first run)."""
@@ -1732,9 +1732,9 @@ def _packed_job(kinds: frozenset[Type], ggml_order: bool) -> Any:
     hi)`` over a :func:`packed_job_block`, whose chunk ``c`` computes the ``c``-th run of
     the matrices' groups as the driver computes each group (so the same bits: a group
     is computed alone, whoever computes it, in whatever run), and whose prologue (``lo``
-    = -1) quantizes ``x`` (the few rows of a generation step: a prompt's products stay
-    numba regions). Not compiled yet (:func:`.job_function`); a closure over the
-    constant mask, as the drivers are."""
+    = -1) quantizes ``x`` (a step of fewer than :data:`.job_blocks.QUANTIZE_APART_ROWS`
+    rows: a longer prompt's products stay numba regions). Not compiled yet
+    (:func:`.job_function`); a closure over the constant mask, as the drivers are."""
     mask = kinds_mask(kinds) | (GGML_ORDER_BIT if ggml_order else 0)
     suffix = "_".join(sorted(t.name.lower() for t in kinds)) + ("_ggml" if ggml_order else "")
 

@@ -69,11 +69,12 @@ class AttentionKernels(Binding):
         """:meth:`online_attend` over an F16 cache and mask (raw ``uint16`` ``k``, ``v``,
         ``visible`` and ``mask``, as :meth:`bind_attend` takes them) as a step of the
         compiled program: the job :func:`._numba_flash.flash_job`, on the spinning
-        helpers for a generation step's few rows, else alone on one thread or as a numba
-        region. A call of the parallel kernel from Python between two parts of the
-        program left the helpers spinning beside numba's own workers, two threads
-        fighting for each core while attention ran. The same rows with the same
-        arithmetic, so the same bits as :meth:`online_attend`."""
+        helpers for a step of fewer than ``QUANTIZE_APART_ROWS`` rows (:meth:`pool_for`),
+        else alone on one thread or as a numba region. A call of the parallel kernel
+        from Python between two parts of the program left the helpers spinning beside
+        numba's own workers, two threads fighting for each core while attention ran.
+        The same rows with the same arithmetic, so the same bits as
+        :meth:`online_attend`."""
         job = self._online_job
         if not job.load_kept() and self.ahead is not None and not job.ready():
             self.ahead.want_job(job, rank=-1)  # before any kernel: a layer's first need

@@ -243,12 +243,10 @@ class KernelCalls(Binding):
         where steps may run on more than one thread (numba's most, not the count now: a
         plan is bound at the count of its first compute and kept for others, as the
         thread governor's trials run it) and ``TENSORPLUG_CPU_SPIN`` lets them, else
-        None. Only a generation step's few rows: a prompt's steps (from
-        ``QUANTIZE_APART_ROWS``) are numba regions, products and attention alike, since
-        a helper woken between TBB's regions, whose worker spins on the other core
-        after each, comes too late to take a share (a prompt's attention of Gemma 3 on
-        two threads runs no faster on the helpers than on one thread, and faster as a
-        region)."""
+        None. Only a step of fewer than ``QUANTIZE_APART_ROWS`` rows (a generation
+        step's, with up to that many sequences, and a short prompt's): a long prompt's
+        steps are numba regions, products and attention alike, whose activations are
+        quantized on every thread rather than by a job's prologue on one."""
         if rows >= QUANTIZE_APART_ROWS or self.max_threads < 2 or not SPIN.get():
             return None
         return spin_pool(pool_kernels())

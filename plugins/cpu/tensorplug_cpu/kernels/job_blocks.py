@@ -131,10 +131,18 @@ def job_block(arrays: Any, ints: Any = (), scalars: Any = (), per: int = 0) -> n
 OWN_SUMS = frozenset({Type.Q2_K, Type.Q5_K, Type.Q6_K})
 #: ... of those, the types whose sums cover 16 values (``xs`` a column per 16), not 32
 SUMS_OF_16 = frozenset({Type.Q2_K, Type.Q6_K})
-#: activation rows from which a repacked product's are quantized on numba's threads
-#: (:func:`._numba_repack.quantize_rows`) rather than by the product's driver on one:
-#: with one thread quantizing, a 128-token prompt on two threads is slower
-QUANTIZE_APART_ROWS = 16
+#: the rows from which a step's products and attention run as numba regions, a repacked
+#: product's activations quantized first on numba's threads
+#: (:func:`._numba_repack.quantize_rows`); fewer run on the spinning helpers
+#: (:mod:`.pool`), their activations quantized by the job's prologue on one thread, and
+#: the step can be one program (:mod:`.program`). Sixteen was the bound once, and a
+#: server's sixteen busy slots made a step of exactly that many rows: a call from Python
+#: per product, each waking TBB's workers, markedly slower than fifteen rows' program.
+#: On two threads the helpers are as fast as the regions or faster for every step
+#: measured below this bound (generation steps of 16-48 rows, prompts of 16-100 tokens,
+#: batch-invariant and in ggml's orders; four models: ``docs/performance.md``); a long
+#: prompt keeps the regions, whose quantizing is shared out.
+QUANTIZE_APART_ROWS = 128
 
 
 def activation_form(t: Type) -> Type | str:
