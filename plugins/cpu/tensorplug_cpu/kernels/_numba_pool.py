@@ -61,8 +61,8 @@ from .job_blocks import (
     WANTED,
 )
 
-__all__ = ["BUSY_NS", "address", "helper_loop", "run_alone", "run_program", "run_region",
-           "run_shared", "view4"]  # fmt: skip
+__all__ = ["BUSY_NS", "BUSY_YIELDS", "NAP_NS", "address", "helper_loop", "nap", "run_alone",
+           "run_program", "run_region", "run_shared", "view4"]  # fmt: skip
 
 # the mailbox's fields, and the helpers' spin (:mod:`.job_blocks`)
 _CHUNK_BITS = 32
@@ -72,8 +72,22 @@ _SEQ_MASK = (1 << 31) - 1  # the sequence wraps in 31 bits: the ticket stays pos
 #: A ``sched_yield`` that returns this much later ran another thread on this core: the
 #: machine is busy, and a helper that spins there takes the calling thread's share of
 #: it (SmolLM2 beside two busy processes generates markedly slower spinning on than
-#: with numba's sleeping workers). The helper sleeps instead, and the next job wakes it.
+#: with numba's sleeping workers). The helper naps instead (:data:`NAP_NS`) between
+#: looks at the mailbox.
 BUSY_NS = 100_000
+#: How long a helper that found its core busy sleeps before it looks for chunks again.
+#: It does not leave the step: a server's own threads (the event loop, a request's
+#: relay) take a core for well under a millisecond at a time, and a helper that left
+#: at the first of them slept through the rest of the step's program (only Python
+#: wakes a sleeping helper, at a program's start), which the caller then computed
+#: alone. Napping, it takes its share again as soon as the core is free.
+#: It leaves once :data:`BUSY_YIELDS` yields in a row found the core busy (busy
+#: processes beside this one: there the caller is faster alone), and
+#: :data:`~.job_blocks.SPIN_NS` after its last chunk.
+NAP_NS = 50_000
+#: Busy yields in a row after which a helper leaves: the core is taken for longer than
+#: a burst of this process's own threads.
+BUSY_YIELDS = 4
 _PAUSES = 16
 
 #: ``pause`` exists on x86 only (an LLVM intrinsic of that target)
@@ -172,6 +186,30 @@ def yield_cpu(typingctx: Any) -> Any:
 
 
 @_intrinsic
+def nap(typingctx: Any, ns: Any) -> Any:
+    """``nanosleep`` for ``ns`` nanoseconds (less than a second): the thread leaves its
+    core to whoever wants it for that long, where ``sched_yield`` gives it back at once
+    to a spinner that asks again; nothing where there is no ``nanosleep`` (Windows)."""
+
+    def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        if _CLOCK is not None:
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            with builder.goto_entry_block():  # once a call, not once an iteration
+                spec = builder.alloca(ir.ArrayType(i64, 2))  # struct timespec
+            fields = [builder.gep(spec, [ir.Constant(i32, 0), ir.Constant(i32, i)])
+                      for i in (0, 1)]  # fmt: skip
+            builder.store(ir.Constant(i64, 0), fields[0])
+            builder.store(context.cast(builder, args[0], sig.args[0], types.int64), fields[1])
+            fnty = ir.FunctionType(i32, [i64.as_pointer(), i64.as_pointer()])
+            fn = declare(builder.module, fnty, "nanosleep")
+            start = builder.bitcast(spec, i64.as_pointer())
+            builder.call(fn, [start, ir.Constant(i64.as_pointer(), None)])
+        return context.get_dummy_value()
+
+    return types.void(ns), codegen
+
+
+@_intrinsic
 def now_ns(typingctx: Any) -> Any:
     """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (a vDSO call, tens of ns); 0
     where there is no such clock (Windows: the spin is bounded by rounds there)."""
@@ -245,13 +283,15 @@ def _claim_and_run(mailbox: Any, word: int) -> bool:
 @kernel(nogil=True)
 def helper_loop(mailbox: Any, rank: int, spin_ns: int, rounds: int) -> None:
     """A helper's turn: claim and run chunks of whatever job is published, spinning
-    between jobs; return when ``spin_ns`` have passed since its last chunk (or ``rounds``
-    idle rounds), when a yield shows the core busy (:data:`BUSY_NS`), when ``STOP`` is
-    set, or when this helper (``rank`` from 0) is beyond ``WANTED``. ``AWAKE`` counts it
-    meanwhile."""
+    between jobs, napping instead while a yield shows the core busy (:data:`BUSY_NS`,
+    :data:`NAP_NS`); return when ``spin_ns`` have passed since its last chunk (or
+    ``rounds`` idle rounds), after :data:`BUSY_YIELDS` busy yields in a row, when
+    ``STOP`` is set, or when this helper (``rank`` from 0) is beyond ``WANTED``.
+    ``AWAKE`` counts it meanwhile."""
     atomic_add(mailbox, AWAKE, 1)
     last = now_ns()
     idle = 0
+    busy = 0  # busy yields in a row
     while idle < rounds:
         if atomic_load(mailbox, STOP) != 0 or rank >= atomic_load(mailbox, WANTED):
             break
@@ -268,8 +308,15 @@ def helper_loop(mailbox: Any, rank: int, spin_ns: int, rounds: int) -> None:
             before = now_ns()
             yield_cpu()
             after = now_ns()
-            if after - before > BUSY_NS or after - last > spin_ns:
+            if after - last > spin_ns:
                 break
+            if after - before <= BUSY_NS:
+                busy = 0
+                continue
+            busy += 1
+            if busy >= BUSY_YIELDS:
+                break
+            nap(NAP_NS)
     atomic_add(mailbox, AWAKE, -1)
 
 

@@ -5,9 +5,9 @@ rather than as numba parallel regions: the helpers (the thread count less one) s
 a shared mailbox for ~2 ms after each job, so the next product reaches them in under a
 microsecond where a TBB region takes microseconds to wake its sleeping worker, dozens of
 times a token (:mod:`._numba_pool` has the protocol and the reasons). After that they sleep on
-an event until the next job wakes them, so an idle process burns no core; and sooner
-where a yield shows that another thread wanted their core (a busy machine: spinning
-there takes the calling thread's share of it).
+an event until the next job wakes them, so an idle process burns no core. Where a yield
+shows that another thread wanted their core (a busy machine: spinning there takes the
+calling thread's share of it), they nap between looks at the mailbox rather than spin.
 
 The protocol is claim-based: the caller computes every chunk nobody else has claimed,
 and waits only for chunks a helper has started. A helper descheduled by a busy machine,
