@@ -102,7 +102,7 @@ class KernelRef:
         #: the origin, under the name the compile-ahead process reads it by
         self.tensorplug_origin = tuple(origin)
         self._loaded: dict[tuple[Any, ...], Any] = {}
-        self._dispatcher: Any = None
+        self._made: Any = None  # the numba dispatcher, once made
         self._where: _Kept | None = None
         self._lock = threading.Lock()
 
@@ -110,7 +110,7 @@ class KernelRef:
         return f"KernelRef{self.tensorplug_origin!r}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        dispatcher = self._dispatcher
+        dispatcher = self._made
         if dispatcher is not None and not self._loaded:
             return dispatcher(*args, **kwargs)
         if not kwargs:
@@ -126,9 +126,9 @@ class KernelRef:
         if key is None:
             return None
         function = self._loaded.get(key)
-        if function is None and self._dispatcher is None:
+        if function is None and self._made is None:
             function = self._load(key)
-        if function is not None and self._dispatcher is not None:
+        if function is not None and self._made is not None:
             self._give(args, key)
         return function
 
@@ -151,17 +151,17 @@ class KernelRef:
         then calls it, and calls here go straight to numba)."""
         from .compiled import load_kept
 
-        load_kept(self._dispatcher, args)  # the same entry: loaded once, by the folder
+        load_kept(self._made, args)  # the same entry: loaded once, by the folder
         with self._lock:
             self._loaded.pop(key, None)
 
     def load_kept(self, args: tuple[Any, ...]) -> bool:
         """Make a call with ``args``'s types run kept code, loaded now (or already);
         False where none is kept for them."""
-        if self._dispatcher is not None:
+        if self._made is not None:
             from .compiled import load_kept
 
-            return load_kept(self._dispatcher, args)
+            return load_kept(self._made, args)
         key = arg_key(args)
         return key is not None and self._load(key) is not None
 
@@ -183,31 +183,31 @@ class KernelRef:
     @property
     def resolved(self) -> bool:
         """Whether numba's dispatcher is here (numba imported for this kernel)."""
-        return self._dispatcher is not None
+        return self._made is not None
 
     def dispatcher(self) -> Any:
         """numba's dispatcher of this kernel, numba and its module imported now if need
         be; the code loaded here so far goes to its table as it is called."""
-        if self._dispatcher is None:
+        if self._made is None:
             dispatcher = resolve(self.tensorplug_origin)
             with self._lock:
-                if self._dispatcher is None:
-                    self._dispatcher = dispatcher
-        return self._dispatcher
+                if self._made is None:
+                    self._made = dispatcher
+        return self._made
 
     def for_types(self, *args: Any) -> Callable[..., Any]:
         """What to call with arguments of the types of ``args``, and only those: the
                 kept code for them, looked up (or loaded) now, else this kernel. A caller whose
                 arguments' types never change saves the key a call through here computes (a step
         bound to fixed arguments: :class:`.jit.KernelCall`)."""
-        if self._dispatcher is None:
+        if self._made is None:
             function = self._function(args)
             if function is not None:
                 return function  # type: ignore[no-any-return]
         return self
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("tensorplug_origin", "_dispatcher", "_loaded",
+        if name.startswith("__") or name in ("tensorplug_origin", "_made", "_loaded",
                                              "_where", "_lock"):  # fmt: skip
             raise AttributeError(name)
         return getattr(self.dispatcher(), name)
