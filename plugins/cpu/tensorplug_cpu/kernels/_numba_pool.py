@@ -92,7 +92,8 @@ _PAUSES = 16
 
 #: ``pause`` exists on x86 only (an LLVM intrinsic of that target)
 _X86 = llvm.get_process_triple().startswith(("x86_64", "i386", "i686"))
-_YIELD = sys.platform != "win32"  # POSIX sched_yield; Windows spins on pause alone
+#: POSIX ``sched_yield`` and ``nanosleep``; Windows spins on pause alone
+_POSIX = sys.platform != "win32"
 #: POSIX clock_gettime's monotonic clock, whose number differs by OS (Linux 1, macOS 6)
 _CLOCK = getattr(time, "CLOCK_MONOTONIC", None) if sys.platform != "win32" else None
 
@@ -177,12 +178,22 @@ def yield_cpu(typingctx: Any) -> Any:
     TBB worker of the prompt's regions, another process) rather than take its slice."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        if _YIELD:
+        if _POSIX:
             fn = declare(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
             builder.call(fn, [])
         return context.get_dummy_value()
 
     return types.void(), codegen
+
+
+def _timespec(builder: ir.IRBuilder) -> tuple[Any, tuple[Any, Any]]:
+    """A ``struct timespec`` on the stack (made once a call, not once an iteration): its
+    address as ``i64*``, and its seconds' and nanoseconds' fields."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    with builder.goto_entry_block():
+        spec = builder.alloca(ir.ArrayType(i64, 2))
+    sec, nsec = (builder.gep(spec, [ir.Constant(i32, 0), ir.Constant(i32, i)]) for i in (0, 1))
+    return builder.bitcast(spec, i64.as_pointer()), (sec, nsec)
 
 
 @_intrinsic
@@ -192,18 +203,14 @@ def nap(typingctx: Any, ns: Any) -> Any:
     to a spinner that asks again; nothing where there is no ``nanosleep`` (Windows)."""
 
     def codegen(context: Any, builder: ir.IRBuilder, sig: Any, args: Any) -> Any:
-        if _CLOCK is not None:
-            i32, i64 = ir.IntType(32), ir.IntType(64)
-            with builder.goto_entry_block():  # once a call, not once an iteration
-                spec = builder.alloca(ir.ArrayType(i64, 2))  # struct timespec
-            fields = [builder.gep(spec, [ir.Constant(i32, 0), ir.Constant(i32, i)])
-                      for i in (0, 1)]  # fmt: skip
-            builder.store(ir.Constant(i64, 0), fields[0])
-            builder.store(context.cast(builder, args[0], sig.args[0], types.int64), fields[1])
-            fnty = ir.FunctionType(i32, [i64.as_pointer(), i64.as_pointer()])
+        if _POSIX:
+            i64 = ir.IntType(64)
+            spec, (sec, nsec) = _timespec(builder)
+            builder.store(ir.Constant(i64, 0), sec)
+            builder.store(context.cast(builder, args[0], sig.args[0], types.int64), nsec)
+            fnty = ir.FunctionType(ir.IntType(32), [spec.type, spec.type])
             fn = declare(builder.module, fnty, "nanosleep")
-            start = builder.bitcast(spec, i64.as_pointer())
-            builder.call(fn, [start, ir.Constant(i64.as_pointer(), None)])
+            builder.call(fn, [spec, ir.Constant(spec.type, None)])
         return context.get_dummy_value()
 
     return types.void(ns), codegen
@@ -218,13 +225,10 @@ def now_ns(typingctx: Any) -> Any:
         i32, i64 = ir.IntType(32), ir.IntType(64)
         if _CLOCK is None:
             return ir.Constant(i64, 0)
-        with builder.goto_entry_block():  # once a call, not once an iteration
-            spec = builder.alloca(ir.ArrayType(i64, 2))  # struct timespec
-        fnty = ir.FunctionType(i32, [i32, i64.as_pointer()])
-        fn = declare(builder.module, fnty, "clock_gettime")
-        builder.call(fn, [ir.Constant(i32, _CLOCK), builder.bitcast(spec, i64.as_pointer())])
-        sec, nsec = (builder.load(builder.gep(spec, [ir.Constant(i32, 0), ir.Constant(i32, i)]))
-                     for i in (0, 1))  # fmt: skip
+        spec, fields = _timespec(builder)
+        fn = declare(builder.module, ir.FunctionType(i32, [i32, spec.type]), "clock_gettime")
+        builder.call(fn, [ir.Constant(i32, _CLOCK), spec])
+        sec, nsec = (builder.load(field) for field in fields)
         return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
 
     return types.int64(), codegen
