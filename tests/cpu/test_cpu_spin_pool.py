@@ -195,11 +195,11 @@ def test_repacked_products_on_the_helpers_are_the_regions_bits(
 ) -> None:
     """A layer's Q, K and V (one joint job) and a lone product, as a generation step has
     them: the helpers' bits are those of numba's region and of one thread. 40 rows (a
-    step of sixteen busy slots and a prompt's chunk) still run on the helpers; 128 (a
-    long prompt's step) as regions, the activations quantized apart first."""
+    step of sixteen busy slots and a prompt's chunk) still run on the helpers, Q, K and V
+    still one job; 128 (a long prompt's step) as regions, the activations quantized
+    apart first."""
     from tensorplug_cpu.device import create_reg
     from tensorplug_cpu.kernels._numba_repack import packed_job
-    from tensorplug_cpu.kernels.dispatch import MATVEC_MOST_TOKENS
     from tensorplug_cpu.kernels.job_blocks import QUANTIZE_APART_ROWS
 
     for ggml_order in (False, True):  # a step runs a job the cache has (see below)
@@ -224,9 +224,8 @@ def test_repacked_products_on_the_helpers_are_the_regions_bits(
         backend.graph_compute(tp.Graph(outs))
         ran = _jobs_run() - jobs
         on_helpers = threads == 2 and spin and n_tok < QUANTIZE_APART_ROWS
-        # the joint job and the lone one; past MATVEC_MOST_TOKENS rows Q, K and V apart
-        jobs_of_step = 2 if n_tok <= MATVEC_MOST_TOKENS else 4
-        assert ran == (jobs_of_step if on_helpers else 0)
+        # the joint job and the lone one, for every step the helpers run
+        assert ran == (2 if on_helpers else 0)
         results.append([tp.get_array(o) for o in outs])
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):

@@ -101,8 +101,8 @@ MATVEC_MAX_TOKENS = 8
 MATVEC_MAX_TOKENS_BY_TYPE: Mapping[Type, int] = {
     Type.Q4_0: 16, Type.Q4_K: 16, Type.Q4_1: 12, Type.Q8_0: 12, Type.Q6_K: 12,
 }  # fmt: skip
-#: the most rows any type's fused kernel takes (and the most a joint product of one
-#: activation by several matrices, :mod:`.siblings`, takes)
+#: the most rows any type's fused kernel takes (and so the most a joint product of one
+#: activation by several plain matrices takes, :mod:`.siblings`)
 MATVEC_MOST_TOKENS = max(MATVEC_MAX_TOKENS, *MATVEC_MAX_TOKENS_BY_TYPE.values())
 
 

@@ -13,8 +13,15 @@ correct when no node in between writes the shared activation or a joined product
 weights. A joined product's result is written early too when no node in between
 reads or writes its memory; where the allocator gave that memory to something else
 in between (V's result often reuses Q's), the product is computed into scratch and
-copied into place at its own turn (a few hundred floats). Memory is compared as byte
-ranges of each tensor's owner, conservative for views.
+copied into place at its own turn (a row of floats per activation row). Memory is
+compared as byte ranges of each tensor's owner, conservative for views.
+
+Plain weights join only while their integer matrix × vector kernels take the rows (the
+dispatch table's few). Repacked weights join for every step that runs on the spinning
+helpers (fewer than :data:`.job_blocks.QUANTIZE_APART_ROWS` rows): their joint kernel
+takes any row count, and a server's busy slots make generation steps of dozens of rows,
+where Q, K and V as one job share one quantization of the activation and one hand-out
+of work instead of three.
 """
 
 from __future__ import annotations
@@ -28,12 +35,18 @@ from tensorplug.types import Type
 from ..repack import layout_of
 from ..repack_buffer import RepackBuffer
 from .activations import vec_dot_type
-from .dispatch import INT8, MATVEC_MOST_TOKENS, PLAIN, select
+from .dispatch import INT8, PLAIN, select
+from .job_blocks import QUANTIZE_APART_ROWS
 
 if TYPE_CHECKING:
     from tensorplug.tensor import Tensor
 
-__all__ = ["sibling_groups"]
+__all__ = ["JOINT_MOST_ROWS", "sibling_groups"]
+
+#: the most activation rows of a joint product (the module's last paragraph): a longer
+#: prompt's products each run as a parallel region of their own, activations quantized
+#: apart, where joining saves nothing measurable
+JOINT_MOST_ROWS = QUANTIZE_APART_ROWS - 1
 
 _Span = tuple[int, int, int]  # (id of the buffer, first byte, end)
 
@@ -52,7 +65,7 @@ def _candidate(node: Tensor) -> bool:
     kernels take: repacked weights, or ones the dispatch table gives the integer kernels.
     The op and the row count come first: they turn away a prompt graph's nodes cheaply,
     before anything costlier is looked at."""
-    if node.op is not Op.MUL_MAT or node.src[1].shape[0] > MATVEC_MOST_TOKENS:
+    if node.op is not Op.MUL_MAT or node.src[1].shape[0] > JOINT_MOST_ROWS:
         return False
     if node.nelements == 0 or node.type != Type.F32:
         return False
