@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 
 __all__ = ["JOINT_MOST_ROWS", "sibling_groups"]
 
-#: the most activation rows of a joint product (the module's last paragraph): a longer
-#: prompt's products each run as a parallel region of their own, activations quantized
-#: apart, where joining saves nothing measurable
+#: the most activation rows of a joint product (the module's last paragraph). A longer
+#: prompt's products run as numba regions, each quantizing its activations first; they
+#: stay apart, as they were measured
 JOINT_MOST_ROWS = QUANTIZE_APART_ROWS - 1
 
 _Span = tuple[int, int, int]  # (id of the buffer, first byte, end)
