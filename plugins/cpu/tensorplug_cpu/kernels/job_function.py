@@ -79,7 +79,7 @@ class JobFunction:
         """numba's load (from its disk cache) or compile of the job; its address set."""
         with self._lock:
             if numba_internals.enabled():
-                done = numba_internals.attempt("compiling a job", self._compile_internal)
+                done = numba_internals.attempt("compiling a job", self._compile_fast)
                 if done:
                     return
             self.numba_function = guarded(self._public_function)
@@ -90,7 +90,7 @@ class JobFunction:
             decorate = numba.cfunc(SIGNATURE, cache=folder is not None, **self.options)
             return decorate(self.py_func)  # compiles now
 
-    def _compile_internal(self) -> bool:
+    def _compile_fast(self) -> bool:
         function = self.internal_function()
         function.compile()
         self._address = int(function.address)

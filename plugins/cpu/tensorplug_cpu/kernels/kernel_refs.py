@@ -197,8 +197,8 @@ class KernelRef:
 
     def for_types(self, *args: Any) -> Callable[..., Any]:
         """What to call with arguments of the types of ``args``, and only those: the
-                kept code for them, looked up (or loaded) now, else this kernel. A caller whose
-                arguments' types never change saves the key a call through here computes (a step
+        kept code for them, looked up (or loaded) now, else this kernel. A caller whose
+        arguments' types never change saves the key a call through here computes (a step
         bound to fixed arguments: :class:`.jit.KernelCall`)."""
         if self._made is None:
             function = self._function(args)

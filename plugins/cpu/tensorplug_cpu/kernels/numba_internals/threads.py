@@ -3,7 +3,7 @@ kept machine code (:mod:`.kept_code`), and handed to numba when it is imported l
 
 A kept kernel with a parallel loop calls the layer's C functions (``numba_parallel_for``,
 the scheduler's, the thread count's) by name, in a process that need not import numba.
-:func:`start` starts the layer as numba's ``_launch_threads`` does, from the same
+:func:`start` starts the layer as numba's own launch does, from the same
 extension module (loaded by its file, under numba's name for it), choosing it by numba's
 rules (``NUMBA_THREADING_LAYER``, ``NUMBA_THREADING_LAYER_PRIORITY``). :func:`tell_numba`
 hands that layer to numba when it is imported later, so that numba neither starts a
@@ -102,7 +102,7 @@ def start(
 
 def tell_numba() -> None:
     """Hand the layer :func:`start` started to numba, imported since: numba's
-    ``_launch_threads`` then finds it started (as it would have started it), and its
+    launch then finds it started (as it would have started it), and its
     ``get_num_threads``/``set_num_threads`` and compiled parallel code use it. Nothing
     where this process started no layer here."""
     if _started:
