@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tensorplug.errors import RunError
 from tensorplug_llm.sampling import (
     LlamaDraws,
     Sampler,
@@ -142,6 +143,25 @@ def test_greedy_is_argmax_bit_for_bit(params: SamplingParams) -> None:
         logits[seed * 7 % 4096] = logits.max()  # a tie: the first maximum wins
         got = TokenSampler(params, 4096).sample(logits).token
         assert got == int(np.argmax(logits)) == old(logits)
+
+
+def test_greedy_without_adjustments_is_the_chains_choice() -> None:
+    """With no bias, penalty or mask, greedy takes the float32 logits' first maximum
+    without the chain's float64 copy: the same id as the chain, ties, NaN and a hidden
+    vocabulary included, and every logit at ``-inf`` refused the same way."""
+    hidden = np.full(64, -np.inf, np.float32)
+    cases = [_random_logits(seed, 4096) for seed in range(20)]
+    for seed, z in enumerate(cases[:10]):
+        z[seed * 11 % 4096] = z.max()  # a tie: the first maximum wins
+    cases[10][77] = np.nan  # argmax's NaN: the first one, in float32 as in float64
+    cases[11][:] = -np.inf
+    cases[11][4095] = -1e30
+    for z in cases:
+        s = TokenSampler(SamplingParams(temperature=0.0), z.size)
+        ids, _ = s.candidates(z)  # the chain's way, through adjusted_logits
+        assert s.sample(z).token == int(ids[0])
+    with pytest.raises(RunError, match="no token can be sampled"):
+        TokenSampler(SamplingParams(temperature=0.0)).sample(hidden)
 
 
 def test_greedy_sees_bias_penalties_and_mask() -> None:
@@ -381,6 +401,14 @@ def test_logprobs_are_the_models_full_softmax() -> None:
         assert [i for i, _ in got.top_logprobs] == best
         np.testing.assert_allclose([lp for _, lp in got.top_logprobs], logp[best], atol=1e-6)
     assert TokenSampler(SamplingParams(n_probs=0)).sample(z).top_logprobs is None
+    for params in (SamplingParams(temperature=0.0), SamplingParams(seed=1)):
+        kept = TokenSampler(params).sample(z)
+        spared = TokenSampler(dataclasses.replace(params, token_logprob=False)).sample(z)
+        assert kept.logprob == pytest.approx(logp[kept.token], abs=1e-6)
+        assert spared == type(spared)(kept.token, None)  # the same token, no softmax
+    asked = SamplingParams(temperature=0.0, n_probs=2, token_logprob=False)
+    top = TokenSampler(asked).sample(z)  # n_probs computes them anyway
+    assert top.logprob == pytest.approx(logp[top.token], abs=1e-6) and top.top_logprobs
     every = TokenSampler(SamplingParams(n_probs=10**6)).sample(z).top_logprobs
     assert every is not None and len(every) == z.size
 

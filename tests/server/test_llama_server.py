@@ -183,6 +183,27 @@ def test_logprobs_are_the_models_log_softmax(served: Served, client: openai.Open
         assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy: the top
 
 
+def test_logprobs_without_top_ones_still_carry_each_tokens_own(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """A request that reports no logprobs is spared their softmax; one that asks for them
+    with no top ones (completions' ``logprobs: 0``, chat's ``top_logprobs`` left out)
+    still gets each token's own, and the text is the same either way."""
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
+                                    logprobs=0)  # fmt: skip
+    assert got.choices[0].text == plain.choices[0].text and plain.choices[0].logprobs is None
+    lp = got.choices[0].logprobs
+    assert lp is not None and lp.token_logprobs is not None and len(lp.token_logprobs) == 3
+    first = served.greedy[0]
+    np.testing.assert_allclose(lp.token_logprobs[0], served.first_logp[first], atol=1e-5)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                          max_tokens=3, temperature=0, logprobs=True)  # fmt: skip
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 3
+    assert all(e.logprob is not None and e.logprob <= 0.0 for e in content)
+
+
 def test_eight_concurrent_greedy_requests_equal_the_same_run_alone(
     served: Served, client: openai.OpenAI
 ) -> None:

@@ -229,7 +229,7 @@ class LLM:
             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             logit_bias=logit_bias,
         )  # fmt: skip
-        job.ignore_eos = ignore_eos
+        job.ignore_eos, job.logprobs = ignore_eos, logprobs is not None
         stops = _stops(stop)  # checked before anything runs
         handles = self._submit(job, n, lambda: self._constraint(response_format or {}))
         pieces = [self._pieces(h, stops) for h in handles]
@@ -305,7 +305,8 @@ class LLM:
     ) -> Stream:
         """One generation as llama-server's ``/completion`` reports it: a :class:`Stream`
         of dicts, one per piece of text, with ``text``, ``tokens`` (its ids), ``probs``
-        (``(id, logprob, [(id, logprob), ...])`` per token, ``n_probs`` most likely),
+        (``(id, logprob, [(id, logprob), ...])`` per token, ``n_probs`` most likely; the
+        logprob None where ``n_probs`` is 0),
         ``finish`` (None, then ``"eos"``, ``"limit"`` or ``"word"``) and
         ``stopping_word``; the last one also ``prompt_tokens_reused`` (cells taken
         from the cache). ``return_progress``: before the text, a dict with ``progress``
@@ -319,6 +320,7 @@ class LLM:
         self._check_generates("prompt")
         job = self._job(ids, max_tokens, n_probs, response_format, **sampling)
         job.ignore_eos, job.report_progress, job.slot = ignore_eos, return_progress, slot
+        job.logprobs = n_probs > 0
         job.n_keep, job.cache_reuse = n_keep, cache_reuse
         stops = _stops(stop)
         [handle] = self._submit(job, 1, lambda: None)
@@ -419,6 +421,7 @@ class LLM:
             logit_bias=logit_bias, constraint=self._tool_constraint(spec, response_format),
         )  # fmt: skip
         job.ignore_eos, job.report_progress = ignore_eos, return_progress and stream
+        job.logprobs = bool(logprobs)
         stops = _stops(stop)  # checked before anything runs
 
         def fresh_constraint() -> Any:

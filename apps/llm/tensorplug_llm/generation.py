@@ -78,6 +78,10 @@ class GenerationJob:
     sampling: Mapping[str, Any] = field(default_factory=dict)
     n_probs: int = 0
     constraint: Constraint | None = None
+    #: whether each event carries its token's logprob where ``n_probs`` is 0 (OpenAI's
+    #: ``logprobs`` asked for with no top ones): a softmax over the vocabulary a token,
+    #: which a request that reports no logprobs is spared
+    logprobs: bool = True
     #: keep generating past end-of-generation tokens (llama-server's ``ignore_eos``)
     ignore_eos: bool = False
     #: report the prompt's evaluation among the handle's events (llama-server's
@@ -160,7 +164,8 @@ class EngineGenerator:
         """The job's sampler; a bad option raises a ``SamplingParamError`` naming it."""
         from .sampling import SamplingParams, TokenSampler
 
-        params = SamplingParams(**dict(job.sampling), n_probs=job.n_probs)
+        params = SamplingParams(**dict(job.sampling), n_probs=job.n_probs,
+                                token_logprob=job.logprobs)  # fmt: skip
         return TokenSampler(params, self.engine.llama.config.n_vocab)
 
     def check(self, job: GenerationJob) -> None:

@@ -100,7 +100,10 @@ class SamplingParams:
     draws a random one. ``n_probs``: how many of the most likely tokens each
     :class:`SampledToken` lists with their logprobs (0: none). ``post_sampling_probs``:
     those logprobs are of the draw's own distribution, the chain's survivors (llama-server's
-    ``post_sampling_probs``), not the model's full softmax.
+    ``post_sampling_probs``), not the model's full softmax. ``token_logprob``: whether each
+    :class:`SampledToken` carries the drawn token's own logprob where ``n_probs`` is 0
+    (the model's full softmax: a pass over the whole vocabulary each token, which a
+    caller that reports no logprobs turns off; the token's is then None).
     """
 
     temperature: float = 0.8
@@ -116,6 +119,7 @@ class SamplingParams:
     seed: int | None = None
     n_probs: int = 0
     post_sampling_probs: bool = False
+    token_logprob: bool = True
 
     def __post_init__(self) -> None:
         _finite("temperature", self.temperature)
@@ -161,11 +165,12 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SampledToken:
-    """A drawn token, its logprob under the model's distribution and, when ``n_probs``
-    asked for them, the ``n_probs`` most likely tokens with theirs, best first."""
+    """A drawn token, its logprob under the model's distribution (None where
+    ``token_logprob`` was off and ``n_probs`` 0) and, when ``n_probs`` asked for them,
+    the ``n_probs`` most likely tokens with theirs, best first."""
 
     token: int
-    logprob: float
+    logprob: float | None
     top_logprobs: list[tuple[int, float]] | None = None
 
 
@@ -299,6 +304,14 @@ class TokenSampler:
 
     def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> SampledToken:
         """Draw the next token (not yet accepted: call :meth:`accept` with it)."""
+        if self.params.greedy and allowed is None and not self._bias_ids.size and not self._counts:
+            # nothing moves a logit: the float32 logits' first maximum is the float64
+            # chain's (widening keeps their order), without a widened copy of them all
+            x = self._vector(logits)
+            best = int(np.argmax(x))
+            if x[best] == -np.inf:
+                raise _nothing_left()
+            return self._with_logprobs(best, logits, np.array([best]), np.ones(1))
         ids, zs = self._survivors(logits, allowed)
         if self.params.greedy:
             return self._with_logprobs(int(ids[0]), logits, ids[:1], np.ones(1))
@@ -355,6 +368,8 @@ class TokenSampler:
             kept = np.flatnonzero(probs > 0)[: self.params.n_probs]
             survivors = [(int(drawn[i]), float(logs[i])) for i in kept]
             return SampledToken(token, own, survivors or None)
+        if not self.params.n_probs and not self.params.token_logprob:
+            return SampledToken(token, None)
         x = np.asarray(logits).reshape(-1)
         top = x.max()
         lse = float(top) + math.log(float(np.exp(x - top).sum(dtype=np.float64)))
