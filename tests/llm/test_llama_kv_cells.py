@@ -180,9 +180,9 @@ def _recount(kv: KVCells, seq: int) -> int:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int) -> None:
-    """seq_pos_max, has_shift, n_used, used_max, find_slot's hint and a sequence's mask
-    row are kept between calls (a generated token asks them every step); after any mix
-    of operations they equal a recount from the cells."""
+    """seq_pos_max, extent, has_shift, n_used, used_max, find_slot's hint and a
+    sequence's mask row are kept between calls (a generated token asks them every
+    step); after any mix of operations they equal a recount from the cells."""
     rng = np.random.default_rng(seed)
     kv = KVCells(48)
     for _ in range(300):
@@ -212,6 +212,10 @@ def test_kept_last_positions_and_pending_shifts_follow_every_operation(seed: int
             pass  # a full cache or a shared cell that cannot move: nothing changed
         for s in range(4):
             assert kv.seq_pos_max(s) == _recount(kv, s), (seed, s)
+            for seqs in ({s}, {s, (s + 1) % 4}):  # one past the last cell they hold
+                bits = np.uint64(sum(1 << q for q in seqs))
+                held = np.flatnonzero((kv.seqs & bits) != 0)
+                assert kv.extent(seqs) == (int(held[-1]) + 1 if held.size else 0), (seed, seqs)
             # a next token's mask (kept between steps for one token of one sequence)
             p, n_kv = kv.seq_pos_max(s) + int(rng.integers(0, 2)), int(rng.integers(1, 49))
             window = int(rng.choice([0, 1, 3, 8]))

@@ -78,6 +78,7 @@ class KVCells:
         self.seqs = np.zeros(n_ctx, dtype=np.uint64)
         self.shift = np.zeros(n_ctx, dtype=np.int64)
         self._pos_max: dict[int, int] = {}  # seq_pos_max's answers since the last change
+        self._extent: dict[int, int] = {}  # per sequence, extent's answer, kept the same way
         self._shifted = False  # whether some cell's shift may be non-zero
         # n_used and used_max while known (None: count again), and a cell at or below
         # the first free one (every cell below it is used)
@@ -132,11 +133,21 @@ class KVCells:
 
     def extent(self, seqs: Iterable[int]) -> int:
         """One past the last cell any of ``seqs`` holds (0: none): the rows a step of
-        theirs reads. Searched down from :attr:`used_max` a block at a time (the
-        sequences that run are mostly near the top), not over every cell."""
-        bits, top = seq_bits(seqs), self.used_max
+        theirs reads. Each sequence's is kept while only taken free cells changed the
+        cache (a generated token asks it every step, with the caches cold); a sequence's
+        is searched for down from :attr:`used_max` a block at a time (the sequences
+        that run are mostly near the top), not over every cell."""
+        known, end = self._extent, 0
+        for s in seqs:
+            mine = known.get(s)
+            if mine is None:
+                mine = known[s] = self._search_extent(seq_bits((s,)))
+            end = max(end, mine)
+        return end
+
+    def _search_extent(self, bits: np.uint64) -> int:
         block = 256
-        for end in range(top, 0, -block):
+        for end in range(self.used_max, 0, -block):
             start = max(end - block, 0)
             held = np.flatnonzero(self.seqs[start:end] & bits)
             if held.size:
@@ -201,11 +212,13 @@ class KVCells:
                 self._n_used += _distinct(cells)
             if self._used_max is not None:
                 self._used_max = max(self._used_max, int(cells.max()) + 1)
-        known = self._pos_max
-        for p, ids in zip(positions, seq_ids, strict=True):
+        known, extent = self._pos_max, self._extent
+        for cell, p, ids in zip(cells.reshape(-1).tolist(), positions, seq_ids, strict=True):
             for s in ids:
                 if s in known:
                     known[s] = max(known[s], p)
+                if s in extent:
+                    extent[s] = max(extent[s], cell + 1)
 
     def _take(self, cell: int, p: int, ids: Sequence[int]) -> None:
         """:meth:`assign` of one free cell, in Python scalars: what every generated token
@@ -217,10 +230,12 @@ class KVCells:
             self._n_used += 1
         if self._used_max is not None:
             self._used_max = max(self._used_max, cell + 1)
-        known, visible = self._pos_max, self._visible
+        known, extent, visible = self._pos_max, self._extent, self._visible
         for s in ids:
             if s in known:
                 known[s] = max(known[s], p)
+            if s in extent:
+                extent[s] = max(extent[s], cell + 1)
             row = visible.get(s)
             if row is not None:
                 row[cell] = 0
@@ -233,6 +248,7 @@ class KVCells:
         self.seqs[:] = 0
         self.shift[:] = 0
         self._pos_max.clear()
+        self._extent.clear()
         self._visible.clear()
         self._shifted = False
         self._n_used = self._used_max = self._free_from = 0
@@ -255,6 +271,7 @@ class KVCells:
             return
         self.seqs[self._in_range(src, p0, p1)] |= np.uint64(1 << dst)
         self._pos_max.pop(dst, None)
+        self._extent.pop(dst, None)
         self._visible.pop(dst, None)
 
     def seq_keep(self, seq: int) -> None:
@@ -321,6 +338,7 @@ class KVCells:
         """Forget every sequence's last position and the used-cell counts (cells were
         freed, or taken that were not free); the next question counts them again."""
         self._pos_max.clear()
+        self._extent.clear()
         self._visible.clear()
         self._n_used = self._used_max = None
         self._free_from = 0
