@@ -297,7 +297,7 @@ def test_smollm2_writes_valid_json_under_the_schema() -> None:
         out: list[int] = []
         while not constraint.done() and len(out) < 80:
             got = sampler.sample(logits, constraint.allowed())
-            assert got.top_logprobs is not None and got.logprob <= 0.0
+            assert got.top_logprobs is not None and got.logprob is not None and got.logprob <= 0.0
             if got.token in model.vocab.eog:
                 break
             constraint.accept(got.token)
