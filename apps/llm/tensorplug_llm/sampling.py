@@ -274,8 +274,16 @@ class TokenSampler:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ids that survive steps 1-7, by logit descending (ties: lower id first),
         and their logits (float64, before the temperature)."""
-        z = self.adjusted_logits(logits, allowed)
         p = self.params
+        if p.greedy and allowed is None and not self._bias_ids.size and not self._counts:
+            # nothing moves a logit: the float32 logits' first maximum is the float64
+            # chain's (widening keeps their order), without a widened copy of them all
+            x = self._vector(logits)
+            top = int(np.argmax(x))
+            if x[top] == -np.inf:
+                raise _nothing_left()
+            return np.array([top]), x[top : top + 1].astype(np.float64)
+        z = self.adjusted_logits(logits, allowed)
         if p.greedy:
             best = int(np.argmax(z))
             if z[best] == -np.inf:
@@ -304,14 +312,6 @@ class TokenSampler:
 
     def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> SampledToken:
         """Draw the next token (not yet accepted: call :meth:`accept` with it)."""
-        if self.params.greedy and allowed is None and not self._bias_ids.size and not self._counts:
-            # nothing moves a logit: the float32 logits' first maximum is the float64
-            # chain's (widening keeps their order), without a widened copy of them all
-            x = self._vector(logits)
-            best = int(np.argmax(x))
-            if x[best] == -np.inf:
-                raise _nothing_left()
-            return self._with_logprobs(best, logits, np.array([best]), np.ones(1))
         ids, zs = self._survivors(logits, allowed)
         if self.params.greedy:
             return self._with_logprobs(int(ids[0]), logits, ids[:1], np.ones(1))
