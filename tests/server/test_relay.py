@@ -6,14 +6,18 @@ as it exists."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tensorplug_llm.api import InvalidRequestError, Stream
+from tensorplug_llm.http.errors import ApiError
 from tensorplug_llm.http.relay import Relay
 
 #: how long a test waits for a thread (reached only when something is wrong)
@@ -112,3 +116,91 @@ def test_cancel_stops_a_running_stream() -> None:
 
     asyncio.run(main())
     assert handle.cancelled.is_set()
+
+
+def _wait_for_threads(count: int) -> None:
+    """Wait (at most ``WAIT_S``) until at most ``count`` threads are running."""
+    deadline = time.monotonic() + WAIT_S
+    while threading.active_count() > count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+class _Connected:
+    """A request whose client stays connected: its ``receive`` never returns."""
+
+    async def receive(self) -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def _stalled(handle: _Handle, release: threading.Event) -> Stream:
+    """A stream that sends one chunk, then nothing until ``release`` is set."""
+
+    def chunked() -> Iterator[dict[str, Any]]:
+        yield {"n": 1}
+        release.wait(WAIT_S)
+
+    return Stream(chunked(), handle)  # type: ignore[arg-type]
+
+
+def test_a_stream_that_stalls_past_the_deadline_is_a_504_and_cancelled() -> None:
+    handle, release = _Handle(), threading.Event()
+
+    async def main() -> None:
+        relay = Relay(lambda: _stalled(handle, release), time.monotonic() + 0.2)
+        assert await relay.begun() is None
+        with pytest.raises(ApiError) as raised:
+            await relay.gather(_Connected())  # type: ignore[arg-type]
+        assert raised.value.status == 504
+        assert handle.cancelled.is_set()
+        release.set()
+        await _drained(relay)
+
+    asyncio.run(main())
+
+
+def test_a_streams_events_end_with_a_timeout_event_past_the_deadline() -> None:
+    handle, release = _Handle(), threading.Event()
+
+    async def main() -> list[bytes]:
+        relay = Relay(lambda: _stalled(handle, release), time.monotonic() + 0.2)
+        assert await relay.begun() is None
+        sent = [e async for e in relay.events(_Connected(), lambda: None)]  # type: ignore[arg-type]
+        release.set()
+        return sent
+
+    first, error, done = asyncio.run(main())
+    assert json.loads(first.removeprefix(b"data: ")) == {"n": 1}
+    assert json.loads(error.removeprefix(b"data: "))["error"]["type"] == "timeout"
+    assert done == b"data: [DONE]\n\n"
+    assert handle.cancelled.is_set()
+
+
+def test_a_finished_requests_queue_is_not_kept_alive_by_its_deadline() -> None:
+    """The deadline's timer goes with the request: a server with a long ``--timeout``
+    would otherwise keep a timer and a queue for every request it answered until then."""
+    threads = threading.active_count()
+    release = threading.Event()
+
+    def delayed() -> Iterator[dict[str, Any]]:
+        release.wait(WAIT_S)
+        yield {"n": 1}
+
+    class Watched(_Connected):
+        async def receive(self) -> dict[str, Any]:
+            # the watcher starts once gather waits on an empty queue: the timer is armed
+            release.set()
+            return await super().receive()
+
+    async def main() -> None:
+        relay = Relay(lambda: Stream(delayed(), _Handle()), time.monotonic() + 3600)  # type: ignore[arg-type]
+        assert await relay.begun() is None
+        assert await relay.gather(Watched()) == [{"n": 1}]  # type: ignore[arg-type]
+        queue = weakref.ref(relay.queue)
+        del relay
+        await asyncio.sleep(0)  # the disconnect watcher's cancellation runs
+        await asyncio.to_thread(_wait_for_threads, threads + 1)  # the relay's thread ended
+        gc.collect()
+        assert queue() is None
+
+    asyncio.run(main())

@@ -26,6 +26,8 @@ __all__ = ["Canceller", "Encoder", "EventStream", "Relay", "data_event", "in_thr
            "watch_disconnect"]  # fmt: skip
 
 _DONE = object()
+#: put in a relay's queue by its deadline's timer: the reader stops waiting
+_EXPIRED = object()
 
 #: how a stream's item (a chunk, or an error body ``{"error": ...}``) is written as a
 #: server-sent event: OpenAI's and llama-server's are ``data:`` lines, Anthropic's and the
@@ -100,6 +102,7 @@ class Relay:
         self._abandoned = threading.Event()
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._begun: asyncio.Future[dict[str, Any] | None] = loop.create_future()
 
         def begin(answer: dict[str, Any] | None, error: BaseException | None) -> None:
@@ -155,13 +158,28 @@ class Relay:
         return first - self.started, max(ended - first, 0.0)
 
     async def _next(self) -> Any:
+        """The next item. The deadline is one timer for the whole request, armed the
+        first time the queue is found empty, which puts a marker in the queue: a
+        ``wait_for`` per item made a task and a timer for every token on the loop."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
-        item = await asyncio.wait_for(self.queue.get(), remaining)
+        if self._deadline_timer is None and self.queue.empty():
+            self._deadline_timer = asyncio.get_running_loop().call_later(
+                remaining, self.queue.put_nowait, _EXPIRED
+            )
+        item = await self.queue.get()
+        if item is _EXPIRED:
+            raise TimeoutError
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def _disarm(self) -> None:
+        """Drop the deadline's timer: the reader is done, and a pending timer would keep
+        the relay and its chunks alive until the deadline."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
 
     async def gather(self, request: Request) -> list[dict[str, Any]]:
         """Every chunk; the request is cancelled if the client goes away or the
@@ -178,6 +196,7 @@ class Relay:
             raise refused(e) from None
         finally:
             watcher.cancel()
+            self._disarm()
         return got
 
     async def events(
@@ -210,6 +229,7 @@ class Relay:
                 yield done
         finally:
             watcher.cancel()
+            self._disarm()
             self.cancel()
             release()
 
