@@ -54,6 +54,11 @@ llama-server, CPU-only, from the llama.cpp vendored in llama-cpp-python 0.3.36's
     nice -n 10 cmake --build build --target llama-server -j2
     cp build/bin/llama-server ~/peers/bin/llama-server
 
+On an Intel CPU whose ``lscpu`` shows AMX, add
+``"-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"`` and the same
+``-DCMAKE_CXX_FLAGS`` to the first ``cmake``: a virtual machine that hides AMX from its
+guest otherwise stops llama-server with SIGILL.
+
 Without that binary the script runs tensorplug alone and says so.
 """
 
