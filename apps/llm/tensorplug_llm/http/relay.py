@@ -177,7 +177,7 @@ class Relay:
 
     def _disarm(self) -> None:
         """Drop the deadline's timer: the reader is done, and a pending timer would keep
-        the relay and its chunks alive until the deadline."""
+        its handle on the loop and the relay's queue alive until the deadline."""
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
 
