@@ -19,6 +19,14 @@ of ``tensorplug run``'s load, in about one run of 20):
 it as a ``KeyboardInterrupt`` where Python code can handle it; a second Ctrl-C during
 the load is raised at once (a driver that hangs can still be interrupted). On leaving,
 Python's handler is put back, whatever a native library installed meanwhile.
+
+A ``KeyboardInterrupt`` raised by Python's own handler can also be lost outright: C
+code that calls back into Python and clears what the call raised drops it, and
+``tensorplug run`` then went on to the end of its generation as if no Ctrl-C had come
+(one run in about 15 when the signal met numpy's first import of ``numpy.random``, a
+Cython module, as the sampler was made). So ``run`` holds a first Ctrl-C the same way
+while it generates and raises it at the next prompt chunk or token
+(:meth:`HeldCtrlC.check`), where no native code is on the stack.
 """
 
 from __future__ import annotations
@@ -62,6 +70,11 @@ class HeldCtrlC:
             signal.signal(signal.SIGINT, self._restore)
             self._restore = None
 
+    def check(self) -> None:
+        """Raise the held Ctrl-C here: a point where stopping leaves nothing half done."""
+        if self.held:
+            raise KeyboardInterrupt
+
     def _hold(self, signum: int, frame: FrameType | None) -> None:
         if self.held:
             raise KeyboardInterrupt
@@ -69,10 +82,10 @@ class HeldCtrlC:
 
 
 @contextmanager
-def deferred_ctrl_c() -> Iterator[None]:
-    """Hold a first SIGINT back until the block ends, then raise ``KeyboardInterrupt``
-    (a second is raised at once; :class:`HeldCtrlC`)."""
+def deferred_ctrl_c() -> Iterator[HeldCtrlC]:
+    """Hold a first SIGINT back until the block ends, or until the block calls
+    :meth:`HeldCtrlC.check` on what it is given, then raise ``KeyboardInterrupt`` (a
+    second is raised at once; :class:`HeldCtrlC`)."""
     with HeldCtrlC() as ctrl_c:
-        yield
-    if ctrl_c.held:
-        raise KeyboardInterrupt
+        yield ctrl_c
+    ctrl_c.check()

@@ -89,6 +89,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(path, "f32", 0, n_ctx=4096, n_layer=4)
 
 
+# generation that only the signal ends: a run that could finish on its own would race the
+# test's polling on a busy machine, and a run that ended first would exit with 0
+_ENDLESS = ("--ignore-eos", "--context-shift", "-n", "-1")
+
+
 def _prompt(n: int) -> str:
     return ",".join(str(259 + i % 60) for i in range(n))
 
@@ -105,11 +110,11 @@ def _prompt(n: int) -> str:
 def test_ctrl_c_in_run_ends_with_one_line_and_130(
     model: Path, phase: str, marker: str, where: str
 ) -> None:
-    args = ["run", str(model), "--device", "CPU", "-c", "4096", "-b", "8", "--ignore-eos"]
+    args = ["run", str(model), "--device", "CPU", "-c", "4096", "-b", "8", *_ENDLESS]
     if phase == "generation":
-        args += ["--tokens", "1,300", "-n", "4000"]
+        args += ["--tokens", "1,300"]
     else:  # generation follows the prompt: a signal landing after the prompt still lands
-        args += ["--tokens", _prompt(2000), "-n", "2000"]
+        args += ["--tokens", _prompt(2000)]
     if phase in ("import", "load"):
         args.insert(0, "-v")
     cli = Cli(*args)
@@ -183,13 +188,35 @@ def test_ctrl_c_while_plugins_load_is_raised_once_they_have_loaded() -> None:
         signal.signal(signal.SIGINT, before)
 
 
+def test_a_held_ctrl_c_is_raised_where_the_block_checks_for_it() -> None:
+    """``run`` checks at each prompt chunk and token: the Ctrl-C comes out there, not
+    where it landed, and not again once the block ends."""
+    from tensorplug.signals import deferred_ctrl_c
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        steps: list[int] = []
+        with pytest.raises(KeyboardInterrupt), deferred_ctrl_c() as ctrl_c:
+            for step in range(5):
+                ctrl_c.check()
+                steps.append(step)
+                if step == 2:
+                    signal.raise_signal(signal.SIGINT)
+        assert steps == [0, 1, 2]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+        with deferred_ctrl_c() as ctrl_c:  # no Ctrl-C: a check raises nothing
+            ctrl_c.check()
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_on_a_terminal_the_interrupted_line_is_ended_first(model: Path) -> None:
     """Generated text leaves the cursor mid-line; the message starts a line of its own."""
     import pty
 
     primary, secondary = pty.openpty()
-    argv = ["run", str(model), "--device", "CPU", "--tokens", "1,300", "-n", "4000",
-            "--ignore-eos"]  # fmt: skip
+    argv = ["run", str(model), "--device", "CPU", "--tokens", "1,300", *_ENDLESS]
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensorplug", *argv], stdin=subprocess.DEVNULL,
         stdout=secondary, stderr=secondary, preexec_fn=_default_sigint, env=_untraced(),

@@ -26,6 +26,7 @@ import numpy as np
 
 from tensorplug.cli import count_argument, format_bytes, format_bytes_of
 from tensorplug.errors import RunError
+from tensorplug.signals import HeldCtrlC, deferred_ctrl_c
 from tensorplug.types import Type
 
 from .kv_types import CACHE_TYPES
@@ -645,7 +646,23 @@ def _session(
     model: ModelRunner, args: argparse.Namespace, log: TextIO, text: TextIO, keep_logits: bool
 ) -> tuple[list[int], Generation] | None:
     """Describe the model, encode the prompt, stream the generated text; the prompt's
-    ids and the generation, or None when there is no way to encode the prompt."""
+    ids and the generation, or None when there is no way to encode the prompt.
+
+    A first Ctrl-C is held and raised at the next prompt chunk or generated token (a
+    second at once): raised wherever it landed, C code calling back into Python could
+    drop it and the run went on (:mod:`tensorplug.signals`)."""
+    with deferred_ctrl_c() as ctrl_c:
+        return _generate(model, args, log, text, keep_logits, ctrl_c)
+
+
+def _generate(
+    model: ModelRunner,
+    args: argparse.Namespace,
+    log: TextIO,
+    text: TextIO,
+    keep_logits: bool,
+    ctrl_c: HeldCtrlC,
+) -> tuple[list[int], Generation] | None:
     from .context import generate_with_shift
     from .sampling import Sampler, SamplerParams
     from .tokenizer import StreamDecoder
@@ -674,10 +691,12 @@ def _session(
     tty = log.isatty()
 
     def on_token(tok: int) -> None:
+        ctrl_c.check()
         text.write(printable(dec.feed(tok)) if dec is not None else f" {tok}")
         text.flush()
 
     def on_progress(done: int, total: int) -> None:
+        ctrl_c.check()
         if tty and total > model.n_batch:
             log.write(f"\rprompt: {done}/{total} tokens" + ("\n" if done == total else ""))
             log.flush()
