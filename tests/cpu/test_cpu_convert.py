@@ -182,7 +182,9 @@ def test_set_rows_of_a_generation_step_rounds_to_f16_as_numpy_does() -> None:
     idx = tp.new_tensor(tp.Type.I64, (1,), "idx")
     out = ops.set_rows(table, b, idx)
     compute(out, {table: np.zeros(table.shape, np.float16), b: values, idx: np.array([2])})
-    got, want = tp.get_array(table)[2], values[0].astype(np.float16)
+    with np.errstate(over="ignore"):  # past 65504 is ±inf: the case under test
+        want = values[0].astype(np.float16)
+    got = tp.get_array(table)[2]
     nan = np.isnan(want)
     assert np.isnan(got[nan]).all()
     np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
