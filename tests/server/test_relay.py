@@ -204,3 +204,38 @@ def test_a_finished_requests_queue_is_not_kept_alive_by_its_deadline() -> None:
         assert queue() is None
 
     asyncio.run(main())
+
+
+def test_a_stream_outliving_its_event_loop_is_cancelled_and_its_thread_ends_quietly() -> None:
+    """The server stopped (its loop closed) while a generation still streams: the
+    relay's thread cancels it at its next chunk and ends without an exception (one
+    reached the server's stderr as a traceback from a thread)."""
+    handle, release = _Handle(), threading.Event()
+
+    def chunked() -> Iterator[dict[str, Any]]:
+        yield {"n": 1}
+        release.wait(WAIT_S)
+        yield {"n": 2}  # finds the loop closed
+        yield {"n": 3}
+
+    raised: list[BaseException | None] = []
+    before = threading.excepthook
+    threading.excepthook = lambda hook: raised.append(hook.exc_value)
+    threads = threading.active_count()
+    try:
+
+        async def main() -> Relay:
+            relay = Relay(lambda: Stream(chunked(), handle), time.monotonic() + WAIT_S)  # type: ignore[arg-type]
+            assert await relay.begun() is None
+            assert await asyncio.wait_for(relay.queue.get(), WAIT_S) == {"n": 1}
+            return relay  # the loop closes with the stream still running
+
+        relay = asyncio.run(main())
+        release.set()
+        _wait_for_threads(threads)
+    finally:
+        threading.excepthook = before
+    assert raised == []
+    assert threading.active_count() == threads
+    assert handle.cancelled.is_set()
+    assert relay.last == {"n": 2} and relay.ended is None  # nothing read after the drop

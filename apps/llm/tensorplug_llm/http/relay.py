@@ -22,8 +22,8 @@ from starlette.types import Receive, Scope, Send
 from ..api import InvalidRequestError, Stream
 from .errors import ApiError, error_body, log, refused
 
-__all__ = ["Canceller", "Encoder", "EventStream", "Relay", "data_event", "in_thread",
-           "watch_disconnect"]  # fmt: skip
+__all__ = ["Canceller", "Encoder", "EventStream", "Relay", "data_event", "hand_over",
+           "in_thread", "watch_disconnect"]  # fmt: skip
 
 _DONE = object()
 #: put in a relay's queue by its deadline's timer: the reader stops waiting
@@ -44,12 +44,23 @@ async def in_thread(fn: Callable[[], Any]) -> Any:
         try:
             value = fn()
         except BaseException as e:  # handed to the awaiting coroutine
-            loop.call_soon_threadsafe(_settle, done, None, e)
+            hand_over(loop, _settle, done, None, e)
         else:
-            loop.call_soon_threadsafe(_settle, done, value, None)
+            hand_over(loop, _settle, done, value, None)
 
     threading.Thread(target=run, daemon=True).start()
     return await done
+
+
+def hand_over(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> bool:
+    """``fn(*args)`` on the loop's thread; False when the loop has closed: the server
+    has stopped and nobody is left to read what a thread carries (raising there would
+    end the thread with a traceback on the server's stderr)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # "Event loop is closed"
+        return False
+    return True
 
 
 def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
@@ -105,8 +116,8 @@ class Relay:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._begun: asyncio.Future[dict[str, Any] | None] = loop.create_future()
 
-        def begin(answer: dict[str, Any] | None, error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(_settle, self._begun, answer, error)
+        def begin(answer: dict[str, Any] | None, error: BaseException | None) -> bool:
+            return hand_over(loop, _settle, self._begun, answer, error)
 
         def run() -> None:
             try:
@@ -118,19 +129,20 @@ class Relay:
                 begin(result, None)
                 return
             self.stream, self.started = result, time.monotonic()
-            begin(None, None)
-            if self._abandoned.is_set():  # nobody waits for it any more
+            if not begin(None, None) or self._abandoned.is_set():  # nobody waits for it
                 result.cancel()
             try:
                 for chunk in result:
                     if self.first is None:
                         self.first = time.monotonic()
                     self.last = chunk
-                    loop.call_soon_threadsafe(self.queue.put_nowait, chunk)
+                    if not hand_over(loop, self.queue.put_nowait, chunk):
+                        result.cancel()  # the server has stopped: the rest goes nowhere
+                        return
             except BaseException as e:  # re-raised on the loop
-                loop.call_soon_threadsafe(self.queue.put_nowait, e)
+                hand_over(loop, self.queue.put_nowait, e)
             self.ended = time.monotonic()
-            loop.call_soon_threadsafe(self.queue.put_nowait, _DONE)
+            hand_over(loop, self.queue.put_nowait, _DONE)
 
         threading.Thread(target=run, daemon=True).start()
 

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..server_tools import ParamError, Tool, ToolBox, ToolRuntimeError, UnknownTool
 from .errors import ApiError, log
-from .relay import EventStream, data_event, in_thread
+from .relay import EventStream, data_event, hand_over, in_thread
 from .service import SSE_HEADERS
 
 __all__ = ["router"]
@@ -99,9 +99,7 @@ def _streamed(tool: Tool, params: dict[str, Any]) -> Response:
     gone = threading.Event()
 
     def put(item: Any) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: the server stopped meanwhile
+        if not hand_over(loop, queue.put_nowait, item):  # the server stopped meanwhile
             gone.set()
 
     def sink(chunk: str) -> bool:
